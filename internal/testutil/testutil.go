@@ -1,0 +1,81 @@
+// Package testutil holds the few helpers every test package shares: gates for tests that need root,
+// a binary or a Debian package (skip loudly outside CI, fail under CI=true), a slog logger that
+// writes to t.Log, and polling with a deadline instead of sleeps.
+package testutil
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// InCI reports whether the tests run under CI (CI=true), where every gated test must run.
+func InCI() bool {
+	v := strings.ToLower(os.Getenv("CI"))
+	return v == "true" || v == "1"
+}
+
+// Unavailable skips the test with a loud message, or fails it under CI=true.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if InCI() {
+		t.Fatalf("REQUIRED UNDER CI=true: "+format, args...)
+	}
+	t.Skipf("SKIPPED (not CI): "+format+" -- run scripts/setup.sh as root to get it", args...)
+}
+
+// RequireRoot gates a test on running as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Unavailable(t, "test needs root")
+	}
+}
+
+// RequireBinary gates a test on a program being on PATH and returns its path.
+func RequireBinary(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		Unavailable(t, "test needs %q on PATH", name)
+	}
+	return p
+}
+
+// Logger returns a slog.Logger that writes through t.Log, so output shows only for failing tests
+// (or with -v).
+func Logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// Eventually polls cond every tick until it returns true or the timeout passes, then fails the test
+// with msg.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if cond() {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("after %s: "+format, append([]any{timeout}, args...)...)
+		case <-tick.C:
+		}
+	}
+}
