@@ -1,0 +1,11 @@
+// Package kite is Kloud's transport: JSON-RPC 2.0 over WebSocket between kites (kloud, kontrol,
+// terraformer, klient and the browser), protocol v1 of docs/protocol.md.
+//
+// Start with Kite (New, Handle, ServeHTTP, Dial): one Kite both serves connections and dials
+// other kites; on any established connection (Conn) either side may call and notify the other.
+// A dialing side proves who it is with kite.handshake (Auth); the serving side checks it with an
+// Authenticator (package kitekey has the JWT one). Client keeps a connection up with backoff and
+// re-runs its registration hooks after every reconnect. Errors map to JSON-RPC codes in one
+// place, errors.go. The RPC core speaks an ObjectStream (wsstream.go adapts coder/websocket), so
+// it can be tested over net.Pipe as well as over real WebSockets.
+package kite
