@@ -1,0 +1,143 @@
+package kitekey
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/kloud-dev/kloud/kite"
+)
+
+// Signer mints kite keys, tokens and sessions. Only kontrol (and kloud, which hosts it) holds
+// one. Input errors wrap kite.ErrInvalidParams.
+type Signer struct {
+	// Key signs. Ignored if Current is set.
+	Key *KeyPair
+	// Current, if set, is called for every signature and returns the key to sign with; pass a
+	// Keyring's Current method so that signing follows rotation.
+	Current func() *KeyPair
+	// Issuer is the iss claim (kontrol's name); verifiers must be configured with the same.
+	Issuer string
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// KiteKey mints a kite key for the kite kiteID owned by username. It does not expire.
+func (s *Signer) KiteKey(username, kiteID, kontrolURL string) (string, error) {
+	if err := checkName("username", username); err != nil {
+		return "", fmt.Errorf("sign kite key: %w", err)
+	}
+	if err := checkName("kite id", kiteID); err != nil {
+		return "", fmt.Errorf("sign kite key: %w", err)
+	}
+	if kontrolURL == "" {
+		return "", fmt.Errorf("sign kite key: empty kontrol URL: %w", kite.ErrInvalidParams)
+	}
+	now := s.now()
+	return s.sign("sign kite key", &KiteKeyClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:   s.Issuer,
+			Subject:  username,
+			ID:       kiteID,
+			IssuedAt: jwt.NewNumericDate(now),
+		},
+		Kind:       KindKiteKey,
+		KontrolURL: kontrolURL,
+	})
+}
+
+// Token mints a token that lets username call the kite audienceKiteID for ttl (at most
+// MaxTokenTTL).
+func (s *Signer) Token(username, audienceKiteID string, ttl time.Duration) (string, error) {
+	if err := checkName("username", username); err != nil {
+		return "", fmt.Errorf("sign token: %w", err)
+	}
+	if err := checkName("audience kite id", audienceKiteID); err != nil {
+		return "", fmt.Errorf("sign token: %w", err)
+	}
+	if ttl <= 0 || ttl > MaxTokenTTL {
+		return "", fmt.Errorf("sign token: ttl %s not in (0, %s]: %w", ttl, MaxTokenTTL, kite.ErrInvalidParams)
+	}
+	now := s.now()
+	return s.sign("sign token", &TokenClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:    s.Issuer,
+			Subject:   username,
+			Audience:  jwt.ClaimStrings{audienceKiteID},
+			IssuedAt:  jwt.NewNumericDate(now),
+			NotBefore: jwt.NewNumericDate(now),
+			ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+			ID:        rand.Text(),
+		},
+		Kind: KindToken,
+	})
+}
+
+// Session mints a session for username valid for ttl (at most MaxSessionTTL).
+func (s *Signer) Session(username string, admin bool, ttl time.Duration) (string, error) {
+	if err := checkName("username", username); err != nil {
+		return "", fmt.Errorf("sign session: %w", err)
+	}
+	if ttl <= 0 || ttl > MaxSessionTTL {
+		return "", fmt.Errorf("sign session: ttl %s not in (0, %s]: %w", ttl, MaxSessionTTL, kite.ErrInvalidParams)
+	}
+	now := s.now()
+	return s.sign("sign session", &SessionClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:    s.Issuer,
+			Subject:   username,
+			IssuedAt:  jwt.NewNumericDate(now),
+			NotBefore: jwt.NewNumericDate(now),
+			ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+			ID:        rand.Text(),
+		},
+		Kind:  KindSession,
+		Admin: admin,
+	})
+}
+
+func (s *Signer) sign(op string, c jwt.Claims) (string, error) {
+	key := s.Key
+	if s.Current != nil {
+		key = s.Current()
+	}
+	switch {
+	case key == nil || len(key.Private) != ed25519.PrivateKeySize || key.ID == "":
+		return "", fmt.Errorf("%s: signer has no usable key", op)
+	case key.Retired():
+		return "", fmt.Errorf("%s: signing key %q is retired", op, key.ID)
+	case s.Issuer == "":
+		return "", fmt.Errorf("%s: signer has no issuer", op)
+	}
+	t := jwt.NewWithClaims(jwt.SigningMethodEdDSA, c)
+	t.Header["kid"] = key.ID
+	out, err := t.SignedString(key.Private)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", op, err)
+	}
+	return out, nil
+}
+
+func (s *Signer) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+// checkName accepts what can be a kite identity field: non-empty, no '/', at most 256 bytes.
+func checkName(what, v string) error {
+	switch {
+	case v == "":
+		return fmt.Errorf("empty %s: %w", what, kite.ErrInvalidParams)
+	case strings.Contains(v, "/"):
+		return fmt.Errorf("%s %q contains '/': %w", what, v, kite.ErrInvalidParams)
+	case len(v) > 256:
+		return fmt.Errorf("%s is longer than 256 bytes: %w", what, kite.ErrInvalidParams)
+	}
+	return nil
+}
