@@ -65,7 +65,7 @@ func newEnv(t *testing.T) *env {
 
 // rawJWT builds a JWT by hand: any header, any claims, any signature function (nil: no
 // signature). It is how the tests forge what Signer would never produce.
-func rawJWT(t *testing.T, header, claims map[string]any, sign func(signingString string) []byte) string {
+func rawJWT(t testing.TB, header, claims map[string]any, sign func(signingString string) []byte) string {
 	t.Helper()
 	enc := func(v any) string {
 		b, err := json.Marshal(v)
