@@ -17,17 +17,17 @@ func (r *reason) Unwrap() error { return r.parent }
 // ErrUnknownKey. Returned errors add what was checked and the offending values, e.g.
 // "token: expired at 2026-01-02T15:04:05Z (now 2026-01-02T15:10:00Z, leeway 30s)".
 var (
-	ErrMalformed     = &reason{"malformed credential", kite.ErrAuth}
-	ErrAlgorithm     = &reason{"signing algorithm not accepted", kite.ErrAuth}
-	ErrUnknownKey    = &reason{"unknown signing key", kite.ErrAuth}
-	ErrKeyRetired    = &reason{"signing key retired", ErrUnknownKey}
-	ErrBadSignature  = &reason{"bad signature", kite.ErrAuth}
-	ErrWrongKind     = &reason{"wrong kind of credential", kite.ErrAuth}
-	ErrExpired       = &reason{"expired", kite.ErrAuth}
-	ErrNotYetValid   = &reason{"not valid yet", kite.ErrAuth}
-	ErrWrongIssuer   = &reason{"wrong issuer", kite.ErrAuth}
-	ErrWrongAudience = &reason{"wrong audience", kite.ErrAuth}
-	ErrLifetime      = &reason{"lifetime not allowed", kite.ErrAuth}
-	ErrMissingClaim  = &reason{"missing claim", kite.ErrAuth}
-	ErrRevoked       = &reason{"revoked", kite.ErrAuth}
+	ErrMalformed     error = &reason{"malformed credential", kite.ErrAuth}
+	ErrAlgorithm     error = &reason{"signing algorithm not accepted", kite.ErrAuth}
+	ErrUnknownKey    error = &reason{"unknown signing key", kite.ErrAuth}
+	ErrKeyRetired    error = &reason{"signing key retired", ErrUnknownKey}
+	ErrBadSignature  error = &reason{"bad signature", kite.ErrAuth}
+	ErrWrongKind     error = &reason{"wrong kind of credential", kite.ErrAuth}
+	ErrExpired       error = &reason{"expired", kite.ErrAuth}
+	ErrNotYetValid   error = &reason{"not valid yet", kite.ErrAuth}
+	ErrWrongIssuer   error = &reason{"wrong issuer", kite.ErrAuth}
+	ErrWrongAudience error = &reason{"wrong audience", kite.ErrAuth}
+	ErrLifetime      error = &reason{"lifetime not allowed", kite.ErrAuth}
+	ErrMissingClaim  error = &reason{"missing claim", kite.ErrAuth}
+	ErrRevoked       error = &reason{"revoked", kite.ErrAuth}
 )
