@@ -1,0 +1,213 @@
+package kite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ClientOptions configures a Client.
+type ClientOptions struct {
+	// URL of the kite to keep a connection to, e.g. http://127.0.0.1:7000/kite.
+	URL string
+	// Auth returns the credential for each (re)connection, so a token can be renewed.
+	Auth func(ctx context.Context) (Auth, error)
+	// OnConnect runs after every successful handshake, before the connection is handed to
+	// callers: registration hooks (kontrol.register) go here. An error drops the connection and
+	// the client tries again after a backoff.
+	OnConnect func(ctx context.Context, c *Conn) error
+	// MinBackoff and MaxBackoff bound the exponential backoff between attempts (defaults 100ms
+	// and 30s); each wait is drawn at random between MinBackoff and the current ceiling (jitter),
+	// so a restarted server is not hit by every client at once.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// Client keeps one connection to another kite up: it dials, handshakes, runs OnConnect, and on
+// any disconnect starts again with exponential backoff and jitter. Calls wait for a connection.
+type Client struct {
+	k    *Kite
+	opts ClientOptions
+
+	mu      sync.Mutex
+	conn    *Conn
+	ready   chan struct{} // closed while conn is usable
+	lastErr error
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan struct{}
+	// Connects counts successful (re)connections.
+	connects int
+	started  atomic.Bool
+}
+
+// NewClient makes a client; call Start to begin connecting.
+func (k *Kite) NewClient(opts ClientOptions) *Client {
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 30 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Client{k: k, opts: opts, ready: make(chan struct{}), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+}
+
+// Start runs the connect loop in the background until Close.
+func (cl *Client) Start() {
+	if !cl.started.Swap(true) {
+		go cl.loop()
+	}
+}
+
+func (cl *Client) loop() {
+	defer close(cl.done)
+	attempt := 0
+	for cl.ctx.Err() == nil {
+		c, err := cl.connect()
+		if err != nil {
+			cl.mu.Lock()
+			cl.lastErr = err
+			cl.mu.Unlock()
+			cl.k.log.Debug("kite client connect", "url", cl.opts.URL, "attempt", attempt, "err", err)
+			if !sleepCtx(cl.ctx, backoff(attempt, cl.opts.MinBackoff, cl.opts.MaxBackoff)) {
+				return
+			}
+			attempt++
+			continue
+		}
+		attempt = 0
+		cl.mu.Lock()
+		cl.conn, cl.lastErr = c, nil
+		cl.connects++
+		close(cl.ready)
+		cl.mu.Unlock()
+		select {
+		case <-c.Done():
+		case <-cl.ctx.Done():
+			c.Close(nil)
+		}
+		cl.mu.Lock()
+		cl.conn, cl.lastErr = nil, c.Err()
+		cl.ready = make(chan struct{})
+		cl.mu.Unlock()
+		if cl.ctx.Err() == nil {
+			cl.k.log.Info("kite connection lost, reconnecting", "url", cl.opts.URL, "err", c.Err())
+			// A short pause even after a good session: a server that accepts and drops at once
+			// must not be hammered.
+			if !sleepCtx(cl.ctx, backoff(0, cl.opts.MinBackoff, cl.opts.MaxBackoff)) {
+				return
+			}
+		}
+	}
+}
+
+func (cl *Client) connect() (*Conn, error) {
+	ctx, cancel := context.WithTimeout(cl.ctx, cl.k.opts.CallTimeout)
+	defer cancel()
+	var auth Auth
+	if cl.opts.Auth != nil {
+		a, err := cl.opts.Auth(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("credentials: %w", err)
+		}
+		auth = a
+	}
+	c, err := cl.k.Dial(ctx, cl.opts.URL, auth)
+	if err != nil {
+		return nil, err
+	}
+	if cl.opts.OnConnect != nil {
+		if err := cl.opts.OnConnect(ctx, c); err != nil {
+			c.Close(err)
+			return nil, fmt.Errorf("after connect: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// backoff returns a random wait in [min, min(max, min*2^attempt)].
+func backoff(attempt int, min, max time.Duration) time.Duration {
+	ceil := min
+	for i := 0; i < attempt && ceil < max; i++ {
+		ceil *= 2
+	}
+	if ceil > max {
+		ceil = max
+	}
+	if ceil <= min {
+		return min
+	}
+	return min + time.Duration(rand.Int64N(int64(ceil-min)))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Conn waits until the client is connected (or ctx ends) and returns the connection.
+func (cl *Client) Conn(ctx context.Context) (*Conn, error) {
+	for {
+		cl.mu.Lock()
+		c, ready, lastErr := cl.conn, cl.ready, cl.lastErr
+		cl.mu.Unlock()
+		if c != nil && c.ctx.Err() == nil {
+			return c, nil
+		}
+		select {
+		case <-ready:
+		case <-cl.ctx.Done():
+			return nil, fmt.Errorf("kite client for %s: %w", cl.opts.URL, ErrClosed)
+		case <-ctx.Done():
+			if lastErr != nil {
+				return nil, fmt.Errorf("not connected to %s: %w (last error: %w)", cl.opts.URL, ctx.Err(), lastErr)
+			}
+			return nil, fmt.Errorf("not connected to %s: %w", cl.opts.URL, ctx.Err())
+		}
+	}
+}
+
+// Call waits for a connection and makes one call on it. A call interrupted by a disconnect is
+// not retried (the server may have done the work); the error wraps ErrClosed.
+func (cl *Client) Call(ctx context.Context, method string, params, result any) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cl.k.opts.CallTimeout)
+		defer cancel()
+	}
+	c, err := cl.Conn(ctx)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%s: %w: %w", method, ErrTimeout, err)
+		}
+		return err
+	}
+	return c.Call(ctx, method, params, result)
+}
+
+// Connects returns how many times the client has connected.
+func (cl *Client) Connects() int {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.connects
+}
+
+// Close stops the client and closes its connection.
+func (cl *Client) Close() error {
+	cl.cancel()
+	if !cl.started.Swap(true) {
+		close(cl.done)
+	}
+	<-cl.done
+	return nil
+}

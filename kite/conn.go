@@ -1,0 +1,411 @@
+package kite
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/sourcegraph/jsonrpc2"
+)
+
+// Conn is one established kite connection. Either side may Call and Notify the other; calls
+// arriving on it are served by the owning Kite's handlers, concurrently.
+type Conn struct {
+	k      *Kite
+	rpc    *jsonrpc2.Conn
+	frames FrameStream
+	dialed bool
+	remote string // remote address or URL, for logs
+	log    *slog.Logger
+
+	ctx    context.Context // cancelled when the connection closes
+	cancel context.CancelFunc
+
+	ready     atomic.Bool   // handshake done
+	readyCh   chan struct{} // closed at handshake
+	mu        sync.Mutex
+	peer      Identity
+	principal *Principal
+	inflight  map[string]context.CancelFunc // server side: calls being served, by wire id
+	subs      map[string]*Subscription      // client side: notification streams, by subscription id
+	streams   map[string]*Stream            // server side: open streams, by subscription id
+	values    map[any]any
+	closeErr  error
+	closeOnce sync.Once
+
+	sem    chan struct{}
+	rpcSet chan struct{} // closed once rpc is assigned (jsonrpc2 may call Handle before that)
+	nextID atomic.Uint64
+	pingTm *time.Timer
+}
+
+func newConn(k *Kite, frames FrameStream, dialed bool, remote string) *Conn {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Conn{
+		k: k, frames: frames, dialed: dialed, remote: remote,
+		log: k.log.With("remote", remote), ctx: ctx, cancel: cancel,
+		readyCh:  make(chan struct{}),
+		inflight: map[string]context.CancelFunc{},
+		subs:     map[string]*Subscription{},
+		streams:  map[string]*Stream{},
+		sem:      make(chan struct{}, k.opts.MaxConcurrent),
+		rpcSet:   make(chan struct{}),
+	}
+	os := &objectStream{ctx: ctx, frames: frames, maxFrame: k.opts.MaxFrameSize, wtimeout: k.opts.WriteTimeout}
+	c.rpc = jsonrpc2.NewConn(ctx, os, c, jsonrpc2.SetLogger(discardLogger{}))
+	close(c.rpcSet)
+	go func() {
+		<-c.rpc.DisconnectNotify()
+		c.Close(nil)
+	}()
+	c.schedulePing()
+	return c
+}
+
+// Peer returns the identity of the other side: for a served connection the identity it claimed
+// with its username (and, for kite keys, its id) replaced by what its credential proved; for a
+// dialed connection the identity the server returned.
+func (c *Conn) Peer() Identity {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.peer
+}
+
+// Principal returns what the handshake proved about the peer, or nil before the handshake.
+func (c *Conn) Principal() *Principal {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.principal
+}
+
+// Username is the peer's authenticated username ("" before the handshake).
+func (c *Conn) Username() string {
+	if p := c.Principal(); p != nil {
+		return p.Username
+	}
+	return ""
+}
+
+// Dialed reports whether this side opened the connection.
+func (c *Conn) Dialed() bool { return c.dialed }
+
+// Done is closed when the connection closes.
+func (c *Conn) Done() <-chan struct{} { return c.ctx.Done() }
+
+// Context is cancelled when the connection closes.
+func (c *Conn) Context() context.Context { return c.ctx }
+
+// Err returns why the connection closed, once it has.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closeErr
+}
+
+// SetValue attaches a value to the connection (e.g. kontrol's registration).
+func (c *Conn) SetValue(key, v any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.values == nil {
+		c.values = map[any]any{}
+	}
+	c.values[key] = v
+}
+
+// Value returns a value set with SetValue.
+func (c *Conn) Value(key any) any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.values[key]
+}
+
+// Close closes the connection. The reason, if any, is kept as Err and logged.
+func (c *Conn) Close(reason error) error {
+	c.closeOnce.Do(func() {
+		if reason == nil {
+			reason = ErrClosed
+		}
+		c.mu.Lock()
+		c.closeErr = reason
+		subs := c.subs
+		c.subs = map[string]*Subscription{}
+		streams := c.streams
+		c.streams = map[string]*Stream{}
+		if c.pingTm != nil {
+			c.pingTm.Stop()
+		}
+		c.mu.Unlock()
+		code, msg := websocket.StatusNormalClosure, ""
+		if !errors.Is(reason, ErrClosed) {
+			code, msg = websocket.StatusGoingAway, truncate(reason.Error(), 120)
+		}
+		if errors.Is(reason, errDeadPeer) {
+			c.frames.Close(-1, "") // no close handshake with a peer that stopped answering
+		} else {
+			c.frames.Close(code, msg)
+		}
+		c.rpc.Close()
+		c.cancel()
+		for _, s := range subs {
+			s.finish(fmt.Errorf("%w: %w", ErrClosed, reason))
+		}
+		for _, s := range streams {
+			s.stop()
+		}
+		c.k.forget(c)
+		c.log.Debug("kite connection closed", "reason", reason)
+	})
+	return nil
+}
+
+var errDeadPeer = errors.New("peer did not answer ping")
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+func (c *Conn) schedulePing() {
+	iv := c.k.opts.PingInterval
+	if iv <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pingTm = time.AfterFunc(iv, func() {
+		ctx, cancel := context.WithTimeout(c.ctx, c.k.opts.PingTimeout)
+		defer cancel()
+		if err := c.frames.Ping(ctx); err != nil {
+			if c.ctx.Err() == nil {
+				c.Close(fmt.Errorf("%w within %s: %w", errDeadPeer, c.k.opts.PingTimeout, err))
+			}
+			return
+		}
+		c.mu.Lock()
+		if c.ctx.Err() == nil {
+			c.pingTm.Reset(iv)
+		}
+		c.mu.Unlock()
+	})
+}
+
+// Call sends a request and waits for its response, decoding the result into result (which may
+// be nil). Without a deadline on ctx the Kite's CallTimeout applies. If ctx ends first, the peer
+// is told to cancel the call (kite.cancel) and the error wraps ErrTimeout.
+func (c *Conn) Call(ctx context.Context, method string, params, result any) error {
+	if _, ok := ctx.Deadline(); !ok && c.k.opts.CallTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.k.opts.CallTimeout)
+		defer cancel()
+	}
+	id := jsonrpc2.ID{Num: c.nextID.Add(1)}
+	w, err := c.rpc.DispatchCall(ctx, method, params, jsonrpc2.PickID(id))
+	if err != nil {
+		return c.sendErr(method, err)
+	}
+	err = w.Wait(ctx, result)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		nctx, cancel := context.WithTimeout(c.ctx, time.Second)
+		c.rpc.Notify(nctx, "kite.cancel", map[string]any{"id": id.Num})
+		cancel()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("no response to %s: %w", method, ErrTimeout)
+		}
+		return fmt.Errorf("%s: %w", method, ctx.Err())
+	case errors.Is(err, jsonrpc2.ErrClosed):
+		return fmt.Errorf("%s: %w", method, c.closedErr())
+	}
+	var je *jsonrpc2.Error
+	if errors.As(err, &je) {
+		return fromWire(err)
+	}
+	return fmt.Errorf("%s: %w", method, err)
+}
+
+func (c *Conn) closedErr() error {
+	if err := c.Err(); err != nil && !errors.Is(err, ErrClosed) {
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return ErrClosed
+}
+
+func (c *Conn) sendErr(method string, err error) error {
+	switch {
+	case errors.Is(err, jsonrpc2.ErrClosed):
+		return fmt.Errorf("%s: %w", method, c.closedErr())
+	case errors.Is(err, errWriteTooLarge):
+		return fmt.Errorf("%s: request exceeds %d bytes: %w", method, c.k.opts.MaxFrameSize, ErrTooLarge)
+	}
+	if c.ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", method, c.closedErr())
+	}
+	return fmt.Errorf("%s: send: %w", method, err)
+}
+
+// Notify sends a notification (no response).
+func (c *Conn) Notify(ctx context.Context, method string, params any) error {
+	if err := c.rpc.Notify(ctx, method, params); err != nil {
+		return c.sendErr(method, err)
+	}
+	return nil
+}
+
+// Handle implements jsonrpc2.Handler. Notifications and the handshake are handled in the read
+// loop, in order; every other request runs in its own goroutine (at most MaxConcurrent at once
+// per connection: beyond that the read loop waits, which pushes back on the peer).
+func (c *Conn) Handle(ctx context.Context, _ *jsonrpc2.Conn, req *jsonrpc2.Request) {
+	<-c.rpcSet
+	if req.Notif {
+		c.handleNotification(req)
+		return
+	}
+	if req.Method == "kite.handshake" {
+		c.serve(ctx, req)
+		return
+	}
+	select {
+	case c.sem <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	go func() {
+		defer func() { <-c.sem }()
+		c.serve(ctx, req)
+	}()
+}
+
+func (c *Conn) serve(ctx context.Context, req *jsonrpc2.Request) {
+	res, err := c.dispatch(ctx, req)
+	if err != nil {
+		c.rpc.ReplyWithError(ctx, req.ID, ToWire(err))
+		return
+	}
+	if err := c.rpc.Reply(ctx, req.ID, res); err != nil {
+		if errors.Is(err, errWriteTooLarge) {
+			c.rpc.ReplyWithError(ctx, req.ID, ToWire(fmt.Errorf("result of %s exceeds %d bytes: %w",
+				req.Method, c.k.opts.MaxFrameSize, ErrTooLarge)))
+			return
+		}
+		c.log.Debug("reply", "method", req.Method, "err", err)
+	}
+}
+
+func (c *Conn) dispatch(ctx context.Context, req *jsonrpc2.Request) (res any, err error) {
+	m := c.k.lookup(req.Method)
+	authed := c.dialed || c.ready.Load() // a kite we dialed is trusted: we chose to talk to it
+	if m == nil {
+		if !authed {
+			return nil, fmt.Errorf("call kite.handshake first: %w", ErrAuth)
+		}
+		return nil, fmt.Errorf("%q: %w", req.Method, ErrMethodNotFound)
+	}
+	if !m.public && !authed {
+		return nil, fmt.Errorf("call kite.handshake before %s: %w", req.Method, ErrAuth)
+	}
+	if m.limiter != nil && !m.limiter.allow() {
+		return nil, fmt.Errorf("%s: the maximum request rate is exceeded: %w", req.Method, ErrRateLimited)
+	}
+	timeout := c.k.opts.HandlerTimeout
+	if m.timeout > 0 {
+		timeout = m.timeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	key := req.ID.String()
+	c.mu.Lock()
+	c.inflight[key] = cancel
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.inflight, key)
+		c.mu.Unlock()
+	}()
+	r := &Request{Method: req.Method, Conn: c}
+	if req.Params != nil {
+		r.Params = *req.Params
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("kite handler panicked", "method", req.Method, "panic", p, "stack", string(debug.Stack()))
+			res, err = nil, fmt.Errorf("%s: handler panicked: %w", req.Method, ErrInternal)
+		}
+	}()
+	return m.h.ServeKite(ctx, r)
+}
+
+func (c *Conn) handleNotification(req *jsonrpc2.Request) {
+	var params json.RawMessage
+	if req.Params != nil {
+		params = *req.Params
+	}
+	switch req.Method {
+	case "kite.cancel":
+		var p struct {
+			ID json.RawMessage `json:"id"`
+		}
+		if json.Unmarshal(params, &p) == nil {
+			var id jsonrpc2.ID
+			if id.UnmarshalJSON(p.ID) == nil {
+				c.mu.Lock()
+				cancel := c.inflight[id.String()]
+				c.mu.Unlock()
+				if cancel != nil {
+					cancel()
+				}
+			}
+		}
+		return
+	case "kite.unsubscribe":
+		var p struct {
+			Subscription string `json:"subscription"`
+		}
+		if json.Unmarshal(params, &p) == nil {
+			c.mu.Lock()
+			s := c.streams[p.Subscription]
+			delete(c.streams, p.Subscription)
+			c.mu.Unlock()
+			if s != nil {
+				s.stop()
+			}
+		}
+		return
+	}
+	if !c.dialed && !c.ready.Load() {
+		return
+	}
+	var env struct {
+		Subscription string `json:"subscription"`
+	}
+	if len(params) > 0 && params[0] == '{' && json.Unmarshal(params, &env) == nil && env.Subscription != "" {
+		c.deliver(env.Subscription, req.Method, params)
+		return
+	}
+	if h := c.k.lookupNotification(req.Method); h != nil {
+		h(c, params)
+	}
+}
+
+func randomID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// discardLogger silences jsonrpc2's own logging; the Conn logs what matters through slog.
+type discardLogger struct{}
+
+func (discardLogger) Printf(string, ...any) {}

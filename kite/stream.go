@@ -1,0 +1,271 @@
+package kite
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/sourcegraph/jsonrpc2"
+)
+
+// FrameStream carries whole JSON-RPC frames. The RPC core (Conn) needs nothing else from a
+// transport, so it runs over a WebSocket (WebSocketFrames) or any byte stream (LineFrames).
+type FrameStream interface {
+	// ReadFrame returns the next frame. It returns ErrFrameTooLarge (and the stream is closed)
+	// if the peer sent more than the configured maximum.
+	ReadFrame(ctx context.Context) ([]byte, error)
+	// WriteFrame sends one frame; safe for concurrent use.
+	WriteFrame(ctx context.Context, frame []byte) error
+	// Ping checks the peer is alive; streams without a liveness check return nil.
+	Ping(ctx context.Context) error
+	// Close closes the stream, telling the peer why where the transport can. A negative code
+	// closes at once without a closing handshake.
+	Close(code websocket.StatusCode, reason string) error
+}
+
+// ErrFrameTooLarge is returned by ReadFrame for a frame over the limit.
+var ErrFrameTooLarge = errors.New("kite: frame too large")
+
+// WebSocketFrames adapts a coder/websocket connection: one JSON-RPC object per text frame.
+func WebSocketFrames(c *websocket.Conn, maxFrame int64) FrameStream {
+	c.SetReadLimit(maxFrame)
+	return &wsFrames{c: c}
+}
+
+type wsFrames struct{ c *websocket.Conn }
+
+func (w *wsFrames) ReadFrame(ctx context.Context) ([]byte, error) {
+	for {
+		typ, b, err := w.c.Read(ctx)
+		if err != nil {
+			if errors.Is(err, websocket.ErrMessageTooBig) {
+				return nil, fmt.Errorf("%w: %w", ErrFrameTooLarge, err)
+			}
+			return nil, err
+		}
+		if typ != websocket.MessageText {
+			// Binary frames have no meaning on a kite connection; say so and go on.
+			return []byte("\x00binary"), nil
+		}
+		return b, nil
+	}
+}
+
+func (w *wsFrames) WriteFrame(ctx context.Context, b []byte) error {
+	return w.c.Write(ctx, websocket.MessageText, b)
+}
+
+func (w *wsFrames) Ping(ctx context.Context) error { return w.c.Ping(ctx) }
+
+func (w *wsFrames) Close(code websocket.StatusCode, reason string) error {
+	if code < 0 {
+		return w.c.CloseNow()
+	}
+	err := w.c.Close(code, reason)
+	if err != nil {
+		w.c.CloseNow()
+	}
+	return err
+}
+
+// LineFrames carries newline-delimited frames over any byte stream (net.Pipe in tests, stdio).
+func LineFrames(rwc io.ReadWriteCloser, maxFrame int64) FrameStream {
+	return &lineFrames{rwc: rwc, r: bufio.NewReaderSize(rwc, 64<<10), max: maxFrame}
+}
+
+type lineFrames struct {
+	rwc io.ReadWriteCloser
+	r   *bufio.Reader
+	max int64
+	wmu sync.Mutex
+}
+
+func (l *lineFrames) ReadFrame(ctx context.Context) ([]byte, error) {
+	var buf []byte
+	for {
+		chunk, err := l.r.ReadSlice('\n')
+		buf = append(buf, chunk...)
+		if int64(len(buf)) > l.max+1 {
+			l.rwc.Close()
+			return nil, ErrFrameTooLarge
+		}
+		if err == nil {
+			return bytes.TrimRight(buf, "\r\n"), nil
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return nil, err
+		}
+	}
+}
+
+func (l *lineFrames) WriteFrame(ctx context.Context, b []byte) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if d, ok := ctx.Deadline(); ok {
+		if c, ok := l.rwc.(net.Conn); ok {
+			c.SetWriteDeadline(d)
+			defer c.SetWriteDeadline(time.Time{})
+		}
+	}
+	_, err := l.rwc.Write(append(b[:len(b):len(b)], '\n'))
+	return err
+}
+
+func (l *lineFrames) Ping(context.Context) error { return nil }
+
+func (l *lineFrames) Close(websocket.StatusCode, string) error { return l.rwc.Close() }
+
+// objectStream implements jsonrpc2.ObjectStream over a FrameStream. It screens every frame before
+// jsonrpc2 sees it: malformed JSON gets a -32700 reply, a frame that is not a JSON-RPC 2.0 request
+// or response gets -32600, and in both cases the connection stays up (jsonrpc2 itself would
+// drop the connection on any decode error).
+type objectStream struct {
+	ctx      context.Context
+	frames   FrameStream
+	maxFrame int64
+	wtimeout time.Duration
+}
+
+var errWriteTooLarge = errors.New("kite: message exceeds the maximum frame size")
+
+func (s *objectStream) WriteObject(obj any) error {
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return fmt.Errorf("kite: encode message: %w", err)
+	}
+	if int64(len(b)) > s.maxFrame {
+		return errWriteTooLarge
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.wtimeout)
+	defer cancel()
+	return s.frames.WriteFrame(ctx, b)
+}
+
+func (s *objectStream) ReadObject(v any) error {
+	for {
+		b, err := s.frames.ReadFrame(s.ctx)
+		if err != nil {
+			return err
+		}
+		id, code, msg := screen(b)
+		if code == 0 {
+			return json.Unmarshal(b, v)
+		}
+		if code == dropFrame {
+			continue // a broken response: answering it could start an error ping-pong
+		}
+		if id == nil {
+			id = json.RawMessage("null")
+		}
+		reply, _ := json.Marshal(struct {
+			JSONRPC string          `json:"jsonrpc"`
+			ID      json.RawMessage `json:"id"`
+			Error   *jsonrpc2.Error `json:"error"`
+		}{"2.0", id, ToWire(fmt.Errorf("%s: %w", msg, codeErr(code)))})
+		ctx, cancel := context.WithTimeout(s.ctx, s.wtimeout)
+		err = s.frames.WriteFrame(ctx, reply)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (s *objectStream) Close() error { return s.frames.Close(websocket.StatusNormalClosure, "") }
+
+// dropFrame marks a frame that is dropped without an answer.
+const dropFrame = 1
+
+func codeErr(code int64) error {
+	if code == CodeParse {
+		return ErrParse
+	}
+	return ErrInvalidRequest
+}
+
+// screen checks one frame. It returns code 0 if jsonrpc2 can take it; otherwise the id to answer
+// (if it could be read), the error code and a message.
+func screen(b []byte) (id json.RawMessage, code int64, msg string) {
+	if bytes.Equal(b, []byte("\x00binary")) {
+		return nil, CodeInvalidRequest, "binary frames are not part of the kite protocol"
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 {
+		return nil, CodeInvalidRequest, "empty frame"
+	}
+	if !json.Valid(b) {
+		return nil, CodeParse, "frame is not valid JSON"
+	}
+	if b[0] == '[' {
+		return nil, CodeInvalidRequest, "batch requests are not supported: send one object per frame"
+	}
+	if b[0] != '{' {
+		return nil, CodeInvalidRequest, "a frame must hold one JSON-RPC 2.0 object"
+	}
+	var m struct {
+		JSONRPC *string         `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Method  *string         `json:"method"`
+		Params  json.RawMessage `json:"params"`
+		Result  json.RawMessage `json:"result"`
+		Error   json.RawMessage `json:"error"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, CodeInvalidRequest, "malformed JSON-RPC object: " + err.Error()
+	}
+	isResponse := m.Method == nil && (m.Result != nil || m.Error != nil)
+	defer func() {
+		if code != 0 && isResponse {
+			code = dropFrame
+		}
+	}()
+	if len(m.ID) > 0 {
+		switch m.ID[0] {
+		case '"', 'n':
+			id = m.ID
+		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			if n, err := strconv.ParseInt(string(m.ID), 10, 64); err != nil || n < 0 {
+				return nil, CodeInvalidRequest, "a numeric id must be a non-negative integer below 2^63"
+			}
+			id = m.ID
+		default:
+			return nil, CodeInvalidRequest, "id must be a string, a number or null"
+		}
+	}
+	switch {
+	case m.JSONRPC == nil || *m.JSONRPC != "2.0":
+		return id, CodeInvalidRequest, `"jsonrpc" must be "2.0"`
+	case m.Method != nil && (m.Result != nil || m.Error != nil):
+		return id, CodeInvalidRequest, "a message is either a request or a response"
+	case m.Method == nil && m.Result == nil && m.Error == nil:
+		return id, CodeInvalidRequest, "a message needs a method, a result or an error"
+	case m.Method != nil && *m.Method == "":
+		return id, CodeInvalidRequest, "method is empty"
+	case m.Method != nil && len(m.Params) > 0 && m.Params[0] != '{' && m.Params[0] != '[' && string(m.Params) != "null":
+		return id, CodeInvalidRequest, "params must be an object or an array"
+	case m.Method == nil && len(m.ID) == 0:
+		return nil, CodeInvalidRequest, "a response needs an id"
+	}
+	// Finally decode with jsonrpc2's own types: whatever passes here, jsonrpc2 can read.
+	if m.Method != nil {
+		var r jsonrpc2.Request
+		if err := json.Unmarshal(b, &r); err != nil {
+			return id, CodeInvalidRequest, "malformed request: " + err.Error()
+		}
+	} else {
+		var r jsonrpc2.Response
+		if err := json.Unmarshal(b, &r); err != nil {
+			return id, CodeInvalidRequest, "malformed response: " + err.Error()
+		}
+	}
+	return nil, 0, ""
+}
