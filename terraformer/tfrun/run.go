@@ -1,0 +1,789 @@
+package tfrun
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	tfjson "github.com/hashicorp/terraform-json"
+)
+
+const (
+	logTailLines   = 200
+	stderrTail     = 20
+	persistEvery   = 250 * time.Millisecond
+	watchQueueMax  = 1024
+	lockTimeoutArg = "-lock-timeout=10s"
+)
+
+// cancelCause is why a run's graceful context was cancelled; the first cause wins.
+type cancelCause struct {
+	kind   string
+	status Status
+	msg    string
+}
+
+func (c *cancelCause) Error() string { return c.msg }
+
+// run is one job while it runs in this process.
+type run struct {
+	e     *Engine
+	id    string
+	req   Request
+	stack string // stacks/<contentID>
+	work  string // stacks/<contentID>/work
+	lease leaseFile
+	log   *slog.Logger
+
+	ctx    context.Context // graceful: cancelled → SIGINT
+	cancel context.CancelCauseFunc
+	kill   context.Context // hard: cancelled → SIGKILL now
+	killFn context.CancelFunc
+	done   chan struct{}
+
+	lastOutput atomic.Int64 // unix nanos of terraform's last output
+
+	mu           sync.Mutex
+	job          *Job
+	resIndex     map[string]int
+	watchers     map[*watcher]struct{}
+	diags        []Diagnostic
+	stderr       []string
+	textOut      strings.Builder // init's output, for its diagnostics
+	planSummary  *uiChangeSummary
+	finalSummary *uiChangeSummary
+	dirty        bool
+	phase        string // the terraform command running or last run: "init", "apply", ...
+	opStarted    bool   // the operation itself (not just init) ran, so the state may have changed
+	lastPersist  time.Time
+	logFile      *os.File
+}
+
+func newRun(e *Engine, req Request, job *Job, lf leaseFile) *run {
+	r := &run{
+		e:        e,
+		id:       job.ID,
+		req:      req,
+		stack:    lf.dir,
+		work:     filepath.Join(lf.dir, "work"),
+		lease:    lf,
+		log:      e.log.With("job_id", job.ID, "content_id", req.ContentID, "op", req.Op, "trace_id", req.TraceID),
+		done:     make(chan struct{}),
+		job:      job,
+		resIndex: map[string]int{},
+		watchers: map[*watcher]struct{}{},
+	}
+	r.ctx, r.cancel = context.WithCancelCause(context.Background())
+	r.kill, r.killFn = context.WithCancel(context.Background())
+	return r
+}
+
+func (r *run) stop(cause *cancelCause) { r.cancel(cause) }
+func (r *run) killNow()                { r.killFn() }
+func (r *run) touch()                  { r.lastOutput.Store(time.Now().UnixNano()) }
+
+func (r *run) setPhase(p string) {
+	r.mu.Lock()
+	r.phase = p
+	r.opStarted = r.opStarted || p == string(r.req.Op)
+	r.mu.Unlock()
+}
+
+func (r *run) snapshot() *Job {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.job.clone()
+}
+
+// execute is the whole life of the run, on its own goroutine.
+func (r *run) execute() {
+	defer r.killFn()
+	defer r.cancel(nil)
+	f, err := os.OpenFile(filepath.Join(r.e.jobsDir, r.id+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		r.log.Warn("open job log", "err", err)
+	}
+	r.logFile = f
+
+	r.mu.Lock()
+	r.job.Status = StatusRunning
+	r.job.StartedAt = time.Now().UTC()
+	r.publishLocked(Event{Type: EventStatus})
+	r.persistLocked()
+	r.mu.Unlock()
+	r.log.Info("job running")
+
+	r.touch()
+	stopBackground := r.background()
+	opErr := r.perform()
+	result := r.result(opErr)
+	stopBackground()
+
+	job := r.finish(opErr, result)
+	if err := r.lease.release(r.e.opts.Owner, r.id); err != nil {
+		r.log.Warn("release lease", "err", err)
+	}
+	r.e.mu.Lock()
+	delete(r.e.active, r.id)
+	delete(r.e.byContent, r.req.ContentID)
+	r.e.mu.Unlock()
+
+	r.mu.Lock()
+	r.publishLocked(finalEvent(job))
+	r.mu.Unlock()
+	if r.logFile != nil {
+		r.logFile.Close()
+	}
+	r.log.Info("job finished", "status", job.Status, "err", job.Err())
+	close(r.done)
+}
+
+// background renews the lease and watches for a hang until the returned func is called.
+func (r *run) background() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(r.e.opts.LeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := r.lease.renew(r.e.opts.Owner, r.id, r.e.opts.LeaseTTL)
+			if errors.Is(err, ErrLocked) {
+				r.log.Error("lease lost, cancelling", "err", err)
+				r.stop(&cancelCause{kind: KindLease, status: StatusFailed, msg: "lease lost: another terraformer took the content id"})
+				return
+			}
+			if err != nil {
+				r.log.Warn("renew lease", "err", err)
+			}
+		}
+	})
+	wg.Go(func() {
+		hang := r.e.opts.HangTimeout
+		t := time.NewTicker(min(max(hang/5, 5*time.Millisecond), time.Second))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if r.ctx.Err() == nil && time.Since(time.Unix(0, r.lastOutput.Load())) > hang {
+				r.log.Error("terraform hung, cancelling", "hang_timeout", hang)
+				r.stop(&cancelCause{kind: KindHung, status: StatusHung,
+					msg: fmt.Sprintf("hung: no output from terraform for %s", hang)})
+			}
+			r.mu.Lock()
+			if r.dirty {
+				r.persistLocked()
+			}
+			r.mu.Unlock()
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// perform writes the content, runs init if needed, then the operation.
+func (r *run) perform() error {
+	if err := r.prepare(); err != nil {
+		return err
+	}
+	if err := r.init(); err != nil {
+		return err
+	}
+	args := []string{"-json", "-input=false", lockTimeoutArg}
+	if _, err := os.Stat(r.varsPath()); err == nil {
+		args = append(args, "-var-file="+r.varsPath())
+	}
+	switch r.req.Op {
+	case OpPlan:
+		return r.terraformJSON(append([]string{"plan", "-out=" + r.planPath()}, args...)...)
+	case OpApply:
+		return r.terraformJSON(append([]string{"apply", "-auto-approve"}, args...)...)
+	case OpDestroy:
+		return r.terraformJSON(append([]string{"destroy", "-auto-approve"}, args...)...)
+	}
+	return fmt.Errorf("op %q: %w", r.req.Op, ErrInvalid)
+}
+
+func (r *run) varsPath() string { return filepath.Join(r.stack, "variables.json") }
+func (r *run) planPath() string { return filepath.Join(r.stack, "plan.out") }
+
+// prepare replaces the stored content files and variables with the request's.
+func (r *run) prepare() error {
+	if err := os.MkdirAll(r.work, 0o700); err != nil {
+		return fmt.Errorf("create work dir: %w", err)
+	}
+	if len(r.req.Files) > 0 {
+		old, err := contentFiles(r.work)
+		if err != nil {
+			return err
+		}
+		for _, name := range old {
+			if err := os.Remove(filepath.Join(r.work, name)); err != nil {
+				return fmt.Errorf("remove old content: %w", err)
+			}
+		}
+		for name, b := range r.req.Files {
+			if err := os.WriteFile(filepath.Join(r.work, name), b, 0o600); err != nil {
+				return fmt.Errorf("write content: %w", err)
+			}
+		}
+	}
+	if r.req.Variables != nil {
+		if err := writeJSONAtomic(r.varsPath(), r.req.Variables); err != nil {
+			return fmt.Errorf("variables: %w", err)
+		}
+	}
+	return nil
+}
+
+// init runs `terraform init` unless the content, the CLI config, the provider mirror and the
+// terraform version are what the last successful init saw. -upgrade lets init follow a provider
+// rebuilt in the mirror under the same version (the lock file's checksum would refuse it).
+func (r *run) init() error {
+	sum, err := r.initHash()
+	if err != nil {
+		return err
+	}
+	hashFile := filepath.Join(r.stack, "init.sum")
+	if old, err := os.ReadFile(hashFile); err == nil && string(old) == sum {
+		if _, err := os.Stat(filepath.Join(r.work, ".terraform")); err == nil {
+			r.log.Debug("terraform init skipped: nothing changed")
+			return nil
+		}
+	}
+	_ = os.Remove(hashFile)
+	r.setPhase("init")
+	stdout := &lineWriter{fn: r.textLine}
+	stderr := &lineWriter{fn: r.textLine}
+	r.touch()
+	err = r.e.tf.run(r.ctx, r.kill, r.work, touchWriter{stdout, r.touch}, touchWriter{stderr, r.touch},
+		"init", "-input=false", "-no-color", "-upgrade", lockTimeoutArg)
+	stdout.flush()
+	stderr.flush()
+	if err != nil {
+		r.mu.Lock()
+		r.diags = append(r.diags, parseTextDiagnostics(r.textOut.String())...)
+		r.mu.Unlock()
+		return err
+	}
+	return writeFileAtomic(hashFile, []byte(sum), 0o600)
+}
+
+var mirrorPathRe = regexp.MustCompile(`(?m)^\s*path\s*=\s*"([^"]+)"`)
+
+func (r *run) initHash() (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "terraform %s %s\n", r.e.opts.TerraformPath, r.e.tfVersion)
+	cfg, err := os.ReadFile(r.e.opts.CLIConfigFile)
+	if err != nil {
+		return "", fmt.Errorf("read cli config: %w", err)
+	}
+	h.Write(cfg)
+	// The provider binaries in the filesystem mirrors the config names: size and mtime are
+	// enough to notice a rebuilt provider.
+	for _, m := range mirrorPathRe.FindAllStringSubmatch(string(cfg), -1) {
+		_ = filepath.WalkDir(m[1], func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return nil
+			}
+			if info, err := os.Stat(p); err == nil {
+				fmt.Fprintf(h, "%s %d %d\n", p, info.Size(), info.ModTime().UnixNano())
+			}
+			return nil
+		})
+	}
+	names, err := contentFiles(r.work)
+	if err != nil {
+		return "", err
+	}
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(r.work, n))
+		if err != nil {
+			return "", fmt.Errorf("read content: %w", err)
+		}
+		fmt.Fprintf(h, "%s %d\n", n, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// terraformJSON runs a terraform command with -json and feeds its UI stream to the job.
+func (r *run) terraformJSON(args ...string) error {
+	r.setPhase(args[0])
+	stdout := &lineWriter{fn: r.uiLine}
+	stderr := &lineWriter{fn: r.stderrLine}
+	r.touch()
+	err := r.e.tf.run(r.ctx, r.kill, r.work, touchWriter{stdout, r.touch}, touchWriter{stderr, r.touch}, args...)
+	stdout.flush()
+	stderr.flush()
+	return err
+}
+
+// show runs `terraform show -json [file]` and decodes the output into v. It runs after the
+// operation, also after a cancel, so it uses the kill context only (bounded by HangTimeout).
+func (r *run) show(v any, file ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(r.kill, r.e.opts.HangTimeout)
+	defer cancel()
+	var out bytes.Buffer
+	stderr := &lineWriter{fn: r.stderrLine}
+	r.touch()
+	err := r.e.tf.run(ctx, ctx, r.work, touchWriter{&out, r.touch}, touchWriter{stderr, r.touch},
+		append([]string{"show", "-json", "-no-color"}, file...)...)
+	stderr.flush()
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(out.Bytes(), v); err != nil {
+		return nil, fmt.Errorf("decode terraform show: %w", err)
+	}
+	return out.Bytes(), nil
+}
+
+// result reads what the run produced: the saved plan for plan, the state for apply and destroy
+// (also after they failed, since Terraform writes the state in any case). For apply and destroy it
+// also refreshes the stack's state.json snapshot.
+func (r *run) result(opErr error) *Result {
+	if r.kill.Err() != nil {
+		return nil
+	}
+	switch r.req.Op {
+	case OpPlan:
+		if opErr != nil {
+			return nil
+		}
+		var plan tfjson.Plan
+		if _, err := r.show(&plan, r.planPath()); err != nil {
+			r.log.Warn("read plan", "err", err)
+			return nil
+		}
+		res := &Result{Changes: planChanges(&plan)}
+		r.mu.Lock()
+		if s := r.planSummary; s != nil {
+			res.Summary = ChangeSummary{Add: s.Add, Change: s.Change, Remove: s.Remove, Import: s.Import}
+		}
+		r.mu.Unlock()
+		return res
+	default:
+		r.mu.Lock()
+		started := r.opStarted
+		r.mu.Unlock()
+		if !started {
+			return nil // init failed or was cancelled: the state did not change
+		}
+		if _, err := os.Stat(filepath.Join(r.work, "terraform.tfstate")); err != nil {
+			return nil // the operation never got to write a state
+		}
+		var st tfjson.State
+		raw, err := r.show(&st)
+		if err != nil {
+			r.log.Warn("read state", "err", err)
+			return nil
+		}
+		if err := writeFileAtomic(filepath.Join(r.stack, "state.json"), raw, 0o600); err != nil {
+			r.log.Warn("write state snapshot", "err", err)
+		}
+		res := stateResult(&st)
+		r.mu.Lock()
+		if s := r.finalSummary; s != nil {
+			res.Summary = ChangeSummary{Add: s.Add, Change: s.Change, Remove: s.Remove, Import: s.Import}
+		}
+		r.mu.Unlock()
+		return res
+	}
+}
+
+func planChanges(p *tfjson.Plan) []ResourceChange {
+	var out []ResourceChange
+	for _, rc := range p.ResourceChanges {
+		if rc.Change == nil || rc.Change.Actions.NoOp() {
+			continue
+		}
+		acts := make([]string, len(rc.Change.Actions))
+		for i, a := range rc.Change.Actions {
+			acts[i] = string(a)
+		}
+		out = append(out, ResourceChange{
+			Address:      rc.Address,
+			Module:       rc.ModuleAddress,
+			Mode:         string(rc.Mode),
+			Type:         rc.Type,
+			Name:         rc.Name,
+			Index:        rc.Index,
+			Provider:     rc.ProviderName,
+			Actions:      acts,
+			After:        rc.Change.After,
+			AfterUnknown: rc.Change.AfterUnknown,
+		})
+	}
+	return out
+}
+
+func stateResult(st *tfjson.State) *Result {
+	res := &Result{Outputs: map[string]Output{}}
+	if st.Values == nil {
+		return res
+	}
+	for name, o := range st.Values.Outputs {
+		res.Outputs[name] = Output{Value: o.Value, Sensitive: o.Sensitive}
+	}
+	var walk func(m *tfjson.StateModule)
+	walk = func(m *tfjson.StateModule) {
+		if m == nil {
+			return
+		}
+		for _, sr := range m.Resources {
+			res.Resources = append(res.Resources, StateResource{
+				Address:  sr.Address,
+				Module:   m.Address,
+				Mode:     string(sr.Mode),
+				Type:     sr.Type,
+				Name:     sr.Name,
+				Index:    sr.Index,
+				Provider: sr.ProviderName,
+				Tainted:  sr.Tainted,
+				Values:   sr.AttributeValues,
+			})
+		}
+		for _, c := range m.ChildModules {
+			walk(c)
+		}
+	}
+	walk(st.Values.RootModule)
+	sort.SliceStable(res.Resources, func(i, j int) bool { return res.Resources[i].Address < res.Resources[j].Address })
+	return res
+}
+
+// finish decides the final status and persists the job.
+func (r *run) finish(opErr error, result *Result) *Job {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.job
+	now := time.Now().UTC()
+	var cause *cancelCause
+	if r.ctx.Err() != nil {
+		errors.As(context.Cause(r.ctx), &cause)
+	}
+	diags := errorDiagnostics(r.diags)
+	switch {
+	case opErr == nil:
+		j.Status = StatusSucceeded
+		j.Percent = 100
+	case cause != nil:
+		j.Status = cause.status
+		j.Error = &JobError{Kind: cause.kind, Message: cause.msg, Diagnostics: diags}
+	default:
+		j.Status = StatusFailed
+		j.Error = r.terraformError(opErr, diags)
+	}
+	j.Result = result
+	j.FinishedAt, j.UpdatedAt = now, now
+	r.persistLocked()
+	return j.clone()
+}
+
+func (r *run) terraformError(opErr error, diags []Diagnostic) *JobError {
+	var exit *exec.ExitError
+	if !errors.As(opErr, &exit) {
+		return &JobError{Kind: KindInternal, Message: opErr.Error()}
+	}
+	op := "terraform " + r.phase
+	if len(diags) > 0 {
+		parts := make([]string, len(diags))
+		for i, d := range diags {
+			parts[i] = d.String()
+		}
+		return &JobError{Kind: KindTerraform, Message: op + ": " + strings.Join(parts, "; "), Diagnostics: diags}
+	}
+	msg := op + ": " + exit.String()
+	if len(r.stderr) > 0 {
+		msg += ": " + strings.Join(r.stderr, " ")
+	}
+	return &JobError{Kind: KindTerraform, Message: msg}
+}
+
+// textLine takes a line of human-readable output (init).
+func (r *run) textLine(line []byte) {
+	r.writeRaw(line)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.textOut.Write(line)
+	r.textOut.WriteByte('\n')
+	if s := strings.TrimSpace(string(line)); s != "" {
+		r.addLogLocked(s)
+	}
+}
+
+func (r *run) stderrLine(line []byte) {
+	r.writeRaw(line)
+	s := strings.TrimSpace(string(line))
+	if s == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stderr = append(r.stderr, s)
+	if len(r.stderr) > stderrTail {
+		r.stderr = r.stderr[len(r.stderr)-stderrTail:]
+	}
+	r.addLogLocked(s)
+}
+
+// uiLine takes a line of Terraform's -json UI stream.
+func (r *run) uiLine(line []byte) {
+	r.writeRaw(line)
+	var m uiMessage
+	if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &m) != nil {
+		if s := strings.TrimSpace(string(line)); s != "" {
+			r.mu.Lock()
+			r.addLogLocked(s)
+			r.mu.Unlock()
+		}
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.job
+	var res *ResourceProgress
+	hookRes := func() *ResourceProgress {
+		if m.Hook == nil {
+			return nil
+		}
+		p := r.resourceLocked(m.Hook.Resource)
+		p.Message = m.Message
+		if m.Hook.Elapsed > 0 {
+			p.Elapsed = int(m.Hook.Elapsed)
+		}
+		return p
+	}
+	switch m.Type {
+	case "planned_change":
+		if m.Change != nil {
+			res = r.resourceLocked(m.Change.Resource)
+			res.Action = m.Change.Action
+			res.Status = ResourcePlanned
+			res.Message = m.Message
+		}
+	case "change_summary":
+		if m.Changes != nil {
+			s := *m.Changes
+			if s.Operation == "plan" && r.planSummary == nil {
+				r.planSummary = &s
+				j.Planned = s.Add + s.Change + s.Remove
+			} else {
+				r.finalSummary = &s
+			}
+		}
+	case "apply_start":
+		if res = hookRes(); res != nil {
+			res.Action = m.Hook.Action
+			res.Status = ResourceApplying
+		}
+	case "apply_progress":
+		res = hookRes()
+	case "apply_complete":
+		if res = hookRes(); res != nil {
+			res.Status = ResourceComplete
+			res.IDValue = m.Hook.IDValue
+			j.Completed++
+		}
+	case "apply_errored":
+		if res = hookRes(); res != nil {
+			res.Status = ResourceErrored
+			j.Completed++
+		}
+	case "provision_start", "provision_complete", "provision_errored":
+		if res = hookRes(); res != nil {
+			res.Provisioner = m.Hook.Provisioner + " " + strings.TrimPrefix(m.Type, "provision_")
+		}
+	case "diagnostic":
+		if m.Diagnostic != nil {
+			d := diagnosticFromJSON(m.Diagnostic)
+			r.diags = append(r.diags, d)
+			r.publishLocked(Event{Type: EventDiagnostic, Diagnostic: &d})
+		}
+	}
+	if j.Planned > 0 {
+		j.Percent = min(j.Completed*100/j.Planned, 99)
+	}
+	if res != nil {
+		c := *res
+		r.publishLocked(Event{Type: EventProgress, Resource: &c})
+	}
+	if msg := strings.TrimSpace(m.Message); msg != "" {
+		r.addLogLocked(msg)
+	}
+	j.UpdatedAt = time.Now().UTC()
+	r.dirty = true
+	if time.Since(r.lastPersist) >= persistEvery {
+		r.persistLocked()
+	}
+}
+
+func (r *run) resourceLocked(u uiResource) *ResourceProgress {
+	i, ok := r.resIndex[u.Addr]
+	if !ok {
+		i = len(r.job.Resources)
+		r.resIndex[u.Addr] = i
+		r.job.Resources = append(r.job.Resources, ResourceProgress{
+			Address:  u.Addr,
+			Module:   u.Module,
+			Type:     u.ResourceType,
+			Name:     u.ResourceName,
+			Index:    u.ResourceKey,
+			Provider: u.ImpliedProvider,
+		})
+	}
+	return &r.job.Resources[i]
+}
+
+func (r *run) addLogLocked(s string) {
+	for _, line := range strings.Split(s, "\n") {
+		line = strings.TrimRight(line, " ")
+		if line == "" {
+			continue
+		}
+		r.job.Log = append(r.job.Log, line)
+		if len(r.job.Log) > logTailLines {
+			r.job.Log = r.job.Log[len(r.job.Log)-logTailLines:]
+		}
+		r.publishLocked(Event{Type: EventLog, Line: line})
+	}
+}
+
+// writeRaw appends a raw output line to the job's log file.
+func (r *run) writeRaw(line []byte) {
+	if r.logFile == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.logFile.Write(append(append([]byte(nil), line...), '\n')) //nolint:errcheck // best effort
+}
+
+func (r *run) persist() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.writeJobLocked()
+}
+
+func (r *run) persistLocked() {
+	if err := r.writeJobLocked(); err != nil {
+		r.log.Warn("persist job", "err", err)
+	}
+}
+
+func (r *run) writeJobLocked() error {
+	r.dirty = false
+	r.lastPersist = time.Now()
+	return writeJSONAtomic(r.e.jobPath(r.id), r.job)
+}
+
+// publishLocked fills in the common fields and queues the event for every watcher.
+func (r *run) publishLocked(ev Event) {
+	ev.JobID = r.id
+	ev.Time = time.Now().UTC()
+	ev.Status = r.job.Status
+	ev.Percent = r.job.Percent
+	for w := range r.watchers {
+		w.push(ev, func() Event {
+			return Event{Type: EventJob, JobID: r.id, Time: ev.Time, Status: r.job.Status, Percent: r.job.Percent, Job: r.job.clone()}
+		})
+	}
+}
+
+// watcher queues events for one Watch call, so that a slow reader never blocks the run.
+type watcher struct {
+	mu     sync.Mutex
+	queue  []Event
+	notify chan struct{}
+}
+
+func (w *watcher) push(ev Event, snapshot func() Event) {
+	w.mu.Lock()
+	if len(w.queue) >= watchQueueMax && ev.Type != EventFinal {
+		// The reader is far behind: replace what it missed by the current state.
+		w.queue = append(w.queue[:0], snapshot())
+	} else {
+		w.queue = append(w.queue, ev)
+	}
+	w.mu.Unlock()
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (r *run) watch(ctx context.Context) <-chan Event {
+	ch := make(chan Event, 16)
+	r.mu.Lock()
+	snap := r.job.clone()
+	if snap.Status.Final() {
+		r.mu.Unlock()
+		ch <- finalEvent(snap)
+		close(ch)
+		return ch
+	}
+	w := &watcher{
+		notify: make(chan struct{}, 1),
+		queue:  []Event{{Type: EventJob, JobID: r.id, Time: time.Now().UTC(), Status: snap.Status, Percent: snap.Percent, Job: snap}},
+	}
+	r.watchers[w] = struct{}{}
+	r.mu.Unlock()
+	go func() {
+		defer close(ch)
+		defer func() {
+			r.mu.Lock()
+			delete(r.watchers, w)
+			r.mu.Unlock()
+		}()
+		for {
+			w.mu.Lock()
+			q := w.queue
+			w.queue = nil
+			w.mu.Unlock()
+			for _, ev := range q {
+				select {
+				case ch <- ev:
+				case <-ctx.Done():
+					return
+				}
+				if ev.Type == EventFinal {
+					return
+				}
+			}
+			select {
+			case <-w.notify:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+var _ io.Writer = (*lineWriter)(nil)
