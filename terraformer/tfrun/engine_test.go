@@ -195,3 +195,376 @@ output "secret" {
 		t.Errorf("state after destroy: %+v", st.Values.RootModule.Resources)
 	}
 }
+
+func TestWatchEvents(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{})
+	j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "watch", Files: files(`
+resource "terraform_data" "r" {
+  count = 5
+  input = count.index
+}`)})
+	ch, err := e.Watch(t.Context(), j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []tfrun.Event
+	for ev := range ch { // closes after the final event
+		evs = append(evs, ev)
+	}
+	if len(evs) < 2 || (evs[0].Type != tfrun.EventJob && evs[0].Type != tfrun.EventFinal) {
+		t.Fatalf("first event %+v", evs[0])
+	}
+	last := evs[len(evs)-1]
+	if last.Type != tfrun.EventFinal || last.Job.Status != tfrun.StatusSucceeded || last.Percent != 100 {
+		t.Fatalf("last event %+v", last)
+	}
+	if evs[0].Type == tfrun.EventFinal {
+		return // the job was done before Watch: nothing else to see
+	}
+	completed := map[string]bool{}
+	percent := 0
+	for _, ev := range evs {
+		if ev.Percent < percent {
+			t.Errorf("percent went back from %d to %d", percent, ev.Percent)
+		}
+		percent = ev.Percent
+		if ev.Type == tfrun.EventProgress && ev.Resource.Status == tfrun.ResourceComplete {
+			completed[ev.Resource.Address] = true
+		}
+	}
+	if len(completed) != 5 {
+		t.Errorf("complete events for %v, want 5 resources", completed)
+	}
+	// A watch after the end gets the final job at once.
+	ch, err = e.Watch(t.Context(), j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := <-ch; ev.Type != tfrun.EventFinal || ev.Job.ID != j.ID {
+		t.Fatalf("late watch: %+v", ev)
+	}
+}
+
+// TestParallelContentIDs proves that runs on different content ids overlap: each run's provisioner
+// waits until the other runs' provisioners have started, which can only succeed if they all run
+// at once. The recorded start and end times must overlap too.
+func TestParallelContentIDs(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{})
+	dir := t.TempDir()
+	names := []string{"par-a", "par-b", "par-c"}
+	var ids []string
+	for _, n := range names {
+		var others []string
+		for _, o := range names {
+			if o != n {
+				others = append(others, fmt.Sprintf("[ -f %s/%s ]", dir, o))
+			}
+		}
+		cmd := fmt.Sprintf(`touch %s/%s; i=0; until %s; do i=$((i+1)); [ $i -gt 2400 ] && exit 1; sleep 0.05; done`,
+			dir, n, strings.Join(others, " && "))
+		j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: n, Files: files(fmt.Sprintf(`
+resource "terraform_data" "barrier" {
+  provisioner "local-exec" {
+    command = %q
+  }
+}`, cmd))})
+		ids = append(ids, j.ID)
+	}
+	var jobs []*tfrun.Job
+	for _, id := range ids {
+		j := tfruntest.Wait(t, e, id, jobTimeout)
+		if j.Status != tfrun.StatusSucceeded {
+			t.Fatalf("%s: %s: %v", j.ContentID, j.Status, j.Err())
+		}
+		jobs = append(jobs, j)
+	}
+	for _, a := range jobs {
+		for _, b := range jobs {
+			if !a.StartedAt.Before(b.FinishedAt) {
+				t.Errorf("%s started %s, after %s finished %s", a.ContentID, a.StartedAt, b.ContentID, b.FinishedAt)
+			}
+		}
+	}
+}
+
+func TestSameContentLocked(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	engineDir := t.TempDir()
+	e := tfruntest.NewEngine(t, tfrun.Options{Dir: engineDir})
+	// A second engine on the same Dir stands for a second terraformer process.
+	other := tfruntest.NewEngine(t, tfrun.Options{Dir: engineDir})
+	t.Cleanup(func() { os.WriteFile(filepath.Join(dir, "release"), nil, 0o600) })
+
+	j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "locked", Files: files(fmt.Sprintf(stackWithGate, gate(dir)))})
+	waitFile(t, filepath.Join(dir, "started"))
+
+	for _, op := range []tfrun.Op{tfrun.OpApply, tfrun.OpPlan, tfrun.OpDestroy} {
+		if _, err := e.Submit(t.Context(), tfrun.Request{Op: op, ContentID: "locked"}); !errors.Is(err, tfrun.ErrLocked) {
+			t.Errorf("same engine %s: %v, want ErrLocked", op, err)
+		}
+		if _, err := other.Submit(t.Context(), tfrun.Request{Op: op, ContentID: "locked"}); !errors.Is(err, tfrun.ErrLocked) {
+			t.Errorf("other engine %s: %v, want ErrLocked", op, err)
+		}
+	}
+	// Another content id is not affected.
+	run(t, other, tfrun.Request{Op: tfrun.OpApply, ContentID: "free", Files: files(`resource "terraform_data" "x" {}`)}, tfrun.StatusSucceeded)
+	// The other engine sees the job through the shared Dir, and cannot cancel it.
+	if oj, err := other.Job(j.ID); err != nil || oj.Status != tfrun.StatusRunning {
+		t.Errorf("job seen from the other engine: %+v, %v", oj, err)
+	}
+	if err := other.Cancel(t.Context(), j.ID); !errors.Is(err, tfrun.ErrState) {
+		t.Errorf("cancel from the other engine: %v, want ErrState", err)
+	}
+
+	release(t, dir)
+	run := tfruntest.Wait(t, e, j.ID, jobTimeout)
+	if run.Status != tfrun.StatusSucceeded {
+		t.Fatalf("gated apply: %s %v", run.Status, run.Err())
+	}
+	// Free again, from either engine.
+	if _, err := other.Submit(t.Context(), tfrun.Request{Op: tfrun.OpPlan, ContentID: "locked"}); err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+}
+
+func TestCancelMidApply(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{CancelGrace: 30 * time.Second})
+	dir := t.TempDir()
+	// Until released, the provisioner sleeps (exec: the pid it recorded is the sleep's).
+	cmd := fmt.Sprintf(`echo $$ > %[1]s/pid; touch %[1]s/started; [ -f %[1]s/release ] || exec sleep 300`, dir)
+	j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "cancel", Files: files(fmt.Sprintf(stackWithGate, cmd))})
+	waitFile(t, filepath.Join(dir, "started"))
+
+	if err := e.Cancel(t.Context(), j.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.Job(j.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != tfrun.StatusCancelled || got.Error == nil || got.Error.Kind != tfrun.KindCancelled {
+		t.Fatalf("cancelled job: %s %+v", got.Status, got.Error)
+	}
+	// Terraform wrote the state on SIGINT: the fast resources are in it.
+	addrs := addresses(got.Result.Resources)
+	if !slices.Contains(addrs, "terraform_data.fast[0]") || !slices.Contains(addrs, "terraform_data.fast[1]") {
+		t.Fatalf("state after cancel: %v", addrs)
+	}
+	st, err := e.State(t.Context(), "cancel")
+	if err != nil || len(st.Values.RootModule.Resources) != len(addrs) {
+		t.Fatalf("State after cancel: %v (%d resources, want %d)", err, len(st.Values.RootModule.Resources), len(addrs))
+	}
+	if err := e.Cancel(t.Context(), j.ID); !errors.Is(err, tfrun.ErrState) {
+		t.Errorf("second cancel: %v, want ErrState", err)
+	}
+	// The provisioner's sleep did not outlive the run.
+	assertGone(t, filepath.Join(dir, "pid"))
+
+	// The next apply converges: nothing tainted, nothing left to do.
+	release(t, dir)
+	next := run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "cancel"}, tfrun.StatusSucceeded)
+	for _, r := range next.Result.Resources {
+		if r.Tainted {
+			t.Errorf("%s still tainted", r.Address)
+		}
+	}
+	if got := addresses(next.Result.Resources); len(got) != 3 {
+		t.Errorf("state after converging apply: %v", got)
+	}
+	plan := run(t, e, tfrun.Request{Op: tfrun.OpPlan, ContentID: "cancel"}, tfrun.StatusSucceeded)
+	if len(plan.Result.Changes) != 0 {
+		t.Errorf("plan after converging: %+v", plan.Result.Changes)
+	}
+}
+
+// assertGone waits until the process whose pid is in pidFile has exited.
+func assertGone(t *testing.T, pidFile string) {
+	t.Helper()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(string(b))
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		stat, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			return true
+		}
+		// "pid (comm) S ...": a zombie is gone too, it only waits for its reaper.
+		_, rest, _ := strings.Cut(string(stat), ") ")
+		return strings.HasPrefix(rest, "Z")
+	}, "process %s still running", pid)
+}
+
+func TestHang(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{HangTimeout: time.Second, CancelGrace: 30 * time.Second})
+	dir := t.TempDir()
+	// Terraform says "Still creating..." every 10s; before that it is silent while the provisioner
+	// sleeps, which is a hang for a 1s HangTimeout.
+	cmd := fmt.Sprintf(`echo $$ > %[1]s/pid; exec sleep 300`, dir)
+	j := run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "hang", Files: files(fmt.Sprintf(`
+resource "terraform_data" "stuck" {
+  provisioner "local-exec" {
+    command = %q
+  }
+}`, cmd))}, tfrun.StatusHung)
+	if j.Error == nil || j.Error.Kind != tfrun.KindHung || !strings.Contains(j.Error.Message, "no output from terraform for 1s") {
+		t.Fatalf("hung job error: %+v", j.Error)
+	}
+	assertGone(t, filepath.Join(dir, "pid"))
+}
+
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{})
+	// A good stack next door, applied before and checked after.
+	good := files(`resource "terraform_data" "ok" { input = "fine" }`)
+	before := run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "good", Files: good}, tfrun.StatusSucceeded)
+
+	tests := []struct {
+		name     string
+		files    map[string][]byte
+		vars     map[string]any
+		file     string // want a diagnostic in this file ("" = no location)
+		line     int
+		summary  string
+		contains string
+	}{
+		{
+			name:    "invalid-hcl",
+			files:   files("resource \"terraform_data\" \"x\" {\n  input = \n}\n"),
+			file:    "main.tf",
+			line:    2,
+			summary: "Invalid expression",
+		},
+		{
+			name:    "invalid-json",
+			files:   map[string][]byte{"main.tf.json": []byte(`{"resource": {"terraform_data": {"x": {"input": }}}}`)},
+			file:    "main.tf.json",
+			line:    1,
+			summary: "Missing JSON value",
+		},
+		{
+			name:     "unknown-provider",
+			files:    files(`resource "nosuch_thing" "x" {}`),
+			summary:  "Failed to query available provider packages",
+			contains: "hashicorp/nosuch",
+		},
+		{
+			name:    "unknown-resource-type",
+			files:   files("resource \"local_nosuch\" \"x\" {}\n"),
+			file:    "main.tf",
+			line:    1,
+			summary: "Invalid resource type",
+		},
+		{
+			name: "missing-variable",
+			files: files(`variable "need" {
+  type = string
+}
+resource "terraform_data" "x" { input = var.need }
+`),
+			vars:    map[string]any{},
+			file:    "main.tf",
+			line:    1,
+			summary: "No value for required variable",
+		},
+	}
+	t.Run("group", func(t *testing.T) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				j := run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: tt.name, Files: tt.files, Variables: tt.vars}, tfrun.StatusFailed)
+				if j.Error.Kind != tfrun.KindTerraform {
+					t.Fatalf("error kind %q: %v", j.Error.Kind, j.Error)
+				}
+				var found *tfrun.Diagnostic
+				for i, d := range j.Error.Diagnostics {
+					if d.Summary == tt.summary {
+						found = &j.Error.Diagnostics[i]
+					}
+				}
+				if found == nil {
+					t.Fatalf("no %q diagnostic in %+v", tt.summary, j.Error.Diagnostics)
+				}
+				if found.Filename != tt.file || found.Line != tt.line {
+					t.Errorf("diagnostic at %s:%d, want %s:%d", found.Filename, found.Line, tt.file, tt.line)
+				}
+				if !strings.Contains(j.Error.Message, tt.summary) || !strings.Contains(j.Error.Message, tt.contains) {
+					t.Errorf("message %q lacks %q / %q", j.Error.Message, tt.summary, tt.contains)
+				}
+				if tt.file != "" && !strings.Contains(j.Error.Message, fmt.Sprintf("%s:%d", tt.file, tt.line)) {
+					t.Errorf("message %q lacks the location", j.Error.Message)
+				}
+				t.Logf("error: %s", j.Error.Message)
+			})
+		}
+		t.Run("same-stack", func(t *testing.T) {
+			t.Parallel()
+			// Broken content on an applied stack fails, and leaves its state alone.
+			run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "mixed", Files: good}, tfrun.StatusSucceeded)
+			st1, err := e.State(t.Context(), "mixed")
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "mixed", Files: files(`resource "terraform_data" "x" {`)}, tfrun.StatusFailed)
+			st2, err := e.State(t.Context(), "mixed")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if id1, id2 := st1.Values.RootModule.Resources[0].AttributeValues["id"], st2.Values.RootModule.Resources[0].AttributeValues["id"]; id1 != id2 {
+				t.Errorf("state changed by a failed run: %v → %v", id1, id2)
+			}
+			fixed := run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "mixed", Files: good}, tfrun.StatusSucceeded)
+			if s := fixed.Result.Summary; s.Add+s.Change+s.Remove != 0 {
+				t.Errorf("apply after the fix changed things: %+v", s)
+			}
+		})
+	})
+	// Nothing else was harmed: the good stack is as it was.
+	after := run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "good"}, tfrun.StatusSucceeded)
+	if s := after.Result.Summary; s.Add+s.Change+s.Remove != 0 ||
+		after.Result.Resources[0].Values["id"] != before.Result.Resources[0].Values["id"] {
+		t.Errorf("good stack changed: %+v", after.Result)
+	}
+}
+
+func TestInvalidRequests(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{})
+	ctx := t.Context()
+	bad := []tfrun.Request{
+		{Op: "refresh", ContentID: "x", Files: files("")},
+		{Op: tfrun.OpApply, ContentID: "../x", Files: files("")},
+		{Op: tfrun.OpApply, ContentID: ".hidden", Files: files("")},
+		{Op: tfrun.OpApply, ContentID: "", Files: files("")},
+		{Op: tfrun.OpApply, ContentID: "x", Files: map[string][]byte{"../main.tf": nil}},
+		{Op: tfrun.OpApply, ContentID: "x", Files: map[string][]byte{"main.sh": nil}},
+	}
+	for _, req := range bad {
+		if _, err := e.Submit(ctx, req); !errors.Is(err, tfrun.ErrInvalid) {
+			t.Errorf("%+v: %v, want ErrInvalid", req, err)
+		}
+	}
+	if _, err := e.Submit(ctx, tfrun.Request{Op: tfrun.OpDestroy, ContentID: "never-applied"}); !errors.Is(err, tfrun.ErrNotFound) {
+		t.Errorf("destroy with nothing stored: %v, want ErrNotFound", err)
+	}
+	// That failed Submit left no lease behind.
+	run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "never-applied", Files: files(`resource "terraform_data" "x" {}`)}, tfrun.StatusSucceeded)
+	for _, id := range []string{"0123456789abcdef01234567", "../../etc/passwd", ""} {
+		if _, err := e.Job(id); !errors.Is(err, tfrun.ErrNotFound) {
+			t.Errorf("job %q: %v, want ErrNotFound", id, err)
+		}
+		if _, err := e.Watch(ctx, id); !errors.Is(err, tfrun.ErrNotFound) {
+			t.Errorf("watch %q: %v, want ErrNotFound", id, err)
+		}
+	}
+	if _, err := e.State(ctx, "nothing-here"); !errors.Is(err, tfrun.ErrNotFound) {
+		t.Errorf("state: %v, want ErrNotFound", err)
+	}
+}

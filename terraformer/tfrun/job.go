@@ -211,7 +211,7 @@ type Result struct {
 	Summary ChangeSummary `json:"summary"`
 	// Resources and Outputs are the state after apply or destroy, also after a failed or
 	// cancelled one.
-	Resources []StateResource `json:"resources,omitempty"`
+	Resources []StateResource   `json:"resources,omitempty"`
 	Outputs   map[string]Output `json:"outputs,omitempty"`
 }
 

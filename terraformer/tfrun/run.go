@@ -65,7 +65,7 @@ type run struct {
 	watchers     map[*watcher]struct{}
 	diags        []Diagnostic
 	stderr       []string
-	textOut      strings.Builder // init's output, for its diagnostics
+	textOut      strings.Builder // init's stderr, for its diagnostics
 	planSummary  *uiChangeSummary
 	finalSummary *uiChangeSummary
 	dirty        bool
@@ -278,8 +278,10 @@ func (r *run) init() error {
 	}
 	_ = os.Remove(hashFile)
 	r.setPhase("init")
-	stdout := &lineWriter{fn: r.textLine}
-	stderr := &lineWriter{fn: r.textLine}
+	// Terraform writes its diagnostics to stderr; they are parsed from there alone, so that
+	// progress lines on stdout cannot end up inside one.
+	stdout := &lineWriter{fn: func(line []byte) { r.textLine(line, false) }}
+	stderr := &lineWriter{fn: func(line []byte) { r.textLine(line, true) }}
 	r.touch()
 	err = r.e.tf.run(r.ctx, r.kill, r.work, touchWriter{stdout, r.touch}, touchWriter{stderr, r.touch},
 		"init", "-input=false", "-no-color", "-upgrade", lockTimeoutArg)
@@ -527,12 +529,14 @@ func (r *run) terraformError(opErr error, diags []Diagnostic) *JobError {
 }
 
 // textLine takes a line of human-readable output (init).
-func (r *run) textLine(line []byte) {
+func (r *run) textLine(line []byte, stderr bool) {
 	r.writeRaw(line)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.textOut.Write(line)
-	r.textOut.WriteByte('\n')
+	if stderr {
+		r.textOut.Write(line)
+		r.textOut.WriteByte('\n')
+	}
 	if s := strings.TrimSpace(string(line)); s != "" {
 		r.addLogLocked(s)
 	}
