@@ -650,3 +650,104 @@ func TestGCRemovesHalfCreated(t *testing.T) {
 	}
 	e.assertGone(t, keep, "")
 }
+
+// TestSeedURL delivers user data the way a cloud's metadata service does: NoCloud-net fetches it
+// from a server on the bridge address.
+func TestSeedURL(t *testing.T) {
+	e := newEnv(t)
+	if err := e.m.SetupNetwork(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var fetched []string
+	mux := http.NewServeMux()
+	mux.HandleFunc("/meta/seeded/{file}", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		fetched = append(fetched, r.PathValue("file"))
+		mu.Unlock()
+		switch r.PathValue("file") {
+		case "meta-data":
+			fmt.Fprint(w, "instance-id: seeded-1\nlocal-hostname: from-seed\n")
+		case "user-data":
+			fmt.Fprint(w, "#cloud-config\nruncmd:\n  - echo seeded > /var/tmp/seeded\n")
+		case "vendor-data":
+			fmt.Fprint(w, "")
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(e.m.HostAddr(), 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	e.create(t, sandbox.Spec{ID: "seeded", SeedURL: "http://" + ln.Addr().String() + "/meta/seeded/"})
+	e.waitCloudInit(t, "seeded")
+	if got := e.exec(t, "seeded", "cat", "/var/tmp/seeded"); got != "seeded" {
+		t.Errorf("runcmd from the seed url: %q", got)
+	}
+	if got := e.exec(t, "seeded", "hostname"); got != "from-seed" {
+		t.Errorf("hostname from the seed's meta-data: %q", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(strings.Join(fetched, ","), "user-data") {
+		t.Errorf("seed server saw %v", fetched)
+	}
+	if _, err := e.m.Create(t.Context(), sandbox.Spec{ID: "bad", SeedURL: "http://x/", UserData: []byte("{}")}); err == nil {
+		t.Error("create with both SeedURL and UserData succeeded")
+	}
+}
+
+// TestConcurrentCreates races several Creates (separate lock files, as separate processes would
+// use them) for addresses.
+func TestConcurrentCreates(t *testing.T) {
+	e := newEnv(t)
+	const n = 4
+	infos := make([]sandbox.Info, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			infos[i], errs[i] = e.m.Create(t.Context(), sandbox.Spec{ID: fmt.Sprintf("conc-%d", i)})
+		})
+	}
+	wg.Wait()
+	seen := map[netip.Addr]string{}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("create conc-%d: %s", i, errs[i])
+		}
+		if other, dup := seen[infos[i].IP]; dup {
+			t.Errorf("conc-%d and %s both got %s", i, other, infos[i].IP)
+		}
+		seen[infos[i].IP] = infos[i].ID
+	}
+}
+
+// TestStartRecreatesNetwork starts a machine whose bridge, veth and namespace are gone, as after
+// a host reboot (/run/netns is a tmpfs).
+func TestStartRecreatesNetwork(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	info := e.create(t, sandbox.Spec{ID: "reboot"})
+	if _, err := e.m.Stop(ctx, "reboot"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"netns", "del", info.Netns}, {"link", "del", e.bridge}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %s: %s", args, err, out)
+		}
+	}
+	info, err := e.m.Start(ctx, "reboot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State != sandbox.StateRunning {
+		t.Fatalf("after start: %+v", info)
+	}
+	e.exec(t, "reboot", "ping", "-c", "1", "-W", "5", e.m.HostAddr().String())
+}
