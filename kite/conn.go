@@ -39,6 +39,7 @@ type Conn struct {
 	subs      map[string]*Subscription      // client side: notification streams, by subscription id
 	streams   map[string]*Stream            // server side: open streams, by subscription id
 	values    map[any]any
+	onClose   []func()
 	closeErr  error
 	closeOnce sync.Once
 
@@ -121,6 +122,18 @@ func (c *Conn) SetValue(key, v any) {
 	c.values[key] = v
 }
 
+// OnClose registers f to run once the connection has closed (at once if it already has).
+func (c *Conn) OnClose(f func()) {
+	c.mu.Lock()
+	if c.ctx.Err() == nil {
+		c.onClose = append(c.onClose, f)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	f()
+}
+
 // Value returns a value set with SetValue.
 func (c *Conn) Value(key any) any {
 	c.mu.Lock()
@@ -160,6 +173,13 @@ func (c *Conn) Close(reason error) error {
 		}
 		for _, s := range streams {
 			s.stop()
+		}
+		c.mu.Lock()
+		hooks := c.onClose
+		c.onClose = nil
+		c.mu.Unlock()
+		for _, f := range hooks {
+			f()
 		}
 		c.k.forget(c)
 		c.log.Debug("kite connection closed", "reason", reason)

@@ -1,0 +1,42 @@
+// Command klient is the Kloud agent; see package klient.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kloud-dev/kloud/internal/version"
+	"github.com/kloud-dev/kloud/klient"
+)
+
+func main() {
+	var o klient.Options
+	flag.StringVar(&o.KiteKeyFile, "kite-key", "/etc/kloud/kite.key", "kite key file (written by cloud-init)")
+	flag.StringVar(&o.KontrolURL, "kontrol-url", "", "kontrol kite URL (default: from the kite key)")
+	flag.StringVar(&o.Owner, "owner", "", "the machine owner's username (default: the key's subject)")
+	flag.StringVar(&o.Environment, "environment", "default", "kite environment")
+	flag.StringVar(&o.Region, "region", "default", "kite region")
+	flag.StringVar(&o.Listen, "listen", "", "also accept direct kite connections on this address (e.g. :56789)")
+	showVersion := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *showVersion {
+		fmt.Println("klient", version.Version)
+		return
+	}
+	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	kl, err := klient.New(o)
+	if err == nil {
+		err = kl.Run(ctx)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "klient:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,196 @@
+// Package klient is the agent that runs on every Kloud machine.
+//
+// Start with Run: klient reads the kite key cloud-init wrote, dials kontrol, registers (again
+// after every reconnect, with backoff), and serves its methods over that same connection, so a
+// machine needs no inbound port. kloud reaches it through kontrol. Methods: kite.ping,
+// kite.systemInfo, klient.info (identity and provisioning state) and klient.logs (tails of the
+// provisioning logs, for build errors that name the failing step).
+//
+// klient must not link provider/, terraformer/ or Mongo (a test checks it).
+package klient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/version"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kontrol"
+)
+
+// Options configures klient.
+type Options struct {
+	KiteKeyFile string // required: the kite.key (default /etc/kloud/kite.key)
+	// KontrolURL defaults to the kontrolURL claim of the kite key.
+	KontrolURL string
+	// Owner is the machine's owner user (default: the key's subject).
+	Owner       string
+	Environment string // default "default"
+	Region      string // default "default"
+	// Listen, if set (e.g. ":56789"), also accepts direct kite connections there, authenticated
+	// with tokens for this kite. Off by default: kloud reaches klient over its registration.
+	Listen string
+	// Root prefixes the machine paths klient reads (tests); default "/".
+	Root string
+	// PingInterval/PingTimeout of the connection to kontrol (defaults of package kite).
+	PingInterval, PingTimeout time.Duration
+	Logger                    *slog.Logger
+	// Ready, if set, is called after every successful registration.
+	Ready func(kontrol.RegisterResult)
+}
+
+// Klient is a running agent.
+type Klient struct {
+	opts   Options
+	log    *slog.Logger
+	kite   *kite.Kite
+	client *kite.Client
+	claims *kitekey.KiteKeyClaims
+	key    string
+	keys   *keyCache
+}
+
+// New reads the kite key and prepares the agent; Run starts it.
+func New(opts Options) (*Klient, error) {
+	if opts.KiteKeyFile == "" {
+		opts.KiteKeyFile = "/etc/kloud/kite.key"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.Root == "" {
+		opts.Root = "/"
+	}
+	key, err := kitekey.ReadFile(opts.KiteKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("klient: %w", err)
+	}
+	claims, err := kitekey.ParseUnverified(key)
+	if err != nil {
+		return nil, fmt.Errorf("klient: kite key %s: %w", opts.KiteKeyFile, err)
+	}
+	if opts.KontrolURL == "" {
+		opts.KontrolURL = claims.KontrolURL
+	}
+	if opts.KontrolURL == "" {
+		return nil, errors.New("klient: no kontrol URL: pass --kontrol-url or use a kite key that names one")
+	}
+	if opts.Owner == "" {
+		opts.Owner = claims.Subject
+	}
+	kl := &Klient{opts: opts, log: opts.Logger, claims: claims, key: key, keys: &keyCache{}}
+	verifier := &kitekey.Verifier{Keys: &kitekey.RemoteKeys{Fetch: kl.fetchKeys}, Issuer: claims.Issuer}
+	k, err := kite.New(kite.Options{
+		Identity: kite.Identity{
+			Username: claims.Subject, ID: claims.ID, Name: "klient", Version: version.Version,
+			Environment: opts.Environment, Region: opts.Region,
+		},
+		Authenticator: &kitekey.Authenticator{Verifier: verifier},
+		Logger:        opts.Logger,
+		PingInterval:  opts.PingInterval,
+		PingTimeout:   opts.PingTimeout,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("klient: %w", err)
+	}
+	kl.kite = k
+	k.HandleFunc("klient.info", kl.info)
+	k.Handle("klient.logs", kite.Typed(kl.logs))
+	return kl, nil
+}
+
+// Kite returns the agent's kite (to add methods before Run).
+func (kl *Klient) Kite() *kite.Kite { return kl.kite }
+
+// Run registers with kontrol and serves until ctx ends.
+func (kl *Klient) Run(ctx context.Context) error {
+	kl.client = kl.kite.NewClient(kite.ClientOptions{
+		URL: kl.opts.KontrolURL,
+		Auth: func(context.Context) (kite.Auth, error) {
+			return kite.Auth{Type: kite.AuthKiteKey, Key: kl.key}, nil
+		},
+		OnConnect:  kl.register,
+		MaxBackoff: 10 * time.Second,
+	})
+	kl.client.Start()
+	defer kl.client.Close()
+	defer kl.kite.Close()
+	kl.log.Info("klient starting", "kite", kl.kite.Identity().String(), "kontrol", kl.opts.KontrolURL)
+	if kl.opts.Listen != "" {
+		ln, err := net.Listen("tcp", kl.opts.Listen)
+		if err != nil {
+			return fmt.Errorf("klient: listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/kite", kl.kite)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (kl *Klient) register(ctx context.Context, c *kite.Conn) error {
+	var res kontrol.RegisterResult
+	p := kontrol.RegisterParams{}
+	if kl.opts.Listen != "" {
+		p.URL = "http://" + kl.opts.Listen + "/kite"
+	}
+	if err := c.Call(ctx, "kontrol.register", p, &res); err != nil {
+		return fmt.Errorf("kontrol.register: %w", err)
+	}
+	kl.keys.set(res.Keys)
+	kl.log.Info("registered with kontrol", "kite", res.Kite.Kite.String())
+	if kl.opts.Ready != nil {
+		kl.opts.Ready(res)
+	}
+	return nil
+}
+
+func (kl *Klient) fetchKeys(ctx context.Context) ([]kitekey.PublicKey, error) {
+	if kl.client == nil {
+		return kl.keys.get(), nil
+	}
+	var res kontrol.KeysResult
+	if err := kl.client.Call(ctx, "kontrol.getKey", nil, &res); err != nil {
+		if k := kl.keys.get(); k != nil {
+			return k, nil
+		}
+		return nil, err
+	}
+	kl.keys.set(res.Keys)
+	return res.Keys, nil
+}
+
+// Info is the result of klient.info.
+type Info struct {
+	KiteID     string          `json:"kiteId"`
+	Owner      string          `json:"owner"`
+	Hostname   string          `json:"hostname"`
+	OS         string          `json:"os"`
+	Arch       string          `json:"arch"`
+	Version    string          `json:"version"`
+	StartedAt  time.Time       `json:"startedAt"`
+	Provision  *ProvisionState `json:"provision,omitempty"`
+	KontrolURL string          `json:"kontrolURL"`
+}
+
+var started = time.Now().UTC()
+
+func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
+	host, _ := os.Hostname()
+	return Info{
+		KiteID: kl.claims.ID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
+		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
+	}, nil
+}

@@ -1,0 +1,255 @@
+// Package cli is the kloud command line: `kloud serve` runs the server; every other command is
+// a client that talks to a running kloud over the kite protocol.
+//
+// Start with Run. Client commands find kloud through --url / KLOUD_URL (default
+// http://127.0.0.1:7000) and authenticate with --key / KLOUD_KEY (default: the admin key in
+// --data-dir / KLOUD_DATA_DIR, default ~/.kloud).
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/internal/version"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud"
+)
+
+type globals struct {
+	url, key, dataDir string
+	json              bool
+	stdout, stderr    io.Writer
+}
+
+// Run runs the kloud command with args (without the program name) and returns the exit code.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:           "kloud",
+		Short:         "Kloud turns Terraform stack templates into running machines with a browser terminal",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.url, "url", envOr("KLOUD_URL", "http://127.0.0.1:7000"), "kloud URL (env KLOUD_URL)")
+	pf.StringVar(&g.key, "key", os.Getenv("KLOUD_KEY"), "kite key or session file to authenticate with (env KLOUD_KEY; default: the admin key in --data-dir)")
+	pf.StringVar(&g.dataDir, "data-dir", envOr("KLOUD_DATA_DIR", kloud.DefaultDataDir()), "kloud data directory (env KLOUD_DATA_DIR)")
+	pf.BoolVar(&g.json, "json", false, "print JSON")
+	root.AddCommand(serveCmd(g), keyCmd(g), kitesCmd(g), versionCmd(g))
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "kloud:", err)
+		return 1
+	}
+	return 0
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func versionCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version of this kloud binary (and of the server, if reachable)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := map[string]string{"client": version.Version}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Second)
+			defer cancel()
+			if c, err := g.dial(ctx); err == nil {
+				var v struct{ Version string }
+				if c.Call(ctx, "kloud.version", nil, &v) == nil {
+					out["server"] = v.Version
+				}
+				c.Close(nil)
+			}
+			if g.json {
+				return g.printJSON(out)
+			}
+			fmt.Fprintln(g.stdout, "kloud", out["client"])
+			if s, ok := out["server"]; ok {
+				fmt.Fprintln(g.stdout, "server", s)
+			}
+			return nil
+		},
+	}
+}
+
+func serveCmd(g *globals) *cobra.Command {
+	var o kloud.Options
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run kloud (with kontrol) in the foreground",
+		Long: `Run kloud in the foreground: the kite endpoint at /kite (kontrol included) and the
+public signing keys at /kite/keys. On first start it creates kontrol's signing keys and an admin
+kite key in the data directory and prints where.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.DataDir = g.dataDir
+			o.Logger = slog.New(slog.NewTextHandler(g.stderr, nil))
+			var s *kloud.Server
+			o.Listening = func(a net.Addr) {
+				fmt.Fprintf(g.stdout, "kloud %s listening on %s\n", version.Version, a)
+				fmt.Fprintf(g.stdout, "admin key: %s\n", s.AdminKeyPath())
+			}
+			s, err := kloud.New(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return s.Serve(cmd.Context())
+		},
+	}
+	cmd.Flags().StringVar(&o.Addr, "addr", ":7000", "address to listen on")
+	cmd.Flags().StringVar(&o.PublicURL, "public-url", "", "URL kites use to reach this kloud (default http://127.0.0.1:<port>)")
+	cmd.Flags().DurationVar(&o.HeartbeatInterval, "heartbeat", 10*time.Second, "interval of liveness pings to connected kites")
+	cmd.Flags().DurationVar(&o.HeartbeatTimeout, "heartbeat-timeout", 10*time.Second, "drop a kite that does not answer a ping within this time")
+	return cmd
+}
+
+func keyCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "key", Short: "Manage kite keys"}
+	var username, out, kiteID string
+	create := &cobra.Command{
+		Use:   "create --username U --out FILE",
+		Short: "Mint a kite key for a user (admin only) and write it to a file (mode 0400)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close(nil)
+			var res struct {
+				Key    string `json:"key"`
+				KiteID string `json:"kiteId"`
+			}
+			if err := c.Call(cmd.Context(), "kontrol.createKey", map[string]string{"username": username, "kiteId": kiteID}, &res); err != nil {
+				return explain(err)
+			}
+			if err := kitekey.WriteFile(out, res.Key); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(map[string]string{"path": out, "kiteId": res.KiteID, "username": username})
+			}
+			fmt.Fprintf(g.stdout, "wrote kite key for %s (kite id %s) to %s\n", username, res.KiteID, out)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&username, "username", "", "owner of the key (required)")
+	create.Flags().StringVar(&out, "out", "", "file to write (required)")
+	create.Flags().StringVar(&kiteID, "kite-id", "", "kite id to put in the key (default: a new one)")
+	create.MarkFlagRequired("username")
+	create.MarkFlagRequired("out")
+	cmd.AddCommand(create)
+	return cmd
+}
+
+func kitesCmd(g *globals) *cobra.Command {
+	var q kite.Identity
+	cmd := &cobra.Command{
+		Use:   "kites",
+		Short: "List the kites registered with kontrol (yours, or all for an admin)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close(nil)
+			var res struct {
+				Kites []struct {
+					Kite         kite.Identity `json:"kite"`
+					URL          string        `json:"url"`
+					RegisteredAt time.Time     `json:"registeredAt"`
+				} `json:"kites"`
+			}
+			if err := c.Call(cmd.Context(), "kontrol.query", map[string]any{"query": q}, &res); err != nil {
+				return explain(err)
+			}
+			if g.json {
+				return g.printJSON(res.Kites)
+			}
+			tw := newTable(g.stdout, "ID", "USER", "NAME", "VERSION", "HOSTNAME", "REGISTERED")
+			for _, k := range res.Kites {
+				tw.row(k.Kite.ID, k.Kite.Username, k.Kite.Name, k.Kite.Version, k.Kite.Hostname, k.RegisteredAt.Local().Format(time.DateTime))
+			}
+			return tw.flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&q.Username, "username", "", "only kites of this user")
+	f.StringVar(&q.Name, "name", "", "only kites with this name (e.g. klient)")
+	f.StringVar(&q.ID, "id", "", "only the kite with this id")
+	f.StringVar(&q.Hostname, "hostname", "", "only kites on this host")
+	return cmd
+}
+
+func (g *globals) printJSON(v any) error {
+	enc := json.NewEncoder(g.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// dial connects to kloud and authenticates with the key file.
+func (g *globals) dial(ctx context.Context) (*kite.Conn, error) {
+	keyPath := g.key
+	if keyPath == "" {
+		keyPath = filepath.Join(g.dataDir, kloud.AdminKeyFile)
+	}
+	key, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("read key %s: %w\n  pass --key FILE (or KLOUD_KEY), or --data-dir of a kloud whose admin key you may use", keyPath, err)
+	}
+	auth := kite.Auth{Type: kite.AuthKiteKey, Key: strings.TrimSpace(string(key))}
+	if c, err := kitekey.ParseUnverified(auth.Key); err != nil || c.Kind != kitekey.KindKiteKey {
+		auth.Type = kite.AuthSession
+	}
+	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud-cli", Version: version.Version}})
+	if err != nil {
+		return nil, err
+	}
+	u := strings.TrimRight(g.url, "/") + "/kite"
+	c, err := k.Dial(ctx, u, auth)
+	if err != nil {
+		var oe *net.OpError
+		switch {
+		case errors.As(err, &oe) || errors.Is(err, syscall.ECONNREFUSED):
+			return nil, fmt.Errorf("cannot reach kloud at %s: %w\n  is it running? start it with `kloud serve`, or point --url / KLOUD_URL at it", g.url, err)
+		case errors.Is(err, kite.ErrAuth):
+			return nil, fmt.Errorf("kloud at %s rejected the key %s: %w\n  use --key with a key this kloud issued (`kloud key create`), or --data-dir of this kloud", g.url, keyPath, err)
+		}
+		return nil, fmt.Errorf("connect to kloud at %s: %w", g.url, err)
+	}
+	return c, nil
+}
+
+// explain adds what to do next to common errors.
+func explain(err error) error {
+	switch {
+	case errors.Is(err, kite.ErrPermission):
+		return fmt.Errorf("%w\n  this needs another user's rights (e.g. the admin key: --key ~/.kloud/admin.key)", err)
+	case errors.Is(err, kite.ErrInvalidParams):
+		return fmt.Errorf("%w\n  see --help for the expected flags", err)
+	}
+	return err
+}

@@ -1,0 +1,524 @@
+// Package kontrol is the registry of kites: who is connected, how to find them, and the keys and
+// tokens that let one kite talk to another (docs/protocol.md §kontrol).
+//
+// Start with New: kontrol adds its methods (kontrol.register, query, getToken, getKey and the
+// admin methods) to a kite.Kite, normally kloud's. A kite is present exactly while its
+// registration connection is up: kontrol drops it the moment the connection closes, and the
+// kite's WebSocket pings (Options.PingInterval/PingTimeout of that kite) catch half-open links.
+// Kites re-register themselves after a kontrol restart (kite.Client re-runs its hooks).
+package kontrol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
+)
+
+// Options configures kontrol. Zero fields take the documented defaults.
+type Options struct {
+	Kite    *kite.Kite       // required: kontrol's methods are added to it
+	Keyring *kitekey.Keyring // required: signing keys (current signs, every unretired key verifies)
+	// Issuer is the iss claim of everything kontrol signs (default "kontrol").
+	Issuer string
+	// URL is kontrol's kite URL, written into the kite keys it mints (required for createKey).
+	URL string
+	// Revocations records revoked credential ids (required).
+	Revocations Revocations
+	// IsAdmin reports whether a user administers this kontrol (default: username "admin").
+	IsAdmin func(username string) bool
+	// Authorize decides whether caller may see and get tokens for target (kontrol.query,
+	// kontrol.getToken). Default: the kite's owner and admins.
+	Authorize func(ctx context.Context, caller *kite.Principal, target kite.Identity) error
+	// TokenTTL is the lifetime of tokens from getToken (default 30m, at most 1h).
+	TokenTTL time.Duration
+	// Presence, if set, mirrors registrations into shared storage (ARCHITECTURE §9).
+	Presence Presence
+	Logger   *slog.Logger
+}
+
+// Revocations stores revoked credential ids (jti). It is a kitekey.Revoker.
+type Revocations interface {
+	kitekey.Revoker
+	Revoke(ctx context.Context, jti, reason string) error
+}
+
+// Presence mirrors the registry into shared storage so other replicas and operators can see it.
+// Kontrol calls it best-effort: the live connection stays the truth.
+type Presence interface {
+	Upsert(ctx context.Context, r KiteInfo) error
+	Remove(ctx context.Context, id string) error
+}
+
+// KiteInfo describes a registered kite.
+type KiteInfo struct {
+	Kite         kite.Identity `json:"kite"`
+	URL          string        `json:"url,omitempty"`
+	RegisteredAt time.Time     `json:"registeredAt"`
+	Remote       string        `json:"remote,omitempty"`
+}
+
+// Kontrol is the registry.
+type Kontrol struct {
+	opts   Options
+	log    *slog.Logger
+	signer *kitekey.Signer
+
+	mu       sync.RWMutex
+	byID     map[string]*entry
+	watchers map[*watcher]struct{}
+}
+
+type entry struct {
+	info KiteInfo
+	conn *kite.Conn
+}
+
+type watcher struct {
+	caller *kite.Principal
+	query  kite.Identity
+	stream *kite.Stream
+	queue  chan Event
+}
+
+// Event is a watch notification (method kontrol.event).
+type Event struct {
+	Action string   `json:"action"` // "register" or "deregister"
+	Kite   KiteInfo `json:"kite"`
+}
+
+// New adds kontrol's methods to opts.Kite.
+func New(opts Options) (*Kontrol, error) {
+	if opts.Kite == nil || opts.Keyring == nil || opts.Revocations == nil {
+		return nil, errors.New("kontrol: Kite, Keyring and Revocations are required")
+	}
+	if opts.Issuer == "" {
+		opts.Issuer = "kontrol"
+	}
+	if opts.IsAdmin == nil {
+		opts.IsAdmin = func(u string) bool { return u == "admin" }
+	}
+	if opts.TokenTTL <= 0 {
+		opts.TokenTTL = 30 * time.Minute
+	}
+	if opts.TokenTTL > kitekey.MaxTokenTTL {
+		return nil, fmt.Errorf("kontrol: TokenTTL %s is over %s", opts.TokenTTL, kitekey.MaxTokenTTL)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	k := &Kontrol{
+		opts:     opts,
+		log:      opts.Logger.With("component", "kontrol"),
+		signer:   &kitekey.Signer{Current: opts.Keyring.Current, Issuer: opts.Issuer},
+		byID:     map[string]*entry{},
+		watchers: map[*watcher]struct{}{},
+	}
+	if opts.Authorize == nil {
+		k.opts.Authorize = k.ownerOrAdmin
+	}
+	kk := opts.Kite
+	kk.Handle("kontrol.register", kite.Typed(k.register))
+	kk.Handle("kontrol.query", kite.Typed(k.query))
+	kk.Handle("kontrol.getToken", kite.Typed(k.getToken))
+	kk.Handle("kontrol.getKey", kite.HandlerFunc(k.getKey))
+	kk.Handle("kontrol.createKey", kite.Typed(k.createKey))
+	kk.Handle("kontrol.rotateKey", kite.HandlerFunc(k.rotateKey))
+	kk.Handle("kontrol.retireKey", kite.Typed(k.retireKey))
+	kk.Handle("kontrol.revoke", kite.Typed(k.revoke))
+	return k, nil
+}
+
+// Signer returns kontrol's signer (kloud mints machine kite keys and sessions with it).
+func (k *Kontrol) Signer() *kitekey.Signer { return k.signer }
+
+// Verifier returns a verifier for credentials kontrol signed.
+func (k *Kontrol) Verifier() *kitekey.Verifier {
+	return &kitekey.Verifier{Keys: k.opts.Keyring, Issuer: k.opts.Issuer, Revoked: k.opts.Revocations}
+}
+
+func (k *Kontrol) isAdmin(p *kite.Principal) bool {
+	return p != nil && (p.Admin || k.opts.IsAdmin(p.Username))
+}
+
+func (k *Kontrol) ownerOrAdmin(_ context.Context, caller *kite.Principal, target kite.Identity) error {
+	if caller != nil && (caller.Username == target.Username || k.isAdmin(caller)) {
+		return nil
+	}
+	return fmt.Errorf("kite %s belongs to another user: %w", target.ID, kite.ErrPermission)
+}
+
+// RegisterParams are the params of kontrol.register.
+type RegisterParams struct {
+	// URL where the kite also accepts connections, if it listens (optional: kites are reached
+	// through their registration connection).
+	URL string `json:"url,omitempty"`
+}
+
+// RegisterResult is the result of kontrol.register.
+type RegisterResult struct {
+	Kite KiteInfo `json:"kite"`
+	// Keys are kontrol's public keys, so the kite can verify tokens presented to it.
+	Keys []kitekey.PublicKey `json:"keys"`
+}
+
+func (k *Kontrol) register(ctx context.Context, r *kite.Request, p *RegisterParams) (any, error) {
+	pr := r.Principal()
+	if pr == nil || pr.Type != kite.AuthKiteKey {
+		return nil, fmt.Errorf("kontrol.register needs a kite key: %w", kite.ErrPermission)
+	}
+	id := r.Peer()
+	if err := id.Validate(true); err != nil {
+		return nil, fmt.Errorf("kontrol.register: %s: %w", err.Error(), kite.ErrInvalidParams)
+	}
+	if len(p.URL) > 2048 {
+		return nil, fmt.Errorf("kontrol.register: url too long: %w", kite.ErrInvalidParams)
+	}
+	info := KiteInfo{Kite: id, URL: p.URL, RegisteredAt: time.Now().UTC(), Remote: ""}
+	e := &entry{info: info, conn: r.Conn}
+	k.mu.Lock()
+	old := k.byID[id.ID]
+	k.byID[id.ID] = e
+	k.mu.Unlock()
+	if old != nil && old.conn != r.Conn {
+		// The same kite came back on a new connection before the old one was noticed dead:
+		// the newer registration wins.
+		old.conn.Close(fmt.Errorf("kite %s registered again on another connection", id.ID))
+	}
+	r.Conn.OnClose(func() { k.deregister(e) })
+	if old == nil || old.conn != r.Conn {
+		k.publish("register", info)
+	}
+	if k.opts.Presence != nil {
+		if err := k.opts.Presence.Upsert(ctx, info); err != nil {
+			k.log.Warn("presence upsert", "kite", id.ID, "err", err)
+		}
+	}
+	k.log.Info("kite registered", "kite", id.String())
+	return RegisterResult{Kite: info, Keys: k.opts.Keyring.Public()}, nil
+}
+
+func (k *Kontrol) deregister(e *entry) {
+	k.mu.Lock()
+	cur := k.byID[e.info.Kite.ID]
+	if cur != e {
+		k.mu.Unlock()
+		return
+	}
+	delete(k.byID, e.info.Kite.ID)
+	k.mu.Unlock()
+	k.publish("deregister", e.info)
+	if k.opts.Presence != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := k.opts.Presence.Remove(ctx, e.info.Kite.ID); err != nil {
+			k.log.Warn("presence remove", "kite", e.info.Kite.ID, "err", err)
+		}
+	}
+	k.log.Info("kite gone", "kite", e.info.Kite.String(), "reason", e.conn.Err())
+}
+
+// QueryParams are the params of kontrol.query. Every non-empty field of Query must match.
+type QueryParams struct {
+	Query kite.Identity `json:"query"`
+	// Watch keeps a stream open: kontrol.event notifications when a matching kite registers or
+	// goes away.
+	Watch bool `json:"watch,omitempty"`
+}
+
+// Validate implements kite.Validator.
+func (p *QueryParams) Validate() error { return p.Query.Validate(false) }
+
+// QueryResult is the result of kontrol.query.
+type QueryResult struct {
+	Kites        []KiteInfo `json:"kites"`
+	Subscription string     `json:"subscription,omitempty"`
+}
+
+// Lookup returns the registered kites matching q, sorted by id, and a connection to each
+// (kloud calls agents through their registration connection).
+func (k *Kontrol) Lookup(q kite.Identity) []KiteInfo {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.lookupLocked(q)
+}
+
+func (k *Kontrol) lookupLocked(q kite.Identity) []KiteInfo {
+	var out []KiteInfo
+	if q.ID != "" {
+		if e := k.byID[q.ID]; e != nil && e.info.Kite.Matches(q) {
+			out = append(out, e.info)
+		}
+		return out
+	}
+	for _, e := range k.byID {
+		if e.info.Kite.Matches(q) {
+			out = append(out, e.info)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Kite.ID < out[j].Kite.ID })
+	return out
+}
+
+// Conn returns the registration connection of the kite with id, or nil.
+func (k *Kontrol) Conn(id string) *kite.Conn {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	if e := k.byID[id]; e != nil {
+		return e.conn
+	}
+	return nil
+}
+
+func (k *Kontrol) visible(ctx context.Context, caller *kite.Principal, in []KiteInfo) []KiteInfo {
+	out := in[:0:0]
+	for _, i := range in {
+		if k.opts.Authorize(ctx, caller, i.Kite) == nil {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (k *Kontrol) query(ctx context.Context, r *kite.Request, p *QueryParams) (any, error) {
+	caller := r.Principal()
+	if !p.Watch {
+		return QueryResult{Kites: k.visible(ctx, caller, k.Lookup(p.Query))}, nil
+	}
+	w := &watcher{caller: caller, query: p.Query, stream: r.Conn.NewStream("kontrol.event"), queue: make(chan Event, 1024)}
+	k.mu.Lock()
+	found := k.lookupLocked(p.Query)
+	k.watchers[w] = struct{}{}
+	k.mu.Unlock()
+	go k.pump(w)
+	return QueryResult{Kites: k.visible(ctx, caller, found), Subscription: w.stream.ID()}, nil
+}
+
+// pump sends a watcher's events in order; a watcher too slow to keep 1024 events queued loses
+// its stream (it ends with an error and can query again).
+func (k *Kontrol) pump(w *watcher) {
+	defer func() {
+		k.mu.Lock()
+		delete(k.watchers, w)
+		k.mu.Unlock()
+	}()
+	for {
+		select {
+		case ev, ok := <-w.queue:
+			if !ok {
+				w.stream.End(context.Background(), fmt.Errorf("watch fell behind: %w", kite.ErrTooLarge))
+				return
+			}
+			ctx, cancel := context.WithTimeout(w.stream.Context(), 10*time.Second)
+			err := w.stream.Send(ctx, ev)
+			cancel()
+			if err != nil {
+				return
+			}
+		case <-w.stream.Done():
+			return
+		}
+	}
+}
+
+func (k *Kontrol) publish(action string, info KiteInfo) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for w := range k.watchers {
+		if !info.Kite.Matches(w.query) || k.opts.Authorize(context.Background(), w.caller, info.Kite) != nil {
+			continue
+		}
+		select {
+		case w.queue <- Event{Action: action, Kite: info}:
+		default:
+			close(w.queue)
+			delete(k.watchers, w)
+		}
+	}
+}
+
+// GetTokenParams are the params of kontrol.getToken.
+type GetTokenParams struct {
+	Query kite.Identity `json:"query"`
+}
+
+// Validate implements kite.Validator.
+func (p *GetTokenParams) Validate() error {
+	if p.Query == (kite.Identity{}) {
+		return errors.New("query is empty")
+	}
+	return p.Query.Validate(false)
+}
+
+// GetTokenResult is the result of kontrol.getToken.
+type GetTokenResult struct {
+	Token     string    `json:"token"`
+	Kite      KiteInfo  `json:"kite"`
+	ExpiresAt time.Time `json:"expiresAt"`
+}
+
+func (k *Kontrol) getToken(ctx context.Context, r *kite.Request, p *GetTokenParams) (any, error) {
+	caller := r.Principal()
+	found := k.visible(ctx, caller, k.Lookup(p.Query))
+	switch {
+	case len(found) == 0:
+		return nil, fmt.Errorf("no registered kite you may use matches %s: %w", p.Query.String(), kite.ErrNotFound)
+	case len(found) > 1:
+		return nil, fmt.Errorf("query %s matches %d kites; a token is for exactly one: %w", p.Query.String(), len(found), kite.ErrConflict)
+	}
+	tok, err := k.signer.Token(caller.Username, found[0].Kite.ID, k.opts.TokenTTL)
+	if err != nil {
+		return nil, fmt.Errorf("kontrol.getToken: %w", err)
+	}
+	return GetTokenResult{Token: tok, Kite: found[0], ExpiresAt: time.Now().Add(k.opts.TokenTTL).UTC()}, nil
+}
+
+// Token mints a token for caller to use the kite with id, after the same permission check
+// getToken makes. Kloud uses it to reach agents on behalf of users.
+func (k *Kontrol) Token(ctx context.Context, caller *kite.Principal, id string) (string, error) {
+	found := k.visible(ctx, caller, k.Lookup(kite.Identity{ID: id}))
+	if len(found) != 1 {
+		return "", fmt.Errorf("kite %s: %w", id, kite.ErrNotFound)
+	}
+	return k.signer.Token(caller.Username, id, k.opts.TokenTTL)
+}
+
+// KeysResult is the result of kontrol.getKey.
+type KeysResult struct {
+	Current string              `json:"current"`
+	Keys    []kitekey.PublicKey `json:"keys"`
+}
+
+// PublicKeys returns kontrol's public keys (also served without auth at /kite/keys).
+func (k *Kontrol) PublicKeys() KeysResult {
+	return KeysResult{Current: k.opts.Keyring.Current().ID, Keys: k.opts.Keyring.Public()}
+}
+
+func (k *Kontrol) getKey(context.Context, *kite.Request) (any, error) { return k.PublicKeys(), nil }
+
+func (k *Kontrol) requireAdmin(r *kite.Request) error {
+	if !k.isAdmin(r.Principal()) {
+		return fmt.Errorf("%s is for administrators: %w", r.Method, kite.ErrPermission)
+	}
+	return nil
+}
+
+// CreateKeyParams are the params of kontrol.createKey.
+type CreateKeyParams struct {
+	Username string `json:"username"`
+	KiteID   string `json:"kiteId,omitempty"` // default: a new random id
+}
+
+// Validate implements kite.Validator.
+func (p *CreateKeyParams) Validate() error {
+	if p.Username == "" {
+		return errors.New("username is required")
+	}
+	return nil
+}
+
+// CreateKeyResult is the result of kontrol.createKey.
+type CreateKeyResult struct {
+	Key    string `json:"key"`
+	KiteID string `json:"kiteId"`
+}
+
+func (k *Kontrol) createKey(ctx context.Context, r *kite.Request, p *CreateKeyParams) (any, error) {
+	if err := k.requireAdmin(r); err != nil {
+		return nil, err
+	}
+	key, id, err := k.CreateKey(p.Username, p.KiteID)
+	if err != nil {
+		return nil, err
+	}
+	return CreateKeyResult{Key: key, KiteID: id}, nil
+}
+
+// CreateKey mints a kite key for username with kite id (a new random one if empty).
+func (k *Kontrol) CreateKey(username, id string) (key, kiteID string, err error) {
+	if k.opts.URL == "" {
+		return "", "", errors.New("kontrol: no URL configured to put into kite keys")
+	}
+	if id == "" {
+		id = newID()
+	}
+	key, err = k.signer.KiteKey(username, id, k.opts.URL)
+	if err != nil {
+		return "", "", fmt.Errorf("create kite key: %w", err)
+	}
+	return key, id, nil
+}
+
+func (k *Kontrol) rotateKey(ctx context.Context, r *kite.Request) (any, error) {
+	if err := k.requireAdmin(r); err != nil {
+		return nil, err
+	}
+	kp, err := k.opts.Keyring.Rotate(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("rotate key: %w", err)
+	}
+	k.log.Info("signing key rotated", "kid", kp.ID)
+	return k.PublicKeys(), nil
+}
+
+// RetireKeyParams are the params of kontrol.retireKey.
+type RetireKeyParams struct {
+	KID string `json:"kid"`
+}
+
+func (k *Kontrol) retireKey(ctx context.Context, r *kite.Request, p *RetireKeyParams) (any, error) {
+	if err := k.requireAdmin(r); err != nil {
+		return nil, err
+	}
+	if err := k.opts.Keyring.Retire(ctx, p.KID); err != nil {
+		return nil, fmt.Errorf("retire key %q: %w", p.KID, err)
+	}
+	k.log.Info("signing key retired", "kid", p.KID)
+	return k.PublicKeys(), nil
+}
+
+// RevokeParams are the params of kontrol.revoke.
+type RevokeParams struct {
+	JTI    string `json:"jti"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Validate implements kite.Validator.
+func (p *RevokeParams) Validate() error {
+	if p.JTI == "" {
+		return errors.New("jti is required")
+	}
+	return nil
+}
+
+func (k *Kontrol) revoke(ctx context.Context, r *kite.Request, p *RevokeParams) (any, error) {
+	if err := k.requireAdmin(r); err != nil {
+		return nil, err
+	}
+	if err := k.Revoke(ctx, p.JTI, p.Reason); err != nil {
+		return nil, err
+	}
+	return map[string]bool{"revoked": true}, nil
+}
+
+// Revoke revokes the credential with id jti; a kite registered with that kite key is
+// disconnected at once, and every connection that authenticated with it is closed.
+func (k *Kontrol) Revoke(ctx context.Context, jti, reason string) error {
+	if err := k.opts.Revocations.Revoke(ctx, jti, reason); err != nil {
+		return fmt.Errorf("revoke %s: %w", jti, err)
+	}
+	for _, c := range k.opts.Kite.Conns() {
+		if p := c.Principal(); p != nil && p.TokenID == jti {
+			c.Close(fmt.Errorf("credential %s revoked", jti))
+		}
+	}
+	k.log.Info("credential revoked", "jti", jti, "reason", reason)
+	return nil
+}
