@@ -5,10 +5,14 @@ package testutil
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -54,8 +58,8 @@ func Logger(t testing.TB) *slog.Logger {
 
 type tWriter struct{ t testing.TB }
 
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
+func (w tWriter) Write(p []byte) (n int, err error) {
+	defer func() { recover() }() // a process may outlive its test by a moment; t.Log then panics
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
@@ -78,4 +82,74 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 		case <-tick.C:
 		}
 	}
+}
+
+var (
+	buildMu    sync.Mutex
+	buildCache = map[string]string{}
+)
+
+// BuildBinary builds the main package pkg (e.g. "./cmd/klient", relative to the module root)
+// once per test process and returns the path of the binary.
+func BuildBinary(t testing.TB, pkg string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := buildCache[pkg]; ok {
+		return p
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "kloud-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	buildCache[pkg] = out
+	return out
+}
+
+// ModuleRoot returns the directory holding go.mod.
+func ModuleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found")
+		}
+		dir = parent
+	}
+}
+
+// StartProcess starts a process whose output goes to the test log, and kills it (by pid) when
+// the test ends.
+func StartProcess(t testing.TB, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	w := tWriter{t}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Kill()
+		<-done
+	})
+	return cmd
 }
