@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v mmdebstrap >/dev/null; then
 	echo "base-image: installing mmdebstrap" >&2
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends mmdebstrap >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends mmdebstrap >&2 ||
+		{ apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends mmdebstrap >&2; }
 fi
 exec go run ./providers/local/sandbox/mkbaseimage.go "$@"

@@ -94,6 +94,11 @@ func (m *Manager) ensureBridge(ctx context.Context) error {
 	}
 	// No IPv6 on our links: nothing to autoconfigure, no router solicitations.
 	os.WriteFile("/proc/sys/net/ipv6/conf/"+br+"/disable_ipv6", []byte("1"), 0o644)
+	// Never route what machines send, even on a host with ip_forward=1 (a machine's root could add
+	// a default route via HostAddr): IPv4 forwarding off for packets received on the bridge.
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+br+"/forwarding", []byte("0"), 0o644); err != nil {
+		return fmt.Errorf("bridge forwarding off: %w", err)
+	}
 	if _, err := m.ip(ctx, "link", "set", br, "up"); err != nil {
 		return fmt.Errorf("bridge up: %w", err)
 	}

@@ -401,6 +401,9 @@ runcmd:
 	if out, err := e.m.Exec(ctx, id, "curl", "-sS", "--max-time", "3", "http://"+loopSrv+"/"); err == nil {
 		t.Errorf("machine reached the host's loopback: %s", out)
 	}
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + e.bridge + "/forwarding"); err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("bridge forwards IPv4: %q %v", b, err)
+	}
 
 	// Limits, read back from the cgroup the machine's PID 1 is in.
 	memCg, mem := cgroupFile(t, info.PID, "memory", "memory.limit_in_bytes", "memory.max")
