@@ -270,17 +270,14 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Job, error) {
 	}
 	e.active[id] = r
 	e.byContent[req.ContentID] = r
+	ret := job.clone() // before the run goroutine owns job
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		r.execute()
-		e.mu.Lock()
-		delete(e.active, id)
-		delete(e.byContent, req.ContentID)
-		e.mu.Unlock()
+		r.execute() // removes r from active and byContent when the job is final
 	}()
 	e.log.Info("job submitted", "job_id", id, "content_id", req.ContentID, "op", req.Op, "trace_id", req.TraceID)
-	return job.clone(), nil
+	return ret, nil
 }
 
 // Job returns the job with this id, from memory while it runs, from disk after it finished (also
@@ -445,8 +442,8 @@ func (e *Engine) refreshState(ctx context.Context, contentID string) error {
 	if snap, err := os.Stat(filepath.Join(stack, "state.json")); err == nil && !tfst.ModTime().After(snap.ModTime()) {
 		return nil
 	}
-	if _, err := os.Stat(filepath.Join(work, ".terraform")); err != nil {
-		return nil // never initialised: show would fail
+	if _, err := os.Stat(filepath.Join(stack, "init.sum")); err != nil {
+		return nil // not initialised: show would fail
 	}
 	e.mu.Lock()
 	if e.closed || e.byContent[contentID] != nil {

@@ -270,11 +270,10 @@ func (r *run) init() error {
 		return err
 	}
 	hashFile := filepath.Join(r.stack, "init.sum")
+	// (.terraform itself is no marker: a configuration with only built-in resources has none.)
 	if old, err := os.ReadFile(hashFile); err == nil && string(old) == sum {
-		if _, err := os.Stat(filepath.Join(r.work, ".terraform")); err == nil {
-			r.log.Debug("terraform init skipped: nothing changed")
-			return nil
-		}
+		r.log.Debug("terraform init skipped: nothing changed")
+		return nil
 	}
 	_ = os.Remove(hashFile)
 	r.setPhase("init")
