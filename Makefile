@@ -1,0 +1,36 @@
+# Kloud. `make help` lists the targets.
+SHELL := /bin/bash
+export KLOUD_CACHE ?= /var/cache/kloud
+GO ?= go
+BIN := bin
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/kloud-dev/kloud/internal/version.Version=$(VERSION)
+# Load what setup.sh found (terraform, mirror config, base image) into every recipe.
+ENV = set -a; [ -f $(KLOUD_CACHE)/env ] && . $(KLOUD_CACHE)/env; set +a;
+
+.PHONY: help setup build run test test-short bench lint
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+setup: ## install what kloud and its tests need (idempotent; cached under $(KLOUD_CACHE))
+	scripts/setup.sh
+
+build: ## build bin/kloud, bin/terraformer, bin/klient
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+run: setup build ## set up, then run kloud in the foreground (data in ~/.kloud)
+	$(ENV) $(BIN)/kloud serve
+
+test: setup ## set up, then run every test (CI runs this with CI=true)
+	$(ENV) $(GO) test -race -timeout 60m ./...
+
+test-short: ## run the tests without setup
+	$(ENV) $(GO) test -timeout 20m ./...
+
+bench: setup build ## run the benchmarks against their baselines (see bench/RESULTS.md)
+	$(ENV) bench/run.sh
+
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...

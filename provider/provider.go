@@ -1,0 +1,233 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"testing"
+)
+
+// Provider describes one infrastructure provider.
+type Provider struct {
+	// Name is the provider's name in templates and credentials, e.g. "local".
+	Name string
+	// ResourceType is the Terraform resource type of its machines, e.g. "kloudlocal_machine".
+	ResourceType string
+	// UserDataAttr is the resource attribute that takes cloud-init user data (default
+	// "user_data"). Empty with NoCloudInit set means the provider delivers the agent itself.
+	UserDataAttr string
+	NoCloudInit  bool
+	// Description is shown in provider.describe.
+	Description string
+	Schema      Schema
+	// Stack builds the provider's stack operations for one request.
+	Stack func(*BaseStack) (Stack, error)
+	// Machine builds the provider's machine operations for one machine.
+	Machine func(*BaseMachine) (Machine, error)
+	// Available reports whether the provider can work on this host (nil if it can); kloud
+	// shows the reason at startup and in provider.describe. Nil func: always available.
+	Available func() error
+}
+
+// Schema holds the provider's typed data. Each constructor returns a pointer to a struct whose
+// fields carry `json` names and `kloud:"Label[,secret][,required]"` tags (and `default:"..."`);
+// provider.describe is built from those tags. A type with a `Valid() error` method is validated
+// after decoding.
+type Schema struct {
+	NewCredential func() any // nil: the provider takes no credential
+	NewBootstrap  func() any // nil: no bootstrap outputs
+	NewMetadata   func() any // nil: machine metadata is the resource's attributes
+}
+
+// Stack is what a provider does for a stack.
+type Stack interface {
+	// VerifyCredential checks that the credential works (credential.authenticate).
+	VerifyCredential(ctx context.Context, c *Credential) error
+	// BootstrapTemplates returns templates applied once per credential and team before any
+	// stack uses the credential (credential.bootstrap); their outputs decode into the
+	// Schema.NewBootstrap type. Nil: nothing to bootstrap.
+	BootstrapTemplates(ctx context.Context, c *Credential) ([]*Template, error)
+	// ApplyTemplate rewrites the stack's template before apply: defaults from the credential
+	// and bootstrap outputs, and the agent's user data for every machine (BaseStack.InjectUserData
+	// does the common part). It returns the template to apply.
+	ApplyTemplate(ctx context.Context, c *Credential) (*Template, error)
+}
+
+// Machine is what a provider does for one machine. Metadata returned (non-nil) is merged into
+// the machine's stored metadata.
+type Machine interface {
+	Start(ctx context.Context) (meta any, err error)
+	Stop(ctx context.Context) (meta any, err error)
+	// Info reports the machine's real state; kloud treats it as the truth and reconciles its
+	// store with it.
+	Info(ctx context.Context) (State, any, error)
+}
+
+// ConsoleLogger is implemented by machines whose console output (cloud-init's log) can be read
+// without the agent, like a cloud's "get console output". The planner uses it to say which
+// provisioning step failed when the agent never came up; without it, the error names the last
+// step kloud saw.
+type ConsoleLogger interface {
+	ConsoleLog(ctx context.Context) (string, error)
+}
+
+// Resizer is implemented by machines that can change their resources. Without it,
+// machine.resize is refused with a clear error.
+type Resizer interface {
+	Resize(ctx context.Context, memoryMB int, cpus float64) (meta any, err error)
+}
+
+// ConstraintsValidator is implemented by stacks that check machine attributes (memory, cpus,
+// zones) at plan time. Without it, Terraform's own validation is all there is.
+type ConstraintsValidator interface {
+	ValidateConstraints(ctx context.Context, attrs map[string]any) error
+}
+
+// Registry holds providers by name.
+type Registry struct {
+	mu        sync.RWMutex
+	providers map[string]*Provider
+}
+
+// NewRegistry returns an empty registry (tests build their own).
+func NewRegistry() *Registry { return &Registry{providers: map[string]*Provider{}} }
+
+// Register adds p. It panics if p is nil, unnamed, or its name is taken.
+func (r *Registry) Register(p *Provider) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p == nil || p.Name == "" {
+		panic("provider: Register of a nil or unnamed provider")
+	}
+	if _, dup := r.providers[p.Name]; dup {
+		panic("provider: Register called twice for provider " + p.Name)
+	}
+	if p.UserDataAttr == "" && !p.NoCloudInit {
+		p.UserDataAttr = "user_data"
+	}
+	r.providers[p.Name] = p
+}
+
+// Unregister removes a provider (tests).
+func (r *Registry) Unregister(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.providers, name)
+}
+
+// Lookup returns the provider called name.
+func (r *Registry) Lookup(name string) (*Provider, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	p, ok := r.providers[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown provider %q (forgotten import?)", name)
+	}
+	return p, nil
+}
+
+// ByResourceType returns the provider whose machines have Terraform type typ, or nil.
+func (r *Registry) ByResourceType(typ string) *Provider {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, p := range r.providers {
+		if p.ResourceType == typ {
+			return p
+		}
+	}
+	return nil
+}
+
+// Names returns the registered names, sorted.
+func (r *Registry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.providers))
+	for n := range r.providers {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Default is the registry built-in providers register with.
+var Default = NewRegistry()
+
+// Register adds p to the default registry; it panics on a duplicate name.
+func Register(p *Provider) { Default.Register(p) }
+
+// Lookup finds a provider in the default registry.
+func Lookup(name string) (*Provider, error) { return Default.Lookup(name) }
+
+// RegisterForTest registers p in the default registry until the test ends.
+func RegisterForTest(t testing.TB, p *Provider) {
+	t.Helper()
+	Default.Register(p)
+	t.Cleanup(func() { Default.Unregister(p.Name) })
+}
+
+// Credential is a credential as a provider sees it: the decoded secret value (never returned to
+// users by kloud) and the bootstrap outputs.
+type Credential struct {
+	ID        string
+	Title     string
+	Provider  string
+	Team      string
+	Value     any // *Schema.NewCredential type, or map[string]any
+	Bootstrap any // *Schema.NewBootstrap type, or nil
+}
+
+// Template is Terraform configuration: file name → content (.tf HCL or .tf.json), and
+// variable values passed to terraform.
+type Template struct {
+	// Key is the terraformer content id for bootstrap templates (optional).
+	Key       string
+	Files     map[string][]byte
+	Variables map[string]any
+}
+
+// MachineSpec is a machine of a stack as the template declares it.
+type MachineSpec struct {
+	ID       string // kloud's machine id
+	Label    string // "web" or, with count, "web.0"
+	Resource string // Terraform resource name ("web")
+	Index    *int   // count index, nil without count
+	Provider string
+	// KiteID is the id the machine's agent will register with (the jti of its kite key),
+	// set when user data is rendered.
+	KiteID string
+	// Owner is the username of the machine's owner.
+	Owner string
+	// Attributes are the planned resource attributes.
+	Attributes map[string]any
+}
+
+// BaseStack is what kloud gives a provider for stack operations.
+type BaseStack struct {
+	Provider *Provider
+	StackID  string
+	Team     string
+	Owner    string
+	Template *Template
+	Machines []*MachineSpec // this provider's machines in the stack
+	// UserData renders the cloud-init for machine m with a fresh kite key, setting m.KiteID.
+	// userScript is what the template author put in the user data attribute.
+	UserData func(ctx context.Context, m *MachineSpec, userScript string) (string, error)
+	Log      *slog.Logger
+}
+
+// BaseMachine is what kloud gives a provider for machine operations.
+type BaseMachine struct {
+	ID         string
+	Label      string
+	StackID    string
+	Provider   *Provider
+	KiteID     string
+	Owner      string
+	Attributes map[string]any // Terraform state attributes of the resource instance
+	Meta       map[string]any
+	Credential *Credential
+	Log        *slog.Logger
+}

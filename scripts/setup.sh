@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# setup.sh — install everything kloud and its tests need on a fresh machine of this kind, once.
+#
+# Idempotent; safe to run again (it only does what is missing). Caches under
+# ${KLOUD_CACHE:-/var/cache/kloud}:
+#   - Debian packages: cloud-init (schema checks), mmdebstrap (base image), iproute2, util-linux,
+#     curl, procps
+#   - terraform (the one on PATH, else built from source) and the offline provider mirror
+#     (scripts/tf-mirror.sh)
+#   - the Debian root filesystem local machines boot from (scripts/base-image.sh), when root
+# Writes $KLOUD_CACHE/env (shell KEY=VALUE lines) that `make` sources.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cache=${KLOUD_CACHE:-/var/cache/kloud}
+mkdir -p "$cache"
+log() { echo "setup: $*" >&2; }
+
+pkgs=(cloud-init mmdebstrap iproute2 util-linux curl procps ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	if [ "$(id -u)" != 0 ]; then
+		log "missing Debian packages: ${missing[*]} (run as root to install them)"
+	else
+		log "installing ${missing[*]}"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get install -y --no-install-recommends "${missing[@]}" >&2 ||
+			{ apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
+	fi
+fi
+
+log "terraform and the offline provider mirror"
+scripts/tf-mirror.sh >/dev/null
+
+if [ "$(id -u)" = 0 ]; then
+	log "base image for local machines"
+	base=$(scripts/base-image.sh)
+	echo "KLOUD_BASE_IMAGE=$base" >"$cache/base-image.env"
+else
+	log "not root: skipping the base image (local machines need root)"
+fi
+
+{
+	cat "$cache/tf-mirror.env"
+	[ -f "$cache/base-image.env" ] && cat "$cache/base-image.env"
+	echo "KLOUD_CACHE=$cache"
+} >"$cache/env"
+log "done; environment in $cache/env"
