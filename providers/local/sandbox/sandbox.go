@@ -31,6 +31,8 @@ const (
 	DefaultBridge      = "kd-br0"
 	DefaultSubnet      = "10.200.0.0/24"
 	DefaultStopTimeout = 10 * time.Second
+
+	bootTimeout = time.Minute // launcher start to init's setup report
 )
 
 // Errors, for errors.Is.
@@ -225,6 +227,12 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (Info, error) {
 	if spec.MemoryMB < 0 || spec.CPUs < 0 {
 		return Info{}, errors.New("spec: negative memory or cpus")
 	}
+	if spec.CPUs > 0 && spec.CPUs < 0.01 {
+		return Info{}, fmt.Errorf("spec: cpus %g: at least 0.01", spec.CPUs)
+	}
+	if spec.MemoryMB > 0 && spec.MemoryMB < 32 {
+		return Info{}, fmt.Errorf("spec: memory %d MB: at least 32 (cloud-init alone needs more)", spec.MemoryMB)
+	}
 	if m.baseImage == "" {
 		return Info{}, errors.New("create: Options.BaseImage is not set (see EnsureBaseImage)")
 	}
@@ -398,6 +406,10 @@ func (m *Manager) boot(ctx context.Context, r *record) error {
 		Lower: r.BaseImage, Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"),
 		Root: filepath.Join(dir, "rootfs"), StopGrace: m.stopTimeout / 2,
 	})
+	// The launcher answers within a second or so; a binary whose main does not call MaybeRunInit
+	// would instead run its ordinary main, so bound the wait and say why.
+	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, "/proc/self/exe")
 	cmd.Args = []string{"kloud-sandbox-launch", r.ID}
 	cmd.Env = []string{envStage + "=" + stageLaunch, envConfig + "=" + string(cfg)}
@@ -413,6 +425,9 @@ func (m *Manager) boot(ctx context.Context, r *record) error {
 		msg := strings.TrimPrefix(line, "error: ")
 		if msg == "" && runErr != nil {
 			msg = runErr.Error()
+		}
+		if line == "" {
+			msg += " (no answer from the launcher: does this program's main call sandbox.MaybeRunInit() first?)"
 		}
 		return fmt.Errorf("boot: %s (console.log: %s)", msg, tailFile(filepath.Join(dir, "console.log"), 5))
 	}
