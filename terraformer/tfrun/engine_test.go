@@ -1,6 +1,7 @@
 package tfrun_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -566,5 +567,49 @@ func TestInvalidRequests(t *testing.T) {
 	}
 	if _, err := e.State(ctx, "nothing-here"); !errors.Is(err, tfrun.ErrNotFound) {
 		t.Errorf("state: %v, want ErrNotFound", err)
+	}
+}
+
+// TestLeaseRenewedWhileRunning: a run that lasts longer than LeaseTTL keeps its lease, so another
+// terraformer still gets ErrLocked after the first expiry has passed.
+func TestLeaseRenewedWhileRunning(t *testing.T) {
+	t.Parallel()
+	dir, engineDir := t.TempDir(), t.TempDir()
+	const ttl = 600 * time.Millisecond
+	e := tfruntest.NewEngine(t, tfrun.Options{Dir: engineDir, LeaseTTL: ttl})
+	other := tfruntest.NewEngine(t, tfrun.Options{Dir: engineDir, LeaseTTL: ttl})
+	t.Cleanup(func() { os.WriteFile(filepath.Join(dir, "release"), nil, 0o600) })
+	j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "renewed", Files: files(fmt.Sprintf(stackWithGate, gate(dir)))})
+	waitFile(t, filepath.Join(dir, "started"))
+
+	type lease struct {
+		JobID   string    `json:"jobId"`
+		Expires time.Time `json:"expires"`
+	}
+	read := func() lease {
+		var l lease
+		b, err := os.ReadFile(filepath.Join(engineDir, "stacks", "renewed", "lease.json"))
+		if err == nil {
+			err = json.Unmarshal(b, &l)
+		}
+		if err != nil {
+			t.Fatalf("lease: %v", err)
+		}
+		return l
+	}
+	first := read()
+	if first.JobID != j.ID {
+		t.Fatalf("lease held by %q, want job %s", first.JobID, j.ID)
+	}
+	testutil.Eventually(t, time.Minute, func() bool { return time.Now().After(first.Expires) }, "clock")
+	if _, err := other.Submit(t.Context(), tfrun.Request{Op: tfrun.OpApply, ContentID: "renewed"}); !errors.Is(err, tfrun.ErrLocked) {
+		t.Fatalf("submit after the first expiry: %v, want ErrLocked", err)
+	}
+	if l := read(); !l.Expires.After(first.Expires) {
+		t.Errorf("lease not renewed: %s", l.Expires)
+	}
+	release(t, dir)
+	if got := tfruntest.Wait(t, e, j.ID, jobTimeout); got.Status != tfrun.StatusSucceeded {
+		t.Fatalf("run: %s %v", got.Status, got.Err())
 	}
 }
