@@ -80,8 +80,6 @@ else
 fi
 
 # --- providers ---------------------------------------------------------------------------------
-provider_lines=()
-
 install_provider() { # namespace type version binary
 	local ns=$1 typ=$2 ver=$3 bin=$4
 	local dir=$mirror/registry.terraform.io/$ns/$typ/$ver/$platform
@@ -95,13 +93,11 @@ install_provider() { # namespace type version binary
 		mv -f "$dir/.tmp-$typ" "$dst"
 		log "installed: $dst"
 	fi
-	provider_lines+=("PROVIDER=registry.terraform.io/$ns/$typ/$ver $dst")
 }
 
 local_dst=$mirror/registry.terraform.io/hashicorp/local/$LOCAL_PROVIDER_VERSION/$platform/terraform-provider-local_v$LOCAL_PROVIDER_VERSION
 if [[ -x "$local_dst" ]]; then
 	log "up to date: $local_dst"
-	provider_lines+=("PROVIDER=registry.terraform.io/hashicorp/local/$LOCAL_PROVIDER_VERSION $local_dst")
 else
 	log "building github.com/terraform-providers/terraform-provider-local@v$LOCAL_PROVIDER_VERSION"
 	go_install "github.com/terraform-providers/terraform-provider-local@v$LOCAL_PROVIDER_VERSION"
@@ -147,7 +143,11 @@ fi
 	echo "TERRAFORM=$terraform"
 	echo "TF_CLI_CONFIG_FILE=$tfrc"
 	echo "TF_MIRROR=$mirror"
-	printf '%s\n' "${provider_lines[@]}"
+	# Every provider in the mirror, also those an earlier run installed.
+	(cd "$mirror" && find . -path "*/$platform/terraform-provider-*" -type f | sort) | while read -r rel; do
+		rel=${rel#./}
+		echo "PROVIDER=${rel%/"$platform"/*} $mirror/$rel"
+	done
 } >"$tmp/env"
 mv -f "$tmp/env" "$cache/tf-mirror.env"
 cat "$cache/tf-mirror.env"

@@ -14,6 +14,9 @@
 //	stacks/<contentID>/variables.json   the variables of the last request (passed as -var-file)
 //	stacks/<contentID>/state.json       `terraform show -json` of the state after the last run
 //	stacks/<contentID>/plan.out         the last saved plan
+//	stacks/<contentID>/init.sum         what the last successful `terraform init` saw (content,
+//	                                    CLI config, mirror, terraform version): init is skipped
+//	                                    while it still matches
 //	stacks/<contentID>/lease.json       the lease: owner, job, expiry (replaced with rename, under
 //	stacks/<contentID>/lease.lock       an flock on this file)
 //	jobs/<jobID>.json                   one job: status, progress, log tail, error, result
