@@ -1,0 +1,36 @@
+package klient_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+)
+
+// TestDependencies keeps the agent small and free of the orchestrator's parts: klient must not
+// link provider/, terraformer/, Mongo or FerretDB (ARCHITECTURE §1).
+func TestDependencies(t *testing.T) {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "list", "-deps", "./cmd/klient")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	forbidden := []string{
+		"github.com/kloud-dev/kloud/provider", "github.com/kloud-dev/kloud/providers/",
+		"github.com/kloud-dev/kloud/terraformer", "github.com/kloud-dev/kloud/kloud",
+		"go.mongodb.org/", "github.com/FerretDB/", "github.com/hashicorp/terraform",
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, f := range forbidden {
+			if strings.HasPrefix(dep, f) {
+				t.Errorf("klient links %s", dep)
+			}
+		}
+	}
+}
