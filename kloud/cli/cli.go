@@ -28,6 +28,10 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 )
 
+// extraCommands registers commands defined in other files of this package (each adds itself in
+// an init func), so the command tree grows without edits here.
+var extraCommands []func(*globals) *cobra.Command
+
 type globals struct {
 	url, key, dataDir string
 	json              bool
@@ -51,6 +55,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	pf.StringVar(&g.dataDir, "data-dir", envOr("KLOUD_DATA_DIR", kloud.DefaultDataDir()), "kloud data directory (env KLOUD_DATA_DIR)")
 	pf.BoolVar(&g.json, "json", false, "print JSON")
 	root.AddCommand(serveCmd(g), keyCmd(g), kitesCmd(g), versionCmd(g))
+	for _, c := range extraCommands {
+		root.AddCommand(c(g))
+	}
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "kloud:", err)
