@@ -1,0 +1,161 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/FerretDB/FerretDB/ferretdb"
+)
+
+// maxSocketPath is a safe bound for a unix socket path (sun_path is 108 bytes on Linux).
+const maxSocketPath = 100
+
+// ferretNewMu serialises ferretdb.New, which is not safe for concurrent use.
+var ferretNewMu sync.Mutex
+
+// embedded is a running in-process FerretDB with its data directory locked.
+type embedded struct {
+	uri    string
+	lock   *os.File
+	tmpDir string // socket directory outside DataDir when DataDir's path is too long; removed at stop
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startEmbedded locks dataDir/db, starts FerretDB on a unix socket and returns its URI.
+func startEmbedded(dataDir string, log *slog.Logger) (_ *embedded, err error) {
+	dbDir := filepath.Join(dataDir, "db")
+	if err := os.MkdirAll(dbDir, 0o700); err != nil {
+		return nil, fmt.Errorf("embedded database: %w", err)
+	}
+	if err := os.Chmod(dbDir, 0o700); err != nil {
+		return nil, fmt.Errorf("embedded database: %w", err)
+	}
+	e := &embedded{done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			e.release()
+		}
+	}()
+
+	// One owner per data directory: two FerretDBs on one SQLite directory would corrupt each
+	// other's view, and a second client would break the single-connection rule.
+	if e.lock, err = os.OpenFile(filepath.Join(dbDir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o600); err != nil {
+		return nil, fmt.Errorf("embedded database: %w", err)
+	}
+	if err = syscall.Flock(int(e.lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("embedded database %s is in use by another kloud process: %w", dbDir, ErrLocked)
+		}
+		return nil, fmt.Errorf("embedded database: lock %s: %w", dbDir, err)
+	}
+
+	sock := filepath.Join(dbDir, "kloud.sock")
+	if len(sock) > maxSocketPath {
+		if e.tmpDir, err = os.MkdirTemp("", "kloud-db-"); err != nil {
+			return nil, fmt.Errorf("embedded database: %w", err)
+		}
+		sock = filepath.Join(e.tmpDir, "kloud.sock")
+	}
+	// A socket left by a process that died; we hold the lock, so nobody is serving it.
+	if err = os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("embedded database: remove stale socket: %w", err)
+	}
+
+	// ferretdb.New writes a package-level variable (version.Get().Package); stores opened
+	// concurrently (parallel tests) must not race on it.
+	ferretNewMu.Lock()
+	f, err := ferretdb.New(&ferretdb.Config{
+		Listener:  ferretdb.ListenerConfig{Unix: sock},
+		Handler:   "sqlite",
+		SQLiteURL: "file:" + dbDir + "/",
+		Logger:    slog.New(ferretLogHandler{log.Handler()}).With("component", "ferretdb"),
+	})
+	ferretNewMu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("embedded database: start ferretdb: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	go func() {
+		defer close(e.done)
+		_ = f.Run(ctx)
+	}()
+	if err = os.Chmod(sock, 0o600); err != nil {
+		return nil, fmt.Errorf("embedded database: %w", err)
+	}
+	e.uri = "mongodb://" + url.QueryEscape(sock) + "/"
+	return e, nil
+}
+
+// stop stops FerretDB (after the driver disconnected), waits for it within ctx and releases
+// the data directory. If ctx ends first, the directory is released once FerretDB has stopped.
+func (e *embedded) stop(ctx context.Context) error {
+	if e.cancel == nil {
+		e.releaseFiles()
+		return nil
+	}
+	e.cancel()
+	select {
+	case <-e.done:
+		e.releaseFiles()
+		return nil
+	case <-ctx.Done():
+		go func() {
+			<-e.done
+			e.releaseFiles()
+		}()
+		return fmt.Errorf("stop embedded database: %w", ctx.Err())
+	}
+}
+
+// release stops FerretDB if it was started and releases the files (start-up failure path).
+func (e *embedded) release() {
+	if e.cancel != nil {
+		e.cancel()
+		<-e.done // Run returns promptly once its ctx is cancelled
+	}
+	e.releaseFiles()
+}
+
+func (e *embedded) releaseFiles() {
+	if e.lock != nil {
+		_ = e.lock.Close() // drops the flock
+	}
+	if e.tmpDir != "" {
+		_ = os.RemoveAll(e.tmpDir)
+	}
+}
+
+// ferretLogHandler passes FerretDB's warnings and errors to our logger. FerretDB logs every
+// error response at warn level ("Response header: …", "Response message: …"); those are
+// errors the driver hands to our code (duplicate keys from lease races, endSessions not
+// implemented), so they are dropped here rather than logged twice.
+type ferretLogHandler struct{ h slog.Handler }
+
+func (f ferretLogHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && f.h.Enabled(ctx, l)
+}
+
+func (f ferretLogHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level < slog.LevelError && strings.HasPrefix(r.Message, "Response ") {
+		return nil
+	}
+	return f.h.Handle(ctx, r)
+}
+
+func (f ferretLogHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return ferretLogHandler{f.h.WithAttrs(as)}
+}
+
+func (f ferretLogHandler) WithGroup(name string) slog.Handler {
+	return ferretLogHandler{f.h.WithGroup(name)}
+}

@@ -1,0 +1,206 @@
+package store
+
+import (
+	"context"
+	"crypto/cipher"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Collection names. They are fixed: other packages use them through [Store.Collection].
+const (
+	CollUsers       = "users"
+	CollTeams       = "teams"
+	CollCredentials = "credentials"
+	CollTemplates   = "templates"
+	CollStacks      = "stacks"
+	CollMachines    = "machines"
+	CollJobs        = "jobs"
+	CollLocks       = "locks"
+	CollKeys        = "keys"
+	CollRevocations = "revocations"
+	CollKites       = "kites"
+	CollSessions    = "sessions"
+	CollMeta        = "meta"
+)
+
+// Options configure [Open]. Zero fields take the documented defaults.
+type Options struct {
+	// MongoURL is a mongodb:// URL. Empty means: start the embedded FerretDB in DataDir/db/.
+	// It must be a real MongoDB (a replica set when several kloud replicas share it). A
+	// FerretDB v1 behind it is only correct with a single client using ?maxPoolSize=1.
+	MongoURL string
+	// DataDir holds the embedded database (DataDir/db/) and, unless SecretKey is set, the
+	// secret key (DataDir/secret.key). Created with mode 0700 if missing. Required unless
+	// MongoURL and SecretKey are both set.
+	DataDir string
+	// Database is the database name. Default "kloud".
+	Database string
+	// SecretKey is the 32-byte AES-256 key for [Store.Seal]. Default: read DataDir/secret.key,
+	// creating it (32 random bytes, mode 0600) if missing. Replicas sharing one MongoDB must
+	// use the same key; Open refuses a key that does not match the database.
+	SecretKey []byte
+	// Logger receives the store's logs and FerretDB's warnings and errors. Default: discard.
+	Logger *slog.Logger
+	// Now is the clock for timestamps, lease and job expiry. Default time.Now.
+	Now func() time.Time
+	// JobPollInterval is how often [Jobs.Watch] re-reads a job, to see changes made by another
+	// process. Default 500ms.
+	JobPollInterval time.Duration
+	// JobLogLines is how many log lines a job keeps (the last ones). Default 500.
+	JobLogLines int
+	// JobLeaseTTL is how long a job's runner lease lasts without a heartbeat, progress or log
+	// line. Default 30s.
+	JobLeaseTTL time.Duration
+}
+
+// Store is an open store. Its methods are safe for concurrent use.
+type Store struct {
+	opts     Options
+	log      *slog.Logger
+	now      func() time.Time
+	instance string
+
+	client   *mongo.Client
+	db       *mongo.Database
+	aead     cipher.AEAD
+	embedded *embedded // nil with MongoURL
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	closeErr  error
+}
+
+// Open connects to MongoDB or starts the embedded FerretDB, checks the secret key against the
+// database, runs pending migrations and creates indexes. Cancelling ctx aborts the start; the
+// store itself lives until [Store.Close].
+func Open(ctx context.Context, opts Options) (_ *Store, err error) {
+	if opts.Database == "" {
+		opts.Database = "kloud"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.JobPollInterval <= 0 {
+		opts.JobPollInterval = 500 * time.Millisecond
+	}
+	if opts.JobLogLines <= 0 {
+		opts.JobLogLines = 500
+	}
+	if opts.JobLeaseTTL <= 0 {
+		opts.JobLeaseTTL = 30 * time.Second
+	}
+	if opts.DataDir == "" && (opts.MongoURL == "" || opts.SecretKey == nil) {
+		return nil, errors.New("open store: DataDir is required unless MongoURL and SecretKey are both set")
+	}
+	s := &Store{
+		opts:     opts,
+		log:      opts.Logger,
+		now:      opts.Now,
+		instance: NewID(),
+		closed:   make(chan struct{}),
+	}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = s.Close(cctx)
+		}
+	}()
+
+	key := opts.SecretKey
+	if key == nil {
+		if key, err = loadOrCreateKey(opts.DataDir); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+	}
+	if s.aead, err = newAEAD(key); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+
+	copts := options.Client().
+		SetAppName("kloud").
+		SetBSONOptions(&options.BSONOptions{DefaultDocumentM: true})
+	if opts.MongoURL != "" {
+		copts.ApplyURI(opts.MongoURL)
+	} else {
+		if s.embedded, err = startEmbedded(opts.DataDir, s.log); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		// One connection: FerretDB v1 then handles our requests one at a time, which makes
+		// conditional single-document updates atomic (see the package doc).
+		copts.ApplyURI(s.embedded.uri).SetMaxPoolSize(1).SetMaxConnecting(1)
+	}
+	if s.client, err = mongo.Connect(copts); err != nil {
+		return nil, fmt.Errorf("open store: connect: %w", err)
+	}
+	if err = s.client.Ping(ctx, nil); err != nil {
+		return nil, fmt.Errorf("open store: ping: %w", err)
+	}
+	s.db = s.client.Database(opts.Database)
+
+	if err = s.checkKey(ctx); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	if err = s.migrate(ctx, migrations); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	if err = s.ensureIndexes(ctx); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	s.log.Info("store open", "embedded", s.embedded != nil, "database", opts.Database)
+	return s, nil
+}
+
+// Close disconnects and, for the embedded store, stops FerretDB and releases the data
+// directory. Watches end. Calling Close again returns the first result.
+func (s *Store) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		var errs []error
+		if s.client != nil {
+			if err := s.client.Disconnect(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("disconnect: %w", err))
+			}
+		}
+		if s.embedded != nil {
+			if err := s.embedded.stop(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			s.closeErr = fmt.Errorf("close store: %w", err)
+		}
+	})
+	return s.closeErr
+}
+
+// Collection returns the named collection (one of the Coll* constants).
+func (s *Store) Collection(name string) *mongo.Collection { return s.db.Collection(name) }
+
+// Database returns the store's database, for packages that need more than Collection.
+func (s *Store) Database() *mongo.Database { return s.db }
+
+// Embedded reports whether the store runs the embedded FerretDB (no MongoURL).
+func (s *Store) Embedded() bool { return s.embedded != nil }
+
+// InstanceID is a random id chosen at Open. It identifies this store (and so this kloud
+// process) as a lease owner or replica name when the caller has nothing better.
+func (s *Store) InstanceID() string { return s.instance }
+
+// Now returns the store's clock reading, truncated to the millisecond precision of BSON dates.
+func (s *Store) Now() time.Time { return s.now().UTC().Truncate(time.Millisecond) }
+
+// NewID returns a new document id: 24 hex digits, a BSON ObjectID in string form, so ids
+// sort by creation time and lookups by _id are pushed down on FerretDB.
+func NewID() string { return bson.NewObjectID().Hex() }
