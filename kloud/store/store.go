@@ -73,6 +73,8 @@ type Store struct {
 	aead     cipher.AEAD
 	embedded *embedded // nil with MongoURL
 
+	jobs *Jobs
+
 	closeOnce sync.Once
 	closed    chan struct{}
 	closeErr  error
@@ -148,6 +150,7 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 		return nil, fmt.Errorf("open store: ping: %w", err)
 	}
 	s.db = s.client.Database(opts.Database)
+	s.jobs = newJobs(s)
 
 	if err = s.checkKey(ctx); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -200,6 +203,9 @@ func (s *Store) InstanceID() string { return s.instance }
 
 // Now returns the store's clock reading, truncated to the millisecond precision of BSON dates.
 func (s *Store) Now() time.Time { return s.now().UTC().Truncate(time.Millisecond) }
+
+// Jobs returns the durable jobs API.
+func (s *Store) Jobs() *Jobs { return s.jobs }
 
 // NewID returns a new document id: 24 hex digits, a BSON ObjectID in string form, so ids
 // sort by creation time and lookups by _id are pushed down on FerretDB.
