@@ -1,0 +1,150 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// KiteRecord is the presence record of one registered kite (ARCHITECTURE §9): its identity,
+// where it can be reached, which kloud/kontrol replica holds its connection and when it was
+// last heard from. The record lives in the store so any replica can answer queries; the
+// replica holding the connection keeps LastSeen fresh.
+type KiteRecord struct {
+	ID          string    `bson:"_id" json:"id"`
+	Username    string    `bson:"username" json:"username"`
+	Environment string    `bson:"environment" json:"environment"`
+	Name        string    `bson:"name" json:"name"`
+	Version     string    `bson:"version" json:"version"`
+	Region      string    `bson:"region" json:"region"`
+	Hostname    string    `bson:"hostname" json:"hostname"`
+	URL         string    `bson:"url,omitempty" json:"url,omitempty"`
+	Replica     string    `bson:"replica" json:"replica"`
+	ConnectedAt time.Time `bson:"connectedAt" json:"connectedAt"`
+	LastSeen    time.Time `bson:"lastSeen" json:"lastSeen"`
+}
+
+// kiteFields maps identity field names (as in the kite protocol's identity object) to
+// document fields, for [Kites.Find].
+var kiteFields = map[string]string{
+	"id": "_id", "username": "username", "environment": "environment", "name": "name",
+	"version": "version", "region": "region", "hostname": "hostname",
+}
+
+// Kites stores kite presence records in the kites collection (_id = kite id).
+type Kites struct{ s *Store }
+
+// Kites returns the kite presence API.
+func (s *Store) Kites() *Kites { return &Kites{s} }
+
+// Upsert writes the whole record (a registration, possibly moving the kite to another
+// replica). ConnectedAt and LastSeen default to the store's clock.
+func (k *Kites) Upsert(ctx context.Context, r KiteRecord) error {
+	if r.ID == "" {
+		return errors.New("upsert kite: empty id")
+	}
+	now := k.s.Now()
+	if r.ConnectedAt.IsZero() {
+		r.ConnectedAt = now
+	}
+	if r.LastSeen.IsZero() {
+		r.LastSeen = now
+	}
+	r.ConnectedAt, r.LastSeen = r.ConnectedAt.UTC(), r.LastSeen.UTC()
+	_, err := k.s.Collection(CollKites).ReplaceOne(ctx, bson.M{"_id": r.ID}, r, options.Replace().SetUpsert(true))
+	if err != nil {
+		return fmt.Errorf("upsert kite %q: %w", r.ID, err)
+	}
+	return nil
+}
+
+// Touch sets the kite's LastSeen. A missing record gives an error wrapping [ErrNotFound].
+func (k *Kites) Touch(ctx context.Context, id string, now time.Time) error {
+	res, err := k.s.Collection(CollKites).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": bson.M{"lastSeen": now.UTC()}})
+	if err != nil {
+		return fmt.Errorf("touch kite %q: %w", id, err)
+	}
+	if res.MatchedCount == 0 {
+		return fmt.Errorf("kite %q: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// Remove deletes the record only if replica still owns it (the kite may have reconnected to
+// another replica meanwhile) and reports whether it did.
+func (k *Kites) Remove(ctx context.Context, id, replica string) (bool, error) {
+	res, err := k.s.Collection(CollKites).DeleteOne(ctx, bson.M{"_id": id, "replica": replica})
+	if err != nil {
+		return false, fmt.Errorf("remove kite %q: %w", id, err)
+	}
+	return res.DeletedCount == 1, nil
+}
+
+// Get returns the record, or an error wrapping [ErrNotFound].
+func (k *Kites) Get(ctx context.Context, id string) (KiteRecord, error) {
+	var r KiteRecord
+	err := k.s.Collection(CollKites).FindOne(ctx, bson.M{"_id": id}).Decode(&r)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return KiteRecord{}, fmt.Errorf("kite %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return KiteRecord{}, fmt.Errorf("kite %q: %w", id, err)
+	}
+	return r, nil
+}
+
+// Find returns the records matching every given identity field exactly (any subset of id,
+// username, environment, name, version, region, hostname; empty values are ignored), sorted
+// by id. An unknown field is an error.
+func (k *Kites) Find(ctx context.Context, filter map[string]string) ([]KiteRecord, error) {
+	q := bson.M{}
+	for f, v := range filter {
+		df, ok := kiteFields[f]
+		if !ok {
+			names := make([]string, 0, len(kiteFields))
+			for n := range kiteFields {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return nil, fmt.Errorf("find kites: unknown field %q (want one of %s)", f, strings.Join(names, ", "))
+		}
+		if v != "" {
+			q[df] = v
+		}
+	}
+	return k.find(ctx, q)
+}
+
+// ByReplica returns the records held by a replica (e.g. to clean up after it died).
+func (k *Kites) ByReplica(ctx context.Context, replica string) ([]KiteRecord, error) {
+	return k.find(ctx, bson.M{"replica": replica})
+}
+
+// Prune deletes records not seen since before t (their replica died without removing them)
+// and returns how many.
+func (k *Kites) Prune(ctx context.Context, t time.Time) (int64, error) {
+	res, err := k.s.Collection(CollKites).DeleteMany(ctx, bson.M{"lastSeen": bson.M{"$lt": t}})
+	if err != nil {
+		return 0, fmt.Errorf("prune kites: %w", err)
+	}
+	return res.DeletedCount, nil
+}
+
+func (k *Kites) find(ctx context.Context, q bson.M) ([]KiteRecord, error) {
+	cur, err := k.s.Collection(CollKites).Find(ctx, q, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("find kites: %w", err)
+	}
+	var out []KiteRecord
+	if err := cur.All(ctx, &out); err != nil {
+		return nil, fmt.Errorf("find kites: %w", err)
+	}
+	return out, nil
+}
