@@ -1,13 +1,17 @@
-// Package kloud is the orchestrator: it hosts kontrol, serves the kite endpoint and (as the
-// kloud-core work lands) users, credentials, templates, stacks, machines and jobs.
+// Package kloud is the orchestrator: users and teams, credentials, templates, stacks, machines
+// and durable jobs, on a Mongo store; it hosts kontrol and serves the kite endpoint, the klient
+// download and the web UI.
 //
-// Start with Serve: it prepares the data directory (signing keys, the admin kite key), builds
-// the "kloud" kite with kontrol's methods on it, and serves HTTP: /kite (kite protocol v1),
-// /kite/keys (kontrol's public keys, no auth).
+// Start with New (wiring: store, signing keys, kontrol, providers, terraformer) and Serve. The
+// RPC methods live one area per file (users.go, credentials.go, templates.go, stacks.go,
+// machines.go, jobs.go); each resolves the Caller (authz.go) and checks what it may do. Long
+// work runs as durable jobs (jobs.go) that survive a restart.
 package kloud
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,25 +22,38 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
+	"github.com/kloud-dev/kloud/provider"
 )
 
-// Options configures Serve. Zero fields take the documented defaults.
+// Options configures New. Zero fields take the documented defaults.
 type Options struct {
 	DataDir string // default ~/.kloud
 	Addr    string // listen address, default ":7000"
-	// PublicURL is how kites reach this kloud (written into kite keys), default
+	// PublicURL is how users and kites reach this kloud (written into kite keys), default
 	// http://127.0.0.1:<port>.
 	PublicURL string
+	// MongoURL selects an external MongoDB; empty starts the embedded store in DataDir/db.
+	MongoURL string
 	// HeartbeatInterval and HeartbeatTimeout drop kites whose link went dead without closing
 	// (defaults 10s and 10s).
 	HeartbeatInterval, HeartbeatTimeout time.Duration
-	Logger                              *slog.Logger
+	// KlientBin is the klient binary served at /dl/klient (default: "klient" next to this
+	// executable).
+	KlientBin string
+	// Providers are the providers kloud offers (default provider.Default).
+	Providers *provider.Registry
+	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
+	// error until one is set with SetTerraformer).
+	Terraformer Terraformer
+	Logger      *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
 }
@@ -44,12 +61,16 @@ type Options struct {
 // Admin is the username of the administrator the first start creates a kite key for.
 const Admin = "admin"
 
-// Paths in the data directory.
+// Files in the data directory.
 const (
 	AdminKeyFile    = "admin.key"
+	KloudKeyFile    = "kloud.key" // kloud's own identity towards terraformer
 	KeyringFile     = "kontrol/keys.json"
 	RevocationsFile = "kontrol/revocations.json"
 )
+
+// Issuer is the iss claim of everything kloud's kontrol signs.
+const Issuer = "kontrol"
 
 // DefaultDataDir returns ~/.kloud.
 func DefaultDataDir() string {
@@ -60,53 +81,53 @@ func DefaultDataDir() string {
 	return filepath.Join(home, ".kloud")
 }
 
-// Server is a running kloud.
+// Server is a kloud.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	Kite    *kite.Kite
-	Kontrol *kontrol.Kontrol
-	mux     *http.ServeMux
+	opts      Options
+	log       *slog.Logger
+	store     *store.Store
+	keyring   *kitekey.Keyring
+	providers *provider.Registry
+	Kite      *kite.Kite
+	Kontrol   *kontrol.Kontrol
+	mux       *http.ServeMux
+
+	mu        sync.RWMutex
+	tf        Terraformer
+	klientSum string
+	jobs      *jobRunner
 }
 
-// New prepares a server: data directory, keys, kite and kontrol.
+// New prepares a server: data directory, store, keys, kite, kontrol and methods.
 func New(ctx context.Context, opts Options) (*Server, error) {
-	if opts.DataDir == "" {
-		opts.DataDir = DefaultDataDir()
-	}
-	if opts.Addr == "" {
-		opts.Addr = ":7000"
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	if opts.HeartbeatInterval == 0 {
-		opts.HeartbeatInterval = 10 * time.Second
-	}
-	if opts.HeartbeatTimeout == 0 {
-		opts.HeartbeatTimeout = 10 * time.Second
-	}
-	if opts.PublicURL == "" {
-		_, port, err := net.SplitHostPort(opts.Addr)
-		if err != nil {
-			return nil, fmt.Errorf("kloud: --addr %q: %w", opts.Addr, err)
-		}
-		opts.PublicURL = "http://127.0.0.1:" + port
+	if err := opts.defaults(); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("kloud: data dir: %w", err)
 	}
-	keyring, err := kitekey.LoadOrCreateFileKeyring(filepath.Join(opts.DataDir, KeyringFile))
+	st, err := store.Open(ctx, store.Options{MongoURL: opts.MongoURL, DataDir: opts.DataDir, Logger: opts.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
-	revs, err := kontrol.OpenFileRevocations(filepath.Join(opts.DataDir, RevocationsFile))
-	if err != nil {
-		return nil, fmt.Errorf("kloud: %w", err)
+	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer}
+	ok := false
+	defer func() {
+		if !ok {
+			st.Close(context.Background())
+		}
+	}()
+	if err := s.importFileKeys(ctx); err != nil {
+		return nil, err
 	}
+	s.keyring, err = kitekey.NewKeyring(ctx, kitekey.KeyringOptions{Store: storeKeys{st.Keys()}})
+	if err != nil {
+		return nil, fmt.Errorf("kloud: signing keys: %w", err)
+	}
+	revs := storeRevocations{st.Revocations()}
+	verifier := &kitekey.Verifier{Keys: s.keyring, Issuer: Issuer, Revoked: revs}
 	isAdmin := func(u string) bool { return u == Admin }
-	verifier := &kitekey.Verifier{Keys: keyring.Keyring, Issuer: "kontrol", Revoked: revs}
-	k, err := kite.New(kite.Options{
+	s.Kite, err = kite.New(kite.Options{
 		Identity:      kite.Identity{Name: "kloud", Version: version.Version, Username: "kloud"},
 		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin},
 		Logger:        opts.Logger,
@@ -116,67 +137,203 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
-	ko, err := kontrol.New(kontrol.Options{
-		Kite: k, Keyring: keyring.Keyring, Revocations: revs, URL: opts.PublicURL + "/kite",
-		IsAdmin: isAdmin, Logger: opts.Logger,
+	s.Kontrol, err = kontrol.New(kontrol.Options{
+		Kite: s.Kite, Keyring: s.keyring, Revocations: revs, URL: opts.PublicURL + "/kite", Issuer: Issuer,
+		IsAdmin: isAdmin, Presence: storePresence{st.Kites(), st.InstanceID()}, Logger: opts.Logger,
+		Authorize: s.authorizeKite,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
-	s := &Server{opts: opts, log: opts.Logger, Kite: k, Kontrol: ko, mux: http.NewServeMux()}
-	if err := s.ensureAdminKey(); err != nil {
+	if err := s.ensureAdmin(ctx); err != nil {
 		return nil, err
 	}
-	k.HandleFunc("kloud.version", func(context.Context, *kite.Request) (any, error) {
-		return map[string]string{"version": version.Version}, nil
-	})
-	s.mux.Handle("/kite", k)
-	s.mux.HandleFunc("GET /kite/keys", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(ko.PublicKeys())
-	})
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	s.loadKlient()
+	s.routes()
+	for _, register := range methodSets {
+		register(s)
+	}
+	ok = true
 	return s, nil
+}
+
+// methodSets registers the RPC methods of each area (each file adds itself in an init func).
+var methodSets []func(*Server)
+
+func (o *Options) defaults() error {
+	if o.DataDir == "" {
+		o.DataDir = DefaultDataDir()
+	}
+	if o.Addr == "" {
+		o.Addr = ":7000"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = 10 * time.Second
+	}
+	if o.HeartbeatTimeout == 0 {
+		o.HeartbeatTimeout = 10 * time.Second
+	}
+	if o.Providers == nil {
+		o.Providers = provider.Default
+	}
+	if o.PublicURL == "" {
+		_, port, err := net.SplitHostPort(o.Addr)
+		if err != nil {
+			return fmt.Errorf("kloud: --addr %q: %w", o.Addr, err)
+		}
+		o.PublicURL = "http://127.0.0.1:" + port
+	}
+	if o.KlientBin == "" {
+		if exe, err := os.Executable(); err == nil {
+			o.KlientBin = filepath.Join(filepath.Dir(exe), "klient")
+		}
+	}
+	return nil
+}
+
+// Store returns the server's store.
+func (s *Server) Store() *store.Store { return s.store }
+
+// Signer mints kite keys, tokens and sessions.
+func (s *Server) Signer() *kitekey.Signer { return s.Kontrol.Signer() }
+
+// SetTerraformer sets the terraformer client (when it is started after kloud).
+func (s *Server) SetTerraformer(t Terraformer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tf = t
+}
+
+func (s *Server) terraformer() (Terraformer, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.tf == nil {
+		return nil, fmt.Errorf("no terraformer configured: start kloud with --terraformer-url: %w", kite.ErrState)
+	}
+	return s.tf, nil
 }
 
 // AdminKeyPath is where the admin kite key lives.
 func (s *Server) AdminKeyPath() string { return filepath.Join(s.opts.DataDir, AdminKeyFile) }
 
-func (s *Server) ensureAdminKey() error {
-	p := s.AdminKeyPath()
-	if _, err := os.Stat(p); err == nil {
-		return nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("kloud: admin key: %w", err)
+// KloudKeyPath is where kloud's own kite key (for terraformer) lives.
+func (s *Server) KloudKeyPath() string { return filepath.Join(s.opts.DataDir, KloudKeyFile) }
+
+// ensureAdmin creates, on first start, the admin kite key, kloud's own key and the default
+// team.
+func (s *Server) ensureAdmin(ctx context.Context) error {
+	for _, k := range []struct{ path, user string }{{s.AdminKeyPath(), Admin}, {s.KloudKeyPath(), "kloud"}} {
+		if _, err := os.Stat(k.path); err == nil {
+			continue
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("kloud: %s: %w", k.path, err)
+		}
+		key, _, err := s.Kontrol.CreateKey(k.user, "")
+		if err != nil {
+			return fmt.Errorf("kloud: %s key: %w", k.user, err)
+		}
+		if err := kitekey.WriteFile(k.path, key); err != nil {
+			return fmt.Errorf("kloud: %w", err)
+		}
+		s.log.Info("created kite key", "user", k.user, "path", k.path)
 	}
-	key, _, err := s.Kontrol.CreateKey(Admin, "")
-	if err != nil {
-		return fmt.Errorf("kloud: admin key: %w", err)
+	t := Team{Slug: DefaultTeam, Title: "Default team", Members: []Member{{Username: Admin, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
+	if _, err := s.store.Collection(store.CollTeams).InsertOne(ctx, t); err != nil && !store.IsDuplicateKey(err) {
+		return fmt.Errorf("kloud: default team: %w", err)
 	}
-	if err := kitekey.WriteFile(p, key); err != nil {
-		return fmt.Errorf("kloud: admin key: %w", err)
-	}
-	s.log.Info("created admin kite key", "path", p)
 	return nil
 }
+
+// importFileKeys moves the signing keys of a kloud that kept them in its data dir (before the
+// store existed) into the store, so kite keys it issued keep working.
+func (s *Server) importFileKeys(ctx context.Context) error {
+	path := filepath.Join(s.opts.DataDir, KeyringFile)
+	if _, err := os.Stat(path); err != nil {
+		return nil
+	}
+	have, err := s.store.Keys().List(ctx)
+	if err != nil {
+		return fmt.Errorf("kloud: signing keys: %w", err)
+	}
+	if len(have) > 0 {
+		return nil
+	}
+	keys, err := (&kitekey.FileStore{Path: path}).LoadKeys(ctx)
+	if err != nil {
+		return fmt.Errorf("kloud: import %s: %w", path, err)
+	}
+	sk := storeKeys{s.store.Keys()}
+	for _, k := range keys {
+		if err := sk.AddKey(ctx, k); err != nil {
+			return fmt.Errorf("kloud: import key %s: %w", k.ID, err)
+		}
+	}
+	s.log.Info("imported signing keys into the store", "from", path, "keys", len(keys))
+	return os.Rename(path, path+".imported")
+}
+
+func (s *Server) loadKlient() {
+	f, err := os.Open(s.opts.KlientBin)
+	if err != nil {
+		s.log.Warn("no klient binary to serve at /dl/klient; machines cannot install their agent", "path", s.opts.KlientBin, "err", err)
+		return
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		s.log.Warn("read klient binary", "err", err)
+		return
+	}
+	s.klientSum = hex.EncodeToString(h.Sum(nil))
+}
+
+func (s *Server) routes() {
+	s.mux.Handle("/kite", s.Kite)
+	s.mux.HandleFunc("GET /kite/keys", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(s.Kontrol.PublicKeys())
+	})
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	s.mux.HandleFunc("GET /dl/klient", func(w http.ResponseWriter, r *http.Request) {
+		if s.klientSum == "" {
+			http.Error(w, "this kloud has no klient binary to serve", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("X-Checksum-Sha256", s.klientSum)
+		http.ServeFile(w, r, s.opts.KlientBin)
+	})
+}
+
+// Handle adds an HTTP handler (the web UI and its API add themselves).
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
 // Handler returns the HTTP handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Serve listens on opts.Addr and serves until ctx ends.
+// Serve listens on opts.Addr and serves until ctx ends, then shuts down and closes the store.
 func (s *Server) Serve(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.opts.Addr)
 	if err != nil {
 		return fmt.Errorf("kloud: listen %s: %w", s.opts.Addr, err)
 	}
+	return s.ServeListener(ctx, ln)
+}
+
+// ServeListener serves on ln until ctx ends.
+func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
 	if s.opts.Listening != nil {
 		s.opts.Listening(ln.Addr())
 	}
+	s.startBackground(ctx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
+		s.Close()
 		return fmt.Errorf("kloud: serve: %w", err)
 	case <-ctx.Done():
 	}
@@ -184,5 +341,31 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	s.Kite.Close()
 	srv.Shutdown(sctx)
+	s.Close()
 	return nil
+}
+
+// backgroundTasks run while the server serves (job recovery, agent tracking).
+var backgroundTasks []func(ctx context.Context, s *Server)
+
+func (s *Server) startBackground(ctx context.Context) {
+	for _, f := range backgroundTasks {
+		go f(ctx, s)
+	}
+}
+
+// Close releases the store. Serve calls it.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return s.store.Close(ctx)
+}
+
+// authorizeKite decides who may see and get tokens for a kite: its owner, kloud admins, and
+// users a machine is shared with.
+func (s *Server) authorizeKite(ctx context.Context, caller *kite.Principal, target kite.Identity) error {
+	if caller != nil && (caller.Username == target.Username || caller.Admin || caller.Username == Admin || caller.Username == "kloud") {
+		return nil
+	}
+	return fmt.Errorf("kite %s belongs to another user: %w", target.ID, kite.ErrPermission)
 }

@@ -1,0 +1,115 @@
+package kloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+)
+
+// AgentKitePrefix starts the kite id of every machine's kite key. A credential with such an id
+// belongs to an agent: it may register with kontrol but call no kloud method (a compromised
+// machine must not act as its owner).
+const AgentKitePrefix = "agent."
+
+// Caller is the authenticated user of a call, with the teams they belong to.
+type Caller struct {
+	Username string
+	Admin    bool              // kloud administrator: may see and do everything
+	Teams    map[string]string // team slug → role
+}
+
+// Role returns the caller's role in team ("" if not a member; admins count as team admins).
+func (c *Caller) Role(team string) string {
+	if c.Admin {
+		return RoleAdmin
+	}
+	return c.Teams[team]
+}
+
+// InTeam reports whether the caller may see the team's shared things.
+func (c *Caller) InTeam(team string) bool { return c.Role(team) != "" }
+
+// TeamAdmin reports whether the caller administers team.
+func (c *Caller) TeamAdmin(team string) bool { return c.Role(team) == RoleAdmin }
+
+// CanManage reports whether the caller may change or delete something owned by owner in team:
+// its owner, a team admin, or a kloud admin.
+func (c *Caller) CanManage(owner, team string) bool {
+	return c.Username == owner || c.TeamAdmin(team)
+}
+
+// TeamNames returns the caller's teams.
+func (c *Caller) TeamNames() []string {
+	out := make([]string, 0, len(c.Teams))
+	for t := range c.Teams {
+		out = append(out, t)
+	}
+	return out
+}
+
+// caller resolves who is calling.
+func (s *Server) caller(ctx context.Context, r *kite.Request) (*Caller, error) {
+	p := r.Principal()
+	if p == nil {
+		return nil, fmt.Errorf("%s: not authenticated: %w", r.Method, kite.ErrAuth)
+	}
+	if p.Type == kite.AuthKiteKey && strings.HasPrefix(p.KiteID, AgentKitePrefix) {
+		return nil, fmt.Errorf("%s: machine agents may not call kloud methods: %w", r.Method, kite.ErrPermission)
+	}
+	return s.callerByName(ctx, p.Username, p.Admin)
+}
+
+func (s *Server) callerByName(ctx context.Context, username string, admin bool) (*Caller, error) {
+	c := &Caller{Username: username, Admin: admin || username == Admin, Teams: map[string]string{}}
+	var u User
+	err := s.store.Collection(store.CollUsers).FindOne(ctx, bson.M{"_id": username}).Decode(&u)
+	switch {
+	case err == nil:
+		c.Admin = c.Admin || u.Admin
+	case !errors.Is(err, mongo.ErrNoDocuments):
+		return nil, fmt.Errorf("load user %s: %w", username, err)
+	}
+	cur, err := s.store.Collection(store.CollTeams).Find(ctx, bson.M{"members.username": username})
+	if err != nil {
+		return nil, fmt.Errorf("load teams of %s: %w", username, err)
+	}
+	var teams []Team
+	if err := cur.All(ctx, &teams); err != nil {
+		return nil, fmt.Errorf("load teams of %s: %w", username, err)
+	}
+	for _, t := range teams {
+		for _, m := range t.Members {
+			if m.Username == username {
+				c.Teams[t.Slug] = m.Role
+			}
+		}
+	}
+	return c, nil
+}
+
+// handle registers a kloud method: params are bound strictly (and validated), the caller is
+// resolved, then fn runs.
+func handle[P any](s *Server, name string, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (any, error), opts ...kite.MethodOption) {
+	s.Kite.Handle(name, kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
+		c, err := s.caller(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		return fn(ctx, c, r, p)
+	}), opts...)
+}
+
+// NoParams is the params type of methods that take none.
+type NoParams struct{}
+
+// notFound hides whether a document exists from callers who may not see it.
+func notFound(kind, id string) error {
+	return fmt.Errorf("%s %q: %w", kind, id, kite.ErrNotFound)
+}

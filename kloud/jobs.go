@@ -1,0 +1,313 @@
+package kloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+)
+
+// Durable jobs: every long call (stack apply, machine start/stop, credential bootstrap) creates a
+// job in the store and returns its id at once; the work runs here, holding the job's runner lease
+// (renewed by every progress update and a heartbeat). When kloud restarts, jobs whose runner is
+// gone are handed to their kind's recover function, which resumes them or fails them with a
+// reason and puts machines back into an honest state.
+
+// jobKind is how one kind of job runs and recovers.
+type jobKind struct {
+	run func(ctx context.Context, j *jobCtx) (map[string]any, error)
+	// recover resolves a job whose runner died (nil: fail it with a reason).
+	recover func(ctx context.Context, j *jobCtx) (map[string]any, error)
+}
+
+var jobKinds = map[string]jobKind{}
+
+func registerJobKind(kind string, k jobKind) {
+	if _, dup := jobKinds[kind]; dup {
+		panic("kloud: job kind registered twice: " + kind)
+	}
+	jobKinds[kind] = k
+}
+
+// jobCtx is a running job.
+type jobCtx struct {
+	store.Job
+	s *Server
+}
+
+// Progress records the job's percentage, stage (a state name) and message.
+func (j *jobCtx) Progress(ctx context.Context, percent int, stage, message string) {
+	if err := j.s.store.Jobs().Progress(ctx, j.ID, percent, stage, message); err != nil {
+		j.s.log.Warn("job progress", "job", j.ID, "err", err)
+	}
+	j.Percent, j.Stage, j.Message = percent, stage, message
+}
+
+// Logf adds a line to the job's log.
+func (j *jobCtx) Logf(ctx context.Context, format string, args ...any) {
+	if err := j.s.store.Jobs().Log(ctx, j.ID, fmt.Sprintf(format, args...)); err != nil {
+		j.s.log.Warn("job log", "job", j.ID, "err", err)
+	}
+}
+
+type jobRunner struct {
+	mu      sync.Mutex
+	cancels map[string]context.CancelFunc
+	wg      sync.WaitGroup
+	base    context.Context
+}
+
+// startJob creates a job and runs it in the background. It returns the job id.
+func (s *Server) startJob(ctx context.Context, kind, target, owner string, params map[string]any) (string, error) {
+	if _, ok := jobKinds[kind]; !ok {
+		return "", fmt.Errorf("unknown job kind %q", kind)
+	}
+	id, err := s.store.Jobs().Create(ctx, store.Job{Kind: kind, Target: target, Owner: owner, Params: params})
+	if err != nil {
+		return "", fmt.Errorf("create job: %w", err)
+	}
+	j, err := s.store.Jobs().Start(ctx, id, s.store.InstanceID())
+	if err != nil {
+		return "", fmt.Errorf("start job: %w", err)
+	}
+	s.runJob(j, jobKinds[kind].run)
+	return id, nil
+}
+
+func (s *Server) runner() *jobRunner {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.jobs == nil {
+		s.jobs = &jobRunner{cancels: map[string]context.CancelFunc{}, base: context.Background()}
+	}
+	return s.jobs
+}
+
+func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[string]any, error)) {
+	r := s.runner()
+	ctx, cancel := context.WithCancel(r.base)
+	r.mu.Lock()
+	r.cancels[j.ID] = cancel
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer func() {
+			cancel()
+			r.mu.Lock()
+			delete(r.cancels, j.ID)
+			r.mu.Unlock()
+		}()
+		log := s.log.With("job", j.ID, "kind", j.Kind, "target", j.Target)
+		go s.heartbeat(ctx, j.ID)
+		var res map[string]any
+		err := func() (err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("internal error: %v", p)
+				}
+			}()
+			res, err = fn(ctx, &jobCtx{Job: j, s: s})
+			return err
+		}()
+		fctx, fcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer fcancel()
+		if ferr := s.store.Jobs().Finish(fctx, j.ID, err, res); ferr != nil {
+			log.Error("finish job", "err", ferr)
+		}
+		if err != nil {
+			log.Info("job failed", "err", err)
+		} else {
+			log.Info("job done")
+		}
+	}()
+}
+
+func (s *Server) heartbeat(ctx context.Context, id string) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.store.Jobs().Heartbeat(ctx, id, s.store.InstanceID()); err != nil && ctx.Err() == nil {
+				s.log.Warn("job heartbeat", "job", id, "err", err)
+			}
+		}
+	}
+}
+
+// recoverJobs resolves jobs whose runner died: it claims each (so one replica does it) and lets
+// its kind resume or fail it.
+func (s *Server) recoverJobs(ctx context.Context) {
+	orphans, err := s.store.Jobs().Orphans(ctx, s.store.Now())
+	if err != nil {
+		s.log.Error("find interrupted jobs", "err", err)
+		return
+	}
+	for _, o := range orphans {
+		j, err := s.store.Jobs().Start(ctx, o.ID, s.store.InstanceID())
+		if err != nil {
+			continue // another replica took it
+		}
+		k := jobKinds[j.Kind]
+		fn := k.recover
+		if fn == nil {
+			fn = func(context.Context, *jobCtx) (map[string]any, error) {
+				return nil, errors.New("kloud restarted while this job ran; run it again")
+			}
+		}
+		s.log.Info("recovering interrupted job", "job", j.ID, "kind", j.Kind, "attempt", j.Attempt)
+		s.runJob(j, fn)
+	}
+}
+
+// WaitJobs waits for running jobs to end (tests, shutdown).
+func (s *Server) WaitJobs() { s.runner().wg.Wait() }
+
+func init() {
+	backgroundTasks = append(backgroundTasks, func(ctx context.Context, s *Server) {
+		s.recoverJobs(ctx)
+		// Later orphans (a replica that died while we run) are picked up periodically.
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s.recoverJobs(ctx)
+			}
+		}
+	})
+	methodSets = append(methodSets, func(s *Server) {
+		handle(s, "job.get", s.jobGet)
+		handle(s, "job.watch", s.jobWatch)
+		handle(s, "job.list", s.jobList)
+		handle(s, "job.cancel", s.jobCancel)
+	})
+}
+
+// JobParams name a job.
+type JobParams struct {
+	JobID string `json:"jobId"`
+}
+
+// Validate implements kite.Validator.
+func (p *JobParams) Validate() error {
+	if p.JobID == "" {
+		return errors.New("jobId is required")
+	}
+	return nil
+}
+
+// JobView is a job as callers see it.
+type JobView struct {
+	store.Job
+}
+
+func (s *Server) loadJob(ctx context.Context, c *Caller, id string) (store.Job, error) {
+	j, err := s.store.Jobs().Get(ctx, id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return j, notFound("job", id)
+		}
+		return j, err
+	}
+	if j.Owner != c.Username && !c.Admin {
+		return j, notFound("job", id)
+	}
+	return j, nil
+}
+
+func (s *Server) jobGet(ctx context.Context, c *Caller, _ *kite.Request, p *JobParams) (any, error) {
+	return s.loadJob(ctx, c, p.JobID)
+}
+
+// JobListParams filter job.list.
+type JobListParams struct {
+	Target string `json:"target,omitempty"`
+	Limit  int    `json:"limit,omitempty"`
+}
+
+func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *JobListParams) (any, error) {
+	f := store.JobFilter{Target: p.Target, Limit: p.Limit}
+	if !c.Admin {
+		f.Owner = c.Username
+	}
+	if f.Limit <= 0 || f.Limit > 200 {
+		f.Limit = 50
+	}
+	jobs, err := s.store.Jobs().List(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"jobs": jobs}, nil
+}
+
+func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *JobParams) (any, error) {
+	if _, err := s.loadJob(ctx, c, p.JobID); err != nil {
+		return nil, err
+	}
+	j, err := s.store.Jobs().RequestCancel(ctx, p.JobID)
+	if err != nil {
+		return nil, err
+	}
+	r := s.runner()
+	r.mu.Lock()
+	if cancel := r.cancels[p.JobID]; cancel != nil {
+		cancel()
+	}
+	r.mu.Unlock()
+	return j, nil
+}
+
+// JobEvent is one job.event notification: the job's progress as it changes, with the log lines
+// added since the previous event.
+type JobEvent struct {
+	ID         string          `json:"id"`
+	Status     store.JobStatus `json:"status"`
+	Percentage int             `json:"percentage"`
+	Stage      string          `json:"stage,omitempty"`
+	Message    string          `json:"message,omitempty"`
+	Log        []string        `json:"log,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	Result     map[string]any  `json:"result,omitempty"`
+}
+
+func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *JobParams) (any, error) {
+	j, err := s.loadJob(ctx, c, p.JobID)
+	if err != nil {
+		return nil, err
+	}
+	stream := r.Conn.NewStream("job.event")
+	ch, err := s.store.Jobs().Watch(stream.Context(), p.JobID)
+	if err != nil {
+		stream.End(ctx, err)
+		return nil, err
+	}
+	go func() {
+		var seq int64
+		for cur := range ch {
+			ev := JobEvent{ID: cur.ID, Status: cur.Status, Percentage: cur.Percent, Stage: cur.Stage, Message: cur.Message,
+				Log: cur.LogSince(seq), Error: cur.Error}
+			seq = cur.LogSeq
+			if cur.Status.Done() {
+				ev.Result = cur.Result
+			}
+			sctx, cancel := context.WithTimeout(stream.Context(), 10*time.Second)
+			err := stream.Send(sctx, ev)
+			cancel()
+			if err != nil {
+				return
+			}
+		}
+		stream.End(context.Background(), nil)
+	}()
+	return map[string]any{"subscription": stream.ID(), "job": j}, nil
+}
