@@ -68,7 +68,7 @@ type Credential struct {
 
 // Bootstrap is the state of a credential's bootstrap resources.
 type Bootstrap struct {
-	Status     string    `bson:"status" json:"status"` // none, running, done, failed, destroyed
+	Status     string    `bson:"status" json:"status"`      // none, running, done, failed, destroyed
 	Sealed     []byte    `bson:"sealed,omitempty" json:"-"` // the outputs, sealed
 	Outputs    []string  `bson:"outputs,omitempty" json:"outputs,omitempty"`
 	ContentIDs []string  `bson:"contentIds,omitempty" json:"contentIds,omitempty"`
