@@ -1,0 +1,3 @@
+variable "copy" {
+  default = var.aws_secret_key
+}

@@ -1,0 +1,4 @@
+import {
+  id = var.aws_secret_key
+  to = aws_instance.web
+}

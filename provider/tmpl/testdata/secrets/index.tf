@@ -1,0 +1,3 @@
+resource "aws_instance" "web" {
+  user_data = var["aws_secret_key"]
+}

@@ -1,0 +1,4 @@
+module "net" {
+  source = "./net"
+  secret = var.aws_secret_key
+}

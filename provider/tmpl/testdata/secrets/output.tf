@@ -1,0 +1,4 @@
+output "key" {
+  sensitive = true
+  value   = var.aws_access_key
+}
