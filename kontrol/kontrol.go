@@ -82,9 +82,9 @@ type entry struct {
 }
 
 type watcher struct {
-	caller *kite.Principal
+	caller *kite.Principal // nil: an in-process subscriber that sees everything
 	query  kite.Identity
-	stream *kite.Stream
+	stream *kite.Stream // nil for in-process subscribers
 	queue  chan Event
 }
 
@@ -332,7 +332,7 @@ func (k *Kontrol) publish(action string, info KiteInfo) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for w := range k.watchers {
-		if !info.Kite.Matches(w.query) || k.opts.Authorize(context.Background(), w.caller, info.Kite) != nil {
+		if !info.Kite.Matches(w.query) || (w.caller != nil && k.opts.Authorize(context.Background(), w.caller, info.Kite) != nil) {
 			continue
 		}
 		select {
@@ -341,6 +341,29 @@ func (k *Kontrol) publish(action string, info KiteInfo) {
 			close(w.queue)
 			delete(k.watchers, w)
 		}
+	}
+}
+
+// Subscribe delivers, in process, an Event whenever a kite matching q registers or goes away,
+// and returns the kites registered now (subscribe first, then look, so nothing falls between).
+// The channel is closed by cancel, or if the subscriber falls 1024 events behind (subscribe
+// again). This is how kloud's planner waits for agents: push, no polling.
+func (k *Kontrol) Subscribe(q kite.Identity) (events <-chan Event, now []KiteInfo, cancel func()) {
+	w := &watcher{query: q, queue: make(chan Event, 1024)}
+	k.mu.Lock()
+	k.watchers[w] = struct{}{}
+	now = k.lookupLocked(q)
+	k.mu.Unlock()
+	var once sync.Once
+	return w.queue, now, func() {
+		once.Do(func() {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if _, ok := k.watchers[w]; ok {
+				delete(k.watchers, w)
+				close(w.queue)
+			}
+		})
 	}
 }
 

@@ -114,16 +114,7 @@ func checkReserved(cfg map[string]any, who string) error {
 	return nil
 }
 
-func render(c Config, o options) ([]byte, error) {
-	c, err := c.validate()
-	if err != nil {
-		return nil, err
-	}
-	ud, err := classify(c.UserData)
-	if err != nil {
-		return nil, err
-	}
-	p := paths{root: o.root}
+func newScriptData(c Config, ud userData, p paths, o options) scriptData {
 	d := scriptData{
 		Owner: c.Username, KontrolURL: c.KontrolURL, KlientURL: c.KlientURL, KlientSHA256: c.KlientSHA256,
 		KiteKey: p.at(KiteKeyPath), KlientBin: p.at(KlientPath),
@@ -138,6 +129,20 @@ func render(c Config, o options) ([]byte, error) {
 	if ud.script != nil {
 		d.UserScript, d.UserScriptShell = p.at(UserScriptPath), ud.shell
 	}
+	return d
+}
+
+func render(c Config, o options) ([]byte, error) {
+	c, err := c.validate()
+	if err != nil {
+		return nil, err
+	}
+	ud, err := classify(c.UserData)
+	if err != nil {
+		return nil, err
+	}
+	p := paths{root: o.root}
+	d := newScriptData(c, ud, p, o)
 	script, err := renderProvision(d)
 	if err != nil {
 		return nil, err

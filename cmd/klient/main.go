@@ -22,6 +22,7 @@ func main() {
 	flag.StringVar(&o.Environment, "environment", "default", "kite environment")
 	flag.StringVar(&o.Region, "region", "default", "kite region")
 	flag.StringVar(&o.Listen, "listen", "", "also accept direct kite connections on this address (e.g. :56789)")
+	flag.StringVar(&o.Root, "root", "/", "directory the machine's files live under (for machines that are a directory of a host)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
