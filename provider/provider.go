@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 	"testing"
+
+	"github.com/kloud-dev/kloud/userdata"
 )
 
 // Provider describes one infrastructure provider.
@@ -212,10 +214,11 @@ type BaseStack struct {
 	Owner    string
 	Template *Template
 	Machines []*MachineSpec // this provider's machines in the stack
-	// UserData renders the cloud-init for machine m with a fresh kite key, setting m.KiteID.
-	// userScript is what the template author put in the user data attribute.
-	UserData func(ctx context.Context, m *MachineSpec, userScript string) (string, error)
-	Log      *slog.Logger
+	// AgentConfig returns what machine m's agent needs (a fresh kite key, kloud's URLs, the
+	// owner), setting m.KiteID. Providers render it with userdata.Render (cloud-init) or
+	// userdata.RenderScript; InjectUserData does that for the common case.
+	AgentConfig func(ctx context.Context, m *MachineSpec) (userdata.Config, error)
+	Log         *slog.Logger
 }
 
 // BaseMachine is what kloud gives a provider for machine operations.
