@@ -38,8 +38,9 @@
 //   - DeclareVariable returns an error: for an invalid name or type, or when a user file already
 //     declares the variable in a way that conflicts with it (a secret must be sensitive).
 //   - Validate takes the machine resource types with their user data attributes. File name
-//     checks (extensions, case-insensitive duplicates, the reserved generated name, override and
-//     ignored files, subdirectories) and UTF-8 are Parse errors. Duplicate resource and variable
+//     checks (extensions, case-insensitive duplicates, override and ignored files,
+//     subdirectories) and UTF-8 are Parse errors. Parse accepts a GeneratedFile holding only
+//     variable declarations, so kloud's output parses again. Duplicate resource and variable
 //     declarations are also Parse errors, because every lookup here assumes they are unique.
 //
 // Errors about the template name the place as file:line:col. Parse returns *ParseError values

@@ -96,7 +96,11 @@ func userDataEdit(f *file, b *hcl.Block, p attrPath, ref string) (edit, error) {
 		if p.key != "" {
 			v = "{" + jsonQuote(p.key) + ": " + value + "}"
 		}
-		return jsonInsert(f.src, b.DefRange.Start.Byte, jsonQuote(p.attr), v), nil
+		open := jsonBodyOpen(f.src, b)
+		if open < 0 {
+			return edit{}, fmt.Errorf("body of the block not found in %s", f.name)
+		}
+		return jsonInsert(f.src, open, jsonQuote(p.attr), v), nil
 	}
 	v := value
 	if p.key != "" {
@@ -122,6 +126,31 @@ func nativeBlock(f *file, b *hcl.Block) *hclsyntax.Block {
 		}
 	}
 	return nil
+}
+
+// jsonBodyOpen returns the offset of the opening brace of a JSON block's body. DefRange is that
+// brace, except for a block given as an array of bodies ("web": [{...}]), where it is the
+// array's bracket; then the body is the element ending at the body's closing brace.
+func jsonBodyOpen(src []byte, b *hcl.Block) int {
+	open := b.DefRange.Start.Byte
+	if src[open] == '{' {
+		return open
+	}
+	end := b.Body.MissingItemRange().Start.Byte + 1 // just past the body's '}'
+	dec := json.NewDecoder(bytes.NewReader(src[open:]))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return -1
+	}
+	for dec.More() {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return -1
+		}
+		if e := open + int(dec.InputOffset()); e == end {
+			return e - len(raw)
+		}
+	}
+	return -1
 }
 
 func jsonQuote(s string) string {
@@ -180,6 +209,8 @@ func jsonInsert(src []byte, open int, key, value string) edit {
 		return edit{open + 1, next, prop}
 	case lineBreak:
 		return edit{open + 1, open + 1, "\n" + lineIndent(src, next) + prop + ","}
+	case src[open+1] == ' ':
+		return edit{open + 1, open + 1, " " + prop + ","}
 	default:
 		return edit{open + 1, open + 1, prop + ", "}
 	}
@@ -200,8 +231,10 @@ func hclObjectInsert(src []byte, open int, key, value string) edit {
 	case lineBreak:
 		// Items on their own lines need no comma.
 		return edit{open + 1, open + 1, "\n" + lineIndent(src, next) + item}
-	default:
+	case src[open+1] == ' ':
 		return edit{open + 1, open + 1, " " + item + ","}
+	default:
+		return edit{open + 1, open + 1, item + ", "}
 	}
 }
 

@@ -2,8 +2,10 @@ package tmpl
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -139,11 +141,21 @@ func Parse(files map[string][]byte) (*Config, error) {
 	}
 
 	c := &Config{gen: map[string]genVar{}}
+	if i := slices.Index(names, GeneratedFile); i >= 0 {
+		// Kloud's own output parsed again: the generated file goes last, as it did.
+		names = append(slices.Delete(names, i, i+1), GeneratedFile)
+	}
 	for _, n := range names {
 		src := bytes.Clone(files[n])
 		if err := checkUTF8(n, src); err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if n == GeneratedFile {
+			if err := c.loadGenerated(src); err != nil {
+				errs = append(errs, err)
+				continue
+			}
 		}
 		f := &file{name: n, json: strings.HasSuffix(n, ".tf.json"), src: src}
 		if diags := f.parse(); diags.HasErrors() {
@@ -170,8 +182,6 @@ func checkName(n string) error {
 		return bad("subdirectories are not supported: a template is the files of one directory")
 	case !strings.HasSuffix(n, ".tf") && !strings.HasSuffix(n, ".tf.json"):
 		return bad("not a Terraform file: the name must end in .tf or .tf.json")
-	case n == GeneratedFile:
-		return bad("the name is reserved for the file kloud generates")
 	case strings.HasPrefix(n, ".") || strings.HasSuffix(n, "~") || strings.HasPrefix(n, "#"):
 		return bad("terraform ignores files whose names start with '.' or '#' or end in '~'")
 	}
@@ -179,6 +189,22 @@ func checkName(n string) error {
 	if base == "override" || strings.HasSuffix(base, "_override") {
 		return bad("override files are not supported: they would change resources after kloud rewrote them")
 	}
+	return nil
+}
+
+// loadGenerated reads back a GeneratedFile. It may hold only what DeclareVariable writes, since
+// the next DeclareVariable rewrites it.
+func (c *Config) loadGenerated(src []byte) error {
+	var g struct {
+		Comment  string            `json:"//"`
+		Variable map[string]genVar `json:"variable"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(src))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&g); err != nil {
+		return &ParseError{File: GeneratedFile, Summary: "the name is reserved for the file kloud generates, which holds only variable declarations", Detail: err.Error()}
+	}
+	maps.Copy(c.gen, g.Variable)
 	return nil
 }
 
