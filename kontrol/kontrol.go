@@ -466,13 +466,19 @@ func (k *Kontrol) createKey(ctx context.Context, r *kite.Request, p *CreateKeyPa
 
 // CreateKey mints a kite key for username with kite id (a new random one if empty).
 func (k *Kontrol) CreateKey(username, id string) (key, kiteID string, err error) {
-	if k.opts.URL == "" {
+	return k.CreateKeyWithURL(username, id, k.opts.URL)
+}
+
+// CreateKeyWithURL is CreateKey with the kontrol URL the kite should use (machines may reach
+// kontrol at another address than users do).
+func (k *Kontrol) CreateKeyWithURL(username, id, url string) (key, kiteID string, err error) {
+	if url == "" {
 		return "", "", errors.New("kontrol: no URL configured to put into kite keys")
 	}
 	if id == "" {
 		id = newID()
 	}
-	key, err = k.signer.KiteKey(username, id, k.opts.URL)
+	key, err = k.signer.KiteKey(username, id, url)
 	if err != nil {
 		return "", "", fmt.Errorf("create kite key: %w", err)
 	}

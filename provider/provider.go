@@ -28,6 +28,9 @@ type Provider struct {
 	Stack func(*BaseStack) (Stack, error)
 	// Machine builds the provider's machine operations for one machine.
 	Machine func(*BaseMachine) (Machine, error)
+	// KloudURL, if set, returns the URL its machines reach kloud at, given the URL users use
+	// (the local provider's machines see kloud on their bridge). Nil: the same URL.
+	KloudURL func(publicURL string) string
 	// Available reports whether the provider can work on this host (nil if it can); kloud
 	// shows the reason at startup and in provider.describe. Nil func: always available.
 	Available func() error

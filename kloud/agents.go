@@ -1,0 +1,104 @@
+package kloud
+
+import (
+	"context"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kontrol"
+)
+
+// kontrolAgents finds agents through the kontrol kloud hosts (provider.Agents).
+type kontrolAgents struct{ k *kontrol.Kontrol }
+
+// WaitRegistered waits for the kite id to register: subscribe, then look, so a registration
+// between the two is not missed; then wait for the push.
+func (a kontrolAgents) WaitRegistered(ctx context.Context, id string) (*kite.Conn, error) {
+	for {
+		events, now, cancel := a.k.Subscribe(kite.Identity{ID: id})
+		c, err := a.wait(ctx, id, events, len(now) > 0)
+		cancel()
+		if c != nil || err != nil {
+			return c, err
+		}
+		// The registration went away again, or we fell behind: look again.
+	}
+}
+
+func (a kontrolAgents) wait(ctx context.Context, id string, events <-chan kontrol.Event, registered bool) (*kite.Conn, error) {
+	for {
+		if registered {
+			if c := a.k.Conn(id); c != nil {
+				return c, nil
+			}
+		}
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return nil, nil
+			}
+			registered = ev.Action == "register"
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// agentConn returns a connection to a machine's agent if it is registered now.
+func (s *Server) agentConn(m *Machine) (*kite.Conn, error) {
+	if m.KiteID == "" {
+		return nil, fmt.Errorf("machine %s has no agent yet: %w", m.Label, kite.ErrState)
+	}
+	c := s.Kontrol.Conn(m.KiteID)
+	if c == nil {
+		return nil, fmt.Errorf("the agent of machine %s is not connected: %w", m.Label, kite.ErrState)
+	}
+	return c, nil
+}
+
+// trackAgents keeps every machine's agent status current from kontrol's registrations.
+func (s *Server) trackAgents(ctx context.Context) {
+	for ctx.Err() == nil {
+		events, now, cancel := s.Kontrol.Subscribe(kite.Identity{})
+		for _, k := range now {
+			s.setAgent(ctx, k.Kite.ID, AgentConnected, k.Kite.Version)
+		}
+	loop:
+		for {
+			select {
+			case ev, ok := <-events:
+				if !ok {
+					break loop
+				}
+				status := AgentConnected
+				if ev.Action == "deregister" {
+					status = AgentDisconnected
+				}
+				s.setAgent(ctx, ev.Kite.Kite.ID, status, ev.Kite.Kite.Version)
+			case <-ctx.Done():
+				break loop
+			}
+		}
+		cancel()
+	}
+}
+
+func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {
+	if kiteID == "" {
+		return
+	}
+	set := bson.M{"agent.status": status, "agent.lastSeen": s.store.Now()}
+	if version != "" {
+		set["agent.version"] = version
+	}
+	if _, err := s.store.Collection(store.CollMachines).UpdateOne(ctx, bson.M{"kiteId": kiteID}, bson.M{"$set": set}); err != nil && ctx.Err() == nil {
+		s.log.Warn("update agent status", "kite", kiteID, "err", err)
+	}
+}
+
+func init() {
+	backgroundTasks = append(backgroundTasks, func(ctx context.Context, s *Server) { s.trackAgents(ctx) })
+}

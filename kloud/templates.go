@@ -1,0 +1,280 @@
+package kloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
+)
+
+// Templates: Terraform configurations (HCL or JSON) with revisions, shared in a team.
+
+func init() {
+	methodSets = append(methodSets, func(s *Server) {
+		handle(s, "template.create", s.templateCreate)
+		handle(s, "template.update", s.templateUpdate)
+		handle(s, "template.get", s.templateGet)
+		handle(s, "template.list", s.templateList)
+		handle(s, "template.delete", s.templateDelete)
+	})
+}
+
+// maxRevisions is how many earlier revisions a template keeps.
+const maxRevisions = 20
+
+// TemplateParams are the params of template.create and template.update.
+type TemplateParams struct {
+	ID          string            `json:"id,omitempty"` // update only
+	Title       string            `json:"title,omitempty"`
+	Description string            `json:"description,omitempty"`
+	Team        string            `json:"team,omitempty"` // create only; default: the caller's only team, or "default"
+	Files       map[string]string `json:"files,omitempty"`
+}
+
+func filesOf(m map[string]string) []File {
+	out := make([]File, 0, len(m))
+	for n, c := range m {
+		out = append(out, File{Name: n, Content: c})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func fileMap(fs []File) map[string][]byte {
+	out := make(map[string][]byte, len(fs))
+	for _, f := range fs {
+		out[f.Name] = []byte(f.Content)
+	}
+	return out
+}
+
+// machineResources lists the machine resources a template declares, per provider, and the
+// providers it needs. Syntax errors come back as invalid params with file and line.
+func (s *Server) machineResources(files map[string][]byte) (*tmpl.Config, map[string][]tmpl.Resource, error) {
+	cfg, err := tmpl.Parse(files)
+	if err != nil {
+		return nil, nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
+	}
+	out := map[string][]tmpl.Resource{}
+	for _, name := range s.providers.Names() {
+		p, _ := s.providers.Lookup(name)
+		for _, r := range cfg.Resources(p.ResourceType) {
+			if strings.HasPrefix(r.Name, "kloud_") {
+				continue // kloud's own generated resources
+			}
+			if r.ForEach {
+				return nil, nil, fmt.Errorf("template: %s:%d: %s.%s uses for_each; machine resources use count: %w", r.File, r.Line, r.Type, r.Name, kite.ErrInvalidParams)
+			}
+			out[name] = append(out[name], r)
+		}
+	}
+	return cfg, out, nil
+}
+
+func (s *Server) defaultTeam(c *Caller, team string) (string, error) {
+	if team != "" {
+		if !c.InTeam(team) {
+			return "", fmt.Errorf("you are not in team %q: %w", team, kite.ErrPermission)
+		}
+		return team, nil
+	}
+	if len(c.Teams) == 1 {
+		for t := range c.Teams {
+			return t, nil
+		}
+	}
+	if c.InTeam(DefaultTeam) {
+		return DefaultTeam, nil
+	}
+	return "", fmt.Errorf("say which team (--team): you are in %d teams: %w", len(c.Teams), kite.ErrInvalidParams)
+}
+
+func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request, p *TemplateParams) (any, error) {
+	if p.ID != "" {
+		return nil, fmt.Errorf("template.create takes no id: %w", kite.ErrInvalidParams)
+	}
+	if strings.TrimSpace(p.Title) == "" || len(p.Files) == 0 {
+		return nil, fmt.Errorf("a template needs a title and at least one file: %w", kite.ErrInvalidParams)
+	}
+	team, err := s.defaultTeam(c, p.Team)
+	if err != nil {
+		return nil, err
+	}
+	files := filesOf(p.Files)
+	_, res, err := s.machineResources(fileMap(files))
+	if err != nil {
+		return nil, err
+	}
+	now := s.store.Now()
+	t := Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
+		Rev: 1, Files: files, Providers: providerNames(res), CreatedAt: now, UpdatedAt: now}
+	if _, err := s.store.Collection(store.CollTemplates).InsertOne(ctx, t); err != nil {
+		return nil, fmt.Errorf("save template: %w", err)
+	}
+	return t, nil
+}
+
+func providerNames(res map[string][]tmpl.Resource) []string {
+	out := make([]string, 0, len(res))
+	for n := range res {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*Template, error) {
+	var t Template
+	err := s.store.Collection(store.CollTemplates).FindOne(ctx, bson.M{"_id": id}).Decode(&t)
+	if errors.Is(err, mongo.ErrNoDocuments) || err == nil && !c.InTeam(t.Team) {
+		return nil, notFound("template", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load template: %w", err)
+	}
+	return &t, nil
+}
+
+func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *TemplateParams) (any, error) {
+	t, err := s.loadTemplate(ctx, c, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	if !c.CanManage(t.Owner, t.Team) {
+		return nil, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
+	}
+	set := bson.M{"updatedAt": s.store.Now()}
+	if p.Title != "" {
+		set["title"] = strings.TrimSpace(p.Title)
+	}
+	if p.Description != "" {
+		set["description"] = p.Description
+	}
+	update := bson.M{"$set": set}
+	if len(p.Files) > 0 {
+		files := filesOf(p.Files)
+		_, res, err := s.machineResources(fileMap(files))
+		if err != nil {
+			return nil, err
+		}
+		set["files"], set["providers"], set["rev"] = files, providerNames(res), t.Rev+1
+		revs := append([]TemplateRevision{{Rev: t.Rev, Files: t.Files, Author: t.Owner, CreatedAt: t.UpdatedAt}}, t.Revisions...)
+		if len(revs) > maxRevisions {
+			revs = revs[:maxRevisions]
+		}
+		set["revisions"] = revs
+	}
+	// Conditional on the revision we read: two concurrent updates cannot both win.
+	res, err := s.store.Collection(store.CollTemplates).UpdateOne(ctx, bson.M{"_id": t.ID, "rev": t.Rev}, update)
+	if err != nil {
+		return nil, fmt.Errorf("save template: %w", err)
+	}
+	if res.MatchedCount == 0 {
+		return nil, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
+	}
+	return s.loadTemplate(ctx, c, t.ID)
+}
+
+// TemplateGetParams are the params of template.get.
+type TemplateGetParams struct {
+	ID  string `json:"id"`
+	Rev int    `json:"rev,omitempty"` // default: the current revision
+}
+
+func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p *TemplateGetParams) (any, error) {
+	t, err := s.loadTemplate(ctx, c, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	if p.Rev != 0 && p.Rev != t.Rev {
+		for _, r := range t.Revisions {
+			if r.Rev == p.Rev {
+				t.Rev, t.Files = r.Rev, r.Files
+				return t, nil
+			}
+		}
+		return nil, fmt.Errorf("template %s has no revision %d (kept: the last %d): %w", t.ID, p.Rev, maxRevisions, kite.ErrNotFound)
+	}
+	return t, nil
+}
+
+// TemplateListParams filter template.list.
+type TemplateListParams struct {
+	Team string `json:"team,omitempty"`
+}
+
+// TemplateSummary is a template without its files.
+type TemplateSummary struct {
+	ID        string   `json:"id"`
+	Title     string   `json:"title"`
+	Team      string   `json:"team"`
+	Owner     string   `json:"owner"`
+	Rev       int      `json:"rev"`
+	Providers []string `json:"providers"`
+}
+
+func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *TemplateListParams) (any, error) {
+	f := bson.M{}
+	switch {
+	case p.Team != "":
+		if !c.InTeam(p.Team) {
+			return nil, fmt.Errorf("you are not in team %q: %w", p.Team, kite.ErrPermission)
+		}
+		f["team"] = p.Team
+	case !c.Admin:
+		f["team"] = bson.M{"$in": c.TeamNames()}
+	}
+	cur, err := s.store.Collection(store.CollTemplates).Find(ctx, f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	if err != nil {
+		return nil, err
+	}
+	var ts []Template
+	if err := cur.All(ctx, &ts); err != nil {
+		return nil, err
+	}
+	out := []TemplateSummary{}
+	for _, t := range ts {
+		out = append(out, TemplateSummary{ID: t.ID, Title: t.Title, Team: t.Team, Owner: t.Owner, Rev: t.Rev, Providers: t.Providers})
+	}
+	return map[string]any{"templates": out}, nil
+}
+
+// IDParams name a document.
+type IDParams struct {
+	ID string `json:"id"`
+}
+
+// Validate implements kite.Validator.
+func (p *IDParams) Validate() error {
+	if p.ID == "" {
+		return errors.New("id is required")
+	}
+	return nil
+}
+
+func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request, p *IDParams) (any, error) {
+	t, err := s.loadTemplate(ctx, c, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	if !c.CanManage(t.Owner, t.Team) {
+		return nil, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
+	}
+	// Stacks keep their own copy of the revision they were made from, so they are unaffected.
+	if _, err := s.store.Collection(store.CollTemplates).DeleteOne(ctx, bson.M{"_id": t.ID}); err != nil {
+		return nil, err
+	}
+	return map[string]bool{"deleted": true}, nil
+}
+
+var _ = provider.Running
