@@ -1,0 +1,44 @@
+// Package terraformer is Terraform as a kite service: the methods terraformer.plan, apply,
+// destroy, job, watch, cancel, state and outputs on a kite named "terraformer", served to kloud
+// only, on top of the engine in terraformer/tfrun (which runs the real terraform CLI and keeps
+// jobs, leases and state on disk). It also holds the client kloud uses (Client) and the process
+// that cmd/terraformer runs (Run).
+//
+// Start reading at [New] (the service and its methods, service.go) and [Request] (the params of
+// plan/apply/destroy, api.go); then [NewClient] and [Client.Wait] (client.go); [Run] (run.go)
+// wires a process together; [NewAuthenticator] (auth.go) is how the service checks credentials.
+//
+// # Who may call
+//
+// The kite's Authenticator verifies kite keys and tokens against kontrol's public keys, fetched
+// from kloud's GET /kite/keys and cached (an unknown kid refetches, so a rotation is followed): a
+// bad, forged or expired credential fails the handshake with -32001. Every terraformer.* method
+// then requires that the credential is a kite key, or a token for this kite's id, whose subject
+// is one of Options.KloudUsers (default "kloud"); anyone else gets -32002.
+//
+// # Methods
+//
+//	terraformer.plan|apply|destroy  Request                → SubmitResult {jobId}, at once
+//	terraformer.job                 JobParams {jobId}      → tfrun.Job
+//	terraformer.watch               JobParams {jobId}      → WatchResult {subscription}, then
+//	                                                         terraformer.event notifications
+//	terraformer.cancel              JobParams {jobId}      → tfrun.Job (after it stopped)
+//	terraformer.state               ContentParams          → StateResult {contentId, state}
+//	terraformer.outputs             ContentParams          → OutputsResult {contentId, outputs}
+//
+// A plan/apply/destroy on a content id that another job holds fails with -32004 (the message
+// names the holder); an unknown job or content id is -32003; malformed params are -32602;
+// cancelling a finished job, or submitting while terraformer shuts down, is -32005.
+//
+// A job keeps running when its caller disconnects, and the engine persists it, so its result can
+// be read with terraformer.job later, also after a terraformer restart.
+//
+// # Events
+//
+// terraformer.event notifications carry a tfrun.Event as data: first a snapshot of the job
+// ("job"), then "progress" (one resource), "log" (one line of Terraform output), "diagnostic" and
+// "status" events, and finally "final" with the finished job. The stream then ends; if the job did
+// not succeed, the end carries an error whose data.details is the job's tfrun.JobError (kind,
+// message, Terraform's diagnostics) and whose code says how it ended: -32006 for a cancelled
+// (data.type "cancelled") or hung (data.type "timeout") job, -32005 for any other failure.
+package terraformer
