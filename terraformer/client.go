@@ -1,0 +1,267 @@
+package terraformer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	tfjson "github.com/hashicorp/terraform-json"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// Client is kloud's side of terraformer: one kite connection, kept up with reconnects, and a
+// method per terraformer.* call. Errors from terraformer keep their kite codes:
+// errors.Is(err, kite.ErrConflict) for a content id another job holds, kite.ErrNotFound for an
+// unknown job, and so on. Safe for concurrent use.
+type Client struct {
+	kc  *kite.Client
+	url string
+}
+
+// callTimeout bounds one call (not Wait) whose ctx has no deadline.
+const callTimeout = 30 * time.Second
+
+// NewClient connects k to the terraformer at url (http://host:7001 or its /kite endpoint) in the
+// background; auth returns the credential for each (re)connection (kloud's kite key, or a fresh
+// token for terraformer's kite id). Calls wait for the connection. Close stops it.
+func NewClient(k *kite.Kite, rawURL string, auth func(ctx context.Context) (kite.Auth, error)) *Client {
+	u := KiteURL(rawURL)
+	kc := k.NewClient(kite.ClientOptions{URL: u, Auth: auth, MaxBackoff: 5 * time.Second})
+	kc.Start()
+	return &Client{kc: kc, url: u}
+}
+
+// KiteURL returns the kite endpoint for a terraformer URL: a URL without a path gets /kite.
+func KiteURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Path != "" && u.Path != "/") {
+		return raw
+	}
+	u.Path = "/kite"
+	return u.String()
+}
+
+// URL returns the kite URL the client connects to.
+func (c *Client) URL() string { return c.url }
+
+// Connects returns how many times the client has connected (1 + reconnects).
+func (c *Client) Connects() int { return c.kc.Connects() }
+
+// Close stops reconnecting and closes the connection. Jobs keep running.
+func (c *Client) Close() error { return c.kc.Close() }
+
+func (c *Client) call(ctx context.Context, method string, params, result any) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+	}
+	if err := c.kc.Call(ctx, method, params, result); err != nil {
+		if strings.HasPrefix(err.Error(), method) {
+			return err
+		}
+		return fmt.Errorf("%s: %w", method, err)
+	}
+	return nil
+}
+
+// Plan starts `terraform plan` of the request and returns the job id at once.
+func (c *Client) Plan(ctx context.Context, req Request) (string, error) {
+	return c.submit(ctx, MethodPlan, req)
+}
+
+// Apply starts `terraform apply` of the request and returns the job id at once. A content id
+// that another job holds is an error wrapping kite.ErrConflict.
+func (c *Client) Apply(ctx context.Context, req Request) (string, error) {
+	return c.submit(ctx, MethodApply, req)
+}
+
+// Destroy starts `terraform destroy` and returns the job id at once; without Files it destroys
+// what the stored files of the content id describe.
+func (c *Client) Destroy(ctx context.Context, req Request) (string, error) {
+	return c.submit(ctx, MethodDestroy, req)
+}
+
+func (c *Client) submit(ctx context.Context, method string, req Request) (string, error) {
+	if err := req.Validate(); err != nil {
+		return "", fmt.Errorf("%s: %s: %w", method, err.Error(), kite.ErrInvalidParams)
+	}
+	var res SubmitResult
+	if err := c.call(ctx, method, req, &res); err != nil {
+		return "", err
+	}
+	return res.JobID, nil
+}
+
+// Job returns the job as terraformer has it now (running, or finished with its result).
+func (c *Client) Job(ctx context.Context, jobID string) (*tfrun.Job, error) {
+	var j tfrun.Job
+	if err := c.call(ctx, MethodJob, JobParams{JobID: jobID}, &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// Cancel stops the job (SIGINT to terraform, which saves the state; SIGKILL after the grace
+// period) and returns it once it has stopped. Cancelling a finished job wraps kite.ErrState.
+func (c *Client) Cancel(ctx context.Context, jobID string) (*tfrun.Job, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+	}
+	var j tfrun.Job
+	if err := c.call(ctx, MethodCancel, JobParams{JobID: jobID}, &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// State returns the content id's state (`terraform show -json`) as of its last run.
+func (c *Client) State(ctx context.Context, contentID string) (*tfjson.State, error) {
+	var res StateResult
+	if err := c.call(ctx, MethodState, ContentParams{ContentID: contentID}, &res); err != nil {
+		return nil, err
+	}
+	return res.State, nil
+}
+
+// Outputs returns the content id's root module outputs, name → value.
+func (c *Client) Outputs(ctx context.Context, contentID string) (map[string]any, error) {
+	var res OutputsResult
+	if err := c.call(ctx, MethodOutputs, ContentParams{ContentID: contentID}, &res); err != nil {
+		return nil, err
+	}
+	return res.Outputs, nil
+}
+
+// Wait follows the job until it finishes and returns it. fn, if not nil, gets every event
+// (on Wait's goroutine; a snapshot of the whole job first, and again after a reconnect).
+//
+// A lost connection does not lose the result: after reconnecting, Wait reads the job with
+// terraformer.job (it may have finished meanwhile) and, if it still runs, watches it again. The
+// returned error is nil only if the job succeeded; for a failed, cancelled or hung job it wraps
+// the job's *tfrun.JobError (errors.As gives Terraform's diagnostics) and the job is returned
+// too. If ctx ends first, Wait returns ctx's error; the job goes on.
+func (c *Client) Wait(ctx context.Context, jobID string, fn func(Event)) (*tfrun.Job, error) {
+	if fn == nil {
+		fn = func(Event) {}
+	}
+	lost := false
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("wait for job %s: %w", jobID, err)
+		}
+		if attempt > 0 {
+			// Something went wrong with the last stream: do not spin.
+			t := time.NewTimer(min(time.Duration(attempt)*100*time.Millisecond, 2*time.Second))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, fmt.Errorf("wait for job %s: %w", jobID, ctx.Err())
+			case <-t.C:
+			}
+		}
+		conn, err := c.kc.Conn(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("wait for job %s: %w", jobID, err)
+		}
+		if lost {
+			// The stream broke: the job may have finished while nobody watched.
+			j, err := c.jobOn(ctx, conn, jobID)
+			switch {
+			case err == nil && j.Status.Final():
+				fn(Event{Type: tfrun.EventFinal, JobID: j.ID, Time: time.Now().UTC(), Status: j.Status, Percent: j.Percent, Job: j})
+				return finished(j)
+			case err != nil && !retryable(ctx, err):
+				return nil, fmt.Errorf("wait for job %s: %w", jobID, err)
+			case err != nil:
+				continue
+			}
+		}
+		j, err := c.watchOn(ctx, conn, jobID, fn)
+		if j != nil {
+			return finished(j)
+		}
+		if !retryable(ctx, err) {
+			return nil, fmt.Errorf("wait for job %s: %w", jobID, err)
+		}
+		lost = true
+	}
+}
+
+// finished returns the job and, unless it succeeded, its error.
+func finished(j *tfrun.Job) (*tfrun.Job, error) {
+	if j.Status == tfrun.StatusSucceeded {
+		return j, nil
+	}
+	if j.Error != nil {
+		return j, fmt.Errorf("job %s %s: %w", j.ID, j.Status, j.Error)
+	}
+	return j, fmt.Errorf("job %s %s", j.ID, j.Status)
+}
+
+// retryable reports whether Wait should try again after err: the connection dropped, the call
+// timed out on a connection that went bad, or the stream broke, while ctx is still live.
+func retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	return errors.Is(err, kite.ErrClosed) || errors.Is(err, kite.ErrTimeout) || errors.Is(err, kite.ErrTooLarge) ||
+		errors.Is(err, kite.ErrStreamEnded) || errors.Is(err, errNoFinal)
+}
+
+var errNoFinal = errors.New("stream ended without the final event")
+
+func (c *Client) jobOn(ctx context.Context, conn *kite.Conn, jobID string) (*tfrun.Job, error) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	var j tfrun.Job
+	if err := conn.Call(cctx, MethodJob, JobParams{JobID: jobID}, &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// watchOn watches the job on conn until its final event (returned) or until the stream breaks
+// (the error says why).
+func (c *Client) watchOn(ctx context.Context, conn *kite.Conn, jobID string, fn func(Event)) (*tfrun.Job, error) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	var res WatchResult
+	err := conn.Call(cctx, MethodWatch, JobParams{JobID: jobID}, &res)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	sub := conn.Subscribe(res.Subscription)
+	defer sub.Close()
+	for {
+		n, err := sub.Next(ctx)
+		if err != nil {
+			if errors.Is(err, kite.ErrStreamEnded) {
+				return nil, errNoFinal
+			}
+			var ke *kite.Error
+			if errors.As(err, &ke) && ke.Code != kite.CodeTooLarge {
+				// The stream ended with the job's error before we saw the final event (it
+				// cannot, events come in order): read the job instead.
+				return nil, fmt.Errorf("%w: %w", errNoFinal, err)
+			}
+			return nil, err
+		}
+		var ev Event
+		if err := json.Unmarshal(n.Data, &ev); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", EventMethod, err)
+		}
+		fn(ev)
+		if ev.Type == tfrun.EventFinal && ev.Job != nil {
+			return ev.Job, nil
+		}
+	}
+}
