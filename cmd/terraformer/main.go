@@ -1,0 +1,45 @@
+// Command terraformer serves Terraform runs to kloud over the kite protocol; see package
+// terraformer.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/kloud-dev/kloud/internal/version"
+	"github.com/kloud-dev/kloud/terraformer"
+)
+
+func main() {
+	var c terraformer.Config
+	var users string
+	flag.StringVar(&c.Addr, "addr", terraformer.DefaultAddr, "address to listen on")
+	flag.StringVar(&c.DataDir, "data-dir", terraformer.DefaultDataDir(), "working directories, state and jobs")
+	flag.StringVar(&c.KloudURL, "kloud-url", terraformer.DefaultKloudURL, "kloud's URL; callers' keys are verified with <url>/kite/keys")
+	flag.StringVar(&users, "kloud-user", "kloud", "the only usernames allowed to call (comma-separated)")
+	flag.StringVar(&c.TerraformPath, "terraform", "", "terraform binary (default: terraform on PATH, else $KLOUD_CACHE/bin/terraform)")
+	flag.StringVar(&c.CLIConfigFile, "cli-config", terraformer.DefaultCLIConfig(), "Terraform CLI config with the offline provider mirror (from scripts/tf-mirror.sh)")
+	flag.DurationVar(&c.HangTimeout, "hang-timeout", 0, "cancel a run whose terraform prints nothing for this long (default 10m)")
+	flag.DurationVar(&c.CancelGrace, "cancel-grace", 0, "time between SIGINT and SIGKILL when a run is cancelled (default 10s)")
+	flag.DurationVar(&c.LeaseTTL, "lease-ttl", 0, "lifetime of a content id's lease without renewal; a crashed terraformer's leases expire after it (default 30s)")
+	showVersion := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *showVersion {
+		fmt.Println("terraformer", version.Version)
+		return
+	}
+	c.KloudUsers = strings.FieldsFunc(users, func(r rune) bool { return r == ',' || r == ' ' })
+	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := terraformer.Run(ctx, c); err != nil {
+		fmt.Fprintln(os.Stderr, err) // Run's errors start with "terraformer:"
+		os.Exit(1)
+	}
+}

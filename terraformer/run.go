@@ -1,0 +1,205 @@
+package terraformer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kloud-dev/kloud/internal/version"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// Config is what cmd/terraformer passes to Run. Zero fields get the defaults in their comments.
+type Config struct {
+	// Addr is the listen address. Default: ":7001".
+	Addr string
+	// DataDir holds the engine's stacks and jobs, and the kite id. Default: ~/.kloud/terraformer.
+	DataDir string
+	// KloudURL is kloud's base URL; its GET /kite/keys gives the keys that verify callers.
+	// Default: http://127.0.0.1:7000.
+	KloudURL string
+	// KloudUsers are the subjects allowed to call. Default: ["kloud"].
+	KloudUsers []string
+	// Issuer is the iss of the credentials kontrol signs. Default: "kontrol".
+	Issuer string
+	// KiteID is this kite's id, the audience of tokens for it. Default: the id in
+	// DataDir/kite-id, created on first start, so it survives restarts.
+	KiteID string
+	// TerraformPath is the terraform binary. Default: terraform on PATH, else
+	// $KLOUD_CACHE/bin/terraform.
+	TerraformPath string
+	// CLIConfigFile is Terraform's CLI config, with the offline provider mirror. Default:
+	// DefaultCLIConfig(). It must exist.
+	CLIConfigFile string
+	// HangTimeout, CancelGrace and LeaseTTL are passed to the engine (defaults 10m, 10s, 30s;
+	// see tfrun.Options).
+	HangTimeout, CancelGrace, LeaseTTL time.Duration
+	// Logger receives the logs. Default: discard.
+	Logger *slog.Logger
+	// Listening, if set, is called with the bound address once terraformer accepts connections.
+	Listening func(net.Addr)
+}
+
+// DefaultAddr is terraformer's default listen address.
+const DefaultAddr = ":7001"
+
+// DefaultCLIConfig returns $TF_CLI_CONFIG_FILE if set, else $KLOUD_CACHE/terraform.tfrc
+// (KLOUD_CACHE defaults to /var/cache/kloud), which scripts/tf-mirror.sh writes.
+func DefaultCLIConfig() string {
+	if p := os.Getenv("TF_CLI_CONFIG_FILE"); p != "" {
+		return p
+	}
+	cache := os.Getenv("KLOUD_CACHE")
+	if cache == "" {
+		cache = "/var/cache/kloud"
+	}
+	return filepath.Join(cache, "terraform.tfrc")
+}
+
+// DefaultDataDir returns ~/.kloud/terraformer.
+func DefaultDataDir() string {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(".kloud", "terraformer")
+	}
+	return filepath.Join(home, ".kloud", "terraformer")
+}
+
+// Run serves terraformer until ctx ends: /kite (the kite protocol) and /healthz. On the way out
+// it cancels the running jobs (SIGINT to terraform, SIGKILL after CancelGrace), which persists
+// them and releases their leases, then closes the connections.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = DefaultDataDir()
+	}
+	if cfg.KloudURL == "" {
+		cfg.KloudURL = DefaultKloudURL
+	}
+	if cfg.CLIConfigFile == "" {
+		cfg.CLIConfigFile = DefaultCLIConfig()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	log := cfg.Logger
+	if _, err := os.Stat(cfg.CLIConfigFile); err != nil {
+		return fmt.Errorf("terraformer: terraform CLI config %s: %w (run scripts/tf-mirror.sh to build the offline provider mirror and its config, or pass --cli-config)",
+			cfg.CLIConfigFile, err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("terraformer: data dir: %w", err)
+	}
+	if cfg.KiteID == "" {
+		id, err := loadKiteID(filepath.Join(cfg.DataDir, "kite-id"))
+		if err != nil {
+			return fmt.Errorf("terraformer: %w", err)
+		}
+		cfg.KiteID = id
+	}
+	engine, err := tfrun.New(ctx, tfrun.Options{
+		Dir: cfg.DataDir, TerraformPath: cfg.TerraformPath, CLIConfigFile: cfg.CLIConfigFile,
+		HangTimeout: cfg.HangTimeout, CancelGrace: cfg.CancelGrace, LeaseTTL: cfg.LeaseTTL, Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("terraformer: %w", err)
+	}
+	eo := engine.Options()
+	closeEngine := func() error {
+		cctx, cancel := context.WithTimeout(context.Background(), eo.CancelGrace+30*time.Second)
+		defer cancel()
+		return engine.Close(cctx)
+	}
+	k, err := kite.New(kite.Options{
+		Identity:      kite.Identity{Name: Name, ID: cfg.KiteID, Version: version.Version},
+		Authenticator: NewAuthenticator(AuthOptions{KloudURL: cfg.KloudURL, Issuer: cfg.Issuer}),
+		Logger:        log,
+	})
+	if err != nil {
+		closeEngine()
+		return fmt.Errorf("terraformer: %w", err)
+	}
+	if _, err := New(Options{Engine: engine, Kite: k, KloudUsers: cfg.KloudUsers, Logger: log}); err != nil {
+		closeEngine()
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		closeEngine()
+		return fmt.Errorf("terraformer: listen %s: %w", cfg.Addr, err)
+	}
+	srv := &http.Server{Handler: Handler(k, engine), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("terraformer listening", "addr", ln.Addr().String(), "kite", k.Identity().String(),
+		"kloud_url", cfg.KloudURL, "keys_url", KeysURL(cfg.KloudURL), "terraform", eo.TerraformPath,
+		"terraform_version", engine.Version(), "cli_config", eo.CLIConfigFile, "data_dir", eo.Dir)
+	if cfg.Listening != nil {
+		cfg.Listening(ln.Addr())
+	}
+
+	var serveErr error
+	select {
+	case serveErr = <-errc:
+		serveErr = fmt.Errorf("terraformer: serve: %w", serveErr)
+	case <-ctx.Done():
+	}
+	log.Info("terraformer shutting down: cancelling running jobs")
+	// Jobs first, so that watchers still connected get their final events.
+	if err := closeEngine(); err != nil {
+		log.Warn("close engine", "err", err)
+	}
+	k.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx) //nolint:errcheck // the kite connections are closed already
+	log.Info("terraformer stopped")
+	return serveErr
+}
+
+// Handler serves /kite (k) and /healthz (JSON: status, kite id, terraform version, running jobs).
+func Handler(k *kite.Kite, engine *tfrun.Engine) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/kite", k)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{ //nolint:errcheck // the client went away
+			"status": "ok", "kiteId": k.Identity().ID, "version": version.Version, "terraform": engine.Version(),
+		})
+	})
+	return mux
+}
+
+// loadKiteID reads the kite id kept in path, or creates one.
+func loadKiteID(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		id := strings.TrimSpace(string(b))
+		if err := uuid.Validate(id); err != nil {
+			return "", fmt.Errorf("kite id in %s: %w", path, err)
+		}
+		return id, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("kite id: %w", err)
+	}
+	id := uuid.NewString()
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("kite id: %w", err)
+	}
+	return id, nil
+}
