@@ -133,7 +133,8 @@ func Run(ctx context.Context, cfg Config) error {
 		closeEngine()
 		return fmt.Errorf("terraformer: %w", err)
 	}
-	if _, err := New(Options{Engine: engine, Kite: k, KloudUsers: cfg.KloudUsers, Logger: log}); err != nil {
+	svc, err := New(Options{Engine: engine, Kite: k, KloudUsers: cfg.KloudUsers, Logger: log})
+	if err != nil {
 		closeEngine()
 		return err
 	}
@@ -163,9 +164,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := closeEngine(); err != nil {
 		log.Warn("close engine", "err", err)
 	}
-	k.Close()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if err := svc.Drain(sctx); err != nil {
+		log.Warn("watchers did not get their final events", "err", err)
+	}
+	k.Close()
 	srv.Shutdown(sctx) //nolint:errcheck // the kite connections are closed already
 	log.Info("terraformer stopped")
 	return serveErr

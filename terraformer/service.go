@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -33,6 +34,7 @@ type Service struct {
 	kite   *kite.Kite
 	users  []string
 	log    *slog.Logger
+	pumps  sync.WaitGroup // watch streams being fed
 }
 
 // New registers the terraformer.* methods on opts.Kite.
@@ -126,7 +128,7 @@ func (s *Service) watch(_ context.Context, r *kite.Request, p *JobParams) (any, 
 		return nil, err
 	}
 	st := r.Conn.NewStream(EventMethod)
-	go s.pump(cancel, st, events)
+	s.pumps.Go(func() { s.pump(cancel, st, events) })
 	return WatchResult{Subscription: st.ID()}, nil
 }
 
@@ -159,6 +161,23 @@ func (s *Service) pump(cancel context.CancelFunc, st *kite.Stream, events <-chan
 				return
 			}
 		}
+	}
+}
+
+// Drain waits until every watch stream has ended, or ctx is done. Streams end after their job's
+// final event, so closing the engine and then draining, before closing the kite, lets watchers
+// learn how their jobs ended at shutdown.
+func (s *Service) Drain(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		s.pumps.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("drain watch streams: %w", ctx.Err())
 	}
 }
 
