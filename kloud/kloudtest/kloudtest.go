@@ -5,6 +5,7 @@ package kloudtest
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -23,16 +24,19 @@ type Options struct {
 	DataDir     string             // default: a temp dir (pass one to restart on the same data)
 	// Addr to listen on (default 127.0.0.1:0).
 	Addr string
+	// Logger receives kloud's log (default: the test's log).
+	Logger *slog.Logger
 }
 
 // Env is a running test kloud.
 type Env struct {
-	t      testing.TB
-	Server *kloud.Server
-	URL    string // http://127.0.0.1:port
-	Addr   string
-	cancel context.CancelFunc
-	done   chan struct{}
+	t       testing.TB
+	dataDir string
+	Server  *kloud.Server
+	URL     string // http://127.0.0.1:port
+	Addr    string
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 // Start starts kloud and stops it when the test ends.
@@ -47,6 +51,9 @@ func Start(t testing.TB, o Options) *Env {
 	if o.Addr == "" {
 		o.Addr = "127.0.0.1:0"
 	}
+	if o.Logger == nil {
+		o.Logger = testutil.Logger(t)
+	}
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +62,7 @@ func Start(t testing.TB, o Options) *Env {
 	url := "http://" + addr
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
-		KlientBin: o.KlientBin, Logger: testutil.Logger(t),
+		KlientBin: o.KlientBin, Logger: o.Logger,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 	})
 	if err != nil {
@@ -63,7 +70,7 @@ func Start(t testing.TB, o Options) *Env {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &Env{t: t, Server: s, URL: url, Addr: addr, cancel: cancel, done: make(chan struct{})}
+	e := &Env{t: t, dataDir: o.DataDir, Server: s, URL: url, Addr: addr, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(e.done)
 		s.ServeListener(ctx, ln)

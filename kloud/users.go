@@ -1,0 +1,577 @@
+package kloud
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"golang.org/x/crypto/argon2"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+)
+
+// Users and teams: user.add (kloud admins), user.list, user.whoami, user.setPassword,
+// team.create, team.list, team.addMember, team.removeMember. Passwords are hashed with argon2id
+// (login is in web_api_login.go). Team membership changes are compare-and-swap updates of the
+// team's members array: the embedded store has neither positional updates nor $elemMatch, and
+// a conditional update on the array as read is atomic on both backends.
+
+func init() {
+	methodSets = append(methodSets, func(s *Server) {
+		handle(s, "user.add", s.userAdd)
+		handle(s, "user.list", s.userList)
+		handle(s, "user.whoami", s.userWhoami)
+		handle(s, "user.setPassword", s.userSetPassword)
+		handle(s, "team.create", s.teamCreate)
+		handle(s, "team.list", s.teamList)
+		handle(s, "team.addMember", s.teamAddMember)
+		handle(s, "team.removeMember", s.teamRemoveMember)
+	})
+}
+
+// nameRE is what usernames and team slugs look like.
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9-]{1,31}$`)
+
+// reservedUsernames are taken by kloud itself.
+var reservedUsernames = map[string]bool{Admin: true, "kloud": true, "kontrol": true}
+
+func checkName(kind, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("%s %q: must be 2-32 characters of a-z, 0-9 and '-', starting with a letter", kind, name)
+	}
+	return nil
+}
+
+func checkRole(role string) error {
+	if role != RoleAdmin && role != RoleMember {
+		return fmt.Errorf("role %q: must be %q or %q", role, RoleAdmin, RoleMember)
+	}
+	return nil
+}
+
+// Password rules.
+const (
+	MinPasswordLen = 8
+	MaxPasswordLen = 1024 // bounds the work of hashing what a client sends
+)
+
+func checkPassword(pw string) error {
+	switch {
+	case len(pw) < MinPasswordLen:
+		return fmt.Errorf("password: at least %d characters", MinPasswordLen)
+	case len(pw) > MaxPasswordLen:
+		return fmt.Errorf("password: at most %d bytes", MaxPasswordLen)
+	}
+	return nil
+}
+
+// argon2id parameters for new hashes (OWASP's recommendation: 19 MiB, 2 passes, 1 lane). They
+// are stored in each hash, so raising them later keeps old hashes working.
+const (
+	argonMemory  = 19 * 1024 // KiB
+	argonTime    = 2
+	argonThreads = 1
+	argonKeyLen  = 32
+	argonSaltLen = 16
+)
+
+// hashPassword returns a PHC-style string: $argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>.
+func hashPassword(pw string) (string, error) {
+	salt := make([]byte, argonSaltLen)
+	if _, err := rand.Read(salt); err != nil {
+		return "", fmt.Errorf("hash password: %w", err)
+	}
+	key := argon2.IDKey([]byte(pw), salt, argonTime, argonMemory, argonThreads, argonKeyLen)
+	b64 := base64.RawStdEncoding
+	return fmt.Sprintf("$argon2id$v=%d$m=%d,t=%d,p=%d$%s$%s", argon2.Version, argonMemory, argonTime, argonThreads,
+		b64.EncodeToString(salt), b64.EncodeToString(key)), nil
+}
+
+// checkPasswordHash reports whether pw matches hash (constant-time comparison). A malformed
+// hash never matches.
+func checkPasswordHash(hash, pw string) bool {
+	parts := strings.Split(hash, "$")
+	if len(parts) != 6 || parts[1] != "argon2id" {
+		return false
+	}
+	var v int
+	var m, t uint32
+	var p uint8
+	if _, err := fmt.Sscanf(parts[2], "v=%d", &v); err != nil || v != argon2.Version {
+		return false
+	}
+	if _, err := fmt.Sscanf(parts[3], "m=%d,t=%d,p=%d", &m, &t, &p); err != nil {
+		return false
+	}
+	// Refuse parameters no hash of ours has, so a tampered record cannot make login hang.
+	if m == 0 || m > 1<<20 || t == 0 || t > 16 || p == 0 || p > 16 {
+		return false
+	}
+	b64 := base64.RawStdEncoding
+	salt, err := b64.DecodeString(parts[4])
+	if err != nil || len(salt) < 8 {
+		return false
+	}
+	want, err := b64.DecodeString(parts[5])
+	if err != nil || len(want) < 16 || len(want) > 64 {
+		return false
+	}
+	got := argon2.IDKey([]byte(pw), salt, t, m, p, uint32(len(want)))
+	return subtle.ConstantTimeCompare(got, want) == 1
+}
+
+// dummyHash is checked against when a login names an unknown user, so both cases take as long.
+var dummyHash = func() string {
+	h, err := hashPassword("kloud dummy password for unknown users")
+	if err != nil {
+		panic(err)
+	}
+	return h
+}()
+
+func (s *Server) users() *mongo.Collection { return s.store.Collection(store.CollUsers) }
+func (s *Server) teams() *mongo.Collection { return s.store.Collection(store.CollTeams) }
+
+func (s *Server) loadUser(ctx context.Context, username string) (*User, error) {
+	var u User
+	err := s.users().FindOne(ctx, bson.M{"_id": username}).Decode(&u)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, notFound("user", username)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load user %s: %w", username, err)
+	}
+	return &u, nil
+}
+
+func (s *Server) loadTeam(ctx context.Context, slug string) (*Team, error) {
+	var t Team
+	err := s.teams().FindOne(ctx, bson.M{"_id": slug}).Decode(&t)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, notFound("team", slug)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load team %s: %w", slug, err)
+	}
+	return &t, nil
+}
+
+// userExists reports whether username may be named in a team: a user document or the admin.
+func (s *Server) userExists(ctx context.Context, username string) (bool, error) {
+	if username == Admin {
+		return true, nil
+	}
+	n, err := s.users().CountDocuments(ctx, bson.M{"_id": username})
+	if err != nil {
+		return false, fmt.Errorf("look up user %s: %w", username, err)
+	}
+	return n > 0, nil
+}
+
+// UserAddParams are the params of user.add.
+type UserAddParams struct {
+	Username string `json:"username"`
+	Password string `json:"password,omitempty"` // empty: the user logs in with kite keys only
+	Email    string `json:"email,omitempty"`
+	Admin    bool   `json:"admin,omitempty"`
+	Team     string `json:"team,omitempty"` // a team to add the user to
+	Role     string `json:"role,omitempty"` // role in Team (default member)
+}
+
+// Validate implements kite.Validator.
+func (p *UserAddParams) Validate() error {
+	if err := checkName("username", p.Username); err != nil {
+		return err
+	}
+	if reservedUsernames[p.Username] {
+		return fmt.Errorf("username %q is reserved", p.Username)
+	}
+	if p.Password != "" {
+		if err := checkPassword(p.Password); err != nil {
+			return err
+		}
+	}
+	if p.Email != "" && (len(p.Email) > 254 || !strings.Contains(p.Email, "@") || strings.ContainsAny(p.Email, " \t\r\n")) {
+		return fmt.Errorf("email %q does not look like an address", p.Email)
+	}
+	if p.Team == "" && p.Role != "" {
+		return errors.New("role needs a team")
+	}
+	if p.Team != "" {
+		if err := checkName("team", p.Team); err != nil {
+			return err
+		}
+		if p.Role == "" {
+			p.Role = RoleMember
+		}
+		return checkRole(p.Role)
+	}
+	return nil
+}
+
+// UserView is a user as user.add and user.list return it.
+type UserView struct {
+	User
+	HasPassword bool              `json:"hasPassword"`
+	Teams       map[string]string `json:"teams"` // slug → role
+}
+
+func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *UserAddParams) (any, error) {
+	if !c.Admin {
+		return nil, fmt.Errorf("user.add is for kloud administrators: %w", kite.ErrPermission)
+	}
+	if p.Team != "" {
+		if _, err := s.loadTeam(ctx, p.Team); err != nil {
+			return nil, err
+		}
+	}
+	u := User{Username: p.Username, Email: p.Email, Admin: p.Admin, CreatedAt: s.store.Now()}
+	if p.Password != "" {
+		h, err := hashPassword(p.Password)
+		if err != nil {
+			return nil, err
+		}
+		u.PasswordHash = h
+	}
+	if _, err := s.users().InsertOne(ctx, u); err != nil {
+		if store.IsDuplicateKey(err) {
+			return nil, fmt.Errorf("user %q already exists: %w", p.Username, kite.ErrConflict)
+		}
+		return nil, fmt.Errorf("add user %s: %w", p.Username, err)
+	}
+	s.log.Info("user added", "user", p.Username, "admin", p.Admin, "by", c.Username)
+	teams := map[string]string{}
+	if p.Team != "" {
+		if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
+			return nil, fmt.Errorf("user %s was added, but not to team %s: %w", p.Username, p.Team, err)
+		}
+		teams[p.Team] = p.Role
+	}
+	return UserView{User: u, HasPassword: u.PasswordHash != "", Teams: teams}, nil
+}
+
+// UserListResult is the result of user.list.
+type UserListResult struct {
+	Users []UserView `json:"users"`
+}
+
+// userList lists every user to kloud admins, and the members of their teams to others.
+func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *NoParams) (any, error) {
+	filter := bson.M{}
+	if !c.Admin {
+		filter = bson.M{"_id": bson.M{"$in": c.TeamNames()}}
+	}
+	cur, err := s.teams().Find(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list teams: %w", err)
+	}
+	var teams []Team
+	if err := cur.All(ctx, &teams); err != nil {
+		return nil, fmt.Errorf("list teams: %w", err)
+	}
+	roles := map[string]map[string]string{} // username → team → role
+	for _, t := range teams {
+		for _, m := range t.Members {
+			if roles[m.Username] == nil {
+				roles[m.Username] = map[string]string{}
+			}
+			roles[m.Username][t.Slug] = m.Role
+		}
+	}
+	ufilter := bson.M{}
+	if !c.Admin {
+		names := []string{c.Username}
+		for n := range roles {
+			names = append(names, n)
+		}
+		ufilter = bson.M{"_id": bson.M{"$in": names}}
+	}
+	cur, err = s.users().Find(ctx, ufilter)
+	if err != nil {
+		return nil, fmt.Errorf("list users: %w", err)
+	}
+	var users []User
+	if err := cur.All(ctx, &users); err != nil {
+		return nil, fmt.Errorf("list users: %w", err)
+	}
+	out := UserListResult{Users: []UserView{}}
+	seen := map[string]bool{}
+	for _, u := range users {
+		seen[u.Username] = true
+		v := UserView{User: u, HasPassword: u.PasswordHash != "", Teams: roles[u.Username]}
+		if !c.Admin {
+			v.Email = "" // addresses are for administrators
+		}
+		if v.Teams == nil {
+			v.Teams = map[string]string{}
+		}
+		out.Users = append(out.Users, v)
+	}
+	// Members known only by kite key (the admin) have no user document.
+	for name, r := range roles {
+		if !seen[name] {
+			out.Users = append(out.Users, UserView{User: User{Username: name, Admin: name == Admin}, Teams: r})
+		}
+	}
+	sort.Slice(out.Users, func(i, j int) bool { return out.Users[i].Username < out.Users[j].Username })
+	return out, nil
+}
+
+// TeamRole is one team of the caller.
+type TeamRole struct {
+	Slug  string `json:"slug"`
+	Title string `json:"title"`
+	Role  string `json:"role"`
+}
+
+// WhoamiResult is the result of user.whoami.
+type WhoamiResult struct {
+	Username string     `json:"username"`
+	Admin    bool       `json:"admin"`
+	Email    string     `json:"email,omitempty"`
+	AuthType string     `json:"authType"`
+	Teams    []TeamRole `json:"teams"`
+}
+
+func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *NoParams) (any, error) {
+	out := WhoamiResult{Username: c.Username, Admin: c.Admin, Teams: []TeamRole{}}
+	if p := r.Principal(); p != nil {
+		out.AuthType = p.Type
+	}
+	if u, err := s.loadUser(ctx, c.Username); err == nil {
+		out.Email = u.Email
+	}
+	for slug, role := range c.Teams {
+		tr := TeamRole{Slug: slug, Role: role}
+		if t, err := s.loadTeam(ctx, slug); err == nil {
+			tr.Title = t.Title
+		}
+		out.Teams = append(out.Teams, tr)
+	}
+	sort.Slice(out.Teams, func(i, j int) bool { return out.Teams[i].Slug < out.Teams[j].Slug })
+	return out, nil
+}
+
+// SetPasswordParams are the params of user.setPassword.
+type SetPasswordParams struct {
+	Username string `json:"username,omitempty"` // default: the caller
+	Password string `json:"password"`
+}
+
+// Validate implements kite.Validator.
+func (p *SetPasswordParams) Validate() error { return checkPassword(p.Password) }
+
+// userSetPassword sets a user's password: their own, or anyone's for a kloud admin. Setting the
+// admin's password creates its user document, so the admin can log in in a browser.
+func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request, p *SetPasswordParams) (any, error) {
+	if p.Username == "" {
+		p.Username = c.Username
+	}
+	if p.Username != c.Username && !c.Admin {
+		return nil, fmt.Errorf("only kloud administrators set other users' passwords: %w", kite.ErrPermission)
+	}
+	h, err := hashPassword(p.Password)
+	if err != nil {
+		return nil, err
+	}
+	upd := bson.M{"$set": bson.M{"passwordHash": h}}
+	var opts []options.Lister[options.UpdateOneOptions]
+	if p.Username == Admin {
+		upd["$setOnInsert"] = bson.M{"createdAt": s.store.Now(), "admin": true}
+		opts = append(opts, options.UpdateOne().SetUpsert(true))
+	}
+	res, err := s.users().UpdateOne(ctx, bson.M{"_id": p.Username}, upd, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("set password of %s: %w", p.Username, err)
+	}
+	if res.MatchedCount == 0 && res.UpsertedCount == 0 {
+		return nil, notFound("user", p.Username)
+	}
+	s.log.Info("password set", "user", p.Username, "by", c.Username)
+	return map[string]any{"username": p.Username, "passwordSet": true}, nil
+}
+
+// TeamCreateParams are the params of team.create.
+type TeamCreateParams struct {
+	Slug  string `json:"slug"`
+	Title string `json:"title,omitempty"` // default: the slug
+}
+
+// Validate implements kite.Validator.
+func (p *TeamCreateParams) Validate() error {
+	if err := checkName("team", p.Slug); err != nil {
+		return err
+	}
+	p.Title = strings.TrimSpace(p.Title)
+	if p.Title == "" {
+		p.Title = p.Slug
+	}
+	if len(p.Title) > 100 {
+		return errors.New("title: at most 100 bytes")
+	}
+	return nil
+}
+
+// teamCreate creates a team with the caller as its admin.
+func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *TeamCreateParams) (any, error) {
+	t := Team{Slug: p.Slug, Title: p.Title, Members: []Member{{Username: c.Username, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
+	if _, err := s.teams().InsertOne(ctx, t); err != nil {
+		if store.IsDuplicateKey(err) {
+			return nil, fmt.Errorf("team %q already exists: %w", p.Slug, kite.ErrConflict)
+		}
+		return nil, fmt.Errorf("create team %s: %w", p.Slug, err)
+	}
+	s.log.Info("team created", "team", p.Slug, "by", c.Username)
+	return t, nil
+}
+
+// TeamView is a team as team.list returns it, with the caller's role.
+type TeamView struct {
+	Team
+	Role string `json:"role,omitempty"`
+}
+
+// TeamListResult is the result of team.list.
+type TeamListResult struct {
+	Teams []TeamView `json:"teams"`
+}
+
+// teamList lists the caller's teams (every team for kloud admins).
+func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *NoParams) (any, error) {
+	filter := bson.M{}
+	if !c.Admin {
+		filter = bson.M{"_id": bson.M{"$in": c.TeamNames()}}
+	}
+	cur, err := s.teams().Find(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list teams: %w", err)
+	}
+	var teams []Team
+	if err := cur.All(ctx, &teams); err != nil {
+		return nil, fmt.Errorf("list teams: %w", err)
+	}
+	out := TeamListResult{Teams: []TeamView{}}
+	for _, t := range teams {
+		out.Teams = append(out.Teams, TeamView{Team: t, Role: c.Teams[t.Slug]})
+	}
+	sort.Slice(out.Teams, func(i, j int) bool { return out.Teams[i].Slug < out.Teams[j].Slug })
+	return out, nil
+}
+
+// TeamMemberParams are the params of team.addMember and team.removeMember.
+type TeamMemberParams struct {
+	Team     string `json:"team"`
+	Username string `json:"username"`
+	Role     string `json:"role,omitempty"` // addMember: admin or member (default member)
+}
+
+// Validate implements kite.Validator.
+func (p *TeamMemberParams) Validate() error {
+	if p.Team == "" || p.Username == "" {
+		return errors.New("team and username are required")
+	}
+	if p.Role != "" {
+		return checkRole(p.Role)
+	}
+	return nil
+}
+
+// teamAddMember adds a user to a team, or changes their role (team admins).
+func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *TeamMemberParams) (any, error) {
+	if p.Role == "" {
+		p.Role = RoleMember
+	}
+	if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
+		return nil, err
+	}
+	ok, err := s.userExists(ctx, p.Username)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
+	}
+	if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
+		return nil, err
+	}
+	s.log.Info("team member set", "team", p.Team, "user", p.Username, "role", p.Role, "by", c.Username)
+	return s.loadTeam(ctx, p.Team)
+}
+
+// teamRemoveMember removes a user from a team (team admins; anyone may leave a team).
+func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *TeamMemberParams) (any, error) {
+	if p.Username != c.Username || !c.InTeam(p.Team) {
+		if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.setMember(ctx, p.Team, p.Username, ""); err != nil {
+		return nil, err
+	}
+	s.log.Info("team member removed", "team", p.Team, "user", p.Username, "by", c.Username)
+	return s.loadTeam(ctx, p.Team)
+}
+
+// teamAdminCheck fails unless c administers team; a team the caller is not in is "not found".
+func (s *Server) teamAdminCheck(ctx context.Context, c *Caller, team string) error {
+	if !c.InTeam(team) {
+		return notFound("team", team)
+	}
+	if !c.TeamAdmin(team) {
+		return fmt.Errorf("team %q: only its admins manage members: %w", team, kite.ErrPermission)
+	}
+	if _, err := s.loadTeam(ctx, team); err != nil {
+		return err
+	}
+	return nil
+}
+
+// setMember sets username's role in team ("" removes them), refusing to leave the team without
+// an admin. It is a compare-and-swap on the members array, retried a few times under contention.
+func (s *Server) setMember(ctx context.Context, team, username, role string) error {
+	for range 10 {
+		t, err := s.loadTeam(ctx, team)
+		if err != nil {
+			return err
+		}
+		members := slices.Clone(t.Members)
+		i := slices.IndexFunc(members, func(m Member) bool { return m.Username == username })
+		switch {
+		case role == "" && i < 0:
+			return fmt.Errorf("user %q is not a member of team %q: %w", username, team, kite.ErrNotFound)
+		case role == "":
+			members = slices.Delete(members, i, i+1)
+		case i < 0:
+			members = append(members, Member{Username: username, Role: role})
+		case members[i].Role == role:
+			return nil
+		default:
+			members[i].Role = role
+		}
+		if !slices.ContainsFunc(members, func(m Member) bool { return m.Role == RoleAdmin }) {
+			return fmt.Errorf("team %q would have no admin left; make another member admin first: %w", team, kite.ErrState)
+		}
+		if members == nil {
+			members = []Member{}
+		}
+		res, err := s.teams().UpdateOne(ctx, bson.M{"_id": team, "members": t.Members}, bson.M{"$set": bson.M{"members": members}})
+		if err != nil {
+			return fmt.Errorf("update team %s: %w", team, err)
+		}
+		if res.MatchedCount == 1 {
+			return nil
+		}
+	}
+	return fmt.Errorf("team %q changed concurrently too often; try again: %w", team, kite.ErrConflict)
+}
