@@ -43,6 +43,17 @@
 //     variable declarations, so kloud's output parses again. Duplicate resource and variable
 //     declarations are also Parse errors, because every lookup here assumes they are unique.
 //
+// Limits:
+//
+//   - Only the root module's files are read. Module arguments are checked for secrets, but the
+//     modules themselves are not read; .tfvars, template files (templatefile) and override files
+//     are refused by Parse.
+//   - Kloud cannot evaluate expressions: user data built with interpolation, templatefile or
+//     file is refused by Validate, and LiteralAttrs leaves such attributes out.
+//   - CheckSecretRefs allows a secret in any provider block. A provider can still expose what it
+//     is given (AWS default_tags copies into resources; an invalid region is quoted in an error
+//     message), and the check does not know which provider a secret belongs to.
+//
 // Errors about the template name the place as file:line:col. Parse returns *ParseError values
 // and CheckSecretRefs *SecretRefError values, several joined with errors.Join; errors.As finds
 // them. A Config is not safe for concurrent use.

@@ -43,6 +43,7 @@ var secretCases = map[string][]string{
 	"import.tf": {`2:8 aws_secret_key in import > id`},
 	"toplevel.tf.json": {`4:13 aws_secret_key in locals > a`,
 		`6:23 aws_access_key in top level > unknown_block`},
+	"rootarray.tf.json":   {`3:58 aws_secret_key in resource "aws_instance" "web" > user_data`},
 	"json_output.tf.json": {`1:38 aws_secret_key in output "o" > value`},
 }
 

@@ -1,0 +1,3 @@
+output "web_ids" {
+  value = terraform_data.web[*].id
+}
