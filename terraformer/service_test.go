@@ -1,6 +1,7 @@
 package terraformer_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -408,5 +409,67 @@ func TestInvalidParams(t *testing.T) {
 	// The client checks requests before sending them, with the same errors.
 	if _, err := env.Client.Apply(ctx, terraformer.Request{ContentID: "-x"}); !errors.Is(err, kite.ErrInvalidParams) {
 		t.Errorf("client apply with a bad content id: %v", err)
+	}
+}
+
+// TestWatchWire reads terraformer.event notifications off a raw connection: a snapshot first, a
+// final event last, and the stream's end carries the job's error (-32005 with the JobError as
+// details) for a failed job, nothing for a good one.
+func TestWatchWire(t *testing.T) {
+	t.Parallel()
+	env := terraformertest.Start(t, terraformertest.Options{})
+	ctx := t.Context()
+	conn, err := env.Dial(ctx, kite.Auth{Type: kite.AuthKiteKey, Key: env.KiteKey("kloud")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, main string
+		status     tfrun.Status
+		code       int64
+	}{
+		{"good", `resource "terraform_data" "x" {}`, tfrun.StatusSucceeded, 0},
+		{"bad", "resource \"terraform_data\" \"x\" {\n  input = \n}\n", tfrun.StatusFailed, kite.CodeState},
+	} {
+		var sub terraformer.SubmitResult
+		if err := conn.Call(ctx, terraformer.MethodApply, terraformer.Request{ContentID: "wire-" + tt.name, Files: files(tt.main)}, &sub); err != nil {
+			t.Fatal(err)
+		}
+		var w terraformer.WatchResult
+		if err := conn.Call(ctx, terraformer.MethodWatch, terraformer.JobParams{JobID: sub.JobID}, &w); err != nil {
+			t.Fatal(err)
+		}
+		s := conn.Subscribe(w.Subscription)
+		var evs []terraformer.Event
+		for {
+			n, err := s.Next(ctx)
+			if err != nil {
+				var ke *kite.Error
+				switch {
+				case tt.code == 0 && !errors.Is(err, kite.ErrStreamEnded):
+					t.Errorf("%s: stream ended with %v, want a plain end", tt.name, err)
+				case tt.code != 0 && (!errors.As(err, &ke) || ke.Code != tt.code || ke.Data == nil || ke.Data.Details == nil):
+					t.Errorf("%s: stream ended with %#v, want code %d with details", tt.name, err, tt.code)
+				case tt.code != 0:
+					d, _ := ke.Data.Details.(map[string]any)
+					if d["kind"] != tfrun.KindTerraform || !strings.Contains(fmt.Sprint(d["diagnostics"]), "Invalid expression") {
+						t.Errorf("%s: end details %v", tt.name, ke.Data.Details)
+					}
+				}
+				break
+			}
+			if n.Method != terraformer.EventMethod {
+				t.Errorf("notification %s", n.Method)
+			}
+			var ev terraformer.Event
+			if err := json.Unmarshal(n.Data, &ev); err != nil {
+				t.Fatal(err)
+			}
+			evs = append(evs, ev)
+		}
+		// (A job that finished before the watch gets just the final event.)
+		if len(evs) == 0 || (len(evs) > 1 && evs[0].Type != tfrun.EventJob) || evs[len(evs)-1].Type != tfrun.EventFinal || evs[len(evs)-1].Job.Status != tt.status {
+			t.Errorf("%s: events %+v", tt.name, evs)
+		}
 	}
 }
