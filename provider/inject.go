@@ -16,10 +16,10 @@ func UserDataVar(resource string) string { return "kloud_user_data_" + resource 
 
 // InjectUserData gives every machine of this provider its agent: for each machine resource it
 // takes the user data the template author wrote (the attribute's literal value, else the planned
-// value), renders the machine's user data with render (userdata.Render for cloud-init) and rewrites
+// value), renders the machine's user data with render (e.g. userdata.Render for cloud-init) and rewrites
 // the attribute to a generated, sensitive variable holding one rendered user data per count index.
 // It updates b.Template's files and variables.
-func (b *BaseStack) InjectUserData(ctx context.Context, render func(userdata.Config) ([]byte, error)) error {
+func (b *BaseStack) InjectUserData(ctx context.Context, render func(m *MachineSpec, c userdata.Config) ([]byte, error)) error {
 	if b.Provider.UserDataAttr == "" {
 		return fmt.Errorf("provider %s has no user data attribute", b.Provider.Name)
 	}
@@ -64,7 +64,7 @@ func (b *BaseStack) InjectUserData(ctx context.Context, render func(userdata.Con
 			if ac.Hostname == "" {
 				ac.Hostname = Hostname(m.Label)
 			}
-			out, err := render(ac)
+			out, err := render(m, ac)
 			if err != nil {
 				return fmt.Errorf("machine %s: user data: %w", m.Label, err)
 			}

@@ -7,6 +7,10 @@ import (
 	"strings"
 )
 
+// ProvisionPIDPath holds the pid of the provisioning started by RenderScript's script (the
+// leader of its own process group).
+const ProvisionPIDPath = "/run/kloud/provision.pid"
+
 // RenderScript returns a bash script that provisions a "machine" whose whole file system is the
 // directory root on the current host: it writes the kite key and the user's script under root,
 // then runs the same provision.sh that Render puts into cloud-init (with every path under root,
@@ -54,6 +58,6 @@ func RenderScript(c Config, root string) ([]byte, error) {
 	if ud.script != nil {
 		fmt.Fprintf(&s, "echo %s | base64 -d > %s\nchmod 0755 %s\n", b64(ud.script), shellQuote(p.at(UserScriptPath)), shellQuote(p.at(UserScriptPath)))
 	}
-	fmt.Fprintf(&s, "setsid nohup %s </dev/null >>%s 2>&1 &\n", shellQuote(p.at(ProvisionScriptPath)), shellQuote(p.at(CloudInitOutputPath)))
+	fmt.Fprintf(&s, "setsid nohup %s </dev/null >>%s 2>&1 &\necho $! > %s\n", shellQuote(p.at(ProvisionScriptPath)), shellQuote(p.at(CloudInitOutputPath)), shellQuote(p.at(ProvisionPIDPath)))
 	return []byte(s.String()), nil
 }
