@@ -61,6 +61,11 @@ func DefaultCLIConfig() string {
 	if p := os.Getenv("TF_CLI_CONFIG_FILE"); p != "" {
 		return p
 	}
+	return cacheCLIConfig()
+}
+
+// cacheCLIConfig returns $KLOUD_CACHE/terraform.tfrc.
+func cacheCLIConfig() string {
 	cache := os.Getenv("KLOUD_CACHE")
 	if cache == "" {
 		cache = "/var/cache/kloud"
@@ -98,8 +103,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log := cfg.Logger
 	if _, err := os.Stat(cfg.CLIConfigFile); err != nil {
-		return fmt.Errorf("terraformer: terraform CLI config %s: %w (run scripts/tf-mirror.sh to build the offline provider mirror and its config, or pass --cli-config)",
-			cfg.CLIConfigFile, err)
+		hint := "run scripts/tf-mirror.sh to build the offline provider mirror and its config, or pass --cli-config"
+		if cached := cacheCLIConfig(); cached != cfg.CLIConfigFile {
+			if _, cerr := os.Stat(cached); cerr == nil {
+				hint = "the mirror's config is " + cached + ": pass --cli-config " + cached
+				if os.Getenv("TF_CLI_CONFIG_FILE") == cfg.CLIConfigFile {
+					hint = "$TF_CLI_CONFIG_FILE names it; " + hint
+				}
+			}
+		}
+		return fmt.Errorf("terraformer: terraform CLI config %s: %w (%s)", cfg.CLIConfigFile, err, hint)
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("terraformer: data dir: %w", err)
