@@ -90,10 +90,10 @@ func run(n int, tf, cfg string) error {
 	if err := direct.apply(ctx, 0); err != nil {
 		return err
 	}
-	if err := tfr.apply(ctx, 0, true); err != nil {
+	if _, err := tfr.apply(ctx, 0, true); err != nil {
 		return err
 	}
-	var rawT, tfT []time.Duration
+	var rawT, tfT, jobT []time.Duration
 	for i := 1; i <= n; i++ {
 		start := time.Now()
 		if err := direct.apply(ctx, i); err != nil {
@@ -101,10 +101,12 @@ func run(n int, tf, cfg string) error {
 		}
 		rawT = append(rawT, time.Since(start))
 		start = time.Now()
-		if err := tfr.apply(ctx, i, false); err != nil {
+		j, err := tfr.apply(ctx, i, false)
+		if err != nil {
 			return err
 		}
 		tfT = append(tfT, time.Since(start))
+		jobT = append(jobT, j.FinishedAt.Sub(j.CreatedAt))
 	}
 
 	version := tfr.engine.Version()
@@ -114,6 +116,7 @@ func run(n int, tf, cfg string) error {
 		version, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), n)
 	fmt.Printf("terraform apply -auto-approve   median %s  min %s  max %s\n", ms(raw), ms(slices.Min(rawT)), ms(slices.Max(rawT)))
 	fmt.Printf("terraformer.apply via Client    median %s  min %s  max %s\n", ms(via), ms(slices.Min(tfT)), ms(slices.Max(tfT)))
+	fmt.Printf("  of which inside the engine (job created -> finished: apply -json, show -json, persistence) median %s\n", ms(median(jobT)))
 	fmt.Printf("overhead %s, ratio %.2fx; target <= 1.10x + 300 ms = %s: ", ms(via-raw), float64(via)/float64(raw), ms(limit))
 	if via > limit {
 		fmt.Println("MISSED")
@@ -218,7 +221,7 @@ func newTerraformer(ctx context.Context, dir, tf, cfg string) (*tfRunner, error)
 	return r, nil
 }
 
-func (r *tfRunner) apply(ctx context.Context, gen int, withFiles bool) error {
+func (r *tfRunner) apply(ctx context.Context, gen int, withFiles bool) (*tfrun.Job, error) {
 	req := terraformer.Request{ContentID: "bench", Variables: map[string]any{"gen": gen}}
 	if withFiles {
 		req.Files = map[string]string{"main.tf": config}
@@ -227,10 +230,9 @@ func (r *tfRunner) apply(ctx context.Context, gen int, withFiles bool) error {
 	defer cancel()
 	id, err := r.client.Apply(ctx, req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = r.client.Wait(ctx, id, nil)
-	return err
+	return r.client.Wait(ctx, id, nil)
 }
 
 func (r *tfRunner) close() {
