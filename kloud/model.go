@@ -68,13 +68,17 @@ type Credential struct {
 
 // Bootstrap is the state of a credential's bootstrap resources.
 type Bootstrap struct {
-	Status     string    `bson:"status" json:"status"`      // none, running, done, failed, destroyed
+	Status     string    `bson:"status" json:"status"`      // none, running, done, failed, destroying, destroyed
 	Sealed     []byte    `bson:"sealed,omitempty" json:"-"` // the outputs, sealed
 	Outputs    []string  `bson:"outputs,omitempty" json:"outputs,omitempty"`
 	ContentIDs []string  `bson:"contentIds,omitempty" json:"contentIds,omitempty"`
 	JobID      string    `bson:"jobId,omitempty" json:"jobId,omitempty"`
 	Error      string    `bson:"error,omitempty" json:"error,omitempty"`
 	UpdatedAt  time.Time `bson:"updatedAt" json:"updatedAt"`
+
+	// TFJobs are the terraformer jobs of the running bootstrap, one per template, so a job
+	// recovered after a restart re-attaches to them.
+	TFJobs []string `bson:"tfJobs,omitempty" json:"-"`
 }
 
 // Template is a stack template with its revisions (collection templates).

@@ -1,0 +1,447 @@
+package kloud
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// credential.bootstrap: the provider's bootstrap templates (shared infrastructure such as a
+// network, once per credential and team) applied through terraformer as a durable job; the
+// outputs, decoded into the provider's bootstrap type, are sealed into the credential. With
+// destroy, the same content ids are destroyed.
+//
+// The credential's bootstrap.status is the lock: one conditional update moves it to running
+// (or destroying) and only the job recorded in bootstrap.jobId changes it after that. Each
+// terraformer job id is recorded before it is waited on, so a job recovered after a kloud
+// restart re-attaches to the Terraform runs that went on without it (terraformer is another
+// process) instead of starting them again.
+
+// CredentialBootstrapParams are the params of credential.bootstrap.
+type CredentialBootstrapParams struct {
+	ID      string `json:"id"`
+	Destroy bool   `json:"destroy,omitempty"`
+}
+
+// Validate implements kite.Validator.
+func (p *CredentialBootstrapParams) Validate() error {
+	if p.ID == "" {
+		return errors.New("id is required")
+	}
+	return nil
+}
+
+// BootstrapResult is the result of credential.bootstrap.
+type BootstrapResult struct {
+	JobID  string `json:"jobId"`
+	Status string `json:"status"` // the bootstrap status now
+	// AlreadyDone is set when the credential was bootstrapped before (JobID is that job).
+	AlreadyDone bool `json:"alreadyDone,omitempty"`
+}
+
+// staleClaim is how long a bootstrap claim may wait for its job to be recorded before another
+// call may take it over (kloud died between the two).
+const staleClaim = 2 * time.Minute
+
+func bootstrapContentID(team, credID string, i int) string {
+	return fmt.Sprintf("bootstrap-%s-%s-%d", team, credID, i)
+}
+
+func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialBootstrapParams) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := manageCheck(c, cr, "bootstrap"); err != nil {
+		return nil, err
+	}
+	if _, err := s.providers.Lookup(cr.Provider); err != nil {
+		return nil, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
+	}
+	if _, err := s.terraformer(); err != nil {
+		return nil, err
+	}
+	status := BootstrapRunning
+	if p.Destroy {
+		status = BootstrapDestroying
+	}
+	for range 3 {
+		b := cr.Bootstrap
+		if b == nil {
+			b = &Bootstrap{Status: BootstrapNone}
+		}
+		switch {
+		case !p.Destroy && b.Status == BootstrapDone:
+			return BootstrapResult{JobID: b.JobID, Status: b.Status, AlreadyDone: true}, nil
+		case p.Destroy && len(b.ContentIDs) == 0 && b.Status != BootstrapRunning && b.Status != BootstrapDestroying:
+			return nil, fmt.Errorf("credential %s has no bootstrap resources to destroy: %w", cr.ID, kite.ErrState)
+		}
+		filter := bson.M{"_id": cr.ID, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying, BootstrapDone}}}
+		if p.Destroy {
+			filter = bson.M{"_id": cr.ID, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying}}}
+		}
+		if b.Status == BootstrapRunning || b.Status == BootstrapDestroying {
+			if !s.staleBootstrap(ctx, b) {
+				return nil, fmt.Errorf("credential %s: bootstrap job %s is running; wait for it to end: %w", cr.ID, b.JobID, kite.ErrConflict)
+			}
+			// Its job is gone: take the claim over, exactly as it was read.
+			filter = bson.M{"_id": cr.ID, "bootstrap.status": b.Status, "bootstrap.jobId": b.JobID, "bootstrap.updatedAt": b.UpdatedAt}
+		}
+		set := bson.M{"bootstrap.status": status, "bootstrap.jobId": "", "bootstrap.tfJobs": []string{}, "bootstrap.error": "",
+			"bootstrap.updatedAt": s.store.Now()}
+		res, err := s.credentials().UpdateOne(ctx, filter, bson.M{"$set": set})
+		if err != nil {
+			return nil, fmt.Errorf("credential %s: claim bootstrap: %w", cr.ID, err)
+		}
+		if res.MatchedCount == 1 {
+			return s.startBootstrap(ctx, c, cr, status, p.Destroy)
+		}
+		if cr, err = s.loadCredential(ctx, c, p.ID); err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("credential %s: bootstrap state changed concurrently; try again: %w", p.ID, kite.ErrConflict)
+}
+
+// staleBootstrap reports whether a running bootstrap has no live job behind it.
+func (s *Server) staleBootstrap(ctx context.Context, b *Bootstrap) bool {
+	if b.JobID == "" {
+		return s.store.Now().Sub(b.UpdatedAt) > staleClaim
+	}
+	j, err := s.store.Jobs().Get(ctx, b.JobID)
+	if err != nil {
+		return errors.Is(err, kite.ErrNotFound)
+	}
+	return j.Status.Done()
+}
+
+func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, status string, destroy bool) (any, error) {
+	jobID, err := s.startJob(ctx, bootstrapJobKind, "credential/"+cr.ID, c.Username, map[string]any{"credential": cr.ID, "destroy": destroy})
+	if err != nil {
+		s.finishBootstrap(cr.ID, "", bson.M{"bootstrap.status": BootstrapFailed, "bootstrap.error": "could not start the job: " + err.Error()})
+		return nil, err
+	}
+	// The job records itself too; whichever comes first.
+	if _, err := s.credentials().UpdateOne(ctx, bson.M{"_id": cr.ID, "bootstrap.jobId": ""}, bson.M{"$set": bson.M{"bootstrap.jobId": jobID}}); err != nil {
+		s.log.Warn("record bootstrap job", "credential", cr.ID, "job", jobID, "err", err)
+	}
+	s.log.Info("credential bootstrap started", "credential", cr.ID, "job", jobID, "destroy", destroy, "by", c.Username)
+	return BootstrapResult{JobID: jobID, Status: status}, nil
+}
+
+// finishBootstrap updates the bootstrap state if job jobID still holds it.
+func (s *Server) finishBootstrap(credID, jobID string, set bson.M) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	set["bootstrap.updatedAt"] = s.store.Now()
+	res, err := s.credentials().UpdateOne(ctx, bson.M{"_id": credID, "bootstrap.jobId": jobID}, bson.M{"$set": set})
+	if err != nil {
+		s.log.Error("update bootstrap state", "credential", credID, "job", jobID, "err", err)
+		return fmt.Errorf("update bootstrap state of credential %s: %w", credID, err)
+	}
+	if res.MatchedCount == 0 {
+		return fmt.Errorf("credential %s: bootstrap is no longer held by job %s", credID, jobID)
+	}
+	return nil
+}
+
+// runBootstrap is the job (resume: recovered after a restart).
+func (s *Server) runBootstrap(ctx context.Context, j *jobCtx, resume bool) (map[string]any, error) {
+	id, _ := j.Params["credential"].(string)
+	destroy, _ := j.Params["destroy"].(bool)
+	var red redactor
+	res, err := s.bootstrapWork(ctx, j, id, destroy, resume, &red)
+	if err != nil {
+		err = red.Err(err)
+		if resume {
+			err = fmt.Errorf("kloud restarted during the bootstrap, then: %w", err)
+		}
+		s.finishBootstrap(id, j.ID, bson.M{"bootstrap.status": BootstrapFailed, "bootstrap.error": err.Error()})
+		return nil, err
+	}
+	return res, nil
+}
+
+func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destroy, resume bool, red *redactor) (map[string]any, error) {
+	stage := string(provider.Building)
+	if destroy {
+		stage = string(provider.Terminating)
+	}
+	j.Progress(ctx, 5, stage, "Fetching the credential")
+	var cr Credential
+	if err := s.credentials().FindOne(ctx, bson.M{"_id": id}).Decode(&cr); err != nil {
+		return nil, fmt.Errorf("credential %s: %w", id, err)
+	}
+	b := cr.Bootstrap
+	if b == nil || (b.Status != BootstrapRunning && b.Status != BootstrapDestroying) || (b.JobID != "" && b.JobID != j.ID) {
+		return nil, fmt.Errorf("credential %s: its bootstrap is not held by this job (anymore)", id)
+	}
+	res, err := s.credentials().UpdateOne(ctx, bson.M{"_id": id, "bootstrap.jobId": bson.M{"$in": bson.A{"", j.ID}}},
+		bson.M{"$set": bson.M{"bootstrap.jobId": j.ID}})
+	if err != nil {
+		return nil, fmt.Errorf("credential %s: %w", id, err)
+	}
+	if res.MatchedCount == 0 {
+		return nil, fmt.Errorf("credential %s: its bootstrap is held by another job", id)
+	}
+	prov, err := s.providers.Lookup(cr.Provider)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := s.providerCredential(prov, &cr)
+	if err != nil {
+		return nil, err
+	}
+	*red = secretValues(pc.Value, provider.SecretFields(pc.Value))
+	tf, err := s.terraformer()
+	if err != nil {
+		return nil, err
+	}
+	vars, _ := credentialVariables(prov, pc)
+	var prior []string
+	if resume {
+		prior = b.TFJobs
+	}
+	w := &bootstrapRun{s: s, j: j, tf: tf, cred: &cr, red: *red, stage: stage, prior: prior}
+	if destroy {
+		return w.destroy(ctx)
+	}
+	return w.apply(ctx, prov, pc, vars)
+}
+
+// bootstrapRun is one bootstrap job's work.
+type bootstrapRun struct {
+	s      *Server
+	j      *jobCtx
+	tf     Terraformer
+	cred   *Credential
+	red    redactor
+	stage  string
+	prior  []string // terraformer jobs of the interrupted run (resume)
+	tfJobs []string
+}
+
+// start submits template i's Terraform run, or re-attaches to the interrupted run's.
+func (w *bootstrapRun) start(ctx context.Context, i int, submit func() (string, error)) (string, error) {
+	if i < len(w.prior) && w.prior[i] != "" {
+		w.j.Logf(ctx, "re-attaching to terraform job %s", w.prior[i])
+		w.tfJobs = append(w.tfJobs, w.prior[i])
+		return w.prior[i], nil
+	}
+	id, err := submit()
+	if err != nil {
+		return "", err
+	}
+	w.tfJobs = append(w.tfJobs, id)
+	// Recorded before waiting, so a recovered job finds it.
+	if _, err := w.s.credentials().UpdateOne(ctx, bson.M{"_id": w.cred.ID, "bootstrap.jobId": w.j.ID},
+		bson.M{"$set": bson.M{"bootstrap.tfJobs": w.tfJobs, "bootstrap.updatedAt": w.s.store.Now()}}); err != nil {
+		w.s.log.Warn("record terraform job", "credential", w.cred.ID, "job", w.j.ID, "terraform_job", id, "err", err)
+	}
+	return id, nil
+}
+
+// wait follows a Terraform job, mapping its progress into [base, base+span] and its log lines
+// (redacted) into the job's log.
+func (w *bootstrapRun) wait(ctx context.Context, tfJob string, base, span int, msg string) (*tfrun.Job, error) {
+	last := base
+	w.j.Progress(ctx, base, w.stage, msg)
+	final, err := w.tf.Wait(ctx, tfJob, func(ev tfrun.Event) {
+		switch ev.Type {
+		case tfrun.EventLog:
+			if ev.Line != "" {
+				w.j.Logf(ctx, "%s", w.red.String(ev.Line))
+			}
+		case tfrun.EventDiagnostic:
+			if d := ev.Diagnostic; d != nil {
+				w.j.Logf(ctx, "%s: %s", d.Severity, w.red.String(d.String()))
+			}
+		}
+		if pct := base + ev.Percent*span/100; pct > last {
+			last = pct
+			w.j.Progress(ctx, pct, w.stage, msg)
+		}
+	})
+	if final == nil { // the job's own failure comes back with the job; this is following failing
+		if err == nil {
+			err = errors.New("terraformer returned no job")
+		}
+		if ctx.Err() != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, cerr := w.tf.Cancel(cctx, tfJob); cerr != nil {
+				w.s.log.Warn("cancel terraform job", "terraform_job", tfJob, "err", cerr)
+			}
+		}
+		return nil, fmt.Errorf("follow terraform job %s: %w", tfJob, err)
+	}
+	if final.Status != tfrun.StatusSucceeded {
+		why := string(final.Status)
+		if final.Error != nil {
+			why = final.Error.Message
+		}
+		return final, fmt.Errorf("terraform %s of %s: %s", final.Op, final.ContentID, why)
+	}
+	return final, nil
+}
+
+// declaredVars keeps the credential variables the template declares: Terraform warns about
+// every value it gets for an undeclared one. A template that does not parse gets them all
+// (Terraform then says what is wrong with it).
+func declaredVars(files map[string][]byte, vars map[string]any) map[string]any {
+	cfg, err := tmpl.Parse(files)
+	if err != nil {
+		return vars
+	}
+	out := map[string]any{}
+	for _, v := range cfg.Variables() {
+		if x, ok := vars[v.Name]; ok {
+			out[v.Name] = x
+		}
+	}
+	return out
+}
+
+func mergeVars(a, b map[string]any) map[string]any {
+	out := make(map[string]any, len(a)+len(b))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}
+
+func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *provider.Credential, vars map[string]any) (map[string]any, error) {
+	st, err := w.s.credentialStack(prov, w.cred, w.cred.Owner)
+	if err != nil {
+		return nil, err
+	}
+	tmpls, err := st.BootstrapTemplates(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("provider %s: bootstrap templates: %w", prov.Name, err)
+	}
+	ids := make([]string, len(tmpls))
+	all := slices.Clone(w.cred.Bootstrap.ContentIDs)
+	for i, t := range tmpls {
+		ids[i] = t.Key
+		if ids[i] == "" {
+			ids[i] = bootstrapContentID(w.cred.Team, w.cred.ID, i)
+		}
+		if !slices.Contains(all, ids[i]) {
+			all = append(all, ids[i])
+		}
+	}
+	// Recorded first: whatever Terraform creates can be destroyed, also after a failure.
+	if _, err := w.s.credentials().UpdateOne(ctx, bson.M{"_id": w.cred.ID, "bootstrap.jobId": w.j.ID},
+		bson.M{"$set": bson.M{"bootstrap.contentIds": all}}); err != nil {
+		return nil, fmt.Errorf("record bootstrap content ids: %w", err)
+	}
+	outputs := map[string]any{}
+	n := max(len(tmpls), 1)
+	for i, t := range tmpls {
+		tfJob, err := w.start(ctx, i, func() (string, error) {
+			return w.tf.Apply(ctx, terraformer.Request{ContentID: ids[i], Files: tfFiles(t.Files),
+				Variables: mergeVars(declaredVars(t.Files, vars), t.Variables), TraceID: w.j.ID})
+		})
+		if err != nil {
+			return nil, fmt.Errorf("terraform apply of %s: %w", ids[i], err)
+		}
+		final, err := w.wait(ctx, tfJob, 10+80*i/n, 80/n, fmt.Sprintf("Applying bootstrap template %d of %d", i+1, len(tmpls)))
+		if err != nil {
+			return nil, err
+		}
+		if final.Result != nil && final.Result.Outputs != nil {
+			for k, o := range final.Result.Outputs {
+				outputs[k] = o.Value
+			}
+		} else {
+			outs, err := w.tf.Outputs(ctx, ids[i])
+			if err != nil {
+				return nil, fmt.Errorf("outputs of %s: %w", ids[i], err)
+			}
+			for k, v := range outs {
+				outputs[k] = v
+			}
+		}
+	}
+	w.j.Progress(ctx, 92, w.stage, "Storing the bootstrap outputs")
+	var val any = outputs
+	if prov.Schema.NewBootstrap != nil {
+		known := map[string]any{}
+		for _, f := range provider.Fields(prov.Schema.NewBootstrap()) {
+			if v, ok := outputs[f.Name]; ok {
+				known[f.Name] = v
+			}
+		}
+		raw, err := json.Marshal(known)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap outputs: %w", err)
+		}
+		if val, err = provider.Decode(prov.Schema.NewBootstrap, raw); err != nil {
+			return nil, fmt.Errorf("bootstrap outputs do not fit provider %s: %w", prov.Name, err)
+		}
+		w.red = append(w.red, secretValues(val, provider.SecretFields(val))...)
+	}
+	plain, err := json.Marshal(val)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap outputs: %w", err)
+	}
+	sealed, err := w.s.store.Seal(plain, bootstrapAAD(w.cred.ID))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for k := range toJSONMap(val) {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, bson.M{"bootstrap.status": BootstrapDone, "bootstrap.sealed": sealed,
+		"bootstrap.outputs": names, "bootstrap.error": ""}); err != nil {
+		return nil, err
+	}
+	w.j.Progress(ctx, 100, string(provider.Running), "Bootstrap finished")
+	return map[string]any{"credential": w.cred.ID, "outputs": names}, nil
+}
+
+func (w *bootstrapRun) destroy(ctx context.Context) (map[string]any, error) {
+	ids := slices.Clone(w.cred.Bootstrap.ContentIDs)
+	slices.Reverse(ids)
+	n := max(len(ids), 1)
+	for i, cid := range ids {
+		tfJob, err := w.start(ctx, i, func() (string, error) {
+			// No files and no variables: those of the apply, which terraformer keeps.
+			return w.tf.Destroy(ctx, terraformer.Request{ContentID: cid, TraceID: w.j.ID})
+		})
+		if errors.Is(err, kite.ErrNotFound) || errors.Is(err, tfrun.ErrNotFound) {
+			w.tfJobs = append(w.tfJobs, "") // keeps the indexes of a resumed run
+			w.j.Logf(ctx, "nothing was ever applied for %s", cid)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("terraform destroy of %s: %w", cid, err)
+		}
+		if _, err := w.wait(ctx, tfJob, 10+85*i/n, 85/n, fmt.Sprintf("Destroying bootstrap resources %d of %d", i+1, len(ids))); err != nil {
+			return nil, err
+		}
+	}
+	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, bson.M{"bootstrap.status": BootstrapDestroyed, "bootstrap.sealed": nil,
+		"bootstrap.outputs": []string{}, "bootstrap.contentIds": []string{}, "bootstrap.tfJobs": []string{}, "bootstrap.error": ""}); err != nil {
+		return nil, err
+	}
+	w.j.Progress(ctx, 100, string(provider.Terminated), "Bootstrap resources destroyed")
+	return map[string]any{"credential": w.cred.ID, "destroyed": ids}, nil
+}

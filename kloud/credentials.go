@@ -1,0 +1,593 @@
+package kloud
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// Credentials: credential.add, list, describe, remove, authenticate, bootstrap, and
+// provider.describe.
+//
+// A credential belongs to a team: its members may see its metadata and use it in stacks; its
+// owner and the team's admins may remove and bootstrap it. Callers outside the team get
+// "not found". The value, decoded into the provider's credential type, is sealed (AES-GCM, aad
+// "credentials/<id>"); only the non-secret fields are kept in the clear, for display. Secret
+// values never appear in a response, an error or a log line: errors that come from providers
+// (Valid, VerifyCredential, Terraform) are redacted before they are stored or returned.
+//
+// Other kloud code gets a credential through credentialFor (access check, opened value and
+// bootstrap outputs) and turns it into Terraform variables with credentialVariables.
+
+func init() {
+	registerJobKind(bootstrapJobKind, jobKind{
+		run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return j.s.runBootstrap(ctx, j, false) },
+		recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return j.s.runBootstrap(ctx, j, true) },
+	})
+	methodSets = append(methodSets, func(s *Server) {
+		handle(s, "credential.add", s.credentialAdd)
+		handle(s, "credential.list", s.credentialList)
+		handle(s, "credential.describe", s.credentialDescribe)
+		handle(s, "credential.remove", s.credentialRemove)
+		handle(s, "credential.authenticate", s.credentialAuthenticate)
+		handle(s, "credential.bootstrap", s.credentialBootstrap)
+		handle(s, "provider.describe", s.providerDescribe)
+	})
+}
+
+// Bootstrap statuses (Credential.Bootstrap.Status).
+const (
+	BootstrapNone       = "none"
+	BootstrapRunning    = "running"
+	BootstrapDone       = "done"
+	BootstrapFailed     = "failed"
+	BootstrapDestroying = "destroying"
+	BootstrapDestroyed  = "destroyed"
+)
+
+const bootstrapJobKind = "credential.bootstrap"
+
+func (s *Server) credentials() *mongo.Collection { return s.store.Collection(store.CollCredentials) }
+
+func credentialAAD(id string) []byte { return []byte(store.CollCredentials + "/" + id) }
+func bootstrapAAD(id string) []byte  { return []byte(store.CollCredentials + "/" + id + "/bootstrap") }
+
+// loadCredential returns the credential document if c may see it (a member of its team).
+func (s *Server) loadCredential(ctx context.Context, c *Caller, id string) (*Credential, error) {
+	var cr Credential
+	err := s.credentials().FindOne(ctx, bson.M{"_id": id}).Decode(&cr)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, notFound("credential", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load credential %s: %w", id, err)
+	}
+	if !c.InTeam(cr.Team) {
+		return nil, notFound("credential", id)
+	}
+	return &cr, nil
+}
+
+// manageCheck fails unless c may change cr (its owner or a team admin).
+func manageCheck(c *Caller, cr *Credential, what string) error {
+	if !c.CanManage(cr.Owner, cr.Team) {
+		return fmt.Errorf("credential %s: only its owner (%s) or an admin of team %s may %s it: %w", cr.ID, cr.Owner, cr.Team, what, kite.ErrPermission)
+	}
+	return nil
+}
+
+// openValue decodes a sealed credential or bootstrap value into newFn's type (or a map).
+func (s *Server) openValue(sealed, aad []byte, newFn func() any) (any, error) {
+	plain, err := s.store.Open(sealed, aad)
+	if err != nil {
+		return nil, err
+	}
+	var v any = &map[string]any{}
+	if newFn != nil {
+		v = newFn()
+	}
+	dec := json.NewDecoder(bytes.NewReader(plain))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return nil, fmt.Errorf("decode sealed value: %w", err)
+	}
+	if m, ok := v.(*map[string]any); ok {
+		return *m, nil
+	}
+	return v, nil
+}
+
+// providerCredential opens cr for a provider: value, and bootstrap outputs if it has them.
+func (s *Server) providerCredential(p *provider.Provider, cr *Credential) (*provider.Credential, error) {
+	val, err := s.openValue(cr.Sealed, credentialAAD(cr.ID), p.Schema.NewCredential)
+	if err != nil {
+		return nil, fmt.Errorf("credential %s: %w", cr.ID, err)
+	}
+	pc := &provider.Credential{ID: cr.ID, Title: cr.Title, Provider: cr.Provider, Team: cr.Team, Value: val}
+	if b := cr.Bootstrap; b != nil && b.Status == BootstrapDone && len(b.Sealed) > 0 {
+		if pc.Bootstrap, err = s.openValue(b.Sealed, bootstrapAAD(cr.ID), p.Schema.NewBootstrap); err != nil {
+			return nil, fmt.Errorf("credential %s bootstrap: %w", cr.ID, err)
+		}
+	}
+	return pc, nil
+}
+
+// credentialFor returns credential id, opened, for use by c with provider providerName
+// (empty: any): c must be in the credential's team. It also returns the names of the Terraform
+// variables that carry secrets (see credentialVariables).
+func (s *Server) credentialFor(ctx context.Context, c *Caller, id, providerName string) (*provider.Credential, []string, error) {
+	cr, err := s.loadCredential(ctx, c, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if providerName != "" && cr.Provider != providerName {
+		return nil, nil, fmt.Errorf("credential %s is for provider %s, not %s: %w", id, cr.Provider, providerName, kite.ErrInvalidParams)
+	}
+	p, err := s.providers.Lookup(cr.Provider)
+	if err != nil {
+		return nil, nil, fmt.Errorf("credential %s: %s: %w", id, err.Error(), kite.ErrState)
+	}
+	pc, err := s.providerCredential(p, cr)
+	if err != nil {
+		return nil, nil, err
+	}
+	_, secret := credentialVariables(p, pc)
+	return pc, secret, nil
+}
+
+// credentialVariables maps a credential's fields, and its bootstrap outputs, to Terraform
+// variables named <provider>_<field> (Koding's naming), and lists the names of those that hold
+// secrets (sorted). A credential field wins over a bootstrap output of the same name. Values of
+// a provider without a credential type are all treated as secret.
+func credentialVariables(p *provider.Provider, cred *provider.Credential) (vars map[string]any, secret []string) {
+	vars = map[string]any{}
+	add := func(v any) {
+		if v == nil {
+			return
+		}
+		m := toJSONMap(v)
+		_, isMap := v.(map[string]any)
+		secretFields := provider.SecretFields(v)
+		for name, val := range m {
+			key := p.Name + "_" + name
+			if _, dup := vars[key]; dup {
+				continue
+			}
+			vars[key] = val
+			if isMap || secretFields[name] {
+				secret = append(secret, key)
+			}
+		}
+	}
+	if cred != nil {
+		add(cred.Value)
+		add(cred.Bootstrap)
+	}
+	sort.Strings(secret)
+	return vars, secret
+}
+
+// toJSONMap returns v's JSON object form (numbers as json.Number).
+func toJSONMap(v any) map[string]any {
+	if m, ok := v.(map[string]any); ok {
+		return m
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return map[string]any{}
+	}
+	m := map[string]any{}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if dec.Decode(&m) != nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+// secretValues returns the secret field values of v as strings, for redaction. Values shorter
+// than 3 characters are left out: hiding them would garble messages without protecting much.
+func secretValues(v any, secretFields map[string]bool) []string {
+	var out []string
+	for name, val := range toJSONMap(v) {
+		if !secretFields[name] {
+			continue
+		}
+		var s string
+		switch x := val.(type) {
+		case string:
+			s = x
+		case json.Number:
+			s = x.String()
+		default:
+			continue
+		}
+		if len(s) >= 3 {
+			out = append(out, s)
+		}
+	}
+	// Longest first, so a secret containing another is replaced whole.
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// redactor hides secret values in text that came from elsewhere (provider errors, Terraform).
+type redactor []string
+
+func (r redactor) String(s string) string {
+	for _, sec := range r {
+		s = strings.ReplaceAll(s, sec, "[secret]")
+	}
+	return s
+}
+
+// Err returns err with its message redacted, keeping the kite error kind it wraps.
+func (r redactor) Err(err error) error {
+	if err == nil {
+		return nil
+	}
+	out := &redactedError{msg: r.String(err.Error())}
+	var ke *kite.Error
+	if errors.As(err, &ke) {
+		out.kind = &kite.Error{Code: ke.Code, Message: "redacted", Data: ke.Data}
+	}
+	return out
+}
+
+// redactedError is an error whose message was redacted; it still matches the kite error kind
+// of the original (errors.Is compares codes).
+type redactedError struct {
+	msg  string
+	kind error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.kind }
+
+// CredentialAddParams are the params of credential.add.
+type CredentialAddParams struct {
+	Provider string          `json:"provider"`
+	Title    string          `json:"title"`
+	Team     string          `json:"team,omitempty"` // default: the caller's only team
+	Data     json.RawMessage `json:"data,omitempty"` // the provider's credential fields
+}
+
+// Validate implements kite.Validator.
+func (p *CredentialAddParams) Validate() error {
+	p.Title = strings.TrimSpace(p.Title)
+	switch {
+	case p.Provider == "":
+		return errors.New("provider is required")
+	case p.Title == "":
+		return errors.New("title is required")
+	case len(p.Title) > 100:
+		return errors.New("title: at most 100 bytes")
+	}
+	return nil
+}
+
+// defaultTeam resolves an omitted team to the caller's only team.
+func defaultTeam(c *Caller, team string) (string, error) {
+	if team != "" {
+		return team, nil
+	}
+	names := c.TeamNames()
+	sort.Strings(names)
+	switch len(names) {
+	case 1:
+		return names[0], nil
+	case 0:
+		return "", fmt.Errorf("you are in no team: create one (kloud team create SLUG) or ask a team admin to add you: %w", kite.ErrInvalidParams)
+	}
+	return "", fmt.Errorf("you are in several teams (%s): say which with team: %w", strings.Join(names, ", "), kite.ErrInvalidParams)
+}
+
+// CredentialID is the result of credential.add and the params of describe, remove and
+// authenticate.
+type CredentialID struct {
+	ID string `json:"id"`
+}
+
+// Validate implements kite.Validator.
+func (p *CredentialID) Validate() error {
+	if p.ID == "" {
+		return errors.New("id is required")
+	}
+	return nil
+}
+
+func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialAddParams) (any, error) {
+	team, err := defaultTeam(c, p.Team)
+	if err != nil {
+		return nil, err
+	}
+	if !c.InTeam(team) {
+		return nil, fmt.Errorf("team %q: you are not a member: %w", team, kite.ErrPermission)
+	}
+	if _, err := s.loadTeam(ctx, team); err != nil {
+		return nil, err
+	}
+	prov, err := s.providers.Lookup(p.Provider)
+	if err != nil {
+		return nil, fmt.Errorf("%s (providers: %s): %w", err.Error(), strings.Join(s.providers.Names(), ", "), kite.ErrInvalidParams)
+	}
+	if prov.Schema.NewCredential == nil {
+		return nil, fmt.Errorf("provider %s takes no credential: %w", p.Provider, kite.ErrInvalidParams)
+	}
+	// The secrets as sent, to keep them out of decoding errors.
+	var raw map[string]any
+	if len(p.Data) > 0 {
+		if err := json.Unmarshal(p.Data, &raw); err != nil {
+			return nil, fmt.Errorf("data must be a JSON object of the provider's fields: %w", kite.ErrInvalidParams)
+		}
+	}
+	secretFields := provider.SecretFields(prov.Schema.NewCredential())
+	red := redactor(secretValues(raw, secretFields))
+	val, err := provider.Decode(prov.Schema.NewCredential, p.Data)
+	if err != nil {
+		return nil, fmt.Errorf("%s credential: %s (see kloud provider describe): %w", p.Provider, red.String(err.Error()), kite.ErrInvalidParams)
+	}
+	plain, err := json.Marshal(val)
+	if err != nil {
+		return nil, fmt.Errorf("encode credential: %w", err)
+	}
+	id := store.NewID()
+	sealed, err := s.store.Seal(plain, credentialAAD(id))
+	if err != nil {
+		return nil, err
+	}
+	public := map[string]any{}
+	var set []string
+	for name, v := range toJSONMap(val) {
+		switch {
+		case !secretFields[name]:
+			public[name] = v
+		case !isZeroJSON(v):
+			set = append(set, name)
+		}
+	}
+	sort.Strings(set)
+	now := s.store.Now()
+	cr := Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
+		Public: public, Secret: set, Bootstrap: &Bootstrap{Status: BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
+	if _, err := s.credentials().InsertOne(ctx, cr); err != nil {
+		return nil, fmt.Errorf("add credential: %w", err)
+	}
+	s.log.Info("credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
+	return CredentialID{ID: id}, nil
+}
+
+func isZeroJSON(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case string:
+		return x == ""
+	case bool:
+		return !x
+	case json.Number:
+		return x.String() == "0"
+	}
+	return false
+}
+
+// CredentialListParams filter credential.list.
+type CredentialListParams struct {
+	Provider string `json:"provider,omitempty"`
+	Team     string `json:"team,omitempty"`
+}
+
+// CredentialListResult is the result of credential.list.
+type CredentialListResult struct {
+	Credentials []Credential `json:"credentials"`
+}
+
+// credentialList lists the credentials of the caller's teams (every team's for kloud admins),
+// metadata only.
+func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialListParams) (any, error) {
+	filter := bson.M{}
+	switch {
+	case p.Team != "":
+		if !c.InTeam(p.Team) {
+			return nil, notFound("team", p.Team)
+		}
+		filter["team"] = p.Team
+	case !c.Admin:
+		filter["team"] = bson.M{"$in": c.TeamNames()}
+	}
+	if p.Provider != "" {
+		filter["provider"] = p.Provider
+	}
+	cur, err := s.credentials().Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("list credentials: %w", err)
+	}
+	var list []Credential
+	if err := cur.All(ctx, &list); err != nil {
+		return nil, fmt.Errorf("list credentials: %w", err)
+	}
+	out := CredentialListResult{Credentials: []Credential{}}
+	for _, cr := range list {
+		cr.Public = nil
+		out.Credentials = append(out.Credentials, cr)
+	}
+	return out, nil
+}
+
+// CredentialField is one field of a described credential. Value is set for non-secret fields
+// only; for secret ones, Set says whether they have a value.
+type CredentialField struct {
+	provider.Field
+	Set   bool `json:"set"`
+	Value any  `json:"value,omitempty"`
+}
+
+// CredentialView is the result of credential.describe.
+type CredentialView struct {
+	Credential
+	Fields []CredentialField `json:"fields"`
+}
+
+func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialID) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	v := CredentialView{Credential: *cr, Fields: []CredentialField{}}
+	if prov, err := s.providers.Lookup(cr.Provider); err == nil && prov.Schema.NewCredential != nil {
+		for _, f := range provider.Fields(prov.Schema.NewCredential()) {
+			cf := CredentialField{Field: f}
+			if f.Secret {
+				cf.Set = slices.Contains(cr.Secret, f.Name)
+			} else if val, ok := cr.Public[f.Name]; ok {
+				cf.Value, cf.Set = val, !isZeroJSON(val)
+			}
+			v.Fields = append(v.Fields, cf)
+		}
+	}
+	return v, nil
+}
+
+// credentialRemove deletes a credential (owner or team admin) that no live stack uses and
+// whose bootstrap resources are gone.
+func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialID) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := manageCheck(c, cr, "remove"); err != nil {
+		return nil, err
+	}
+	if b := cr.Bootstrap; b != nil {
+		switch b.Status {
+		case BootstrapRunning, BootstrapDestroying:
+			return nil, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
+		case BootstrapDone, BootstrapFailed:
+			if len(b.ContentIDs) > 0 {
+				return nil, fmt.Errorf("credential %s has bootstrap resources; remove them first with `kloud credential bootstrap %s --destroy`: %w", cr.ID, cr.ID, kite.ErrState)
+			}
+		}
+	}
+	cur, err := s.store.Collection(store.CollStacks).Find(ctx, bson.M{"credentials." + cr.Provider: cr.ID})
+	if err != nil {
+		return nil, fmt.Errorf("find stacks using credential %s: %w", cr.ID, err)
+	}
+	var stacks []Stack
+	if err := cur.All(ctx, &stacks); err != nil {
+		return nil, fmt.Errorf("find stacks using credential %s: %w", cr.ID, err)
+	}
+	var live []string
+	for _, st := range stacks {
+		if st.State != "Destroyed" && st.State != "Terminated" {
+			live = append(live, st.ID)
+		}
+	}
+	if len(live) > 0 {
+		return nil, fmt.Errorf("credential %s is used by stack(s) %s; destroy them first (kloud stack destroy ID): %w", cr.ID, strings.Join(live, ", "), kite.ErrState)
+	}
+	// Delete only what was checked: a bootstrap that started meanwhile keeps it.
+	filter := bson.M{"_id": cr.ID, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying}}}
+	res, err := s.credentials().DeleteOne(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("remove credential %s: %w", cr.ID, err)
+	}
+	if res.DeletedCount == 0 {
+		return nil, fmt.Errorf("credential %s changed meanwhile (a bootstrap started?); look again: %w", cr.ID, kite.ErrConflict)
+	}
+	s.log.Info("credential removed", "credential", cr.ID, "by", c.Username)
+	return map[string]any{"id": cr.ID, "removed": true}, nil
+}
+
+// stackFor builds the provider's Stack for credential work (no stack involved).
+func (s *Server) credentialStack(p *provider.Provider, cr *Credential, owner string) (provider.Stack, error) {
+	if p.Stack == nil {
+		return nil, fmt.Errorf("provider %s has no stack operations: %w", p.Name, kite.ErrState)
+	}
+	st, err := p.Stack(&provider.BaseStack{Provider: p, Team: cr.Team, Owner: owner, Log: s.log.With("provider", p.Name, "credential", cr.ID)})
+	if err != nil {
+		return nil, fmt.Errorf("provider %s: %w", p.Name, err)
+	}
+	return st, nil
+}
+
+// AuthenticateResult is the result of credential.authenticate.
+type AuthenticateResult struct {
+	ID       string `json:"id"`
+	Verified bool   `json:"verified"`
+	Error    string `json:"error,omitempty"` // why the provider rejected it
+}
+
+// credentialAuthenticate asks the provider whether the credential works and records the answer.
+func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialID) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	prov, err := s.providers.Lookup(cr.Provider)
+	if err != nil {
+		return nil, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
+	}
+	pc, err := s.providerCredential(prov, cr)
+	if err != nil {
+		return nil, err
+	}
+	red := redactor(secretValues(pc.Value, provider.SecretFields(pc.Value)))
+	st, err := s.credentialStack(prov, cr, c.Username)
+	if err != nil {
+		return nil, red.Err(err)
+	}
+	res := AuthenticateResult{ID: cr.ID, Verified: true}
+	if verr := st.VerifyCredential(ctx, pc); verr != nil {
+		res.Verified, res.Error = false, red.String(verr.Error())
+		if res.Error == "" {
+			res.Error = "rejected by the provider"
+		}
+	}
+	set := bson.M{"verified": res.Verified, "verifyError": res.Error, "updatedAt": s.store.Now()}
+	if _, err := s.credentials().UpdateOne(ctx, bson.M{"_id": cr.ID}, bson.M{"$set": set}); err != nil {
+		return nil, fmt.Errorf("record verification of credential %s: %w", cr.ID, err)
+	}
+	s.log.Info("credential verified", "credential", cr.ID, "verified", res.Verified, "by", c.Username)
+	return res, nil
+}
+
+// ProviderDescribeParams filter provider.describe.
+type ProviderDescribeParams struct {
+	Provider string `json:"provider,omitempty"`
+}
+
+// ProviderDescribeResult is the result of provider.describe.
+type ProviderDescribeResult struct {
+	Providers []provider.Description `json:"providers"`
+}
+
+func (s *Server) providerDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *ProviderDescribeParams) (any, error) {
+	out := ProviderDescribeResult{Providers: []provider.Description{}}
+	for _, name := range s.providers.Names() {
+		if p.Provider != "" && name != p.Provider {
+			continue
+		}
+		prov, err := s.providers.Lookup(name)
+		if err != nil {
+			continue
+		}
+		out.Providers = append(out.Providers, provider.Describe(prov))
+	}
+	if p.Provider != "" && len(out.Providers) == 0 {
+		return nil, fmt.Errorf("provider %q (providers: %s): %w", p.Provider, strings.Join(s.providers.Names(), ", "), kite.ErrNotFound)
+	}
+	return out, nil
+}

@@ -1,0 +1,596 @@
+package kloud_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/terraformertest"
+)
+
+// Secrets the test credentials carry; none may show anywhere.
+const (
+	testSecretKey = "sk-TOP-SECRET-7d1e0c5a93"
+	testToken     = "tok-HIDDEN-44b2f0e8c1"
+)
+
+// testCred is the test provider's credential: secret and plain fields, defaults, required
+// fields, and a Valid that can fail (carelessly quoting a secret, which kloud must redact).
+type testCred struct {
+	Region    string `json:"region" kloud:"Region" default:"eu-1"`
+	AccessKey string `json:"access_key" kloud:"Access key,required"`
+	SecretKey string `json:"secret_key" kloud:"Secret key,secret,required"`
+	Token     string `json:"token,omitempty" kloud:"Session token,secret"`
+	Port      int    `json:"port" kloud:"Port" default:"443"`
+}
+
+func (c *testCred) Valid() error {
+	if c.Region == "nowhere" {
+		return fmt.Errorf("region %q is not served for secret key %s", c.Region, c.SecretKey)
+	}
+	return nil
+}
+
+type testBootstrap struct {
+	Network string `json:"network" kloud:"Network,required"`
+	Key     string `json:"key" kloud:"Deploy key,secret"`
+}
+
+type testStack struct{}
+
+// VerifyCredential accepts the access key "good-key" and rejects others, quoting the secret.
+func (testStack) VerifyCredential(_ context.Context, c *provider.Credential) error {
+	v := c.Value.(*testCred)
+	if v.AccessKey != "good-key" {
+		return fmt.Errorf("access key %s rejected by testcloud (secret %s)", v.AccessKey, v.SecretKey)
+	}
+	return nil
+}
+
+const testBootstrapTF = `
+variable "testcloud_region" {
+  type = string
+}
+
+variable "testcloud_secret_key" {
+  type      = string
+  sensitive = true
+}
+
+resource "terraform_data" "network" {
+  input = "net-${var.testcloud_region}"
+  lifecycle {
+    precondition {
+      condition     = var.testcloud_region != "fail-1"
+      error_message = "region fail-1 cannot be bootstrapped"
+    }
+  }
+}
+
+output "network" {
+  value = terraform_data.network.output
+}
+
+output "key" {
+  value     = "key-${terraform_data.network.id}"
+  sensitive = true
+}
+
+output "extra" {
+  value = "not a bootstrap field"
+}
+`
+
+func (testStack) BootstrapTemplates(context.Context, *provider.Credential) ([]*provider.Template, error) {
+	return []*provider.Template{{Files: map[string][]byte{"main.tf": []byte(testBootstrapTF)}}}, nil
+}
+
+func (testStack) ApplyTemplate(context.Context, *provider.Credential) (*provider.Template, error) {
+	return nil, errors.New("testcloud makes no machines")
+}
+
+func testProviders() *provider.Registry {
+	r := provider.NewRegistry()
+	r.Register(&provider.Provider{
+		Name: "testcloud", ResourceType: "testcloud_machine", Description: "a provider for credential tests",
+		Schema: provider.Schema{
+			NewCredential: func() any { return &testCred{} },
+			NewBootstrap:  func() any { return &testBootstrap{} },
+		},
+		Stack: func(*provider.BaseStack) (provider.Stack, error) { return testStack{}, nil },
+	})
+	return r
+}
+
+// credWorld: alice (admin of red), bob (member of red), carol (admin of blue), and the kloud
+// admin.
+func newCredWorld(t *testing.T, o kloudtest.Options) *userWorld {
+	t.Helper()
+	if o.Providers == nil {
+		o.Providers = testProviders()
+	}
+	w := newUserWorld(t, o)
+	for _, u := range []string{"alice", "bob", "carol"} {
+		w.addUser(u, "", false)
+	}
+	w.must("alice", "team.create", map[string]any{"slug": "red"}, nil)
+	w.must("alice", "team.addMember", map[string]any{"team": "red", "username": "bob"}, nil)
+	w.must("carol", "team.create", map[string]any{"slug": "blue"}, nil)
+	return w
+}
+
+func goodCredData() map[string]any {
+	return map[string]any{"access_key": "good-key", "secret_key": testSecretKey, "token": testToken}
+}
+
+func (w *userWorld) addCred(user, title string, data map[string]any) string {
+	w.t.Helper()
+	var res kloud.CredentialID
+	w.must(user, "credential.add", map[string]any{"provider": "testcloud", "title": title, "data": data}, &res)
+	if res.ID == "" {
+		w.t.Fatal("credential.add returned no id")
+	}
+	return res.ID
+}
+
+func (w *userWorld) listCreds(user string, params map[string]any) []string {
+	w.t.Helper()
+	var res kloud.CredentialListResult
+	w.must(user, "credential.list", params, &res)
+	var ids []string
+	for _, c := range res.Credentials {
+		ids = append(ids, c.ID)
+		if c.Public != nil {
+			w.t.Errorf("credential.list shows fields: %+v", c)
+		}
+	}
+	return ids
+}
+
+func TestCredentialAuthz(t *testing.T) {
+	w := newCredWorld(t, kloudtest.Options{})
+	id := w.addCred("alice", "alice's key", goodCredData())
+
+	callers := []string{"alice", "bob", "carol", kloud.Admin} // owner, same-team member, other team, kloud admin
+	ok := error(nil)
+	table := []struct {
+		method string
+		params func() map[string]any
+		want   []error // per caller
+	}{
+		{"credential.describe", func() map[string]any { return map[string]any{"id": id} },
+			[]error{ok, ok, kite.ErrNotFound, ok}},
+		{"credential.authenticate", func() map[string]any { return map[string]any{"id": id} },
+			[]error{ok, ok, kite.ErrNotFound, ok}},
+		// Without a terraformer, callers allowed to bootstrap get "bad state": they got past authz.
+		{"credential.bootstrap", func() map[string]any { return map[string]any{"id": id} },
+			[]error{kite.ErrState, kite.ErrPermission, kite.ErrNotFound, kite.ErrState}},
+		{"credential.bootstrap", func() map[string]any { return map[string]any{"id": id, "destroy": true} },
+			[]error{kite.ErrState, kite.ErrPermission, kite.ErrNotFound, kite.ErrState}},
+		{"credential.remove", func() map[string]any { return map[string]any{"id": w.addCred("alice", "to remove", goodCredData())} },
+			[]error{ok, kite.ErrPermission, kite.ErrNotFound, ok}},
+		{"credential.add", func() map[string]any {
+			return map[string]any{"provider": "testcloud", "title": "added", "team": "red", "data": goodCredData()}
+		}, []error{ok, ok, kite.ErrPermission, ok}},
+		{"credential.list", func() map[string]any { return map[string]any{"team": "red"} },
+			[]error{ok, ok, kite.ErrNotFound, ok}},
+	}
+	for _, row := range table {
+		for i, user := range callers {
+			err := w.call(user, row.method, row.params(), nil)
+			if row.want[i] == nil && err != nil || row.want[i] != nil && !errors.Is(err, row.want[i]) {
+				t.Errorf("%s as %s: got %v, want %v", row.method, user, err, row.want[i])
+			}
+		}
+	}
+	// Nobody sees another team's credentials; admins see every team's.
+	for user, want := range map[string]bool{"alice": true, "bob": true, "carol": false, kloud.Admin: true} {
+		if got := slices.Contains(w.listCreds(user, nil), id); got != want {
+			t.Errorf("credential.list as %s lists alice's credential: %v", user, got)
+		}
+	}
+	blue := w.addCred("carol", "carol's key", goodCredData())
+	if got := w.listCreds("alice", nil); slices.Contains(got, blue) {
+		t.Errorf("alice lists carol's credential")
+	}
+	if _, _, err := w.e.Server.CredentialFor(t.Context(), "alice", blue, "testcloud"); !errors.Is(err, kite.ErrNotFound) {
+		t.Errorf("credentialFor of another team's credential: %v", err)
+	}
+	// A member removes their own credential; a team admin removes a member's.
+	mine := w.addCred("bob", "bob's", goodCredData())
+	w.must("bob", "credential.remove", map[string]any{"id": mine}, nil)
+	bobs := w.addCred("bob", "bob's too", goodCredData())
+	w.must("alice", "credential.remove", map[string]any{"id": bobs}, nil)
+	wantErr(t, w.call("bob", "credential.describe", map[string]any{"id": bobs}, nil), kite.ErrNotFound, "describe a removed credential")
+
+	w.scan(testSecretKey, testToken)
+}
+
+func TestCredentialValuesAndSecrets(t *testing.T) {
+	dir := t.TempDir()
+	w := newCredWorld(t, kloudtest.Options{DataDir: dir})
+	id := w.addCred("alice", "alice's key", goodCredData())
+
+	// Decoding is strict, fills defaults, checks required fields and Valid, and keeps secrets
+	// out of its errors.
+	for name, c := range map[string]struct {
+		data map[string]any
+		want string
+	}{
+		"missing secret": {map[string]any{"access_key": "k"}, "secret_key"},
+		"unknown field":  {map[string]any{"access_key": "k", "secret_key": testSecretKey, "colour": "red"}, "colour"},
+		"wrong type":     {map[string]any{"access_key": "k", "secret_key": testSecretKey, "port": "many"}, "port"},
+		"Valid fails":    {map[string]any{"access_key": "k", "secret_key": testSecretKey, "region": "nowhere"}, "[secret]"},
+	} {
+		err := w.call("alice", "credential.add", map[string]any{"provider": "testcloud", "title": name, "data": c.data}, nil)
+		if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want invalid params mentioning %q", name, err, c.want)
+		}
+	}
+	err := w.call("alice", "credential.add", map[string]any{"provider": "nocloud", "title": "x"}, nil)
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "testcloud") {
+		t.Errorf("unknown provider: %v", err)
+	}
+	wantErr(t, w.call("alice", "credential.add", map[string]any{"provider": "testcloud", "data": goodCredData()}, nil), kite.ErrInvalidParams, "no title")
+	// The admin is in one team (default), so the team may be omitted; in two, it may not.
+	w.must(kloud.Admin, "team.addMember", map[string]any{"team": "blue", "username": "alice"}, nil)
+	err = w.call("alice", "credential.add", map[string]any{"provider": "testcloud", "title": "which team?", "data": goodCredData()}, nil)
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "blue, red") {
+		t.Errorf("no team while in two: %v", err)
+	}
+	w.must("carol", "team.removeMember", map[string]any{"team": "blue", "username": "alice"}, nil)
+
+	var d kloud.CredentialView
+	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
+	if d.Provider != "testcloud" || d.Team != "red" || d.Owner != "alice" || d.Verified || d.Bootstrap == nil || d.Bootstrap.Status != kloud.BootstrapNone {
+		t.Fatalf("describe: %+v", d)
+	}
+	fields := map[string]kloud.CredentialField{}
+	for _, f := range d.Fields {
+		fields[f.Name] = f
+	}
+	for name, want := range map[string]kloud.CredentialField{
+		"region":     {Field: provider.Field{Name: "region", Type: "string", Label: "Region", Default: "eu-1"}, Set: true, Value: "eu-1"},
+		"access_key": {Field: provider.Field{Name: "access_key", Type: "string", Label: "Access key", Required: true}, Set: true, Value: "good-key"},
+		"secret_key": {Field: provider.Field{Name: "secret_key", Type: "string", Label: "Secret key", Secret: true, Required: true}, Set: true},
+		"token":      {Field: provider.Field{Name: "token", Type: "string", Label: "Session token", Secret: true}, Set: true},
+		"port":       {Field: provider.Field{Name: "port", Type: "integer", Label: "Port", Default: "443"}, Set: true, Value: float64(443)},
+	} {
+		if got := fields[name]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("field %s: %+v, want %+v", name, got, want)
+		}
+	}
+	if !slices.Equal(d.Secret, []string{"secret_key", "token"}) {
+		t.Errorf("secretFields %v", d.Secret)
+	}
+
+	// Authenticate: the provider decides; failures are stored, redacted.
+	var auth kloud.AuthenticateResult
+	w.must("bob", "credential.authenticate", map[string]any{"id": id}, &auth)
+	if !auth.Verified || auth.Error != "" {
+		t.Fatalf("authenticate a good credential: %+v", auth)
+	}
+	bad := w.addCred("alice", "bad key", map[string]any{"access_key": "bad-key", "secret_key": testSecretKey})
+	w.must("alice", "credential.authenticate", map[string]any{"id": bad}, &auth)
+	if auth.Verified || !strings.Contains(auth.Error, "bad-key rejected") || !strings.Contains(auth.Error, "[secret]") {
+		t.Fatalf("authenticate a bad credential: %+v", auth)
+	}
+	d = kloud.CredentialView{}
+	w.must("alice", "credential.describe", map[string]any{"id": bad}, &d)
+	if d.Verified || d.VerifyErr != auth.Error {
+		t.Fatalf("stored verification: %+v", d)
+	}
+	d = kloud.CredentialView{}
+	w.must("alice", "credential.describe", map[string]any{"id": id}, &d)
+	if !d.Verified {
+		t.Fatal("verified credential not marked verified")
+	}
+
+	// credentialFor opens the value for the team; variables are <provider>_<field>.
+	pc, secretVars, err := w.e.Server.CredentialFor(t.Context(), "bob", id, "testcloud")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := pc.Value.(*testCred); *v != (testCred{Region: "eu-1", AccessKey: "good-key", SecretKey: testSecretKey, Token: testToken, Port: 443}) {
+		t.Fatalf("opened credential: %+v", v)
+	}
+	if !slices.Equal(secretVars, []string{"testcloud_secret_key", "testcloud_token"}) {
+		t.Fatalf("secret vars %v", secretVars)
+	}
+	prov, _ := testProviders().Lookup("testcloud")
+	vars, _ := kloud.CredentialVariables(prov, pc)
+	if fmt.Sprint(vars) != fmt.Sprint(map[string]any{"testcloud_access_key": "good-key", "testcloud_port": json.Number("443"),
+		"testcloud_region": "eu-1", "testcloud_secret_key": testSecretKey, "testcloud_token": testToken}) {
+		t.Fatalf("variables %v", vars)
+	}
+	if _, _, err := w.e.Server.CredentialFor(t.Context(), "bob", id, "othercloud"); !errors.Is(err, kite.ErrInvalidParams) {
+		t.Fatalf("credentialFor with the wrong provider: %v", err)
+	}
+
+	// A live stack that uses the credential keeps it.
+	stacks := w.e.Server.Store().Collection(store.CollStacks)
+	if _, err := stacks.InsertOne(t.Context(), bson.M{"_id": "stack-1", "team": "red", "owner": "alice", "state": kloud.StackInitialized,
+		"credentials": bson.M{"testcloud": id}}); err != nil {
+		t.Fatal(err)
+	}
+	err = w.call("alice", "credential.remove", map[string]any{"id": id}, nil)
+	if !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), "stack-1") {
+		t.Fatalf("remove a credential a stack uses: %v", err)
+	}
+	var pd kloud.ProviderDescribeResult
+	w.must("carol", "provider.describe", nil, &pd)
+	if len(pd.Providers) != 1 || pd.Providers[0].Name != "testcloud" || len(pd.Providers[0].Credential) != 5 || !pd.Providers[0].Credential[2].Secret {
+		t.Fatalf("provider.describe: %+v", pd)
+	}
+	wantErr(t, w.call("carol", "provider.describe", map[string]any{"provider": "nocloud"}, nil), kite.ErrNotFound, "describe an unknown provider")
+
+	// Sealed at rest: neither the document nor any file of the data dir holds a secret.
+	var raw bson.Raw
+	if err := w.e.Server.Store().Collection(store.CollCredentials).FindOne(t.Context(), bson.M{"_id": id}).Decode(&raw); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(raw, []byte(testSecretKey)) || bytes.Contains(raw, []byte(testToken)) || !bytes.Contains(raw, []byte("good-key")) {
+		t.Fatalf("stored credential document holds a secret (or lost its public fields): %s", raw)
+	}
+	w.e.Stop()
+	files, public := 0, 0
+	filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || !de.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Errorf("read %s: %v", p, err)
+			return nil
+		}
+		files++
+		if bytes.Contains(b, []byte("good-key")) {
+			public++ // the scan sees stored documents
+		}
+		if bytes.Contains(b, []byte(testSecretKey)) || bytes.Contains(b, []byte(testToken)) {
+			t.Errorf("%s holds a secret in plain text", p)
+		}
+		return nil
+	})
+	if files < 3 || public == 0 {
+		t.Fatalf("scanned %d files in %s, %d with the credential's public fields", files, dir, public)
+	}
+	w.scan(testSecretKey, testToken)
+}
+
+// watchJob follows a job through job.watch as user and returns the events.
+func (w *userWorld) watchJob(user, jobID string) []kloud.JobEvent {
+	w.t.Helper()
+	c := w.as(user)
+	var res struct {
+		Subscription string `json:"subscription"`
+	}
+	if err := c.Call(w.t.Context(), "job.watch", map[string]string{"jobId": jobID}, &res); err != nil {
+		w.t.Fatal(err)
+	}
+	sub := c.Subscribe(res.Subscription)
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(w.t.Context(), 3*time.Minute)
+	defer cancel()
+	var evs []kloud.JobEvent
+	for {
+		ev, err := sub.Next(ctx)
+		if err != nil {
+			if !errors.Is(err, kite.ErrStreamEnded) {
+				w.t.Fatalf("job.watch: %v", err)
+			}
+			return evs
+		}
+		w.record(ev.Data)
+		var je kloud.JobEvent
+		if err := json.Unmarshal(ev.Data, &je); err != nil {
+			w.t.Fatal(err)
+		}
+		evs = append(evs, je)
+		if je.Status.Done() {
+			return evs
+		}
+	}
+}
+
+func (w *userWorld) job(user, id string) store.Job {
+	w.t.Helper()
+	var j store.Job
+	w.must(user, "job.get", map[string]string{"jobId": id}, &j)
+	return j
+}
+
+func TestCredentialBootstrap(t *testing.T) {
+	tf := terraformertest.Start(t, terraformertest.Options{})
+	w := newCredWorld(t, kloudtest.Options{Terraformer: tf.Client})
+	id := w.addCred("alice", "alice's key", goodCredData())
+
+	var br kloud.BootstrapResult
+	w.must("alice", "credential.bootstrap", map[string]any{"id": id}, &br)
+	if br.JobID == "" || br.Status != kloud.BootstrapRunning {
+		t.Fatalf("bootstrap: %+v", br)
+	}
+	wantErr(t, w.call("bob", "credential.bootstrap", map[string]any{"id": id}, nil), kite.ErrPermission, "member bootstraps")
+	evs := w.watchJob("alice", br.JobID)
+	last, logLines := -1, 0
+	for _, ev := range evs {
+		if ev.Percentage < last {
+			t.Errorf("progress went back: %d after %d", ev.Percentage, last)
+		}
+		last = ev.Percentage
+		logLines += len(ev.Log)
+	}
+	final := evs[len(evs)-1]
+	if final.Status != store.JobSucceeded || final.Percentage != 100 || logLines == 0 {
+		t.Fatalf("bootstrap job ended %+v after %d events, %d log lines", final, len(evs), logLines)
+	}
+	var d kloud.CredentialView
+	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
+	b := d.Bootstrap
+	if b.Status != kloud.BootstrapDone || !slices.Equal(b.Outputs, []string{"key", "network"}) || b.JobID != br.JobID ||
+		!slices.Equal(b.ContentIDs, []string{"bootstrap-red-" + id + "-0"}) {
+		t.Fatalf("bootstrap state: %+v", b)
+	}
+	pc, secretVars, err := w.e.Server.CredentialFor(t.Context(), "bob", id, "testcloud")
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := pc.Bootstrap.(*testBootstrap)
+	if boot.Network != "net-eu-1" || !strings.HasPrefix(boot.Key, "key-") {
+		t.Fatalf("bootstrap outputs: %+v", boot)
+	}
+	if !slices.Equal(secretVars, []string{"testcloud_key", "testcloud_secret_key", "testcloud_token"}) {
+		t.Fatalf("secret vars with bootstrap: %v", secretVars)
+	}
+	// Once per credential: a second call answers with the first job.
+	w.must("alice", "credential.bootstrap", map[string]any{"id": id}, &br)
+	if !br.AlreadyDone || br.JobID != d.Bootstrap.JobID {
+		t.Fatalf("second bootstrap: %+v", br)
+	}
+	err = w.call("alice", "credential.remove", map[string]any{"id": id}, nil)
+	if !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), "--destroy") {
+		t.Fatalf("remove a bootstrapped credential: %v", err)
+	}
+
+	// A failing bootstrap: the job fails with Terraform's message; the state says so.
+	failing := w.addCred("alice", "fails", map[string]any{"access_key": "good-key", "secret_key": testSecretKey, "region": "fail-1"})
+	w.must("alice", "credential.bootstrap", map[string]any{"id": failing}, &br)
+	evs = w.watchJob("alice", br.JobID)
+	if j := w.job("alice", br.JobID); j.Status != store.JobFailed || !strings.Contains(j.Error, "region fail-1 cannot be bootstrapped") {
+		t.Fatalf("failing bootstrap job: %+v", j)
+	}
+	d = kloud.CredentialView{}
+	w.must("alice", "credential.describe", map[string]any{"id": failing}, &d)
+	if d.Bootstrap.Status != kloud.BootstrapFailed || !strings.Contains(d.Bootstrap.Error, "fail-1") {
+		t.Fatalf("failed bootstrap state: %+v", d.Bootstrap)
+	}
+
+	// Destroy tears down what was applied (also after a failure), then the credential can go.
+	for _, cid := range []string{id, failing} {
+		w.must("alice", "credential.bootstrap", map[string]any{"id": cid, "destroy": true}, &br)
+		if br.Status != kloud.BootstrapDestroying {
+			t.Fatalf("destroy: %+v", br)
+		}
+		w.watchJob("alice", br.JobID)
+		if j := w.job("alice", br.JobID); j.Status != store.JobSucceeded {
+			t.Fatalf("destroy job: %+v", j)
+		}
+		d = kloud.CredentialView{}
+		w.must("alice", "credential.describe", map[string]any{"id": cid}, &d)
+		if d.Bootstrap.Status != kloud.BootstrapDestroyed || len(d.Bootstrap.ContentIDs) != 0 || len(d.Bootstrap.Outputs) != 0 {
+			t.Fatalf("destroyed bootstrap state: %+v", d.Bootstrap)
+		}
+		wantErr(t, w.call("alice", "credential.bootstrap", map[string]any{"id": cid, "destroy": true}, nil), kite.ErrState, "destroy twice")
+		w.must("alice", "credential.remove", map[string]any{"id": cid}, nil)
+	}
+	w.scan(testSecretKey, testToken, boot.Key)
+}
+
+// TestCredentialBootstrapRecovers: a bootstrap job whose kloud died is resumed by the next
+// kloud, which re-attaches to the Terraform run that went on in terraformer; without a
+// terraformer it fails honestly.
+func TestCredentialBootstrapRecovers(t *testing.T) {
+	tf := terraformertest.Start(t, terraformertest.Options{})
+	dir := t.TempDir()
+	w := newCredWorld(t, kloudtest.Options{DataDir: dir})
+	id := w.addCred("alice", "alice's key", goodCredData())
+	other := w.addCred("alice", "no terraformer", goodCredData())
+	w.e.Stop()
+
+	// What a kloud that died mid-bootstrap leaves behind: the terraform run it started, a
+	// running job whose runner lease ran out, and the credential's claim.
+	ctx := t.Context()
+	cid := "bootstrap-red-" + id + "-0"
+	tfJob, err := tf.Client.Apply(ctx, terraformer.Request{ContentID: cid, Files: map[string]string{"main.tf": testBootstrapTF},
+		Variables: map[string]any{"testcloud_region": "eu-1", "testcloud_secret_key": testSecretKey}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(ctx, store.Options{DataDir: dir, Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := func(credID string, tfJobs []string) string {
+		jid, err := st.Jobs().Create(ctx, store.Job{Kind: "credential.bootstrap", Target: "credential/" + credID, Owner: "alice",
+			Params: map[string]any{"credential": credID, "destroy": false}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Jobs().Start(ctx, jid, "a-dead-kloud"); err != nil {
+			t.Fatal(err)
+		}
+		past := time.Now().Add(-time.Hour)
+		if _, err := st.Collection(store.CollJobs).UpdateOne(ctx, bson.M{"_id": jid}, bson.M{"$set": bson.M{"leaseUntil": past}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Collection(store.CollCredentials).UpdateOne(ctx, bson.M{"_id": credID}, bson.M{"$set": bson.M{
+			"bootstrap.status": kloud.BootstrapRunning, "bootstrap.jobId": jid, "bootstrap.tfJobs": tfJobs,
+			"bootstrap.contentIds": []string{"bootstrap-red-" + credID + "-0"}}}); err != nil {
+			t.Fatal(err)
+		}
+		return jid
+	}
+	jid := orphan(id, []string{tfJob})
+	st.Close(ctx)
+
+	w2 := newUserWorld(t, kloudtest.Options{DataDir: dir, Providers: testProviders(), Terraformer: tf.Client})
+	var j store.Job
+	testutil.Eventually(t, 3*time.Minute, func() bool {
+		j = w2.job("alice", jid)
+		return j.Status.Done()
+	}, "recovered bootstrap job %s did not finish", jid)
+	if j.Status != store.JobSucceeded || j.Attempt != 2 || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "re-attaching to terraform job "+tfJob) }) {
+		t.Fatalf("recovered job: %+v", j)
+	}
+	var d kloud.CredentialView
+	w2.must("alice", "credential.describe", map[string]any{"id": id}, &d)
+	if d.Bootstrap.Status != kloud.BootstrapDone || !slices.Equal(d.Bootstrap.Outputs, []string{"key", "network"}) {
+		t.Fatalf("recovered bootstrap state: %+v", d.Bootstrap)
+	}
+	pc, _, err := w2.e.Server.CredentialFor(ctx, "alice", id, "testcloud")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2.e.Stop()
+
+	// Without a terraformer to re-attach to, the job fails with a reason and frees the claim.
+	st, err = store.Open(ctx, store.Options{DataDir: dir, Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jid = orphan(other, nil)
+	st.Close(ctx)
+	w3 := newUserWorld(t, kloudtest.Options{DataDir: dir, Providers: testProviders()})
+	testutil.Eventually(t, time.Minute, func() bool {
+		j = w3.job("alice", jid)
+		return j.Status.Done()
+	}, "recovered bootstrap job %s did not finish", jid)
+	if j.Status != store.JobFailed || !strings.Contains(j.Error, "kloud restarted") || !strings.Contains(j.Error, "terraformer") {
+		t.Fatalf("recovered job without terraformer: %+v", j)
+	}
+	w3.must("alice", "credential.describe", map[string]any{"id": other}, &d)
+	if d.Bootstrap.Status != kloud.BootstrapFailed || d.Bootstrap.Error == "" {
+		t.Fatalf("bootstrap state after a failed recovery: %+v", d.Bootstrap)
+	}
+	for _, x := range []*userWorld{w2, w3} {
+		x.scan(testSecretKey, testToken, pc.Bootstrap.(*testBootstrap).Key)
+	}
+}
