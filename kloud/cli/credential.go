@@ -1,0 +1,435 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// kloud credential add|list|describe|remove|authenticate|bootstrap and kloud provider describe.
+
+func init() {
+	extraCommands = append(extraCommands, credentialCmd, providerCmd)
+}
+
+func credentialCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "credential",
+		Short: "Manage provider credentials (secrets are stored encrypted and never shown)",
+		Long: `A credential holds what a provider needs (keys, regions, ...). It belongs to a team: its
+members see it and use it in stacks; its owner and the team's admins remove and bootstrap it.
+Secret fields are encrypted at rest and never shown again by any command. See each provider's
+fields with: kloud provider describe`,
+	}
+	cmd.AddCommand(credentialAddCmd(g), credentialListCmd(g), credentialDescribeCmd(g), credentialRemoveCmd(g),
+		credentialAuthenticateCmd(g), credentialBootstrapCmd(g))
+	return cmd
+}
+
+// describeProvider fetches one provider's description.
+func describeProvider(ctx context.Context, c *kite.Conn, name string) (*provider.Description, error) {
+	var res kloud.ProviderDescribeResult
+	if err := c.Call(ctx, "provider.describe", map[string]string{"provider": name}, &res); err != nil {
+		return nil, explain(err)
+	}
+	if len(res.Providers) != 1 {
+		return nil, fmt.Errorf("provider %q not found", name)
+	}
+	return &res.Providers[0], nil
+}
+
+// fieldsData turns --field k=v flags into the provider's JSON, converting by field type.
+func fieldsData(d *provider.Description, kvs []string) (map[string]any, error) {
+	types := map[string]string{}
+	var names []string
+	for _, f := range d.Credential {
+		types[f.Name] = f.Type
+		names = append(names, f.Name)
+	}
+	out := map[string]any{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("--field %q: want NAME=VALUE", kv)
+		}
+		typ, known := types[k]
+		if !known {
+			return nil, fmt.Errorf("--field %s: provider %s has no such field (fields: %s)", k, d.Name, strings.Join(names, ", "))
+		}
+		var err error
+		switch typ {
+		case "integer":
+			out[k], err = strconv.ParseInt(v, 10, 64)
+		case "number":
+			out[k], err = strconv.ParseFloat(v, 64)
+		case "boolean":
+			out[k], err = strconv.ParseBool(v)
+		default:
+			out[k] = v
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--field %s: want a %s", k, typ)
+		}
+	}
+	return out, nil
+}
+
+func credentialAddCmd(g *globals) *cobra.Command {
+	var p kloud.CredentialAddParams
+	var data, dataFile string
+	var fields []string
+	cmd := &cobra.Command{
+		Use:   "add --provider P --title T [--team T] (--data JSON | --data-file F | --field k=v ...)",
+		Short: "Add a credential for a provider",
+		Long: `Add a credential. Its fields (see kloud provider describe P) come as a JSON object (--data, or
+--data-file, - for stdin) or as --field NAME=VALUE flags, converted to the field's type. Prefer
+--data-file for secrets: flags end up in your shell history and the process list. Fields left out
+take their defaults; required ones must be given. --team defaults to your only team.
+
+  kloud credential add --provider local --title "my laptop"
+  kloud credential add --provider aws --title prod --data-file aws.json --team red
+  kloud credential add --provider dummy --title test --field region=eu-1 --field port=8080`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sources := 0
+			for _, set := range []bool{data != "", dataFile != "", len(fields) > 0} {
+				if set {
+					sources++
+				}
+			}
+			if sources > 1 {
+				return errors.New("give the fields one way: --data, --data-file or --field")
+			}
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close(nil)
+			switch {
+			case data != "":
+				p.Data = json.RawMessage(data)
+			case dataFile != "":
+				var b []byte
+				if dataFile == "-" {
+					b, err = io.ReadAll(os.Stdin)
+				} else {
+					b, err = os.ReadFile(dataFile)
+				}
+				if err != nil {
+					return fmt.Errorf("--data-file: %w", err)
+				}
+				p.Data = json.RawMessage(b)
+			case len(fields) > 0:
+				d, err := describeProvider(cmd.Context(), c, p.Provider)
+				if err != nil {
+					return err
+				}
+				m, err := fieldsData(d, fields)
+				if err != nil {
+					return err
+				}
+				if p.Data, err = json.Marshal(m); err != nil {
+					return err
+				}
+			}
+			if len(p.Data) > 0 && !json.Valid(p.Data) {
+				return errors.New("the credential data is not valid JSON (want an object of the provider's fields)")
+			}
+			var res kloud.CredentialID
+			if err := c.Call(cmd.Context(), "credential.add", &p, &res); err != nil {
+				if errors.Is(err, kite.ErrInvalidParams) {
+					return fmt.Errorf("%w\n  see the fields with: kloud provider describe %s", err, p.Provider)
+				}
+				return explain(err)
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			fmt.Fprintf(g.stdout, "added credential %s\ncheck it with: kloud credential authenticate %s\n", res.ID, res.ID)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&p.Provider, "provider", "", "provider name (required; see kloud provider describe)")
+	f.StringVar(&p.Title, "title", "", "a name for people (required)")
+	f.StringVar(&p.Team, "team", "", "team that shares it (default: your only team)")
+	f.StringVar(&data, "data", "", "the fields as a JSON object")
+	f.StringVar(&dataFile, "data-file", "", "read the JSON object from this file (- for stdin)")
+	f.StringArrayVar(&fields, "field", nil, "a field as NAME=VALUE (repeatable)")
+	cmd.MarkFlagRequired("provider")
+	cmd.MarkFlagRequired("title")
+	return cmd
+}
+
+func bootstrapStatus(b *kloud.Bootstrap) string {
+	if b == nil || b.Status == "" {
+		return kloud.BootstrapNone
+	}
+	return b.Status
+}
+
+func credentialListCmd(g *globals) *cobra.Command {
+	var p kloud.CredentialListParams
+	cmd := &cobra.Command{
+		Use:   "list [--provider P] [--team T]",
+		Short: "List your teams' credentials (no secrets)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var res kloud.CredentialListResult
+			if err := g.kloudCall(cmd.Context(), "credential.list", &p, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Credentials)
+			}
+			tw := newTable(g.stdout, "ID", "TITLE", "PROVIDER", "TEAM", "OWNER", "VERIFIED", "BOOTSTRAP", "CREATED")
+			for _, c := range res.Credentials {
+				verified := yesNo(c.Verified)
+				if !c.Verified && c.VerifyErr == "" {
+					verified = "not checked"
+				}
+				tw.row(c.ID, c.Title, c.Provider, c.Team, c.Owner, verified, bootstrapStatus(c.Bootstrap), c.CreatedAt.Local().Format(time.DateTime))
+			}
+			return tw.flush()
+		},
+	}
+	cmd.Flags().StringVar(&p.Provider, "provider", "", "only this provider's")
+	cmd.Flags().StringVar(&p.Team, "team", "", "only this team's")
+	return cmd
+}
+
+func credentialDescribeCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "describe ID",
+		Short: "Show a credential: its fields (secret ones only as set or not), verification, bootstrap",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var v kloud.CredentialView
+			if err := g.kloudCall(cmd.Context(), "credential.describe", kloud.CredentialID{ID: args[0]}, &v); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(v)
+			}
+			w := g.stdout
+			fmt.Fprintf(w, "id:        %s\ntitle:     %s\nprovider:  %s\nteam:      %s\nowner:     %s\ncreated:   %s\n",
+				v.ID, v.Title, v.Provider, v.Team, v.Owner, v.CreatedAt.Local().Format(time.DateTime))
+			switch {
+			case v.Verified:
+				fmt.Fprintln(w, "verified:  yes")
+			case v.VerifyErr != "":
+				fmt.Fprintf(w, "verified:  no: %s\n", v.VerifyErr)
+			default:
+				fmt.Fprintf(w, "verified:  not checked (kloud credential authenticate %s)\n", v.ID)
+			}
+			if b := v.Bootstrap; b != nil && b.Status != kloud.BootstrapNone {
+				fmt.Fprintf(w, "bootstrap: %s", b.Status)
+				if len(b.Outputs) > 0 {
+					fmt.Fprintf(w, " (outputs: %s)", strings.Join(b.Outputs, ", "))
+				}
+				if b.JobID != "" {
+					fmt.Fprintf(w, ", job %s", b.JobID)
+				}
+				fmt.Fprintln(w)
+				if b.Error != "" {
+					fmt.Fprintf(w, "           %s\n", b.Error)
+				}
+			} else {
+				fmt.Fprintln(w, "bootstrap: none")
+			}
+			fmt.Fprintln(w)
+			tw := newTable(w, "FIELD", "LABEL", "TYPE", "VALUE")
+			for _, f := range v.Fields {
+				val := ""
+				switch {
+				case f.Secret && f.Set:
+					val = "(secret, set)"
+				case f.Secret:
+					val = "(secret, not set)"
+				case f.Value != nil:
+					val = fmt.Sprint(f.Value)
+				}
+				tw.row(f.Name, f.Label, f.Type, val)
+			}
+			return tw.flush()
+		},
+	}
+}
+
+func credentialRemoveCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "remove ID",
+		Short: "Remove a credential (its owner or a team admin)",
+		Long: `Remove a credential. Refused while a stack that is not destroyed uses it, or while it has
+bootstrap resources (remove those first: kloud credential bootstrap ID --destroy).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var res map[string]any
+			if err := g.kloudCall(cmd.Context(), "credential.remove", kloud.CredentialID{ID: args[0]}, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			fmt.Fprintf(g.stdout, "removed credential %s\n", args[0])
+			return nil
+		},
+	}
+}
+
+func credentialAuthenticateCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "authenticate ID",
+		Short: "Ask the provider whether the credential works (exit status 1 if not)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var res kloud.AuthenticateResult
+			if err := g.kloudCall(cmd.Context(), "credential.authenticate", kloud.CredentialID{ID: args[0]}, &res); err != nil {
+				return err
+			}
+			if g.json {
+				if err := g.printJSON(res); err != nil {
+					return err
+				}
+			} else if res.Verified {
+				fmt.Fprintf(g.stdout, "credential %s works\n", res.ID)
+			}
+			if !res.Verified {
+				return fmt.Errorf("the provider rejected credential %s: %s\n  remove it and add it again with the right values (kloud credential remove %s)", res.ID, res.Error, res.ID)
+			}
+			return nil
+		},
+	}
+}
+
+func credentialBootstrapCmd(g *globals) *cobra.Command {
+	var destroy, detach bool
+	cmd := &cobra.Command{
+		Use:   "bootstrap ID [--destroy]",
+		Short: "Create (or with --destroy remove) the provider's shared resources for this credential",
+		Long: `Apply the provider's bootstrap templates for the credential (shared resources such as a
+network, made once per credential and team) and follow the job: a progress bar with Terraform's log
+lines (with --json, one JSON event per line). --destroy removes them again. Owner or team admin only.
+Stopping the command (Ctrl-C) stops following; the job goes on.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close(nil)
+			var res kloud.BootstrapResult
+			if err := c.Call(cmd.Context(), "credential.bootstrap", kloud.CredentialBootstrapParams{ID: args[0], Destroy: destroy}, &res); err != nil {
+				if errors.Is(err, kite.ErrState) && strings.Contains(err.Error(), "terraformer") {
+					return fmt.Errorf("%w\n  bootstrapping runs Terraform: start kloud with a terraformer", err)
+				}
+				return explain(err)
+			}
+			if res.AlreadyDone {
+				if g.json {
+					return g.printJSON(res)
+				}
+				fmt.Fprintf(g.stdout, "credential %s is already bootstrapped (job %s); to redo it, destroy first: kloud credential bootstrap %s --destroy\n", args[0], res.JobID, args[0])
+				return nil
+			}
+			if detach {
+				if g.json {
+					return g.printJSON(res)
+				}
+				fmt.Fprintf(g.stdout, "started job %s\n", res.JobID)
+				return nil
+			}
+			if !g.json {
+				what := "bootstrap"
+				if destroy {
+					what = "bootstrap destroy"
+				}
+				fmt.Fprintf(g.stdout, "%s of credential %s: job %s\n", what, args[0], res.JobID)
+			}
+			if _, err := g.watchJob(cmd.Context(), c, res.JobID); err != nil {
+				return fmt.Errorf("%w\n  see the state with: kloud credential describe %s", err, args[0])
+			}
+			if !g.json {
+				if destroy {
+					fmt.Fprintf(g.stdout, "bootstrap resources of %s destroyed\n", args[0])
+				} else {
+					fmt.Fprintf(g.stdout, "credential %s bootstrapped\n", args[0])
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&destroy, "destroy", false, "destroy the bootstrap resources instead")
+	cmd.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
+	return cmd
+}
+
+func providerCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "provider", Short: "Show the providers this kloud offers"}
+	describe := &cobra.Command{
+		Use:   "describe [NAME]",
+		Short: "Show providers with their credential fields (types, defaults, which are secret)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var p kloud.ProviderDescribeParams
+			if len(args) == 1 {
+				p.Provider = args[0]
+			}
+			var res kloud.ProviderDescribeResult
+			if err := g.kloudCall(cmd.Context(), "provider.describe", &p, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Providers)
+			}
+			sort.Slice(res.Providers, func(i, j int) bool { return res.Providers[i].Name < res.Providers[j].Name })
+			if len(res.Providers) == 0 {
+				fmt.Fprintln(g.stdout, "this kloud offers no providers")
+			}
+			for i, d := range res.Providers {
+				if i > 0 {
+					fmt.Fprintln(g.stdout)
+				}
+				fmt.Fprintf(g.stdout, "%s (machines: %s)", d.Name, d.ResourceType)
+				if d.Description != "" {
+					fmt.Fprintf(g.stdout, ": %s", d.Description)
+				}
+				fmt.Fprintln(g.stdout)
+				if !d.Available {
+					fmt.Fprintf(g.stdout, "  NOT AVAILABLE on this kloud: %s\n", d.Unavailable)
+				}
+				printFields(g.stdout, "credential", d.Credential)
+				printFields(g.stdout, "bootstrap outputs", d.Bootstrap)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(describe)
+	return cmd
+}
+
+func printFields(w io.Writer, what string, fs []provider.Field) {
+	if len(fs) == 0 {
+		fmt.Fprintf(w, "  %s: none\n", what)
+		return
+	}
+	fmt.Fprintf(w, "  %s:\n", what)
+	tw := newTable(w, "    FIELD", "LABEL", "TYPE", "SECRET", "REQUIRED", "DEFAULT")
+	for _, f := range fs {
+		tw.row("    "+f.Name, f.Label, f.Type, yesNo(f.Secret), yesNo(f.Required), f.Default)
+	}
+	tw.flush()
+}

@@ -1,0 +1,109 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"golang.org/x/term"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/store"
+)
+
+// watchJob follows a kloud job through job.watch until it ends. On a terminal it draws a
+// progress bar (percentage, stage, message) with the job's log lines scrolling above it;
+// otherwise it prints a line per change. With --json it prints each event as one JSON line.
+// It returns an error if the job did not succeed, or if following it failed (the job goes on).
+func (g *globals) watchJob(ctx context.Context, c *kite.Conn, jobID string) (*kloud.JobEvent, error) {
+	var res struct {
+		Subscription string `json:"subscription"`
+	}
+	if err := c.Call(ctx, "job.watch", map[string]string{"jobId": jobID}, &res); err != nil {
+		return nil, fmt.Errorf("follow job %s: %w", jobID, explain(err))
+	}
+	sub := c.Subscribe(res.Subscription)
+	defer sub.Close()
+	p := &progress{w: g.stdout, tty: isTerminal(g.stdout)}
+	var last *kloud.JobEvent
+	for {
+		ev, err := sub.Next(ctx)
+		if err != nil {
+			p.done()
+			if errors.Is(err, kite.ErrStreamEnded) && last != nil && last.Status.Done() {
+				break
+			}
+			return last, fmt.Errorf("stopped following job %s (it goes on in kloud): %w", jobID, err)
+		}
+		var je kloud.JobEvent
+		if err := json.Unmarshal(ev.Data, &je); err != nil {
+			continue
+		}
+		last = &je
+		if g.json {
+			b, _ := json.Marshal(je)
+			fmt.Fprintln(g.stdout, string(b))
+		} else {
+			p.update(&je)
+		}
+		if je.Status.Done() {
+			p.done()
+			break
+		}
+	}
+	switch last.Status {
+	case store.JobSucceeded:
+		return last, nil
+	case store.JobCancelled:
+		return last, fmt.Errorf("job %s was cancelled", jobID)
+	}
+	return last, fmt.Errorf("job %s failed: %s", jobID, last.Error)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// progress renders job events.
+type progress struct {
+	w       io.Writer
+	tty     bool
+	drawn   bool
+	lastKey string
+}
+
+const barWidth = 30
+
+func (p *progress) update(ev *kloud.JobEvent) {
+	pct := min(max(ev.Percentage, 0), 100)
+	if p.tty && p.drawn {
+		fmt.Fprint(p.w, "\r\033[K") // the bar's line is reused
+	}
+	for _, l := range ev.Log {
+		fmt.Fprintf(p.w, "  | %s\n", l)
+	}
+	status := strings.TrimSpace(ev.Stage + "  " + ev.Message)
+	if p.tty {
+		n := pct * barWidth / 100
+		fmt.Fprintf(p.w, "[%s%s] %3d%%  %s", strings.Repeat("#", n), strings.Repeat(".", barWidth-n), pct, status)
+		p.drawn = true
+		return
+	}
+	if key := fmt.Sprint(pct, status); key != p.lastKey {
+		p.lastKey = key
+		fmt.Fprintf(p.w, "%3d%%  %s\n", pct, status)
+	}
+}
+
+func (p *progress) done() {
+	if p.tty && p.drawn {
+		fmt.Fprintln(p.w)
+		p.drawn = false
+	}
+}

@@ -1,0 +1,270 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+)
+
+// kloud user add|list|passwd and kloud team create|list|add-member|remove-member.
+
+func init() {
+	extraCommands = append(extraCommands, userCmd, teamCmd)
+}
+
+// call dials kloud, makes one call and closes the connection; errors get a hint.
+func (g *globals) kloudCall(ctx context.Context, method string, params, result any) error {
+	c, err := g.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close(nil)
+	if err := c.Call(ctx, method, params, result); err != nil {
+		return explain(err)
+	}
+	return nil
+}
+
+func teamsString(m map[string]string) string {
+	var s []string
+	for t, r := range m {
+		s = append(s, t+" ("+r+")")
+	}
+	sort.Strings(s)
+	return strings.Join(s, ", ")
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func userCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "user", Short: "Manage users (adding them is for kloud administrators)"}
+
+	var p kloud.UserAddParams
+	var askPassword bool
+	var pwFile string
+	add := &cobra.Command{
+		Use:   "add USERNAME",
+		Short: "Add a user (kloud administrators only)",
+		Long: `Add a user. Usernames are 2-32 characters of a-z, 0-9 and '-', starting with a letter
+(admin, kloud and kontrol are reserved). With --password (prompted, no echo) or --password-file the
+user can log in (kloud login, or the web UI); without, they can only use kite keys you create for
+them (kloud key create). --team adds them to a team at once.
+
+  kloud user add alice --password --team red
+  kloud user add bob --email bob@example.com --password-file pw.txt --team red --role admin`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p.Username = args[0]
+			if askPassword || pwFile != "" {
+				pw, err := g.readPassword(pwFile, fmt.Sprintf("Password for %s: ", p.Username), true)
+				if err != nil {
+					return err
+				}
+				p.Password = pw
+			}
+			var res kloud.UserView
+			if err := g.kloudCall(cmd.Context(), "user.add", &p, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			fmt.Fprintf(g.stdout, "added user %s", res.Username)
+			if len(res.Teams) > 0 {
+				fmt.Fprintf(g.stdout, " to %s", teamsString(res.Teams))
+			}
+			fmt.Fprintln(g.stdout)
+			if res.HasPassword {
+				fmt.Fprintf(g.stdout, "they log in with: kloud login --username %s\n", res.Username)
+			} else {
+				fmt.Fprintf(g.stdout, "no password set: give them a key (kloud key create --username %s --out FILE) or set one (kloud user passwd %s)\n", res.Username, res.Username)
+			}
+			return nil
+		},
+	}
+	f := add.Flags()
+	f.StringVar(&p.Email, "email", "", "email address")
+	f.BoolVar(&p.Admin, "admin", false, "make the user a kloud administrator")
+	f.StringVar(&p.Team, "team", "", "add the user to this team")
+	f.StringVar(&p.Role, "role", "", "role in --team: member (default) or admin")
+	f.BoolVar(&askPassword, "password", false, "prompt for a password (no echo)")
+	f.StringVar(&pwFile, "password-file", "", "read the password from this file's first line (- for stdin)")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List users (all for administrators; the members of your teams otherwise)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var res kloud.UserListResult
+			if err := g.kloudCall(cmd.Context(), "user.list", nil, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Users)
+			}
+			tw := newTable(g.stdout, "USERNAME", "ADMIN", "EMAIL", "PASSWORD", "TEAMS", "CREATED")
+			for _, u := range res.Users {
+				created := ""
+				if !u.CreatedAt.IsZero() {
+					created = u.CreatedAt.Local().Format(time.DateTime)
+				}
+				tw.row(u.Username, yesNo(u.Admin), u.Email, yesNo(u.HasPassword), teamsString(u.Teams), created)
+			}
+			return tw.flush()
+		},
+	}
+
+	var passwdFile string
+	passwd := &cobra.Command{
+		Use:   "passwd [USERNAME]",
+		Short: "Set your password (or, as an administrator, anyone's)",
+		Long: `Set a password: your own without USERNAME; an administrator may name any user, including
+admin itself (so the administrator can log in to the web UI).`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var sp kloud.SetPasswordParams
+			if len(args) == 1 {
+				sp.Username = args[0]
+			}
+			who := sp.Username
+			if who == "" {
+				who = "yourself"
+			}
+			pw, err := g.readPassword(passwdFile, fmt.Sprintf("New password for %s: ", who), true)
+			if err != nil {
+				return err
+			}
+			sp.Password = pw
+			var res map[string]any
+			if err := g.kloudCall(cmd.Context(), "user.setPassword", &sp, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			fmt.Fprintf(g.stdout, "password of %v set\n", res["username"])
+			return nil
+		},
+	}
+	passwd.Flags().StringVar(&passwdFile, "password-file", "", "read the password from this file's first line (- for stdin)")
+
+	cmd.AddCommand(add, list, passwd)
+	return cmd
+}
+
+func teamCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "team",
+		Short: "Manage teams: members share credentials and templates",
+		Long: `Teams group users. A team's members see and use its credentials and templates; its admins
+add and remove members and manage everything in it. Whoever creates a team is its first admin.`,
+	}
+
+	var title string
+	create := &cobra.Command{
+		Use:   "create SLUG",
+		Short: "Create a team with you as its admin",
+		Long:  "Create a team. SLUG is 2-32 characters of a-z, 0-9 and '-', starting with a letter.\n\n  kloud team create red --title \"Red team\"",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var res kloud.Team
+			if err := g.kloudCall(cmd.Context(), "team.create", kloud.TeamCreateParams{Slug: args[0], Title: title}, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			fmt.Fprintf(g.stdout, "created team %s (%s); add members with: kloud team add-member %s USERNAME\n", res.Slug, res.Title, res.Slug)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&title, "title", "", "title shown to people (default: the slug)")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List your teams (all teams for kloud administrators)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var res kloud.TeamListResult
+			if err := g.kloudCall(cmd.Context(), "team.list", nil, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Teams)
+			}
+			tw := newTable(g.stdout, "TEAM", "TITLE", "YOUR ROLE", "MEMBERS")
+			for _, t := range res.Teams {
+				var ms []string
+				for _, m := range t.Members {
+					if m.Role == kloud.RoleAdmin {
+						ms = append(ms, m.Username+" (admin)")
+					} else {
+						ms = append(ms, m.Username)
+					}
+				}
+				tw.row(t.Slug, t.Title, t.Role, strings.Join(ms, ", "))
+			}
+			return tw.flush()
+		},
+	}
+
+	var role string
+	addMember := &cobra.Command{
+		Use:   "add-member TEAM USERNAME",
+		Short: "Add a user to a team, or change their role (team admins)",
+		Long:  "Add a user to a team, or change the role of a member.\n\n  kloud team add-member red bob\n  kloud team add-member red bob --role admin",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.memberCall(cmd.Context(), "team.addMember", kloud.TeamMemberParams{Team: args[0], Username: args[1], Role: role},
+				fmt.Sprintf("%s is now %s of team %s", args[1], roleOr(role), args[0]))
+		},
+	}
+	addMember.Flags().StringVar(&role, "role", kloud.RoleMember, "member or admin")
+
+	removeMember := &cobra.Command{
+		Use:   "remove-member TEAM USERNAME",
+		Short: "Remove a user from a team (team admins; anyone may remove themself)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.memberCall(cmd.Context(), "team.removeMember", kloud.TeamMemberParams{Team: args[0], Username: args[1]},
+				fmt.Sprintf("removed %s from team %s", args[1], args[0]))
+		},
+	}
+	cmd.AddCommand(create, list, addMember, removeMember)
+	return cmd
+}
+
+func roleOr(r string) string {
+	if r == kloud.RoleAdmin {
+		return "an admin"
+	}
+	return "a member"
+}
+
+func (g *globals) memberCall(ctx context.Context, method string, p kloud.TeamMemberParams, done string) error {
+	var res kloud.Team
+	if err := g.kloudCall(ctx, method, p, &res); err != nil {
+		if errors.Is(err, kite.ErrState) {
+			return fmt.Errorf("%w\n  a team needs an admin: make another member admin first (kloud team add-member %s USER --role admin)", err, p.Team)
+		}
+		return err
+	}
+	if g.json {
+		return g.printJSON(res)
+	}
+	fmt.Fprintln(g.stdout, done)
+	return nil
+}
