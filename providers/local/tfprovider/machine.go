@@ -1,0 +1,275 @@
+package tfprovider
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"strings"
+
+	"github.com/hashicorp/terraform-plugin-framework/diag"
+	"github.com/hashicorp/terraform-plugin-framework/path"
+	"github.com/hashicorp/terraform-plugin-framework/resource"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/float64planmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/int64planmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
+	"github.com/hashicorp/terraform-plugin-framework/types"
+
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
+)
+
+// machineResource is kloudlocal_machine.
+type machineResource struct {
+	c *client
+}
+
+// machineModel is the resource's data, in Terraform and in state.
+type machineModel struct {
+	ID        types.String  `tfsdk:"id"`
+	Hostname  types.String  `tfsdk:"hostname"`
+	UserData  types.String  `tfsdk:"user_data"`
+	Memory    types.Int64   `tfsdk:"memory"`
+	CPUs      types.Float64 `tfsdk:"cpus"`
+	Tags      types.Map     `tfsdk:"tags"`
+	IPAddress types.String  `tfsdk:"ip_address"`
+	State     types.String  `tfsdk:"state"`
+}
+
+func (r *machineResource) Metadata(ctx context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
+	resp.TypeName = req.ProviderTypeName + "_machine"
+}
+
+func (r *machineResource) Schema(ctx context.Context, req resource.SchemaRequest, resp *resource.SchemaResponse) {
+	resp.Schema = schema.Schema{
+		Description: "A local namespace machine booted with cloud-init. It keeps running after Terraform exits.",
+		Attributes: map[string]schema.Attribute{
+			"id": schema.StringAttribute{
+				Computed:      true,
+				Description:   "The machine's id on this host (its directory under the state dir).",
+				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
+			},
+			"hostname": schema.StringAttribute{
+				Required:      true,
+				Description:   "Host name inside the machine (RFC 1123, at most 63 characters).",
+				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
+			},
+			"user_data": schema.StringAttribute{
+				Optional:      true,
+				Sensitive:     true,
+				Description:   "cloud-init user data (NoCloud seed). Changing it replaces the machine.",
+				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
+			},
+			"memory": schema.Int64Attribute{
+				Optional:      true,
+				Description:   "Memory limit in MiB (cgroup), at least 32. Unset: unlimited.",
+				PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
+			},
+			"cpus": schema.Float64Attribute{
+				Optional:      true,
+				Description:   "CPU limit in CPUs (cgroup quota), at least 0.01. Unset: unlimited.",
+				PlanModifiers: []planmodifier.Float64{float64planmodifier.RequiresReplace()},
+			},
+			"tags": schema.MapAttribute{
+				Optional:    true,
+				ElementType: types.StringType,
+				Description: "Tags kept with the machine (kloud sets its stack and machine ids). Updated in place.",
+			},
+			"ip_address": schema.StringAttribute{
+				Computed:      true,
+				Description:   "The machine's address on the bridge.",
+				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
+			},
+			"state": schema.StringAttribute{
+				Computed:      true,
+				Description:   `"running" or "stopped" (kloud stops and starts machines outside Terraform).`,
+				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
+			},
+		},
+	}
+}
+
+func (r *machineResource) Configure(ctx context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
+	if req.ProviderData == nil {
+		return // not configured yet (validation)
+	}
+	c, ok := req.ProviderData.(*client)
+	if !ok {
+		resp.Diagnostics.AddError("kloudlocal: internal error", fmt.Sprintf("provider data of type %T", req.ProviderData))
+		return
+	}
+	r.c = c
+}
+
+var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
+
+// ValidateConfig reports bad values at plan time, before any machine is made.
+func (r *machineResource) ValidateConfig(ctx context.Context, req resource.ValidateConfigRequest, resp *resource.ValidateConfigResponse) {
+	var m machineModel
+	resp.Diagnostics.Append(req.Config.Get(ctx, &m)...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	if h := m.Hostname; !h.IsNull() && !h.IsUnknown() {
+		if s := h.ValueString(); len(s) > 63 || !hostnameRE.MatchString(s) {
+			resp.Diagnostics.AddAttributeError(path.Root("hostname"), "kloudlocal: bad hostname",
+				fmt.Sprintf("%q is not a valid host name: letters, digits and '-' in dot-separated labels, at most 63 characters", s))
+		}
+	}
+	if v := m.Memory; !v.IsNull() && !v.IsUnknown() && v.ValueInt64() < 32 {
+		resp.Diagnostics.AddAttributeError(path.Root("memory"), "kloudlocal: memory too small",
+			fmt.Sprintf("memory = %d MiB: at least 32 (cloud-init alone needs more); leave it unset for no limit", v.ValueInt64()))
+	}
+	if v := m.CPUs; !v.IsNull() && !v.IsUnknown() && v.ValueFloat64() < 0.01 {
+		resp.Diagnostics.AddAttributeError(path.Root("cpus"), "kloudlocal: cpus too small",
+			fmt.Sprintf("cpus = %g: at least 0.01; leave it unset for no limit", v.ValueFloat64()))
+	}
+}
+
+// newID names a machine after its host name plus a random suffix, so a replacement never
+// collides with the machine it replaces.
+func newID(hostname string) string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	h := strings.ToLower(hostname)
+	if len(h) > 40 {
+		h = h[:40]
+	}
+	return strings.TrimRight(h, ".-") + "-" + hex.EncodeToString(b)
+}
+
+func (r *machineResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
+	var plan machineModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	base, err := r.c.image(ctx)
+	if err != nil {
+		resp.Diagnostics.AddError("kloudlocal: no base image", err.Error())
+		return
+	}
+	m, err := r.c.creator(base)
+	if err != nil {
+		resp.Diagnostics.AddError("kloudlocal: bad provider configuration", err.Error())
+		return
+	}
+	tags, diags := tagsOf(ctx, plan.Tags)
+	resp.Diagnostics.Append(diags...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	spec := sandbox.Spec{
+		ID:       newID(plan.Hostname.ValueString()),
+		Hostname: plan.Hostname.ValueString(),
+		MemoryMB: int(plan.Memory.ValueInt64()),
+		CPUs:     plan.CPUs.ValueFloat64(),
+		Tags:     tags,
+	}
+	if !plan.UserData.IsNull() {
+		spec.UserData = []byte(plan.UserData.ValueString())
+	}
+	info, err := m.Create(ctx, spec)
+	if err != nil {
+		resp.Diagnostics.AddError("kloudlocal: create machine "+spec.Hostname, err.Error())
+		return
+	}
+	plan.ID = types.StringValue(info.ID)
+	plan.IPAddress = types.StringValue(info.IP.String())
+	plan.State = types.StringValue(string(info.State))
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *machineResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
+	var st machineModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &st)...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	info, err := r.c.m.Info(ctx, st.ID.ValueString())
+	if err != nil {
+		resp.Diagnostics.AddError("kloudlocal: read machine "+st.ID.ValueString(), err.Error())
+		return
+	}
+	if info.State == sandbox.StateAbsent {
+		resp.State.RemoveResource(ctx)
+		return
+	}
+	// What the machine really has, so drift shows in the plan; unset limits stay null.
+	if info.Hostname != "" {
+		st.Hostname = types.StringValue(info.Hostname)
+	}
+	if info.MemoryMB != 0 || !st.Memory.IsNull() {
+		st.Memory = types.Int64Value(int64(info.MemoryMB))
+	}
+	if info.CPUs != 0 || !st.CPUs.IsNull() {
+		st.CPUs = types.Float64Value(info.CPUs)
+	}
+	if len(info.Tags) > 0 || !st.Tags.IsNull() {
+		tags := info.Tags
+		if tags == nil {
+			tags = map[string]string{}
+		}
+		tv, diags := types.MapValueFrom(ctx, types.StringType, tags)
+		resp.Diagnostics.Append(diags...)
+		st.Tags = tv
+	}
+	st.IPAddress = types.StringValue(info.IP.String())
+	st.State = types.StringValue(string(info.State))
+	resp.Diagnostics.Append(resp.State.Set(ctx, &st)...)
+}
+
+// Update changes tags only: every other argument replaces the machine.
+func (r *machineResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
+	var plan machineModel
+	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	tags, diags := tagsOf(ctx, plan.Tags)
+	resp.Diagnostics.Append(diags...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	if _, err := r.c.m.SetTags(ctx, plan.ID.ValueString(), tags); err != nil {
+		resp.Diagnostics.AddError("kloudlocal: update machine "+plan.ID.ValueString(), err.Error())
+		return
+	}
+	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
+}
+
+func (r *machineResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
+	var st machineModel
+	resp.Diagnostics.Append(req.State.Get(ctx, &st)...)
+	if resp.Diagnostics.HasError() {
+		return
+	}
+	if err := r.c.m.Destroy(ctx, st.ID.ValueString()); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+		resp.Diagnostics.AddError("kloudlocal: destroy machine "+st.ID.ValueString(), err.Error())
+	}
+}
+
+// ImportState takes a machine id; Read fills in the rest (user_data stays unknown to Terraform).
+func (r *machineResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
+	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("id"), req.ID)...)
+}
+
+func tagsOf(ctx context.Context, m types.Map) (map[string]string, diag.Diagnostics) {
+	if m.IsNull() || m.IsUnknown() {
+		return nil, nil
+	}
+	out := map[string]string{}
+	diags := m.ElementsAs(ctx, &out, false)
+	return maps.Clone(out), diags
+}
+
+var (
+	_ resource.Resource                   = (*machineResource)(nil)
+	_ resource.ResourceWithConfigure      = (*machineResource)(nil)
+	_ resource.ResourceWithValidateConfig = (*machineResource)(nil)
+	_ resource.ResourceWithImportState    = (*machineResource)(nil)
+)
