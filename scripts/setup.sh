@@ -43,7 +43,7 @@ else
 fi
 
 {
-	cat "$cache/tf-mirror.env"
+	grep -E '^(TERRAFORM|TF_CLI_CONFIG_FILE|TF_MIRROR)=' "$cache/tf-mirror.env"
 	[ -f "$cache/base-image.env" ] && cat "$cache/base-image.env"
 	echo "KLOUD_CACHE=$cache"
 } >"$cache/env"
