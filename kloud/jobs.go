@@ -128,7 +128,11 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 }
 
 func (s *Server) heartbeat(ctx context.Context, id string) {
-	t := time.NewTicker(10 * time.Second)
+	lease := s.opts.JobLease
+	if lease <= 0 {
+		lease = 30 * time.Second
+	}
+	t := time.NewTicker(lease / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -173,8 +177,9 @@ func (s *Server) WaitJobs() { s.runner().wg.Wait() }
 func init() {
 	backgroundTasks = append(backgroundTasks, func(ctx context.Context, s *Server) {
 		s.recoverJobs(ctx)
-		// Later orphans (a replica that died while we run) are picked up periodically.
-		t := time.NewTicker(30 * time.Second)
+		// Later orphans (a replica that died while we run, or our own from before a restart
+		// whose lease had not yet expired) are picked up periodically.
+		t := time.NewTicker(5 * time.Second)
 		defer t.Stop()
 		for {
 			select {

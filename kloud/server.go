@@ -50,6 +50,9 @@ type Options struct {
 	KlientBin string
 	// Providers are the providers kloud offers (default provider.Default).
 	Providers *provider.Registry
+	// JobLease is how long a job stays claimed by a kloud that stopped renewing it (crashed)
+	// before another start or replica resumes it (default 30s).
+	JobLease time.Duration
 	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
 	// error until one is set with SetTerraformer).
 	Terraformer Terraformer
@@ -106,7 +109,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("kloud: data dir: %w", err)
 	}
-	st, err := store.Open(ctx, store.Options{MongoURL: opts.MongoURL, DataDir: opts.DataDir, Logger: opts.Logger})
+	st, err := store.Open(ctx, store.Options{MongoURL: opts.MongoURL, DataDir: opts.DataDir, Logger: opts.Logger, JobLeaseTTL: opts.JobLease})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -99,37 +98,6 @@ func versionCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-}
-
-func serveCmd(g *globals) *cobra.Command {
-	var o kloud.Options
-	cmd := &cobra.Command{
-		Use:   "serve",
-		Short: "Run kloud (with kontrol) in the foreground",
-		Long: `Run kloud in the foreground: the kite endpoint at /kite (kontrol included) and the
-public signing keys at /kite/keys. On first start it creates kontrol's signing keys and an admin
-kite key in the data directory and prints where.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.DataDir = g.dataDir
-			o.Logger = slog.New(slog.NewTextHandler(g.stderr, nil))
-			var s *kloud.Server
-			o.Listening = func(a net.Addr) {
-				fmt.Fprintf(g.stdout, "kloud %s listening on %s\n", version.Version, a)
-				fmt.Fprintf(g.stdout, "admin key: %s\n", s.AdminKeyPath())
-			}
-			s, err := kloud.New(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			return s.Serve(cmd.Context())
-		},
-	}
-	cmd.Flags().StringVar(&o.Addr, "addr", ":7000", "address to listen on")
-	cmd.Flags().StringVar(&o.PublicURL, "public-url", "", "URL kites use to reach this kloud (default http://127.0.0.1:<port>)")
-	cmd.Flags().DurationVar(&o.HeartbeatInterval, "heartbeat", 10*time.Second, "interval of liveness pings to connected kites")
-	cmd.Flags().DurationVar(&o.HeartbeatTimeout, "heartbeat-timeout", 10*time.Second, "drop a kite that does not answer a ping within this time")
-	return cmd
 }
 
 func keyCmd(g *globals) *cobra.Command {

@@ -1,0 +1,310 @@
+// Package e2e runs Kloud as a user would: the real binaries (kloud, terraformer, klient) as
+// processes, driven through the kloud CLI, with real terraform. TestMain builds the binaries
+// once.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+)
+
+var bin string // directory of the built binaries
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kloud-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		panic(err)
+	}
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/kloud", "./cmd/klient", "./cmd/terraformer")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build binaries: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	bin = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// env is one kloud installation: a data dir, a kloud process (restartable), optionally a
+// terraformer process of its own.
+type env struct {
+	t        *testing.T
+	dir      string
+	addr     string
+	kloud    *exec.Cmd
+	kloudOut *bytes.Buffer
+	extra    []string
+	key      string // KLOUD_KEY for CLI calls ("" = admin)
+}
+
+func newEnv(t *testing.T, extra ...string) *env {
+	t.Helper()
+	testutil.RequireBinary(t, "terraform")
+	testutil.RequireBinary(t, "curl")
+	e := &env{t: t, dir: t.TempDir(), addr: freePort(t), extra: extra}
+	e.start()
+	t.Cleanup(e.cleanup)
+	return e
+}
+
+func (e *env) url() string { return "http://" + e.addr }
+
+func (e *env) start() {
+	t := e.t
+	t.Helper()
+	args := append([]string{"serve", "--data-dir", e.dir, "--addr", e.addr, "--dummy-dir", filepath.Join(e.dir, "machines"),
+		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}, e.extra...)
+	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
+	e.kloudOut = &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = e.kloudOut, e.kloudOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.kloud = cmd
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		r, err := http.Get(e.url() + "/healthz")
+		if err == nil {
+			r.Body.Close()
+		}
+		return err == nil && strings.Contains(e.kloudOut.String(), "terraformer:")
+	}, "kloud did not come up:\n%s", e.kloudOut)
+}
+
+// kill SIGKILLs kloud (its terraformer child gets SIGTERM from the kernel).
+func (e *env) kill() {
+	e.kloud.Process.Signal(syscall.SIGKILL)
+	e.kloud.Wait()
+	e.t.Logf("kloud output until it was killed:\n%s", e.kloudOut)
+}
+
+func (e *env) cleanup() {
+	if e.kloud.ProcessState == nil {
+		e.kloud.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { e.kloud.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			e.kloud.Process.Kill()
+			<-done
+		}
+		if e.t.Failed() {
+			e.t.Logf("kloud output:\n%s", e.kloudOut)
+		}
+	}
+	// Machines of the dummy provider are processes: stop any a failed test left behind.
+	filepath.Walk(filepath.Join(e.dir, "machines"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && (fi.Name() == "klient-supervisor.pid" || fi.Name() == "provision.pid") {
+			var pid int
+			if b, err := os.ReadFile(p); err == nil {
+				fmt.Sscan(string(b), &pid)
+			}
+			if pid > 1 {
+				syscall.Kill(-pid, syscall.SIGKILL)
+			}
+		}
+		return nil
+	})
+}
+
+// run runs the kloud CLI and returns its stdout; a failure fails the test.
+func (e *env) run(args ...string) string {
+	e.t.Helper()
+	out, err := e.try(args...)
+	if err != nil {
+		e.t.Fatalf("kloud %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func (e *env) try(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
+	cmd.Env = append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_DATA_DIR="+e.dir, "KLOUD_KEY="+e.key)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return out.String(), err
+	case <-ctx.Done():
+		cmd.Process.Kill()
+		return out.String(), fmt.Errorf("timed out")
+	}
+}
+
+func (e *env) runJSON(v any, args ...string) {
+	e.t.Helper()
+	out := e.run(append(args, "--json")...)
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		e.t.Fatalf("kloud %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// alice sets up user alice with a key and a dummy credential, and makes her the CLI's user.
+func (e *env) alice() {
+	e.run("user", "add", "alice", "--team", "default")
+	key := filepath.Join(e.dir, "alice.key")
+	e.run("key", "create", "--username", "alice", "--out", key)
+	e.key = key
+	e.run("credential", "add", "--provider", "dummy", "--title", "mine", "--field", "token=abc123")
+}
+
+func (e *env) template(content string) string {
+	f := filepath.Join(e.t.TempDir(), "main.tf")
+	os.WriteFile(f, []byte(content), 0o644)
+	var t struct{ ID string }
+	e.runJSON(&t, "template", "create", "--title", "demo", "--file", f)
+	return t.ID
+}
+
+type machine struct {
+	ID, Label, State, Reason, KiteID string
+	Agent                            struct{ Status string }
+}
+
+func (e *env) machines(stack string) map[string]machine {
+	var ms []machine
+	e.runJSON(&ms, "machine", "list", "--stack", stack)
+	out := map[string]machine{}
+	for _, m := range ms {
+		out[m.Label] = m
+	}
+	return out
+}
+
+// TestWalkthrough is the README's walk-through with the dummy provider, step by step through
+// the CLI.
+func TestWalkthrough(t *testing.T) {
+	e := newEnv(t)
+	e.alice()
+	tid := e.template(`
+resource "terraform_data" "vm" {
+  count = 2
+  input = "#!/bin/bash\necho hello from the user script"
+}
+`)
+	plan := e.run("stack", "plan", "--template", tid)
+	if !strings.Contains(plan, "vm.0") || !strings.Contains(plan, "vm.1") {
+		t.Fatalf("plan:\n%s", plan)
+	}
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	sid := created.Stack.ID
+	out := e.run("stack", "apply", sid)
+	if !strings.Contains(out, "Stack building finished") || !strings.Contains(out, "agent connected") {
+		t.Fatalf("apply:\n%s", out)
+	}
+	ms := e.machines(sid)
+	for _, l := range []string{"vm.0", "vm.1"} {
+		if ms[l].State != "Running" || ms[l].Agent.Status != "connected" {
+			t.Fatalf("%s: %+v", l, ms[l])
+		}
+	}
+	// The agents are real klient processes registered with kontrol.
+	kites := e.run("kites", "--name", "klient")
+	for _, m := range ms {
+		if !strings.Contains(kites, m.KiteID) {
+			t.Fatalf("kite %s of %s not registered:\n%s", m.KiteID, m.Label, kites)
+		}
+	}
+	e.run("machine", "stop", "vm.0", "--stack", sid)
+	if m := e.machines(sid)["vm.0"]; m.State != "Stopped" {
+		t.Fatalf("after stop: %+v", m)
+	}
+	e.run("machine", "start", "vm.0", "--stack", sid)
+	if m := e.machines(sid)["vm.0"]; m.State != "Running" || m.Agent.Status != "connected" {
+		t.Fatalf("after start: %+v", m)
+	}
+	e.run("stack", "destroy", sid)
+	if ms := e.machines(sid); len(ms) != 0 {
+		t.Fatalf("machines left: %+v", ms)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(e.dir, "machines", sid)); len(entries) != 0 {
+		t.Fatalf("machine directories left: %v", entries)
+	}
+}
+
+// TestKloudKilledMidApply SIGKILLs kloud while a stack builds, with terraformer running on its
+// own; after a restart the interrupted job is resolved (resumed to the end), no machine stays
+// in Building, the lease is free again, and destroy leaves nothing behind.
+func TestKloudKilledMidApply(t *testing.T) {
+	tfAddr := freePort(t)
+	kloudAddr := freePort(t)
+	dir := t.TempDir()
+	tf := testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "tf"), "--kloud-url", "http://"+kloudAddr)
+	_ = tf
+	e := &env{t: t, dir: dir, addr: kloudAddr, extra: []string{"--terraformer-url", "http://" + tfAddr}}
+	testutil.RequireBinary(t, "terraform")
+	e.start()
+	t.Cleanup(e.cleanup)
+	e.alice()
+	tid := e.template(`
+resource "terraform_data" "vm" {
+  count = 2
+  input = "#!/bin/bash\necho working; sleep 6; echo done"
+}
+`)
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	sid := created.Stack.ID
+	out := e.run("stack", "apply", sid, "--detach")
+	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	// Kill kloud once terraform has run and the agents are being waited for.
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		var j struct{ Percentage int }
+		o, err := e.try("job", "get", jobID)
+		return err == nil && json.Unmarshal([]byte(o), &j) == nil && j.Percentage >= 70
+	}, "the build did not reach the agent check")
+	e.kill()
+	e.start()
+	final := e.run("job", "watch", jobID)
+	t.Logf("after restart:\n%s", final)
+	ms := e.machines(sid)
+	for l, m := range ms {
+		if m.State == "Building" {
+			t.Fatalf("%s stuck in Building after the restart: %+v", l, m)
+		}
+		if m.State != "Running" || m.Agent.Status != "connected" {
+			t.Fatalf("%s not resumed to Running: %+v", l, m)
+		}
+	}
+	e.run("stack", "destroy", sid)
+	if entries, _ := os.ReadDir(filepath.Join(e.dir, "machines", sid)); len(entries) != 0 {
+		t.Fatalf("machine directories left: %v", entries)
+	}
+}

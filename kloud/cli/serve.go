@@ -1,0 +1,214 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/internal/version"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/terraformer"
+)
+
+// serveFlags are kloud serve's settings beyond kloud.Options.
+type serveFlags struct {
+	o              kloud.Options
+	terraformerURL string
+	terraformerBin string
+	logLevel       string
+}
+
+// providerHooks add providers to the server's registry (each built-in provider's file adds one);
+// an error that says the provider cannot work here is logged, not fatal.
+var providerHooks []func(ctx context.Context, cmd *cobra.Command, f *serveFlags, reg *provider.Registry, log *slog.Logger) error
+
+// serveFlagHooks add provider flags to kloud serve.
+var serveFlagHooks []func(cmd *cobra.Command, f *serveFlags)
+
+func serveCmd(g *globals) *cobra.Command {
+	f := &serveFlags{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run kloud (with kontrol and terraformer) in the foreground",
+		Long: `Run kloud in the foreground: the kite endpoint at /kite (kontrol included), the public
+signing keys at /kite/keys, the klient download at /dl/klient and the web UI at /.
+
+On first start it creates the store (embedded unless --mongo-url), kontrol's signing keys, an
+admin kite key and kloud's own key in the data directory, and prints where. Unless
+--terraformer-url is given, it starts a terraformer next to it and stops it on exit.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd, g, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.o.Addr, "addr", ":7000", "address to listen on (machines of the local provider reach it on their bridge)")
+	fl.StringVar(&f.o.PublicURL, "public-url", "", "URL users and kites reach this kloud at (default http://127.0.0.1:<port>)")
+	fl.StringVar(&f.o.MongoURL, "mongo-url", "", "use this MongoDB instead of the embedded store in the data directory")
+	fl.StringVar(&f.o.KlientBin, "klient-bin", "", "klient binary to serve to machines (default: klient next to this binary)")
+	fl.DurationVar(&f.o.HeartbeatInterval, "heartbeat", 10*time.Second, "interval of liveness pings to connected kites")
+	fl.DurationVar(&f.o.HeartbeatTimeout, "heartbeat-timeout", 10*time.Second, "drop a kite that does not answer a ping within this time")
+	fl.StringVar(&f.terraformerURL, "terraformer-url", "", "use the terraformer at this URL (default: start one on 127.0.0.1:7001)")
+	fl.StringVar(&f.terraformerBin, "terraformer-bin", "", "terraformer binary to start (default: terraformer next to this binary)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.DurationVar(&f.o.JobLease, "job-lease", 30*time.Second, "how long a crashed kloud's jobs stay claimed before they are resumed")
+	for _, h := range serveFlagHooks {
+		h(cmd, f)
+	}
+	return cmd
+}
+
+func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
+	ctx := cmd.Context()
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	f.o.DataDir, f.o.Logger = g.dataDir, log
+	reg := provider.NewRegistry()
+	for _, h := range providerHooks {
+		if err := h(ctx, cmd, f, reg, log); err != nil {
+			return err
+		}
+	}
+	for _, n := range reg.Names() {
+		p, _ := reg.Lookup(n)
+		if p.Available != nil {
+			if err := p.Available(); err != nil {
+				fmt.Fprintf(g.stderr, "provider %s is unavailable on this host: %v\n", n, err)
+			}
+		}
+	}
+	f.o.Providers = reg
+	var s *kloud.Server
+	f.o.Listening = func(a net.Addr) {
+		fmt.Fprintf(g.stdout, "kloud %s listening on %s\n", version.Version, a)
+		fmt.Fprintf(g.stdout, "admin key: %s\n", s.AdminKeyPath())
+		fmt.Fprintf(g.stdout, "providers: %s\n", strings.Join(reg.Names(), ", "))
+	}
+	s, err := kloud.New(ctx, f.o)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(ctx) }()
+	tfURL := f.terraformerURL
+	if tfURL == "" {
+		stop, url, err := startTerraformer(ctx, g, f, log)
+		if err != nil {
+			cancel()
+			<-errc
+			return err
+		}
+		defer stop()
+		tfURL = url
+	}
+	key, err := kitekey.ReadFile(s.KloudKeyPath())
+	if err != nil {
+		cancel()
+		<-errc
+		return err
+	}
+	ck, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud", Username: "kloud", Version: version.Version}, Logger: log})
+	if err != nil {
+		cancel()
+		<-errc
+		return err
+	}
+	tc := terraformer.NewClient(ck, tfURL, func(context.Context) (kite.Auth, error) {
+		return kite.Auth{Type: kite.AuthKiteKey, Key: key}, nil
+	})
+	defer tc.Close()
+	s.SetTerraformer(tc)
+	fmt.Fprintf(g.stdout, "terraformer: %s\n", tfURL)
+	return <-errc
+}
+
+// startTerraformer runs the terraformer binary next to kloud, trusting this kloud's keys.
+func startTerraformer(ctx context.Context, g *globals, f *serveFlags, log *slog.Logger) (stop func(), url string, err error) {
+	bin := f.terraformerBin
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, "", err
+		}
+		bin = filepath.Join(filepath.Dir(exe), "terraformer")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return nil, "", fmt.Errorf("no terraformer to start at %s (build it with `make build`, or pass --terraformer-url): %w", bin, err)
+	}
+	_, port, _ := net.SplitHostPort(f.o.Addr)
+	kloudURL := f.o.PublicURL
+	if kloudURL == "" {
+		kloudURL = "http://127.0.0.1:" + port
+	}
+	addr := "127.0.0.1:7001"
+	cmd := exec.Command(bin, "--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL)
+	cmd.Stdout, cmd.Stderr = prefixWriter{g.stderr, "terraformer: "}, prefixWriter{g.stderr, "terraformer: "}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start terraformer: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	stop = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	}
+	url = "http://" + addr
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		select {
+		case <-done:
+			return nil, "", errors.New("terraformer exited at start; see its output above")
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, "", fmt.Errorf("terraformer did not answer on %s within 30s", addr)
+		}
+	}
+	log.Info("terraformer started", "addr", addr, "pid", cmd.Process.Pid)
+	return stop, url, nil
+}
+
+// prefixWriter prefixes every line written through it.
+type prefixWriter struct {
+	w      io.Writer
+	prefix string
+}
+
+func (p prefixWriter) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line != "" {
+			io.WriteString(p.w, p.prefix+line)
+		}
+	}
+	return len(b), nil
+}

@@ -1,0 +1,570 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+)
+
+func init() {
+	extraCommands = append(extraCommands, templateCmd, stackCmd, machineCmd, jobCmd)
+}
+
+// readTemplateFiles reads --file arguments and every *.tf / *.tf.json of --dir.
+func readTemplateFiles(files []string, dir string) (map[string]string, error) {
+	if dir != "" {
+		for _, pat := range []string{"*.tf", "*.tf.json"} {
+			m, _ := filepath.Glob(filepath.Join(dir, pat))
+			files = append(files, m...)
+		}
+	}
+	out := map[string]string{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		out[filepath.Base(f)] = string(b)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no template files: pass --file main.tf or --dir DIR (with *.tf or *.tf.json files)")
+	}
+	return out, nil
+}
+
+func templateCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "template", Short: "Manage stack templates (Terraform HCL or JSON, with revisions)"}
+	var title, desc, team, dir string
+	var files []string
+	create := &cobra.Command{
+		Use:   "create --title T (--file F ... | --dir D)",
+		Short: "Create a template from Terraform files",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fs, err := readTemplateFiles(files, dir)
+			if err != nil {
+				return err
+			}
+			var t kloud.Template
+			if err := g.kloudCall(cmd.Context(), "template.create", kloud.TemplateParams{Title: title, Description: desc, Team: team, Files: fs}, &t); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(t)
+			}
+			fmt.Fprintf(g.stdout, "template %s created (rev %d, providers: %s)\nnext: kloud stack plan --template %s\n", t.ID, t.Rev, strings.Join(t.Providers, ", "), t.ID)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&title, "title", "", "title (required)")
+	create.Flags().StringVar(&desc, "description", "", "description")
+	create.Flags().StringVar(&team, "team", "", "team (default: your only team)")
+	create.Flags().StringArrayVar(&files, "file", nil, "a .tf or .tf.json file (repeatable)")
+	create.Flags().StringVar(&dir, "dir", "", "a directory of .tf / .tf.json files")
+	create.MarkFlagRequired("title")
+
+	var ufiles []string
+	var udir, utitle string
+	update := &cobra.Command{
+		Use:   "update ID [--file F ... | --dir D] [--title T]",
+		Short: "Update a template (new files make a new revision)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p := kloud.TemplateParams{ID: args[0], Title: utitle}
+			if len(ufiles) > 0 || udir != "" {
+				fs, err := readTemplateFiles(ufiles, udir)
+				if err != nil {
+					return err
+				}
+				p.Files = fs
+			}
+			var t kloud.Template
+			if err := g.kloudCall(cmd.Context(), "template.update", p, &t); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(t)
+			}
+			fmt.Fprintf(g.stdout, "template %s is at rev %d\n", t.ID, t.Rev)
+			return nil
+		},
+	}
+	update.Flags().StringArrayVar(&ufiles, "file", nil, "a .tf or .tf.json file (repeatable)")
+	update.Flags().StringVar(&udir, "dir", "", "a directory of .tf / .tf.json files")
+	update.Flags().StringVar(&utitle, "title", "", "new title")
+
+	var rev int
+	get := &cobra.Command{
+		Use:   "get ID [--rev N]",
+		Short: "Show a template and its files",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var t kloud.Template
+			if err := g.kloudCall(cmd.Context(), "template.get", kloud.TemplateGetParams{ID: args[0], Rev: rev}, &t); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(t)
+			}
+			fmt.Fprintf(g.stdout, "%s  %q  team %s  owner %s  rev %d\n", t.ID, t.Title, t.Team, t.Owner, t.Rev)
+			for _, f := range t.Files {
+				fmt.Fprintf(g.stdout, "--- %s\n%s\n", f.Name, strings.TrimRight(f.Content, "\n"))
+			}
+			return nil
+		},
+	}
+	get.Flags().IntVar(&rev, "rev", 0, "an earlier revision")
+
+	var lteam string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List your teams' templates",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var res struct{ Templates []kloud.TemplateSummary }
+			if err := g.kloudCall(cmd.Context(), "template.list", kloud.TemplateListParams{Team: lteam}, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Templates)
+			}
+			tw := newTable(g.stdout, "ID", "TITLE", "TEAM", "OWNER", "REV", "PROVIDERS")
+			for _, t := range res.Templates {
+				tw.row(t.ID, t.Title, t.Team, t.Owner, fmt.Sprint(t.Rev), strings.Join(t.Providers, ","))
+			}
+			return tw.flush()
+		},
+	}
+	list.Flags().StringVar(&lteam, "team", "", "only this team")
+
+	del := &cobra.Command{
+		Use:   "delete ID",
+		Short: "Delete a template (stacks made from it keep their copy)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := g.kloudCall(cmd.Context(), "template.delete", kloud.IDParams{ID: args[0]}, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "template %s deleted\n", args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(create, update, get, list, del)
+	return cmd
+}
+
+// planFlags are the flags of stack plan and stack create.
+type planFlags struct {
+	template, title string
+	rev             int
+	creds, vars     []string
+}
+
+func (f *planFlags) add(cmd *cobra.Command, create bool) {
+	cmd.Flags().StringVar(&f.template, "template", "", "template id (required)")
+	cmd.Flags().IntVar(&f.rev, "rev", 0, "template revision (default: the current one)")
+	cmd.Flags().StringArrayVar(&f.creds, "credential", nil, "provider=credentialID (default: the team's only credential for each provider)")
+	cmd.Flags().StringArrayVar(&f.vars, "var", nil, "name=value for a template variable (repeatable)")
+	if create {
+		cmd.Flags().StringVar(&f.title, "title", "", "stack title (default: the template's)")
+	}
+	cmd.MarkFlagRequired("template")
+}
+
+func (f *planFlags) params() (kloud.PlanParams, error) {
+	p := kloud.PlanParams{TemplateID: f.template, Rev: f.rev, Title: f.title, Credentials: map[string]string{}, Variables: map[string]string{}}
+	for _, kv := range f.creds {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return p, fmt.Errorf("--credential %q: want provider=ID", kv)
+		}
+		p.Credentials[k] = v
+	}
+	for _, kv := range f.vars {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return p, fmt.Errorf("--var %q: want name=value", kv)
+		}
+		p.Variables[k] = v
+	}
+	return p, nil
+}
+
+func stackCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "stack", Short: "Plan, create, build and destroy stacks"}
+	var pf planFlags
+	plan := &cobra.Command{
+		Use:   "plan --template ID",
+		Short: "Show the machines a template would create (changes nothing)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := pf.params()
+			if err != nil {
+				return err
+			}
+			var res struct{ Machines []kloud.PlannedMachine }
+			if err := g.kloudCall(cmd.Context(), "stack.plan", p, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Machines)
+			}
+			tw := newTable(g.stdout, "LABEL", "PROVIDER", "ATTRIBUTES")
+			for _, m := range res.Machines {
+				tw.row(m.Label, m.Provider, attrs(m.Attributes))
+			}
+			return tw.flush()
+		},
+	}
+	pf.add(plan, false)
+
+	var cf planFlags
+	create := &cobra.Command{
+		Use:   "create --template ID",
+		Short: "Create a stack from a template: one machine per planned machine, not built yet",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := cf.params()
+			if err != nil {
+				return err
+			}
+			var res struct {
+				Stack    kloud.Stack
+				Machines []kloud.Machine
+			}
+			if err := g.kloudCall(cmd.Context(), "stack.create", p, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			fmt.Fprintf(g.stdout, "stack %s created with %d machines\n", res.Stack.ID, len(res.Machines))
+			printMachines(g, res.Machines)
+			fmt.Fprintf(g.stdout, "next: kloud stack apply %s\n", res.Stack.ID)
+			return nil
+		},
+	}
+	cf.add(create, true)
+
+	apply := func(destroy bool) *cobra.Command {
+		use, short := "apply STACK", "Build a stack and wait until every machine's agent answers"
+		if destroy {
+			use, short = "destroy STACK", "Destroy a stack: its machines and their resources"
+		}
+		var detach bool
+		c := &cobra.Command{
+			Use:   use,
+			Short: short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				conn, err := g.dial(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer conn.Close(nil)
+				var res struct{ JobID string }
+				if err := conn.Call(cmd.Context(), "stack.apply", kloud.ApplyParams{StackID: args[0], Destroy: destroy}, &res); err != nil {
+					return explain(err)
+				}
+				if detach {
+					fmt.Fprintf(g.stdout, "job %s started; follow it with: kloud job watch %s\n", res.JobID, res.JobID)
+					return nil
+				}
+				if _, err := g.watchJob(cmd.Context(), conn, res.JobID); err != nil {
+					return err
+				}
+				if !destroy && !g.json {
+					var st kloud.StackView
+					if conn.Call(cmd.Context(), "stack.describe", kloud.IDParams{ID: args[0]}, &st) == nil {
+						printMachines(g, st.MachineDocs)
+					}
+				}
+				return nil
+			},
+		}
+		c.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
+		return c
+	}
+
+	var all bool
+	var team string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List your stacks",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var res struct{ Stacks []kloud.Stack }
+			if err := g.kloudCall(cmd.Context(), "stack.list", kloud.StackListParams{Team: team, All: all}, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Stacks)
+			}
+			tw := newTable(g.stdout, "ID", "TITLE", "OWNER", "STATE", "MACHINES", "REASON")
+			for _, s := range res.Stacks {
+				tw.row(s.ID, s.Title, s.Owner, s.State, fmt.Sprint(len(s.Machines)), firstLine(s.Reason))
+			}
+			return tw.flush()
+		},
+	}
+	list.Flags().BoolVar(&all, "all", false, "every member's stacks (team admins, with --team; kloud admins)")
+	list.Flags().StringVar(&team, "team", "", "only this team")
+
+	describe := &cobra.Command{
+		Use:   "describe STACK",
+		Short: "Show a stack and its machines",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var st kloud.StackView
+			if err := g.kloudCall(cmd.Context(), "stack.describe", kloud.IDParams{ID: args[0]}, &st); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(st)
+			}
+			fmt.Fprintf(g.stdout, "stack %s %q  owner %s  team %s  state %s\n", st.ID, st.Title, st.Owner, st.Team, st.State)
+			if st.Reason != "" {
+				fmt.Fprintf(g.stdout, "reason: %s\n", st.Reason)
+			}
+			printMachines(g, st.MachineDocs)
+			return nil
+		},
+	}
+	cmd.AddCommand(plan, create, apply(false), apply(true), list, describe)
+	return cmd
+}
+
+func attrs(m map[string]any) string {
+	keys := make([]string, 0, len(m))
+	for k, v := range m {
+		if v == nil || k == "input" || k == "user_data" || k == "output" {
+			continue
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%v", k, m[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return s
+}
+
+func printMachines(g *globals, ms []kloud.Machine) {
+	tw := newTable(g.stdout, "MACHINE", "LABEL", "PROVIDER", "STATE", "AGENT", "IP", "REASON")
+	for _, m := range ms {
+		agent := m.Agent.Status
+		if !m.Agent.LastSeen.IsZero() {
+			agent += " (" + m.Agent.LastSeen.Local().Format(time.TimeOnly) + ")"
+		}
+		tw.row(m.ID, m.Label, m.Provider, string(m.State), agent, m.IPAddress, firstLine(m.Reason))
+	}
+	tw.flush()
+}
+
+// resolveMachine accepts a machine id or a label (unique among your machines, or within --stack).
+func (g *globals) resolveMachine(ctx context.Context, c *kite.Conn, arg, stack string) (string, error) {
+	var res struct{ Machines []kloud.Machine }
+	if err := c.Call(ctx, "machine.list", kloud.MachineListParams{StackID: stack}, &res); err != nil {
+		return "", explain(err)
+	}
+	var found []string
+	for _, m := range res.Machines {
+		if m.ID == arg {
+			return m.ID, nil
+		}
+		if m.Label == arg {
+			found = append(found, m.ID)
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return "", fmt.Errorf("no machine %q among yours: see `kloud machine list`", arg)
+	}
+	return "", fmt.Errorf("%d machines are labelled %q: pass its id or --stack", len(found), arg)
+}
+
+func machineCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "machine", Short: "List, inspect, start and stop machines"}
+	var stack, team string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List your machines (and those shared with you)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var res struct{ Machines []kloud.Machine }
+			if err := g.kloudCall(cmd.Context(), "machine.list", kloud.MachineListParams{StackID: stack, Team: team}, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Machines)
+			}
+			printMachines(g, res.Machines)
+			return nil
+		},
+	}
+	list.Flags().StringVar(&stack, "stack", "", "only this stack's machines")
+	list.Flags().StringVar(&team, "team", "", "every machine of this team (team admins)")
+
+	var istack string
+	info := &cobra.Command{
+		Use:   "info MACHINE",
+		Short: "Show a machine, asking its provider for the real state",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close(nil)
+			id, err := g.resolveMachine(cmd.Context(), c, args[0], istack)
+			if err != nil {
+				return err
+			}
+			var mi kloud.MachineInfo
+			if err := c.Call(cmd.Context(), "machine.info", kloud.MachineParams{MachineID: id}, &mi); err != nil {
+				return explain(err)
+			}
+			if g.json {
+				return g.printJSON(mi)
+			}
+			fmt.Fprintf(g.stdout, "machine %s (%s) of stack %s, provider %s\n", mi.ID, mi.Label, mi.StackID, mi.Provider)
+			fmt.Fprintf(g.stdout, "state:  %s (provider says %s)\n", mi.State, mi.InfraState)
+			fmt.Fprintf(g.stdout, "agent:  %s, kite %s\n", mi.Agent.Status, mi.KiteID)
+			if mi.IPAddress != "" {
+				fmt.Fprintf(g.stdout, "ip:     %s\n", mi.IPAddress)
+			}
+			if mi.Reason != "" {
+				fmt.Fprintf(g.stdout, "reason: %s\n", mi.Reason)
+			}
+			if mi.InfoError != "" {
+				fmt.Fprintf(g.stdout, "the provider could not be asked: %s\n", mi.InfoError)
+			}
+			return nil
+		},
+	}
+	info.Flags().StringVar(&istack, "stack", "", "the machine's stack (when labels repeat)")
+
+	power := func(method string) *cobra.Command {
+		var pstack string
+		var detach bool
+		c := &cobra.Command{
+			Use:   method + " MACHINE",
+			Short: map[string]string{"start": "Start a stopped machine and wait for its agent", "stop": "Stop a running machine (its disk is kept)"}[method],
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				conn, err := g.dial(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer conn.Close(nil)
+				id, err := g.resolveMachine(cmd.Context(), conn, args[0], pstack)
+				if err != nil {
+					return err
+				}
+				var res struct{ JobID string }
+				if err := conn.Call(cmd.Context(), "machine."+method, kloud.MachineParams{MachineID: id}, &res); err != nil {
+					return explain(err)
+				}
+				if detach {
+					fmt.Fprintf(g.stdout, "job %s started\n", res.JobID)
+					return nil
+				}
+				_, err = g.watchJob(cmd.Context(), conn, res.JobID)
+				return err
+			},
+		}
+		c.Flags().StringVar(&pstack, "stack", "", "the machine's stack (when labels repeat)")
+		c.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
+		return c
+	}
+	cmd.AddCommand(list, info, power("start"), power("stop"))
+	return cmd
+}
+
+func jobCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "job", Short: "Follow and inspect long-running jobs"}
+	watch := &cobra.Command{
+		Use:   "watch JOB",
+		Short: "Follow a job to its end",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close(nil)
+			_, err = g.watchJob(cmd.Context(), c, args[0])
+			return err
+		},
+	}
+	get := &cobra.Command{
+		Use:   "get JOB",
+		Short: "Show a job's last state and log",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var j map[string]any
+			if err := g.kloudCall(cmd.Context(), "job.get", kloud.JobParams{JobID: args[0]}, &j); err != nil {
+				return err
+			}
+			return g.printJSON(j)
+		},
+	}
+	var target string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List your recent jobs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var res struct {
+				Jobs []struct {
+					ID, Kind, Target, Status, Stage, Error string
+					Percent                                int `json:"percentage"`
+					CreatedAt                              time.Time
+				}
+			}
+			if err := g.kloudCall(cmd.Context(), "job.list", kloud.JobListParams{Target: target}, &res); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res.Jobs)
+			}
+			tw := newTable(g.stdout, "JOB", "KIND", "TARGET", "STATUS", "%", "CREATED", "ERROR")
+			for _, j := range res.Jobs {
+				tw.row(j.ID, j.Kind, j.Target, j.Status, fmt.Sprint(j.Percent), j.CreatedAt.Local().Format(time.DateTime), firstLine(j.Error))
+			}
+			return tw.flush()
+		},
+	}
+	list.Flags().StringVar(&target, "target", "", "only jobs of this target, e.g. stack/ID")
+	cancel := &cobra.Command{
+		Use:   "cancel JOB",
+		Short: "Ask a running job to stop",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := g.kloudCall(cmd.Context(), "job.cancel", kloud.JobParams{JobID: args[0]}, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "cancel requested for job %s\n", args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(watch, get, list, cancel)
+	return cmd
+}

@@ -1,0 +1,320 @@
+package kloud_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/dummy"
+)
+
+// flowEnv is a kloud with a per-test dummy provider, a real terraformer and real klient
+// processes as machines.
+type flowEnv struct {
+	*kloudtest.Env
+	t     *testing.T
+	dir   string
+	alice *kite.Conn
+}
+
+func newFlow(t *testing.T, o dummy.Options) *flowEnv {
+	t.Helper()
+	testutil.RequireBinary(t, "curl")
+	reg := provider.NewRegistry()
+	o.Dir = filepath.Join(t.TempDir(), "machines")
+	reg.Register(dummy.New(o))
+	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
+	e.StartTerraformer()
+	admin := e.Dial(kloud.Admin)
+	kloudtest.Call(t, admin, "user.add", map[string]string{"username": "alice", "team": kloud.DefaultTeam}, nil)
+	f := &flowEnv{Env: e, t: t, dir: o.Dir, alice: e.Dial("alice")}
+	t.Cleanup(f.killMachines)
+	return f
+}
+
+// killMachines stops any klient a failed test left running (by the pids in machine roots).
+func (f *flowEnv) killMachines() {
+	filepath.Walk(f.dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && (fi.Name() == "klient-supervisor.pid" || fi.Name() == "provision.pid") {
+			b, _ := os.ReadFile(p)
+			var pid int
+			if _, err := fmt.Sscan(string(b), &pid); err == nil && pid > 1 {
+				killGroup(pid)
+			}
+		}
+		return nil
+	})
+}
+
+func (f *flowEnv) credential() string {
+	var res struct{ ID string }
+	kloudtest.Call(f.t, f.alice, "credential.add", map[string]any{"provider": "dummy", "title": "mine", "data": map[string]string{"token": "s3cret-token"}}, &res)
+	return res.ID
+}
+
+func (f *flowEnv) template(main string) string {
+	var res struct{ ID string }
+	kloudtest.Call(f.t, f.alice, "template.create", map[string]any{"title": "two vms", "files": map[string]string{"main.tf": main}}, &res)
+	return res.ID
+}
+
+func (f *flowEnv) stack(tmplID string) (string, []kloud.Machine) {
+	var res struct {
+		Stack    kloud.Stack
+		Machines []kloud.Machine
+	}
+	kloudtest.Call(f.t, f.alice, "stack.create", map[string]any{"templateId": tmplID}, &res)
+	return res.Stack.ID, res.Machines
+}
+
+// follow watches a job to its end and returns the last event.
+func (f *flowEnv) follow(jobID string) kloud.JobEvent {
+	f.t.Helper()
+	var res struct{ Subscription string }
+	kloudtest.Call(f.t, f.alice, "job.watch", map[string]string{"jobId": jobID}, &res)
+	sub := f.alice.Subscribe(res.Subscription)
+	ctx, cancel := context.WithTimeout(f.t.Context(), 5*time.Minute)
+	defer cancel()
+	var last kloud.JobEvent
+	for {
+		ev, err := sub.Next(ctx)
+		if errors.Is(err, kite.ErrStreamEnded) {
+			return last
+		}
+		if err != nil {
+			f.t.Fatalf("watch job %s: %v", jobID, err)
+		}
+		last = kloud.JobEvent{}
+		json.Unmarshal(ev.Data, &last)
+		for _, l := range last.Log {
+			f.t.Logf("job %s: %s", jobID, l)
+		}
+	}
+}
+
+func (f *flowEnv) machines(stackID string) map[string]kloud.Machine {
+	var res struct{ Machines []kloud.Machine }
+	kloudtest.Call(f.t, f.alice, "machine.list", map[string]string{"stackId": stackID}, &res)
+	out := map[string]kloud.Machine{}
+	for _, m := range res.Machines {
+		out[m.Label] = m
+	}
+	return out
+}
+
+const twoVMs = `
+resource "terraform_data" "vm" {
+  count = 2
+  input = <<-EOT
+    #!/bin/bash
+    echo "hello from the user script of $KLOUD_OWNER"
+  EOT
+}
+`
+
+func TestStackLifecycle(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	tid := f.template(twoVMs)
+
+	var plan struct{ Machines []kloud.PlannedMachine }
+	kloudtest.Call(t, f.alice, "stack.plan", map[string]string{"templateId": tid}, &plan)
+	if len(plan.Machines) != 2 || plan.Machines[0].Label != "vm.0" || plan.Machines[1].Label != "vm.1" || plan.Machines[0].Provider != "dummy" {
+		t.Fatalf("plan: %+v", plan.Machines)
+	}
+
+	sid, ms := f.stack(tid)
+	for _, m := range ms {
+		if m.State != provider.NotInitialized || m.Agent.Status != kloud.AgentNever {
+			t.Fatalf("new machine %+v", m)
+		}
+	}
+	var job struct{ JobID string }
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
+	last := f.follow(job.JobID)
+	if last.Status != "succeeded" || last.Percentage != 100 {
+		t.Fatalf("build: %+v", last)
+	}
+	got := f.machines(sid)
+	for _, l := range []string{"vm.0", "vm.1"} {
+		m := got[l]
+		if m.State != provider.Running || m.Agent.Status != kloud.AgentConnected || m.KiteID == "" {
+			t.Fatalf("%s after build: %+v", l, m)
+		}
+		if len(f.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) != 1 {
+			t.Fatalf("%s: agent not registered", l)
+		}
+	}
+
+	// stop → Stopped, agent gone; start → Running, agent back.
+	vm0 := got["vm.0"]
+	kloudtest.Call(t, f.alice, "machine.stop", map[string]string{"machineId": vm0.ID}, &job)
+	if last := f.follow(job.JobID); last.Status != "succeeded" {
+		t.Fatalf("stop: %+v", last)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		m := f.machines(sid)["vm.0"]
+		return m.State == provider.Stopped && m.Agent.Status == kloud.AgentDisconnected
+	}, "vm.0 not stopped with its agent disconnected: %+v", f.machines(sid)["vm.0"])
+	var info kloud.MachineInfo
+	kloudtest.Call(t, f.alice, "machine.info", map[string]string{"machineId": vm0.ID}, &info)
+	if info.InfraState != provider.Stopped {
+		t.Fatalf("info: %+v", info)
+	}
+	kloudtest.Call(t, f.alice, "machine.start", map[string]string{"machineId": vm0.ID}, &job)
+	if last := f.follow(job.JobID); last.Status != "succeeded" {
+		t.Fatalf("start: %+v", last)
+	}
+	if m := f.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+		t.Fatalf("after start: %+v", m)
+	}
+	// start is allowed only from Stopped.
+	if err := f.alice.Call(t.Context(), "machine.start", map[string]string{"machineId": vm0.ID}, &job); !errors.Is(err, kite.ErrState) {
+		t.Fatalf("start of a running machine: %v", err)
+	}
+
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
+	if last := f.follow(job.JobID); last.Status != "succeeded" {
+		t.Fatalf("destroy: %+v", last)
+	}
+	if n := len(f.machines(sid)); n != 0 {
+		t.Fatalf("%d machines left after destroy", n)
+	}
+	entries, _ := os.ReadDir(filepath.Join(f.dir, sid))
+	if len(entries) != 0 {
+		t.Fatalf("machine directories left after destroy: %v", entries)
+	}
+	for _, m := range got {
+		if len(f.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) != 0 {
+			t.Fatalf("agent %s still registered after destroy", m.Label)
+		}
+	}
+}
+
+func TestUserScriptFailureNamesTheStep(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	tid := f.template(`
+resource "terraform_data" "web" {
+  input = "#!/bin/bash\necho about to fail; echo boom-42 >&2; exit 3"
+}
+`)
+	sid, _ := f.stack(tid)
+	var job struct{ JobID string }
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
+	last := f.follow(job.JobID)
+	if last.Status != "failed" || !strings.Contains(last.Error, "user script failed (exit code 3)") || !strings.Contains(last.Error, "boom-42") {
+		t.Fatalf("want a user script failure with its output, got %+v", last)
+	}
+	m := f.machines(sid)["web"]
+	if !strings.Contains(m.Reason, "user script") || m.Agent.Status != kloud.AgentConnected {
+		t.Fatalf("machine: %+v", m)
+	}
+}
+
+func TestBrokenAgentDownloadNamesTheStep(t *testing.T) {
+	f := newFlow(t, dummy.Options{BreakAgent: "download"})
+	f.credential()
+	tid := f.template(`
+resource "terraform_data" "web" {
+  input = "#!/bin/bash\necho hi"
+}
+`)
+	var res struct{ Stack kloud.Stack }
+	kloudtest.Call(t, f.alice, "stack.create", map[string]any{"templateId": tid, "variables": map[string]string{"kloud_agent_timeout": "15s"}}, &res)
+	var job struct{ JobID string }
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": res.Stack.ID}, &job)
+	last := f.follow(job.JobID)
+	if last.Status != "failed" || !strings.Contains(last.Error, "agent download") || !strings.Contains(last.Error, "sha256 mismatch") {
+		t.Fatalf("want an agent download failure, got %+v", last)
+	}
+}
+
+func TestConcurrentApplyRunsOnce(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	sid, _ := f.stack(f.template(twoVMs))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var jobs []string
+	var errs []error
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var job struct{ JobID string }
+			err := f.alice.Call(t.Context(), "stack.apply", map[string]string{"stackId": sid}, &job)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			} else {
+				jobs = append(jobs, job.JobID)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(jobs) != 1 {
+		t.Fatalf("%d applies started (errors %v)", len(jobs), errs)
+	}
+	for _, err := range errs {
+		if !errors.Is(err, kite.ErrConflict) && !errors.Is(err, kite.ErrState) {
+			t.Fatalf("loser got %v", err)
+		}
+	}
+	if last := f.follow(jobs[0]); last.Status != "succeeded" {
+		t.Fatalf("%+v", last)
+	}
+	var job struct{ JobID string }
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
+	f.follow(job.JobID)
+}
+
+func TestInvalidTemplates(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	err := f.alice.Call(t.Context(), "template.create", map[string]any{"title": "bad", "files": map[string]string{"main.tf": "resource \"terraform_data\" \"x\" {\n  input = \n}\n"}}, nil)
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "main.tf:") {
+		t.Fatalf("syntax error: %v", err)
+	}
+	// Valid HCL, but Terraform rejects it: the diagnostic comes back from the plan.
+	tid := f.template(`
+resource "terraform_data" "vm" {
+  input = var.missing
+}
+`)
+	err = f.alice.Call(t.Context(), "stack.plan", map[string]string{"templateId": tid}, nil)
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "missing") || !strings.Contains(err.Error(), "main.tf") {
+		t.Fatalf("terraform error: %v", err)
+	}
+}
+
+func TestSecretsOnlyInProviderBlocks(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	tid := f.template(`
+variable "dummy_token" {
+  type      = string
+  sensitive = true
+}
+resource "terraform_data" "vm" {
+  input = "#!/bin/bash\necho ${var.dummy_token}"
+}
+`)
+	err := f.alice.Call(t.Context(), "stack.plan", map[string]string{"templateId": tid}, nil)
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "dummy_token") {
+		t.Fatalf("a resource reading a secret: %v", err)
+	}
+}

@@ -1,0 +1,265 @@
+package kloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// Machines: machine.list, machine.info (the provider is the truth; the store is reconciled),
+// machine.start and machine.stop (durable jobs).
+
+func init() {
+	methodSets = append(methodSets, func(s *Server) {
+		handle(s, "machine.list", s.machineList)
+		handle(s, "machine.info", s.machineInfo, kite.WithTimeout(time.Minute))
+		handle(s, "machine.start", s.machinePower(provider.MethodStart))
+		handle(s, "machine.stop", s.machinePower(provider.MethodStop))
+	})
+	for _, m := range []string{provider.MethodStart, provider.MethodStop} {
+		registerJobKind("machine."+m, jobKind{run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
+			return j.s.runMachinePower(ctx, j, m, false)
+		}, recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
+			return j.s.runMachinePower(ctx, j, m, true)
+		}})
+	}
+}
+
+// MachineParams name a machine.
+type MachineParams struct {
+	MachineID string `json:"machineId"`
+}
+
+// Validate implements kite.Validator.
+func (p *MachineParams) Validate() error {
+	if p.MachineID == "" {
+		return errors.New("machineId is required")
+	}
+	return nil
+}
+
+// canSee reports whether c may see machine m: its owner, a user it is shared with, a team admin.
+func (c *Caller) canSee(m *Machine) bool {
+	if m.Owner == c.Username || c.TeamAdmin(m.Team) {
+		return true
+	}
+	for _, sh := range m.Shares {
+		if sh.Username == c.Username {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) loadMachine(ctx context.Context, c *Caller, id string) (*Machine, error) {
+	var m Machine
+	err := s.store.Collection(store.CollMachines).FindOne(ctx, bson.M{"_id": id}).Decode(&m)
+	if errors.Is(err, mongo.ErrNoDocuments) || err == nil && c != nil && !c.canSee(&m) {
+		return nil, notFound("machine", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load machine: %w", err)
+	}
+	return &m, nil
+}
+
+// providerMachine builds the provider's view of m.
+func (s *Server) providerMachine(ctx context.Context, c *Caller, m *Machine) (provider.Machine, error) {
+	p, err := s.providers.Lookup(m.Provider)
+	if err != nil {
+		return nil, err
+	}
+	bm := &provider.BaseMachine{ID: m.ID, Label: m.Label, StackID: m.StackID, Provider: p, KiteID: m.KiteID, Owner: m.Owner,
+		Attributes: m.Attributes, Meta: m.Meta, Log: s.log.With("machine", m.ID)}
+	if p.Schema.NewCredential != nil {
+		st, err := s.loadStack(ctx, nil, m.StackID)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			if c, err = s.callerByName(ctx, m.Owner, false); err != nil {
+				return nil, err
+			}
+		}
+		if id := st.Credentials[m.Provider]; id != "" {
+			if bm.Credential, _, err = s.credentialFor(ctx, c, id, m.Provider); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return p.Machine(bm)
+}
+
+// MachineListParams filter machine.list.
+type MachineListParams struct {
+	StackID string `json:"stackId,omitempty"`
+	Team    string `json:"team,omitempty"` // team admins: every machine of the team
+}
+
+func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p *MachineListParams) (any, error) {
+	f := bson.M{"$or": []bson.M{{"owner": c.Username}, {"shares.username": c.Username}}}
+	if p.Team != "" {
+		if !c.TeamAdmin(p.Team) {
+			return nil, fmt.Errorf("listing a team's machines needs a team admin: %w", kite.ErrPermission)
+		}
+		f = bson.M{"team": p.Team}
+	}
+	if p.StackID != "" {
+		f = bson.M{"$and": []bson.M{f, {"stackId": p.StackID}}}
+	}
+	cur, err := s.store.Collection(store.CollMachines).Find(ctx, f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	if err != nil {
+		return nil, err
+	}
+	ms := []Machine{}
+	if err := cur.All(ctx, &ms); err != nil {
+		return nil, err
+	}
+	return map[string]any{"machines": ms}, nil
+}
+
+// MachineInfo is machine.info's result: the stored machine reconciled with the provider.
+type MachineInfo struct {
+	Machine
+	InfraState provider.State `json:"infraState"`
+	InfoError  string         `json:"infoError,omitempty"`
+}
+
+func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p *MachineParams) (any, error) {
+	m, err := s.loadMachine(ctx, c, p.MachineID)
+	if err != nil {
+		return nil, err
+	}
+	out := MachineInfo{Machine: *m, InfraState: m.State}
+	if m.State == provider.NotInitialized || m.State.InProgress() {
+		return out, nil // nothing to ask the provider, or a job is changing it right now
+	}
+	pm, err := s.providerMachine(ctx, c, m)
+	if err != nil {
+		return nil, err
+	}
+	state, meta, err := pm.Info(ctx)
+	if err != nil {
+		out.InfoError = err.Error()
+		return out, nil
+	}
+	out.InfraState = state
+	if state != m.State && state != provider.Unknown {
+		// The provider is the truth: record what it says (unless a job started meanwhile).
+		set := bson.M{"state": state, "reason": "reconciled with the provider"}
+		if meta != nil {
+			set["meta"] = meta
+		}
+		if s.setMachine(ctx, m.ID, []provider.State{m.State}, set) {
+			out.State, out.Reason = state, "reconciled with the provider"
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller, r *kite.Request, p *MachineParams) (any, error) {
+	return func(ctx context.Context, c *Caller, _ *kite.Request, p *MachineParams) (any, error) {
+		m, err := s.loadMachine(ctx, c, p.MachineID)
+		if err != nil {
+			return nil, err
+		}
+		if m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, GrantFull) {
+			return nil, fmt.Errorf("only the owner may %s machine %s: %w", method, m.Label, kite.ErrPermission)
+		}
+		owner := method + "-" + store.NewID()
+		lease, err := s.store.AcquireLease(ctx, "machine/"+m.ID, owner, stackLeaseTTL)
+		if err != nil {
+			return nil, fmt.Errorf("machine %s is busy: %w", m.Label, err)
+		}
+		during, _ := provider.Transition(method)
+		if !s.setMachine(ctx, m.ID, provider.FromStates(method), bson.M{"state": during, "reason": ""}) {
+			lease.Release(context.Background())
+			return nil, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
+		}
+		id, err := s.startJob(ctx, "machine."+method, "machine/"+m.ID, c.Username, map[string]any{"machineId": m.ID, "lease": owner, "from": string(m.State)})
+		if err != nil {
+			s.setMachine(context.Background(), m.ID, []provider.State{during}, bson.M{"state": m.State})
+			lease.Release(context.Background())
+			return nil, err
+		}
+		return map[string]string{"jobId": id}, nil
+	}
+}
+
+func hasGrant(m *Machine, user, grant string) bool {
+	for _, sh := range m.Shares {
+		if sh.Username == user && sh.Grant == grant {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, recovering bool) (map[string]any, error) {
+	id, _ := j.Params["machineId"].(string)
+	owner, _ := j.Params["lease"].(string)
+	from, _ := j.Params["from"].(string)
+	if recovering {
+		if _, err := s.store.AcquireLease(ctx, "machine/"+id, owner, stackLeaseTTL); err != nil {
+			return nil, fmt.Errorf("machine %s: %w", id, err)
+		}
+		j.Logf(ctx, "kloud restarted during this job; running it again")
+	}
+	defer s.keepLease(context.Background(), "machine/"+id, owner)()
+	m, err := s.loadMachine(ctx, nil, id)
+	if err != nil {
+		return nil, err
+	}
+	during, after := provider.Transition(method)
+	fail := func(err error) (map[string]any, error) {
+		// Back to what the provider says, else to where we started.
+		state := provider.State(from)
+		if pm, perr := s.providerMachine(ctx, nil, m); perr == nil {
+			if st, _, ierr := pm.Info(ctx); ierr == nil && st != provider.Unknown {
+				state = st
+			}
+		}
+		s.setMachine(context.WithoutCancel(ctx), m.ID, []provider.State{during}, bson.M{"state": state, "reason": err.Error()})
+		return nil, err
+	}
+	pm, err := s.providerMachine(ctx, nil, m)
+	if err != nil {
+		return fail(err)
+	}
+	verb := map[string]string{provider.MethodStart: "Starting", provider.MethodStop: "Stopping"}[method]
+	j.Progress(ctx, 25, string(during), verb+" machine")
+	var meta any
+	if method == provider.MethodStart {
+		meta, err = pm.Start(ctx)
+	} else {
+		meta, err = pm.Stop(ctx)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("%s %s: %w", method, m.Label, err))
+	}
+	set := bson.M{"state": after, "reason": ""}
+	if meta != nil {
+		set["meta"] = meta
+	}
+	if method == provider.MethodStart {
+		j.Progress(ctx, 75, string(during), "Checking the machine's agent")
+		pl := &provider.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: 5 * time.Minute, Log: s.log}
+		r := pl.Wait(ctx, []provider.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm}}, nil)[0]
+		if !r.OK {
+			return fail(fmt.Errorf("started, but %s failed: %w", r.Step, r.Err))
+		}
+		set["agent.status"], set["agent.lastSeen"] = AgentConnected, s.store.Now()
+	}
+	s.setMachine(ctx, m.ID, []provider.State{during}, set)
+	j.Progress(ctx, 100, string(after), "Machine "+map[string]string{provider.MethodStart: "started", provider.MethodStop: "stopped"}[method])
+	return map[string]any{"machineId": m.ID, "state": after}, nil
+}

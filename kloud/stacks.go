@@ -1,0 +1,823 @@
+package kloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/userdata"
+)
+
+// Stacks: stack.plan (what a template would make), stack.create (machine documents), stack.apply
+// (build or destroy, a durable job), stack.describe and stack.list.
+
+func init() {
+	methodSets = append(methodSets, func(s *Server) {
+		handle(s, "stack.plan", s.stackPlan, kite.WithTimeout(10*time.Minute))
+		handle(s, "stack.create", s.stackCreate, kite.WithTimeout(10*time.Minute))
+		handle(s, "stack.apply", s.stackApply)
+		handle(s, "stack.describe", s.stackDescribe)
+		handle(s, "stack.list", s.stackList)
+	})
+	registerJobKind(jobStackApply, jobKind{run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
+		return j.s.runStackApply(ctx, j, false)
+	}, recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
+		return j.s.runStackApply(ctx, j, true)
+	}})
+}
+
+const jobStackApply = "stack.apply"
+
+// stackLeaseTTL bounds how long a dead kloud keeps a stack locked.
+const stackLeaseTTL = time.Minute
+
+// PlanParams are the params of stack.plan and stack.create.
+type PlanParams struct {
+	TemplateID string `json:"templateId"`
+	Rev        int    `json:"rev,omitempty"`
+	// Credentials maps a provider to the credential to use; default: the team's only one.
+	Credentials map[string]string `json:"credentials,omitempty"`
+	// Variables are values for the template's variables.
+	Variables map[string]string `json:"variables,omitempty"`
+	Title     string            `json:"title,omitempty"` // stack.create only
+}
+
+// Validate implements kite.Validator.
+func (p *PlanParams) Validate() error {
+	if p.TemplateID == "" {
+		return errors.New("templateId is required")
+	}
+	return nil
+}
+
+// PlannedMachine is a machine a template would create.
+type PlannedMachine struct {
+	Label      string         `json:"label"`
+	Provider   string         `json:"provider"`
+	Resource   string         `json:"resource"`
+	Index      *int           `json:"index,omitempty"`
+	Attributes map[string]any `json:"attributes,omitempty"`
+}
+
+// builtTemplate is a template ready for Terraform: files, variables, credentials.
+type builtTemplate struct {
+	files     map[string][]byte
+	variables map[string]any
+	creds     map[string]*provider.Credential // provider → credential
+	credIDs   map[string]string
+	providers map[string][]string // provider → machine resource names
+}
+
+// build resolves credentials and variables for files and checks that secrets reach only
+// provider blocks.
+func (s *Server) build(ctx context.Context, c *Caller, team string, files map[string][]byte, credIDs, vars map[string]string) (*builtTemplate, error) {
+	cfg, res, err := s.machineResources(files)
+	if err != nil {
+		return nil, err
+	}
+	b := &builtTemplate{files: files, variables: map[string]any{}, creds: map[string]*provider.Credential{}, credIDs: map[string]string{}, providers: map[string][]string{}}
+	for k, v := range vars {
+		b.variables[k] = v
+	}
+	for name, rs := range res {
+		for _, r := range rs {
+			b.providers[name] = append(b.providers[name], r.Name)
+		}
+	}
+	needed := map[string]bool{}
+	for name := range res {
+		needed[name] = true
+	}
+	for _, name := range cfg.Providers() {
+		if _, err := s.providers.Lookup(name); err == nil {
+			needed[name] = true
+		}
+	}
+	var secret []string
+	for name := range needed {
+		p, _ := s.providers.Lookup(name)
+		if p.Available != nil {
+			if err := p.Available(); err != nil {
+				return nil, fmt.Errorf("provider %s cannot work on this host: %s: %w", name, err.Error(), kite.ErrState)
+			}
+		}
+		if p.Schema.NewCredential == nil {
+			continue
+		}
+		id := credIDs[name]
+		if id == "" {
+			if id, err = s.pickCredential(ctx, team, name); err != nil {
+				return nil, err
+			}
+		}
+		cred, _, err := s.credentialFor(ctx, c, id, name)
+		if err != nil {
+			return nil, err
+		}
+		vars, sec := credentialVariables(p, cred)
+		isSecret := map[string]bool{}
+		for _, n := range sec {
+			isSecret[n] = true
+		}
+		for _, k := range sortedKeys(vars) {
+			if _, user := b.variables[k]; !user {
+				b.variables[k] = vars[k]
+			}
+			// Declared for the template (unless it does so itself), so provider blocks can use
+			// them and Terraform does not warn about undeclared values.
+			if err := cfg.DeclareVariable(k, "", isSecret[k]); err != nil {
+				return nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
+			}
+		}
+		secret = append(secret, sec...)
+		b.creds[name], b.credIDs[name] = cred, id
+	}
+	sort.Strings(secret)
+	if err := cfg.CheckSecretRefs(secret); err != nil {
+		return nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
+	}
+	b.files = cfg.Files()
+	return b, nil
+}
+
+// pickCredential returns the team's only credential for provider p.
+func (s *Server) pickCredential(ctx context.Context, team, p string) (string, error) {
+	cur, err := s.store.Collection(store.CollCredentials).Find(ctx, bson.M{"team": team, "provider": p}, options.Find().SetLimit(2))
+	if err != nil {
+		return "", err
+	}
+	var cs []Credential
+	if err := cur.All(ctx, &cs); err != nil {
+		return "", err
+	}
+	switch len(cs) {
+	case 0:
+		return "", fmt.Errorf("provider %s needs a credential: add one with `kloud credential add --provider %s`: %w", p, p, kite.ErrInvalidParams)
+	case 1:
+		return cs[0].ID, nil
+	}
+	return "", fmt.Errorf("team %s has several %s credentials: choose one with --credential %s=ID: %w", team, p, p, kite.ErrInvalidParams)
+}
+
+// plan runs terraform plan on a built template and returns the machines it would create.
+func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, logf func(string)) ([]PlannedMachine, error) {
+	tf, err := s.terraformer()
+	if err != nil {
+		return nil, err
+	}
+	id, err := tf.Plan(ctx, terraformer.Request{ContentID: contentID, Files: tfFiles(b.files), Variables: b.variables})
+	if err != nil {
+		return nil, fmt.Errorf("terraform plan: %w", err)
+	}
+	job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
+		if logf != nil && ev.Line != "" {
+			logf(ev.Line)
+		}
+	})
+	if job != nil && job.Err() != nil {
+		// Terraform rejected the template: its diagnostic (file, line, summary) is the answer.
+		return nil, fmt.Errorf("terraform plan: %s: %w", job.Err().Error(), kite.ErrInvalidParams)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("terraform plan: %w", err)
+	}
+	var out []PlannedMachine
+	for _, ch := range job.Result.Changes {
+		p := s.providers.ByResourceType(ch.Type)
+		if ch.Mode != "managed" || p == nil || strings.HasPrefix(ch.Name, "kloud_") {
+			continue
+		}
+		m := PlannedMachine{Label: ch.Name, Provider: p.Name, Resource: ch.Name}
+		if i, ok := index(ch.Index); ok {
+			m.Index = &i
+			m.Label = ch.Name + "." + strconv.Itoa(i)
+		}
+		if a, ok := ch.After.(map[string]any); ok {
+			m.Attributes = a
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Label < out[j].Label })
+	return out, nil
+}
+
+func index(v any) (int, bool) {
+	switch x := v.(type) {
+	case float64:
+		return int(x), true
+	case int:
+		return x, true
+	case int64:
+		return int(x), true
+	}
+	return 0, false
+}
+
+func (s *Server) templateFiles(ctx context.Context, c *Caller, p *PlanParams) (*Template, []File, error) {
+	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+	if err != nil {
+		return nil, nil, err
+	}
+	files, rev := t.Files, t.Rev
+	if p.Rev != 0 && p.Rev != t.Rev {
+		files = nil
+		for _, r := range t.Revisions {
+			if r.Rev == p.Rev {
+				files, rev = r.Files, r.Rev
+			}
+		}
+		if files == nil {
+			return nil, nil, fmt.Errorf("template %s has no revision %d: %w", t.ID, p.Rev, kite.ErrNotFound)
+		}
+	}
+	t.Rev = rev
+	return t, files, nil
+}
+
+func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *PlanParams) (any, error) {
+	t, files, err := s.templateFiles(ctx, c, p)
+	if err != nil {
+		return nil, err
+	}
+	b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, nil)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"machines": ms, "templateId": t.ID, "rev": t.Rev}, nil
+}
+
+func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p *PlanParams) (any, error) {
+	t, files, err := s.templateFiles(ctx, c, p)
+	if err != nil {
+		return nil, err
+	}
+	b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("template %s declares no machines (resources of: %s): %w", t.ID, strings.Join(s.resourceTypes(), ", "), kite.ErrInvalidParams)
+	}
+	now := s.store.Now()
+	st := Stack{ID: store.NewID(), Title: p.Title, Team: t.Team, Owner: c.Username, TemplateID: t.ID, TemplateRev: t.Rev,
+		Files: files, Credentials: b.credIDs, Variables: p.Variables, State: StackNotInitialized, CreatedAt: now, UpdatedAt: now}
+	if st.Title == "" {
+		st.Title = t.Title
+	}
+	var docs []any
+	var machines []Machine
+	for _, pm := range ms {
+		m := Machine{ID: store.NewID(), StackID: st.ID, Label: pm.Label, Resource: pm.Resource, Index: pm.Index, Provider: pm.Provider,
+			Owner: c.Username, Team: t.Team, State: provider.NotInitialized, Agent: Agent{Status: AgentNever},
+			Attributes: pm.Attributes, CreatedAt: now, UpdatedAt: now}
+		st.Machines = append(st.Machines, m.ID)
+		docs = append(docs, m)
+		machines = append(machines, m)
+	}
+	// The machines first: a stack document never points at machines that do not exist.
+	if _, err := s.store.Collection(store.CollMachines).InsertMany(ctx, docs); err != nil {
+		return nil, fmt.Errorf("save machines: %w", err)
+	}
+	if _, err := s.store.Collection(store.CollStacks).InsertOne(ctx, st); err != nil {
+		return nil, fmt.Errorf("save stack: %w", err)
+	}
+	return map[string]any{"stack": st, "machines": machines}, nil
+}
+
+func (s *Server) resourceTypes() []string {
+	var out []string
+	for _, n := range s.providers.Names() {
+		p, _ := s.providers.Lookup(n)
+		out = append(out, p.ResourceType)
+	}
+	return out
+}
+
+func (s *Server) loadStack(ctx context.Context, c *Caller, id string) (*Stack, error) {
+	var st Stack
+	err := s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": id}).Decode(&st)
+	if errors.Is(err, mongo.ErrNoDocuments) || err == nil && c != nil && st.Owner != c.Username && !c.TeamAdmin(st.Team) {
+		return nil, notFound("stack", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load stack: %w", err)
+	}
+	return &st, nil
+}
+
+func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, error) {
+	cur, err := s.store.Collection(store.CollMachines).Find(ctx, bson.M{"stackId": stackID}, options.Find().SetSort(bson.M{"label": 1}))
+	if err != nil {
+		return nil, err
+	}
+	var ms []Machine
+	if err := cur.All(ctx, &ms); err != nil {
+		return nil, err
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Label < ms[j].Label })
+	return ms, nil
+}
+
+// ApplyParams are the params of stack.apply.
+type ApplyParams struct {
+	StackID string `json:"stackId"`
+	Destroy bool   `json:"destroy,omitempty"`
+}
+
+// Validate implements kite.Validator.
+func (p *ApplyParams) Validate() error {
+	if p.StackID == "" {
+		return errors.New("stackId is required")
+	}
+	return nil
+}
+
+func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *ApplyParams) (any, error) {
+	st, err := s.loadStack(ctx, c, p.StackID)
+	if err != nil {
+		return nil, err
+	}
+	// One apply per stack at a time: the lease is taken with one atomic update; whoever loses
+	// is told who holds it.
+	owner := "apply-" + store.NewID()
+	lease, err := s.store.AcquireLease(ctx, "stack/"+st.ID, owner, stackLeaseTTL)
+	if err != nil {
+		return nil, fmt.Errorf("stack %s is busy: %w", st.ID, err)
+	}
+	from, to := []string{StackNotInitialized, StackFailed}, StackBuilding
+	if p.Destroy {
+		from, to = []string{StackNotInitialized, StackFailed, StackInitialized}, StackDestroying
+	}
+	ok, err := s.store.Transition(ctx, store.CollStacks, st.ID, from, bson.M{"state": to, "reason": ""})
+	if err != nil || !ok {
+		lease.Release(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		verb := "build"
+		if p.Destroy {
+			verb = "destroy"
+		}
+		return nil, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, verb, strings.Join(from, ", "), kite.ErrState)
+	}
+	id, err := s.startJob(ctx, jobStackApply, "stack/"+st.ID, c.Username, map[string]any{"stackId": st.ID, "destroy": p.Destroy, "lease": owner})
+	if err != nil {
+		s.store.Transition(context.Background(), store.CollStacks, st.ID, []string{to}, bson.M{"state": st.State})
+		lease.Release(context.Background())
+		return nil, err
+	}
+	s.store.Collection(store.CollStacks).UpdateOne(ctx, bson.M{"_id": st.ID}, bson.M{"$set": bson.M{"jobId": id}})
+	return map[string]string{"jobId": id}, nil
+}
+
+// keepLease renews a stack or machine lease until ctx ends, then releases it.
+func (s *Server) keepLease(ctx context.Context, name, owner string) (stop func()) {
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(stackLeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-lctx.Done():
+				rctx, rc := context.WithTimeout(context.Background(), 10*time.Second)
+				s.store.ReleaseLease(rctx, name, owner)
+				rc()
+				return
+			case <-t.C:
+				if _, err := s.store.RenewLease(lctx, name, owner, stackLeaseTTL); err != nil && lctx.Err() == nil {
+					s.log.Warn("renew lease", "lease", name, "err", err)
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) (map[string]any, error) {
+	stackID, _ := j.Params["stackId"].(string)
+	destroy, _ := j.Params["destroy"].(bool)
+	owner, _ := j.Params["lease"].(string)
+	if recovering {
+		// The lease may still be ours (same owner) or have expired: take it again either way.
+		if _, err := s.store.AcquireLease(ctx, "stack/"+stackID, owner, stackLeaseTTL); err != nil {
+			return nil, fmt.Errorf("stack %s: %w", stackID, err)
+		}
+		j.Logf(ctx, "kloud restarted during this job; resuming")
+	}
+	defer s.keepLease(context.Background(), "stack/"+stackID, owner)()
+	st, err := s.loadStack(ctx, nil, stackID)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.callerByName(ctx, j.Owner, false)
+	if err != nil {
+		return nil, err
+	}
+	if destroy {
+		return s.destroyStack(ctx, j, c, st)
+	}
+	return s.buildStack(ctx, j, c, st, recovering)
+}
+
+func (s *Server) setStack(ctx context.Context, id string, set bson.M) {
+	set["updatedAt"] = s.store.Now()
+	if _, err := s.store.Collection(store.CollStacks).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": set}); err != nil {
+		s.log.Warn("update stack", "stack", id, "err", err)
+	}
+}
+
+// setMachine changes a machine; with from set, only if its state is one of them.
+func (s *Server) setMachine(ctx context.Context, id string, from []provider.State, set bson.M) bool {
+	set["updatedAt"] = s.store.Now()
+	if from == nil {
+		_, err := s.store.Collection(store.CollMachines).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": set})
+		return err == nil
+	}
+	fs := make([]string, len(from))
+	for i, f := range from {
+		fs[i] = string(f)
+	}
+	ok, err := s.store.Transition(ctx, store.CollMachines, id, fs, set)
+	if err != nil {
+		s.log.Warn("update machine", "machine", id, "err", err)
+	}
+	return ok
+}
+
+// failBuild puts the stack and its machines back into an honest state after a failed build.
+func (s *Server) failBuild(ctx context.Context, st *Stack, ms []Machine, reason error) error {
+	ctx = context.WithoutCancel(ctx)
+	for _, m := range ms {
+		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, bson.M{"state": provider.NotInitialized, "reason": reason.Error()})
+	}
+	s.setStack(ctx, st.ID, bson.M{"state": StackFailed, "reason": reason.Error()})
+	return reason
+}
+
+func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack, recovering bool) (map[string]any, error) {
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return nil, err
+	}
+	tf, err := s.terraformer()
+	if err != nil {
+		return nil, s.failBuild(ctx, st, ms, err)
+	}
+	tfJob := ""
+	if recovering {
+		var cur struct {
+			TFJob string `bson:"tfJobId"`
+		}
+		s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&cur)
+		tfJob = cur.TFJob
+		if tfJob == "" {
+			return nil, s.failBuild(ctx, st, ms, errors.New("kloud restarted before terraform started; apply the stack again"))
+		}
+	} else {
+		j.Progress(ctx, 10, string(provider.Building), "Checking machines")
+		for _, m := range ms {
+			if !m.State.Allows(provider.MethodBuild) {
+				return nil, s.failBuild(ctx, st, nil, fmt.Errorf("machine %s is %s; destroy the stack before building it again", m.Label, m.State))
+			}
+		}
+		for _, m := range ms {
+			if !s.setMachine(ctx, m.ID, provider.FromStates(provider.MethodBuild), bson.M{"state": provider.Building, "reason": ""}) {
+				return nil, s.failBuild(ctx, st, ms, fmt.Errorf("machine %s changed state meanwhile", m.Label))
+			}
+		}
+		j.Progress(ctx, 20, string(provider.Building), "Fetching and validating credentials")
+		b, err := s.build(ctx, c, st.Team, fileMap(st.Files), st.Credentials, st.Variables)
+		if err != nil {
+			return nil, s.failBuild(ctx, st, ms, err)
+		}
+		j.Progress(ctx, 30, string(provider.Building), "Preparing the agents' user data")
+		tpl := &provider.Template{Files: b.files, Variables: b.variables}
+		for _, name := range sortedKeys(b.providers) {
+			p, _ := s.providers.Lookup(name)
+			bs := &provider.BaseStack{Provider: p, StackID: st.ID, Team: st.Team, Owner: st.Owner, Template: tpl, Log: s.log.With("stack", st.ID, "provider", name),
+				AgentConfig: s.agentConfig(p, st)}
+			for i := range ms {
+				if ms[i].Provider == name {
+					bs.Machines = append(bs.Machines, machineSpec(&ms[i]))
+				}
+			}
+			stack, err := p.Stack(bs)
+			if err != nil {
+				return nil, s.failBuild(ctx, st, ms, fmt.Errorf("provider %s: %w", name, err))
+			}
+			if tpl, err = stack.ApplyTemplate(ctx, b.creds[name]); err != nil {
+				return nil, s.failBuild(ctx, st, ms, fmt.Errorf("provider %s: %w", name, err))
+			}
+			bs.Template = tpl
+		}
+		j.Progress(ctx, 40, string(provider.Building), "Building stack resources")
+		tfJob, err = tf.Apply(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.ID})
+		if err != nil {
+			return nil, s.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
+		}
+		s.setStack(ctx, st.ID, bson.M{"tfJobId": tfJob})
+	}
+	said := map[string]string{} // the last message logged per resource: progress repeats it
+	job, err := tf.Wait(ctx, tfJob, func(ev tfrun.Event) {
+		if ev.Type == tfrun.EventProgress && ev.Resource != nil {
+			j.Progress(ctx, 40+ev.Percent*30/100, string(provider.Building), "Building stack resources")
+			if msg := ev.Resource.Message; msg != "" && said[ev.Resource.Address] != msg {
+				said[ev.Resource.Address] = msg
+				j.Logf(ctx, "%s", msg)
+			}
+		}
+		if ev.Type == tfrun.EventDiagnostic && ev.Diagnostic != nil {
+			j.Logf(ctx, "terraform: %s", ev.Diagnostic.String())
+		}
+	})
+	if err != nil {
+		return nil, s.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
+	}
+	if err := job.Err(); err != nil {
+		return nil, s.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
+	}
+	ms, err = s.stackMachines(ctx, st.ID) // kite ids were set while rendering user data
+	if err != nil {
+		return nil, err
+	}
+	j.Progress(ctx, 70, string(provider.Building), "Checking machines' agents")
+	results := s.waitAgents(ctx, j, st, ms, job.Result)
+	j.Progress(ctx, 90, string(provider.Building), "Updating machine settings")
+	var failed []string
+	for i, m := range ms {
+		r := results[i]
+		set := bson.M{"attributes": resourceValues(job.Result, &m), "reason": ""}
+		if ip := ipOf(set["attributes"].(map[string]any)); ip != "" {
+			set["ipAddress"] = ip
+		}
+		state := provider.Running
+		if !r.OK {
+			failed = append(failed, r.Err.Error())
+			set["reason"] = fmt.Sprintf("%s failed: %s", r.Step, r.Err.Error())
+			if pm, err := s.providerMachine(ctx, c, &m); err == nil {
+				if infra, _, err := pm.Info(ctx); err == nil && infra != provider.Unknown {
+					state = infra
+				}
+			}
+		} else {
+			set["agent.status"], set["agent.lastSeen"] = AgentConnected, s.store.Now()
+			if r.Info != nil {
+				set["agent.version"] = r.Info.Version
+			}
+		}
+		set["state"] = state
+		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, set)
+	}
+	if len(failed) > 0 {
+		reason := fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms))
+		s.setStack(ctx, st.ID, bson.M{"state": StackInitialized, "reason": reason})
+		return map[string]any{"stackId": st.ID}, fmt.Errorf("%s:\n%s", reason, strings.Join(failed, "\n"))
+	}
+	s.setStack(ctx, st.ID, bson.M{"state": StackInitialized, "reason": ""})
+	j.Progress(ctx, 100, string(provider.Running), "Stack building finished")
+	return map[string]any{"stackId": st.ID, "machines": len(ms)}, nil
+}
+
+func (s *Server) waitAgents(ctx context.Context, j *jobCtx, st *Stack, ms []Machine, res *tfrun.Result) []provider.AgentResult {
+	timeout := 5 * time.Minute
+	if v, ok := st.Variables["kloud_agent_timeout"]; ok {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			timeout = d
+		}
+	}
+	pl := &provider.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: timeout, Log: s.log}
+	c, _ := s.callerByName(ctx, st.Owner, false)
+	var ex []provider.Expect
+	for i := range ms {
+		m := &ms[i]
+		m.Attributes = resourceValues(res, m)
+		e := provider.Expect{Label: m.Label, KiteID: m.KiteID}
+		if pm, err := s.providerMachine(ctx, c, m); err == nil {
+			e.Machine = pm
+		}
+		ex = append(ex, e)
+	}
+	return pl.Wait(ctx, ex, func(r provider.AgentResult) {
+		if r.OK {
+			j.Logf(ctx, "%s: agent connected", r.Label)
+		} else {
+			j.Logf(ctx, "%s: %s failed: %v", r.Label, r.Step, r.Err)
+		}
+	})
+}
+
+// resourceValues returns the state values of m's resource instance.
+func resourceValues(res *tfrun.Result, m *Machine) map[string]any {
+	if res == nil {
+		return map[string]any{}
+	}
+	for _, r := range res.Resources {
+		if r.Mode != "managed" || r.Name != m.Resource || r.Module != "" {
+			continue
+		}
+		i, has := index(r.Index)
+		if (m.Index == nil && !has) || (m.Index != nil && has && *m.Index == i) {
+			out := map[string]any{}
+			for k, v := range r.Values {
+				if strings.Contains(k, "user_data") || k == "input" || k == "output" {
+					continue // holds the agent's kite key
+				}
+				out[k] = v
+			}
+			return out
+		}
+	}
+	return map[string]any{}
+}
+
+func ipOf(attrs map[string]any) string {
+	for _, k := range []string{"ip_address", "ipv4_address", "private_ip", "public_ip"} {
+		if v, ok := attrs[k].(string); ok && v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func machineSpec(m *Machine) *provider.MachineSpec {
+	return &provider.MachineSpec{ID: m.ID, Label: m.Label, Resource: m.Resource, Index: m.Index, Provider: m.Provider,
+		KiteID: m.KiteID, Owner: m.Owner, Attributes: m.Attributes}
+}
+
+// kloudURLFor is the URL a provider's machines reach kloud at.
+func (s *Server) kloudURLFor(p *provider.Provider) string {
+	if p.KloudURL != nil {
+		return p.KloudURL(s.opts.PublicURL)
+	}
+	return s.opts.PublicURL
+}
+
+// agentConfig mints a fresh kite key for each machine (its id is what the planner waits for)
+// and records the id on the machine before Terraform runs, so a restart can still find it.
+func (s *Server) agentConfig(p *provider.Provider, st *Stack) func(ctx context.Context, m *provider.MachineSpec) (userdata.Config, error) {
+	return func(ctx context.Context, m *provider.MachineSpec) (userdata.Config, error) {
+		if s.klientSum == "" {
+			return userdata.Config{}, fmt.Errorf("kloud has no klient binary to give machines (looked at %s): %w", s.opts.KlientBin, kite.ErrState)
+		}
+		url := s.kloudURLFor(p)
+		kiteID := AgentKitePrefix + uuid.NewString()
+		key, _, err := s.Kontrol.CreateKeyWithURL(st.Owner, kiteID, url+"/kite")
+		if err != nil {
+			return userdata.Config{}, err
+		}
+		if !s.setMachine(ctx, m.ID, nil, bson.M{"kiteId": kiteID, "agent": Agent{Status: AgentNever}}) {
+			return userdata.Config{}, fmt.Errorf("record kite id of %s", m.Label)
+		}
+		m.KiteID = kiteID
+		return userdata.Config{
+			Username: st.Owner, KiteKey: key, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: s.klientSum,
+		}, nil
+	}
+}
+
+func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack) (map[string]any, error) {
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return nil, err
+	}
+	j.Progress(ctx, 10, string(provider.Terminating), "Destroying machines")
+	for _, m := range ms {
+		s.setMachine(ctx, m.ID, nil, bson.M{"state": provider.Terminating})
+	}
+	var cur struct {
+		TFJob string `bson:"tfJobId"`
+	}
+	s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&cur)
+	if cur.TFJob != "" {
+		tf, err := s.terraformer()
+		if err != nil {
+			return nil, s.failDestroy(ctx, st, ms, err)
+		}
+		j.Progress(ctx, 30, string(provider.Terminating), "Destroying stack resources")
+		id, err := tf.Destroy(ctx, terraformer.Request{ContentID: "stack-" + st.ID, TraceID: j.ID})
+		if err != nil {
+			return nil, s.failDestroy(ctx, st, ms, fmt.Errorf("terraform destroy: %w", err))
+		}
+		job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
+			if ev.Type == tfrun.EventProgress {
+				j.Progress(ctx, 30+ev.Percent*60/100, string(provider.Terminating), "Destroying stack resources")
+			}
+		})
+		if err == nil {
+			err = job.Err()
+		}
+		if err != nil {
+			return nil, s.failDestroy(ctx, st, ms, fmt.Errorf("terraform destroy: %w", err))
+		}
+	}
+	j.Progress(ctx, 90, string(provider.Terminating), "Revoking the machines' keys")
+	for _, m := range ms {
+		if m.KiteID != "" {
+			if err := s.Kontrol.Revoke(ctx, m.KiteID, "stack "+st.ID+" destroyed"); err != nil {
+				s.log.Warn("revoke machine key", "machine", m.ID, "err", err)
+			}
+		}
+	}
+	if _, err := s.store.Collection(store.CollMachines).DeleteMany(ctx, bson.M{"stackId": st.ID}); err != nil {
+		return nil, err
+	}
+	if _, err := s.store.Collection(store.CollStacks).DeleteOne(ctx, bson.M{"_id": st.ID}); err != nil {
+		return nil, err
+	}
+	j.Progress(ctx, 100, string(provider.Terminated), "Stack destroyed")
+	return map[string]any{"stackId": st.ID, "destroyed": true}, nil
+}
+
+func (s *Server) failDestroy(ctx context.Context, st *Stack, ms []Machine, reason error) error {
+	ctx = context.WithoutCancel(ctx)
+	for _, m := range ms {
+		s.setMachine(ctx, m.ID, []provider.State{provider.Terminating}, bson.M{"state": provider.Unknown, "reason": reason.Error()})
+	}
+	s.setStack(ctx, st.ID, bson.M{"state": StackFailed, "reason": reason.Error()})
+	return reason
+}
+
+// StackView is a stack with its machines.
+type StackView struct {
+	Stack
+	MachineDocs []Machine `json:"machineDocs"`
+}
+
+func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *IDParams) (any, error) {
+	st, err := s.loadStack(ctx, c, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return nil, err
+	}
+	return StackView{Stack: *st, MachineDocs: ms}, nil
+}
+
+// StackListParams filter stack.list.
+type StackListParams struct {
+	Team string `json:"team,omitempty"`
+	All  bool   `json:"all,omitempty"` // team admins: every member's stacks
+}
+
+func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *StackListParams) (any, error) {
+	f := bson.M{"owner": c.Username}
+	if p.All {
+		switch {
+		case p.Team != "" && c.TeamAdmin(p.Team):
+			f = bson.M{"team": p.Team}
+		case p.Team == "" && c.Admin:
+			f = bson.M{}
+		default:
+			return nil, fmt.Errorf("listing every member's stacks needs a team admin: %w", kite.ErrPermission)
+		}
+	} else if p.Team != "" {
+		f["team"] = p.Team
+	}
+	cur, err := s.store.Collection(store.CollStacks).Find(ctx, f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	if err != nil {
+		return nil, err
+	}
+	var sts []Stack
+	if err := cur.All(ctx, &sts); err != nil {
+		return nil, err
+	}
+	if sts == nil {
+		sts = []Stack{}
+	}
+	return map[string]any{"stacks": sts}, nil
+}
