@@ -34,3 +34,13 @@ bench: setup build ## run the benchmarks against their baselines (see bench/RESU
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+.PHONY: vendor-xterm
+vendor-xterm: ## refresh kloud/web/static/vendor/xterm from the npm versions pinned in e2e/browser
+	cd e2e/browser && npm ci --no-audit --no-fund
+	mkdir -p kloud/web/static/vendor/xterm
+	for f in xterm/lib/xterm.mjs xterm/css/xterm.css addon-fit/lib/addon-fit.mjs; do \
+		sed '/^\/\/# sourceMappingURL=/d' e2e/browser/node_modules/@xterm/$$f >kloud/web/static/vendor/xterm/$${f##*/}; done
+	cp e2e/browser/node_modules/@xterm/xterm/LICENSE kloud/web/static/vendor/xterm/LICENSE
+	cd e2e/browser && node -e 'for (const p of ["@xterm/xterm", "@xterm/addon-fit"]) console.log(p + " " + require(p + "/package.json").version)' \
+		>../../kloud/web/static/vendor/xterm/VERSIONS
