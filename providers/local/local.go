@@ -1,0 +1,232 @@
+// Package local is kloud's "local" provider: machines are Linux namespace machines on the kloud
+// host (package sandbox), created and destroyed by Terraform through the kloudlocal provider
+// (package tfprovider, resource kloudlocal_machine) and started, stopped and inspected by kloud
+// itself through the same sandbox library.
+//
+// Start reading at New and Local.Provider (this file), then template.go (what ApplyTemplate does
+// to a stack's template) and machine.go (start, stop, info, console log).
+//
+// # Wiring (kloud serve)
+//
+//	func main() {
+//		sandbox.MaybeRunInit() // first: Machine.Start re-executes kloud as the machine's PID 1
+//		...
+//		l, err := local.New(local.Options{Logger: logger}) // defaults = the sandbox's defaults
+//		registry.Register(l.Provider())
+//		if l.Provider().Available() == nil {
+//			l.SetupNetwork(ctx)  // the bridge, before listening on l.HostAddr()
+//			l.GC(ctx, keep)      // startup sweep of machines of dead stacks
+//		}
+//	}
+//
+// Machines reach kloud at Provider().KloudURL(publicURL): the bridge address with the public
+// URL's port, so kloud must listen on that port on all interfaces (or on the bridge address too).
+//
+// # Template rules
+//
+// ApplyTemplate gives every kloudlocal_machine its agent (user data rendered with
+// userdata.Render, one kite key per machine), tags it with the stack and machine ids (TagStack,
+// TagMachine), and writes the provider's configuration (state dir, base image, bridge, subnet,
+// the same ones this package's machine operations use) into GeneratedFile. A template may have a
+// `provider "kloudlocal"` block only if it is empty or repeats kloud's values; kloud replaces it.
+package local
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"path/filepath"
+	"sync"
+
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
+	"github.com/kloud-dev/kloud/providers/local/tfprovider"
+)
+
+// Names of the provider.
+const (
+	Name         = "local"
+	ResourceType = tfprovider.ResourceType // "kloudlocal_machine"
+	UserDataAttr = "user_data"
+)
+
+// Tags kloud puts on every machine; GC reads them back.
+const (
+	TagStack   = "kloud_stack"
+	TagMachine = "kloud_machine"
+)
+
+// Options configure the provider. Zero fields take the sandbox's defaults, which are also the
+// kloudlocal Terraform provider's defaults.
+type Options struct {
+	// StateDir holds the machines (default sandbox.DefaultStateDir).
+	StateDir string
+	// BaseImage new machines are created on. Default: sandbox.EnsureBaseImage under
+	// $KLOUD_CACHE, resolved at the first ApplyTemplate (it builds the image if it is missing).
+	BaseImage string
+	// Bridge and Subnet of the machines' network (default sandbox.DefaultBridge and
+	// sandbox.DefaultSubnet).
+	Bridge string
+	Subnet netip.Prefix
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// Local is the local provider of one kloud.
+type Local struct {
+	opts     Options
+	stateDir string
+	log      *slog.Logger
+	m        *sandbox.Manager
+	merr     error // why m is nil: sandbox.Available's answer
+	p        *provider.Provider
+
+	mu        sync.Mutex
+	baseImage string
+}
+
+// New returns the local provider. It fails only on options that can never work (a bad bridge
+// name or subnet); a host that cannot run machines (not root, iproute2 missing) gives a provider
+// whose Available says why.
+func New(opts Options) (*Local, error) {
+	l := &Local{opts: opts, log: opts.Logger, baseImage: opts.BaseImage}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Subnet.IsValid() && (!opts.Subnet.Addr().Is4() || opts.Subnet.Bits() < 16 || opts.Subnet.Bits() > 30) {
+		return nil, fmt.Errorf("local provider: subnet %s: want IPv4 between /16 and /30", opts.Subnet)
+	}
+	sd := opts.StateDir
+	if sd == "" {
+		sd = sandbox.DefaultStateDir
+	}
+	var err error
+	if l.stateDir, err = filepath.Abs(sd); err != nil {
+		return nil, fmt.Errorf("local provider: state dir: %w", err)
+	}
+	if l.merr = sandbox.Available(); l.merr == nil {
+		l.m, err = sandbox.New(sandbox.Options{
+			StateDir: l.stateDir, Bridge: opts.Bridge, Subnet: opts.Subnet, Logger: l.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("local provider: %w", err)
+		}
+	}
+	l.p = &provider.Provider{
+		Name:         Name,
+		ResourceType: ResourceType,
+		UserDataAttr: UserDataAttr,
+		Description:  "Machines on this host: Linux namespaces over a Debian root filesystem, booted with real cloud-init (needs root).",
+		Stack:        func(b *provider.BaseStack) (provider.Stack, error) { return &stack{l: l, b: b}, nil },
+		Machine:      l.machine,
+		KloudURL:     l.KloudURL,
+		Available:    l.Available,
+	}
+	return l, nil
+}
+
+// Provider returns the provider to register with kloud's registry.
+func (l *Local) Provider() *provider.Provider { return l.p }
+
+// Available reports whether local machines can run on this host (nil), else why not.
+func (l *Local) Available() error {
+	if err := sandbox.Available(); err != nil {
+		return err
+	}
+	return l.merr
+}
+
+// manager returns the machine library, or why there is none.
+func (l *Local) manager() (*sandbox.Manager, error) {
+	if l.m == nil {
+		return nil, fmt.Errorf("local provider unavailable: %w", l.merr)
+	}
+	return l.m, nil
+}
+
+// StateDir is the machines' directory (absolute). StateDir, Bridge and Subnet give the
+// effective settings, defaults filled in.
+func (l *Local) StateDir() string { return l.stateDir }
+
+// Bridge is the bridge's name.
+func (l *Local) Bridge() string {
+	if l.opts.Bridge != "" {
+		return l.opts.Bridge
+	}
+	return sandbox.DefaultBridge
+}
+
+// Subnet is the bridge's subnet.
+func (l *Local) Subnet() netip.Prefix {
+	if l.opts.Subnet.IsValid() {
+		return l.opts.Subnet.Masked()
+	}
+	return netip.MustParsePrefix(sandbox.DefaultSubnet)
+}
+
+// HostAddr is the bridge address: where machines reach kloud.
+func (l *Local) HostAddr() netip.Addr { return l.Subnet().Addr().Next() }
+
+// SetupNetwork creates the bridge (idempotent). Call it before listening on HostAddr; kloud
+// listening on all interfaces does not need it (the first machine creates the bridge).
+func (l *Local) SetupNetwork(ctx context.Context) error {
+	m, err := l.manager()
+	if err != nil {
+		return err
+	}
+	return m.SetupNetwork(ctx)
+}
+
+// KloudURL turns kloud's public URL into the one machines use: the same scheme, port and path
+// on the bridge address. A URL without a port keeps the scheme's default port.
+func (l *Local) KloudURL(publicURL string) string {
+	u, err := url.Parse(publicURL)
+	if err != nil || u.Host == "" {
+		return publicURL
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"https": "443", "wss": "443"}[u.Scheme]
+		if port == "" {
+			port = "80"
+		}
+	}
+	u.Host = net.JoinHostPort(l.HostAddr().String(), port)
+	return u.String()
+}
+
+// baseImagePath returns Options.BaseImage, else the cached base image (built if missing).
+func (l *Local) baseImagePath(ctx context.Context) (string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.baseImage != "" {
+		return l.baseImage, nil
+	}
+	p, err := sandbox.EnsureBaseImage(ctx, "", l.log)
+	if err != nil {
+		return "", err
+	}
+	l.baseImage = p
+	return p, nil
+}
+
+// GC destroys the machines in the state dir whose stack or machine kloud no longer has (keep
+// returns false for their ids), machines a crash left half-created, and network leftovers no
+// machine owns. Machines without kloud's tags (made by someone else's Terraform) are kept. It
+// returns the ids of the machines it destroyed.
+func (l *Local) GC(ctx context.Context, keep func(stackID, machineID string) bool) ([]string, error) {
+	m, err := l.manager()
+	if err != nil {
+		return nil, err
+	}
+	return m.GC(ctx, func(in sandbox.Info) bool {
+		s, mid := in.Tags[TagStack], in.Tags[TagMachine]
+		if s == "" && mid == "" {
+			return true
+		}
+		return keep(s, mid)
+	})
+}

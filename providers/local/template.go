@@ -1,0 +1,426 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	hcljson "github.com/hashicorp/hcl/v2/json"
+	"github.com/zclconf/go-cty/cty"
+
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/providers/local/tfprovider"
+	"github.com/kloud-dev/kloud/userdata"
+)
+
+// GeneratedFile holds the kloudlocal provider's configuration and required_providers entry that
+// ApplyTemplate writes. User files may not use the name.
+const GeneratedFile = "kloud_local.tf.json"
+
+// Variables ApplyTemplate declares (in tmpl.GeneratedFile) for the tags of resource res.
+func stackVar(res string) string   { return "kloud_local_stack_" + res }
+func machineVar(res string) string { return "kloud_local_machine_" + res }
+
+type stack struct {
+	l *Local
+	b *provider.BaseStack
+}
+
+// VerifyCredential: the local provider takes no credential; it checks that machines can run here.
+func (s *stack) VerifyCredential(ctx context.Context, c *provider.Credential) error {
+	return s.l.Available()
+}
+
+// BootstrapTemplates: nothing to bootstrap.
+func (s *stack) BootstrapTemplates(ctx context.Context, c *provider.Credential) ([]*provider.Template, error) {
+	return nil, nil
+}
+
+// ApplyTemplate rewrites the stack's template: every kloudlocal_machine gets its agent's
+// cloud-init (with the resource's hostname), the kloud_stack and kloud_machine tags, and the
+// template gets the kloudlocal provider configured like this Local (GeneratedFile).
+func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
+	if err := s.l.Available(); err != nil {
+		return nil, fmt.Errorf("local machines cannot run on this host: %w", err)
+	}
+	b := s.b
+	if _, taken := b.Template.Files[GeneratedFile]; taken {
+		return nil, fmt.Errorf("template file %s: the name is reserved for kloud's generated provider configuration", GeneratedFile)
+	}
+	cfg, err := tmpl.Parse(b.Template.Files)
+	if err != nil {
+		return nil, err
+	}
+	if len(b.Machines) == 0 && !slices.Contains(cfg.Providers(), tfprovider.Name) {
+		return b.Template, nil // no local machines in this stack
+	}
+	base, err := s.l.baseImagePath(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("local machines' base image: %w", err)
+	}
+
+	err = b.InjectUserData(ctx, func(m *provider.MachineSpec, ac userdata.Config) ([]byte, error) {
+		if h := machineHostname(cfg, m); h != "" {
+			ac.Hostname = h
+		}
+		return userdata.Render(ac)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.setTags(); err != nil {
+		return nil, err
+	}
+	files, err := configureProvider(b.Template.Files, map[string]string{
+		"state_dir": s.l.StateDir(), "base_image": base, "bridge": s.l.Bridge(), "subnet": s.l.Subnet().String(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tmpl.Parse(files); err != nil {
+		return nil, fmt.Errorf("local provider produced an invalid template (a bug): %w", err)
+	}
+	b.Template.Files = files
+	return b.Template, nil
+}
+
+// machineHostname is the hostname the machine's resource sets: its planned value, else a
+// literal in the template; "" if neither is known.
+func machineHostname(cfg *tmpl.Config, m *provider.MachineSpec) string {
+	if h, ok := m.Attributes["hostname"].(string); ok && h != "" {
+		return h
+	}
+	if h, ok, _ := cfg.LiteralString(ResourceType, m.Resource, "hostname"); ok {
+		return h
+	}
+	return ""
+}
+
+// setTags points tags.kloud_stack and tags.kloud_machine of every machine resource at generated
+// variables holding the stack id and each count index's machine id. The user's other tags stay.
+func (s *stack) setTags() error {
+	b := s.b
+	cfg, err := tmpl.Parse(b.Template.Files)
+	if err != nil {
+		return err
+	}
+	byRes := map[string][]*provider.MachineSpec{}
+	for _, m := range b.Machines {
+		byRes[m.Resource] = append(byRes[m.Resource], m)
+	}
+	names := make([]string, 0, len(byRes))
+	for n := range byRes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, res := range names {
+		ms := byRes[res]
+		sort.Slice(ms, func(i, j int) bool { return idx(ms[i]) < idx(ms[j]) })
+		stacks, machines := make([]string, len(ms)), make([]string, len(ms))
+		for i, m := range ms {
+			stacks[i], machines[i] = b.StackID, m.ID
+		}
+		counted := ms[0].Index != nil
+		typ := "string"
+		if counted {
+			typ = "list(string)"
+		}
+		for _, t := range []struct {
+			tag, v string
+			vals   []string
+		}{{TagStack, stackVar(res), stacks}, {TagMachine, machineVar(res), machines}} {
+			if err := cfg.SetUserData(ResourceType, res, "tags."+t.tag, t.v); err != nil {
+				return fmt.Errorf("%s.%s: tags: %w (kloud adds its tags to a literal map { ... } only)", ResourceType, res, err)
+			}
+			if err := cfg.DeclareVariable(t.v, typ, false); err != nil {
+				return err
+			}
+			if counted {
+				b.Template.Variables[t.v] = t.vals
+			} else {
+				b.Template.Variables[t.v] = t.vals[0]
+			}
+		}
+	}
+	b.Template.Files = cfg.Files()
+	return nil
+}
+
+func idx(m *provider.MachineSpec) int {
+	if m.Index == nil {
+		return -1
+	}
+	return *m.Index
+}
+
+// configureProvider removes the user's `provider "kloudlocal"` block (which may only be empty or
+// repeat want's values) and writes GeneratedFile with the provider configured by want, plus the
+// required_providers entry unless the user declared it (with the right source).
+func configureProvider(files map[string][]byte, want map[string]string) (map[string][]byte, error) {
+	out := make(map[string][]byte, len(files)+1)
+	declared := false
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		src := files[name]
+		out[name] = src
+		if name == tmpl.GeneratedFile {
+			continue
+		}
+		isJSON := strings.HasSuffix(name, ".tf.json")
+		var f *hcl.File
+		var diags hcl.Diagnostics
+		if isJSON {
+			f, diags = hcljson.Parse(src, name)
+		} else {
+			f, diags = hclsyntax.ParseConfig(src, name, hcl.InitialPos)
+		}
+		if diags.HasErrors() {
+			return nil, diags
+		}
+		content, _, diags := f.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
+			{Type: "provider", LabelNames: []string{"name"}}, {Type: "terraform"},
+		}})
+		if diags.HasErrors() {
+			return nil, diags
+		}
+		var remove []hcl.Range
+		for _, blk := range content.Blocks {
+			switch blk.Type {
+			case "terraform":
+				ok, err := requiresKloudlocal(blk)
+				if err != nil {
+					return nil, err
+				}
+				declared = declared || ok
+			case "provider":
+				if blk.Labels[0] != tfprovider.Name {
+					continue
+				}
+				if err := checkProviderBlock(blk, want); err != nil {
+					return nil, err
+				}
+				remove = append(remove, blk.DefRange)
+			}
+		}
+		if len(remove) == 0 {
+			continue
+		}
+		var err error
+		if isJSON {
+			out[name], err = removeJSONProvider(src)
+		} else {
+			out[name], err = removeHCLBlocks(f, src, remove)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: remove provider %q: %w", name, tfprovider.Name, err)
+		}
+	}
+
+	gen := map[string]any{
+		"//":       "Generated by kloud (local provider): the kloudlocal provider works on the machines kloud manages. Do not edit.",
+		"provider": map[string]any{tfprovider.Name: escapeAll(want)},
+	}
+	if !declared {
+		gen["terraform"] = map[string]any{"required_providers": map[string]any{
+			tfprovider.Name: map[string]string{"source": tfprovider.Source, "version": tfprovider.Version},
+		}}
+	}
+	b, err := marshalJSON(gen)
+	if err != nil {
+		return nil, err
+	}
+	out[GeneratedFile] = b
+	return out, nil
+}
+
+// requiresKloudlocal reports whether a terraform block declares kloudlocal in
+// required_providers; declared with another source, it is an error.
+func requiresKloudlocal(blk *hcl.Block) (bool, error) {
+	content, _, diags := blk.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "required_providers"}}})
+	if diags.HasErrors() {
+		return false, diags
+	}
+	found := false
+	for _, rp := range content.Blocks {
+		attrs, diags := rp.Body.JustAttributes()
+		if diags.HasErrors() {
+			return false, diags
+		}
+		a, ok := attrs[tfprovider.Name]
+		if !ok {
+			continue
+		}
+		v, diags := a.Expr.Value(nil)
+		src := ""
+		if !diags.HasErrors() && v.IsWhollyKnown() && !v.IsNull() && v.Type().IsObjectType() && v.Type().HasAttribute("source") {
+			if s := v.GetAttr("source"); s.Type() == cty.String && !s.IsNull() {
+				src = s.AsString()
+			}
+		}
+		if strings.TrimPrefix(src, "registry.terraform.io/") != tfprovider.Source {
+			return false, fmt.Errorf("%s: required_providers.%s must have source = %q (found %q); or leave it out and kloud declares it",
+				a.Range, tfprovider.Name, tfprovider.Source, src)
+		}
+		found = true
+	}
+	return found, nil
+}
+
+// checkProviderBlock accepts a provider "kloudlocal" block that is empty or sets some of want's
+// attributes to the same literal values.
+func checkProviderBlock(blk *hcl.Block, want map[string]string) error {
+	attrs, diags := blk.Body.JustAttributes()
+	if diags.HasErrors() {
+		return fmt.Errorf("%s: provider %q: %w", blk.DefRange, tfprovider.Name, diags)
+	}
+	names := make([]string, 0, len(attrs))
+	for n := range attrs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		a := attrs[n]
+		w, known := want[n]
+		if !known {
+			return fmt.Errorf("%s: provider %q: kloud configures this provider itself; remove %s (an empty block, or none, is fine)", a.Range, tfprovider.Name, n)
+		}
+		v, diags := a.Expr.Value(nil)
+		if diags.HasErrors() || !v.IsKnown() || v.IsNull() || v.Type() != cty.String {
+			return fmt.Errorf("%s: provider %q: %s must be a literal string (or absent: kloud sets it to %q)", a.Range, tfprovider.Name, n, w)
+		}
+		if !sameSetting(n, v.AsString(), w) {
+			return fmt.Errorf("%s: provider %q: %s = %q, but kloud's local machines use %q; remove the attribute (kloud sets it)", a.Range, tfprovider.Name, n, v.AsString(), w)
+		}
+	}
+	return nil
+}
+
+func sameSetting(name, got, want string) bool {
+	switch name {
+	case "state_dir", "base_image":
+		return filepath.Clean(got) == filepath.Clean(want)
+	case "subnet":
+		g, err1 := netip.ParsePrefix(got)
+		w, err2 := netip.ParsePrefix(want)
+		return err1 == nil && err2 == nil && g.Masked() == w.Masked()
+	}
+	return got == want
+}
+
+// removeHCLBlocks replaces the blocks whose definition ranges are given with a comment, keeping
+// the file's line count so Terraform's messages still point at the right lines.
+func removeHCLBlocks(f *hcl.File, src []byte, defs []hcl.Range) ([]byte, error) {
+	body, ok := f.Body.(*hclsyntax.Body)
+	if !ok {
+		return nil, fmt.Errorf("unexpected body type %T", f.Body)
+	}
+	var ranges []hcl.Range
+	for _, blk := range body.Blocks {
+		for _, d := range defs {
+			if blk.DefRange() == d {
+				ranges = append(ranges, blk.Range())
+			}
+		}
+	}
+	if len(ranges) != len(defs) {
+		return nil, fmt.Errorf("found %d of %d blocks", len(ranges), len(defs))
+	}
+	sort.Slice(ranges, func(i, j int) bool { return ranges[i].Start.Byte > ranges[j].Start.Byte })
+	out := bytes.Clone(src)
+	for _, r := range ranges {
+		old := out[r.Start.Byte:r.End.Byte]
+		text := fmt.Sprintf("# provider %q: configured by kloud in %s", tfprovider.Name, GeneratedFile) + strings.Repeat("\n", bytes.Count(old, []byte{'\n'}))
+		out = append(out[:r.Start.Byte:r.Start.Byte], append([]byte(text), out[r.End.Byte:]...)...)
+	}
+	return out, nil
+}
+
+// removeJSONProvider deletes provider.kloudlocal from a .tf.json file (the object or the array
+// form of "provider"). The file is re-encoded; every other value keeps its bytes' meaning.
+func removeJSONProvider(src []byte) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(src, &top); err != nil {
+		return nil, err
+	}
+	raw := bytes.TrimSpace(top["provider"])
+	drop := func(obj json.RawMessage) (map[string]json.RawMessage, error) {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(obj, &m); err != nil {
+			return nil, err
+		}
+		delete(m, tfprovider.Name)
+		return m, nil
+	}
+	var newProv any
+	if len(raw) > 0 && raw[0] == '[' {
+		var arr []json.RawMessage
+		if err := json.Unmarshal(raw, &arr); err != nil {
+			return nil, err
+		}
+		var kept []map[string]json.RawMessage
+		for _, el := range arr {
+			m, err := drop(el)
+			if err != nil {
+				return nil, err
+			}
+			if len(m) > 0 {
+				kept = append(kept, m)
+			}
+		}
+		if len(kept) > 0 {
+			newProv = kept
+		}
+	} else {
+		m, err := drop(raw)
+		if err != nil {
+			return nil, err
+		}
+		if len(m) > 0 {
+			newProv = m
+		}
+	}
+	if newProv == nil {
+		delete(top, "provider")
+	} else {
+		b, err := json.Marshal(newProv)
+		if err != nil {
+			return nil, err
+		}
+		top["provider"] = b
+	}
+	return marshalJSON(top)
+}
+
+func marshalJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// escapeAll escapes HCL template sequences, so values reach the provider literally from a
+// .tf.json string.
+func escapeAll(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = strings.NewReplacer("${", "$${", "%{", "%%{").Replace(v)
+	}
+	return out
+}

@@ -1,0 +1,215 @@
+package local
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
+)
+
+var want = map[string]string{
+	"state_dir": "/var/lib/kloud-test/machines", "base_image": "/cache/rootfs-x",
+	"bridge": "kdtest0", "subnet": "10.200.9.0/24",
+}
+
+const machineTF = `
+resource "kloudlocal_machine" "web" {
+  count    = 2
+  hostname = "web-${count.index}"
+}
+`
+
+func generated(t *testing.T, files map[string][]byte) map[string]any {
+	t.Helper()
+	var g map[string]any
+	if err := json.Unmarshal(files[GeneratedFile], &g); err != nil {
+		t.Fatalf("%s: %s\n%s", GeneratedFile, err, files[GeneratedFile])
+	}
+	return g
+}
+
+func TestConfigureProviderWithoutBlock(t *testing.T) {
+	files, err := configureProvider(map[string][]byte{"main.tf": []byte(machineTF)}, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(files["main.tf"]) != machineTF {
+		t.Errorf("main.tf changed:\n%s", files["main.tf"])
+	}
+	g := generated(t, files)
+	p := g["provider"].(map[string]any)["kloudlocal"].(map[string]any)
+	for k, v := range want {
+		if p[k] != v {
+			t.Errorf("provider.kloudlocal.%s = %v, want %q", k, p[k], v)
+		}
+	}
+	rp := g["terraform"].(map[string]any)["required_providers"].(map[string]any)["kloudlocal"].(map[string]any)
+	if rp["source"] != "kloud/kloudlocal" || rp["version"] != "0.1.0" {
+		t.Errorf("required_providers.kloudlocal = %v", rp)
+	}
+	if _, err := tmpl.Parse(files); err != nil {
+		t.Errorf("result does not parse: %s", err)
+	}
+}
+
+// An empty block, or one repeating kloud's values, is replaced (keeping line numbers); the user's
+// own required_providers entry is kept and not declared twice.
+func TestConfigureProviderReplacesBlock(t *testing.T) {
+	src := `terraform {
+  required_providers {
+    kloudlocal = { source = "registry.terraform.io/kloud/kloudlocal" }
+  }
+}
+
+provider "kloudlocal" {
+  bridge = "kdtest0"
+  subnet = "10.200.9.7/24"
+}
+` + machineTF
+	files, err := configureProvider(map[string][]byte{"main.tf": []byte(src)}, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(files["main.tf"])
+	if strings.Contains(got, `provider "kloudlocal" {`) || !strings.Contains(got, `# provider "kloudlocal": configured by kloud in kloud_local.tf.json`) {
+		t.Errorf("provider block not replaced:\n%s", got)
+	}
+	if strings.Count(got, "\n") != strings.Count(src, "\n") {
+		t.Errorf("line count changed: %d, was %d", strings.Count(got, "\n"), strings.Count(src, "\n"))
+	}
+	if _, ok := generated(t, files)["terraform"]; ok {
+		t.Errorf("required_providers declared twice:\n%s", files[GeneratedFile])
+	}
+
+	js := `{"provider": [{"kloudlocal": {}}, {"local": {}}], "resource": {"kloudlocal_machine": {"a": {"hostname": "a", "user_data": "<x & y>"}}}}`
+	files, err = configureProvider(map[string][]byte{"main.tf.json": []byte(js)}, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var top map[string]any
+	if err := json.Unmarshal(files["main.tf.json"], &top); err != nil {
+		t.Fatal(err)
+	}
+	if prov, _ := json.Marshal(top["provider"]); string(prov) != `[{"local":{}}]` {
+		t.Errorf("JSON provider after removal: %s", prov)
+	}
+	if ud := top["resource"].(map[string]any)["kloudlocal_machine"].(map[string]any)["a"].(map[string]any)["user_data"]; ud != "<x & y>" {
+		t.Errorf("user_data changed: %q", ud)
+	}
+}
+
+func TestConfigureProviderRefuses(t *testing.T) {
+	for name, src := range map[string]string{
+		"other state dir": `provider "kloudlocal" { state_dir = "/elsewhere" }`,
+		"not a literal":   "variable \"b\" {}\nprovider \"kloudlocal\" { bridge = var.b }",
+		"alias":           `provider "kloudlocal" { alias = "two" }`,
+		"wrong source":    "terraform {\n  required_providers {\n    kloudlocal = { source = \"hashicorp/kloudlocal\" }\n  }\n}",
+		"no source":       "terraform {\n  required_providers {\n    kloudlocal = \"0.1.0\"\n  }\n}",
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := configureProvider(map[string][]byte{"main.tf": []byte(src + machineTF)}, want)
+			if err == nil || !strings.Contains(err.Error(), "main.tf:") || strings.Contains(err.Error(), "Argument definition required") {
+				t.Fatalf("got %v, want an error naming main.tf:line", err)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+func TestSetTags(t *testing.T) {
+	i0, i1 := 0, 1
+	tf := `resource "kloudlocal_machine" "web" {
+  count    = 2
+  hostname = "web-${count.index}"
+  tags     = { team = "a", kloud_stack = "overridden" }
+}
+
+resource "kloudlocal_machine" "db" {
+  hostname = "db"
+}
+`
+	s := &stack{b: &provider.BaseStack{
+		StackID:  "st1",
+		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(tf)}, Variables: map[string]any{}},
+		Machines: []*provider.MachineSpec{
+			{ID: "m1", Label: "web.1", Resource: "web", Index: &i1},
+			{ID: "m0", Label: "web.0", Resource: "web", Index: &i0},
+			{ID: "m2", Label: "db", Resource: "db"},
+		},
+	}}
+	if err := s.setTags(); err != nil {
+		t.Fatal(err)
+	}
+	got := string(s.b.Template.Files["main.tf"])
+	for _, w := range []string{
+		`team = "a", kloud_stack = var.kloud_local_stack_web[count.index]`,
+		`kloud_machine = var.kloud_local_machine_web[count.index]`,
+		`kloud_stack = var.kloud_local_stack_db`,
+		`kloud_machine = var.kloud_local_machine_db`,
+	} {
+		if !strings.Contains(got, w) {
+			t.Errorf("main.tf lacks %q:\n%s", w, got)
+		}
+	}
+	v := s.b.Template.Variables
+	if m, _ := json.Marshal(v); string(m) != `{"kloud_local_machine_db":"m2","kloud_local_machine_web":["m0","m1"],"kloud_local_stack_db":"st1","kloud_local_stack_web":["st1","st1"]}` {
+		t.Errorf("variables: %s", m)
+	}
+	if _, ok := s.b.Template.Files[tmpl.GeneratedFile]; !ok {
+		t.Error("variables not declared")
+	}
+}
+
+// Real terraform accepts the rewritten template: the generated provider configuration, the user's
+// own terraform block beside the generated one, and the tag variables (validate needs no root).
+func TestRewrittenTemplateValidates(t *testing.T) {
+	tf, cliConfig := tfprovidertest.Terraform(t)
+	i0, i1 := 0, 1
+	src := `terraform {
+  required_version = ">= 1.1"
+}
+
+provider "kloudlocal" {}
+
+resource "kloudlocal_machine" "web" {
+  count     = 2
+  hostname  = "web-${count.index}"
+  user_data = "#cloud-config\n{}\n"
+}
+`
+	s := &stack{b: &provider.BaseStack{
+		StackID:  "st1",
+		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}, Variables: map[string]any{}},
+		Machines: []*provider.MachineSpec{
+			{ID: "m0", Label: "web.0", Resource: "web", Index: &i0},
+			{ID: "m1", Label: "web.1", Resource: "web", Index: &i1},
+		},
+	}}
+	if err := s.setTags(); err != nil {
+		t.Fatal(err)
+	}
+	files, err := configureProvider(s.b.Template.Files, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for n, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := append(os.Environ(), "TF_CLI_CONFIG_FILE="+cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1")
+	for _, args := range [][]string{{"init", "-input=false", "-no-color"}, {"validate", "-no-color"}} {
+		cmd := exec.Command(tf, args...)
+		cmd.Dir, cmd.Env = dir, env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("terraform %s: %s\n%s\nfiles: %s", args[0], err, out, files)
+		}
+	}
+}
