@@ -94,7 +94,14 @@ func TestStackAuthz(t *testing.T) {
 	if err := bob.Call(t.Context(), "stack.list", map[string]any{"all": true, "team": "red"}, nil); !errors.Is(err, kite.ErrPermission) {
 		t.Errorf("bob listing red's stacks: %v", err)
 	}
+	// A job of alice's: destroying her (never built) stack.
+	var job struct{ JobID string }
+	kloudtest.Call(t, alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
+	f.follow(job.JobID)
 	kloudtest.Call(t, alice, "job.list", nil, &jobs)
+	if len(jobs.Jobs) == 0 {
+		t.Fatal("alice has no jobs")
+	}
 	for _, j := range jobs.Jobs {
 		for who, c := range map[string]*kite.Conn{"carol": carol, "bob": bob} {
 			if err := c.Call(t.Context(), "job.get", map[string]string{"jobId": j.ID}, nil); !errors.Is(err, kite.ErrNotFound) {
