@@ -18,6 +18,7 @@
 //	(*Manager) Create(ctx, Spec) (Info, error)       disk, netns, veth, cgroups, boot; returns once PID 1 runs
 //	(*Manager) Start / Stop (ctx, id) (Info, error)  boot again on the same disk / end all processes
 //	(*Manager) Info(ctx, id) (Info, error)           running|stopped|absent from /proc, plus cloud-init progress
+//	(*Manager) SetTags(ctx, id, tags) (Info, error)  replace the tags (running or stopped)
 //	(*Manager) Destroy(ctx, id) error                everything, idempotent
 //	(*Manager) List(ctx) / GC(ctx, keep)             GC also removes half-created machines and orphans
 //	(*Manager) Exec(ctx, id, argv...) ([]byte, error)  nsenter into a running machine

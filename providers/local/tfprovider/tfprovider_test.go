@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -316,6 +317,54 @@ resource "kloudlocal_machine" "bad" {
 	for _, want := range []string{"kloudlocal: bad hostname", "kloudlocal: memory too small", "kloudlocal: cpus too small"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("validate output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// Without root the provider says so plainly instead of failing somewhere inside a machine's
+// creation: terraform runs as nobody here.
+func TestNotRootDiagnostic(t *testing.T) {
+	testutil.RequireRoot(t)
+	tf, cliConfig := tfprovidertest.Terraform(t)
+	dir, err := os.MkdirTemp("", "kloudlocal-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	const nobody = 65534
+	if err := os.Chown(dir, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	main := `terraform {
+  required_providers {
+    kloudlocal = { source = "kloud/kloudlocal" }
+  }
+}
+resource "kloudlocal_machine" "m" {
+  hostname = "m"
+}
+`
+	if err := os.WriteFile(filepath.Join(dir, "main.tf"), []byte(main), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "TF_CLI_CONFIG_FILE=" + cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1"}
+	var out []byte
+	for _, args := range [][]string{{"init", "-input=false", "-no-color"}, {"plan", "-input=false", "-no-color"}} {
+		cmd := exec.Command(tf, args...)
+		cmd.Dir, cmd.Env = dir, env
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		out, err = cmd.CombinedOutput()
+		if args[0] == "init" && err != nil {
+			t.Fatalf("terraform init as nobody: %s\n%s", err, out)
+		}
+	}
+	if err == nil {
+		t.Fatalf("plan as nobody succeeded:\n%s", out)
+	}
+	t.Logf("terraform plan as nobody:\n%s", out)
+	for _, want := range []string{"kloudlocal: local machines cannot run here", "local machines need root"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("plan output lacks %q:\n%s", want, out)
 		}
 	}
 }

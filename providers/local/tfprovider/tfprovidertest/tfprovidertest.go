@@ -62,6 +62,9 @@ func buildMirror() (dir, cliConfig string, err error) {
 	if err != nil {
 		return "", "", err
 	}
+	if err := os.Chmod(dir, 0o755); err != nil { // readable by tests that run terraform as another user
+		return dir, "", err
+	}
 	platform := runtime.GOOS + "_" + runtime.GOARCH
 	pdir := filepath.Join(dir, "mirror", "registry.terraform.io", "kloud", tfprovider.Name, tfprovider.Version, platform)
 	if err := os.MkdirAll(pdir, 0o755); err != nil {
