@@ -147,6 +147,18 @@ func TestStackLifecycle(t *testing.T) {
 	if last.Status != "succeeded" || last.Percentage != 100 {
 		t.Fatalf("build: %+v", last)
 	}
+	// Neither the credential's secret nor any machine's kite key (a JWT) shows in what users
+	// can read about the build.
+	for _, c := range []struct {
+		method string
+		params any
+	}{{"job.get", map[string]string{"jobId": job.JobID}}, {"stack.describe", map[string]string{"id": sid}}, {"machine.list", map[string]string{"stackId": sid}}} {
+		var raw json.RawMessage
+		kloudtest.Call(t, f.alice, c.method, c.params, &raw)
+		if strings.Contains(string(raw), "s3cret-token") || strings.Contains(string(raw), "eyJ") {
+			t.Fatalf("%s shows a secret: %s", c.method, raw)
+		}
+	}
 	got := f.machines(sid)
 	for _, l := range []string{"vm.0", "vm.1"} {
 		m := got[l]
