@@ -46,7 +46,7 @@ func (s *stack) BootstrapTemplates(ctx context.Context, c *provider.Credential) 
 }
 
 // ApplyTemplate rewrites the stack's template: every kloudlocal_machine gets its agent's
-// cloud-init (with the resource's hostname), the kloud_stack and kloud_machine tags, and the
+// cloud-init, the kloud_stack and kloud_machine tags, and the
 // template gets the kloudlocal provider configured like this Local (GeneratedFile).
 func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
 	if err := s.l.Available(); err != nil {
@@ -69,9 +69,10 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	}
 
 	err = b.InjectUserData(ctx, func(m *provider.MachineSpec, ac userdata.Config) ([]byte, error) {
-		if h := machineHostname(cfg, m); h != "" {
-			ac.Hostname = h
-		}
+		// The machine's hostname is the resource's hostname attribute, which the sandbox gives
+		// cloud-init as the NoCloud meta-data's local-hostname. Leaving it out of the user data
+		// lets that win, also when the attribute is an expression kloud cannot evaluate.
+		ac.Hostname = ""
 		return userdata.Render(ac)
 	})
 	if err != nil {
@@ -91,18 +92,6 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	}
 	b.Template.Files = files
 	return b.Template, nil
-}
-
-// machineHostname is the hostname the machine's resource sets: its planned value, else a
-// literal in the template; "" if neither is known.
-func machineHostname(cfg *tmpl.Config, m *provider.MachineSpec) string {
-	if h, ok := m.Attributes["hostname"].(string); ok && h != "" {
-		return h
-	}
-	if h, ok, _ := cfg.LiteralString(ResourceType, m.Resource, "hostname"); ok {
-		return h
-	}
-	return ""
 }
 
 // setTags points tags.kloud_stack and tags.kloud_machine of every machine resource at generated
