@@ -3,6 +3,7 @@ package kloud
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -78,6 +79,9 @@ func (s *Server) trackAgents(ctx context.Context) {
 					status = AgentDisconnected
 				}
 				s.setAgent(ctx, ev.Kite.Kite.ID, status, ev.Kite.Kite.Version)
+				if status == AgentConnected && strings.HasPrefix(ev.Kite.Kite.ID, AgentKitePrefix) {
+					go s.pushSharesOnRegister(ctx, ev.Kite.Kite.ID)
+				}
 			case <-ctx.Done():
 				break loop
 			}

@@ -22,8 +22,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
@@ -365,10 +368,19 @@ func (s *Server) Close() error {
 }
 
 // authorizeKite decides who may see and get tokens for a kite: its owner, kloud admins, and
-// users a machine is shared with.
+// users a machine is shared with (the machine's klient checks their grant itself).
 func (s *Server) authorizeKite(ctx context.Context, caller *kite.Principal, target kite.Identity) error {
-	if caller != nil && (caller.Username == target.Username || caller.Admin || caller.Username == Admin || caller.Username == "kloud") {
+	if caller == nil {
+		return fmt.Errorf("kite %s: %w", target.ID, kite.ErrPermission)
+	}
+	if caller.Username == target.Username || caller.Admin || caller.Username == Admin || caller.Username == "kloud" {
 		return nil
+	}
+	if strings.HasPrefix(target.ID, AgentKitePrefix) {
+		n, err := s.store.Collection(store.CollMachines).CountDocuments(ctx, bson.M{"kiteId": target.ID, "shares.username": caller.Username})
+		if err == nil && n > 0 {
+			return nil
+		}
 	}
 	return fmt.Errorf("kite %s belongs to another user: %w", target.ID, kite.ErrPermission)
 }

@@ -1,0 +1,178 @@
+package kloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+)
+
+// Machine sharing: kloud keeps the truth (Machine.Shares) and pushes it to the machine's klient
+// (klient.setShares), which enforces it on its own. The owner or a team admin shares; a shared
+// user gets exactly their grant: readonly (watch terminals), terminal (use terminals), full
+// (also start and stop the machine). Unsharing closes that user's terminals at once (klient does
+// it when its list changes).
+
+func init() {
+	methodSets = append(methodSets, func(s *Server) {
+		handle(s, "machine.share", s.machineShare)
+		handle(s, "machine.unshare", s.machineUnshare)
+		handle(s, "machine.shares", s.machineShares)
+	})
+}
+
+// ShareParams are the params of machine.share and machine.unshare.
+type ShareParams struct {
+	MachineID string `json:"machineId"`
+	Username  string `json:"username"`
+	Grant     string `json:"grant,omitempty"` // share only: readonly, terminal or full
+}
+
+// Validate implements kite.Validator.
+func (p *ShareParams) Validate() error {
+	if p.MachineID == "" || p.Username == "" {
+		return errors.New("machineId and username are required")
+	}
+	return nil
+}
+
+func validGrant(g string) bool { return g == GrantReadonly || g == GrantTerminal || g == GrantFull }
+
+// SharesResult lists a machine's shares.
+type SharesResult struct {
+	MachineID string  `json:"machineId"`
+	Shares    []Share `json:"shares"`
+	// Pushed says whether the machine's agent has the new list (false: it gets it when it
+	// connects next).
+	Pushed bool `json:"pushed"`
+}
+
+func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*Machine, error) {
+	m, err := s.loadMachine(ctx, c, id)
+	if err != nil {
+		return nil, err
+	}
+	if m.Owner != c.Username && !c.TeamAdmin(m.Team) {
+		return nil, fmt.Errorf("only the owner of machine %s (or a team admin) shares it: %w", m.Label, kite.ErrPermission)
+	}
+	return m, nil
+}
+
+func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p *ShareParams) (any, error) {
+	if !validGrant(p.Grant) {
+		return nil, fmt.Errorf("grant %q: want %s, %s or %s: %w", p.Grant, GrantReadonly, GrantTerminal, GrantFull, kite.ErrInvalidParams)
+	}
+	m, err := s.shareTarget(ctx, c, p.MachineID)
+	if err != nil {
+		return nil, err
+	}
+	if p.Username == m.Owner {
+		return nil, fmt.Errorf("%s owns machine %s: %w", p.Username, m.Label, kite.ErrInvalidParams)
+	}
+	var u User
+	if err := s.store.Collection(store.CollUsers).FindOne(ctx, bson.M{"_id": p.Username}).Decode(&u); err != nil {
+		return nil, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
+	}
+	return s.updateShares(ctx, m, func(sh []Share) []Share {
+		out := []Share{{Username: p.Username, Grant: p.Grant}}
+		for _, x := range sh {
+			if x.Username != p.Username {
+				out = append(out, x)
+			}
+		}
+		return out
+	})
+}
+
+func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request, p *ShareParams) (any, error) {
+	m, err := s.shareTarget(ctx, c, p.MachineID)
+	if err != nil {
+		return nil, err
+	}
+	return s.updateShares(ctx, m, func(sh []Share) []Share {
+		out := []Share{}
+		for _, x := range sh {
+			if x.Username != p.Username {
+				out = append(out, x)
+			}
+		}
+		return out
+	})
+}
+
+func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, p *MachineParams) (any, error) {
+	m, err := s.loadMachine(ctx, c, p.MachineID)
+	if err != nil {
+		return nil, err
+	}
+	if m.Shares == nil {
+		m.Shares = []Share{}
+	}
+	return SharesResult{MachineID: m.ID, Shares: m.Shares}, nil
+}
+
+// updateShares changes a machine's share list with one conditional update (retried if someone
+// changed the machine in between), then pushes the list to its agent.
+func (s *Server) updateShares(ctx context.Context, m *Machine, change func([]Share) []Share) (any, error) {
+	for attempt := 0; ; attempt++ {
+		shares := change(m.Shares)
+		res, err := s.store.Collection(store.CollMachines).UpdateOne(ctx,
+			bson.M{"_id": m.ID, "updatedAt": m.UpdatedAt},
+			bson.M{"$set": bson.M{"shares": shares, "updatedAt": s.store.Now()}})
+		if err != nil {
+			return nil, fmt.Errorf("save shares: %w", err)
+		}
+		if res.MatchedCount == 1 {
+			m.Shares = shares
+			break
+		}
+		if attempt > 10 {
+			return nil, fmt.Errorf("machine %s keeps changing; try again: %w", m.Label, kite.ErrConflict)
+		}
+		fresh, err := s.loadMachine(ctx, nil, m.ID)
+		if err != nil {
+			return nil, err
+		}
+		m = fresh
+	}
+	err := s.pushShares(ctx, m)
+	if err != nil {
+		s.log.Info("shares saved; the agent gets them when it connects", "machine", m.ID, "err", err)
+	}
+	return SharesResult{MachineID: m.ID, Shares: m.Shares, Pushed: err == nil}, nil
+}
+
+// pushShares gives the machine's klient its complete share list, with a token of the owner's
+// (klient checks it like any other call).
+func (s *Server) pushShares(ctx context.Context, m *Machine) error {
+	conn, err := s.agentConn(m)
+	if err != nil {
+		return err
+	}
+	tok, err := s.Signer().Token(m.Owner, m.KiteID, 5*time.Minute)
+	if err != nil {
+		return err
+	}
+	shares := m.Shares
+	if shares == nil {
+		shares = []Share{}
+	}
+	return conn.Call(ctx, "klient.setShares", map[string]any{"shares": shares, "token": tok}, nil)
+}
+
+// pushSharesOnRegister re-pushes a machine's share list when its agent (re)registers, so a list
+// changed while it was away is enforced.
+func (s *Server) pushSharesOnRegister(ctx context.Context, kiteID string) {
+	var m Machine
+	if err := s.store.Collection(store.CollMachines).FindOne(ctx, bson.M{"kiteId": kiteID}).Decode(&m); err != nil {
+		return
+	}
+	if err := s.pushShares(ctx, &m); err != nil && ctx.Err() == nil {
+		s.log.Warn("push shares to agent", "machine", m.ID, "err", err)
+	}
+}
