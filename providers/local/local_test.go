@@ -211,7 +211,7 @@ resource "kloudlocal_machine" "web" {
 	// Stop, inspect, start: kloud's own operations on a machine terraform made.
 	m0, in0 := machines["m0"], infos["m0"]
 	meta, err := m0.Stop(t.Context())
-	if err != nil || meta.(map[string]any)["state"] != "stopped" {
+	if err != nil || meta.(map[string]any)["machine_id"] != in0.ID {
 		t.Fatalf("stop: %v %v", meta, err)
 	}
 	if s, _, err := m0.Info(t.Context()); err != nil || s != provider.Stopped {
@@ -220,7 +220,7 @@ resource "kloudlocal_machine" "web" {
 	if log, err := m0.(provider.ConsoleLogger).ConsoleLog(t.Context()); err != nil || !strings.Contains(log, "KLOUD-PROVISION step=done status=ok") {
 		t.Errorf("console log of a stopped machine (err %v):\n%s", err, log)
 	}
-	if meta, err = m0.Start(t.Context()); err != nil || meta.(map[string]any)["state"] != "running" {
+	if meta, err = m0.Start(t.Context()); err != nil || meta.(map[string]any)["ip_address"] != in0.IP.String() {
 		t.Fatalf("start: %v %v", meta, err)
 	}
 	if s, _, err := m0.Info(t.Context()); err != nil || s != provider.Running {

@@ -52,8 +52,9 @@ func (m *machine) wrap(op string, err error) error {
 	return fmt.Errorf("%s local machine %s (%s): %w", op, m.b.Label, m.id, err)
 }
 
+// meta is what kloud stores as the machine's metadata: the sandbox id and the address.
 func meta(in sandbox.Info) map[string]any {
-	out := map[string]any{"state": string(in.State)}
+	out := map[string]any{"machine_id": in.ID}
 	if in.IP.IsValid() {
 		out["ip_address"] = in.IP.String()
 	}
