@@ -207,6 +207,7 @@ resource "kloudlocal_machine" "web" {
 	if len(machines) != 2 {
 		t.Fatalf("state has %d machines: %+v", len(machines), state.Values.RootModule.Resources)
 	}
+	t.Logf("apply start to both machines provisioned (klient installed, user script done): %s", time.Since(t0).Round(time.Millisecond))
 
 	// Stop, inspect, start: kloud's own operations on a machine terraform made.
 	m0, in0 := machines["m0"], infos["m0"]
