@@ -200,6 +200,12 @@ func (o *Options) defaults() error {
 	return nil
 }
 
+// Providers returns the providers this kloud offers.
+func (s *Server) Providers() *provider.Registry { return s.providers }
+
+// PublicURL is how users reach this kloud.
+func (s *Server) PublicURL() string { return s.opts.PublicURL }
+
 // Store returns the server's store.
 func (s *Server) Store() *store.Store { return s.store }
 

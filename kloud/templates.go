@@ -13,7 +13,6 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/store"
-	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
 
@@ -277,4 +276,24 @@ func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request,
 	return map[string]bool{"deleted": true}, nil
 }
 
-var _ = provider.Running
+// EnsureTemplate creates a template owned by the admin in the default team unless one with this
+// title exists there; it returns the template's id (kloud serve's demo template uses it).
+func (s *Server) EnsureTemplate(ctx context.Context, title string, files map[string]string) (id string, created bool, err error) {
+	var t Template
+	err = s.store.Collection(store.CollTemplates).FindOne(ctx, bson.M{"title": title, "team": DefaultTeam}).Decode(&t)
+	if err == nil {
+		return t.ID, false, nil
+	}
+	if !errors.Is(err, mongo.ErrNoDocuments) {
+		return "", false, err
+	}
+	c, err := s.callerByName(ctx, Admin, true)
+	if err != nil {
+		return "", false, err
+	}
+	res, err := s.templateCreate(ctx, c, nil, &TemplateParams{Title: title, Team: DefaultTeam, Files: files})
+	if err != nil {
+		return "", false, err
+	}
+	return res.(Template).ID, true, nil
+}

@@ -31,8 +31,9 @@ if ((${#missing[@]})); then
 	fi
 fi
 
-log "terraform and the offline provider mirror"
+log "terraform and the offline provider mirror (with our kloudlocal provider)"
 scripts/tf-mirror.sh >/dev/null
+scripts/build-kloudlocal.sh >/dev/null
 
 if [ "$(id -u)" = 0 ]; then
 	log "base image for local machines"

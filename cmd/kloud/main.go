@@ -8,9 +8,11 @@ import (
 	"syscall"
 
 	"github.com/kloud-dev/kloud/kloud/cli"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
 func main() {
+	sandbox.MaybeRunInit() // kloud re-executes itself as local machines' PID 1 when it starts them
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

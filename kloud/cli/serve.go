@@ -37,6 +37,9 @@ type serveFlags struct {
 // an error that says the provider cannot work here is logged, not fatal.
 var providerHooks []func(ctx context.Context, cmd *cobra.Command, f *serveFlags, reg *provider.Registry, log *slog.Logger) error
 
+// startHooks run once the server is built (sweeps, demo content).
+var startHooks []func(ctx context.Context, s *kloud.Server, log *slog.Logger)
+
 // serveFlagHooks add provider flags to kloud serve.
 var serveFlagHooks []func(cmd *cobra.Command, f *serveFlags)
 
@@ -104,6 +107,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
+	for _, h := range startHooks {
+		h(ctx, s, log)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)
@@ -159,7 +165,11 @@ func startTerraformer(ctx context.Context, g *globals, f *serveFlags, log *slog.
 		kloudURL = "http://127.0.0.1:" + port
 	}
 	addr := "127.0.0.1:7001"
-	cmd := exec.Command(bin, "--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL)
+	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL}
+	if cfg := tfCLIConfig(); cfg != "" {
+		args = append(args, "--cli-config", cfg)
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = prefixWriter{g.stderr, "terraformer: "}, prefixWriter{g.stderr, "terraformer: "}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
@@ -196,6 +206,25 @@ func startTerraformer(ctx context.Context, g *globals, f *serveFlags, log *slog.
 	}
 	log.Info("terraformer started", "addr", addr, "pid", cmd.Process.Pid)
 	return stop, url, nil
+}
+
+// tfCLIConfig returns the Terraform CLI config terraformer should use when the environment's
+// does not exist: the offline mirror's config that scripts/setup.sh wrote.
+func tfCLIConfig() string {
+	if env := os.Getenv("TF_CLI_CONFIG_FILE"); env != "" {
+		if _, err := os.Stat(env); err == nil {
+			return ""
+		}
+	}
+	cache := os.Getenv("KLOUD_CACHE")
+	if cache == "" {
+		cache = "/var/cache/kloud"
+	}
+	p := filepath.Join(cache, "terraform.tfrc")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	return ""
 }
 
 // prefixWriter prefixes every line written through it.

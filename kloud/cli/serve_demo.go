@@ -1,0 +1,66 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/providers/local"
+)
+
+// DemoTemplate is the template kloud serve offers on a fresh install: two local machines.
+const DemoTemplate = `# Two machines on this host (local provider: Linux namespaces + real cloud-init).
+terraform {
+  required_providers {
+    kloudlocal = { source = "kloud/kloudlocal" }
+  }
+}
+
+resource "kloudlocal_machine" "dev" {
+  count    = 2
+  hostname = "dev-${count.index}"
+  memory   = 512
+  user_data = <<-EOT
+    #!/bin/bash
+    echo "Welcome to $(hostname), built by Kloud" > /etc/motd
+  EOT
+}
+`
+
+const demoTitle = "Demo: two local machines"
+
+func init() {
+	var noDemo bool
+	serveFlagHooks = append(serveFlagHooks, func(cmd *cobra.Command, f *serveFlags) {
+		cmd.Flags().BoolVar(&noDemo, "no-demo", false, "do not create the demo template")
+	})
+	startHooks = append(startHooks, func(ctx context.Context, s *kloud.Server, log *slog.Logger) {
+		if noDemo {
+			return
+		}
+		p, err := s.Providers().Lookup(local.Name)
+		if err != nil {
+			return
+		}
+		id, created, err := s.EnsureTemplate(ctx, demoTitle, map[string]string{"main.tf": DemoTemplate})
+		if err != nil {
+			log.Warn("demo template", "err", err)
+			return
+		}
+		var b strings.Builder
+		if created {
+			fmt.Fprintf(&b, "\ncreated the demo template %s (%s)\n", id, demoTitle)
+		}
+		fmt.Fprintf(&b, "\nTo build the demo stack (two machines on this host), in another terminal:\n")
+		fmt.Fprintf(&b, "  bin/kloud stack create --template %s\n  bin/kloud stack apply <the stack id it prints>\n", id)
+		fmt.Fprintf(&b, "To use the web UI, set a password, then open %s/ and log in as admin:\n  bin/kloud user passwd admin\n", s.PublicURL())
+		if err := p.Available(); err != nil {
+			fmt.Fprintf(&b, "NOTE: the local provider cannot run here: %v\n", err)
+		}
+		fmt.Print(b.String())
+	})
+}
