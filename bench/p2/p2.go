@@ -410,6 +410,11 @@ func runRaw(ctx context.Context, opts Options, tmp string, rep *Report, say func
 // it listens; a port taken between choosing and binding makes it try again. The in-process
 // servers (p2kloud, Self -serve-kontrol) pick their own ports.
 func startKloud(ctx context.Context, opts Options, dataDir, tmp string) (*proc, string, error) {
+	tf := false
+	if opts.Server == ServerBinary {
+		help, _ := exec.CommandContext(ctx, opts.Kloud, "serve", "--help").CombinedOutput()
+		tf = strings.Contains(string(help), "--terraformer-url")
+	}
 	var lastErr error
 	for attempt := range 3 {
 		bin, args := opts.Self, []string{"-serve-kontrol", "-data-dir", dataDir}
@@ -417,13 +422,20 @@ func startKloud(ctx context.Context, opts Options, dataDir, tmp string) (*proc, 
 		case ServerKloud:
 			bin, args = opts.Kloud, []string{"-data-dir", dataDir}
 		case ServerBinary:
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			addr, err := freePort()
 			if err != nil {
-				return nil, "", fmt.Errorf("p2: free port: %w", err)
+				return nil, "", err
 			}
-			addr := ln.Addr().String()
-			ln.Close()
 			bin, args = opts.Kloud, []string{"serve", "--data-dir", dataDir, "--addr", addr}
+			if tf {
+				// Terraformer is not part of P2: point kloud at a port nothing listens on rather
+				// than have it start one (its client keeps retrying in the background).
+				tfAddr, err := freePort()
+				if err != nil {
+					return nil, "", err
+				}
+				args = append(args, "--terraformer-url", "http://"+tfAddr+"/kite")
+			}
 		}
 		p, err := startProc("kloud serve", bin, args, filepath.Join(tmp, fmt.Sprintf("kloud-%d.log", attempt)))
 		if err != nil {
@@ -443,6 +455,16 @@ func startKloud(ctx context.Context, opts Options, dataDir, tmp string) (*proc, 
 		return p, strings.TrimSpace(addr), nil
 	}
 	return nil, "", fmt.Errorf("p2: %w", lastErr)
+}
+
+// freePort returns a loopback address nothing listens on at the moment.
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("p2: free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // adminConn dials kloud with the admin kite key from its data dir.
