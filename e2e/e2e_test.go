@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -61,7 +62,7 @@ type env struct {
 	dir      string
 	addr     string
 	kloud    *exec.Cmd
-	kloudOut *bytes.Buffer
+	kloudOut *syncBuffer
 	extra    []string
 	key      string // KLOUD_KEY for CLI calls ("" = admin)
 }
@@ -84,7 +85,7 @@ func (e *env) start() {
 	args := append([]string{"serve", "--data-dir", e.dir, "--addr", e.addr, "--dummy-dir", filepath.Join(e.dir, "machines"),
 		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}, e.extra...)
 	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
-	e.kloudOut = &bytes.Buffer{}
+	e.kloudOut = &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = e.kloudOut, e.kloudOut
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -134,6 +135,24 @@ func (e *env) cleanup() {
 		}
 		return nil
 	})
+}
+
+// syncBuffer is a bytes.Buffer a process writes to while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // run runs the kloud CLI and returns its stdout; a failure fails the test.

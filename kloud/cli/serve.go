@@ -27,10 +27,11 @@ import (
 
 // serveFlags are kloud serve's settings beyond kloud.Options.
 type serveFlags struct {
-	o              kloud.Options
-	terraformerURL string
-	terraformerBin string
-	logLevel       string
+	o               kloud.Options
+	terraformerURL  string
+	terraformerBin  string
+	terraformerAddr string
+	logLevel        string
 }
 
 // providerHooks add providers to the server's registry (each built-in provider's file adds one);
@@ -66,6 +67,7 @@ admin kite key and kloud's own key in the data directory, and prints where. Unle
 	fl.DurationVar(&f.o.HeartbeatTimeout, "heartbeat-timeout", 10*time.Second, "drop a kite that does not answer a ping within this time")
 	fl.StringVar(&f.terraformerURL, "terraformer-url", "", "use the terraformer at this URL (default: start one on 127.0.0.1:7001)")
 	fl.StringVar(&f.terraformerBin, "terraformer-bin", "", "terraformer binary to start (default: terraformer next to this binary)")
+	fl.StringVar(&f.terraformerAddr, "terraformer-addr", "", "address for the terraformer it starts (default 127.0.0.1:7001, or a free port if that is taken)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&f.o.JobLease, "job-lease", 30*time.Second, "how long a crashed kloud's jobs stay claimed before they are resumed")
 	for _, h := range serveFlagHooks {
@@ -164,7 +166,10 @@ func startTerraformer(ctx context.Context, g *globals, f *serveFlags, log *slog.
 	if kloudURL == "" {
 		kloudURL = "http://127.0.0.1:" + port
 	}
-	addr := "127.0.0.1:7001"
+	addr, err := terraformerAddr(f.terraformerAddr)
+	if err != nil {
+		return nil, "", err
+	}
 	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL}
 	if cfg := tfCLIConfig(); cfg != "" {
 		args = append(args, "--cli-config", cfg)
@@ -189,9 +194,20 @@ func startTerraformer(ctx context.Context, g *globals, f *serveFlags, log *slog.
 	url = "http://" + addr
 	deadline := time.Now().Add(30 * time.Second)
 	for {
+		select {
+		case <-done:
+			return nil, "", errors.New("terraformer exited at start; see its output above")
+		default:
+		}
 		resp, err := http.Get(url + "/healthz")
 		if err == nil {
 			resp.Body.Close()
+			// Ours, not another process on that address: ours is still running.
+			select {
+			case <-done:
+				return nil, "", errors.New("terraformer exited at start; see its output above")
+			case <-time.After(200 * time.Millisecond):
+			}
 			break
 		}
 		select {
@@ -206,6 +222,24 @@ func startTerraformer(ctx context.Context, g *globals, f *serveFlags, log *slog.
 	}
 	log.Info("terraformer started", "addr", addr, "pid", cmd.Process.Pid)
 	return stop, url, nil
+}
+
+// terraformerAddr returns where to start terraformer: the flag's address, else 127.0.0.1:7001,
+// else (that port is taken) a free loopback port.
+func terraformerAddr(flag string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	if ln, err := net.Listen("tcp", "127.0.0.1:7001"); err == nil {
+		ln.Close()
+		return "127.0.0.1:7001", nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // tfCLIConfig returns the Terraform CLI config terraformer should use when the environment's
