@@ -1,0 +1,151 @@
+// credentials.js — your teams' provider credentials: list, add (a form built from
+// provider.describe: field types, labels, secret fields as password inputs, defaults, required),
+// describe, authenticate, bootstrap (a job, shown live) and remove.
+
+import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID } from '../ui.js';
+import { watchJob } from '../jobs.js';
+
+// inputFor makes the form input of one provider field.
+export function inputFor(f) {
+  const attrs = { name: f.name, id: `cred-${f.name}`, required: !!f.required };
+  switch (f.type) {
+    case 'boolean':
+      return h('input', { ...attrs, type: 'checkbox', required: false, checked: f.default === 'true' });
+    case 'integer':
+      return h('input', { ...attrs, type: 'number', step: '1', value: f.default || '' });
+    case 'number':
+      return h('input', { ...attrs, type: 'number', step: 'any', value: f.default || '' });
+    default:
+      return h('input', {
+        ...attrs, type: f.secret ? 'password' : 'text', value: f.secret ? '' : (f.default || ''),
+        autocomplete: f.secret ? 'new-password' : 'off', placeholder: f.default && f.secret ? '(default set)' : '',
+      });
+  }
+}
+
+// valueOf reads an input back as the field's JSON type (undefined: leave it to the default).
+export function valueOf(f, input) {
+  if (f.type === 'boolean') return input.checked;
+  const v = input.value;
+  if (v === '') return undefined;
+  if (f.type === 'integer') return parseInt(v, 10);
+  if (f.type === 'number') return Number(v);
+  return v;
+}
+
+function verifiedBadge(c) {
+  if (c.verifyError) return h('span', { title: c.verifyError }, badge('rejected', 'failed'));
+  return c.verified ? badge('verified', 'ok') : badge('unchecked', 'never');
+}
+
+export async function list(ctx, el) {
+  const { kite } = ctx;
+  const [creds, provs, me] = await Promise.all([kite.call('credential.list'), kite.call('provider.describe'), ctx.whoami()]);
+  const providers = provs.providers || [];
+  const byName = Object.fromEntries(providers.map((p) => [p.name, p]));
+  const jobs = h('div', { class: 'jobs' });
+  const details = h('div', {});
+  const watches = [];
+
+  const describe = async (c) => {
+    const v = await kite.call('credential.describe', { id: c.id });
+    clear(details, section(`Credential ${v.title}`,
+      h('dl', { class: 'kv' },
+        h('dt', {}, 'ID'), h('dd', {}, h('code', {}, v.id)),
+        h('dt', {}, 'Provider'), h('dd', {}, v.provider),
+        h('dt', {}, 'Team'), h('dd', {}, v.team),
+        h('dt', {}, 'Owner'), h('dd', {}, v.owner),
+        h('dt', {}, 'Verified'), h('dd', {}, verifiedBadge(v), v.verifyError ? ' ' + v.verifyError : ''),
+        h('dt', {}, 'Bootstrap'), h('dd', {}, v.bootstrap ? [badge(v.bootstrap.status), v.bootstrap.error ? ' ' + v.bootstrap.error : '', (v.bootstrap.outputs || []).length ? ` outputs: ${v.bootstrap.outputs.join(', ')}` : ''] : 'none'),
+        h('dt', {}, 'Created'), h('dd', {}, fmtTime(v.createdAt))),
+      table([
+        { title: 'Field', render: (f) => f.label || f.name },
+        { title: 'Value', render: (f) => (f.secret ? (f.set ? '•••• (secret, set)' : '(not set)') : (f.value === undefined ? '' : String(f.value))) },
+      ], v.fields || [])));
+    details.scrollIntoView({ behavior: 'smooth' });
+  };
+
+  const rows = creds.credentials || [];
+  const listTable = table([
+    { title: 'Title', render: (c) => h('button', { class: 'link', onclick: () => describe(c) }, c.title) },
+    { title: 'Provider', render: (c) => c.provider },
+    { title: 'Team', render: (c) => c.team },
+    { title: 'Owner', render: (c) => c.owner },
+    { title: 'Verified', render: verifiedBadge },
+    { title: 'Bootstrap', render: (c) => (c.bootstrap ? badge(c.bootstrap.status) : '—') },
+    {
+      title: '', class: 'actions', render: (c) => [
+        h('button', {
+          class: 'small', onclick: (ev) => busy(ev.target, async () => {
+            const r = await kite.call('credential.authenticate', { id: c.id });
+            notice(r.verified ? `${c.title}: the provider accepted it.` : `${c.title}: rejected: ${r.error || 'no reason given'}`, r.verified ? 'info' : 'error');
+            ctx.navigate('#/credentials');
+          }),
+        }, 'Authenticate'),
+        (byName[c.provider] && (byName[c.provider].bootstrap || []).length) ? h('button', {
+          class: 'small', onclick: (ev) => busy(ev.target, async () => {
+            const r = await kite.call('credential.bootstrap', { id: c.id });
+            if (r.alreadyDone) {
+              notice(`${c.title} is already bootstrapped.`);
+              return;
+            }
+            watches.push(watchJob(kite, r.jobId, jobs, { title: `Bootstrap ${c.title}`, onDone: () => ctx.navigate('#/credentials') }));
+          }),
+        }, 'Bootstrap') : null,
+        h('button', {
+          class: 'small danger', onclick: (ev) => busy(ev.target, async () => {
+            if (!confirm(`Remove credential ${c.title}?`)) return;
+            await kite.call('credential.remove', { id: c.id });
+            ctx.navigate('#/credentials');
+          }),
+        }, 'Remove'),
+      ],
+    },
+  ], rows, { empty: 'No credentials yet: add one below.', rowAttrs: (c) => ({ dataset: { credential: c.id } }) });
+
+  // The add form, rebuilt for the chosen provider.
+  const provSel = h('select', { name: 'provider', id: 'cred-provider' },
+    providers.map((p) => h('option', { value: p.name, disabled: !p.available }, p.name + (p.available ? '' : ' (unavailable here)'))));
+  const title = h('input', { name: 'title', id: 'cred-title', required: true, placeholder: 'e.g. my account' });
+  const teams = (me.teams || []);
+  const teamSel = h('select', { name: 'team', id: 'cred-team' }, teams.map((t) => h('option', { value: t.slug }, t.title ? `${t.title} (${t.slug})` : t.slug)));
+  const fieldsBox = h('div', { class: 'fields' });
+  const provInfo = h('p', { class: 'hint' });
+  let inputs = [];
+  const build = () => {
+    const p = byName[provSel.value];
+    inputs = [];
+    if (!p) { clear(fieldsBox); return; }
+    clear(provInfo, p.description || '', p.available ? '' : ` — unavailable: ${p.unavailable || ''}`);
+    clear(fieldsBox, (p.credential || []).map((f) => {
+      const input = inputFor(f);
+      inputs.push([f, input]);
+      const hint = [f.required ? 'required' : 'optional', f.secret ? 'secret: stored encrypted, never shown again' : '', f.default ? `default ${f.default}` : ''].filter(Boolean).join(' · ');
+      return field(f.label || f.name, input, hint);
+    }));
+    if (!(p.credential || []).length) fieldsBox.append(h('p', { class: 'hint' }, 'This provider needs no credential fields.'));
+  };
+  provSel.addEventListener('change', build);
+  const first = providers.find((p) => p.available);
+  if (first) provSel.value = first.name;
+  build();
+  const addBtn = h('button', { type: 'submit', class: 'primary', id: 'cred-add' }, 'Add credential');
+  const form = h('form', { class: 'stack-form', id: 'cred-form' },
+    field('Provider', provSel), provInfo, field('Title', title), teams.length > 1 ? field('Team', teamSel) : null, fieldsBox, addBtn);
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(addBtn, async () => {
+      const data = {};
+      for (const [f, input] of inputs) {
+        const v = valueOf(f, input);
+        if (v !== undefined) data[f.name] = v;
+      }
+      const r = await kite.call('credential.add', { provider: provSel.value, title: title.value.trim(), team: teams.length > 1 ? teamSel.value : undefined, data });
+      notice(`Credential added (${shortID(r.id)}).`);
+      ctx.navigate('#/credentials');
+    });
+  });
+
+  clear(el, h('h1', {}, 'Credentials'), section(null, listTable), jobs, details, section('Add a credential', form));
+  return () => watches.forEach((w) => w.stop());
+}

@@ -1,0 +1,38 @@
+// login.js — the login form: POST /api/login, then the app connects with the session.
+
+import { h, clear, field } from '../ui.js';
+import { login } from '../session.js';
+
+// next is where to go after logging in: the page asked for, else the machines.
+export function next(path) {
+  return !path || path === '/' || path === '/login' ? '#/machines' : '#' + path;
+}
+
+export function render({ onLogin }, el) {
+  const user = h('input', { name: 'username', id: 'login-username', autocomplete: 'username', required: true, autofocus: true });
+  const pass = h('input', { name: 'password', id: 'login-password', type: 'password', autocomplete: 'current-password', required: true });
+  const err = h('p', { class: 'form-error', id: 'login-error', role: 'alert' });
+  const btn = h('button', { type: 'submit', class: 'primary', id: 'login-submit' }, 'Log in');
+  const form = h('form', { class: 'login', id: 'login-form' },
+    h('h1', {}, 'Log in to Kloud'),
+    field('Username', user),
+    field('Password', pass),
+    err, btn);
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    err.textContent = '';
+    btn.disabled = true;
+    try {
+      const s = await login(user.value.trim(), pass.value);
+      pass.value = '';
+      onLogin(s);
+    } catch (e) {
+      err.textContent = e.message + (e.retryAfter ? ` (wait ${e.retryAfter} s)` : '');
+      pass.select();
+    } finally {
+      btn.disabled = false;
+    }
+  });
+  clear(el, h('section', { class: 'card narrow' }, form));
+  user.focus();
+}

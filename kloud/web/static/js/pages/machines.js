@@ -1,0 +1,195 @@
+// machines.js — machines: state, agent status (connected / disconnected / never, last seen),
+// IP and reason; start / stop with live progress; terminals (new session, or the machine's
+// running sessions: attach, join, watch); and sharing (machine.share / unshare / shares) when
+// this kloud offers it (kite.methods).
+
+import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText } from '../ui.js';
+import { watchJob } from '../jobs.js';
+import { sessionsOf, sessionName } from '../terminal.js';
+
+const running = (m) => m.state === 'Running';
+const canStart = (m) => m.state === 'Stopped';
+const canStop = (m) => m.state === 'Running';
+
+// myGrant is what the caller may do with m: "owner", or the grant of a share.
+export function myGrant(ctx, m) {
+  const me = ctx.session.username;
+  if (m.owner === me) return 'owner';
+  const s = (m.shares || []).find((x) => x.username === me);
+  return s ? s.grant : (ctx.me && ctx.me.admin ? 'admin' : '');
+}
+
+export function agentCell(m) {
+  const a = m.agent || {};
+  const status = a.status || 'never';
+  return h('span', { class: 'agent', title: a.version ? `klient ${a.version}` : '' },
+    badge(status, `agent-${status}`),
+    status === 'never' ? '' : h('small', { class: 'muted' }, ' last seen ', a.lastSeen ? ago(a.lastSeen) : 'never'));
+}
+
+async function power(ctx, m, method, jobsEl, onDone) {
+  const r = await ctx.kite.call(`machine.${method}`, { machineId: m.id });
+  return watchJob(ctx.kite, r.jobId, jobsEl, { title: `${method === 'start' ? 'Starting' : 'Stopping'} ${m.label}`, onDone });
+}
+
+// machineTable lists machines with their actions; jobs show in jobsEl.
+export function machineTable(ctx, machines, { onChange, jobsEl, showStack = false } = {}) {
+  const me = ctx.session.username;
+  return table([
+    { title: 'Machine', render: (m) => h('a', { href: `#/machines/${encodeURIComponent(m.id)}`, class: 'machine-label' }, m.label) },
+    showStack ? { title: 'Stack', render: (m) => h('a', { href: `#/stacks/${encodeURIComponent(m.stackId)}` }, shortID(m.stackId)) } : null,
+    { title: 'Owner', render: (m) => (m.owner === me ? 'you' : [m.owner, ' ', badge(`shared: ${myGrant(ctx, m)}`, 'shared')]) },
+    { title: 'State', class: 'state', render: (m) => badge(m.state) },
+    { title: 'Agent', class: 'agent-cell', render: agentCell },
+    { title: 'IP', render: (m) => m.ipAddress || '—' },
+    { title: 'Reason', class: 'reason', render: (m) => m.reason || '' },
+    {
+      title: '', class: 'actions', render: (m) => {
+        const g = myGrant(ctx, m);
+        const mayPower = g === 'owner' || g === 'full' || g === 'admin';
+        return [
+          running(m) && g !== '' ? h('button', {
+            class: 'small primary term-open', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label, mode: g === 'readonly' ? 'readonly' : undefined }),
+          }, g === 'readonly' ? 'Watch' : 'Terminal') : null,
+          mayPower && canStart(m) ? h('button', { class: 'small', onclick: (ev) => busy(ev.target, () => power(ctx, m, 'start', jobsEl, onChange)) }, 'Start') : null,
+          mayPower && canStop(m) ? h('button', { class: 'small', onclick: (ev) => busy(ev.target, () => power(ctx, m, 'stop', jobsEl, onChange)) }, 'Stop') : null,
+        ];
+      },
+    },
+  ].filter(Boolean), machines, { empty: 'No machines.', rowAttrs: (m) => ({ dataset: { machine: m.id, label: m.label, state: m.state, agent: (m.agent && m.agent.status) || 'never' } }) });
+}
+
+export async function list(ctx, el) {
+  const jobs = h('div', { class: 'jobs', id: 'machine-jobs' });
+  const box = h('div', {});
+  let timer = null;
+  let stopped = false;
+  const refresh = async () => {
+    const res = await ctx.kite.call('machine.list');
+    clear(box, section(null, machineTable(ctx, res.machines, { onChange: refresh, jobsEl: jobs, showStack: true })));
+  };
+  const loop = async () => {
+    if (stopped) return;
+    try { await refresh(); } catch (e) { /* reconnecting: the header says so */ }
+    timer = setTimeout(loop, 5000);
+  };
+  clear(el, h('div', { class: 'title-row' }, h('h1', {}, 'Machines'), h('a', { class: 'button', href: '#/stacks/new' }, 'New stack')), jobs, box);
+  await refresh();
+  timer = setTimeout(loop, 5000);
+  return () => { stopped = true; clearTimeout(timer); };
+}
+
+function sharesSection(ctx, m, grant) {
+  const box = h('div', { id: 'shares' });
+  const load = async () => {
+    let res;
+    try {
+      res = await ctx.kite.call('machine.shares', { machineId: m.id });
+    } catch (e) {
+      clear(box, h('p', { class: 'error-text' }, errorText(e)));
+      return;
+    }
+    const shares = Array.isArray(res) ? res : (res.shares || []);
+    const mayShare = grant === 'owner' || grant === 'admin';
+    clear(box, table([
+      { title: 'User', render: (s) => s.username },
+      { title: 'Grant', render: (s) => badge(s.grant, 'shared') },
+      {
+        title: '', class: 'actions', render: (s) => mayShare ? h('button', {
+          class: 'small danger', onclick: (ev) => busy(ev.target, async () => {
+            await ctx.kite.call('machine.unshare', { machineId: m.id, username: s.username });
+            notice(`${s.username} no longer has access; their terminals were closed.`);
+            load();
+          }),
+        }, 'Unshare') : '',
+      },
+    ], shares, { empty: 'Not shared with anyone.' }));
+    if (mayShare) {
+      const user = h('input', { id: 'share-username', placeholder: 'username', required: true });
+      const g = h('select', { id: 'share-grant' },
+        h('option', { value: 'readonly' }, 'readonly — watch terminals'),
+        h('option', { value: 'terminal' }, 'terminal — use terminals'),
+        h('option', { value: 'full' }, 'full — also start/stop'));
+      const btn = h('button', { type: 'submit' }, 'Share');
+      const form = h('form', { class: 'inline', id: 'share-form' }, user, g, btn);
+      form.addEventListener('submit', (ev) => {
+        ev.preventDefault();
+        busy(btn, async () => {
+          await ctx.kite.call('machine.share', { machineId: m.id, username: user.value.trim(), grant: g.value });
+          notice(`Shared with ${user.value.trim()} (${g.value}).`);
+          load();
+        });
+      });
+      box.append(form);
+    }
+  };
+  load();
+  return section('Sharing', box);
+}
+
+function sessionsSection(ctx, m, grant) {
+  const box = h('div', { id: 'term-sessions' });
+  const load = async () => {
+    const r = await sessionsOf(m.id);
+    if (!r.ok) {
+      clear(box, h('p', { class: 'muted' }, r.status === 404 ? 'This kloud has no terminal service for this machine.' : `Sessions: ${r.error}`));
+      return;
+    }
+    const mine = grant === 'owner' || grant === 'admin';
+    clear(box, table([
+      { title: 'Session', render: (s) => h('code', {}, sessionName(s)) },
+      { title: 'Size', render: (s) => (s.cols && s.rows ? `${s.cols}×${s.rows}` : '—') },
+      { title: 'Viewers', render: (s) => String(s.viewers !== undefined ? (Array.isArray(s.viewers) ? s.viewers.length : s.viewers) : '—') },
+      { title: 'Started', render: (s) => fmtTime(s.createdAt || s.startedAt) },
+      {
+        title: '', class: 'actions', render: (s) => [
+          grant !== 'readonly' ? h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label, session: sessionName(s), mode: mine ? 'attach' : 'shared' }) }, mine ? 'Attach' : 'Join') : null,
+          h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: `${m.label} (watch)`, session: sessionName(s), mode: 'readonly' }) }, 'Watch'),
+        ],
+      },
+    ], r.sessions, { empty: 'No terminal session is running.' }));
+  };
+  load();
+  return section('Terminal sessions', box, h('button', { class: 'small', onclick: load }, 'Refresh'));
+}
+
+export async function detail(ctx, el) {
+  const { kite } = ctx;
+  const id = ctx.params.id;
+  const jobs = h('div', { class: 'jobs' });
+  const box = h('div', {});
+  const extra = h('div', {});
+  let first = true;
+  const refresh = async () => {
+    const m = await kite.call('machine.info', { machineId: id });
+    const grant = myGrant(ctx, m);
+    const mayPower = grant === 'owner' || grant === 'full' || grant === 'admin';
+    const attrs = Object.entries(m.attributes || {}).filter(([, v]) => v !== null && v !== '').sort(([a], [b]) => a.localeCompare(b));
+    clear(box,
+      h('div', { class: 'title-row' }, h('h1', {}, `Machine ${m.label}`), badge(m.state), h('span', { class: 'spacer' }),
+        running(m) && grant !== 'readonly' ? h('button', { class: 'primary', id: 'machine-terminal', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label }) }, 'New terminal') : null,
+        mayPower && canStart(m) ? h('button', { onclick: (ev) => busy(ev.target, () => power(ctx, m, 'start', jobs, refresh)) }, 'Start') : null,
+        mayPower && canStop(m) ? h('button', { onclick: (ev) => busy(ev.target, () => power(ctx, m, 'stop', jobs, refresh)) }, 'Stop') : null),
+      section(null, h('dl', { class: 'kv' },
+        h('dt', {}, 'ID'), h('dd', {}, h('code', {}, m.id)),
+        h('dt', {}, 'Stack'), h('dd', {}, h('a', { href: `#/stacks/${encodeURIComponent(m.stackId)}` }, shortID(m.stackId))),
+        h('dt', {}, 'Owner'), h('dd', {}, m.owner, grant !== 'owner' ? [' ', badge(`you: ${grant || 'none'}`, 'shared')] : ''),
+        h('dt', {}, 'Provider'), h('dd', {}, m.provider),
+        h('dt', {}, 'State'), h('dd', {}, badge(m.state), m.infraState && m.infraState !== m.state ? ` (provider says ${m.infraState})` : '', m.infoError ? h('span', { class: 'error-text' }, ` provider: ${m.infoError}`) : ''),
+        h('dt', {}, 'Agent'), h('dd', {}, agentCell(m), m.agent && m.agent.version ? h('small', { class: 'muted' }, ` klient ${m.agent.version}`) : ''),
+        h('dt', {}, 'Kite'), h('dd', {}, h('code', {}, m.kiteId || '—')),
+        h('dt', {}, 'IP address'), h('dd', {}, m.ipAddress || '—'),
+        m.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, m.reason)] : null,
+        h('dt', {}, 'Updated'), h('dd', {}, fmtTime(m.updatedAt)))),
+      attrs.length ? section('Attributes', h('dl', { class: 'kv' }, attrs.map(([k, v]) => [h('dt', {}, k), h('dd', {}, h('code', {}, typeof v === 'object' ? JSON.stringify(v) : String(v)))]))) : null);
+    if (first) {
+      first = false;
+      clear(extra,
+        running(m) ? sessionsSection(ctx, m, grant) : null,
+        ctx.features.has('machine.share') ? sharesSection(ctx, m, grant) : null);
+    }
+  };
+  clear(el, jobs, box, extra);
+  await ctx.loadFeatures().catch(() => {});
+  await refresh();
+}

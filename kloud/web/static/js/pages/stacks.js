@@ -1,0 +1,194 @@
+// stacks.js — stacks: the list, creating one from a template (credentials and variables, plan
+// preview), and a stack's page with its machines and build / destroy, whose progress and log
+// come live from job.watch.
+
+import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID, errorText } from '../ui.js';
+import { watchJob } from '../jobs.js';
+import { planTable } from './templates.js';
+import { machineTable } from './machines.js';
+
+const canBuild = (st) => st.state === 'NotInitialized' || st.state === 'Failed';
+const canDestroy = (st) => st.state !== 'Building' && st.state !== 'Destroying';
+
+async function apply(ctx, st, destroy, jobsEl, onDone) {
+  if (destroy && !confirm(`Destroy stack ${st.title}? Its machines and their disks are deleted.`)) return null;
+  const r = await ctx.kite.call('stack.apply', { stackId: st.id, destroy });
+  return watchJob(ctx.kite, r.jobId, jobsEl, { title: `${destroy ? 'Destroying' : 'Building'} ${st.title}`, onDone });
+}
+
+export async function list(ctx, el) {
+  const res = await ctx.kite.call('stack.list');
+  const jobs = h('div', { class: 'jobs' });
+  const watches = [];
+  clear(el,
+    h('div', { class: 'title-row' }, h('h1', {}, 'Stacks'), h('a', { class: 'button primary', href: '#/stacks/new', id: 'stack-new' }, 'New stack')),
+    jobs,
+    section(null, table([
+      { title: 'Stack', render: (s) => h('a', { href: `#/stacks/${encodeURIComponent(s.id)}` }, s.title || shortID(s.id)) },
+      { title: 'State', render: (s) => badge(s.state) },
+      { title: 'Machines', render: (s) => String((s.machines || []).length) },
+      { title: 'Template', render: (s) => h('a', { href: `#/templates/${encodeURIComponent(s.templateId)}` }, `${shortID(s.templateId)} rev ${s.templateRev}`) },
+      { title: 'Team', render: (s) => s.team },
+      { title: 'Created', render: (s) => fmtTime(s.createdAt) },
+      { title: 'Reason', render: (s) => s.reason || '' },
+      {
+        title: '', class: 'actions', render: (s) => [
+          canBuild(s) ? h('button', { class: 'small', onclick: (ev) => busy(ev.target, async () => { const w = await apply(ctx, s, false, jobs, () => ctx.navigate('#/stacks')); if (w) watches.push(w); }) }, 'Build') : null,
+          canDestroy(s) ? h('button', { class: 'small danger', onclick: (ev) => busy(ev.target, async () => { const w = await apply(ctx, s, true, jobs, () => ctx.navigate('#/stacks')); if (w) watches.push(w); }) }, 'Destroy') : null,
+        ],
+      },
+    ], res.stacks, { empty: 'No stacks yet: create one from a template.' })));
+  return () => watches.forEach((w) => w.stop());
+}
+
+// parseVars reads KEY=VALUE lines.
+function parseVars(text) {
+  const out = {};
+  for (const line of text.split('\n')) {
+    const l = line.trim();
+    if (!l || l.startsWith('#')) continue;
+    const i = l.indexOf('=');
+    if (i <= 0) throw new Error(`variables: "${l}" is not KEY=VALUE`);
+    out[l.slice(0, i).trim()] = l.slice(i + 1).trim();
+  }
+  return out;
+}
+
+export async function create(ctx, el) {
+  const { kite } = ctx;
+  const res = await kite.call('template.list');
+  const templates = res.templates || [];
+  if (!templates.length) {
+    clear(el, h('h1', {}, 'New stack'), section(null, h('p', {}, 'There is no template yet: ', h('a', { href: '#/templates/new' }, 'write one'), ' first.')));
+    return;
+  }
+  const tplSel = h('select', { id: 'stack-template' }, templates.map((t) => h('option', { value: t.id }, `${t.title} (rev ${t.rev}, ${t.team})`)));
+  if (ctx.params.template) tplSel.value = ctx.params.template;
+  const title = h('input', { id: 'stack-title', placeholder: '(default: the template title)' });
+  const credBox = h('div', {});
+  const vars = h('textarea', { id: 'stack-variables', class: 'code', rows: 3, placeholder: 'KEY=VALUE per line (optional)' });
+  const planBox = h('div', {});
+  let credSels = {};
+
+  const loadCreds = async () => {
+    const t = templates.find((x) => x.id === tplSel.value);
+    credSels = {};
+    clear(credBox);
+    for (const p of (t && t.providers) || []) {
+      const r = await kite.call('credential.list', { provider: p, team: t.team });
+      const cs = r.credentials || [];
+      if (cs.length === 0) {
+        credBox.append(h('p', { class: 'hint' }, `Provider ${p}: no credential in team ${t.team} (not every provider needs one; `, h('a', { href: '#/credentials' }, 'add one'), ').'));
+        continue;
+      }
+      const sel = h('select', { id: `stack-cred-${p}` }, cs.map((c) => h('option', { value: c.id }, `${c.title} (${shortID(c.id)})`)));
+      credSels[p] = sel;
+      credBox.append(field(`Credential for ${p}`, sel));
+    }
+  };
+  tplSel.addEventListener('change', () => { clear(planBox); loadCreds(); });
+  await loadCreds();
+
+  const params = () => {
+    const credentials = {};
+    for (const [p, sel] of Object.entries(credSels)) credentials[p] = sel.value;
+    const variables = parseVars(vars.value);
+    return {
+      templateId: tplSel.value,
+      credentials: Object.keys(credentials).length ? credentials : undefined,
+      variables: Object.keys(variables).length ? variables : undefined,
+    };
+  };
+  const planBtn = h('button', { type: 'button', id: 'stack-plan' }, 'Plan');
+  const createBtn = h('button', { type: 'submit', class: 'primary', id: 'stack-create' }, 'Create stack');
+  planBtn.addEventListener('click', () => busy(planBtn, async () => {
+    clear(planBox, section('Plan', h('p', { class: 'loading' }, 'terraform plan…')));
+    try {
+      const r = await kite.call('stack.plan', params(), { timeout: 10 * 60 * 1000 });
+      clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines)));
+    } catch (e) {
+      clear(planBox, section('Plan failed', h('pre', { class: 'error-text' }, errorText(e))));
+    }
+  }));
+  const form = h('form', { class: 'stack-form', id: 'stack-form' },
+    field('Template', tplSel), field('Title', title), credBox, field('Variables', vars),
+    h('div', { class: 'buttons' }, planBtn, createBtn));
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    busy(createBtn, async () => {
+      const r = await kite.call('stack.create', { ...params(), title: title.value.trim() || undefined }, { timeout: 10 * 60 * 1000 });
+      notice(`Stack created with ${r.machines.length} machine(s); build it to start them.`);
+      ctx.navigate(`#/stacks/${encodeURIComponent(r.stack.id)}`);
+    });
+  });
+  clear(el, h('h1', {}, 'New stack'), section(null, form), planBox);
+}
+
+export async function detail(ctx, el) {
+  const { kite } = ctx;
+  const id = ctx.params.id;
+  const head = h('div', {});
+  const machines = h('div', {});
+  const jobs = h('div', { class: 'jobs', id: 'stack-jobs' });
+  let watch = null;
+  let timer = null;
+  let stopped = false;
+  let st = null;
+
+  const refresh = async () => {
+    try {
+      st = await kite.call('stack.describe', { id });
+    } catch (e) {
+      if (e.type === 'notFound') {
+        clear(head, h('h1', {}, 'Stack gone'), h('p', {}, 'This stack does not exist (any more). ', h('a', { href: '#/stacks' }, 'All stacks')));
+        clear(machines);
+        return false;
+      }
+      throw e;
+    }
+    const buildBtn = canBuild(st) ? h('button', { class: 'primary', id: 'stack-build', onclick: (ev) => busy(ev.target, () => start(false)) }, st.state === 'Failed' ? 'Build again' : 'Build') : null;
+    const destroyBtn = canDestroy(st) ? h('button', { class: 'danger', id: 'stack-destroy', onclick: (ev) => busy(ev.target, () => start(true)) }, 'Destroy') : null;
+    clear(head,
+      h('div', { class: 'title-row' }, h('h1', {}, `Stack ${st.title || shortID(st.id)}`), badge(st.state), h('span', { class: 'spacer' }), buildBtn, destroyBtn),
+      h('dl', { class: 'kv' },
+        h('dt', {}, 'ID'), h('dd', {}, h('code', {}, st.id)),
+        h('dt', {}, 'Owner / team'), h('dd', {}, `${st.owner} / ${st.team}`),
+        h('dt', {}, 'Template'), h('dd', {}, h('a', { href: `#/templates/${encodeURIComponent(st.templateId)}` }, `${shortID(st.templateId)} revision ${st.templateRev}`)),
+        st.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, st.reason)] : null,
+        h('dt', {}, 'Updated'), h('dd', {}, fmtTime(st.updatedAt))));
+    clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: refresh, jobsEl: jobs })));
+    return true;
+  };
+
+  const follow = (jobId, title) => {
+    if (watch) watch.stop();
+    clear(jobs);
+    watch = watchJob(kite, jobId, jobs, { title, onDone: () => refresh() });
+    // Machines' states change during the job: keep the table fresh until it ends.
+    const tick = async () => {
+      if (stopped || watch.finished) return;
+      await refresh().catch(() => {});
+      timer = setTimeout(tick, 2000);
+    };
+    clearTimeout(timer);
+    timer = setTimeout(tick, 2000);
+  };
+
+  const start = async (destroy) => {
+    if (destroy && !confirm(`Destroy stack ${st.title}? Its machines are deleted.`)) return;
+    const r = await kite.call('stack.apply', { stackId: st.id, destroy });
+    follow(r.jobId, destroy ? 'Destroying' : 'Building');
+    await refresh();
+  };
+
+  clear(el, head, jobs, machines);
+  if (await refresh() && st.jobId) {
+    // The stack's last job: live if it still runs, else its final state and log.
+    follow(st.jobId, st.state === 'Destroying' ? 'Destroying' : st.state === 'Building' ? 'Building' : 'Last job');
+  }
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+    if (watch) watch.stop();
+  };
+}

@@ -1,0 +1,376 @@
+// terminal.js — terminal tabs: xterm.js (+ fit addon) on a binary WebSocket per attachment,
+// through kloud to the machine's klient:
+//
+//   GET /api/machines/{id}/terminal?session=NAME&mode=create|attach|shared|readonly&cols=C&rows=R
+//   (authenticated by the kloud_session cookie)
+//   browser → kloud: binary frames, first byte 0 = input bytes, 1 = resize JSON {"cols","rows"}
+//   kloud → browser: binary frames of raw output (a text frame is a JSON notice, e.g. {session})
+//
+// A session outlives its connections: the open tabs and their session names are kept in
+// sessionStorage, so after a reload (or a dropped connection) each tab reattaches (mode=attach)
+// and the machine replays the session's recent output. A lost connection shows "reconnecting"
+// and retries with backoff.
+
+import { Terminal } from '../vendor/xterm/xterm.mjs';
+import { FitAddon } from '../vendor/xterm/addon-fit.mjs';
+import { h, clear, errorText } from './ui.js';
+
+const STORE = 'kloud.terminals';
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+
+function newSessionName() {
+  const b = new Uint8Array(4);
+  crypto.getRandomValues(b);
+  return 'web-' + Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
+}
+
+function wsBase() {
+  return (location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host;
+}
+
+// sessionsOf asks kloud for the machine's terminal sessions: {ok, status, sessions}.
+export async function sessionsOf(machineId) {
+  try {
+    const res = await fetch(`/api/machines/${encodeURIComponent(machineId)}/sessions`, { credentials: 'same-origin' });
+    if (!res.ok) {
+      let msg = `${res.status} ${res.statusText}`;
+      try { const b = await res.json(); if (b.error) msg = b.error; } catch { /* text */ }
+      return { ok: false, status: res.status, error: msg, sessions: [] };
+    }
+    const b = await res.json();
+    const list = Array.isArray(b) ? b : (b.sessions || []);
+    return { ok: true, status: res.status, sessions: list };
+  } catch (e) {
+    return { ok: false, status: 0, error: errorText(e), sessions: [] };
+  }
+}
+
+// sessionName returns the name of a session entry whatever the server calls the field.
+export function sessionName(s) {
+  return (s && (s.name || s.session || s.id)) || '';
+}
+
+class TermTab {
+  constructor(mgr, { machineId, label, session, mode }) {
+    this.mgr = mgr;
+    this.machineId = machineId;
+    this.label = label || machineId;
+    this.session = session || newSessionName();
+    this.mode = mode || 'create';
+    this.key = `${machineId}/${this.session}`;
+    this.state = 'new';
+    this.attempt = 0;
+    this.closing = false;
+    this.everOpen = false;
+    this.receivedAny = false;
+  }
+
+  get readonly() { return this.mode === 'readonly'; }
+
+  mount() {
+    this.stateEl = h('span', { class: 'term-state' });
+    this.infoEl = h('span', { class: 'term-info' });
+    this.host = h('div', { class: 'term-host' });
+    this.pane = h('div', { class: 'term-pane', dataset: { machine: this.machineId, session: this.session } },
+      h('div', { class: 'term-bar' },
+        this.stateEl, this.infoEl,
+        h('span', { class: 'spacer' }),
+        h('button', { class: 'small', onclick: () => this.reconnect(true) }, 'Reconnect'),
+        h('button', { class: 'small', onclick: () => this.mgr.close(this) }, 'Close tab')),
+      this.host);
+    this.tabEl = h('button', { class: 'tab', role: 'tab', title: `${this.label} — session ${this.session}`, onclick: () => this.mgr.activate(this) },
+      h('span', { class: 'dot' }), ' ', this.label,
+      h('span', { class: 'tab-x', title: 'close tab (the session keeps running)', onclick: (e) => { e.stopPropagation(); this.mgr.close(this); } }, '×'));
+    this.term = new Terminal({
+      cursorBlink: true, scrollback: 5000, fontSize: 14,
+      fontFamily: 'ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace',
+      disableStdin: this.readonly,
+      theme: { background: '#14161a', foreground: '#e6e6e6' },
+    });
+    this.fit = new FitAddon();
+    this.term.loadAddon(this.fit);
+    this.term.onData((d) => this.sendInput(enc.encode(d)));
+    this.term.onBinary((d) => this.sendInput(Uint8Array.from(d, (c) => c.charCodeAt(0) & 0xff)));
+    this.term.onResize(({ cols, rows }) => this.sendResize(cols, rows));
+    this.mgr.panes.append(this.pane);
+    this.mgr.tabs.append(this.tabEl);
+    this.term.open(this.host);
+    this.resizeObs = new ResizeObserver(() => this.refit());
+    this.resizeObs.observe(this.host);
+    this.setState('connecting');
+  }
+
+  refit() {
+    if (!this.pane.classList.contains('active') || this.host.clientWidth === 0) return;
+    cancelAnimationFrame(this.fitFrame);
+    this.fitFrame = requestAnimationFrame(() => {
+      try { this.fit.fit(); } catch { /* not visible */ }
+    });
+  }
+
+  setState(s, detail = '') {
+    this.state = s;
+    const text = {
+      connecting: 'connecting…', connected: 'connected', reconnecting: 'reconnecting…', error: 'disconnected', closed: 'closed',
+    }[s] || s;
+    this.stateEl.textContent = text;
+    this.stateEl.className = `term-state term-${s}`;
+    this.tabEl.dataset.state = s;
+    this.pane.dataset.state = s;
+    clear(this.infoEl, `session ${this.session}`, this.readonly ? ' · read-only' : '', detail ? ` · ${detail}` : '');
+    this.mgr.changed();
+  }
+
+  connect() {
+    if (this.closing) return;
+    clearTimeout(this.retryTimer);
+    const cols = this.term.cols, rows = this.term.rows;
+    const q = new URLSearchParams({ session: this.session, mode: this.mode, cols: String(cols), rows: String(rows) });
+    const url = `${wsBase()}/api/machines/${encodeURIComponent(this.machineId)}/terminal?${q}`;
+    let ws;
+    try {
+      ws = new WebSocket(url);
+    } catch (e) {
+      this.retry(errorText(e));
+      return;
+    }
+    ws.binaryType = 'arraybuffer';
+    this.ws = ws;
+    let opened = false;
+    ws.onopen = () => {
+      if (ws !== this.ws) return;
+      opened = true;
+      this.everOpen = true;
+      this.attempt = 0;
+      this.setState('connected');
+      this.sendResize(this.term.cols, this.term.rows);
+      // From now on a new connection rejoins this session.
+      if (this.mode === 'create') {
+        this.mode = 'attach';
+        this.mgr.save();
+      }
+    };
+    ws.onmessage = (ev) => {
+      if (ws !== this.ws) return;
+      if (typeof ev.data === 'string') {
+        this.notice(ev.data);
+        return;
+      }
+      this.receivedAny = true;
+      this.term.write(new Uint8Array(ev.data));
+    };
+    ws.onclose = (ev) => {
+      if (ws !== this.ws) return;
+      this.ws = null;
+      if (this.closing) return;
+      const why = ev.reason || (opened ? 'connection lost' : 'could not connect');
+      if (!opened) this.afterFailedOpen(why);
+      else this.retry(why);
+    };
+    ws.onerror = () => {};
+  }
+
+  // notice handles a text frame: JSON {session} (the name kloud gave the session) or {error}.
+  notice(text) {
+    let m;
+    try { m = JSON.parse(text); } catch { return; }
+    if (m.session && m.session !== this.session) {
+      this.session = m.session;
+      this.pane.dataset.session = m.session;
+      this.mgr.save();
+      this.setState(this.state);
+    }
+    if (m.error) this.setState(this.state, m.error);
+  }
+
+  // afterFailedOpen decides what a refused connection means: no such session any more (start
+  // a new one), not allowed (stop), or kloud/the machine unreachable (retry).
+  async afterFailedOpen(why) {
+    const r = await sessionsOf(this.machineId);
+    if (this.closing) return;
+    if (r.ok) {
+      const names = r.sessions.map(sessionName);
+      if (this.mode === 'attach' && !names.includes(this.session)) {
+        // The session ended (exit, kill, orphan timeout): start a fresh one.
+        this.term.write('\r\n\x1b[33m[kloud] session ' + this.session + ' has ended; starting a new one]\x1b[0m\r\n');
+        this.session = newSessionName();
+        this.pane.dataset.session = this.session;
+        this.mode = 'create';
+        this.mgr.save();
+        this.connect();
+        return;
+      }
+      this.retry(why);
+      return;
+    }
+    if (r.status === 401) {
+      this.setState('error', 'your session expired: log in again');
+      return;
+    }
+    if (r.status === 403 || r.status === 404) {
+      this.setState('error', r.error || why);
+      return;
+    }
+    this.retry(r.error || why);
+  }
+
+  retry(why) {
+    if (this.closing) return;
+    const base = Math.min(15000, 500 * 2 ** this.attempt);
+    const delay = Math.round(base * (0.8 + Math.random() * 0.4));
+    this.attempt++;
+    this.setState('reconnecting', `${why}; retry ${this.attempt} in ${Math.max(1, Math.round(delay / 1000))} s`);
+    this.retryTimer = setTimeout(() => this.reconnect(false), delay);
+  }
+
+  // reconnect opens a new connection to the same session; its replay repaints the screen.
+  reconnect(manual) {
+    if (this.closing) return;
+    if (manual) this.attempt = 0;
+    if (this.ws) {
+      const old = this.ws;
+      this.ws = null;
+      old.close(1000, 'reconnecting');
+    }
+    if (this.mode !== 'create') this.term.reset();
+    this.setState(this.everOpen ? 'reconnecting' : 'connecting');
+    this.connect();
+  }
+
+  sendInput(bytes) {
+    if (this.readonly || !this.ws || this.ws.readyState !== WebSocket.OPEN) return;
+    const f = new Uint8Array(bytes.length + 1);
+    f[0] = 0;
+    f.set(bytes, 1);
+    this.ws.send(f);
+  }
+
+  sendResize(cols, rows) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return;
+    const j = enc.encode(JSON.stringify({ cols, rows }));
+    const f = new Uint8Array(j.length + 1);
+    f[0] = 1;
+    f.set(j, 1);
+    this.ws.send(f);
+  }
+
+  // text returns the terminal's buffer as lines (tests and debugging).
+  text() {
+    const b = this.term.buffer.active;
+    const out = [];
+    for (let i = 0; i < b.length; i++) out.push(b.getLine(i).translateToString(true));
+    return out;
+  }
+
+  dispose() {
+    this.closing = true;
+    clearTimeout(this.retryTimer);
+    if (this.ws) this.ws.close(1000, 'tab closed');
+    this.resizeObs.disconnect();
+    this.term.dispose();
+    this.pane.remove();
+    this.tabEl.remove();
+  }
+}
+
+// Terminals is the set of open terminal tabs.
+export class Terminals {
+  constructor({ tabs, panes, empty }) {
+    this.tabs = tabs;
+    this.panes = panes;
+    this.empty = empty;
+    this.list = [];
+    this.active = null;
+    this.listeners = [];
+  }
+
+  onChange(fn) { this.listeners.push(fn); }
+
+  changed() { for (const fn of this.listeners) fn(); }
+
+  save() {
+    const tabs = this.list.map((t) => ({ machineId: t.machineId, label: t.label, session: t.session, mode: t.mode }));
+    sessionStorage.setItem(STORE, JSON.stringify({ tabs, active: this.active ? this.active.key : '' }));
+  }
+
+  // restore reopens the tabs of this browser tab's earlier page (after a reload): each
+  // reattaches to its session.
+  restore() {
+    let st;
+    try { st = JSON.parse(sessionStorage.getItem(STORE) || 'null'); } catch { st = null; }
+    if (!st || !Array.isArray(st.tabs)) return;
+    for (const t of st.tabs) {
+      if (!t.machineId || !t.session) continue;
+      // A session this page created is rejoined; shared and read-only views keep their mode.
+      const mode = t.mode === 'create' ? 'attach' : (t.mode || 'attach');
+      this._add({ ...t, mode });
+    }
+    const active = this.list.find((t) => t.key === st.active) || this.list[0];
+    if (active) this.activate(active);
+  }
+
+  _add(opts) {
+    const tab = new TermTab(this, opts);
+    this.list.push(tab);
+    tab.mount();
+    this.empty.hidden = true;
+    tab.connect();
+    this.save();
+    return tab;
+  }
+
+  // open shows a terminal on machine: the tab already open for it (or for that session), else
+  // a new tab that starts (mode create) or joins (attach/shared/readonly) a session.
+  open({ machineId, label, session, mode }) {
+    let tab = this.list.find((t) => t.machineId === machineId && (!session || t.session === session));
+    if (!tab) tab = this._add({ machineId, label, session, mode: mode || (session ? 'attach' : 'create') });
+    this.activate(tab);
+    return tab;
+  }
+
+  activate(tab) {
+    this.active = tab;
+    for (const t of this.list) {
+      const on = t === tab;
+      t.pane.classList.toggle('active', on);
+      t.tabEl.classList.toggle('active', on);
+      t.tabEl.setAttribute('aria-selected', on ? 'true' : 'false');
+    }
+    this.save();
+    if (location.hash !== `#/terminal/${encodeURIComponent(tab.machineId)}`) {
+      history.replaceState(null, '', `#/terminal/${encodeURIComponent(tab.machineId)}`);
+    }
+    requestAnimationFrame(() => { tab.refit(); tab.term.focus(); });
+  }
+
+  // close detaches a tab; its session keeps running on the machine.
+  close(tab) {
+    tab.dispose();
+    this.list = this.list.filter((t) => t !== tab);
+    if (this.active === tab) this.active = null;
+    this.empty.hidden = this.list.length > 0;
+    if (!this.active && this.list.length) this.activate(this.list[this.list.length - 1]);
+    this.save();
+    this.changed();
+  }
+
+  refit() {
+    if (this.active) this.active.refit();
+  }
+
+  closeAll() {
+    for (const t of [...this.list]) t.dispose();
+    this.list = [];
+    this.active = null;
+    sessionStorage.removeItem(STORE);
+  }
+
+  // reconnecting counts tabs that are not connected.
+  summary() {
+    return {
+      open: this.list.length,
+      down: this.list.filter((t) => t.state !== 'connected').length,
+    };
+  }
+}
