@@ -1,0 +1,314 @@
+// ui.mjs — drives the Debian Chromium (playwright-core, no browser download) through kloud's
+// web UI as a user would: log in through the form, add a credential from the provider's form,
+// write a template and plan it, create and build a stack watching its progress, see the machine
+// Running with its agent connected, then (KLOUD_TERMINAL=1) open its terminal, type
+// `echo hello-$((6*7))`, read hello-42 from the xterm buffer, reload and see the session
+// replayed; then (KLOUD_RESTART=1) kloud is killed and started again while the page stays
+// open: the header shows "reconnecting", then the page (and the terminal tab) carry on.
+// Screenshots go to $KLOUD_ARTIFACTS. Run by e2e/browser_test.go; prints one JSON line per
+// step, {"need": "kill"|"start"} when it needs the test to act (it answers "done" on stdin),
+// and a final {"ok": …} line; exit status 0 when every step passed.
+//
+// Env: KLOUD_URL, KLOUD_USER, KLOUD_PASSWORD, KLOUD_ARTIFACTS (default ./artifacts),
+// KLOUD_TERMINAL (1: terminal steps), KLOUD_RESTART (1: restart steps), KLOUD_CHROMIUM (default /usr/bin/chromium),
+// KLOUD_PROVIDER (default dummy), KLOUD_CRED_FIELDS (JSON of field values, default
+// {"token":"abc123"}), KLOUD_TEMPLATE (template text).
+
+import { chromium } from 'playwright-core';
+import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const env = process.env;
+const base = env.KLOUD_URL || 'http://127.0.0.1:7000';
+const user = env.KLOUD_USER || 'alice';
+const password = env.KLOUD_PASSWORD || '';
+const artifacts = env.KLOUD_ARTIFACTS || 'artifacts';
+const withTerminal = env.KLOUD_TERMINAL === '1';
+const providerName = env.KLOUD_PROVIDER || 'dummy';
+const credFields = JSON.parse(env.KLOUD_CRED_FIELDS || '{"token":"abc123"}');
+const template = env.KLOUD_TEMPLATE || `resource "terraform_data" "vm" {
+  count = 1
+  input = "#!/bin/bash\\necho hello from the user script"
+}
+`;
+
+mkdirSync(artifacts, { recursive: true });
+const t0 = Date.now();
+const steps = [];
+const pageErrors = [];
+let page;
+let context;
+const profile = mkdtempSync(join(tmpdir(), 'kloud-chromium-'));
+
+function log(obj) {
+  process.stdout.write(JSON.stringify(obj) + '\n');
+}
+
+async function step(name, fn) {
+  const start = Date.now();
+  try {
+    const detail = await fn();
+    const s = { step: name, ok: true, ms: Date.now() - start, ...(detail || {}) };
+    steps.push(s);
+    log(s);
+  } catch (e) {
+    const s = { step: name, ok: false, ms: Date.now() - start, error: String(e && e.stack || e) };
+    steps.push(s);
+    log(s);
+    throw e;
+  }
+}
+
+// poll calls fn until it returns a truthy value or the deadline passes.
+async function poll(what, fn, timeout = 30000, every = 100) {
+  const end = Date.now() + timeout;
+  let last;
+  for (;;) {
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (e) {
+      last = e;
+    }
+    if (Date.now() > end) throw new Error(`${what}: not after ${timeout} ms (last: ${last && last.message ? last.message : JSON.stringify(last)})`);
+    await new Promise((r) => setTimeout(r, every));
+  }
+}
+
+async function shot(name) {
+  const p = join(artifacts, name);
+  await page.screenshot({ path: p, fullPage: false });
+  return p;
+}
+
+const termLines = () => page.evaluate(() => window.kloudDebug && window.kloudDebug.termText());
+
+// ask prints {"need": what} for the test driving this script and waits for its answer line
+// (KLOUD_RESTART=1: the Go test kills and starts kloud on request).
+const answers = [];
+let answered = null;
+process.stdin.setEncoding('utf8');
+let pendingIn = '';
+process.stdin.on('data', (d) => {
+  pendingIn += d;
+  let i;
+  while ((i = pendingIn.indexOf('\n')) >= 0) {
+    answers.push(pendingIn.slice(0, i));
+    pendingIn = pendingIn.slice(i + 1);
+    if (answered) { const f = answered; answered = null; f(); }
+  }
+});
+async function ask(what) {
+  log({ need: what });
+  while (!answers.length) await new Promise((r) => { answered = r; });
+  const a = answers.shift();
+  if (a !== 'done') throw new Error(`asked for ${what}, got ${a}`);
+}
+
+async function main() {
+  await step('launch chromium', async () => {
+    context = await chromium.launchPersistentContext(profile, {
+      executablePath: env.KLOUD_CHROMIUM || '/usr/bin/chromium',
+      headless: true,
+      viewport: { width: 1280, height: 800 },
+      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+        '--disable-component-update', '--disable-sync'],
+    });
+    page = context.pages()[0] || await context.newPage();
+    page.setDefaultTimeout(30000);
+    page.on('pageerror', (e) => pageErrors.push(String(e)));
+    // Failed requests are judged by URL (the console line does not name it): 401 is expected
+    // from GET /api/session before login and from the wrong password on purpose; 404 from the
+    // terminal sessions list while this kloud has no terminal endpoint.
+    page.on('console', (m) => {
+      if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) pageErrors.push('console: ' + m.text());
+    });
+    page.on('response', (r) => {
+      if (r.status() < 400) return;
+      const path = new URL(r.url()).pathname;
+      if (r.status() === 401 && (path === '/api/session' || path === '/api/login')) return;
+      if (r.status() === 404 && !withTerminal && /^\/api\/machines\/[^/]+\/sessions$/.test(path)) return;
+      pageErrors.push(`${r.request().method()} ${path}: ${r.status()}`);
+    });
+  });
+
+  await step('login through the form', async () => {
+    await page.goto(base + '/');
+    await page.waitForSelector('#login-form');
+    // A wrong password first: the form says so and stays.
+    await page.fill('#login-username', user);
+    await page.fill('#login-password', 'not-the-password');
+    await page.click('#login-submit');
+    await poll('login error shown', async () => (await page.textContent('#login-error')).includes('wrong username or password'));
+    await page.fill('#login-password', password);
+    await page.click('#login-submit');
+    await page.waitForSelector('#conn.conn-open');
+    await page.waitForSelector(`#header .user:has-text("${user}")`);
+    return { hash: await page.evaluate(() => location.hash) };
+  });
+
+  await step('add a credential from the provider form', async () => {
+    await page.goto(base + '/#/credentials');
+    await page.waitForSelector('#cred-form');
+    await page.selectOption('#cred-provider', providerName);
+    await page.fill('#cred-title', 'browser cred');
+    const types = {};
+    for (const [k, v] of Object.entries(credFields)) {
+      types[k] = await page.getAttribute(`#cred-${k}`, 'type');
+      await page.fill(`#cred-${k}`, String(v));
+    }
+    await page.click('#cred-add');
+    await page.waitForSelector('table.grid tr:has-text("browser cred")');
+    return { inputTypes: types };
+  });
+
+  let templateID;
+  await step('write a template and plan it', async () => {
+    await page.goto(base + '/#/templates/new');
+    await page.waitForSelector('#template-form');
+    await page.fill('#template-title', 'browser demo');
+    await page.fill('#template-file', template);
+    await page.click('#template-save');
+    await page.waitForFunction(() => /^#\/templates\/[^/]+$/.test(location.hash) && !location.hash.endsWith('/new'));
+    templateID = (await page.evaluate(() => location.hash)).split('/')[2];
+    await page.waitForSelector('#template-plan:not([disabled])');
+    await page.click('#template-plan');
+    await page.waitForSelector('#plan table.grid td:has-text("vm.0")', { timeout: 120000 });
+    return { templateID };
+  });
+
+  let stackID;
+  await step('create the stack and build it, watching progress', async () => {
+    await page.click('#template-create-stack');
+    await page.waitForSelector('#stack-form');
+    await page.click('#stack-create');
+    await page.waitForFunction(() => /^#\/stacks\/[^/]+$/.test(location.hash) && !location.hash.endsWith('/new'), null, { timeout: 120000 });
+    stackID = (await page.evaluate(() => location.hash)).split('/')[2];
+    await page.click('#stack-build');
+    await page.waitForSelector('#stack-jobs .job');
+    // Sample the progress bar until the job ends: it must move, and end at 100%.
+    const seen = new Set();
+    const status = await poll('build job finished', async () => {
+      const v = await page.evaluate(() => {
+        const j = document.querySelector('#stack-jobs .job');
+        const bar = j && j.querySelector('.progress-bar');
+        return j && { status: j.dataset.status, pct: bar.getAttribute('aria-valuenow'), log: j.querySelector('.job-log').textContent };
+      });
+      if (v) seen.add(v.pct);
+      return v && ['succeeded', 'failed', 'cancelled'].includes(v.status) ? v : null;
+    }, 240000, 50);
+    // Let the bar's width transition end before the screenshot.
+    await poll('bar at full width', () => page.evaluate(() => {
+      const bar = document.querySelector('#stack-jobs .progress-bar');
+      return bar.getBoundingClientRect().width >= bar.parentElement.getBoundingClientRect().width - 1;
+    }), 5000, 50);
+    await shot('stack-built.png');
+    if (status.status !== 'succeeded') throw new Error(`build ${status.status}: ${status.log}`);
+    if (status.pct !== '100') throw new Error(`progress ended at ${status.pct}%`);
+    if (!status.log.includes('agent connected')) throw new Error(`log without "agent connected":\n${status.log}`);
+    return { stackID, progressSeen: [...seen].map(Number).sort((a, b) => a - b) };
+  });
+
+  let machineID;
+  await step('machine Running with its agent connected', async () => {
+    await page.goto(base + '/#/machines');
+    const row = await poll('vm.0 Running and connected', async () => {
+      const r = await page.$('tr[data-label="vm.0"][data-state="Running"][data-agent="connected"]');
+      if (!r) await page.evaluate(() => window.dispatchEvent(new HashChangeEvent('hashchange')));
+      return r;
+    }, 60000, 1000);
+    machineID = await row.getAttribute('data-machine');
+    const text = await row.textContent();
+    await shot('machines.png');
+    return { machineID, row: text.replace(/\s+/g, ' ').trim() };
+  });
+
+  await step('every page renders', async () => {
+    const out = {};
+    for (const [hash, title] of [['#/teams', 'Teams'], ['#/credentials', 'Credentials'], ['#/templates', 'Templates'],
+      ['#/stacks', 'Stacks'], [`#/templates/${templateID}`, 'Template browser demo'], [`#/machines/${machineID}`, 'Machine vm.0']]) {
+      await page.goto(base + '/' + hash);
+      await page.waitForSelector(`main h1:has-text("${title}")`);
+      if (await page.$('main .card.error')) throw new Error(`${hash}: ${await page.textContent('main .card.error')}`);
+      out[hash] = await shot(`page-${hash.replace(/[#/]+/g, '-').replace(/^-|-$/g, '')}.png`);
+    }
+    return { screenshots: Object.keys(out).length };
+  });
+
+  if (withTerminal) await terminalSteps();
+  if (env.KLOUD_RESTART === '1') await restartSteps();
+}
+
+async function terminalSteps() {
+  let session;
+  await step('open the terminal and run echo hello-$((6*7))', async () => {
+    await page.goto(base + '/#/machines');
+    await page.click(`tr[data-machine="${machineID}"] .term-open`);
+    await page.waitForSelector('.term-pane.active[data-state="connected"]', { timeout: 60000 });
+    session = await page.getAttribute('.term-pane.active', 'data-session');
+    // Wait for the shell's prompt (any output) before typing.
+    await poll('shell prompt', async () => (await termLines() || []).some((l) => l.trim() !== ''), 30000);
+    await page.click('.term-pane.active .term-host');
+    await page.keyboard.type('echo hello-$((6*7))');
+    await page.keyboard.press('Enter');
+    await poll('hello-42 in the xterm buffer', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 30000);
+    const rows = await page.textContent('.term-pane.active .xterm-rows');
+    if (!rows.includes('hello-42')) throw new Error('hello-42 not rendered in .xterm-rows');
+    return { session, screenshot: await shot('terminal.png') };
+  });
+
+  await step('reload: the tab reattaches and the session replays', async () => {
+    await page.reload();
+    await page.waitForSelector('#conn.conn-open');
+    await page.waitForSelector('.term-pane.active[data-state="connected"]', { timeout: 60000 });
+    const again = await page.getAttribute('.term-pane.active', 'data-session');
+    if (again !== session) throw new Error(`after reload the tab is on session ${again}, not ${session}`);
+    await poll('hello-42 replayed after reload', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 30000);
+    return { session: again, screenshot: await shot('terminal-after-reload.png') };
+  });
+}
+
+// restartSteps: kloud goes away and comes back; the page shows "reconnecting", then carries on
+// (and an open terminal tab reattaches to its session).
+async function restartSteps() {
+  await step('kloud killed: the page shows reconnecting', async () => {
+    await ask('kill');
+    await page.waitForSelector('#conn.conn-reconnecting', { timeout: 30000 });
+    if (withTerminal) await page.waitForSelector('.term-pane.active[data-state="reconnecting"]', { timeout: 30000 });
+    return { screenshot: await shot('reconnecting.png'), header: (await page.textContent('#conn')).trim() };
+  });
+  await step('kloud back: the page reconnects', async () => {
+    await ask('start');
+    await page.waitForSelector('#conn.conn-open', { timeout: 60000 });
+    if (withTerminal) {
+      await page.waitForSelector('.term-pane.active[data-state="connected"]', { timeout: 60000 });
+      await poll('hello-42 replayed after kloud restarted', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 30000);
+      await shot('terminal-after-restart.png');
+    }
+    await page.goto(base + '/#/machines');
+    await poll('vm.0 Running and connected after the restart', async () => {
+      const r = await page.$('tr[data-label="vm.0"][data-state="Running"][data-agent="connected"]');
+      if (!r) await page.evaluate(() => window.dispatchEvent(new HashChangeEvent('hashchange')));
+      return r;
+    }, 60000, 1000);
+    return {};
+  });
+}
+
+let ok = false;
+try {
+  await main();
+  if (pageErrors.length) throw new Error('errors in the page:\n' + pageErrors.join('\n'));
+  ok = true;
+} catch (e) {
+  if (page) {
+    try { await shot('failure.png'); } catch { /* the page is gone */ }
+  }
+  log({ error: String(e && e.message || e), pageErrors });
+} finally {
+  if (context) await context.close().catch(() => {});
+  rmSync(profile, { recursive: true, force: true });
+}
+log({ ok, ms: Date.now() - t0, steps: steps.length });
+process.exit(ok ? 0 : 1);
