@@ -18,12 +18,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/klient/webterm"
 	"github.com/kloud-dev/kloud/kontrol"
 )
 
@@ -41,6 +43,11 @@ type Options struct {
 	Listen string
 	// Root prefixes the machine paths klient reads (tests); default "/".
 	Root string
+	// StateDir keeps what klient must remember across restarts (the access list); default
+	// Root/var/lib/kloud/klient.
+	StateDir string
+	// Terminal tunes the web terminal; Owner, Root and Logger are klient's.
+	Terminal webterm.Options
 	// PingInterval/PingTimeout of the connection to kontrol (defaults of package kite).
 	PingInterval, PingTimeout time.Duration
 	Logger                    *slog.Logger
@@ -57,6 +64,12 @@ type Klient struct {
 	claims *kitekey.KiteKeyClaims
 	key    string
 	keys   *keyCache
+
+	verifier *kitekey.Verifier
+	acl      *acl
+	term     *webterm.Manager
+	ctx      context.Context // lives until Run returns: attachments run under it
+	cancel   context.CancelFunc
 }
 
 // New reads the kite key and prepares the agent; Run starts it.
@@ -87,8 +100,21 @@ func New(opts Options) (*Klient, error) {
 	if opts.Owner == "" {
 		opts.Owner = claims.Subject
 	}
+	if opts.StateDir == "" {
+		opts.StateDir = filepath.Join(opts.Root, "/var/lib/kloud/klient")
+	}
 	kl := &Klient{opts: opts, log: opts.Logger, claims: claims, key: key, keys: &keyCache{}}
 	verifier := &kitekey.Verifier{Keys: &kitekey.RemoteKeys{Fetch: kl.fetchKeys}, Issuer: claims.Issuer}
+	kl.verifier = verifier
+	if kl.acl, err = loadACL(filepath.Join(opts.StateDir, SharesFile)); err != nil {
+		return nil, fmt.Errorf("klient: %w", err)
+	}
+	to := opts.Terminal
+	to.Owner, to.Root, to.Logger = opts.Owner, opts.Root, opts.Logger
+	if kl.term, err = webterm.New(to); err != nil {
+		return nil, fmt.Errorf("klient: %w", err)
+	}
+	kl.ctx, kl.cancel = context.WithCancel(context.Background())
 	k, err := kite.New(kite.Options{
 		Identity: kite.Identity{
 			Username: claims.Subject, ID: claims.ID, Name: "klient", Version: version.Version,
@@ -105,6 +131,8 @@ func New(opts Options) (*Klient, error) {
 	kl.kite = k
 	k.HandleFunc("klient.info", kl.info)
 	k.Handle("klient.logs", kite.Typed(kl.logs))
+	kl.handleWebterm()
+	kl.handleShares()
 	return kl, nil
 }
 
@@ -124,6 +152,8 @@ func (kl *Klient) Run(ctx context.Context) error {
 	kl.client.Start()
 	defer kl.client.Close()
 	defer kl.kite.Close()
+	defer kl.term.Close()
+	defer kl.cancel()
 	kl.log.Info("klient starting", "kite", kl.kite.Identity().String(), "kontrol", kl.opts.KontrolURL)
 	if kl.opts.Listen != "" {
 		ln, err := net.Listen("tcp", kl.opts.Listen)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/klient"
+	"github.com/kloud-dev/kloud/klient/webterm"
 )
 
 func main() {
@@ -23,6 +24,10 @@ func main() {
 	flag.StringVar(&o.Region, "region", "default", "kite region")
 	flag.StringVar(&o.Listen, "listen", "", "also accept direct kite connections on this address (e.g. :56789)")
 	flag.StringVar(&o.Root, "root", "/", "directory the machine's files live under (for machines that are a directory of a host)")
+	flag.StringVar(&o.StateDir, "state-dir", "", "directory for what klient keeps across restarts (default <root>/var/lib/kloud/klient)")
+	flag.IntVar(&o.Terminal.Scrollback, "webterm-scrollback", webterm.DefaultScrollback, "bytes of recent output a terminal session replays on attach")
+	flag.DurationVar(&o.Terminal.IdleTimeout, "webterm-idle-timeout", webterm.DefaultIdleTimeout, "end a terminal session that has had no viewer for this long")
+	flag.IntVar(&o.Terminal.MaxSessionsPerUser, "webterm-max-sessions", webterm.DefaultMaxSessionsPerUser, "terminal sessions one user may have at once")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {

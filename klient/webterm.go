@@ -1,0 +1,142 @@
+package klient
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/webterm"
+)
+
+// Web terminal methods (package webterm has the sessions; docs/protocol.md "Web terminal" the
+// wire). Each takes the end user's token and is checked against the access list (share.go):
+//
+//	webterm.connect {session?, cols, rows, mode?, token, attach: {url, ticket}} → {session, mode, created}
+//	webterm.list    {token}                        → {sessions: [...]}  (any grant)
+//	webterm.kill    {session, token}               owner/full any session; terminal its own
+//	webterm.rename  {session, name, token}         as kill
+//	webterm.resize  {session, cols, rows, token}   terminal or more
+//
+// webterm.connect dials attach.url (kloud's attach endpoint on the origin klient reaches
+// kontrol at, nothing else) and serves the attachment over that WebSocket; the call returns
+// once it is attached.
+
+// attachDialTimeout bounds dialing kloud's attach endpoint.
+const attachDialTimeout = 15 * time.Second
+
+func (kl *Klient) handleWebterm() {
+	kl.kite.Handle("webterm.connect", kite.Typed(kl.webtermConnect), kite.WithTimeout(time.Minute))
+	kl.kite.Handle("webterm.list", kite.Typed(kl.webtermList))
+	kl.kite.Handle("webterm.kill", kite.Typed(kl.webtermKill), kite.WithTimeout(time.Minute))
+	kl.kite.Handle("webterm.rename", kite.Typed(kl.webtermRename))
+	kl.kite.Handle("webterm.resize", kite.Typed(kl.webtermResize))
+}
+
+// Terminals returns the web terminal sessions (for tests and embedding).
+func (kl *Klient) Terminals() *webterm.Manager { return kl.term }
+
+func (kl *Klient) webtermConnect(ctx context.Context, r *kite.Request, p *webterm.ConnectParams) (any, error) {
+	mode := p.Mode
+	if mode == "" {
+		mode = webterm.DefaultMode(p.Session)
+	}
+	need := permTerminal
+	if mode == webterm.ModeReadonly {
+		need = permView
+	}
+	user, _, err := kl.authorize(ctx, r, p.Token, need)
+	if err != nil {
+		return nil, err
+	}
+	if mode == webterm.ModeShared || mode == webterm.ModeReadonly {
+		if _, err := kl.term.Info(p.Session); err != nil { // fail before dialing
+			return nil, err
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, attachDialTimeout)
+	ws, err := webterm.Dial(dctx, p.Attach, kl.opts.KontrolURL)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("webterm.connect: %w: %w", err, kite.ErrState)
+	}
+	v, created, err := kl.term.Open(webterm.OpenRequest{Session: p.Session, User: user, Mode: mode, Cols: p.Cols, Rows: p.Rows})
+	if err != nil {
+		ws.Close(webterm.CloseRefused, truncate(err.Error(), 120))
+		return nil, err
+	}
+	// An unshare between authorize and Open must not leave this viewer behind.
+	if role := kl.roleOf(user); !allowed(role, need) || (!v.ReadOnly() && !allowed(role, permTerminal)) {
+		v.Close()
+		ws.Close(webterm.CloseUnshared, "this machine is no longer shared with you")
+		return nil, fmt.Errorf("webterm.connect: this machine is no longer shared with %s: %w", user, kite.ErrPermission)
+	}
+	kl.log.Info("webterm attached", "session", v.Session(), "user", user, "mode", v.Mode(), "created", created)
+	go webterm.Serve(kl.ctx, ws, v, webterm.ServeOptions{Logger: kl.log})
+	return webterm.ConnectResult{Session: v.Session(), Mode: v.Mode(), Created: created}, nil
+}
+
+func (kl *Klient) webtermList(ctx context.Context, r *kite.Request, p *webterm.TokenParams) (any, error) {
+	if _, _, err := kl.authorize(ctx, r, p.Token, permView); err != nil {
+		return nil, err
+	}
+	return webterm.ListResult{Sessions: kl.term.List()}, nil
+}
+
+// mayManage checks that user (with role) may kill or rename session: owner and full any,
+// terminal only the sessions it created.
+func (kl *Klient) mayManage(user, role, session string) error {
+	in, err := kl.term.Info(session)
+	if err != nil {
+		return err
+	}
+	if allowed(role, permManage) || in.CreatedBy == user {
+		return nil
+	}
+	return fmt.Errorf("session %q was started by %s; a %s share may manage only its own: %w", session, in.CreatedBy, role, kite.ErrPermission)
+}
+
+func (kl *Klient) webtermKill(ctx context.Context, r *kite.Request, p *webterm.SessionParams) (any, error) {
+	user, role, err := kl.authorize(ctx, r, p.Token, permTerminal)
+	if err != nil {
+		return nil, err
+	}
+	if err := kl.mayManage(user, role, p.Session); err != nil {
+		return nil, err
+	}
+	if err := kl.term.Kill(p.Session, "session ended: killed by "+user); err != nil {
+		return nil, err
+	}
+	return map[string]string{"session": p.Session}, nil
+}
+
+func (kl *Klient) webtermRename(ctx context.Context, r *kite.Request, p *webterm.RenameParams) (any, error) {
+	user, role, err := kl.authorize(ctx, r, p.Token, permTerminal)
+	if err != nil {
+		return nil, err
+	}
+	if err := kl.mayManage(user, role, p.Session); err != nil {
+		return nil, err
+	}
+	if err := kl.term.Rename(p.Session, p.Name); err != nil {
+		return nil, err
+	}
+	return kl.term.Info(p.Session)
+}
+
+func (kl *Klient) webtermResize(ctx context.Context, r *kite.Request, p *webterm.ResizeParams) (any, error) {
+	if _, _, err := kl.authorize(ctx, r, p.Token, permTerminal); err != nil {
+		return nil, err
+	}
+	if err := kl.term.Resize(p.Session, p.Cols, p.Rows); err != nil {
+		return nil, err
+	}
+	return kl.term.Info(p.Session)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

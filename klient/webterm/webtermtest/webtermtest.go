@@ -1,0 +1,65 @@
+// Package webtermtest sets up a machine root for web terminal tests: an /etc/passwd whose owner
+// account has a fresh home and a shell that is bash without rc files (a stable prompt), run as
+// a test uid when the tests run as root (so tests see the shell really run as the owner) and as
+// the current user otherwise.
+package webtermtest
+
+import (
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"testing"
+)
+
+// TestUID is the uid (and gid) of the owner account when tests run as root.
+const TestUID = 4242
+
+// Machine is a machine root with an owner account.
+type Machine struct {
+	Root  string // pass as Options.Root
+	Owner string
+	UID   int
+	Home  string
+	Shell string // the wrapper that execs bash --norc --noprofile -i
+}
+
+// New makes a machine root for owner (a world-readable temp dir, removed when the test ends).
+func New(t testing.TB, owner string) *Machine {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "webterm-machine-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := &Machine{Root: filepath.Join(dir, "root"), Owner: owner, UID: TestUID, Home: filepath.Join(dir, "home", owner), Shell: filepath.Join(dir, "shell.sh")}
+	for _, d := range []string{filepath.Join(m.Root, "etc"), m.Home} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if os.Geteuid() != 0 {
+		m.UID = os.Geteuid()
+		if u, err := user.Current(); err == nil && u.Username != owner {
+			t.Logf("not root: the shell runs as uid %d, and klient treats it as %s's", m.UID, owner)
+		}
+	} else if err := os.Chown(m.Home, TestUID, TestUID); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(m.Shell, []byte("#!/bin/sh\nexec /bin/bash --norc --noprofile -i\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m.WritePasswd(t, fmt.Sprintf("%s:x:%d:%d:%s:%s:%s\n", owner, m.UID, m.UID, owner, m.Home, m.Shell))
+	return m
+}
+
+// WritePasswd replaces the machine's /etc/passwd.
+func (m *Machine) WritePasswd(t testing.TB, content string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(m.Root, "etc/passwd"), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
