@@ -163,6 +163,22 @@ async function main() {
     return { inputTypes: types };
   });
 
+  await step('authenticate and bootstrap the credential', async () => {
+    const row = 'table.grid tr:has-text("browser cred")';
+    await page.click(`${row} button:has-text("Authenticate")`);
+    await page.waitForSelector(`${row} .badge:has-text("verified")`);
+    const bootstrap = await page.$(`${row} button:has-text("Bootstrap")`);
+    if (!bootstrap) return { bootstrap: 'none offered' };
+    await bootstrap.click();
+    const job = await poll('bootstrap job finished', () => page.evaluate(() => {
+      const j = document.querySelector('.jobs .job');
+      return j && ['succeeded', 'failed', 'cancelled'].includes(j.dataset.status) ? { status: j.dataset.status, text: j.textContent } : null;
+    }), 120000, 100);
+    if (job.status !== 'succeeded') throw new Error(`bootstrap ${job.status}: ${job.text}`);
+    await page.waitForSelector(`${row} .badge:has-text("done")`);
+    return { bootstrap: job.status };
+  });
+
   let templateID;
   await step('write a template and plan it', async () => {
     await page.goto(base + '/#/templates/new');

@@ -65,8 +65,8 @@ export async function list(ctx, el) {
     details.scrollIntoView({ behavior: 'smooth' });
   };
 
-  const rows = creds.credentials || [];
-  const listTable = table([
+  const tableBox = h('div', {});
+  const renderTable = (rows) => clear(tableBox, table([
     { title: 'Title', render: (c) => h('button', { class: 'link', onclick: () => describe(c) }, c.title) },
     { title: 'Provider', render: (c) => c.provider },
     { title: 'Team', render: (c) => c.team },
@@ -79,7 +79,7 @@ export async function list(ctx, el) {
           class: 'small', onclick: (ev) => busy(ev.target, async () => {
             const r = await kite.call('credential.authenticate', { id: c.id });
             notice(r.verified ? `${c.title}: the provider accepted it.` : `${c.title}: rejected: ${r.error || 'no reason given'}`, r.verified ? 'info' : 'error');
-            ctx.navigate('#/credentials');
+            await reload();
           }),
         }, 'Authenticate'),
         (byName[c.provider] && (byName[c.provider].bootstrap || []).length) ? h('button', {
@@ -89,19 +89,24 @@ export async function list(ctx, el) {
               notice(`${c.title} is already bootstrapped.`);
               return;
             }
-            watches.push(watchJob(kite, r.jobId, jobs, { title: `Bootstrap ${c.title}`, onDone: () => ctx.navigate('#/credentials') }));
+            clear(jobs);
+            watches.push(watchJob(kite, r.jobId, jobs, { title: `Bootstrap ${c.title}`, onDone: () => reload() }));
+            await reload();
           }),
         }, 'Bootstrap') : null,
         h('button', {
           class: 'small danger', onclick: (ev) => busy(ev.target, async () => {
             if (!confirm(`Remove credential ${c.title}?`)) return;
             await kite.call('credential.remove', { id: c.id });
-            ctx.navigate('#/credentials');
+            await reload();
           }),
         }, 'Remove'),
       ],
     },
-  ], rows, { empty: 'No credentials yet: add one below.', rowAttrs: (c) => ({ dataset: { credential: c.id } }) });
+  ], rows, { empty: 'No credentials yet: add one below.', rowAttrs: (c) => ({ dataset: { credential: c.id } }) }));
+  // reload refreshes the table only: job views and the form stay as they are.
+  const reload = async () => renderTable((await kite.call('credential.list')).credentials || []);
+  renderTable(creds.credentials || []);
 
   // The add form, rebuilt for the chosen provider.
   const provSel = h('select', { name: 'provider', id: 'cred-provider' },
@@ -142,10 +147,12 @@ export async function list(ctx, el) {
       }
       const r = await kite.call('credential.add', { provider: provSel.value, title: title.value.trim(), team: teams.length > 1 ? teamSel.value : undefined, data });
       notice(`Credential added (${shortID(r.id)}).`);
-      ctx.navigate('#/credentials');
+      title.value = '';
+      build();
+      await reload();
     });
   });
 
-  clear(el, h('h1', {}, 'Credentials'), section(null, listTable), jobs, details, section('Add a credential', form));
+  clear(el, h('h1', {}, 'Credentials'), section(null, tableBox), jobs, details, section('Add a credential', form));
   return () => watches.forEach((w) => w.stop());
 }

@@ -17,27 +17,36 @@ async function apply(ctx, st, destroy, jobsEl, onDone) {
 }
 
 export async function list(ctx, el) {
-  const res = await ctx.kite.call('stack.list');
   const jobs = h('div', { class: 'jobs' });
+  const box = h('div', {});
   const watches = [];
-  clear(el,
-    h('div', { class: 'title-row' }, h('h1', {}, 'Stacks'), h('a', { class: 'button primary', href: '#/stacks/new', id: 'stack-new' }, 'New stack')),
-    jobs,
-    section(null, table([
+  // reload refreshes the table only, so job views stay with their logs.
+  const reload = async () => {
+    const res = await ctx.kite.call('stack.list');
+    const act = (s, destroy) => (ev) => busy(ev.target, async () => {
+      const w = await apply(ctx, s, destroy, jobs, () => reload());
+      if (w) { watches.push(w); await reload(); }
+    });
+    clear(box, section(null, table([
       { title: 'Stack', render: (s) => h('a', { href: `#/stacks/${encodeURIComponent(s.id)}` }, s.title || shortID(s.id)) },
       { title: 'State', render: (s) => badge(s.state) },
       { title: 'Machines', render: (s) => String((s.machines || []).length) },
       { title: 'Template', render: (s) => h('a', { href: `#/templates/${encodeURIComponent(s.templateId)}` }, `${shortID(s.templateId)} rev ${s.templateRev}`) },
       { title: 'Team', render: (s) => s.team },
       { title: 'Created', render: (s) => fmtTime(s.createdAt) },
-      { title: 'Reason', render: (s) => s.reason || '' },
+      { title: 'Reason', class: 'reason', render: (s) => s.reason || '' },
       {
         title: '', class: 'actions', render: (s) => [
-          canBuild(s) ? h('button', { class: 'small', onclick: (ev) => busy(ev.target, async () => { const w = await apply(ctx, s, false, jobs, () => ctx.navigate('#/stacks')); if (w) watches.push(w); }) }, 'Build') : null,
-          canDestroy(s) ? h('button', { class: 'small danger', onclick: (ev) => busy(ev.target, async () => { const w = await apply(ctx, s, true, jobs, () => ctx.navigate('#/stacks')); if (w) watches.push(w); }) }, 'Destroy') : null,
+          canBuild(s) ? h('button', { class: 'small', onclick: act(s, false) }, 'Build') : null,
+          canDestroy(s) ? h('button', { class: 'small danger', onclick: act(s, true) }, 'Destroy') : null,
         ],
       },
-    ], res.stacks, { empty: 'No stacks yet: create one from a template.' })));
+    ], res.stacks, { empty: 'No stacks yet: create one from a template.', rowAttrs: (s) => ({ dataset: { stack: s.id, state: s.state } }) })));
+  };
+  clear(el,
+    h('div', { class: 'title-row' }, h('h1', {}, 'Stacks'), h('a', { class: 'button primary', href: '#/stacks/new', id: 'stack-new' }, 'New stack')),
+    jobs, box);
+  await reload();
   return () => watches.forEach((w) => w.stop());
 }
 
