@@ -61,13 +61,10 @@ func newConn(k *Kite, frames FrameStream, dialed bool, remote string) *Conn {
 		sem:      make(chan struct{}, k.opts.MaxConcurrent),
 		rpcSet:   make(chan struct{}),
 	}
-	os := &objectStream{ctx: ctx, frames: frames, maxFrame: k.opts.MaxFrameSize, wtimeout: k.opts.WriteTimeout}
+	os := &objectStream{ctx: ctx, frames: frames, maxFrame: k.opts.MaxFrameSize, wtimeout: k.opts.WriteTimeout,
+		onReadErr: func() { go c.Close(nil) }} // the read loop ends: no goroutine waits for that
 	c.rpc = jsonrpc2.NewConn(ctx, os, c, jsonrpc2.SetLogger(discardLogger{}))
 	close(c.rpcSet)
-	go func() {
-		<-c.rpc.DisconnectNotify()
-		c.Close(nil)
-	}()
 	c.schedulePing()
 	return c
 }

@@ -1,11 +1,14 @@
 package kite
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"sort"
@@ -261,6 +264,9 @@ func (k *Kite) Close() error {
 
 // ServeHTTP accepts a kite connection (GET /kite upgraded to WebSocket, subprotocol kite.v1).
 func (k *Kite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if hj, ok := w.(http.Hijacker); ok {
+		w = smallBuffers{w, hj}
+	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		Subprotocols:   []string{Subprotocol},
 		OriginPatterns: k.opts.OriginPatterns,
@@ -326,4 +332,37 @@ func (k *Kite) DialFrames(ctx context.Context, fs FrameStream, remote string, au
 	c.ready.Store(true)
 	close(c.readyCh)
 	return c, nil
+}
+
+// smallBuffers hands coder/websocket smaller bufio buffers than net/http's 4 KiB reader and
+// 4 KiB writer, which it would keep for the connection's life: most kite frames are small and
+// a bufio.Reader passes reads larger than its buffer straight through.
+type smallBuffers struct {
+	http.ResponseWriter
+	hj http.Hijacker
+}
+
+const hijackBufSize = 1 << 10
+
+func (s smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := s.hj.Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := brw.Writer.Flush(); err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	br := brw.Reader
+	if n := br.Buffered(); n <= hijackBufSize {
+		// The bytes net/http read ahead must sit in the new reader's buffer: coder/websocket
+		// takes them from there (Peek) before it resets the reader onto the connection.
+		b, _ := br.Peek(n)
+		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(b)), c), hijackBufSize)
+		if _, err := br.Peek(n); err != nil {
+			c.Close()
+			return nil, nil, err
+		}
+	}
+	return c, bufio.NewReadWriter(br, bufio.NewWriterSize(c, hijackBufSize)), nil
 }

@@ -133,12 +133,20 @@ type objectStream struct {
 	frames   FrameStream
 	maxFrame int64
 	wtimeout time.Duration
+	// onReadErr runs once reading failed (jsonrpc2 then stops reading and closes).
+	onReadErr func()
 }
 
 var errWriteTooLarge = errors.New("kite: message exceeds the maximum frame size")
 
 func (s *objectStream) WriteObject(obj any) error {
-	b, err := json.Marshal(obj)
+	var b []byte
+	var err error
+	if m, ok := obj.(json.Marshaler); ok {
+		b, err = m.MarshalJSON() // jsonrpc2's messages: skip encoding/json's re-validation and compaction
+	} else {
+		b, err = json.Marshal(obj)
+	}
 	if err != nil {
 		return fmt.Errorf("kite: encode message: %w", err)
 	}
@@ -150,9 +158,16 @@ func (s *objectStream) WriteObject(obj any) error {
 	return s.frames.WriteFrame(ctx, b)
 }
 
-func (s *objectStream) ReadObject(v any) error {
+func (s *objectStream) ReadObject(v any) (err error) {
+	defer func() {
+		if err != nil && s.onReadErr != nil {
+			s.onReadErr()
+		}
+	}()
 	for {
-		b, err := s.frames.ReadFrame(s.ctx)
+		// No cancellation on the read: Conn.Close closes the frames, which ends a blocked read, and a
+		// ctx with a Done channel costs coder/websocket a context.AfterFunc on every read.
+		b, err := s.frames.ReadFrame(context.WithoutCancel(s.ctx))
 		if err != nil {
 			return err
 		}
@@ -202,7 +217,7 @@ func screen(b []byte) (id json.RawMessage, code int64, msg string) {
 	if len(b) == 0 {
 		return nil, CodeInvalidRequest, "empty frame"
 	}
-	if !json.Valid(b) {
+	if b[0] != '{' && !json.Valid(b) { // objects are checked while decoding below
 		return nil, CodeParse, "frame is not valid JSON"
 	}
 	if b[0] == '[' {
@@ -220,6 +235,10 @@ func screen(b []byte) (id json.RawMessage, code int64, msg string) {
 		Error   json.RawMessage `json:"error"`
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, CodeParse, "frame is not valid JSON"
+		}
 		return nil, CodeInvalidRequest, "malformed JSON-RPC object: " + err.Error()
 	}
 	isResponse := m.Method == nil && (m.Result != nil || m.Error != nil)
@@ -255,15 +274,10 @@ func screen(b []byte) (id json.RawMessage, code int64, msg string) {
 	case m.Method == nil && len(m.ID) == 0:
 		return nil, CodeInvalidRequest, "a response needs an id"
 	}
-	// Finally decode with jsonrpc2's own types: whatever passes here, jsonrpc2 can read.
-	if m.Method != nil {
-		var r jsonrpc2.Request
-		if err := json.Unmarshal(b, &r); err != nil {
-			return id, CodeInvalidRequest, "malformed request: " + err.Error()
-		}
-	} else {
-		var r jsonrpc2.Response
-		if err := json.Unmarshal(b, &r); err != nil {
+	// What else jsonrpc2's own types would reject: an error that is not a JSON-RPC error object.
+	if len(m.Error) > 0 && string(m.Error) != "null" {
+		var e jsonrpc2.Error
+		if err := json.Unmarshal(m.Error, &e); err != nil {
 			return id, CodeInvalidRequest, "malformed response: " + err.Error()
 		}
 	}
