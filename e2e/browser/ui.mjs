@@ -39,6 +39,7 @@ const steps = [];
 const pageErrors = [];
 let page;
 let context;
+let machineID; // the machine the terminal steps use
 const profile = mkdtempSync(join(tmpdir(), 'kloud-chromium-'));
 
 function log(obj) {
@@ -226,7 +227,6 @@ async function main() {
     return { stackID, progressSeen: [...seen].map(Number).sort((a, b) => a - b) };
   });
 
-  let machineID;
   await step('machine Running with its agent connected', async () => {
     await page.goto(base + '/#/machines');
     const row = await poll('vm.0 Running and connected', async () => {

@@ -46,10 +46,34 @@ export async function sessionsOf(machineId) {
   }
 }
 
-// sessionName returns the name of a session entry whatever the server calls the field.
-export function sessionName(s) {
+// killSession ends a session (DELETE /api/machines/{id}/sessions/{session}); throws kloud's
+// message.
+export async function killSession(machineId, session) {
+  const res = await fetch(`/api/machines/${encodeURIComponent(machineId)}/sessions/${encodeURIComponent(session)}`, { method: 'DELETE', credentials: 'same-origin' });
+  if (!res.ok) {
+    let msg = `${res.status} ${res.statusText}`;
+    try { const b = await res.json(); if (b.error) msg = b.error; } catch { /* text */ }
+    throw new Error(`end session ${session}: ${msg}`);
+  }
+}
+
+// sessionID returns a session entry's id (what ?session= takes); sessionLabel its display
+// name.
+export function sessionID(s) {
+  return (s && (s.session || s.id)) || '';
+}
+
+export function sessionLabel(s) {
   return (s && (s.name || s.session || s.id)) || '';
 }
+
+// Close codes of a terminal WebSocket (klient/webterm): what the tab does about each.
+const CloseUnshared = 4001; // the machine was unshared from us: stop
+const CloseEnded = 4002; // the shell exited, was killed or idled out: stop, offer a new one
+const CloseTooSlow = 4003; // we fell behind: reattach (the replay catches up)
+const CloseAgentGone = 4004; // kloud lost the machine's agent: retry
+const CloseRefused = 4005; // klient refused (the reason says why): retry a little, then stop
+const CloseBadMessage = 4006; // a frame of ours broke the framing: a bug, stop
 
 class TermTab {
   constructor(mgr, { machineId, label, session, mode }) {
@@ -77,7 +101,10 @@ class TermTab {
         this.stateEl, this.infoEl,
         h('span', { class: 'spacer' }),
         h('button', { class: 'small', onclick: () => this.reconnect(true) }, 'Reconnect'),
-        h('button', { class: 'small', onclick: () => this.mgr.close(this) }, 'Close tab')),
+        this.mode === 'readonly' || this.mode === 'shared' ? null : h('button', {
+          class: 'small', title: 'kill the shell and its programs', onclick: () => this.end(),
+        }, 'End session'),
+        h('button', { class: 'small', title: 'detach: the session keeps running', onclick: () => this.mgr.close(this) }, 'Close tab')),
       this.host);
     this.tabEl = h('button', { class: 'tab', role: 'tab', title: `${this.label} — session ${this.session}`, onclick: () => this.mgr.activate(this) },
       h('span', { class: 'dot' }), ' ', this.label,
@@ -143,6 +170,7 @@ class TermTab {
       opened = true;
       this.everOpen = true;
       this.attempt = 0;
+      this.refusals = 0;
       this.setState('connected');
       this.sendResize(this.term.cols, this.term.rows);
       // From now on a new connection rejoins this session.
@@ -165,8 +193,7 @@ class TermTab {
       this.ws = null;
       if (this.closing) return;
       const why = ev.reason || (opened ? 'connection lost' : 'could not connect');
-      if (!opened) this.afterFailedOpen(why);
-      else this.retry(why);
+      this.onClosed(ev.code, why, opened);
     };
     ws.onerror = () => {};
   }
@@ -184,13 +211,45 @@ class TermTab {
     if (m.error) this.setState(this.state, m.error);
   }
 
+  // onClosed decides what to do after the connection closed with code.
+  onClosed(code, why, opened) {
+    switch (code) {
+      case CloseUnshared:
+        this.term.write(`\r\n\x1b[31m[kloud] ${why}]\x1b[0m\r\n`);
+        this.setState('error', why);
+        return;
+      case CloseEnded:
+        this.term.write(`\r\n\x1b[33m[kloud] session ended: ${why}; "Reconnect" starts a new one]\x1b[0m\r\n`);
+        this.ended = true;
+        this.setState('closed', 'session ended');
+        return;
+      case CloseBadMessage:
+        this.setState('error', why);
+        return;
+      case CloseRefused:
+        this.refusals = (this.refusals || 0) + 1;
+        if (this.refusals > 3) {
+          this.setState('error', why);
+          return;
+        }
+        this.retry(why);
+        return;
+      case CloseTooSlow:
+      case CloseAgentGone:
+        this.retry(why);
+        return;
+    }
+    if (!opened) this.afterFailedOpen(why);
+    else this.retry(why);
+  }
+
   // afterFailedOpen decides what a refused connection means: no such session any more (start
   // a new one), not allowed (stop), or kloud/the machine unreachable (retry).
   async afterFailedOpen(why) {
     const r = await sessionsOf(this.machineId);
     if (this.closing) return;
     if (r.ok) {
-      const names = r.sessions.map(sessionName);
+      const names = r.sessions.map(sessionID);
       if (this.mode === 'attach' && !names.includes(this.session)) {
         // The session ended (exit, kill, orphan timeout): start a fresh one.
         this.term.write('\r\n\x1b[33m[kloud] session ' + this.session + ' has ended; starting a new one]\x1b[0m\r\n');
@@ -227,7 +286,22 @@ class TermTab {
   // reconnect opens a new connection to the same session; its replay repaints the screen.
   reconnect(manual) {
     if (this.closing) return;
-    if (manual) this.attempt = 0;
+    if (manual) {
+      this.attempt = 0;
+      this.refusals = 0;
+    }
+    if (this.ended) {
+      // The shell is gone: a new session in this tab.
+      this.ended = false;
+      this.session = newSessionName();
+      this.pane.dataset.session = this.session;
+      this.mode = this.mode === 'readonly' || this.mode === 'shared' ? this.mode : 'create';
+      this.mgr.save();
+      this.term.reset();
+      this.setState('connecting');
+      this.connect();
+      return;
+    }
     if (this.ws) {
       const old = this.ws;
       this.ws = null;
@@ -236,6 +310,18 @@ class TermTab {
     if (this.mode !== 'create') this.term.reset();
     this.setState(this.everOpen ? 'reconnecting' : 'connecting');
     this.connect();
+  }
+
+  // end kills the session and closes the tab.
+  async end() {
+    if (!confirm(`End session ${this.session}? Its shell and programs are killed.`)) return;
+    try {
+      await killSession(this.machineId, this.session);
+    } catch (e) {
+      this.setState(this.state, errorText(e));
+      return;
+    }
+    this.mgr.close(this);
   }
 
   sendInput(bytes) {

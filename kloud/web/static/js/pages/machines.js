@@ -5,7 +5,7 @@
 
 import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText } from '../ui.js';
 import { watchJob } from '../jobs.js';
-import { sessionsOf, sessionName } from '../terminal.js';
+import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js';
 
 const running = (m) => m.state === 'Running';
 const canStart = (m) => m.state === 'Stopped';
@@ -48,9 +48,11 @@ export function machineTable(ctx, machines, { onChange, jobsEl, showStack = fals
         const g = myGrant(ctx, m);
         const mayPower = g === 'owner' || g === 'full' || g === 'admin';
         return [
-          running(m) && g !== '' ? h('button', {
-            class: 'small primary term-open', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label, mode: g === 'readonly' ? 'readonly' : undefined }),
-          }, g === 'readonly' ? 'Watch' : 'Terminal') : null,
+          running(m) && g !== '' && g !== 'readonly' ? h('button', {
+            class: 'small primary term-open', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label }),
+          }, 'Terminal') : null,
+          // A read-only share watches a running session: they are listed on the machine's page.
+          running(m) && g === 'readonly' ? h('a', { class: 'button small', href: `#/machines/${encodeURIComponent(m.id)}` }, 'Watch…') : null,
           mayPower && canStart(m) ? h('button', { class: 'small', onclick: (ev) => busy(ev.target, () => power(ctx, m, 'start', jobsEl, onChange)) }, 'Start') : null,
           mayPower && canStop(m) ? h('button', { class: 'small', onclick: (ev) => busy(ev.target, () => power(ctx, m, 'stop', jobsEl, onChange)) }, 'Stop') : null,
         ];
@@ -137,14 +139,26 @@ function sessionsSection(ctx, m, grant) {
     }
     const mine = grant === 'owner' || grant === 'admin';
     clear(box, table([
-      { title: 'Session', render: (s) => h('code', {}, sessionName(s)) },
+      { title: 'Session', render: (s) => [h('code', {}, sessionID(s)), sessionLabel(s) !== sessionID(s) ? ` ${sessionLabel(s)}` : ''] },
+      { title: 'Started by', render: (s) => s.createdBy || '—' },
       { title: 'Size', render: (s) => (s.cols && s.rows ? `${s.cols}×${s.rows}` : '—') },
-      { title: 'Viewers', render: (s) => String(s.viewers !== undefined ? (Array.isArray(s.viewers) ? s.viewers.length : s.viewers) : '—') },
+      {
+        title: 'Viewers', render: (s) => (Array.isArray(s.viewers)
+          ? (s.viewers.length ? s.viewers.map((v) => `${v.user} (${v.mode})`).join(', ') : 'none')
+          : '—'),
+      },
       { title: 'Started', render: (s) => fmtTime(s.createdAt || s.startedAt) },
       {
         title: '', class: 'actions', render: (s) => [
-          grant !== 'readonly' ? h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label, session: sessionName(s), mode: mine ? 'attach' : 'shared' }) }, mine ? 'Attach' : 'Join') : null,
-          h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: `${m.label} (watch)`, session: sessionName(s), mode: 'readonly' }) }, 'Watch'),
+          grant !== 'readonly' ? h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label, session: sessionID(s), mode: mine ? 'attach' : 'shared' }) }, mine ? 'Attach' : 'Join') : null,
+          h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: `${m.label} (watch)`, session: sessionID(s), mode: 'readonly' }) }, 'Watch'),
+          mine ? h('button', {
+            class: 'small danger', onclick: (ev) => busy(ev.target, async () => {
+              if (!confirm(`End session ${sessionID(s)}? Its shell and programs are killed.`)) return;
+              await killSession(m.id, sessionID(s));
+              load();
+            }),
+          }, 'End') : null,
         ],
       },
     ], r.sessions, { empty: 'No terminal session is running.' }));
