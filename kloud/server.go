@@ -102,6 +102,8 @@ type Server struct {
 	tf        Terraformer
 	klientSum string
 	jobs      *jobRunner
+	presence  *storePresence
+	revs      *storeRevocations
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -130,7 +132,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kloud: signing keys: %w", err)
 	}
-	revs := storeRevocations{st.Revocations()}
+	revs := newStoreRevocations(st.Revocations())
+	s.revs = revs
+	s.presence = newStorePresence(st.Kites(), st.InstanceID(), opts.Logger)
 	verifier := &kitekey.Verifier{Keys: s.keyring, Issuer: Issuer, Revoked: revs}
 	isAdmin := func(u string) bool { return u == Admin }
 	s.Kite, err = kite.New(kite.Options{
@@ -145,7 +149,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	}
 	s.Kontrol, err = kontrol.New(kontrol.Options{
 		Kite: s.Kite, Keyring: s.keyring, Revocations: revs, URL: opts.PublicURL + "/kite", Issuer: Issuer,
-		IsAdmin: isAdmin, Presence: storePresence{st.Kites(), st.InstanceID()}, Logger: opts.Logger,
+		IsAdmin: isAdmin, Presence: s.presence, Logger: opts.Logger,
 		Authorize: s.authorizeKite,
 	})
 	if err != nil {
@@ -361,6 +365,7 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 var backgroundTasks []func(ctx context.Context, s *Server)
 
 func (s *Server) startBackground(ctx context.Context) {
+	go s.presence.run(ctx)
 	for _, f := range backgroundTasks {
 		go f(ctx, s)
 	}

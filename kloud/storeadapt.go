@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -43,34 +46,126 @@ func (s storeKeys) RetireKey(ctx context.Context, kid string, at time.Time) erro
 	return err
 }
 
-// storeRevocations keeps revoked credential ids in the store.
-type storeRevocations struct{ r *store.Revocations }
-
-func (s storeRevocations) IsRevoked(ctx context.Context, jti string) (bool, error) {
-	return s.r.IsRevoked(ctx, jti)
+// storeRevocations keeps revoked credential ids in the store, and a copy in memory: every
+// handshake asks, and the store (one connection when embedded) must not be in that path. The
+// copy is reloaded at most every revocationsTTL, so a revocation made by another replica counts
+// here within that time; this replica's own count at once.
+type storeRevocations struct {
+	r      *store.Revocations
+	mu     sync.Mutex
+	set    map[string]bool
+	loaded time.Time
 }
 
-func (s storeRevocations) Revoke(ctx context.Context, jti, reason string) error {
+const revocationsTTL = 5 * time.Second
+
+func newStoreRevocations(r *store.Revocations) *storeRevocations { return &storeRevocations{r: r} }
+
+func (s *storeRevocations) IsRevoked(ctx context.Context, jti string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.set == nil || time.Since(s.loaded) > revocationsTTL {
+		list, err := s.r.ListRevoked(ctx)
+		if err != nil {
+			if s.set == nil {
+				return false, err
+			}
+		} else {
+			s.set = make(map[string]bool, len(list))
+			for _, r := range list {
+				s.set[r.JTI] = true
+			}
+			s.loaded = time.Now()
+		}
+	}
+	return s.set[jti], nil
+}
+
+func (s *storeRevocations) Revoke(ctx context.Context, jti, reason string) error {
 	// Kite keys never expire, so their revocation is kept for good.
-	return s.r.Revoke(ctx, jti, time.Now().AddDate(100, 0, 0), reason)
+	return s.RevokeUntil(ctx, jti, time.Now().AddDate(100, 0, 0), reason)
 }
 
-// storePresence mirrors kontrol's registry into the store's kites collection.
+// RevokeUntil revokes a credential that expires at until (the record can go after that).
+func (s *storeRevocations) RevokeUntil(ctx context.Context, jti string, until time.Time, reason string) error {
+	if err := s.r.Revoke(ctx, jti, until, reason); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.set != nil {
+		s.set[jti] = true
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// storePresence mirrors the registrations of machine agents into the store's kites collection
+// (ARCHITECTURE §9: what another replica or an operator needs to see). It writes in the
+// background, coalescing changes per kite, so a registration never waits for the store; other
+// kites (a klient started by hand, tools) live only in kontrol's registry.
 type storePresence struct {
 	k       *store.Kites
 	replica string
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	pending map[string]*kontrol.KiteInfo // id → latest registration, nil = removed
+	wake    chan struct{}
 }
 
-func (p storePresence) Upsert(ctx context.Context, i kontrol.KiteInfo) error {
-	now := time.Now().UTC()
-	return p.k.Upsert(ctx, store.KiteRecord{
-		ID: i.Kite.ID, Username: i.Kite.Username, Environment: i.Kite.Environment, Name: i.Kite.Name,
-		Version: i.Kite.Version, Region: i.Kite.Region, Hostname: i.Kite.Hostname, URL: i.URL,
-		Replica: p.replica, ConnectedAt: i.RegisteredAt, LastSeen: now,
-	})
+func newStorePresence(k *store.Kites, replica string, log *slog.Logger) *storePresence {
+	return &storePresence{k: k, replica: replica, log: log, pending: map[string]*kontrol.KiteInfo{}, wake: make(chan struct{}, 1)}
 }
 
-func (p storePresence) Remove(ctx context.Context, id string) error {
-	_, err := p.k.Remove(ctx, id, p.replica)
-	return err
+func (p *storePresence) queue(id string, i *kontrol.KiteInfo) {
+	if !strings.HasPrefix(id, AgentKitePrefix) {
+		return
+	}
+	p.mu.Lock()
+	p.pending[id] = i
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *storePresence) Upsert(_ context.Context, i kontrol.KiteInfo) error {
+	p.queue(i.Kite.ID, &i)
+	return nil
+}
+
+func (p *storePresence) Remove(_ context.Context, id string) error {
+	p.queue(id, nil)
+	return nil
+}
+
+// run writes queued changes until ctx ends.
+func (p *storePresence) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		p.mu.Lock()
+		batch := p.pending
+		p.pending = map[string]*kontrol.KiteInfo{}
+		p.mu.Unlock()
+		for id, i := range batch {
+			var err error
+			if i == nil {
+				_, err = p.k.Remove(ctx, id, p.replica)
+			} else {
+				err = p.k.Upsert(ctx, store.KiteRecord{
+					ID: i.Kite.ID, Username: i.Kite.Username, Environment: i.Kite.Environment, Name: i.Kite.Name,
+					Version: i.Kite.Version, Region: i.Kite.Region, Hostname: i.Kite.Hostname, URL: i.URL,
+					Replica: p.replica, ConnectedAt: i.RegisteredAt, LastSeen: time.Now().UTC(),
+				})
+			}
+			if err != nil && ctx.Err() == nil {
+				p.log.Warn("kite presence record", "kite", id, "err", err)
+			}
+		}
+	}
 }

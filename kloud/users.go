@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -132,13 +133,14 @@ func checkPasswordHash(hash, pw string) bool {
 }
 
 // dummyHash is checked against when a login names an unknown user, so both cases take as long.
-var dummyHash = func() string {
+// It is computed on first use (argon2 costs 75 ms and 20 MB: not for every CLI command).
+var dummyHash = sync.OnceValue(func() string {
 	h, err := hashPassword("kloud dummy password for unknown users")
 	if err != nil {
 		panic(err)
 	}
 	return h
-}()
+})
 
 func (s *Server) users() *mongo.Collection { return s.store.Collection(store.CollUsers) }
 func (s *Server) teams() *mongo.Collection { return s.store.Collection(store.CollTeams) }

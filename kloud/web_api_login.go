@@ -152,7 +152,7 @@ func (s *Server) checkLogin(ctx context.Context, username, password string) (*Us
 		if err != nil && !errors.Is(err, kite.ErrNotFound) {
 			s.log.Error("login: load user", "user", username, "err", err)
 		}
-		checkPasswordHash(dummyHash, password)
+		checkPasswordHash(dummyHash(), password)
 		return nil, false
 	}
 	return u, checkPasswordHash(u.PasswordHash, password)
@@ -192,7 +192,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 	if c.ExpiresAt != nil {
 		until = c.ExpiresAt.Time
 	}
-	if err := s.store.Revocations().Revoke(r.Context(), c.ID, until, "logout"); err != nil {
+	if err := s.revs.RevokeUntil(r.Context(), c.ID, until, "logout"); err != nil {
 		s.log.Error("logout: revoke session", "user", c.Subject, "err", err)
 		writeError(w, http.StatusInternalServerError, "could not revoke the session; see kloud's log")
 		return
