@@ -24,7 +24,8 @@ const chromiumPath = "/usr/bin/chromium"
 // from the provider's form, writes and plans a template, creates and builds a stack watching the
 // progress bar and log, and sees the machine Running with its agent connected; in its terminal
 // it types `echo hello-$((6*7))`, reads hello-42 from the xterm buffer, reloads and sees the
-// session replayed. Then kloud is killed and restarted under the open page, which shows
+// session replayed; bob, with a read-only share, watches her session from a second browser,
+// sees her typing and cannot type, and is cut off when she unshares. Then kloud is killed and restarted under the open page, which shows
 // "reconnecting" and carries on. Screenshots are kept in $KLOUD_ARTIFACTS/browser (default
 // e2e/artifacts/browser).
 func TestBrowser(t *testing.T) {
@@ -60,6 +61,7 @@ func TestBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.run("user", "add", "alice", "--team", "default", "--password-file", pw)
+	e.run("user", "add", "bob", "--team", "default", "--password-file", pw) // the read-only watcher
 
 	// The terminal steps need kloud's terminal endpoint (kloud/terminal.go): without a session
 	// it answers 401; a 404 means this kloud has none.
@@ -73,7 +75,7 @@ func TestBrowser(t *testing.T) {
 	cmd := exec.CommandContext(ctx, node, "ui.mjs")
 	cmd.Dir = script
 	cmd.Env = append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_USER=alice", "KLOUD_PASSWORD="+password,
-		"KLOUD_ARTIFACTS="+out, "KLOUD_CHROMIUM="+chromiumPath, "KLOUD_RESTART=1", "KLOUD_TERMINAL="+map[bool]string{true: "1", false: "0"}[terminal])
+		"KLOUD_SHARE_USER=bob", "KLOUD_SHARE_PASSWORD="+password, "KLOUD_ARTIFACTS="+out, "KLOUD_CHROMIUM="+chromiumPath, "KLOUD_RESTART=1", "KLOUD_TERMINAL="+map[bool]string{true: "1", false: "0"}[terminal])
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()

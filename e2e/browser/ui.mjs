@@ -3,7 +3,8 @@
 // write a template and plan it, create and build a stack watching its progress, see the machine
 // Running with its agent connected, then (KLOUD_TERMINAL=1) open its terminal, type
 // `echo hello-$((6*7))`, read hello-42 from the xterm buffer, reload and see the session
-// replayed; then (KLOUD_RESTART=1) kloud is killed and started again while the page stays
+// replayed, and (KLOUD_SHARE_USER) share it read-only with a second user who watches from a
+// second browser and cannot type; then (KLOUD_RESTART=1) kloud is killed and started again while the page stays
 // open: the header shows "reconnecting", then the page (and the terminal tab) carry on.
 // Screenshots go to $KLOUD_ARTIFACTS. Run by e2e/browser_test.go; prints one JSON line per
 // step, {"need": "kill"|"start"} when it needs the test to act (it answers "done" on stdin),
@@ -11,6 +12,7 @@
 //
 // Env: KLOUD_URL, KLOUD_USER, KLOUD_PASSWORD, KLOUD_ARTIFACTS (default ./artifacts),
 // KLOUD_TERMINAL (1: terminal steps), KLOUD_RESTART (1: restart steps), KLOUD_CHROMIUM (default /usr/bin/chromium),
+// KLOUD_SHARE_USER and KLOUD_SHARE_PASSWORD (a second user: share steps, with the terminal),
 // KLOUD_PROVIDER (default dummy), KLOUD_CRED_FIELDS (JSON of field values, default
 // {"token":"abc123"}), KLOUD_TEMPLATE (template text).
 
@@ -26,6 +28,8 @@ const password = env.KLOUD_PASSWORD || '';
 const artifacts = env.KLOUD_ARTIFACTS || 'artifacts';
 const withTerminal = env.KLOUD_TERMINAL === '1';
 const providerName = env.KLOUD_PROVIDER || 'dummy';
+const shareUser = env.KLOUD_SHARE_USER || '';
+const sharePassword = env.KLOUD_SHARE_PASSWORD || '';
 const credFields = JSON.parse(env.KLOUD_CRED_FIELDS || '{"token":"abc123"}');
 const template = env.KLOUD_TEMPLATE || `resource "terraform_data" "vm" {
   count = 1
@@ -83,7 +87,9 @@ async function shot(name) {
   return p;
 }
 
-const termLines = () => page.evaluate(() => window.kloudDebug && window.kloudDebug.termText());
+const termLinesOf = (p) => p.evaluate(() => window.kloudDebug && window.kloudDebug.termText());
+const termLines = () => termLinesOf(page);
+const hasLine = async (p, want) => (await termLinesOf(p) || []).some((l) => l.trim() === want);
 
 // ask prints {"need": what} for the test driving this script and waits for its answer line
 // (KLOUD_RESTART=1: the Go test kills and starts kloud on request).
@@ -253,6 +259,7 @@ async function main() {
   });
 
   if (withTerminal) await terminalSteps();
+  if (withTerminal && shareUser) await shareSteps();
   if (env.KLOUD_RESTART === '1') await restartSteps();
 }
 
@@ -285,10 +292,84 @@ async function terminalSteps() {
   });
 }
 
+// shareSteps: alice shares the machine read-only with a second user, who logs in in a second
+// browser, watches alice's session live (replay, then her typing) and cannot type; unsharing
+// closes the watcher's terminal at once.
+async function shareSteps() {
+  const session = await page.getAttribute('.term-pane.active', 'data-session');
+  let ctx2;
+  let bob;
+  const profile2 = mkdtempSync(join(tmpdir(), 'kloud-chromium-'));
+  try {
+    await step(`share the machine read-only with ${shareUser}`, async () => {
+      await page.goto(base + `/#/machines/${machineID}`);
+      await page.waitForSelector('#share-form');
+      await page.fill('#share-username', shareUser);
+      await page.selectOption('#share-grant', 'readonly');
+      await page.click('#share-form button[type=submit]');
+      await page.waitForSelector(`#shares tr:has-text("${shareUser}") .badge:has-text("readonly")`);
+      return {};
+    });
+    await step(`${shareUser} logs in elsewhere and watches the session`, async () => {
+      ctx2 = await chromium.launchPersistentContext(profile2, {
+        executablePath: env.KLOUD_CHROMIUM || '/usr/bin/chromium', headless: true, viewport: { width: 1280, height: 800 },
+        args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      });
+      bob = ctx2.pages()[0] || await ctx2.newPage();
+      bob.setDefaultTimeout(30000);
+      bob.on('pageerror', (e) => pageErrors.push(`${shareUser}: ${e}`));
+      await bob.goto(base + '/');
+      await bob.fill('#login-username', shareUser);
+      await bob.fill('#login-password', sharePassword);
+      await bob.click('#login-submit');
+      await bob.waitForSelector('#conn.conn-open');
+      await bob.waitForSelector(`tr[data-machine="${machineID}"] .badge:has-text("shared: readonly")`);
+      if (await bob.$(`tr[data-machine="${machineID}"] button:has-text("Stop")`)) throw new Error('a read-only share is offered Stop');
+      await bob.goto(base + `/#/machines/${machineID}`);
+      await bob.click(`#term-sessions tr:has(code:text-is("${session}")) button:has-text("Watch")`);
+      await bob.waitForSelector('.term-pane.active[data-state="connected"]', { timeout: 60000 });
+      await poll(`${shareUser} sees the replay`, () => hasLine(bob, 'hello-42'), 30000);
+      return {};
+    });
+    await step(`${shareUser} sees alice typing live and cannot type`, async () => {
+      await page.goto(base + `/#/terminal/${machineID}`);
+      await page.waitForSelector('.term-pane.active[data-state="connected"]');
+      await page.click('.term-pane.active .term-host');
+      await page.keyboard.type('echo live-$((7*6))');
+      await page.keyboard.press('Enter');
+      await poll(`${shareUser} sees live-42`, () => hasLine(bob, 'live-42'), 30000);
+      await bob.click('.term-pane.active .term-host');
+      await bob.keyboard.type('echo typed-by-watcher');
+      await bob.keyboard.press('Enter');
+      await page.keyboard.type('echo marker-$((1+1))');
+      await page.keyboard.press('Enter');
+      await poll('marker-2 on both screens', async () => await hasLine(page, 'marker-2') && hasLine(bob, 'marker-2'), 30000);
+      const leaked = (await termLinesOf(page)).some((l) => l.includes('typed-by-watcher'));
+      if (leaked) throw new Error('the read-only watcher typed into the session');
+      const shotPath = join(artifacts, 'readonly-watcher.png');
+      await bob.screenshot({ path: shotPath });
+      return { screenshot: shotPath };
+    });
+    await step(`unsharing closes ${shareUser}'s terminal`, async () => {
+      await page.goto(base + `/#/machines/${machineID}`);
+      await page.click(`#shares tr:has-text("${shareUser}") button:has-text("Unshare")`);
+      await bob.waitForSelector('.term-pane.active[data-state="error"]', { timeout: 30000 });
+      return { watcher: (await bob.textContent('.term-pane.active .term-info')).trim() };
+    });
+  } finally {
+    if (ctx2) await ctx2.close().catch(() => {});
+    rmSync(profile2, { recursive: true, force: true });
+  }
+}
+
 // restartSteps: kloud goes away and comes back; the page shows "reconnecting", then carries on
 // (and an open terminal tab reattaches to its session).
 async function restartSteps() {
   await step('kloud killed: the page shows reconnecting', async () => {
+    if (withTerminal) {
+      await page.goto(base + `/#/terminal/${machineID}`);
+      await page.waitForSelector('.term-pane.active[data-state="connected"]');
+    }
     await ask('kill');
     await page.waitForSelector('#conn.conn-reconnecting', { timeout: 30000 });
     if (withTerminal) await page.waitForSelector('.term-pane.active[data-state="reconnecting"]', { timeout: 30000 });
