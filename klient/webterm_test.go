@@ -129,7 +129,7 @@ func (e *env) call(method string, params, result any) error {
 
 // connect calls webterm.connect with a fresh ticket and returns the attachment as the browser
 // would see it.
-func (e *env) connect(p webterm.ConnectParams) (*leg, webterm.ConnectResult, error) {
+func (e *env) connect(p webterm.ConnectParams) (*webtermtest.Term, webterm.ConnectResult, error) {
 	e.t.Helper()
 	ticket := rand.Text()
 	ch := make(chan *websocket.Conn, 1)
@@ -148,7 +148,7 @@ func (e *env) connect(p webterm.ConnectParams) (*leg, webterm.ConnectResult, err
 	}
 	select {
 	case ws := <-ch:
-		l := newLeg(ws)
+		l := webtermtest.NewTerm(ws)
 		e.t.Cleanup(func() { ws.CloseNow() })
 		return l, res, nil
 	case <-time.After(wait):
@@ -157,7 +157,7 @@ func (e *env) connect(p webterm.ConnectParams) (*leg, webterm.ConnectResult, err
 	return nil, res, nil
 }
 
-func (e *env) mustConnect(user string, p webterm.ConnectParams) (*leg, webterm.ConnectResult) {
+func (e *env) mustConnect(user string, p webterm.ConnectParams) (*webtermtest.Term, webterm.ConnectResult) {
 	e.t.Helper()
 	p.Token = e.token(user)
 	l, res, err := e.connect(p)
@@ -172,67 +172,6 @@ func (e *env) share(user, grant string) {
 	if err := e.call("klient.share", klient.ShareParams{Username: user, Grant: grant, Token: e.token("alice")}, nil); err != nil {
 		e.t.Fatal(err)
 	}
-}
-
-// leg is the browser's view of an attachment.
-type leg struct {
-	ws    *websocket.Conn
-	mu    sync.Mutex
-	out   strings.Builder
-	close websocket.CloseError
-	done  chan struct{}
-}
-
-func newLeg(ws *websocket.Conn) *leg {
-	l := &leg{ws: ws, done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		for {
-			_, b, err := ws.Read(context.Background())
-			l.mu.Lock()
-			if err != nil {
-				errors.As(err, &l.close)
-				l.mu.Unlock()
-				return
-			}
-			l.out.Write(b)
-			l.mu.Unlock()
-		}
-	}()
-	return l
-}
-
-func (l *leg) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.out.String()
-}
-
-func (l *leg) waitFor(t *testing.T, s string) {
-	t.Helper()
-	testutil.Eventually(t, wait, func() bool { return strings.Contains(l.String(), s) }, "never saw %q in:\n%s", s, l.String())
-}
-
-func (l *leg) send(t *testing.T, op byte, payload []byte) {
-	t.Helper()
-	if err := l.ws.Write(context.Background(), websocket.MessageBinary, append([]byte{op}, payload...)); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (l *leg) typeIn(t *testing.T, s string) { t.Helper(); l.send(t, webterm.OpInput, []byte(s)) }
-
-// closed waits for the server to close the attachment and returns the close frame.
-func (l *leg) closed(t *testing.T) websocket.CloseError {
-	t.Helper()
-	select {
-	case <-l.done:
-	case <-time.After(wait):
-		t.Fatal("attachment not closed")
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.close
 }
 
 func (e *env) list(user string) []webterm.Info {
@@ -250,34 +189,34 @@ func TestWebtermOverWebSocket(t *testing.T) {
 	if res.Session != "main" || res.Mode != webterm.ModeCreate || !res.Created {
 		t.Fatalf("connect: %+v", res)
 	}
-	l.typeIn(t, "echo hello-$((6*7))\r")
-	l.waitFor(t, "hello-42")
-	l.send(t, webterm.OpResize, []byte(`{"cols":120,"rows":40}`))
-	l.typeIn(t, "stty size\r")
-	l.waitFor(t, "40 120")
+	l.Type(t, "echo hello-$((6*7))\r")
+	l.WaitFor(t, "hello-42")
+	l.Send(t, webterm.OpResize, []byte(`{"cols":120,"rows":40}`))
+	l.Type(t, "stty size\r")
+	l.WaitFor(t, "40 120")
 	if s := e.list("alice"); len(s) != 1 || s[0].Cols != 120 || len(s[0].Viewers) != 1 {
 		t.Fatalf("list: %+v", s)
 	}
 	// Frames that break the rules are ignored (unknown opcode) or refused (text).
-	l.send(t, 7, []byte("ignored"))
+	l.Send(t, 7, []byte("ignored"))
 	// The browser goes away: the session stays.
-	l.ws.Close(websocket.StatusNormalClosure, "")
+	l.WS.Close(websocket.StatusNormalClosure, "")
 	testutil.Eventually(t, wait, func() bool { s := e.list("alice"); return len(s) == 1 && len(s[0].Viewers) == 0 }, "viewer not detached")
 	l2, res := e.mustConnect("alice", webterm.ConnectParams{Session: "main"})
 	if res.Mode != webterm.ModeAttach || res.Created {
 		t.Fatalf("reattach: %+v", res)
 	}
-	l2.waitFor(t, "hello-42") // replayed
-	l2.typeIn(t, "echo again-$((6*6))\r")
-	l2.waitFor(t, "again-36")
-	l2.ws.Write(context.Background(), websocket.MessageText, []byte("not binary"))
-	if c := l2.closed(t); c.Code != webterm.CloseBadMessage {
+	l2.WaitFor(t, "hello-42") // replayed
+	l2.Type(t, "echo again-$((6*6))\r")
+	l2.WaitFor(t, "again-36")
+	l2.WS.Write(context.Background(), websocket.MessageText, []byte("not binary"))
+	if c := l2.Closed(t); c.Code != webterm.CloseBadMessage {
 		t.Fatalf("text frame: %+v", c)
 	}
 	// The session ends: its viewers are told why.
 	l3, _ := e.mustConnect("alice", webterm.ConnectParams{Session: "main"})
-	l3.typeIn(t, "exit 0\r")
-	if c := l3.closed(t); c.Code != webterm.CloseEnded || !strings.Contains(c.Reason, "exited") {
+	l3.Type(t, "exit 0\r")
+	if c := l3.Closed(t); c.Code != webterm.CloseEnded || !strings.Contains(c.Reason, "exited") {
 		t.Fatalf("exit: %+v", c)
 	}
 }
@@ -290,12 +229,12 @@ func TestReadonlyShareWatchesLiveAndUnshareCloses(t *testing.T) {
 	if res.Mode != webterm.ModeReadonly {
 		t.Fatalf("%+v", res)
 	}
-	bob.typeIn(t, "echo bob-$((1+1))\r")
-	bob.send(t, webterm.OpResize, []byte(`{"cols":20,"rows":5}`))
-	owner.typeIn(t, "echo owner-$((3+4))\r")
-	owner.waitFor(t, "owner-7")
-	bob.waitFor(t, "owner-7") // live
-	if strings.Contains(owner.String(), "bob-2") {
+	bob.Type(t, "echo bob-$((1+1))\r")
+	bob.Send(t, webterm.OpResize, []byte(`{"cols":20,"rows":5}`))
+	owner.Type(t, "echo owner-$((3+4))\r")
+	owner.WaitFor(t, "owner-7")
+	bob.WaitFor(t, "owner-7") // live
+	if strings.Contains(owner.Output(), "bob-2") {
 		t.Fatal("a read-only viewer's input ran")
 	}
 	if s := e.list("alice"); s[0].Cols != 80 {
@@ -308,11 +247,11 @@ func TestReadonlyShareWatchesLiveAndUnshareCloses(t *testing.T) {
 	if err := e.call("klient.unshare", klient.UnshareParams{Username: "bob", Token: e.token("alice")}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if c := bob.closed(t); c.Code != webterm.CloseUnshared {
+	if c := bob.Closed(t); c.Code != webterm.CloseUnshared {
 		t.Fatalf("after unshare: %+v", c)
 	}
-	owner.typeIn(t, "echo still-$((2*5))\r")
-	owner.waitFor(t, "still-10")
+	owner.Type(t, "echo still-$((2*5))\r")
+	owner.WaitFor(t, "still-10")
 	if _, _, err := e.connect(webterm.ConnectParams{Session: "pair", Mode: webterm.ModeReadonly, Token: e.token("bob")}); !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("connect after unshare: %v", err)
 	}
@@ -325,19 +264,17 @@ func TestDowngradeClosesWritableAttachments(t *testing.T) {
 	rw, _ := e.mustConnect("tom", webterm.ConnectParams{Session: "s", Mode: webterm.ModeShared})
 	ro, _ := e.mustConnect("tom", webterm.ConnectParams{Session: "s", Mode: webterm.ModeReadonly})
 	e.share("tom", klient.GrantReadonly)
-	if c := rw.closed(t); c.Code != webterm.CloseUnshared || !strings.Contains(c.Reason, "read-only") {
+	if c := rw.Closed(t); c.Code != webterm.CloseUnshared || !strings.Contains(c.Reason, "read-only") {
 		t.Fatalf("writable attachment after the downgrade: %+v", c)
 	}
-	select {
-	case <-ro.done:
-		t.Fatalf("read-only attachment closed too: %+v", ro.close)
-	default:
+	if !ro.Open() {
+		t.Fatalf("read-only attachment closed too: %+v", ro.Closed(t))
 	}
 	// setShares replaces the list: tom is gone, so is his read-only attachment.
 	if err := e.call("klient.setShares", klient.SetSharesParams{Shares: []klient.Share{{Username: "zoe", Grant: klient.GrantFull}}, Token: e.token("alice")}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if c := ro.closed(t); c.Code != webterm.CloseUnshared {
+	if c := ro.Closed(t); c.Code != webterm.CloseUnshared {
 		t.Fatalf("after setShares: %+v", c)
 	}
 }
@@ -383,7 +320,7 @@ func TestAuthzMatrix(t *testing.T) {
 	e.share("tom", klient.GrantTerminal)
 	e.share("rita", klient.GrantReadonly)
 	base, _ := e.mustConnect("alice", webterm.ConnectParams{Session: "base"})
-	base.ws.Close(websocket.StatusNormalClosure, "")
+	base.WS.Close(websocket.StatusNormalClosure, "")
 
 	past := *e.ko.Kontrol.Signer()
 	past.Now = func() time.Time { return time.Now().Add(-2 * time.Hour) }
@@ -405,7 +342,7 @@ func TestAuthzMatrix(t *testing.T) {
 		n++
 		id := fmt.Sprintf("s%d", n)
 		l, _ := e.mustConnect(user, webterm.ConnectParams{Session: id})
-		l.ws.Close(websocket.StatusNormalClosure, "")
+		l.WS.Close(websocket.StatusNormalClosure, "")
 		return id
 	}
 	type method struct {
@@ -421,7 +358,7 @@ func TestAuthzMatrix(t *testing.T) {
 			p.Token = tok
 			l, _, err := e.connect(p)
 			if l != nil {
-				l.ws.Close(websocket.StatusNormalClosure, "")
+				l.WS.Close(websocket.StatusNormalClosure, "")
 			}
 			return err
 		}

@@ -104,6 +104,7 @@ type Server struct {
 	jobs      *jobRunner
 	presence  *storePresence
 	revs      *storeRevocations
+	term      *termHub // web terminals (terminal.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.

@@ -27,15 +27,16 @@ type Machine struct {
 // New makes a machine root for owner (a world-readable temp dir, removed when the test ends).
 func New(t testing.TB, owner string) *Machine {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "webterm-machine-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	m := &Machine{Root: filepath.Join(dir, "root"), Owner: owner, UID: TestUID, Home: filepath.Join(dir, "home", owner), Shell: filepath.Join(dir, "shell.sh")}
+	dir := tempDir(t)
+	return At(t, filepath.Join(dir, "root"), owner)
+}
+
+// At gives the machine rooted at root (an existing directory, e.g. a dummy provider machine's)
+// an /etc/passwd with an account for owner, whose home and shell live in a new temp dir.
+func At(t testing.TB, root, owner string) *Machine {
+	t.Helper()
+	dir := tempDir(t)
+	m := &Machine{Root: root, Owner: owner, UID: TestUID, Home: filepath.Join(dir, "home", owner), Shell: filepath.Join(dir, "shell.sh")}
 	for _, d := range []string{filepath.Join(m.Root, "etc"), m.Home} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -54,6 +55,21 @@ func New(t testing.TB, owner string) *Machine {
 	}
 	m.WritePasswd(t, fmt.Sprintf("%s:x:%d:%d:%s:%s:%s\n", owner, m.UID, m.UID, owner, m.Home, m.Shell))
 	return m
+}
+
+// tempDir makes a temp dir others may enter (the shell runs as another uid), removed when the
+// test ends.
+func tempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "webterm-machine-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // WritePasswd replaces the machine's /etc/passwd.

@@ -1,0 +1,263 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/kloud-dev/kloud/klient/webterm"
+	"github.com/kloud-dev/kloud/kloud"
+)
+
+// kloud ssh MACHINE: the local terminal attached to a web terminal session on the machine,
+// through kloud's terminal endpoint (the browser's path), so it works for every machine with a
+// connected agent and no port open on it.
+
+func init() {
+	extraCommands = append(extraCommands, sshCmd)
+}
+
+// Detach sequence: Ctrl-] then '.'. Ctrl-] twice sends one Ctrl-].
+const (
+	escapeByte = 0x1d
+	detachByte = '.'
+)
+
+func sshCmd(g *globals) *cobra.Command {
+	var session, mode string
+	cmd := &cobra.Command{
+		Use:     "ssh MACHINE",
+		Aliases: []string{"term"},
+		Short:   "Attach this terminal to a shell on a machine (a web terminal session, through kloud)",
+		Long: `Attach this terminal to a login shell on MACHINE (its id or label), through kloud: the
+same sessions as the browser's terminal tabs. The session outlives the connection: detach with
+Ctrl-] then '.', and come back with --session. Without --session a new session is started.
+
+Modes: create (new session), attach (that session, or a new one with that id), shared (join an
+existing session), readonly (watch it). A read-only share may only watch.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.ssh(cmd.Context(), args[0], session, mode)
+		},
+	}
+	cmd.Flags().StringVar(&session, "session", "", "session id to attach to (or to start, with --mode attach)")
+	cmd.Flags().StringVar(&mode, "mode", "", "create, attach, shared or readonly (default: attach with --session, else create)")
+	return cmd
+}
+
+// credential returns the raw kite key or session that --key names (as dial reads it).
+func (g *globals) credential() (string, error) {
+	p := g.key
+	if p == "" {
+		p = filepath.Join(g.dataDir, kloud.AdminKeyFile)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "", fmt.Errorf("read key %s: %w\n  pass --key FILE (or KLOUD_KEY), or log in with `kloud login`", p, err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// findMachine resolves an id or a label among the caller's machines.
+func (g *globals) findMachine(ctx context.Context, name string) (*kloud.Machine, error) {
+	c, err := g.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close(nil)
+	var res struct{ Machines []kloud.Machine }
+	if err := c.Call(ctx, "machine.list", nil, &res); err != nil {
+		return nil, explain(err)
+	}
+	var byLabel []kloud.Machine
+	for _, m := range res.Machines {
+		if m.ID == name {
+			return &m, nil
+		}
+		if m.Label == name {
+			byLabel = append(byLabel, m)
+		}
+	}
+	switch len(byLabel) {
+	case 0:
+		return nil, fmt.Errorf("no machine %q among yours: see `kloud machine list`", name)
+	case 1:
+		return &byLabel[0], nil
+	}
+	ids := make([]string, 0, len(byLabel))
+	for _, m := range byLabel {
+		ids = append(ids, m.ID+" (stack "+m.StackID+")")
+	}
+	return nil, fmt.Errorf("%d machines are labelled %q; name one by id: %s", len(byLabel), name, strings.Join(ids, ", "))
+}
+
+func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
+	cred, err := g.credential()
+	if err != nil {
+		return err
+	}
+	m, err := g.findMachine(ctx, name)
+	if err != nil {
+		return err
+	}
+	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
+	interactive := term.IsTerminal(in)
+	cols, rows := 80, 24
+	if w, h, err := term.GetSize(out); err == nil && w > 0 && h > 0 {
+		cols, rows = w, h
+	}
+	if session == "" && (mode == "" || mode == webterm.ModeCreate) {
+		session = strings.ToLower(rand.Text()[:12])
+		mode = webterm.ModeCreate
+	}
+	q := url.Values{"session": {session}, "cols": {fmt.Sprint(cols)}, "rows": {fmt.Sprint(rows)}}
+	if mode != "" {
+		q.Set("mode", mode)
+	}
+	u := strings.TrimRight(g.url, "/") + "/api/machines/" + url.PathEscape(m.ID) + "/terminal?" + q.Encode()
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + cred}}})
+	cancel()
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			var e struct{ Error string }
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			if json.Unmarshal(b, &e) != nil || e.Error == "" {
+				e.Error = strings.TrimSpace(string(b))
+			}
+			return fmt.Errorf("open a terminal on %s: %s: %s", m.Label, resp.Status, e.Error)
+		}
+		return fmt.Errorf("open a terminal on %s: cannot reach kloud at %s: %w", m.Label, g.url, err)
+	}
+	defer ws.CloseNow()
+	ws.SetReadLimit(webterm.MaxFrame)
+
+	nl := "\n"
+	if interactive {
+		old, err := term.MakeRaw(in)
+		if err != nil {
+			return fmt.Errorf("raw mode: %w", err)
+		}
+		defer term.Restore(in, old)
+		nl = "\r\n"
+	}
+	fmt.Fprintf(g.stderr, "[kloud: %s session %s; detach with Ctrl-] then '.'; come back with --session %s]%s", m.Label, session, session, nl)
+
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	detached := make(chan struct{})
+	go g.sshInput(ctx, ws, detached)
+	if interactive {
+		go sshResize(ctx, ws, out)
+	}
+
+	// Output until the server closes (or we detach).
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			_, b, err := ws.Read(ctx)
+			if err != nil {
+				errc <- err
+				return
+			}
+			if _, err := os.Stdout.Write(b); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	select {
+	case <-detached:
+		ws.Close(websocket.StatusNormalClosure, "detached")
+		fmt.Fprintf(g.stderr, "%s[kloud: detached from session %s; reattach: kloud ssh %s --session %s]%s", nl, session, name, session, nl)
+		return nil
+	case <-ctx.Done():
+		ws.Close(websocket.StatusGoingAway, "interrupted")
+		return ctx.Err()
+	case err := <-errc:
+		code := websocket.CloseStatus(err)
+		var ce websocket.CloseError
+		errors.As(err, &ce)
+		switch code {
+		case webterm.CloseEnded, websocket.StatusNormalClosure:
+			fmt.Fprintf(g.stderr, "%s[kloud: %s]%s", nl, ce.Reason, nl)
+			return nil
+		case -1:
+			return fmt.Errorf("%sconnection to kloud lost: %w", nl, err)
+		}
+		return fmt.Errorf("%s%s (%d)", nl, ce.Reason, code)
+	}
+}
+
+// sshInput sends stdin as input frames and watches for the detach sequence.
+func (g *globals) sshInput(ctx context.Context, ws *websocket.Conn, detached chan<- struct{}) {
+	buf := make([]byte, 32<<10)
+	frame := make([]byte, 0, len(buf)+2)
+	escaped := false
+	for {
+		n, err := os.Stdin.Read(buf)
+		if err != nil {
+			return // EOF (not a terminal): keep showing output until the session ends
+		}
+		frame = append(frame[:0], webterm.OpInput)
+		for _, c := range buf[:n] {
+			switch {
+			case escaped && c == detachByte:
+				close(detached)
+				return
+			case escaped && c == escapeByte:
+				frame = append(frame, escapeByte)
+				escaped = false
+			case escaped:
+				frame = append(frame, escapeByte, c)
+				escaped = false
+			case c == escapeByte:
+				escaped = true
+			default:
+				frame = append(frame, c)
+			}
+		}
+		if len(frame) > 1 {
+			if err := ws.Write(ctx, websocket.MessageBinary, frame); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// sshResize sends the terminal's size whenever it changes (SIGWINCH).
+func sshResize(ctx context.Context, ws *websocket.Conn, fd int) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGWINCH)
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			w, h, err := term.GetSize(fd)
+			if err != nil || w <= 0 || h <= 0 {
+				continue
+			}
+			b, _ := json.Marshal(webterm.Size{Cols: w, Rows: h})
+			if err := ws.Write(ctx, websocket.MessageBinary, append([]byte{webterm.OpResize}, b...)); err != nil {
+				return
+			}
+		}
+	}
+}
