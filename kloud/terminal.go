@@ -37,8 +37,9 @@ import (
 // short token for that user and the machine's klient, and calls webterm.connect over the
 // agent's registration connection with a one-time ticket; klient dials the attach endpoint with
 // it, and kloud relays that WebSocket and the browser's, frame by frame, both ways. klient
-// checks the token against its own access list too. The framing and close codes are
-// docs/protocol.md "Web terminal".
+// checks the token against its own access list too. Once attached, kloud sends the browser one
+// text frame, JSON {session, mode, created}; every other frame is the terminal's. The framing
+// and close codes are docs/protocol.md "Web terminal".
 
 // Limits of the terminal endpoints.
 const (
@@ -255,6 +256,16 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.Info("terminal opened", "session", res.Session, "mode", res.Mode, "created", res.Created)
+	// One text frame tells the browser what it is attached to; the rest is binary output.
+	notice, _ := json.Marshal(res)
+	wctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	err = browser.Write(wctx, websocket.MessageText, notice)
+	cancel()
+	if err != nil {
+		browser.CloseNow()
+		klient.Close(websocket.StatusNormalClosure, "the browser went away")
+		return
+	}
 	rl := h.start(browser, klient)
 	if rl == nil {
 		return

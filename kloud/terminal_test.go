@@ -142,6 +142,9 @@ func TestTerminalThroughKloud(t *testing.T) {
 	term := e.mustOpen(cookie, "session=tab-1&cols=100&rows=30")
 	term.Type(t, "echo hello-$((6*7))\r")
 	term.WaitFor(t, "hello-42")
+	if n := term.Notices(); len(n) != 1 || n[0] != `{"session":"tab-1","mode":"create","created":true}` {
+		t.Fatalf("notices: %q", n)
+	}
 	term.Resize(t, 120, 40)
 	term.Type(t, "stty size\r")
 	term.WaitFor(t, "40 120")
@@ -155,6 +158,9 @@ func TestTerminalThroughKloud(t *testing.T) {
 	testutil.Eventually(t, 20*time.Second, func() bool { s := e.sessions(cookie); return len(s) == 1 && len(s[0].Viewers) == 0 }, "viewer not detached")
 	again := e.mustOpen(cookie, "session=tab-1&cols=120&rows=40")
 	again.WaitFor(t, "hello-42")
+	if n := again.Notices(); len(n) != 1 || n[0] != `{"session":"tab-1","mode":"attach","created":false}` {
+		t.Fatalf("notices: %q", n)
+	}
 	again.Type(t, "echo back-$((5*5))\r")
 	again.WaitFor(t, "back-25")
 

@@ -170,10 +170,13 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 	errc := make(chan error, 1)
 	go func() {
 		for {
-			_, b, err := ws.Read(ctx)
+			typ, b, err := ws.Read(ctx)
 			if err != nil {
 				errc <- err
 				return
+			}
+			if typ == websocket.MessageText {
+				continue // kloud's notice of what we attached to
 			}
 			if _, err := os.Stdout.Write(b); err != nil {
 				errc <- err

@@ -19,12 +19,13 @@ import (
 // assertion).
 const Wait = 30 * time.Second
 
-// Term is the browser's end of a terminal WebSocket: it collects the output in the background
-// and sends input and resize frames.
+// Term is the browser's end of a terminal WebSocket: it collects the output (binary frames) and
+// notices (text frames) in the background, and sends input and resize frames.
 type Term struct {
 	WS    *websocket.Conn
 	mu    sync.Mutex
 	out   strings.Builder
+	notes []string
 	close websocket.CloseError
 	err   error
 	done  chan struct{}
@@ -37,7 +38,7 @@ func NewTerm(ws *websocket.Conn) *Term {
 	go func() {
 		defer close(c.done)
 		for {
-			_, b, err := ws.Read(context.Background())
+			typ, b, err := ws.Read(context.Background())
 			c.mu.Lock()
 			if err != nil {
 				c.err = err
@@ -45,7 +46,11 @@ func NewTerm(ws *websocket.Conn) *Term {
 				c.mu.Unlock()
 				return
 			}
-			c.out.Write(b)
+			if typ == websocket.MessageText {
+				c.notes = append(c.notes, string(b))
+			} else {
+				c.out.Write(b)
+			}
 			c.mu.Unlock()
 		}
 	}()
@@ -57,6 +62,13 @@ func (c *Term) Output() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.out.String()
+}
+
+// Notices are the text frames received (kloud's {session, mode, created}).
+func (c *Term) Notices() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.notes...)
 }
 
 // WaitFor waits until the output contains s.
