@@ -169,8 +169,6 @@ class TermTab {
       if (ws !== this.ws) return;
       opened = true;
       this.everOpen = true;
-      this.attempt = 0;
-      this.refusals = 0;
       this.setState('connected');
       this.sendResize(this.term.cols, this.term.rows);
       // From now on a new connection rejoins this session.
@@ -185,7 +183,13 @@ class TermTab {
         this.notice(ev.data);
         return;
       }
-      this.receivedAny = true;
+      if (!this.receivedAny || this.attempt || this.refusals) {
+        // Output: klient accepted this attachment (kloud accepts the WebSocket before it asks
+        // klient, so "open" alone proves nothing); back-off starts over.
+        this.receivedAny = true;
+        this.attempt = 0;
+        this.refusals = 0;
+      }
       this.term.write(new Uint8Array(ev.data));
     };
     ws.onclose = (ev) => {
