@@ -19,25 +19,19 @@ import (
 // chromiumPath is the Debian package's browser (scripts/setup-browser.sh installs it).
 const chromiumPath = "/usr/bin/chromium"
 
-// TestBrowser drives the real Chromium through kloud's web UI (e2e/browser/ui.mjs, with
-// playwright-core): a user with a password logs in through the form, adds a dummy credential
-// from the provider's form, writes and plans a template, creates and builds a stack watching the
-// progress bar and log, and sees the machine Running with its agent connected; in its terminal
-// it types `echo hello-$((6*7))`, reads hello-42 from the xterm buffer, reloads and sees the
-// session replayed; bob, with a read-only share, watches her session from a second browser,
-// sees her typing and cannot type, and is cut off when she unshares. Then kloud is killed and restarted under the open page, which shows
-// "reconnecting" and carries on. Screenshots are kept in $KLOUD_ARTIFACTS/browser (default
-// e2e/artifacts/browser).
-func TestBrowser(t *testing.T) {
+// browserPrereqs gates on Chromium, node and e2e/browser/node_modules, and returns node, the
+// script's directory and a fresh artifacts directory for this test.
+func browserPrereqs(t *testing.T) (node, script, out string) {
+	t.Helper()
 	if _, err := os.Stat(chromiumPath); err != nil {
 		testutil.Unavailable(t, "test needs Chromium at %s (Debian packages chromium, chromium-driver: scripts/setup-browser.sh)", chromiumPath)
 	}
-	node := testutil.RequireBinary(t, "node")
+	node = testutil.RequireBinary(t, "node")
 	root, err := testutil.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := filepath.Join(root, "e2e", "browser")
+	script = filepath.Join(root, "e2e", "browser")
 	if _, err := os.Stat(filepath.Join(script, "node_modules", "playwright-core", "package.json")); err != nil {
 		testutil.Unavailable(t, "test needs e2e/browser/node_modules (scripts/setup-browser.sh runs npm ci there)")
 	}
@@ -45,37 +39,39 @@ func TestBrowser(t *testing.T) {
 	if artifacts == "" {
 		artifacts = filepath.Join(root, "e2e", "artifacts")
 	}
-	out := filepath.Join(artifacts, "browser")
+	out = filepath.Join(artifacts, t.Name())
 	os.RemoveAll(out)
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return node, script, out
+}
 
-	e := newEnv(t)
+// browserUsers checks that kloud serves the UI and adds alice and bob with a password.
+func browserUsers(t *testing.T, e *env) (password string) {
+	t.Helper()
 	if code := httpStatus(t, e.url()+"/"); code != http.StatusOK {
 		t.Fatalf("kloud serves no web UI at / (GET / = %d): kloud/cli/serve.go must call web.Register(s) after kloud.New", code)
 	}
 	pw := filepath.Join(t.TempDir(), "password")
-	const password = "browser-pass-1"
+	password = "browser-pass-1"
 	if err := os.WriteFile(pw, []byte(password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	e.run("user", "add", "alice", "--team", "default", "--password-file", pw)
 	e.run("user", "add", "bob", "--team", "default", "--password-file", pw) // the read-only watcher
+	return password
+}
 
-	// The terminal steps need kloud's terminal endpoint (kloud/terminal.go): without a session
-	// it answers 401; a 404 means this kloud has none.
-	terminal := httpStatus(t, e.url()+"/api/machines/none/sessions") != http.StatusNotFound
-	if !terminal {
-		t.Log("NOTE: this kloud has no terminal endpoint (GET /api/machines/{id}/sessions is 404): terminal steps skipped")
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+// runUI runs ui.mjs against e with the given settings (KEY=VALUE) and fails the test unless
+// every step passed.
+func runUI(t *testing.T, e *env, node, script, out string, settings ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "ui.mjs")
 	cmd.Dir = script
-	cmd.Env = append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_USER=alice", "KLOUD_PASSWORD="+password,
-		"KLOUD_SHARE_USER=bob", "KLOUD_SHARE_PASSWORD="+password, "KLOUD_ARTIFACTS="+out, "KLOUD_CHROMIUM="+chromiumPath, "KLOUD_RESTART=1", "KLOUD_TERMINAL="+map[bool]string{true: "1", false: "0"}[terminal])
+	cmd.Env = append(append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_USER=alice", "KLOUD_ARTIFACTS="+out, "KLOUD_CHROMIUM="+chromiumPath), settings...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
@@ -96,8 +92,53 @@ func TestBrowser(t *testing.T) {
 	if err != nil || !final.OK {
 		t.Fatalf("browser test failed (%v); see the steps above and %s/failure.png\nstderr:\n%s", err, out, stderr.String())
 	}
+}
+
+// TestBrowser drives the real Chromium through kloud's web UI (e2e/browser/ui.mjs, with
+// playwright-core) with the dummy provider: alice logs in through the form, adds a credential
+// from the provider's form, authenticates and bootstraps it, writes and plans a template,
+// creates and builds a stack watching the progress bar and log, sees the machine Running with
+// its agent connected and every page render; then kloud is killed and restarted under the open
+// page, which shows "reconnecting" and carries on. Screenshots are kept in
+// $KLOUD_ARTIFACTS/TestBrowser (default e2e/artifacts/TestBrowser).
+func TestBrowser(t *testing.T) {
+	node, script, out := browserPrereqs(t)
+	e := newEnv(t)
+	password := browserUsers(t, e)
+	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_RESTART=1", "KLOUD_TERMINAL=0")
 	if _, err := os.Stat(filepath.Join(out, "machines.png")); err != nil {
 		t.Fatalf("no screenshot: %v", err)
+	}
+}
+
+// TestBrowserTerminal is the browser terminal into a local machine (namespaces, real
+// cloud-init, the owner's account made by it): alice builds a one-machine stack in the UI,
+// opens its terminal, types `echo hello-$((6*7))`, reads hello-42 from the xterm buffer,
+// reloads and sees the session replayed; bob, with a read-only share, watches her session from
+// a second browser, sees her typing and cannot type, and is cut off when she unshares; then
+// kloud is killed and restarted, and the terminal tab reattaches. Screenshots in
+// $KLOUD_ARTIFACTS/TestBrowserTerminal.
+func TestBrowserTerminal(t *testing.T) {
+	node, script, out := browserPrereqs(t)
+	le := newLocalEnv(t)
+	e := le.env
+	password := browserUsers(t, e)
+	// kloud's terminal endpoint answers 401 without a session; 404 means this kloud has none.
+	if httpStatus(t, e.url()+"/api/machines/none/sessions") == http.StatusNotFound {
+		root, _ := testutil.ModuleRoot()
+		if _, err := os.Stat(filepath.Join(root, "kloud", "terminal.go")); err == nil {
+			t.Fatal("kloud/terminal.go exists but kloud serves no /api/machines/{id}/sessions")
+		}
+		t.Skip("NOTE: no terminal endpoint in this tree yet (kloud/terminal.go): the browser terminal test waits for it")
+	}
+	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_TERMINAL=1", "KLOUD_RESTART=1",
+		"KLOUD_SHARE_USER=bob", "KLOUD_SHARE_PASSWORD="+password,
+		"KLOUD_CREDENTIAL=0", "KLOUD_PROVIDER=local", "KLOUD_MACHINE=dev.0",
+		"KLOUD_TEMPLATE="+localTemplate("dev", 1, "#!/bin/bash\necho ready"))
+	for _, f := range []string{"terminal.png", "terminal-after-reload.png", "readonly-watcher.png"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatalf("no screenshot: %v", err)
+		}
 	}
 }
 

@@ -28,6 +28,8 @@ const password = env.KLOUD_PASSWORD || '';
 const artifacts = env.KLOUD_ARTIFACTS || 'artifacts';
 const withTerminal = env.KLOUD_TERMINAL === '1';
 const providerName = env.KLOUD_PROVIDER || 'dummy';
+const label = env.KLOUD_MACHINE || 'vm.0'; // the machine the template makes
+const withCredential = env.KLOUD_CREDENTIAL !== '0';
 const shareUser = env.KLOUD_SHARE_USER || '';
 const sharePassword = env.KLOUD_SHARE_PASSWORD || '';
 const credFields = JSON.parse(env.KLOUD_CRED_FIELDS || '{"token":"abc123"}');
@@ -155,36 +157,7 @@ async function main() {
     return { hash: await page.evaluate(() => location.hash) };
   });
 
-  await step('add a credential from the provider form', async () => {
-    await page.goto(base + '/#/credentials');
-    await page.waitForSelector('#cred-form');
-    await page.selectOption('#cred-provider', providerName);
-    await page.fill('#cred-title', 'browser cred');
-    const types = {};
-    for (const [k, v] of Object.entries(credFields)) {
-      types[k] = await page.getAttribute(`#cred-${k}`, 'type');
-      await page.fill(`#cred-${k}`, String(v));
-    }
-    await page.click('#cred-add');
-    await page.waitForSelector('table.grid tr:has-text("browser cred")');
-    return { inputTypes: types };
-  });
-
-  await step('authenticate and bootstrap the credential', async () => {
-    const row = 'table.grid tr:has-text("browser cred")';
-    await page.click(`${row} button:has-text("Authenticate")`);
-    await page.waitForSelector(`${row} .badge:has-text("verified")`);
-    const bootstrap = await page.$(`${row} button:has-text("Bootstrap")`);
-    if (!bootstrap) return { bootstrap: 'none offered' };
-    await bootstrap.click();
-    const job = await poll('bootstrap job finished', () => page.evaluate(() => {
-      const j = document.querySelector('.jobs .job');
-      return j && ['succeeded', 'failed', 'cancelled'].includes(j.dataset.status) ? { status: j.dataset.status, text: j.textContent } : null;
-    }), 120000, 100);
-    if (job.status !== 'succeeded') throw new Error(`bootstrap ${job.status}: ${job.text}`);
-    await page.waitForSelector(`${row} .badge:has-text("done")`);
-    return { bootstrap: job.status };
-  });
+  if (withCredential) await credentialSteps();
 
   let templateID;
   await step('write a template and plan it', async () => {
@@ -197,7 +170,7 @@ async function main() {
     templateID = (await page.evaluate(() => location.hash)).split('/')[2];
     await page.waitForSelector('#template-plan:not([disabled])');
     await page.click('#template-plan');
-    await page.waitForSelector('#plan table.grid td:has-text("vm.0")', { timeout: 120000 });
+    await page.waitForSelector(`#plan table.grid td:has-text("${label}")`, { timeout: 120000 });
     return { templateID };
   });
 
@@ -235,8 +208,8 @@ async function main() {
 
   await step('machine Running with its agent connected', async () => {
     await page.goto(base + '/#/machines');
-    const row = await poll('vm.0 Running and connected', async () => {
-      const r = await page.$('tr[data-label="vm.0"][data-state="Running"][data-agent="connected"]');
+    const row = await poll(`${label} Running and connected`, async () => {
+      const r = await page.$(`tr[data-label="${label}"][data-state="Running"][data-agent="connected"]`);
       if (!r) await page.evaluate(() => window.dispatchEvent(new HashChangeEvent('hashchange')));
       return r;
     }, 60000, 1000);
@@ -249,7 +222,7 @@ async function main() {
   await step('every page renders', async () => {
     const out = {};
     for (const [hash, title] of [['#/teams', 'Teams'], ['#/credentials', 'Credentials'], ['#/templates', 'Templates'],
-      ['#/stacks', 'Stacks'], [`#/templates/${templateID}`, 'Template browser demo'], [`#/machines/${machineID}`, 'Machine vm.0']]) {
+      ['#/stacks', 'Stacks'], [`#/templates/${templateID}`, 'Template browser demo'], [`#/machines/${machineID}`, `Machine ${label}`]]) {
       await page.goto(base + '/' + hash);
       await page.waitForSelector(`main h1:has-text("${title}")`);
       if (await page.$('main .card.error')) throw new Error(`${hash}: ${await page.textContent('main .card.error')}`);
@@ -261,6 +234,39 @@ async function main() {
   if (withTerminal) await terminalSteps();
   if (withTerminal && shareUser) await shareSteps();
   if (env.KLOUD_RESTART === '1') await restartSteps();
+}
+
+async function credentialSteps() {
+  await step('add a credential from the provider form', async () => {
+    await page.goto(base + '/#/credentials');
+    await page.waitForSelector('#cred-form');
+    await page.selectOption('#cred-provider', providerName);
+    await page.fill('#cred-title', 'browser cred');
+    const types = {};
+    for (const [k, v] of Object.entries(credFields)) {
+      types[k] = await page.getAttribute(`#cred-${k}`, 'type');
+      await page.fill(`#cred-${k}`, String(v));
+    }
+    await page.click('#cred-add');
+    await page.waitForSelector('table.grid tr:has-text("browser cred")');
+    return { inputTypes: types };
+  });
+
+  await step('authenticate and bootstrap the credential', async () => {
+    const row = 'table.grid tr:has-text("browser cred")';
+    await page.click(`${row} button:has-text("Authenticate")`);
+    await page.waitForSelector(`${row} .badge:has-text("verified")`);
+    const bootstrap = await page.$(`${row} button:has-text("Bootstrap")`);
+    if (!bootstrap) return { bootstrap: 'none offered' };
+    await bootstrap.click();
+    const job = await poll('bootstrap job finished', () => page.evaluate(() => {
+      const j = document.querySelector('.jobs .job');
+      return j && ['succeeded', 'failed', 'cancelled'].includes(j.dataset.status) ? { status: j.dataset.status, text: j.textContent } : null;
+    }), 120000, 100);
+    if (job.status !== 'succeeded') throw new Error(`bootstrap ${job.status}: ${job.text}`);
+    await page.waitForSelector(`${row} .badge:has-text("done")`);
+    return { bootstrap: job.status };
+  });
 }
 
 async function terminalSteps() {
@@ -384,8 +390,8 @@ async function restartSteps() {
       await shot('terminal-after-restart.png');
     }
     await page.goto(base + '/#/machines');
-    await poll('vm.0 Running and connected after the restart', async () => {
-      const r = await page.$('tr[data-label="vm.0"][data-state="Running"][data-agent="connected"]');
+    await poll(`${label} Running and connected after the restart`, async () => {
+      const r = await page.$(`tr[data-label="${label}"][data-state="Running"][data-agent="connected"]`);
       if (!r) await page.evaluate(() => window.dispatchEvent(new HashChangeEvent('hashchange')));
       return r;
     }, 60000, 1000);
