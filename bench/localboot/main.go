@@ -197,6 +197,7 @@ func run(ctx context.Context, o options) (missed bool, err error) {
 		return false, err
 	}
 
+	load0 := loadAvg()
 	type result struct {
 		n     int
 		kloud []kloudRun
@@ -230,8 +231,8 @@ func run(ctx context.Context, o options) (missed bool, err error) {
 	}
 
 	tfVersion, _ := exec.Command(o.tf, "version").Output()
-	fmt.Printf("localboot: %s, %s/%s, %d CPUs, load average %s, %d rounds per count\n",
-		strings.SplitN(string(tfVersion), "\n", 2)[0], runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadAvg(), o.rounds)
+	fmt.Printf("localboot: %s, %s/%s, %d CPUs, load average %s at the start, %s at the end; %d rounds per count\n",
+		strings.SplitN(string(tfVersion), "\n", 2)[0], runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), load0, loadAvg(), o.rounds)
 	fmt.Printf("kloud = stack.apply through a kite connection (embedded store, terraformer process, kloudlocal from the mirror);\n")
 	fmt.Printf("raw = terraform apply of terraformer's rendered work dir (init beforehand, not timed) + waiting for the same kite ids\n\n")
 	for _, r := range results {
