@@ -67,12 +67,13 @@ export function sessionLabel(s) {
   return (s && (s.name || s.session || s.id)) || '';
 }
 
-// Close codes of a terminal WebSocket (klient/webterm): what the tab does about each.
+// Close codes of a terminal WebSocket (docs/protocol.md, "Web terminal"): what the tab does
+// about each. 1000/1001 and the rest: reconnect with backoff.
 const CloseUnshared = 4001; // the machine was unshared from us: stop
 const CloseEnded = 4002; // the shell exited, was killed or idled out: stop, offer a new one
 const CloseTooSlow = 4003; // we fell behind: reattach (the replay catches up)
 const CloseAgentGone = 4004; // kloud lost the machine's agent: retry
-const CloseRefused = 4005; // klient refused (the reason says why): retry a little, then stop
+const CloseRefused = 4005; // klient refused (the reason says why): show it, stop
 const CloseBadMessage = 4006; // a frame of ours broke the framing: a bug, stop
 
 class TermTab {
@@ -183,12 +184,11 @@ class TermTab {
         this.notice(ev.data);
         return;
       }
-      if (!this.receivedAny || this.attempt || this.refusals) {
+      if (!this.receivedAny || this.attempt) {
         // Output: klient accepted this attachment (kloud accepts the WebSocket before it asks
         // klient, so "open" alone proves nothing); back-off starts over.
         this.receivedAny = true;
         this.attempt = 0;
-        this.refusals = 0;
       }
       this.term.write(new Uint8Array(ev.data));
     };
@@ -231,12 +231,10 @@ class TermTab {
         this.setState('error', why);
         return;
       case CloseRefused:
-        this.refusals = (this.refusals || 0) + 1;
-        if (this.refusals > 3) {
-          this.setState('error', why);
-          return;
-        }
-        this.retry(why);
+        // klient's own verdict (no such session, limit, not shared): show it; "Reconnect" tries
+        // again.
+        this.term.write(`\r\n\x1b[31m[kloud] ${why}]\x1b[0m\r\n`);
+        this.setState('error', why);
         return;
       case CloseTooSlow:
       case CloseAgentGone:
@@ -290,10 +288,7 @@ class TermTab {
   // reconnect opens a new connection to the same session; its replay repaints the screen.
   reconnect(manual) {
     if (this.closing) return;
-    if (manual) {
-      this.attempt = 0;
-      this.refusals = 0;
-    }
+    if (manual) this.attempt = 0;
     if (this.ended) {
       // The shell is gone: a new session in this tab.
       this.ended = false;
