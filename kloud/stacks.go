@@ -495,9 +495,20 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&cur)
 		tfJob = cur.TFJob
 		if tfJob == "" {
-			return nil, s.failBuild(ctx, st, ms, errors.New("kloud restarted before terraform started; apply the stack again"))
+			// Killed before terraform's run was recorded: it may not have started, or may be
+			// running still. Build again from the start; terraformer's lease makes the new run
+			// wait for an old one, and terraform converges on what it left.
+			j.Logf(ctx, "kloud restarted before terraform's run was recorded; building again")
+			for _, m := range ms {
+				s.setMachine(ctx, m.ID, []provider.State{provider.Building}, bson.M{"state": provider.NotInitialized})
+			}
+			if ms, err = s.stackMachines(ctx, st.ID); err != nil {
+				return nil, err
+			}
+			recovering = false
 		}
-	} else {
+	}
+	if !recovering {
 		j.Progress(ctx, 10, string(provider.Building), "Checking machines")
 		for _, m := range ms {
 			if !m.State.Allows(provider.MethodBuild) {
@@ -535,7 +546,9 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 			bs.Template = tpl
 		}
 		j.Progress(ctx, 40, string(provider.Building), "Building stack resources")
-		tfJob, err = tf.Apply(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.ID})
+		tfJob, err = submitTF(ctx, j, func() (string, error) {
+			return tf.Apply(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.ID})
+		})
 		if err != nil {
 			return nil, s.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
 		}
@@ -717,20 +730,23 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	for _, m := range ms {
 		s.setMachine(ctx, m.ID, nil, bson.M{"state": provider.Terminating})
 	}
-	var cur struct {
-		TFJob string `bson:"tfJobId"`
+	// Always ask terraform: a build may have created resources even if kloud never recorded its
+	// run (it was killed right after submitting it). Terraformer knowing no files for the stack
+	// means nothing was ever applied.
+	tf, err := s.terraformer()
+	if err != nil {
+		return nil, s.failDestroy(ctx, st, ms, err)
 	}
-	s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&cur)
-	if cur.TFJob != "" {
-		tf, err := s.terraformer()
-		if err != nil {
-			return nil, s.failDestroy(ctx, st, ms, err)
-		}
-		j.Progress(ctx, 30, string(provider.Terminating), "Destroying stack resources")
-		id, err := tf.Destroy(ctx, terraformer.Request{ContentID: "stack-" + st.ID, TraceID: j.ID})
-		if err != nil {
-			return nil, s.failDestroy(ctx, st, ms, fmt.Errorf("terraform destroy: %w", err))
-		}
+	j.Progress(ctx, 30, string(provider.Terminating), "Destroying stack resources")
+	id, err := submitTF(ctx, j, func() (string, error) {
+		return tf.Destroy(ctx, terraformer.Request{ContentID: "stack-" + st.ID, TraceID: j.ID})
+	})
+	switch {
+	case errors.Is(err, kite.ErrNotFound):
+		j.Logf(ctx, "terraform never ran for this stack: nothing to destroy")
+	case err != nil:
+		return nil, s.failDestroy(ctx, st, ms, fmt.Errorf("terraform destroy: %w", err))
+	default:
 		job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
 			if ev.Type == tfrun.EventProgress {
 				j.Progress(ctx, 30+ev.Percent*60/100, string(provider.Terminating), "Destroying stack resources")
@@ -820,4 +836,25 @@ func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *S
 		sts = []Stack{}
 	}
 	return map[string]any{"stacks": sts}, nil
+}
+
+// submitTF submits a terraform run; while terraformer says the stack is locked (a run of an
+// earlier attempt, e.g. before kloud restarted, still going) it waits and tries again.
+func submitTF(ctx context.Context, j *jobCtx, submit func() (string, error)) (string, error) {
+	said := false
+	for {
+		id, err := submit()
+		if !errors.Is(err, kite.ErrConflict) {
+			return id, err
+		}
+		if !said {
+			j.Logf(ctx, "terraform is still busy with this stack (%v); waiting", err)
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(2 * time.Second):
+		}
+	}
 }

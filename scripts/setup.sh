@@ -43,6 +43,9 @@ else
 	log "not root: skipping the base image (local machines need root)"
 fi
 
+log "Chromium and the browser test's npm packages"
+scripts/setup-browser.sh
+
 {
 	grep -E '^(TERRAFORM|TF_CLI_CONFIG_FILE|TF_MIRROR)=' "$cache/tf-mirror.env"
 	[ -f "$cache/base-image.env" ] && cat "$cache/base-image.env"

@@ -21,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/web"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
 )
@@ -109,6 +110,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
+	web.Register(s)
 	for _, h := range startHooks {
 		h(ctx, s, log)
 	}
