@@ -268,6 +268,10 @@ func run(ctx context.Context, o options) (missed bool, err error) {
 			slices.Sort(per)
 			fmt.Printf("  kloud, each machine's agent (all rounds): min %s, median %s, max %s\n", secs(per[0]), secs(median(per)), secs(per[len(per)-1]))
 		}
+		// What kloud itself adds, apart from how long the machines take to boot (which varies with
+		// the host's load far more than this).
+		own := median(beforeTF) + median(tfRun) - median(rawApply) + median(finish)
+		fmt.Printf("  kloud's own share (medians: before terraform + terraformer job - raw apply + agents up → job) %s\n", secs(own))
 		ratio := float64(median(job)) / float64(median(raw))
 		limit := time.Duration(1.10*float64(median(raw))) + 500*time.Millisecond
 		fmt.Printf("  ratio kloud job / raw (medians) %.2fx, overhead %s; target ≤ 1.10x + 0.5 s = %s: %s\n",
