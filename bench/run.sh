@@ -4,11 +4,13 @@
 # Run one with: bench/run.sh p1|p2|tfapply|localboot|webterm
 set -euo pipefail
 cd "$(dirname "$0")/.."
+status=0
 run() {
 	echo
 	echo "=== $1"
 	shift
-	"$@"
+	# A benchmark exits 1 when it misses its target: say so, go on with the others.
+	"$@" || { rc=$?; echo "=== exit $rc (1: a target missed; 2: an error)"; status=1; }
 }
 want=${1:-all}
 has() { [ "$want" = all ] || [ "$want" = "$1" ]; }
@@ -21,3 +23,4 @@ fi
 if has webterm && [ -d bench/webterm ]; then
 	run "Web terminal vs gotty" bench/webterm/run.sh
 fi
+exit $status

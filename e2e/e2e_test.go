@@ -96,7 +96,7 @@ func (e *env) start() {
 		if err == nil {
 			r.Body.Close()
 		}
-		return err == nil && strings.Contains(e.kloudOut.String(), "terraformer:")
+		return err == nil && strings.Contains(e.kloudOut.String(), "terraformer: http")
 	}, "kloud did not come up:\n%s", e.kloudOut)
 }
 

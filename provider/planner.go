@@ -59,7 +59,8 @@ type Planner struct {
 	Agents Agents
 	// Timeout for each machine (default 5 min).
 	Timeout time.Duration
-	// PollInterval between klient.info calls while the user script runs (default 500ms).
+	// PollInterval between klient.info calls while provisioning finishes (default 100ms: the
+	// call is cheap, and a long interval is pure latency added to every build).
 	PollInterval time.Duration
 	Log          *slog.Logger
 }
@@ -122,7 +123,7 @@ func (p *Planner) one(ctx context.Context, e Expect) AgentResult {
 	}
 	tick := p.PollInterval
 	if tick <= 0 {
-		tick = 500 * time.Millisecond
+		tick = 100 * time.Millisecond
 	}
 	for {
 		var info klient.Info

@@ -114,16 +114,13 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	for _, h := range startHooks {
 		h(ctx, s, log)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- s.Serve(ctx) }()
+	// Terraformer first (it needs kloud's keys only when kloud first calls it), so kloud never
+	// serves a moment without it.
 	tfURL := f.terraformerURL
 	if tfURL == "" {
 		stop, url, err := startTerraformer(ctx, g, f, log)
 		if err != nil {
-			cancel()
-			<-errc
+			s.Close()
 			return err
 		}
 		defer stop()
@@ -131,14 +128,12 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	}
 	key, err := kitekey.ReadFile(s.KloudKeyPath())
 	if err != nil {
-		cancel()
-		<-errc
+		s.Close()
 		return err
 	}
 	ck, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud", Username: "kloud", Version: version.Version}, Logger: log})
 	if err != nil {
-		cancel()
-		<-errc
+		s.Close()
 		return err
 	}
 	tc := terraformer.NewClient(ck, tfURL, func(context.Context) (kite.Auth, error) {
@@ -147,7 +142,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	defer tc.Close()
 	s.SetTerraformer(tc)
 	fmt.Fprintf(g.stdout, "terraformer: %s\n", tfURL)
-	return <-errc
+	return s.Serve(ctx)
 }
 
 // startTerraformer runs the terraformer binary next to kloud, trusting this kloud's keys.
