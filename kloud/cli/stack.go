@@ -494,8 +494,87 @@ func machineCmd(g *globals) *cobra.Command {
 		c.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
 		return c
 	}
-	cmd.AddCommand(list, info, power("start"), power("stop"))
+	shareCmd := func(unshare bool) *cobra.Command {
+		var sstack, grant string
+		use, short := "share MACHINE USER --grant readonly|terminal|full", "Share a machine: readonly (watch terminals), terminal (use them), full (also start/stop)"
+		if unshare {
+			use, short = "unshare MACHINE USER", "Stop sharing a machine with a user (their terminals close at once)"
+		}
+		c := &cobra.Command{
+			Use:   use,
+			Short: short,
+			Args:  cobra.ExactArgs(2),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				conn, err := g.dial(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer conn.Close(nil)
+				id, err := g.resolveMachine(cmd.Context(), conn, args[0], sstack)
+				if err != nil {
+					return err
+				}
+				method, p := "machine.share", kloud.ShareParams{MachineID: id, Username: args[1], Grant: grant}
+				if unshare {
+					method, p.Grant = "machine.unshare", ""
+				}
+				var res kloud.SharesResult
+				if err := conn.Call(cmd.Context(), method, p, &res); err != nil {
+					return explain(err)
+				}
+				if g.json {
+					return g.printJSON(res)
+				}
+				printShares(g, res, true)
+				return nil
+			},
+		}
+		c.Flags().StringVar(&sstack, "stack", "", "the machine's stack (when labels repeat)")
+		if !unshare {
+			c.Flags().StringVar(&grant, "grant", kloud.GrantTerminal, "readonly, terminal or full")
+		}
+		return c
+	}
+	var shstack string
+	shares := &cobra.Command{
+		Use:   "shares MACHINE",
+		Short: "List who a machine is shared with",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close(nil)
+			id, err := g.resolveMachine(cmd.Context(), conn, args[0], shstack)
+			if err != nil {
+				return err
+			}
+			var res kloud.SharesResult
+			if err := conn.Call(cmd.Context(), "machine.shares", kloud.MachineParams{MachineID: id}, &res); err != nil {
+				return explain(err)
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			printShares(g, res, false)
+			return nil
+		},
+	}
+	shares.Flags().StringVar(&shstack, "stack", "", "the machine's stack (when labels repeat)")
+	cmd.AddCommand(list, info, power("start"), power("stop"), shareCmd(false), shareCmd(true), shares)
 	return cmd
+}
+
+func printShares(g *globals, res kloud.SharesResult, changed bool) {
+	tw := newTable(g.stdout, "USER", "GRANT")
+	for _, s := range res.Shares {
+		tw.row(s.Username, s.Grant)
+	}
+	tw.flush()
+	if changed && !res.Pushed {
+		fmt.Fprintln(g.stdout, "(the machine's agent is not connected: it gets the list when it connects)")
+	}
 }
 
 func jobCmd(g *globals) *cobra.Command {
