@@ -261,6 +261,19 @@ resource "terraform_data" "vm" {
 			t.Fatalf("kite %s of %s not registered:\n%s", m.KiteID, m.Label, kites)
 		}
 	}
+	// Sharing: kloud keeps the list and pushes it to the machine's (connected) klient.
+	aliceKey := e.key
+	e.key = ""
+	e.run("user", "add", "bob", "--team", "default")
+	e.key = aliceKey
+	out = e.run("machine", "share", "vm.0", "bob", "--grant", "readonly", "--stack", sid)
+	if !strings.Contains(out, "bob") || !strings.Contains(out, "readonly") || strings.Contains(out, "not connected") {
+		t.Fatalf("share:\n%s", out)
+	}
+	if out := e.run("machine", "shares", "vm.0", "--stack", sid); !strings.Contains(out, "bob") {
+		t.Fatalf("shares:\n%s", out)
+	}
+	e.run("machine", "unshare", "vm.0", "bob", "--stack", sid)
 	e.run("machine", "stop", "vm.0", "--stack", sid)
 	if m := e.machines(sid)["vm.0"]; m.State != "Stopped" {
 		t.Fatalf("after stop: %+v", m)
