@@ -376,6 +376,21 @@ func printMachines(g *globals, ms []kloud.Machine) {
 	tw.flush()
 }
 
+// onMachine dials kloud, resolves MACHINE (id or label, within stack if set) and runs fn with
+// the connection and the machine's id.
+func (g *globals) onMachine(ctx context.Context, arg, stack string, fn func(c *kite.Conn, id string) error) error {
+	c, err := g.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close(nil)
+	id, err := g.resolveMachine(ctx, c, arg, stack)
+	if err != nil {
+		return err
+	}
+	return fn(c, id)
+}
+
 // resolveMachine accepts a machine id or a label (unique among your machines, or within --stack).
 func (g *globals) resolveMachine(ctx context.Context, c *kite.Conn, arg, stack string) (string, error) {
 	var res struct{ Machines []kloud.Machine }
@@ -428,17 +443,11 @@ func machineCmd(g *globals) *cobra.Command {
 		Short: "Show a machine, asking its provider for the real state",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close(nil)
-			id, err := g.resolveMachine(cmd.Context(), c, args[0], istack)
-			if err != nil {
-				return err
-			}
 			var mi kloud.MachineInfo
-			if err := c.Call(cmd.Context(), "machine.info", kloud.MachineParams{MachineID: id}, &mi); err != nil {
+			err := g.onMachine(cmd.Context(), args[0], istack, func(c *kite.Conn, id string) error {
+				return c.Call(cmd.Context(), "machine.info", kloud.MachineParams{MachineID: id}, &mi)
+			})
+			if err != nil {
 				return explain(err)
 			}
 			if g.json {
@@ -469,25 +478,18 @@ func machineCmd(g *globals) *cobra.Command {
 			Short: map[string]string{"start": "Start a stopped machine and wait for its agent", "stop": "Stop a running machine (its disk is kept)"}[method],
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				conn, err := g.dial(cmd.Context())
-				if err != nil {
+				return g.onMachine(cmd.Context(), args[0], pstack, func(conn *kite.Conn, id string) error {
+					var res struct{ JobID string }
+					if err := conn.Call(cmd.Context(), "machine."+method, kloud.MachineParams{MachineID: id}, &res); err != nil {
+						return explain(err)
+					}
+					if detach {
+						fmt.Fprintf(g.stdout, "job %s started\n", res.JobID)
+						return nil
+					}
+					_, err := g.watchJob(cmd.Context(), conn, res.JobID)
 					return err
-				}
-				defer conn.Close(nil)
-				id, err := g.resolveMachine(cmd.Context(), conn, args[0], pstack)
-				if err != nil {
-					return err
-				}
-				var res struct{ JobID string }
-				if err := conn.Call(cmd.Context(), "machine."+method, kloud.MachineParams{MachineID: id}, &res); err != nil {
-					return explain(err)
-				}
-				if detach {
-					fmt.Fprintf(g.stdout, "job %s started\n", res.JobID)
-					return nil
-				}
-				_, err = g.watchJob(cmd.Context(), conn, res.JobID)
-				return err
+				})
 			},
 		}
 		c.Flags().StringVar(&pstack, "stack", "", "the machine's stack (when labels repeat)")
@@ -505,21 +507,15 @@ func machineCmd(g *globals) *cobra.Command {
 			Short: short,
 			Args:  cobra.ExactArgs(2),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				conn, err := g.dial(cmd.Context())
-				if err != nil {
-					return err
-				}
-				defer conn.Close(nil)
-				id, err := g.resolveMachine(cmd.Context(), conn, args[0], sstack)
-				if err != nil {
-					return err
-				}
-				method, p := "machine.share", kloud.ShareParams{MachineID: id, Username: args[1], Grant: grant}
-				if unshare {
-					method, p.Grant = "machine.unshare", ""
-				}
 				var res kloud.SharesResult
-				if err := conn.Call(cmd.Context(), method, p, &res); err != nil {
+				err := g.onMachine(cmd.Context(), args[0], sstack, func(conn *kite.Conn, id string) error {
+					method, p := "machine.share", kloud.ShareParams{MachineID: id, Username: args[1], Grant: grant}
+					if unshare {
+						method, p.Grant = "machine.unshare", ""
+					}
+					return conn.Call(cmd.Context(), method, p, &res)
+				})
+				if err != nil {
 					return explain(err)
 				}
 				if g.json {
@@ -541,17 +537,11 @@ func machineCmd(g *globals) *cobra.Command {
 		Short: "List who a machine is shared with",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer conn.Close(nil)
-			id, err := g.resolveMachine(cmd.Context(), conn, args[0], shstack)
-			if err != nil {
-				return err
-			}
 			var res kloud.SharesResult
-			if err := conn.Call(cmd.Context(), "machine.shares", kloud.MachineParams{MachineID: id}, &res); err != nil {
+			err := g.onMachine(cmd.Context(), args[0], shstack, func(conn *kite.Conn, id string) error {
+				return conn.Call(cmd.Context(), "machine.shares", kloud.MachineParams{MachineID: id}, &res)
+			})
+			if err != nil {
 				return explain(err)
 			}
 			if g.json {
