@@ -39,7 +39,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -362,7 +361,7 @@ func newHarness(ctx context.Context, o options) (*harness, error) {
 		return nil, err
 	}
 	h := &harness{o: o, tmp: tmp, data: filepath.Join(tmp, "data"), stateDir: filepath.Join(tmp, "machines"), bridge: "kdb" + randHex(3)}
-	if h.subnet, err = freeSubnet(); err != nil {
+	if h.subnet, err = sandbox.FreeSubnet(100); err != nil {
 		return h, err
 	}
 	hostAddr := h.subnet.Addr().Next()
@@ -935,30 +934,6 @@ func freePort() (string, error) {
 	defer ln.Close()
 	_, port, err := net.SplitHostPort(ln.Addr().String())
 	return port, err
-}
-
-// freeSubnet picks a 10.200.N.0/24 (N in 100..254) that no host interface uses.
-func freeSubnet() (netip.Prefix, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	for range 100 {
-		n, _ := rand.Int(rand.Reader, big.NewInt(155))
-		p := netip.MustParsePrefix(fmt.Sprintf("10.200.%d.0/24", 100+n.Int64()))
-		used := false
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(ipn.IP); ok && p.Contains(ip.Unmap()) {
-					used = true
-				}
-			}
-		}
-		if !used {
-			return p, nil
-		}
-	}
-	return netip.Prefix{}, errors.New("no free 10.200.N.0/24")
 }
 
 func randHex(n int) string {

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -99,32 +98,6 @@ func randHex(t *testing.T, n int) string {
 	b := make([]byte, n/2)
 	rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// freeSubnet picks a 10.200.N.0/24 (N in 16..254) that no host interface uses.
-func freeSubnet(t *testing.T) netip.Prefix {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 100 {
-		n, _ := rand.Int(rand.Reader, big.NewInt(239))
-		p := netip.MustParsePrefix(fmt.Sprintf("10.200.%d.0/24", 16+n.Int64()))
-		used := false
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(ipn.IP); ok && p.Contains(ip.Unmap()) {
-					used = true
-				}
-			}
-		}
-		if !used {
-			return p
-		}
-	}
-	t.Fatal("no free 10.200.N.0/24")
-	return netip.Prefix{}
 }
 
 func (e *env) create(t *testing.T, spec sandbox.Spec) sandbox.Info {
@@ -753,4 +726,13 @@ func TestStartRecreatesNetwork(t *testing.T) {
 		t.Fatalf("after start: %+v", info)
 	}
 	e.exec(t, "reboot", "ping", "-c", "1", "-W", "5", e.m.HostAddr().String())
+}
+
+func freeSubnet(t *testing.T) netip.Prefix {
+	t.Helper()
+	p, err := sandbox.FreeSubnet(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

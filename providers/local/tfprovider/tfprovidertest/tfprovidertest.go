@@ -8,8 +8,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math/big"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -153,32 +151,6 @@ func NewHost(t *testing.T) *Host {
 // HostAddr is the bridge address.
 func (h *Host) HostAddr() netip.Addr { return h.Subnet.Addr().Next() }
 
-// freeSubnet picks a 10.200.N.0/24 (N in 100..254) that no host interface uses.
-func freeSubnet(t *testing.T) netip.Prefix {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 100 {
-		n, _ := rand.Int(rand.Reader, big.NewInt(155))
-		p := netip.MustParsePrefix(fmt.Sprintf("10.200.%d.0/24", 100+n.Int64()))
-		used := false
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(ipn.IP); ok && p.Contains(ip.Unmap()) {
-					used = true
-				}
-			}
-		}
-		if !used {
-			return p
-		}
-	}
-	t.Fatal("no free 10.200.N.0/24")
-	return netip.Prefix{}
-}
-
 // AssertGone fails the test if anything of the machine is left on the host: its directory,
 // network namespace, host veth, or a running PID 1.
 func (h *Host) AssertGone(t *testing.T, in sandbox.Info) {
@@ -197,4 +169,13 @@ func (h *Host) AssertGone(t *testing.T, in sandbox.Info) {
 			t.Errorf("machine %s: PID 1 %d still runs", in.ID, in.PID)
 		}
 	}
+}
+
+func freeSubnet(t *testing.T) netip.Prefix {
+	t.Helper()
+	p, err := sandbox.FreeSubnet(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
