@@ -76,12 +76,8 @@ func (s *Server) callerByName(ctx context.Context, username string, admin bool) 
 	case !errors.Is(err, mongo.ErrNoDocuments):
 		return nil, fmt.Errorf("load user %s: %w", username, err)
 	}
-	cur, err := s.store.Collection(store.CollTeams).Find(ctx, bson.M{"members.username": username})
+	teams, err := findAll[Team](ctx, s.store.Collection(store.CollTeams), bson.M{"members.username": username})
 	if err != nil {
-		return nil, fmt.Errorf("load teams of %s: %w", username, err)
-	}
-	var teams []Team
-	if err := cur.All(ctx, &teams); err != nil {
 		return nil, fmt.Errorf("load teams of %s: %w", username, err)
 	}
 	for _, t := range teams {

@@ -411,12 +411,8 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 	if p.Provider != "" {
 		filter["provider"] = p.Provider
 	}
-	cur, err := s.credentials().Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}))
+	list, err := findAll[Credential](ctx, s.credentials(), filter, options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}))
 	if err != nil {
-		return nil, fmt.Errorf("list credentials: %w", err)
-	}
-	var list []Credential
-	if err := cur.All(ctx, &list); err != nil {
 		return nil, fmt.Errorf("list credentials: %w", err)
 	}
 	out := CredentialListResult{Credentials: []Credential{}}
@@ -481,12 +477,8 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 			}
 		}
 	}
-	cur, err := s.store.Collection(store.CollStacks).Find(ctx, bson.M{"credentials." + cr.Provider: cr.ID})
+	stacks, err := findAll[Stack](ctx, s.store.Collection(store.CollStacks), bson.M{"credentials." + cr.Provider: cr.ID})
 	if err != nil {
-		return nil, fmt.Errorf("find stacks using credential %s: %w", cr.ID, err)
-	}
-	var stacks []Stack
-	if err := cur.All(ctx, &stacks); err != nil {
 		return nil, fmt.Errorf("find stacks using credential %s: %w", cr.ID, err)
 	}
 	var live []string

@@ -116,12 +116,8 @@ func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if p.StackID != "" {
 		f = bson.M{"$and": []bson.M{f, {"stackId": p.StackID}}}
 	}
-	cur, err := s.store.Collection(store.CollMachines).Find(ctx, f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	ms, err := findAll[Machine](ctx, s.store.Collection(store.CollMachines), f, options.Find().SetSort(bson.M{"createdAt": 1}))
 	if err != nil {
-		return nil, err
-	}
-	ms := []Machine{}
-	if err := cur.All(ctx, &ms); err != nil {
 		return nil, err
 	}
 	return map[string]any{"machines": ms}, nil

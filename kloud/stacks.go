@@ -156,12 +156,8 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 
 // pickCredential returns the team's only credential for provider p.
 func (s *Server) pickCredential(ctx context.Context, team, p string) (string, error) {
-	cur, err := s.store.Collection(store.CollCredentials).Find(ctx, bson.M{"team": team, "provider": p}, options.Find().SetLimit(2))
+	cs, err := findAll[Credential](ctx, s.store.Collection(store.CollCredentials), bson.M{"team": team, "provider": p}, options.Find().SetLimit(2))
 	if err != nil {
-		return "", err
-	}
-	var cs []Credential
-	if err := cur.All(ctx, &cs); err != nil {
 		return "", err
 	}
 	switch len(cs) {
@@ -328,16 +324,7 @@ func (s *Server) loadStack(ctx context.Context, c *Caller, id string) (*Stack, e
 }
 
 func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, error) {
-	cur, err := s.store.Collection(store.CollMachines).Find(ctx, bson.M{"stackId": stackID}, options.Find().SetSort(bson.M{"label": 1}))
-	if err != nil {
-		return nil, err
-	}
-	var ms []Machine
-	if err := cur.All(ctx, &ms); err != nil {
-		return nil, err
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Label < ms[j].Label })
-	return ms, nil
+	return findAll[Machine](ctx, s.store.Collection(store.CollMachines), bson.M{"stackId": stackID}, options.Find().SetSort(bson.M{"label": 1}))
 }
 
 // ApplyParams are the params of stack.apply.
@@ -824,16 +811,9 @@ func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *S
 	} else if p.Team != "" {
 		f["team"] = p.Team
 	}
-	cur, err := s.store.Collection(store.CollStacks).Find(ctx, f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	sts, err := findAll[Stack](ctx, s.store.Collection(store.CollStacks), f, options.Find().SetSort(bson.M{"createdAt": 1}))
 	if err != nil {
 		return nil, err
-	}
-	var sts []Stack
-	if err := cur.All(ctx, &sts); err != nil {
-		return nil, err
-	}
-	if sts == nil {
-		sts = []Stack{}
 	}
 	return map[string]any{"stacks": sts}, nil
 }

@@ -9,11 +9,28 @@ import (
 	"sync"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 )
+
+// findAll returns every document of coll matching filter, decoded (an empty, non-nil slice if
+// none match).
+func findAll[T any](ctx context.Context, coll *mongo.Collection, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
+	cur, err := coll.Find(ctx, filter, opts...)
+	if err != nil {
+		return nil, err
+	}
+	out := []T{}
+	if err := cur.All(ctx, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 // storeKeys keeps kontrol's signing keys in the store (kitekey.KeyStore).
 type storeKeys struct{ k *store.Keys }

@@ -233,12 +233,8 @@ func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p
 	case !c.Admin:
 		f["team"] = bson.M{"$in": c.TeamNames()}
 	}
-	cur, err := s.store.Collection(store.CollTemplates).Find(ctx, f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	ts, err := findAll[Template](ctx, s.store.Collection(store.CollTemplates), f, options.Find().SetSort(bson.M{"createdAt": 1}))
 	if err != nil {
-		return nil, err
-	}
-	var ts []Template
-	if err := cur.All(ctx, &ts); err != nil {
 		return nil, err
 	}
 	out := []TemplateSummary{}

@@ -263,6 +263,19 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *Use
 	return UserView{User: u, HasPassword: u.PasswordHash != "", Teams: teams}, nil
 }
 
+// visibleTeams returns the caller's teams (every team for kloud admins).
+func (s *Server) visibleTeams(ctx context.Context, c *Caller) ([]Team, error) {
+	filter := bson.M{}
+	if !c.Admin {
+		filter = bson.M{"_id": bson.M{"$in": c.TeamNames()}}
+	}
+	teams, err := findAll[Team](ctx, s.teams(), filter)
+	if err != nil {
+		return nil, fmt.Errorf("list teams: %w", err)
+	}
+	return teams, nil
+}
+
 // UserListResult is the result of user.list.
 type UserListResult struct {
 	Users []UserView `json:"users"`
@@ -270,17 +283,9 @@ type UserListResult struct {
 
 // userList lists every user to kloud admins, and the members of their teams to others.
 func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *NoParams) (any, error) {
-	filter := bson.M{}
-	if !c.Admin {
-		filter = bson.M{"_id": bson.M{"$in": c.TeamNames()}}
-	}
-	cur, err := s.teams().Find(ctx, filter)
+	teams, err := s.visibleTeams(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("list teams: %w", err)
-	}
-	var teams []Team
-	if err := cur.All(ctx, &teams); err != nil {
-		return nil, fmt.Errorf("list teams: %w", err)
+		return nil, err
 	}
 	roles := map[string]map[string]string{} // username → team → role
 	for _, t := range teams {
@@ -299,12 +304,8 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *No
 		}
 		ufilter = bson.M{"_id": bson.M{"$in": names}}
 	}
-	cur, err = s.users().Find(ctx, ufilter)
+	users, err := findAll[User](ctx, s.users(), ufilter)
 	if err != nil {
-		return nil, fmt.Errorf("list users: %w", err)
-	}
-	var users []User
-	if err := cur.All(ctx, &users); err != nil {
 		return nil, fmt.Errorf("list users: %w", err)
 	}
 	out := UserListResult{Users: []UserView{}}
@@ -451,17 +452,9 @@ type TeamListResult struct {
 
 // teamList lists the caller's teams (every team for kloud admins).
 func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *NoParams) (any, error) {
-	filter := bson.M{}
-	if !c.Admin {
-		filter = bson.M{"_id": bson.M{"$in": c.TeamNames()}}
-	}
-	cur, err := s.teams().Find(ctx, filter)
+	teams, err := s.visibleTeams(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("list teams: %w", err)
-	}
-	var teams []Team
-	if err := cur.All(ctx, &teams); err != nil {
-		return nil, fmt.Errorf("list teams: %w", err)
+		return nil, err
 	}
 	out := TeamListResult{Teams: []TeamView{}}
 	for _, t := range teams {
