@@ -439,21 +439,11 @@ func (m *Manager) boot(ctx context.Context, r *record) error {
 // only per-boot modules run). Starting a running machine just returns its Info. Start also
 // recreates the bridge, namespace and veth if they are gone (after a host reboot).
 func (m *Manager) Start(ctx context.Context, id string) (Info, error) {
-	if err := validID(id); err != nil {
-		return Info{}, err
-	}
-	l, err := m.lockMachine(ctx, id)
+	l, r, err := m.lockRecord(ctx, id, "start machine")
 	if err != nil {
 		return Info{}, err
 	}
 	defer l.unlock()
-	r, err := m.loadRecord(id)
-	if errors.Is(err, fs.ErrNotExist) {
-		return Info{}, fmt.Errorf("start machine %q: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return Info{}, err
-	}
 	if alive(r.PID, r.PIDStart) {
 		return m.info(r), nil
 	}
@@ -478,21 +468,11 @@ func (m *Manager) Start(ctx context.Context, id string) (Info, error) {
 // after StopTimeout) and keeps its disk, network and cgroups. Stopping a stopped machine is a
 // no-op.
 func (m *Manager) Stop(ctx context.Context, id string) (Info, error) {
-	if err := validID(id); err != nil {
-		return Info{}, err
-	}
-	l, err := m.lockMachine(ctx, id)
+	l, r, err := m.lockRecord(ctx, id, "stop machine")
 	if err != nil {
 		return Info{}, err
 	}
 	defer l.unlock()
-	r, err := m.loadRecord(id)
-	if errors.Is(err, fs.ErrNotExist) {
-		return Info{}, fmt.Errorf("stop machine %q: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return Info{}, err
-	}
 	t0 := time.Now()
 	if err := m.killMachine(ctx, r, m.stopTimeout); err != nil {
 		return Info{}, fmt.Errorf("stop machine %q: %w", id, err)

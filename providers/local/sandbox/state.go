@@ -180,6 +180,27 @@ func (m *Manager) lockGlobal(ctx context.Context) (*fileLock, error) {
 	return lockPath(ctx, filepath.Join(m.stateDir, ".lock"))
 }
 
+// lockRecord validates id, takes the machine's lock and loads its record; op names the
+// operation in the not-found error ("start machine"). The caller unlocks.
+func (m *Manager) lockRecord(ctx context.Context, id, op string) (*fileLock, *record, error) {
+	if err := validID(id); err != nil {
+		return nil, nil, err
+	}
+	l, err := m.lockMachine(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := m.loadRecord(id)
+	if errors.Is(err, fs.ErrNotExist) {
+		err = fmt.Errorf("%s %q: %w", op, id, ErrNotFound)
+	}
+	if err != nil {
+		l.unlock()
+		return nil, nil, err
+	}
+	return l, r, nil
+}
+
 func (m *Manager) lockMachine(ctx context.Context, id string) (*fileLock, error) {
 	return lockPath(ctx, filepath.Join(m.stateDir, ".locks", id+".lock"))
 }
