@@ -88,7 +88,6 @@ func (k *Kite) handshake(ctx context.Context, r *Request) (any, error) {
 		}
 	}
 	c.ready.Store(true)
-	close(c.readyCh)
 	c.log = c.log.With("peer", peer.String())
 	return HandshakeResult{Kite: k.opts.Identity, Username: pr.Username}, nil
 }

@@ -30,8 +30,7 @@ type Conn struct {
 	ctx    context.Context // cancelled when the connection closes
 	cancel context.CancelFunc
 
-	ready     atomic.Bool   // handshake done
-	readyCh   chan struct{} // closed at handshake
+	ready     atomic.Bool // handshake done
 	mu        sync.Mutex
 	peer      Identity
 	principal *Principal
@@ -54,7 +53,6 @@ func newConn(k *Kite, frames FrameStream, dialed bool, remote string) *Conn {
 	c := &Conn{
 		k: k, frames: frames, dialed: dialed, remote: remote,
 		log: k.log.With("remote", remote), ctx: ctx, cancel: cancel,
-		readyCh:  make(chan struct{}),
 		inflight: map[string]context.CancelFunc{},
 		subs:     map[string]*Subscription{},
 		streams:  map[string]*Stream{},

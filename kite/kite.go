@@ -330,7 +330,6 @@ func (k *Kite) DialFrames(ctx context.Context, fs FrameStream, remote string, au
 	c.principal = &Principal{Username: res.Kite.Username, Type: "dialed", KiteID: res.Kite.ID}
 	c.mu.Unlock()
 	c.ready.Store(true)
-	close(c.readyCh)
 	return c, nil
 }
 

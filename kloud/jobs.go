@@ -211,11 +211,6 @@ func (p *JobParams) Validate() error {
 	return nil
 }
 
-// JobView is a job as callers see it.
-type JobView struct {
-	store.Job
-}
-
 func (s *Server) loadJob(ctx context.Context, c *Caller, id string) (store.Job, error) {
 	j, err := s.store.Jobs().Get(ctx, id)
 	if err != nil {

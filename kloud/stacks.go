@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -133,7 +135,7 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 		for _, n := range sec {
 			isSecret[n] = true
 		}
-		for _, k := range sortedKeys(vars) {
+		for _, k := range slices.Sorted(maps.Keys(vars)) {
 			if _, user := b.variables[k]; !user {
 				b.variables[k] = vars[k]
 			}
@@ -514,7 +516,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		}
 		j.Progress(ctx, 30, string(provider.Building), "Preparing the agents' user data")
 		tpl := &provider.Template{Files: b.files, Variables: b.variables}
-		for _, name := range sortedKeys(b.providers) {
+		for _, name := range slices.Sorted(maps.Keys(b.providers)) {
 			p, _ := s.providers.Lookup(name)
 			bs := &provider.BaseStack{Provider: p, StackID: st.ID, Team: st.Team, Owner: st.Owner, Template: tpl, Log: s.log.With("stack", st.ID, "provider", name),
 				AgentConfig: s.agentConfig(p, st)}
@@ -661,15 +663,6 @@ func ipOf(attrs map[string]any) string {
 		}
 	}
 	return ""
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func machineSpec(m *Machine) *provider.MachineSpec {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -124,12 +126,7 @@ func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request,
 }
 
 func providerNames(res map[string][]tmpl.Resource) []string {
-	out := make([]string, 0, len(res))
-	for n := range res {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(res))
 }
 
 func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*Template, error) {

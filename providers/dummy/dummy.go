@@ -16,10 +16,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -142,7 +143,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	}
 	vars := map[string]any{}
 	res := map[string]any{}
-	for _, name := range sortedKeys(roots) {
+	for _, name := range slices.Sorted(maps.Keys(roots)) {
 		rv := "kloud_dummy_roots_" + name
 		inst, idx := "terraform_data."+name, "0"
 		if counted[name] {
@@ -172,15 +173,6 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	}
 	s.b.Template.Files["kloud_dummy.tf.json"] = b
 	return s.b.Template, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // stopScript kills a machine's processes (its provisioning and its klient supervisor, each the
