@@ -91,8 +91,8 @@ func (s *Server) trackAgents(ctx context.Context) {
 }
 
 func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {
-	if kiteID == "" {
-		return
+	if !strings.HasPrefix(kiteID, AgentKitePrefix) {
+		return // not a machine's agent: no machine document to update
 	}
 	set := bson.M{"agent.status": status, "agent.lastSeen": s.store.Now()}
 	if version != "" {

@@ -572,8 +572,8 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	var failed []string
 	for i, m := range ms {
 		r := results[i]
-		set := bson.M{"attributes": resourceValues(job.Result, &m), "reason": ""}
-		if ip := ipOf(set["attributes"].(map[string]any)); ip != "" {
+		set := bson.M{"attributes": m.Attributes, "reason": ""} // waitAgents filled them from the state
+		if ip := ipOf(m.Attributes); ip != "" {
 			set["ipAddress"] = ip
 		}
 		state := provider.Running
