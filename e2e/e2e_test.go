@@ -82,6 +82,15 @@ func (e *env) url() string { return "http://" + e.addr }
 func (e *env) start() {
 	t := e.t
 	t.Helper()
+	// Tests that want local machines bring their own bridge (--local-*); the others must not
+	// create or touch the host's default one (a demo may be using it).
+	own := false
+	for _, a := range e.extra {
+		own = own || strings.HasPrefix(a, "--local-") || a == "--no-local"
+	}
+	if !own {
+		e.extra = append(e.extra, "--no-local")
+	}
 	args := append([]string{"serve", "--data-dir", e.dir, "--addr", e.addr, "--dummy-dir", filepath.Join(e.dir, "machines"),
 		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}, e.extra...)
 	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
