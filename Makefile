@@ -23,10 +23,18 @@ run: setup build ## set up, then run kloud in the foreground (data in ~/.kloud)
 	$(ENV) $(BIN)/kloud serve
 
 test: setup ## set up, then run every test (CI runs this with CI=true)
-	$(ENV) $(GO) test -race -timeout 60m ./...
+	@$(TMPCHECK) $(ENV) $(GO) test -race -timeout 60m ./...
 
 test-short: ## run the tests without setup
-	$(ENV) $(GO) test -timeout 20m ./...
+	@$(TMPCHECK) $(ENV) $(GO) test -timeout 20m ./...
+
+# TMPCHECK runs the command after it and then fails if the tests left entries of this project
+# (kloud*, the helpers' webterm-*, tfapply-*, bench-* names) in the system temp dir that were
+# not there before. Tests use t.TempDir() or the project's cache (internal/testutil: BuildBinary,
+# RunDir), never /tmp directly.
+TMPCHECK = tmpcheck() { ls -A "$${TMPDIR:-/tmp}" | grep -E '^(kloud|webterm-|tfapply-|bench-)' | sort; }; \
+	before="$$(tmpcheck)"; trap 'left="$$(comm -13 <(echo "$$before") <(tmpcheck))"; \
+	if [ -n "$$left" ]; then echo "FAIL: the tests left this in $${TMPDIR:-/tmp}:"; echo "$$left"; exit 1; fi' EXIT;
 
 bench: setup build ## run the benchmarks against their baselines (see bench/RESULTS.md)
 	$(ENV) bench/run.sh

@@ -24,24 +24,31 @@ import (
 
 var bin string // directory of the built binaries
 
+// TestMain builds the binaries into a directory of this test process under the project's cache
+// (testutil.RunDir), not the system temp dir, and removes it at the end; if the process dies
+// first (a -timeout panic), the next run removes it.
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "kloud-e2e-bin-")
+	dir, remove, err := testutil.RunDir("e2e")
 	if err != nil {
-		panic(err)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	root, err := testutil.ModuleRoot()
 	if err != nil {
-		panic(err)
+		remove()
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/kloud", "./cmd/klient", "./cmd/terraformer")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
+		remove()
 		fmt.Fprintf(os.Stderr, "build binaries: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	bin = dir
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 

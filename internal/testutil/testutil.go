@@ -1,6 +1,7 @@
 // Package testutil holds the few helpers every test package shares: gates for tests that need root,
 // a binary or a Debian package (skip loudly outside CI, fail under CI=true), a slog logger that
-// writes to t.Log, and polling with a deadline instead of sleeps.
+// writes to t.Log, polling with a deadline instead of sleeps, and binaries built from this tree
+// (BuildBinary, cache.go) in a cache that never leaves anything in the system temp directory.
 package testutil
 
 import (
@@ -11,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -82,38 +82,6 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 		case <-tick.C:
 		}
 	}
-}
-
-var (
-	buildMu    sync.Mutex
-	buildCache = map[string]string{}
-)
-
-// BuildBinary builds the main package pkg (e.g. "./cmd/klient", relative to the module root)
-// once per test process and returns the path of the binary.
-func BuildBinary(t testing.TB, pkg string) string {
-	t.Helper()
-	buildMu.Lock()
-	defer buildMu.Unlock()
-	if p, ok := buildCache[pkg]; ok {
-		return p
-	}
-	root, err := ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "kloud-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-	}
-	buildCache[pkg] = out
-	return out
 }
 
 // ModuleRoot returns the directory holding go.mod.

@@ -1,0 +1,215 @@
+package testutil
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Test binaries and run directories live in the project's cache, never in the system temp
+// directory: a test binary has no hook that runs when it exits (a timeout panics, a package
+// without TestMain has none at all), so anything it put into /tmp stayed there.
+//
+//   - BuildBinary keeps binaries content-addressed in CacheDir()/testbin/<name>-<sha256>/<name>:
+//     every test process links its binary again (go's build cache makes that a link, not a
+//     compile) and hashes the result; an identical binary is reused, a new one is added. An entry
+//     not used for binMaxAge is removed by the next test process that builds something.
+//   - RunDir gives a TestMain a directory of its own, CacheDir()/testrun/<name>-<pid>-<random>,
+//     which it removes when its tests are done; one whose process has died (a timeout, a kill) is
+//     removed by the next RunDir.
+const (
+	binMaxAge   = 72 * time.Hour
+	tmpMaxAge   = time.Hour // a half-written cache entry (".tmp-*") of a process that died
+	testbinName = "testbin"
+	testrunName = "testrun"
+)
+
+// CacheDir is where tests keep what outlives one test: $KLOUD_CACHE (the Makefile's and
+// scripts' cache, default /var/cache/kloud) if it is writable, else the user's cache directory
+// (os.UserCacheDir()/kloud), for a developer who runs go test without root.
+func CacheDir() (string, error) {
+	c := os.Getenv("KLOUD_CACHE")
+	if c == "" {
+		c = "/var/cache/kloud"
+	}
+	if err := writableDir(c); err == nil {
+		return c, nil
+	}
+	u, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no writable cache directory (%s is not, and %w)", c, err)
+	}
+	u = filepath.Join(u, "kloud")
+	if err := writableDir(u); err != nil {
+		return "", fmt.Errorf("no writable cache directory: %s nor %s: %w", c, u, err)
+	}
+	return u, nil
+}
+
+func writableDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return syscall.Access(dir, 2 /* W_OK */)
+}
+
+var (
+	buildMu    sync.Mutex
+	buildCache = map[string]string{}
+	pruneOnce  sync.Once
+)
+
+// BuildBinary builds the main package pkg (e.g. "./cmd/klient", relative to the module root)
+// once per test process and returns the path of the binary, which is named like pkg's last
+// element and lives in the content-addressed cache described above (never in the system temp
+// directory). Callers must not write next to it.
+func BuildBinary(t testing.TB, pkg string) string {
+	t.Helper()
+	p, err := CachedBinary(pkg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// CachedBinary is BuildBinary for code without a testing.TB (a TestMain).
+func CachedBinary(pkg string) (string, error) {
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := buildCache[pkg]; ok {
+		return p, nil
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	cache, err := CacheDir()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(cache, testbinName)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	pruneOnce.Do(func() { pruneBinaries(dir, time.Now()) })
+	tmp, err := os.MkdirTemp(dir, ".tmp-")
+	if err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	defer os.RemoveAll(tmp) // gone after the rename; removes a failed build
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	name := filepath.Base(pkg)
+	cmd := exec.Command("go", "build", "-o", filepath.Join(tmp, name), pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	sum, err := fileSum(filepath.Join(tmp, name))
+	if err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	final := filepath.Join(dir, name+"-"+sum[:24])
+	if err := os.Rename(tmp, final); err != nil {
+		// Another test process put the same binary there first: use it.
+		if _, serr := os.Stat(filepath.Join(final, name)); serr != nil {
+			return "", fmt.Errorf("test binary cache: %w", err)
+		}
+	}
+	now := time.Now()
+	os.Chtimes(final, now, now) // in use: not pruned
+	p := filepath.Join(final, name)
+	buildCache[pkg] = p
+	return p, nil
+}
+
+func fileSum(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// pruneBinaries removes cache entries not used for binMaxAge and half-written ones older than
+// tmpMaxAge. Errors are ignored: pruning is housekeeping.
+func pruneBinaries(dir string, now time.Time) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		age := now.Sub(fi.ModTime())
+		if (strings.HasPrefix(e.Name(), ".tmp-") && age > tmpMaxAge) || (!strings.HasPrefix(e.Name(), ".") && age > binMaxAge) {
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// RunDir returns a new directory for one test process (for a TestMain: t.TempDir is for tests),
+// CacheDir()/testrun/<name>-<pid>-<random>, and a function that removes it; call that when the
+// tests are done. Directories of processes that no longer run are removed first, so a test
+// binary killed before its cleanup leaves nothing for long, and nothing in the system temp
+// directory.
+func RunDir(name string) (dir string, remove func(), err error) {
+	cache, err := CacheDir()
+	if err != nil {
+		return "", nil, err
+	}
+	parent := filepath.Join(cache, testrunName)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", nil, fmt.Errorf("test run directory: %w", err)
+	}
+	sweepRunDirs(parent)
+	dir, err = os.MkdirTemp(parent, name+"-"+strconv.Itoa(os.Getpid())+"-")
+	if err != nil {
+		return "", nil, fmt.Errorf("test run directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("test run directory: %w", err)
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
+}
+
+// sweepRunDirs removes run directories whose process is gone.
+func sweepRunDirs(parent string) {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		parts := strings.Split(e.Name(), "-")
+		if len(parts) < 3 {
+			continue
+		}
+		pid, err := strconv.Atoi(parts[len(parts)-2])
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			os.RemoveAll(filepath.Join(parent, e.Name()))
+		}
+	}
+}

@@ -1,0 +1,107 @@
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BuildBinary leaves nothing in the system temp directory (go build's own work dir included,
+// which follows TMPDIR), puts the binary into the cache, and a later test process (a fresh memo)
+// gets the same file back.
+func TestBuildBinaryUsesTheCacheNotTemp(t *testing.T) {
+	cache := t.TempDir()
+	tmp := t.TempDir()
+	t.Setenv("KLOUD_CACHE", cache)
+	t.Setenv("TMPDIR", tmp)
+	resetMemo(t)
+
+	const pkg = "./internal/testutil/testdata/hello"
+	p := BuildBinary(t, pkg)
+	if !strings.HasPrefix(p, filepath.Join(cache, testbinName)+"/") || filepath.Base(p) != "hello" {
+		t.Fatalf("binary at %s, want hello under %s/%s", p, cache, testbinName)
+	}
+	out, err := exec.Command(p).Output()
+	if err != nil || !strings.Contains(string(out), "hello from a cached test binary") {
+		t.Fatalf("run %s: %v: %s", p, err, out)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Fatalf("BuildBinary left %v in TMPDIR", left)
+	}
+	resetMemo(t)
+	if p2 := BuildBinary(t, pkg); p2 != p {
+		t.Fatalf("second build at %s, want the cached %s", p2, p)
+	}
+	entries, _ := os.ReadDir(filepath.Join(cache, testbinName))
+	if len(entries) != 1 {
+		t.Fatalf("cache holds %v, want one entry (no half-written ones)", entries)
+	}
+}
+
+func TestPruneBinaries(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-binMaxAge - time.Hour)
+	for _, n := range []string{"klient-aaaa", "klient-bbbb", ".tmp-123", ".tmp-456"} {
+		if err := os.Mkdir(filepath.Join(dir, n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chtimes(filepath.Join(dir, "klient-aaaa"), old, old)
+	os.Chtimes(filepath.Join(dir, ".tmp-123"), old, old)
+	pruneBinaries(dir, time.Now())
+	var got []string
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if strings.Join(got, ",") != ".tmp-456,klient-bbbb" {
+		t.Fatalf("after prune: %v", got)
+	}
+}
+
+// RunDir makes a directory outside the system temp dir; its remove func removes it, and a
+// directory of a process that has exited is swept by the next RunDir.
+func TestRunDir(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("KLOUD_CACHE", cache)
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(cache, testrunName, "e2e-"+itoa(dead.Process.Pid)+"-123")
+	if err := os.MkdirAll(filepath.Join(stale, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir, remove, err := RunDir("e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(dir, filepath.Join(cache, testrunName)+"/e2e-"+itoa(os.Getpid())+"-") {
+		t.Fatalf("run dir %s", dir)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("the dead process's run dir is still there: %v", err)
+	}
+	remove()
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("run dir not removed: %v", err)
+	}
+}
+
+func resetMemo(t *testing.T) {
+	buildMu.Lock()
+	saved := buildCache
+	buildCache = map[string]string{}
+	buildMu.Unlock()
+	t.Cleanup(func() {
+		buildMu.Lock()
+		buildCache = saved
+		buildMu.Unlock()
+	})
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
