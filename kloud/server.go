@@ -322,6 +322,8 @@ func (s *Server) routes() {
 		w.Header().Set("X-Checksum-Sha256", s.klientSum)
 		http.ServeFile(w, r, s.opts.KlientBin)
 	})
+	// Providers' own services (the local provider's machine API for its Terraform provider).
+	s.providers.MountHandlers(s.mux.Handle)
 }
 
 // Handle adds an HTTP handler (the web UI and its API add themselves).

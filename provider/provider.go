@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sort"
 	"sync"
 	"testing"
@@ -34,6 +35,9 @@ type Provider struct {
 	// Available reports whether the provider can work on this host (nil if it can); kloud
 	// shows the reason at startup and in provider.describe. Nil func: always available.
 	Available func() error
+	// Handler, if set, is the provider's own HTTP service, which kloud mounts on its HTTP server
+	// under HandlerPrefix(Name) (see handler.go). Nil: none.
+	Handler http.Handler
 }
 
 // Schema holds the provider's typed data. Each constructor returns a pointer to a struct whose
