@@ -6,6 +6,14 @@
 // registration connection is up: kontrol drops it the moment the connection closes, and the
 // kite's WebSocket pings (Options.PingInterval/PingTimeout of that kite) catch half-open links.
 // Kites re-register themselves after a kontrol restart (kite.Client re-runs its hooks).
+//
+// Who may call what is kontrol's method table (methods in kontrol.go): a machine agent — a kite
+// that authenticated with its machine's agent key (kitekey.KindAgentKey, or a kite key minted for
+// an agent before agent keys had their own kind) — may only call the methods marked Agent there
+// (kontrol.register, of its own kite id under its owner's name, and kontrol.getKey); every other
+// method refuses it with -32002 before looking at its params, and a new method refuses agents
+// unless someone marks it. So the key on a machine, readable by whoever is root there, never
+// gets tokens, keys or anything else of its owner.
 package kontrol
 
 import (
@@ -15,6 +23,7 @@ import (
 	"io"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -124,17 +133,38 @@ func New(opts Options) (*Kontrol, error) {
 	if opts.Authorize == nil {
 		k.opts.Authorize = k.ownerOrAdmin
 	}
-	kk := opts.Kite
-	kk.Handle("kontrol.register", kite.Typed(k.register))
-	kk.Handle("kontrol.query", kite.Typed(k.query))
-	kk.Handle("kontrol.getToken", kite.Typed(k.getToken))
-	kk.Handle("kontrol.getKey", kite.HandlerFunc(k.getKey))
-	kk.Handle("kontrol.createKey", kite.Typed(k.createKey))
-	kk.Handle("kontrol.rotateKey", kite.HandlerFunc(k.rotateKey))
-	kk.Handle("kontrol.retireKey", kite.Typed(k.retireKey))
-	kk.Handle("kontrol.revoke", kite.Typed(k.revoke))
+	for _, m := range k.methods() {
+		opts.Kite.Handle(m.Name, kitekey.AgentGate(m.h, m.Agent))
+	}
 	return k, nil
 }
+
+// Method is a row of kontrol's method table.
+type Method struct {
+	Name string
+	// Agent marks the methods a machine agent (an agent key) may call: registering itself and
+	// fetching kontrol's public keys to verify the tokens presented to it. Every other method
+	// refuses agents with -32002 (kitekey.AgentGate).
+	Agent bool
+	h     kite.Handler
+}
+
+// methods is kontrol's method table: every method it adds to its kite, and who may call it.
+func (k *Kontrol) methods() []Method {
+	return []Method{
+		{Name: "kontrol.register", Agent: true, h: kite.Typed(k.register)},
+		{Name: "kontrol.getKey", Agent: true, h: kite.HandlerFunc(k.getKey)},
+		{Name: "kontrol.query", h: kite.Typed(k.query)},
+		{Name: "kontrol.getToken", h: kite.Typed(k.getToken)},
+		{Name: "kontrol.createKey", h: kite.Typed(k.createKey)},
+		{Name: "kontrol.rotateKey", h: kite.HandlerFunc(k.rotateKey)},
+		{Name: "kontrol.retireKey", h: kite.Typed(k.retireKey)},
+		{Name: "kontrol.revoke", h: kite.Typed(k.revoke)},
+	}
+}
+
+// Methods returns kontrol's method table (name and whether agents may call it), as registered.
+func (k *Kontrol) Methods() []Method { return k.methods() }
 
 // Signer returns kontrol's signer (kloud mints machine kite keys and sessions with it).
 func (k *Kontrol) Signer() *kitekey.Signer { return k.signer }
@@ -145,11 +175,11 @@ func (k *Kontrol) Verifier() *kitekey.Verifier {
 }
 
 func (k *Kontrol) isAdmin(p *kite.Principal) bool {
-	return p != nil && (p.Admin || k.opts.IsAdmin(p.Username))
+	return p != nil && !kitekey.IsAgent(p) && (p.Admin || k.opts.IsAdmin(p.Username))
 }
 
 func (k *Kontrol) ownerOrAdmin(_ context.Context, caller *kite.Principal, target kite.Identity) error {
-	if caller != nil && (caller.Username == target.Username || k.isAdmin(caller)) {
+	if caller != nil && !kitekey.IsAgent(caller) && (caller.Username == target.Username || k.isAdmin(caller)) {
 		return nil
 	}
 	return fmt.Errorf("kite %s belongs to another user: %w", target.ID, kite.ErrPermission)
@@ -171,12 +201,19 @@ type RegisterResult struct {
 
 func (k *Kontrol) register(ctx context.Context, r *kite.Request, p *RegisterParams) (any, error) {
 	pr := r.Principal()
-	if pr == nil || pr.Type != kite.AuthKiteKey {
-		return nil, fmt.Errorf("kontrol.register needs a kite key: %w", kite.ErrPermission)
+	if pr == nil || (pr.Type != kite.AuthKiteKey && !kitekey.IsAgent(pr)) {
+		return nil, fmt.Errorf("kontrol.register needs a kite key or an agent key: %w", kite.ErrPermission)
 	}
 	id := r.Peer()
 	if err := id.Validate(true); err != nil {
 		return nil, fmt.Errorf("kontrol.register: %s: %w", err.Error(), kite.ErrInvalidParams)
+	}
+	// A key registers exactly its own kite: the id is the key's jti and the username the one it
+	// proved (for an agent key: the owner in its claims). The handshake already set both from
+	// the key; this keeps it true whatever the kite package does.
+	if id.ID != pr.KiteID || id.Username != pr.Username {
+		return nil, fmt.Errorf("kontrol.register: a key registers only its own kite (%s of %s), not %s: %w",
+			pr.KiteID, pr.Username, id.String(), kite.ErrPermission)
 	}
 	if len(p.URL) > 2048 {
 		return nil, fmt.Errorf("kontrol.register: url too long: %w", kite.ErrInvalidParams)
@@ -457,6 +494,10 @@ func (k *Kontrol) createKey(ctx context.Context, r *kite.Request, p *CreateKeyPa
 	if err := k.requireAdmin(r); err != nil {
 		return nil, err
 	}
+	if strings.HasPrefix(p.KiteID, kitekey.AgentIDPrefix) {
+		return nil, fmt.Errorf("kite id %q: ids starting with %q are machine agents'; their keys are minted by kloud when it builds the machine: %w",
+			p.KiteID, kitekey.AgentIDPrefix, kite.ErrInvalidParams)
+	}
 	key, id, err := k.CreateKey(p.Username, p.KiteID)
 	if err != nil {
 		return nil, err
@@ -483,6 +524,23 @@ func (k *Kontrol) CreateKeyWithURL(username, id, url string) (key, kiteID string
 		return "", "", fmt.Errorf("create kite key: %w", err)
 	}
 	return key, id, nil
+}
+
+// CreateAgentKey mints the key of a machine's agent (kind agentKey, sub "machine:<id>"), which
+// may register that one kite under the owner's name and call nothing else. a.KiteID defaults to
+// a new id with kitekey.AgentIDPrefix; a.KontrolURL to Options.URL.
+func (k *Kontrol) CreateAgentKey(a kitekey.AgentKeySpec) (key, kiteID string, err error) {
+	if a.KiteID == "" {
+		a.KiteID = kitekey.AgentIDPrefix + newID()
+	}
+	if a.KontrolURL == "" {
+		a.KontrolURL = k.opts.URL
+	}
+	key, err = k.signer.AgentKey(a)
+	if err != nil {
+		return "", "", fmt.Errorf("create agent key: %w", err)
+	}
+	return key, a.KiteID, nil
 }
 
 func (k *Kontrol) rotateKey(ctx context.Context, r *kite.Request) (any, error) {

@@ -9,10 +9,26 @@ import (
 // Kinds: the "kind" claim every JWT of ours carries, so that one kind can never stand in for
 // another (a kite key is not a token, a token is not a session).
 const (
-	KindKiteKey = "kiteKey"
-	KindToken   = "token"
-	KindSession = "session"
+	KindKiteKey  = "kiteKey"
+	KindAgentKey = "agentKey"
+	KindToken    = "token"
+	KindSession  = "session"
 )
+
+// Agent keys (the /etc/kloud/kite.key of a machine) name the machine, never a user.
+const (
+	// AgentIDPrefix starts the kite id (jti) of every machine agent's key. Kloud has minted
+	// machine keys with it since the first version, so a kite key (kind kiteKey) whose jti has
+	// it is an agent's key from before agent keys had their own kind (a "legacy agent key"):
+	// Authenticator treats it as an agent key, never as its owner.
+	AgentIDPrefix = "agent."
+	// MachineSubjectPrefix starts the sub of an agent key: "machine:<machine id>". Usernames
+	// never contain ':' (kloud's are [a-z][a-z0-9-]*), so it cannot name a user.
+	MachineSubjectPrefix = "machine:"
+)
+
+// MachineSubject is the sub of the agent key of the machine with id machineID.
+func MachineSubject(machineID string) string { return MachineSubjectPrefix + machineID }
 
 // Lifetime limits, enforced when signing and when verifying (plus leeway).
 const (
@@ -27,6 +43,21 @@ type KiteKeyClaims struct {
 	jwt.RegisteredClaims
 	Kind       string `json:"kind"`
 	KontrolURL string `json:"kontrolURL"`
+}
+
+// AgentKeyClaims are the claims of a machine agent's key (kind agentKey): iss = kontrol, sub =
+// "machine:<machine id>", jti = the agent's kite id (AgentIDPrefix + random), iat, and what the
+// agent needs to know about itself: the machine's owner, machine and stack ids and the kontrol
+// URL. No exp (revocable by jti, like a kite key). An agent key proves "the agent of machine M,
+// owned by O" and nothing else: it is accepted only for the agent-facing calls (registering that
+// one kite), never as the owner.
+type AgentKeyClaims struct {
+	jwt.RegisteredClaims
+	Kind       string `json:"kind"`
+	KontrolURL string `json:"kontrolURL"`
+	Owner      string `json:"owner"`
+	MachineID  string `json:"machineId"`
+	StackID    string `json:"stackId,omitempty"`
 }
 
 // TokenClaims are the claims of a token: sub = the caller, aud = exactly one kite id, iat, nbf,
@@ -51,9 +82,11 @@ type claims interface {
 	registered() *jwt.RegisteredClaims
 }
 
-func (c *KiteKeyClaims) kind() string                      { return c.Kind }
-func (c *KiteKeyClaims) registered() *jwt.RegisteredClaims { return &c.RegisteredClaims }
-func (c *TokenClaims) kind() string                        { return c.Kind }
-func (c *TokenClaims) registered() *jwt.RegisteredClaims   { return &c.RegisteredClaims }
-func (c *SessionClaims) kind() string                      { return c.Kind }
-func (c *SessionClaims) registered() *jwt.RegisteredClaims { return &c.RegisteredClaims }
+func (c *KiteKeyClaims) kind() string                       { return c.Kind }
+func (c *KiteKeyClaims) registered() *jwt.RegisteredClaims  { return &c.RegisteredClaims }
+func (c *AgentKeyClaims) kind() string                      { return c.Kind }
+func (c *AgentKeyClaims) registered() *jwt.RegisteredClaims { return &c.RegisteredClaims }
+func (c *TokenClaims) kind() string                         { return c.Kind }
+func (c *TokenClaims) registered() *jwt.RegisteredClaims    { return &c.RegisteredClaims }
+func (c *SessionClaims) kind() string                       { return c.Kind }
+func (c *SessionClaims) registered() *jwt.RegisteredClaims  { return &c.RegisteredClaims }

@@ -12,7 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 )
 
-// Signer mints kite keys, tokens and sessions. Only kontrol (and kloud, which hosts it) holds
+// Signer mints kite keys, agent keys, tokens and sessions. Only kontrol (and kloud, which hosts it) holds
 // one. Input errors wrap kite.ErrInvalidParams.
 type Signer struct {
 	// Key signs. Ignored if Current is set.
@@ -26,7 +26,9 @@ type Signer struct {
 	Now func() time.Time
 }
 
-// KiteKey mints a kite key for the kite kiteID owned by username. It does not expire.
+// KiteKey mints a kite key for the kite kiteID owned by username. It does not expire. Machine
+// agents get AgentKey instead; a kite key whose kiteID starts with AgentIDPrefix is taken for
+// an agent's (legacy) key by Authenticator.
 func (s *Signer) KiteKey(username, kiteID, kontrolURL string) (string, error) {
 	if err := checkName("username", username); err != nil {
 		return "", fmt.Errorf("sign kite key: %w", err)
@@ -48,6 +50,55 @@ func (s *Signer) KiteKey(username, kiteID, kontrolURL string) (string, error) {
 		Kind:       KindKiteKey,
 		KontrolURL: kontrolURL,
 	})
+}
+
+// AgentKeySpec describes the machine agent an agent key is minted for.
+type AgentKeySpec struct {
+	Owner      string // the machine's owner (a username); required
+	MachineID  string // required; the key's sub is MachineSubject(MachineID)
+	StackID    string // optional
+	KiteID     string // the agent's kite id (jti); required, must start with AgentIDPrefix
+	KontrolURL string // required
+}
+
+// AgentKey mints the key of a machine's agent (kind agentKey). It does not expire.
+func (s *Signer) AgentKey(a AgentKeySpec) (string, error) {
+	if err := a.check(); err != nil {
+		return "", fmt.Errorf("sign agent key: %w", err)
+	}
+	now := s.now()
+	return s.sign("sign agent key", &AgentKeyClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:   s.Issuer,
+			Subject:  MachineSubject(a.MachineID),
+			ID:       a.KiteID,
+			IssuedAt: jwt.NewNumericDate(now),
+		},
+		Kind:       KindAgentKey,
+		KontrolURL: a.KontrolURL,
+		Owner:      a.Owner,
+		MachineID:  a.MachineID,
+		StackID:    a.StackID,
+	})
+}
+
+func (a AgentKeySpec) check() error {
+	for _, f := range []struct{ what, v string }{{"owner", a.Owner}, {"machine id", a.MachineID}, {"kite id", a.KiteID}} {
+		if err := checkName(f.what, f.v); err != nil {
+			return err
+		}
+	}
+	switch {
+	case strings.Contains(a.Owner, ":"):
+		return fmt.Errorf("owner %q contains ':': %w", a.Owner, kite.ErrInvalidParams)
+	case !strings.HasPrefix(a.KiteID, AgentIDPrefix):
+		return fmt.Errorf("agent kite id %q must start with %q: %w", a.KiteID, AgentIDPrefix, kite.ErrInvalidParams)
+	case strings.Contains(a.StackID, "/") || len(a.StackID) > 256:
+		return fmt.Errorf("stack id %q: %w", a.StackID, kite.ErrInvalidParams)
+	case a.KontrolURL == "":
+		return fmt.Errorf("empty kontrol URL: %w", kite.ErrInvalidParams)
+	}
+	return nil
 }
 
 // Token mints a token that lets username call the kite audienceKiteID for ttl (at most

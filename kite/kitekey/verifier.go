@@ -18,7 +18,7 @@ const DefaultLeeway = 30 * time.Second
 // MaxLen is the longest credential Verifier will look at; a kite key is about 400 bytes.
 const MaxLen = 8 << 10
 
-// Verifier checks kite keys, tokens and sessions. Every rejection wraps kite.ErrAuth and one of
+// Verifier checks kite keys, agent keys, tokens and sessions. Every rejection wraps kite.ErrAuth and one of
 // the reasons in errors.go. Errors that are not about the credential (no Keys configured, a key
 // source or revocation list that cannot be reached) do not wrap kite.ErrAuth.
 //
@@ -41,6 +41,24 @@ func (v *Verifier) KiteKey(ctx context.Context, raw string) (*KiteKeyClaims, err
 	c := &KiteKeyClaims{}
 	if err := v.verify(ctx, "kite key", raw, KindKiteKey, c, 0, ""); err != nil {
 		return nil, err
+	}
+	return c, nil
+}
+
+// AgentKey verifies a machine agent's key: on top of the checks of every kind, sub must be
+// MachineSubject(machineId), jti must start with AgentIDPrefix and owner must be set.
+func (v *Verifier) AgentKey(ctx context.Context, raw string) (*AgentKeyClaims, error) {
+	c := &AgentKeyClaims{}
+	if err := v.verify(ctx, "agent key", raw, KindAgentKey, c, 0, ""); err != nil {
+		return nil, err
+	}
+	switch {
+	case c.MachineID == "" || c.Subject != MachineSubject(c.MachineID):
+		return nil, fmt.Errorf("agent key: %w: sub %q does not name machine %q", ErrMissingClaim, short(c.Subject), short(c.MachineID))
+	case !strings.HasPrefix(c.ID, AgentIDPrefix):
+		return nil, fmt.Errorf("agent key: %w: jti %q is not an agent's kite id", ErrMalformed, short(c.ID))
+	case c.Owner == "" || strings.ContainsAny(c.Owner, ":/"):
+		return nil, fmt.Errorf("agent key: %w: owner %q", ErrMissingClaim, short(c.Owner))
 	}
 	return c, nil
 }

@@ -66,7 +66,7 @@ func (e *Env) start(ln net.Listener) {
 	isAdmin := func(u string) bool { return u == "admin" }
 	k, err := kite.New(kite.Options{
 		Identity:      kite.Identity{Name: "kontrol", Username: "kontrol"},
-		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin},
+		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin, Agents: true},
 		Logger:        testutil.Logger(t),
 		PingInterval:  e.opts.PingInterval,
 		PingTimeout:   e.opts.PingTimeout,
