@@ -4,19 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
-// AgentKitePrefix starts the kite id of every machine's kite key. A credential with such an id
-// belongs to an agent: it may register with kontrol but call no kloud method (a compromised
-// machine must not act as its owner).
-const AgentKitePrefix = "agent."
+// AgentKitePrefix starts the kite id of every machine's agent key. A credential with such an id
+// belongs to an agent (kitekey.IsAgent): it may register with kontrol but call no kloud method
+// (a compromised machine must not act as its owner).
+const AgentKitePrefix = kitekey.AgentIDPrefix
 
 // Caller is the authenticated user of a call, with the teams they belong to.
 type Caller struct {
@@ -60,8 +60,8 @@ func (s *Server) caller(ctx context.Context, r *kite.Request) (*Caller, error) {
 	if p == nil {
 		return nil, fmt.Errorf("%s: not authenticated: %w", r.Method, kite.ErrAuth)
 	}
-	if p.Type == kite.AuthKiteKey && strings.HasPrefix(p.KiteID, AgentKitePrefix) {
-		return nil, fmt.Errorf("%s: machine agents may not call kloud methods: %w", r.Method, kite.ErrPermission)
+	if kitekey.IsAgent(p) {
+		return nil, kitekey.AgentRefused(r)
 	}
 	return s.callerByName(ctx, p.Username, p.Admin)
 }
@@ -90,16 +90,17 @@ func (s *Server) callerByName(ctx context.Context, username string, admin bool) 
 	return c, nil
 }
 
-// handle registers a kloud method: params are bound strictly (and validated), the caller is
+// handle registers a kloud method: machine agents are refused (no kloud method is agent-facing:
+// agents only register with kontrol), params are bound strictly (and validated), the caller is
 // resolved, then fn runs.
 func handle[P any](s *Server, name string, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (any, error), opts ...kite.MethodOption) {
-	s.Kite.Handle(name, kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
+	s.Kite.Handle(name, kitekey.AgentGate(kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
 		c, err := s.caller(ctx, r)
 		if err != nil {
 			return nil, err
 		}
 		return fn(ctx, c, r, p)
-	}), opts...)
+	}), false), opts...)
 }
 
 // NoParams is the params type of methods that take none.
