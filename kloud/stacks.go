@@ -17,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -687,7 +688,7 @@ func (s *Server) agentConfig(p *provider.Provider, st *Stack) func(ctx context.C
 		}
 		url := s.kloudURLFor(p)
 		kiteID := AgentKitePrefix + uuid.NewString()
-		key, _, err := s.Kontrol.CreateKeyWithURL(st.Owner, kiteID, url+"/kite")
+		key, _, err := s.Kontrol.CreateAgentKey(kitekey.AgentKeySpec{Owner: st.Owner, MachineID: m.ID, StackID: st.ID, KiteID: kiteID, KontrolURL: url + "/kite"})
 		if err != nil {
 			return userdata.Config{}, err
 		}
