@@ -39,18 +39,31 @@ type jobCtx struct {
 	s *Server
 }
 
-// Progress records the job's percentage, stage (a state name) and message.
+// jobNoteTimeout bounds the retries of one progress update or log line: they are written even
+// when the job's context is cancelled (the lines that say why it failed matter most), but a
+// store that stays down must not hold the job up for long.
+const jobNoteTimeout = 15 * time.Second
+
+// Progress records the job's percentage, stage (a state name) and message. It is written with
+// its own context (see [Store.Persist]), so a cancelled job still records where it ended.
 func (j *jobCtx) Progress(ctx context.Context, percent int, stage, message string) {
-	if err := j.s.store.Jobs().Progress(ctx, j.ID, percent, stage, message); err != nil {
+	err := j.s.store.Persist(ctx, "progress job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
+		return j.s.store.Jobs().Progress(ctx, j.ID, percent, stage, message)
+	})
+	if err != nil {
 		j.s.log.Warn("job progress", "job", j.ID, "err", err)
 	}
 	j.Percent, j.Stage, j.Message = percent, stage, message
 }
 
-// Logf adds a line to the job's log.
+// Logf adds a line to the job's log, with its own context like Progress.
 func (j *jobCtx) Logf(ctx context.Context, format string, args ...any) {
-	if err := j.s.store.Jobs().Log(ctx, j.ID, fmt.Sprintf(format, args...)); err != nil {
-		j.s.log.Warn("job log", "job", j.ID, "err", err)
+	line := fmt.Sprintf(format, args...)
+	err := j.s.store.Persist(ctx, "log job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
+		return j.s.store.Jobs().Log(ctx, j.ID, line)
+	})
+	if err != nil {
+		j.s.log.Warn("job log", "job", j.ID, "line", line, "err", err)
 	}
 }
 
@@ -63,10 +76,16 @@ type jobRunner struct {
 
 // startJob creates a job and runs it in the background. It returns the job id.
 func (s *Server) startJob(ctx context.Context, kind, target, owner string, params map[string]any) (string, error) {
+	return s.startJobID(ctx, "", kind, target, owner, params)
+}
+
+// startJobID is startJob with the job's id chosen by the caller ("": a new one), so the id can
+// be recorded on the job's target in the same update that claims it.
+func (s *Server) startJobID(ctx context.Context, id, kind, target, owner string, params map[string]any) (string, error) {
 	if _, ok := jobKinds[kind]; !ok {
 		return "", fmt.Errorf("unknown job kind %q", kind)
 	}
-	id, err := s.store.Jobs().Create(ctx, store.Job{Kind: kind, Target: target, Owner: owner, Params: params})
+	id, err := s.store.Jobs().Create(ctx, store.Job{ID: id, Kind: kind, Target: target, Owner: owner, Params: params})
 	if err != nil {
 		return "", fmt.Errorf("create job: %w", err)
 	}
@@ -114,9 +133,11 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 			res, err = fn(ctx, &jobCtx{Job: j, s: s})
 			return err
 		}()
-		fctx, fcancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer fcancel()
-		if ferr := s.store.Jobs().Finish(fctx, j.ID, err, res); ferr != nil {
+		ferr := s.store.Persist(ctx, "finish job "+j.ID, 0, func(ctx context.Context) error {
+			return s.store.Jobs().Finish(ctx, j.ID, err, res)
+		})
+		if ferr != nil {
+			// The job stays running with a lapsing lease: recovery or the reconciler resolves it.
 			log.Error("finish job", "err", ferr)
 		}
 		if err != nil {
@@ -177,16 +198,23 @@ func (s *Server) WaitJobs() { s.runner().wg.Wait() }
 func init() {
 	backgroundTasks = append(backgroundTasks, func(ctx context.Context, s *Server) {
 		s.recoverJobs(ctx)
+		// Then stacks and machines left in a transitional state by jobs that are over
+		// (reconcile.go): recovered jobs are running again by now, so they are left alone.
+		s.reconcile(ctx)
 		// Later orphans (a replica that died while we run, or our own from before a restart
-		// whose lease had not yet expired) are picked up periodically.
+		// whose lease had not yet expired) are picked up periodically, and so are stuck states.
 		t := time.NewTicker(5 * time.Second)
 		defer t.Stop()
+		rt := time.NewTicker(s.reconcileInterval())
+		defer rt.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 				s.recoverJobs(ctx)
+			case <-rt.C:
+				s.reconcile(ctx)
 			}
 		}
 	})

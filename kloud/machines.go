@@ -183,8 +183,12 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		}
 		id, err := s.startJob(ctx, "machine."+method, "machine/"+m.ID, c.Username, map[string]any{"machineId": m.ID, "lease": owner, "from": string(m.State)})
 		if err != nil {
-			s.setMachine(context.Background(), m.ID, []provider.State{during}, bson.M{"state": m.State})
-			lease.Release(context.Background())
+			// setMachine retries with its own context; if it still fails, the reconciler
+			// finds the machine in a transition without a job.
+			s.setMachine(ctx, m.ID, []provider.State{during}, bson.M{"state": m.State, "reason": fmt.Sprintf("could not start the %s job: %v", method, err)})
+			if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
+				s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
+			}
 			return nil, err
 		}
 		return map[string]string{"jobId": id}, nil
@@ -200,10 +204,24 @@ func hasGrant(m *Machine, user, grant string) bool {
 	return false
 }
 
-func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, recovering bool) (map[string]any, error) {
+func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, recovering bool) (res map[string]any, err error) {
 	id, _ := j.Params["machineId"].(string)
 	owner, _ := j.Params["lease"].(string)
 	from, _ := j.Params["from"].(string)
+	during, after := provider.Transition(method)
+	// No state without an exit: an error on a path that did not put the machine back (or whose
+	// write did not land), or a panic, leaves it Unknown (machine.info asks the provider).
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("internal error: %v", p)
+		}
+		if err != nil && !errors.Is(err, store.ErrLocked) {
+			reason := fmt.Sprintf("%s job %s ended: %v", method, j.ID, err)
+			if s.setMachine(ctx, id, []provider.State{during}, bson.M{"state": provider.Unknown, "reason": reason}) {
+				s.log.Warn("machine job ended without its bookkeeping; machine moved to Unknown", "machine", id, "job", j.ID, "err", err)
+			}
+		}
+	}()
 	if recovering {
 		if _, err := s.store.AcquireLease(ctx, "machine/"+id, owner, stackLeaseTTL); err != nil {
 			return nil, fmt.Errorf("machine %s: %w", id, err)
@@ -215,16 +233,21 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	if err != nil {
 		return nil, err
 	}
-	during, after := provider.Transition(method)
 	fail := func(err error) (map[string]any, error) {
-		// Back to what the provider says, else to where we started.
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%s cancelled: %w", method, err)
+		}
+		// Back to what the provider says, else to where we started. The provider is asked
+		// with a context of its own: a cancelled job still ends in an honest state.
 		state := provider.State(from)
-		if pm, perr := s.providerMachine(ctx, nil, m); perr == nil {
-			if st, _, ierr := pm.Info(ctx); ierr == nil && st != provider.Unknown {
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if pm, perr := s.providerMachine(ictx, nil, m); perr == nil {
+			if st, _, ierr := pm.Info(ictx); ierr == nil && st != provider.Unknown {
 				state = st
 			}
 		}
-		s.setMachine(context.WithoutCancel(ctx), m.ID, []provider.State{during}, bson.M{"state": state, "reason": err.Error()})
+		s.setMachine(ctx, m.ID, []provider.State{during}, bson.M{"state": state, "reason": err.Error()})
 		return nil, err
 	}
 	pm, err := s.providerMachine(ctx, nil, m)

@@ -92,6 +92,11 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 	if err != nil {
 		return nil, err
 	}
+	// The template policy again (kloud/policy.go): a template stored before it, or bypassing
+	// template.create, does not run.
+	if err := s.checkPolicy(ctx, team, files); err != nil {
+		return nil, err
+	}
 	b := &builtTemplate{files: files, variables: map[string]any{}, creds: map[string]*provider.Credential{}, credIDs: map[string]string{}, providers: map[string][]string{}}
 	for k, v := range vars {
 		b.variables[k] = v
@@ -356,29 +361,47 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if err != nil {
 		return nil, fmt.Errorf("stack %s is busy: %w", st.ID, err)
 	}
-	from, to := []string{StackNotInitialized, StackFailed}, StackBuilding
-	if p.Destroy {
-		from, to = []string{StackNotInitialized, StackFailed, StackInitialized}, StackDestroying
+	release := func() {
+		if err := s.store.Persist(ctx, "release lease of stack "+st.ID, 30*time.Second, lease.Release); err != nil {
+			s.log.Warn("release stack lease (it lapses by itself)", "stack", st.ID, "err", err)
+		}
 	}
-	ok, err := s.store.Transition(ctx, store.CollStacks, st.ID, from, bson.M{"state": to, "reason": ""})
+	// A stack (or its machines) left in a transitional state by a job that is over is
+	// reconciled first, so build and destroy work from "any state whose job is dead".
+	if st, err = s.reconcileForApply(ctx, st, "stack/"+st.ID); err != nil {
+		release()
+		return nil, err
+	}
+	verb, from, to := "build", []string{StackNotInitialized, StackFailed}, StackBuilding
+	if p.Destroy {
+		verb, from, to = "destroy", []string{StackNotInitialized, StackFailed, StackInitialized}, StackDestroying
+	}
+	// The job's id is recorded with the state change, in one update: the stack never shows a
+	// transitional state with another (dead) job's id, which the reconciler would act on.
+	id := store.NewID()
+	ok, err := s.store.Transition(ctx, store.CollStacks, st.ID, from, bson.M{"state": to, "reason": "", "jobId": id})
 	if err != nil || !ok {
-		lease.Release(context.Background())
+		release()
 		if err != nil {
 			return nil, err
 		}
-		verb := "build"
-		if p.Destroy {
-			verb = "destroy"
-		}
 		return nil, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, verb, strings.Join(from, ", "), kite.ErrState)
 	}
-	id, err := s.startJob(ctx, jobStackApply, "stack/"+st.ID, c.Username, map[string]any{"stackId": st.ID, "destroy": p.Destroy, "lease": owner})
-	if err != nil {
-		s.store.Transition(context.Background(), store.CollStacks, st.ID, []string{to}, bson.M{"state": st.State})
-		lease.Release(context.Background())
+	if _, err := s.startJobID(ctx, id, jobStackApply, "stack/"+st.ID, c.Username, map[string]any{"stackId": st.ID, "destroy": p.Destroy, "lease": owner}); err != nil {
+		back := bson.M{"state": st.State, "reason": fmt.Sprintf("could not start the %s job: %v", verb, err)}
+		if st.JobID != "" {
+			back["jobId"] = st.JobID
+		}
+		rerr := s.store.Persist(ctx, "roll back stack "+st.ID, 0, func(ctx context.Context) error {
+			_, err := s.store.TransitionIf(ctx, store.CollStacks, st.ID, []string{to}, bson.M{"jobId": id}, back)
+			return err
+		})
+		if rerr != nil {
+			s.log.Error("roll back stack after a job that did not start (the reconciler will)", "stack", st.ID, "err", rerr)
+		}
+		release()
 		return nil, err
 	}
-	s.store.Collection(store.CollStacks).UpdateOne(ctx, bson.M{"_id": st.ID}, bson.M{"$set": bson.M{"jobId": id}})
 	return map[string]string{"jobId": id}, nil
 }
 
@@ -407,10 +430,25 @@ func (s *Server) keepLease(ctx context.Context, name, owner string) (stop func()
 	return func() { cancel(); <-done }
 }
 
-func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) (map[string]any, error) {
+func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) (res map[string]any, err error) {
 	stackID, _ := j.Params["stackId"].(string)
 	destroy, _ := j.Params["destroy"].(bool)
 	owner, _ := j.Params["lease"].(string)
+	during := StackBuilding
+	if destroy {
+		during = StackDestroying
+	}
+	// No state without an exit: however this job ends (an error anywhere, a cancel, a panic),
+	// a stack still in this job's transitional state is moved to Failed, and its machines out
+	// of theirs, before the job is finished.
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("internal error: %v", p)
+		}
+		if err != nil {
+			s.exitStack(ctx, j, stackID, during, err)
+		}
+	}()
 	if recovering {
 		// The lease may still be ours (same owner) or have expired: take it again either way.
 		if _, err := s.store.AcquireLease(ctx, "stack/"+stackID, owner, stackLeaseTTL); err != nil {
@@ -423,6 +461,11 @@ func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) 
 	if err != nil {
 		return nil, err
 	}
+	if st.State != during || st.JobID != j.ID {
+		// Reconciled or reset while this job was not running (e.g. recovered after a long
+		// outage): the stack is no longer this job's.
+		return nil, fmt.Errorf("stack %s is %s (job %q): %w", st.ID, st.State, st.JobID, errNotThisJobs)
+	}
 	c, err := s.callerByName(ctx, j.Owner, false)
 	if err != nil {
 		return nil, err
@@ -433,39 +476,146 @@ func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) 
 	return s.buildStack(ctx, j, c, st, recovering)
 }
 
-func (s *Server) setStack(ctx context.Context, id string, set bson.M) {
-	set["updatedAt"] = s.store.Now()
-	if _, err := s.store.Collection(store.CollStacks).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": set}); err != nil {
-		s.log.Warn("update stack", "stack", id, "err", err)
+// errNotThisJobs: a job found its target reconciled or reset while it was not running.
+var errNotThisJobs = fmt.Errorf("no longer in this job's hands (reconciled or reset meanwhile): %w", kite.ErrState)
+
+// exitStack is the last resort of a stack job that returned an error: if the stack is still in
+// the job's transitional state (the job's own failure bookkeeping did not land), it moves it to
+// Failed, and its machines in Building or Terminating to Unknown, with the job's error as the
+// reason. Each change is conditional on the stack still belonging to the job.
+func (s *Server) exitStack(ctx context.Context, j *jobCtx, stackID, during string, jobErr error) {
+	if errors.Is(jobErr, errNotThisJobs) {
+		return
+	}
+	reason := jobErr.Error()
+	if ctx.Err() != nil {
+		reason = "cancelled: " + reason
+	}
+	var moved bool
+	err := s.store.Persist(ctx, "fail stack "+stackID, 0, func(ctx context.Context) error {
+		ok, err := s.store.TransitionIf(ctx, store.CollStacks, stackID, []string{during}, bson.M{"jobId": j.ID},
+			bson.M{"state": StackFailed, "reason": reason})
+		moved = ok
+		return err
+	})
+	if err != nil {
+		s.log.Error("fail stack (the reconciler will)", "stack", stackID, "job", j.ID, "err", err)
+		return
+	}
+	if moved {
+		s.log.Warn("stack job ended without its bookkeeping; stack moved to Failed", "stack", stackID, "job", j.ID, "reason", reason)
+	}
+	ms, err := s.stackMachinesRetry(ctx, stackID)
+	if err != nil {
+		s.log.Error("load machines of a failed stack (the reconciler will fix their states)", "stack", stackID, "err", err)
+		return
+	}
+	for _, m := range ms {
+		if m.State == provider.Building || m.State == provider.Terminating {
+			s.setMachine(ctx, m.ID, []provider.State{m.State}, bson.M{"state": provider.Unknown, "reason": reason})
+		}
 	}
 }
 
-// setMachine changes a machine; with from set, only if its state is one of them.
+// stackMachinesRetry is stackMachines for bookkeeping: with its own context, retried.
+func (s *Server) stackMachinesRetry(ctx context.Context, stackID string) ([]Machine, error) {
+	var ms []Machine
+	err := s.store.Persist(ctx, "load machines of stack "+stackID, 0, func(ctx context.Context) error {
+		var err error
+		ms, err = s.stackMachines(ctx, stackID)
+		return err
+	})
+	return ms, err
+}
+
+// setStack changes a stack. It is bookkeeping: written with its own context and retried until
+// the store has it (see store.Store.Persist), so a cancelled job still leaves an honest state.
+func (s *Server) setStack(ctx context.Context, id string, set bson.M) {
+	set["updatedAt"] = s.store.Now()
+	err := s.store.Persist(ctx, "update stack "+id, 0, func(ctx context.Context) error {
+		_, err := s.store.Collection(store.CollStacks).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": set})
+		return err
+	})
+	if err != nil {
+		s.log.Error("update stack", "stack", id, "err", err)
+	}
+}
+
+// setMachine changes a machine; with from set, only if its state is one of them. Like setStack
+// it has its own context and retries.
 func (s *Server) setMachine(ctx context.Context, id string, from []provider.State, set bson.M) bool {
 	set["updatedAt"] = s.store.Now()
 	if from == nil {
-		_, err := s.store.Collection(store.CollMachines).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": set})
+		err := s.store.Persist(ctx, "update machine "+id, 0, func(ctx context.Context) error {
+			_, err := s.store.Collection(store.CollMachines).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": set})
+			return err
+		})
+		if err != nil {
+			s.log.Error("update machine", "machine", id, "err", err)
+		}
 		return err == nil
 	}
 	fs := make([]string, len(from))
 	for i, f := range from {
 		fs[i] = string(f)
 	}
-	ok, err := s.store.Transition(ctx, store.CollMachines, id, fs, set)
+	var ok bool
+	err := s.store.Persist(ctx, "update machine "+id, 0, func(ctx context.Context) error {
+		var err error
+		ok, err = s.store.Transition(ctx, store.CollMachines, id, fs, set)
+		return err
+	})
 	if err != nil {
-		s.log.Warn("update machine", "machine", id, "err", err)
+		s.log.Error("update machine", "machine", id, "err", err)
 	}
 	return ok
 }
 
-// failBuild puts the stack and its machines back into an honest state after a failed build.
+// failBuild puts the stack and its machines back into an honest state after a failed build:
+// the stack Failed; machines back to the state they had before the build (ms is read before
+// they were set Building) if terraform never ran in this attempt, else Unknown (terraform may
+// have made them: machine.info asks the provider, and the stack can be built again or
+// destroyed). If ctx was cancelled, a terraform run still going is stopped first.
 func (s *Server) failBuild(ctx context.Context, st *Stack, ms []Machine, reason error) error {
-	ctx = context.WithoutCancel(ctx)
+	return s.failBuildAfter(ctx, st, ms, false, "", reason)
+}
+
+// failBuildTF is failBuild once terraform may have run (tfJob: its run, if known).
+func (s *Server) failBuildTF(ctx context.Context, st *Stack, ms []Machine, tfJob string, reason error) error {
+	return s.failBuildAfter(ctx, st, ms, true, tfJob, reason)
+}
+
+func (s *Server) failBuildAfter(ctx context.Context, st *Stack, ms []Machine, tfRan bool, tfJob string, reason error) error {
+	if ctx.Err() != nil {
+		reason = fmt.Errorf("build cancelled: %w", reason)
+	}
+	s.stopTF(ctx, tfJob)
 	for _, m := range ms {
-		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, bson.M{"state": provider.NotInitialized, "reason": reason.Error()})
+		back := m.State
+		if tfRan || back.InProgress() {
+			back = provider.Unknown
+		}
+		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, bson.M{"state": back, "reason": reason.Error()})
 	}
 	s.setStack(ctx, st.ID, bson.M{"state": StackFailed, "reason": reason.Error()})
 	return reason
+}
+
+// stopTF cancels terraformer's run tfJob when the job's ctx was cancelled (a cancelled build
+// or destroy must not leave terraform running), and waits until it stopped.
+func (s *Server) stopTF(ctx context.Context, tfJob string) {
+	if tfJob == "" || ctx.Err() == nil {
+		return
+	}
+	tf, err := s.terraformer()
+	if err != nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if _, err := tf.Cancel(cctx, tfJob); err != nil && !errors.Is(err, kite.ErrState) {
+		s.log.Warn("cancel terraform run of a cancelled job", "tf_job", tfJob, "err", err)
+	}
 }
 
 func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack, recovering bool) (map[string]any, error) {
@@ -482,7 +632,12 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		var cur struct {
 			TFJob string `bson:"tfJobId"`
 		}
-		s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&cur)
+		// A read that fails must not look like "no run recorded" (that builds again).
+		if err := s.store.Persist(ctx, "read stack "+st.ID, 0, func(ctx context.Context) error {
+			return s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&cur)
+		}); err != nil {
+			return nil, s.failBuildTF(ctx, st, ms, "", fmt.Errorf("read the recorded terraform run: %w", err))
+		}
 		tfJob = cur.TFJob
 		if tfJob == "" {
 			// Killed before terraform's run was recorded: it may not have started, or may be
@@ -500,14 +655,17 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	}
 	if !recovering {
 		j.Progress(ctx, 10, string(provider.Building), "Checking machines")
+		// A stack builds from NotInitialized or Failed: its machines may be in any settled
+		// state (a failed or cancelled build leaves them Unknown); terraform converges on the
+		// template. A machine in a transition has a job of its own at work.
 		for _, m := range ms {
-			if !m.State.Allows(provider.MethodBuild) {
-				return nil, s.failBuild(ctx, st, nil, fmt.Errorf("machine %s is %s; destroy the stack before building it again", m.Label, m.State))
+			if m.State.InProgress() {
+				return nil, s.failBuild(ctx, st, nil, fmt.Errorf("machine %s is %s (a job is changing it); build again when it is done", m.Label, m.State))
 			}
 		}
-		for _, m := range ms {
-			if !s.setMachine(ctx, m.ID, provider.FromStates(provider.MethodBuild), bson.M{"state": provider.Building, "reason": ""}) {
-				return nil, s.failBuild(ctx, st, ms, fmt.Errorf("machine %s changed state meanwhile", m.Label))
+		for i, m := range ms {
+			if !s.setMachine(ctx, m.ID, settledStates(), bson.M{"state": provider.Building, "reason": ""}) {
+				return nil, s.failBuild(ctx, st, ms[:i], fmt.Errorf("machine %s changed state meanwhile", m.Label))
 			}
 		}
 		j.Progress(ctx, 20, string(provider.Building), "Fetching and validating credentials")
@@ -544,6 +702,9 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		}
 		s.setStack(ctx, st.ID, bson.M{"tfJobId": tfJob})
 	}
+	if ctx.Err() != nil {
+		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
+	}
 	said := map[string]string{} // the last message logged per resource: progress repeats it
 	job, err := tf.Wait(ctx, tfJob, func(ev tfrun.Event) {
 		if ev.Type == tfrun.EventProgress && ev.Resource != nil {
@@ -558,17 +719,20 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		}
 	})
 	if err != nil {
-		return nil, s.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
+		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	if err := job.Err(); err != nil {
-		return nil, s.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
+		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	ms, err = s.stackMachines(ctx, st.ID) // kite ids were set while rendering user data
 	if err != nil {
-		return nil, err
+		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("load machines: %w", err))
 	}
 	j.Progress(ctx, 70, string(provider.Building), "Checking machines' agents")
 	results := s.waitAgents(ctx, j, st, ms, job.Result)
+	if ctx.Err() != nil {
+		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
+	}
 	j.Progress(ctx, 90, string(provider.Building), "Updating machine settings")
 	var failed []string
 	for i, m := range ms {
@@ -666,6 +830,18 @@ func ipOf(attrs map[string]any) string {
 	return ""
 }
 
+// settledStates are the machine states no job is changing (not Building, Starting, Stopping or
+// Terminating).
+func settledStates() []provider.State {
+	var out []provider.State
+	for _, st := range provider.States {
+		if !st.InProgress() {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
 func machineSpec(m *Machine) *provider.MachineSpec {
 	return &provider.MachineSpec{ID: m.ID, Label: m.Label, Resource: m.Resource, Index: m.Index, Provider: m.Provider,
 		KiteID: m.KiteID, Owner: m.Owner, Attributes: m.Attributes}
@@ -708,15 +884,18 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		return nil, err
 	}
 	j.Progress(ctx, 10, string(provider.Terminating), "Destroying machines")
-	for _, m := range ms {
-		s.setMachine(ctx, m.ID, nil, bson.M{"state": provider.Terminating})
+	for i, m := range ms {
+		// A machine a start or stop job is changing is not taken from under it.
+		if !s.setMachine(ctx, m.ID, settledStates(), bson.M{"state": provider.Terminating}) {
+			return nil, s.failDestroy(ctx, st, ms[:i], "", fmt.Errorf("machine %s is %s (a job is changing it); destroy again when it is done", m.Label, m.State))
+		}
 	}
 	// Always ask terraform: a build may have created resources even if kloud never recorded its
 	// run (it was killed right after submitting it). Terraformer knowing no files for the stack
 	// means nothing was ever applied.
 	tf, err := s.terraformer()
 	if err != nil {
-		return nil, s.failDestroy(ctx, st, ms, err)
+		return nil, s.failDestroy(ctx, st, ms, "", err)
 	}
 	j.Progress(ctx, 30, string(provider.Terminating), "Destroying stack resources")
 	id, err := submitTF(ctx, j, func() (string, error) {
@@ -726,7 +905,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	case errors.Is(err, kite.ErrNotFound):
 		j.Logf(ctx, "terraform never ran for this stack: nothing to destroy")
 	case err != nil:
-		return nil, s.failDestroy(ctx, st, ms, fmt.Errorf("terraform destroy: %w", err))
+		return nil, s.failDestroy(ctx, st, ms, "", fmt.Errorf("terraform destroy: %w", err))
 	default:
 		job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
 			if ev.Type == tfrun.EventProgress {
@@ -737,29 +916,45 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 			err = job.Err()
 		}
 		if err != nil {
-			return nil, s.failDestroy(ctx, st, ms, fmt.Errorf("terraform destroy: %w", err))
+			return nil, s.failDestroy(ctx, st, ms, id, fmt.Errorf("terraform destroy: %w", err))
 		}
 	}
-	j.Progress(ctx, 90, string(provider.Terminating), "Revoking the machines' keys")
+	// Terraform destroyed everything: the rest is bookkeeping, done even if the job is
+	// cancelled now (a cancel cannot bring the machines back).
+	bctx := context.WithoutCancel(ctx)
+	j.Progress(bctx, 90, string(provider.Terminating), "Revoking the machines' keys")
 	for _, m := range ms {
 		if m.KiteID != "" {
-			if err := s.Kontrol.Revoke(ctx, m.KiteID, "stack "+st.ID+" destroyed"); err != nil {
+			if err := s.Kontrol.Revoke(bctx, m.KiteID, "stack "+st.ID+" destroyed"); err != nil {
 				s.log.Warn("revoke machine key", "machine", m.ID, "err", err)
 			}
 		}
 	}
-	if _, err := s.store.Collection(store.CollMachines).DeleteMany(ctx, bson.M{"stackId": st.ID}); err != nil {
+	if err := s.store.Persist(bctx, "delete machines of stack "+st.ID, 0, func(ctx context.Context) error {
+		_, err := s.store.Collection(store.CollMachines).DeleteMany(ctx, bson.M{"stackId": st.ID})
+		return err
+	}); err != nil {
 		return nil, err
 	}
-	if _, err := s.store.Collection(store.CollStacks).DeleteOne(ctx, bson.M{"_id": st.ID}); err != nil {
+	if err := s.store.Persist(bctx, "delete stack "+st.ID, 0, func(ctx context.Context) error {
+		_, err := s.store.Collection(store.CollStacks).DeleteOne(ctx, bson.M{"_id": st.ID})
+		return err
+	}); err != nil {
 		return nil, err
 	}
+	ctx = bctx
 	j.Progress(ctx, 100, string(provider.Terminated), "Stack destroyed")
 	return map[string]any{"stackId": st.ID, "destroyed": true}, nil
 }
 
-func (s *Server) failDestroy(ctx context.Context, st *Stack, ms []Machine, reason error) error {
-	ctx = context.WithoutCancel(ctx)
+// failDestroy puts the stack Failed and its Terminating machines Unknown (terraform may have
+// destroyed some of them; destroy can be run again). If ctx was cancelled, terraform's run
+// tfJob is stopped first.
+func (s *Server) failDestroy(ctx context.Context, st *Stack, ms []Machine, tfJob string, reason error) error {
+	if ctx.Err() != nil {
+		reason = fmt.Errorf("destroy cancelled: %w", reason)
+	}
+	s.stopTF(ctx, tfJob)
 	for _, m := range ms {
 		s.setMachine(ctx, m.ID, []provider.State{provider.Terminating}, bson.M{"state": provider.Unknown, "reason": reason.Error()})
 	}
@@ -771,6 +966,8 @@ func (s *Server) failDestroy(ctx context.Context, st *Stack, ms []Machine, reaso
 type StackView struct {
 	Stack
 	MachineDocs []Machine `json:"machineDocs"`
+	// Resets are the administrators' stack.reset calls on this stack, oldest first.
+	Resets []StackReset `json:"resets,omitempty"`
 }
 
 func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *IDParams) (any, error) {
@@ -782,7 +979,13 @@ func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err != nil {
 		return nil, err
 	}
-	return StackView{Stack: *st, MachineDocs: ms}, nil
+	var audit struct {
+		Resets []StackReset `bson:"resets"`
+	}
+	if err := s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&audit); err != nil {
+		return nil, fmt.Errorf("load stack: %w", err)
+	}
+	return StackView{Stack: *st, MachineDocs: ms, Resets: audit.Resets}, nil
 }
 
 // StackListParams filter stack.list.

@@ -335,11 +335,42 @@ func stackCmd(g *globals) *cobra.Command {
 			if st.Reason != "" {
 				fmt.Fprintf(g.stdout, "reason: %s\n", st.Reason)
 			}
+			for _, r := range st.Resets {
+				fmt.Fprintf(g.stdout, "reset: %s by %s from %s to %s: %s\n", r.At.Local().Format(time.DateTime), r.By, r.From, r.To, r.Reason)
+			}
 			printMachines(g, st.MachineDocs)
 			return nil
 		},
 	}
-	cmd.AddCommand(plan, create, apply(false), apply(true), list, describe)
+	var resetState, resetReason string
+	reset := &cobra.Command{
+		Use:   "reset STACK [--state Failed|NotInitialized] --reason TEXT",
+		Short: "Force a stuck stack and its machines out of any state (kloud administrators; audited)",
+		Long: `Force a stack whose job is over out of any state: to Failed (machines in a transition
+become Unknown), from where it can be built again or destroyed, or to NotInitialized if nothing
+was ever built. Refused while a job of the stack or its machines runs: cancel it first. The
+reason, who and when are kept on the stack (kloud stack describe) and logged.
+
+kloud does this by itself for stacks whose job ended without its bookkeeping (its reconciler
+runs at startup and every 30s); reset is for what it cannot judge.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var st kloud.StackView
+			if err := g.kloudCall(cmd.Context(), "stack.reset", kloud.ResetParams{StackID: args[0], State: resetState, Reason: resetReason}, &st); err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(st)
+			}
+			fmt.Fprintf(g.stdout, "stack %s is %s\nreason: %s\n", st.ID, st.State, st.Reason)
+			printMachines(g, st.MachineDocs)
+			return nil
+		},
+	}
+	reset.Flags().StringVar(&resetState, "state", kloud.StackFailed, "the state to reset to: Failed or NotInitialized")
+	reset.Flags().StringVar(&resetReason, "reason", "", "why (required; kept on the stack and logged)")
+	reset.MarkFlagRequired("reason")
+	cmd.AddCommand(plan, create, apply(false), apply(true), list, describe, reset)
 	return cmd
 }
 

@@ -19,6 +19,14 @@ const StateField = "state"
 // one transition out of a given state applies. set normally includes the new "state"; if it
 // has no "updatedAt", Transition sets it to the store's clock.
 func (s *Store) Transition(ctx context.Context, coll string, id any, from []string, set bson.M) (bool, error) {
+	return s.TransitionIf(ctx, coll, id, from, nil, set)
+}
+
+// TransitionIf is [Store.Transition] with more conditions: the filter also holds every field
+// of match (e.g. {"jobId": j} to change a stack only if it still belongs to job j, or
+// {"updatedAt": t} to change a document only if nobody changed it since it was read). match
+// must not name _id or state.
+func (s *Store) TransitionIf(ctx context.Context, coll string, id any, from []string, match, set bson.M) (bool, error) {
 	if len(from) == 0 {
 		return false, errors.New("transition: no from states")
 	}
@@ -29,9 +37,14 @@ func (s *Store) Transition(ctx context.Context, coll string, id any, from []stri
 	if _, ok := upd["updatedAt"]; !ok {
 		upd["updatedAt"] = s.Now()
 	}
-	res, err := s.Collection(coll).UpdateOne(ctx,
-		bson.M{"_id": id, StateField: bson.M{"$in": from}},
-		bson.M{"$set": upd})
+	filter := bson.M{"_id": id, StateField: bson.M{"$in": from}}
+	for k, v := range match {
+		if k == "_id" || k == StateField {
+			return false, fmt.Errorf("transition: match may not name %q", k)
+		}
+		filter[k] = v
+	}
+	res, err := s.Collection(coll).UpdateOne(ctx, filter, bson.M{"$set": upd})
 	if err != nil {
 		return false, fmt.Errorf("transition %s %v: %w", coll, id, err)
 	}
