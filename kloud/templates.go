@@ -40,6 +40,15 @@ type TemplateParams struct {
 	Description string            `json:"description,omitempty"`
 	Team        string            `json:"team,omitempty"` // create only; default: the caller's only team, or "default"
 	Files       map[string]string `json:"files,omitempty"`
+	// Trust (kloud administrators only) lifts template policy rules for the revision these
+	// files make, as template.trust does for an existing revision; audited the same way.
+	Trust *TrustSpec `json:"trust,omitempty"`
+}
+
+// TrustSpec names the policy rules an administrator lifts, and why.
+type TrustSpec struct {
+	Rules  []string `json:"rules"`
+	Reason string   `json:"reason"`
 }
 
 func filesOf(m map[string]string) []File {
@@ -116,11 +125,23 @@ func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request,
 	if err != nil {
 		return nil, err
 	}
+	lift, err := s.trustSpec(c, p.Trust)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkPolicy(ctx, team, fileMap(files), lift...); err != nil {
+		return nil, err
+	}
 	now := s.store.Now()
 	t := Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
 		Rev: 1, Files: files, Providers: providerNames(res), CreatedAt: now, UpdatedAt: now}
 	if _, err := s.store.Collection(store.CollTemplates).InsertOne(ctx, t); err != nil {
 		return nil, fmt.Errorf("save template: %w", err)
+	}
+	if p.Trust != nil {
+		if _, err := s.trust(ctx, c, &t, t.Rev, t.Files, p.Trust); err != nil {
+			return nil, err
+		}
 	}
 	return t, nil
 }
@@ -163,6 +184,15 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 		if err != nil {
 			return nil, err
 		}
+		// A new revision: trust given to an earlier one does not carry over (it is bound to
+		// the earlier files' digest).
+		lift, err := s.trustSpec(c, p.Trust)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.checkPolicy(ctx, t.Team, fileMap(files), lift...); err != nil {
+			return nil, err
+		}
 		set["files"], set["providers"], set["rev"] = files, providerNames(res), t.Rev+1
 		revs := append([]TemplateRevision{{Rev: t.Rev, Files: t.Files, Author: t.Owner, CreatedAt: t.UpdatedAt}}, t.Revisions...)
 		if len(revs) > maxRevisions {
@@ -178,7 +208,16 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 	if res.MatchedCount == 0 {
 		return nil, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
 	}
-	return s.loadTemplate(ctx, c, t.ID)
+	nt, err := s.loadTemplate(ctx, c, t.ID)
+	if err != nil {
+		return nil, err
+	}
+	if p.Trust != nil && len(p.Files) > 0 {
+		if _, err := s.trust(ctx, c, nt, nt.Rev, nt.Files, p.Trust); err != nil {
+			return nil, err
+		}
+	}
+	return nt, nil
 }
 
 // TemplateGetParams are the params of template.get.
@@ -193,15 +232,20 @@ func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p 
 		return nil, err
 	}
 	if p.Rev != 0 && p.Rev != t.Rev {
-		for _, r := range t.Revisions {
-			if r.Rev == p.Rev {
-				t.Rev, t.Files = r.Rev, r.Files
-				return t, nil
-			}
+		rev, files, err := revisionFiles(t, p.Rev)
+		if err != nil {
+			return nil, err
 		}
-		return nil, fmt.Errorf("template %s has no revision %d (kept: the last %d): %w", t.ID, p.Rev, maxRevisions, kite.ErrNotFound)
+		t.Rev, t.Files = rev, files
 	}
-	return t, nil
+	return TemplateView{Template: *t, Trust: s.templateTrusts(ctx, t.ID)}, nil
+}
+
+// TemplateView is what template.get returns: the template (at the revision asked for) and the
+// administrators' trust records of its revisions (template.trust).
+type TemplateView struct {
+	Template
+	Trust []TemplateTrust `json:"trust,omitempty"`
 }
 
 // TemplateListParams filter template.list.

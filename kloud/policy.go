@@ -1,0 +1,264 @@
+package kloud
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider/tmpl"
+)
+
+// The template policy (provider/tmpl's CheckPolicy, docs/template-policy.md): templates are
+// data, not code. kloud checks a template's files at template.create and template.update, and
+// again in build() before every stack.plan, stack.create and build, so a template stored before
+// the policy existed (or written to the store directly) does not run either. Only the user's
+// files are checked; what providers add in ApplyTemplate is kloud's own code.
+//
+// A kloud administrator may trust one revision of a template (template.trust), lifting named
+// rules for exactly its files: the trust record holds a digest of the files, so any change of
+// them is a new revision that is not trusted. Records live on the template document (field
+// "trust": who, when, which rules, why) and every trust and untrust is logged at WARN.
+
+func init() {
+	methodSets = append(methodSets, func(s *Server) {
+		handle(s, "template.trust", s.templateTrust)
+		handle(s, "template.untrust", s.templateUntrust)
+	})
+}
+
+// TemplateTrust is an administrator's decision to lift policy rules for one revision of a
+// template.
+type TemplateTrust struct {
+	Rev    int       `bson:"rev" json:"rev"`
+	Digest string    `bson:"digest" json:"digest"` // filesDigest of the revision's files
+	Rules  []string  `bson:"rules" json:"rules"`
+	Reason string    `bson:"reason" json:"reason"`
+	By     string    `bson:"by" json:"by"`
+	At     time.Time `bson:"at" json:"at"`
+}
+
+// templateTrusts is the part of a template document this file reads and writes.
+type templateTrusts struct {
+	ID    string          `bson:"_id"`
+	Team  string          `bson:"team"`
+	Trust []TemplateTrust `bson:"trust,omitempty"`
+}
+
+// filesDigest identifies a template's files: sha256 over names and contents.
+func filesDigest(files map[string][]byte) string {
+	h := sha256.New()
+	for _, n := range sortedNames(files) {
+		var l [8]byte
+		binary.BigEndian.PutUint64(l[:], uint64(len(n)))
+		h.Write(l[:])
+		h.Write([]byte(n))
+		binary.BigEndian.PutUint64(l[:], uint64(len(files[n])))
+		h.Write(l[:])
+		h.Write(files[n])
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func sortedNames(files map[string][]byte) []string {
+	out := make([]string, 0, len(files))
+	for n := range files {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkPolicy checks a template's (user's) files against the policy of kloud's providers,
+// lifting the rules an administrator trusted these exact files with in team, and extraLift
+// (an administrator's template.create or template.update with trust). Violations are
+// invalid params naming file:line:col, the construct and the rule.
+func (s *Server) checkPolicy(ctx context.Context, team string, files map[string][]byte, extraLift ...string) error {
+	cfg, err := tmpl.Parse(files)
+	if err != nil {
+		return fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
+	}
+	lift, err := s.trustedRules(ctx, team, filesDigest(files))
+	if err != nil {
+		return err
+	}
+	lift = append(lift, extraLift...)
+	if err := cfg.CheckPolicy(s.providers.TemplatePolicy(lift...)); err != nil {
+		return fmt.Errorf("template refused by kloud's template policy (see docs/template-policy.md; a kloud administrator can trust a template with `kloud template trust`):\n%s: %w", err.Error(), kite.ErrInvalidParams)
+	}
+	return nil
+}
+
+// trustedRules returns the rules lifted for files with this digest in team.
+func (s *Server) trustedRules(ctx context.Context, team, digest string) ([]string, error) {
+	ts, err := findAll[templateTrusts](ctx, s.store.Collection(store.CollTemplates), bson.M{"team": team, "trust": bson.M{"$exists": true}})
+	if err != nil {
+		return nil, fmt.Errorf("load template trust: %w", err)
+	}
+	var out []string
+	for _, t := range ts {
+		for _, tr := range t.Trust {
+			if tr.Digest != digest {
+				continue
+			}
+			for _, r := range tr.Rules {
+				if !slices.Contains(out, r) {
+					out = append(out, r)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// TrustParams are the params of template.trust and template.untrust.
+type TrustParams struct {
+	TemplateID string `json:"templateId"`
+	// Revision to trust; default: the current one. template.untrust: default all revisions.
+	Revision int      `json:"revision,omitempty"`
+	Rules    []string `json:"rules,omitempty"`  // trust only: the rule ids to lift
+	Reason   string   `json:"reason,omitempty"` // trust: required
+}
+
+// Validate implements kite.Validator.
+func (p *TrustParams) Validate() error {
+	if p.TemplateID == "" {
+		return errors.New("templateId is required")
+	}
+	if p.Revision < 0 {
+		return errors.New("revision must be positive")
+	}
+	for _, r := range p.Rules {
+		if !slices.Contains(tmpl.PolicyRules, r) {
+			return fmt.Errorf("unknown rule %q (rules: %s)", r, strings.Join(tmpl.PolicyRules, ", "))
+		}
+	}
+	return nil
+}
+
+// revisionFiles returns the files of revision rev of t (0: the current one).
+func revisionFiles(t *Template, rev int) (int, []File, error) {
+	if rev == 0 || rev == t.Rev {
+		return t.Rev, t.Files, nil
+	}
+	for _, r := range t.Revisions {
+		if r.Rev == rev {
+			return r.Rev, r.Files, nil
+		}
+	}
+	return 0, nil, fmt.Errorf("template %s has no revision %d (kept: the last %d): %w", t.ID, rev, maxRevisions, kite.ErrNotFound)
+}
+
+func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, p *TrustParams) (any, error) {
+	spec := &TrustSpec{Rules: p.Rules, Reason: p.Reason}
+	if _, err := s.trustSpec(c, spec); err != nil {
+		return nil, err
+	}
+	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	rev, files, err := revisionFiles(t, p.Revision)
+	if err != nil {
+		return nil, err
+	}
+	return s.trust(ctx, c, t, rev, files, spec)
+}
+
+// trustSpec checks an administrator's trust and returns the rules it lifts (none for nil).
+func (s *Server) trustSpec(c *Caller, spec *TrustSpec) ([]string, error) {
+	if spec == nil {
+		return nil, nil
+	}
+	if !c.Admin {
+		return nil, fmt.Errorf("only a kloud administrator may trust a template: %w", kite.ErrPermission)
+	}
+	if len(spec.Rules) == 0 {
+		return nil, fmt.Errorf("say which rules to lift (rules: %s): %w", strings.Join(tmpl.PolicyRules, ", "), kite.ErrInvalidParams)
+	}
+	for _, r := range spec.Rules {
+		if !slices.Contains(tmpl.PolicyRules, r) {
+			return nil, fmt.Errorf("unknown rule %q (rules: %s): %w", r, strings.Join(tmpl.PolicyRules, ", "), kite.ErrInvalidParams)
+		}
+	}
+	if strings.TrimSpace(spec.Reason) == "" {
+		return nil, fmt.Errorf("a reason is required: it is kept with the trust: %w", kite.ErrInvalidParams)
+	}
+	return spec.Rules, nil
+}
+
+// trust records that revision rev (with files) of t is trusted with spec, and logs it.
+func (s *Server) trust(ctx context.Context, c *Caller, t *Template, rev int, files []File, spec *TrustSpec) (TemplateTrust, error) {
+	rules := slices.Clone(spec.Rules)
+	slices.Sort(rules)
+	rules = slices.Compact(rules)
+	tr := TemplateTrust{Rev: rev, Digest: filesDigest(fileMap(files)), Rules: rules, Reason: strings.TrimSpace(spec.Reason), By: c.Username, At: s.store.Now()}
+	if err := s.setTrust(ctx, t.ID, func(cur []TemplateTrust) []TemplateTrust {
+		cur = slices.DeleteFunc(cur, func(x TemplateTrust) bool { return x.Rev == rev })
+		return append(cur, tr)
+	}); err != nil {
+		return TemplateTrust{}, err
+	}
+	s.log.Warn("template trusted: policy rules lifted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", rev,
+		"rules", strings.Join(rules, ","), "by", c.Username, "reason", tr.Reason, "digest", tr.Digest)
+	return tr, nil
+}
+
+func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request, p *TrustParams) (any, error) {
+	if !c.Admin {
+		return nil, fmt.Errorf("only a kloud administrator may untrust a template: %w", kite.ErrPermission)
+	}
+	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	removed := 0
+	if err := s.setTrust(ctx, t.ID, func(cur []TemplateTrust) []TemplateTrust {
+		n := len(cur)
+		cur = slices.DeleteFunc(cur, func(x TemplateTrust) bool { return p.Revision == 0 || x.Rev == p.Revision })
+		removed = n - len(cur)
+		return cur
+	}); err != nil {
+		return nil, err
+	}
+	s.log.Warn("template untrusted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", p.Revision, "removed", removed, "by", c.Username)
+	return map[string]any{"templateId": t.ID, "removed": removed}, nil
+}
+
+// setTrust rewrites a template's trust records (the last of two concurrent administrators
+// wins; both are logged).
+func (s *Server) setTrust(ctx context.Context, id string, change func([]TemplateTrust) []TemplateTrust) error {
+	coll := s.store.Collection(store.CollTemplates)
+	var cur templateTrusts
+	if err := coll.FindOne(ctx, bson.M{"_id": id}).Decode(&cur); err != nil {
+		return fmt.Errorf("load template: %w", err)
+	}
+	next := change(slices.Clone(cur.Trust))
+	update := bson.M{"$set": bson.M{"trust": next}}
+	if len(next) == 0 {
+		update = bson.M{"$unset": bson.M{"trust": ""}}
+	}
+	if _, err := coll.UpdateOne(ctx, bson.M{"_id": id}, update); err != nil {
+		return fmt.Errorf("save template trust: %w", err)
+	}
+	return nil
+}
+
+// templateTrusts reads a template's trust records (template.get shows them).
+func (s *Server) templateTrusts(ctx context.Context, id string) []TemplateTrust {
+	var cur templateTrusts
+	if err := s.store.Collection(store.CollTemplates).FindOne(ctx, bson.M{"_id": id}).Decode(&cur); err != nil {
+		return nil
+	}
+	return cur.Trust
+}

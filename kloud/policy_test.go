@@ -1,0 +1,295 @@
+package kloud_test
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/providers/dummy"
+)
+
+// host is what a hostile template aims at on the host that runs Terraform: a marker file it
+// would write, a secret it would read (a FIFO: opening it for reading is noticed), a module
+// directory of host code, and an HTTP server it would call. check proves none was touched.
+type host struct {
+	t      *testing.T
+	dir    string
+	marker string
+	secret string
+	module string
+	url    string
+	opened atomic.Bool
+	// releasing is set when the test itself opens the FIFO to let the waiting writer go.
+	releasing atomic.Bool
+	hits      atomic.Int32
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	h := &host{t: t, dir: t.TempDir()}
+	h.marker = filepath.Join(h.dir, "pwned-by-template.txt")
+	h.secret = filepath.Join(h.dir, "secret")
+	if err := syscall.Mkfifo(h.secret, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Blocks until someone opens the FIFO for reading.
+		f, err := os.OpenFile(h.secret, os.O_WRONLY, 0)
+		if err != nil {
+			return
+		}
+		if !h.releasing.Load() {
+			h.opened.Store(true)
+			f.WriteString("the-host-secret\n")
+		}
+		f.Close()
+	}()
+	t.Cleanup(func() {
+		h.releasing.Store(true)
+		if f, err := os.OpenFile(h.secret, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+			<-done
+			f.Close()
+		}
+	})
+	h.module = filepath.Join(h.dir, "module")
+	os.Mkdir(h.module, 0o755)
+	os.WriteFile(filepath.Join(h.module, "main.tf"), []byte(fmt.Sprintf(`resource "terraform_data" "m" {
+  provisioner "local-exec" { command = "id > %s" }
+}
+`, h.marker)), 0o644)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.hits.Add(1)
+		fmt.Fprintln(w, `{"secret": "from-the-host-network"}`)
+	}))
+	t.Cleanup(srv.Close)
+	h.url = srv.URL
+	return h
+}
+
+// check fails the test if the template reached the host.
+func (h *host) check(when string) {
+	h.t.Helper()
+	if _, err := os.Stat(h.marker); err == nil {
+		b, _ := os.ReadFile(h.marker)
+		h.t.Errorf("%s: the template wrote %s on the host: %q", when, h.marker, b)
+	}
+	if h.opened.Load() {
+		h.t.Errorf("%s: the template read %s on the host", when, h.secret)
+	}
+	if n := h.hits.Load(); n > 0 {
+		h.t.Errorf("%s: the template called the host's network (%d requests)", when, n)
+	}
+}
+
+// hostileTemplates: one per construct class of issue 9, each with the rule that refuses it
+// and the place (file:line:col) it must name.
+func hostileTemplates(h *host) []struct{ name, main, rule, pos string } {
+	return []struct{ name, main, rule, pos string }{
+		{"local-exec provisioner", fmt.Sprintf(`resource "terraform_data" "x" {
+  provisioner "local-exec" { command = "id > %s" }
+}
+resource "terraform_data" "vm" {
+  input = "echo hi"
+}
+`, h.marker), "provisioner", "main.tf:2:3"},
+		{"file() into user data", fmt.Sprintf(`resource "terraform_data" "vm" {
+  input = "echo ${file(%q)}"
+}
+`, h.secret), "host-function", "main.tf:2:19"},
+		{"local_file resource", fmt.Sprintf(`resource "local_file" "x" {
+  filename = %q
+  content  = "pwned"
+}
+`, h.marker), "provider", "main.tf:1:10"},
+		{"http data source", fmt.Sprintf(`data "http" "x" {
+  url = %q
+}
+resource "terraform_data" "vm" {
+  input = "echo ${data.http.x.response_body}"
+}
+`, h.url), "provider", "main.tf:1:6"},
+		{"external data source", fmt.Sprintf(`data "external" "x" {
+  program = ["sh", "-c", "id > %s; echo '{}'"]
+}
+`, h.marker), "provider", "main.tf:1:6"},
+		{"backend local", fmt.Sprintf(`terraform {
+  backend "local" {
+    path = %q
+  }
+}
+resource "terraform_data" "vm" {
+  input = "echo hi"
+}
+`, h.marker), "backend", "main.tf:2:3"},
+		{"module from the host", fmt.Sprintf(`module "m" {
+  source = %q
+}
+`, h.module), "module", "main.tf:1:1"},
+		{"terraform_remote_state", fmt.Sprintf(`data "terraform_remote_state" "x" {
+  backend = "local"
+  config  = { path = %q }
+}
+`, h.secret), "provider", "main.tf:1:6"},
+	}
+}
+
+func wantPolicyRefusal(t *testing.T, when string, err error, rule, pos string) {
+	t.Helper()
+	if !errors.Is(err, kite.ErrInvalidParams) {
+		t.Fatalf("%s: want invalid params from the template policy, got %v", when, err)
+	}
+	if !strings.Contains(err.Error(), "(rule "+rule+")") || !strings.Contains(err.Error(), pos+":") {
+		t.Fatalf("%s: want rule %s at %s in: %v", when, rule, pos, err)
+	}
+}
+
+// TestHostileTemplates: every construct class that reaches the host is refused at
+// template.create, and, stored directly (as before the policy existed), at stack.plan,
+// stack.create and the build; destroy of such a stack has nothing of it to run. Nothing
+// happens on the host at any step.
+func TestHostileTemplates(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	cred := f.credential()
+	h := newHost(t)
+	for _, tc := range hostileTemplates(h) {
+		t.Run(tc.name, func(t *testing.T) {
+			files := map[string]string{"main.tf": tc.main}
+			err := f.alice.Call(t.Context(), "template.create", map[string]any{"title": tc.name, "files": files}, nil)
+			wantPolicyRefusal(t, "template.create", err, tc.rule, tc.pos)
+			h.check("template.create")
+
+			// Stored bypassing template.create.
+			now := time.Now()
+			tpl := kloud.Template{ID: store.NewID(), Title: tc.name, Team: kloud.DefaultTeam, Owner: "alice", Rev: 1,
+				Files: []kloud.File{{Name: "main.tf", Content: tc.main}}, CreatedAt: now, UpdatedAt: now}
+			if _, err := f.Server.Store().Collection(store.CollTemplates).InsertOne(t.Context(), tpl); err != nil {
+				t.Fatal(err)
+			}
+			params := map[string]any{"templateId": tpl.ID, "credentials": map[string]string{"dummy": cred}}
+			err = f.alice.Call(t.Context(), "stack.plan", params, nil)
+			wantPolicyRefusal(t, "stack.plan", err, tc.rule, tc.pos)
+			h.check("stack.plan")
+			err = f.alice.Call(t.Context(), "stack.create", params, nil)
+			wantPolicyRefusal(t, "stack.create", err, tc.rule, tc.pos)
+			h.check("stack.create")
+
+			// A stack stored with the template's files, as an older kloud made them.
+			st := kloud.Stack{ID: store.NewID(), Title: tc.name, Team: kloud.DefaultTeam, Owner: "alice", TemplateID: tpl.ID, TemplateRev: 1,
+				Files: tpl.Files, Credentials: map[string]string{"dummy": cred}, State: kloud.StackNotInitialized, Machines: []string{}, CreatedAt: now, UpdatedAt: now}
+			if _, err := f.Server.Store().Collection(store.CollStacks).InsertOne(t.Context(), st); err != nil {
+				t.Fatal(err)
+			}
+			var job struct{ JobID string }
+			kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": st.ID}, &job)
+			last := f.follow(job.JobID)
+			if last.Status != store.JobFailed || !strings.Contains(last.Error, "(rule "+tc.rule+")") || !strings.Contains(last.Error, tc.pos+":") {
+				t.Fatalf("build: want refused by rule %s at %s, got %+v", tc.rule, tc.pos, last)
+			}
+			h.check("build")
+			var got kloud.Stack
+			if err := f.Server.Store().Collection(store.CollStacks).FindOne(t.Context(), bson.M{"_id": st.ID}).Decode(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got.State != kloud.StackFailed || !strings.Contains(got.Reason, "rule "+tc.rule) {
+				t.Fatalf("stack after the refused build: %s %q", got.State, got.Reason)
+			}
+
+			// Destroy runs only what terraform applied, and the template never got there.
+			kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": st.ID, "destroy": true}, &job)
+			if last := f.follow(job.JobID); last.Status != store.JobSucceeded {
+				t.Fatalf("destroy: %+v", last)
+			}
+			h.check("destroy")
+		})
+	}
+}
+
+// TestTrustedTemplate: an administrator's trust lifts exactly the rules named, for exactly
+// the revision trusted; members cannot trust; a new revision is not trusted.
+func TestTrustedTemplate(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	admin := f.Dial(kloud.Admin)
+	// The provisioner writes nowhere: this test is about which rules are enforced.
+	both := `resource "terraform_data" "vm" {
+  input = "echo ${file("/etc/hostname")}"
+  provisioner "local-exec" { command = "true" }
+}
+`
+	onlyProv := `resource "terraform_data" "vm" {
+  input = "echo hi"
+  provisioner "local-exec" { command = "true" }
+}
+`
+	var tpl kloud.Template
+	kloudtest.Call(t, f.alice, "template.create", map[string]any{"title": "fine", "files": map[string]string{"main.tf": "resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n}\n"}}, &tpl)
+	// Stored before the policy: rev 2 has a provisioner.
+	if _, err := f.Server.Store().Collection(store.CollTemplates).UpdateOne(t.Context(), bson.M{"_id": tpl.ID},
+		bson.M{"$set": bson.M{"rev": 2, "files": []kloud.File{{Name: "main.tf", Content: onlyProv}}}}); err != nil {
+		t.Fatal(err)
+	}
+	cred := f.credential()
+	plan := map[string]any{"templateId": tpl.ID, "credentials": map[string]string{"dummy": cred}}
+	wantPolicyRefusal(t, "plan before trust", f.alice.Call(t.Context(), "stack.plan", plan, nil), "provisioner", "main.tf:3:3")
+
+	trust := map[string]any{"templateId": tpl.ID, "rules": []string{"provisioner"}, "reason": "reviewed: runs true"}
+	if err := f.alice.Call(t.Context(), "template.trust", trust, nil); !errors.Is(err, kite.ErrPermission) {
+		t.Fatalf("a member trusted a template: %v", err)
+	}
+	if err := admin.Call(t.Context(), "template.trust", map[string]any{"templateId": tpl.ID, "rules": []string{"provisioner"}}, nil); !errors.Is(err, kite.ErrInvalidParams) {
+		t.Fatalf("trust without a reason: %v", err)
+	}
+	var tr kloud.TemplateTrust
+	kloudtest.Call(t, admin, "template.trust", trust, &tr)
+	if tr.Rev != 2 || tr.By != kloud.Admin || tr.Reason != "reviewed: runs true" || len(tr.Rules) != 1 {
+		t.Fatalf("trust record %+v", tr)
+	}
+	var view kloud.TemplateView
+	kloudtest.Call(t, f.alice, "template.get", map[string]string{"id": tpl.ID}, &view)
+	if len(view.Trust) != 1 || view.Trust[0].By != kloud.Admin {
+		t.Fatalf("template.get does not show the trust: %+v", view.Trust)
+	}
+	// The provisioner rule is lifted for these files.
+	if err := f.alice.Call(t.Context(), "stack.plan", plan, nil); err != nil {
+		t.Fatalf("trusted template refused: %v", err)
+	}
+
+	// A new revision (adding file()) is not trusted: the provisioner is refused again, and
+	// host-function, which was never lifted, too.
+	err := f.alice.Call(t.Context(), "template.update", map[string]any{"id": tpl.ID, "files": map[string]string{"main.tf": both}}, nil)
+	wantPolicyRefusal(t, "update", err, "provisioner", "main.tf:3:3")
+	wantPolicyRefusal(t, "update", err, "host-function", "main.tf:2:19")
+
+	// An administrator creating it with the provisioner rule lifted: file() is still refused.
+	err = admin.Call(t.Context(), "template.create", map[string]any{"title": "both", "files": map[string]string{"main.tf": both},
+		"trust": map[string]any{"rules": []string{"provisioner"}, "reason": "test"}}, nil)
+	wantPolicyRefusal(t, "admin create", err, "host-function", "main.tf:2:19")
+	if strings.Contains(err.Error(), "rule provisioner") {
+		t.Fatalf("provisioner not lifted: %v", err)
+	}
+	// A member cannot create with trust.
+	err = f.alice.Call(t.Context(), "template.create", map[string]any{"title": "p", "files": map[string]string{"main.tf": onlyProv},
+		"trust": map[string]any{"rules": []string{"provisioner"}, "reason": "me"}}, nil)
+	if !errors.Is(err, kite.ErrPermission) {
+		t.Fatalf("member create with trust: %v", err)
+	}
+
+	// Untrusted again: refused.
+	kloudtest.Call(t, admin, "template.untrust", map[string]any{"templateId": tpl.ID}, nil)
+	wantPolicyRefusal(t, "plan after untrust", f.alice.Call(t.Context(), "stack.plan", plan, nil), "provisioner", "main.tf:3:3")
+}
