@@ -34,7 +34,8 @@ type Options struct {
 	KiteKeyFile string // required: the kite.key (default /etc/kloud/kite.key)
 	// KontrolURL defaults to the kontrolURL claim of the kite key.
 	KontrolURL string
-	// Owner is the machine's owner user (default: the key's subject).
+	// Owner is the machine's owner user (default: the owner claim of an agent key, the subject
+	// of a kite key).
 	Owner       string
 	Environment string // default "default"
 	Region      string // default "default"
@@ -61,7 +62,7 @@ type Klient struct {
 	log    *slog.Logger
 	kite   *kite.Kite
 	client *kite.Client
-	claims *kitekey.KiteKeyClaims
+	claims *kitekey.KeyFile // what the kite.key says: kite id, owner, issuer, kontrol URL
 	key    string
 	keys   *keyCache
 
@@ -87,7 +88,7 @@ func New(opts Options) (*Klient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("klient: %w", err)
 	}
-	claims, err := kitekey.ParseUnverified(key)
+	claims, err := kitekey.ParseKeyFile(key)
 	if err != nil {
 		return nil, fmt.Errorf("klient: kite key %s: %w", opts.KiteKeyFile, err)
 	}
@@ -97,8 +98,13 @@ func New(opts Options) (*Klient, error) {
 	if opts.KontrolURL == "" {
 		return nil, errors.New("klient: no kontrol URL: pass --kontrol-url or use a kite key that names one")
 	}
-	if opts.Owner == "" {
-		opts.Owner = claims.Subject
+	// The owner is the agent key's owner claim (its subject names the machine, not a user); for
+	// a plain kite key (tests, hand-run klients) it is the subject.
+	switch {
+	case opts.Owner == "":
+		opts.Owner = claims.Owner
+	case claims.Kind == kitekey.KindAgentKey && opts.Owner != claims.Owner:
+		return nil, fmt.Errorf("klient: --owner %q, but %s is the agent key of a machine of %q", opts.Owner, opts.KiteKeyFile, claims.Owner)
 	}
 	if opts.StateDir == "" {
 		opts.StateDir = filepath.Join(opts.Root, "/var/lib/kloud/klient")
@@ -117,9 +123,11 @@ func New(opts Options) (*Klient, error) {
 	kl.ctx, kl.cancel = context.WithCancel(context.Background())
 	k, err := kite.New(kite.Options{
 		Identity: kite.Identity{
-			Username: claims.Subject, ID: claims.ID, Name: "klient", Version: version.Version,
+			Username: claims.Owner, ID: claims.KiteID, Name: "klient", Version: version.Version,
 			Environment: opts.Environment, Region: opts.Region,
 		},
+		// Tokens (what kloud mints for the users it relays) and kite keys of users; never agent
+		// keys: no agent needs to dial another (Agents is off).
 		Authenticator: &kitekey.Authenticator{Verifier: verifier},
 		Logger:        opts.Logger,
 		PingInterval:  opts.PingInterval,
@@ -220,7 +228,7 @@ var started = time.Now().UTC()
 func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	host, _ := os.Hostname()
 	return Info{
-		KiteID: kl.claims.ID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
+		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
 	}, nil
 }

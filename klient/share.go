@@ -30,8 +30,8 @@ import (
 // Grants a machine can be shared with.
 const (
 	GrantReadonly = "readonly" // watch terminals (read-only attach), list sessions
-	GrantTerminal = "terminal" // and create, attach, type, resize; kill/rename own sessions
-	GrantFull     = "full"     // and kill/rename any session, exec; not share
+	GrantTerminal = "terminal" // and shells as the user's own account (no sudo): create, type, resize, kill/rename own sessions
+	GrantFull     = "full"     // anything the owner can do on the machine (shells as the owner, with sudo; kill/rename any session, exec); not share
 	roleOwner     = "owner"
 )
 
@@ -171,7 +171,7 @@ func (kl *Klient) authorize(ctx context.Context, r *kite.Request, token string, 
 	if token == "" {
 		return "", "", fmt.Errorf("%s: a token is required (a kite token for this klient, minted by kloud for the user): %w", r.Method, kite.ErrAuth)
 	}
-	c, err := kl.verifier.Token(ctx, token, kl.claims.ID)
+	c, err := kl.verifier.Token(ctx, token, kl.claims.KiteID)
 	if err != nil {
 		return "", "", fmt.Errorf("%s: %w", r.Method, err)
 	}
@@ -332,6 +332,9 @@ func (kl *Klient) enforce(before, after map[string]string) {
 			}
 		case !allowed(ng, permTerminal):
 			kl.term.CloseViewers(u, func(v *webterm.Viewer) bool { return !v.ReadOnly() }, webterm.CloseUnshared, "your share of this machine is now read-only")
+		default: // still typing, maybe no longer as the owner (full → terminal)
+			kl.term.CloseViewers(u, func(v *webterm.Viewer) bool { return !v.ReadOnly() && !kl.mayType(u, ng, v.RunAs()) },
+				webterm.CloseUnshared, "your share of this machine no longer includes the owner's account")
 		}
 	}
 }

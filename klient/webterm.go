@@ -10,7 +10,15 @@ import (
 )
 
 // Web terminal methods (package webterm has the sessions; docs/protocol.md "Web terminal" the
-// wire). Each takes the end user's token and is checked against the access list (share.go):
+// wire). Each takes the end user's token and is checked against the access list (share.go).
+//
+// Which account a shell runs as follows the grant: the owner and full shares get the owner's
+// account (with its sudo: full "can do anything the owner can do on this machine"); a terminal
+// share gets the user's OWN account on the machine (webterm.SharedAccount: created on demand, no
+// sudo), so /etc/kloud/kite.key (0400 root) and the owner's files stay out of reach; readonly
+// only watches. A terminal share types into, and resizes, only sessions that run as its own
+// account; it may watch the others.
+//
 //
 //	webterm.connect {session?, cols, rows, mode?, token, attach: {url, ticket}} → {session, mode, created}
 //	webterm.list    {token}                        → {sessions: [...]}  (any grant)
@@ -45,9 +53,15 @@ func (kl *Klient) webtermConnect(ctx context.Context, r *kite.Request, p *webter
 	if mode == webterm.ModeReadonly {
 		need = permView
 	}
-	user, _, err := kl.authorize(ctx, r, p.Token, need)
+	user, role, err := kl.authorize(ctx, r, p.Token, need)
 	if err != nil {
 		return nil, err
+	}
+	open := webterm.OpenRequest{Session: p.Session, User: user, Mode: mode, Cols: p.Cols, Rows: p.Rows}
+	if mode != webterm.ModeReadonly {
+		if open.RunAs, open.AnyAccount, err = kl.runAs(ctx, user, role); err != nil {
+			return nil, err
+		}
 	}
 	if mode == webterm.ModeShared || mode == webterm.ModeReadonly {
 		if _, err := kl.term.Info(p.Session); err != nil { // fail before dialing
@@ -60,13 +74,13 @@ func (kl *Klient) webtermConnect(ctx context.Context, r *kite.Request, p *webter
 	if err != nil {
 		return nil, fmt.Errorf("webterm.connect: %w: %w", err, kite.ErrState)
 	}
-	v, created, err := kl.term.Open(webterm.OpenRequest{Session: p.Session, User: user, Mode: mode, Cols: p.Cols, Rows: p.Rows})
+	v, created, err := kl.term.Open(open)
 	if err != nil {
 		ws.Close(webterm.CloseRefused, truncate(err.Error(), 120))
 		return nil, err
 	}
 	// An unshare between authorize and Open must not leave this viewer behind.
-	if role := kl.roleOf(user); !allowed(role, need) || (!v.ReadOnly() && !allowed(role, permTerminal)) {
+	if role := kl.roleOf(user); !allowed(role, need) || (!v.ReadOnly() && !kl.mayType(user, role, v.RunAs())) {
 		v.Close()
 		ws.Close(webterm.CloseUnshared, "this machine is no longer shared with you")
 		return nil, fmt.Errorf("webterm.connect: this machine is no longer shared with %s: %w", user, kite.ErrPermission)
@@ -125,8 +139,16 @@ func (kl *Klient) webtermRename(ctx context.Context, r *kite.Request, p *webterm
 }
 
 func (kl *Klient) webtermResize(ctx context.Context, r *kite.Request, p *webterm.ResizeParams) (any, error) {
-	if _, _, err := kl.authorize(ctx, r, p.Token, permTerminal); err != nil {
+	user, role, err := kl.authorize(ctx, r, p.Token, permTerminal)
+	if err != nil {
 		return nil, err
+	}
+	in, err := kl.term.Info(p.Session)
+	if err != nil {
+		return nil, err
+	}
+	if !kl.mayType(user, role, in.RunAs) {
+		return nil, fmt.Errorf("webterm.resize: session %q runs as %s; a %s share resizes only its own account's sessions: %w", p.Session, in.RunAs, role, kite.ErrPermission)
 	}
 	if err := kl.term.Resize(p.Session, p.Cols, p.Rows); err != nil {
 		return nil, err
@@ -139,4 +161,31 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n]
+}
+
+// runAs is the account user's new sessions run as, and whether they may type into sessions of
+// any account: the owner's for the owner and full shares, the user's own (created if needed)
+// for a terminal share.
+func (kl *Klient) runAs(ctx context.Context, user, role string) (account string, any bool, err error) {
+	if allowed(role, permExec) { // owner, full
+		return kl.opts.Owner, true, nil
+	}
+	account, err = webterm.SharedAccount(ctx, kl.opts.Root, user)
+	if err != nil {
+		return "", false, fmt.Errorf("webterm.connect: %w", err)
+	}
+	return account, false, nil
+}
+
+// mayType reports whether user, with role, may type into (and resize) a session that runs as
+// account runAs.
+func (kl *Klient) mayType(user, role, runAs string) bool {
+	switch {
+	case allowed(role, permExec): // owner, full
+		return true
+	case allowed(role, permTerminal):
+		own, err := webterm.SharedAccountName(user)
+		return err == nil && runAs == own
+	}
+	return false
 }

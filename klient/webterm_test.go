@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient"
 	"github.com/kloud-dev/kloud/klient/webterm"
 	"github.com/kloud-dev/kloud/klient/webterm/webtermtest"
@@ -44,7 +46,11 @@ type env struct {
 	legs map[string]chan *websocket.Conn
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvKey(t, false) }
+
+// newEnvKey is newEnv with klient holding, if agent is set, a machine agent's key (what kloud
+// gives a machine) instead of a kite key of alice's.
+func newEnvKey(t *testing.T, agent bool) *env {
 	t.Helper()
 	testutil.RequireBinary(t, "bash")
 	e := &env{t: t, ko: kontroltest.Start(t, kontroltest.Options{}), mach: webtermtest.New(t, "alice"),
@@ -54,7 +60,18 @@ func newEnv(t *testing.T) *env {
 	mux.HandleFunc(webterm.AttachPath, e.attach)
 	e.srv = httptest.NewServer(mux)
 	t.Cleanup(e.srv.Close)
-	e.keyFile, e.kiteID = e.ko.KeyFile("alice")
+	if agent {
+		key, id, err := e.ko.Kontrol.CreateAgentKey(kitekey.AgentKeySpec{Owner: "alice", MachineID: "m1", StackID: "s1", KontrolURL: e.srv.URL + "/kite"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.keyFile, e.kiteID = filepath.Join(t.TempDir(), "kite.key"), id
+		if err := kitekey.WriteFile(e.keyFile, key); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		e.keyFile, e.kiteID = e.ko.KeyFile("alice")
+	}
 	e.start()
 	return e
 }
@@ -64,7 +81,7 @@ func (e *env) start() {
 	e.t.Helper()
 	ready := make(chan struct{}, 1)
 	kl, err := klient.New(klient.Options{
-		KiteKeyFile: e.keyFile, KontrolURL: e.srv.URL + "/kite", Owner: "alice", Root: e.mach.Root, StateDir: e.stateDir,
+		KiteKeyFile: e.keyFile, KontrolURL: e.srv.URL + "/kite", Root: e.mach.Root, StateDir: e.stateDir,
 		Logger: testutil.Logger(e.t),
 		Ready: func(kontrol.RegisterResult) {
 			select {
@@ -258,13 +275,26 @@ func TestReadonlyShareWatchesLiveAndUnshareCloses(t *testing.T) {
 }
 
 func TestDowngradeClosesWritableAttachments(t *testing.T) {
+	testutil.RequireRoot(t) // a terminal share's shells run as an account klient creates
 	e := newEnv(t)
-	e.share("tom", klient.GrantTerminal)
+	e.share("tom", klient.GrantFull)
 	e.mustConnect("alice", webterm.ConnectParams{Session: "s"})
 	rw, _ := e.mustConnect("tom", webterm.ConnectParams{Session: "s", Mode: webterm.ModeShared})
 	ro, _ := e.mustConnect("tom", webterm.ConnectParams{Session: "s", Mode: webterm.ModeReadonly})
+	// full → terminal: tom may no longer type as the owner.
+	e.share("tom", klient.GrantTerminal)
+	if c := rw.Closed(t); c.Code != webterm.CloseUnshared || !strings.Contains(c.Reason, "owner's account") {
+		t.Fatalf("writable attachment to the owner's session after full → terminal: %+v", c)
+	}
+	if !ro.Open() {
+		t.Fatalf("read-only attachment closed too: %+v", ro.Closed(t))
+	}
+	own, _ := e.mustConnect("tom", webterm.ConnectParams{Session: "tom-own"})
+	own.Type(t, "echo own-$((4*4))\r")
+	own.WaitFor(t, "own-16")
+	// terminal → readonly: his own session's writable attachment goes too.
 	e.share("tom", klient.GrantReadonly)
-	if c := rw.Closed(t); c.Code != webterm.CloseUnshared || !strings.Contains(c.Reason, "read-only") {
+	if c := own.Closed(t); c.Code != webterm.CloseUnshared || !strings.Contains(c.Reason, "read-only") {
 		t.Fatalf("writable attachment after the downgrade: %+v", c)
 	}
 	if !ro.Open() {
@@ -280,6 +310,7 @@ func TestDowngradeClosesWritableAttachments(t *testing.T) {
 }
 
 func TestSharesSurviveRestart(t *testing.T) {
+	testutil.RequireRoot(t) // tom's terminal share runs as an account klient creates
 	e := newEnv(t)
 	e.share("bob", klient.GrantReadonly)
 	e.share("tom", klient.GrantTerminal)
@@ -315,6 +346,7 @@ func TestAttachURLMustBeOnKontrolsOrigin(t *testing.T) {
 // TestAuthzMatrix calls every webterm and share method as the owner, each grant, another user,
 // with an expired token, a token for another kite and no token.
 func TestAuthzMatrix(t *testing.T) {
+	testutil.RequireRoot(t) // a terminal share's shells run as an account klient creates
 	e := newEnv(t)
 	e.share("frank", klient.GrantFull)
 	e.share("tom", klient.GrantTerminal)
@@ -365,11 +397,12 @@ func TestAuthzMatrix(t *testing.T) {
 	}
 	methods := []method{
 		{"webterm.connect create", []string{"owner", "full", "terminal"}, connect(webterm.ConnectParams{Mode: webterm.ModeCreate})},
-		{"webterm.connect attach", []string{"owner", "full", "terminal"}, connect(webterm.ConnectParams{Session: "base"})},
-		{"webterm.connect shared", []string{"owner", "full", "terminal"}, connect(webterm.ConnectParams{Session: "base", Mode: webterm.ModeShared})},
+		// A terminal share types only into sessions of its own account; "base" is the owner's.
+		{"webterm.connect attach of the owner's session", []string{"owner", "full"}, connect(webterm.ConnectParams{Session: "base"})},
+		{"webterm.connect shared of the owner's session", []string{"owner", "full"}, connect(webterm.ConnectParams{Session: "base", Mode: webterm.ModeShared})},
 		{"webterm.connect readonly", []string{"owner", "full", "terminal", "readonly"}, connect(webterm.ConnectParams{Session: "base", Mode: webterm.ModeReadonly})},
 		{"webterm.list", []string{"owner", "full", "terminal", "readonly"}, rpc("webterm.list", func(tok string) any { return webterm.TokenParams{Token: tok} })},
-		{"webterm.resize", []string{"owner", "full", "terminal"}, rpc("webterm.resize", func(tok string) any { return webterm.ResizeParams{Session: "base", Cols: 90, Rows: 30, Token: tok} })},
+		{"webterm.resize of the owner's session", []string{"owner", "full"}, rpc("webterm.resize", func(tok string) any { return webterm.ResizeParams{Session: "base", Cols: 90, Rows: 30, Token: tok} })},
 		{"webterm.rename of the owner's session", []string{"owner", "full"}, rpc("webterm.rename", func(tok string) any { return webterm.RenameParams{Session: "base", Name: "n", Token: tok} })},
 		{"webterm.kill of the owner's session", []string{"owner", "full"}, func(tok string) error {
 			return e.call("webterm.kill", webterm.SessionParams{Session: fresh("alice"), Token: tok}, nil)

@@ -19,6 +19,7 @@ type Session struct {
 	m         *Manager
 	id        string
 	createdBy string
+	runAs     string // the account the shell runs as
 	createdAt time.Time
 	cmd       *exec.Cmd
 	pty       *os.File // the master, non-blocking (in Go's poller)
@@ -76,7 +77,7 @@ func startSession(m *Manager, id, createdBy string, a *account, cols, rows int) 
 		return nil, fmt.Errorf("start %s as %s: %w", a.Shell, a.Name, err)
 	}
 	s := &Session{
-		m: m, id: id, name: id, createdBy: createdBy, createdAt: time.Now().UTC(), cmd: cmd, pty: master,
+		m: m, id: id, name: id, createdBy: createdBy, runAs: a.Name, createdAt: time.Now().UTC(), cmd: cmd, pty: master,
 		cols: cols, rows: rows, ring: newRing(m.opts.Scrollback), readerDone: make(chan struct{}), done: make(chan struct{}), closing: make(chan struct{}),
 	}
 	go s.read()
@@ -289,7 +290,7 @@ func (s *Session) detach(v *Viewer) {
 func (s *Session) info() Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	in := Info{Session: s.id, Name: s.name, CreatedBy: s.createdBy, CreatedAt: s.createdAt, Cols: s.cols, Rows: s.rows,
+	in := Info{Session: s.id, Name: s.name, CreatedBy: s.createdBy, RunAs: s.runAs, CreatedAt: s.createdAt, Cols: s.cols, Rows: s.rows,
 		PID: s.cmd.Process.Pid, Viewers: []ViewerInfo{}}
 	if !s.lastOutput.IsZero() {
 		in.LastOutputAt = s.lastOutput.UTC()

@@ -2,21 +2,29 @@ package webterm
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+
+	"github.com/kloud-dev/kloud/kite"
 )
 
-// account is the machine owner's entry in the machine's /etc/passwd.
+// account is a machine account's entry in the machine's /etc/passwd (the owner's, or a shared
+// user's own).
 type account struct {
 	Name       string
 	UID, GID   uint32
+	Gecos      string
 	Home       string
 	Shell      string
 	Groups     []uint32 // supplementary groups from /etc/group
@@ -43,9 +51,9 @@ func lookupAccount(root, name string) (*account, error) {
 			}
 			return &account{Name: name, UID: uint32(euid), GID: uint32(os.Getegid()), Home: u.HomeDir, Shell: shell}, nil
 		}
-		return nil, fmt.Errorf("owner %q has no entry in %s/etc/passwd", name, strings.TrimSuffix(root, "/"))
+		return nil, fmt.Errorf("account %q has no entry in %s/etc/passwd", name, strings.TrimSuffix(root, "/"))
 	case err != nil:
-		return nil, fmt.Errorf("owner %q: %w", name, err)
+		return nil, fmt.Errorf("account %q: %w", name, err)
 	}
 	if a.Shell == "" {
 		a.Shell = "/bin/sh"
@@ -54,7 +62,7 @@ func lookupAccount(root, name string) (*account, error) {
 	case euid == 0:
 		a.Groups, err = readGroups(filepath.Join(root, "etc/group"), name, a.GID)
 		if err != nil {
-			return nil, fmt.Errorf("owner %q: %w", name, err)
+			return nil, fmt.Errorf("account %q: %w", name, err)
 		}
 		if a.UID != 0 {
 			a.Credential = &syscall.Credential{Uid: a.UID, Gid: a.GID, Groups: a.Groups}
@@ -62,7 +70,7 @@ func lookupAccount(root, name string) (*account, error) {
 	case int(a.UID) == euid:
 		// klient runs as the owner: the shell does too.
 	default:
-		return nil, fmt.Errorf("owner %q is uid %d, but klient runs as uid %d without root: it cannot start a shell as another user", name, a.UID, euid)
+		return nil, fmt.Errorf("account %q is uid %d, but klient runs as uid %d without root: it cannot start a shell as another user", name, a.UID, euid)
 	}
 	return a, nil
 }
@@ -87,7 +95,7 @@ func readPasswd(path, name string) (*account, error) {
 		if err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("%s: bad uid or gid in the entry of %q", path, name)
 		}
-		return &account{Name: name, UID: uint32(uid), GID: uint32(gid), Home: fs[5], Shell: fs[6]}, nil
+		return &account{Name: name, UID: uint32(uid), GID: uint32(gid), Gecos: fs[4], Home: fs[5], Shell: fs[6]}, nil
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
@@ -140,3 +148,83 @@ func (a *account) env(session string) []string {
 	}
 	return env
 }
+
+// Shared users' accounts. A user a machine is shared with by a terminal grant gets shells as
+// their own account on the machine, never the owner's: created on demand by klient (useradd,
+// home under /home, bash, locked password, no supplementary groups, so no sudo), named after the
+// kloud user. klient marks the accounts it made in the GECOS field and never hands out an
+// account it did not make: if the name is taken (a system account, the owner, anything the
+// machine's image or user data created), the shell is refused with the reason.
+
+// SharedAccountGecos starts the GECOS field of the accounts klient creates for shared users.
+const SharedAccountGecos = "kloud shared user"
+
+// minSharedUID is the lowest uid a shared user's account may have (Debian's UID_MIN): system
+// accounts and root are below it.
+const minSharedUID = 1000
+
+var sharedAccountName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+
+// SharedAccountName is the machine account of the kloud user user: the username itself, which
+// kloud restricts to [a-z][a-z0-9-]{1,31} (valid for useradd, no ':' or '/'). Other names are
+// refused.
+func SharedAccountName(user string) (string, error) {
+	if !sharedAccountName.MatchString(user) {
+		return "", fmt.Errorf("user %q cannot have an account on this machine: want 1-32 of a-z, 0-9 and '-', starting with a letter: %w", user, kite.ErrInvalidParams)
+	}
+	return user, nil
+}
+
+// SharedAccount returns the machine account for the shared kloud user user, creating it if
+// needed (klient must be root). root is the machine's root ("/" on a machine; tests pass a
+// directory and the account is made there with useradd --prefix). It refuses an existing
+// account klient did not create, or one with a system uid.
+func SharedAccount(ctx context.Context, root, user string) (string, error) {
+	name, err := SharedAccountName(user)
+	if err != nil {
+		return "", err
+	}
+	if root == "" {
+		root = "/"
+	}
+	check := func() (bool, error) {
+		a, err := readPasswd(filepath.Join(root, "etc/passwd"), name)
+		switch {
+		case errors.Is(err, errNoAccount):
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("account %q: %w: %w", name, err, kite.ErrState)
+		case !strings.HasPrefix(a.Gecos, SharedAccountGecos) || a.UID < minSharedUID:
+			return false, fmt.Errorf("this machine already has an account %q that kloud did not create for a shared user (uid %d, %q); klient will not give %s a shell as it: %w",
+				name, a.UID, a.Gecos, user, kite.ErrPermission)
+		}
+		return true, nil
+	}
+	if ok, err := check(); ok || err != nil {
+		return name, err
+	}
+	if os.Geteuid() != 0 {
+		return "", fmt.Errorf("%s needs an account of their own on this machine, and klient is not root, so it cannot create one: %w", user, kite.ErrState)
+	}
+	sharedAccountMu.Lock()
+	defer sharedAccountMu.Unlock()
+	if ok, err := check(); ok || err != nil { // made by a concurrent call
+		return name, err
+	}
+	args := []string{"--create-home", "--shell", "/bin/bash", "--comment", SharedAccountGecos + " " + user,
+		"--user-group", "--key", "UID_MIN=" + strconv.Itoa(minSharedUID), "--key", "HOME_MODE=0750"}
+	if filepath.Clean(root) != "/" {
+		args = append(args, "--prefix", root)
+	}
+	args = append(args, "--", name)
+	out, err := exec.CommandContext(ctx, "useradd", args...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("create account %q for %s: useradd: %w: %s: %w", name, user, err, strings.TrimSpace(string(out)), kite.ErrState)
+	}
+	if ok, err := check(); !ok || err != nil {
+		return "", fmt.Errorf("create account %q for %s: useradd succeeded but the account is not there (%v): %w", name, user, err, kite.ErrState)
+	}
+	return name, nil
+}
+
+var sharedAccountMu sync.Mutex

@@ -56,6 +56,9 @@ func (v *Viewer) User() string { return v.user }
 // Mode is the mode it attached with (ModeReadonly viewers cannot type or resize).
 func (v *Viewer) Mode() string { return v.mode }
 
+// RunAs is the machine account the viewer's session runs as.
+func (v *Viewer) RunAs() string { return v.s.runAs }
+
 // ReadOnly reports whether the viewer may only watch.
 func (v *Viewer) ReadOnly() bool { return v.readonly }
 

@@ -1,5 +1,7 @@
-// Package webterm is klient's web terminal: login shells of the machine owner in real PTYs,
-// kept as sessions that outlive their connections, with many viewers each.
+// Package webterm is klient's web terminal: login shells in real PTYs, kept as sessions that
+// outlive their connections, with many viewers each. A session's shell runs as one machine
+// account for its whole life (Info.RunAs): the owner's, or a shared user's own (SharedAccount),
+// and a writable viewer may join only a session of an account it may act as.
 //
 // Start with Manager (New, Open): Open creates or finds a session and attaches a Viewer, which
 // gets the session's recent output (a bounded scrollback, replayed on every attach) and then
@@ -69,8 +71,8 @@ const (
 
 // Options configure a Manager. Zero fields take the defaults above.
 type Options struct {
-	// Owner is the machine owner: every shell is this user's login shell, run as this user
-	// (required).
+	// Owner is the machine owner: sessions run as this account unless OpenRequest.RunAs names
+	// another (required).
 	Owner string
 	// Root is where the machine's /etc/passwd and /etc/group are read (default "/").
 	Root string
@@ -101,6 +103,7 @@ type Info struct {
 	Session      string       `json:"session"`
 	Name         string       `json:"name"`
 	CreatedBy    string       `json:"createdBy"`
+	RunAs        string       `json:"runAs"` // the machine account its shell runs as
 	CreatedAt    time.Time    `json:"createdAt"`
 	Cols         int          `json:"cols"`
 	Rows         int          `json:"rows"`
@@ -166,6 +169,11 @@ type OpenRequest struct {
 	Session string // session id: optional for ModeCreate and ModeAttach
 	User    string // who attaches (and creates, counted against their limit)
 	Mode    string // a Mode* constant; "" means ModeAttach with a session, else ModeCreate
+	// RunAs is the machine account a session created by this request runs as ("": the owner).
+	// A writable attachment to an existing session needs the session to run as RunAs too,
+	// unless AnyAccount is set (the owner, and full shares, may type into any session).
+	RunAs      string
+	AnyAccount bool
 	Cols    int
 	Rows    int
 }
@@ -205,6 +213,9 @@ func (m *Manager) Open(r OpenRequest) (v *Viewer, created bool, err error) {
 	if r.User == "" {
 		return nil, false, fmt.Errorf("open: no user: %w", kite.ErrInvalidParams)
 	}
+	if r.RunAs == "" {
+		r.RunAs = m.opts.Owner
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -240,6 +251,10 @@ func (m *Manager) Open(r OpenRequest) (v *Viewer, created bool, err error) {
 		created = true
 	}
 	m.mu.Unlock()
+	if r.Mode != ModeReadonly && !r.AnyAccount && s.runAs != r.RunAs {
+		return nil, false, fmt.Errorf("session %q runs as %s, and %s may type only into sessions that run as %s (watch it read-only instead): %w",
+			s.id, s.runAs, r.User, r.RunAs, kite.ErrPermission)
+	}
 	mode := r.Mode
 	if mode == ModeCreate || mode == ModeAttach {
 		mode = ModeAttach
@@ -273,7 +288,7 @@ func (m *Manager) createLocked(r OpenRequest) (*Session, error) {
 	if id == "" {
 		id = rand.Text()[:16]
 	}
-	a, err := lookupAccount(m.opts.Root, m.opts.Owner)
+	a, err := lookupAccount(m.opts.Root, r.RunAs)
 	if err != nil {
 		return nil, fmt.Errorf("web terminal: %w: %w", err, kite.ErrState)
 	}

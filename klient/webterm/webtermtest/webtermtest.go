@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -54,7 +56,34 @@ func At(t testing.TB, root, owner string) *Machine {
 		t.Fatal(err)
 	}
 	m.WritePasswd(t, fmt.Sprintf("%s:x:%d:%d:%s:%s:%s\n", owner, m.UID, m.UID, owner, m.Home, m.Shell))
+	// What useradd --prefix needs to add shared users' accounts (klient's terminal shares).
+	for name, content := range map[string]string{"etc/group": fmt.Sprintf("%s:x:%d:\n", owner, m.UID), "etc/shadow": "", "etc/gshadow": ""} {
+		if err := os.WriteFile(filepath.Join(m.Root, name), []byte(content), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(m.Root, "home"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	return m
+}
+
+// Account returns the uid, home and GECOS of name in the machine's /etc/passwd (ok false if it
+// has none).
+func (m *Machine) Account(t testing.TB, name string) (uid int, home, gecos string, ok bool) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(m.Root, "etc/passwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Split(l, ":")
+		if len(f) >= 7 && f[0] == name {
+			uid, _ = strconv.Atoi(f[2])
+			return uid, f[5], f[4], true
+		}
+	}
+	return 0, "", "", false
 }
 
 // tempDir makes a temp dir others may enter (the shell runs as another uid), removed when the
