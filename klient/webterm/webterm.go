@@ -174,8 +174,8 @@ type OpenRequest struct {
 	// unless AnyAccount is set (the owner, and full shares, may type into any session).
 	RunAs      string
 	AnyAccount bool
-	Cols    int
-	Rows    int
+	Cols       int
+	Rows       int
 }
 
 var sessionID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
