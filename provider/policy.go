@@ -67,6 +67,7 @@ func (r *Registry) TemplatePolicy(lift ...string) tmpl.Policy {
 		}
 		for _, tp := range p.TerraformProviders() {
 			i, dup := seen[tp.Name]
+			tp.Types = slices.Clone(tp.Types) // appended to below
 			if !dup {
 				seen[tp.Name] = len(pol.Providers)
 				pol.Providers = append(pol.Providers, tp)
