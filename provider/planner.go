@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,8 +40,14 @@ type Expect struct {
 	Label  string
 	KiteID string
 	// Machine, if it implements ConsoleLogger, lets the planner say which provisioning step
-	// failed when the agent never registers.
+	// failed: while it waits for the agent, it reads the console about once a second and fails
+	// the machine as soon as a step failed (see ParseBootFailure), instead of at the timeout.
 	Machine Machine
+	// Fresh says the machine was just created (a build): everything in its console is from
+	// this boot, so a failure already there counts. Otherwise (a start of an existing machine,
+	// whose console still holds its first boot's provisioning) only a failure that shows up
+	// while the planner waits counts.
+	Fresh bool
 }
 
 // AgentResult is what became of one expected agent.
@@ -62,7 +70,11 @@ type Planner struct {
 	// PollInterval between klient.info calls while provisioning finishes (default 100ms: the
 	// call is cheap, and a long interval is pure latency added to every build).
 	PollInterval time.Duration
-	Log          *slog.Logger
+	// ConsolePoll is how often the console of a machine that implements ConsoleLogger is read
+	// while its agent has not registered (default 1s): a provisioning step that failed inside
+	// the machine (see ParseBootFailure) fails the machine at once instead of at Timeout.
+	ConsolePoll time.Duration
+	Log         *slog.Logger
 }
 
 // Wait waits for every expected agent concurrently and returns one result per Expect, in order.
@@ -106,7 +118,26 @@ func (p *Planner) one(ctx context.Context, e Expect) AgentResult {
 	r := AgentResult{Label: e.Label, KiteID: e.KiteID}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()
-	conn, err := p.Agents.WaitRegistered(ctx, e.KiteID)
+	// While waiting for the agent, watch the machine's console for a failed provisioning step.
+	regCtx, regCancel := context.WithCancel(ctx)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan consoleFailure, 1)
+	go func() {
+		f := p.watchConsole(watchCtx, e)
+		if f.err != nil {
+			regCancel()
+		}
+		watched <- f
+	}()
+	conn, err := p.Agents.WaitRegistered(regCtx, e.KiteID)
+	stopWatch()
+	cf := <-watched
+	regCancel()
+	if err != nil && cf.err != nil {
+		r.Step, r.LogTail = cf.step, cf.tail
+		r.Err = fmt.Errorf("%s: %w%s", e.Label, cf.err, quoteTail(cf.tail))
+		return r
+	}
 	if err != nil {
 		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			r.Step, r.Err = StepRegistration, fmt.Errorf("%s: waiting for the agent: %w", e.Label, err)
@@ -213,6 +244,169 @@ func quoteTail(t string) string {
 		return ""
 	}
 	return ":\n" + t
+}
+
+// consoleFailure is what watchConsole found: err is nil if nothing failed (yet).
+type consoleFailure struct {
+	step, tail string
+	err        error
+}
+
+// watchConsole reads the console of e's machine every ConsolePoll until ctx ends or the console
+// shows a failed provisioning step. Machines without ConsoleLogger are not watched. A download
+// that keeps failing counts only once an attempt failed while this planner watched: attempts
+// that failed while kloud was down (a restart mid-build) say nothing about now.
+func (p *Planner) watchConsole(ctx context.Context, e Expect) consoleFailure {
+	cl, ok := e.Machine.(ConsoleLogger)
+	if !ok {
+		return consoleFailure{}
+	}
+	every := p.ConsolePoll
+	if every <= 0 {
+		every = time.Second
+	}
+	first := true
+	var old *BootFailure // what the first read showed, for a machine that is not fresh
+	baseline := 0        // failed download attempts in the first read
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		out, err := cl.ConsoleLog(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				p.log().Debug("read console", "machine", e.Label, "err", err)
+			}
+		} else {
+			f := ParseBootFailure(out)
+			if first {
+				first = false
+				if f != nil && f.Retrying {
+					baseline = f.Attempts
+				}
+				if !e.Fresh {
+					old = f
+				}
+			}
+			if f != nil && (old == nil || *f != *old) && (!f.Retrying || f.Attempts > baseline) {
+				p.log().Info("provisioning failed inside the machine", "machine", e.Label, "step", f.Step, "detail", f.Detail)
+				return consoleFailure{step: f.Step, tail: lastBytes(out, 2048), err: f}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return consoleFailure{}
+		case <-time.After(every):
+		}
+	}
+}
+
+// BootFailure is a provisioning step that failed inside a machine, as its console log shows.
+type BootFailure struct {
+	// Step is the planner's name of the step: StepDownload, StepAgentStart, StepUserScript or
+	// StepBoot.
+	Step string
+	// Marker is provision.sh's step that failed ("download", "verify", ...), or "" when
+	// provision.sh did not say (cloud-init ended without it).
+	Marker string
+	// Detail says what failed.
+	Detail string
+	// Retrying is set for a klient download that failed its last attempts and that provision.sh
+	// is still retrying; Attempts is the number of the last failed attempt.
+	Retrying bool
+	Attempts int
+}
+
+func (f *BootFailure) Error() string {
+	if f.Marker == "" {
+		return fmt.Sprintf("%s failed inside the machine: %s", f.Step, f.Detail)
+	}
+	return fmt.Sprintf("%s failed inside the machine (provision.sh step %s: %s)", f.Step, f.Marker, f.Detail)
+}
+
+// DownloadFailuresToFail is how many klient download attempts in a row must fail before
+// ParseBootFailure calls the download failed while provision.sh still retries (it would for
+// about 90 s). kloud serves the download itself, so while it runs, a refused or failed
+// download means the machine cannot reach it.
+const DownloadFailuresToFail = 2
+
+var (
+	attemptRe  = regexp.MustCompile(`kloud-provision: download attempt (\d+) failed \(curl exit code (\d+)\)`)
+	curlErrRe  = regexp.MustCompile(`^curl: \(\d+\) .*`)
+	cloudEndRe = regexp.MustCompile(`Cloud-init v\. \S+ finished at`)
+)
+
+// ParseBootFailure reads a machine's console log (cloud-init's output: provision.sh prints its
+// marker lines there, see package userdata) and returns the provisioning step that failed, or
+// nil while none has. A step failed when:
+//   - provision.sh printed status=failed for it (the first such marker names it: a failed user
+//     script also fails "done");
+//   - the klient download failed on its last DownloadFailuresToFail attempts in a row (refused,
+//     unreachable, an HTTP error): Retrying is set, provision.sh is still trying;
+//   - cloud-init finished while provision.sh never started, or stopped in the middle of a step
+//     without saying so (killed).
+func ParseBootFailure(console string) *BootFailure {
+	markers := userdata.ParseMarkers([]byte(console))
+	for _, m := range markers {
+		if m.Status == userdata.StatusFailed {
+			return &BootFailure{Step: planStep(m.Step), Marker: m.Step, Detail: m.Detail}
+		}
+	}
+	var last *userdata.Marker
+	if len(markers) > 0 {
+		last = &markers[len(markers)-1]
+	}
+	if last != nil && last.Step == userdata.StepDownload && last.Status == userdata.StatusStart {
+		// Attempts after the last download start: provision.sh may have run before.
+		seg := console
+		if i := strings.LastIndex(console, "step=download status=start"); i >= 0 {
+			seg = console[i:]
+		}
+		var n, code, inRow int
+		var curlErr string
+		for _, line := range strings.Split(seg, "\n") {
+			line = strings.TrimRight(line, "\r")
+			if m := curlErrRe.FindString(line); m != "" {
+				curlErr = m
+			}
+			if m := attemptRe.FindStringSubmatch(line); m != nil {
+				n, _ = strconv.Atoi(m[1])
+				code, _ = strconv.Atoi(m[2])
+				inRow++
+			}
+		}
+		if inRow >= DownloadFailuresToFail {
+			d := fmt.Sprintf("the klient download from %s failed %d times in a row, last with curl exit code %d", last.Detail, inRow, code)
+			if curlErr != "" {
+				d += " (" + curlErr + ")"
+			}
+			if code == 7 {
+				d += "; is kloud listening on an address the machine can reach? (kloud serve warns at startup when it is not)"
+			}
+			return &BootFailure{Step: StepDownload, Marker: userdata.StepDownload, Detail: d, Retrying: true, Attempts: n}
+		}
+	}
+	if cloudEndRe.MatchString(console) {
+		switch {
+		case last == nil:
+			return &BootFailure{Step: StepBoot, Detail: "cloud-init finished without running kloud's provisioning (provision.sh printed nothing; see the console log)"}
+		case last.Status == userdata.StatusStart:
+			return &BootFailure{Step: planStep(last.Step), Marker: last.Step, Detail: "provision.sh stopped in the middle of this step (cloud-init finished)"}
+		}
+	}
+	return nil
+}
+
+// planStep names a provision.sh step the way the planner's results do.
+func planStep(marker string) string {
+	switch marker {
+	case userdata.StepDownload, userdata.StepVerify, userdata.StepInstall:
+		return StepDownload
+	case userdata.StepStartKlient:
+		return StepAgentStart
+	case userdata.StepUserScript, userdata.StepDone:
+		return StepUserScript
+	}
+	return StepBoot
 }
 
 // diagnose reads the console of a machine whose agent never registered and names the step that
