@@ -54,6 +54,7 @@ const (
 	CodeTimeout        = -32006
 	CodeRateLimited    = -32007
 	CodeTooLarge       = -32008
+	CodeUnavailable    = -32009
 )
 
 func sentinel(code int64, typ, msg string) *Error {
@@ -75,6 +76,9 @@ var (
 	ErrTimeout        = sentinel(CodeTimeout, "timeout", "timeout")
 	ErrRateLimited    = sentinel(CodeRateLimited, "rateLimited", "rate limited")
 	ErrTooLarge       = sentinel(CodeTooLarge, "tooLarge", "too large")
+	// ErrUnavailable: a service the call needs (e.g. kloud's terraformer) is down or
+	// unreachable right now; the message says why. Trying again later may work.
+	ErrUnavailable = sentinel(CodeUnavailable, "unavailable", "unavailable")
 )
 
 // ErrClosed is returned by calls on a connection that has closed.
