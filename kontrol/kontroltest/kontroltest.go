@@ -140,3 +140,26 @@ func (e *Env) Dial(ctx context.Context, username, name string) (*kite.Conn, stri
 	}
 	return c, id
 }
+
+// AgentKey mints a machine agent's key (kind agentKey) for a machine of owner, with a new
+// agent kite id.
+func (e *Env) AgentKey(owner, machineID string) (key, id string) {
+	e.t.Helper()
+	key, id, err := e.Kontrol.CreateAgentKey(kitekey.AgentKeySpec{Owner: owner, MachineID: machineID, StackID: "stack-1"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return key, id
+}
+
+// DialKey connects a new client kite named name to kontrol with key (any kind: the kite key
+// auth type is sent, and the key's kind decides).
+func (e *Env) DialKey(ctx context.Context, key, name string) (*kite.Conn, error) {
+	e.t.Helper()
+	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: name}, Logger: testutil.Logger(e.t)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { k.Close() })
+	return k.Dial(ctx, e.URL(), kite.Auth{Type: kite.AuthKiteKey, Key: key})
+}
