@@ -2,13 +2,44 @@
 //
 // Start with New: each test makes its own provider (no globals). A machine is a `terraform_data`
 // resource whose `input` is the machine's user data (a shell script). At apply, kloud's
-// InjectUserData replaces it with the agent's provisioning script (userdata.RenderScript), and
-// the provider adds, for every machine, a `terraform_data.kloud_boot_<name>` resource whose
-// local-exec provisioner "boots" the machine: it runs that script with a directory of the host
-// as the machine's root. The script downloads klient from kloud (checksum checked), starts it,
-// and runs the user's script — exactly what cloud-init does on a VM — so the planner and the
-// whole build flow are tested against real agents. Destroy kills the machine's processes and
-// removes its directory. Failures are scriptable (Options.Fail, Options.BreakAgent).
+// InjectUserData replaces it with the agent's provisioning script (userdata.RenderScript, with a
+// directory of the host, Dir/<stack id>/<label>, as the machine's root), so the rendered script
+// travels through Terraform's state like a cloud machine's user data does.
+//
+// # Who boots a machine
+//
+// Terraform runs sandboxed (terraformer/tfsandbox: its own pid namespace, so everything it
+// starts dies with it; an unprivileged uid; no view of the host's directories but its work dir).
+// A machine must outlive that, so the provider boots it in kloud's own process, and Terraform
+// only triggers it (design: docs/ARCHITECTURE.md, "privilege"):
+//
+//   - ApplyTemplate adds, per machine resource, a generated `terraform_data.kloud_boot_<name>`
+//     (kloud's own file kloud_dummy.tf.json, not the user's) that is replaced with its machine.
+//     Its create-time local-exec POSTs the machine's script, read from the machine resource's
+//     `output`, with curl to kloud's HTTP server: POST <kloud>/provider/<name>/v1/machines/<label>/boot
+//     (service.go; kloud mounts Provider.Handler under provider.HandlerPrefix). Its destroy-time
+//     local-exec POSTs .../machines/<label>/destroy.
+//   - Both carry a bearer token minted by ApplyTemplate for that one stack build, given to
+//     Terraform as a sensitive variable (and kept in the boot resource's input, which is all a
+//     destroy-time provisioner may read). It is HMAC-signed with a key kept in Dir (mode 0600,
+//     so it survives a kloud restart, and Terraform's sandbox cannot read it) and names the stack
+//     and, per machine label, the sha256 of the script kloud rendered for it: boot runs only
+//     those exact scripts, only until the token expires (Options.TokenTTL); destroy accepts an
+//     expired token of the stack (a stack is destroyed long after it was built), for the labels
+//     it names only.
+//   - Boot runs the script with bash in kloud's process (so klient and the user's script are
+//     kloud's descendants, not Terraform's): it writes the kite key and provision.sh under the
+//     machine's root and starts provision.sh detached (setsid), which downloads klient from
+//     kloud (checksum checked), starts it under a restart loop, and runs the user's script,
+//     exactly what cloud-init does on a VM. So the planner and the whole build flow are tested
+//     against real agents and real terraform runs (the boot resources are in the state).
+//   - Destroy kills the machine's process groups (provisioning and klient's supervisor, each
+//     checked to be the machine's by its command line) and removes its directory.
+//
+// Stop and Start kill and restart klient's supervisor; Info reads it. ConsoleLog returns the end
+// of the machine's provisioning output (its /var/log/cloud-init-output.log), which the planner
+// reads to name a failed provisioning step. Failures are scriptable (Options.Fail,
+// Options.BreakAgent).
 package dummy
 
 import (
@@ -16,14 +47,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
 	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
+	"sync"
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
@@ -33,12 +66,17 @@ import (
 // Options configure a dummy provider.
 type Options struct {
 	Name string // default "dummy"
-	Dir  string // required: machines live in Dir/<stack id>/<label>
+	Dir  string // required: machines live in Dir/<stack id>/<label>; the token key in Dir
 	// Fail makes the named methods fail with the given error: VerifyCredential,
-	// BootstrapTemplates, ApplyTemplate, Start, Stop, Info.
+	// BootstrapTemplates, ApplyTemplate, Start, Stop, Info, and Boot (the boot service, so
+	// terraform apply fails).
 	Fail map[string]error
 	// BreakAgent breaks the agent install: "download" gives machines a wrong klient checksum.
 	BreakAgent string
+	// TokenTTL is how long a build's token may boot machines (default 1h).
+	TokenTTL time.Duration
+	// Logger receives the boot service's log (default: discard).
+	Logger *slog.Logger
 }
 
 // Credential is the dummy's credential: a token that must not be "invalid", and a region.
@@ -65,6 +103,12 @@ func New(o Options) *provider.Provider {
 	if o.Name == "" {
 		o.Name = "dummy"
 	}
+	if o.TokenTTL <= 0 {
+		o.TokenTTL = time.Hour
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	d := &dummy{o: o}
 	return &provider.Provider{
 		Name: o.Name, ResourceType: "terraform_data", UserDataAttr: "input",
@@ -75,10 +119,16 @@ func New(o Options) *provider.Provider {
 		},
 		Stack:   func(b *provider.BaseStack) (provider.Stack, error) { return &stack{d: d, b: b}, nil },
 		Machine: func(b *provider.BaseMachine) (provider.Machine, error) { return &machine{d: d, b: b}, nil },
+		Handler: d.handler(),
 	}
 }
 
-type dummy struct{ o Options }
+type dummy struct {
+	o Options
+
+	keyMu sync.Mutex
+	key   []byte // the token key, loaded or made on first use
+}
 
 func (d *dummy) fail(method string) error {
 	if err, ok := d.o.Fail[method]; ok {
@@ -123,77 +173,115 @@ output "network_id" {
 	return []*provider.Template{{Files: map[string][]byte{"bootstrap.tf": []byte(main)}}}, nil
 }
 
+// Names of what ApplyTemplate generates.
+const (
+	generatedFile = "kloud_dummy.tf.json"
+	tokenVar      = "kloud_dummy_token"
+	machinesVar   = "kloud_dummy_machines_" // + resource: the labels in count order
+	bootResource  = "kloud_boot_"           // + resource
+)
+
+// The generated provisioners' commands. The token goes to curl in a header file (bash process
+// substitution), not on its command line; the script on stdin. --fail-with-body makes curl exit
+// non-zero and print the service's reason when it refuses.
+const (
+	bootCommand = `set -euo pipefail
+printf '%s' "$KLOUD_DUMMY_SCRIPT" | curl --fail-with-body --silent --show-error --max-time 120 \
+  -H @<(printf 'Authorization: Bearer %s\n' "$KLOUD_DUMMY_TOKEN") -H 'Content-Type: text/x-shellscript' \
+  --data-binary @- "$KLOUD_DUMMY_URL/machines/$KLOUD_DUMMY_MACHINE/boot"
+`
+	destroyCommand = `set -euo pipefail
+curl --fail-with-body --silent --show-error --max-time 120 -X POST \
+  -H @<(printf 'Authorization: Bearer %s\n' "$KLOUD_DUMMY_TOKEN") \
+  "$KLOUD_DUMMY_URL/machines/$KLOUD_DUMMY_MACHINE/destroy"
+`
+)
+
 func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
 	if err := s.d.fail("ApplyTemplate"); err != nil {
 		return nil, err
 	}
-	roots := map[string][]string{} // resource → machine roots in index order
+	if !validName(s.b.StackID) {
+		return nil, fmt.Errorf("dummy: stack id %q is not a directory name", s.b.StackID)
+	}
+	labels := map[string][]string{} // resource → machine labels in index order
 	counted := map[string]bool{}
+	sums := map[string]string{} // label → sha256 of its boot script
+	var kloudURL string
 	err := s.b.InjectUserData(ctx, func(m *provider.MachineSpec, cfg userdata.Config) ([]byte, error) {
+		if !validName(m.Label) {
+			return nil, fmt.Errorf("dummy: machine label %q is not a directory name", m.Label)
+		}
+		// The machines are on this host, like terraform: both reach kloud where klient is
+		// downloaded from.
+		u, ok := strings.CutSuffix(cfg.KlientURL, "/dl/klient")
+		if !ok {
+			return nil, fmt.Errorf("dummy: klient URL %q is not kloud's /dl/klient", cfg.KlientURL)
+		}
+		kloudURL = u
 		if s.d.o.BreakAgent == "download" {
 			cfg.KlientSHA256 = strings.Repeat("0", 64)
 		}
-		root := s.d.root(s.b.StackID, m.Label)
-		roots[m.Resource] = append(roots[m.Resource], root)
+		script, err := userdata.RenderScript(cfg, s.d.root(s.b.StackID, m.Label))
+		if err != nil {
+			return nil, err
+		}
+		labels[m.Resource] = append(labels[m.Resource], m.Label)
 		counted[m.Resource] = m.Index != nil
-		return userdata.RenderScript(cfg, root)
+		sums[m.Label] = sum(script)
+		return script, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	vars := map[string]any{}
+	if len(sums) == 0 {
+		return s.b.Template, nil
+	}
+	token, err := s.d.mint(claims{Stack: s.b.StackID, Machines: sums, Exp: time.Now().Add(s.d.o.TokenTTL).Unix()})
+	if err != nil {
+		return nil, err
+	}
+	vars := map[string]any{tokenVar: map[string]any{"type": "string", "sensitive": true}}
+	s.b.Template.Variables[tokenVar] = token
 	res := map[string]any{}
-	for _, name := range slices.Sorted(maps.Keys(roots)) {
-		rv := "kloud_dummy_roots_" + name
+	for _, name := range slices.Sorted(maps.Keys(labels)) {
+		mv := machinesVar + name
 		inst, idx := "terraform_data."+name, "0"
 		if counted[name] {
 			inst, idx = inst+"[count.index]", "count.index"
 		}
-		vars[rv] = map[string]any{"type": "list(string)"}
+		vars[mv] = map[string]any{"type": "list(string)"}
+		s.b.Template.Variables[mv] = labels[name]
+		env := map[string]any{
+			"KLOUD_DUMMY_URL":     "${self.input.url}",
+			"KLOUD_DUMMY_MACHINE": "${self.input.machine}",
+			"KLOUD_DUMMY_TOKEN":   "${self.input.token}",
+		}
+		bootEnv := maps.Clone(env)
+		bootEnv["KLOUD_DUMMY_SCRIPT"] = "${" + inst + ".output}"
 		boot := map[string]any{
 			"triggers_replace": "${" + inst + ".id}",
 			"input": map[string]any{
-				"script": "${" + inst + ".output}",
-				"root":   "${var." + rv + "[" + idx + "]}",
+				"url":     kloudURL + provider.HandlerPrefix(s.b.Provider.Name) + "v1",
+				"machine": "${var." + mv + "[" + idx + "]}",
+				"token":   "${var." + tokenVar + "}",
 			},
 			"provisioner": []any{
-				map[string]any{"local-exec": map[string]any{"command": "${self.input.script}", "interpreter": []string{"/bin/bash", "-c"}}},
-				map[string]any{"local-exec": map[string]any{"when": "destroy", "command": stopScript("${self.input.root}", true), "interpreter": []string{"/bin/bash", "-c"}}},
+				map[string]any{"local-exec": map[string]any{"command": bootCommand, "interpreter": []string{"/bin/bash", "-c"}, "environment": bootEnv}},
+				map[string]any{"local-exec": map[string]any{"when": "destroy", "command": destroyCommand, "interpreter": []string{"/bin/bash", "-c"}, "environment": env}},
 			},
 		}
 		if counted[name] {
-			boot["count"] = len(roots[name])
+			boot["count"] = len(labels[name])
 		}
-		res["kloud_boot_"+name] = boot
-		s.b.Template.Variables[rv] = roots[name]
+		res[bootResource+name] = boot
 	}
 	b, err := json.MarshalIndent(map[string]any{"variable": vars, "resource": map[string]any{"terraform_data": res}}, "", "  ")
 	if err != nil {
 		return nil, err
 	}
-	s.b.Template.Files["kloud_dummy.tf.json"] = b
+	s.b.Template.Files[generatedFile] = b
 	return s.b.Template, nil
-}
-
-// stopScript kills a machine's processes (its provisioning and its klient supervisor, each the
-// leader of its own process group) and, for destroy, removes its directory.
-func stopScript(root string, remove bool) string {
-	s := `root="` + root + `"
-for f in "$root/run/kloud/klient-supervisor.pid" "$root/run/kloud/provision.pid"; do
-  pid=$(cat "$f" 2>/dev/null || true)
-  if [ -n "$pid" ] && [ "$pid" -gt 1 ]; then kill -TERM -- "-$pid" 2>/dev/null || true; fi
-done
-sleep 0.2
-for f in "$root/run/kloud/klient-supervisor.pid" "$root/run/kloud/provision.pid"; do
-  pid=$(cat "$f" 2>/dev/null || true)
-  if [ -n "$pid" ] && [ "$pid" -gt 1 ]; then kill -KILL -- "-$pid" 2>/dev/null || true; fi
-done
-`
-	if remove {
-		s += `case "$root" in /*/*) rm -rf -- "$root" ;; esac
-`
-	}
-	return s
 }
 
 type machine struct {
@@ -203,18 +291,6 @@ type machine struct {
 
 func (m *machine) root() string { return m.d.root(m.b.StackID, m.b.Label) }
 
-func (m *machine) supervisor() (int, bool) {
-	b, err := os.ReadFile(filepath.Join(m.root(), userdata.SupervisorPIDPath))
-	if err != nil {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(string(trim(b)))
-	if err != nil || pid <= 1 {
-		return 0, false
-	}
-	return pid, syscall.Kill(pid, 0) == nil
-}
-
 func (m *machine) Info(ctx context.Context) (provider.State, any, error) {
 	if err := m.d.fail("Info"); err != nil {
 		return provider.Unknown, nil, err
@@ -222,7 +298,7 @@ func (m *machine) Info(ctx context.Context) (provider.State, any, error) {
 	if _, err := os.Stat(m.root()); err != nil {
 		return provider.Terminated, nil, nil
 	}
-	if _, alive := m.supervisor(); alive {
+	if _, alive := machinePID(m.root(), userdata.SupervisorPIDPath); alive {
 		return provider.Running, nil, nil
 	}
 	return provider.Stopped, nil, nil
@@ -232,48 +308,58 @@ func (m *machine) Stop(ctx context.Context) (any, error) {
 	if err := m.d.fail("Stop"); err != nil {
 		return nil, err
 	}
-	pid, alive := m.supervisor()
-	if !alive {
-		return nil, nil
-	}
-	syscall.Kill(-pid, syscall.SIGTERM)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if syscall.Kill(pid, 0) != nil {
-			return nil, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	syscall.Kill(-pid, syscall.SIGKILL)
-	return nil, nil
+	return nil, stopGroups(ctx, m.root(), userdata.SupervisorPIDPath)
 }
 
 func (m *machine) Start(ctx context.Context) (any, error) {
 	if err := m.d.fail("Start"); err != nil {
 		return nil, err
 	}
-	if _, alive := m.supervisor(); alive {
+	if _, alive := machinePID(m.root(), userdata.SupervisorPIDPath); alive {
 		return nil, nil
 	}
 	script := filepath.Join(m.root(), userdata.StartKlientPath)
 	if _, err := os.Stat(script); err != nil {
 		return nil, fmt.Errorf("dummy: machine %s was never provisioned: %w", m.b.Label, err)
 	}
-	out, err := execScript(ctx, script)
-	if err != nil {
+	cmd := exec.CommandContext(ctx, "/bin/bash", script)
+	cmd.Env = machineEnv()
+	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("dummy: start %s: %w: %s", m.b.Label, err, out)
 	}
 	return nil, nil
 }
 
-// ConsoleLog implements provider.ConsoleLogger: the machine's cloud-init output.
+// consoleMax bounds what ConsoleLog returns: the end of the log.
+const consoleMax = 64 << 10
+
+// ConsoleLog implements provider.ConsoleLogger: the last 64 KiB of the machine's provisioning
+// output (its /var/log/cloud-init-output.log), "" before it printed anything.
 func (m *machine) ConsoleLog(ctx context.Context) (string, error) {
-	b, err := os.ReadFile(filepath.Join(m.root(), userdata.CloudInitOutputPath))
-	return string(b), err
+	r, err := os.OpenRoot(m.root())
+	if err != nil {
+		return "", fmt.Errorf("dummy: console of %s: %w", m.b.Label, err)
+	}
+	defer r.Close()
+	// Resolved inside the root: a symlink the machine made cannot point kloud elsewhere.
+	f, err := r.Open(strings.TrimPrefix(userdata.CloudInitOutputPath, "/"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("dummy: console of %s: %w", m.b.Label, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("dummy: console of %s: %w", m.b.Label, err)
+	}
+	off := max(st.Size()-consoleMax, 0)
+	b, err := io.ReadAll(io.NewSectionReader(f, off, st.Size()-off))
+	if err != nil {
+		return "", fmt.Errorf("dummy: console of %s: %w", m.b.Label, err)
+	}
+	return string(b), nil
 }
 
 var (
@@ -281,9 +367,3 @@ var (
 	_ provider.Machine       = (*machine)(nil)
 	_ provider.Stack         = (*stack)(nil)
 )
-
-func trim(b []byte) []byte { return []byte(strings.TrimSpace(string(b))) }
-
-func execScript(ctx context.Context, path string) ([]byte, error) {
-	return exec.CommandContext(ctx, "/bin/bash", path).CombinedOutput()
-}

@@ -1,0 +1,351 @@
+package dummy
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/userdata"
+)
+
+// The boot service: what the generated terraform_data resources call (see the package doc).
+
+// claims is what a build's token says: the stack, each machine label with the sha256 of the
+// script kloud rendered for it, and until when it may boot them (unix seconds).
+type claims struct {
+	Stack    string            `json:"stack"`
+	Machines map[string]string `json:"machines"`
+	Exp      int64             `json:"exp"`
+}
+
+const (
+	tokenPrefix = "kdt1."
+	keyFile     = ".token.key" // in Dir; not a valid stack id, so never a machine directory
+	maxScript   = 4 << 20
+)
+
+var (
+	errToken   = errors.New("invalid token")
+	errExpired = errors.New("token expired")
+)
+
+// tokenKey returns the HMAC key, made (0600, in Dir) on first use.
+func (d *dummy) tokenKey() ([]byte, error) {
+	d.keyMu.Lock()
+	defer d.keyMu.Unlock()
+	if d.key != nil {
+		return d.key, nil
+	}
+	if d.o.Dir == "" {
+		return nil, errors.New("dummy: Options.Dir is not set")
+	}
+	if err := os.MkdirAll(d.o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("dummy: %w", err)
+	}
+	path := filepath.Join(d.o.Dir, keyFile)
+	key, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		key = make([]byte, 32)
+		rand.Read(key)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) { // another provider on this Dir made it first
+			key, err = os.ReadFile(path)
+		} else if err == nil {
+			_, err = f.Write(key)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dummy: token key: %w", err)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("dummy: token key: %w", err)
+	}
+	if len(key) != 32 {
+		return nil, fmt.Errorf("dummy: token key %s has %d bytes, want 32", path, len(key))
+	}
+	d.key = key
+	return key, nil
+}
+
+func (d *dummy) mint(c claims) (string, error) {
+	key, err := d.tokenKey()
+	if err != nil {
+		return "", err
+	}
+	body, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	payload := base64.RawURLEncoding.EncodeToString(body)
+	return tokenPrefix + payload + "." + base64.RawURLEncoding.EncodeToString(mac(key, payload)), nil
+}
+
+// verify checks the token's signature and, if checkExp, its expiry.
+func (d *dummy) verify(token string, now time.Time, checkExp bool) (*claims, error) {
+	key, err := d.tokenKey()
+	if err != nil {
+		return nil, err
+	}
+	rest, ok := strings.CutPrefix(token, tokenPrefix)
+	payload, sig, ok2 := strings.Cut(rest, ".")
+	if !ok || !ok2 {
+		return nil, errToken
+	}
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil || !hmac.Equal(got, mac(key, payload)) {
+		return nil, errToken
+	}
+	body, err := base64.RawURLEncoding.DecodeString(payload)
+	if err != nil {
+		return nil, errToken
+	}
+	var c claims
+	if err := json.Unmarshal(body, &c); err != nil || !validName(c.Stack) {
+		return nil, errToken
+	}
+	if checkExp && now.Unix() >= c.Exp {
+		return nil, errExpired
+	}
+	return &c, nil
+}
+
+func mac(key []byte, payload string) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(tokenPrefix + payload))
+	return h.Sum(nil)
+}
+
+func sum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// nameRe is what a stack id or machine label must look like to be a directory name here.
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+
+func validName(s string) bool { return nameRe.MatchString(s) && s != "." && s != ".." }
+
+func (d *dummy) handler() http.Handler {
+	mux := http.NewServeMux()
+	p := provider.HandlerPrefix(d.o.Name) + "v1/machines/{machine}/"
+	mux.HandleFunc("POST "+p+"boot", d.serveBoot)
+	mux.HandleFunc("POST "+p+"destroy", d.serveDestroy)
+	return mux
+}
+
+// authorize returns the token's claims and the machine label of the request, or writes the
+// refusal.
+func (d *dummy) authorize(w http.ResponseWriter, r *http.Request, boot bool) (*claims, string, bool) {
+	label := r.PathValue("machine")
+	if !validName(label) {
+		httpError(w, http.StatusBadRequest, fmt.Errorf("machine %q: not a machine label", label))
+		return nil, "", false
+	}
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		httpError(w, http.StatusUnauthorized, errors.New("no bearer token"))
+		return nil, "", false
+	}
+	c, err := d.verify(strings.TrimSpace(tok), time.Now(), boot)
+	if err != nil {
+		httpError(w, http.StatusUnauthorized, err)
+		return nil, "", false
+	}
+	if _, ok := c.Machines[label]; !ok {
+		httpError(w, http.StatusForbidden, fmt.Errorf("machine %q is not a machine of this token's build of stack %s", label, c.Stack))
+		return nil, "", false
+	}
+	return c, label, true
+}
+
+func (d *dummy) serveBoot(w http.ResponseWriter, r *http.Request) {
+	c, label, ok := d.authorize(w, r, true)
+	if !ok {
+		return
+	}
+	script, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxScript))
+	if err != nil {
+		httpError(w, http.StatusBadRequest, fmt.Errorf("read script: %w", err))
+		return
+	}
+	if sum(script) != c.Machines[label] {
+		httpError(w, http.StatusForbidden, fmt.Errorf("machine %s: this is not the script kloud rendered for it", label))
+		return
+	}
+	log := d.o.Logger.With("stack", c.Stack, "machine", label)
+	if err := d.fail("Boot"); err != nil {
+		httpError(w, http.StatusInternalServerError, err)
+		return
+	}
+	// The boot outlives the request (curl may give up): it returns as soon as provisioning has
+	// started in the background.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Minute)
+	defer cancel()
+	if err := d.boot(ctx, c.Stack, label, script); err != nil {
+		log.Warn("boot", "err", err)
+		httpError(w, http.StatusInternalServerError, err)
+		return
+	}
+	log.Info("booted", "root", d.root(c.Stack, label))
+	writeJSON(w, http.StatusOK, map[string]any{"machine": label, "booted": true})
+}
+
+func (d *dummy) serveDestroy(w http.ResponseWriter, r *http.Request) {
+	c, label, ok := d.authorize(w, r, false)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
+	defer cancel()
+	if err := d.destroy(ctx, c.Stack, label); err != nil {
+		d.o.Logger.Warn("destroy", "stack", c.Stack, "machine", label, "err", err)
+		httpError(w, http.StatusInternalServerError, err)
+		return
+	}
+	d.o.Logger.Info("destroyed", "stack", c.Stack, "machine", label)
+	writeJSON(w, http.StatusOK, map[string]any{"machine": label, "destroyed": true})
+}
+
+// boot "powers on" a machine: its script (userdata.RenderScript's) runs with bash in this
+// process, from a copy in the machine (like cloud-init's user-data.txt), and returns once
+// provisioning runs in the background. A machine booted again is stopped first.
+func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) error {
+	root := d.root(stackID, label)
+	if err := stopGroups(ctx, root, userdata.SupervisorPIDPath, userdata.ProvisionPIDPath); err != nil {
+		return err
+	}
+	f := filepath.Join(root, "var/lib/cloud/instance/user-data.txt")
+	if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+		return fmt.Errorf("boot %s: %w", label, err)
+	}
+	if err := os.WriteFile(f, script, 0o600); err != nil {
+		return fmt.Errorf("boot %s: %w", label, err)
+	}
+	cmd := exec.CommandContext(ctx, "/bin/bash", f)
+	cmd.Dir, cmd.Env = root, machineEnv()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 5 * time.Second // provisioning redirects its output; bound a straggler anyway
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("boot %s: %w: %s", label, err, tail(out.String(), 4096))
+	}
+	return nil
+}
+
+// destroy kills the machine's processes and removes its directory (and the stack's, once
+// empty). Destroying a machine that is not there succeeds.
+func (d *dummy) destroy(ctx context.Context, stackID, label string) error {
+	root := d.root(stackID, label)
+	if err := stopGroups(ctx, root, userdata.SupervisorPIDPath, userdata.ProvisionPIDPath); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(root); err != nil {
+		return fmt.Errorf("destroy %s: %w", label, err)
+	}
+	os.Remove(filepath.Dir(root)) // fails while other machines of the stack are there
+	return nil
+}
+
+// machineEnv is the environment a machine's processes start with: no variable of kloud's.
+func machineEnv() []string {
+	path := os.Getenv("PATH")
+	if path == "" {
+		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	return []string{"PATH=" + path, "HOME=/root", "LANG=C.UTF-8"}
+}
+
+// machinePID reads the pid file rel (a machine path) under root and reports whether that
+// process runs and is the machine's (its command line names a file under root), so a stale pid
+// file never gets another process killed.
+func machinePID(root, rel string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(root, rel))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return 0, false
+	}
+	if !running(pid) {
+		return pid, false
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !bytes.Contains(cmdline, []byte(root+"/")) {
+		return pid, false
+	}
+	return pid, true
+}
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
+}
+
+// stopGroups stops the process groups whose leaders' pids are in the machine's pid files (each
+// a setsid leader: provisioning, klient's supervisor): SIGTERM, up to 5 s, then SIGKILL.
+func stopGroups(ctx context.Context, root string, pidFiles ...string) error {
+	var pids []int
+	for _, f := range pidFiles {
+		if pid, ok := machinePID(root, f); ok {
+			pids = append(pids, pid)
+			syscall.Kill(-pid, syscall.SIGTERM)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, pid := range pids {
+		for running(pid) && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		syscall.Kill(-pid, syscall.SIGKILL) // the group's other members, or the leader itself
+	}
+	return nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		s = s[len(s)-n:]
+	}
+	return strings.TrimSpace(s)
+}
+
+func httpError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
