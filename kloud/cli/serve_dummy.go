@@ -21,7 +21,7 @@ func init() {
 	})
 	providerHooks = append(providerHooks, func(ctx context.Context, cmd *cobra.Command, f *serveFlags, reg *provider.Registry, log *slog.Logger) error {
 		if dir != "" {
-			reg.Register(dummy.New(dummy.Options{Dir: dir}))
+			reg.Register(dummy.New(dummy.Options{Dir: dir, Logger: log.With("provider", "dummy")}))
 		}
 		return nil
 	})

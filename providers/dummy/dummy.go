@@ -11,7 +11,7 @@
 // Terraform runs sandboxed (terraformer/tfsandbox: its own pid namespace, so everything it
 // starts dies with it; an unprivileged uid; no view of the host's directories but its work dir).
 // A machine must outlive that, so the provider boots it in kloud's own process, and Terraform
-// only triggers it (design: docs/ARCHITECTURE.md, "privilege"):
+// only triggers it (the pattern of the local provider's machine service, for a test provider):
 //
 //   - ApplyTemplate adds, per machine resource, a generated `terraform_data.kloud_boot_<name>`
 //     (kloud's own file kloud_dummy.tf.json, not the user's) that is replaced with its machine.
