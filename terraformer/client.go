@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	tfjson "github.com/hashicorp/terraform-json"
@@ -19,20 +20,50 @@ import (
 // method per terraformer.* call. Errors from terraformer keep their kite codes:
 // errors.Is(err, kite.ErrConflict) for a content id another job holds, kite.ErrNotFound for an
 // unknown job, and so on. Safe for concurrent use.
+//
+// While terraformer is down, calls fail at once with an error wrapping [ErrUnavailable]
+// ("terraformer unavailable: <cause>") instead of waiting for their timeout: when whoever
+// supervises the process said so with [Client.SetUnavailable], or when no connection comes up
+// within ConnectWait. The client reconnects on its own when terraformer is back (retrying at
+// least once a second), and Wait follows a job across reconnects.
 type Client struct {
 	kc  *kite.Client
 	url string
+	// ConnectWait is how long a call waits for a connection before it fails with
+	// ErrUnavailable (default 5s). Set it before the first call.
+	ConnectWait time.Duration
+
+	mu   sync.Mutex
+	down error // set by SetUnavailable: why terraformer is down
 }
+
+// ErrUnavailable is wrapped by the errors of calls made while terraformer is down or
+// unreachable; it is kite.ErrUnavailable, so it reaches kloud's callers as its own code.
+var ErrUnavailable = kite.ErrUnavailable
+
+// UnavailableError says why terraformer cannot be called now. errors.Is(err, ErrUnavailable)
+// holds for it.
+type UnavailableError struct{ Cause error }
+
+func (e *UnavailableError) Error() string { return "terraformer unavailable: " + e.Cause.Error() }
+
+// Unwrap returns ErrUnavailable first (so the wire code is "unavailable"), then the cause.
+func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.Cause} }
 
 // callTimeout bounds one call (not Wait) whose ctx has no deadline.
 const callTimeout = 30 * time.Second
+
+// defaultConnectWait bounds how long a call waits for a connection.
+const defaultConnectWait = 5 * time.Second
 
 // NewClient connects k to the terraformer at url (http://host:7001 or its /kite endpoint) in the
 // background; auth returns the credential for each (re)connection (kloud's kite key, or a fresh
 // token for terraformer's kite id). Calls wait for the connection. Close stops it.
 func NewClient(k *kite.Kite, rawURL string, auth func(ctx context.Context) (kite.Auth, error)) *Client {
 	u := KiteURL(rawURL)
-	kc := k.NewClient(kite.ClientOptions{URL: u, Auth: auth, MaxBackoff: 5 * time.Second})
+	// Reconnect attempts at least once a second: a restarted terraformer is used within a
+	// second of answering, and a refused dial costs nothing.
+	kc := k.NewClient(kite.ClientOptions{URL: u, Auth: auth, MaxBackoff: time.Second})
 	kc.Start()
 	return &Client{kc: kc, url: u}
 }
@@ -56,13 +87,78 @@ func (c *Client) Connects() int { return c.kc.Connects() }
 // Close stops reconnecting and closes the connection. Jobs keep running.
 func (c *Client) Close() error { return c.kc.Close() }
 
+// SetUnavailable marks terraformer as down: until SetAvailable, calls fail at once with an
+// *UnavailableError carrying cause (e.g. "exited (signal: killed); restarting in 400ms"). A
+// supervisor that restarts terraformer calls it when the process exits.
+func (c *Client) SetUnavailable(cause error) {
+	if cause == nil {
+		cause = errors.New("down")
+	}
+	c.mu.Lock()
+	c.down = cause
+	c.mu.Unlock()
+}
+
+// SetAvailable undoes SetUnavailable: terraformer answers again (the connection comes back
+// on its own).
+func (c *Client) SetAvailable() {
+	c.mu.Lock()
+	c.down = nil
+	c.mu.Unlock()
+}
+
+// Unavailable returns why terraformer is down (as SetUnavailable said), or nil.
+func (c *Client) Unavailable() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.down == nil {
+		return nil
+	}
+	return &UnavailableError{Cause: c.down}
+}
+
+// conn returns the connection for a call: an *UnavailableError if terraformer is marked down
+// or no connection comes up within ConnectWait (while ctx is still live).
+func (c *Client) conn(ctx context.Context) (*kite.Conn, error) {
+	if err := c.Unavailable(); err != nil {
+		return nil, err
+	}
+	wait := c.ConnectWait
+	if wait <= 0 {
+		wait = defaultConnectWait
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	conn, err := c.kc.Conn(wctx)
+	if err == nil {
+		return conn, nil
+	}
+	if ctx.Err() != nil || errors.Is(err, kite.ErrClosed) {
+		return nil, err
+	}
+	if down := c.Unavailable(); down != nil {
+		return nil, down // marked down while we waited: that cause says more
+	}
+	return nil, &UnavailableError{Cause: err}
+}
+
 func (c *Client) call(ctx context.Context, method string, params, result any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, callTimeout)
 		defer cancel()
 	}
-	if err := c.kc.Call(ctx, method, params, result); err != nil {
+	conn, err := c.conn(ctx)
+	if err == nil {
+		err = conn.Call(ctx, method, params, result)
+		if err != nil && errors.Is(err, kite.ErrClosed) {
+			// The connection broke during the call: if terraformer died meanwhile, say so.
+			if down := c.Unavailable(); down != nil {
+				err = fmt.Errorf("%w (the connection broke during the call)", down)
+			}
+		}
+	}
+	if err != nil {
 		if strings.HasPrefix(err.Error(), method) {
 			return err
 		}
