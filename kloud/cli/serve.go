@@ -2,17 +2,13 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -105,6 +101,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		fmt.Fprintf(g.stdout, "kloud %s listening on %s\n", version.Version, a)
 		fmt.Fprintf(g.stdout, "admin key: %s\n", s.AdminKeyPath())
 		fmt.Fprintf(g.stdout, "providers: %s\n", strings.Join(reg.Names(), ", "))
+		for _, w := range reachWarnings(ctx, a, s.PublicURL(), reg) {
+			fmt.Fprintf(g.stderr, "warning: %s\n", w)
+		}
 	}
 	s, err := kloud.New(ctx, f.o)
 	if err != nil {
@@ -113,18 +112,6 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	web.Register(s)
 	for _, h := range startHooks {
 		h(ctx, s, log)
-	}
-	// Terraformer first (it needs kloud's keys only when kloud first calls it), so kloud never
-	// serves a moment without it.
-	tfURL := f.terraformerURL
-	if tfURL == "" {
-		stop, url, err := startTerraformer(ctx, g, f, log)
-		if err != nil {
-			s.Close()
-			return err
-		}
-		defer stop()
-		tfURL = url
 	}
 	key, err := kitekey.ReadFile(s.KloudKeyPath())
 	if err != nil {
@@ -136,27 +123,48 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		s.Close()
 		return err
 	}
+	// Terraformer first (it needs kloud's keys only when kloud first calls it), so kloud never
+	// serves a moment without it; the one kloud starts is supervised (restarted when it exits).
+	tfURL := f.terraformerURL
+	var sup *tfSupervisor
+	if tfURL == "" {
+		if sup, err = newTerraformerSupervisor(g, f, log); err != nil {
+			s.Close()
+			return err
+		}
+		tfURL = sup.URL
+	}
 	tc := terraformer.NewClient(ck, tfURL, func(context.Context) (kite.Auth, error) {
 		return kite.Auth{Type: kite.AuthKiteKey, Key: key}, nil
 	})
 	defer tc.Close()
+	if sup != nil {
+		sup.OnDown, sup.OnUp = tc.SetUnavailable, tc.SetAvailable
+		if err := sup.Start(ctx); err != nil {
+			s.Close()
+			return err
+		}
+		defer sup.Stop()
+		log.Info("terraformer started", "url", sup.URL, "pid", sup.PID())
+	}
 	s.SetTerraformer(tc)
 	fmt.Fprintf(g.stdout, "terraformer: %s\n", tfURL)
 	return s.Serve(ctx)
 }
 
-// startTerraformer runs the terraformer binary next to kloud, trusting this kloud's keys.
-func startTerraformer(ctx context.Context, g *globals, f *serveFlags, log *slog.Logger) (stop func(), url string, err error) {
+// newTerraformerSupervisor prepares the terraformer next to kloud (trusting this kloud's keys)
+// and its supervisor; Start runs it.
+func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfSupervisor, error) {
 	bin := f.terraformerBin
 	if bin == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, "", err
+			return nil, err
 		}
 		bin = filepath.Join(filepath.Dir(exe), "terraformer")
 	}
 	if _, err := os.Stat(bin); err != nil {
-		return nil, "", fmt.Errorf("no terraformer to start at %s (build it with `make build`, or pass --terraformer-url): %w", bin, err)
+		return nil, fmt.Errorf("no terraformer to start at %s (build it with `make build`, or pass --terraformer-url): %w", bin, err)
 	}
 	_, port, _ := net.SplitHostPort(f.o.Addr)
 	kloudURL := f.o.PublicURL
@@ -165,60 +173,13 @@ func startTerraformer(ctx context.Context, g *globals, f *serveFlags, log *slog.
 	}
 	addr, err := terraformerAddr(f.terraformerAddr)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL}
 	if cfg := tfCLIConfig(); cfg != "" {
 		args = append(args, "--cli-config", cfg)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = prefixWriter{g.stderr, "terraformer: "}, prefixWriter{g.stderr, "terraformer: "}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
-		return nil, "", fmt.Errorf("start terraformer: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	stop = func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	}
-	url = "http://" + addr
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case <-done:
-			return nil, "", errors.New("terraformer exited at start; see its output above")
-		default:
-		}
-		resp, err := http.Get(url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			// Ours, not another process on that address: ours is still running.
-			select {
-			case <-done:
-				return nil, "", errors.New("terraformer exited at start; see its output above")
-			case <-time.After(200 * time.Millisecond):
-			}
-			break
-		}
-		select {
-		case <-done:
-			return nil, "", errors.New("terraformer exited at start; see its output above")
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			stop()
-			return nil, "", fmt.Errorf("terraformer did not answer on %s within 30s", addr)
-		}
-	}
-	log.Info("terraformer started", "addr", addr, "pid", cmd.Process.Pid)
-	return stop, url, nil
+	return &tfSupervisor{Bin: bin, Args: args, URL: "http://" + addr, Out: prefixWriter{g.stderr, "terraformer: "}, Log: log}, nil
 }
 
 // terraformerAddr returns where to start terraformer: the flag's address, else 127.0.0.1:7001,
