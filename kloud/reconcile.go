@@ -88,11 +88,10 @@ func (s *Server) jobDoc(j store.Job) (dead bool, why string, err error) {
 	now := s.store.Now()
 	switch {
 	case j.Status.Done():
-		why = fmt.Sprintf("job %s ended (%s)", j.ID, j.Status)
-		if j.Error != "" {
-			why += ": " + firstLine(j.Error)
+		if j.Error != "" && j.Error != store.ErrJobCancelled.Error() {
+			return true, fmt.Sprintf("job %s ended (%s: %s)", j.ID, j.Status, firstLine(j.Error)), nil
 		}
-		return true, why, nil
+		return true, fmt.Sprintf("job %s ended (%s)", j.ID, j.Status), nil
 	case j.Status == store.JobRunning && j.LeaseUntil.Before(now.Add(-staleJobAfter)):
 		return true, fmt.Sprintf("job %s stopped running at %s and was not resumed", j.ID, j.LeaseUntil.Format(time.RFC3339)), nil
 	case j.Status == store.JobQueued && j.CreatedAt.Before(now.Add(-staleJobAfter-s.jobLease())):
@@ -218,7 +217,7 @@ func (s *Server) reconcileMachine(ctx context.Context, m *Machine, own string) (
 		return false, why, err
 	}
 	now := s.store.Now()
-	reason := fmt.Sprintf("%s, %s without finishing its bookkeeping; reconciled at %s (machine.info asks the provider)", m.State, why, now.Format(time.RFC3339))
+	reason := fmt.Sprintf("left %s (%s); reconciled at %s: machine.info asks the provider for its state", m.State, why, now.Format(time.RFC3339))
 	ok, err := s.store.TransitionIf(ctx, store.CollMachines, m.ID, []string{string(m.State)}, bson.M{"updatedAt": m.UpdatedAt},
 		bson.M{"state": provider.Unknown, "reason": reason, "updatedAt": now})
 	if err != nil {

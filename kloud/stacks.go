@@ -368,10 +368,12 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	}
 	// A stack (or its machines) left in a transitional state by a job that is over is
 	// reconciled first, so build and destroy work from "any state whose job is dead".
-	if st, err = s.reconcileForApply(ctx, st, "stack/"+st.ID); err != nil {
+	cur, err := s.reconcileForApply(ctx, st, owner)
+	if err != nil {
 		release()
 		return nil, err
 	}
+	st = cur
 	verb, from, to := "build", []string{StackNotInitialized, StackFailed}, StackBuilding
 	if p.Destroy {
 		verb, from, to = "destroy", []string{StackNotInitialized, StackFailed, StackInitialized}, StackDestroying

@@ -1,0 +1,537 @@
+package kloud_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/dummy"
+	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// "No state without an exit": cancelling a build or destroy at any stage ends with a stack that
+// can be built again or destroyed; stuck records are reconciled; administrators can reset.
+
+// gatedTF is the real terraformer client with gates a test can close: while a gate is closed,
+// kloud's call blocks until its context ends (as if terraformer were busy or slow), so a test
+// can cancel a job exactly at that stage.
+type gatedTF struct {
+	kloud.Terraformer
+	mu      sync.Mutex
+	closed  map[string]bool
+	entered chan string
+}
+
+func (g *gatedTF) close(gate string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed[gate] = true
+}
+
+func (g *gatedTF) open(gate string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.closed, gate)
+}
+
+func (g *gatedTF) block(ctx context.Context, gate string) error {
+	g.mu.Lock()
+	closed := g.closed[gate]
+	g.mu.Unlock()
+	if !closed {
+		return nil
+	}
+	select {
+	case g.entered <- gate:
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (g *gatedTF) Apply(ctx context.Context, req terraformer.Request) (string, error) {
+	if err := g.block(ctx, "apply"); err != nil {
+		return "", err
+	}
+	return g.Terraformer.Apply(ctx, req)
+}
+
+func (g *gatedTF) Destroy(ctx context.Context, req terraformer.Request) (string, error) {
+	if err := g.block(ctx, "destroy"); err != nil {
+		return "", err
+	}
+	return g.Terraformer.Destroy(ctx, req)
+}
+
+func (g *gatedTF) Wait(ctx context.Context, id string, fn func(tfrun.Event)) (*tfrun.Job, error) {
+	if err := g.block(ctx, "wait"); err != nil {
+		return nil, err
+	}
+	return g.Terraformer.Wait(ctx, id, fn)
+}
+
+// newGatedFlow is newFlow with kloud's terraformer behind a gatedTF.
+func newGatedFlow(t *testing.T, o dummy.Options) (*flowEnv, *gatedTF) {
+	f := newFlow(t, o)
+	tf, err := f.Server.TerraformerForTest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedTF{Terraformer: tf, closed: map[string]bool{}, entered: make(chan string, 8)}
+	f.Server.SetTerraformer(g)
+	return f, g
+}
+
+func (g *gatedTF) waitEntered(t *testing.T, gate string) {
+	t.Helper()
+	select {
+	case got := <-g.entered:
+		if got != gate {
+			t.Fatalf("entered gate %q, want %q", got, gate)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("kloud never reached gate %q", gate)
+	}
+}
+
+func (f *flowEnv) apply(sid string, destroy bool) string {
+	f.t.Helper()
+	var job struct{ JobID string }
+	kloudtest.Call(f.t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": destroy}, &job)
+	return job.JobID
+}
+
+func (f *flowEnv) cancel(jobID string) {
+	f.t.Helper()
+	kloudtest.Call(f.t, f.alice, "job.cancel", map[string]string{"jobId": jobID}, nil)
+}
+
+func (f *flowEnv) describe(sid string) kloud.StackView {
+	f.t.Helper()
+	var st kloud.StackView
+	kloudtest.Call(f.t, f.alice, "stack.describe", map[string]string{"id": sid}, &st)
+	return st
+}
+
+func (f *flowEnv) job(id string) store.Job {
+	f.t.Helper()
+	var j store.Job
+	kloudtest.Call(f.t, f.alice, "job.get", map[string]string{"jobId": id}, &j)
+	return j
+}
+
+// settled checks that the stack and its machines are in no transitional state, the stack in
+// want, and returns it.
+func (f *flowEnv) settled(sid, want string) kloud.StackView {
+	f.t.Helper()
+	st := f.describe(sid)
+	if st.State != want {
+		f.t.Fatalf("stack is %s (%s), want %s", st.State, st.Reason, want)
+	}
+	for _, m := range st.MachineDocs {
+		if m.State.InProgress() {
+			f.t.Fatalf("machine %s left %s (%s)", m.Label, m.State, m.Reason)
+		}
+	}
+	return st
+}
+
+func (f *flowEnv) mustSucceed(jobID, what string) {
+	f.t.Helper()
+	if last := f.follow(jobID); last.Status != "succeeded" {
+		f.t.Fatalf("%s: %+v", what, last)
+	}
+}
+
+// destroyed checks that the stack is gone with its machines and their directories.
+func (f *flowEnv) destroyed(sid string) {
+	f.t.Helper()
+	if n := len(f.machines(sid)); n != 0 {
+		f.t.Fatalf("%d machines left after destroy", n)
+	}
+	if err := f.alice.Call(f.t.Context(), "stack.describe", map[string]string{"id": sid}, nil); !errors.Is(err, kite.ErrNotFound) {
+		f.t.Fatalf("stack after destroy: %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(f.dir, sid)); len(entries) != 0 {
+		f.t.Fatalf("machine directories left after destroy: %v", entries)
+	}
+}
+
+const oneVM = `
+resource "terraform_data" "vm" {
+  input = "#!/bin/bash\necho hi"
+}
+`
+
+func TestCancelBuildBeforeTerraformStarts(t *testing.T) {
+	f, g := newGatedFlow(t, dummy.Options{})
+	f.credential()
+	sid, _ := f.stack(f.template(oneVM))
+	g.close("apply")
+	job := f.apply(sid, false)
+	g.waitEntered(t, "apply")
+	f.cancel(job)
+	if last := f.follow(job); last.Status != "cancelled" {
+		t.Fatalf("cancelled build: %+v", last)
+	}
+	st := f.settled(sid, kloud.StackFailed)
+	if !strings.Contains(st.Reason, "cancelled") {
+		t.Fatalf("reason %q does not say the build was cancelled", st.Reason)
+	}
+	for _, m := range st.MachineDocs {
+		if m.State != provider.NotInitialized { // terraform never ran: nothing was made
+			t.Fatalf("machine %s is %s, want NotInitialized", m.Label, m.State)
+		}
+	}
+	g.open("apply")
+	f.mustSucceed(f.apply(sid, false), "build again")
+	f.settled(sid, kloud.StackInitialized)
+	f.mustSucceed(f.apply(sid, true), "destroy")
+	f.destroyed(sid)
+}
+
+func TestCancelBuildDuringTerraformApply(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	// bcrypt is evaluated at apply, not at plan: terraform itself is busy for many seconds
+	// (no provisioner, nothing the template policy refuses).
+	sid, _ := f.stack(f.template(oneVM + `
+output "slow" {
+  value = bcrypt("kloud", 18)
+}
+`))
+	job := f.apply(sid, false)
+	testutil.Eventually(t, 2*time.Minute, func() bool {
+		j := f.job(job)
+		return j.Status.Done() || j.Percent > 40 // terraform reported progress on a resource
+	}, "terraform never started")
+	if j := f.job(job); j.Status.Done() {
+		t.Fatalf("terraform apply was done before the test could cancel it: %+v", j)
+	}
+	start := time.Now()
+	f.cancel(job)
+	if last := f.follow(job); last.Status != "cancelled" {
+		t.Fatalf("cancelled build: %+v", last)
+	}
+	t.Logf("cancel took %s (terraform stopped)", time.Since(start))
+	st := f.settled(sid, kloud.StackFailed)
+	for _, m := range st.MachineDocs {
+		if m.State != provider.Unknown { // terraform ran: the machine may exist
+			t.Fatalf("machine %s is %s, want Unknown", m.Label, m.State)
+		}
+	}
+	// Destroy right away: terraform's run was stopped, so it does not wait for the stack.
+	f.mustSucceed(f.apply(sid, true), "destroy after a cancelled apply")
+	f.destroyed(sid)
+}
+
+func TestCancelBuildWhileWaitingForAgents(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	gate := filepath.Join(t.TempDir(), "hold")
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(gate) })
+	// The user script waits while the gate exists: the planner waits for it.
+	sid, _ := f.stack(f.template(fmt.Sprintf(`
+resource "terraform_data" "vm" {
+  input = "#!/bin/bash\nwhile [ -e %s ]; do sleep 0.2; done"
+}
+`, gate)))
+	job := f.apply(sid, false)
+	testutil.Eventually(t, 3*time.Minute, func() bool {
+		m := f.machines(sid)["vm"]
+		return m.KiteID != "" && len(f.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) == 1 || f.job(job).Status.Done()
+	}, "the machine's agent never registered")
+	if j := f.job(job); j.Status.Done() || j.Percent < 70 {
+		t.Fatalf("not waiting for agents: %+v", j)
+	}
+	f.cancel(job)
+	if last := f.follow(job); last.Status != "cancelled" {
+		t.Fatalf("cancelled build: %+v", last)
+	}
+	st := f.settled(sid, kloud.StackFailed)
+	if !strings.Contains(st.Reason, "agents") {
+		t.Fatalf("reason %q does not say where the build was", st.Reason)
+	}
+	// The job's log has the lines written after the cancel (they used to be lost with
+	// "log job …: context canceled").
+	if j := f.job(job); !strings.Contains(strings.Join(j.Log, "\n"), "vm:") {
+		t.Fatalf("the agent wait's outcome is not in the job log: %q", j.Log)
+	}
+	os.Remove(gate)
+	f.mustSucceed(f.apply(sid, false), "build again")
+	st = f.settled(sid, kloud.StackInitialized)
+	if m := st.MachineDocs[0]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+		t.Fatalf("after building again: %+v", m)
+	}
+	f.mustSucceed(f.apply(sid, true), "destroy")
+	f.destroyed(sid)
+}
+
+func TestCancelDestroy(t *testing.T) {
+	f, g := newGatedFlow(t, dummy.Options{})
+	f.credential()
+	sid, _ := f.stack(f.template(oneVM))
+	f.mustSucceed(f.apply(sid, false), "build")
+
+	// Before terraform starts.
+	g.close("destroy")
+	job := f.apply(sid, true)
+	g.waitEntered(t, "destroy")
+	f.cancel(job)
+	if last := f.follow(job); last.Status != "cancelled" {
+		t.Fatalf("cancelled destroy: %+v", last)
+	}
+	st := f.settled(sid, kloud.StackFailed)
+	if m := st.MachineDocs[0]; m.State != provider.Unknown {
+		t.Fatalf("machine after a cancelled destroy: %+v", m)
+	}
+	g.open("destroy")
+
+	// While kloud waits for terraform's destroy.
+	g.close("wait")
+	job = f.apply(sid, true)
+	g.waitEntered(t, "wait")
+	f.cancel(job)
+	if last := f.follow(job); last.Status != "cancelled" {
+		t.Fatalf("cancelled destroy: %+v", last)
+	}
+	f.settled(sid, kloud.StackFailed)
+	g.open("wait")
+
+	f.mustSucceed(f.apply(sid, true), "destroy again")
+	f.destroyed(sid)
+}
+
+// logBuffer collects a kloud's log (and passes it to the test's).
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	t   testing.TB
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.t.Logf("%s", bytes.TrimRight(p, "\n"))
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// seed writes records the way an older kloud (or one killed at the wrong moment) left them.
+type seed struct {
+	t  *testing.T
+	st *store.Store
+}
+
+func (s seed) stack(id, state, jobID string, machines map[string]provider.State) {
+	s.t.Helper()
+	ctx := s.t.Context()
+	now := s.st.Now()
+	st := kloud.Stack{ID: id, Title: id, Team: kloud.DefaultTeam, Owner: "alice", TemplateID: "t-" + id, State: state, JobID: jobID,
+		Files: []kloud.File{{Name: "main.tf", Content: oneVM}}, CreatedAt: now, UpdatedAt: now}
+	for label, ms := range machines {
+		m := kloud.Machine{ID: id + "-" + label, StackID: id, Label: label, Resource: label, Provider: "dummy", Owner: "alice",
+			Team: kloud.DefaultTeam, State: ms, Agent: kloud.Agent{Status: kloud.AgentNever}, CreatedAt: now, UpdatedAt: now}
+		if _, err := s.st.Collection(store.CollMachines).InsertOne(ctx, m); err != nil {
+			s.t.Fatal(err)
+		}
+		st.Machines = append(st.Machines, m.ID)
+	}
+	if _, err := s.st.Collection(store.CollStacks).InsertOne(ctx, st); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// job makes a stack.apply job of stack id, started by runner; finished with end unless nil.
+func (s seed) job(stackID, runner string, end error) string {
+	s.t.Helper()
+	ctx := s.t.Context()
+	id, err := s.st.Jobs().Create(ctx, store.Job{Kind: "stack.apply", Target: "stack/" + stackID, Owner: "alice",
+		Params: map[string]any{"stackId": stackID, "lease": "old-apply"}})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if _, err := s.st.Jobs().Start(ctx, id, runner); err != nil {
+		s.t.Fatal(err)
+	}
+	if end != nil {
+		if err := s.st.Jobs().Finish(ctx, id, end, nil); err != nil {
+			s.t.Fatal(err)
+		}
+	} else {
+		// Live: its runner keeps it (a lease an hour long, as if renewed).
+		if _, err := s.st.Collection(store.CollJobs).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": bson.M{"leaseUntil": s.st.Now().Add(time.Hour)}}); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	return id
+}
+
+func TestRestartReconcilesStuckRecords(t *testing.T) {
+	dir := t.TempDir()
+	reg := provider.NewRegistry()
+	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
+	old := kloudtest.Start(t, kloudtest.Options{DataDir: dir, Providers: reg})
+	kloudtest.Call(t, old.Dial(kloud.Admin), "user.add", map[string]string{"username": "alice", "team": kloud.DefaultTeam}, nil)
+	sd := seed{t, old.Server.Store()}
+	// A build cancelled by an older kloud whose failure bookkeeping was lost.
+	jobA := sd.job("stack-a", "old-kloud", store.ErrJobCancelled)
+	sd.stack("stack-a", kloud.StackBuilding, jobA, map[string]provider.State{"vm0": provider.Building, "vm1": provider.Building})
+	// A destroy without a job (written before jobs recorded themselves on the stack).
+	sd.stack("stack-b", kloud.StackDestroying, "", map[string]provider.State{"vm": provider.Terminating})
+	// A build whose job is alive in another kloud: never touched.
+	jobC := sd.job("stack-c", "other-kloud", nil)
+	sd.stack("stack-c", kloud.StackBuilding, jobC, map[string]provider.State{"vm": provider.Building})
+	if _, err := sd.st.AcquireLease(t.Context(), "stack/stack-c", "old-apply", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// A machine left Starting by a start job that never got recorded, in a built stack.
+	sd.stack("stack-d", kloud.StackInitialized, "", map[string]provider.State{"vm": provider.Starting, "other": provider.Running})
+	old.Stop()
+
+	logs := &logBuffer{t: t}
+	e := kloudtest.Start(t, kloudtest.Options{DataDir: dir, Providers: reg, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	e.StartTerraformer()
+	f := &flowEnv{Env: e, t: t, alice: e.Dial("alice")}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		return f.describe("stack-a").State != kloud.StackBuilding && f.describe("stack-b").State != kloud.StackDestroying &&
+			f.machines("stack-d")["vm"].State != provider.Starting
+	}, "not reconciled")
+
+	a := f.settled("stack-a", kloud.StackFailed)
+	for _, want := range []string{jobA, "cancelled", "reconciled at"} {
+		if !strings.Contains(a.Reason, want) {
+			t.Errorf("stack-a's reason %q lacks %q", a.Reason, want)
+		}
+	}
+	for _, m := range a.MachineDocs {
+		if m.State != provider.Unknown || !strings.Contains(m.Reason, "reconciled") {
+			t.Errorf("stack-a's machine %+v", m)
+		}
+	}
+	b := f.settled("stack-b", kloud.StackFailed)
+	if !strings.Contains(b.Reason, "no job recorded") || b.MachineDocs[0].State != provider.Unknown {
+		t.Errorf("stack-b: %+v", b)
+	}
+	d := f.machines("stack-d")
+	if d["vm"].State != provider.Unknown || d["other"].State != provider.Running {
+		t.Errorf("stack-d's machines: %+v", d)
+	}
+	if c := f.describe("stack-c"); c.State != kloud.StackBuilding || c.MachineDocs[0].State != provider.Building {
+		t.Errorf("stack-c, whose job is alive, was changed: %+v", c)
+	}
+	if !strings.Contains(logs.String(), "reconciled a stuck stack") {
+		t.Error("the reconciler did not log what it did")
+	}
+
+	// Both reconciled stacks can be destroyed; the live one cannot be touched.
+	f.mustSucceed(f.apply("stack-a", true), "destroy stack-a")
+	f.mustSucceed(f.apply("stack-b", true), "destroy stack-b")
+	if err := f.alice.Call(t.Context(), "stack.apply", map[string]any{"stackId": "stack-c", "destroy": true}, nil); !errors.Is(err, kite.ErrConflict) {
+		t.Fatalf("destroy of a stack whose build is alive: %v", err)
+	}
+	// stack.apply reconciles by itself a stack whose job is over (here: before the next
+	// reconciler pass): the job of stack-c ends, its lease is released, destroy works.
+	es := e.Server.Store()
+	if err := es.ReleaseLease(t.Context(), "stack/stack-c", "old-apply"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.alice.Call(t.Context(), "stack.apply", map[string]any{"stackId": "stack-c", "destroy": true}, nil); !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), jobC) {
+		t.Fatalf("destroy of a stack whose build job runs: %v", err)
+	}
+	if err := es.Jobs().Finish(t.Context(), jobC, errors.New("the other kloud gave up"), nil); err != nil {
+		t.Fatal(err)
+	}
+	f.mustSucceed(f.apply("stack-c", true), "destroy stack-c")
+}
+
+func TestStackResetIsForAdminsAndAudited(t *testing.T) {
+	logs := &logBuffer{t: t}
+	e := kloudtest.Start(t, kloudtest.Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	admin := e.Dial(kloud.Admin)
+	kloudtest.Call(t, admin, "user.add", map[string]string{"username": "alice", "team": kloud.DefaultTeam}, nil)
+	alice := e.Dial("alice")
+	sd := seed{t, e.Server.Store()}
+	live := sd.job("stack-r", "other-kloud", nil)
+	sd.stack("stack-r", kloud.StackBuilding, live, map[string]provider.State{"vm": provider.Building, "db": provider.NotInitialized})
+
+	reset := map[string]any{"stackId": "stack-r", "reason": "INC-42: build hung on a dead host"}
+	if err := alice.Call(t.Context(), "stack.reset", reset, nil); !errors.Is(err, kite.ErrPermission) {
+		t.Fatalf("reset by a non-admin (the stack's owner): %v", err)
+	}
+	if err := admin.Call(t.Context(), "stack.reset", map[string]any{"stackId": "stack-r"}, nil); !errors.Is(err, kite.ErrInvalidParams) {
+		t.Fatalf("reset without a reason: %v", err)
+	}
+	if err := admin.Call(t.Context(), "stack.reset", reset, nil); !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), live) {
+		t.Fatalf("reset while the stack's job runs: %v", err)
+	}
+	if err := e.Server.Store().Jobs().Finish(t.Context(), live, errors.New("runner gone"), nil); err != nil {
+		t.Fatal(err)
+	}
+	var st kloud.StackView
+	kloudtest.Call(t, admin, "stack.reset", reset, &st)
+	if st.State != kloud.StackFailed || !strings.Contains(st.Reason, "INC-42") || !strings.Contains(st.Reason, kloud.Admin) {
+		t.Fatalf("after reset: %+v", st.Stack)
+	}
+	for _, m := range st.MachineDocs {
+		want := map[string]provider.State{"vm": provider.Unknown, "db": provider.NotInitialized}[m.Label]
+		if m.State != want {
+			t.Errorf("machine %s is %s, want %s", m.Label, m.State, want)
+		}
+	}
+	// The audit record is on the stack, for its owner to see too, and in the log at WARN.
+	var seen kloud.StackView
+	kloudtest.Call(t, alice, "stack.describe", map[string]string{"id": "stack-r"}, &seen)
+	if len(seen.Resets) != 1 || seen.Resets[0].By != kloud.Admin || seen.Resets[0].Reason != reset["reason"] ||
+		seen.Resets[0].To != kloud.StackFailed || seen.Resets[0].Job != live || seen.Resets[0].At.IsZero() {
+		t.Fatalf("audit: %+v", seen.Resets)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=WARN msg=\"stack reset by an administrator\"") || !strings.Contains(l, "INC-42") {
+		t.Fatal("the reset is not in the log at WARN")
+	}
+
+	// NotInitialized only if nothing was ever built.
+	if err := admin.Call(t.Context(), "stack.reset", map[string]any{"stackId": "stack-r", "state": "NotInitialized", "reason": "never built"}, nil); err != nil {
+		t.Fatalf("reset to NotInitialized of a stack never built: %v", err)
+	}
+	kloudtest.Call(t, alice, "stack.describe", map[string]string{"id": "stack-r"}, &seen)
+	if seen.State != kloud.StackNotInitialized || len(seen.Resets) != 2 {
+		t.Fatalf("after the second reset: %+v", seen)
+	}
+	for _, m := range seen.MachineDocs {
+		if m.State != provider.NotInitialized {
+			t.Errorf("machine %s is %s", m.Label, m.State)
+		}
+	}
+	if _, err := e.Server.Store().Collection(store.CollStacks).UpdateOne(t.Context(), bson.M{"_id": "stack-r"}, bson.M{"$set": bson.M{"tfJobId": "tf-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Call(t.Context(), "stack.reset", map[string]any{"stackId": "stack-r", "state": "NotInitialized", "reason": "x"}, nil); !errors.Is(err, kite.ErrState) {
+		t.Fatalf("reset to NotInitialized of a stack terraform ran for: %v", err)
+	}
+}
