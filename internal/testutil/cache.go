@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,13 +24,15 @@ import (
 //
 //   - BuildBinary keeps binaries content-addressed in CacheDir()/testbin/<name>-<sha256>/<name>:
 //     every test process links its binary again (go's build cache makes that a link, not a
-//     compile) and hashes the result; an identical binary is reused, a new one is added. An entry
-//     not used for binMaxAge is removed by the next test process that builds something.
+//     compile) and hashes the result; an identical binary is reused, a new one is added. The
+//     next test process that builds something removes entries not used for binMaxAge and all but
+//     the keepPerName most recently used of each binary.
 //   - RunDir gives a TestMain a directory of its own, CacheDir()/testrun/<name>-<pid>-<random>,
 //     which it removes when its tests are done; one whose process has died (a timeout, a kill) is
 //     removed by the next RunDir.
 const (
 	binMaxAge   = 72 * time.Hour
+	keepPerName = 4
 	tmpMaxAge   = time.Hour // a half-written cache entry (".tmp-*") of a process that died
 	testbinName = "testbin"
 	testrunName = "testrun"
@@ -112,7 +115,8 @@ func CachedBinary(pkg string) (string, error) {
 		return "", fmt.Errorf("test binary cache: %w", err)
 	}
 	name := filepath.Base(pkg)
-	cmd := exec.Command("go", "build", "-o", filepath.Join(tmp, name), pkg)
+	// Without VCS stamping, unchanged sources give the same binary after a commit elsewhere.
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", filepath.Join(tmp, name), pkg)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
@@ -148,21 +152,43 @@ func fileSum(path string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// pruneBinaries removes cache entries not used for binMaxAge and half-written ones older than
-// tmpMaxAge. Errors are ignored: pruning is housekeeping.
+// pruneBinaries removes cache entries not used for binMaxAge, all but the keepPerName most
+// recently used of each binary (unless used within the last hour: a test process may run it),
+// and half-written ones older than tmpMaxAge. Errors are ignored: pruning is housekeeping.
 func pruneBinaries(dir string, now time.Time) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
+	type entry struct {
+		name string
+		age  time.Duration
+	}
+	byBinary := map[string][]entry{}
 	for _, e := range entries {
 		fi, err := e.Info()
 		if err != nil {
 			continue
 		}
 		age := now.Sub(fi.ModTime())
-		if (strings.HasPrefix(e.Name(), ".tmp-") && age > tmpMaxAge) || (!strings.HasPrefix(e.Name(), ".") && age > binMaxAge) {
-			os.RemoveAll(filepath.Join(dir, e.Name()))
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			if age > tmpMaxAge {
+				os.RemoveAll(filepath.Join(dir, e.Name()))
+			}
+			continue
+		}
+		i := strings.LastIndexByte(e.Name(), '-')
+		if i <= 0 {
+			continue
+		}
+		byBinary[e.Name()[:i]] = append(byBinary[e.Name()[:i]], entry{e.Name(), age})
+	}
+	for _, es := range byBinary {
+		sort.Slice(es, func(i, j int) bool { return es[i].age < es[j].age })
+		for i, e := range es {
+			if e.age > binMaxAge || (i >= keepPerName && e.age > tmpMaxAge) {
+				os.RemoveAll(filepath.Join(dir, e.name))
+			}
 		}
 	}
 }

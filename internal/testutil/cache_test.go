@@ -44,22 +44,32 @@ func TestBuildBinaryUsesTheCacheNotTemp(t *testing.T) {
 
 func TestPruneBinaries(t *testing.T) {
 	dir := t.TempDir()
-	old := time.Now().Add(-binMaxAge - time.Hour)
-	for _, n := range []string{"klient-aaaa", "klient-bbbb", ".tmp-123", ".tmp-456"} {
-		if err := os.Mkdir(filepath.Join(dir, n), 0o755); err != nil {
+	now := time.Now()
+	for n, age := range map[string]time.Duration{
+		"klient-old":  binMaxAge + time.Hour, // unused for too long
+		"klient-a":    2 * time.Hour,
+		"klient-b":    3 * time.Hour,
+		"klient-c":    4 * time.Hour,
+		"klient-d":    5 * time.Hour,
+		"klient-e":    6 * time.Hour, // the fifth most recent: over keepPerName
+		"kloud-x":     7 * time.Hour, // another binary: its own count
+		".tmp-123":    2 * tmpMaxAge, // a build that died
+		".tmp-456":    time.Minute,   // a build going on
+	} {
+		p := filepath.Join(dir, n)
+		if err := os.Mkdir(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
+		os.Chtimes(p, now.Add(-age), now.Add(-age))
 	}
-	os.Chtimes(filepath.Join(dir, "klient-aaaa"), old, old)
-	os.Chtimes(filepath.Join(dir, ".tmp-123"), old, old)
-	pruneBinaries(dir, time.Now())
+	pruneBinaries(dir, now)
 	var got []string
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		got = append(got, e.Name())
 	}
-	if strings.Join(got, ",") != ".tmp-456,klient-bbbb" {
-		t.Fatalf("after prune: %v", got)
+	if want := ".tmp-456,klient-a,klient-b,klient-c,klient-d,kloud-x"; strings.Join(got, ",") != want {
+		t.Fatalf("after prune: %v, want %s", got, want)
 	}
 }
 
