@@ -46,15 +46,15 @@ func TestPruneBinaries(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Now()
 	for n, age := range map[string]time.Duration{
-		"klient-old":  binMaxAge + time.Hour, // unused for too long
-		"klient-a":    2 * time.Hour,
-		"klient-b":    3 * time.Hour,
-		"klient-c":    4 * time.Hour,
-		"klient-d":    5 * time.Hour,
-		"klient-e":    6 * time.Hour, // the fifth most recent: over keepPerName
-		"kloud-x":     7 * time.Hour, // another binary: its own count
-		".tmp-123":    2 * tmpMaxAge, // a build that died
-		".tmp-456":    time.Minute,   // a build going on
+		"klient-old": binMaxAge + time.Hour, // unused for too long
+		"klient-a":   2 * time.Hour,
+		"klient-b":   3 * time.Hour,
+		"klient-c":   4 * time.Hour,
+		"klient-d":   5 * time.Hour,
+		"klient-e":   6 * time.Hour, // the fifth most recent: over keepPerName
+		"kloud-x":    7 * time.Hour, // another binary: its own count
+		".tmp-123":   2 * tmpMaxAge, // a build that died
+		".tmp-456":   time.Minute,   // a build going on
 	} {
 		p := filepath.Join(dir, n)
 		if err := os.Mkdir(p, 0o755); err != nil {
