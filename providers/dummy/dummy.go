@@ -16,7 +16,7 @@
 //   - ApplyTemplate adds, per machine resource, a generated `terraform_data.kloud_boot_<name>`
 //     (kloud's own file kloud_dummy.tf.json, not the user's) that is replaced with its machine.
 //     Its create-time local-exec POSTs the machine's script, read from the machine resource's
-//     `output`, with curl to kloud's HTTP server: POST <kloud>/provider/<name>/v1/machines/<label>/boot
+//     `output`, with curl to kloud's HTTP server: <kloud>/provider/<name>/v1/machines/<label>/boot
 //     (service.go; kloud mounts Provider.Handler under provider.HandlerPrefix). Its destroy-time
 //     local-exec POSTs .../machines/<label>/destroy.
 //   - Both carry a bearer token minted by ApplyTemplate for that one stack build, given to
@@ -181,20 +181,13 @@ const (
 	bootResource  = "kloud_boot_"           // + resource
 )
 
-// The generated provisioners' commands. The token goes to curl in a header file (bash process
-// substitution), not on its command line; the script on stdin. --fail-with-body makes curl exit
-// non-zero and print the service's reason when it refuses.
+// The generated provisioners' commands: $KLOUD_DUMMY_URL is the machine's URL in the service.
+// The token goes to curl in a header file (bash process substitution), not on its command line;
+// the script on stdin. --fail-with-body makes curl exit non-zero and print the service's reason
+// when it refuses, which terraform's error then shows.
 const (
-	bootCommand = `set -euo pipefail
-printf '%s' "$KLOUD_DUMMY_SCRIPT" | curl --fail-with-body --silent --show-error --max-time 120 \
-  -H @<(printf 'Authorization: Bearer %s\n' "$KLOUD_DUMMY_TOKEN") -H 'Content-Type: text/x-shellscript' \
-  --data-binary @- "$KLOUD_DUMMY_URL/machines/$KLOUD_DUMMY_MACHINE/boot"
-`
-	destroyCommand = `set -euo pipefail
-curl --fail-with-body --silent --show-error --max-time 120 -X POST \
-  -H @<(printf 'Authorization: Bearer %s\n' "$KLOUD_DUMMY_TOKEN") \
-  "$KLOUD_DUMMY_URL/machines/$KLOUD_DUMMY_MACHINE/destroy"
-`
+	bootCommand    = `printf '%s' "$KLOUD_DUMMY_SCRIPT" | curl --fail-with-body -sS -m 120 -H @<(echo "Authorization: Bearer $KLOUD_DUMMY_TOKEN") --data-binary @- "$KLOUD_DUMMY_URL/boot"`
+	destroyCommand = `curl --fail-with-body -sS -m 120 -X POST -H @<(echo "Authorization: Bearer $KLOUD_DUMMY_TOKEN") "$KLOUD_DUMMY_URL/destroy"`
 )
 
 func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
@@ -252,19 +245,14 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		}
 		vars[mv] = map[string]any{"type": "list(string)"}
 		s.b.Template.Variables[mv] = labels[name]
-		env := map[string]any{
-			"KLOUD_DUMMY_URL":     "${self.input.url}",
-			"KLOUD_DUMMY_MACHINE": "${self.input.machine}",
-			"KLOUD_DUMMY_TOKEN":   "${self.input.token}",
-		}
+		env := map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}"}
 		bootEnv := maps.Clone(env)
 		bootEnv["KLOUD_DUMMY_SCRIPT"] = "${" + inst + ".output}"
 		boot := map[string]any{
 			"triggers_replace": "${" + inst + ".id}",
 			"input": map[string]any{
-				"url":     kloudURL + provider.HandlerPrefix(s.b.Provider.Name) + "v1",
-				"machine": "${var." + mv + "[" + idx + "]}",
-				"token":   "${var." + tokenVar + "}",
+				"url":   kloudURL + provider.HandlerPrefix(s.b.Provider.Name) + "v1/machines/${var." + mv + "[" + idx + "]}",
+				"token": "${var." + tokenVar + "}",
 			},
 			"provisioner": []any{
 				map[string]any{"local-exec": map[string]any{"command": bootCommand, "interpreter": []string{"/bin/bash", "-c"}, "environment": bootEnv}},

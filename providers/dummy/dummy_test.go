@@ -332,3 +332,31 @@ func TestServiceRefusals(t *testing.T) {
 		t.Errorf("destroy with an expired token: %s", msg)
 	}
 }
+
+// A boot whose script fails (here: the machine's directory cannot be made, a file is in the
+// way) fails the apply with the script's output and leaves nothing of the machine: terraform
+// does not run the destroy provisioner of the tainted boot resource.
+func TestFailedBootLeavesNothing(t *testing.T) {
+	e := newKloud(t, dummy.Options{})
+	tpl := e.template("st6", `resource "terraform_data" "web" {
+  input = "#!/bin/bash\necho hi"
+}
+`, "web")
+	root := filepath.Join(e.dir, "st6", "web")
+	if err := os.MkdirAll(filepath.Dir(root), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(root, []byte("in the way"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job := e.terraform(tfrun.OpApply, "st6", tpl)
+	if job.Status != tfrun.StatusFailed || job.Error == nil || !strings.Contains(job.Error.Error(), "boot web") {
+		t.Fatalf("apply: %s: %v", job.Status, job.Error)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "st6")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a failed boot left %s: %v", filepath.Join(e.dir, "st6"), err)
+	}
+	if job := e.terraform(tfrun.OpDestroy, "st6", nil); job.Status != tfrun.StatusSucceeded {
+		t.Fatalf("destroy: %s: %v", job.Status, job.Error)
+	}
+}

@@ -229,9 +229,20 @@ func (d *dummy) serveDestroy(w http.ResponseWriter, r *http.Request) {
 
 // boot "powers on" a machine: its script (userdata.RenderScript's) runs with bash in this
 // process, from a copy in the machine (like cloud-init's user-data.txt), and returns once
-// provisioning runs in the background. A machine booted again is stopped first.
-func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) error {
+// provisioning runs in the background. A machine booted again is stopped first; one whose boot
+// script fails is destroyed.
+func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) (err error) {
 	root := d.root(stackID, label)
+	defer func() {
+		if err == nil {
+			return
+		}
+		// Terraform taints the boot resource and does not run its destroy provisioner for it:
+		// a failed boot leaves nothing behind itself.
+		if derr := d.destroy(context.WithoutCancel(ctx), stackID, label); derr != nil {
+			d.o.Logger.Warn("clean up a failed boot", "stack", stackID, "machine", label, "err", derr)
+		}
+	}()
 	if err := stopGroups(ctx, root, userdata.SupervisorPIDPath, userdata.ProvisionPIDPath); err != nil {
 		return err
 	}
