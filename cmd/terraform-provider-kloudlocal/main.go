@@ -1,6 +1,7 @@
 // Command terraform-provider-kloudlocal is the Terraform provider for local namespace machines; see
 // package tfprovider. Terraform starts it; scripts/build-kloudlocal.sh installs it into the
-// offline provider mirror.
+// offline provider mirror. It needs no privilege: it asks kloud's local machine service to create
+// and destroy machines.
 package main
 
 import (
@@ -9,12 +10,10 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider"
 )
 
 func main() {
-	sandbox.MaybeRunInit() // this binary is also each machine's launcher and PID 1
 	if len(os.Args) > 1 && os.Args[1] == "--version" {
 		fmt.Println(tfprovider.Address, tfprovider.Version)
 		return

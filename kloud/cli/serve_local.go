@@ -2,9 +2,18 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -14,6 +23,11 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local"
 )
+
+// InstanceIDFile in kloud's data dir holds this kloud's instance id, which every local machine it
+// creates records: the startup sweep and the local machine service touch only machines of their
+// own instance, so several klouds (separate data dirs) can share a host and a state dir.
+const InstanceIDFile = "instance-id"
 
 // The local provider: machines are Linux namespace machines on this host with real cloud-init.
 // It needs root; without it kloud says so at startup and in provider.describe.
@@ -42,6 +56,12 @@ func init() {
 		}
 		o.Logger = log
 		var err error
+		if o.Instance, err = instanceID(f.o.DataDir); err != nil {
+			return err
+		}
+		if o.Endpoint, err = serviceEndpoint(f.o.Addr); err != nil {
+			log.Warn("local provider: terraform cannot reach kloud's local machine service; local stacks cannot be built", "err", err)
+		}
 		if l, err = local.New(o); err != nil {
 			return err
 		}
@@ -57,8 +77,8 @@ func init() {
 		if l == nil || l.Available() != nil {
 			return
 		}
-		// Startup sweep: machines of stacks kloud no longer has (a crash between terraform and
-		// the store, or a data dir reset) are removed.
+		// Startup sweep: this instance's machines of stacks kloud no longer has (a crash between
+		// terraform and the store, or a data dir reset) are removed; other klouds' are not.
 		gone, err := l.GC(ctx, func(stackID, machineID string) bool {
 			n, err := s.Store().Collection(store.CollMachines).CountDocuments(ctx, bson.M{"_id": machineID, "stackId": stackID})
 			return err != nil || n > 0 // when in doubt, keep
@@ -67,7 +87,67 @@ func init() {
 			log.Warn("local provider: sweep", "err", err)
 		}
 		if len(gone) > 0 {
-			log.Info("local provider: removed machines of dead stacks", "machines", gone)
+			log.Info("local provider: removed machines of dead stacks", "machines", gone, "instance", l.Instance())
 		}
 	})
+}
+
+var instanceRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// instanceID returns the instance id kept in dataDir, creating it on first start.
+func instanceID(dataDir string) (string, error) {
+	p := filepath.Join(dataDir, InstanceIDFile)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return "", fmt.Errorf("data dir: %w", err)
+		}
+		r := make([]byte, 10)
+		rand.Read(r)
+		id := "kloud-" + hex.EncodeToString(r)
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			_, err = fmt.Fprintln(f, id)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				os.Remove(p)
+				return "", fmt.Errorf("instance id: %w", err)
+			}
+			return id, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("instance id: %w", err)
+		}
+		b, err = os.ReadFile(p) // another start won the race
+	}
+	if err != nil {
+		return "", fmt.Errorf("instance id: %w", err)
+	}
+	id := strings.TrimSpace(string(b))
+	if !instanceRE.MatchString(id) {
+		return "", fmt.Errorf("instance id in %s: %q is not 1-64 of [A-Za-z0-9._-]; remove the file to get a new one (this kloud's local machines then are no longer its own)", p, id)
+	}
+	return id, nil
+}
+
+// serviceEndpoint is kloud's URL as terraform, running on this host in the host's network
+// namespace, reaches it: loopback when kloud listens on all interfaces or loopback, else the
+// address kloud listens on.
+func serviceEndpoint(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--addr %q: %w", addr, err)
+	}
+	if port == "" || port == "0" {
+		return "", fmt.Errorf("--addr %q: the local machine service needs a fixed port", addr)
+	}
+	if ip, err := netip.ParseAddr(host); host == "" || (err == nil && (ip.IsUnspecified() || ip.IsLoopback())) {
+		host = "127.0.0.1"
+		if err == nil && ip.IsLoopback() {
+			host = ip.String()
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port), nil
 }

@@ -1,21 +1,25 @@
 // Package local is kloud's "local" provider: machines are Linux namespace machines on the kloud
-// host (package sandbox), created and destroyed by Terraform through the kloudlocal provider
-// (package tfprovider, resource kloudlocal_machine) and started, stopped and inspected by kloud
-// itself through the same sandbox library.
+// host (package sandbox). Terraform declares them (package tfprovider, resource
+// kloudlocal_machine), but the kloudlocal Terraform provider runs unprivileged and only asks
+// kloud: this package's local machine service (service.go), served by kloud's own process (root)
+// under /provider/local/v1/, creates, retags and destroys them, for a token that ApplyTemplate
+// mints for one stack (token.go). kloud starts, stops and inspects machines itself through the
+// same sandbox library.
 //
 // Start reading at New and Local.Provider (this file), then template.go (what ApplyTemplate does
-// to a stack's template) and machine.go (start, stop, info, console log).
+// to a stack's template), service.go and token.go (the service) and machine.go (start, stop, info,
+// console log).
 //
 // # Wiring (kloud serve)
 //
 //	func main() {
 //		sandbox.MaybeRunInit() // first: Machine.Start re-executes kloud as the machine's PID 1
 //		...
-//		l, err := local.New(local.Options{Logger: logger}) // defaults = the sandbox's defaults
-//		registry.Register(l.Provider())
+//		l, err := local.New(local.Options{Logger: logger, Instance: id, Endpoint: "http://127.0.0.1:7000"})
+//		registry.Register(l.Provider()) // kloud mounts Provider().Handler at /provider/local/
 //		if l.Provider().Available() == nil {
 //			l.SetupNetwork(ctx)  // the bridge, before listening on l.HostAddr()
-//			l.GC(ctx, keep)      // startup sweep of machines of dead stacks
+//		l.GC(ctx, keep)      // startup sweep of this instance's machines of dead stacks
 //		}
 //	}
 //
@@ -26,13 +30,22 @@
 //
 // ApplyTemplate gives every kloudlocal_machine its agent (user data rendered with
 // userdata.Render, one kite key per machine), tags it with the stack and machine ids (TagStack,
-// TagMachine), and writes the provider's configuration (state dir, base image, bridge, subnet,
-// the same ones this package's machine operations use) into GeneratedFile. A template may have a
-// `provider "kloudlocal"` block only if it is empty or repeats kloud's values; kloud replaces it.
+// TagMachine), and writes the provider's configuration into GeneratedFile: the service's endpoint
+// and the stack's token (a sensitive variable, TokenVar). A template may have a
+// `provider "kloudlocal"` block only if it is empty; kloud replaces it. The base image, state dir,
+// bridge and subnet are kloud's configuration (Options), never the template's.
+//
+// # Instances
+//
+// Every machine records the instance id of the kloud that made it (Options.Instance, kept in the
+// kloud's data dir), so several klouds can share a host and a state dir: GC and the service touch
+// only their own instance's machines.
 package local
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net"
@@ -40,6 +53,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
@@ -53,11 +67,14 @@ const (
 	UserDataAttr = "user_data"
 )
 
-// Tags kloud puts on every machine; GC reads them back.
+// Tags kloud puts on every machine; GC and the service read them back.
 const (
 	TagStack   = "kloud_stack"
 	TagMachine = "kloud_machine"
 )
+
+// TokenVar is the sensitive Terraform variable holding the stack's service token.
+const TokenVar = "kloud_local_token"
 
 // Options configure the provider. Zero fields take the sandbox's defaults, which are also the
 // kloudlocal Terraform provider's defaults.
@@ -71,6 +88,16 @@ type Options struct {
 	// sandbox.DefaultSubnet).
 	Bridge string
 	Subnet netip.Prefix
+	// Instance is this kloud's instance id (1-64 of [A-Za-z0-9._-]), recorded in every machine
+	// it creates; GC and the service leave machines of other instances alone. Default: a random
+	// id for this process only (its machines are never swept by a later process).
+	Instance string
+	// Endpoint is kloud's URL as terraform on this host reaches it (http://127.0.0.1:<port> when
+	// kloud listens on all interfaces); ApplyTemplate writes it into the provider block. Required
+	// by ApplyTemplate.
+	Endpoint string
+	// TokenTTL is how long a stack's service token is valid (default DefaultTokenTTL).
+	TokenTTL time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -84,17 +111,34 @@ type Local struct {
 	merr     error // why m is nil: sandbox.Available's answer
 	p        *provider.Provider
 
+	instance string
+	tokenTTL time.Duration
+
 	mu        sync.Mutex
 	baseImage string
+	creatorM  *sandbox.Manager // m with the base image: for Create
+
+	keyMu   sync.Mutex
+	hmacKey []byte
 }
 
 // New returns the local provider. It fails only on options that can never work (a bad bridge
 // name or subnet); a host that cannot run machines (not root, iproute2 missing) gives a provider
 // whose Available says why.
 func New(opts Options) (*Local, error) {
-	l := &Local{opts: opts, log: opts.Logger, baseImage: opts.BaseImage}
+	l := &Local{opts: opts, log: opts.Logger, baseImage: opts.BaseImage, instance: opts.Instance, tokenTTL: opts.TokenTTL}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
+	}
+	if l.tokenTTL <= 0 {
+		l.tokenTTL = DefaultTokenTTL
+	}
+	if l.instance == "" {
+		b := make([]byte, 8)
+		rand.Read(b)
+		l.instance = "proc-" + hex.EncodeToString(b)
+	} else if !idRE.MatchString(l.instance) {
+		return nil, fmt.Errorf("local provider: instance id %q: want 1-64 characters of [A-Za-z0-9._-]", l.instance)
 	}
 	if opts.Subnet.IsValid() && (!opts.Subnet.Addr().Is4() || opts.Subnet.Bits() < 16 || opts.Subnet.Bits() > 30) {
 		return nil, fmt.Errorf("local provider: subnet %s: want IPv4 between /16 and /30", opts.Subnet)
@@ -124,6 +168,7 @@ func New(opts Options) (*Local, error) {
 		Machine:      l.machine,
 		KloudURL:     l.KloudURL,
 		Available:    l.Available,
+		Handler:      l.handler(),
 	}
 	return l, nil
 }
@@ -146,6 +191,9 @@ func (l *Local) manager() (*sandbox.Manager, error) {
 	}
 	return l.m, nil
 }
+
+// Instance is this kloud's instance id, recorded in the machines it creates.
+func (l *Local) Instance() string { return l.instance }
 
 // StateDir is the machines' directory (absolute). StateDir, Bridge and Subnet give the
 // effective settings, defaults filled in.
@@ -213,20 +261,64 @@ func (l *Local) baseImagePath(ctx context.Context) (string, error) {
 	return p, nil
 }
 
-// GC destroys the machines in the state dir whose stack or machine kloud no longer has (keep
-// returns false for their ids), machines a crash left half-created, and network leftovers no
-// machine owns. Machines without kloud's tags (made by someone else's Terraform) are kept. It
-// returns the ids of the machines it destroyed.
+// creator returns the machine library with the base image set, for Create.
+func (l *Local) creator(ctx context.Context) (*sandbox.Manager, error) {
+	if _, err := l.manager(); err != nil {
+		return nil, err
+	}
+	base, err := l.baseImagePath(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("local machines' base image: %w", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.creatorM == nil {
+		m, err := sandbox.New(sandbox.Options{
+			StateDir: l.stateDir, BaseImage: base, Bridge: l.opts.Bridge, Subnet: l.opts.Subnet, Logger: l.log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		l.creatorM = m
+	}
+	return l.creatorM, nil
+}
+
+// GC destroys this instance's machines whose stack or machine kloud no longer has (keep returns
+// false for their ids), machines a crash left half-created, and network leftovers no machine
+// owns. It never removes machines of another kloud instance, nor machines without kloud's tags
+// (made by someone else). Machines without an instance id (made before kloud recorded one) are
+// kept too: they may be another kloud's on a shared state dir. Those whose stack and machine keep
+// knows are adopted (recorded as this instance's), so later sweeps look after them; the others
+// are logged. It returns the ids of the machines it destroyed.
 func (l *Local) GC(ctx context.Context, keep func(stackID, machineID string) bool) ([]string, error) {
 	m, err := l.manager()
 	if err != nil {
 		return nil, err
 	}
-	return m.GC(ctx, func(in sandbox.Info) bool {
+	var adopt []string
+	removed, err := m.GC(ctx, func(in sandbox.Info) bool {
 		s, mid := in.Tags[TagStack], in.Tags[TagMachine]
-		if s == "" && mid == "" {
+		switch {
+		case s == "" && mid == "":
+			return true
+		case in.Instance == "":
+			if keep(s, mid) {
+				adopt = append(adopt, in.ID)
+			} else {
+				l.log.Warn("local provider: keeping a machine of an unknown stack without an instance id (it may be another kloud's); destroy it by hand if it is garbage",
+					"machine", in.ID, "stack", s, "dir", in.Dir)
+			}
+			return true
+		case in.Instance != l.instance:
 			return true
 		}
 		return keep(s, mid)
 	})
+	for _, id := range adopt {
+		if _, aerr := m.SetInstance(ctx, id, l.instance); aerr != nil {
+			l.log.Warn("local provider: adopt machine", "machine", id, "err", aerr)
+		}
+	}
+	return removed, err
 }

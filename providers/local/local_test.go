@@ -24,11 +24,13 @@ import (
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
 func TestMain(m *testing.M) {
-	sandbox.MaybeRunInit() // Machine.Start boots machines from this binary
+	sandbox.MaybeRunInit() // Machine.Start and the service's creates boot machines from this binary
+	tfsandbox.MaybeRun()   // tfrun runs terraform through this binary as its sandbox launcher
 	code := m.Run()
 	tfprovidertest.Cleanup()
 	os.Exit(code)
@@ -96,12 +98,21 @@ func klientServer(t *testing.T, l *local.Local) (publicURL, sum string) {
 func TestStackThroughTerraform(t *testing.T) {
 	h := tfprovidertest.NewHost(t)
 	tf, cliConfig := tfprovidertest.Terraform(t)
+	// The local machine service on loopback, where terraform's provider reaches it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	l, err := local.New(local.Options{
 		StateDir: h.StateDir, BaseImage: h.BaseImage, Bridge: h.Bridge, Subnet: h.Subnet, Logger: testutil.Logger(t),
+		Instance: "kloud-test", Endpoint: "http://" + ln.Addr().String(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv := &http.Server{Handler: l.Provider().Handler}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
 	p := l.Provider()
 	if err := p.Available(); err != nil {
 		t.Fatalf("available: %s", err)
@@ -252,7 +263,18 @@ resource "kloudlocal_machine" "web" {
 
 	// Destroy through terraform (one machine already gone): nothing is left.
 	t0 = time.Now()
-	job, err = e.Submit(t.Context(), tfrun.Request{Op: tfrun.OpDestroy, ContentID: "stack-" + stackID})
+	// As kloud destroys a stack: the template configured again without machines (a fresh token
+	// that may create nothing, no agent keys), so the destroy never runs on an expired token.
+	st2, err := p.Stack(&provider.BaseStack{Provider: p, StackID: stackID, Owner: "alice", Log: testutil.Logger(t),
+		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}, Variables: map[string]any{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dtpl, err := st2.ApplyTemplate(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err = e.Submit(t.Context(), tfrun.Request{Op: tfrun.OpDestroy, ContentID: "stack-" + stackID, Files: dtpl.Files, Variables: dtpl.Variables})
 	if err != nil {
 		t.Fatal(err)
 	}

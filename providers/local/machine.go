@@ -7,13 +7,10 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
-	"github.com/kloud-dev/kloud/userdata"
 )
 
 // machine is one local machine as kloud controls it, outside Terraform.
@@ -97,9 +94,11 @@ func (m *machine) Info(ctx context.Context) (provider.State, any, error) {
 	return provider.Unknown, nil, fmt.Errorf("local machine %s (%s): unknown sandbox state %q", m.b.Label, m.id, in.State)
 }
 
-// ConsoleLog implements provider.ConsoleLogger: cloud-init's output log, read from the machine's
-// disk on the host, so it works while the machine is stopped or its agent never came up. Before
-// cloud-init wrote anything, it is the machine's console (init's own output).
+// ConsoleLog implements provider.ConsoleLogger: the end (at most ConsoleMax bytes) of the
+// machine's console, StateDir/<id>/console.log on the host: init's own lines and everything the
+// cloud-init stages print (the user data's scripts included, with provision.sh's markers). It is
+// read on the host, so it works while the machine is stopped or its agent never came up, and the
+// machine cannot change where it is read from (the file is outside its disk).
 func (m *machine) ConsoleLog(ctx context.Context) (string, error) {
 	in, err := m.m.Info(ctx, m.id)
 	if err != nil {
@@ -108,11 +107,9 @@ func (m *machine) ConsoleLog(ctx context.Context) (string, error) {
 	if in.State == sandbox.StateAbsent || in.Dir == "" {
 		return "", m.wrap("read console of", sandbox.ErrNotFound)
 	}
-	// The machine's root owns its disk: resolve the path inside the upper dir only (os.Root
-	// refuses symlinks that lead out of it), so a machine cannot make kloud read host files.
-	out, err := readTail(filepath.Join(in.Dir, "upper"), strings.TrimPrefix(userdata.CloudInitOutputPath, "/"), consoleMax)
+	out, err := readTail(in.Dir, "console.log", ConsoleMax)
 	if errors.Is(err, fs.ErrNotExist) {
-		out, err = readTail(in.Dir, "console.log", consoleMax)
+		return "", nil // not booted yet
 	}
 	if err != nil {
 		return "", m.wrap("read console of", err)
@@ -120,8 +117,8 @@ func (m *machine) ConsoleLog(ctx context.Context) (string, error) {
 	return out, nil
 }
 
-// consoleMax bounds what ConsoleLog returns (the end of the log).
-const consoleMax = 1 << 20
+// ConsoleMax bounds what ConsoleLog returns (the end of the log).
+const ConsoleMax = 64 << 10
 
 // readTail returns the last limit bytes of the regular file rel under dir, resolved inside dir.
 func readTail(dir, rel string, limit int64) (string, error) {

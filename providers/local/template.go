@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"net/netip"
-	"path/filepath"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -46,11 +46,18 @@ func (s *stack) BootstrapTemplates(ctx context.Context, c *provider.Credential) 
 }
 
 // ApplyTemplate rewrites the stack's template: every kloudlocal_machine gets its agent's
-// cloud-init, the kloud_stack and kloud_machine tags, and the
-// template gets the kloudlocal provider configured like this Local (GeneratedFile).
+// cloud-init and the kloud_stack and kloud_machine tags, and the template gets the kloudlocal
+// provider configured for this kloud's local machine service (GeneratedFile): the endpoint, and
+// a token for this stack (sensitive variable TokenVar) that may create exactly b.Machines.
+//
+// With no Machines (a destroy, or a refresh) it only configures the provider: the token may then
+// read, retag and destroy the stack's machines but create none, and no agent key is minted.
 func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
 	if err := s.l.Available(); err != nil {
 		return nil, fmt.Errorf("local machines cannot run on this host: %w", err)
+	}
+	if s.l.opts.Endpoint == "" {
+		return nil, errors.New("local provider: no endpoint of kloud's local machine service configured (local.Options.Endpoint)")
 	}
 	b := s.b
 	if _, taken := b.Template.Files[GeneratedFile]; taken {
@@ -60,12 +67,19 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err != nil {
 		return nil, err
 	}
-	if len(b.Machines) == 0 && !slices.Contains(cfg.Providers(), tfprovider.Name) {
+	if len(b.Machines) == 0 && !slices.Contains(cfg.Providers(), tfprovider.Name) && len(cfg.Resources(ResourceType)) == 0 {
 		return b.Template, nil // no local machines in this stack
 	}
-	base, err := s.l.baseImagePath(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("local machines' base image: %w", err)
+	for _, v := range cfg.Variables() {
+		if v.Name == TokenVar && v.File != tmpl.GeneratedFile {
+			return nil, fmt.Errorf("%s:%d: variable %q: the name is reserved for kloud's token of the local machine service", v.File, v.Line, TokenVar)
+		}
+	}
+	if len(b.Machines) > 0 {
+		// The image is built (once) here, before terraform waits on a create for it.
+		if _, err := s.l.baseImagePath(ctx); err != nil {
+			return nil, fmt.Errorf("local machines' base image: %w", err)
+		}
 	}
 
 	err = b.InjectUserData(ctx, func(m *provider.MachineSpec, ac userdata.Config) ([]byte, error) {
@@ -81,15 +95,35 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err := s.setTags(); err != nil {
 		return nil, err
 	}
-	files, err := configureProvider(b.Template.Files, map[string]string{
-		"state_dir": s.l.StateDir(), "base_image": base, "bridge": s.l.Bridge(), "subnet": s.l.Subnet().String(),
-	})
+	if cfg, err = tmpl.Parse(b.Template.Files); err != nil {
+		return nil, err
+	}
+	if err := cfg.DeclareVariable(TokenVar, "string", true); err != nil {
+		return nil, err
+	}
+	files, err := configureProvider(cfg.Files(), s.l.opts.Endpoint)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := tmpl.Parse(files); err != nil {
+	if cfg, err = tmpl.Parse(files); err != nil {
 		return nil, fmt.Errorf("local provider produced an invalid template (a bug): %w", err)
 	}
+	// The token reaches the generated provider block only: never a resource, output or log.
+	if err := cfg.CheckSecretRefs([]string{TokenVar}); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	ids := make([]string, 0, len(b.Machines))
+	for _, m := range b.Machines {
+		ids = append(ids, m.ID)
+	}
+	token, err := s.l.Token(b.StackID, ids)
+	if err != nil {
+		return nil, fmt.Errorf("local provider: token: %w", err)
+	}
+	if b.Template.Variables == nil {
+		b.Template.Variables = map[string]any{}
+	}
+	b.Template.Variables[TokenVar] = token
 	b.Template.Files = files
 	return b.Template, nil
 }
@@ -151,10 +185,11 @@ func idx(m *provider.MachineSpec) int {
 	return *m.Index
 }
 
-// configureProvider removes the user's `provider "kloudlocal"` block (which may only be empty or
-// repeat want's values) and writes GeneratedFile with the provider configured by want, plus the
-// required_providers entry unless the user declared it (with the right source).
-func configureProvider(files map[string][]byte, want map[string]string) (map[string][]byte, error) {
+// configureProvider removes the user's `provider "kloudlocal"` block (which must be empty) and
+// writes GeneratedFile with the provider configured for the service at endpoint, with the token
+// from variable TokenVar, plus the required_providers entry unless the user declared it (with the
+// right source).
+func configureProvider(files map[string][]byte, endpoint string) (map[string][]byte, error) {
 	out := make(map[string][]byte, len(files)+1)
 	declared := false
 	names := make([]string, 0, len(files))
@@ -198,7 +233,7 @@ func configureProvider(files map[string][]byte, want map[string]string) (map[str
 				if blk.Labels[0] != tfprovider.Name {
 					continue
 				}
-				if err := checkProviderBlock(blk, want); err != nil {
+				if err := checkProviderBlock(blk); err != nil {
 					return nil, err
 				}
 				remove = append(remove, blk.DefRange)
@@ -219,8 +254,11 @@ func configureProvider(files map[string][]byte, want map[string]string) (map[str
 	}
 
 	gen := map[string]any{
-		"//":       "Generated by kloud (local provider): the kloudlocal provider works on the machines kloud manages. Do not edit.",
-		"provider": map[string]any{tfprovider.Name: escapeAll(want)},
+		"//": "Generated by kloud (local provider): the kloudlocal provider works on the machines kloud manages. Do not edit.",
+		"provider": map[string]any{tfprovider.Name: map[string]string{
+			"endpoint": escape(endpoint),
+			"token":    "${var." + TokenVar + "}",
+		}},
 	}
 	if !declared {
 		gen["terraform"] = map[string]any{"required_providers": map[string]any{
@@ -268,45 +306,17 @@ func requiresKloudlocal(blk *hcl.Block) (bool, error) {
 	return found, nil
 }
 
-// checkProviderBlock accepts a provider "kloudlocal" block that is empty or sets some of want's
-// attributes to the same literal values.
-func checkProviderBlock(blk *hcl.Block, want map[string]string) error {
+// checkProviderBlock accepts an empty provider "kloudlocal" block: kloud configures the provider.
+func checkProviderBlock(blk *hcl.Block) error {
 	attrs, diags := blk.Body.JustAttributes()
 	if diags.HasErrors() {
 		return fmt.Errorf("%s: provider %q: %w", blk.DefRange, tfprovider.Name, diags)
 	}
-	names := make([]string, 0, len(attrs))
-	for n := range attrs {
-		names = append(names, n)
+	if len(attrs) == 0 {
+		return nil
 	}
-	sort.Strings(names)
-	for _, n := range names {
-		a := attrs[n]
-		w, known := want[n]
-		if !known {
-			return fmt.Errorf("%s: provider %q: kloud configures this provider itself; remove %s (an empty block, or none, is fine)", a.Range, tfprovider.Name, n)
-		}
-		v, diags := a.Expr.Value(nil)
-		if diags.HasErrors() || !v.IsKnown() || v.IsNull() || v.Type() != cty.String {
-			return fmt.Errorf("%s: provider %q: %s must be a literal string (or absent: kloud sets it to %q)", a.Range, tfprovider.Name, n, w)
-		}
-		if !sameSetting(n, v.AsString(), w) {
-			return fmt.Errorf("%s: provider %q: %s = %q, but kloud's local machines use %q; remove the attribute (kloud sets it)", a.Range, tfprovider.Name, n, v.AsString(), w)
-		}
-	}
-	return nil
-}
-
-func sameSetting(name, got, want string) bool {
-	switch name {
-	case "state_dir", "base_image":
-		return filepath.Clean(got) == filepath.Clean(want)
-	case "subnet":
-		g, err1 := netip.ParsePrefix(got)
-		w, err2 := netip.ParsePrefix(want)
-		return err1 == nil && err2 == nil && g.Masked() == w.Masked()
-	}
-	return got == want
+	n := slices.Sorted(maps.Keys(attrs))[0]
+	return fmt.Errorf("%s: provider %q: kloud configures this provider itself; remove %s (an empty block, or none, is fine)", attrs[n].Range, tfprovider.Name, n)
 }
 
 // removeHCLBlocks replaces the blocks whose definition ranges are given with a comment, keeping
@@ -404,12 +414,8 @@ func marshalJSON(v any) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// escapeAll escapes HCL template sequences, so values reach the provider literally from a
+// escape escapes HCL template sequences, so a value reaches the provider literally from a
 // .tf.json string.
-func escapeAll(m map[string]string) map[string]string {
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = strings.NewReplacer("${", "$${", "%{", "%%{").Replace(v)
-	}
-	return out
+func escape(v string) string {
+	return strings.NewReplacer("${", "$${", "%{", "%%{").Replace(v)
 }

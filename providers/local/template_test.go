@@ -13,10 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 )
 
-var want = map[string]string{
-	"state_dir": "/var/lib/kloud-test/machines", "base_image": "/cache/rootfs-x",
-	"bridge": "kdtest0", "subnet": "10.200.9.0/24",
-}
+const want = "http://127.0.0.1:7000"
 
 const machineTF = `
 resource "kloudlocal_machine" "web" {
@@ -44,10 +41,8 @@ func TestConfigureProviderWithoutBlock(t *testing.T) {
 	}
 	g := generated(t, files)
 	p := g["provider"].(map[string]any)["kloudlocal"].(map[string]any)
-	for k, v := range want {
-		if p[k] != v {
-			t.Errorf("provider.kloudlocal.%s = %v, want %q", k, p[k], v)
-		}
+	if len(p) != 2 || p["endpoint"] != want || p["token"] != "${var.kloud_local_token}" {
+		t.Errorf("provider.kloudlocal = %v, want endpoint %q and the token variable", p, want)
 	}
 	rp := g["terraform"].(map[string]any)["required_providers"].(map[string]any)["kloudlocal"].(map[string]any)
 	if rp["source"] != "kloud/kloudlocal" || rp["version"] != "0.1.0" {
@@ -58,7 +53,7 @@ func TestConfigureProviderWithoutBlock(t *testing.T) {
 	}
 }
 
-// An empty block, or one repeating kloud's values, is replaced (keeping line numbers); the user's
+// An empty block is replaced (keeping line numbers); the user's
 // own required_providers entry is kept and not declared twice.
 func TestConfigureProviderReplacesBlock(t *testing.T) {
 	src := `terraform {
@@ -68,8 +63,7 @@ func TestConfigureProviderReplacesBlock(t *testing.T) {
 }
 
 provider "kloudlocal" {
-  bridge = "kdtest0"
-  subnet = "10.200.9.7/24"
+
 }
 ` + machineTF
 	files, err := configureProvider(map[string][]byte{"main.tf": []byte(src)}, want)
@@ -106,11 +100,13 @@ provider "kloudlocal" {
 
 func TestConfigureProviderRefuses(t *testing.T) {
 	for name, src := range map[string]string{
-		"other state dir": `provider "kloudlocal" { state_dir = "/elsewhere" }`,
-		"not a literal":   "variable \"b\" {}\nprovider \"kloudlocal\" { bridge = var.b }",
-		"alias":           `provider "kloudlocal" { alias = "two" }`,
-		"wrong source":    "terraform {\n  required_providers {\n    kloudlocal = { source = \"hashicorp/kloudlocal\" }\n  }\n}",
-		"no source":       "terraform {\n  required_providers {\n    kloudlocal = \"0.1.0\"\n  }\n}",
+		"state dir":     `provider "kloudlocal" { state_dir = "/elsewhere" }`,
+		"endpoint":      `provider "kloudlocal" { endpoint = "http://127.0.0.1:7000" }`,
+		"token":         "variable \"t\" {}\nprovider \"kloudlocal\" { token = var.t }",
+		"not a literal": "variable \"b\" {}\nprovider \"kloudlocal\" { bridge = var.b }",
+		"alias":         `provider "kloudlocal" { alias = "two" }`,
+		"wrong source":  "terraform {\n  required_providers {\n    kloudlocal = { source = \"hashicorp/kloudlocal\" }\n  }\n}",
+		"no source":     "terraform {\n  required_providers {\n    kloudlocal = \"0.1.0\"\n  }\n}",
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := configureProvider(map[string][]byte{"main.tf": []byte(src + machineTF)}, want)
@@ -194,7 +190,14 @@ resource "kloudlocal_machine" "web" {
 	if err := s.setTags(); err != nil {
 		t.Fatal(err)
 	}
-	files, err := configureProvider(s.b.Template.Files, want)
+	cfg, err := tmpl.Parse(s.b.Template.Files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.DeclareVariable(TokenVar, "string", true); err != nil {
+		t.Fatal(err)
+	}
+	files, err := configureProvider(cfg.Files(), want)
 	if err != nil {
 		t.Fatal(err)
 	}

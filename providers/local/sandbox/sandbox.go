@@ -159,6 +159,10 @@ type Spec struct {
 	CPUs     float64
 	// Tags are kept in machine.json and returned by Info (e.g. kloud.stack, kloud.machine).
 	Tags map[string]string
+	// Instance names the program instance that owns the machine (kloud's instance id), kept in
+	// machine.json and returned by Info. It never changes; SetTags keeps it. Optional (1-64 of
+	// [A-Za-z0-9._-]): GC callers use it to leave other instances' machines alone.
+	Instance string
 }
 
 // State of a machine.
@@ -188,8 +192,10 @@ type Info struct {
 	PID      int               `json:"pid,omitempty"` // the machine's PID 1, as seen from the host
 	BootedAt time.Time         `json:"booted_at,omitzero"`
 	Tags     map[string]string `json:"tags,omitempty"`
-	MemoryMB int               `json:"memory_mb,omitempty"`
-	CPUs     float64           `json:"cpus,omitempty"`
+	// Instance is Spec.Instance: who owns the machine ("" for machines made without one).
+	Instance string  `json:"instance,omitempty"`
+	MemoryMB int     `json:"memory_mb,omitempty"`
+	CPUs     float64 `json:"cpus,omitempty"`
 	// CloudInit is set while running: CloudInitPending, CloudInitRunning, CloudInitDone or
 	// CloudInitError (read from the machine's /run/cloud-init).
 	CloudInit string `json:"cloud_init,omitempty"`
@@ -223,6 +229,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (Info, error) {
 	}
 	if spec.SeedURL != "" && !strings.HasSuffix(spec.SeedURL, "/") {
 		return Info{}, fmt.Errorf("seed url %q: must end with /", spec.SeedURL)
+	}
+	if spec.Instance != "" && !idRE.MatchString(spec.Instance) {
+		return Info{}, fmt.Errorf("spec: instance %q: want 1-64 characters of [A-Za-z0-9._-]", spec.Instance)
 	}
 	if spec.MemoryMB < 0 || spec.CPUs < 0 {
 		return Info{}, errors.New("spec: negative memory or cpus")
@@ -281,7 +290,7 @@ func (m *Manager) reserve(ctx context.Context, spec Spec) (*record, error) {
 	}
 	n := m.namesFor(spec.ID)
 	r := &record{
-		Version: recordVersion, ID: spec.ID, Hostname: spec.Hostname, Tags: spec.Tags,
+		Version: recordVersion, ID: spec.ID, Hostname: spec.Hostname, Tags: spec.Tags, Instance: spec.Instance,
 		MemoryMB: spec.MemoryMB, CPUs: spec.CPUs, SeedURL: spec.SeedURL, CreatedAt: time.Now().UTC(),
 		BaseImage: m.baseImage, IP: addr, PrefixLen: m.subnet.Bits(), Bridge: m.bridge,
 		Netns: n.netns, HostVeth: n.hostVeth, PeerVeth: n.peerVeth, Cgroup: n.cgroup,
@@ -552,7 +561,7 @@ func (m *Manager) Info(ctx context.Context, id string) (Info, error) {
 
 func (m *Manager) info(r *record) Info {
 	in := Info{
-		ID: r.ID, Hostname: r.Hostname, State: StateStopped, IP: r.IP, Tags: r.Tags,
+		ID: r.ID, Hostname: r.Hostname, State: StateStopped, IP: r.IP, Tags: r.Tags, Instance: r.Instance,
 		MemoryMB: r.MemoryMB, CPUs: r.CPUs, Complete: r.Complete,
 		Dir: m.machineDir(r.ID), Netns: r.Netns, HostVeth: r.HostVeth,
 	}

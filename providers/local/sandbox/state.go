@@ -27,6 +27,7 @@ type record struct {
 	ID        string            `json:"id"`
 	Hostname  string            `json:"hostname"`
 	Tags      map[string]string `json:"tags,omitempty"`
+	Instance  string            `json:"instance,omitempty"`
 	MemoryMB  int               `json:"memory_mb,omitempty"`
 	CPUs      float64           `json:"cpus,omitempty"`
 	SeedURL   string            `json:"seed_url,omitempty"`

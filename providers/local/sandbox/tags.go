@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"maps"
 )
 
@@ -17,6 +18,27 @@ func (m *Manager) SetTags(ctx context.Context, id string, tags map[string]string
 	if len(r.Tags) == 0 {
 		r.Tags = nil
 	}
+	if err := m.saveRecord(r); err != nil {
+		return Info{}, err
+	}
+	return m.info(r), nil
+}
+
+// SetInstance records the owning instance of a machine that has none yet (made before instance
+// ids). A machine that already has another instance is refused: owners never change.
+func (m *Manager) SetInstance(ctx context.Context, id, instance string) (Info, error) {
+	if !idRE.MatchString(instance) {
+		return Info{}, fmt.Errorf("instance %q: want 1-64 characters of [A-Za-z0-9._-]", instance)
+	}
+	l, r, err := m.lockRecord(ctx, id, "set instance of machine")
+	if err != nil {
+		return Info{}, err
+	}
+	defer l.unlock()
+	if r.Instance != "" && r.Instance != instance {
+		return Info{}, fmt.Errorf("machine %q belongs to instance %q", id, r.Instance)
+	}
+	r.Instance = instance
 	if err := m.saveRecord(r); err != nil {
 		return Info{}, err
 	}

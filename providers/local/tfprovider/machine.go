@@ -2,13 +2,10 @@ package tfprovider
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
 	"regexp"
-	"strings"
 
 	"github.com/hashicorp/terraform-plugin-framework/diag"
 	"github.com/hashicorp/terraform-plugin-framework/path"
@@ -19,8 +16,6 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/types"
-
-	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
 // machineResource is kloudlocal_machine.
@@ -130,16 +125,39 @@ func (r *machineResource) ValidateConfig(ctx context.Context, req resource.Valid
 	}
 }
 
-// newID names a machine after its host name plus a random suffix, so a replacement never
-// collides with the machine it replaces.
-func newID(hostname string) string {
-	b := make([]byte, 4)
-	rand.Read(b)
-	h := strings.ToLower(hostname)
-	if len(h) > 40 {
-		h = h[:40]
+func (r *machineResource) api() (*Client, error) {
+	if r.c == nil {
+		return nil, errors.New("the kloudlocal provider is not configured")
 	}
-	return strings.TrimRight(h, ".-") + "-" + hex.EncodeToString(b)
+	return r.c.api()
+}
+
+// fill copies what the service reports into the model. Unset limits stay null, so a machine
+// without limits shows no drift.
+func fill(ctx context.Context, st *machineModel, m Machine) diag.Diagnostics {
+	var diags diag.Diagnostics
+	st.ID = types.StringValue(m.ID)
+	if m.Hostname != "" {
+		st.Hostname = types.StringValue(m.Hostname)
+	}
+	if m.MemoryMB != 0 || !st.Memory.IsNull() {
+		st.Memory = types.Int64Value(m.MemoryMB)
+	}
+	if m.CPUs != 0 || !st.CPUs.IsNull() {
+		st.CPUs = types.Float64Value(m.CPUs)
+	}
+	if len(m.Tags) > 0 || !st.Tags.IsNull() {
+		tags := m.Tags
+		if tags == nil {
+			tags = map[string]string{}
+		}
+		tv, d := types.MapValueFrom(ctx, types.StringType, tags)
+		diags.Append(d...)
+		st.Tags = tv
+	}
+	st.IPAddress = types.StringValue(m.IPAddress)
+	st.State = types.StringValue(m.State)
+	return diags
 }
 
 func (r *machineResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
@@ -148,14 +166,9 @@ func (r *machineResource) Create(ctx context.Context, req resource.CreateRequest
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	base, err := r.c.image(ctx)
+	api, err := r.api()
 	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: no base image", err.Error())
-		return
-	}
-	m, err := r.c.creator(base)
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: bad provider configuration", err.Error())
+		resp.Diagnostics.AddError("kloudlocal: cannot create machines", err.Error())
 		return
 	}
 	tags, diags := tagsOf(ctx, plan.Tags)
@@ -163,24 +176,22 @@ func (r *machineResource) Create(ctx context.Context, req resource.CreateRequest
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	spec := sandbox.Spec{
-		ID:       newID(plan.Hostname.ValueString()),
+	spec := CreateRequest{
 		Hostname: plan.Hostname.ValueString(),
-		MemoryMB: int(plan.Memory.ValueInt64()),
+		UserData: plan.UserData.ValueString(),
+		MemoryMB: plan.Memory.ValueInt64(),
 		CPUs:     plan.CPUs.ValueFloat64(),
 		Tags:     tags,
 	}
-	if !plan.UserData.IsNull() {
-		spec.UserData = []byte(plan.UserData.ValueString())
-	}
-	info, err := m.Create(ctx, spec)
+	m, err := api.Create(ctx, spec)
 	if err != nil {
 		resp.Diagnostics.AddError("kloudlocal: create machine "+spec.Hostname, err.Error())
 		return
 	}
-	plan.ID = types.StringValue(info.ID)
-	plan.IPAddress = types.StringValue(info.IP.String())
-	plan.State = types.StringValue(string(info.State))
+	// The plan's values stay (user_data is not reported back); the service's fill in the rest.
+	plan.ID = types.StringValue(m.ID)
+	plan.IPAddress = types.StringValue(m.IPAddress)
+	plan.State = types.StringValue(m.State)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
 }
 
@@ -190,36 +201,22 @@ func (r *machineResource) Read(ctx context.Context, req resource.ReadRequest, re
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	info, err := r.c.m.Info(ctx, st.ID.ValueString())
+	api, err := r.api()
+	if err != nil {
+		resp.Diagnostics.AddError("kloudlocal: cannot read machine "+st.ID.ValueString(), err.Error())
+		return
+	}
+	m, err := api.Read(ctx, st.ID.ValueString())
+	if errors.Is(err, ErrNotFound) {
+		resp.State.RemoveResource(ctx)
+		return
+	}
 	if err != nil {
 		resp.Diagnostics.AddError("kloudlocal: read machine "+st.ID.ValueString(), err.Error())
 		return
 	}
-	if info.State == sandbox.StateAbsent {
-		resp.State.RemoveResource(ctx)
-		return
-	}
-	// What the machine really has, so drift shows in the plan; unset limits stay null.
-	if info.Hostname != "" {
-		st.Hostname = types.StringValue(info.Hostname)
-	}
-	if info.MemoryMB != 0 || !st.Memory.IsNull() {
-		st.Memory = types.Int64Value(int64(info.MemoryMB))
-	}
-	if info.CPUs != 0 || !st.CPUs.IsNull() {
-		st.CPUs = types.Float64Value(info.CPUs)
-	}
-	if len(info.Tags) > 0 || !st.Tags.IsNull() {
-		tags := info.Tags
-		if tags == nil {
-			tags = map[string]string{}
-		}
-		tv, diags := types.MapValueFrom(ctx, types.StringType, tags)
-		resp.Diagnostics.Append(diags...)
-		st.Tags = tv
-	}
-	st.IPAddress = types.StringValue(info.IP.String())
-	st.State = types.StringValue(string(info.State))
+	// What the machine really has, so drift shows in the plan.
+	resp.Diagnostics.Append(fill(ctx, &st, m)...)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &st)...)
 }
 
@@ -230,15 +227,23 @@ func (r *machineResource) Update(ctx context.Context, req resource.UpdateRequest
 	if resp.Diagnostics.HasError() {
 		return
 	}
+	api, err := r.api()
+	if err != nil {
+		resp.Diagnostics.AddError("kloudlocal: cannot update machine "+plan.ID.ValueString(), err.Error())
+		return
+	}
 	tags, diags := tagsOf(ctx, plan.Tags)
 	resp.Diagnostics.Append(diags...)
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	if _, err := r.c.m.SetTags(ctx, plan.ID.ValueString(), tags); err != nil {
+	m, err := api.SetTags(ctx, plan.ID.ValueString(), tags)
+	if err != nil {
 		resp.Diagnostics.AddError("kloudlocal: update machine "+plan.ID.ValueString(), err.Error())
 		return
 	}
+	plan.State = types.StringValue(m.State)
+	plan.IPAddress = types.StringValue(m.IPAddress)
 	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
 }
 
@@ -248,7 +253,12 @@ func (r *machineResource) Delete(ctx context.Context, req resource.DeleteRequest
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	if err := r.c.m.Destroy(ctx, st.ID.ValueString()); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+	api, err := r.api()
+	if err != nil {
+		resp.Diagnostics.AddError("kloudlocal: cannot destroy machine "+st.ID.ValueString(), err.Error())
+		return
+	}
+	if err := api.Delete(ctx, st.ID.ValueString()); err != nil {
 		resp.Diagnostics.AddError("kloudlocal: destroy machine "+st.ID.ValueString(), err.Error())
 	}
 }

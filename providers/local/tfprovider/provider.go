@@ -2,10 +2,8 @@ package tfprovider
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
-	"net/netip"
-	"sync"
 
 	"github.com/hashicorp/terraform-plugin-framework/datasource"
 	"github.com/hashicorp/terraform-plugin-framework/path"
@@ -14,8 +12,6 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/providerserver"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/types"
-
-	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
 // Identity of the provider: the mirror path is registry.terraform.io/kloud/kloudlocal/<Version>.
@@ -54,44 +50,24 @@ type kloudlocal struct {
 
 // config is the provider block.
 type config struct {
-	StateDir  types.String `tfsdk:"state_dir"`
-	BaseImage types.String `tfsdk:"base_image"`
-	Bridge    types.String `tfsdk:"bridge"`
-	Subnet    types.String `tfsdk:"subnet"`
+	Endpoint types.String `tfsdk:"endpoint"`
+	Token    types.String `tfsdk:"token"`
 }
 
-// client is what resources get from Configure: the machine library on the configured state dir,
-// and the base image, found (or built) on first use.
+// client is what resources get from Configure: the service client, or why there is none (a
+// provider block without endpoint and token can validate and plan, nothing else).
 type client struct {
-	m    *sandbox.Manager // without a base image: everything but Create
-	opts sandbox.Options
-	log  *slog.Logger
-
-	mu        sync.Mutex
-	baseImage string // configured, else resolved by image()
+	c   *Client
+	err error
+	log *slog.Logger
 }
 
-// creator returns a Manager that creates machines on base.
-func (c *client) creator(base string) (*sandbox.Manager, error) {
-	o := c.opts
-	o.BaseImage = base
-	return sandbox.New(o)
-}
-
-// image returns the base image path: the configured one, else EnsureBaseImage's (a cached image
-// is found without running anything).
-func (c *client) image(ctx context.Context) (string, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.baseImage != "" {
-		return c.baseImage, nil
+// api returns the service client or why there is none.
+func (c *client) api() (*Client, error) {
+	if c.c == nil {
+		return nil, c.err
 	}
-	p, err := sandbox.EnsureBaseImage(ctx, "", c.log)
-	if err != nil {
-		return "", err
-	}
-	c.baseImage = p
-	return p, nil
+	return c.c, nil
 }
 
 func (p *kloudlocal) Metadata(ctx context.Context, req provider.MetadataRequest, resp *provider.MetadataResponse) {
@@ -101,23 +77,20 @@ func (p *kloudlocal) Metadata(ctx context.Context, req provider.MetadataRequest,
 
 func (p *kloudlocal) Schema(ctx context.Context, req provider.SchemaRequest, resp *provider.SchemaResponse) {
 	resp.Schema = schema.Schema{
-		Description: "Local machines made of Linux namespaces over a Debian root filesystem, booted with real cloud-init. Needs root.",
+		Description: "Local machines of the kloud that runs this Terraform: Linux namespaces over a Debian root filesystem, booted with real cloud-init. " +
+			"kloud creates them; this provider asks kloud's local machine service, with a token kloud minted for the stack being built.",
 		Attributes: map[string]schema.Attribute{
-			"state_dir": schema.StringAttribute{
+			// Both are written by kloud into a generated provider block. They are optional in
+			// the schema only so that a template can be validated and planned (new machines
+			// only) without them; every operation on a machine needs them.
+			"endpoint": schema.StringAttribute{
 				Optional:    true,
-				Description: "Directory holding the machines' records and disks. Default " + sandbox.DefaultStateDir + ". Kloud must use the same one.",
+				Description: "kloud's URL as reachable from this host (kloud sets it). Required for any operation on a machine.",
 			},
-			"base_image": schema.StringAttribute{
+			"token": schema.StringAttribute{
 				Optional:    true,
-				Description: "Root filesystem new machines are created on. Default: the base image cached under $KLOUD_CACHE (built with mmdebstrap when missing).",
-			},
-			"bridge": schema.StringAttribute{
-				Optional:    true,
-				Description: "Host bridge the machines are attached to. Default " + sandbox.DefaultBridge + ".",
-			},
-			"subnet": schema.StringAttribute{
-				Optional:    true,
-				Description: "IPv4 subnet of the bridge (/16 to /30); the host is its first address. Default " + sandbox.DefaultSubnet + ".",
+				Sensitive:   true,
+				Description: "The stack's token for kloud's local machine service (kloud sets it). Required for any operation on a machine.",
 			},
 		},
 	}
@@ -132,37 +105,26 @@ func (p *kloudlocal) Configure(ctx context.Context, req provider.ConfigureReques
 	for _, a := range []struct {
 		name string
 		v    types.String
-	}{{"state_dir", cfg.StateDir}, {"base_image", cfg.BaseImage}, {"bridge", cfg.Bridge}, {"subnet", cfg.Subnet}} {
+	}{{"endpoint", cfg.Endpoint}, {"token", cfg.Token}} {
 		if a.v.IsUnknown() {
 			resp.Diagnostics.AddAttributeError(path.Root(a.name), "kloudlocal: unknown "+a.name,
-				"The provider's "+a.name+" must be known when Terraform plans; use a literal or a variable, not another resource's attribute.")
+				"The provider's "+a.name+" must be known when Terraform plans; kloud sets it to a literal.")
 		}
 	}
 	if resp.Diagnostics.HasError() {
 		return
 	}
-	if err := sandbox.Available(); err != nil {
-		resp.Diagnostics.AddError("kloudlocal: local machines cannot run here", err.Error())
-		return
-	}
-	opts := sandbox.Options{
-		StateDir: cfg.StateDir.ValueString(), BaseImage: cfg.BaseImage.ValueString(),
-		Bridge: cfg.Bridge.ValueString(), Logger: p.log,
-	}
-	if s := cfg.Subnet.ValueString(); s != "" {
-		pfx, err := netip.ParsePrefix(s)
-		if err != nil {
-			resp.Diagnostics.AddAttributeError(path.Root("subnet"), "kloudlocal: bad subnet", fmt.Sprintf("subnet %q: %s", s, err))
+	c := &client{log: p.log}
+	switch {
+	case cfg.Endpoint.ValueString() == "" || cfg.Token.ValueString() == "":
+		c.err = errors.New("the kloudlocal provider has no endpoint and token: only kloud can build local machines (it configures this provider for each stack build)")
+	default:
+		var err error
+		if c.c, err = NewClient(cfg.Endpoint.ValueString(), cfg.Token.ValueString()); err != nil {
+			resp.Diagnostics.AddAttributeError(path.Root("endpoint"), "kloudlocal: bad provider configuration", err.Error())
 			return
 		}
-		opts.Subnet = pfx
 	}
-	m, err := sandbox.New(opts)
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: bad provider configuration", err.Error())
-		return
-	}
-	c := &client{m: m, opts: opts, log: p.log, baseImage: opts.BaseImage}
 	resp.ResourceData = c
 }
 
