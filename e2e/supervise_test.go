@@ -1,0 +1,366 @@
+package e2e
+
+// kloud keeps its own parts alive, and a kill leaves nothing running (issue 9, item 7): the
+// terraformer `kloud serve` starts is restarted when it dies, calls fail at once while it is
+// down, and a SIGKILL of kloud mid-apply leaves no terraformer, terraform or provider process.
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
+)
+
+// osProc is a process as /proc shows it.
+type osProc struct {
+	pid, ppid int
+	start     uint64 // start time in clock ticks since boot: tells a pid reused from the one seen
+	comm      string
+	cmdline   string
+}
+
+func readProc(pid int) (osProc, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return osProc{}, false
+	}
+	// pid (comm) state ppid ... field 22 is starttime; comm may hold spaces and parentheses.
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return osProc{}, false
+	}
+	f := strings.Fields(s[end+1:])
+	if len(f) < 20 {
+		return osProc{}, false
+	}
+	p := osProc{pid: pid, comm: s[open+1 : end]}
+	p.ppid, _ = strconv.Atoi(f[1])
+	p.start, _ = strconv.ParseUint(f[19], 10, 64)
+	if cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
+		p.cmdline = strings.TrimSpace(strings.ReplaceAll(string(cl), "\x00", " "))
+	}
+	return p, true
+}
+
+// allProcs returns every process of the host.
+func allProcs() []osProc {
+	ents, _ := os.ReadDir("/proc")
+	var out []osProc
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if p, ok := readProc(pid); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// tree returns root and all its descendants.
+func tree(root int) []osProc {
+	ps := allProcs()
+	in := map[int]bool{root: true}
+	var out []osProc
+	for changed := true; changed; {
+		changed = false
+		for _, p := range ps {
+			if !in[p.pid] && in[p.ppid] {
+				in[p.pid], changed = true, true
+			}
+		}
+	}
+	for _, p := range ps {
+		if in[p.pid] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// alive reports whether p still runs (the same process: same pid and start time, not a zombie).
+func (p osProc) alive() bool {
+	q, ok := readProc(p.pid)
+	if !ok || q.start != p.start {
+		return false
+	}
+	st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid))
+	s := string(st)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 && s[i+2] == 'Z' {
+		return false
+	}
+	return true
+}
+
+func (p osProc) String() string { return fmt.Sprintf("%d (%s) %s", p.pid, p.comm, p.cmdline) }
+
+// terraformerChild returns the terraformer that kloud (pid) started.
+func terraformerChild(t *testing.T, kloud int) osProc {
+	t.Helper()
+	var tf osProc
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		for _, p := range allProcs() {
+			if p.ppid == kloud && p.comm == "terraformer" {
+				tf = p
+				return true
+			}
+		}
+		return false
+	}, "kloud %d has no terraformer child", kloud)
+	return tf
+}
+
+// TestTerraformerKilledIsRestarted: kill -9 of the terraformer kloud serve started → while it
+// cannot come back, a call that needs it fails at once with "terraformer unavailable" and kloud
+// logs the exit with its cause; once it can, a new one serves the next plan and build within
+// seconds, with no restart of kloud.
+func TestTerraformerKilledIsRestarted(t *testing.T) {
+	tfAddr := freePort(t)
+	e := newEnv(t, "--terraformer-addr", tfAddr)
+	e.alice()
+	tid := e.template(`
+resource "terraform_data" "vm" {
+  input = "#!/bin/bash\necho hello"
+}
+`)
+	if out := e.run("stack", "plan", "--template", tid); !strings.Contains(out, "vm") {
+		t.Fatalf("plan:\n%s", out)
+	}
+	tf := terraformerChild(t, e.kloud.Process.Pid)
+
+	// Kill it and take its address, so the restarts fail (the address is in use) until we let
+	// go: terraformer is down for as long as the test wants. The supervisor waits 100 ms before
+	// the first restart; if a restart wins the race for the address anyway, kill that one too.
+	var hold net.Listener
+	victim := tf
+	for try := 0; hold == nil; try++ {
+		if try == 5 {
+			t.Fatalf("could not take terraformer's address %s after killing it", tfAddr)
+		}
+		syscall.Kill(victim.pid, syscall.SIGKILL)
+		deadline := time.Now().Add(time.Second)
+		for hold == nil && time.Now().Before(deadline) {
+			if ln, err := net.Listen("tcp", tfAddr); err == nil {
+				hold = ln
+			} else {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		if hold == nil {
+			victim = terraformerChild(t, e.kloud.Process.Pid)
+		}
+	}
+	released := false
+	release := func() {
+		if !released {
+			hold.Close()
+			released = true
+		}
+	}
+	defer release()
+
+	start := time.Now()
+	out, err := e.try("stack", "plan", "--template", tid)
+	took := time.Since(start)
+	t.Logf("plan while terraformer is down (%s): %v\n%s", took, err, out)
+	if err == nil || !strings.Contains(out, "terraformer unavailable") {
+		t.Fatalf("plan while terraformer is down: want a terraformer unavailable error, got %v:\n%s", err, out)
+	}
+	if took > 5*time.Second {
+		t.Errorf("plan while terraformer is down failed after %s, not at once", took)
+	}
+	var created struct{ Stack struct{ ID string } }
+	if out, err := e.try("stack", "create", "--template", tid); err == nil || !strings.Contains(out, "terraformer unavailable") {
+		t.Fatalf("create while terraformer is down: %v\n%s", err, out)
+	}
+	log := e.kloudOut.String()
+	if !strings.Contains(log, "terraformer exited; restarting it") || !strings.Contains(log, `cause="signal: killed"`) {
+		t.Fatalf("kloud did not log terraformer's exit and its cause:\n%s", log)
+	}
+
+	release()
+	back := time.Now()
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, err := e.try("stack", "plan", "--template", tid)
+		return err == nil
+	}, "no terraformer serves a plan after its address was freed; kloud:\n%s", e.kloudOut)
+	t.Logf("a new terraformer served a plan %s after its address was free", time.Since(back).Round(time.Millisecond))
+	if d := time.Since(back); d > 15*time.Second {
+		t.Errorf("terraformer took %s to come back", d)
+	}
+	if nt := terraformerChild(t, e.kloud.Process.Pid); nt.pid == tf.pid {
+		t.Fatalf("the same terraformer %d still runs", tf.pid)
+	}
+	if !strings.Contains(e.kloudOut.String(), "terraformer restarted") {
+		t.Errorf("kloud did not log the restart:\n%s", e.kloudOut)
+	}
+
+	// The next build and destroy go through the new terraformer.
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	sid := created.Stack.ID
+	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
+		t.Fatalf("apply:\n%s", out)
+	}
+	e.run("stack", "destroy", sid)
+}
+
+// TestKloudKilledMidApplyLeavesNothing: kill -9 of kloud while terraform applies → its
+// terraformer (told by the kernel: Pdeathsig), the terraform run and everything that run started
+// are gone within seconds; a restarted kloud ends the build honestly (finished or failed, no
+// machine left in Building) and the stack can be destroyed.
+func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
+	e := newEnv(t, "--terraformer-addr", freePort(t))
+	e.alice()
+	// Enough machines that terraform's apply lasts a while.
+	tid := e.template(`
+resource "terraform_data" "vm" {
+  count = 12
+  input = "#!/bin/bash\necho hi"
+}
+`)
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	sid := created.Stack.ID
+	tf := terraformerChild(t, e.kloud.Process.Pid)
+	out := e.run("stack", "apply", sid, "--detach")
+	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+
+	// Kill kloud as soon as terraform apply runs under its terraformer.
+	var victims []osProc
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatalf("never saw terraform apply under terraformer %d; kloud:\n%s", tf.pid, e.kloudOut)
+		}
+		ps := tree(tf.pid)
+		applying := false
+		for _, p := range ps {
+			applying = applying || (p.comm == "terraform" && strings.Contains(p.cmdline, "apply"))
+		}
+		if applying {
+			e.kloud.Process.Signal(syscall.SIGKILL)
+			victims = ps
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.kill()
+	t.Logf("killed kloud while these ran under its terraformer:\n%s", procList(victims))
+
+	var left []osProc
+	testutil.Eventually(t, 45*time.Second, func() bool {
+		left = left[:0]
+		for _, p := range victims {
+			if p.alive() {
+				left = append(left, p)
+			}
+		}
+		// Anything else of this kloud's terraformer, started after we looked.
+		for _, p := range allProcs() {
+			if (p.comm == "terraformer" || p.comm == "terraform" || strings.HasPrefix(p.comm, "terraform-provi")) &&
+				strings.Contains(p.cmdline, e.dir) {
+				left = append(left, p)
+			}
+		}
+		return len(left) == 0
+	}, "processes left after kloud was killed")
+	if len(left) > 0 {
+		t.Fatalf("left running:\n%s", procList(left))
+	}
+
+	e.start()
+	final, _ := e.try("job", "watch", jobID)
+	t.Logf("after the restart:\n%s", final)
+	var j struct{ Status, Error string }
+	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
+		t.Fatal(err)
+	}
+	if j.Status != "succeeded" && j.Status != "failed" {
+		t.Fatalf("job after the restart: %+v", j)
+	}
+	for l, m := range e.machines(sid) {
+		if m.State == "Building" {
+			t.Fatalf("%s stuck in Building after the restart: %+v", l, m)
+		}
+		if j.Status == "succeeded" && (m.State != "Running" || m.Agent.Status != "connected") {
+			t.Fatalf("build succeeded but %s is %+v", l, m)
+		}
+	}
+	e.run("stack", "destroy", sid)
+	if entries, _ := os.ReadDir(filepath.Join(e.dir, "machines", sid)); len(entries) != 0 {
+		t.Fatalf("machine directories left: %v", entries)
+	}
+}
+
+func procList(ps []osProc) string {
+	var b strings.Builder
+	for _, p := range ps {
+		fmt.Fprintf(&b, "  %s\n", p)
+	}
+	return b.String()
+}
+
+// TestLocalAgentDownloadRefused is the mistake of issue 9: kloud listens on loopback while the
+// local provider's machines dial the bridge address. kloud serve warns at startup and says what
+// to use; a build then fails within seconds of the machine's first download attempts, naming
+// the step and curl's error from the machine's console, not after the 5 minute agent timeout.
+func TestLocalAgentDownloadRefused(t *testing.T) {
+	h := tfprovidertest.NewHost(t) // gates on root, ip, nsenter, the base image
+	tf := testutil.RequireBinary(t, "terraform")
+	testutil.RequireBinary(t, "curl")
+	cliConfig := kloudlocalMirror(t)
+	addr := freePort(t) // 127.0.0.1:N
+	_, port, _ := net.SplitHostPort(addr)
+	dir := t.TempDir()
+	tfAddr := freePort(t)
+	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "terraformer"),
+		"--kloud-url", "http://"+addr, "--terraform", tf, "--cli-config", cliConfig)
+	e := &env{t: t, dir: dir, addr: addr, extra: []string{
+		"--terraformer-url", "http://" + tfAddr, "--no-demo",
+		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String(),
+	}}
+	e.start()
+	t.Cleanup(e.cleanup)
+	le := &localEnv{env: e, h: h}
+	bridgeURL := "http://" + net.JoinHostPort(h.HostAddr().String(), port)
+	for _, w := range []string{"warning: kloud listens on " + addr, "machines of provider local reach kloud at " + bridgeURL,
+		"--addr :" + port, "--addr " + net.JoinHostPort(h.HostAddr().String(), port)} {
+		if !strings.Contains(e.kloudOut.String(), w) {
+			t.Errorf("kloud serve did not warn %q:\n%s", w, e.kloudOut)
+		}
+	}
+
+	e.alice()
+	tid := e.template(localTemplate("web", 1, "#!/bin/bash\necho hi"))
+	sid := le.createStack(tid)
+	start := time.Now()
+	out, err := e.try("stack", "apply", sid)
+	took := time.Since(start)
+	t.Logf("apply after %s: %v\n%s", took, err, out)
+	if err == nil || !strings.Contains(out, "agent download failed inside the machine") || !strings.Contains(out, "curl: (7)") ||
+		!strings.Contains(out, bridgeURL+"/dl/klient") {
+		t.Fatalf("want the build to fail at the agent download with curl's error, got %v:\n%s", err, out)
+	}
+	if strings.Contains(out, "did not register within") || took > 2*time.Minute {
+		t.Errorf("the build failed after %s: the planner waited for its timeout", took)
+	}
+	for l, m := range le.machines(sid) {
+		if m.State == "Building" {
+			t.Errorf("%s stuck in Building: %+v", l, m)
+		}
+	}
+	infos := le.sandboxInfos()
+	e.run("stack", "destroy", sid)
+	le.assertNothingLeft(infos)
+}
