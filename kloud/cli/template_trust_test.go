@@ -13,6 +13,8 @@ import (
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/providers/local"
 )
 
 // TestTemplateTrustCommand: `kloud template trust|untrust` as the administrator, refused for a
@@ -75,5 +77,19 @@ func TestTemplateTrustCommand(t *testing.T) {
 	}
 	if out := must(admin("template", "untrust", tpl.ID)); !strings.Contains(out, "1 trusted revision(s) untrusted") {
 		t.Fatalf("untrust: %s", out)
+	}
+}
+
+// TestDemoTemplatePassesPolicy: the template kloud serve offers passes the template policy of
+// a kloud with the local provider.
+func TestDemoTemplatePassesPolicy(t *testing.T) {
+	reg := provider.NewRegistry()
+	reg.Register(&provider.Provider{Name: local.Name, ResourceType: local.ResourceType})
+	c, err := tmpl.Parse(map[string][]byte{"main.tf": []byte(cli.DemoTemplate)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckPolicy(reg.TemplatePolicy()); err != nil {
+		t.Fatalf("the demo template is refused: %v", err)
 	}
 }
