@@ -3,20 +3,22 @@
 // machine from package sandbox. cmd/terraform-provider-kloudlocal serves it; scripts/build-kloudlocal.sh
 // builds that binary into the offline provider mirror.
 //
-// Start reading at New (provider.go), then machineResource (machine.go).
+// Start reading at New (provider.go), then machineResource (machine.go) and Client (api.go).
 //
 // # Configuration
 //
 //	provider "kloudlocal" {
-//	  state_dir  = "/var/lib/kloud/machines" # sandbox.DefaultStateDir
-//	  base_image = "..."                     # default: sandbox.EnsureBaseImage under $KLOUD_CACHE
-//	  bridge     = "kd-br0"                  # sandbox.DefaultBridge
-//	  subnet     = "10.200.0.0/24"           # sandbox.DefaultSubnet
+//	  endpoint = "http://127.0.0.1:7000" # kloud, as reachable from this host
+//	  token    = var.kloud_local_token   # sensitive: the stack's token for kloud's service
 //	}
 //
-// Every attribute is optional, so a template may have an empty provider block or none. Kloud
-// (package providers/local) writes the block itself so that Terraform and kloud's own machine
-// operations (start, stop, info) work on the same state dir and bridge.
+// The provider needs no privilege and touches nothing on the host: every operation is a request
+// to kloud's local machine service (APIPath on kloud's HTTP server), which creates, retags and
+// destroys machines in kloud's process, only for the stack the token was minted for. Kloud
+// (package providers/local) writes this block itself for each stack build; a template's own
+// provider "kloudlocal" block must be empty. Without endpoint and token the provider still
+// validates and plans new machines (kloud's stack plan), but refuses every operation on one. The
+// state dir, base image, bridge and subnet are kloud's configuration.
 //
 // # kloudlocal_machine
 //
@@ -31,10 +33,9 @@
 //	# computed: id (the sandbox machine id), ip_address, state ("running" or "stopped")
 //
 // Create returns once the machine's PID 1 runs (cloud-init continues in the machine); the machine
-// outlives Terraform and this provider's process. Read removes a machine that no longer exists
-// from the state and accepts a stopped one (kloud stops machines outside Terraform). Delete
-// destroys the machine and everything it owns.
-//
-// The provider's process is also each machine's launcher and PID 1 (sandbox re-executes the
-// calling binary), which is why the binary's main calls sandbox.MaybeRunInit first.
+// is kloud's child, not terraform's, and outlives Terraform. Read removes a machine that no longer
+// exists from the state and accepts a stopped one (kloud stops machines outside Terraform).
+// Delete destroys the machine and everything it owns. kloud's tags kloud_stack and
+// kloud_machine must be among the tags (kloud adds them): the service creates only the machines
+// of the token's stack build.
 package tfprovider

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/local"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 )
@@ -29,24 +31,36 @@ func TestMain(m *testing.M) {
 // bootTimeout bounds create → cloud-init done (a few seconds idle; CI shares 2 cores).
 const bootTimeout = 3 * time.Minute
 
-// workdir is a Terraform working directory using the test mirror.
+// nobody is the user terraform runs as in these tests, as terraformer's sandbox runs it: the
+// provider needs no privilege, only kloud's service.
+const nobody = 65534
+
+// workdir is a Terraform working directory using the test mirror. As root, terraform runs as
+// nobody.
 type workdir struct {
 	t         *testing.T
 	dir       string
 	terraform string
 	env       []string
+	asNobody  bool
 }
 
 func newWorkdir(t *testing.T, mainTF string) *workdir {
 	t.Helper()
 	tf, cliConfig := tfprovidertest.Terraform(t)
-	w := &workdir{t: t, dir: t.TempDir(), terraform: tf}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "TF_") {
-			w.env = append(w.env, kv)
+	w := &workdir{t: t, dir: t.TempDir(), terraform: tf, asNobody: os.Geteuid() == 0}
+	if w.asNobody {
+		for _, d := range []string{filepath.Dir(w.dir), w.dir} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chown(w.dir, nobody, nobody); err != nil {
+			t.Fatal(err)
 		}
 	}
-	w.env = append(w.env, "TF_CLI_CONFIG_FILE="+cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1")
+	w.env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + w.dir,
+		"TF_CLI_CONFIG_FILE=" + cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1"}
 	w.write(mainTF)
 	if out, err := w.run("init", "-input=false"); err != nil {
 		t.Fatalf("terraform init: %s\n%s", err, out)
@@ -56,8 +70,12 @@ func newWorkdir(t *testing.T, mainTF string) *workdir {
 
 func (w *workdir) write(mainTF string) {
 	w.t.Helper()
-	if err := os.WriteFile(filepath.Join(w.dir, "main.tf"), []byte(mainTF), 0o644); err != nil {
+	p := filepath.Join(w.dir, "main.tf")
+	if err := os.WriteFile(p, []byte(mainTF), 0o644); err != nil {
 		w.t.Fatal(err)
+	}
+	if w.asNobody {
+		os.Chown(p, nobody, nobody)
 	}
 }
 
@@ -66,6 +84,9 @@ func (w *workdir) run(args ...string) (string, error) {
 	w.t.Helper()
 	cmd := exec.Command(w.terraform, append(args, "-no-color")...)
 	cmd.Dir, cmd.Env = w.dir, w.env
+	if w.asNobody {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -125,7 +146,23 @@ func (w *workdir) machines() []map[string]any {
 	return ms
 }
 
-func providerBlock(h *tfprovidertest.Host) string {
+// service serves kloud's local machine service for h on loopback, as kloud does, and returns its
+// endpoint and the provider (for tokens).
+func service(t *testing.T, h *tfprovidertest.Host) (string, *local.Local) {
+	t.Helper()
+	l, err := local.New(local.Options{
+		StateDir: h.StateDir, BaseImage: h.BaseImage, Bridge: h.Bridge, Subnet: h.Subnet,
+		Instance: "kloud-test", Endpoint: "unused", Logger: testutil.Logger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(l.Provider().Handler)
+	t.Cleanup(srv.Close)
+	return srv.URL, l
+}
+
+func providerBlock(endpoint, token string) string {
 	return fmt.Sprintf(`terraform {
   required_providers {
     kloudlocal = { source = "kloud/kloudlocal", version = "0.1.0" }
@@ -133,16 +170,17 @@ func providerBlock(h *tfprovidertest.Host) string {
 }
 
 provider "kloudlocal" {
-  state_dir  = %q
-  base_image = %q
-  bridge     = %q
-  subnet     = %q
+  endpoint = %q
+  token    = %q
 }
-`, h.StateDir, h.BaseImage, h.Bridge, h.Subnet)
+`, endpoint, token)
 }
 
-func machinesTF(h *tfprovidertest.Host, tags string) string {
-	return providerBlock(h) + `
+// kloudTags are the tags kloud gives web[i]: stack s1, machine m<i>.
+const kloudTags = `kloud_stack = "s1", kloud_machine = "m${count.index}"`
+
+func machinesTF(endpoint, token, tags string) string {
+	return providerBlock(endpoint, token) + `
 resource "kloudlocal_machine" "web" {
   count     = 2
   hostname  = "web-${count.index}"
@@ -196,13 +234,18 @@ func execIn(t *testing.T, h *tfprovidertest.Host, id string, argv ...string) str
 	return strings.TrimSpace(string(out))
 }
 
-// The whole life of kloudlocal_machine through real terraform: create two machines that run
-// cloud-init and outlive terraform, no diff on a second plan (also with a stopped machine), tags
-// updated in place, a machine removed behind Terraform's back is planned again, destroy leaves
-// nothing behind.
+// The whole life of kloudlocal_machine through real terraform, run as nobody, against kloud's
+// local machine service: create two machines that run cloud-init and outlive terraform, no diff
+// on a second plan (also with a stopped machine), tags updated in place, a machine removed behind
+// Terraform's back is planned again, destroy leaves nothing behind.
 func TestMachineLifecycle(t *testing.T) {
 	h := tfprovidertest.NewHost(t)
-	w := newWorkdir(t, machinesTF(h, `{ team = "a" }`))
+	endpoint, l := service(t, h)
+	token, err := l.Token("s1", []string{"m0", "m1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorkdir(t, machinesTF(endpoint, token, `{ team = "a", `+kloudTags+` }`))
 	t0 := time.Now()
 	w.must("apply", "-input=false", "-auto-approve")
 	t.Logf("apply of 2 machines: %s", time.Since(t0).Round(time.Millisecond))
@@ -232,7 +275,8 @@ func TestMachineLifecycle(t *testing.T) {
 		if got := execIn(t, h, id, "cat", "/root/hostname"); got != fmt.Sprintf("web-%d", i) {
 			t.Errorf("machine %s: hostname seen by cloud-init's runcmd %q", id, got)
 		}
-		if info.MemoryMB != 256 || info.CPUs != 0.5 || !maps.Equal(info.Tags, map[string]string{"team": "a"}) {
+		if info.MemoryMB != 256 || info.CPUs != 0.5 || info.Instance != "kloud-test" ||
+			!maps.Equal(info.Tags, map[string]string{"team": "a", "kloud_stack": "s1", "kloud_machine": fmt.Sprintf("m%d", i)}) {
 			t.Errorf("machine %s: memory %d cpus %g tags %v", id, info.MemoryMB, info.CPUs, info.Tags)
 		}
 	}
@@ -253,15 +297,15 @@ func TestMachineLifecycle(t *testing.T) {
 	}
 
 	// Tags change in place: same machines, same processes.
-	w.write(machinesTF(h, `{ team = "b", kloud_stack = "s1" }`))
+	w.write(machinesTF(endpoint, token, `{ team = "b", `+kloudTags+` }`))
 	code, out := w.planExit()
 	if code != 2 || !strings.Contains(out, "2 to change, 0 to destroy") {
 		t.Fatalf("plan of a tag change:\n%s", out)
 	}
 	w.must("apply", "-input=false", "-auto-approve")
-	for _, in := range infos {
+	for i, in := range infos {
 		got, err := h.Manager.Info(t.Context(), in.ID)
-		if err != nil || !maps.Equal(got.Tags, map[string]string{"team": "b", "kloud_stack": "s1"}) {
+		if err != nil || !maps.Equal(got.Tags, map[string]string{"team": "b", "kloud_stack": "s1", "kloud_machine": fmt.Sprintf("m%d", i)}) {
 			t.Errorf("machine %s after the tag change: %+v %v", in.ID, got, err)
 		}
 		if in.ID == infos[0].ID && got.PID != in.PID {
@@ -321,50 +365,46 @@ resource "kloudlocal_machine" "bad" {
 	}
 }
 
-// Without root the provider says so plainly instead of failing somewhere inside a machine's
-// creation: terraform runs as nobody here.
-func TestNotRootDiagnostic(t *testing.T) {
-	testutil.RequireRoot(t)
-	tf, cliConfig := tfprovidertest.Terraform(t)
-	dir, err := os.MkdirTemp("", "kloudlocal-nobody-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	const nobody = 65534
-	if err := os.Chown(dir, nobody, nobody); err != nil {
-		t.Fatal(err)
-	}
-	main := `terraform {
+// Without kloud's configuration the provider validates and plans new machines but does nothing
+// to a machine; with a token of another stack kloud refuses the create: nothing is made.
+func TestRefused(t *testing.T) {
+	h := tfprovidertest.NewHost(t)
+	endpoint, l := service(t, h)
+	w := newWorkdir(t, `terraform {
   required_providers {
     kloudlocal = { source = "kloud/kloudlocal" }
   }
 }
 resource "kloudlocal_machine" "m" {
   hostname = "m"
+  tags     = { kloud_stack = "s1", kloud_machine = "m0" }
 }
-`
-	if err := os.WriteFile(filepath.Join(dir, "main.tf"), []byte(main), 0o644); err != nil {
+`)
+	if out, err := w.run("plan", "-input=false"); err != nil || !strings.Contains(out, "1 to add") {
+		t.Fatalf("plan without endpoint and token: %v\n%s", err, out)
+	}
+	out, err := w.run("apply", "-input=false", "-auto-approve")
+	if err == nil || !strings.Contains(out, "has no endpoint and token") {
+		t.Errorf("apply without endpoint and token: %v\n%s", err, out)
+	}
+	other, err := l.Token("s2", []string{"m0"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "TF_CLI_CONFIG_FILE=" + cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1"}
-	var out []byte
-	for _, args := range [][]string{{"init", "-input=false", "-no-color"}, {"plan", "-input=false", "-no-color"}} {
-		cmd := exec.Command(tf, args...)
-		cmd.Dir, cmd.Env = dir, env
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-		out, err = cmd.CombinedOutput()
-		if args[0] == "init" && err != nil {
-			t.Fatalf("terraform init as nobody: %s\n%s", err, out)
-		}
+	w.write(providerBlock(endpoint, other) + `
+resource "kloudlocal_machine" "m" {
+  hostname = "m"
+  tags     = { kloud_stack = "s1", kloud_machine = "m0" }
+}
+`)
+	out, err = w.run("apply", "-input=false", "-auto-approve")
+	if err == nil || !strings.Contains(out, "403 Forbidden") || !strings.Contains(out, "stack s2 only") {
+		t.Errorf("apply with another stack's token: %v\n%s", err, out)
 	}
-	if err == nil {
-		t.Fatalf("plan as nobody succeeded:\n%s", out)
+	if strings.Contains(out, other) {
+		t.Errorf("terraform printed the token:\n%s", out)
 	}
-	t.Logf("terraform plan as nobody:\n%s", out)
-	for _, want := range []string{"kloudlocal: local machines cannot run here", "local machines need root"} {
-		if !strings.Contains(string(out), want) {
-			t.Errorf("plan output lacks %q:\n%s", want, out)
-		}
+	if left, _ := h.Manager.List(t.Context()); len(left) != 0 {
+		t.Errorf("refused applies made machines: %+v", left)
 	}
 }
