@@ -169,6 +169,11 @@ func (cl *Client) Conn(ctx context.Context) (*Conn, error) {
 		case <-cl.ctx.Done():
 			return nil, fmt.Errorf("kite client for %s: %w", cl.opts.URL, ErrClosed)
 		case <-ctx.Done():
+			cl.mu.Lock()
+			if cl.lastErr != nil {
+				lastErr = cl.lastErr // the freshest reason, not the one from before the wait
+			}
+			cl.mu.Unlock()
 			if lastErr != nil {
 				return nil, fmt.Errorf("not connected to %s: %w (last error: %w)", cl.opts.URL, ctx.Err(), lastErr)
 			}
