@@ -32,6 +32,10 @@ type Client struct {
 	// ConnectWait is how long a call waits for a connection before it fails with
 	// ErrUnavailable (default 5s). Set it before the first call.
 	ConnectWait time.Duration
+	// WaitDown is how long Wait waits for terraformer to come back (a restart) before it
+	// gives up with ErrUnavailable (default 2 min): a build must not wait forever for a
+	// terraformer that does not return.
+	WaitDown time.Duration
 
 	mu   sync.Mutex
 	down error // set by SetUnavailable: why terraformer is down
@@ -53,8 +57,11 @@ func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.C
 // callTimeout bounds one call (not Wait) whose ctx has no deadline.
 const callTimeout = 30 * time.Second
 
-// defaultConnectWait bounds how long a call waits for a connection.
-const defaultConnectWait = 5 * time.Second
+// Defaults of ConnectWait and WaitDown.
+const (
+	defaultConnectWait = 5 * time.Second
+	defaultWaitDown    = 2 * time.Minute
+)
 
 // NewClient connects k to the terraformer at url (http://host:7001 or its /kite endpoint) in the
 // background; auth returns the credential for each (re)connection (kloud's kite key, or a fresh
@@ -140,6 +147,24 @@ func (c *Client) conn(ctx context.Context) (*kite.Conn, error) {
 		return nil, down // marked down while we waited: that cause says more
 	}
 	return nil, &UnavailableError{Cause: err}
+}
+
+// waitConn waits up to WaitDown for a connection (through a restart of terraformer).
+func (c *Client) waitConn(ctx context.Context) (*kite.Conn, error) {
+	d := c.WaitDown
+	if d <= 0 {
+		d = defaultWaitDown
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	conn, err := c.kc.Conn(wctx)
+	if err == nil || ctx.Err() != nil || errors.Is(err, kite.ErrClosed) {
+		return conn, err
+	}
+	if down := c.Unavailable(); down != nil {
+		return nil, fmt.Errorf("%w (no connection for %s)", down, d)
+	}
+	return nil, &UnavailableError{Cause: fmt.Errorf("no connection for %s: %w", d, err)}
 }
 
 func (c *Client) call(ctx context.Context, method string, params, result any) error {
@@ -264,7 +289,7 @@ func (c *Client) Wait(ctx context.Context, jobID string, fn func(Event)) (*tfrun
 			case <-t.C:
 			}
 		}
-		conn, err := c.kc.Conn(ctx)
+		conn, err := c.waitConn(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("wait for job %s: %w", jobID, err)
 		}

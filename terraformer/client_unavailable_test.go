@@ -18,7 +18,7 @@ func TestClientUnavailable(t *testing.T) {
 	t.Parallel()
 	e := terraformertest.Start(t, terraformertest.Options{})
 	c := e.Client
-	if _, err := c.Job(t.Context(), "no-such-job"); !errors.Is(err, kite.ErrNotFound) {
+	if _, err := c.Job(t.Context(), "0123456789abcdef01234567"); !errors.Is(err, kite.ErrNotFound) {
 		t.Fatalf("job on a live terraformer: %v, want not found", err)
 	}
 
@@ -39,7 +39,7 @@ func TestClientUnavailable(t *testing.T) {
 		t.Errorf("on the wire: %d %q", we.Code, we.Message)
 	}
 	c.SetAvailable()
-	if _, err := c.Job(t.Context(), "no-such-job"); !errors.Is(err, kite.ErrNotFound) {
+	if _, err := c.Job(t.Context(), "0123456789abcdef01234567"); !errors.Is(err, kite.ErrNotFound) {
 		t.Fatalf("job after SetAvailable: %v", err)
 	}
 
@@ -53,5 +53,16 @@ func TestClientUnavailable(t *testing.T) {
 	}
 	if !errors.Is(err, kite.ErrUnavailable) || !strings.Contains(err.Error(), "terraformer unavailable") || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("call to nobody: %v", err)
+	}
+	// Wait follows a job through a restart, but not forever.
+	dead.WaitDown = 500 * time.Millisecond
+	dead.SetUnavailable(errors.New("exited (exit status 1); restarting it in 10s"))
+	start = time.Now()
+	j, err := dead.Wait(t.Context(), "0123456789abcdef01234567", nil)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("Wait for a terraformer that stays down took %s", took)
+	}
+	if j != nil || !errors.Is(err, kite.ErrUnavailable) || !strings.Contains(err.Error(), "restarting it in 10s") {
+		t.Fatalf("Wait while down: %v %v", j, err)
 	}
 }
