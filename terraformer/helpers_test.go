@@ -72,6 +72,9 @@ func addresses(rs []tfrun.StateResource) []string {
 	return out
 }
 
+// The gates below must be in the stack's work dir (tfruntest.WorkDir, proc.workDir): the only host
+// directory the sandboxed terraform can write.
+
 // gateCmd is a local-exec command that records its pid, touches <dir>/started, and then (exec'd,
 // so the pid is the sleep's) sleeps until killed, unless <dir>/release exists already. A
 // terraform_data with it stays "creating" until the test cancels the run; once released, a new
@@ -122,17 +125,6 @@ func release(t *testing.T, dir string) {
 // releaseAtEnd makes sure a gate never outlives the test.
 func releaseAtEnd(t *testing.T, dir string) {
 	t.Cleanup(func() { os.WriteFile(filepath.Join(dir, "release"), nil, 0o600) })
-}
-
-// assertGone waits until the process whose pid is in pidFile has exited.
-func assertGone(t *testing.T, pidFile string) {
-	t.Helper()
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := strings.TrimSpace(string(b))
-	testutil.Eventually(t, 30*time.Second, func() bool { return !alive(pid) }, "process %s still running", pid)
 }
 
 // alive reports whether the process pid runs (a zombie only waits for its reaper: not alive).

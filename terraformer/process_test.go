@@ -26,6 +26,7 @@ type proc struct {
 	t    *testing.T
 	bin  string
 	addr string
+	dir  string // --data-dir
 	args []string
 	cmd  *exec.Cmd
 }
@@ -34,14 +35,20 @@ func startProc(t *testing.T, keys *terraformertest.Keys, leaseTTL time.Duration)
 	t.Helper()
 	tf, cfg := tfruntest.Setup(t)
 	bin := testutil.BuildBinary(t, "./cmd/terraformer")
-	p := &proc{t: t, bin: bin, addr: freeAddr(t)}
-	p.args = []string{"--addr", p.addr, "--data-dir", t.TempDir(), "--kloud-url", keys.URL,
+	p := &proc{t: t, bin: bin, addr: freeAddr(t), dir: t.TempDir()}
+	p.args = []string{"--addr", p.addr, "--data-dir", p.dir, "--kloud-url", keys.URL,
 		"--terraform", tf, "--cli-config", cfg, "--lease-ttl", leaseTTL.String(), "--cancel-grace", "20s"}
 	p.start()
 	return p
 }
 
 func (p *proc) url() string { return "http://" + p.addr }
+
+// workDir is the Terraform working directory of contentID: the only host directory its
+// sandboxed terraform can write, so the gates are there.
+func (p *proc) workDir(contentID string) string {
+	return filepath.Join(p.dir, "stacks", contentID, "work")
+}
 
 func (p *proc) start() {
 	p.t.Helper()
@@ -86,12 +93,14 @@ func TestKilledProcessRestarts(t *testing.T) {
 	const ttl = 5 * time.Second
 	p := startProc(t, keys, ttl)
 	c := terraformertest.NewClient(t, p.url(), keys.KiteKeyAuth("kloud"))
-	gate := t.TempDir()
+	gate := p.workDir("crash")
 	releaseAtEnd(t, gate)
 	id := submit(t, c, tfrun.OpApply, terraformer.Request{ContentID: "crash", Files: files(gated(pollGateCmd(gate)))})
 	waitFile(t, filepath.Join(gate, "started")) // the fast resources are done, slow is creating
 
 	p.signal(syscall.SIGKILL)
+	// terraform, its provider and the provisioner died with the process (their pid namespace).
+	tfruntest.AssertNoProcesses(t, 5*time.Second, gate)
 	p.start()
 
 	j, err := c.Job(t.Context(), id)
@@ -122,9 +131,8 @@ func TestKilledProcessRestarts(t *testing.T) {
 		t.Fatalf("state after the crash: %v", addrs)
 	}
 
-	// The provisioner the killed terraform left behind ends when released; then apply converges.
+	// The next apply converges.
 	release(t, gate)
-	assertGone(t, filepath.Join(gate, "pid"))
 	next := run(t, c, tfrun.OpApply, terraformer.Request{ContentID: "crash"}, tfrun.StatusSucceeded)
 	if got := addresses(next.Result.Resources); len(got) != 3 {
 		t.Fatalf("state after the converging apply: %v", got)
@@ -146,7 +154,7 @@ func TestGracefulShutdown(t *testing.T) {
 	keys := terraformertest.StartKeys(t)
 	p := startProc(t, keys, time.Hour)
 	c := terraformertest.NewClient(t, p.url(), keys.KiteKeyAuth("kloud"))
-	gate := t.TempDir()
+	gate := p.workDir("shutdown")
 	releaseAtEnd(t, gate)
 	id := submit(t, c, tfrun.OpApply, terraformer.Request{ContentID: "shutdown", Files: files(gated(gateCmd(gate)))})
 	waitFile(t, filepath.Join(gate, "started"))
@@ -176,7 +184,7 @@ func TestGracefulShutdown(t *testing.T) {
 	if got := addresses(r.j.Result.Resources); !slices.Contains(got, "terraform_data.fast[0]") {
 		t.Errorf("state saved at shutdown: %v", got)
 	}
-	assertGone(t, filepath.Join(gate, "pid"))
+	tfruntest.AssertNoProcesses(t, 10*time.Second, gate)
 
 	p.start()
 	release(t, gate)

@@ -46,6 +46,12 @@ type Config struct {
 	// HangTimeout, CancelGrace and LeaseTTL are passed to the engine (defaults 10m, 10s, 30s;
 	// see tfrun.Options).
 	HangTimeout, CancelGrace, LeaseTTL time.Duration
+	// SandboxUID and SandboxGID are the user terraform runs as (default 65534); SandboxReadOnly
+	// are extra host paths it may read; InsecureNoSandbox runs terraform without the sandbox
+	// (development without root only). See tfrun.Options and package tfsandbox.
+	SandboxUID, SandboxGID int
+	SandboxReadOnly        []string
+	InsecureNoSandbox      bool
 	// Logger receives the logs. Default: discard.
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once terraformer accepts connections.
@@ -127,6 +133,8 @@ func Run(ctx context.Context, cfg Config) error {
 	engine, err := tfrun.New(ctx, tfrun.Options{
 		Dir: cfg.DataDir, TerraformPath: cfg.TerraformPath, CLIConfigFile: cfg.CLIConfigFile,
 		HangTimeout: cfg.HangTimeout, CancelGrace: cfg.CancelGrace, LeaseTTL: cfg.LeaseTTL, Logger: log,
+		SandboxUID: cfg.SandboxUID, SandboxGID: cfg.SandboxGID, SandboxReadOnly: cfg.SandboxReadOnly,
+		InsecureNoSandbox: cfg.InsecureNoSandbox,
 	})
 	if err != nil {
 		return fmt.Errorf("terraformer: %w", err)

@@ -17,13 +17,15 @@ import (
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/terraformertest"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
 )
 
 func TestPlanApplyDestroy(t *testing.T) {
 	t.Parallel()
 	env := terraformertest.Start(t, terraformertest.Options{})
 	c := env.Client
-	out := filepath.Join(t.TempDir(), "hello.txt")
+	// The sandbox lets terraform write only in its work dir (and its private /tmp).
+	out := filepath.Join(tfruntest.WorkDir(env.Engine, "round-trip"), "hello.txt")
 	main := fmt.Sprintf(`
 variable "n" {
   type    = number
@@ -35,11 +37,11 @@ resource "terraform_data" "a" {
 }
 resource "local_file" "f" {
   content  = "hello ${var.n}"
-  filename = %q
+  filename = "${path.module}/hello.txt"
 }
 output "ids" { value = terraform_data.a[*].id }
 output "greeting" { value = local_file.f.content }
-`, out)
+`)
 
 	plan := run(t, c, tfrun.OpPlan, terraformer.Request{ContentID: "round-trip", Files: files(main), TraceID: "trace-1"}, tfrun.StatusSucceeded)
 	if plan.Result == nil || plan.Result.Summary.Add != 4 || len(plan.Result.Changes) != 4 || plan.TraceID != "trace-1" {
@@ -134,7 +136,7 @@ func TestConcurrentApplies(t *testing.T) {
 	const n = 3
 	var gates, ids []string
 	for i := range n {
-		dir := t.TempDir()
+		dir := tfruntest.WorkDir(env.Engine, fmt.Sprintf("parallel-%d", i))
 		releaseAtEnd(t, dir)
 		gates = append(gates, dir)
 		ids = append(ids, submit(t, env.Client, tfrun.OpApply, terraformer.Request{
@@ -163,7 +165,7 @@ func TestConcurrentApplies(t *testing.T) {
 func TestSameContentIDConflicts(t *testing.T) {
 	t.Parallel()
 	env := terraformertest.Start(t, terraformertest.Options{})
-	dir := t.TempDir()
+	dir := tfruntest.WorkDir(env.Engine, "locked")
 	releaseAtEnd(t, dir)
 	id := submit(t, env.Client, tfrun.OpApply, terraformer.Request{ContentID: "locked", Files: files(gated(pollGateCmd(dir)))})
 	waitFile(t, filepath.Join(dir, "started"))
@@ -197,7 +199,7 @@ func TestCancelThenConverge(t *testing.T) {
 	t.Parallel()
 	env := terraformertest.Start(t, terraformertest.Options{Engine: tfrun.Options{CancelGrace: 30 * time.Second}})
 	c := env.Client
-	dir := t.TempDir()
+	dir := tfruntest.WorkDir(env.Engine, "cancel")
 	releaseAtEnd(t, dir)
 	id := submit(t, c, tfrun.OpApply, terraformer.Request{ContentID: "cancel", Files: files(gated(gateCmd(dir)))})
 	waitFile(t, filepath.Join(dir, "started"))
@@ -226,7 +228,7 @@ func TestCancelThenConverge(t *testing.T) {
 	if _, err := c.Cancel(t.Context(), id); !errors.Is(err, kite.ErrState) {
 		t.Errorf("second cancel: %v, want -32005", err)
 	}
-	assertGone(t, filepath.Join(dir, "pid"))
+	tfruntest.AssertNoProcesses(t, 10*time.Second, dir)
 
 	release(t, dir)
 	next := run(t, c, tfrun.OpApply, terraformer.Request{ContentID: "cancel"}, tfrun.StatusSucceeded)
@@ -248,7 +250,7 @@ func TestCancelThenConverge(t *testing.T) {
 func TestCallerDisconnects(t *testing.T) {
 	t.Parallel()
 	env := terraformertest.Start(t, terraformertest.Options{})
-	dir := t.TempDir()
+	dir := tfruntest.WorkDir(env.Engine, "orphan")
 	releaseAtEnd(t, dir)
 	caller := env.NewClient(env.KiteKeyAuth("kloud"))
 	id := submit(t, caller, tfrun.OpApply, terraformer.Request{ContentID: "orphan", Files: files(gated(pollGateCmd(dir)))})
@@ -274,7 +276,7 @@ func TestCallerDisconnects(t *testing.T) {
 func TestWaitSurvivesDisconnect(t *testing.T) {
 	t.Parallel()
 	env := terraformertest.Start(t, terraformertest.Options{})
-	dir := t.TempDir()
+	dir := tfruntest.WorkDir(env.Engine, "reconnect")
 	releaseAtEnd(t, dir)
 	c := env.Client
 	id := submit(t, c, tfrun.OpApply, terraformer.Request{ContentID: "reconnect", Files: files(gated(pollGateCmd(dir)))})
@@ -313,7 +315,7 @@ func TestWaitSurvivesDisconnect(t *testing.T) {
 	}
 
 	// Now the job ends while nobody is connected: a Wait that starts afterwards gets the result.
-	dir2 := t.TempDir()
+	dir2 := tfruntest.WorkDir(env.Engine, "reconnect-later")
 	releaseAtEnd(t, dir2)
 	id2 := submit(t, c, tfrun.OpApply, terraformer.Request{ContentID: "reconnect-later", Files: files(gated(pollGateCmd(dir2)))})
 	waitFile(t, filepath.Join(dir2, "started"))

@@ -38,6 +38,7 @@ import (
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 const config = `
@@ -52,6 +53,7 @@ resource "terraform_data" "r" {
 `
 
 func main() {
+	tfsandbox.MaybeRun() // tfrun runs terraform through this binary as its sandbox launcher
 	n := flag.Int("n", 10, "measured applies per side")
 	tf := flag.String("terraform", "", "terraform binary (default: $TERRAFORM, else terraform on PATH, else $KLOUD_CACHE/bin/terraform)")
 	cfg := flag.String("cli-config", terraformer.DefaultCLIConfig(), "Terraform CLI config (offline provider mirror)")

@@ -14,11 +14,13 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 func main() {
+	tfsandbox.MaybeRun() // terraformer re-executes itself as the sandbox launcher of every terraform command
 	var c terraformer.Config
-	var users string
+	var users, readOnly string
 	flag.StringVar(&c.Addr, "addr", terraformer.DefaultAddr, "address to listen on")
 	flag.StringVar(&c.DataDir, "data-dir", terraformer.DefaultDataDir(), "working directories, state and jobs")
 	flag.StringVar(&c.KloudURL, "kloud-url", terraformer.DefaultKloudURL, "kloud's URL; callers' keys are verified with <url>/kite/keys")
@@ -28,6 +30,10 @@ func main() {
 	flag.DurationVar(&c.HangTimeout, "hang-timeout", 0, "cancel a run whose terraform prints nothing for this long (default 10m)")
 	flag.DurationVar(&c.CancelGrace, "cancel-grace", 0, "time between SIGINT and SIGKILL when a run is cancelled (default 10s)")
 	flag.DurationVar(&c.LeaseTTL, "lease-ttl", 0, "lifetime of a content id's lease without renewal; a crashed terraformer's leases expire after it (default 30s)")
+	flag.IntVar(&c.SandboxUID, "sandbox-uid", tfsandbox.DefaultUID, "user id terraform runs as in its sandbox (never 0)")
+	flag.IntVar(&c.SandboxGID, "sandbox-gid", tfsandbox.DefaultGID, "group id terraform runs as in its sandbox (never 0)")
+	flag.StringVar(&readOnly, "sandbox-read-only", "", "extra host paths terraform may read (comma-separated), besides the CLI config, its provider mirrors and the terraform binary")
+	flag.BoolVar(&c.InsecureNoSandbox, "insecure-no-sandbox", false, "run terraform WITHOUT its sandbox, as terraformer's own user seeing the whole host: only for development without root")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -35,6 +41,11 @@ func main() {
 		return
 	}
 	c.KloudUsers = strings.FieldsFunc(users, func(r rune) bool { return r == ',' || r == ' ' })
+	c.SandboxReadOnly = strings.FieldsFunc(readOnly, func(r rune) bool { return r == ',' })
+	if c.SandboxUID == 0 || c.SandboxGID == 0 {
+		fmt.Fprintln(os.Stderr, "terraformer: --sandbox-uid and --sandbox-gid must not be 0: terraform never runs as root")
+		os.Exit(2)
+	}
 	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

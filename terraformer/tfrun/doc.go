@@ -3,17 +3,34 @@
 // state on disk so that a result outlives the caller and the process. It has no RPC; the kite layer
 // (package terraformer) sits on top.
 //
-// Start reading at [New] and [Engine.Submit]; a run's life is in run.go, the subprocess handling
-// (SIGINT, then SIGKILL of the whole process group after a grace period) in exec.go, and the lease
-// in lease.go.
+// Start reading at [New] and [Engine.Submit]; a run's life is in run.go, the terraform commands
+// (through github.com/hashicorp/terraform-exec, with the sandbox launcher as the executable) in
+// exec.go, and the lease in lease.go.
+//
+// # The sandbox
+//
+// Every terraform command (version, init, plan, apply, destroy, show) runs through the launcher of
+// package terraformer/tfsandbox: unprivileged (Options.SandboxUID/GID, default 65534), with no
+// capabilities, in its own pid and mount namespaces where only the run's work dir (read-write),
+// the variables file, the terraform binary, the CLI config and its provider mirrors (read-only),
+// /usr, /etc and the like (read-only) and a private /tmp exist. Whatever terraform starts dies
+// with the command. The program that calls New is the launcher unless Options.Launcher says
+// otherwise, so its main (or TestMain) must call tfsandbox.MaybeRun() first. New fails without
+// root unless Options.InsecureNoSandbox (development only). terraform's environment is only
+// PATH, locale, TZ, proxy and CA settings of this process plus TF_CLI_CONFIG_FILE.
+//
+// The work dir and the variables file are chowned to the sandbox user before each run (the
+// variables file stays 0600: only that user, and root, read the credentials in it); terraformer
+// itself reads results through `terraform show`.
 //
 // # Layout under Options.Dir
 //
 //	stacks/<contentID>/work/            Terraform working directory: the content files (*.tf,
 //	                                    *.tf.json), terraform.tfstate (local backend), .terraform/
-//	stacks/<contentID>/variables.json   the variables of the last request (passed as -var-file)
+//	stacks/<contentID>/work/.kloud-plan.out  the last saved plan
+//	stacks/<contentID>/variables.json   the variables of the last request (passed as -var-file;
+//	                                    0600, owned by the sandbox user, read-only in the sandbox)
 //	stacks/<contentID>/state.json       `terraform show -json` of the state after the last run
-//	stacks/<contentID>/plan.out         the last saved plan
 //	stacks/<contentID>/init.sum         what the last successful `terraform init` saw (content,
 //	                                    CLI config, mirror, terraform version): init is skipped
 //	                                    while it still matches
@@ -33,7 +50,10 @@
 //
 // # Cancellation
 //
-// Cancelling a job (Cancel, the hang detector, Close) sends SIGINT to terraform, which stops its
-// providers and provisioners and writes the state. If terraform has not exited after
-// Options.CancelGrace, its whole process group gets SIGKILL.
+// Cancelling a job (Cancel, the hang detector, Close) makes terraform-exec send SIGINT to the
+// launcher, which passes it on to terraform, which stops its providers and provisioners and writes
+// the state. If terraform has not exited after Options.CancelGrace (terraform-exec's WaitDelay),
+// the launcher gets SIGKILL, and with it everything in terraform's pid namespace. Close with an
+// expired context kills at once. If terraformer itself dies, the kernel kills the launcher
+// (Pdeathsig) and so everything terraform started: no orphaned providers or provisioners.
 package tfrun

@@ -22,7 +22,10 @@ import (
 	"time"
 
 	version "github.com/hashicorp/go-version"
+	"github.com/hashicorp/terraform-exec/tfexec"
 	tfjson "github.com/hashicorp/terraform-json"
+
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 // Options configure an Engine. Zero fields get the defaults in their comments.
@@ -51,6 +54,22 @@ type Options struct {
 	CancelGrace time.Duration
 	// Logger receives the engine's logs. Default: discard.
 	Logger *slog.Logger
+
+	// Launcher is the program terraform-exec runs in terraform's place (see package
+	// terraformer/tfsandbox): it must call tfsandbox.MaybeRun first in main. Default: this
+	// program (os.Executable), which then must have called tfsandbox.MaybeRun.
+	Launcher string
+	// SandboxUID and SandboxGID are the user and group terraform runs as. Default: 65534
+	// (nobody, nogroup); 0 means the default, terraform never runs as root in the sandbox.
+	SandboxUID, SandboxGID int
+	// SandboxReadOnly are extra host paths terraform may read (bound read-only at their own
+	// paths), e.g. a CA bundle outside /etc. The CLI config file, the provider mirrors and
+	// plugin cache it names, and the terraform binary are always there.
+	SandboxReadOnly []string
+	// InsecureNoSandbox runs terraform without the sandbox: as this process's user, seeing the
+	// whole host, its processes not confined to a pid namespace. Only for development without
+	// root; without it, New fails unless the sandbox can be built (root).
+	InsecureNoSandbox bool
 }
 
 // Engine runs Terraform jobs. Its methods are safe for concurrent use.
@@ -59,6 +78,7 @@ type Engine struct {
 	log       *slog.Logger
 	tf        *terraform
 	tfVersion string
+	initJSON  bool // terraform has `init -json` (1.9 and later)
 	host      string
 	jobsDir   string
 	stacksDir string
@@ -120,6 +140,27 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.CancelGrace <= 0 {
 		opts.CancelGrace = 10 * time.Second
 	}
+	if opts.SandboxUID <= 0 {
+		opts.SandboxUID = tfsandbox.DefaultUID
+	}
+	if opts.SandboxGID <= 0 {
+		opts.SandboxGID = tfsandbox.DefaultGID
+	}
+	if !opts.InsecureNoSandbox {
+		if err := tfsandbox.Check(); err != nil {
+			return nil, fmt.Errorf("%w (run terraformer as root; InsecureNoSandbox, terraformer's --insecure-no-sandbox, is for development only): %w", err, ErrInvalid)
+		}
+	}
+	if opts.Launcher == "" {
+		if !tfsandbox.Installed() {
+			return nil, fmt.Errorf("no Launcher, and this program is none: its main (or TestMain) must call tfsandbox.MaybeRun() first: %w", ErrInvalid)
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("launcher: %w", err)
+		}
+		opts.Launcher = exe
+	}
 	var err error
 	if opts.Dir, err = filepath.Abs(opts.Dir); err != nil {
 		return nil, fmt.Errorf("dir: %w", err)
@@ -127,6 +168,15 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.CLIConfigFile, err = filepath.Abs(opts.CLIConfigFile); err != nil {
 		return nil, fmt.Errorf("cli config: %w", err)
 	}
+	if opts.TerraformPath, err = filepath.Abs(opts.TerraformPath); err != nil {
+		return nil, fmt.Errorf("terraform: %w", err)
+	}
+	readOnly := []string{opts.CLIConfigFile}
+	mirrors, err := tfsandbox.CLIConfigPaths(opts.CLIConfigFile)
+	if err != nil {
+		return nil, err
+	}
+	readOnly = append(append(readOnly, mirrors...), opts.SandboxReadOnly...)
 	e := &Engine{
 		opts:      opts,
 		log:       opts.Logger,
@@ -137,8 +187,15 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		byContent: map[string]*run{},
 	}
 	e.tf = &terraform{
-		path:   opts.TerraformPath,
-		env:    terraformEnv(opts.CLIConfigFile),
+		launcher: opts.Launcher,
+		sandbox: tfsandbox.Config{
+			Terraform: opts.TerraformPath,
+			ReadOnly:  readOnly,
+			UID:       opts.SandboxUID,
+			GID:       opts.SandboxGID,
+			Insecure:  opts.InsecureNoSandbox,
+		},
+		env:    terraformEnv(opts.CLIConfigFile, opts.InsecureNoSandbox),
 		grace:  opts.CancelGrace,
 		logger: opts.Logger,
 	}
@@ -151,7 +208,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.log.Info("terraformer engine ready", "dir", opts.Dir, "terraform", opts.TerraformPath,
-		"terraform_version", e.tfVersion, "owner", opts.Owner)
+		"terraform_version", e.tfVersion, "owner", opts.Owner, "sandbox", !opts.InsecureNoSandbox,
+		"sandbox_uid", opts.SandboxUID, "sandbox_gid", opts.SandboxGID)
 	if err := e.reapJobs(); err != nil {
 		return nil, err
 	}
@@ -159,25 +217,22 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 }
 
 func (e *Engine) terraformVersion(ctx context.Context) (string, error) {
-	var out, errOut bytes.Buffer
-	if err := e.tf.run(ctx, ctx, e.opts.Dir, &out, &errOut, "version", "-json"); err != nil {
-		return "", fmt.Errorf("terraform version: %w: %s", err, strings.TrimSpace(errOut.String()))
-	}
-	var v struct {
-		Version string `json:"terraform_version"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &v); err != nil {
-		return "", fmt.Errorf("terraform version: %w", err)
-	}
-	got, err := version.NewVersion(v.Version)
+	var errOut bytes.Buffer
+	var got *version.Version
+	err := e.tf.run(ctx, ctx, command{dir: e.opts.Dir, stderr: &errOut}, "version", func(ctx context.Context, tf *tfexec.Terraform) error {
+		var err error
+		got, _, err = tf.Version(ctx, true)
+		return err
+	})
 	if err != nil {
-		return "", fmt.Errorf("terraform version %q: %w", v.Version, err)
+		return "", fmt.Errorf("terraform version (through the sandbox launcher %s): %w: %s", e.opts.Launcher, err, strings.TrimSpace(errOut.String()))
 	}
 	if got.LessThan(version.Must(version.NewVersion(minTerraformVersion))) {
-		return "", fmt.Errorf("terraform %s at %s is older than %s: %w", v.Version, e.opts.TerraformPath,
+		return "", fmt.Errorf("terraform %s at %s is older than %s: %w", got, e.opts.TerraformPath,
 			minTerraformVersion, ErrInvalid)
 	}
-	return v.Version, nil
+	e.initJSON = !got.LessThan(version.Must(version.NewVersion("1.9.0")))
+	return got.String(), nil
 }
 
 // Version returns the version of the terraform binary the engine runs.
@@ -459,7 +514,12 @@ func (e *Engine) refreshState(ctx context.Context, contentID string) error {
 	}
 	defer lf.release(e.opts.Owner, id) //nolint:errcheck // expires anyway
 	var out, errOut bytes.Buffer
-	if err := e.tf.run(ctx, ctx, work, &out, &errOut, "show", "-json", "-no-color"); err != nil {
+	err = e.tf.run(ctx, ctx, command{dir: work, work: true, stdout: &out, stderr: &errOut}, "show",
+		func(ctx context.Context, tf *tfexec.Terraform) error {
+			_, err := tf.Show(ctx, tfexec.JSONNumber(false))
+			return err
+		})
+	if err != nil {
 		return fmt.Errorf("%w: %s", err, strings.TrimSpace(errOut.String()))
 	}
 	return writeFileAtomic(filepath.Join(stack, "state.json"), out.Bytes(), 0o600)

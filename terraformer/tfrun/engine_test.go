@@ -50,7 +50,8 @@ func addresses(rs []tfrun.StateResource) []string {
 
 // gate is a local-exec command that records its pid, touches <dir>/started and then waits until
 // <dir>/release exists (at most ~5 minutes). A terraform_data with it stays "creating" until the
-// test lets it go, with no sleep in the test itself.
+// test lets it go, with no sleep in the test itself. dir must be the stack's work dir
+// (tfruntest.WorkDir): nothing else of the host is writable in terraform's sandbox.
 func gate(dir string) string {
 	return fmt.Sprintf(`echo $$ > %[1]s/pid; touch %[1]s/started; i=0; while [ ! -f %[1]s/release ] && [ $i -lt 6000 ]; do i=$((i+1)); sleep 0.05; done`, dir)
 }
@@ -87,7 +88,7 @@ func release(t *testing.T, dir string) {
 func TestPlanApplyDestroy(t *testing.T) {
 	t.Parallel()
 	e := tfruntest.NewEngine(t, tfrun.Options{})
-	out := filepath.Join(t.TempDir(), "hello.txt")
+	out := filepath.Join(tfruntest.WorkDir(e, "round-trip"), "hello.txt")
 	main := fmt.Sprintf(`
 variable "n" {
   type    = number
@@ -99,14 +100,14 @@ resource "terraform_data" "a" {
 }
 resource "local_file" "f" {
   content  = "hello ${var.n}"
-  filename = %q
+  filename = "${path.module}/hello.txt"
 }
 output "ids" { value = terraform_data.a[*].id }
 output "secret" {
   value     = "s3cret"
   sensitive = true
 }
-`, out)
+`)
 	ctx := t.Context()
 
 	plan := run(t, e, tfrun.Request{Op: tfrun.OpPlan, ContentID: "round-trip", Files: files(main), TraceID: "trace-1"}, tfrun.StatusSucceeded)
@@ -248,29 +249,20 @@ resource "terraform_data" "r" {
 }
 
 // TestParallelContentIDs proves that runs on different content ids overlap: each run's provisioner
-// waits until the other runs' provisioners have started, which can only succeed if they all run
-// at once. The recorded start and end times must overlap too.
+// sleeps 3s (the sandboxes cannot see each other, so there is no barrier between them), and every
+// run must have started before every other one finished.
 func TestParallelContentIDs(t *testing.T) {
 	t.Parallel()
 	e := tfruntest.NewEngine(t, tfrun.Options{})
-	dir := t.TempDir()
 	names := []string{"par-a", "par-b", "par-c"}
 	var ids []string
 	for _, n := range names {
-		var others []string
-		for _, o := range names {
-			if o != n {
-				others = append(others, fmt.Sprintf("[ -f %s/%s ]", dir, o))
-			}
-		}
-		cmd := fmt.Sprintf(`touch %s/%s; i=0; until %s; do i=$((i+1)); [ $i -gt 2400 ] && exit 1; sleep 0.05; done`,
-			dir, n, strings.Join(others, " && "))
-		j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: n, Files: files(fmt.Sprintf(`
+		j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: n, Files: files(`
 resource "terraform_data" "barrier" {
   provisioner "local-exec" {
-    command = %q
+    command = "sleep 3"
   }
-}`, cmd))})
+}`)})
 		ids = append(ids, j.ID)
 	}
 	var jobs []*tfrun.Job
@@ -292,9 +284,9 @@ resource "terraform_data" "barrier" {
 
 func TestSameContentLocked(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
 	engineDir := t.TempDir()
 	e := tfruntest.NewEngine(t, tfrun.Options{Dir: engineDir})
+	dir := tfruntest.WorkDir(e, "locked")
 	// A second engine on the same Dir stands for a second terraformer process.
 	other := tfruntest.NewEngine(t, tfrun.Options{Dir: engineDir})
 	t.Cleanup(func() { os.WriteFile(filepath.Join(dir, "release"), nil, 0o600) })
@@ -334,7 +326,7 @@ func TestSameContentLocked(t *testing.T) {
 func TestCancelMidApply(t *testing.T) {
 	t.Parallel()
 	e := tfruntest.NewEngine(t, tfrun.Options{CancelGrace: 30 * time.Second})
-	dir := t.TempDir()
+	dir := tfruntest.WorkDir(e, "cancel")
 	// Until released, the provisioner sleeps (exec: the pid it recorded is the sleep's).
 	cmd := fmt.Sprintf(`echo $$ > %[1]s/pid; touch %[1]s/started; [ -f %[1]s/release ] || exec sleep 300`, dir)
 	j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "cancel", Files: files(fmt.Sprintf(stackWithGate, cmd))})
@@ -362,8 +354,8 @@ func TestCancelMidApply(t *testing.T) {
 	if err := e.Cancel(t.Context(), j.ID); !errors.Is(err, tfrun.ErrState) {
 		t.Errorf("second cancel: %v, want ErrState", err)
 	}
-	// The provisioner's sleep did not outlive the run.
-	assertGone(t, filepath.Join(dir, "pid"))
+	// The provisioner's sleep did not outlive the run, nor did terraform or its provider.
+	tfruntest.AssertNoProcesses(t, 10*time.Second, dir)
 
 	// The next apply converges: nothing tainted, nothing left to do.
 	release(t, dir)
@@ -382,29 +374,10 @@ func TestCancelMidApply(t *testing.T) {
 	}
 }
 
-// assertGone waits until the process whose pid is in pidFile has exited.
-func assertGone(t *testing.T, pidFile string) {
-	t.Helper()
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := strings.TrimSpace(string(b))
-	testutil.Eventually(t, 30*time.Second, func() bool {
-		stat, err := os.ReadFile("/proc/" + pid + "/stat")
-		if err != nil {
-			return true
-		}
-		// "pid (comm) S ...": a zombie is gone too, it only waits for its reaper.
-		_, rest, _ := strings.Cut(string(stat), ") ")
-		return strings.HasPrefix(rest, "Z")
-	}, "process %s still running", pid)
-}
-
 func TestHang(t *testing.T) {
 	t.Parallel()
 	e := tfruntest.NewEngine(t, tfrun.Options{HangTimeout: time.Second, CancelGrace: 30 * time.Second})
-	dir := t.TempDir()
+	dir := tfruntest.WorkDir(e, "hang")
 	// Terraform says "Still creating..." every 10s; before that it is silent while the provisioner
 	// sleeps, which is a hang for a 1s HangTimeout.
 	cmd := fmt.Sprintf(`echo $$ > %[1]s/pid; exec sleep 300`, dir)
@@ -417,7 +390,7 @@ resource "terraform_data" "stuck" {
 	if j.Error == nil || j.Error.Kind != tfrun.KindHung || !strings.Contains(j.Error.Message, "no output from terraform for 1s") {
 		t.Fatalf("hung job error: %+v", j.Error)
 	}
-	assertGone(t, filepath.Join(dir, "pid"))
+	tfruntest.AssertNoProcesses(t, 10*time.Second, dir)
 }
 
 func TestBadInput(t *testing.T) {
@@ -574,9 +547,10 @@ func TestInvalidRequests(t *testing.T) {
 // terraformer still gets ErrLocked after the first expiry has passed.
 func TestLeaseRenewedWhileRunning(t *testing.T) {
 	t.Parallel()
-	dir, engineDir := t.TempDir(), t.TempDir()
+	engineDir := t.TempDir()
 	const ttl = 600 * time.Millisecond
 	e := tfruntest.NewEngine(t, tfrun.Options{Dir: engineDir, LeaseTTL: ttl})
+	dir := tfruntest.WorkDir(e, "renewed")
 	other := tfruntest.NewEngine(t, tfrun.Options{Dir: engineDir, LeaseTTL: ttl})
 	t.Cleanup(func() { os.WriteFile(filepath.Join(dir, "release"), nil, 0o600) })
 	j := submit(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "renewed", Files: files(fmt.Sprintf(stackWithGate, gate(dir)))})

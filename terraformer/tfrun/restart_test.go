@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,11 +17,13 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 // TestMain doubles as a terraformer process for TestCrashRestart: with TFRUN_CRASH_CHILD=1 the test
 // binary starts an engine, submits an apply, prints the job id and waits to be killed.
 func TestMain(m *testing.M) {
+	tfsandbox.MaybeRun()
 	if os.Getenv("TFRUN_CRASH_CHILD") == "1" {
 		os.Exit(crashChild())
 	}
@@ -64,8 +67,10 @@ func crashChild() int {
 // state the dead run wrote is intact, and the next apply converges.
 func TestCrashRestart(t *testing.T) {
 	t.Parallel()
+	testutil.RequireRoot(t)
 	tf, cfg := tfruntest.Setup(t)
-	dir, gateDir := t.TempDir(), t.TempDir()
+	dir := t.TempDir()
+	gateDir := filepath.Join(dir, "stacks", "crash", "work")
 	t.Cleanup(func() { os.WriteFile(filepath.Join(gateDir, "release"), nil, 0o600) })
 	mainPath := filepath.Join(t.TempDir(), "main.tf")
 	if err := os.WriteFile(mainPath, []byte(fmt.Sprintf(stackWithGate, gate(gateDir))), 0o600); err != nil {
@@ -111,7 +116,17 @@ func TestCrashRestart(t *testing.T) {
 	}
 	cmd.Wait()
 	exited = true
+	// Everything the killed terraformer's terraform started died with it: terraform, the
+	// provider, the provisioner's shell (their pid namespace ended with the launcher).
+	tfruntest.AssertNoProcesses(t, 5*time.Second, gateDir)
 
+	filepath.WalkDir(filepath.Join(dir, "stacks"), func(p string, d fs.DirEntry, err error) error {
+		if !strings.Contains(p, ".terraform/") {
+			i, _ := d.Info()
+			t.Logf("DEBUG %s %v %v", p, i.Mode(), i.ModTime())
+		}
+		return nil
+	})
 	e := tfruntest.NewEngine(t, tfrun.Options{Dir: dir, LeaseTTL: ttl})
 	dead, err := e.Job(jobID)
 	if err != nil {
@@ -141,9 +156,7 @@ func TestCrashRestart(t *testing.T) {
 		t.Fatalf("state after the crash: %v", addrs)
 	}
 
-	// The provisioner that the killed terraform left behind ends when released.
 	release(t, gateDir)
-	assertGone(t, filepath.Join(gateDir, "pid"))
 	next := run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "crash"}, tfrun.StatusSucceeded)
 	if got := addresses(next.Result.Resources); len(got) != 3 {
 		t.Fatalf("state after the converging apply: %v", got)
@@ -156,6 +169,7 @@ func TestCrashRestart(t *testing.T) {
 
 func TestJobReadableAfterRestart(t *testing.T) {
 	t.Parallel()
+	testutil.RequireRoot(t)
 	tf, cfg := tfruntest.Setup(t)
 	dir := t.TempDir()
 	opts := tfrun.Options{Dir: dir, TerraformPath: tf, CLIConfigFile: cfg, Logger: testutil.Logger(t)}
@@ -201,8 +215,10 @@ output "x" { value = terraform_data.x.output }
 
 func TestCloseCancelsRuns(t *testing.T) {
 	t.Parallel()
+	testutil.RequireRoot(t)
 	tf, cfg := tfruntest.Setup(t)
-	dir, gateDir := t.TempDir(), t.TempDir()
+	dir := t.TempDir()
+	gateDir := filepath.Join(dir, "stacks", "closing", "work")
 	e1, err := tfrun.New(t.Context(), tfrun.Options{Dir: dir, TerraformPath: tf, CLIConfigFile: cfg, Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +229,7 @@ func TestCloseCancelsRuns(t *testing.T) {
 	if err := e1.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	assertGone(t, filepath.Join(gateDir, "pid"))
+	tfruntest.AssertNoProcesses(t, 10*time.Second, gateDir)
 
 	e2 := tfruntest.NewEngine(t, tfrun.Options{Dir: dir})
 	got, err := e2.Job(j.ID)
@@ -263,5 +279,5 @@ func TestCancelEscalatesToSIGKILL(t *testing.T) {
 	if d := got.FinishedAt.Sub(cancelAt); d < grace {
 		t.Errorf("job ended %s after cancel, before the %s grace: SIGKILL came too early", d, grace)
 	}
-	assertGone(t, filepath.Join(dir, "stacks", "wedged", "work", "child.pid"))
+	tfruntest.AssertNoProcesses(t, 10*time.Second, filepath.Join(dir, "stacks", "wedged", "work"))
 }

@@ -21,15 +21,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/terraform-exec/tfexec"
 	tfjson "github.com/hashicorp/terraform-json"
 )
 
 const (
-	logTailLines   = 200
-	stderrTail     = 20
-	persistEvery   = 250 * time.Millisecond
-	watchQueueMax  = 1024
-	lockTimeoutArg = "-lock-timeout=10s"
+	logTailLines  = 200
+	stderrTail    = 20
+	persistEvery  = 250 * time.Millisecond
+	watchQueueMax = 1024
+	lockTimeout   = "10s"
 )
 
 // cancelCause is why a run's graceful context was cancelled; the first cause wins.
@@ -214,25 +215,50 @@ func (r *run) perform() error {
 	if err := r.init(); err != nil {
 		return err
 	}
-	args := []string{"-json", "-input=false", lockTimeoutArg}
+	var varFile []string
 	if _, err := os.Stat(r.varsPath()); err == nil {
-		args = append(args, "-var-file="+r.varsPath())
+		varFile = []string{r.varsPath()}
 	}
+	lock := tfexec.LockTimeout(lockTimeout)
 	switch r.req.Op {
 	case OpPlan:
-		return r.terraformJSON(append([]string{"plan", "-out=" + r.planPath()}, args...)...)
+		return r.terraformJSON("plan", varFile, func(ctx context.Context, tf *tfexec.Terraform, w io.Writer) error {
+			opts := []tfexec.PlanOption{tfexec.Out(r.planPath()), lock}
+			for _, f := range varFile {
+				opts = append(opts, tfexec.VarFile(f))
+			}
+			_, err := tf.PlanJSON(ctx, w, opts...)
+			return err
+		})
 	case OpApply:
-		return r.terraformJSON(append([]string{"apply", "-auto-approve"}, args...)...)
+		return r.terraformJSON("apply", varFile, func(ctx context.Context, tf *tfexec.Terraform, w io.Writer) error {
+			opts := []tfexec.ApplyOption{lock}
+			for _, f := range varFile {
+				opts = append(opts, tfexec.VarFile(f))
+			}
+			return tf.ApplyJSON(ctx, w, opts...)
+		})
 	case OpDestroy:
-		return r.terraformJSON(append([]string{"destroy", "-auto-approve"}, args...)...)
+		return r.terraformJSON("destroy", varFile, func(ctx context.Context, tf *tfexec.Terraform, w io.Writer) error {
+			opts := []tfexec.DestroyOption{lock}
+			for _, f := range varFile {
+				opts = append(opts, tfexec.VarFile(f))
+			}
+			return tf.DestroyJSON(ctx, w, opts...)
+		})
 	}
 	return fmt.Errorf("op %q: %w", r.req.Op, ErrInvalid)
 }
 
+// varsPath is outside the work dir, and bound read-only into the sandbox: terraform can read the
+// variables but not replace them.
 func (r *run) varsPath() string { return filepath.Join(r.stack, "variables.json") }
-func (r *run) planPath() string { return filepath.Join(r.stack, "plan.out") }
 
-// prepare replaces the stored content files and variables with the request's.
+// planPath is in the work dir: terraform writes it.
+func (r *run) planPath() string { return filepath.Join(r.work, ".kloud-plan.out") }
+
+// prepare replaces the stored content files and variables with the request's, and gives the work
+// dir and the variables file to the sandbox's user.
 func (r *run) prepare() error {
 	if err := os.MkdirAll(r.work, 0o700); err != nil {
 		return fmt.Errorf("create work dir: %w", err)
@@ -253,10 +279,22 @@ func (r *run) prepare() error {
 			}
 		}
 	}
+	_ = os.Remove(filepath.Join(r.stack, "plan.out")) // where older versions kept the plan
 	if r.req.Variables != nil {
 		if err := writeJSONAtomic(r.varsPath(), r.req.Variables); err != nil {
 			return fmt.Errorf("variables: %w", err)
 		}
+	}
+	if r.e.opts.InsecureNoSandbox {
+		return nil
+	}
+	// Only terraform's user can read the variables (credentials among them): 0600, its own.
+	uid, gid := r.e.opts.SandboxUID, r.e.opts.SandboxGID
+	if err := os.Lchown(r.varsPath(), uid, gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("variables: %w", err)
+	}
+	if err := chownTree(r.work, uid, gid); err != nil {
+		return fmt.Errorf("work dir for uid %d: %w", uid, err)
 	}
 	return nil
 }
@@ -277,19 +315,29 @@ func (r *run) init() error {
 	}
 	_ = os.Remove(hashFile)
 	r.setPhase("init")
-	// Terraform writes its diagnostics to stderr; they are parsed from there alone, so that
-	// progress lines on stdout cannot end up inside one.
-	stdout := &lineWriter{fn: func(line []byte) { r.textLine(line, false) }}
-	stderr := &lineWriter{fn: func(line []byte) { r.textLine(line, true) }}
-	r.touch()
-	err = r.e.tf.run(r.ctx, r.kill, r.work, touchWriter{stdout, r.touch}, touchWriter{stderr, r.touch},
-		"init", "-input=false", "-no-color", "-upgrade", lockTimeoutArg)
-	stdout.flush()
-	stderr.flush()
+	if r.e.initJSON {
+		err = r.terraformJSON("init", nil, func(ctx context.Context, tf *tfexec.Terraform, w io.Writer) error {
+			return tf.InitJSON(ctx, w, tfexec.Upgrade(true))
+		})
+	} else {
+		// Before Terraform 1.9 init has no -json: its diagnostics are parsed from stderr alone,
+		// so that progress lines on stdout cannot end up inside one.
+		stdout := &lineWriter{fn: func(line []byte) { r.textLine(line, false) }}
+		stderr := &lineWriter{fn: func(line []byte) { r.textLine(line, true) }}
+		r.touch()
+		err = r.e.tf.run(r.ctx, r.kill, r.command(nil, touchWriter{stdout, r.touch}, touchWriter{stderr, r.touch}), "init",
+			func(ctx context.Context, tf *tfexec.Terraform) error {
+				return tf.Init(ctx, tfexec.Upgrade(true))
+			})
+		stdout.flush()
+		stderr.flush()
+		if err != nil {
+			r.mu.Lock()
+			r.diags = append(r.diags, parseTextDiagnostics(r.textOut.String())...)
+			r.mu.Unlock()
+		}
+	}
 	if err != nil {
-		r.mu.Lock()
-		r.diags = append(r.diags, parseTextDiagnostics(r.textOut.String())...)
-		r.mu.Unlock()
 		return err
 	}
 	return writeFileAtomic(hashFile, []byte(sum), 0o600)
@@ -333,36 +381,50 @@ func (r *run) initHash() (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// terraformJSON runs a terraform command with -json and feeds its UI stream to the job.
-func (r *run) terraformJSON(args ...string) error {
-	r.setPhase(args[0])
+// command is a terraform command in the run's work dir.
+func (r *run) command(readOnly []string, stdout, stderr io.Writer) command {
+	return command{dir: r.work, work: true, readOnly: readOnly, stdout: stdout, stderr: stderr}
+}
+
+// terraformJSON runs a terraform command whose -json UI stream fn writes to w, and feeds that
+// stream to the job.
+func (r *run) terraformJSON(name string, readOnly []string, fn func(context.Context, *tfexec.Terraform, io.Writer) error) error {
+	r.setPhase(name)
 	stdout := &lineWriter{fn: r.uiLine}
 	stderr := &lineWriter{fn: r.stderrLine}
 	r.touch()
-	err := r.e.tf.run(r.ctx, r.kill, r.work, touchWriter{stdout, r.touch}, touchWriter{stderr, r.touch}, args...)
+	w := touchWriter{stdout, r.touch}
+	err := r.e.tf.run(r.ctx, r.kill, r.command(readOnly, nil, touchWriter{stderr, r.touch}), name,
+		func(ctx context.Context, tf *tfexec.Terraform) error { return fn(ctx, tf, w) })
 	stdout.flush()
 	stderr.flush()
 	return err
 }
 
-// show runs `terraform show -json [file]` and decodes the output into v. It runs after the
-// operation, also after a cancel, so it uses the kill context only (bounded by HangTimeout).
-func (r *run) show(v any, file ...string) ([]byte, error) {
+// show runs `terraform show -json` of the state (file == "") or of a saved plan and returns the
+// raw JSON with the decoded value. It runs after the operation, also after a cancel, so it uses
+// the kill context only (bounded by HangTimeout).
+func (r *run) show(file string) (raw []byte, state *tfjson.State, plan *tfjson.Plan, err error) {
 	ctx, cancel := context.WithTimeout(r.kill, r.e.opts.HangTimeout)
 	defer cancel()
 	var out bytes.Buffer
 	stderr := &lineWriter{fn: r.stderrLine}
 	r.touch()
-	err := r.e.tf.run(ctx, ctx, r.work, touchWriter{&out, r.touch}, touchWriter{stderr, r.touch},
-		append([]string{"show", "-json", "-no-color"}, file...)...)
+	err = r.e.tf.run(ctx, ctx, r.command(nil, touchWriter{&out, r.touch}, touchWriter{stderr, r.touch}), "show",
+		func(ctx context.Context, tf *tfexec.Terraform) error {
+			var err error
+			if file == "" {
+				state, err = tf.Show(ctx, tfexec.JSONNumber(false))
+			} else {
+				plan, err = tf.ShowPlanFile(ctx, file, tfexec.JSONNumber(false))
+			}
+			return err
+		})
 	stderr.flush()
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	if err := json.Unmarshal(out.Bytes(), v); err != nil {
-		return nil, fmt.Errorf("decode terraform show: %w", err)
-	}
-	return out.Bytes(), nil
+	return out.Bytes(), state, plan, nil
 }
 
 // result reads what the run produced: the saved plan for plan, the state for apply and destroy
@@ -377,12 +439,12 @@ func (r *run) result(opErr error) *Result {
 		if opErr != nil {
 			return nil
 		}
-		var plan tfjson.Plan
-		if _, err := r.show(&plan, r.planPath()); err != nil {
+		_, _, plan, err := r.show(r.planPath())
+		if err != nil {
 			r.log.Warn("read plan", "err", err)
 			return nil
 		}
-		res := &Result{Changes: planChanges(&plan)}
+		res := &Result{Changes: planChanges(plan)}
 		r.mu.Lock()
 		if s := r.planSummary; s != nil {
 			res.Summary = ChangeSummary{Add: s.Add, Change: s.Change, Remove: s.Remove, Import: s.Import}
@@ -399,8 +461,7 @@ func (r *run) result(opErr error) *Result {
 		if _, err := os.Stat(filepath.Join(r.work, "terraform.tfstate")); err != nil {
 			return nil // the operation never got to write a state
 		}
-		var st tfjson.State
-		raw, err := r.show(&st)
+		raw, st, _, err := r.show("")
 		if err != nil {
 			r.log.Warn("read state", "err", err)
 			return nil
@@ -408,7 +469,7 @@ func (r *run) result(opErr error) *Result {
 		if err := writeFileAtomic(filepath.Join(r.stack, "state.json"), raw, 0o600); err != nil {
 			r.log.Warn("write state snapshot", "err", err)
 		}
-		res := stateResult(&st)
+		res := stateResult(st)
 		r.mu.Lock()
 		if s := r.finalSummary; s != nil {
 			res.Summary = ChangeSummary{Add: s.Add, Change: s.Change, Remove: s.Remove, Import: s.Import}

@@ -6,10 +6,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -114,9 +116,15 @@ func exists(p string) bool {
 }
 
 // NewEngine starts an engine on a temporary Dir (unless opts.Dir is set) with Setup's terraform and
-// mirror (unless set) and a logger writing to t.Log, and closes it when the test ends.
+// mirror (unless set) and a logger writing to t.Log, and closes it when the test ends. The test
+// binary is the sandbox launcher: its TestMain must call tfsandbox.MaybeRun() first. Without root
+// (the sandbox needs it) the test is skipped loudly, unless opts.InsecureNoSandbox; under CI=true
+// it fails.
 func NewEngine(t testing.TB, opts tfrun.Options) *tfrun.Engine {
 	t.Helper()
+	if !opts.InsecureNoSandbox {
+		testutil.RequireRoot(t)
+	}
 	if opts.TerraformPath == "" || opts.CLIConfigFile == "" {
 		tf, cfg := Setup(t)
 		if opts.TerraformPath == "" {
@@ -166,4 +174,89 @@ func Wait(t testing.TB, e *tfrun.Engine, id string, timeout time.Duration) *tfru
 	}
 	t.Fatalf("job %s did not finish within %s", id, timeout)
 	return nil
+}
+
+// WorkDir is the Terraform working directory of contentID in the engine's Dir. A template's
+// relative paths (path.module, a provisioner's cwd) are there; it is the only host directory a
+// sandboxed terraform can write besides its private /tmp.
+func WorkDir(e *tfrun.Engine, contentID string) string {
+	return filepath.Join(e.Options().Dir, "stacks", contentID, "work")
+}
+
+// Process is a process found by Processes.
+type Process struct {
+	PID     int
+	Exe     string
+	Cwd     string
+	Cmdline string
+}
+
+// Processes lists the live processes (zombies excluded) whose working directory, executable or
+// command line is under one of dirs. It reads /proc; a sandboxed process shows its cwd as it sees
+// it, which is the host path (the work dir is bound at its own path).
+func Processes(dirs ...string) []Process {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	under := func(p string) bool {
+		for _, d := range dirs {
+			if p == d || strings.HasPrefix(p, strings.TrimSuffix(d, "/")+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	var out []Process
+	for _, ent := range entries {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		base := "/proc/" + ent.Name()
+		stat, err := os.ReadFile(base + "/stat")
+		if err != nil {
+			continue
+		}
+		if _, rest, _ := strings.Cut(string(stat), ") "); strings.HasPrefix(rest, "Z") || strings.HasPrefix(rest, "X") {
+			continue
+		}
+		p := Process{PID: pid}
+		p.Exe, _ = os.Readlink(base + "/exe")
+		p.Cwd, _ = os.Readlink(base + "/cwd")
+		cmdline, _ := os.ReadFile(base + "/cmdline")
+		p.Cmdline = strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " "))
+		match := under(p.Exe) || under(p.Cwd)
+		for _, arg := range strings.Split(string(cmdline), "\x00") {
+			match = match || (arg != "" && under(arg))
+			for _, d := range dirs {
+				match = match || (d != "" && strings.Contains(arg, d))
+			}
+		}
+		if match {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// AssertNoProcesses waits up to timeout until no process works under dirs (see Processes), and
+// fails the test naming those still there.
+func AssertNoProcesses(t testing.TB, timeout time.Duration, dirs ...string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		left := Processes(dirs...)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			var b strings.Builder
+			for _, p := range left {
+				fmt.Fprintf(&b, "\n  pid %d exe %s cwd %s: %s", p.PID, p.Exe, p.Cwd, p.Cmdline)
+			}
+			t.Fatalf("%d processes still running under %v after %s:%s", len(left), dirs, timeout, b.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -1,0 +1,14 @@
+package terraformer_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
+)
+
+// TestMain: the test binary is terraform's sandbox launcher for the in-process engines.
+func TestMain(m *testing.M) {
+	tfsandbox.MaybeRun()
+	os.Exit(m.Run())
+}

@@ -1,0 +1,43 @@
+// Package tfsandbox is the launcher terraformer gives terraform-exec as "the terraform binary":
+// the terraformer binary (or a test binary) re-executed, which runs the real terraform
+// unprivileged, in its own pid and mount namespaces, seeing only what a run needs. Start reading
+// at [MaybeRun] (which every program that runs terraform through tfrun calls first in main or
+// TestMain) and [Config] (what the launcher is told); the stages are in launch.go and init.go.
+//
+// # Process tree
+//
+//	terraformer (root)
+//	 └─ launcher  /proc/self/exe KLOUD_TFSANDBOX_STAGE=launch   started by terraform-exec: own
+//	     │                                                      process group, Pdeathsig SIGKILL
+//	     └─ init  /proc/self/exe KLOUD_TFSANDBOX_STAGE=init     PID 1 of new pid+mount+ipc+uts
+//	         │                                                  namespaces, Pdeathsig SIGKILL
+//	         └─ terraform (uid 65534, no capabilities)          and its providers, provisioner
+//	                                                            shells, ...
+//
+// The launcher forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to init, init to terraform; each
+// exits with its child's status (128+n for a signal). When terraformer, the launcher or init dies
+// (even by SIGKILL), the kernel kills the next one down, and PID 1's death kills every process of
+// its pid namespace: nothing terraform started outlives the run.
+//
+// # What terraform sees
+//
+// init makes every mount private, builds a new root on a tmpfs and pivots into it. The root holds
+// only read-only binds of /usr, /bin, /sbin, /lib, /lib32, /lib64 and /etc (symlinks, as on a
+// merged-/usr host, are recreated as symlinks), a fresh /proc, a minimal /dev (null, zero, full,
+// random, urandom, tty), an empty tmpfs /tmp, and at their host paths: the terraform binary, the
+// Terraform CLI config file, the provider mirror directories and plugin cache it names, extra
+// read-only paths of the configuration, and the run's work directory, read-write. Nothing else
+// of the host is there: not kloud's or terraformer's data directories (other stacks' state and
+// variables), not /root, /home or /var. The network namespace is the host's: providers must reach
+// kloud on loopback (what a template may reach is the template policy's job).
+//
+// terraform then runs as Config.UID/GID (default 65534, nobody/nogroup) with no supplementary
+// groups, no_new_privs set, and empty capability sets (bounding, inheritable, ambient, and so
+// permitted and effective), HOME=/tmp, in the work directory.
+//
+// # Without namespaces
+//
+// Config.Insecure makes the launcher exec terraform in place, with the caller's privileges and
+// view of the host. It exists for development without root (terraformer's --insecure-no-sandbox)
+// and is never a fallback: without it, a host that cannot build the sandbox fails the run.
+package tfsandbox
