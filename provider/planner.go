@@ -289,7 +289,7 @@ func (p *Planner) watchConsole(ctx context.Context, e Expect) consoleFailure {
 			}
 			if f != nil && (old == nil || *f != *old) && (!f.Retrying || f.Attempts > baseline) {
 				p.log().Info("provisioning failed inside the machine", "machine", e.Label, "step", f.Step, "detail", f.Detail)
-				return consoleFailure{step: f.Step, tail: lastBytes(out, 2048), err: f}
+				return consoleFailure{step: f.Step, tail: provisionTail(out, 2048), err: f}
 			}
 		}
 		select {
@@ -439,6 +439,16 @@ func (p *Planner) diagnose(e Expect) (step, logTail string) {
 		return StepAgentStart, logTail
 	}
 	return StepRegistration, logTail
+}
+
+// provisionTail returns the end of a console log, at most n bytes, from provision.sh's first
+// line on when that is in reach (what came before is the boot's own chatter).
+func provisionTail(s string, n int) string {
+	t := lastBytes(s, n)
+	if i := strings.LastIndex(t, "kloud-provision: started"); i >= 0 {
+		return t[i:]
+	}
+	return t
 }
 
 func lastBytes(s string, n int) string {
