@@ -97,7 +97,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	}
 	f.o.Providers = reg
 	var s *kloud.Server
+	listening := make(chan struct{})
 	f.o.Listening = func(a net.Addr) {
+		close(listening)
 		fmt.Fprintf(g.stdout, "kloud %s listening on %s\n", version.Version, a)
 		fmt.Fprintf(g.stdout, "admin key: %s\n", s.AdminKeyPath())
 		fmt.Fprintf(g.stdout, "providers: %s\n", strings.Join(reg.Names(), ", "))
@@ -134,7 +136,14 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		}
 		tfURL = sup.URL
 	}
-	tc := terraformer.NewClient(ck, tfURL, func(context.Context) (kite.Auth, error) {
+	tc := terraformer.NewClient(ck, tfURL, func(ctx context.Context) (kite.Auth, error) {
+		// terraformer verifies kloud's key with kloud's /kite/keys: connecting before kloud
+		// listens would fail, and make terraformer wait before it fetches the keys again.
+		select {
+		case <-listening:
+		case <-ctx.Done():
+			return kite.Auth{}, fmt.Errorf("kloud is not listening yet: %w", ctx.Err())
+		}
 		return kite.Auth{Type: kite.AuthKiteKey, Key: key}, nil
 	})
 	defer tc.Close()
