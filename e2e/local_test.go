@@ -42,6 +42,13 @@ type localEnv struct {
 func newLocalEnv(t *testing.T) *localEnv {
 	t.Helper()
 	h := tfprovidertest.NewHost(t) // gates on root, ip, nsenter, the base image; removes it all at the end
+	return newLocalEnvOn(t, h)
+}
+
+// newLocalEnvOn is a kloud (own data dir and terraformer) whose local machines live on h, which
+// other klouds of the test may share.
+func newLocalEnvOn(t *testing.T, h *tfprovidertest.Host) *localEnv {
+	t.Helper()
 	tf := testutil.RequireBinary(t, "terraform")
 	testutil.RequireBinary(t, "curl")
 	cliConfig := kloudlocalMirror(t)
@@ -258,14 +265,14 @@ func (e *localEnv) footprint(infos []sandbox.Info) hostFootprint {
 			f.cgroups = append(f.cgroups, cg)
 		}
 	}
-	// The state dir keeps only its lock file and the directory of per-machine locks (Destroy
-	// removes a machine's lock file).
+	// The state dir keeps only its lock file, the directory of per-machine locks (Destroy
+	// removes a machine's lock file) and the local machine service's key.
 	err = filepath.WalkDir(e.h.StateDir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || p == e.h.StateDir {
 			return err
 		}
 		rel, _ := filepath.Rel(e.h.StateDir, p)
-		if rel == ".lock" || rel == ".locks" {
+		if rel == ".lock" || rel == ".locks" || rel == local.KeyFile {
 			return nil
 		}
 		f.entries = append(f.entries, rel)
@@ -578,4 +585,55 @@ func TestLocalKloudKilledMidBuild(t *testing.T) {
 			e.assertNothingLeft(infos)
 		})
 	}
+}
+
+// TestLocalTwoKlouds runs two klouds with separate data dirs on one host, sharing the machines'
+// state dir, bridge and subnet (as two klouds with the defaults do): each restart's startup sweep
+// leaves the other kloud's running machines alone, and each machine records its kloud's instance.
+func TestLocalTwoKlouds(t *testing.T) {
+	h := tfprovidertest.NewHost(t)
+	a := newLocalEnvOn(t, h)
+	a.alice()
+	sa := a.createStack(a.template(localTemplate("a", 1, "#!/bin/bash\necho a")))
+	if out := a.run("stack", "apply", sa); !strings.Contains(out, "Stack building finished") {
+		t.Fatalf("apply in kloud A:\n%s", out)
+	}
+	idA := a.machines(sa)["a.0"].sandboxID()
+
+	b := newLocalEnvOn(t, h) // its startup sweep runs: kloud A's machine is not its
+	b.alice()
+	inA, err := h.Manager.Info(t.Context(), idA)
+	if err != nil || inA.State != sandbox.StateRunning {
+		t.Fatalf("kloud A's machine after kloud B started: %+v %v\nkloud B:\n%s", inA, err, b.kloudOut)
+	}
+	sb := b.createStack(b.template(localTemplate("b", 1, "#!/bin/bash\necho b")))
+	if out := b.run("stack", "apply", sb); !strings.Contains(out, "Stack building finished") {
+		t.Fatalf("apply in kloud B:\n%s", out)
+	}
+	idB := b.machines(sb)["b.0"].sandboxID()
+	inB, _ := h.Manager.Info(t.Context(), idB)
+	if inA.Instance == "" || inB.Instance == "" || inA.Instance == inB.Instance {
+		t.Fatalf("instances of the machines: A %q, B %q", inA.Instance, inB.Instance)
+	}
+
+	// Restarts sweep again, each knowing only its own stacks.
+	for _, e := range []*localEnv{a, b} {
+		e.kill()
+		e.start()
+	}
+	for id, who := range map[string]string{idA: "A", idB: "B"} {
+		if in, err := h.Manager.Info(t.Context(), id); err != nil || in.State != sandbox.StateRunning {
+			t.Errorf("kloud %s's machine after both klouds restarted: %+v %v", who, in, err)
+		}
+	}
+	if m := a.machines(sa)["a.0"]; m.State != "Running" {
+		t.Errorf("kloud A's machine: %+v", m)
+	}
+	if m := b.machines(sb)["b.0"]; m.State != "Running" {
+		t.Errorf("kloud B's machine: %+v", m)
+	}
+	infos := a.sandboxInfos()
+	a.run("stack", "destroy", sa)
+	b.run("stack", "destroy", sb)
+	a.assertNothingLeft(infos)
 }
