@@ -529,7 +529,7 @@ func machineCmd(g *globals) *cobra.Command {
 	}
 	shareCmd := func(unshare bool) *cobra.Command {
 		var sstack, grant string
-		use, short := "share MACHINE USER --grant readonly|terminal|full", "Share a machine: readonly (watch terminals), terminal (use them), full (also start/stop)"
+		use, short := "share MACHINE USER --grant readonly|terminal|full", "Share a machine: readonly (watch), terminal (a shell as their own account), full (anything the owner can do)"
 		if unshare {
 			use, short = "unshare MACHINE USER", "Stop sharing a machine with a user (their terminals close at once)"
 		}
@@ -559,6 +559,17 @@ func machineCmd(g *globals) *cobra.Command {
 		c.Flags().StringVar(&sstack, "stack", "", "the machine's stack (when labels repeat)")
 		if !unshare {
 			c.Flags().StringVar(&grant, "grant", kloud.GrantTerminal, "readonly, terminal or full")
+			c.Long = `Share a machine with a kloud user. What they get on this machine, and only on it:
+
+  readonly  watch the machine's terminals live; cannot type.
+  terminal  terminals of their own: a shell as their OWN account on the machine (created
+            for them, home under /home, no sudo), so root-only files such as the machine's
+            agent key stay out of reach; they can watch the owner's terminals, not type in them.
+  full      can do anything the owner can do on this machine: shells as the owner's
+            account (with sudo), typing into any terminal, start and stop. Only for people
+            you would give the owner's account.
+
+Only the owner (or a team admin) shares; unshare closes the user's terminals at once.`
 		}
 		return c
 	}
