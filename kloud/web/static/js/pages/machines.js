@@ -109,9 +109,9 @@ function sharesSection(ctx, m, grant) {
     if (mayShare) {
       const user = h('input', { id: 'share-username', placeholder: 'username', required: true });
       const g = h('select', { id: 'share-grant' },
-        h('option', { value: 'readonly' }, 'readonly — watch terminals'),
-        h('option', { value: 'terminal' }, 'terminal — use terminals'),
-        h('option', { value: 'full' }, 'full — also start/stop'));
+        h('option', { value: 'readonly' }, 'readonly — watch terminals, cannot type'),
+        h('option', { value: 'terminal' }, 'terminal — a shell as their own account (no sudo)'),
+        h('option', { value: 'full' }, 'full — can do anything the owner can do on this machine'));
       const btn = h('button', { type: 'submit' }, 'Share');
       const form = h('form', { class: 'inline', id: 'share-form' }, user, g, btn);
       form.addEventListener('submit', (ev) => {
@@ -138,9 +138,13 @@ function sessionsSection(ctx, m, grant) {
       return;
     }
     const mine = grant === 'owner' || grant === 'admin';
+    // Who may type into a session: the owner and full shares into any; a terminal share only
+    // into sessions that run as its own account (klient names that account after the user).
+    const mayJoin = (s) => mine || grant === 'full' || (grant === 'terminal' && s.runAs === ctx.session.username);
     clear(box, table([
       { title: 'Session', render: (s) => [h('code', {}, sessionID(s)), sessionLabel(s) !== sessionID(s) ? ` ${sessionLabel(s)}` : ''] },
       { title: 'Started by', render: (s) => s.createdBy || '—' },
+      { title: 'Runs as', render: (s) => s.runAs || '—' },
       { title: 'Size', render: (s) => (s.cols && s.rows ? `${s.cols}×${s.rows}` : '—') },
       {
         title: 'Viewers', render: (s) => (Array.isArray(s.viewers)
@@ -150,7 +154,7 @@ function sessionsSection(ctx, m, grant) {
       { title: 'Started', render: (s) => fmtTime(s.createdAt || s.startedAt) },
       {
         title: '', class: 'actions', render: (s) => [
-          grant !== 'readonly' ? h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label, session: sessionID(s), mode: mine ? 'attach' : 'shared' }) }, mine ? 'Attach' : 'Join') : null,
+          mayJoin(s) ? h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label, session: sessionID(s), mode: mine ? 'attach' : 'shared' }) }, mine ? 'Attach' : 'Join') : null,
           h('button', { class: 'small', onclick: () => ctx.openTerminal({ machineId: m.id, label: `${m.label} (watch)`, session: sessionID(s), mode: 'readonly' }) }, 'Watch'),
           mine ? h('button', {
             class: 'small danger', onclick: (ev) => busy(ev.target, async () => {
