@@ -14,9 +14,11 @@ import (
 
 // Machine sharing: kloud keeps the truth (Machine.Shares) and pushes it to the machine's klient
 // (klient.setShares), which enforces it on its own. The owner or a team admin shares; a shared
-// user gets exactly their grant: readonly (watch terminals), terminal (use terminals), full
-// (also start and stop the machine). Unsharing closes that user's terminals at once (klient does
-// it when its list changes).
+// user gets exactly their grant: readonly (watch terminals), terminal (shells as the user's own
+// account on the machine, no sudo), full (anything the owner can do on this machine: shells as
+// the owner, start and stop). Unsharing closes that user's terminals at once (klient does it when
+// its list changes). A grant reaches only its machine: kontrol gives a shared user tokens for
+// that machine's agent alone (authorizeKite), each naming that one kite as its audience.
 
 func init() {
 	methodSets = append(methodSets, func(s *Server) {
