@@ -20,8 +20,10 @@ type Config struct {
 	// Hostname is set by cloud-init; empty leaves the datasource's local-hostname. RFC 1123 syntax;
 	// a name with dots is taken as the FQDN (cloud-init uses its first label as the hostname).
 	Hostname string
-	// KiteKey is the JWT minted for this machine (its jti is the kite id kloud waits for). Required;
-	// written as is to /etc/kloud/kite.key.
+	// KiteKey is the agent key minted for this machine (kind agentKey, sub "machine:<id>"; its
+	// jti is the kite id kloud waits for). Required; written as is to /etc/kloud/kite.key, mode
+	// 0400 root:root: only root on the machine (the owner, and full shares, via sudo) can read
+	// it, and it is good for nothing but registering this machine's agent.
 	KiteKey string
 	// KontrolURL is passed to klient, e.g. http://10.200.0.1:7000/kite. Required, http or https.
 	KontrolURL string
