@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -237,47 +238,10 @@ resource "terraform_data" "vm" {
 	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
 
 	// Kill kloud as soon as terraform apply runs under its terraformer.
-	var victims []osProc
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if time.Now().After(deadline) {
-			t.Fatalf("never saw terraform apply under terraformer %d; kloud:\n%s", tf.pid, e.kloudOut)
-		}
-		ps := tree(tf.pid)
-		applying := false
-		for _, p := range ps {
-			applying = applying || (p.comm == "terraform" && strings.Contains(p.cmdline, "apply"))
-		}
-		if applying {
-			e.kloud.Process.Signal(syscall.SIGKILL)
-			victims = ps
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	victims := whenApplying(t, e, tf.pid, func() { e.kloud.Process.Signal(syscall.SIGKILL) })
 	e.kill()
 	t.Logf("killed kloud while these ran under its terraformer:\n%s", procList(victims))
-
-	var left []osProc
-	testutil.Eventually(t, 45*time.Second, func() bool {
-		left = left[:0]
-		for _, p := range victims {
-			if p.alive() {
-				left = append(left, p)
-			}
-		}
-		// Anything else of this kloud's terraformer, started after we looked.
-		for _, p := range allProcs() {
-			if (p.comm == "terraformer" || p.comm == "terraform" || strings.HasPrefix(p.comm, "terraform-provi")) &&
-				strings.Contains(p.cmdline, e.dir) {
-				left = append(left, p)
-			}
-		}
-		return len(left) == 0
-	}, "processes left after kloud was killed")
-	if len(left) > 0 {
-		t.Fatalf("left running:\n%s", procList(left))
-	}
+	assertGone(t, e, victims)
 
 	e.start()
 	final, _ := e.try("job", "watch", jobID)
@@ -302,6 +266,102 @@ resource "terraform_data" "vm" {
 		t.Fatalf("machine directories left: %v", entries)
 	}
 }
+
+// TestTerraformerKilledMidApply: kill -9 of kloud's terraformer while terraform applies → the
+// terraform run and everything it started die with it; kloud (still running) starts a new
+// terraformer, the build ends failed (its run died), and the next build of the stack succeeds.
+func TestTerraformerKilledMidApply(t *testing.T) {
+	e := newEnv(t, "--terraformer-addr", freePort(t))
+	e.alice()
+	tid := e.template(`
+resource "terraform_data" "vm" {
+  count = 12
+  input = "#!/bin/bash\necho hi"
+}
+`)
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	sid := created.Stack.ID
+	tf := terraformerChild(t, e.kloud.Process.Pid)
+	out := e.run("stack", "apply", sid, "--detach")
+	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	victims := whenApplying(t, e, tf.pid, func() { syscall.Kill(tf.pid, syscall.SIGKILL) })
+	t.Logf("killed terraformer while these ran under it:\n%s", procList(victims))
+	assertGone(t, e, victims)
+
+	final, _ := e.try("job", "watch", jobID)
+	t.Logf("the build:\n%s", final)
+	var j struct{ Status, Error string }
+	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
+		t.Fatal(err)
+	}
+	if j.Status != "failed" || !strings.Contains(j.Error, "terraform") {
+		t.Fatalf("the build whose terraform run was killed: %+v", j)
+	}
+	for l, m := range e.machines(sid) {
+		if m.State == "Building" {
+			t.Fatalf("%s stuck in Building: %+v", l, m)
+		}
+	}
+	if nt := terraformerChild(t, e.kloud.Process.Pid); nt.pid == tf.pid {
+		t.Fatal("no new terraformer")
+	}
+	// The next build goes through the new terraformer (once the dead one's lease expired).
+	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
+		t.Fatalf("apply after the restart:\n%s", out)
+	}
+	e.run("stack", "destroy", sid)
+}
+
+// whenApplying calls kill as soon as a terraform apply runs under terraformer tf, and returns
+// what ran under it then.
+func whenApplying(t *testing.T, e *env, tf int, kill func()) []osProc {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		ps := tree(tf)
+		for _, p := range ps {
+			if p.comm == "terraform" && strings.Contains(p.cmdline, "apply") {
+				kill()
+				return ps
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("never saw terraform apply under terraformer %d; kloud:\n%s", tf, e.kloudOut)
+	return nil
+}
+
+// assertGone fails the test unless every process of victims, and any terraformer, terraform or
+// provider plugin of e, is gone within seconds.
+func assertGone(t *testing.T, e *env, victims []osProc) {
+	t.Helper()
+	var left []osProc
+	testutil.Eventually(t, 45*time.Second, func() bool {
+		left = left[:0]
+		for _, p := range victims {
+			if p.alive() {
+				left = append(left, p)
+			}
+		}
+		// Anything else of this kloud's terraformer, started after we looked.
+		for _, p := range allProcs() {
+			if (p.comm == "terraformer" || p.comm == "terraform" || strings.HasPrefix(p.comm, "terraform-provi")) &&
+				strings.Contains(p.cmdline, e.dir) && p.alive() && !slices.ContainsFunc(victims, func(v osProc) bool { return v.pid == p.pid }) {
+				if e.kloud.ProcessState == nil && p.ppid == e.kloud.Process.Pid && p.comm == "terraformer" {
+					continue // kloud is running: this is its new terraformer
+				}
+				left = append(left, p)
+			}
+		}
+		return len(left) == 0
+	}, "processes left:\n%s", procsOf{&left})
+}
+
+// procsOf prints a list of processes when the message is formatted, not when it is made.
+type procsOf struct{ ps *[]osProc }
+
+func (p procsOf) String() string { return procList(*p.ps) }
 
 func procList(ps []osProc) string {
 	var b strings.Builder
