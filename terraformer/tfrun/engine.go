@@ -148,7 +148,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	if !opts.InsecureNoSandbox {
 		if err := tfsandbox.Check(); err != nil {
-			return nil, fmt.Errorf("%w (run terraformer as root; InsecureNoSandbox, terraformer's --insecure-no-sandbox, is for development only): %w", err, ErrInvalid)
+			return nil, fmt.Errorf("%w: run terraformer as root (InsecureNoSandbox, terraformer's --insecure-no-sandbox, runs terraform without it: for development only)", err)
 		}
 	}
 	if opts.Launcher == "" {
