@@ -8,6 +8,17 @@
 // plan/apply/destroy, api.go); then [NewClient] and [Client.Wait] (client.go); [Run] (run.go)
 // wires a process together; [NewAuthenticator] (auth.go) is how the service checks credentials.
 //
+// # Terraform's sandbox
+//
+// Every terraform command runs through package terraformer/tfsandbox (cmd/terraformer's main
+// calls tfsandbox.MaybeRun first: terraformer re-executes itself as the launcher): as uid/gid
+// 65534 (--sandbox-uid, --sandbox-gid), without capabilities, in its own pid and mount
+// namespaces that hold only its work dir, the provider mirror and the system directories
+// (/usr, /etc, ...; --sandbox-read-only adds paths). Whatever terraform starts dies with the run,
+// also when terraformer is killed. This needs root: without it terraformer refuses to start,
+// unless --insecure-no-sandbox is given, which runs terraform as terraformer's own user seeing the
+// whole host, for development without root only.
+//
 // # Who may call
 //
 // The kite's Authenticator verifies kite keys and tokens against kontrol's public keys, fetched

@@ -513,6 +513,13 @@ func (e *Engine) refreshState(ctx context.Context, contentID string) error {
 		return nil // someone runs: the snapshot will be written when they finish
 	}
 	defer lf.release(e.opts.Owner, id) //nolint:errcheck // expires anyway
+	if !e.opts.InsecureNoSandbox {
+		// A work dir of an older terraformer (which ran terraform as root) becomes the sandbox
+		// user's, as a run's prepare does.
+		if err := chownTree(work, e.opts.SandboxUID, e.opts.SandboxGID); err != nil {
+			return fmt.Errorf("work dir for uid %d: %w", e.opts.SandboxUID, err)
+		}
+	}
 	var out, errOut bytes.Buffer
 	err = e.tf.run(ctx, ctx, command{dir: work, work: true, stdout: &out, stderr: &errOut}, "show",
 		func(ctx context.Context, tf *tfexec.Terraform) error {

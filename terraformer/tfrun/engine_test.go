@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -586,4 +587,38 @@ func TestLeaseRenewedWhileRunning(t *testing.T) {
 	if got := tfruntest.Wait(t, e, j.ID, jobTimeout); got.Status != tfrun.StatusSucceeded {
 		t.Fatalf("run: %s %v", got.Status, got.Err())
 	}
+}
+
+// TestRootOwnedWorkDir: a stack that an older terraformer ran (terraform as root: work dir and
+// files root's, 0700/0600) is still readable and runnable: the sandbox user gets the work dir.
+func TestRootOwnedWorkDir(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{})
+	main := `
+resource "terraform_data" "x" { input = "old" }
+output "x" { value = terraform_data.x.output }`
+	run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "old", Files: files(main)}, tfrun.StatusSucceeded)
+	work := tfruntest.WorkDir(e, "old")
+	err := filepath.WalkDir(work, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := os.Lchown(p, 0, 0); err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(e.Options().Dir, "stacks", "old", "state.json")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := e.Outputs(t.Context(), "old"); err != nil || out["x"] != "old" {
+		t.Fatalf("outputs of a root-owned stack: %v %v", out, err)
+	}
+	run(t, e, tfrun.Request{Op: tfrun.OpDestroy, ContentID: "old"}, tfrun.StatusSucceeded)
 }
