@@ -14,7 +14,9 @@
 // only triggers it (the pattern of the local provider's machine service, for a test provider):
 //
 //   - ApplyTemplate adds, per machine resource, a generated `terraform_data.kloud_boot_<name>`
-//     (kloud's own file kloud_dummy.tf.json, not the user's) that is replaced with its machine.
+//     (kloud's own file kloud_dummy.tf.json, not the user's) that is replaced with its machine
+//     and whenever the machine's script changes (every build renders new agent keys, so building
+//     a stack again boots its machines again, and the planner sees their new agents).
 //     Its create-time local-exec POSTs the machine's script, read from the machine resource's
 //     `output`, with curl to kloud's HTTP server: <kloud>/provider/<name>/v1/machines/<label>/boot
 //     (service.go; kloud mounts Provider.Handler under provider.HandlerPrefix). Its destroy-time
@@ -249,7 +251,9 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		bootEnv := maps.Clone(env)
 		bootEnv["KLOUD_DUMMY_SCRIPT"] = "${" + inst + ".output}"
 		boot := map[string]any{
-			"triggers_replace": "${" + inst + ".id}",
+			// A new script (each build mints new agent keys) boots the machine again, as a
+			// cloud replaces an instance whose user data changed.
+			"triggers_replace": []string{"${" + inst + ".id}", "${sha256(" + inst + ".output)}"},
 			"input": map[string]any{
 				"url":   kloudURL + provider.HandlerPrefix(s.b.Provider.Name) + "v1/machines/${var." + mv + "[" + idx + "]}",
 				"token": "${var." + tokenVar + "}",

@@ -37,6 +37,7 @@ type kloudEnv struct {
 	dir string
 	srv *httptest.Server
 	eng *tfrun.Engine
+	n   int // builds so far: each gets its own kite key, as kloud mints one per build
 }
 
 func newKloud(t *testing.T, o dummy.Options) *kloudEnv {
@@ -82,11 +83,13 @@ resource "terraform_data" "vm" {
 func (e *kloudEnv) template(stackID, main string, labels ...string) *provider.Template {
 	e.t.Helper()
 	sumb := sha256.Sum256([]byte(fakeKlient))
+	e.n++
+	key := fmt.Sprintf("eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJhbGljZSIsIm4iOiR%d9.c2ln", e.n)
 	bs := &provider.BaseStack{
 		Provider: e.p, StackID: stackID, Team: "default", Owner: "alice",
 		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(main)}, Variables: map[string]any{}},
 		AgentConfig: func(ctx context.Context, m *provider.MachineSpec) (userdata.Config, error) {
-			return userdata.Config{Username: "alice", KiteKey: "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJhbGljZSJ9.c2ln",
+			return userdata.Config{Username: "alice", KiteKey: key,
 				KontrolURL: e.srv.URL + "/kite", KlientURL: e.srv.URL + "/dl/klient", KlientSHA256: hex.EncodeToString(sumb[:])}, nil
 		},
 		Log: testutil.Logger(e.t),
@@ -358,5 +361,60 @@ func TestFailedBootLeavesNothing(t *testing.T) {
 	}
 	if job := e.terraform(tfrun.OpDestroy, "st6", nil); job.Status != tfrun.StatusSucceeded {
 		t.Fatalf("destroy: %s: %v", job.Status, job.Error)
+	}
+}
+
+// Building a stack again renders new agent keys, so new scripts: the machines boot again (a new
+// provisioning with the new key, the old processes gone), as a cloud replaces an instance whose
+// user data changed. Applying the same script again changes nothing.
+func TestNewScriptBootsAgain(t *testing.T) {
+	e := newKloud(t, dummy.Options{})
+	const main = `resource "terraform_data" "web" {
+  input = "#!/bin/bash\necho hi"
+}
+`
+	root := filepath.Join(e.dir, "st7", "web")
+	booted := func() (int, string) {
+		t.Helper()
+		m := e.machine("st7", "web")
+		var log string
+		var err error
+		testutil.Eventually(t, time.Minute, func() bool {
+			log, err = m.(provider.ConsoleLogger).ConsoleLog(t.Context())
+			return err == nil && strings.Contains(log, "KLOUD-PROVISION step=done status=ok")
+		}, "web did not finish provisioning: %v\n%s", err, log)
+		key, err := os.ReadFile(filepath.Join(root, userdata.KiteKeyPath))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return supervisorPID(t, root), string(key)
+	}
+	tpl := e.template("st7", main, "web")
+	if job := e.terraform(tfrun.OpApply, "st7", tpl); job.Status != tfrun.StatusSucceeded {
+		t.Fatalf("apply: %s: %v", job.Status, job.Error)
+	}
+	pid1, key1 := booted()
+
+	if job := e.terraform(tfrun.OpApply, "st7", tpl); job.Status != tfrun.StatusSucceeded {
+		t.Fatalf("apply again: %s: %v", job.Status, job.Error)
+	}
+	if pid, _ := booted(); pid != pid1 {
+		t.Fatalf("the same script booted the machine again (supervisor %d, was %d)", pid, pid1)
+	}
+
+	tpl = e.template("st7", main, "web")
+	if job := e.terraform(tfrun.OpApply, "st7", tpl); job.Status != tfrun.StatusSucceeded {
+		t.Fatalf("apply a new build: %s: %v", job.Status, job.Error)
+	}
+	pid2, key2 := booted()
+	if pid2 == pid1 || key2 == key1 {
+		t.Fatalf("not booted again: supervisor %d (was %d), key %q (was %q)", pid2, pid1, key2, key1)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return !alive(pid1) }, "the old supervisor %d still runs", pid1)
+	if job := e.terraform(tfrun.OpDestroy, "st7", nil); job.Status != tfrun.StatusSucceeded {
+		t.Fatalf("destroy: %s: %v", job.Status, job.Error)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "st7")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("left after destroy: %v", err)
 	}
 }
