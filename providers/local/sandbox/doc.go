@@ -19,6 +19,7 @@
 //	(*Manager) Start / Stop (ctx, id) (Info, error)  boot again on the same disk / end all processes
 //	(*Manager) Info(ctx, id) (Info, error)           running|stopped|absent from /proc, plus cloud-init progress
 //	(*Manager) SetTags(ctx, id, tags) (Info, error)  replace the tags (running or stopped)
+//	(*Manager) SetInstance(ctx, id, inst) (Info, error)  record the owner of a machine made without one
 //	(*Manager) Destroy(ctx, id) error                everything, idempotent
 //	(*Manager) List(ctx) / GC(ctx, keep)             GC also removes half-created machines and orphans
 //	(*Manager) Exec(ctx, id, argv...) ([]byte, error)  nsenter into a running machine
@@ -38,7 +39,9 @@
 // # State
 //
 // State lives on disk only, so any number of processes can manage the same machines and a
-// machine outlives the process that created it. StateDir/<id>/machine.json records every name a
+// machine outlives the process that created it. Each machine may record the instance that owns it
+// (Spec.Instance: kloud's instance id), so that several owners sharing a state dir can tell their
+// machines apart (GC's keep function sees it in Info.Instance). StateDir/<id>/machine.json records every name a
 // machine owns (namespace, veth, cgroup, IP) before any of it exists, plus its PID 1 and that
 // process's start time. Info derives running/stopped from /proc (a reused PID is not mistaken for
 // the machine); Destroy and GC clean up after a crash halfway through Create. flock(2) serialises
