@@ -122,7 +122,11 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 			r.mu.Unlock()
 		}()
 		log := s.log.With("job", j.ID, "kind", j.Kind, "target", j.Target)
-		go s.heartbeat(ctx, j.ID)
+		// The heartbeat lasts until the job function returns, not until its context ends: a
+		// cancelled job's failure bookkeeping (stopping terraform, retried writes) can take a
+		// while, and the job must not look orphaned meanwhile.
+		hctx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+		go s.heartbeat(hctx, j.ID)
 		var res map[string]any
 		err := func() (err error) {
 			defer func() {
@@ -133,6 +137,7 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 			res, err = fn(ctx, &jobCtx{Job: j, s: s})
 			return err
 		}()
+		stopHeartbeat()
 		ferr := s.store.Persist(ctx, "finish job "+j.ID, 0, func(ctx context.Context) error {
 			return s.store.Jobs().Finish(ctx, j.ID, err, res)
 		})
@@ -175,7 +180,14 @@ func (s *Server) recoverJobs(ctx context.Context) {
 		s.log.Error("find interrupted jobs", "err", err)
 		return
 	}
+	r := s.runner()
 	for _, o := range orphans {
+		r.mu.Lock()
+		_, running := r.cancels[o.ID]
+		r.mu.Unlock()
+		if running {
+			continue // ours, still running: its lease lapsed (a stall), it is not orphaned
+		}
 		j, err := s.store.Jobs().Start(ctx, o.ID, s.store.InstanceID())
 		if err != nil {
 			continue // another replica took it

@@ -223,7 +223,10 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		}
 	}()
 	if recovering {
-		if _, err := s.store.AcquireLease(ctx, "machine/"+id, owner, stackLeaseTTL); err != nil {
+		if j.CancelRequested {
+			return nil, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
+		}
+		if err := s.retakeLease(ctx, "machine/"+id, owner); err != nil {
 			return nil, fmt.Errorf("machine %s: %w", id, err)
 		}
 		j.Logf(ctx, "kloud restarted during this job; running it again")

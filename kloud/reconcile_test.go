@@ -409,6 +409,15 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	if _, err := sd.st.AcquireLease(t.Context(), "stack/stack-c", "old-apply", time.Hour); err != nil {
 		t.Fatal(err)
 	}
+	// A build cancelled (job.cancel) while its kloud was down: recovery must not resume it.
+	jobE := sd.job("stack-e", "old-kloud", nil)
+	if _, err := sd.st.Jobs().RequestCancel(t.Context(), jobE); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sd.st.Collection(store.CollJobs).UpdateOne(t.Context(), bson.M{"_id": jobE}, bson.M{"$set": bson.M{"leaseUntil": sd.st.Now().Add(-time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	sd.stack("stack-e", kloud.StackBuilding, jobE, map[string]provider.State{"vm": provider.Building})
 	// A machine left Starting by a start job that never got recorded, in a built stack.
 	sd.stack("stack-d", kloud.StackInitialized, "", map[string]provider.State{"vm": provider.Starting, "other": provider.Running})
 	old.Stop()
@@ -419,7 +428,7 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	f := &flowEnv{Env: e, t: t, alice: e.Dial("alice")}
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		return f.describe("stack-a").State != kloud.StackBuilding && f.describe("stack-b").State != kloud.StackDestroying &&
-			f.machines("stack-d")["vm"].State != provider.Starting
+			f.machines("stack-d")["vm"].State != provider.Starting && f.describe("stack-e").State != kloud.StackBuilding
 	}, "not reconciled")
 
 	a := f.settled("stack-a", kloud.StackFailed)
@@ -440,6 +449,12 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	d := f.machines("stack-d")
 	if d["vm"].State != provider.Unknown || d["other"].State != provider.Running {
 		t.Errorf("stack-d's machines: %+v", d)
+	}
+	if ej := f.job(jobE); ej.Status != store.JobCancelled {
+		t.Errorf("the job cancelled while kloud was down was %s after recovery: %+v", ej.Status, ej)
+	}
+	if es := f.settled("stack-e", kloud.StackFailed); !strings.Contains(es.Reason, "cancelled") || es.MachineDocs[0].State != provider.Unknown {
+		t.Errorf("stack-e: %+v", es)
 	}
 	if c := f.describe("stack-c"); c.State != kloud.StackBuilding || c.MachineDocs[0].State != provider.Building {
 		t.Errorf("stack-c, whose job is alive, was changed: %+v", c)

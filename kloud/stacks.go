@@ -407,6 +407,22 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	return map[string]string{"jobId": id}, nil
 }
 
+// retakeLease takes lease name for owner again, waiting up to 15s while someone else holds it.
+func (s *Server) retakeLease(ctx context.Context, name, owner string) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := s.store.AcquireLease(ctx, name, owner, stackLeaseTTL)
+		if err == nil || !errors.Is(err, store.ErrLocked) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
 // keepLease renews a stack or machine lease until ctx ends, then releases it.
 func (s *Server) keepLease(ctx context.Context, name, owner string) (stop func()) {
 	lctx, cancel := context.WithCancel(ctx)
@@ -452,8 +468,13 @@ func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) 
 		}
 	}()
 	if recovering {
+		if j.CancelRequested {
+			return nil, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
+		}
 		// The lease may still be ours (same owner) or have expired: take it again either way.
-		if _, err := s.store.AcquireLease(ctx, "stack/"+stackID, owner, stackLeaseTTL); err != nil {
+		// Someone may hold it for a moment (a stack.apply or stack.reset that looks, finds this
+		// job live, and lets go): try for a while.
+		if err := s.retakeLease(ctx, "stack/"+stackID, owner); err != nil {
 			return nil, fmt.Errorf("stack %s: %w", stackID, err)
 		}
 		j.Logf(ctx, "kloud restarted during this job; resuming")
