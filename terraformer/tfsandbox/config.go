@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -120,10 +121,32 @@ func CLIConfigPaths(path string) ([]string, error) {
 			if _, err := os.Stat(p); err != nil {
 				continue
 			}
-			out = append(out, filepath.Clean(p))
+			p = filepath.Clean(p)
+			out = append(out, p)
+			out = append(out, linkTargets(p)...)
 		}
 	}
 	return out, nil
+}
+
+// linkTargets returns where the symlinks under dir point outside dir (a provider in a mirror may
+// be a symlink to its build), so that they resolve in the sandbox too.
+func linkTargets(dir string) []string {
+	var out []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.Type()&fs.ModeSymlink == 0 {
+			return nil
+		}
+		target, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return nil
+		}
+		if rel, err := filepath.Rel(dir, target); err != nil || strings.HasPrefix(rel, "..") {
+			out = append(out, target)
+		}
+		return nil
+	})
+	return out
 }
 
 func stripComments(b []byte) []byte {
