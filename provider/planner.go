@@ -44,9 +44,10 @@ type Expect struct {
 	// the machine as soon as a step failed (see ParseBootFailure), instead of at the timeout.
 	Machine Machine
 	// Fresh says the machine was just created (a build): everything in its console is from
-	// this boot, so a failure already there counts. Otherwise (a start of an existing machine,
-	// whose console still holds its first boot's provisioning) only a failure that shows up
-	// while the planner waits counts.
+	// this boot, so any failure already there counts. Otherwise the console may still hold an
+	// earlier boot's provisioning (a start of an existing machine): a user script's failure
+	// already there when the planner first looks is not this boot's (failures before the agent
+	// started are: a machine whose agent never started is not started again, it is rebuilt).
 	Fresh bool
 }
 
@@ -283,7 +284,9 @@ func (p *Planner) watchConsole(ctx context.Context, e Expect) consoleFailure {
 				if f != nil && f.Retrying {
 					baseline = f.Attempts
 				}
-				if !e.Fresh {
+				// Only a machine whose agent once started can be started again: what a
+				// console shows of an earlier boot is a user script's failure, if anything.
+				if !e.Fresh && f != nil && f.Step == StepUserScript {
 					old = f
 				}
 			}

@@ -223,22 +223,34 @@ func TestPlannerFailsFromConsole(t *testing.T) {
 	}
 }
 
-// TestPlannerOldConsoleFailure: a machine that is not fresh (a start) is not failed for what
-// its console shows of an earlier boot; a machine without ConsoleLog is waited for as before.
+// TestPlannerOldConsoleFailure: a machine that is not fresh (a start) is not failed for the user
+// script failure its console shows of an earlier boot, a fresh one is; a failure before the agent
+// started counts either way; a machine without ConsoleLog is waited for as before.
 func TestPlannerOldConsoleFailure(t *testing.T) {
 	t.Parallel()
-	url, _ := klientServer(t)
-	m := boot(t, userdata.Config{KlientURL: url, KlientSHA256: strings.Repeat("0", 64)})
-	m.waitFailure(20 * time.Second)
+	url, sum := klientServer(t)
+	script := boot(t, userdata.Config{KlientURL: url, KlientSHA256: sum, UserData: "#!/bin/bash\nexit 3\n"})
+	script.waitFailure(20 * time.Second)
+	checksum := boot(t, userdata.Config{KlientURL: url, KlientSHA256: strings.Repeat("0", 64)})
+	checksum.waitFailure(20 * time.Second)
 	pl := &provider.Planner{Agents: neverAgents{}, Timeout: 3 * time.Second, Log: testutil.Logger(t)}
-	for _, e := range []provider.Expect{
-		{Label: "started", KiteID: "k1", Machine: m},
-		{Label: "no-console", KiteID: "k2", Machine: noConsole{}},
+	for _, tc := range []struct {
+		e        provider.Expect
+		failStep string // "" = waits for the timeout
+	}{
+		{provider.Expect{Label: "started", KiteID: "k1", Machine: script}, ""},
+		{provider.Expect{Label: "built", KiteID: "k2", Machine: script, Fresh: true}, provider.StepUserScript},
+		{provider.Expect{Label: "checksum", KiteID: "k3", Machine: checksum}, provider.StepDownload},
+		{provider.Expect{Label: "no-console", KiteID: "k4", Machine: noConsole{}}, ""},
 	} {
 		start := time.Now()
-		r := pl.Wait(t.Context(), []provider.Expect{e}, nil)[0]
-		if took := time.Since(start); took < 3*time.Second || r.OK || !strings.Contains(r.Err.Error(), "did not register within 3s") {
-			t.Errorf("%s: after %s: %+v", e.Label, took, r)
+		r := pl.Wait(t.Context(), []provider.Expect{tc.e}, nil)[0]
+		took := time.Since(start)
+		switch {
+		case tc.failStep == "" && (took < 3*time.Second || r.OK || !strings.Contains(r.Err.Error(), "did not register within 3s")):
+			t.Errorf("%s: after %s: %+v", tc.e.Label, took, r)
+		case tc.failStep != "" && (took > 2*time.Second || r.OK || r.Step != tc.failStep || !strings.Contains(r.Err.Error(), "failed inside the machine")):
+			t.Errorf("%s: after %s: %+v", tc.e.Label, took, r)
 		}
 	}
 }
