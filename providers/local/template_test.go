@@ -8,8 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 )
 
@@ -213,6 +215,60 @@ resource "kloudlocal_machine" "web" {
 		cmd.Dir, cmd.Env = dir, env
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("terraform %s: %s\n%s\nfiles: %s", args[0], err, out, files)
+		}
+	}
+}
+
+// ApplyTemplate hands the stack's token to the generated provider block only, as a sensitive
+// variable; a template may neither declare that variable nor use it anywhere else.
+func TestApplyTemplateToken(t *testing.T) {
+	testutil.RequireRoot(t)
+	if err := sandbox.Available(); err != nil {
+		testutil.Unavailable(t, "%s", err)
+	}
+	l, err := New(Options{StateDir: t.TempDir(), BaseImage: "/nonexistent", Instance: "kloud-t", Endpoint: "http://127.0.0.1:7000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(src string) (*provider.Template, error) {
+		st, err := l.Provider().Stack(&provider.BaseStack{Provider: l.Provider(), StackID: "st1",
+			Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}, Variables: map[string]any{}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.ApplyTemplate(t.Context(), nil)
+	}
+	tpl, err := apply(machineTF)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _ := tpl.Variables[TokenVar].(string)
+	c, err := l.parseToken(tok)
+	if err != nil || c.Stack != "st1" || len(c.Machines) != 0 || c.Instance != "kloud-t" {
+		t.Fatalf("token %q: %+v %v", tok, c, err)
+	}
+	cfg, err := tmpl.Parse(tpl.Files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, v := range cfg.Variables() {
+		if v.Name == TokenVar {
+			found = v.Sensitive && v.File == tmpl.GeneratedFile
+		}
+	}
+	if !found {
+		t.Errorf("%s is not declared sensitive in %s:\n%s", TokenVar, tmpl.GeneratedFile, tpl.Files[tmpl.GeneratedFile])
+	}
+	for name, src := range map[string]string{
+		"declared by the template": "variable \"kloud_local_token\" {\n  sensitive = true\n}\n" + machineTF,
+		"used in a resource":       "resource \"kloudlocal_machine\" \"x\" {\n  hostname  = \"x\"\n  user_data = var.kloud_local_token\n}\n",
+		"used in an output":        machineTF + `output "t" { value = var.kloud_local_token }`,
+	} {
+		if _, err := apply(src); err == nil || !strings.Contains(err.Error(), "main.tf:") || !strings.Contains(err.Error(), TokenVar) {
+			t.Errorf("%s: %v, want an error naming main.tf and %s", name, err, TokenVar)
+		} else {
+			t.Logf("%s: %v", name, err)
 		}
 	}
 }
