@@ -51,7 +51,10 @@ signing keys at /kite/keys, the klient download at /dl/klient and the web UI at 
 
 On first start it creates the store (embedded unless --mongo-url), kontrol's signing keys, an
 admin kite key and kloud's own key in the data directory, and prints where. Unless
---terraformer-url is given, it starts a terraformer next to it and stops it on exit.`,
+--terraformer-url is given, it starts a terraformer next to it, restarts it when it exits (with
+backoff, logged with the cause; meanwhile calls that need it fail with "terraformer
+unavailable"), and stops it on exit. It warns at startup when a provider's machines could not
+reach the address it listens on (e.g. --addr 127.0.0.1:7000 with local machines).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd, g, f) },
 	}
