@@ -1,0 +1,67 @@
+package cli_test
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/cli"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// TestStackResetCommand: `kloud stack reset` as the administrator moves a stuck stack to Failed
+// and `stack describe` shows the audit record; a member (the stack's owner) is refused, and so
+// is a reset without --reason.
+func TestStackResetCommand(t *testing.T) {
+	kloudDir := t.TempDir()
+	e := kloudtest.Start(t, kloudtest.Options{DataDir: kloudDir})
+	run := func(args ...string) (int, string, string) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		code := cli.Run(t.Context(), append(args, "--url", e.URL, "--data-dir", kloudDir), &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	aliceKey := filepath.Join(t.TempDir(), "alice.key")
+	must := func(code int, stdout, stderr string) string {
+		t.Helper()
+		if code != 0 {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		}
+		return stdout
+	}
+	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("key", "create", "--username", "alice", "--out", aliceKey))
+
+	// A stack an older kloud left Building, with no job.
+	now := e.Server.Store().Now()
+	m := kloud.Machine{ID: store.NewID(), Label: "vm", Resource: "vm", Provider: "dummy", Owner: "alice", Team: kloud.DefaultTeam,
+		State: provider.Building, CreatedAt: now, UpdatedAt: now}
+	st := kloud.Stack{ID: store.NewID(), Title: "stuck", Team: kloud.DefaultTeam, Owner: "alice", State: kloud.StackBuilding,
+		Machines: []string{m.ID}, CreatedAt: now, UpdatedAt: now}
+	m.StackID = st.ID
+	if _, err := e.Server.Store().Collection(store.CollMachines).InsertOne(t.Context(), m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Server.Store().Collection(store.CollStacks).InsertOne(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+
+	if code, _, stderr := run("stack", "reset", st.ID, "--reason", "mine", "--key", aliceKey); code == 0 || !strings.Contains(stderr, "administrators") {
+		t.Fatalf("member's reset: exit %d: %s", code, stderr)
+	}
+	if code, _, stderr := run("stack", "reset", st.ID); code == 0 || !strings.Contains(stderr, "reason") {
+		t.Fatalf("reset without a reason: exit %d: %s", code, stderr)
+	}
+	out := must(run("stack", "reset", st.ID, "--reason", "INC-7 stuck since the upgrade"))
+	if !strings.Contains(out, "is Failed") || !strings.Contains(out, "by admin") || !strings.Contains(out, "Unknown") {
+		t.Fatalf("reset:\n%s", out)
+	}
+	out = must(run("stack", "describe", st.ID, "--key", aliceKey))
+	if !strings.Contains(out, "reset: ") || !strings.Contains(out, "to Failed: INC-7 stuck since the upgrade") || !strings.Contains(out, "by admin from") {
+		t.Fatalf("describe after reset:\n%s", out)
+	}
+}
