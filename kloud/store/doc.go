@@ -1,8 +1,10 @@
 // Package store is kloud's persistence: one MongoDB database (go.mongodb.org/mongo-driver/v2)
 // holding users, teams, credentials, templates, stacks, machines, durable jobs, leases, signing
 // keys, token revocations and kite presence records. Start reading at [Open] (store.go); then
-// [Store.AcquireLease] (lease.go), [Store.Transition] (transition.go), [Jobs] (jobs.go),
-// [Store.Seal] (seal.go), [Keys] and [Revocations] (keys.go) and [Kites] (kites.go).
+// [Store.AcquireLease] (lease.go), [Store.Transition] and [Store.TransitionIf] (transition.go),
+// [Store.Persist] (persist.go: bookkeeping writes that must land, retried with their own
+// context), [Jobs] (jobs.go), [Store.Seal] (seal.go), [Keys] and [Revocations] (keys.go) and
+// [Kites] (kites.go).
 //
 // # Two backends, one code path
 //
