@@ -78,7 +78,9 @@ func init() {
 			return
 		}
 		// Startup sweep: this instance's machines of stacks kloud no longer has (a crash between
-		// terraform and the store, or a data dir reset) are removed; other klouds' are not.
+		// terraform and the store) are removed; other klouds' are not. A data dir that was reset
+		// has a new instance id, so the machines of the old one stay: kloud cannot tell them from
+		// another kloud's (sandbox.Manager.List shows them, with their instance).
 		gone, err := l.GC(ctx, func(stackID, machineID string) bool {
 			n, err := s.Store().Collection(store.CollMachines).CountDocuments(ctx, bson.M{"_id": machineID, "stackId": stackID})
 			return err != nil || n > 0 // when in doubt, keep
