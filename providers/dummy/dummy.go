@@ -13,24 +13,28 @@
 // A machine must outlive that, so the provider boots it in kloud's own process, and Terraform
 // only triggers it (the pattern of the local provider's machine service, for a test provider):
 //
-//   - ApplyTemplate adds, per machine resource, a generated `terraform_data.kloud_boot_<name>`
-//     (kloud's own file kloud_dummy.tf.json, not the user's) that is replaced with its machine
-//     and whenever the machine's script changes (every build renders new agent keys, so building
-//     a stack again boots its machines again, and the planner sees their new agents).
-//     Its create-time local-exec POSTs the machine's script, read from the machine resource's
-//     `output`, with curl to kloud's HTTP server: <kloud>/provider/<name>/v1/machines/<label>/boot
-//     (service.go; kloud mounts Provider.Handler under provider.HandlerPrefix). Its destroy-time
-//     local-exec POSTs .../machines/<label>/destroy.
+//   - ApplyTemplate adds, per machine resource, two generated resources (kloud's own file
+//     kloud_dummy.tf.json, not the user's), replaced with their machine and whenever the
+//     machine's script changes (every build renders new agent keys, so building a stack again
+//     boots its machines again, and the planner sees their new agents):
+//     `terraform_data.kloud_machine_<name>`, whose destroy-time local-exec POSTs with curl to
+//     kloud's HTTP server: <kloud>/provider/<name>/v1/machines/<label>/destroy; and, created after
+//     it, `terraform_data.kloud_boot_<name>`, whose create-time local-exec POSTs the machine's
+//     script, read from the machine resource's `output`, to .../machines/<label>/boot. Two
+//     resources because an interrupted or failed create-time provisioner leaves its resource
+//     tainted, and terraform runs no destroy-time provisioner of a tainted resource:
+//     kloud_machine_<name> has no create-time provisioner, so it is never tainted, and destroy
+//     always reaches the service (kloud mounts Provider.Handler under provider.HandlerPrefix).
 //   - Both carry a bearer token minted by ApplyTemplate for that one stack build, given to
-//     Terraform as a sensitive variable (and kept in the boot resource's input, which is all a
-//     destroy-time provisioner may read). It is HMAC-signed with a key kept in Dir (mode 0600,
+//     Terraform as a sensitive variable (and kept in kloud_machine_<name>'s input, which is all
+//     a destroy-time provisioner may read). It is HMAC-signed with a key kept in Dir (mode 0600,
 //     so it survives a kloud restart, and Terraform's sandbox cannot read it) and names the stack
 //     and, per machine label, the sha256 of the script kloud rendered for it: boot runs only
 //     those exact scripts, only until the token expires (Options.TokenTTL); destroy accepts an
 //     expired token of the stack (a stack is destroyed long after it was built), for the labels
 //     it names only.
-//   - Boot runs the script with bash in kloud's process (so klient and the user's script are
-//     kloud's descendants, not Terraform's): it writes the kite key and provision.sh under the
+//   - Boot runs the script with bash from kloud's process (so klient and the user's script are
+//     started by kloud, in its pid namespace, not in Terraform's): it writes the kite key and provision.sh under the
 //     machine's root and starts provision.sh detached (setsid), which downloads klient from
 //     kloud (checksum checked), starts it under a restart loop, and runs the user's script,
 //     exactly what cloud-init does on a VM. So the planner and the whole build flow are tested
@@ -130,6 +134,26 @@ type dummy struct {
 
 	keyMu sync.Mutex
 	key   []byte // the token key, loaded or made on first use
+
+	busyMu sync.Mutex
+	busy   map[string]*sync.Mutex // machine root → held while it boots or is destroyed
+}
+
+// lockMachine serializes boot and destroy of one machine (a destroy may come while a boot whose
+// curl terraform gave up on still runs).
+func (d *dummy) lockMachine(root string) func() {
+	d.busyMu.Lock()
+	if d.busy == nil {
+		d.busy = map[string]*sync.Mutex{}
+	}
+	mu, ok := d.busy[root]
+	if !ok {
+		mu = &sync.Mutex{}
+		d.busy[root] = mu
+	}
+	d.busyMu.Unlock()
+	mu.Lock()
+	return mu.Unlock
 }
 
 func (d *dummy) fail(method string) error {
@@ -180,7 +204,8 @@ const (
 	generatedFile = "kloud_dummy.tf.json"
 	tokenVar      = "kloud_dummy_token"
 	machinesVar   = "kloud_dummy_machines_" // + resource: the labels in count order
-	bootResource  = "kloud_boot_"           // + resource
+	lifeResource  = "kloud_machine_"        // + resource: destroys the machine when it goes
+	bootResource  = "kloud_boot_"           // + resource: boots it when created
 )
 
 // The generated provisioners' commands: $KLOUD_DUMMY_URL is the machine's URL in the service.
@@ -247,25 +272,37 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		}
 		vars[mv] = map[string]any{"type": "list(string)"}
 		s.b.Template.Variables[mv] = labels[name]
-		env := map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}"}
-		bootEnv := maps.Clone(env)
-		bootEnv["KLOUD_DUMMY_SCRIPT"] = "${" + inst + ".output}"
-		boot := map[string]any{
-			// A new script (each build mints new agent keys) boots the machine again, as a
-			// cloud replaces an instance whose user data changed.
-			"triggers_replace": []string{"${" + inst + ".id}", "${sha256(" + inst + ".output)}"},
+		// A new script (each build mints new agent keys) boots the machine again, as a cloud
+		// replaces an instance whose user data changed.
+		triggers := []string{"${" + inst + ".id}", "${sha256(" + inst + ".output)}"}
+		life := map[string]any{
+			"triggers_replace": triggers,
 			"input": map[string]any{
 				"url":   kloudURL + provider.HandlerPrefix(s.b.Provider.Name) + "v1/machines/${var." + mv + "[" + idx + "]}",
 				"token": "${var." + tokenVar + "}",
 			},
-			"provisioner": []any{
-				map[string]any{"local-exec": map[string]any{"command": bootCommand, "interpreter": []string{"/bin/bash", "-c"}, "environment": bootEnv}},
-				map[string]any{"local-exec": map[string]any{"when": "destroy", "command": destroyCommand, "interpreter": []string{"/bin/bash", "-c"}, "environment": env}},
-			},
+			"provisioner": []any{map[string]any{"local-exec": map[string]any{
+				"when": "destroy", "command": destroyCommand, "interpreter": []string{"/bin/bash", "-c"},
+				"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}"},
+			}}},
+		}
+		lifeInst := "terraform_data." + lifeResource + name
+		if counted[name] {
+			lifeInst += "[count.index]"
+		}
+		boot := map[string]any{
+			"triggers_replace": triggers,
+			"input":            "${" + lifeInst + ".output}", // url and token; and boot after life
+			"provisioner": []any{map[string]any{"local-exec": map[string]any{
+				"command": bootCommand, "interpreter": []string{"/bin/bash", "-c"},
+				"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}", "KLOUD_DUMMY_SCRIPT": "${" + inst + ".output}"},
+			}}},
 		}
 		if counted[name] {
+			life["count"] = len(labels[name])
 			boot["count"] = len(labels[name])
 		}
+		res[lifeResource+name] = life
 		res[bootResource+name] = boot
 	}
 	b, err := json.MarshalIndent(map[string]any{"variable": vars, "resource": map[string]any{"terraform_data": res}}, "", "  ")

@@ -202,7 +202,10 @@ func (d *dummy) serveBoot(w http.ResponseWriter, r *http.Request) {
 	// started in the background.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Minute)
 	defer cancel()
-	if err := d.boot(ctx, c.Stack, label, script); err != nil {
+	unlock := d.lockMachine(d.root(c.Stack, label))
+	err = d.boot(ctx, c.Stack, label, script)
+	unlock()
+	if err != nil {
 		log.Warn("boot", "err", err)
 		httpError(w, http.StatusInternalServerError, err)
 		return
@@ -218,7 +221,10 @@ func (d *dummy) serveDestroy(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
 	defer cancel()
-	if err := d.destroy(ctx, c.Stack, label); err != nil {
+	unlock := d.lockMachine(d.root(c.Stack, label))
+	err := d.destroy(ctx, c.Stack, label)
+	unlock()
+	if err != nil {
 		d.o.Logger.Warn("destroy", "stack", c.Stack, "machine", label, "err", err)
 		httpError(w, http.StatusInternalServerError, err)
 		return
