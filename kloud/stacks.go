@@ -511,7 +511,7 @@ func (s *Server) exitStack(ctx context.Context, j *jobCtx, stackID, during strin
 		return
 	}
 	reason := jobErr.Error()
-	if ctx.Err() != nil {
+	if ctx.Err() != nil && !strings.Contains(reason, "cancelled") {
 		reason = "cancelled: " + reason
 	}
 	var moved bool
