@@ -15,7 +15,10 @@ import (
 // job in the store and returns its id at once; the work runs here, holding the job's runner lease
 // (renewed by every progress update and a heartbeat). When kloud restarts, jobs whose runner is
 // gone are handed to their kind's recover function, which resumes them or fails them with a
-// reason and puts machines back into an honest state.
+// reason and puts machines back into an honest state. A job's bookkeeping (its log, progress,
+// final states, Finish) is written with a context of its own and retried (store.Store.Persist),
+// so a cancelled job still records how it ended; what a crash leaves anyway is found by the
+// reconciler (reconcile.go).
 
 // jobKind is how one kind of job runs and recovers.
 type jobKind struct {
