@@ -138,6 +138,9 @@ resource "terraform_data" "vm" {
 	if out := e.run("stack", "plan", "--template", tid); !strings.Contains(out, "vm") {
 		t.Fatalf("plan:\n%s", out)
 	}
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	sid := created.Stack.ID
 	tf := terraformerChild(t, e.kloud.Process.Pid)
 
 	// Kill it and take its address, so the restarts fail (the address is in use) until we let
@@ -181,14 +184,23 @@ resource "terraform_data" "vm" {
 	if took > 5*time.Second {
 		t.Errorf("plan while terraformer is down failed after %s, not at once", took)
 	}
-	var created struct{ Stack struct{ ID string } }
 	if out, err := e.try("stack", "create", "--template", tid); err == nil || !strings.Contains(out, "terraformer unavailable") {
 		t.Fatalf("create while terraformer is down: %v\n%s", err, out)
 	}
-	log := e.kloudOut.String()
-	if !strings.Contains(log, "terraformer exited; restarting it") || !strings.Contains(log, `cause="signal: killed"`) {
-		t.Fatalf("kloud did not log terraformer's exit and its cause:\n%s", log)
+	for _, verb := range []string{"apply", "destroy"} {
+		start := time.Now()
+		out, err := e.try("stack", verb, sid)
+		t.Logf("%s while terraformer is down (%s): %v\n%s", verb, time.Since(start), err, out)
+		if err == nil || !strings.Contains(out, "terraformer unavailable") || time.Since(start) > 20*time.Second {
+			t.Fatalf("%s while terraformer is down: want it to fail at once with terraformer unavailable, got %v\n%s", verb, err, out)
+		}
 	}
+	// kloud logs the exit with its cause, and each restart (failing while we hold the address).
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		log := e.kloudOut.String()
+		return strings.Contains(log, `msg="terraformer exited"`) && strings.Contains(log, `cause="signal: killed"`) &&
+			strings.Contains(log, `msg="restarting terraformer"`) && strings.Contains(log, `msg="terraformer restart failed"`)
+	}, "kloud did not log terraformer's exit, its cause and the restarts:\n%s", e.kloudOut)
 
 	release()
 	back := time.Now()
@@ -208,8 +220,6 @@ resource "terraform_data" "vm" {
 	}
 
 	// The next build and destroy go through the new terraformer.
-	e.runJSON(&created, "stack", "create", "--template", tid)
-	sid := created.Stack.ID
 	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
 		t.Fatalf("apply:\n%s", out)
 	}

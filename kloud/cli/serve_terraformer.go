@@ -171,14 +171,14 @@ func (s *tfSupervisor) spawn(ctx context.Context) (*proc, error) {
 			// Ours, not another process on that address: ours is still running a moment later.
 			select {
 			case <-p.exited:
-				return nil, fmt.Errorf("terraformer (pid %d) exited at start (%s); see its output above", p.pid, exitCause(p.err))
+				return nil, fmt.Errorf("terraformer (pid %d) exited at start (%s); see its output", p.pid, exitCause(p.err))
 			case <-time.After(200 * time.Millisecond):
 			}
 			return p, nil
 		}
 		select {
 		case <-p.exited:
-			return nil, fmt.Errorf("terraformer (pid %d) exited at start (%s); see its output above", p.pid, exitCause(p.err))
+			return nil, fmt.Errorf("terraformer (pid %d) exited at start (%s); see its output", p.pid, exitCause(p.err))
 		case <-s.stopc:
 			s.kill(p)
 			return nil, errors.New("terraformer: stopped while starting")
@@ -232,6 +232,8 @@ func (s *tfSupervisor) loop(p *proc) {
 		}
 		s.setPID(0)
 		cause := exitCause(p.err)
+		what := fmt.Sprintf("terraformer (pid %d) exited (%s)", p.pid, cause)
+		s.Log.Error("terraformer exited", "pid", p.pid, "cause", cause)
 		if time.Since(upSince) >= s.ResetAfter {
 			attempt = 0
 		}
@@ -239,14 +241,14 @@ func (s *tfSupervisor) loop(p *proc) {
 		for {
 			delay := s.backoff(attempt)
 			attempt++
-			s.Log.Error("terraformer exited; restarting it", "pid", p.pid, "cause", cause, "restart_in", delay, "attempt", attempt)
-			s.down(fmt.Errorf("terraformer (pid %d) exited (%s); restarting it in %s", p.pid, cause, delay.Round(time.Millisecond)))
+			s.Log.Warn("restarting terraformer", "in", delay, "attempt", attempt, "after", what)
+			s.down(fmt.Errorf("%s; restarting it in %s", what, delay.Round(time.Millisecond)))
 			select {
 			case <-s.stopc:
 				return
 			case <-time.After(delay):
 			}
-			s.down(fmt.Errorf("terraformer (pid %d) exited (%s); starting a new one", p.pid, cause))
+			s.down(fmt.Errorf("%s; starting a new one", what))
 			np, err := s.spawn(context.Background())
 			if err != nil {
 				select {
@@ -254,7 +256,8 @@ func (s *tfSupervisor) loop(p *proc) {
 					return
 				default:
 				}
-				cause = err.Error()
+				what = "restart failed: " + err.Error()
+				s.Log.Error("terraformer restart failed", "attempt", attempt, "err", err)
 				continue
 			}
 			p = np

@@ -104,7 +104,7 @@ func TestSupervisorRestarts(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	if l := logs.String(); strings.Count(l, "terraformer exited; restarting it") != 3 || !strings.Contains(l, `cause="signal: killed"`) ||
+	if l := logs.String(); strings.Count(l, `msg="terraformer exited"`) != 3 || strings.Count(l, `msg="restarting terraformer"`) != 3 || !strings.Contains(l, `cause="signal: killed"`) ||
 		strings.Count(l, "terraformer restarted") != 3 {
 		t.Errorf("log:\n%s", l)
 	}
