@@ -129,7 +129,7 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 		// cancelled job's failure bookkeeping (stopping terraform, retried writes) can take a
 		// while, and the job must not look orphaned meanwhile.
 		hctx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
-		go s.heartbeat(hctx, j.ID)
+		go s.heartbeat(hctx, j.ID, cancel)
 		var res map[string]any
 		err := func() (err error) {
 			defer func() {
@@ -156,7 +156,10 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 	}()
 }
 
-func (s *Server) heartbeat(ctx context.Context, id string) {
+// heartbeat keeps the job's runner lease until ctx ends. It stops the job (cancelJob) when a
+// cancel was requested through another kloud (job.cancel only reaches the runner's context in
+// the process that got the call) or when this process lost the job to another runner.
+func (s *Server) heartbeat(ctx context.Context, id string, cancelJob context.CancelFunc) {
 	lease := s.opts.JobLease
 	if lease <= 0 {
 		lease = 30 * time.Second
@@ -168,8 +171,19 @@ func (s *Server) heartbeat(ctx context.Context, id string) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := s.store.Jobs().Heartbeat(ctx, id, s.store.InstanceID()); err != nil && ctx.Err() == nil {
+			err := s.store.Jobs().Heartbeat(ctx, id, s.store.InstanceID())
+			switch {
+			case ctx.Err() != nil:
+				return
+			case errors.Is(err, store.ErrLeaseLost):
+				s.log.Warn("job taken over or ended elsewhere; stopping it here", "job", id, "err", err)
+				cancelJob()
+			case err != nil:
 				s.log.Warn("job heartbeat", "job", id, "err", err)
+			default:
+				if j, err := s.store.Jobs().Get(ctx, id); err == nil && j.CancelRequested {
+					cancelJob()
+				}
 			}
 		}
 	}

@@ -549,3 +549,24 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 		t.Fatalf("reset to NotInitialized of a stack terraform ran for: %v", err)
 	}
 }
+
+// TestCancelRequestedThroughAnotherKloud: a cancel recorded in the store by another replica
+// (job.cancel there cannot reach this process's job context) stops the job here too, at its
+// next heartbeat, and the stack ends Failed.
+func TestCancelRequestedThroughAnotherKloud(t *testing.T) {
+	f, g := newGatedFlow(t, dummy.Options{})
+	f.credential()
+	sid, _ := f.stack(f.template(oneVM))
+	g.close("apply")
+	job := f.apply(sid, false)
+	g.waitEntered(t, "apply")
+	if _, err := f.Server.Store().Jobs().RequestCancel(t.Context(), job); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if last := f.follow(job); last.Status != "cancelled" {
+		t.Fatalf("build cancelled elsewhere: %+v", last)
+	}
+	t.Logf("stopped %s after the cancel was recorded", time.Since(start))
+	f.settled(sid, kloud.StackFailed)
+}
