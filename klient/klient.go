@@ -221,7 +221,13 @@ type Info struct {
 	StartedAt  time.Time       `json:"startedAt"`
 	Provision  *ProvisionState `json:"provision,omitempty"`
 	KontrolURL string          `json:"kontrolURL"`
+	// Features lists what this klient does that older ones did not (kloud adapts to old agents).
+	Features []string `json:"features,omitempty"`
 }
+
+// FeatureOwnAccountShells: a terminal share's shells run as the user's own account, not the
+// owner's. kloud pushes terminal grants to klients without it as readonly.
+const FeatureOwnAccountShells = "ownAccountShells"
 
 var started = time.Now().UTC()
 
@@ -230,5 +236,6 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
+		Features: []string{FeatureOwnAccountShells},
 	}, nil
 }

@@ -2,6 +2,7 @@ package kloud_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -197,5 +198,68 @@ func TestShareReachesOnlyThatMachine(t *testing.T) {
 	kloudtest.Call(t, bob, "kontrol.query", kontrol.QueryParams{Query: kite.Identity{}}, &res)
 	if len(res.Kites) != 1 || res.Kites[0].Kite.ID != ids["m1"] {
 		t.Fatalf("bob sees %+v, want only m1's agent", res.Kites)
+	}
+}
+
+// TestOldKlientGetsTerminalSharesAsReadonly: a machine whose klient predates own-account shells
+// (its klient.info lists no ownAccountShells) would give a terminal share the owner's account,
+// so kloud pushes it terminal grants as readonly; a current klient gets them as they are.
+func TestOldKlientGetsTerminalSharesAsReadonly(t *testing.T) {
+	e := kloudtest.Start(t, kloudtest.Options{})
+	ctx := t.Context()
+	for _, c := range []struct {
+		name     string
+		features []string
+		want     string
+	}{{"old klient", nil, kloud.GrantReadonly}, {"current klient", []string{"ownAccountShells"}, kloud.GrantTerminal}} {
+		t.Run(c.name, func(t *testing.T) {
+			mid := strings.ReplaceAll(c.name, " ", "-")
+			key, id, err := e.Server.Kontrol.CreateAgentKey(kitekey.AgentKeySpec{Owner: "alice", MachineID: mid, StackID: "s1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			doc := kloud.Machine{ID: mid, StackID: "s1", Label: mid, Owner: "alice", Team: kloud.DefaultTeam, State: "Running", KiteID: id,
+				Shares: []kloud.Share{{Username: "bob", Grant: kloud.GrantTerminal}, {Username: "zoe", Grant: kloud.GrantFull}}, CreatedAt: time.Now(), UpdatedAt: time.Now()}
+			if _, err := e.Server.Store().Collection(store.CollMachines).InsertOne(ctx, doc); err != nil {
+				t.Fatal(err)
+			}
+			pushed := make(chan []kloud.Share, 1)
+			k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "klient"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { k.Close() })
+			k.HandleFunc("klient.info", func(context.Context, *kite.Request) (any, error) {
+				return map[string]any{"kiteId": id, "features": c.features}, nil
+			})
+			k.HandleFunc("klient.setShares", func(_ context.Context, r *kite.Request) (any, error) {
+				var p struct {
+					Shares []kloud.Share `json:"shares"`
+					Token  string        `json:"token"`
+				}
+				if err := r.Bind(&p); err != nil {
+					return nil, err
+				}
+				pushed <- p.Shares
+				return map[string]any{}, nil
+			})
+			conn, err := k.Dial(ctx, e.URL+"/kite", kite.Auth{Type: kite.AuthKiteKey, Key: key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			kloudtest.Call(t, conn, "kontrol.register", kontrol.RegisterParams{}, nil)
+			select {
+			case sh := <-pushed:
+				got := map[string]string{}
+				for _, s := range sh {
+					got[s.Username] = s.Grant
+				}
+				if got["bob"] != c.want || got["zoe"] != kloud.GrantFull {
+					t.Fatalf("pushed %+v, want bob %s and zoe full", sh, c.want)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("kloud pushed no shares when the agent registered")
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -164,7 +165,36 @@ func (s *Server) pushShares(ctx context.Context, m *Machine) error {
 	if shares == nil {
 		shares = []Share{}
 	}
+	if !agentHas(ctx, conn, featureOwnAccountShells) {
+		// A klient from before own-account shells gives a terminal share the owner's account
+		// (with sudo, so the machine's key): it gets terminal grants as readonly until the
+		// machine is rebuilt with a current klient.
+		down := make([]Share, len(shares))
+		for i, sh := range shares {
+			down[i] = sh
+			if sh.Grant == GrantTerminal {
+				down[i].Grant = GrantReadonly
+				s.log.Warn("the machine's klient predates own-account shells: its terminal share is enforced as readonly until the machine is rebuilt",
+					"machine", m.ID, "user", sh.Username)
+			}
+		}
+		shares = down
+	}
 	return conn.Call(ctx, "klient.setShares", map[string]any{"shares": shares, "token": tok}, nil)
+}
+
+// featureOwnAccountShells is klient.FeatureOwnAccountShells (kloud does not link klient).
+const featureOwnAccountShells = "ownAccountShells"
+
+// agentHas reports whether the agent on conn lists feature in its klient.info.
+func agentHas(ctx context.Context, conn *kite.Conn, feature string) bool {
+	var info struct {
+		Features []string `json:"features"`
+	}
+	if err := conn.Call(ctx, "klient.info", nil, &info); err != nil {
+		return false
+	}
+	return slices.Contains(info.Features, feature)
 }
 
 // pushSharesOnRegister re-pushes a machine's share list when its agent (re)registers, so a list
