@@ -38,6 +38,8 @@ type kloudEnv struct {
 	srv *httptest.Server
 	eng *tfrun.Engine
 	n   int // builds so far: each gets its own kite key, as kloud mints one per build
+	// noSandbox runs terraform without terraformer's sandbox (terraformer --insecure-no-sandbox).
+	noSandbox bool
 }
 
 func newKloud(t *testing.T, o dummy.Options) *kloudEnv {
@@ -119,7 +121,7 @@ func (e *kloudEnv) template(stackID, main string, labels ...string) *provider.Te
 func (e *kloudEnv) terraform(op tfrun.Op, stackID string, tpl *provider.Template) *tfrun.Job {
 	e.t.Helper()
 	if e.eng == nil {
-		e.eng = tfruntest.NewEngine(e.t, tfrun.Options{})
+		e.eng = tfruntest.NewEngine(e.t, tfrun.Options{InsecureNoSandbox: e.noSandbox})
 	}
 	req := tfrun.Request{Op: op, ContentID: "stack-" + stackID}
 	if tpl != nil {
@@ -157,9 +159,16 @@ func supervisorPID(t *testing.T, root string) int {
 // A real terraform apply boots the machines through the provider's service: the boot
 // resources are in terraform's state, provisioning runs to its end (klient downloaded, checked,
 // started; the user's script ran) in processes that outlive terraform; stop and start work; a
-// real terraform destroy kills the processes and removes the directories.
+// real terraform destroy kills the processes and removes the directories. Terraform runs sandboxed
+// (as terraformer runs it) and, for development, without the sandbox.
 func TestApplyBootsAndDestroyRemoves(t *testing.T) {
+	t.Run("sandbox", func(t *testing.T) { testApplyBootsAndDestroyRemoves(t, false) })
+	t.Run("no-sandbox", func(t *testing.T) { testApplyBootsAndDestroyRemoves(t, true) })
+}
+
+func testApplyBootsAndDestroyRemoves(t *testing.T, noSandbox bool) {
 	e := newKloud(t, dummy.Options{})
+	e.noSandbox = noSandbox
 	tpl := e.template("st1", twoVMs, "vm.0", "vm.1")
 	gen := string(tpl.Files["kloud_dummy.tf.json"])
 	if strings.Contains(gen, e.dir) || !strings.Contains(gen, "/provider/dummy/v1") {
