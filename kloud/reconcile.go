@@ -275,8 +275,14 @@ func (s *Server) reconcileForApply(ctx context.Context, st *Stack, own string) (
 		return nil, err
 	}
 	for i := range ms {
-		if _, _, err := s.reconcileMachine(ctx, &ms[i], own); err != nil {
+		m := &ms[i]
+		moved, why, err := s.reconcileMachine(ctx, m, own)
+		if err != nil {
 			return nil, err
+		}
+		if !moved && m.State.InProgress() {
+			// A start or stop of one of its machines is under way: not now.
+			return nil, fmt.Errorf("machine %s of stack %s is %s (%s); wait for it: %w", m.Label, st.ID, m.State, why, kite.ErrState)
 		}
 	}
 	return s.loadStack(ctx, nil, st.ID)
