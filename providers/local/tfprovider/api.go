@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -106,6 +107,35 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "machines/"+id, nil, nil)
 }
 
+// retryFor is how long a request is retried while kloud refuses connections (it is restarting):
+// a refused connection never reached kloud, so even a create is safe to send again.
+const retryFor = time.Minute
+
+// do1 sends req, again while the connection is refused, until retryFor has passed.
+func (c *Client) do1(ctx context.Context, req *http.Request) (*http.Response, error) {
+	deadline := time.Now().Add(retryFor)
+	delay := 250 * time.Millisecond
+	for {
+		if req.GetBody != nil {
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, err
+			}
+			req.Body = body
+		}
+		resp, err := c.hc.Do(req)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().Add(delay).After(deadline) {
+			return resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
 func (c *Client) do(ctx context.Context, method, rel string, in, out any) error {
 	var body io.Reader
 	if in != nil {
@@ -124,7 +154,7 @@ func (c *Client) do(ctx context.Context, method, rel string, in, out any) error 
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.hc.Do(req)
+	resp, err := c.do1(ctx, req)
 	if err != nil {
 		return fmt.Errorf("kloud's local machine service: %w", err)
 	}
