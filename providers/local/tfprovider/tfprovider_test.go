@@ -19,10 +19,12 @@ import (
 	"github.com/kloud-dev/kloud/providers/local"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 func TestMain(m *testing.M) {
-	sandbox.MaybeRunInit()
+	sandbox.MaybeRunInit() // the service (in this process) boots machines from this binary
+	tfsandbox.MaybeRun()   // terraform runs through this binary as terraformer's sandbox launcher
 	code := m.Run()
 	tfprovidertest.Cleanup()
 	os.Exit(code)
@@ -36,13 +38,15 @@ const bootTimeout = 3 * time.Minute
 const nobody = 65534
 
 // workdir is a Terraform working directory using the test mirror. As root, terraform runs as
-// nobody.
+// terraformer runs it: through the tfsandbox launcher, as nobody without capabilities, in its own
+// pid and mount namespaces that show only the system dirs, the mirror and the work dir.
 type workdir struct {
 	t         *testing.T
 	dir       string
 	terraform string
 	env       []string
 	asNobody  bool
+	sandbox   map[string]string // the launcher's environment
 }
 
 func newWorkdir(t *testing.T, mainTF string) *workdir {
@@ -61,6 +65,16 @@ func newWorkdir(t *testing.T, mainTF string) *workdir {
 	}
 	w.env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + w.dir,
 		"TF_CLI_CONFIG_FILE=" + cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1"}
+	if w.asNobody {
+		mirrors, err := tfsandbox.CLIConfigPaths(cliConfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := tfsandbox.Config{Terraform: tf, WorkDir: w.dir, ReadOnly: append([]string{cliConfig}, mirrors...), UID: nobody, GID: nobody}
+		if w.sandbox, err = cfg.Env(fmt.Sprintf("tfprovider-test-%d", os.Getpid())); err != nil {
+			t.Fatal(err)
+		}
+	}
 	w.write(mainTF)
 	if out, err := w.run("init", "-input=false"); err != nil {
 		t.Fatalf("terraform init: %s\n%s", err, out)
@@ -85,7 +99,11 @@ func (w *workdir) run(args ...string) (string, error) {
 	cmd := exec.Command(w.terraform, append(args, "-no-color")...)
 	cmd.Dir, cmd.Env = w.dir, w.env
 	if w.asNobody {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		cmd.Path, cmd.Args[0] = "/proc/self/exe", "terraform"
+		for k, v := range w.sandbox {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
