@@ -74,8 +74,9 @@ type Options struct {
 	Name string // default "dummy"
 	Dir  string // required: machines live in Dir/<stack id>/<label>; the token key in Dir
 	// Fail makes the named methods fail with the given error: VerifyCredential,
-	// BootstrapTemplates, ApplyTemplate, Start, Stop, Info, and Boot (the boot service, so
-	// terraform apply fails).
+	// BootstrapTemplates, ApplyTemplate, Start, Stop, Info, Boot (the boot service refuses, so
+	// terraform apply fails) and BootScript (the boot fails after the machine's script started
+	// provisioning, which the failed boot must then clean up).
 	Fail map[string]error
 	// BreakAgent breaks the agent install: "download" gives machines a wrong klient checksum.
 	BreakAgent string

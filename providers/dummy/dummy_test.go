@@ -231,6 +231,7 @@ func testApplyBootsAndDestroyRemoves(t *testing.T, noSandbox bool) {
 	for _, pid := range pids {
 		testutil.Eventually(t, 10*time.Second, func() bool { return !alive(pid) }, "supervisor %d still runs after destroy", pid)
 	}
+	tfruntest.AssertNoProcesses(t, 10*time.Second, e.dir) // klient, the user's script: nothing
 	if s, _, _ := m.Info(t.Context()); s != provider.Terminated {
 		t.Fatalf("after destroy: %s", s)
 	}
@@ -345,29 +346,23 @@ func TestServiceRefusals(t *testing.T) {
 	}
 }
 
-// A boot whose script fails (here: the machine's directory cannot be made, a file is in the
-// way) fails the apply with the script's output and leaves nothing of the machine: terraform
-// does not run the destroy provisioner of the tainted boot resource.
+// A boot that fails after the machine's script started provisioning fails the apply and leaves
+// nothing of the machine (no process, no directory): terraform does not run the destroy
+// provisioner of the tainted boot resource, so the boot cleans up itself.
 func TestFailedBootLeavesNothing(t *testing.T) {
-	e := newKloud(t, dummy.Options{})
+	e := newKloud(t, dummy.Options{Fail: map[string]error{"BootScript": errors.New("the host ran out of disk")}})
 	tpl := e.template("st6", `resource "terraform_data" "web" {
   input = "#!/bin/bash\necho hi"
 }
 `, "web")
-	root := filepath.Join(e.dir, "st6", "web")
-	if err := os.MkdirAll(filepath.Dir(root), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(root, []byte("in the way"), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	job := e.terraform(tfrun.OpApply, "st6", tpl)
-	if job.Status != tfrun.StatusFailed || job.Error == nil || !strings.Contains(job.Error.Error(), "boot web") {
+	if job.Status != tfrun.StatusFailed || job.Error == nil || !strings.Contains(job.Error.Error(), "the host ran out of disk") {
 		t.Fatalf("apply: %s: %v", job.Status, job.Error)
 	}
 	if _, err := os.Stat(filepath.Join(e.dir, "st6")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a failed boot left %s: %v", filepath.Join(e.dir, "st6"), err)
 	}
+	tfruntest.AssertNoProcesses(t, 10*time.Second, filepath.Join(e.dir, "st6"))
 	if job := e.terraform(tfrun.OpDestroy, "st6", nil); job.Status != tfrun.StatusSucceeded {
 		t.Fatalf("destroy: %s: %v", job.Status, job.Error)
 	}

@@ -235,8 +235,8 @@ func (d *dummy) serveDestroy(w http.ResponseWriter, r *http.Request) {
 
 // boot "powers on" a machine: its script (userdata.RenderScript's) runs with bash in this
 // process, from a copy in the machine (like cloud-init's user-data.txt), and returns once
-// provisioning runs in the background. A machine booted again is stopped first; one whose boot
-// script fails is destroyed.
+// provisioning runs in the background. A machine booted again is stopped and wiped first; one
+// whose boot script fails is destroyed.
 func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) (err error) {
 	root := d.root(stackID, label)
 	defer func() {
@@ -249,8 +249,13 @@ func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) 
 			d.o.Logger.Warn("clean up a failed boot", "stack", stackID, "machine", label, "err", derr)
 		}
 	}()
+	// A machine booted again (its tainted boot replaced) is a new machine: nothing of the old
+	// one runs or stays (the planner reads the whole console as this boot's).
 	if err := stopGroups(ctx, root, userdata.SupervisorPIDPath, userdata.ProvisionPIDPath); err != nil {
 		return err
+	}
+	if err := os.RemoveAll(root); err != nil {
+		return fmt.Errorf("boot %s: %w", label, err)
 	}
 	f := filepath.Join(root, "var/lib/cloud/instance/user-data.txt")
 	if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
@@ -267,7 +272,7 @@ func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) 
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("boot %s: %w: %s", label, err, tail(out.String(), 4096))
 	}
-	return nil
+	return d.fail("BootScript")
 }
 
 // destroy kills the machine's processes and removes its directory (and the stack's, once
