@@ -3,12 +3,17 @@ package kloud
 import (
 	"context"
 
+	tfjson "github.com/hashicorp/terraform-json"
+
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 
 // Terraformer runs Terraform for kloud: terraformer.Client (a remote terraformer over the kite
-// protocol) implements it.
+// protocol) implements it. While terraformer is down (kloud serve restarts the one it started),
+// its methods fail at once with an error wrapping terraformer.ErrUnavailable (kite code -32009,
+// "terraformer unavailable: <cause>"), which kloud passes on to its callers as it is; Wait
+// follows a job through a restart, for a bounded time.
 type Terraformer interface {
 	Plan(ctx context.Context, req terraformer.Request) (jobID string, err error)
 	Apply(ctx context.Context, req terraformer.Request) (jobID string, err error)
@@ -17,6 +22,8 @@ type Terraformer interface {
 	Wait(ctx context.Context, jobID string, fn func(tfrun.Event)) (*tfrun.Job, error)
 	Cancel(ctx context.Context, jobID string) (*tfrun.Job, error)
 	Outputs(ctx context.Context, contentID string) (map[string]any, error)
+	// State is the content id's last state (kite.ErrNotFound when there is none).
+	State(ctx context.Context, contentID string) (*tfjson.State, error)
 }
 
 var _ Terraformer = (*terraformer.Client)(nil)
