@@ -293,3 +293,47 @@ func TestTrustedTemplate(t *testing.T) {
 	kloudtest.Call(t, admin, "template.untrust", map[string]any{"templateId": tpl.ID}, nil)
 	wantPolicyRefusal(t, "plan after untrust", f.alice.Call(t.Context(), "stack.plan", plan, nil), "provisioner", "main.tf:3:3")
 }
+
+// TestDestroyObeysPolicy: a stack built before the policy existed whose files now break it is
+// not destroyed (terraform destroy would evaluate them: a destroy-time provisioner runs) until an
+// administrator trusts those files; then it is.
+func TestDestroyObeysPolicy(t *testing.T) {
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	h := newHost(t)
+	sid, _ := f.stack(f.template("resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n}\n"))
+	var job struct{ JobID string }
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
+	if last := f.follow(job.JobID); last.Status != store.JobSucceeded {
+		t.Fatalf("build: %+v", last)
+	}
+	// As an older kloud stored it: the stack's files have a destroy-time provisioner.
+	hostile := fmt.Sprintf("resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n  provisioner \"local-exec\" {\n    when    = destroy\n    command = \"id > %s\"\n  }\n}\n", h.marker)
+	if _, err := f.Server.Store().Collection(store.CollStacks).UpdateOne(t.Context(), bson.M{"_id": sid},
+		bson.M{"$set": bson.M{"files": []kloud.File{{Name: "main.tf", Content: hostile}}}}); err != nil {
+		t.Fatal(err)
+	}
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
+	last := f.follow(job.JobID)
+	if last.Status != store.JobFailed || !strings.Contains(last.Error, "(rule provisioner)") {
+		t.Fatalf("destroy of a stack whose files break the policy: %+v", last)
+	}
+	h.check("refused destroy")
+	var st kloud.Stack
+	if err := f.Server.Store().Collection(store.CollStacks).FindOne(t.Context(), bson.M{"_id": sid}).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if st.State != kloud.StackFailed {
+		t.Fatalf("stack after the refused destroy: %s", st.State)
+	}
+
+	// An administrator trusts exactly those files (a template with them, provisioner lifted):
+	// the destroy goes through.
+	admin := f.Dial(kloud.Admin)
+	kloudtest.Call(t, admin, "template.create", map[string]any{"title": "reviewed", "files": map[string]string{"main.tf": hostile},
+		"trust": map[string]any{"rules": []string{"provisioner"}, "reason": "reviewed: destroy writes a marker"}}, nil)
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
+	if last := f.follow(job.JobID); last.Status != store.JobSucceeded {
+		t.Fatalf("destroy after trust: %+v", last)
+	}
+}

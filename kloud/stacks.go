@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	tfjson "github.com/hashicorp/terraform-json"
+
 	"github.com/google/uuid"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -920,10 +922,23 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	if err != nil {
 		return nil, s.failDestroy(ctx, st, ms, "", err)
 	}
-	j.Progress(ctx, 30, string(provider.Terminating), "Destroying stack resources")
-	id, err := submitTF(ctx, j, func() (string, error) {
-		return tf.Destroy(ctx, terraformer.Request{ContentID: "stack-" + st.ID, TraceID: j.ID})
-	})
+	// The template policy holds for destroy too: terraform destroy evaluates the stack's files
+	// (destroy-time provisioners, functions). A stack whose files break it is destroyed only once
+	// an administrator trusts them, unless terraform holds nothing of it (then there is nothing a
+	// destroy could run).
+	var id string
+	if perr := s.checkPolicy(ctx, st.Team, fileMap(st.Files)); perr != nil {
+		state, serr := tf.State(ctx, "stack-"+st.ID)
+		if serr == nil && !stateEmpty(state) || serr != nil && !errors.Is(serr, kite.ErrNotFound) {
+			return nil, s.failDestroy(ctx, st, ms, "", fmt.Errorf("destroy: %w", perr))
+		}
+		err = kite.ErrNotFound
+	} else {
+		j.Progress(ctx, 30, string(provider.Terminating), "Destroying stack resources")
+		id, err = submitTF(ctx, j, func() (string, error) {
+			return tf.Destroy(ctx, terraformer.Request{ContentID: "stack-" + st.ID, TraceID: j.ID})
+		})
+	}
 	switch {
 	case errors.Is(err, kite.ErrNotFound):
 		j.Logf(ctx, "terraform never ran for this stack: nothing to destroy")
@@ -973,6 +988,26 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 // failDestroy puts the stack Failed and its Terminating machines Unknown (terraform may have
 // destroyed some of them; destroy can be run again). If ctx was cancelled, terraform's run
 // tfJob is stopped first.
+// stateEmpty reports whether a terraform state holds no resources.
+func stateEmpty(st *tfjson.State) bool {
+	if st == nil || st.Values == nil || st.Values.RootModule == nil {
+		return true
+	}
+	var any func(m *tfjson.StateModule) bool
+	any = func(m *tfjson.StateModule) bool {
+		if len(m.Resources) > 0 {
+			return true
+		}
+		for _, c := range m.ChildModules {
+			if any(c) {
+				return true
+			}
+		}
+		return false
+	}
+	return !any(st.Values.RootModule)
+}
+
 func (s *Server) failDestroy(ctx context.Context, st *Stack, ms []Machine, tfJob string, reason error) error {
 	if ctx.Err() != nil {
 		reason = fmt.Errorf("destroy cancelled: %w", reason)

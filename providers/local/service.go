@@ -116,10 +116,12 @@ func (l *Local) authenticate(r *http.Request) (*tokenClaims, error) {
 	if !ok || tok == "" {
 		return nil, errorf(http.StatusUnauthorized, "no token: want Authorization: Bearer <the stack's token>")
 	}
-	c, err := l.parseToken(tok)
+	// Reads and deletes (refresh and destroy, long after the build) take an expired token of the
+	// stack; creates and retags need a live one.
+	c, err := l.parseToken(tok, r.Method == http.MethodGet || r.Method == http.MethodDelete)
 	switch {
 	case errors.Is(err, jwt.ErrTokenExpired):
-		return nil, errorf(http.StatusUnauthorized, "token expired: it was valid for one stack build; build or destroy the stack again through kloud")
+		return nil, errorf(http.StatusUnauthorized, "token expired: it was valid for one stack build; build the stack again through kloud")
 	case err != nil && strings.Contains(err.Error(), "kloud instance"):
 		return nil, errorf(http.StatusForbidden, "%s", err)
 	case err != nil:

@@ -224,8 +224,27 @@ func TestServiceAuthorization(t *testing.T) {
 	if code, body := rawCall(t, "GET", urlA, "/../../etc", tokA, ""); code == 200 {
 		t.Errorf("path outside the API: %d %s", code, body)
 	}
-	if err := ca.Delete(t.Context(), a0.ID); err != nil {
-		t.Fatal(err)
+	// An expired token of the stack still reads and destroys its machines (terraform destroy
+	// reuses the last build's token, maybe days later), but creates and retags nothing; an
+	// expired token signed by another key is nothing.
+	if code, body := rawCall(t, "PUT", urlA, "/"+a0.ID+"/tags", expired, `{"tags": {"kloud_stack": "stackA", "kloud_machine": "mA"}}`); code != 401 {
+		t.Errorf("retag with an expired token: %d %s, want 401", code, body)
+	}
+	if code, body := rawCall(t, "GET", urlA, "/"+a0.ID, expired, ""); code != 200 {
+		t.Errorf("read with an expired token of the stack: %d %s, want 200", code, body)
+	}
+	expiredOther := forge(base(time.Now().Add(-time.Hour)), []byte("0123456789abcdef0123456789abcdef"))
+	if code, body := rawCall(t, "DELETE", urlA, "/"+a0.ID, expiredOther, ""); code != 401 {
+		t.Errorf("delete with an expired token of another key: %d %s, want 401", code, body)
+	}
+	if code, body := rawCall(t, "DELETE", urlA, "/b0", expired, ""); code != 403 {
+		t.Errorf("delete of another stack's machine with an expired token: %d %s, want 403", code, body)
+	}
+	if code, body := rawCall(t, "DELETE", urlA, "/"+a0.ID, expired, ""); code/100 != 2 {
+		t.Fatalf("delete with an expired token of the stack: %d %s", code, body)
+	}
+	if in, _ := h.Manager.Info(t.Context(), a0.ID); in.State != sandbox.StateAbsent {
+		t.Fatalf("a0 after its delete: %s", in.State)
 	}
 	if err := ca.Delete(t.Context(), a0.ID); err != nil {
 		t.Errorf("second delete: %v", err)

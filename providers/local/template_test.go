@@ -243,7 +243,7 @@ func TestApplyTemplateToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	tok, _ := tpl.Variables[TokenVar].(string)
-	c, err := l.parseToken(tok)
+	c, err := l.parseToken(tok, false)
 	if err != nil || c.Stack != "st1" || len(c.Machines) != 0 || c.Instance != "kloud-t" {
 		t.Fatalf("token %q: %+v %v", tok, c, err)
 	}

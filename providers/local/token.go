@@ -132,15 +132,29 @@ func (l *Local) Token(stack string, machines []string) (string, error) {
 }
 
 // parseToken verifies a token: signature, issuer, audience, expiry, and this kloud instance.
-func (l *Local) parseToken(s string) (*tokenClaims, error) {
+// With allowExpired, a token past its expiry that is otherwise valid (checked as of a moment
+// before it expired) is accepted: reading and destroying a stack's machines happen long after the
+// build that minted the token (terraform destroy reuses the last apply's variables), and they
+// stay limited to that stack's machines; creating and retagging need a live token.
+func (l *Local) parseToken(s string, allowExpired bool) (*tokenClaims, error) {
 	k, err := l.key()
 	if err != nil {
 		return nil, err
 	}
+	parse := func(c *tokenClaims, opts ...jwt.ParserOption) error {
+		opts = append([]jwt.ParserOption{jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}), jwt.WithIssuer(tokenIssuer),
+			jwt.WithAudience(tokenAudience), jwt.WithExpirationRequired(), jwt.WithIssuedAt(), jwt.WithLeeway(5 * time.Second)}, opts...)
+		_, err := jwt.ParseWithClaims(s, c, func(*jwt.Token) (any, error) { return k, nil }, opts...)
+		return err
+	}
 	var c tokenClaims
-	_, err = jwt.ParseWithClaims(s, &c, func(*jwt.Token) (any, error) { return k, nil },
-		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}), jwt.WithIssuer(tokenIssuer),
-		jwt.WithAudience(tokenAudience), jwt.WithExpirationRequired(), jwt.WithIssuedAt(), jwt.WithLeeway(5*time.Second))
+	err = parse(&c)
+	if err != nil && allowExpired && errors.Is(err, jwt.ErrTokenExpired) && c.ExpiresAt != nil {
+		// Everything again, as of just before the expiry the (signed) token states.
+		at := c.ExpiresAt.Time.Add(-time.Second)
+		c = tokenClaims{}
+		err = parse(&c, jwt.WithTimeFunc(func() time.Time { return at }))
+	}
 	if err != nil {
 		return nil, err
 	}
