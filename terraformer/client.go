@@ -146,7 +146,8 @@ func (c *Client) conn(ctx context.Context) (*kite.Conn, error) {
 	if down := c.Unavailable(); down != nil {
 		return nil, down // marked down while we waited: that cause says more
 	}
-	return nil, &UnavailableError{Cause: err}
+	// The text only: the wait's deadline is not the caller's.
+	return nil, &UnavailableError{Cause: errors.New(err.Error())}
 }
 
 // waitConn waits up to WaitDown for a connection (through a restart of terraformer).
@@ -164,7 +165,7 @@ func (c *Client) waitConn(ctx context.Context) (*kite.Conn, error) {
 	if down := c.Unavailable(); down != nil {
 		return nil, fmt.Errorf("%w (no connection for %s)", down, d)
 	}
-	return nil, &UnavailableError{Cause: fmt.Errorf("no connection for %s: %w", d, err)}
+	return nil, &UnavailableError{Cause: fmt.Errorf("no connection for %s: %s", d, err)}
 }
 
 func (c *Client) call(ctx context.Context, method string, params, result any) error {
