@@ -39,8 +39,8 @@
 //     kloud (checksum checked), starts it under a restart loop, and runs the user's script,
 //     exactly what cloud-init does on a VM. So the planner and the whole build flow are tested
 //     against real agents and real terraform runs (the boot resources are in the state).
-//   - Destroy kills the machine's process groups (provisioning and klient's supervisor, each
-//     checked to be the machine's by its command line) and removes its directory.
+//   - Destroy kills every process of the machine (all carry KLOUD_DUMMY_MACHINE=<root> in their
+//     environment, inherited from the boot) and removes its directory.
 //
 // Stop and Start kill and restart klient's supervisor; Info reads it. ConsoleLog returns the end
 // of the machine's provisioning output (its /var/log/cloud-init-output.log), which the planner
@@ -353,7 +353,7 @@ func (m *machine) Start(ctx context.Context) (any, error) {
 		return nil, fmt.Errorf("dummy: machine %s was never provisioned: %w", m.b.Label, err)
 	}
 	cmd := exec.CommandContext(ctx, "/bin/bash", script)
-	cmd.Env = machineEnv()
+	cmd.Env = machineEnv(m.root())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("dummy: start %s: %w: %s", m.b.Label, err, out)
 	}

@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/userdata"
 )
 
 // The boot service: what the generated terraform_data resources call (see the package doc).
@@ -251,7 +250,7 @@ func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) 
 	}()
 	// A machine booted again (its tainted boot replaced) is a new machine: nothing of the old
 	// one runs or stays (the planner reads the whole console as this boot's).
-	if err := stopGroups(ctx, root, userdata.SupervisorPIDPath, userdata.ProvisionPIDPath); err != nil {
+	if err := killMachine(ctx, root); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(root); err != nil {
@@ -265,7 +264,7 @@ func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) 
 		return fmt.Errorf("boot %s: %w", label, err)
 	}
 	cmd := exec.CommandContext(ctx, "/bin/bash", f)
-	cmd.Dir, cmd.Env = root, machineEnv()
+	cmd.Dir, cmd.Env = root, machineEnv(root)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.WaitDelay = 5 * time.Second // provisioning redirects its output; bound a straggler anyway
@@ -275,12 +274,12 @@ func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) 
 	return d.fail("BootScript")
 }
 
-// destroy kills the machine's processes and removes its directory (and the stack's, once
+// destroy kills every process of the machine and removes its directory (and the stack's, once
 // empty). Destroying a machine that is not there succeeds.
 func (d *dummy) destroy(ctx context.Context, stackID, label string) error {
 	root := d.root(stackID, label)
-	if err := stopGroups(ctx, root, userdata.SupervisorPIDPath, userdata.ProvisionPIDPath); err != nil {
-		return err
+	if err := killMachine(ctx, root); err != nil {
+		return fmt.Errorf("destroy %s: %w", label, err)
 	}
 	if err := os.RemoveAll(root); err != nil {
 		return fmt.Errorf("destroy %s: %w", label, err)
@@ -289,13 +288,83 @@ func (d *dummy) destroy(ctx context.Context, stackID, label string) error {
 	return nil
 }
 
+// envMachine marks every process of a machine: boot and start give it to the machine's first
+// process, and everything it starts inherits it (provisioning, klient's supervisor and klient,
+// the user's script and what that starts), so killMachine finds them all, also those that are
+// not yet in a pid file. A process that clears its environment escapes it (this is a test
+// provider, not a container).
+const envMachine = "KLOUD_DUMMY_MACHINE"
+
 // machineEnv is the environment a machine's processes start with: no variable of kloud's.
-func machineEnv() []string {
+func machineEnv(root string) []string {
 	path := os.Getenv("PATH")
 	if path == "" {
 		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
-	return []string{"PATH=" + path, "HOME=/root", "LANG=C.UTF-8"}
+	return []string{"PATH=" + path, "HOME=/root", "LANG=C.UTF-8", envMachine + "=" + root}
+}
+
+// machineProcs returns the live processes (not zombies) whose environment marks them as the
+// machine's at root.
+func machineProcs(root string) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	marker := []byte(envMachine + "=" + root)
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() || !running(pid) {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			continue
+		}
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if bytes.Equal(kv, marker) {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// killMachine ends every process of the machine at root: SIGTERM, up to 3 s to exit, then
+// SIGKILL until none is left (a dying process may have started another meanwhile).
+func killMachine(ctx context.Context, root string) error {
+	pids := machineProcs(root)
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGTERM)
+	}
+	wait := func(d time.Duration) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
+		}
+	}
+	for deadline := time.Now().Add(3 * time.Second); len(pids) > 0 && time.Now().Before(deadline); pids = machineProcs(root) {
+		if err := wait(20 * time.Millisecond); err != nil {
+			return err
+		}
+	}
+	for range 100 {
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if err := wait(10 * time.Millisecond); err != nil {
+			return err
+		}
+		pids = machineProcs(root)
+	}
+	return fmt.Errorf("processes of the machine at %s keep running: %v", root, pids)
 }
 
 // machinePID reads the pid file rel (a machine path) under root and reports whether that
