@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/webterm"
@@ -320,10 +321,15 @@ func (kl *Klient) shared(ctx context.Context, r *kite.Request, p *webterm.TokenP
 }
 
 // enforce closes, at once, the attachments a change of the list took away: all of an unshared
-// user's, the writable ones of a user now read-only.
+// user's, the writable ones of a user now read-only. A user who may no longer use terminals also
+// loses what runs as their own account: its sessions and every process of its uid end, and the
+// account is expired until they are given a terminal share again.
 func (kl *Klient) enforce(before, after map[string]string) {
 	for u, g := range before {
 		ng := after[u]
+		if ng != g && !allowed(ng, permTerminal) {
+			defer kl.revokeAccount(u)
+		}
 		switch {
 		case ng == g:
 		case ng == "":
@@ -336,5 +342,23 @@ func (kl *Klient) enforce(before, after map[string]string) {
 			kl.term.CloseViewers(u, func(v *webterm.Viewer) bool { return !v.ReadOnly() && !kl.mayType(u, ng, v.RunAs()) },
 				webterm.CloseUnshared, "your share of this machine no longer includes the owner's account")
 		}
+	}
+}
+
+// revokeAccount ends the sessions and processes of user's own account and expires it.
+func (kl *Klient) revokeAccount(user string) {
+	account, err := webterm.SharedAccountName(user)
+	if err != nil {
+		return
+	}
+	n := kl.term.KillRunAs(account, "session ended: this machine is no longer shared with "+user+" for terminals")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	killed, err := webterm.RevokeSharedAccount(ctx, kl.opts.Root, user)
+	if err != nil {
+		kl.log.Warn("revoke shared user's account", "user", user, "err", err)
+	}
+	if n > 0 || killed > 0 {
+		kl.log.Info("revoked shared user's account", "user", user, "sessions", n, "processes", killed)
 	}
 }

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
@@ -86,6 +89,35 @@ func TestSharedUserShells(t *testing.T) {
 		t.Fatal("an account was made for a readonly share")
 	}
 
+	// Unsharing ends what runs as bob's account, even what he left in the background, and
+	// expires it; sharing again brings it back.
+	bob.Type(t, "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo BG=$((7*7))\r")
+	bob.WaitFor(t, "BG=49")
+	if err := e.call("klient.unshare", klient.UnshareParams{Username: "bob", Token: e.token("alice")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if c := bob.Closed(t); c.Code != webterm.CloseUnshared && c.Code != webterm.CloseEnded {
+		t.Fatalf("bob's terminal after unshare: %+v", c)
+	}
+	// Killed processes may linger as zombies for a moment until their parent reaps them.
+	testutil.Eventually(t, 10*time.Second, func() bool { return len(uidProcesses(t, uid)) == 0 },
+		"processes of bob's account after unshare: %v", uidProcesses(t, uid))
+	for _, in := range e.list("alice") {
+		if in.RunAs == "bob" {
+			t.Fatalf("a session of bob's account after unshare: %+v", in)
+		}
+	}
+	if exp := shadowExpire(t, e.mach.Root, "bob"); exp == "" {
+		t.Fatal("bob's account is not expired after unshare")
+	}
+	e.share("bob", klient.GrantTerminal)
+	again, _ := e.mustConnect("bob", webterm.ConnectParams{})
+	again.Type(t, "echo AGAIN=$(id -u)\r")
+	again.WaitFor(t, fmt.Sprintf("AGAIN=%d", uid))
+	if exp := shadowExpire(t, e.mach.Root, "bob"); exp != "" {
+		t.Fatalf("bob's account still expires %q after sharing again", exp)
+	}
+
 	// An account klient did not make is not handed to a shared user of that name.
 	pw, err := os.ReadFile(filepath.Join(e.mach.Root, "etc/passwd"))
 	if err != nil {
@@ -113,4 +145,39 @@ func TestSharedAccountName(t *testing.T) {
 			t.Errorf("%q accepted", u)
 		}
 	}
+}
+
+// uidProcesses lists the pids whose uids include uid.
+func uidProcesses(t *testing.T, uid int) []string {
+	t.Helper()
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(l, "Uid:"); ok && slices.Contains(strings.Fields(rest), strconv.Itoa(uid)) {
+				out = append(out, e.Name())
+			}
+		}
+	}
+	return out
+}
+
+// shadowExpire is the account expiry field of name in root/etc/shadow.
+func shadowExpire(t *testing.T, root, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "etc/shadow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Split(l, ":"); len(f) >= 8 && f[0] == name {
+			return f[7]
+		}
+	}
+	t.Fatalf("%s is not in shadow", name)
+	return ""
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 )
@@ -200,8 +201,15 @@ func SharedAccount(ctx context.Context, root, user string) (string, error) {
 		}
 		return true, nil
 	}
-	if ok, err := check(); ok || err != nil {
-		return name, err
+	if ok, err := check(); err != nil {
+		return "", err
+	} else if ok {
+		if os.Geteuid() == 0 {
+			if err := unexpire(ctx, root, name); err != nil { // revoked before, shared again
+				return "", fmt.Errorf("account %q: %w: %w", name, err, kite.ErrState)
+			}
+		}
+		return name, nil
 	}
 	if os.Geteuid() != 0 {
 		return "", fmt.Errorf("%s needs an account of their own on this machine, and klient is not root, so it cannot create one: %w", user, kite.ErrState)
@@ -228,3 +236,104 @@ func SharedAccount(ctx context.Context, root, user string) (string, error) {
 }
 
 var sharedAccountMu sync.Mutex
+
+// RevokeSharedAccount ends what the shared kloud user user left running as their own account
+// on the machine (every process of its uid) and expires the account, so nothing logs in as it
+// (not even with an ssh key they added) until SharedAccount is asked for them again. It does
+// nothing to an account klient did not create, or if there is none. It returns how many
+// processes it killed.
+func RevokeSharedAccount(ctx context.Context, root, user string) (int, error) {
+	name, err := SharedAccountName(user)
+	if err != nil {
+		return 0, nil // never had an account
+	}
+	if root == "" {
+		root = "/"
+	}
+	a, err := readPasswd(filepath.Join(root, "etc/passwd"), name)
+	switch {
+	case errors.Is(err, errNoAccount):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("revoke account %q: %w", name, err)
+	case !strings.HasPrefix(a.Gecos, SharedAccountGecos) || a.UID < minSharedUID:
+		return 0, nil
+	case os.Geteuid() != 0:
+		return 0, fmt.Errorf("revoke account %q: klient is not root", name)
+	}
+	sharedAccountMu.Lock()
+	defer sharedAccountMu.Unlock()
+	if err := usermod(ctx, root, name, "--expiredate", "1"); err != nil {
+		return 0, err
+	}
+	// Kill until none is left (a process may fork while we look).
+	killed := 0
+	for range 20 {
+		pids := processesOf(a.UID)
+		if len(pids) == 0 {
+			return killed, nil
+		}
+		for _, pid := range pids {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed++
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return killed, fmt.Errorf("revoke account %q: processes of uid %d keep appearing", name, a.UID)
+}
+
+// unexpire lifts RevokeSharedAccount's expiry of name, if the account is expired.
+func unexpire(ctx context.Context, root, name string) error {
+	b, err := os.ReadFile(filepath.Join(root, "etc/shadow"))
+	if err != nil {
+		return nil // no shadow file: nothing expired there
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Split(l, ":"); len(f) >= 8 && f[0] == name && f[7] != "" {
+			return usermod(ctx, root, name, "--expiredate", "")
+		}
+	}
+	return nil
+}
+
+func usermod(ctx context.Context, root, name string, args ...string) error {
+	if filepath.Clean(root) != "/" {
+		args = append(args, "--prefix", root)
+	}
+	args = append(args, "--", name)
+	if out, err := exec.CommandContext(ctx, "usermod", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("usermod %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// processesOf lists the live (not zombie) processes whose real, effective, saved or filesystem uid is uid.
+func processesOf(uid uint32) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	want := strconv.FormatUint(uint64(uid), 10)
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		zombie := false
+		for _, l := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(l, "State:"); ok {
+				zombie = strings.HasPrefix(strings.TrimSpace(rest), "Z") // dead, waiting to be reaped
+			}
+			if rest, ok := strings.CutPrefix(l, "Uid:"); ok {
+				if !zombie && slices.Contains(strings.Fields(rest), want) {
+					out = append(out, pid)
+				}
+				break
+			}
+		}
+	}
+	return out
+}

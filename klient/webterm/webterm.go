@@ -409,6 +409,26 @@ func (m *Manager) CloseViewers(user string, drop func(*Viewer) bool, code int, r
 	return n
 }
 
+// KillRunAs ends every session whose shell runs as account (its viewers get CloseEnded with
+// reason) and returns how many it ended.
+func (m *Manager) KillRunAs(account, reason string) int {
+	m.mu.Lock()
+	var ss []*Session
+	for _, s := range m.sessions {
+		if s.runAs == account {
+			ss = append(ss, s)
+		}
+	}
+	m.mu.Unlock()
+	for _, s := range ss {
+		s.kill(reason)
+	}
+	for _, s := range ss {
+		<-s.done
+	}
+	return len(ss)
+}
+
 // Close kills every session and refuses new ones.
 func (m *Manager) Close() {
 	m.mu.Lock()
