@@ -113,6 +113,8 @@ func TestLocalAgentKeyAndSharedShells(t *testing.T) {
 		bob.WaitFor(t, "CAT=1")
 		bob.Type(t, "sudo -n true; echo SUDO=$?\r")
 		bob.WaitFor(t, "SUDO=1")
+		bob.Type(t, "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo BG=$((7*7))\r") // left behind: unshare ends it
+		bob.WaitFor(t, "BG=49")
 		bob.Type(t, "grep -rlsF -e '"+sig+"' /etc /var /run /home /root /tmp /opt /srv 2>/dev/null | wc -l | sed 's/^/FOUND=/'\r")
 		found := regexp.MustCompile(`FOUND=(\d+)`)
 		testutil.Eventually(t, 2*time.Minute, func() bool { return found.MatchString(bob.Output()) }, "the search for the key did not finish:\n%s", tail(bob.Output()))
@@ -136,7 +138,17 @@ func TestLocalAgentKeyAndSharedShells(t *testing.T) {
 		bob.WaitFor(t, "SUDO=0")
 	})
 
+	// Unshare: nothing runs as bob's account any more, and it is expired.
 	e.key = aliceKey
+	if got := e.exec(id, "sh", "-c", "pgrep -u bob -x sleep >/dev/null; echo $?"); got != "0" {
+		t.Fatalf("bob's background sleep is not running before unshare (pgrep: %s)", got)
+	}
+	e.run("machine", "unshare", "dev.0", "bob", "--stack", sid)
+	testutil.Eventually(t, 30*time.Second, func() bool { return e.exec(id, "sh", "-c", "pgrep -u bob >/dev/null; echo $?") == "1" },
+		"processes of bob's account after unshare: %s", e.exec(id, "sh", "-c", "ps -u bob -o pid,args || true"))
+	if exp := e.exec(id, "sh", "-c", "getent shadow bob | cut -d: -f8"); exp == "" {
+		t.Error("bob's account is not expired after unshare")
+	}
 	e.run("stack", "destroy", sid)
 }
 
