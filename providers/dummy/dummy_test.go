@@ -347,8 +347,7 @@ func TestServiceRefusals(t *testing.T) {
 }
 
 // A boot that fails after the machine's script started provisioning fails the apply and leaves
-// nothing of the machine (no process, no directory): terraform does not run the destroy
-// provisioner of the tainted boot resource, so the boot cleans up itself.
+// nothing of the machine (no process, no directory), not even what started while it failed.
 func TestFailedBootLeavesNothing(t *testing.T) {
 	e := newKloud(t, dummy.Options{Fail: map[string]error{"BootScript": errors.New("the host ran out of disk")}})
 	tpl := e.template("st6", `resource "terraform_data" "web" {

@@ -242,8 +242,7 @@ func (d *dummy) boot(ctx context.Context, stackID, label string, script []byte) 
 		if err == nil {
 			return
 		}
-		// Terraform taints the boot resource and does not run its destroy provisioner for it:
-		// a failed boot leaves nothing behind itself.
+		// A failed boot leaves no half machine running until the stack is destroyed.
 		if derr := d.destroy(context.WithoutCancel(ctx), stackID, label); derr != nil {
 			d.o.Logger.Warn("clean up a failed boot", "stack", stackID, "machine", label, "err", derr)
 		}
