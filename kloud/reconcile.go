@@ -52,7 +52,7 @@ const staleJobAfter = 2 * time.Minute
 
 // reconcileInterval is the reconciler's period.
 // TODO(lead): Options.ReconcileInterval in server.go (owned by another helper) — see the report.
-func (s *Server) reconcileInterval() time.Duration { return DefaultReconcileInterval }
+func (s *Server) reconcileInterval() time.Duration { return s.opts.ReconcileInterval }
 
 var stackTransitional = []string{StackBuilding, StackDestroying}
 

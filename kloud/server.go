@@ -56,6 +56,10 @@ type Options struct {
 	// JobLease is how long a job stays claimed by a kloud that stopped renewing it (crashed)
 	// before another start or replica resumes it (default 30s).
 	JobLease time.Duration
+	// ReconcileInterval is how often kloud moves stacks and machines that a job which is over
+	// left in a transition to Failed/Unknown (reconcile.go; it also runs once at startup).
+	// Default DefaultReconcileInterval (30s).
+	ReconcileInterval time.Duration
 	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
 	// error until one is set with SetTerraformer).
 	Terraformer Terraformer
@@ -186,6 +190,9 @@ func (o *Options) defaults() error {
 	}
 	if o.HeartbeatTimeout == 0 {
 		o.HeartbeatTimeout = 10 * time.Second
+	}
+	if o.ReconcileInterval <= 0 {
+		o.ReconcileInterval = DefaultReconcileInterval
 	}
 	if o.Providers == nil {
 		o.Providers = provider.Default

@@ -70,6 +70,7 @@ reach the address it listens on (e.g. --addr 127.0.0.1:7000 with local machines)
 	fl.StringVar(&f.terraformerAddr, "terraformer-addr", "", "address for the terraformer it starts (default 127.0.0.1:7001, or a free port if that is taken)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&f.o.JobLease, "job-lease", 30*time.Second, "how long a crashed kloud's jobs stay claimed before they are resumed")
+	fl.DurationVar(&f.o.ReconcileInterval, "reconcile-interval", kloud.DefaultReconcileInterval, "how often stacks and machines left in a transition by a job that is over are moved to Failed/Unknown")
 	for _, h := range serveFlagHooks {
 		h(cmd, f)
 	}
