@@ -28,6 +28,8 @@ type serveFlags struct {
 	terraformerURL  string
 	terraformerBin  string
 	terraformerAddr string
+	// tfInsecure passes --insecure-no-sandbox to the terraformer kloud starts.
+	tfInsecure bool
 	logLevel        string
 }
 
@@ -67,6 +69,7 @@ reach the address it listens on (e.g. --addr 127.0.0.1:7000 with local machines)
 	fl.DurationVar(&f.o.HeartbeatTimeout, "heartbeat-timeout", 10*time.Second, "drop a kite that does not answer a ping within this time")
 	fl.StringVar(&f.terraformerURL, "terraformer-url", "", "use the terraformer at this URL (default: start one on 127.0.0.1:7001)")
 	fl.StringVar(&f.terraformerBin, "terraformer-bin", "", "terraformer binary to start (default: terraformer next to this binary)")
+	fl.BoolVar(&f.tfInsecure, "terraformer-insecure-no-sandbox", false, "start terraformer with --insecure-no-sandbox: terraform runs with kloud's privileges and sees the whole host (development without root only; never where others write templates)")
 	fl.StringVar(&f.terraformerAddr, "terraformer-addr", "", "address for the terraformer it starts (default 127.0.0.1:7001, or a free port if that is taken)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&f.o.JobLease, "job-lease", 30*time.Second, "how long a crashed kloud's jobs stay claimed before they are resumed")
@@ -191,6 +194,10 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfS
 	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL}
 	if cfg := tfCLIConfig(); cfg != "" {
 		args = append(args, "--cli-config", cfg)
+	}
+	if f.tfInsecure {
+		log.Warn("terraformer runs terraform without its sandbox (--terraformer-insecure-no-sandbox): templates run with this process's privileges")
+		args = append(args, "--insecure-no-sandbox")
 	}
 	return &tfSupervisor{Bin: bin, Args: args, URL: "http://" + addr, Out: prefixWriter{g.stderr, "terraformer: "}, Log: log}, nil
 }
