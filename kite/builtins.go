@@ -42,8 +42,12 @@ type SystemInfo struct {
 func (k *Kite) builtins() {
 	k.HandleFunc("kite.ping", func(context.Context, *Request) (any, error) { return "pong", nil }, Public())
 	k.Handle("kite.handshake", HandlerFunc(k.handshake), Public())
-	k.HandleFunc("kite.systemInfo", func(context.Context, *Request) (any, error) { return ReadSystemInfo(), nil })
-	k.HandleFunc("kite.methods", func(context.Context, *Request) (any, error) { return k.Methods(), nil })
+	gate := k.opts.GateBuiltins
+	if gate == nil {
+		gate = func(h Handler) Handler { return h }
+	}
+	k.Handle("kite.systemInfo", gate(HandlerFunc(func(context.Context, *Request) (any, error) { return ReadSystemInfo(), nil })))
+	k.Handle("kite.methods", gate(HandlerFunc(func(context.Context, *Request) (any, error) { return k.Methods(), nil })))
 }
 
 func (k *Kite) handshake(ctx context.Context, r *Request) (any, error) {

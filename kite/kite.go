@@ -31,7 +31,12 @@ type Options struct {
 	// Authenticator checks the credentials of kites that dial this one. Nil: every handshake is
 	// rejected, only public methods (kite.ping) are served.
 	Authenticator Authenticator
-	Logger        *slog.Logger // default: discard
+	// GateBuiltins, when set, wraps the built-in methods that need authentication
+	// (kite.systemInfo, kite.methods) the way the server wraps its own: kloud and kontrol pass
+	// kitekey.AgentGate(h, false), so machine agents are refused those too. Nil: served to any
+	// authenticated peer.
+	GateBuiltins func(Handler) Handler
+	Logger       *slog.Logger // default: discard
 	// MaxFrameSize bounds one JSON-RPC frame in either direction (default 4 MiB). A peer that
 	// sends more is disconnected with close code 1009.
 	MaxFrameSize int64

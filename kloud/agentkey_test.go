@@ -26,7 +26,6 @@ import (
 var agentCallable = []string{
 	"kontrol.register", "kontrol.getKey",
 	"kite.ping", "kite.handshake", // public
-	"kite.methods", "kite.systemInfo", // package kite's built-ins, registered before any table
 }
 
 // agentKeys returns, for a machine of owner, the key kloud now gives a machine and the kind of

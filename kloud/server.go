@@ -145,6 +145,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.Kite, err = kite.New(kite.Options{
 		Identity:      kite.Identity{Name: "kloud", Version: version.Version, Username: "kloud"},
 		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin, Agents: true},
+		GateBuiltins:  kitekey.RefuseAgents,
 		Logger:        opts.Logger,
 		PingInterval:  opts.HeartbeatInterval,
 		PingTimeout:   opts.HeartbeatTimeout,

@@ -18,7 +18,6 @@ import (
 var agentCallable = []string{
 	"kontrol.register", "kontrol.getKey",
 	"kite.ping", "kite.handshake", // public
-	"kite.methods", "kite.systemInfo", // built-ins of package kite, registered before any server's table
 }
 
 // TestAgentKeyRefusedByEveryMethod is generated from kontrol's method table as registered on

@@ -128,6 +128,10 @@ func AgentRefused(r *kite.Request) error {
 	return fmt.Errorf("%s: agent keys may only register their own agent (this is the key of agent %s): %w", r.Method, short(id), kite.ErrPermission)
 }
 
+// RefuseAgents is AgentGate(h, false): for kite.Options.GateBuiltins of a server that accepts
+// agent keys, so that kite's own built-ins refuse agents like every method not agent-facing.
+func RefuseAgents(h kite.Handler) kite.Handler { return AgentGate(h, false) }
+
 // AgentGate wraps h so that machine agents are refused (AgentRefused) unless agentCallable. Every
 // server registers each of its methods through it with the flag from its method table, so a
 // method nobody marked agent-callable refuses agents (default deny).

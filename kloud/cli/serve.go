@@ -30,7 +30,7 @@ type serveFlags struct {
 	terraformerAddr string
 	// tfInsecure passes --insecure-no-sandbox to the terraformer kloud starts.
 	tfInsecure bool
-	logLevel        string
+	logLevel   string
 }
 
 // providerHooks add providers to the server's registry (each built-in provider's file adds one);

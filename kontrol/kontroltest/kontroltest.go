@@ -67,6 +67,7 @@ func (e *Env) start(ln net.Listener) {
 	k, err := kite.New(kite.Options{
 		Identity:      kite.Identity{Name: "kontrol", Username: "kontrol"},
 		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin, Agents: true},
+		GateBuiltins:  kitekey.RefuseAgents,
 		Logger:        testutil.Logger(t),
 		PingInterval:  e.opts.PingInterval,
 		PingTimeout:   e.opts.PingTimeout,
