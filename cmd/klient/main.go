@@ -19,7 +19,7 @@ func main() {
 	var o klient.Options
 	flag.StringVar(&o.KiteKeyFile, "kite-key", "/etc/kloud/kite.key", "kite key file (written by cloud-init)")
 	flag.StringVar(&o.KontrolURL, "kontrol-url", "", "kontrol kite URL (default: from the kite key)")
-	flag.StringVar(&o.Owner, "owner", "", "the machine owner's username (default: the key's subject)")
+	flag.StringVar(&o.Owner, "owner", "", "the machine owner's username (default: the agent key's owner claim; must match it)")
 	flag.StringVar(&o.Environment, "environment", "default", "kite environment")
 	flag.StringVar(&o.Region, "region", "default", "kite region")
 	flag.StringVar(&o.Listen, "listen", "", "also accept direct kite connections on this address (e.g. :56789)")

@@ -26,7 +26,8 @@ import (
 
 var build struct {
 	once      sync.Once
-	dir       string // temp dir holding the mirror and the CLI config
+	dir       string // run dir holding the mirror and the CLI config
+	remove    func()
 	cliConfig string
 	err       error
 }
@@ -44,10 +45,12 @@ func Terraform(t testing.TB) (terraformPath, cliConfig string) {
 	return terraformPath, build.cliConfig
 }
 
-// Cleanup removes the temporary mirror; call it from TestMain after m.Run.
+// Cleanup removes the temporary mirror; call it from TestMain after m.Run. (A test binary killed
+// before it leaves the mirror in testutil.RunDir's directory, which the next run removes; never
+// in the system temp dir.)
 func Cleanup() {
-	if build.dir != "" {
-		os.RemoveAll(build.dir)
+	if build.remove != nil {
+		build.remove()
 	}
 }
 
@@ -56,7 +59,7 @@ func buildMirror() (dir, cliConfig string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	dir, err = os.MkdirTemp("", "kloudlocal-mirror-")
+	dir, build.remove, err = testutil.RunDir("kloudlocal-mirror")
 	if err != nil {
 		return "", "", err
 	}
