@@ -108,7 +108,7 @@ func templateCmd(g *globals) *cobra.Command {
 		Short: "Show a template and its files",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var t kloud.Template
+			var t kloud.TemplateView
 			if err := g.kloudCall(cmd.Context(), "template.get", kloud.TemplateGetParams{ID: args[0], Rev: rev}, &t); err != nil {
 				return err
 			}
@@ -116,6 +116,9 @@ func templateCmd(g *globals) *cobra.Command {
 				return g.printJSON(t)
 			}
 			fmt.Fprintf(g.stdout, "%s  %q  team %s  owner %s  rev %d\n", t.ID, t.Title, t.Team, t.Owner, t.Rev)
+			for _, tr := range t.Trust {
+				fmt.Fprintf(g.stdout, "trusted: rev %d lifts %s (by %s at %s: %s)\n", tr.Rev, strings.Join(tr.Rules, ","), tr.By, tr.At.Format(time.RFC3339), tr.Reason)
+			}
 			for _, f := range t.Files {
 				fmt.Fprintf(g.stdout, "--- %s\n%s\n", f.Name, strings.TrimRight(f.Content, "\n"))
 			}

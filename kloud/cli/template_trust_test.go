@@ -75,6 +75,9 @@ func TestTemplateTrustCommand(t *testing.T) {
 	if !strings.Contains(out, "rev 1 trusted by admin: rules host-function, provisioner lifted") {
 		t.Fatalf("trust: %s", out)
 	}
+	if out := must(alice("template", "get", tpl.ID)); !strings.Contains(out, "trusted: rev 1 lifts host-function,provisioner (by admin at ") || !strings.Contains(out, ": reviewed)") {
+		t.Fatalf("template get does not show the trust: %s", out)
+	}
 	if out := must(admin("template", "untrust", tpl.ID)); !strings.Contains(out, "1 trusted revision(s) untrusted") {
 		t.Fatalf("untrust: %s", out)
 	}

@@ -14,7 +14,10 @@
 //     (Expression.Variables) for both syntaxes, so "$${var.x}" escapes and for-expression
 //     iterators are told apart from real references;
 //   - Validate applies kloud's own rules to machine resources (count, never for_each; literal
-//     user data).
+//     user data);
+//   - CheckPolicy (policy.go) applies the template policy: templates are data, not code (an
+//     allowlist of blocks, providers and pure functions; no provisioners, host paths, backends or
+//     modules), see docs/template-policy.md.
 //
 // and rewrites it:
 //
