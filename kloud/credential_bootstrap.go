@@ -141,17 +141,23 @@ func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, 
 	return BootstrapResult{JobID: jobID, Status: status}, nil
 }
 
-// finishBootstrap updates the bootstrap state if job jobID still holds it.
+// finishBootstrap updates the bootstrap state if job jobID still holds it, retrying until the
+// store has it (store.Persist: its own context, so a cancelled job's final state lands too).
 func (s *Server) finishBootstrap(credID, jobID string, set bson.M) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	set["bootstrap.updatedAt"] = s.store.Now()
-	res, err := s.credentials().UpdateOne(ctx, bson.M{"_id": credID, "bootstrap.jobId": jobID}, bson.M{"$set": set})
+	var matched int64
+	err := s.store.Persist(context.Background(), "bootstrap state of credential "+credID, 0, func(ctx context.Context) error {
+		res, err := s.credentials().UpdateOne(ctx, bson.M{"_id": credID, "bootstrap.jobId": jobID}, bson.M{"$set": set})
+		if err == nil {
+			matched = res.MatchedCount
+		}
+		return err
+	})
 	if err != nil {
 		s.log.Error("update bootstrap state", "credential", credID, "job", jobID, "err", err)
 		return fmt.Errorf("update bootstrap state of credential %s: %w", credID, err)
 	}
-	if res.MatchedCount == 0 {
+	if matched == 0 {
 		return fmt.Errorf("credential %s: bootstrap is no longer held by job %s", credID, jobID)
 	}
 	return nil
