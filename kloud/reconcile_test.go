@@ -277,11 +277,12 @@ resource "terraform_data" "vm" {
 	if j := f.job(job); !strings.Contains(strings.Join(j.Log, "\n"), "vm:") {
 		t.Fatalf("the agent wait's outcome is not in the job log: %q", j.Log)
 	}
-	// Building again is shown by TestCancelBuildBeforeTerraformStarts: the dummy provider does
-	// not boot a machine again when only its user data changed (its boot resource is replaced
-	// with the machine resource, which terraform updates in place), so a second build here
-	// would wait for an agent that never comes. Destroy works.
 	os.Remove(gate)
+	f.mustSucceed(f.apply(sid, false), "build again")
+	st = f.settled(sid, kloud.StackInitialized)
+	if m := st.MachineDocs[0]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+		t.Fatalf("after building again: %+v", m)
+	}
 	f.mustSucceed(f.apply(sid, true), "destroy")
 	f.destroyed(sid)
 }
