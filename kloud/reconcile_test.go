@@ -258,8 +258,10 @@ resource "terraform_data" "vm" {
 `, gate)))
 	job := f.apply(sid, false)
 	testutil.Eventually(t, 3*time.Minute, func() bool {
-		m := f.machines(sid)["vm"]
-		return m.KiteID != "" && len(f.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) == 1 || f.job(job).Status.Done()
+		// Registered, and the job has reached its agent wait (under load the agent can register
+		// before the job's progress says so).
+		m, j := f.machines(sid)["vm"], f.job(job)
+		return m.KiteID != "" && len(f.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) == 1 && j.Percent >= 70 || j.Status.Done()
 	}, "the machine's agent never registered")
 	if j := f.job(job); j.Status.Done() || j.Percent < 70 {
 		t.Fatalf("not waiting for agents: %+v", j)
