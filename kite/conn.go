@@ -13,8 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/sourcegraph/jsonrpc2"
+
+	"github.com/kloud-dev/kloud/kite/frame"
 )
 
 // Conn is one established kite connection. Either side may Call and Notify the other; calls
@@ -22,7 +23,7 @@ import (
 type Conn struct {
 	k      *Kite
 	rpc    *jsonrpc2.Conn
-	frames FrameStream
+	frames frame.Stream
 	dialed bool
 	remote string // remote address or URL, for logs
 	log    *slog.Logger
@@ -48,7 +49,7 @@ type Conn struct {
 	pingTm *time.Timer
 }
 
-func newConn(k *Kite, frames FrameStream, dialed bool, remote string) *Conn {
+func newConn(k *Kite, frames frame.Stream, dialed bool, remote string) *Conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Conn{
 		k: k, frames: frames, dialed: dialed, remote: remote,
@@ -152,12 +153,12 @@ func (c *Conn) Close(reason error) error {
 			c.pingTm.Stop()
 		}
 		c.mu.Unlock()
-		code, msg := websocket.StatusNormalClosure, ""
+		code, msg := frame.CloseNormal, ""
 		if !errors.Is(reason, ErrClosed) {
-			code, msg = websocket.StatusGoingAway, truncate(reason.Error(), 120)
+			code, msg = frame.CloseGoingAway, truncate(reason.Error(), 120)
 		}
 		if errors.Is(reason, errDeadPeer) {
-			c.frames.Close(-1, "") // no close handshake with a peer that stopped answering
+			c.frames.Close(frame.CloseNow, "") // no close handshake with a peer that stopped answering
 		} else {
 			c.frames.Close(code, msg)
 		}

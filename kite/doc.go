@@ -6,6 +6,8 @@
 // A dialing side proves who it is with kite.handshake (Auth); the serving side checks it with an
 // Authenticator (package kitekey has the JWT one). Client keeps a connection up with backoff and
 // re-runs its registration hooks after every reconnect. Errors map to JSON-RPC codes in one
-// place, errors.go. The RPC core speaks an ObjectStream (wsstream.go adapts coder/websocket), so
-// it can be tested over net.Pipe as well as over real WebSockets.
+// place, errors.go. The RPC core speaks a frame.Stream (package kite/frame: whole frames, no
+// WebSocket types); package kite/wsframe adapts coder/websocket to it for ServeHTTP and Dial, and
+// frame.Lines carries it over any byte stream, so the core is tested over net.Pipe
+// (ServeFrames, DialFrames) as well as over real WebSockets.
 package kite

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	kiteframe "github.com/kloud-dev/kloud/kite/frame"
 )
 
 // FuzzFrame checks the property the frame screening exists for: no frame a peer sends, before or
@@ -40,7 +41,7 @@ func FuzzFrame(f *testing.F) {
 		defer sk.Close()
 		a, b := net.Pipe()
 		defer b.Close()
-		sk.ServeFrames(kite.LineFrames(a, 1<<20), "fuzz")
+		sk.ServeFrames(kiteframe.Lines(a, 1<<20), "fuzz")
 		b.SetDeadline(time.Now().Add(5 * time.Second))
 		// net.Pipe has no buffer: read in the background so the server never blocks writing.
 		lines := make(chan []byte, 64)

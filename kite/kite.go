@@ -1,23 +1,22 @@
 package kite
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/google/uuid"
 	"golang.org/x/time/rate"
+
+	"github.com/kloud-dev/kloud/kite/frame"
+	"github.com/kloud-dev/kloud/kite/wsframe"
 )
 
 // Subprotocol is the WebSocket subprotocol of kite protocol v1.
@@ -269,26 +268,18 @@ func (k *Kite) Close() error {
 
 // ServeHTTP accepts a kite connection (GET /kite upgraded to WebSocket, subprotocol kite.v1).
 func (k *Kite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if hj, ok := w.(http.Hijacker); ok {
-		w = smallBuffers{w, hj}
-	}
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
-		Subprotocols:   []string{Subprotocol},
-		OriginPatterns: k.opts.OriginPatterns,
+	fs, err := wsframe.Accept(w, r, wsframe.AcceptOptions{
+		Subprotocol: Subprotocol, OriginPatterns: k.opts.OriginPatterns, MaxFrame: k.opts.MaxFrameSize,
 	})
 	if err != nil {
-		k.log.Debug("websocket accept", "remote", r.RemoteAddr, "err", err)
+		k.log.Debug("kite accept", "remote", r.RemoteAddr, "err", err)
 		return
 	}
-	if ws.Subprotocol() != Subprotocol {
-		ws.Close(websocket.StatusPolicyViolation, "subprotocol "+Subprotocol+" is required")
-		return
-	}
-	k.ServeFrames(WebSocketFrames(ws, k.opts.MaxFrameSize), r.RemoteAddr)
+	k.ServeFrames(fs, r.RemoteAddr)
 }
 
 // ServeFrames serves a kite connection over an established frame stream and returns at once.
-func (k *Kite) ServeFrames(fs FrameStream, remote string) *Conn {
+func (k *Kite) ServeFrames(fs frame.Stream, remote string) *Conn {
 	c := newConn(k, fs, false, remote)
 	if !k.track(c) {
 		c.Close(errors.New("kite is closing"))
@@ -305,20 +296,16 @@ func (k *Kite) ServeFrames(fs FrameStream, remote string) *Conn {
 // Dial connects to the kite at url (ws://, wss://, http:// or https://, path included, e.g.
 // http://127.0.0.1:7000/kite), performs the handshake with auth and returns the connection.
 func (k *Kite) Dial(ctx context.Context, url string, auth Auth) (*Conn, error) {
-	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{Subprotocol}})
+	fs, err := wsframe.Dial(ctx, url, Subprotocol, k.opts.MaxFrameSize)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", url, err)
 	}
-	if ws.Subprotocol() != Subprotocol {
-		ws.CloseNow()
-		return nil, fmt.Errorf("dial %s: server does not speak %s", url, Subprotocol)
-	}
-	return k.DialFrames(ctx, WebSocketFrames(ws, k.opts.MaxFrameSize), url, auth)
+	return k.DialFrames(ctx, fs, url, auth)
 }
 
 // DialFrames runs the client side of a connection over an established frame stream: it sends
 // kite.handshake with auth and returns the connection once the server accepted it.
-func (k *Kite) DialFrames(ctx context.Context, fs FrameStream, remote string, auth Auth) (*Conn, error) {
+func (k *Kite) DialFrames(ctx context.Context, fs frame.Stream, remote string, auth Auth) (*Conn, error) {
 	c := newConn(k, fs, true, remote)
 	if !k.track(c) {
 		c.Close(errors.New("kite is closing"))
@@ -336,37 +323,4 @@ func (k *Kite) DialFrames(ctx context.Context, fs FrameStream, remote string, au
 	c.mu.Unlock()
 	c.ready.Store(true)
 	return c, nil
-}
-
-// smallBuffers hands coder/websocket smaller bufio buffers than net/http's 4 KiB reader and
-// 4 KiB writer, which it would keep for the connection's life: most kite frames are small and
-// a bufio.Reader passes reads larger than its buffer straight through.
-type smallBuffers struct {
-	http.ResponseWriter
-	hj http.Hijacker
-}
-
-const hijackBufSize = 1 << 10
-
-func (s smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c, brw, err := s.hj.Hijack()
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := brw.Writer.Flush(); err != nil {
-		c.Close()
-		return nil, nil, err
-	}
-	br := brw.Reader
-	if n := br.Buffered(); n <= hijackBufSize {
-		// The bytes net/http read ahead must sit in the new reader's buffer: coder/websocket
-		// takes them from there (Peek) before it resets the reader onto the connection.
-		b, _ := br.Peek(n)
-		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(b)), c), hijackBufSize)
-		if _, err := br.Peek(n); err != nil {
-			c.Close()
-			return nil, nil, err
-		}
-	}
-	return c, bufio.NewReadWriter(br, bufio.NewWriterSize(c, hijackBufSize)), nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/frame"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -595,8 +596,8 @@ func TestOverPipe(t *testing.T) {
 	})
 	ck := newClientKite(t, "alice")
 	a, b := net.Pipe()
-	sk.ServeFrames(kite.LineFrames(a, 1<<20), "pipe")
-	c, err := ck.DialFrames(t.Context(), kite.LineFrames(b, 1<<20), "pipe", kite.Auth{Type: kite.AuthKiteKey, Key: "user:alice"})
+	sk.ServeFrames(frame.Lines(a, 1<<20), "pipe")
+	c, err := ck.DialFrames(t.Context(), frame.Lines(b, 1<<20), "pipe", kite.Auth{Type: kite.AuthKiteKey, Key: "user:alice"})
 	if err != nil {
 		t.Fatal(err)
 	}

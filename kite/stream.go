@@ -1,136 +1,26 @@
 package kite
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
-	"sync"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/sourcegraph/jsonrpc2"
+
+	"github.com/kloud-dev/kloud/kite/frame"
 )
 
-// FrameStream carries whole JSON-RPC frames. The RPC core (Conn) needs nothing else from a
-// transport, so it runs over a WebSocket (WebSocketFrames) or any byte stream (LineFrames).
-type FrameStream interface {
-	// ReadFrame returns the next frame. It returns ErrFrameTooLarge (and the stream is closed)
-	// if the peer sent more than the configured maximum.
-	ReadFrame(ctx context.Context) ([]byte, error)
-	// WriteFrame sends one frame; safe for concurrent use.
-	WriteFrame(ctx context.Context, frame []byte) error
-	// Ping checks the peer is alive; streams without a liveness check return nil.
-	Ping(ctx context.Context) error
-	// Close closes the stream, telling the peer why where the transport can. A negative code
-	// closes at once without a closing handshake.
-	Close(code websocket.StatusCode, reason string) error
-}
-
-// ErrFrameTooLarge is returned by ReadFrame for a frame over the limit.
-var ErrFrameTooLarge = errors.New("kite: frame too large")
-
-// WebSocketFrames adapts a coder/websocket connection: one JSON-RPC object per text frame.
-func WebSocketFrames(c *websocket.Conn, maxFrame int64) FrameStream {
-	c.SetReadLimit(maxFrame)
-	return &wsFrames{c: c}
-}
-
-type wsFrames struct{ c *websocket.Conn }
-
-func (w *wsFrames) ReadFrame(ctx context.Context) ([]byte, error) {
-	for {
-		typ, b, err := w.c.Read(ctx)
-		if err != nil {
-			if errors.Is(err, websocket.ErrMessageTooBig) {
-				return nil, fmt.Errorf("%w: %w", ErrFrameTooLarge, err)
-			}
-			return nil, err
-		}
-		if typ != websocket.MessageText {
-			// Binary frames have no meaning on a kite connection; say so and go on.
-			return []byte("\x00binary"), nil
-		}
-		return b, nil
-	}
-}
-
-func (w *wsFrames) WriteFrame(ctx context.Context, b []byte) error {
-	return w.c.Write(ctx, websocket.MessageText, b)
-}
-
-func (w *wsFrames) Ping(ctx context.Context) error { return w.c.Ping(ctx) }
-
-func (w *wsFrames) Close(code websocket.StatusCode, reason string) error {
-	if code < 0 {
-		return w.c.CloseNow()
-	}
-	err := w.c.Close(code, reason)
-	if err != nil {
-		w.c.CloseNow()
-	}
-	return err
-}
-
-// LineFrames carries newline-delimited frames over any byte stream (net.Pipe in tests, stdio).
-func LineFrames(rwc io.ReadWriteCloser, maxFrame int64) FrameStream {
-	return &lineFrames{rwc: rwc, r: bufio.NewReaderSize(rwc, 64<<10), max: maxFrame}
-}
-
-type lineFrames struct {
-	rwc io.ReadWriteCloser
-	r   *bufio.Reader
-	max int64
-	wmu sync.Mutex
-}
-
-func (l *lineFrames) ReadFrame(ctx context.Context) ([]byte, error) {
-	var buf []byte
-	for {
-		chunk, err := l.r.ReadSlice('\n')
-		buf = append(buf, chunk...)
-		if int64(len(buf)) > l.max+1 {
-			l.rwc.Close()
-			return nil, ErrFrameTooLarge
-		}
-		if err == nil {
-			return bytes.TrimRight(buf, "\r\n"), nil
-		}
-		if !errors.Is(err, bufio.ErrBufferFull) {
-			return nil, err
-		}
-	}
-}
-
-func (l *lineFrames) WriteFrame(ctx context.Context, b []byte) error {
-	l.wmu.Lock()
-	defer l.wmu.Unlock()
-	if d, ok := ctx.Deadline(); ok {
-		if c, ok := l.rwc.(net.Conn); ok {
-			c.SetWriteDeadline(d)
-			defer c.SetWriteDeadline(time.Time{})
-		}
-	}
-	_, err := l.rwc.Write(append(b[:len(b):len(b)], '\n'))
-	return err
-}
-
-func (l *lineFrames) Ping(context.Context) error { return nil }
-
-func (l *lineFrames) Close(websocket.StatusCode, string) error { return l.rwc.Close() }
-
-// objectStream implements jsonrpc2.ObjectStream over a FrameStream. It screens every frame before
+// objectStream implements jsonrpc2.ObjectStream over a frame.Stream. It screens every frame before
 // jsonrpc2 sees it: malformed JSON gets a -32700 reply, a frame that is not a JSON-RPC 2.0 request
 // or response gets -32600, and in both cases the connection stays up (jsonrpc2 itself would
 // drop the connection on any decode error).
 type objectStream struct {
 	ctx      context.Context
-	frames   FrameStream
+	frames   frame.Stream
 	maxFrame int64
 	wtimeout time.Duration
 	// onReadErr runs once reading failed (jsonrpc2 then stops reading and closes).
@@ -195,7 +85,7 @@ func (s *objectStream) ReadObject(v any) (err error) {
 	}
 }
 
-func (s *objectStream) Close() error { return s.frames.Close(websocket.StatusNormalClosure, "") }
+func (s *objectStream) Close() error { return s.frames.Close(frame.CloseNormal, "") }
 
 // dropFrame marks a frame that is dropped without an answer.
 const dropFrame = 1
@@ -210,7 +100,7 @@ func codeErr(code int64) error {
 // screen checks one frame. It returns code 0 if jsonrpc2 can take it; otherwise the id to answer
 // (if it could be read), the error code and a message.
 func screen(b []byte) (id json.RawMessage, code int64, msg string) {
-	if bytes.Equal(b, []byte("\x00binary")) {
+	if bytes.Equal(b, frame.Binary) {
 		return nil, CodeInvalidRequest, "binary frames are not part of the kite protocol"
 	}
 	b = bytes.TrimSpace(b)
