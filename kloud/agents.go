@@ -12,7 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kontrol"
 )
 
-// kontrolAgents finds agents through the kontrol kloud hosts (provider.Agents).
+// kontrolAgents finds agents through the kontrol kloud hosts (stackbuild.Agents).
 type kontrolAgents struct{ k *kontrol.Kontrol }
 
 // WaitRegistered waits for the kite id to register: subscribe, then look, so a registration

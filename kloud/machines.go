@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -274,8 +275,8 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	}
 	if method == provider.MethodStart {
 		j.Progress(ctx, 75, string(during), "Checking the machine's agent")
-		pl := &provider.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: 5 * time.Minute, Log: s.log}
-		r := pl.Wait(ctx, []provider.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm}}, nil)[0]
+		pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: 5 * time.Minute, Log: s.log}
+		r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm}}, nil)[0]
 		if !r.OK {
 			return fail(fmt.Errorf("started, but %s failed: %w", r.Step, r.Err))
 		}

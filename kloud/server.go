@@ -51,7 +51,9 @@ type Options struct {
 	// KlientBin is the klient binary served at /dl/klient (default: "klient" next to this
 	// executable).
 	KlientBin string
-	// Providers are the providers kloud offers (default provider.Default).
+	// Providers are the providers kloud offers (default: an empty registry, so kloud serves
+	// users, templates and credentials but builds no stack; kloud serve registers the
+	// built-in providers its flags enable).
 	Providers *provider.Registry
 	// JobLease is how long a job stays claimed by a kloud that stopped renewing it (crashed)
 	// before another start or replica resumes it (default 30s).
@@ -196,7 +198,7 @@ func (o *Options) defaults() error {
 		o.ReconcileInterval = DefaultReconcileInterval
 	}
 	if o.Providers == nil {
-		o.Providers = provider.Default
+		o.Providers = provider.NewRegistry()
 	}
 	if o.PublicURL == "" {
 		_, port, err := net.SplitHostPort(o.Addr)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -794,26 +795,26 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	return map[string]any{"stackId": st.ID, "machines": len(ms)}, nil
 }
 
-func (s *Server) waitAgents(ctx context.Context, j *jobCtx, st *Stack, ms []Machine, res *tfrun.Result) []provider.AgentResult {
+func (s *Server) waitAgents(ctx context.Context, j *jobCtx, st *Stack, ms []Machine, res *tfrun.Result) []stackbuild.AgentResult {
 	timeout := 5 * time.Minute
 	if v, ok := st.Variables["kloud_agent_timeout"]; ok {
 		if d, err := time.ParseDuration(v); err == nil && d > 0 {
 			timeout = d
 		}
 	}
-	pl := &provider.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: timeout, Log: s.log}
+	pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: timeout, Log: s.log}
 	c, _ := s.callerByName(ctx, st.Owner, false)
-	var ex []provider.Expect
+	var ex []stackbuild.Expect
 	for i := range ms {
 		m := &ms[i]
 		m.Attributes = resourceValues(res, m)
-		e := provider.Expect{Label: m.Label, KiteID: m.KiteID}
+		e := stackbuild.Expect{Label: m.Label, KiteID: m.KiteID}
 		if pm, err := s.providerMachine(ctx, c, m); err == nil {
 			e.Machine = pm
 		}
 		ex = append(ex, e)
 	}
-	return pl.Wait(ctx, ex, func(r provider.AgentResult) {
+	return pl.Wait(ctx, ex, func(r stackbuild.AgentResult) {
 		if r.OK {
 			j.Logf(ctx, "%s: agent connected", r.Label)
 		} else {

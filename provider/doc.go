@@ -1,11 +1,15 @@
 // Package provider is the contract between kloud and the infrastructure providers, and the
 // helpers providers share.
 //
-// Start with Provider and Register: a provider registers itself (database/sql style) with a
-// Schema (its credential, bootstrap and metadata types), a Stack constructor (verify credentials,
-// bootstrap templates, rewrite a stack's template before apply) and a Machine constructor
-// (start, stop, info). Optional capabilities are separate interfaces found by type assertion
-// (ConsoleLogger, Resizer, ...); each documents what kloud does when a provider lacks it.
-// BaseStack and BaseMachine carry what kloud gives a provider; State is the machine state machine
-// with the allowed-method table of the original Koding.
+// Start with Provider and Registry: a provider is a value, registered (database/sql style, but
+// in a Registry the caller builds and passes to kloud as kloud.Options.Providers: there is no
+// global registry) with a Schema (its credential, bootstrap and metadata types), a Stack
+// constructor (verify credentials, bootstrap templates, rewrite a stack's template before apply)
+// and a Machine constructor (start, stop, info). Optional capabilities are separate interfaces
+// found by type assertion (ConsoleLogger, Resizer, ...); each documents what kloud does when a
+// provider lacks it. BaseStack and BaseMachine carry what kloud gives a provider; State is the
+// machine state machine with the allowed-method table of the original Koding.
+//
+// The contract links neither the transport (kite) nor the agent (klient); a test enforces it.
+// The planner that waits for machines' agents after a build is kloud/stackbuild's.
 package provider

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"sort"
 	"sync"
-	"testing"
 
 	"github.com/kloud-dev/kloud/userdata"
 )
@@ -75,9 +74,9 @@ type Machine interface {
 }
 
 // ConsoleLogger is implemented by machines whose console output (cloud-init's log) can be read
-// without the agent, like a cloud's "get console output". The planner uses it to say which
-// provisioning step failed when the agent never came up; without it, the error names the last
-// step kloud saw.
+// without the agent, like a cloud's "get console output". kloud/stackbuild's planner uses it to
+// say which provisioning step failed when the agent never came up; without it, the error names
+// the last step kloud saw.
 type ConsoleLogger interface {
 	ConsoleLog(ctx context.Context) (string, error)
 }
@@ -94,13 +93,16 @@ type ConstraintsValidator interface {
 	ValidateConstraints(ctx context.Context, attrs map[string]any) error
 }
 
-// Registry holds providers by name.
+// Registry holds providers by name: the providers one kloud offers. It is a value the caller
+// builds and passes to kloud (kloud.Options.Providers), as database/sql drivers are registered,
+// but there is no global registry: two kloud servers in one process (tests) offer different
+// providers.
 type Registry struct {
 	mu        sync.RWMutex
 	providers map[string]*Provider
 }
 
-// NewRegistry returns an empty registry (tests build their own).
+// NewRegistry returns an empty registry.
 func NewRegistry() *Registry { return &Registry{providers: map[string]*Provider{}} }
 
 // Register adds p. It panics if p is nil, unnamed, or its name is taken.
@@ -117,13 +119,6 @@ func (r *Registry) Register(p *Provider) {
 		p.UserDataAttr = "user_data"
 	}
 	r.providers[p.Name] = p
-}
-
-// Unregister removes a provider (tests).
-func (r *Registry) Unregister(name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.providers, name)
 }
 
 // Lookup returns the provider called name.
@@ -159,22 +154,6 @@ func (r *Registry) Names() []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// Default is the registry built-in providers register with.
-var Default = NewRegistry()
-
-// Register adds p to the default registry; it panics on a duplicate name.
-func Register(p *Provider) { Default.Register(p) }
-
-// Lookup finds a provider in the default registry.
-func Lookup(name string) (*Provider, error) { return Default.Lookup(name) }
-
-// RegisterForTest registers p in the default registry until the test ends.
-func RegisterForTest(t testing.TB, p *Provider) {
-	t.Helper()
-	Default.Register(p)
-	t.Cleanup(func() { Default.Unregister(p.Name) })
 }
 
 // Credential is a credential as a provider sees it: the decoded secret value (never returned to

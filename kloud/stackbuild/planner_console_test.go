@@ -1,4 +1,4 @@
-package provider_test
+package stackbuild_test
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/userdata"
 )
@@ -84,11 +85,11 @@ func (m *bootMachine) Info(context.Context) (provider.State, any, error) {
 }
 
 // waitFailure polls the console like the planner does until ParseBootFailure reports a failure.
-func (m *bootMachine) waitFailure(within time.Duration) (*provider.BootFailure, time.Duration) {
+func (m *bootMachine) waitFailure(within time.Duration) (*stackbuild.BootFailure, time.Duration) {
 	m.t.Helper()
 	start := time.Now()
 	for time.Since(start) < within {
-		if f := provider.ParseBootFailure(m.console()); f != nil {
+		if f := stackbuild.ParseBootFailure(m.console()); f != nil {
 			return f, time.Since(start)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -126,7 +127,7 @@ func TestParseBootFailureDownloadRefused(t *testing.T) {
 	if took > 6*time.Second {
 		t.Errorf("a refused download was recognised after %s (provision.sh retries for ~90s; want seconds)", took)
 	}
-	if f.Step != provider.StepDownload || f.Marker != userdata.StepDownload || !f.Retrying || f.Attempts < provider.DownloadFailuresToFail {
+	if f.Step != stackbuild.StepDownload || f.Marker != userdata.StepDownload || !f.Retrying || f.Attempts < stackbuild.DownloadFailuresToFail {
 		t.Errorf("failure %+v", f)
 	}
 	for _, w := range []string{url, "curl exit code 7", "curl: (7)", "is kloud listening on an address the machine can reach"} {
@@ -144,7 +145,7 @@ func TestParseBootFailureChecksum(t *testing.T) {
 	url, _ := klientServer(t)
 	m := boot(t, userdata.Config{KlientURL: url, KlientSHA256: strings.Repeat("0", 64)})
 	f, _ := m.waitFailure(20 * time.Second)
-	if f.Step != provider.StepDownload || f.Marker != userdata.StepVerify || f.Retrying || !strings.Contains(f.Detail, "sha256 mismatch") {
+	if f.Step != stackbuild.StepDownload || f.Marker != userdata.StepVerify || f.Retrying || !strings.Contains(f.Detail, "sha256 mismatch") {
 		t.Errorf("failure %+v", f)
 	}
 }
@@ -154,7 +155,7 @@ func TestParseBootFailureUserScript(t *testing.T) {
 	url, sum := klientServer(t)
 	m := boot(t, userdata.Config{KlientURL: url, KlientSHA256: sum, UserData: "#!/bin/bash\necho boom-42 >&2\nexit 3\n"})
 	f, _ := m.waitFailure(20 * time.Second)
-	if f.Step != provider.StepUserScript || f.Marker != userdata.StepUserScript || f.Detail != "exit code 3" {
+	if f.Step != stackbuild.StepUserScript || f.Marker != userdata.StepUserScript || f.Detail != "exit code 3" {
 		t.Errorf("failure %+v", f)
 	}
 	if !strings.Contains(m.console(), "boom-42") {
@@ -169,7 +170,7 @@ func TestParseBootFailureSuccess(t *testing.T) {
 	testutil.Eventually(t, 20*time.Second, func() bool {
 		return strings.Contains(m.console(), "KLOUD-PROVISION step=done status=ok")
 	}, "provisioning did not finish:\n%s", m.console)
-	if f := provider.ParseBootFailure(m.console()); f != nil {
+	if f := stackbuild.ParseBootFailure(m.console()); f != nil {
 		t.Fatalf("a good boot read as failed: %v\n%s", f, m.console())
 	}
 }
@@ -179,18 +180,18 @@ func TestParseBootFailureSuccess(t *testing.T) {
 func TestParseBootFailureCloudInit(t *testing.T) {
 	t.Parallel()
 	const end = "Cloud-init v. 22.4.2 finished at Wed, 25 Nov 2026 21:00:00 +0000. Datasource DataSourceNoCloud.  Up 4.20 seconds\n"
-	if f := provider.ParseBootFailure("Cloud-init v. 22.4.2 running 'modules:final'\n"); f != nil {
+	if f := stackbuild.ParseBootFailure("Cloud-init v. 22.4.2 running 'modules:final'\n"); f != nil {
 		t.Errorf("cloud-init still running read as failed: %v", f)
 	}
-	f := provider.ParseBootFailure("Cloud-init v. 22.4.2 running 'modules:final'\n2026-11-25 WARNING: bad runcmd\n" + end)
-	if f == nil || f.Step != provider.StepBoot || !strings.Contains(f.Detail, "without running kloud's provisioning") {
+	f := stackbuild.ParseBootFailure("Cloud-init v. 22.4.2 running 'modules:final'\n2026-11-25 WARNING: bad runcmd\n" + end)
+	if f == nil || f.Step != stackbuild.StepBoot || !strings.Contains(f.Detail, "without running kloud's provisioning") {
 		t.Errorf("no provisioning: %+v", f)
 	}
-	f = provider.ParseBootFailure("KLOUD-PROVISION step=download status=start detail=\"u\"\nKLOUD-PROVISION step=download status=ok\nKLOUD-PROVISION step=start-klient status=start\n" + end)
-	if f == nil || f.Step != provider.StepAgentStart || f.Marker != userdata.StepStartKlient {
+	f = stackbuild.ParseBootFailure("KLOUD-PROVISION step=download status=start detail=\"u\"\nKLOUD-PROVISION step=download status=ok\nKLOUD-PROVISION step=start-klient status=start\n" + end)
+	if f == nil || f.Step != stackbuild.StepAgentStart || f.Marker != userdata.StepStartKlient {
 		t.Errorf("stopped mid-step: %+v", f)
 	}
-	if f := provider.ParseBootFailure("KLOUD-PROVISION step=done status=ok\n" + end); f != nil {
+	if f := stackbuild.ParseBootFailure("KLOUD-PROVISION step=done status=ok\n" + end); f != nil {
 		t.Errorf("done: %v", f)
 	}
 }
@@ -208,16 +209,16 @@ func (neverAgents) WaitRegistered(ctx context.Context, kiteID string) (*kite.Con
 func TestPlannerFailsFromConsole(t *testing.T) {
 	t.Parallel()
 	m := boot(t, userdata.Config{KlientURL: refusingURL(t), KlientSHA256: strings.Repeat("a", 64)})
-	pl := &provider.Planner{Agents: neverAgents{}, Timeout: 2 * time.Minute, Log: testutil.Logger(t)}
+	pl := &stackbuild.Planner{Agents: neverAgents{}, Timeout: 2 * time.Minute, Log: testutil.Logger(t)}
 	start := time.Now()
-	r := pl.Wait(t.Context(), []provider.Expect{{Label: "web", KiteID: "k1", Machine: m, Fresh: true}}, nil)[0]
+	r := pl.Wait(t.Context(), []stackbuild.Expect{{Label: "web", KiteID: "k1", Machine: m, Fresh: true}}, nil)[0]
 	took := time.Since(start)
 	t.Logf("after %s: %v", took, r.Err)
 	if took > 10*time.Second {
 		t.Errorf("the planner took %s", took)
 	}
-	var bf *provider.BootFailure
-	if r.OK || r.Step != provider.StepDownload || !errors.As(r.Err, &bf) || !strings.HasPrefix(r.Err.Error(), "web: agent download failed") ||
+	var bf *stackbuild.BootFailure
+	if r.OK || r.Step != stackbuild.StepDownload || !errors.As(r.Err, &bf) || !strings.HasPrefix(r.Err.Error(), "web: agent download failed") ||
 		!strings.Contains(r.LogTail, "download attempt") || !strings.Contains(r.Err.Error(), "KLOUD-PROVISION step=download status=start") {
 		t.Fatalf("result: %+v", r)
 	}
@@ -233,18 +234,18 @@ func TestPlannerOldConsoleFailure(t *testing.T) {
 	script.waitFailure(20 * time.Second)
 	checksum := boot(t, userdata.Config{KlientURL: url, KlientSHA256: strings.Repeat("0", 64)})
 	checksum.waitFailure(20 * time.Second)
-	pl := &provider.Planner{Agents: neverAgents{}, Timeout: 3 * time.Second, Log: testutil.Logger(t)}
+	pl := &stackbuild.Planner{Agents: neverAgents{}, Timeout: 3 * time.Second, Log: testutil.Logger(t)}
 	for _, tc := range []struct {
-		e        provider.Expect
+		e        stackbuild.Expect
 		failStep string // "" = waits for the timeout
 	}{
-		{provider.Expect{Label: "started", KiteID: "k1", Machine: script}, ""},
-		{provider.Expect{Label: "built", KiteID: "k2", Machine: script, Fresh: true}, provider.StepUserScript},
-		{provider.Expect{Label: "checksum", KiteID: "k3", Machine: checksum}, provider.StepDownload},
-		{provider.Expect{Label: "no-console", KiteID: "k4", Machine: noConsole{}}, ""},
+		{stackbuild.Expect{Label: "started", KiteID: "k1", Machine: script}, ""},
+		{stackbuild.Expect{Label: "built", KiteID: "k2", Machine: script, Fresh: true}, stackbuild.StepUserScript},
+		{stackbuild.Expect{Label: "checksum", KiteID: "k3", Machine: checksum}, stackbuild.StepDownload},
+		{stackbuild.Expect{Label: "no-console", KiteID: "k4", Machine: noConsole{}}, ""},
 	} {
 		start := time.Now()
-		r := pl.Wait(t.Context(), []provider.Expect{tc.e}, nil)[0]
+		r := pl.Wait(t.Context(), []stackbuild.Expect{tc.e}, nil)[0]
 		took := time.Since(start)
 		switch {
 		case tc.failStep == "" && (took < 3*time.Second || r.OK || !strings.Contains(r.Err.Error(), "did not register within 3s")):

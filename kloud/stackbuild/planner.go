@@ -1,4 +1,4 @@
-package provider
+package stackbuild
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient"
+	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -39,10 +40,10 @@ type Agents interface {
 type Expect struct {
 	Label  string
 	KiteID string
-	// Machine, if it implements ConsoleLogger, lets the planner say which provisioning step
+	// Machine, if it implements provider.ConsoleLogger, lets the planner say which provisioning step
 	// failed: while it waits for the agent, it reads the console about once a second and fails
 	// the machine as soon as a step failed (see ParseBootFailure), instead of at the timeout.
-	Machine Machine
+	Machine provider.Machine
 	// Fresh says the machine was just created (a build): everything in its console is from
 	// this boot, so any failure already there counts. Otherwise the console may still hold an
 	// earlier boot's provisioning (a start of an existing machine): a user script's failure
@@ -71,9 +72,10 @@ type Planner struct {
 	// PollInterval between klient.info calls while provisioning finishes (default 100ms: the
 	// call is cheap, and a long interval is pure latency added to every build).
 	PollInterval time.Duration
-	// ConsolePoll is how often the console of a machine that implements ConsoleLogger is read
-	// while its agent has not registered (default 1s): a provisioning step that failed inside
-	// the machine (see ParseBootFailure) fails the machine at once instead of at Timeout.
+	// ConsolePoll is how often the console of a machine that implements
+	// provider.ConsoleLogger is read while its agent has not registered (default 1s): a
+	// provisioning step that failed inside the machine (see ParseBootFailure) fails the
+	// machine at once instead of at Timeout.
 	ConsolePoll time.Duration
 	Log         *slog.Logger
 }
@@ -254,11 +256,11 @@ type consoleFailure struct {
 }
 
 // watchConsole reads the console of e's machine every ConsolePoll until ctx ends or the console
-// shows a failed provisioning step. Machines without ConsoleLogger are not watched. A download
+// shows a failed provisioning step. Machines without provider.ConsoleLogger are not watched. A download
 // that keeps failing counts only once an attempt failed while this planner watched: attempts
 // that failed while kloud was down (a restart mid-build) say nothing about now.
 func (p *Planner) watchConsole(ctx context.Context, e Expect) consoleFailure {
-	cl, ok := e.Machine.(ConsoleLogger)
+	cl, ok := e.Machine.(provider.ConsoleLogger)
 	if !ok {
 		return consoleFailure{}
 	}
@@ -415,7 +417,7 @@ func planStep(marker string) string {
 // diagnose reads the console of a machine whose agent never registered and names the step that
 // failed.
 func (p *Planner) diagnose(e Expect) (step, logTail string) {
-	cl, ok := e.Machine.(ConsoleLogger)
+	cl, ok := e.Machine.(provider.ConsoleLogger)
 	if !ok {
 		return StepRegistration, ""
 	}
