@@ -9,7 +9,8 @@ import (
 )
 
 // TestDependencies keeps the agent small and free of the orchestrator's parts: klient must not
-// link provider/, terraformer/, Mongo or FerretDB (ARCHITECTURE §1).
+// link provider/, terraformer/, kontrol (the registry: klient speaks kontrol/kontrolapi), Mongo
+// or FerretDB (ARCHITECTURE §1).
 func TestDependencies(t *testing.T) {
 	root, err := testutil.ModuleRoot()
 	if err != nil {
@@ -27,6 +28,9 @@ func TestDependencies(t *testing.T) {
 		"go.mongodb.org/", "github.com/FerretDB/", "github.com/hashicorp/terraform",
 	}
 	for _, dep := range strings.Fields(string(out)) {
+		if dep == "github.com/kloud-dev/kloud/kontrol" || strings.HasPrefix(dep, "github.com/kloud-dev/kloud/kontrol/") && dep != "github.com/kloud-dev/kloud/kontrol/kontrolapi" {
+			t.Errorf("klient links %s (it may use kontrol/kontrolapi only)", dep)
+		}
 		for _, f := range forbidden {
 			if strings.HasPrefix(dep, f) {
 				t.Errorf("klient links %s", dep)

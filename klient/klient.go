@@ -25,8 +25,9 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/klient/webterm"
-	"github.com/kloud-dev/kloud/kontrol"
+	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 )
 
 // Options configures klient.
@@ -53,8 +54,22 @@ type Options struct {
 	PingInterval, PingTimeout time.Duration
 	Logger                    *slog.Logger
 	// Ready, if set, is called after every successful registration.
-	Ready func(kontrol.RegisterResult)
+	Ready func(kontrolapi.RegisterResult)
 }
+
+// The wire types of klient's methods are package klientapi's; these names keep klient's own
+// code reading as before.
+type (
+	Info            = klientapi.Info
+	ProvisionState  = klientapi.ProvisionState
+	LogsParams      = klientapi.LogsParams
+	LogsResult      = klientapi.LogsResult
+	Share           = klientapi.Share
+	ShareParams     = klientapi.ShareParams
+	UnshareParams   = klientapi.UnshareParams
+	SetSharesParams = klientapi.SetSharesParams
+	SharesResult    = klientapi.SharesResult
+)
 
 // Klient is a running agent.
 type Klient struct {
@@ -137,8 +152,8 @@ func New(opts Options) (*Klient, error) {
 		return nil, fmt.Errorf("klient: %w", err)
 	}
 	kl.kite = k
-	k.HandleFunc("klient.info", kl.info)
-	k.Handle("klient.logs", kite.Typed(kl.logs))
+	k.HandleFunc(klientapi.MethodInfo, kl.info)
+	k.Handle(klientapi.MethodLogs, kite.Typed(kl.logs))
 	kl.handleWebterm()
 	kl.handleShares()
 	return kl, nil
@@ -179,12 +194,12 @@ func (kl *Klient) Run(ctx context.Context) error {
 }
 
 func (kl *Klient) register(ctx context.Context, c *kite.Conn) error {
-	var res kontrol.RegisterResult
-	p := kontrol.RegisterParams{}
+	var res kontrolapi.RegisterResult
+	p := kontrolapi.RegisterParams{}
 	if kl.opts.Listen != "" {
 		p.URL = "http://" + kl.opts.Listen + "/kite"
 	}
-	if err := c.Call(ctx, "kontrol.register", p, &res); err != nil {
+	if err := c.Call(ctx, kontrolapi.MethodRegister, p, &res); err != nil {
 		return fmt.Errorf("kontrol.register: %w", err)
 	}
 	kl.keys.set(res.Keys)
@@ -199,8 +214,8 @@ func (kl *Klient) fetchKeys(ctx context.Context) ([]kitekey.PublicKey, error) {
 	if kl.client == nil {
 		return kl.keys.get(), nil
 	}
-	var res kontrol.KeysResult
-	if err := kl.client.Call(ctx, "kontrol.getKey", nil, &res); err != nil {
+	var res kontrolapi.KeysResult
+	if err := kl.client.Call(ctx, kontrolapi.MethodGetKey, nil, &res); err != nil {
 		if k := kl.keys.get(); k != nil {
 			return k, nil
 		}
@@ -208,21 +223,6 @@ func (kl *Klient) fetchKeys(ctx context.Context) ([]kitekey.PublicKey, error) {
 	}
 	kl.keys.set(res.Keys)
 	return res.Keys, nil
-}
-
-// Info is the result of klient.info.
-type Info struct {
-	KiteID     string          `json:"kiteId"`
-	Owner      string          `json:"owner"`
-	Hostname   string          `json:"hostname"`
-	OS         string          `json:"os"`
-	Arch       string          `json:"arch"`
-	Version    string          `json:"version"`
-	StartedAt  time.Time       `json:"startedAt"`
-	Provision  *ProvisionState `json:"provision,omitempty"`
-	KontrolURL string          `json:"kontrolURL"`
-	// Features lists what this klient does that older ones did not (kloud adapts to old agents).
-	Features []string `json:"features,omitempty"`
 }
 
 // FeatureOwnAccountShells: a terminal share's shells run as the user's own account, not the

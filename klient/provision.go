@@ -12,14 +12,9 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/userdata"
 )
-
-// ProvisionState is what cloud-init's provisioning left on the machine (userdata's contract).
-type ProvisionState struct {
-	Provision  *userdata.ProvisionStatus  `json:"provision,omitempty"`
-	UserScript *userdata.UserScriptStatus `json:"userScript,omitempty"`
-}
 
 func (kl *Klient) path(p string) string { return filepath.Join(kl.opts.Root, p) }
 
@@ -44,39 +39,6 @@ func readJSON(path string, v any) bool {
 	return err == nil && json.Unmarshal(b, v) == nil
 }
 
-// LogsParams are the params of klient.logs.
-type LogsParams struct {
-	// Name is one of cloud-init-output, provision, user-script, klient.
-	Name string `json:"name"`
-	// Bytes is how much of the end of the log to return (default 8 KiB, at most 1 MiB).
-	Bytes int64 `json:"bytes,omitempty"`
-}
-
-var logPaths = map[string]string{
-	"cloud-init-output": userdata.CloudInitOutputPath,
-	"provision":         userdata.ProvisionLogPath,
-	"user-script":       userdata.UserScriptLogPath,
-	"klient":            userdata.KlientLogPath,
-}
-
-// Validate implements kite.Validator.
-func (p *LogsParams) Validate() error {
-	if _, ok := logPaths[p.Name]; !ok {
-		return fmt.Errorf("unknown log %q: want cloud-init-output, provision, user-script or klient", p.Name)
-	}
-	if p.Bytes < 0 || p.Bytes > 1<<20 {
-		return fmt.Errorf("bytes must be between 0 and 1 MiB")
-	}
-	return nil
-}
-
-// LogsResult is the result of klient.logs.
-type LogsResult struct {
-	Name      string `json:"name"`
-	Tail      string `json:"tail"`
-	Truncated bool   `json:"truncated"`
-}
-
 func (kl *Klient) logs(ctx context.Context, r *kite.Request, p *LogsParams) (any, error) {
 	if err := kl.ownerOrKloud(r); err != nil {
 		return nil, err
@@ -85,7 +47,8 @@ func (kl *Klient) logs(ctx context.Context, r *kite.Request, p *LogsParams) (any
 	if n == 0 {
 		n = 8 << 10
 	}
-	f, err := os.Open(kl.path(logPaths[p.Name]))
+	name, _ := klientapi.LogPath(p.Name) // Validate checked it
+	f, err := os.Open(kl.path(name))
 	if err != nil {
 		return nil, fmt.Errorf("log %s: %w", p.Name, kite.ErrNotFound)
 	}

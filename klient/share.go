@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/klient/webterm"
 )
 
@@ -28,11 +29,11 @@ import (
 //	klient.setShares {shares: [{username, grant}], token}  owner only; replaces the list
 //	klient.shared    {token}                   owner only → {shares: [{username, grant}]}
 
-// Grants a machine can be shared with.
+// Grants a machine can be shared with (klientapi's).
 const (
-	GrantReadonly = "readonly" // watch terminals (read-only attach), list sessions
-	GrantTerminal = "terminal" // and shells as the user's own account (no sudo): create, type, resize, kill/rename own sessions
-	GrantFull     = "full"     // anything the owner can do on the machine (shells as the owner, with sudo; kill/rename any session, exec); not share
+	GrantReadonly = klientapi.GrantReadonly
+	GrantTerminal = klientapi.GrantTerminal
+	GrantFull     = klientapi.GrantFull
 	roleOwner     = "owner"
 )
 
@@ -70,14 +71,6 @@ func allowed(role string, p perm) bool {
 	return false
 }
 
-func validGrant(g string) bool { return g == GrantReadonly || g == GrantTerminal || g == GrantFull }
-
-// Share is one entry of the access list.
-type Share struct {
-	Username string `json:"username"`
-	Grant    string `json:"grant"`
-}
-
 // acl is the persisted access list.
 type acl struct {
 	path string
@@ -99,7 +92,7 @@ func loadACL(path string) (*acl, error) {
 		return nil, fmt.Errorf("shares: %s: %w", path, err)
 	}
 	for _, s := range f.Shares {
-		if s.Username != "" && validGrant(s.Grant) {
+		if s.Username != "" && klientapi.ValidGrant(s.Grant) {
 			a.m[s.Username] = s.Grant
 		}
 	}
@@ -199,69 +192,11 @@ func (kl *Klient) roleOf(user string) string {
 	return kl.acl.grant(user)
 }
 
-// ShareParams are the params of klient.share.
-type ShareParams struct {
-	Username string `json:"username"`
-	Grant    string `json:"grant"`
-	Token    string `json:"token"`
-}
-
-// Validate implements kite.Validator.
-func (p *ShareParams) Validate() error {
-	if p.Username == "" {
-		return errors.New("username is required")
-	}
-	if !validGrant(p.Grant) {
-		return fmt.Errorf("grant %q: want %s, %s or %s", p.Grant, GrantReadonly, GrantTerminal, GrantFull)
-	}
-	return nil
-}
-
-// UnshareParams are the params of klient.unshare.
-type UnshareParams struct {
-	Username string `json:"username"`
-	Token    string `json:"token"`
-}
-
-// Validate implements kite.Validator.
-func (p *UnshareParams) Validate() error {
-	if p.Username == "" {
-		return errors.New("username is required")
-	}
-	return nil
-}
-
-// SetSharesParams are the params of klient.setShares.
-type SetSharesParams struct {
-	Shares []Share `json:"shares"`
-	Token  string  `json:"token"`
-}
-
-// Validate implements kite.Validator.
-func (p *SetSharesParams) Validate() error {
-	seen := map[string]bool{}
-	for _, s := range p.Shares {
-		if s.Username == "" || !validGrant(s.Grant) {
-			return fmt.Errorf("share %+v: username and a grant (%s, %s or %s) are required", s, GrantReadonly, GrantTerminal, GrantFull)
-		}
-		if seen[s.Username] {
-			return fmt.Errorf("%s is listed twice", s.Username)
-		}
-		seen[s.Username] = true
-	}
-	return nil
-}
-
-// SharesResult is the result of klient.shared (and of the other share methods).
-type SharesResult struct {
-	Shares []Share `json:"shares"`
-}
-
 func (kl *Klient) handleShares() {
-	kl.kite.Handle("klient.share", kite.Typed(kl.share))
-	kl.kite.Handle("klient.unshare", kite.Typed(kl.unshare))
-	kl.kite.Handle("klient.setShares", kite.Typed(kl.setShares))
-	kl.kite.Handle("klient.shared", kite.Typed(kl.shared))
+	kl.kite.Handle(klientapi.MethodShare, kite.Typed(kl.share))
+	kl.kite.Handle(klientapi.MethodUnshare, kite.Typed(kl.unshare))
+	kl.kite.Handle(klientapi.MethodSetShares, kite.Typed(kl.setShares))
+	kl.kite.Handle(klientapi.MethodShared, kite.Typed(kl.shared))
 }
 
 func (kl *Klient) share(ctx context.Context, r *kite.Request, p *ShareParams) (any, error) {
@@ -276,7 +211,7 @@ func (kl *Klient) share(ctx context.Context, r *kite.Request, p *ShareParams) (a
 		return nil, err
 	}
 	kl.enforce(before, after)
-	return SharesResult{kl.acl.list()}, nil
+	return SharesResult{Shares: kl.acl.list()}, nil
 }
 
 func (kl *Klient) unshare(ctx context.Context, r *kite.Request, p *UnshareParams) (any, error) {
@@ -288,7 +223,7 @@ func (kl *Klient) unshare(ctx context.Context, r *kite.Request, p *UnshareParams
 		return nil, err
 	}
 	kl.enforce(before, after)
-	return SharesResult{kl.acl.list()}, nil
+	return SharesResult{Shares: kl.acl.list()}, nil
 }
 
 func (kl *Klient) setShares(ctx context.Context, r *kite.Request, p *SetSharesParams) (any, error) {
@@ -310,14 +245,14 @@ func (kl *Klient) setShares(ctx context.Context, r *kite.Request, p *SetSharesPa
 		return nil, err
 	}
 	kl.enforce(before, after)
-	return SharesResult{kl.acl.list()}, nil
+	return SharesResult{Shares: kl.acl.list()}, nil
 }
 
 func (kl *Klient) shared(ctx context.Context, r *kite.Request, p *webterm.TokenParams) (any, error) {
 	if _, _, err := kl.authorize(ctx, r, p.Token, permShare); err != nil {
 		return nil, err
 	}
-	return SharesResult{kl.acl.list()}, nil
+	return SharesResult{Shares: kl.acl.list()}, nil
 }
 
 // enforce closes, at once, the attachments a change of the list took away: all of an unshared

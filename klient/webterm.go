@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/klient/webterm"
 )
 
@@ -34,11 +35,11 @@ import (
 const attachDialTimeout = 15 * time.Second
 
 func (kl *Klient) handleWebterm() {
-	kl.kite.Handle("webterm.connect", kite.Typed(kl.webtermConnect), kite.WithTimeout(time.Minute))
-	kl.kite.Handle("webterm.list", kite.Typed(kl.webtermList))
-	kl.kite.Handle("webterm.kill", kite.Typed(kl.webtermKill), kite.WithTimeout(time.Minute))
-	kl.kite.Handle("webterm.rename", kite.Typed(kl.webtermRename))
-	kl.kite.Handle("webterm.resize", kite.Typed(kl.webtermResize))
+	kl.kite.Handle(klientapi.MethodWebtermConnect, kite.Typed(kl.webtermConnect), kite.WithTimeout(time.Minute))
+	kl.kite.Handle(klientapi.MethodWebtermList, kite.Typed(kl.webtermList))
+	kl.kite.Handle(klientapi.MethodWebtermKill, kite.Typed(kl.webtermKill), kite.WithTimeout(time.Minute))
+	kl.kite.Handle(klientapi.MethodWebtermRename, kite.Typed(kl.webtermRename))
+	kl.kite.Handle(klientapi.MethodWebtermResize, kite.Typed(kl.webtermResize))
 }
 
 // Terminals returns the web terminal sessions (for tests and embedding).
@@ -47,7 +48,7 @@ func (kl *Klient) Terminals() *webterm.Manager { return kl.term }
 func (kl *Klient) webtermConnect(ctx context.Context, r *kite.Request, p *webterm.ConnectParams) (any, error) {
 	mode := p.Mode
 	if mode == "" {
-		mode = webterm.DefaultMode(p.Session)
+		mode = klientapi.DefaultMode(p.Session)
 	}
 	need := permTerminal
 	if mode == webterm.ModeReadonly {

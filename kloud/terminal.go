@@ -19,14 +19,14 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
-	"github.com/kloud-dev/kloud/klient/webterm"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 )
 
 // Web terminals. The browser (and `kloud ssh`) reach a machine's terminal through kloud, never
 // the machine directly:
 //
 //	GET    /api/machines/{id}/terminal?session=&mode=&cols=&rows=   WebSocket (the terminal)
-//	GET    /api/machines/{id}/sessions                              {sessions: [webterm.Info]}
+//	GET    /api/machines/{id}/sessions                              {sessions: [klientapi.SessionInfo]}
 //	DELETE /api/machines/{id}/sessions/{session}                    kill
 //	POST   /api/machines/{id}/sessions/{session}/rename {name}      rename
 //	GET    /kite/webterm/attach?ticket=                             klient's side (WebSocket)
@@ -55,7 +55,7 @@ func init() {
 		s.mux.HandleFunc("GET /api/machines/{id}/sessions", s.term.serveSessions)
 		s.mux.HandleFunc("DELETE /api/machines/{id}/sessions/{session}", s.term.serveKill)
 		s.mux.HandleFunc("POST /api/machines/{id}/sessions/{session}/rename", s.term.serveRename)
-		s.mux.HandleFunc("GET "+webterm.AttachPath, s.term.serveAttach)
+		s.mux.HandleFunc("GET "+klientapi.AttachPath, s.term.serveAttach)
 	})
 	backgroundTasks = append(backgroundTasks, func(ctx context.Context, s *Server) {
 		<-ctx.Done()
@@ -175,7 +175,7 @@ func (s *Server) attachURL(m *Machine) string {
 	if p, err := s.providers.Lookup(m.Provider); err == nil {
 		base = s.kloudURLFor(p)
 	}
-	return strings.TrimRight(base, "/") + webterm.AttachPath
+	return strings.TrimRight(base, "/") + klientapi.AttachPath
 }
 
 // sameOrigin accepts requests without an Origin (not a browser) and browsers on this host.
@@ -189,10 +189,10 @@ func sameOrigin(r *http.Request) bool {
 }
 
 // terminalRequest is the query of the terminal endpoint.
-func terminalRequest(r *http.Request, role string) (webterm.ConnectParams, error) {
+func terminalRequest(r *http.Request, role string) (klientapi.ConnectParams, error) {
 	q := r.URL.Query()
-	p := webterm.ConnectParams{Session: q.Get("session"), Mode: q.Get("mode"), Cols: 80, Rows: 24,
-		Attach: webterm.Attach{URL: "-", Ticket: "-"}}
+	p := klientapi.ConnectParams{Session: q.Get("session"), Mode: q.Get("mode"), Cols: 80, Rows: 24,
+		Attach: klientapi.Attach{URL: "-", Ticket: "-"}}
 	for _, f := range []struct {
 		name string
 		v    *int
@@ -206,15 +206,15 @@ func terminalRequest(r *http.Request, role string) (webterm.ConnectParams, error
 		}
 	}
 	if p.Mode == "" {
-		p.Mode = webterm.DefaultMode(p.Session)
+		p.Mode = klientapi.DefaultMode(p.Session)
 		if role == GrantReadonly {
-			p.Mode = webterm.ModeReadonly
+			p.Mode = klientapi.ModeReadonly
 		}
 	}
 	if err := p.Validate(); err != nil {
 		return p, &httpError{http.StatusBadRequest, err.Error()}
 	}
-	if role == GrantReadonly && p.Mode != webterm.ModeReadonly {
+	if role == GrantReadonly && p.Mode != klientapi.ModeReadonly {
 		return p, &httpError{http.StatusForbidden, "a read-only share opens terminals with mode=readonly only"}
 	}
 	return p, nil
@@ -241,18 +241,18 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 		s.log.Debug("terminal: websocket accept", "err", err)
 		return
 	}
-	browser.SetReadLimit(webterm.MaxFrame)
+	browser.SetReadLimit(klientapi.MaxFrame)
 	log := s.log.With("machine", m.ID, "user", c.Username)
 
 	agent, err := s.agentConn(m)
 	if err != nil {
-		browser.Close(webterm.CloseAgentGone, closeReason(err))
+		browser.Close(klientapi.CloseAgentGone, closeReason(err))
 		return
 	}
 	klient, res, err := h.connect(r.Context(), agent, c, m, p)
 	if err != nil {
 		log.Info("terminal refused", "err", err)
-		browser.Close(webterm.CloseRefused, closeReason(err))
+		browser.Close(klientapi.CloseRefused, closeReason(err))
 		return
 	}
 	log.Info("terminal opened", "session", res.Session, "mode", res.Mode, "created", res.Created)
@@ -275,18 +275,18 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 }
 
 // connect asks the machine's klient for an attachment and returns klient's WebSocket for it.
-func (h *termHub) connect(ctx context.Context, agent *kite.Conn, c *Caller, m *Machine, p webterm.ConnectParams) (*websocket.Conn, webterm.ConnectResult, error) {
-	var res webterm.ConnectResult
+func (h *termHub) connect(ctx context.Context, agent *kite.Conn, c *Caller, m *Machine, p klientapi.ConnectParams) (*websocket.Conn, klientapi.ConnectResult, error) {
+	var res klientapi.ConnectResult
 	tok, err := h.s.userToken(c, m)
 	if err != nil {
 		return nil, res, err
 	}
 	ticket, ch := h.newTicket()
 	defer h.dropTicket(ticket)
-	p.Token, p.Attach = tok, webterm.Attach{URL: h.s.attachURL(m), Ticket: ticket}
+	p.Token, p.Attach = tok, klientapi.Attach{URL: h.s.attachURL(m), Ticket: ticket}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := agent.Call(cctx, "webterm.connect", p, &res); err != nil {
+	if err := agent.Call(cctx, klientapi.MethodWebtermConnect, p, &res); err != nil {
 		select {
 		case ws := <-ch: // klient dialed, then gave up
 			ws.CloseNow()
@@ -334,7 +334,7 @@ func (h *termHub) serveAttach(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	ws.SetReadLimit(webterm.MaxFrame)
+	ws.SetReadLimit(klientapi.MaxFrame)
 	ch <- ws // buffered; the waiter takes it or drops the ticket's channel
 }
 
@@ -380,7 +380,7 @@ func (rl *relay) run() {
 		err := copyFrames(rl.ctx, rl.browser, rl.klient, false)
 		code, reason := websocket.CloseStatus(err), closeText(err)
 		if code == -1 || code == websocket.StatusAbnormalClosure {
-			code, reason = webterm.CloseAgentGone, "lost the connection to the machine's agent"
+			code, reason = klientapi.CloseAgentGone, "lost the connection to the machine's agent"
 		}
 		rl.end(rl.browser, code, reason)
 		rl.klient.CloseNow()
@@ -390,7 +390,7 @@ func (rl *relay) run() {
 		err := copyFrames(rl.ctx, rl.klient, rl.browser, true)
 		var code websocket.StatusCode = websocket.StatusNormalClosure
 		reason := "the browser went away"
-		if ce := websocket.CloseStatus(err); ce == webterm.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
+		if ce := websocket.CloseStatus(err); ce == klientapi.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
 			code, reason = ce, closeText(err)
 		}
 		rl.end(rl.klient, code, reason)
@@ -428,7 +428,7 @@ func (rl *relay) keepalive() {
 // copyFrames copies messages from src to dst until src ends, with one frame's buffer.
 // fromBrowser frames must be binary with an opcode byte (the rest klient checks).
 func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool) error {
-	buf := make([]byte, webterm.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
+	buf := make([]byte, klientapi.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
 	for {
 		typ, r, err := src.Reader(ctx)
 		if err != nil {
@@ -439,7 +439,7 @@ func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool)
 			return err
 		}
 		if fromBrowser && (typ != websocket.MessageBinary || n == 0) {
-			return websocket.CloseError{Code: webterm.CloseBadMessage, Reason: "send binary frames that start with an opcode byte"}
+			return websocket.CloseError{Code: klientapi.CloseBadMessage, Reason: "send binary frames that start with an opcode byte"}
 		}
 		if err := dst.Write(ctx, typ, buf[:n]); err != nil {
 			return err
@@ -512,8 +512,8 @@ func (h *termHub) serveSessions(w http.ResponseWriter, r *http.Request) {
 		h.s.writeErr(w, err)
 		return
 	}
-	var res webterm.ListResult
-	if err := h.agentCall(r.Context(), c, m, "webterm.list", func(tok string) any { return webterm.TokenParams{Token: tok} }, &res); err != nil {
+	var res klientapi.ListResult
+	if err := h.agentCall(r.Context(), c, m, klientapi.MethodWebtermList, func(tok string) any { return klientapi.TokenParams{Token: tok} }, &res); err != nil {
 		h.s.writeErr(w, err)
 		return
 	}
@@ -527,7 +527,7 @@ func (h *termHub) serveKill(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sess := r.PathValue("session")
-	if err := h.agentCall(r.Context(), c, m, "webterm.kill", func(tok string) any { return webterm.SessionParams{Session: sess, Token: tok} }, nil); err != nil {
+	if err := h.agentCall(r.Context(), c, m, klientapi.MethodWebtermKill, func(tok string) any { return klientapi.SessionParams{Session: sess, Token: tok} }, nil); err != nil {
 		h.s.writeErr(w, err)
 		return
 	}
@@ -554,9 +554,9 @@ func (h *termHub) serveRename(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sess := r.PathValue("session")
-	var info webterm.Info
-	if err := h.agentCall(r.Context(), c, m, "webterm.rename", func(tok string) any {
-		return webterm.RenameParams{Session: sess, Name: body.Name, Token: tok}
+	var info klientapi.SessionInfo
+	if err := h.agentCall(r.Context(), c, m, klientapi.MethodWebtermRename, func(tok string) any {
+		return klientapi.RenameParams{Session: sess, Name: body.Name, Token: tok}
 	}, &info); err != nil {
 		h.s.writeErr(w, err)
 		return

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 )
 
 // Options configures kontrol. Zero fields take the documented defaults.
@@ -66,13 +67,23 @@ type Presence interface {
 	Remove(ctx context.Context, id string) error
 }
 
-// KiteInfo describes a registered kite.
-type KiteInfo struct {
-	Kite         kite.Identity `json:"kite"`
-	URL          string        `json:"url,omitempty"`
-	RegisteredAt time.Time     `json:"registeredAt"`
-	Remote       string        `json:"remote,omitempty"`
-}
+// The wire types of kontrol's methods are package kontrolapi's; these names keep kontrol's Go
+// API (Presence, Lookup, Subscribe) reading as before.
+type (
+	KiteInfo        = kontrolapi.KiteInfo
+	Event           = kontrolapi.Event
+	RegisterParams  = kontrolapi.RegisterParams
+	RegisterResult  = kontrolapi.RegisterResult
+	QueryParams     = kontrolapi.QueryParams
+	QueryResult     = kontrolapi.QueryResult
+	GetTokenParams  = kontrolapi.GetTokenParams
+	GetTokenResult  = kontrolapi.GetTokenResult
+	KeysResult      = kontrolapi.KeysResult
+	CreateKeyParams = kontrolapi.CreateKeyParams
+	CreateKeyResult = kontrolapi.CreateKeyResult
+	RetireKeyParams = kontrolapi.RetireKeyParams
+	RevokeParams    = kontrolapi.RevokeParams
+)
 
 // Kontrol is the registry.
 type Kontrol struct {
@@ -95,12 +106,6 @@ type watcher struct {
 	query  kite.Identity
 	stream *kite.Stream // nil for in-process subscribers
 	queue  chan Event
-}
-
-// Event is a watch notification (method kontrol.event).
-type Event struct {
-	Action string   `json:"action"` // "register" or "deregister"
-	Kite   KiteInfo `json:"kite"`
 }
 
 // New adds kontrol's methods to opts.Kite.
@@ -152,14 +157,14 @@ type Method struct {
 // methods is kontrol's method table: every method it adds to its kite, and who may call it.
 func (k *Kontrol) methods() []Method {
 	return []Method{
-		{Name: "kontrol.register", Agent: true, h: kite.Typed(k.register)},
-		{Name: "kontrol.getKey", Agent: true, h: kite.HandlerFunc(k.getKey)},
-		{Name: "kontrol.query", h: kite.Typed(k.query)},
-		{Name: "kontrol.getToken", h: kite.Typed(k.getToken)},
-		{Name: "kontrol.createKey", h: kite.Typed(k.createKey)},
-		{Name: "kontrol.rotateKey", h: kite.HandlerFunc(k.rotateKey)},
-		{Name: "kontrol.retireKey", h: kite.Typed(k.retireKey)},
-		{Name: "kontrol.revoke", h: kite.Typed(k.revoke)},
+		{Name: kontrolapi.MethodRegister, Agent: true, h: kite.Typed(k.register)},
+		{Name: kontrolapi.MethodGetKey, Agent: true, h: kite.HandlerFunc(k.getKey)},
+		{Name: kontrolapi.MethodQuery, h: kite.Typed(k.query)},
+		{Name: kontrolapi.MethodGetToken, h: kite.Typed(k.getToken)},
+		{Name: kontrolapi.MethodCreateKey, h: kite.Typed(k.createKey)},
+		{Name: kontrolapi.MethodRotateKey, h: kite.HandlerFunc(k.rotateKey)},
+		{Name: kontrolapi.MethodRetireKey, h: kite.Typed(k.retireKey)},
+		{Name: kontrolapi.MethodRevoke, h: kite.Typed(k.revoke)},
 	}
 }
 
@@ -183,20 +188,6 @@ func (k *Kontrol) ownerOrAdmin(_ context.Context, caller *kite.Principal, target
 		return nil
 	}
 	return fmt.Errorf("kite %s belongs to another user: %w", target.ID, kite.ErrPermission)
-}
-
-// RegisterParams are the params of kontrol.register.
-type RegisterParams struct {
-	// URL where the kite also accepts connections, if it listens (optional: kites are reached
-	// through their registration connection).
-	URL string `json:"url,omitempty"`
-}
-
-// RegisterResult is the result of kontrol.register.
-type RegisterResult struct {
-	Kite KiteInfo `json:"kite"`
-	// Keys are kontrol's public keys, so the kite can verify tokens presented to it.
-	Keys []kitekey.PublicKey `json:"keys"`
 }
 
 func (k *Kontrol) register(ctx context.Context, r *kite.Request, p *RegisterParams) (any, error) {
@@ -262,23 +253,6 @@ func (k *Kontrol) deregister(e *entry) {
 	k.log.Info("kite gone", "kite", e.info.Kite.String(), "reason", e.conn.Err())
 }
 
-// QueryParams are the params of kontrol.query. Every non-empty field of Query must match.
-type QueryParams struct {
-	Query kite.Identity `json:"query"`
-	// Watch keeps a stream open: kontrol.event notifications when a matching kite registers or
-	// goes away.
-	Watch bool `json:"watch,omitempty"`
-}
-
-// Validate implements kite.Validator.
-func (p *QueryParams) Validate() error { return p.Query.Validate(false) }
-
-// QueryResult is the result of kontrol.query.
-type QueryResult struct {
-	Kites        []KiteInfo `json:"kites"`
-	Subscription string     `json:"subscription,omitempty"`
-}
-
 // Lookup returns the registered kites matching q, sorted by id, and a connection to each
 // (kloud calls agents through their registration connection).
 func (k *Kontrol) Lookup(q kite.Identity) []KiteInfo {
@@ -329,7 +303,7 @@ func (k *Kontrol) query(ctx context.Context, r *kite.Request, p *QueryParams) (a
 	if !p.Watch {
 		return QueryResult{Kites: k.visible(ctx, caller, k.Lookup(p.Query))}, nil
 	}
-	w := &watcher{caller: caller, query: p.Query, stream: r.Conn.NewStream("kontrol.event"), queue: make(chan Event, 1024)}
+	w := &watcher{caller: caller, query: p.Query, stream: r.Conn.NewStream(kontrolapi.MethodEvent), queue: make(chan Event, 1024)}
 	k.mu.Lock()
 	found := k.lookupLocked(p.Query)
 	k.watchers[w] = struct{}{}
@@ -404,26 +378,6 @@ func (k *Kontrol) Subscribe(q kite.Identity) (events <-chan Event, now []KiteInf
 	}
 }
 
-// GetTokenParams are the params of kontrol.getToken.
-type GetTokenParams struct {
-	Query kite.Identity `json:"query"`
-}
-
-// Validate implements kite.Validator.
-func (p *GetTokenParams) Validate() error {
-	if p.Query == (kite.Identity{}) {
-		return errors.New("query is empty")
-	}
-	return p.Query.Validate(false)
-}
-
-// GetTokenResult is the result of kontrol.getToken.
-type GetTokenResult struct {
-	Token     string    `json:"token"`
-	Kite      KiteInfo  `json:"kite"`
-	ExpiresAt time.Time `json:"expiresAt"`
-}
-
 func (k *Kontrol) getToken(ctx context.Context, r *kite.Request, p *GetTokenParams) (any, error) {
 	caller := r.Principal()
 	found := k.visible(ctx, caller, k.Lookup(p.Query))
@@ -450,12 +404,6 @@ func (k *Kontrol) Token(ctx context.Context, caller *kite.Principal, id string) 
 	return k.signer.Token(caller.Username, id, k.opts.TokenTTL)
 }
 
-// KeysResult is the result of kontrol.getKey.
-type KeysResult struct {
-	Current string              `json:"current"`
-	Keys    []kitekey.PublicKey `json:"keys"`
-}
-
 // PublicKeys returns kontrol's public keys (also served without auth at /kite/keys).
 func (k *Kontrol) PublicKeys() KeysResult {
 	return KeysResult{Current: k.opts.Keyring.Current().ID, Keys: k.opts.Keyring.Public()}
@@ -468,26 +416,6 @@ func (k *Kontrol) requireAdmin(r *kite.Request) error {
 		return fmt.Errorf("%s is for administrators: %w", r.Method, kite.ErrPermission)
 	}
 	return nil
-}
-
-// CreateKeyParams are the params of kontrol.createKey.
-type CreateKeyParams struct {
-	Username string `json:"username"`
-	KiteID   string `json:"kiteId,omitempty"` // default: a new random id
-}
-
-// Validate implements kite.Validator.
-func (p *CreateKeyParams) Validate() error {
-	if p.Username == "" {
-		return errors.New("username is required")
-	}
-	return nil
-}
-
-// CreateKeyResult is the result of kontrol.createKey.
-type CreateKeyResult struct {
-	Key    string `json:"key"`
-	KiteID string `json:"kiteId"`
 }
 
 func (k *Kontrol) createKey(ctx context.Context, r *kite.Request, p *CreateKeyParams) (any, error) {
@@ -555,11 +483,6 @@ func (k *Kontrol) rotateKey(ctx context.Context, r *kite.Request) (any, error) {
 	return k.PublicKeys(), nil
 }
 
-// RetireKeyParams are the params of kontrol.retireKey.
-type RetireKeyParams struct {
-	KID string `json:"kid"`
-}
-
 func (k *Kontrol) retireKey(ctx context.Context, r *kite.Request, p *RetireKeyParams) (any, error) {
 	if err := k.requireAdmin(r); err != nil {
 		return nil, err
@@ -569,20 +492,6 @@ func (k *Kontrol) retireKey(ctx context.Context, r *kite.Request, p *RetireKeyPa
 	}
 	k.log.Info("signing key retired", "kid", p.KID)
 	return k.PublicKeys(), nil
-}
-
-// RevokeParams are the params of kontrol.revoke.
-type RevokeParams struct {
-	JTI    string `json:"jti"`
-	Reason string `json:"reason,omitempty"`
-}
-
-// Validate implements kite.Validator.
-func (p *RevokeParams) Validate() error {
-	if p.JTI == "" {
-		return errors.New("jti is required")
-	}
-	return nil
 }
 
 func (k *Kontrol) revoke(ctx context.Context, r *kite.Request, p *RevokeParams) (any, error) {

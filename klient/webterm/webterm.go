@@ -26,36 +26,55 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"regexp"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 )
 
-// Modes of Open (and of webterm.connect).
-const (
-	// ModeCreate starts a new session (with the given id, if any; it must not exist).
-	ModeCreate = "create"
-	// ModeAttach attaches to the session with the given id, creating it if it does not exist
-	// (reattach-or-create: what a reloaded browser tab does).
-	ModeAttach = "attach"
-	// ModeShared joins an existing session, typing allowed (collaboration).
-	ModeShared = "shared"
-	// ModeReadonly joins an existing session to watch only.
-	ModeReadonly = "readonly"
+// The wire types and constants of the web terminal are package klientapi's; these names keep
+// the Manager's API reading as before.
+type (
+	Info          = klientapi.SessionInfo
+	ViewerInfo    = klientapi.ViewerInfo
+	Attach        = klientapi.Attach
+	ConnectParams = klientapi.ConnectParams
+	ConnectResult = klientapi.ConnectResult
+	TokenParams   = klientapi.TokenParams
+	SessionParams = klientapi.SessionParams
+	RenameParams  = klientapi.RenameParams
+	ResizeParams  = klientapi.ResizeParams
+	ListResult    = klientapi.ListResult
+	Size          = klientapi.Size
 )
 
-// WebSocket close codes of a terminal connection (docs/protocol.md, "Web terminal").
+// Modes of Open (klientapi's).
 const (
-	CloseNormal     = 1000 // the viewer detached
-	CloseUnshared   = 4001 // the machine was unshared from the viewer's user (or the grant shrank)
-	CloseEnded      = 4002 // the session ended: the shell exited, was killed, or was idle too long
-	CloseTooSlow    = 4003 // the viewer did not take its output in time
-	CloseAgentGone  = 4004 // kloud lost the machine's agent
-	CloseRefused    = 4005 // webterm.connect failed; the reason says why
-	CloseBadMessage = 4006 // a client frame broke the framing rules
+	ModeCreate   = klientapi.ModeCreate
+	ModeAttach   = klientapi.ModeAttach
+	ModeShared   = klientapi.ModeShared
+	ModeReadonly = klientapi.ModeReadonly
+)
+
+// Close codes of a terminal connection (klientapi's).
+const (
+	CloseNormal     = klientapi.CloseNormal
+	CloseUnshared   = klientapi.CloseUnshared
+	CloseEnded      = klientapi.CloseEnded
+	CloseTooSlow    = klientapi.CloseTooSlow
+	CloseAgentGone  = klientapi.CloseAgentGone
+	CloseRefused    = klientapi.CloseRefused
+	CloseBadMessage = klientapi.CloseBadMessage
+)
+
+// Framing of the data path (klientapi's).
+const (
+	OpInput    = klientapi.OpInput
+	OpResize   = klientapi.OpResize
+	MaxFrame   = klientapi.MaxFrame
+	AttachPath = klientapi.AttachPath
 )
 
 // Defaults of Options.
@@ -66,7 +85,7 @@ const (
 	DefaultViewerQueue        = 256 << 10
 	DefaultSlowViewerTimeout  = 5 * time.Second
 	DefaultKillGrace          = 3 * time.Second
-	MaxCols, MaxRows          = 1000, 1000
+	MaxCols, MaxRows          = klientapi.MaxCols, klientapi.MaxRows
 )
 
 // Options configure a Manager. Zero fields take the defaults above.
@@ -97,27 +116,6 @@ var (
 	errNotFound = kite.ErrNotFound
 	errReadOnly = fmt.Errorf("this viewer is read-only: %w", kite.ErrPermission)
 )
-
-// Info describes a session (webterm.list).
-type Info struct {
-	Session      string       `json:"session"`
-	Name         string       `json:"name"`
-	CreatedBy    string       `json:"createdBy"`
-	RunAs        string       `json:"runAs"` // the machine account its shell runs as
-	CreatedAt    time.Time    `json:"createdAt"`
-	Cols         int          `json:"cols"`
-	Rows         int          `json:"rows"`
-	PID          int          `json:"pid"`
-	LastOutputAt time.Time    `json:"lastOutputAt,omitzero"`
-	Viewers      []ViewerInfo `json:"viewers"`
-}
-
-// ViewerInfo describes one attachment.
-type ViewerInfo struct {
-	User  string    `json:"user"`
-	Mode  string    `json:"mode"`
-	Since time.Time `json:"since"`
-}
 
 // Manager owns the sessions of one machine.
 type Manager struct {
@@ -178,36 +176,23 @@ type OpenRequest struct {
 	Rows       int
 }
 
-var sessionID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-// ValidSessionID reports whether id may name a session: 1–64 of A-Z a-z 0-9 . _ -.
-func ValidSessionID(id string) bool { return sessionID.MatchString(id) }
-
 func checkSize(cols, rows int) error {
-	if cols < 1 || rows < 1 || cols > MaxCols || rows > MaxRows {
-		return fmt.Errorf("terminal size %dx%d: cols and rows must be 1..%d: %w", cols, rows, MaxCols, kite.ErrInvalidParams)
+	if err := klientapi.CheckSize(cols, rows); err != nil {
+		return fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
 	}
 	return nil
-}
-
-// DefaultMode is the mode an empty mode means.
-func DefaultMode(session string) string {
-	if session == "" {
-		return ModeCreate
-	}
-	return ModeAttach
 }
 
 // Open creates or finds a session, as the mode says, and attaches a viewer to it. Writable
 // viewers set the terminal size to theirs; read-only viewers leave it.
 func (m *Manager) Open(r OpenRequest) (v *Viewer, created bool, err error) {
 	if r.Mode == "" {
-		r.Mode = DefaultMode(r.Session)
+		r.Mode = klientapi.DefaultMode(r.Session)
 	}
 	if err := checkSize(r.Cols, r.Rows); err != nil {
 		return nil, false, err
 	}
-	if r.Session != "" && !ValidSessionID(r.Session) {
+	if r.Session != "" && !klientapi.ValidSessionID(r.Session) {
 		return nil, false, fmt.Errorf("session id %q: use 1-64 of A-Z a-z 0-9 . _ -: %w", r.Session, kite.ErrInvalidParams)
 	}
 	if r.User == "" {

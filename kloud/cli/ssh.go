@@ -20,7 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/kloud-dev/kloud/klient/webterm"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud"
 )
 
@@ -121,9 +121,9 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 	if w, h, err := term.GetSize(out); err == nil && w > 0 && h > 0 {
 		cols, rows = w, h
 	}
-	if session == "" && (mode == "" || mode == webterm.ModeCreate) {
+	if session == "" && (mode == "" || mode == klientapi.ModeCreate) {
 		session = strings.ToLower(rand.Text()[:12])
-		mode = webterm.ModeCreate
+		mode = klientapi.ModeCreate
 	}
 	q := url.Values{"session": {session}, "cols": {fmt.Sprint(cols)}, "rows": {fmt.Sprint(rows)}}
 	if mode != "" {
@@ -145,7 +145,7 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 		return fmt.Errorf("open a terminal on %s: cannot reach kloud at %s: %w", m.Label, g.url, err)
 	}
 	defer ws.CloseNow()
-	ws.SetReadLimit(webterm.MaxFrame)
+	ws.SetReadLimit(klientapi.MaxFrame)
 
 	nl := "\n"
 	if interactive {
@@ -197,7 +197,7 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 		var ce websocket.CloseError
 		errors.As(err, &ce)
 		switch code {
-		case webterm.CloseEnded, websocket.StatusNormalClosure:
+		case klientapi.CloseEnded, websocket.StatusNormalClosure:
 			fmt.Fprintf(g.stderr, "%s[kloud: %s]%s", nl, ce.Reason, nl)
 			return nil
 		case -1:
@@ -217,7 +217,7 @@ func (g *globals) sshInput(ctx context.Context, ws *websocket.Conn, detached cha
 		if err != nil {
 			return // EOF (not a terminal): keep showing output until the session ends
 		}
-		frame = append(frame[:0], webterm.OpInput)
+		frame = append(frame[:0], klientapi.OpInput)
 		for _, c := range buf[:n] {
 			switch {
 			case escaped && c == detachByte:
@@ -257,8 +257,8 @@ func sshResize(ctx context.Context, ws *websocket.Conn, fd int) {
 			if err != nil || w <= 0 || h <= 0 {
 				continue
 			}
-			b, _ := json.Marshal(webterm.Size{Cols: w, Rows: h})
-			if err := ws.Write(ctx, websocket.MessageBinary, append([]byte{webterm.OpResize}, b...)); err != nil {
+			b, _ := json.Marshal(klientapi.Size{Cols: w, Rows: h})
+			if err := ws.Write(ctx, websocket.MessageBinary, append([]byte{klientapi.OpResize}, b...)); err != nil {
 				return
 			}
 		}

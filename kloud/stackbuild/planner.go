@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/klient"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/userdata"
 )
@@ -59,8 +59,8 @@ type AgentResult struct {
 	OK      bool
 	Step    string // the step that failed ("" if OK)
 	Err     error
-	LogTail string       // the relevant log's end: console (cloud-init) or the user script's
-	Info    *klient.Info // the agent's klient.info, when it answered
+	LogTail string          // the relevant log's end: console (cloud-init) or the user script's
+	Info    *klientapi.Info // the agent's klient.info, when it answered
 }
 
 // Planner waits for the agents of freshly built or started machines: registration with kontrol
@@ -160,8 +160,8 @@ func (p *Planner) one(ctx context.Context, e Expect) AgentResult {
 		tick = 100 * time.Millisecond
 	}
 	for {
-		var info klient.Info
-		if err := conn.Call(ctx, "klient.info", nil, &info); err != nil {
+		var info klientapi.Info
+		if err := conn.Call(ctx, klientapi.MethodInfo, nil, &info); err != nil {
 			if ctx.Err() != nil {
 				r.Step, r.Err = StepUserScript, fmt.Errorf("%s: provisioning did not finish within %s", e.Label, p.timeout())
 				r.LogTail = tail(ctx, conn, "user-script")
@@ -206,7 +206,7 @@ func (p *Planner) one(ctx context.Context, e Expect) AgentResult {
 
 // provisionDone says whether provisioning finished: "ok", "failed", or "" (still running).
 // An agent that reports no provisioning state was installed some other way: it is done.
-func provisionDone(ps *klient.ProvisionState) string {
+func provisionDone(ps *klientapi.ProvisionState) string {
 	if ps == nil || ps.Provision == nil {
 		if ps != nil && ps.UserScript != nil {
 			switch ps.UserScript.State {
@@ -234,8 +234,8 @@ func provisionDone(ps *klient.ProvisionState) string {
 func tail(ctx context.Context, c *kite.Conn, name string) string {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var res klient.LogsResult
-	if err := c.Call(ctx, "klient.logs", klient.LogsParams{Name: name, Bytes: 2048}, &res); err != nil {
+	var res klientapi.LogsResult
+	if err := c.Call(ctx, klientapi.MethodLogs, klientapi.LogsParams{Name: name, Bytes: 2048}, &res); err != nil {
 		return ""
 	}
 	return res.Tail
