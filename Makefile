@@ -39,9 +39,10 @@ TMPCHECK = tmpcheck() { ls -A "$${TMPDIR:-/tmp}" | grep -E '^(kloud|webterm-|tfa
 bench: setup build ## run the benchmarks against their baselines (see bench/RESULTS.md)
 	$(ENV) bench/run.sh
 
-lint: ## gofmt and go vet
+lint: ## gofmt, go vet, and go.mod/go.sum tidy (go mod tidy -diff)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
 .PHONY: vendor-xterm
 vendor-xterm: ## refresh kloud/web/static/vendor/xterm from the npm versions pinned in e2e/browser
