@@ -127,7 +127,7 @@ func (r *Registry) Lookup(name string) (*Provider, error) {
 	defer r.mu.RUnlock()
 	p, ok := r.providers[name]
 	if !ok {
-		return nil, fmt.Errorf("unknown provider %q (forgotten import?)", name)
+		return nil, fmt.Errorf("unknown provider %q (this kloud does not offer it)", name)
 	}
 	return p, nil
 }
