@@ -40,19 +40,6 @@ func (i Identity) Fields() map[string]string {
 	return m
 }
 
-// ParseIdentity is the inverse of String. It accepts exactly seven parts after the leading slash;
-// parts may be empty.
-func ParseIdentity(s string) (Identity, error) {
-	if !strings.HasPrefix(s, "/") {
-		return Identity{}, fmt.Errorf("kite identity %q: must start with /", s)
-	}
-	p := strings.Split(s[1:], "/")
-	if len(p) != 7 {
-		return Identity{}, fmt.Errorf("kite identity %q: want 7 parts, got %d", s, len(p))
-	}
-	return Identity{p[0], p[1], p[2], p[3], p[4], p[5], p[6]}, nil
-}
-
 // Validate checks that no field contains a slash and, if complete is set, that every field is
 // set (what kontrol requires of a registering kite).
 func (i Identity) Validate(complete bool) error {

@@ -159,9 +159,6 @@ func New(opts Options) (*Klient, error) {
 	return kl, nil
 }
 
-// Kite returns the agent's kite (to add methods before Run).
-func (kl *Klient) Kite() *kite.Kite { return kl.kite }
-
 // Run registers with kontrol and serves until ctx ends.
 func (kl *Klient) Run(ctx context.Context) error {
 	kl.client = kl.kite.NewClient(kite.ClientOptions{

@@ -42,9 +42,6 @@ func (kl *Klient) handleWebterm() {
 	kl.kite.Handle(klientapi.MethodWebtermResize, kite.Typed(kl.webtermResize))
 }
 
-// Terminals returns the web terminal sessions (for tests and embedding).
-func (kl *Klient) Terminals() *webterm.Manager { return kl.term }
-
 func (kl *Klient) webtermConnect(ctx context.Context, r *kite.Request, p *webterm.ConnectParams) (any, error) {
 	mode := p.Mode
 	if mode == "" {

@@ -300,6 +300,3 @@ func (s *Session) info() Info {
 	}
 	return in
 }
-
-// Done is closed when the session has ended.
-func (s *Session) Done() <-chan struct{} { return s.done }

@@ -50,9 +50,6 @@ func newViewer(s *Session, user, mode string, replay []byte) *Viewer {
 // Session returns the id of the viewer's session.
 func (v *Viewer) Session() string { return v.s.id }
 
-// User is who attached.
-func (v *Viewer) User() string { return v.user }
-
 // Mode is the mode it attached with (ModeReadonly viewers cannot type or resize).
 func (v *Viewer) Mode() string { return v.mode }
 

@@ -64,7 +64,6 @@ const (
 	CloseUnshared   = klientapi.CloseUnshared
 	CloseEnded      = klientapi.CloseEnded
 	CloseTooSlow    = klientapi.CloseTooSlow
-	CloseAgentGone  = klientapi.CloseAgentGone
 	CloseRefused    = klientapi.CloseRefused
 	CloseBadMessage = klientapi.CloseBadMessage
 )
@@ -158,9 +157,6 @@ func New(o Options) (*Manager, error) {
 	}
 	return &Manager{opts: o, log: o.Logger, sessions: map[string]*Session{}}, nil
 }
-
-// Options returns the options in effect.
-func (m *Manager) Options() Options { return m.opts }
 
 // OpenRequest is what Open needs.
 type OpenRequest struct {

@@ -101,9 +101,6 @@ func (c *Term) Resize(t testing.TB, cols, rows int) {
 	c.Send(t, webterm.OpResize, fmt.Appendf(nil, `{"cols":%d,"rows":%d}`, cols, rows))
 }
 
-// Done is closed when the connection has ended.
-func (c *Term) Done() <-chan struct{} { return c.done }
-
 // Closed waits for the server to close the connection and returns its close frame (Code -1 if
 // there was none).
 func (c *Term) Closed(t testing.TB) websocket.CloseError {
