@@ -9,5 +9,6 @@
 // place, errors.go. The RPC core speaks a frame.Stream (package kite/frame: whole frames, no
 // WebSocket types); package kite/wsframe adapts coder/websocket to it for ServeHTTP and Dial, and
 // frame.Lines carries it over any byte stream, so the core is tested over net.Pipe
-// (ServeFrames, DialFrames) as well as over real WebSockets.
+// (ServeFrames, DialFrames) as well as over real WebSockets. Example (example_test.go) is a
+// server and a client call over loopback.
 package kite
