@@ -1,0 +1,279 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/kloud-dev/kloud/kite"
+)
+
+// Caller makes one kite call: a *kite.Conn or a *kite.Client.
+type Caller interface {
+	Call(ctx context.Context, method string, params, result any) error
+}
+
+// Client calls kloud's methods with their types. It wraps a kite connection authenticated as
+// the user it acts for; errors are the kite errors of the call (match them with errors.Is
+// against kite.ErrNotFound, kite.ErrPermission, …).
+type Client struct {
+	c Caller
+}
+
+// NewClient returns a client making its calls on c.
+func NewClient(c Caller) *Client { return &Client{c: c} }
+
+// Conn returns the connection the client calls on (for methods outside this package, such as
+// kontrol's).
+func (c *Client) Conn() Caller { return c.c }
+
+func call[R any](ctx context.Context, c *Client, method string, params any) (R, error) {
+	var r R
+	err := c.c.Call(ctx, method, params, &r)
+	return r, err
+}
+
+// Version returns the server's version (kloud.version).
+func (c *Client) Version(ctx context.Context) (VersionResult, error) {
+	return call[VersionResult](ctx, c, MethodVersion, NoParams{})
+}
+
+// UserAdd adds a user (kloud administrators).
+func (c *Client) UserAdd(ctx context.Context, p UserAddParams) (UserView, error) {
+	return call[UserView](ctx, c, MethodUserAdd, p)
+}
+
+// UserList lists the users the caller may see.
+func (c *Client) UserList(ctx context.Context) (UserListResult, error) {
+	return call[UserListResult](ctx, c, MethodUserList, NoParams{})
+}
+
+// UserWhoami says who the caller is.
+func (c *Client) UserWhoami(ctx context.Context) (WhoamiResult, error) {
+	return call[WhoamiResult](ctx, c, MethodUserWhoami, NoParams{})
+}
+
+// UserSetPassword sets a password (the caller's own; administrators anyone's).
+func (c *Client) UserSetPassword(ctx context.Context, p SetPasswordParams) (SetPasswordResult, error) {
+	return call[SetPasswordResult](ctx, c, MethodUserSetPassword, p)
+}
+
+// TeamCreate creates a team with the caller as its admin.
+func (c *Client) TeamCreate(ctx context.Context, p TeamCreateParams) (Team, error) {
+	return call[Team](ctx, c, MethodTeamCreate, p)
+}
+
+// TeamList lists the caller's teams.
+func (c *Client) TeamList(ctx context.Context) (TeamListResult, error) {
+	return call[TeamListResult](ctx, c, MethodTeamList, NoParams{})
+}
+
+// TeamAddMember adds a member to a team or changes their role.
+func (c *Client) TeamAddMember(ctx context.Context, p TeamMemberParams) (Team, error) {
+	return call[Team](ctx, c, MethodTeamAddMember, p)
+}
+
+// TeamRemoveMember removes a member from a team.
+func (c *Client) TeamRemoveMember(ctx context.Context, p TeamMemberParams) (Team, error) {
+	return call[Team](ctx, c, MethodTeamRemoveMember, p)
+}
+
+// ProviderDescribe describes the providers kloud offers.
+func (c *Client) ProviderDescribe(ctx context.Context, p ProviderDescribeParams) (ProviderDescribeResult, error) {
+	return call[ProviderDescribeResult](ctx, c, MethodProviderDescribe, p)
+}
+
+// CredentialAdd adds a credential.
+func (c *Client) CredentialAdd(ctx context.Context, p CredentialAddParams) (CredentialAddResult, error) {
+	return call[CredentialAddResult](ctx, c, MethodCredentialAdd, p)
+}
+
+// CredentialList lists the credentials of the caller's teams.
+func (c *Client) CredentialList(ctx context.Context, p CredentialListParams) (CredentialListResult, error) {
+	return call[CredentialListResult](ctx, c, MethodCredentialList, p)
+}
+
+// CredentialDescribe describes a credential (no secret values).
+func (c *Client) CredentialDescribe(ctx context.Context, p CredentialRef) (CredentialView, error) {
+	return call[CredentialView](ctx, c, MethodCredentialDescribe, p)
+}
+
+// CredentialRemove removes a credential.
+func (c *Client) CredentialRemove(ctx context.Context, p CredentialRef) (CredentialRemoveResult, error) {
+	return call[CredentialRemoveResult](ctx, c, MethodCredentialRemove, p)
+}
+
+// CredentialAuthenticate asks the provider whether a credential works.
+func (c *Client) CredentialAuthenticate(ctx context.Context, p CredentialRef) (AuthenticateResult, error) {
+	return call[AuthenticateResult](ctx, c, MethodCredentialAuthenticate, p)
+}
+
+// CredentialBootstrap starts (or with Destroy, undoes) a credential's bootstrap job.
+func (c *Client) CredentialBootstrap(ctx context.Context, p CredentialBootstrapParams) (BootstrapResult, error) {
+	return call[BootstrapResult](ctx, c, MethodCredentialBootstrap, p)
+}
+
+// TemplateCreate creates a template.
+func (c *Client) TemplateCreate(ctx context.Context, p TemplateParams) (Template, error) {
+	return call[Template](ctx, c, MethodTemplateCreate, p)
+}
+
+// TemplateUpdate updates a template (new files make a new revision).
+func (c *Client) TemplateUpdate(ctx context.Context, p TemplateParams) (Template, error) {
+	return call[Template](ctx, c, MethodTemplateUpdate, p)
+}
+
+// TemplateGet returns a template at a revision, with its trust records.
+func (c *Client) TemplateGet(ctx context.Context, p TemplateGetParams) (TemplateView, error) {
+	return call[TemplateView](ctx, c, MethodTemplateGet, p)
+}
+
+// TemplateList lists templates without their files.
+func (c *Client) TemplateList(ctx context.Context, p TemplateListParams) (TemplateListResult, error) {
+	return call[TemplateListResult](ctx, c, MethodTemplateList, p)
+}
+
+// TemplateDelete deletes a template.
+func (c *Client) TemplateDelete(ctx context.Context, p TemplateRef) (DeleteResult, error) {
+	return call[DeleteResult](ctx, c, MethodTemplateDelete, p)
+}
+
+// TemplateTrust lifts policy rules for a template revision (kloud administrators).
+func (c *Client) TemplateTrust(ctx context.Context, p TrustParams) (TemplateTrust, error) {
+	return call[TemplateTrust](ctx, c, MethodTemplateTrust, p)
+}
+
+// TemplateUntrust removes trust records of a template (kloud administrators).
+func (c *Client) TemplateUntrust(ctx context.Context, p TrustParams) (UntrustResult, error) {
+	return call[UntrustResult](ctx, c, MethodTemplateUntrust, p)
+}
+
+// StackPlan plans a template without changing anything.
+func (c *Client) StackPlan(ctx context.Context, p StackPlanParams) (StackPlanResult, error) {
+	return call[StackPlanResult](ctx, c, MethodStackPlan, p)
+}
+
+// StackCreate creates a stack (and its machines, NotInitialized) from a template.
+func (c *Client) StackCreate(ctx context.Context, p StackPlanParams) (StackCreateResult, error) {
+	return call[StackCreateResult](ctx, c, MethodStackCreate, p)
+}
+
+// StackApply builds (or with Destroy, destroys) a stack; it returns the job at once.
+func (c *Client) StackApply(ctx context.Context, p StackApplyParams) (JobRef, error) {
+	return call[JobRef](ctx, c, MethodStackApply, p)
+}
+
+// StackDescribe returns a stack with its machines.
+func (c *Client) StackDescribe(ctx context.Context, p StackRef) (StackView, error) {
+	return call[StackView](ctx, c, MethodStackDescribe, p)
+}
+
+// StackList lists stacks.
+func (c *Client) StackList(ctx context.Context, p StackListParams) (StackListResult, error) {
+	return call[StackListResult](ctx, c, MethodStackList, p)
+}
+
+// StackReset forces a stack out of a stuck state (kloud administrators).
+func (c *Client) StackReset(ctx context.Context, p StackResetParams) (StackView, error) {
+	return call[StackView](ctx, c, MethodStackReset, p)
+}
+
+// MachineList lists machines.
+func (c *Client) MachineList(ctx context.Context, p MachineListParams) (MachineListResult, error) {
+	return call[MachineListResult](ctx, c, MethodMachineList, p)
+}
+
+// MachineInfo returns a machine reconciled with its provider.
+func (c *Client) MachineInfo(ctx context.Context, p MachineRef) (MachineInfo, error) {
+	return call[MachineInfo](ctx, c, MethodMachineInfo, p)
+}
+
+// MachineStart starts a stopped machine; it returns the job at once.
+func (c *Client) MachineStart(ctx context.Context, p MachineRef) (JobRef, error) {
+	return call[JobRef](ctx, c, MethodMachineStart, p)
+}
+
+// MachineStop stops a running machine; it returns the job at once.
+func (c *Client) MachineStop(ctx context.Context, p MachineRef) (JobRef, error) {
+	return call[JobRef](ctx, c, MethodMachineStop, p)
+}
+
+// MachineShare shares a machine with a user.
+func (c *Client) MachineShare(ctx context.Context, p ShareParams) (SharesResult, error) {
+	return call[SharesResult](ctx, c, MethodMachineShare, p)
+}
+
+// MachineUnshare takes a share back.
+func (c *Client) MachineUnshare(ctx context.Context, p ShareParams) (SharesResult, error) {
+	return call[SharesResult](ctx, c, MethodMachineUnshare, p)
+}
+
+// MachineShares lists a machine's shares.
+func (c *Client) MachineShares(ctx context.Context, p MachineRef) (SharesResult, error) {
+	return call[SharesResult](ctx, c, MethodMachineShares, p)
+}
+
+// JobGet returns a job.
+func (c *Client) JobGet(ctx context.Context, p JobRef) (Job, error) {
+	return call[Job](ctx, c, MethodJobGet, p)
+}
+
+// JobList lists jobs (the caller's; all for administrators).
+func (c *Client) JobList(ctx context.Context, p JobListParams) (JobListResult, error) {
+	return call[JobListResult](ctx, c, MethodJobList, p)
+}
+
+// JobCancel asks a job to stop.
+func (c *Client) JobCancel(ctx context.Context, p JobRef) (Job, error) {
+	return call[Job](ctx, c, MethodJobCancel, p)
+}
+
+// JobWatch opens a job.watch stream. It needs a *kite.Conn (streams belong to a connection).
+// Read events with JobWatch.Next; Close it when done.
+func (c *Client) JobWatch(ctx context.Context, p JobRef) (*JobWatch, error) {
+	conn, ok := c.c.(*kite.Conn)
+	if !ok {
+		return nil, fmt.Errorf("%s needs a *kite.Conn, not %T", MethodJobWatch, c.c)
+	}
+	res, err := call[JobWatchResult](ctx, c, MethodJobWatch, p)
+	if err != nil {
+		return nil, err
+	}
+	return &JobWatch{Job: res.Job, sub: conn.Subscribe(res.Subscription)}, nil
+}
+
+// JobWatch is an open job.watch stream.
+type JobWatch struct {
+	Job Job // the job when the watch began
+	sub *kite.Subscription
+}
+
+// Next returns the next event. After the last one (the job ended) it returns an error wrapping
+// kite.ErrStreamEnded.
+func (w *JobWatch) Next(ctx context.Context) (JobEvent, error) {
+	ev, err := w.sub.Next(ctx)
+	if err != nil {
+		return JobEvent{}, err
+	}
+	var je JobEvent
+	if err := json.Unmarshal(ev.Data, &je); err != nil {
+		return JobEvent{}, fmt.Errorf("%s: %w", NotifyJobEvent, err)
+	}
+	return je, nil
+}
+
+// Wait reads events until the job ends and returns the last one.
+func (w *JobWatch) Wait(ctx context.Context) (JobEvent, error) {
+	for {
+		ev, err := w.Next(ctx)
+		if err != nil {
+			return ev, err
+		}
+		if ev.Status.Done() {
+			return ev, nil
+		}
+	}
+}
+
+// Close stops the stream.
+func (w *JobWatch) Close() { w.sub.Close() }

@@ -1,0 +1,49 @@
+package api
+
+import (
+	"errors"
+
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// MachineListParams filter machine.list.
+type MachineListParams struct {
+	StackID string `json:"stackId,omitempty"`
+	Team    string `json:"team,omitempty"` // team admins: every machine of the team
+}
+
+// MachineListResult is the result of machine.list.
+type MachineListResult struct {
+	Machines []Machine `json:"machines"`
+}
+
+// MachineInfo is machine.info's result: the stored machine reconciled with the provider.
+type MachineInfo struct {
+	Machine
+	InfraState provider.State `json:"infraState"`
+	InfoError  string         `json:"infoError,omitempty"`
+}
+
+// ShareParams are the params of machine.share and machine.unshare.
+type ShareParams struct {
+	MachineID string `json:"machineId"`
+	Username  string `json:"username"`
+	Grant     string `json:"grant,omitempty"` // share only: readonly, terminal or full
+}
+
+// Validate implements kite.Validator.
+func (p *ShareParams) Validate() error {
+	if p.MachineID == "" || p.Username == "" {
+		return errors.New("machineId and username are required")
+	}
+	return nil
+}
+
+// SharesResult lists a machine's shares.
+type SharesResult struct {
+	MachineID string  `json:"machineId"`
+	Shares    []Share `json:"shares"`
+	// Pushed says whether the machine's agent has the new list (false: it gets it when it
+	// connects next).
+	Pushed bool `json:"pushed"`
+}

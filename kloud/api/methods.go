@@ -1,0 +1,92 @@
+package api
+
+// Methods kloud serves (docs/protocol.md "kloud: …"). Every caller must be an authenticated
+// user; machine agents (kite ids starting "agent.") may call none of them.
+const (
+	MethodVersion = "kloud.version"
+
+	MethodUserAdd          = "user.add"
+	MethodUserList         = "user.list"
+	MethodUserWhoami       = "user.whoami"
+	MethodUserSetPassword  = "user.setPassword"
+	MethodTeamCreate       = "team.create"
+	MethodTeamList         = "team.list"
+	MethodTeamAddMember    = "team.addMember"
+	MethodTeamRemoveMember = "team.removeMember"
+
+	MethodProviderDescribe       = "provider.describe"
+	MethodCredentialAdd          = "credential.add"
+	MethodCredentialList         = "credential.list"
+	MethodCredentialDescribe     = "credential.describe"
+	MethodCredentialRemove       = "credential.remove"
+	MethodCredentialAuthenticate = "credential.authenticate"
+	MethodCredentialBootstrap    = "credential.bootstrap"
+
+	MethodTemplateCreate  = "template.create"
+	MethodTemplateUpdate  = "template.update"
+	MethodTemplateGet     = "template.get"
+	MethodTemplateList    = "template.list"
+	MethodTemplateDelete  = "template.delete"
+	MethodTemplateTrust   = "template.trust"
+	MethodTemplateUntrust = "template.untrust"
+
+	MethodStackPlan     = "stack.plan"
+	MethodStackCreate   = "stack.create"
+	MethodStackApply    = "stack.apply"
+	MethodStackDescribe = "stack.describe"
+	MethodStackList     = "stack.list"
+	MethodStackReset    = "stack.reset"
+
+	MethodMachineList    = "machine.list"
+	MethodMachineInfo    = "machine.info"
+	MethodMachineStart   = "machine.start"
+	MethodMachineStop    = "machine.stop"
+	MethodMachineShare   = "machine.share"
+	MethodMachineUnshare = "machine.unshare"
+	MethodMachineShares  = "machine.shares"
+
+	MethodJobGet    = "job.get"
+	MethodJobWatch  = "job.watch"
+	MethodJobList   = "job.list"
+	MethodJobCancel = "job.cancel"
+)
+
+// Notifications kloud sends.
+const (
+	// NotifyJobEvent carries a JobEvent on the stream job.watch opens.
+	NotifyJobEvent = "job.event"
+)
+
+// Methods of the kontrol kloud hosts (package kontrol serves them; docs/protocol.md "kontrol").
+const (
+	MethodKontrolRegister  = "kontrol.register"
+	MethodKontrolQuery     = "kontrol.query"
+	MethodKontrolGetToken  = "kontrol.getToken"
+	MethodKontrolGetKey    = "kontrol.getKey"
+	MethodKontrolCreateKey = "kontrol.createKey"
+	MethodKontrolRotateKey = "kontrol.rotateKey"
+	MethodKontrolRetireKey = "kontrol.retireKey"
+	MethodKontrolRevoke    = "kontrol.revoke"
+)
+
+// KloudMethods lists kloud's own methods, sorted.
+var KloudMethods = []string{
+	MethodCredentialAdd, MethodCredentialAuthenticate, MethodCredentialBootstrap, MethodCredentialDescribe,
+	MethodCredentialList, MethodCredentialRemove,
+	MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
+	MethodVersion,
+	MethodMachineInfo, MethodMachineList, MethodMachineShare, MethodMachineShares, MethodMachineStart,
+	MethodMachineStop, MethodMachineUnshare,
+	MethodProviderDescribe,
+	MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackReset,
+	MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
+	MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,
+	MethodTemplateUntrust, MethodTemplateUpdate,
+	MethodUserAdd, MethodUserList, MethodUserSetPassword, MethodUserWhoami,
+}
+
+// KontrolMethods lists the kontrol methods kloud hosts, sorted.
+var KontrolMethods = []string{
+	MethodKontrolCreateKey, MethodKontrolGetKey, MethodKontrolGetToken, MethodKontrolQuery,
+	MethodKontrolRegister, MethodKontrolRetireKey, MethodKontrolRevoke, MethodKontrolRotateKey,
+}

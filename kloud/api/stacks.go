@@ -1,0 +1,100 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// StackPlanParams are the params of stack.plan and stack.create.
+type StackPlanParams struct {
+	TemplateID string `json:"templateId"`
+	Rev        int    `json:"rev,omitempty"`
+	// Credentials maps a provider to the credential to use; default: the team's only one.
+	Credentials map[string]string `json:"credentials,omitempty"`
+	// Variables are values for the template's variables.
+	Variables map[string]string `json:"variables,omitempty"`
+	Title     string            `json:"title,omitempty"` // stack.create only
+}
+
+// Validate implements kite.Validator.
+func (p *StackPlanParams) Validate() error { return required("templateId", p.TemplateID) }
+
+// PlannedMachine is a machine a template would create.
+type PlannedMachine struct {
+	Label      string         `json:"label"`
+	Provider   string         `json:"provider"`
+	Resource   string         `json:"resource"`
+	Index      *int           `json:"index,omitempty"`
+	Attributes map[string]any `json:"attributes,omitempty"`
+}
+
+// StackPlanResult is the result of stack.plan.
+type StackPlanResult struct {
+	Machines   []PlannedMachine `json:"machines"`
+	TemplateID string           `json:"templateId"`
+	Rev        int              `json:"rev"`
+}
+
+// StackCreateResult is the result of stack.create.
+type StackCreateResult struct {
+	Stack    Stack     `json:"stack"`
+	Machines []Machine `json:"machines"`
+}
+
+// StackApplyParams are the params of stack.apply.
+type StackApplyParams struct {
+	StackID string `json:"stackId"`
+	Destroy bool   `json:"destroy,omitempty"`
+}
+
+// Validate implements kite.Validator.
+func (p *StackApplyParams) Validate() error { return required("stackId", p.StackID) }
+
+// StackView is a stack with its machines: the result of stack.describe and stack.reset.
+type StackView struct {
+	Stack
+	MachineDocs []Machine `json:"machineDocs"`
+	// Resets are the administrators' stack.reset calls on this stack, oldest first.
+	Resets []StackReset `json:"resets,omitempty"`
+}
+
+// StackListParams filter stack.list.
+type StackListParams struct {
+	Team string `json:"team,omitempty"`
+	All  bool   `json:"all,omitempty"` // team admins: every member's stacks
+}
+
+// StackListResult is the result of stack.list.
+type StackListResult struct {
+	Stacks []Stack `json:"stacks"`
+}
+
+// StackResetParams are the params of stack.reset.
+type StackResetParams struct {
+	StackID string `json:"stackId"`
+	// State is Failed (default) or NotInitialized (only if nothing was ever built).
+	State  string `json:"state,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// Validate implements kite.Validator.
+func (p *StackResetParams) Validate() error {
+	if p.StackID == "" {
+		return errors.New("stackId is required")
+	}
+	if p.State == "" {
+		p.State = StackFailed
+	}
+	if p.State != StackFailed && p.State != StackNotInitialized {
+		return fmt.Errorf("state must be %s or %s, not %q", StackFailed, StackNotInitialized, p.State)
+	}
+	p.Reason = strings.TrimSpace(p.Reason)
+	if p.Reason == "" {
+		return errors.New("reason is required (it is kept on the stack and logged)")
+	}
+	if len(p.Reason) > 1000 {
+		return errors.New("reason is longer than 1000 characters")
+	}
+	return nil
+}
