@@ -102,7 +102,3 @@ func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {
 		s.log.Warn("update agent status", "kite", kiteID, "err", err)
 	}
 }
-
-func init() {
-	backgroundTasks = append(backgroundTasks, func(ctx context.Context, s *Server) { s.trackAgents(ctx) })
-}

@@ -90,22 +90,6 @@ func (s *Server) callerByName(ctx context.Context, username string, admin bool) 
 	return c, nil
 }
 
-// handle registers a kloud method: machine agents are refused (no kloud method is agent-facing:
-// agents only register with kontrol), params are bound strictly (and validated), the caller is
-// resolved, then fn runs.
-func handle[P any](s *Server, name string, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (any, error), opts ...kite.MethodOption) {
-	s.Kite.Handle(name, kitekey.AgentGate(kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
-		c, err := s.caller(ctx, r)
-		if err != nil {
-			return nil, err
-		}
-		return fn(ctx, c, r, p)
-	}), false), opts...)
-}
-
-// NoParams is the params type of methods that take none.
-type NoParams struct{}
-
 // notFound hides whether a document exists from callers who may not see it.
 func notFound(kind, id string) error {
 	return fmt.Errorf("%s %q: %w", kind, id, kite.ErrNotFound)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
@@ -85,7 +86,7 @@ func TestStackAuthz(t *testing.T) {
 				t.Errorf("%s lists alice's machine", who)
 			}
 		}
-		var tl struct{ Templates []kloud.TemplateSummary }
+		var tl struct{ Templates []api.TemplateSummary }
 		kloudtest.Call(t, c, "template.list", nil, &tl)
 		if who == "bob" && len(tl.Templates) != 0 {
 			t.Errorf("bob lists red's templates: %+v", tl.Templates)

@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -29,28 +30,6 @@ import (
 // restart re-attaches to the Terraform runs that went on without it (terraformer is another
 // process) instead of starting them again.
 
-// CredentialBootstrapParams are the params of credential.bootstrap.
-type CredentialBootstrapParams struct {
-	ID      string `json:"id"`
-	Destroy bool   `json:"destroy,omitempty"`
-}
-
-// Validate implements kite.Validator.
-func (p *CredentialBootstrapParams) Validate() error {
-	if p.ID == "" {
-		return errors.New("id is required")
-	}
-	return nil
-}
-
-// BootstrapResult is the result of credential.bootstrap.
-type BootstrapResult struct {
-	JobID  string `json:"jobId"`
-	Status string `json:"status"` // the bootstrap status now
-	// AlreadyDone is set when the credential was bootstrapped before (JobID is that job).
-	AlreadyDone bool `json:"alreadyDone,omitempty"`
-}
-
 // staleClaim is how long a bootstrap claim may wait for its job to be recorded before another
 // call may take it over (kloud died between the two).
 const staleClaim = 2 * time.Minute
@@ -59,8 +38,8 @@ func bootstrapContentID(team, credID string, i int) string {
 	return fmt.Sprintf("bootstrap-%s-%s-%d", team, credID, i)
 }
 
-func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialBootstrapParams) (any, error) {
-	cr, err := s.loadCredential(ctx, c, p.ID)
+func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialBootstrapParams) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +63,7 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 		}
 		switch {
 		case !p.Destroy && b.Status == BootstrapDone:
-			return BootstrapResult{JobID: b.JobID, Status: b.Status, AlreadyDone: true}, nil
+			return api.BootstrapResult{JobID: b.JobID, Status: b.Status, AlreadyDone: true}, nil
 		case p.Destroy && len(b.ContentIDs) == 0 && b.Status != BootstrapRunning && b.Status != BootstrapDestroying:
 			return nil, fmt.Errorf("credential %s has no bootstrap resources to destroy: %w", cr.ID, kite.ErrState)
 		}
@@ -108,11 +87,11 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 		if res.MatchedCount == 1 {
 			return s.startBootstrap(ctx, c, cr, status, p.Destroy)
 		}
-		if cr, err = s.loadCredential(ctx, c, p.ID); err != nil {
+		if cr, err = s.loadCredential(ctx, c, p.CredentialID); err != nil {
 			return nil, err
 		}
 	}
-	return nil, fmt.Errorf("credential %s: bootstrap state changed concurrently; try again: %w", p.ID, kite.ErrConflict)
+	return nil, fmt.Errorf("credential %s: bootstrap state changed concurrently; try again: %w", p.CredentialID, kite.ErrConflict)
 }
 
 // staleBootstrap reports whether a running bootstrap has no live job behind it.
@@ -138,7 +117,7 @@ func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, 
 		s.log.Warn("record bootstrap job", "credential", cr.ID, "job", jobID, "err", err)
 	}
 	s.log.Info("credential bootstrap started", "credential", cr.ID, "job", jobID, "destroy", destroy, "by", c.Username)
-	return BootstrapResult{JobID: jobID, Status: status}, nil
+	return api.BootstrapResult{JobID: jobID, Status: status}, nil
 }
 
 // finishBootstrap updates the bootstrap state if job jobID still holds it, retrying until the

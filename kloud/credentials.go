@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -31,22 +32,6 @@ import (
 //
 // Other kloud code gets a credential through credentialFor (access check, opened value and
 // bootstrap outputs) and turns it into Terraform variables with credentialVariables.
-
-func init() {
-	registerJobKind(bootstrapJobKind, jobKind{
-		run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return j.s.runBootstrap(ctx, j, false) },
-		recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return j.s.runBootstrap(ctx, j, true) },
-	})
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "credential.add", s.credentialAdd)
-		handle(s, "credential.list", s.credentialList)
-		handle(s, "credential.describe", s.credentialDescribe)
-		handle(s, "credential.remove", s.credentialRemove)
-		handle(s, "credential.authenticate", s.credentialAuthenticate)
-		handle(s, "credential.bootstrap", s.credentialBootstrap)
-		handle(s, "provider.describe", s.providerDescribe)
-	})
-}
 
 // Bootstrap statuses (Credential.Bootstrap.Status).
 const (
@@ -257,28 +242,6 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.kind }
 
-// CredentialAddParams are the params of credential.add.
-type CredentialAddParams struct {
-	Provider string          `json:"provider"`
-	Title    string          `json:"title"`
-	Team     string          `json:"team,omitempty"` // default: the caller's only team
-	Data     json.RawMessage `json:"data,omitempty"` // the provider's credential fields
-}
-
-// Validate implements kite.Validator.
-func (p *CredentialAddParams) Validate() error {
-	p.Title = strings.TrimSpace(p.Title)
-	switch {
-	case p.Provider == "":
-		return errors.New("provider is required")
-	case p.Title == "":
-		return errors.New("title is required")
-	case len(p.Title) > 100:
-		return errors.New("title: at most 100 bytes")
-	}
-	return nil
-}
-
 // defaultTeam resolves an omitted team to the caller's only team.
 func defaultTeam(c *Caller, team string) (string, error) {
 	if team != "" {
@@ -295,21 +258,7 @@ func defaultTeam(c *Caller, team string) (string, error) {
 	return "", fmt.Errorf("you are in several teams (%s): say which with team: %w", strings.Join(names, ", "), kite.ErrInvalidParams)
 }
 
-// CredentialID is the result of credential.add and the params of describe, remove and
-// authenticate.
-type CredentialID struct {
-	ID string `json:"id"`
-}
-
-// Validate implements kite.Validator.
-func (p *CredentialID) Validate() error {
-	if p.ID == "" {
-		return errors.New("id is required")
-	}
-	return nil
-}
-
-func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialAddParams) (any, error) {
+func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialAddParams) (any, error) {
 	team, err := defaultTeam(c, p.Team)
 	if err != nil {
 		return nil, err
@@ -367,7 +316,7 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 		return nil, fmt.Errorf("add credential: %w", err)
 	}
 	s.log.Info("credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
-	return CredentialID{ID: id}, nil
+	return api.CredentialAddResult{ID: id}, nil
 }
 
 func isZeroJSON(v any) bool {
@@ -384,20 +333,9 @@ func isZeroJSON(v any) bool {
 	return false
 }
 
-// CredentialListParams filter credential.list.
-type CredentialListParams struct {
-	Provider string `json:"provider,omitempty"`
-	Team     string `json:"team,omitempty"`
-}
-
-// CredentialListResult is the result of credential.list.
-type CredentialListResult struct {
-	Credentials []Credential `json:"credentials"`
-}
-
 // credentialList lists the credentials of the caller's teams (every team's for kloud admins),
 // metadata only.
-func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialListParams) (any, error) {
+func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialListParams) (any, error) {
 	filter := bson.M{}
 	switch {
 	case p.Team != "":
@@ -415,7 +353,7 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 	if err != nil {
 		return nil, fmt.Errorf("list credentials: %w", err)
 	}
-	out := CredentialListResult{Credentials: []Credential{}}
+	out := api.CredentialListResult{Credentials: []Credential{}}
 	for _, cr := range list {
 		cr.Public = nil
 		out.Credentials = append(out.Credentials, cr)
@@ -423,29 +361,15 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 	return out, nil
 }
 
-// CredentialField is one field of a described credential. Value is set for non-secret fields
-// only; for secret ones, Set says whether they have a value.
-type CredentialField struct {
-	provider.Field
-	Set   bool `json:"set"`
-	Value any  `json:"value,omitempty"`
-}
-
-// CredentialView is the result of credential.describe.
-type CredentialView struct {
-	Credential
-	Fields []CredentialField `json:"fields"`
-}
-
-func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialID) (any, error) {
-	cr, err := s.loadCredential(ctx, c, p.ID)
+func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
 		return nil, err
 	}
-	v := CredentialView{Credential: *cr, Fields: []CredentialField{}}
+	v := api.CredentialView{Credential: *cr, Fields: []api.CredentialField{}}
 	if prov, err := s.providers.Lookup(cr.Provider); err == nil && prov.Schema.NewCredential != nil {
 		for _, f := range provider.Fields(prov.Schema.NewCredential()) {
-			cf := CredentialField{Field: f}
+			cf := api.CredentialField{Field: f}
 			if f.Secret {
 				cf.Set = slices.Contains(cr.Secret, f.Name)
 			} else if val, ok := cr.Public[f.Name]; ok {
@@ -459,8 +383,8 @@ func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Requ
 
 // credentialRemove deletes a credential (owner or team admin) that no live stack uses and
 // whose bootstrap resources are gone.
-func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialID) (any, error) {
-	cr, err := s.loadCredential(ctx, c, p.ID)
+func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
 		return nil, err
 	}
@@ -500,7 +424,7 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 		return nil, fmt.Errorf("credential %s changed meanwhile (a bootstrap started?); look again: %w", cr.ID, kite.ErrConflict)
 	}
 	s.log.Info("credential removed", "credential", cr.ID, "by", c.Username)
-	return map[string]any{"id": cr.ID, "removed": true}, nil
+	return api.CredentialRemoveResult{ID: cr.ID, Removed: true}, nil
 }
 
 // stackFor builds the provider's Stack for credential work (no stack involved).
@@ -515,16 +439,9 @@ func (s *Server) credentialStack(p *provider.Provider, cr *Credential, owner str
 	return st, nil
 }
 
-// AuthenticateResult is the result of credential.authenticate.
-type AuthenticateResult struct {
-	ID       string `json:"id"`
-	Verified bool   `json:"verified"`
-	Error    string `json:"error,omitempty"` // why the provider rejected it
-}
-
 // credentialAuthenticate asks the provider whether the credential works and records the answer.
-func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.Request, p *CredentialID) (any, error) {
-	cr, err := s.loadCredential(ctx, c, p.ID)
+func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
 		return nil, err
 	}
@@ -541,7 +458,7 @@ func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.
 	if err != nil {
 		return nil, red.Err(err)
 	}
-	res := AuthenticateResult{ID: cr.ID, Verified: true}
+	res := api.AuthenticateResult{ID: cr.ID, Verified: true}
 	if verr := st.VerifyCredential(ctx, pc); verr != nil {
 		res.Verified, res.Error = false, red.String(verr.Error())
 		if res.Error == "" {
@@ -556,18 +473,8 @@ func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.
 	return res, nil
 }
 
-// ProviderDescribeParams filter provider.describe.
-type ProviderDescribeParams struct {
-	Provider string `json:"provider,omitempty"`
-}
-
-// ProviderDescribeResult is the result of provider.describe.
-type ProviderDescribeResult struct {
-	Providers []provider.Description `json:"providers"`
-}
-
-func (s *Server) providerDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *ProviderDescribeParams) (any, error) {
-	out := ProviderDescribeResult{Providers: []provider.Description{}}
+func (s *Server) providerDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderDescribeParams) (any, error) {
+	out := api.ProviderDescribeResult{Providers: []provider.Description{}}
 	for _, name := range s.providers.Names() {
 		if p.Provider != "" && name != p.Provider {
 			continue

@@ -19,6 +19,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -143,7 +144,7 @@ func goodCredData() map[string]any {
 
 func (w *userWorld) addCred(user, title string, data map[string]any) string {
 	w.t.Helper()
-	var res kloud.CredentialID
+	var res api.CredentialAddResult
 	w.must(user, "credential.add", map[string]any{"provider": "testcloud", "title": title, "data": data}, &res)
 	if res.ID == "" {
 		w.t.Fatal("credential.add returned no id")
@@ -153,7 +154,7 @@ func (w *userWorld) addCred(user, title string, data map[string]any) string {
 
 func (w *userWorld) listCreds(user string, params map[string]any) []string {
 	w.t.Helper()
-	var res kloud.CredentialListResult
+	var res api.CredentialListResult
 	w.must(user, "credential.list", params, &res)
 	var ids []string
 	for _, c := range res.Credentials {
@@ -258,16 +259,16 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 	}
 	w.must("carol", "team.removeMember", map[string]any{"team": "blue", "username": "alice"}, nil)
 
-	var d kloud.CredentialView
+	var d api.CredentialView
 	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
 	if d.Provider != "testcloud" || d.Team != "red" || d.Owner != "alice" || d.Verified || d.Bootstrap == nil || d.Bootstrap.Status != kloud.BootstrapNone {
 		t.Fatalf("describe: %+v", d)
 	}
-	fields := map[string]kloud.CredentialField{}
+	fields := map[string]api.CredentialField{}
 	for _, f := range d.Fields {
 		fields[f.Name] = f
 	}
-	for name, want := range map[string]kloud.CredentialField{
+	for name, want := range map[string]api.CredentialField{
 		"region":     {Field: provider.Field{Name: "region", Type: "string", Label: "Region", Default: "eu-1"}, Set: true, Value: "eu-1"},
 		"access_key": {Field: provider.Field{Name: "access_key", Type: "string", Label: "Access key", Required: true}, Set: true, Value: "good-key"},
 		"secret_key": {Field: provider.Field{Name: "secret_key", Type: "string", Label: "Secret key", Secret: true, Required: true}, Set: true},
@@ -283,7 +284,7 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 	}
 
 	// Authenticate: the provider decides; failures are stored, redacted.
-	var auth kloud.AuthenticateResult
+	var auth api.AuthenticateResult
 	w.must("bob", "credential.authenticate", map[string]any{"id": id}, &auth)
 	if !auth.Verified || auth.Error != "" {
 		t.Fatalf("authenticate a good credential: %+v", auth)
@@ -293,12 +294,12 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 	if auth.Verified || !strings.Contains(auth.Error, "bad-key rejected") || !strings.Contains(auth.Error, "[secret]") {
 		t.Fatalf("authenticate a bad credential: %+v", auth)
 	}
-	d = kloud.CredentialView{}
+	d = api.CredentialView{}
 	w.must("alice", "credential.describe", map[string]any{"id": bad}, &d)
 	if d.Verified || d.VerifyErr != auth.Error {
 		t.Fatalf("stored verification: %+v", d)
 	}
-	d = kloud.CredentialView{}
+	d = api.CredentialView{}
 	w.must("alice", "credential.describe", map[string]any{"id": id}, &d)
 	if !d.Verified {
 		t.Fatal("verified credential not marked verified")
@@ -335,7 +336,7 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 	if !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), "stack-1") {
 		t.Fatalf("remove a credential a stack uses: %v", err)
 	}
-	var pd kloud.ProviderDescribeResult
+	var pd api.ProviderDescribeResult
 	w.must("carol", "provider.describe", nil, &pd)
 	if len(pd.Providers) != 1 || pd.Providers[0].Name != "testcloud" || len(pd.Providers[0].Credential) != 5 || !pd.Providers[0].Credential[2].Secret {
 		t.Fatalf("provider.describe: %+v", pd)
@@ -377,7 +378,7 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 }
 
 // watchJob follows a job through job.watch as user and returns the events.
-func (w *userWorld) watchJob(user, jobID string) []kloud.JobEvent {
+func (w *userWorld) watchJob(user, jobID string) []api.JobEvent {
 	w.t.Helper()
 	c := w.as(user)
 	var res struct {
@@ -390,7 +391,7 @@ func (w *userWorld) watchJob(user, jobID string) []kloud.JobEvent {
 	defer sub.Close()
 	ctx, cancel := context.WithTimeout(w.t.Context(), 3*time.Minute)
 	defer cancel()
-	var evs []kloud.JobEvent
+	var evs []api.JobEvent
 	for {
 		ev, err := sub.Next(ctx)
 		if err != nil {
@@ -400,7 +401,7 @@ func (w *userWorld) watchJob(user, jobID string) []kloud.JobEvent {
 			return evs
 		}
 		w.record(ev.Data)
-		var je kloud.JobEvent
+		var je api.JobEvent
 		if err := json.Unmarshal(ev.Data, &je); err != nil {
 			w.t.Fatal(err)
 		}
@@ -423,7 +424,7 @@ func TestCredentialBootstrap(t *testing.T) {
 	w := newCredWorld(t, kloudtest.Options{Terraformer: tf.Client})
 	id := w.addCred("alice", "alice's key", goodCredData())
 
-	var br kloud.BootstrapResult
+	var br api.BootstrapResult
 	w.must("alice", "credential.bootstrap", map[string]any{"id": id}, &br)
 	if br.JobID == "" || br.Status != kloud.BootstrapRunning {
 		t.Fatalf("bootstrap: %+v", br)
@@ -439,10 +440,10 @@ func TestCredentialBootstrap(t *testing.T) {
 		logLines += len(ev.Log)
 	}
 	final := evs[len(evs)-1]
-	if final.Status != store.JobSucceeded || final.Percentage != 100 || logLines == 0 {
+	if final.Status != api.JobSucceeded || final.Percentage != 100 || logLines == 0 {
 		t.Fatalf("bootstrap job ended %+v after %d events, %d log lines", final, len(evs), logLines)
 	}
-	var d kloud.CredentialView
+	var d api.CredentialView
 	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
 	b := d.Bootstrap
 	if b.Status != kloud.BootstrapDone || !slices.Equal(b.Outputs, []string{"key", "network"}) || b.JobID != br.JobID ||
@@ -477,7 +478,7 @@ func TestCredentialBootstrap(t *testing.T) {
 	if j := w.job("alice", br.JobID); j.Status != store.JobFailed || !strings.Contains(j.Error, "region fail-1 cannot be bootstrapped") {
 		t.Fatalf("failing bootstrap job: %+v", j)
 	}
-	d = kloud.CredentialView{}
+	d = api.CredentialView{}
 	w.must("alice", "credential.describe", map[string]any{"id": failing}, &d)
 	if d.Bootstrap.Status != kloud.BootstrapFailed || !strings.Contains(d.Bootstrap.Error, "fail-1") {
 		t.Fatalf("failed bootstrap state: %+v", d.Bootstrap)
@@ -493,7 +494,7 @@ func TestCredentialBootstrap(t *testing.T) {
 		if j := w.job("alice", br.JobID); j.Status != store.JobSucceeded {
 			t.Fatalf("destroy job: %+v", j)
 		}
-		d = kloud.CredentialView{}
+		d = api.CredentialView{}
 		w.must("alice", "credential.describe", map[string]any{"id": cid}, &d)
 		if d.Bootstrap.Status != kloud.BootstrapDestroyed || len(d.Bootstrap.ContentIDs) != 0 || len(d.Bootstrap.Outputs) != 0 {
 			t.Fatalf("destroyed bootstrap state: %+v", d.Bootstrap)
@@ -560,7 +561,7 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 	if j.Status != store.JobSucceeded || j.Attempt != 2 || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "re-attaching to terraform job "+tfJob) }) {
 		t.Fatalf("recovered job: %+v", j)
 	}
-	var d kloud.CredentialView
+	var d api.CredentialView
 	w2.must("alice", "credential.describe", map[string]any{"id": id}, &d)
 	if d.Bootstrap.Status != kloud.BootstrapDone || !slices.Equal(d.Bootstrap.Outputs, []string{"key", "network"}) {
 		t.Fatalf("recovered bootstrap state: %+v", d.Bootstrap)

@@ -15,6 +15,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -80,14 +81,14 @@ func (f *flowEnv) stack(tmplID string) (string, []kloud.Machine) {
 }
 
 // follow watches a job to its end and returns the last event.
-func (f *flowEnv) follow(jobID string) kloud.JobEvent {
+func (f *flowEnv) follow(jobID string) api.JobEvent {
 	f.t.Helper()
 	var res struct{ Subscription string }
 	kloudtest.Call(f.t, f.alice, "job.watch", map[string]string{"jobId": jobID}, &res)
 	sub := f.alice.Subscribe(res.Subscription)
 	ctx, cancel := context.WithTimeout(f.t.Context(), 5*time.Minute)
 	defer cancel()
-	var last kloud.JobEvent
+	var last api.JobEvent
 	for {
 		ev, err := sub.Next(ctx)
 		if errors.Is(err, kite.ErrStreamEnded) {
@@ -96,7 +97,7 @@ func (f *flowEnv) follow(jobID string) kloud.JobEvent {
 		if err != nil {
 			f.t.Fatalf("watch job %s: %v", jobID, err)
 		}
-		last = kloud.JobEvent{}
+		last = api.JobEvent{}
 		json.Unmarshal(ev.Data, &last)
 		for _, l := range last.Log {
 			f.t.Logf("job %s: %s", jobID, l)
@@ -129,7 +130,7 @@ func TestStackLifecycle(t *testing.T) {
 	f.credential()
 	tid := f.template(twoVMs)
 
-	var plan struct{ Machines []kloud.PlannedMachine }
+	var plan struct{ Machines []api.PlannedMachine }
 	kloudtest.Call(t, f.alice, "stack.plan", map[string]string{"templateId": tid}, &plan)
 	if len(plan.Machines) != 2 || plan.Machines[0].Label != "vm.0" || plan.Machines[1].Label != "vm.1" || plan.Machines[0].Provider != "dummy" {
 		t.Fatalf("plan: %+v", plan.Machines)
@@ -180,7 +181,7 @@ func TestStackLifecycle(t *testing.T) {
 		m := f.machines(sid)["vm.0"]
 		return m.State == provider.Stopped && m.Agent.Status == kloud.AgentDisconnected
 	}, "vm.0 not stopped with its agent disconnected: %+v", f.machines(sid)["vm.0"])
-	var info kloud.MachineInfo
+	var info api.MachineInfo
 	kloudtest.Call(t, f.alice, "machine.info", map[string]string{"machineId": vm0.ID}, &info)
 	if info.InfraState != provider.Stopped {
 		t.Fatalf("info: %+v", info)

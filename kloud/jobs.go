@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -25,15 +26,6 @@ type jobKind struct {
 	run func(ctx context.Context, j *jobCtx) (map[string]any, error)
 	// recover resolves a job whose runner died (nil: fail it with a reason).
 	recover func(ctx context.Context, j *jobCtx) (map[string]any, error)
-}
-
-var jobKinds = map[string]jobKind{}
-
-func registerJobKind(kind string, k jobKind) {
-	if _, dup := jobKinds[kind]; dup {
-		panic("kloud: job kind registered twice: " + kind)
-	}
-	jobKinds[kind] = k
 }
 
 // jobCtx is a running job.
@@ -85,7 +77,7 @@ func (s *Server) startJob(ctx context.Context, kind, target, owner string, param
 // startJobID is startJob with the job's id chosen by the caller ("": a new one), so the id can
 // be recorded on the job's target in the same update that claims it.
 func (s *Server) startJobID(ctx context.Context, id, kind, target, owner string, params map[string]any) (string, error) {
-	if _, ok := jobKinds[kind]; !ok {
+	if _, ok := s.kinds[kind]; !ok {
 		return "", fmt.Errorf("unknown job kind %q", kind)
 	}
 	id, err := s.store.Jobs().Create(ctx, store.Job{ID: id, Kind: kind, Target: target, Owner: owner, Params: params})
@@ -96,7 +88,7 @@ func (s *Server) startJobID(ctx context.Context, id, kind, target, owner string,
 	if err != nil {
 		return "", fmt.Errorf("start job: %w", err)
 	}
-	s.runJob(j, jobKinds[kind].run)
+	s.runJob(j, s.kinds[kind].run)
 	return id, nil
 }
 
@@ -209,7 +201,7 @@ func (s *Server) recoverJobs(ctx context.Context) {
 		if err != nil {
 			continue // another replica took it
 		}
-		k := jobKinds[j.Kind]
+		k := s.kinds[j.Kind]
 		fn := k.recover
 		if fn == nil {
 			fn = func(context.Context, *jobCtx) (map[string]any, error) {
@@ -224,48 +216,29 @@ func (s *Server) recoverJobs(ctx context.Context) {
 // WaitJobs waits for running jobs to end (tests, shutdown).
 func (s *Server) WaitJobs() { s.runner().wg.Wait() }
 
-func init() {
-	backgroundTasks = append(backgroundTasks, func(ctx context.Context, s *Server) {
-		s.recoverJobs(ctx)
-		// Then stacks and machines left in a transitional state by jobs that are over
-		// (reconcile.go): recovered jobs are running again by now, so they are left alone.
-		s.reconcile(ctx)
-		// Later orphans (a replica that died while we run, or our own from before a restart
-		// whose lease had not yet expired) are picked up periodically, and so are stuck states.
-		t := time.NewTicker(5 * time.Second)
-		defer t.Stop()
-		rt := time.NewTicker(s.reconcileInterval())
-		defer rt.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				s.recoverJobs(ctx)
-			case <-rt.C:
-				s.reconcile(ctx)
-			}
+// runJobsLoop recovers interrupted jobs and reconciles stuck states at start, then every few
+// seconds (jobs) and every ReconcileInterval (states), until ctx ends.
+func (s *Server) runJobsLoop(ctx context.Context) {
+	s.recoverJobs(ctx)
+	// Then stacks and machines left in a transitional state by jobs that are over
+	// (reconcile.go): recovered jobs are running again by now, so they are left alone.
+	s.reconcile(ctx)
+	// Later orphans (a replica that died while we run, or our own from before a restart
+	// whose lease had not yet expired) are picked up periodically, and so are stuck states.
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	rt := time.NewTicker(s.reconcileInterval())
+	defer rt.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.recoverJobs(ctx)
+		case <-rt.C:
+			s.reconcile(ctx)
 		}
-	})
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "job.get", s.jobGet)
-		handle(s, "job.watch", s.jobWatch)
-		handle(s, "job.list", s.jobList)
-		handle(s, "job.cancel", s.jobCancel)
-	})
-}
-
-// JobParams name a job.
-type JobParams struct {
-	JobID string `json:"jobId"`
-}
-
-// Validate implements kite.Validator.
-func (p *JobParams) Validate() error {
-	if p.JobID == "" {
-		return errors.New("jobId is required")
 	}
-	return nil
 }
 
 func (s *Server) loadJob(ctx context.Context, c *Caller, id string) (store.Job, error) {
@@ -282,17 +255,34 @@ func (s *Server) loadJob(ctx context.Context, c *Caller, id string) (store.Job, 
 	return j, nil
 }
 
-func (s *Server) jobGet(ctx context.Context, c *Caller, _ *kite.Request, p *JobParams) (any, error) {
-	return s.loadJob(ctx, c, p.JobID)
+func (s *Server) jobGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (any, error) {
+	j, err := s.loadJob(ctx, c, p.JobID)
+	if err != nil {
+		return nil, err
+	}
+	return apiJob(j), nil
 }
 
-// JobListParams filter job.list.
-type JobListParams struct {
-	Target string `json:"target,omitempty"`
-	Limit  int    `json:"limit,omitempty"`
+// apiJob is a stored job as the API shows it (the same JSON).
+func apiJob(j store.Job) api.Job {
+	return api.Job{
+		ID: j.ID, Kind: j.Kind, Target: j.Target, Owner: j.Owner, Params: j.Params,
+		Status: api.JobStatus(j.Status), Percent: j.Percent, Stage: j.Stage, Message: j.Message, Error: j.Error, Result: j.Result,
+		Log: j.Log, LogSeq: j.LogSeq,
+		Runner: j.Runner, LeaseUntil: j.LeaseUntil, Attempt: j.Attempt, CancelRequested: j.CancelRequested,
+		Rev: j.Rev, CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt,
+	}
 }
 
-func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *JobListParams) (any, error) {
+func apiJobs(js []store.Job) []api.Job {
+	out := make([]api.Job, len(js))
+	for i, j := range js {
+		out[i] = apiJob(j)
+	}
+	return out
+}
+
+func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobListParams) (any, error) {
 	f := store.JobFilter{Target: p.Target, Limit: p.Limit}
 	if !c.Admin {
 		f.Owner = c.Username
@@ -304,10 +294,10 @@ func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *Job
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"jobs": jobs}, nil
+	return api.JobListResult{Jobs: apiJobs(jobs)}, nil
 }
 
-func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *JobParams) (any, error) {
+func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (any, error) {
 	if _, err := s.loadJob(ctx, c, p.JobID); err != nil {
 		return nil, err
 	}
@@ -321,23 +311,10 @@ func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *J
 		cancel()
 	}
 	r.mu.Unlock()
-	return j, nil
+	return apiJob(j), nil
 }
 
-// JobEvent is one job.event notification: the job's progress as it changes, with the log lines
-// added since the previous event.
-type JobEvent struct {
-	ID         string          `json:"id"`
-	Status     store.JobStatus `json:"status"`
-	Percentage int             `json:"percentage"`
-	Stage      string          `json:"stage,omitempty"`
-	Message    string          `json:"message,omitempty"`
-	Log        []string        `json:"log,omitempty"`
-	Error      string          `json:"error,omitempty"`
-	Result     map[string]any  `json:"result,omitempty"`
-}
-
-func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *JobParams) (any, error) {
+func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *api.JobRef) (any, error) {
 	j, err := s.loadJob(ctx, c, p.JobID)
 	if err != nil {
 		return nil, err
@@ -351,7 +328,7 @@ func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *Jo
 	go func() {
 		var seq int64
 		for cur := range ch {
-			ev := JobEvent{ID: cur.ID, Status: cur.Status, Percentage: cur.Percent, Stage: cur.Stage, Message: cur.Message,
+			ev := api.JobEvent{ID: cur.ID, Status: api.JobStatus(cur.Status), Percentage: cur.Percent, Stage: cur.Stage, Message: cur.Message,
 				Log: cur.LogSince(seq), Error: cur.Error}
 			seq = cur.LogSeq
 			if cur.Status.Done() {
@@ -366,5 +343,5 @@ func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *Jo
 		}
 		stream.End(context.Background(), nil)
 	}()
-	return map[string]any{"subscription": stream.ID(), "job": j}, nil
+	return api.JobWatchResult{Subscription: stream.ID(), Job: apiJob(j)}, nil
 }

@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -18,35 +19,6 @@ import (
 
 // Machines: machine.list, machine.info (the provider is the truth; the store is reconciled),
 // machine.start and machine.stop (durable jobs).
-
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "machine.list", s.machineList)
-		handle(s, "machine.info", s.machineInfo, kite.WithTimeout(time.Minute))
-		handle(s, "machine.start", s.machinePower(provider.MethodStart))
-		handle(s, "machine.stop", s.machinePower(provider.MethodStop))
-	})
-	for _, m := range []string{provider.MethodStart, provider.MethodStop} {
-		registerJobKind("machine."+m, jobKind{run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-			return j.s.runMachinePower(ctx, j, m, false)
-		}, recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-			return j.s.runMachinePower(ctx, j, m, true)
-		}})
-	}
-}
-
-// MachineParams name a machine.
-type MachineParams struct {
-	MachineID string `json:"machineId"`
-}
-
-// Validate implements kite.Validator.
-func (p *MachineParams) Validate() error {
-	if p.MachineID == "" {
-		return errors.New("machineId is required")
-	}
-	return nil
-}
 
 // canSee reports whether c may see machine m: its owner, a user it is shared with, a team admin.
 func (c *Caller) canSee(m *Machine) bool {
@@ -100,13 +72,7 @@ func (s *Server) providerMachine(ctx context.Context, c *Caller, m *Machine) (pr
 	return p.Machine(bm)
 }
 
-// MachineListParams filter machine.list.
-type MachineListParams struct {
-	StackID string `json:"stackId,omitempty"`
-	Team    string `json:"team,omitempty"` // team admins: every machine of the team
-}
-
-func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p *MachineListParams) (any, error) {
+func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineListParams) (any, error) {
 	f := bson.M{"$or": []bson.M{{"owner": c.Username}, {"shares.username": c.Username}}}
 	if p.Team != "" {
 		if !c.TeamAdmin(p.Team) {
@@ -121,22 +87,15 @@ func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"machines": ms}, nil
+	return api.MachineListResult{Machines: ms}, nil
 }
 
-// MachineInfo is machine.info's result: the stored machine reconciled with the provider.
-type MachineInfo struct {
-	Machine
-	InfraState provider.State `json:"infraState"`
-	InfoError  string         `json:"infoError,omitempty"`
-}
-
-func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p *MachineParams) (any, error) {
+func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
 	m, err := s.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
 		return nil, err
 	}
-	out := MachineInfo{Machine: *m, InfraState: m.State}
+	out := api.MachineInfo{Machine: *m, InfraState: m.State}
 	if m.State == provider.NotInitialized || m.State.InProgress() {
 		return out, nil // nothing to ask the provider, or a job is changing it right now
 	}
@@ -163,8 +122,8 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 	return out, nil
 }
 
-func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller, r *kite.Request, p *MachineParams) (any, error) {
-	return func(ctx context.Context, c *Caller, _ *kite.Request, p *MachineParams) (any, error) {
+func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller, r *kite.Request, p *api.MachineRef) (any, error) {
+	return func(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
 		m, err := s.loadMachine(ctx, c, p.MachineID)
 		if err != nil {
 			return nil, err
@@ -192,7 +151,7 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 			}
 			return nil, err
 		}
-		return map[string]string{"jobId": id}, nil
+		return api.JobRef{JobID: id}, nil
 	}
 }
 

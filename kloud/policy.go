@@ -5,15 +5,14 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
@@ -28,24 +27,6 @@ import (
 // rules for exactly its files: the trust record holds a digest of the files, so any change of
 // them is a new revision that is not trusted. Records live on the template document (field
 // "trust": who, when, which rules, why) and every trust and untrust is logged at WARN.
-
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "template.trust", s.templateTrust)
-		handle(s, "template.untrust", s.templateUntrust)
-	})
-}
-
-// TemplateTrust is an administrator's decision to lift policy rules for one revision of a
-// template.
-type TemplateTrust struct {
-	Rev    int       `bson:"rev" json:"rev"`
-	Digest string    `bson:"digest" json:"digest"` // filesDigest of the revision's files
-	Rules  []string  `bson:"rules" json:"rules"`
-	Reason string    `bson:"reason" json:"reason"`
-	By     string    `bson:"by" json:"by"`
-	At     time.Time `bson:"at" json:"at"`
-}
 
 // templateTrusts is the part of a template document this file reads and writes.
 type templateTrusts struct {
@@ -121,31 +102,6 @@ func (s *Server) trustedRules(ctx context.Context, team, digest string) ([]strin
 	return out, nil
 }
 
-// TrustParams are the params of template.trust and template.untrust.
-type TrustParams struct {
-	TemplateID string `json:"templateId"`
-	// Revision to trust; default: the current one. template.untrust: default all revisions.
-	Revision int      `json:"revision,omitempty"`
-	Rules    []string `json:"rules,omitempty"`  // trust only: the rule ids to lift
-	Reason   string   `json:"reason,omitempty"` // trust: required
-}
-
-// Validate implements kite.Validator.
-func (p *TrustParams) Validate() error {
-	if p.TemplateID == "" {
-		return errors.New("templateId is required")
-	}
-	if p.Revision < 0 {
-		return errors.New("revision must be positive")
-	}
-	for _, r := range p.Rules {
-		if !slices.Contains(tmpl.PolicyRules, r) {
-			return fmt.Errorf("unknown rule %q (rules: %s)", r, strings.Join(tmpl.PolicyRules, ", "))
-		}
-	}
-	return nil
-}
-
 // revisionFiles returns the files of revision rev of t (0: the current one).
 func revisionFiles(t *Template, rev int) (int, []File, error) {
 	if rev == 0 || rev == t.Rev {
@@ -159,8 +115,8 @@ func revisionFiles(t *Template, rev int) (int, []File, error) {
 	return 0, nil, fmt.Errorf("template %s has no revision %d (kept: the last %d): %w", t.ID, rev, maxRevisions, kite.ErrNotFound)
 }
 
-func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, p *TrustParams) (any, error) {
-	spec := &TrustSpec{Rules: p.Rules, Reason: p.Reason}
+func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (any, error) {
+	spec := &api.TrustSpec{Rules: p.Rules, Reason: p.Reason}
 	if _, err := s.trustSpec(c, spec); err != nil {
 		return nil, err
 	}
@@ -176,7 +132,7 @@ func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, 
 }
 
 // trustSpec checks an administrator's trust and returns the rules it lifts (none for nil).
-func (s *Server) trustSpec(c *Caller, spec *TrustSpec) ([]string, error) {
+func (s *Server) trustSpec(c *Caller, spec *api.TrustSpec) ([]string, error) {
 	if spec == nil {
 		return nil, nil
 	}
@@ -198,7 +154,7 @@ func (s *Server) trustSpec(c *Caller, spec *TrustSpec) ([]string, error) {
 }
 
 // trust records that revision rev (with files) of t is trusted with spec, and logs it.
-func (s *Server) trust(ctx context.Context, c *Caller, t *Template, rev int, files []File, spec *TrustSpec) (TemplateTrust, error) {
+func (s *Server) trust(ctx context.Context, c *Caller, t *Template, rev int, files []File, spec *api.TrustSpec) (TemplateTrust, error) {
 	rules := slices.Clone(spec.Rules)
 	slices.Sort(rules)
 	rules = slices.Compact(rules)
@@ -214,7 +170,7 @@ func (s *Server) trust(ctx context.Context, c *Caller, t *Template, rev int, fil
 	return tr, nil
 }
 
-func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request, p *TrustParams) (any, error) {
+func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (any, error) {
 	if !c.Admin {
 		return nil, fmt.Errorf("only a kloud administrator may untrust a template: %w", kite.ErrPermission)
 	}
@@ -232,7 +188,7 @@ func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request
 		return nil, err
 	}
 	s.log.Warn("template untrusted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", p.Revision, "removed", removed, "by", c.Username)
-	return map[string]any{"templateId": t.ID, "removed": removed}, nil
+	return api.UntrustResult{TemplateID: t.ID, Removed: removed}, nil
 }
 
 // setTrust rewrites a template's trust records (the last of two concurrent administrators

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -198,7 +199,7 @@ func TestHostileTemplates(t *testing.T) {
 			var job struct{ JobID string }
 			kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": st.ID}, &job)
 			last := f.follow(job.JobID)
-			if last.Status != store.JobFailed || !strings.Contains(last.Error, "(rule "+tc.rule+")") || !strings.Contains(last.Error, tc.pos+":") {
+			if last.Status != api.JobFailed || !strings.Contains(last.Error, "(rule "+tc.rule+")") || !strings.Contains(last.Error, tc.pos+":") {
 				t.Fatalf("build: want refused by rule %s at %s, got %+v", tc.rule, tc.pos, last)
 			}
 			h.check("build")
@@ -212,7 +213,7 @@ func TestHostileTemplates(t *testing.T) {
 
 			// Destroy runs only what terraform applied, and the template never got there.
 			kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": st.ID, "destroy": true}, &job)
-			if last := f.follow(job.JobID); last.Status != store.JobSucceeded {
+			if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
 				t.Fatalf("destroy: %+v", last)
 			}
 			h.check("destroy")
@@ -259,7 +260,7 @@ func TestTrustedTemplate(t *testing.T) {
 	if tr.Rev != 2 || tr.By != kloud.Admin || tr.Reason != "reviewed: runs true" || len(tr.Rules) != 1 {
 		t.Fatalf("trust record %+v", tr)
 	}
-	var view kloud.TemplateView
+	var view api.TemplateView
 	kloudtest.Call(t, f.alice, "template.get", map[string]string{"id": tpl.ID}, &view)
 	if len(view.Trust) != 1 || view.Trust[0].By != kloud.Admin {
 		t.Fatalf("template.get does not show the trust: %+v", view.Trust)
@@ -304,7 +305,7 @@ func TestDestroyObeysPolicy(t *testing.T) {
 	sid, _ := f.stack(f.template("resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n}\n"))
 	var job struct{ JobID string }
 	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
-	if last := f.follow(job.JobID); last.Status != store.JobSucceeded {
+	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
 		t.Fatalf("build: %+v", last)
 	}
 	// As an older kloud stored it: the stack's files have a destroy-time provisioner.
@@ -315,7 +316,7 @@ func TestDestroyObeysPolicy(t *testing.T) {
 	}
 	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
 	last := f.follow(job.JobID)
-	if last.Status != store.JobFailed || !strings.Contains(last.Error, "(rule provisioner)") {
+	if last.Status != api.JobFailed || !strings.Contains(last.Error, "(rule provisioner)") {
 		t.Fatalf("destroy of a stack whose files break the policy: %+v", last)
 	}
 	h.check("refused destroy")
@@ -333,7 +334,7 @@ func TestDestroyObeysPolicy(t *testing.T) {
 	kloudtest.Call(t, admin, "template.create", map[string]any{"title": "reviewed", "files": map[string]string{"main.tf": hostile},
 		"trust": map[string]any{"rules": []string{"provisioner"}, "reason": "reviewed: destroy writes a marker"}}, nil)
 	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
-	if last := f.follow(job.JobID); last.Status != store.JobSucceeded {
+	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
 		t.Fatalf("destroy after trust: %+v", last)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -41,9 +42,6 @@ import (
 // stack.apply reconciles a stack (and its machines) whose job is dead before building or
 // destroying it, so both work from any state whose job is over. stack.reset lets a kloud
 // administrator force a stack out of any state when no job is live, audited.
-
-// DefaultReconcileInterval is how often the reconciler looks for stuck states.
-const DefaultReconcileInterval = 30 * time.Second
 
 // staleJobAfter: a running job whose runner lease expired this long ago (or a queued job this
 // much older than a job lease) and that nobody resumed counts as dead. Recovery claims such jobs
@@ -290,56 +288,11 @@ func (s *Server) reconcileForApply(ctx context.Context, st *Stack, own string) (
 
 // Reset: an administrator's way out of any state.
 
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "stack.reset", s.stackReset)
-	})
-}
-
-// ResetParams are the params of stack.reset.
-type ResetParams struct {
-	StackID string `json:"stackId"`
-	// State is Failed (default) or NotInitialized (only if nothing was ever built).
-	State  string `json:"state,omitempty"`
-	Reason string `json:"reason"`
-}
-
-// Validate implements kite.Validator.
-func (p *ResetParams) Validate() error {
-	if p.StackID == "" {
-		return errors.New("stackId is required")
-	}
-	if p.State == "" {
-		p.State = StackFailed
-	}
-	if p.State != StackFailed && p.State != StackNotInitialized {
-		return fmt.Errorf("state must be %s or %s, not %q", StackFailed, StackNotInitialized, p.State)
-	}
-	p.Reason = strings.TrimSpace(p.Reason)
-	if p.Reason == "" {
-		return errors.New("reason is required (it is kept on the stack and logged)")
-	}
-	if len(p.Reason) > 1000 {
-		return errors.New("reason is longer than 1000 characters")
-	}
-	return nil
-}
-
-// StackReset is the audit record of one stack.reset, kept on the stack (field resets).
-type StackReset struct {
-	By     string    `bson:"by" json:"by"`
-	At     time.Time `bson:"at" json:"at"`
-	From   string    `bson:"from" json:"from"`
-	To     string    `bson:"to" json:"to"`
-	Job    string    `bson:"job,omitempty" json:"job,omitempty"` // the stack's job at the time
-	Reason string    `bson:"reason" json:"reason"`
-}
-
 // stackReset forces a stack and its machines out of any state: to Failed (machines in a
 // transition become Unknown) or, if nothing was ever built, to NotInitialized (every machine
 // NotInitialized). Only kloud administrators, only when no job is live for the stack or its
 // machines (it holds the stack's lease meanwhile, so none starts).
-func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *ResetParams) (any, error) {
+func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackResetParams) (any, error) {
 	if !c.Admin {
 		return nil, fmt.Errorf("stack.reset is for kloud administrators: %w", kite.ErrPermission)
 	}
@@ -433,5 +386,5 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 			s.log.Warn("machine reset with its stack", slog.String("machine", m.ID), slog.String("from", string(m.State)), slog.String("to", string(to)))
 		}
 	}
-	return s.stackDescribe(ctx, c, nil, &IDParams{ID: st.ID})
+	return s.stackDescribe(ctx, c, nil, &api.StackRef{StackID: st.ID})
 }

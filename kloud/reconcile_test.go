@@ -18,6 +18,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -123,9 +124,9 @@ func (f *flowEnv) cancel(jobID string) {
 	kloudtest.Call(f.t, f.alice, "job.cancel", map[string]string{"jobId": jobID}, nil)
 }
 
-func (f *flowEnv) describe(sid string) kloud.StackView {
+func (f *flowEnv) describe(sid string) api.StackView {
 	f.t.Helper()
-	var st kloud.StackView
+	var st api.StackView
 	kloudtest.Call(f.t, f.alice, "stack.describe", map[string]string{"id": sid}, &st)
 	return st
 }
@@ -139,7 +140,7 @@ func (f *flowEnv) job(id string) store.Job {
 
 // settled checks that the stack and its machines are in no transitional state, the stack in
 // want, and returns it.
-func (f *flowEnv) settled(sid, want string) kloud.StackView {
+func (f *flowEnv) settled(sid, want string) api.StackView {
 	f.t.Helper()
 	st := f.describe(sid)
 	if st.State != want {
@@ -510,7 +511,7 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 	if err := e.Server.Store().Jobs().Finish(t.Context(), live, errors.New("runner gone"), nil); err != nil {
 		t.Fatal(err)
 	}
-	var st kloud.StackView
+	var st api.StackView
 	kloudtest.Call(t, admin, "stack.reset", reset, &st)
 	if st.State != kloud.StackFailed || !strings.Contains(st.Reason, "INC-42") || !strings.Contains(st.Reason, kloud.Admin) {
 		t.Fatalf("after reset: %+v", st.Stack)
@@ -522,7 +523,7 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 		}
 	}
 	// The audit record is on the stack, for its owner to see too, and in the log at WARN.
-	var seen kloud.StackView
+	var seen api.StackView
 	kloudtest.Call(t, alice, "stack.describe", map[string]string{"id": "stack-r"}, &seen)
 	if len(seen.Resets) != 1 || seen.Resets[0].By != kloud.Admin || seen.Resets[0].Reason != reset["reason"] ||
 		seen.Resets[0].To != kloud.StackFailed || seen.Resets[0].Job != live || seen.Resets[0].At.IsZero() {

@@ -2,17 +2,19 @@
 // and durable jobs, on a Mongo store; it hosts kontrol and serves the kite endpoint, the klient
 // download and the web UI.
 //
-// Start with New (wiring: store, signing keys, kontrol, providers, terraformer) and Serve. The
-// RPC methods live one area per file (users.go, credentials.go, templates.go, stacks.go,
-// machines.go, jobs.go); each resolves the Caller (authz.go) and checks what it may do. Long
-// work runs as durable jobs (jobs.go) that survive a restart.
+// Start with New (wiring: store, signing keys, kontrol, providers, terraformer) and Serve, then
+// routes.go: the one table of every RPC method (with its params type and who may call it),
+// every HTTP route, every job kind and every background task. The methods' names, params and
+// results are in package api (kloud/api, with a typed client); docs/protocol.md is the wire
+// contract. The handlers live one area per file (users.go, credentials.go, templates.go,
+// stacks.go, machines.go, jobs.go); each gets the resolved Caller (authz.go) and checks what it
+// may do. Long work runs as durable jobs (jobs.go) that survive a restart.
 package kloud
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,17 +38,27 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 )
 
-// Options configures New. Zero fields take the documented defaults.
+// Defaults of Options, applied by Options.defaults; kloud serve's flags take theirs from these.
+const (
+	DefaultAddr              = ":7000"
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultHeartbeatTimeout  = 10 * time.Second
+	DefaultJobLease          = 30 * time.Second
+	// DefaultReconcileInterval is how often the reconciler looks for stuck states (reconcile.go).
+	DefaultReconcileInterval = 30 * time.Second
+)
+
+// Options configures New. Zero fields take the defaults above (and DefaultDataDir).
 type Options struct {
 	DataDir string // default ~/.kloud
-	Addr    string // listen address, default ":7000"
+	Addr    string // listen address, default DefaultAddr (":7000")
 	// PublicURL is how users and kites reach this kloud (written into kite keys), default
 	// http://127.0.0.1:<port>.
 	PublicURL string
 	// MongoURL selects an external MongoDB; empty starts the embedded store in DataDir/db.
 	MongoURL string
 	// HeartbeatInterval and HeartbeatTimeout drop kites whose link went dead without closing
-	// (defaults 10s and 10s).
+	// (defaults DefaultHeartbeatInterval and DefaultHeartbeatTimeout, 10s and 10s).
 	HeartbeatInterval, HeartbeatTimeout time.Duration
 	// KlientBin is the klient binary served at /dl/klient (default: "klient" next to this
 	// executable).
@@ -56,7 +68,7 @@ type Options struct {
 	// built-in providers its flags enable).
 	Providers *provider.Registry
 	// JobLease is how long a job stays claimed by a kloud that stopped renewing it (crashed)
-	// before another start or replica resumes it (default 30s).
+	// before another start or replica resumes it (default DefaultJobLease, 30s).
 	JobLease time.Duration
 	// ReconcileInterval is how often kloud moves stacks and machines that a job which is over
 	// left in a transition to Failed/Unknown (reconcile.go; it also runs once at startup).
@@ -110,7 +122,8 @@ type Server struct {
 	jobs      *jobRunner
 	presence  *storePresence
 	revs      *storeRevocations
-	term      *termHub // web terminals (terminal.go)
+	term      *termHub           // web terminals (terminal.go)
+	kinds     map[string]jobKind // job kinds (routes.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -167,32 +180,31 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.loadKlient()
+	s.kinds = s.jobKinds()
+	s.term = newTermHub(s)
 	s.routes()
-	for _, register := range methodSets {
-		register(s)
-	}
 	ok = true
 	return s, nil
 }
-
-// methodSets registers the RPC methods of each area (each file adds itself in an init func).
-var methodSets []func(*Server)
 
 func (o *Options) defaults() error {
 	if o.DataDir == "" {
 		o.DataDir = DefaultDataDir()
 	}
 	if o.Addr == "" {
-		o.Addr = ":7000"
+		o.Addr = DefaultAddr
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if o.HeartbeatInterval == 0 {
-		o.HeartbeatInterval = 10 * time.Second
+		o.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if o.HeartbeatTimeout == 0 {
-		o.HeartbeatTimeout = 10 * time.Second
+		o.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if o.JobLease <= 0 {
+		o.JobLease = DefaultJobLease
 	}
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = DefaultReconcileInterval
@@ -317,25 +329,6 @@ func (s *Server) loadKlient() {
 	s.klientSum = hex.EncodeToString(h.Sum(nil))
 }
 
-func (s *Server) routes() {
-	s.mux.Handle("/kite", s.Kite)
-	s.mux.HandleFunc("GET /kite/keys", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(s.Kontrol.PublicKeys())
-	})
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-	s.mux.HandleFunc("GET /dl/klient", func(w http.ResponseWriter, r *http.Request) {
-		if s.klientSum == "" {
-			http.Error(w, "this kloud has no klient binary to serve", http.StatusNotFound)
-			return
-		}
-		w.Header().Set("X-Checksum-Sha256", s.klientSum)
-		http.ServeFile(w, r, s.opts.KlientBin)
-	})
-	// Providers' own services (the local provider's machine API for its Terraform provider).
-	s.providers.MountHandlers(s.mux.Handle)
-}
-
 // Handle adds an HTTP handler (the web UI and its API add themselves).
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
@@ -374,13 +367,10 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// backgroundTasks run while the server serves (job recovery, agent tracking).
-var backgroundTasks []func(ctx context.Context, s *Server)
-
+// startBackground starts the background tasks of the route table (routes.go).
 func (s *Server) startBackground(ctx context.Context) {
-	go s.presence.run(ctx)
-	for _, f := range backgroundTasks {
-		go f(ctx, s)
+	for _, f := range s.backgroundTasks() {
+		go f(ctx)
 	}
 }
 

@@ -2,7 +2,6 @@ package kloud
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -21,39 +21,7 @@ import (
 // its list changes). A grant reaches only its machine: kontrol gives a shared user tokens for
 // that machine's agent alone (authorizeKite), each naming that one kite as its audience.
 
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "machine.share", s.machineShare)
-		handle(s, "machine.unshare", s.machineUnshare)
-		handle(s, "machine.shares", s.machineShares)
-	})
-}
-
-// ShareParams are the params of machine.share and machine.unshare.
-type ShareParams struct {
-	MachineID string `json:"machineId"`
-	Username  string `json:"username"`
-	Grant     string `json:"grant,omitempty"` // share only: readonly, terminal or full
-}
-
-// Validate implements kite.Validator.
-func (p *ShareParams) Validate() error {
-	if p.MachineID == "" || p.Username == "" {
-		return errors.New("machineId and username are required")
-	}
-	return nil
-}
-
 func validGrant(g string) bool { return g == GrantReadonly || g == GrantTerminal || g == GrantFull }
-
-// SharesResult lists a machine's shares.
-type SharesResult struct {
-	MachineID string  `json:"machineId"`
-	Shares    []Share `json:"shares"`
-	// Pushed says whether the machine's agent has the new list (false: it gets it when it
-	// connects next).
-	Pushed bool `json:"pushed"`
-}
 
 func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*Machine, error) {
 	m, err := s.loadMachine(ctx, c, id)
@@ -66,7 +34,7 @@ func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*Machin
 	return m, nil
 }
 
-func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p *ShareParams) (any, error) {
+func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (any, error) {
 	if !validGrant(p.Grant) {
 		return nil, fmt.Errorf("grant %q: want %s, %s or %s: %w", p.Grant, GrantReadonly, GrantTerminal, GrantFull, kite.ErrInvalidParams)
 	}
@@ -92,7 +60,7 @@ func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p
 	})
 }
 
-func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request, p *ShareParams) (any, error) {
+func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (any, error) {
 	m, err := s.shareTarget(ctx, c, p.MachineID)
 	if err != nil {
 		return nil, err
@@ -108,7 +76,7 @@ func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request,
 	})
 }
 
-func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, p *MachineParams) (any, error) {
+func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
 	m, err := s.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
 		return nil, err
@@ -116,7 +84,7 @@ func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, 
 	if m.Shares == nil {
 		m.Shares = []Share{}
 	}
-	return SharesResult{MachineID: m.ID, Shares: m.Shares}, nil
+	return api.SharesResult{MachineID: m.ID, Shares: m.Shares}, nil
 }
 
 // updateShares changes a machine's share list with one conditional update (retried if someone
@@ -147,7 +115,7 @@ func (s *Server) updateShares(ctx context.Context, m *Machine, change func([]Sha
 	if err != nil {
 		s.log.Info("shares saved; the agent gets them when it connects", "machine", m.ID, "err", err)
 	}
-	return SharesResult{MachineID: m.ID, Shares: m.Shares, Pushed: err == nil}, nil
+	return api.SharesResult{MachineID: m.ID, Shares: m.Shares, Pushed: err == nil}, nil
 }
 
 // pushShares gives the machine's klient its complete share list, with a token of the owner's

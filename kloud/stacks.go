@@ -20,6 +20,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -31,53 +32,10 @@ import (
 // Stacks: stack.plan (what a template would make), stack.create (machine documents), stack.apply
 // (build or destroy, a durable job), stack.describe and stack.list.
 
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "stack.plan", s.stackPlan, kite.WithTimeout(10*time.Minute))
-		handle(s, "stack.create", s.stackCreate, kite.WithTimeout(10*time.Minute))
-		handle(s, "stack.apply", s.stackApply)
-		handle(s, "stack.describe", s.stackDescribe)
-		handle(s, "stack.list", s.stackList)
-	})
-	registerJobKind(jobStackApply, jobKind{run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-		return j.s.runStackApply(ctx, j, false)
-	}, recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-		return j.s.runStackApply(ctx, j, true)
-	}})
-}
-
 const jobStackApply = "stack.apply"
 
 // stackLeaseTTL bounds how long a dead kloud keeps a stack locked.
 const stackLeaseTTL = time.Minute
-
-// PlanParams are the params of stack.plan and stack.create.
-type PlanParams struct {
-	TemplateID string `json:"templateId"`
-	Rev        int    `json:"rev,omitempty"`
-	// Credentials maps a provider to the credential to use; default: the team's only one.
-	Credentials map[string]string `json:"credentials,omitempty"`
-	// Variables are values for the template's variables.
-	Variables map[string]string `json:"variables,omitempty"`
-	Title     string            `json:"title,omitempty"` // stack.create only
-}
-
-// Validate implements kite.Validator.
-func (p *PlanParams) Validate() error {
-	if p.TemplateID == "" {
-		return errors.New("templateId is required")
-	}
-	return nil
-}
-
-// PlannedMachine is a machine a template would create.
-type PlannedMachine struct {
-	Label      string         `json:"label"`
-	Provider   string         `json:"provider"`
-	Resource   string         `json:"resource"`
-	Index      *int           `json:"index,omitempty"`
-	Attributes map[string]any `json:"attributes,omitempty"`
-}
 
 // builtTemplate is a template ready for Terraform: files, variables, credentials.
 type builtTemplate struct {
@@ -181,7 +139,7 @@ func (s *Server) pickCredential(ctx context.Context, team, p string) (string, er
 }
 
 // plan runs terraform plan on a built template and returns the machines it would create.
-func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, logf func(string)) ([]PlannedMachine, error) {
+func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, logf func(string)) ([]api.PlannedMachine, error) {
 	tf, err := s.terraformer()
 	if err != nil {
 		return nil, err
@@ -202,13 +160,13 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, l
 	if err != nil {
 		return nil, fmt.Errorf("terraform plan: %w", err)
 	}
-	var out []PlannedMachine
+	var out []api.PlannedMachine
 	for _, ch := range job.Result.Changes {
 		p := s.providers.ByResourceType(ch.Type)
 		if ch.Mode != "managed" || p == nil || strings.HasPrefix(ch.Name, "kloud_") {
 			continue
 		}
-		m := PlannedMachine{Label: ch.Name, Provider: p.Name, Resource: ch.Name}
+		m := api.PlannedMachine{Label: ch.Name, Provider: p.Name, Resource: ch.Name}
 		if i, ok := index(ch.Index); ok {
 			m.Index = &i
 			m.Label = ch.Name + "." + strconv.Itoa(i)
@@ -234,7 +192,7 @@ func index(v any) (int, bool) {
 	return 0, false
 }
 
-func (s *Server) templateFiles(ctx context.Context, c *Caller, p *PlanParams) (*Template, []File, error) {
+func (s *Server) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanParams) (*Template, []File, error) {
 	t, err := s.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
 		return nil, nil, err
@@ -255,7 +213,7 @@ func (s *Server) templateFiles(ctx context.Context, c *Caller, p *PlanParams) (*
 	return t, files, nil
 }
 
-func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *PlanParams) (any, error) {
+func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
 	t, files, err := s.templateFiles(ctx, c, p)
 	if err != nil {
 		return nil, err
@@ -268,10 +226,10 @@ func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *P
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"machines": ms, "templateId": t.ID, "rev": t.Rev}, nil
+	return api.StackPlanResult{Machines: ms, TemplateID: t.ID, Rev: t.Rev}, nil
 }
 
-func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p *PlanParams) (any, error) {
+func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
 	t, files, err := s.templateFiles(ctx, c, p)
 	if err != nil {
 		return nil, err
@@ -310,7 +268,7 @@ func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if _, err := s.store.Collection(store.CollStacks).InsertOne(ctx, st); err != nil {
 		return nil, fmt.Errorf("save stack: %w", err)
 	}
-	return map[string]any{"stack": st, "machines": machines}, nil
+	return api.StackCreateResult{Stack: st, Machines: machines}, nil
 }
 
 func (s *Server) resourceTypes() []string {
@@ -338,21 +296,7 @@ func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, 
 	return findAll[Machine](ctx, s.store.Collection(store.CollMachines), bson.M{"stackId": stackID}, options.Find().SetSort(bson.M{"label": 1}))
 }
 
-// ApplyParams are the params of stack.apply.
-type ApplyParams struct {
-	StackID string `json:"stackId"`
-	Destroy bool   `json:"destroy,omitempty"`
-}
-
-// Validate implements kite.Validator.
-func (p *ApplyParams) Validate() error {
-	if p.StackID == "" {
-		return errors.New("stackId is required")
-	}
-	return nil
-}
-
-func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *ApplyParams) (any, error) {
+func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (any, error) {
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return nil, err
@@ -407,7 +351,7 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		release()
 		return nil, err
 	}
-	return map[string]string{"jobId": id}, nil
+	return api.JobRef{JobID: id}, nil
 }
 
 // retakeLease takes lease name for owner again, waiting up to 15s while someone else holds it.
@@ -1021,16 +965,8 @@ func (s *Server) failDestroy(ctx context.Context, st *Stack, ms []Machine, tfJob
 	return reason
 }
 
-// StackView is a stack with its machines.
-type StackView struct {
-	Stack
-	MachineDocs []Machine `json:"machineDocs"`
-	// Resets are the administrators' stack.reset calls on this stack, oldest first.
-	Resets []StackReset `json:"resets,omitempty"`
-}
-
-func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *IDParams) (any, error) {
-	st, err := s.loadStack(ctx, c, p.ID)
+func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackRef) (any, error) {
+	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return nil, err
 	}
@@ -1044,16 +980,10 @@ func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err := s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&audit); err != nil {
 		return nil, fmt.Errorf("load stack: %w", err)
 	}
-	return StackView{Stack: *st, MachineDocs: ms, Resets: audit.Resets}, nil
+	return api.StackView{Stack: *st, MachineDocs: ms, Resets: audit.Resets}, nil
 }
 
-// StackListParams filter stack.list.
-type StackListParams struct {
-	Team string `json:"team,omitempty"`
-	All  bool   `json:"all,omitempty"` // team admins: every member's stacks
-}
-
-func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *StackListParams) (any, error) {
+func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackListParams) (any, error) {
 	f := bson.M{"owner": c.Username}
 	if p.All {
 		switch {
@@ -1071,7 +1001,7 @@ func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *S
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"stacks": sts}, nil
+	return api.StackListResult{Stacks: sts}, nil
 }
 
 // submitTF submits a terraform run; while terraformer says the stack is locked (a run of an

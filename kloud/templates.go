@@ -14,42 +14,15 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
 
 // Templates: Terraform configurations (HCL or JSON) with revisions, shared in a team.
 
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "template.create", s.templateCreate)
-		handle(s, "template.update", s.templateUpdate)
-		handle(s, "template.get", s.templateGet)
-		handle(s, "template.list", s.templateList)
-		handle(s, "template.delete", s.templateDelete)
-	})
-}
-
 // maxRevisions is how many earlier revisions a template keeps.
 const maxRevisions = 20
-
-// TemplateParams are the params of template.create and template.update.
-type TemplateParams struct {
-	ID          string            `json:"id,omitempty"` // update only
-	Title       string            `json:"title,omitempty"`
-	Description string            `json:"description,omitempty"`
-	Team        string            `json:"team,omitempty"` // create only; default: the caller's only team, or "default"
-	Files       map[string]string `json:"files,omitempty"`
-	// Trust (kloud administrators only) lifts template policy rules for the revision these
-	// files make, as template.trust does for an existing revision; audited the same way.
-	Trust *TrustSpec `json:"trust,omitempty"`
-}
-
-// TrustSpec names the policy rules an administrator lifts, and why.
-type TrustSpec struct {
-	Rules  []string `json:"rules"`
-	Reason string   `json:"reason"`
-}
 
 func filesOf(m map[string]string) []File {
 	out := make([]File, 0, len(m))
@@ -109,8 +82,8 @@ func (s *Server) defaultTeam(c *Caller, team string) (string, error) {
 	return "", fmt.Errorf("say which team (--team): you are in %d teams: %w", len(c.Teams), kite.ErrInvalidParams)
 }
 
-func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request, p *TemplateParams) (any, error) {
-	if p.ID != "" {
+func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (any, error) {
+	if p.TemplateID != "" {
 		return nil, fmt.Errorf("template.create takes no id: %w", kite.ErrInvalidParams)
 	}
 	if strings.TrimSpace(p.Title) == "" || len(p.Files) == 0 {
@@ -162,8 +135,8 @@ func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*Templ
 	return &t, nil
 }
 
-func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *TemplateParams) (any, error) {
-	t, err := s.loadTemplate(ctx, c, p.ID)
+func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (any, error) {
+	t, err := s.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -220,14 +193,8 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 	return nt, nil
 }
 
-// TemplateGetParams are the params of template.get.
-type TemplateGetParams struct {
-	ID  string `json:"id"`
-	Rev int    `json:"rev,omitempty"` // default: the current revision
-}
-
-func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p *TemplateGetParams) (any, error) {
-	t, err := s.loadTemplate(ctx, c, p.ID)
+func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateGetParams) (any, error) {
+	t, err := s.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -238,32 +205,10 @@ func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p 
 		}
 		t.Rev, t.Files = rev, files
 	}
-	return TemplateView{Template: *t, Trust: s.templateTrusts(ctx, t.ID)}, nil
+	return api.TemplateView{Template: *t, Trust: s.templateTrusts(ctx, t.ID)}, nil
 }
 
-// TemplateView is what template.get returns: the template (at the revision asked for) and the
-// administrators' trust records of its revisions (template.trust).
-type TemplateView struct {
-	Template
-	Trust []TemplateTrust `json:"trust,omitempty"`
-}
-
-// TemplateListParams filter template.list.
-type TemplateListParams struct {
-	Team string `json:"team,omitempty"`
-}
-
-// TemplateSummary is a template without its files.
-type TemplateSummary struct {
-	ID        string   `json:"id"`
-	Title     string   `json:"title"`
-	Team      string   `json:"team"`
-	Owner     string   `json:"owner"`
-	Rev       int      `json:"rev"`
-	Providers []string `json:"providers"`
-}
-
-func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *TemplateListParams) (any, error) {
+func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateListParams) (any, error) {
 	f := bson.M{}
 	switch {
 	case p.Team != "":
@@ -278,28 +223,15 @@ func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p
 	if err != nil {
 		return nil, err
 	}
-	out := []TemplateSummary{}
+	out := []api.TemplateSummary{}
 	for _, t := range ts {
-		out = append(out, TemplateSummary{ID: t.ID, Title: t.Title, Team: t.Team, Owner: t.Owner, Rev: t.Rev, Providers: t.Providers})
+		out = append(out, api.TemplateSummary{ID: t.ID, Title: t.Title, Team: t.Team, Owner: t.Owner, Rev: t.Rev, Providers: t.Providers})
 	}
-	return map[string]any{"templates": out}, nil
+	return api.TemplateListResult{Templates: out}, nil
 }
 
-// IDParams name a document.
-type IDParams struct {
-	ID string `json:"id"`
-}
-
-// Validate implements kite.Validator.
-func (p *IDParams) Validate() error {
-	if p.ID == "" {
-		return errors.New("id is required")
-	}
-	return nil
-}
-
-func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request, p *IDParams) (any, error) {
-	t, err := s.loadTemplate(ctx, c, p.ID)
+func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateRef) (any, error) {
+	t, err := s.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -310,7 +242,7 @@ func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request,
 	if _, err := s.store.Collection(store.CollTemplates).DeleteOne(ctx, bson.M{"_id": t.ID}); err != nil {
 		return nil, err
 	}
-	return map[string]bool{"deleted": true}, nil
+	return api.DeleteResult{Deleted: true}, nil
 }
 
 // EnsureTemplate creates a template owned by the admin in the default team unless one with this
@@ -328,7 +260,7 @@ func (s *Server) EnsureTemplate(ctx context.Context, title string, files map[str
 	if err != nil {
 		return "", false, err
 	}
-	res, err := s.templateCreate(ctx, c, nil, &TemplateParams{Title: title, Team: DefaultTeam, Files: files})
+	res, err := s.templateCreate(ctx, c, nil, &api.TemplateParams{Title: title, Team: DefaultTeam, Files: files})
 	if err != nil {
 		return "", false, err
 	}

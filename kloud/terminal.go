@@ -48,19 +48,14 @@ const (
 	relayPingInterval = 30 * time.Second // keeps idle terminals alive behind proxies
 )
 
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		s.term = &termHub{s: s, pending: map[string]chan *websocket.Conn{}, relays: map[*relay]struct{}{}}
-		s.mux.HandleFunc("GET /api/machines/{id}/terminal", s.term.serveTerminal)
-		s.mux.HandleFunc("GET /api/machines/{id}/sessions", s.term.serveSessions)
-		s.mux.HandleFunc("DELETE /api/machines/{id}/sessions/{session}", s.term.serveKill)
-		s.mux.HandleFunc("POST /api/machines/{id}/sessions/{session}/rename", s.term.serveRename)
-		s.mux.HandleFunc("GET "+klientapi.AttachPath, s.term.serveAttach)
-	})
-	backgroundTasks = append(backgroundTasks, func(ctx context.Context, s *Server) {
-		<-ctx.Done()
-		s.term.closeAll()
-	})
+func newTermHub(s *Server) *termHub {
+	return &termHub{s: s, pending: map[string]chan *websocket.Conn{}, relays: map[*relay]struct{}{}}
+}
+
+// closeTerminals closes every web terminal when ctx ends (shutdown).
+func (s *Server) closeTerminals(ctx context.Context) {
+	<-ctx.Done()
+	s.term.closeAll()
 }
 
 // termHub pairs klient's attachments with the browsers waiting for them.

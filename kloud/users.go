@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/crypto/argon2"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -27,55 +27,6 @@ import (
 // (login is in web_api_login.go). Team membership changes are compare-and-swap updates of the
 // team's members array: the embedded store has neither positional updates nor $elemMatch, and
 // a conditional update on the array as read is atomic on both backends.
-
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		handle(s, "user.add", s.userAdd)
-		handle(s, "user.list", s.userList)
-		handle(s, "user.whoami", s.userWhoami)
-		handle(s, "user.setPassword", s.userSetPassword)
-		handle(s, "team.create", s.teamCreate)
-		handle(s, "team.list", s.teamList)
-		handle(s, "team.addMember", s.teamAddMember)
-		handle(s, "team.removeMember", s.teamRemoveMember)
-	})
-}
-
-// nameRE is what usernames and team slugs look like.
-var nameRE = regexp.MustCompile(`^[a-z][a-z0-9-]{1,31}$`)
-
-// reservedUsernames are taken by kloud itself.
-var reservedUsernames = map[string]bool{Admin: true, "kloud": true, "kontrol": true}
-
-func checkName(kind, name string) error {
-	if !nameRE.MatchString(name) {
-		return fmt.Errorf("%s %q: must be 2-32 characters of a-z, 0-9 and '-', starting with a letter", kind, name)
-	}
-	return nil
-}
-
-func checkRole(role string) error {
-	if role != RoleAdmin && role != RoleMember {
-		return fmt.Errorf("role %q: must be %q or %q", role, RoleAdmin, RoleMember)
-	}
-	return nil
-}
-
-// Password rules.
-const (
-	MinPasswordLen = 8
-	MaxPasswordLen = 1024 // bounds the work of hashing what a client sends
-)
-
-func checkPassword(pw string) error {
-	switch {
-	case len(pw) < MinPasswordLen:
-		return fmt.Errorf("password: at least %d characters", MinPasswordLen)
-	case len(pw) > MaxPasswordLen:
-		return fmt.Errorf("password: at most %d bytes", MaxPasswordLen)
-	}
-	return nil
-}
 
 // argon2id parameters for new hashes (OWASP's recommendation: 19 MiB, 2 passes, 1 lane). They
 // are stored in each hash, so raising them later keeps old hashes working.
@@ -181,55 +132,7 @@ func (s *Server) userExists(ctx context.Context, username string) (bool, error) 
 	return n > 0, nil
 }
 
-// UserAddParams are the params of user.add.
-type UserAddParams struct {
-	Username string `json:"username"`
-	Password string `json:"password,omitempty"` // empty: the user logs in with kite keys only
-	Email    string `json:"email,omitempty"`
-	Admin    bool   `json:"admin,omitempty"`
-	Team     string `json:"team,omitempty"` // a team to add the user to
-	Role     string `json:"role,omitempty"` // role in Team (default member)
-}
-
-// Validate implements kite.Validator.
-func (p *UserAddParams) Validate() error {
-	if err := checkName("username", p.Username); err != nil {
-		return err
-	}
-	if reservedUsernames[p.Username] {
-		return fmt.Errorf("username %q is reserved", p.Username)
-	}
-	if p.Password != "" {
-		if err := checkPassword(p.Password); err != nil {
-			return err
-		}
-	}
-	if p.Email != "" && (len(p.Email) > 254 || !strings.Contains(p.Email, "@") || strings.ContainsAny(p.Email, " \t\r\n")) {
-		return fmt.Errorf("email %q does not look like an address", p.Email)
-	}
-	if p.Team == "" && p.Role != "" {
-		return errors.New("role needs a team")
-	}
-	if p.Team != "" {
-		if err := checkName("team", p.Team); err != nil {
-			return err
-		}
-		if p.Role == "" {
-			p.Role = RoleMember
-		}
-		return checkRole(p.Role)
-	}
-	return nil
-}
-
-// UserView is a user as user.add and user.list return it.
-type UserView struct {
-	User
-	HasPassword bool              `json:"hasPassword"`
-	Teams       map[string]string `json:"teams"` // slug → role
-}
-
-func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *UserAddParams) (any, error) {
+func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.UserAddParams) (any, error) {
 	if !c.Admin {
 		return nil, fmt.Errorf("user.add is for kloud administrators: %w", kite.ErrPermission)
 	}
@@ -260,7 +163,7 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *Use
 		}
 		teams[p.Team] = p.Role
 	}
-	return UserView{User: u, HasPassword: u.PasswordHash != "", Teams: teams}, nil
+	return api.UserView{User: u, HasPassword: u.PasswordHash != "", Teams: teams}, nil
 }
 
 // visibleTeams returns the caller's teams (every team for kloud admins).
@@ -276,13 +179,8 @@ func (s *Server) visibleTeams(ctx context.Context, c *Caller) ([]Team, error) {
 	return teams, nil
 }
 
-// UserListResult is the result of user.list.
-type UserListResult struct {
-	Users []UserView `json:"users"`
-}
-
 // userList lists every user to kloud admins, and the members of their teams to others.
-func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *NoParams) (any, error) {
+func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
 	teams, err := s.visibleTeams(ctx, c)
 	if err != nil {
 		return nil, err
@@ -308,11 +206,11 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *No
 	if err != nil {
 		return nil, fmt.Errorf("list users: %w", err)
 	}
-	out := UserListResult{Users: []UserView{}}
+	out := api.UserListResult{Users: []api.UserView{}}
 	seen := map[string]bool{}
 	for _, u := range users {
 		seen[u.Username] = true
-		v := UserView{User: u, HasPassword: u.PasswordHash != "", Teams: roles[u.Username]}
+		v := api.UserView{User: u, HasPassword: u.PasswordHash != "", Teams: roles[u.Username]}
 		if !c.Admin {
 			v.Email = "" // addresses are for administrators
 		}
@@ -324,31 +222,15 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *No
 	// Members known only by kite key (the admin) have no user document.
 	for name, r := range roles {
 		if !seen[name] {
-			out.Users = append(out.Users, UserView{User: User{Username: name, Admin: name == Admin}, Teams: r})
+			out.Users = append(out.Users, api.UserView{User: User{Username: name, Admin: name == Admin}, Teams: r})
 		}
 	}
 	sort.Slice(out.Users, func(i, j int) bool { return out.Users[i].Username < out.Users[j].Username })
 	return out, nil
 }
 
-// TeamRole is one team of the caller.
-type TeamRole struct {
-	Slug  string `json:"slug"`
-	Title string `json:"title"`
-	Role  string `json:"role"`
-}
-
-// WhoamiResult is the result of user.whoami.
-type WhoamiResult struct {
-	Username string     `json:"username"`
-	Admin    bool       `json:"admin"`
-	Email    string     `json:"email,omitempty"`
-	AuthType string     `json:"authType"`
-	Teams    []TeamRole `json:"teams"`
-}
-
-func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *NoParams) (any, error) {
-	out := WhoamiResult{Username: c.Username, Admin: c.Admin, Teams: []TeamRole{}}
+func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *api.NoParams) (any, error) {
+	out := api.WhoamiResult{Username: c.Username, Admin: c.Admin, Teams: []api.TeamRole{}}
 	if p := r.Principal(); p != nil {
 		out.AuthType = p.Type
 	}
@@ -356,7 +238,7 @@ func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *
 		out.Email = u.Email
 	}
 	for slug, role := range c.Teams {
-		tr := TeamRole{Slug: slug, Role: role}
+		tr := api.TeamRole{Slug: slug, Role: role}
 		if t, err := s.loadTeam(ctx, slug); err == nil {
 			tr.Title = t.Title
 		}
@@ -366,18 +248,9 @@ func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *
 	return out, nil
 }
 
-// SetPasswordParams are the params of user.setPassword.
-type SetPasswordParams struct {
-	Username string `json:"username,omitempty"` // default: the caller
-	Password string `json:"password"`
-}
-
-// Validate implements kite.Validator.
-func (p *SetPasswordParams) Validate() error { return checkPassword(p.Password) }
-
 // userSetPassword sets a user's password: their own, or anyone's for a kloud admin. Setting the
 // admin's password creates its user document, so the admin can log in in a browser.
-func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request, p *SetPasswordParams) (any, error) {
+func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetPasswordParams) (any, error) {
 	if p.Username == "" {
 		p.Username = c.Username
 	}
@@ -402,32 +275,11 @@ func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request
 		return nil, notFound("user", p.Username)
 	}
 	s.log.Info("password set", "user", p.Username, "by", c.Username)
-	return map[string]any{"username": p.Username, "passwordSet": true}, nil
-}
-
-// TeamCreateParams are the params of team.create.
-type TeamCreateParams struct {
-	Slug  string `json:"slug"`
-	Title string `json:"title,omitempty"` // default: the slug
-}
-
-// Validate implements kite.Validator.
-func (p *TeamCreateParams) Validate() error {
-	if err := checkName("team", p.Slug); err != nil {
-		return err
-	}
-	p.Title = strings.TrimSpace(p.Title)
-	if p.Title == "" {
-		p.Title = p.Slug
-	}
-	if len(p.Title) > 100 {
-		return errors.New("title: at most 100 bytes")
-	}
-	return nil
+	return api.SetPasswordResult{Username: p.Username, PasswordSet: true}, nil
 }
 
 // teamCreate creates a team with the caller as its admin.
-func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *TeamCreateParams) (any, error) {
+func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (any, error) {
 	t := Team{Slug: p.Slug, Title: p.Title, Members: []Member{{Username: c.Username, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
 	if _, err := s.teams().InsertOne(ctx, t); err != nil {
 		if store.IsDuplicateKey(err) {
@@ -439,51 +291,22 @@ func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *
 	return t, nil
 }
 
-// TeamView is a team as team.list returns it, with the caller's role.
-type TeamView struct {
-	Team
-	Role string `json:"role,omitempty"`
-}
-
-// TeamListResult is the result of team.list.
-type TeamListResult struct {
-	Teams []TeamView `json:"teams"`
-}
-
 // teamList lists the caller's teams (every team for kloud admins).
-func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *NoParams) (any, error) {
+func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
 	teams, err := s.visibleTeams(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	out := TeamListResult{Teams: []TeamView{}}
+	out := api.TeamListResult{Teams: []api.TeamView{}}
 	for _, t := range teams {
-		out.Teams = append(out.Teams, TeamView{Team: t, Role: c.Teams[t.Slug]})
+		out.Teams = append(out.Teams, api.TeamView{Team: t, Role: c.Teams[t.Slug]})
 	}
 	sort.Slice(out.Teams, func(i, j int) bool { return out.Teams[i].Slug < out.Teams[j].Slug })
 	return out, nil
 }
 
-// TeamMemberParams are the params of team.addMember and team.removeMember.
-type TeamMemberParams struct {
-	Team     string `json:"team"`
-	Username string `json:"username"`
-	Role     string `json:"role,omitempty"` // addMember: admin or member (default member)
-}
-
-// Validate implements kite.Validator.
-func (p *TeamMemberParams) Validate() error {
-	if p.Team == "" || p.Username == "" {
-		return errors.New("team and username are required")
-	}
-	if p.Role != "" {
-		return checkRole(p.Role)
-	}
-	return nil
-}
-
 // teamAddMember adds a user to a team, or changes their role (team admins).
-func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *TeamMemberParams) (any, error) {
+func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (any, error) {
 	if p.Role == "" {
 		p.Role = RoleMember
 	}
@@ -505,7 +328,7 @@ func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, 
 }
 
 // teamRemoveMember removes a user from a team (team admins; anyone may leave a team).
-func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *TeamMemberParams) (any, error) {
+func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (any, error) {
 	if p.Username != c.Username || !c.InTeam(p.Team) {
 		if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
 			return nil, err

@@ -18,6 +18,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
@@ -148,7 +149,7 @@ func wantErr(t *testing.T, err, kind error, what string) {
 func TestUsersAndTeams(t *testing.T) {
 	w := newUserWorld(t, kloudtest.Options{})
 
-	var added kloud.UserView
+	var added api.UserView
 	w.must(kloud.Admin, "user.add", map[string]any{"username": "alice", "password": "alice-password", "email": "alice@example.com"}, &added)
 	if added.Username != "alice" || !added.HasPassword || added.Admin {
 		t.Fatalf("user.add: %+v", added)
@@ -193,9 +194,9 @@ func TestUsersAndTeams(t *testing.T) {
 	wantErr(t, w.call("alice", "team.addMember", map[string]any{"team": "red", "username": "dave", "role": "owner"}, nil), kite.ErrInvalidParams, "bad role")
 	w.must(kloud.Admin, "user.add", map[string]any{"username": "erin", "team": "red", "role": "admin"}, nil)
 
-	var who kloud.WhoamiResult
+	var who api.WhoamiResult
 	w.must("bob", "user.whoami", nil, &who)
-	if who.Username != "bob" || who.Admin || len(who.Teams) != 1 || who.Teams[0] != (kloud.TeamRole{Slug: "red", Title: "Red team", Role: kloud.RoleMember}) || who.AuthType != kite.AuthKiteKey {
+	if who.Username != "bob" || who.Admin || len(who.Teams) != 1 || who.Teams[0] != (api.TeamRole{Slug: "red", Title: "Red team", Role: kloud.RoleMember}) || who.AuthType != kite.AuthKiteKey {
 		t.Fatalf("whoami bob: %+v", who)
 	}
 	w.must(kloud.Admin, "user.whoami", nil, &who)
@@ -204,7 +205,7 @@ func TestUsersAndTeams(t *testing.T) {
 	}
 
 	teamSlugs := func(user string) string {
-		var res kloud.TeamListResult
+		var res api.TeamListResult
 		w.must(user, "team.list", nil, &res)
 		var s []string
 		for _, t := range res.Teams {
@@ -218,8 +219,8 @@ func TestUsersAndTeams(t *testing.T) {
 		}
 	}
 
-	userNames := func(user string) (string, kloud.UserListResult) {
-		var res kloud.UserListResult
+	userNames := func(user string) (string, api.UserListResult) {
+		var res api.UserListResult
 		w.must(user, "user.list", nil, &res)
 		var s []string
 		for _, u := range res.Users {
@@ -332,7 +333,7 @@ func TestLoginSessionsAndRateLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var who kloud.WhoamiResult
+	var who api.WhoamiResult
 	if err := c.Call(t.Context(), "user.whoami", nil, &who); err != nil || who.Username != "alice" || who.AuthType != kite.AuthSession || who.Admin {
 		t.Fatalf("whoami with a session: %+v %v", who, err)
 	}

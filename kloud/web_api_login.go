@@ -14,6 +14,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/api"
 )
 
 // Login for browsers and the CLI, over plain HTTP (a kite handshake needs a credential first):
@@ -41,15 +42,6 @@ const (
 	loginWindow    = time.Minute
 	maxLoginBody   = 8 << 10
 )
-
-func init() {
-	methodSets = append(methodSets, func(s *Server) {
-		l := newLoginLimiter(loginFailLimit, loginWindow)
-		s.mux.HandleFunc("POST /api/login", s.handleLogin(l))
-		s.mux.HandleFunc("POST /api/logout", s.handleLogout)
-		s.mux.HandleFunc("GET /api/session", s.handleSession)
-	})
-}
 
 // LoginRequest is the body of POST /api/login.
 type LoginRequest struct {
@@ -148,7 +140,7 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 // hash as a wrong password.
 func (s *Server) checkLogin(ctx context.Context, username, password string) (*User, bool) {
 	u, err := s.loadUser(ctx, username)
-	if err != nil || u.PasswordHash == "" || len(password) > MaxPasswordLen {
+	if err != nil || u.PasswordHash == "" || len(password) > api.MaxPasswordLen {
 		if err != nil && !errors.Is(err, kite.ErrNotFound) {
 			s.log.Error("login: load user", "user", username, "err", err)
 		}

@@ -55,6 +55,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
@@ -471,12 +472,9 @@ func (h *harness) close() {
 }
 
 func (h *harness) createTemplate(ctx context.Context, n int) (string, error) {
-	var t struct {
-		ID string `json:"id"`
-	}
-	err := h.conn.Call(ctx, "template.create", map[string]any{
-		"title": fmt.Sprintf("localboot %d machines", n), "files": map[string]string{"main.tf": template(n)},
-	}, &t)
+	t, err := api.NewClient(h.conn).TemplateCreate(ctx, api.TemplateParams{
+		Title: fmt.Sprintf("localboot %d machines", n), Files: map[string]string{"main.tf": template(n)},
+	})
 	if err != nil {
 		return "", fmt.Errorf("template.create: %w", err)
 	}
@@ -486,21 +484,16 @@ func (h *harness) createTemplate(ctx context.Context, n int) (string, error) {
 // kloudBuild creates a stack of template tid and builds it, timing it.
 func (h *harness) kloudBuild(ctx context.Context, tid string, n int) (kloudRun, error) {
 	var r kloudRun
-	var created struct {
-		Stack struct {
-			ID string `json:"id"`
-		}
-	}
-	if err := h.conn.Call(ctx, "stack.create", map[string]any{"templateId": tid}, &created); err != nil {
+	kc := api.NewClient(h.conn)
+	created, err := kc.StackCreate(ctx, api.StackPlanParams{TemplateID: tid})
+	if err != nil {
 		return r, fmt.Errorf("stack.create: %w", err)
 	}
 	r.stackID = created.Stack.ID
 	h.stacks = append(h.stacks, r.stackID)
 	t0 := time.Now()
-	var applied struct {
-		JobID string `json:"jobId"`
-	}
-	if err := h.conn.Call(ctx, "stack.apply", map[string]any{"stackId": r.stackID}, &applied); err != nil {
+	applied, err := kc.StackApply(ctx, api.StackApplyParams{StackID: r.stackID})
+	if err != nil {
 		return r, fmt.Errorf("stack.apply: %w", err)
 	}
 	end, err := h.watchJob(ctx, applied.JobID)
@@ -508,13 +501,8 @@ func (h *harness) kloudBuild(ctx context.Context, tid string, n int) (kloudRun, 
 		return r, fmt.Errorf("stack.apply of stack %s: %w", r.stackID, err)
 	}
 	r.job = end.Sub(t0)
-	var st struct {
-		MachineDocs []struct {
-			Label  string `json:"label"`
-			KiteID string `json:"kiteId"`
-		} `json:"machineDocs"`
-	}
-	if err := h.conn.Call(ctx, "stack.describe", map[string]any{"id": r.stackID}, &st); err != nil {
+	st, err := kc.StackDescribe(ctx, api.StackRef{StackID: r.stackID})
+	if err != nil {
 		return r, fmt.Errorf("stack.describe: %w", err)
 	}
 	for _, m := range st.MachineDocs {
@@ -665,10 +653,8 @@ func (h *harness) terraform(ctx context.Context, dir string, args ...string) err
 
 // destroyStack runs kloud's stack destroy and waits for it.
 func (h *harness) destroyStack(ctx context.Context, id string) error {
-	var res struct {
-		JobID string `json:"jobId"`
-	}
-	if err := h.conn.Call(ctx, "stack.apply", map[string]any{"stackId": id, "destroy": true}, &res); err != nil {
+	res, err := api.NewClient(h.conn).StackApply(ctx, api.StackApplyParams{StackID: id, Destroy: true})
+	if err != nil {
 		return fmt.Errorf("destroy stack %s: %w", id, err)
 	}
 	if _, err := h.watchJob(ctx, res.JobID); err != nil {
@@ -680,31 +666,21 @@ func (h *harness) destroyStack(ctx context.Context, id string) error {
 
 // watchJob follows a job with job.watch and returns when it ended; an error unless it succeeded.
 func (h *harness) watchJob(ctx context.Context, id string) (time.Time, error) {
-	var res struct {
-		Subscription string `json:"subscription"`
-	}
-	if err := h.conn.Call(ctx, "job.watch", map[string]string{"jobId": id}, &res); err != nil {
+	w, err := api.NewClient(h.conn).JobWatch(ctx, api.JobRef{JobID: id})
+	if err != nil {
 		return time.Time{}, fmt.Errorf("job.watch: %w", err)
 	}
-	sub := h.conn.Subscribe(res.Subscription)
-	defer sub.Close()
+	defer w.Close()
 	for {
-		ev, err := sub.Next(ctx)
+		je, err := w.Next(ctx)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("following job %s: %w", id, err)
 		}
 		now := time.Now()
-		var je struct {
-			Status string `json:"status"`
-			Error  string `json:"error"`
-		}
-		if json.Unmarshal(ev.Data, &je) != nil {
-			continue
-		}
 		switch je.Status {
-		case "succeeded":
+		case api.JobSucceeded:
 			return now, nil
-		case "failed", "cancelled":
+		case api.JobFailed, api.JobCancelled:
 			return now, fmt.Errorf("job %s %s: %s", id, je.Status, je.Error)
 		}
 	}
@@ -752,7 +728,7 @@ func watchRegistrations(ctx context.Context, c *kite.Conn) (*registrations, erro
 	var res struct {
 		Subscription string `json:"subscription"`
 	}
-	if err := c.Call(ctx, "kontrol.query", map[string]any{"query": map[string]string{"name": "klient"}, "watch": true}, &res); err != nil {
+	if err := c.Call(ctx, api.MethodKontrolQuery, map[string]any{"query": map[string]string{"name": "klient"}, "watch": true}, &res); err != nil {
 		return nil, fmt.Errorf("kontrol.query watch: %w", err)
 	}
 	r := &registrations{changed: make(chan struct{}), up: map[string]bool{}, history: map[string][]time.Time{}}

@@ -25,11 +25,8 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 )
-
-// extraCommands registers commands defined in other files of this package (each adds itself in
-// an init func), so the command tree grows without edits here.
-var extraCommands []func(*globals) *cobra.Command
 
 type globals struct {
 	url, key, dataDir string
@@ -53,10 +50,17 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	pf.StringVar(&g.key, "key", os.Getenv("KLOUD_KEY"), "kite key or session file to authenticate with (env KLOUD_KEY; default: the admin key in --data-dir)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("KLOUD_DATA_DIR", kloud.DefaultDataDir()), "kloud data directory (env KLOUD_DATA_DIR)")
 	pf.BoolVar(&g.json, "json", false, "print JSON")
-	root.AddCommand(serveCmd(g), keyCmd(g), kitesCmd(g), versionCmd(g))
-	for _, c := range extraCommands {
-		root.AddCommand(c(g))
-	}
+	// The command tree: every command, and the file it lives in.
+	root.AddCommand(
+		serveCmd(g),                           // serve.go (+ serve_*.go: providers, demo)
+		versionCmd(g), keyCmd(g), kitesCmd(g), // cli.go
+		loginCmd(g), logoutCmd(g), whoamiCmd(g), // login.go
+		userCmd(g), teamCmd(g), // user.go
+		credentialCmd(g), providerCmd(g), // credential.go
+		templateCmd(g), stackCmd(g), machineCmd(g), jobCmd(g), // stack.go (+ template_trust.go)
+		sshCmd(g), // ssh.go
+		tfCmd(g),  // tf.go
+	)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "kloud:", err)
@@ -75,26 +79,30 @@ func envOr(k, def string) string {
 func versionCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version of this kloud binary (and of the server, if reachable)",
-		Args:  cobra.NoArgs,
+		Short: "Print the version of this kloud binary and of the server (kloud.version)",
+		Long: `Print the version of this kloud binary and of the kloud server at --url. When the server
+cannot be asked (not running, no key), the client's version is printed and the reason goes to
+stderr; the exit status is 0 either way.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := map[string]string{"client": version.Version}
-			ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Second)
+			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
 			defer cancel()
-			if c, err := g.dial(ctx); err == nil {
-				var v struct{ Version string }
-				if c.Call(ctx, "kloud.version", nil, &v) == nil {
-					out["server"] = v.Version
-				}
-				c.Close(nil)
+			sv, err := call0(ctx, g, (*api.Client).Version)
+			if err == nil {
+				out["server"] = sv.Version
+			} else {
+				out["serverError"] = err.Error()
 			}
 			if g.json {
 				return g.printJSON(out)
 			}
 			fmt.Fprintln(g.stdout, "kloud", out["client"])
-			if s, ok := out["server"]; ok {
-				fmt.Fprintln(g.stdout, "server", s)
+			if err != nil {
+				fmt.Fprintf(g.stderr, "kloud: server version unknown: %v\n", err)
+				return nil
 			}
+			fmt.Fprintln(g.stdout, "server", out["server"])
 			return nil
 		},
 	}
@@ -117,7 +125,7 @@ func keyCmd(g *globals) *cobra.Command {
 				Key    string `json:"key"`
 				KiteID string `json:"kiteId"`
 			}
-			if err := c.Call(cmd.Context(), "kontrol.createKey", map[string]string{"username": username, "kiteId": kiteID}, &res); err != nil {
+			if err := c.Call(cmd.Context(), api.MethodKontrolCreateKey, map[string]string{"username": username, "kiteId": kiteID}, &res); err != nil {
 				return explain(err)
 			}
 			if err := kitekey.WriteFile(out, res.Key); err != nil {
@@ -158,7 +166,7 @@ func kitesCmd(g *globals) *cobra.Command {
 					RegisteredAt time.Time     `json:"registeredAt"`
 				} `json:"kites"`
 			}
-			if err := c.Call(cmd.Context(), "kontrol.query", map[string]any{"query": q}, &res); err != nil {
+			if err := c.Call(cmd.Context(), api.MethodKontrolQuery, map[string]any{"query": q}, &res); err != nil {
 				return explain(err)
 			}
 			if g.json {

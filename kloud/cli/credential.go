@@ -16,14 +16,11 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/provider"
 )
 
 // kloud credential add|list|describe|remove|authenticate|bootstrap and kloud provider describe.
-
-func init() {
-	extraCommands = append(extraCommands, credentialCmd, providerCmd)
-}
 
 func credentialCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
@@ -41,8 +38,8 @@ fields with: kloud provider describe`,
 
 // describeProvider fetches one provider's description.
 func describeProvider(ctx context.Context, c *kite.Conn, name string) (*provider.Description, error) {
-	var res kloud.ProviderDescribeResult
-	if err := c.Call(ctx, "provider.describe", map[string]string{"provider": name}, &res); err != nil {
+	res, err := api.NewClient(c).ProviderDescribe(ctx, api.ProviderDescribeParams{Provider: name})
+	if err != nil {
 		return nil, explain(err)
 	}
 	if len(res.Providers) != 1 {
@@ -88,7 +85,7 @@ func fieldsData(d *provider.Description, kvs []string) (map[string]any, error) {
 }
 
 func credentialAddCmd(g *globals) *cobra.Command {
-	var p kloud.CredentialAddParams
+	var p api.CredentialAddParams
 	var data, dataFile string
 	var fields []string
 	cmd := &cobra.Command{
@@ -148,8 +145,8 @@ take their defaults; required ones must be given. --team defaults to your only t
 			if len(p.Data) > 0 && !json.Valid(p.Data) {
 				return errors.New("the credential data is not valid JSON (want an object of the provider's fields)")
 			}
-			var res kloud.CredentialID
-			if err := c.Call(cmd.Context(), "credential.add", &p, &res); err != nil {
+			res, err := api.NewClient(c).CredentialAdd(cmd.Context(), p)
+			if err != nil {
 				if errors.Is(err, kite.ErrInvalidParams) {
 					return fmt.Errorf("%w\n  see the fields with: kloud provider describe %s", err, p.Provider)
 				}
@@ -182,14 +179,14 @@ func bootstrapStatus(b *kloud.Bootstrap) string {
 }
 
 func credentialListCmd(g *globals) *cobra.Command {
-	var p kloud.CredentialListParams
+	var p api.CredentialListParams
 	cmd := &cobra.Command{
 		Use:   "list [--provider P] [--team T]",
 		Short: "List your teams' credentials (no secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res kloud.CredentialListResult
-			if err := g.kloudCall(cmd.Context(), "credential.list", &p, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).CredentialList, p)
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -217,8 +214,8 @@ func credentialDescribeCmd(g *globals) *cobra.Command {
 		Short: "Show a credential: its fields (secret ones only as set or not), verification, bootstrap",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var v kloud.CredentialView
-			if err := g.kloudCall(cmd.Context(), "credential.describe", kloud.CredentialID{ID: args[0]}, &v); err != nil {
+			v, err := call(cmd.Context(), g, (*api.Client).CredentialDescribe, api.CredentialRef{CredentialID: args[0]})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -277,8 +274,8 @@ func credentialRemoveCmd(g *globals) *cobra.Command {
 bootstrap resources (remove those first: kloud credential bootstrap ID --destroy).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res map[string]any
-			if err := g.kloudCall(cmd.Context(), "credential.remove", kloud.CredentialID{ID: args[0]}, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).CredentialRemove, api.CredentialRef{CredentialID: args[0]})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -296,8 +293,8 @@ func credentialAuthenticateCmd(g *globals) *cobra.Command {
 		Short: "Ask the provider whether the credential works (exit status 1 if not)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res kloud.AuthenticateResult
-			if err := g.kloudCall(cmd.Context(), "credential.authenticate", kloud.CredentialID{ID: args[0]}, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).CredentialAuthenticate, api.CredentialRef{CredentialID: args[0]})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -331,8 +328,8 @@ Stopping the command (Ctrl-C) stops following; the job goes on.`,
 				return err
 			}
 			defer c.Close(nil)
-			var res kloud.BootstrapResult
-			if err := c.Call(cmd.Context(), "credential.bootstrap", kloud.CredentialBootstrapParams{ID: args[0], Destroy: destroy}, &res); err != nil {
+			res, err := api.NewClient(c).CredentialBootstrap(cmd.Context(), api.CredentialBootstrapParams{CredentialID: args[0], Destroy: destroy})
+			if err != nil {
 				if errors.Is(err, kite.ErrState) && strings.Contains(err.Error(), "terraformer") {
 					return fmt.Errorf("%w\n  bootstrapping runs Terraform: start kloud with a terraformer", err)
 				}
@@ -384,12 +381,12 @@ func providerCmd(g *globals) *cobra.Command {
 		Short: "Show providers with their credential fields (types, defaults, which are secret)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var p kloud.ProviderDescribeParams
+			var p api.ProviderDescribeParams
 			if len(args) == 1 {
 				p.Provider = args[0]
 			}
-			var res kloud.ProviderDescribeResult
-			if err := g.kloudCall(cmd.Context(), "provider.describe", &p, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).ProviderDescribe, p)
+			if err != nil {
 				return err
 			}
 			if g.json {

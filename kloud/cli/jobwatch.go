@@ -12,37 +12,29 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kloud"
-	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/api"
 )
 
 // watchJob follows a kloud job through job.watch until it ends. On a terminal it draws a
 // progress bar (percentage, stage, message) with the job's log lines scrolling above it;
 // otherwise it prints a line per change. With --json it prints each event as one JSON line.
 // It returns an error if the job did not succeed, or if following it failed (the job goes on).
-func (g *globals) watchJob(ctx context.Context, c *kite.Conn, jobID string) (*kloud.JobEvent, error) {
-	var res struct {
-		Subscription string `json:"subscription"`
-	}
-	if err := c.Call(ctx, "job.watch", map[string]string{"jobId": jobID}, &res); err != nil {
+func (g *globals) watchJob(ctx context.Context, c *kite.Conn, jobID string) (*api.JobEvent, error) {
+	w, err := api.NewClient(c).JobWatch(ctx, api.JobRef{JobID: jobID})
+	if err != nil {
 		return nil, fmt.Errorf("follow job %s: %w", jobID, explain(err))
 	}
-	sub := c.Subscribe(res.Subscription)
-	defer sub.Close()
+	defer w.Close()
 	p := &progress{w: g.stdout, tty: isTerminal(g.stdout)}
-	var last *kloud.JobEvent
+	var last *api.JobEvent
 	for {
-		ev, err := sub.Next(ctx)
+		je, err := w.Next(ctx)
 		if err != nil {
 			p.done()
 			if errors.Is(err, kite.ErrStreamEnded) && last != nil && last.Status.Done() {
 				break
 			}
 			return last, fmt.Errorf("stopped following job %s (it goes on in kloud): %w", jobID, err)
-		}
-		var je kloud.JobEvent
-		if err := json.Unmarshal(ev.Data, &je); err != nil {
-			continue
 		}
 		last = &je
 		if g.json {
@@ -57,9 +49,9 @@ func (g *globals) watchJob(ctx context.Context, c *kite.Conn, jobID string) (*kl
 		}
 	}
 	switch last.Status {
-	case store.JobSucceeded:
+	case api.JobSucceeded:
 		return last, nil
-	case store.JobCancelled:
+	case api.JobCancelled:
 		return last, fmt.Errorf("job %s was cancelled", jobID)
 	}
 	return last, fmt.Errorf("job %s failed: %s", jobID, last.Error)
@@ -80,7 +72,7 @@ type progress struct {
 
 const barWidth = 30
 
-func (p *progress) update(ev *kloud.JobEvent) {
+func (p *progress) update(ev *api.JobEvent) {
 	pct := min(max(ev.Percentage, 0), 100)
 	if p.tty && p.drawn {
 		fmt.Fprint(p.w, "\r\033[K") // the bar's line is reused

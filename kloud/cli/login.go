@@ -18,14 +18,11 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 )
 
 // kloud login | logout | whoami. Login talks HTTP (POST /api/login) and keeps the session in
 // <data-dir>/session, which --key (or KLOUD_KEY) then names for every other command.
-
-func init() {
-	extraCommands = append(extraCommands, loginCmd, logoutCmd, whoamiCmd)
-}
 
 // SessionFile is where `kloud login` keeps the session, in the data directory.
 const SessionFile = "session"
@@ -255,8 +252,8 @@ func whoamiCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer c.Close(nil)
-			var res kloud.WhoamiResult
-			if err := c.Call(cmd.Context(), "user.whoami", nil, &res); err != nil {
+			res, err := api.NewClient(c).UserWhoami(cmd.Context())
+			if err != nil {
 				return explain(err)
 			}
 			if g.json {

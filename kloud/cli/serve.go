@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -31,17 +30,12 @@ type serveFlags struct {
 	// tfInsecure passes --insecure-no-sandbox to the terraformer kloud starts.
 	tfInsecure bool
 	logLevel   string
+
+	// The built-in providers' and the demo's own flags and steps (serve_*.go).
+	dummy serveDummy
+	local serveLocal
+	demo  serveDemo
 }
-
-// providerHooks add providers to the server's registry (each built-in provider's file adds one);
-// an error that says the provider cannot work here is logged, not fatal.
-var providerHooks []func(ctx context.Context, cmd *cobra.Command, f *serveFlags, reg *provider.Registry, log *slog.Logger) error
-
-// startHooks run once the server is built (sweeps, demo content).
-var startHooks []func(ctx context.Context, s *kloud.Server, log *slog.Logger)
-
-// serveFlagHooks add provider flags to kloud serve.
-var serveFlagHooks []func(cmd *cobra.Command, f *serveFlags)
 
 func serveCmd(g *globals) *cobra.Command {
 	f := &serveFlags{}
@@ -61,22 +55,22 @@ reach the address it listens on (e.g. --addr 127.0.0.1:7000 with local machines)
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd, g, f) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.o.Addr, "addr", ":7000", "address to listen on (machines of the local provider reach it on their bridge)")
+	fl.StringVar(&f.o.Addr, "addr", kloud.DefaultAddr, "address to listen on (machines of the local provider reach it on their bridge)")
 	fl.StringVar(&f.o.PublicURL, "public-url", "", "URL users and kites reach this kloud at (default http://127.0.0.1:<port>)")
 	fl.StringVar(&f.o.MongoURL, "mongo-url", "", "use this MongoDB instead of the embedded store in the data directory")
 	fl.StringVar(&f.o.KlientBin, "klient-bin", "", "klient binary to serve to machines (default: klient next to this binary)")
-	fl.DurationVar(&f.o.HeartbeatInterval, "heartbeat", 10*time.Second, "interval of liveness pings to connected kites")
-	fl.DurationVar(&f.o.HeartbeatTimeout, "heartbeat-timeout", 10*time.Second, "drop a kite that does not answer a ping within this time")
+	fl.DurationVar(&f.o.HeartbeatInterval, "heartbeat", kloud.DefaultHeartbeatInterval, "interval of liveness pings to connected kites")
+	fl.DurationVar(&f.o.HeartbeatTimeout, "heartbeat-timeout", kloud.DefaultHeartbeatTimeout, "drop a kite that does not answer a ping within this time")
 	fl.StringVar(&f.terraformerURL, "terraformer-url", "", "use the terraformer at this URL (default: start one on 127.0.0.1:7001)")
 	fl.StringVar(&f.terraformerBin, "terraformer-bin", "", "terraformer binary to start (default: terraformer next to this binary)")
 	fl.BoolVar(&f.tfInsecure, "terraformer-insecure-no-sandbox", false, "start terraformer with --insecure-no-sandbox: terraform runs with kloud's privileges and sees the whole host (development without root only; never where others write templates)")
 	fl.StringVar(&f.terraformerAddr, "terraformer-addr", "", "address for the terraformer it starts (default 127.0.0.1:7001, or a free port if that is taken)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	fl.DurationVar(&f.o.JobLease, "job-lease", 30*time.Second, "how long a crashed kloud's jobs stay claimed before they are resumed")
+	fl.DurationVar(&f.o.JobLease, "job-lease", kloud.DefaultJobLease, "how long a crashed kloud's jobs stay claimed before they are resumed")
 	fl.DurationVar(&f.o.ReconcileInterval, "reconcile-interval", kloud.DefaultReconcileInterval, "how often stacks and machines left in a transition by a job that is over are moved to Failed/Unknown")
-	for _, h := range serveFlagHooks {
-		h(cmd, f)
-	}
+	f.demo.flags(cmd)
+	f.dummy.flags(cmd)
+	f.local.flags(cmd)
 	return cmd
 }
 
@@ -89,10 +83,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
 	f.o.DataDir, f.o.Logger = g.dataDir, log
 	reg := provider.NewRegistry()
-	for _, h := range providerHooks {
-		if err := h(ctx, cmd, f, reg, log); err != nil {
-			return err
-		}
+	f.dummy.register(reg, log)
+	if err := f.local.register(ctx, f, reg, log); err != nil {
+		return err
 	}
 	for _, n := range reg.Names() {
 		p, _ := reg.Lookup(n)
@@ -119,9 +112,8 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		return err
 	}
 	web.Register(s)
-	for _, h := range startHooks {
-		h(ctx, s, log)
-	}
+	f.demo.start(ctx, s, log)
+	f.local.start(ctx, s, log)
 	key, err := kitekey.ReadFile(s.KloudKeyPath())
 	if err != nil {
 		s.Close()

@@ -33,34 +33,37 @@ resource "kloudlocal_machine" "dev" {
 
 const demoTitle = "Demo: two local machines"
 
-func init() {
-	var noDemo bool
-	serveFlagHooks = append(serveFlagHooks, func(cmd *cobra.Command, f *serveFlags) {
-		cmd.Flags().BoolVar(&noDemo, "no-demo", false, "do not create the demo template")
-	})
-	startHooks = append(startHooks, func(ctx context.Context, s *kloud.Server, log *slog.Logger) {
-		if noDemo {
-			return
-		}
-		p, err := s.Providers().Lookup(local.Name)
-		if err != nil {
-			return
-		}
-		id, created, err := s.EnsureTemplate(ctx, demoTitle, map[string]string{"main.tf": DemoTemplate})
-		if err != nil {
-			log.Warn("demo template", "err", err)
-			return
-		}
-		var b strings.Builder
-		if created {
-			fmt.Fprintf(&b, "\ncreated the demo template %s (%s)\n", id, demoTitle)
-		}
-		fmt.Fprintf(&b, "\nTo build the demo stack (two machines on this host), in another terminal:\n")
-		fmt.Fprintf(&b, "  bin/kloud stack create --template %s\n  bin/kloud stack apply <the stack id it prints>\n", id)
-		fmt.Fprintf(&b, "To use the web UI, set a password, then open %s/ and log in as admin:\n  bin/kloud user passwd admin\n", s.PublicURL())
-		if err := p.Available(); err != nil {
-			fmt.Fprintf(&b, "NOTE: the local provider cannot run here: %v\n", err)
-		}
-		fmt.Print(b.String())
-	})
+// serveDemo offers the demo template on a fresh install (unless --no-demo).
+type serveDemo struct{ noDemo bool }
+
+func (d *serveDemo) flags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.BoolVar(&d.noDemo, "no-demo", false, "do not create the demo template")
+}
+
+// start creates the demo template (when the local provider is offered) and says how to use it.
+func (d *serveDemo) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {
+	if d.noDemo {
+		return
+	}
+	p, err := s.Providers().Lookup(local.Name)
+	if err != nil {
+		return
+	}
+	id, created, err := s.EnsureTemplate(ctx, demoTitle, map[string]string{"main.tf": DemoTemplate})
+	if err != nil {
+		log.Warn("demo template", "err", err)
+		return
+	}
+	var b strings.Builder
+	if created {
+		fmt.Fprintf(&b, "\ncreated the demo template %s (%s)\n", id, demoTitle)
+	}
+	fmt.Fprintf(&b, "\nTo build the demo stack (two machines on this host), in another terminal:\n")
+	fmt.Fprintf(&b, "  bin/kloud stack create --template %s\n  bin/kloud stack apply <the stack id it prints>\n", id)
+	fmt.Fprintf(&b, "To use the web UI, set a password, then open %s/ and log in as admin:\n  bin/kloud user passwd admin\n", s.PublicURL())
+	if err := p.Available(); err != nil {
+		fmt.Fprintf(&b, "NOTE: the local provider cannot run here: %v\n", err)
+	}
+	fmt.Print(b.String())
 }

@@ -3,7 +3,6 @@
 package cli
 
 import (
-	"context"
 	"log/slog"
 
 	"github.com/spf13/cobra"
@@ -12,17 +11,19 @@ import (
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
-// The dummy provider (machines are klient processes on this host) is in every build but
-// release builds (-tags release): the README's first walk-through and the e2e tests use it.
-func init() {
-	var dir string
-	serveFlagHooks = append(serveFlagHooks, func(cmd *cobra.Command, f *serveFlags) {
-		cmd.Flags().StringVar(&dir, "dummy-dir", "", "offer the test provider \"dummy\", whose machines are klient processes under this directory")
-	})
-	providerHooks = append(providerHooks, func(ctx context.Context, cmd *cobra.Command, f *serveFlags, reg *provider.Registry, log *slog.Logger) error {
-		if dir != "" {
-			reg.Register(dummy.New(dummy.Options{Dir: dir, Logger: log.With("provider", "dummy")}))
-		}
-		return nil
-	})
+// serveDummy is the dummy provider (machines are klient processes on this host), in every
+// build but release builds (-tags release; serve_dummy_release.go): the README's first
+// walk-through and the e2e tests use it.
+type serveDummy struct{ dir string }
+
+func (d *serveDummy) flags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&d.dir, "dummy-dir", "", "offer the test provider \"dummy\", whose machines are klient processes under this directory")
+}
+
+// register adds the dummy provider to reg when --dummy-dir is set.
+func (d *serveDummy) register(reg *provider.Registry, log *slog.Logger) {
+	if d.dir != "" {
+		reg.Register(dummy.New(dummy.Options{Dir: d.dir, Logger: log.With("provider", "dummy")}))
+	}
 }

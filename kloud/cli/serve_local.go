@@ -29,69 +29,79 @@ import (
 // own instance, so several klouds (separate data dirs) can share a host and a state dir.
 const InstanceIDFile = "instance-id"
 
-// The local provider: machines are Linux namespace machines on this host with real cloud-init.
-// It needs root; without it kloud says so at startup and in provider.describe.
-func init() {
-	var noLocal bool
-	var o local.Options
-	var subnet string
-	var l *local.Local
-	serveFlagHooks = append(serveFlagHooks, func(cmd *cobra.Command, f *serveFlags) {
-		fl := cmd.Flags()
-		fl.BoolVar(&noLocal, "no-local", false, "do not offer the local provider")
-		fl.StringVar(&o.StateDir, "local-state-dir", "", "where local machines live (default /var/lib/kloud/machines)")
-		fl.StringVar(&o.Bridge, "local-bridge", "", "bridge of the local machines (default kd-br0)")
-		fl.StringVar(&subnet, "local-subnet", "", "subnet of the local machines (default 10.200.0.0/24; kloud is .1)")
-	})
-	providerHooks = append(providerHooks, func(ctx context.Context, cmd *cobra.Command, f *serveFlags, reg *provider.Registry, log *slog.Logger) error {
-		if noLocal {
-			return nil
-		}
-		if subnet != "" {
-			p, err := netip.ParsePrefix(subnet)
-			if err != nil {
-				return fmt.Errorf("--local-subnet: %w", err)
-			}
-			o.Subnet = p
-		}
-		o.Logger = log
-		var err error
-		if o.Instance, err = instanceID(f.o.DataDir); err != nil {
-			return err
-		}
-		if o.Endpoint, err = serviceEndpoint(f.o.Addr); err != nil {
-			log.Warn("local provider: terraform cannot reach kloud's local machine service; local stacks cannot be built", "err", err)
-		}
-		if l, err = local.New(o); err != nil {
-			return err
-		}
-		reg.Register(l.Provider())
-		if err := l.Available(); err == nil {
-			if err := l.SetupNetwork(ctx); err != nil {
-				log.Warn("local provider: bridge", "err", err)
-			}
-		}
+// serveLocal is kloud serve's local provider: machines are Linux namespace machines on this
+// host with real cloud-init. It needs root; without it kloud says so at startup and in
+// provider.describe.
+type serveLocal struct {
+	noLocal bool
+	o       local.Options
+	subnet  string
+	l       *local.Local
+}
+
+func (sl *serveLocal) flags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.BoolVar(&sl.noLocal, "no-local", false, "do not offer the local provider")
+	fl.StringVar(&sl.o.StateDir, "local-state-dir", "", "where local machines live (default /var/lib/kloud/machines)")
+	fl.StringVar(&sl.o.Bridge, "local-bridge", "", "bridge of the local machines (default kd-br0)")
+	fl.StringVar(&sl.subnet, "local-subnet", "", "subnet of the local machines (default 10.200.0.0/24; kloud is .1)")
+}
+
+// register adds the local provider to reg (unless --no-local) and sets up its bridge.
+func (sl *serveLocal) register(ctx context.Context, f *serveFlags, reg *provider.Registry, log *slog.Logger) error {
+	o := &sl.o
+	if sl.noLocal {
 		return nil
-	})
-	startHooks = append(startHooks, func(ctx context.Context, s *kloud.Server, log *slog.Logger) {
-		if l == nil || l.Available() != nil {
-			return
-		}
-		// Startup sweep: this instance's machines of stacks kloud no longer has (a crash between
-		// terraform and the store) are removed; other klouds' are not. A data dir that was reset
-		// has a new instance id, so the machines of the old one stay: kloud cannot tell them from
-		// another kloud's (sandbox.Manager.List shows them, with their instance).
-		gone, err := l.GC(ctx, func(stackID, machineID string) bool {
-			n, err := s.Store().Collection(store.CollMachines).CountDocuments(ctx, bson.M{"_id": machineID, "stackId": stackID})
-			return err != nil || n > 0 // when in doubt, keep
-		})
+	}
+	if sl.subnet != "" {
+		p, err := netip.ParsePrefix(sl.subnet)
 		if err != nil {
-			log.Warn("local provider: sweep", "err", err)
+			return fmt.Errorf("--local-subnet: %w", err)
 		}
-		if len(gone) > 0 {
-			log.Info("local provider: removed machines of dead stacks", "machines", gone, "instance", l.Instance())
+		o.Subnet = p
+	}
+	o.Logger = log
+	var err error
+	if o.Instance, err = instanceID(f.o.DataDir); err != nil {
+		return err
+	}
+	if o.Endpoint, err = serviceEndpoint(f.o.Addr); err != nil {
+		log.Warn("local provider: terraform cannot reach kloud's local machine service; local stacks cannot be built", "err", err)
+	}
+	l, err := local.New(*o)
+	if err != nil {
+		return err
+	}
+	sl.l = l
+	reg.Register(l.Provider())
+	if err := l.Available(); err == nil {
+		if err := l.SetupNetwork(ctx); err != nil {
+			log.Warn("local provider: bridge", "err", err)
 		}
+	}
+	return nil
+}
+
+// start sweeps, once kloud is built, the local machines of stacks kloud no longer has.
+func (sl *serveLocal) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {
+	l := sl.l
+	if l == nil || l.Available() != nil {
+		return
+	}
+	// Startup sweep: this instance's machines of stacks kloud no longer has (a crash between
+	// terraform and the store) are removed; other klouds' are not. A data dir that was reset
+	// has a new instance id, so the machines of the old one stay: kloud cannot tell them from
+	// another kloud's (sandbox.Manager.List shows them, with their instance).
+	gone, err := l.GC(ctx, func(stackID, machineID string) bool {
+		n, err := s.Store().Collection(store.CollMachines).CountDocuments(ctx, bson.M{"_id": machineID, "stackId": stackID})
+		return err != nil || n > 0 // when in doubt, keep
 	})
+	if err != nil {
+		log.Warn("local provider: sweep", "err", err)
+	}
+	if len(gone) > 0 {
+		log.Info("local provider: removed machines of dead stacks", "machines", gone, "instance", l.Instance())
+	}
 }
 
 var instanceRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)

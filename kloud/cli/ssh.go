@@ -22,15 +22,12 @@ import (
 
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 )
 
 // kloud ssh MACHINE: the local terminal attached to a web terminal session on the machine,
 // through kloud's terminal endpoint (the browser's path), so it works for every machine with a
 // connected agent and no port open on it.
-
-func init() {
-	extraCommands = append(extraCommands, sshCmd)
-}
 
 // Detach sequence: Ctrl-] then '.'. Ctrl-] twice sends one Ctrl-].
 const (
@@ -80,8 +77,8 @@ func (g *globals) findMachine(ctx context.Context, name string) (*kloud.Machine,
 		return nil, err
 	}
 	defer c.Close(nil)
-	var res struct{ Machines []kloud.Machine }
-	if err := c.Call(ctx, "machine.list", nil, &res); err != nil {
+	res, err := api.NewClient(c).MachineList(ctx, api.MachineListParams{})
+	if err != nil {
 		return nil, explain(err)
 	}
 	var byLabel []kloud.Machine

@@ -13,11 +13,8 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 )
-
-func init() {
-	extraCommands = append(extraCommands, templateCmd, stackCmd, machineCmd, jobCmd)
-}
 
 // readTemplateFiles reads --file arguments and every *.tf / *.tf.json of --dir.
 func readTemplateFiles(files []string, dir string) (map[string]string, error) {
@@ -54,8 +51,8 @@ func templateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var t kloud.Template
-			if err := g.kloudCall(cmd.Context(), "template.create", kloud.TemplateParams{Title: title, Description: desc, Team: team, Files: fs}, &t); err != nil {
+			t, err := call(cmd.Context(), g, (*api.Client).TemplateCreate, api.TemplateParams{Title: title, Description: desc, Team: team, Files: fs})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -79,7 +76,7 @@ func templateCmd(g *globals) *cobra.Command {
 		Short: "Update a template (new files make a new revision)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p := kloud.TemplateParams{ID: args[0], Title: utitle}
+			p := api.TemplateParams{TemplateID: args[0], Title: utitle}
 			if len(ufiles) > 0 || udir != "" {
 				fs, err := readTemplateFiles(ufiles, udir)
 				if err != nil {
@@ -87,8 +84,8 @@ func templateCmd(g *globals) *cobra.Command {
 				}
 				p.Files = fs
 			}
-			var t kloud.Template
-			if err := g.kloudCall(cmd.Context(), "template.update", p, &t); err != nil {
+			t, err := call(cmd.Context(), g, (*api.Client).TemplateUpdate, p)
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -108,8 +105,8 @@ func templateCmd(g *globals) *cobra.Command {
 		Short: "Show a template and its files",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var t kloud.TemplateView
-			if err := g.kloudCall(cmd.Context(), "template.get", kloud.TemplateGetParams{ID: args[0], Rev: rev}, &t); err != nil {
+			t, err := call(cmd.Context(), g, (*api.Client).TemplateGet, api.TemplateGetParams{TemplateID: args[0], Rev: rev})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -133,8 +130,8 @@ func templateCmd(g *globals) *cobra.Command {
 		Short: "List your teams' templates",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res struct{ Templates []kloud.TemplateSummary }
-			if err := g.kloudCall(cmd.Context(), "template.list", kloud.TemplateListParams{Team: lteam}, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).TemplateList, api.TemplateListParams{Team: lteam})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -154,14 +151,14 @@ func templateCmd(g *globals) *cobra.Command {
 		Short: "Delete a template (stacks made from it keep their copy)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := g.kloudCall(cmd.Context(), "template.delete", kloud.IDParams{ID: args[0]}, nil); err != nil {
+			if _, err := call(cmd.Context(), g, (*api.Client).TemplateDelete, api.TemplateRef{TemplateID: args[0]}); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.stdout, "template %s deleted\n", args[0])
 			return nil
 		},
 	}
-	cmd.AddCommand(create, update, get, list, del)
+	cmd.AddCommand(create, update, get, list, del, templateTrustCmd(g), templateUntrustCmd(g))
 	return cmd
 }
 
@@ -183,8 +180,8 @@ func (f *planFlags) add(cmd *cobra.Command, create bool) {
 	cmd.MarkFlagRequired("template")
 }
 
-func (f *planFlags) params() (kloud.PlanParams, error) {
-	p := kloud.PlanParams{TemplateID: f.template, Rev: f.rev, Title: f.title, Credentials: map[string]string{}, Variables: map[string]string{}}
+func (f *planFlags) params() (api.StackPlanParams, error) {
+	p := api.StackPlanParams{TemplateID: f.template, Rev: f.rev, Title: f.title, Credentials: map[string]string{}, Variables: map[string]string{}}
 	for _, kv := range f.creds {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
@@ -214,8 +211,8 @@ func stackCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var res struct{ Machines []kloud.PlannedMachine }
-			if err := g.kloudCall(cmd.Context(), "stack.plan", p, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).StackPlan, p)
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -240,11 +237,8 @@ func stackCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var res struct {
-				Stack    kloud.Stack
-				Machines []kloud.Machine
-			}
-			if err := g.kloudCall(cmd.Context(), "stack.create", p, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).StackCreate, p)
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -274,8 +268,9 @@ func stackCmd(g *globals) *cobra.Command {
 					return err
 				}
 				defer conn.Close(nil)
-				var res struct{ JobID string }
-				if err := conn.Call(cmd.Context(), "stack.apply", kloud.ApplyParams{StackID: args[0], Destroy: destroy}, &res); err != nil {
+				kc := api.NewClient(conn)
+				res, err := kc.StackApply(cmd.Context(), api.StackApplyParams{StackID: args[0], Destroy: destroy})
+				if err != nil {
 					return explain(err)
 				}
 				if detach {
@@ -286,8 +281,7 @@ func stackCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if !destroy && !g.json {
-					var st kloud.StackView
-					if conn.Call(cmd.Context(), "stack.describe", kloud.IDParams{ID: args[0]}, &st) == nil {
+					if st, err := kc.StackDescribe(cmd.Context(), api.StackRef{StackID: args[0]}); err == nil {
 						printMachines(g, st.MachineDocs)
 					}
 				}
@@ -305,8 +299,8 @@ func stackCmd(g *globals) *cobra.Command {
 		Short: "List your stacks",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res struct{ Stacks []kloud.Stack }
-			if err := g.kloudCall(cmd.Context(), "stack.list", kloud.StackListParams{Team: team, All: all}, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).StackList, api.StackListParams{Team: team, All: all})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -327,8 +321,8 @@ func stackCmd(g *globals) *cobra.Command {
 		Short: "Show a stack and its machines",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var st kloud.StackView
-			if err := g.kloudCall(cmd.Context(), "stack.describe", kloud.IDParams{ID: args[0]}, &st); err != nil {
+			st, err := call(cmd.Context(), g, (*api.Client).StackDescribe, api.StackRef{StackID: args[0]})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -358,8 +352,8 @@ kloud does this by itself for stacks whose job ended without its bookkeeping (it
 runs at startup and every 30s); reset is for what it cannot judge.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var st kloud.StackView
-			if err := g.kloudCall(cmd.Context(), "stack.reset", kloud.ResetParams{StackID: args[0], State: resetState, Reason: resetReason}, &st); err != nil {
+			st, err := call(cmd.Context(), g, (*api.Client).StackReset, api.StackResetParams{StackID: args[0], State: resetState, Reason: resetReason})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -427,8 +421,8 @@ func (g *globals) onMachine(ctx context.Context, arg, stack string, fn func(c *k
 
 // resolveMachine accepts a machine id or a label (unique among your machines, or within --stack).
 func (g *globals) resolveMachine(ctx context.Context, c *kite.Conn, arg, stack string) (string, error) {
-	var res struct{ Machines []kloud.Machine }
-	if err := c.Call(ctx, "machine.list", kloud.MachineListParams{StackID: stack}, &res); err != nil {
+	res, err := api.NewClient(c).MachineList(ctx, api.MachineListParams{StackID: stack})
+	if err != nil {
 		return "", explain(err)
 	}
 	var found []string
@@ -457,8 +451,8 @@ func machineCmd(g *globals) *cobra.Command {
 		Short: "List your machines (and those shared with you)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res struct{ Machines []kloud.Machine }
-			if err := g.kloudCall(cmd.Context(), "machine.list", kloud.MachineListParams{StackID: stack, Team: team}, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).MachineList, api.MachineListParams{StackID: stack, Team: team})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -477,9 +471,11 @@ func machineCmd(g *globals) *cobra.Command {
 		Short: "Show a machine, asking its provider for the real state",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var mi kloud.MachineInfo
+			var mi api.MachineInfo
 			err := g.onMachine(cmd.Context(), args[0], istack, func(c *kite.Conn, id string) error {
-				return c.Call(cmd.Context(), "machine.info", kloud.MachineParams{MachineID: id}, &mi)
+				var err error
+				mi, err = api.NewClient(c).MachineInfo(cmd.Context(), api.MachineRef{MachineID: id})
+				return err
 			})
 			if err != nil {
 				return explain(err)
@@ -513,15 +509,19 @@ func machineCmd(g *globals) *cobra.Command {
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return g.onMachine(cmd.Context(), args[0], pstack, func(conn *kite.Conn, id string) error {
-					var res struct{ JobID string }
-					if err := conn.Call(cmd.Context(), "machine."+method, kloud.MachineParams{MachineID: id}, &res); err != nil {
+					do := (*api.Client).MachineStart
+					if method == "stop" {
+						do = (*api.Client).MachineStop
+					}
+					res, err := do(api.NewClient(conn), cmd.Context(), api.MachineRef{MachineID: id})
+					if err != nil {
 						return explain(err)
 					}
 					if detach {
 						fmt.Fprintf(g.stdout, "job %s started\n", res.JobID)
 						return nil
 					}
-					_, err := g.watchJob(cmd.Context(), conn, res.JobID)
+					_, err = g.watchJob(cmd.Context(), conn, res.JobID)
 					return err
 				})
 			},
@@ -541,13 +541,15 @@ func machineCmd(g *globals) *cobra.Command {
 			Short: short,
 			Args:  cobra.ExactArgs(2),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				var res kloud.SharesResult
+				var res api.SharesResult
 				err := g.onMachine(cmd.Context(), args[0], sstack, func(conn *kite.Conn, id string) error {
-					method, p := "machine.share", kloud.ShareParams{MachineID: id, Username: args[1], Grant: grant}
+					do, p := (*api.Client).MachineShare, api.ShareParams{MachineID: id, Username: args[1], Grant: grant}
 					if unshare {
-						method, p.Grant = "machine.unshare", ""
+						do, p.Grant = (*api.Client).MachineUnshare, ""
 					}
-					return conn.Call(cmd.Context(), method, p, &res)
+					var err error
+					res, err = do(api.NewClient(conn), cmd.Context(), p)
+					return err
 				})
 				if err != nil {
 					return explain(err)
@@ -582,9 +584,11 @@ Only the owner (or a team admin) shares; unshare closes the user's terminals at 
 		Short: "List who a machine is shared with",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res kloud.SharesResult
+			var res api.SharesResult
 			err := g.onMachine(cmd.Context(), args[0], shstack, func(conn *kite.Conn, id string) error {
-				return conn.Call(cmd.Context(), "machine.shares", kloud.MachineParams{MachineID: id}, &res)
+				var err error
+				res, err = api.NewClient(conn).MachineShares(cmd.Context(), api.MachineRef{MachineID: id})
+				return err
 			})
 			if err != nil {
 				return explain(err)
@@ -601,7 +605,7 @@ Only the owner (or a team admin) shares; unshare closes the user's terminals at 
 	return cmd
 }
 
-func printShares(g *globals, res kloud.SharesResult, changed bool) {
+func printShares(g *globals, res api.SharesResult, changed bool) {
 	tw := newTable(g.stdout, "USER", "GRANT")
 	for _, s := range res.Shares {
 		tw.row(s.Username, s.Grant)
@@ -633,8 +637,8 @@ func jobCmd(g *globals) *cobra.Command {
 		Short: "Show a job's last state and log",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var j map[string]any
-			if err := g.kloudCall(cmd.Context(), "job.get", kloud.JobParams{JobID: args[0]}, &j); err != nil {
+			j, err := call(cmd.Context(), g, (*api.Client).JobGet, api.JobRef{JobID: args[0]})
+			if err != nil {
 				return err
 			}
 			return g.printJSON(j)
@@ -646,14 +650,8 @@ func jobCmd(g *globals) *cobra.Command {
 		Short: "List your recent jobs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res struct {
-				Jobs []struct {
-					ID, Kind, Target, Status, Stage, Error string
-					Percent                                int `json:"percentage"`
-					CreatedAt                              time.Time
-				}
-			}
-			if err := g.kloudCall(cmd.Context(), "job.list", kloud.JobListParams{Target: target}, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).JobList, api.JobListParams{Target: target})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -661,7 +659,7 @@ func jobCmd(g *globals) *cobra.Command {
 			}
 			tw := newTable(g.stdout, "JOB", "KIND", "TARGET", "STATUS", "%", "CREATED", "ERROR")
 			for _, j := range res.Jobs {
-				tw.row(j.ID, j.Kind, j.Target, j.Status, fmt.Sprint(j.Percent), j.CreatedAt.Local().Format(time.DateTime), firstLine(j.Error))
+				tw.row(j.ID, j.Kind, j.Target, string(j.Status), fmt.Sprint(j.Percent), j.CreatedAt.Local().Format(time.DateTime), firstLine(j.Error))
 			}
 			return tw.flush()
 		},
@@ -672,7 +670,7 @@ func jobCmd(g *globals) *cobra.Command {
 		Short: "Ask a running job to stop",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := g.kloudCall(cmd.Context(), "job.cancel", kloud.JobParams{JobID: args[0]}, nil); err != nil {
+			if _, err := call(cmd.Context(), g, (*api.Client).JobCancel, api.JobRef{JobID: args[0]}); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.stdout, "cancel requested for job %s\n", args[0])

@@ -6,26 +6,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
 
 // `kloud template trust` and `kloud template untrust`: a kloud administrator lifts template
 // policy rules for one revision of a template (docs/template-policy.md).
-
-func init() {
-	// Added to the template command of stack.go, registered in extraCommands by an init of a
-	// file that sorts before this one (stack.go < template_trust.go).
-	for i, c := range extraCommands {
-		extraCommands[i] = func(g *globals) *cobra.Command {
-			cmd := c(g)
-			if cmd.Name() == "template" {
-				cmd.AddCommand(templateTrustCmd(g), templateUntrustCmd(g))
-			}
-			return cmd
-		}
-	}
-}
 
 func templateTrustCmd(g *globals) *cobra.Command {
 	var (
@@ -59,8 +45,8 @@ kept with the template (kloud template get) and logged by kloud.`,
 			if strings.TrimSpace(reason) == "" {
 				return fmt.Errorf("--reason is required: it is kept with the trust")
 			}
-			var tr kloud.TemplateTrust
-			if err := g.kloudCall(cmd.Context(), "template.trust", kloud.TrustParams{TemplateID: args[0], Revision: rev, Rules: rules, Reason: reason}, &tr); err != nil {
+			tr, err := call(cmd.Context(), g, (*api.Client).TemplateTrust, api.TrustParams{TemplateID: args[0], Revision: rev, Rules: rules, Reason: reason})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -83,10 +69,8 @@ func templateUntrustCmd(g *globals) *cobra.Command {
 		Short: "Withdraw the trust of a template's revisions (kloud administrators only)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res struct {
-				Removed int `json:"removed"`
-			}
-			if err := g.kloudCall(cmd.Context(), "template.untrust", kloud.TrustParams{TemplateID: args[0], Revision: rev}, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).TemplateUntrust, api.TrustParams{TemplateID: args[0], Revision: rev})
+			if err != nil {
 				return err
 			}
 			if g.json {

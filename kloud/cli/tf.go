@@ -23,8 +23,6 @@ import (
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 
-func init() { extraCommands = append(extraCommands, tfCmd) }
-
 type tfOptions struct {
 	url, contentID, traceID string
 	vars                    []string

@@ -12,25 +12,27 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 )
 
 // kloud user add|list|passwd and kloud team create|list|add-member|remove-member.
 
-func init() {
-	extraCommands = append(extraCommands, userCmd, teamCmd)
-}
-
-// call dials kloud, makes one call and closes the connection; errors get a hint.
-func (g *globals) kloudCall(ctx context.Context, method string, params, result any) error {
+// call dials kloud, makes one typed call (a method of api.Client, e.g. (*api.Client).StackList)
+// and closes the connection; errors get a hint.
+func call[P, R any](ctx context.Context, g *globals, m func(*api.Client, context.Context, P) (R, error), p P) (R, error) {
+	var r R
 	c, err := g.dial(ctx)
 	if err != nil {
-		return err
+		return r, err
 	}
 	defer c.Close(nil)
-	if err := c.Call(ctx, method, params, result); err != nil {
-		return explain(err)
-	}
-	return nil
+	r, err = m(api.NewClient(c), ctx, p)
+	return r, explain(err)
+}
+
+// call0 is call for methods without params.
+func call0[R any](ctx context.Context, g *globals, m func(*api.Client, context.Context) (R, error)) (R, error) {
+	return call(ctx, g, func(c *api.Client, ctx context.Context, _ struct{}) (R, error) { return m(c, ctx) }, struct{}{})
 }
 
 func teamsString(m map[string]string) string {
@@ -52,7 +54,7 @@ func yesNo(b bool) string {
 func userCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "user", Short: "Manage users (adding them is for kloud administrators)"}
 
-	var p kloud.UserAddParams
+	var p api.UserAddParams
 	var askPassword bool
 	var pwFile string
 	add := &cobra.Command{
@@ -75,8 +77,8 @@ them (kloud key create). --team adds them to a team at once.
 				}
 				p.Password = pw
 			}
-			var res kloud.UserView
-			if err := g.kloudCall(cmd.Context(), "user.add", &p, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).UserAdd, p)
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -108,8 +110,8 @@ them (kloud key create). --team adds them to a team at once.
 		Short: "List users (all for administrators; the members of your teams otherwise)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res kloud.UserListResult
-			if err := g.kloudCall(cmd.Context(), "user.list", nil, &res); err != nil {
+			res, err := call0(cmd.Context(), g, (*api.Client).UserList)
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -135,7 +137,7 @@ them (kloud key create). --team adds them to a team at once.
 admin itself (so the administrator can log in to the web UI).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var sp kloud.SetPasswordParams
+			var sp api.SetPasswordParams
 			if len(args) == 1 {
 				sp.Username = args[0]
 			}
@@ -148,14 +150,14 @@ admin itself (so the administrator can log in to the web UI).`,
 				return err
 			}
 			sp.Password = pw
-			var res map[string]any
-			if err := g.kloudCall(cmd.Context(), "user.setPassword", &sp, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).UserSetPassword, sp)
+			if err != nil {
 				return err
 			}
 			if g.json {
 				return g.printJSON(res)
 			}
-			fmt.Fprintf(g.stdout, "password of %v set\n", res["username"])
+			fmt.Fprintf(g.stdout, "password of %v set\n", res.Username)
 			return nil
 		},
 	}
@@ -180,8 +182,8 @@ add and remove members and manage everything in it. Whoever creates a team is it
 		Long:  "Create a team. SLUG is 2-32 characters of a-z, 0-9 and '-', starting with a letter.\n\n  kloud team create red --title \"Red team\"",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res kloud.Team
-			if err := g.kloudCall(cmd.Context(), "team.create", kloud.TeamCreateParams{Slug: args[0], Title: title}, &res); err != nil {
+			res, err := call(cmd.Context(), g, (*api.Client).TeamCreate, api.TeamCreateParams{Slug: args[0], Title: title})
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -198,8 +200,8 @@ add and remove members and manage everything in it. Whoever creates a team is it
 		Short: "List your teams (all teams for kloud administrators)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res kloud.TeamListResult
-			if err := g.kloudCall(cmd.Context(), "team.list", nil, &res); err != nil {
+			res, err := call0(cmd.Context(), g, (*api.Client).TeamList)
+			if err != nil {
 				return err
 			}
 			if g.json {
@@ -228,7 +230,7 @@ add and remove members and manage everything in it. Whoever creates a team is it
 		Long:  "Add a user to a team, or change the role of a member.\n\n  kloud team add-member red bob\n  kloud team add-member red bob --role admin",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.memberCall(cmd.Context(), "team.addMember", kloud.TeamMemberParams{Team: args[0], Username: args[1], Role: role},
+			return g.memberCall(cmd.Context(), (*api.Client).TeamAddMember, api.TeamMemberParams{Team: args[0], Username: args[1], Role: role},
 				fmt.Sprintf("%s is now %s of team %s", args[1], roleOr(role), args[0]))
 		},
 	}
@@ -239,7 +241,7 @@ add and remove members and manage everything in it. Whoever creates a team is it
 		Short: "Remove a user from a team (team admins; anyone may remove themself)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.memberCall(cmd.Context(), "team.removeMember", kloud.TeamMemberParams{Team: args[0], Username: args[1]},
+			return g.memberCall(cmd.Context(), (*api.Client).TeamRemoveMember, api.TeamMemberParams{Team: args[0], Username: args[1]},
 				fmt.Sprintf("removed %s from team %s", args[1], args[0]))
 		},
 	}
@@ -254,9 +256,9 @@ func roleOr(r string) string {
 	return "a member"
 }
 
-func (g *globals) memberCall(ctx context.Context, method string, p kloud.TeamMemberParams, done string) error {
-	var res kloud.Team
-	if err := g.kloudCall(ctx, method, p, &res); err != nil {
+func (g *globals) memberCall(ctx context.Context, m func(*api.Client, context.Context, api.TeamMemberParams) (api.Team, error), p api.TeamMemberParams, done string) error {
+	res, err := call(ctx, g, m, p)
+	if err != nil {
 		if errors.Is(err, kite.ErrState) {
 			return fmt.Errorf("%w\n  a team needs an admin: make another member admin first (kloud team add-member %s USER --role admin)", err, p.Team)
 		}

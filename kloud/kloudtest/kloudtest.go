@@ -1,6 +1,7 @@
 // Package kloudtest starts a real kloud in-process for tests: embedded store in a temp dir,
 // kontrol, the RPC methods, on a loopback HTTP server; and gives tests connected clients as any
-// user.
+// user: typed ones (Env.Client, an api.Client, as coderdtest gives a codersdk.Client) or the
+// kite connection itself (Env.Dial) for what the typed client does not cover.
 package kloudtest
 
 import (
@@ -13,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -110,6 +112,12 @@ func (e *Env) DialAuth(a kite.Auth) *kite.Conn {
 	}
 	return c
 }
+
+// Client connects as username (a fresh kite key for that user) and returns the typed client.
+func (e *Env) Client(username string) *api.Client { return api.NewClient(e.Dial(username)) }
+
+// ClientAuth connects with the given credential and returns the typed client.
+func (e *Env) ClientAuth(a kite.Auth) *api.Client { return api.NewClient(e.DialAuth(a)) }
 
 // Call makes a call on c and fails the test on error.
 func Call(t testing.TB, c *kite.Conn, method string, params, result any) {
