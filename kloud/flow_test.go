@@ -30,6 +30,9 @@ type flowEnv struct {
 	alice *kite.Conn
 }
 
+// client is alice's typed client, on alice's connection.
+func (f *flowEnv) client() *api.Client { return api.NewClient(f.alice) }
+
 func newFlow(t *testing.T, o dummy.Options) *flowEnv {
 	t.Helper()
 	testutil.RequireBinary(t, "curl")
@@ -38,9 +41,11 @@ func newFlow(t *testing.T, o dummy.Options) *flowEnv {
 	reg.Register(dummy.New(o))
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
 	e.StartTerraformer()
-	admin := e.Dial(kloud.Admin)
-	kloudtest.Call(t, admin, "user.add", map[string]string{"username": "alice", "team": kloud.DefaultTeam}, nil)
-	f := &flowEnv{Env: e, t: t, dir: o.Dir, alice: e.Dial("alice")}
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+		t.Fatal(err)
+	}
+	alice := e.Dial("alice")
+	f := &flowEnv{Env: e, t: t, dir: o.Dir, alice: alice}
 	t.Cleanup(f.killMachines)
 	return f
 }
@@ -60,45 +65,49 @@ func (f *flowEnv) killMachines() {
 }
 
 func (f *flowEnv) credential() string {
-	var res struct{ ID string }
-	kloudtest.Call(f.t, f.alice, "credential.add", map[string]any{"provider": "dummy", "title": "mine", "data": map[string]string{"token": "s3cret-token"}}, &res)
+	res, err := f.client().CredentialAdd(f.t.Context(), api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"s3cret-token"}`)})
+	if err != nil {
+		f.t.Fatal(err)
+	}
 	return res.ID
 }
 
 func (f *flowEnv) template(main string) string {
-	var res struct{ ID string }
-	kloudtest.Call(f.t, f.alice, "template.create", map[string]any{"title": "two vms", "files": map[string]string{"main.tf": main}}, &res)
-	return res.ID
+	t, err := f.client().TemplateCreate(f.t.Context(), api.TemplateParams{Title: "two vms", Files: map[string]string{"main.tf": main}})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return t.ID
 }
 
 func (f *flowEnv) stack(tmplID string) (string, []kloud.Machine) {
-	var res struct {
-		Stack    kloud.Stack
-		Machines []kloud.Machine
+	res, err := f.client().StackCreate(f.t.Context(), api.StackPlanParams{TemplateID: tmplID})
+	if err != nil {
+		f.t.Fatal(err)
 	}
-	kloudtest.Call(f.t, f.alice, "stack.create", map[string]any{"templateId": tmplID}, &res)
 	return res.Stack.ID, res.Machines
 }
 
 // follow watches a job to its end and returns the last event.
 func (f *flowEnv) follow(jobID string) api.JobEvent {
 	f.t.Helper()
-	var res struct{ Subscription string }
-	kloudtest.Call(f.t, f.alice, "job.watch", map[string]string{"jobId": jobID}, &res)
-	sub := f.alice.Subscribe(res.Subscription)
 	ctx, cancel := context.WithTimeout(f.t.Context(), 5*time.Minute)
 	defer cancel()
+	w, err := f.client().JobWatch(ctx, api.JobRef{JobID: jobID})
+	if err != nil {
+		f.t.Fatalf("watch job %s: %v", jobID, err)
+	}
+	defer w.Close()
 	var last api.JobEvent
 	for {
-		ev, err := sub.Next(ctx)
+		ev, err := w.Next(ctx)
 		if errors.Is(err, kite.ErrStreamEnded) {
 			return last
 		}
 		if err != nil {
 			f.t.Fatalf("watch job %s: %v", jobID, err)
 		}
-		last = api.JobEvent{}
-		json.Unmarshal(ev.Data, &last)
+		last = ev
 		for _, l := range last.Log {
 			f.t.Logf("job %s: %s", jobID, l)
 		}
@@ -106,8 +115,10 @@ func (f *flowEnv) follow(jobID string) api.JobEvent {
 }
 
 func (f *flowEnv) machines(stackID string) map[string]kloud.Machine {
-	var res struct{ Machines []kloud.Machine }
-	kloudtest.Call(f.t, f.alice, "machine.list", map[string]string{"stackId": stackID}, &res)
+	res, err := f.client().MachineList(f.t.Context(), api.MachineListParams{StackID: stackID})
+	if err != nil {
+		f.t.Fatal(err)
+	}
 	out := map[string]kloud.Machine{}
 	for _, m := range res.Machines {
 		out[m.Label] = m

@@ -70,23 +70,27 @@ const (
 )
 
 // KloudMethods lists kloud's own methods, sorted.
-var KloudMethods = []string{
-	MethodCredentialAdd, MethodCredentialAuthenticate, MethodCredentialBootstrap, MethodCredentialDescribe,
-	MethodCredentialList, MethodCredentialRemove,
-	MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
-	MethodVersion,
-	MethodMachineInfo, MethodMachineList, MethodMachineShare, MethodMachineShares, MethodMachineStart,
-	MethodMachineStop, MethodMachineUnshare,
-	MethodProviderDescribe,
-	MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackReset,
-	MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
-	MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,
-	MethodTemplateUntrust, MethodTemplateUpdate,
-	MethodUserAdd, MethodUserList, MethodUserSetPassword, MethodUserWhoami,
+func KloudMethods() []string {
+	return []string{
+		MethodCredentialAdd, MethodCredentialAuthenticate, MethodCredentialBootstrap, MethodCredentialDescribe,
+		MethodCredentialList, MethodCredentialRemove,
+		MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
+		MethodVersion,
+		MethodMachineInfo, MethodMachineList, MethodMachineShare, MethodMachineShares, MethodMachineStart,
+		MethodMachineStop, MethodMachineUnshare,
+		MethodProviderDescribe,
+		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackReset,
+		MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
+		MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,
+		MethodTemplateUntrust, MethodTemplateUpdate,
+		MethodUserAdd, MethodUserList, MethodUserSetPassword, MethodUserWhoami,
+	}
 }
 
 // KontrolMethods lists the kontrol methods kloud hosts, sorted.
-var KontrolMethods = []string{
-	MethodKontrolCreateKey, MethodKontrolGetKey, MethodKontrolGetToken, MethodKontrolQuery,
-	MethodKontrolRegister, MethodKontrolRetireKey, MethodKontrolRevoke, MethodKontrolRotateKey,
+func KontrolMethods() []string {
+	return []string{
+		MethodKontrolCreateKey, MethodKontrolGetKey, MethodKontrolGetToken, MethodKontrolQuery,
+		MethodKontrolRegister, MethodKontrolRetireKey, MethodKontrolRevoke, MethodKontrolRotateKey,
+	}
 }
