@@ -3,8 +3,9 @@
 // keys, token revocations and kite presence records. Start reading at [Open] (store.go); then
 // [Store.AcquireLease] (lease.go), [Store.Transition] and [Store.TransitionIf] (transition.go),
 // [Store.Persist] (persist.go: bookkeeping writes that must land, retried with their own
-// context), [Jobs] (jobs.go), [Store.Seal] (seal.go), [Keys] and [Revocations] (keys.go) and
-// [Kites] (kites.go).
+// context), [Jobs] (jobs.go; [ProgressWriter] in progress.go coalesces a job's progress),
+// [Store.Seal] (seal.go), [Keys] and [Revocations] (keys.go), [Kites] (kites.go) and the
+// Prune methods (prune.go).
 //
 // # Two backends, one code path
 //
@@ -32,14 +33,38 @@
 // also why no other client may talk to the embedded FerretDB.
 //
 // FerretDB v1 quirks this package absorbs: $push ignores $slice (the job log is trimmed with a
-// second conditional update); TTL and partial indexes are not implemented (expired leases,
-// revocations, kite records and finished jobs are pruned by code: the Prune methods);
+// second conditional update); TTL and partial indexes are not implemented (see "Retention");
 // createIndexes with several already existing indexes panics (indexes are created one per
 // call); nested documents decode as bson.M (the client decodes documents as bson.M throughout,
-// and Job params/results are turned into plain maps). Only a filter that is exactly {_id: x} is
-// pushed down to SQLite; anything else, including {_id: x, state: y}, scans the collection in
-// Go, so collections must stay small (hundreds to a few thousand documents) on the embedded
-// backend: a conditional update costs ~1.5 ms among a few documents and ~50 ms among 2000.
+// and Job params/results are turned into plain maps).
+//
+// # What the embedded backend answers without a scan
+//
+// FerretDB v1.24's SQLite handler pushes exactly one kind of filter down to SQLite: one that is
+// {_id: x} and nothing else, with x a string or ObjectID (internal/backends/sqlite/collection.go,
+// Query; the same for find, update, findAndModify, delete and count). Anything else, including
+// {_id: x, state: y}, reads and decodes every document of the collection in Go; the secondary
+// indexes above only enforce uniqueness there. Measured: a conditional update costs ~4 ms among
+// a few documents and ~110 ms among 2,000 (BenchmarkTransitionLarge), and a job update grew from
+// ~8 ms with 100 finished jobs to ~0.5 s with 10,000 before the change below (bench/storegrowth,
+// bench/RESULTS.md).
+//
+// So the hot path of a growing collection works by _id. Every write of the jobs collection is
+// made by [Jobs] (and its Prune); on the embedded backend each conditional one is a read by _id,
+// the condition checked in Go, and the write by _id, under the store's write lock, which every
+// write of that collection takes: as atomic as the filter, which MongoDB keeps (one command,
+// served by the indexes). A job's cost is therefore flat in the number of jobs kept.
+// [Store.Transition] keeps its filter (stacks and machines are also written by other packages
+// through [Store.Collection], outside that lock), so it costs in proportion to the number of
+// stacks or machines, not of jobs; [Store.Exists] and lookups by _id are flat.
+//
+// # Retention
+//
+// What only grows (finished jobs with their logs and progress, revocations, kite presence
+// records, expired leases) is pruned by the Prune methods, which kloud runs on a schedule
+// (kloud/retention.go: what stays, for how long, how often). A prune works in bounded batches,
+// oldest first, each delete conditional on the record still qualifying, so one stopped midway
+// (cancelled, or the process killed) leaves exactly the records it had not reached.
 //
 // # Collections and the fields that are indexed
 //

@@ -170,7 +170,10 @@ func (js *Jobs) Create(ctx context.Context, j Job) (string, error) {
 	if n.ID == "" {
 		n.ID = NewID()
 	}
-	if _, err := js.coll.InsertOne(ctx, n); err != nil {
+	unlock := js.s.lockWrites()
+	_, err := js.coll.InsertOne(ctx, n)
+	unlock()
+	if err != nil {
 		if IsDuplicateKey(err) {
 			return "", fmt.Errorf("create job %q: %w", n.ID, ErrConflict)
 		}
@@ -245,7 +248,10 @@ func (js *Jobs) Start(ctx context.Context, id, runner string) (Job, error) {
 		bson.M{"status": JobRunning, "leaseUntil": bson.M{"$lt": now}},
 		bson.M{"status": JobRunning, "runner": runner},
 	}}
-	j, err := js.update(ctx, "start", id, filter, bson.M{
+	can := func(j *Job) bool {
+		return j.Status == JobQueued || j.Status == JobRunning && (j.LeaseUntil.Before(now) || j.Runner == runner)
+	}
+	j, err := js.update(ctx, "start", id, filter, can, bson.M{
 		"$set": bson.M{"status": JobRunning, "runner": runner, "leaseUntil": now.Add(js.s.opts.JobLeaseTTL),
 			"startedAt": now, "updatedAt": now},
 		"$inc": bson.M{"attempt": 1, "rev": 1},
@@ -261,12 +267,13 @@ func (js *Jobs) Start(ctx context.Context, id, runner string) (Job, error) {
 // the runner must then stop. Heartbeats do not change Rev and do not wake watchers.
 func (js *Jobs) Heartbeat(ctx context.Context, id, runner string) error {
 	now := js.s.Now()
-	res, err := js.coll.UpdateOne(ctx, bson.M{"_id": id, "status": JobRunning, "runner": runner},
+	ok, err := js.updateIf(ctx, id, bson.M{"_id": id, "status": JobRunning, "runner": runner},
+		func(j *Job) bool { return j.Status == JobRunning && j.Runner == runner },
 		bson.M{"$set": bson.M{"leaseUntil": now.Add(js.s.opts.JobLeaseTTL)}})
 	if err != nil {
 		return fmt.Errorf("heartbeat job %q: %w", id, err)
 	}
-	if res.MatchedCount == 0 {
+	if !ok {
 		return fmt.Errorf("heartbeat job %q by %q: %w", id, runner, ErrLeaseLost)
 	}
 	return nil
@@ -277,7 +284,7 @@ func (js *Jobs) Heartbeat(ctx context.Context, id, runner string) error {
 func (js *Jobs) Progress(ctx context.Context, id string, percent int, stage, message string) error {
 	percent = min(max(percent, 0), 100)
 	now := js.s.Now()
-	_, err := js.update(ctx, "progress", id, bson.M{"_id": id, "status": JobRunning}, bson.M{
+	_, err := js.update(ctx, "progress", id, bson.M{"_id": id, "status": JobRunning}, isRunning, bson.M{
 		"$set": bson.M{"percent": percent, "stage": stage, "message": message, "updatedAt": now,
 			"leaseUntil": now.Add(js.s.opts.JobLeaseTTL)},
 		"$inc": bson.M{"rev": 1},
@@ -311,7 +318,7 @@ func (js *Jobs) Log(ctx context.Context, id string, lines ...string) error {
 		clean = append(clean, l)
 	}
 	now := js.s.Now()
-	j, err := js.update(ctx, "log", id, bson.M{"_id": id, "status": bson.M{"$in": bson.A{JobQueued, JobRunning}}}, bson.M{
+	j, err := js.update(ctx, "log", id, bson.M{"_id": id, "status": bson.M{"$in": bson.A{JobQueued, JobRunning}}}, notDone, bson.M{
 		// MongoDB honours $slice; FerretDB v1 ignores it, hence the trim below.
 		"$push": bson.M{"log": bson.M{"$each": clean, "$slice": -max}},
 		"$inc":  bson.M{"rev": 1, "logSeq": total},
@@ -325,7 +332,9 @@ func (js *Jobs) Log(ctx context.Context, id string, lines ...string) error {
 		// next Log does it). Reads always cut to max, so the slack only saves rewrites of the
 		// whole document: one trim per max/4 lines instead of one per call. Trimming changes
 		// no line numbers, so Rev stays.
-		if _, err := js.coll.UpdateOne(ctx, bson.M{"_id": id, "rev": j.Rev}, bson.M{"$set": bson.M{"log": j.Log}}); err != nil {
+		rev := j.Rev
+		if _, err := js.updateIf(ctx, id, bson.M{"_id": id, "rev": rev}, func(j *Job) bool { return j.Rev == rev },
+			bson.M{"$set": bson.M{"log": j.Log}}); err != nil {
 			return fmt.Errorf("log job %q: trim: %w", id, err)
 		}
 	}
@@ -350,7 +359,7 @@ func (js *Jobs) Finish(ctx context.Context, id string, jobErr error, result map[
 		set["result"] = result
 	}
 	_, err := js.update(ctx, "finish", id,
-		bson.M{"_id": id, "status": bson.M{"$in": bson.A{JobQueued, JobRunning}}},
+		bson.M{"_id": id, "status": bson.M{"$in": bson.A{JobQueued, JobRunning}}}, notDone,
 		bson.M{"$set": set, "$inc": bson.M{"rev": 1}})
 	return err
 }
@@ -360,14 +369,14 @@ func (js *Jobs) Finish(ctx context.Context, id string, jobErr error, result map[
 // [ErrJobCancelled]. It returns the job as updated.
 func (js *Jobs) RequestCancel(ctx context.Context, id string) (Job, error) {
 	now := js.s.Now()
-	j, err := js.update(ctx, "cancel", id, bson.M{"_id": id, "status": JobQueued}, bson.M{
+	j, err := js.update(ctx, "cancel", id, bson.M{"_id": id, "status": JobQueued}, isQueued, bson.M{
 		"$set": bson.M{"status": JobCancelled, "error": ErrJobCancelled.Error(), "updatedAt": now, "finishedAt": now},
 		"$inc": bson.M{"rev": 1},
 	})
 	if !errors.Is(err, ErrState) {
 		return j.Job, err
 	}
-	j, err = js.update(ctx, "cancel", id, bson.M{"_id": id, "status": JobRunning}, bson.M{
+	j, err = js.update(ctx, "cancel", id, bson.M{"_id": id, "status": JobRunning}, isRunning, bson.M{
 		"$set": bson.M{"cancelRequested": true, "updatedAt": now},
 		"$inc": bson.M{"rev": 1},
 	})
@@ -385,16 +394,48 @@ func (js *Jobs) Orphans(ctx context.Context, now time.Time) ([]Job, error) {
 	}}, options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}))
 }
 
-// Prune deletes finished jobs that finished before t and returns how many.
-func (js *Jobs) Prune(ctx context.Context, t time.Time) (int64, error) {
-	res, err := js.coll.DeleteMany(ctx, bson.M{
-		"status":     bson.M{"$in": bson.A{JobSucceeded, JobFailed, JobCancelled}},
-		"finishedAt": bson.M{"$lt": t},
-	})
-	if err != nil {
-		return 0, fmt.Errorf("prune jobs: %w", err)
+// Conditions of job updates, as Go predicates for the embedded backend (see updateIf).
+func isQueued(j *Job) bool  { return j.Status == JobQueued }
+func isRunning(j *Job) bool { return j.Status == JobRunning }
+func notDone(j *Job) bool   { return !j.Status.Done() }
+
+// updateIf applies upd to job id if it matches: on MongoDB, one conditional update with filter;
+// on the embedded backend, under the store's write lock, a read by _id, can checked in Go, and
+// the update by _id (every write of the jobs collection is made here and takes that lock, so
+// this is as atomic as the filter; see Store.lockWrites). can must test what filter tests. It
+// reports whether the job matched and, if after is given, decodes the updated job into it.
+func (js *Jobs) updateIf(ctx context.Context, id string, filter bson.M, can func(*Job) bool, upd bson.M, after ...*Job) (bool, error) {
+	opts := options.FindOneAndUpdate().SetReturnDocument(options.After)
+	if js.s.embedded != nil {
+		unlock := js.s.lockWrites()
+		defer unlock()
+		var cur Job
+		err := js.coll.FindOne(ctx, bson.M{"_id": id}).Decode(&cur)
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if !can(&cur) {
+			return false, nil
+		}
+		filter = bson.M{"_id": id}
 	}
-	return res.DeletedCount, nil
+	res := js.coll.FindOneAndUpdate(ctx, filter, upd, opts)
+	var j Job
+	target := &j
+	if len(after) > 0 {
+		target = after[0]
+	}
+	err := res.Decode(target)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // updatedJob is a job as returned by update, with the length of its log as stored.
@@ -403,12 +444,15 @@ type updatedJob struct {
 	storedLog int
 }
 
-// update applies one conditional FindOneAndUpdate, publishes the new state to watchers and
-// returns it. If the filter does not match, it tells not-found from wrong-state.
-func (js *Jobs) update(ctx context.Context, op, id string, filter, upd bson.M) (updatedJob, error) {
+// update applies one conditional update (updateIf), publishes the new state to watchers and
+// returns it. If the job does not match, it tells not-found from wrong-state.
+func (js *Jobs) update(ctx context.Context, op, id string, filter bson.M, can func(*Job) bool, upd bson.M) (updatedJob, error) {
 	var j Job
-	err := js.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&j)
-	if errors.Is(err, mongo.ErrNoDocuments) {
+	ok, err := js.updateIf(ctx, id, filter, can, upd, &j)
+	if err != nil {
+		return updatedJob{}, fmt.Errorf("%s job %q: %w", op, id, err)
+	}
+	if !ok {
 		cur, gerr := js.Get(ctx, id)
 		if gerr != nil {
 			return updatedJob{}, fmt.Errorf("%s job: %w", op, gerr)
@@ -418,9 +462,6 @@ func (js *Jobs) update(ctx context.Context, op, id string, filter, upd bson.M) (
 				id, cur.Runner, cur.LeaseUntil.Format(time.RFC3339Nano), ErrLocked)
 		}
 		return updatedJob{Job: cur}, fmt.Errorf("%s job %q: job is %s: %w", op, id, cur.Status, ErrState)
-	}
-	if err != nil {
-		return updatedJob{}, fmt.Errorf("%s job %q: %w", op, id, err)
 	}
 	n := len(j.Log)
 	js.normalize(&j)

@@ -176,7 +176,7 @@ func TestJobFailAndCancel(t *testing.T) {
 		if err != nil || len(list) != 1 || list[0].ID != failed {
 			t.Fatalf("list by owner and status: %v %v", list, err)
 		}
-		if n, err := js.Prune(ctx, s.Now().Add(time.Hour)); err != nil || n != 3 {
+		if n, err := js.Prune(ctx, store.JobPrune{Before: s.Now().Add(time.Hour)}); err != nil || n != 3 {
 			t.Fatalf("prune: %d %v", n, err)
 		}
 	})

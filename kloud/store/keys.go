@@ -172,12 +172,3 @@ func (r *Revocations) ListRevoked(ctx context.Context) ([]Revocation, error) {
 	}
 	return out, nil
 }
-
-// Prune forgets revocations whose Until is before t (never the permanent ones).
-func (r *Revocations) Prune(ctx context.Context, t time.Time) (int64, error) {
-	res, err := r.s.Collection(CollRevocations).DeleteMany(ctx, bson.M{"until": bson.M{"$lt": t}})
-	if err != nil {
-		return 0, fmt.Errorf("prune revocations: %w", err)
-	}
-	return res.DeletedCount, nil
-}

@@ -122,7 +122,7 @@ func TestRevocations(t *testing.T) {
 			t.Fatalf("list: %+v %v", l, err)
 		}
 		// Pruning forgets expired revocations, never permanent ones.
-		if n, err := rv.Prune(ctx, clk.Now().Add(365*24*time.Hour)); err != nil || n != 1 {
+		if n, err := rv.Prune(ctx, clk.Now().Add(365*24*time.Hour), store.PruneOptions{}); err != nil || n != 1 {
 			t.Fatalf("prune: %d %v", n, err)
 		}
 		if ok, _ := rv.IsRevoked(ctx, "kite-1"); !ok {

@@ -127,16 +127,6 @@ func (k *Kites) ByReplica(ctx context.Context, replica string) ([]KiteRecord, er
 	return k.find(ctx, bson.M{"replica": replica})
 }
 
-// Prune deletes records not seen since before t (their replica died without removing them)
-// and returns how many.
-func (k *Kites) Prune(ctx context.Context, t time.Time) (int64, error) {
-	res, err := k.s.Collection(CollKites).DeleteMany(ctx, bson.M{"lastSeen": bson.M{"$lt": t}})
-	if err != nil {
-		return 0, fmt.Errorf("prune kites: %w", err)
-	}
-	return res.DeletedCount, nil
-}
-
 func (k *Kites) find(ctx context.Context, q bson.M) ([]KiteRecord, error) {
 	cur, err := k.s.Collection(CollKites).Find(ctx, q, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {

@@ -98,7 +98,7 @@ func TestKites(t *testing.T) {
 		if err := kites.Touch(ctx, "k2", clk.Now()); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := kites.Prune(ctx, clk.Now().Add(-time.Second)); err != nil || n != 2 {
+		if n, err := kites.Prune(ctx, clk.Now().Add(-time.Second), store.PruneOptions{}); err != nil || n != 2 {
 			t.Fatalf("prune: %d %v", n, err)
 		}
 		if rs, _ := kites.Find(ctx, nil); !slices.Equal(ids(rs), []string{"k2"}) {

@@ -137,16 +137,6 @@ func (s *Store) ReleaseLease(ctx context.Context, name, owner string) error {
 	return nil
 }
 
-// PruneLeases deletes leases that expired before t and returns how many. Expired leases are
-// harmless (they are takeable); this only keeps the collection small.
-func (s *Store) PruneLeases(ctx context.Context, t time.Time) (int64, error) {
-	res, err := s.Collection(CollLocks).DeleteMany(ctx, bson.M{"expiresAt": bson.M{"$lt": t}})
-	if err != nil {
-		return 0, fmt.Errorf("prune leases: %w", err)
-	}
-	return res.DeletedCount, nil
-}
-
 // Renew extends the lease to now+ttl; see [Store.RenewLease].
 func (l *Lease) Renew(ctx context.Context, ttl time.Duration) error {
 	n, err := l.s.RenewLease(ctx, l.Name, l.Owner, ttl)

@@ -66,7 +66,7 @@ func TestLeaseExactlyOneWinner(t *testing.T) {
 				t.Fatalf("round %d: holder %+v %v, want %s", round, h, err, winners[0])
 			}
 		}
-		if n, err := s.PruneLeases(ctx, s.Now().Add(time.Hour)); err != nil || n != rounds {
+		if n, err := s.PruneLeases(ctx, s.Now().Add(time.Hour), store.PruneOptions{}); err != nil || n != rounds {
 			t.Fatalf("prune: %d %v, want %d", n, err, rounds)
 		}
 	})

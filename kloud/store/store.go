@@ -75,6 +75,9 @@ type Store struct {
 
 	jobs *Jobs
 
+	// wmu serialises the store's conditional writes on the embedded backend (see lockWrites).
+	wmu sync.Mutex
+
 	closeOnce sync.Once
 	closed    chan struct{}
 	closeErr  error
@@ -206,6 +209,36 @@ func (s *Store) Now() time.Time { return s.now().UTC().Truncate(time.Millisecond
 
 // Jobs returns the durable jobs API.
 func (s *Store) Jobs() *Jobs { return s.jobs }
+
+// lockWrites takes the store's write lock on the embedded backend and returns its unlock (a
+// no-op on MongoDB). FerretDB v1 pushes only a filter that is exactly {_id: x} down to SQLite
+// and scans the whole collection in Go for anything else, so a conditional update such as
+// {_id: x, status: "running"} costs time in proportion to the collection's size. On the embedded
+// backend the store therefore does a conditional write as a read by _id, the condition checked
+// in Go, and a write by _id, with this lock held across the three: every write of the
+// collections concerned (jobs, revocations, kites) goes through the store and takes it, so no
+// write of theirs can slip between the read and the write, and the conditional write stays
+// atomic. On MongoDB the condition stays in the filter (one atomic command, served by indexes).
+func (s *Store) lockWrites() (unlock func()) {
+	if s.embedded == nil {
+		return func() {}
+	}
+	s.wmu.Lock()
+	return s.wmu.Unlock
+}
+
+// Exists reports whether coll has a document with _id id (one lookup by _id, which every
+// backend answers without a scan).
+func (s *Store) Exists(ctx context.Context, coll, id string) (bool, error) {
+	err := s.Collection(coll).FindOne(ctx, bson.M{"_id": id}, options.FindOne().SetProjection(bson.M{"_id": 1})).Err()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("look up %s %q: %w", coll, id, err)
+	}
+	return true, nil
+}
 
 // NewID returns a new document id: 24 hex digits, a BSON ObjectID in string form, so ids
 // sort by creation time and lookups by _id are pushed down on FerretDB.
