@@ -31,7 +31,21 @@ type jobKind struct {
 // jobCtx is a running job.
 type jobCtx struct {
 	store.Job
-	s *Server
+	s        *Server
+	progress *store.ProgressWriter // coalesces Progress (see newJobCtx)
+}
+
+// newJobCtx returns the running job's context. Its progress updates are coalesced: at most one
+// write every store.DefaultProgressInterval, at once on a stage change or at 100%, and the
+// last one is always written before the job is finished (runJob flushes it).
+func (s *Server) newJobCtx(j store.Job) *jobCtx {
+	jc := &jobCtx{Job: j, s: s}
+	jc.progress = store.NewProgressWriter(0, func(ctx context.Context, p store.Progress) error {
+		return s.store.Persist(ctx, "progress job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
+			return s.store.Jobs().Progress(ctx, j.ID, p.Percent, p.Stage, p.Message)
+		})
+	})
+	return jc
 }
 
 // jobNoteTimeout bounds the retries of one progress update or log line: they are written even
@@ -41,11 +55,9 @@ const jobNoteTimeout = 15 * time.Second
 
 // Progress records the job's percentage, stage (a state name) and message. It is written with
 // its own context (see [Store.Persist]), so a cancelled job still records where it ended.
+// Updates are coalesced (store.ProgressWriter): a burst of them makes a few writes.
 func (j *jobCtx) Progress(ctx context.Context, percent int, stage, message string) {
-	err := j.s.store.Persist(ctx, "progress job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
-		return j.s.store.Jobs().Progress(ctx, j.ID, percent, stage, message)
-	})
-	if err != nil {
+	if err := j.progress.Set(ctx, store.Progress{Percent: percent, Stage: stage, Message: message}); err != nil {
 		j.s.log.Warn("job progress", "job", j.ID, "err", err)
 	}
 	j.Percent, j.Stage, j.Message = percent, stage, message
@@ -123,15 +135,21 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 		hctx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 		go s.heartbeat(hctx, j.ID, cancel)
 		var res map[string]any
+		jc := s.newJobCtx(j)
 		err := func() (err error) {
 			defer func() {
 				if p := recover(); p != nil {
 					err = fmt.Errorf("internal error: %v", p)
 				}
 			}()
-			res, err = fn(ctx, &jobCtx{Job: j, s: s})
+			res, err = fn(ctx, jc)
 			return err
 		}()
+		// The last progress value is written before the job is finished.
+		jc.progress.Stop()
+		if perr := jc.progress.Flush(ctx); perr != nil {
+			log.Warn("job progress", "err", perr)
+		}
 		stopHeartbeat()
 		ferr := s.store.Persist(ctx, "finish job "+j.ID, 0, func(ctx context.Context) error {
 			return s.store.Jobs().Finish(ctx, j.ID, err, res)

@@ -46,6 +46,11 @@ const (
 	DefaultJobLease          = 30 * time.Second
 	// DefaultReconcileInterval is how often the reconciler looks for stuck states (reconcile.go).
 	DefaultReconcileInterval = 30 * time.Second
+	// Retention (retention.go): finished jobs kept 30 days, presence records of a gone replica
+	// 24h, pruned every hour.
+	DefaultRetentionJobs     = 30 * 24 * time.Hour
+	DefaultRetentionKites    = 24 * time.Hour
+	DefaultRetentionInterval = time.Hour
 )
 
 // Options configures New. Zero fields take the defaults above (and DefaultDataDir).
@@ -74,6 +79,10 @@ type Options struct {
 	// left in a transition to Failed/Unknown (reconcile.go; it also runs once at startup).
 	// Default DefaultReconcileInterval (30s).
 	ReconcileInterval time.Duration
+	// Retention says how long the store keeps what only grows (finished jobs, expired
+	// revocations, presence records of kites whose replica is gone) and how often kloud prunes
+	// it (retention.go). Zero fields take the defaults of [Retention].
+	Retention Retention
 	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
 	// error until one is set with SetTerraformer).
 	Terraformer Terraformer
@@ -209,6 +218,7 @@ func (o *Options) defaults() error {
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = DefaultReconcileInterval
 	}
+	o.Retention.defaults()
 	if o.Providers == nil {
 		o.Providers = provider.NewRegistry()
 	}

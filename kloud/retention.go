@@ -1,0 +1,143 @@
+package kloud
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/kloud-dev/kloud/kloud/store"
+)
+
+// Retention: the store stays the size of what is live, not of everything kloud ever did.
+//
+// Every Retention.Interval (the first pass one minute after start, or sooner with a shorter
+// interval) kloud prunes, through the store's Prune methods (kloud/store/prune.go: bounded
+// batches, oldest first, each delete conditional, so a pass stopped midway loses nothing that
+// should stay and the next pass finishes it):
+//
+//   - finished jobs (succeeded, failed, cancelled), with their logs and progress, Retention.Jobs
+//     after they finished. Queued and running jobs never go. Nor does the newest job of a stack,
+//     machine or credential that still exists: kloud shows its id (a stack's jobId, a
+//     credential's bootstrap.jobId; a machine's newest job is how the reconciler judges it), so
+//     `kloud job get` on it keeps working for as long as the thing exists;
+//   - revocations an hour after the token they revoke expired (revocationMargin: well beyond
+//     the verifiers' clock leeway); a kite key's revocation (it never expires) stays;
+//   - presence records of kites not seen for Retention.Kites: each pass first refreshes the
+//     records this replica holds (store.Kites.TouchReplica), so only the records of a replica
+//     that died (or of this process before a restart) grow old;
+//   - leases that expired an hour ago (takeable anyway; this only keeps the collection small).
+
+// revocationMargin: a revocation is kept this long after its token expired, and a lease this
+// long after it expired.
+const revocationMargin = time.Hour
+
+// Retention configures what kloud prunes from its store and when. Zero fields take the
+// defaults.
+type Retention struct {
+	// Jobs is how long a finished job is kept after it finished. Default DefaultRetentionJobs
+	// (30 days).
+	Jobs time.Duration
+	// Kites is how long a kite presence record is kept after its replica stopped refreshing it.
+	// Default DefaultRetentionKites (24h); at least twice Interval (raised if less), since
+	// every replica refreshes its records once per pass.
+	Kites time.Duration
+	// Interval is how often kloud prunes. Default DefaultRetentionInterval (1h).
+	Interval time.Duration
+	// Batch is how many records one delete removes. Default store.DefaultPruneBatch.
+	Batch int
+}
+
+func (r *Retention) defaults() {
+	if r.Jobs <= 0 {
+		r.Jobs = DefaultRetentionJobs
+	}
+	if r.Kites <= 0 {
+		r.Kites = DefaultRetentionKites
+	}
+	if r.Interval <= 0 {
+		r.Interval = DefaultRetentionInterval
+	}
+	if r.Kites < 2*r.Interval {
+		r.Kites = 2 * r.Interval
+	}
+	if r.Batch <= 0 {
+		r.Batch = store.DefaultPruneBatch
+	}
+}
+
+// Pruned counts what one retention pass deleted.
+type Pruned struct {
+	Jobs, Revocations, Kites, Leases int64
+}
+
+// jobTargets maps a job target's kind to the collection of the thing it changes, for
+// keepLatestJob.
+var jobTargets = map[string]string{
+	"stack":      store.CollStacks,
+	"machine":    store.CollMachines,
+	"credential": store.CollCredentials,
+}
+
+// keepLatestJob reports whether target still exists (then its newest job stays).
+func (s *Server) keepLatestJob(ctx context.Context, target string) (bool, error) {
+	kind, id, ok := strings.Cut(target, "/")
+	coll := jobTargets[kind]
+	if !ok || coll == "" {
+		return false, nil
+	}
+	return s.store.Exists(ctx, coll, id)
+}
+
+// prune is one retention pass. It goes on after an error in one kind (and returns them all
+// joined), so one failing collection does not let the others grow.
+func (s *Server) prune(ctx context.Context) (Pruned, error) {
+	r := s.opts.Retention
+	now := s.store.Now()
+	o := store.PruneOptions{Batch: r.Batch}
+	var p Pruned
+	var errs []error
+	var err error
+	p.Jobs, err = s.store.Jobs().Prune(ctx, store.JobPrune{PruneOptions: o, Before: now.Add(-r.Jobs), KeepLatest: s.keepLatestJob})
+	errs = append(errs, err)
+	p.Revocations, err = s.store.Revocations().Prune(ctx, now.Add(-revocationMargin), o)
+	errs = append(errs, err)
+	if _, err = s.store.Kites().TouchReplica(ctx, s.store.InstanceID(), now); err == nil {
+		p.Kites, err = s.store.Kites().Prune(ctx, now.Add(-r.Kites), o)
+	}
+	errs = append(errs, err)
+	p.Leases, err = s.store.PruneLeases(ctx, now.Add(-revocationMargin), o)
+	errs = append(errs, err)
+	return p, errors.Join(errs...)
+}
+
+// retain runs prune every Retention.Interval until ctx ends.
+func (s *Server) retain(ctx context.Context) {
+	interval := s.opts.Retention.Interval
+	first := time.NewTimer(min(interval, time.Minute))
+	defer first.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-first.C:
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		start := time.Now()
+		p, err := s.prune(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			s.log.Error("retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases)
+		} else if p != (Pruned{}) {
+			s.log.Info("retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "took", time.Since(start))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
