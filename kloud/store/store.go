@@ -164,6 +164,12 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 	if err = s.ensureIndexes(ctx); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	if s.embedded != nil {
+		// Every collection exists by now (ensureIndexes), so each gets its _id index.
+		if err = s.embedded.indexIDs(ctx, opts.Database); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+	}
 	s.log.Info("store open", "embedded", s.embedded != nil, "database", opts.Database)
 	return s, nil
 }
