@@ -28,6 +28,8 @@ type Options struct {
 	Addr string
 	// Logger receives kloud's log (default: the test's log).
 	Logger *slog.Logger
+	// Retention is kloud's (zero: its defaults).
+	Retention kloud.Retention
 }
 
 // Env is a running test kloud.
@@ -64,7 +66,7 @@ func Start(t testing.TB, o Options) *Env {
 	url := "http://" + addr
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
-		KlientBin: o.KlientBin, Logger: o.Logger,
+		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 	})
 	if err != nil {
