@@ -16,7 +16,7 @@ import (
 // (but not the newest job of a stack that exists, nor a running job), expired revocations (not
 // permanent ones) and the presence records of a replica that is gone (not its own).
 func TestRetentionSchedule(t *testing.T) {
-	env := kloudtest.Start(t, kloudtest.Options{Retention: kloud.Retention{Jobs: 50 * time.Millisecond, Interval: 100 * time.Millisecond}})
+	env := kloudtest.Start(t, kloudtest.Options{Retention: kloud.Retention{Jobs: 50 * time.Millisecond, Kites: 300 * time.Millisecond, Interval: 100 * time.Millisecond}})
 	st := env.Server.Store()
 	ctx := t.Context()
 	js := st.Jobs()
@@ -72,7 +72,7 @@ func TestRetentionSchedule(t *testing.T) {
 		}
 		return err == nil
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		revoked, err := rv.IsRevoked(ctx, "expired")
 		if err != nil {
@@ -83,7 +83,7 @@ func TestRetentionSchedule(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not pruned within a minute: job gone %v, older job of stack %v, expired revocation %v, dead kite %v",
+			t.Fatalf("not pruned within 20s: job gone %v, older job of stack %v, expired revocation %v, dead kite %v",
 				exists(gone), exists(olderOfStack), revoked, kerr)
 		}
 		time.Sleep(50 * time.Millisecond)

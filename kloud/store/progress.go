@@ -12,7 +12,9 @@ const DefaultProgressInterval = 250 * time.Millisecond
 // ProgressWriter coalesces one job's progress updates. A Terraform run reports hundreds of
 // events; writing each as a [Jobs.Progress] would rewrite the job's document (log included)
 // hundreds of times. Set keeps the latest value in memory and writes it at most every interval,
-// at once when the stage changes or the percentage reaches 100, and a value kept back is
+// at once when the stage or the message changes (a new step of the job: "Checking machines'
+// agents") or the percentage reaches 100, and a value kept back (the same step, a new
+// percentage: Terraform's events) is
 // written when the interval is up (a timer) or at [ProgressWriter.Flush], which the job's runner
 // calls before it finishes the job: the last value set is always written.
 //
@@ -26,7 +28,7 @@ type ProgressWriter struct {
 	seq     uint64   // of the latest value set
 	pending Progress // the latest value, if seq > written
 	last    time.Time
-	stage   string // of the last value written (or being written)
+	step    [2]string // stage and message of the last value written (or being written)
 	timer   *time.Timer
 
 	wmu     sync.Mutex // held while writing
@@ -49,16 +51,16 @@ func NewProgressWriter(interval time.Duration, write func(ctx context.Context, p
 	return &ProgressWriter{write: write, interval: interval}
 }
 
-// Set records p. It writes p now (and returns the write's error) if the stage changed since
-// the last write, if p.Percent is 100 or more, or if the last write is at least an interval
-// old; otherwise it keeps p to be written within the interval and returns nil.
+// Set records p. It writes p now (and returns the write's error) if its stage or message differ
+// from the last write's, if p.Percent is 100 or more, or if the last write is at least an
+// interval old; otherwise it keeps p to be written within the interval and returns nil.
 func (w *ProgressWriter) Set(ctx context.Context, p Progress) error {
 	w.mu.Lock()
 	w.seq++
 	w.pending = p
 	now := time.Now()
 	due := w.last.Add(w.interval)
-	if p.Stage != w.stage || p.Percent >= 100 || !now.Before(due) {
+	if [2]string{p.Stage, p.Message} != w.step || p.Percent >= 100 || !now.Before(due) {
 		w.mu.Unlock()
 		return w.Flush(ctx)
 	}
@@ -86,7 +88,7 @@ func (w *ProgressWriter) Flush(ctx context.Context) error {
 		w.mu.Unlock()
 		return nil
 	}
-	w.last, w.stage = time.Now(), p.Stage
+	w.last, w.step = time.Now(), [2]string{p.Stage, p.Message}
 	w.mu.Unlock()
 	err := w.write(ctx, p)
 	if err == nil {
