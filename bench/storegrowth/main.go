@@ -26,8 +26,9 @@
 //     the whole collection for it.
 //
 // The finished jobs are realistic documents (50 log lines of 80 bytes each, params, result).
-// Every size runs in a new embedded store in a temporary directory, removed at the end. It exits
-// 1 if a ratio misses the target, 2 on an error.
+// Every size has its own embedded store (in one temporary directory, removed at the end), all
+// open at once; in every round the sizes take turns, so the machine's load hits them alike. It
+// exits 1 if a ratio misses the target, 2 on an error.
 package main
 
 import (
@@ -36,9 +37,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -72,24 +75,24 @@ func main() {
 		}
 		sizes = append(sizes, n)
 	}
-	if *rounds > stacks/2 {
-		*rounds = stacks / 2
+	if *rounds >= stacks/2 {
+		*rounds = stacks/2 - 1
 	}
 	load := measure.LoadAvg()
 	fmt.Printf("store growth: embedded store, %d machines in %d stacks, %d rounds, GOMAXPROCS %d, load %s\n",
 		stacks*perStack, stacks, *rounds, runtime.GOMAXPROCS(0), load)
-	res := map[int]figures{}
+	// Interrupted, it stops between operations and removes its stores.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := runAll(ctx, sizes, *rounds)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "storegrowth:", err)
+		os.Exit(2)
+	}
 	for _, n := range sizes {
-		start := time.Now()
-		f, err := run(context.Background(), n, *rounds)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "storegrowth:", err)
-			os.Exit(2)
-		}
-		res[n] = f
-		fmt.Printf("%6d finished jobs (seeded in %v, measured in %v): job update %s, machine transition %s, stack.apply share %s (%d writes), job update (filter) %s\n",
-			n, f.seed.Round(time.Millisecond), (time.Since(start) - f.seed).Round(time.Millisecond),
-			measure.Ms(f.job), measure.Ms(f.transition), measure.Ms(f.apply), f.applyWrites, measure.Ms(f.jobFilter))
+		f := res[n]
+		fmt.Printf("%6d finished jobs (seeded in %v): job update %s, machine transition %s, stack.apply share %s (%d job writes), job update (filter) %s\n",
+			n, f.seed.Round(time.Millisecond), measure.Ms(f.job), measure.Ms(f.transition), measure.Ms(f.apply), f.applyWrites, measure.Ms(f.jobFilter))
 	}
 	lo, hi := res[sizes[0]], res[sizes[len(sizes)-1]]
 	fmt.Printf("\nratio %d vs %d jobs (target ≤ %.1f):\n", sizes[len(sizes)-1], sizes[0], target)
@@ -125,73 +128,93 @@ type figures struct {
 	applyWrites                       int64
 }
 
-func run(ctx context.Context, jobs, rounds int) (f figures, err error) {
+// bed is one store of the run, seeded with a number of finished jobs.
+type bed struct {
+	s     *store.Store
+	jobID string // the running job updated by "job update"
+	f     figures
+}
+
+// runAll seeds one store per size, then measures every figure with the sizes taking turns in
+// each round, so a change of the machine's load hits them alike.
+func runAll(ctx context.Context, sizes []int, rounds int) (map[int]figures, error) {
 	dir, err := os.MkdirTemp("", "storegrowth-")
 	if err != nil {
-		return f, err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	s, err := store.Open(ctx, store.Options{DataDir: dir, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return f, err
-	}
-	defer s.Close(context.WithoutCancel(ctx))
-
-	t0 := time.Now()
-	if err := seed(ctx, s, jobs); err != nil {
-		return f, fmt.Errorf("seed: %w", err)
-	}
-	f.seed = time.Since(t0)
-
-	// Job update.
-	js := s.Jobs()
-	id, err := js.Create(ctx, store.Job{Kind: "stack.apply", Target: "stack/bench", Owner: "alice"})
-	if err != nil {
-		return f, err
-	}
-	if _, err := js.Start(ctx, id, "bench"); err != nil {
-		return f, err
-	}
-	f.job, err = timeRounds(rounds, func(i int) error {
-		return js.Progress(ctx, id, 40+i%30, "Building", "Building stack resources")
-	})
-	if err != nil {
-		return f, fmt.Errorf("job update: %w", err)
-	}
-	jobs2 := s.Collection(store.CollJobs)
-	f.jobFilter, err = timeRounds(min(rounds, filterRound), func(i int) error {
-		res, err := jobs2.UpdateOne(ctx, bson.M{"_id": id, "status": store.JobRunning},
-			bson.M{"$set": bson.M{"percent": 40 + i%30, "updatedAt": s.Now()}, "$inc": bson.M{"rev": 1}})
-		if err == nil && res.MatchedCount != 1 {
-			err = fmt.Errorf("matched %d", res.MatchedCount)
+	beds := make([]*bed, len(sizes))
+	for i, n := range sizes {
+		s, err := store.Open(ctx, store.Options{DataDir: fmt.Sprintf("%s/%d", dir, i), Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			return nil, err
 		}
-		return err
-	})
-	if err != nil {
-		return f, fmt.Errorf("job update (filter): %w", err)
+		defer s.Close(context.WithoutCancel(ctx))
+		b := &bed{s: s}
+		beds[i] = b
+		t0 := time.Now()
+		if err := seed(ctx, s, n); err != nil {
+			return nil, fmt.Errorf("seed: %w", err)
+		}
+		b.f.seed = time.Since(t0)
+		if b.jobID, err = s.Jobs().Create(ctx, store.Job{Kind: "stack.apply", Target: "stack/bench", Owner: "alice"}); err != nil {
+			return nil, err
+		}
+		if _, err := s.Jobs().Start(ctx, b.jobID, "bench"); err != nil {
+			return nil, err
+		}
 	}
-
-	// Machine transition.
 	states := [2]string{"Running", "Stopped"}
-	f.transition, err = timeRounds(rounds, func(i int) error {
-		ok, err := s.Transition(ctx, store.CollMachines, machineID(stacks/2, 0), []string{states[i%2]}, bson.M{"state": states[(i+1)%2]})
-		if err == nil && !ok {
-			err = fmt.Errorf("machine not in %s", states[i%2])
+	for _, fig := range []struct {
+		name   string
+		rounds int
+		out    func(*figures) *time.Duration
+		op     func(b *bed, i int) error
+	}{
+		{"job update", rounds, func(f *figures) *time.Duration { return &f.job }, func(b *bed, i int) error {
+			return b.s.Jobs().Progress(ctx, b.jobID, 40+i%30, "Building", "Building stack resources")
+		}},
+		{"machine transition", rounds, func(f *figures) *time.Duration { return &f.transition }, func(b *bed, i int) error {
+			ok, err := b.s.Transition(ctx, store.CollMachines, machineID(stacks/2, 0), []string{states[i%2]}, bson.M{"state": states[(i+1)%2]})
+			if err == nil && !ok {
+				err = fmt.Errorf("machine not in %s", states[i%2])
+			}
+			return err
+		}},
+		{"stack.apply share", rounds, func(f *figures) *time.Duration { return &f.apply }, func(b *bed, i int) error {
+			return applyShare(ctx, b.s, stackID(i)) // stacks 0..rounds are NotInitialized: one build each
+		}},
+		{"job update (filter)", min(rounds, filterRound), func(f *figures) *time.Duration { return &f.jobFilter }, func(b *bed, i int) error {
+			res, err := b.s.Collection(store.CollJobs).UpdateOne(ctx, bson.M{"_id": b.jobID, "status": store.JobRunning},
+				bson.M{"$set": bson.M{"percent": 40 + i%30, "updatedAt": b.s.Now()}, "$inc": bson.M{"rev": 1}})
+			if err == nil && res.MatchedCount != 1 {
+				err = fmt.Errorf("matched %d", res.MatchedCount)
+			}
+			return err
+		}},
+	} {
+		d := make([][]time.Duration, len(beds))
+		for i := 0; i <= fig.rounds; i++ { // round 0 warms up
+			for k, b := range beds {
+				t := time.Now()
+				if err := fig.op(b, i); err != nil {
+					return nil, fmt.Errorf("%s: %w", fig.name, err)
+				}
+				if i > 0 {
+					d[k] = append(d[k], time.Since(t))
+				}
+			}
 		}
-		return err
-	})
-	if err != nil {
-		return f, fmt.Errorf("machine transition: %w", err)
+		for k, b := range beds {
+			*fig.out(&b.f) = measure.MedianDuration(d[k])
+		}
 	}
-
-	// stack.apply's share: stacks 0..rounds-1 are NotInitialized, one build each.
-	before := revs(ctx, s)
-	f.apply, err = timeRounds(rounds, func(i int) error { return applyShare(ctx, s, stackID(i)) })
-	if err != nil {
-		return f, fmt.Errorf("stack.apply share: %w", err)
+	out := map[int]figures{}
+	for k, b := range beds {
+		b.f.applyWrites = revs(ctx, b.s) / int64(rounds+1)
+		out[sizes[k]] = b.f
 	}
-	f.applyWrites = (revs(ctx, s) - before) / int64(rounds)
-	return f, nil
+	return out, nil
 }
 
 // revs sums the rev of the bench's apply jobs: a rough count of job writes.
@@ -205,21 +228,6 @@ func revs(ctx context.Context, s *store.Store) int64 {
 		n += j.Rev
 	}
 	return n
-}
-
-func timeRounds(rounds int, fn func(i int) error) (time.Duration, error) {
-	if err := fn(0); err != nil { // warm-up
-		return 0, err
-	}
-	d := make([]time.Duration, 0, rounds)
-	for i := 1; i <= rounds; i++ {
-		t := time.Now()
-		if err := fn(i); err != nil {
-			return 0, err
-		}
-		d = append(d, time.Since(t))
-	}
-	return measure.MedianDuration(d), nil
 }
 
 func stackID(i int) string      { return fmt.Sprintf("%024x", 0x5000000+i) }

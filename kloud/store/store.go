@@ -220,11 +220,11 @@ func (s *Store) Jobs() *Jobs { return s.jobs }
 // no-op on MongoDB). FerretDB v1 pushes only a filter that is exactly {_id: x} down to SQLite
 // and scans the whole collection in Go for anything else, so a conditional update such as
 // {_id: x, status: "running"} costs time in proportion to the collection's size. On the embedded
-// backend the store therefore does a conditional write as a read by _id, the condition checked
-// in Go, and a write by _id, with this lock held across the three: every write of the
-// collections concerned (jobs, revocations, kites) goes through the store and takes it, so no
-// write of theirs can slip between the read and the write, and the conditional write stays
-// atomic. On MongoDB the condition stays in the filter (one atomic command, served by indexes).
+// backend [Jobs] therefore does a conditional write as a read by _id, the condition checked in
+// Go, and a write by _id, with this lock held across the three: every write of the jobs
+// collection is made by Jobs and takes it, so no write can slip between the read and the
+// write, and the conditional write stays atomic. On MongoDB the condition stays in the filter
+// (one atomic command, served by indexes).
 func (s *Store) lockWrites() (unlock func()) {
 	if s.embedded == nil {
 		return func() {}
