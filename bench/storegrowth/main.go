@@ -84,7 +84,13 @@ func main() {
 	// Interrupted, it stops between operations and removes its stores.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	res, err := runAll(ctx, sizes, *rounds)
+	dir, err := os.MkdirTemp("", "storegrowth-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "storegrowth:", err)
+		os.Exit(2)
+	}
+	res, err := runAll(ctx, dir, sizes, *rounds)
+	os.RemoveAll(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "storegrowth:", err)
 		os.Exit(2)
@@ -137,12 +143,8 @@ type bed struct {
 
 // runAll seeds one store per size, then measures every figure with the sizes taking turns in
 // each round, so a change of the machine's load hits them alike.
-func runAll(ctx context.Context, sizes []int, rounds int) (map[int]figures, error) {
-	dir, err := os.MkdirTemp("", "storegrowth-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
+// The stores live in dir.
+func runAll(ctx context.Context, dir string, sizes []int, rounds int) (map[int]figures, error) {
 	beds := make([]*bed, len(sizes))
 	for i, n := range sizes {
 		s, err := store.Open(ctx, store.Options{DataDir: fmt.Sprintf("%s/%d", dir, i), Logger: slog.New(slog.DiscardHandler)})
