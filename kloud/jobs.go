@@ -37,8 +37,7 @@ type jobCtx struct {
 
 // newJobCtx returns the running job's context. Its progress updates are coalesced: at most one
 // write every store.DefaultProgressInterval, at once on a new step (stage or message) or at
-// 100%, and the
-// last one is always written before the job is finished (runJob flushes it).
+// 100%, and the last one is always written before the job is finished (runJob flushes it).
 func (s *Server) newJobCtx(j store.Job) *jobCtx {
 	jc := &jobCtx{Job: j, s: s}
 	jc.progress = store.NewProgressWriter(0, func(ctx context.Context, p store.Progress) error {
