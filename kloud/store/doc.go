@@ -1,6 +1,9 @@
 // Package store is kloud's persistence: one MongoDB database (go.mongodb.org/mongo-driver/v2)
 // holding users, teams, credentials, templates, stacks, machines, durable jobs, leases, signing
 // keys, token revocations and kite presence records. Start reading at [Open] (store.go); then
+// the documents (model.go: [User], [Team], [Credential], [Template], [Stack], [Machine]) and
+// their typed repositories (repos.go: [Store.Users], [Store.Teams], [Store.Credentials],
+// [Store.Templates], [Store.Stacks], [Store.Machines]);
 // [Store.AcquireLease] (lease.go), [Store.Transition] and [Store.TransitionIf] (transition.go),
 // [Store.Persist] (persist.go: bookkeeping writes that must land, retried with their own
 // context), [Jobs] (jobs.go; [ProgressWriter] in progress.go coalesces a job's progress),
@@ -89,11 +92,26 @@
 //	sessions     username, expiresAt
 //	meta         schema version and secret-key check (this package only)
 //
+// # Repositories: the only way to the documents
+//
+// Every collection has a typed repository ([Jobs], [Keys], [Revocations], [Kites] and those of
+// repos.go) whose methods are named after what kloud does (Stacks().TransitionOfJob,
+// Machines().ByStack, Credentials().ClaimBootstrap…) and take and return the Go types of
+// model.go. They are the only code that builds filters and updates; no other package imports
+// the MongoDB driver, builds a bson.M or calls [Store.Collection] (a test in this package
+// parses the module to keep it so). A test that must simulate a record an older kloud or a dead
+// process left uses storetest.SetFields and storetest.Raw. The documents live in this package,
+// not in kloud (which aliases them), so the repositories need no import of kloud; a machine's
+// state is a plain string holding a provider.State, because this package imports neither
+// provider nor kite.
+//
 // # Errors
 //
-// Sentinels ([ErrNotFound], [ErrLocked], [ErrConflict], [ErrState]) wrap the matching
-// kite sentinels, so an RPC handler can return a store error as is and the kite layer maps it
-// to the right JSON-RPC code.
+// Sentinels ([ErrNotFound], [ErrLocked], [ErrLeaseLost], [ErrConflict], [ErrState],
+// [ErrClosed], [ErrJobCancelled]) are the store's own: it does not import kite. kloud maps them
+// to kite's error codes in one place (kloud/errors.go, applied where handlers are dispatched).
+// A conditional write whose condition no longer holds is not an error: the method reports
+// false.
 //
 // # Time
 //

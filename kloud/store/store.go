@@ -14,7 +14,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// Collection names. They are fixed: other packages use them through [Store.Collection].
+// Collection names. They are fixed. Other packages reach the documents through the typed
+// repositories; the names are exported for tests that simulate old records (storetest).
 const (
 	CollUsers       = "users"
 	CollTeams       = "teams"
@@ -197,10 +198,11 @@ func (s *Store) Close(ctx context.Context) error {
 	return s.closeErr
 }
 
-// Collection returns the named collection (one of the Coll* constants).
+// Collection returns the named collection (one of the Coll* constants). It is for this package,
+// its tests and storetest: everything else uses the typed repositories (see the package doc).
 func (s *Store) Collection(name string) *mongo.Collection { return s.db.Collection(name) }
 
-// Database returns the store's database, for packages that need more than Collection.
+// Database returns the store's database, for this package's tests and storetest.
 func (s *Store) Database() *mongo.Database { return s.db }
 
 // Embedded reports whether the store runs the embedded FerretDB (no MongoURL).
