@@ -13,7 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
-	"github.com/kloud-dev/kloud/kite"
+
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -214,23 +214,4 @@ func TestUniqueIndexes(t *testing.T) {
 			t.Fatalf("second team t: %v, want duplicate key", err)
 		}
 	})
-}
-
-func TestErrorsMatchKiteSentinels(t *testing.T) {
-	for _, c := range []struct {
-		err, kite error
-	}{
-		{store.ErrNotFound, kite.ErrNotFound},
-		{store.ErrLocked, kite.ErrConflict},
-		{store.ErrLeaseLost, kite.ErrConflict},
-		{store.ErrConflict, kite.ErrConflict},
-		{store.ErrState, kite.ErrState},
-	} {
-		if !errors.Is(c.err, c.kite) {
-			t.Errorf("%v does not match %v", c.err, c.kite)
-		}
-		if w := kite.ToWire(c.err); w.Code != c.kite.(*kite.Error).Code {
-			t.Errorf("%v maps to code %d", c.err, w.Code)
-		}
-	}
 }

@@ -1,0 +1,45 @@
+package kloud
+
+import (
+	"errors"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/store"
+)
+
+// storeCodes maps the store's sentinel errors to kite's. This is the one place where a store
+// condition becomes a wire error code: kloud/store does not know about kite.
+var storeCodes = []struct{ store, kite error }{
+	{store.ErrNotFound, kite.ErrNotFound},
+	{store.ErrConflict, kite.ErrConflict},
+	{store.ErrLocked, kite.ErrConflict},
+	{store.ErrLeaseLost, kite.ErrConflict},
+	{store.ErrState, kite.ErrState},
+}
+
+// codedError is an error given the kite code of the store sentinel it wraps; its message is
+// the original one.
+type codedError struct{ err, code error }
+
+func (e *codedError) Error() string   { return e.err.Error() }
+func (e *codedError) Unwrap() []error { return []error{e.err, e.code} }
+
+// wireError gives an error a handler returns the kite code of the store condition it wraps,
+// unless it already carries a kite code (a handler's own decision wins). Every path by which a
+// store error reaches a client goes through it: RPC handlers (handle, authz.go), HTTP handlers
+// (writeErr, terminal.go) and kontrol's key store (storeKeys, storeadapt.go).
+func wireError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ke *kite.Error
+	if errors.As(err, &ke) {
+		return err
+	}
+	for _, m := range storeCodes {
+		if errors.Is(err, m.store) {
+			return &codedError{err, m.kite}
+		}
+	}
+	return err
+}
