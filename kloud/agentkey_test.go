@@ -16,7 +16,6 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
-	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 )
 
@@ -174,7 +173,7 @@ func TestShareReachesOnlyThatMachine(t *testing.T) {
 		if m == "m1" {
 			doc.Shares = []kloud.Share{{Username: "bob", Grant: kloud.GrantTerminal}}
 		}
-		if _, err := e.Server.Store().Collection(store.CollMachines).InsertOne(ctx, doc); err != nil {
+		if err := e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{doc}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -219,7 +218,7 @@ func TestOldKlientGetsTerminalSharesAsReadonly(t *testing.T) {
 			}
 			doc := kloud.Machine{ID: mid, StackID: "s1", Label: mid, Owner: "alice", Team: kloud.DefaultTeam, State: "Running", KiteID: id,
 				Shares: []kloud.Share{{Username: "bob", Grant: kloud.GrantTerminal}, {Username: "zoe", Grant: kloud.GrantFull}}, CreatedAt: time.Now(), UpdatedAt: time.Now()}
-			if _, err := e.Server.Store().Collection(store.CollMachines).InsertOne(ctx, doc); err != nil {
+			if err := e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{doc}); err != nil {
 				t.Fatal(err)
 			}
 			pushed := make(chan []kloud.Share, 1)

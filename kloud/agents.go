@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 )
 
@@ -94,11 +91,7 @@ func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {
 	if !strings.HasPrefix(kiteID, AgentKitePrefix) {
 		return // not a machine's agent: no machine document to update
 	}
-	set := bson.M{"agent.status": status, "agent.lastSeen": s.store.Now()}
-	if version != "" {
-		set["agent.version"] = version
-	}
-	if _, err := s.store.Collection(store.CollMachines).UpdateOne(ctx, bson.M{"kiteId": kiteID}, bson.M{"$set": set}); err != nil && ctx.Err() == nil {
+	if err := s.store.Machines().SetAgent(ctx, kiteID, status, version); err != nil && ctx.Err() == nil {
 		s.log.Warn("update agent status", "kite", kiteID, "err", err)
 	}
 }

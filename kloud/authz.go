@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -68,15 +65,14 @@ func (s *Server) caller(ctx context.Context, r *kite.Request) (*Caller, error) {
 
 func (s *Server) callerByName(ctx context.Context, username string, admin bool) (*Caller, error) {
 	c := &Caller{Username: username, Admin: admin || username == Admin, Teams: map[string]string{}}
-	var u User
-	err := s.store.Collection(store.CollUsers).FindOne(ctx, bson.M{"_id": username}).Decode(&u)
+	u, err := s.store.Users().Get(ctx, username)
 	switch {
 	case err == nil:
 		c.Admin = c.Admin || u.Admin
-	case !errors.Is(err, mongo.ErrNoDocuments):
-		return nil, fmt.Errorf("load user %s: %w", username, err)
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
 	}
-	teams, err := findAll[Team](ctx, s.store.Collection(store.CollTeams), bson.M{"members.username": username})
+	teams, err := s.store.Teams().OfMember(ctx, username)
 	if err != nil {
 		return nil, fmt.Errorf("load teams of %s: %w", username, err)
 	}

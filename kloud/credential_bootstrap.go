@@ -9,10 +9,9 @@ import (
 	"sort"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -67,24 +66,19 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 		case p.Destroy && len(b.ContentIDs) == 0 && b.Status != BootstrapRunning && b.Status != BootstrapDestroying:
 			return nil, fmt.Errorf("credential %s has no bootstrap resources to destroy: %w", cr.ID, kite.ErrState)
 		}
-		filter := bson.M{"_id": cr.ID, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying, BootstrapDone}}}
-		if p.Destroy {
-			filter = bson.M{"_id": cr.ID, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying}}}
-		}
+		var stale *Bootstrap
 		if b.Status == BootstrapRunning || b.Status == BootstrapDestroying {
 			if !s.staleBootstrap(ctx, b) {
 				return nil, fmt.Errorf("credential %s: bootstrap job %s is running; wait for it to end: %w", cr.ID, b.JobID, kite.ErrConflict)
 			}
 			// Its job is gone: take the claim over, exactly as it was read.
-			filter = bson.M{"_id": cr.ID, "bootstrap.status": b.Status, "bootstrap.jobId": b.JobID, "bootstrap.updatedAt": b.UpdatedAt}
+			stale = b
 		}
-		set := bson.M{"bootstrap.status": status, "bootstrap.jobId": "", "bootstrap.tfJobs": []string{}, "bootstrap.error": "",
-			"bootstrap.updatedAt": s.store.Now()}
-		res, err := s.credentials().UpdateOne(ctx, filter, bson.M{"$set": set})
+		claimed, err := s.store.Credentials().ClaimBootstrap(ctx, cr.ID, status, p.Destroy, stale)
 		if err != nil {
-			return nil, fmt.Errorf("credential %s: claim bootstrap: %w", cr.ID, err)
+			return nil, fmt.Errorf("credential %s: %w", cr.ID, err)
 		}
-		if res.MatchedCount == 1 {
+		if claimed {
 			return s.startBootstrap(ctx, c, cr, status, p.Destroy)
 		}
 		if cr, err = s.loadCredential(ctx, c, p.CredentialID); err != nil {
@@ -101,7 +95,7 @@ func (s *Server) staleBootstrap(ctx context.Context, b *Bootstrap) bool {
 	}
 	j, err := s.store.Jobs().Get(ctx, b.JobID)
 	if err != nil {
-		return errors.Is(err, kite.ErrNotFound)
+		return errors.Is(err, store.ErrNotFound)
 	}
 	return j.Status.Done()
 }
@@ -109,11 +103,13 @@ func (s *Server) staleBootstrap(ctx context.Context, b *Bootstrap) bool {
 func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, status string, destroy bool) (any, error) {
 	jobID, err := s.startJob(ctx, bootstrapJobKind, "credential/"+cr.ID, c.Username, map[string]any{"credential": cr.ID, "destroy": destroy})
 	if err != nil {
-		s.finishBootstrap(cr.ID, "", bson.M{"bootstrap.status": BootstrapFailed, "bootstrap.error": "could not start the job: " + err.Error()})
+		if ferr := s.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
+			s.log.Error("roll back a bootstrap whose job did not start", "credential", cr.ID, "err", ferr)
+		}
 		return nil, err
 	}
 	// The job records itself too; whichever comes first.
-	if _, err := s.credentials().UpdateOne(ctx, bson.M{"_id": cr.ID, "bootstrap.jobId": ""}, bson.M{"$set": bson.M{"bootstrap.jobId": jobID}}); err != nil {
+	if _, err := s.store.Credentials().SetBootstrapJob(ctx, cr.ID, jobID); err != nil {
 		s.log.Warn("record bootstrap job", "credential", cr.ID, "job", jobID, "err", err)
 	}
 	s.log.Info("credential bootstrap started", "credential", cr.ID, "job", jobID, "destroy", destroy, "by", c.Username)
@@ -122,21 +118,18 @@ func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, 
 
 // finishBootstrap updates the bootstrap state if job jobID still holds it, retrying until the
 // store has it (store.Persist: its own context, so a cancelled job's final state lands too).
-func (s *Server) finishBootstrap(credID, jobID string, set bson.M) error {
-	set["bootstrap.updatedAt"] = s.store.Now()
-	var matched int64
+func (s *Server) finishBootstrap(credID, jobID string, set store.BootstrapSet) error {
+	var matched bool
 	err := s.store.Persist(context.Background(), "bootstrap state of credential "+credID, 0, func(ctx context.Context) error {
-		res, err := s.credentials().UpdateOne(ctx, bson.M{"_id": credID, "bootstrap.jobId": jobID}, bson.M{"$set": set})
-		if err == nil {
-			matched = res.MatchedCount
-		}
+		var err error
+		matched, err = s.store.Credentials().UpdateBootstrap(ctx, credID, jobID, set)
 		return err
 	})
 	if err != nil {
 		s.log.Error("update bootstrap state", "credential", credID, "job", jobID, "err", err)
 		return fmt.Errorf("update bootstrap state of credential %s: %w", credID, err)
 	}
-	if matched == 0 {
+	if !matched {
 		return fmt.Errorf("credential %s: bootstrap is no longer held by job %s", credID, jobID)
 	}
 	return nil
@@ -153,7 +146,9 @@ func (s *Server) runBootstrap(ctx context.Context, j *jobCtx, resume bool) (map[
 		if resume {
 			err = fmt.Errorf("kloud restarted during the bootstrap, then: %w", err)
 		}
-		s.finishBootstrap(id, j.ID, bson.M{"bootstrap.status": BootstrapFailed, "bootstrap.error": err.Error()})
+		if ferr := s.finishBootstrap(id, j.ID, store.BootstrapSet{Status: new(BootstrapFailed), Error: new(err.Error())}); ferr != nil {
+			s.log.Error("record a failed bootstrap", "credential", id, "job", j.ID, "err", ferr)
+		}
 		return nil, err
 	}
 	return res, nil
@@ -165,20 +160,19 @@ func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destro
 		stage = string(provider.Terminating)
 	}
 	j.Progress(ctx, 5, stage, "Fetching the credential")
-	var cr Credential
-	if err := s.credentials().FindOne(ctx, bson.M{"_id": id}).Decode(&cr); err != nil {
-		return nil, fmt.Errorf("credential %s: %w", id, err)
+	cr, err := s.store.Credentials().Get(ctx, id)
+	if err != nil {
+		return nil, err
 	}
 	b := cr.Bootstrap
 	if b == nil || (b.Status != BootstrapRunning && b.Status != BootstrapDestroying) || (b.JobID != "" && b.JobID != j.ID) {
 		return nil, fmt.Errorf("credential %s: its bootstrap is not held by this job (anymore)", id)
 	}
-	res, err := s.credentials().UpdateOne(ctx, bson.M{"_id": id, "bootstrap.jobId": bson.M{"$in": bson.A{"", j.ID}}},
-		bson.M{"$set": bson.M{"bootstrap.jobId": j.ID}})
+	held, err := s.store.Credentials().SetBootstrapJob(ctx, id, j.ID)
 	if err != nil {
-		return nil, fmt.Errorf("credential %s: %w", id, err)
+		return nil, err
 	}
-	if res.MatchedCount == 0 {
+	if !held {
 		return nil, fmt.Errorf("credential %s: its bootstrap is held by another job", id)
 	}
 	prov, err := s.providers.Lookup(cr.Provider)
@@ -231,8 +225,7 @@ func (w *bootstrapRun) start(ctx context.Context, i int, submit func() (string, 
 	}
 	w.tfJobs = append(w.tfJobs, id)
 	// Recorded before waiting, so a recovered job finds it.
-	if _, err := w.s.credentials().UpdateOne(ctx, bson.M{"_id": w.cred.ID, "bootstrap.jobId": w.j.ID},
-		bson.M{"$set": bson.M{"bootstrap.tfJobs": w.tfJobs, "bootstrap.updatedAt": w.s.store.Now()}}); err != nil {
+	if _, err := w.s.store.Credentials().UpdateBootstrap(ctx, w.cred.ID, w.j.ID, store.BootstrapSet{TFJobs: new(slices.Clone(w.tfJobs))}); err != nil {
 		w.s.log.Warn("record terraform job", "credential", w.cred.ID, "job", w.j.ID, "terraform_job", id, "err", err)
 	}
 	return id, nil
@@ -331,9 +324,10 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		}
 	}
 	// Recorded first: whatever Terraform creates can be destroyed, also after a failure.
-	if _, err := w.s.credentials().UpdateOne(ctx, bson.M{"_id": w.cred.ID, "bootstrap.jobId": w.j.ID},
-		bson.M{"$set": bson.M{"bootstrap.contentIds": all}}); err != nil {
+	if held, err := w.s.store.Credentials().UpdateBootstrap(ctx, w.cred.ID, w.j.ID, store.BootstrapSet{ContentIDs: &all}); err != nil {
 		return nil, fmt.Errorf("record bootstrap content ids: %w", err)
+	} else if !held {
+		return nil, fmt.Errorf("record bootstrap content ids: credential %s: its bootstrap is no longer held by job %s", w.cred.ID, w.j.ID)
 	}
 	outputs := map[string]any{}
 	n := max(len(tmpls), 1)
@@ -394,8 +388,8 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		names = append(names, k)
 	}
 	sort.Strings(names)
-	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, bson.M{"bootstrap.status": BootstrapDone, "bootstrap.sealed": sealed,
-		"bootstrap.outputs": names, "bootstrap.error": ""}); err != nil {
+	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(BootstrapDone), Sealed: &sealed,
+		Outputs: &names, Error: new("")}); err != nil {
 		return nil, err
 	}
 	w.j.Progress(ctx, 100, string(provider.Running), "Bootstrap finished")
@@ -423,8 +417,9 @@ func (w *bootstrapRun) destroy(ctx context.Context) (map[string]any, error) {
 			return nil, err
 		}
 	}
-	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, bson.M{"bootstrap.status": BootstrapDestroyed, "bootstrap.sealed": nil,
-		"bootstrap.outputs": []string{}, "bootstrap.contentIds": []string{}, "bootstrap.tfJobs": []string{}, "bootstrap.error": ""}); err != nil {
+	var none []byte
+	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(BootstrapDestroyed), Sealed: &none,
+		Outputs: new([]string{}), ContentIDs: new([]string{}), TFJobs: new([]string{}), Error: new("")}); err != nil {
 		return nil, err
 	}
 	w.j.Progress(ctx, 100, string(provider.Terminated), "Bootstrap resources destroyed")

@@ -10,10 +10,6 @@ import (
 	"sort"
 	"strings"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -35,30 +31,27 @@ import (
 
 // Bootstrap statuses (Credential.Bootstrap.Status).
 const (
-	BootstrapNone       = "none"
-	BootstrapRunning    = "running"
-	BootstrapDone       = "done"
-	BootstrapFailed     = "failed"
-	BootstrapDestroying = "destroying"
-	BootstrapDestroyed  = "destroyed"
+	BootstrapNone       = store.BootstrapNone
+	BootstrapRunning    = store.BootstrapRunning
+	BootstrapDone       = store.BootstrapDone
+	BootstrapFailed     = store.BootstrapFailed
+	BootstrapDestroying = store.BootstrapDestroying
+	BootstrapDestroyed  = store.BootstrapDestroyed
 )
 
 const bootstrapJobKind = "credential.bootstrap"
-
-func (s *Server) credentials() *mongo.Collection { return s.store.Collection(store.CollCredentials) }
 
 func credentialAAD(id string) []byte { return []byte(store.CollCredentials + "/" + id) }
 func bootstrapAAD(id string) []byte  { return []byte(store.CollCredentials + "/" + id + "/bootstrap") }
 
 // loadCredential returns the credential document if c may see it (a member of its team).
 func (s *Server) loadCredential(ctx context.Context, c *Caller, id string) (*Credential, error) {
-	var cr Credential
-	err := s.credentials().FindOne(ctx, bson.M{"_id": id}).Decode(&cr)
-	if errors.Is(err, mongo.ErrNoDocuments) {
+	cr, err := s.store.Credentials().Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("credential", id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load credential %s: %w", id, err)
+		return nil, err
 	}
 	if !c.InTeam(cr.Team) {
 		return nil, notFound("credential", id)
@@ -312,7 +305,7 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 	now := s.store.Now()
 	cr := Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
 		Public: public, Secret: set, Bootstrap: &Bootstrap{Status: BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
-	if _, err := s.credentials().InsertOne(ctx, cr); err != nil {
+	if err := s.store.Credentials().Insert(ctx, cr); err != nil {
 		return nil, fmt.Errorf("add credential: %w", err)
 	}
 	s.log.Info("credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
@@ -336,20 +329,17 @@ func isZeroJSON(v any) bool {
 // credentialList lists the credentials of the caller's teams (every team's for kloud admins),
 // metadata only.
 func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialListParams) (any, error) {
-	filter := bson.M{}
+	f := store.CredentialFilter{Provider: p.Provider}
 	switch {
 	case p.Team != "":
 		if !c.InTeam(p.Team) {
 			return nil, notFound("team", p.Team)
 		}
-		filter["team"] = p.Team
+		f.Teams = []string{p.Team}
 	case !c.Admin:
-		filter["team"] = bson.M{"$in": c.TeamNames()}
+		f.Teams = c.TeamNames()
 	}
-	if p.Provider != "" {
-		filter["provider"] = p.Provider
-	}
-	list, err := findAll[Credential](ctx, s.credentials(), filter, options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}))
+	list, err := s.store.Credentials().List(ctx, f)
 	if err != nil {
 		return nil, fmt.Errorf("list credentials: %w", err)
 	}
@@ -401,7 +391,7 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 			}
 		}
 	}
-	stacks, err := findAll[Stack](ctx, s.store.Collection(store.CollStacks), bson.M{"credentials." + cr.Provider: cr.ID})
+	stacks, err := s.store.Stacks().UsingCredential(ctx, cr.Provider, cr.ID)
 	if err != nil {
 		return nil, fmt.Errorf("find stacks using credential %s: %w", cr.ID, err)
 	}
@@ -415,12 +405,11 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 		return nil, fmt.Errorf("credential %s is used by stack(s) %s; destroy them first (kloud stack destroy ID): %w", cr.ID, strings.Join(live, ", "), kite.ErrState)
 	}
 	// Delete only what was checked: a bootstrap that started meanwhile keeps it.
-	filter := bson.M{"_id": cr.ID, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying}}}
-	res, err := s.credentials().DeleteOne(ctx, filter)
+	deleted, err := s.store.Credentials().DeleteIdle(ctx, cr.ID)
 	if err != nil {
-		return nil, fmt.Errorf("remove credential %s: %w", cr.ID, err)
+		return nil, err
 	}
-	if res.DeletedCount == 0 {
+	if !deleted {
 		return nil, fmt.Errorf("credential %s changed meanwhile (a bootstrap started?); look again: %w", cr.ID, kite.ErrConflict)
 	}
 	s.log.Info("credential removed", "credential", cr.ID, "by", c.Username)
@@ -465,8 +454,7 @@ func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.
 			res.Error = "rejected by the provider"
 		}
 	}
-	set := bson.M{"verified": res.Verified, "verifyError": res.Error, "updatedAt": s.store.Now()}
-	if _, err := s.credentials().UpdateOne(ctx, bson.M{"_id": cr.ID}, bson.M{"$set": set}); err != nil {
+	if err := s.store.Credentials().SetVerified(ctx, cr.ID, res.Verified, res.Error); err != nil {
 		return nil, fmt.Errorf("record verification of credential %s: %w", cr.ID, err)
 	}
 	s.log.Info("credential verified", "credential", cr.ID, "verified", res.Verified, "by", c.Username)

@@ -14,14 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/terraformertest"
@@ -327,9 +326,8 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 	}
 
 	// A live stack that uses the credential keeps it.
-	stacks := w.e.Server.Store().Collection(store.CollStacks)
-	if _, err := stacks.InsertOne(t.Context(), bson.M{"_id": "stack-1", "team": "red", "owner": "alice", "state": kloud.StackInitialized,
-		"credentials": bson.M{"testcloud": id}}); err != nil {
+	if err := w.e.Server.Store().Stacks().Insert(t.Context(), kloud.Stack{ID: "stack-1", Team: "red", Owner: "alice", State: kloud.StackInitialized,
+		Credentials: map[string]string{"testcloud": id}}); err != nil {
 		t.Fatal(err)
 	}
 	err = w.call("alice", "credential.remove", map[string]any{"id": id}, nil)
@@ -344,10 +342,7 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 	wantErr(t, w.call("carol", "provider.describe", map[string]any{"provider": "nocloud"}, nil), kite.ErrNotFound, "describe an unknown provider")
 
 	// Sealed at rest: neither the document nor any file of the data dir holds a secret.
-	var raw bson.Raw
-	if err := w.e.Server.Store().Collection(store.CollCredentials).FindOne(t.Context(), bson.M{"_id": id}).Decode(&raw); err != nil {
-		t.Fatal(err)
-	}
+	raw := storetest.Raw(t, w.e.Server.Store(), store.CollCredentials, id)
 	if bytes.Contains(raw, []byte(testSecretKey)) || bytes.Contains(raw, []byte(testToken)) || !bytes.Contains(raw, []byte("good-key")) {
 		t.Fatalf("stored credential document holds a secret (or lost its public fields): %s", raw)
 	}
@@ -539,14 +534,10 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 			t.Fatal(err)
 		}
 		past := time.Now().Add(-time.Hour)
-		if _, err := st.Collection(store.CollJobs).UpdateOne(ctx, bson.M{"_id": jid}, bson.M{"$set": bson.M{"leaseUntil": past}}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.Collection(store.CollCredentials).UpdateOne(ctx, bson.M{"_id": credID}, bson.M{"$set": bson.M{
+		storetest.SetFields(t, st, store.CollJobs, jid, map[string]any{"leaseUntil": past})
+		storetest.SetFields(t, st, store.CollCredentials, credID, map[string]any{
 			"bootstrap.status": kloud.BootstrapRunning, "bootstrap.jobId": jid, "bootstrap.tfJobs": tfJobs,
-			"bootstrap.contentIds": []string{"bootstrap-red-" + credID + "-0"}}}); err != nil {
-			t.Fatal(err)
-		}
+			"bootstrap.contentIds": []string{"bootstrap-red-" + credID + "-0"}})
 		return jid
 	}
 	jid := orphan(id, []string{tfJob})

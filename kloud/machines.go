@@ -6,10 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
@@ -34,13 +30,12 @@ func (c *Caller) canSee(m *Machine) bool {
 }
 
 func (s *Server) loadMachine(ctx context.Context, c *Caller, id string) (*Machine, error) {
-	var m Machine
-	err := s.store.Collection(store.CollMachines).FindOne(ctx, bson.M{"_id": id}).Decode(&m)
-	if errors.Is(err, mongo.ErrNoDocuments) || err == nil && c != nil && !c.canSee(&m) {
+	m, err := s.store.Machines().Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || err == nil && c != nil && !c.canSee(&m) {
 		return nil, notFound("machine", id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load machine: %w", err)
+		return nil, err
 	}
 	return &m, nil
 }
@@ -73,17 +68,14 @@ func (s *Server) providerMachine(ctx context.Context, c *Caller, m *Machine) (pr
 }
 
 func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineListParams) (any, error) {
-	f := bson.M{"$or": []bson.M{{"owner": c.Username}, {"shares.username": c.Username}}}
+	f := store.MachineFilter{Visible: c.Username, StackID: p.StackID}
 	if p.Team != "" {
 		if !c.TeamAdmin(p.Team) {
 			return nil, fmt.Errorf("listing a team's machines needs a team admin: %w", kite.ErrPermission)
 		}
-		f = bson.M{"team": p.Team}
+		f.Visible, f.Team = "", p.Team
 	}
-	if p.StackID != "" {
-		f = bson.M{"$and": []bson.M{f, {"stackId": p.StackID}}}
-	}
-	ms, err := findAll[Machine](ctx, s.store.Collection(store.CollMachines), f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	ms, err := s.store.Machines().List(ctx, f)
 	if err != nil {
 		return nil, err
 	}
@@ -95,8 +87,9 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if err != nil {
 		return nil, err
 	}
-	out := api.MachineInfo{Machine: *m, InfraState: m.State}
-	if m.State == provider.NotInitialized || m.State.InProgress() {
+	cur := m.State
+	out := api.MachineInfo{Machine: *m, InfraState: cur}
+	if cur == provider.NotInitialized || cur.InProgress() {
 		return out, nil // nothing to ask the provider, or a job is changing it right now
 	}
 	pm, err := s.providerMachine(ctx, c, m)
@@ -109,13 +102,10 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 		return out, nil
 	}
 	out.InfraState = state
-	if state != m.State && state != provider.Unknown {
+	if state != cur && state != provider.Unknown {
 		// The provider is the truth: record what it says (unless a job started meanwhile).
-		set := bson.M{"state": state, "reason": "reconciled with the provider"}
-		if meta != nil {
-			set["meta"] = meta
-		}
-		if s.setMachine(ctx, m.ID, []provider.State{m.State}, set) {
+		set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
+		if s.setMachine(ctx, m.ID, []provider.State{cur}, set) {
 			out.State, out.Reason = state, "reconciled with the provider"
 		}
 	}
@@ -137,15 +127,17 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 			return nil, fmt.Errorf("machine %s is busy: %w", m.Label, err)
 		}
 		during, _ := provider.Transition(method)
-		if !s.setMachine(ctx, m.ID, provider.FromStates(method), bson.M{"state": during, "reason": ""}) {
-			lease.Release(context.Background())
+		if !s.setMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
+			if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
+				s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
+			}
 			return nil, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
 		}
 		id, err := s.startJob(ctx, "machine."+method, "machine/"+m.ID, c.Username, map[string]any{"machineId": m.ID, "lease": owner, "from": string(m.State)})
 		if err != nil {
 			// setMachine retries with its own context; if it still fails, the reconciler
 			// finds the machine in a transition without a job.
-			s.setMachine(ctx, m.ID, []provider.State{during}, bson.M{"state": m.State, "reason": fmt.Sprintf("could not start the %s job: %v", method, err)})
+			s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
 			if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
 				s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
 			}
@@ -177,7 +169,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		}
 		if err != nil && !errors.Is(err, store.ErrLocked) {
 			reason := fmt.Sprintf("%s job %s ended: %v", method, j.ID, err)
-			if s.setMachine(ctx, id, []provider.State{during}, bson.M{"state": provider.Unknown, "reason": reason}) {
+			if s.setMachine(ctx, id, []provider.State{during}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)}) {
 				s.log.Warn("machine job ended without its bookkeeping; machine moved to Unknown", "machine", id, "job", j.ID, "err", err)
 			}
 		}
@@ -210,7 +202,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 				state = st
 			}
 		}
-		s.setMachine(ctx, m.ID, []provider.State{during}, bson.M{"state": state, "reason": err.Error()})
+		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
 		return nil, err
 	}
 	pm, err := s.providerMachine(ctx, nil, m)
@@ -228,10 +220,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	if err != nil {
 		return fail(fmt.Errorf("%s %s: %w", method, m.Label, err))
 	}
-	set := bson.M{"state": after, "reason": ""}
-	if meta != nil {
-		set["meta"] = meta
-	}
+	set := store.MachineSet{State: new(string(after)), Reason: new(""), Meta: meta}
 	if method == provider.MethodStart {
 		j.Progress(ctx, 75, string(during), "Checking the machine's agent")
 		pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: 5 * time.Minute, Log: s.log}
@@ -239,7 +228,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		if !r.OK {
 			return fail(fmt.Errorf("started, but %s failed: %w", r.Step, r.Err))
 		}
-		set["agent.status"], set["agent.lastSeen"] = AgentConnected, s.store.Now()
+		set.AgentStatus, set.AgentSeen = new(AgentConnected), new(s.store.Now())
 	}
 	s.setMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Progress(ctx, 100, string(after), "Machine "+map[string]string{provider.MethodStart: "started", provider.MethodStop: "stopped"}[method])

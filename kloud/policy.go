@@ -9,11 +9,8 @@ import (
 	"slices"
 	"strings"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
 
@@ -27,13 +24,6 @@ import (
 // rules for exactly its files: the trust record holds a digest of the files, so any change of
 // them is a new revision that is not trusted. Records live on the template document (field
 // "trust": who, when, which rules, why) and every trust and untrust is logged at WARN.
-
-// templateTrusts is the part of a template document this file reads and writes.
-type templateTrusts struct {
-	ID    string          `bson:"_id"`
-	Team  string          `bson:"team"`
-	Trust []TemplateTrust `bson:"trust,omitempty"`
-}
 
 // filesDigest identifies a template's files: sha256 over names and contents.
 func filesDigest(files map[string][]byte) string {
@@ -81,7 +71,7 @@ func (s *Server) checkPolicy(ctx context.Context, team string, files map[string]
 
 // trustedRules returns the rules lifted for files with this digest in team.
 func (s *Server) trustedRules(ctx context.Context, team, digest string) ([]string, error) {
-	ts, err := findAll[templateTrusts](ctx, s.store.Collection(store.CollTemplates), bson.M{"team": team, "trust": bson.M{"$exists": true}})
+	ts, err := s.store.Templates().Trusted(ctx, team)
 	if err != nil {
 		return nil, fmt.Errorf("load template trust: %w", err)
 	}
@@ -194,27 +184,13 @@ func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request
 // setTrust rewrites a template's trust records (the last of two concurrent administrators
 // wins; both are logged).
 func (s *Server) setTrust(ctx context.Context, id string, change func([]TemplateTrust) []TemplateTrust) error {
-	coll := s.store.Collection(store.CollTemplates)
-	var cur templateTrusts
-	if err := coll.FindOne(ctx, bson.M{"_id": id}).Decode(&cur); err != nil {
-		return fmt.Errorf("load template: %w", err)
+	cur, err := s.store.Templates().Get(ctx, id)
+	if err != nil {
+		return err
 	}
 	next := change(slices.Clone(cur.Trust))
-	update := bson.M{"$set": bson.M{"trust": next}}
-	if len(next) == 0 {
-		update = bson.M{"$unset": bson.M{"trust": ""}}
-	}
-	if _, err := coll.UpdateOne(ctx, bson.M{"_id": id}, update); err != nil {
+	if err := s.store.Templates().SetTrust(ctx, id, next); err != nil {
 		return fmt.Errorf("save template trust: %w", err)
 	}
 	return nil
-}
-
-// templateTrusts reads a template's trust records (template.get shows them).
-func (s *Server) templateTrusts(ctx context.Context, id string) []TemplateTrust {
-	var cur templateTrusts
-	if err := s.store.Collection(store.CollTemplates).FindOne(ctx, bson.M{"_id": id}).Decode(&cur); err != nil {
-		return nil
-	}
-	return cur.Trust
 }

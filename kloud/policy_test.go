@@ -13,13 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
@@ -179,7 +178,7 @@ func TestHostileTemplates(t *testing.T) {
 			now := time.Now()
 			tpl := kloud.Template{ID: store.NewID(), Title: tc.name, Team: kloud.DefaultTeam, Owner: "alice", Rev: 1,
 				Files: []kloud.File{{Name: "main.tf", Content: tc.main}}, CreatedAt: now, UpdatedAt: now}
-			if _, err := f.Server.Store().Collection(store.CollTemplates).InsertOne(t.Context(), tpl); err != nil {
+			if err := f.Server.Store().Templates().Insert(t.Context(), tpl); err != nil {
 				t.Fatal(err)
 			}
 			params := map[string]any{"templateId": tpl.ID, "credentials": map[string]string{"dummy": cred}}
@@ -193,7 +192,7 @@ func TestHostileTemplates(t *testing.T) {
 			// A stack stored with the template's files, as an older kloud made them.
 			st := kloud.Stack{ID: store.NewID(), Title: tc.name, Team: kloud.DefaultTeam, Owner: "alice", TemplateID: tpl.ID, TemplateRev: 1,
 				Files: tpl.Files, Credentials: map[string]string{"dummy": cred}, State: kloud.StackNotInitialized, Machines: []string{}, CreatedAt: now, UpdatedAt: now}
-			if _, err := f.Server.Store().Collection(store.CollStacks).InsertOne(t.Context(), st); err != nil {
+			if err := f.Server.Store().Stacks().Insert(t.Context(), st); err != nil {
 				t.Fatal(err)
 			}
 			var job struct{ JobID string }
@@ -203,8 +202,8 @@ func TestHostileTemplates(t *testing.T) {
 				t.Fatalf("build: want refused by rule %s at %s, got %+v", tc.rule, tc.pos, last)
 			}
 			h.check("build")
-			var got kloud.Stack
-			if err := f.Server.Store().Collection(store.CollStacks).FindOne(t.Context(), bson.M{"_id": st.ID}).Decode(&got); err != nil {
+			got, err := f.Server.Store().Stacks().Get(t.Context(), st.ID)
+			if err != nil {
 				t.Fatal(err)
 			}
 			if got.State != kloud.StackFailed || !strings.Contains(got.Reason, "rule "+tc.rule) {
@@ -240,10 +239,7 @@ func TestTrustedTemplate(t *testing.T) {
 	var tpl kloud.Template
 	kloudtest.Call(t, f.alice, "template.create", map[string]any{"title": "fine", "files": map[string]string{"main.tf": "resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n}\n"}}, &tpl)
 	// Stored before the policy: rev 2 has a provisioner.
-	if _, err := f.Server.Store().Collection(store.CollTemplates).UpdateOne(t.Context(), bson.M{"_id": tpl.ID},
-		bson.M{"$set": bson.M{"rev": 2, "files": []kloud.File{{Name: "main.tf", Content: onlyProv}}}}); err != nil {
-		t.Fatal(err)
-	}
+	storetest.SetFields(t, f.Server.Store(), store.CollTemplates, tpl.ID, map[string]any{"rev": 2, "files": []kloud.File{{Name: "main.tf", Content: onlyProv}}})
 	cred := f.credential()
 	plan := map[string]any{"templateId": tpl.ID, "credentials": map[string]string{"dummy": cred}}
 	wantPolicyRefusal(t, "plan before trust", f.alice.Call(t.Context(), "stack.plan", plan, nil), "provisioner", "main.tf:3:3")
@@ -310,18 +306,15 @@ func TestDestroyObeysPolicy(t *testing.T) {
 	}
 	// As an older kloud stored it: the stack's files have a destroy-time provisioner.
 	hostile := fmt.Sprintf("resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n  provisioner \"local-exec\" {\n    when    = destroy\n    command = \"id > %s\"\n  }\n}\n", h.marker)
-	if _, err := f.Server.Store().Collection(store.CollStacks).UpdateOne(t.Context(), bson.M{"_id": sid},
-		bson.M{"$set": bson.M{"files": []kloud.File{{Name: "main.tf", Content: hostile}}}}); err != nil {
-		t.Fatal(err)
-	}
+	storetest.SetFields(t, f.Server.Store(), store.CollStacks, sid, map[string]any{"files": []kloud.File{{Name: "main.tf", Content: hostile}}})
 	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
 	last := f.follow(job.JobID)
 	if last.Status != api.JobFailed || !strings.Contains(last.Error, "(rule provisioner)") {
 		t.Fatalf("destroy of a stack whose files break the policy: %+v", last)
 	}
 	h.check("refused destroy")
-	var st kloud.Stack
-	if err := f.Server.Store().Collection(store.CollStacks).FindOne(t.Context(), bson.M{"_id": sid}).Decode(&st); err != nil {
+	st, err := f.Server.Store().Stacks().Get(t.Context(), sid)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if st.State != kloud.StackFailed {

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -56,14 +54,6 @@ var stackTransitional = []string{StackBuilding, StackDestroying}
 
 func machineTransitional() []string {
 	return []string{string(provider.Building), string(provider.Starting), string(provider.Stopping), string(provider.Terminating)}
-}
-
-// jobMatch matches a stack's jobId field: a missing field when id is empty.
-func jobMatch(id string) any {
-	if id == "" {
-		return bson.M{"$in": bson.A{nil, ""}}
-	}
-	return id
 }
 
 // jobVerdict tells whether job id is over: dead is true if it is missing, finished, or stuck
@@ -153,8 +143,8 @@ func (s *Server) reconcileStack(ctx context.Context, st *Stack, own string) (mov
 	if st.JobID == "" {
 		reason = fmt.Sprintf("%s with no job recorded (left by an earlier kloud); reconciled at %s", verb, now.Format(time.RFC3339))
 	}
-	ok, err := s.store.TransitionIf(ctx, store.CollStacks, st.ID, []string{st.State}, bson.M{"jobId": jobMatch(st.JobID)},
-		bson.M{"state": StackFailed, "reason": reason, "updatedAt": now})
+	ok, err := s.store.Stacks().TransitionOfJob(ctx, st.ID, []string{st.State}, st.JobID,
+		store.StackSet{State: new(StackFailed), Reason: new(reason)})
 	if err != nil {
 		return false, "", err
 	}
@@ -216,8 +206,8 @@ func (s *Server) reconcileMachine(ctx context.Context, m *Machine, own string) (
 	}
 	now := s.store.Now()
 	reason := fmt.Sprintf("left %s (%s); reconciled at %s: machine.info asks the provider for its state", m.State, why, now.Format(time.RFC3339))
-	ok, err := s.store.TransitionIf(ctx, store.CollMachines, m.ID, []string{string(m.State)}, bson.M{"updatedAt": m.UpdatedAt},
-		bson.M{"state": provider.Unknown, "reason": reason, "updatedAt": now})
+	ok, err := s.store.Machines().TransitionUnchanged(ctx, m.ID, []string{string(m.State)}, m.UpdatedAt,
+		store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)})
 	if err != nil {
 		return false, "", err
 	}
@@ -229,7 +219,7 @@ func (s *Server) reconcileMachine(ctx context.Context, m *Machine, own string) (
 
 // reconcile is one pass of the reconciler over every stack and machine in a transition.
 func (s *Server) reconcile(ctx context.Context) {
-	sts, err := findAll[Stack](ctx, s.store.Collection(store.CollStacks), bson.M{"state": bson.M{"$in": stackTransitional}})
+	sts, err := s.store.Stacks().InStates(ctx, stackTransitional)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Error("reconcile: list stacks", "err", err)
@@ -241,7 +231,7 @@ func (s *Server) reconcile(ctx context.Context) {
 			s.log.Error("reconcile stack", "stack", sts[i].ID, "err", err)
 		}
 	}
-	ms, err := findAll[Machine](ctx, s.store.Collection(store.CollMachines), bson.M{"state": bson.M{"$in": machineTransitional()}})
+	ms, err := s.store.Machines().InStates(ctx, machineTransitional())
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Error("reconcile: list machines", "err", err)
@@ -338,13 +328,7 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 		}
 	}
 	if p.State == StackNotInitialized {
-		var rec struct {
-			TFJob string `bson:"tfJobId"`
-		}
-		if err := s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&rec); err != nil {
-			return nil, fmt.Errorf("load stack: %w", err)
-		}
-		built := rec.TFJob != ""
+		built := st.TFJobID != ""
 		for _, m := range ms {
 			built = built || m.KiteID != ""
 		}
@@ -357,12 +341,8 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 	reason := fmt.Sprintf("reset from %s to %s by %s at %s: %s", st.State, p.State, c.Username, now.Format(time.RFC3339), p.Reason)
 	var matched bool
 	err = s.store.Persist(ctx, "reset stack "+st.ID, 0, func(ctx context.Context) error {
-		res, err := s.store.Collection(store.CollStacks).UpdateOne(ctx,
-			bson.M{"_id": st.ID, "state": st.State, "jobId": jobMatch(st.JobID)},
-			bson.M{"$set": bson.M{"state": p.State, "reason": reason, "updatedAt": now}, "$push": bson.M{"resets": audit}})
-		if err == nil {
-			matched = res.MatchedCount == 1
-		}
+		var err error
+		matched, err = s.store.Stacks().Reset(ctx, st.ID, st.State, st.JobID, store.StackSet{State: new(p.State), Reason: new(reason)}, audit)
 		return err
 	})
 	if err != nil {
@@ -382,7 +362,7 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 		default:
 			continue
 		}
-		if s.setMachine(ctx, m.ID, []provider.State{m.State}, bson.M{"state": to, "reason": reason}) {
+		if s.setMachine(ctx, m.ID, []provider.State{m.State}, store.MachineSet{State: new(string(to)), Reason: new(reason)}) {
 			s.log.Warn("machine reset with its stack", slog.String("machine", m.ID), slog.String("from", string(m.State)), slog.String("to", string(to)))
 		}
 	}

@@ -13,14 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -360,12 +359,12 @@ func (s seed) stack(id, state, jobID string, machines map[string]provider.State)
 	for label, ms := range machines {
 		m := kloud.Machine{ID: id + "-" + label, StackID: id, Label: label, Resource: label, Provider: "dummy", Owner: "alice",
 			Team: kloud.DefaultTeam, State: ms, Agent: kloud.Agent{Status: kloud.AgentNever}, CreatedAt: now, UpdatedAt: now}
-		if _, err := s.st.Collection(store.CollMachines).InsertOne(ctx, m); err != nil {
+		if err := s.st.Machines().InsertMany(ctx, []kloud.Machine{m}); err != nil {
 			s.t.Fatal(err)
 		}
 		st.Machines = append(st.Machines, m.ID)
 	}
-	if _, err := s.st.Collection(store.CollStacks).InsertOne(ctx, st); err != nil {
+	if err := s.st.Stacks().Insert(ctx, st); err != nil {
 		s.t.Fatal(err)
 	}
 }
@@ -388,9 +387,7 @@ func (s seed) job(stackID, runner string, end error) string {
 		}
 	} else {
 		// Live: its runner keeps it (a lease an hour long, as if renewed).
-		if _, err := s.st.Collection(store.CollJobs).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": bson.M{"leaseUntil": s.st.Now().Add(time.Hour)}}); err != nil {
-			s.t.Fatal(err)
-		}
+		storetest.SetFields(s.t, s.st, store.CollJobs, id, map[string]any{"leaseUntil": s.st.Now().Add(time.Hour)})
 	}
 	return id
 }
@@ -418,9 +415,7 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	if _, err := sd.st.Jobs().RequestCancel(t.Context(), jobE); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sd.st.Collection(store.CollJobs).UpdateOne(t.Context(), bson.M{"_id": jobE}, bson.M{"$set": bson.M{"leaseUntil": sd.st.Now().Add(-time.Minute)}}); err != nil {
-		t.Fatal(err)
-	}
+	storetest.SetFields(t, sd.st, store.CollJobs, jobE, map[string]any{"leaseUntil": sd.st.Now().Add(-time.Minute)})
 	sd.stack("stack-e", kloud.StackBuilding, jobE, map[string]provider.State{"vm": provider.Building})
 	// A machine left Starting by a start job that never got recorded, in a built stack.
 	sd.stack("stack-d", kloud.StackInitialized, "", map[string]provider.State{"vm": provider.Starting, "other": provider.Running})
@@ -546,7 +541,7 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 			t.Errorf("machine %s is %s", m.Label, m.State)
 		}
 	}
-	if _, err := e.Server.Store().Collection(store.CollStacks).UpdateOne(t.Context(), bson.M{"_id": "stack-r"}, bson.M{"$set": bson.M{"tfJobId": "tf-1"}}); err != nil {
+	if err := e.Server.Store().Stacks().Set(t.Context(), "stack-r", store.StackSet{TFJobID: new("tf-1")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := admin.Call(t.Context(), "stack.reset", map[string]any{"stackId": "stack-r", "state": "NotInitialized", "reason": "x"}, nil); !errors.Is(err, kite.ErrState) {

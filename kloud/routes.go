@@ -51,12 +51,13 @@ func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, 
 	h := kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
 		c, err := s.caller(ctx, r)
 		if err != nil {
-			return nil, err
+			return nil, wireError(err)
 		}
 		if who == AdminOnly && !c.Admin {
 			return nil, fmt.Errorf("%s is for kloud administrators: %w", method, kite.ErrPermission)
 		}
-		return fn(ctx, c, r, p)
+		res, err := fn(ctx, c, r, p)
+		return res, wireError(err) // store errors get their kite codes here, once (errors.go)
 	})
 	return Route{Method: method, Who: who, Params: reflect.TypeFor[P](), h: kitekey.AgentGate(h, false), opts: opts}
 }

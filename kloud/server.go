@@ -8,7 +8,9 @@
 // results are in package api (kloud/api, with a typed client); docs/protocol.md is the wire
 // contract. The handlers live one area per file (users.go, credentials.go, templates.go,
 // stacks.go, machines.go, jobs.go); each gets the resolved Caller (authz.go) and checks what it
-// may do. Long work runs as durable jobs (jobs.go) that survive a restart.
+// may do. Long work runs as durable jobs (jobs.go) that survive a restart. Documents (package
+// kloud/model, aliased in model.go) are read and written only through kloud/store's typed
+// repositories; store errors become kite error codes in one place, errors.go.
 package kloud
 
 import (
@@ -27,8 +29,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
@@ -290,7 +290,7 @@ func (s *Server) ensureAdmin(ctx context.Context) error {
 		s.log.Info("created kite key", "user", k.user, "path", k.path)
 	}
 	t := Team{Slug: DefaultTeam, Title: "Default team", Members: []Member{{Username: Admin, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
-	if _, err := s.store.Collection(store.CollTeams).InsertOne(ctx, t); err != nil && !store.IsDuplicateKey(err) {
+	if err := s.store.Teams().Insert(ctx, t); err != nil && !errors.Is(err, store.ErrConflict) {
 		return fmt.Errorf("kloud: default team: %w", err)
 	}
 	return nil
@@ -401,8 +401,11 @@ func (s *Server) authorizeKite(ctx context.Context, caller *kite.Principal, targ
 		return nil
 	}
 	if strings.HasPrefix(target.ID, AgentKitePrefix) {
-		n, err := s.store.Collection(store.CollMachines).CountDocuments(ctx, bson.M{"kiteId": target.ID, "shares.username": caller.Username})
-		if err == nil && n > 0 {
+		shared, err := s.store.Machines().SharedWith(ctx, target.ID, caller.Username)
+		if err != nil {
+			return fmt.Errorf("kite %s: %w", target.ID, err)
+		}
+		if shared {
 			return nil
 		}
 	}

@@ -2,11 +2,10 @@ package kloud
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
-
-	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -45,9 +44,10 @@ func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p
 	if p.Username == m.Owner {
 		return nil, fmt.Errorf("%s owns machine %s: %w", p.Username, m.Label, kite.ErrInvalidParams)
 	}
-	var u User
-	if err := s.store.Collection(store.CollUsers).FindOne(ctx, bson.M{"_id": p.Username}).Decode(&u); err != nil {
+	if _, err := s.store.Users().Get(ctx, p.Username); errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
+	} else if err != nil {
+		return nil, err
 	}
 	return s.updateShares(ctx, m, func(sh []Share) []Share {
 		out := []Share{{Username: p.Username, Grant: p.Grant}}
@@ -92,13 +92,11 @@ func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, 
 func (s *Server) updateShares(ctx context.Context, m *Machine, change func([]Share) []Share) (any, error) {
 	for attempt := 0; ; attempt++ {
 		shares := change(m.Shares)
-		res, err := s.store.Collection(store.CollMachines).UpdateOne(ctx,
-			bson.M{"_id": m.ID, "updatedAt": m.UpdatedAt},
-			bson.M{"$set": bson.M{"shares": shares, "updatedAt": s.store.Now()}})
+		ok, err := s.store.Machines().SetShares(ctx, m.ID, m.UpdatedAt, shares)
 		if err != nil {
 			return nil, fmt.Errorf("save shares: %w", err)
 		}
-		if res.MatchedCount == 1 {
+		if ok {
 			m.Shares = shares
 			break
 		}
@@ -168,8 +166,11 @@ func agentHas(ctx context.Context, conn *kite.Conn, feature string) bool {
 // pushSharesOnRegister re-pushes a machine's share list when its agent (re)registers, so a list
 // changed while it was away is enforced.
 func (s *Server) pushSharesOnRegister(ctx context.Context, kiteID string) {
-	var m Machine
-	if err := s.store.Collection(store.CollMachines).FindOne(ctx, bson.M{"kiteId": kiteID}).Decode(&m); err != nil {
+	m, err := s.store.Machines().ByKite(ctx, kiteID)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil {
+			s.log.Warn("load machine of a registering agent", "kite", kiteID, "err", err)
+		}
 		return
 	}
 	if err := s.pushShares(ctx, &m); err != nil && ctx.Err() == nil {

@@ -14,9 +14,6 @@ import (
 	tfjson "github.com/hashicorp/terraform-json"
 
 	"github.com/google/uuid"
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -125,7 +122,7 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 
 // pickCredential returns the team's only credential for provider p.
 func (s *Server) pickCredential(ctx context.Context, team, p string) (string, error) {
-	cs, err := findAll[Credential](ctx, s.store.Collection(store.CollCredentials), bson.M{"team": team, "provider": p}, options.Find().SetLimit(2))
+	cs, err := s.store.Credentials().List(ctx, store.CredentialFilter{Teams: []string{team}, Provider: p, Limit: 2})
 	if err != nil {
 		return "", err
 	}
@@ -251,21 +248,19 @@ func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if st.Title == "" {
 		st.Title = t.Title
 	}
-	var docs []any
 	var machines []Machine
 	for _, pm := range ms {
 		m := Machine{ID: store.NewID(), StackID: st.ID, Label: pm.Label, Resource: pm.Resource, Index: pm.Index, Provider: pm.Provider,
 			Owner: c.Username, Team: t.Team, State: provider.NotInitialized, Agent: Agent{Status: AgentNever},
 			Attributes: pm.Attributes, CreatedAt: now, UpdatedAt: now}
 		st.Machines = append(st.Machines, m.ID)
-		docs = append(docs, m)
 		machines = append(machines, m)
 	}
 	// The machines first: a stack document never points at machines that do not exist.
-	if _, err := s.store.Collection(store.CollMachines).InsertMany(ctx, docs); err != nil {
+	if err := s.store.Machines().InsertMany(ctx, machines); err != nil {
 		return nil, fmt.Errorf("save machines: %w", err)
 	}
-	if _, err := s.store.Collection(store.CollStacks).InsertOne(ctx, st); err != nil {
+	if err := s.store.Stacks().Insert(ctx, st); err != nil {
 		return nil, fmt.Errorf("save stack: %w", err)
 	}
 	return api.StackCreateResult{Stack: st, Machines: machines}, nil
@@ -281,19 +276,18 @@ func (s *Server) resourceTypes() []string {
 }
 
 func (s *Server) loadStack(ctx context.Context, c *Caller, id string) (*Stack, error) {
-	var st Stack
-	err := s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": id}).Decode(&st)
-	if errors.Is(err, mongo.ErrNoDocuments) || err == nil && c != nil && st.Owner != c.Username && !c.TeamAdmin(st.Team) {
+	st, err := s.store.Stacks().Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || err == nil && c != nil && st.Owner != c.Username && !c.TeamAdmin(st.Team) {
 		return nil, notFound("stack", id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load stack: %w", err)
+		return nil, err
 	}
 	return &st, nil
 }
 
 func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, error) {
-	return findAll[Machine](ctx, s.store.Collection(store.CollMachines), bson.M{"stackId": stackID}, options.Find().SetSort(bson.M{"label": 1}))
+	return s.store.Machines().ByStack(ctx, stackID)
 }
 
 func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (any, error) {
@@ -328,7 +322,7 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	// The job's id is recorded with the state change, in one update: the stack never shows a
 	// transitional state with another (dead) job's id, which the reconciler would act on.
 	id := store.NewID()
-	ok, err := s.store.Transition(ctx, store.CollStacks, st.ID, from, bson.M{"state": to, "reason": "", "jobId": id})
+	ok, err := s.store.Stacks().Transition(ctx, st.ID, from, store.StackSet{State: new(to), Reason: new(""), JobID: new(id)})
 	if err != nil || !ok {
 		release()
 		if err != nil {
@@ -337,12 +331,12 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		return nil, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, verb, strings.Join(from, ", "), kite.ErrState)
 	}
 	if _, err := s.startJobID(ctx, id, jobStackApply, "stack/"+st.ID, c.Username, map[string]any{"stackId": st.ID, "destroy": p.Destroy, "lease": owner}); err != nil {
-		back := bson.M{"state": st.State, "reason": fmt.Sprintf("could not start the %s job: %v", verb, err)}
+		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the %s job: %v", verb, err))}
 		if st.JobID != "" {
-			back["jobId"] = st.JobID
+			back.JobID = new(st.JobID)
 		}
 		rerr := s.store.Persist(ctx, "roll back stack "+st.ID, 0, func(ctx context.Context) error {
-			_, err := s.store.TransitionIf(ctx, store.CollStacks, st.ID, []string{to}, bson.M{"jobId": id}, back)
+			_, err := s.store.Stacks().TransitionOfJob(ctx, st.ID, []string{to}, id, back)
 			return err
 		})
 		if rerr != nil {
@@ -382,7 +376,9 @@ func (s *Server) keepLease(ctx context.Context, name, owner string) (stop func()
 			select {
 			case <-lctx.Done():
 				rctx, rc := context.WithTimeout(context.Background(), 10*time.Second)
-				s.store.ReleaseLease(rctx, name, owner)
+				if err := s.store.ReleaseLease(rctx, name, owner); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+					s.log.Warn("release lease (it lapses by itself)", "lease", name, "err", err)
+				}
 				rc()
 				return
 			case <-t.C:
@@ -463,8 +459,8 @@ func (s *Server) exitStack(ctx context.Context, j *jobCtx, stackID, during strin
 	}
 	var moved bool
 	err := s.store.Persist(ctx, "fail stack "+stackID, 0, func(ctx context.Context) error {
-		ok, err := s.store.TransitionIf(ctx, store.CollStacks, stackID, []string{during}, bson.M{"jobId": j.ID},
-			bson.M{"state": StackFailed, "reason": reason})
+		ok, err := s.store.Stacks().TransitionOfJob(ctx, stackID, []string{during}, j.ID,
+			store.StackSet{State: new(StackFailed), Reason: new(reason)})
 		moved = ok
 		return err
 	})
@@ -481,8 +477,8 @@ func (s *Server) exitStack(ctx context.Context, j *jobCtx, stackID, during strin
 		return
 	}
 	for _, m := range ms {
-		if m.State == provider.Building || m.State == provider.Terminating {
-			s.setMachine(ctx, m.ID, []provider.State{m.State}, bson.M{"state": provider.Unknown, "reason": reason})
+		if ms := m.State; ms == provider.Building || ms == provider.Terminating {
+			s.setMachine(ctx, m.ID, []provider.State{ms}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)})
 		}
 	}
 }
@@ -500,11 +496,9 @@ func (s *Server) stackMachinesRetry(ctx context.Context, stackID string) ([]Mach
 
 // setStack changes a stack. It is bookkeeping: written with its own context and retried until
 // the store has it (see store.Store.Persist), so a cancelled job still leaves an honest state.
-func (s *Server) setStack(ctx context.Context, id string, set bson.M) {
-	set["updatedAt"] = s.store.Now()
+func (s *Server) setStack(ctx context.Context, id string, set store.StackSet) {
 	err := s.store.Persist(ctx, "update stack "+id, 0, func(ctx context.Context) error {
-		_, err := s.store.Collection(store.CollStacks).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": set})
-		return err
+		return s.store.Stacks().Set(ctx, id, set)
 	})
 	if err != nil {
 		s.log.Error("update stack", "stack", id, "err", err)
@@ -513,12 +507,10 @@ func (s *Server) setStack(ctx context.Context, id string, set bson.M) {
 
 // setMachine changes a machine; with from set, only if its state is one of them. Like setStack
 // it has its own context and retries.
-func (s *Server) setMachine(ctx context.Context, id string, from []provider.State, set bson.M) bool {
-	set["updatedAt"] = s.store.Now()
+func (s *Server) setMachine(ctx context.Context, id string, from []provider.State, set store.MachineSet) bool {
 	if from == nil {
 		err := s.store.Persist(ctx, "update machine "+id, 0, func(ctx context.Context) error {
-			_, err := s.store.Collection(store.CollMachines).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": set})
-			return err
+			return s.store.Machines().Set(ctx, id, set)
 		})
 		if err != nil {
 			s.log.Error("update machine", "machine", id, "err", err)
@@ -532,7 +524,7 @@ func (s *Server) setMachine(ctx context.Context, id string, from []provider.Stat
 	var ok bool
 	err := s.store.Persist(ctx, "update machine "+id, 0, func(ctx context.Context) error {
 		var err error
-		ok, err = s.store.Transition(ctx, store.CollMachines, id, fs, set)
+		ok, err = s.store.Machines().Transition(ctx, id, fs, set)
 		return err
 	})
 	if err != nil {
@@ -565,9 +557,9 @@ func (s *Server) failBuildAfter(ctx context.Context, st *Stack, ms []Machine, tf
 		if tfRan || back.InProgress() {
 			back = provider.Unknown
 		}
-		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, bson.M{"state": back, "reason": reason.Error()})
+		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, store.MachineSet{State: new(string(back)), Reason: new(reason.Error())})
 	}
-	s.setStack(ctx, st.ID, bson.M{"state": StackFailed, "reason": reason.Error()})
+	s.setStack(ctx, st.ID, store.StackSet{State: new(StackFailed), Reason: new(reason.Error())})
 	return reason
 }
 
@@ -599,23 +591,23 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	}
 	tfJob := ""
 	if recovering {
-		var cur struct {
-			TFJob string `bson:"tfJobId"`
-		}
+		var cur store.Stack
 		// A read that fails must not look like "no run recorded" (that builds again).
 		if err := s.store.Persist(ctx, "read stack "+st.ID, 0, func(ctx context.Context) error {
-			return s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&cur)
+			var err error
+			cur, err = s.store.Stacks().Get(ctx, st.ID)
+			return err
 		}); err != nil {
 			return nil, s.failBuildTF(ctx, st, ms, "", fmt.Errorf("read the recorded terraform run: %w", err))
 		}
-		tfJob = cur.TFJob
+		tfJob = cur.TFJobID
 		if tfJob == "" {
 			// Killed before terraform's run was recorded: it may not have started, or may be
 			// running still. Build again from the start; terraformer's lease makes the new run
 			// wait for an old one, and terraform converges on what it left.
 			j.Logf(ctx, "kloud restarted before terraform's run was recorded; building again")
 			for _, m := range ms {
-				s.setMachine(ctx, m.ID, []provider.State{provider.Building}, bson.M{"state": provider.NotInitialized})
+				s.setMachine(ctx, m.ID, []provider.State{provider.Building}, store.MachineSet{State: new(string(provider.NotInitialized))})
 			}
 			if ms, err = s.stackMachines(ctx, st.ID); err != nil {
 				return nil, err
@@ -634,7 +626,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 			}
 		}
 		for i, m := range ms {
-			if !s.setMachine(ctx, m.ID, settledStates(), bson.M{"state": provider.Building, "reason": ""}) {
+			if !s.setMachine(ctx, m.ID, settledStates(), store.MachineSet{State: new(string(provider.Building)), Reason: new("")}) {
 				return nil, s.failBuild(ctx, st, ms[:i], fmt.Errorf("machine %s changed state meanwhile", m.Label))
 			}
 		}
@@ -670,7 +662,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		if err != nil {
 			return nil, s.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
 		}
-		s.setStack(ctx, st.ID, bson.M{"tfJobId": tfJob})
+		s.setStack(ctx, st.ID, store.StackSet{TFJobID: new(tfJob)})
 	}
 	if ctx.Err() != nil {
 		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
@@ -707,34 +699,34 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	var failed []string
 	for i, m := range ms {
 		r := results[i]
-		set := bson.M{"attributes": m.Attributes, "reason": ""} // waitAgents filled them from the state
+		set := store.MachineSet{Attributes: m.Attributes, Reason: new("")} // waitAgents filled them from the state
 		if ip := ipOf(m.Attributes); ip != "" {
-			set["ipAddress"] = ip
+			set.IPAddress = new(ip)
 		}
 		state := provider.Running
 		if !r.OK {
 			failed = append(failed, r.Err.Error())
-			set["reason"] = fmt.Sprintf("%s failed: %s", r.Step, r.Err.Error())
+			set.Reason = new(fmt.Sprintf("%s failed: %s", r.Step, r.Err.Error()))
 			if pm, err := s.providerMachine(ctx, c, &m); err == nil {
 				if infra, _, err := pm.Info(ctx); err == nil && infra != provider.Unknown {
 					state = infra
 				}
 			}
 		} else {
-			set["agent.status"], set["agent.lastSeen"] = AgentConnected, s.store.Now()
+			set.AgentStatus, set.AgentSeen = new(AgentConnected), new(s.store.Now())
 			if r.Info != nil {
-				set["agent.version"] = r.Info.Version
+				set.AgentVersion = new(r.Info.Version)
 			}
 		}
-		set["state"] = state
+		set.State = new(string(state))
 		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, set)
 	}
 	if len(failed) > 0 {
 		reason := fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms))
-		s.setStack(ctx, st.ID, bson.M{"state": StackInitialized, "reason": reason})
+		s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new(reason)})
 		return map[string]any{"stackId": st.ID}, fmt.Errorf("%s:\n%s", reason, strings.Join(failed, "\n"))
 	}
-	s.setStack(ctx, st.ID, bson.M{"state": StackInitialized, "reason": ""})
+	s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new("")})
 	j.Progress(ctx, 100, string(provider.Running), "Stack building finished")
 	return map[string]any{"stackId": st.ID, "machines": len(ms)}, nil
 }
@@ -838,7 +830,7 @@ func (s *Server) agentConfig(p *provider.Provider, st *Stack) func(ctx context.C
 		if err != nil {
 			return userdata.Config{}, err
 		}
-		if !s.setMachine(ctx, m.ID, nil, bson.M{"kiteId": kiteID, "agent": Agent{Status: AgentNever}}) {
+		if !s.setMachine(ctx, m.ID, nil, store.MachineSet{KiteID: new(kiteID), Agent: &Agent{Status: AgentNever}}) {
 			return userdata.Config{}, fmt.Errorf("record kite id of %s", m.Label)
 		}
 		m.KiteID = kiteID
@@ -856,7 +848,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	j.Progress(ctx, 10, string(provider.Terminating), "Destroying machines")
 	for i, m := range ms {
 		// A machine a start or stop job is changing is not taken from under it.
-		if !s.setMachine(ctx, m.ID, settledStates(), bson.M{"state": provider.Terminating}) {
+		if !s.setMachine(ctx, m.ID, settledStates(), store.MachineSet{State: new(string(provider.Terminating))}) {
 			return nil, s.failDestroy(ctx, st, ms[:i], "", fmt.Errorf("machine %s is %s (a job is changing it); destroy again when it is done", m.Label, m.State))
 		}
 	}
@@ -914,14 +906,12 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		}
 	}
 	if err := s.store.Persist(bctx, "delete machines of stack "+st.ID, 0, func(ctx context.Context) error {
-		_, err := s.store.Collection(store.CollMachines).DeleteMany(ctx, bson.M{"stackId": st.ID})
-		return err
+		return s.store.Machines().DeleteByStack(ctx, st.ID)
 	}); err != nil {
 		return nil, err
 	}
 	if err := s.store.Persist(bctx, "delete stack "+st.ID, 0, func(ctx context.Context) error {
-		_, err := s.store.Collection(store.CollStacks).DeleteOne(ctx, bson.M{"_id": st.ID})
-		return err
+		return s.store.Stacks().Delete(ctx, st.ID)
 	}); err != nil {
 		return nil, err
 	}
@@ -959,9 +949,9 @@ func (s *Server) failDestroy(ctx context.Context, st *Stack, ms []Machine, tfJob
 	}
 	s.stopTF(ctx, tfJob)
 	for _, m := range ms {
-		s.setMachine(ctx, m.ID, []provider.State{provider.Terminating}, bson.M{"state": provider.Unknown, "reason": reason.Error()})
+		s.setMachine(ctx, m.ID, []provider.State{provider.Terminating}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason.Error())})
 	}
-	s.setStack(ctx, st.ID, bson.M{"state": StackFailed, "reason": reason.Error()})
+	s.setStack(ctx, st.ID, store.StackSet{State: new(StackFailed), Reason: new(reason.Error())})
 	return reason
 }
 
@@ -974,30 +964,22 @@ func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err != nil {
 		return nil, err
 	}
-	var audit struct {
-		Resets []StackReset `bson:"resets"`
-	}
-	if err := s.store.Collection(store.CollStacks).FindOne(ctx, bson.M{"_id": st.ID}).Decode(&audit); err != nil {
-		return nil, fmt.Errorf("load stack: %w", err)
-	}
-	return api.StackView{Stack: *st, MachineDocs: ms, Resets: audit.Resets}, nil
+	return api.StackView{Stack: *st, MachineDocs: ms, Resets: st.Resets}, nil
 }
 
 func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackListParams) (any, error) {
-	f := bson.M{"owner": c.Username}
+	f := store.StackFilter{Owner: c.Username, Team: p.Team}
 	if p.All {
 		switch {
 		case p.Team != "" && c.TeamAdmin(p.Team):
-			f = bson.M{"team": p.Team}
+			f.Owner = ""
 		case p.Team == "" && c.Admin:
-			f = bson.M{}
+			f.Owner = ""
 		default:
 			return nil, fmt.Errorf("listing every member's stacks needs a team admin: %w", kite.ErrPermission)
 		}
-	} else if p.Team != "" {
-		f["team"] = p.Team
 	}
-	sts, err := findAll[Stack](ctx, s.store.Collection(store.CollStacks), f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	sts, err := s.store.Stacks().List(ctx, f)
 	if err != nil {
 		return nil, err
 	}

@@ -2,35 +2,15 @@ package kloud
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
-	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 )
-
-// findAll returns every document of coll matching filter, decoded (an empty, non-nil slice if
-// none match).
-func findAll[T any](ctx context.Context, coll *mongo.Collection, filter any, opts ...options.Lister[options.FindOptions]) ([]T, error) {
-	cur, err := coll.Find(ctx, filter, opts...)
-	if err != nil {
-		return nil, err
-	}
-	out := []T{}
-	if err := cur.All(ctx, &out); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
 
 // storeKeys keeps kontrol's signing keys in the store (kitekey.KeyStore).
 type storeKeys struct{ k *store.Keys }
@@ -48,19 +28,11 @@ func (s storeKeys) LoadKeys(ctx context.Context) ([]*kitekey.KeyPair, error) {
 }
 
 func (s storeKeys) AddKey(ctx context.Context, k *kitekey.KeyPair) error {
-	err := s.k.Add(ctx, store.KeyRecord{ID: k.ID, Alg: "EdDSA", Public: k.Public, Private: k.Private, CreatedAt: k.CreatedAt, RetiredAt: k.RetiredAt})
-	if errors.Is(err, store.ErrConflict) {
-		return fmt.Errorf("key %s: %w", k.ID, kite.ErrConflict)
-	}
-	return err
+	return wireError(s.k.Add(ctx, store.KeyRecord{ID: k.ID, Alg: "EdDSA", Public: k.Public, Private: k.Private, CreatedAt: k.CreatedAt, RetiredAt: k.RetiredAt}))
 }
 
 func (s storeKeys) RetireKey(ctx context.Context, kid string, at time.Time) error {
-	err := s.k.Retire(ctx, kid, at)
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("key %s: %w", kid, kite.ErrNotFound)
-	}
-	return err
+	return wireError(s.k.Retire(ctx, kid, at))
 }
 
 // storeRevocations keeps revoked credential ids in the store, and a copy in memory: every

@@ -9,10 +9,6 @@ import (
 	"sort"
 	"strings"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -108,7 +104,7 @@ func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request,
 	now := s.store.Now()
 	t := Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
 		Rev: 1, Files: files, Providers: providerNames(res), CreatedAt: now, UpdatedAt: now}
-	if _, err := s.store.Collection(store.CollTemplates).InsertOne(ctx, t); err != nil {
+	if err := s.store.Templates().Insert(ctx, t); err != nil {
 		return nil, fmt.Errorf("save template: %w", err)
 	}
 	if p.Trust != nil {
@@ -124,13 +120,12 @@ func providerNames(res map[string][]tmpl.Resource) []string {
 }
 
 func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*Template, error) {
-	var t Template
-	err := s.store.Collection(store.CollTemplates).FindOne(ctx, bson.M{"_id": id}).Decode(&t)
-	if errors.Is(err, mongo.ErrNoDocuments) || err == nil && !c.InTeam(t.Team) {
+	t, err := s.store.Templates().Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || err == nil && !c.InTeam(t.Team) {
 		return nil, notFound("template", id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load template: %w", err)
+		return nil, err
 	}
 	return &t, nil
 }
@@ -143,14 +138,7 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 	if !c.CanManage(t.Owner, t.Team) {
 		return nil, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
 	}
-	set := bson.M{"updatedAt": s.store.Now()}
-	if p.Title != "" {
-		set["title"] = strings.TrimSpace(p.Title)
-	}
-	if p.Description != "" {
-		set["description"] = p.Description
-	}
-	update := bson.M{"$set": set}
+	u := store.TemplateUpdate{Title: strings.TrimSpace(p.Title), Description: p.Description}
 	if len(p.Files) > 0 {
 		files := filesOf(p.Files)
 		_, res, err := s.machineResources(fileMap(files))
@@ -166,19 +154,19 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 		if err := s.checkPolicy(ctx, t.Team, fileMap(files), lift...); err != nil {
 			return nil, err
 		}
-		set["files"], set["providers"], set["rev"] = files, providerNames(res), t.Rev+1
+		u.Files, u.Providers, u.Rev = files, providerNames(res), t.Rev+1
 		revs := append([]TemplateRevision{{Rev: t.Rev, Files: t.Files, Author: t.Owner, CreatedAt: t.UpdatedAt}}, t.Revisions...)
 		if len(revs) > maxRevisions {
 			revs = revs[:maxRevisions]
 		}
-		set["revisions"] = revs
+		u.Revisions = revs
 	}
 	// Conditional on the revision we read: two concurrent updates cannot both win.
-	res, err := s.store.Collection(store.CollTemplates).UpdateOne(ctx, bson.M{"_id": t.ID, "rev": t.Rev}, update)
+	ok, err := s.store.Templates().Update(ctx, t.ID, t.Rev, u)
 	if err != nil {
 		return nil, fmt.Errorf("save template: %w", err)
 	}
-	if res.MatchedCount == 0 {
+	if !ok {
 		return nil, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
 	}
 	nt, err := s.loadTemplate(ctx, c, t.ID)
@@ -205,21 +193,21 @@ func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p 
 		}
 		t.Rev, t.Files = rev, files
 	}
-	return api.TemplateView{Template: *t, Trust: s.templateTrusts(ctx, t.ID)}, nil
+	return api.TemplateView{Template: *t, Trust: t.Trust}, nil
 }
 
 func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateListParams) (any, error) {
-	f := bson.M{}
+	var teams []string // nil: every team
 	switch {
 	case p.Team != "":
 		if !c.InTeam(p.Team) {
 			return nil, fmt.Errorf("you are not in team %q: %w", p.Team, kite.ErrPermission)
 		}
-		f["team"] = p.Team
+		teams = []string{p.Team}
 	case !c.Admin:
-		f["team"] = bson.M{"$in": c.TeamNames()}
+		teams = c.TeamNames()
 	}
-	ts, err := findAll[Template](ctx, s.store.Collection(store.CollTemplates), f, options.Find().SetSort(bson.M{"createdAt": 1}))
+	ts, err := s.store.Templates().List(ctx, teams)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +227,7 @@ func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request,
 		return nil, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
 	}
 	// Stacks keep their own copy of the revision they were made from, so they are unaffected.
-	if _, err := s.store.Collection(store.CollTemplates).DeleteOne(ctx, bson.M{"_id": t.ID}); err != nil {
+	if err := s.store.Templates().Delete(ctx, t.ID); err != nil {
 		return nil, err
 	}
 	return api.DeleteResult{Deleted: true}, nil
@@ -248,12 +236,11 @@ func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request,
 // EnsureTemplate creates a template owned by the admin in the default team unless one with this
 // title exists there; it returns the template's id (kloud serve's demo template uses it).
 func (s *Server) EnsureTemplate(ctx context.Context, title string, files map[string]string) (id string, created bool, err error) {
-	var t Template
-	err = s.store.Collection(store.CollTemplates).FindOne(ctx, bson.M{"title": title, "team": DefaultTeam}).Decode(&t)
+	t, err := s.store.Templates().ByTitle(ctx, DefaultTeam, title)
 	if err == nil {
 		return t.ID, false, nil
 	}
-	if !errors.Is(err, mongo.ErrNoDocuments) {
+	if !errors.Is(err, store.ErrNotFound) {
 		return "", false, err
 	}
 	c, err := s.callerByName(ctx, Admin, true)

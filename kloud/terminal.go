@@ -142,6 +142,7 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 		writeError(w, he.code, he.msg)
 		return
 	}
+	err = wireError(err)
 	code := http.StatusBadGateway
 	switch {
 	case errors.Is(err, kite.ErrInvalidParams):

@@ -17,7 +17,6 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/creack/pty"
-	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/klient"
@@ -26,6 +25,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
@@ -214,10 +214,7 @@ func TestTerminalAccess(t *testing.T) {
 	// Share the machine read-only with bob (what kloud's sharing does: the machine document,
 	// and klient's list).
 	ctx := t.Context()
-	if _, err := e.Server.Store().Collection(store.CollMachines).UpdateOne(ctx, bson.M{"_id": e.machine.ID},
-		bson.M{"$set": bson.M{"shares": []kloud.Share{{Username: "bob", Grant: kloud.GrantReadonly}}}}); err != nil {
-		t.Fatal(err)
-	}
+	storetest.SetFields(t, e.Server.Store(), store.CollMachines, e.machine.ID, map[string]any{"shares": []kloud.Share{{Username: "bob", Grant: kloud.GrantReadonly}}})
 	ownerToken, err := e.Server.Signer().Token("alice", e.machine.KiteID, time.Minute)
 	if err != nil {
 		t.Fatal(err)

@@ -12,9 +12,6 @@ import (
 	"strings"
 	"sync"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"golang.org/x/crypto/argon2"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -93,29 +90,24 @@ var dummyHash = sync.OnceValue(func() string {
 	return h
 })
 
-func (s *Server) users() *mongo.Collection { return s.store.Collection(store.CollUsers) }
-func (s *Server) teams() *mongo.Collection { return s.store.Collection(store.CollTeams) }
-
 func (s *Server) loadUser(ctx context.Context, username string) (*User, error) {
-	var u User
-	err := s.users().FindOne(ctx, bson.M{"_id": username}).Decode(&u)
-	if errors.Is(err, mongo.ErrNoDocuments) {
+	u, err := s.store.Users().Get(ctx, username)
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("user", username)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load user %s: %w", username, err)
+		return nil, err
 	}
 	return &u, nil
 }
 
 func (s *Server) loadTeam(ctx context.Context, slug string) (*Team, error) {
-	var t Team
-	err := s.teams().FindOne(ctx, bson.M{"_id": slug}).Decode(&t)
-	if errors.Is(err, mongo.ErrNoDocuments) {
+	t, err := s.store.Teams().Get(ctx, slug)
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("team", slug)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load team %s: %w", slug, err)
+		return nil, err
 	}
 	return &t, nil
 }
@@ -125,11 +117,7 @@ func (s *Server) userExists(ctx context.Context, username string) (bool, error) 
 	if username == Admin {
 		return true, nil
 	}
-	n, err := s.users().CountDocuments(ctx, bson.M{"_id": username})
-	if err != nil {
-		return false, fmt.Errorf("look up user %s: %w", username, err)
-	}
-	return n > 0, nil
+	return s.store.Users().Exists(ctx, username)
 }
 
 func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.UserAddParams) (any, error) {
@@ -149,8 +137,8 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 		}
 		u.PasswordHash = h
 	}
-	if _, err := s.users().InsertOne(ctx, u); err != nil {
-		if store.IsDuplicateKey(err) {
+	if err := s.store.Users().Insert(ctx, u); err != nil {
+		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("user %q already exists: %w", p.Username, kite.ErrConflict)
 		}
 		return nil, fmt.Errorf("add user %s: %w", p.Username, err)
@@ -168,11 +156,13 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 
 // visibleTeams returns the caller's teams (every team for kloud admins).
 func (s *Server) visibleTeams(ctx context.Context, c *Caller) ([]Team, error) {
-	filter := bson.M{}
-	if !c.Admin {
-		filter = bson.M{"_id": bson.M{"$in": c.TeamNames()}}
+	var teams []Team
+	var err error
+	if c.Admin {
+		teams, err = s.store.Teams().List(ctx)
+	} else {
+		teams, err = s.store.Teams().Named(ctx, c.TeamNames())
 	}
-	teams, err := findAll[Team](ctx, s.teams(), filter)
 	if err != nil {
 		return nil, fmt.Errorf("list teams: %w", err)
 	}
@@ -194,15 +184,16 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 			roles[m.Username][t.Slug] = m.Role
 		}
 	}
-	ufilter := bson.M{}
-	if !c.Admin {
+	var users []User
+	if c.Admin {
+		users, err = s.store.Users().List(ctx)
+	} else {
 		names := []string{c.Username}
 		for n := range roles {
 			names = append(names, n)
 		}
-		ufilter = bson.M{"_id": bson.M{"$in": names}}
+		users, err = s.store.Users().Named(ctx, names)
 	}
-	users, err := findAll[User](ctx, s.users(), ufilter)
 	if err != nil {
 		return nil, fmt.Errorf("list users: %w", err)
 	}
@@ -261,18 +252,11 @@ func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request
 	if err != nil {
 		return nil, err
 	}
-	upd := bson.M{"$set": bson.M{"passwordHash": h}}
-	var opts []options.Lister[options.UpdateOneOptions]
-	if p.Username == Admin {
-		upd["$setOnInsert"] = bson.M{"createdAt": s.store.Now(), "admin": true}
-		opts = append(opts, options.UpdateOne().SetUpsert(true))
-	}
-	res, err := s.users().UpdateOne(ctx, bson.M{"_id": p.Username}, upd, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("set password of %s: %w", p.Username, err)
-	}
-	if res.MatchedCount == 0 && res.UpsertedCount == 0 {
-		return nil, notFound("user", p.Username)
+	if err := s.store.Users().SetPassword(ctx, p.Username, h, p.Username == Admin); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, notFound("user", p.Username)
+		}
+		return nil, err
 	}
 	s.log.Info("password set", "user", p.Username, "by", c.Username)
 	return api.SetPasswordResult{Username: p.Username, PasswordSet: true}, nil
@@ -281,8 +265,8 @@ func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request
 // teamCreate creates a team with the caller as its admin.
 func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (any, error) {
 	t := Team{Slug: p.Slug, Title: p.Title, Members: []Member{{Username: c.Username, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
-	if _, err := s.teams().InsertOne(ctx, t); err != nil {
-		if store.IsDuplicateKey(err) {
+	if err := s.store.Teams().Insert(ctx, t); err != nil {
+		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("team %q already exists: %w", p.Slug, kite.ErrConflict)
 		}
 		return nil, fmt.Errorf("create team %s: %w", p.Slug, err)
@@ -383,11 +367,11 @@ func (s *Server) setMember(ctx context.Context, team, username, role string) err
 		if members == nil {
 			members = []Member{}
 		}
-		res, err := s.teams().UpdateOne(ctx, bson.M{"_id": team, "members": t.Members}, bson.M{"$set": bson.M{"members": members}})
+		ok, err := s.store.Teams().SetMembers(ctx, team, t.Members, members)
 		if err != nil {
-			return fmt.Errorf("update team %s: %w", team, err)
+			return err
 		}
-		if res.MatchedCount == 1 {
+		if ok {
 			return nil
 		}
 	}

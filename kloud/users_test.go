@@ -13,14 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
-	"github.com/kloud-dev/kloud/kloud/store"
 )
 
 // userWorld is a test kloud with connections per user that records every response and error
@@ -166,11 +163,11 @@ func TestUsersAndTeams(t *testing.T) {
 	wantErr(t, w.call(kloud.Admin, "user.add", map[string]any{"username": "nobody", "team": "no-team"}, nil), kite.ErrNotFound, "user.add to a missing team")
 
 	// The hash is argon2id with its parameters, and never leaves kloud.
-	var doc bson.M
-	if err := w.e.Server.Store().Collection(store.CollUsers).FindOne(t.Context(), bson.M{"_id": "alice"}).Decode(&doc); err != nil {
+	u, err := w.e.Server.Store().Users().Get(t.Context(), "alice")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := doc["passwordHash"].(string); !strings.HasPrefix(h, "$argon2id$v=19$m=") || strings.Contains(h, "alice-password") {
+	if h := u.PasswordHash; !strings.HasPrefix(h, "$argon2id$v=19$m=") || strings.Contains(h, "alice-password") {
 		t.Fatalf("stored hash %q", h)
 	}
 

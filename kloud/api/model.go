@@ -1,203 +1,54 @@
 package api
 
-import (
-	"time"
+import "github.com/kloud-dev/kloud/kloud/model"
 
-	"github.com/kloud-dev/kloud/provider"
+// The documents kloud keeps (package model) are also what its methods carry; they are named
+// here so a client needs only this package.
+type (
+	User             = model.User
+	Team             = model.Team
+	Member           = model.Member
+	File             = model.File
+	Credential       = model.Credential
+	Bootstrap        = model.Bootstrap
+	Template         = model.Template
+	TemplateRevision = model.TemplateRevision
+	TemplateTrust    = model.TemplateTrust
+	Stack            = model.Stack
+	StackReset       = model.StackReset
+	Agent            = model.Agent
+	Share            = model.Share
+	Machine          = model.Machine
 )
-
-// Documents kloud keeps in the store, one Go type per collection. Field names are the JSON and
-// BSON names; secrets are never in a JSON field.
-
-// User is a person who logs in (collection users).
-type User struct {
-	Username     string    `bson:"_id" json:"username"`
-	Email        string    `bson:"email,omitempty" json:"email,omitempty"`
-	PasswordHash string    `bson:"passwordHash,omitempty" json:"-"`
-	Admin        bool      `bson:"admin,omitempty" json:"admin,omitempty"` // kloud administrator
-	CreatedAt    time.Time `bson:"createdAt" json:"createdAt"`
-}
 
 // Team roles.
 const (
-	RoleAdmin  = "admin"
-	RoleMember = "member"
+	RoleAdmin  = model.RoleAdmin
+	RoleMember = model.RoleMember
 )
 
-// Team is a group of users sharing credentials and templates (collection teams).
-type Team struct {
-	Slug      string    `bson:"_id" json:"slug"`
-	Title     string    `bson:"title" json:"title"`
-	Members   []Member  `bson:"members" json:"members"`
-	CreatedAt time.Time `bson:"createdAt" json:"createdAt"`
-}
-
-// Member is a user's membership in a team.
-type Member struct {
-	Username string `bson:"username" json:"username"`
-	Role     string `bson:"role" json:"role"`
-}
-
 // DefaultTeam is created at first start with the admin in it.
-const DefaultTeam = "default"
-
-// File is one file of a template.
-type File struct {
-	Name    string `bson:"name" json:"name"`
-	Content string `bson:"content" json:"content"`
-}
-
-// Credential is a provider credential (collection credentials). The value is sealed (AES-GCM,
-// bound to the document id) and never leaves kloud except as Terraform variables of provider
-// blocks.
-type Credential struct {
-	ID        string         `bson:"_id" json:"id"`
-	Provider  string         `bson:"provider" json:"provider"`
-	Title     string         `bson:"title" json:"title"`
-	Team      string         `bson:"team" json:"team"`
-	Owner     string         `bson:"owner" json:"owner"`
-	Sealed    []byte         `bson:"sealed,omitempty" json:"-"`
-	Public    map[string]any `bson:"public,omitempty" json:"public,omitempty"` // non-secret fields
-	Secret    []string       `bson:"secretFields,omitempty" json:"secretFields,omitempty"`
-	Verified  bool           `bson:"verified" json:"verified"`
-	VerifyErr string         `bson:"verifyError,omitempty" json:"verifyError,omitempty"`
-	Bootstrap *Bootstrap     `bson:"bootstrap,omitempty" json:"bootstrap,omitempty"`
-	CreatedAt time.Time      `bson:"createdAt" json:"createdAt"`
-	UpdatedAt time.Time      `bson:"updatedAt" json:"updatedAt"`
-}
-
-// Bootstrap is the state of a credential's bootstrap resources.
-type Bootstrap struct {
-	Status     string    `bson:"status" json:"status"`      // none, running, done, failed, destroying, destroyed
-	Sealed     []byte    `bson:"sealed,omitempty" json:"-"` // the outputs, sealed
-	Outputs    []string  `bson:"outputs,omitempty" json:"outputs,omitempty"`
-	ContentIDs []string  `bson:"contentIds,omitempty" json:"contentIds,omitempty"`
-	JobID      string    `bson:"jobId,omitempty" json:"jobId,omitempty"`
-	Error      string    `bson:"error,omitempty" json:"error,omitempty"`
-	UpdatedAt  time.Time `bson:"updatedAt" json:"updatedAt"`
-
-	// TFJobs are the terraformer jobs of the running bootstrap, one per template, so a job
-	// recovered after a restart re-attaches to them.
-	TFJobs []string `bson:"tfJobs,omitempty" json:"-"`
-}
-
-// Template is a stack template with its revisions (collection templates).
-type Template struct {
-	ID          string             `bson:"_id" json:"id"`
-	Title       string             `bson:"title" json:"title"`
-	Description string             `bson:"description,omitempty" json:"description,omitempty"`
-	Team        string             `bson:"team" json:"team"`
-	Owner       string             `bson:"owner" json:"owner"`
-	Rev         int                `bson:"rev" json:"rev"`
-	Files       []File             `bson:"files" json:"files"`
-	Providers   []string           `bson:"providers,omitempty" json:"providers,omitempty"`
-	Revisions   []TemplateRevision `bson:"revisions,omitempty" json:"revisions,omitempty"`
-	CreatedAt   time.Time          `bson:"createdAt" json:"createdAt"`
-	UpdatedAt   time.Time          `bson:"updatedAt" json:"updatedAt"`
-}
-
-// TemplateRevision is an earlier version of a template.
-type TemplateRevision struct {
-	Rev       int       `bson:"rev" json:"rev"`
-	Files     []File    `bson:"files" json:"files"`
-	Author    string    `bson:"author" json:"author"`
-	CreatedAt time.Time `bson:"createdAt" json:"createdAt"`
-}
+const DefaultTeam = model.DefaultTeam
 
 // Stack states (Koding's stackstate).
 const (
-	StackNotInitialized = "NotInitialized"
-	StackBuilding       = "Building"
-	StackInitialized    = "Initialized"
-	StackDestroying     = "Destroying"
-	StackFailed         = "Failed"
+	StackNotInitialized = model.StackNotInitialized
+	StackBuilding       = model.StackBuilding
+	StackInitialized    = model.StackInitialized
+	StackDestroying     = model.StackDestroying
+	StackFailed         = model.StackFailed
 )
-
-// Stack is one user's instance of a template (collection stacks).
-type Stack struct {
-	ID          string            `bson:"_id" json:"id"`
-	Title       string            `bson:"title" json:"title"`
-	Team        string            `bson:"team" json:"team"`
-	Owner       string            `bson:"owner" json:"owner"`
-	TemplateID  string            `bson:"templateId" json:"templateId"`
-	TemplateRev int               `bson:"templateRev" json:"templateRev"`
-	Files       []File            `bson:"files" json:"-"`
-	Credentials map[string]string `bson:"credentials,omitempty" json:"credentials,omitempty"` // provider → credential id
-	Variables   map[string]string `bson:"variables,omitempty" json:"variables,omitempty"`
-	State       string            `bson:"state" json:"state"`
-	Reason      string            `bson:"reason,omitempty" json:"reason,omitempty"`
-	Machines    []string          `bson:"machines" json:"machines"`
-	JobID       string            `bson:"jobId,omitempty" json:"jobId,omitempty"`
-	CreatedAt   time.Time         `bson:"createdAt" json:"createdAt"`
-	UpdatedAt   time.Time         `bson:"updatedAt" json:"updatedAt"`
-}
 
 // Agent connection states of a machine, shown apart from its infrastructure state.
 const (
-	AgentNever        = "never"
-	AgentConnected    = "connected"
-	AgentDisconnected = "disconnected"
+	AgentNever        = model.AgentNever
+	AgentConnected    = model.AgentConnected
+	AgentDisconnected = model.AgentDisconnected
 )
 
-// Agent is what kloud knows of a machine's klient.
-type Agent struct {
-	Status   string    `bson:"status" json:"status"`
-	LastSeen time.Time `bson:"lastSeen,omitempty" json:"lastSeen,omitzero"`
-	Version  string    `bson:"version,omitempty" json:"version,omitempty"`
-}
-
-// Share grants (issue: machine sharing).
+// Share grants (machine sharing).
 const (
-	GrantReadonly = "readonly"
-	GrantTerminal = "terminal"
-	GrantFull     = "full"
+	GrantReadonly = model.GrantReadonly
+	GrantTerminal = model.GrantTerminal
+	GrantFull     = model.GrantFull
 )
-
-// Share is a user a machine is shared with.
-type Share struct {
-	Username string `bson:"username" json:"username"`
-	Grant    string `bson:"grant" json:"grant"`
-}
-
-// Machine is one machine of a stack (collection machines).
-type Machine struct {
-	ID         string         `bson:"_id" json:"id"`
-	StackID    string         `bson:"stackId" json:"stackId"`
-	Label      string         `bson:"label" json:"label"`
-	Resource   string         `bson:"resource" json:"resource"`
-	Index      *int           `bson:"index,omitempty" json:"index,omitempty"`
-	Provider   string         `bson:"provider" json:"provider"`
-	Owner      string         `bson:"owner" json:"owner"`
-	Team       string         `bson:"team" json:"team"`
-	State      provider.State `bson:"state" json:"state"`
-	Reason     string         `bson:"reason,omitempty" json:"reason,omitempty"`
-	KiteID     string         `bson:"kiteId,omitempty" json:"kiteId,omitempty"`
-	Agent      Agent          `bson:"agent" json:"agent"`
-	IPAddress  string         `bson:"ipAddress,omitempty" json:"ipAddress,omitempty"`
-	Attributes map[string]any `bson:"attributes,omitempty" json:"attributes,omitempty"`
-	Meta       map[string]any `bson:"meta,omitempty" json:"meta,omitempty"`
-	Shares     []Share        `bson:"shares,omitempty" json:"shares,omitempty"`
-	CreatedAt  time.Time      `bson:"createdAt" json:"createdAt"`
-	UpdatedAt  time.Time      `bson:"updatedAt" json:"updatedAt"`
-}
-
-// StackReset is the audit record of one stack.reset, kept on the stack (field resets).
-type StackReset struct {
-	By     string    `bson:"by" json:"by"`
-	At     time.Time `bson:"at" json:"at"`
-	From   string    `bson:"from" json:"from"`
-	To     string    `bson:"to" json:"to"`
-	Job    string    `bson:"job,omitempty" json:"job,omitempty"` // the stack's job at the time
-	Reason string    `bson:"reason" json:"reason"`
-}
-
-// TemplateTrust is an administrator's decision to lift policy rules for one revision of a
-// template.
-type TemplateTrust struct {
-	Rev    int       `bson:"rev" json:"rev"`
-	Digest string    `bson:"digest" json:"digest"` // filesDigest of the revision's files
-	Rules  []string  `bson:"rules" json:"rules"`
-	Reason string    `bson:"reason" json:"reason"`
-	By     string    `bson:"by" json:"by"`
-	At     time.Time `bson:"at" json:"at"`
-}

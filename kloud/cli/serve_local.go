@@ -16,10 +16,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/kloud"
-	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local"
 )
@@ -93,8 +91,12 @@ func (sl *serveLocal) start(ctx context.Context, s *kloud.Server, log *slog.Logg
 	// has a new instance id, so the machines of the old one stay: kloud cannot tell them from
 	// another kloud's (sandbox.Manager.List shows them, with their instance).
 	gone, err := l.GC(ctx, func(stackID, machineID string) bool {
-		n, err := s.Store().Collection(store.CollMachines).CountDocuments(ctx, bson.M{"_id": machineID, "stackId": stackID})
-		return err != nil || n > 0 // when in doubt, keep
+		keep, err := s.Store().Machines().InStack(ctx, stackID, machineID)
+		if err != nil {
+			log.Warn("local provider: sweep: look up machine; keeping it", "machine", machineID, "stack", stackID, "err", err)
+			return true // when in doubt, keep
+		}
+		return keep
 	})
 	if err != nil {
 		log.Warn("local provider: sweep", "err", err)

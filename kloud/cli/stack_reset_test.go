@@ -43,10 +43,10 @@ func TestStackResetCommand(t *testing.T) {
 	st := kloud.Stack{ID: store.NewID(), Title: "stuck", Team: kloud.DefaultTeam, Owner: "alice", State: kloud.StackBuilding,
 		Machines: []string{m.ID}, CreatedAt: now, UpdatedAt: now}
 	m.StackID = st.ID
-	if _, err := e.Server.Store().Collection(store.CollMachines).InsertOne(t.Context(), m); err != nil {
+	if err := e.Server.Store().Machines().InsertMany(t.Context(), []kloud.Machine{m}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Server.Store().Collection(store.CollStacks).InsertOne(t.Context(), st); err != nil {
+	if err := e.Server.Store().Stacks().Insert(t.Context(), st); err != nil {
 		t.Fatal(err)
 	}
 

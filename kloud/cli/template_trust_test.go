@@ -59,7 +59,7 @@ func TestTemplateTrustCommand(t *testing.T) {
 	now := time.Now()
 	tpl := kloud.Template{ID: store.NewID(), Title: "old", Team: kloud.DefaultTeam, Owner: "alice", Rev: 1,
 		Files: []kloud.File{{Name: "main.tf", Content: hostile}}, CreatedAt: now, UpdatedAt: now}
-	if _, err := e.Server.Store().Collection(store.CollTemplates).InsertOne(t.Context(), tpl); err != nil {
+	if err := e.Server.Store().Templates().Insert(t.Context(), tpl); err != nil {
 		t.Fatal(err)
 	}
 	if code, _, stderr := alice("template", "trust", tpl.ID, "--allow", "provisioner", "--reason", "mine"); code == 0 || !strings.Contains(stderr, "administrator") {
