@@ -51,7 +51,6 @@ import (
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/webterm"
 	"github.com/kloud-dev/kloud/kloud"
-	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -596,10 +595,10 @@ func kloudChild(dir string) error {
 		return err
 	}
 	now := s.Store().Now()
-	if _, err := s.Store().Collection(store.CollMachines).InsertOne(ctx, kloud.Machine{
+	if err := s.Store().Machines().InsertMany(ctx, []kloud.Machine{{
 		ID: machineID, StackID: "bench", Label: "bench", Provider: "none", Owner: owner, Team: kloud.DefaultTeam,
-		State: provider.Running, KiteID: kiteID, CreatedAt: now, UpdatedAt: now,
-	}); err != nil {
+		State: string(provider.Running), KiteID: kiteID, CreatedAt: now, UpdatedAt: now,
+	}}); err != nil {
 		return err
 	}
 	sess, err := s.Signer().Session(owner, false, time.Hour)
