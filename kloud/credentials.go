@@ -336,7 +336,9 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 			return nil, notFound("team", p.Team)
 		}
 		f.Teams = []string{p.Team}
-	case !c.Admin:
+	case c.Admin:
+		f.AllTeams = true
+	default:
 		f.Teams = c.TeamNames()
 	}
 	list, err := s.store.Credentials().List(ctx, f)

@@ -197,17 +197,19 @@ func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p 
 }
 
 func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateListParams) (any, error) {
-	var teams []string // nil: every team
+	var ts []Template
+	var err error
 	switch {
 	case p.Team != "":
 		if !c.InTeam(p.Team) {
 			return nil, fmt.Errorf("you are not in team %q: %w", p.Team, kite.ErrPermission)
 		}
-		teams = []string{p.Team}
-	case !c.Admin:
-		teams = c.TeamNames()
+		ts, err = s.store.Templates().OfTeams(ctx, []string{p.Team})
+	case c.Admin:
+		ts, err = s.store.Templates().List(ctx)
+	default:
+		ts, err = s.store.Templates().OfTeams(ctx, c.TeamNames())
 	}
-	ts, err := s.store.Templates().List(ctx, teams)
 	if err != nil {
 		return nil, err
 	}

@@ -202,17 +202,20 @@ func (r *Credentials) Insert(ctx context.Context, c Credential) error {
 	return insert(ctx, r.coll(), "credential", c.ID, c)
 }
 
-// CredentialFilter selects credentials for [Credentials.List]. Zero fields select all.
+// CredentialFilter selects credentials for [Credentials.List]. Teams is always applied (no
+// teams: no credentials) unless AllTeams is set, so a forgotten field never shows every team's
+// credentials.
 type CredentialFilter struct {
-	Teams    []string // in one of these teams (nil: any team)
-	Provider string
-	Limit    int64
+	Teams    []string // in one of these teams
+	AllTeams bool     // any team (kloud administrators)
+	Provider string   // "": any provider
+	Limit    int64    // 0: no limit
 }
 
 // List returns the matching credentials, oldest first.
 func (r *Credentials) List(ctx context.Context, f CredentialFilter) ([]Credential, error) {
 	filter := bson.M{}
-	if f.Teams != nil {
+	if !f.AllTeams {
 		filter["team"] = in(f.Teams)
 	}
 	if f.Provider != "" {
@@ -324,13 +327,14 @@ func (r *Templates) Insert(ctx context.Context, t Template) error {
 	return insert(ctx, r.coll(), "template", t.ID, t)
 }
 
-// List returns the templates of teams (nil: every team), oldest first.
-func (r *Templates) List(ctx context.Context, teams []string) ([]Template, error) {
-	f := bson.M{}
-	if teams != nil {
-		f["team"] = in(teams)
-	}
-	return findAll[Template](ctx, r.coll(), f, byCreation)
+// List returns every template, oldest first.
+func (r *Templates) List(ctx context.Context) ([]Template, error) {
+	return findAll[Template](ctx, r.coll(), bson.M{}, byCreation)
+}
+
+// OfTeams returns the templates of teams (none: no templates), oldest first.
+func (r *Templates) OfTeams(ctx context.Context, teams []string) ([]Template, error) {
+	return findAll[Template](ctx, r.coll(), bson.M{"team": in(teams)}, byCreation)
 }
 
 // Trusted returns the templates of team that carry trust records.

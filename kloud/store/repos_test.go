@@ -253,7 +253,10 @@ func TestCredentialBootstrapClaim(t *testing.T) {
 		if err != nil || len(l) != 0 {
 			t.Fatalf("blue's credentials: %v %v", l, err)
 		}
-		if l, err = s.Credentials().List(ctx, store.CredentialFilter{Provider: "p"}); err != nil || len(l) != 1 || !l[0].Verified {
+		if l, err = s.Credentials().List(ctx, store.CredentialFilter{Provider: "p"}); err != nil || len(l) != 0 {
+			t.Fatalf("credentials of no team: %+v %v", l, err)
+		}
+		if l, err = s.Credentials().List(ctx, store.CredentialFilter{AllTeams: true, Provider: "p"}); err != nil || len(l) != 1 || !l[0].Verified {
 			t.Fatalf("p's credentials: %+v %v", l, err)
 		}
 	})
@@ -292,8 +295,11 @@ func TestTemplatesUpdateAndTrust(t *testing.T) {
 		if err != nil || got.Rev != 2 || got.Files[0].Content != "b" || len(got.Revisions) != 1 {
 			t.Fatalf("by title: %+v %v", got, err)
 		}
-		if l, err := s.Templates().List(ctx, []string{}); err != nil || len(l) != 0 {
+		if l, err := s.Templates().OfTeams(ctx, nil); err != nil || len(l) != 0 {
 			t.Fatalf("templates of no team: %v %v", l, err)
+		}
+		if l, err := s.Templates().List(ctx); err != nil || len(l) != 1 {
+			t.Fatalf("every template: %v %v", l, err)
 		}
 	})
 }
