@@ -974,7 +974,7 @@ func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *a
 		case p.Team != "" && c.TeamAdmin(p.Team):
 			f.Owner = ""
 		case p.Team == "" && c.Admin:
-			f.Owner = ""
+			f = store.StackFilter{All: true}
 		default:
 			return nil, fmt.Errorf("listing every member's stacks needs a team admin: %w", kite.ErrPermission)
 		}

@@ -406,14 +406,19 @@ func (r *Stacks) Insert(ctx context.Context, st Stack) error {
 	return insert(ctx, r.coll(), "stack", st.ID, st)
 }
 
-// StackFilter selects stacks for [Stacks.List]. Zero fields select all.
+// StackFilter selects stacks for [Stacks.List]: those matching every non-empty field. An
+// empty filter selects nothing unless All is set, so a forgotten field never lists everyone's.
 type StackFilter struct {
 	Owner string
 	Team  string
+	All   bool // no condition (kloud administrators)
 }
 
 // List returns the matching stacks, oldest first.
 func (r *Stacks) List(ctx context.Context, f StackFilter) ([]Stack, error) {
+	if f == (StackFilter{}) {
+		return []Stack{}, nil
+	}
 	filter := bson.M{}
 	if f.Owner != "" {
 		filter["owner"] = f.Owner
@@ -552,15 +557,20 @@ func (r *Machines) SharedWith(ctx context.Context, kiteID, username string) (boo
 	return n > 0, nil
 }
 
-// MachineFilter selects machines for [Machines.List]. Zero fields select all.
+// MachineFilter selects machines for [Machines.List]: those matching every non-empty field.
+// An empty filter selects nothing unless All is set.
 type MachineFilter struct {
 	Visible string // owned by or shared with this user
 	Team    string
 	StackID string
+	All     bool // no condition
 }
 
 // List returns the matching machines, oldest first.
 func (r *Machines) List(ctx context.Context, f MachineFilter) ([]Machine, error) {
+	if f == (MachineFilter{}) {
+		return []Machine{}, nil
+	}
 	var and []bson.M
 	if f.Visible != "" {
 		and = append(and, bson.M{"$or": []bson.M{{"owner": f.Visible}, {"shares.username": f.Visible}}})

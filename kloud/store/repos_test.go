@@ -96,6 +96,12 @@ func TestStacksTransitionsAndReset(t *testing.T) {
 		if l, err := s.Stacks().List(ctx, store.StackFilter{Owner: "bob"}); err != nil || len(l) != 0 {
 			t.Fatalf("bob's stacks: %v %v", l, err)
 		}
+		if l, err := s.Stacks().List(ctx, store.StackFilter{}); err != nil || len(l) != 0 {
+			t.Fatalf("empty filter: %v %v", l, err)
+		}
+		if l, err := s.Stacks().List(ctx, store.StackFilter{All: true}); err != nil || len(l) != 1 {
+			t.Fatalf("every stack: %v %v", l, err)
+		}
 		if err := s.Stacks().Delete(ctx, "s1"); err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +191,10 @@ func TestMachinesQueriesAndConditionalWrites(t *testing.T) {
 		if err := s.Machines().DeleteByStack(ctx, "s1"); err != nil {
 			t.Fatal(err)
 		}
-		if got := ids(s.Machines().List(ctx, store.MachineFilter{})); !slices.Equal(got, []string{"m3"}) {
+		if got := ids(s.Machines().List(ctx, store.MachineFilter{})); len(got) != 0 {
+			t.Errorf("empty filter: %v", got)
+		}
+		if got := ids(s.Machines().List(ctx, store.MachineFilter{All: true})); !slices.Equal(got, []string{"m3"}) {
 			t.Errorf("after deleting s1's machines: %v", got)
 		}
 	})
