@@ -597,7 +597,7 @@ func kloudChild(dir string) error {
 	now := s.Store().Now()
 	if err := s.Store().Machines().InsertMany(ctx, []kloud.Machine{{
 		ID: machineID, StackID: "bench", Label: "bench", Provider: "none", Owner: owner, Team: kloud.DefaultTeam,
-		State: string(provider.Running), KiteID: kiteID, CreatedAt: now, UpdatedAt: now,
+		State: provider.Running, KiteID: kiteID, CreatedAt: now, UpdatedAt: now,
 	}}); err != nil {
 		return err
 	}

@@ -1,7 +1,8 @@
 // Package store is kloud's persistence: one MongoDB database (go.mongodb.org/mongo-driver/v2)
 // holding users, teams, credentials, templates, stacks, machines, durable jobs, leases, signing
 // keys, token revocations and kite presence records. Start reading at [Open] (store.go); then
-// the documents (model.go: [User], [Team], [Credential], [Template], [Stack], [Machine]) and
+// the documents (model.go, defined in kloud/model: [User], [Team], [Credential], [Template],
+// [Stack], [Machine]) and
 // their typed repositories (repos.go: [Store.Users], [Store.Teams], [Store.Credentials],
 // [Store.Templates], [Store.Stacks], [Store.Machines]);
 // [Store.AcquireLease] (lease.go), [Store.Transition] and [Store.TransitionIf] (transition.go),
@@ -100,10 +101,9 @@
 // model.go. They are the only code that builds filters and updates; no other package imports
 // the MongoDB driver, builds a bson.M or calls [Store.Collection] (a test in this package
 // parses the module to keep it so). A test that must simulate a record an older kloud or a dead
-// process left uses storetest.SetFields and storetest.Raw. The documents live in this package,
-// not in kloud (which aliases them), so the repositories need no import of kloud; a machine's
-// state is a plain string holding a provider.State, because this package imports neither
-// provider nor kite.
+// process left uses storetest.SetFields and storetest.Raw. The documents are defined once, in
+// the leaf package kloud/model, shared with the wire contract (kloud/api); model.go here names
+// them. This package imports neither kloud, kloud/api nor kite.
 //
 // # Errors
 //

@@ -35,8 +35,8 @@ func moduleRoot(t *testing.T) string {
 // outside kloud/store
 // (and its subpackages, such as storetest) no file imports the MongoDB driver, builds a bson.M
 // or calls a Collection method, so every document access goes through the typed repositories;
-// and kloud/store's own non-test files do not import kite (the store's errors are its own;
-// kloud maps them to kite codes in kloud/errors.go).
+// and neither kloud/store's nor kloud/model's non-test files import kite or kloud/api (the
+// store's errors are its own; kloud maps them to kite codes in kloud/errors.go).
 func TestOnlyTheStoreTouchesTheDatabase(t *testing.T) {
 	root := moduleRoot(t)
 	const mongoDriver = "go.mongodb.org/mongo-driver"
@@ -73,8 +73,8 @@ func TestOnlyTheStoreTouchesTheDatabase(t *testing.T) {
 		for _, imp := range f.Imports {
 			p, _ := strconv.Unquote(imp.Path.Value)
 			switch {
-			case inStore && (p == kitePkg || strings.HasPrefix(p, kitePkg+"/")):
-				t.Errorf("%s imports %s: kloud/store does not depend on the transport", rel, p)
+			case (inStore || strings.HasPrefix(rel, "kloud/model/")) && (p == kitePkg || strings.HasPrefix(p, kitePkg+"/") || p == "github.com/kloud-dev/kloud/kloud/api"):
+				t.Errorf("%s imports %s: kloud/store and kloud/model do not depend on the transport", rel, p)
 			case !inStore && strings.HasPrefix(p, mongoDriver):
 				t.Errorf("%s imports %s: only kloud/store talks to the database (use its repositories)", rel, p)
 			}
