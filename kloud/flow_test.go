@@ -35,11 +35,18 @@ func (f *flowEnv) client() *api.Client { return api.NewClient(f.alice) }
 
 func newFlow(t *testing.T, o dummy.Options) *flowEnv {
 	t.Helper()
+	return newFlowWith(t, o, kloudtest.Options{})
+}
+
+// newFlowWith is newFlow with kloud's options (e.g. a short AgentTimeout).
+func newFlowWith(t *testing.T, o dummy.Options, ko kloudtest.Options) *flowEnv {
+	t.Helper()
 	testutil.RequireBinary(t, "curl")
 	reg := provider.NewRegistry()
 	o.Dir = filepath.Join(t.TempDir(), "machines")
 	reg.Register(dummy.New(o))
-	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
+	ko.Providers, ko.KlientBin = reg, testutil.BuildBinary(t, "./cmd/klient")
+	e := kloudtest.Start(t, ko)
 	e.StartTerraformer()
 	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
 		t.Fatal(err)
@@ -249,7 +256,7 @@ resource "terraform_data" "web" {
 }
 
 func TestBrokenAgentDownloadNamesTheStep(t *testing.T) {
-	f := newFlow(t, dummy.Options{BreakAgent: "download"})
+	f := newFlowWith(t, dummy.Options{BreakAgent: "download"}, kloudtest.Options{AgentTimeout: 15 * time.Second})
 	f.credential()
 	tid := f.template(`
 resource "terraform_data" "web" {
@@ -257,7 +264,7 @@ resource "terraform_data" "web" {
 }
 `)
 	var res struct{ Stack kloud.Stack }
-	kloudtest.Call(t, f.alice, "stack.create", map[string]any{"templateId": tid, "variables": map[string]string{"kloud_agent_timeout": "15s"}}, &res)
+	kloudtest.Call(t, f.alice, "stack.create", map[string]any{"templateId": tid}, &res)
 	var job struct{ JobID string }
 	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": res.Stack.ID}, &job)
 	last := f.follow(job.JobID)

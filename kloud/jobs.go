@@ -9,6 +9,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -61,6 +62,17 @@ func (j *jobCtx) Progress(ctx context.Context, percent int, stage, message strin
 		j.s.log.Warn("job progress", "job", j.ID, "err", err)
 	}
 	j.Percent, j.Stage, j.Message = percent, stage, message
+}
+
+// Enter records that the job reached stage st: its percentage, state and message come from
+// stackbuild's stage table.
+func (j *jobCtx) Enter(ctx context.Context, st stackbuild.Stage) {
+	j.Progress(ctx, st.Percent(), string(st.State()), string(st))
+}
+
+// EnterAt records progress pct percent (0–100) through stage st (terraform's own progress).
+func (j *jobCtx) EnterAt(ctx context.Context, st stackbuild.Stage, pct int) {
+	j.Progress(ctx, st.Within(pct), string(st.State()), string(st))
 }
 
 // Logf adds a line to the job's log, with its own context like Progress.

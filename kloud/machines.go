@@ -209,8 +209,11 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	if err != nil {
 		return fail(err)
 	}
-	verb := map[string]string{provider.MethodStart: "Starting", provider.MethodStop: "Stopping"}[method]
-	j.Progress(ctx, 25, string(during), verb+" machine")
+	stage, done := stackbuild.MachineStopping, stackbuild.MachineStopped
+	if method == provider.MethodStart {
+		stage, done = stackbuild.MachineStarting, stackbuild.MachineStarted
+	}
+	j.Enter(ctx, stage)
 	var meta any
 	if method == provider.MethodStart {
 		meta, err = pm.Start(ctx)
@@ -222,8 +225,8 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	}
 	set := store.MachineSet{State: new(string(after)), Reason: new(""), Meta: meta}
 	if method == provider.MethodStart {
-		j.Progress(ctx, 75, string(during), "Checking the machine's agent")
-		pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: 5 * time.Minute, Log: s.log}
+		j.Enter(ctx, stackbuild.MachineAgent)
+		pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: s.opts.AgentTimeout, Log: s.log}
 		r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm}}, nil)[0]
 		if !r.OK {
 			return fail(fmt.Errorf("started, but %s failed: %w", r.Step, r.Err))
@@ -231,6 +234,6 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		set.AgentStatus, set.AgentSeen = new(AgentConnected), new(s.store.Now())
 	}
 	s.setMachine(ctx, m.ID, []provider.State{during}, set)
-	j.Progress(ctx, 100, string(after), "Machine "+map[string]string{provider.MethodStart: "started", provider.MethodStop: "stopped"}[method])
+	j.Enter(ctx, done)
 	return map[string]any{"machineId": m.ID, "state": after}, nil
 }

@@ -51,6 +51,9 @@ const (
 	DefaultRetentionJobs     = 30 * 24 * time.Hour
 	DefaultRetentionKites    = 24 * time.Hour
 	DefaultRetentionInterval = time.Hour
+	// DefaultAgentTimeout is how long a build or a machine start waits for a machine's agent
+	// to register, answer and finish provisioning before it names the step that failed.
+	DefaultAgentTimeout = 5 * time.Minute
 )
 
 // Options configures New. Zero fields take the defaults above (and DefaultDataDir).
@@ -83,6 +86,10 @@ type Options struct {
 	// revocations, presence records of kites whose replica is gone) and how often kloud prunes
 	// it (retention.go). Zero fields take the defaults of [Retention].
 	Retention Retention
+	// AgentTimeout bounds the wait for a machine's agent after terraform made the machine
+	// (stack build) or the provider started it (machine.start): default DefaultAgentTimeout
+	// (5m). Tests of boot failures set it short.
+	AgentTimeout time.Duration
 	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
 	// error until one is set with SetTerraformer).
 	Terraformer Terraformer
@@ -219,6 +226,9 @@ func (o *Options) defaults() error {
 		o.ReconcileInterval = DefaultReconcileInterval
 	}
 	o.Retention.defaults()
+	if o.AgentTimeout <= 0 {
+		o.AgentTimeout = DefaultAgentTimeout
+	}
 	if o.Providers == nil {
 		o.Providers = provider.NewRegistry()
 	}

@@ -29,7 +29,7 @@ import (
 // Stacks: stack.plan (what a template would make), stack.create (machine documents), stack.apply
 // (build or destroy, a durable job), stack.describe and stack.list.
 
-const jobStackApply = "stack.apply"
+const jobStackApply = stackbuild.JobApply
 
 // stackLeaseTTL bounds how long a dead kloud keeps a stack locked.
 const stackLeaseTTL = time.Minute
@@ -330,7 +330,7 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		}
 		return nil, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, verb, strings.Join(from, ", "), kite.ErrState)
 	}
-	if _, err := s.startJobID(ctx, id, jobStackApply, "stack/"+st.ID, c.Username, map[string]any{"stackId": st.ID, "destroy": p.Destroy, "lease": owner}); err != nil {
+	if _, err := s.startJobID(ctx, id, jobStackApply, "stack/"+st.ID, c.Username, stackbuild.ApplyParams{StackID: st.ID, Destroy: p.Destroy, Lease: owner}.Map()); err != nil {
 		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the %s job: %v", verb, err))}
 		if st.JobID != "" {
 			back.JobID = new(st.JobID)
@@ -392,9 +392,11 @@ func (s *Server) keepLease(ctx context.Context, name, owner string) (stop func()
 }
 
 func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) (res map[string]any, err error) {
-	stackID, _ := j.Params["stackId"].(string)
-	destroy, _ := j.Params["destroy"].(bool)
-	owner, _ := j.Params["lease"].(string)
+	params, err := stackbuild.ParseApplyParams(j.Params)
+	if err != nil {
+		return nil, err
+	}
+	stackID, destroy, owner := params.StackID, params.Destroy, params.Lease
 	during := StackBuilding
 	if destroy {
 		during = StackDestroying
@@ -616,7 +618,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		}
 	}
 	if !recovering {
-		j.Progress(ctx, 10, string(provider.Building), "Checking machines")
+		j.Enter(ctx, stackbuild.BuildChecking)
 		// A stack builds from NotInitialized or Failed: its machines may be in any settled
 		// state (a failed or cancelled build leaves them Unknown); terraform converges on the
 		// template. A machine in a transition has a job of its own at work.
@@ -630,17 +632,23 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 				return nil, s.failBuild(ctx, st, ms[:i], fmt.Errorf("machine %s changed state meanwhile", m.Label))
 			}
 		}
-		j.Progress(ctx, 20, string(provider.Building), "Fetching and validating credentials")
+		j.Enter(ctx, stackbuild.BuildCredentials)
 		b, err := s.build(ctx, c, st.Team, fileMap(st.Files), st.Credentials, st.Variables)
 		if err != nil {
 			return nil, s.failBuild(ctx, st, ms, err)
 		}
-		j.Progress(ctx, 30, string(provider.Building), "Preparing the agents' user data")
+		j.Enter(ctx, stackbuild.BuildUserData)
+		// Every agent's configuration first (keys minted, kite ids recorded); the providers'
+		// rewrite below only renders them into the template and writes nothing.
+		agents, err := s.mintAgents(ctx, st, ms)
+		if err != nil {
+			return nil, s.failBuild(ctx, st, ms, err)
+		}
 		tpl := &provider.Template{Files: b.files, Variables: b.variables}
 		for _, name := range slices.Sorted(maps.Keys(b.providers)) {
 			p, _ := s.providers.Lookup(name)
 			bs := &provider.BaseStack{Provider: p, StackID: st.ID, Team: st.Team, Owner: st.Owner, Template: tpl, Log: s.log.With("stack", st.ID, "provider", name),
-				AgentConfig: s.agentConfig(p, st)}
+				AgentConfig: agents.config}
 			for i := range ms {
 				if ms[i].Provider == name {
 					bs.Machines = append(bs.Machines, machineSpec(&ms[i]))
@@ -655,7 +663,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 			}
 			bs.Template = tpl
 		}
-		j.Progress(ctx, 40, string(provider.Building), "Building stack resources")
+		j.Enter(ctx, stackbuild.BuildResources)
 		tfJob, err = submitTF(ctx, j, func() (string, error) {
 			return tf.Apply(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.ID})
 		})
@@ -670,7 +678,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	said := map[string]string{} // the last message logged per resource: progress repeats it
 	job, err := tf.Wait(ctx, tfJob, func(ev tfrun.Event) {
 		if ev.Type == tfrun.EventProgress && ev.Resource != nil {
-			j.Progress(ctx, 40+ev.Percent*30/100, string(provider.Building), "Building stack resources")
+			j.EnterAt(ctx, stackbuild.BuildResources, ev.Percent)
 			if msg := ev.Resource.Message; msg != "" && said[ev.Resource.Address] != msg {
 				said[ev.Resource.Address] = msg
 				j.Logf(ctx, "%s", msg)
@@ -690,12 +698,12 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	if err != nil {
 		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("load machines: %w", err))
 	}
-	j.Progress(ctx, 70, string(provider.Building), "Checking machines' agents")
+	j.Enter(ctx, stackbuild.BuildAgents)
 	results := s.waitAgents(ctx, j, st, ms, job.Result)
 	if ctx.Err() != nil {
 		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
 	}
-	j.Progress(ctx, 90, string(provider.Building), "Updating machine settings")
+	j.Enter(ctx, stackbuild.BuildSettings)
 	var failed []string
 	for i, m := range ms {
 		r := results[i]
@@ -727,18 +735,12 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		return map[string]any{"stackId": st.ID}, fmt.Errorf("%s:\n%s", reason, strings.Join(failed, "\n"))
 	}
 	s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new("")})
-	j.Progress(ctx, 100, string(provider.Running), "Stack building finished")
+	j.Enter(ctx, stackbuild.BuildDone)
 	return map[string]any{"stackId": st.ID, "machines": len(ms)}, nil
 }
 
 func (s *Server) waitAgents(ctx context.Context, j *jobCtx, st *Stack, ms []Machine, res *tfrun.Result) []stackbuild.AgentResult {
-	timeout := 5 * time.Minute
-	if v, ok := st.Variables["kloud_agent_timeout"]; ok {
-		if d, err := time.ParseDuration(v); err == nil && d > 0 {
-			timeout = d
-		}
-	}
-	pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: timeout, Log: s.log}
+	pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: s.opts.AgentTimeout, Log: s.log}
 	c, _ := s.callerByName(ctx, st.Owner, false)
 	var ex []stackbuild.Expect
 	for i := range ms {
@@ -817,27 +819,50 @@ func (s *Server) kloudURLFor(p *provider.Provider) string {
 	return s.opts.PublicURL
 }
 
-// agentConfig mints a fresh kite key for each machine (its id is what the planner waits for)
-// and records the id on the machine before Terraform runs, so a restart can still find it.
-func (s *Server) agentConfig(p *provider.Provider, st *Stack) func(ctx context.Context, m *provider.MachineSpec) (userdata.Config, error) {
-	return func(ctx context.Context, m *provider.MachineSpec) (userdata.Config, error) {
-		if s.klientSum == "" {
-			return userdata.Config{}, fmt.Errorf("kloud has no klient binary to give machines (looked at %s): %w", s.opts.KlientBin, kite.ErrState)
+// mintAgents prepares every machine's agent before any provider rewrites the template: it
+// mints a fresh kite key per machine (its id is what the planner waits for), records the ids on
+// the machines (ms too) before Terraform runs, so a restart can still find them, and returns each
+// machine's agent configuration for the providers to render into user data.
+func (s *Server) mintAgents(ctx context.Context, st *Stack, ms []Machine) (agentConfigs, error) {
+	if s.klientSum == "" {
+		return nil, fmt.Errorf("kloud has no klient binary to give machines (looked at %s): %w", s.opts.KlientBin, kite.ErrState)
+	}
+	out := agentConfigs{}
+	for i := range ms {
+		m := &ms[i]
+		p, err := s.providers.Lookup(m.Provider)
+		if err != nil {
+			return nil, fmt.Errorf("machine %s: %w", m.Label, err)
 		}
 		url := s.kloudURLFor(p)
 		kiteID := AgentKitePrefix + uuid.NewString()
 		key, _, err := s.Kontrol.CreateAgentKey(kitekey.AgentKeySpec{Owner: st.Owner, MachineID: m.ID, StackID: st.ID, KiteID: kiteID, KontrolURL: url + "/kite"})
 		if err != nil {
-			return userdata.Config{}, err
+			return nil, fmt.Errorf("machine %s: agent key: %w", m.Label, err)
 		}
-		if !s.setMachine(ctx, m.ID, nil, store.MachineSet{KiteID: new(kiteID), Agent: &Agent{Status: AgentNever}}) {
-			return userdata.Config{}, fmt.Errorf("record kite id of %s", m.Label)
+		out[m.ID] = userdata.Config{
+			Username: st.Owner, KiteKey: key, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: s.klientSum,
 		}
 		m.KiteID = kiteID
-		return userdata.Config{
-			Username: st.Owner, KiteKey: key, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: s.klientSum,
-		}, nil
 	}
+	for _, m := range ms {
+		if !s.setMachine(ctx, m.ID, nil, store.MachineSet{KiteID: new(m.KiteID), Agent: &Agent{Status: AgentNever}}) {
+			return nil, fmt.Errorf("record kite id of %s", m.Label)
+		}
+	}
+	return out, nil
+}
+
+// agentConfigs are the machines' agent configurations by machine id (mintAgents).
+type agentConfigs map[string]userdata.Config
+
+// config is provider.BaseStack.AgentConfig: a lookup, nothing minted or written.
+func (a agentConfigs) config(_ context.Context, m *provider.MachineSpec) (userdata.Config, error) {
+	c, ok := a[m.ID]
+	if !ok {
+		return userdata.Config{}, fmt.Errorf("machine %s has no agent configuration", m.Label)
+	}
+	return c, nil
 }
 
 func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack) (map[string]any, error) {
@@ -845,7 +870,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	if err != nil {
 		return nil, err
 	}
-	j.Progress(ctx, 10, string(provider.Terminating), "Destroying machines")
+	j.Enter(ctx, stackbuild.DestroyMachines)
 	for i, m := range ms {
 		// A machine a start or stop job is changing is not taken from under it.
 		if !s.setMachine(ctx, m.ID, settledStates(), store.MachineSet{State: new(string(provider.Terminating))}) {
@@ -871,7 +896,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		}
 		err = kite.ErrNotFound
 	} else {
-		j.Progress(ctx, 30, string(provider.Terminating), "Destroying stack resources")
+		j.Enter(ctx, stackbuild.DestroyResources)
 		id, err = submitTF(ctx, j, func() (string, error) {
 			return tf.Destroy(ctx, terraformer.Request{ContentID: "stack-" + st.ID, TraceID: j.ID})
 		})
@@ -884,7 +909,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	default:
 		job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
 			if ev.Type == tfrun.EventProgress {
-				j.Progress(ctx, 30+ev.Percent*60/100, string(provider.Terminating), "Destroying stack resources")
+				j.EnterAt(ctx, stackbuild.DestroyResources, ev.Percent)
 			}
 		})
 		if err == nil {
@@ -897,7 +922,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	// Terraform destroyed everything: the rest is bookkeeping, done even if the job is
 	// cancelled now (a cancel cannot bring the machines back).
 	bctx := context.WithoutCancel(ctx)
-	j.Progress(bctx, 90, string(provider.Terminating), "Revoking the machines' keys")
+	j.Enter(bctx, stackbuild.DestroyKeys)
 	for _, m := range ms {
 		if m.KiteID != "" {
 			if err := s.Kontrol.Revoke(bctx, m.KiteID, "stack "+st.ID+" destroyed"); err != nil {
@@ -916,7 +941,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		return nil, err
 	}
 	ctx = bctx
-	j.Progress(ctx, 100, string(provider.Terminated), "Stack destroyed")
+	j.Enter(ctx, stackbuild.DestroyDone)
 	return map[string]any{"stackId": st.ID, "destroyed": true}, nil
 }
 

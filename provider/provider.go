@@ -200,9 +200,10 @@ type BaseStack struct {
 	Owner    string
 	Template *Template
 	Machines []*MachineSpec // this provider's machines in the stack
-	// AgentConfig returns what machine m's agent needs (a fresh kite key, kloud's URLs, the
-	// owner), setting m.KiteID. Providers render it with userdata.Render (cloud-init) or
-	// userdata.RenderScript; InjectUserData does that for the common case.
+	// AgentConfig returns what machine m's agent needs (its kite key, kloud's URLs, the owner).
+	// Kloud prepares every machine's before ApplyTemplate runs (keys minted, m.KiteID recorded):
+	// it is a lookup that writes nothing. Providers render it with userdata.Render (cloud-init)
+	// or userdata.RenderScript; InjectUserData does that for the common case.
 	AgentConfig func(ctx context.Context, m *MachineSpec) (userdata.Config, error)
 	Log         *slog.Logger
 }

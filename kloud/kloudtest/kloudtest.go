@@ -30,6 +30,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Retention is kloud's (zero: its defaults).
 	Retention kloud.Retention
+	// AgentTimeout is kloud's wait for a machine's agent (zero: kloud.DefaultAgentTimeout).
+	AgentTimeout time.Duration
 }
 
 // Env is a running test kloud.
@@ -66,7 +68,7 @@ func Start(t testing.TB, o Options) *Env {
 	url := "http://" + addr
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
-		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention,
+		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 	})
 	if err != nil {
