@@ -58,6 +58,11 @@ func (s *Server) checkPolicy(ctx context.Context, team string, files map[string]
 	if err != nil {
 		return fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
 	}
+	return s.checkPolicyParsed(ctx, team, files, cfg, extraLift...)
+}
+
+// checkPolicyParsed is checkPolicy for files already parsed (cfg, not yet rewritten).
+func (s *Server) checkPolicyParsed(ctx context.Context, team string, files map[string][]byte, cfg *tmpl.Config, extraLift ...string) error {
 	lift, err := s.trustedRules(ctx, team, filesDigest(files))
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 	"github.com/kloud-dev/kloud/userdata"
@@ -37,6 +38,7 @@ const stackLeaseTTL = time.Minute
 // builtTemplate is a template ready for Terraform: files, variables, credentials.
 type builtTemplate struct {
 	files     map[string][]byte
+	cfg       *tmpl.Config // files parsed: the one parse of a build, handed on to the providers
 	variables map[string]any
 	creds     map[string]*provider.Credential // provider → credential
 	credIDs   map[string]string
@@ -52,7 +54,7 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 	}
 	// The template policy again (kloud/policy.go): a template stored before it, or bypassing
 	// template.create, does not run.
-	if err := s.checkPolicy(ctx, team, files); err != nil {
+	if err := s.checkPolicyParsed(ctx, team, files, cfg); err != nil {
 		return nil, err
 	}
 	b := &builtTemplate{files: files, variables: map[string]any{}, creds: map[string]*provider.Credential{}, credIDs: map[string]string{}, providers: map[string][]string{}}
@@ -116,7 +118,7 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 	if err := cfg.CheckSecretRefs(secret); err != nil {
 		return nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
 	}
-	b.files = cfg.Files()
+	b.files, b.cfg = cfg.Files(), cfg
 	return b, nil
 }
 
@@ -644,7 +646,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		if err != nil {
 			return nil, s.failBuild(ctx, st, ms, err)
 		}
-		tpl := &provider.Template{Files: b.files, Variables: b.variables}
+		tpl := &provider.Template{Files: b.files, Variables: b.variables, Config: b.cfg}
 		for _, name := range slices.Sorted(maps.Keys(b.providers)) {
 			p, _ := s.providers.Lookup(name)
 			bs := &provider.BaseStack{Provider: p, StackID: st.ID, Team: st.Team, Owner: st.Owner, Template: tpl, Log: s.log.With("stack", st.ID, "provider", name),

@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/kloud-dev/kloud/provider/tmpl"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -23,7 +22,7 @@ func (b *BaseStack) InjectUserData(ctx context.Context, render func(m *MachineSp
 	if b.Provider.UserDataAttr == "" {
 		return fmt.Errorf("provider %s has no user data attribute", b.Provider.Name)
 	}
-	cfg, err := tmpl.Parse(b.Template.Files)
+	cfg, err := b.Template.Parsed()
 	if err != nil {
 		return err
 	}

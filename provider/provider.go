@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/kloud-dev/kloud/provider/tmpl"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -174,6 +175,24 @@ type Template struct {
 	Key       string
 	Files     map[string][]byte
 	Variables map[string]any
+	// Config is Files parsed, if whoever made the Template parsed them (kloud parses a stack's
+	// files once per build and hands the result on). Use Parsed, which checks that it still
+	// holds Files; whoever edits Config sets Files = Config.Files() after.
+	Config *tmpl.Config `json:"-"`
+}
+
+// Parsed returns t.Files parsed: t.Config if it holds them, else a fresh parse, kept in
+// t.Config for the next caller.
+func (t *Template) Parsed() (*tmpl.Config, error) {
+	if t.Config.Holds(t.Files) {
+		return t.Config, nil
+	}
+	cfg, err := tmpl.Parse(t.Files)
+	if err != nil {
+		return nil, err
+	}
+	t.Config = cfg
+	return cfg, nil
 }
 
 // MachineSpec is a machine of a stack as the template declares it.

@@ -427,6 +427,22 @@ func (c *Config) Providers() []string {
 
 // Files returns the template's files as they are now (rewritten, and with GeneratedFile when a
 // variable was declared). The map and slices are copies.
+// Holds reports whether c is files parsed: the same names with the same contents. A caller that
+// keeps a Config next to the files it came from uses it to tell whether someone changed the
+// files since (then they are parsed again).
+func (c *Config) Holds(files map[string][]byte) bool {
+	if c == nil || len(c.files) != len(files) {
+		return false
+	}
+	for _, f := range c.files {
+		src, ok := files[f.name]
+		if !ok || !bytes.Equal(src, f.src) {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *Config) Files() map[string][]byte {
 	out := make(map[string][]byte, len(c.files))
 	for _, f := range c.files {

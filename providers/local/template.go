@@ -63,7 +63,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if _, taken := b.Template.Files[GeneratedFile]; taken {
 		return nil, fmt.Errorf("template file %s: the name is reserved for kloud's generated provider configuration", GeneratedFile)
 	}
-	cfg, err := tmpl.Parse(b.Template.Files)
+	cfg, err := b.Template.Parsed()
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +95,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err := s.setTags(); err != nil {
 		return nil, err
 	}
-	if cfg, err = tmpl.Parse(b.Template.Files); err != nil {
+	if cfg, err = b.Template.Parsed(); err != nil {
 		return nil, err
 	}
 	if err := cfg.DeclareVariable(TokenVar, "string", true); err != nil {
@@ -124,7 +124,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		b.Template.Variables = map[string]any{}
 	}
 	b.Template.Variables[TokenVar] = token
-	b.Template.Files = files
+	b.Template.Files, b.Template.Config = files, cfg
 	return b.Template, nil
 }
 
@@ -132,7 +132,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 // variables holding the stack id and each count index's machine id. The user's other tags stay.
 func (s *stack) setTags() error {
 	b := s.b
-	cfg, err := tmpl.Parse(b.Template.Files)
+	cfg, err := b.Template.Parsed()
 	if err != nil {
 		return err
 	}
