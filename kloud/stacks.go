@@ -847,10 +847,14 @@ func (s *Server) mintAgents(ctx context.Context, st *Stack, ms []Machine) (agent
 		}
 		m.KiteID = kiteID
 	}
+	ids := make(map[string]string, len(ms))
 	for _, m := range ms {
-		if !s.setMachine(ctx, m.ID, nil, store.MachineSet{KiteID: new(m.KiteID), Agent: &Agent{Status: AgentNever}}) {
-			return nil, fmt.Errorf("record kite id of %s", m.Label)
-		}
+		ids[m.ID] = m.KiteID
+	}
+	if err := s.store.Persist(ctx, "record kite ids of stack "+st.ID, 0, func(ctx context.Context) error {
+		return s.store.Machines().SetKiteIDs(ctx, ids, Agent{Status: AgentNever})
+	}); err != nil {
+		return nil, fmt.Errorf("record the machines' kite ids: %w", err)
 	}
 	return out, nil
 }

@@ -662,6 +662,29 @@ func (r *Machines) SetAgent(ctx context.Context, kiteID, status, version string)
 	return nil
 }
 
+// SetKiteIDs records the agent kite id of each machine (machine id → kite id) with agent as its
+// agent record, in one write (a stack build does it before Terraform runs). A machine that does
+// not exist is ErrNotFound; the others are written.
+func (r *Machines) SetKiteIDs(ctx context.Context, ids map[string]string, agent Agent) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	now := r.s.Now()
+	models := make([]mongo.WriteModel, 0, len(ids))
+	for id, kiteID := range ids {
+		models = append(models, mongo.NewUpdateOneModel().SetFilter(bson.M{"_id": id}).
+			SetUpdate(bson.M{"$set": bson.M{"kiteId": kiteID, "agent": agent, "updatedAt": now}}))
+	}
+	res, err := r.coll().BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	if err != nil {
+		return fmt.Errorf("record kite ids of %d machines: %w", len(ids), err)
+	}
+	if res.MatchedCount != int64(len(ids)) {
+		return fmt.Errorf("record kite ids: %d of %d machines: %w", len(ids)-int(res.MatchedCount), len(ids), ErrNotFound)
+	}
+	return nil
+}
+
 // DeleteByStack removes the machines of a stack.
 func (r *Machines) DeleteByStack(ctx context.Context, stackID string) error {
 	if _, err := r.coll().DeleteMany(ctx, bson.M{"stackId": stackID}); err != nil {

@@ -331,3 +331,40 @@ func TestStoretestSetFieldsAndRaw(t *testing.T) {
 		t.Fatalf("members changed from a stale list: %t %v", ok, err)
 	}
 }
+
+// SetKiteIDs writes every machine's kite id and agent record in one call; a missing machine is
+// ErrNotFound and does not stop the others.
+func TestMachinesSetKiteIDs(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, b backend) {
+		ctx := ctxT(t)
+		s := b.open(t, store.Options{})
+		now := s.Now()
+		ms := []store.Machine{
+			{ID: "m1", StackID: "s1", Label: "a", Owner: "alice", State: "Building", KiteID: "old", Agent: store.Agent{Status: store.AgentConnected}, CreatedAt: now, UpdatedAt: now},
+			{ID: "m2", StackID: "s1", Label: "b", Owner: "alice", State: "Building", CreatedAt: now, UpdatedAt: now},
+		}
+		if err := s.Machines().InsertMany(ctx, ms); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Machines().SetKiteIDs(ctx, map[string]string{"m1": "k1", "m2": "k2"}, store.Agent{Status: store.AgentNever}); err != nil {
+			t.Fatal(err)
+		}
+		for id, want := range map[string]string{"m1": "k1", "m2": "k2"} {
+			m, err := s.Machines().Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.KiteID != want || m.Agent.Status != store.AgentNever || !m.UpdatedAt.After(now) && !m.UpdatedAt.Equal(now) {
+				t.Fatalf("%s: kite %q agent %+v, want %q never seen", id, m.KiteID, m.Agent, want)
+			}
+		}
+		err := s.Machines().SetKiteIDs(ctx, map[string]string{"m1": "k3", "gone": "k4"}, store.Agent{Status: store.AgentNever})
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a missing machine: %v", err)
+		}
+		if m, _ := s.Machines().Get(ctx, "m1"); m.KiteID != "k3" {
+			t.Fatalf("m1 not written beside a missing machine: %q", m.KiteID)
+		}
+	})
+}
