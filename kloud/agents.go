@@ -87,11 +87,20 @@ func (s *Server) trackAgents(ctx context.Context) {
 	}
 }
 
+// setAgent is the one writer of a machine's agent status (connected or disconnected, last seen,
+// version): trackAgents calls it for kontrol's registrations, and a build or machine start for
+// the agent its Planner just found answering (so the job's end already shows it). A build's
+// mintAgents resets the record to never-seen together with the machine's new kite id. The
+// write is retried for a while (store.Store.Persist), with its own context like other
+// bookkeeping.
 func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {
 	if !strings.HasPrefix(kiteID, AgentKitePrefix) {
 		return // not a machine's agent: no machine document to update
 	}
-	if err := s.store.Machines().SetAgent(ctx, kiteID, status, version); err != nil && ctx.Err() == nil {
+	err := s.store.Persist(ctx, "agent status of "+kiteID, jobNoteTimeout, func(ctx context.Context) error {
+		return s.store.Machines().SetAgent(ctx, kiteID, status, version)
+	})
+	if err != nil && ctx.Err() == nil {
 		s.log.Warn("update agent status", "kite", kiteID, "err", err)
 	}
 }

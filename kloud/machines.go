@@ -231,7 +231,11 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		if !r.OK {
 			return fail(fmt.Errorf("started, but %s failed: %w", r.Step, r.Err))
 		}
-		set.AgentStatus, set.AgentSeen = new(AgentConnected), new(s.store.Now())
+		version := ""
+		if r.Info != nil {
+			version = r.Info.Version
+		}
+		s.setAgent(ctx, m.KiteID, AgentConnected, version)
 	}
 	s.setMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Enter(ctx, done)

@@ -696,7 +696,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	if err := job.Err(); err != nil {
 		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
-	ms, err = s.stackMachines(ctx, st.ID) // kite ids were set while rendering user data
+	ms, err = s.stackMachines(ctx, st.ID) // as recorded (kite ids by mintAgents, also of an attempt before a restart)
 	if err != nil {
 		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("load machines: %w", err))
 	}
@@ -723,10 +723,11 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 				}
 			}
 		} else {
-			set.AgentStatus, set.AgentSeen = new(AgentConnected), new(s.store.Now())
+			version := ""
 			if r.Info != nil {
-				set.AgentVersion = new(r.Info.Version)
+				version = r.Info.Version
 			}
+			s.setAgent(ctx, m.KiteID, AgentConnected, version)
 		}
 		set.State = new(string(state))
 		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, set)

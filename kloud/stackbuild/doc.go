@@ -1,10 +1,55 @@
-// Package stackbuild holds the parts of a stack build that are neither the provider contract
-// nor kloud's RPC surface. Today that is the Planner (planner.go): after Terraform created the
-// machines it waits for each machine's agent to register with kontrol, answer kite.ping and
-// finish provisioning, and when an agent never comes it names the provisioning step that failed
-// (ParseBootFailure reads a machine's console for that).
+// Package stackbuild holds the facts of a stack build that kloud's job code (kloud/stacks.go,
+// kloud/machines.go) follows, one place each. Start reading at stages.go.
 //
-// It was moved here from provider/ so that the provider contract links neither kite nor klient
-// (a test in provider/ enforces that): kloud passes the planner an Agents implementation over
-// its kontrol.
+//   - stages.go: the named progress stages of build, destroy, start and stop, with their
+//     percentages and the state each names; jobs report progress only through them.
+//   - params.go: the typed parameters of a stack.apply job (ApplyParams), as its job document
+//     stores them.
+//   - planner.go: after Terraform created the machines, the Planner waits for each machine's
+//     agent to register with kontrol, answer kite.ping and finish provisioning, and when an
+//     agent never comes it names the provisioning step that failed (ParseBootFailure reads a
+//     machine's console for that). It was moved here from provider/ so that the provider
+//     contract links neither kite nor klient (a test in provider/ enforces that): kloud passes
+//     the planner an Agents implementation over its kontrol. How long it waits is one setting,
+//     kloud.Options.AgentTimeout.
+//
+// # The build flow
+//
+// stack.apply (kloud/stacks.go) takes the stack's lease, reconciles what a dead job left, moves
+// the stack to Building (or Destroying) with the new job's id in one update, and starts the job
+// with ApplyParams. The job, for a build:
+//
+//  1. BuildChecking: machines to Building (from settled states only).
+//  2. BuildCredentials: the template is parsed once, checked against the template policy,
+//     given its credentials' variables; the parsed config (provider.Template.Config) is handed
+//     on, so nothing parses it again unless a provider changes the files behind it.
+//  3. BuildUserData: every machine's agent key is minted and its kite id recorded first (one
+//     store write, Machines.SetKiteIDs); then each provider's ApplyTemplate renders the ready
+//     agent configurations into the template (BaseStack.AgentConfig is a lookup that writes
+//     nothing).
+//  4. BuildResources: terraform apply (its run id recorded on the stack, for recovery).
+//  5. BuildAgents: the Planner waits for the agents.
+//  6. BuildSettings, BuildDone: machines' states, attributes and agent status written.
+//
+// # Guards
+//
+// Four mechanisms touch one stack; the store lease is THE guard that only one job works on a
+// stack:
+//
+//   - The store lease "stack/<id>" (store.AcquireLease): taken by stack.apply before anything
+//     changes, renewed by the job while it runs, taken again under the same owner name
+//     (ApplyParams.Lease) when a restarted kloud recovers the job, and looked at by the
+//     reconciler and stack.reset, which leave a stack alone while its lease is live.
+//   - The state transition (stack to Building/Destroying with jobId, from the states an apply
+//     may start in) is not a lock but the record of who owns the transitional state: every
+//     later write of the job is conditional on it (TransitionOfJob), and the reconciler moves a
+//     stack whose job is over out of it.
+//   - The job runner lease (store.Jobs) says which kloud runs the job, not which stack it is
+//     on; it is what hands a dead kloud's job to a live one.
+//   - Terraformer's lease on a content id ("stack-<id>") keeps two terraform runs off one
+//     working directory: a run of an earlier attempt may still go on after kloud restarted
+//     (submitTF waits for it).
+//
+// None is redundant: each covers a failure the others do not (a second caller, a dead job's
+// state, a dead kloud, a terraform run that outlived its kloud), so all four stay.
 package stackbuild
