@@ -349,3 +349,33 @@ resource "terraform_data" "vm" {
 		t.Fatalf("a resource reading a secret: %v", err)
 	}
 }
+
+// A build mints every machine's agent key and records the kite ids before any provider rewrites
+// the template: a provider whose rewrite fails finds them recorded (and writes nothing itself),
+// and the machines go back to where they were.
+func TestKiteIDsRecordedBeforeProviderRewrite(t *testing.T) {
+	f := newFlow(t, dummy.Options{Fail: map[string]error{"ApplyTemplate": errors.New("rewrite refused")}})
+	f.credential()
+	sid, _ := f.stack(f.template(twoVMs))
+	job, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := f.follow(job.JobID)
+	if last.Status != "failed" || !strings.Contains(last.Error, "rewrite refused") {
+		t.Fatalf("want the provider's rewrite failure, got %+v", last)
+	}
+	seen := map[string]bool{}
+	for label, m := range f.machines(sid) {
+		if !strings.HasPrefix(m.KiteID, kloud.AgentKitePrefix) || seen[m.KiteID] {
+			t.Errorf("%s: kite id %q, want a fresh agent kite id of its own", label, m.KiteID)
+		}
+		seen[m.KiteID] = true
+		if m.Agent.Status != kloud.AgentNever || m.State != provider.NotInitialized {
+			t.Errorf("%s: state %s, agent %+v; want NotInitialized, never seen", label, m.State, m.Agent)
+		}
+	}
+	if len(seen) != 2 {
+		t.Fatalf("machines: %d kite ids", len(seen))
+	}
+}
