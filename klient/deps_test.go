@@ -1,7 +1,6 @@
 package klient_test
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -12,22 +11,13 @@ import (
 // link provider/, terraformer/, kontrol (the registry: klient speaks kontrol/kontrolapi), Mongo
 // or FerretDB (ARCHITECTURE §1).
 func TestDependencies(t *testing.T) {
-	root, err := testutil.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "list", "-deps", "./cmd/klient")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatal(err)
-	}
+	deps := testutil.Deps(t, "./cmd/klient")
 	forbidden := []string{
 		"github.com/kloud-dev/kloud/provider", "github.com/kloud-dev/kloud/providers/",
 		"github.com/kloud-dev/kloud/terraformer", "github.com/kloud-dev/kloud/kloud",
 		"go.mongodb.org/", "github.com/FerretDB/", "github.com/hashicorp/terraform",
 	}
-	for _, dep := range strings.Fields(string(out)) {
+	for _, dep := range deps {
 		if dep == "github.com/kloud-dev/kloud/kontrol" || strings.HasPrefix(dep, "github.com/kloud-dev/kloud/kontrol/") && dep != "github.com/kloud-dev/kloud/kontrol/kontrolapi" {
 			t.Errorf("klient links %s (it may use kontrol/kontrolapi only)", dep)
 		}

@@ -1,7 +1,6 @@
 package kloud_test
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -12,17 +11,8 @@ import (
 // call klient through klient/klientapi (wire types), never link klient itself or its PTY
 // manager (klient/webterm).
 func TestDependencies(t *testing.T) {
-	root, err := testutil.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "list", "-deps", "./kloud/...", "./cmd/kloud")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, dep := range strings.Fields(string(out)) {
+	deps := testutil.Deps(t, "./kloud/...", "./cmd/kloud")
+	for _, dep := range deps {
 		if dep == "github.com/kloud-dev/kloud/klient" || strings.HasPrefix(dep, "github.com/kloud-dev/kloud/klient/") && dep != "github.com/kloud-dev/kloud/klient/klientapi" {
 			t.Errorf("kloud links %s (it may use klient/klientapi only)", dep)
 		}

@@ -1,7 +1,6 @@
 package provider_test
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -11,21 +10,12 @@ import (
 // TestDependencies keeps the provider contract free of the transport and the agent: a provider
 // links neither kite nor klient (the planner, which talks to agents, lives in kloud/stackbuild).
 func TestDependencies(t *testing.T) {
-	root, err := testutil.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "list", "-deps", "./provider/...")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatal(err)
-	}
+	deps := testutil.Deps(t, "./provider/...")
 	forbidden := []string{
 		"github.com/kloud-dev/kloud/kite", "github.com/kloud-dev/kloud/klient",
 		"github.com/kloud-dev/kloud/kontrol", "github.com/kloud-dev/kloud/kloud",
 	}
-	for _, dep := range strings.Fields(string(out)) {
+	for _, dep := range deps {
 		for _, f := range forbidden {
 			if dep == f || strings.HasPrefix(dep, f+"/") {
 				t.Errorf("provider/ links %s", dep)

@@ -121,3 +121,20 @@ func StartProcess(t testing.TB, name string, args ...string) *exec.Cmd {
 	})
 	return cmd
 }
+
+// Deps returns the import paths that `go list -deps` prints for pkgs (patterns relative to the
+// module root), for the tests that keep one part of the module from linking another.
+func Deps(t testing.TB, pkgs ...string) []string {
+	t.Helper()
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", strings.Join(pkgs, " "), err)
+	}
+	return strings.Fields(string(out))
+}
