@@ -46,8 +46,7 @@ import (
 // within seconds, so this only matters when recovery itself cannot.
 const staleJobAfter = 2 * time.Minute
 
-// reconcileInterval is the reconciler's period.
-// TODO(lead): Options.ReconcileInterval in server.go (owned by another helper) — see the report.
+// reconcileInterval is the reconciler's period (Options.ReconcileInterval).
 func (s *Server) reconcileInterval() time.Duration { return s.opts.ReconcileInterval }
 
 var stackTransitional = []string{StackBuilding, StackDestroying}
