@@ -232,20 +232,7 @@ resource "terraform_data" "vm" {
 // machine left in Building) and the stack can be destroyed.
 func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 	e := newEnv(t, "--terraformer-addr", freePort(t))
-	e.alice()
-	// Enough machines that terraform's apply lasts a while.
-	tid := e.template(`
-resource "terraform_data" "vm" {
-  count = 12
-  input = "#!/bin/bash\necho hi"
-}
-`)
-	var created struct{ Stack struct{ ID string } }
-	e.runJSON(&created, "stack", "create", "--template", tid)
-	sid := created.Stack.ID
-	tf := terraformerChild(t, e.kloud.Process.Pid)
-	out := e.run("stack", "apply", sid, "--detach")
-	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	sid, jobID, tf := startLongApply(t, e)
 
 	// Kill kloud as soon as terraform apply runs under its terraformer.
 	victims := whenApplying(t, e, tf.pid, func() { e.kloud.Process.Signal(syscall.SIGKILL) })
@@ -282,19 +269,7 @@ resource "terraform_data" "vm" {
 // terraformer, the build ends failed (its run died), and the next build of the stack succeeds.
 func TestTerraformerKilledMidApply(t *testing.T) {
 	e := newEnv(t, "--terraformer-addr", freePort(t))
-	e.alice()
-	tid := e.template(`
-resource "terraform_data" "vm" {
-  count = 12
-  input = "#!/bin/bash\necho hi"
-}
-`)
-	var created struct{ Stack struct{ ID string } }
-	e.runJSON(&created, "stack", "create", "--template", tid)
-	sid := created.Stack.ID
-	tf := terraformerChild(t, e.kloud.Process.Pid)
-	out := e.run("stack", "apply", sid, "--detach")
-	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	sid, jobID, tf := startLongApply(t, e)
 	victims := whenApplying(t, e, tf.pid, func() { syscall.Kill(tf.pid, syscall.SIGKILL) })
 	t.Logf("killed terraformer while these ran under it:\n%s", procList(victims))
 	assertGone(t, e, victims)
@@ -433,4 +408,23 @@ func TestLocalAgentDownloadRefused(t *testing.T) {
 	infos := le.sandboxInfos()
 	e.run("stack", "destroy", sid)
 	le.assertNothingLeft(infos)
+}
+
+// startLongApply builds, as alice, a stack of enough machines that terraform's apply lasts a
+// while, and starts its apply detached: the stack, the build job and kloud's terraformer child.
+func startLongApply(t *testing.T, e *env) (sid, jobID string, tf osProc) {
+	t.Helper()
+	e.alice()
+	tid := e.template(`
+resource "terraform_data" "vm" {
+  count = 12
+  input = "#!/bin/bash\necho hi"
+}
+`)
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	sid = created.Stack.ID
+	tf = terraformerChild(t, e.kloud.Process.Pid)
+	out := e.run("stack", "apply", sid, "--detach")
+	return sid, strings.Fields(strings.TrimPrefix(out, "job "))[0], tf
 }
