@@ -60,6 +60,9 @@ func (s *Server) caller(ctx context.Context, r *kite.Request) (*Caller, error) {
 	if kitekey.IsAgent(p) {
 		return nil, kitekey.AgentRefused(r)
 	}
+	if kitekey.IsRestricted(p) { // a provider plugin acts for no user
+		return nil, kitekey.PluginRefused(r)
+	}
 	return s.callerByName(ctx, p.Username, p.Admin)
 }
 

@@ -24,7 +24,8 @@ import (
 // table (kontrol/kontrol.go, listed in api.KontrolMethods).
 
 // Who may call a method. Machine agents (kite keys with an agent id) may call no kloud method:
-// every route is wrapped in kitekey.AgentGate(…, false), default deny.
+// every route is wrapped in kitekey.AgentGate(…, false), default deny; so are provider plugins
+// (plugin keys), which may call only the routes opened to them with kitekey.Gate(h, KindPluginKey).
 type Who string
 
 const (

@@ -175,7 +175,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	isAdmin := func(u string) bool { return u == Admin }
 	s.Kite, err = kite.New(kite.Options{
 		Identity:      kite.Identity{Name: "kloud", Version: version.Version, Username: "kloud"},
-		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin, Agents: true},
+		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin, Agents: true, Plugins: true},
 		GateBuiltins:  kitekey.RefuseAgents,
 		Logger:        opts.Logger,
 		PingInterval:  opts.HeartbeatInterval,
@@ -404,7 +404,7 @@ func (s *Server) Close() error {
 // authorizeKite decides who may see and get tokens for a kite: its owner, kloud admins, and
 // users a machine is shared with (the machine's klient checks their grant itself).
 func (s *Server) authorizeKite(ctx context.Context, caller *kite.Principal, target kite.Identity) error {
-	if caller == nil || kitekey.IsAgent(caller) {
+	if caller == nil || kitekey.IsRestricted(caller) {
 		return fmt.Errorf("kite %s: %w", target.ID, kite.ErrPermission)
 	}
 	if caller.Username == target.Username || caller.Admin || caller.Username == Admin || caller.Username == "kloud" {

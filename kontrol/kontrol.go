@@ -180,11 +180,11 @@ func (k *Kontrol) Verifier() *kitekey.Verifier {
 }
 
 func (k *Kontrol) isAdmin(p *kite.Principal) bool {
-	return p != nil && !kitekey.IsAgent(p) && (p.Admin || k.opts.IsAdmin(p.Username))
+	return p != nil && !kitekey.IsRestricted(p) && (p.Admin || k.opts.IsAdmin(p.Username))
 }
 
 func (k *Kontrol) ownerOrAdmin(_ context.Context, caller *kite.Principal, target kite.Identity) error {
-	if caller != nil && !kitekey.IsAgent(caller) && (caller.Username == target.Username || k.isAdmin(caller)) {
+	if caller != nil && !kitekey.IsRestricted(caller) && (caller.Username == target.Username || k.isAdmin(caller)) {
 		return nil
 	}
 	return fmt.Errorf("kite %s belongs to another user: %w", target.ID, kite.ErrPermission)
@@ -469,6 +469,21 @@ func (k *Kontrol) CreateAgentKey(a kitekey.AgentKeySpec) (key, kiteID string, er
 		return "", "", fmt.Errorf("create agent key: %w", err)
 	}
 	return key, a.KiteID, nil
+}
+
+// CreatePluginKey mints the key of an out-of-process provider (kind pluginKey, sub
+// "provider:<name>"), which authenticates only where plugin keys are accepted (kloud) and only
+// for the plugin-facing methods. The jti defaults to kitekey.PluginIDPrefix + a random id; a zero
+// TTL makes a key that does not expire (revocable by jti, like a kite key).
+func (k *Kontrol) CreatePluginKey(p kitekey.PluginKeySpec) (key, kiteID string, err error) {
+	if p.KiteID == "" {
+		p.KiteID = kitekey.PluginIDPrefix + newID()
+	}
+	key, err = k.signer.PluginKey(p)
+	if err != nil {
+		return "", "", fmt.Errorf("create plugin key: %w", err)
+	}
+	return key, p.KiteID, nil
 }
 
 func (k *Kontrol) rotateKey(ctx context.Context, r *kite.Request) (any, error) {

@@ -13,6 +13,9 @@ const (
 	KindAgentKey = "agentKey"
 	KindToken    = "token"
 	KindSession  = "session"
+	// KindPluginKey is the key of an out-of-process provider (provider/plugin): it proves
+	// "the plugin serving provider NAME" and nothing else.
+	KindPluginKey = "pluginKey"
 )
 
 // Agent keys (the /etc/kloud/kite.key of a machine) name the machine, never a user.
@@ -26,6 +29,19 @@ const (
 	// never contain ':' (kloud's are [a-z][a-z0-9-]*), so it cannot name a user.
 	MachineSubjectPrefix = "machine:"
 )
+
+// Plugin keys (the key an out-of-process provider dials kloud with) name the provider, never a
+// user.
+const (
+	// PluginIDPrefix starts the jti (kite id) of every plugin key.
+	PluginIDPrefix = "plugin."
+	// PluginSubjectPrefix starts the sub of a plugin key: "provider:<name>". Like
+	// MachineSubjectPrefix, it cannot name a user.
+	PluginSubjectPrefix = "provider:"
+)
+
+// PluginSubject is the sub of the plugin key of the provider called name.
+func PluginSubject(name string) string { return PluginSubjectPrefix + name }
 
 // MachineSubject is the sub of the agent key of the machine with id machineID.
 func MachineSubject(machineID string) string { return MachineSubjectPrefix + machineID }
@@ -60,6 +76,17 @@ type AgentKeyClaims struct {
 	StackID    string `json:"stackId,omitempty"`
 }
 
+// PluginKeyClaims are the claims of a plugin key (kind pluginKey): iss = kontrol, sub =
+// PluginSubject(provider), jti = PluginIDPrefix + random, iat, and optionally exp (kloud gives
+// the plugins it launches keys that expire; keys for remote plugins do not, and are revocable by
+// jti like kite keys). A plugin key proves "the plugin serving provider P" and is accepted only
+// by servers that set Authenticator.Plugins, for the methods routed with Gate(h, KindPluginKey).
+type PluginKeyClaims struct {
+	jwt.RegisteredClaims
+	Kind     string `json:"kind"`
+	Provider string `json:"provider"`
+}
+
 // TokenClaims are the claims of a token: sub = the caller, aud = exactly one kite id, iat, nbf,
 // exp at most MaxTokenTTL after iat, random jti. There is no audience that matches every kite.
 type TokenClaims struct {
@@ -82,11 +109,13 @@ type claims interface {
 	registered() *jwt.RegisteredClaims
 }
 
-func (c *KiteKeyClaims) kind() string                       { return c.Kind }
-func (c *KiteKeyClaims) registered() *jwt.RegisteredClaims  { return &c.RegisteredClaims }
-func (c *AgentKeyClaims) kind() string                      { return c.Kind }
-func (c *AgentKeyClaims) registered() *jwt.RegisteredClaims { return &c.RegisteredClaims }
-func (c *TokenClaims) kind() string                         { return c.Kind }
-func (c *TokenClaims) registered() *jwt.RegisteredClaims    { return &c.RegisteredClaims }
-func (c *SessionClaims) kind() string                       { return c.Kind }
-func (c *SessionClaims) registered() *jwt.RegisteredClaims  { return &c.RegisteredClaims }
+func (c *KiteKeyClaims) kind() string                        { return c.Kind }
+func (c *KiteKeyClaims) registered() *jwt.RegisteredClaims   { return &c.RegisteredClaims }
+func (c *AgentKeyClaims) kind() string                       { return c.Kind }
+func (c *AgentKeyClaims) registered() *jwt.RegisteredClaims  { return &c.RegisteredClaims }
+func (c *PluginKeyClaims) kind() string                      { return c.Kind }
+func (c *PluginKeyClaims) registered() *jwt.RegisteredClaims { return &c.RegisteredClaims }
+func (c *TokenClaims) kind() string                          { return c.Kind }
+func (c *TokenClaims) registered() *jwt.RegisteredClaims     { return &c.RegisteredClaims }
+func (c *SessionClaims) kind() string                        { return c.Kind }
+func (c *SessionClaims) registered() *jwt.RegisteredClaims   { return &c.RegisteredClaims }

@@ -1,6 +1,7 @@
 // Package kitekey holds Kloud's credentials: Ed25519 signing keys with a kid, the kite.key file,
-// and the four kinds of JWT (golang-jwt/v5) that kites present in kite.handshake — kite keys,
-// agent keys, tokens and sessions — with their verification and a kite.Authenticator.
+// and the five kinds of JWT (golang-jwt/v5) that kites present in kite.handshake — kite keys,
+// agent keys, plugin keys, tokens and sessions — with their verification and a
+// kite.Authenticator.
 //
 // Start reading at Verifier (verifier.go): it states every check, in order. Signer mints what
 // Verifier accepts; Authenticator plugs Verifier into package kite. Keys come from a KeySource:
@@ -22,6 +23,14 @@
 //     agent-facing ones (AgentGate, default deny). Kite keys minted for agents before agent keys
 //     had a kind (kiteKey, sub = owner, jti with AgentIDPrefix) are treated the same way, so
 //     they still register their machine but are no longer usable as their owner's key.
+//   - An out-of-process provider (provider/plugin) gets a plugin key (kind pluginKey,
+//     PluginKeyClaims): sub "provider:<name>", jti PluginIDPrefix + random, optional exp. It
+//     proves "the plugin serving provider NAME" and nothing else: Authenticator accepts it only
+//     where Plugins is set (kloud) and gives it a Principal of Type KindPluginKey.
+//   - Agents and plugins are restricted principals: Gate(h, allow...) refuses them with -32002 for
+//     every method whose route did not open it to their kind (default deny), so a plugin key can
+//     call only what is routed with Gate(h, KindPluginKey). AgentGate and RefuseAgents are Gate's
+//     older forms and refuse plugins too.
 //   - A token names exactly one kite id in aud; there is no root or prefix audience. Tokens last
 //     at most MaxTokenTTL (1h) from iat; sessions at most MaxSessionTTL.
 //   - Kite keys do not expire but are revocable by jti (the kite id) through a Revoker, and stop

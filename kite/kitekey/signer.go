@@ -101,6 +101,63 @@ func (a AgentKeySpec) check() error {
 	return nil
 }
 
+// PluginKeySpec describes the out-of-process provider a plugin key is minted for.
+type PluginKeySpec struct {
+	Provider string        // the provider's name; required (ValidProviderName)
+	KiteID   string        // the jti; default PluginIDPrefix + random; must start with PluginIDPrefix
+	TTL      time.Duration // 0: the key does not expire (remote plugins; revocable by jti)
+}
+
+// PluginKey mints the key of an out-of-process provider (kind pluginKey).
+func (s *Signer) PluginKey(p PluginKeySpec) (string, error) {
+	if err := ValidProviderName(p.Provider); err != nil {
+		return "", fmt.Errorf("sign plugin key: %w", err)
+	}
+	if p.KiteID == "" {
+		p.KiteID = PluginIDPrefix + strings.ToLower(rand.Text())
+	}
+	if err := checkName("kite id", p.KiteID); err != nil {
+		return "", fmt.Errorf("sign plugin key: %w", err)
+	}
+	switch {
+	case !strings.HasPrefix(p.KiteID, PluginIDPrefix):
+		return "", fmt.Errorf("sign plugin key: kite id %q must start with %q: %w", p.KiteID, PluginIDPrefix, kite.ErrInvalidParams)
+	case p.TTL < 0:
+		return "", fmt.Errorf("sign plugin key: negative ttl %s: %w", p.TTL, kite.ErrInvalidParams)
+	}
+	now := s.now()
+	c := &PluginKeyClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:   s.Issuer,
+			Subject:  PluginSubject(p.Provider),
+			ID:       p.KiteID,
+			IssuedAt: jwt.NewNumericDate(now),
+		},
+		Kind:     KindPluginKey,
+		Provider: p.Provider,
+	}
+	if p.TTL > 0 {
+		c.ExpiresAt = jwt.NewNumericDate(now.Add(p.TTL))
+	}
+	return s.sign("sign plugin key", c)
+}
+
+// ValidProviderName checks a provider's name as plugin keys and plugins carry it: a lower-case
+// letter, then lower-case letters, digits and '-', at most 63 bytes (so "provider:NAME" is never
+// a username and kloud-provider-NAME is a file name). Errors wrap kite.ErrInvalidParams.
+func ValidProviderName(name string) error {
+	ok := name != "" && len(name) <= 63 && name[0] >= 'a' && name[0] <= 'z'
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			ok = false
+		}
+	}
+	if !ok {
+		return fmt.Errorf("provider name %q: want a lower-case letter, then lower-case letters, digits and '-', at most 63: %w", short(name), kite.ErrInvalidParams)
+	}
+	return nil
+}
+
 // Token mints a token that lets username call the kite audienceKiteID for ttl (at most
 // MaxTokenTTL).
 func (s *Signer) Token(username, audienceKiteID string, ttl time.Duration) (string, error) {

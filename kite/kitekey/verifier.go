@@ -63,6 +63,23 @@ func (v *Verifier) AgentKey(ctx context.Context, raw string) (*AgentKeyClaims, e
 	return c, nil
 }
 
+// PluginKey verifies an out-of-process provider's key: on top of the checks of every kind, sub
+// must be PluginSubject(provider), provider a valid name and jti start with PluginIDPrefix. exp
+// is optional; if present it is checked like every exp.
+func (v *Verifier) PluginKey(ctx context.Context, raw string) (*PluginKeyClaims, error) {
+	c := &PluginKeyClaims{}
+	if err := v.verify(ctx, "plugin key", raw, KindPluginKey, c, 0, ""); err != nil {
+		return nil, err
+	}
+	switch {
+	case ValidProviderName(c.Provider) != nil || c.Subject != PluginSubject(c.Provider):
+		return nil, fmt.Errorf("plugin key: %w: sub %q does not name provider %q", ErrMissingClaim, short(c.Subject), short(c.Provider))
+	case !strings.HasPrefix(c.ID, PluginIDPrefix):
+		return nil, fmt.Errorf("plugin key: %w: jti %q is not a plugin's kite id", ErrMalformed, short(c.ID))
+	}
+	return c, nil
+}
+
 // Token verifies a token whose audience must be exactly audienceKiteID.
 func (v *Verifier) Token(ctx context.Context, raw, audienceKiteID string) (*TokenClaims, error) {
 	c := &TokenClaims{}
