@@ -2,6 +2,8 @@ package provider
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -38,7 +40,37 @@ type Provider struct {
 	// Handler, if set, is the provider's own HTTP service, which kloud mounts on its HTTP server
 	// under HandlerPrefix(Name) (see handler.go). Nil: none.
 	Handler http.Handler
+	// Capabilities is what the provider can do. Nil: derived from what it implements (start,
+	// stop and info always; the optional interfaces; bootstrap with a Schema.NewBootstrap). A
+	// plugin's proxy sets it from the plugin's handshake; an in-tree provider may set it to
+	// advertise less.
+	Capabilities []Capability
+	// Decoder, if set, decodes and normalizes (defaults filled) a value of schema part part
+	// ("credential", "bootstrap", "metadata") given its raw JSON and, for an update, the old
+	// value. A plugin's proxy sets it: the plugin decodes in its own process with its own types.
+	// Nil: decoded in process with the Schema's New* type.
+	Decoder func(ctx context.Context, part string, raw, old json.RawMessage) (json.RawMessage, error)
 }
+
+// Capability is something a provider can do beyond the required Stack and Machine methods, or
+// one of those it may choose not to offer.
+type Capability string
+
+// Capabilities.
+const (
+	CapStart       Capability = "start"
+	CapStop        Capability = "stop"
+	CapInfo        Capability = "info"
+	CapConsoleLog  Capability = "consoleLog"  // Machine implements ConsoleLogger
+	CapResize      Capability = "resize"      // Machine implements Resizer
+	CapConstraints Capability = "constraints" // Stack implements ConstraintsValidator
+	CapBootstrap   Capability = "bootstrap"   // Schema.NewBootstrap != nil / bootstrap templates
+)
+
+// ErrUnsupported is returned (wrapped) by an operation the provider does not offer, e.g. a
+// plugin's proxy machine asked to Resize by a plugin that did not advertise CapResize. Kloud maps
+// it to -32005.
+var ErrUnsupported = errors.New("not supported by this provider")
 
 // Schema holds the provider's typed data. Each constructor returns a pointer to a struct whose
 // fields carry `json` names and `kloud:"Label[,secret][,required]"` tags (and `default:"..."`);
@@ -115,6 +147,20 @@ func (r *Registry) Register(p *Provider) {
 	}
 	if _, dup := r.providers[p.Name]; dup {
 		panic("provider: Register called twice for provider " + p.Name)
+	}
+	if p.UserDataAttr == "" && !p.NoCloudInit {
+		p.UserDataAttr = "user_data"
+	}
+	r.providers[p.Name] = p
+}
+
+// Replace registers p, or replaces the provider of the same name (a plugin's proxy when the
+// plugin registers again). It panics if p is nil or unnamed.
+func (r *Registry) Replace(p *Provider) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p == nil || p.Name == "" {
+		panic("provider: Replace of a nil or unnamed provider")
 	}
 	if p.UserDataAttr == "" && !p.NoCloudInit {
 		p.UserDataAttr = "user_data"
