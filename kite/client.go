@@ -20,6 +20,10 @@ type ClientOptions struct {
 	// callers: registration hooks (kontrol.register) go here. An error drops the connection and
 	// the client tries again after a backoff.
 	OnConnect func(ctx context.Context, c *Conn) error
+	// OnError, if set, is called with the error of every failed attempt (dial, handshake,
+	// OnConnect), before the backoff: e.g. to give up on a refusal that retrying will not cure
+	// (a rejected credential) by closing the client.
+	OnError func(err error)
 	// MinBackoff and MaxBackoff bound the exponential backoff between attempts (defaults 100ms
 	// and 30s); each wait is drawn at random between MinBackoff and the current ceiling (jitter),
 	// so a restarted server is not hit by every client at once.
@@ -73,6 +77,9 @@ func (cl *Client) loop() {
 			cl.lastErr = err
 			cl.mu.Unlock()
 			cl.k.log.Debug("kite client connect", "url", cl.opts.URL, "attempt", attempt, "err", err)
+			if cl.opts.OnError != nil {
+				cl.opts.OnError(err)
+			}
 			if !sleepCtx(cl.ctx, backoff(attempt, cl.opts.MinBackoff, cl.opts.MaxBackoff)) {
 				return
 			}

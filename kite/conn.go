@@ -92,6 +92,10 @@ func (c *Conn) Username() string {
 	return ""
 }
 
+// Remote is the other side's address (served connections: the client's host:port as the HTTP
+// server saw it) or, for dialed ones, the URL dialed.
+func (c *Conn) Remote() string { return c.remote }
+
 // Dialed reports whether this side opened the connection.
 func (c *Conn) Dialed() bool { return c.dialed }
 

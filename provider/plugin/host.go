@@ -1,0 +1,344 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// HostOptions configure a Host. Zero fields take the documented defaults.
+type HostOptions struct {
+	// Registry is kloud's provider registry; required. The Host Replaces a proxy into it for
+	// every plugin that registers. Providers already in it when a plugin of the same name (or
+	// resource type) registers are in-tree, and the plugin is refused.
+	Registry *provider.Registry
+	Logger   *slog.Logger // default: discard
+	// KloudVersion is sent to plugins in plugin.register's result.
+	KloudVersion string
+	// CallTimeout bounds a call to a plugin whose ctx has no deadline (default 1h: a machine
+	// start may take minutes; kloud's jobs set their own deadlines).
+	CallTimeout time.Duration
+	// AvailableTimeout bounds provider.available, which Provider.Available (no ctx) calls
+	// (default 5s).
+	AvailableTimeout time.Duration
+}
+
+// Host is kloud's side of provider plugins: it accepts their registrations (Register is the body
+// of the plugin.register method), keeps one connection per provider name, puts a proxy
+// *provider.Provider for each into the Registry, and reports their status.
+type Host struct {
+	o   HostOptions
+	log *slog.Logger
+
+	mu      sync.Mutex
+	plugins map[string]*plug
+	changed chan struct{} // closed and replaced whenever a plugin connects
+}
+
+// plug is one plugin name's state. Guarded by Host.mu.
+type plug struct {
+	name           string
+	where          string // set by Expect (launched) or from the connection (remote)
+	launched       bool
+	conn           *kite.Conn
+	apiVersion     int
+	version        string
+	manifest       Manifest
+	connectedAt    time.Time
+	disconnectedAt time.Time
+	lastErr        string
+	proxy          *provider.Provider
+}
+
+// Status is one plugin as `kloud provider list` shows it.
+type Status struct {
+	Name           string                `json:"name"`
+	Version        string                `json:"version,omitempty"`    // the plugin's own version
+	APIVersion     int                   `json:"apiVersion,omitempty"` // the plugin API version in use
+	Where          string                `json:"where"`                // "launched (pid N)" / "remote 1.2.3.4:5"
+	Connected      bool                  `json:"connected"`
+	ConnectedAt    time.Time             `json:"connectedAt,omitzero"`
+	DisconnectedAt time.Time             `json:"disconnectedAt,omitzero"`
+	LastError      string                `json:"lastError,omitempty"`
+	Capabilities   []provider.Capability `json:"capabilities"`
+}
+
+// NewHost makes a Host over o.Registry.
+func NewHost(o HostOptions) *Host {
+	if o.Registry == nil {
+		panic("plugin: NewHost needs a Registry")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = time.Hour
+	}
+	if o.AvailableTimeout <= 0 {
+		o.AvailableTimeout = 5 * time.Second
+	}
+	return &Host{o: o, log: o.Logger.With("component", "plugins"), plugins: map[string]*plug{}, changed: make(chan struct{})}
+}
+
+// negotiate picks the highest plugin API version both sides speak.
+func negotiate(theirs []int) (int, bool) {
+	best := 0
+	for _, v := range theirs {
+		if slices.Contains(supported, v) && v > best {
+			best = v
+		}
+	}
+	return best, best > 0
+}
+
+// Register is the body of plugin.register (route it with kitekey.Gate(h, kitekey.KindPluginKey)):
+// the caller must hold the plugin key of the provider it registers; the name must not be an
+// in-tree provider's, nor its resource type another provider's; the plugin must speak an API
+// version kloud speaks. The proxy is then installed (or replaced) in the registry, a connection
+// already serving that name is closed, and the connection is watched: when it closes, the
+// proxy stays registered and its calls fail fast with kite.ErrUnavailable until the plugin is
+// back.
+func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams) (*RegisterResult, error) {
+	pr := r.Principal()
+	name := kitekey.PluginName(pr)
+	if name == "" {
+		return nil, fmt.Errorf("%s needs a plugin key (mint one with `kloud key create --provider NAME`): %w", MethodRegister, kite.ErrPermission)
+	}
+	if err := p.check(); err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", MethodRegister, err.Error(), kite.ErrInvalidParams)
+	}
+	m := p.Provider
+	if m.Name != name {
+		return nil, fmt.Errorf("%s: this plugin key is for provider %q, not %q: %w", MethodRegister, name, m.Name, kite.ErrPermission)
+	}
+	v, ok := negotiate(p.Versions)
+	if !ok {
+		return nil, fmt.Errorf("%s: provider %s: plugin speaks plugin API versions %v, kloud speaks %v: build the plugin against a provider/plugin package of a matching kloud: %w",
+			MethodRegister, name, p.Versions, supported, kite.ErrInvalidParams)
+	}
+
+	h.mu.Lock()
+	e := h.plugins[name]
+	if cur, err := h.o.Registry.Lookup(name); err == nil && (e == nil || e.proxy == nil || cur != e.proxy) {
+		h.mu.Unlock()
+		return nil, fmt.Errorf("%s: provider %s is built into this kloud; a plugin cannot replace it (rename the plugin): %w", MethodRegister, name, kite.ErrConflict)
+	}
+	if other := h.o.Registry.ByResourceType(m.ResourceType); other != nil && other.Name != name {
+		h.mu.Unlock()
+		return nil, fmt.Errorf("%s: resource type %s is provider %s's: %w", MethodRegister, m.ResourceType, other.Name, kite.ErrConflict)
+	}
+	if e == nil {
+		e = &plug{name: name}
+		h.plugins[name] = e
+	}
+	old := e.conn
+	e.conn, e.apiVersion, e.version, e.manifest = r.Conn, v, p.PluginVersion, m
+	e.connectedAt, e.lastErr = time.Now().UTC(), ""
+	if !e.launched {
+		e.where = "remote " + r.Conn.Remote()
+	}
+	e.proxy = h.newProxy(name, m)
+	h.o.Registry.Replace(e.proxy)
+	close(h.changed)
+	h.changed = make(chan struct{})
+	h.mu.Unlock()
+
+	if old != nil && old != r.Conn {
+		// Tell the older plugin first, so that it stops instead of dialing back in to replace
+		// this one.
+		why := fmt.Sprintf("provider %s registered again from %s", name, r.Conn.Remote())
+		nctx, cancel := context.WithTimeout(ctx, time.Second)
+		old.Notify(nctx, notifyReplaced, replacedParams{Reason: why})
+		cancel()
+		old.Close(errors.New(why))
+	}
+	c := r.Conn
+	c.OnClose(func() { h.lost(name, c) })
+	h.log.Info("provider plugin registered", "provider", name, "version", p.PluginVersion, "apiVersion", v, "where", e.where,
+		"capabilities", m.Capabilities)
+	return &RegisterResult{Version: v, KloudVersion: h.o.KloudVersion}, nil
+}
+
+// lost marks name disconnected if c is still its connection.
+func (h *Host) lost(name string, c *kite.Conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.plugins[name]
+	if e == nil || e.conn != c {
+		return
+	}
+	e.conn, e.disconnectedAt = nil, time.Now().UTC()
+	reason := "connection closed"
+	if err := c.Err(); err != nil && !errors.Is(err, kite.ErrClosed) {
+		reason = "connection lost: " + err.Error()
+	}
+	e.lastErr = reason
+	h.log.Warn("provider plugin disconnected", "provider", name, "reason", reason)
+}
+
+// Expect lists a plugin kloud launches before it has dialed in: Status shows it (not connected)
+// with where (e.g. "launched (pid 1234)"), and it keeps that where once connected. Call it again
+// when the process is restarted.
+func (h *Host) Expect(name, where string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.plugins[name]
+	if e == nil {
+		e = &plug{name: name}
+		h.plugins[name] = e
+	}
+	e.where, e.launched = where, true
+}
+
+// SetError records the supervisor's last error for name (a crash, an exit status); Status shows
+// it and calls on a disconnected proxy quote it.
+func (h *Host) SetError(name string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.plugins[name]
+	if e == nil {
+		e = &plug{name: name}
+		h.plugins[name] = e
+	}
+	if err != nil {
+		e.lastErr = err.Error()
+	} else {
+		e.lastErr = ""
+	}
+}
+
+// Wait waits until the plugin name is connected and registered, or ctx ends.
+func (h *Host) Wait(ctx context.Context, name string) error {
+	for {
+		h.mu.Lock()
+		e, ch := h.plugins[name], h.changed
+		if e != nil && e.conn != nil {
+			h.mu.Unlock()
+			return nil
+		}
+		last := ""
+		if e != nil {
+			last = e.lastErr
+		}
+		h.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			if last != "" {
+				return fmt.Errorf("provider %s (plugin) did not connect: %w (last error: %s)", name, ctx.Err(), last)
+			}
+			return fmt.Errorf("provider %s (plugin) did not connect: %w", name, ctx.Err())
+		}
+	}
+}
+
+// Status lists every plugin the Host knows (registered once, or expected), by name.
+func (h *Host) Status() []Status {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]Status, 0, len(h.plugins))
+	for _, e := range h.plugins {
+		caps := slices.Clone(e.manifest.Capabilities)
+		if caps == nil {
+			caps = []provider.Capability{}
+		}
+		out = append(out, Status{Name: e.name, Version: e.version, APIVersion: e.apiVersion, Where: e.where, Connected: e.conn != nil,
+			ConnectedAt: e.connectedAt, DisconnectedAt: e.disconnectedAt, LastError: e.lastErr, Capabilities: caps})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Manifest returns what the plugin name registered with (false if it never did).
+func (h *Host) Manifest(name string) (Manifest, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.plugins[name]
+	if e == nil || e.proxy == nil {
+		return Manifest{}, false
+	}
+	return e.manifest, true
+}
+
+// IsPlugin reports whether p is a proxy this Host installed (the provider is a plugin).
+func (h *Host) IsPlugin(p *provider.Provider) bool {
+	if p == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.plugins[p.Name]
+	return e != nil && e.proxy == p
+}
+
+// conn returns name's connection, or the error every call on a disconnected proxy gets.
+func (h *Host) conn(name string) (*kite.Conn, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.plugins[name]
+	if e == nil || e.conn == nil {
+		last := "it has not registered"
+		if e != nil && e.lastErr != "" {
+			last = e.lastErr
+		}
+		return nil, fmt.Errorf("provider %s (plugin) is not connected: %s: %w", name, last, kite.ErrUnavailable)
+	}
+	return e.conn, nil
+}
+
+// call makes one call to plugin name. A plugin's own error comes back as a plain error with its
+// message (as an in-process provider's would), provider.ErrUnsupported stays recognizable, and
+// a missing or lost connection wraps kite.ErrUnavailable naming the provider and the reason.
+func (h *Host) call(ctx context.Context, name, method string, params, result any) error {
+	c, err := h.conn(name)
+	if err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, h.o.CallTimeout)
+		defer cancel()
+	}
+	err = c.Call(ctx, method, params, result)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, kite.ErrClosed) || c.Context().Err() != nil:
+		reason := "connection closed"
+		if cerr := c.Err(); cerr != nil && !errors.Is(cerr, kite.ErrClosed) {
+			reason = cerr.Error()
+		}
+		return fmt.Errorf("provider %s (plugin) disconnected during %s: %s: %w", name, method, reason, kite.ErrUnavailable)
+	case ctx.Err() != nil:
+		return fmt.Errorf("provider %s (plugin): %w", name, err)
+	}
+	var ke *kite.Error
+	if errors.As(err, &ke) {
+		re := &remoteError{msg: ke.Message}
+		if ke.Type() == typeUnsupported {
+			re.is = provider.ErrUnsupported
+		}
+		return re
+	}
+	return fmt.Errorf("provider %s (plugin) %s: %w", name, method, err)
+}
+
+// remoteError is an error a plugin's provider returned: its message, and ErrUnsupported if it
+// said so.
+type remoteError struct {
+	msg string
+	is  error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.is }
