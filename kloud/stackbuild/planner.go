@@ -275,6 +275,9 @@ func (p *Planner) watchConsole(ctx context.Context, e Expect) consoleFailure {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		out, err := cl.ConsoleLog(rctx)
 		cancel()
+		if errors.Is(err, provider.ErrUnsupported) { // a plugin's proxy without the capability
+			return consoleFailure{}
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				p.log().Debug("read console", "machine", e.Label, "err", err)
@@ -424,6 +427,9 @@ func (p *Planner) diagnose(e Expect) (step, logTail string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	out, err := cl.ConsoleLog(ctx)
+	if errors.Is(err, provider.ErrUnsupported) { // a plugin's proxy without the capability
+		return StepRegistration, ""
+	}
 	if err != nil {
 		p.log().Warn("read console", "machine", e.Label, "err", err)
 		return StepBoot, ""
