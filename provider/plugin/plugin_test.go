@@ -789,3 +789,35 @@ func infoMeta(t *testing.T, e *kloudEnv, c *provider.Credential) (provider.State
 	mm, _ := meta.(map[string]any)
 	return st, mm, err
 }
+
+// TestTerraformProviders: the Terraform providers a plugin offers reach kloud's template policy
+// (declared ones, or derived from the resource type), and a manifest cannot offer remote state.
+func TestTerraformProviders(t *testing.T) {
+	e := startKloud(t)
+	p := filesProvider("files", newSeen("a"), noUnavailable())
+	provider.DeclareTerraform(p, provider.TerraformProvider{Name: "files", Source: "example/files", ProviderArgs: []string{"root"}})
+	e.run(p, e.pluginKey("files"))
+	e.wait("files")
+	pol := e.reg.TemplatePolicy()
+	var got *provider.TerraformProvider
+	for i := range pol.Providers {
+		if pol.Providers[i].Name == "files" {
+			got = &pol.Providers[i]
+		}
+	}
+	if got == nil || got.Source != "example/files" || !slices.Equal(got.ProviderArgs, []string{"root"}) {
+		t.Fatalf("policy providers %+v: want the plugin's declared files provider", pol.Providers)
+	}
+
+	m, err := plugin.ManifestOf(filesProvider("other", newSeen("b"), noUnavailable()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.TerraformProviders) != 1 || m.TerraformProviders[0].Name != "other" || m.TerraformProviders[0].Source != "kloud/other" {
+		t.Errorf("derived terraform providers %+v", m.TerraformProviders)
+	}
+	m.TerraformProviders = []plugin.TerraformProvider{{Name: "terraform", Types: []string{"terraform_data", "terraform_remote_state"}}}
+	if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "terraform_remote_state") {
+		t.Errorf("remote state offered: %v", err)
+	}
+}

@@ -63,6 +63,13 @@ func (h *Host) newProxy(name string, m Manifest) *provider.Provider {
 	if m.Handler {
 		p.Handler = &proxyHandler{h: h, name: name}
 	}
+	if len(m.TerraformProviders) > 0 {
+		tps := make([]provider.TerraformProvider, len(m.TerraformProviders))
+		for i, tp := range m.TerraformProviders {
+			tps[i] = provider.TerraformProvider{Name: tp.Name, Source: tp.Source, Types: tp.Types, ProviderArgs: tp.ProviderArgs}
+		}
+		provider.DeclareTerraform(p, tps...)
+	}
 	return p
 }
 

@@ -250,6 +250,9 @@ func ManifestOf(p *provider.Provider) (*Manifest, error) {
 	if m.UserDataAttr == "" && !m.NoCloudInit {
 		m.UserDataAttr = "user_data"
 	}
+	for _, tp := range p.TerraformProviders() {
+		m.TerraformProviders = append(m.TerraformProviders, TerraformProvider{Name: tp.Name, Source: tp.Source, Types: tp.Types, ProviderArgs: tp.ProviderArgs})
+	}
 	for part, newFn := range newFuncs(p) {
 		if newFn != nil {
 			m.Fields[part] = provider.Fields(newFn())

@@ -88,9 +88,10 @@ type Manifest struct {
 	UserDataAttr string `json:"userDataAttr,omitempty"`
 	NoCloudInit  bool   `json:"noCloudInit,omitempty"`
 	Description  string `json:"description,omitempty"`
-	// TerraformProviders are the Terraform provider source addresses its templates use (for
-	// kloud's terraform mirror; informational in API version 1).
-	TerraformProviders []string              `json:"terraformProviders,omitempty"`
+	// TerraformProviders are the Terraform providers it offers to stack templates (the template
+	// policy's allowlist, provider.TerraformProviders). Empty: derived from ResourceType as for an
+	// in-tree provider. They must be in kloud's Terraform mirror to be usable at all.
+	TerraformProviders []TerraformProvider   `json:"terraformProviders,omitempty"`
 	Capabilities       []provider.Capability `json:"capabilities"`
 	// Schemas are the JSON Schemas of its schema parts ("credential", "bootstrap", "metadata").
 	Schemas map[string]json.RawMessage `json:"schemas,omitempty"`
@@ -101,6 +102,14 @@ type Manifest struct {
 	// Handler: the provider has an HTTP service (Provider.Handler), which kloud mounts at
 	// provider.HandlerPrefix(Name) and forwards to the plugin (provider.http).
 	Handler bool `json:"handler,omitempty"`
+}
+
+// TerraformProvider is the wire form of a provider.TerraformProvider.
+type TerraformProvider struct {
+	Name         string   `json:"name"`
+	Source       string   `json:"source,omitempty"`
+	Types        []string `json:"types,omitempty"`
+	ProviderArgs []string `json:"providerArgs,omitempty"`
 }
 
 // Schema parts.
@@ -131,6 +140,19 @@ func (m *Manifest) Validate() error {
 	for _, c := range m.Capabilities {
 		if !slices.Contains(knownCaps, c) {
 			return fmt.Errorf("provider.capabilities: unknown capability %q (known: %v)", c, knownCaps)
+		}
+	}
+	if len(m.TerraformProviders) > 16 {
+		return errors.New("provider.terraformProviders: more than 16")
+	}
+	for _, tp := range m.TerraformProviders {
+		if tp.Name == "" || len(tp.Name) > 64 || len(tp.Source) > 256 || len(tp.Types) > 256 || len(tp.ProviderArgs) > 64 {
+			return fmt.Errorf("provider.terraformProviders: %q: a name (at most 64 bytes), a source, at most 256 types and 64 provider arguments", tp.Name)
+		}
+		if tp.Name == "terraform" && (tp.Types == nil || slices.Contains(tp.Types, "terraform_remote_state")) {
+			// Terraform's built-in provider: only named types, never remote state (another
+			// stack's or the host's state files).
+			return errors.New("provider.terraformProviders: Terraform's built-in provider needs its types listed, and terraform_remote_state is never offered")
 		}
 	}
 	for part, s := range m.Schemas {
