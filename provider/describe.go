@@ -8,37 +8,65 @@ import (
 )
 
 // Field describes one field of a credential or bootstrap type, for forms in the UI and CLI.
+// Fields lists them from a type's struct tags, SchemaFields from a part's JSON Schema.
 type Field struct {
-	Name     string `json:"name"`
-	Type     string `json:"type"` // string, integer, number, boolean
-	Label    string `json:"label"`
-	Secret   bool   `json:"secret,omitempty"`
-	Required bool   `json:"required,omitempty"`
-	Default  string `json:"default,omitempty"`
+	Name        string   `json:"name"`
+	Type        string   `json:"type"` // string, integer, number, boolean
+	Label       string   `json:"label"`
+	Secret      bool     `json:"secret,omitempty"`
+	Required    bool     `json:"required,omitempty"`
+	Immutable   bool     `json:"immutable,omitempty"`
+	Default     string   `json:"default,omitempty"`
+	Description string   `json:"description,omitempty"` // the `doc` tag
+	Enum        []string `json:"enum,omitempty"`        // the allowed values (`enum:"a|b"`)
+	Min         string   `json:"min,omitempty"`         // numbers: minimum; strings: minimum length
+	Max         string   `json:"max,omitempty"`         // numbers: maximum; strings: maximum length
+}
+
+// Kinds of provider (Description.Kind).
+const (
+	KindBuiltin = "builtin" // compiled into kloud
+	KindPlugin  = "plugin"  // out of process (provider/plugin)
+)
+
+// Schemas are a provider's JSON Schemas (2020-12) by part; null for a part it does not have.
+type Schemas struct {
+	Credential json.RawMessage `json:"credential"`
+	Bootstrap  json.RawMessage `json:"bootstrap"`
+	Metadata   json.RawMessage `json:"metadata"`
 }
 
 // Description is provider.describe's entry for one provider.
 type Description struct {
-	Name         string  `json:"name"`
-	ResourceType string  `json:"resourceType"`
-	Description  string  `json:"description,omitempty"`
-	Credential   []Field `json:"credential"`
-	Bootstrap    []Field `json:"bootstrap"`
-	CloudInit    bool    `json:"cloudInit"`
-	Available    bool    `json:"available"`
-	Unavailable  string  `json:"unavailable,omitempty"` // why not, in plain language
+	Name         string `json:"name"`
+	Kind         string `json:"kind"`              // KindBuiltin or KindPlugin
+	Version      string `json:"version,omitempty"` // a plugin's own version
+	ResourceType string `json:"resourceType"`
+	Description  string `json:"description,omitempty"`
+	// Capabilities are what the provider can do (Provider.Caps).
+	Capabilities []Capability `json:"capabilities"`
+	// Schemas are the JSON Schemas of its parts (Provider.JSONSchema): what the UI's forms and
+	// the CLI's --field validation are built from.
+	Schemas Schemas `json:"schemas"`
+	// Credential and Bootstrap list the fields of those parts (from Schemas), for older
+	// clients.
+	Credential  []Field `json:"credential"`
+	Bootstrap   []Field `json:"bootstrap"`
+	CloudInit   bool    `json:"cloudInit"`
+	Available   bool    `json:"available"`
+	Unavailable string  `json:"unavailable,omitempty"` // why not, in plain language
 }
 
-// Describe builds p's description from its schema's struct tags.
+// Describe builds p's description from its schemas and capabilities.
 func Describe(p *Provider) Description {
-	d := Description{Name: p.Name, ResourceType: p.ResourceType, Description: p.Description, CloudInit: !p.NoCloudInit, Available: true,
-		Credential: []Field{}, Bootstrap: []Field{}}
-	if p.Schema.NewCredential != nil {
-		d.Credential = Fields(p.Schema.NewCredential())
+	d := Description{Name: p.Name, Kind: p.Kind, Version: p.Version, ResourceType: p.ResourceType, Description: p.Description,
+		CloudInit: !p.NoCloudInit, Available: true, Capabilities: p.Caps(),
+		Schemas: Schemas{Credential: p.JSONSchema(PartCredential), Bootstrap: p.JSONSchema(PartBootstrap), Metadata: p.JSONSchema(PartMetadata)}}
+	if d.Kind == "" {
+		d.Kind = KindBuiltin
 	}
-	if p.Schema.NewBootstrap != nil {
-		d.Bootstrap = Fields(p.Schema.NewBootstrap())
-	}
+	d.Credential = SchemaFields(d.Schemas.Credential)
+	d.Bootstrap = SchemaFields(d.Schemas.Bootstrap)
 	if p.Available != nil {
 		if err := p.Available(); err != nil {
 			d.Available, d.Unavailable = false, err.Error()
@@ -69,7 +97,11 @@ func Fields(v any) []Field {
 		if name == "" {
 			name = f.Name
 		}
-		fd := Field{Name: name, Label: f.Name, Type: kind(f.Type), Default: f.Tag.Get("default")}
+		fd := Field{Name: name, Label: f.Name, Type: kind(f.Type), Default: f.Tag.Get("default"), Description: f.Tag.Get("doc"),
+			Min: f.Tag.Get("min"), Max: f.Tag.Get("max")}
+		if e := f.Tag.Get("enum"); e != "" {
+			fd.Enum = strings.Split(e, "|")
+		}
 		if tag, ok := f.Tag.Lookup("kloud"); ok {
 			parts := strings.Split(tag, ",")
 			if parts[0] != "" {
@@ -81,6 +113,8 @@ func Fields(v any) []Field {
 					fd.Secret = true
 				case "required":
 					fd.Required = true
+				case "immutable":
+					fd.Immutable = true
 				}
 			}
 		}

@@ -61,20 +61,27 @@ func Example() {
 	_, err = reg.Lookup("aws")
 	fmt.Println(err)
 
-	// A credential as kloud decodes it: defaults filled, required fields checked.
-	v, err := provider.Decode(p.Schema.NewCredential, json.RawMessage(`{"token":"t0k"}`))
+	// A credential as kloud decodes it: validated against the part's JSON Schema, defaults
+	// filled, required fields checked.
+	v, err := p.DecodePart(context.Background(), provider.PartCredential, json.RawMessage(`{"token":"t0k"}`), nil)
 	if err != nil {
 		panic(err)
 	}
 	st, _ := p.Stack(&provider.BaseStack{Provider: p})
 	fmt.Println(v.(*exampleCredential).Region, st.VerifyCredential(context.Background(), &provider.Credential{Value: v}))
 
-	b, _ := json.Marshal(provider.Describe(p))
-	fmt.Println(string(b))
+	_, err = p.DecodePart(context.Background(), provider.PartCredential, json.RawMessage(`{"region":"eu-2"}`), nil)
+	fmt.Println(err)
+
+	d := provider.Describe(p)
+	fmt.Println(d.Kind, d.Capabilities) // derived: the machine constructor fails, so no optional ones
+	fmt.Println(string(d.Schemas.Credential))
 	// Output:
 	// example user_data
 	// true
 	// unknown provider "aws" (this kloud does not offer it)
 	// eu-1 <nil>
-	// {"name":"example","resourceType":"example_machine","description":"machines of the example cloud","credential":[{"name":"token","type":"string","label":"API token","secret":true,"required":true},{"name":"region","type":"string","label":"Region","default":"eu-1"}],"bootstrap":[],"cloudInit":true,"available":true}
+	// field token (API token) is required
+	// builtin [info start stop]
+	// {"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"token":{"type":"string","title":"API token","minLength":1,"writeOnly":true},"region":{"type":"string","title":"Region","default":"eu-1"}},"required":["token"],"additionalProperties":false}
 }

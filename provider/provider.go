@@ -27,6 +27,10 @@ type Provider struct {
 	// Description is shown in provider.describe.
 	Description string
 	Schema      Schema
+	// Kind is KindBuiltin ("" means builtin) or KindPlugin (set by a plugin's proxy); Version is
+	// a plugin's own version ("" for builtin providers). Both are shown in provider.describe.
+	Kind    string
+	Version string
 	// Stack builds the provider's stack operations for one request.
 	Stack func(*BaseStack) (Stack, error)
 	// Machine builds the provider's machine operations for one machine.
@@ -40,15 +44,15 @@ type Provider struct {
 	// Handler, if set, is the provider's own HTTP service, which kloud mounts on its HTTP server
 	// under HandlerPrefix(Name) (see handler.go). Nil: none.
 	Handler http.Handler
-	// Capabilities is what the provider can do. Nil: derived from what it implements (start,
-	// stop and info always; the optional interfaces; bootstrap with a Schema.NewBootstrap). A
-	// plugin's proxy sets it from the plugin's handshake; an in-tree provider may set it to
-	// advertise less.
+	// Capabilities is what the provider can do (see Caps). Nil: derived from what it implements
+	// (start, stop and info always; the optional interfaces; bootstrap with a
+	// Schema.NewBootstrap). A plugin's proxy sets it from the plugin's handshake; an in-tree
+	// provider may set it to advertise less.
 	Capabilities []Capability
 	// Decoder, if set, decodes and normalizes (defaults filled) a value of schema part part
 	// ("credential", "bootstrap", "metadata") given its raw JSON and, for an update, the old
 	// value. A plugin's proxy sets it: the plugin decodes in its own process with its own types.
-	// Nil: decoded in process with the Schema's New* type.
+	// Nil: decoded in process with the Schema's New* type (see DecodePart).
 	Decoder func(ctx context.Context, part string, raw, old json.RawMessage) (json.RawMessage, error)
 }
 
@@ -73,13 +77,19 @@ const (
 var ErrUnsupported = errors.New("not supported by this provider")
 
 // Schema holds the provider's typed data. Each constructor returns a pointer to a struct whose
-// fields carry `json` names and `kloud:"Label[,secret][,required]"` tags (and `default:"..."`);
-// provider.describe is built from those tags. A type with a `Valid() error` method is validated
-// after decoding.
+// fields carry `json` names and `kloud:"Label[,secret][,required][,immutable]"` tags, and
+// optionally `default:"v"`, `enum:"a|b|c"`, `min:"1"`, `max:"64"` and `doc:"one line"`; the
+// JSON Schema of each part (Provider.JSONSchema) and provider.describe are built from those tags
+// (schema.go). A type with a `Valid() error` method is validated after decoding; one with
+// `ValidUpdate(old any) error` is asked whether an update from old (same type) is allowed.
 type Schema struct {
 	NewCredential func() any // nil: the provider takes no credential
 	NewBootstrap  func() any // nil: no bootstrap outputs
 	NewMetadata   func() any // nil: machine metadata is the resource's attributes
+	// JSON, if non-nil, holds the JSON Schema of each part by name (PartCredential, ...),
+	// replacing the schemas generated from the New* types: a plugin's proxy sets it from the
+	// handshake. A part absent from it has no schema.
+	JSON map[string]json.RawMessage
 }
 
 // Stack is what a provider does for a stack.

@@ -86,16 +86,32 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Credential is the dummy's credential: a token that must not be "invalid", and a region.
+// Credential is the dummy's credential: a token that must not be "invalid", a region that
+// cannot change once the credential exists (its bootstrap network lives there), and an optional
+// quota.
 type Credential struct {
-	Token  string `json:"token" kloud:"API token,secret,required"`
-	Region string `json:"region" kloud:"Region" default:"local-1"`
+	Token  string `json:"token" kloud:"API token,secret,required" min:"3" max:"256" doc:"The API token (\"invalid\" is rejected by the API)."`
+	Region string `json:"region" kloud:"Region,immutable" default:"local-1" enum:"local-1|local-2" doc:"Where machines run; fixed once the credential exists."`
+	Quota  int    `json:"quota,omitempty" kloud:"Machine quota" min:"1" max:"64" doc:"How many machines this credential may run (leave it out for no limit)."`
 }
 
 // Valid implements the schema's validation.
 func (c *Credential) Valid() error {
 	if len(c.Token) < 3 {
 		return errors.New("token is too short")
+	}
+	return nil
+}
+
+// ValidUpdate implements the schema's update check (the region's immutability is the schema's):
+// a quota may not drop below 1 once it was set (the API cannot take a limit away).
+func (c *Credential) ValidUpdate(old any) error {
+	o, ok := old.(*Credential)
+	if !ok {
+		return fmt.Errorf("dummy: old credential of type %T", old)
+	}
+	if o.Quota > 0 && c.Quota == 0 {
+		return fmt.Errorf("quota: it was %d; a quota cannot be removed, only changed (1-64)", o.Quota)
 	}
 	return nil
 }
