@@ -359,9 +359,9 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 	}
 	w.j.Progress(ctx, 92, w.stage, "Storing the bootstrap outputs")
 	var val any = outputs
-	if prov.Schema.NewBootstrap != nil {
+	if prov.HasPart(provider.PartBootstrap) {
 		known := map[string]any{}
-		for _, f := range provider.Fields(prov.Schema.NewBootstrap()) {
+		for _, f := range provider.SchemaFields(prov.JSONSchema(provider.PartBootstrap)) {
 			if v, ok := outputs[f.Name]; ok {
 				known[f.Name] = v
 			}
@@ -370,10 +370,10 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		if err != nil {
 			return nil, fmt.Errorf("bootstrap outputs: %w", err)
 		}
-		if val, err = provider.Decode(prov.Schema.NewBootstrap, raw); err != nil {
+		if val, err = prov.DecodePart(ctx, provider.PartBootstrap, raw, nil); err != nil {
 			return nil, fmt.Errorf("bootstrap outputs do not fit provider %s: %w", prov.Name, err)
 		}
-		w.red = append(w.red, secretValues(val, provider.SecretFields(val))...)
+		w.red = append(w.red, secretValues(val, partSecrets(prov, provider.PartBootstrap))...)
 	}
 	plain, err := json.Marshal(val)
 	if err != nil {

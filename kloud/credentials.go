@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -266,7 +267,7 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err != nil {
 		return nil, fmt.Errorf("%s (providers: %s): %w", err.Error(), strings.Join(s.providers.Names(), ", "), kite.ErrInvalidParams)
 	}
-	if prov.Schema.NewCredential == nil {
+	if !prov.HasPart(provider.PartCredential) {
 		return nil, fmt.Errorf("provider %s takes no credential: %w", p.Provider, kite.ErrInvalidParams)
 	}
 	// The secrets as sent, to keep them out of decoding errors.
@@ -276,11 +277,11 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 			return nil, fmt.Errorf("data must be a JSON object of the provider's fields: %w", kite.ErrInvalidParams)
 		}
 	}
-	secretFields := provider.SecretFields(prov.Schema.NewCredential())
+	secretFields := partSecrets(prov, provider.PartCredential)
 	red := redactor(secretValues(raw, secretFields))
-	val, err := provider.Decode(prov.Schema.NewCredential, p.Data)
+	val, err := prov.DecodePart(ctx, provider.PartCredential, p.Data, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%s credential: %s (see kloud provider describe): %w", p.Provider, red.String(err.Error()), kite.ErrInvalidParams)
+		return nil, fmt.Errorf("%s credential: %s (see kloud provider describe %s): %w", p.Provider, red.String(err.Error()), p.Provider, kite.ErrInvalidParams)
 	}
 	plain, err := json.Marshal(val)
 	if err != nil {
@@ -291,8 +292,33 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err != nil {
 		return nil, err
 	}
+	public, set := publicAndSet(val, secretFields)
+	now := s.store.Now()
+	cr := Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
+		Public: public, Secret: set, Bootstrap: &Bootstrap{Status: BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
+	if err := s.store.Credentials().Insert(ctx, cr); err != nil {
+		return nil, fmt.Errorf("add credential: %w", err)
+	}
+	s.log.Info("credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
+	return api.CredentialAddResult{ID: id}, nil
+}
+
+// partSecrets returns the names of the secret fields of p's part (writeOnly in its schema).
+func partSecrets(p *provider.Provider, part string) map[string]bool {
+	out := map[string]bool{}
+	for _, f := range provider.SchemaFields(p.JSONSchema(part)) {
+		if f.Secret {
+			out[f.Name] = true
+		}
+	}
+	return out
+}
+
+// publicAndSet splits a decoded credential value into what is kept in the clear (its non-secret
+// fields) and the sorted names of the secret fields that have a value.
+func publicAndSet(val any, secretFields map[string]bool) (map[string]any, []string) {
 	public := map[string]any{}
-	var set []string
+	set := []string{}
 	for name, v := range toJSONMap(val) {
 		switch {
 		case !secretFields[name]:
@@ -302,14 +328,94 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 		}
 	}
 	sort.Strings(set)
-	now := s.store.Now()
-	cr := Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
-		Public: public, Secret: set, Bootstrap: &Bootstrap{Status: BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
-	if err := s.store.Credentials().Insert(ctx, cr); err != nil {
-		return nil, fmt.Errorf("add credential: %w", err)
+	return public, set
+}
+
+// credentialUpdate changes fields of a credential's value (owner or team admin): the params are
+// a merge patch over the stored value (fields left out keep their value, secrets included; null
+// resets a field), decoded by the provider against the old value (immutable fields, the type's
+// ValidUpdate), sealed and stored in one update that fails if the credential changed meanwhile.
+// The provider's verdict is reset: authenticate it again.
+func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialUpdateParams) (any, error) {
+	cr, err := s.loadCredential(ctx, c, p.CredentialID)
+	if err != nil {
+		return nil, err
 	}
-	s.log.Info("credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
-	return api.CredentialAddResult{ID: id}, nil
+	if err := manageCheck(c, cr, "update"); err != nil {
+		return nil, err
+	}
+	if b := cr.Bootstrap; b != nil && (b.Status == BootstrapRunning || b.Status == BootstrapDestroying) {
+		return nil, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
+	}
+	prov, err := s.providers.Lookup(cr.Provider)
+	if err != nil {
+		return nil, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
+	}
+	if !prov.HasPart(provider.PartCredential) {
+		return nil, fmt.Errorf("provider %s takes no credential: %w", cr.Provider, kite.ErrInvalidParams)
+	}
+	oldPlain, err := s.store.Open(cr.Sealed, credentialAAD(cr.ID))
+	if err != nil {
+		return nil, fmt.Errorf("credential %s: %w", cr.ID, err)
+	}
+	old := map[string]any{}
+	dec := json.NewDecoder(bytes.NewReader(oldPlain))
+	dec.UseNumber()
+	if err := dec.Decode(&old); err != nil {
+		return nil, fmt.Errorf("credential %s: decode sealed value: %w", cr.ID, err)
+	}
+	patch := map[string]any{}
+	dec = json.NewDecoder(bytes.NewReader(p.Data))
+	dec.UseNumber()
+	if err := dec.Decode(&patch); err != nil {
+		return nil, fmt.Errorf("data must be a JSON object of the fields to change: %w", kite.ErrInvalidParams)
+	}
+	secretFields := partSecrets(prov, provider.PartCredential)
+	red := redactor(append(secretValues(patch, secretFields), secretValues(old, secretFields)...))
+	merged := maps.Clone(old)
+	for k, v := range patch {
+		if v == nil {
+			delete(merged, k)
+		} else {
+			merged[k] = v
+		}
+	}
+	raw, err := json.Marshal(merged)
+	if err != nil {
+		return nil, fmt.Errorf("encode credential: %w", err)
+	}
+	val, err := prov.DecodePart(ctx, provider.PartCredential, raw, oldPlain)
+	if err != nil {
+		return nil, fmt.Errorf("%s credential %s: %s (see kloud provider describe %s): %w", cr.Provider, cr.ID, red.String(err.Error()), cr.Provider, kite.ErrInvalidParams)
+	}
+	plain, err := json.Marshal(val)
+	if err != nil {
+		return nil, fmt.Errorf("encode credential: %w", err)
+	}
+	sealed, err := s.store.Seal(plain, credentialAAD(cr.ID))
+	if err != nil {
+		return nil, err
+	}
+	public, set := publicAndSet(val, secretFields)
+	ok, err := s.store.Credentials().UpdateValue(ctx, cr.ID, cr.UpdatedAt, sealed, public, set)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("credential %s changed meanwhile (another update, or a bootstrap started); look again and retry: %w", cr.ID, kite.ErrConflict)
+	}
+	changed := []string{}
+	newM := toJSONMap(val)
+	for _, f := range provider.SchemaFields(prov.JSONSchema(provider.PartCredential)) {
+		a, _ := json.Marshal(old[f.Name])
+		b, _ := json.Marshal(newM[f.Name])
+		if !bytes.Equal(a, b) {
+			changed = append(changed, f.Name)
+		}
+	}
+	sort.Strings(changed)
+	s.log.Info("credential updated", "credential", cr.ID, "fields", changed, "by", c.Username)
+	return api.CredentialUpdateResult{ID: cr.ID, Changed: changed}, nil
 }
 
 func isZeroJSON(v any) bool {
@@ -359,8 +465,8 @@ func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Requ
 		return nil, err
 	}
 	v := api.CredentialView{Credential: *cr, Fields: []api.CredentialField{}}
-	if prov, err := s.providers.Lookup(cr.Provider); err == nil && prov.Schema.NewCredential != nil {
-		for _, f := range provider.Fields(prov.Schema.NewCredential()) {
+	if prov, err := s.providers.Lookup(cr.Provider); err == nil {
+		for _, f := range provider.SchemaFields(prov.JSONSchema(provider.PartCredential)) {
 			cf := api.CredentialField{Field: f}
 			if f.Secret {
 				cf.Set = slices.Contains(cr.Secret, f.Name)

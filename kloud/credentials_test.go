@@ -40,6 +40,15 @@ type testCred struct {
 	SecretKey string `json:"secret_key" kloud:"Secret key,secret,required"`
 	Token     string `json:"token,omitempty" kloud:"Session token,secret"`
 	Port      int    `json:"port" kloud:"Port" default:"443"`
+	Account   string `json:"account,omitempty" kloud:"Account,immutable"`
+}
+
+// ValidUpdate: a new access key comes with a new secret key.
+func (c *testCred) ValidUpdate(old any) error {
+	if o := old.(*testCred); c.AccessKey != o.AccessKey && c.SecretKey == o.SecretKey {
+		return errors.New("access_key changed: send its secret_key too")
+	}
+	return nil
 }
 
 func (c *testCred) Valid() error {
@@ -336,7 +345,8 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 	}
 	var pd api.ProviderDescribeResult
 	w.must("carol", "provider.describe", nil, &pd)
-	if len(pd.Providers) != 1 || pd.Providers[0].Name != "testcloud" || len(pd.Providers[0].Credential) != 5 || !pd.Providers[0].Credential[2].Secret {
+	if len(pd.Providers) != 1 || pd.Providers[0].Name != "testcloud" || len(pd.Providers[0].Credential) != 6 || !pd.Providers[0].Credential[2].Secret ||
+		!pd.Providers[0].Credential[5].Immutable || !strings.Contains(string(pd.Providers[0].Schemas.Credential), `"immutable":true`) {
 		t.Fatalf("provider.describe: %+v", pd)
 	}
 	wantErr(t, w.call("carol", "provider.describe", map[string]any{"provider": "nocloud"}, nil), kite.ErrNotFound, "describe an unknown provider")

@@ -5,16 +5,21 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
 )
 
-// storeCodes maps the store's sentinel errors to kite's. This is the one place where a store
-// condition becomes a wire error code: kloud/store does not know about kite.
+// storeCodes maps the store's (and the provider contract's) sentinel errors to kite's. This is
+// the one place where a store or provider condition becomes a wire error code: kloud/store and
+// provider do not know about kite.
 var storeCodes = []struct{ store, kite error }{
 	{store.ErrNotFound, kite.ErrNotFound},
 	{store.ErrConflict, kite.ErrConflict},
 	{store.ErrLocked, kite.ErrConflict},
 	{store.ErrLeaseLost, kite.ErrConflict},
 	{store.ErrState, kite.ErrState},
+	// A method the provider lacks the capability for (machine.stop of a provider without
+	// stop): the machine is in no state where it could work.
+	{provider.ErrUnsupported, kite.ErrState},
 }
 
 // codedError is an error given the kite code of the store sentinel it wraps; its message is

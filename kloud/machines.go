@@ -48,7 +48,7 @@ func (s *Server) providerMachine(ctx context.Context, c *Caller, m *Machine) (pr
 	}
 	bm := &provider.BaseMachine{ID: m.ID, Label: m.Label, StackID: m.StackID, Provider: p, KiteID: m.KiteID, Owner: m.Owner,
 		Attributes: m.Attributes, Meta: m.Meta, Log: s.log.With("machine", m.ID)}
-	if p.Schema.NewCredential != nil {
+	if p.HasPart(provider.PartCredential) {
 		st, err := s.loadStack(ctx, nil, m.StackID)
 		if err != nil {
 			return nil, err
@@ -92,6 +92,10 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if cur == provider.NotInitialized || cur.InProgress() {
 		return out, nil // nothing to ask the provider, or a job is changing it right now
 	}
+	if err := s.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo); err != nil {
+		out.InfoError = err.Error() // what kloud knows is all there is
+		return out, nil
+	}
 	pm, err := s.providerMachine(ctx, c, m)
 	if err != nil {
 		return nil, err
@@ -121,6 +125,9 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		if m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, GrantFull) {
 			return nil, fmt.Errorf("only the owner may %s machine %s: %w", method, m.Label, kite.ErrPermission)
 		}
+		if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
+			return nil, err
+		}
 		owner := method + "-" + store.NewID()
 		lease, err := s.store.AcquireLease(ctx, "machine/"+m.ID, owner, stackLeaseTTL)
 		if err != nil {
@@ -145,6 +152,25 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		}
 		return api.JobRef{JobID: id}, nil
 	}
+}
+
+// providerOf returns the provider called name, or nil.
+func (s *Server) providerOf(name string) *provider.Provider {
+	p, _ := s.providers.Lookup(name)
+	return p
+}
+
+// capable fails with provider.ErrUnsupported (-32005) unless the provider called name has
+// capability cap, which method needs.
+func (s *Server) capable(name, method string, cap provider.Capability) error {
+	p, err := s.providers.Lookup(name)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", method, err.Error(), kite.ErrState)
+	}
+	if !p.Can(cap) {
+		return fmt.Errorf("%s: provider %s does not support %s: %w", method, name, cap, provider.ErrUnsupported)
+	}
+	return nil
 }
 
 func hasGrant(m *Machine, user, grant string) bool {
@@ -205,6 +231,9 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
 		return nil, err
 	}
+	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
+		return fail(err) // the provider changed since the job was started (a plugin re-registered)
+	}
 	pm, err := s.providerMachine(ctx, nil, m)
 	if err != nil {
 		return fail(err)
@@ -227,7 +256,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	if method == provider.MethodStart {
 		j.Enter(ctx, stackbuild.MachineAgent)
 		pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: s.opts.AgentTimeout, Log: s.log}
-		r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm}}, nil)[0]
+		r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm, Provider: s.providerOf(m.Provider)}}, nil)[0]
 		if !r.OK {
 			return fail(fmt.Errorf("started, but %s failed: %w", r.Step, r.Err))
 		}

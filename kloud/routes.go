@@ -85,6 +85,7 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodCredentialList, AnyUser, s.credentialList),
 		rpc(s, api.MethodCredentialDescribe, AnyUser, s.credentialDescribe),
 		rpc(s, api.MethodCredentialRemove, AnyUser, s.credentialRemove), // owner, team admins
+		rpc(s, api.MethodCredentialUpdate, AnyUser, s.credentialUpdate), // owner, team admins
 		rpc(s, api.MethodCredentialAuthenticate, AnyUser, s.credentialAuthenticate),
 		rpc(s, api.MethodCredentialBootstrap, AnyUser, s.credentialBootstrap), // owner, team admins
 

@@ -83,7 +83,7 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 				return nil, fmt.Errorf("provider %s cannot work on this host: %s: %w", name, err.Error(), kite.ErrState)
 			}
 		}
-		if p.Schema.NewCredential == nil {
+		if !p.HasPart(provider.PartCredential) {
 			continue
 		}
 		id := credIDs[name]
@@ -749,7 +749,7 @@ func (s *Server) waitAgents(ctx context.Context, j *jobCtx, st *Stack, ms []Mach
 	for i := range ms {
 		m := &ms[i]
 		m.Attributes = resourceValues(res, m)
-		e := stackbuild.Expect{Label: m.Label, KiteID: m.KiteID}
+		e := stackbuild.Expect{Label: m.Label, KiteID: m.KiteID, Provider: s.providerOf(m.Provider)}
 		if pm, err := s.providerMachine(ctx, c, m); err == nil {
 			e.Machine = pm
 		}

@@ -98,6 +98,11 @@ func (c *Client) CredentialDescribe(ctx context.Context, p CredentialRef) (Crede
 	return call[CredentialView](ctx, c, MethodCredentialDescribe, p)
 }
 
+// CredentialUpdate changes fields of a credential's value (see CredentialUpdateParams).
+func (c *Client) CredentialUpdate(ctx context.Context, p CredentialUpdateParams) (CredentialUpdateResult, error) {
+	return call[CredentialUpdateResult](ctx, c, MethodCredentialUpdate, p)
+}
+
 // CredentialRemove removes a credential.
 func (c *Client) CredentialRemove(ctx context.Context, p CredentialRef) (CredentialRemoveResult, error) {
 	return call[CredentialRemoveResult](ctx, c, MethodCredentialRemove, p)

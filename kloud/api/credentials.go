@@ -46,6 +46,35 @@ type CredentialAddResult struct {
 	ID string `json:"id"`
 }
 
+// CredentialUpdateParams are the params of credential.update: a change to a credential's value
+// (a JSON merge patch of the provider's fields). A field given replaces the stored one; a field
+// left out keeps its stored value (so secrets need not be sent again); a field set to null goes
+// back to its default (or empty). The merged value is validated against the provider's schema
+// with the old value: fields marked immutable cannot change.
+type CredentialUpdateParams struct {
+	CredentialID string          `json:"credentialId"`
+	Data         json.RawMessage `json:"data"`
+}
+
+// Validate implements kite.Validator.
+func (p *CredentialUpdateParams) Validate() error {
+	if err := required("credentialId", p.CredentialID); err != nil {
+		return err
+	}
+	var m map[string]any
+	if len(p.Data) == 0 || json.Unmarshal(p.Data, &m) != nil || m == nil {
+		return errors.New("data must be a JSON object of the fields to change")
+	}
+	return nil
+}
+
+// CredentialUpdateResult is the result of credential.update.
+type CredentialUpdateResult struct {
+	ID string `json:"id"`
+	// Changed lists the fields whose value changed, sorted (secret ones by name only).
+	Changed []string `json:"changed"`
+}
+
 // CredentialListParams filter credential.list.
 type CredentialListParams struct {
 	Provider string `json:"provider,omitempty"`

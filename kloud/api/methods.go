@@ -21,6 +21,7 @@ const (
 	MethodCredentialRemove       = "credential.remove"
 	MethodCredentialAuthenticate = "credential.authenticate"
 	MethodCredentialBootstrap    = "credential.bootstrap"
+	MethodCredentialUpdate       = "credential.update"
 
 	MethodTemplateCreate  = "template.create"
 	MethodTemplateUpdate  = "template.update"
@@ -73,7 +74,7 @@ const (
 func KloudMethods() []string {
 	return []string{
 		MethodCredentialAdd, MethodCredentialAuthenticate, MethodCredentialBootstrap, MethodCredentialDescribe,
-		MethodCredentialList, MethodCredentialRemove,
+		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
 		MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
 		MethodVersion,
 		MethodMachineInfo, MethodMachineList, MethodMachineShare, MethodMachineShares, MethodMachineStart,

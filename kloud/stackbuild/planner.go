@@ -44,6 +44,10 @@ type Expect struct {
 	// failed: while it waits for the agent, it reads the console about once a second and fails
 	// the machine as soon as a step failed (see ParseBootFailure), instead of at the timeout.
 	Machine provider.Machine
+	// Provider, if set, is the machine's provider: its console is read only if it has
+	// provider.CapConsoleLog (a plugin's proxy machine has the method whether or not the plugin
+	// does). Nil: the type assertion alone decides.
+	Provider *provider.Provider
 	// Fresh says the machine was just created (a build): everything in its console is from
 	// this boot, so any failure already there counts. Otherwise the console may still hold an
 	// earlier boot's provisioning (a start of an existing machine): a user script's failure
@@ -249,6 +253,16 @@ func quoteTail(t string) string {
 	return ":\n" + t
 }
 
+// consoleLogger returns e's machine as a console logger, if it is one and its provider (when
+// known) has the capability.
+func (e Expect) consoleLogger() (provider.ConsoleLogger, bool) {
+	if e.Provider != nil && !e.Provider.Can(provider.CapConsoleLog) {
+		return nil, false
+	}
+	cl, ok := e.Machine.(provider.ConsoleLogger)
+	return cl, ok
+}
+
 // consoleFailure is what watchConsole found: err is nil if nothing failed (yet).
 type consoleFailure struct {
 	step, tail string
@@ -260,7 +274,7 @@ type consoleFailure struct {
 // that keeps failing counts only once an attempt failed while this planner watched: attempts
 // that failed while kloud was down (a restart mid-build) say nothing about now.
 func (p *Planner) watchConsole(ctx context.Context, e Expect) consoleFailure {
-	cl, ok := e.Machine.(provider.ConsoleLogger)
+	cl, ok := e.consoleLogger()
 	if !ok {
 		return consoleFailure{}
 	}
@@ -420,7 +434,7 @@ func planStep(marker string) string {
 // diagnose reads the console of a machine whose agent never registered and names the step that
 // failed.
 func (p *Planner) diagnose(e Expect) (step, logTail string) {
-	cl, ok := e.Machine.(provider.ConsoleLogger)
+	cl, ok := e.consoleLogger()
 	if !ok {
 		return StepRegistration, ""
 	}

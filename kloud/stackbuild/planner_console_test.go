@@ -226,7 +226,8 @@ func TestPlannerFailsFromConsole(t *testing.T) {
 
 // TestPlannerOldConsoleFailure: a machine that is not fresh (a start) is not failed for the user
 // script failure its console shows of an earlier boot, a fresh one is; a failure before the agent
-// started counts either way; a machine without ConsoleLog is waited for as before.
+// started counts either way; a machine without ConsoleLog, or whose provider lacks the consoleLog
+// capability, is waited for as before.
 func TestPlannerOldConsoleFailure(t *testing.T) {
 	t.Parallel()
 	url, sum := klientServer(t)
@@ -243,12 +244,19 @@ func TestPlannerOldConsoleFailure(t *testing.T) {
 		{stackbuild.Expect{Label: "built", KiteID: "k2", Machine: script, Fresh: true}, stackbuild.StepUserScript},
 		{stackbuild.Expect{Label: "checksum", KiteID: "k3", Machine: checksum}, stackbuild.StepDownload},
 		{stackbuild.Expect{Label: "no-console", KiteID: "k4", Machine: noConsole{}}, ""},
+		// A machine with ConsoleLog whose provider does not advertise consoleLog (a plugin's
+		// proxy machine has the method either way) is not read; one whose provider does, is.
+		{stackbuild.Expect{Label: "not-advertised", KiteID: "k5", Machine: checksum, Provider: &provider.Provider{Name: "p",
+			Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo}}}, ""},
+		{stackbuild.Expect{Label: "advertised", KiteID: "k6", Machine: checksum, Provider: &provider.Provider{Name: "p",
+			Capabilities: []provider.Capability{provider.CapConsoleLog}}}, stackbuild.StepDownload},
 	} {
 		start := time.Now()
 		r := pl.Wait(t.Context(), []stackbuild.Expect{tc.e}, nil)[0]
 		took := time.Since(start)
 		switch {
-		case tc.failStep == "" && (took < 3*time.Second || r.OK || !strings.Contains(r.Err.Error(), "did not register within 3s")):
+		case tc.failStep == "" && (took < 3*time.Second || r.OK || !strings.Contains(r.Err.Error(), "did not register within 3s") ||
+			tc.e.Provider != nil && (r.Step != stackbuild.StepRegistration || r.LogTail != "")):
 			t.Errorf("%s: after %s: %+v", tc.e.Label, took, r)
 		case tc.failStep != "" && (took > 2*time.Second || r.OK || r.Step != tc.failStep || !strings.Contains(r.Err.Error(), "failed inside the machine")):
 			t.Errorf("%s: after %s: %+v", tc.e.Label, took, r)

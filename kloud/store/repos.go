@@ -234,6 +234,20 @@ func (r *Credentials) SetVerified(ctx context.Context, id string, verified bool,
 		bson.M{"$set": bson.M{"verified": verified, "verifyError": verifyErr, "updatedAt": r.s.Now()}})
 }
 
+// UpdateValue replaces a credential's sealed value, its public fields and its list of set
+// secret fields, in one update, if the credential is unchanged since it was read (updatedAt
+// still at) and no bootstrap of it is running or being destroyed. The provider's verdict is
+// reset (the new value was not verified). It reports whether it did.
+func (r *Credentials) UpdateValue(ctx context.Context, id string, at time.Time, sealed []byte, public map[string]any, secret []string) (bool, error) {
+	filter := bson.M{"_id": id, "updatedAt": at, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying}}}
+	ok, err := update(ctx, r.coll(), "credential", id, filter, bson.M{"$set": bson.M{"sealed": sealed, "public": public,
+		"secretFields": secret, "verified": false, "verifyError": "", "updatedAt": r.s.Now()}})
+	if err != nil {
+		return false, fmt.Errorf("update credential %s: %w", id, err)
+	}
+	return ok, nil
+}
+
 // DeleteIdle deletes a credential unless a bootstrap of it is running or being destroyed. It
 // reports whether it did.
 func (r *Credentials) DeleteIdle(ctx context.Context, id string) (bool, error) {

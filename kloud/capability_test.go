@@ -1,0 +1,173 @@
+package kloud_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+const testNewSecret = "sk-NEW-SECRET-0b9f3e71aa"
+
+// TestCredentialUpdate: credential.update merges the change into the stored value (fields left
+// out, secrets included, keep their value; null clears), validates it against the provider's
+// schema with the old value (immutable fields, ValidUpdate), stores it in one update and resets
+// the verification; only the owner and team admins may, and no secret shows anywhere.
+func TestCredentialUpdate(t *testing.T) {
+	w := newCredWorld(t, kloudtest.Options{})
+	data := goodCredData()
+	data["account"] = "acct-1"
+	id := w.addCred("bob", "bob's key", data)
+	var auth api.AuthenticateResult
+	w.must("bob", "credential.authenticate", map[string]any{"id": id}, &auth)
+	if !auth.Verified {
+		t.Fatalf("authenticate: %+v", auth)
+	}
+	c := api.NewClient(w.as("bob"))
+	ctx := t.Context()
+
+	// A plain field changes; the secrets not sent are kept.
+	res, err := c.CredentialUpdate(ctx, api.CredentialUpdateParams{CredentialID: id, Data: []byte(`{"region":"us-1","port":8443}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ID != id || !slices.Equal(res.Changed, []string{"port", "region"}) {
+		t.Errorf("update result %+v", res)
+	}
+	pc, _, err := w.e.Server.CredentialFor(ctx, "bob", id, "testcloud")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := *pc.Value.(*testCred); v != (testCred{Region: "us-1", AccessKey: "good-key", SecretKey: testSecretKey, Token: testToken, Port: 8443, Account: "acct-1"}) {
+		t.Errorf("after update: %+v", v)
+	}
+	var d api.CredentialView
+	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
+	if d.Verified || d.Public["region"] != "us-1" || !slices.Equal(d.Secret, []string{"secret_key", "token"}) {
+		t.Errorf("described after update: %+v", d)
+	}
+
+	// Refusals, with what to do; nothing changes.
+	for _, c := range []struct {
+		user, data string
+		kind       error
+		want       string
+	}{
+		{"bob", `{"account":"acct-2"}`, kite.ErrInvalidParams, `field account (Account) is immutable: it cannot change from "acct-1" to "acct-2"`},
+		{"bob", `{"account":null}`, kite.ErrInvalidParams, "field account (Account) is immutable"},
+		{"bob", `{"access_key":"new-key"}`, kite.ErrInvalidParams, "access_key changed: send its secret_key too"},
+		{"bob", `{"port":"many"}`, kite.ErrInvalidParams, "field port (Port) must be of type integer"},
+		{"bob", `{"colour":"red"}`, kite.ErrInvalidParams, "unknown field(s) colour"},
+		{"bob", `{"secret_key":""}`, kite.ErrInvalidParams, "field secret_key (Secret key) is required"},
+		{"bob", `{"region":"nowhere"}`, kite.ErrInvalidParams, "region \"nowhere\" is not served for secret key [secret]"},
+		{"bob", `[1]`, kite.ErrInvalidParams, "data must be a JSON object"},
+		{"alice", `{"region":"eu-2"}`, nil, ""}, // a team admin may
+		{"carol", `{"region":"eu-3"}`, kite.ErrNotFound, ""},
+	} {
+		var raw any = c.data
+		err := w.call(c.user, "credential.update", map[string]any{"credentialId": id, "data": jsonRaw(c.data)}, nil)
+		if c.kind == nil && err != nil || c.kind != nil && (!errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("update %v as %s: %v, want %v %q", raw, c.user, err, c.kind, c.want)
+		}
+	}
+	w.addUser("dave", "", false)
+	w.must("alice", "team.addMember", map[string]any{"team": "red", "username": "dave"}, nil)
+	wantErr(t, w.call("dave", "credential.update", map[string]any{"credentialId": id, "data": map[string]any{"region": "x"}}, nil), kite.ErrPermission, "a member updates another's credential")
+	wantErr(t, w.call("bob", "credential.update", map[string]any{"credentialId": id}, nil), kite.ErrInvalidParams, "no data")
+
+	// A new access key with its secret; a secret cleared with null.
+	res, err = c.CredentialUpdate(ctx, api.CredentialUpdateParams{CredentialID: id, Data: []byte(`{"access_key":"other-key","secret_key":"` + testNewSecret + `","token":null}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Changed, []string{"access_key", "secret_key", "token"}) {
+		t.Errorf("changed %v", res.Changed)
+	}
+	pc, _, err = w.e.Server.CredentialFor(ctx, "bob", id, "testcloud")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := *pc.Value.(*testCred); v != (testCred{Region: "eu-2", AccessKey: "other-key", SecretKey: testNewSecret, Port: 8443, Account: "acct-1"}) {
+		t.Errorf("after the second update: %+v", v)
+	}
+	d = api.CredentialView{}
+	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
+	if !slices.Equal(d.Secret, []string{"secret_key"}) {
+		t.Errorf("secret fields after clearing the token: %v", d.Secret)
+	}
+
+	// The store's update is a compare-and-swap on the credential as it was read.
+	cr, err := w.e.Server.Store().Credentials().Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, err := w.e.Server.Store().Credentials().UpdateValue(ctx, id, cr.UpdatedAt.Add(-time.Second), cr.Sealed, cr.Public, cr.Secret)
+	if err != nil || ok {
+		t.Errorf("UpdateValue of a stale read: %v %v", ok, err)
+	}
+	w.scan(testSecretKey, testToken, testNewSecret)
+}
+
+type jsonRaw string
+
+func (j jsonRaw) MarshalJSON() ([]byte, error) { return []byte(j), nil }
+
+// capMachine is a machine that could stop; its provider does not advertise it.
+type capMachine struct{}
+
+func (capMachine) Start(context.Context) (any, error) { return nil, nil }
+func (capMachine) Stop(context.Context) (any, error)  { return nil, errors.New("must not be called") }
+func (capMachine) Info(context.Context) (provider.State, any, error) {
+	return provider.Running, nil, nil
+}
+
+// TestUnsupportedMethod: a provider without the stop (or info) capability gets machine.stop
+// refused with -32005 and a message naming the provider and the method, before any job starts;
+// provider.describe lists exactly its capabilities.
+func TestUnsupportedMethod(t *testing.T) {
+	reg := provider.NewRegistry()
+	reg.Register(&provider.Provider{Name: "nostop", ResourceType: "nostop_machine",
+		Capabilities: []provider.Capability{provider.CapStart},
+		Machine:      func(*provider.BaseMachine) (provider.Machine, error) { return capMachine{}, nil }})
+	w := newUserWorld(t, kloudtest.Options{Providers: reg})
+	w.addUser("alice", "", false)
+	ctx := t.Context()
+	now := time.Now()
+	if err := w.e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{{ID: "m1", StackID: "s1", Label: "web", Provider: "nostop",
+		Owner: "alice", Team: kloud.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now}}); err != nil {
+		t.Fatal(err)
+	}
+	c := api.NewClient(w.as("alice"))
+	_, err := c.MachineStop(ctx, api.MachineRef{MachineID: "m1"})
+	var ke *kite.Error
+	if !errors.As(err, &ke) || ke.Code != -32005 || !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), "machine.stop: provider nostop does not support stop") {
+		t.Fatalf("machine.stop on a provider without stop: %v", err)
+	}
+	m, err := w.e.Server.Store().Machines().Get(ctx, "m1")
+	if err != nil || m.State != provider.Running {
+		t.Errorf("machine after a refused stop: %+v %v", m, err)
+	}
+	jobs, err := c.JobList(ctx, api.JobListParams{})
+	if err != nil || len(jobs.Jobs) != 0 {
+		t.Errorf("jobs after a refused stop: %+v %v", jobs, err)
+	}
+	// machine.info does not ask a provider without info; it says why.
+	info, err := c.MachineInfo(ctx, api.MachineRef{MachineID: "m1"})
+	if err != nil || !strings.Contains(info.InfoError, "provider nostop does not support info") || info.State != provider.Running {
+		t.Errorf("machine.info: %+v %v", info, err)
+	}
+	var desc api.ProviderDescribeResult
+	w.must("alice", "provider.describe", map[string]any{"provider": "nostop"}, &desc)
+	if len(desc.Providers) != 1 || !slices.Equal(desc.Providers[0].Capabilities, []provider.Capability{provider.CapStart}) ||
+		desc.Providers[0].Kind != provider.KindBuiltin || string(desc.Providers[0].Schemas.Credential) != "null" {
+		t.Errorf("describe: %+v", desc.Providers)
+	}
+}
