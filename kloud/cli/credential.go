@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,18 +19,20 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 )
 
-// kloud credential add|list|describe|remove|authenticate|bootstrap and kloud provider describe.
+// kloud credential add|update|list|describe|remove|authenticate|bootstrap and kloud provider
+// describe. Credential fields are checked against the provider's JSON Schema (provider.describe)
+// before they are sent; kloud checks them again.
 
 func credentialCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "credential",
 		Short: "Manage provider credentials (secrets are stored encrypted and never shown)",
 		Long: `A credential holds what a provider needs (keys, regions, ...). It belongs to a team: its
-members see it and use it in stacks; its owner and the team's admins remove and bootstrap it.
+members see it and use it in stacks; its owner and the team's admins update, remove and bootstrap it.
 Secret fields are encrypted at rest and never shown again by any command. See each provider's
 fields with: kloud provider describe`,
 	}
-	cmd.AddCommand(credentialAddCmd(g), credentialListCmd(g), credentialDescribeCmd(g), credentialRemoveCmd(g),
+	cmd.AddCommand(credentialAddCmd(g), credentialUpdateCmd(g), credentialListCmd(g), credentialDescribeCmd(g), credentialRemoveCmd(g),
 		credentialAuthenticateCmd(g), credentialBootstrapCmd(g))
 	return cmd
 }
@@ -48,40 +49,67 @@ func describeProvider(ctx context.Context, c *kite.Conn, name string) (*provider
 	return &res.Providers[0], nil
 }
 
-// fieldsData turns --field k=v flags into the provider's JSON, converting by field type.
-func fieldsData(d *provider.Description, kvs []string) (map[string]any, error) {
-	types := map[string]string{}
-	var names []string
-	for _, f := range d.Credential {
-		types[f.Name] = f.Type
-		names = append(names, f.Name)
+// fieldsData turns --field k=v flags into the provider's JSON, converting each value to its
+// field's type in the provider's credential schema (provider.describe). Unknown fields are
+// errors naming the fields there are.
+func fieldsData(d *provider.Description, kvs []string) (json.RawMessage, error) {
+	raw, err := provider.ParseFields(d.Schemas.Credential, kvs)
+	if err != nil {
+		return nil, fmt.Errorf("--field: %w\n  see the fields with: kloud provider describe %s", err, d.Name)
 	}
-	out := map[string]any{}
-	for _, kv := range kvs {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return nil, fmt.Errorf("--field %q: want NAME=VALUE", kv)
+	return raw, nil
+}
+
+// checkCredential validates data against the provider's credential schema before it is sent
+// (kloud validates again). With partial (an update's patch), required fields may be missing.
+func checkCredential(d *provider.Description, data json.RawMessage, partial bool) error {
+	schema := d.Schemas.Credential
+	if schema == nil || string(schema) == "null" {
+		return nil
+	}
+	if partial {
+		var m map[string]any
+		if err := json.Unmarshal(schema, &m); err != nil {
+			return fmt.Errorf("provider %s's credential schema: %w", d.Name, err)
 		}
-		typ, known := types[k]
-		if !known {
-			return nil, fmt.Errorf("--field %s: provider %s has no such field (fields: %s)", k, d.Name, strings.Join(names, ", "))
+		delete(m, "required")
+		schema, _ = json.Marshal(m)
+		// A null resets a field (credential.update): check only the values given.
+		var patch map[string]any
+		if json.Unmarshal(data, &patch) == nil {
+			for k, v := range patch {
+				if v == nil {
+					delete(patch, k)
+				}
+			}
+			data, _ = json.Marshal(patch)
 		}
-		var err error
-		switch typ {
-		case "integer":
-			out[k], err = strconv.ParseInt(v, 10, 64)
-		case "number":
-			out[k], err = strconv.ParseFloat(v, 64)
-		case "boolean":
-			out[k], err = strconv.ParseBool(v)
-		default:
-			out[k] = v
-		}
+	}
+	if err := provider.Validate(schema, data); err != nil {
+		return fmt.Errorf("%s credential: %w\n  see the fields with: kloud provider describe %s", d.Name, err, d.Name)
+	}
+	return nil
+}
+
+// readData returns the credential data given by --data or --data-file (- for stdin), or nil.
+func readData(data, dataFile string) (json.RawMessage, error) {
+	switch {
+	case data != "":
+		return json.RawMessage(data), nil
+	case dataFile == "-":
+		b, err := io.ReadAll(os.Stdin)
 		if err != nil {
-			return nil, fmt.Errorf("--field %s: want a %s", k, typ)
+			return nil, fmt.Errorf("--data-file: %w", err)
 		}
+		return b, nil
+	case dataFile != "":
+		b, err := os.ReadFile(dataFile)
+		if err != nil {
+			return nil, fmt.Errorf("--data-file: %w", err)
+		}
+		return b, nil
 	}
-	return out, nil
+	return nil, nil
 }
 
 func credentialAddCmd(g *globals) *cobra.Command {
@@ -92,13 +120,14 @@ func credentialAddCmd(g *globals) *cobra.Command {
 		Use:   "add --provider P --title T [--team T] (--data JSON | --data-file F | --field k=v ...)",
 		Short: "Add a credential for a provider",
 		Long: `Add a credential. Its fields (see kloud provider describe P) come as a JSON object (--data, or
---data-file, - for stdin) or as --field NAME=VALUE flags, converted to the field's type. Prefer
---data-file for secrets: flags end up in your shell history and the process list. Fields left out
-take their defaults; required ones must be given. --team defaults to your only team.
+--data-file, - for stdin) or as --field NAME=VALUE flags, converted to the field's type. They are
+checked against the provider's schema before they are sent (types, required fields, allowed
+values, bounds). Prefer --data-file for secrets: flags end up in your shell history and the
+process list. Fields left out take their defaults; required ones must be given. --team defaults
+to your only team.
 
-  kloud credential add --provider local --title "my laptop"
   kloud credential add --provider aws --title prod --data-file aws.json --team red
-  kloud credential add --provider dummy --title test --field region=eu-1 --field port=8080`,
+  kloud credential add --provider dummy --title test --field token=t0k3n --field region=local-2 --field quota=4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sources := 0
@@ -110,40 +139,31 @@ take their defaults; required ones must be given. --team defaults to your only t
 			if sources > 1 {
 				return errors.New("give the fields one way: --data, --data-file or --field")
 			}
+			var err error
+			if p.Data, err = readData(data, dataFile); err != nil {
+				return err
+			}
+			if len(p.Data) > 0 && !json.Valid(p.Data) {
+				return errors.New("the credential data is not valid JSON (want an object of the provider's fields)")
+			}
 			c, err := g.dial(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer c.Close(nil)
-			switch {
-			case data != "":
-				p.Data = json.RawMessage(data)
-			case dataFile != "":
-				var b []byte
-				if dataFile == "-" {
-					b, err = io.ReadAll(os.Stdin)
-				} else {
-					b, err = os.ReadFile(dataFile)
-				}
-				if err != nil {
-					return fmt.Errorf("--data-file: %w", err)
-				}
-				p.Data = json.RawMessage(b)
-			case len(fields) > 0:
-				d, err := describeProvider(cmd.Context(), c, p.Provider)
-				if err != nil {
-					return err
-				}
-				m, err := fieldsData(d, fields)
-				if err != nil {
-					return err
-				}
-				if p.Data, err = json.Marshal(m); err != nil {
+			// The provider's schema checks the fields here first, with the same messages as
+			// the server's (which checks again).
+			d, err := describeProvider(cmd.Context(), c, p.Provider)
+			if err != nil {
+				return err
+			}
+			if len(fields) > 0 {
+				if p.Data, err = fieldsData(d, fields); err != nil {
 					return err
 				}
 			}
-			if len(p.Data) > 0 && !json.Valid(p.Data) {
-				return errors.New("the credential data is not valid JSON (want an object of the provider's fields)")
+			if err := checkCredential(d, p.Data, false); err != nil {
+				return err
 			}
 			res, err := api.NewClient(c).CredentialAdd(cmd.Context(), p)
 			if err != nil {
@@ -168,6 +188,102 @@ take their defaults; required ones must be given. --team defaults to your only t
 	f.StringArrayVar(&fields, "field", nil, "a field as NAME=VALUE (repeatable)")
 	cmd.MarkFlagRequired("provider")
 	cmd.MarkFlagRequired("title")
+	return cmd
+}
+
+func credentialUpdateCmd(g *globals) *cobra.Command {
+	var data, dataFile string
+	var fields, unset []string
+	cmd := &cobra.Command{
+		Use:   "update ID (--field k=v ... | --data JSON | --data-file F) [--unset NAME ...]",
+		Short: "Change fields of a credential (its owner or a team admin)",
+		Long: `Change some fields of a credential. Only the fields given change: the others, secrets
+included, keep their values; --unset NAME resets a field to its default. The new value is checked
+against the provider's schema here and by kloud, which also refuses to change a field marked
+immutable (see kloud provider describe P) and asks the provider whether the change is allowed.
+The credential must be authenticated again afterwards.
+
+  kloud credential update 5f2c... --field quota=8
+  kloud credential update 5f2c... --data-file new-keys.json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sources := 0
+			for _, set := range []bool{data != "", dataFile != "", len(fields) > 0} {
+				if set {
+					sources++
+				}
+			}
+			if sources > 1 {
+				return errors.New("give the fields one way: --data, --data-file or --field")
+			}
+			if sources == 0 && len(unset) == 0 {
+				return errors.New("nothing to change: give --field NAME=VALUE, --data, --data-file or --unset NAME")
+			}
+			raw, err := readData(data, dataFile)
+			if err != nil {
+				return err
+			}
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close(nil)
+			cl := api.NewClient(c)
+			v, err := cl.CredentialDescribe(cmd.Context(), api.CredentialRef{CredentialID: args[0]})
+			if err != nil {
+				return explain(err)
+			}
+			d, err := describeProvider(cmd.Context(), c, v.Provider)
+			if err != nil {
+				return err
+			}
+			if len(fields) > 0 {
+				if raw, err = fieldsData(d, fields); err != nil {
+					return err
+				}
+			}
+			patch := map[string]any{}
+			if len(raw) > 0 {
+				if err := json.Unmarshal(raw, &patch); err != nil || patch == nil {
+					return errors.New("the credential data is not a JSON object of the fields to change")
+				}
+			}
+			for _, name := range unset {
+				// An unknown name is refused as a --field would be.
+				if _, err := provider.ParseFields(d.Schemas.Credential, []string{name + "="}); err != nil && strings.Contains(err.Error(), "unknown field") {
+					return fmt.Errorf("--unset: %w", err)
+				}
+				patch[name] = nil
+			}
+			if raw, err = json.Marshal(patch); err != nil {
+				return err
+			}
+			if err := checkCredential(d, raw, true); err != nil {
+				return err
+			}
+			res, err := cl.CredentialUpdate(cmd.Context(), api.CredentialUpdateParams{CredentialID: args[0], Data: raw})
+			if err != nil {
+				if errors.Is(err, kite.ErrInvalidParams) {
+					return fmt.Errorf("%w\n  see the fields with: kloud provider describe %s", err, v.Provider)
+				}
+				return explain(err)
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			if len(res.Changed) == 0 {
+				fmt.Fprintf(g.stdout, "credential %s unchanged (the values given are the stored ones)\n", res.ID)
+				return nil
+			}
+			fmt.Fprintf(g.stdout, "updated credential %s: %s\ncheck it with: kloud credential authenticate %s\n", res.ID, strings.Join(res.Changed, ", "), res.ID)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&data, "data", "", "the fields to change as a JSON object (null resets one)")
+	f.StringVar(&dataFile, "data-file", "", "read the JSON object from this file (- for stdin)")
+	f.StringArrayVar(&fields, "field", nil, "a field to change as NAME=VALUE (repeatable)")
+	f.StringArrayVar(&unset, "unset", nil, "a field to reset to its default (repeatable)")
 	return cmd
 }
 
@@ -378,7 +494,7 @@ func providerCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "provider", Short: "Show the providers this kloud offers"}
 	describe := &cobra.Command{
 		Use:   "describe [NAME]",
-		Short: "Show providers with their credential fields (types, defaults, which are secret)",
+		Short: "Show providers: what they can do, and their credential fields (types, defaults, secrets, allowed values)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var p api.ProviderDescribeParams
@@ -405,6 +521,15 @@ func providerCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(g.stdout, ": %s", d.Description)
 				}
 				fmt.Fprintln(g.stdout)
+				kind := d.Kind
+				if d.Version != "" {
+					kind += " " + d.Version
+				}
+				var caps []string
+				for _, c := range d.Capabilities {
+					caps = append(caps, string(c))
+				}
+				fmt.Fprintf(g.stdout, "  kind: %s\n  capabilities: %s\n", kind, strings.Join(caps, ", "))
 				if !d.Available {
 					fmt.Fprintf(g.stdout, "  NOT AVAILABLE on this kloud: %s\n", d.Unavailable)
 				}
@@ -424,9 +549,30 @@ func printFields(w io.Writer, what string, fs []provider.Field) {
 		return
 	}
 	fmt.Fprintf(w, "  %s:\n", what)
-	tw := newTable(w, "    FIELD", "LABEL", "TYPE", "SECRET", "REQUIRED", "DEFAULT")
+	tw := newTable(w, "    FIELD", "LABEL", "TYPE", "SECRET", "REQUIRED", "DEFAULT", "IMMUTABLE", "ALLOWED", "DESCRIPTION")
 	for _, f := range fs {
-		tw.row("    "+f.Name, f.Label, f.Type, yesNo(f.Secret), yesNo(f.Required), f.Default)
+		tw.row("    "+f.Name, f.Label, f.Type, yesNo(f.Secret), yesNo(f.Required), f.Default, yesNo(f.Immutable), allowed(f), f.Description)
 	}
 	tw.flush()
+}
+
+// allowed says which values field f takes beyond its type: an enum, or bounds (length for
+// strings).
+func allowed(f provider.Field) string {
+	if len(f.Enum) > 0 {
+		return strings.Join(f.Enum, "|")
+	}
+	what := ""
+	if f.Type == "string" {
+		what = " chars"
+	}
+	switch {
+	case f.Min != "" && f.Max != "":
+		return f.Min + ".." + f.Max + what
+	case f.Min != "":
+		return ">= " + f.Min + what
+	case f.Max != "":
+		return "<= " + f.Max + what
+	}
+	return ""
 }

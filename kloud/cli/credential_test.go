@@ -216,3 +216,103 @@ func TestUserCredentialCommands(t *testing.T) {
 		t.Fatal("a command printed the secret")
 	}
 }
+
+type schemaCred struct {
+	Token string `json:"token" kloud:"Token,secret,required" min:"4"`
+	Zone  string `json:"zone" kloud:"Zone,immutable" enum:"a|b" default:"a" doc:"where it runs"`
+	Size  int    `json:"size" kloud:"Size" min:"1" max:"8" default:"2"`
+	Fast  bool   `json:"fast" kloud:"Fast"`
+}
+
+// TestCredentialFieldsFromSchema: `credential add|update --field` convert and check the fields
+// against the provider's JSON Schema before calling kloud (the same messages as kloud's, without
+// its error code), kloud refuses what only it can know (an immutable field's old value), and
+// `provider describe` shows capabilities and the schema's rules.
+func TestCredentialFieldsFromSchema(t *testing.T) {
+	reg := provider.NewRegistry()
+	reg.Register(&provider.Provider{Name: "schemacloud", ResourceType: "schemacloud_machine",
+		Capabilities: []provider.Capability{provider.CapStart, provider.CapInfo},
+		Schema:       provider.Schema{NewCredential: func() any { return &schemaCred{} }},
+		Stack:        func(*provider.BaseStack) (provider.Stack, error) { return cliStack{}, nil }})
+	dir := t.TempDir()
+	e := kloudtest.Start(t, kloudtest.Options{DataDir: dir, Providers: reg})
+	run := func(args ...string) (int, string, string) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		code := cli.Run(t.Context(), append(args, "--url", e.URL, "--data-dir", dir), &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	add := func(fields ...string) (int, string, string) {
+		args := []string{"credential", "add", "--provider", "schemacloud", "--title", "t"}
+		for _, f := range fields {
+			args = append(args, "--field", f)
+		}
+		return run(args...)
+	}
+	for _, c := range []struct {
+		fields []string
+		want   string
+	}{
+		{[]string{"token=abcd", "size=big"}, `--field: field size must be an integer, not "big"`},
+		{[]string{"token=abcd", "fast=maybe"}, `--field: field fast must be true or false, not "maybe"`},
+		{[]string{"token=abcd", "colour=red"}, "--field: unknown field colour (fields: token, zone, size, fast)"},
+		{[]string{"token=abcd", "zone=c"}, `schemacloud credential: field zone (Zone) must be one of a, b (enum; got "c")`},
+		{[]string{"token=abcd", "size=9"}, "schemacloud credential: field size (Size) must be at most 8 (maximum; got 9)"},
+		{[]string{"size=3"}, "schemacloud credential: field token (Token) is required"},
+		{[]string{"token=abc"}, "schemacloud credential: field token (Token) must be at least 4 characters long (minLength)"},
+	} {
+		code, _, stderr := add(c.fields...)
+		// The client's check: kloud's would carry its error code (invalidParams / -32602).
+		if code == 0 || !strings.Contains(stderr, c.want) || !strings.Contains(stderr, "kloud provider describe schemacloud") ||
+			strings.Contains(stderr, "32602") || strings.Contains(strings.ToLower(stderr), "invalid params") {
+			t.Errorf("add %v: exit %d\n%s\nwant the client's %q", c.fields, code, stderr, c.want)
+		}
+	}
+	code, out, stderr := add("token=abcd", "fast=true", "size=3")
+	id := regexp.MustCompile(`added credential (\w+)`).FindStringSubmatch(out)
+	if code != 0 || id == nil {
+		t.Fatalf("add: %d %s %s", code, out, stderr)
+	}
+	describe := func() string {
+		_, out, _ := run("credential", "describe", id[1])
+		return out
+	}
+	if d := describe(); !regexp.MustCompile(`size\s+Size\s+integer\s+3`).MatchString(d) || !regexp.MustCompile(`fast\s+Fast\s+boolean\s+true`).MatchString(d) {
+		t.Errorf("describe after add:\n%s", d)
+	}
+
+	code, out, stderr = run("credential", "update", id[1], "--field", "size=4")
+	if code != 0 || !strings.Contains(out, "updated credential "+id[1]+": size") {
+		t.Fatalf("update: %d %s %s", code, out, stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--field", "size=0"}, "schemacloud credential: field size (Size) must be at least 1 (minimum; got 0)"},
+		{[]string{"--field", "nope=1"}, "unknown field nope (fields: token, zone, size, fast)"},
+		{[]string{"--unset", "nope"}, "--unset: unknown field nope"},
+		{nil, "nothing to change"},
+		// Only kloud knows the old value: its refusal, with its code.
+		{[]string{"--field", "zone=b"}, `field zone (Zone) is immutable: it cannot change from "a" to "b"`},
+	} {
+		code, _, stderr := run(append([]string{"credential", "update", id[1]}, c.args...)...)
+		if code == 0 || !strings.Contains(stderr, c.want) {
+			t.Errorf("update %v: exit %d\n%s\nwant %q", c.args, code, stderr, c.want)
+		}
+	}
+	if code, out, stderr := run("credential", "update", id[1], "--unset", "size", "--field", "fast=false"); code != 0 || !strings.Contains(out, "fast, size") {
+		t.Fatalf("update --unset: %d %s %s", code, out, stderr)
+	}
+	if d := describe(); !regexp.MustCompile(`size\s+Size\s+integer\s+2`).MatchString(d) || !regexp.MustCompile(`token\s+Token\s+string\s+\(secret, set\)`).MatchString(d) {
+		t.Errorf("describe after the updates (size back to its default, the token kept):\n%s", d)
+	}
+
+	code, out, _ = run("provider", "describe", "schemacloud")
+	for _, want := range []string{`kind: builtin`, `capabilities: info, start`, `zone\s+Zone\s+string\s+no\s+no\s+a\s+yes\s+a\|b\s+where it runs`,
+		`size\s+Size\s+integer\s+no\s+no\s+2\s+no\s+1\.\.8`, `token\s+Token\s+string\s+yes\s+yes\s+-\s+no\s+>= 4 chars`} {
+		if code != 0 || !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("provider describe lacks %s:\n%s", want, out)
+		}
+	}
+}
