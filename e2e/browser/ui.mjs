@@ -1,5 +1,7 @@
 // ui.mjs — drives the Debian Chromium (playwright-core, no browser download) through kloud's
-// web UI as a user would: log in through the form, add a credential from the provider's form,
+// web UI as a user would: log in through the form, add a credential from the provider's form
+// (for the dummy: the form's inputs are checked against its JSON Schema, and a credential is
+// updated),
 // write a template and plan it, create and build a stack watching its progress, see the machine
 // Running with its agent connected, then (KLOUD_TERMINAL=1) open its terminal, type
 // `echo hello-$((6*7))`, read hello-42 from the xterm buffer, reload and see the session
@@ -219,6 +221,8 @@ async function main() {
     }, 60000, 1000);
     machineID = await row.getAttribute('data-machine');
     const text = await row.textContent();
+    // The provider can stop its machines (provider.describe's capabilities): Stop is offered.
+    if (!(await row.$('button[data-power="stop"]:not([disabled])'))) throw new Error(`no Stop button in ${text}`);
     await shot('machines.png');
     return { machineID, row: text.replace(/\s+/g, ' ').trim() };
   });
@@ -256,6 +260,8 @@ async function credentialSteps() {
     return { inputTypes: types };
   });
 
+  if (providerName === 'dummy') await dummySchemaSteps();
+
   await step('authenticate and bootstrap the credential', async () => {
     const row = 'table.grid tr:has-text("browser cred")';
     await page.click(`${row} button:has-text("Authenticate")`);
@@ -270,6 +276,69 @@ async function credentialSteps() {
     if (job.status !== 'succeeded') throw new Error(`bootstrap ${job.status}: ${job.text}`);
     await page.waitForSelector(`${row} .badge:has-text("done")`);
     return { bootstrap: job.status };
+  });
+}
+
+// dummySchemaSteps checks that the dummy's credential form is built from its JSON Schema (a
+// select for the region's enum, a password input with bounds for the secret token, a number
+// input with min/max for the quota), that the browser refuses a value the schema refuses, and
+// that the update form keeps the secret, cannot change the immutable region and changes the
+// quota.
+async function dummySchemaSteps() {
+  await step('the credential form comes from the provider schema', async () => {
+    await page.goto(base + '/#/credentials');
+    await page.waitForSelector('#cred-form');
+    await page.selectOption('#cred-provider', providerName);
+    const form = await page.evaluate(() => {
+      const el = (id) => document.getElementById(id);
+      const region = el('cred-region');
+      const token = el('cred-token');
+      const quota = el('cred-quota');
+      return {
+        region: region && { tag: region.tagName, options: [...region.options].map((o) => o.value), value: region.value },
+        token: token && { type: token.type, required: token.required, minLength: token.minLength, maxLength: token.maxLength },
+        quota: quota && { type: quota.type, min: quota.min, max: quota.max, step: quota.step },
+        labels: [...document.querySelectorAll('#cred-form .field-label')].map((l) => l.textContent),
+      };
+    });
+    const want = (ok, what) => { if (!ok) throw new Error(`${what}: ${JSON.stringify(form)}`); };
+    want(form.region && form.region.tag === 'SELECT' && form.region.options.includes('local-1') && form.region.options.includes('local-2') && !form.region.options.includes('mars'), 'region is a select of the enum');
+    want(form.token && form.token.type === 'password' && form.token.required && form.token.minLength === 3 && form.token.maxLength === 256, 'token is a required password input with its bounds');
+    want(form.quota && form.quota.type === 'number' && form.quota.min === '1' && form.quota.max === '64' && form.quota.step === '1', 'quota is a number input with min/max');
+    want(form.labels.includes('API token') && form.labels.includes('Region') && form.labels.includes('Machine quota'), 'labels are the schema titles');
+    // The browser refuses what the schema refuses: nothing is sent.
+    await page.fill('#cred-title', 'too big');
+    await page.fill('#cred-token', 'abc123');
+    await page.fill('#cred-quota', '65');
+    await page.click('#cred-add');
+    const invalid = await page.evaluate(() => !document.getElementById('cred-quota').checkValidity());
+    if (!invalid) throw new Error('quota 65 passed the form');
+    if (await page.$('table.grid tr:has-text("too big")')) throw new Error('a credential with quota 65 was added');
+    await page.fill('#cred-quota', '4');
+    await page.selectOption('#cred-region', 'local-2');
+    await page.fill('#cred-title', 'schema cred');
+    await page.click('#cred-add');
+    await page.waitForSelector('table.grid tr:has-text("schema cred")');
+    return { form, screenshot: await shot('credential-form.png') };
+  });
+
+  await step('update a credential: secret kept, region immutable, quota changed', async () => {
+    await page.click('table.grid tr:has-text("schema cred") button.link');
+    await page.waitForSelector('#cred-update-form', { state: 'attached' });
+    await page.click('details.update summary');
+    const upd = await page.evaluate(() => {
+      const el = (id) => document.getElementById(id);
+      return { region: el('cred-upd-region').disabled, regionValue: el('cred-upd-region').value, token: el('cred-upd-token').value, tokenType: el('cred-upd-token').type, quota: el('cred-upd-quota').value };
+    });
+    if (!upd.region || upd.regionValue !== 'local-2' || upd.token !== '' || upd.tokenType !== 'password' || upd.quota !== '4') {
+      throw new Error(`update form: ${JSON.stringify(upd)}`);
+    }
+    await page.fill('#cred-upd-quota', '7');
+    await page.click('#cred-update');
+    await page.waitForSelector('.notice:has-text("updated (quota)")');
+    await page.waitForSelector('table.kv, table.grid');
+    await poll('quota 7 shown', () => page.evaluate(() => [...document.querySelectorAll('table.grid tr')].some((r) => /Machine quota\s*7/.test(r.textContent))), 10000);
+    return { update: upd };
   });
 }
 

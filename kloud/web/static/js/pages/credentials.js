@@ -1,37 +1,15 @@
-// credentials.js — your teams' provider credentials: list, add (a form built from
-// provider.describe: field types, labels, secret fields as password inputs, defaults, required),
-// describe, authenticate, bootstrap (a job, shown live) and remove.
+// credentials.js — your teams' provider credentials: list, add (a form built from the
+// provider's credential JSON Schema in provider.describe: an input per type, a select for an
+// enum, a password input for a secret, required, bounds, defaults; see ../providers.js),
+// describe and update (the same form: secrets left empty keep their value, immutable fields
+// cannot change), authenticate, bootstrap (a job, shown live) and remove.
 
 import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID } from '../ui.js';
 import { watchJob } from '../jobs.js';
+import { schemaFields, inputFor, valueOf, hintFor } from '../providers.js';
 
-// inputFor makes the form input of one provider field.
-export function inputFor(f) {
-  const attrs = { name: f.name, id: `cred-${f.name}`, required: !!f.required };
-  switch (f.type) {
-    case 'boolean':
-      return h('input', { ...attrs, type: 'checkbox', required: false, checked: f.default === 'true' });
-    case 'integer':
-      return h('input', { ...attrs, type: 'number', step: '1', value: f.default || '' });
-    case 'number':
-      return h('input', { ...attrs, type: 'number', step: 'any', value: f.default || '' });
-    default:
-      return h('input', {
-        ...attrs, type: f.secret ? 'password' : 'text', value: f.secret ? '' : (f.default || ''),
-        autocomplete: f.secret ? 'new-password' : 'off', placeholder: f.default && f.secret ? '(default set)' : '',
-      });
-  }
-}
-
-// valueOf reads an input back as the field's JSON type (undefined: leave it to the default).
-export function valueOf(f, input) {
-  if (f.type === 'boolean') return input.checked;
-  const v = input.value;
-  if (v === '') return undefined;
-  if (f.type === 'integer') return parseInt(v, 10);
-  if (f.type === 'number') return Number(v);
-  return v;
-}
+// credentialFields lists the credential fields of provider description p (its schema).
+const credentialFields = (p) => schemaFields(p && p.schemas && p.schemas.credential, p && p.credential);
 
 function verifiedBadge(c) {
   if (c.verifyError) return h('span', { title: c.verifyError }, badge('rejected', 'failed'));
@@ -47,8 +25,44 @@ export async function list(ctx, el) {
   const details = h('div', {});
   const watches = [];
 
+  // updateForm edits credential v: only the fields changed are sent (credential.update).
+  const updateForm = (v) => {
+    const fields = credentialFields(byName[v.provider]);
+    if (!fields.length) return null;
+    const current = Object.fromEntries((v.fields || []).map((f) => [f.name, f.value]));
+    const inputs = fields.map((f) => [f, inputFor(h, f, { idPrefix: 'cred-upd-', current: current[f.name], update: true })]);
+    const btn = h('button', { type: 'submit', id: 'cred-update' }, 'Update credential');
+    const form = h('form', { class: 'stack-form', id: 'cred-update-form' },
+      inputs.map(([f, input]) => field(f.title, input, [hintFor(f), f.secret ? 'leave empty to keep it' : ''].filter(Boolean).join(' · '))), btn);
+    form.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      busy(btn, async () => {
+        const data = {};
+        for (const [f, input] of inputs) {
+          if (f.immutable) continue;
+          const nv = valueOf(f, input);
+          if (f.secret) {
+            if (nv !== undefined) data[f.name] = nv;
+          } else if (nv === undefined ? current[f.name] !== undefined && current[f.name] !== null : nv !== current[f.name]) {
+            data[f.name] = nv === undefined ? null : nv;
+          }
+        }
+        if (!Object.keys(data).length) {
+          notice('Nothing changed.');
+          return;
+        }
+        const r = await kite.call('credential.update', { credentialId: v.id, data });
+        notice(`Credential ${v.title} updated (${(r.changed || []).join(', ') || 'no change'}); authenticate it again.`);
+        await reload();
+        await describe(v);
+      });
+    });
+    return h('details', { class: 'update' }, h('summary', {}, 'Update fields'), form);
+  };
+
   const describe = async (c) => {
     const v = await kite.call('credential.describe', { id: c.id });
+    const mayChange = v.owner === ctx.session.username || (me.teams || []).some((t) => t.slug === v.team && t.role === 'admin') || (me && me.admin);
     clear(details, section(`Credential ${v.title}`,
       h('dl', { class: 'kv' },
         h('dt', {}, 'ID'), h('dd', {}, h('code', {}, v.id)),
@@ -61,7 +75,8 @@ export async function list(ctx, el) {
       table([
         { title: 'Field', render: (f) => f.label || f.name },
         { title: 'Value', render: (f) => (f.secret ? (f.set ? '•••• (secret, set)' : '(not set)') : (f.value === undefined ? '' : String(f.value))) },
-      ], v.fields || [])));
+      ], v.fields || []),
+      mayChange ? updateForm(v) : null));
     details.scrollIntoView({ behavior: 'smooth' });
   };
 
@@ -82,7 +97,7 @@ export async function list(ctx, el) {
             await reload();
           }),
         }, 'Authenticate'),
-        (byName[c.provider] && (byName[c.provider].bootstrap || []).length) ? h('button', {
+        (byName[c.provider] && ((byName[c.provider].capabilities || []).includes('bootstrap') || (byName[c.provider].bootstrap || []).length)) ? h('button', {
           class: 'small', onclick: (ev) => busy(ev.target, async () => {
             const r = await kite.call('credential.bootstrap', { id: c.id });
             if (r.alreadyDone) {
@@ -122,13 +137,13 @@ export async function list(ctx, el) {
     inputs = [];
     if (!p) { clear(fieldsBox); return; }
     clear(provInfo, p.description || '', p.available ? '' : ` — unavailable: ${p.unavailable || ''}`);
-    clear(fieldsBox, (p.credential || []).map((f) => {
-      const input = inputFor(f);
+    const fields = credentialFields(p);
+    clear(fieldsBox, fields.map((f) => {
+      const input = inputFor(h, f);
       inputs.push([f, input]);
-      const hint = [f.required ? 'required' : 'optional', f.secret ? 'secret: stored encrypted, never shown again' : '', f.default ? `default ${f.default}` : ''].filter(Boolean).join(' · ');
-      return field(f.label || f.name, input, hint);
+      return field(f.title, input, hintFor(f));
     }));
-    if (!(p.credential || []).length) fieldsBox.append(h('p', { class: 'hint' }, 'This provider needs no credential fields.'));
+    if (!fields.length) fieldsBox.append(h('p', { class: 'hint' }, 'This provider needs no credential fields.'));
   };
   provSel.addEventListener('change', build);
   const first = providers.find((p) => p.available);

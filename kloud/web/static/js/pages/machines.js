@@ -1,11 +1,14 @@
 // machines.js — machines: state, agent status (connected / disconnected / never, last seen),
 // IP and reason; start / stop with live progress; terminals (new session, or the machine's
 // running sessions: attach, join, watch); and sharing (machine.share / unshare / shares) when
-// this kloud offers it (kite.methods).
+// this kloud offers it (kite.methods). Start and stop are offered only if the machine's provider
+// has the capability (provider.describe, ../providers.js): otherwise the button is shown
+// disabled, saying why.
 
 import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText } from '../ui.js';
 import { watchJob } from '../jobs.js';
 import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js';
+import { providers, can } from '../providers.js';
 
 const running = (m) => m.state === 'Running';
 const canStart = (m) => m.state === 'Stopped';
@@ -27,13 +30,24 @@ export function agentCell(m) {
     status === 'never' ? '' : h('small', { class: 'muted' }, ' last seen ', a.lastSeen ? ago(a.lastSeen) : 'never'));
 }
 
+// powerButton is the start or stop button of m (attrs: its class), disabled when m's provider
+// lacks the capability.
+export function powerButton(ctx, m, method, caps, attrs, jobsEl, onDone) {
+  const label = method === 'start' ? 'Start' : 'Stop';
+  if (!can(caps, m.provider, method)) {
+    return h('button', { ...attrs, disabled: true, dataset: { unsupported: method }, title: `provider ${m.provider} does not support ${method}` }, label);
+  }
+  return h('button', { ...attrs, dataset: { power: method }, onclick: (ev) => busy(ev.target, () => power(ctx, m, method, jobsEl, onDone)) }, label);
+}
+
 async function power(ctx, m, method, jobsEl, onDone) {
   const r = await ctx.kite.call(`machine.${method}`, { machineId: m.id });
   return watchJob(ctx.kite, r.jobId, jobsEl, { title: `${method === 'start' ? 'Starting' : 'Stopping'} ${m.label}`, onDone });
 }
 
-// machineTable lists machines with their actions; jobs show in jobsEl.
-export function machineTable(ctx, machines, { onChange, jobsEl, showStack = false } = {}) {
+// machineTable lists machines with their actions; jobs show in jobsEl. caps is what
+// providers() returned (the providers' capabilities).
+export function machineTable(ctx, machines, { onChange, jobsEl, showStack = false, caps = {} } = {}) {
   const me = ctx.session.username;
   return table([
     { title: 'Machine', render: (m) => h('a', { href: `#/machines/${encodeURIComponent(m.id)}`, class: 'machine-label' }, m.label) },
@@ -53,8 +67,8 @@ export function machineTable(ctx, machines, { onChange, jobsEl, showStack = fals
           }, 'Terminal') : null,
           // A read-only share watches a running session: they are listed on the machine's page.
           running(m) && g === 'readonly' ? h('a', { class: 'button small', href: `#/machines/${encodeURIComponent(m.id)}` }, 'Watch…') : null,
-          mayPower && canStart(m) ? h('button', { class: 'small', onclick: (ev) => busy(ev.target, () => power(ctx, m, 'start', jobsEl, onChange)) }, 'Start') : null,
-          mayPower && canStop(m) ? h('button', { class: 'small', onclick: (ev) => busy(ev.target, () => power(ctx, m, 'stop', jobsEl, onChange)) }, 'Stop') : null,
+          mayPower && canStart(m) ? powerButton(ctx, m, 'start', caps, { class: 'small' }, jobsEl, onChange) : null,
+          mayPower && canStop(m) ? powerButton(ctx, m, 'stop', caps, { class: 'small' }, jobsEl, onChange) : null,
         ];
       },
     },
@@ -67,8 +81,8 @@ export async function list(ctx, el) {
   let timer = null;
   let stopped = false;
   const refresh = async () => {
-    const res = await ctx.kite.call('machine.list');
-    clear(box, section(null, machineTable(ctx, res.machines, { onChange: refresh, jobsEl: jobs, showStack: true })));
+    const [res, caps] = await Promise.all([ctx.kite.call('machine.list'), providers(ctx.kite).catch(() => ({}))]);
+    clear(box, section(null, machineTable(ctx, res.machines, { onChange: refresh, jobsEl: jobs, showStack: true, caps })));
   };
   const loop = async () => {
     if (stopped) return;
@@ -179,15 +193,15 @@ export async function detail(ctx, el) {
   const extra = h('div', {});
   let first = true;
   const refresh = async () => {
-    const m = await kite.call('machine.info', { machineId: id });
+    const [m, caps] = await Promise.all([kite.call('machine.info', { machineId: id }), providers(kite).catch(() => ({}))]);
     const grant = myGrant(ctx, m);
     const mayPower = grant === 'owner' || grant === 'full' || grant === 'admin';
     const attrs = Object.entries(m.attributes || {}).filter(([, v]) => v !== null && v !== '').sort(([a], [b]) => a.localeCompare(b));
     clear(box,
       h('div', { class: 'title-row' }, h('h1', {}, `Machine ${m.label}`), badge(m.state), h('span', { class: 'spacer' }),
         running(m) && grant !== 'readonly' ? h('button', { class: 'primary', id: 'machine-terminal', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label }) }, 'New terminal') : null,
-        mayPower && canStart(m) ? h('button', { onclick: (ev) => busy(ev.target, () => power(ctx, m, 'start', jobs, refresh)) }, 'Start') : null,
-        mayPower && canStop(m) ? h('button', { onclick: (ev) => busy(ev.target, () => power(ctx, m, 'stop', jobs, refresh)) }, 'Stop') : null),
+        mayPower && canStart(m) ? powerButton(ctx, m, 'start', caps, {}, jobs, refresh) : null,
+        mayPower && canStop(m) ? powerButton(ctx, m, 'stop', caps, {}, jobs, refresh) : null),
       section(null, h('dl', { class: 'kv' },
         h('dt', {}, 'ID'), h('dd', {}, h('code', {}, m.id)),
         h('dt', {}, 'Stack'), h('dd', {}, h('a', { href: `#/stacks/${encodeURIComponent(m.stackId)}` }, shortID(m.stackId))),

@@ -6,6 +6,7 @@ import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID,
 import { watchJob } from '../jobs.js';
 import { planTable } from './templates.js';
 import { machineTable } from './machines.js';
+import { providers } from '../providers.js';
 
 const canBuild = (st) => st.state === 'NotInitialized' || st.state === 'Failed';
 const canDestroy = (st) => st.state !== 'Building' && st.state !== 'Destroying';
@@ -165,7 +166,8 @@ export async function detail(ctx, el) {
         h('dt', {}, 'Template'), h('dd', {}, h('a', { href: `#/templates/${encodeURIComponent(st.templateId)}` }, `${shortID(st.templateId)} revision ${st.templateRev}`)),
         st.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, st.reason)] : null,
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(st.updatedAt))));
-    clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: refresh, jobsEl: jobs })));
+    const caps = await providers(kite).catch(() => ({}));
+    clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: refresh, jobsEl: jobs, caps })));
     return true;
   };
 
