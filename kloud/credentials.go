@@ -17,11 +17,13 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 )
 
-// Credentials: credential.add, list, describe, remove, authenticate, bootstrap, and
+// Credentials: credential.add, update, list, describe, remove, authenticate, bootstrap, and
 // provider.describe.
 //
 // A credential belongs to a team: its members may see its metadata and use it in stacks; its
-// owner and the team's admins may remove and bootstrap it. Callers outside the team get
+// owner and the team's admins may update, remove and bootstrap it. Values are validated against
+// the provider's JSON Schema and decoded by the provider (provider.Provider.DecodePart), in
+// process or, for a plugin, in the plugin's. Callers outside the team get
 // "not found". The value, decoded into the provider's credential type, is sealed (AES-GCM, aad
 // "credentials/<id>"); only the non-secret fields are kept in the clear, for display. Secret
 // values never appear in a response, an error or a log line: errors that come from providers
