@@ -2,6 +2,7 @@ package kloud_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -169,5 +170,18 @@ func TestUnsupportedMethod(t *testing.T) {
 	if len(desc.Providers) != 1 || !slices.Equal(desc.Providers[0].Capabilities, []provider.Capability{provider.CapStart}) ||
 		desc.Providers[0].Kind != provider.KindBuiltin || string(desc.Providers[0].Schemas.Credential) != "null" {
 		t.Errorf("describe: %+v", desc.Providers)
+	}
+}
+
+// TestCredentialVariablesOfAPlugin: a plugin's credential value is a map (decoded in the
+// plugin); its secret variables are the schema's writeOnly fields, not every field; without a
+// schema, every field counts as secret.
+func TestCredentialVariablesOfAPlugin(t *testing.T) {
+	schema := []byte(`{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"token":{"type":"string","writeOnly":true},"region":{"type":"string"}},"additionalProperties":false}`)
+	p := &provider.Provider{Name: "plug", Schema: provider.Schema{JSON: map[string]json.RawMessage{provider.PartCredential: schema}}}
+	cred := &provider.Credential{Value: map[string]any{"token": "t0k3n", "region": "r1"}, Bootstrap: map[string]any{"net": "n1"}}
+	vars, secret := kloud.CredentialVariables(p, cred)
+	if len(vars) != 3 || !slices.Equal(secret, []string{"plug_net", "plug_token"}) {
+		t.Errorf("vars %v, secret %v (want the token and the schema-less bootstrap output)", vars, secret)
 	}
 }

@@ -131,17 +131,22 @@ func (s *Server) credentialFor(ctx context.Context, c *Caller, id, providerName 
 
 // credentialVariables maps a credential's fields, and its bootstrap outputs, to Terraform
 // variables named <provider>_<field> (Koding's naming), and lists the names of those that hold
-// secrets (sorted). A credential field wins over a bootstrap output of the same name. Values of
-// a provider without a credential type are all treated as secret.
+// secrets (sorted). A credential field wins over a bootstrap output of the same name. Values
+// that are maps (a plugin's, decoded in its process) have their secrets named by the part's
+// schema (writeOnly); those of a provider without a schema for the part are all treated as
+// secret.
 func credentialVariables(p *provider.Provider, cred *provider.Credential) (vars map[string]any, secret []string) {
 	vars = map[string]any{}
-	add := func(v any) {
+	add := func(v any, part string) {
 		if v == nil {
 			return
 		}
 		m := toJSONMap(v)
 		_, isMap := v.(map[string]any)
 		secretFields := provider.SecretFields(v)
+		if isMap && p.HasPart(part) {
+			isMap, secretFields = false, partSecrets(p, part)
+		}
 		for name, val := range m {
 			key := p.Name + "_" + name
 			if _, dup := vars[key]; dup {
@@ -154,8 +159,8 @@ func credentialVariables(p *provider.Provider, cred *provider.Credential) (vars 
 		}
 	}
 	if cred != nil {
-		add(cred.Value)
-		add(cred.Bootstrap)
+		add(cred.Value, provider.PartCredential)
+		add(cred.Bootstrap, provider.PartBootstrap)
 	}
 	sort.Strings(secret)
 	return vars, secret

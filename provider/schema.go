@@ -40,7 +40,7 @@ const (
 )
 
 // Parts lists the schema parts.
-var Parts = []string{PartCredential, PartBootstrap, PartMetadata}
+func Parts() []string { return []string{PartCredential, PartBootstrap, PartMetadata} }
 
 // SchemaDialect is the $schema of every generated schema.
 const SchemaDialect = "https://json-schema.org/draft/2020-12/schema"

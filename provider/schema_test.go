@@ -49,7 +49,7 @@ func TestSchemaGolden(t *testing.T) {
 	for _, p := range []*provider.Provider{dummy.New(dummy.Options{Dir: t.TempDir()}), l.Provider()} {
 		t.Run(p.Name, func(t *testing.T) {
 			d := provider.Describe(p)
-			for _, part := range provider.Parts {
+			for _, part := range provider.Parts() {
 				s := p.JSONSchema(part)
 				if s == nil {
 					continue
