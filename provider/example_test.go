@@ -83,5 +83,5 @@ func Example() {
 	// eu-1 <nil>
 	// field token (API token) is required
 	// builtin [info start stop]
-	// {"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"token":{"type":"string","title":"API token","minLength":1,"writeOnly":true},"region":{"type":"string","title":"Region","default":"eu-1"}},"required":["token"],"additionalProperties":false}
+	// {"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"token":{"type":"string","title":"API token","minLength":1,"writeOnly":true,"propertyOrder":0},"region":{"type":"string","title":"Region","default":"eu-1","propertyOrder":1}},"required":["token"],"additionalProperties":false}
 }

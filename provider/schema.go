@@ -28,7 +28,9 @@ import (
 // Tags → keywords: json name → property name; kloud label → title; doc → description;
 // default → default; enum:"a|b" → enum; min/max → minimum/maximum (numbers) or
 // minLength/maxLength (strings); secret → writeOnly; immutable → the annotation "immutable"
-// (DecodePart refuses to change the field on update); required (without a default) → required.
+// (DecodePart refuses to change the field on update); required (without a default) → required;
+// the field's place in the struct → the annotation "propertyOrder" (0, 1, …: the order forms
+// show, which object keys do not keep through every JSON hop).
 // A required string without a min gets minLength 1. Unknown properties are refused
 // (additionalProperties false), as Decode refuses unknown fields.
 
@@ -94,6 +96,10 @@ type property struct {
 	MaxLength   *int        `json:"maxLength,omitempty"`
 	WriteOnly   bool        `json:"writeOnly,omitempty"`
 	Immutable   bool        `json:"immutable,omitempty"`
+	// Order is the field's place in its struct (the annotation "propertyOrder"): object keys
+	// do not keep their order through every JSON hop (a JSON-RPC request's params are decoded
+	// into a map and encoded again), and forms show fields in this order.
+	Order int `json:"propertyOrder"`
 }
 
 // namedProperty keeps the field order of the struct (JSON objects are ordered on the wire; the
@@ -144,7 +150,7 @@ func Generate(v any) (json.RawMessage, error) {
 	}
 	s := objectSchema{Schema: SchemaDialect, Type: "object", Properties: properties{}}
 	for _, f := range Fields(v) {
-		p := property{Type: f.Type, Title: f.Label, Description: f.Description, WriteOnly: f.Secret, Immutable: f.Immutable}
+		p := property{Type: f.Type, Title: f.Label, Description: f.Description, WriteOnly: f.Secret, Immutable: f.Immutable, Order: len(s.Properties)}
 		if f.Label == "" {
 			p.Title = f.Name
 		}
@@ -239,10 +245,11 @@ type parsedProperty struct {
 	MaxLength   *int            `json:"maxLength"`
 	WriteOnly   bool            `json:"writeOnly"`
 	Immutable   bool            `json:"immutable"`
+	Order       *int            `json:"propertyOrder"`
 }
 
-// SchemaFields lists the fields of an object schema, in the order of its properties. Nil or
-// unparsable schemas have none.
+// SchemaFields lists the fields of an object schema, ordered by their "propertyOrder"
+// annotations (then as the properties come). Nil or unparsable schemas have none.
 func SchemaFields(schema json.RawMessage) []Field {
 	out := []Field{}
 	if len(schema) == 0 || string(schema) == "null" {
@@ -257,6 +264,22 @@ func SchemaFields(schema json.RawMessage) []Field {
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return out
 	}
+	order := map[string]int{}
+	defer func() {
+		slices.SortStableFunc(out, func(a, b Field) int {
+			oa, aok := order[a.Name]
+			ob, bok := order[b.Name]
+			switch {
+			case aok && bok:
+				return oa - ob
+			case aok:
+				return -1
+			case bok:
+				return 1
+			}
+			return 0
+		})
+	}()
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -266,6 +289,9 @@ func SchemaFields(schema json.RawMessage) []Field {
 		var pp parsedProperty
 		if err := dec.Decode(&pp); err != nil {
 			return out
+		}
+		if pp.Order != nil {
+			order[name] = *pp.Order
 		}
 		f := Field{Name: name, Type: pp.Type, Label: pp.Title, Secret: pp.WriteOnly, Immutable: pp.Immutable,
 			Required: slices.Contains(ps.Required, name), Description: pp.Description,
@@ -303,24 +329,50 @@ func jsonText(raw []byte) string {
 	return string(raw)
 }
 
+// compile compiles schema, checking it against its metaschema (2020-12 for ours).
+func compile(schema json.RawMessage) (*jsonschema.Schema, error) {
+	c := jsonschema.NewCompiler()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	const url = "kloud-part.json"
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	sch, err := c.Compile(url)
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	return sch, nil
+}
+
+// CheckSchema checks that schema (a plugin's, say) is a valid JSON Schema whose $schema is
+// draft 2020-12, describing an object.
+func CheckSchema(schema json.RawMessage) error {
+	var top struct {
+		Schema string `json:"$schema"`
+		Type   string `json:"type"`
+	}
+	if err := json.Unmarshal(schema, &top); err != nil {
+		return fmt.Errorf("schema: not a JSON object: %w", err)
+	}
+	if top.Schema != SchemaDialect || top.Type != "object" {
+		return fmt.Errorf("schema: want \"$schema\": %q and \"type\": \"object\", got %q and %q", SchemaDialect, top.Schema, top.Type)
+	}
+	_, err := compile(schema)
+	return err
+}
+
 // Validate checks the JSON value raw (empty: {}) against schema and returns an error that names
 // each offending field, the rule it breaks and what is allowed (enum values, bounds).
 func Validate(schema, raw json.RawMessage) error {
 	if len(schema) == 0 || string(schema) == "null" {
 		return nil
 	}
-	c := jsonschema.NewCompiler()
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
+	sch, err := compile(schema)
 	if err != nil {
-		return fmt.Errorf("schema: %w", err)
-	}
-	const url = "kloud-part.json"
-	if err := c.AddResource(url, doc); err != nil {
-		return fmt.Errorf("schema: %w", err)
-	}
-	sch, err := c.Compile(url)
-	if err != nil {
-		return fmt.Errorf("schema: %w", err)
+		return err
 	}
 	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
 		raw = json.RawMessage("{}")

@@ -121,20 +121,27 @@ func TestGenerate(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{` +
-		`"name":{"type":"string","title":"Name","description":"what it is called","minLength":2,"maxLength":8},` +
-		`"size":{"type":"integer","title":"Size","default":2,"minimum":1,"maximum":16},` +
-		`"ratio":{"type":"number","title":"Ratio","minimum":0.5,"maximum":1.5},` +
-		`"tier":{"type":"string","title":"Tier","default":"free","enum":["free","pro"],"immutable":true},` +
-		`"debug":{"type":"boolean","title":"Debug"},` +
-		`"secret":{"type":"string","title":"Secret","writeOnly":true}},` +
+		`"name":{"type":"string","title":"Name","description":"what it is called","minLength":2,"maxLength":8,"propertyOrder":0},` +
+		`"size":{"type":"integer","title":"Size","default":2,"minimum":1,"maximum":16,"propertyOrder":1},` +
+		`"ratio":{"type":"number","title":"Ratio","minimum":0.5,"maximum":1.5,"propertyOrder":2},` +
+		`"tier":{"type":"string","title":"Tier","default":"free","enum":["free","pro"],"immutable":true,"propertyOrder":3},` +
+		`"debug":{"type":"boolean","title":"Debug","propertyOrder":4},` +
+		`"secret":{"type":"string","title":"Secret","writeOnly":true,"propertyOrder":5}},` +
 		`"required":["name"],"additionalProperties":false}`
 	if string(s) != want {
 		t.Errorf("schema\n%s\nwant\n%s", s, want)
 	}
-	// The fields read back from the schema are the ones from the tags.
+	// The fields read back from the schema are the ones from the tags, in their order even
+	// when the object's keys come in another (a JSON-RPC hop re-encodes params through a map).
 	fromTags, fromSchema := provider.Fields(&tagged{}), provider.SchemaFields(s)
 	if !reflect.DeepEqual(fromTags, fromSchema) {
 		t.Errorf("fields from tags %+v\nfrom schema %+v", fromTags, fromSchema)
+	}
+	var m map[string]any
+	json.Unmarshal(s, &m)
+	resorted, _ := json.Marshal(m)
+	if bytes.Equal(resorted, s) || !reflect.DeepEqual(provider.SchemaFields(resorted), fromTags) {
+		t.Errorf("fields of the schema with sorted keys %+v", provider.SchemaFields(resorted))
 	}
 	for _, bad := range []any{
 		&struct {

@@ -148,6 +148,7 @@ func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams)
 		e.where = "remote " + r.Conn.Remote()
 	}
 	e.proxy = h.newProxy(name, m)
+	e.proxy.Version = p.PluginVersion
 	h.o.Registry.Replace(e.proxy)
 	close(h.changed)
 	h.changed = make(chan struct{})

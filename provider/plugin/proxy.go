@@ -26,14 +26,23 @@ func (h *Host) newProxy(name string, m Manifest) *provider.Provider {
 	}
 	p := &provider.Provider{
 		Name: name, ResourceType: m.ResourceType, UserDataAttr: m.UserDataAttr, NoCloudInit: m.NoCloudInit,
-		Description: m.Description, Capabilities: caps,
+		Description: m.Description, Capabilities: caps, Kind: provider.KindPlugin,
 		Schema: provider.Schema{
 			NewCredential: dynamicType(m.Fields, partCredential),
 			NewBootstrap:  dynamicType(m.Fields, partBootstrap),
 			NewMetadata:   dynamicType(m.Fields, partMetadata),
 		},
 	}
-	// TODO(S): p.Schema.JSON = m.Schemas once provider.Schema has it.
+	if m.Schemas != nil {
+		// The plugin's own JSON Schemas (enum, bounds, immutable, ...) are what kloud describes
+		// and validates against; the field lists' types above only open stored values.
+		p.Schema.JSON = map[string]json.RawMessage{}
+		for part, s := range m.Schemas {
+			if s != nil && string(s) != "null" {
+				p.Schema.JSON[part] = s
+			}
+		}
+	}
 	can := func(c provider.Capability) bool { return slices.Contains(caps, c) }
 	p.Stack = func(b *provider.BaseStack) (provider.Stack, error) {
 		return &proxyStack{h: h, name: name, b: b, can: can}, nil

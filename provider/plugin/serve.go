@@ -15,7 +15,6 @@ import (
 	"os/signal"
 	"reflect"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -258,7 +257,12 @@ func ManifestOf(p *provider.Provider) (*Manifest, error) {
 			m.Fields[part] = provider.Fields(newFn())
 		}
 	}
-	// TODO(S): m.Schemas[part] = p.JSONSchema(part) for every part, once provider has JSONSchema.
+	m.Schemas = map[string]json.RawMessage{}
+	for _, part := range parts {
+		if s := p.JSONSchema(part); s != nil {
+			m.Schemas[part] = s
+		}
+	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("plugin: %w", err)
 	}
@@ -274,45 +278,7 @@ func newFuncs(p *provider.Provider) map[string]func() any {
 }
 
 // capsOf is what p can do: p.Capabilities if set, else derived from what it implements.
-// TODO(S): p.Caps() once provider has it.
-func capsOf(p *provider.Provider) []provider.Capability {
-	if p.Capabilities != nil {
-		out := slices.Clone(p.Capabilities)
-		slices.Sort(out)
-		return slices.Compact(out)
-	}
-	out := []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo}
-	if p.Schema.NewBootstrap != nil {
-		out = append(out, provider.CapBootstrap)
-	}
-	probe := func(f func()) {
-		defer func() { recover() }()
-		f()
-	}
-	probe(func() {
-		m, err := p.Machine(&provider.BaseMachine{Provider: p})
-		if err != nil || m == nil {
-			return
-		}
-		if _, ok := m.(provider.ConsoleLogger); ok {
-			out = append(out, provider.CapConsoleLog)
-		}
-		if _, ok := m.(provider.Resizer); ok {
-			out = append(out, provider.CapResize)
-		}
-	})
-	probe(func() {
-		s, err := p.Stack(&provider.BaseStack{Provider: p})
-		if err != nil || s == nil {
-			return
-		}
-		if _, ok := s.(provider.ConstraintsValidator); ok {
-			out = append(out, provider.CapConstraints)
-		}
-	})
-	slices.Sort(out)
-	return out
-}
+func capsOf(p *provider.Provider) []provider.Capability { return p.Caps() }
 
 // server serves kloud's calls on the plugin side: every call builds p's Stack or Machine from
 // what kloud sent, as kloud would in process, and calls it.
@@ -448,11 +414,10 @@ func (s *server) validateConstraints(ctx context.Context, _ *kite.Request, p *st
 	return nil, wireErr(cv.ValidateConstraints(ctx, p.Attributes))
 }
 
-func (s *server) decode(_ context.Context, _ *kite.Request, p *decodeParams) (any, error) {
-	newFn := newFuncs(s.p)[p.Part]
-	// TODO(S): s.p.DecodePart(ctx, p.Part, p.Raw, p.Old) once provider has it (schema validation,
-	// immutable fields, ValidUpdate); until then the in-process decode of the New* type.
-	v, err := provider.Decode(newFn, p.Raw)
+func (s *server) decode(ctx context.Context, _ *kite.Request, p *decodeParams) (any, error) {
+	// The provider's own decode: schema validation, its types (defaults, Valid), and for an
+	// update the immutable fields and ValidUpdate.
+	v, err := s.p.DecodePart(ctx, p.Part, p.Raw, p.Old)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", p.Part, err.Error(), kite.ErrInvalidParams)
 	}

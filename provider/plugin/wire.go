@@ -159,9 +159,13 @@ func (m *Manifest) Validate() error {
 		if !slices.Contains(parts, part) {
 			return fmt.Errorf("provider.schemas: unknown part %q (want one of %v)", part, parts)
 		}
-		var obj map[string]any
-		if s != nil && string(s) != "null" && json.Unmarshal(s, &obj) != nil {
-			return fmt.Errorf("provider.schemas.%s is not a JSON object", part)
+		if s != nil && string(s) != "null" {
+			if len(s) > 1<<20 {
+				return fmt.Errorf("provider.schemas.%s is larger than 1 MiB", part)
+			}
+			if err := provider.CheckSchema(s); err != nil {
+				return fmt.Errorf("provider.schemas.%s: %w", part, err)
+			}
 		}
 	}
 	for part, fs := range m.Fields {

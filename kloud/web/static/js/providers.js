@@ -24,7 +24,7 @@ export function can(byName, name, cap) {
   return p.capabilities.includes(cap);
 }
 
-// schemaFields lists the fields of an object schema in its properties' order:
+// schemaFields lists the fields of an object schema in their order (propertyOrder):
 // {name, type, title, description, required, secret (writeOnly), immutable, default, enum,
 // minimum, maximum, minLength, maxLength}. Without a schema, the older field list (legacy) is
 // used.
@@ -37,7 +37,10 @@ export function schemaFields(schema, legacy = []) {
     }));
   }
   const required = new Set(schema.required || []);
-  return Object.entries(schema.properties).map(([name, p]) => ({
+  // Fields in their "propertyOrder" (object keys may have been reordered on the way).
+  const entries = Object.entries(schema.properties).map((e, i) => [e, typeof e[1].propertyOrder === 'number' ? e[1].propertyOrder : 1e9 + i]);
+  entries.sort((a, b) => a[1] - b[1]);
+  return entries.map(([[name, p]]) => ({
     name,
     type: p.type || 'string',
     title: p.title || name,
