@@ -223,7 +223,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		state := provider.State(from)
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if pm, perr := s.providerMachine(ictx, nil, m); perr == nil {
+		if pm, perr := s.providerMachine(ictx, nil, m); perr == nil && s.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo) == nil {
 			if st, _, ierr := pm.Info(ictx); ierr == nil && st != provider.Unknown {
 				state = st
 			}

@@ -717,7 +717,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		if !r.OK {
 			failed = append(failed, r.Err.Error())
 			set.Reason = new(fmt.Sprintf("%s failed: %s", r.Step, r.Err.Error()))
-			if pm, err := s.providerMachine(ctx, c, &m); err == nil {
+			if pm, err := s.providerMachine(ctx, c, &m); err == nil && s.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo) == nil {
 				if infra, _, err := pm.Info(ctx); err == nil && infra != provider.Unknown {
 					state = infra
 				}
