@@ -137,7 +137,12 @@ func TestUnsupportedMethod(t *testing.T) {
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: "nostop", ResourceType: "nostop_machine",
 		Capabilities: []provider.Capability{provider.CapStart},
-		Machine:      func(*provider.BaseMachine) (provider.Machine, error) { return capMachine{}, nil }})
+		Schema: provider.Schema{NewCredential: func() any {
+			return &struct {
+				Key string `json:"key"`
+			}{}
+		}},
+		Machine: func(*provider.BaseMachine) (provider.Machine, error) { return capMachine{}, nil }})
 	w := newUserWorld(t, kloudtest.Options{Providers: reg})
 	w.addUser("alice", "", false)
 	ctx := t.Context()
@@ -168,8 +173,15 @@ func TestUnsupportedMethod(t *testing.T) {
 	var desc api.ProviderDescribeResult
 	w.must("alice", "provider.describe", map[string]any{"provider": "nostop"}, &desc)
 	if len(desc.Providers) != 1 || !slices.Equal(desc.Providers[0].Capabilities, []provider.Capability{provider.CapStart}) ||
-		desc.Providers[0].Kind != provider.KindBuiltin || string(desc.Providers[0].Schemas.Credential) != "null" {
+		desc.Providers[0].Kind != provider.KindBuiltin || !strings.Contains(string(desc.Providers[0].Schemas.Credential), `"key"`) {
 		t.Errorf("describe: %+v", desc.Providers)
+	}
+	// credential.bootstrap of a provider without bootstrap: refused the same way.
+	var added api.CredentialAddResult
+	w.must(kloud.Admin, "credential.add", map[string]any{"provider": "nostop", "title": "k", "data": map[string]any{"key": "v"}}, &added)
+	err = w.call(kloud.Admin, "credential.bootstrap", map[string]any{"credentialId": added.ID}, nil)
+	if !errors.As(err, &ke) || ke.Code != -32005 || !strings.Contains(err.Error(), "credential.bootstrap: provider nostop does not support bootstrap") {
+		t.Errorf("credential.bootstrap on a provider without bootstrap: %v", err)
 	}
 }
 

@@ -48,6 +48,11 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 	if _, err := s.providers.Lookup(cr.Provider); err != nil {
 		return nil, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
 	}
+	if !p.Destroy { // what an earlier bootstrap made can always be destroyed
+		if err := s.capable(cr.Provider, api.MethodCredentialBootstrap, provider.CapBootstrap); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := s.terraformer(); err != nil {
 		return nil, err
 	}
