@@ -83,6 +83,16 @@ func (c *Client) ProviderDescribe(ctx context.Context, p ProviderDescribeParams)
 	return call[ProviderDescribeResult](ctx, c, MethodProviderDescribe, p)
 }
 
+// ProviderList lists every provider: in-tree and plugins, with their status.
+func (c *Client) ProviderList(ctx context.Context) (ProviderListResult, error) {
+	return call[ProviderListResult](ctx, c, MethodProviderList, NoParams{})
+}
+
+// ProviderKeyCreate mints a remote plugin's key (kloud administrators).
+func (c *Client) ProviderKeyCreate(ctx context.Context, p ProviderKeyCreateParams) (ProviderKeyCreateResult, error) {
+	return call[ProviderKeyCreateResult](ctx, c, MethodProviderKeyCreate, p)
+}
+
 // CredentialAdd adds a credential.
 func (c *Client) CredentialAdd(ctx context.Context, p CredentialAddParams) (CredentialAddResult, error) {
 	return call[CredentialAddResult](ctx, c, MethodCredentialAdd, p)

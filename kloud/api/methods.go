@@ -1,5 +1,7 @@
 package api
 
+import "github.com/kloud-dev/kloud/provider/plugin"
+
 // Methods kloud serves (docs/protocol.md "kloud: …"). Every caller must be an authenticated
 // user; machine agents (kite ids starting "agent.") may call none of them.
 const (
@@ -22,6 +24,11 @@ const (
 	MethodCredentialAuthenticate = "credential.authenticate"
 	MethodCredentialBootstrap    = "credential.bootstrap"
 	MethodCredentialUpdate       = "credential.update"
+
+	MethodProviderList      = "provider.list"
+	MethodProviderKeyCreate = "provider.keyCreate"
+	// MethodPluginRegister is called by provider plugins only (plugin keys), never by users.
+	MethodPluginRegister = plugin.MethodRegister
 
 	MethodTemplateCreate  = "template.create"
 	MethodTemplateUpdate  = "template.update"
@@ -79,7 +86,8 @@ func KloudMethods() []string {
 		MethodVersion,
 		MethodMachineInfo, MethodMachineList, MethodMachineShare, MethodMachineShares, MethodMachineStart,
 		MethodMachineStop, MethodMachineUnshare,
-		MethodProviderDescribe,
+		MethodPluginRegister,
+		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
 		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackReset,
 		MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
 		MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,
