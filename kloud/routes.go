@@ -35,6 +35,8 @@ const (
 	// AdminOnly: kloud administrators only, checked here before the handler (which checks it
 	// again).
 	AdminOnly Who = "kloud admins"
+	// PluginsOnly: provider plugins (plugin keys) only; users and agents get -32002.
+	PluginsOnly Who = "provider plugins"
 )
 
 // Route is one RPC method of the table.
@@ -63,6 +65,16 @@ func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, 
 	return Route{Method: method, Who: who, Params: reflect.TypeFor[P](), h: kitekey.AgentGate(h, false), opts: opts}
 }
 
+// pluginRPC makes a Route for plugin keys only: kitekey.Gate lets plugin keys through (and
+// refuses agents), the handler refuses users.
+func pluginRPC[P any](method string, fn func(ctx context.Context, r *kite.Request, p *P) (any, error)) Route {
+	h := kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
+		res, err := fn(ctx, r, p)
+		return res, wireError(err)
+	})
+	return Route{Method: method, Who: PluginsOnly, Params: reflect.TypeFor[P](), h: kitekey.Gate(h, kitekey.KindPluginKey)}
+}
+
 // rpcRoutes lists every kloud method.
 func (s *Server) rpcRoutes() []Route {
 	long := kite.WithTimeout(10 * time.Minute) // terraform plan
@@ -81,7 +93,9 @@ func (s *Server) rpcRoutes() []Route {
 
 		// credentials.go, credential_bootstrap.go
 		rpc(s, api.MethodProviderDescribe, AnyUser, s.providerDescribe),
-		rpc(s, api.MethodCredentialAdd, AnyUser, s.credentialAdd), // team members
+		rpc(s, api.MethodProviderList, AnyUser, s.providerList),
+		rpc(s, api.MethodProviderKeyCreate, AdminOnly, s.providerKeyCreate), // audited in the log
+		rpc(s, api.MethodCredentialAdd, AnyUser, s.credentialAdd),           // team members
 		rpc(s, api.MethodCredentialList, AnyUser, s.credentialList),
 		rpc(s, api.MethodCredentialDescribe, AnyUser, s.credentialDescribe),
 		rpc(s, api.MethodCredentialRemove, AnyUser, s.credentialRemove), // owner, team admins
@@ -120,6 +134,9 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodJobWatch, AnyUser, s.jobWatch),
 		rpc(s, api.MethodJobList, AnyUser, s.jobList),
 		rpc(s, api.MethodJobCancel, AnyUser, s.jobCancel),
+
+		// plugins.go: provider plugins register (plugin keys only)
+		pluginRPC(api.MethodPluginRegister, s.pluginRegister),
 	}
 }
 
@@ -152,6 +169,9 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"DELETE /api/machines/{id}/sessions/{session}", "session or kite key; as terminal", http.HandlerFunc(s.term.serveKill)},
 		{"POST /api/machines/{id}/sessions/{session}/rename", "session or kite key; as terminal", http.HandlerFunc(s.term.serveRename)},
 		{"GET " + klientapi.AttachPath, "the machine's klient, with a ticket", http.HandlerFunc(s.term.serveAttach)},
+		// plugins.go: each provider's own HTTP service (provider.HandlerPrefix), looked up per
+		// request, so a plugin registering later is served; the service authenticates itself
+		{"/provider/", "the provider's service decides", http.HandlerFunc(s.serveProvider)},
 	}
 }
 
@@ -190,6 +210,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.trackAgents,    // agents.go: machines' agent status from kontrol's registrations
 		s.closeTerminals, // terminal.go: close every web terminal at shutdown
 		s.retain,         // retention.go: prune finished jobs, expired revocations, stale kite records
+		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
 	}
 }
 
@@ -201,8 +222,6 @@ func (s *Server) routes() {
 	for _, r := range s.httpRoutes() {
 		s.mux.Handle(r.pattern, r.h)
 	}
-	// Providers' own services (the local provider's machine API for its Terraform provider).
-	s.providers.MountHandlers(s.mux.Handle)
 }
 
 // kloudVersion serves kloud.version.

@@ -36,6 +36,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // Defaults of Options, applied by Options.defaults; kloud serve's flags take theirs from these.
@@ -90,6 +91,11 @@ type Options struct {
 	// (stack build) or the provider started it (machine.start): default DefaultAgentTimeout
 	// (5m). Tests of boot failures set it short.
 	AgentTimeout time.Duration
+	// PluginDir holds the provider plugins kloud launches and supervises, kloud-provider-NAME
+	// (plugins.go). Default <DataDir>/plugins.
+	PluginDir string
+	// Plugins configure the plugin launcher (zero: its defaults: sandboxed as uid 65534).
+	Plugins PluginOptions
 	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
 	// error until one is set with SetTerraformer).
 	Terraformer Terraformer
@@ -140,6 +146,10 @@ type Server struct {
 	revs      *storeRevocations
 	term      *termHub           // web terminals (terminal.go)
 	kinds     map[string]jobKind // job kinds (routes.go)
+
+	plugins     *plugin.Host // provider plugins: proxies in providers, their status (plugins.go)
+	launcher    *launcher    // starts the plugin directory's plugins (set by ServeListener)
+	pluginsDone chan struct{}
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -196,6 +206,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.loadKlient()
+	s.plugins = plugin.NewHost(plugin.HostOptions{Registry: s.providers, Logger: opts.Logger, KloudVersion: version.Version})
+	s.pluginsDone = make(chan struct{})
 	s.kinds = s.jobKinds()
 	s.term = newTermHub(s)
 	s.routes()
@@ -232,6 +244,10 @@ func (o *Options) defaults() error {
 	if o.Providers == nil {
 		o.Providers = provider.NewRegistry()
 	}
+	if o.PluginDir == "" {
+		o.PluginDir = filepath.Join(o.DataDir, "plugins")
+	}
+	o.Plugins.defaults()
 	if o.PublicURL == "" {
 		_, port, err := net.SplitHostPort(o.Addr)
 		if err != nil {
@@ -370,15 +386,23 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	if s.opts.Listening != nil {
 		s.opts.Listening(ln.Addr())
 	}
-	s.startBackground(ctx)
+	s.launcher = &launcher{s: s, o: s.opts.Plugins, dir: s.opts.PluginDir, stateDir: filepath.Join(s.opts.DataDir, "plugin-state"),
+		url: loopbackKiteURL(ln.Addr()), running: map[string]*launched{}, refused: map[string]string{}}
+	bctx, stop := context.WithCancel(ctx)
+	defer stop()
+	s.startBackground(bctx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
+		stop()
+		<-s.pluginsDone
 		s.Close()
 		return fmt.Errorf("kloud: serve: %w", err)
 	case <-ctx.Done():
 	}
+	// Plugins first (SIGTERM, SIGKILL after their grace), while their connections still work.
+	<-s.pluginsDone
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s.Kite.Close()

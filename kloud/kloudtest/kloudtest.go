@@ -32,6 +32,11 @@ type Options struct {
 	Retention kloud.Retention
 	// AgentTimeout is kloud's wait for a machine's agent (zero: kloud.DefaultAgentTimeout).
 	AgentTimeout time.Duration
+	// PluginDir holds provider plugins (kloud-provider-NAME) kloud launches (default
+	// <DataDir>/plugins); Plugins configure the launcher. A test that launches plugins needs a
+	// TestMain calling tfsandbox.MaybeRun (the test binary is the sandbox's launcher).
+	PluginDir string
+	Plugins   kloud.PluginOptions
 }
 
 // Env is a running test kloud.
@@ -69,6 +74,7 @@ func Start(t testing.TB, o Options) *Env {
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
+		PluginDir: o.PluginDir, Plugins: o.Plugins,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 	})
 	if err != nil {

@@ -1,0 +1,126 @@
+package kloud_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// builtin is a minimal in-tree provider with an HTTP service.
+func builtin(name string) *provider.Provider {
+	return &provider.Provider{
+		Name: name, ResourceType: name + "_machine",
+		Stack:   func(*provider.BaseStack) (provider.Stack, error) { return nil, errors.New("none") },
+		Machine: func(*provider.BaseMachine) (provider.Machine, error) { return nil, errors.New("none") },
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, name+" "+r.URL.Path) }),
+	}
+}
+
+// TestProviderList: provider.list shows in-tree providers as builtin, in process, with their
+// capabilities, to any user.
+func TestProviderList(t *testing.T) {
+	reg := provider.NewRegistry()
+	reg.Register(builtin("intree"))
+	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
+	res, err := e.Client("bob").ProviderList(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Providers) != 1 {
+		t.Fatalf("provider.list: %+v", res)
+	}
+	p := res.Providers[0]
+	if p.Name != "intree" || p.Kind != api.ProviderBuiltin || p.Where != "in process" || !p.Connected {
+		t.Errorf("provider.list: %+v", p)
+	}
+	for _, c := range []string{"start", "stop", "info"} {
+		if !slices.Contains(p.Capabilities, c) {
+			t.Errorf("capabilities %v lack %s", p.Capabilities, c)
+		}
+	}
+}
+
+// TestProviderKeyCreate: only kloud administrators mint plugin keys, never for an in-tree
+// provider's name; the key authenticates as that plugin, which may call plugin.register but no
+// user method (-32002), and a user may not call plugin.register.
+func TestProviderKeyCreate(t *testing.T) {
+	reg := provider.NewRegistry()
+	reg.Register(builtin("intree"))
+	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
+	ctx := t.Context()
+	admin, bob := e.Client("admin"), e.Client("bob")
+
+	if _, err := bob.ProviderKeyCreate(ctx, api.ProviderKeyCreateParams{Provider: "remote"}); !errors.Is(err, kite.ErrPermission) {
+		t.Errorf("keyCreate by a user: want -32002, got %v", err)
+	}
+	if _, err := admin.ProviderKeyCreate(ctx, api.ProviderKeyCreateParams{Provider: "intree"}); !errors.Is(err, kite.ErrConflict) {
+		t.Errorf("keyCreate for an in-tree provider: want a conflict, got %v", err)
+	}
+	if _, err := admin.ProviderKeyCreate(ctx, api.ProviderKeyCreateParams{Provider: "Bad Name"}); !errors.Is(err, kite.ErrInvalidParams) {
+		t.Errorf("keyCreate for an invalid name: want invalid params, got %v", err)
+	}
+	res, err := admin.ProviderKeyCreate(ctx, api.ProviderKeyCreateParams{Provider: "remote"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Provider != "remote" || !strings.HasPrefix(res.KiteID, kitekey.PluginIDPrefix) || res.Key == "" {
+		t.Errorf("keyCreate: %+v", res)
+	}
+
+	// The plugin key: no user method.
+	pc := e.DialAuth(kite.Auth{Type: kitekey.KindPluginKey, Key: res.Key})
+	for _, m := range []string{api.MethodStackList, api.MethodCredentialList, api.MethodProviderList, api.MethodProviderKeyCreate, api.MethodKontrolQuery} {
+		var out any
+		if err := pc.Call(ctx, m, map[string]any{}, &out); !errors.Is(err, kite.ErrPermission) {
+			t.Errorf("%s with a plugin key: want -32002, got %v", m, err)
+		}
+	}
+	// A user: no plugin.register.
+	var out any
+	err = e.Dial("bob").Call(ctx, api.MethodPluginRegister, map[string]any{"versions": []int{1}, "provider": map[string]any{"name": "remote"}}, &out)
+	if !errors.Is(err, kite.ErrPermission) {
+		t.Errorf("plugin.register by a user: want -32002, got %v", err)
+	}
+}
+
+// TestProviderHTTPDispatch: /provider/NAME/ reaches provider NAME's handler, looked up per
+// request: a provider registered after kloud started is served too.
+func TestProviderHTTPDispatch(t *testing.T) {
+	reg := provider.NewRegistry()
+	reg.Register(builtin("intree"))
+	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
+	get := func(path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, e.URL+path, nil)
+		resp, err := http.DefaultTransport.RoundTrip(req) // no redirects followed
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/provider/intree/v1/x"); code != 200 || body != "intree /provider/intree/v1/x" {
+		t.Errorf("in-tree provider's service: %d %q", code, body)
+	}
+	if code, _ := get("/provider/later/v1/x"); code != http.StatusNotFound {
+		t.Errorf("unknown provider: %d", code)
+	}
+	reg.Register(builtin("later"))
+	if code, body := get("/provider/later/v1/x"); code != 200 || body != "later /provider/later/v1/x" {
+		t.Errorf("provider registered after start: %d %q", code, body)
+	}
+	if code, _ := get("/provider/later"); code != http.StatusMovedPermanently {
+		t.Errorf("/provider/later: %d, want a redirect to /provider/later/", code)
+	}
+}
