@@ -110,12 +110,29 @@ stderr; the exit status is 0 either way.`,
 
 func keyCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "key", Short: "Manage kite keys"}
-	var username, out, kiteID string
+	var username, prov, out, kiteID string
 	create := &cobra.Command{
-		Use:   "create --username U --out FILE",
-		Short: "Mint a kite key for a user (admin only) and write it to a file (mode 0400)",
-		Args:  cobra.NoArgs,
+		Use:   "create (--username U --out FILE | --provider NAME [--out FILE])",
+		Short: "Mint a kite key for a user, or a plugin key for a remote provider plugin (admin only)",
+		Long: `Mint a key (kloud administrators only) and write it to --out (mode 0400).
+
+--username U: a kite key for user U (--out is required).
+
+--provider NAME: a plugin key for a remote provider plugin NAME, one kloud did not launch (e.g.
+on a laptop next to its hypervisor): run the plugin with KLOUD_PLUGIN_URL=<kloud>/kite and
+KLOUD_PLUGIN_KEY_FILE=FILE (or --url and --key-file). The key can do nothing but register and
+serve provider NAME; it does not expire: revoke it by its kite id (kontrol.revoke). kloud logs
+who created it. Without --out the key is printed.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case (username == "") == (prov == ""):
+				return errors.New("say whose key: --username U (a user's kite key) or --provider NAME (a remote plugin's key)")
+			case prov != "":
+				return createPluginKey(cmd.Context(), g, prov, kiteID, out)
+			case out == "":
+				return errors.New("--out FILE is required for a user's key")
+			}
 			c, err := g.dial(cmd.Context())
 			if err != nil {
 				return err
@@ -138,13 +155,35 @@ func keyCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	create.Flags().StringVar(&username, "username", "", "owner of the key (required)")
-	create.Flags().StringVar(&out, "out", "", "file to write (required)")
+	create.Flags().StringVar(&username, "username", "", "owner of a user's kite key")
+	create.Flags().StringVar(&prov, "provider", "", "provider name of a remote plugin's key")
+	create.Flags().StringVar(&out, "out", "", "file to write (required for --username; default for --provider: print the key)")
 	create.Flags().StringVar(&kiteID, "kite-id", "", "kite id to put in the key (default: a new one)")
-	create.MarkFlagRequired("username")
-	create.MarkFlagRequired("out")
 	cmd.AddCommand(create)
 	return cmd
+}
+
+// createPluginKey mints a remote plugin's key with provider.keyCreate.
+func createPluginKey(ctx context.Context, g *globals, prov, kiteID, out string) error {
+	res, err := call(ctx, g, (*api.Client).ProviderKeyCreate, api.ProviderKeyCreateParams{Provider: prov, KiteID: kiteID})
+	if err != nil {
+		return err
+	}
+	if out == "" {
+		if g.json {
+			return g.printJSON(res)
+		}
+		fmt.Fprintln(g.stdout, res.Key)
+		return nil
+	}
+	if err := kitekey.WriteFile(out, res.Key); err != nil {
+		return err
+	}
+	if g.json {
+		return g.printJSON(map[string]string{"path": out, "kiteId": res.KiteID, "provider": prov})
+	}
+	fmt.Fprintf(g.stdout, "wrote plugin key for provider %s (kite id %s) to %s\n", prov, res.KiteID, out)
+	return nil
 }
 
 func kitesCmd(g *globals) *cobra.Command {

@@ -539,7 +539,7 @@ func providerCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(describe)
+	cmd.AddCommand(describe, providerListCmd(g), providerInstallCmd(g)) // list, install: provider.go
 	return cmd
 }
 

@@ -50,7 +50,15 @@ admin kite key and kloud's own key in the data directory, and prints where. Unle
 --terraformer-url is given, it starts a terraformer next to it, restarts it when it exits (with
 backoff, logged with the cause; meanwhile calls that need it fail with "terraformer
 unavailable"), and stops it on exit. It warns at startup when a provider's machines could not
-reach the address it listens on (e.g. --addr 127.0.0.1:7000 with local machines).`,
+reach the address it listens on (e.g. --addr 127.0.0.1:7000 with local machines).
+
+It launches every provider plugin kloud-provider-NAME of --plugin-dir (default <data dir>/plugins;
+read again every 2 s, so ` + "`kloud provider install`" + ` needs no restart), each as an unprivileged user
+(65534) in its own pid and mount namespaces that show it none of kloud's files, with kloud's URL
+and a fresh plugin key in its environment; restarts it when it exits (backoff 0.2 s doubling to
+30 s), logs its output with provider=NAME, and stops it on exit. Without root, plugins need
+--plugin-insecure-no-sandbox (development only). --plugin-unsandboxed NAME lets one plugin run
+with kloud's privileges (logged at every start).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd, g, f) },
 	}
@@ -65,6 +73,9 @@ reach the address it listens on (e.g. --addr 127.0.0.1:7000 with local machines)
 	fl.StringVar(&f.terraformerBin, "terraformer-bin", "", "terraformer binary to start (default: terraformer next to this binary)")
 	fl.BoolVar(&f.tfInsecure, "terraformer-insecure-no-sandbox", false, "start terraformer with --insecure-no-sandbox: terraform runs with kloud's privileges and sees the whole host (development without root only; never where others write templates)")
 	fl.StringVar(&f.terraformerAddr, "terraformer-addr", "", "address for the terraformer it starts (default 127.0.0.1:7001, or a free port if that is taken)")
+	fl.StringVar(&f.o.PluginDir, "plugin-dir", "", "directory of provider plugins (kloud-provider-NAME) kloud launches and supervises (default <data dir>/plugins)")
+	fl.BoolVar(&f.o.Plugins.Insecure, "plugin-insecure-no-sandbox", false, "launch provider plugins without their sandbox: third-party code runs with kloud's privileges and sees its data directory (development without root only)")
+	fl.StringArrayVar(&f.o.Plugins.Unsandboxed, "plugin-unsandboxed", nil, "let the provider plugin NAME run without the sandbox, with kloud's privileges (repeatable; logged at every start; for a plugin that needs the host)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&f.o.JobLease, "job-lease", kloud.DefaultJobLease, "how long a crashed kloud's jobs stay claimed before they are resumed")
 	fl.DurationVar(&f.o.ReconcileInterval, "reconcile-interval", kloud.DefaultReconcileInterval, "how often stacks and machines left in a transition by a job that is over are moved to Failed/Unknown")
@@ -106,6 +117,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		fmt.Fprintf(g.stdout, "kloud %s listening on %s\n", version.Version, a)
 		fmt.Fprintf(g.stdout, "admin key: %s\n", s.AdminKeyPath())
 		fmt.Fprintf(g.stdout, "providers: %s\n", strings.Join(reg.Names(), ", "))
+		fmt.Fprintf(g.stdout, "provider plugins: %s\n", s.PluginDir())
 		for _, w := range reachWarnings(ctx, a, s.PublicURL(), reg) {
 			fmt.Fprintf(g.stderr, "warning: %s\n", w)
 		}
