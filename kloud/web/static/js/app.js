@@ -16,6 +16,7 @@ import * as credentialsPage from './pages/credentials.js';
 import * as templatesPage from './pages/templates.js';
 import * as stacksPage from './pages/stacks.js';
 import * as machinesPage from './pages/machines.js';
+import * as providersPage from './pages/providers.js';
 
 const routes = [
   ['/machines', machinesPage.list],
@@ -29,6 +30,7 @@ const routes = [
   ['/templates/:id', templatesPage.editor],
   ['/credentials', credentialsPage.list],
   ['/teams', teamsPage.list],
+  ['/providers', providersPage.list],
 ];
 
 const nav = [
@@ -37,6 +39,7 @@ const nav = [
   ['#/templates', 'Templates'],
   ['#/credentials', 'Credentials'],
   ['#/teams', 'Teams'],
+  ['#/providers', 'Providers'],
 ];
 
 function match(path) {
