@@ -72,6 +72,7 @@ type env struct {
 	kloudOut *syncBuffer
 	extra    []string
 	key      string // KLOUD_KEY for CLI calls ("" = admin)
+	noDummy  bool   // no dummy provider (newPluginEnv)
 }
 
 func newEnv(t *testing.T, extra ...string) *env {
@@ -98,8 +99,12 @@ func (e *env) start() {
 	if !own {
 		e.extra = append(e.extra, "--no-local")
 	}
-	args := append([]string{"serve", "--data-dir", e.dir, "--addr", e.addr, "--dummy-dir", filepath.Join(e.dir, "machines"),
-		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}, e.extra...)
+	args := []string{"serve", "--data-dir", e.dir, "--addr", e.addr,
+		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}
+	if !e.noDummy {
+		args = append(args, "--dummy-dir", filepath.Join(e.dir, "machines"))
+	}
+	args = append(args, e.extra...)
 	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
 	e.kloudOut = &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = e.kloudOut, e.kloudOut
