@@ -386,3 +386,33 @@ func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
 		t.Fatal(err)
 	}
 }
+
+// TestPluginUnsandboxedAndBuiltinName: `kloud serve --plugin-unsandboxed NAME` runs that plugin
+// with kloud's privileges, logged at WARN; a plugin named like an in-tree provider is not
+// launched, and says why in kloud's log.
+func TestPluginUnsandboxedAndBuiltinName(t *testing.T) {
+	testutil.RequireRoot(t)
+	e := newEnv(t, "--plugin-unsandboxed", "freeplug")
+	e.run("provider", "install", testPluginBin(t), "--name", "freeplug", "--wait", "60s")
+	probe, ok := e.logProbe("freeplug")
+	if !ok || probe.UID != 0 {
+		t.Errorf("unsandboxed plugin: probe %+v (found %v), want uid 0", probe, ok)
+	}
+	if log := e.kloudOut.String(); !strings.Contains(log, "level=WARN") || !strings.Contains(log, "WITHOUT its sandbox") {
+		t.Errorf("kloud's log does not warn about the unsandboxed plugin:\n%s", log)
+	}
+	if st := e.providers()["freeplug"]; !st.Connected || !strings.Contains(st.Where, "unsandboxed") {
+		t.Errorf("provider list: %+v", st)
+	}
+
+	e.run("provider", "install", testPluginBin(t), "--name", "dummy", "--wait", "0")
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(e.kloudOut.String(), "built into kloud")
+	}, "kloud did not refuse a plugin named like the dummy provider:\n%s", e.kloudOut)
+	if _, procs := e.pluginProcs("dummy"); len(procs) != 0 {
+		t.Errorf("a plugin named dummy runs: %v", procs)
+	}
+	if st := e.providers()["dummy"]; st.Kind != api.ProviderBuiltin || !st.Connected {
+		t.Errorf("the in-tree dummy provider: %+v", st)
+	}
+}

@@ -258,7 +258,7 @@ func (l *launcher) scan() {
 		}
 		id := fileID(fi)
 		if err := kitekey.ValidProviderName(name); err != nil {
-			l.refuse(name, id, fmt.Errorf("%s: not a valid provider name: %w", e.Name(), err))
+			l.refuse(name, id, fmt.Errorf("%s: not a plugin's name: %w", e.Name(), err))
 			continue
 		}
 		found[name], bins[name] = id, path
@@ -297,8 +297,16 @@ func (l *launcher) scan() {
 		if running {
 			continue
 		}
+		if l.s.isBuiltin(name) {
+			// Not listed as a plugin: the name is the in-tree provider's.
+			l.refuse(name, found[name], fmt.Errorf("%s%s: %q is the name of a provider built into kloud; rename the plugin", PluginPrefix, name, name))
+			continue
+		}
 		if err := l.canLaunch(name); err != nil {
-			l.refuse(name, found[name], err)
+			if l.refuse(name, found[name], err) {
+				l.s.plugins.Expect(name, "not launched")
+				l.s.plugins.SetError(name, err)
+			}
 			continue
 		}
 		l.start(name, bins[name], found[name])
@@ -307,9 +315,6 @@ func (l *launcher) scan() {
 
 // canLaunch says why plugin name cannot be launched (nil if it can).
 func (l *launcher) canLaunch(name string) error {
-	if l.s.isBuiltin(name) {
-		return fmt.Errorf("%s%s: %q is the name of a provider built into kloud; rename the plugin", PluginPrefix, name, name)
-	}
 	if !tfsandbox.Installed() {
 		return errors.New("this kloud binary cannot launch plugins: its main must call tfsandbox.MaybeRun (cmd/kloud does)")
 	}
@@ -321,18 +326,17 @@ func (l *launcher) canLaunch(name string) error {
 	return nil
 }
 
-// refuse logs (once per binary) and records why a plugin is not launched.
-func (l *launcher) refuse(name, id string, err error) {
+// refuse logs, once per binary, why a plugin is not launched; it reports whether this is the
+// first time for this binary.
+func (l *launcher) refuse(name, id string, err error) bool {
 	l.mu.Lock()
 	seen := l.refused[name] == id
 	l.refused[name] = id
 	l.mu.Unlock()
-	if seen {
-		return
+	if !seen {
+		l.s.log.Error("provider plugin not launched", "provider", name, "err", err)
 	}
-	l.s.log.Error("provider plugin not launched", "provider", name, "err", err)
-	l.s.plugins.Expect(name, "not launched")
-	l.s.plugins.SetError(name, err)
+	return !seen
 }
 
 func (l *launcher) unsandboxed(name string) bool {
