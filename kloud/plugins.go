@@ -642,7 +642,14 @@ func (s *Server) pluginRegister(ctx context.Context, r *kite.Request, p *api.Plu
 		return nil, fmt.Errorf("provider %q is built into kloud: a plugin cannot replace it: %w", p.Provider.Name, kite.ErrConflict)
 	}
 	rp := plugin.RegisterParams(*p)
-	return s.plugins.Register(ctx, r, &rp)
+	res, err := s.plugins.Register(ctx, r, &rp)
+	if err != nil && errors.Is(err, kite.ErrInvalidParams) && p.Provider.Name == kitekey.PluginName(r.Principal()) {
+		// Refused for what it is (an API version kloud does not speak, an invalid manifest):
+		// provider.list shows why, also for a remote plugin that no supervisor watches.
+		s.plugins.SetError(p.Provider.Name, err)
+		s.log.Error("provider plugin refused", "provider", p.Provider.Name, "err", err)
+	}
+	return res, err
 }
 
 // providerList serves provider.list: every provider, in-tree and plugin.

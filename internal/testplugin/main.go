@@ -1,7 +1,7 @@
 // Command testplugin is a provider plugin for kloud's tests of the plugin launcher and host
 // (e2e/plugin_test.go): installed as kloud-provider-NAME, it serves provider NAME with
-// provider/plugin.Serve, like any plugin. Its behaviour depends on NAME, so one binary covers the
-// lifecycle tests:
+// provider/plugin.Run (what plugin.Serve does, with a version to list). Its behaviour depends on
+// NAME, so one binary covers the lifecycle tests:
 //
 //   - every NAME: at start it prints one line "testplugin probe {json}" on stderr (its uid, gid,
 //     pid, what it sees of kloud's data directory — two levels above its state directory,
@@ -24,8 +24,10 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -46,7 +48,7 @@ func main() {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(probeJSON())
 	})
-	plugin.Serve(&provider.Provider{
+	p := &provider.Provider{
 		Name:         name,
 		ResourceType: "terraform_data",
 		UserDataAttr: "input",
@@ -56,8 +58,18 @@ func main() {
 		},
 		Machine: func(b *provider.BaseMachine) (provider.Machine, error) { return machine{}, nil },
 		Handler: mux,
-	})
+	}
+	// plugin.Serve, with a version to list (a development build has none).
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := plugin.Run(ctx, p, plugin.Options{Version: Version}); err != nil {
+		fmt.Fprintf(os.Stderr, "kloud-provider-%s: %v\n", name, err)
+		os.Exit(1)
+	}
 }
+
+// Version is the version the test plugin reports.
+const Version = "0.1.0-test"
 
 // probe is what the plugin can see of its host.
 type probe struct {
