@@ -8,13 +8,15 @@
 //     <data dir>/plugin-state/NAME —, whether it can read the admin key there, and which
 //     environment variables it got), and serves the same JSON at GET /provider/NAME/probe (its
 //     Handler).
-//   - NAME containing "block": ApplyTemplate prints "testplugin applyTemplate blocking" and
-//     blocks until its call is cancelled (a build in flight, for killing the plugin mid-build).
+//   - NAME containing "block": its machines are terraform_data resources (templates plan without
+//     a Terraform provider; kloud must then offer no other provider of them, such as dummy), and
+//     ApplyTemplate prints "testplugin applyTemplate blocking" and blocks until its call is
+//     cancelled (a build in flight, for killing the plugin mid-build). Other plugins' machines are
+//     NAME_machine resources.
 //   - NAME containing "badver": instead of plugin.Serve, it dials kloud itself and registers
 //     claiming plugin API version 99, prints kloud's answer and exits 1.
 //
-// Machines are terraform_data resources (so templates plan without a Terraform provider); start,
-// stop and info answer without doing anything.
+// Start, stop and info answer without doing anything.
 package main
 
 import (
@@ -48,16 +50,20 @@ func main() {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(probeJSON())
 	})
+	block := strings.Contains(name, "block")
 	p := &provider.Provider{
 		Name:         name,
-		ResourceType: "terraform_data",
+		ResourceType: name + "_machine",
 		UserDataAttr: "input",
 		Description:  "kloud's test plugin (internal/testplugin)",
 		Stack: func(b *provider.BaseStack) (provider.Stack, error) {
-			return &stack{b: b, block: strings.Contains(name, "block")}, nil
+			return &stack{b: b, block: block}, nil
 		},
 		Machine: func(b *provider.BaseMachine) (provider.Machine, error) { return machine{}, nil },
 		Handler: mux,
+	}
+	if block {
+		p.ResourceType = "terraform_data" // templates of it plan without a Terraform provider
 	}
 	// plugin.Serve, with a version to list (a development build has none).
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -163,6 +163,27 @@ who created it. Without --out the key is printed.`,
 	return cmd
 }
 
+// writeSecret writes a key file of mode 0400 (through a temporary file and a rename).
+func writeSecret(path, content string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(f.Name()) // gone after the rename
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Chmod(0o400); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
 // createPluginKey mints a remote plugin's key with provider.keyCreate.
 func createPluginKey(ctx context.Context, g *globals, prov, kiteID, out string) error {
 	res, err := call(ctx, g, (*api.Client).ProviderKeyCreate, api.ProviderKeyCreateParams{Provider: prov, KiteID: kiteID})
@@ -176,7 +197,7 @@ func createPluginKey(ctx context.Context, g *globals, prov, kiteID, out string) 
 		fmt.Fprintln(g.stdout, res.Key)
 		return nil
 	}
-	if err := kitekey.WriteFile(out, res.Key); err != nil {
+	if err := writeSecret(out, res.Key+"\n"); err != nil {
 		return err
 	}
 	if g.json {
