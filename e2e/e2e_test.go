@@ -73,6 +73,7 @@ type env struct {
 	extra    []string
 	key      string // KLOUD_KEY for CLI calls ("" = admin)
 	noDummy  bool   // no dummy provider (newPluginEnv)
+	uid      int    // run kloud as this user (0: as the test)
 }
 
 func newEnv(t *testing.T, extra ...string) *env {
@@ -108,6 +109,9 @@ func (e *env) start() {
 	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
 	e.kloudOut = &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = e.kloudOut, e.kloudOut
+	if e.uid != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(e.uid), Gid: uint32(e.uid)}}
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -414,3 +414,51 @@ func TestPluginUnsandboxedAndBuiltinName(t *testing.T) {
 		t.Errorf("the in-tree dummy provider: %+v", st)
 	}
 }
+
+// TestPluginWithoutRoot: a kloud without root cannot sandbox plugins and does not fall back to
+// running them unsandboxed: provider list says why and what to do; with
+// --plugin-insecure-no-sandbox (development) they run, with kloud's own privileges, and kloud
+// warns.
+func TestPluginWithoutRoot(t *testing.T) {
+	testutil.RequireRoot(t) // to run kloud as another user
+	const nobody = 65534
+	for _, insecure := range []bool{false, true} {
+		t.Run(map[bool]string{false: "refused", true: "insecure"}[insecure], func(t *testing.T) {
+			testutil.RequireBinary(t, "terraform")
+			dir := t.TempDir()
+			// kloud runs as nobody: its data dir is nobody's, and the way to it open.
+			os.Chmod(filepath.Dir(dir), 0o755)
+			os.Chown(dir, nobody, nobody)
+			e := &env{t: t, dir: dir, addr: freePort(t), noDummy: true, uid: nobody,
+				extra: []string{"--terraformer-url", "http://127.0.0.1:1", "--no-demo"}}
+			if insecure {
+				e.extra = append(e.extra, "--plugin-insecure-no-sandbox")
+			}
+			e.start()
+			t.Cleanup(e.cleanup)
+			if !insecure {
+				e.run("provider", "install", testPluginBin(t), "--name", "rootless", "--wait", "0")
+				st := e.waitProvider("rootless", 30*time.Second, func(s api.ProviderStatus) bool { return s.LastError != "" },
+					"no error for a plugin kloud cannot sandbox")
+				t.Logf("provider list: %+v", st)
+				if st.Connected || !strings.Contains(st.LastError, "--plugin-insecure-no-sandbox") || !strings.Contains(st.LastError, "root") {
+					t.Errorf("provider list: %+v", st)
+				}
+				if _, procs := e.pluginProcs("rootless"); len(procs) != 0 {
+					t.Errorf("kloud without root started the plugin: %v", procs)
+				}
+				return
+			}
+			e.run("provider", "install", testPluginBin(t), "--name", "rootless", "--wait", "60s")
+			st := e.providers()["rootless"]
+			probe, _ := e.logProbe("rootless")
+			t.Logf("provider list: %+v; probe %+v", st, probe)
+			if !st.Connected || !strings.Contains(st.Where, "unsandboxed") || probe.UID != nobody {
+				t.Errorf("insecure plugin: %+v, probe %+v", st, probe)
+			}
+			if !strings.Contains(e.kloudOut.String(), "WITHOUT their sandbox") {
+				t.Errorf("kloud does not warn that plugins run without their sandbox:\n%s", e.kloudOut)
+			}
+		})
+	}
+}
