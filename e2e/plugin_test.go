@@ -231,6 +231,12 @@ func TestPluginLaunchedSandboxedRestarted(t *testing.T) {
 		resp.Body.Close()
 	}
 
+	// A new binary (install again): kloud restarts the plugin from it; install waits for that.
+	out = e.run("provider", "install", testPluginBin(t), "--name", "testplug", "--wait", "60s")
+	if !strings.Contains(out, "provider testplug: connected") || !strings.Contains(e.kloudOut.String(), "binary replaced: restarting it") {
+		t.Errorf("install over a running plugin:\n%s", out)
+	}
+
 	// Shutdown: SIGTERM to kloud stops the plugin; nothing of it is left.
 	_, procs := e.pluginProcs("testplug")
 	if len(procs) < 3 {

@@ -563,6 +563,10 @@ func (l *launcher) copyOutput(name string, r io.ReadCloser, tail *lineTail) {
 		tail.add(line)
 		l.s.log.Info("plugin: "+line, "provider", name)
 	}
+	if err := sc.Err(); err != nil {
+		l.s.log.Warn("plugin output: the rest is not logged", "provider", name, "err", err)
+		io.Copy(io.Discard, r) // keep draining: a full pipe would block the plugin
+	}
 }
 
 // describeExit says how a plugin process ended. Sandboxed, the launcher exits with 128+n when

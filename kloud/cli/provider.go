@@ -170,7 +170,7 @@ func waitPlugin(ctx context.Context, g *globals, name, dst string, wait time.Dur
 				last = &p
 			}
 		}
-		if last != nil && last.Connected && last.ConnectedAt != nil && !last.ConnectedAt.Before(installed.Add(-time.Second)) {
+		if last != nil && last.Connected && last.ConnectedAt != nil && last.ConnectedAt.After(installed) {
 			return last, nil
 		}
 		select {
