@@ -5,12 +5,18 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/provider"
@@ -123,4 +129,49 @@ func TestProviderHTTPDispatch(t *testing.T) {
 	if code, _ := get("/provider/later"); code != http.StatusMovedPermanently {
 		t.Errorf("/provider/later: %d, want a redirect to /provider/later/", code)
 	}
+}
+
+// TestPluginLaunchedInProcess: a kloud in this process (the test binary is the sandbox's
+// launcher: TestMain calls tfsandbox.MaybeRun) launches the plugin of its plugin directory; it
+// registers (Host.Wait), is listed connected, and after it is killed it is back.
+func TestPluginLaunchedInProcess(t *testing.T) {
+	bin := testutil.BuildBinary(t, "./internal/testplugin")
+	dir := t.TempDir()
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+"inproc"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Insecure: os.Geteuid() != 0}})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := e.Server.PluginHost().Wait(ctx, "inproc"); err != nil {
+		t.Fatal(err)
+	}
+	list := func() api.ProviderStatus {
+		res, err := e.Client("bob").ProviderList(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range res.Providers {
+			if p.Name == "inproc" {
+				return p
+			}
+		}
+		t.Fatalf("inproc not listed: %+v", res)
+		return api.ProviderStatus{}
+	}
+	st := list()
+	if !st.Connected || st.Kind != api.ProviderPlugin || st.Version == "" || st.ConnectedAt == nil {
+		t.Fatalf("provider.list: %+v", st)
+	}
+	first := *st.ConnectedAt
+	syscall.Kill(e.Server.PluginPID("inproc"), syscall.SIGKILL) // the launcher: the sandbox dies with it
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		st = list()
+		return st.Connected && st.ConnectedAt.After(first)
+	}, "plugin not back after it was killed: %+v", st)
 }

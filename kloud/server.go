@@ -207,7 +207,6 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	}
 	s.loadKlient()
 	s.plugins = plugin.NewHost(plugin.HostOptions{Registry: s.providers, Logger: opts.Logger, KloudVersion: version.Version})
-	s.pluginsDone = make(chan struct{})
 	s.kinds = s.jobKinds()
 	s.term = newTermHub(s)
 	s.routes()
@@ -388,6 +387,7 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	}
 	s.launcher = &launcher{s: s, o: s.opts.Plugins, dir: s.opts.PluginDir, stateDir: filepath.Join(s.opts.DataDir, "plugin-state"),
 		url: loopbackKiteURL(ln.Addr()), running: map[string]*launched{}, refused: map[string]string{}}
+	s.pluginsDone = make(chan struct{})
 	bctx, stop := context.WithCancel(ctx)
 	defer stop()
 	s.startBackground(bctx)
