@@ -11,7 +11,8 @@ package kloud
 // <data dir>/plugins) is a plugin kloud runs. The directory is rescanned every
 // PluginOptions.Rescan (2 s): a new binary is started, a replaced one (other size, mtime or
 // inode) restarted, a removed one stopped. So `kloud provider install` only copies the binary
-// there (atomically: a temporary name, then a rename).
+// there (atomically: a temporary name, then a rename). The directory and the binaries must be
+// writable only by kloud's user (or root), or nothing in them is launched.
 //
 // Each plugin runs through terraformer/tfsandbox, the launcher terraform runs through: this
 // kloud binary re-executed (cmd/kloud's main calls tfsandbox.MaybeRun), which starts the
@@ -236,6 +237,19 @@ func fileID(fi os.FileInfo) string {
 	return id
 }
 
+// trusted checks that only kloud's user (or root) can change a plugin binary or the plugin
+// directory: whoever can replace a binary runs code as its plugin (with kloud's privileges if
+// it is allowed to run unsandboxed).
+func trusted(fi os.FileInfo) error {
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("writable by group or others (mode %s)", fi.Mode().Perm())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("owned by uid %d, neither root nor kloud's user", st.Uid)
+	}
+	return nil
+}
+
 // scan reads the plugin directory once: starts new plugins, restarts replaced ones, stops
 // removed ones.
 func (l *launcher) scan() {
@@ -244,6 +258,13 @@ func (l *launcher) scan() {
 	ents, err := os.ReadDir(l.dir)
 	if err != nil {
 		l.s.log.Error("read the plugin directory", "dir", l.dir, "err", err)
+		return
+	}
+	if fi, err := os.Stat(l.dir); err != nil || trusted(fi) != nil {
+		if err == nil {
+			err = trusted(fi)
+		}
+		l.refuse("*", "dir", fmt.Errorf("plugin directory %s: %w: no plugin is launched from it", l.dir, err))
 		return
 	}
 	for _, e := range ents {
@@ -259,6 +280,10 @@ func (l *launcher) scan() {
 		id := fileID(fi)
 		if err := kitekey.ValidProviderName(name); err != nil {
 			l.refuse(name, id, fmt.Errorf("%s: not a plugin's name: %w", e.Name(), err))
+			continue
+		}
+		if err := trusted(fi); err != nil {
+			l.refuse(name, id, fmt.Errorf("%s: %w: not launched", path, err))
 			continue
 		}
 		found[name], bins[name] = id, path

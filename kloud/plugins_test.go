@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -174,4 +175,29 @@ func TestPluginLaunchedInProcess(t *testing.T) {
 		st = list()
 		return st.Connected && st.ConnectedAt.After(first)
 	}, "plugin not back after it was killed: %+v", st)
+}
+
+// TestPluginUntrustedNotLaunched: a plugin binary others may write is not launched.
+func TestPluginUntrustedNotLaunched(t *testing.T) {
+	bin := testutil.BuildBinary(t, "./internal/testplugin")
+	dir := t.TempDir()
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, kloud.PluginPrefix+"loose")
+	if err := os.WriteFile(path, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(path, 0o777)
+	os.Chmod(dir, 0o755)
+	var log syncBuf
+	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Logger: slog.New(slog.NewTextHandler(&log, nil)),
+		Plugins: kloud.PluginOptions{Insecure: os.Geteuid() != 0}})
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(log.String(), "writable by group or others")
+	}, "kloud did not refuse a world-writable plugin binary:\n%s", &log)
+	if pid := e.Server.PluginPID("loose"); pid != 0 {
+		t.Errorf("the plugin runs (pid %d)", pid)
+	}
 }
