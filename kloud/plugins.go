@@ -458,7 +458,7 @@ func (l *launcher) runOnce(p *launched) (exit, err error) {
 			return nil, fmt.Errorf("plugin state directory: %w", err)
 		}
 	}
-	key, err := l.s.Signer().PluginKey(kitekey.PluginKeySpec{Provider: p.name, TTL: l.o.KeyTTL})
+	key, _, err := l.s.Kontrol.CreatePluginKey(kitekey.PluginKeySpec{Provider: p.name, TTL: l.o.KeyTTL})
 	if err != nil {
 		return nil, fmt.Errorf("mint the plugin's key: %w", err)
 	}
@@ -784,7 +784,7 @@ func (s *Server) providerKeyCreate(ctx context.Context, c *Caller, _ *kite.Reque
 	if id == "" {
 		id = kitekey.PluginIDPrefix + p.Provider + "." + randomHex(8)
 	}
-	key, err := s.Signer().PluginKey(kitekey.PluginKeySpec{Provider: p.Provider, KiteID: id})
+	key, id, err := s.Kontrol.CreatePluginKey(kitekey.PluginKeySpec{Provider: p.Provider, KiteID: id})
 	if err != nil {
 		return nil, err
 	}
