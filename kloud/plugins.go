@@ -714,7 +714,7 @@ func (s *Server) providerList(ctx context.Context, c *Caller, _ *kite.Request, _
 		if err != nil {
 			continue
 		}
-		ps := api.ProviderStatus{Name: n, Kind: api.ProviderBuiltin, Where: "in process", Connected: true, Capabilities: capStrings(builtinCaps(p))}
+		ps := api.ProviderStatus{Name: n, Kind: api.ProviderBuiltin, Where: "in process", Connected: true, Capabilities: capStrings(p.Caps())}
 		if p.Available != nil {
 			if err := p.Available(); err != nil {
 				ps.Connected, ps.LastError = false, "unavailable on this host: "+err.Error()
@@ -723,47 +723,6 @@ func (s *Server) providerList(ctx context.Context, c *Caller, _ *kite.Request, _
 		out.Providers = append(out.Providers, ps)
 	}
 	return out, nil
-}
-
-// builtinCaps is what an in-tree provider can do: Provider.Capabilities if set, else start, stop
-// and info, and the optional interfaces a machine and a stack built from empty Base values
-// implement (a constructor that fails or panics on them counts as none).
-// TODO(issue 11): provider.(*Provider).Caps once it is in main.
-func builtinCaps(p *provider.Provider) []provider.Capability {
-	if p.Capabilities != nil {
-		return slices.Sorted(slices.Values(p.Capabilities))
-	}
-	out := []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo}
-	func() {
-		defer func() { recover() }()
-		if p.Machine == nil {
-			return
-		}
-		if m, err := p.Machine(&provider.BaseMachine{Provider: p}); err == nil && m != nil {
-			if _, ok := m.(provider.ConsoleLogger); ok {
-				out = append(out, provider.CapConsoleLog)
-			}
-			if _, ok := m.(provider.Resizer); ok {
-				out = append(out, provider.CapResize)
-			}
-		}
-	}()
-	func() {
-		defer func() { recover() }()
-		if p.Stack == nil {
-			return
-		}
-		if st, err := p.Stack(&provider.BaseStack{Provider: p}); err == nil && st != nil {
-			if _, ok := st.(provider.ConstraintsValidator); ok {
-				out = append(out, provider.CapConstraints)
-			}
-		}
-	}()
-	if p.Schema.NewBootstrap != nil {
-		out = append(out, provider.CapBootstrap)
-	}
-	slices.Sort(out)
-	return out
 }
 
 func capStrings[T ~string](cs []T) []string {
