@@ -707,6 +707,14 @@ func (s *Server) providerList(ctx context.Context, c *Caller, _ *kite.Request, _
 			if !st.DisconnectedAt.IsZero() {
 				ps.DisconnectedAt = new(st.DisconnectedAt)
 			}
+			if !c.Admin {
+				// Where (pids, addresses) and the plugin's last output lines are for
+				// administrators: a plugin's output is its own and may say anything.
+				ps.Where = "plugin"
+				if ps.LastError != "" {
+					ps.LastError = "the plugin failed (kloud administrators see why in `kloud provider list`)"
+				}
+			}
 			out.Providers = append(out.Providers, ps)
 			continue
 		}

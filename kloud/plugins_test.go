@@ -169,6 +169,18 @@ func TestPluginLaunchedInProcess(t *testing.T) {
 	if !st.Connected || st.Kind != api.ProviderPlugin || st.Version == "" || st.ConnectedAt == nil {
 		t.Fatalf("provider.list: %+v", st)
 	}
+	if st.Where != "plugin" {
+		t.Errorf("a user sees where the plugin runs: %q", st.Where)
+	}
+	adm, err := e.Client("admin").ProviderList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range adm.Providers {
+		if p.Name == "inproc" && !strings.HasPrefix(p.Where, "launched (pid ") {
+			t.Errorf("an admin sees where %q, want the launched pid", p.Where)
+		}
+	}
 	first := *st.ConnectedAt
 	syscall.Kill(e.Server.PluginPID("inproc"), syscall.SIGKILL) // the launcher: the sandbox dies with it
 	testutil.Eventually(t, 30*time.Second, func() bool {
