@@ -17,9 +17,17 @@ import (
 // StartTerraformer runs a real terraformer (real terraform, offline mirror) that trusts this
 // kloud's keys, connects kloud to it with kloud's own kite key, and returns the client.
 func (e *Env) StartTerraformer() *terraformer.Client {
+	e.t.Helper()
+	return e.StartTerraformerWith(tfrun.Options{})
+}
+
+// StartTerraformerWith is StartTerraformer with the engine's options (e.g. TerraformPath and
+// CLIConfigFile for a provider's own Terraform provider mirror); tfruntest.NewEngine fills the
+// rest.
+func (e *Env) StartTerraformerWith(o tfrun.Options) *terraformer.Client {
 	t := e.t
 	t.Helper()
-	engine := tfruntest.NewEngine(t, tfrun.Options{})
+	engine := tfruntest.NewEngine(t, o)
 	k, err := kite.New(kite.Options{
 		Identity:      kite.Identity{Name: terraformer.Name},
 		Authenticator: terraformer.NewAuthenticator(terraformer.AuthOptions{KloudURL: e.URL}),
