@@ -235,7 +235,7 @@ func capabilities(p *provider.Provider) []capability {
 	if m := implements(p); m.constraints {
 		out = append(out, capConstraints)
 	}
-	if p.Schema.NewBootstrap != nil {
+	if hasPart(p, partBootstrap) {
 		out = append(out, capBootstrap)
 	}
 	slices.Sort(out)
@@ -384,3 +384,51 @@ const (
 	capConstraints capability = "constraints"
 	capBootstrap   capability = "bootstrap"
 )
+
+// Schema parts.
+const (
+	partCredential = "credential"
+	partBootstrap  = "bootstrap"
+)
+
+// TODO(S): hasPart, decodePart and requiredFields become p.HasPart, p.DecodePart and the part's
+// JSON Schema ("required") once provider/schema.go is on main: a plugin's proxy has no New*
+// types, only Schema.JSON and a Decoder.
+
+// hasPart reports whether p's schema has the part.
+func hasPart(p *provider.Provider, part string) bool {
+	switch part {
+	case partCredential:
+		return p.Schema.NewCredential != nil
+	case partBootstrap:
+		return p.Schema.NewBootstrap != nil
+	}
+	return false
+}
+
+// decodePart decodes raw as p's part, as kloud does (strict, defaults, required, Valid).
+func decodePart(_ context.Context, p *provider.Provider, part string, raw json.RawMessage) (any, error) {
+	newFn := p.Schema.NewCredential
+	if part == partBootstrap {
+		newFn = p.Schema.NewBootstrap
+	}
+	return provider.Decode(newFn, raw)
+}
+
+// requiredFields lists the part's required fields that have no default.
+func requiredFields(p *provider.Provider, part string) []string {
+	if !hasPart(p, part) {
+		return nil
+	}
+	newFn := p.Schema.NewCredential
+	if part == partBootstrap {
+		newFn = p.Schema.NewBootstrap
+	}
+	var out []string
+	for _, f := range provider.Fields(newFn()) {
+		if f.Required && f.Default == "" {
+			out = append(out, f.Name)
+		}
+	}
+	return out
+}
