@@ -416,6 +416,8 @@ func (s *suite) testStopStartKeepsDisk(t *testing.T) {
 	t0 := time.Now()
 	s.waitMachine(t, m.Label, provider.Stopped, kloud.AgentDisconnected, agentTimeout)
 	t.Logf("agent seen disconnected after the stop: %s", since(t0))
+	_, err = s.cl.MachineStop(t.Context(), api.MachineRef{MachineID: m.ID})
+	wantCode(t, "machine.stop of a stopped machine", err, kite.ErrState)
 	if info, err := s.cl.MachineInfo(t.Context(), api.MachineRef{MachineID: m.ID}); err != nil || info.InfraState != provider.Stopped {
 		t.Errorf("machine.info after machine.stop: %s (%s), %v", info.InfraState, info.InfoError, err)
 	}
