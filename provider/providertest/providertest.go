@@ -88,7 +88,7 @@ type suite struct {
 	env  *kloudtest.Env
 	tf   *terraformer.Client
 	cl   *api.Client
-	caps map[capability]bool
+	caps map[provider.Capability]bool
 
 	goodCred string // the good credential's id ("" for a provider without credentials)
 	// bootstrapLeft is what Leftovers lists after the bootstrap (it stays until the bootstrap
@@ -178,7 +178,7 @@ func (s *suite) start(t *testing.T) {
 			testutil.Unavailable(t, "provider %s is not available on this host: %s", s.p.Name, err)
 		}
 	}
-	s.caps = map[capability]bool{}
+	s.caps = map[provider.Capability]bool{}
 	for _, c := range capabilities(s.p) {
 		s.caps[c] = true
 	}
@@ -222,21 +222,27 @@ func (s *suite) cleanup(t *testing.T) {
 	}
 }
 
-// capabilities returns p's capabilities.
+// capabilities returns p's capabilities: Provider.Capabilities if set (a plugin's proxy, or a
+// provider advertising less), else derived from what it implements.
 // TODO(S): p.Caps() once provider/capability.go is on main; until then derived as it will be.
-func capabilities(p *provider.Provider) []capability {
-	out := []capability{capStart, capStop, capInfo}
+func capabilities(p *provider.Provider) []provider.Capability {
+	if p.Capabilities != nil {
+		out := slices.Clone(p.Capabilities)
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	out := []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo}
 	if m := implements(p); m.consoleLog {
-		out = append(out, capConsoleLog)
+		out = append(out, provider.CapConsoleLog)
 	}
 	if m := implements(p); m.resize {
-		out = append(out, capResize)
+		out = append(out, provider.CapResize)
 	}
 	if m := implements(p); m.constraints {
-		out = append(out, capConstraints)
+		out = append(out, provider.CapConstraints)
 	}
 	if hasPart(p, partBootstrap) {
-		out = append(out, capBootstrap)
+		out = append(out, provider.CapBootstrap)
 	}
 	slices.Sort(out)
 	return out
@@ -334,7 +340,7 @@ func (s *suite) needStack(t *testing.T) {
 }
 
 // needCap skips a subtest when the provider does not advertise c.
-func (s *suite) needCap(t *testing.T, c capability) {
+func (s *suite) needCap(t *testing.T, c provider.Capability) {
 	t.Helper()
 	if !s.caps[c] {
 		t.Skipf("provider %s does not advertise %q", s.p.Name, c)
@@ -370,20 +376,6 @@ func credentialVariables(p *provider.Provider, v any, declared []string) map[str
 	}
 	return out
 }
-
-// capability is provider.Capability of the design (the names provider.describe lists).
-// TODO(S): provider.Capability and provider.Cap* once provider/capability.go is on main.
-type capability string
-
-const (
-	capStart       capability = "start"
-	capStop        capability = "stop"
-	capInfo        capability = "info"
-	capConsoleLog  capability = "consoleLog"
-	capResize      capability = "resize"
-	capConstraints capability = "constraints"
-	capBootstrap   capability = "bootstrap"
-)
 
 // Schema parts.
 const (
