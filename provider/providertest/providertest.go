@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -33,11 +35,10 @@ type Config struct {
 	// Provider is the provider under test, run in kloud's process (registered in the test
 	// kloud's registry as kloud serve registers it).
 	Provider *provider.Provider
-	// Plugin is the path of a kloud-provider-NAME binary, run out of process: the suite starts
-	// it through the test kloud's plugin launcher and tests kloud's proxy of it. Name is the
+	// Plugin is the path of a kloud-provider-NAME binary (provider/plugin), run out of process:
+	// the suite installs it in the test kloud's plugin directory, kloud's launcher starts it
+	// (sandboxed, as Kloud.Plugins says), and the suite tests kloud's proxy of it. Name is the
 	// provider's name. Set Plugin or Provider, not both.
-	// TODO(P2/E): not implemented until provider/plugin and the launcher are on main (see
-	// startPlugin).
 	Plugin string
 	Name   string
 
@@ -155,7 +156,8 @@ func (c *Config) check() error {
 	return nil
 }
 
-// start starts kloud with the provider, a terraformer, and the suite's user.
+// start starts kloud with the provider (registered, or launched as a plugin), a terraformer,
+// and the suite's user.
 func (s *suite) start(t *testing.T) {
 	t.Helper()
 	ko := s.c.Kloud
@@ -165,11 +167,13 @@ func (s *suite) start(t *testing.T) {
 	}
 	if s.c.Provider != nil {
 		ko.Providers.Register(s.c.Provider)
+	} else {
+		s.installPlugin(t, &ko)
 	}
 	s.env = kloudtest.Start(t, ko)
 	s.tf = s.env.StartTerraformerWith(s.c.Terraform)
 	if s.c.Plugin != "" {
-		s.p = s.startPlugin(t, ko.Providers)
+		s.p = s.waitPlugin(t, ko.Providers)
 	} else {
 		s.p = s.c.Provider
 	}
@@ -179,7 +183,7 @@ func (s *suite) start(t *testing.T) {
 		}
 	}
 	s.caps = map[provider.Capability]bool{}
-	for _, c := range capabilities(s.p) {
+	for _, c := range s.p.Caps() {
 		s.caps[c] = true
 	}
 	if _, err := s.env.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: user, Team: team}); err != nil {
@@ -188,18 +192,61 @@ func (s *suite) start(t *testing.T) {
 	s.cl = s.env.Client(user)
 }
 
-// startPlugin launches the plugin binary through the test kloud and returns the proxy kloud
-// registered for it.
-//
-// TODO(P2/E): with provider/plugin and kloud's launcher on main: start kloud with a plugin dir
-// holding a copy of c.Plugin (kloudtest.Options gains the plugin dir), wait for
-// Server.Plugins().Wait(ctx, c.Name), and return registry.Lookup(c.Name) (the proxy). The rest
-// of the suite is the same for both modes: it talks to kloud's API, and to the provider only
-// through the *provider.Provider in kloud's registry.
-func (s *suite) startPlugin(t *testing.T, reg *provider.Registry) *provider.Provider {
+// installPlugin copies the plugin binary into the test kloud's plugin directory (ko.PluginDir,
+// default <data dir>/plugins) as kloud-provider-NAME, where kloud's launcher starts it (in its
+// sandbox as an unprivileged user, unless ko.Plugins says otherwise).
+func (s *suite) installPlugin(t *testing.T, ko *kloudtest.Options) {
 	t.Helper()
-	t.Fatalf("providertest: Config.Plugin (%s): the plugin harness is not implemented yet (needs provider/plugin and kloud's plugin launcher)", s.c.Plugin)
-	return nil
+	if ko.DataDir == "" {
+		ko.DataDir = t.TempDir()
+	}
+	dir := ko.PluginDir
+	if dir == "" {
+		dir = filepath.Join(ko.DataDir, "plugins")
+	}
+	b, err := os.ReadFile(s.c.Plugin)
+	if err != nil {
+		t.Fatalf("plugin: %v", err)
+	}
+	// Readable by the plugin's user, writable by nobody else (kloud refuses a binary or
+	// directory others may write).
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{ko.DataDir, dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+s.c.Name), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitPlugin waits for the launched plugin to register and returns kloud's proxy of it.
+func (s *suite) waitPlugin(t *testing.T, reg *provider.Registry) *provider.Provider {
+	t.Helper()
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	h := s.env.Server.PluginHost()
+	if err := h.Wait(ctx, s.c.Name); err != nil {
+		for _, st := range h.Status() {
+			if st.Name == s.c.Name {
+				t.Fatalf("plugin %s did not register: %v (where: %s, last error: %s)", s.c.Name, err, st.Where, st.LastError)
+			}
+		}
+		t.Fatalf("plugin %s did not register: %v (kloud does not know it: is the binary named %s%s?)", s.c.Name, err, kloud.PluginPrefix, s.c.Name)
+	}
+	p, err := reg.Lookup(s.c.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Kind != provider.KindPlugin {
+		t.Fatalf("provider %s is %q, not a plugin: the name is an in-tree provider's", s.c.Name, p.Kind)
+	}
+	t.Logf("plugin %s %s launched and registered: %s", s.c.Name, p.Version, since(t0))
+	return p
 }
 
 // cleanup destroys what a failed subtest left: the stack and the bootstrap, through kloud.
@@ -220,53 +267,6 @@ func (s *suite) cleanup(t *testing.T) {
 			t.Errorf("cleanup: destroy bootstrap: %s: %s", ev.Status, ev.Error)
 		}
 	}
-}
-
-// capabilities returns p's capabilities: Provider.Capabilities if set (a plugin's proxy, or a
-// provider advertising less), else derived from what it implements.
-// TODO(S): p.Caps() once provider/capability.go is on main; until then derived as it will be.
-func capabilities(p *provider.Provider) []provider.Capability {
-	if p.Capabilities != nil {
-		out := slices.Clone(p.Capabilities)
-		slices.Sort(out)
-		return slices.Compact(out)
-	}
-	out := []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo}
-	if m := implements(p); m.consoleLog {
-		out = append(out, provider.CapConsoleLog)
-	}
-	if m := implements(p); m.resize {
-		out = append(out, provider.CapResize)
-	}
-	if m := implements(p); m.constraints {
-		out = append(out, provider.CapConstraints)
-	}
-	if hasPart(p, partBootstrap) {
-		out = append(out, provider.CapBootstrap)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// optional says which optional interfaces p's Stack and Machine implement (built from empty
-// Base values, as provider.Caps probes them).
-type optional struct{ consoleLog, resize, constraints bool }
-
-func implements(p *provider.Provider) (o optional) {
-	func() {
-		defer func() { recover() }()
-		if m, err := p.Machine(&provider.BaseMachine{Provider: p}); err == nil {
-			_, o.consoleLog = m.(provider.ConsoleLogger)
-			_, o.resize = m.(provider.Resizer)
-		}
-	}()
-	func() {
-		defer func() { recover() }()
-		if st, err := p.Stack(&provider.BaseStack{Provider: p}); err == nil {
-			_, o.constraints = st.(provider.ConstraintsValidator)
-		}
-	}()
-	return o
 }
 
 // follow watches job id to its end and returns its last event, logging the job's log lines.
@@ -377,47 +377,10 @@ func credentialVariables(p *provider.Provider, v any, declared []string) map[str
 	return out
 }
 
-// Schema parts.
-const (
-	partCredential = "credential"
-	partBootstrap  = "bootstrap"
-)
-
-// TODO(S): hasPart, decodePart and requiredFields become p.HasPart, p.DecodePart and the part's
-// JSON Schema ("required") once provider/schema.go is on main: a plugin's proxy has no New*
-// types, only Schema.JSON and a Decoder.
-
-// hasPart reports whether p's schema has the part.
-func hasPart(p *provider.Provider, part string) bool {
-	switch part {
-	case partCredential:
-		return p.Schema.NewCredential != nil
-	case partBootstrap:
-		return p.Schema.NewBootstrap != nil
-	}
-	return false
-}
-
-// decodePart decodes raw as p's part, as kloud does (strict, defaults, required, Valid).
-func decodePart(_ context.Context, p *provider.Provider, part string, raw json.RawMessage) (any, error) {
-	newFn := p.Schema.NewCredential
-	if part == partBootstrap {
-		newFn = p.Schema.NewBootstrap
-	}
-	return provider.Decode(newFn, raw)
-}
-
-// requiredFields lists the part's required fields that have no default.
+// requiredFields lists the fields p's part requires that have no default (from its JSON Schema).
 func requiredFields(p *provider.Provider, part string) []string {
-	if !hasPart(p, part) {
-		return nil
-	}
-	newFn := p.Schema.NewCredential
-	if part == partBootstrap {
-		newFn = p.Schema.NewBootstrap
-	}
 	var out []string
-	for _, f := range provider.Fields(newFn()) {
+	for _, f := range provider.SchemaFields(p.JSONSchema(part)) {
 		if f.Required && f.Default == "" {
 			out = append(out, f.Name)
 		}

@@ -57,37 +57,63 @@ func (s *suite) testDescribe(t *testing.T) {
 			seen[f.Name] = true
 		}
 	}
-	if hasPart(s.p, partCredential) != (len(d.Credential) > 0) {
-		t.Errorf("provider.describe: credential fields %v, but the provider takes a credential: %v", d.Credential, hasPart(s.p, partCredential))
+	if s.p.HasPart(provider.PartCredential) != (len(d.Credential) > 0) {
+		t.Errorf("provider.describe: credential fields %v, but the provider takes a credential: %v", d.Credential, s.p.HasPart(provider.PartCredential))
 	}
-	// TODO(S): with provider.JSONSchema on main: every part's schema in d.Schemas compiles as
-	// JSON Schema 2020-12 (santhosh-tekuri/jsonschema/v6), GoodCredential validates against the
-	// credential part's schema, and d.Capabilities equals p.Caps().
+	wantKind := provider.KindBuiltin
+	if s.c.Plugin != "" {
+		wantKind = provider.KindPlugin
+	}
+	if d.Kind != wantKind {
+		t.Errorf("provider.describe: kind %q, want %q", d.Kind, wantKind)
+	}
+	// Every part's schema is a JSON Schema 2020-12 of an object, and what the old field lists
+	// say is what it says; the good and bad credentials fit the credential's.
+	for part, sc := range map[string]json.RawMessage{provider.PartCredential: d.Schemas.Credential, provider.PartBootstrap: d.Schemas.Bootstrap, provider.PartMetadata: d.Schemas.Metadata} {
+		if isNull(sc) != !s.p.HasPart(part) {
+			t.Errorf("provider.describe: %s schema %s, but the provider has that part: %v", part, sc, s.p.HasPart(part))
+		}
+		if isNull(sc) {
+			continue
+		}
+		if err := provider.CheckSchema(sc); err != nil {
+			t.Errorf("provider.describe: %s schema: %v\n%s", part, err, sc)
+		}
+	}
+	for part, c := range map[string]struct {
+		schema json.RawMessage
+		fields []provider.Field
+	}{provider.PartCredential: {d.Schemas.Credential, d.Credential}, provider.PartBootstrap: {d.Schemas.Bootstrap, d.Bootstrap}} {
+		if want := provider.SchemaFields(c.schema); !reflect.DeepEqual(c.fields, want) {
+			t.Errorf("provider.describe: %s fields %+v, but its schema says %+v", part, c.fields, want)
+		}
+	}
+	for name, cred := range map[string]json.RawMessage{"GoodCredential": s.c.GoodCredential, "BadCredential": s.c.BadCredential} {
+		if len(cred) > 0 {
+			if err := provider.Validate(d.Schemas.Credential, cred); err != nil {
+				t.Errorf("Config.%s does not fit the credential's schema (the provider's VerifyCredential must refuse it, not the schema): %v", name, err)
+			}
+		}
+	}
 
-	caps := capabilities(s.p)
+	caps := s.p.Caps()
 	t.Logf("capabilities: %v", caps)
 	if len(caps) == 0 {
 		t.Errorf("provider %s advertises no capability", s.p.Name)
 	}
-	for _, c := range []provider.Capability{provider.CapInfo} {
-		if !s.caps[c] {
-			t.Errorf("provider %s does not advertise %q: kloud cannot reconcile its machines without it", s.p.Name, c)
-		}
+	if !slices.Equal(d.Capabilities, caps) {
+		t.Errorf("provider.describe: capabilities %v, the provider's are %v", d.Capabilities, caps)
 	}
-	impl := implements(s.p)
-	for c, has := range map[provider.Capability]bool{
-		provider.CapConsoleLog: impl.consoleLog, provider.CapResize: impl.resize, provider.CapConstraints: impl.constraints,
-		provider.CapBootstrap: hasPart(s.p, partBootstrap),
-	} {
-		if s.caps[c] && !has {
-			t.Errorf("provider %s advertises %q but does not implement it", s.p.Name, c)
-		}
+	if s.caps[provider.CapBootstrap] != s.p.HasPart(provider.PartBootstrap) {
+		t.Errorf("provider %s: capability %q is %v, but it has a bootstrap part: %v", s.p.Name, provider.CapBootstrap, s.caps[provider.CapBootstrap], s.p.HasPart(provider.PartBootstrap))
 	}
+	// The optional interfaces are checked on the Stack subtest's real stack and machines (a
+	// provider may refuse to build them from empty Base values).
 }
 
 // Credential: a good credential authenticates, a bad one is refused with the provider's reason.
 func (s *suite) testCredential(t *testing.T) {
-	if !hasPart(s.p, partCredential) {
+	if !s.p.HasPart(provider.PartCredential) {
 		if len(s.c.GoodCredential) > 0 {
 			t.Fatalf("Config.GoodCredential is set but provider %s takes no credential", s.p.Name)
 		}
@@ -134,9 +160,13 @@ func (s *suite) testCredential(t *testing.T) {
 // Bootstrap: the credential's bootstrap builds; applying the bootstrap templates again to the
 // same Terraform state gives the same outputs and changes no resource.
 func (s *suite) testBootstrap(t *testing.T) {
-	s.needCap(t, provider.CapBootstrap)
 	if s.goodCred == "" {
-		t.Skip("needs the good credential, which the Credential subtest did not add")
+		t.Skip("needs the good credential (a provider without credentials has no bootstrap)")
+	}
+	if !s.caps[provider.CapBootstrap] {
+		_, err := s.cl.CredentialBootstrap(t.Context(), api.CredentialBootstrapParams{CredentialID: s.goodCred})
+		wantCode(t, "credential.bootstrap of a provider without bootstrap", err, kite.ErrState)
+		t.Skipf("provider %s does not advertise %q", s.p.Name, provider.CapBootstrap)
 	}
 	res, err := s.cl.CredentialBootstrap(t.Context(), api.CredentialBootstrapParams{CredentialID: s.goodCred})
 	if err != nil {
@@ -179,7 +209,7 @@ func (s *suite) testBootstrap(t *testing.T) {
 		return out
 	}
 	before := snapshot()
-	cred, err := decodePart(t.Context(), s.p, partCredential, s.c.GoodCredential)
+	cred, err := s.p.DecodePart(t.Context(), provider.PartCredential, s.c.GoodCredential, nil)
 	if err != nil {
 		t.Fatalf("decode the good credential: %v", err)
 	}
@@ -282,7 +312,7 @@ func (s *suite) testStack(t *testing.T) {
 	params := api.StackPlanParams{TemplateID: tp.ID, Title: "conformance"}
 	if s.goodCred != "" {
 		params.Credentials = map[string]string{s.p.Name: s.goodCred}
-	} else if hasPart(s.p, partCredential) {
+	} else if s.p.HasPart(provider.PartCredential) {
 		t.Skip("needs the good credential, which the Credential subtest did not add")
 	}
 	created, err := s.cl.StackCreate(t.Context(), params)
@@ -324,7 +354,14 @@ func (s *suite) testStack(t *testing.T) {
 	if left := s.c.Leftovers(t); len(left) <= len(s.bootstrapLeft) {
 		t.Errorf("Leftovers with the stack built: %v: it does not see the machines (Destroy cannot check anything)", left)
 	}
-	// What a real machine implements is what the provider advertises.
+	// What the real stack and machines implement is what the provider advertises.
+	st, err := s.p.Stack(&provider.BaseStack{Provider: s.p, StackID: s.stackID, Team: team, Owner: user, Log: testutil.Logger(t)})
+	if err != nil {
+		t.Fatalf("the provider's Stack: %v", err)
+	}
+	if _, isCV := st.(provider.ConstraintsValidator); s.caps[provider.CapConstraints] && !isCV {
+		t.Errorf("provider %s advertises %q, but its stack does not implement it", s.p.Name, provider.CapConstraints)
+	}
 	for _, m := range s.machines {
 		pm, err := s.p.Machine(s.base(t, m))
 		if err != nil {
@@ -450,7 +487,7 @@ func (s *suite) testInvalidInputs(t *testing.T) {
 	if _, err := s.cl.ProviderDescribe(ctx, api.ProviderDescribeParams{Provider: "no-such-provider"}); !errors.Is(err, kite.ErrNotFound) {
 		t.Errorf("provider.describe of an unknown provider: %v, want %v", err, kite.ErrNotFound)
 	}
-	if !hasPart(s.p, partCredential) {
+	if !s.p.HasPart(provider.PartCredential) {
 		add("credential.add for a provider without credentials", s.p.Name, `{"x":1}`, kite.ErrInvalidParams, s.p.Name)
 	} else {
 		add("credential.add with data that is not a JSON object", s.p.Name, `"just a string"`, kite.ErrInvalidParams, "JSON object")
@@ -462,7 +499,7 @@ func (s *suite) testInvalidInputs(t *testing.T) {
 		unknown["noSuchFieldXyz"] = "x"
 		b, _ := json.Marshal(unknown)
 		add("credential.add with an unknown field", s.p.Name, string(b), kite.ErrInvalidParams, "noSuchFieldXyz")
-		for _, f := range requiredFields(s.p, partCredential) {
+		for _, f := range requiredFields(s.p, provider.PartCredential) {
 			missing := maps.Clone(good)
 			delete(missing, f)
 			b, _ := json.Marshal(missing)
@@ -481,8 +518,14 @@ func (s *suite) testInvalidInputs(t *testing.T) {
 	wantCode(t, "machine.start of a running machine", err, kite.ErrState)
 	_, err = s.cl.MachineInfo(ctx, api.MachineRef{MachineID: "no-such-machine"})
 	wantCode(t, "machine.info of an unknown machine", err, kite.ErrNotFound)
-	// TODO(S): a provider that does not advertise stop (or start): machine.stop is refused with
-	// kite.ErrState (provider.ErrUnsupported) and the machine keeps running.
+	// What the provider does not advertise, kloud refuses (-32005) without asking it.
+	if !s.caps[provider.CapStop] {
+		_, err = s.cl.MachineStop(ctx, api.MachineRef{MachineID: m.ID})
+		wantCode(t, "machine.stop of a provider without stop", err, kite.ErrState)
+		if got := s.list(t)[m.Label]; got.State != provider.Running {
+			t.Errorf("machine %s after a refused machine.stop: %s", m.Label, got.State)
+		}
+	}
 }
 
 // Destroy: stack destroy leaves none of the stack; with the bootstrap destroyed, nothing at all.
@@ -517,3 +560,5 @@ func (s *suite) testDestroy(t *testing.T) {
 		return len(left) == 0
 	}, "after destroy the provider still has %v", left)
 }
+
+func isNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
