@@ -245,7 +245,7 @@ func (s *suite) waitPlugin(t *testing.T, reg *provider.Registry) *provider.Provi
 	if p.Kind != provider.KindPlugin {
 		t.Fatalf("provider %s is %q, not a plugin: the name is an in-tree provider's", s.c.Name, p.Kind)
 	}
-	t.Logf("plugin %s %s launched and registered: %s", s.c.Name, p.Version, since(t0))
+	t.Logf("plugin %s (version %q) launched and registered (waited %s)", s.c.Name, p.Version, since(t0))
 	return p
 }
 
