@@ -8,9 +8,10 @@
 //
 // # The subtests
 //
-//   - Describe: provider.describe names the provider and its resource type, it is available,
-//     its credential and bootstrap fields are well formed, and its capabilities agree with the
-//     optional interfaces it implements.
+//   - Describe: provider.describe names the provider, its kind and resource type; it is
+//     available; every schema part is a JSON Schema 2020-12 of an object, agreeing with the
+//     field lists, and the test credentials fit the credential's; its capabilities are the
+//     provider's (Provider.Caps) and bootstrap goes with a bootstrap part.
 //   - Credential: a good credential authenticates; a bad one is refused with the provider's
 //     reason (Config.BadReason). Skipped for a provider that takes no credential.
 //   - Bootstrap: credential.bootstrap builds the credential's shared resources; bootstrapping
@@ -29,8 +30,9 @@
 //   - Destroy: stack destroy removes the machines, their agents and, with the credential's
 //     bootstrap destroyed, everything (Config.Leftovers is empty).
 //
-// A subtest skips only when the provider does not advertise the capability it needs; the suite
-// checks that what a provider advertises is what it does. Subtests after Stack need the stack:
+// A subtest skips only when the provider does not advertise the capability it needs (kloud must
+// then refuse the method with -32005, which the suite checks); what a provider advertises is
+// checked against what its real stack and machines implement. Subtests after Stack need the stack:
 // if Stack fails, they are skipped (the failure is Stack's).
 //
 // # Running it
@@ -74,8 +76,20 @@
 // than kloud's sets Config.Kloud.KlientBin (the suite builds ./cmd/klient of the module it runs
 // in).
 //
-// A plugin provider (a kloud-provider-NAME binary, provider/plugin) sets Config.Plugin and
-// Config.Name instead of Config.Provider; everything else is the same.
-// TODO(P2/E): the plugin harness (Config.Plugin) waits for provider/plugin and kloud's plugin
-// launcher; until then Run fails a Config with Plugin set, saying so.
+// A plugin provider (a kloud-provider-NAME binary whose main calls plugin.Serve) sets
+// Config.Plugin (the binary's path, e.g. testutil.BuildBinary's) and Config.Name instead of
+// Config.Provider; everything else is the same. The suite copies the binary into the test
+// kloud's plugin directory, kloud's launcher starts it (sandboxed as uid 65534, with its state
+// directory <data dir>/plugin-state/NAME: set Config.Kloud.DataDir to find its machines from
+// the hooks; Config.Kloud.Plugins changes the launcher's options), the suite waits for it to
+// register and then tests kloud's proxy of it, over the plugin's connection. A provider best
+// runs the suite both ways (examples/provider-example does):
+//
+//	t.Run("Plugin", func(t *testing.T) {
+//		data := t.TempDir()
+//		c := config(filepath.Join(data, "plugin-state", "mycloud"))
+//		c.Plugin, c.Name = testutil.BuildBinary(t, "./cmd/kloud-provider-mycloud"), "mycloud"
+//		c.Kloud.DataDir = data
+//		providertest.Run(t, c)
+//	})
 package providertest
