@@ -374,10 +374,10 @@ func (s *suite) testStack(t *testing.T) {
 			case s.caps[c] && !has:
 				t.Errorf("provider %s advertises %q, but machine %s does not implement it", s.p.Name, c, m.Label)
 			case has && !s.caps[c] && s.p.Capabilities == nil:
-				// Derived capabilities probe an empty BaseMachine, which a provider may refuse (local
-				// needs the id attribute). TODO(S): an error once such providers set
+				// Derived capabilities probe a machine built from an empty BaseMachine, which a
+				// provider may refuse (local needs the id attribute): it must then set
 				// Provider.Capabilities.
-				t.Logf("WARNING: machine %s implements %q but provider %s does not advertise it: kloud will not use it", m.Label, c, s.p.Name)
+				t.Errorf("machine %s implements %q but provider %s does not advertise it, so kloud never uses it: its Machine refuses an empty BaseMachine, so set Provider.Capabilities", m.Label, c, s.p.Name)
 			}
 		}
 		if isCL && s.caps[provider.CapConsoleLog] {
