@@ -13,19 +13,31 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/providertest"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
 // The dummy provider passes the conformance suite: its machines are klient processes on this
-// host, each with a directory of its own (Dir/<stack>/<label>) as its root.
+// host, each with a directory of its own (Dir/<stack>/<label>) as its root. Advertising less
+// (no stop), it passes too: kloud refuses machine.stop (-32005) and the suite skips what needs
+// it.
 func TestConformance(t *testing.T) {
+	t.Run("All", func(t *testing.T) { conformance(t, nil) })
+	t.Run("NoStop", func(t *testing.T) {
+		conformance(t, []provider.Capability{provider.CapStart, provider.CapInfo, provider.CapConsoleLog, provider.CapBootstrap})
+	})
+}
+
+func conformance(t *testing.T, caps []provider.Capability) {
 	dir := filepath.Join(t.TempDir(), "machines")
 	root := func(m providertest.Machine) string { return filepath.Join(dir, m.StackID, m.Label) }
 	t.Cleanup(func() { killMachines(dir) })
+	p := dummy.New(dummy.Options{Dir: dir, Logger: testutil.Logger(t)})
+	p.Capabilities = caps
 	providertest.Run(t, providertest.Config{
-		Provider:       dummy.New(dummy.Options{Dir: dir, Logger: testutil.Logger(t)}),
+		Provider:       p,
 		GoodCredential: json.RawMessage(`{"token":"s3cret-token"}`),
 		BadCredential:  json.RawMessage(`{"token":"invalid"}`),
 		BadReason:      "the API rejected the token",
