@@ -24,8 +24,13 @@ import (
 // (no stop), it passes too: kloud refuses machine.stop (-32005) and the suite skips what needs
 // it.
 func TestConformance(t *testing.T) {
-	t.Run("All", func(t *testing.T) { conformance(t, nil) })
+	// Independent (a kloud and machines each): in parallel, as most of their time is waiting.
+	t.Run("All", func(t *testing.T) {
+		t.Parallel()
+		conformance(t, nil)
+	})
 	t.Run("NoStop", func(t *testing.T) {
+		t.Parallel()
 		conformance(t, []provider.Capability{provider.CapStart, provider.CapInfo, provider.CapConsoleLog, provider.CapBootstrap})
 	})
 }
