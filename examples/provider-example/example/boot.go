@@ -1,0 +1,276 @@
+package example
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// The provider's HTTP service: what the generated terraform_data resources call with curl
+// (see stack.go). kloud serves it at /provider/<name>/ on its own HTTP server; for a plugin,
+// kloud forwards the request over the plugin's connection. It authenticates every request
+// itself, with the build's token.
+
+// claims is what a build's token says: the stack, what kloud rendered for each of its machines
+// (by label), and until when it may boot them (unix seconds).
+type claims struct {
+	Stack    string              `json:"stack"`
+	Machines map[string]bootSpec `json:"machines"`
+	Exp      int64               `json:"exp"`
+}
+
+// bootSpec is one machine of a token.
+type bootSpec struct {
+	Script   string `json:"script"` // sha256 of the provisioning script kloud rendered
+	Owner    string `json:"owner"`
+	Hostname string `json:"hostname"`
+	Network  string `json:"network,omitempty"`
+}
+
+const tokenPrefix = "ex1."
+
+var errToken = errors.New("invalid token")
+
+// tokenKey returns the HMAC key, kept in Dir (mode 0600) so tokens outlive a restart: a stack is
+// destroyed long after it was built.
+func (e *example) tokenKey() ([]byte, error) {
+	e.keyOnce.Do(func() {
+		if e.keyErr = e.available(); e.keyErr != nil {
+			return
+		}
+		path := filepath.Join(e.o.Dir, "token.key")
+		key := make([]byte, 32)
+		rand.Read(key)
+		// O_EXCL: the first writer wins, everyone else reads its key.
+		if err := os.WriteFile(path+".new", key, 0o600); err == nil {
+			if err := os.Link(path+".new", path); err != nil && !errors.Is(err, fs.ErrExist) {
+				e.keyErr = fmt.Errorf("example: token key: %w", err)
+			}
+			os.Remove(path + ".new")
+		}
+		if e.keyErr == nil {
+			e.key, e.keyErr = os.ReadFile(path)
+		}
+		if e.keyErr == nil && len(e.key) != 32 {
+			e.keyErr = fmt.Errorf("example: token key %s has %d bytes, want 32", path, len(e.key))
+		}
+	})
+	return e.key, e.keyErr
+}
+
+func (e *example) mint(c claims) (string, error) {
+	key, err := e.tokenKey()
+	if err != nil {
+		return "", err
+	}
+	body, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	payload := base64.RawURLEncoding.EncodeToString(body)
+	return tokenPrefix + payload + "." + base64.RawURLEncoding.EncodeToString(mac(key, payload)), nil
+}
+
+// verify checks a token's signature and, for a boot, that it has not expired (a destroy
+// accepts an expired token of its stack).
+func (e *example) verify(token string, checkExp bool) (*claims, error) {
+	key, err := e.tokenKey()
+	if err != nil {
+		return nil, err
+	}
+	payload, sig, ok := strings.Cut(strings.TrimPrefix(token, tokenPrefix), ".")
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if !ok || !strings.HasPrefix(token, tokenPrefix) || err != nil || !hmac.Equal(got, mac(key, payload)) {
+		return nil, errToken
+	}
+	body, err := base64.RawURLEncoding.DecodeString(payload)
+	var c claims
+	if err != nil || json.Unmarshal(body, &c) != nil || !validName(c.Stack) {
+		return nil, errToken
+	}
+	if checkExp && time.Now().Unix() >= c.Exp {
+		return nil, errors.New("token expired: build the stack again")
+	}
+	return &c, nil
+}
+
+func mac(key []byte, payload string) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(tokenPrefix + payload))
+	return h.Sum(nil)
+}
+
+func sum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// nameRe is what a stack id or machine label must look like to be a directory name.
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+
+func validName(s string) bool { return nameRe.MatchString(s) && s != "." && s != ".." }
+
+func (e *example) handler() http.Handler {
+	mux := http.NewServeMux()
+	p := provider.HandlerPrefix(e.o.Name) + "v1/machines/{stack}/{machine}/"
+	mux.HandleFunc("POST "+p+"boot", e.serveBoot)
+	mux.HandleFunc("POST "+p+"destroy", e.serveDestroy)
+	return mux
+}
+
+// authorize checks the request's token against the machine it names, or writes the refusal.
+func (e *example) authorize(w http.ResponseWriter, r *http.Request, boot bool) (*claims, string, bool) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		httpError(w, http.StatusUnauthorized, errors.New("no bearer token"))
+		return nil, "", false
+	}
+	c, err := e.verify(strings.TrimSpace(tok), boot)
+	if err != nil {
+		httpError(w, http.StatusUnauthorized, err)
+		return nil, "", false
+	}
+	label := r.PathValue("machine")
+	if _, ok := c.Machines[label]; !ok || r.PathValue("stack") != c.Stack {
+		httpError(w, http.StatusForbidden, fmt.Errorf("machine %s/%s is not one of this token's build", r.PathValue("stack"), label))
+		return nil, "", false
+	}
+	return c, label, true
+}
+
+func (e *example) serveBoot(w http.ResponseWriter, r *http.Request) {
+	c, label, ok := e.authorize(w, r, true)
+	if !ok {
+		return
+	}
+	script, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4<<20))
+	if err != nil {
+		httpError(w, http.StatusBadRequest, fmt.Errorf("read script: %w", err))
+		return
+	}
+	if sum(script) != c.Machines[label].Script {
+		httpError(w, http.StatusForbidden, fmt.Errorf("machine %s: not the script kloud rendered for it", label))
+		return
+	}
+	// The boot outlives the request if curl gives up; it returns once provisioning runs.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Minute)
+	defer cancel()
+	if err := e.boot(ctx, c.Stack, label, c.Machines[label], script); err != nil {
+		e.o.Logger.Warn("boot", "stack", c.Stack, "machine", label, "err", err)
+		httpError(w, http.StatusInternalServerError, err)
+		return
+	}
+	e.o.Logger.Info("booted", "stack", c.Stack, "machine", label)
+	writeJSON(w, http.StatusOK, map[string]any{"machine": label, "booted": true})
+}
+
+func (e *example) serveDestroy(w http.ResponseWriter, r *http.Request) {
+	c, label, ok := e.authorize(w, r, false)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
+	defer cancel()
+	if err := e.destroy(ctx, c.Stack, label); err != nil {
+		httpError(w, http.StatusInternalServerError, err)
+		return
+	}
+	e.o.Logger.Info("destroyed", "stack", c.Stack, "machine", label)
+	writeJSON(w, http.StatusOK, map[string]any{"machine": label, "destroyed": true})
+}
+
+// boot powers on a fresh machine: it lays down its "image" (an account for the owner, so the
+// agent's terminal has a login shell, and the host name and network), then runs kloud's
+// provisioning script with bash, which returns as soon as provisioning runs in the background.
+// A machine booted again (Terraform replaced it) starts from scratch; a failed boot leaves
+// nothing behind.
+func (e *example) boot(ctx context.Context, stackID, label string, spec bootSpec, script []byte) (err error) {
+	dir := e.dir(stackID, label)
+	defer e.lock(dir)()
+	if err := destroyDir(ctx, dir); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			destroyDir(context.WithoutCancel(ctx), dir)
+		}
+	}()
+	home := filepath.Join(dir, "home", spec.Owner)
+	// The owner's account has the provider's own uid: klient, which runs as that user, can
+	// start the owner's shells without root.
+	passwd := fmt.Sprintf("%s:x:%d:%d:%s:%s:/bin/bash\n", spec.Owner, os.Geteuid(), os.Getegid(), spec.Owner, home)
+	files := map[string]string{
+		"etc/passwd":                  passwd,
+		"etc/group":                   fmt.Sprintf("%s:x:%d:\n", spec.Owner, os.Getegid()),
+		"etc/hostname":                spec.Hostname + "\n",
+		"etc/kloud-example/network":   spec.Network + "\n",
+		"var/lib/cloud/user-data.txt": string(script), // what ran, as cloud-init keeps it
+	}
+	for name, content := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			return fmt.Errorf("boot %s: %w", label, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			return fmt.Errorf("boot %s: %w", label, err)
+		}
+	}
+	if err := os.MkdirAll(home, 0o755); err != nil {
+		return fmt.Errorf("boot %s: %w", label, err)
+	}
+	cmd := exec.CommandContext(ctx, "/bin/bash", filepath.Join(dir, "var/lib/cloud/user-data.txt"))
+	cmd.Dir, cmd.Env = dir, machineEnv(dir, home)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("boot %s: %w: %s", label, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// destroy kills the machine's processes and removes its disk (and its stack's directory once
+// empty). Destroying a machine that is not there succeeds.
+func (e *example) destroy(ctx context.Context, stackID, label string) error {
+	dir := e.dir(stackID, label)
+	defer e.lock(dir)()
+	if err := destroyDir(ctx, dir); err != nil {
+		return fmt.Errorf("destroy %s: %w", label, err)
+	}
+	os.Remove(filepath.Dir(dir)) // fails while the stack has other machines
+	return nil
+}
+
+func destroyDir(ctx context.Context, dir string) error {
+	if err := stopMachine(ctx, dir); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+func httpError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
