@@ -236,8 +236,8 @@ func TestExampleInProcess(t *testing.T) {
 	// The agent's terminal opens; what is written to the disk survives stop and start.
 	vm0 := ms["vm.0"]
 	term := e.terminal(vm0.ID)
-	term.Type(t, "echo kept-$((6*7)) > ~/kept.txt && echo written\r")
-	term.WaitFor(t, "written")
+	term.Type(t, "echo kept-$((6*7)) > ~/kept.txt && echo written-$((2+3))\r")
+	term.WaitFor(t, "written-5") // not in the echo of what was typed: the command ran
 	e.succeed(e.alice.MachineStop(ctx, api.MachineRef{MachineID: vm0.ID}))
 	info, err := e.alice.MachineInfo(ctx, api.MachineRef{MachineID: vm0.ID})
 	if err != nil || info.InfraState != provider.Stopped {
@@ -250,6 +250,7 @@ func TestExampleInProcess(t *testing.T) {
 	term = e.terminal(vm0.ID)
 	t.Cleanup(func() {
 		if t.Failed() {
+			t.Logf("terminal open %v, notices %q", term.Open(), term.Notices())
 			b, _ := os.ReadFile(filepath.Join(e.dir, "machines", sid, "vm.0", "var/log/kloud/klient.log"))
 			t.Logf("vm.0's klient log:\n%s", b)
 		}
