@@ -1,0 +1,31 @@
+// Command kloud-provider-example is the example provider (package example) as a kloud plugin:
+// kloud starts it from its plugin directory (or you start it anywhere with a provider key), it
+// dials kloud and serves the provider over that connection.
+//
+//	go build -o kloud-provider-example ./examples/provider-example
+//	kloud provider install ./kloud-provider-example
+//
+// Copy this directory to start your own provider: main stays this small.
+package main
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/kloud-dev/kloud/examples/provider-example/example"
+	"github.com/kloud-dev/kloud/provider/plugin"
+)
+
+func main() {
+	// kloud gives a plugin it launches a directory of its own to write; a plugin started by hand
+	// (remote) keeps its machines in the home directory.
+	dir := os.Getenv(plugin.EnvStateDir)
+	if dir == "" {
+		home, _ := os.UserHomeDir()
+		dir = filepath.Join(home, ".kloud-provider-example")
+	}
+	// Whatever the plugin writes to stderr ends up in kloud's log, tagged with its name.
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	plugin.Serve(example.New(example.Options{Dir: dir, Logger: log}))
+}
