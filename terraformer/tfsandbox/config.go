@@ -45,6 +45,11 @@ type Config struct {
 	GID int `json:"gid,omitempty"`
 	// Insecure: exec terraform directly, without namespaces or privilege drop (development only).
 	Insecure bool `json:"insecure,omitempty"`
+	// PTY gives the sandbox terminals of its own: a private devpts instance at /dev/pts (new
+	// instance: none of the host's terminals are visible) and /dev/ptmx. For a program that
+	// opens pseudo-terminals, such as a provider plugin whose machines' agents serve web
+	// terminals; terraform does not need it.
+	PTY bool `json:"pty,omitempty"`
 }
 
 func (c *Config) defaults() {

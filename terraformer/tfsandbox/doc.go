@@ -24,7 +24,7 @@
 // init makes every mount private, builds a new root on a tmpfs and pivots into it. The root holds
 // only read-only binds of /usr, /bin, /sbin, /lib, /lib32, /lib64 and /etc (symlinks, as on a
 // merged-/usr host, are recreated as symlinks), a fresh /proc, a minimal /dev (null, zero, full,
-// random, urandom, tty), an empty tmpfs /tmp, and at their host paths: the terraform binary, the
+// random, urandom, tty; with Config.PTY also /dev/ptmx and a private /dev/pts), an empty tmpfs /tmp, and at their host paths: the terraform binary, the
 // Terraform CLI config file, the provider mirror directories and plugin cache it names, extra
 // read-only paths of the configuration, and the run's work directory, read-write. Nothing else
 // of the host is there: not kloud's or terraformer's data directories (other stacks' state and

@@ -141,7 +141,7 @@ func buildRoot(cfg *Config) error {
 	if err := unix.Mount("proc", root+"/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
 	}
-	if err := buildDev(root + "/dev"); err != nil {
+	if err := buildDev(root+"/dev", cfg.PTY); err != nil {
 		return err
 	}
 	if err := os.Mkdir(root+"/tmp", 0o1777); err != nil {
@@ -186,7 +186,7 @@ func buildRoot(cfg *Config) error {
 	return nil
 }
 
-func buildDev(dev string) error {
+func buildDev(dev string, pty bool) error {
 	if err := os.Mkdir(dev, 0o755); err != nil {
 		return err
 	}
@@ -204,6 +204,18 @@ func buildDev(dev string) error {
 	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
 		if err := os.Symlink(target, filepath.Join(dev, name)); err != nil {
+			return err
+		}
+	}
+	if pty {
+		// A new devpts instance: the sandbox's own terminals, none of the host's; ptmx opens it.
+		if err := os.Mkdir(filepath.Join(dev, "pts"), 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+			return fmt.Errorf("mount /dev/pts: %w", err)
+		}
+		if err := os.Symlink("pts/ptmx", filepath.Join(dev, "ptmx")); err != nil {
 			return err
 		}
 	}
