@@ -19,7 +19,8 @@ package kloud
 // plugin as PluginOptions.UID/GID (default 65534, nobody) with no capabilities, in its own pid,
 // mount, ipc and uts namespaces, seeing only the system's read-only directories, the plugin
 // binary's directory (read-only) and its own state directory <data dir>/plugin-state/NAME
-// (read-write, owned by that uid): not kloud's data directory, keys or store. Its environment is
+// (read-write, owned by that uid), with terminals of its own (a private devpts: the example
+// provider's machines serve web terminals): not kloud's data directory, keys or store. Its environment is
 // only PATH and
 //
 //	KLOUD_PLUGIN_URL        kloud's kite endpoint on loopback (ws://127.0.0.1:PORT/kite)
@@ -463,8 +464,10 @@ func (l *launcher) runOnce(p *launched) (exit, err error) {
 		return nil, fmt.Errorf("mint the plugin's key: %w", err)
 	}
 	run := "plugin-" + p.name + "-" + randomHex(8)
+	// PTY: a provider's machines may be processes of the plugin whose agents serve terminals
+	// (the example provider's); the sandbox's own devpts, none of the host's terminals.
 	cfg := tfsandbox.Config{Terraform: p.bin, WorkDir: state, ReadOnly: []string{filepath.Dir(p.bin)},
-		UID: l.o.UID, GID: l.o.GID, Insecure: unsandboxed}
+		UID: l.o.UID, GID: l.o.GID, Insecure: unsandboxed, PTY: true}
 	senv, err := cfg.Env(run)
 	if err != nil {
 		return nil, err
