@@ -44,20 +44,46 @@ type env struct {
 	alice *api.Client
 }
 
-func newEnv(t *testing.T) *env {
+// newEnv starts kloud with the example in its process or, with plugin, as the plugin binary
+// kloud-provider-example that kloud's launcher starts from its plugin directory (sandboxed, as
+// uid 65534: the machines' agents and their terminals' shells run as that user).
+func newEnv(t *testing.T, plugin bool) *env {
 	t.Helper()
 	testutil.RequireBinary(t, "curl")
 	testutil.RequireBinary(t, "bash")
+	o := kloudtest.Options{Providers: provider.NewRegistry(), KlientBin: testutil.BuildBinary(t, "./cmd/klient"), DataDir: t.TempDir()}
 	dir := filepath.Join(t.TempDir(), "state")
-	reg := provider.NewRegistry()
-	reg.Register(example.New(example.Options{Dir: dir, Logger: testutil.Logger(t)}))
-	k := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
+	if plugin {
+		dir = filepath.Join(o.DataDir, "plugin-state", "example") // the launcher's state dir for it
+		o.PluginDir = filepath.Join(t.TempDir(), "plugins")
+		bin, err := os.ReadFile(testutil.BuildBinary(t, "./examples/provider-example"))
+		if err == nil {
+			err = os.MkdirAll(o.PluginDir, 0o755)
+		}
+		if err == nil {
+			err = os.WriteFile(filepath.Join(o.PluginDir, "kloud-provider-example"), bin, 0o755)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		o.Providers.Register(example.New(example.Options{Dir: dir, Logger: testutil.Logger(t)}))
+	}
+	k := kloudtest.Start(t, o)
+	e := &env{Env: k, t: t, dir: dir}
+	t.Cleanup(e.killLeftovers)
+	if plugin {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		if err := k.Server.PluginHost().Wait(ctx, "example"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	k.StartTerraformer()
 	if _, err := k.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam, Password: "alice-password"}); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{Env: k, t: t, dir: dir, alice: k.Client("alice")}
-	t.Cleanup(e.killLeftovers)
+	e.alice = k.Client("alice")
 	return e
 }
 
@@ -172,13 +198,19 @@ resource "terraform_data" "vm" {
 }
 `
 
-// The example provider in-process through a whole life: credentials verified (a good one
-// accepted, one above the host's capacity refused with the provider's reason, an invalid one
-// refused at add), the team's network bootstrapped twice with the same id, a 2-machine stack
-// built to Running with both agents connected, a terminal opened, a file written there kept
-// across stop and start, and destroy leaving no directory and no process.
-func TestExampleInProcess(t *testing.T) {
-	e := newEnv(t)
+// The example provider through a whole life, in kloud's process and as a plugin: credentials
+// verified (a good one accepted, one above the host's capacity refused with the provider's
+// reason, an invalid one refused at add), the team's network bootstrapped twice with the same
+// id, a 2-machine stack built to Running with both agents connected, a terminal opened, a file
+// written there kept across stop and start, a machine whose processes died behind kloud's back
+// reported Stopped and started again, and destroy leaving no directory and no process.
+func TestExample(t *testing.T) {
+	t.Run("InProcess", func(t *testing.T) { testExample(t, false) })
+	t.Run("Plugin", func(t *testing.T) { testExample(t, true) })
+}
+
+func testExample(t *testing.T, plugin bool) {
+	e := newEnv(t, plugin)
 	ctx := t.Context()
 
 	if _, err := e.alice.CredentialAdd(ctx, api.CredentialAddParams{Provider: "example", Title: "bad", Data: json.RawMessage(`{"label":"Not OK","maxMachines":2}`)}); err == nil || !strings.Contains(err.Error(), "lowercase") {
