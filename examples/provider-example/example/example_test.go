@@ -54,7 +54,9 @@ func newEnv(t *testing.T, plugin bool) *env {
 	o := kloudtest.Options{Providers: provider.NewRegistry(), KlientBin: testutil.BuildBinary(t, "./cmd/klient"), DataDir: t.TempDir()}
 	dir := filepath.Join(t.TempDir(), "state")
 	if plugin {
-		dir = filepath.Join(o.DataDir, "plugin-state", "example") // the launcher's state dir for it
+		testutil.RequireRoot(t) // the plugin's sandbox
+		// The launcher gives the plugin the state directory <data dir>/plugin-state/example.
+		dir = filepath.Join(o.DataDir, "plugin-state", "example")
 		o.PluginDir = filepath.Join(t.TempDir(), "plugins")
 		bin, err := os.ReadFile(testutil.BuildBinary(t, "./examples/provider-example"))
 		if err == nil {
