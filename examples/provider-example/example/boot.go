@@ -52,28 +52,35 @@ var errToken = errors.New("invalid token")
 // tokenKey returns the HMAC key, kept in Dir (mode 0600) so tokens outlive a restart: a stack is
 // destroyed long after it was built.
 func (e *example) tokenKey() ([]byte, error) {
-	e.keyOnce.Do(func() {
-		if e.keyErr = e.available(); e.keyErr != nil {
-			return
-		}
-		path := filepath.Join(e.o.Dir, "token.key")
-		key := make([]byte, 32)
-		rand.Read(key)
-		// O_EXCL: the first writer wins, everyone else reads its key.
-		if err := os.WriteFile(path+".new", key, 0o600); err == nil {
-			if err := os.Link(path+".new", path); err != nil && !errors.Is(err, fs.ErrExist) {
-				e.keyErr = fmt.Errorf("example: token key: %w", err)
-			}
-			os.Remove(path + ".new")
-		}
-		if e.keyErr == nil {
-			e.key, e.keyErr = os.ReadFile(path)
-		}
-		if e.keyErr == nil && len(e.key) != 32 {
-			e.keyErr = fmt.Errorf("example: token key %s has %d bytes, want 32", path, len(e.key))
-		}
-	})
-	return e.key, e.keyErr
+	e.keyMu.Lock()
+	defer e.keyMu.Unlock()
+	if e.key != nil {
+		return e.key, nil
+	}
+	if err := e.available(); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(e.o.Dir, "token.key")
+	key := make([]byte, 32)
+	rand.Read(key)
+	// Written aside, then linked into place: a link fails if the key exists, so the first writer
+	// wins and everyone reads its key.
+	if err := os.WriteFile(path+".new", key, 0o600); err != nil {
+		return nil, fmt.Errorf("example: token key: %w", err)
+	}
+	err := os.Link(path+".new", path)
+	os.Remove(path + ".new")
+	if err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("example: token key: %w", err)
+	}
+	if key, err = os.ReadFile(path); err != nil {
+		return nil, fmt.Errorf("example: token key: %w", err)
+	}
+	if len(key) != 32 {
+		return nil, fmt.Errorf("example: token key %s has %d bytes, want 32", path, len(key))
+	}
+	e.key = key
+	return key, nil
 }
 
 func (e *example) mint(c claims) (string, error) {

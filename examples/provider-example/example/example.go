@@ -153,9 +153,8 @@ func New(o Options) *provider.Provider {
 type example struct {
 	o Options
 
-	keyOnce sync.Once
-	key     []byte // the token key (see boot.go)
-	keyErr  error
+	keyMu sync.Mutex
+	key   []byte // the token key, read or made on first use (boot.go)
 
 	mu   sync.Mutex
 	busy map[string]*sync.Mutex // machine dir → held while it boots, starts, stops or is destroyed
