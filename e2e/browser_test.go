@@ -195,3 +195,30 @@ func httpStatus(t *testing.T, url string) int {
 	res.Body.Close()
 	return res.StatusCode
 }
+
+// TestBrowserPlugin is the example provider plugin (examples/provider-example) in the browser:
+// installed with `kloud provider install` into a kloud that launches it sandboxed, it is listed
+// on the providers page as a connected plugin with its capabilities; alice adds a credential
+// through the form built from the schema the plugin sent, authenticates and bootstraps it,
+// builds a stack of its machines, sees the machine Running with its agent connected and opens
+// its terminal. Screenshots in $KLOUD_ARTIFACTS/TestBrowserPlugin.
+func TestBrowserPlugin(t *testing.T) {
+	node, script, out := browserPrereqs(t)
+	e := newPluginEnv(t)
+	password := browserUsers(t, e)
+	e.run("provider", "install", testutil.BuildBinary(t, "./examples/provider-example"), "--name", "example", "--wait", "60s")
+	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_TERMINAL=1", "KLOUD_PLUGIN=1",
+		"KLOUD_PROVIDER=example", "KLOUD_MACHINE=vm.0", "KLOUD_PLUGIN_VERSION=0.1.0",
+		`KLOUD_CRED_FIELDS={"label":"browser","maxMachines":2}`,
+		`KLOUD_PLUGIN_FORM={"label":{"type":"text","required":true},"maxMachines":{"type":"number","min":"1","max":"16"}}`,
+		"KLOUD_TEMPLATE="+`resource "terraform_data" "vm" {
+  count = 1
+  input = "#!/bin/bash\necho ready"
+}
+`)
+	for _, f := range []string{"providers.png", "machines.png", "terminal.png"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatalf("no screenshot: %v", err)
+		}
+	}
+}

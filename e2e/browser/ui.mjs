@@ -15,6 +15,7 @@
 // Env: KLOUD_URL, KLOUD_USER, KLOUD_PASSWORD, KLOUD_ARTIFACTS (default ./artifacts),
 // KLOUD_TERMINAL (1: terminal steps), KLOUD_RESTART (1: restart steps), KLOUD_CHROMIUM (default /usr/bin/chromium),
 // KLOUD_SHARE_USER and KLOUD_SHARE_PASSWORD (a second user: share steps, with the terminal),
+// KLOUD_PLUGIN (1: the provider is a plugin: providers page and schema form steps),
 // KLOUD_PROVIDER (default dummy), KLOUD_CRED_FIELDS (JSON of field values, default
 // {"token":"abc123"}), KLOUD_TEMPLATE (template text).
 
@@ -261,6 +262,7 @@ async function credentialSteps() {
   });
 
   if (providerName === 'dummy') await dummySchemaSteps();
+  if (env.KLOUD_PLUGIN === '1') await pluginSteps();
 
   await step('authenticate and bootstrap the credential', async () => {
     const row = 'table.grid tr:has-text("browser cred")';
@@ -276,6 +278,41 @@ async function credentialSteps() {
     if (job.status !== 'succeeded') throw new Error(`bootstrap ${job.status}: ${job.text}`);
     await page.waitForSelector(`${row} .badge:has-text("done")`);
     return { bootstrap: job.status };
+  });
+}
+
+// pluginSteps (KLOUD_PLUGIN=1: the provider is a plugin kloud launched) checks the providers
+// page lists it as a connected plugin with its capabilities, and that its credential form comes
+// from the schema the plugin sent (KLOUD_PLUGIN_FORM: JSON of field id → {type, required, min,
+// max} the form must have).
+async function pluginSteps() {
+  await step('the providers page shows the plugin and what it can do', async () => {
+    await page.goto(base + '/#/providers');
+    const row = `tr[data-provider="${providerName}"]`;
+    await page.waitForSelector(row);
+    const text = (await page.textContent(row)).replace(/\s+/g, ' ').trim();
+    for (const want of ['plugin', 'connected', 'start', 'stop', 'info']) {
+      if (!text.includes(want)) throw new Error(`providers page row lacks ${want}: ${text}`);
+    }
+    if (text.includes('not connected')) throw new Error(`plugin shown not connected: ${text}`);
+    return { row: text, screenshot: await shot('providers.png') };
+  });
+  await step("the plugin's credential form comes from its schema", async () => {
+    await page.goto(base + '/#/credentials');
+    await page.waitForSelector('#cred-form');
+    await page.selectOption('#cred-provider', providerName);
+    const want = JSON.parse(env.KLOUD_PLUGIN_FORM || '{}');
+    const got = {};
+    for (const id of Object.keys(want)) {
+      got[id] = await page.evaluate((id) => {
+        const el = document.getElementById('cred-' + id);
+        return el && { type: el.type, required: el.required, min: el.min, max: el.max };
+      }, id);
+      for (const [k, v] of Object.entries(want[id])) {
+        if (!got[id] || got[id][k] !== v) throw new Error(`field ${id}: ${k} is ${got[id] && got[id][k]}, want ${v} (${JSON.stringify(got)})`);
+      }
+    }
+    return { form: got };
   });
 }
 

@@ -33,8 +33,9 @@ type Options struct {
 	// Key is the plugin key. Default: $KLOUD_PLUGIN_KEY, else the contents of the file named by
 	// $KLOUD_PLUGIN_KEY_FILE.
 	Key string
-	// Version is the plugin's own version, shown by `kloud provider list`. Default: the main
-	// module's version from the build info ("" for a development build).
+	// Version is the plugin's own version, shown by `kloud provider list`. Default: the
+	// provider's Version field, else the main module's version from the build info ("" for a
+	// development build).
 	Version string
 	// Logger. Default: text to stderr (a launched plugin's stderr goes to kloud's log).
 	Logger *slog.Logger
@@ -140,6 +141,9 @@ func Run(ctx context.Context, p *provider.Provider, o Options) error {
 	m, err := ManifestOf(p)
 	if err != nil {
 		return err
+	}
+	if o.Version == "" {
+		o.Version = p.Version
 	}
 	if err := o.defaults(); err != nil {
 		return err

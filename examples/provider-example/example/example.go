@@ -78,6 +78,9 @@ type Credential struct {
 	MaxMachines int `json:"maxMachines" kloud:"Max machines" default:"4" min:"1" max:"16" doc:"the most machines one stack may have"`
 }
 
+// Version is this provider's version: bump it with every release of the plugin.
+const Version = "0.1.0"
+
 var labelRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 
 // Valid checks a credential's values on their own (kloud calls it after decoding, before it
@@ -136,6 +139,8 @@ func New(o Options) *provider.Provider {
 		ResourceType: "terraform_data",
 		UserDataAttr: "input",
 		Description:  "example provider: machines are directories and processes on the provider's host",
+		// Version is the plugin's own version, shown by `kloud provider list`.
+		Version: Version,
 		Schema: provider.Schema{
 			NewCredential: func() any { return &Credential{} },
 			NewBootstrap:  func() any { return &Bootstrap{} },
