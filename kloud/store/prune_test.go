@@ -283,6 +283,7 @@ func TestProgressWriter(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// A new stage is written at once.
+	stageWritten := time.Now()
 	if err := w.Set(ctx, store.Progress{Percent: 70, Stage: "Checking", Message: "agents"}); err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +295,9 @@ func TestProgressWriter(t *testing.T) {
 	if err := w.Set(ctx, store.Progress{Percent: 80, Stage: "Checking", Message: "agents"}); err != nil {
 		t.Fatal(err)
 	}
-	if writes.Load() != before {
+	// (Only if the interval has not passed since the stage was written: on a loaded machine the
+	// get above may take longer, and then writing at once is right.)
+	if writes.Load() != before && time.Since(stageWritten) < 100*time.Millisecond {
 		t.Fatal("a value within the interval was written at once")
 	}
 	w.Stop()
