@@ -4,7 +4,8 @@
 # Idempotent; safe to run again (it only does what is missing). Caches under
 # ${KLOUD_CACHE:-/var/cache/kloud}:
 #   - Debian packages: cloud-init (schema checks), mmdebstrap (base image), iproute2, util-linux,
-#     curl, procps
+#     curl, procps, docker.io (the docker provider; tests start their own dockerd) and vagrant
+#     (the vagrant provider, driving Vagrant's docker provider)
 #   - terraform (the one on PATH, else built from source) and the offline provider mirror
 #     (scripts/tf-mirror.sh)
 #   - the Debian root filesystem local machines boot from (scripts/base-image.sh), when root
@@ -15,7 +16,7 @@ cache=${KLOUD_CACHE:-/var/cache/kloud}
 mkdir -p "$cache"
 log() { echo "setup: $*" >&2; }
 
-pkgs=(cloud-init mmdebstrap iproute2 util-linux curl procps ca-certificates)
+pkgs=(cloud-init mmdebstrap iproute2 util-linux curl procps ca-certificates docker.io vagrant)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -34,6 +35,8 @@ fi
 log "terraform and the offline provider mirror (with our kloudlocal provider)"
 scripts/tf-mirror.sh >/dev/null
 scripts/build-kloudlocal.sh >/dev/null
+log "the Docker Terraform provider (kreuzwerker/docker, built once and cached)"
+scripts/build-docker-provider.sh >/dev/null
 
 if [ "$(id -u)" = 0 ]; then
 	log "base image for local machines"
