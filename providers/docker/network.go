@@ -1,0 +1,82 @@
+package docker
+
+import (
+	"context"
+	"fmt"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+)
+
+// EnsureNetwork creates the machines' network (a bridge with Options.Subnet, its Linux bridge
+// named Options.Bridge) unless it exists, and checks that an existing one has that subnet.
+func (d *Docker) EnsureNetwork(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.netOK {
+		return nil
+	}
+	cli, err := d.Client()
+	if err != nil {
+		return err
+	}
+	check := func(n network.Inspect) error {
+		for _, c := range n.IPAM.Config {
+			if c.Subnet == d.opts.Subnet {
+				return nil
+			}
+		}
+		return fmt.Errorf("docker network %s exists without subnet %s (remove it, or configure the docker provider's network and subnet)", d.opts.Network, d.opts.Subnet)
+	}
+	res, err := cli.NetworkInspect(ctx, d.opts.Network, client.NetworkInspectOptions{})
+	if err == nil {
+		if err := check(res.Network); err != nil {
+			return err
+		}
+		d.netOK = true
+		return nil
+	}
+	if !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("inspect docker network %s: %w", d.opts.Network, err)
+	}
+	_, err = cli.NetworkCreate(ctx, d.opts.Network, client.NetworkCreateOptions{
+		Driver: "bridge",
+		IPAM:   &network.IPAM{Config: []network.IPAMConfig{{Subnet: d.opts.Subnet, Gateway: d.Gateway()}}},
+		Options: map[string]string{
+			"com.docker.network.bridge.name": d.opts.Bridge,
+		},
+		Labels: map[string]string{LabelInstance: d.instance},
+	})
+	if err != nil && !cerrdefs.IsConflict(err) {
+		return fmt.Errorf("create docker network %s (%s): %w", d.opts.Network, d.opts.Subnet, err)
+	}
+	d.netOK = true
+	return nil
+}
+
+// RemoveNetwork removes the machines' network if no container uses it (a kloud shutting down,
+// a test cleaning up). A network in use stays.
+func (d *Docker) RemoveNetwork(ctx context.Context) error {
+	cli, err := d.Client()
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.netOK = false
+	d.mu.Unlock()
+	res, err := cli.NetworkInspect(ctx, d.opts.Network, client.NetworkInspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(res.Network.Containers) > 0 {
+		return nil
+	}
+	if _, err := cli.NetworkRemove(ctx, d.opts.Network, client.NetworkRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("remove docker network %s: %w", d.opts.Network, err)
+	}
+	return nil
+}

@@ -1,0 +1,411 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	hcljson "github.com/hashicorp/hcl/v2/json"
+
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/userdata"
+)
+
+// GeneratedFile holds the docker provider's configuration and required_providers entry that
+// ApplyTemplate writes. User files may not use the name.
+const GeneratedFile = "kloud_docker.tf.json"
+
+// allowedArgs are the docker_container arguments and nested blocks a template may set: the
+// machine's size, its environment inside the container, and Terraform's meta-arguments. Every
+// other argument is refused, with the file and line: those that reach the host (privileged,
+// volumes, mounts, devices, capabilities, pid/ipc/userns/cgroupns modes, network_mode,
+// security_opts, sysctls, runtime, gpus, ports, log options, ...) and those kloud sets itself
+// (image, name, entrypoint, command, network, labels, upload, init, start, user, ...).
+var allowedArgs = map[string]bool{
+	"hostname": true, "domainname": true, "memory": true, "memory_swap": true, "cpus": true,
+	"cpu_shares": true, "cpu_set": true, "env": true, "working_dir": true, "restart": true,
+	"max_retry_count": true, "must_run": true, "stop_signal": true, "stop_timeout": true,
+	"destroy_grace_seconds": true, "shm_size": true, "tmpfs": true, "dns": true, "dns_opts": true,
+	"dns_search": true, "remove_volumes": true,
+	// kloud replaces these two with its own values; a template must still write them (the
+	// resource requires them), so any value is accepted.
+	"name": true, "image": true,
+	// Terraform's meta-arguments (for_each and provider are not: kloud's machines use count).
+	"count": true, "depends_on": true, "lifecycle": true,
+}
+
+// Variables ApplyTemplate declares (in tmpl.GeneratedFile) for resource res.
+func genVar(kind, res string) string { return "kloud_docker_" + kind + "_" + res }
+
+type stack struct {
+	d *Docker
+	b *provider.BaseStack
+}
+
+// VerifyCredential: the docker provider takes no credential; it checks that the daemon answers.
+func (s *stack) VerifyCredential(ctx context.Context, c *provider.Credential) error {
+	return s.d.Available()
+}
+
+// BootstrapTemplates: nothing to bootstrap.
+func (s *stack) BootstrapTemplates(ctx context.Context, c *provider.Credential) ([]*provider.Template, error) {
+	return nil, nil
+}
+
+// ApplyTemplate checks the stack's docker_container resources against allowedArgs and rewrites
+// them into kloud's machines: kloud's image, a container name of its own, the NoCloud seed and
+// the boot script uploaded into the container, kloud's network, and the labels kloud_stack,
+// kloud_machine, kloud_owner and kloud_instance. It writes the docker provider's configuration
+// (GeneratedFile): host = the Docker API proxy for this stack, from the sensitive variable
+// TokenVar.
+//
+// With no Machines (a destroy, or a refresh) it only configures the provider; the token then
+// reads, stops and removes the stack's containers but creates none.
+func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
+	b := s.b
+	if _, taken := b.Template.Files[GeneratedFile]; taken {
+		return nil, fmt.Errorf("template file %s: the name is reserved for kloud's generated provider configuration", GeneratedFile)
+	}
+	cfg, err := b.Template.Parsed()
+	if err != nil {
+		return nil, err
+	}
+	if len(b.Machines) == 0 && !slices.Contains(cfg.Providers(), TerraformName) && len(cfg.Resources(ResourceType)) == 0 {
+		return b.Template, nil // no docker machines in this stack
+	}
+	if err := CheckTemplate(b.Template.Files); err != nil {
+		return nil, err
+	}
+	for _, m := range b.Machines {
+		if err := checkPlanned(m); err != nil {
+			return nil, err
+		}
+	}
+	if s.d.opts.Endpoint == "" {
+		return nil, errors.New("docker provider: no endpoint of kloud's Docker API proxy configured (docker.Options.Endpoint)")
+	}
+	if err := s.d.Available(); err != nil {
+		return nil, err
+	}
+	for _, v := range cfg.Variables() {
+		if strings.HasPrefix(v.Name, "kloud_docker_") && v.File != tmpl.GeneratedFile {
+			return nil, fmt.Errorf("%s:%d: variable %q: names starting with kloud_docker_ are reserved for kloud", v.File, v.Line, v.Name)
+		}
+	}
+	if b.Template.Variables == nil {
+		b.Template.Variables = map[string]any{}
+	}
+	if len(b.Machines) > 0 {
+		image, err := s.d.ensureImage(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.d.EnsureNetwork(ctx); err != nil {
+			return nil, err
+		}
+		if err := s.rewriteMachines(ctx, cfg, image); err != nil {
+			return nil, err
+		}
+		if cfg, err = b.Template.Parsed(); err != nil {
+			return nil, err
+		}
+	}
+	if err := cfg.DeclareVariable(TokenVar, "string", true); err != nil {
+		return nil, err
+	}
+	files, err := configureProvider(cfg.Files())
+	if err != nil {
+		return nil, err
+	}
+	if cfg, err = tmpl.Parse(files); err != nil {
+		return nil, fmt.Errorf("docker provider produced an invalid template (a bug): %w", err)
+	}
+	if err := cfg.CheckSecretRefs([]string{TokenVar}); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	ids := make([]string, 0, len(b.Machines))
+	for _, m := range b.Machines {
+		ids = append(ids, m.ID)
+	}
+	tok, err := s.d.mintToken(b.StackID, ids)
+	if err != nil {
+		return nil, fmt.Errorf("docker provider: token: %w", err)
+	}
+	b.Template.Variables[TokenVar] = "tcp://" + strings.TrimPrefix(strings.TrimPrefix(strings.TrimSuffix(s.d.opts.Endpoint, "/"), "http://"), "tcp://") +
+		provider.HandlerPrefix(Name) + "v1/" + tok
+	b.Template.Files, b.Template.Config = files, cfg
+	return b.Template, nil
+}
+
+// rewriteMachines gives every docker_container of b.Machines kloud's settings (see ApplyTemplate).
+func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image string) error {
+	b := s.b
+	byRes := map[string][]*provider.MachineSpec{}
+	for _, m := range b.Machines {
+		byRes[m.Resource] = append(byRes[m.Resource], m)
+	}
+	for _, res := range slices.Sorted(maps.Keys(byRes)) {
+		ms := byRes[res]
+		sort.Slice(ms, func(i, j int) bool { return index(ms[i]) < index(ms[j]) })
+		counted := ms[0].Index != nil
+		if !counted && len(ms) != 1 {
+			return fmt.Errorf("%s.%s: %d machines without count", ResourceType, res, len(ms))
+		}
+		lit := cfg.LiteralAttrs(ResourceType, res)
+		_, userHostname := lit["hostname"]
+		if !userHostname {
+			if r, ok := resource(cfg, res); ok && r {
+				userHostname = true // an expression: the user's
+			}
+		}
+		vals := map[string][]any{}
+		add := func(kind string, v any) { vals[kind] = append(vals[kind], v) }
+		for i, m := range ms {
+			if counted && index(m) != i {
+				return fmt.Errorf("%s.%s: machines must have count indexes 0..%d, got %d", ResourceType, res, len(ms)-1, index(m))
+			}
+			host := provider.Hostname(m.Label)
+			if h, ok := lit["hostname"].(string); ok && h != "" {
+				host = h
+			}
+			ac, err := b.AgentConfig(ctx, m)
+			if err != nil {
+				return fmt.Errorf("machine %s: %w", m.Label, err)
+			}
+			ac.Hostname = ""
+			ud, err := userdata.Render(ac)
+			if err != nil {
+				return fmt.Errorf("machine %s: user data: %w", m.Label, err)
+			}
+			meta := "instance-id: " + strconv.Quote(m.ID) + "\n"
+			if !userHostname {
+				meta += "local-hostname: " + strconv.Quote(host) + "\n"
+			}
+			add("image", image)
+			add("name", "kloud-"+m.ID)
+			add("hostname", host)
+			add("entrypoint", []string{BootPath})
+			add("network", s.d.opts.Network)
+			add("user_data", string(ud))
+			add("meta_data", meta)
+			add("boot", bootScript)
+			add("stack", b.StackID)
+			add("machine", m.ID)
+			add("owner", m.Owner)
+			add("instance", s.d.instance)
+		}
+		sensitive := map[string]bool{"user_data": true}
+		listType := map[string]string{"entrypoint": "list(string)"}
+		for _, kind := range slices.Sorted(maps.Keys(vals)) {
+			if kind == "hostname" && userHostname {
+				continue
+			}
+			v := genVar(kind, res)
+			typ := listType[kind]
+			if typ == "" {
+				typ = "string"
+			}
+			if counted {
+				typ = "list(" + typ + ")"
+				b.Template.Variables[v] = vals[kind]
+			} else {
+				b.Template.Variables[v] = vals[kind][0]
+			}
+			if err := cfg.DeclareVariable(v, typ, sensitive[kind]); err != nil {
+				return err
+			}
+		}
+		ref := func(kind string) string {
+			if counted {
+				return "var." + genVar(kind, res) + "[count.index]"
+			}
+			return "var." + genVar(kind, res)
+		}
+		set := map[string]string{"image": "image", "name": "name", "entrypoint": "entrypoint", "network_mode": "network"}
+		if !userHostname {
+			set["hostname"] = "hostname"
+		}
+		for _, attr := range slices.Sorted(maps.Keys(set)) {
+			if err := cfg.SetUserData(ResourceType, res, attr, genVar(set[attr], res)); err != nil {
+				return fmt.Errorf("%s.%s: %w", ResourceType, res, err)
+			}
+		}
+		var labels []map[string]string
+		for _, l := range []struct{ label, kind string }{{LabelStack, "stack"}, {LabelMachine, "machine"}, {LabelOwner, "owner"}, {LabelInstance, "instance"}} {
+			labels = append(labels, map[string]string{"label": strconv.Quote(l.label), "value": ref(l.kind)})
+		}
+		if err := cfg.AddBlocks(ResourceType, res, "labels", labels); err != nil {
+			return err
+		}
+		uploads := []map[string]string{
+			{"file": strconv.Quote(BootPath), "content": ref("boot"), "executable": "true"},
+			{"file": strconv.Quote("/var/lib/cloud/seed/nocloud/meta-data"), "content": ref("meta_data"), "permissions": `"0600"`},
+			{"file": strconv.Quote("/var/lib/cloud/seed/nocloud/user-data"), "content": ref("user_data"), "permissions": `"0600"`},
+		}
+		if err := cfg.AddBlocks(ResourceType, res, "upload", uploads); err != nil {
+			return err
+		}
+	}
+	b.Template.Files = cfg.Files()
+	return nil
+}
+
+// resource reports whether the resource has a hostname argument (a literal or not).
+func resource(cfg *tmpl.Config, res string) (hasHostname, found bool) {
+	for _, r := range cfg.Resources(ResourceType) {
+		if r.Name == res {
+			args, _ := userArgs(cfg.Files(), r.File, res)
+			return slices.Contains(args, "hostname"), true
+		}
+	}
+	return false, false
+}
+
+func index(m *provider.MachineSpec) int {
+	if m.Index == nil {
+		return -1
+	}
+	return *m.Index
+}
+
+// CheckTemplate refuses every docker_container argument or nested block outside allowedArgs
+// (dynamic blocks included), in the user's files, naming file and line.
+func CheckTemplate(files map[string][]byte) error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		if name == tmpl.GeneratedFile || name == GeneratedFile {
+			continue
+		}
+		f, diags := parseFile(name, files[name])
+		if diags.HasErrors() {
+			return diags
+		}
+		content, _, _ := f.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "resource", LabelNames: []string{"type", "name"}}}})
+		for _, blk := range content.Blocks {
+			if blk.Labels[0] != ResourceType {
+				continue
+			}
+			for _, a := range bodyArgs(blk.Body) {
+				if !allowedArgs[a.name] {
+					errs = append(errs, fmt.Errorf("%s:%d: %s.%s: %s is not allowed on kloud's docker machines (allowed: %s); kloud sets the image, name, network, entrypoint, labels and uploads itself, and nothing that reaches the host (privileged, volumes, mounts, devices, capabilities, host namespaces, security options, ports, ...) may be set",
+						a.rng.Filename, a.rng.Start.Line, ResourceType, blk.Labels[1], a.name, strings.Join(slices.Sorted(maps.Keys(allowedArgs)), ", ")))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type arg struct {
+	name string
+	rng  hcl.Range
+}
+
+func parseFile(name string, src []byte) (*hcl.File, hcl.Diagnostics) {
+	if strings.HasSuffix(name, ".tf.json") {
+		return hcljson.Parse(src, name)
+	}
+	return hclsyntax.ParseConfig(src, name, hcl.InitialPos)
+}
+
+// bodyArgs lists a resource body's arguments and nested blocks ("dynamic" blocks by the type
+// they generate). In JSON every property counts (attributes and blocks look alike there).
+func bodyArgs(body hcl.Body) []arg {
+	var out []arg
+	if sb, ok := body.(*hclsyntax.Body); ok {
+		for n, a := range sb.Attributes {
+			out = append(out, arg{n, a.SrcRange})
+		}
+		for _, nb := range sb.Blocks {
+			n := nb.Type
+			if n == "dynamic" && len(nb.Labels) > 0 {
+				n = nb.Labels[0]
+			}
+			out = append(out, arg{n, nb.TypeRange})
+		}
+	} else {
+		attrs, _ := body.JustAttributes()
+		for n, a := range attrs {
+			if n == "dynamic" {
+				// "dynamic": {"TYPE": {...}}: the generated block type counts.
+				if m, diags := hcl.ExprMap(a.Expr); !diags.HasErrors() {
+					for _, kv := range m {
+						if k, d := kv.Key.Value(nil); !d.HasErrors() && k.Type().FriendlyName() == "string" {
+							out = append(out, arg{k.AsString(), a.NameRange})
+						}
+					}
+				}
+				out = append(out, arg{"dynamic", a.NameRange})
+				continue
+			}
+			out = append(out, arg{n, a.NameRange})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].rng.Start.Byte < out[j].rng.Start.Byte })
+	return out
+}
+
+// userArgs returns the argument names of resource docker_container.res in file name.
+func userArgs(files map[string][]byte, name, res string) ([]string, error) {
+	f, diags := parseFile(name, files[name])
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	content, _, _ := f.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "resource", LabelNames: []string{"type", "name"}}}})
+	var out []string
+	for _, blk := range content.Blocks {
+		if blk.Labels[0] == ResourceType && blk.Labels[1] == res {
+			for _, a := range bodyArgs(blk.Body) {
+				out = append(out, a.name)
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkPlanned refuses a machine whose planned attributes reach the host: a second look, at
+// values, behind CheckTemplate's look at the arguments written (the proxy checks the real
+// request a third time).
+func checkPlanned(m *provider.MachineSpec) error {
+	var bad []string
+	for _, k := range []string{"privileged", "publish_all_ports", "read_only"} {
+		if v, _ := m.Attributes[k].(bool); v {
+			bad = append(bad, k)
+		}
+	}
+	for _, k := range []string{"volumes", "mounts", "devices", "capabilities", "security_opts", "sysctls", "ports", "host", "group_add", "gpus", "runtime", "pid_mode", "ipc_mode", "userns_mode", "cgroupns_mode", "cgroup_parent", "networks_advanced", "user", "command", "log_opts", "storage_opts", "ulimit", "links"} {
+		if !zero(m.Attributes[k]) {
+			bad = append(bad, k)
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("machine %s: %s may not be set on kloud's docker machines", m.Label, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+func zero(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case string:
+		return x == ""
+	case bool:
+		return !x
+	case float64:
+		return x == 0
+	case []any:
+		return len(x) == 0
+	case map[string]any:
+		return len(x) == 0
+	}
+	return false
+}
