@@ -777,8 +777,8 @@ func resourceValues(res *tfrun.Result, m *Machine) map[string]any {
 		if (m.Index == nil && !has) || (m.Index != nil && has && *m.Index == i) {
 			out := map[string]any{}
 			for k, v := range r.Values {
-				if strings.Contains(k, "user_data") || k == "input" || k == "output" {
-					continue // holds the agent's kite key
+				if strings.Contains(k, "user_data") || k == "input" || k == "output" || k == "upload" {
+					continue // holds the agent's kite key (upload: the docker provider's NoCloud seed)
 				}
 				out[k] = v
 			}

@@ -32,9 +32,10 @@ type serveFlags struct {
 	logLevel   string
 
 	// The built-in providers' and the demo's own flags and steps (serve_*.go).
-	dummy serveDummy
-	local serveLocal
-	demo  serveDemo
+	dummy  serveDummy
+	local  serveLocal
+	docker serveDocker
+	demo   serveDemo
 }
 
 func serveCmd(g *globals) *cobra.Command {
@@ -85,6 +86,7 @@ with kloud's privileges (logged at every start).`,
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)
 	f.local.flags(cmd)
+	f.docker.flags(cmd)
 	return cmd
 }
 
@@ -99,6 +101,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	reg := provider.NewRegistry()
 	f.dummy.register(reg, log)
 	if err := f.local.register(ctx, f, reg, log); err != nil {
+		return err
+	}
+	if err := f.docker.register(ctx, f, reg, log); err != nil {
 		return err
 	}
 	for _, n := range reg.Names() {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"regexp"
 	"slices"
 	"sort"
@@ -30,6 +31,8 @@ import (
 //	GET /containers/{id}/json, POST .../start|stop|kill|wait|restart, PUT|HEAD .../archive,
 //	DELETE /containers/{id}                              the token's stack's containers only
 //	GET /images/{name}/json                              kloud's machine image only
+//	GET /images/json                                     filtered to kloud's machine image
+//	GET /containers/json                                 filtered to the token's stack's containers
 //	GET /networks/{id}                                   kloud's machine network only
 //
 // each with an optional /v1.NN version prefix. Everything else is 403 with a message naming the
@@ -153,6 +156,34 @@ func (d *Docker) authorize(ctx context.Context, t *token, r *http.Request, path 
 		r.ContentLength = int64(len(body))
 		return nil
 	}
+	if path == "/containers/json" && r.Method == http.MethodGet {
+		// It lists containers to find the one it made: it sees the stack's only.
+		q := r.URL.Query()
+		f := map[string]map[string]bool{}
+		if raw := q.Get("filters"); raw != "" {
+			if err := json.Unmarshal([]byte(raw), &f); err != nil {
+				var old map[string][]string // the pre-1.22 form
+				if json.Unmarshal([]byte(raw), &old) != nil {
+					return &apiError{http.StatusBadRequest, "bad filters"}
+				}
+				for k, vs := range old {
+					f[k] = map[string]bool{}
+					for _, v := range vs {
+						f[k][v] = true
+					}
+				}
+			}
+		}
+		if f["label"] == nil {
+			f["label"] = map[string]bool{}
+		}
+		f["label"][LabelStack+"="+t.Stack] = true
+		f["label"][LabelInstance+"="+d.instance] = true
+		b, _ := json.Marshal(f)
+		q.Set("filters", string(b))
+		r.URL.RawQuery = q.Encode()
+		return nil
+	}
 	if m := containerRE.FindStringSubmatch(path); m != nil {
 		op := m[2]
 		okMethod := map[string][]string{
@@ -169,6 +200,16 @@ func (d *Docker) authorize(ctx context.Context, t *token, r *http.Request, path 
 			}
 		}
 		return d.ownContainer(ctx, t, m[1])
+	}
+	if path == "/images/json" && r.Method == http.MethodGet {
+		// The Docker provider lists the local images to find the one it runs: it sees kloud's only.
+		image, err := d.ensureImage(ctx)
+		if err != nil {
+			return err
+		}
+		f, _ := json.Marshal(map[string]map[string]bool{"reference": {image: true}})
+		r.URL.RawQuery = url.Values{"filters": {string(f)}}.Encode()
+		return nil
 	}
 	if m := imageRE.FindStringSubmatch(path); m != nil && r.Method == http.MethodGet {
 		image, err := d.ensureImage(ctx)

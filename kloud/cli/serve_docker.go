@@ -1,0 +1,71 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/docker"
+)
+
+// serveDocker is kloud serve's docker provider: machines are containers of the Docker daemon at
+// --docker-host (default DOCKER_HOST, else the local socket). kloud offers it whenever it is
+// built in; when no daemon answers, kloud says so at startup and in provider.describe.
+type serveDocker struct {
+	noDocker bool
+	o        docker.Options
+	subnet   string
+	d        *docker.Docker
+}
+
+func (sd *serveDocker) flags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.BoolVar(&sd.noDocker, "no-docker", false, "do not offer the docker provider")
+	fl.StringVar(&sd.o.Host, "docker-host", "", "Docker daemon of the docker provider: unix:///path or tcp://host:port (default $DOCKER_HOST, else unix:///var/run/docker.sock)")
+	fl.StringVar(&sd.o.Network, "docker-network", "", "Docker network of the docker machines, created by kloud (default "+docker.DefaultNetwork+")")
+	fl.StringVar(&sd.o.Bridge, "docker-bridge", "", "Linux bridge of that network (default "+docker.DefaultBridge+")")
+	fl.StringVar(&sd.subnet, "docker-subnet", "", "subnet of that network (default "+docker.DefaultSubnet+"; kloud is .1)")
+	fl.StringVar(&sd.o.Image, "docker-image", "", "image to run docker machines from (default: imported from $KLOUD_BASE_IMAGE)")
+}
+
+// register adds the docker provider to reg (unless --no-docker) and, when the daemon answers,
+// creates the machines' network.
+func (sd *serveDocker) register(ctx context.Context, f *serveFlags, reg *provider.Registry, log *slog.Logger) error {
+	if sd.noDocker {
+		return nil
+	}
+	o := &sd.o
+	if sd.subnet != "" {
+		p, err := netip.ParsePrefix(sd.subnet)
+		if err != nil {
+			return fmt.Errorf("--docker-subnet: %w", err)
+		}
+		o.Subnet = p
+	}
+	o.Logger = log
+	o.StateDir = filepath.Join(f.o.DataDir, "docker")
+	var err error
+	if o.Instance, err = instanceID(f.o.DataDir); err != nil {
+		return err
+	}
+	if o.Endpoint, err = serviceEndpoint(f.o.Addr); err != nil {
+		log.Warn("docker provider: terraform cannot reach kloud's Docker API proxy; docker stacks cannot be built", "err", err)
+	}
+	d, err := docker.New(*o)
+	if err != nil {
+		return fmt.Errorf("docker provider: %w", err)
+	}
+	sd.d = d
+	reg.Register(d.Provider())
+	if d.Available() == nil {
+		if err := d.EnsureNetwork(ctx); err != nil {
+			log.Warn("docker provider: network", "err", err)
+		}
+	}
+	return nil
+}

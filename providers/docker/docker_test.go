@@ -1,0 +1,294 @@
+package docker_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/docker"
+	"github.com/kloud-dev/kloud/providers/docker/dockertest"
+	"github.com/kloud-dev/kloud/userdata"
+)
+
+// Terraform returns terraform and the CLI config of the offline mirror, if the mirror has the
+// Docker provider (scripts/build-docker-provider.sh); else the test is unavailable.
+func Terraform(t testing.TB) (tf, cliConfig string) {
+	t.Helper()
+	tf, cliConfig = os.Getenv("TERRAFORM"), os.Getenv("TF_CLI_CONFIG_FILE")
+	mirror := os.Getenv("TF_MIRROR")
+	if tf == "" || cliConfig == "" || mirror == "" {
+		testutil.Unavailable(t, "TERRAFORM, TF_CLI_CONFIG_FILE and TF_MIRROR are not set (source /var/cache/kloud/env)")
+	}
+	m, _ := filepath.Glob(filepath.Join(mirror, "registry.terraform.io/kreuzwerker/docker", docker.TerraformVersion, "*", "terraform-provider-docker_v*"))
+	if len(m) == 0 {
+		testutil.Unavailable(t, "the offline mirror %s has no kreuzwerker/docker %s (scripts/build-docker-provider.sh)", mirror, docker.TerraformVersion)
+	}
+	return tf, cliConfig
+}
+
+// fixture is a docker provider on a private daemon, its proxy served on loopback.
+type fixture struct {
+	d   *docker.Docker
+	dd  *dockertest.Daemon
+	url string
+}
+
+func newFixture(t *testing.T, instance string) *fixture {
+	dd := dockertest.New(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Instance: instance, Endpoint: url,
+		StateDir: t.TempDir(), Logger: testutil.Logger(t),
+		Network: "kt-" + instance, Bridge: "kt-" + instance, Subnet: testSubnet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(provider.HandlerPrefix(docker.Name), d.Provider().Handler)
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	if err := d.Available(); err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{d: d, dd: dd, url: url}
+}
+
+var testSubnet = mustPrefix("10.200.65.0/24")
+
+// agentConfig is a well-formed agent configuration whose klient download fails (no kloud here:
+// the conformance suite covers the agents); cloud-init still runs and logs.
+func agentConfig(ctx context.Context, m *provider.MachineSpec) (userdata.Config, error) {
+	return userdata.Config{Username: "alice", KiteKey: "a.b.c", KontrolURL: "http://10.200.65.1:1/kite",
+		KlientURL: "http://10.200.65.1:1/dl/klient", KlientSHA256: strings.Repeat("0", 64)}, nil
+}
+
+func tfRun(t *testing.T, dir, tf, cliConfig string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(tf, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "TF_CLI_CONFIG_FILE="+cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("terraform %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func writeTemplate(t *testing.T, dir string, tpl *provider.Template) {
+	for n, b := range tpl.Files {
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vars, _ := json.Marshal(tpl.Variables)
+	if err := os.WriteFile(filepath.Join(dir, "terraform.tfvars.json"), vars, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const twoMachines = `terraform {
+  required_providers {
+    docker = { source = "kreuzwerker/docker", version = "4.6.0" }
+  }
+}
+
+provider "docker" {}
+
+resource "docker_container" "vm" {
+  count  = 2
+  name   = "vm-${count.index}"
+  image  = "kloud"
+  memory = 256
+  cpus   = "0.5"
+}
+`
+
+// The provider end to end without kloud: ApplyTemplate's template applied by real terraform
+// through the proxy to a private dockerd; the containers boot cloud-init from kloud's seed, are
+// labelled, limited and on kloud's network; stop and start keep the writable layer; the proxy
+// refuses what the template may not do; destroy leaves no container.
+func TestMachinesThroughTerraform(t *testing.T) {
+	tf, cliConfig := Terraform(t)
+	f := newFixture(t, "t1")
+	ctx := t.Context()
+	cli := f.dd.Client
+	ms := []*provider.MachineSpec{
+		{ID: "m0", Label: "vm.0", Resource: "vm", Index: new(0), Provider: docker.Name, Owner: "alice"},
+		{ID: "m1", Label: "vm.1", Resource: "vm", Index: new(1), Provider: docker.Name, Owner: "alice"},
+	}
+	b := &provider.BaseStack{Provider: f.d.Provider(), StackID: "s1", Owner: "alice",
+		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(twoMachines)}}, Machines: ms, AgentConfig: agentConfig}
+	st, _ := f.d.Provider().Stack(b)
+	tpl, err := st.ApplyTemplate(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	writeTemplate(t, dir, tpl)
+	tfRun(t, dir, tf, cliConfig, "init", "-input=false", "-no-color")
+	t0 := time.Now()
+	tfRun(t, dir, tf, cliConfig, "apply", "-input=false", "-no-color", "-auto-approve")
+	t.Logf("apply: %s", time.Since(t0).Round(time.Millisecond))
+
+	out := tfRun(t, dir, tf, cliConfig, "show", "-json")
+	var state struct {
+		Values struct {
+			RootModule struct {
+				Resources []struct {
+					Index  any            `json:"index"`
+					Values map[string]any `json:"values"`
+				} `json:"resources"`
+			} `json:"root_module"`
+		} `json:"values"`
+	}
+	if err := json.Unmarshal([]byte(out), &state); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(state.Values.RootModule.Resources); n != 2 {
+		t.Fatalf("%d resources in the state", n)
+	}
+	var machines []provider.Machine
+	for i, r := range state.Values.RootModule.Resources {
+		id, _ := r.Values["id"].(string)
+		res, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := res.Container
+		lbl := c.Config.Labels
+		if lbl[docker.LabelStack] != "s1" || lbl[docker.LabelMachine] != ms[i].ID || lbl[docker.LabelOwner] != "alice" || lbl[docker.LabelInstance] != "t1" {
+			t.Errorf("container %d labels %v", i, lbl)
+		}
+		if c.HostConfig.Memory != 256<<20 || c.HostConfig.NanoCPUs != 5e8 || c.HostConfig.Privileged || string(c.HostConfig.NetworkMode) != f.d.Network() {
+			t.Errorf("container %d: memory %d, nanocpus %d, privileged %v, network %s", i, c.HostConfig.Memory, c.HostConfig.NanoCPUs, c.HostConfig.Privileged, c.HostConfig.NetworkMode)
+		}
+		if c.Config.Hostname != "vm-"+string(rune('0'+i)) {
+			t.Errorf("container %d hostname %q", i, c.Config.Hostname)
+		}
+		m, err := f.d.Provider().Machine(&provider.BaseMachine{ID: ms[i].ID, Label: ms[i].Label, StackID: "s1", Attributes: r.Values})
+		if err != nil {
+			t.Fatal(err)
+		}
+		machines = append(machines, m)
+	}
+	exec := func(m int, argv ...string) (string, error) {
+		id := state.Values.RootModule.Resources[m].Values["id"].(string)
+		return f.dd.CLI(ctx, append([]string{"exec", id}, argv...)...)
+	}
+	// cloud-init ran kloud's user data from the seed: its final stage runs kloud's provisioning,
+	// which tries to download klient (there is no kloud here: it retries; the conformance suite
+	// has the agents).
+	var log string
+	testutil.Eventually(t, 90*time.Second, func() bool {
+		log, _ = machines[0].(provider.ConsoleLogger).ConsoleLog(ctx)
+		return strings.Contains(log, "kloud-provision: download attempt")
+	}, "cloud-init did not run kloud's provisioning in machine 0")
+	if !strings.Contains(log, "modules:final") || !strings.Contains(log, "kloud-boot: cloud-init init --local") {
+		t.Errorf("console log without the boot script's and cloud-init's final stage:\n%s", log)
+	}
+	if out, err := exec(0, "test", "-s", "/var/log/cloud-init-output.log"); err != nil {
+		t.Errorf("no /var/log/cloud-init-output.log: %v %s", err, out)
+	}
+	if out, err := exec(0, "cloud-init", "query", "ds"); err != nil || !strings.Contains(out, "nocloud") && !strings.Contains(strings.ToLower(out), "nocloud") {
+		t.Logf("cloud-init query ds: %v %s", err, out)
+	}
+	if out, err := exec(0, "id", "alice"); err != nil {
+		t.Errorf("the owner's account was not made by cloud-init: %v %s", err, out)
+	}
+	// Info, stop/start keeping a file.
+	if s, meta, err := machines[0].Info(ctx); err != nil || s != provider.Running || meta.(map[string]any)["ip_address"] == nil {
+		t.Fatalf("info: %v %v %v", s, meta, err)
+	}
+	if _, err := exec(0, "sh", "-c", "echo kept > /root/file && sync"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := machines[0].Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s, _, err := machines[0].Info(ctx); err != nil || s != provider.Stopped {
+		t.Fatalf("info after stop: %v %v", s, err)
+	}
+	if _, err := machines[0].Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s, _, err := machines[0].Info(ctx); err != nil || s != provider.Running {
+		t.Fatalf("info after start: %v %v", s, err)
+	}
+	if out, err := exec(0, "cat", "/root/file"); err != nil || strings.TrimSpace(out) != "kept" {
+		t.Errorf("file after stop/start: %q %v", out, err)
+	}
+
+	// The proxy with this stack's token: no privileged container, no other stack's container.
+	host := tpl.Variables[docker.TokenVar].(string)
+	pc, err := client.New(client.WithHost(host), client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	_, err = pc.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config: &container.Config{Image: f.dd.Image, Entrypoint: []string{docker.BootPath},
+			Labels: map[string]string{docker.LabelStack: "s1", docker.LabelMachine: "m0", docker.LabelInstance: "t1"}},
+		HostConfig: &container.HostConfig{Privileged: true, NetworkMode: container.NetworkMode(f.d.Network()), Binds: []string{"/:/host"}},
+	})
+	if err == nil || !strings.Contains(err.Error(), "HostConfig.Binds, HostConfig.Privileged") {
+		t.Errorf("privileged create through the proxy: %v", err)
+	}
+	other, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &container.Config{Image: f.dd.Image, Entrypoint: []string{"true"}}, Name: "not-kloud"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := pc.ContainerList(ctx, client.ContainerListOptions{All: true}); err != nil || len(l.Items) != 2 {
+		t.Errorf("container list through the proxy: %v, want the stack's 2 containers only", err)
+	} else {
+		for _, c := range l.Items {
+			if c.ID == other.ID {
+				t.Error("container list through the proxy shows a container that is not the stack's")
+			}
+		}
+	}
+	if _, err := pc.Info(ctx, client.InfoOptions{}); err == nil {
+		t.Error("GET /info through the proxy was allowed")
+	}
+	if _, err := pc.ContainerRemove(ctx, other.ID, client.ContainerRemoveOptions{Force: true}); err == nil {
+		t.Error("the proxy removed a container that is not the stack's")
+	}
+	cli.ContainerRemove(ctx, other.ID, client.ContainerRemoveOptions{Force: true})
+
+	tfRun(t, dir, tf, cliConfig, "destroy", "-input=false", "-no-color", "-auto-approve")
+	left, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left.Items) != 0 {
+		t.Errorf("destroy left %d containers", len(left.Items))
+	}
+	vols, err := cli.VolumeList(ctx, client.VolumeListOptions{})
+	if err != nil || len(vols.Items) != 0 {
+		t.Errorf("volumes left: %v %v", vols.Items, err)
+	}
+	if s, _, err := machines[0].Info(ctx); err != nil || s != provider.Terminated {
+		t.Errorf("info after destroy: %v %v", s, err)
+	}
+	if err := f.d.RemoveNetwork(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
