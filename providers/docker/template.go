@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -392,20 +393,18 @@ func checkPlanned(m *provider.MachineSpec) error {
 	return nil
 }
 
+// zero reports whether a planned value is unset: nil, "", false, 0, or an empty list or map
+// (of any Go type: the store may hand back its own slice and map types).
 func zero(v any) bool {
-	switch x := v.(type) {
-	case nil:
+	if v == nil {
 		return true
-	case string:
-		return x == ""
-	case bool:
-		return !x
-	case float64:
-		return x == 0
-	case []any:
-		return len(x) == 0
-	case map[string]any:
-		return len(x) == 0
 	}
-	return false
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Slice, reflect.Map, reflect.Array, reflect.String:
+		return rv.Len() == 0
+	case reflect.Pointer, reflect.Interface:
+		return rv.IsNil() || zero(rv.Elem().Interface())
+	}
+	return rv.IsZero()
 }

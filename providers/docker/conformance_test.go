@@ -1,0 +1,115 @@
+package docker_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/moby/moby/client"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/provider/providertest"
+	"github.com/kloud-dev/kloud/providers/docker"
+	"github.com/kloud-dev/kloud/providers/docker/dockertest"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// The docker provider passes the conformance suite: containers on a private dockerd
+// (dockertest: needs root, dockerd and the base image) built by real terraform in its sandbox
+// through kloud's Docker API proxy, with real cloud-init and real klient agents. It skips loudly
+// without them, and fails under CI=true.
+func TestConformance(t *testing.T) {
+	tf, cliConfig := Terraform(t)
+	dd := dockertest.New(t)
+	subnet := netip.MustParsePrefix("10.200.66.0/24")
+	gw := subnet.Addr().Next()
+	// kloud listens on the network's gateway, where the machines reach it (and terraform's
+	// Docker provider reaches the proxy): the network first.
+	pre, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Network: "kloud-conf", Bridge: "kloud-conf", Subnet: subnet, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pre.EnsureNetwork(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(gw.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Network: "kloud-conf", Bridge: "kloud-conf", Subnet: subnet,
+		Instance: "conformance", Endpoint: "http://" + addr, StateDir: t.TempDir(), Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := func(t *testing.T, m providertest.Machine) string {
+		id, _ := m.Attributes["id"].(string)
+		if id == "" {
+			t.Fatalf("machine %s has no id attribute: %v", m.Label, m.Attributes)
+		}
+		return id
+	}
+	c := providertest.Config{
+		Provider: d.Provider(),
+		Template: func(n int) map[string]string {
+			return map[string]string{"main.tf": fmt.Sprintf(`terraform {
+  required_providers {
+    docker = { source = "kreuzwerker/docker", version = "4.6.0" }
+  }
+}
+
+resource "docker_container" "vm" {
+  count  = %d
+  name   = "vm-${count.index}"
+  image  = "kloud"
+  memory = 512
+  cpus   = "1"
+}
+`, n)}
+		},
+		// As kloud never would: the container stopped through the daemon directly.
+		StopBehindBack: func(t *testing.T, m providertest.Machine) {
+			if _, err := dd.Client.ContainerStop(t.Context(), id(t, m), client.ContainerStopOptions{}); err != nil {
+				t.Fatalf("stop %s behind kloud's back: %v", m.Label, err)
+			}
+		},
+		WriteFile: func(t *testing.T, m providertest.Machine, path, data string) {
+			if out, err := dd.CLI(t.Context(), "exec", id(t, m), "sh", "-c", `printf %s "$1" > "/root/$2" && sync`, "sh", data, path); err != nil {
+				t.Fatalf("in %s: %v: %s", m.Label, err, out)
+			}
+		},
+		ReadFile: func(t *testing.T, m providertest.Machine, path string) string {
+			out, err := dd.CLI(t.Context(), "exec", id(t, m), "cat", "/root/"+path)
+			if err != nil {
+				t.Fatalf("in %s: %v: %s", m.Label, err, out)
+			}
+			return out
+		},
+		Leftovers: func(t *testing.T) []string {
+			var out []string
+			cs, err := dd.Client.ContainerList(t.Context(), client.ContainerListOptions{All: true})
+			if err != nil {
+				t.Fatalf("list containers: %v", err)
+			}
+			for _, c := range cs.Items {
+				out = append(out, strings.Join([]string{"container", c.ID[:12], strings.Join(c.Names, ","), c.Labels[docker.LabelMachine]}, " "))
+			}
+			vs, err := dd.Client.VolumeList(t.Context(), client.VolumeListOptions{})
+			if err != nil {
+				t.Fatalf("list volumes: %v", err)
+			}
+			for _, v := range vs.Items {
+				out = append(out, "volume "+v.Name)
+			}
+			sort.Strings(out)
+			return out
+		},
+		Terraform: tfrun.Options{TerraformPath: tf, CLIConfigFile: cliConfig},
+	}
+	c.Kloud.Addr = addr
+	providertest.Run(t, c)
+}
