@@ -100,6 +100,14 @@ func (e *env) start() {
 	if !own {
 		e.extra = append(e.extra, "--no-local")
 	}
+	// Likewise the docker provider: only tests that bring their own dockerd (--docker-host).
+	ownDocker := false
+	for _, a := range e.extra {
+		ownDocker = ownDocker || strings.HasPrefix(a, "--docker-") || a == "--no-docker"
+	}
+	if !ownDocker {
+		e.extra = append(e.extra, "--no-docker")
+	}
 	args := []string{"serve", "--data-dir", e.dir, "--addr", e.addr,
 		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}
 	if !e.noDummy {
