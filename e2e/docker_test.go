@@ -238,3 +238,74 @@ func TestDockerStack(t *testing.T) {
 		t.Errorf("machines after destroy: %s", list)
 	}
 }
+
+// TestDockerKloudKilledMidBuild SIGKILLs kloud while a stack of docker machines builds
+// (terraformer runs on its own, so it survives), while terraform runs and while kloud waits for
+// the agents, and starts it again: the build resumes and ends with both machines Running (or
+// fails saying why, no machine left Building), and destroy leaves nothing on the daemon.
+func TestDockerKloudKilledMidBuild(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		percent int
+	}{{"during terraform", 40}, {"while waiting for agents", 70}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newDockerEnv(t)
+			e.alice()
+			var created struct{ Stack struct{ ID string } }
+			e.runJSON(&created, "stack", "create", "--template", e.template(dockerTemplate("k", 2)))
+			sid := created.Stack.ID
+			out := e.run("stack", "apply", sid, "--detach")
+			jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+			var seen int
+			testutil.Eventually(t, 3*time.Minute, func() bool {
+				var j struct {
+					Percentage int
+					Status     string
+				}
+				o, err := e.try("job", "get", jobID)
+				if err != nil || json.Unmarshal([]byte(o), &j) != nil {
+					return false
+				}
+				seen = j.Percentage
+				if j.Status != "running" && j.Status != "queued" && j.Status != "" {
+					t.Fatalf("the job ended (%s) before kloud could be killed at %d%%", j.Status, tc.percent)
+				}
+				return j.Percentage >= tc.percent
+			}, "the build did not reach %d%%", tc.percent)
+			e.kill()
+			t.Logf("killed kloud at %d%%", seen)
+			e.start()
+			final, err := e.try("job", "watch", jobID)
+			t.Logf("the job after the restart (err %v):\n%s", err, final)
+			var j struct{ Status, Error string }
+			e.runJSON(&j, "job", "get", jobID)
+			ms := e.machines(sid)
+			if len(ms) != 2 {
+				t.Fatalf("machines: %+v", ms)
+			}
+			switch j.Status {
+			case "succeeded":
+				for l, m := range ms {
+					if m.State != "Running" || m.Agent.Status != "connected" {
+						t.Errorf("%s after the resumed build: %+v", l, m)
+					}
+				}
+			case "failed":
+				if j.Error == "" {
+					t.Errorf("a failed build must say why: %+v", j)
+				}
+				for l, m := range ms {
+					if m.State == "Building" {
+						t.Errorf("%s after the failed build: %+v", l, m)
+					}
+				}
+			default:
+				t.Fatalf("job after the restart: %+v", j)
+			}
+			e.run("stack", "destroy", sid)
+			if left := e.leftovers(); len(left) > 0 {
+				t.Errorf("left on the daemon after destroy: %q", left)
+			}
+		})
+	}
+}
