@@ -19,7 +19,7 @@ setup: ## install what kloud and its tests need (idempotent; cached under $(KLOU
 build: ## build bin/kloud, bin/terraformer, bin/klient
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-run: setup build ## set up, then run kloud in the foreground (data in ~/.kloud)
+run: setup build ## set up, then run kloud in the foreground (data in ~/.kloud; docker machines when DOCKER_HOST or the local socket answers)
 	$(ENV) $(BIN)/kloud serve
 
 test: setup ## set up, then run every test (CI runs this with CI=true)
