@@ -19,6 +19,11 @@
 // Targets: boot to registered ≤ 5 s for 1 machine and ≤ 15 s for 10; kloud ≤ 1.10 × raw + 0.5 s.
 // It exits 1 if a target is missed (2 on an error).
 //
+// With -provider docker the machines are containers of the docker provider (providers/docker) on
+// a private dockerd (providers/docker/dockertest: own data root and socket, no iptables), built
+// through kloud's Docker API proxy; the raw side applies the same configuration with the Docker
+// provider pointed at the daemon's socket directly.
+//
 // Everything runs on a private bridge, a free 10.200.N.0/24 and a state dir under a temp dir:
 // kloud serve and terraformer as processes (binaries from -bin, `make build`), terraform and the
 // offline provider mirror from the environment (TF_CLI_CONFIG_FILE, as `make bench` loads from
@@ -56,12 +61,15 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/providers/docker"
+	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
 func main() {
 	sandbox.MaybeRunInit() // harmless here; keeps the sandbox library's contract for mains that use it
 	ns := flag.String("n", "1,10", "machine counts to measure, comma-separated")
+	prov := flag.String("provider", "local", "local (namespace machines) or docker (containers on a private dockerd)")
 	rounds := flag.Int("rounds", 3, "builds per machine count (each: kloud, then raw terraform)")
 	binDir := flag.String("bin", "bin", "directory with kloud, terraformer and klient (`make build`)")
 	tf := flag.String("terraform", "", "terraform binary (default: $TERRAFORM, else terraform on PATH, else $KLOUD_CACHE/bin/terraform)")
@@ -83,7 +91,11 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := options{counts: counts, rounds: *rounds, bin: *binDir, tf: *tf, cliConfig: *cfg, keep: *keep}
+	if *prov != "local" && *prov != "docker" {
+		fmt.Fprintf(os.Stderr, "localboot: -provider %q: want local or docker\n", *prov)
+		os.Exit(2)
+	}
+	o := options{provider: *prov, counts: counts, rounds: *rounds, bin: *binDir, tf: *tf, cliConfig: *cfg, keep: *keep}
 	if *verbose {
 		o.progress = os.Stderr
 	}
@@ -98,6 +110,7 @@ func main() {
 }
 
 type options struct {
+	provider  string
 	counts    []int
 	rounds    int
 	bin       string
@@ -131,8 +144,24 @@ func findTerraform() string {
 	return filepath.Join(kloudCache(), "bin", "terraform")
 }
 
-// template is N kloudlocal machines (no user script: provisioning is the agent alone).
-func template(n int) string {
+// template is N machines (no user script: provisioning is the agent alone).
+func template(provider string, n int) string {
+	if provider == "docker" {
+		return fmt.Sprintf(`terraform {
+  required_providers {
+    docker = { source = "kreuzwerker/docker", version = "4.6.0" }
+  }
+}
+
+resource "docker_container" "m" {
+  count    = %d
+  name     = "boot-${count.index}"
+  image    = "kloud"
+  hostname = "boot-${count.index}"
+  memory   = 512
+}
+`, n)
+	}
 	return fmt.Sprintf(`terraform {
   required_providers {
     kloudlocal = { source = "kloud/kloudlocal" }
@@ -169,9 +198,13 @@ type rawRun struct {
 
 func run(ctx context.Context, o options) (missed bool, err error) {
 	if os.Geteuid() != 0 {
-		return false, errors.New("needs root (namespace machines)")
+		return false, errors.New("needs root (namespace machines, or a private dockerd)")
 	}
-	if err := sandbox.Available(); err != nil {
+	if o.provider == "docker" {
+		if why := dockertest.Unavailable(); why != "" {
+			return false, errors.New(why)
+		}
+	} else if err := sandbox.Available(); err != nil {
 		return false, err
 	}
 	for _, b := range []string{"kloud", "terraformer", "klient"} {
@@ -185,9 +218,12 @@ func run(ctx context.Context, o options) (missed bool, err error) {
 	if _, err := os.Stat(o.cliConfig); err != nil {
 		return false, fmt.Errorf("terraform CLI config: %w (run scripts/setup.sh, or load $KLOUD_CACHE/env)", err)
 	}
-	// The base image is built once and cached; make sure no measured build pays for it.
-	if _, err := sandbox.EnsureBaseImage(ctx, "", slog.New(slog.DiscardHandler)); err != nil {
-		return false, fmt.Errorf("base image: %w", err)
+	// The base image is built once and cached; make sure no measured build pays for it (the
+	// docker harness imports it into its daemon before kloud starts).
+	if o.provider == "local" {
+		if _, err := sandbox.EnsureBaseImage(ctx, "", slog.New(slog.DiscardHandler)); err != nil {
+			return false, fmt.Errorf("base image: %w", err)
+		}
 	}
 	h, err := newHarness(ctx, o)
 	if h != nil {
@@ -233,7 +269,10 @@ func run(ctx context.Context, o options) (missed bool, err error) {
 	tfVersion, _ := exec.Command(o.tf, "version").Output()
 	fmt.Printf("localboot: %s, %s/%s, %d CPUs, load average %s at the start, %s at the end; %d rounds per count\n",
 		strings.SplitN(string(tfVersion), "\n", 2)[0], runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), load0, loadAvg(), o.rounds)
-	fmt.Printf("kloud = stack.apply through a kite connection (embedded store, terraformer process, kloudlocal from the mirror);\n")
+	if o.provider == "docker" {
+		fmt.Printf("provider docker: containers on a private dockerd; kloud's terraform reaches it through kloud's Docker API proxy\n")
+	}
+	fmt.Printf("kloud = stack.apply through a kite connection (embedded store, terraformer process, the provider from the mirror);\n")
 	fmt.Printf("raw = terraform apply of terraformer's rendered work dir (init beforehand, not timed) + waiting for the same kite ids\n\n")
 	for _, r := range results {
 		var agents, job, raw, rawApply, beforeTF, tfRun, per []time.Duration
@@ -260,8 +299,10 @@ func run(ctx context.Context, o options) (missed bool, err error) {
 		for _, k := range r.kloud {
 			cpu = append(cpu, k.cpu...)
 		}
-		fmt.Printf("  CPU time of one machine's boot (median of %d) %s; %d machines on %d CPUs need ≥ %s of CPU time\n",
-			len(cpu), secs(median(cpu)), r.n, runtime.NumCPU(), secs(median(cpu)*time.Duration(r.n)/time.Duration(runtime.NumCPU())))
+		if len(cpu) > 0 {
+			fmt.Printf("  CPU time of one machine's boot (median of %d) %s; %d machines on %d CPUs need ≥ %s of CPU time\n",
+				len(cpu), secs(median(cpu)), r.n, runtime.NumCPU(), secs(median(cpu)*time.Duration(r.n)/time.Duration(runtime.NumCPU())))
+		}
 		fmt.Printf("  raw: terraform apply          %s   median %s\n", row(rawApply), secs(median(rawApply)))
 		fmt.Printf("  raw: apply → agents up        %s   median %s\n", row(raw), secs(median(raw)))
 		if r.n > 1 {
@@ -343,6 +384,7 @@ type harness struct {
 	tfEnv    []string
 
 	kloud, terraformer *proc
+	dd                 *dockertest.Daemon // -provider docker
 	conn               *kite.Conn
 	reg                *registrations
 
@@ -395,9 +437,19 @@ func newHarness(ctx context.Context, o options) (*harness, error) {
 	if err := waitHealthy(ctx, "http://"+tfAddr, h.terraformer, 30*time.Second); err != nil {
 		return h, err
 	}
-	if h.kloud, err = startProc("kloud", bin("kloud"), []string{"serve", "--data-dir", h.data, "--addr", addr, "--public-url", h.kloudURL,
-		"--klient-bin", bin("klient"), "--terraformer-url", "http://" + tfAddr, "--no-demo",
-		"--local-state-dir", h.stateDir, "--local-bridge", h.bridge, "--local-subnet", h.subnet.String()}, filepath.Join(tmp, "kloud.log")); err != nil {
+	args := []string{"serve", "--data-dir", h.data, "--addr", addr, "--public-url", h.kloudURL,
+		"--klient-bin", bin("klient"), "--terraformer-url", "http://" + tfAddr, "--no-demo"}
+	if o.provider == "docker" {
+		h.stepf("a private dockerd, with the machine image")
+		if h.dd, err = dockertest.Start(ctx); err != nil {
+			return h, err
+		}
+		args = append(args, "--no-local", "--docker-host", h.dd.Host, "--docker-image", h.dd.Image,
+			"--docker-network", h.bridge, "--docker-bridge", h.bridge, "--docker-subnet", h.subnet.String())
+	} else {
+		args = append(args, "--no-docker", "--local-state-dir", h.stateDir, "--local-bridge", h.bridge, "--local-subnet", h.subnet.String())
+	}
+	if h.kloud, err = startProc("kloud", bin("kloud"), args, filepath.Join(tmp, "kloud.log")); err != nil {
 		return h, err
 	}
 	if err := waitHealthy(ctx, h.kloudURL, h.kloud, 60*time.Second); err != nil {
@@ -451,8 +503,13 @@ func (h *harness) close() {
 			p.stop(30 * time.Second)
 		}
 	}
-	// Whatever is left in the state dir (a build that failed halfway), and the bridge.
-	if m, err := sandbox.New(sandbox.Options{StateDir: h.stateDir, Bridge: h.bridge, Subnet: h.subnet}); err == nil {
+	if h.dd != nil {
+		// Every container and network on the private daemon, the daemon, its mounts and bridges.
+		if err := h.dd.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "localboot: cleanup: dockerd:", err)
+		}
+	} else if m, err := sandbox.New( // whatever is left in the state dir, and the bridge
+		sandbox.Options{StateDir: h.stateDir, Bridge: h.bridge, Subnet: h.subnet}); err == nil {
 		if gone, err := m.GC(ctx, func(sandbox.Info) bool { return false }); err != nil {
 			fmt.Fprintln(os.Stderr, "localboot: cleanup: gc:", err)
 		} else if len(gone) > 0 {
@@ -473,7 +530,7 @@ func (h *harness) close() {
 
 func (h *harness) createTemplate(ctx context.Context, n int) (string, error) {
 	t, err := api.NewClient(h.conn).TemplateCreate(ctx, api.TemplateParams{
-		Title: fmt.Sprintf("localboot %d machines", n), Files: map[string]string{"main.tf": template(n)},
+		Title: fmt.Sprintf("localboot %d machines", n), Files: map[string]string{"main.tf": template(h.o.provider, n)},
 	})
 	if err != nil {
 		return "", fmt.Errorf("template.create: %w", err)
@@ -519,8 +576,10 @@ func (h *harness) kloudBuild(ctx context.Context, tid string, n int) (kloudRun, 
 		r.perMachine = append(r.perMachine, t.Sub(t0))
 	}
 	r.agents = slices.Max(r.perMachine)
-	if r.cpu, err = h.bootCPU(ctx); err != nil {
-		return r, err
+	if h.o.provider == "local" {
+		if r.cpu, err = h.bootCPU(ctx); err != nil {
+			return r, err
+		}
 	}
 	if tj, err := h.tfJob("stack-"+r.stackID, "apply"); err == nil {
 		r.beforeTF, r.tfRun = tj.CreatedAt.Sub(t0), tj.FinishedAt.Sub(tj.CreatedAt)
@@ -580,6 +639,12 @@ func (h *harness) rawBuild(ctx context.Context, k kloudRun) (rawRun, error) {
 		return r, err
 	}
 	h.rawDirs = append(h.rawDirs, dir)
+	if h.dd != nil {
+		// Raw terraform talks to the daemon itself, not to kloud's proxy.
+		if err := setVariable(filepath.Join(dir, "variables.json"), docker.TokenVar, h.dd.Host); err != nil {
+			return r, err
+		}
+	}
 	if err := h.terraform(ctx, dir, "init", "-no-color"); err != nil {
 		return r, err
 	}
@@ -630,6 +695,26 @@ func copyConfig(work, vars, dir string) error {
 		return fmt.Errorf("no configuration in %s", work)
 	}
 	return copyFile(vars, filepath.Join(dir, "variables.json"))
+}
+
+// setVariable sets one variable in a Terraform JSON variables file.
+func setVariable(path, name string, value any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var vars map[string]any
+	if err := json.Unmarshal(b, &vars); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if _, ok := vars[name]; !ok {
+		return fmt.Errorf("%s: no variable %s", path, name)
+	}
+	vars[name] = value
+	if b, err = json.Marshal(vars); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
 }
 
 func copyFile(from, to string) error {
