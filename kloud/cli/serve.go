@@ -134,6 +134,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	web.Register(s)
 	f.demo.start(ctx, s, log)
 	f.local.start(ctx, s, log)
+	f.docker.start(ctx, s, log)
 	key, err := kitekey.ReadFile(s.KloudKeyPath())
 	if err != nil {
 		s.Close()

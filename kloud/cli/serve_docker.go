@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/docker"
 )
@@ -68,4 +69,26 @@ func (sd *serveDocker) register(ctx context.Context, f *serveFlags, reg *provide
 		}
 	}
 	return nil
+}
+
+// start sweeps, once kloud is built, this instance's containers of stacks kloud no longer has.
+func (sd *serveDocker) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {
+	d := sd.d
+	if d == nil || d.Available() != nil {
+		return
+	}
+	gone, err := d.GC(ctx, func(stackID, machineID string) bool {
+		keep, err := s.Store().Machines().InStack(ctx, stackID, machineID)
+		if err != nil {
+			log.Warn("docker provider: sweep: look up machine; keeping it", "machine", machineID, "stack", stackID, "err", err)
+			return true // when in doubt, keep
+		}
+		return keep
+	})
+	if err != nil {
+		log.Warn("docker provider: sweep", "err", err)
+	}
+	if len(gone) > 0 {
+		log.Info("docker provider: removed containers of dead stacks", "containers", gone, "instance", d.Instance())
+	}
 }

@@ -286,6 +286,29 @@ func TestMachinesThroughTerraform(t *testing.T) {
 	if s, _, err := machines[0].Info(ctx); err != nil || s != provider.Terminated {
 		t.Errorf("info after destroy: %v %v", s, err)
 	}
+
+	// The startup sweep removes this instance's containers of dead stacks only.
+	mk := func(name string, labels map[string]string) string {
+		c, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: &container.Config{Image: f.dd.Image, Entrypoint: []string{"true"}, Labels: labels}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.ID
+	}
+	dead := mk("dead", map[string]string{docker.LabelInstance: "t1", docker.LabelStack: "gone", docker.LabelMachine: "m9"})
+	alive := mk("alive", map[string]string{docker.LabelInstance: "t1", docker.LabelStack: "s1", docker.LabelMachine: "m0"})
+	otherInst := mk("other", map[string]string{docker.LabelInstance: "t2", docker.LabelStack: "gone", docker.LabelMachine: "m9"})
+	plain := mk("plain", nil)
+	gone, err := f.d.GC(ctx, func(stack, machine string) bool { return stack == "s1" })
+	if err != nil || len(gone) != 1 || gone[0] != dead {
+		t.Errorf("GC removed %v (%v), want only %s", gone, err, dead)
+	}
+	for _, id := range []string{alive, otherInst, plain} {
+		if _, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{}); err != nil {
+			t.Errorf("GC removed a container it must keep: %v", err)
+		}
+		cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true})
+	}
 	if err := f.d.RemoveNetwork(ctx); err != nil {
 		t.Error(err)
 	}

@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -79,4 +80,34 @@ func (d *Docker) RemoveNetwork(ctx context.Context) error {
 		return fmt.Errorf("remove docker network %s: %w", d.opts.Network, err)
 	}
 	return nil
+}
+
+// GC removes this kloud instance's containers whose stack or machine kloud no longer has (keep
+// returns false for their ids): what a crash between terraform and kloud's store leaves. It
+// never touches containers of another instance or without kloud's labels. It returns the ids of
+// the containers it removed.
+func (d *Docker) GC(ctx context.Context, keep func(stackID, machineID string) bool) ([]string, error) {
+	cli, err := d.Client()
+	if err != nil {
+		return nil, err
+	}
+	res, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true,
+		Filters: make(client.Filters).Add("label", LabelInstance+"="+d.instance)})
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, c := range res.Items {
+		s, m := c.Labels[LabelStack], c.Labels[LabelMachine]
+		if c.Labels[LabelInstance] != d.instance || s == "" || m == "" || keep(s, m) {
+			continue
+		}
+		if _, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("remove container %.12s: %w", c.ID, err))
+			continue
+		}
+		removed = append(removed, c.ID)
+	}
+	return removed, errors.Join(errs...)
 }
