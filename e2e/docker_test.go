@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +23,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/docker"
 	"github.com/kloud-dev/kloud/providers/docker/dockertest"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -50,19 +50,16 @@ func dockerMirror(t *testing.T) string {
 	return cfg
 }
 
-var dockerSubnets = struct {
-	next int
-}{next: 80}
-
 func newDockerEnv(t *testing.T) *dockerEnv {
 	t.Helper()
 	tf := testutil.RequireBinary(t, "terraform")
 	cliConfig := dockerMirror(t)
 	dd := dockertest.New(t)
-	n := dockerSubnets.next
-	dockerSubnets.next++
-	subnet := netip.MustParsePrefix(fmt.Sprintf("10.200.%d.0/24", n))
-	network := fmt.Sprintf("kloud-e2e%d", n)
+	subnet, err := sandbox.FreeSubnet(150)
+	if err != nil {
+		t.Fatal(err)
+	}
+	network := fmt.Sprintf("kloud-e2e%d", subnet.Addr().As4()[2])
 	// kloud creates the network at startup, before it listens on its gateway (where the machines
 	// reach it, and terraform the proxy).
 	_, port, _ := net.SplitHostPort(freePort(t))

@@ -3,7 +3,6 @@ package docker_test
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"sort"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/provider/providertest"
 	"github.com/kloud-dev/kloud/providers/docker"
 	"github.com/kloud-dev/kloud/providers/docker/dockertest"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 
@@ -24,7 +24,10 @@ import (
 func TestConformance(t *testing.T) {
 	tf, cliConfig := Terraform(t)
 	dd := dockertest.New(t)
-	subnet := netip.MustParsePrefix("10.200.66.0/24")
+	subnet, err := sandbox.FreeSubnet(150)
+	if err != nil {
+		t.Fatal(err)
+	}
 	gw := subnet.Addr().Next()
 	// kloud listens on the network's gateway, where the machines reach it (and terraform's
 	// Docker provider reaches the proxy): the network first.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/docker"
 	"github.com/kloud-dev/kloud/providers/docker/dockertest"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -53,9 +53,13 @@ func newFixture(t *testing.T, instance string) *fixture {
 		t.Fatal(err)
 	}
 	url := "http://" + ln.Addr().String()
+	subnet, err := sandbox.FreeSubnet(150)
+	if err != nil {
+		t.Fatal(err)
+	}
 	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Instance: instance, Endpoint: url,
 		StateDir: t.TempDir(), Logger: testutil.Logger(t),
-		Network: "kt-" + instance, Bridge: "kt-" + instance, Subnet: testSubnet})
+		Network: "kt-" + instance, Bridge: "kt-" + instance, Subnet: subnet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,13 +74,11 @@ func newFixture(t *testing.T, instance string) *fixture {
 	return &fixture{d: d, dd: dd, url: url}
 }
 
-var testSubnet = mustPrefix("10.200.65.0/24")
-
 // agentConfig is a well-formed agent configuration whose klient download fails (no kloud here:
 // the conformance suite covers the agents); cloud-init still runs and logs.
 func agentConfig(ctx context.Context, m *provider.MachineSpec) (userdata.Config, error) {
-	return userdata.Config{Username: "alice", KiteKey: "a.b.c", KontrolURL: "http://10.200.65.1:1/kite",
-		KlientURL: "http://10.200.65.1:1/dl/klient", KlientSHA256: strings.Repeat("0", 64)}, nil
+	return userdata.Config{Username: "alice", KiteKey: "a.b.c", KontrolURL: "http://127.0.0.1:1/kite",
+		KlientURL: "http://127.0.0.1:1/dl/klient", KlientSHA256: strings.Repeat("0", 64)}, nil
 }
 
 func tfRun(t *testing.T, dir, tf, cliConfig string, args ...string) string {
@@ -313,5 +315,3 @@ func TestMachinesThroughTerraform(t *testing.T) {
 		t.Error(err)
 	}
 }
-
-func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
