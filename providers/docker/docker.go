@@ -283,7 +283,7 @@ func dialTarget(host string) (network, addr string, err error) {
 	return "", "", fmt.Errorf("docker host %q: want unix:///path or tcp://host:port", host)
 }
 
-// keyFile is the service's HMAC key, created on first use.
+// serviceKey is the service's HMAC key (<StateDir>/.service-key, 0600), created on first use.
 func (d *Docker) serviceKey() ([]byte, error) {
 	d.keyMu.Lock()
 	defer d.keyMu.Unlock()

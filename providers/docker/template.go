@@ -161,12 +161,7 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 			return fmt.Errorf("%s.%s: %d machines without count", ResourceType, res, len(ms))
 		}
 		lit := cfg.LiteralAttrs(ResourceType, res)
-		_, userHostname := lit["hostname"]
-		if !userHostname {
-			if r, ok := resource(cfg, res); ok && r {
-				userHostname = true // an expression: the user's
-			}
-		}
+		userHostname := hasArg(cfg, res, "hostname") // a literal or an expression: the user's
 		vals := map[string][]any{}
 		add := func(kind string, v any) { vals[kind] = append(vals[kind], v) }
 		for i, m := range ms {
@@ -259,15 +254,15 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 	return nil
 }
 
-// resource reports whether the resource has a hostname argument (a literal or not).
-func resource(cfg *tmpl.Config, res string) (hasHostname, found bool) {
+// hasArg reports whether resource docker_container.res has argument (or block) arg.
+func hasArg(cfg *tmpl.Config, res, arg string) bool {
 	for _, r := range cfg.Resources(ResourceType) {
 		if r.Name == res {
 			args, _ := userArgs(cfg.Files(), r.File, res)
-			return slices.Contains(args, "hostname"), true
+			return slices.Contains(args, arg)
 		}
 	}
-	return false, false
+	return false
 }
 
 func index(m *provider.MachineSpec) int {
