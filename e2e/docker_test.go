@@ -70,7 +70,9 @@ func newDockerEnv(t *testing.T) *dockerEnv {
 		"--kloud-url", "http://"+addr, "--terraform", tf, "--cli-config", cliConfig)
 	e := &env{t: t, dir: dir, addr: addr, extra: []string{
 		"--terraformer-url", "http://" + tfAddr, "--public-url", "http://" + addr, "--no-demo",
-		"--docker-host", dd.Host, "--docker-image", dd.Image, "--docker-network", network,
+		// No --docker-image: kloud finds the image of $KLOUD_BASE_IMAGE (dockertest imported it)
+		// as kloud serve does by default.
+		"--docker-host", dd.Host, "--docker-network", network,
 		"--docker-bridge", network, "--docker-subnet", subnet.String(),
 	}}
 	e.start()

@@ -67,6 +67,15 @@ func (sd *serveDocker) register(ctx context.Context, f *serveFlags, reg *provide
 		if err := d.EnsureNetwork(ctx); err != nil {
 			log.Warn("docker provider: network", "err", err)
 		}
+		// The machine image (about 10 s to import), in the background: a build meanwhile waits
+		// for it.
+		go func() {
+			if ref, err := d.EnsureImage(ctx); err != nil {
+				log.Warn("docker provider: machine image", "err", err)
+			} else {
+				log.Info("docker provider: machine image ready", "image", ref)
+			}
+		}()
 	}
 	return nil
 }

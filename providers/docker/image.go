@@ -129,6 +129,11 @@ func jsonStreamError(r io.Reader) error {
 	return sc.Err()
 }
 
+// EnsureImage imports the machine image into the daemon unless it is there (kloud serve calls
+// it in the background at startup, so the first build does not wait for it) and returns its
+// reference.
+func (d *Docker) EnsureImage(ctx context.Context) (string, error) { return d.ensureImage(ctx) }
+
 // ensureImage returns the machine image's reference, importing it on first use.
 func (d *Docker) ensureImage(ctx context.Context) (string, error) {
 	d.mu.Lock()

@@ -35,8 +35,7 @@ type Daemon struct {
 	Host string
 	// Dir holds everything the daemon writes.
 	Dir string
-	// Image is the kloud machine image imported into it (docker.ImageRef of $KLOUD_BASE_IMAGE),
-	// "" if Options.NoImage.
+	// Image is the kloud machine image imported into it (docker.ImageRef of $KLOUD_BASE_IMAGE).
 	Image  string
 	Client *client.Client
 
