@@ -77,7 +77,8 @@ func (d *Docker) handler() http.Handler {
 		Transport:     tr,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			d.log.Warn("docker provider: proxy to the daemon", "path", r.URL.Path, "err", err)
+			rest, _ := r.Context().Value(restKey{}).(string) // the path without the token
+			d.log.Warn("docker provider: proxy to the daemon", "path", rest, "err", err)
 			http.Error(w, "docker provider: the Docker daemon did not answer: "+err.Error(), http.StatusBadGateway)
 		},
 	}
