@@ -27,8 +27,21 @@ if ((${#missing[@]})); then
 	else
 		log "installing ${missing[*]}"
 		export DEBIAN_FRONTEND=noninteractive
+		# Installing packages starts no service (docker.io would start the host's dockerd, with
+		# its firewall rules): tests start their own daemon; users start theirs when they want it.
+		rcd=""
+		if [ ! -e /usr/sbin/policy-rc.d ]; then
+			rcd=/usr/sbin/policy-rc.d
+			printf '#!/bin/sh\n# setup.sh: no service starts while packages install\nexit 101\n' >"$rcd"
+			chmod 0755 "$rcd"
+			trap 'rm -f "$rcd"' EXIT
+		fi
 		apt-get install -y --no-install-recommends "${missing[@]}" >&2 ||
 			{ apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
+		if [ -n "$rcd" ]; then
+			rm -f "$rcd"
+			trap - EXIT
+		fi
 	fi
 fi
 
