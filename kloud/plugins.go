@@ -777,5 +777,11 @@ func (s *Server) serveProvider(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, provider.HandlerPrefix(name), http.StatusMovedPermanently)
 		return
 	}
+	// A provider's service is for its machines and its Terraform provider, never for browsers,
+	// and it may be a plugin (third-party code): it gets no user's session cookie, and what it
+	// answers cannot run as kloud's web UI (a sandboxed, script-less document of its own origin).
+	r.Header.Del("Cookie")
+	w.Header().Set("Content-Security-Policy", "sandbox; default-src 'none'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	p.Handler.ServeHTTP(w, r)
 }

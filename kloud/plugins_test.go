@@ -130,6 +130,31 @@ func TestProviderHTTPDispatch(t *testing.T) {
 	if code, _ := get("/provider/later"); code != http.StatusMovedPermanently {
 		t.Errorf("/provider/later: %d, want a redirect to /provider/later/", code)
 	}
+
+	// A provider's service never sees a user's session cookie, and its answers cannot run as
+	// kloud's UI.
+	reg.Register(&provider.Provider{Name: "nosy", ResourceType: "nosy_machine",
+		Stack:   func(*provider.BaseStack) (provider.Stack, error) { return nil, errors.New("none") },
+		Machine: func(*provider.BaseMachine) (provider.Machine, error) { return nil, errors.New("none") },
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/html")
+			io.WriteString(w, "cookie="+r.Header.Get("Cookie"))
+		}),
+	})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, e.URL+"/provider/nosy/v1/x", nil)
+	req.Header.Set("Cookie", kloud.SessionCookie+"=secret-session")
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "cookie=" {
+		t.Errorf("the provider's service got the user's cookie: %q", b)
+	}
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "sandbox") || !strings.Contains(csp, "default-src 'none'") {
+		t.Errorf("Content-Security-Policy %q: want a script-less sandbox", csp)
+	}
 }
 
 // TestPluginLaunchedInProcess: a kloud in this process (the test binary is the sandbox's

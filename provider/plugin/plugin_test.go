@@ -80,8 +80,9 @@ func filesProvider(name string, sn *seen, unavailable *atomic.Value) *provider.P
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			body, _ := io.ReadAll(r.Body)
 			w.Header().Set("X-Reply", "from "+sn.instance)
+			w.Header().Set("Set-Cookie", "kloud_session=planted; Path=/")
 			w.WriteHeader(http.StatusCreated)
-			fmt.Fprintf(w, "%s %s q=%s h=%s body=%s", r.Method, r.URL.Path, r.URL.Query().Get("q"), r.Header.Get("X-Test"), body)
+			fmt.Fprintf(w, "%s %s q=%s h=%s c=%s body=%s", r.Method, r.URL.Path, r.URL.Query().Get("q"), r.Header.Get("X-Test"), r.Header.Get("Cookie"), body)
 		}),
 	}
 	p.Stack = func(b *provider.BaseStack) (provider.Stack, error) { return &filesStack{b: b, seen: sn}, nil }
@@ -527,13 +528,16 @@ func TestRoundTrip(t *testing.T) {
 	// HTTP through kloud's /provider/files/.
 	req, _ := http.NewRequest("PUT", e.http.URL+provider.HandlerPrefix("files")+"x/y?q=1", strings.NewReader("hello"))
 	req.Header.Set("X-Test", "yes")
+	req.Header.Set("Cookie", "kloud_session=the-users")
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	if res.StatusCode != http.StatusCreated || res.Header.Get("X-Reply") != "from a" || string(body) != "PUT /provider/files/x/y q=1 h=yes body=hello" {
+	// The plugin gets no cookie and sets none on kloud's origin.
+	if res.StatusCode != http.StatusCreated || res.Header.Get("X-Reply") != "from a" || res.Header.Get("Set-Cookie") != "" ||
+		string(body) != "PUT /provider/files/x/y q=1 h=yes c= body=hello" {
 		t.Errorf("http: %d %v %q", res.StatusCode, res.Header, body)
 	}
 	res, err = http.Post(e.http.URL+provider.HandlerPrefix("files"), "application/octet-stream", bytes.NewReader(make([]byte, plugin.MaxHTTPBody+1)))

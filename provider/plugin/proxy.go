@@ -355,6 +355,7 @@ func (ph *proxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, k := range hopHeaders {
 		hdr.Del(k)
 	}
+	hdr.Del("Cookie") // a user's session never reaches a plugin
 	var res httpResult
 	err = ph.h.call(r.Context(), ph.name, MethodHTTP, &httpParams{Method: r.Method, URL: r.URL.RequestURI(), Header: hdr, Body: body,
 		Host: r.Host, RemoteAddr: r.RemoteAddr}, &res)
@@ -371,7 +372,8 @@ func (ph *proxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for k, vs := range res.Header {
-		if slices.Contains(hopHeaders, http.CanonicalHeaderKey(k)) {
+		// No hop-by-hop headers, and no cookies on kloud's origin from third-party code.
+		if ck := http.CanonicalHeaderKey(k); slices.Contains(hopHeaders, ck) || ck == "Set-Cookie" {
 			continue
 		}
 		for _, v := range vs {
