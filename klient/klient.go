@@ -4,7 +4,9 @@
 // after every reconnect, with backoff), and serves its methods over that same connection, so a
 // machine needs no inbound port. kloud reaches it through kontrol. Methods: kite.ping,
 // kite.systemInfo, klient.info (identity and provisioning state) and klient.logs (tails of the
-// provisioning logs, for build errors that name the failing step).
+// provisioning logs, for build errors that name the failing step). A klient started with
+// --vagrant on a user's own host is that user's vagrant host instead (vagranthost.go: the
+// vagrant.* methods kloud's vagrant provider calls).
 //
 // klient must not link provider/, terraformer/ or Mongo (a test checks it).
 package klient
@@ -26,6 +28,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/klient/vagrant"
 	"github.com/kloud-dev/kloud/klient/webterm"
 	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 )
@@ -55,6 +58,10 @@ type Options struct {
 	Logger                    *slog.Logger
 	// Ready, if set, is called after every successful registration.
 	Ready func(kontrolapi.RegisterResult)
+	// Vagrant, if set, makes this klient its owner's vagrant host (vagranthost.go): it
+	// registers as klientapi.VagrantHostName and serves vagrant.*. It needs a kite key, not a
+	// machine's agent key.
+	Vagrant *VagrantOptions
 }
 
 // The wire types of klient's methods are package klientapi's; these names keep klient's own
@@ -84,7 +91,8 @@ type Klient struct {
 	verifier *kitekey.Verifier
 	acl      *acl
 	term     *webterm.Manager
-	ctx      context.Context // lives until Run returns: attachments run under it
+	vagrant  *vagrant.Manager // a vagrant host's machines (nil unless Options.Vagrant)
+	ctx      context.Context  // lives until Run returns: attachments run under it
 	cancel   context.CancelFunc
 }
 
@@ -136,9 +144,13 @@ func New(opts Options) (*Klient, error) {
 		return nil, fmt.Errorf("klient: %w", err)
 	}
 	kl.ctx, kl.cancel = context.WithCancel(context.Background())
+	name := "klient"
+	if opts.Vagrant != nil {
+		name = klientapi.VagrantHostName
+	}
 	k, err := kite.New(kite.Options{
 		Identity: kite.Identity{
-			Username: claims.Owner, ID: claims.KiteID, Name: "klient", Version: version.Version,
+			Username: claims.Owner, ID: claims.KiteID, Name: name, Version: version.Version,
 			Environment: opts.Environment, Region: opts.Region,
 		},
 		// Tokens (what kloud mints for the users it relays) and kite keys of users; never agent
@@ -156,6 +168,13 @@ func New(opts Options) (*Klient, error) {
 	k.Handle(klientapi.MethodLogs, kite.Typed(kl.logs))
 	kl.handleWebterm()
 	kl.handleShares()
+	if opts.Vagrant != nil {
+		if err := kl.setupVagrant(); err != nil {
+			kl.cancel()
+			kl.term.Close()
+			return nil, fmt.Errorf("klient: %w", err)
+		}
+	}
 	return kl, nil
 }
 

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -205,6 +206,10 @@ func (k *Kontrol) register(ctx context.Context, r *kite.Request, p *RegisterPara
 	if id.ID != pr.KiteID || id.Username != pr.Username {
 		return nil, fmt.Errorf("kontrol.register: a key registers only its own kite (%s of %s), not %s: %w",
 			pr.KiteID, pr.Username, id.String(), kite.ErrPermission)
+	}
+	if kitekey.IsAgent(pr) && slices.Contains(kontrolapi.HostNames, id.Name) {
+		return nil, fmt.Errorf("kontrol.register: %q is the name of a user's host kite; a machine's agent key cannot register as one: %w",
+			id.Name, kite.ErrPermission)
 	}
 	if len(p.URL) > 2048 {
 		return nil, fmt.Errorf("kontrol.register: url too long: %w", kite.ErrInvalidParams)

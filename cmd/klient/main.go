@@ -28,11 +28,18 @@ func main() {
 	flag.IntVar(&o.Terminal.Scrollback, "webterm-scrollback", webterm.DefaultScrollback, "bytes of recent output a terminal session replays on attach")
 	flag.DurationVar(&o.Terminal.IdleTimeout, "webterm-idle-timeout", webterm.DefaultIdleTimeout, "end a terminal session that has had no viewer for this long")
 	flag.IntVar(&o.Terminal.MaxSessionsPerUser, "webterm-max-sessions", webterm.DefaultMaxSessionsPerUser, "terminal sessions one user may have at once")
+	vagrantHost := flag.Bool("vagrant", false, "be the owner's vagrant host: serve vagrant.* (kloud's vagrant provider builds machines here with the host's Vagrant); needs the owner's kite key")
+	var vo klient.VagrantOptions
+	flag.StringVar(&vo.Home, "vagrant-home", "", "with --vagrant: where machines and Vagrant's data live (default <state-dir>/vagrant)")
+	flag.StringVar(&vo.Binary, "vagrant-bin", "vagrant", "with --vagrant: the vagrant command")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println("klient", version.Version)
 		return
+	}
+	if *vagrantHost {
+		o.Vagrant = &vo
 	}
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

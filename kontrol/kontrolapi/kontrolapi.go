@@ -27,6 +27,15 @@ const (
 	MethodEvent = "kontrol.event"
 )
 
+// HostNames are the kite names of host kites: klients on a user's own host that build machines
+// for that user (VagrantHostName: klient --vagrant). kontrol lets only a kite key register under
+// them, never a machine's agent key, so kloud can trust a kite of that name and owner to be the
+// owner's host.
+var HostNames = []string{VagrantHostName}
+
+// VagrantHostName is the kite name of a vagrant host (klient --vagrant).
+const VagrantHostName = "klient-vagrant"
+
 // KiteInfo describes a registered kite.
 type KiteInfo struct {
 	Kite         kite.Identity `json:"kite"`
