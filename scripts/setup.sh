@@ -45,9 +45,10 @@ if ((${#missing[@]})); then
 	fi
 fi
 
-log "terraform and the offline provider mirror (with our kloudlocal provider)"
+log "terraform and the offline provider mirror (with our kloudlocal and kloudvagrant providers)"
 scripts/tf-mirror.sh >/dev/null
 scripts/build-kloudlocal.sh >/dev/null
+scripts/build-kloudvagrant.sh >/dev/null
 log "the Docker Terraform provider (kreuzwerker/docker, built once and cached)"
 scripts/build-docker-provider.sh >/dev/null
 

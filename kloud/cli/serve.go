@@ -32,10 +32,11 @@ type serveFlags struct {
 	logLevel   string
 
 	// The built-in providers' and the demo's own flags and steps (serve_*.go).
-	dummy  serveDummy
-	local  serveLocal
-	docker serveDocker
-	demo   serveDemo
+	dummy   serveDummy
+	local   serveLocal
+	docker  serveDocker
+	vagrant serveVagrant
+	demo    serveDemo
 }
 
 func serveCmd(g *globals) *cobra.Command {
@@ -87,6 +88,7 @@ with kloud's privileges (logged at every start).`,
 	f.dummy.flags(cmd)
 	f.local.flags(cmd)
 	f.docker.flags(cmd)
+	f.vagrant.flags(cmd)
 	return cmd
 }
 
@@ -104,6 +106,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		return err
 	}
 	if err := f.docker.register(ctx, f, reg, log); err != nil {
+		return err
+	}
+	if err := f.vagrant.register(f, reg, log); err != nil {
 		return err
 	}
 	for _, n := range reg.Names() {
@@ -135,6 +140,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	f.demo.start(ctx, s, log)
 	f.local.start(ctx, s, log)
 	f.docker.start(ctx, s, log)
+	f.vagrant.start(s)
 	key, err := kitekey.ReadFile(s.KloudKeyPath())
 	if err != nil {
 		s.Close()

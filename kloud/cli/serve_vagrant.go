@@ -1,0 +1,74 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/vagrant"
+)
+
+// serveVagrant is kloud serve's vagrant provider: machines on the owners' own hosts, built by
+// the klient --vagrant each owner runs there (Koding's way). It needs nothing on the kloud host;
+// a build says when the owner has no host connected.
+type serveVagrant struct {
+	noVagrant bool
+	v         *vagrant.Vagrant
+	hosts     lateHosts
+}
+
+func (sv *serveVagrant) flags(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&sv.noVagrant, "no-vagrant", false, "do not offer the vagrant provider (machines on users' own hosts running klient --vagrant)")
+}
+
+// register adds the vagrant provider to reg (unless --no-vagrant). Its hosts come from kloud's
+// kontrol, which exists only after kloud.New: start binds them.
+func (sv *serveVagrant) register(f *serveFlags, reg *provider.Registry, log *slog.Logger) error {
+	if sv.noVagrant {
+		return nil
+	}
+	instance, err := instanceID(f.o.DataDir)
+	if err != nil {
+		return err
+	}
+	endpoint, err := serviceEndpoint(f.o.Addr)
+	if err != nil {
+		log.Warn("vagrant provider: terraform cannot reach kloud's vagrant machine service; vagrant stacks cannot be built", "err", err)
+	}
+	v, err := vagrant.New(vagrant.Options{
+		StateDir: filepath.Join(f.o.DataDir, "vagrant"), Hosts: &sv.hosts, Instance: instance,
+		Endpoint: endpoint, Logger: log.With("provider", vagrant.Name),
+	})
+	if err != nil {
+		return err
+	}
+	sv.v = v
+	reg.Register(v.Provider())
+	return nil
+}
+
+// start binds the provider to kloud's kontrol.
+func (sv *serveVagrant) start(s *kloud.Server) {
+	if sv.v != nil {
+		h := vagrant.KontrolHosts(s.Kontrol)
+		sv.hosts.h.Store(&h)
+	}
+}
+
+// lateHosts is vagrant.Hosts once bound.
+type lateHosts struct{ h atomic.Pointer[vagrant.Hosts] }
+
+func (l *lateHosts) Host(ctx context.Context, owner, want string) (*vagrant.Host, error) {
+	h := l.h.Load()
+	if h == nil {
+		return nil, fmt.Errorf("kloud is starting: %w", kite.ErrUnavailable)
+	}
+	return (*h).Host(ctx, owner, want)
+}

@@ -1,0 +1,141 @@
+package vagrant_test
+
+import (
+	"errors"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/vagrant/vagranttest"
+	"github.com/kloud-dev/kloud/kontrol/kontroltest"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/vagrant"
+	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
+)
+
+// The vagrant machine service builds on the owner's real host klient (real vagrant, docker
+// provider, private dockerd): create boots the machine, kloud stops, starts and inspects it
+// through the host, delete leaves no container; another stack's or user's token gets nothing.
+func TestServiceThroughHostKlient(t *testing.T) {
+	ko := kontroltest.Start(t, kontroltest.Options{})
+	keyFile, _ := ko.KeyFile("alice")
+	host := vagranttest.Start(t, ko.URL(), keyFile)
+	v, err := vagrant.New(vagrant.Options{StateDir: t.TempDir(), Hosts: vagrant.KontrolHosts(ko.Kontrol), Instance: "test", Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(v.Provider().Handler)
+	t.Cleanup(srv.Close)
+	client := func(stack, owner string, machines ...string) *tfprovider.Client {
+		tok, err := v.Token(stack, owner, machines)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tfprovider.NewClient(srv.URL, tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	alice := client("s1", "alice", "m1")
+	tags := map[string]string{vagrant.TagStack: "s1", vagrant.TagMachine: "m1", "team": "a"}
+	req := tfprovider.CreateRequest{Hostname: "web-0", Image: vagranttest.Image, MemoryMB: 256, CPUs: 1, Tags: tags,
+		UserData: "#cloud-config\nruncmd:\n - [sh, -c, 'echo booted > /root/booted']\n"}
+
+	// Refusals first: nothing may reach the host.
+	if _, err := client("s1", "alice", "m2").Create(t.Context(), req); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("create of a machine the token does not list: %v", err)
+	}
+	bad := req
+	bad.Hostname = "a;b"
+	if _, err := alice.Create(t.Context(), bad); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("bad hostname: %v", err)
+	}
+	bobReq := req
+	bobReq.Tags = map[string]string{vagrant.TagStack: "s9", vagrant.TagMachine: "m9"}
+	if _, err := client("s9", "bob", "m9").Create(t.Context(), bobReq); err == nil || !strings.Contains(err.Error(), "no vagrant host connected") {
+		t.Errorf("bob has no host: %v", err)
+	}
+
+	t0 := time.Now()
+	m, err := alice.Create(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("create took %s", time.Since(t0).Round(time.Millisecond))
+	if m.State != "running" || m.Host != host.KiteID || !strings.HasPrefix(m.ID, "web-0-") {
+		t.Fatalf("created %+v", m)
+	}
+	containers := host.Dockerd.Containers(t)
+	if len(containers) != 1 {
+		t.Fatalf("containers: %v", containers)
+	}
+	execIn := func(args ...string) (string, error) {
+		cmd := exec.Command("docker", append([]string{"exec", containers[0]}, args...)...)
+		cmd.Env = append(os.Environ(), host.Dockerd.Env())
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	testutil.Eventually(t, 2*time.Minute, func() bool {
+		out, err := execIn("cat", "/root/booted")
+		return err == nil && strings.TrimSpace(out) == "booted"
+	}, "the user data did not run")
+
+	// Another stack's token (of alice too) neither reads nor deletes it.
+	other := client("s2", "alice")
+	if _, err := other.Read(t.Context(), m.ID); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("read with another stack's token: %v", err)
+	}
+	if err := other.Delete(t.Context(), m.ID); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("delete with another stack's token: %v", err)
+	}
+
+	// kloud's own operations, through the host.
+	pm, err := v.Provider().Machine(&provider.BaseMachine{ID: "m1", Label: "web", Owner: "alice", Attributes: map[string]any{"id": m.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _, err := pm.Info(t.Context()); err != nil || st != provider.Running {
+		t.Fatalf("info: %v %v", st, err)
+	}
+	if _, err := execIn("sh", "-c", "echo kept > /root/kept"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pm.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, err := pm.Info(t.Context()); err != nil || st != provider.Stopped {
+		t.Fatalf("info after stop: %v %v", st, err)
+	}
+	if _, err := pm.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn("cat", "/root/kept"); err != nil || strings.TrimSpace(out) != "kept" {
+		t.Errorf("file after stop/start: %q %v", out, err)
+	}
+	if _, err := v.Provider().Machine(&provider.BaseMachine{ID: "m1", Owner: "bob", Attributes: map[string]any{"id": m.ID}}); !errors.Is(err, kite.ErrPermission) {
+		t.Errorf("bob's machine of alice's record: %v", err)
+	}
+
+	got, err := alice.Read(t.Context(), m.ID)
+	if err != nil || got.State != "running" || got.Tags["team"] != "a" {
+		t.Fatalf("read: %+v %v", got, err)
+	}
+	if err := alice.Delete(t.Context(), m.ID); err != nil {
+		t.Fatal(err)
+	}
+	if c := host.Dockerd.Containers(t); len(c) != 0 {
+		t.Errorf("containers after delete: %v", c)
+	}
+	if _, err := alice.Read(t.Context(), m.ID); !errors.Is(err, tfprovider.ErrNotFound) {
+		t.Errorf("read after delete: %v", err)
+	}
+	if err := alice.Delete(t.Context(), m.ID); err != nil {
+		t.Errorf("delete again: %v", err)
+	}
+}
