@@ -26,7 +26,7 @@
 //	  hostname  = "web-${count.index}"   # required; replaces the machine when changed
 //	  image     = "kloud/debian:bookworm" # a Docker image (Vagrant's docker provider), or
 //	  # box     = "debian/bookworm64"     # a Vagrant box (virtualbox, libvirt, ...)
-//	  # provider = "virtualbox"           # optional: the Vagrant provider
+//	  # vagrant_provider = "virtualbox"   # optional: the Vagrant provider
 //	  memory    = 512                     # MiB, optional; replaces
 //	  cpus      = 1                       # optional; replaces
 //	  user_data = "#cloud-config\n..."    # sensitive; kloud sets it (the agent); replaces

@@ -31,7 +31,7 @@ type machineModel struct {
 	CPUs     types.Int64  `tfsdk:"cpus"`
 	Image    types.String `tfsdk:"image"`
 	Box      types.String `tfsdk:"box"`
-	Provider types.String `tfsdk:"provider"`
+	Provider types.String `tfsdk:"vagrant_provider"`
 	Tags     types.Map    `tfsdk:"tags"`
 	Host     types.String `tfsdk:"host"`
 	State    types.String `tfsdk:"state"`
@@ -81,7 +81,7 @@ func (r *machineResource) Schema(ctx context.Context, req resource.SchemaRequest
 				Description:   "A Vagrant box with cloud-init (virtualbox, libvirt, ... providers). Exactly one of image and box.",
 				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
 			},
-			"provider": schema.StringAttribute{
+			"vagrant_provider": schema.StringAttribute{
 				Optional:      true,
 				Description:   "The Vagrant provider (default: docker for an image, Vagrant's default for a box).",
 				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},

@@ -1,0 +1,280 @@
+package e2e
+
+// End-to-end tests of the vagrant provider, Koding's way: a kloud (its own data dir and
+// terraformer), the kloudvagrant Terraform provider built from this tree, and alice's own
+// vagrant host — the klient binary run with --vagrant and alice's kite key, driving the real
+// vagrant with its docker provider against a private dockerd (package testdockerd). The machines'
+// own klients come from cloud-init and register with kloud like every machine's. They need root,
+// vagrant and dockerd; outside CI they skip loudly, under CI=true they fail.
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testdockerd"
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
+	"github.com/kloud-dev/kloud/userdata"
+)
+
+const vagrantImage = "kloud-vagrant-e2e:1"
+
+type vagrantEnv struct {
+	*env
+	d     *testdockerd.Daemon
+	home  string // the host klient's vagrant home
+	hostK *exec.Cmd
+}
+
+var vmirror struct {
+	once sync.Once
+	cfg  string
+	err  error
+}
+
+// kloudvagrantMirror builds the kloudvagrant Terraform provider from this tree once per test
+// process into a mirror under the binaries' directory, and returns a CLI config using only it.
+func kloudvagrantMirror(t *testing.T) string {
+	t.Helper()
+	vmirror.once.Do(func() {
+		root, err := testutil.ModuleRoot()
+		if err != nil {
+			vmirror.err = err
+			return
+		}
+		m := filepath.Join(bin, "tf-mirror-vagrant")
+		pdir := filepath.Join(m, "registry.terraform.io", "kloud", tfprovider.Name, tfprovider.Version, runtime.GOOS+"_"+runtime.GOARCH)
+		cmd := exec.Command("go", "build", "-o", filepath.Join(pdir, "terraform-provider-"+tfprovider.Name+"_v"+tfprovider.Version), "./cmd/terraform-provider-kloudvagrant")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			vmirror.err = fmt.Errorf("go build kloudvagrant: %w\n%s", err, out)
+			return
+		}
+		cfg := filepath.Join(bin, "kloudvagrant.tfrc")
+		vmirror.err = os.WriteFile(cfg, fmt.Appendf(nil, `provider_installation {
+  filesystem_mirror {
+    path    = %q
+    include = ["registry.terraform.io/kloud/*"]
+  }
+  direct {
+    exclude = ["registry.terraform.io/*/*"]
+  }
+}
+disable_checkpoint = true
+`, m), 0o644)
+		vmirror.cfg = cfg
+	})
+	if vmirror.err != nil {
+		t.Fatal(vmirror.err)
+	}
+	return vmirror.cfg
+}
+
+// newVagrantEnv starts a private dockerd with the base image, a kloud with its own terraformer,
+// user alice, and alice's vagrant host (bin/klient --vagrant with her kite key).
+func newVagrantEnv(t *testing.T) *vagrantEnv {
+	t.Helper()
+	testutil.RequireRoot(t)
+	tf := testutil.RequireBinary(t, "terraform")
+	testutil.RequireBinary(t, "vagrant")
+	d := testdockerd.Start(t)
+	d.Import(t, vagrantImage)
+	cliConfig := kloudvagrantMirror(t)
+	addr := freePort(t)
+	dir := t.TempDir()
+	tfAddr := freePort(t)
+	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "terraformer"),
+		"--kloud-url", "http://"+addr, "--terraform", tf, "--cli-config", cliConfig)
+	e := &env{t: t, dir: dir, addr: addr, extra: []string{"--terraformer-url", "http://" + tfAddr, "--public-url", "http://" + addr, "--no-demo"}}
+	e.start()
+	t.Cleanup(e.cleanup)
+	e.alice()
+	ve := &vagrantEnv{env: e, d: d, home: t.TempDir()}
+	ve.startHost()
+	// Last cleanup to run first: nothing of the machines is left in docker.
+	t.Cleanup(func() {
+		for _, c := range d.Containers(t) {
+			t.Errorf("container %s left behind", c)
+			d.Docker(t, "rm", "-f", c)
+		}
+	})
+	return ve
+}
+
+// startHost runs alice's host klient until the test ends and waits until kloud sees it.
+func (e *vagrantEnv) startHost() {
+	t := e.t
+	cmd := exec.Command(filepath.Join(bin, "klient"), "--vagrant", "--kite-key", e.key,
+		"--vagrant-home", e.home, "--state-dir", filepath.Join(e.home, "state"))
+	cmd.Env = append(os.Environ(), e.d.Env())
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("host klient output:\n%s", out)
+		}
+	})
+	e.hostK = cmd
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		for _, k := range e.kites() {
+			if k.Kite.Name == "klient-vagrant" {
+				return true
+			}
+		}
+		return false
+	}, "alice's vagrant host did not register:\n%s", out)
+}
+
+func (e *vagrantEnv) kites() map[string]kiteInfo {
+	var ks []kiteInfo
+	e.runJSON(&ks, "kites")
+	out := map[string]kiteInfo{}
+	for _, k := range ks {
+		out[k.Kite.ID] = k
+	}
+	return out
+}
+
+// vmachines is `kloud machine list` with the Terraform attributes.
+func (e *vagrantEnv) vmachines(stack string) map[string]localMachine {
+	var ms []localMachine
+	e.runJSON(&ms, "machine", "list", "--stack", stack)
+	out := map[string]localMachine{}
+	for _, m := range ms {
+		out[m.Label] = m
+	}
+	return out
+}
+
+// container is the docker container of the vagrant machine named name on the host.
+func (e *vagrantEnv) container(name string) string {
+	e.t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.home, "machines", name, ".vagrant", "machines", "default", "docker", "id"))
+	if err != nil {
+		e.t.Fatalf("vagrant machine %s: no container id: %v", name, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func (e *vagrantEnv) exec(container string, argv ...string) string {
+	e.t.Helper()
+	return strings.TrimSpace(e.d.Docker(e.t, append([]string{"exec", container}, argv...)...))
+}
+
+func vagrantTemplate(name string, n int, script string) string {
+	return fmt.Sprintf(`terraform {
+  required_providers {
+    kloudvagrant = { source = "kloud/kloudvagrant" }
+  }
+}
+
+resource "kloudvagrant_machine" %q {
+  count     = %d
+  hostname  = "%s-${count.index}"
+  image     = %q
+  memory    = 512
+  cpus      = 1
+  user_data = <<-EOT
+%s
+  EOT
+}
+`, name, n, name, vagrantImage, indent(script))
+}
+
+// TestVagrantStack builds a stack of two vagrant machines on alice's host through the kloud CLI:
+// both Running with their agents connected (downloaded from kloud by cloud-init, registered as
+// alice's), cloud-init's log in place; stops a machine (disk kept) and starts it again; destroys
+// the stack and checks that Vagrant and docker have nothing left.
+func TestVagrantStack(t *testing.T) {
+	e := newVagrantEnv(t)
+	tid := e.template(vagrantTemplate("web", 2, `#!/bin/bash
+echo "user script ran on $(hostname)" > /root/user-script-ran`))
+	sid := e.createStack(tid)
+	t0 := time.Now()
+	out := e.run("stack", "apply", sid)
+	if !strings.Contains(out, "Stack building finished") {
+		t.Fatalf("apply:\n%s", out)
+	}
+	t.Logf("2 vagrant machines Running with agents in %s", time.Since(t0).Round(time.Millisecond))
+	ms := e.vmachines(sid)
+	kites := e.kites()
+	for i := range 2 {
+		label, hostname := fmt.Sprintf("web.%d", i), fmt.Sprintf("web-%d", i)
+		m := ms[label]
+		if m.State != "Running" || m.Agent.Status != "connected" || m.KiteID == "" {
+			t.Fatalf("%s after apply: %+v", label, m)
+		}
+		if k, ok := kites[m.KiteID]; !ok || k.Kite.Name != "klient" || k.Kite.Username != "alice" || k.Kite.Hostname != hostname {
+			t.Errorf("%s: kite %s registered as %+v (found %v), want klient of alice on %s", label, m.KiteID, k.Kite, ok, hostname)
+		}
+		c := e.container(m.sandboxID())
+		if log := e.exec(c, "cat", userdata.CloudInitOutputPath); !strings.Contains(log, "Cloud-init v.") || !strings.Contains(log, "KLOUD-PROVISION step=done status=ok") {
+			t.Errorf("%s: %s does not show cloud-init and the provisioning:\n%s", label, userdata.CloudInitOutputPath, log)
+		}
+		if got := e.exec(c, "cat", "/root/user-script-ran"); got != "user script ran on "+hostname {
+			t.Errorf("%s: user script wrote %q", label, got)
+		}
+	}
+
+	// Stop web.0 and start it again: the file written before is still there.
+	m0 := ms["web.0"]
+	c0 := e.container(m0.sandboxID())
+	word := randomWord()
+	e.exec(c0, "sh", "-c", "echo "+word+" > /root/kept && sync")
+	e.run("machine", "stop", "web.0", "--stack", sid)
+	if m := e.vmachines(sid)["web.0"]; m.State != "Stopped" || m.Agent.Status != "disconnected" {
+		t.Fatalf("web.0 after stop: %+v", m)
+	}
+	if st := strings.TrimSpace(e.d.Docker(t, "inspect", "--format", "{{.State.Status}}", c0)); st != "exited" {
+		t.Errorf("web.0's container after stop: %s", st)
+	}
+	e.run("machine", "start", "web.0", "--stack", sid)
+	if m := e.vmachines(sid)["web.0"]; m.State != "Running" || m.Agent.Status != "connected" {
+		t.Fatalf("web.0 after start: %+v", m)
+	}
+	if got := e.exec(c0, "cat", "/root/kept"); got != word {
+		t.Errorf("web.0 after start: /root/kept = %q, want %q", got, word)
+	}
+
+	e.run("stack", "destroy", sid)
+	if ms := e.vmachines(sid); len(ms) != 0 {
+		t.Errorf("machines left in kloud: %+v", ms)
+	}
+	if c := e.d.Containers(t); len(c) != 0 {
+		t.Errorf("containers after destroy: %v", c)
+	}
+	gs := exec.Command("vagrant", "global-status", "--prune")
+	gs.Env = append(os.Environ(), "VAGRANT_HOME="+filepath.Join(e.home, "vagrant.d"), "VAGRANT_CHECKPOINT_DISABLE=1", e.d.Env())
+	if out, err := gs.CombinedOutput(); err != nil || !strings.Contains(string(out), "no active Vagrant environments") {
+		t.Errorf("vagrant global-status --prune after destroy: %v\n%s", err, out)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.home, "machines")); len(ents) != 0 {
+		t.Errorf("machine directories left on the host: %v", ents)
+	}
+}
+
+func (e *vagrantEnv) createStack(tid string) string {
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	return created.Stack.ID
+}
