@@ -128,6 +128,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		fmt.Fprintf(g.stdout, "admin key: %s\n", s.AdminKeyPath())
 		fmt.Fprintf(g.stdout, "providers: %s\n", strings.Join(reg.Names(), ", "))
 		fmt.Fprintf(g.stdout, "provider plugins: %s\n", s.PluginDir())
+		if n := f.vagrant.hostNote(f.o.DataDir); n != "" {
+			fmt.Fprintln(g.stderr, n)
+		}
 		for _, w := range reachWarnings(ctx, a, s.PublicURL(), reg) {
 			fmt.Fprintf(g.stderr, "warning: %s\n", w)
 		}

@@ -4,8 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -52,6 +57,31 @@ func (sv *serveVagrant) register(f *serveFlags, reg *provider.Registry, log *slo
 	sv.v = v
 	reg.Register(v.Provider())
 	return nil
+}
+
+// hostNote says whether this host could be a vagrant host too (make run's user usually has one
+// machine): what is missing, or the command that makes it one. kloud itself needs neither
+// vagrant nor docker: the hosts are the users'.
+func (sv *serveVagrant) hostNote(dataDir string) string {
+	if sv.v == nil {
+		return ""
+	}
+	const pre = "vagrant provider: machines are built on their owner's own host by `klient --vagrant`; "
+	if _, err := exec.LookPath("vagrant"); err != nil {
+		return pre + "this host has no vagrant (install it: apt-get install vagrant docker.io) to build vagrant machines here"
+	}
+	sock := "/var/run/docker.sock"
+	if h := os.Getenv("DOCKER_HOST"); strings.HasPrefix(h, "unix://") {
+		sock = strings.TrimPrefix(h, "unix://")
+	} else if h != "" {
+		return pre + "to build here (Vagrant's docker provider, DOCKER_HOST=" + h + "), run: klient --vagrant --kite-key KEY (KEY: kloud key create --username YOU --out KEY)"
+	}
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return pre + "this host has vagrant but no Docker daemon answers at " + sock + " (start dockerd, or set DOCKER_HOST) for Vagrant's docker provider"
+	}
+	c.Close()
+	return pre + "to build on this host, run: klient --vagrant --kite-key KEY (KEY: kloud key create --username YOU --out KEY; the admin's is " + filepath.Join(dataDir, kloud.AdminKeyFile) + ")"
 }
 
 // start binds the provider to kloud's kontrol.
