@@ -83,4 +83,3 @@ disable_checkpoint = true
 `, filepath.Join(dir, "mirror"))
 	return dir, cliConfig, os.WriteFile(cliConfig, []byte(cfg), 0o644)
 }
-
