@@ -8,6 +8,7 @@ package e2e
 // vagrant and dockerd; outside CI they skip loudly, under CI=true they fail.
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -277,4 +278,81 @@ func (e *vagrantEnv) createStack(tid string) string {
 	var created struct{ Stack struct{ ID string } }
 	e.runJSON(&created, "stack", "create", "--template", tid)
 	return created.Stack.ID
+}
+
+// TestVagrantKloudKilledMidBuild SIGKILLs kloud while a vagrant stack builds (terraformer and
+// alice's host klient run on), once while terraform creates the machines and once while kloud
+// waits for the agents, and starts it again: the interrupted job ends (built, or failed with a
+// reason), no machine stays Building, and after destroy neither Vagrant nor docker has anything
+// left (what an interrupted create left is swept when the host reconnects).
+func TestVagrantKloudKilledMidBuild(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		percent int
+	}{
+		{"during terraform", 40},
+		{"while waiting for agents", 70},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newVagrantEnv(t)
+			sid := e.createStack(e.template(vagrantTemplate("k", 2, "#!/bin/bash\necho working; sleep 3; echo done")))
+			out := e.run("stack", "apply", sid, "--detach")
+			jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+			var seen int
+			testutil.Eventually(t, 3*time.Minute, func() bool {
+				var j struct {
+					Percentage int
+					Status     string
+				}
+				o, err := e.try("job", "get", jobID)
+				if err != nil || json.Unmarshal([]byte(o), &j) != nil {
+					return false
+				}
+				seen = j.Percentage
+				if j.Status != "running" && j.Status != "queued" && j.Status != "" {
+					t.Fatalf("the job ended (%s) before kloud could be killed at %d%%", j.Status, tc.percent)
+				}
+				return j.Percentage >= tc.percent
+			}, "the build did not reach %d%%", tc.percent)
+			e.kill()
+			t.Logf("killed kloud at %d%%", seen)
+			e.start()
+
+			final, err := e.try("job", "watch", jobID)
+			t.Logf("the job after the restart (err %v):\n%s", err, final)
+			var j struct{ Status, Error string }
+			e.runJSON(&j, "job", "get", jobID)
+			var st struct{ State, Reason string }
+			e.runJSON(&st, "stack", "describe", sid)
+			ms := e.vmachines(sid)
+			if len(ms) != 2 {
+				t.Fatalf("machines: %+v", ms)
+			}
+			switch j.Status {
+			case "succeeded":
+				for l, m := range ms {
+					if m.State != "Running" || m.Agent.Status != "connected" {
+						t.Errorf("%s after the resumed build: %+v", l, m)
+					}
+				}
+			case "failed":
+				if j.Error == "" || st.Reason == "" || st.State == "Building" {
+					t.Errorf("a failed build must say why: job %+v, stack %+v", j, st)
+				}
+				for l, m := range ms {
+					if m.State == "Building" || (m.State != "Running" && m.Reason == "") {
+						t.Errorf("%s after the failed build: %+v", l, m)
+					}
+				}
+			default:
+				t.Fatalf("job after the restart: %+v", j)
+			}
+			t.Logf("job %s: %s %s; stack %+v", jobID, j.Status, j.Error, st)
+			e.run("stack", "destroy", sid)
+			testutil.Eventually(t, 3*time.Minute, func() bool {
+				ents, _ := os.ReadDir(filepath.Join(e.home, "machines"))
+				return len(e.d.Containers(t)) == 0 && len(ents) == 0
+			}, "left after destroy: containers %v, host dirs under %s", e.d.Containers(t), filepath.Join(e.home, "machines"))
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -53,9 +54,9 @@ func (kl *Klient) setupVagrant() error {
 	}
 	kl.vagrant = m
 	kl.kite.Handle(klientapi.MethodVagrantCreate, kite.Typed(kl.vagrantCreate))
-	kl.kite.Handle(klientapi.MethodVagrantUp, kite.Typed(kl.vagrantOp(m.Up)))
-	kl.kite.Handle(klientapi.MethodVagrantHalt, kite.Typed(kl.vagrantOp(m.Halt)))
-	kl.kite.Handle(klientapi.MethodVagrantStatus, kite.Typed(kl.vagrantOp(m.Status)))
+	kl.kite.Handle(klientapi.MethodVagrantUp, kite.Typed(kl.vagrantOp(m.Up, true)))
+	kl.kite.Handle(klientapi.MethodVagrantHalt, kite.Typed(kl.vagrantOp(m.Halt, true)))
+	kl.kite.Handle(klientapi.MethodVagrantStatus, kite.Typed(kl.vagrantOp(m.Status, false)))
 	kl.kite.Handle(klientapi.MethodVagrantDestroy, kite.Typed(kl.vagrantDestroy))
 	kl.kite.Handle(klientapi.MethodVagrantList, kite.Typed(kl.vagrantList))
 	return nil
@@ -101,10 +102,28 @@ func (kl *Klient) vagrantCreate(ctx context.Context, r *kite.Request, p *klienta
 	return vm, vagrantErr(err)
 }
 
-func (kl *Klient) vagrantOp(op func(context.Context, string) (klientapi.VagrantMachine, error)) func(context.Context, *kite.Request, *klientapi.VagrantNameParams) (any, error) {
+// MaxVagrantOp bounds a vagrant up, halt or destroy (a first up may download a box).
+const MaxVagrantOp = 30 * time.Minute
+
+// detached is the context of a vagrant command that changes a machine: it does not end when the
+// caller goes away (kloud restarting, a dropped link), because a `vagrant up` killed halfway can
+// leave a container Vagrant does not know about; it ends when klient stops or after MaxVagrantOp.
+// The caller gets its answer, or its own error; the machine's state stays Vagrant's.
+func (kl *Klient) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, cancel := context.WithTimeout(context.WithoutCancel(ctx), MaxVagrantOp)
+	stop := context.AfterFunc(kl.ctx, cancel)
+	return d, func() { stop(); cancel() }
+}
+
+func (kl *Klient) vagrantOp(op func(context.Context, string) (klientapi.VagrantMachine, error), changes bool) func(context.Context, *kite.Request, *klientapi.VagrantNameParams) (any, error) {
 	return func(ctx context.Context, r *kite.Request, p *klientapi.VagrantNameParams) (any, error) {
 		if err := kl.ownerOnly(ctx, r, p.Token); err != nil {
 			return nil, err
+		}
+		if changes {
+			var cancel context.CancelFunc
+			ctx, cancel = kl.detached(ctx)
+			defer cancel()
 		}
 		vm, err := op(ctx, p.Name)
 		return vm, vagrantErr(err)
@@ -115,6 +134,8 @@ func (kl *Klient) vagrantDestroy(ctx context.Context, r *kite.Request, p *klient
 	if err := kl.ownerOnly(ctx, r, p.Token); err != nil {
 		return nil, err
 	}
+	ctx, cancel := kl.detached(ctx)
+	defer cancel()
 	return struct{}{}, vagrantErr(kl.vagrant.Destroy(ctx, p.Name))
 }
 

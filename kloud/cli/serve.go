@@ -143,7 +143,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	f.demo.start(ctx, s, log)
 	f.local.start(ctx, s, log)
 	f.docker.start(ctx, s, log)
-	f.vagrant.start(s)
+	f.vagrant.start(ctx, s, log)
 	key, err := kitekey.ReadFile(s.KloudKeyPath())
 	if err != nil {
 		s.Close()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/vagrant"
 )
@@ -84,13 +85,61 @@ func (sv *serveVagrant) hostNote(dataDir string) string {
 	return pre + "to build on this host, run: klient --vagrant --kite-key KEY (KEY: kloud key create --username YOU --out KEY; the admin's is " + filepath.Join(dataDir, kloud.AdminKeyFile) + ")"
 }
 
-// start binds the provider to kloud's kontrol.
-func (sv *serveVagrant) start(s *kloud.Server) {
-	if sv.v != nil {
-		h := vagrant.KontrolHosts(s.Kontrol)
-		sv.hosts.h.Store(&h)
+// start binds the provider to kloud's kontrol and sweeps, whenever a vagrant host registers and
+// every sweepInterval, the machines of stacks kloud no longer has and those a crash left
+// half-created (vagrant.GC).
+func (sv *serveVagrant) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {
+	if sv.v == nil {
+		return
 	}
+	h := vagrant.KontrolHosts(s.Kontrol)
+	sv.hosts.h.Store(&h)
+	keep := func(stackID, machineID string) bool {
+		keep, err := s.Store().Machines().InStack(ctx, stackID, machineID)
+		if err != nil {
+			log.Warn("vagrant provider: sweep: look up machine; keeping it", "machine", machineID, "stack", stackID, "err", err)
+			return true // when in doubt, keep
+		}
+		return keep
+	}
+	sweep := func() {
+		gone, err := sv.v.GC(ctx, keep)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("vagrant provider: sweep", "err", err)
+		}
+		if len(gone) > 0 {
+			log.Info("vagrant provider: removed machines of dead stacks or interrupted builds", "machines", gone)
+		}
+	}
+	go func() {
+		tick := time.NewTicker(sweepInterval)
+		defer tick.Stop()
+		for ctx.Err() == nil {
+			events, _, cancel := s.Kontrol.Subscribe(kite.Identity{Name: kontrolapi.VagrantHostName})
+			sweep()
+		loop:
+			for {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						break loop
+					}
+					if ev.Action == "register" {
+						sweep()
+					}
+				case <-tick.C:
+					sweep()
+				case <-ctx.Done():
+					break loop
+				}
+			}
+			cancel()
+		}
+	}()
 }
+
+// sweepInterval is how often kloud serve sweeps vagrant machines besides host registrations.
+const sweepInterval = 2 * time.Minute
 
 // lateHosts is vagrant.Hosts once bound.
 type lateHosts struct{ h atomic.Pointer[vagrant.Hosts] }

@@ -1,6 +1,7 @@
 package vagrant
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/kloud-dev/kloud/klient/klientapi"
 )
 
 // record is what kloud keeps of a vagrant machine it asked a host to create
@@ -26,6 +29,10 @@ type record struct {
 	MemoryMB int64             `json:"memoryMB,omitempty"`
 	CPUs     int64             `json:"cpus,omitempty"`
 	Tags     map[string]string `json:"tags"`
+	// Complete is set once the host made and booted the machine and the service answered; a
+	// record without it whose create is not running in this process is what a crash left
+	// (kloud died mid-create, so terraform never learnt the machine): GC destroys it.
+	Complete bool `json:"complete,omitempty"`
 }
 
 func (v *Vagrant) recordPath(name string) string {
@@ -96,4 +103,64 @@ func (v *Vagrant) records() ([]*record, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// GC destroys, on their hosts, this instance's machines that kloud no longer wants: those whose
+// stack or machine kloud no longer has (keep returns false), and those a crash left half-created
+// (no Complete mark and no create running in this process). Machines whose host is not
+// connected now are left for a later sweep (kloud serve sweeps when a host registers and every
+// few minutes). It returns the names of the machines it destroyed.
+func (v *Vagrant) GC(ctx context.Context, keep func(stackID, machineID string) bool) ([]string, error) {
+	recs, err := v.records()
+	if err != nil {
+		return nil, err
+	}
+	var gone []string
+	var errs []error
+	for _, r := range recs {
+		if r.Instance != v.instance || v.inflight(r.Name) {
+			continue
+		}
+		// Read again now that no create of it runs: a create sets Complete before it stops
+		// being in flight, so this is the record's final word.
+		r, err := v.readRecord(r.Name)
+		if err != nil {
+			continue
+		}
+		if r.Complete && keep(r.Tags[TagStack], r.Tags[TagMachine]) {
+			continue
+		}
+		h, err := v.hosts.Host(ctx, r.Owner, r.Host)
+		if err != nil {
+			continue // not connected: a later sweep
+		}
+		if err := v.call(ctx, h, klientapi.MethodVagrantDestroy, klientapi.VagrantNameParams{Token: h.Token, Name: r.Name}, nil); err != nil {
+			errs = append(errs, fmt.Errorf("destroy vagrant machine %s on %s: %w", r.Name, r.Host, err))
+			continue
+		}
+		if err := v.removeRecord(r.Name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		v.log.Info("vagrant provider: swept a machine", "name", r.Name, "host", r.Host, "stack", r.Tags[TagStack], "machine", r.Tags[TagMachine], "complete", r.Complete)
+		gone = append(gone, r.Name)
+	}
+	return gone, errors.Join(errs...)
+}
+
+// inflight reports whether a create of machine name runs in this process.
+func (v *Vagrant) inflight(name string) bool {
+	v.recMu.Lock()
+	defer v.recMu.Unlock()
+	return v.creating[name]
+}
+
+func (v *Vagrant) setInflight(name string, on bool) {
+	v.recMu.Lock()
+	defer v.recMu.Unlock()
+	if on {
+		v.creating[name] = true
+	} else {
+		delete(v.creating, name)
+	}
 }

@@ -241,7 +241,9 @@ func (v *Vagrant) createMachine(ctx context.Context, c *tokenClaims, r *http.Req
 		return 0, nil, hostError(err)
 	}
 	rec.Host = h.KiteID
-	// The record first: a crash after this leaves a machine kloud knows it may destroy.
+	// The record first: a crash after this leaves a machine kloud knows it may destroy (GC).
+	v.setInflight(rec.Name, true)
+	defer v.setInflight(rec.Name, false)
 	if err := v.writeRecord(rec); err != nil {
 		return 0, nil, err
 	}
@@ -262,6 +264,10 @@ func (v *Vagrant) createMachine(ctx context.Context, c *tokenClaims, r *http.Req
 			v.log.Warn("vagrant machine service: destroy after a failed create", "machine", rec.Name, "host", h.KiteID, "err", derr)
 		}
 		return 0, nil, hostError(err)
+	}
+	rec.Complete = true
+	if err := v.writeRecord(rec); err != nil {
+		return 0, nil, err
 	}
 	v.log.Info("vagrant machine service: created", "stack", stack, "machine", mid, "name", rec.Name, "host", h.KiteID, "state", vm.State)
 	return http.StatusCreated, view(rec, vm.State), nil

@@ -108,7 +108,8 @@ type Vagrant struct {
 	instance string
 	tokenTTL time.Duration
 
-	recMu sync.Mutex // records.go
+	recMu    sync.Mutex      // records.go
+	creating map[string]bool // machines whose create runs in this process
 
 	keyMu   sync.Mutex
 	hmacKey []byte
@@ -125,7 +126,8 @@ func New(opts Options) (*Vagrant, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vagrant provider: state dir: %w", err)
 	}
-	v := &Vagrant{opts: opts, stateDir: sd, log: opts.Logger, hosts: opts.Hosts, instance: opts.Instance, tokenTTL: opts.TokenTTL}
+	v := &Vagrant{opts: opts, stateDir: sd, log: opts.Logger, hosts: opts.Hosts, instance: opts.Instance, tokenTTL: opts.TokenTTL,
+		creating: map[string]bool{}}
 	if v.log == nil {
 		v.log = slog.New(slog.DiscardHandler)
 	}

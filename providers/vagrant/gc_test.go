@@ -1,0 +1,74 @@
+package vagrant
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/klient/vagrant/vagranttest"
+	"github.com/kloud-dev/kloud/kontrol/kontroltest"
+)
+
+// GC destroys, on the real host, what a crash left half-made and what kloud no longer has, and
+// keeps the rest (and machines of another kloud instance).
+func TestGC(t *testing.T) {
+	ko := kontroltest.Start(t, kontroltest.Options{})
+	keyFile, _ := ko.KeyFile("alice")
+	host := vagranttest.Start(t, ko.URL(), keyFile)
+	v, err := New(Options{StateDir: t.TempDir(), Hosts: KontrolHosts(ko.Kontrol), Instance: "k1", Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	h, err := v.hosts.Host(ctx, "alice", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(name, stack string, complete bool, instance string) {
+		if err := v.call(ctx, h, klientapi.MethodVagrantCreate, klientapi.VagrantCreateParams{Token: h.Token, Name: name, Image: vagranttest.Image}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := v.writeRecord(&record{Name: name, Host: h.KiteID, Owner: "alice", Instance: instance, Hostname: name, Image: vagranttest.Image,
+			Tags: map[string]string{TagStack: stack, TagMachine: "m-" + name}, Complete: complete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("half", "s1", false, "k1") // a crash mid-create
+	mk("kept", "s1", true, "k1")  // a live stack's
+	mk("dead", "s2", true, "k1")  // a stack kloud no longer has
+	mk("other", "s2", true, "k2") // another kloud's
+	mk("busy", "s1", false, "k1") // being created right now
+	v.setInflight("busy", true)
+	gone, err := v.GC(ctx, func(stack, machine string) bool { return stack == "s1" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(gone)
+	if !slices.Equal(gone, []string{"dead", "half"}) {
+		t.Errorf("swept %v, want dead and half", gone)
+	}
+	for name, want := range map[string]bool{"half": false, "dead": false, "kept": true, "other": true, "busy": true} {
+		_, derr := os.Stat(filepath.Join(host.Home, "machines", name))
+		_, rerr := v.readRecord(name)
+		if (derr == nil) != want || (rerr == nil) != want {
+			t.Errorf("%s: on the host %v, recorded %v; want kept = %v", name, derr, rerr, want)
+		}
+	}
+	// Leave nothing: the test's own cleanup of the rest.
+	v.setInflight("busy", false)
+	if _, err := v.GC(ctx, func(string, string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.call(ctx, h, klientapi.MethodVagrantDestroy, klientapi.VagrantNameParams{Token: h.Token, Name: "other"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(host.Home, "machines")); len(ents) != 0 {
+		t.Errorf("left on the host: %v", ents)
+	}
+}
