@@ -81,7 +81,11 @@ disable_checkpoint = true
 
 // newVagrantEnv starts a private dockerd with the base image, a kloud with its own terraformer,
 // user alice, and alice's vagrant host (bin/klient --vagrant with her kite key).
-func newVagrantEnv(t *testing.T) *vagrantEnv {
+func newVagrantEnv(t *testing.T) *vagrantEnv { return newVagrantEnvUsers(t, (*env).alice) }
+
+// newVagrantEnvUsers is newVagrantEnv with users added by users, which must add alice and set
+// e.key to her kite key (the host klient's).
+func newVagrantEnvUsers(t *testing.T, users func(e *env)) *vagrantEnv {
 	t.Helper()
 	testutil.RequireRoot(t)
 	tf := testutil.RequireBinary(t, "terraform")
@@ -97,7 +101,7 @@ func newVagrantEnv(t *testing.T) *vagrantEnv {
 	e := &env{t: t, dir: dir, addr: addr, extra: []string{"--terraformer-url", "http://" + tfAddr, "--public-url", "http://" + addr, "--no-demo"}}
 	e.start()
 	t.Cleanup(e.cleanup)
-	e.alice()
+	users(e)
 	ve := &vagrantEnv{env: e, d: d, home: t.TempDir()}
 	ve.startHost()
 	// Last cleanup to run first: nothing of the machines is left in docker.
@@ -354,5 +358,36 @@ func TestVagrantKloudKilledMidBuild(t *testing.T) {
 				return len(e.d.Containers(t)) == 0 && len(ents) == 0
 			}, "left after destroy: containers %v, host dirs under %s", e.d.Containers(t), filepath.Join(e.home, "machines"))
 		})
+	}
+}
+
+// TestBrowserVagrantTerminal is the browser terminal into a vagrant machine (a container made by
+// alice's own klient --vagrant, its agent and alice's account made by cloud-init): alice builds a
+// one-machine vagrant stack in the UI, opens its terminal, types and reads the answer, reloads
+// and sees the session replayed; bob, with a read-only share, watches; kloud is killed and
+// restarted and the terminal reattaches (e2e/browser/ui.mjs, as TestBrowserTerminal).
+func TestBrowserVagrantTerminal(t *testing.T) {
+	node, script, out := browserPrereqs(t)
+	var password string
+	ve := newVagrantEnvUsers(t, func(e *env) {
+		password = browserUsers(t, e)
+		key := filepath.Join(e.dir, "alice.key")
+		e.run("key", "create", "--username", "alice", "--out", key)
+		e.key = key
+	})
+	runUI(t, ve.env, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_TERMINAL=1", "KLOUD_RESTART=1",
+		"KLOUD_SHARE_USER=bob", "KLOUD_SHARE_PASSWORD="+password,
+		"KLOUD_CREDENTIAL=0", "KLOUD_PROVIDER=vagrant", "KLOUD_MACHINE=dev.0",
+		"KLOUD_TEMPLATE="+vagrantTemplate("dev", 1, "#!/bin/bash\necho ready"))
+	for _, f := range []string{"terminal.png", "terminal-after-reload.png", "readonly-watcher.png"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatalf("no screenshot: %v", err)
+		}
+	}
+	// The UI built a stack; destroy it so the machine's container goes (the cleanup checks).
+	var stacks []struct{ ID string }
+	ve.runJSON(&stacks, "stack", "list")
+	for _, s := range stacks {
+		ve.run("stack", "destroy", s.ID)
 	}
 }
