@@ -391,3 +391,89 @@ func TestBrowserVagrantTerminal(t *testing.T) {
 		ve.run("stack", "destroy", s.ID)
 	}
 }
+
+// TestVagrantBootMeasure is a measurement, not a check (bench/RESULTS.md, "Vagrant boot"): for 1
+// and 10 machines, `stack apply` of a vagrant stack until the job succeeded (every agent
+// registered, pinged, provisioned), against raw Vagrant on the same machines: the machines'
+// directories kloud's build left on the host (Vagrantfile, kloud.json, the NoCloud seed with the
+// agents' keys) are destroyed with `vagrant destroy -f`, then `vagrant up` runs in all of them at
+// once, timed until the same kite ids have registered again (seen through `kloud kites`, polled
+// every 250 ms). It runs only with KLOUD_MEASURE=1.
+func TestVagrantBootMeasure(t *testing.T) {
+	if os.Getenv("KLOUD_MEASURE") != "1" {
+		t.Skip("a measurement: run it with KLOUD_MEASURE=1 (bench/RESULTS.md)")
+	}
+	e := newVagrantEnv(t)
+	vagrantIn := func(name string, args ...string) error {
+		cmd := exec.Command("vagrant", args...)
+		cmd.Dir = filepath.Join(e.home, "machines", name)
+		cmd.Env = append(os.Environ(), "VAGRANT_HOME="+filepath.Join(e.home, "vagrant.d"), "VAGRANT_CHECKPOINT_DISABLE=1",
+			"VAGRANT_EXPERIMENTAL=cloud_init", e.d.Env())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("vagrant %s in %s: %w: %s", strings.Join(args, " "), name, err, out)
+		}
+		return nil
+	}
+	all := func(names []string, args ...string) {
+		errs := make(chan error, len(names))
+		for _, n := range names {
+			go func() { errs <- vagrantIn(n, args...) }()
+		}
+		for range names {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, n := range []int{1, 10} {
+		sid := e.createStack(e.template(vagrantTemplate(fmt.Sprintf("b%d", n), n, "#!/bin/bash\necho ok")))
+		t0 := time.Now()
+		if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
+			t.Fatalf("apply:\n%s", out)
+		}
+		kloudT := time.Since(t0)
+		var names, kites []string
+		for _, m := range e.vmachines(sid) {
+			names, kites = append(names, m.sandboxID()), append(kites, m.KiteID)
+		}
+		all(names, "destroy", "-f")
+		every(t, time.Minute, func() bool {
+			ks := e.kites()
+			for _, id := range kites {
+				if _, ok := ks[id]; ok {
+					return false
+				}
+			}
+			return true
+		}, "agents still registered after vagrant destroy")
+		t1 := time.Now()
+		all(names, "up", "--provider=docker")
+		every(t, 5*time.Minute, func() bool {
+			ks := e.kites()
+			for _, id := range kites {
+				if _, ok := ks[id]; !ok {
+					return false
+				}
+			}
+			return true
+		}, "agents did not register after raw vagrant up")
+		rawT := time.Since(t1)
+		limit := time.Duration(float64(rawT)*1.1) + 500*time.Millisecond
+		t.Logf("MEASURE vagrant N=%d: kloud stack apply (job done) %s; raw vagrant up + agents registered %s; ratio %.2f×; limit 1.10× + 0.5 s = %s (%s)",
+			n, kloudT.Round(10*time.Millisecond), rawT.Round(10*time.Millisecond), float64(kloudT)/float64(rawT), limit.Round(10*time.Millisecond),
+			map[bool]string{true: "met", false: "missed"}[kloudT <= limit])
+		e.run("stack", "destroy", sid)
+	}
+}
+
+// every polls cond every 250 ms (each poll runs the CLI) until it holds, or fails the test.
+func every(t *testing.T, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: "+format, append([]any{timeout}, args...)...)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}

@@ -252,19 +252,22 @@ func (m *Manager) Up(ctx context.Context, name string) (klientapi.VagrantMachine
 	if _, err := m.run(ctx, name, args...); err != nil {
 		return klientapi.VagrantMachine{}, err
 	}
-	return m.status(ctx, name)
+	// `vagrant up` succeeded: the machine runs. (Asking `vagrant status` would cost another
+	// start of Vagrant, seconds on a busy host.)
+	return m.view(pp, klientapi.VagrantRunning), nil
 }
 
 // Halt stops the machine and keeps its disk.
 func (m *Manager) Halt(ctx context.Context, name string) (klientapi.VagrantMachine, error) {
 	defer m.lock(name)()
-	if _, err := m.machine(name); err != nil {
+	pp, err := m.machine(name)
+	if err != nil {
 		return klientapi.VagrantMachine{}, err
 	}
 	if _, err := m.run(ctx, name, "halt"); err != nil {
 		return klientapi.VagrantMachine{}, err
 	}
-	return m.status(ctx, name)
+	return m.view(pp, klientapi.VagrantStopped), nil
 }
 
 // Destroy removes the machine (`vagrant destroy -f`) and its directory. An absent machine is not
