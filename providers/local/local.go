@@ -56,6 +56,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/buildtoken"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider"
 )
@@ -112,26 +113,20 @@ type Local struct {
 	p        *provider.Provider
 
 	instance string
-	tokenTTL time.Duration
+	tokens   *buildtoken.Keyring // the machine service's tokens (token.go)
 
 	mu        sync.Mutex
 	baseImage string
 	creatorM  *sandbox.Manager // m with the base image: for Create
-
-	keyMu   sync.Mutex
-	hmacKey []byte
 }
 
 // New returns the local provider. It fails only on options that can never work (a bad bridge
 // name or subnet); a host that cannot run machines (not root, iproute2 missing) gives a provider
 // whose Available says why.
 func New(opts Options) (*Local, error) {
-	l := &Local{opts: opts, log: opts.Logger, baseImage: opts.BaseImage, instance: opts.Instance, tokenTTL: opts.TokenTTL}
+	l := &Local{opts: opts, log: opts.Logger, baseImage: opts.BaseImage, instance: opts.Instance}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
-	}
-	if l.tokenTTL <= 0 {
-		l.tokenTTL = DefaultTokenTTL
 	}
 	if l.instance == "" {
 		b := make([]byte, 8)
@@ -151,6 +146,7 @@ func New(opts Options) (*Local, error) {
 	if l.stateDir, err = filepath.Abs(sd); err != nil {
 		return nil, fmt.Errorf("local provider: state dir: %w", err)
 	}
+	l.tokens = buildtoken.New(buildtoken.Options{Dir: l.stateDir, Issuer: tokenIssuer, Audience: tokenAudience, Instance: l.instance, TTL: opts.TokenTTL})
 	if l.merr = sandbox.Available(); l.merr == nil {
 		l.m, err = sandbox.New(sandbox.Options{
 			StateDir: l.stateDir, Bridge: opts.Bridge, Subnet: opts.Subnet, Logger: l.log,

@@ -206,7 +206,7 @@ func (l *Local) createMachine(ctx context.Context, c *tokenClaims, r *http.Reque
 	if stack != c.Stack {
 		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: this token is for stack %s only", TagStack, stack, c.Stack)
 	}
-	if !c.mayCreate(mid) {
+	if !c.MayCreate(mid) {
 		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: not a machine of this build of stack %s", TagMachine, mid, c.Stack)
 	}
 	m, err := l.creator(ctx)
@@ -293,7 +293,7 @@ func (l *Local) tagMachine(ctx context.Context, c *tokenClaims, r *http.Request)
 	if s := req.Tags[TagStack]; s != c.Stack {
 		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: a machine of stack %s stays in it", TagStack, s, c.Stack)
 	}
-	if mid := req.Tags[TagMachine]; mid != in.Tags[TagMachine] && !c.mayCreate(mid) {
+	if mid := req.Tags[TagMachine]; mid != in.Tags[TagMachine] && !c.MayCreate(mid) {
 		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: not a machine of this build of stack %s", TagMachine, mid, c.Stack)
 	}
 	out, err := l.m.SetTags(ctx, in.ID, req.Tags)

@@ -220,7 +220,7 @@ func (v *Vagrant) createMachine(ctx context.Context, c *tokenClaims, r *http.Req
 	if stack != c.Stack {
 		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: this token is for stack %s only", TagStack, stack, c.Stack)
 	}
-	if !c.mayCreate(mid) {
+	if !c.MayCreate(mid) {
 		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: not a machine of this build of stack %s", TagMachine, mid, c.Stack)
 	}
 	all, err := v.records()
@@ -344,7 +344,7 @@ func (v *Vagrant) tagMachine(ctx context.Context, c *tokenClaims, r *http.Reques
 	if s := req.Tags[TagStack]; s != c.Stack {
 		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: a machine of stack %s stays in it", TagStack, s, c.Stack)
 	}
-	if mid := req.Tags[TagMachine]; mid != rec.Tags[TagMachine] && !c.mayCreate(mid) {
+	if mid := req.Tags[TagMachine]; mid != rec.Tags[TagMachine] && !c.MayCreate(mid) {
 		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: not a machine of this build of stack %s", TagMachine, mid, c.Stack)
 	}
 	rec.Tags = req.Tags

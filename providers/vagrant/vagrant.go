@@ -43,6 +43,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/buildtoken"
 	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
 )
 
@@ -106,13 +107,10 @@ type Vagrant struct {
 	hosts    Hosts
 	p        *provider.Provider
 	instance string
-	tokenTTL time.Duration
+	tokens   *buildtoken.Keyring // the machine service's tokens (token.go)
 
 	recMu    sync.Mutex      // records.go
 	creating map[string]bool // machines whose create runs in this process
-
-	keyMu   sync.Mutex
-	hmacKey []byte
 }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -126,13 +124,10 @@ func New(opts Options) (*Vagrant, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vagrant provider: state dir: %w", err)
 	}
-	v := &Vagrant{opts: opts, stateDir: sd, log: opts.Logger, hosts: opts.Hosts, instance: opts.Instance, tokenTTL: opts.TokenTTL,
+	v := &Vagrant{opts: opts, stateDir: sd, log: opts.Logger, hosts: opts.Hosts, instance: opts.Instance,
 		creating: map[string]bool{}}
 	if v.log == nil {
 		v.log = slog.New(slog.DiscardHandler)
-	}
-	if v.tokenTTL <= 0 {
-		v.tokenTTL = DefaultTokenTTL
 	}
 	if v.opts.OpTimeout <= 0 {
 		v.opts.OpTimeout = 10 * time.Minute
@@ -144,6 +139,7 @@ func New(opts Options) (*Vagrant, error) {
 	} else if !idRE.MatchString(v.instance) {
 		return nil, fmt.Errorf("vagrant provider: instance id %q: want 1-64 characters of [A-Za-z0-9._-]", v.instance)
 	}
+	v.tokens = buildtoken.New(buildtoken.Options{Dir: sd, Issuer: tokenIssuer, Audience: tokenAudience, Instance: v.instance, TTL: opts.TokenTTL})
 	v.p = &provider.Provider{
 		Name:         Name,
 		ResourceType: ResourceType,
