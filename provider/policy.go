@@ -3,7 +3,6 @@ package provider
 import (
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
@@ -16,17 +15,14 @@ import (
 // block arguments a user may set.
 type TerraformProvider = tmpl.AllowedProvider
 
-var (
-	tfMu       sync.Mutex
-	tfDeclared = map[*Provider][]TerraformProvider{}
-)
-
-// DeclareTerraform sets the Terraform providers p offers to templates, replacing the default
-// TerraformProviders derives from p.ResourceType, and returns p. Call it before registering p.
+// DeclareTerraform sets the Terraform providers p offers to templates (p.Terraform), replacing
+// the default TerraformProviders derives from p.ResourceType, and returns p. Call it before
+// registering p.
 func DeclareTerraform(p *Provider, tps ...TerraformProvider) *Provider {
-	tfMu.Lock()
-	defer tfMu.Unlock()
-	tfDeclared[p] = tps
+	if tps == nil {
+		tps = []TerraformProvider{}
+	}
+	p.Terraform = tps
 	return p
 }
 
@@ -38,11 +34,8 @@ func DeclareTerraform(p *Provider, tps ...TerraformProvider) *Provider {
 //     "kloud/<name>" (kloud's own providers are published under kloud/, like kloud/kloudlocal),
 //     configured by kloud (a user's provider block may only be empty).
 func (p *Provider) TerraformProviders() []TerraformProvider {
-	tfMu.Lock()
-	tps, ok := tfDeclared[p]
-	tfMu.Unlock()
-	if ok {
-		return tps
+	if p.Terraform != nil {
+		return p.Terraform
 	}
 	name, _, found := strings.Cut(p.ResourceType, "_")
 	switch {

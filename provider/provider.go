@@ -41,6 +41,9 @@ type Provider struct {
 	// Available reports whether the provider can work on this host (nil if it can); kloud
 	// shows the reason at startup and in provider.describe. Nil func: always available.
 	Available func() error
+	// Terraform, if not nil, lists the Terraform providers it offers to templates (see
+	// DeclareTerraform and TerraformProviders; nil: derived from ResourceType).
+	Terraform []TerraformProvider
 	// Handler, if set, is the provider's own HTTP service, which kloud mounts on its HTTP server
 	// under HandlerPrefix(Name) (see handler.go). Nil: none.
 	Handler http.Handler
