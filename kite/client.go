@@ -171,7 +171,14 @@ func (cl *Client) Conn(ctx context.Context) (*Conn, error) {
 		if c != nil && c.ctx.Err() == nil {
 			return c, nil
 		}
+		var poll <-chan time.Time
+		if c != nil {
+			// Closed but not yet cleared by the connect loop (ready is still that connection's
+			// closed channel): give the loop a moment instead of spinning.
+			ready, poll = nil, time.After(5*time.Millisecond)
+		}
 		select {
+		case <-poll:
 		case <-ready:
 		case <-cl.ctx.Done():
 			return nil, fmt.Errorf("kite client for %s: %w", cl.opts.URL, ErrClosed)
@@ -189,22 +196,35 @@ func (cl *Client) Conn(ctx context.Context) (*Conn, error) {
 	}
 }
 
-// Call waits for a connection and makes one call on it. A call interrupted by a disconnect is
-// not retried (the server may have done the work); the error wraps ErrClosed.
+// Call waits for a connection and makes one call on it. A call whose request could not be sent
+// (the connection had just closed) is sent again on the next connection; a call interrupted
+// after it was sent is not retried (the server may have done the work): the error wraps
+// ErrClosed.
 func (cl *Client) Call(ctx context.Context, method string, params, result any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cl.k.opts.CallTimeout)
 		defer cancel()
 	}
-	c, err := cl.Conn(ctx)
-	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%s: %w: %w", method, ErrTimeout, err)
+	for {
+		c, err := cl.Conn(ctx)
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("%s: %w: %w", method, ErrTimeout, err)
+			}
+			return err
 		}
-		return err
+		err = c.Call(ctx, method, params, result)
+		if !errors.Is(err, ErrNotSent) || ctx.Err() != nil || cl.ctx.Err() != nil {
+			return err
+		}
+		cl.k.log.Debug("kite call not sent, retrying on the next connection", "method", method, "err", err)
+		select {
+		case <-c.Done():
+		case <-ctx.Done():
+			return err
+		}
 	}
-	return c.Call(ctx, method, params, result)
 }
 
 // Connects returns how many times the client has connected.

@@ -266,14 +266,17 @@ func (c *Conn) closedErr() error {
 func (c *Conn) sendErr(method string, err error) error {
 	switch {
 	case errors.Is(err, jsonrpc2.ErrClosed):
-		return fmt.Errorf("%s: %w", method, c.closedErr())
+		return fmt.Errorf("%s: %w: %w", method, ErrNotSent, c.closedErr())
 	case errors.Is(err, errWriteTooLarge):
 		return fmt.Errorf("%s: request exceeds %d bytes: %w", method, c.k.opts.MaxFrameSize, ErrTooLarge)
 	}
 	if c.ctx.Err() != nil {
-		return fmt.Errorf("%s: %w", method, c.closedErr())
+		return fmt.Errorf("%s: %w: %w", method, ErrNotSent, c.closedErr())
 	}
-	return fmt.Errorf("%s: send: %w", method, err)
+	// A failed write leaves the connection unusable (a frame may be half written): close it so
+	// that a Client reconnects at once instead of waiting for the read loop to notice.
+	c.Close(fmt.Errorf("write: %w", err))
+	return fmt.Errorf("%s: send: %w: %w: %w", method, ErrNotSent, ErrClosed, err)
 }
 
 // Notify sends a notification (no response).

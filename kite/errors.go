@@ -84,6 +84,11 @@ var (
 // ErrClosed is returned by calls on a connection that has closed.
 var ErrClosed = errors.New("kite: connection closed")
 
+// ErrNotSent marks a call whose request never fully left this side (the connection was closed
+// or the write failed): the peer cannot have run it, so it may be sent again on a new
+// connection (Client.Call does). Such errors also wrap ErrClosed.
+var ErrNotSent = errors.New("request not sent")
+
 // ToWire maps any handler error to the JSON-RPC error sent to the peer. It is the one place
 // where Go errors become codes: a wrapped sentinel keeps its code and type with the full message;
 // context deadline errors become timeouts; anything else is an internal error whose message is

@@ -606,3 +606,43 @@ func TestOverPipe(t *testing.T) {
 		t.Fatal(sum, err)
 	}
 }
+
+// TestClientCallAcrossDrops: a call made just as the connection drops (from either side) goes
+// out on the next connection, and each call runs exactly once.
+func TestClientCallAcrossDrops(t *testing.T) {
+	sk, err := kite.New(kite.Options{Identity: kite.Identity{Name: "server"}, Authenticator: userAuth, Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sk.Close()
+	var runs atomic.Int32
+	sk.HandleFunc("count", func(context.Context, *kite.Request) (any, error) { return runs.Add(1), nil })
+	hs := httptest.NewServer(sk)
+	defer hs.Close()
+	ck := newClientKite(t, "alice")
+	cl := ck.NewClient(kite.ClientOptions{
+		URL:        hs.URL + "/kite",
+		Auth:       func(context.Context) (kite.Auth, error) { return kite.Auth{Type: kite.AuthKiteKey, Key: "user:alice"}, nil },
+		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+	})
+	cl.Start()
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for i := range 20 {
+		c, err := cl.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close(errors.New("dropped by the test")) // the client side: the next call must wait for a new connection
+		if err := cl.Call(ctx, "count", nil, nil); err != nil {
+			t.Fatalf("call %d after a drop: %v", i, err)
+		}
+	}
+	if n := runs.Load(); n != 20 {
+		t.Errorf("handler ran %d times for 20 calls", n)
+	}
+	if cl.Connects() < 21 {
+		t.Errorf("%d connects for 20 drops", cl.Connects())
+	}
+}

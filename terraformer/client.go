@@ -168,6 +168,11 @@ func (c *Client) waitConn(ctx context.Context) (*kite.Conn, error) {
 	return nil, &UnavailableError{Cause: fmt.Errorf("no connection for %s: %s", d, err)}
 }
 
+// readOnly reports whether a method changes nothing on terraformer, so is safe to repeat.
+func readOnly(method string) bool {
+	return method == MethodJob || method == MethodState || method == MethodOutputs
+}
+
 func (c *Client) call(ctx context.Context, method string, params, result any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -175,13 +180,26 @@ func (c *Client) call(ctx context.Context, method string, params, result any) er
 		defer cancel()
 	}
 	conn, err := c.conn(ctx)
-	if err == nil {
+	for err == nil {
 		err = conn.Call(ctx, method, params, result)
-		if err != nil && errors.Is(err, kite.ErrClosed) {
-			// The connection broke during the call: if terraformer died meanwhile, say so.
-			if down := c.Unavailable(); down != nil {
-				err = fmt.Errorf("%w (the connection broke during the call)", down)
-			}
+		// A request that never left (the connection had just closed), or a read that lost its
+		// answer, is sent again on the next connection: neither can have done work twice.
+		retry := errors.Is(err, kite.ErrNotSent) || (errors.Is(err, kite.ErrClosed) && readOnly(method))
+		if !retry || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-conn.Done():
+		case <-ctx.Done():
+		}
+		if conn, err = c.conn(ctx); err != nil {
+			break
+		}
+	}
+	if err != nil && errors.Is(err, kite.ErrClosed) {
+		// The connection broke during the call: if terraformer died meanwhile, say so.
+		if down := c.Unavailable(); down != nil {
+			err = fmt.Errorf("%w (the connection broke during the call)", down)
 		}
 	}
 	if err != nil {
