@@ -25,6 +25,9 @@ func (p *Provider) Caps() []Capability {
 		if _, ok := m.(Resizer); ok {
 			out = append(out, CapResize)
 		}
+		if _, ok := m.(Snapshotter); ok {
+			out = append(out, CapSnapshot)
+		}
 	}
 	if st := probe(func() (Stack, error) { return p.Stack(&BaseStack{Provider: p}) }, p.Stack != nil); st != nil {
 		if _, ok := st.(ConstraintsValidator); ok {

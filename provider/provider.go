@@ -72,6 +72,8 @@ const (
 	CapResize      Capability = "resize"      // Machine implements Resizer
 	CapConstraints Capability = "constraints" // Stack implements ConstraintsValidator
 	CapBootstrap   Capability = "bootstrap"   // Schema.NewBootstrap != nil / bootstrap templates
+	// snap (issue 13): Machine implements Snapshotter (snapshot.go)
+	CapSnapshot Capability = "snapshot"
 )
 
 // ErrUnsupported is returned (wrapped) by an operation the provider does not offer, e.g. a

@@ -162,12 +162,14 @@ func New(opts Options) (*Local, error) {
 		Description:  "Machines on this host: Linux namespaces over a Debian root filesystem, booted with real cloud-init (needs root).",
 		// Explicit: a machine needs its id from the Terraform state, so the derivation (which
 		// probes an empty BaseMachine) would miss the console log.
-		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog},
-		Stack:        func(b *provider.BaseStack) (provider.Stack, error) { return &stack{l: l, b: b}, nil },
-		Machine:      l.machine,
-		KloudURL:     l.KloudURL,
-		Available:    l.Available,
-		Handler:      l.handler(),
+		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog,
+			provider.CapSnapshot, // snapshot.go
+		},
+		Stack:     func(b *provider.BaseStack) (provider.Stack, error) { return &stack{l: l, b: b}, nil },
+		Machine:   l.machine,
+		KloudURL:  l.KloudURL,
+		Available: l.Available,
+		Handler:   l.handler(),
 	}
 	return l, nil
 }
