@@ -20,6 +20,8 @@ var storeCodes = []struct{ store, kite error }{
 	// A method the provider lacks the capability for (machine.stop of a provider without
 	// stop): the machine is in no state where it could work.
 	{provider.ErrUnsupported, kite.ErrState},
+	// A snapshot or restore of a machine that is running (snapshots.go stops it first).
+	{provider.ErrRunning, kite.ErrState},
 }
 
 // codedError is an error given the kite code of the store sentinel it wraps; its message is

@@ -129,6 +129,12 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodMachineUnshare, AnyUser, s.machineUnshare),
 		rpc(s, api.MethodMachineShares, AnyUser, s.machineShares),
 
+		// snapshots.go: the owner, team admins, full share; snapshots are the owner's (kloud admins)
+		rpc(s, api.MethodMachineSnapshot, AnyUser, s.machineSnapshot),
+		rpc(s, api.MethodMachineSnapshots, AnyUser, s.machineSnapshots),
+		rpc(s, api.MethodMachineRestore, AnyUser, s.machineRestore),
+		rpc(s, api.MethodSnapshotDelete, AnyUser, s.snapshotDelete, kite.WithTimeout(5*time.Minute)),
+
 		// jobs.go: the job's owner, kloud admins
 		rpc(s, api.MethodJobGet, AnyUser, s.jobGet),
 		rpc(s, api.MethodJobWatch, AnyUser, s.jobWatch),
@@ -195,6 +201,21 @@ func (s *Server) jobKinds() map[string]jobKind {
 		},
 		"machine." + provider.MethodStart: power(provider.MethodStart),
 		"machine." + provider.MethodStop:  power(provider.MethodStop),
+		// snapshots.go
+		jobMachineSnapshot: {
+			run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
+				return s.runMachineSnapshot(ctx, j, false)
+			},
+			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
+				return s.runMachineSnapshot(ctx, j, true)
+			},
+		},
+		jobMachineRestore: {
+			run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
+				return s.runMachineRestore(ctx, j, false)
+			},
+			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runMachineRestore(ctx, j, true) },
+		},
 		bootstrapJobKind: {
 			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runBootstrap(ctx, j, false) },
 			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runBootstrap(ctx, j, true) },

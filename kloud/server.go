@@ -91,6 +91,9 @@ type Options struct {
 	// (stack build) or the provider started it (machine.start): default DefaultAgentTimeout
 	// (5m). Tests of boot failures set it short.
 	AgentTimeout time.Duration
+	// SnapshotQuota limits each user's machine snapshots (snapshots.go; zero fields: the
+	// defaults, DefaultSnapshotCount and DefaultSnapshotBytes).
+	SnapshotQuota SnapshotQuota
 	// PluginDir holds the provider plugins kloud launches and supervises, kloud-provider-NAME
 	// (plugins.go). Default <DataDir>/plugins.
 	PluginDir string

@@ -53,6 +53,12 @@ const (
 	MethodMachineUnshare = "machine.unshare"
 	MethodMachineShares  = "machine.shares"
 
+	// snapshots.go
+	MethodMachineSnapshot  = "machine.snapshot"
+	MethodMachineSnapshots = "machine.snapshots"
+	MethodMachineRestore   = "machine.restore"
+	MethodSnapshotDelete   = "snapshot.delete"
+
 	MethodJobGet    = "job.get"
 	MethodJobWatch  = "job.watch"
 	MethodJobList   = "job.list"
@@ -84,10 +90,11 @@ func KloudMethods() []string {
 		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
 		MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
 		MethodVersion,
-		MethodMachineInfo, MethodMachineList, MethodMachineShare, MethodMachineShares, MethodMachineStart,
-		MethodMachineStop, MethodMachineUnshare,
+		MethodMachineInfo, MethodMachineList, MethodMachineRestore, MethodMachineShare, MethodMachineShares,
+		MethodMachineSnapshot, MethodMachineSnapshots, MethodMachineStart, MethodMachineStop, MethodMachineUnshare,
 		MethodPluginRegister,
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
+		MethodSnapshotDelete,
 		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackReset,
 		MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
 		MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,

@@ -19,6 +19,7 @@ type (
 	Agent            = model.Agent
 	Share            = model.Share
 	Machine          = model.Machine
+	Snapshot         = model.Snapshot // snapshots.go
 )
 
 // Team roles.

@@ -37,6 +37,8 @@ type Options struct {
 	// TestMain calling tfsandbox.MaybeRun (the test binary is the sandbox's launcher).
 	PluginDir string
 	Plugins   kloud.PluginOptions
+	// SnapshotQuota is kloud's (zero: its defaults).
+	SnapshotQuota kloud.SnapshotQuota
 }
 
 // Env is a running test kloud.
@@ -74,7 +76,7 @@ func Start(t testing.TB, o Options) *Env {
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
-		PluginDir: o.PluginDir, Plugins: o.Plugins,
+		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 	})
 	if err != nil {

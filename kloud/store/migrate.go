@@ -155,6 +155,8 @@ var indexes = []index{
 	{CollKites, bson.D{{Key: "lastSeen", Value: 1}}, false},
 	{CollSessions, bson.D{{Key: "username", Value: 1}}, false},
 	{CollSessions, bson.D{{Key: "expiresAt", Value: 1}}, false},
+	{CollSnapshots, bson.D{{Key: "owner", Value: 1}}, false},
+	{CollSnapshots, bson.D{{Key: "machineId", Value: 1}}, false},
 }
 
 func (s *Store) ensureIndexes(ctx context.Context) error {
@@ -179,7 +181,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 		exists[n] = true
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
-		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta} {
+		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots} {
 		if exists[c] {
 			continue
 		}

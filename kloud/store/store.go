@@ -30,6 +30,7 @@ const (
 	CollKites       = "kites"
 	CollSessions    = "sessions"
 	CollMeta        = "meta"
+	CollSnapshots   = "snapshots" // snapshots.go
 )
 
 // Options configure [Open]. Zero fields take the documented defaults.
