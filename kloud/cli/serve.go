@@ -84,6 +84,7 @@ with kloud's privileges (logged at every start).`,
 	fl.DurationVar(&f.o.Retention.Jobs, "retention-jobs", kloud.DefaultRetentionJobs, "delete finished jobs (their logs and progress) this long after they finished; the newest job of a stack, machine or credential that exists stays")
 	fl.DurationVar(&f.o.Retention.Kites, "retention-kites", kloud.DefaultRetentionKites, "delete presence records of kites whose kloud stopped refreshing them for this long (at least twice --retention-interval)")
 	fl.DurationVar(&f.o.Retention.Interval, "retention-interval", kloud.DefaultRetentionInterval, "how often kloud prunes finished jobs, expired revocations and stale kite records from its store")
+	fl.Var(snapshotQuotaFlag{&f.o.SnapshotQuota}, "snapshot-quota", snapshotQuotaUsage) // snapshot.go
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)
 	f.local.flags(cmd)
