@@ -24,6 +24,10 @@
 //     says Stopped and the store agrees; machine.start brings it back. Needs info and start.
 //   - StopStartKeepsDisk: a file written on the machine (Config.WriteFile) is still there after
 //     machine.stop and machine.start (Config.ReadFile). Needs stop and start.
+//   - Snapshot: machine.snapshot of a running machine leaves it running with its agent; a file
+//     written after it is gone after machine.restore; restored into the other machine, the file
+//     is there and that machine's own agent connects; snapshot.delete removes it (snapshot.go).
+//     Needs snapshot.
 //   - InvalidInputs: bad credential JSON, an unknown field, a missing required field, an unknown
 //     provider, machine.start of a running machine: each gets the right kite error code and a
 //     message that says what is wrong.
