@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh — every benchmark, each against its baseline in the same run, ratios printed.
 # `make bench` runs it after setup and build (the env of $KLOUD_CACHE/env is loaded).
-# Run one with: bench/run.sh p1|p2|tfapply|localboot|webterm|storegrowth|plugin
+# Run one with: bench/run.sh p1|p2|tfapply|localboot|webterm|storegrowth|plugin|snapshot
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -19,6 +19,7 @@ has p2 && run "P2: kontrol with 10,000 kites (kloud serve process) vs raw WebSoc
 has tfapply && run "Terraformer apply overhead vs terraform apply" go run ./bench/tfapply -n 20
 has storegrowth && run "Store growth: job update, machine transition, stack.apply's store share with 100/1,000/10,000 finished jobs" go run ./bench/storegrowth
 has plugin && run "Provider plugins: the example provider in-process vs as a plugin (machine.info, stack.apply, restart after a crash)" go run ./bench/plugin
+has snapshot && run "Local machine snapshots: snapshot and restore of 1 GiB vs tar" go run ./bench/snapshot -size 1024 -rounds 3
 if has localboot && [ -d bench/localboot ]; then
 	run "Local machines: boot to agent, stack.apply vs raw terraform apply + agents" go run ./bench/localboot
 fi
