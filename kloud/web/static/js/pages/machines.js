@@ -9,6 +9,7 @@ import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, sho
 import { watchJob } from '../jobs.js';
 import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js';
 import { providers, can } from '../providers.js';
+import { snapshotsSection } from './snapshots.js';
 
 const running = (m) => m.state === 'Running';
 const canStart = (m) => m.state === 'Stopped';
@@ -218,7 +219,8 @@ export async function detail(ctx, el) {
       first = false;
       clear(extra,
         running(m) ? sessionsSection(ctx, m, grant) : null,
-        ctx.features.has('machine.share') ? sharesSection(ctx, m, grant) : null);
+        ctx.features.has('machine.share') ? sharesSection(ctx, m, grant) : null,
+        ctx.features.has('machine.snapshot') && grant ? snapshotsSection(ctx, m, grant, jobs, refresh) : null); // snapshots.js
     }
   };
   clear(el, jobs, box, extra);
