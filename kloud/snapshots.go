@@ -517,33 +517,52 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 		s.setMachine(ctx, id, []provider.State{provider.Stopping}, store.MachineSet{State: new(string(provider.Stopped)), Reason: new(""), Meta: meta})
 		s.setAgent(ctx, m.KiteID, AgentDisconnected, "")
 	}
-	if err := fn(ctx, m, sp); err != nil {
-		return nil, err
-	}
+	ferr := fn(ctx, m, sp)
 	res = map[string]any{"machineId": id, "state": string(provider.Stopped)}
 	if from != provider.Running {
+		if ferr != nil {
+			return nil, ferr
+		}
 		j.Progress(ctx, 100, string(provider.Stopped), what+" done")
 		return res, nil
 	}
+	// Started again whether fn worked or not (a failed snapshot must not leave the machine
+	// down), also when the job was cancelled meanwhile.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.AgentTimeout+2*time.Minute)
+	defer cancel()
+	if err := s.startAgain(sctx, j, m, pm); err != nil {
+		if ferr != nil {
+			return nil, fmt.Errorf("%w; starting %s again failed too: %w", ferr, m.Label, err)
+		}
+		return nil, fmt.Errorf("%s done, but %w", what, err)
+	}
+	if ferr != nil {
+		return nil, fmt.Errorf("%w (%s is running again, as before)", ferr, m.Label)
+	}
+	res["state"] = string(provider.Running)
+	return res, nil
+}
+
+// startAgain starts the job's machine after a snapshot or restore and waits for its agent.
+func (s *Server) startAgain(ctx context.Context, j *jobCtx, m *Machine, pm provider.Machine) error {
 	j.Enter(ctx, stackbuild.MachineStarting)
-	s.setMachine(ctx, id, []provider.State{provider.Stopped}, store.MachineSet{State: new(string(provider.Starting)), Reason: new("")})
+	s.setMachine(ctx, m.ID, []provider.State{provider.Stopped}, store.MachineSet{State: new(string(provider.Starting)), Reason: new("")})
 	meta, err := pm.Start(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%s done, but starting %s again failed: %w", what, m.Label, err)
+		return fmt.Errorf("starting %s again failed: %w", m.Label, err)
 	}
 	j.Enter(ctx, stackbuild.MachineAgent)
 	pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: s.opts.AgentTimeout, Log: s.log}
 	r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm, Provider: s.providerOf(m.Provider)}}, nil)[0]
 	if !r.OK {
-		return nil, fmt.Errorf("%s done and %s started, but %s failed: %w", what, m.Label, r.Step, r.Err)
+		return fmt.Errorf("%s started again, but %s failed: %w", m.Label, r.Step, r.Err)
 	}
 	version := ""
 	if r.Info != nil {
 		version = r.Info.Version
 	}
 	s.setAgent(ctx, m.KiteID, AgentConnected, version)
-	s.setMachine(ctx, id, []provider.State{provider.Starting}, store.MachineSet{State: new(string(provider.Running)), Reason: new(""), Meta: meta})
+	s.setMachine(ctx, m.ID, []provider.State{provider.Starting}, store.MachineSet{State: new(string(provider.Running)), Reason: new(""), Meta: meta})
 	j.Enter(ctx, stackbuild.MachineStarted)
-	res["state"] = string(provider.Running)
-	return res, nil
+	return nil
 }

@@ -187,3 +187,43 @@ func TestParseSnapshotQuota(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot that fails leaves a running machine running (started again, agent back), the
+// snapshot failed with the provider's reason and no data, counted until deleted.
+func TestSnapshotFailureRestartsMachine(t *testing.T) {
+	f := newFlow(t, dummy.Options{Fail: map[string]error{"Snapshot": errors.New("the disk is full")}})
+	f.credential()
+	sid, _ := f.stack(f.template(`
+resource "terraform_data" "vm" {
+  input = "#!/bin/bash\necho hi"
+}
+`))
+	var job struct{ JobID string }
+	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
+	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
+		t.Fatalf("build: %+v", last)
+	}
+	vm := f.machines(sid)["vm"]
+	c := f.client()
+	started, err := c.MachineSnapshot(t.Context(), api.SnapshotParams{MachineID: vm.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := f.follow(started.JobID)
+	if last.Status != api.JobFailed || !strings.Contains(last.Error, "the disk is full") || !strings.Contains(last.Error, "running again") {
+		t.Fatalf("failed snapshot: %+v", last)
+	}
+	if m := f.machines(sid)["vm"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+		t.Fatalf("vm after a failed snapshot: %s, agent %s (%s)", m.State, m.Agent.Status, m.Reason)
+	}
+	l, err := c.MachineSnapshots(t.Context(), api.SnapshotsParams{})
+	if err != nil || len(l.Snapshots) != 1 || l.Snapshots[0].Status != api.SnapshotFailed || !strings.Contains(l.Snapshots[0].Error, "the disk is full") {
+		t.Fatalf("snapshots after the failure: %+v %v", l, err)
+	}
+	if _, err := c.MachineRestore(t.Context(), api.RestoreParams{SnapshotID: started.SnapshotID}); !errors.Is(err, kite.ErrState) {
+		t.Errorf("restore of a failed snapshot: %v", err)
+	}
+	if _, err := c.SnapshotDelete(t.Context(), api.SnapshotRef{SnapshotID: started.SnapshotID}); err != nil {
+		t.Fatal(err)
+	}
+}
