@@ -304,6 +304,7 @@ func (s *server) handle(k *kite.Kite) {
 	k.Handle(MethodMachineInfo, kite.Typed(s.machineInfo))
 	k.Handle(MethodMachineConsoleLog, kite.Typed(s.machineConsoleLog))
 	k.Handle(MethodMachineResize, kite.Typed(s.machineResize))
+	s.handleSnapshots(k) // snapshot.go
 }
 
 // errUnsupported carries provider.ErrUnsupported over the wire: kloud's side turns it back.

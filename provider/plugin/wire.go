@@ -122,7 +122,9 @@ const (
 var parts = []string{partCredential, partBootstrap, partMetadata}
 
 var knownCaps = []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog,
-	provider.CapResize, provider.CapConstraints, provider.CapBootstrap}
+	provider.CapResize, provider.CapConstraints, provider.CapBootstrap,
+	provider.CapSnapshot, // snapshot.go
+}
 
 // Validate checks a manifest as kloud receives it.
 func (m *Manifest) Validate() error {
