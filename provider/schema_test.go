@@ -380,7 +380,7 @@ func TestCaps(t *testing.T) {
 	}
 	// Capabilities set: exactly those (sorted, deduplicated), even less than the interfaces.
 	d := dummy.New(dummy.Options{Dir: t.TempDir()})
-	if got := caps(d); got != "bootstrap,consoleLog,info,start,stop" {
+	if got := caps(d); got != "bootstrap,consoleLog,info,snapshot,start,stop" {
 		t.Errorf("dummy: %s", got)
 	}
 	d.Capabilities = []provider.Capability{provider.CapStart, provider.CapInfo, provider.CapStart}
