@@ -27,7 +27,8 @@
 //   - Requests to provider.HandlerPrefix(NAME) on kloud's HTTP server, forwarded to your
 //     Provider.Handler (bodies of at most MaxHTTPBody; no streaming).
 //
-// Optional interfaces (ConsoleLogger, Resizer, ConstraintsValidator) are found as in process and
+// Optional interfaces (ConsoleLogger, Resizer, ConstraintsValidator, Snapshotter: snapshot.go)
+// are found as in process and
 // advertised as capabilities (Provider.Capabilities, or derived). Return (wrapped)
 // provider.ErrUnsupported for an operation you do not offer. Logs go to stderr, which kloud
 // copies into its log for plugins it launched. A launched plugin may write only EnvStateDir.
@@ -50,7 +51,7 @@
 // Host keeps the plugins: Host.Register is the body of kloud's plugin.register route; it puts a
 // proxy *provider.Provider for the plugin into kloud's provider.Registry (Registry.Replace), so
 // kloud's code uses a plugin like an in-tree provider. The proxy's Stack and Machine call the
-// plugin; its machine always implements ConsoleLogger and Resizer and its stack
+// plugin; its machine always implements ConsoleLogger, Resizer and Snapshotter and its stack
 // ConstraintsValidator, returning provider.ErrUnsupported unless the plugin advertised the
 // capability (Provider.Capabilities is set from the manifest). One connection per provider
 // name: a newer registration replaces (closes) the older. While a plugin is disconnected its
