@@ -28,10 +28,10 @@
 //     Provider.Handler (bodies of at most MaxHTTPBody; no streaming).
 //
 // Optional interfaces (ConsoleLogger, Resizer, ConstraintsValidator, Snapshotter: snapshot.go)
-// are found as in process and
-// advertised as capabilities (Provider.Capabilities, or derived). Return (wrapped)
-// provider.ErrUnsupported for an operation you do not offer. Logs go to stderr, which kloud
-// copies into its log for plugins it launched. A launched plugin may write only EnvStateDir.
+// are found as in process and advertised as capabilities (Provider.Capabilities, or derived).
+// Return (wrapped) provider.ErrUnsupported for an operation you do not offer. Logs go to stderr,
+// which kloud copies into its log for plugins it launched. A launched plugin may write only
+// EnvStateDir.
 //
 // # The wire
 //
