@@ -175,7 +175,9 @@ func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request
 		release()
 		return nil, err
 	}
-	s.store.Snapshots().Set(ctx, sn.ID, nil, store.SnapshotSet{JobID: &id})
+	if _, err := s.store.Snapshots().Set(ctx, sn.ID, nil, store.SnapshotSet{JobID: &id}); err != nil {
+		s.log.Warn("record the snapshot's job (snapshot.delete cannot tell it runs)", "snapshot", sn.ID, "job", id, "err", err)
+	}
 	return api.SnapshotStarted{JobID: id, SnapshotID: sn.ID}, nil
 }
 
