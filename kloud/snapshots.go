@@ -154,9 +154,12 @@ func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request
 		release()
 		return nil, fmt.Errorf("machine %s is %s; a snapshot is taken of a Running or Stopped machine: %w", m.Label, m.State, kite.ErrState)
 	}
+	// The job's id is recorded with the snapshot, so snapshot.delete always sees that it runs.
+	jobID := store.NewID()
 	sn := store.Snapshot{
 		ID: store.NewID(), Name: name, Owner: m.Owner, Team: m.Team, MachineID: m.ID, MachineLabel: m.Label,
 		StackID: m.StackID, Provider: m.Provider, Status: store.SnapshotCreating, KiteID: m.KiteID, Attributes: m.Attributes,
+		JobID: jobID,
 	}
 	if err := s.store.Snapshots().Insert(ctx, sn); err != nil {
 		release()
@@ -168,15 +171,12 @@ func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request
 		release()
 		return nil, err
 	}
-	id, err := s.startJob(ctx, jobMachineSnapshot, "machine/"+m.ID, c.Username,
+	id, err := s.startJobID(ctx, jobID, jobMachineSnapshot, "machine/"+m.ID, c.Username,
 		map[string]any{"machineId": m.ID, "snapshotId": sn.ID, "lease": owner, "from": string(m.State)})
 	if err != nil {
 		s.store.Snapshots().Delete(context.WithoutCancel(ctx), sn.ID)
 		release()
 		return nil, err
-	}
-	if _, err := s.store.Snapshots().Set(ctx, sn.ID, nil, store.SnapshotSet{JobID: &id}); err != nil {
-		s.log.Warn("record the snapshot's job (snapshot.delete cannot tell it runs)", "snapshot", sn.ID, "job", id, "err", err)
 	}
 	return api.SnapshotStarted{JobID: id, SnapshotID: sn.ID}, nil
 }
@@ -387,6 +387,10 @@ func (s *Server) runMachineSnapshot(ctx context.Context, j *jobCtx, recovering b
 		ok, err := s.snapshotSet(ctx, snapID, store.SnapshotSet{Status: new(store.SnapshotReady), Error: new(""),
 			Size: &info.Size, DiskSize: &info.DiskSize, Format: &info.Format})
 		if err == nil && !ok {
+			// Its record is gone (deleted by hand in the store): so is its data.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			sp.DeleteSnapshot(dctx, snapID)
 			err = fmt.Errorf("snapshot %s was deleted while it was being made", snapID)
 		}
 		return err
