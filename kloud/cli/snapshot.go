@@ -63,20 +63,23 @@ with kloud machine restore, delete it with kloud snapshot delete.`,
 				if err != nil {
 					return explain(err)
 				}
-				if g.json && sdetach {
-					return g.printJSON(res)
+				// With --json: this result first, then the job's events, one JSON line each.
+				if g.json {
+					if err := g.printJSON(res); err != nil {
+						return err
+					}
+				} else {
+					fmt.Fprintf(g.stderr, "snapshot %s (job %s)\n", res.SnapshotID, res.JobID)
 				}
-				fmt.Fprintf(g.stderr, "snapshot %s (job %s)\n", res.SnapshotID, res.JobID)
 				if sdetach {
 					return nil
 				}
 				if _, err := g.watchJob(cmd.Context(), conn, res.JobID); err != nil {
 					return err
 				}
-				if g.json {
-					return g.printJSON(res)
+				if !g.json {
+					fmt.Fprintln(g.stdout, res.SnapshotID) // last: for scripts
 				}
-				fmt.Fprintln(g.stdout, res.SnapshotID)
 				return nil
 			})
 		},
