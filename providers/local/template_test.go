@@ -132,7 +132,7 @@ resource "kloudlocal_machine" "db" {
   hostname = "db"
 }
 `
-	s := &stack{b: &provider.BaseStack{
+	s := &stack{l: &Local{}, b: &provider.BaseStack{
 		StackID:  "st1",
 		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(tf)}, Variables: map[string]any{}},
 		Machines: []*provider.MachineSpec{
@@ -181,7 +181,7 @@ resource "kloudlocal_machine" "web" {
   user_data = "#cloud-config\n{}\n"
 }
 `
-	s := &stack{b: &provider.BaseStack{
+	s := &stack{l: &Local{}, b: &provider.BaseStack{
 		StackID:  "st1",
 		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}, Variables: map[string]any{}},
 		Machines: []*provider.MachineSpec{
