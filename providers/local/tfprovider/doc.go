@@ -3,7 +3,9 @@
 // machine from package sandbox. cmd/terraform-provider-kloudlocal serves it; scripts/build-kloudlocal.sh
 // builds that binary into the offline provider mirror.
 //
-// Start reading at New (provider.go), then machineResource (machine.go) and Client (api.go).
+// Start reading at New (provider.go), then machineModel (machine.go) and Client (api.go): the
+// provider, the resource's operations and the client are package provider/machinesvc/tfmachine's,
+// shared with the kloudvagrant provider; this package has the identity, schema and types.
 //
 // # Configuration
 //

@@ -2,9 +2,7 @@ package tfprovider
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"maps"
 	"regexp"
 
 	"github.com/hashicorp/terraform-plugin-framework/diag"
@@ -16,11 +14,16 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/types"
+
+	"github.com/kloud-dev/kloud/provider/machinesvc/tfmachine"
 )
 
-// machineResource is kloudlocal_machine.
-type machineResource struct {
-	c *client
+// newMachineResource returns kloudlocal_machine: the machine service's resource
+// (tfmachine.Resource) with this model and schema.
+func newMachineResource() resource.Resource {
+	return &tfmachine.Resource[machineModel, *machineModel, CreateRequest, Machine]{
+		Name: Name, MachineSchema: machineSchema(), NotFound: ErrNotFound,
+	}
 }
 
 // machineModel is the resource's data, in Terraform and in state.
@@ -35,12 +38,8 @@ type machineModel struct {
 	State     types.String  `tfsdk:"state"`
 }
 
-func (r *machineResource) Metadata(ctx context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
-	resp.TypeName = req.ProviderTypeName + "_machine"
-}
-
-func (r *machineResource) Schema(ctx context.Context, req resource.SchemaRequest, resp *resource.SchemaResponse) {
-	resp.Schema = schema.Schema{
+func machineSchema() schema.Schema {
+	return schema.Schema{
 		Description: "A local namespace machine booted with cloud-init. It keeps running after Terraform exits.",
 		Attributes: map[string]schema.Attribute{
 			"id": schema.StringAttribute{
@@ -88,54 +87,49 @@ func (r *machineResource) Schema(ctx context.Context, req resource.SchemaRequest
 	}
 }
 
-func (r *machineResource) Configure(ctx context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
-	if req.ProviderData == nil {
-		return // not configured yet (validation)
-	}
-	c, ok := req.ProviderData.(*client)
-	if !ok {
-		resp.Diagnostics.AddError("kloudlocal: internal error", fmt.Sprintf("provider data of type %T", req.ProviderData))
-		return
-	}
-	r.c = c
-}
-
 var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
 
-// ValidateConfig reports bad values at plan time, before any machine is made.
-func (r *machineResource) ValidateConfig(ctx context.Context, req resource.ValidateConfigRequest, resp *resource.ValidateConfigResponse) {
-	var m machineModel
-	resp.Diagnostics.Append(req.Config.Get(ctx, &m)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	if h := m.Hostname; !h.IsNull() && !h.IsUnknown() {
-		if s := h.ValueString(); len(s) > 63 || !hostnameRE.MatchString(s) {
-			resp.Diagnostics.AddAttributeError(path.Root("hostname"), "kloudlocal: bad hostname",
-				fmt.Sprintf("%q is not a valid host name: letters, digits and '-' in dot-separated labels, at most 63 characters", s))
-		}
-	}
+// Validate reports bad values at plan time, before any machine is made.
+func (m *machineModel) Validate(diags *diag.Diagnostics) {
+	tfmachine.ValidHostname(Name, m.Hostname, hostnameRE.MatchString, "letters, digits and '-' in dot-separated labels", diags)
 	if v := m.Memory; !v.IsNull() && !v.IsUnknown() && v.ValueInt64() < 32 {
-		resp.Diagnostics.AddAttributeError(path.Root("memory"), "kloudlocal: memory too small",
+		diags.AddAttributeError(path.Root("memory"), "kloudlocal: memory too small",
 			fmt.Sprintf("memory = %d MiB: at least 32 (cloud-init alone needs more); leave it unset for no limit", v.ValueInt64()))
 	}
 	if v := m.CPUs; !v.IsNull() && !v.IsUnknown() && v.ValueFloat64() < 0.01 {
-		resp.Diagnostics.AddAttributeError(path.Root("cpus"), "kloudlocal: cpus too small",
+		diags.AddAttributeError(path.Root("cpus"), "kloudlocal: cpus too small",
 			fmt.Sprintf("cpus = %g: at least 0.01; leave it unset for no limit", v.ValueFloat64()))
 	}
 }
 
-func (r *machineResource) api() (*Client, error) {
-	if r.c == nil {
-		return nil, errors.New("the kloudlocal provider is not configured")
+func (m *machineModel) MachineID() string     { return m.ID.ValueString() }
+func (m *machineModel) HostnameValue() string { return m.Hostname.ValueString() }
+func (m *machineModel) TagsValue() types.Map  { return m.Tags }
+
+func (m *machineModel) Request(tags map[string]string) CreateRequest {
+	return CreateRequest{
+		Hostname: m.Hostname.ValueString(),
+		UserData: m.UserData.ValueString(),
+		MemoryMB: m.Memory.ValueInt64(),
+		CPUs:     m.CPUs.ValueFloat64(),
+		Tags:     tags,
 	}
-	return r.c.api()
 }
 
-// fill copies what the service reports into the model. Unset limits stay null, so a machine
+func (m *machineModel) Created(in Machine) {
+	m.ID = types.StringValue(in.ID)
+	m.IPAddress = types.StringValue(in.IPAddress)
+	m.State = types.StringValue(in.State)
+}
+
+func (m *machineModel) Retagged(in Machine) {
+	m.State = types.StringValue(in.State)
+	m.IPAddress = types.StringValue(in.IPAddress)
+}
+
+// Fill copies what the service reports into the model. Unset limits stay null, so a machine
 // without limits shows no drift.
-func fill(ctx context.Context, st *machineModel, m Machine) diag.Diagnostics {
-	var diags diag.Diagnostics
+func (st *machineModel) Fill(ctx context.Context, m Machine) diag.Diagnostics {
 	st.ID = types.StringValue(m.ID)
 	if m.Hostname != "" {
 		st.Hostname = types.StringValue(m.Hostname)
@@ -146,140 +140,14 @@ func fill(ctx context.Context, st *machineModel, m Machine) diag.Diagnostics {
 	if m.CPUs != 0 || !st.CPUs.IsNull() {
 		st.CPUs = types.Float64Value(m.CPUs)
 	}
-	if len(m.Tags) > 0 || !st.Tags.IsNull() {
-		tags := m.Tags
-		if tags == nil {
-			tags = map[string]string{}
-		}
-		tv, d := types.MapValueFrom(ctx, types.StringType, tags)
-		diags.Append(d...)
-		st.Tags = tv
-	}
+	diags := tfmachine.FillTags(ctx, &st.Tags, m.Tags)
 	st.IPAddress = types.StringValue(m.IPAddress)
 	st.State = types.StringValue(m.State)
 	return diags
 }
 
-func (r *machineResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
-	var plan machineModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: cannot create machines", err.Error())
-		return
-	}
-	tags, diags := tagsOf(ctx, plan.Tags)
-	resp.Diagnostics.Append(diags...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	spec := CreateRequest{
-		Hostname: plan.Hostname.ValueString(),
-		UserData: plan.UserData.ValueString(),
-		MemoryMB: plan.Memory.ValueInt64(),
-		CPUs:     plan.CPUs.ValueFloat64(),
-		Tags:     tags,
-	}
-	m, err := api.Create(ctx, spec)
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: create machine "+spec.Hostname, err.Error())
-		return
-	}
-	// The plan's values stay (user_data is not reported back); the service's fill in the rest.
-	plan.ID = types.StringValue(m.ID)
-	plan.IPAddress = types.StringValue(m.IPAddress)
-	plan.State = types.StringValue(m.State)
-	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
-}
-
-func (r *machineResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
-	var st machineModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &st)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: cannot read machine "+st.ID.ValueString(), err.Error())
-		return
-	}
-	m, err := api.Read(ctx, st.ID.ValueString())
-	if errors.Is(err, ErrNotFound) {
-		resp.State.RemoveResource(ctx)
-		return
-	}
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: read machine "+st.ID.ValueString(), err.Error())
-		return
-	}
-	// What the machine really has, so drift shows in the plan.
-	resp.Diagnostics.Append(fill(ctx, &st, m)...)
-	resp.Diagnostics.Append(resp.State.Set(ctx, &st)...)
-}
-
-// Update changes tags only: every other argument replaces the machine.
-func (r *machineResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
-	var plan machineModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: cannot update machine "+plan.ID.ValueString(), err.Error())
-		return
-	}
-	tags, diags := tagsOf(ctx, plan.Tags)
-	resp.Diagnostics.Append(diags...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	m, err := api.SetTags(ctx, plan.ID.ValueString(), tags)
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: update machine "+plan.ID.ValueString(), err.Error())
-		return
-	}
-	plan.State = types.StringValue(m.State)
-	plan.IPAddress = types.StringValue(m.IPAddress)
-	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
-}
-
-func (r *machineResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
-	var st machineModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &st)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError("kloudlocal: cannot destroy machine "+st.ID.ValueString(), err.Error())
-		return
-	}
-	if err := api.Delete(ctx, st.ID.ValueString()); err != nil {
-		resp.Diagnostics.AddError("kloudlocal: destroy machine "+st.ID.ValueString(), err.Error())
-	}
-}
-
-// ImportState takes a machine id; Read fills in the rest (user_data stays unknown to Terraform).
-func (r *machineResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
-	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("id"), req.ID)...)
-}
-
-func tagsOf(ctx context.Context, m types.Map) (map[string]string, diag.Diagnostics) {
-	if m.IsNull() || m.IsUnknown() {
-		return nil, nil
-	}
-	out := map[string]string{}
-	diags := m.ElementsAs(ctx, &out, false)
-	return maps.Clone(out), diags
-}
-
 var (
-	_ resource.Resource                   = (*machineResource)(nil)
-	_ resource.ResourceWithConfigure      = (*machineResource)(nil)
-	_ resource.ResourceWithValidateConfig = (*machineResource)(nil)
-	_ resource.ResourceWithImportState    = (*machineResource)(nil)
+	_ resource.ResourceWithConfigure      = (*tfmachine.Resource[machineModel, *machineModel, CreateRequest, Machine])(nil)
+	_ resource.ResourceWithValidateConfig = (*tfmachine.Resource[machineModel, *machineModel, CreateRequest, Machine])(nil)
+	_ resource.ResourceWithImportState    = (*tfmachine.Resource[machineModel, *machineModel, CreateRequest, Machine])(nil)
 )

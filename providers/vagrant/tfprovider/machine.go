@@ -2,9 +2,7 @@ package tfprovider
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"maps"
 	"regexp"
 
 	"github.com/hashicorp/terraform-plugin-framework/diag"
@@ -15,11 +13,16 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/planmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema/stringplanmodifier"
 	"github.com/hashicorp/terraform-plugin-framework/types"
+
+	"github.com/kloud-dev/kloud/provider/machinesvc/tfmachine"
 )
 
-// machineResource is kloudvagrant_machine.
-type machineResource struct {
-	c *client
+// newMachineResource returns kloudvagrant_machine: the machine service's resource
+// (tfmachine.Resource) with this model and schema.
+func newMachineResource() resource.Resource {
+	return &tfmachine.Resource[machineModel, *machineModel, CreateRequest, Machine]{
+		Name: Name, MachineSchema: machineSchema(), NotFound: ErrNotFound,
+	}
 }
 
 // machineModel is the resource's data, in Terraform and in state.
@@ -37,12 +40,8 @@ type machineModel struct {
 	State    types.String `tfsdk:"state"`
 }
 
-func (r *machineResource) Metadata(ctx context.Context, req resource.MetadataRequest, resp *resource.MetadataResponse) {
-	resp.TypeName = req.ProviderTypeName + "_machine"
-}
-
-func (r *machineResource) Schema(ctx context.Context, req resource.SchemaRequest, resp *resource.SchemaResponse) {
-	resp.Schema = schema.Schema{
+func machineSchema() schema.Schema {
+	return schema.Schema{
 		Description: "A Vagrant machine on the stack owner's vagrant host (klient --vagrant), booted with cloud-init on a NoCloud seed. It keeps running after Terraform exits.",
 		Attributes: map[string]schema.Attribute{
 			"id": schema.StringAttribute{
@@ -105,57 +104,56 @@ func (r *machineResource) Schema(ctx context.Context, req resource.SchemaRequest
 	}
 }
 
-func (r *machineResource) Configure(ctx context.Context, req resource.ConfigureRequest, resp *resource.ConfigureResponse) {
-	if req.ProviderData == nil {
-		return // not configured yet (validation)
-	}
-	c, ok := req.ProviderData.(*client)
-	if !ok {
-		resp.Diagnostics.AddError("kloudvagrant: internal error", fmt.Sprintf("provider data of type %T", req.ProviderData))
-		return
-	}
-	r.c = c
-}
-
 var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
 
-// ValidateConfig reports bad values at plan time, before any machine is made.
-func (r *machineResource) ValidateConfig(ctx context.Context, req resource.ValidateConfigRequest, resp *resource.ValidateConfigResponse) {
-	var m machineModel
-	resp.Diagnostics.Append(req.Config.Get(ctx, &m)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	if h := m.Hostname; !h.IsNull() && !h.IsUnknown() {
-		if s := h.ValueString(); len(s) > 63 || !hostnameRE.MatchString(s) {
-			resp.Diagnostics.AddAttributeError(path.Root("hostname"), "kloudvagrant: bad hostname",
-				fmt.Sprintf("%q is not a valid host name: one label of letters, digits and '-', at most 63 characters", s))
-		}
-	}
+// Validate reports bad values at plan time, before any machine is made.
+func (m *machineModel) Validate(diags *diag.Diagnostics) {
+	tfmachine.ValidHostname(Name, m.Hostname, hostnameRE.MatchString, "one label of letters, digits and '-'", diags)
 	if v := m.Memory; !v.IsNull() && !v.IsUnknown() && v.ValueInt64() < 64 {
-		resp.Diagnostics.AddAttributeError(path.Root("memory"), "kloudvagrant: memory too small",
+		diags.AddAttributeError(path.Root("memory"), "kloudvagrant: memory too small",
 			fmt.Sprintf("memory = %d MiB: at least 64; leave it unset for the provider's default", v.ValueInt64()))
 	}
 	if v := m.CPUs; !v.IsNull() && !v.IsUnknown() && v.ValueInt64() < 1 {
-		resp.Diagnostics.AddAttributeError(path.Root("cpus"), "kloudvagrant: cpus too small",
+		diags.AddAttributeError(path.Root("cpus"), "kloudvagrant: cpus too small",
 			fmt.Sprintf("cpus = %d: at least 1; leave it unset for the provider's default", v.ValueInt64()))
 	}
 	if !m.Image.IsUnknown() && !m.Box.IsUnknown() && m.Image.IsNull() == m.Box.IsNull() {
-		resp.Diagnostics.AddAttributeError(path.Root("image"), "kloudvagrant: image or box",
+		diags.AddAttributeError(path.Root("image"), "kloudvagrant: image or box",
 			"Set exactly one of image (a Docker image, Vagrant's docker provider) and box (a Vagrant box).")
 	}
 }
 
-func (r *machineResource) api() (*Client, error) {
-	if r.c == nil {
-		return nil, errors.New("the kloudvagrant provider is not configured")
+func (m *machineModel) MachineID() string     { return m.ID.ValueString() }
+func (m *machineModel) HostnameValue() string { return m.Hostname.ValueString() }
+func (m *machineModel) TagsValue() types.Map  { return m.Tags }
+
+func (m *machineModel) Request(tags map[string]string) CreateRequest {
+	return CreateRequest{
+		Hostname: m.Hostname.ValueString(),
+		UserData: m.UserData.ValueString(),
+		MemoryMB: m.Memory.ValueInt64(),
+		CPUs:     m.CPUs.ValueInt64(),
+		Image:    m.Image.ValueString(),
+		Box:      m.Box.ValueString(),
+		Provider: m.Provider.ValueString(),
+		Tags:     tags,
 	}
-	return r.c.api()
 }
 
-// fill copies what the service reports into the model. Unset limits stay null, so a machine
+func (m *machineModel) Created(in Machine) {
+	m.ID = types.StringValue(in.ID)
+	m.Host = types.StringValue(in.Host)
+	m.State = types.StringValue(in.State)
+}
+
+func (m *machineModel) Retagged(in Machine) {
+	m.State = types.StringValue(in.State)
+	m.Host = types.StringValue(in.Host)
+}
+
+// Fill copies what the service reports into the model. Unset limits stay null, so a machine
 // without limits shows no drift.
-func fill(ctx context.Context, st *machineModel, m Machine) diag.Diagnostics {
+func (st *machineModel) Fill(ctx context.Context, m Machine) diag.Diagnostics {
 	var diags diag.Diagnostics
 	st.ID = types.StringValue(m.ID)
 	if m.Hostname != "" {
@@ -173,143 +171,14 @@ func fill(ctx context.Context, st *machineModel, m Machine) diag.Diagnostics {
 	if m.Box != "" {
 		st.Box = types.StringValue(m.Box)
 	}
-	if len(m.Tags) > 0 || !st.Tags.IsNull() {
-		tags := m.Tags
-		if tags == nil {
-			tags = map[string]string{}
-		}
-		tv, d := types.MapValueFrom(ctx, types.StringType, tags)
-		diags.Append(d...)
-		st.Tags = tv
-	}
+	diags.Append(tfmachine.FillTags(ctx, &st.Tags, m.Tags)...)
 	st.Host = types.StringValue(m.Host)
 	st.State = types.StringValue(m.State)
 	return diags
 }
 
-func (r *machineResource) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
-	var plan machineModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError("kloudvagrant: cannot create machines", err.Error())
-		return
-	}
-	tags, diags := tagsOf(ctx, plan.Tags)
-	resp.Diagnostics.Append(diags...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	spec := CreateRequest{
-		Hostname: plan.Hostname.ValueString(),
-		UserData: plan.UserData.ValueString(),
-		MemoryMB: plan.Memory.ValueInt64(),
-		CPUs:     plan.CPUs.ValueInt64(),
-		Image:    plan.Image.ValueString(),
-		Box:      plan.Box.ValueString(),
-		Provider: plan.Provider.ValueString(),
-		Tags:     tags,
-	}
-	m, err := api.Create(ctx, spec)
-	if err != nil {
-		resp.Diagnostics.AddError("kloudvagrant: create machine "+spec.Hostname, err.Error())
-		return
-	}
-	// The plan's values stay (user_data is not reported back); the service's fill in the rest.
-	plan.ID = types.StringValue(m.ID)
-	plan.Host = types.StringValue(m.Host)
-	plan.State = types.StringValue(m.State)
-	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
-}
-
-func (r *machineResource) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
-	var st machineModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &st)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError("kloudvagrant: cannot read machine "+st.ID.ValueString(), err.Error())
-		return
-	}
-	m, err := api.Read(ctx, st.ID.ValueString())
-	if errors.Is(err, ErrNotFound) {
-		resp.State.RemoveResource(ctx)
-		return
-	}
-	if err != nil {
-		resp.Diagnostics.AddError("kloudvagrant: read machine "+st.ID.ValueString(), err.Error())
-		return
-	}
-	// What the machine really has, so drift shows in the plan.
-	resp.Diagnostics.Append(fill(ctx, &st, m)...)
-	resp.Diagnostics.Append(resp.State.Set(ctx, &st)...)
-}
-
-// Update changes tags only: every other argument replaces the machine.
-func (r *machineResource) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
-	var plan machineModel
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError("kloudvagrant: cannot update machine "+plan.ID.ValueString(), err.Error())
-		return
-	}
-	tags, diags := tagsOf(ctx, plan.Tags)
-	resp.Diagnostics.Append(diags...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	m, err := api.SetTags(ctx, plan.ID.ValueString(), tags)
-	if err != nil {
-		resp.Diagnostics.AddError("kloudvagrant: update machine "+plan.ID.ValueString(), err.Error())
-		return
-	}
-	plan.State = types.StringValue(m.State)
-	plan.Host = types.StringValue(m.Host)
-	resp.Diagnostics.Append(resp.State.Set(ctx, &plan)...)
-}
-
-func (r *machineResource) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
-	var st machineModel
-	resp.Diagnostics.Append(req.State.Get(ctx, &st)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError("kloudvagrant: cannot destroy machine "+st.ID.ValueString(), err.Error())
-		return
-	}
-	if err := api.Delete(ctx, st.ID.ValueString()); err != nil {
-		resp.Diagnostics.AddError("kloudvagrant: destroy machine "+st.ID.ValueString(), err.Error())
-	}
-}
-
-// ImportState takes a machine id; Read fills in the rest (user_data stays unknown to Terraform).
-func (r *machineResource) ImportState(ctx context.Context, req resource.ImportStateRequest, resp *resource.ImportStateResponse) {
-	resp.Diagnostics.Append(resp.State.SetAttribute(ctx, path.Root("id"), req.ID)...)
-}
-
-func tagsOf(ctx context.Context, m types.Map) (map[string]string, diag.Diagnostics) {
-	if m.IsNull() || m.IsUnknown() {
-		return nil, nil
-	}
-	out := map[string]string{}
-	diags := m.ElementsAs(ctx, &out, false)
-	return maps.Clone(out), diags
-}
-
 var (
-	_ resource.Resource                   = (*machineResource)(nil)
-	_ resource.ResourceWithConfigure      = (*machineResource)(nil)
-	_ resource.ResourceWithValidateConfig = (*machineResource)(nil)
-	_ resource.ResourceWithImportState    = (*machineResource)(nil)
+	_ resource.ResourceWithConfigure      = (*tfmachine.Resource[machineModel, *machineModel, CreateRequest, Machine])(nil)
+	_ resource.ResourceWithValidateConfig = (*tfmachine.Resource[machineModel, *machineModel, CreateRequest, Machine])(nil)
+	_ resource.ResourceWithImportState    = (*tfmachine.Resource[machineModel, *machineModel, CreateRequest, Machine])(nil)
 )

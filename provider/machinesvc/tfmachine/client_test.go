@@ -1,4 +1,4 @@
-package tfprovider
+package tfmachine
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ func TestClientRetriesRefusedConnections(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens: connections are refused
-	c, err := NewClient("http://"+addr, "tok")
+	c, err := NewClient[struct{}, struct{}](testService, "http://"+addr, "tok")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,18 +40,23 @@ func TestClientRetriesRefusedConnections(t *testing.T) {
 	}()
 	t0 := time.Now()
 	_, err = c.Read(t.Context(), "m1")
-	if !errors.Is(err, ErrNotFound) || auth.Load() != "Bearer tok" {
+	if !errors.Is(err, errNotFound) || auth.Load() != "Bearer tok" {
 		t.Fatalf("read: %v (authorization %v)", err, auth.Load())
 	}
 	if d := time.Since(t0); d < 900*time.Millisecond {
 		t.Errorf("answered after %s, before kloud listened", d)
 	}
 	for _, bad := range []string{"ftp://x", "http://", "http://u:p@h:1", "http://h:1/?q=1"} {
-		if _, err := NewClient(bad, "tok"); err == nil {
+		if _, err := NewClient[struct{}, struct{}](testService, bad, "tok"); err == nil {
 			t.Errorf("NewClient(%q) accepted", bad)
 		}
 	}
-	if _, err := NewClient("http://127.0.0.1:1", ""); err == nil {
+	if _, err := NewClient[struct{}, struct{}](testService, "http://127.0.0.1:1", ""); err == nil {
 		t.Error("NewClient without a token accepted")
 	}
 }
+
+var (
+	errNotFound = errors.New("kloudtest: machine not found")
+	testService = Service{Kind: "test", APIPath: "/provider/test/v1/", Timeout: time.Minute, NotFound: errNotFound}
+)
