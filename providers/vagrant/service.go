@@ -4,19 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"io/fs"
 	"net/http"
 	"regexp"
 	"strings"
 
-	"github.com/golang-jwt/jwt/v5"
-
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/provider/machinesvc"
 	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
 )
 
@@ -30,29 +26,9 @@ import (
 // token's stack and kloud_machine one of the token's machine ids, on the owner's host; read,
 // retag and delete only of machines whose record says the token's stack, owner and this kloud
 // instance.
-const (
-	maxBody       = 2 << 20
-	maxTags       = 64
-	maxTagKey     = 128
-	maxTagValue   = 1024
-	maxPerMachine = 2 // a replacement with create_before_destroy has two for a moment
-)
+const maxPerMachine = 2 // a replacement with create_before_destroy has two for a moment
 
-var (
-	tagKeyRE      = regexp.MustCompile(`^[A-Za-z0-9_.:/-]+$`)
-	machineNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-)
-
-type httpError struct {
-	code int
-	msg  string
-}
-
-func (e *httpError) Error() string { return e.msg }
-
-func errorf(code int, format string, args ...any) error {
-	return &httpError{code: code, msg: fmt.Sprintf(format, args...)}
-}
+var machineNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // hostError turns a host's failure into an answer: not connected → 503, refused params → 400,
 // anything else the host said → 502.
@@ -60,114 +36,29 @@ func hostError(err error) error {
 	var ke *kite.Error
 	switch {
 	case errors.Is(err, kite.ErrUnavailable):
-		return errorf(http.StatusServiceUnavailable, "%s", err)
+		return machinesvc.Errorf(http.StatusServiceUnavailable, "%s", err)
 	case errors.Is(err, kite.ErrInvalidParams):
-		return errorf(http.StatusBadRequest, "%s", err)
+		return machinesvc.Errorf(http.StatusBadRequest, "%s", err)
 	case errors.As(err, &ke) || err != nil:
-		return errorf(http.StatusBadGateway, "%s", err)
+		return machinesvc.Errorf(http.StatusBadGateway, "%s", err)
 	}
 	return nil
 }
 
-func (v *Vagrant) handler() *http.ServeMux {
-	mux := http.NewServeMux()
-	p := tfprovider.APIPath
-	mux.HandleFunc("POST "+p+"machines", v.serve(v.createMachine))
-	mux.HandleFunc("GET "+p+"machines/{id}", v.serve(v.readMachine))
-	mux.HandleFunc("PUT "+p+"machines/{id}/tags", v.serve(v.tagMachine))
-	mux.HandleFunc("DELETE "+p+"machines/{id}", v.serve(v.deleteMachine))
-	mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, tfprovider.ErrorBody{Error: r.Method + " " + r.URL.Path + ": no such operation of the vagrant machine service"})
-	})
-	return mux
-}
-
-func (v *Vagrant) serve(fn func(ctx context.Context, c *tokenClaims, r *http.Request) (int, any, error)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-		c, err := v.authenticate(r)
-		code, out := http.StatusOK, any(nil)
-		if err == nil {
-			code, out, err = fn(r.Context(), c, r)
-		}
-		if err != nil {
-			var he *httpError
-			if !errors.As(err, &he) {
-				he = &httpError{code: http.StatusInternalServerError, msg: err.Error()}
-			}
-			stack := ""
-			if c != nil {
-				stack = c.Stack
-			}
-			v.log.Warn("vagrant machine service: refused", "method", r.Method, "path", r.URL.Path, "stack", stack, "status", he.code, "err", he.msg)
-			writeJSON(w, he.code, tfprovider.ErrorBody{Error: he.msg})
-			return
-		}
-		if out == nil {
-			w.WriteHeader(code)
-			return
-		}
-		writeJSON(w, code, out)
+// service is the vagrant machine service's HTTP side (machinesvc.Service): routing, tokens, limits.
+func (v *Vagrant) service() *machinesvc.Service {
+	return &machinesvc.Service{
+		Kind: "vagrant", APIPath: tfprovider.APIPath, Log: v.log,
+		Ready:      v.Available,
+		ParseToken: v.parseToken,
+		Create:     v.createMachine,
+		Read:       v.readMachine,
+		Tag:        v.tagMachine,
+		Delete:     v.deleteMachine,
 	}
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
-}
-
-func (v *Vagrant) authenticate(r *http.Request) (*tokenClaims, error) {
-	if err := v.Available(); err != nil {
-		return nil, errorf(http.StatusServiceUnavailable, "%s", err)
-	}
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || tok == "" {
-		return nil, errorf(http.StatusUnauthorized, "no token: want Authorization: Bearer <the stack's token>")
-	}
-	c, err := v.parseToken(tok, r.Method == http.MethodGet || r.Method == http.MethodDelete)
-	switch {
-	case errors.Is(err, jwt.ErrTokenExpired):
-		return nil, errorf(http.StatusUnauthorized, "token expired: it was valid for one stack build; build the stack again through kloud")
-	case err != nil && strings.Contains(err.Error(), "kloud instance"):
-		return nil, errorf(http.StatusForbidden, "%s", err)
-	case err != nil:
-		return nil, errorf(http.StatusUnauthorized, "invalid token: %s", err)
-	}
-	return c, nil
-}
-
-func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return errorf(http.StatusRequestEntityTooLarge, "request body over %d bytes", mbe.Limit)
-		}
-		return errorf(http.StatusBadRequest, "bad request body: %s", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errorf(http.StatusBadRequest, "bad request body: data after the JSON object")
-	}
-	return nil
-}
-
-func checkTags(tags map[string]string) error {
-	if len(tags) > maxTags {
-		return errorf(http.StatusBadRequest, "tags: %d, at most %d", len(tags), maxTags)
-	}
-	for k, val := range tags {
-		if len(k) > maxTagKey || !tagKeyRE.MatchString(k) {
-			return errorf(http.StatusBadRequest, "tag %q: keys are 1-%d of [A-Za-z0-9_.:/-]", k, maxTagKey)
-		}
-		if len(val) > maxTagValue {
-			return errorf(http.StatusBadRequest, "tag %q: value over %d bytes", k, maxTagValue)
-		}
-	}
-	return nil
-}
+func (v *Vagrant) handler() *http.ServeMux { return v.service().Handler() }
 
 func view(r *record, state string) tfprovider.Machine {
 	return tfprovider.Machine{ID: r.Name, Host: r.Host, Hostname: r.Hostname, State: state, Image: r.Image, Box: r.Box,
@@ -188,14 +79,14 @@ func newName(hostname string) string {
 
 func (v *Vagrant) createMachine(ctx context.Context, c *tokenClaims, r *http.Request) (int, any, error) {
 	var req tfprovider.CreateRequest
-	if err := decode(r, &req); err != nil {
+	if err := machinesvc.Decode(r, &req); err != nil {
 		return 0, nil, err
 	}
-	if err := checkTags(req.Tags); err != nil {
+	if err := machinesvc.CheckTags(req.Tags); err != nil {
 		return 0, nil, err
 	}
 	if req.MemoryMB < 0 || req.MemoryMB > klientapi.VagrantMaxMemoryMB || req.CPUs < 0 || req.CPUs > klientapi.VagrantMaxCPUs {
-		return 0, nil, errorf(http.StatusBadRequest, "memory %d MiB / cpus %d: out of range", req.MemoryMB, req.CPUs)
+		return 0, nil, machinesvc.Errorf(http.StatusBadRequest, "memory %d MiB / cpus %d: out of range", req.MemoryMB, req.CPUs)
 	}
 	rec := &record{
 		Name: newName(req.Hostname), Owner: c.Owner, Instance: v.instance, Hostname: req.Hostname,
@@ -206,22 +97,22 @@ func (v *Vagrant) createMachine(ctx context.Context, c *tokenClaims, r *http.Req
 		MemoryMB: int(req.MemoryMB), CPUs: int(req.CPUs), UserData: req.UserData,
 	}
 	if req.Hostname == "" {
-		return 0, nil, errorf(http.StatusBadRequest, "hostname is required")
+		return 0, nil, machinesvc.Errorf(http.StatusBadRequest, "hostname is required")
 	}
 	check := params
 	check.Name = "x" // the name is ours; check the user's values first, for a message about them
 	if err := check.ValidateMachine(); err != nil {
-		return 0, nil, errorf(http.StatusBadRequest, "%s", err)
+		return 0, nil, machinesvc.Errorf(http.StatusBadRequest, "%s", err)
 	}
 	if err := params.ValidateMachine(); err != nil {
-		return 0, nil, errorf(http.StatusBadRequest, "%s", err)
+		return 0, nil, machinesvc.Errorf(http.StatusBadRequest, "%s", err)
 	}
 	stack, mid := req.Tags[TagStack], req.Tags[TagMachine]
 	if stack != c.Stack {
-		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: this token is for stack %s only", TagStack, stack, c.Stack)
+		return 0, nil, machinesvc.Errorf(http.StatusForbidden, "tag %s = %q: this token is for stack %s only", TagStack, stack, c.Stack)
 	}
 	if !c.MayCreate(mid) {
-		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: not a machine of this build of stack %s", TagMachine, mid, c.Stack)
+		return 0, nil, machinesvc.Errorf(http.StatusForbidden, "tag %s = %q: not a machine of this build of stack %s", TagMachine, mid, c.Stack)
 	}
 	all, err := v.records()
 	if err != nil {
@@ -234,7 +125,7 @@ func (v *Vagrant) createMachine(ctx context.Context, c *tokenClaims, r *http.Req
 		}
 	}
 	if n >= maxPerMachine {
-		return 0, nil, errorf(http.StatusConflict, "machine %s of stack %s has %d vagrant machines already; destroy them first", mid, stack, n)
+		return 0, nil, machinesvc.Errorf(http.StatusConflict, "machine %s of stack %s has %d vagrant machines already; destroy them first", mid, stack, n)
 	}
 	h, err := v.hosts.Host(ctx, c.Owner, "")
 	if err != nil {
@@ -278,7 +169,7 @@ func (v *Vagrant) createMachine(ctx context.Context, c *tokenClaims, r *http.Req
 func (v *Vagrant) owned(c *tokenClaims, r *http.Request) (*record, error) {
 	id := r.PathValue("id")
 	if !machineNameRE.MatchString(id) {
-		return nil, errorf(http.StatusBadRequest, "machine id %q: want 1-63 of [a-z0-9-]", id)
+		return nil, machinesvc.Errorf(http.StatusBadRequest, "machine id %q: want 1-63 of [a-z0-9-]", id)
 	}
 	rec, err := v.readRecord(id)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -288,10 +179,10 @@ func (v *Vagrant) owned(c *tokenClaims, r *http.Request) (*record, error) {
 		return nil, err
 	}
 	if rec.Tags[TagStack] != c.Stack || rec.Owner != c.Owner {
-		return nil, errorf(http.StatusForbidden, "machine %s is not a machine of stack %s", id, c.Stack)
+		return nil, machinesvc.Errorf(http.StatusForbidden, "machine %s is not a machine of stack %s", id, c.Stack)
 	}
 	if rec.Instance != v.instance {
-		return nil, errorf(http.StatusForbidden, "machine %s belongs to another kloud instance", id)
+		return nil, machinesvc.Errorf(http.StatusForbidden, "machine %s belongs to another kloud instance", id)
 	}
 	return rec, nil
 }
@@ -313,7 +204,7 @@ func (v *Vagrant) readMachine(ctx context.Context, c *tokenClaims, r *http.Reque
 		return 0, nil, err
 	}
 	if rec == nil {
-		return 0, nil, errorf(http.StatusNotFound, "machine %s does not exist", r.PathValue("id"))
+		return 0, nil, machinesvc.Errorf(http.StatusNotFound, "machine %s does not exist", r.PathValue("id"))
 	}
 	vm, err := v.status(ctx, rec)
 	if err != nil {
@@ -321,17 +212,17 @@ func (v *Vagrant) readMachine(ctx context.Context, c *tokenClaims, r *http.Reque
 	}
 	if vm.State == klientapi.VagrantAbsent {
 		v.removeRecord(rec.Name)
-		return 0, nil, errorf(http.StatusNotFound, "machine %s does not exist on its host %s", rec.Name, rec.Host)
+		return 0, nil, machinesvc.Errorf(http.StatusNotFound, "machine %s does not exist on its host %s", rec.Name, rec.Host)
 	}
 	return http.StatusOK, view(rec, vm.State), nil
 }
 
 func (v *Vagrant) tagMachine(ctx context.Context, c *tokenClaims, r *http.Request) (int, any, error) {
 	var req tfprovider.TagsRequest
-	if err := decode(r, &req); err != nil {
+	if err := machinesvc.Decode(r, &req); err != nil {
 		return 0, nil, err
 	}
-	if err := checkTags(req.Tags); err != nil {
+	if err := machinesvc.CheckTags(req.Tags); err != nil {
 		return 0, nil, err
 	}
 	rec, err := v.owned(c, r)
@@ -339,13 +230,13 @@ func (v *Vagrant) tagMachine(ctx context.Context, c *tokenClaims, r *http.Reques
 		return 0, nil, err
 	}
 	if rec == nil {
-		return 0, nil, errorf(http.StatusNotFound, "machine %s does not exist", r.PathValue("id"))
+		return 0, nil, machinesvc.Errorf(http.StatusNotFound, "machine %s does not exist", r.PathValue("id"))
 	}
 	if s := req.Tags[TagStack]; s != c.Stack {
-		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: a machine of stack %s stays in it", TagStack, s, c.Stack)
+		return 0, nil, machinesvc.Errorf(http.StatusForbidden, "tag %s = %q: a machine of stack %s stays in it", TagStack, s, c.Stack)
 	}
 	if mid := req.Tags[TagMachine]; mid != rec.Tags[TagMachine] && !c.MayCreate(mid) {
-		return 0, nil, errorf(http.StatusForbidden, "tag %s = %q: not a machine of this build of stack %s", TagMachine, mid, c.Stack)
+		return 0, nil, machinesvc.Errorf(http.StatusForbidden, "tag %s = %q: not a machine of this build of stack %s", TagMachine, mid, c.Stack)
 	}
 	rec.Tags = req.Tags
 	if err := v.writeRecord(rec); err != nil {
