@@ -3,7 +3,7 @@ package e2e
 // End-to-end tests of the vagrant provider, Koding's way: a kloud (its own data dir and
 // terraformer), the kloudvagrant Terraform provider built from this tree, and alice's own
 // vagrant host — the klient binary run with --vagrant and alice's kite key, driving the real
-// vagrant with its docker provider against a private dockerd (package testdockerd). The machines'
+// vagrant with its docker provider against a private dockerd (package providers/docker/dockertest). The machines'
 // own klients come from cloud-init and register with kloud like every machine's. They need root,
 // vagrant and dockerd; outside CI they skip loudly, under CI=true they fail.
 
@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kloud-dev/kloud/internal/testdockerd"
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
 	"github.com/kloud-dev/kloud/userdata"
 )
@@ -30,7 +30,7 @@ const vagrantImage = "kloud-vagrant-e2e:1"
 
 type vagrantEnv struct {
 	*env
-	d     *testdockerd.Daemon
+	d     *dockertest.Daemon
 	home  string // the host klient's vagrant home
 	hostK *exec.Cmd
 }
@@ -90,7 +90,7 @@ func newVagrantEnvUsers(t *testing.T, users func(e *env)) *vagrantEnv {
 	testutil.RequireRoot(t)
 	tf := testutil.RequireBinary(t, "terraform")
 	testutil.RequireBinary(t, "vagrant")
-	d := testdockerd.Start(t)
+	d := dockertest.New(t)
 	d.Import(t, vagrantImage)
 	cliConfig := kloudvagrantMirror(t)
 	addr := freePort(t)

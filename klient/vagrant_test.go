@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kloud-dev/kloud/internal/testdockerd"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -18,6 +17,7 @@ import (
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kontrol"
 	"github.com/kloud-dev/kloud/kontrol/kontroltest"
+	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 )
 
 // vagrantHost is a real kontrol, a private dockerd with the Debian base image, and a klient
@@ -25,7 +25,7 @@ import (
 type vagrantHost struct {
 	t      *testing.T
 	ko     *kontroltest.Env
-	d      *testdockerd.Daemon
+	d      *dockertest.Daemon
 	kiteID string
 	home   string
 	conn   *kite.Conn // kontrol's end of the host klient's registration
@@ -37,7 +37,7 @@ const vagrantImage = "kloud-vagrant-test:1"
 func startVagrantHost(t *testing.T, image bool) *vagrantHost {
 	t.Helper()
 	testutil.RequireBinary(t, "vagrant")
-	d := testdockerd.Start(t)
+	d := dockertest.New(t)
 	if image {
 		d.Import(t, vagrantImage)
 	}

@@ -1,5 +1,5 @@
 // Package vagranttest starts, for a test, a real vagrant host: a private dockerd (package
-// testdockerd) with the Debian base image imported as Image, and a klient --vagrant registered
+// providers/docker/dockertest) with the Debian base image imported as Image, and a klient --vagrant registered
 // with the given kontrol under the given kite key, driving the real vagrant with its docker
 // provider. Everything stops when the test ends, and a container left behind fails the test.
 package vagranttest
@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kloud-dev/kloud/internal/testdockerd"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/klient"
 	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
+	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 )
 
 // Image is the Docker image of the base image in the host's dockerd.
@@ -20,7 +20,7 @@ const Image = "kloud-vagrant-test:1"
 
 // Host is a running vagrant host.
 type Host struct {
-	Dockerd *testdockerd.Daemon
+	Dockerd *dockertest.Daemon
 	KiteID  string
 	Home    string // the klient's vagrant home
 }
@@ -30,7 +30,7 @@ type Host struct {
 func Start(t *testing.T, kontrolURL, keyFile string) *Host {
 	t.Helper()
 	testutil.RequireBinary(t, "vagrant")
-	d := testdockerd.Start(t)
+	d := dockertest.New(t)
 	d.Import(t, Image)
 	h := &Host{Dockerd: d, Home: t.TempDir()}
 	ready := make(chan kontrolapi.RegisterResult, 1)

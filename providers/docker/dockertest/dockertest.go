@@ -2,7 +2,8 @@
 // unix socket and pid file under a run directory (testutil.RunDir), no iptables rules and no
 // default bridge (--iptables=false --ip6tables=false --bridge=none), so it never touches the
 // host's daemon, firewall or networks. Start it with Start (one per test binary, from TestMain)
-// or New (one per test); it imports the kloud machine image from $KLOUD_BASE_IMAGE.
+// or New (one per test); it imports the kloud machine image from $KLOUD_BASE_IMAGE (Import
+// imports it plain, under another name). Env, CLI, Docker and Containers drive it with the docker command line.
 //
 // Close stops the daemon by its pid, unmounts what it left under its exec root (the netns
 // mounts), removes the Linux bridges of the networks made on it, and removes its directory:
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -162,6 +164,59 @@ func (d *Daemon) CLI(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// Env is the environment entry that points docker (and Vagrant's docker provider) at the daemon.
+func (d *Daemon) Env() string { return "DOCKER_HOST=" + d.Host }
+
+// Docker runs the docker command line against the daemon and returns its output; an error
+// fails the test. It works in a cleanup too (its context is its own, 2 minutes).
+func (d *Daemon) Docker(t testing.TB, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := d.CLI(ctx, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Containers lists the names of all containers of the daemon (running or not), sorted.
+func (d *Daemon) Containers(t testing.TB) []string {
+	t.Helper()
+	out := strings.Fields(d.Docker(t, "ps", "-a", "--format", "{{.Names}}"))
+	sort.Strings(out)
+	return out
+}
+
+// Import imports the Debian base image ($KLOUD_BASE_IMAGE, cloud-init inside) as it is, with
+// no entrypoint (unlike Image, whose entrypoint is the docker provider's boot script), as image
+// name: what Vagrant's docker provider runs its own command in.
+func (d *Daemon) Import(t testing.TB, name string) {
+	t.Helper()
+	base := os.Getenv("KLOUD_BASE_IMAGE")
+	if _, err := os.Stat(filepath.Join(base, "usr/bin/cloud-init")); err != nil {
+		testutil.Unavailable(t, "base image %q has no cloud-init: %v", base, err)
+	}
+	t0 := time.Now()
+	tar := exec.CommandContext(t.Context(), "tar", "-C", base, "-c", ".")
+	imp := exec.CommandContext(t.Context(), "docker", "import", "-", name)
+	imp.Env = append(os.Environ(), d.Env())
+	pipe, err := tar.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	imp.Stdin = pipe
+	if err := tar.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := imp.CombinedOutput()
+	terr := tar.Wait()
+	if err != nil || terr != nil {
+		t.Fatalf("docker import %s: %v (tar: %v): %s", name, err, terr, out)
+	}
+	t.Logf("imported %s as %s in %s", base, name, time.Since(t0).Round(time.Millisecond))
 }
 
 // Close removes every container and network left on the daemon, stops it (SIGTERM by pid, then
