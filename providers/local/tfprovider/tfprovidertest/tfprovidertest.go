@@ -11,86 +11,29 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/provider/machinesvc/tfmachine/tfmachinetest"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider"
-	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
 )
 
-var build struct {
-	once      sync.Once
-	dir       string // run dir holding the mirror and the CLI config
-	remove    func()
-	cliConfig string
-	err       error
-}
+var mirror = &tfmachinetest.Mirror{Name: tfprovider.Name, Version: tfprovider.Version, Cmd: "./cmd/terraform-provider-kloudlocal"}
 
 // Terraform returns the terraform binary (tfruntest.Setup's) and a CLI config file whose only
 // provider source is a temporary filesystem mirror holding kloudlocal, built from this tree once
-// per test process.
+// per test process (tfmachinetest.Mirror).
 func Terraform(t testing.TB) (terraformPath, cliConfig string) {
 	t.Helper()
-	terraformPath, _ = tfruntest.Setup(t)
-	build.once.Do(func() { build.dir, build.cliConfig, build.err = buildMirror() })
-	if build.err != nil {
-		t.Fatalf("build the kloudlocal provider: %s", build.err)
-	}
-	return terraformPath, build.cliConfig
+	return mirror.Terraform(t)
 }
 
-// Cleanup removes the temporary mirror; call it from TestMain after m.Run. (A test binary killed
-// before it leaves the mirror in testutil.RunDir's directory, which the next run removes; never
-// in the system temp dir.)
-func Cleanup() {
-	if build.remove != nil {
-		build.remove()
-	}
-}
-
-func buildMirror() (dir, cliConfig string, err error) {
-	root, err := testutil.ModuleRoot()
-	if err != nil {
-		return "", "", err
-	}
-	dir, build.remove, err = testutil.RunDir("kloudlocal-mirror")
-	if err != nil {
-		return "", "", err
-	}
-	if err := os.Chmod(dir, 0o755); err != nil { // readable by tests that run terraform as another user
-		return dir, "", err
-	}
-	platform := runtime.GOOS + "_" + runtime.GOARCH
-	pdir := filepath.Join(dir, "mirror", "registry.terraform.io", "kloud", tfprovider.Name, tfprovider.Version, platform)
-	if err := os.MkdirAll(pdir, 0o755); err != nil {
-		return dir, "", err
-	}
-	bin := filepath.Join(pdir, "terraform-provider-"+tfprovider.Name+"_v"+tfprovider.Version)
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/terraform-provider-kloudlocal")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return dir, "", fmt.Errorf("go build: %w\n%s", err, out)
-	}
-	cliConfig = filepath.Join(dir, "terraform.tfrc")
-	cfg := fmt.Sprintf(`provider_installation {
-  filesystem_mirror {
-    path    = %q
-    include = ["registry.terraform.io/kloud/*"]
-  }
-  direct {
-    exclude = ["registry.terraform.io/*/*"]
-  }
-}
-disable_checkpoint = true
-`, filepath.Join(dir, "mirror"))
-	return dir, cliConfig, os.WriteFile(cliConfig, []byte(cfg), 0o644)
-}
+// Cleanup removes the temporary mirror; call it from TestMain after m.Run.
+func Cleanup() { mirror.Cleanup() }
 
 // Host is a private place for machines: a fresh state dir, a unique bridge and a free
 // 10.200.N.0/24, plus the base image.
