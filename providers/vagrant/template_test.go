@@ -52,70 +52,9 @@ func TestConfigureProviderWithoutBlock(t *testing.T) {
 	}
 }
 
-// An empty block is replaced (keeping line numbers); the user's
-// own required_providers entry is kept and not declared twice.
-func TestConfigureProviderReplacesBlock(t *testing.T) {
-	src := `terraform {
-  required_providers {
-    kloudvagrant = { source = "registry.terraform.io/kloud/kloudvagrant" }
-  }
-}
-
-provider "kloudvagrant" {
-
-}
-` + machineTF
-	files, err := configureProvider(map[string][]byte{"main.tf": []byte(src)}, want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := string(files["main.tf"])
-	if strings.Contains(got, `provider "kloudvagrant" {`) || !strings.Contains(got, `# provider "kloudvagrant": configured by kloud in kloud_vagrant.tf.json`) {
-		t.Errorf("provider block not replaced:\n%s", got)
-	}
-	if strings.Count(got, "\n") != strings.Count(src, "\n") {
-		t.Errorf("line count changed: %d, was %d", strings.Count(got, "\n"), strings.Count(src, "\n"))
-	}
-	if _, ok := generated(t, files)["terraform"]; ok {
-		t.Errorf("required_providers declared twice:\n%s", files[GeneratedFile])
-	}
-
-	js := `{"provider": [{"kloudvagrant": {}}, {"local": {}}], "resource": {"kloudvagrant_machine": {"a": {"hostname": "a", "user_data": "<x & y>"}}}}`
-	files, err = configureProvider(map[string][]byte{"main.tf.json": []byte(js)}, want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var top map[string]any
-	if err := json.Unmarshal(files["main.tf.json"], &top); err != nil {
-		t.Fatal(err)
-	}
-	if prov, _ := json.Marshal(top["provider"]); string(prov) != `[{"local":{}}]` {
-		t.Errorf("JSON provider after removal: %s", prov)
-	}
-	if ud := top["resource"].(map[string]any)["kloudvagrant_machine"].(map[string]any)["a"].(map[string]any)["user_data"]; ud != "<x & y>" {
-		t.Errorf("user_data changed: %q", ud)
-	}
-}
-
-func TestConfigureProviderRefuses(t *testing.T) {
-	for name, src := range map[string]string{
-		"state dir":     `provider "kloudvagrant" { state_dir = "/elsewhere" }`,
-		"endpoint":      `provider "kloudvagrant" { endpoint = "http://127.0.0.1:7000" }`,
-		"token":         "variable \"t\" {}\nprovider \"kloudvagrant\" { token = var.t }",
-		"not a literal": "variable \"b\" {}\nprovider \"kloudvagrant\" { bridge = var.b }",
-		"alias":         `provider "kloudvagrant" { alias = "two" }`,
-		"wrong source":  "terraform {\n  required_providers {\n    kloudvagrant = { source = \"hashicorp/kloudvagrant\" }\n  }\n}",
-		"no source":     "terraform {\n  required_providers {\n    kloudvagrant = \"0.1.0\"\n  }\n}",
-	} {
-		t.Run(name, func(t *testing.T) {
-			_, err := configureProvider(map[string][]byte{"main.tf": []byte(src + machineTF)}, want)
-			if err == nil || !strings.Contains(err.Error(), "main.tf:") || strings.Contains(err.Error(), "Argument definition required") {
-				t.Fatalf("got %v, want an error naming main.tf:line", err)
-			}
-			t.Log(err)
-		})
-	}
-}
+// The provider block rewriting itself (an existing block replaced line for line, the user's
+// required_providers kept, refusals) is tmpl.ConfigureProvider's, tested there and with the
+// local provider; these tests check the vagrant provider's wiring.
 
 // ApplyTemplate configures the provider with a token of the stack and its owner, which only the
 // generated provider block may reference; with machines to build it first asks for the owner's
