@@ -51,6 +51,11 @@ type Config struct {
 	// Template returns the files (name → content) of a template of n machines of this provider,
 	// each with user data the provider's ApplyTemplate fills with the agent (n is 2).
 	Template func(n int) map[string]string
+	// UserScriptTemplate, if set, is Template with the template author's own user data on
+	// every machine (the provider's way: a user_data argument, a label, ...): a shell script
+	// that writes data to path, where ReadFile(path) reads it. The suite then builds its stack
+	// from it and checks the script ran on every machine (subtest UserScript; skipped if nil).
+	UserScriptTemplate func(n int, path, data string) map[string]string
 
 	// StopBehindBack stops machine m without kloud (as a user of the cloud's console, a crash
 	// or the host would): kloud's store still says Running.
@@ -123,6 +128,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("Credential", s.testCredential)
 	t.Run("Bootstrap", s.testBootstrap)
 	t.Run("Stack", s.testStack)
+	t.Run("UserScript", s.testUserScript)
 	t.Run("InfoBehindBack", s.testInfoBehindBack)
 	t.Run("StopStartKeepsDisk", s.testStopStartKeepsDisk)
 	t.Run("Snapshot", s.testSnapshot) // snapshot.go

@@ -304,7 +304,7 @@ func sorted(s []string) []string {
 
 // Stack: two machines build to Running with both agents connected.
 func (s *suite) testStack(t *testing.T) {
-	files := s.c.Template(2)
+	files := s.stackTemplate()
 	tp, err := s.cl.TemplateCreate(t.Context(), api.TemplateParams{Title: "conformance", Files: files})
 	if err != nil {
 		t.Fatalf("template.create: %v", err)

@@ -74,6 +74,32 @@ resource "docker_container" "vm" {
 }
 `, n)}
 		},
+		// The template's own user data (docker.UserDataLabel), an expression (count.index): kloud
+		// takes each machine's planned value.
+		UserScriptTemplate: func(n int, path, data string) map[string]string {
+			return map[string]string{"main.tf": fmt.Sprintf(`terraform {
+  required_providers {
+    docker = { source = "kreuzwerker/docker", version = "4.6.0" }
+  }
+}
+
+resource "docker_container" "vm" {
+  count  = %d
+  name   = "vm-${count.index}"
+  image  = "kloud"
+  memory = 512
+  cpus   = "1"
+  labels {
+    label = "kloud_user_data"
+    value = <<-EOT
+      #!/bin/sh
+      # machine ${count.index}
+      printf '%%s\n' %q > /root/%s
+    EOT
+  }
+}
+`, n, data, path)}
+		},
 		// As kloud never would: the container stopped through the daemon directly.
 		StopBehindBack: func(t *testing.T, m providertest.Machine) {
 			if _, err := dd.Client.ContainerStop(t.Context(), id(t, m), client.ContainerStopOptions{}); err != nil {

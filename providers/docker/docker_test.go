@@ -119,6 +119,10 @@ resource "docker_container" "vm" {
   image  = "kloud"
   memory = 256
   cpus   = "0.5"
+  labels {
+    label = "kloud_user_data"
+    value = "#!/bin/sh\necho hello from the template\n"
+  }
 }
 `
 
@@ -178,6 +182,9 @@ func TestMachinesThroughTerraform(t *testing.T) {
 		if lbl[docker.LabelStack] != "s1" || lbl[docker.LabelMachine] != ms[i].ID || lbl[docker.LabelOwner] != "alice" || lbl[docker.LabelInstance] != "t1" {
 			t.Errorf("container %d labels %v", i, lbl)
 		}
+		if _, ok := lbl[docker.UserDataLabel]; ok {
+			t.Errorf("container %d carries the template's user data as a label: %v", i, lbl)
+		}
 		if c.HostConfig.Memory != 256<<20 || c.HostConfig.NanoCPUs != 5e8 || c.HostConfig.Privileged || string(c.HostConfig.NetworkMode) != f.d.Network() {
 			t.Errorf("container %d: memory %d, nanocpus %d, privileged %v, network %s", i, c.HostConfig.Memory, c.HostConfig.NanoCPUs, c.HostConfig.Privileged, c.HostConfig.NetworkMode)
 		}
@@ -213,6 +220,12 @@ func TestMachinesThroughTerraform(t *testing.T) {
 	}
 	if out, err := exec(0, "id", "alice"); err != nil {
 		t.Errorf("the owner's account was not made by cloud-init: %v %s", err, out)
+	}
+	// The template's own user data reached the seed, merged with kloud's: cloud-init wrote the
+	// user script (provision.sh runs it once klient is up, which needs kloud: the conformance
+	// suite checks that it ran).
+	if out, err := exec(0, "cat", "/var/lib/kloud/user-script.sh"); err != nil || !strings.Contains(out, "echo hello from the template") {
+		t.Errorf("the template's user script is not in the machine: %v %q", err, out)
 	}
 	// Info, stop/start keeping a file.
 	if s, meta, err := machines[0].Info(ctx); err != nil || s != provider.Running || meta.(map[string]any)["ip_address"] == nil {

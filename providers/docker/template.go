@@ -90,6 +90,20 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 			return nil, err
 		}
 	}
+	// The template's own user data (UserDataLabel, userscript.go): read per machine, then the
+	// labels blocks go (kloud writes the container's labels).
+	scripts := map[string]string{}
+	for res, ms := range byResource(b.Machines) {
+		for i, sc := range userScripts(cfg, res, ms) {
+			scripts[ms[i].ID] = sc
+		}
+	}
+	if b.Template.Files, err = stripUserData(b.Template.Files); err != nil {
+		return nil, err
+	}
+	if cfg, err = b.Template.Parsed(); err != nil {
+		return nil, err
+	}
 	if s.d.opts.Endpoint == "" {
 		return nil, errors.New("docker provider: no endpoint of kloud's Docker API proxy configured (docker.Options.Endpoint)")
 	}
@@ -112,7 +126,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		if err := s.d.EnsureNetwork(ctx); err != nil {
 			return nil, err
 		}
-		if err := s.rewriteMachines(ctx, cfg, image); err != nil {
+		if err := s.rewriteMachines(ctx, cfg, image, scripts); err != nil {
 			return nil, err
 		}
 		if cfg, err = b.Template.Parsed(); err != nil {
@@ -147,15 +161,12 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 }
 
 // rewriteMachines gives every docker_container of b.Machines kloud's settings (see ApplyTemplate).
-func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image string) error {
+// scripts holds each machine's user data (by machine id).
+func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image string, scripts map[string]string) error {
 	b := s.b
-	byRes := map[string][]*provider.MachineSpec{}
-	for _, m := range b.Machines {
-		byRes[m.Resource] = append(byRes[m.Resource], m)
-	}
+	byRes := byResource(b.Machines)
 	for _, res := range slices.Sorted(maps.Keys(byRes)) {
 		ms := byRes[res]
-		sort.Slice(ms, func(i, j int) bool { return index(ms[i]) < index(ms[j]) })
 		counted := ms[0].Index != nil
 		if !counted && len(ms) != 1 {
 			return fmt.Errorf("%s.%s: %d machines without count", ResourceType, res, len(ms))
@@ -177,6 +188,7 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 				return fmt.Errorf("machine %s: %w", m.Label, err)
 			}
 			ac.Hostname = ""
+			ac.UserData = scripts[m.ID]
 			ud, err := userdata.Render(ac)
 			if err != nil {
 				return fmt.Errorf("machine %s: user data: %w", m.Label, err)
@@ -265,6 +277,18 @@ func hasArg(cfg *tmpl.Config, res, arg string) bool {
 	return false
 }
 
+// byResource groups machines by resource, each group sorted by count index.
+func byResource(machines []*provider.MachineSpec) map[string][]*provider.MachineSpec {
+	byRes := map[string][]*provider.MachineSpec{}
+	for _, m := range machines {
+		byRes[m.Resource] = append(byRes[m.Resource], m)
+	}
+	for _, ms := range byRes {
+		sort.Slice(ms, func(i, j int) bool { return index(ms[i]) < index(ms[j]) })
+	}
+	return byRes
+}
+
 func index(m *provider.MachineSpec) int {
 	if m.Index == nil {
 		return -1
@@ -289,7 +313,14 @@ func CheckTemplate(files map[string][]byte) error {
 			if blk.Labels[0] != ResourceType {
 				continue
 			}
+			userData, err := userDataBlocks(blk.Body, blk.Labels[1])
+			if err != nil {
+				errs = append(errs, err)
+			}
 			for _, a := range bodyArgs(blk.Body) {
+				if userData[a.rng] || (err != nil && a.name == "labels") {
+					continue
+				}
 				if !allowedArgs[a.name] {
 					errs = append(errs, fmt.Errorf("%s:%d: %s.%s: %s is not allowed on kloud's docker machines (allowed: %s); kloud sets the image, name, network, entrypoint, labels and uploads itself, and nothing that reaches the host (privileged, volumes, mounts, devices, capabilities, host namespaces, security options, ports, ...) may be set",
 						a.rng.Filename, a.rng.Start.Line, ResourceType, blk.Labels[1], a.name, strings.Join(slices.Sorted(maps.Keys(allowedArgs)), ", ")))
