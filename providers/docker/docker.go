@@ -32,16 +32,18 @@
 // host network every klient would share one port space and reach kloud's loopback-only
 // services (terraformer); on the bridge each machine has its own address, kloud reaches its
 // agent there, and machines reach kloud at the bridge's gateway (KloudURL), so kloud must
-// listen on all interfaces (or on the gateway). The network is kloud's, like the local
-// provider's bridge: it stays when a stack is destroyed (Cleanup removes it when no container
-// uses it).
+// listen on all interfaces. The network is kloud's: it is created when a build needs it and
+// removed when the last container on it is gone (a destroy through the proxy, GC); see
+// network.go.
 //
 // # Machines
 //
 // A machine's container runs /usr/local/sbin/kloud-boot (uploaded with the seed): it runs
 // cloud-init's four stages on every start (per-boot modules restart the agent), then waits;
 // SIGTERM stops it at once. Stop and start keep the container's writable layer. Every container
-// carries the labels kloud_stack, kloud_machine, kloud_owner and kloud_instance.
+// carries the labels kloud_stack, kloud_machine, kloud_owner and kloud_instance. A template
+// gives its machines their own user data with a labels block whose label is kloud_user_data
+// (UserDataLabel, userscript.go): kloud merges it into the seed and drops the block.
 package docker
 
 import (
@@ -138,6 +140,10 @@ type Docker struct {
 	mu    sync.Mutex
 	image string // the machine image's reference, once ensured
 	netOK bool
+	// netLife orders the network's removal (write lock, network.go) after container creates
+	// through the proxy (read lock): a build never creates a container on a network that is
+	// being removed.
+	netLife sync.RWMutex
 
 	keyMu sync.Mutex
 	key   []byte

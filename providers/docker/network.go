@@ -56,30 +56,61 @@ func (d *Docker) EnsureNetwork(ctx context.Context) error {
 	return nil
 }
 
-// RemoveNetwork removes the machines' network if no container uses it (a kloud shutting down,
-// a test cleaning up). A network in use stays.
+// RemoveNetwork removes the machines' network if no container uses it, running or stopped (a
+// stopped machine needs it to start again). A network in use stays. It waits for container
+// creates in flight through the proxy, and they wait for it (Docker.netLife): a create that
+// comes after finds the network gone and the proxy makes it again (EnsureNetwork), so a build
+// never loses the network under it. Removal is not coordinated across kloud processes sharing a
+// daemon and network name.
 func (d *Docker) RemoveNetwork(ctx context.Context) error {
+	_, err := d.removeNetworkIfUnused(ctx)
+	return err
+}
+
+// removeNetworkIfUnused is RemoveNetwork; removed says whether it removed the network.
+func (d *Docker) removeNetworkIfUnused(ctx context.Context) (removed bool, err error) {
 	cli, err := d.Client()
 	if err != nil {
-		return err
+		return false, err
 	}
-	d.mu.Lock()
-	d.netOK = false
-	d.mu.Unlock()
+	d.netLife.Lock()
+	defer d.netLife.Unlock()
 	res, err := cli.NetworkInspect(ctx, d.opts.Network, client.NetworkInspectOptions{})
 	if cerrdefs.IsNotFound(err) {
-		return nil
+		d.setNetOK(false)
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, fmt.Errorf("inspect docker network %s: %w", d.opts.Network, err)
 	}
 	if len(res.Network.Containers) > 0 {
-		return nil
+		return false, nil // running containers on it
 	}
+	// Stopped and created containers are not in the network's list: ask every container.
+	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true})
+	if err != nil {
+		return false, fmt.Errorf("list containers: %w", err)
+	}
+	for _, c := range cs.Items {
+		if c.HostConfig.NetworkMode == d.opts.Network || c.HostConfig.NetworkMode == res.Network.ID {
+			return false, nil
+		}
+		if c.NetworkSettings != nil && c.NetworkSettings.Networks[d.opts.Network] != nil {
+			return false, nil
+		}
+	}
+	d.setNetOK(false)
 	if _, err := cli.NetworkRemove(ctx, d.opts.Network, client.NetworkRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-		return fmt.Errorf("remove docker network %s: %w", d.opts.Network, err)
+		return false, fmt.Errorf("remove docker network %s: %w", d.opts.Network, err)
 	}
-	return nil
+	d.log.Info("docker provider: removed the machines' network: no container uses it", "network", d.opts.Network)
+	return true, nil
+}
+
+func (d *Docker) setNetOK(ok bool) {
+	d.mu.Lock()
+	d.netOK = ok
+	d.mu.Unlock()
 }
 
 // GC removes this kloud instance's containers whose stack or machine kloud no longer has (keep
@@ -108,6 +139,11 @@ func (d *Docker) GC(ctx context.Context, keep func(stackID, machineID string) bo
 			continue
 		}
 		removed = append(removed, c.ID)
+	}
+	// The network goes with the last container (also when this sweep removed none: a kloud
+	// that stopped after its last destroy and before removing it).
+	if _, err := d.removeNetworkIfUnused(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	return removed, errors.Join(errs...)
 }

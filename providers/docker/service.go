@@ -111,7 +111,7 @@ func (d *Docker) handler() http.Handler {
 			writeAPIError(w, http.StatusForbidden, "kloud: "+err.Error())
 			return
 		}
-		rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, restKey{}, rest)))
+		d.serveNetworked(w, r.WithContext(context.WithValue(ctx, restKey{}, rest)), inner, rp)
 	})
 }
 

@@ -1,0 +1,133 @@
+package docker_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/docker"
+)
+
+// kloud's machine network lives as long as a container on it: a build makes it, the delete of
+// the last container through the proxy (terraform destroy) and GC remove it; a stopped or
+// created container keeps it; creates racing the removal always find a network (the proxy
+// makes it again). Real dockerd (dockertest), the proxy driven by the Docker client as
+// terraform's provider drives it, with a stack token from ApplyTemplate.
+func TestNetworkFollowsMachines(t *testing.T) {
+	f := newFixture(t, "net1")
+	ctx := t.Context()
+	cli := f.dd.Client
+	var ms []*provider.MachineSpec
+	for i := range 8 {
+		ms = append(ms, &provider.MachineSpec{ID: fmt.Sprintf("m%d", i), Label: fmt.Sprintf("vm.%d", i), Resource: "vm", Index: new(i), Provider: docker.Name, Owner: "alice"})
+	}
+	src := "resource \"docker_container\" \"vm\" {\n  count = 8\n  name  = \"vm-${count.index}\"\n  image = \"kloud\"\n}\n"
+	b := &provider.BaseStack{Provider: f.d.Provider(), StackID: "s1", Owner: "alice",
+		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}}, Machines: ms, AgentConfig: agentConfig}
+	st, _ := f.d.Provider().Stack(b)
+	tpl, err := st.ApplyTemplate(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	image, err := f.d.EnsureImage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := client.New(client.WithHost(tpl.Variables[docker.TokenVar].(string)), client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	exists := func() bool {
+		_, err := cli.NetworkInspect(ctx, f.d.Network(), client.NetworkInspectOptions{})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			t.Fatalf("inspect network: %v", err)
+		}
+		return err == nil
+	}
+	create := func(m string) (string, error) {
+		c, err := pc.ContainerCreate(ctx, client.ContainerCreateOptions{Name: "kloud-" + m,
+			Config: &container.Config{Image: image, Entrypoint: []string{docker.BootPath},
+				Labels: map[string]string{docker.LabelStack: "s1", docker.LabelMachine: m, docker.LabelInstance: "net1"}},
+			HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(f.d.Network())}})
+		return c.ID, err
+	}
+	remove := func(id string) error {
+		_, err := pc.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true})
+		return err
+	}
+	if !exists() {
+		t.Fatal("ApplyTemplate did not make the network")
+	}
+	c0, err := create("m0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, err := create("m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Created, never started: the network's own list of containers is empty, and it stays.
+	if err := f.d.RemoveNetwork(ctx); err != nil || !exists() {
+		t.Fatalf("RemoveNetwork with two containers on it: %v, network exists %v", err, exists())
+	}
+	if err := remove(c1); err != nil {
+		t.Fatal(err)
+	}
+	if !exists() {
+		t.Fatal("the network went with a container still on it")
+	}
+	if err := remove(c0); err != nil {
+		t.Fatal(err)
+	}
+	if exists() {
+		t.Fatal("the network stayed after the delete of its last container through the proxy")
+	}
+
+	// Builds and destroys racing: every create finds its network.
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 4 {
+		wg.Go(func() {
+			for range 3 {
+				id, err := create(ms[g].ID)
+				if err != nil {
+					errs <- fmt.Errorf("create %s: %w", ms[g].ID, err)
+					return
+				}
+				if err := remove(id); err != nil {
+					errs <- fmt.Errorf("remove %s: %w", ms[g].ID, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if exists() {
+		t.Error("the network stayed after the racing builds removed their containers")
+	}
+
+	// GC takes the network with the last container it removes.
+	if _, err := create("m5"); err != nil {
+		t.Fatal(err)
+	}
+	if !exists() {
+		t.Fatal("a create through the proxy did not make the network again")
+	}
+	gone, err := f.d.GC(ctx, func(stack, machine string) bool { return false })
+	if err != nil || len(gone) != 1 {
+		t.Fatalf("GC: removed %v, %v", gone, err)
+	}
+	if exists() {
+		t.Error("GC left the network without containers")
+	}
+}
