@@ -794,6 +794,16 @@ func ipOf(attrs map[string]any) string {
 			return v
 		}
 	}
+	// docker_container: network_data = [{network_name, ip_address, ...}].
+	if nd, ok := attrs["network_data"].([]any); ok {
+		for _, n := range nd {
+			if n, ok := n.(map[string]any); ok {
+				if v, ok := n["ip_address"].(string); ok && v != "" {
+					return v
+				}
+			}
+		}
+	}
 	return ""
 }
 
