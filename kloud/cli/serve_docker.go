@@ -64,9 +64,9 @@ func (sd *serveDocker) register(ctx context.Context, f *serveFlags, reg *provide
 	sd.d = d
 	reg.Register(d.Provider())
 	if d.Available() == nil {
-		// Made now so that a kloud told to listen on the network's gateway can bind there; the
-		// startup sweep (GC) removes it again while no container uses it, and builds make it
-		// when they need it (a socket bound to the gateway stays bound meanwhile).
+		// Made now so that a kloud told to listen on the network's gateway can bind there. It
+		// goes with the last container (a destroy, a sweep that removes containers), and builds
+		// make it again when they need it (a socket bound to the gateway stays bound meanwhile).
 		if err := d.EnsureNetwork(ctx); err != nil {
 			log.Warn("docker provider: network", "err", err)
 		}

@@ -140,10 +140,13 @@ func (d *Docker) GC(ctx context.Context, keep func(stackID, machineID string) bo
 		}
 		removed = append(removed, c.ID)
 	}
-	// The network goes with the last container (also when this sweep removed none: a kloud
-	// that stopped after its last destroy and before removing it).
-	if _, err := d.removeNetworkIfUnused(ctx); err != nil {
-		errs = append(errs, err)
+	// The network goes with the last container. Only when this sweep removed some: kloud serve
+	// makes the network at startup, before it listens (it may listen on the gateway), and
+	// sweeps right after.
+	if len(removed) > 0 {
+		if _, err := d.removeNetworkIfUnused(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return removed, errors.Join(errs...)
 }

@@ -116,7 +116,14 @@ func TestNetworkFollowsMachines(t *testing.T) {
 		t.Error("the network stayed after the racing builds removed their containers")
 	}
 
-	// GC takes the network with the last container it removes.
+	// GC that removes nothing leaves the network (kloud serve makes it before it listens, then
+	// sweeps); GC takes it with the last container it removes.
+	if err := f.d.EnsureNetwork(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if gone, err := f.d.GC(ctx, func(stack, machine string) bool { return false }); err != nil || len(gone) != 0 || !exists() {
+		t.Fatalf("GC without containers: removed %v, %v; network exists %v", gone, err, exists())
+	}
 	if _, err := create("m5"); err != nil {
 		t.Fatal(err)
 	}
