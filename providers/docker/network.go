@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"net/url"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/network"
@@ -61,7 +63,7 @@ func (d *Docker) EnsureNetwork(ctx context.Context) error {
 // creates in flight through the proxy, and they wait for it (Docker.netLife): a create that
 // comes after finds the network gone and the proxy makes it again (EnsureNetwork), so a build
 // never loses the network under it. Removal is not coordinated across kloud processes sharing a
-// daemon and network name.
+// daemon and network name. A kloud reached at the network's gateway (onNetwork) keeps it.
 func (d *Docker) RemoveNetwork(ctx context.Context) error {
 	_, err := d.removeNetworkIfUnused(ctx)
 	return err
@@ -72,6 +74,9 @@ func (d *Docker) removeNetworkIfUnused(ctx context.Context) (removed bool, err e
 	cli, err := d.Client()
 	if err != nil {
 		return false, err
+	}
+	if d.onNetwork() {
+		return false, nil
 	}
 	d.netLife.Lock()
 	defer d.netLife.Unlock()
@@ -105,6 +110,19 @@ func (d *Docker) removeNetworkIfUnused(ctx context.Context) (removed bool, err e
 	}
 	d.log.Info("docker provider: removed the machines' network: no container uses it", "network", d.opts.Network)
 	return true, nil
+}
+
+// onNetwork reports whether kloud is reached on the network's own subnet (Options.Endpoint, where
+// terraform reaches the proxy, is the gateway: kloud listens there). The network then carries
+// kloud's own address and stays: removing it would cut terraform, the CLI and terraformer off
+// from kloud until the next build.
+func (d *Docker) onNetwork() bool {
+	u, err := url.Parse(d.opts.Endpoint)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(u.Hostname())
+	return err == nil && d.opts.Subnet.Contains(ip.Unmap())
 }
 
 func (d *Docker) setNetOK(ok bool) {

@@ -2,6 +2,7 @@ package docker_test
 
 import (
 	"fmt"
+	"net/netip"
 	"sync"
 	"testing"
 
@@ -136,5 +137,23 @@ func TestNetworkFollowsMachines(t *testing.T) {
 	}
 	if exists() {
 		t.Error("GC left the network without containers")
+	}
+
+	// A kloud reached at the network's gateway (it listens there) keeps the network: it holds
+	// kloud's own address.
+	gw := f.d.Gateway()
+	on, err := docker.New(docker.Options{Host: f.dd.Host, Image: f.dd.Image, Instance: "net1", Endpoint: "http://" + gw.String() + ":1",
+		StateDir: t.TempDir(), Network: f.d.Network(), Bridge: "kt-net1", Subnet: netip.PrefixFrom(gw, 24).Masked()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := on.EnsureNetwork(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := on.RemoveNetwork(ctx); err != nil || !exists() {
+		t.Errorf("RemoveNetwork of a kloud on the gateway: %v; network exists %v (want kept)", err, exists())
+	}
+	if err := f.d.RemoveNetwork(ctx); err != nil || exists() {
+		t.Errorf("cleanup: %v", err)
 	}
 }
