@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -425,8 +426,33 @@ func TestVagrantBootMeasure(t *testing.T) {
 			}
 		}
 	}
-	for _, n := range []int{1, 10} {
-		sid := e.createStack(e.template(vagrantTemplate(fmt.Sprintf("b%d", n), n, "#!/bin/bash\necho ok")))
+	// KLOUD_MEASURE_N (default "1,10") and KLOUD_MEASURE_ROUNDS (default 1): which sizes, how
+	// many builds of each.
+	ns, rounds := []int{1, 10}, 1
+	if v := os.Getenv("KLOUD_MEASURE_N"); v != "" {
+		ns = nil
+		for f := range strings.SplitSeq(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				t.Fatalf("KLOUD_MEASURE_N=%q: want positive integers", v)
+			}
+			ns = append(ns, n)
+		}
+	}
+	if v := os.Getenv("KLOUD_MEASURE_ROUNDS"); v != "" {
+		var err error
+		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
+			t.Fatalf("KLOUD_MEASURE_ROUNDS=%q: want a positive integer", v)
+		}
+	}
+	var sizes []int
+	for _, n := range ns {
+		for range rounds {
+			sizes = append(sizes, n)
+		}
+	}
+	for round, n := range sizes {
+		sid := e.createStack(e.template(vagrantTemplate(fmt.Sprintf("b%d%c", n, 'a'+round), n, "#!/bin/bash\necho ok")))
 		t0 := time.Now()
 		if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
 			t.Fatalf("apply:\n%s", out)
@@ -459,8 +485,9 @@ func TestVagrantBootMeasure(t *testing.T) {
 		}, "agents did not register after raw vagrant up")
 		rawT := time.Since(t1)
 		limit := time.Duration(float64(rawT)*1.1) + 500*time.Millisecond
-		t.Logf("MEASURE vagrant N=%d: kloud stack apply (job done) %s; raw vagrant up + agents registered %s; ratio %.2f×; limit 1.10× + 0.5 s = %s (%s)",
-			n, kloudT.Round(10*time.Millisecond), rawT.Round(10*time.Millisecond), float64(kloudT)/float64(rawT), limit.Round(10*time.Millisecond),
+		load, _ := os.ReadFile("/proc/loadavg")
+		t.Logf("MEASURE vagrant N=%d (build %d, load %s): kloud stack apply (job done) %s; raw vagrant up + agents registered %s; ratio %.2f×; limit 1.10× + 0.5 s = %s (%s)",
+			n, round+1, strings.Join(strings.Fields(string(load))[:3], " "), kloudT.Round(10*time.Millisecond), rawT.Round(10*time.Millisecond), float64(kloudT)/float64(rawT), limit.Round(10*time.Millisecond),
 			map[bool]string{true: "met", false: "missed"}[kloudT <= limit])
 		e.run("stack", "destroy", sid)
 	}
