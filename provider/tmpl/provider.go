@@ -106,7 +106,7 @@ func ConfigureProvider(files map[string][]byte, p ProviderConfig) (map[string][]
 			p.Name: map[string]string{"source": p.Source, "version": p.Version},
 		}}
 	}
-	b, err := marshalJSON(gen)
+	b, err := MarshalJSON(gen)
 	if err != nil {
 		return nil, err
 	}
@@ -241,11 +241,11 @@ func (p *ProviderConfig) removeJSON(src []byte) ([]byte, error) {
 		}
 		top["provider"] = b
 	}
-	return marshalJSON(top)
+	return MarshalJSON(top)
 }
 
-// marshalJSON encodes v indented, without HTML escapes (user data keeps its < and &).
-func marshalJSON(v any) ([]byte, error) {
+// MarshalJSON encodes v indented (a .tf.json file), without HTML escapes (user data keeps its < and &).
+func MarshalJSON(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)

@@ -328,7 +328,7 @@ func stripJSONLabels(src []byte) ([]byte, bool, error) {
 		return src, false, nil
 	}
 	top["resource"] = res
-	b, err := marshalJSON(top)
+	b, err := tmpl.MarshalJSON(top)
 	return b, true, err
 }
 
