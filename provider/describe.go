@@ -55,6 +55,8 @@ type Description struct {
 	CloudInit   bool    `json:"cloudInit"`
 	Available   bool    `json:"available"`
 	Unavailable string  `json:"unavailable,omitempty"` // why not, in plain language
+	// Constraints is the provider's constraints vocabulary (Provider.Constraints), if any.
+	Constraints []Constraint `json:"constraints,omitempty"`
 }
 
 // Describe builds p's description from its schemas and capabilities.
@@ -71,6 +73,9 @@ func Describe(p *Provider) Description {
 		if err := p.Available(); err != nil {
 			d.Available, d.Unavailable = false, err.Error()
 		}
+	}
+	if p.Constraints != nil {
+		d.Constraints = p.Constraints()
 	}
 	return d
 }
