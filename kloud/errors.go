@@ -22,6 +22,8 @@ var storeCodes = []struct{ store, kite error }{
 	{provider.ErrUnsupported, kite.ErrState},
 	// A snapshot or restore of a machine that is running (snapshots.go stops it first).
 	{provider.ErrRunning, kite.ErrState},
+	// A machine attribute outside the provider's constraints (constraints.go).
+	{provider.ErrConstraint, kite.ErrInvalidParams},
 }
 
 // codedError is an error given the kite code of the store sentinel it wraps; its message is

@@ -176,6 +176,9 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, l
 		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Label < out[j].Label })
+	if err := s.checkConstraints(ctx, out); err != nil { // constraints.go
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -296,6 +299,11 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return nil, err
+	}
+	if !p.Destroy {
+		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
+			return nil, err
+		}
 	}
 	// One apply per stack at a time: the lease is taken with one atomic update; whoever loses
 	// is told who holds it.

@@ -373,10 +373,8 @@ func toFloat(v any) (float64, bool) {
 func formatNumber(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
 func formatValue(v any) string {
-	if f, ok := toFloat(v); ok {
-		if _, isStr := v.(string); !isStr {
-			return formatNumber(f)
-		}
+	if f, ok := toFloat(v); ok { // also "512": a variable's string that terraform makes a number
+		return formatNumber(f)
 	}
 	if s, ok := v.(string); ok {
 		return strconv.Quote(s)

@@ -1,0 +1,119 @@
+package kloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// Constraints: before terraform builds anything, kloud asks the provider of every machine
+// (those advertising provider.CapConstraints) whether the machine's planned attributes are
+// within what it can give (provider.ConstraintsValidator), at stack.plan and stack.create (on
+// terraform's plan, in plan) and at stack.apply (on the machines' recorded attributes). A
+// refusal is invalid params (-32602) whose message names each machine, the attribute, what is
+// allowed and the nearest valid value, and whose data.details lists them
+// (api.ConstraintViolation).
+
+// checkConstraints validates planned machines with their providers; nil if all pass or no
+// provider checks constraints.
+func (s *Server) checkConstraints(ctx context.Context, ms []api.PlannedMachine) error {
+	byProvider := map[string][]api.PlannedMachine{}
+	for _, m := range ms {
+		byProvider[m.Provider] = append(byProvider[m.Provider], m)
+	}
+	var violations []api.ConstraintViolation
+	for _, name := range slices.Sorted(maps.Keys(byProvider)) {
+		p, err := s.providers.Lookup(name)
+		if err != nil || !p.Can(provider.CapConstraints) {
+			continue
+		}
+		machines := byProvider[name]
+		bs := &provider.BaseStack{Provider: p, Log: s.log.With("provider", name)}
+		for _, m := range machines {
+			bs.Machines = append(bs.Machines, &provider.MachineSpec{Label: m.Label, Resource: m.Resource, Index: m.Index, Provider: name, Attributes: m.Attributes})
+		}
+		st, err := p.Stack(bs)
+		if err != nil {
+			return fmt.Errorf("provider %s: %w", name, err)
+		}
+		cv, ok := st.(provider.ConstraintsValidator)
+		if !ok {
+			// Advertised but not implemented: the conformance suite fails such a provider.
+			s.log.Warn("provider advertises constraints but its stack does not validate them", "provider", name)
+			continue
+		}
+		for _, m := range machines {
+			err := cv.ValidateConstraints(ctx, m.Attributes)
+			switch {
+			case err == nil:
+			case errors.Is(err, provider.ErrConstraint) || errors.Is(err, kite.ErrInvalidParams):
+				violations = append(violations, violationsOf(p, m, err)...)
+			default:
+				return fmt.Errorf("provider %s: check the constraints of machine %s: %w", name, m.Label, err)
+			}
+		}
+	}
+	if len(violations) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(violations))
+	for i, v := range violations {
+		msgs[i] = fmt.Sprintf("machine %s (%s): %s", v.Machine, v.Resource, v.Message)
+	}
+	return &kite.Error{Code: kite.CodeInvalidParams,
+		Message: strings.Join(msgs, "; ") + " (change the template or its variables)",
+		Data:    &kite.ErrorData{Type: api.ConstraintViolationType, Details: violations}}
+}
+
+// violationsOf turns a provider's refusal of machine m into violations: one per
+// provider.ConstraintError it joins, or one with its message.
+func violationsOf(p *provider.Provider, m api.PlannedMachine, err error) []api.ConstraintViolation {
+	base := api.ConstraintViolation{Machine: m.Label, Provider: p.Name, Resource: p.ResourceType + "." + m.Resource}
+	var out []api.ConstraintViolation
+	var walk func(error)
+	walk = func(e error) {
+		if ce, ok := e.(*provider.ConstraintError); ok {
+			v := base
+			v.Constraint, v.Attribute, v.Value, v.Allowed, v.Nearest, v.Message = ce.Constraint, ce.Attribute, ce.Value, ce.Allowed, ce.Nearest, ce.Error()
+			out = append(out, v)
+			return
+		}
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		if u := errors.Unwrap(e); u != nil {
+			walk(u)
+		}
+	}
+	walk(err)
+	if len(out) == 0 {
+		v := base
+		v.Message = strings.ReplaceAll(err.Error(), "\n", "; ")
+		out = append(out, v)
+	}
+	return out
+}
+
+// checkStackConstraints validates a stack's machines as recorded (their planned attributes, or
+// after a build their state's) before stack.apply builds it.
+func (s *Server) checkStackConstraints(ctx context.Context, st *Stack) error {
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return err
+	}
+	planned := make([]api.PlannedMachine, 0, len(ms))
+	for _, m := range ms {
+		planned = append(planned, api.PlannedMachine{Label: m.Label, Provider: m.Provider, Resource: m.Resource, Index: m.Index, Attributes: m.Attributes})
+	}
+	return s.checkConstraints(ctx, planned)
+}
