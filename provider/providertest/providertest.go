@@ -127,6 +127,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("Describe", s.testDescribe)
 	t.Run("Credential", s.testCredential)
 	t.Run("Bootstrap", s.testBootstrap)
+	t.Run("Constraints", s.testConstraints) // constraints.go
 	t.Run("Stack", s.testStack)
 	t.Run("UserScript", s.testUserScript)
 	t.Run("InfoBehindBack", s.testInfoBehindBack)

@@ -163,13 +163,15 @@ func New(opts Options) (*Local, error) {
 		// Explicit: a machine needs its id from the Terraform state, so the derivation (which
 		// probes an empty BaseMachine) would miss the console log.
 		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog,
-			provider.CapSnapshot, // snapshot.go
+			provider.CapSnapshot,    // snapshot.go
+			provider.CapConstraints, // constraints.go
 		},
-		Stack:     func(b *provider.BaseStack) (provider.Stack, error) { return &stack{l: l, b: b}, nil },
-		Machine:   l.machine,
-		KloudURL:  l.KloudURL,
-		Available: l.Available,
-		Handler:   l.handler(),
+		Constraints: l.Constraints, // constraints.go
+		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return &stack{l: l, b: b}, nil },
+		Machine:     l.machine,
+		KloudURL:    l.KloudURL,
+		Available:   l.Available,
+		Handler:     l.handler(),
 	}
 	return l, nil
 }
