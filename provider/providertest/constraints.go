@@ -34,7 +34,9 @@ func (s *suite) testConstraints(t *testing.T) {
 	if err := provider.CheckVocabulary(vocab); err != nil {
 		t.Errorf("the constraints vocabulary: %v", err)
 	}
-	t.Logf("vocabulary: %+v", vocab)
+	if b, err := json.Marshal(vocab); err == nil {
+		t.Logf("vocabulary: %s", b)
+	}
 	st, err := s.p.Stack(&provider.BaseStack{Provider: s.p, Team: team, Owner: user, Log: testutil.Logger(t)})
 	if err != nil {
 		t.Fatalf("the provider's Stack: %v", err)

@@ -63,6 +63,12 @@ type bootConfig struct {
 	Work        string        `json:"work"`
 	Root        string        `json:"root"` // overlay mount point (only mounted inside the machine)
 	StopGrace   time.Duration `json:"stop_grace"`
+	// MemoryMB and CPUs are the machine's limits, shown inside it (limits.go); cgroups enforce them.
+	MemoryMB int     `json:"memory_mb,omitempty"`
+	CPUs     float64 `json:"cpus,omitempty"`
+	// DiskImage, if set, is loop-mounted on DiskMount before the overlay (disk.go).
+	DiskImage string `json:"disk_image,omitempty"`
+	DiskMount string `json:"disk_mount,omitempty"`
 }
 
 // MaybeRunInit must be the first statement of main() in every program that creates or starts
@@ -175,6 +181,9 @@ func runInit() {
 		fmt.Fprint(syncW, err.Error())
 		os.Exit(1)
 	}
+	if err := limitAffinity(cfg.CPUs); err != nil { // on the locked thread every process is forked from
+		initLog("%s (nproc shows the host's CPUs)", err)
+	}
 	fmt.Fprint(syncW, "ok")
 	syncW.Close()
 	initLog("machine %s (%s) up", cfg.ID, cfg.Hostname)
@@ -228,6 +237,9 @@ func setupMachine(cfg *bootConfig) error {
 	defer unix.Umask(0o022)
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
+	}
+	if err := mountDisk(cfg); err != nil {
+		return err
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", cfg.Lower, cfg.Upper, cfg.Work)
 	deadline := time.Now().Add(10 * time.Second)
@@ -301,6 +313,9 @@ func setupMachine(cfg *bootConfig) error {
 	}
 	if err := unix.Mkdir(filepath.Join(root, "run", "lock"), 0o1777); err != nil {
 		return fmt.Errorf("mkdir /run/lock: %w", err)
+	}
+	if err := showLimits(cfg, root); err != nil {
+		return err
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)

@@ -157,6 +157,9 @@ type Spec struct {
 	// MemoryMB and CPUs limit the machine through cgroups; 0 means unlimited.
 	MemoryMB int
 	CPUs     float64
+	// DiskMB, if not 0, is the machine's disk quota: its writable layer lives in an ext4 image
+	// of that size (disk.go), at least MinDiskMB. 0: the state dir's filesystem is the limit.
+	DiskMB int
 	// Tags are kept in machine.json and returned by Info (e.g. kloud.stack, kloud.machine).
 	Tags map[string]string
 	// Instance names the program instance that owns the machine (kloud's instance id), kept in
@@ -196,6 +199,7 @@ type Info struct {
 	Instance string  `json:"instance,omitempty"`
 	MemoryMB int     `json:"memory_mb,omitempty"`
 	CPUs     float64 `json:"cpus,omitempty"`
+	DiskMB   int     `json:"disk_mb,omitempty"`
 	// CloudInit is set while running: CloudInitPending, CloudInitRunning, CloudInitDone or
 	// CloudInitError (read from the machine's /run/cloud-init).
 	CloudInit string `json:"cloud_init,omitempty"`
@@ -241,6 +245,14 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (Info, error) {
 	}
 	if spec.MemoryMB > 0 && spec.MemoryMB < 32 {
 		return Info{}, fmt.Errorf("spec: memory %d MB: at least 32 (cloud-init alone needs more)", spec.MemoryMB)
+	}
+	if spec.DiskMB != 0 {
+		if spec.DiskMB < MinDiskMB {
+			return Info{}, fmt.Errorf("spec: disk %d MB: at least %d, or 0 for no quota", spec.DiskMB, MinDiskMB)
+		}
+		if err := checkDiskTools(); err != nil {
+			return Info{}, err
+		}
 	}
 	if m.baseImage == "" {
 		return Info{}, errors.New("create: Options.BaseImage is not set (see EnsureBaseImage)")
@@ -291,7 +303,7 @@ func (m *Manager) reserve(ctx context.Context, spec Spec) (*record, error) {
 	n := m.namesFor(spec.ID)
 	r := &record{
 		Version: recordVersion, ID: spec.ID, Hostname: spec.Hostname, Tags: spec.Tags, Instance: spec.Instance,
-		MemoryMB: spec.MemoryMB, CPUs: spec.CPUs, SeedURL: spec.SeedURL, CreatedAt: time.Now().UTC(),
+		MemoryMB: spec.MemoryMB, CPUs: spec.CPUs, DiskMB: spec.DiskMB, SeedURL: spec.SeedURL, CreatedAt: time.Now().UTC(),
 		BaseImage: m.baseImage, IP: addr, PrefixLen: m.subnet.Bits(), Bridge: m.bridge,
 		Netns: n.netns, HostVeth: n.hostVeth, PeerVeth: n.peerVeth, Cgroup: n.cgroup,
 	}
@@ -308,6 +320,11 @@ func (m *Manager) reserve(ctx context.Context, spec Spec) (*record, error) {
 func (m *Manager) create(ctx context.Context, r *record, spec Spec) error {
 	if err := m.prepareDisk(r, spec); err != nil {
 		return err
+	}
+	if r.DiskMB > 0 {
+		if err := makeDiskImage(ctx, m.machineDir(r.ID), r.DiskMB); err != nil {
+			return err
+		}
 	}
 	if err := m.SetupNetwork(ctx); err != nil {
 		return err
@@ -410,11 +427,16 @@ func (m *Manager) boot(ctx context.Context, r *record) error {
 		return fmt.Errorf("console log: %w", err)
 	}
 	defer console.Close()
-	cfg, _ := json.Marshal(bootConfig{
+	bc := bootConfig{
 		ID: r.ID, Hostname: r.Hostname, Netns: filepath.Join(netnsDir, r.Netns), CgroupProcs: procs,
 		Lower: r.BaseImage, Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work"),
-		Root: filepath.Join(dir, "rootfs"), StopGrace: m.stopTimeout / 2,
-	})
+		Root: filepath.Join(dir, "rootfs"), StopGrace: m.stopTimeout / 2, MemoryMB: r.MemoryMB, CPUs: r.CPUs,
+	}
+	if r.DiskMB > 0 { // disk.go
+		bc.DiskImage, bc.DiskMount = filepath.Join(dir, diskImage), filepath.Join(dir, diskMount)
+		bc.Upper, bc.Work = filepath.Join(bc.DiskMount, "upper"), filepath.Join(bc.DiskMount, "work")
+	}
+	cfg, _ := json.Marshal(bc)
 	// The launcher answers within a second or so; a binary whose main does not call MaybeRunInit
 	// would instead run its ordinary main, so bound the wait and say why.
 	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
@@ -562,7 +584,7 @@ func (m *Manager) Info(ctx context.Context, id string) (Info, error) {
 func (m *Manager) info(r *record) Info {
 	in := Info{
 		ID: r.ID, Hostname: r.Hostname, State: StateStopped, IP: r.IP, Tags: r.Tags, Instance: r.Instance,
-		MemoryMB: r.MemoryMB, CPUs: r.CPUs, Complete: r.Complete,
+		MemoryMB: r.MemoryMB, CPUs: r.CPUs, DiskMB: r.DiskMB, Complete: r.Complete,
 		Dir: m.machineDir(r.ID), Netns: r.Netns, HostVeth: r.HostVeth,
 	}
 	if alive(r.PID, r.PIDStart) {

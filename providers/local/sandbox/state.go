@@ -29,6 +29,7 @@ type record struct {
 	Tags      map[string]string `json:"tags,omitempty"`
 	Instance  string            `json:"instance,omitempty"`
 	MemoryMB  int               `json:"memory_mb,omitempty"`
+	DiskMB    int               `json:"disk_mb,omitempty"` // disk quota: the upper dir is in disk.img
 	CPUs      float64           `json:"cpus,omitempty"`
 	SeedURL   string            `json:"seed_url,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
