@@ -30,6 +30,9 @@ func TestConstraintsOfThisHost(t *testing.T) {
 	if mem == nil || mem.Attribute != "memory" || mem.Max == nil || *mem.Max < 64 || cores == nil || cores.Attribute != "cpus" || *cores.Max != float64(runtime.NumCPU()) {
 		t.Fatalf("vocabulary: %+v", vocab)
 	}
+	if disk := provider.LookupConstraint(vocab, provider.ConstraintDisk); disk == nil || disk.Attribute != "disk_mb" || disk.Max == nil || *disk.Min != 64 {
+		t.Fatalf("disk constraint: %+v", disk)
+	}
 	st, err := p.Stack(&provider.BaseStack{Provider: p})
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +40,9 @@ func TestConstraintsOfThisHost(t *testing.T) {
 	cv := st.(provider.ConstraintsValidator)
 	if err := cv.ValidateConstraints(t.Context(), map[string]any{"hostname": "vm", "memory": 512.0, "cpus": 0.5, "tags": map[string]any{"a": "b"}}); err != nil {
 		t.Errorf("a machine this host can run: %v", err)
+	}
+	if err := cv.ValidateConstraints(t.Context(), map[string]any{"disk_mb": 10.0}); err == nil || !strings.Contains(err.Error(), "nearest valid: 64") {
+		t.Errorf("disk_mb = 10: %v", err)
 	}
 	err = cv.ValidateConstraints(t.Context(), map[string]any{"memory": *mem.Max + 1000, "cpus": 1000.0})
 	var ce *provider.ConstraintError

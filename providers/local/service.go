@@ -53,7 +53,7 @@ func (l *Local) service() *machinesvc.Service {
 func (l *Local) handler() *http.ServeMux { return l.service().Handler() }
 
 func view(in sandbox.Info) tfprovider.Machine {
-	m := tfprovider.Machine{ID: in.ID, Hostname: in.Hostname, State: string(in.State), MemoryMB: int64(in.MemoryMB), CPUs: in.CPUs, Tags: in.Tags}
+	m := tfprovider.Machine{ID: in.ID, Hostname: in.Hostname, State: string(in.State), MemoryMB: int64(in.MemoryMB), CPUs: in.CPUs, DiskMB: int64(in.DiskMB), Tags: in.Tags}
 	if in.IP.IsValid() {
 		m.IPAddress = in.IP.String()
 	}
@@ -86,6 +86,9 @@ func (l *Local) createMachine(ctx context.Context, c *tokenClaims, r *http.Reque
 	if req.CPUs != 0 && (req.CPUs < 0.01 || req.CPUs > 1024) {
 		return 0, nil, machinesvc.Errorf(http.StatusBadRequest, "cpus %g: between 0.01 and 1024, or 0 for no limit", req.CPUs)
 	}
+	if req.DiskMB != 0 && (req.DiskMB < sandbox.MinDiskMB || req.DiskMB > 1<<30) {
+		return 0, nil, machinesvc.Errorf(http.StatusBadRequest, "disk %d MiB: between %d and %d, or 0 for no quota", req.DiskMB, sandbox.MinDiskMB, 1<<30)
+	}
 	if len(req.UserData) > maxUserData {
 		return 0, nil, machinesvc.Errorf(http.StatusBadRequest, "user data: %d bytes, at most %d", len(req.UserData), maxUserData)
 	}
@@ -117,7 +120,7 @@ func (l *Local) createMachine(ctx context.Context, c *tokenClaims, r *http.Reque
 		return 0, nil, machinesvc.Errorf(http.StatusConflict, "machine %s of stack %s has %d local machines already; destroy them first", mid, stack, n)
 	}
 	spec := sandbox.Spec{
-		ID: newID(req.Hostname), Hostname: req.Hostname, MemoryMB: int(req.MemoryMB), CPUs: req.CPUs,
+		ID: newID(req.Hostname), Hostname: req.Hostname, MemoryMB: int(req.MemoryMB), CPUs: req.CPUs, DiskMB: int(req.DiskMB),
 		Tags: req.Tags, Instance: l.instance,
 	}
 	if req.UserData != "" {

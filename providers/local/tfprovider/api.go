@@ -26,6 +26,7 @@ type CreateRequest struct {
 	UserData string            `json:"userData,omitempty"`
 	MemoryMB int64             `json:"memoryMB,omitempty"`
 	CPUs     float64           `json:"cpus,omitempty"`
+	DiskMB   int64             `json:"diskMB,omitempty"` // disk quota of the writable layer; 0: none
 	Tags     map[string]string `json:"tags"`
 }
 
@@ -40,6 +41,7 @@ type Machine struct {
 	IPAddress string            `json:"ipAddress"`
 	MemoryMB  int64             `json:"memoryMB,omitempty"`
 	CPUs      float64           `json:"cpus,omitempty"`
+	DiskMB    int64             `json:"diskMB,omitempty"`
 	Tags      map[string]string `json:"tags,omitempty"`
 }
 

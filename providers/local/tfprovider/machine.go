@@ -33,6 +33,7 @@ type machineModel struct {
 	UserData  types.String  `tfsdk:"user_data"`
 	Memory    types.Int64   `tfsdk:"memory"`
 	CPUs      types.Float64 `tfsdk:"cpus"`
+	DiskMB    types.Int64   `tfsdk:"disk_mb"`
 	Tags      types.Map     `tfsdk:"tags"`
 	IPAddress types.String  `tfsdk:"ip_address"`
 	State     types.String  `tfsdk:"state"`
@@ -68,6 +69,11 @@ func machineSchema() schema.Schema {
 				Description:   "CPU limit in CPUs (cgroup quota), at least 0.01. Unset: unlimited.",
 				PlanModifiers: []planmodifier.Float64{float64planmodifier.RequiresReplace()},
 			},
+			"disk_mb": schema.Int64Attribute{
+				Optional:      true,
+				Description:   "Disk quota of the machine's writable layer in MiB (df inside shows it), at least 64. Unset: none.",
+				PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
+			},
 			"tags": schema.MapAttribute{
 				Optional:    true,
 				ElementType: types.StringType,
@@ -96,6 +102,10 @@ func (m *machineModel) Validate(diags *diag.Diagnostics) {
 		diags.AddAttributeError(path.Root("memory"), "kloudlocal: memory too small",
 			fmt.Sprintf("memory = %d MiB: at least 32 (cloud-init alone needs more); leave it unset for no limit", v.ValueInt64()))
 	}
+	if v := m.DiskMB; !v.IsNull() && !v.IsUnknown() && v.ValueInt64() < 64 {
+		diags.AddAttributeError(path.Root("disk_mb"), "kloudlocal: disk too small",
+			fmt.Sprintf("disk_mb = %d MiB: at least 64; leave it unset for no quota", v.ValueInt64()))
+	}
 	if v := m.CPUs; !v.IsNull() && !v.IsUnknown() && v.ValueFloat64() < 0.01 {
 		diags.AddAttributeError(path.Root("cpus"), "kloudlocal: cpus too small",
 			fmt.Sprintf("cpus = %g: at least 0.01; leave it unset for no limit", v.ValueFloat64()))
@@ -112,6 +122,7 @@ func (m *machineModel) Request(tags map[string]string) CreateRequest {
 		UserData: m.UserData.ValueString(),
 		MemoryMB: m.Memory.ValueInt64(),
 		CPUs:     m.CPUs.ValueFloat64(),
+		DiskMB:   m.DiskMB.ValueInt64(),
 		Tags:     tags,
 	}
 }
@@ -139,6 +150,9 @@ func (st *machineModel) Fill(ctx context.Context, m Machine) diag.Diagnostics {
 	}
 	if m.CPUs != 0 || !st.CPUs.IsNull() {
 		st.CPUs = types.Float64Value(m.CPUs)
+	}
+	if m.DiskMB != 0 || !st.DiskMB.IsNull() {
+		st.DiskMB = types.Int64Value(m.DiskMB)
 	}
 	diags := tfmachine.FillTags(ctx, &st.Tags, m.Tags)
 	st.IPAddress = types.StringValue(m.IPAddress)

@@ -370,13 +370,14 @@ resource "kloudlocal_machine" "bad" {
   hostname = "under_score"
   memory   = 8
   cpus     = 0.001
+  disk_mb  = 10
 }
 `)
 	out, err := w.run("validate")
 	if err == nil {
 		t.Fatalf("validate accepted bad arguments:\n%s", out)
 	}
-	for _, want := range []string{"kloudlocal: bad hostname", "kloudlocal: memory too small", "kloudlocal: cpus too small"} {
+	for _, want := range []string{"kloudlocal: bad hostname", "kloudlocal: memory too small", "kloudlocal: cpus too small", "kloudlocal: disk too small"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("validate output lacks %q:\n%s", want, out)
 		}
