@@ -535,6 +535,7 @@ func providerCmd(g *globals) *cobra.Command {
 				}
 				printFields(g.stdout, "credential", d.Credential)
 				printFields(g.stdout, "bootstrap outputs", d.Bootstrap)
+				printConstraints(g.stdout, d.Constraints) // constraints.go
 			}
 			return nil
 		},
