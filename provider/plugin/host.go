@@ -329,6 +329,7 @@ func (h *Host) call(ctx context.Context, name, method string, params, result any
 		if ke.Type() == typeUnsupported {
 			re.is = provider.ErrUnsupported
 		}
+		remoteConstraint(re, ke) // constraints.go
 		return re
 	}
 	return fmt.Errorf("provider %s (plugin) %s: %w", name, method, err)

@@ -26,7 +26,7 @@ func (h *Host) newProxy(name string, m Manifest) *provider.Provider {
 	}
 	p := &provider.Provider{
 		Name: name, ResourceType: m.ResourceType, UserDataAttr: m.UserDataAttr, NoCloudInit: m.NoCloudInit,
-		Description: m.Description, Capabilities: caps, Kind: provider.KindPlugin,
+		Description: m.Description, Capabilities: caps, Kind: provider.KindPlugin, Constraints: proxyConstraints(m.Constraints),
 		Schema: provider.Schema{
 			NewCredential: dynamicType(m.Fields, partCredential),
 			NewBootstrap:  dynamicType(m.Fields, partBootstrap),

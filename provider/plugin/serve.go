@@ -248,7 +248,7 @@ func ManifestOf(p *provider.Provider) (*Manifest, error) {
 	m := &Manifest{
 		Name: p.Name, ResourceType: p.ResourceType, UserDataAttr: p.UserDataAttr, NoCloudInit: p.NoCloudInit,
 		Description: p.Description, Capabilities: capsOf(p), Handler: p.Handler != nil,
-		Fields: map[string][]provider.Field{},
+		Fields: map[string][]provider.Field{}, Constraints: manifestConstraints(p),
 	}
 	if m.UserDataAttr == "" && !m.NoCloudInit {
 		m.UserDataAttr = "user_data"
@@ -416,7 +416,7 @@ func (s *server) validateConstraints(ctx context.Context, _ *kite.Request, p *st
 	if !ok {
 		return nil, wireErr(fmt.Errorf("validate constraints: %w", provider.ErrUnsupported))
 	}
-	return nil, wireErr(cv.ValidateConstraints(ctx, p.Attributes))
+	return nil, wireErr(constraintErr(cv.ValidateConstraints(ctx, p.Attributes)))
 }
 
 func (s *server) decode(ctx context.Context, _ *kite.Request, p *decodeParams) (any, error) {

@@ -102,6 +102,9 @@ type Manifest struct {
 	// Handler: the provider has an HTTP service (Provider.Handler), which kloud mounts at
 	// provider.HandlerPrefix(Name) and forwards to the plugin (provider.http).
 	Handler bool `json:"handler,omitempty"`
+	// Constraints is its constraints vocabulary (provider.Provider.Constraints) when it
+	// registered (constraints.go).
+	Constraints []provider.Constraint `json:"constraints,omitempty"`
 }
 
 // TerraformProvider is the wire form of a provider.TerraformProvider.
@@ -188,7 +191,7 @@ func (m *Manifest) Validate() error {
 			seen[f.Name] = true
 		}
 	}
-	return nil
+	return validateConstraintsManifest(m.Constraints) // constraints.go
 }
 
 // RegisterResult is plugin.register's result.
