@@ -52,7 +52,8 @@
 //
 // # A machine
 //
-// The overlay (lower: the base image, upper: StateDir/<id>/upper, the machine's disk) is mounted
+// The overlay (lower: the base image, upper: StateDir/<id>/upper, the machine's disk; with a
+// disk quota, Spec.DiskMB, the upper dir lives in an ext4 image, see disk.go) is mounted
 // inside the machine's own mount namespace, which then pivots into it, so the host's mount table
 // never shows it and it vanishes with the machine's last process. Inside: /proc, a read-only
 // /sys, a minimal /dev (null, zero, full, random, urandom, tty, a private devpts with ptmx),

@@ -68,8 +68,8 @@ func TestDiskQuota(t *testing.T) {
 		t.Fatalf("create with a 10 MB disk: %v", err)
 	}
 	info := e.create(t, sandbox.Spec{ID: "disk-1", Hostname: "disk-1", UserData: ud, DiskMB: 128})
-	if info.DiskMB != 128 {
-		t.Errorf("info: disk %d MB, want 128", info.DiskMB)
+	if info.DiskMB != 128 || info.Disk != filepath.Join(info.Dir, "disk.img") {
+		t.Errorf("info: disk %d MB at %s, want 128 in disk.img", info.DiskMB, info.Disk)
 	}
 	df := e.exec(t, "disk-1", "df", "-m", "--output=size,avail", "/")
 	t.Logf("df -m / in a machine with a 128 MB disk:\n%s", df)

@@ -200,6 +200,9 @@ type Info struct {
 	MemoryMB int     `json:"memory_mb,omitempty"`
 	CPUs     float64 `json:"cpus,omitempty"`
 	DiskMB   int     `json:"disk_mb,omitempty"`
+	// Disk is where the machine's disk (its writable layer) is on the host: the upper dir
+	// (Dir/upper), or with a disk quota the ext4 image holding it (Dir/disk.img; disk.go).
+	Disk string `json:"disk,omitempty"`
 	// CloudInit is set while running: CloudInitPending, CloudInitRunning, CloudInitDone or
 	// CloudInitError (read from the machine's /run/cloud-init).
 	CloudInit string `json:"cloud_init,omitempty"`
@@ -586,6 +589,10 @@ func (m *Manager) info(r *record) Info {
 		ID: r.ID, Hostname: r.Hostname, State: StateStopped, IP: r.IP, Tags: r.Tags, Instance: r.Instance,
 		MemoryMB: r.MemoryMB, CPUs: r.CPUs, DiskMB: r.DiskMB, Complete: r.Complete,
 		Dir: m.machineDir(r.ID), Netns: r.Netns, HostVeth: r.HostVeth,
+	}
+	in.Disk = filepath.Join(in.Dir, "upper")
+	if r.DiskMB > 0 {
+		in.Disk = filepath.Join(in.Dir, diskImage)
 	}
 	if alive(r.PID, r.PIDStart) {
 		in.State, in.PID, in.BootedAt = StateRunning, r.PID, r.BootedAt
