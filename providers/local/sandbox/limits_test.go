@@ -2,11 +2,13 @@ package sandbox_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
@@ -100,4 +102,14 @@ func TestDiskQuota(t *testing.T) {
 	if m := hostMountinfoMentions(t, filepath.Join(e.stateDir, "disk-1")); len(m) != 0 {
 		t.Errorf("the host's mount table shows the machine's disk: %v", m)
 	}
+	// Destroyed, it leaves no loop device behind.
+	if err := e.m.Destroy(t.Context(), "disk-1"); err != nil {
+		t.Fatal(err)
+	}
+	var loops []byte
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		var err error
+		loops, err = exec.Command("losetup", "-a").CombinedOutput()
+		return err == nil && !strings.Contains(string(loops), e.stateDir)
+	}, "a loop device of the destroyed machine's disk is left: %s", &loops)
 }
