@@ -13,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
 )
 
 // Constraints: a provider that advertises constraints describes its vocabulary (a valid one),
@@ -94,12 +95,20 @@ func (s *suite) testConstraints(t *testing.T) {
 		}
 		return s.cl.StackPlan(ctx, p)
 	}
-	ok0, err := plan(files)
-	if err != nil || len(ok0.Machines) != 1 {
-		t.Fatalf("stack.plan of Config.Template(1): %+v, %v", ok0, err)
+	bytesFiles := map[string][]byte{}
+	for n, c := range files {
+		bytesFiles[n] = []byte(c)
 	}
-	m := ok0.Machines[0]
-	withBad, err := setAttribute(files, s.p.ResourceType, m.Resource, c.Attribute, bad)
+	cfg, err := tmpl.Parse(bytesFiles)
+	if err != nil {
+		t.Fatalf("Config.Template(1): %v", err)
+	}
+	rs := cfg.Resources(s.p.ResourceType)
+	if len(rs) == 0 {
+		t.Fatalf("Config.Template(1) has no %s resource", s.p.ResourceType)
+	}
+	m := rs[0]
+	withBad, err := setAttribute(files, s.p.ResourceType, m.Name, c.Attribute, bad)
 	if err != nil {
 		t.Skipf("cannot set %s in Config.Template's files: %v", c.Attribute, err)
 	}
@@ -107,13 +116,13 @@ func (s *suite) testConstraints(t *testing.T) {
 	if !errors.Is(err, kite.ErrInvalidParams) {
 		t.Fatalf("stack.plan with %s = %v: %v, want invalid params", c.Attribute, bad, err)
 	}
-	for _, w := range []string{m.Label, c.Attribute, "nearest valid"} {
+	for _, w := range []string{"machine " + m.Name, "(" + s.p.ResourceType + "." + m.Name + ")", c.Attribute, "nearest valid"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("stack.plan with %s = %v: %q does not say %q", c.Attribute, bad, err, w)
 		}
 	}
 	t.Logf("stack.plan refused: %v", err)
-	withNearest, _ := setAttribute(files, s.p.ResourceType, m.Resource, c.Attribute, nearest)
+	withNearest, _ := setAttribute(files, s.p.ResourceType, m.Name, c.Attribute, nearest)
 	if _, err := plan(withNearest); err != nil {
 		t.Errorf("stack.plan with the nearest valid value %s = %v: %v", c.Attribute, nearest, err)
 	}
