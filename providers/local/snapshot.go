@@ -24,6 +24,8 @@ func (m *machine) snapshotErr(op string, err error) error {
 	switch {
 	case errors.Is(err, sandbox.ErrRunning):
 		return fmt.Errorf("%s local machine %s (%s): %w", op, m.b.Label, m.id, provider.ErrRunning)
+	case errors.Is(err, sandbox.ErrDiskQuota): // sandbox/disk.go
+		return fmt.Errorf("%s local machine %s (%s): %s: %w", op, m.b.Label, m.id, err.Error(), provider.ErrUnsupported)
 	case errors.Is(err, sandbox.ErrSnapshotNotFound):
 		return fmt.Errorf("%s local machine %s (%s): %w: %w", op, m.b.Label, m.id, err, kite.ErrNotFound)
 	}

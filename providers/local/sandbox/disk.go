@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,6 +29,10 @@ const (
 	diskImage = "disk.img"
 	diskMount = "disk"
 )
+
+// ErrDiskQuota is returned (wrapped) by SaveDisk and RestoreDisk of a machine with a disk quota:
+// its disk is an ext4 image, which snapshots (of the upper dir) do not save yet.
+var ErrDiskQuota = errors.New("sandbox: the machine has a disk quota (disk_mb): snapshots of its disk image are not supported yet")
 
 // MinDiskMB is the smallest disk quota (ext4's journal and cloud-init's first writes need room).
 const MinDiskMB = 64

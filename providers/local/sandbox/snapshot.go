@@ -100,6 +100,9 @@ func (m *Manager) SaveDisk(ctx context.Context, id, snapID string) (DiskSnapshot
 	if alive(r.PID, r.PIDStart) {
 		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, ErrRunning)
 	}
+	if r.DiskMB > 0 { // disk.go
+		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, ErrDiskQuota)
+	}
 	dst := m.SnapshotPath(snapID)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return DiskSnapshot{}, fmt.Errorf("snapshot dir: %w", err)
@@ -203,6 +206,9 @@ func (m *Manager) RestoreDisk(ctx context.Context, id, snapID string) error {
 	defer l.unlock()
 	if alive(r.PID, r.PIDStart) {
 		return fmt.Errorf("restore machine %q: %w", id, ErrRunning)
+	}
+	if r.DiskMB > 0 { // disk.go
+		return fmt.Errorf("restore machine %q: %w", id, ErrDiskQuota)
 	}
 	dir := m.machineDir(id)
 	upper := filepath.Join(dir, "upper")
