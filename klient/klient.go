@@ -168,6 +168,7 @@ func New(opts Options) (*Klient, error) {
 	k.Handle(klientapi.MethodLogs, kite.Typed(kl.logs))
 	kl.handleWebterm()
 	kl.handleShares()
+	kl.handlePorts()
 	if opts.Vagrant != nil {
 		if err := kl.setupVagrant(); err != nil {
 			kl.cancel()
@@ -252,6 +253,6 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
-		Features: []string{FeatureOwnAccountShells},
+		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward},
 	}, nil
 }

@@ -175,6 +175,10 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"DELETE /api/machines/{id}/sessions/{session}", "session or kite key; as terminal", http.HandlerFunc(s.term.serveKill)},
 		{"POST /api/machines/{id}/sessions/{session}/rename", "session or kite key; as terminal", http.HandlerFunc(s.term.serveRename)},
 		{"GET " + klientapi.AttachPath, "the machine's klient, with a ticket", http.HandlerFunc(s.term.serveAttach)},
+		// portforward.go: a machine's ports for its owner and terminal/full shares (web apps are
+		// served on their own hosts, Server.AppURL, before this table)
+		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.serveTCP)},
+		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.apps.serveOpen)},
 		// plugins.go: each provider's own HTTP service (provider.HandlerPrefix), looked up per
 		// request, so a plugin registering later is served; the service authenticates itself
 		{"/provider/", "the provider's service decides", http.HandlerFunc(s.serveProvider)},

@@ -102,7 +102,11 @@ type Options struct {
 	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
 	// error until one is set with SetTerraformer).
 	Terraformer Terraformer
-	Logger      *slog.Logger
+	// AppsHost is the host under which machines' web apps get their own origins,
+	// p<port>--m<machine id>.<AppsHost> (portforward.go): default DefaultAppsHost
+	// ("localhost", on kloud's port); "off" turns web apps off (kloud port-forward still works).
+	AppsHost string
+	Logger   *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
 }
@@ -148,6 +152,7 @@ type Server struct {
 	presence  *storePresence
 	revs      *storeRevocations
 	term      *termHub           // web terminals (terminal.go)
+	apps      *appsHub           // machines' web apps on their own hosts (portforward.go)
 	kinds     map[string]jobKind // job kinds (routes.go)
 
 	plugins     *plugin.Host // provider plugins: proxies in providers, their status (plugins.go)
@@ -212,6 +217,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.plugins = plugin.NewHost(plugin.HostOptions{Registry: s.providers, Logger: opts.Logger, KloudVersion: version.Version})
 	s.kinds = s.jobKinds()
 	s.term = newTermHub(s)
+	if s.apps, err = newAppsHub(s); err != nil {
+		return nil, err
+	}
 	s.routes()
 	ok = true
 	return s, nil
@@ -371,7 +379,7 @@ func (s *Server) loadKlient() {
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
 // Handler returns the HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.rootHandler() }
 
 // Serve listens on opts.Addr and serves until ctx ends, then shuts down and closes the store.
 func (s *Server) Serve(ctx context.Context) error {
@@ -384,7 +392,7 @@ func (s *Server) Serve(ctx context.Context) error {
 
 // ServeListener serves on ln until ctx ends.
 func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.rootHandler(), ReadHeaderTimeout: 10 * time.Second}
 	if s.opts.Listening != nil {
 		s.opts.Listening(ln.Addr())
 	}

@@ -67,6 +67,7 @@ with kloud's privileges (logged at every start).`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.o.Addr, "addr", kloud.DefaultAddr, "address to listen on (machines of the local provider reach it on their bridge)")
 	fl.StringVar(&f.o.PublicURL, "public-url", "", "URL users and kites reach this kloud at (default http://127.0.0.1:<port>)")
+	fl.StringVar(&f.o.AppsHost, "apps-host", kloud.DefaultAppsHost, "host under which machines' web apps get their own origins, p<port>--m<machine>.<host>[:port] (a wildcard DNS name of another domain than the UI's; localhost works in browsers; off: none)")
 	fl.StringVar(&f.o.MongoURL, "mongo-url", "", "use this MongoDB instead of the embedded store in the data directory")
 	fl.StringVar(&f.o.KlientBin, "klient-bin", "", "klient binary to serve to machines (default: klient next to this binary)")
 	fl.DurationVar(&f.o.HeartbeatInterval, "heartbeat", kloud.DefaultHeartbeatInterval, "interval of liveness pings to connected kites")
