@@ -119,6 +119,9 @@ func (m *Manager) TeardownNetwork(ctx context.Context) error {
 		return err
 	}
 	defer g.unlock()
+	if err := m.removeFirewall(); err != nil {
+		return fmt.Errorf("teardown network: %w", err)
+	}
 	if !linkExists(m.bridge) {
 		return nil
 	}

@@ -19,6 +19,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -65,6 +66,7 @@ type Options struct {
 // Manager creates and controls machines. All state is on disk under StateDir; any number of
 // Managers in any number of processes may work on the same StateDir at once.
 type Manager struct {
+	fwMu                        sync.Mutex // one firewall rebuild at a time (firewall.go)
 	stateDir, baseImage, bridge string
 	subnet                      netip.Prefix
 	hostAddr                    netip.Addr
@@ -335,6 +337,9 @@ func (m *Manager) create(ctx context.Context, r *record, spec Spec) error {
 	if err := m.ensureMachineNetwork(ctx, r); err != nil {
 		return err
 	}
+	if err := m.ApplyFirewall(ctx); err != nil { // before it boots: the default applies at once
+		return err
+	}
 	if err := m.boot(ctx, r); err != nil {
 		return err
 	}
@@ -489,6 +494,9 @@ func (m *Manager) Start(ctx context.Context, id string) (Info, error) {
 		return Info{}, fmt.Errorf("start machine %q: %w", id, err)
 	}
 	if err := m.ensureMachineNetwork(ctx, r); err != nil {
+		return Info{}, fmt.Errorf("start machine %q: %w", id, err)
+	}
+	if err := m.ApplyFirewall(ctx); err != nil {
 		return Info{}, fmt.Errorf("start machine %q: %w", id, err)
 	}
 	if err := m.boot(ctx, r); err != nil {
@@ -683,6 +691,9 @@ func (m *Manager) destroyLocked(ctx context.Context, id string) error {
 	errs = append(errs, unmountUnder(dir))
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove machine dir: %w", err))
+	}
+	if err := m.ApplyFirewall(ctx); err != nil { // its rules go with it
+		m.log.Warn("firewall after destroy", "machine", id, "err", err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroy machine %q: %w", id, err)

@@ -21,6 +21,9 @@ func (m *Manager) SetTags(ctx context.Context, id string, tags map[string]string
 	if err := m.saveRecord(r); err != nil {
 		return Info{}, err
 	}
+	if err := m.ApplyFirewall(ctx); err != nil { // the owner and team tags decide who reaches it
+		return Info{}, err
+	}
 	return m.info(r), nil
 }
 
