@@ -128,6 +128,10 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodMachineShare, AnyUser, s.machineShare), // owner, team admins
 		rpc(s, api.MethodMachineUnshare, AnyUser, s.machineUnshare),
 		rpc(s, api.MethodMachineShares, AnyUser, s.machineShares),
+		// ports.go: the machine's firewall (provider capability "firewall")
+		rpc(s, api.MethodMachinePortsList, AnyUser, s.machinePortsList),           // as machine.list
+		rpc(s, api.MethodMachinePortsOpen, AnyUser, s.machinePortsChange(true)),   // owner, team admins, full share
+		rpc(s, api.MethodMachinePortsClose, AnyUser, s.machinePortsChange(false)), // owner, team admins, full share
 
 		// snapshots.go: the owner, team admins, full share; snapshots are the owner's (kloud admins)
 		rpc(s, api.MethodMachineSnapshot, AnyUser, s.machineSnapshot),

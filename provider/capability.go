@@ -28,6 +28,9 @@ func (p *Provider) Caps() []Capability {
 		if _, ok := m.(Snapshotter); ok {
 			out = append(out, CapSnapshot)
 		}
+		if _, ok := m.(Firewaller); ok {
+			out = append(out, CapFirewall)
+		}
 	}
 	if st := probe(func() (Stack, error) { return p.Stack(&BaseStack{Provider: p}) }, p.Stack != nil); st != nil {
 		if _, ok := st.(ConstraintsValidator); ok {

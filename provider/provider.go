@@ -78,6 +78,7 @@ const (
 	CapBootstrap   Capability = "bootstrap"   // Schema.NewBootstrap != nil / bootstrap templates
 	// snap (issue 13): Machine implements Snapshotter (snapshot.go)
 	CapSnapshot Capability = "snapshot"
+	CapFirewall Capability = "firewall" // Machine implements Firewaller (firewall.go)
 )
 
 // ErrUnsupported is returned (wrapped) by an operation the provider does not offer, e.g. a

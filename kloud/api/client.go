@@ -223,6 +223,21 @@ func (c *Client) MachineUnshare(ctx context.Context, p ShareParams) (SharesResul
 	return call[SharesResult](ctx, c, MethodMachineUnshare, p)
 }
 
+// MachinePortsOpen opens ports of a machine's firewall.
+func (c *Client) MachinePortsOpen(ctx context.Context, p PortsParams) (PortsResult, error) {
+	return call[PortsResult](ctx, c, MethodMachinePortsOpen, p)
+}
+
+// MachinePortsClose closes ports of a machine's firewall.
+func (c *Client) MachinePortsClose(ctx context.Context, p PortsParams) (PortsResult, error) {
+	return call[PortsResult](ctx, c, MethodMachinePortsClose, p)
+}
+
+// MachinePortsList lists a machine's firewall rules.
+func (c *Client) MachinePortsList(ctx context.Context, p MachineRef) (PortsResult, error) {
+	return call[PortsResult](ctx, c, MethodMachinePortsList, p)
+}
+
 // MachineShares lists a machine's shares.
 func (c *Client) MachineShares(ctx context.Context, p MachineRef) (SharesResult, error) {
 	return call[SharesResult](ctx, c, MethodMachineShares, p)

@@ -90,7 +90,9 @@ func KloudMethods() []string {
 		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
 		MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
 		MethodVersion,
-		MethodMachineInfo, MethodMachineList, MethodMachineRestore, MethodMachineShare, MethodMachineShares,
+		MethodMachineInfo, MethodMachineList,
+		MethodMachinePortsClose, MethodMachinePortsList, MethodMachinePortsOpen, // ports.go
+		MethodMachineRestore, MethodMachineShare, MethodMachineShares,
 		MethodMachineSnapshot, MethodMachineSnapshots, MethodMachineStart, MethodMachineStop, MethodMachineUnshare,
 		MethodPluginRegister,
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,

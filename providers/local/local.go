@@ -165,6 +165,7 @@ func New(opts Options) (*Local, error) {
 		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog,
 			provider.CapSnapshot,    // snapshot.go
 			provider.CapConstraints, // constraints.go
+			provider.CapFirewall,    // firewall.go
 		},
 		Constraints: l.Constraints, // constraints.go
 		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return &stack{l: l, b: b}, nil },
