@@ -57,7 +57,9 @@ func TestMachinePorts(t *testing.T) {
 	var rules []provider.PortRule
 	reg := provider.NewRegistry()
 	fw := &provider.Provider{Name: "fw", ResourceType: "fw_machine",
-		Machine: func(*provider.BaseMachine) (provider.Machine, error) { return rulesMachine{mu: &mu, rules: &rules}, nil }}
+		Machine: func(*provider.BaseMachine) (provider.Machine, error) {
+			return rulesMachine{mu: &mu, rules: &rules}, nil
+		}}
 	reg.Register(fw)
 	reg.Register(&provider.Provider{Name: "nofw", ResourceType: "nofw_machine",
 		Machine: func(*provider.BaseMachine) (provider.Machine, error) { return capMachine{}, nil }})
