@@ -603,6 +603,7 @@ Only the owner (or a team admin) shares; unshare closes the user's terminals at 
 	shares.Flags().StringVar(&shstack, "stack", "", "the machine's stack (when labels repeat)")
 	cmd.AddCommand(list, info, power("start"), power("stop"), shareCmd(false), shareCmd(true), shares)
 	cmd.AddCommand(machineSnapshotCmds(g)...) // snapshot.go
+	cmd.AddCommand(machinePortsCmd(g))        // ports.go
 	return cmd
 }
 
