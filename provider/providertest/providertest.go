@@ -134,6 +134,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("StopStartKeepsDisk", s.testStopStartKeepsDisk)
 	t.Run("Snapshot", s.testSnapshot) // snapshot.go
 	t.Run("InvalidInputs", s.testInvalidInputs)
+	t.Run("Firewall", s.testFirewall) // firewall.go
 	t.Run("Destroy", s.testDestroy)
 	t.Logf("conformance suite of provider %s: %s", s.p.Name, since(t0))
 }
