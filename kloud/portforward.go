@@ -335,8 +335,11 @@ func (h *appsHub) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	return h.s.openPort(ctx, c, m, port)
 }
 
-// close drops the idle app connections (shutdown).
-func (h *appsHub) close() { h.tr.CloseIdleConnections() }
+// closeIdle drops the idle app connections when ctx ends (shutdown).
+func (h *appsHub) closeIdle(ctx context.Context) {
+	<-ctx.Done()
+	h.tr.CloseIdleConnections()
+}
 
 // mayForward says whether c may forward ports of m: its owner, a terminal or a full share.
 func mayForward(c *Caller, m *Machine) error {

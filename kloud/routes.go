@@ -238,6 +238,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.runJobsLoop,    // jobs.go: recover interrupted jobs; reconcile.go: stuck states
 		s.trackAgents,    // agents.go: machines' agent status from kontrol's registrations
 		s.closeTerminals, // terminal.go: close every web terminal at shutdown
+		s.apps.closeIdle, // portforward.go: drop the web apps' idle tunnels at shutdown
 		s.retain,         // retention.go: prune finished jobs, expired revocations, stale kite records
 		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
 	}
