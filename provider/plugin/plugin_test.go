@@ -219,6 +219,51 @@ func (m *filesMachine) ConsoleLog(context.Context) (string, error) {
 	return "console: " + string(b), err
 }
 
+// The firewall: rules in a file beside the machine's.
+func (m *filesMachine) portsFile() (string, error) {
+	p, err := m.path()
+	return p + ".ports", err
+}
+
+func (m *filesMachine) Ports(context.Context) ([]provider.PortRule, error) {
+	p, err := m.portsFile()
+	if err != nil {
+		return nil, err
+	}
+	var rules []provider.PortRule
+	if b, err := os.ReadFile(p); err == nil {
+		err = json.Unmarshal(b, &rules)
+		return rules, err
+	}
+	return rules, nil
+}
+
+func (m *filesMachine) changePorts(ctx context.Context, rs []provider.PortRule, open bool) ([]provider.PortRule, error) {
+	rules, err := m.Ports(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rs {
+		i := slices.Index(rules, r)
+		if open && i < 0 {
+			rules = append(rules, r)
+		} else if !open && i >= 0 {
+			rules = slices.Delete(rules, i, i+1)
+		}
+	}
+	p, _ := m.portsFile()
+	b, _ := json.Marshal(rules)
+	return rules, os.WriteFile(p, b, 0o600)
+}
+
+func (m *filesMachine) OpenPorts(ctx context.Context, rs []provider.PortRule) ([]provider.PortRule, error) {
+	return m.changePorts(ctx, rs, true)
+}
+
+func (m *filesMachine) ClosePorts(ctx context.Context, rs []provider.PortRule) ([]provider.PortRule, error) {
+	return m.changePorts(ctx, rs, false)
+}
+
 // kloudEnv stands in for kloud's kite endpoint: a real kite with kitekey's Authenticator
 // (plugin keys accepted), plugin.register routed to a Host with kitekey.Gate(h, KindPluginKey),
 // a user method routed like every kloud method (kitekey.Gate(h)), and /provider/<name>/
@@ -369,7 +414,7 @@ func TestRoundTrip(t *testing.T) {
 	if p.ResourceType != "files_machine" || p.Description != "machines are files" || p.UserDataAttr != "user_data" {
 		t.Fatalf("proxy %+v", p)
 	}
-	wantCaps := []provider.Capability{provider.CapBootstrap, provider.CapConsoleLog, provider.CapInfo, provider.CapStart, provider.CapStop}
+	wantCaps := []provider.Capability{provider.CapBootstrap, provider.CapConsoleLog, provider.CapFirewall, provider.CapInfo, provider.CapStart, provider.CapStop}
 	if !slices.Equal(p.Capabilities, wantCaps) {
 		t.Errorf("capabilities %v, want %v", p.Capabilities, wantCaps)
 	}
@@ -498,6 +543,17 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if _, err := m.(provider.Resizer).Resize(ctx, 1024, 1); !errors.Is(err, provider.ErrUnsupported) {
 		t.Errorf("resize: %v, want ErrUnsupported", err)
+	}
+	fw := m.(provider.Firewaller)
+	rule := provider.PortRule{Port: 8000, Protocol: "tcp", From: "team"}
+	if rules, err := fw.OpenPorts(ctx, []provider.PortRule{rule}); err != nil || !slices.Equal(rules, []provider.PortRule{rule}) {
+		t.Errorf("open ports over the wire: %v %v", rules, err)
+	}
+	if rules, err := fw.Ports(ctx); err != nil || !slices.Equal(rules, []provider.PortRule{rule}) {
+		t.Errorf("ports over the wire: %v %v", rules, err)
+	}
+	if rules, err := fw.ClosePorts(ctx, []provider.PortRule{rule}); err != nil || len(rules) != 0 {
+		t.Errorf("close ports over the wire: %v %v", rules, err)
 	}
 	if _, err := m.Stop(ctx); err != nil {
 		t.Fatal(err)

@@ -305,6 +305,7 @@ func (s *server) handle(k *kite.Kite) {
 	k.Handle(MethodMachineConsoleLog, kite.Typed(s.machineConsoleLog))
 	k.Handle(MethodMachineResize, kite.Typed(s.machineResize))
 	s.handleSnapshots(k) // snapshot.go
+	s.handlePorts(k)     // firewall.go
 }
 
 // errUnsupported carries provider.ErrUnsupported over the wire: kloud's side turns it back.

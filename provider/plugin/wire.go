@@ -127,6 +127,7 @@ var parts = []string{partCredential, partBootstrap, partMetadata}
 var knownCaps = []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog,
 	provider.CapResize, provider.CapConstraints, provider.CapBootstrap,
 	provider.CapSnapshot, // snapshot.go
+	provider.CapFirewall, // firewall.go
 }
 
 // Validate checks a manifest as kloud receives it.
