@@ -47,7 +47,8 @@ type Conn struct {
 	remote net.Addr
 
 	rmu  sync.Mutex
-	rbuf []byte // the rest of the current data message
+	rd    io.Reader // the rest of the current data message
+	rdone func()    // ends the context it is read under
 	reof bool
 
 	wmu    sync.Mutex
@@ -77,23 +78,35 @@ func New(ws *websocket.Conn, name string) *Conn {
 // WebSocket returns the underlying connection (to close it with a code and reason).
 func (c *Conn) WebSocket() *websocket.Conn { return c.ws }
 
-// Read reads data; io.EOF once the peer half-closed or closed normally.
+// Read reads data; io.EOF once the peer half-closed or closed normally. A data message is read
+// straight into p (no copy of its own), under one context from its start to its end.
 func (c *Conn) Read(p []byte) (int, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	for {
-		if len(c.rbuf) > 0 {
-			n := copy(p, c.rbuf)
-			c.rbuf = c.rbuf[n:]
-			return n, nil
+		if c.rd != nil {
+			n, err := c.rd.Read(p)
+			if errors.Is(err, io.EOF) {
+				c.rd = nil
+				c.rdone()
+				err = nil
+				if n == 0 {
+					continue
+				}
+			} else if err != nil {
+				c.rd = nil
+				c.rdone()
+				return n, c.mapErr(err, true)
+			}
+			return n, err
 		}
 		if c.reof {
 			return 0, io.EOF
 		}
 		ctx, done := c.opCtx(true)
-		typ, b, err := c.ws.Read(ctx)
-		done()
+		typ, r, err := c.ws.Reader(ctx)
 		if err != nil {
+			done()
 			if websocket.CloseStatus(err) == CloseNormal {
 				c.reof = true
 				return 0, io.EOF
@@ -101,13 +114,16 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return 0, c.mapErr(err, true)
 		}
 		if typ == websocket.MessageText {
+			b, _ := io.ReadAll(io.LimitReader(r, 16))
+			io.Copy(io.Discard, r)
+			done()
 			if string(b) == EOF {
 				c.reof = true
 				return 0, io.EOF
 			}
 			continue // unknown control messages are ignored
 		}
-		c.rbuf = b
+		c.rd, c.rdone = r, done
 	}
 }
 

@@ -33,7 +33,7 @@ func pair(t *testing.T) (client, server *tunnel.Conn) {
 		t.Fatal(err)
 	}
 	c, s := tunnel.New(ws, "server"), tunnel.New(<-got, "client")
-	t.Cleanup(func() { c.Close(); s.Close() })
+	t.Cleanup(func() { c.WebSocket().CloseNow(); s.WebSocket().CloseNow() })
 	return c, s
 }
 
@@ -82,6 +82,7 @@ func TestPipeHalfClose(t *testing.T) {
 	if !bytes.Equal(back, append([]byte("got:"), msg...)) {
 		t.Fatalf("got %d bytes back, want %d", len(back), len(msg)+4)
 	}
+	go near.Close() // both ends close; the close handshake completes
 	if err := <-done; err != nil {
 		t.Fatalf("pipe: %v", err)
 	}
