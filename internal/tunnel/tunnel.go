@@ -46,10 +46,10 @@ type Conn struct {
 	local  net.Addr
 	remote net.Addr
 
-	rmu  sync.Mutex
+	rmu   sync.Mutex
 	rd    io.Reader // the rest of the current data message
 	rdone func()    // ends the context it is read under
-	reof bool
+	reof  bool
 
 	wmu    sync.Mutex
 	weof   bool
