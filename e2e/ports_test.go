@@ -107,7 +107,7 @@ func TestLocalPorts(t *testing.T) {
 	cmd.Dir = script
 	cmd.Env = append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_CHROMIUM="+chromiumPath, "KLOUD_MARKER="+marker,
 		"KLOUD_OPEN_URL="+fmt.Sprintf("%s/api/machines/%s/ports/8000/open", e.url(), web0.ID),
-		"KLOUD_APPS_IP="+e.h.HostAddr().String(), "KLOUD_USERS="+string(users))
+		"KLOUD_APPS_IP="+e.h.HostAddr().String(), "KLOUD_USERS="+string(users), "KLOUD_MACHINE_ID="+web0.ID, "KLOUD_OWNER=alice")
 	out, err := cmd.CombinedOutput()
 	t.Logf("ports.mjs:\n%s", out)
 	if err != nil {

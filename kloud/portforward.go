@@ -102,8 +102,13 @@ func newAppsHub(s *Server) (*appsHub, error) {
 			h.host, h.port = host, pu.Port()
 		}
 		h.host = strings.ToLower(strings.Trim(h.host, "."))
-		if h.host == "" || strings.ContainsAny(h.host, "/:@ ") || strings.EqualFold(h.host, pu.Hostname()) {
-			return nil, fmt.Errorf("kloud: apps host %q: want a host name other than the UI's (e.g. apps.example.com with a wildcard DNS record, or localhost)", s.opts.AppsHost)
+		if h.host == "" || strings.ContainsAny(h.host, "/:@ ") {
+			return nil, fmt.Errorf("kloud: apps host %q: want a host name (e.g. apps.example.com with a wildcard DNS record, or localhost)", s.opts.AppsHost)
+		}
+		if strings.EqualFold(h.host, pu.Hostname()) {
+			// Host-only cookies keep kloud's session from the apps, but an app could set cookies
+			// for the UI's domain: better another domain.
+			s.log.Warn("web apps are subdomains of kloud UI's host: pass --apps-host with a domain other than the UI's", "apps_host", h.host, "public_url", s.opts.PublicURL)
 		}
 	}
 	h.tr = &http.Transport{

@@ -5,7 +5,8 @@
 // origin showing KLOUD_MARKER ("ok"), or be refused without ever seeing it ("refused"). For an
 // "ok" user it also checks that the page's origin is not kloud's and that the app cannot read
 // kloud's session cookie (document.cookie). The app hosts (*.localhost) resolve to
-// KLOUD_APPS_IP (--host-resolver-rules). Prints one JSON line per step and a final {"ok": …};
+// KLOUD_APPS_IP (--host-resolver-rules). With KLOUD_MACHINE_ID, an "ok" user's machine page must
+// offer "Open in browser" and list the firewall, with the form to change it for KLOUD_OWNER only. Prints one JSON line per step and a final {"ok": …};
 // exit status 0 when every step passed. Run by e2e/ports_test.go.
 import { chromium } from 'playwright-core';
 
@@ -63,6 +64,15 @@ try {
         if (resp.status() < 400) throw new Error(`${u.name}: status ${resp.status()} at ${page.url()}`);
       }
     });
+    if (u.want === 'ok' && env.KLOUD_MACHINE_ID) {
+      await step(`${u.name}: the machine page offers the port and shows the firewall`, async () => {
+        await page.goto(base + `/#/machines/${env.KLOUD_MACHINE_ID}`);
+        await page.waitForSelector('#app-form', { timeout: 30000 });
+        await page.waitForSelector('#firewall table, #firewall p', { timeout: 30000 });
+        const mayChange = (await page.$('#fw-form')) !== null;
+        if (mayChange !== (u.name === env.KLOUD_OWNER)) throw new Error(`firewall form shown: ${mayChange}`);
+      });
+    }
     await context.close();
   }
 } finally {

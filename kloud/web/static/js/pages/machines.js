@@ -10,6 +10,7 @@ import { watchJob } from '../jobs.js';
 import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js';
 import { providers, can } from '../providers.js';
 import { snapshotsSection } from './snapshots.js';
+import { portsSection } from './ports.js';
 
 const running = (m) => m.state === 'Running';
 const canStart = (m) => m.state === 'Stopped';
@@ -220,7 +221,8 @@ export async function detail(ctx, el) {
       clear(extra,
         running(m) ? sessionsSection(ctx, m, grant) : null,
         ctx.features.has('machine.share') ? sharesSection(ctx, m, grant) : null,
-        ctx.features.has('machine.snapshot') && grant ? snapshotsSection(ctx, m, grant, jobs, refresh) : null); // snapshots.js
+        ctx.features.has('machine.snapshot') && grant ? snapshotsSection(ctx, m, grant, jobs, refresh) : null, // snapshots.js
+        portsSection(ctx, m, grant, caps)); // ports.js
     }
   };
   clear(el, jobs, box, extra);
