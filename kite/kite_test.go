@@ -621,8 +621,10 @@ func TestClientCallAcrossDrops(t *testing.T) {
 	defer hs.Close()
 	ck := newClientKite(t, "alice")
 	cl := ck.NewClient(kite.ClientOptions{
-		URL:        hs.URL + "/kite",
-		Auth:       func(context.Context) (kite.Auth, error) { return kite.Auth{Type: kite.AuthKiteKey, Key: "user:alice"}, nil },
+		URL: hs.URL + "/kite",
+		Auth: func(context.Context) (kite.Auth, error) {
+			return kite.Auth{Type: kite.AuthKiteKey, Key: "user:alice"}, nil
+		},
 		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
 	})
 	cl.Start()
