@@ -119,6 +119,9 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodStackDescribe, AnyUser, s.stackDescribe),
 		rpc(s, api.MethodStackList, AnyUser, s.stackList),
 		rpc(s, api.MethodStackReset, AdminOnly, s.stackReset),
+		// stacks_update.go: owner, team admins
+		rpc(s, api.MethodStackUpdate, AnyUser, s.stackUpdate),
+		rpc(s, api.MethodStackScale, AnyUser, s.stackScale),
 
 		// machines.go, shares.go
 		rpc(s, api.MethodMachineList, AnyUser, s.machineList), // owner, shared users, team admins
@@ -206,6 +209,10 @@ func (s *Server) jobKinds() map[string]jobKind {
 		jobStackApply: {
 			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackApply(ctx, j, false) },
 			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackApply(ctx, j, true) },
+		},
+		jobStackUpdate: { // stacks_update.go
+			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackUpdate(ctx, j, false) },
+			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackUpdate(ctx, j, true) },
 		},
 		"machine." + provider.MethodStart: power(provider.MethodStart),
 		"machine." + provider.MethodStop:  power(provider.MethodStop),

@@ -216,6 +216,9 @@ func (s *Server) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanP
 }
 
 func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
+	if p.StackID != "" {
+		return s.stackPlanUpdate(ctx, c, p) // stacks_update.go
+	}
 	t, files, err := s.templateFiles(ctx, c, p)
 	if err != nil {
 		return nil, err
@@ -870,8 +873,15 @@ func (s *Server) mintAgents(ctx context.Context, st *Stack, ms []Machine) (agent
 	for _, m := range ms {
 		ids[m.ID] = m.KiteID
 	}
+	sealed, err := s.sealAgents(out) // stacks_update.go: kept for stack.update
+	if err != nil {
+		return nil, err
+	}
 	if err := s.store.Persist(ctx, "record kite ids of stack "+st.ID, 0, func(ctx context.Context) error {
-		return s.store.Machines().SetKiteIDs(ctx, ids, Agent{Status: AgentNever})
+		if err := s.store.Machines().SetKiteIDs(ctx, ids, Agent{Status: AgentNever}); err != nil {
+			return err
+		}
+		return s.store.Machines().SetAgentSealed(ctx, sealed)
 	}); err != nil {
 		return nil, fmt.Errorf("record the machines' kite ids: %w", err)
 	}
@@ -1014,6 +1024,7 @@ func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err != nil {
 		return nil, err
 	}
+	s.fillLatestRev(ctx, []*Stack{st}) // stacks_update.go
 	return api.StackView{Stack: *st, MachineDocs: ms, Resets: st.Resets}, nil
 }
 
@@ -1033,6 +1044,7 @@ func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	if err != nil {
 		return nil, err
 	}
+	s.fillLatestRev(ctx, stackPtrs(sts)) // stacks_update.go
 	return api.StackListResult{Stacks: sts}, nil
 }
 

@@ -178,6 +178,16 @@ func (c *Client) StackApply(ctx context.Context, p StackApplyParams) (JobRef, er
 	return call[JobRef](ctx, c, MethodStackApply, p)
 }
 
+// StackUpdate updates a stack to a template revision (stackupdate.go); it returns the job.
+func (c *Client) StackUpdate(ctx context.Context, p StackUpdateParams) (JobRef, error) {
+	return call[JobRef](ctx, c, MethodStackUpdate, p)
+}
+
+// StackScale changes the count of a stack's machine resource and updates it; it returns the job.
+func (c *Client) StackScale(ctx context.Context, p StackScaleParams) (JobRef, error) {
+	return call[JobRef](ctx, c, MethodStackScale, p)
+}
+
 // StackDescribe returns a stack with its machines.
 func (c *Client) StackDescribe(ctx context.Context, p StackRef) (StackView, error) {
 	return call[StackView](ctx, c, MethodStackDescribe, p)

@@ -59,6 +59,10 @@ const (
 	MethodMachineRestore   = "machine.restore"
 	MethodSnapshotDelete   = "snapshot.delete"
 
+	// stackupdate.go (issue 13 §1)
+	MethodStackUpdate = "stack.update"
+	MethodStackScale  = "stack.scale"
+
 	MethodJobGet    = "job.get"
 	MethodJobWatch  = "job.watch"
 	MethodJobList   = "job.list"
@@ -98,6 +102,7 @@ func KloudMethods() []string {
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
 		MethodSnapshotDelete,
 		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackReset,
+		MethodStackScale, MethodStackUpdate,
 		MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
 		MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,
 		MethodTemplateUntrust, MethodTemplateUpdate,

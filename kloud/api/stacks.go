@@ -8,8 +8,12 @@ import (
 
 // StackPlanParams are the params of stack.plan and stack.create.
 type StackPlanParams struct {
-	TemplateID string `json:"templateId"`
+	TemplateID string `json:"templateId,omitempty"`
 	Rev        int    `json:"rev,omitempty"`
+	// StackID (stack.plan only) plans an update of that stack instead (stackupdate.go): to
+	// Rev or TemplateRevision of its template, default the latest.
+	StackID          string `json:"stackId,omitempty"`
+	TemplateRevision int    `json:"templateRevision,omitempty"` // = Rev (stack.update's name for it)
 	// Credentials maps a provider to the credential to use; default: the team's only one.
 	Credentials map[string]string `json:"credentials,omitempty"`
 	// Variables are values for the template's variables.
@@ -18,7 +22,12 @@ type StackPlanParams struct {
 }
 
 // Validate implements kite.Validator.
-func (p *StackPlanParams) Validate() error { return required("templateId", p.TemplateID) }
+func (p *StackPlanParams) Validate() error {
+	if p.StackID != "" {
+		return p.validateStack()
+	}
+	return required("templateId", p.TemplateID)
+}
 
 // PlannedMachine is a machine a template would create.
 type PlannedMachine struct {
@@ -34,6 +43,8 @@ type StackPlanResult struct {
 	Machines   []PlannedMachine `json:"machines"`
 	TemplateID string           `json:"templateId"`
 	Rev        int              `json:"rev"`
+	// Update is set when a stack was planned (StackPlanParams.StackID): what an update would do.
+	Update *StackUpdatePlan `json:"update,omitempty"`
 }
 
 // StackCreateResult is the result of stack.create.

@@ -167,9 +167,16 @@ type Stack struct {
 	// after a restart re-attaches to it.
 	TFJobID string `bson:"tfJobId,omitempty" json:"-"`
 	// Resets is the audit trail of administrators' stack.reset (stack.describe shows it).
-	Resets    []StackReset `bson:"resets,omitempty" json:"-"`
-	CreatedAt time.Time    `bson:"createdAt" json:"createdAt"`
-	UpdatedAt time.Time    `bson:"updatedAt" json:"updatedAt"`
+	Resets []StackReset `bson:"resets,omitempty" json:"-"`
+	// Diverged: the stack's files are no longer its template revision's (stack.scale changed
+	// them); stack.update to a revision replaces them with that revision's again.
+	Diverged bool `bson:"diverged,omitempty" json:"diverged,omitempty"`
+	// LatestRev and UpdateAvailable are computed by stack.describe and stack.list (never stored):
+	// the template's latest revision, and whether it is newer than the stack's TemplateRev.
+	LatestRev       int       `bson:"-" json:"latestRev,omitempty"`
+	UpdateAvailable bool      `bson:"-" json:"updateAvailable,omitempty"`
+	CreatedAt       time.Time `bson:"createdAt" json:"createdAt"`
+	UpdatedAt       time.Time `bson:"updatedAt" json:"updatedAt"`
 }
 
 // Agent connection states of a machine, shown apart from its infrastructure state.
@@ -217,6 +224,10 @@ type Machine struct {
 	Attributes map[string]any `bson:"attributes,omitempty" json:"attributes,omitempty"`
 	Meta       map[string]any `bson:"meta,omitempty" json:"meta,omitempty"`
 	Shares     []Share        `bson:"shares,omitempty" json:"shares,omitempty"`
-	CreatedAt  time.Time      `bson:"createdAt" json:"createdAt"`
-	UpdatedAt  time.Time      `bson:"updatedAt" json:"updatedAt"`
+	// AgentSealed is the machine's agent configuration (its kite key among it) as its user data
+	// was rendered, sealed by the store (AAD "machines/<id>/agent"). stack.update renders a
+	// machine that stays with it again, so its user data, and the machine, do not change.
+	AgentSealed []byte    `bson:"agentSealed,omitempty" json:"-"`
+	CreatedAt   time.Time `bson:"createdAt" json:"createdAt"`
+	UpdatedAt   time.Time `bson:"updatedAt" json:"updatedAt"`
 }

@@ -1,0 +1,1043 @@
+package kloud
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	tfjson "github.com/hashicorp/terraform-json"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/userdata"
+)
+
+// Stack update (issue 13 §1): stack.update applies another template revision (or the stack's
+// own scaled files, stack.scale in stacks_scale.go) to a built stack, as a durable job on the
+// stack's lease, like stack.apply. Start reading at runStackUpdate.
+//
+// The update plans the new files twice: once alone (as stack.create does: which machines the
+// files declare, by label), then, rendered with every machine's agent, against the stack's
+// Terraform state, which says per machine what Terraform would do (add, change in place,
+// replace, remove, nothing). A machine that stays is rendered with the agent configuration it
+// was built with (Machine.AgentSealed), so its user data, and with it the machine, its disk,
+// its agent and its terminal sessions, do not change. New and replaced machines get new agent
+// keys; the planner waits only for their agents. Removed machines' keys are revoked and their
+// records deleted once Terraform no longer has them.
+//
+// Durability: the stack is Building with the job's id while the job runs (the reconciler and
+// stack.reset treat it as they treat a build). The new files, revision and machine records are
+// written before Terraform runs; new and replaced machines are Building, removed ones
+// Terminating, so a job recovered after a restart (Terraform's run recorded as the stack's
+// TFJobID) knows whom to wait for and what to delete. A job that dies before its run was
+// recorded, or fails, leaves the stack Failed with the new files: `kloud stack update` again
+// converges it (or destroy).
+
+const jobStackUpdate = "stack.update"
+
+// updateParams are a stack.update job's parameters (job.describe shows them).
+type updateParams struct {
+	StackID   string
+	Lease     string
+	From      string // the stack's state before the job: it goes back to it if nothing changed
+	Rev       int
+	Diverged  bool
+	Files     []File
+	Variables map[string]string
+}
+
+// Map is p as a job document stores it (files and variables as JSON text: the store gives
+// nested documents back in its own types).
+func (p updateParams) Map() map[string]any {
+	files, _ := json.Marshal(p.Files)
+	vars, _ := json.Marshal(p.Variables)
+	return map[string]any{"stackId": p.StackID, "lease": p.Lease, "from": p.From, "rev": p.Rev, "diverged": p.Diverged,
+		"files": string(files), "variables": string(vars)}
+}
+
+func parseUpdateParams(m map[string]any) (updateParams, error) {
+	var p updateParams
+	var ok bool
+	if p.StackID, ok = m["stackId"].(string); !ok || p.StackID == "" {
+		return p, errors.New("stack.update job without a stackId")
+	}
+	if p.Lease, ok = m["lease"].(string); !ok || p.Lease == "" {
+		return p, fmt.Errorf("stack.update job of stack %s without a lease owner", p.StackID)
+	}
+	switch v := m["rev"].(type) {
+	case int:
+		p.Rev = v
+	case int32:
+		p.Rev = int(v)
+	case int64:
+		p.Rev = int(v)
+	case float64:
+		p.Rev = int(v)
+	default:
+		return p, fmt.Errorf("stack.update job of stack %s: rev is %T", p.StackID, m["rev"])
+	}
+	p.Diverged, _ = m["diverged"].(bool)
+	if p.From, _ = m["from"].(string); p.From != StackInitialized && p.From != StackFailed {
+		p.From = StackFailed
+	}
+	files, _ := m["files"].(string)
+	if err := json.Unmarshal([]byte(files), &p.Files); err != nil || len(p.Files) == 0 {
+		return p, fmt.Errorf("stack.update job of stack %s: no files (%v)", p.StackID, err)
+	}
+	if vars, _ := m["variables"].(string); vars != "" {
+		if err := json.Unmarshal([]byte(vars), &p.Variables); err != nil {
+			return p, fmt.Errorf("stack.update job of stack %s: variables: %w", p.StackID, err)
+		}
+	}
+	return p, nil
+}
+
+// ---- agents kept across updates
+
+func agentAAD(machineID string) []byte { return []byte("machines/" + machineID + "/agent") }
+
+// sealAgents seals each machine's agent configuration (mintAgents stores them with the kite ids).
+func (s *Server) sealAgents(cfgs agentConfigs) (map[string][]byte, error) {
+	out := make(map[string][]byte, len(cfgs))
+	for id, c := range cfgs {
+		c.UserData, c.Hostname = "", "" // the template's and the label's, filled at each render
+		b, err := json.Marshal(c)
+		if err != nil {
+			return nil, fmt.Errorf("machine %s: agent configuration: %w", id, err)
+		}
+		if out[id], err = s.store.Seal(b, agentAAD(id)); err != nil {
+			return nil, fmt.Errorf("machine %s: seal agent configuration: %w", id, err)
+		}
+	}
+	return out, nil
+}
+
+// openAgent returns the agent configuration m was last built with, if kloud kept it.
+func (s *Server) openAgent(m *Machine) (userdata.Config, bool) {
+	var c userdata.Config
+	if len(m.AgentSealed) == 0 || m.KiteID == "" {
+		return c, false
+	}
+	b, err := s.store.Open(m.AgentSealed, agentAAD(m.ID))
+	if err != nil {
+		s.log.Warn("open a machine's agent configuration (it gets a new agent key)", "machine", m.ID, "err", err)
+		return c, false
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, false
+	}
+	return c, true
+}
+
+// placeholderKey stands for an agent key in a preview's rendering (stack.plan of a stack): it
+// has a kite key's shape and opens nothing. Terraform plans with it and applies nothing.
+const placeholderKey = "eyJhbGciOiJub25lIn0.eyJwbGFjZWhvbGRlciI6dHJ1ZX0.cGxhbg"
+
+func (s *Server) placeholderAgent(st *Stack, m *Machine) userdata.Config {
+	url := s.opts.PublicURL
+	if p, err := s.providers.Lookup(m.Provider); err == nil {
+		url = s.kloudURLFor(p)
+	}
+	sum := s.klientSum
+	if sum == "" {
+		sum = strings.Repeat("0", 64)
+	}
+	return userdata.Config{Username: st.Owner, KiteKey: placeholderKey, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: sum}
+}
+
+// ---- latest revision (stack.describe, stack.list)
+
+func stackPtrs(sts []Stack) []*Stack {
+	out := make([]*Stack, len(sts))
+	for i := range sts {
+		out[i] = &sts[i]
+	}
+	return out
+}
+
+// fillLatestRev sets LatestRev and UpdateAvailable of each stack from its template. A template
+// that is gone (or unreadable) leaves them unset.
+func (s *Server) fillLatestRev(ctx context.Context, sts []*Stack) {
+	revs := map[string]int{}
+	for _, st := range sts {
+		rev, ok := revs[st.TemplateID]
+		if !ok {
+			if t, err := s.store.Templates().Get(ctx, st.TemplateID); err == nil {
+				rev = t.Rev
+			}
+			revs[st.TemplateID] = rev
+		}
+		st.LatestRev = rev
+		st.UpdateAvailable = rev > st.TemplateRev && st.State != StackNotInitialized
+	}
+}
+
+// ---- RPCs
+
+// updateTarget returns the files of revision rev (0: the latest) of st's template.
+func (s *Server) updateTarget(ctx context.Context, c *Caller, st *Stack, rev int) ([]File, int, error) {
+	t, files, err := s.templateFiles(ctx, c, &api.StackPlanParams{TemplateID: st.TemplateID, Rev: rev})
+	if errors.Is(err, kite.ErrNotFound) && rev == 0 {
+		return nil, 0, fmt.Errorf("stack %s: its template %s is gone (or not yours to read): nothing to update to: %w", st.ID, st.TemplateID, kite.ErrNotFound)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return files, t.Rev, nil
+}
+
+func (s *Server) stackUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackUpdateParams) (any, error) {
+	st, err := s.loadStack(ctx, c, p.StackID)
+	if err != nil {
+		return nil, err
+	}
+	files, rev, err := s.updateTarget(ctx, c, st, p.TemplateRevision)
+	if err != nil {
+		return nil, err
+	}
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: files, Variables: st.Variables})
+}
+
+// startUpdate takes the stack's lease, moves it to Building with the new job's id and starts
+// the job (the same steps, and the same roll back, as stack.apply).
+func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updateParams) (any, error) {
+	if st.State == StackNotInitialized {
+		return nil, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
+	}
+	up.Lease = "update-" + store.NewID()
+	lease, err := s.store.AcquireLease(ctx, "stack/"+st.ID, up.Lease, stackLeaseTTL)
+	if err != nil {
+		return nil, fmt.Errorf("stack %s is busy: %w", st.ID, err)
+	}
+	release := func() {
+		if err := s.store.Persist(ctx, "release lease of stack "+st.ID, 30*time.Second, lease.Release); err != nil {
+			s.log.Warn("release stack lease (it lapses by itself)", "stack", st.ID, "err", err)
+		}
+	}
+	cur, err := s.reconcileForApply(ctx, st, up.Lease)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	st = cur
+	up.From = st.State
+	from := []string{StackInitialized, StackFailed}
+	id := store.NewID()
+	ok, err := s.store.Stacks().Transition(ctx, st.ID, from, store.StackSet{State: new(StackBuilding), Reason: new(""), JobID: new(id), TFJobID: new("")})
+	if err != nil || !ok {
+		release()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("stack %s is %s; it can be updated only from %s: %w", st.ID, st.State, strings.Join(from, ", "), kite.ErrState)
+	}
+	if _, err := s.startJobID(ctx, id, jobStackUpdate, "stack/"+st.ID, c.Username, up.Map()); err != nil {
+		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the update job: %v", err))}
+		if st.JobID != "" {
+			back.JobID = new(st.JobID)
+		}
+		if rerr := s.store.Persist(ctx, "roll back stack "+st.ID, 0, func(ctx context.Context) error {
+			_, err := s.store.Stacks().TransitionOfJob(ctx, st.ID, []string{StackBuilding}, id, back)
+			return err
+		}); rerr != nil {
+			s.log.Error("roll back stack after a job that did not start (the reconciler will)", "stack", st.ID, "err", rerr)
+		}
+		release()
+		return nil, err
+	}
+	return api.JobRef{JobID: id}, nil
+}
+
+// stackPlanUpdate is stack.plan of a stack: what stack.update to the revision would do, per
+// machine. It changes nothing but Terraform's stored copy of the stack's files (the plan runs
+// in the stack's own Terraform directory, against its state), holding the stack's lease.
+func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPlanParams) (any, error) {
+	st, err := s.loadStack(ctx, c, p.StackID)
+	if err != nil {
+		return nil, err
+	}
+	if st.State != StackInitialized && st.State != StackFailed {
+		return nil, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
+	}
+	files, rev, err := s.updateTarget(ctx, c, st, p.Rev)
+	if err != nil {
+		return nil, err
+	}
+	owner := "plan-" + store.NewID()
+	lease, err := s.store.AcquireLease(ctx, "stack/"+st.ID, owner, stackLeaseTTL)
+	if err != nil {
+		return nil, fmt.Errorf("stack %s is busy (a job is changing it; plan when it is done): %w", st.ID, err)
+	}
+	defer func() {
+		if err := s.store.Persist(ctx, "release lease of stack "+st.ID, 30*time.Second, lease.Release); err != nil {
+			s.log.Warn("release stack lease (it lapses by itself)", "stack", st.ID, "err", err)
+		}
+	}()
+	planned, err := s.planFiles(ctx, c, st, files, st.Variables, nil)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return nil, err
+	}
+	mt, err := matchMachines(st, planned, ms)
+	if err != nil {
+		return nil, err
+	}
+	agents := agentConfigs{}
+	for _, m := range mt.kept {
+		if cfg, ok := s.openAgent(m); ok {
+			agents[m.ID] = cfg
+		} else {
+			agents[m.ID] = s.placeholderAgent(st, m)
+		}
+	}
+	for i := range mt.added {
+		agents[mt.added[i].ID] = s.placeholderAgent(st, &mt.added[i])
+	}
+	tpl, err := s.renderFor(ctx, c, st, files, st.Variables, mt.specs, agents)
+	if err != nil {
+		return nil, err
+	}
+	before := s.stackState(ctx, st.ID)
+	changes, err := s.planStack(ctx, nil, st, tpl)
+	if err != nil {
+		return nil, err
+	}
+	up := s.diffMachines(st, planned, ms, changes, before)
+	up.FromRev, up.ToRev, up.Diverged = st.TemplateRev, rev, st.Diverged
+	for i := range planned {
+		planned[i].Attributes = visibleAttrs(planned[i].Attributes)
+	}
+	return api.StackPlanResult{Machines: planned, TemplateID: st.TemplateID, Rev: rev, Update: &up}, nil
+}
+
+// ---- the job
+
+func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool) (res map[string]any, err error) {
+	p, err := parseUpdateParams(j.Params)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("internal error: %v", r)
+		}
+		if err != nil {
+			var un untouched
+			if errors.As(err, &un) {
+				s.restoreStack(ctx, j, p, err)
+			}
+			s.exitStack(ctx, j, p.StackID, StackBuilding, err)
+		}
+	}()
+	if recovering {
+		if j.CancelRequested {
+			return nil, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
+		}
+		if err := s.retakeLease(ctx, "stack/"+p.StackID, p.Lease); err != nil {
+			return nil, fmt.Errorf("stack %s: %w", p.StackID, err)
+		}
+		j.Logf(ctx, "kloud restarted during this job; resuming")
+	}
+	defer s.keepLease(context.Background(), "stack/"+p.StackID, p.Lease)()
+	st, err := s.loadStack(ctx, nil, p.StackID)
+	if err != nil {
+		return nil, err
+	}
+	if st.State != StackBuilding || st.JobID != j.ID {
+		return nil, fmt.Errorf("stack %s is %s (job %q): %w", st.ID, st.State, st.JobID, errNotThisJobs)
+	}
+	c, err := s.callerByName(ctx, j.Owner, false)
+	if err != nil {
+		return nil, err
+	}
+	tf, err := s.terraformer()
+	if err != nil {
+		return nil, err
+	}
+	tfJob := st.TFJobID
+	if recovering && tfJob == "" {
+		// The new files and records may be written, Terraform may or may not have started:
+		// nothing to re-attach to. Failed; an update again plans from what is there.
+		return nil, fmt.Errorf("kloud restarted before the update's terraform run was recorded: run `kloud stack update %s` again", st.ID)
+	}
+	if !recovering {
+		if tfJob, err = s.prepareUpdate(ctx, j, c, st, p); err != nil {
+			return nil, err
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
+	}
+	said := map[string]string{}
+	job, err := tf.Wait(ctx, tfJob, func(ev tfrun.Event) {
+		if ev.Type == tfrun.EventProgress && ev.Resource != nil {
+			j.EnterAt(ctx, stackbuild.BuildResources, ev.Percent)
+			if msg := ev.Resource.Message; msg != "" && said[ev.Resource.Address] != msg {
+				said[ev.Resource.Address] = msg
+				j.Logf(ctx, "%s", msg)
+			}
+		}
+		if ev.Type == tfrun.EventDiagnostic && ev.Diagnostic != nil {
+			j.Logf(ctx, "terraform: %s", ev.Diagnostic.String())
+		}
+	})
+	if err != nil {
+		return nil, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", err))
+	}
+	if err := job.Err(); err != nil {
+		return nil, s.failUpdate(ctx, st, job.Result, tfJob, fmt.Errorf("terraform apply: %w", err))
+	}
+	return s.finishUpdate(ctx, j, c, st, job.Result)
+}
+
+// planFiles plans files alone (no state) and returns the machines they declare.
+func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
+	b, err := s.build(ctx, c, st.Team, fileMap(files), st.Credentials, vars)
+	if err != nil {
+		return nil, err
+	}
+	planned, err := s.plan(ctx, "update-"+st.ID, b, logf)
+	if err != nil {
+		return nil, err
+	}
+	if len(planned) == 0 {
+		return nil, fmt.Errorf("the new files declare no machines (resources of: %s): destroy the stack instead: %w", strings.Join(s.resourceTypes(), ", "), kite.ErrInvalidParams)
+	}
+	return planned, nil
+}
+
+// matched is the stack's machines matched with the planned ones by label.
+type matched struct {
+	kept    []*Machine // existing machines the new files still declare
+	added   []Machine  // new records (not stored yet)
+	removed []Machine  // existing machines the new files no longer declare
+	specs   []*provider.MachineSpec
+}
+
+func matchMachines(st *Stack, planned []api.PlannedMachine, ms []Machine) (*matched, error) {
+	byLabel := map[string]*Machine{}
+	for i := range ms {
+		byLabel[ms[i].Label] = &ms[i]
+		if ms[i].State.InProgress() {
+			return nil, fmt.Errorf("machine %s is %s (a job is changing it); update when it is done: %w", ms[i].Label, ms[i].State, kite.ErrState)
+		}
+	}
+	out := &matched{}
+	seen := map[string]bool{}
+	for _, pm := range planned {
+		seen[pm.Label] = true
+		m, ok := byLabel[pm.Label]
+		if ok && (m.Provider != pm.Provider || m.Resource != pm.Resource) {
+			return nil, fmt.Errorf("machine %s would change from provider %s to %s: kloud cannot update that in place; destroy the stack and create it from the new revision: %w", pm.Label, m.Provider, pm.Provider, kite.ErrInvalidParams)
+		}
+		if !ok {
+			now := time.Now().UTC()
+			out.added = append(out.added, Machine{ID: store.NewID(), StackID: st.ID, Label: pm.Label, Resource: pm.Resource, Index: pm.Index, Provider: pm.Provider,
+				Owner: st.Owner, Team: st.Team, State: provider.Building, Agent: Agent{Status: AgentNever}, Attributes: visibleAttrs(pm.Attributes), CreatedAt: now, UpdatedAt: now})
+			m = &out.added[len(out.added)-1]
+		} else {
+			out.kept = append(out.kept, m)
+		}
+		spec := machineSpec(m)
+		spec.Attributes = pm.Attributes // as planned for the new files (the user script among them)
+		out.specs = append(out.specs, spec)
+	}
+	for _, m := range ms {
+		if !seen[m.Label] {
+			out.removed = append(out.removed, m)
+		}
+	}
+	return out, nil
+}
+
+// renderFor builds files again (a provider's rewrite changes the parsed template, so each
+// rendering starts from a fresh build) and lets every provider render the agents of specs.
+func (s *Server) renderFor(ctx context.Context, c *Caller, st *Stack, files []File, vars map[string]string, specs []*provider.MachineSpec, agents agentConfigs) (*provider.Template, error) {
+	b, err := s.build(ctx, c, st.Team, fileMap(files), st.Credentials, vars)
+	if err != nil {
+		return nil, err
+	}
+	tpl := &provider.Template{Files: b.files, Variables: b.variables, Config: b.cfg}
+	for _, name := range slices.Sorted(maps.Keys(b.providers)) {
+		p, _ := s.providers.Lookup(name)
+		bs := &provider.BaseStack{Provider: p, StackID: st.ID, Team: st.Team, Owner: st.Owner, Template: tpl, Log: s.log.With("stack", st.ID, "provider", name),
+			AgentConfig: agents.config}
+		for _, sp := range specs {
+			if sp.Provider == name {
+				bs.Machines = append(bs.Machines, sp)
+			}
+		}
+		stack, err := p.Stack(bs)
+		if err != nil {
+			return nil, fmt.Errorf("provider %s: %w", name, err)
+		}
+		if tpl, err = stack.ApplyTemplate(ctx, b.creds[name]); err != nil {
+			return nil, fmt.Errorf("provider %s: %w", name, err)
+		}
+	}
+	return tpl, nil
+}
+
+// planStack plans tpl in the stack's own Terraform directory, against its state, and returns
+// Terraform's changes.
+func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provider.Template) ([]tfrun.ResourceChange, error) {
+	tf, err := s.terraformer()
+	if err != nil {
+		return nil, err
+	}
+	submit := func() (string, error) {
+		return tf.Plan(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables})
+	}
+	var id string
+	if j != nil {
+		id, err = submitTF(ctx, j, submit)
+	} else {
+		id, err = submit()
+	}
+	if errors.Is(err, kite.ErrConflict) {
+		return nil, fmt.Errorf("terraform is busy with stack %s: plan again when its run is done: %w", st.ID, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("terraform plan: %w", err)
+	}
+	job, err := tf.Wait(ctx, id, nil)
+	if job != nil && job.Err() != nil {
+		return nil, fmt.Errorf("terraform plan: %s: %w", job.Err().Error(), kite.ErrInvalidParams)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("terraform plan: %w", err)
+	}
+	if job.Result == nil {
+		return nil, nil
+	}
+	return job.Result.Changes, nil
+}
+
+// stackState is the stack's Terraform state, nil if there is none (or it cannot be read).
+func (s *Server) stackState(ctx context.Context, stackID string) *tfjson.State {
+	tf, err := s.terraformer()
+	if err != nil {
+		return nil
+	}
+	st, err := tf.State(ctx, "stack-"+stackID)
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+// prepareUpdate plans the update, writes the new files and machine records, mints the keys of
+// new and replaced machines, and submits terraform apply. It returns terraform's run.
+func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Stack, p updateParams) (string, error) {
+	fail := func(err error) (string, error) { return "", err }
+	failClean := func(err error) (string, error) { return "", untouched{err} } // nothing written yet
+	j.Enter(ctx, stackbuild.BuildChecking)
+	j.Logf(ctx, "updating stack %s from revision %d to %d", st.ID, st.TemplateRev, p.Rev)
+	planned, err := s.planFiles(ctx, c, st, p.Files, p.Variables, nil)
+	if err != nil {
+		return failClean(err)
+	}
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return failClean(err)
+	}
+	mt, err := matchMachines(st, planned, ms)
+	if err != nil {
+		return failClean(err)
+	}
+	j.Enter(ctx, stackbuild.BuildCredentials)
+	// The records first (new machines Building), then the stack's new content naming them all:
+	// a stack never points at machines that do not exist.
+	if len(mt.added) > 0 {
+		if err := s.store.Persist(ctx, "insert machines of stack "+st.ID, 0, func(ctx context.Context) error {
+			return s.store.Machines().InsertMany(ctx, mt.added)
+		}); err != nil {
+			return fail(fmt.Errorf("save new machines: %w", err))
+		}
+	}
+	all := make([]string, 0, len(ms)+len(mt.added))
+	for _, m := range ms {
+		all = append(all, m.ID)
+	}
+	for _, m := range mt.added {
+		all = append(all, m.ID)
+	}
+	if err := s.setContent(ctx, st.ID, j.ID, store.StackContent{Files: p.Files, Rev: p.Rev, Diverged: p.Diverged, Variables: p.Variables, Machines: all}); err != nil {
+		return fail(err)
+	}
+	j.Enter(ctx, stackbuild.BuildUserData)
+	agents := agentConfigs{}
+	var mint []Machine
+	for _, m := range mt.kept {
+		if cfg, ok := s.openAgent(m); ok {
+			agents[m.ID] = cfg
+		} else {
+			mint = append(mint, *m)
+		}
+	}
+	mint = append(mint, mt.added...)
+	if err := s.mintInto(ctx, st, mint, agents, mt.specs); err != nil {
+		return fail(err)
+	}
+	tpl, err := s.renderFor(ctx, c, st, p.Files, p.Variables, mt.specs, agents)
+	if err != nil {
+		return fail(err)
+	}
+	before := s.stackState(ctx, st.ID)
+	changes, err := s.planStack(ctx, j, st, tpl)
+	if err != nil {
+		return fail(err)
+	}
+	up := s.diffMachines(st, planned, ms, changes, before)
+	for _, mc := range up.Machines {
+		j.Logf(ctx, "%s", describeChange(mc))
+	}
+	// Machines Terraform creates again get new keys: the planner must meet their new agents,
+	// not the old ones going away. Those kloud had no agent configuration of got new keys
+	// above, so their user data changes: they boot new agents too. The planner waits for all
+	// of them (Building); their old keys are revoked.
+	fresh := map[string]bool{}
+	for _, m := range mint {
+		fresh[m.ID] = true
+	}
+	var again, await []Machine
+	for _, m := range mt.kept {
+		i := slices.IndexFunc(up.Machines, func(mc api.MachineChange) bool { return mc.MachineID == m.ID })
+		replaced := i >= 0 && up.Machines[i].Action == api.UpdateReplace
+		if replaced && !fresh[m.ID] {
+			again = append(again, *m)
+		}
+		if replaced || fresh[m.ID] {
+			await = append(await, *m)
+		}
+	}
+	if len(again) > 0 {
+		if err := s.mintInto(ctx, st, again, agents, mt.specs); err != nil {
+			return fail(err)
+		}
+		if tpl, err = s.renderFor(ctx, c, st, p.Files, p.Variables, mt.specs, agents); err != nil {
+			return fail(err)
+		}
+	}
+	for _, m := range await {
+		if m.KiteID != "" { // the key it had before this update
+			if err := s.Kontrol.Revoke(context.WithoutCancel(ctx), m.KiteID, "machine replaced by an update of stack "+st.ID); err != nil {
+				s.log.Warn("revoke a replaced machine's key", "kite", m.KiteID, "err", err)
+			}
+		}
+		if !s.setMachine(ctx, m.ID, settledStates(), store.MachineSet{State: new(string(provider.Building)), Reason: new("")}) {
+			return fail(fmt.Errorf("machine %s changed state meanwhile; update again", m.Label))
+		}
+	}
+	for _, m := range mt.removed {
+		if !s.setMachine(ctx, m.ID, settledStates(), store.MachineSet{State: new(string(provider.Terminating)), Reason: new("")}) {
+			return fail(fmt.Errorf("machine %s changed state meanwhile; update again", m.Label))
+		}
+	}
+	j.Enter(ctx, stackbuild.BuildResources)
+	tf, err := s.terraformer()
+	if err != nil {
+		return fail(err)
+	}
+	tfJob, err := submitTF(ctx, j, func() (string, error) {
+		return tf.Apply(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.ID})
+	})
+	if err != nil {
+		return fail(fmt.Errorf("terraform apply: %w", err))
+	}
+	s.setStack(ctx, st.ID, store.StackSet{TFJobID: new(tfJob)})
+	return tfJob, nil
+}
+
+// untouched is an update's error before it changed anything: the stack goes back to the state
+// it had (restoreStack) instead of Failed.
+type untouched struct{ error }
+
+func (u untouched) Unwrap() error { return u.error }
+
+func (s *Server) restoreStack(ctx context.Context, j *jobCtx, p updateParams, err error) {
+	reason := fmt.Sprintf("update to revision %d failed before it changed anything: %v", p.Rev, err)
+	if perr := s.store.Persist(ctx, "restore stack "+p.StackID, 0, func(ctx context.Context) error {
+		_, err := s.store.Stacks().TransitionOfJob(ctx, p.StackID, []string{StackBuilding}, j.ID, store.StackSet{State: new(p.From), Reason: new(reason)})
+		return err
+	}); perr != nil {
+		s.log.Error("restore stack after a failed update (the reconciler will move it)", "stack", p.StackID, "err", perr)
+	}
+}
+
+// mintInto mints new agent keys for ms (recording their kite ids and configurations), puts
+// their configurations into agents and their kite ids into specs.
+func (s *Server) mintInto(ctx context.Context, st *Stack, ms []Machine, agents agentConfigs, specs []*provider.MachineSpec) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	cfgs, err := s.mintAgents(ctx, st, ms)
+	if err != nil {
+		return err
+	}
+	for i := range ms {
+		agents[ms[i].ID] = cfgs[ms[i].ID]
+		for _, sp := range specs {
+			if sp.ID == ms[i].ID {
+				sp.KiteID = ms[i].KiteID
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Server) setContent(ctx context.Context, stackID, jobID string, c store.StackContent) error {
+	var ok bool
+	err := s.store.Persist(ctx, "update content of stack "+stackID, 0, func(ctx context.Context) error {
+		var err error
+		ok, err = s.store.Stacks().SetContent(ctx, stackID, jobID, c)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record the stack's new files: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("stack %s: %w", stackID, errNotThisJobs)
+	}
+	return nil
+}
+
+// finishUpdate is the end of a successful terraform apply: removed machines' records go, the
+// planner waits for the agents of new and replaced machines (Building), every machine's
+// attributes are taken from the state, and the stack is Initialized.
+func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Stack, res *tfrun.Result) (map[string]any, error) {
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return nil, s.failUpdate(ctx, st, res, "", fmt.Errorf("load machines: %w", err))
+	}
+	s.dropRemoved(ctx, st, ms, res)
+	var wait, others []Machine
+	for _, m := range ms {
+		switch m.State {
+		case provider.Building:
+			wait = append(wait, m)
+		case provider.Terminating:
+		default:
+			others = append(others, m)
+		}
+	}
+	j.Enter(ctx, stackbuild.BuildAgents)
+	results := s.waitAgents(ctx, j, st, wait, res)
+	if ctx.Err() != nil {
+		return nil, s.failUpdate(ctx, st, res, "", fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
+	}
+	j.Enter(ctx, stackbuild.BuildSettings)
+	var failed []string
+	for i, m := range wait {
+		r := results[i]
+		set := store.MachineSet{Attributes: m.Attributes, Reason: new("")}
+		if ip := ipOf(m.Attributes); ip != "" {
+			set.IPAddress = new(ip)
+		}
+		state := provider.Running
+		if !r.OK {
+			failed = append(failed, r.Err.Error())
+			set.Reason = new(fmt.Sprintf("%s failed: %s", r.Step, r.Err.Error()))
+			state = provider.Unknown
+		} else {
+			version := ""
+			if r.Info != nil {
+				version = r.Info.Version
+			}
+			s.setAgent(ctx, m.KiteID, AgentConnected, version)
+		}
+		set.State = new(string(state))
+		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, set)
+	}
+	for _, m := range others {
+		attrs := resourceValues(res, &m)
+		if len(attrs) == 0 {
+			continue
+		}
+		set := store.MachineSet{Attributes: attrs}
+		if ip := ipOf(attrs); ip != "" {
+			set.IPAddress = new(ip)
+		}
+		s.setMachine(ctx, m.ID, nil, set)
+	}
+	if err := s.recordMachineList(ctx, j, st.ID); err != nil {
+		return nil, err
+	}
+	if len(failed) > 0 {
+		reason := fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait))
+		s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new(reason)})
+		return map[string]any{"stackId": st.ID}, fmt.Errorf("%s:\n%s", reason, strings.Join(failed, "\n"))
+	}
+	s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new("")})
+	j.Enter(ctx, stackbuild.BuildDone)
+	return map[string]any{"stackId": st.ID, "machines": len(wait) + len(others), "awaited": len(wait)}, nil
+}
+
+// recordMachineList writes the stack's machine list as the records are now.
+func (s *Server) recordMachineList(ctx context.Context, j *jobCtx, stackID string) error {
+	cur, err := s.loadStack(ctx, nil, stackID)
+	if err != nil {
+		return err
+	}
+	ms, err := s.stackMachinesRetry(ctx, stackID)
+	if err != nil {
+		return err
+	}
+	ids := make([]string, len(ms))
+	for i, m := range ms {
+		ids[i] = m.ID
+	}
+	return s.setContent(ctx, stackID, j.ID, store.StackContent{Files: cur.Files, Rev: cur.TemplateRev, Diverged: cur.Diverged, Variables: cur.Variables, Machines: ids})
+}
+
+// dropRemoved deletes the records (and revokes the keys) of removed machines (Terminating)
+// that res, terraform's state after the apply, no longer has. With no state known it does
+// nothing: the records stay, and exitStack makes them Unknown.
+func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *tfrun.Result) {
+	if res == nil {
+		return
+	}
+	var ids []string
+	for _, m := range ms {
+		if m.State != provider.Terminating || inState(res, &m) {
+			continue
+		}
+		if m.KiteID != "" {
+			if err := s.Kontrol.Revoke(context.WithoutCancel(ctx), m.KiteID, "machine removed by an update of stack "+st.ID); err != nil {
+				s.log.Warn("revoke a removed machine's key", "machine", m.ID, "err", err)
+			}
+		}
+		ids = append(ids, m.ID)
+	}
+	if err := s.store.Persist(ctx, "delete removed machines of stack "+st.ID, 0, func(ctx context.Context) error {
+		return s.store.Machines().DeleteOfStack(ctx, st.ID, ids)
+	}); err != nil {
+		s.log.Error("delete removed machines", "stack", st.ID, "err", err)
+	}
+}
+
+// failUpdate stops terraform's run if the job was cancelled, drops the removed machines
+// terraform did remove, and returns reason; exitStack then moves the stack to Failed and the
+// machines still Building or Terminating to Unknown.
+func (s *Server) failUpdate(ctx context.Context, st *Stack, res *tfrun.Result, tfJob string, reason error) error {
+	if ctx.Err() != nil {
+		reason = fmt.Errorf("update cancelled: %w", reason)
+	}
+	s.stopTF(ctx, tfJob)
+	if ms, err := s.stackMachinesRetry(ctx, st.ID); err == nil {
+		s.dropRemoved(ctx, st, ms, res)
+	}
+	return reason
+}
+
+// inState reports whether terraform's state res has m's resource instance.
+func inState(res *tfrun.Result, m *Machine) bool {
+	for _, r := range res.Resources {
+		if r.Mode != "managed" || r.Name != m.Resource || r.Module != "" {
+			continue
+		}
+		i, has := index(r.Index)
+		if (m.Index == nil && !has) || (m.Index != nil && has && *m.Index == i) {
+			return true
+		}
+	}
+	return false
+}
+
+// ---- the diff
+
+// hiddenAttr: attributes that hold an agent's key (user data, the dummy's input and output,
+// the docker provider's seed upload) are never shown, only named.
+func hiddenAttr(k string) bool {
+	return strings.Contains(k, "user_data") || k == "input" || k == "output" || k == "upload"
+}
+
+func visibleAttrs(a map[string]any) map[string]any {
+	if a == nil {
+		return nil
+	}
+	out := make(map[string]any, len(a))
+	for k, v := range a {
+		if !hiddenAttr(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// changeLabel is the machine label of a planned change ("" if it is not a machine's).
+func (s *Server) changeLabel(ch tfrun.ResourceChange) string {
+	p := s.providers.ByResourceType(ch.Type)
+	if ch.Mode != "managed" || p == nil || strings.HasPrefix(ch.Name, "kloud_") || ch.Module != "" {
+		return ""
+	}
+	if i, ok := index(ch.Index); ok {
+		return ch.Name + "." + strconv.Itoa(i)
+	}
+	return ch.Name
+}
+
+// diffMachines says per machine what the update does: planned are the machines of the new
+// files, ms the stack's records, changes Terraform's plan against the stack's state (before).
+func (s *Server) diffMachines(st *Stack, planned []api.PlannedMachine, ms []Machine, changes []tfrun.ResourceChange, before *tfjson.State) api.StackUpdatePlan {
+	byLabel := map[string]tfrun.ResourceChange{}
+	for _, ch := range changes {
+		if l := s.changeLabel(ch); l != "" {
+			byLabel[l] = ch
+		}
+	}
+	recs := map[string]*Machine{}
+	for i := range ms {
+		recs[ms[i].Label] = &ms[i]
+	}
+	up := api.StackUpdatePlan{StackID: st.ID, Summary: map[string]int{}}
+	seen := map[string]bool{}
+	for _, pm := range planned {
+		seen[pm.Label] = true
+		mc := api.MachineChange{Label: pm.Label, Provider: pm.Provider, Resource: pm.Resource}
+		rec := recs[pm.Label]
+		ch, has := byLabel[pm.Label]
+		switch {
+		case rec == nil:
+			mc.Action, mc.Attributes = api.UpdateAdd, visibleAttrs(pm.Attributes)
+		case !has:
+			mc.Action, mc.MachineID = api.UpdateKeep, rec.ID
+		default:
+			mc.MachineID = rec.ID
+			acts := ch.Actions
+			switch {
+			case slices.Contains(acts, "create"): // replace, or created again (gone from the state)
+				mc.Action = api.UpdateReplace
+			case slices.Contains(acts, "update"):
+				mc.Action = api.UpdateChange
+			case slices.Contains(acts, "delete"):
+				mc.Action = api.UpdateRemove
+			default:
+				mc.Action = api.UpdateKeep
+			}
+			if mc.Action == api.UpdateReplace || mc.Action == api.UpdateChange {
+				mc.Changes = attrChanges(stateValues(before, ch.Address), ch, mc.Action == api.UpdateChange)
+			}
+		}
+		up.Machines = append(up.Machines, mc)
+	}
+	for _, m := range ms {
+		if !seen[m.Label] {
+			up.Machines = append(up.Machines, api.MachineChange{Label: m.Label, Provider: m.Provider, Resource: m.Resource, MachineID: m.ID, Action: api.UpdateRemove})
+		}
+	}
+	sort.Slice(up.Machines, func(i, j int) bool { return up.Machines[i].Label < up.Machines[j].Label })
+	for _, mc := range up.Machines {
+		up.Summary[mc.Action]++
+	}
+	return up
+}
+
+// stateValues are the values of resource instance addr in state (nil if it has none).
+func stateValues(state *tfjson.State, addr string) map[string]any {
+	if state == nil || state.Values == nil || state.Values.RootModule == nil {
+		return nil
+	}
+	for _, r := range state.Values.RootModule.Resources {
+		if r.Address == addr {
+			return r.AttributeValues
+		}
+	}
+	return nil
+}
+
+// attrChanges lists the attributes that differ between before (the state) and the planned
+// change's after. Values known only after apply are listed for in-place changes only (a
+// replacement makes every computed attribute unknown). A change of hidden attributes is named.
+func attrChanges(before map[string]any, ch tfrun.ResourceChange, unknowns bool) []api.AttrChange {
+	after, _ := ch.After.(map[string]any)
+	unknown, _ := ch.AfterUnknown.(map[string]any)
+	keys := map[string]bool{}
+	for k := range after {
+		keys[k] = true
+	}
+	for k := range unknown {
+		keys[k] = true
+	}
+	var out []api.AttrChange
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if u, _ := unknown[k].(bool); u {
+			if unknowns && !hiddenAttr(k) {
+				out = append(out, api.AttrChange{Name: k, Before: before[k], Unknown: true})
+			}
+			continue
+		}
+		if sameValue(before[k], after[k]) {
+			continue
+		}
+		if hiddenAttr(k) {
+			out = append(out, api.AttrChange{Name: k, Hidden: true})
+			continue
+		}
+		out = append(out, api.AttrChange{Name: k, Before: before[k], After: after[k]})
+	}
+	return out
+}
+
+// sameValue compares two JSON values (nil and a missing value are the same).
+func sameValue(a, b any) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	if err1 != nil || err2 != nil {
+		return reflect.DeepEqual(a, b)
+	}
+	return string(ja) == string(jb)
+}
+
+// describeChange is one line of the job's log (and the CLI's) for a machine's change.
+func describeChange(mc api.MachineChange) string {
+	var parts []string
+	for _, c := range mc.Changes {
+		switch {
+		case c.Hidden:
+			parts = append(parts, c.Name+" (hidden)")
+		case c.Unknown:
+			parts = append(parts, fmt.Sprintf("%s: %v → (known after apply)", c.Name, show(c.Before)))
+		default:
+			parts = append(parts, fmt.Sprintf("%s: %v → %v", c.Name, show(c.Before), show(c.After)))
+		}
+	}
+	line := mc.Label + ": " + mc.Action
+	if len(parts) > 0 {
+		line += " (" + strings.Join(parts, "; ") + ")"
+	}
+	return line
+}
+
+func show(v any) string {
+	if v == nil {
+		return "null"
+	}
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
