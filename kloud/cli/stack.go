@@ -332,6 +332,9 @@ func stackCmd(g *globals) *cobra.Command {
 			if st.Reason != "" {
 				fmt.Fprintf(g.stdout, "reason: %s\n", st.Reason)
 			}
+			if st.UpdateAvailable {
+				fmt.Fprintf(g.stdout, "update available: revision %d → %d (kloud stack update %s --plan)\n", st.TemplateRev, st.LatestRev, st.ID)
+			}
 			for _, r := range st.Resets {
 				fmt.Fprintf(g.stdout, "reset: %s by %s from %s to %s: %s\n", r.At.Local().Format(time.DateTime), r.By, r.From, r.To, r.Reason)
 			}
@@ -368,6 +371,7 @@ runs at startup and every 30s); reset is for what it cannot judge.`,
 	reset.Flags().StringVar(&resetReason, "reason", "", "why (required; kept on the stack and logged)")
 	reset.MarkFlagRequired("reason")
 	cmd.AddCommand(plan, create, apply(false), apply(true), list, describe, reset)
+	cmd.AddCommand(stackUpdateCmds(g)...) // stack_update.go
 	return cmd
 }
 

@@ -1,0 +1,165 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
+)
+
+// kloud stack update and kloud stack scale (issue 13 §1; kloud/stacks_update.go).
+
+func stackUpdateCmds(g *globals) []*cobra.Command {
+	var rev int
+	var planOnly, detach bool
+	update := &cobra.Command{
+		Use:   "update STACK [--rev N] [--plan]",
+		Short: "Update a built stack to a revision of its template (default: the latest); --plan only shows what it would do",
+		Long: `Update a built stack to a revision of its template (default: the latest).
+
+It shows the plan first, per machine: add, change (in place), replace, remove or keep; then
+runs the update job. Machines that stay keep their disks, agents and terminal sessions; the
+update waits for the agents of new and replaced machines only. --plan shows the plan and stops.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			conn, err := g.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(nil)
+			kc := api.NewClient(conn)
+			res, err := kc.StackPlan(ctx, api.StackPlanParams{StackID: args[0], Rev: rev})
+			if err != nil {
+				return explain(err)
+			}
+			if planOnly {
+				if g.json {
+					return g.printJSON(res.Update)
+				}
+				return printUpdatePlan(g, res.Update)
+			}
+			if !g.json {
+				if err := printUpdatePlan(g, res.Update); err != nil {
+					return err
+				}
+			}
+			ref, err := kc.StackUpdate(ctx, api.StackUpdateParams{StackID: args[0], TemplateRevision: res.Rev})
+			if err != nil {
+				return explain(err)
+			}
+			return g.followUpdate(ctx, conn, kc, args[0], ref.JobID, detach)
+		},
+	}
+	update.Flags().IntVar(&rev, "rev", 0, "the template revision to update to (default: the latest)")
+	update.Flags().BoolVar(&planOnly, "plan", false, "only show what the update would do")
+	update.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
+
+	var sdetach bool
+	scale := &cobra.Command{
+		Use:   "scale STACK RESOURCE N",
+		Short: "Set the count of a machine resource of a stack and update it (the stack's files then diverge from its template)",
+		Long: `Set the count of a machine resource (resource "TYPE" "RESOURCE" { count = ... }) in the
+stack's own files, or, if its count is a variable (count = var.NAME), that variable of the
+stack, and run the update job: new machines are added, the highest indexes removed. A count
+that is another expression cannot be changed this way: edit the template.`,
+		Args: cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := strconv.Atoi(args[2])
+			if err != nil {
+				return fmt.Errorf("N: %q is not a number", args[2])
+			}
+			ctx := cmd.Context()
+			conn, err := g.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(nil)
+			kc := api.NewClient(conn)
+			ref, err := kc.StackScale(ctx, api.StackScaleParams{StackID: args[0], Resource: args[1], Count: n})
+			if err != nil {
+				return explain(err)
+			}
+			return g.followUpdate(ctx, conn, kc, args[0], ref.JobID, sdetach)
+		},
+	}
+	scale.Flags().BoolVar(&sdetach, "detach", false, "start the job and return without following it")
+	return []*cobra.Command{update, scale}
+}
+
+func (g *globals) followUpdate(ctx context.Context, conn *kite.Conn, kc *api.Client, stackID, jobID string, detach bool) error {
+	if detach {
+		fmt.Fprintf(g.stdout, "job %s started; follow it with: kloud job watch %s\n", jobID, jobID)
+		return nil
+	}
+	if _, err := g.watchJob(ctx, conn, jobID); err != nil {
+		return err
+	}
+	if !g.json {
+		if st, err := kc.StackDescribe(ctx, api.StackRef{StackID: stackID}); err == nil {
+			printMachines(g, st.MachineDocs)
+		}
+	}
+	return nil
+}
+
+func printUpdatePlan(g *globals, u *api.StackUpdatePlan) error {
+	if u == nil {
+		return fmt.Errorf("kloud returned no update plan (is it older than this CLI?)")
+	}
+	from := fmt.Sprintf("revision %d", u.FromRev)
+	if u.Diverged {
+		from += " (scaled)"
+	}
+	fmt.Fprintf(g.stdout, "stack %s: %s → revision %d\n", u.StackID, from, u.ToRev)
+	tw := newTable(g.stdout, "MACHINE", "ACTION", "CHANGES")
+	for _, m := range u.Machines {
+		tw.row(m.Label, m.Action, changeText(m))
+	}
+	if err := tw.flush(); err != nil {
+		return err
+	}
+	var parts []string
+	for _, a := range []string{api.UpdateAdd, api.UpdateChange, api.UpdateReplace, api.UpdateRemove, api.UpdateKeep} {
+		if n := u.Summary[a]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, a))
+		}
+	}
+	fmt.Fprintf(g.stdout, "%s\n", strings.Join(parts, ", "))
+	return nil
+}
+
+func changeText(m api.MachineChange) string {
+	if m.Action == api.UpdateAdd {
+		return attrs(m.Attributes)
+	}
+	var parts []string
+	for _, c := range m.Changes {
+		switch {
+		case c.Hidden:
+			parts = append(parts, c.Name+" (hidden)")
+		case c.Unknown:
+			parts = append(parts, fmt.Sprintf("%s: %s → (known after apply)", c.Name, jsonText(c.Before)))
+		default:
+			parts = append(parts, fmt.Sprintf("%s: %s → %s", c.Name, jsonText(c.Before), jsonText(c.After)))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+func jsonText(v any) string {
+	if v == nil {
+		return "null"
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
