@@ -1,0 +1,184 @@
+package e2e
+
+// Stack update and scale (issue 13 §1) on real local machines, through the CLI: a 2-machine
+// stack updated to a revision that adds a third machine and changes the memory of one (which
+// replaces it); the unchanged machine keeps its disk, its agent and an open terminal session;
+// then scale 3 → 1 → 3. Needs root and the base image (skips loudly otherwise, fails under
+// CI=true).
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// updateTemplate is n machines web.<i>; with bigOne, web.1 has 640 MiB instead of 512.
+func updateTemplate(n int, bigOne bool) string {
+	mem := "512"
+	if bigOne {
+		mem = "count.index == 1 ? 640 : 512"
+	}
+	return fmt.Sprintf(`terraform {
+  required_providers {
+    kloudlocal = { source = "kloud/kloudlocal" }
+  }
+}
+
+resource "kloudlocal_machine" "web" {
+  count     = %d
+  hostname  = "web-${count.index}"
+  memory    = %s
+  user_data = <<-EOT
+    #!/bin/bash
+    echo "user script ran on $(hostname)" > /root/user-script-ran
+  EOT
+}
+`, n, mem)
+}
+
+func TestLocalStackUpdate(t *testing.T) {
+	e := newLocalEnv(t)
+	e.alice()
+	tid := e.template(updateTemplate(2, false))
+	sid := e.createStack(tid)
+	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
+		t.Fatalf("apply:\n%s", out)
+	}
+	before := e.machines(sid)
+	web0, web1 := before["web.0"], before["web.1"]
+	if web0.State != "Running" || web1.State != "Running" {
+		t.Fatalf("after apply: %+v", before)
+	}
+	id0 := web0.sandboxID()
+	word := randomWord()
+	e.exec(id0, "sh", "-c", "echo "+word+" > /root/kept && sync")
+	term := e.terminal(t, e.key, web0.ID, "session=upd-s")
+	term.Type(t, "echo BEFORE=$((20+1))\r")
+	term.WaitFor(t, "BEFORE=21")
+
+	// Revision 2: a third machine, web.1 with more memory.
+	f := filepath.Join(t.TempDir(), "main.tf")
+	if err := os.WriteFile(f, []byte(updateTemplate(3, true)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.run("template", "update", tid, "--file", f)
+	var st struct {
+		TemplateRev, LatestRev int
+		UpdateAvailable        bool
+	}
+	e.runJSON(&st, "stack", "describe", sid)
+	if st.TemplateRev != 1 || st.LatestRev != 2 || !st.UpdateAvailable {
+		t.Fatalf("describe before update: %+v", st)
+	}
+	plan := e.run("stack", "update", sid, "--plan")
+	for _, want := range []string{"revision 1 → revision 2", "web.0", "keep", "memory: 512 → 640", "web.2", "1 add, 1 replace, 1 keep"} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("plan does not say %q:\n%s", want, plan)
+		}
+	}
+	if strings.Contains(plan, "eyJ") {
+		t.Fatalf("the plan shows a key:\n%s", plan)
+	}
+	if ms := e.machines(sid); len(ms) != 2 || ms["web.1"].sandboxID() != web1.sandboxID() {
+		t.Fatalf("the plan changed machines: %+v", ms)
+	}
+
+	out := e.run("stack", "update", sid)
+	if !strings.Contains(out, "Stack building finished") || !strings.Contains(out, "web.2: agent connected") || !strings.Contains(out, "web.1: agent connected") {
+		t.Fatalf("update:\n%s", out)
+	}
+	if strings.Contains(out, "web.0: agent connected") {
+		t.Errorf("the update waited for web.0's agent, which it kept:\n%s", out)
+	}
+	after := e.machines(sid)
+	a0, a1, a2 := after["web.0"], after["web.1"], after["web.2"]
+	if a0.ID != web0.ID || a0.KiteID != web0.KiteID || a0.sandboxID() != id0 || a0.State != "Running" || a0.Agent.Status != "connected" {
+		t.Fatalf("web.0 changed: before %+v\nafter %+v", web0, a0)
+	}
+	if got := e.exec(id0, "cat", "/root/kept"); got != word {
+		t.Errorf("web.0's /root/kept = %q, want %q", got, word)
+	}
+	term.Type(t, "echo AFTER=$((20+2))\r")
+	term.WaitFor(t, "AFTER=22")
+	if body := e.sessions(t, web0.ID); !strings.Contains(body, "upd-s") {
+		t.Errorf("web.0's terminal sessions after the update: %s", body)
+	}
+	if a1.ID != web1.ID || a1.sandboxID() == web1.sandboxID() || a1.KiteID == web1.KiteID || a1.State != "Running" || a1.Agent.Status != "connected" {
+		t.Fatalf("web.1 not replaced: before %+v\nafter %+v", web1, a1)
+	}
+	if mem, _ := a1.Attributes["memory"].(float64); mem != 640 {
+		t.Errorf("web.1's memory attribute: %v", a1.Attributes["memory"])
+	}
+	if a2.State != "Running" || a2.Agent.Status != "connected" {
+		t.Fatalf("web.2: %+v", a2)
+	}
+	if got := e.exec(a2.sandboxID(), "cat", "/root/user-script-ran"); got != "user script ran on web-2" {
+		t.Errorf("web.2's user script: %q", got)
+	}
+	if _, ok := e.kites()[web1.KiteID]; ok {
+		t.Errorf("web.1's old agent %s is still registered", web1.KiteID)
+	}
+	st.UpdateAvailable = false // omitted when false
+	e.runJSON(&st, "stack", "describe", sid)
+	if st.TemplateRev != 2 || st.UpdateAvailable {
+		t.Fatalf("describe after update: %+v", st)
+	}
+
+	// Scale 3 → 1 → 3: web.0 stays through it all.
+	for _, n := range []int{1, 3} {
+		out := e.run("stack", "scale", sid, "web", fmt.Sprint(n))
+		if !strings.Contains(out, "Stack building finished") {
+			t.Fatalf("scale to %d:\n%s", n, out)
+		}
+		ms := e.machines(sid)
+		if len(ms) != n {
+			t.Fatalf("after scale to %d: %d machines: %+v", n, len(ms), ms)
+		}
+		for l, m := range ms {
+			if m.State != "Running" || m.Agent.Status != "connected" {
+				t.Errorf("after scale to %d: %s is %s, agent %s", n, l, m.State, m.Agent.Status)
+			}
+		}
+		if m := ms["web.0"]; m.ID != web0.ID || m.sandboxID() != id0 || m.KiteID != web0.KiteID {
+			t.Fatalf("scale to %d changed web.0: %+v", n, m)
+		}
+	}
+	if infos := e.sandboxInfos(); len(infos) != 3 {
+		t.Errorf("sandbox machines after scaling to 3: %+v", infos)
+	}
+	term.Type(t, "echo LAST=$((20+3))\r")
+	term.WaitFor(t, "LAST=23")
+
+	infos := e.sandboxInfos()
+	e.run("stack", "destroy", sid)
+	e.assertNothingLeft(infos)
+}
+
+// sessions is the body of kloud's terminal session list of machine id, as the CLI's user.
+func (e *localEnv) sessions(t *testing.T, id string) string {
+	t.Helper()
+	key, err := os.ReadFile(e.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/api/machines/%s/sessions", e.addr, id), nil)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(key)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("sessions of %s: HTTP %d: %s", id, resp.StatusCode, b)
+	}
+	return string(b)
+}
