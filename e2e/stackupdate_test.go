@@ -145,12 +145,12 @@ func TestLocalStackUpdate(t *testing.T) {
 				t.Errorf("after scale to %d: %s is %s, agent %s", n, l, m.State, m.Agent.Status)
 			}
 		}
+		if infos := e.sandboxInfos(); len(infos) != n {
+			t.Errorf("sandbox machines after scaling to %d: %+v", n, infos)
+		}
 		if m := ms["web.0"]; m.ID != web0.ID || m.sandboxID() != id0 || m.KiteID != web0.KiteID {
 			t.Fatalf("scale to %d changed web.0: %+v", n, m)
 		}
-	}
-	if infos := e.sandboxInfos(); len(infos) != 3 {
-		t.Errorf("sandbox machines after scaling to 3: %+v", infos)
 	}
 	term.Type(t, "echo LAST=$((20+3))\r")
 	term.WaitFor(t, "LAST=23")
