@@ -7,6 +7,7 @@ import { watchJob } from '../jobs.js';
 import { planTable } from './templates.js';
 import { machineTable } from './machines.js';
 import { providers } from '../providers.js';
+import { updateButton, scaleSection } from './stackupdate.js';
 
 const canBuild = (st) => st.state === 'NotInitialized' || st.state === 'Failed';
 const canDestroy = (st) => st.state !== 'Building' && st.state !== 'Destroying';
@@ -32,7 +33,10 @@ export async function list(ctx, el) {
       { title: 'Stack', render: (s) => h('a', { href: `#/stacks/${encodeURIComponent(s.id)}` }, s.title || shortID(s.id)) },
       { title: 'State', render: (s) => badge(s.state) },
       { title: 'Machines', render: (s) => String((s.machines || []).length) },
-      { title: 'Template', render: (s) => h('a', { href: `#/templates/${encodeURIComponent(s.templateId)}` }, `${shortID(s.templateId)} rev ${s.templateRev}`) },
+      {
+        title: 'Template', render: (s) => [h('a', { href: `#/templates/${encodeURIComponent(s.templateId)}` }, `${shortID(s.templateId)} rev ${s.templateRev}`),
+          s.updateAvailable ? [' ', h('a', { class: 'badge badge-update', href: `#/stacks/${encodeURIComponent(s.id)}` }, `update: rev ${s.latestRev}`)] : null],
+      },
       { title: 'Team', render: (s) => s.team },
       { title: 'Created', render: (s) => fmtTime(s.createdAt) },
       { title: 'Reason', class: 'reason', render: (s) => s.reason || '' },
@@ -140,6 +144,8 @@ export async function detail(ctx, el) {
   const head = h('div', {});
   const machines = h('div', {});
   const jobs = h('div', { class: 'jobs', id: 'stack-jobs' });
+  const updateBox = h('div', { id: 'stack-update-box' }); // stackupdate.js: the plan before an update
+  const scaleBox = h('div', {});
   let watch = null;
   let timer = null;
   let stopped = false;
@@ -158,12 +164,16 @@ export async function detail(ctx, el) {
     }
     const buildBtn = canBuild(st) ? h('button', { class: 'primary', id: 'stack-build', onclick: (ev) => busy(ev.target, () => start(false)) }, st.state === 'Failed' ? 'Build again' : 'Build') : null;
     const destroyBtn = canDestroy(st) ? h('button', { class: 'danger', id: 'stack-destroy', onclick: (ev) => busy(ev.target, () => start(true)) }, 'Destroy') : null;
+    const onJob = (jobId, title) => { follow(jobId, title); refresh(); };
+    const updBtn = updateButton(ctx, st, updateBox, onJob);
+    clear(scaleBox, scaleSection(ctx, st, onJob));
     clear(head,
-      h('div', { class: 'title-row' }, h('h1', {}, `Stack ${st.title || shortID(st.id)}`), badge(st.state), h('span', { class: 'spacer' }), buildBtn, destroyBtn),
+      h('div', { class: 'title-row' }, h('h1', {}, `Stack ${st.title || shortID(st.id)}`), badge(st.state), h('span', { class: 'spacer' }), updBtn, buildBtn, destroyBtn),
       h('dl', { class: 'kv' },
         h('dt', {}, 'ID'), h('dd', {}, h('code', {}, st.id)),
         h('dt', {}, 'Owner / team'), h('dd', {}, `${st.owner} / ${st.team}`),
-        h('dt', {}, 'Template'), h('dd', {}, h('a', { href: `#/templates/${encodeURIComponent(st.templateId)}` }, `${shortID(st.templateId)} revision ${st.templateRev}`)),
+        h('dt', {}, 'Template'), h('dd', {}, h('a', { href: `#/templates/${encodeURIComponent(st.templateId)}` }, `${shortID(st.templateId)} revision ${st.templateRev}`),
+          st.latestRev > st.templateRev ? ` (latest: ${st.latestRev})` : null, st.diverged ? ' (scaled)' : null),
         st.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, st.reason)] : null,
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(st.updatedAt))));
     const caps = await providers(kite).catch(() => ({}));
@@ -192,7 +202,7 @@ export async function detail(ctx, el) {
     await refresh();
   };
 
-  clear(el, head, jobs, machines);
+  clear(el, head, updateBox, jobs, machines, scaleBox);
   if (await refresh() && st.jobId) {
     // The stack's last job: live if it still runs, else its final state and log.
     follow(st.jobId, st.state === 'Destroying' ? 'Destroying' : st.state === 'Building' ? 'Building' : 'Last job');
