@@ -1,0 +1,73 @@
+package providertest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// Update: stack.update of the built stack to Template(3) adds a machine and keeps the two it
+// has (same kite ids, agents connected, a file written before still there): the provider's
+// ApplyTemplate renders a machine whose agent configuration did not change into the same user
+// data, so Terraform leaves the machine alone. (Removing machines is kloud's business, tested
+// with kloud's; Destroy then destroys all three.) Every provider must pass: kloud offers
+// stack.update for every stack.
+func (s *suite) testUpdate(t *testing.T) {
+	s.needStack(t)
+	ctx := t.Context()
+	before := s.list(t)
+	m := s.machines[0]
+	b := make([]byte, 8)
+	rand.Read(b)
+	const path = "kloud-update.txt"
+	data := "kept across the update " + hex.EncodeToString(b)
+	s.c.WriteFile(t, m, path, data)
+
+	view, err := s.cl.StackDescribe(ctx, api.StackRef{StackID: s.stackID})
+	if err != nil {
+		t.Fatalf("stack.describe: %v", err)
+	}
+	update := func(n int) {
+		t.Helper()
+		if _, err := s.cl.TemplateUpdate(ctx, api.TemplateParams{TemplateID: view.TemplateID, Files: s.c.Template(n)}); err != nil {
+			t.Fatalf("template.update to Template(%d): %v", n, err)
+		}
+		plan, err := s.cl.StackPlan(ctx, api.StackPlanParams{StackID: s.stackID})
+		if err != nil {
+			t.Fatalf("stack.plan of the stack: %v", err)
+		}
+		for _, mc := range plan.Update.Machines {
+			if _, had := before[mc.Label]; had && mc.Action != api.UpdateKeep && mc.Action != api.UpdateChange {
+				t.Errorf("update to Template(%d) would %s machine %s (%+v): a machine whose template did not change must be kept", n, mc.Action, mc.Label, mc.Changes)
+			}
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+		ref, err := s.cl.StackUpdate(ctx, api.StackUpdateParams{StackID: s.stackID})
+		if err != nil {
+			t.Fatalf("stack.update: %v", err)
+		}
+		s.job(t, "update the stack to Template(3)", ref.JobID)
+		ms := s.list(t)
+		if len(ms) != n {
+			t.Fatalf("after the update to Template(%d): %d machines", n, len(ms))
+		}
+		for l, got := range ms {
+			if got.State != provider.Running || got.Agent.Status != kloud.AgentConnected {
+				t.Errorf("machine %s after the update: %s (%s), agent %s", l, got.State, got.Reason, got.Agent.Status)
+			}
+			if old, had := before[l]; had && (old.ID != got.ID || old.KiteID != got.KiteID) {
+				t.Errorf("machine %s was not kept: id %s → %s, kite %s → %s", l, old.ID, got.ID, old.KiteID, got.KiteID)
+			}
+		}
+	}
+	update(3)
+	if got := s.c.ReadFile(t, m, path); got != data {
+		t.Errorf("after the update, %s of %s holds %q, want %q", path, m.Label, got, data)
+	}
+}
