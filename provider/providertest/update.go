@@ -10,12 +10,13 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 )
 
-// Update: stack.update of the built stack to Template(3) adds a machine and keeps the two it
-// has (same kite ids, agents connected, a file written before still there): the provider's
-// ApplyTemplate renders a machine whose agent configuration did not change into the same user
-// data, so Terraform leaves the machine alone. (Removing machines is kloud's business, tested
-// with kloud's; Destroy then destroys all three.) Every provider must pass: kloud offers
-// stack.update for every stack.
+// Update: stack.update of the built stack to Template(1) keeps its first machine (same id and
+// kite id, agent connected, a file written before still there) and removes the second: the
+// provider's ApplyTemplate renders a machine whose agent configuration did not change into the
+// same user data, so Terraform leaves it alone, and configures Terraform so that it can destroy
+// the machine the revision dropped (Destroy's leftover check then sees that nothing of it is
+// left). Adding machines is a build's work, which Stack tests. Every provider must pass: kloud
+// offers stack.update for every stack.
 func (s *suite) testUpdate(t *testing.T) {
 	s.needStack(t)
 	ctx := t.Context()
@@ -40,8 +41,12 @@ func (s *suite) testUpdate(t *testing.T) {
 		if err != nil {
 			t.Fatalf("stack.plan of the stack: %v", err)
 		}
+		gone := s.machines[1].Label
 		for _, mc := range plan.Update.Machines {
-			if _, had := before[mc.Label]; had && mc.Action != api.UpdateKeep && mc.Action != api.UpdateChange {
+			switch {
+			case mc.Label == gone && mc.Action != api.UpdateRemove:
+				t.Errorf("update to Template(%d) would %s machine %s, want remove", n, mc.Action, mc.Label)
+			case mc.Label != gone && mc.Action != api.UpdateKeep && mc.Action != api.UpdateChange:
 				t.Errorf("update to Template(%d) would %s machine %s (%+v): a machine whose template did not change must be kept", n, mc.Action, mc.Label, mc.Changes)
 			}
 		}
@@ -52,12 +57,15 @@ func (s *suite) testUpdate(t *testing.T) {
 		if err != nil {
 			t.Fatalf("stack.update: %v", err)
 		}
-		s.job(t, "update the stack to Template(3)", ref.JobID)
+		s.job(t, "update the stack to Template(1)", ref.JobID)
 		ms := s.list(t)
 		if len(ms) != n {
 			t.Fatalf("after the update to Template(%d): %d machines", n, len(ms))
 		}
 		for l, got := range ms {
+			if _, had := before[l]; !had {
+				t.Errorf("machine %s appeared in the update to Template(%d)", l, n)
+			}
 			if got.State != provider.Running || got.Agent.Status != kloud.AgentConnected {
 				t.Errorf("machine %s after the update: %s (%s), agent %s", l, got.State, got.Reason, got.Agent.Status)
 			}
@@ -66,7 +74,11 @@ func (s *suite) testUpdate(t *testing.T) {
 			}
 		}
 	}
-	update(3)
+	update(1)
+	if _, has := s.list(t)[s.machines[1].Label]; has {
+		t.Errorf("machine %s is still listed after the update to Template(1)", s.machines[1].Label)
+	}
+	s.machines = s.machines[:1]
 	if got := s.c.ReadFile(t, m, path); got != data {
 		t.Errorf("after the update, %s of %s holds %q, want %q", path, m.Label, got, data)
 	}
