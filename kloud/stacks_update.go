@@ -412,7 +412,24 @@ func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []Fi
 	if err != nil {
 		return nil, err
 	}
-	planned, err := s.plan(ctx, "update-"+st.ID, b, logf)
+	// A plan of an earlier attempt (a cancelled update, a preview) may still hold the content
+	// id for a moment: wait for it.
+	var planned []api.PlannedMachine
+	for said := false; ; {
+		planned, err = s.plan(ctx, "update-"+st.ID, b, nil) // its lines would say "create" of every machine
+		if !errors.Is(err, kite.ErrConflict) {
+			break
+		}
+		if !said && logf != nil {
+			logf(fmt.Sprintf("terraform is still busy with an earlier plan of this stack (%v); waiting", err))
+		}
+		said = true
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(2 * time.Second):
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -517,6 +534,10 @@ func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provi
 		return nil, fmt.Errorf("terraform plan: %w", err)
 	}
 	job, err := tf.Wait(ctx, id, nil)
+	if ctx.Err() != nil {
+		s.stopTF(ctx, id) // a cancelled update leaves no plan running in the stack's directory
+		return nil, fmt.Errorf("terraform plan: %w", ctx.Err())
+	}
 	if job != nil && job.Err() != nil {
 		return nil, fmt.Errorf("terraform plan: %s: %w", job.Err().Error(), kite.ErrInvalidParams)
 	}
@@ -549,7 +570,7 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	failClean := func(err error) (string, error) { return "", untouched{err} } // nothing written yet
 	j.Enter(ctx, stackbuild.BuildChecking)
 	j.Logf(ctx, "updating stack %s from revision %d to %d", st.ID, st.TemplateRev, p.Rev)
-	planned, err := s.planFiles(ctx, c, st, p.Files, p.Variables, nil)
+	planned, err := s.planFiles(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
 	if err != nil {
 		return failClean(err)
 	}

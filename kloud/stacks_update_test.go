@@ -195,6 +195,33 @@ func TestStackUpdate(t *testing.T) {
 		t.Fatalf("keep's agent was restarted: pid %s, was %s", pid, keepPID)
 	}
 
+	// Cancelled at once, an update leaves a stack that can be updated again.
+	f.updateTemplate(tid, updateRev("2", 2, false))
+	ref, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.JobCancel(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(ref.JobID); last.Status != "cancelled" && last.Status != "failed" {
+		t.Fatalf("cancelled update: %+v", last)
+	}
+	view, _ = c.StackDescribe(ctx, api.StackRef{StackID: sid})
+	if view.State != kloud.StackInitialized && view.State != kloud.StackFailed {
+		t.Fatalf("stack after a cancelled update: %s (%s)", view.State, view.Reason)
+	}
+	for _, m := range view.MachineDocs {
+		if m.State.InProgress() {
+			t.Fatalf("machine %s after a cancelled update: %s", m.Label, m.State)
+		}
+	}
+	ref, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid})
+	f.jobOK("update after a cancelled one", ref, err)
+	if got := f.machines(sid); len(got) != 3 || got["vm.1"].State != provider.Running || got["keep"].KiteID != keep.KiteID {
+		t.Fatalf("after the update that followed a cancelled one: %+v", got)
+	}
+
 	ref, err = c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
 	f.jobOK("destroy", ref, err)
 }
