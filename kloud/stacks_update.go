@@ -1016,10 +1016,11 @@ func attrChanges(before map[string]any, ch tfrun.ResourceChange, unknowns bool) 
 	return out
 }
 
-// sameValue compares two JSON values (nil and a missing value are the same).
+// sameValue compares two JSON values (nil, a missing value and an empty list or map are the
+// same: Terraform's state and plan differ in that alone for unset collections).
 func sameValue(a, b any) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
+	if empty(a) || empty(b) {
+		return empty(a) && empty(b)
 	}
 	ja, err1 := json.Marshal(a)
 	jb, err2 := json.Marshal(b)
@@ -1027,6 +1028,18 @@ func sameValue(a, b any) bool {
 		return reflect.DeepEqual(a, b)
 	}
 	return string(ja) == string(jb)
+}
+
+func empty(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case []any:
+		return len(x) == 0
+	case map[string]any:
+		return len(x) == 0
+	}
+	return false
 }
 
 // describeChange is one line of the job's log (and the CLI's) for a machine's change.
