@@ -133,7 +133,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("InfoBehindBack", s.testInfoBehindBack)
 	t.Run("StopStartKeepsDisk", s.testStopStartKeepsDisk)
 	t.Run("Snapshot", s.testSnapshot) // snapshot.go
-	t.Run("Update", s.testUpdate) // update.go
+	t.Run("Update", s.testUpdate)     // update.go
 	t.Run("InvalidInputs", s.testInvalidInputs)
 	t.Run("Firewall", s.testFirewall) // firewall.go
 	t.Run("Destroy", s.testDestroy)
