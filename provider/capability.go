@@ -40,6 +40,9 @@ func (p *Provider) Caps() []Capability {
 	if p.HasPart(PartBootstrap) {
 		out = append(out, CapBootstrap)
 	}
+	if p.Inventory != nil {
+		out = append(out, CapResources) // resources.go
+	}
 	slices.Sort(out)
 	return out
 }

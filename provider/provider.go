@@ -61,6 +61,9 @@ type Provider struct {
 	// its machines may ask for, shown by provider.describe and checked by its
 	// ConstraintsValidator. It may depend on the host (the memory it has). Nil: none declared.
 	Constraints func() []Constraint
+	// Inventory, if set, lists and removes the resources the provider made for this kloud
+	// instance (resources.go; capability CapResources): kloud gc uses it. Nil: none.
+	Inventory ResourceManager
 }
 
 // Capability is something a provider can do beyond the required Stack and Machine methods, or
@@ -79,6 +82,7 @@ const (
 	// snap (issue 13): Machine implements Snapshotter (snapshot.go)
 	CapSnapshot Capability = "snapshot"
 	CapFirewall Capability = "firewall" // Machine implements Firewaller (firewall.go)
+	// CapResources ("resources", Provider.Inventory set) is in resources.go.
 )
 
 // ErrUnsupported is returned (wrapped) by an operation the provider does not offer, e.g. a

@@ -30,6 +30,10 @@ type Template struct {
 	TokenVar string
 	// TagStack and TagMachine are the tag keys of the stack id and the kloud machine id.
 	TagStack, TagMachine string
+	// TagTeam and TagOwner, if set, are the tag keys of the stack's team and owner (kloud's
+	// tags, provider.TagTeam and TagOwner, as the provider stores them); SetTags sets them when
+	// the stack has a team and an owner.
+	TagTeam, TagOwner string
 	// Endpoint is kloud's URL as the Terraform provider reaches it ("" refuses every build).
 	Endpoint string
 
@@ -142,8 +146,13 @@ func (t *Template) Configure(files map[string][]byte) (map[string][]byte, error)
 func (t *Template) StackVar(res string) string   { return "kloud_" + t.Kind + "_stack_" + res }
 func (t *Template) MachineVar(res string) string { return "kloud_" + t.Kind + "_machine_" + res }
 
-// SetTags points tags.<TagStack> and tags.<TagMachine> of every machine resource at generated
-// variables holding the stack id and each count index's machine id. The user's other tags stay.
+// TeamVar and OwnerVar are the variables SetTags declares for tags TagTeam and TagOwner.
+func (t *Template) TeamVar(res string) string  { return "kloud_" + t.Kind + "_team_" + res }
+func (t *Template) OwnerVar(res string) string { return "kloud_" + t.Kind + "_owner_" + res }
+
+// SetTags points tags.<TagStack> and tags.<TagMachine> (and tags.<TagTeam> and tags.<TagOwner>
+// if set) of every machine resource at generated variables holding the stack id, each count
+// index's machine id, and the stack's team and owner. The user's other tags stay.
 func (t *Template) SetTags(b *provider.BaseStack) error {
 	cfg, err := b.Template.Parsed()
 	if err != nil {
@@ -162,18 +171,28 @@ func (t *Template) SetTags(b *provider.BaseStack) error {
 		ms := byRes[res]
 		sort.Slice(ms, func(i, j int) bool { return idx(ms[i]) < idx(ms[j]) })
 		stacks, machines := make([]string, len(ms)), make([]string, len(ms))
+		teams, owners := make([]string, len(ms)), make([]string, len(ms))
 		for i, m := range ms {
 			stacks[i], machines[i] = b.StackID, m.ID
+			teams[i], owners[i] = b.Team, b.Owner
 		}
 		counted := ms[0].Index != nil
 		typ := "string"
 		if counted {
 			typ = "list(string)"
 		}
-		for _, tv := range []struct {
+		type tagVar struct {
 			tag, v string
 			vals   []string
-		}{{t.TagStack, t.StackVar(res), stacks}, {t.TagMachine, t.MachineVar(res), machines}} {
+		}
+		tags := []tagVar{{t.TagStack, t.StackVar(res), stacks}, {t.TagMachine, t.MachineVar(res), machines}}
+		if t.TagTeam != "" && b.Team != "" {
+			tags = append(tags, tagVar{t.TagTeam, t.TeamVar(res), teams})
+		}
+		if t.TagOwner != "" && b.Owner != "" {
+			tags = append(tags, tagVar{t.TagOwner, t.OwnerVar(res), owners})
+		}
+		for _, tv := range tags {
 			if err := cfg.SetUserData(t.ResourceType, res, "tags."+tv.tag, tv.v); err != nil {
 				return fmt.Errorf("%s.%s: tags: %w (kloud adds its tags to a literal map { ... } only)", t.ResourceType, res, err)
 			}

@@ -166,6 +166,7 @@ func New(opts Options) (*Local, error) {
 			provider.CapSnapshot,    // snapshot.go
 			provider.CapConstraints, // constraints.go
 			provider.CapFirewall,    // firewall.go
+			provider.CapResources,   // resources.go
 		},
 		Constraints: l.Constraints, // constraints.go
 		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return &stack{l: l, b: b}, nil },
@@ -173,6 +174,7 @@ func New(opts Options) (*Local, error) {
 		KloudURL:    l.KloudURL,
 		Available:   l.Available,
 		Handler:     l.handler(),
+		Inventory:   inventory{l}, // resources.go
 	}
 	return l, nil
 }

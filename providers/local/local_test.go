@@ -201,7 +201,7 @@ resource "kloudlocal_machine" "web" {
 		if got := execIn(t, h, id, "cat", "/root/hello"); got != fmt.Sprintf("user script on node-%d", i) {
 			t.Errorf("%s: /root/hello = %q", spec.Label, got)
 		}
-		if want := map[string]string{"team": "a", local.TagStack: stackID, local.TagMachine: spec.ID}; !maps.Equal(info.Tags, want) {
+		if want := map[string]string{"team": "a", local.TagStack: stackID, local.TagMachine: spec.ID, local.TagOwner: spec.Owner}; !maps.Equal(info.Tags, want) {
 			t.Errorf("%s: tags %v, want %v", spec.Label, info.Tags, want)
 		}
 		if _, err := h.Manager.Exec(t.Context(), id, "test", "-x", userdata.KlientPath); err != nil {

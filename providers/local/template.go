@@ -30,7 +30,8 @@ func (s *stack) BootstrapTemplates(ctx context.Context, c *provider.Credential) 
 }
 
 // ApplyTemplate rewrites the stack's template (machinesvc.Template.Apply): every
-// kloudlocal_machine gets its agent's cloud-init and the kloud_stack and kloud_machine tags, and
+// kloudlocal_machine gets its agent's cloud-init and kloud's tags (kloud_stack, kloud_machine,
+// kloud_team, kloud_owner), and
 // the template gets the kloudlocal provider configured for this kloud's local machine service
 // (GeneratedFile): the endpoint, and a token for this stack (sensitive variable TokenVar) that
 // may create exactly b.Machines.
@@ -53,6 +54,8 @@ func (l *Local) template() *machinesvc.Template {
 		TokenVar:     TokenVar,
 		TagStack:     TagStack,
 		TagMachine:   TagMachine,
+		TagTeam:      TagTeam,  // resources.go
+		TagOwner:     TagOwner, // resources.go
 		Endpoint:     l.opts.Endpoint,
 		Check: func() error {
 			if err := l.Available(); err != nil {
@@ -73,8 +76,8 @@ func (l *Local) template() *machinesvc.Template {
 	}
 }
 
-// setTags points tags.kloud_stack and tags.kloud_machine of every machine resource at generated
-// variables (machinesvc.Template.SetTags).
+// setTags points tags.kloud_stack, kloud_machine, kloud_team and kloud_owner of every machine
+// resource at generated variables (machinesvc.Template.SetTags).
 func (s *stack) setTags() error { return s.l.template().SetTags(s.b) }
 
 // configureProvider writes GeneratedFile with kloudlocal configured for the service at endpoint

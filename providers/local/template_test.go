@@ -134,6 +134,8 @@ resource "kloudlocal_machine" "db" {
 `
 	s := &stack{l: &Local{}, b: &provider.BaseStack{
 		StackID:  "st1",
+		Team:     "t1",
+		Owner:    "alice",
 		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(tf)}, Variables: map[string]any{}},
 		Machines: []*provider.MachineSpec{
 			{ID: "m1", Label: "web.1", Resource: "web", Index: &i1},
@@ -150,13 +152,15 @@ resource "kloudlocal_machine" "db" {
 		`kloud_machine = var.kloud_local_machine_web[count.index]`,
 		`kloud_stack = var.kloud_local_stack_db`,
 		`kloud_machine = var.kloud_local_machine_db`,
+		`kloud_team = var.kloud_local_team_web[count.index]`,
+		`kloud_owner = var.kloud_local_owner_db`,
 	} {
 		if !strings.Contains(got, w) {
 			t.Errorf("main.tf lacks %q:\n%s", w, got)
 		}
 	}
 	v := s.b.Template.Variables
-	if m, _ := json.Marshal(v); string(m) != `{"kloud_local_machine_db":"m2","kloud_local_machine_web":["m0","m1"],"kloud_local_stack_db":"st1","kloud_local_stack_web":["st1","st1"]}` {
+	if m, _ := json.Marshal(v); string(m) != `{"kloud_local_machine_db":"m2","kloud_local_machine_web":["m0","m1"],"kloud_local_owner_db":"alice","kloud_local_owner_web":["alice","alice"],"kloud_local_stack_db":"st1","kloud_local_stack_web":["st1","st1"],"kloud_local_team_db":"t1","kloud_local_team_web":["t1","t1"]}` {
 		t.Errorf("variables: %s", m)
 	}
 	if _, ok := s.b.Template.Files[tmpl.GeneratedFile]; !ok {

@@ -190,13 +190,15 @@ const (
 
 // Info describes a machine.
 type Info struct {
-	ID       string            `json:"id"`
-	Hostname string            `json:"hostname"`
-	State    State             `json:"state"`
-	IP       netip.Addr        `json:"ip"`
-	PID      int               `json:"pid,omitempty"` // the machine's PID 1, as seen from the host
-	BootedAt time.Time         `json:"booted_at,omitzero"`
-	Tags     map[string]string `json:"tags,omitempty"`
+	ID       string     `json:"id"`
+	Hostname string     `json:"hostname"`
+	State    State      `json:"state"`
+	IP       netip.Addr `json:"ip"`
+	PID      int        `json:"pid,omitempty"` // the machine's PID 1, as seen from the host
+	BootedAt time.Time  `json:"booted_at,omitzero"`
+	// CreatedAt is when Create made the machine's record.
+	CreatedAt time.Time         `json:"created_at,omitzero"`
+	Tags      map[string]string `json:"tags,omitempty"`
 	// Instance is Spec.Instance: who owns the machine ("" for machines made without one).
 	Instance string  `json:"instance,omitempty"`
 	MemoryMB int     `json:"memory_mb,omitempty"`
@@ -595,7 +597,7 @@ func (m *Manager) Info(ctx context.Context, id string) (Info, error) {
 func (m *Manager) info(r *record) Info {
 	in := Info{
 		ID: r.ID, Hostname: r.Hostname, State: StateStopped, IP: r.IP, Tags: r.Tags, Instance: r.Instance,
-		MemoryMB: r.MemoryMB, CPUs: r.CPUs, DiskMB: r.DiskMB, Complete: r.Complete,
+		MemoryMB: r.MemoryMB, CPUs: r.CPUs, DiskMB: r.DiskMB, Complete: r.Complete, CreatedAt: r.CreatedAt,
 		Dir: m.machineDir(r.ID), Netns: r.Netns, HostVeth: r.HostVeth,
 	}
 	in.Disk = filepath.Join(in.Dir, "upper")
