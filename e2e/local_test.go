@@ -588,8 +588,8 @@ func TestLocalKloudKilledMidBuild(t *testing.T) {
 }
 
 // TestLocalTwoKlouds runs two klouds with separate data dirs on one host, sharing the machines'
-// state dir, bridge and subnet (as two klouds with the defaults do): each restart's startup sweep
-// leaves the other kloud's running machines alone, and each machine records its kloud's instance.
+// state dir, bridge and subnet (as two klouds with the defaults do): each restart's startup tidy
+// and each kloud's gc leave the other kloud's running machines alone, and each machine records its kloud's instance.
 func TestLocalTwoKlouds(t *testing.T) {
 	h := tfprovidertest.NewHost(t)
 	a := newLocalEnvOn(t, h)
@@ -600,7 +600,7 @@ func TestLocalTwoKlouds(t *testing.T) {
 	}
 	idA := a.machines(sa)["a.0"].sandboxID()
 
-	b := newLocalEnvOn(t, h) // its startup sweep runs: kloud A's machine is not its
+	b := newLocalEnvOn(t, h) // its startup tidy runs: kloud A's machine is not its
 	b.alice()
 	inA, err := h.Manager.Info(t.Context(), idA)
 	if err != nil || inA.State != sandbox.StateRunning {
@@ -616,10 +616,11 @@ func TestLocalTwoKlouds(t *testing.T) {
 		t.Fatalf("instances of the machines: A %q, B %q", inA.Instance, inB.Instance)
 	}
 
-	// Restarts sweep again, each knowing only its own stacks.
+	// Restarts tidy again, and kloud gc collects, each knowing only its own stacks.
 	for _, e := range []*localEnv{a, b} {
 		e.kill()
 		e.start()
+		e.gc()
 	}
 	for id, who := range map[string]string{idA: "A", idB: "B"} {
 		if in, err := h.Manager.Info(t.Context(), id); err != nil || in.State != sandbox.StateRunning {

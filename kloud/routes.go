@@ -148,6 +148,9 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodJobList, AnyUser, s.jobList),
 		rpc(s, api.MethodJobCancel, AnyUser, s.jobCancel),
 
+		// gc.go: the providers' resources kloud no longer wants
+		rpc(s, api.MethodGCRun, AdminOnly, s.gcRun, long),
+
 		// plugins.go: provider plugins register (plugin keys only)
 		pluginRPC(api.MethodPluginRegister, s.pluginRegister),
 	}
@@ -248,6 +251,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.apps.closeIdle, // portforward.go: drop the web apps' idle tunnels at shutdown
 		s.retain,         // retention.go: prune finished jobs, expired revocations, stale kite records
 		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
+		s.runGC,          // gc.go: sweep the providers' resources kloud no longer wants
 	}
 }
 

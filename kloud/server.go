@@ -106,7 +106,10 @@ type Options struct {
 	// p<port>--m<machine id>.<AppsHost> (portforward.go): default DefaultAppsHost
 	// ("localhost", on kloud's port); "off" turns web apps off (kloud port-forward still works).
 	AppsHost string
-	Logger   *slog.Logger
+	// GC configures the garbage collection of the providers' resources: the periodic sweep and
+	// the grace period (gc.go; zero: its defaults).
+	GC     GCOptions
+	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
 }
@@ -248,6 +251,7 @@ func (o *Options) defaults() error {
 		o.ReconcileInterval = DefaultReconcileInterval
 	}
 	o.Retention.defaults()
+	o.GC.defaults() // gc.go
 	if o.AgentTimeout <= 0 {
 		o.AgentTimeout = DefaultAgentTimeout
 	}

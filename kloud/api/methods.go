@@ -69,6 +69,11 @@ const (
 	MethodJobCancel = "job.cancel"
 )
 
+// Garbage collection (gc.go): kloud administrators collect the garbage of providers that list
+// their resources (capability "resources"): resources of this kloud instance whose stack or
+// machine kloud no longer has, or that a build which died left out of the stack's Terraform state.
+const MethodGCRun = "gc.run"
+
 // Notifications kloud sends.
 const (
 	// NotifyJobEvent carries a JobEvent on the stream job.watch opens.
@@ -92,6 +97,7 @@ func KloudMethods() []string {
 	return []string{
 		MethodCredentialAdd, MethodCredentialAuthenticate, MethodCredentialBootstrap, MethodCredentialDescribe,
 		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
+		MethodGCRun, // gc.go
 		MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
 		MethodVersion,
 		MethodMachineInfo, MethodMachineList,

@@ -62,6 +62,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		snapshotCmd(g),    // snapshot.go
 		tfCmd(g),          // tf.go
 		portForwardCmd(g), // portforward.go
+		gcCmd(g),          // gc.go
 	)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {

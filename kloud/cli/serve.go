@@ -86,6 +86,7 @@ with kloud's privileges (logged at every start).`,
 	fl.DurationVar(&f.o.Retention.Kites, "retention-kites", kloud.DefaultRetentionKites, "delete presence records of kites whose kloud stopped refreshing them for this long (at least twice --retention-interval)")
 	fl.DurationVar(&f.o.Retention.Interval, "retention-interval", kloud.DefaultRetentionInterval, "how often kloud prunes finished jobs, expired revocations and stale kite records from its store")
 	fl.Var(snapshotQuotaFlag{&f.o.SnapshotQuota}, "snapshot-quota", snapshotQuotaUsage) // snapshot.go
+	gcServeFlags(fl, &f.o.GC)                                                           // gc.go
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)
 	f.local.flags(cmd)

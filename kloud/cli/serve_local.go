@@ -23,8 +23,8 @@ import (
 )
 
 // InstanceIDFile in kloud's data dir holds this kloud's instance id, which every local machine it
-// creates records: the startup sweep and the local machine service touch only machines of their
-// own instance, so several klouds (separate data dirs) can share a host and a state dir.
+// creates records: the garbage collector and the local machine service touch only machines of
+// their own instance, so several klouds (separate data dirs) can share a host and a state dir.
 const InstanceIDFile = "instance-id"
 
 // serveLocal is kloud serve's local provider: machines are Linux namespace machines on this
@@ -80,29 +80,21 @@ func (sl *serveLocal) register(ctx context.Context, f *serveFlags, reg *provider
 	return nil
 }
 
-// start sweeps, once kloud is built, the local machines of stacks kloud no longer has.
+// start tidies, once kloud is built, what a crash left of local machines: half-created machines
+// and network leftovers no machine owns. Machines of stacks kloud no longer has are kloud's
+// garbage collector's (kloud gc, and the sweep every --gc-interval): the provider lists its
+// machines with kloud's tags (provider.CapResources), and only this instance's.
 func (sl *serveLocal) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {
 	l := sl.l
 	if l == nil || l.Available() != nil {
 		return
 	}
-	// Startup sweep: this instance's machines of stacks kloud no longer has (a crash between
-	// terraform and the store) are removed; other klouds' are not. A data dir that was reset
-	// has a new instance id, so the machines of the old one stay: kloud cannot tell them from
-	// another kloud's (sandbox.Manager.List shows them, with their instance).
-	gone, err := l.GC(ctx, func(stackID, machineID string) bool {
-		keep, err := s.Store().Machines().InStack(ctx, stackID, machineID)
-		if err != nil {
-			log.Warn("local provider: sweep: look up machine; keeping it", "machine", machineID, "stack", stackID, "err", err)
-			return true // when in doubt, keep
-		}
-		return keep
-	})
+	gone, err := l.Tidy(ctx)
 	if err != nil {
-		log.Warn("local provider: sweep", "err", err)
+		log.Warn("local provider: tidy", "err", err)
 	}
 	if len(gone) > 0 {
-		log.Info("local provider: removed machines of dead stacks", "machines", gone, "instance", l.Instance())
+		log.Info("local provider: removed half-created machines", "machines", gone, "instance", l.Instance())
 	}
 }
 

@@ -1,0 +1,136 @@
+package e2e
+
+// End-to-end test of kloud's garbage collector (kloud gc, the periodic sweep) with the local
+// provider: real machines whose records are deleted from kloud's store behind its back.
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
+)
+
+// gc runs `kloud gc` as the administrator (the CLI's user may be alice).
+func (e *env) gc(args ...string) string {
+	e.t.Helper()
+	return e.run(append([]string{"gc", "--key", filepath.Join(e.dir, kloud.AdminKeyFile)}, args...)...)
+}
+
+// behindBack stops kloud, runs fn on its store (opened as kloud opens it) and starts kloud again
+// with extra flags.
+func (e *localEnv) behindBack(fn func(ctx context.Context, st *store.Store), extra ...string) {
+	t := e.t
+	t.Helper()
+	e.kill()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	st, err := store.Open(ctx, store.Options{DataDir: e.dir})
+	if err != nil {
+		t.Fatalf("open kloud's store: %v", err)
+	}
+	fn(ctx, st)
+	if err := st.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.extra = append(e.extra, extra...)
+	e.start()
+}
+
+// TestLocalGC: a 2-machine local stack; one machine's record is deleted behind kloud's back:
+// `kloud gc --dry-run` names its machine (and removes nothing), `kloud gc` removes it and leaves
+// the other; then the stack's record is deleted and the periodic sweep removes the last machine.
+// Every machine carries kloud's tags (stack, team, owner, machine, instance).
+func TestLocalGC(t *testing.T) {
+	e := newLocalEnv(t)
+	e.alice()
+	sid := e.createStack(e.template(localTemplate("gc", 2, "#!/bin/bash\necho gc")))
+	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
+		t.Fatalf("apply:\n%s", out)
+	}
+	ms := e.machines(sid)
+	m0, m1 := ms["gc.0"], ms["gc.1"]
+	id0, id1 := m0.sandboxID(), m1.sandboxID()
+	infos := e.sandboxInfos()
+	for _, m := range []localMachine{m0, m1} {
+		in, err := e.h.Manager.Info(t.Context(), m.sandboxID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, want := range map[string]string{"kloud_stack": sid, "kloud_machine": m.ID, "kloud_owner": "alice", "kloud_team": "default"} {
+			if in.Tags[k] != want {
+				t.Errorf("%s: tag %s = %q, want %q (tags %v)", m.Label, k, in.Tags[k], want, in.Tags)
+			}
+		}
+		if in.Instance == "" {
+			t.Errorf("%s: no instance recorded", m.Label)
+		}
+	}
+
+	// Nothing is garbage while kloud has the stack and its machines.
+	if out := e.gc("--dry-run"); !strings.Contains(out, "no garbage") {
+		t.Fatalf("gc --dry-run of a healthy stack:\n%s", out)
+	}
+
+	// Machine gc.1's record goes; no sweep runs by itself, and nothing is too young.
+	e.behindBack(func(ctx context.Context, st *store.Store) {
+		if _, err := st.Collection(store.CollMachines).DeleteOne(ctx, bson.M{"_id": m1.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}, "--gc-interval", "0", "--gc-grace", "0")
+	var dry api.GCResult
+	e.runJSON(&dry, "gc", "--dry-run", "--key", filepath.Join(e.dir, kloud.AdminKeyFile))
+	if len(dry.Garbage) != 1 || dry.Garbage[0].Resource.ID != id1 || dry.Garbage[0].Removed ||
+		!strings.Contains(dry.Garbage[0].Reason, "has no machine "+m1.ID) {
+		t.Fatalf("gc --dry-run: %+v, want machine %s (gc.1) only, not removed, because its record is gone", dry, id1)
+	}
+	g := dry.Garbage[0].Resource
+	for k, want := range map[string]string{provider.TagStack: sid, provider.TagMachine: m1.ID, provider.TagOwner: "alice", provider.TagTeam: "default"} {
+		if g.Tag(k) != want {
+			t.Errorf("listed resource: tag %s = %q, want %q (%v)", k, g.Tag(k), want, g.Tags)
+		}
+	}
+	if g.Tag(provider.TagInstance) == "" || g.CreatedAt.IsZero() {
+		t.Errorf("listed resource without instance or creation time: %+v", g)
+	}
+	for _, id := range []string{id0, id1} {
+		if in, err := e.h.Manager.Info(t.Context(), id); err != nil || in.State != sandbox.StateRunning {
+			t.Fatalf("machine %s after gc --dry-run: %+v %v", id, in, err)
+		}
+	}
+	out := e.gc()
+	if !strings.Contains(out, id1) || !strings.Contains(out, "removed") {
+		t.Fatalf("gc:\n%s", out)
+	}
+	t.Logf("gc:\n%s", out)
+	if in, err := e.h.Manager.Info(t.Context(), id1); err != nil || in.State != sandbox.StateAbsent {
+		t.Fatalf("machine %s after gc: %+v %v", id1, in, err)
+	}
+	if in, err := e.h.Manager.Info(t.Context(), id0); err != nil || in.State != sandbox.StateRunning {
+		t.Fatalf("machine %s (still wanted) after gc: %+v %v", id0, in, err)
+	}
+
+	// The stack's record goes: the periodic sweep removes its last machine.
+	e.behindBack(func(ctx context.Context, st *store.Store) {
+		if err := st.Stacks().Delete(ctx, sid); err != nil {
+			t.Fatal(err)
+		}
+	}, "--gc-interval", "1s")
+	testutil.Eventually(t, time.Minute, func() bool {
+		in, err := e.h.Manager.Info(t.Context(), id0)
+		return err == nil && in.State == sandbox.StateAbsent
+	}, "machine %s of a deleted stack: the periodic sweep did not remove it", id0)
+	if !strings.Contains(e.kloudOut.String(), "no longer exists") {
+		t.Errorf("kloud did not log why it removed machine %s:\n%s", id0, e.kloudOut)
+	}
+	e.assertNothingLeft(infos)
+}
