@@ -39,6 +39,9 @@ type Options struct {
 	Plugins   kloud.PluginOptions
 	// SnapshotQuota is kloud's (zero: its defaults).
 	SnapshotQuota kloud.SnapshotQuota
+	// GC configures kloud's garbage collector (zero: no periodic sweep, kloud's default grace;
+	// gc.run works).
+	GC kloud.GCOptions
 }
 
 // Env is a running test kloud.
@@ -61,6 +64,9 @@ func Start(t testing.TB, o Options) *Env {
 	if o.Providers == nil {
 		o.Providers = provider.NewRegistry()
 	}
+	if o.GC == (kloud.GCOptions{}) {
+		o.GC.Interval = -1 // tests call gc.run
+	}
 	if o.Addr == "" {
 		o.Addr = "127.0.0.1:0"
 	}
@@ -76,7 +82,7 @@ func Start(t testing.TB, o Options) *Env {
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
-		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota,
+		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 	})
 	if err != nil {

@@ -103,6 +103,7 @@ type suite struct {
 	bootstrapped  bool
 	stackID       string
 	machines      []Machine // the stack's, sorted by label
+	resStack      string    // resources.go: the stack whose resources Resources saw
 }
 
 // Run runs the conformance suite for c as subtests of t.
@@ -135,8 +136,10 @@ func Run(t *testing.T, c Config) {
 	t.Run("Snapshot", s.testSnapshot) // snapshot.go
 	t.Run("Update", s.testUpdate)     // update.go
 	t.Run("InvalidInputs", s.testInvalidInputs)
-	t.Run("Firewall", s.testFirewall) // firewall.go
+	t.Run("Firewall", s.testFirewall)   // firewall.go
+	t.Run("Resources", s.testResources) // resources.go
 	t.Run("Destroy", s.testDestroy)
+	t.Run("ResourcesGone", s.testResourcesGone) // resources.go
 	t.Logf("conformance suite of provider %s: %s", s.p.Name, since(t0))
 }
 
@@ -172,6 +175,9 @@ func (s *suite) start(t *testing.T) {
 	t.Helper()
 	ko := s.c.Kloud
 	ko.Providers = provider.NewRegistry()
+	if ko.GC == (kloud.GCOptions{}) {
+		ko.GC = kloud.GCOptions{Interval: -1, Grace: -1} // resources.go: gc.run judges every resource
+	}
 	if ko.KlientBin == "" {
 		ko.KlientBin = testutil.BuildBinary(t, "./cmd/klient")
 	}

@@ -208,6 +208,7 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 			add("stack", b.StackID)
 			add("machine", m.ID)
 			add("owner", m.Owner)
+			add("team", b.Team) // resources.go
 			add("instance", s.d.instance)
 		}
 		sensitive := map[string]bool{"user_data": true}
@@ -247,7 +248,7 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 			}
 		}
 		var labels []map[string]string
-		for _, l := range []struct{ label, kind string }{{LabelStack, "stack"}, {LabelMachine, "machine"}, {LabelOwner, "owner"}, {LabelInstance, "instance"}} {
+		for _, l := range []struct{ label, kind string }{{LabelStack, "stack"}, {LabelMachine, "machine"}, {LabelOwner, "owner"}, {LabelTeam, "team"}, {LabelInstance, "instance"}} {
 			labels = append(labels, map[string]string{"label": strconv.Quote(l.label), "value": ref(l.kind)})
 		}
 		if err := cfg.AddBlocks(ResourceType, res, "labels", labels); err != nil {
