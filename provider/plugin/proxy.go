@@ -72,6 +72,7 @@ func (h *Host) newProxy(name string, m Manifest) *provider.Provider {
 	if m.Handler {
 		p.Handler = &proxyHandler{h: h, name: name}
 	}
+	h.setInventory(p, name, can) // resources.go
 	if len(m.TerraformProviders) > 0 {
 		tps := make([]provider.TerraformProvider, len(m.TerraformProviders))
 		for i, tp := range m.TerraformProviders {

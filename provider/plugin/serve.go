@@ -306,6 +306,7 @@ func (s *server) handle(k *kite.Kite) {
 	k.Handle(MethodMachineResize, kite.Typed(s.machineResize))
 	s.handleSnapshots(k) // snapshot.go
 	s.handlePorts(k)     // firewall.go
+	s.handleResources(k) // resources.go
 }
 
 // errUnsupported carries provider.ErrUnsupported over the wire: kloud's side turns it back.

@@ -126,8 +126,9 @@ var parts = []string{partCredential, partBootstrap, partMetadata}
 
 var knownCaps = []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog,
 	provider.CapResize, provider.CapConstraints, provider.CapBootstrap,
-	provider.CapSnapshot, // snapshot.go
-	provider.CapFirewall, // firewall.go
+	provider.CapSnapshot,  // snapshot.go
+	provider.CapFirewall,  // firewall.go
+	provider.CapResources, // resources.go
 }
 
 // Validate checks a manifest as kloud receives it.
