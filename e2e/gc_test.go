@@ -18,6 +18,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
+	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 )
 
 // gc runs `kloud gc` as the administrator (the CLI's user may be alice).
@@ -46,9 +47,11 @@ func (e *localEnv) behindBack(fn func(ctx context.Context, st *store.Store), ext
 	e.start()
 }
 
-// TestLocalGC: a 2-machine local stack; one machine's record is deleted behind kloud's back:
-// `kloud gc --dry-run` names its machine (and removes nothing), `kloud gc` removes it and leaves
-// the other; then the stack's record is deleted and the periodic sweep removes the last machine.
+// TestLocalGC: a 2-machine local stack; one machine's record is deleted behind kloud's back, and
+// a machine of the stack that no Terraform state holds appears (what a build that died after the
+// create leaves): `kloud gc --dry-run` names both (and removes nothing), `kloud gc` removes them
+// and leaves the other; then the stack's record is deleted and the periodic sweep removes the
+// last machine.
 // Every machine carries kloud's tags (stack, team, owner, machine, instance).
 func TestLocalGC(t *testing.T) {
 	e := newLocalEnv(t)
@@ -81,6 +84,14 @@ func TestLocalGC(t *testing.T) {
 		t.Fatalf("gc --dry-run of a healthy stack:\n%s", out)
 	}
 
+	// A build that died after the machine service created a machine and before terraform
+	// recorded it leaves a machine of this kloud, tagged for machine gc.0, that no state holds.
+	stray, err := e.h.Manager.Create(t.Context(), sandbox.Spec{ID: "stray-" + randomWord(), Hostname: "stray",
+		Tags: map[string]string{"kloud_stack": sid, "kloud_machine": m0.ID}, Instance: instanceOf(t, e.h, id0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	// Machine gc.1's record goes; no sweep runs by itself, and nothing is too young.
 	e.behindBack(func(ctx context.Context, st *store.Store) {
 		if _, err := st.Collection(store.CollMachines).DeleteOne(ctx, bson.M{"_id": m1.ID}); err != nil {
@@ -89,11 +100,15 @@ func TestLocalGC(t *testing.T) {
 	}, "--gc-interval", "0", "--gc-grace", "0")
 	var dry api.GCResult
 	e.runJSON(&dry, "gc", "--dry-run", "--key", filepath.Join(e.dir, kloud.AdminKeyFile))
-	if len(dry.Garbage) != 1 || dry.Garbage[0].Resource.ID != id1 || dry.Garbage[0].Removed ||
-		!strings.Contains(dry.Garbage[0].Reason, "has no machine "+m1.ID) {
-		t.Fatalf("gc --dry-run: %+v, want machine %s (gc.1) only, not removed, because its record is gone", dry, id1)
+	found := map[string]api.GCItem{}
+	for _, g := range dry.Garbage {
+		found[g.Resource.ID] = g
 	}
-	g := dry.Garbage[0].Resource
+	if len(dry.Garbage) != 2 || found[id1].Removed || !strings.Contains(found[id1].Reason, "has no machine "+m1.ID) ||
+		!strings.Contains(found[stray.ID].Reason, "not in the Terraform state") {
+		t.Fatalf("gc --dry-run: %+v, want machine %s (gc.1: its record is gone) and %s (not in the state), not removed", dry, id1, stray.ID)
+	}
+	g := found[id1].Resource
 	for k, want := range map[string]string{provider.TagStack: sid, provider.TagMachine: m1.ID, provider.TagOwner: "alice", provider.TagTeam: "default"} {
 		if g.Tag(k) != want {
 			t.Errorf("listed resource: tag %s = %q, want %q (%v)", k, g.Tag(k), want, g.Tags)
@@ -102,18 +117,23 @@ func TestLocalGC(t *testing.T) {
 	if g.Tag(provider.TagInstance) == "" || g.CreatedAt.IsZero() {
 		t.Errorf("listed resource without instance or creation time: %+v", g)
 	}
-	for _, id := range []string{id0, id1} {
+	for _, id := range []string{id0, id1, stray.ID} {
 		if in, err := e.h.Manager.Info(t.Context(), id); err != nil || in.State != sandbox.StateRunning {
 			t.Fatalf("machine %s after gc --dry-run: %+v %v", id, in, err)
 		}
 	}
 	out := e.gc()
-	if !strings.Contains(out, id1) || !strings.Contains(out, "removed") {
+	if !strings.Contains(out, id1) || !strings.Contains(out, stray.ID) || !strings.Contains(out, "removed") {
 		t.Fatalf("gc:\n%s", out)
 	}
 	t.Logf("gc:\n%s", out)
-	if in, err := e.h.Manager.Info(t.Context(), id1); err != nil || in.State != sandbox.StateAbsent {
-		t.Fatalf("machine %s after gc: %+v %v", id1, in, err)
+	for _, id := range []string{id1, stray.ID} {
+		if in, err := e.h.Manager.Info(t.Context(), id); err != nil || in.State != sandbox.StateAbsent {
+			t.Fatalf("machine %s after gc: %+v %v", id, in, err)
+		}
+	}
+	if out := e.gc("--dry-run"); !strings.Contains(out, "no garbage") {
+		t.Errorf("gc --dry-run after gc:\n%s", out)
 	}
 	if in, err := e.h.Manager.Info(t.Context(), id0); err != nil || in.State != sandbox.StateRunning {
 		t.Fatalf("machine %s (still wanted) after gc: %+v %v", id0, in, err)
@@ -133,4 +153,14 @@ func TestLocalGC(t *testing.T) {
 		t.Errorf("kloud did not log why it removed machine %s:\n%s", id0, e.kloudOut)
 	}
 	e.assertNothingLeft(infos)
+}
+
+// instanceOf is the kloud instance recorded in local machine id.
+func instanceOf(t *testing.T, h *tfprovidertest.Host, id string) string {
+	t.Helper()
+	in, err := h.Manager.Info(t.Context(), id)
+	if err != nil || in.Instance == "" {
+		t.Fatalf("machine %s: no instance: %+v %v", id, in, err)
+	}
+	return in.Instance
 }

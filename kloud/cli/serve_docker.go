@@ -83,24 +83,7 @@ func (sd *serveDocker) register(ctx context.Context, f *serveFlags, reg *provide
 	return nil
 }
 
-// start sweeps, once kloud is built, this instance's containers of stacks kloud no longer has.
-func (sd *serveDocker) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {
-	d := sd.d
-	if d == nil || d.Available() != nil {
-		return
-	}
-	gone, err := d.GC(ctx, func(stackID, machineID string) bool {
-		keep, err := s.Store().Machines().InStack(ctx, stackID, machineID)
-		if err != nil {
-			log.Warn("docker provider: sweep: look up machine; keeping it", "machine", machineID, "stack", stackID, "err", err)
-			return true // when in doubt, keep
-		}
-		return keep
-	})
-	if err != nil {
-		log.Warn("docker provider: sweep", "err", err)
-	}
-	if len(gone) > 0 {
-		log.Info("docker provider: removed containers of dead stacks", "containers", gone, "instance", d.Instance())
-	}
-}
+// start: containers of stacks kloud no longer has are kloud's garbage collector's (kloud gc, and
+// the sweep every --gc-interval): the provider lists this instance's containers by their labels
+// (provider.CapResources).
+func (sd *serveDocker) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {}

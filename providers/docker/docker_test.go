@@ -139,7 +139,7 @@ func TestMachinesThroughTerraform(t *testing.T) {
 		{ID: "m0", Label: "vm.0", Resource: "vm", Index: new(0), Provider: docker.Name, Owner: "alice"},
 		{ID: "m1", Label: "vm.1", Resource: "vm", Index: new(1), Provider: docker.Name, Owner: "alice"},
 	}
-	b := &provider.BaseStack{Provider: f.d.Provider(), StackID: "s1", Owner: "alice",
+	b := &provider.BaseStack{Provider: f.d.Provider(), StackID: "s1", Owner: "alice", Team: "team1",
 		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(twoMachines)}}, Machines: ms, AgentConfig: agentConfig}
 	st, _ := f.d.Provider().Stack(b)
 	tpl, err := st.ApplyTemplate(ctx, nil)
@@ -179,7 +179,7 @@ func TestMachinesThroughTerraform(t *testing.T) {
 		}
 		c := res.Container
 		lbl := c.Config.Labels
-		if lbl[docker.LabelStack] != "s1" || lbl[docker.LabelMachine] != ms[i].ID || lbl[docker.LabelOwner] != "alice" || lbl[docker.LabelInstance] != "t1" {
+		if lbl[docker.LabelStack] != "s1" || lbl[docker.LabelMachine] != ms[i].ID || lbl[docker.LabelOwner] != "alice" || lbl[docker.LabelTeam] != "team1" || lbl[docker.LabelInstance] != "t1" {
 			t.Errorf("container %d labels %v", i, lbl)
 		}
 		if _, ok := lbl[docker.UserDataLabel]; ok {
@@ -314,6 +314,24 @@ func TestMachinesThroughTerraform(t *testing.T) {
 	alive := mk("alive", map[string]string{docker.LabelInstance: "t1", docker.LabelStack: "s1", docker.LabelMachine: "m0"})
 	otherInst := mk("other", map[string]string{docker.LabelInstance: "t2", docker.LabelStack: "gone", docker.LabelMachine: "m9"})
 	plain := mk("plain", nil)
+	// The inventory (capability resources, kloud gc) lists this instance's labelled containers
+	// only, with kloud's tags, and removes only this instance's.
+	rs, err := f.d.Provider().Inventory.Resources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]provider.Resource{}
+	for _, r := range rs {
+		listed[r.ID] = r
+	}
+	if len(rs) != 2 || listed[dead].Tag(provider.TagStack) != "gone" || listed[alive].Tag(provider.TagMachine) != "m0" ||
+		listed[alive].Tag(provider.TagInstance) != "t1" || listed[alive].Name != "alive" || listed[alive].CreatedAt.IsZero() {
+		t.Errorf("Resources: %+v, want containers dead and alive with kloud's tags", rs)
+	}
+	foreign := provider.Resource{ID: otherInst, Kind: docker.KindContainer, Tags: provider.ResourceTags("gone", "", "", "m9", "t1")}
+	if err := f.d.Provider().Inventory.RemoveResource(ctx, foreign); err == nil {
+		t.Errorf("RemoveResource of another instance's container: no error")
+	}
 	gone, err := f.d.GC(ctx, func(stack, machine string) bool { return stack == "s1" })
 	if err != nil || len(gone) != 1 || gone[0] != dead {
 		t.Errorf("GC removed %v (%v), want only %s", gone, err, dead)
