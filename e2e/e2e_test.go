@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
 var bin string // directory of the built binaries
@@ -28,6 +29,7 @@ var bin string // directory of the built binaries
 // (testutil.RunDir), not the system temp dir, and removes it at the end; if the process dies
 // first (a -timeout panic), the next run removes it.
 func TestMain(m *testing.M) {
+	sandbox.MaybeRunInit() // first: a local machine a test creates itself boots from this binary (gc_test.go)
 	dir, remove, err := testutil.RunDir("e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-
-	"github.com/kloud-dev/kloud/klient/klientapi"
 )
 
 // record is what kloud keeps of a vagrant machine it asked a host to create
@@ -130,19 +128,13 @@ func (v *Vagrant) GC(ctx context.Context, keep func(stackID, machineID string) b
 		if r.Complete && keep(r.Tags[TagStack], r.Tags[TagMachine]) {
 			continue
 		}
-		h, err := v.hosts.Host(ctx, r.Owner, r.Host)
-		if err != nil {
+		if _, err := v.hosts.Host(ctx, r.Owner, r.Host); err != nil {
 			continue // not connected: a later sweep
 		}
-		if err := v.call(ctx, h, klientapi.MethodVagrantDestroy, klientapi.VagrantNameParams{Token: h.Token, Name: r.Name}, nil); err != nil {
-			errs = append(errs, fmt.Errorf("destroy vagrant machine %s on %s: %w", r.Name, r.Host, err))
-			continue
-		}
-		if err := v.removeRecord(r.Name); err != nil {
+		if err := v.destroyRecorded(ctx, r); err != nil { // resources.go
 			errs = append(errs, err)
 			continue
 		}
-		v.log.Info("vagrant provider: swept a machine", "name", r.Name, "host", r.Host, "stack", r.Tags[TagStack], "machine", r.Tags[TagMachine], "complete", r.Complete)
 		gone = append(gone, r.Name)
 	}
 	return gone, errors.Join(errs...)
