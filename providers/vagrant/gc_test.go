@@ -12,6 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/klient/vagrant/vagranttest"
 	"github.com/kloud-dev/kloud/kontrol/kontroltest"
+	"github.com/kloud-dev/kloud/provider"
 )
 
 // GC destroys, on the real host, what a crash left half-made and what kloud no longer has, and
@@ -45,6 +46,26 @@ func TestGC(t *testing.T) {
 	mk("other", "s2", true, "k2") // another kloud's
 	mk("busy", "s1", false, "k1") // being created right now
 	v.setInflight("busy", true)
+
+	// The inventory (capability resources, kloud gc) lists this instance's records but the one
+	// being created, with kloud's tags; it removes only this instance's.
+	rs, err := inventory{v}.Resources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]provider.Resource{}
+	for _, r := range rs {
+		listed[r.ID] = r
+	}
+	if len(rs) != 3 || !listed["half"].Incomplete || listed["kept"].Incomplete || listed["kept"].Tag(provider.TagOwner) != "alice" ||
+		listed["dead"].Tag(provider.TagStack) != "s2" || listed["kept"].Tag(provider.TagInstance) != "k1" || listed["kept"].CreatedAt.IsZero() {
+		t.Errorf("Resources: %+v, want half (incomplete), kept and dead with kloud's tags", rs)
+	}
+	foreign := provider.Resource{ID: "other", Kind: KindMachine, Tags: provider.ResourceTags("s2", "", "alice", "m-other", "k1")}
+	if err := (inventory{v}).RemoveResource(ctx, foreign); err == nil {
+		t.Error("RemoveResource of another instance's machine: no error")
+	}
+
 	gone, err := v.GC(ctx, func(stack, machine string) bool { return stack == "s1" })
 	if err != nil {
 		t.Fatal(err)
