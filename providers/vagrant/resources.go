@@ -11,9 +11,13 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 )
 
-// TagTeam is the tag of the stack's team kloud puts on every machine, besides TagStack and
-// TagMachine (vagrant.go); the owner and the kloud instance are the record's own fields.
-const TagTeam = "kloud_team"
+// More tags kloud puts on every machine (besides TagStack and TagMachine, vagrant.go): the
+// stack's team and owner. The owner and the kloud instance are also the record's own fields,
+// which Resources reports (they are what the service checks).
+const (
+	TagTeam  = "kloud_team"
+	TagOwner = "kloud_owner"
+)
 
 // KindMachine is the kind of the vagrant provider's resources.
 const KindMachine = "vagrant-machine"
@@ -38,7 +42,7 @@ func (i inventory) Resources(ctx context.Context) ([]provider.Resource, error) {
 		if r.Instance != v.instance || r.Tags[TagStack] == "" || v.inflight(r.Name) {
 			continue
 		}
-		tags := provider.MapTags(r.Tags, map[string]string{TagStack: provider.TagStack, TagMachine: provider.TagMachine, TagTeam: provider.TagTeam})
+		tags := provider.MapTags(r.Tags, map[string]string{TagStack: provider.TagStack, TagMachine: provider.TagMachine, TagTeam: provider.TagTeam, TagOwner: provider.TagOwner})
 		tags[provider.TagOwner], tags[provider.TagInstance] = r.Owner, r.Instance
 		res := provider.Resource{ID: r.Name, Kind: KindMachine, Name: r.Hostname, Tags: tags, Incomplete: !r.Complete}
 		if fi, err := os.Stat(v.recordPath(r.Name)); err == nil {

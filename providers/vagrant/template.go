@@ -54,6 +54,8 @@ func (v *Vagrant) template() *machinesvc.Template {
 		TokenVar:     TokenVar,
 		TagStack:     TagStack,
 		TagMachine:   TagMachine,
+		TagTeam:      TagTeam,  // resources.go
+		TagOwner:     TagOwner, // resources.go
 		Endpoint:     v.opts.Endpoint,
 		Check: func() error {
 			if err := v.Available(); err != nil {
