@@ -58,7 +58,8 @@ func (i inventory) Resources(ctx context.Context) ([]provider.Resource, error) {
 }
 
 // RemoveResource removes container r.ID (and its anonymous volumes) if it is still this
-// instance's container of r's stack and machine. One already gone is no error.
+// instance's container of r's stack and machine, and the machines' network if no container is
+// left on it. A container already gone is no error.
 func (i inventory) RemoveResource(ctx context.Context, r provider.Resource) error {
 	cli, err := i.d.Client()
 	if err != nil {
@@ -86,6 +87,10 @@ func (i inventory) RemoveResource(ctx context.Context, r provider.Resource) erro
 	}
 	if _, err := cli.ContainerRemove(ctx, r.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("remove container %.12s: %w", r.ID, err)
+	}
+	// The network goes with the last container, as after GC (network.go).
+	if _, err := i.d.removeNetworkIfUnused(ctx); err != nil {
+		return err
 	}
 	return nil
 }
