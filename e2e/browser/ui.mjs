@@ -392,8 +392,8 @@ async function terminalSteps() {
     await page.keyboard.type('echo hello-$((6*7))');
     await page.keyboard.press('Enter');
     await poll('hello-42 in the xterm buffer', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 30000);
-    const rows = await page.textContent('.term-pane.active .xterm-rows');
-    if (!rows.includes('hello-42')) throw new Error('hello-42 not rendered in .xterm-rows');
+    // The buffer has it first; xterm paints the rows on its next animation frame.
+    await poll('hello-42 rendered in .xterm-rows', async () => (await page.textContent('.term-pane.active .xterm-rows')).includes('hello-42'), 10000);
     return { session, screenshot: await shot('terminal.png') };
   });
 
