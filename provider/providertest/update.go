@@ -34,7 +34,7 @@ func (s *suite) testUpdate(t *testing.T) {
 	}
 	update := func(n int) {
 		t.Helper()
-		if _, err := s.cl.TemplateUpdate(ctx, api.TemplateParams{TemplateID: view.TemplateID, Files: s.c.Template(n)}); err != nil {
+		if _, err := s.cl.TemplateUpdate(ctx, api.TemplateParams{TemplateID: view.TemplateID, Files: s.templateOf(n)}); err != nil {
 			t.Fatalf("template.update to Template(%d): %v", n, err)
 		}
 		plan, err := s.cl.StackPlan(ctx, api.StackPlanParams{StackID: s.stackID})

@@ -12,11 +12,15 @@ const (
 )
 
 // stackTemplate is the template of the suite's stack: Config.UserScriptTemplate's when set.
-func (s *suite) stackTemplate() map[string]string {
+func (s *suite) stackTemplate() map[string]string { return s.templateOf(2) }
+
+// templateOf is the template of n machines in the family the stack was built from (with the
+// user script when the provider tests one), so that a later revision changes only the count.
+func (s *suite) templateOf(n int) map[string]string {
 	if s.c.UserScriptTemplate != nil {
-		return s.c.UserScriptTemplate(2, userScriptPath, userScriptData)
+		return s.c.UserScriptTemplate(n, userScriptPath, userScriptData)
 	}
-	return s.c.Template(2)
+	return s.c.Template(n)
 }
 
 // UserScript: the template author's own user data ran on every machine of the stack (kloud

@@ -81,7 +81,8 @@ resource "docker_container" "vm" {
 `, n)}
 		},
 		// The template's own user data (docker.UserDataLabel), an expression (count.index): kloud
-		// takes each machine's planned value.
+		// takes each machine's planned value. The stack is built from this one, so the Update case
+		// updates to it with another count; cpus and memory_swap as above.
 		UserScriptTemplate: func(n int, path, data string) map[string]string {
 			return map[string]string{"main.tf": fmt.Sprintf(`terraform {
   required_providers {
@@ -93,8 +94,9 @@ resource "docker_container" "vm" {
   count  = %d
   name   = "vm-${count.index}"
   image  = "kloud"
-  memory = 512
-  cpus   = "1"
+  memory      = 512
+  memory_swap = 1024
+  cpus        = "1.0"
   labels {
     label = "kloud_user_data"
     value = <<-EOT
