@@ -2,7 +2,9 @@ package docker
 
 import (
 	"context"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 )
 
@@ -22,40 +24,19 @@ func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path str
 		}
 		next.ServeHTTP(w, r)
 	case r.Method == http.MethodDelete && strings.HasPrefix(path, "/containers/"):
-		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r)
-		if sw.status/100 == 2 {
+		// The answer (a status and at most a short error) is held until the network is dealt
+		// with, so whoever deleted the last container sees the network gone when it is told.
+		rec := httptest.NewRecorder()
+		next.ServeHTTP(rec, r)
+		if rec.Code/100 == 2 {
 			if _, err := d.removeNetworkIfUnused(context.WithoutCancel(r.Context())); err != nil {
 				d.log.Warn("docker provider: remove the machines' network after the last container", "err", err)
 			}
 		}
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
 	default:
 		next.ServeHTTP(w, r)
-	}
-}
-
-// statusWriter records the status code written.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
 	}
 }

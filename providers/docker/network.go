@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/network"
@@ -80,36 +81,63 @@ func (d *Docker) removeNetworkIfUnused(ctx context.Context) (removed bool, err e
 	}
 	d.netLife.Lock()
 	defer d.netLife.Unlock()
+	// Right after its last container went, the daemon may still list that container's endpoint
+	// on the network, or refuse the removal with a store error ("error deleting network
+	// endpoint count from store") while it releases it: an endpoint whose container no longer
+	// exists does not count, and the removal is tried again for a moment (the next removal or
+	// GC tries again anyway).
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		used, exists, err := d.networkUsed(ctx, cli)
+		if err != nil || used || !exists {
+			return false, err
+		}
+		d.setNetOK(false)
+		_, err = cli.NetworkRemove(ctx, d.opts.Network, client.NetworkRemoveOptions{})
+		if err == nil || cerrdefs.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false, fmt.Errorf("remove docker network %s: %w", d.opts.Network, err)
+		}
+		d.log.Debug("docker provider: remove the machines' network: retrying", "network", d.opts.Network, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	d.log.Info("docker provider: removed the machines' network: no container uses it", "network", d.opts.Network)
+	return true, nil
+}
+
+// networkUsed reports whether a container that exists (running, stopped or only created) is on
+// the machines' network, and whether the network exists.
+func (d *Docker) networkUsed(ctx context.Context, cli *client.Client) (used, exists bool, err error) {
 	res, err := cli.NetworkInspect(ctx, d.opts.Network, client.NetworkInspectOptions{})
 	if cerrdefs.IsNotFound(err) {
 		d.setNetOK(false)
-		return false, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("inspect docker network %s: %w", d.opts.Network, err)
-	}
-	if len(res.Network.Containers) > 0 {
-		return false, nil // running containers on it
+		return false, false, fmt.Errorf("inspect docker network %s: %w", d.opts.Network, err)
 	}
 	// Stopped and created containers are not in the network's list: ask every container.
 	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true})
 	if err != nil {
-		return false, fmt.Errorf("list containers: %w", err)
+		return false, true, fmt.Errorf("list containers: %w", err)
 	}
 	for _, c := range cs.Items {
+		if _, ok := res.Network.Containers[c.ID]; ok {
+			return true, true, nil
+		}
 		if c.HostConfig.NetworkMode == d.opts.Network || c.HostConfig.NetworkMode == res.Network.ID {
-			return false, nil
+			return true, true, nil
 		}
 		if c.NetworkSettings != nil && c.NetworkSettings.Networks[d.opts.Network] != nil {
-			return false, nil
+			return true, true, nil
 		}
 	}
-	d.setNetOK(false)
-	if _, err := cli.NetworkRemove(ctx, d.opts.Network, client.NetworkRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-		return false, fmt.Errorf("remove docker network %s: %w", d.opts.Network, err)
-	}
-	d.log.Info("docker provider: removed the machines' network: no container uses it", "network", d.opts.Network)
-	return true, nil
+	return false, true, nil
 }
 
 // onNetwork reports whether kloud is reached on the network's own subnet (Options.Endpoint, where
