@@ -22,6 +22,7 @@
 //	(*Manager) SetInstance(ctx, id, inst) (Info, error)  record the owner of a machine made without one
 //	(*Manager) Destroy(ctx, id) error                everything, idempotent
 //	(*Manager) List(ctx) / GC(ctx, keep)             GC also removes half-created machines and orphans
+//	(*Manager) Leftovers(ctx) / RemoveLeftover(ctx, l)  what machines left without a record (leftovers.go)
 //	(*Manager) Exec(ctx, id, argv...) ([]byte, error)  nsenter into a running machine
 //
 // Usage:

@@ -314,7 +314,11 @@ func (m *Manager) reserve(ctx context.Context, spec Spec) (*record, error) {
 		BaseImage: m.baseImage, IP: addr, PrefixLen: m.subnet.Bits(), Bridge: m.bridge,
 		Netns: n.netns, HostVeth: n.hostVeth, PeerVeth: n.peerVeth, Cgroup: n.cgroup,
 	}
+	if err := m.saveLedger(r); err != nil { // before anything of the machine exists (leftovers.go)
+		return nil, err
+	}
 	if err := os.Mkdir(m.machineDir(spec.ID), 0o700); err != nil {
+		m.removeLedger(spec.ID)
 		return nil, fmt.Errorf("machine dir: %w", err)
 	}
 	if err := m.saveRecord(r); err != nil {
@@ -698,6 +702,9 @@ func (m *Manager) destroyLocked(ctx context.Context, id string) error {
 		m.log.Warn("firewall after destroy", "machine", id, "err", err)
 	}
 	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy machine %q: %w", id, err) // the ledger entry says whose the rest is
+	}
+	if err := m.removeLedger(id); err != nil {
 		return fmt.Errorf("destroy machine %q: %w", id, err)
 	}
 	m.log.Info("machine destroyed", "machine", id)
@@ -707,10 +714,26 @@ func (m *Manager) destroyLocked(ctx context.Context, id string) error {
 // unmountUnder detaches any host mount at or below dir. Machines mount nothing on the host, but
 // RemoveAll must never descend into a mount.
 func unmountUnder(dir string) error {
+	mps, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := len(mps) - 1; i >= 0; i-- {
+		if err := unix.Unmount(mps[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", mps[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountsUnder lists the host's mount points at or below dir, in mount order.
+func mountsUnder(dir string) ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return fmt.Errorf("read mountinfo: %w", err)
+		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
+	defer f.Close()
 	var mps []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -719,14 +742,7 @@ func unmountUnder(dir string) error {
 			mps = append(mps, mp)
 		}
 	}
-	f.Close()
-	var errs []error
-	for i := len(mps) - 1; i >= 0; i-- {
-		if err := unix.Unmount(mps[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", mps[i], err))
-		}
-	}
-	return errors.Join(errs...)
+	return mps, sc.Err()
 }
 
 // GC destroys every machine for which keep returns false (keep nil keeps all complete ones),
@@ -773,46 +789,16 @@ func (m *Manager) GC(ctx context.Context, keep func(Info) bool) ([]string, error
 	return removed, errors.Join(errs...)
 }
 
-// gcOrphans removes namespaces, veths and cgroups of this manager that no record owns. It holds
-// the global lock: Create writes a record (under that lock) before it creates any of them.
+// gcOrphans removes namespaces, veths and cgroups of this manager that no record owns
+// (leftovers.go).
 func (m *Manager) gcOrphans(ctx context.Context) error {
-	g, err := m.lockGlobal(ctx)
+	los, err := m.Leftovers(ctx)
 	if err != nil {
 		return err
-	}
-	defer g.unlock()
-	owned := map[string]bool{}
-	ids, err := m.machineIDs()
-	if err != nil {
-		return err
-	}
-	for _, id := range ids {
-		n := m.namesFor(id)
-		owned[n.netns], owned[n.hostVeth], owned[n.cgroup] = true, true, true
-		if r, err := m.loadRecord(id); err == nil {
-			owned[r.Netns], owned[r.HostVeth], owned[r.Cgroup] = true, true, true
-		}
 	}
 	var errs []error
-	for _, port := range m.bridgePorts() {
-		if !owned[port] && validVeth(port) {
-			m.log.Info("gc: removing orphan veth", "veth", port)
-			if _, err := m.ip(ctx, "link", "del", port); err != nil && linkExists(port) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	for _, ns := range m.netnsNames() {
-		if !owned[ns] {
-			m.log.Info("gc: removing orphan netns", "netns", ns)
-			errs = append(errs, killLeftovers(ctx, names{netns: ns}), m.removeMachineNetwork(ctx, names{netns: ns}))
-		}
-	}
-	for _, cg := range cgroupOrphans("kd-" + m.mgrHash + "-") {
-		if !owned[cg] {
-			m.log.Info("gc: removing orphan cgroup", "cgroup", cg)
-			errs = append(errs, killLeftovers(ctx, names{cgroup: cg}), removeCgroups(cg))
-		}
+	for _, lo := range los {
+		errs = append(errs, m.RemoveLeftover(ctx, lo))
 	}
 	return errors.Join(errs...)
 }

@@ -109,6 +109,9 @@ func (m *Manager) saveRecord(r *record) error {
 	if err != nil {
 		return fmt.Errorf("encode machine.json: %w", err)
 	}
+	if err := m.saveLedger(r); err != nil { // leftovers.go: who the machine was, if this file goes
+		return err
+	}
 	p := m.recordPath(r.ID)
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
