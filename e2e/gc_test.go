@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -49,8 +50,10 @@ func (e *localEnv) behindBack(fn func(ctx context.Context, st *store.Store), ext
 
 // TestLocalGC: a 2-machine local stack; one machine's record is deleted behind kloud's back, and
 // a machine of the stack that no Terraform state holds appears (what a build that died after the
-// create leaves): `kloud gc --dry-run` names both (and removes nothing), `kloud gc` removes them
-// and leaves the other; then the stack's record is deleted and the periodic sweep removes the
+// create leaves), and a machine's directory vanishes while it runs (what a destroy that failed
+// half-way leaves: its namespace, veth and cgroup): `kloud gc --dry-run` names the three (the
+// leftovers with the machine they belonged to) and removes nothing, `kloud gc` removes them and
+// leaves the other machine; then the stack's record is deleted and the periodic sweep removes the
 // last machine.
 // Every machine carries kloud's tags (stack, team, owner, machine, instance).
 func TestLocalGC(t *testing.T) {
@@ -98,15 +101,34 @@ func TestLocalGC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}, "--gc-interval", "0", "--gc-grace", "0")
+	// A machine of this kloud whose directory (machine.json with it) vanished while it ran: what
+	// a destroy that failed half-way or a crash inside its directory's removal leaves: its
+	// namespace, veth and cgroup (with its processes) are leftovers, garbage whatever its tags say.
+	// (Created after kloud's restart: kloud serve's startup tidy removes leftovers too.)
+	lost, err := e.h.Manager.Create(t.Context(), sandbox.Spec{ID: "lost-" + randomWord(), Hostname: "lost",
+		Tags: map[string]string{"kloud_stack": sid, "kloud_machine": m0.ID}, Instance: instanceOf(t, e.h, id0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(lost.Dir); err != nil {
+		t.Fatal(err)
+	}
 	var dry api.GCResult
 	e.runJSON(&dry, "gc", "--dry-run", "--key", filepath.Join(e.dir, kloud.AdminKeyFile))
 	found := map[string]api.GCItem{}
 	for _, g := range dry.Garbage {
 		found[g.Resource.ID] = g
 	}
-	if len(dry.Garbage) != 2 || found[id1].Removed || !strings.Contains(found[id1].Reason, "has no machine "+m1.ID) ||
+	if len(dry.Garbage) != 3 || found[id1].Removed || !strings.Contains(found[id1].Reason, "has no machine "+m1.ID) ||
 		!strings.Contains(found[stray.ID].Reason, "not in the Terraform state") {
-		t.Fatalf("gc --dry-run: %+v, want machine %s (gc.1: its record is gone) and %s (not in the state), not removed", dry, id1, stray.ID)
+		t.Fatalf("gc --dry-run: %+v, want machine %s (gc.1: its record is gone), %s (not in the state) and %s's leftovers, not removed", dry, id1, stray.ID, lost.ID)
+	}
+	if lo := found[lost.ID]; lo.Removed || !lo.Resource.Orphan || lo.Resource.Kind != "leftovers" || !strings.Contains(lo.Reason, "left over") ||
+		!strings.Contains(lo.Resource.Name, "netns "+lost.Netns) || lo.Resource.Tag(provider.TagMachine) != m0.ID {
+		t.Fatalf("gc --dry-run: leftovers of %s: %+v", lost.ID, lo)
+	}
+	if los, err := e.h.Manager.Leftovers(t.Context()); err != nil || len(los) != 1 || los[0].Netns != lost.Netns || !isNetns(lost.Netns) {
+		t.Fatalf("leftovers after gc --dry-run: %+v %v", los, err)
 	}
 	g := found[id1].Resource
 	for k, want := range map[string]string{provider.TagStack: sid, provider.TagMachine: m1.ID, provider.TagOwner: "alice", provider.TagTeam: "default"} {
@@ -123,8 +145,11 @@ func TestLocalGC(t *testing.T) {
 		}
 	}
 	out := e.gc()
-	if !strings.Contains(out, id1) || !strings.Contains(out, stray.ID) || !strings.Contains(out, "removed") {
+	if !strings.Contains(out, id1) || !strings.Contains(out, stray.ID) || !strings.Contains(out, lost.ID) || !strings.Contains(out, "removed") {
 		t.Fatalf("gc:\n%s", out)
+	}
+	if los, err := e.h.Manager.Leftovers(t.Context()); err != nil || len(los) != 0 || isNetns(lost.Netns) || linkExists(lost.HostVeth) {
+		t.Fatalf("leftovers after gc: %+v %v", los, err)
 	}
 	t.Logf("gc:\n%s", out)
 	for _, id := range []string{id1, stray.ID} {
@@ -163,4 +188,16 @@ func instanceOf(t *testing.T, h *tfprovidertest.Host, id string) string {
 		t.Fatalf("machine %s: no instance: %+v %v", id, in, err)
 	}
 	return in.Instance
+}
+
+// isNetns says whether network namespace name is in /run/netns.
+func isNetns(name string) bool {
+	_, err := os.Stat(filepath.Join("/run/netns", name))
+	return err == nil
+}
+
+// linkExists says whether the host has network interface name.
+func linkExists(name string) bool {
+	_, err := os.Stat(filepath.Join("/sys/class/net", name))
+	return err == nil
 }

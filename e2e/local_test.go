@@ -265,14 +265,14 @@ func (e *localEnv) footprint(infos []sandbox.Info) hostFootprint {
 			f.cgroups = append(f.cgroups, cg)
 		}
 	}
-	// The state dir keeps only its lock file, the directory of per-machine locks (Destroy
-	// removes a machine's lock file) and the local machine service's key.
+	// The state dir keeps only its lock file, the directories of per-machine locks and ledger
+	// entries (Destroy removes a machine's lock file and entry) and the local machine service's key.
 	err = filepath.WalkDir(e.h.StateDir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || p == e.h.StateDir {
 			return err
 		}
 		rel, _ := filepath.Rel(e.h.StateDir, p)
-		if rel == ".lock" || rel == ".locks" || rel == local.KeyFile {
+		if rel == ".lock" || rel == ".locks" || rel == ".ledger" || rel == local.KeyFile {
 			return nil
 		}
 		f.entries = append(f.entries, rel)

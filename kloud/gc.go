@@ -12,6 +12,9 @@ package kloud
 //     resource (no resource of the state has its id): a build that died between the provider's
 //     create and Terraform's state write left it, and the next build makes a new one.
 //
+// A resource the provider marks Orphan (what is left of one it no longer has, e.g. a local
+// machine's namespace after its record is gone) is garbage whatever its tags say.
+//
 // It never removes a resource younger than the grace period (GCOptions.Grace: a build may be
 // creating it), nor one of a stack a job holds: it takes the stack's lease ("stack/ID", as
 // builds do) before it decides about a stack that exists, and a stack in Building or Destroying
@@ -130,6 +133,7 @@ func (s *Server) collectGarbage(ctx context.Context, dryRun bool, only string) (
 	}
 	byStack := map[string][]listed{}
 	var stacks []string
+	var orphans []listed
 	for _, name := range s.providers.Names() {
 		if only != "" && name != only {
 			continue
@@ -153,6 +157,10 @@ func (s *Server) collectGarbage(ctx context.Context, dryRun bool, only string) (
 		gp.Resources = len(rs)
 		res.Providers = append(res.Providers, gp)
 		for _, r := range rs {
+			if r.Orphan {
+				orphans = append(orphans, listed{name, r})
+				continue
+			}
 			st := r.Tag(provider.TagStack)
 			if st == "" {
 				continue // not kloud's to judge
@@ -164,6 +172,12 @@ func (s *Server) collectGarbage(ctx context.Context, dryRun bool, only string) (
 		}
 	}
 	now := time.Now()
+	for _, l := range orphans {
+		if !l.r.CreatedAt.IsZero() && now.Sub(l.r.CreatedAt) < s.opts.GC.Grace {
+			continue
+		}
+		res.Garbage = append(res.Garbage, s.gcRemove(ctx, l.prov, l.r, "left over: the provider no longer has what it belonged to", dryRun))
+	}
 	for _, stackID := range stacks {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -189,24 +203,30 @@ func (s *Server) collectGarbage(ctx context.Context, dryRun bool, only string) (
 			if reason == "" {
 				continue
 			}
-			item := api.GCItem{Provider: l.prov, Resource: l.r, Reason: reason}
-			if !dryRun {
-				p, err := s.providers.Lookup(l.prov)
-				if err == nil {
-					err = p.Inventory.RemoveResource(ctx, l.r)
-				}
-				if err != nil {
-					item.Error = err.Error()
-				} else {
-					item.Removed = true
-					s.log.Info("gc: removed a resource", "provider", l.prov, "resource", l.r.String(), "stack", stackID, "reason", reason)
-				}
-			}
-			res.Garbage = append(res.Garbage, item)
+			res.Garbage = append(res.Garbage, s.gcRemove(ctx, l.prov, l.r, reason, dryRun))
 		}
 		release()
 	}
 	return res, nil
+}
+
+// gcRemove removes garbage resource r of provider prov (unless dryRun) and says how it went.
+func (s *Server) gcRemove(ctx context.Context, prov string, r provider.Resource, reason string, dryRun bool) api.GCItem {
+	item := api.GCItem{Provider: prov, Resource: r, Reason: reason}
+	if dryRun {
+		return item
+	}
+	p, err := s.providers.Lookup(prov)
+	if err == nil {
+		err = p.Inventory.RemoveResource(ctx, r)
+	}
+	if err != nil {
+		item.Error = err.Error()
+		return item
+	}
+	item.Removed = true
+	s.log.Info("gc: removed a resource", "provider", prov, "resource", r.String(), "stack", r.Tag(provider.TagStack), "reason", reason)
+	return item
 }
 
 // gcJudgeStack returns, for the resources tagged with stack id, a function that says why one is

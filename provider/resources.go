@@ -41,6 +41,10 @@ type Resource struct {
 	CreatedAt time.Time `json:"createdAt,omitzero"`
 	// Incomplete marks a resource whose creation never finished (a crash midway).
 	Incomplete bool `json:"incomplete,omitempty"`
+	// Orphan marks what is left of a resource the provider no longer has (a local machine's
+	// network namespace, veth and cgroups after its record is gone): garbage by itself, whatever
+	// its tags say. kloud removes it once it is older than the grace period.
+	Orphan bool `json:"orphan,omitempty"`
 }
 
 // Tag returns r's tag k ("" if unset).

@@ -92,6 +92,13 @@ resource "kloudlocal_machine" "vm" {
 			for _, m := range ms {
 				out = append(out, strings.Join([]string{"machine", m.ID, m.Hostname}, " "))
 			}
+			los, err := h.Manager.Leftovers(t.Context())
+			if err != nil {
+				t.Fatalf("list leftovers: %v", err)
+			}
+			for _, lo := range los {
+				out = append(out, "leftovers of machine "+lo.ID+": "+lo.Parts())
+			}
 			return out
 		},
 		Terraform: tfrun.Options{TerraformPath: tf, CLIConfigFile: cliConfig},

@@ -21,14 +21,20 @@ func tagKeys() map[string]string {
 	return map[string]string{TagStack: provider.TagStack, TagMachine: provider.TagMachine, TagTeam: provider.TagTeam, TagOwner: provider.TagOwner}
 }
 
-// KindMachine is the kind of the local provider's resources.
-const KindMachine = "machine"
+// The kinds of the local provider's resources: its machines, and what a machine left on the
+// host once its record was gone (sandbox.Leftover: network namespace, veth, cgroups, a directory
+// without machine.json), listed as Orphan under the machine's id and tags.
+const (
+	KindMachine   = "machine"
+	KindLeftovers = "leftovers"
+)
 
 // inventory is the local provider's provider.ResourceManager (Provider.Inventory).
 type inventory struct{ l *Local }
 
 // Resources lists this instance's machines that carry kloud's stack tag, half-created ones
-// included (Incomplete), with kloud's tags (provider.Tag*). Machines of other instances, or
+// included (Incomplete), with kloud's tags (provider.Tag*), and what this instance's machines
+// left on the host without a record (KindLeftovers, Orphan). Machines of other instances, or
 // without an instance (made before instance ids), are not listed.
 func (i inventory) Resources(ctx context.Context) ([]provider.Resource, error) {
 	m, err := i.l.manager()
@@ -46,7 +52,30 @@ func (i inventory) Resources(ctx context.Context) ([]provider.Resource, error) {
 		}
 		out = append(out, resource(in))
 	}
+	los, err := m.Leftovers(ctx)
+	if err != nil {
+		return out, fmt.Errorf("local machines' leftovers: %w", err)
+	}
+	for _, lo := range los {
+		// Leftovers of machines of no known instance stay for kloud serve's startup tidy (they
+		// may be another kloud's on a shared state dir, like such machines).
+		if lo.Instance != i.l.instance {
+			continue
+		}
+		out = append(out, leftoverResource(lo))
+	}
 	return out, nil
+}
+
+// leftoverResource is lo as a provider.Resource: Orphan, with the tags of the machine it was.
+func leftoverResource(lo sandbox.Leftover) provider.Resource {
+	tags := provider.MapTags(lo.Tags, tagKeys())
+	tags[provider.TagInstance] = lo.Instance
+	name := lo.Parts()
+	if lo.Hostname != "" {
+		name = lo.Hostname + ": " + name
+	}
+	return provider.Resource{ID: lo.ID, Kind: KindLeftovers, Name: name, Tags: tags, CreatedAt: lo.CreatedAt, Orphan: true}
 }
 
 // resource is machine in as a provider.Resource.
@@ -64,6 +93,9 @@ func (i inventory) RemoveResource(ctx context.Context, r provider.Resource) erro
 	m, err := i.l.manager()
 	if err != nil {
 		return err
+	}
+	if r.Kind == KindLeftovers && idRE.MatchString(r.ID) {
+		return i.removeLeftovers(ctx, m, r)
 	}
 	if r.Kind != KindMachine || !idRE.MatchString(r.ID) {
 		return fmt.Errorf("local provider: %s is not a local machine", r)
@@ -97,4 +129,27 @@ func (l *Local) Tidy(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	return m.GC(ctx, func(sandbox.Info) bool { return true })
+}
+
+// removeLeftovers removes what machine r.ID left without a record, if it is still there and
+// this instance's.
+func (i inventory) removeLeftovers(ctx context.Context, m *sandbox.Manager, r provider.Resource) error {
+	los, err := m.Leftovers(ctx)
+	if err != nil {
+		return err
+	}
+	for _, lo := range los {
+		if lo.ID != r.ID {
+			continue
+		}
+		if lo.Instance != i.l.instance {
+			return fmt.Errorf("leftovers of local machine %s belong to kloud instance %q, not this one (%s): not removed", r.ID, lo.Instance, i.l.instance)
+		}
+		if err := m.RemoveLeftover(ctx, lo); err != nil {
+			return fmt.Errorf("remove leftovers of local machine %s: %w", r.ID, err)
+		}
+		i.l.log.Info("local provider: removed a machine's leftovers", "id", r.ID, "parts", lo.Parts(), "stack", lo.Tags[TagStack], "machine", lo.Tags[TagMachine])
+		return nil
+	}
+	return nil // gone already
 }
