@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,12 +65,24 @@ func browserUsers(t *testing.T, e *env) (password string) {
 }
 
 // runUI runs ui.mjs against e with the given settings (KEY=VALUE) and fails the test unless
-// every step passed.
+// every step passed; it kills and starts kloud when the script asks.
 func runUI(t *testing.T, e *env, node, script, out string, settings ...string) {
+	t.Helper()
+	runBrowserScript(t, e, node, script, out, "ui.mjs", map[string]func() error{
+		"kill":  func() error { e.kill(); return nil },
+		"start": func() error { e.start(); return nil },
+	}, settings...)
+}
+
+// runBrowserScript runs the script file (in e2e/browser) against e with the given settings
+// (KEY=VALUE) and fails the test unless every step passed. When the script prints
+// {"need": what}, needs[what] runs and its answer ("done", or its error) goes to the script's
+// stdin.
+func runBrowserScript(t *testing.T, e *env, node, script, out, file string, needs map[string]func() error, settings ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "ui.mjs")
+	cmd := exec.CommandContext(ctx, node, file)
 	cmd.Dir = script
 	cmd.Env = append(append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_USER=alice", "KLOUD_ARTIFACTS="+out, "KLOUD_CHROMIUM="+chromiumPath), settings...)
 	var stderr bytes.Buffer
@@ -86,7 +99,7 @@ func runUI(t *testing.T, e *env, node, script, out string, settings ...string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	final := drive(t, e, stdout, stdin)
+	final := drive(t, stdout, stdin, needs)
 	err = cmd.Wait()
 	t.Logf("browser run: %s; screenshots in %s", time.Since(start).Round(time.Millisecond), out)
 	if err != nil || !final.OK {
@@ -151,9 +164,8 @@ type uiLine struct {
 	Steps int    `json:"steps"`
 }
 
-// drive logs the script's steps and does what it asks for (kill or start kloud); it returns the
-// final line.
-func drive(t *testing.T, e *env, stdout io.Reader, stdin io.WriteCloser) uiLine {
+// drive logs the script's steps and does what it asks for (needs); it returns the final line.
+func drive(t *testing.T, stdout io.Reader, stdin io.WriteCloser, needs map[string]func() error) uiLine {
 	t.Helper()
 	defer stdin.Close()
 	var final uiLine
@@ -166,21 +178,21 @@ func drive(t *testing.T, e *env, stdout io.Reader, stdin io.WriteCloser) uiLine 
 		if json.Unmarshal([]byte(line), &l) != nil {
 			continue
 		}
-		switch l.Need {
-		case "kill":
-			e.kill()
-			io.WriteString(stdin, "done\n")
-		case "start":
-			e.start()
-			io.WriteString(stdin, "done\n")
-		case "":
+		if l.Need == "" {
 			if l.Step == "" && l.Steps > 0 {
 				final = l
 			}
-		default:
-			t.Errorf("ui.mjs asked for %q", l.Need)
-			io.WriteString(stdin, "unknown\n")
+			continue
 		}
+		answer := "done"
+		if f, ok := needs[l.Need]; !ok {
+			t.Errorf("the browser script asked for %q", l.Need)
+			answer = "unknown"
+		} else if err := f(); err != nil {
+			t.Errorf("%s: %v", l.Need, err)
+			answer = strings.ReplaceAll(err.Error(), "\n", " ")
+		}
+		io.WriteString(stdin, answer+"\n")
 	}
 	return final
 }

@@ -23,6 +23,7 @@ import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { log, poll, ask } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL || 'http://127.0.0.1:7000';
@@ -53,10 +54,6 @@ let context;
 let machineID; // the machine the terminal steps use
 const profile = mkdtempSync(join(tmpdir(), 'kloud-chromium-'));
 
-function log(obj) {
-  process.stdout.write(JSON.stringify(obj) + '\n');
-}
-
 async function step(name, fn) {
   const start = Date.now();
   try {
@@ -72,22 +69,6 @@ async function step(name, fn) {
   }
 }
 
-// poll calls fn until it returns a truthy value or the deadline passes.
-async function poll(what, fn, timeout = 30000, every = 100) {
-  const end = Date.now() + timeout;
-  let last;
-  for (;;) {
-    try {
-      last = await fn();
-      if (last) return last;
-    } catch (e) {
-      last = e;
-    }
-    if (Date.now() > end) throw new Error(`${what}: not after ${timeout} ms (last: ${last && last.message ? last.message : JSON.stringify(last)})`);
-    await new Promise((r) => setTimeout(r, every));
-  }
-}
-
 async function shot(name) {
   const p = join(artifacts, name);
   await page.screenshot({ path: p, fullPage: false });
@@ -97,28 +78,6 @@ async function shot(name) {
 const termLinesOf = (p) => p.evaluate(() => window.kloudDebug && window.kloudDebug.termText());
 const termLines = () => termLinesOf(page);
 const hasLine = async (p, want) => (await termLinesOf(p) || []).some((l) => l.trim() === want);
-
-// ask prints {"need": what} for the test driving this script and waits for its answer line
-// (KLOUD_RESTART=1: the Go test kills and starts kloud on request).
-const answers = [];
-let answered = null;
-process.stdin.setEncoding('utf8');
-let pendingIn = '';
-process.stdin.on('data', (d) => {
-  pendingIn += d;
-  let i;
-  while ((i = pendingIn.indexOf('\n')) >= 0) {
-    answers.push(pendingIn.slice(0, i));
-    pendingIn = pendingIn.slice(i + 1);
-    if (answered) { const f = answered; answered = null; f(); }
-  }
-});
-async function ask(what) {
-  log({ need: what });
-  while (!answers.length) await new Promise((r) => { answered = r; });
-  const a = answers.shift();
-  if (a !== 'done') throw new Error(`asked for ${what}, got ${a}`);
-}
 
 async function main() {
   await step('launch chromium', async () => {

@@ -221,7 +221,7 @@ export async function detail(ctx, el) {
       clear(extra,
         running(m) ? sessionsSection(ctx, m, grant) : null,
         ctx.features.has('machine.share') ? sharesSection(ctx, m, grant) : null,
-        ctx.features.has('machine.snapshot') && grant ? snapshotsSection(ctx, m, grant, jobs, refresh) : null, // snapshots.js
+        ctx.features.has('machine.snapshot') && grant ? snapshotsSection(ctx, m, grant, refresh) : null, // snapshots.js
         portsSection(ctx, m, grant, caps)); // ports.js
     }
   };

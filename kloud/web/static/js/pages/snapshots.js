@@ -17,10 +17,12 @@ export function fmtSize(n) {
   return `${i ? n.toFixed(1) : n} ${u[i]}`;
 }
 
-// snapshotsSection renders the section for machine m; grant is the caller's (myGrant), jobsEl
-// where jobs show, onDone what to refresh when one ends.
-export function snapshotsSection(ctx, m, grant, jobsEl, onDone) {
+// snapshotsSection renders the section for machine m; grant is the caller's (myGrant), onDone
+// what to refresh when a job ends. Its jobs show in the section, under the button that started
+// them (the page's job list is above, out of sight of this section).
+export function snapshotsSection(ctx, m, grant, onDone) {
   const box = h('div', { id: 'snapshots' });
+  const jobsEl = h('div', { class: 'jobs', id: 'snapshot-jobs' });
   const mayManage = grant === 'owner' || grant === 'full' || grant === 'admin';
   const done = () => { load(); if (onDone) onDone(); };
   const restore = async (s, into) => {
@@ -94,5 +96,5 @@ export function snapshotsSection(ctx, m, grant, jobsEl, onDone) {
     clear(box, ...parts);
   };
   load();
-  return section('Snapshots', box, h('button', { class: 'small', onclick: load }, 'Refresh'));
+  return section('Snapshots', box, jobsEl, h('button', { class: 'small', onclick: load }, 'Refresh'));
 }

@@ -145,7 +145,7 @@ export async function detail(ctx, el) {
   const machines = h('div', {});
   const jobs = h('div', { class: 'jobs', id: 'stack-jobs' });
   const updateBox = h('div', { id: 'stack-update-box' }); // stackupdate.js: the plan before an update
-  const scaleBox = h('div', {});
+  const scaleBox = h('div', { id: 'stack-scale-box' }); // stackupdate.js: the Scale card
   let watch = null;
   let timer = null;
   let stopped = false;
