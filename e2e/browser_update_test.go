@@ -13,9 +13,11 @@ import (
 // snapshotted from the machine's page (listed ready with its size, the quota counting it), a
 // file changed after it is back as saved once she restores it there, and the deleted snapshot
 // is gone from the page, the quota and the API; after a new template revision the stack page
-// says "Update available (rev 1 → 2)", its plan shows web.1 added and web.0 kept, and the
-// confirmed update keeps web.0 (same machine, agent and disk) and adds web.1; the Scale card
-// takes the resource back to 1 machine. Needs root, the base image and Chromium (skips loudly
+// (and the stacks list) says "Update available (rev 1 → 2)", its plan shows web.1 added and
+// web.0 kept, and the confirmed update keeps web.0 (same machine, agent and disk) and adds
+// web.1; the Scale card
+// takes the resource back to 1 machine; bob, who has no share, is offered none of these
+// controls on alice's pages. Needs root, the base image and Chromium (skips loudly
 // otherwise, fails under CI=true). Screenshots in $KLOUD_ARTIFACTS/TestBrowserUpdateSnapshot.
 func TestBrowserUpdateSnapshot(t *testing.T) {
 	node, script, out := browserPrereqs(t)
@@ -117,7 +119,7 @@ func TestBrowserUpdateSnapshot(t *testing.T) {
 	}
 	runBrowserScript(t, le.env, node, script, out, "update.mjs", needs, "KLOUD_PASSWORD="+password,
 		"KLOUD_STACK="+sid, "KLOUD_MACHINE_ID="+web0.ID, "KLOUD_MACHINE=web.0",
-		"KLOUD_RESOURCE=web", "KLOUD_ADDED=web.1")
+		"KLOUD_RESOURCE=web", "KLOUD_ADDED=web.1", "KLOUD_OTHER_USER=bob")
 	for _, f := range []string{"snapshot-taken.png", "update-plan.png", "scaled.png"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Fatalf("no screenshot: %v", err)

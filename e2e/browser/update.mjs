@@ -11,7 +11,8 @@
 // Env: KLOUD_URL, KLOUD_USER, KLOUD_PASSWORD, KLOUD_ARTIFACTS, KLOUD_CHROMIUM, KLOUD_STACK (the
 // stack's id, built with one machine), KLOUD_MACHINE_ID (its machine), KLOUD_MACHINE (its label,
 // e.g. web.0), KLOUD_RESOURCE (the counted resource's name, e.g. web), KLOUD_ADDED
-// (the machine revision 2 adds, e.g. web.1). Prints one JSON line per step and a final
+// (the machine revision 2 adds, e.g. web.1), KLOUD_OTHER_USER (a user of the same password
+// and no share, who must see none of the controls). Prints one JSON line per step and a final
 // {"ok": …, "steps": N}; exit status 0 when every step passed.
 
 import { chromium } from 'playwright-core';
@@ -144,7 +145,10 @@ async function main() {
 
     await step('the test saves revision 2 of the template', () => ask('new-revision'));
 
-    await step('the stack page offers the update and shows its plan', async () => {
+    await step('the stacks list and the stack page offer the update and show its plan', async () => {
+      await page.goto(base + '/#/stacks');
+      const badge = await text(`tr[data-stack="${stackID}"] .badge-update`);
+      if (badge !== 'update: rev 2') throw new Error(`stacks list badge: ${badge}`);
       await page.goto(base + `/#/stacks/${stackID}`);
       const btn = await poll('update button', async () => {
         const b = await page.$('#stack-update');
@@ -200,6 +204,30 @@ async function main() {
     });
 
     await step('the scale removed the added machine only', () => ask('check-scaled'));
+
+    // Another user (KLOUD_OTHER_USER, no share) is offered none of it on alice's pages.
+    await step(`${env.KLOUD_OTHER_USER} sees no snapshot, update or scale controls of alice's`, async () => {
+      const other = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+      try {
+        const r = await other.request.post(base + '/api/login', { data: { username: env.KLOUD_OTHER_USER, password: env.KLOUD_PASSWORD } });
+        if (!r.ok()) throw new Error(`login: ${r.status()}`);
+        const p = await other.newPage();
+        p.on('dialog', (d) => d.dismiss());
+        const seen = {};
+        for (const [hash, controls] of [[`#/machines/${machineID}`, '#snapshots, #snapshot-form, button[data-restore]'],
+          [`#/stacks/${stackID}`, '#stack-update, #stack-scale, #stack-destroy']]) {
+          await p.goto(base + '/' + hash);
+          await p.waitForSelector('#conn.conn-open');
+          await p.waitForSelector('main h1, main .card.error, main .error-text');
+          await p.waitForTimeout(1000); // sections that load later have had their chance
+          if (await p.$(controls)) throw new Error(`${hash} offers ${controls}: ${(await p.textContent('main')).slice(0, 300)}`);
+          seen[hash] = ((await p.textContent('main')) || '').replace(/\s+/g, ' ').trim().slice(0, 120);
+        }
+        return { seen };
+      } finally {
+        await other.close();
+      }
+    });
     await context.close();
   } finally {
     await browser.close();
