@@ -323,6 +323,7 @@ func (m *Manager) reserve(ctx context.Context, spec Spec) (*record, error) {
 	}
 	if err := m.saveRecord(r); err != nil {
 		os.RemoveAll(m.machineDir(spec.ID))
+		m.removeLedger(spec.ID)
 		return nil, err
 	}
 	return r, nil
