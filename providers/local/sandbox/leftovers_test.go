@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
@@ -16,7 +18,8 @@ import (
 // instance, tags); a machine with a record is not, and RemoveLeftover refuses it, refuses names
 // that are not this manager's, and ids that are not ids. RemoveLeftover of the leftover kills
 // its processes and removes every part and the ledger entry; the other machine runs on
-// untouched; a second removal is no error. Destroy leaves no ledger entry.
+// untouched; a second removal is no error. A directory without machine.json and a host mount in
+// it are listed and removed too. Destroy leaves no ledger entry.
 func TestLeftovers(t *testing.T) {
 	e := newEnv(t)
 	ctx := t.Context()
@@ -68,8 +71,28 @@ func TestLeftovers(t *testing.T) {
 		t.Fatalf("lo-keep after refused removals: %+v", in)
 	}
 
+	// The crash also left the directory itself, without machine.json, with a host mount in it
+	// (RemoveAll must never descend into one).
+	mnt := filepath.Join(lost.Dir, "rootfs")
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(mnt, "kept-by-the-mount"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if los, err = e.m.Leftovers(ctx); err != nil || len(los) != 1 || los[0].Dir != lost.Dir || len(los[0].Mounts) != 1 || los[0].Mounts[0] != mnt {
+		t.Fatalf("leftovers with the directory and its mount: %+v %v", los, err)
+	}
+	lo = los[0]
 	if err := e.m.RemoveLeftover(ctx, lo); err != nil {
 		t.Fatal(err)
+	}
+	if ms := hostMountinfoMentions(t, lost.Dir); len(ms) > 0 {
+		t.Errorf("mounts left under the lost machine's directory: %q", ms)
 	}
 	e.assertGone(t, lost, filepath.Join("/sys/fs/cgroup/pids", cg))
 	if los, err := e.m.Leftovers(ctx); err != nil || len(los) != 0 {
