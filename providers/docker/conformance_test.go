@@ -58,11 +58,10 @@ func TestConformance(t *testing.T) {
 	}
 	c := providertest.Config{
 		Provider: d.Provider(),
-		// cpus as the Docker provider stores it ("1.0"): it forces a new container, and "1"
-		// would differ from the state at every plan, so a stack update would replace machines
-		// whose template did not change (the Update case). memory_swap likewise: Docker sets it
-		// (to twice the memory) when only memory is given, and Terraform would then want to
-		// update it in place, a call kloud's Docker API proxy refuses.
+		// cpus written plainly ("1", which the Docker provider reads back as "1.0") and memory
+		// without memory_swap (which the daemon sets): kloud's ApplyTemplate writes both as they
+		// read back (drift.go), so a stack update keeps machines whose template did not change
+		// (the Update case).
 		Template: func(n int) map[string]string {
 			return map[string]string{"main.tf": fmt.Sprintf(`terraform {
   required_providers {
@@ -74,15 +73,14 @@ resource "docker_container" "vm" {
   count  = %d
   name   = "vm-${count.index}"
   image  = "kloud"
-  memory      = 512
-  memory_swap = 1024
-  cpus        = "1.0"
+  memory = 512
+  cpus   = "1"
 }
 `, n)}
 		},
 		// The template's own user data (docker.UserDataLabel), an expression (count.index): kloud
 		// takes each machine's planned value. The stack is built from this one, so the Update case
-		// updates to it with another count; cpus and memory_swap as above.
+		// updates to it with another count; cpus and memory as above.
 		UserScriptTemplate: func(n int, path, data string) map[string]string {
 			return map[string]string{"main.tf": fmt.Sprintf(`terraform {
   required_providers {
@@ -94,9 +92,8 @@ resource "docker_container" "vm" {
   count  = %d
   name   = "vm-${count.index}"
   image  = "kloud"
-  memory      = 512
-  memory_swap = 1024
-  cpus        = "1.0"
+  memory = 512
+  cpus   = "1"
   labels {
     label = "kloud_user_data"
     value = <<-EOT

@@ -13,7 +13,9 @@ import (
 // Constraints of docker machines, from the daemon's own figures (docker info), checked at plan
 // time and enforced by the daemon's cgroups:
 //
-//	cores  cpus    number   0.01 up to the daemon's CPUs (docker_container's cpus, a string)
+//	cores  cpus    number   0.1 up to the daemon's CPUs (docker_container's cpus, a string; below
+//	                        0.1 the Docker Terraform provider reads every value back as another:
+//	                        drift.go)
 //	mem    memory  integer  6 MB (Docker's minimum) up to the daemon's memory
 //	arch   -       the daemon's (machines share its kernel)
 
@@ -28,7 +30,7 @@ func (d *Docker) Constraints() []provider.Constraint {
 func (d *Docker) constraints(ctx context.Context) []provider.Constraint {
 	vocab := []provider.Constraint{
 		{Name: provider.ConstraintCores, Attribute: "cpus", Type: provider.ConstraintNumber, Unit: "CPUs",
-			Min: provider.Bounds(0.01), Bound: "the Docker daemon",
+			Min: provider.Bounds(0.1), Bound: "the Docker daemon",
 			Description: "CPU limit (cgroup quota); unset: unlimited"},
 		{Name: provider.ConstraintMem, Attribute: "memory", Type: provider.ConstraintInteger, Unit: "MB",
 			Min: provider.Bounds(6), Bound: "the Docker daemon",

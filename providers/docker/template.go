@@ -164,6 +164,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 // scripts holds each machine's user data (by machine id).
 func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image string, scripts map[string]string) error {
 	b := s.b
+	swapLimit := s.d.swapLimit(ctx)
 	byRes := byResource(b.Machines)
 	for _, res := range slices.Sorted(maps.Keys(byRes)) {
 		ms := byRes[res]
@@ -172,7 +173,13 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 			return fmt.Errorf("%s.%s: %d machines without count", ResourceType, res, len(ms))
 		}
 		lit := cfg.LiteralAttrs(ResourceType, res)
-		userHostname := hasArg(cfg, res, "hostname") // a literal or an expression: the user's
+		args := resourceArgs(cfg, res)
+		userHostname := slices.Contains(args, "hostname") // a literal or an expression: the user's
+		// cpus and memory_swap as the Docker provider reads them back (drift.go).
+		limits, err := limitVars(res, lit, args, ms, swapLimit)
+		if err != nil {
+			return err
+		}
 		vals := map[string][]any{}
 		add := func(kind string, v any) { vals[kind] = append(vals[kind], v) }
 		for i, m := range ms {
@@ -211,8 +218,9 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 			add("team", b.Team) // resources.go
 			add("instance", s.d.instance)
 		}
+		maps.Copy(vals, limits)
 		sensitive := map[string]bool{"user_data": true}
-		listType := map[string]string{"entrypoint": "list(string)"}
+		listType := map[string]string{"entrypoint": "list(string)", "memory_swap": "number"}
 		for _, kind := range slices.Sorted(maps.Keys(vals)) {
 			if kind == "hostname" && userHostname {
 				continue
@@ -242,6 +250,9 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 		if !userHostname {
 			set["hostname"] = "hostname"
 		}
+		for kind := range limits {
+			set[kind] = kind
+		}
 		for _, attr := range slices.Sorted(maps.Keys(set)) {
 			if err := cfg.SetUserData(ResourceType, res, attr, genVar(set[attr], res)); err != nil {
 				return fmt.Errorf("%s.%s: %w", ResourceType, res, err)
@@ -267,15 +278,15 @@ func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image str
 	return nil
 }
 
-// hasArg reports whether resource docker_container.res has argument (or block) arg.
-func hasArg(cfg *tmpl.Config, res, arg string) bool {
+// resourceArgs lists the arguments (and blocks) of resource docker_container.res.
+func resourceArgs(cfg *tmpl.Config, res string) []string {
 	for _, r := range cfg.Resources(ResourceType) {
 		if r.Name == res {
 			args, _ := userArgs(cfg.Files(), r.File, res)
-			return slices.Contains(args, arg)
+			return args
 		}
 	}
-	return false
+	return nil
 }
 
 // byResource groups machines by resource, each group sorted by count index.
