@@ -30,6 +30,7 @@ import (
 //	POST /containers/create                              a machine of the token (createAllowed)
 //	GET /containers/{id}/json, POST .../start|stop|kill|wait|restart, PUT|HEAD .../archive,
 //	DELETE /containers/{id}                              the token's stack's containers only
+//	POST /containers/{id}/update                         resource limits only (proxyupdate.go)
 //	GET /images/{name}/json                              kloud's machine image only
 //	GET /images/json                                     filtered to kloud's machine image
 //	GET /containers/json                                 filtered to the token's stack's containers
@@ -44,7 +45,7 @@ const maxCreateBody = 1 << 20
 
 var (
 	versionRE   = regexp.MustCompile(`^/v1\.[0-9]{1,3}(/.*)$`)
-	containerRE = regexp.MustCompile(`^/containers/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})(/json|/start|/stop|/kill|/wait|/restart|/archive)?$`)
+	containerRE = regexp.MustCompile(`^/containers/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})(/json|/start|/stop|/kill|/wait|/restart|/archive|/update)?$`)
 	imageRE     = regexp.MustCompile(`^/images/(.{1,256})/json$`)
 	networkRE   = regexp.MustCompile(`^/networks/([A-Za-z0-9][A-Za-z0-9_.-]{0,127})$`)
 )
@@ -153,6 +154,9 @@ func (d *Docker) authorize(ctx context.Context, t *token, r *http.Request, path 
 		if err := d.createAllowed(t, body, image); err != nil {
 			return err
 		}
+		if err := d.createLimits(ctx, body); err != nil {
+			return err
+		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
 		return nil
@@ -187,6 +191,9 @@ func (d *Docker) authorize(ctx context.Context, t *token, r *http.Request, path 
 	}
 	if m := containerRE.FindStringSubmatch(path); m != nil {
 		op := m[2]
+		if op == "/update" && r.Method == http.MethodPost {
+			return d.updateAllowed(ctx, t, r, m[1])
+		}
 		okMethod := map[string][]string{
 			"": {http.MethodDelete}, "/json": {http.MethodGet}, "/archive": {http.MethodPut, http.MethodHead},
 			"/start": {http.MethodPost}, "/stop": {http.MethodPost}, "/kill": {http.MethodPost},
