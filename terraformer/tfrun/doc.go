@@ -21,7 +21,8 @@
 //
 // The work dir and the variables file are chowned to the sandbox user before each run (the
 // variables file stays 0600: only that user, and root, read the credentials in it); terraformer
-// itself reads results through `terraform show`.
+// reads plans through `terraform show`, and states from the state file itself (statefile.go:
+// show would start every provider again), with `terraform show` as the fallback.
 //
 // # Layout under Options.Dir
 //
@@ -30,7 +31,8 @@
 //	stacks/<contentID>/work/.kloud-plan.out  the last saved plan
 //	stacks/<contentID>/variables.json   the variables of the last request (passed as -var-file;
 //	                                    0600, owned by the sandbox user, read-only in the sandbox)
-//	stacks/<contentID>/state.json       `terraform show -json` of the state after the last run
+//	stacks/<contentID>/state.json       the state after the last run as `terraform show -json`
+//	                                    prints it
 //	stacks/<contentID>/init.sum         what the last successful `terraform init` saw (content,
 //	                                    CLI config, mirror, terraform version): init is skipped
 //	                                    while it still matches

@@ -485,6 +485,15 @@ func (e *Engine) Outputs(ctx context.Context, contentID string) (map[string]any,
 	return out, nil
 }
 
+// stateOwner is the uid a state file terraformer reads itself must have: the sandbox user's
+// (-1: any, without the sandbox).
+func (e *Engine) stateOwner() int {
+	if e.opts.InsecureNoSandbox {
+		return -1
+	}
+	return e.opts.SandboxUID
+}
+
 // refreshState rewrites state.json from terraform.tfstate when the latter is newer and nobody
 // holds the content id. It holds the lease while it does (a Submit at that moment gets ErrLocked).
 func (e *Engine) refreshState(ctx context.Context, contentID string) error {
@@ -519,6 +528,9 @@ func (e *Engine) refreshState(ctx context.Context, contentID string) error {
 		if err := chownTree(work, e.opts.SandboxUID, e.opts.SandboxGID); err != nil {
 			return fmt.Errorf("work dir for uid %d: %w", e.opts.SandboxUID, err)
 		}
+	}
+	if raw, _, err := readStateFile(filepath.Join(work, "terraform.tfstate"), e.stateOwner()); err == nil {
+		return writeFileAtomic(filepath.Join(stack, "state.json"), raw, 0o600)
 	}
 	var out, errOut bytes.Buffer
 	err = e.tf.run(ctx, ctx, command{dir: work, work: true, stdout: &out, stderr: &errOut}, "show",

@@ -427,6 +427,18 @@ func (r *run) show(file string) (raw []byte, state *tfjson.State, plan *tfjson.P
 	return out.Bytes(), state, plan, nil
 }
 
+// state reads the work dir's state as `terraform show -json` prints it: from the state file
+// itself (statefile.go: show would start every provider again for its schema), else with show.
+func (r *run) state() ([]byte, *tfjson.State, error) {
+	raw, st, err := readStateFile(filepath.Join(r.work, "terraform.tfstate"), r.e.stateOwner())
+	if err == nil {
+		return raw, st, nil
+	}
+	r.log.Info("state file not read directly: terraform show", "err", err)
+	raw, st, _, err = r.show("")
+	return raw, st, err
+}
+
 // result reads what the run produced: the saved plan for plan, the state for apply and destroy
 // (also after they failed, since Terraform writes the state in any case). For apply and destroy it
 // also refreshes the stack's state.json snapshot.
@@ -461,7 +473,7 @@ func (r *run) result(opErr error) *Result {
 		if _, err := os.Stat(filepath.Join(r.work, "terraform.tfstate")); err != nil {
 			return nil // the operation never got to write a state
 		}
-		raw, st, _, err := r.show("")
+		raw, st, err := r.state()
 		if err != nil {
 			r.log.Warn("read state", "err", err)
 			return nil

@@ -1,0 +1,4 @@
+package tfrun
+
+// ReadStateFile is readStateFile, for the comparison with `terraform show` (statefile_test.go).
+var ReadStateFile = readStateFile
