@@ -4,8 +4,9 @@
 // kloud writes, and klient installed by cloud-init as on every machine (userdata.Render).
 //
 // Start reading at New and Docker.Provider (this file), then template.go (what ApplyTemplate
-// does to a stack's template and the allowlist of docker_container arguments), service.go (the
-// Docker API proxy terraform talks to), machine.go (start, stop, info, console log), image.go
+// does to a stack's template and the allowlist of docker_container arguments; drift.go, the
+// cpus and memory_swap it writes as the Docker provider reads them back), service.go (the
+// Docker API proxy terraform talks to; proxyupdate.go, its in-place updates), machine.go (start, stop, info, console log), image.go
 // and network.go (the image and the machines' network).
 //
 // # How Terraform drives it, and why it cannot get the host

@@ -3,6 +3,7 @@ package docker_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -188,6 +189,28 @@ func TestTemplatesDoNotDrift(t *testing.T) {
 		err := update(c.id, c.uc)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("update of %s through the proxy: %v, want an error naming %q", c.name, err, c.want)
+		}
+	}
+	// A huge body is refused before it is parsed.
+	base := "http://" + strings.TrimPrefix(tpl.Variables[docker.TokenVar].(string), "tcp://")
+	resp, err := http.Post(base+"/containers/"+vm.ID+"/update", "application/json", strings.NewReader(`{"Memory":`+strings.Repeat(" ", 2<<20)+`1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("a 2 MB update body: status %d, want 413", resp.StatusCode)
+	}
+	// Keys the daemon's decoder would also take (it matches names case-insensitively, the last
+	// one winning) are refused, not passed on.
+	for _, body := range []string{`{"RestartPolicy":{"Name":"no","name":"always"}}`, `{"Memory":67108864,"memory":1125899906842624}`, `{"restartpolicy":{"Name":"always"}}`} {
+		resp, err := http.Post(base+"/containers/"+vm.ID+"/update", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 == 2 {
+			t.Errorf("update %s: status %d, want a refusal", body, resp.StatusCode)
 		}
 	}
 	if got := inspect("m0"); got.HostConfig.RestartPolicy.Name != "no" || got.HostConfig.Memory != 384<<20 || got.HostConfig.PidsLimit != nil && *got.HostConfig.PidsLimit == 10 {

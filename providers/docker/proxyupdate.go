@@ -1,12 +1,10 @@
 package docker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"sort"
@@ -36,12 +34,9 @@ func (d *Docker) updateAllowed(ctx context.Context, t *token, r *http.Request, i
 	if t.expired() {
 		return errors.New("container update: this stack's docker token has expired: build the stack again")
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
+	body, err := readBody(r, "update")
 	if err != nil {
 		return err
-	}
-	if len(body) > maxCreateBody {
-		return &apiError{http.StatusRequestEntityTooLarge, "container update request too large"}
 	}
 	cli, err := d.Client()
 	if err != nil {
@@ -73,6 +68,15 @@ func (d *Docker) updateAllowed(ctx context.Context, t *token, r *http.Request, i
 		return fmt.Errorf("container update: kloud's docker machines may change only their resource limits (%s) in place, not %s", strings.Join(updateFields, ", "), strings.Join(bad, ", "))
 	}
 	if raw := top["RestartPolicy"]; !isZero(raw) {
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &keys); err != nil {
+			return &apiError{http.StatusBadRequest, "container update: RestartPolicy: " + err.Error()}
+		}
+		for k := range keys {
+			if k != "Name" && k != "MaximumRetryCount" {
+				return fmt.Errorf("container update: RestartPolicy.%s is not a field kloud passes on", k)
+			}
+		}
 		var rp struct {
 			Name              string
 			MaximumRetryCount int
@@ -94,8 +98,7 @@ func (d *Docker) updateAllowed(ctx context.Context, t *token, r *http.Request, i
 	if err := d.checkLimits(ctx, lim.Memory, lim.NanoCpus); err != nil {
 		return &apiError{http.StatusBadRequest, "container update: " + err.Error()}
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
+	setBody(r, body)
 	return nil
 }
 

@@ -118,6 +118,24 @@ func (d *Docker) handler() http.Handler {
 
 type restKey struct{}
 
+// readBody reads a container request's body (at most maxCreateBody bytes).
+func readBody(r *http.Request, what string) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(body) > maxCreateBody {
+		return nil, &apiError{http.StatusRequestEntityTooLarge, "container " + what + " request too large"}
+	}
+	return body, nil
+}
+
+// setBody gives r the checked body to forward.
+func setBody(r *http.Request, body []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+}
+
 type apiError struct {
 	code int
 	msg  string
@@ -140,12 +158,9 @@ func (d *Docker) authorize(ctx context.Context, t *token, r *http.Request, path 
 		path == "/version" && r.Method == http.MethodGet:
 		return nil
 	case path == "/containers/create" && r.Method == http.MethodPost:
-		body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
+		body, err := readBody(r, "create")
 		if err != nil {
 			return err
-		}
-		if len(body) > maxCreateBody {
-			return &apiError{http.StatusRequestEntityTooLarge, "container create request too large"}
 		}
 		image, err := d.ensureImage(ctx)
 		if err != nil {
@@ -157,8 +172,7 @@ func (d *Docker) authorize(ctx context.Context, t *token, r *http.Request, path 
 		if err := d.createLimits(ctx, body); err != nil {
 			return err
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.ContentLength = int64(len(body))
+		setBody(r, body)
 		return nil
 	}
 	if path == "/containers/json" && r.Method == http.MethodGet {
