@@ -43,6 +43,7 @@ type stateFileV4 struct {
 	TerraformVersion string                     `json:"terraform_version"`
 	Outputs          map[string]stateFileOutput `json:"outputs"`
 	Resources        []stateFileResource        `json:"resources"`
+	CheckResults     json.RawMessage            `json:"check_results"`
 }
 
 type stateFileOutput struct {
@@ -156,6 +157,9 @@ func convertStateFile(src []byte) ([]byte, error) {
 	}
 	if sf.Version != 4 {
 		return nil, fmt.Errorf("state format version %d (only 4 is read directly)", sf.Version)
+	}
+	if len(sf.CheckResults) > 0 && !isJSONNull(sf.CheckResults) {
+		return nil, errors.New("check results (show prints them from the configuration's checks)")
 	}
 	out := showState{FormatVersion: "1.0", TerraformVersion: sf.TerraformVersion, Values: &showValues{}}
 	if len(sf.Outputs) > 0 {

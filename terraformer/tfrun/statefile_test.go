@@ -232,6 +232,7 @@ func TestStateFileMatchesShow(t *testing.T) {
 			"bad mode":       `{"version":4,"resources":[{"mode":"other","type":"t","name":"n","provider":"provider[\"a/b\"]","instances":[]}]}`,
 			"bad path":       `{"version":4,"resources":[{"mode":"managed","type":"t","name":"n","provider":"provider[\"a/b\"]","instances":[{"attributes":{},"sensitive_attributes":[[{"type":"x"}]]}]}]}`,
 			"flatmap (0.11)": `{"version":4,"resources":[{"mode":"managed","type":"t","name":"n","provider":"provider[\"a/b\"]","instances":[{"attributes_flat":{"id":"x"}}]}]}`,
+			"check results":  `{"version":4,"resources":[],"check_results":[{"object_kind":"check","config_addr":"check.c","status":"pass"}]}`,
 			"a directory":    "",
 		} {
 			if name == "a directory" {
