@@ -189,8 +189,8 @@ func limitVars(res string, lit map[string]any, args []string, ms []*provider.Mac
 				break
 			}
 			mb, err := intValue(v)
-			if err != nil {
-				vals = nil // not a whole number: Terraform's schema refuses it
+			if err != nil || mb > maxMemoryMB {
+				vals = nil // not a whole number, or beyond any host: the schema or the constraints refuse it
 				break
 			}
 			switch {
@@ -208,6 +208,10 @@ func limitVars(res string, lit map[string]any, args []string, ms []*provider.Mac
 	}
 	return out, errors.Join(errs...)
 }
+
+// maxMemoryMB bounds the memory limitVars doubles (1 PiB: beyond any daemon; twice it, in
+// bytes, still fits an int64).
+const maxMemoryMB = 1 << 30
 
 // swapLimit reports whether the daemon's kernel accounts swap (docker info: SwapLimit); true
 // when the daemon does not answer (Docker's default then applies).

@@ -93,6 +93,7 @@ func TestLimitVars(t *testing.T) {
 			map[string][]any{}, ""},
 		{"unset cpus and memory for one machine", nil, []string{"cpus", "memory"}, ms(map[string]any{"cpus": "", "memory": int64(0)}, map[string]any{"cpus": "1", "memory": int64(64)}), true,
 			map[string][]any{"cpus": {"", "1.0"}, "memory_swap": {int64(0), int64(128)}}, ""},
+		{"memory beyond any host: left to the constraints", nil, []string{"memory"}, ms(map[string]any{"memory": float64(1 << 62)}), true, map[string][]any{}, ""},
 		{"not written: nothing", map[string]any{}, nil, ms(map[string]any{"cpus": "1.0", "memory_swap": int64(0)}), true, map[string][]any{}, ""},
 		{"a cpus value that cannot hold", nil, []string{"cpus"}, ms(map[string]any{"cpus": "0.05"}), true, nil, "machine vm.0 (docker_container.vm): cpus = \"0.05\""},
 	}
