@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/path"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
 	"github.com/hashicorp/terraform-plugin-framework/resource/schema"
+	"github.com/hashicorp/terraform-plugin-framework/tfsdk"
 	"github.com/hashicorp/terraform-plugin-framework/types"
 )
 
@@ -87,42 +88,63 @@ func (r *Resource[T, P, Req, M]) api() (*Client[Req, M], error) {
 	return r.c.API()
 }
 
-func (r *Resource[T, P, Req, M]) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
-	var plan T
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	if resp.Diagnostics.HasError() {
-		return
+// open reads the plan or the state (get) into a new model and returns it with the service
+// client, or ok false with the reason in diags. verb names the operation for messages
+// ("create", "read", ...).
+func (r *Resource[T, P, Req, M]) open(ctx context.Context, get func(context.Context, any) diag.Diagnostics, verb string, diags *diag.Diagnostics) (p P, api *Client[Req, M], ok bool) {
+	p = P(new(T))
+	diags.Append(get(ctx, p)...)
+	if diags.HasError() {
+		return nil, nil, false
 	}
-	p := P(&plan)
 	api, err := r.api()
 	if err != nil {
-		resp.Diagnostics.AddError(r.Name+": cannot create machines", err.Error())
+		diags.AddError(r.Name+": cannot "+verb+" machine "+r.label(p), err.Error())
+		return nil, nil, false
+	}
+	return p, api, true
+}
+
+// label names a machine in messages: its id, or its hostname before it has one.
+func (r *Resource[T, P, Req, M]) label(p P) string {
+	if id := p.MachineID(); id != "" {
+		return id
+	}
+	return p.HostnameValue()
+}
+
+// write is Create and Update: the planned machine's tags go to call (a request to the service
+// that sets the computed attributes on success), then the model becomes the new state.
+func (r *Resource[T, P, Req, M]) write(ctx context.Context, plan func(context.Context, any) diag.Diagnostics, state *tfsdk.State, verb string, diags *diag.Diagnostics, call func(api *Client[Req, M], p P, tags map[string]string) error) {
+	p, api, ok := r.open(ctx, plan, verb, diags)
+	if !ok {
 		return
 	}
-	tags, diags := TagsOf(ctx, p.TagsValue())
-	resp.Diagnostics.Append(diags...)
-	if resp.Diagnostics.HasError() {
+	tags, d := TagsOf(ctx, p.TagsValue())
+	diags.Append(d...)
+	if diags.HasError() {
 		return
 	}
-	m, err := api.Create(ctx, p.Request(tags))
-	if err != nil {
-		resp.Diagnostics.AddError(r.Name+": create machine "+p.HostnameValue(), err.Error())
+	if err := call(api, p, tags); err != nil {
+		diags.AddError(r.Name+": "+verb+" machine "+r.label(p), err.Error())
 		return
 	}
-	p.Created(m)
-	resp.Diagnostics.Append(resp.State.Set(ctx, p)...)
+	diags.Append(state.Set(ctx, p)...)
+}
+
+func (r *Resource[T, P, Req, M]) Create(ctx context.Context, req resource.CreateRequest, resp *resource.CreateResponse) {
+	r.write(ctx, req.Plan.Get, &resp.State, "create", &resp.Diagnostics, func(api *Client[Req, M], p P, tags map[string]string) error {
+		m, err := api.Create(ctx, p.Request(tags))
+		if err == nil {
+			p.Created(m)
+		}
+		return err
+	})
 }
 
 func (r *Resource[T, P, Req, M]) Read(ctx context.Context, req resource.ReadRequest, resp *resource.ReadResponse) {
-	var st T
-	resp.Diagnostics.Append(req.State.Get(ctx, &st)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	p := P(&st)
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError(r.Name+": cannot read machine "+p.MachineID(), err.Error())
+	p, api, ok := r.open(ctx, req.State.Get, "read", &resp.Diagnostics)
+	if !ok {
 		return
 	}
 	m, err := api.Read(ctx, p.MachineID())
@@ -141,41 +163,18 @@ func (r *Resource[T, P, Req, M]) Read(ctx context.Context, req resource.ReadRequ
 
 // Update changes tags only: every other argument replaces the machine.
 func (r *Resource[T, P, Req, M]) Update(ctx context.Context, req resource.UpdateRequest, resp *resource.UpdateResponse) {
-	var plan T
-	resp.Diagnostics.Append(req.Plan.Get(ctx, &plan)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	p := P(&plan)
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError(r.Name+": cannot update machine "+p.MachineID(), err.Error())
-		return
-	}
-	tags, diags := TagsOf(ctx, p.TagsValue())
-	resp.Diagnostics.Append(diags...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	m, err := api.SetTags(ctx, p.MachineID(), tags)
-	if err != nil {
-		resp.Diagnostics.AddError(r.Name+": update machine "+p.MachineID(), err.Error())
-		return
-	}
-	p.Retagged(m)
-	resp.Diagnostics.Append(resp.State.Set(ctx, p)...)
+	r.write(ctx, req.Plan.Get, &resp.State, "update", &resp.Diagnostics, func(api *Client[Req, M], p P, tags map[string]string) error {
+		m, err := api.SetTags(ctx, p.MachineID(), tags)
+		if err == nil {
+			p.Retagged(m)
+		}
+		return err
+	})
 }
 
 func (r *Resource[T, P, Req, M]) Delete(ctx context.Context, req resource.DeleteRequest, resp *resource.DeleteResponse) {
-	var st T
-	resp.Diagnostics.Append(req.State.Get(ctx, &st)...)
-	if resp.Diagnostics.HasError() {
-		return
-	}
-	p := P(&st)
-	api, err := r.api()
-	if err != nil {
-		resp.Diagnostics.AddError(r.Name+": cannot destroy machine "+p.MachineID(), err.Error())
+	p, api, ok := r.open(ctx, req.State.Get, "destroy", &resp.Diagnostics)
+	if !ok {
 		return
 	}
 	if err := api.Delete(ctx, p.MachineID()); err != nil {
