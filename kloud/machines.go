@@ -128,16 +128,13 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
 			return nil, err
 		}
-		owner := method + "-" + store.NewID()
-		lease, err := s.store.AcquireLease(ctx, "machine/"+m.ID, owner, stackLeaseTTL)
+		owner, release, err := s.leaseMachine(ctx, m, method)
 		if err != nil {
-			return nil, fmt.Errorf("machine %s is busy: %w", m.Label, err)
+			return nil, err
 		}
 		during, _ := provider.Transition(method)
 		if !s.setMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
-			if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
-				s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
-			}
+			release()
 			return nil, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
 		}
 		id, err := s.startJob(ctx, "machine."+method, "machine/"+m.ID, c.Username, map[string]any{"machineId": m.ID, "lease": owner, "from": string(m.State)})
@@ -145,13 +142,27 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 			// setMachine retries with its own context; if it still fails, the reconciler
 			// finds the machine in a transition without a job.
 			s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
-			if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
-				s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
-			}
+			release()
 			return nil, err
 		}
 		return api.JobRef{JobID: id}, nil
 	}
+}
+
+// leaseMachine takes machine m's lease ("machine/ID") for a job of kind; owner (kind-<new id>)
+// goes into the job's params as "lease", and release gives the lease back when no job was
+// started after all.
+func (s *Server) leaseMachine(ctx context.Context, m *Machine, kind string) (owner string, release func(), err error) {
+	owner = kind + "-" + store.NewID()
+	lease, err := s.store.AcquireLease(ctx, "machine/"+m.ID, owner, stackLeaseTTL)
+	if err != nil {
+		return "", nil, fmt.Errorf("machine %s is busy: %w", m.Label, err)
+	}
+	return owner, func() {
+		if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
+			s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
+		}
+	}, nil
 }
 
 // providerOf returns the provider called name, or nil.

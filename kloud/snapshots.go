@@ -113,8 +113,47 @@ func (c *Caller) mayManage(m *Machine) bool {
 	return m.Owner == c.Username || c.TeamAdmin(m.Team) || hasGrant(m, c.Username, GrantFull)
 }
 
-// settled is where a snapshot or restore may start from.
+// snapshotFrom is where a snapshot or restore may start from.
 var snapshotFrom = []provider.State{provider.Running, provider.Stopped}
+
+// leaseSettled takes machine m's lease for a snapshot or restore job of kind and reads the
+// machine again under it (no job changes it now); it must be Running or Stopped (how names the
+// operation for that message: "taken of", "restored into"). The caller starts the job with
+// owner as its "lease" param, or calls release.
+func (s *Server) leaseSettled(ctx context.Context, m *Machine, kind, how string) (_ *Machine, owner string, release func(), err error) {
+	owner, release, err = s.leaseMachine(ctx, m, kind)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if m, err = s.loadMachine(ctx, nil, m.ID); err != nil {
+		release()
+		return nil, "", nil, err
+	}
+	if !stateIn(m.State, snapshotFrom) {
+		release()
+		return nil, "", nil, fmt.Errorf("machine %s is %s; a snapshot is %s a Running or Stopped machine: %w", m.Label, m.State, how, kite.ErrState)
+	}
+	return m, owner, release, nil
+}
+
+// snapshotterOf returns provider machine pm as a Snapshotter (the provider advertises snapshots).
+func snapshotterOf(name string, pm provider.Machine) (provider.Snapshotter, error) {
+	sp, ok := pm.(provider.Snapshotter)
+	if !ok {
+		return nil, fmt.Errorf("provider %s advertises snapshots, but its machine does not take them: %w", name, provider.ErrUnsupported)
+	}
+	return sp, nil
+}
+
+// dropSnapshotData deletes a snapshot's data at the provider, also when ctx is cancelled (a
+// minute at most); a failure is logged: the data is orphaned, its record says why.
+func (s *Server) dropSnapshotData(ctx context.Context, sp provider.Snapshotter, id, why string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := sp.DeleteSnapshot(dctx, id); err != nil {
+		s.log.Warn("delete snapshot data "+why, "snapshot", id, "err", err)
+	}
+}
 
 func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotParams) (any, error) {
 	m, err := s.loadMachine(ctx, c, p.MachineID)
@@ -135,24 +174,9 @@ func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request
 	if err := s.checkSnapshotQuota(ctx, m.Owner, q, 0); err != nil {
 		return nil, err
 	}
-	owner := "snapshot-" + store.NewID()
-	lease, err := s.store.AcquireLease(ctx, "machine/"+m.ID, owner, stackLeaseTTL)
+	m, owner, release, err := s.leaseSettled(ctx, m, "snapshot", "taken of")
 	if err != nil {
-		return nil, fmt.Errorf("machine %s is busy: %w", m.Label, err)
-	}
-	release := func() {
-		if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
-			s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
-		}
-	}
-	// Read again under the lease: no job changes it now.
-	if m, err = s.loadMachine(ctx, nil, m.ID); err != nil {
-		release()
 		return nil, err
-	}
-	if !stateIn(m.State, snapshotFrom) {
-		release()
-		return nil, fmt.Errorf("machine %s is %s; a snapshot is taken of a Running or Stopped machine: %w", m.Label, m.State, kite.ErrState)
 	}
 	// The job's id is recorded with the snapshot, so snapshot.delete always sees that it runs.
 	jobID := store.NewID()
@@ -278,23 +302,9 @@ func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request,
 	if err := s.capable(m.Provider, api.MethodMachineRestore, provider.CapSnapshot); err != nil {
 		return nil, err
 	}
-	owner := "restore-" + store.NewID()
-	lease, err := s.store.AcquireLease(ctx, "machine/"+m.ID, owner, stackLeaseTTL)
+	m, owner, release, err := s.leaseSettled(ctx, m, "restore", "restored into")
 	if err != nil {
-		return nil, fmt.Errorf("machine %s is busy: %w", m.Label, err)
-	}
-	release := func() {
-		if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
-			s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
-		}
-	}
-	if m, err = s.loadMachine(ctx, nil, m.ID); err != nil {
-		release()
 		return nil, err
-	}
-	if !stateIn(m.State, snapshotFrom) {
-		release()
-		return nil, fmt.Errorf("machine %s is %s; a snapshot is restored into a Running or Stopped machine: %w", m.Label, m.State, kite.ErrState)
 	}
 	id, err := s.startJob(ctx, jobMachineRestore, "machine/"+m.ID, c.Username,
 		map[string]any{"machineId": m.ID, "snapshotId": sn.ID, "lease": owner, "from": string(m.State)})
@@ -351,11 +361,7 @@ func (s *Server) snapshotMachine(ctx context.Context, sn *store.Snapshot) (provi
 	if err := s.capable(sn.Provider, api.MethodSnapshotDelete, provider.CapSnapshot); err != nil {
 		return nil, err
 	}
-	sp, ok := pm.(provider.Snapshotter)
-	if !ok {
-		return nil, fmt.Errorf("provider %s advertises snapshots, but its machine does not take them: %w", sn.Provider, provider.ErrUnsupported)
-	}
-	return sp, nil
+	return snapshotterOf(sn.Provider, pm)
 }
 
 // runMachineSnapshot is the machine.snapshot job: stop the machine if it runs, save its disk,
@@ -375,11 +381,7 @@ func (s *Server) runMachineSnapshot(ctx context.Context, j *jobCtx, recovering b
 		n, b, err := s.store.Snapshots().Usage(ctx, m.Owner)
 		if err == nil {
 			if q := s.snapshotQuota(); q.Bytes > 0 && b+info.Size > q.Bytes {
-				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-				defer cancel()
-				if derr := sp.DeleteSnapshot(dctx, snapID); derr != nil {
-					s.log.Warn("delete snapshot over quota", "snapshot", snapID, "err", derr)
-				}
+				s.dropSnapshotData(ctx, sp, snapID, "over quota")
 				return fmt.Errorf("the snapshot takes %s; with the %d others (%s) that is over %s's quota of %s: delete some first: %w",
 					humanBytes(info.Size), n-1, humanBytes(b), m.Owner, humanBytes(q.Bytes), kite.ErrTooLarge)
 			}
@@ -388,9 +390,7 @@ func (s *Server) runMachineSnapshot(ctx context.Context, j *jobCtx, recovering b
 			Size: &info.Size, DiskSize: &info.DiskSize, Format: &info.Format})
 		if err == nil && !ok {
 			// Its record is gone (deleted by hand in the store): so is its data.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			sp.DeleteSnapshot(dctx, snapID)
+			s.dropSnapshotData(ctx, sp, snapID, "of a deleted record")
 			err = fmt.Errorf("snapshot %s was deleted while it was being made", snapID)
 		}
 		return err
@@ -399,11 +399,9 @@ func (s *Server) runMachineSnapshot(ctx context.Context, j *jobCtx, recovering b
 		s.snapshotSet(ctx, snapID, store.SnapshotSet{Status: new(store.SnapshotFailed), Error: new(err.Error())})
 		// A failed snapshot holds no data.
 		if sn, gerr := s.store.Snapshots().Get(context.WithoutCancel(ctx), snapID); gerr == nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			if sp, merr := s.snapshotMachine(dctx, &sn); merr == nil {
-				sp.DeleteSnapshot(dctx, snapID)
+			if sp, merr := s.snapshotMachine(context.WithoutCancel(ctx), &sn); merr == nil {
+				s.dropSnapshotData(ctx, sp, snapID, "of a failed snapshot")
 			}
-			cancel()
 		}
 		return nil, err
 	}
@@ -507,9 +505,9 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 	if pm, err = s.providerMachine(ctx, nil, m); err != nil {
 		return nil, err
 	}
-	sp, ok := pm.(provider.Snapshotter)
-	if !ok {
-		return nil, fmt.Errorf("provider %s advertises snapshots, but its machine does not take them: %w", m.Provider, provider.ErrUnsupported)
+	sp, err := snapshotterOf(m.Provider, pm)
+	if err != nil {
+		return nil, err
 	}
 	// Stop (a recovered job finds it stopped already, or half way: Stop is idempotent).
 	if m.State != provider.Stopped {
