@@ -486,7 +486,7 @@ Stopping the command (Ctrl-C) stops following; the job goes on.`,
 		},
 	}
 	cmd.Flags().BoolVar(&destroy, "destroy", false, "destroy the bootstrap resources instead")
-	cmd.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
+	detachFlag(cmd, &detach)
 	return cmd
 }
 

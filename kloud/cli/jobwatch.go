@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -55,6 +56,39 @@ func (g *globals) watchJob(ctx context.Context, c *kite.Conn, jobID string) (*ap
 		return last, fmt.Errorf("job %s was cancelled", jobID)
 	}
 	return last, fmt.Errorf("job %s failed: %s", jobID, last.Error)
+}
+
+// followJob ends a command that started job jobID: with detach it says how to follow the job
+// (with --json, the job reference) and returns; else it follows the job to its end (watchJob).
+// followed reports whether it did.
+func (g *globals) followJob(ctx context.Context, c *kite.Conn, jobID string, detach bool) (followed bool, err error) {
+	if detach {
+		if g.json {
+			return false, g.printJSON(api.JobRef{JobID: jobID})
+		}
+		fmt.Fprintf(g.stdout, "job %s started; follow it with: kloud job watch %s\n", jobID, jobID)
+		return false, nil
+	}
+	_, err = g.watchJob(ctx, c, jobID)
+	return true, err
+}
+
+// followStackJob is followJob for a job that builds stack stackID (apply, update, scale): after
+// it succeeds, the stack's machines are listed (not with --json). kc is c's client.
+func (g *globals) followStackJob(ctx context.Context, c *kite.Conn, kc *api.Client, stackID, jobID string, detach bool) error {
+	followed, err := g.followJob(ctx, c, jobID, detach)
+	if err != nil || !followed || g.json {
+		return err
+	}
+	if st, err := kc.StackDescribe(ctx, api.StackRef{StackID: stackID}); err == nil {
+		printMachines(g, st.MachineDocs)
+	}
+	return nil
+}
+
+// detachFlag adds --detach to a command that starts a job (see followJob).
+func detachFlag(c *cobra.Command, detach *bool) {
+	c.Flags().BoolVar(detach, "detach", false, "start the job and return without following it")
 }
 
 func isTerminal(w io.Writer) bool {

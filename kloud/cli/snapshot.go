@@ -86,7 +86,7 @@ with kloud machine restore, delete it with kloud snapshot delete.`,
 	}
 	snapshot.Flags().StringVar(&name, "name", "", "a name for it (default: the machine's label and the time)")
 	snapshot.Flags().StringVar(&sstack, "stack", "", "the machine's stack (when labels repeat)")
-	snapshot.Flags().BoolVar(&sdetach, "detach", false, "start the job and return without following it")
+	detachFlag(snapshot, &sdetach)
 
 	var rstack, into string
 	var rdetach bool
@@ -113,17 +113,13 @@ machine is stopped first and started again after. What was on its disk is lost.`
 			if err != nil {
 				return explain(err)
 			}
-			if rdetach {
-				fmt.Fprintf(g.stdout, "job %s started\n", res.JobID)
-				return nil
-			}
-			_, err = g.watchJob(cmd.Context(), c, res.JobID)
+			_, err = g.followJob(cmd.Context(), c, res.JobID, rdetach)
 			return err
 		},
 	}
 	restore.Flags().StringVar(&into, "into", "", "restore into this machine (id or label) instead")
 	restore.Flags().StringVar(&rstack, "stack", "", "the --into machine's stack (when labels repeat)")
-	restore.Flags().BoolVar(&rdetach, "detach", false, "start the job and return without following it")
+	detachFlag(restore, &rdetach)
 	return []*cobra.Command{snapshot, snapshotsCmd(g, "snapshots [MACHINE]"), restore}
 }
 

@@ -273,22 +273,14 @@ func stackCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return explain(err)
 				}
-				if detach {
-					fmt.Fprintf(g.stdout, "job %s started; follow it with: kloud job watch %s\n", res.JobID, res.JobID)
-					return nil
-				}
-				if _, err := g.watchJob(cmd.Context(), conn, res.JobID); err != nil {
+				if destroy {
+					_, err := g.followJob(cmd.Context(), conn, res.JobID, detach)
 					return err
 				}
-				if !destroy && !g.json {
-					if st, err := kc.StackDescribe(cmd.Context(), api.StackRef{StackID: args[0]}); err == nil {
-						printMachines(g, st.MachineDocs)
-					}
-				}
-				return nil
+				return g.followStackJob(cmd.Context(), conn, kc, args[0], res.JobID, detach)
 			},
 		}
-		c.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
+		detachFlag(c, &detach)
 		return c
 	}
 
@@ -521,17 +513,13 @@ func machineCmd(g *globals) *cobra.Command {
 					if err != nil {
 						return explain(err)
 					}
-					if detach {
-						fmt.Fprintf(g.stdout, "job %s started\n", res.JobID)
-						return nil
-					}
-					_, err = g.watchJob(cmd.Context(), conn, res.JobID)
+					_, err = g.followJob(cmd.Context(), conn, res.JobID, detach)
 					return err
 				})
 			},
 		}
 		c.Flags().StringVar(&pstack, "stack", "", "the machine's stack (when labels repeat)")
-		c.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
+		detachFlag(c, &detach)
 		return c
 	}
 	shareCmd := func(unshare bool) *cobra.Command {

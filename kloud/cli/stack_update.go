@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -9,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 )
 
@@ -54,12 +52,12 @@ update waits for the agents of new and replaced machines only. --plan shows the 
 			if err != nil {
 				return explain(err)
 			}
-			return g.followUpdate(ctx, conn, kc, args[0], ref.JobID, detach)
+			return g.followStackJob(ctx, conn, kc, args[0], ref.JobID, detach)
 		},
 	}
 	update.Flags().IntVar(&rev, "rev", 0, "the template revision to update to (default: the latest)")
 	update.Flags().BoolVar(&planOnly, "plan", false, "only show what the update would do")
-	update.Flags().BoolVar(&detach, "detach", false, "start the job and return without following it")
+	detachFlag(update, &detach)
 
 	var sdetach bool
 	scale := &cobra.Command{
@@ -86,27 +84,11 @@ that is another expression cannot be changed this way: edit the template.`,
 			if err != nil {
 				return explain(err)
 			}
-			return g.followUpdate(ctx, conn, kc, args[0], ref.JobID, sdetach)
+			return g.followStackJob(ctx, conn, kc, args[0], ref.JobID, sdetach)
 		},
 	}
-	scale.Flags().BoolVar(&sdetach, "detach", false, "start the job and return without following it")
+	detachFlag(scale, &sdetach)
 	return []*cobra.Command{update, scale}
-}
-
-func (g *globals) followUpdate(ctx context.Context, conn *kite.Conn, kc *api.Client, stackID, jobID string, detach bool) error {
-	if detach {
-		fmt.Fprintf(g.stdout, "job %s started; follow it with: kloud job watch %s\n", jobID, jobID)
-		return nil
-	}
-	if _, err := g.watchJob(ctx, conn, jobID); err != nil {
-		return err
-	}
-	if !g.json {
-		if st, err := kc.StackDescribe(ctx, api.StackRef{StackID: stackID}); err == nil {
-			printMachines(g, st.MachineDocs)
-		}
-	}
-	return nil
 }
 
 func printUpdatePlan(g *globals, u *api.StackUpdatePlan) error {
