@@ -52,7 +52,6 @@ func dockerMirror(t *testing.T) string {
 
 func newDockerEnv(t *testing.T) *dockerEnv {
 	t.Helper()
-	tf := testutil.RequireBinary(t, "terraform")
 	cliConfig := dockerMirror(t)
 	dd := dockertest.New(t)
 	subnet, err := sandbox.FreeSubnet(150)
@@ -64,19 +63,11 @@ func newDockerEnv(t *testing.T) *dockerEnv {
 	// reach it, and terraform the proxy).
 	_, port, _ := net.SplitHostPort(freePort(t))
 	addr := net.JoinHostPort(subnet.Addr().Next().String(), port)
-	dir := t.TempDir()
-	tfAddr := freePort(t)
-	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "terraformer"),
-		"--kloud-url", "http://"+addr, "--terraform", tf, "--cli-config", cliConfig)
-	e := &env{t: t, dir: dir, addr: addr, extra: []string{
-		"--terraformer-url", "http://" + tfAddr, "--public-url", "http://" + addr, "--no-demo",
+	e := newTerraformerEnv(t, addr, cliConfig, "--public-url", "http://"+addr, "--no-demo",
 		// No --docker-image: kloud finds the image of $KLOUD_BASE_IMAGE (dockertest imported it)
 		// as kloud serve does by default.
 		"--docker-host", dd.Host, "--docker-network", network,
-		"--docker-bridge", network, "--docker-subnet", subnet.String(),
-	}}
-	e.start()
-	t.Cleanup(e.cleanup)
+		"--docker-bridge", network, "--docker-subnet", subnet.String())
 	return &dockerEnv{env: e, dd: dd, network: network}
 }
 
@@ -144,17 +135,7 @@ func (e *dockerEnv) leftovers() []string {
 }
 
 // containerID is the machine's container (the docker_container's id).
-func containerID(m localMachine) string { s, _ := m.Attributes["id"].(string); return s }
-
-func (e *dockerEnv) machines(stack string) map[string]localMachine {
-	var ms []localMachine
-	e.runJSON(&ms, "machine", "list", "--stack", stack)
-	out := map[string]localMachine{}
-	for _, m := range ms {
-		out[m.Label] = m
-	}
-	return out
-}
+func containerID(m machine) string { s, _ := m.Attributes["id"].(string); return s }
 
 // TestDockerStack builds a stack of two docker machines through the kloud CLI: both Running with
 // their agents connected (the klient this kloud serves, installed by cloud-init from kloud's
@@ -250,57 +231,9 @@ func TestDockerKloudKilledMidBuild(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newDockerEnv(t)
 			e.alice()
-			var created struct{ Stack struct{ ID string } }
-			e.runJSON(&created, "stack", "create", "--template", e.template(dockerTemplate("k", 2)))
-			sid := created.Stack.ID
-			out := e.run("stack", "apply", sid, "--detach")
-			jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
-			var seen int
-			testutil.Eventually(t, 3*time.Minute, func() bool {
-				var j struct {
-					Percentage int
-					Status     string
-				}
-				o, err := e.try("job", "get", jobID)
-				if err != nil || json.Unmarshal([]byte(o), &j) != nil {
-					return false
-				}
-				seen = j.Percentage
-				if j.Status != "running" && j.Status != "queued" && j.Status != "" {
-					t.Fatalf("the job ended (%s) before kloud could be killed at %d%%", j.Status, tc.percent)
-				}
-				return j.Percentage >= tc.percent
-			}, "the build did not reach %d%%", tc.percent)
-			e.kill()
-			t.Logf("killed kloud at %d%%", seen)
-			e.start()
-			final, err := e.try("job", "watch", jobID)
-			t.Logf("the job after the restart (err %v):\n%s", err, final)
-			var j struct{ Status, Error string }
-			e.runJSON(&j, "job", "get", jobID)
-			ms := e.machines(sid)
-			if len(ms) != 2 {
-				t.Fatalf("machines: %+v", ms)
-			}
-			switch j.Status {
-			case "succeeded":
-				for l, m := range ms {
-					if m.State != "Running" || m.Agent.Status != "connected" {
-						t.Errorf("%s after the resumed build: %+v", l, m)
-					}
-				}
-			case "failed":
-				if j.Error == "" {
-					t.Errorf("a failed build must say why: %+v", j)
-				}
-				for l, m := range ms {
-					if m.State == "Building" {
-						t.Errorf("%s after the failed build: %+v", l, m)
-					}
-				}
-			default:
-				t.Fatalf("job after the restart: %+v", j)
-			}
+			sid := e.createStack(e.template(dockerTemplate("k", 2)))
+			_, j := e.killMidBuild(sid, tc.percent, 3*time.Minute)
+			e.checkResumedBuild(sid, 2, j)
 			e.run("stack", "destroy", sid)
 			if left := e.leftovers(); len(left) > 0 {
 				t.Errorf("left on the daemon after destroy: %q", left)

@@ -21,6 +21,8 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
+	localtf "github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
+	vagranttf "github.com/kloud-dev/kloud/providers/vagrant/tfprovider/tfprovidertest"
 )
 
 var bin string // directory of the built binaries
@@ -50,6 +52,8 @@ func TestMain(m *testing.M) {
 	}
 	bin = dir
 	code := m.Run()
+	localtf.Cleanup()
+	vagranttf.Cleanup()
 	remove()
 	os.Exit(code)
 }
@@ -246,21 +250,6 @@ func (e *env) template(content string) string {
 	return t.ID
 }
 
-type machine struct {
-	ID, Label, State, Reason, KiteID string
-	Agent                            struct{ Status string }
-}
-
-func (e *env) machines(stack string) map[string]machine {
-	var ms []machine
-	e.runJSON(&ms, "machine", "list", "--stack", stack)
-	out := map[string]machine{}
-	for _, m := range ms {
-		out[m.Label] = m
-	}
-	return out
-}
-
 // TestWalkthrough is the README's walk-through with the dummy provider, step by step through
 // the CLI.
 func TestWalkthrough(t *testing.T) {
@@ -330,15 +319,7 @@ resource "terraform_data" "vm" {
 // own; after a restart the interrupted job is resolved (resumed to the end), no machine stays
 // in Building, the lease is free again, and destroy leaves nothing behind.
 func TestKloudKilledMidApply(t *testing.T) {
-	tfAddr := freePort(t)
-	kloudAddr := freePort(t)
-	dir := t.TempDir()
-	tf := testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "tf"), "--kloud-url", "http://"+kloudAddr)
-	_ = tf
-	e := &env{t: t, dir: dir, addr: kloudAddr, extra: []string{"--terraformer-url", "http://" + tfAddr}}
-	testutil.RequireBinary(t, "terraform")
-	e.start()
-	t.Cleanup(e.cleanup)
+	e := newTerraformerEnv(t, freePort(t), "")
 	e.alice()
 	tid := e.template(`
 resource "terraform_data" "vm" {
@@ -346,30 +327,13 @@ resource "terraform_data" "vm" {
   input = "#!/bin/bash\necho working; sleep 6; echo done"
 }
 `)
-	var created struct{ Stack struct{ ID string } }
-	e.runJSON(&created, "stack", "create", "--template", tid)
-	sid := created.Stack.ID
-	out := e.run("stack", "apply", sid, "--detach")
-	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	sid := e.createStack(tid)
 	// Kill kloud once terraform has run and the agents are being waited for.
-	testutil.Eventually(t, 60*time.Second, func() bool {
-		var j struct{ Percentage int }
-		o, err := e.try("job", "get", jobID)
-		return err == nil && json.Unmarshal([]byte(o), &j) == nil && j.Percentage >= 70
-	}, "the build did not reach the agent check")
-	e.kill()
-	e.start()
-	final := e.run("job", "watch", jobID)
-	t.Logf("after restart:\n%s", final)
-	ms := e.machines(sid)
-	for l, m := range ms {
-		if m.State == "Building" {
-			t.Fatalf("%s stuck in Building after the restart: %+v", l, m)
-		}
-		if m.State != "Running" || m.Agent.Status != "connected" {
-			t.Fatalf("%s not resumed to Running: %+v", l, m)
-		}
+	jobID, j := e.killMidBuild(sid, 70, 60*time.Second)
+	if j.Status != "succeeded" {
+		t.Fatalf("job %s after the restart: %+v", jobID, j)
 	}
+	e.checkResumedBuild(sid, 2, j)
 	e.run("stack", "destroy", sid)
 	if entries, _ := os.ReadDir(filepath.Join(e.dir, "machines", sid)); len(entries) != 0 {
 		t.Fatalf("machine directories left: %v", entries)

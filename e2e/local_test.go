@@ -16,17 +16,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/local"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
-	"github.com/kloud-dev/kloud/providers/local/tfprovider"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 	"github.com/kloud-dev/kloud/userdata"
 )
@@ -49,69 +46,23 @@ func newLocalEnv(t *testing.T) *localEnv {
 // other klouds of the test may share.
 func newLocalEnvOn(t *testing.T, h *tfprovidertest.Host) *localEnv {
 	t.Helper()
-	tf := testutil.RequireBinary(t, "terraform")
 	testutil.RequireBinary(t, "curl")
-	cliConfig := kloudlocalMirror(t)
 	_, port, _ := net.SplitHostPort(freePort(t))
 	// kloud listens on the bridge address only: the machines reach it there, and so do the CLI
 	// and terraformer (the bridge is ours; kloud creates it before it listens).
 	addr := net.JoinHostPort(h.HostAddr().String(), port)
-	dir := t.TempDir()
-	tfAddr := freePort(t)
-	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "terraformer"),
-		"--kloud-url", "http://"+addr, "--terraform", tf, "--cli-config", cliConfig)
-	e := &env{t: t, dir: dir, addr: addr, extra: []string{
-		"--terraformer-url", "http://" + tfAddr, "--public-url", "http://" + addr, "--no-demo",
-		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String(),
-	}}
-	e.start()
-	t.Cleanup(e.cleanup)
+	e := newTerraformerEnv(t, addr, kloudlocalMirror(t), "--public-url", "http://"+addr, "--no-demo",
+		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String())
 	return &localEnv{env: e, h: h}
 }
 
-var mirror struct {
-	once sync.Once
-	cfg  string
-	err  error
-}
-
-// kloudlocalMirror builds the kloudlocal Terraform provider from this tree, once per test
-// process, into a filesystem mirror under the binaries' directory (TestMain removes it), and
-// returns a Terraform CLI config that installs providers only from there.
+// kloudlocalMirror returns a Terraform CLI config whose only provider source is a private
+// mirror holding the kloudlocal provider built from this tree (once per test process;
+// TestMain removes it).
 func kloudlocalMirror(t *testing.T) string {
 	t.Helper()
-	mirror.once.Do(func() {
-		root, err := testutil.ModuleRoot()
-		if err != nil {
-			mirror.err = err
-			return
-		}
-		m := filepath.Join(bin, "tf-mirror")
-		pdir := filepath.Join(m, "registry.terraform.io", "kloud", tfprovider.Name, tfprovider.Version, runtime.GOOS+"_"+runtime.GOARCH)
-		cmd := exec.Command("go", "build", "-o", filepath.Join(pdir, "terraform-provider-"+tfprovider.Name+"_v"+tfprovider.Version), "./cmd/terraform-provider-kloudlocal")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			mirror.err = fmt.Errorf("go build kloudlocal: %w\n%s", err, out)
-			return
-		}
-		cfg := filepath.Join(bin, "kloudlocal.tfrc")
-		mirror.err = os.WriteFile(cfg, fmt.Appendf(nil, `provider_installation {
-  filesystem_mirror {
-    path    = %q
-    include = ["registry.terraform.io/kloud/*"]
-  }
-  direct {
-    exclude = ["registry.terraform.io/*/*"]
-  }
-}
-disable_checkpoint = true
-`, m), 0o644)
-		mirror.cfg = cfg
-	})
-	if mirror.err != nil {
-		t.Fatal(mirror.err)
-	}
-	return mirror.cfg
+	_, cfg := tfprovidertest.Terraform(t)
+	return cfg
 }
 
 // localTemplate is a template of n kloudlocal machines named <name>-<i> with the given script.
@@ -142,24 +93,8 @@ func indent(s string) string {
 }
 
 // localMachine is a machine as `kloud machine list --json` shows it.
-type localMachine struct {
-	ID, Label, State, Reason, KiteID, IPAddress string
-	Agent                                       struct{ Status string }
-	Attributes                                  map[string]any
-}
-
 // sandboxID is the machine's id in the sandbox library (kloudlocal_machine's id).
-func (m localMachine) sandboxID() string { s, _ := m.Attributes["id"].(string); return s }
-
-func (e *localEnv) machines(stack string) map[string]localMachine {
-	var ms []localMachine
-	e.runJSON(&ms, "machine", "list", "--stack", stack)
-	out := map[string]localMachine{}
-	for _, m := range ms {
-		out[m.Label] = m
-	}
-	return out
-}
+func (m machine) sandboxID() string { s, _ := m.Attributes["id"].(string); return s }
 
 type kiteInfo struct {
 	Kite struct{ ID, Name, Username, Hostname string }
@@ -174,13 +109,6 @@ func (e *localEnv) kites() map[string]kiteInfo {
 		out[k.Kite.ID] = k
 	}
 	return out
-}
-
-// createStack creates a stack of template tid and returns its id.
-func (e *localEnv) createStack(tid string) string {
-	var created struct{ Stack struct{ ID string } }
-	e.runJSON(&created, "stack", "create", "--template", tid)
-	return created.Stack.ID
 }
 
 // exec runs argv inside machine id and returns its trimmed output.
@@ -525,60 +453,8 @@ func TestLocalKloudKilledMidBuild(t *testing.T) {
 			e.alice()
 			tid := e.template(localTemplate("k", 2, tc.script))
 			sid := e.createStack(tid)
-			out := e.run("stack", "apply", sid, "--detach")
-			jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
-			var seen int
-			testutil.Eventually(t, 3*time.Minute, func() bool {
-				var j struct {
-					Percentage int
-					Status     string
-				}
-				o, err := e.try("job", "get", jobID)
-				if err != nil || json.Unmarshal([]byte(o), &j) != nil {
-					return false
-				}
-				seen = j.Percentage
-				if j.Status != "running" && j.Status != "queued" && j.Status != "" {
-					t.Fatalf("the job ended (%s) before kloud could be killed at %d%%", j.Status, tc.percent)
-				}
-				return j.Percentage >= tc.percent
-			}, "the build did not reach %d%%", tc.percent)
-			e.kill()
-			t.Logf("killed kloud at %d%%", seen)
-			e.start()
-
-			final, err := e.try("job", "watch", jobID)
-			t.Logf("the job after the restart (err %v):\n%s", err, final)
-			var j struct{ Status, Error string }
-			e.runJSON(&j, "job", "get", jobID)
-			var st struct{ State, Reason string }
-			e.runJSON(&st, "stack", "describe", sid)
-			ms := e.machines(sid)
-			if len(ms) != 2 {
-				t.Fatalf("machines: %+v", ms)
-			}
-			switch j.Status {
-			case "succeeded":
-				if st.State != "Initialized" {
-					t.Errorf("stack after a successful resume: %+v", st)
-				}
-				for l, m := range ms {
-					if m.State != "Running" || m.Agent.Status != "connected" {
-						t.Errorf("%s after the resumed build: %+v", l, m)
-					}
-				}
-			case "failed":
-				if j.Error == "" || st.Reason == "" || st.State == "Building" {
-					t.Errorf("a failed build must say why: job %+v, stack %+v", j, st)
-				}
-				for l, m := range ms {
-					if m.State == "Building" || (m.State != "Running" && m.Reason == "") {
-						t.Errorf("%s after the failed build: %+v", l, m)
-					}
-				}
-			default:
-				t.Fatalf("job after the restart: %+v", j)
-			}
+			_, j := e.killMidBuild(sid, tc.percent, 3*time.Minute)
+			e.checkResumedBuild(sid, 2, j)
 			// Every machine on the host, also any kloud lost track of, goes with the stack.
 			infos := e.sandboxInfos()
 			e.run("stack", "destroy", sid)

@@ -362,21 +362,11 @@ func procList(ps []osProc) string {
 // the step and curl's error from the machine's console, not after the 5 minute agent timeout.
 func TestLocalAgentDownloadRefused(t *testing.T) {
 	h := tfprovidertest.NewHost(t) // gates on root, ip, nsenter, the base image
-	tf := testutil.RequireBinary(t, "terraform")
 	testutil.RequireBinary(t, "curl")
-	cliConfig := kloudlocalMirror(t)
 	addr := freePort(t) // 127.0.0.1:N
 	_, port, _ := net.SplitHostPort(addr)
-	dir := t.TempDir()
-	tfAddr := freePort(t)
-	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "terraformer"),
-		"--kloud-url", "http://"+addr, "--terraform", tf, "--cli-config", cliConfig)
-	e := &env{t: t, dir: dir, addr: addr, extra: []string{
-		"--terraformer-url", "http://" + tfAddr, "--no-demo",
-		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String(),
-	}}
-	e.start()
-	t.Cleanup(e.cleanup)
+	e := newTerraformerEnv(t, addr, kloudlocalMirror(t), "--no-demo",
+		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String())
 	le := &localEnv{env: e, h: h}
 	bridgeURL := "http://" + net.JoinHostPort(h.HostAddr().String(), port)
 	for _, w := range []string{"warning: kloud listens on " + addr, "machines of provider local reach kloud at " + bridgeURL,

@@ -8,22 +8,19 @@ package e2e
 // vagrant and dockerd; outside CI they skip loudly, under CI=true they fail.
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/docker/dockertest"
-	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
+	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider/tfprovidertest"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -36,48 +33,13 @@ type vagrantEnv struct {
 	hostK *exec.Cmd
 }
 
-var vmirror struct {
-	once sync.Once
-	cfg  string
-	err  error
-}
-
-// kloudvagrantMirror builds the kloudvagrant Terraform provider from this tree once per test
-// process into a mirror under the binaries' directory, and returns a CLI config using only it.
+// kloudvagrantMirror returns a Terraform CLI config whose only provider source is a private
+// mirror holding the kloudvagrant provider built from this tree (once per test process;
+// TestMain removes it).
 func kloudvagrantMirror(t *testing.T) string {
 	t.Helper()
-	vmirror.once.Do(func() {
-		root, err := testutil.ModuleRoot()
-		if err != nil {
-			vmirror.err = err
-			return
-		}
-		m := filepath.Join(bin, "tf-mirror-vagrant")
-		pdir := filepath.Join(m, "registry.terraform.io", "kloud", tfprovider.Name, tfprovider.Version, runtime.GOOS+"_"+runtime.GOARCH)
-		cmd := exec.Command("go", "build", "-o", filepath.Join(pdir, "terraform-provider-"+tfprovider.Name+"_v"+tfprovider.Version), "./cmd/terraform-provider-kloudvagrant")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			vmirror.err = fmt.Errorf("go build kloudvagrant: %w\n%s", err, out)
-			return
-		}
-		cfg := filepath.Join(bin, "kloudvagrant.tfrc")
-		vmirror.err = os.WriteFile(cfg, fmt.Appendf(nil, `provider_installation {
-  filesystem_mirror {
-    path    = %q
-    include = ["registry.terraform.io/kloud/*"]
-  }
-  direct {
-    exclude = ["registry.terraform.io/*/*"]
-  }
-}
-disable_checkpoint = true
-`, m), 0o644)
-		vmirror.cfg = cfg
-	})
-	if vmirror.err != nil {
-		t.Fatal(vmirror.err)
-	}
-	return vmirror.cfg
+	_, cfg := tfprovidertest.Terraform(t)
+	return cfg
 }
 
 // newVagrantEnv starts a private dockerd with the base image, a kloud with its own terraformer,
@@ -89,19 +51,12 @@ func newVagrantEnv(t *testing.T) *vagrantEnv { return newVagrantEnvUsers(t, (*en
 func newVagrantEnvUsers(t *testing.T, users func(e *env)) *vagrantEnv {
 	t.Helper()
 	testutil.RequireRoot(t)
-	tf := testutil.RequireBinary(t, "terraform")
+	testutil.RequireBinary(t, "terraform")
 	testutil.RequireBinary(t, "vagrant")
 	d := dockertest.New(t)
 	d.Import(t, vagrantImage)
-	cliConfig := kloudvagrantMirror(t)
 	addr := freePort(t)
-	dir := t.TempDir()
-	tfAddr := freePort(t)
-	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "terraformer"),
-		"--kloud-url", "http://"+addr, "--terraform", tf, "--cli-config", cliConfig)
-	e := &env{t: t, dir: dir, addr: addr, extra: []string{"--terraformer-url", "http://" + tfAddr, "--public-url", "http://" + addr, "--no-demo"}}
-	e.start()
-	t.Cleanup(e.cleanup)
+	e := newTerraformerEnv(t, addr, kloudvagrantMirror(t), "--public-url", "http://"+addr, "--no-demo")
 	users(e)
 	ve := &vagrantEnv{env: e, d: d, home: t.TempDir()}
 	ve.startHost()
@@ -161,17 +116,6 @@ func (e *vagrantEnv) kites() map[string]kiteInfo {
 	return out
 }
 
-// vmachines is `kloud machine list` with the Terraform attributes.
-func (e *vagrantEnv) vmachines(stack string) map[string]localMachine {
-	var ms []localMachine
-	e.runJSON(&ms, "machine", "list", "--stack", stack)
-	out := map[string]localMachine{}
-	for _, m := range ms {
-		out[m.Label] = m
-	}
-	return out
-}
-
 // container is the docker container of the vagrant machine named name on the host.
 func (e *vagrantEnv) container(name string) string {
 	e.t.Helper()
@@ -222,7 +166,7 @@ echo "user script ran on $(hostname)" > /root/user-script-ran`))
 		t.Fatalf("apply:\n%s", out)
 	}
 	t.Logf("2 vagrant machines Running with agents in %s", time.Since(t0).Round(time.Millisecond))
-	ms := e.vmachines(sid)
+	ms := e.machines(sid)
 	kites := e.kites()
 	for i := range 2 {
 		label, hostname := fmt.Sprintf("web.%d", i), fmt.Sprintf("web-%d", i)
@@ -248,14 +192,14 @@ echo "user script ran on $(hostname)" > /root/user-script-ran`))
 	word := randomWord()
 	e.exec(c0, "sh", "-c", "echo "+word+" > /root/kept && sync")
 	e.run("machine", "stop", "web.0", "--stack", sid)
-	if m := e.vmachines(sid)["web.0"]; m.State != "Stopped" || m.Agent.Status != "disconnected" {
+	if m := e.machines(sid)["web.0"]; m.State != "Stopped" || m.Agent.Status != "disconnected" {
 		t.Fatalf("web.0 after stop: %+v", m)
 	}
 	if st := strings.TrimSpace(e.d.Docker(t, "inspect", "--format", "{{.State.Status}}", c0)); st != "exited" {
 		t.Errorf("web.0's container after stop: %s", st)
 	}
 	e.run("machine", "start", "web.0", "--stack", sid)
-	if m := e.vmachines(sid)["web.0"]; m.State != "Running" || m.Agent.Status != "connected" {
+	if m := e.machines(sid)["web.0"]; m.State != "Running" || m.Agent.Status != "connected" {
 		t.Fatalf("web.0 after start: %+v", m)
 	}
 	if got := e.exec(c0, "cat", "/root/kept"); got != word {
@@ -263,7 +207,7 @@ echo "user script ran on $(hostname)" > /root/user-script-ran`))
 	}
 
 	e.run("stack", "destroy", sid)
-	if ms := e.vmachines(sid); len(ms) != 0 {
+	if ms := e.machines(sid); len(ms) != 0 {
 		t.Errorf("machines left in kloud: %+v", ms)
 	}
 	if c := e.d.Containers(t); len(c) != 0 {
@@ -277,12 +221,6 @@ echo "user script ran on $(hostname)" > /root/user-script-ran`))
 	if ents, _ := os.ReadDir(filepath.Join(e.home, "machines")); len(ents) != 0 {
 		t.Errorf("machine directories left on the host: %v", ents)
 	}
-}
-
-func (e *vagrantEnv) createStack(tid string) string {
-	var created struct{ Stack struct{ ID string } }
-	e.runJSON(&created, "stack", "create", "--template", tid)
-	return created.Stack.ID
 }
 
 // TestVagrantKloudKilledMidBuild SIGKILLs kloud while a vagrant stack builds (terraformer and
@@ -301,58 +239,8 @@ func TestVagrantKloudKilledMidBuild(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newVagrantEnv(t)
 			sid := e.createStack(e.template(vagrantTemplate("k", 2, "#!/bin/bash\necho working; sleep 3; echo done")))
-			out := e.run("stack", "apply", sid, "--detach")
-			jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
-			var seen int
-			testutil.Eventually(t, 3*time.Minute, func() bool {
-				var j struct {
-					Percentage int
-					Status     string
-				}
-				o, err := e.try("job", "get", jobID)
-				if err != nil || json.Unmarshal([]byte(o), &j) != nil {
-					return false
-				}
-				seen = j.Percentage
-				if j.Status != "running" && j.Status != "queued" && j.Status != "" {
-					t.Fatalf("the job ended (%s) before kloud could be killed at %d%%", j.Status, tc.percent)
-				}
-				return j.Percentage >= tc.percent
-			}, "the build did not reach %d%%", tc.percent)
-			e.kill()
-			t.Logf("killed kloud at %d%%", seen)
-			e.start()
-
-			final, err := e.try("job", "watch", jobID)
-			t.Logf("the job after the restart (err %v):\n%s", err, final)
-			var j struct{ Status, Error string }
-			e.runJSON(&j, "job", "get", jobID)
-			var st struct{ State, Reason string }
-			e.runJSON(&st, "stack", "describe", sid)
-			ms := e.vmachines(sid)
-			if len(ms) != 2 {
-				t.Fatalf("machines: %+v", ms)
-			}
-			switch j.Status {
-			case "succeeded":
-				for l, m := range ms {
-					if m.State != "Running" || m.Agent.Status != "connected" {
-						t.Errorf("%s after the resumed build: %+v", l, m)
-					}
-				}
-			case "failed":
-				if j.Error == "" || st.Reason == "" || st.State == "Building" {
-					t.Errorf("a failed build must say why: job %+v, stack %+v", j, st)
-				}
-				for l, m := range ms {
-					if m.State == "Building" || (m.State != "Running" && m.Reason == "") {
-						t.Errorf("%s after the failed build: %+v", l, m)
-					}
-				}
-			default:
-				t.Fatalf("job after the restart: %+v", j)
-			}
-			t.Logf("job %s: %s %s; stack %+v", jobID, j.Status, j.Error, st)
+			_, j := e.killMidBuild(sid, tc.percent, 3*time.Minute)
+			e.checkResumedBuild(sid, 2, j)
 			e.run("stack", "destroy", sid)
 			testutil.Eventually(t, 3*time.Minute, func() bool {
 				ents, _ := os.ReadDir(filepath.Join(e.home, "machines"))
@@ -459,7 +347,7 @@ func TestVagrantBootMeasure(t *testing.T) {
 		}
 		kloudT := time.Since(t0)
 		var names, kites []string
-		for _, m := range e.vmachines(sid) {
+		for _, m := range e.machines(sid) {
 			names, kites = append(names, m.sandboxID()), append(kites, m.KiteID)
 		}
 		all(names, "destroy", "-f")

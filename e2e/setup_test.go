@@ -1,0 +1,137 @@
+package e2e
+
+// Set-up shared by the provider tests (local, docker, vagrant and the dummy provider's): a kloud
+// with a terraformer process of its own, the machines of a stack, and SIGKILL of kloud in the
+// middle of a build with the checks of what a resumed build must leave.
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+)
+
+// newTerraformerEnv starts a terraformer of its own on a free port (a process apart from kloud,
+// so it survives a SIGKILL of kloud; the terraformer kloud serve starts by itself always takes
+// 127.0.0.1:7001), running terraform with the Terraform CLI config cliConfig ("": terraform's
+// default) for a kloud at addr (host:port); then that kloud, with extra flags. Both stop when
+// the test ends, kloud first.
+func newTerraformerEnv(t *testing.T, addr, cliConfig string, extra ...string) *env {
+	t.Helper()
+	tf := testutil.RequireBinary(t, "terraform")
+	dir := t.TempDir()
+	tfAddr := freePort(t)
+	args := []string{"--addr", tfAddr, "--data-dir", filepath.Join(dir, "terraformer"), "--kloud-url", "http://" + addr, "--terraform", tf}
+	if cliConfig != "" {
+		args = append(args, "--cli-config", cliConfig)
+	}
+	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), args...)
+	e := &env{t: t, dir: dir, addr: addr, extra: append([]string{"--terraformer-url", "http://" + tfAddr}, extra...)}
+	e.start()
+	t.Cleanup(e.cleanup)
+	return e
+}
+
+// machine is a machine as `kloud machine list --json` shows it, with its Terraform attributes.
+type machine struct {
+	ID, Label, State, Reason, KiteID, IPAddress string
+	Agent                                       struct{ Status string }
+	Attributes                                  map[string]any
+}
+
+// localMachine is the name the local, docker and vagrant tests have used for machine.
+type localMachine = machine
+
+// machines is `kloud machine list --stack STACK` by label.
+func (e *env) machines(stack string) map[string]machine {
+	var ms []machine
+	e.runJSON(&ms, "machine", "list", "--stack", stack)
+	out := map[string]machine{}
+	for _, m := range ms {
+		out[m.Label] = m
+	}
+	return out
+}
+
+// createStack creates a stack of template tid and returns its id.
+func (e *env) createStack(tid string) string {
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	return created.Stack.ID
+}
+
+// resumedJob is what a build job ended as.
+type resumedJob struct{ Status, Error string }
+
+// killMidBuild applies stack sid detached, SIGKILLs kloud once the build job has reached
+// percent (within timeout; it fails the test if the job ends first), starts kloud again and
+// follows the job to its end. It returns the job's id and how it ended.
+func (e *env) killMidBuild(sid string, percent int, timeout time.Duration) (jobID string, j resumedJob) {
+	t := e.t
+	t.Helper()
+	out := e.run("stack", "apply", sid, "--detach")
+	jobID = strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	var seen int
+	testutil.Eventually(t, timeout, func() bool {
+		var j struct {
+			Percentage int
+			Status     string
+		}
+		o, err := e.try("job", "get", jobID)
+		if err != nil || json.Unmarshal([]byte(o), &j) != nil {
+			return false
+		}
+		seen = j.Percentage
+		if j.Status != "running" && j.Status != "queued" && j.Status != "" {
+			t.Fatalf("the job ended (%s) before kloud could be killed at %d%%", j.Status, percent)
+		}
+		return j.Percentage >= percent
+	}, "the build did not reach %d%%", percent)
+	e.kill()
+	t.Logf("killed kloud at %d%%", seen)
+	e.start()
+	final, err := e.try("job", "watch", jobID)
+	t.Logf("the job after the restart (err %v):\n%s", err, final)
+	e.runJSON(&j, "job", "get", jobID)
+	return jobID, j
+}
+
+// checkResumedBuild checks stack sid of n machines after killMidBuild's job j: built, every
+// machine Running with its agent connected and the stack Initialized; or failed saying why (the
+// job and the stack), no machine left Building, every machine that is not Running with a reason.
+func (e *env) checkResumedBuild(sid string, n int, j resumedJob) {
+	t := e.t
+	t.Helper()
+	var st struct{ State, Reason string }
+	e.runJSON(&st, "stack", "describe", sid)
+	ms := e.machines(sid)
+	if len(ms) != n {
+		t.Fatalf("%d machines, want %d: %+v", len(ms), n, ms)
+	}
+	switch j.Status {
+	case "succeeded":
+		if st.State != "Initialized" {
+			t.Errorf("stack after a successful resume: %+v", st)
+		}
+		for l, m := range ms {
+			if m.State != "Running" || m.Agent.Status != "connected" {
+				t.Errorf("%s after the resumed build: %+v", l, m)
+			}
+		}
+	case "failed":
+		if j.Error == "" || st.Reason == "" || st.State == "Building" {
+			t.Errorf("a failed build must say why: job %+v, stack %+v", j, st)
+		}
+		for l, m := range ms {
+			if m.State == "Building" || (m.State != "Running" && m.Reason == "") {
+				t.Errorf("%s after the failed build: %+v", l, m)
+			}
+		}
+	default:
+		t.Fatalf("job after the restart: %+v", j)
+	}
+	t.Logf("job %s %s; stack %+v", j.Status, j.Error, st)
+}
