@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"path/filepath"
 	"regexp"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -22,25 +20,11 @@ import (
 // follows that job to its end (it ends: the machine record has no stack behind it, so the
 // restore fails, and the watch says so and exits non-zero).
 func TestDetachAndFollow(t *testing.T) {
-	kloudDir := t.TempDir()
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
-	e := kloudtest.Start(t, kloudtest.Options{DataDir: kloudDir, Providers: reg})
+	e, run, must := startKloud(t, kloudtest.Options{Providers: reg})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
-	run := func(args ...string) (int, string, string) {
-		t.Helper()
-		var out, errOut bytes.Buffer
-		code := cli.Run(t.Context(), append(args, "--url", e.URL, "--data-dir", kloudDir), &out, &errOut)
-		return code, out.String(), errOut.String()
-	}
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
-	must := func(code int, stdout, stderr string) string {
-		t.Helper()
-		if code != 0 {
-			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
-		}
-		return stdout
-	}
 	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 

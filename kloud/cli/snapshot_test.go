@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -9,7 +8,6 @@ import (
 
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -22,23 +20,9 @@ import (
 // `kloud serve --snapshot-quota` refuses a bad value. (Taking and restoring snapshots is
 // kloud's TestSnapshots and e2e's TestLocalSnapshot.)
 func TestSnapshotCommands(t *testing.T) {
-	kloudDir := t.TempDir()
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
-	e := kloudtest.Start(t, kloudtest.Options{DataDir: kloudDir, Providers: reg, SnapshotQuota: kloud.SnapshotQuota{Count: 5, Bytes: 1 << 30}})
-	run := func(args ...string) (int, string, string) {
-		t.Helper()
-		var out, errOut bytes.Buffer
-		code := cli.Run(t.Context(), append(args, "--url", e.URL, "--data-dir", kloudDir), &out, &errOut)
-		return code, out.String(), errOut.String()
-	}
-	must := func(code int, stdout, stderr string) string {
-		t.Helper()
-		if code != 0 {
-			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
-		}
-		return stdout
-	}
+	e, run, must := startKloud(t, kloudtest.Options{Providers: reg, SnapshotQuota: kloud.SnapshotQuota{Count: 5, Bytes: 1 << 30}})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))

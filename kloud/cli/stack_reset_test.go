@@ -1,13 +1,11 @@
 package cli_test
 
 import (
-	"bytes"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/kloud-dev/kloud/kloud"
-	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -17,22 +15,8 @@ import (
 // and `stack describe` shows the audit record; a member (the stack's owner) is refused, and so
 // is a reset without --reason.
 func TestStackResetCommand(t *testing.T) {
-	kloudDir := t.TempDir()
-	e := kloudtest.Start(t, kloudtest.Options{DataDir: kloudDir})
-	run := func(args ...string) (int, string, string) {
-		t.Helper()
-		var out, errOut bytes.Buffer
-		code := cli.Run(t.Context(), append(args, "--url", e.URL, "--data-dir", kloudDir), &out, &errOut)
-		return code, out.String(), errOut.String()
-	}
+	e, run, must := startKloud(t, kloudtest.Options{})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
-	must := func(code int, stdout, stderr string) string {
-		t.Helper()
-		if code != 0 {
-			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
-		}
-		return stdout
-	}
 	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 
