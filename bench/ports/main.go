@@ -2,21 +2,31 @@
 // same server, in the same run: throughput (MB/s sending -mb MB that the server counts) and
 // latency (p50/p99 of 1-byte echo round trips) through the tunnel `kloud port-forward` opens
 // (a WebSocket to kloud's /api/machines/ID/ports/PORT/tcp, relayed to a real klient process's
-// port.connect), against a plain TCP connection to the server.
+// port.connect), against a plain TCP connection to the server. Two comparisons (-on):
 //
-//	go run ./bench/ports [-mb 200] [-echoes 2000] [-runs 3]     (or bench/run.sh ports)
+//   - bridge (issue 13's "vs a direct connection on the bridge"): the server and klient run in a
+//     real local machine (providers/local's sandbox library: its own namespaces, veth and bridge,
+//     booted from the base image); direct = this host → the machine's address on the bridge;
+//     through kloud = this host → kloud (listening on the bridge's host address) → klient in
+//     the machine → the server on the machine's loopback. Needs root, the base image
+//     (sandbox.EnsureBaseImage) and iproute2/nsenter; without them it says so loudly and skips.
 //
-// kloud runs in its own process (this program re-executed), klient in its own, as in
-// production; the "machine" is this host (klient with --root on a scratch dir), so the direct
-// side is loopback, not a local machine's bridge: the ratio is what kloud's two WebSocket hops
-// and relay cost over the same kernel path. There is no target in the issue: it prints the
-// figures and the ratios.
+//   - loopback: the "machine" is this host (klient with --root on a scratch dir), the server on
+//     127.0.0.1: the ratio is what kloud's two WebSocket hops and relay cost over the same
+//     kernel path.
+//
+// kloud runs in its own process (this program re-executed, bench/internal/kloudchild), klient in
+// its own, as in production. There is no target in the issue: it prints the figures, the ratios
+// and the load average. Everything is removed at the end, also on an error or Ctrl-C.
+//
+//	set -a && . /var/cache/kloud/env && set +a && go run ./bench/ports [-on bridge,loopback] [-mb 200] [-echoes 2000] [-runs 3]
 package main
 
 import (
-	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +38,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -35,121 +46,228 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/kloud-dev/kloud/bench/internal/kloudchild"
+	"github.com/kloud-dev/kloud/bench/internal/measure"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/internal/tunnel"
-	"github.com/kloud-dev/kloud/kite/kitekey"
-	"github.com/kloud-dev/kloud/kloud"
-	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
-const (
-	owner     = "bench"
-	machineID = "bench-vm"
-)
+// serverPort is where the server listens in the local machine (bridge).
+const serverPort = 7107
 
 func main() {
-	if len(os.Args) > 2 && os.Args[1] == "kloud-child" {
-		if err := kloudChild(os.Args[2]); err != nil {
-			fmt.Fprintln(os.Stderr, "ports kloud:", err)
+	sandbox.MaybeRunInit() // a local machine's launcher and PID 1 are this binary
+	kloudchild.MaybeRun()
+	if len(os.Args) == 3 && os.Args[1] == "serve" { // the server, in the local machine
+		ln, err := net.Listen("tcp", os.Args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ports serve:", err)
 			os.Exit(2)
 		}
+		serve(ln)
 		return
 	}
+	on := flag.String("on", "bridge,loopback", "comparisons to run: bridge (a local machine), loopback (this host)")
 	mb := flag.Int("mb", 200, "MB sent per throughput run")
 	echoes := flag.Int("echoes", 2000, "1-byte round trips per side")
 	runs := flag.Int("runs", 3, "throughput runs per side")
 	flag.Parse()
-	if err := run(*mb, *echoes, *runs); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, strings.Split(*on, ","), config{mb: *mb, echoes: *echoes, runs: *runs}); err != nil {
 		fmt.Fprintln(os.Stderr, "ports:", err)
 		os.Exit(2)
 	}
 }
 
-func run(mb, echoes, runs int) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	root, err := testutil.ModuleRoot()
-	if err != nil {
-		return err
-	}
-	tmp, err := os.MkdirTemp("", "bench-ports-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	klientBin := filepath.Join(tmp, "klient")
-	if out, err := exec.Command("go", "build", "-C", root, "-o", klientBin, "./cmd/klient").CombinedOutput(); err != nil {
-		return fmt.Errorf("build klient: %w\n%s", err, out)
-	}
-	srv, err := startServer()
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
-	port := srv.Addr().(*net.TCPAddr).Port
+type config struct {
+	mb, echoes, runs int
+	work, klient     string // the work directory (removed at the end) and the klient binary in it
+}
 
-	kdir := filepath.Join(tmp, "kloud")
-	os.MkdirAll(kdir, 0o700)
+func run(ctx context.Context, on []string, cfg config) (err error) {
+	if cfg.work, err = os.MkdirTemp("/var/tmp", "kloud-bench-ports-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(cfg.work)
+	// klient as kloud serves it to machines (the base image is the host's Debian).
+	cfg.klient = filepath.Join(cfg.work, "klient")
+	if err := goBuild(cfg.klient, "./cmd/klient"); err != nil {
+		return err
+	}
+	fmt.Printf("CPU: %s, %d vCPUs; load %s\n", measure.CPUModel(), runtime.NumCPU(), measure.LoadAvg())
+	for _, what := range on {
+		switch what {
+		case "bridge":
+			err = onBridge(ctx, cfg)
+		case "loopback":
+			err = onLoopback(ctx, cfg)
+		default:
+			err = fmt.Errorf("-on: %q is neither bridge nor loopback", what)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	return nil
+}
+
+// onLoopback compares on this host: the server on 127.0.0.1, klient on the host.
+func onLoopback(ctx context.Context, cfg config) error {
+	tmp := filepath.Join(cfg.work, "loopback")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	go serve(ln)
+	kc, err := kloudchild.Start(ctx, filepath.Join(tmp, "kloud"), "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer kc.Stop()
+	mach := filepath.Join(tmp, "machine")
+	if err := os.MkdirAll(mach, 0o755); err != nil {
+		return err
+	}
+	kl, err := kc.StartKlient(ctx, cfg.klient, mach, filepath.Join(tmp, "klient-state"))
+	if err != nil {
+		return err
+	}
+	defer kloudchild.StopProcess(kl)
+	addr := ln.Addr().String()
+	return compare(ctx, cfg, "loopback: kloud → klient → "+addr+" vs direct to "+addr, kc, ln.Addr().(*net.TCPAddr).Port, addr)
+}
+
+// onBridge compares with a real local machine: the server and klient run in it, kloud listens on
+// the bridge's host address.
+func onBridge(ctx context.Context, cfg config) (err error) {
+	skip := func(why error) error {
+		fmt.Printf("SKIPPED bridge comparison: %v\n", why)
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		return skip(errors.New("local machines need root"))
+	}
+	if err := sandbox.Available(); err != nil {
+		return skip(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	base, err := sandbox.EnsureBaseImage(ctx, "", log)
+	if err != nil {
+		return skip(err)
+	}
+	tmp := filepath.Join(cfg.work, "bridge")
+	// What runs in the machine: klient and this program (its server); the base image is the
+	// same Debian as the host's (scripts/base-image.sh).
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	kcmd := exec.CommandContext(ctx, self, "kloud-child", kdir)
-	kcmd.Stderr = os.Stderr
-	kout, _ := kcmd.StdoutPipe()
-	if err := kcmd.Start(); err != nil {
-		return err
-	}
-	defer func() { kcmd.Process.Signal(os.Interrupt); kcmd.Wait() }()
-	line, err := bufio.NewReader(kout).ReadString('\n')
-	kloudURL, found := strings.CutPrefix(strings.TrimSpace(line), "READY ")
-	if err != nil || !found {
-		return fmt.Errorf("kloud child: %q %v", line, err)
-	}
-	session, err := os.ReadFile(filepath.Join(kdir, "session"))
+	subnet, err := sandbox.FreeSubnet(160)
 	if err != nil {
 		return err
 	}
-	mach := filepath.Join(tmp, "machine")
-	os.MkdirAll(mach, 0o755)
-	kl := exec.CommandContext(ctx, klientBin, "--kite-key", filepath.Join(kdir, "kite.key"), "--kontrol-url", kloudURL+"/kite",
-		"--owner", owner, "--root", mach, "--state-dir", filepath.Join(tmp, "klient-state"))
-	kl.Stderr = io.Discard
-	if err := kl.Start(); err != nil {
+	suffix := make([]byte, 2)
+	rand.Read(suffix)
+	m, err := sandbox.New(sandbox.Options{StateDir: filepath.Join(tmp, "machines"), BaseImage: base,
+		Bridge: "kdbp" + hex.EncodeToString(suffix), Subnet: subnet, Logger: log})
+	if err != nil {
 		return err
 	}
-	defer func() { kl.Process.Signal(os.Interrupt); kl.Wait() }()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		m.GC(cctx, func(sandbox.Info) bool { return false })
+		m.TeardownNetwork(cctx)
+	}()
+	const id = "bench-ports"
+	in, err := m.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		return fmt.Errorf("create machine: %w", err)
+	}
+	// kloud on the bridge's host address, where the machine's klient reaches it.
+	kc, err := kloudchild.Start(ctx, filepath.Join(tmp, "kloud"), net.JoinHostPort(m.HostAddr().String(), "0"))
+	if err != nil {
+		return err
+	}
+	defer kc.Stop()
+	// The binaries and the agent's key go onto the machine's disk while it is stopped.
+	if _, err := m.Stop(ctx, id); err != nil {
+		return err
+	}
+	dst := filepath.Join(in.Dir, "upper", "opt", "bench")
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	for src, name := range map[string]string{cfg.klient: "klient", self: "ports", kc.KiteKey: "kite.key"} {
+		if err := copyFile(src, filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	if in, err = m.Start(ctx, id); err != nil {
+		return err
+	}
+	// cloud-init first (it would compete for the CPUs), then the server and klient.
+	deadline := time.Now().Add(3 * time.Minute)
+	for in.CloudInit != sandbox.CloudInitDone && in.CloudInit != sandbox.CloudInitError {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cloud-init of the machine did not finish (%s); see %s/console.log", in.CloudInit, in.Dir)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if in, err = m.Info(ctx, id); err != nil {
+			return err
+		}
+	}
+	for _, cmd := range []string{
+		fmt.Sprintf("/opt/bench/ports serve 0.0.0.0:%d", serverPort),
+		fmt.Sprintf("/opt/bench/klient --kite-key /opt/bench/kite.key --kontrol-url %s/kite --owner %s", kc.URL, kloudchild.Owner),
+	} {
+		if _, err := m.Exec(ctx, id, "/bin/sh", "-c", "setsid "+cmd+" </dev/null >>/var/log/bench-ports.log 2>&1 &"); err != nil {
+			return err
+		}
+	}
+	direct := net.JoinHostPort(in.IP.String(), fmt.Sprint(serverPort))
+	return compare(ctx, cfg, fmt.Sprintf("bridge %s: kloud → klient in machine %s → 127.0.0.1:%d vs direct to %s", subnet, id, serverPort, direct),
+		kc, serverPort, direct)
+}
 
-	wsURL := fmt.Sprintf("ws%s/api/machines/%s/ports/%d/tcp", strings.TrimPrefix(kloudURL, "http"), machineID, port)
-	cred := strings.TrimSpace(string(session))
+// compare measures the server at port of kloud's machine through kloud, and at direct without it.
+func compare(ctx context.Context, cfg config, what string, kc *kloudchild.Kloud, port int, direct string) error {
+	wsURL := fmt.Sprintf("ws%s/api/machines/%s/ports/%d/tcp", strings.TrimPrefix(kc.URL, "http"), kloudchild.MachineID, port)
 	viaKloud := func() (net.Conn, error) {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		ws, _, err := websocket.Dial(dctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + cred}}})
+		ws, _, err := websocket.Dial(dctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + kc.Session}}})
 		if err != nil {
 			return nil, err
 		}
 		return tunnel.New(ws, "bench"), nil
 	}
-	direct := func() (net.Conn, error) { return net.Dial("tcp", srv.Addr().String()) }
-	deadline := time.Now().Add(30 * time.Second)
+	dialDirect := func() (net.Conn, error) { return net.Dial("tcp", direct) }
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		c, err := viaKloud()
 		if err == nil {
-			c.Close()
+			// A tunnel to a port nothing listens on is refused on the first read or write.
+			_, err = latency(func() (net.Conn, error) { return c, nil }, 1)
+		}
+		if err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("klient did not register, or the tunnel fails: %w", err)
+			return fmt.Errorf("klient did not register, the server is not up, or the tunnel fails: %w", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	fmt.Printf("port forwarding: %d MB x %d runs, %d echoes; kloud → klient → 127.0.0.1:%d vs direct\n", mb, runs, echoes, port)
-	size := int64(mb) * 1000 * 1000
+	fmt.Printf("port forwarding, %s: %d MB x %d runs, %d echoes; load %s\n", what, cfg.mb, cfg.runs, cfg.echoes, measure.LoadAvg())
+	size := int64(cfg.mb) * 1000 * 1000
+	sides := []func() (net.Conn, error){dialDirect, viaKloud}
 	var tput [2][]float64
-	for i := range runs {
-		for side, dial := range []func() (net.Conn, error){direct, viaKloud} {
+	for i := range cfg.runs {
+		for side, dial := range sides {
 			d, err := throughput(dial, size)
 			if err != nil {
 				return fmt.Errorf("throughput run %d side %d: %w", i, side, err)
@@ -158,53 +276,69 @@ func run(mb, echoes, runs int) error {
 		}
 	}
 	var lat [2][]time.Duration
-	for side, dial := range []func() (net.Conn, error){direct, viaKloud} {
-		if lat[side], err = latency(dial, echoes); err != nil {
+	for side, dial := range sides {
+		var err error
+		if lat[side], err = latency(dial, cfg.echoes); err != nil {
 			return fmt.Errorf("latency side %d: %w", side, err)
 		}
 	}
 	best := func(v []float64) float64 { return slices.Max(v) }
-	pct := func(d []time.Duration, p float64) time.Duration {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return s[int(float64(len(s)-1)*p)]
-	}
+	d, k := measure.Summarize(lat[0]), measure.Summarize(lat[1])
 	fmt.Printf("throughput (best of %d): direct %.0f MB/s, through kloud %.0f MB/s: ratio %.2f (runs: direct %.0f, kloud %.0f)\n",
-		runs, best(tput[0]), best(tput[1]), best(tput[1])/best(tput[0]), tput[0], tput[1])
-	fmt.Printf("latency p50: direct %s, through kloud %s: ratio %.1f; p99: direct %s, through kloud %s\n",
-		pct(lat[0], .5), pct(lat[1], .5), float64(pct(lat[1], .5))/float64(pct(lat[0], .5)), pct(lat[0], .99), pct(lat[1], .99))
+		cfg.runs, best(tput[0]), best(tput[1]), best(tput[1])/best(tput[0]), tput[0], tput[1])
+	fmt.Printf("latency p50: direct %s, through kloud %s: ratio %.1f; p99: direct %s, through kloud %s; load %s\n",
+		d.P50, k.P50, float64(k.P50)/float64(d.P50), d.P99, k.P99, measure.LoadAvg())
 	return nil
 }
 
-// startServer serves two kinds of connection by their first byte: 'S' (sink: count what comes
-// until EOF, answer the count as 8 bytes) and 'E' (echo every byte).
-func startServer() (net.Listener, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// goBuild builds package pkg of this module into out.
+func goBuild(out, pkg string) error {
+	root, err := testutil.ModuleRoot()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, fi.Mode().Perm())
+}
+
+// serve serves two kinds of connection on ln by their first byte: 'S' (sink: count what comes
+// until EOF, answer the count as 8 bytes) and 'E' (echo every byte), until ln is closed.
+func serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			kind := make([]byte, 1)
+			if _, err := io.ReadFull(c, kind); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				kind := make([]byte, 1)
-				if _, err := io.ReadFull(c, kind); err != nil {
-					return
-				}
-				if kind[0] == 'E' {
-					io.Copy(c, c)
-					return
-				}
-				n, _ := io.Copy(io.Discard, c)
-				binary.Write(c, binary.BigEndian, n)
-			}()
-		}
-	}()
-	return ln, nil
+			if kind[0] == 'E' {
+				io.Copy(c, c)
+				return
+			}
+			n, _ := io.Copy(io.Discard, c)
+			binary.Write(c, binary.BigEndian, n)
+		}()
+	}
 }
 
 type halfCloser interface{ CloseWrite() error }
@@ -269,44 +403,4 @@ func latency(dial func() (net.Conn, error), n int) ([]time.Duration, error) {
 		}
 	}
 	return out, nil
-}
-
-// kloudChild is the kloud process: a machine record of owner's whose agent is the klient the
-// parent starts with the kite key written here, and a session for owner.
-func kloudChild(dir string) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	url := "http://" + ln.Addr().String()
-	s, err := kloud.New(ctx, kloud.Options{DataDir: dir, Addr: ln.Addr().String(), PublicURL: url, KlientBin: "/nonexistent",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return err
-	}
-	key, kiteID, err := s.Kontrol.CreateKey(owner, kloud.AgentKitePrefix+"bench")
-	if err != nil {
-		return err
-	}
-	if err := kitekey.WriteFile(filepath.Join(dir, "kite.key"), key); err != nil {
-		return err
-	}
-	now := s.Store().Now()
-	if err := s.Store().Machines().InsertMany(ctx, []kloud.Machine{{
-		ID: machineID, StackID: "bench", Label: "bench", Provider: "none", Owner: owner, Team: kloud.DefaultTeam,
-		State: provider.Running, KiteID: kiteID, CreatedAt: now, UpdatedAt: now,
-	}}); err != nil {
-		return err
-	}
-	sess, err := s.Signer().Session(owner, false, time.Hour)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "session"), []byte(sess), 0o600); err != nil {
-		return err
-	}
-	fmt.Println("READY " + url)
-	return s.ServeListener(ctx, ln)
 }

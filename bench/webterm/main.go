@@ -31,7 +31,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -46,28 +45,21 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/kloud-dev/kloud/bench/internal/kloudchild"
 	"github.com/kloud-dev/kloud/bench/internal/measure"
 	"github.com/kloud-dev/kloud/internal/testutil"
-	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/webterm"
 	"github.com/kloud-dev/kloud/kloud"
-	"github.com/kloud-dev/kloud/provider"
 )
 
 const (
-	owner     = "bench"
-	machineID = "bench-vm"
+	owner     = kloudchild.Owner
+	machineID = kloudchild.MachineID
 	prompt    = "> "
 )
 
 func main() {
-	if len(os.Args) > 2 && os.Args[1] == "kloud-child" {
-		if err := kloudChild(os.Args[2]); err != nil {
-			fmt.Fprintln(os.Stderr, "webterm kloud:", err)
-			os.Exit(2)
-		}
-		return
-	}
+	kloudchild.MaybeRun()
 	keys := flag.Int("keys", 2000, "measured keystrokes per side")
 	runs := flag.Int("runs", 3, "bulk output runs per side")
 	mb := flag.Int("mb", 50, "size of the file to cat, in MB")
@@ -132,35 +124,16 @@ func run(keys, runs, mb int, gottyBin string) (bool, error) {
 	}
 
 	// kloud (this program re-executed) and klient, each in its own process.
-	kdir := filepath.Join(tmp, "kloud")
-	os.MkdirAll(kdir, 0o700)
-	self, err := os.Executable()
+	kc, err := kloudchild.Start(ctx, filepath.Join(tmp, "kloud"), "127.0.0.1:0")
 	if err != nil {
 		return false, err
 	}
-	kcmd := exec.CommandContext(ctx, self, "kloud-child", kdir)
-	kcmd.Stderr = os.Stderr
-	kout, _ := kcmd.StdoutPipe()
-	if err := kcmd.Start(); err != nil {
-		return false, err
-	}
-	defer func() { kcmd.Process.Signal(os.Interrupt); kcmd.Wait() }()
-	line, err := bufio.NewReader(kout).ReadString('\n')
-	kloudURL, found := strings.CutPrefix(strings.TrimSpace(line), "READY ")
-	if err != nil || !found {
-		return false, fmt.Errorf("kloud child: %q %v", line, err)
-	}
-	session, err := os.ReadFile(filepath.Join(kdir, "session"))
+	defer kc.Stop()
+	kl, err := kc.StartKlient(ctx, klientBin, mach, filepath.Join(tmp, "klient-state"))
 	if err != nil {
 		return false, err
 	}
-	kl := exec.CommandContext(ctx, klientBin, "--kite-key", filepath.Join(kdir, "kite.key"), "--kontrol-url", kloudURL+"/kite",
-		"--owner", owner, "--root", mach, "--state-dir", filepath.Join(tmp, "klient-state"))
-	kl.Stderr = io.Discard
-	if err := kl.Start(); err != nil {
-		return false, err
-	}
-	defer func() { kl.Process.Signal(os.Interrupt); kl.Wait() }()
+	defer kloudchild.StopProcess(kl)
 	// The diagnostic side: a second klient, attached to directly (no relay).
 	dir, directKey, err := startDirect(tmp)
 	if err != nil {
@@ -176,7 +149,7 @@ func run(keys, runs, mb int, gottyBin string) (bool, error) {
 	if err := waitFor(ctx, 30*time.Second, dir.registered); err != nil {
 		return false, fmt.Errorf("the second klient did not register: %w", err)
 	}
-	api := &kloudAPI{url: kloudURL, session: strings.TrimSpace(string(session))}
+	api := &kloudAPI{url: kc.URL, session: kc.Session}
 	if err := waitFor(ctx, 30*time.Second, func() bool { _, err := api.sessions(ctx); return err == nil }); err != nil {
 		return false, fmt.Errorf("klient did not register with kloud: %w", err)
 	}
@@ -570,44 +543,3 @@ func (g *gottyTerm) recv(ctx context.Context) ([]byte, error) {
 }
 
 func (g *gottyTerm) close() { g.ws.Close(websocket.StatusNormalClosure, "") }
-
-// kloudChild runs kloud for the benchmark: a machine document for the bench user whose agent
-// is the klient the parent starts with the kite key written here, and a session for the
-// browser-like client. It prints "READY <url>" and serves until interrupted.
-func kloudChild(dir string) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	url := "http://" + ln.Addr().String()
-	s, err := kloud.New(ctx, kloud.Options{DataDir: dir, Addr: ln.Addr().String(), PublicURL: url, KlientBin: "/nonexistent",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return err
-	}
-	key, kiteID, err := s.Kontrol.CreateKey(owner, kloud.AgentKitePrefix+"bench")
-	if err != nil {
-		return err
-	}
-	if err := kitekey.WriteFile(filepath.Join(dir, "kite.key"), key); err != nil {
-		return err
-	}
-	now := s.Store().Now()
-	if err := s.Store().Machines().InsertMany(ctx, []kloud.Machine{{
-		ID: machineID, StackID: "bench", Label: "bench", Provider: "none", Owner: owner, Team: kloud.DefaultTeam,
-		State: provider.Running, KiteID: kiteID, CreatedAt: now, UpdatedAt: now,
-	}}); err != nil {
-		return err
-	}
-	sess, err := s.Signer().Session(owner, false, time.Hour)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "session"), []byte(sess), 0o600); err != nil {
-		return err
-	}
-	fmt.Println("READY " + url)
-	return s.ServeListener(ctx, ln)
-}
