@@ -191,22 +191,11 @@ func TestDockerStack(t *testing.T) {
 
 	// stop/start keeps a file written inside.
 	id0 := containerID(ms["dev.0"])
-	word := randomWord()
-	e.exec(id0, "sh", "-c", "echo "+word+" > /root/kept && sync")
-	e.run("machine", "stop", "dev.0", "--stack", sid)
-	if m := e.machines(sid)["dev.0"]; m.State != "Stopped" {
-		t.Fatalf("dev.0 after stop: %+v", m)
-	}
-	if res, err := e.dd.Client.ContainerInspect(t.Context(), id0, client.ContainerInspectOptions{}); err != nil || res.Container.State.Running {
-		t.Fatalf("dev.0's container after stop: %v", err)
-	}
-	e.run("machine", "start", "dev.0", "--stack", sid)
-	if m := e.machines(sid)["dev.0"]; m.State != "Running" || m.Agent.Status != "connected" {
-		t.Fatalf("dev.0 after start: %+v", m)
-	}
-	if got := e.exec(id0, "cat", "/root/kept"); got != word {
-		t.Errorf("after stop and start, /root/kept holds %q, want %q", got, word)
-	}
+	e.stopStartKeepsFile(sid, "dev.0", func(argv ...string) string { return e.exec(id0, argv...) }, func(machine) {
+		if res, err := e.dd.Client.ContainerInspect(t.Context(), id0, client.ContainerInspectOptions{}); err != nil || res.Container.State.Running {
+			t.Fatalf("dev.0's container after stop: %v", err)
+		}
+	})
 
 	e.run("stack", "destroy", sid)
 	if left := e.leftovers(); len(left) > 0 {

@@ -135,3 +135,27 @@ func (e *env) checkResumedBuild(sid string, n int, j resumedJob) {
 	}
 	t.Logf("job %s %s; stack %+v", j.Status, j.Error, st)
 }
+
+// stopStartKeepsFile writes a random word into /root/kept of machine label of stack sid (with
+// exec, which runs a command in it), stops it through the CLI, runs stopped (the provider's
+// side of the check), starts it and checks that the machine runs with its agent and the file
+// kept the word.
+func (e *env) stopStartKeepsFile(sid, label string, exec func(argv ...string) string, stopped func(m machine)) {
+	t := e.t
+	t.Helper()
+	word := randomWord()
+	exec("sh", "-c", "echo "+word+" > /root/kept && sync")
+	e.run("machine", "stop", label, "--stack", sid)
+	m := e.machines(sid)[label]
+	if m.State != "Stopped" {
+		t.Fatalf("%s after stop: %+v", label, m)
+	}
+	stopped(m)
+	e.run("machine", "start", label, "--stack", sid)
+	if m := e.machines(sid)[label]; m.State != "Running" || m.Agent.Status != "connected" {
+		t.Fatalf("%s after start: %+v", label, m)
+	}
+	if got := exec("cat", "/root/kept"); got != word {
+		t.Errorf("%s after stop and start: /root/kept holds %q, want %q", label, got, word)
+	}
+}

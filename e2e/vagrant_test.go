@@ -189,22 +189,14 @@ echo "user script ran on $(hostname)" > /root/user-script-ran`))
 	// Stop web.0 and start it again: the file written before is still there.
 	m0 := ms["web.0"]
 	c0 := e.container(m0.sandboxID())
-	word := randomWord()
-	e.exec(c0, "sh", "-c", "echo "+word+" > /root/kept && sync")
-	e.run("machine", "stop", "web.0", "--stack", sid)
-	if m := e.machines(sid)["web.0"]; m.State != "Stopped" || m.Agent.Status != "disconnected" {
-		t.Fatalf("web.0 after stop: %+v", m)
-	}
-	if st := strings.TrimSpace(e.d.Docker(t, "inspect", "--format", "{{.State.Status}}", c0)); st != "exited" {
-		t.Errorf("web.0's container after stop: %s", st)
-	}
-	e.run("machine", "start", "web.0", "--stack", sid)
-	if m := e.machines(sid)["web.0"]; m.State != "Running" || m.Agent.Status != "connected" {
-		t.Fatalf("web.0 after start: %+v", m)
-	}
-	if got := e.exec(c0, "cat", "/root/kept"); got != word {
-		t.Errorf("web.0 after start: /root/kept = %q, want %q", got, word)
-	}
+	e.stopStartKeepsFile(sid, "web.0", func(argv ...string) string { return e.exec(c0, argv...) }, func(m machine) {
+		if m.Agent.Status != "disconnected" {
+			t.Errorf("web.0's agent after stop: %+v", m)
+		}
+		if st := strings.TrimSpace(e.d.Docker(t, "inspect", "--format", "{{.State.Status}}", c0)); st != "exited" {
+			t.Errorf("web.0's container after stop: %s", st)
+		}
+	})
 
 	e.run("stack", "destroy", sid)
 	if ms := e.machines(sid); len(ms) != 0 {
