@@ -32,9 +32,7 @@ func TestLocalAgentKeyAndSharedShells(t *testing.T) {
 	e.alice()
 	aliceKey := e.key
 	sid := e.createStack(e.template(localTemplate("dev", 1, "#!/bin/bash\ntrue")))
-	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
-		t.Fatalf("apply:\n%s", out)
-	}
+	e.apply(sid)
 	m := e.machines(sid)["dev.0"]
 	if m.State != "Running" || m.Agent.Status != "connected" {
 		t.Fatalf("dev.0 after apply: %+v", m)

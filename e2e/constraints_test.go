@@ -89,9 +89,7 @@ func TestLocalConstraints(t *testing.T) {
 	}
 
 	sid := e.createStack(tid)
-	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
-		t.Fatalf("apply:\n%s", out)
-	}
+	e.apply(sid)
 	m := e.machines(sid)["box"]
 	if m.State != "Running" || m.Agent.Status != "connected" {
 		t.Fatalf("box after apply: %+v", m)

@@ -60,9 +60,7 @@ func TestLocalGC(t *testing.T) {
 	e := newLocalEnv(t)
 	e.alice()
 	sid := e.createStack(e.template(localTemplate("gc", 2, "#!/bin/bash\necho gc")))
-	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
-		t.Fatalf("apply:\n%s", out)
-	}
+	e.apply(sid)
 	ms := e.machines(sid)
 	m0, m1 := ms["gc.0"], ms["gc.1"]
 	id0, id1 := m0.sandboxID(), m1.sandboxID()

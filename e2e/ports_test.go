@@ -43,14 +43,10 @@ func TestLocalPorts(t *testing.T) {
 	e.key = keys["alice"]
 	tid := e.template(localTemplate("web", 2, serve))
 	sid := e.createStack(tid)
-	if out := e.run("stack", "apply", sid); !strings.Contains(out, "Stack building finished") {
-		t.Fatalf("alice's apply:\n%s", out)
-	}
+	e.apply(sid)
 	e.key = keys["carol"]
 	csid := e.createStack(tid)
-	if out := e.run("stack", "apply", csid); !strings.Contains(out, "Stack building finished") {
-		t.Fatalf("carol's apply:\n%s", out)
-	}
+	e.apply(csid)
 	carol := e.machines(csid)
 	e.key = keys["alice"]
 	alice := e.machines(sid)

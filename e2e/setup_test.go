@@ -63,6 +63,17 @@ func (e *env) createStack(tid string) string {
 	return created.Stack.ID
 }
 
+// apply builds stack sid through the CLI (following the job) and fails the test unless it
+// finished; it returns what the CLI printed.
+func (e *env) apply(sid string) string {
+	e.t.Helper()
+	out := e.run("stack", "apply", sid)
+	if !strings.Contains(out, "Stack building finished") {
+		e.t.Fatalf("apply of stack %s:\n%s", sid, out)
+	}
+	return out
+}
+
 // resumedJob is what a build job ended as.
 type resumedJob struct{ Status, Error string }
 
