@@ -98,23 +98,14 @@ with kloud machine restore, delete it with kloud snapshot delete.`,
 machine is stopped first and started again after. What was on its disk is lost.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close(nil)
-			p := api.RestoreParams{SnapshotID: args[0]}
-			if into != "" {
-				if p.MachineID, err = g.resolveMachine(cmd.Context(), c, into, rstack); err != nil {
-					return err
+			return g.onMachine(cmd.Context(), into, rstack, func(c *kite.Conn, id string) error {
+				res, err := api.NewClient(c).MachineRestore(cmd.Context(), api.RestoreParams{SnapshotID: args[0], MachineID: id})
+				if err != nil {
+					return explain(err)
 				}
-			}
-			res, err := api.NewClient(c).MachineRestore(cmd.Context(), p)
-			if err != nil {
-				return explain(err)
-			}
-			_, err = g.followJob(cmd.Context(), c, res.JobID, rdetach)
-			return err
+				_, err = g.followJob(cmd.Context(), c, res.JobID, rdetach)
+				return err
+			})
 		},
 	}
 	restore.Flags().StringVar(&into, "into", "", "restore into this machine (id or label) instead")
@@ -131,20 +122,18 @@ func snapshotsCmd(g *globals, use string) *cobra.Command {
 		Short: "List your snapshots (of one machine with MACHINE), with your quota",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
+			var machine string
+			if len(args) == 1 {
+				machine = args[0]
+			}
+			var res api.SnapshotsResult
+			err := g.onMachine(cmd.Context(), machine, stack, func(c *kite.Conn, id string) error {
+				var err error
+				res, err = api.NewClient(c).MachineSnapshots(cmd.Context(), api.SnapshotsParams{MachineID: id})
+				return explain(err)
+			})
 			if err != nil {
 				return err
-			}
-			defer c.Close(nil)
-			var p api.SnapshotsParams
-			if len(args) == 1 {
-				if p.MachineID, err = g.resolveMachine(cmd.Context(), c, args[0], stack); err != nil {
-					return err
-				}
-			}
-			res, err := api.NewClient(c).MachineSnapshots(cmd.Context(), p)
-			if err != nil {
-				return explain(err)
 			}
 			if g.json {
 				return g.printJSON(res)

@@ -400,19 +400,30 @@ func printMachines(g *globals, ms []kloud.Machine) {
 	tw.flush()
 }
 
-// onMachine dials kloud, resolves MACHINE (id or label, within stack if set) and runs fn with
-// the connection and the machine's id.
-func (g *globals) onMachine(ctx context.Context, arg, stack string, fn func(c *kite.Conn, id string) error) error {
+// withConn dials kloud, runs fn on the connection and closes it.
+func (g *globals) withConn(ctx context.Context, fn func(c *kite.Conn) error) error {
 	c, err := g.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Close(nil)
-	id, err := g.resolveMachine(ctx, c, arg, stack)
-	if err != nil {
-		return err
-	}
-	return fn(c, id)
+	return fn(c)
+}
+
+// onMachine dials kloud, resolves the machine argument arg (an id, or a label within --stack)
+// and runs fn with the connection and the machine's id. An empty arg (an optional machine the
+// user left out) gives an empty id.
+func (g *globals) onMachine(ctx context.Context, arg, stack string, fn func(c *kite.Conn, id string) error) error {
+	return g.withConn(ctx, func(c *kite.Conn) error {
+		if arg == "" {
+			return fn(c, "")
+		}
+		id, err := g.resolveMachine(ctx, c, arg, stack)
+		if err != nil {
+			return err
+		}
+		return fn(c, id)
+	})
 }
 
 // resolveMachine accepts a machine id or a label (unique among your machines, or within --stack).
@@ -617,13 +628,10 @@ func jobCmd(g *globals) *cobra.Command {
 		Short: "Follow a job to its end",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
+			return g.withConn(cmd.Context(), func(c *kite.Conn) error {
+				_, err := g.watchJob(cmd.Context(), c, args[0])
 				return err
-			}
-			defer c.Close(nil)
-			_, err = g.watchJob(cmd.Context(), c, args[0])
-			return err
+			})
 		},
 	}
 	get := &cobra.Command{
