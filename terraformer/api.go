@@ -52,6 +52,9 @@ type Request struct {
 	Variables map[string]any `json:"variables,omitzero"`
 	// TraceID is recorded in the job and in terraformer's log lines.
 	TraceID string `json:"traceId,omitempty"`
+	// Preview (terraformer.plan with Files only) plans Files against the content id's state and
+	// then puts its stored files and variables back (tfrun.Request.Preview).
+	Preview bool `json:"preview,omitempty"`
 }
 
 var (
@@ -96,7 +99,7 @@ func (r *Request) Validate() error {
 }
 
 func (r *Request) engineRequest(op tfrun.Op) tfrun.Request {
-	req := tfrun.Request{Op: op, ContentID: r.ContentID, Variables: r.Variables, TraceID: r.TraceID}
+	req := tfrun.Request{Op: op, ContentID: r.ContentID, Variables: r.Variables, TraceID: r.TraceID, Preview: r.Preview}
 	if len(r.Files) > 0 {
 		req.Files = make(map[string][]byte, len(r.Files))
 		for name, content := range r.Files {

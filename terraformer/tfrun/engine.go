@@ -269,6 +269,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Job, error) {
 	if err := checkContentID(req.ContentID); err != nil {
 		return nil, err
 	}
+	if req.Preview && (req.Op != OpPlan || len(req.Files) == 0) {
+		return nil, fmt.Errorf("preview is a plan of files (op %q, %d files): %w", req.Op, len(req.Files), ErrInvalid)
+	}
 	for name := range req.Files {
 		if err := checkFileName(name); err != nil {
 			return nil, err

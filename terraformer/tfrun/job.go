@@ -70,6 +70,11 @@ type Request struct {
 	Variables map[string]any `json:"variables,omitempty"`
 	// TraceID is recorded in the job and in log lines.
 	TraceID string `json:"traceId,omitempty"`
+	// Preview (plan only, with Files) plans Files against the content id's state but leaves
+	// its stored files, variables and plan as they were: they are put back when the run ends
+	// (preview.go). A process killed mid-run leaves the previewed files until the next request
+	// that brings files.
+	Preview bool `json:"preview,omitempty"`
 }
 
 // Job is one Terraform run. The engine hands out copies; a Job never changes after it is returned.

@@ -74,6 +74,7 @@ type run struct {
 	opStarted    bool   // the operation itself (not just init) ran, so the state may have changed
 	lastPersist  time.Time
 	logFile      *os.File
+	kept         *keptContent // a preview's stored content, put back when it ends (preview.go)
 }
 
 func newRun(e *Engine, req Request, job *Job, lf leaseFile) *run {
@@ -134,6 +135,7 @@ func (r *run) execute() {
 	stopBackground := r.background()
 	opErr := r.perform()
 	result := r.result(opErr)
+	r.restorePreviewed() // preview.go
 	stopBackground()
 
 	job := r.finish(opErr, result)
@@ -266,6 +268,9 @@ func (r *run) prepare() error {
 	if len(r.req.Files) > 0 {
 		old, err := contentFiles(r.work)
 		if err != nil {
+			return err
+		}
+		if err := r.keepForPreview(old); err != nil { // preview.go
 			return err
 		}
 		for _, name := range old {
