@@ -271,7 +271,26 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err != nil {
 		return nil, err
 	}
+	gone := s.goneResources(labels)
+	if len(sums) == 0 && len(gone) == 0 {
+		return s.b.Template, nil
+	}
+	res := map[string]any{}
+	for _, name := range gone {
+		// A machine resource the template no longer declares (a stack update removed every
+		// machine of it): Terraform runs a destroy-time provisioner only while its resource
+		// block exists, so its block stays, with no instances, until the machine is gone.
+		res[lifeResource+name] = map[string]any{"count": 0, "provisioner": []any{map[string]any{"local-exec": map[string]any{
+			"when": "destroy", "command": destroyCommand, "interpreter": []string{"/bin/bash", "-c"},
+			"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}"},
+		}}}}
+	}
 	if len(sums) == 0 {
+		b, err := json.MarshalIndent(map[string]any{"resource": map[string]any{"terraform_data": res}}, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		s.b.Template.Files[generatedFile] = b
 		return s.b.Template, nil
 	}
 	token, err := s.d.mint(claims{Stack: s.b.StackID, Machines: sums, Exp: time.Now().Add(s.d.o.TokenTTL).Unix()})
@@ -280,7 +299,6 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	}
 	vars := map[string]any{tokenVar: map[string]any{"type": "string", "sensitive": true}}
 	s.b.Template.Variables[tokenVar] = token
-	res := map[string]any{}
 	for _, name := range slices.Sorted(maps.Keys(labels)) {
 		mv := machinesVar + name
 		inst, idx := "terraform_data."+name, "0"
@@ -328,6 +346,24 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	}
 	s.b.Template.Files[generatedFile] = b
 	return s.b.Template, nil
+}
+
+// goneResources are the machine resources with machines on disk in this stack that labels
+// (resource → the labels rendered now) does not have: a stack update removed them.
+func (s *stack) goneResources(labels map[string][]string) []string {
+	entries, err := os.ReadDir(filepath.Join(s.d.o.Dir, s.b.StackID))
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		res, _, _ := strings.Cut(e.Name(), ".")
+		if _, ok := labels[res]; e.IsDir() && !ok && validName(res) && !slices.Contains(out, res) {
+			out = append(out, res)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 type machine struct {
