@@ -19,6 +19,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 
 // flowEnv is a kloud with a per-test dummy provider, a real terraformer and real klient
@@ -27,6 +28,7 @@ type flowEnv struct {
 	*kloudtest.Env
 	t     *testing.T
 	dir   string
+	tfDir string // terraformer's engine directory (stacks/<content id>/work: a stack's stored files)
 	alice *kite.Conn
 }
 
@@ -47,12 +49,13 @@ func newFlowWith(t *testing.T, o dummy.Options, ko kloudtest.Options) *flowEnv {
 	reg.Register(dummy.New(o))
 	ko.Providers, ko.KlientBin = reg, testutil.BuildBinary(t, "./cmd/klient")
 	e := kloudtest.Start(t, ko)
-	e.StartTerraformer()
+	tfDir := filepath.Join(t.TempDir(), "terraformer")
+	e.StartTerraformerWith(tfrun.Options{Dir: tfDir})
 	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	alice := e.Dial("alice")
-	f := &flowEnv{Env: e, t: t, dir: o.Dir, alice: alice}
+	f := &flowEnv{Env: e, t: t, dir: o.Dir, tfDir: tfDir, alice: alice}
 	t.Cleanup(f.killMachines)
 	return f
 }

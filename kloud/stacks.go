@@ -46,8 +46,9 @@ type builtTemplate struct {
 }
 
 // build resolves credentials and variables for files and checks that secrets reach only
-// provider blocks.
-func (s *Server) build(ctx context.Context, c *Caller, team string, files map[string][]byte, credIDs, vars map[string]string) (*builtTemplate, error) {
+// provider blocks. Providers also are configured too (credentials resolved) though the files
+// declare no machines of theirs: an update that removes all of a provider's machines.
+func (s *Server) build(ctx context.Context, c *Caller, team string, files map[string][]byte, credIDs, vars map[string]string, also ...string) (*builtTemplate, error) {
 	cfg, res, err := s.machineResources(files)
 	if err != nil {
 		return nil, err
@@ -70,7 +71,7 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 	for name := range res {
 		needed[name] = true
 	}
-	for _, name := range cfg.Providers() {
+	for _, name := range slices.Concat(cfg.Providers(), also) {
 		if _, err := s.providers.Lookup(name); err == nil {
 			needed[name] = true
 		}
@@ -306,6 +307,9 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if !p.Destroy {
 		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
 			return nil, err
+		}
+		if s.failedUpdate(ctx, st) { // stacks_update.go
+			return s.reapplyUpdate(ctx, c, st)
 		}
 	}
 	// One apply per stack at a time: the lease is taken with one atomic update; whoever loses
@@ -717,10 +721,21 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
 	}
 	j.Enter(ctx, stackbuild.BuildSettings)
+	failed := s.settleMachines(ctx, c, ms, results)
+	return s.settleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms)),
+		map[string]any{"stackId": st.ID, "machines": len(ms)})
+}
+
+// settleMachines records how each machine a build or an update waited for ended (ms and
+// results of waitAgents, in the same order; waitAgents filled the attributes from the state):
+// Running with its agent connected, or, when the agent did not come, the state its provider
+// reports (Unknown if it cannot tell) with the failure as the reason. Only machines still
+// Building change. It returns the failures.
+func (s *Server) settleMachines(ctx context.Context, c *Caller, ms []Machine, results []stackbuild.AgentResult) []string {
 	var failed []string
 	for i, m := range ms {
 		r := results[i]
-		set := store.MachineSet{Attributes: m.Attributes, Reason: new("")} // waitAgents filled them from the state
+		set := store.MachineSet{Attributes: m.Attributes, Reason: new("")}
 		if ip := ipOf(m.Attributes); ip != "" {
 			set.IPAddress = new(ip)
 		}
@@ -728,6 +743,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		if !r.OK {
 			failed = append(failed, r.Err.Error())
 			set.Reason = new(fmt.Sprintf("%s failed: %s", r.Step, r.Err.Error()))
+			state = provider.Unknown
 			if pm, err := s.providerMachine(ctx, c, &m); err == nil && s.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo) == nil {
 				if infra, _, err := pm.Info(ctx); err == nil && infra != provider.Unknown {
 					state = infra
@@ -743,14 +759,20 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 		set.State = new(string(state))
 		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, set)
 	}
+	return failed
+}
+
+// settleStack ends a build or an update whose machines are settled: the stack is Initialized,
+// with reason if some machines failed (the job then fails with their failures), and the job
+// returns res.
+func (s *Server) settleStack(ctx context.Context, j *jobCtx, st *Stack, failed []string, reason string, res map[string]any) (map[string]any, error) {
 	if len(failed) > 0 {
-		reason := fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms))
 		s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new(reason)})
 		return map[string]any{"stackId": st.ID}, fmt.Errorf("%s:\n%s", reason, strings.Join(failed, "\n"))
 	}
 	s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new("")})
 	j.Enter(ctx, stackbuild.BuildDone)
-	return map[string]any{"stackId": st.ID, "machines": len(ms)}, nil
+	return res, nil
 }
 
 func (s *Server) waitAgents(ctx context.Context, j *jobCtx, st *Stack, ms []Machine, res *tfrun.Result) []stackbuild.AgentResult {

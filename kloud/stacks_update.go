@@ -262,8 +262,9 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 }
 
 // stackPlanUpdate is stack.plan of a stack: what stack.update to the revision would do, per
-// machine. It changes nothing but Terraform's stored copy of the stack's files (the plan runs
-// in the stack's own Terraform directory, against its state), holding the stack's lease.
+// machine. It changes nothing: the plan runs against the stack's Terraform state as a preview
+// (terraformer.Request.Preview), which puts the stack's stored files and variables back, so a
+// later destroy never runs the previewed files. It holds the stack's lease meanwhile.
 func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPlanParams) (any, error) {
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
@@ -309,12 +310,12 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 	for i := range mt.added {
 		agents[mt.added[i].ID] = s.placeholderAgent(st, &mt.added[i])
 	}
-	tpl, err := s.renderFor(ctx, c, st, files, st.Variables, mt.specs, agents)
+	tpl, err := s.renderFor(ctx, c, st, files, st.Variables, mt, agents)
 	if err != nil {
 		return nil, err
 	}
 	before := s.stackState(ctx, st.ID)
-	changes, err := s.planStack(ctx, nil, st, tpl)
+	changes, err := s.planStack(ctx, nil, st, tpl, true)
 	if err != nil {
 		return nil, err
 	}
@@ -371,13 +372,24 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool)
 		return nil, err
 	}
 	tfJob := st.TFJobID
+	resumed := false
 	if recovering && tfJob == "" {
-		// The new files and records may be written, Terraform may or may not have started:
-		// nothing to re-attach to. Failed; an update again plans from what is there.
-		return nil, fmt.Errorf("kloud restarted before the update's terraform run was recorded: run `kloud stack update %s` again", st.ID)
+		// Killed before terraform's run was recorded: the new files and records may be written,
+		// terraform may or may not have started. The update starts again from what is there
+		// (terraformer's lease makes a new run wait for an old one): machines this attempt
+		// moved are settled first, so the plan sees new ones as kept (awaited, being Unknown)
+		// and removed ones as removed.
+		j.Logf(ctx, "kloud restarted before terraform's run was recorded; updating again")
+		if err := s.unsettleInterrupted(ctx, st.ID); err != nil {
+			return nil, err
+		}
+		if st, err = s.loadStack(ctx, nil, p.StackID); err != nil {
+			return nil, err
+		}
+		recovering, resumed = false, true
 	}
 	if !recovering {
-		if tfJob, err = s.prepareUpdate(ctx, j, c, st, p); err != nil {
+		if tfJob, err = s.prepareUpdate(ctx, j, c, st, p, resumed); err != nil {
 			return nil, err
 		}
 	}
@@ -445,6 +457,7 @@ type matched struct {
 	added   []Machine  // new records (not stored yet)
 	removed []Machine  // existing machines the new files no longer declare
 	specs   []*provider.MachineSpec
+	vacated []string // providers of removed machines that have none in the new files
 }
 
 func matchMachines(st *Stack, planned []api.PlannedMachine, ms []Machine) (*matched, error) {
@@ -480,18 +493,33 @@ func matchMachines(st *Stack, planned []api.PlannedMachine, ms []Machine) (*matc
 			out.removed = append(out.removed, m)
 		}
 	}
+	for _, m := range out.removed {
+		if !slices.ContainsFunc(planned, func(pm api.PlannedMachine) bool { return pm.Provider == m.Provider }) && !slices.Contains(out.vacated, m.Provider) {
+			out.vacated = append(out.vacated, m.Provider)
+		}
+	}
+	slices.Sort(out.vacated)
 	return out, nil
 }
 
 // renderFor builds files again (a provider's rewrite changes the parsed template, so each
-// rendering starts from a fresh build) and lets every provider render the agents of specs.
-func (s *Server) renderFor(ctx context.Context, c *Caller, st *Stack, files []File, vars map[string]string, specs []*provider.MachineSpec, agents agentConfigs) (*provider.Template, error) {
-	b, err := s.build(ctx, c, st.Team, fileMap(files), st.Credentials, vars)
+// rendering starts from a fresh build) and lets every provider render the agents of mt.specs.
+// A provider whose every machine the update removes (mt.vacated) renders no machine but still
+// configures itself (its provider block, credentials): terraform needs it to destroy them.
+func (s *Server) renderFor(ctx context.Context, c *Caller, st *Stack, files []File, vars map[string]string, mt *matched, agents agentConfigs) (*provider.Template, error) {
+	specs := mt.specs
+	b, err := s.build(ctx, c, st.Team, fileMap(files), st.Credentials, vars, mt.vacated...)
 	if err != nil {
 		return nil, err
 	}
 	tpl := &provider.Template{Files: b.files, Variables: b.variables, Config: b.cfg}
-	for _, name := range slices.Sorted(maps.Keys(b.providers)) {
+	names := slices.Sorted(maps.Keys(b.providers))
+	for _, v := range mt.vacated {
+		if !slices.Contains(names, v) {
+			names = append(names, v)
+		}
+	}
+	for _, name := range names {
 		p, _ := s.providers.Lookup(name)
 		bs := &provider.BaseStack{Provider: p, StackID: st.ID, Team: st.Team, Owner: st.Owner, Template: tpl, Log: s.log.With("stack", st.ID, "provider", name),
 			AgentConfig: agents.config}
@@ -512,14 +540,15 @@ func (s *Server) renderFor(ctx context.Context, c *Caller, st *Stack, files []Fi
 }
 
 // planStack plans tpl in the stack's own Terraform directory, against its state, and returns
-// Terraform's changes.
-func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provider.Template) ([]tfrun.ResourceChange, error) {
+// Terraform's changes. A preview leaves the directory's files as they were; otherwise they
+// are tpl's (the update's apply follows).
+func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provider.Template, preview bool) ([]tfrun.ResourceChange, error) {
 	tf, err := s.terraformer()
 	if err != nil {
 		return nil, err
 	}
 	submit := func() (string, error) {
-		return tf.Plan(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables})
+		return tf.Plan(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, Preview: preview})
 	}
 	var id string
 	if j != nil {
@@ -563,11 +592,32 @@ func (s *Server) stackState(ctx context.Context, stackID string) *tfjson.State {
 	return st
 }
 
+// unsettleInterrupted moves the machines of stack id an interrupted update attempt left Building
+// or Terminating to Unknown, so the next attempt can plan them.
+func (s *Server) unsettleInterrupted(ctx context.Context, id string) error {
+	ms, err := s.stackMachinesRetry(ctx, id)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if m.State == provider.Building || m.State == provider.Terminating {
+			s.setMachine(ctx, m.ID, []provider.State{m.State}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new("an update was interrupted (kloud restarted)")})
+		}
+	}
+	return nil
+}
+
 // prepareUpdate plans the update, writes the new files and machine records, mints the keys of
-// new and replaced machines, and submits terraform apply. It returns terraform's run.
-func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Stack, p updateParams) (string, error) {
+// new and replaced machines, and submits terraform apply. It returns terraform's run. resumed:
+// an earlier attempt of the job may have written files and records already.
+func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Stack, p updateParams, resumed bool) (string, error) {
 	fail := func(err error) (string, error) { return "", err }
-	failClean := func(err error) (string, error) { return "", untouched{err} } // nothing written yet
+	failClean := func(err error) (string, error) { // nothing written yet
+		if resumed {
+			return "", err
+		}
+		return "", untouched{err}
+	}
 	j.Enter(ctx, stackbuild.BuildChecking)
 	j.Logf(ctx, "updating stack %s from revision %d to %d", st.ID, st.TemplateRev, p.Rev)
 	planned, err := s.planFiles(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
@@ -616,12 +666,12 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	if err := s.mintInto(ctx, st, mint, agents, mt.specs); err != nil {
 		return fail(err)
 	}
-	tpl, err := s.renderFor(ctx, c, st, p.Files, p.Variables, mt.specs, agents)
+	tpl, err := s.renderFor(ctx, c, st, p.Files, p.Variables, mt, agents)
 	if err != nil {
 		return fail(err)
 	}
 	before := s.stackState(ctx, st.ID)
-	changes, err := s.planStack(ctx, j, st, tpl)
+	changes, err := s.planStack(ctx, j, st, tpl, false)
 	if err != nil {
 		return fail(err)
 	}
@@ -637,7 +687,11 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	for _, m := range mint {
 		fresh[m.ID] = true
 	}
+	// A kept machine that is neither Running nor Stopped (an earlier update or build failed
+	// on it: Unknown) is awaited too, with the key it has: the update converges what a failed
+	// one left, and its machines end Running or say why not.
 	var again, await []Machine
+	revoke := map[string]bool{}
 	for _, m := range mt.kept {
 		i := slices.IndexFunc(up.Machines, func(mc api.MachineChange) bool { return mc.MachineID == m.ID })
 		replaced := i >= 0 && up.Machines[i].Action == api.UpdateReplace
@@ -645,6 +699,9 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 			again = append(again, *m)
 		}
 		if replaced || fresh[m.ID] {
+			revoke[m.ID] = true
+		}
+		if replaced || fresh[m.ID] || (m.State != provider.Running && m.State != provider.Stopped) {
 			await = append(await, *m)
 		}
 	}
@@ -652,12 +709,12 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 		if err := s.mintInto(ctx, st, again, agents, mt.specs); err != nil {
 			return fail(err)
 		}
-		if tpl, err = s.renderFor(ctx, c, st, p.Files, p.Variables, mt.specs, agents); err != nil {
+		if tpl, err = s.renderFor(ctx, c, st, p.Files, p.Variables, mt, agents); err != nil {
 			return fail(err)
 		}
 	}
 	for _, m := range await {
-		if m.KiteID != "" { // the key it had before this update
+		if revoke[m.ID] && m.KiteID != "" { // the key it had before this update
 			if err := s.Kontrol.Revoke(context.WithoutCancel(ctx), m.KiteID, "machine replaced by an update of stack "+st.ID); err != nil {
 				s.log.Warn("revoke a replaced machine's key", "kite", m.KiteID, "err", err)
 			}
@@ -764,28 +821,7 @@ func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		return nil, s.failUpdate(ctx, st, res, "", fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
 	}
 	j.Enter(ctx, stackbuild.BuildSettings)
-	var failed []string
-	for i, m := range wait {
-		r := results[i]
-		set := store.MachineSet{Attributes: m.Attributes, Reason: new("")}
-		if ip := ipOf(m.Attributes); ip != "" {
-			set.IPAddress = new(ip)
-		}
-		state := provider.Running
-		if !r.OK {
-			failed = append(failed, r.Err.Error())
-			set.Reason = new(fmt.Sprintf("%s failed: %s", r.Step, r.Err.Error()))
-			state = provider.Unknown
-		} else {
-			version := ""
-			if r.Info != nil {
-				version = r.Info.Version
-			}
-			s.setAgent(ctx, m.KiteID, AgentConnected, version)
-		}
-		set.State = new(string(state))
-		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, set)
-	}
+	failed := s.settleMachines(ctx, c, wait, results) // stacks.go, as a build
 	for _, m := range others {
 		attrs := resourceValues(res, &m)
 		if len(attrs) == 0 {
@@ -800,14 +836,8 @@ func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	if err := s.recordMachineList(ctx, j, st.ID); err != nil {
 		return nil, err
 	}
-	if len(failed) > 0 {
-		reason := fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait))
-		s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new(reason)})
-		return map[string]any{"stackId": st.ID}, fmt.Errorf("%s:\n%s", reason, strings.Join(failed, "\n"))
-	}
-	s.setStack(ctx, st.ID, store.StackSet{State: new(StackInitialized), Reason: new("")})
-	j.Enter(ctx, stackbuild.BuildDone)
-	return map[string]any{"stackId": st.ID, "machines": len(wait) + len(others), "awaited": len(wait)}, nil
+	return s.settleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait)),
+		map[string]any{"stackId": st.ID, "machines": len(wait) + len(others), "awaited": len(wait)})
 }
 
 // recordMachineList writes the stack's machine list as the records are now.
@@ -851,6 +881,40 @@ func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *
 	}); err != nil {
 		s.log.Error("delete removed machines", "stack", st.ID, "err", err)
 	}
+}
+
+// ---- stack.apply after a failed update
+
+// failedUpdate reports whether st is Failed by an update (its recorded job is a stack.update):
+// its records may then not match its files (machines an update removed, or added, that
+// terraform did or did not get to), and stack.apply converges it as an update of its own files
+// (reapplyUpdate) instead of building every machine again.
+//
+// When the job is no longer known (expired), a stack whose machines were built before (they
+// have agent keys) converges as an update too: that is right after a failed build as well
+// (machines terraform made are awaited with the keys they have, the others built).
+func (s *Server) failedUpdate(ctx context.Context, st *Stack) bool {
+	if st.State != StackFailed {
+		return false
+	}
+	if st.JobID != "" {
+		j, err := s.store.Jobs().Get(ctx, st.JobID)
+		if err == nil || !errors.Is(err, store.ErrNotFound) {
+			return err == nil && j.Kind == jobStackUpdate
+		}
+	}
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(ms, func(m Machine) bool { return m.KiteID != "" })
+}
+
+// reapplyUpdate is stack.apply of a stack a failed update left: an update to the stack's own
+// files, revision and variables. Machines that stayed Running keep their agents and disks; the
+// others are built (or, if terraform made them, awaited) and the removed ones removed.
+func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (any, error) {
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: st.Files, Variables: st.Variables})
 }
 
 // failUpdate stops terraform's run if the job was cancelled, drops the removed machines

@@ -121,9 +121,13 @@ func TestStackUpdate(t *testing.T) {
 	if strings.Contains(mustJSON(t, plan), "eyJ") {
 		t.Fatal("the plan shows an agent key")
 	}
-	// The plan changed nothing.
+	// The plan changed nothing: not the records, not terraformer's stored files of the stack
+	// (a destroy runs them).
 	if after := f.machines(sid); len(after) != 2 || after["keep"].KiteID != keep.KiteID || after["chg"].KiteID != chg.KiteID {
 		t.Fatalf("machines after a plan: %+v", after)
+	}
+	if stored := f.storedFiles(sid); strings.Contains(stored, "eyJhbGciOiJub25lIn0") || strings.Contains(stored, `"2"`) || !strings.Contains(stored, `triggers_replace = "1"`) {
+		t.Fatalf("terraformer's stored files of the stack after a plan:\n%s", stored)
 	}
 
 	ref, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid})
@@ -238,6 +242,25 @@ func TestStackUpdate(t *testing.T) {
 
 	ref, err = c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
 	f.jobOK("destroy", ref, err)
+}
+
+// storedFiles is the content of terraformer's stored files of the stack (what a destroy runs).
+func (f *flowEnv) storedFiles(sid string) string {
+	f.t.Helper()
+	work := filepath.Join(f.tfDir, "stacks", "stack-"+sid, "work")
+	names, err := filepath.Glob(filepath.Join(work, "*.tf*"))
+	if err != nil || len(names) == 0 {
+		f.t.Fatalf("terraformer's files of stack %s: %v %v", sid, names, err)
+	}
+	var out strings.Builder
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		out.WriteString("# " + filepath.Base(n) + "\n" + string(b))
+	}
+	return out.String()
 }
 
 func mustJSON(t *testing.T, v any) string {
