@@ -522,7 +522,7 @@ func (s *Server) renderFor(ctx context.Context, c *Caller, st *Stack, files []Fi
 	for _, name := range names {
 		p, _ := s.providers.Lookup(name)
 		bs := &provider.BaseStack{Provider: p, StackID: st.ID, Team: st.Team, Owner: st.Owner, Template: tpl, Log: s.log.With("stack", st.ID, "provider", name),
-			AgentConfig: agents.config}
+			AgentConfig: agents.config, Vacating: slices.Contains(mt.vacated, name)}
 		for _, sp := range specs {
 			if sp.Provider == name {
 				bs.Machines = append(bs.Machines, sp)

@@ -55,9 +55,10 @@ func (f *flowEnv) cancelAt(ref api.JobRef, err error, stage stackbuild.Stage) ap
 // waits for the agents leave the stack Failed with records that do not match its files (new
 // machines not built, removed ones not gone); stack.apply then converges it as an update of its
 // own files: the unchanged machine keeps its record, key and agent process, the new machines
-// end Running, removed records go, no label is recorded twice; destroy leaves nothing. Also:
-// another user's stack, a revision that does not exist, an update while a job holds the stack,
-// and a revision without machines are refused and change nothing.
+// end Running, removed records go (and the machine of a resource the revision drops entirely),
+// no label is recorded twice; destroy leaves nothing. Also: another user's stack, another
+// template, a revision that does not exist, an update or apply while a job holds the stack, and
+// a revision without machines are refused and change nothing.
 func TestStackUpdateInterruptedThenApplied(t *testing.T) {
 	f := newFlow(t, dummy.Options{})
 	f.credential()
@@ -80,6 +81,9 @@ func TestStackUpdateInterruptedThenApplied(t *testing.T) {
 	}
 	if _, err := bob.StackPlan(ctx, api.StackPlanParams{StackID: sid}); !errors.Is(err, kite.ErrNotFound) {
 		t.Fatalf("bob's plan of alice's stack: %v", err)
+	}
+	if _, err := c.StackPlan(ctx, api.StackPlanParams{StackID: sid, TemplateID: "another"}); !errors.Is(err, kite.ErrInvalidParams) {
+		t.Fatalf("plan of a stack with another template: %v", err)
 	}
 	if _, err := c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid, TemplateRevision: 99}); !errors.Is(err, kite.ErrNotFound) {
 		t.Fatalf("update to a revision that does not exist: %v", err)

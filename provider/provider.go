@@ -295,6 +295,10 @@ type BaseStack struct {
 	// or userdata.RenderScript; InjectUserData does that for the common case.
 	AgentConfig func(ctx context.Context, m *MachineSpec) (userdata.Config, error)
 	Log         *slog.Logger
+	// Vacating: the template declares none of this provider's machines, but the stack still has
+	// some (a stack update removes them all). ApplyTemplate renders no machine and configures
+	// the provider (block, credentials), as for a destroy, so Terraform can destroy them.
+	Vacating bool
 }
 
 // BaseMachine is what kloud gives a provider for machine operations.

@@ -65,7 +65,7 @@ func (t *Template) Apply(ctx context.Context, b *provider.BaseStack) (*provider.
 	if err != nil {
 		return nil, err
 	}
-	if len(b.Machines) == 0 && !slices.Contains(cfg.Providers(), t.Provider.Name) && len(cfg.Resources(t.ResourceType)) == 0 {
+	if len(b.Machines) == 0 && !b.Vacating && !slices.Contains(cfg.Providers(), t.Provider.Name) && len(cfg.Resources(t.ResourceType)) == 0 {
 		return b.Template, nil // no machines of this provider in this stack
 	}
 	for _, v := range cfg.Variables() {

@@ -79,7 +79,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err != nil {
 		return nil, err
 	}
-	if len(b.Machines) == 0 && !slices.Contains(cfg.Providers(), TerraformName) && len(cfg.Resources(ResourceType)) == 0 {
+	if len(b.Machines) == 0 && !b.Vacating && !slices.Contains(cfg.Providers(), TerraformName) && len(cfg.Resources(ResourceType)) == 0 {
 		return b.Template, nil // no docker machines in this stack
 	}
 	if err := CheckTemplate(b.Template.Files); err != nil {
