@@ -149,7 +149,7 @@ func (s *proxyStack) params(c *provider.Credential) (*stackParams, error) {
 		return nil, err
 	}
 	b := s.b
-	p := &stackParams{Stack: wireStack{StackID: b.StackID, Team: b.Team, Owner: b.Owner}, Credential: cred}
+	p := &stackParams{Stack: wireStack{StackID: b.StackID, Team: b.Team, Owner: b.Owner, Vacating: b.Vacating}, Credential: cred}
 	for _, m := range b.Machines {
 		p.Stack.Machines = append(p.Stack.Machines, toWireSpec(m))
 	}

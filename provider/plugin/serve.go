@@ -346,7 +346,7 @@ func (s *server) stack(p *stackParams) (provider.Stack, *provider.BaseStack, *pr
 	}
 	w := p.Stack
 	b := &provider.BaseStack{Provider: s.p, StackID: w.StackID, Team: w.Team, Owner: w.Owner, Template: w.Template.template(),
-		Log: s.log.With("stack", w.StackID)}
+		Log: s.log.With("stack", w.StackID), Vacating: w.Vacating}
 	for _, m := range w.Machines {
 		b.Machines = append(b.Machines, m.spec())
 	}

@@ -244,6 +244,8 @@ type wireStack struct {
 	// AgentConfigs are the agent configurations of Machines by machine id (applyTemplate only):
 	// the plugin side's BaseStack.AgentConfig looks them up.
 	AgentConfigs map[string]wireAgentConfig `json:"agentConfigs,omitempty"`
+	// Vacating is provider.BaseStack.Vacating (applyTemplate only).
+	Vacating bool `json:"vacating,omitempty"`
 }
 
 type wireCredential struct {
