@@ -1,21 +1,28 @@
 package e2e
 
-// Stack update and scale (issue 13 §1) on real local machines, through the CLI: a 2-machine
+// Stack update and scale (issue 13 §1) through the CLI. TestKloudKilledMidUpdate: dummy
+// machines, kloud SIGKILLed mid-update. TestLocalStackUpdate: real local machines: a 2-machine
 // stack updated to a revision that adds a third machine and changes the memory of one (which
 // replaces it); the unchanged machine keeps its disk, its agent and an open terminal session;
-// then scale 3 → 1 → 3. Needs root and the base image (skips loudly otherwise, fails under
+// then scale 3 → 1 → 3; then a revision with no local machine (only a dummy one) removes them
+// all. Needs root and the base image (skips loudly otherwise, fails under
 // CI=true).
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
 )
 
 // updateTemplate is n machines web.<i>; with bigOne, web.1 has 640 MiB instead of 512.
@@ -155,9 +162,21 @@ func TestLocalStackUpdate(t *testing.T) {
 	term.Type(t, "echo LAST=$((20+3))\r")
 	term.WaitFor(t, "LAST=23")
 
+	// Revision 3 has no local machine, only a dummy one: every local machine goes (the local
+	// provider still configures Terraform to destroy them) and the dummy one is built.
 	infos := e.sandboxInfos()
-	e.run("stack", "destroy", sid)
+	if err := os.WriteFile(f, []byte("resource \"terraform_data\" \"other\" {\n  input = \"#!/bin/bash\\necho other\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.run("template", "update", tid, "--file", f)
+	if out := e.run("stack", "update", sid); !strings.Contains(out, "other: agent connected") {
+		t.Fatalf("update to a revision without local machines:\n%s", out)
+	}
+	if ms := e.machines(sid); len(ms) != 1 || ms["other"].State != "Running" {
+		t.Fatalf("machines after the update to a revision without local machines: %+v", ms)
+	}
 	e.assertNothingLeft(infos)
+	e.run("stack", "destroy", sid)
 }
 
 // sessions is the body of kloud's terminal session list of machine id, as the CLI's user.
@@ -181,4 +200,119 @@ func (e *localEnv) sessions(t *testing.T, id string) string {
 		t.Fatalf("sessions of %s: HTTP %d: %s", id, resp.StatusCode, b)
 	}
 	return string(b)
+}
+
+// killedUpdateRev is a template of dummy machines: "keep" (never changes), "old" (withOld) and
+// n "vm"s whose user script sleeps, so kloud waits for their agents a while.
+func killedUpdateRev(n int, withOld bool) string {
+	out := "resource \"terraform_data\" \"keep\" {\n  input = \"#!/bin/bash\\necho kept\"\n}\n"
+	if withOld {
+		out += "resource \"terraform_data\" \"old\" {\n  input = \"#!/bin/bash\\necho old\"\n}\n"
+	}
+	if n > 0 {
+		out += fmt.Sprintf("resource \"terraform_data\" \"vm\" {\n  count = %d\n  input = \"#!/bin/bash\\necho working; sleep 6; echo done\"\n}\n", n)
+	}
+	return out
+}
+
+// TestKloudKilledMidUpdate SIGKILLs kloud (terraformer runs on its own and survives) during three
+// updates of a dummy stack, before the update's terraform run is recorded, while terraform
+// applies and while kloud waits for the new agents, and starts it again each time: the update job resumes and ends with the stack updated (or, if
+// it failed, `stack apply` converges it); no machine stays Building or Terminating, no label is
+// recorded twice, the kept machine keeps its record and key, and destroy leaves nothing.
+func TestKloudKilledMidUpdate(t *testing.T) {
+	tfAddr, kloudAddr, dir := freePort(t), freePort(t), t.TempDir()
+	testutil.RequireBinary(t, "terraform")
+	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "tf"), "--kloud-url", "http://"+kloudAddr)
+	e := &env{t: t, dir: dir, addr: kloudAddr, extra: []string{"--terraformer-url", "http://" + tfAddr}}
+	e.start()
+	t.Cleanup(e.cleanup)
+	e.alice()
+	tid := e.template(killedUpdateRev(0, true))
+	var created struct{ Stack struct{ ID string } }
+	e.runJSON(&created, "stack", "create", "--template", tid)
+	sid := created.Stack.ID
+	e.run("stack", "apply", sid)
+	keep := e.machines(sid)["keep"]
+
+	for _, tc := range []struct {
+		name    string
+		percent int // kill once the job has reached this
+		rev     string
+		want    []string
+	}{
+		{"before terraform's run is recorded", 20, killedUpdateRev(1, false), []string{"keep", "vm.0"}},
+		{"while terraform applies", 40, killedUpdateRev(2, false), []string{"keep", "vm.0", "vm.1"}},
+		{"while waiting for agents", 70, killedUpdateRev(3, false), []string{"keep", "vm.0", "vm.1", "vm.2"}},
+	} {
+		f := filepath.Join(t.TempDir(), "main.tf")
+		os.WriteFile(f, []byte(tc.rev), 0o644)
+		e.run("template", "update", tid, "--file", f)
+		out := e.run("stack", "update", sid, "--detach") // the plan, then "job ID started; …"
+		m := regexp.MustCompile(`job (\S+) started`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("%s: stack update:\n%s", tc.name, out)
+		}
+		jobID := m[1]
+		seen := e.waitJobAt(jobID, tc.percent, tc.name)
+		e.kill()
+		t.Logf("%s: killed kloud at %d%%", tc.name, seen)
+		e.start()
+		final, err := e.try("job", "watch", jobID)
+		t.Logf("%s: the job after the restart (err %v):\n%s", tc.name, err, final)
+		var j struct{ Status, Error string }
+		e.runJSON(&j, "job", "get", jobID)
+		if j.Status != "succeeded" {
+			var st struct{ State, Reason string }
+			e.runJSON(&st, "stack", "describe", sid)
+			if j.Error == "" || st.State == "Building" || st.Reason == "" {
+				t.Fatalf("%s: a failed update must say why: job %+v, stack %+v", tc.name, j, st)
+			}
+			t.Logf("%s: the resumed update failed (%s); apply converges the stack", tc.name, j.Error)
+			e.run("stack", "apply", sid)
+		}
+		var ms []machine
+		e.runJSON(&ms, "machine", "list", "--stack", sid)
+		var labels []string
+		for _, m := range ms {
+			labels = append(labels, m.Label)
+			if m.State != "Running" || m.Agent.Status != "connected" {
+				t.Errorf("%s: %s after the update: %+v", tc.name, m.Label, m)
+			}
+		}
+		slices.Sort(labels)
+		if !slices.Equal(labels, tc.want) {
+			t.Fatalf("%s: machines after the update: %v, want %v", tc.name, labels, tc.want)
+		}
+		if k := e.machines(sid)["keep"]; k.ID != keep.ID || k.KiteID != keep.KiteID {
+			t.Fatalf("%s: keep changed: %+v, was %+v", tc.name, k, keep)
+		}
+	}
+	e.run("stack", "destroy", sid)
+	if entries, _ := os.ReadDir(filepath.Join(e.dir, "machines", sid)); len(entries) != 0 {
+		t.Fatalf("machine directories left: %v", entries)
+	}
+}
+
+// waitJobAt waits until job jobID has reached percent and returns the percentage it saw; a job
+// that ends first fails the test (what names the case).
+func (e *env) waitJobAt(jobID string, percent int, what string) int {
+	e.t.Helper()
+	var seen int
+	testutil.Eventually(e.t, 3*time.Minute, func() bool {
+		var j struct {
+			Percentage int
+			Status     string
+		}
+		o, err := e.try("job", "get", jobID)
+		if err != nil || json.Unmarshal([]byte(o), &j) != nil {
+			return false
+		}
+		if j.Status != "running" && j.Status != "queued" && j.Status != "" {
+			e.t.Fatalf("%s: job %s ended (%s) before it reached %d%%", what, jobID, j.Status, percent)
+		}
+		seen = j.Percentage
+		return j.Percentage >= percent
+	}, "%s: job %s did not reach %d%%", what, jobID, percent)
+	return seen
 }
