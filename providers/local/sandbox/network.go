@@ -119,7 +119,7 @@ func (m *Manager) TeardownNetwork(ctx context.Context) error {
 		return err
 	}
 	defer g.unlock()
-	if err := m.removeFirewall(); err != nil {
+	if err := m.removeFirewall(ctx); err != nil {
 		return fmt.Errorf("teardown network: %w", err)
 	}
 	if !linkExists(m.bridge) {

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kloud-dev/kloud/internal/bridgefw"
 )
 
 // Defaults for Options.
@@ -66,7 +68,8 @@ type Options struct {
 // Manager creates and controls machines. All state is on disk under StateDir; any number of
 // Managers in any number of processes may work on the same StateDir at once.
 type Manager struct {
-	fwMu                        sync.Mutex // one firewall rebuild at a time (firewall.go)
+	fwMu                        sync.Mutex      // one firewall rebuild at a time (firewall.go)
+	fw                          *bridgefw.Table // the bridge's firewall (firewall.go)
 	stateDir, baseImage, bridge string
 	subnet                      netip.Prefix
 	hostAddr                    netip.Addr
@@ -116,6 +119,7 @@ func New(opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("subnet %s: want IPv4 between /16 and /30", m.subnet)
 	}
 	m.subnet = m.subnet.Masked()
+	m.fw = bridgefw.NewTable(m.bridge, m.subnet)
 	m.hostAddr = m.subnet.Addr().Next()
 	if m.stopTimeout <= 0 {
 		m.stopTimeout = DefaultStopTimeout
