@@ -32,6 +32,7 @@ func (sd *serveDocker) flags(cmd *cobra.Command) {
 	fl.StringVar(&sd.o.Bridge, "docker-bridge", "", "Linux bridge of that network (default "+docker.DefaultBridge+")")
 	fl.StringVar(&sd.subnet, "docker-subnet", "", "subnet of that network (default "+docker.DefaultSubnet+"; kloud is .1)")
 	fl.StringVar(&sd.o.Image, "docker-image", "", "image to run docker machines from (default: imported from $KLOUD_BASE_IMAGE)")
+	fl.BoolVar(&sd.o.NoFirewall, "docker-no-firewall", false, "do not filter traffic between docker machines (the firewall capability; on by default where kloud can: a local daemon, root)")
 }
 
 // register adds the docker provider to reg (unless --no-docker) and, when the daemon answers,
@@ -63,6 +64,9 @@ func (sd *serveDocker) register(ctx context.Context, f *serveFlags, reg *provide
 	}
 	sd.d = d
 	reg.Register(d.Provider())
+	if why := d.FirewallUnusable(); why != "" {
+		log.Info("docker provider: no firewall between docker machines", "why", why)
+	}
 	if d.Available() == nil {
 		// Made now so that a kloud told to listen on the network's gateway can bind there. It
 		// goes with the last container (a destroy, a sweep that removes containers), and builds

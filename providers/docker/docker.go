@@ -66,6 +66,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/kloud-dev/kloud/internal/bridgefw"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -122,6 +123,9 @@ type Options struct {
 	StateDir string
 	// TokenTTL is how long a stack's service token may create containers (DefaultTokenTTL).
 	TokenTTL time.Duration
+	// NoFirewall turns the machines' firewall off (firewall.go): the provider then does not
+	// advertise the firewall capability. Without it, the firewall is on when it can work here.
+	NoFirewall bool
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -148,6 +152,11 @@ type Docker struct {
 
 	keyMu sync.Mutex
 	key   []byte
+
+	// The machines' firewall (firewall.go): nil without one, fwWhy says why.
+	fw    *bridgefw.Table
+	fwWhy string
+	fwMu  sync.Mutex // one rebuild or rules change at a time
 }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -215,6 +224,14 @@ func New(opts Options) (*Docker, error) {
 		Handler:      d.handler(),
 		Inventory:    inventory{d}, // resources.go
 	}, provider.TerraformProvider{Name: TerraformName, Source: TerraformSource, Types: []string{ResourceType}})
+	// The firewall, where it works (firewall.go).
+	if d.fwWhy = firewallUnusable(d.host); opts.NoFirewall {
+		d.fwWhy = "the firewall is turned off (docker.Options.NoFirewall)"
+	}
+	if d.fwWhy == "" {
+		d.fw = bridgefw.NewTable(d.opts.Bridge, d.opts.Subnet)
+		d.p.Capabilities = append(d.p.Capabilities, provider.CapFirewall)
+	}
 	return d, nil
 }
 
@@ -229,6 +246,12 @@ func (d *Docker) Host() string { return d.host }
 
 // Network is the machines' network name.
 func (d *Docker) Network() string { return d.opts.Network }
+
+// Subnet is the machines' network's subnet.
+func (d *Docker) Subnet() netip.Prefix { return d.opts.Subnet }
+
+// StateDir is where the provider keeps its service key and the machines' firewall rules.
+func (d *Docker) StateDir() string { return d.opts.StateDir }
 
 // Gateway is the network's gateway (the host's address on the bridge): where machines reach kloud.
 func (d *Docker) Gateway() netip.Addr { return d.opts.Subnet.Addr().Next() }

@@ -75,6 +75,9 @@ func (m *machine) Start(ctx context.Context) (any, error) {
 	if _, err := m.cli.ContainerStart(ctx, m.id, client.ContainerStartOptions{}); err != nil {
 		return nil, m.wrap("start", err)
 	}
+	if err := m.d.firewallAfterStart(ctx, m.id); err != nil { // firewall.go
+		return nil, m.wrap("start", err)
+	}
 	res, err := m.inspect(ctx)
 	if err != nil {
 		return nil, m.wrap("start", err)

@@ -11,7 +11,8 @@ import (
 // serveNetworked forwards an authorized proxy call (path without the version prefix) and keeps
 // the machines' network in step with it: a container create (and the provider's look at the
 // network before it) holds Docker.netLife for reading and makes the network if a removal took
-// it; a successful container delete removes the network when it was the last container on it.
+// it; a successful container delete removes the network when it was the last container on it;
+// a successful start or restart rebuilds the machines' firewall (firewall.go).
 func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path string, next http.Handler) {
 	switch {
 	case r.Method == http.MethodPost && path == "/containers/create",
@@ -26,17 +27,41 @@ func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path str
 	case r.Method == http.MethodDelete && strings.HasPrefix(path, "/containers/"):
 		// The answer (a status and at most a short error) is held until the network is dealt
 		// with, so whoever deleted the last container sees the network gone when it is told.
-		rec := httptest.NewRecorder()
-		next.ServeHTTP(rec, r)
-		if rec.Code/100 == 2 {
+		hold(w, r, next, func() error {
 			if _, err := d.removeNetworkIfUnused(context.WithoutCancel(r.Context())); err != nil {
 				d.log.Warn("docker provider: remove the machines' network after the last container", "err", err)
 			}
-		}
-		maps.Copy(w.Header(), rec.Header())
-		w.WriteHeader(rec.Code)
-		w.Write(rec.Body.Bytes())
+			return nil
+		})
+	case r.Method == http.MethodPost && (strings.HasSuffix(path, "/start") || strings.HasSuffix(path, "/restart")):
+		// A started container gets its place in the firewall before the caller is told
+		// (firewall.go); if it cannot, it is stopped again and the caller gets the error.
+		hold(w, r, next, func() error {
+			id := strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(path, "/containers/"), "/start"), "/restart")
+			err := d.firewallAfterStart(context.WithoutCancel(r.Context()), id)
+			if err != nil {
+				d.log.Warn("docker provider: firewall after a container start", "container", id, "err", err)
+			}
+			return err
+		})
 	default:
 		next.ServeHTTP(w, r)
 	}
+}
+
+// hold serves r into a recorder (the answers it is used for are a status and at most a short
+// error) and, if the daemon said yes, runs after before answering: with the daemon's answer, or
+// after's error.
+func hold(w http.ResponseWriter, r *http.Request, next http.Handler, after func() error) {
+	rec := httptest.NewRecorder()
+	next.ServeHTTP(rec, r)
+	if rec.Code/100 == 2 {
+		if err := after(); err != nil {
+			writeAPIError(w, http.StatusInternalServerError, "kloud: "+err.Error())
+			return
+		}
+	}
+	maps.Copy(w.Header(), rec.Header())
+	w.WriteHeader(rec.Code)
+	w.Write(rec.Body.Bytes())
 }

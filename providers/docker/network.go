@@ -13,9 +13,10 @@ import (
 	"github.com/moby/moby/client"
 )
 
-// EnsureNetwork creates the machines' network (a bridge with Options.Subnet, its Linux bridge
-// named Options.Bridge) unless it exists, and checks that an existing one has that subnet.
-func (d *Docker) EnsureNetwork(ctx context.Context) error {
+// ensureNetwork creates the machines' network (a bridge with Options.Subnet, its Linux bridge
+// named Options.Bridge: the firewall's table hooks that bridge) unless it exists, and checks
+// that an existing one has that subnet.
+func (d *Docker) ensureNetwork(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.netOK {
@@ -59,6 +60,25 @@ func (d *Docker) EnsureNetwork(ctx context.Context) error {
 	return nil
 }
 
+// EnsureNetwork is ensureNetwork; the first time in this process, and whenever it makes the
+// network, it also rebuilds the firewall (firewall.go: containers may have run while kloud did
+// not, or a host reboot emptied the kernel's tables).
+func (d *Docker) EnsureNetwork(ctx context.Context) error {
+	d.mu.Lock()
+	ok := d.netOK
+	d.mu.Unlock()
+	if ok {
+		return nil
+	}
+	if err := d.ensureNetwork(ctx); err != nil {
+		return err
+	}
+	if err := d.ApplyFirewall(ctx); err != nil {
+		return fmt.Errorf("docker network %s: %w", d.opts.Network, err)
+	}
+	return nil
+}
+
 // RemoveNetwork removes the machines' network if no container uses it, running or stopped (a
 // stopped machine needs it to start again). A network in use stays. It waits for container
 // creates in flight through the proxy, and they wait for it (Docker.netLife): a create that
@@ -72,6 +92,14 @@ func (d *Docker) RemoveNetwork(ctx context.Context) error {
 
 // removeNetworkIfUnused is RemoveNetwork; removed says whether it removed the network.
 func (d *Docker) removeNetworkIfUnused(ctx context.Context) (removed bool, err error) {
+	// Containers went: the firewall follows (their rules go; the table goes with the network).
+	defer func() {
+		if removed {
+			err = errors.Join(err, d.removeFirewall(ctx))
+		} else {
+			err = errors.Join(err, d.ApplyFirewall(ctx))
+		}
+	}()
 	cli, err := d.Client()
 	if err != nil {
 		return false, err

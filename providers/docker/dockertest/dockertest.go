@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +28,7 @@ import (
 	"github.com/moby/moby/client"
 	"golang.org/x/sys/unix"
 
+	"github.com/kloud-dev/kloud/internal/bridgefw"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/docker"
 )
@@ -220,8 +222,8 @@ func (d *Daemon) Import(t testing.TB, name string) {
 }
 
 // Close removes every container and network left on the daemon, stops it (SIGTERM by pid, then
-// SIGKILL), unmounts what it left under its directory, deletes the bridges of its networks and
-// removes its directory.
+// SIGKILL), unmounts what it left under its directory, deletes the bridges of its networks (and
+// the docker provider's firewall tables of them) and removes its directory.
 func (d *Daemon) Close() error {
 	var errs []error
 	if d.Client != nil {
@@ -262,6 +264,10 @@ func (d *Daemon) Close() error {
 		errs = append(errs, err)
 	}
 	for _, br := range d.bridges {
+		// The docker provider's firewall table of the bridge, if a test left it (bridgefw).
+		if err := bridgefw.NewTable(br, netip.Prefix{}).Remove(context.Background()); err != nil && os.Geteuid() == 0 {
+			errs = append(errs, err)
+		}
 		if _, err := os.Stat("/sys/class/net/" + br); err == nil {
 			if out, err := exec.Command("ip", "link", "delete", br).CombinedOutput(); err != nil {
 				errs = append(errs, fmt.Errorf("delete bridge %s: %w: %s", br, err, out))
