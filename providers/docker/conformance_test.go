@@ -3,6 +3,7 @@ package docker_test
 import (
 	"fmt"
 	"net"
+	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -29,9 +30,12 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	gw := subnet.Addr().Next()
+	// The Linux bridge's name is the host's, not the daemon's: one of its own, so that runs
+	// of this test side by side (and their firewall tables, kloud-fw-<bridge>) do not meet.
+	bridge := fmt.Sprintf("kconf%d", os.Getpid()%1000000)
 	// kloud listens on the network's gateway, where the machines reach it (and terraform's
 	// Docker provider reaches the proxy): the network first.
-	pre, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Network: "kloud-conf", Bridge: "kloud-conf", Subnet: subnet, StateDir: t.TempDir()})
+	pre, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Network: "kloud-conf", Bridge: bridge, Subnet: subnet, StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +48,7 @@ func TestConformance(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Network: "kloud-conf", Bridge: "kloud-conf", Subnet: subnet,
+	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Network: "kloud-conf", Bridge: bridge, Subnet: subnet,
 		Instance: "conformance", Endpoint: "http://" + addr, StateDir: t.TempDir(), Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)

@@ -100,12 +100,7 @@ func (d *Docker) ApplyFirewall(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("firewall: list containers: %w", err)
 	}
-	if _, err := os.Stat("/sys/class/net/" + d.opts.Bridge); err != nil {
-		if len(res.Items) == 0 {
-			return nil // no network yet, nothing to filter
-		}
-		return fmt.Errorf("firewall: the bridge %s of network %s is not in kloud's network namespace (is the Docker daemon in another one?): %w", d.opts.Bridge, d.opts.Network, err)
-	}
+	_, brErr := os.Stat("/sys/class/net/" + d.opts.Bridge)
 	have := map[string]bool{}
 	var ms []bridgefw.Machine
 	for _, c := range res.Items {
@@ -125,6 +120,9 @@ func (d *Docker) ApplyFirewall(ctx context.Context) error {
 		if ct.State == nil || ct.State.Pid <= 0 || ct.NetworkSettings == nil || ct.NetworkSettings.Networks[d.opts.Network] == nil {
 			continue
 		}
+		if brErr != nil {
+			return fmt.Errorf("firewall: container %.12s runs on network %s, but its bridge %s is not in kloud's network namespace (is the Docker daemon in another one?): %w", c.ID, d.opts.Network, d.opts.Bridge, brErr)
+		}
 		ip := ct.NetworkSettings.Networks[d.opts.Network].IPAddress
 		port, err := bridgePort(ct.State.Pid, d.opts.Bridge)
 		if err != nil {
@@ -140,7 +138,12 @@ func (d *Docker) ApplyFirewall(ctx context.Context) error {
 		}
 		ms = append(ms, m)
 	}
-	if err := d.fw.Apply(ctx, ms); err != nil {
+	if brErr != nil {
+		// No network (none yet, or it went): no table either.
+		if err := d.fw.Remove(ctx); err != nil {
+			return err
+		}
+	} else if err := d.fw.Apply(ctx, ms); err != nil {
 		return err
 	}
 	// The rules of machines without a container go (they go with the machine, as local's).

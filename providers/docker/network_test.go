@@ -54,7 +54,7 @@ func TestNetworkFollowsMachines(t *testing.T) {
 	create := func(m string) (string, error) {
 		c, err := pc.ContainerCreate(ctx, client.ContainerCreateOptions{Name: "kloud-" + m,
 			Config: &container.Config{Image: image, Entrypoint: []string{docker.BootPath},
-				Labels: map[string]string{docker.LabelStack: "s1", docker.LabelMachine: m, docker.LabelInstance: "net1"}},
+				Labels: map[string]string{docker.LabelStack: "s1", docker.LabelMachine: m, docker.LabelInstance: "net1", docker.LabelOwner: "alice"}},
 			HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(f.d.Network())}})
 		return c.ID, err
 	}

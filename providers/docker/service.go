@@ -400,7 +400,7 @@ func (d *Docker) createAllowed(t *token, body []byte, image string) error {
 		sort.Strings(bad)
 		return fmt.Errorf("container create: kloud's docker machines may not set %s (they would reach the host)", strings.Join(bad, ", "))
 	}
-	return nil
+	return t.ownerLabels(labels) // token.go: the firewall trusts them
 }
 
 // isNull reports whether a JSON value is null.

@@ -146,11 +146,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err := cfg.CheckSecretRefs([]string{TokenVar}); err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
-	ids := make([]string, 0, len(b.Machines))
-	for _, m := range b.Machines {
-		ids = append(ids, m.ID)
-	}
-	tok, err := s.d.mintToken(b.StackID, ids)
+	tok, err := s.d.stackToken(b) // token.go
 	if err != nil {
 		return nil, fmt.Errorf("docker provider: token: %w", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kloud-dev/kloud/provider"
 )
 
 // A service token authorizes one stack's terraform runs on the Docker API proxy: it names the
@@ -22,17 +24,38 @@ type token struct {
 	Machines []string `json:"m,omitempty"`
 	Instance string   `json:"i"`
 	Expires  int64    `json:"e"`
+	// Owners (machine id → owner) and Team bind the labels kloud_owner and kloud_team of the
+	// containers the token creates: the firewall (firewall.go) trusts them to say whose a
+	// container is. A token without Owners (made before they existed) binds neither.
+	Owners map[string]string `json:"o,omitempty"`
+	Team   string            `json:"t,omitempty"`
 }
 
 // TokenVar is the sensitive Terraform variable that holds the proxy's URL with the stack's token.
 const TokenVar = "kloud_docker_host"
 
 func (d *Docker) mintToken(stack string, machines []string) (string, error) {
+	return d.sign(token{Stack: stack, Machines: machines})
+}
+
+// stackToken is the token of a build of stack b: its machines, their owners and its team.
+func (d *Docker) stackToken(b *provider.BaseStack) (string, error) {
+	t := token{Stack: b.StackID, Machines: make([]string, 0, len(b.Machines)), Owners: map[string]string{}, Team: b.Team}
+	for _, m := range b.Machines {
+		t.Machines = append(t.Machines, m.ID)
+		t.Owners[m.ID] = m.Owner
+	}
+	return d.sign(t)
+}
+
+// sign completes t (this instance, expiry in TokenTTL) and signs it.
+func (d *Docker) sign(t token) (string, error) {
 	key, err := d.serviceKey()
 	if err != nil {
 		return "", err
 	}
-	b, err := json.Marshal(token{Stack: stack, Machines: machines, Instance: d.instance, Expires: time.Now().Add(d.opts.TokenTTL).Unix()})
+	t.Instance, t.Expires = d.instance, time.Now().Add(d.opts.TokenTTL).Unix()
+	b, err := json.Marshal(t)
 	if err != nil {
 		return "", err
 	}
@@ -83,4 +106,15 @@ func (t *token) expired() bool { return time.Now().Unix() > t.Expires }
 
 func (t *token) mayCreate(machine string) bool {
 	return !t.expired() && slices.Contains(t.Machines, machine)
+}
+
+// ownerLabels checks a create's kloud_owner and kloud_team labels against the token's.
+func (t *token) ownerLabels(labels map[string]string) error {
+	if t.Owners == nil {
+		return nil
+	}
+	if labels[LabelOwner] != t.Owners[labels[LabelMachine]] || labels[LabelTeam] != t.Team {
+		return fmt.Errorf("container create: labels %s and %s must name the machine's owner and the stack's team", LabelOwner, LabelTeam)
+	}
+	return nil
 }

@@ -1,0 +1,113 @@
+package bridgefw
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+)
+
+func TestRuleCheck(t *testing.T) {
+	for in, want := range map[Rule]Rule{
+		{Port: 80, From: "any"}:                            {Port: 80, Protocol: "tcp", From: "any"},
+		{Port: 53, Protocol: "UDP", From: "team"}:          {Port: 53, Protocol: "udp", From: "team"},
+		{Port: 1, Protocol: "tcp", From: "10.1.2.3"}:       {Port: 1, Protocol: "tcp", From: "10.1.2.3/32"},
+		{Port: 65535, Protocol: "tcp", From: "10.1.2.3/8"}: {Port: 65535, Protocol: "tcp", From: "10.0.0.0/8"},
+	} {
+		got := in
+		if err := got.Check(); err != nil || got != want {
+			t.Errorf("%+v: %+v %v, want %+v", in, got, err, want)
+		}
+	}
+	for _, bad := range []Rule{{Port: 0, From: "any"}, {Port: 65536, From: "any"}, {Port: 1, Protocol: "sctp", From: "any"},
+		{Port: 1, From: ""}, {Port: 1, From: "nobody"}, {Port: 1, From: "::1/128"}, {Port: 1, From: "10.0.0.0/33"}} {
+		if err := bad.Check(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+// Change is idempotent both ways; Save and Load round-trip; a tampered or oversized file is
+// refused.
+func TestChangeSaveLoad(t *testing.T) {
+	a, b := Rule{Port: 80, From: "any"}, Rule{Port: 53, Protocol: "udp", From: "team"}
+	got, err := Change(nil, []Rule{a, b, a}, true)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("open: %+v %v", got, err)
+	}
+	got2, _ := Change(got, []Rule{{Port: 80, Protocol: "TCP", From: "any"}, {Port: 9, From: "any"}}, false)
+	if len(got2) != 1 || got2[0] != (Rule{Port: 53, Protocol: "udp", From: "team"}) || len(got) != 2 {
+		t.Fatalf("close: %+v (have %+v)", got2, got)
+	}
+	if _, err := Change(got, []Rule{{Port: 0, From: "any"}}, true); err == nil {
+		t.Error("a bad rule changed the rules")
+	}
+	path := filepath.Join(t.TempDir(), "m.json")
+	if rules, err := Load(path); err != nil || rules != nil {
+		t.Fatalf("missing file: %+v %v", rules, err)
+	}
+	if err := Save(path, got); err != nil {
+		t.Fatal(err)
+	}
+	if back, err := Load(path); err != nil || !slices.Equal(back, got) {
+		t.Fatalf("load: %+v %v", back, err)
+	}
+	os.WriteFile(path, []byte(`{"rules":[{"port":99999,"protocol":"tcp","from":"any"}]}`), 0o600)
+	if _, err := Load(path); err == nil {
+		t.Error("a file with a bad rule loaded")
+	}
+	if err := Save(path, make([]Rule, MaxRules+1)); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Errorf("oversized: %v", err)
+	}
+}
+
+// The chain: one anti-spoofing rule per machine; the owner's other machines by port; a team
+// rule only for machines of the team; drops per machine and for the subnet.
+func TestChain(t *testing.T) {
+	ms := []Machine{
+		{ID: "a", Port: "va", IP: netip.MustParseAddr("10.9.0.2"), Group: "owner:alice", Team: "red",
+			Rules: []Rule{{Port: 80, Protocol: "tcp", From: "team"}, {Port: 81, Protocol: "tcp", From: "10.9.0.0/24"}, {Port: 82, Protocol: "tcp", From: "any"}, {Port: 83, Protocol: "tcp", From: "kloud"}}},
+		{ID: "b", Port: "vb", IP: netip.MustParseAddr("10.9.0.3"), Group: "owner:alice", Team: "red"},
+		{ID: "c", Port: "vc", IP: netip.MustParseAddr("10.9.0.4"), Group: "owner:bob", Team: "red"},
+		{ID: "d", Port: "vd", IP: netip.MustParseAddr("10.9.0.5"), Group: "owner:carol", Team: "blue"},
+	}
+	got := len(chain(netip.MustParsePrefix("10.9.0.0/24"), ms))
+	// 4 anti-spoof + 2 owner (a<-b, b<-a) + team for a (b, c) 2 + cidr 1 + any 1 + 3 drops × 4
+	// machines + 3 subnet drops.
+	if want := 4 + 2 + 2 + 1 + 1 + 12 + 3; got != want {
+		t.Errorf("chain has %d rules, want %d", got, want)
+	}
+}
+
+// Apply and Remove on the real kernel: the table is there, then gone; Remove of a missing table
+// is no error.
+func TestApplyRemove(t *testing.T) {
+	if err := Usable(); err != nil {
+		testutil.Unavailable(t, "nftables: %v", err)
+	}
+	tb := NewTable(fmt.Sprintf("kfwt%d", os.Getpid()), netip.MustParsePrefix("10.9.0.0/24"))
+	t.Cleanup(func() { tb.Remove(context.Background()) })
+	ms := []Machine{{ID: "a", Port: "va", IP: netip.MustParseAddr("10.9.0.2"), Group: "g"}, {ID: "x", Port: "", IP: netip.MustParseAddr("10.9.0.9")}}
+	for range 2 {
+		if err := tb.Apply(t.Context(), ms); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := tb.Exists(); err != nil || !ok {
+		t.Fatalf("after Apply: exists %v %v", ok, err)
+	}
+	for range 2 {
+		if err := tb.Remove(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := tb.Exists(); err != nil || ok {
+		t.Fatalf("after Remove: exists %v %v", ok, err)
+	}
+}
