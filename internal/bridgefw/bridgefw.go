@@ -99,31 +99,22 @@ func (t *Table) Apply(ctx context.Context, ms []Machine) error {
 		}
 		in = append(in, m)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("firewall: nftables: %w", err)
-	}
-	defer c.CloseLasting()
-	tb := &nftables.Table{Family: nftables.TableFamilyBridge, Name: t.Name}
-	c.AddTable(tb) // so that the delete finds it on the first run
-	c.DelTable(tb)
-	c.AddTable(tb)
-	accept := nftables.ChainPolicyAccept
-	ch := c.AddChain(&nftables.Chain{Name: "forward", Table: tb, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	for _, rule := range chain(t.Subnet, in) {
-		c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: rule})
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("firewall: apply table %s: %w", t.Name, err)
-	}
-	return nil
+	return t.replace(func(c *nftables.Conn, tb *nftables.Table) {
+		c.AddTable(tb)
+		accept := nftables.ChainPolicyAccept
+		ch := c.AddChain(&nftables.Chain{Name: "forward", Table: tb, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+		for _, rule := range chain(t.Subnet, in) {
+			c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: rule})
+		}
+	})
 }
 
 // Remove deletes the table (with the bridge). A missing table is not an error.
-func (t *Table) Remove(ctx context.Context) error {
+func (t *Table) Remove(ctx context.Context) error { return t.replace(nil) }
+
+// replace deletes the table and, with fill, makes it again, in one transaction.
+func (t *Table) replace(fill func(*nftables.Conn, *nftables.Table)) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c, err := nftables.New()
@@ -132,10 +123,13 @@ func (t *Table) Remove(ctx context.Context) error {
 	}
 	defer c.CloseLasting()
 	tb := &nftables.Table{Family: nftables.TableFamilyBridge, Name: t.Name}
-	c.AddTable(tb)
+	c.AddTable(tb) // so that the delete finds it when it is not there
 	c.DelTable(tb)
+	if fill != nil {
+		fill(c, tb)
+	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("firewall: delete table %s: %w", t.Name, err)
+		return fmt.Errorf("firewall: table %s: %w", t.Name, err)
 	}
 	return nil
 }

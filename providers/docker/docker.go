@@ -7,7 +7,8 @@
 // does to a stack's template and the allowlist of docker_container arguments; drift.go, the
 // cpus and memory_swap it writes as the Docker provider reads them back), service.go (the
 // Docker API proxy terraform talks to; proxyupdate.go, its in-place updates), machine.go (start, stop, info, console log), image.go
-// and network.go (the image and the machines' network).
+// and network.go (the image and the machines' network), firewall.go (ingress rules between
+// machines, on the network's bridge).
 //
 // # How Terraform drives it, and why it cannot get the host
 //

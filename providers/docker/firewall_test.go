@@ -66,7 +66,7 @@ func TestFirewall(t *testing.T) {
 	create := func(m string) string {
 		t.Helper()
 		c, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: "kloud-fw-" + m,
-			Config: &container.Config{Image: image, Entrypoint: []string{"sleep", "infinity"},
+			Config: &container.Config{Image: image, Entrypoint: []string{"sleep", "infinity"}, StopSignal: "SIGKILL",
 				Labels: map[string]string{docker.LabelStack: "s1", docker.LabelMachine: m, docker.LabelInstance: "fw1",
 					docker.LabelOwner: owners[m][0], docker.LabelTeam: owners[m][1]}},
 			HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(f.d.Network())}})
@@ -101,7 +101,7 @@ func TestFirewall(t *testing.T) {
 		}
 	}
 	reach := func(from, to string) bool {
-		out, err := exec(from, "curl", "-s", "--noproxy", "*", "-m", "2", "http://"+ip(to)+":8080/index.html")
+		out, err := exec(from, "curl", "-s", "--noproxy", "*", "-m", "1", "http://"+ip(to)+":8080/index.html")
 		return err == nil && strings.TrimSpace(out) == "from-"+to
 	}
 	serve("m0")
