@@ -155,9 +155,10 @@ type Docker struct {
 	key   []byte
 
 	// The machines' firewall (firewall.go): nil without one, fwWhy says why.
-	fw    *bridgefw.Table
-	fwWhy string
-	fwMu  sync.Mutex // one rebuild or rules change at a time
+	fw      *bridgefw.Table
+	fwWhy   string
+	fwMu    sync.Mutex // one rebuild or rules change at a time
+	fwBuilt time.Time  // when the last rebuild listed the containers (fwMu)
 }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)

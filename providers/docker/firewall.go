@@ -7,10 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/moby/moby/client"
+	"golang.org/x/sys/unix"
 
 	"github.com/kloud-dev/kloud/internal/bridgefw"
 	"github.com/kloud-dev/kloud/kite"
@@ -33,7 +36,9 @@ import (
 // and the first time the network is ensured in a process; it is deleted with the network. A
 // container the daemon restarts on its own (a restart policy, a daemon restart) gets a new
 // bridge port the table does not know: it is unreachable from every machine (the table drops new
-// connections to the whole subnet by default) until the next rebuild (any of the events above).
+// connections to the whole subnet by default) until the next rebuild (any of the events above,
+// or kloud asking for the machine's state: Info rebuilds when a container started after the
+// last rebuild).
 //
 // It needs the daemon on this host, in kloud's network namespace (a unix socket; the bridge
 // then is a link kloud sees) and nftables (root, or CAP_NET_ADMIN): otherwise the provider does
@@ -95,6 +100,7 @@ func (d *Docker) ApplyFirewall(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	began := time.Now()
 	res, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true,
 		Filters: make(client.Filters).Add("label", LabelInstance+"="+d.instance)})
 	if err != nil {
@@ -138,6 +144,12 @@ func (d *Docker) ApplyFirewall(ctx context.Context) error {
 		}
 		ms = append(ms, m)
 	}
+	// A port two containers claim (a pid reused while we looked) is nobody's: closed.
+	ports := map[string]int{}
+	for _, m := range ms {
+		ports[m.Port]++
+	}
+	ms = slices.DeleteFunc(ms, func(m bridgefw.Machine) bool { return ports[m.Port] > 1 })
 	if brErr != nil {
 		// No network (none yet, or it went): no table either.
 		if err := d.fw.Remove(ctx); err != nil {
@@ -146,6 +158,7 @@ func (d *Docker) ApplyFirewall(ctx context.Context) error {
 	} else if err := d.fw.Apply(ctx, ms); err != nil {
 		return err
 	}
+	d.fwBuilt = began
 	// The rules of machines without a container go (they go with the machine, as local's).
 	files, _ := os.ReadDir(d.fwDir())
 	for _, f := range files {
@@ -176,6 +189,17 @@ func (d *Docker) removeFirewall(ctx context.Context) error {
 // is a port of bridge. The container cannot fake it: its /sys is the kernel's sysfs, read only,
 // and the answer must be a port of kloud's bridge.
 func bridgePort(pid int, bridge string) (string, error) {
+	// A process in kloud's own network namespace is not a container's (its pid was reused).
+	var self, its unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &self); err != nil {
+		return "", err
+	}
+	if err := unix.Stat(filepath.Join("/proc", strconv.Itoa(pid), "ns/net"), &its); err != nil {
+		return "", err
+	}
+	if self.Ino == its.Ino && self.Dev == its.Dev {
+		return "", fmt.Errorf("process %d is in kloud's network namespace: not a container's", pid)
+	}
 	dir := filepath.Join("/proc", strconv.Itoa(pid), "root/sys/class/net")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -203,6 +227,25 @@ func bridgePort(pid int, bridge string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no interface of process %d is a port of bridge %s", pid, bridge)
+}
+
+// firewallAfterInfo rebuilds the table when a running container started after the last
+// rebuild: the daemon restarted it on its own (a restart policy, a daemon restart), so its new
+// bridge port is not in the table yet.
+func (d *Docker) firewallAfterInfo(ctx context.Context, startedAt string) {
+	if d.fw == nil {
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, startedAt)
+	d.fwMu.Lock()
+	stale := err == nil && t.After(d.fwBuilt)
+	d.fwMu.Unlock()
+	if !stale {
+		return
+	}
+	if err := d.ApplyFirewall(ctx); err != nil {
+		d.log.Warn("docker provider: firewall after a restart behind kloud's back", "err", err)
+	}
 }
 
 // firewallAfterStart rebuilds the table after a container started; on failure the container is

@@ -26,8 +26,8 @@ import (
 // anyone, and closing shuts it again; a container started through the proxy (as terraform
 // starts it) is in the table before the caller hears back, and keeps its rules across a restart
 // (a new veth); one started behind kloud's back is unreachable until the next rebuild (the table
-// fails closed); a forged source address gains nothing; the table and the rules go with the
-// network.
+// fails closed) until kloud looks at it (Info); a forged source address gains nothing; the table
+// and the rules go with the network.
 func TestFirewall(t *testing.T) {
 	f := newFixture(t, "fw1")
 	if why := f.d.FirewallUnusable(); why != "" {
@@ -224,10 +224,12 @@ s.sendto(ip+udp,(%q,0))`, srcIP, ip("m0"), word, ip("m0"))
 	if reach("m2", "m4") || reach("m3", "m4") {
 		t.Error("a container the table does not know is reachable from other machines")
 	}
-	if err := f.d.ApplyFirewall(ctx); err != nil {
-		t.Fatal(err)
+	// kloud looking at it (machine.info) sees it started after the last rebuild: rebuilt.
+	pm4, _ := f.d.Provider().Machine(&provider.BaseMachine{Provider: f.d.Provider(), ID: "m4", Label: "vm.4", Attributes: map[string]any{"id": ids["m4"]}})
+	if st, _, err := pm4.Info(ctx); err != nil || st != provider.Running {
+		t.Fatalf("info of m4: %v %v", st, err)
 	}
-	testutil.Eventually(t, 30*time.Second, func() bool { return reach("m2", "m4") }, "after a rebuild bob's m2 cannot reach his m4")
+	testutil.Eventually(t, 30*time.Second, func() bool { return reach("m2", "m4") }, "after Info bob's m2 cannot reach his m4")
 	if reach("m3", "m4") {
 		t.Error("carol's m3 reaches bob's m4")
 	}

@@ -111,6 +111,7 @@ func (m *machine) Info(ctx context.Context) (provider.State, any, error) {
 	case st == nil:
 		return provider.Unknown, nil, m.wrap("inspect", fmt.Errorf("no state"))
 	case st.Running || st.Restarting:
+		m.d.firewallAfterInfo(ctx, st.StartedAt) // firewall.go
 		return provider.Running, m.meta(res), nil
 	case st.Status == "removing" || st.Dead:
 		return provider.Terminated, nil, nil
