@@ -55,7 +55,7 @@ type Machine struct {
 	Group string
 	// Team is the machine's team ("" for none: a "team" rule then opens nothing).
 	Team string
-	// Rules open the machine's ports (checked: Rule.Check).
+	// Rules open the machine's ports (normalised: Rule.Normalize).
 	Rules []Rule
 }
 

@@ -5,67 +5,30 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/netip"
 	"os"
 	"slices"
-	"strings"
+
+	"github.com/kloud-dev/kloud/provider"
 )
 
-// Sources a rule opens a port to (Rule.From), besides an IPv4 CIDR.
+// Sources a rule opens a port to (Rule.From), besides an IPv4 CIDR: provider's.
 const (
-	FromKloud = "kloud" // the kloud host (always allowed)
-	FromOwner = "owner" // the machine owner's other machines (allowed by default)
-	FromTeam  = "team"  // machines of the owner's team
-	FromAny   = "any"   // every machine
+	FromKloud = provider.FromKloud // the kloud host (always allowed)
+	FromOwner = provider.FromOwner // the machine owner's other machines (allowed by default)
+	FromTeam  = provider.FromTeam  // machines of the owner's team
+	FromAny   = provider.FromAny   // every machine
 )
 
-// Rule opens Port/Protocol of a machine to From.
-type Rule struct {
-	Port     int    `json:"port"`
-	Protocol string `json:"protocol"` // tcp or udp
-	From     string `json:"from"`     // kloud, owner, team, any, or an IPv4 CIDR
-}
-
-// Check validates r and normalises it (protocol lower case, default tcp; a bare address becomes
-// a /32, CIDRs are masked). From is required.
-func (r *Rule) Check() error {
-	if r.Port < 1 || r.Port > 65535 {
-		return fmt.Errorf("port %d: want 1-65535", r.Port)
-	}
-	r.Protocol = strings.ToLower(r.Protocol)
-	if r.Protocol == "" {
-		r.Protocol = "tcp"
-	}
-	if r.Protocol != "tcp" && r.Protocol != "udp" {
-		return fmt.Errorf("protocol %q: want tcp or udp", r.Protocol)
-	}
-	switch r.From {
-	case FromKloud, FromOwner, FromTeam, FromAny:
-		return nil
-	case "":
-		return fmt.Errorf("from: want kloud, owner, team, any or a CIDR")
-	}
-	p, err := netip.ParsePrefix(r.From)
-	if err != nil {
-		a, aerr := netip.ParseAddr(r.From)
-		if aerr != nil {
-			return fmt.Errorf("from %q: want kloud, owner, team, any or an IPv4 CIDR", r.From)
-		}
-		p = netip.PrefixFrom(a, a.BitLen())
-	}
-	if !p.Addr().Is4() {
-		return fmt.Errorf("from %q: only IPv4 (machines have no IPv6)", r.From)
-	}
-	r.From = p.Masked().String()
-	return nil
-}
+// Rule opens Port/Protocol of a machine to From: the provider contract's rule, checked and
+// normalised by its Normalize (tcp and any by default; a bare address becomes a /32).
+type Rule = provider.PortRule
 
 // Change checks rules and returns have with them added (open; present ones are kept once) or
 // removed (absent ones are ignored). have is not modified.
 func Change(have, rules []Rule, open bool) ([]Rule, error) {
 	out := slices.Clone(have)
 	for _, r := range rules {
-		if err := r.Check(); err != nil {
+		if err := r.Normalize(); err != nil {
 			return nil, err
 		}
 		i := slices.Index(out, r)
@@ -88,7 +51,7 @@ type file struct {
 }
 
 // Load reads a machine's rules file ({"rules": [...]}); a missing file is no rules. Rules that
-// do not check are an error (the file is not the user's to write).
+// do not normalise are an error (the file is not the user's to write).
 func Load(path string) ([]Rule, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -102,7 +65,7 @@ func Load(path string) ([]Rule, error) {
 		return nil, fmt.Errorf("firewall: %s: %w", path, err)
 	}
 	for i := range f.Rules {
-		if err := f.Rules[i].Check(); err != nil {
+		if err := f.Rules[i].Normalize(); err != nil {
 			return nil, fmt.Errorf("firewall: %s: %w", path, err)
 		}
 	}

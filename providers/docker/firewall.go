@@ -283,11 +283,7 @@ func (m *machine) fwPath(ctx context.Context) (string, error) {
 }
 
 func (m *machine) changePorts(ctx context.Context, op string, rules []provider.PortRule, open bool) ([]provider.PortRule, error) {
-	br := make([]bridgefw.Rule, len(rules))
-	for i, r := range rules {
-		br[i] = bridgefw.Rule(r)
-	}
-	if _, err := bridgefw.Change(nil, br, open); err != nil {
+	if _, err := bridgefw.Change(nil, rules, open); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
 	}
 	path, err := m.fwPath(ctx)
@@ -301,7 +297,7 @@ func (m *machine) changePorts(ctx context.Context, op string, rules []provider.P
 		if err != nil {
 			return nil, err
 		}
-		out, err := bridgefw.Change(have, br, open)
+		out, err := bridgefw.Change(have, rules, open)
 		if err != nil {
 			return nil, err
 		}
@@ -316,15 +312,7 @@ func (m *machine) changePorts(ctx context.Context, op string, rules []provider.P
 	if err := m.d.ApplyFirewall(ctx); err != nil {
 		return nil, m.wrap(op, err)
 	}
-	return portRules(out), nil
-}
-
-func portRules(rules []bridgefw.Rule) []provider.PortRule {
-	out := make([]provider.PortRule, len(rules))
-	for i, r := range rules {
-		out[i] = provider.PortRule(r)
-	}
-	return out
+	return out, nil
 }
 
 // OpenPorts implements provider.Firewaller.
@@ -347,7 +335,7 @@ func (m *machine) Ports(ctx context.Context) ([]provider.PortRule, error) {
 	if err != nil {
 		return nil, m.wrap("list ports of", err)
 	}
-	return portRules(rules), nil
+	return rules, nil
 }
 
 var _ provider.Firewaller = (*machine)(nil)

@@ -4,46 +4,29 @@ import (
 	"context"
 
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
 // The firewall (provider.Firewaller): the sandbox's nftables rules on the bridge
-// (sandbox/firewall.go). With no rules a machine is reached by the kloud host and its owner's
-// machines (tag kloud_owner, else the stack's); rules open a port to the team, a CIDR or any
-// machine.
-
-func toSandbox(rules []provider.PortRule) []sandbox.FirewallRule {
-	out := make([]sandbox.FirewallRule, len(rules))
-	for i, r := range rules {
-		out[i] = sandbox.FirewallRule{Port: r.Port, Protocol: r.Protocol, From: r.From}
-	}
-	return out
-}
-
-func fromSandbox(rules []sandbox.FirewallRule) []provider.PortRule {
-	out := make([]provider.PortRule, len(rules))
-	for i, r := range rules {
-		out[i] = provider.PortRule{Port: r.Port, Protocol: r.Protocol, From: r.From}
-	}
-	return out
-}
+// (sandbox/firewall.go, internal/bridgefw). With no rules a machine is reached by the kloud host
+// and its owner's machines (tag kloud_owner, else the stack's); rules open a port to the team, a
+// CIDR or any machine.
 
 // OpenPorts implements provider.Firewaller.
 func (m *machine) OpenPorts(ctx context.Context, rules []provider.PortRule) ([]provider.PortRule, error) {
-	out, err := m.m.OpenPorts(ctx, m.id, toSandbox(rules))
+	out, err := m.m.OpenPorts(ctx, m.id, rules)
 	if err != nil {
 		return nil, m.wrap("open ports of", err)
 	}
-	return fromSandbox(out), nil
+	return out, nil
 }
 
 // ClosePorts implements provider.Firewaller.
 func (m *machine) ClosePorts(ctx context.Context, rules []provider.PortRule) ([]provider.PortRule, error) {
-	out, err := m.m.ClosePorts(ctx, m.id, toSandbox(rules))
+	out, err := m.m.ClosePorts(ctx, m.id, rules)
 	if err != nil {
 		return nil, m.wrap("close ports of", err)
 	}
-	return fromSandbox(out), nil
+	return out, nil
 }
 
 // Ports implements provider.Firewaller.
@@ -52,5 +35,5 @@ func (m *machine) Ports(ctx context.Context) ([]provider.PortRule, error) {
 	if err != nil {
 		return nil, m.wrap("list ports of", err)
 	}
-	return fromSandbox(out), nil
+	return out, nil
 }

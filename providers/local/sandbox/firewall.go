@@ -34,7 +34,7 @@ const (
 	fwTagStack = "kloud_stack"
 )
 
-// FirewallRule opens Port/Protocol of a machine to From (Check validates and normalises it).
+// FirewallRule opens Port/Protocol of a machine to From (provider.PortRule; Normalize checks it).
 type FirewallRule = bridgefw.Rule
 
 func (m *Manager) firewallPath(id string) string {
