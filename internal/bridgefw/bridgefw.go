@@ -41,6 +41,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/kloud-dev/kloud/provider"
 )
 
 // Machine is what the table needs of one machine on the bridge.
@@ -184,15 +186,15 @@ func chain(subnet netip.Prefix, ms []Machine) [][]expr.Any {
 		for _, r := range dst.Rules {
 			port := join(proto(r.Protocol), dport(r.Port))
 			switch r.From {
-			case FromAny:
+			case provider.FromAny:
 				out = append(out, join(to, port, verdict(expr.VerdictAccept)))
-			case FromTeam:
+			case provider.FromTeam:
 				for _, src := range ms {
 					if src.Port != dst.Port && dst.Team != "" && src.Team == dst.Team {
 						out = append(out, join(to, iif(src.Port), port, verdict(expr.VerdictAccept)))
 					}
 				}
-			case FromKloud, FromOwner:
+			case provider.FromKloud, provider.FromOwner:
 			default:
 				if p, err := netip.ParsePrefix(r.From); err == nil && p.Addr().Is4() {
 					out = append(out, join(to, saddr(p), port, verdict(expr.VerdictAccept)))

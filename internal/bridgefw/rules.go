@@ -11,16 +11,9 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 )
 
-// Sources a rule opens a port to (Rule.From), besides an IPv4 CIDR: provider's.
-const (
-	FromKloud = provider.FromKloud // the kloud host (always allowed)
-	FromOwner = provider.FromOwner // the machine owner's other machines (allowed by default)
-	FromTeam  = provider.FromTeam  // machines of the owner's team
-	FromAny   = provider.FromAny   // every machine
-)
-
 // Rule opens Port/Protocol of a machine to From: the provider contract's rule, checked and
-// normalised by its Normalize (tcp and any by default; a bare address becomes a /32).
+// normalised by its Normalize (tcp and any by default; a bare address becomes a /32); From is
+// provider.FromKloud, FromOwner, FromTeam, FromAny or an IPv4 CIDR.
 type Rule = provider.PortRule
 
 // Change checks rules and returns have with them added (open; present ones are kept once) or

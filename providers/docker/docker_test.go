@@ -3,6 +3,7 @@ package docker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -72,6 +73,36 @@ func newFixture(t *testing.T, instance string) *fixture {
 		t.Fatal(err)
 	}
 	return &fixture{d: d, dd: dd, url: url}
+}
+
+// stackProxy applies a template of len(owners) machines m0, m1, ... (machine i owned by
+// owners[i], the stack s1 by alice) and returns a Docker client of the proxy with the stack's
+// token, as terraform gets it, and kloud's machine image. ApplyTemplate makes the network.
+func (f *fixture) stackProxy(t *testing.T, owners []string) (*client.Client, string) {
+	t.Helper()
+	ctx := t.Context()
+	var ms []*provider.MachineSpec
+	for i, o := range owners {
+		ms = append(ms, &provider.MachineSpec{ID: fmt.Sprintf("m%d", i), Label: fmt.Sprintf("vm.%d", i), Resource: "vm", Index: new(i), Provider: docker.Name, Owner: o})
+	}
+	src := fmt.Sprintf("resource \"docker_container\" \"vm\" {\n  count = %d\n  name  = \"vm-${count.index}\"\n  image = \"kloud\"\n}\n", len(owners))
+	b := &provider.BaseStack{Provider: f.d.Provider(), StackID: "s1", Owner: "alice",
+		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}}, Machines: ms, AgentConfig: agentConfig}
+	st, _ := f.d.Provider().Stack(b)
+	tpl, err := st.ApplyTemplate(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	image, err := f.d.EnsureImage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := client.New(client.WithHost(tpl.Variables[docker.TokenVar].(string)), client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	return pc, image
 }
 
 // agentConfig is a well-formed agent configuration whose klient download fails (no kloud here:

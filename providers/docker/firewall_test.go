@@ -36,28 +36,7 @@ func TestFirewall(t *testing.T) {
 	ctx := t.Context()
 	cli := f.dd.Client
 	owners := map[string][2]string{"m0": {"alice", "red"}, "m1": {"alice", "red"}, "m2": {"bob", "red"}, "m3": {"carol", "blue"}, "m4": {"bob", "red"}}
-	var ms []*provider.MachineSpec
-	for i := range 5 {
-		id := fmt.Sprintf("m%d", i)
-		ms = append(ms, &provider.MachineSpec{ID: id, Label: fmt.Sprintf("vm.%d", i), Resource: "vm", Index: new(i), Provider: docker.Name, Owner: owners[id][0]})
-	}
-	src := "resource \"docker_container\" \"vm\" {\n  count = 5\n  name  = \"vm-${count.index}\"\n  image = \"kloud\"\n}\n"
-	b := &provider.BaseStack{Provider: f.d.Provider(), StackID: "s1", Owner: "alice",
-		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}}, Machines: ms, AgentConfig: agentConfig}
-	st, _ := f.d.Provider().Stack(b)
-	tpl, err := st.ApplyTemplate(ctx, nil) // makes the network
-	if err != nil {
-		t.Fatal(err)
-	}
-	image, err := f.d.EnsureImage(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := client.New(client.WithHost(tpl.Variables[docker.TokenVar].(string)), client.WithAPIVersionNegotiation())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
+	pc, image := f.stackProxy(t, []string{owners["m0"][0], owners["m1"][0], owners["m2"][0], owners["m3"][0], owners["m4"][0]})
 
 	// The containers: made with the daemon's client (a plain command instead of the boot
 	// script, which needs the seed), with the labels ApplyTemplate gives; started through the

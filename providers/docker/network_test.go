@@ -10,7 +10,6 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
-	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/docker"
 )
 
@@ -23,27 +22,11 @@ func TestNetworkFollowsMachines(t *testing.T) {
 	f := newFixture(t, "net1")
 	ctx := t.Context()
 	cli := f.dd.Client
-	var ms []*provider.MachineSpec
-	for i := range 8 {
-		ms = append(ms, &provider.MachineSpec{ID: fmt.Sprintf("m%d", i), Label: fmt.Sprintf("vm.%d", i), Resource: "vm", Index: new(i), Provider: docker.Name, Owner: "alice"})
+	owners := make([]string, 8)
+	for i := range owners {
+		owners[i] = "alice"
 	}
-	src := "resource \"docker_container\" \"vm\" {\n  count = 8\n  name  = \"vm-${count.index}\"\n  image = \"kloud\"\n}\n"
-	b := &provider.BaseStack{Provider: f.d.Provider(), StackID: "s1", Owner: "alice",
-		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}}, Machines: ms, AgentConfig: agentConfig}
-	st, _ := f.d.Provider().Stack(b)
-	tpl, err := st.ApplyTemplate(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	image, err := f.d.EnsureImage(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := client.New(client.WithHost(tpl.Variables[docker.TokenVar].(string)), client.WithAPIVersionNegotiation())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
+	pc, image := f.stackProxy(t, owners) // machines m0..m7
 	exists := func() bool {
 		_, err := cli.NetworkInspect(ctx, f.d.Network(), client.NetworkInspectOptions{})
 		if err != nil && !cerrdefs.IsNotFound(err) {
@@ -96,13 +79,14 @@ func TestNetworkFollowsMachines(t *testing.T) {
 	for g := range 4 {
 		wg.Go(func() {
 			for range 3 {
-				id, err := create(ms[g].ID)
+				m := fmt.Sprintf("m%d", g)
+				id, err := create(m)
 				if err != nil {
-					errs <- fmt.Errorf("create %s: %w", ms[g].ID, err)
+					errs <- fmt.Errorf("create %s: %w", m, err)
 					return
 				}
 				if err := remove(id); err != nil {
-					errs <- fmt.Errorf("remove %s: %w", ms[g].ID, err)
+					errs <- fmt.Errorf("remove %s: %w", m, err)
 					return
 				}
 			}

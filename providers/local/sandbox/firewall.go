@@ -19,14 +19,6 @@ import (
 // (tag kloud_owner; without one, its stack: tag kloud_stack); rules open a port to the team
 // (tag kloud_team), a CIDR or any machine; other new connections are dropped.
 
-// Firewall sources.
-const (
-	FromKloud = bridgefw.FromKloud // the kloud host (always allowed)
-	FromOwner = bridgefw.FromOwner // the machine owner's other machines (allowed by default)
-	FromTeam  = bridgefw.FromTeam  // machines of the owner's team
-	FromAny   = bridgefw.FromAny   // every machine
-)
-
 // Tags the firewall reads (kloud's provider sets them).
 const (
 	fwTagOwner = "kloud_owner"
