@@ -111,6 +111,10 @@ type RestoreOptions struct {
 	// WorkDir is the overlay's work dir of this upper dir; after the swap its contents are
 	// removed (the overlay's work dir must not hold state of the old layer). Default: none.
 	WorkDir string
+	// BeforeSwap, if set, is called after the stream is unpacked, right before the swap: an
+	// error aborts the restore with the upper dir unchanged (e.g. the container was started
+	// meanwhile). Default: none.
+	BeforeSwap func() error
 }
 
 var metaKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -218,10 +222,15 @@ func Restore(ctx context.Context, r io.Reader, upperDir string, opt RestoreOptio
 	if err := keepPaths(upperDir, tmp, opt.LowerDir, opt.KeepPaths); err != nil {
 		return fmt.Errorf("restore layer: keep the target's files: %w", err)
 	}
+	syncTree(tmp)
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("restore layer: %w", err)
 	}
-	syncTree(tmp)
+	if opt.BeforeSwap != nil {
+		if err := opt.BeforeSwap(); err != nil {
+			return fmt.Errorf("restore layer: %w", err)
+		}
+	}
 	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, upperDir, unix.RENAME_EXCHANGE); err != nil {
 		return fmt.Errorf("restore layer: swap layers: %w", err)
 	}

@@ -324,8 +324,17 @@ func TestRestoreRefuses(t *testing.T) {
 	if err := layersnap.Restore(t.Context(), bytes.NewReader(good.Bytes()), upper, layersnap.RestoreOptions{Match: base, KeepPaths: []string{"../escape"}}); err == nil {
 		t.Fatal("a keep path outside the layer was accepted")
 	}
-	if err := layersnap.Restore(t.Context(), bytes.NewReader(good.Bytes()), upper, layersnap.RestoreOptions{Match: base}); err != nil {
-		t.Fatalf("the good stream: %v", err)
+	abort := errors.New("started meanwhile")
+	err := layersnap.Restore(t.Context(), bytes.NewReader(good.Bytes()), upper, layersnap.RestoreOptions{Match: base, BeforeSwap: func() error { return abort }})
+	if !errors.Is(err, abort) || tree(t, upper) != before {
+		t.Fatalf("BeforeSwap's error: %v (or the upper dir changed)", err)
+	}
+	if ents, _ := os.ReadDir(parent); len(ents) != 1 {
+		t.Fatalf("BeforeSwap's error: left beside the upper dir: %v", ents)
+	}
+	called := false
+	if err := layersnap.Restore(t.Context(), bytes.NewReader(good.Bytes()), upper, layersnap.RestoreOptions{Match: base, BeforeSwap: func() error { called = true; return nil }}); err != nil || !called {
+		t.Fatalf("the good stream: %v (BeforeSwap called: %v)", err, called)
 	}
 	if b, err := os.ReadFile(filepath.Join(upper, "f")); err != nil || len(b) != 100000 {
 		t.Fatalf("the good stream's file: %d %v", len(b), err)
