@@ -16,6 +16,9 @@ import (
 // beside the upper dir and swapping the two atomically (RestoreDisk). A snapshot may be restored
 // into any local machine made over the same base image; the machine keeps its own identity
 // (agent key, cloud-init seed, machine-id). Snapshots outlive the machine they were taken of.
+// Machines with disk_mb work the same: their upper dir is inside the disk image, mounted in a
+// private mount namespace while the machine is stopped (sandbox/snapshot_disk.go), so the
+// restore stays atomic and within the quota.
 
 // SnapshotFormat is what SnapshotInfo.Format says of local snapshots.
 const SnapshotFormat = "tar+zstd"
@@ -24,8 +27,6 @@ func (m *machine) snapshotErr(op string, err error) error {
 	switch {
 	case errors.Is(err, sandbox.ErrRunning):
 		return fmt.Errorf("%s local machine %s (%s): %w", op, m.b.Label, m.id, provider.ErrRunning)
-	case errors.Is(err, sandbox.ErrDiskQuota): // sandbox/disk.go
-		return fmt.Errorf("%s local machine %s (%s): %s: %w", op, m.b.Label, m.id, err.Error(), provider.ErrUnsupported)
 	case errors.Is(err, sandbox.ErrSnapshotNotFound):
 		return fmt.Errorf("%s local machine %s (%s): %w: %w", op, m.b.Label, m.id, err, kite.ErrNotFound)
 	}

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,10 +28,6 @@ const (
 	diskImage = "disk.img"
 	diskMount = "disk"
 )
-
-// ErrDiskQuota is returned (wrapped) by SaveDisk and RestoreDisk of a machine with a disk quota:
-// its disk is an ext4 image, which snapshots (of the upper dir) do not save yet.
-var ErrDiskQuota = errors.New("sandbox: the machine has a disk quota (disk_mb): snapshots of its disk image are not supported yet")
 
 // MinDiskMB is the smallest disk quota (ext4's journal and cloud-init's first writes need room).
 const MinDiskMB = 64
@@ -80,15 +75,7 @@ func mountDisk(cfg *bootConfig) error {
 	if cfg.DiskImage == "" {
 		return nil
 	}
-	// init has no PATH: the host's usual places.
-	bin := "mount"
-	for _, p := range []string{"/usr/bin/mount", "/bin/mount", "/usr/sbin/mount", "/sbin/mount"} {
-		if _, err := os.Stat(p); err == nil {
-			bin = p
-			break
-		}
-	}
-	out, err := exec.Command(bin, "-t", "ext4", "-o", "loop,nosuid,nodev", cfg.DiskImage, cfg.DiskMount).CombinedOutput()
+	out, err := exec.Command(mountBinary(), "-t", "ext4", "-o", "loop,nosuid,nodev", cfg.DiskImage, cfg.DiskMount).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("mount the disk image %s: %w: %s", cfg.DiskImage, err, strings.TrimSpace(string(out)))
 	}

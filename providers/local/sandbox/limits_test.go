@@ -1,7 +1,6 @@
 package sandbox_test
 
 import (
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,16 +102,7 @@ func TestDiskQuota(t *testing.T) {
 	if m := hostMountinfoMentions(t, filepath.Join(e.stateDir, "disk-1")); len(m) != 0 {
 		t.Errorf("the host's mount table shows the machine's disk: %v", m)
 	}
-	// Snapshots (of the upper dir) refuse its disk image, clearly.
-	if _, err := e.m.Stop(t.Context(), "disk-1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.m.SaveDisk(t.Context(), "disk-1", "snap-1"); !errors.Is(err, sandbox.ErrDiskQuota) {
-		t.Errorf("SaveDisk of a machine with a disk quota: %v, want ErrDiskQuota", err)
-	}
-	if err := e.m.RestoreDisk(t.Context(), "disk-1", "snap-1"); !errors.Is(err, sandbox.ErrDiskQuota) {
-		t.Errorf("RestoreDisk into a machine with a disk quota: %v, want ErrDiskQuota", err)
-	}
+	// Snapshots of its disk: TestSnapshotDiskQuota (snapshot_test.go).
 	// Destroyed, it leaves no loop device behind.
 	if err := e.m.Destroy(t.Context(), "disk-1"); err != nil {
 		t.Fatal(err)

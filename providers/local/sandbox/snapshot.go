@@ -25,7 +25,8 @@ import (
 // dir is only valid over its own lower, so RestoreDisk refuses a snapshot of another base image.
 //
 // Both need the machine stopped (ErrRunning otherwise) and hold its lock, so it cannot start
-// meanwhile. SaveDisk writes a temporary file and renames it; RestoreDisk unpacks into a fresh
+// meanwhile. A machine with a disk quota keeps its upper dir inside its ext4 image: both mount
+// the image in a private mount namespace for the time of the operation (snapshot_disk.go). SaveDisk writes a temporary file and renames it; RestoreDisk unpacks into a fresh
 // directory beside the upper dir and swaps the two with one renameat2(RENAME_EXCHANGE)
 // (layersnap.Restore): a crash leaves the old disk or the new one, never a mix. The restored disk keeps the target machine's
 // identity (IdentityFiles: its machine-id, cloud-init seed and agent key), so a snapshot of one
@@ -91,9 +92,6 @@ func (m *Manager) SaveDisk(ctx context.Context, id, snapID string) (DiskSnapshot
 	if alive(r.PID, r.PIDStart) {
 		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, ErrRunning)
 	}
-	if r.DiskMB > 0 { // disk.go
-		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, ErrDiskQuota)
-	}
 	dst := m.SnapshotPath(snapID)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return DiskSnapshot{}, fmt.Errorf("snapshot dir: %w", err)
@@ -104,8 +102,8 @@ func (m *Manager) SaveDisk(ctx context.Context, id, snapID string) (DiskSnapshot
 		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, err)
 	}
 	out := DiskSnapshot{ID: snapID, Path: dst}
-	err = func() error {
-		info, err := layersnap.Save(ctx, filepath.Join(m.machineDir(id), "upper"), f, layersnap.SaveOptions{
+	err = m.withDisk(r, true, func(root string) error { // snapshot_disk.go
+		info, err := layersnap.Save(ctx, filepath.Join(root, "upper"), f, layersnap.SaveOptions{
 			Meta: map[string]string{metaBaseImage: r.BaseImage, metaMachine: r.ID},
 		})
 		out.DiskSize, out.Files = info.DiskSize, info.Files
@@ -113,7 +111,7 @@ func (m *Manager) SaveDisk(ctx context.Context, id, snapID string) (DiskSnapshot
 			return err
 		}
 		return f.Sync()
-	}()
+	})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -186,11 +184,6 @@ func (m *Manager) RestoreDisk(ctx context.Context, id, snapID string) error {
 	if alive(r.PID, r.PIDStart) {
 		return fmt.Errorf("restore machine %q: %w", id, ErrRunning)
 	}
-	if r.DiskMB > 0 { // disk.go
-		return fmt.Errorf("restore machine %q: %w", id, ErrDiskQuota)
-	}
-	dir := m.machineDir(id)
-	upper := filepath.Join(dir, "upper")
 	f, err := os.Open(m.SnapshotPath(snapID))
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("restore machine %q from snapshot %q: %w", id, snapID, ErrSnapshotNotFound)
@@ -199,7 +192,10 @@ func (m *Manager) RestoreDisk(ctx context.Context, id, snapID string) error {
 		return fmt.Errorf("restore machine %q: %w", id, err)
 	}
 	defer f.Close()
-	if err := restoreLayer(ctx, f, upper, filepath.Join(dir, "work"), r.BaseImage); err != nil {
+	err = m.withDisk(r, false, func(root string) error { // snapshot_disk.go
+		return restoreLayer(ctx, f, filepath.Join(root, "upper"), filepath.Join(root, "work"), r.BaseImage)
+	})
+	if err != nil {
 		return fmt.Errorf("restore machine %q from snapshot %q: %w", id, snapID, err)
 	}
 	m.log.Info("machine disk restored", "machine", id, "snapshot", snapID)

@@ -3,10 +3,14 @@ package sandbox_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
@@ -130,5 +134,109 @@ test -e /root/later && echo LATER; test -e /etc/issue && echo ISSUE; ls /usr/sha
 	stop("snap-a")
 	if err := e.m.RestoreDisk(ctx, "snap-a", "s1"); !errors.Is(err, sandbox.ErrSnapshotNotFound) {
 		t.Fatalf("restore of a deleted snapshot: %v", err)
+	}
+}
+
+// Snapshots of machines with a disk quota (disk_mb): saved and restored through the disk image,
+// mounted in a private mount namespace (the host's mount table never shows it, no loop device is
+// left); the quota holds after a restore; a snapshot bigger than the disk fails cleanly, the
+// disk as it was; a quota machine's snapshot restores into a machine without one.
+func TestSnapshotDiskQuota(t *testing.T) {
+	e := newEnv(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	testutil.RequireBinary(t, "losetup")
+	ctx := t.Context()
+	ud := []byte("#cloud-config\n{}\n")
+	e.create(t, sandbox.Spec{ID: "dq-a", UserData: ud, DiskMB: 64})
+	e.create(t, sandbox.Spec{ID: "dq-b", UserData: ud})
+	stop := func(id string) {
+		t.Helper()
+		if _, err := e.m.Stop(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(id string) {
+		t.Helper()
+		if _, err := e.m.Start(ctx, id); err != nil {
+			t.Fatalf("start %s: %v\n%s", id, err, e.console(id))
+		}
+	}
+	noMount := func(when string) {
+		t.Helper()
+		if m := hostMountinfoMentions(t, filepath.Join(e.stateDir, "dq-a")); len(m) != 0 {
+			t.Errorf("%s: the host's mount table shows the machine's disk: %v", when, m)
+		}
+		var loops []byte
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			var err error
+			loops, err = exec.Command("losetup", "-a").CombinedOutput()
+			return err == nil && !strings.Contains(string(loops), filepath.Join(e.stateDir, "dq-a"))
+		}, "%s: a loop device of the stopped machine's disk is left: %s", when, &loops)
+	}
+	used := func(id string) int {
+		t.Helper()
+		f := strings.Fields(strings.Split(e.exec(t, id, "df", "-m", "--output=size,used", "/"), "\n")[1])
+		size, _ := strconv.Atoi(f[0])
+		u, _ := strconv.Atoi(f[1])
+		if size < 40 || size > 64 {
+			t.Errorf("df in %s: %s MB, want the 64 MB quota", id, f[0])
+		}
+		return u
+	}
+
+	e.exec(t, "dq-a", "sh", "-c", "echo v1 > /root/keep.txt && sync")
+	stop("dq-a")
+	snap, err := e.m.SaveDisk(ctx, "dq-a", "q1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("snapshot of a 64 MB disk: %+v", snap)
+	noMount("after SaveDisk")
+	start("dq-a")
+	e.exec(t, "dq-a", "sh", "-c", "echo v2 > /root/keep.txt && touch /root/later && sync")
+	stop("dq-a")
+	if err := e.m.RestoreDisk(ctx, "dq-a", "q1"); err != nil {
+		t.Fatal(err)
+	}
+	noMount("after RestoreDisk")
+	start("dq-a")
+	if got := e.exec(t, "dq-a", "sh", "-c", "cat /root/keep.txt; test -e /root/later && echo LATER; true"); got != "v1" {
+		t.Errorf("after restore: %q, want v1", got)
+	}
+	before := used("dq-a")
+	out, err := e.m.Exec(ctx, "dq-a", "dd", "if=/dev/zero", "of=/root/big", "bs=1M", "count=100")
+	if err == nil || !strings.Contains(string(out)+err.Error(), "No space left on device") {
+		t.Errorf("writing 100 MB on the restored 64 MB disk: %v: %s", err, out)
+	}
+	e.exec(t, "dq-a", "rm", "-f", "/root/big")
+
+	// 80 MB that do not compress, from the machine without a quota: too big for dq-a.
+	e.exec(t, "dq-b", "sh", "-c", "head -c 80M /dev/urandom > /root/big && sync")
+	stop("dq-b")
+	if _, err := e.m.SaveDisk(ctx, "dq-b", "big"); err != nil {
+		t.Fatal(err)
+	}
+	stop("dq-a")
+	err = e.m.RestoreDisk(ctx, "dq-a", "big")
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("restore of an 80 MB snapshot into a 64 MB disk: %v", err)
+	}
+	t.Logf("too big: %v", err)
+	noMount("after the failed RestoreDisk")
+	start("dq-a")
+	if got := e.exec(t, "dq-a", "sh", "-c", "cat /root/keep.txt; test -e /root/big && echo BIG; true"); got != "v1" {
+		t.Errorf("after the failed restore: %q, want v1", got)
+	}
+	if after := used("dq-a"); after > before+2 {
+		t.Errorf("the failed restore left %d MB on the disk (%d MB used before, %d after)", after-before, before, after)
+	}
+
+	// The quota machine's snapshot into the machine without one.
+	if err := e.m.RestoreDisk(ctx, "dq-b", "q1"); err != nil {
+		t.Fatal(err)
+	}
+	start("dq-b")
+	if got := e.exec(t, "dq-b", "sh", "-c", "cat /root/keep.txt; test -e /root/big && echo BIG; grep -q dq-b /var/lib/cloud/seed/nocloud/meta-data && echo OWN"); got != "v1\nOWN" {
+		t.Errorf("dq-b after restoring dq-a's snapshot: %q", got)
 	}
 }
