@@ -159,6 +159,9 @@ type Docker struct {
 	fwWhy   string
 	fwMu    sync.Mutex // one rebuild or rules change at a time
 	fwBuilt time.Time  // when the last rebuild listed the containers (fwMu)
+	// Snapshots (snapshot.go): the daemon's data root, or why its layers are not reachable.
+	layersRoot string
+	layersErr  error
 }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -234,6 +237,7 @@ func New(opts Options) (*Docker, error) {
 		d.fw = bridgefw.NewTable(d.opts.Bridge, d.opts.Subnet)
 		d.p.Capabilities = append(d.p.Capabilities, provider.CapFirewall)
 	}
+	d.probeSnapshots() // snapshot.go: adds provider.CapSnapshot when the daemon's layers are here
 	return d, nil
 }
 

@@ -1,0 +1,311 @@
+package docker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/kloud-dev/kloud/internal/layersnap"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// Snapshots (provider.Snapshotter): a docker machine's disk is its container's writable layer,
+// the overlay2 upper dir the daemon reports (ContainerInspect: GraphDriver.Data["UpperDir"],
+// <data root>/overlay2/<layer>/diff). While the container is stopped the daemon has it unmounted
+// and does not touch it, so kloud saves it with internal/layersnap as a tar+zstd file in the
+// provider's state dir (StateDir/snapshots/<id>.tar.zst) and restores one by unpacking it beside
+// the diff dir and swapping the two atomically (renameat2 RENAME_EXCHANGE), exactly as the local
+// provider does with its machines' upper dirs. The daemon never sees a half-written layer: both
+// refuse a running (or paused) container (provider.ErrRunning), and both check that the container
+// was not started meanwhile (its StartedAt), a restore right before the swap. A snapshot may be
+// restored into any docker machine of this kloud made from the same image (the layer is only
+// valid over its own lower layers); the target keeps its identity: its NoCloud seed (instance-id,
+// user data), its kite key, its machine-id and kloud's boot script (IdentityFiles).
+//
+// This needs the daemon's storage on this host: the daemon is reached through a unix socket, its
+// storage driver is overlay2 and its data root (DockerRootDir) is readable here. New probes that
+// once (layersSupport) and advertises provider.CapSnapshot only then; each operation checks again
+// that the container's own directory (<data root>/containers/<id>/config.v2.json) is here and is
+// that container's, so a socket forwarded from another host with the same paths is refused too.
+// A daemon that did not answer when kloud started gives no snapshots until kloud restarts.
+
+// IdentityFiles are the files of a docker machine's writable layer (relative paths) that make it
+// itself rather than its content; Restore keeps the target's.
+var IdentityFiles = []string{
+	"etc/machine-id",
+	"etc/kloud/kite.key",
+	"var/lib/cloud/seed/nocloud/meta-data",
+	"var/lib/cloud/seed/nocloud/user-data",
+	strings.TrimPrefix(BootPath, "/"),
+}
+
+// SnapshotFormat is what SnapshotInfo.Format says of docker snapshots.
+const SnapshotFormat = "tar+zstd"
+
+// Snapshot metadata keys (layersnap.SaveOptions.Meta).
+const (
+	metaImage     = "image"
+	metaMachine   = "machine"
+	metaContainer = "container"
+)
+
+// errLayersNotHere wraps why snapshots are not offered.
+var errLayersNotHere = errors.New("the Docker daemon's container layers are not reachable from kloud")
+
+// layersSupport reports whether kloud can read and write the daemon's container layers (nil)
+// and returns the daemon's data root; else why not.
+func (d *Docker) layersSupport(ctx context.Context) (string, error) {
+	if !strings.HasPrefix(d.host, "unix://") {
+		return "", fmt.Errorf("%w: the daemon is reached at %s, not through a local unix socket", errLayersNotHere, d.host)
+	}
+	cli, err := d.Client()
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", errLayersNotHere, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	info, err := cli.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", errLayersNotHere, err)
+	}
+	return info.Info.DockerRootDir, checkLayers(info.Info.Driver, info.Info.DockerRootDir)
+}
+
+// checkLayers checks what the daemon's Info says against this host.
+func checkLayers(driver, root string) error {
+	if driver != "overlay2" {
+		return fmt.Errorf("%w: the daemon's storage driver is %q, snapshots need overlay2", errLayersNotHere, driver)
+	}
+	if !filepath.IsAbs(root) {
+		return fmt.Errorf("%w: the daemon's data root %q is not an absolute path", errLayersNotHere, root)
+	}
+	for _, sub := range []string{"overlay2", "containers"} {
+		p := filepath.Join(root, sub)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errLayersNotHere, err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("%w: %s is not a directory", errLayersNotHere, p)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errLayersNotHere, err)
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// SnapshotsWhyNot is nil when the provider offers snapshots, else why not (New decided).
+func (d *Docker) SnapshotsWhyNot() error { return d.layersErr }
+
+// probeSnapshots decides, in New, whether the provider offers snapshots.
+func (d *Docker) probeSnapshots() {
+	d.layersRoot, d.layersErr = d.layersSupport(context.Background())
+	if d.layersErr == nil {
+		d.p.Capabilities = append(d.p.Capabilities, provider.CapSnapshot)
+	} else {
+		d.log.Info("docker provider: no snapshots", "why", d.layersErr)
+	}
+}
+
+// SnapshotPath is where snapshot snapID is kept.
+func (d *Docker) SnapshotPath(snapID string) string {
+	return filepath.Join(d.opts.StateDir, "snapshots", snapID+".tar.zst")
+}
+
+// stoppedLayer is a stopped container's writable layer.
+type stoppedLayer struct {
+	upper, work string
+	image       string
+	startedAt   string // State.StartedAt when it was found stopped
+}
+
+// layer returns the stopped container's writable layer, checked to be the daemon's on this host.
+func (m *machine) layer(ctx context.Context) (stoppedLayer, error) {
+	var l stoppedLayer
+	if m.d.layersErr != nil {
+		return l, fmt.Errorf("%w: %w", m.d.layersErr, provider.ErrUnsupported)
+	}
+	res, err := m.inspect(ctx)
+	if err != nil {
+		return l, err
+	}
+	c := res.Container
+	switch st := c.State; {
+	case st == nil:
+		return l, errors.New("the daemon reports no state")
+	case st.Running || st.Paused || st.Restarting:
+		return l, provider.ErrRunning
+	case st.Dead || st.Status == "removing":
+		return l, fmt.Errorf("the container is being removed: %w", kite.ErrState)
+	default:
+		l.startedAt = st.StartedAt
+	}
+	if c.GraphDriver == nil || c.GraphDriver.Name != "overlay2" {
+		return l, fmt.Errorf("%w: the container's storage is not overlay2: %w", errLayersNotHere, provider.ErrUnsupported)
+	}
+	root := m.d.layersRoot
+	l.upper, l.work, l.image = c.GraphDriver.Data["UpperDir"], c.GraphDriver.Data["WorkDir"], c.Image
+	layerDir := filepath.Dir(l.upper)
+	if l.upper != filepath.Clean(l.upper) || filepath.Base(l.upper) != "diff" || filepath.Dir(layerDir) != filepath.Join(root, "overlay2") ||
+		l.work != filepath.Join(layerDir, "work") || l.image == "" {
+		return l, fmt.Errorf("%w: unexpected layer paths %q, %q (data root %s): %w", errLayersNotHere, l.upper, l.work, root, provider.ErrUnsupported)
+	}
+	// The container's own directory proves the daemon's storage is this host's.
+	b, err := os.ReadFile(filepath.Join(root, "containers", c.ID, "config.v2.json"))
+	var cfg struct{ ID string }
+	if err == nil {
+		err = json.Unmarshal(b, &cfg)
+	}
+	if err != nil || cfg.ID != c.ID {
+		return l, fmt.Errorf("%w: container %.12s's directory is not under %s on this host (%v): %w", errLayersNotHere, c.ID, root, err, provider.ErrUnsupported)
+	}
+	if fi, err := os.Lstat(l.upper); err != nil || !fi.IsDir() {
+		return l, fmt.Errorf("%w: the container's layer %s: %v: %w", errLayersNotHere, l.upper, err, provider.ErrUnsupported)
+	}
+	return l, nil
+}
+
+// stillStopped checks that the container was not started since l was found.
+func (m *machine) stillStopped(ctx context.Context, l stoppedLayer) error {
+	res, err := m.inspect(ctx)
+	if err != nil {
+		return err
+	}
+	if st := res.Container.State; st == nil || st.Running || st.Paused || st.Restarting || st.StartedAt != l.startedAt {
+		return fmt.Errorf("the container was started meanwhile: %w", provider.ErrRunning)
+	}
+	return nil
+}
+
+func (m *machine) snapshotErr(op string, err error) error {
+	if errors.Is(err, provider.ErrUnsupported) || errors.Is(err, provider.ErrRunning) {
+		return fmt.Errorf("%s docker machine %s (%.12s): %w", op, m.b.Label, m.id, err)
+	}
+	return m.wrap(op, err)
+}
+
+// Snapshot saves the stopped container's writable layer as snapID.
+func (m *machine) Snapshot(ctx context.Context, snapID string) (provider.SnapshotInfo, error) {
+	if err := provider.SnapshotIDOK(snapID); err != nil {
+		return provider.SnapshotInfo{}, fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
+	}
+	l, err := m.layer(ctx)
+	if err != nil {
+		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
+	}
+	dst := m.d.SnapshotPath(snapID)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
+	}
+	rnd := make([]byte, 6)
+	rand.Read(rnd)
+	tmp := dst + ".tmp-" + hex.EncodeToString(rnd)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
+	}
+	info, err := layersnap.Save(ctx, l.upper, f, layersnap.SaveOptions{
+		Meta: map[string]string{metaImage: l.image, metaMachine: m.b.ID, metaContainer: m.id},
+	})
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = m.stillStopped(ctx, l)
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
+	}
+	st, err := os.Stat(dst)
+	if err != nil {
+		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
+	}
+	m.d.log.Info("docker machine disk saved", "machine", m.b.Label, "container", m.id, "snapshot", snapID, "size", st.Size(), "disk", info.DiskSize, "files", info.Files)
+	return provider.SnapshotInfo{Size: st.Size(), DiskSize: info.DiskSize, Format: SnapshotFormat}, nil
+}
+
+// Restore replaces the stopped container's writable layer by snapshot snapID's, keeping the
+// machine's IdentityFiles.
+func (m *machine) Restore(ctx context.Context, snapID string) error {
+	if err := provider.SnapshotIDOK(snapID); err != nil {
+		return fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
+	}
+	l, err := m.layer(ctx)
+	if err != nil {
+		return m.snapshotErr("restore", err)
+	}
+	f, err := os.Open(m.d.SnapshotPath(snapID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("restore docker machine %s (%.12s): snapshot %q: %w", m.b.Label, m.id, snapID, kite.ErrNotFound)
+	}
+	if err != nil {
+		return m.snapshotErr("restore", err)
+	}
+	defer f.Close()
+	err = layersnap.Restore(ctx, f, l.upper, layersnap.RestoreOptions{
+		Match:      map[string]string{metaImage: l.image},
+		KeepPaths:  IdentityFiles,
+		WorkDir:    l.work,
+		BeforeSwap: func() error { return m.stillStopped(ctx, l) },
+	})
+	if me := (*layersnap.MismatchError)(nil); errors.As(err, &me) && me.Key == metaImage {
+		return fmt.Errorf("restore docker machine %s (%.12s): the snapshot's disk was made over image %s, this machine runs %s: restore it into a machine of the same image: %w",
+			m.b.Label, m.id, me.Have, me.Want, kite.ErrInvalidParams)
+	}
+	if err != nil {
+		return m.snapshotErr("restore", err)
+	}
+	m.d.log.Info("docker machine disk restored", "machine", m.b.Label, "container", m.id, "snapshot", snapID)
+	return nil
+}
+
+// DeleteSnapshot removes snapshot snapID (whichever docker machine it was taken of) and what an
+// interrupted Snapshot of it left.
+func (m *machine) DeleteSnapshot(ctx context.Context, snapID string) error {
+	if err := provider.SnapshotIDOK(snapID); err != nil {
+		return fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
+	}
+	return m.d.DeleteSnapshot(snapID)
+}
+
+// DeleteSnapshot removes snapshot snapID's file (a missing one is not an error).
+func (d *Docker) DeleteSnapshot(snapID string) error {
+	if err := provider.SnapshotIDOK(snapID); err != nil {
+		return fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
+	}
+	p := d.SnapshotPath(snapID)
+	tmps, _ := filepath.Glob(p + ".tmp-*")
+	var errs []error
+	for _, f := range append([]string{p}, tmps...) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete docker snapshot %q: %w", snapID, err)
+	}
+	return nil
+}
+
+var _ provider.Snapshotter = (*machine)(nil)
