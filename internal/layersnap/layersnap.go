@@ -84,6 +84,8 @@ type Info struct {
 	DiskSize int64 `json:"diskSize"`
 	// Files is the number of entries (files, directories, links, devices) saved.
 	Files int `json:"files"`
+	// Size is the snapshot file's size (SaveFile; 0 from Save).
+	Size int64 `json:"size,omitempty"`
 }
 
 // SaveOptions tune Save. The zero value is valid.
@@ -94,6 +96,10 @@ type SaveOptions struct {
 	// Level is the zstd level. Default zstd.SpeedFastest (the stream is written while the
 	// machine is stopped: speed matters more than a few percent of size).
 	Level zstd.EncoderLevel
+	// BeforeCommit, if set, is called after the whole tree is read, before the stream is
+	// finished: an error fails Save, leaving an incomplete stream that Restore refuses (SaveFile
+	// removes it), e.g. the container was started meanwhile. Default: none.
+	BeforeCommit func() error
 }
 
 // RestoreOptions tune Restore. The zero value is valid.
@@ -152,6 +158,11 @@ func Save(ctx context.Context, upperDir string, w io.Writer, opt SaveOptions) (I
 	if err := writeTree(ctx, tw, upperDir, &out); err != nil {
 		return out, fmt.Errorf("save layer %s: %w", upperDir, err)
 	}
+	if opt.BeforeCommit != nil {
+		if err := opt.BeforeCommit(); err != nil {
+			return out, fmt.Errorf("save layer %s: %w", upperDir, err)
+		}
+	}
 	if err := tw.Close(); err != nil {
 		return out, fmt.Errorf("save layer: %w", err)
 	}
@@ -159,6 +170,58 @@ func Save(ctx context.Context, upperDir string, w io.Writer, opt SaveOptions) (I
 		return out, fmt.Errorf("save layer: %w", err)
 	}
 	return out, nil
+}
+
+// SaveFile saves upperDir as the snapshot file path, atomically: Save into a temporary file
+// beside it (path.tmp-<random>, mode 0600), fsync, rename over path (replacing a snapshot of that
+// name), fsync of the directory. On error nothing of it is left. The directory is made (0700) if
+// missing.
+func SaveFile(ctx context.Context, upperDir, path string, opt SaveOptions) (Info, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return Info{}, fmt.Errorf("save layer: %w", err)
+	}
+	tmp := path + ".tmp-" + randHex()
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return Info{}, fmt.Errorf("save layer: %w", err)
+	}
+	info, err := Save(ctx, upperDir, f, opt)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return Info{}, fmt.Errorf("save layer: %w", err)
+	}
+	syncDir(filepath.Dir(path))
+	st, err := os.Stat(path)
+	if err != nil {
+		return Info{}, fmt.Errorf("save layer: %w", err)
+	}
+	info.Size = st.Size()
+	return info, nil
+}
+
+// RemoveFile removes the snapshot file path and what an interrupted SaveFile of it left. A
+// missing file is not an error.
+func RemoveFile(path string) error {
+	tmps, _ := filepath.Glob(path + ".tmp-*")
+	var errs []error
+	for _, f := range append([]string{path}, tmps...) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("remove snapshot: %w", err)
+	}
+	return nil
 }
 
 // ReadMeta reads the metadata (SaveOptions.Meta) from the start of a snapshot stream.
@@ -413,11 +476,15 @@ func extract(ctx context.Context, r io.Reader, dst string, match map[string]stri
 		return err
 	}
 	defer zr.Close()
-	tr := tar.NewReader(zr)
+	// archive/tar ends at a clean cut between entries as at the end of the archive: the two zero
+	// blocks that end it must have been read after the last entry, or the stream is incomplete.
+	cr := &countingReader{r: zr}
+	tr := tar.NewReader(cr)
 	meta, err := readHeader(tr)
 	if err != nil {
 		return err
 	}
+	entryEnd := cr.n // where the last entry's data (padded to a block) ends
 	for k, want := range match {
 		if have := meta[k]; have != want {
 			return &MismatchError{Key: k, Have: have, Want: want}
@@ -433,11 +500,15 @@ func extract(ctx context.Context, r io.Reader, dst string, match map[string]stri
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
+			if cr.n < entryEnd+2*blockSize {
+				return fmt.Errorf("read snapshot: %w (the archive's end is missing)", io.ErrUnexpectedEOF)
+			}
 			break
 		}
 		if err != nil {
 			return fmt.Errorf("read snapshot: %w", err)
 		}
+		entryEnd = cr.n + (h.Size+blockSize-1)/blockSize*blockSize
 		if n++; n%256 == 0 && ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -525,6 +596,20 @@ func extract(ctx context.Context, r io.Reader, dst string, match map[string]stri
 		}
 	}
 	return nil
+}
+
+const blockSize = 512 // tar's
+
+// countingReader counts what was read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // keepPaths puts the files rels of the current layer (cur) into the restored one (dst): the

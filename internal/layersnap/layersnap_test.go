@@ -266,6 +266,16 @@ func TestRestoreRefuses(t *testing.T) {
 	tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755})
 	tw.Close()
 	zw.Close()
+	// Cut cleanly between two entries: archive/tar alone would take it for the end.
+	var cut bytes.Buffer
+	zw, _ = zstd.NewWriter(&cut)
+	tw = tar.NewWriter(zw)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeXGlobalHeader, PAXRecords: map[string]string{"KLOUD.format": layersnap.Format, "KLOUD.baseImage": "/base"}})
+	tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3})
+	tw.Write([]byte("abc"))
+	tw.Flush()
+	zw.Close()
 	cancelled, cancel := context.WithCancel(t.Context())
 	cancel()
 	base := map[string]string{"baseImage": "/base"}
@@ -286,6 +296,7 @@ func TestRestoreRefuses(t *testing.T) {
 		"no header":      {r: &noHeader},
 		"not zstd":       {r: &notZstd},
 		"truncated":      {r: truncated},
+		"cut between":    {r: &cut},
 		"cancelled":      {r: bytes.NewReader(good.Bytes()), ctx: cancelled},
 	}
 	parent := t.TempDir()
@@ -374,5 +385,59 @@ func TestRestoreKeepPathsThroughSymlinks(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dst, "etc/machine-id")); err == nil {
 		t.Fatal("the host's machine-id was copied into the layer")
+	}
+}
+
+// SaveFile writes the snapshot atomically (nothing left on error, BeforeCommit's included);
+// RemoveFile removes it and what an interrupted SaveFile left.
+func TestSaveFile(t *testing.T) {
+	testutil.RequireRoot(t)
+	src := filepath.Join(t.TempDir(), "upper")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	makeLayer(t, src)
+	dir := filepath.Join(t.TempDir(), "snapshots")
+	p := filepath.Join(dir, "s1.tar.zst")
+	abort := errors.New("started meanwhile")
+	if _, err := layersnap.SaveFile(t.Context(), src, p, layersnap.SaveOptions{BeforeCommit: func() error { return abort }}); !errors.Is(err, abort) {
+		t.Fatalf("BeforeCommit's error: %v", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("left after BeforeCommit's error: %v", ents)
+	}
+	var partial bytes.Buffer
+	if _, err := layersnap.Save(t.Context(), src, &partial, layersnap.SaveOptions{BeforeCommit: func() error { return abort }}); !errors.Is(err, abort) {
+		t.Fatalf("Save with BeforeCommit's error: %v", err)
+	}
+	dst := filepath.Join(t.TempDir(), "upper")
+	os.Mkdir(dst, 0o755)
+	if err := layersnap.Restore(t.Context(), &partial, dst, layersnap.RestoreOptions{}); err == nil {
+		t.Fatal("the stream of a Save that BeforeCommit failed was restored")
+	}
+	info, err := layersnap.SaveFile(t.Context(), src, p, layersnap.SaveOptions{Meta: map[string]string{"k": "v"}, BeforeCommit: func() error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(p)
+	if err != nil || st.Size() != info.Size || st.Mode().Perm() != 0o600 || info.Files < 15 {
+		t.Fatalf("snapshot file %v %v, info %+v", st, err, info)
+	}
+	f, _ := os.Open(p)
+	defer f.Close()
+	if err := layersnap.Restore(t.Context(), f, dst, layersnap.RestoreOptions{Match: map[string]string{"k": "v"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tree(t, dst, "."), tree(t, src, "."); got != want {
+		t.Errorf("restored from the file:\n%s\nwant\n%s", got, want)
+	}
+	os.WriteFile(p+".tmp-0123", []byte("half"), 0o600)
+	for range 2 {
+		if err := layersnap.RemoveFile(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("left after RemoveFile: %v", ents)
 	}
 }
