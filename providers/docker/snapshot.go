@@ -2,8 +2,6 @@ package docker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -207,42 +205,15 @@ func (m *machine) Snapshot(ctx context.Context, snapID string) (provider.Snapsho
 	if err != nil {
 		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
 	}
-	dst := m.d.SnapshotPath(snapID)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
-	}
-	rnd := make([]byte, 6)
-	rand.Read(rnd)
-	tmp := dst + ".tmp-" + hex.EncodeToString(rnd)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
-	}
-	info, err := layersnap.Save(ctx, l.upper, f, layersnap.SaveOptions{
-		Meta: map[string]string{metaImage: l.image, metaMachine: m.b.ID, metaContainer: m.id},
+	info, err := layersnap.SaveFile(ctx, l.upper, m.d.SnapshotPath(snapID), layersnap.SaveOptions{
+		Meta:         map[string]string{metaImage: l.image, metaMachine: m.b.ID, metaContainer: m.id},
+		BeforeCommit: func() error { return m.stillStopped(ctx, l) },
 	})
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = m.stillStopped(ctx, l)
-	}
-	if err == nil {
-		err = os.Rename(tmp, dst)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
-	}
-	st, err := os.Stat(dst)
 	if err != nil {
 		return provider.SnapshotInfo{}, m.snapshotErr("snapshot", err)
 	}
-	m.d.log.Info("docker machine disk saved", "machine", m.b.Label, "container", m.id, "snapshot", snapID, "size", st.Size(), "disk", info.DiskSize, "files", info.Files)
-	return provider.SnapshotInfo{Size: st.Size(), DiskSize: info.DiskSize, Format: SnapshotFormat}, nil
+	m.d.log.Info("docker machine disk saved", "machine", m.b.Label, "container", m.id, "snapshot", snapID, "size", info.Size, "disk", info.DiskSize, "files", info.Files)
+	return provider.SnapshotInfo{Size: info.Size, DiskSize: info.DiskSize, Format: SnapshotFormat}, nil
 }
 
 // Restore replaces the stopped container's writable layer by snapshot snapID's, keeping the
@@ -294,15 +265,7 @@ func (d *Docker) DeleteSnapshot(snapID string) error {
 	if err := provider.SnapshotIDOK(snapID); err != nil {
 		return fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
 	}
-	p := d.SnapshotPath(snapID)
-	tmps, _ := filepath.Glob(p + ".tmp-*")
-	var errs []error
-	for _, f := range append([]string{p}, tmps...) {
-		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := layersnap.RemoveFile(d.SnapshotPath(snapID)); err != nil {
 		return fmt.Errorf("delete docker snapshot %q: %w", snapID, err)
 	}
 	return nil

@@ -2,8 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -93,41 +91,17 @@ func (m *Manager) SaveDisk(ctx context.Context, id, snapID string) (DiskSnapshot
 		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, ErrRunning)
 	}
 	dst := m.SnapshotPath(snapID)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-		return DiskSnapshot{}, fmt.Errorf("snapshot dir: %w", err)
-	}
-	tmp := dst + ".tmp-" + randHex()
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, err)
-	}
 	out := DiskSnapshot{ID: snapID, Path: dst}
 	err = m.withDisk(r, true, func(root string) error { // snapshot_disk.go
-		info, err := layersnap.Save(ctx, filepath.Join(root, "upper"), f, layersnap.SaveOptions{
+		info, err := layersnap.SaveFile(ctx, filepath.Join(root, "upper"), dst, layersnap.SaveOptions{
 			Meta: map[string]string{metaBaseImage: r.BaseImage, metaMachine: r.ID},
 		})
-		out.DiskSize, out.Files = info.DiskSize, info.Files
-		if err != nil {
-			return err
-		}
-		return f.Sync()
+		out.Size, out.DiskSize, out.Files = info.Size, info.DiskSize, info.Files
+		return err
 	})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, dst)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, err)
-	}
-	syncDir(filepath.Dir(dst))
-	st, err := os.Stat(dst)
 	if err != nil {
 		return DiskSnapshot{}, fmt.Errorf("snapshot machine %q: %w", id, err)
 	}
-	out.Size = st.Size()
 	m.log.Info("machine disk saved", "machine", id, "snapshot", snapID, "size", out.Size, "disk", out.DiskSize, "files", out.Files)
 	return out, nil
 }
@@ -138,15 +112,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, snapID string) error {
 	if err := validSnapID(snapID); err != nil {
 		return err
 	}
-	p := m.SnapshotPath(snapID)
-	tmps, _ := filepath.Glob(p + ".tmp-*")
-	var errs []error
-	for _, f := range append([]string{p}, tmps...) {
-		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := layersnap.RemoveFile(m.SnapshotPath(snapID)); err != nil {
 		return fmt.Errorf("delete snapshot %q: %w", snapID, err)
 	}
 	return nil
@@ -215,18 +181,4 @@ func restoreLayer(ctx context.Context, r io.Reader, upper, work, base string) er
 		return fmt.Errorf("the snapshot's disk was made over base image %s, this machine runs on %s: restore it into a machine of the same image: %w", me.Have, me.Want, layersnap.ErrMismatch)
 	}
 	return err
-}
-
-func randHex() string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// syncDir fsyncs a directory (a rename in it), best effort.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
