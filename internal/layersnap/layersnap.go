@@ -25,7 +25,8 @@
 // a hard link to outside) are refused, and KeepPaths are copied through os.Root, so a symlink the
 // layer's owner planted never leads outside either layer.
 //
-// Start reading at Save and Restore. Needs Linux; restoring owners, device nodes and trusted.*
+// Start reading at Save and Restore (SaveFile and RemoveFile keep a snapshot as a file written
+// atomically). A stream cut short, even cleanly between two entries, is refused. Needs Linux; restoring owners, device nodes and trusted.*
 // attributes needs root (CAP_CHOWN, CAP_MKNOD, CAP_SYS_ADMIN).
 package layersnap
 
