@@ -11,7 +11,8 @@
 //     directory beside the upper dir, swapping the two (renameat2) and removing the old one.
 //
 // The save sides fsync their file (SaveDisk does; the tar side runs sync(1) on its output); the
-// restore sides do not fsync what they unpack. They and take turns, the first side alternating per round. The data is written from the
+// restore sides flush what they unpack before the swap (RestoreDisk: syncfs; the tar side: sync
+// -f). They take turns, the first side alternating per round. The data is written from the
 // host into the machine's upper dir while the machine is stopped: the same files on the same
 // disk as a write inside the machine. It prints every round, the medians and the ratios; there is
 // no target (issue 13 asks for the ratio). Needs root, the base image (sandbox.EnsureBaseImage),
@@ -149,6 +150,10 @@ func run(ctx context.Context, sizeMiB, rounds int, dir string) (err error) {
 				return err
 			}
 			if err := sh(append(append([]string{"tar"}, xattrs...), "-C", x, "-xpf", tarFile)...); err != nil {
+				return err
+			}
+			// RestoreDisk flushes the unpacked disk before the swap (syncfs): so does this side.
+			if err := sh("sync", "-f", x); err != nil {
 				return err
 			}
 			if err := unix.Renameat2(unix.AT_FDCWD, x, unix.AT_FDCWD, upper, unix.RENAME_EXCHANGE); err != nil {
