@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if job := os.Getenv(envCreator); job != "" {
 		os.Exit(runCreator(job))
 	}
+	if job := os.Getenv(envDiskJob); job != "" { // snapshot_test.go
+		os.Exit(runDiskJob(job))
+	}
 	os.Exit(m.Run())
 }
 

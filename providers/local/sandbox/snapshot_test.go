@@ -1,7 +1,11 @@
 package sandbox_test
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -239,4 +243,136 @@ func TestSnapshotDiskQuota(t *testing.T) {
 	if got := e.exec(t, "dq-b", "sh", "-c", "cat /root/keep.txt; test -e /root/big && echo BIG; grep -q dq-b /var/lib/cloud/seed/nocloud/meta-data && echo OWN"); got != "v1\nOWN" {
 		t.Errorf("dq-b after restoring dq-a's snapshot: %q", got)
 	}
+}
+
+// envDiskJob makes the test binary a process that saves or restores one machine's disk (a JSON
+// diskJob), for TestSnapshotDiskKilled to kill.
+const envDiskJob = "KLOUD_SANDBOX_TEST_DISKJOB"
+
+type diskJob struct {
+	StateDir, BaseImage, Bridge string
+	Subnet                      netip.Prefix
+	Op, Machine, Snapshot       string
+}
+
+func runDiskJob(job string) int {
+	var j diskJob
+	if err := json.Unmarshal([]byte(job), &j); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	m, err := sandbox.New(sandbox.Options{StateDir: j.StateDir, BaseImage: j.BaseImage, Bridge: j.Bridge, Subnet: j.Subnet})
+	if err == nil {
+		if j.Op == "save" {
+			_, err = m.SaveDisk(context.Background(), j.Machine, j.Snapshot)
+		} else {
+			err = m.RestoreDisk(context.Background(), j.Machine, j.Snapshot)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// A kloud killed (SIGKILL) while it saves or restores the disk of a machine with a disk quota
+// leaves no mount and no loop device (the mount lived in a namespace of the killed process), the
+// disk intact, and the next operations clean up after it. (That a killed restore leaves the old
+// layer or the new one, never a mix, is internal/layersnap's TestRestoreKilled.)
+func TestSnapshotDiskKilled(t *testing.T) {
+	e := newEnv(t)
+	testutil.RequireBinary(t, "mkfs.ext4")
+	testutil.RequireBinary(t, "losetup")
+	ctx := t.Context()
+	e.create(t, sandbox.Spec{ID: "dk", UserData: []byte("#cloud-config\n{}\n"), DiskMB: 128})
+	e.exec(t, "dk", "sh", "-c", "head -c 40M /dev/urandom > /root/r && echo A > /root/marker && sync")
+	sum := e.exec(t, "dk", "sha256sum", "/root/r")
+	if _, err := e.m.Stop(ctx, "dk"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.SaveDisk(ctx, "dk", "k1"); err != nil { // marker A
+		t.Fatal(err)
+	}
+	if _, err := e.m.Start(ctx, "dk"); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(t, "dk", "sh", "-c", "echo B > /root/marker && sync")
+	if _, err := e.m.Stop(ctx, "dk"); err != nil {
+		t.Fatal(err)
+	}
+	run := func(op string, killAfter time.Duration) (time.Duration, error) {
+		t.Helper()
+		job, _ := json.Marshal(diskJob{StateDir: e.stateDir, BaseImage: e.base, Bridge: e.bridge, Subnet: e.subnet, Op: op, Machine: "dk", Snapshot: "k2"})
+		if op == "restore" {
+			job, _ = json.Marshal(diskJob{StateDir: e.stateDir, BaseImage: e.base, Bridge: e.bridge, Subnet: e.subnet, Op: op, Machine: "dk", Snapshot: "k1"})
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), envDiskJob+"="+string(job))
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		t0 := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if killAfter > 0 {
+			time.Sleep(killAfter)
+			cmd.Process.Kill()
+		}
+		err := cmd.Wait()
+		if err != nil && killAfter == 0 {
+			t.Fatalf("%s in a child: %v: %s", op, err, stderr.String())
+		}
+		return time.Since(t0), err
+	}
+	clean := func(when string) {
+		t.Helper()
+		if m := hostMountinfoMentions(t, filepath.Join(e.stateDir, "dk")); len(m) != 0 {
+			t.Fatalf("%s: the host's mount table shows the machine's disk: %v", when, m)
+		}
+		var loops []byte
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			var err error
+			loops, err = exec.Command("losetup", "-a").CombinedOutput()
+			return err == nil && !strings.Contains(string(loops), filepath.Join(e.stateDir, "dk"))
+		}, "%s: a loop device of the machine's disk is left: %s", when, &loops)
+	}
+	full := map[string]time.Duration{}
+	for _, op := range []string{"save", "restore"} {
+		full[op], _ = run(op, 0)
+		t.Logf("a whole %s in a child: %s", op, full[op])
+		clean("after a whole " + op)
+	}
+	// The disk is k1's now (marker A). Kill each operation at 10-90% of its time.
+	for i, frac := range []int{10, 50, 90} {
+		for _, op := range []string{"save", "restore"} {
+			_, err := run(op, full[op]*time.Duration(frac)/100)
+			t.Logf("round %d, %s killed at %d%%: %v", i, op, frac, err)
+			clean(fmt.Sprintf("round %d, %s killed at %d%%", i, op, frac))
+		}
+	}
+	if _, err := e.m.Start(ctx, "dk"); err != nil {
+		t.Fatalf("start after the kills: %v\n%s", err, e.console("dk"))
+	}
+	if got := e.exec(t, "dk", "sha256sum", "/root/r"); got != sum {
+		t.Errorf("/root/r after the kills: %s, want %s", got, sum)
+	}
+	if got := e.exec(t, "dk", "cat", "/root/marker"); got != "A" {
+		t.Errorf("marker after the kills: %q, want A (k1's)", got)
+	}
+	if _, err := e.m.Stop(ctx, "dk"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.RestoreDisk(ctx, "dk", "k1"); err != nil { // also removes a killed restore's leftovers
+		t.Fatalf("restore after the kills: %v", err)
+	}
+	for _, s := range []string{"k1", "k2"} {
+		if err := e.m.DeleteSnapshot(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.stateDir, ".snapshots")); len(ents) != 0 {
+		t.Errorf("left in the snapshot dir: %v", ents)
+	}
+	clean("at the end")
 }
