@@ -165,18 +165,7 @@ func TestSnapshotDiskQuota(t *testing.T) {
 			t.Fatalf("start %s: %v\n%s", id, err, e.console(id))
 		}
 	}
-	noMount := func(when string) {
-		t.Helper()
-		if m := hostMountinfoMentions(t, filepath.Join(e.stateDir, "dq-a")); len(m) != 0 {
-			t.Errorf("%s: the host's mount table shows the machine's disk: %v", when, m)
-		}
-		var loops []byte
-		testutil.Eventually(t, 30*time.Second, func() bool {
-			var err error
-			loops, err = exec.Command("losetup", "-a").CombinedOutput()
-			return err == nil && !strings.Contains(string(loops), filepath.Join(e.stateDir, "dq-a"))
-		}, "%s: a loop device of the stopped machine's disk is left: %s", when, &loops)
-	}
+	noMount := func(when string) { t.Helper(); e.noDiskMount(t, "dq-a", when) }
 	used := func(id string) int {
 		t.Helper()
 		f := strings.Fields(strings.Split(e.exec(t, id, "df", "-m", "--output=size,used", "/"), "\n")[1])
@@ -325,18 +314,7 @@ func TestSnapshotDiskKilled(t *testing.T) {
 		}
 		return time.Since(t0), err
 	}
-	clean := func(when string) {
-		t.Helper()
-		if m := hostMountinfoMentions(t, filepath.Join(e.stateDir, "dk")); len(m) != 0 {
-			t.Fatalf("%s: the host's mount table shows the machine's disk: %v", when, m)
-		}
-		var loops []byte
-		testutil.Eventually(t, 30*time.Second, func() bool {
-			var err error
-			loops, err = exec.Command("losetup", "-a").CombinedOutput()
-			return err == nil && !strings.Contains(string(loops), filepath.Join(e.stateDir, "dk"))
-		}, "%s: a loop device of the machine's disk is left: %s", when, &loops)
-	}
+	clean := func(when string) { t.Helper(); e.noDiskMount(t, "dk", when) }
 	full := map[string]time.Duration{}
 	for _, op := range []string{"save", "restore"} {
 		full[op], _ = run(op, 0)
@@ -375,4 +353,20 @@ func TestSnapshotDiskKilled(t *testing.T) {
 		t.Errorf("left in the snapshot dir: %v", ents)
 	}
 	clean("at the end")
+}
+
+// noDiskMount fails the test if the host's mount table shows machine id's disk or a loop device
+// of its image is left (it goes away with its last mount, so this waits a little).
+func (e *env) noDiskMount(t *testing.T, id, when string) {
+	t.Helper()
+	dir := filepath.Join(e.stateDir, id)
+	if m := hostMountinfoMentions(t, dir); len(m) != 0 {
+		t.Fatalf("%s: the host's mount table shows the machine's disk: %v", when, m)
+	}
+	var loops []byte
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		var err error
+		loops, err = exec.Command("losetup", "-a").CombinedOutput()
+		return err == nil && !strings.Contains(string(loops), dir)
+	}, "%s: a loop device of the machine's disk is left: %s", when, &loops)
 }
