@@ -109,8 +109,8 @@ type RestoreOptions struct {
 	Match map[string]string
 	// KeepPaths are files (relative to the upper dir, e.g. "etc/machine-id") that the restored
 	// layer takes from the current one instead of the stream: the stream's are removed, the
-	// current ones (regular files only; a missing one is skipped) are copied with their mode and
-	// owner. Missing parent directories are made like LowerDir's (mode, owner), else 0755 root.
+	// current ones (regular files only, at most MaxKeepSize bytes, else the restore fails; a
+	// missing one is skipped) are copied with their mode and owner. Missing parent directories are made like LowerDir's (mode, owner), else 0755 root.
 	KeepPaths []string
 	// LowerDir is the merged lower layer the upper dir is over (only read, for KeepPaths'
 	// parents). Default: none.
@@ -123,6 +123,10 @@ type RestoreOptions struct {
 	// meanwhile). Default: none.
 	BeforeSwap func() error
 }
+
+// MaxKeepSize is the largest file RestoreOptions.KeepPaths copies (identity files are small; the
+// layer's owner could make one huge).
+const MaxKeepSize = 1 << 20
 
 var metaKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
@@ -491,6 +495,7 @@ func extract(ctx context.Context, r io.Reader, dst string, match map[string]stri
 			return &MismatchError{Key: k, Have: have, Want: want}
 		}
 	}
+	buf := make([]byte, sparseChunk)
 	dirs := map[string]bool{".": true} // directories made here: the only valid parents
 	type dirMeta struct {
 		p   string
@@ -539,7 +544,7 @@ func extract(ctx context.Context, r io.Reader, dst string, match map[string]stri
 			if err != nil {
 				return err
 			}
-			_, err = io.Copy(f, tr)
+			err = copySparse(f, tr, h.Size, buf)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
@@ -601,6 +606,46 @@ func extract(ctx context.Context, r io.Reader, dst string, match map[string]stri
 
 const blockSize = 512 // tar's
 
+// sparseChunk is the unit copySparse leaves a hole for when it is all zeros.
+const sparseChunk = 64 << 10
+
+// copySparse copies size bytes from r to the new file f, seeking over chunks of zeros instead of
+// writing them: a file saved from a sparse file (or with long runs of zeros) is restored sparse,
+// not as that many bytes on the disk.
+func copySparse(f *os.File, r io.Reader, size int64, buf []byte) error {
+	var off int64
+	for off < size {
+		n, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-off)])
+		if err != nil {
+			return err
+		}
+		if allZero(buf[:n]) {
+			off += int64(n)
+			continue
+		}
+		if _, err := f.WriteAt(buf[:n], off); err != nil {
+			return err
+		}
+		off += int64(n)
+	}
+	return f.Truncate(size) // the length, when it ends in a hole
+}
+
+func allZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // countingReader counts what was read through it.
 type countingReader struct {
 	r io.Reader
@@ -641,7 +686,12 @@ func keepPaths(cur, dst, lower string, rels []string) error {
 		if err != nil || !fi.Mode().IsRegular() {
 			continue // missing, unreachable or not a file: the target has none to keep
 		}
-		b, err := from.ReadFile(rel)
+		// The layer's owner could have made it huge (a sparse file): never read more than
+		// MaxKeepSize into memory.
+		if fi.Size() > MaxKeepSize {
+			return fmt.Errorf("%s is %d bytes, more than the %d a kept file may have", rel, fi.Size(), MaxKeepSize)
+		}
+		b, err := readAtMost(from, rel, MaxKeepSize)
 		if err != nil {
 			return err
 		}
@@ -660,6 +710,23 @@ func keepPaths(cur, dst, lower string, rels []string) error {
 		}
 	}
 	return nil
+}
+
+// readAtMost reads root's file rel, failing if it holds more than max bytes.
+func readAtMost(root *os.Root, rel string, max int64) ([]byte, error) {
+	f, err := root.Open(rel)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s holds more than the %d bytes a kept file may have", rel, max)
+	}
+	return b, nil
 }
 
 // mkdirLikeIn makes the missing directories of rel inside root with the mode and owner they have

@@ -58,6 +58,15 @@ func makeLayer(t *testing.T, dir string) {
 	must(os.Mkdir(filepath.Join(dir, "tmp"), 0o1777))
 	must(unix.Chmod(filepath.Join(dir, "tmp"), 0o1777))
 	w("empty", "", 0o600)
+	// Sparse: 48 MiB long, two small runs of data (a hole at the end too).
+	sp, err := os.Create(filepath.Join(dir, "root/sparse"))
+	must(err)
+	_, err = sp.WriteAt([]byte("start"), 0)
+	must(err)
+	_, err = sp.WriteAt([]byte("middle"), 20<<20)
+	must(err)
+	must(sp.Truncate(48 << 20))
+	must(sp.Close())
 }
 
 // tree describes every entry under dir (type, mode, owner, size, content hash, link target,
@@ -197,6 +206,9 @@ func TestSaveRestore(t *testing.T) {
 	skip := []string{".", "etc/machine-id", "var", "var/lib", "var/lib/cloud", "var/lib/cloud/seed", "var/lib/cloud/seed/meta-data"}
 	if got, want := tree(t, dst, skip...), tree(t, src, skip...); got != want {
 		t.Errorf("restored tree:\n%s\nwant\n%s", got, want)
+	}
+	if st, err := os.Stat(filepath.Join(dst, "root/sparse")); err != nil || st.Size() != 48<<20 || st.Sys().(*syscall.Stat_t).Blocks*512 > 1<<20 {
+		t.Errorf("the sparse file restored: %v %v (%d bytes allocated)", st, err, st.Sys().(*syscall.Stat_t).Blocks*512)
 	}
 	if b, err := os.ReadFile(filepath.Join(dst, "etc/machine-id")); err != nil || string(b) != "target\n" {
 		t.Errorf("kept machine-id: %q %v", b, err)
@@ -385,6 +397,29 @@ func TestRestoreKeepPathsThroughSymlinks(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dst, "etc/machine-id")); err == nil {
 		t.Fatal("the host's machine-id was copied into the layer")
+	}
+
+	// A kept file its owner made huge (sparse) fails the restore instead of filling kloud's
+	// memory, the layer unchanged.
+	os.Remove(filepath.Join(dst, "etc"))
+	os.MkdirAll(filepath.Join(dst, "etc/kloud"), 0o755)
+	huge := filepath.Join(dst, "etc/kloud/kite.key")
+	if err := os.WriteFile(huge, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 10<<30); err != nil {
+		t.Fatal(err)
+	}
+	err = layersnap.Restore(t.Context(), save(t, src, nil), dst, layersnap.RestoreOptions{KeepPaths: []string{"etc/kloud/kite.key"}})
+	if err == nil || !strings.Contains(err.Error(), "kite.key") {
+		t.Fatalf("a 10 GiB kept file: %v", err)
+	}
+	t.Logf("huge kept file: %v", err)
+	if st, err := os.Stat(huge); err != nil || st.Size() != 10<<30 {
+		t.Fatalf("the layer changed: %v %v", st, err)
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(dst)); len(ents) != 1 {
+		t.Fatalf("left beside the layer: %v", ents)
 	}
 }
 
