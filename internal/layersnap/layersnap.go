@@ -26,7 +26,8 @@
 // layer's owner planted never leads outside either layer.
 //
 // Start reading at Save and Restore (SaveFile and RemoveFile keep a snapshot as a file written
-// atomically). A stream cut short, even cleanly between two entries, is refused. Needs Linux; restoring owners, device nodes and trusted.*
+// atomically). A stream cut short, even cleanly between two entries, is refused; runs of zeros
+// are restored as holes (a sparse file stays sparse). Needs Linux; restoring owners, device nodes and trusted.*
 // attributes needs root (CAP_CHOWN, CAP_MKNOD, CAP_SYS_ADMIN).
 package layersnap
 
