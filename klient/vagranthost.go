@@ -28,6 +28,8 @@ import (
 //	vagrant.destroy {token, name} → {}                removes it and its directory (absent: ok)
 //	vagrant.status  {token, name} → VagrantMachine    state "absent" when there is no such machine
 //	vagrant.list    {token} → {machines: [...]}
+//	vagrant.info    {token} → VagrantHostInfo         the host's CPUs, memory, arch (constraints)
+//	vagrant.snapshot.save|restore|delete {token, name, snapshot}   (vagrant_snapshot.go)
 
 // VagrantOptions make a klient its owner's vagrant host.
 type VagrantOptions struct {
@@ -59,6 +61,7 @@ func (kl *Klient) setupVagrant() error {
 	kl.kite.Handle(klientapi.MethodVagrantStatus, kite.Typed(kl.vagrantOp(m.Status, false)))
 	kl.kite.Handle(klientapi.MethodVagrantDestroy, kite.Typed(kl.vagrantDestroy))
 	kl.kite.Handle(klientapi.MethodVagrantList, kite.Typed(kl.vagrantList))
+	kl.kite.Handle(klientapi.MethodVagrantInfo, kite.Typed(kl.vagrantInfo))
 	return nil
 }
 
@@ -148,4 +151,11 @@ func (kl *Klient) vagrantList(ctx context.Context, r *kite.Request, p *klientapi
 		return nil, vagrantErr(err)
 	}
 	return klientapi.VagrantListResult{Machines: ms}, nil
+}
+
+func (kl *Klient) vagrantInfo(ctx context.Context, r *kite.Request, p *klientapi.VagrantInfoParams) (any, error) {
+	if err := kl.ownerOnly(ctx, r, p.Token); err != nil {
+		return nil, err
+	}
+	return kl.vagrant.Info()
 }

@@ -21,9 +21,10 @@ import (
 // allowed and the nearest valid value, and whose data.details lists them
 // (api.ConstraintViolation).
 
-// checkConstraints validates planned machines with their providers; nil if all pass or no
-// provider checks constraints.
-func (s *Server) checkConstraints(ctx context.Context, ms []api.PlannedMachine) error {
+// checkConstraints validates planned machines of owner's stack in team with their providers
+// (a provider's bounds may be the owner's: the vagrant provider asks the owner's host); nil if
+// all pass or no provider checks constraints.
+func (s *Server) checkConstraints(ctx context.Context, owner, team string, ms []api.PlannedMachine) error {
 	byProvider := map[string][]api.PlannedMachine{}
 	for _, m := range ms {
 		byProvider[m.Provider] = append(byProvider[m.Provider], m)
@@ -35,7 +36,7 @@ func (s *Server) checkConstraints(ctx context.Context, ms []api.PlannedMachine) 
 			continue
 		}
 		machines := byProvider[name]
-		bs := &provider.BaseStack{Provider: p, Log: s.log.With("provider", name)}
+		bs := &provider.BaseStack{Provider: p, Owner: owner, Team: team, Log: s.log.With("provider", name)}
 		for _, m := range machines {
 			bs.Machines = append(bs.Machines, &provider.MachineSpec{Label: m.Label, Resource: m.Resource, Index: m.Index, Provider: name, Attributes: m.Attributes})
 		}
@@ -115,5 +116,5 @@ func (s *Server) checkStackConstraints(ctx context.Context, st *Stack) error {
 	for _, m := range ms {
 		planned = append(planned, api.PlannedMachine{Label: m.Label, Provider: m.Provider, Resource: m.Resource, Index: m.Index, Attributes: m.Attributes})
 	}
-	return s.checkConstraints(ctx, planned)
+	return s.checkConstraints(ctx, st.Owner, st.Team, planned)
 }

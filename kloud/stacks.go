@@ -43,6 +43,8 @@ type builtTemplate struct {
 	creds     map[string]*provider.Credential // provider → credential
 	credIDs   map[string]string
 	providers map[string][]string // provider → machine resource names
+	owner     string              // who builds it (the caller), team: for the providers' constraints
+	team      string
 }
 
 // build resolves credentials and variables for files and checks that secrets reach only
@@ -58,7 +60,8 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 	if err := s.checkPolicyParsed(ctx, team, files, cfg); err != nil {
 		return nil, err
 	}
-	b := &builtTemplate{files: files, variables: map[string]any{}, creds: map[string]*provider.Credential{}, credIDs: map[string]string{}, providers: map[string][]string{}}
+	b := &builtTemplate{files: files, variables: map[string]any{}, creds: map[string]*provider.Credential{}, credIDs: map[string]string{}, providers: map[string][]string{},
+		owner: c.Username, team: team}
 	for k, v := range vars {
 		b.variables[k] = v
 	}
@@ -177,7 +180,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, l
 		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Label < out[j].Label })
-	if err := s.checkConstraints(ctx, out); err != nil { // constraints.go
+	if err := s.checkConstraints(ctx, b.owner, b.team, out); err != nil { // constraints.go
 		return nil, err
 	}
 	return out, nil

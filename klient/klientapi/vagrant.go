@@ -27,6 +27,13 @@ const (
 	MethodVagrantDestroy = "vagrant.destroy"
 	MethodVagrantStatus  = "vagrant.status"
 	MethodVagrantList    = "vagrant.list"
+	// MethodVagrantInfo reports what the host can give its machines (VagrantHostInfo): kloud's
+	// vagrant provider checks a machine's cpus and memory against it at plan time.
+	MethodVagrantInfo = "vagrant.info"
+	// Snapshots of a machine's disk, kept on the host (vagrant_snapshot.go).
+	MethodVagrantSnapshotSave    = "vagrant.snapshot.save"
+	MethodVagrantSnapshotRestore = "vagrant.snapshot.restore"
+	MethodVagrantSnapshotDelete  = "vagrant.snapshot.delete"
 )
 
 // Vagrant machine states (VagrantMachine.State), from `vagrant status`.
@@ -140,6 +147,21 @@ type VagrantListParams struct {
 
 // Validate implements kite.Validator.
 func (p *VagrantListParams) Validate() error { return validToken(p.Token) }
+
+// VagrantInfoParams are the params of vagrant.info.
+type VagrantInfoParams = VagrantListParams
+
+// VagrantHostInfo is the result of vagrant.info: what the host has for its machines. Machines
+// with Vagrant's docker provider share the host's kernel, CPUs and memory; a box provider's
+// virtual machines get at most the host's too.
+type VagrantHostInfo struct {
+	// CPUs is the number of CPUs the host klient may use.
+	CPUs int `json:"cpus"`
+	// MemoryMB is the host's memory in MiB (MemTotal).
+	MemoryMB int64 `json:"memoryMB"`
+	// Arch is the host's CPU architecture as Go names it (amd64, arm64, ...).
+	Arch string `json:"arch"`
+}
 
 // VagrantMachine is a machine as vagrant.* methods report it.
 type VagrantMachine struct {

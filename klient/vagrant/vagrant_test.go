@@ -3,8 +3,10 @@ package vagrant_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,5 +91,26 @@ func TestCreateWritesDataNotRuby(t *testing.T) {
 	}
 	if _, err := m.Create(t.Context(), klientapi.VagrantCreateParams{Name: "../x", Image: "a"}); err == nil {
 		t.Error("a name with a path was accepted")
+	}
+}
+
+// Info reports this host's CPUs, memory and architecture (what kloud bounds constraints by).
+func TestInfo(t *testing.T) {
+	m, err := vagrant.New(vagrant.Options{Home: t.TempDir(), Vagrant: "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kb int64
+	fmt.Sscanf(strings.SplitN(string(mem), "\n", 2)[0], "MemTotal: %d kB", &kb)
+	if in.CPUs != runtime.NumCPU() || in.Arch != runtime.GOARCH || in.MemoryMB != kb>>10 {
+		t.Errorf("info %+v, want %d CPUs, %s, %d MiB (MemTotal)", in, runtime.NumCPU(), runtime.GOARCH, kb>>10)
 	}
 }

@@ -2,9 +2,11 @@ package vagrant_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -86,6 +88,14 @@ func TestServiceThroughHostKlient(t *testing.T) {
 		return err == nil && strings.TrimSpace(out) == "booted"
 	}, "the user data did not run")
 
+	// The Vagrantfile enforced memory and cpus (docker's cgroup limits).
+	inspect := exec.Command("docker", "inspect", "--format", "{{.HostConfig.Memory}} {{.HostConfig.NanoCpus}}", containers[0])
+	inspect.Env = append(os.Environ(), host.Dockerd.Env())
+	if out, err := inspect.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != fmt.Sprintf("%d %d", 256<<20, 1_000_000_000) {
+		t.Errorf("container limits (memory bytes, nano cpus): %q %v, want 256 MiB and 1 CPU", out, err)
+	}
+	testConstraints(t, v)
+
 	// Another stack's token (of alice too) neither reads nor deletes it.
 	other := client("s2", "alice")
 	if _, err := other.Read(t.Context(), m.ID); err == nil || !strings.Contains(err.Error(), "403") {
@@ -137,5 +147,43 @@ func TestServiceThroughHostKlient(t *testing.T) {
 	}
 	if err := alice.Delete(t.Context(), m.ID); err != nil {
 		t.Errorf("delete again: %v", err)
+	}
+}
+
+// testConstraints: alice's stack is checked against her host's figures (vagrant.info), with
+// the nearest valid value; bob, who has no host, against the provider's own limits.
+func testConstraints(t *testing.T, v *vagrant.Vagrant) {
+	p := v.Provider()
+	if !p.Can(provider.CapConstraints) {
+		t.Fatalf("capabilities %v: no constraints", p.Caps())
+	}
+	check := func(owner string, attrs map[string]any) error {
+		st, err := p.Stack(&provider.BaseStack{Provider: p, Owner: owner, Log: testutil.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.(provider.ConstraintsValidator).ValidateConstraints(t.Context(), attrs)
+	}
+	cpus := runtime.NumCPU()
+	err := check("alice", map[string]any{"cpus": float64(cpus + 1), "memory": float64(256)})
+	var ce *provider.ConstraintError
+	if !errors.As(err, &ce) || ce.Attribute != "cpus" || ce.Nearest != int64(cpus) || !strings.Contains(err.Error(), "your vagrant host") {
+		t.Errorf("cpus = %d on a host of %d: %v (%+v), want refused with nearest %d", cpus+1, cpus, err, ce, cpus)
+	}
+	err = check("alice", map[string]any{"memory": float64(1 << 20)})
+	if !errors.As(err, &ce) || ce.Attribute != "memory" || ce.Nearest == nil || ce.Nearest.(int64) >= 1<<20 {
+		t.Errorf("memory = 1 TiB: %v (%+v), want refused with the host's memory as nearest", err, ce)
+	}
+	if err := check("alice", map[string]any{"memory": float64(32)}); !errors.As(err, &ce) || ce.Nearest != int64(64) {
+		t.Errorf("memory = 32: %v, want refused with nearest 64", err)
+	}
+	if err := check("alice", map[string]any{"cpus": float64(cpus), "memory": float64(256)}); err != nil {
+		t.Errorf("cpus = %d, memory = 256: %v", cpus, err)
+	}
+	if err := check("bob", map[string]any{"cpus": float64(cpus + 1)}); err != nil {
+		t.Errorf("bob (no host) cpus = %d: %v, want the provider's limits only", cpus+1, err)
+	}
+	if err := check("bob", map[string]any{"cpus": float64(1000)}); !errors.As(err, &ce) || ce.Nearest != int64(256) {
+		t.Errorf("bob cpus = 1000: %v, want refused with nearest 256", err)
 	}
 }

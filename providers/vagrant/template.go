@@ -3,6 +3,7 @@ package vagrant
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/machinesvc"
@@ -17,6 +18,9 @@ const GeneratedFile = "kloud_vagrant.tf.json"
 type stack struct {
 	v *Vagrant
 	b *provider.BaseStack
+
+	vocabOnce sync.Once // constraints.go
+	vocab     []provider.Constraint
 }
 
 // VerifyCredential: the vagrant provider takes no credential (the owner's host klient is the

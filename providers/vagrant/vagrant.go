@@ -145,12 +145,15 @@ func New(opts Options) (*Vagrant, error) {
 		ResourceType: ResourceType,
 		UserDataAttr: UserDataAttr,
 		Description:  "Vagrant machines on your own host: run `klient --vagrant` there with your kite key; kloud builds through it (any Vagrant provider; a Docker image with Vagrant's docker provider).",
-		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapResources},
-		Stack:        func(b *provider.BaseStack) (provider.Stack, error) { return &stack{v: v, b: b}, nil },
-		Machine:      v.machine,
-		Available:    v.Available,
-		Handler:      v.handler(),
-		Inventory:    inventory{v}, // resources.go
+		// Listed, not derived: a machine needs its record (Caps' empty probe has none).
+		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapResources,
+			provider.CapConstraints}, // constraints.go
+		Constraints: v.Constraints,
+		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return &stack{v: v, b: b}, nil },
+		Machine:     v.machine,
+		Available:   v.Available,
+		Handler:     v.handler(),
+		Inventory:   inventory{v}, // resources.go
 	}
 	return v, nil
 }
