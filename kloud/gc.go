@@ -325,3 +325,10 @@ func stateIDs(st *tfjson.State) map[string]bool {
 	walk(st.Values.RootModule)
 	return out
 }
+
+// CollectGarbage runs one sweep of the resources of provider only ("": every provider), as the
+// periodic sweep does (removing, not a dry run). kloud serve runs it for the vagrant provider
+// when a vagrant host registers: what a crash left on a host that was away goes then.
+func (s *Server) CollectGarbage(ctx context.Context, only string) (api.GCResult, error) {
+	return s.collectGarbage(ctx, false, only)
+}

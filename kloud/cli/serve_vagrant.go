@@ -85,30 +85,25 @@ func (sv *serveVagrant) hostNote(dataDir string) string {
 	return pre + "to build on this host, run: klient --vagrant --kite-key KEY (KEY: kloud key create --username YOU --out KEY; the admin's is " + filepath.Join(dataDir, kloud.AdminKeyFile) + ")"
 }
 
-// start binds the provider to kloud's kontrol and sweeps, whenever a vagrant host registers and
-// every sweepInterval, the machines of stacks kloud no longer has and those a crash left
-// half-created (vagrant.GC).
+// start binds the provider to kloud's kontrol and runs kloud's gc for it (kloud.CollectGarbage:
+// the machines of stacks kloud no longer has, and those a crash left half-created, which the
+// provider's inventory lists) whenever a vagrant host registers and every sweepInterval: a
+// machine can only be removed while its host is connected.
 func (sv *serveVagrant) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {
 	if sv.v == nil {
 		return
 	}
 	h := vagrant.KontrolHosts(s.Kontrol)
 	sv.hosts.h.Store(&h)
-	keep := func(stackID, machineID string) bool {
-		keep, err := s.Store().Machines().InStack(ctx, stackID, machineID)
-		if err != nil {
-			log.Warn("vagrant provider: sweep: look up machine; keeping it", "machine", machineID, "stack", stackID, "err", err)
-			return true // when in doubt, keep
-		}
-		return keep
-	}
 	sweep := func() {
-		gone, err := sv.v.GC(ctx, keep)
+		res, err := s.CollectGarbage(ctx, vagrant.Name)
 		if err != nil && ctx.Err() == nil {
 			log.Warn("vagrant provider: sweep", "err", err)
 		}
-		if len(gone) > 0 {
-			log.Info("vagrant provider: removed machines of dead stacks or interrupted builds", "machines", gone)
+		for _, g := range res.Garbage {
+			if g.Error != "" {
+				log.Debug("vagrant provider: sweep: not removed (yet)", "machine", g.Resource.ID, "reason", g.Reason, "err", g.Error)
+			}
 		}
 	}
 	go func() {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -15,9 +14,9 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 )
 
-// GC destroys, on the real host, what a crash left half-made and what kloud no longer has, and
-// keeps the rest (and machines of another kloud instance).
-func TestGC(t *testing.T) {
+// The inventory (kloud gc) lists, on the real host, what a crash left half-made and the machines
+// of this instance with kloud's tags, and removes them but not another instance's.
+func TestInventory(t *testing.T) {
 	ko := kontroltest.Start(t, kontroltest.Options{})
 	keyFile, _ := ko.KeyFile("alice")
 	host := vagranttest.Start(t, ko.URL(), keyFile)
@@ -66,13 +65,16 @@ func TestGC(t *testing.T) {
 		t.Error("RemoveResource of another instance's machine: no error")
 	}
 
-	gone, err := v.GC(ctx, func(stack, machine string) bool { return stack == "s1" })
-	if err != nil {
-		t.Fatal(err)
+	// kloud's gc removes what it judges garbage (here: half, not in any state, and dead, whose
+	// stack is gone); the half-made one is listed without a creation time, so no grace period
+	// keeps what a crash left (nothing of this process is making it).
+	if !listed["half"].CreatedAt.IsZero() {
+		t.Errorf("the half-made machine is listed created at %v, want none (no grace)", listed["half"].CreatedAt)
 	}
-	slices.Sort(gone)
-	if !slices.Equal(gone, []string{"dead", "half"}) {
-		t.Errorf("swept %v, want dead and half", gone)
+	for _, id := range []string{"dead", "half"} {
+		if err := (inventory{v}).RemoveResource(ctx, listed[id]); err != nil {
+			t.Errorf("RemoveResource(%s): %v", id, err)
+		}
 	}
 	for name, want := range map[string]bool{"half": false, "dead": false, "kept": true, "other": true, "busy": true} {
 		_, derr := os.Stat(filepath.Join(host.Home, "machines", name))
@@ -83,8 +85,14 @@ func TestGC(t *testing.T) {
 	}
 	// Leave nothing: the test's own cleanup of the rest.
 	v.setInflight("busy", false)
-	if _, err := v.GC(ctx, func(string, string) bool { return false }); err != nil {
+	rs, err = inventory{v}.Resources(ctx)
+	if err != nil {
 		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if err := (inventory{v}).RemoveResource(ctx, r); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := v.call(ctx, h, klientapi.MethodVagrantDestroy, klientapi.VagrantNameParams{Token: h.Token, Name: "other"}, nil); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package vagrant
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,7 +28,8 @@ type record struct {
 	Tags     map[string]string `json:"tags"`
 	// Complete is set once the host made and booted the machine and the service answered; a
 	// record without it whose create is not running in this process is what a crash left
-	// (kloud died mid-create, so terraform never learnt the machine): GC destroys it.
+	// (kloud died mid-create, so terraform never learnt the machine): the inventory lists it
+	// Incomplete and kloud's gc removes it (it is in no stack's Terraform state).
 	Complete bool `json:"complete,omitempty"`
 }
 
@@ -101,43 +101,6 @@ func (v *Vagrant) records() ([]*record, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
-}
-
-// GC destroys, on their hosts, this instance's machines that kloud no longer wants: those whose
-// stack or machine kloud no longer has (keep returns false), and those a crash left half-created
-// (no Complete mark and no create running in this process). Machines whose host is not
-// connected now are left for a later sweep (kloud serve sweeps when a host registers and every
-// few minutes). It returns the names of the machines it destroyed.
-func (v *Vagrant) GC(ctx context.Context, keep func(stackID, machineID string) bool) ([]string, error) {
-	recs, err := v.records()
-	if err != nil {
-		return nil, err
-	}
-	var gone []string
-	var errs []error
-	for _, r := range recs {
-		if r.Instance != v.instance || v.inflight(r.Name) {
-			continue
-		}
-		// Read again now that no create of it runs: a create sets Complete before it stops
-		// being in flight, so this is the record's final word.
-		r, err := v.readRecord(r.Name)
-		if err != nil {
-			continue
-		}
-		if r.Complete && keep(r.Tags[TagStack], r.Tags[TagMachine]) {
-			continue
-		}
-		if _, err := v.hosts.Host(ctx, r.Owner, r.Host); err != nil {
-			continue // not connected: a later sweep
-		}
-		if err := v.destroyRecorded(ctx, r); err != nil { // resources.go
-			errs = append(errs, err)
-			continue
-		}
-		gone = append(gone, r.Name)
-	}
-	return gone, errors.Join(errs...)
 }
 
 // inflight reports whether a create of machine name runs in this process.

@@ -23,14 +23,16 @@ const (
 const KindMachine = "vagrant-machine"
 
 // inventory is the vagrant provider's provider.ResourceManager (Provider.Inventory): its
-// resources are this instance's machine records.
+// resources are this instance's machine records. kloud's gc (and kloud serve's vagrant sweep,
+// kloud/cli/serve_vagrant.go, which runs it for this provider when a host registers) removes
+// those of stacks kloud no longer has and those a crash left half-created.
 type inventory struct{ v *Vagrant }
 
 // Resources lists this instance's vagrant machines (records) that carry kloud's stack tag, those
 // a crash left half-created included (Incomplete), but not those a create of this process is
 // making. The id is the machine's name, as kloudvagrant_machine's state has it; the creation time
 // is the record's last write (a record is rewritten when its machine completes or is retagged:
-// never earlier than the machine).
+// never earlier than the machine), none for a half-made one.
 func (i inventory) Resources(ctx context.Context) ([]provider.Resource, error) {
 	v := i.v
 	recs, err := v.records()
@@ -45,7 +47,9 @@ func (i inventory) Resources(ctx context.Context) ([]provider.Resource, error) {
 		tags := provider.MapTags(r.Tags, map[string]string{TagStack: provider.TagStack, TagMachine: provider.TagMachine, TagTeam: provider.TagTeam, TagOwner: provider.TagOwner})
 		tags[provider.TagOwner], tags[provider.TagInstance] = r.Owner, r.Instance
 		res := provider.Resource{ID: r.Name, Kind: KindMachine, Name: r.Hostname, Tags: tags, Incomplete: !r.Complete}
-		if fi, err := os.Stat(v.recordPath(r.Name)); err == nil {
+		// A half-made machine no create of this process is making is what a crash left: no
+		// creation time, so kloud's gc does not wait out its grace period for it.
+		if fi, err := os.Stat(v.recordPath(r.Name)); err == nil && r.Complete {
 			res.CreatedAt = fi.ModTime().UTC()
 		}
 		out = append(out, res)
