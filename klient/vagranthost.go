@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/layersnap"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
@@ -62,6 +63,7 @@ func (kl *Klient) setupVagrant() error {
 	kl.kite.Handle(klientapi.MethodVagrantDestroy, kite.Typed(kl.vagrantDestroy))
 	kl.kite.Handle(klientapi.MethodVagrantList, kite.Typed(kl.vagrantList))
 	kl.kite.Handle(klientapi.MethodVagrantInfo, kite.Typed(kl.vagrantInfo))
+	kl.handleVagrantSnapshots() // vagrant_snapshot.go
 	return nil
 }
 
@@ -91,6 +93,12 @@ func vagrantErr(err error) error {
 		return fmt.Errorf("%w: %w", err, kite.ErrNotFound)
 	case errors.Is(err, vagrant.ErrExists):
 		return fmt.Errorf("%w: %w", err, kite.ErrConflict)
+	case errors.Is(err, vagrant.ErrSnapshotNotFound):
+		return fmt.Errorf("%w: %w", err, kite.ErrNotFound)
+	case errors.Is(err, vagrant.ErrRunning), errors.Is(err, vagrant.ErrUnsupported):
+		return fmt.Errorf("%w: %w", err, kite.ErrState)
+	case errors.Is(err, layersnap.ErrMismatch):
+		return fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%w: %w", err, kite.ErrTimeout)
 	}

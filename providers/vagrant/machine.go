@@ -16,6 +16,9 @@ type machine struct {
 	v   *Vagrant
 	rec *record
 	b   *provider.BaseMachine
+	// gone: kloud has no record of it (destroyed): only its snapshots, on the host its
+	// attributes name, can still be deleted (snapshot.go); everything else is ErrNotFound.
+	gone bool
 }
 
 func (v *Vagrant) machine(b *provider.BaseMachine) (provider.Machine, error) {
@@ -25,7 +28,11 @@ func (v *Vagrant) machine(b *provider.BaseMachine) (provider.Machine, error) {
 	}
 	rec, err := v.readRecord(name)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("vagrant machine %s (%s): kloud has no record of it: %w", b.Label, name, kite.ErrNotFound)
+		host, _ := b.Attributes["host"].(string)
+		if !machineNameRE.MatchString(name) || host == "" || b.Owner == "" {
+			return nil, fmt.Errorf("vagrant machine %s (%s): kloud has no record of it: %w", b.Label, name, kite.ErrNotFound)
+		}
+		return &machine{v: v, rec: &record{Name: name, Host: host, Owner: b.Owner}, b: b, gone: true}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -40,7 +47,14 @@ func (m *machine) meta(vm klientapi.VagrantMachine) map[string]any {
 	return map[string]any{"machine_id": m.rec.Name, "host": m.rec.Host, "vagrant_state": vm.State}
 }
 
+func (m *machine) goneErr() error {
+	return fmt.Errorf("vagrant machine %s (%s): kloud has no record of it: %w", m.b.Label, m.rec.Name, kite.ErrNotFound)
+}
+
 func (m *machine) op(ctx context.Context, method string) (klientapi.VagrantMachine, error) {
+	if m.gone {
+		return klientapi.VagrantMachine{}, m.goneErr()
+	}
 	h, err := m.v.hosts.Host(ctx, m.rec.Owner, m.rec.Host)
 	if err != nil {
 		return klientapi.VagrantMachine{}, fmt.Errorf("vagrant machine %s: %w", m.b.Label, err)

@@ -148,6 +148,30 @@ func TestServiceThroughHostKlient(t *testing.T) {
 	if err := alice.Delete(t.Context(), m.ID); err != nil {
 		t.Errorf("delete again: %v", err)
 	}
+
+	// The destroyed machine, as kloud builds it from a snapshot's record: its snapshots on its
+	// host can still be deleted (an absent one is no error), nothing else; bob cannot reach
+	// alice's host through it.
+	gone, err := v.Provider().Machine(&provider.BaseMachine{ID: "m1", Label: "web", Owner: "alice", Attributes: map[string]any{"id": m.ID, "host": m.Host}})
+	if err != nil {
+		t.Fatalf("the destroyed machine: %v", err)
+	}
+	if err := gone.(provider.Snapshotter).DeleteSnapshot(t.Context(), "snap1"); err != nil {
+		t.Errorf("delete a snapshot of the destroyed machine: %v", err)
+	}
+	if _, _, err := gone.Info(t.Context()); !errors.Is(err, kite.ErrNotFound) {
+		t.Errorf("info of the destroyed machine: %v", err)
+	}
+	if err := gone.(provider.Snapshotter).Restore(t.Context(), "snap1"); !errors.Is(err, kite.ErrNotFound) {
+		t.Errorf("restore into the destroyed machine: %v", err)
+	}
+	bobs, err := v.Provider().Machine(&provider.BaseMachine{ID: "m1", Owner: "bob", Attributes: map[string]any{"id": m.ID, "host": m.Host}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bobs.(provider.Snapshotter).DeleteSnapshot(t.Context(), "snap1"); !errors.Is(err, kite.ErrUnavailable) {
+		t.Errorf("bob's delete on alice's host: %v, want no host of bob's", err)
+	}
 }
 
 // testConstraints: alice's stack is checked against her host's figures (vagrant.info), with

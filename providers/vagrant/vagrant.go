@@ -147,7 +147,8 @@ func New(opts Options) (*Vagrant, error) {
 		Description:  "Vagrant machines on your own host: run `klient --vagrant` there with your kite key; kloud builds through it (any Vagrant provider; a Docker image with Vagrant's docker provider).",
 		// Listed, not derived: a machine needs its record (Caps' empty probe has none).
 		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapResources,
-			provider.CapConstraints}, // constraints.go
+			provider.CapConstraints, // constraints.go
+			provider.CapSnapshot},   // snapshot.go
 		Constraints: v.Constraints,
 		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return &stack{v: v, b: b}, nil },
 		Machine:     v.machine,
