@@ -5,7 +5,8 @@
 // Start with New and Manager: Create writes a machine's directory, Up/Halt/Destroy run `vagrant
 // up|halt|destroy -f` in it, Status parses `vagrant status --machine-readable`, List walks the
 // directories. Calls on one machine are serialised; a ctx that ends kills the vagrant process
-// (its whole process group).
+// (its whole process group). Info (info.go) reports the host's CPUs and memory; snapshot.go
+// saves and restores machines' disks.
 //
 // # A machine's directory
 //

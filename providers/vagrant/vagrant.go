@@ -11,7 +11,10 @@
 // Start reading at New and Vagrant.Provider (this file), then template.go (what ApplyTemplate
 // does to a template: the agent's user data, kloud's tags, the provider block), service.go and
 // records.go (which machine is whose), machine.go (start, stop, info), hosts.go (finding the
-// owner's host klient through kontrol).
+// owner's host klient through kontrol). Optional capabilities: constraints.go (cpus and memory
+// checked against the owner's host's vagrant.info), snapshot.go (kept on the host),
+// resources.go (kloud's gc). No firewall: the machines share their host's network
+// (docs/providers.md says why).
 //
 // # Which host
 //
