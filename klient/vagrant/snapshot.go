@@ -110,6 +110,19 @@ func (m *Manager) inspect(ctx context.Context, pp params) (c container, upper, w
 	return c, upper, work, nil
 }
 
+// stillStopped checks that machine pp's container is still container id and not running (it was
+// not started or replaced behind Vagrant's back while its layer was read or restored).
+func (m *Manager) stillStopped(ctx context.Context, pp params, id string) error {
+	c, _, _, err := m.inspect(ctx, pp)
+	if err != nil {
+		return err
+	}
+	if c.State.Running || c.ID != id {
+		return fmt.Errorf("the container was started or replaced meanwhile: %w", ErrRunning)
+	}
+	return nil
+}
+
 // docker runs the docker CLI with the vagrant commands' environment (Options.Env's DOCKER_HOST).
 func (m *Manager) docker(ctx context.Context, args ...string) ([]byte, error) {
 	bin, err := exec.LookPath("docker")
@@ -155,30 +168,18 @@ func (m *Manager) SnapshotSave(ctx context.Context, name, id string) (klientapi.
 		if c.State.Running {
 			return klientapi.VagrantSnapshot{}, fmt.Errorf("snapshot of machine %s: %w", name, ErrRunning)
 		}
-		f, err := os.CreateTemp(m.snapDir(), "."+id+".tmp-")
-		if err != nil {
-			return klientapi.VagrantSnapshot{}, err
-		}
-		defer os.Remove(f.Name())
-		defer f.Close()
-		info, err := layersnap.Save(ctx, upper, f, layersnap.SaveOptions{Meta: map[string]string{metaImage: c.Image}})
-		if err == nil {
-			err = f.Sync()
-		}
+		info, err := layersnap.SaveFile(ctx, upper, m.snapPath(id, ".tar.zst"), layersnap.SaveOptions{
+			Meta: map[string]string{metaImage: c.Image},
+			// Started behind Vagrant's back meanwhile (docker start): the layer was live.
+			BeforeCommit: func() error { return m.stillStopped(ctx, pp, c.ID) },
+		})
 		if err != nil {
 			return klientapi.VagrantSnapshot{}, fmt.Errorf("snapshot of machine %s: %w", name, err)
 		}
-		fi, err := f.Stat()
-		if err != nil {
-			return klientapi.VagrantSnapshot{}, err
-		}
-		if err := os.Rename(f.Name(), m.snapPath(id, ".tar.zst")); err != nil {
-			return klientapi.VagrantSnapshot{}, err
-		}
-		meta.Format, meta.Image, meta.Size, meta.DiskSize, meta.Files = klientapi.VagrantSnapshotFormatLayer, c.Image, fi.Size(), info.DiskSize, info.Files
+		meta.Format, meta.Image, meta.Size, meta.DiskSize, meta.Files = klientapi.VagrantSnapshotFormatLayer, c.Image, info.Size, info.DiskSize, info.Files
 	}
 	if err := writeJSON(m.snapPath(id, ".json"), meta); err != nil {
-		os.Remove(m.snapPath(id, ".tar.zst"))
+		layersnap.RemoveFile(m.snapPath(id, ".tar.zst"))
 		return klientapi.VagrantSnapshot{}, err
 	}
 	m.log.Info("vagrant machine snapshot saved", "machine", name, "snapshot", id, "format", meta.Format, "size", meta.Size)
@@ -227,17 +228,7 @@ func (m *Manager) SnapshotRestore(ctx context.Context, name, id string) error {
 	defer f.Close()
 	err = layersnap.Restore(ctx, f, upper, layersnap.RestoreOptions{
 		Match: map[string]string{metaImage: c.Image}, KeepPaths: IdentityPaths, WorkDir: work,
-		BeforeSwap: func() error {
-			// Started behind Vagrant's back meanwhile (docker start): its overlay is mounted.
-			c2, _, _, err := m.inspect(ctx, pp)
-			if err != nil {
-				return err
-			}
-			if c2.State.Running || c2.ID != c.ID {
-				return fmt.Errorf("the container was started or replaced meanwhile: %w", ErrRunning)
-			}
-			return nil
-		},
+		BeforeSwap: func() error { return m.stillStopped(ctx, pp, c.ID) },
 	})
 	if err != nil {
 		return fmt.Errorf("restore machine %s from snapshot %s: %w", name, id, err)
@@ -254,8 +245,7 @@ func (m *Manager) SnapshotDelete(ctx context.Context, name, id string) error {
 	}
 	meta, err := m.readSnapMeta(id)
 	if errors.Is(err, ErrSnapshotNotFound) {
-		os.Remove(m.snapPath(id, ".tar.zst")) // what a crash between the two writes left
-		return nil
+		return layersnap.RemoveFile(m.snapPath(id, ".tar.zst")) // what a crash between the two writes left
 	}
 	if err != nil {
 		return err
@@ -268,10 +258,11 @@ func (m *Manager) SnapshotDelete(ctx context.Context, name, id string) error {
 			}
 		} // a destroyed machine's snapshots went with it
 	}
-	for _, ext := range []string{".tar.zst", ".json"} {
-		if err := os.Remove(m.snapPath(id, ext)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
+	if err := layersnap.RemoveFile(m.snapPath(id, ".tar.zst")); err != nil {
+		return err
+	}
+	if err := os.Remove(m.snapPath(id, ".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	m.log.Info("vagrant machine snapshot deleted", "machine", meta.Machine, "snapshot", id)
 	return nil
