@@ -424,6 +424,7 @@ func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []Fi
 	if err != nil {
 		return nil, err
 	}
+	b.owner = st.Owner // constraints are the stack owner's (a vagrant host is its owner's), not the caller's
 	// A plan of an earlier attempt (a cancelled update, a preview) may still hold the content
 	// id for a moment: wait for it.
 	var planned []api.PlannedMachine
