@@ -43,8 +43,7 @@ type builtTemplate struct {
 	creds     map[string]*provider.Credential // provider → credential
 	credIDs   map[string]string
 	providers map[string][]string // provider → machine resource names
-	owner     string              // who builds it (the caller), team: for the providers' constraints
-	team      string
+	team      string              // whose template and credentials
 }
 
 // build resolves credentials and variables for files and checks that secrets reach only
@@ -61,7 +60,7 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 		return nil, err
 	}
 	b := &builtTemplate{files: files, variables: map[string]any{}, creds: map[string]*provider.Credential{}, credIDs: map[string]string{}, providers: map[string][]string{},
-		owner: c.Username, team: team}
+		team: team}
 	for k, v := range vars {
 		b.variables[k] = v
 	}
@@ -141,8 +140,10 @@ func (s *Server) pickCredential(ctx context.Context, team, p string) (string, er
 	return "", fmt.Errorf("team %s has several %s credentials: choose one with --credential %s=ID: %w", team, p, p, kite.ErrInvalidParams)
 }
 
-// plan runs terraform plan on a built template and returns the machines it would create.
-func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, logf func(string)) ([]api.PlannedMachine, error) {
+// plan runs terraform plan on a built template and returns the machines it would create,
+// checked against the providers' constraints for owner (a provider's bounds may be the owner's:
+// the vagrant provider asks the owner's host).
+func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, owner string, logf func(string)) ([]api.PlannedMachine, error) {
 	tf, err := s.terraformer()
 	if err != nil {
 		return nil, err
@@ -180,7 +181,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, l
 		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Label < out[j].Label })
-	if err := s.checkConstraints(ctx, b.owner, b.team, out); err != nil { // constraints.go
+	if err := s.checkConstraints(ctx, owner, b.team, out); err != nil { // constraints.go
 		return nil, err
 	}
 	return out, nil
@@ -231,7 +232,7 @@ func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	if err != nil {
 		return nil, err
 	}
-	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, nil)
+	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +248,7 @@ func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if err != nil {
 		return nil, err
 	}
-	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, nil)
+	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -695,19 +696,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	if ctx.Err() != nil {
 		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
-	said := map[string]string{} // the last message logged per resource: progress repeats it
-	job, err := tf.Wait(ctx, tfJob, func(ev tfrun.Event) {
-		if ev.Type == tfrun.EventProgress && ev.Resource != nil {
-			j.EnterAt(ctx, stackbuild.BuildResources, ev.Percent)
-			if msg := ev.Resource.Message; msg != "" && said[ev.Resource.Address] != msg {
-				said[ev.Resource.Address] = msg
-				j.Logf(ctx, "%s", msg)
-			}
-		}
-		if ev.Type == tfrun.EventDiagnostic && ev.Diagnostic != nil {
-			j.Logf(ctx, "terraform: %s", ev.Diagnostic.String())
-		}
-	})
+	job, err := tf.Wait(ctx, tfJob, applyProgress(ctx, j))
 	if err != nil {
 		return nil, s.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
@@ -763,6 +752,24 @@ func (s *Server) settleMachines(ctx context.Context, c *Caller, ms []Machine, re
 		s.setMachine(ctx, m.ID, []provider.State{provider.Building}, set)
 	}
 	return failed
+}
+
+// applyProgress follows a terraform apply of a build or an update in job j: the resources' stage
+// and percentage, each resource's message once (progress repeats it), terraform's diagnostics.
+func applyProgress(ctx context.Context, j *jobCtx) func(tfrun.Event) {
+	said := map[string]string{} // the last message logged per resource
+	return func(ev tfrun.Event) {
+		if ev.Type == tfrun.EventProgress && ev.Resource != nil {
+			j.EnterAt(ctx, stackbuild.BuildResources, ev.Percent)
+			if msg := ev.Resource.Message; msg != "" && said[ev.Resource.Address] != msg {
+				said[ev.Resource.Address] = msg
+				j.Logf(ctx, "%s", msg)
+			}
+		}
+		if ev.Type == tfrun.EventDiagnostic && ev.Diagnostic != nil {
+			j.Logf(ctx, "terraform: %s", ev.Diagnostic.String())
+		}
+	}
 }
 
 // settleStack ends a build or an update whose machines are settled: the stack is Initialized,

@@ -396,19 +396,7 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool)
 	if ctx.Err() != nil {
 		return nil, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
-	said := map[string]string{}
-	job, err := tf.Wait(ctx, tfJob, func(ev tfrun.Event) {
-		if ev.Type == tfrun.EventProgress && ev.Resource != nil {
-			j.EnterAt(ctx, stackbuild.BuildResources, ev.Percent)
-			if msg := ev.Resource.Message; msg != "" && said[ev.Resource.Address] != msg {
-				said[ev.Resource.Address] = msg
-				j.Logf(ctx, "%s", msg)
-			}
-		}
-		if ev.Type == tfrun.EventDiagnostic && ev.Diagnostic != nil {
-			j.Logf(ctx, "terraform: %s", ev.Diagnostic.String())
-		}
-	})
+	job, err := tf.Wait(ctx, tfJob, applyProgress(ctx, j))
 	if err != nil {
 		return nil, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
@@ -424,12 +412,12 @@ func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []Fi
 	if err != nil {
 		return nil, err
 	}
-	b.owner = st.Owner // constraints are the stack owner's (a vagrant host is its owner's), not the caller's
 	// A plan of an earlier attempt (a cancelled update, a preview) may still hold the content
 	// id for a moment: wait for it.
 	var planned []api.PlannedMachine
 	for said := false; ; {
-		planned, err = s.plan(ctx, "update-"+st.ID, b, nil) // its lines would say "create" of every machine
+		// Constraints are the stack owner's (a vagrant host is its owner's), not the caller's.
+		planned, err = s.plan(ctx, "update-"+st.ID, b, st.Owner, nil) // its lines would say "create" of every machine
 		if !errors.Is(err, kite.ErrConflict) {
 			break
 		}
@@ -1107,36 +1095,15 @@ func empty(v any) bool {
 	return false
 }
 
-// describeChange is one line of the job's log (and the CLI's) for a machine's change.
+// describeChange is one line of the job's log for a machine's change.
 func describeChange(mc api.MachineChange) string {
 	var parts []string
 	for _, c := range mc.Changes {
-		switch {
-		case c.Hidden:
-			parts = append(parts, c.Name+" (hidden)")
-		case c.Unknown:
-			parts = append(parts, fmt.Sprintf("%s: %v → (known after apply)", c.Name, show(c.Before)))
-		default:
-			parts = append(parts, fmt.Sprintf("%s: %v → %v", c.Name, show(c.Before), show(c.After)))
-		}
+		parts = append(parts, c.String())
 	}
 	line := mc.Label + ": " + mc.Action
 	if len(parts) > 0 {
 		line += " (" + strings.Join(parts, "; ") + ")"
 	}
 	return line
-}
-
-func show(v any) string {
-	if v == nil {
-		return "null"
-	}
-	if s, ok := v.(string); ok {
-		return strconv.Quote(s)
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Sprint(v)
-	}
-	return string(b)
 }

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 )
 
 // Stack update and scale (issue 13 §1): stack.update, stack.scale, and stack.plan of a stack.
@@ -95,6 +97,32 @@ type AttrChange struct {
 	// Unknown: the new value is known only after apply.
 	Unknown bool `json:"unknown,omitempty"`
 	Hidden  bool `json:"hidden,omitempty"`
+}
+
+// String is the change as the CLI and the update job's log show it: `name: before → after`,
+// `name: before → (known after apply)` or `name (hidden)`; strings quoted, other values as JSON.
+func (c AttrChange) String() string {
+	switch {
+	case c.Hidden:
+		return c.Name + " (hidden)"
+	case c.Unknown:
+		return c.Name + ": " + valueText(c.Before) + " → (known after apply)"
+	}
+	return c.Name + ": " + valueText(c.Before) + " → " + valueText(c.After)
+}
+
+func valueText(v any) string {
+	if v == nil {
+		return "null"
+	}
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
 }
 
 // MachineChange is what a stack update does to one machine.

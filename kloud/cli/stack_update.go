@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -123,25 +122,7 @@ func changeText(m api.MachineChange) string {
 	}
 	var parts []string
 	for _, c := range m.Changes {
-		switch {
-		case c.Hidden:
-			parts = append(parts, c.Name+" (hidden)")
-		case c.Unknown:
-			parts = append(parts, fmt.Sprintf("%s: %s → (known after apply)", c.Name, jsonText(c.Before)))
-		default:
-			parts = append(parts, fmt.Sprintf("%s: %s → %s", c.Name, jsonText(c.Before), jsonText(c.After)))
-		}
+		parts = append(parts, c.String())
 	}
 	return strings.Join(parts, "; ")
-}
-
-func jsonText(v any) string {
-	if v == nil {
-		return "null"
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Sprint(v)
-	}
-	return string(b)
 }
