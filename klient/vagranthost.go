@@ -89,12 +89,10 @@ func vagrantErr(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, vagrant.ErrNotFound):
+	case errors.Is(err, vagrant.ErrNotFound), errors.Is(err, vagrant.ErrSnapshotNotFound):
 		return fmt.Errorf("%w: %w", err, kite.ErrNotFound)
 	case errors.Is(err, vagrant.ErrExists):
 		return fmt.Errorf("%w: %w", err, kite.ErrConflict)
-	case errors.Is(err, vagrant.ErrSnapshotNotFound):
-		return fmt.Errorf("%w: %w", err, kite.ErrNotFound)
 	case errors.Is(err, vagrant.ErrRunning), errors.Is(err, vagrant.ErrUnsupported):
 		return fmt.Errorf("%w: %w", err, kite.ErrState)
 	case errors.Is(err, layersnap.ErrMismatch):
