@@ -187,7 +187,7 @@ func TestCreateAllowed(t *testing.T) {
 // Tokens: signed, bound to the instance; a tampered one is refused.
 func TestToken(t *testing.T) {
 	d, _ := New(Options{Host: "unix:///x.sock", Image: "i", Instance: "i1", StateDir: t.TempDir()})
-	s, err := d.mintToken("s1", []string{"m1"})
+	s, err := d.sign(token{Stack: "s1", Machines: []string{"m1"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,10 +34,6 @@ type token struct {
 // TokenVar is the sensitive Terraform variable that holds the proxy's URL with the stack's token.
 const TokenVar = "kloud_docker_host"
 
-func (d *Docker) mintToken(stack string, machines []string) (string, error) {
-	return d.sign(token{Stack: stack, Machines: machines})
-}
-
 // stackToken is the token of a build of stack b: its machines, their owners and its team.
 func (d *Docker) stackToken(b *provider.BaseStack) (string, error) {
 	t := token{Stack: b.StackID, Machines: make([]string, 0, len(b.Machines)), Owners: map[string]string{}, Team: b.Team}
