@@ -89,13 +89,5 @@ func (r *run) putBack(k *keptContent) error {
 	if err != nil {
 		return err
 	}
-	if r.e.opts.InsecureNoSandbox {
-		return nil
-	}
-	// Terraform's user reads them in the next run (a destroy brings no files).
-	uid, gid := r.e.opts.SandboxUID, r.e.opts.SandboxGID
-	if err := os.Lchown(r.varsPath(), uid, gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return chownTree(r.work, uid, gid)
+	return r.giveToSandbox() // terraform's user reads them in the next run (a destroy brings no files)
 }

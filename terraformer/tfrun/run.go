@@ -290,10 +290,16 @@ func (r *run) prepare() error {
 			return fmt.Errorf("variables: %w", err)
 		}
 	}
+	return r.giveToSandbox()
+}
+
+// giveToSandbox makes the variables file and the work dir terraform's user's (without a
+// sandbox, nothing): only that user can read the variables (credentials among them: 0600, its
+// own), and it reads them in the next run.
+func (r *run) giveToSandbox() error {
 	if r.e.opts.InsecureNoSandbox {
 		return nil
 	}
-	// Only terraform's user can read the variables (credentials among them): 0600, its own.
 	uid, gid := r.e.opts.SandboxUID, r.e.opts.SandboxGID
 	if err := os.Lchown(r.varsPath(), uid, gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("variables: %w", err)
