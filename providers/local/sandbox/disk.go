@@ -75,9 +75,19 @@ func mountDisk(cfg *bootConfig) error {
 	if cfg.DiskImage == "" {
 		return nil
 	}
-	out, err := exec.Command(mountBinary(), "-t", "ext4", "-o", "loop,nosuid,nodev", cfg.DiskImage, cfg.DiskMount).CombinedOutput()
+	return mountImage(cfg.DiskImage, cfg.DiskMount, false)
+}
+
+// mountImage loop-mounts the ext4 disk image img on mnt (nosuid, nodev; read-only if ro) with
+// mount(8), forked from the calling thread: the mount lands in that thread's mount namespace.
+func mountImage(img, mnt string, ro bool) error {
+	opts := "loop,nosuid,nodev"
+	if ro {
+		opts += ",ro"
+	}
+	out, err := exec.Command(mountBinary(), "-t", "ext4", "-o", opts, img, mnt).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("mount the disk image %s: %w: %s", cfg.DiskImage, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("mount the disk image %s: %w: %s", img, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

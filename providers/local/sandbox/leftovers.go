@@ -53,10 +53,7 @@ func (m *Manager) saveLedger(r *record) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("write ledger entry: %w", err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err := replaceFile(p, b); err != nil {
 		return fmt.Errorf("write ledger entry: %w", err)
 	}
 	return nil

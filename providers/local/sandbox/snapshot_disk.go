@@ -4,10 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -47,16 +45,10 @@ func (m *Manager) withDisk(r *record, ro bool, fn func(root string) error) error
 			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 				return fmt.Errorf("mount the disk image: make the mount namespace private: %w", err)
 			}
-			opts := "loop,nosuid,nodev"
-			if ro {
-				opts += ",ro"
+			if err := mountImage(img, mnt, ro); err != nil { // forked from this thread: in its namespace
+				return err
 			}
-			// Forked from this thread: mount runs in its namespace.
-			out, err := exec.Command(mountBinary(), "-t", "ext4", "-o", opts, img, mnt).CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("mount the disk image %s: %w: %s", img, err, strings.TrimSpace(string(out)))
-			}
-			err = fn(mnt)
+			err := fn(mnt)
 			if uerr := unix.Unmount(mnt, 0); uerr != nil {
 				err = errors.Join(err, fmt.Errorf("unmount the disk image: %w", uerr))
 			}

@@ -112,15 +112,19 @@ func (m *Manager) saveRecord(r *record) error {
 	if err := m.saveLedger(r); err != nil { // leftovers.go: who the machine was, if this file goes
 		return err
 	}
-	p := m.recordPath(r.ID)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return fmt.Errorf("write machine.json: %w", err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
+	if err := replaceFile(m.recordPath(r.ID), append(b, '\n')); err != nil {
 		return fmt.Errorf("write machine.json: %w", err)
 	}
 	return nil
+}
+
+// replaceFile writes p through p.tmp and a rename (mode 0600), so readers see the old or the new
+// content, never a part.
+func replaceFile(p string, b []byte) error {
+	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(p+".tmp", p)
 }
 
 // fileLock is an exclusive flock on a file. Locks order: a machine's lock before the global lock.
