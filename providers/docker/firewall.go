@@ -101,17 +101,16 @@ func (d *Docker) ApplyFirewall(ctx context.Context) error {
 		return err
 	}
 	began := time.Now()
-	res, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true,
-		Filters: make(client.Filters).Add("label", LabelInstance+"="+d.instance)})
+	cs, err := d.instanceContainers(ctx, cli)
 	if err != nil {
-		return fmt.Errorf("firewall: list containers: %w", err)
+		return fmt.Errorf("firewall: %w", err)
 	}
 	_, brErr := os.Stat("/sys/class/net/" + d.opts.Bridge)
 	have := map[string]bool{}
 	var ms []bridgefw.Machine
-	for _, c := range res.Items {
+	for _, c := range cs {
 		lbl := c.Labels
-		if lbl[LabelInstance] != d.instance || lbl[LabelMachine] == "" {
+		if lbl[LabelMachine] == "" {
 			continue
 		}
 		have[lbl[LabelMachine]] = true

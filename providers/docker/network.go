@@ -9,6 +9,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 )
@@ -196,16 +197,15 @@ func (d *Docker) GC(ctx context.Context, keep func(stackID, machineID string) bo
 	if err != nil {
 		return nil, err
 	}
-	res, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true,
-		Filters: make(client.Filters).Add("label", LabelInstance+"="+d.instance)})
+	cs, err := d.instanceContainers(ctx, cli)
 	if err != nil {
-		return nil, fmt.Errorf("list containers: %w", err)
+		return nil, err
 	}
 	var removed []string
 	var errs []error
-	for _, c := range res.Items {
+	for _, c := range cs {
 		s, m := c.Labels[LabelStack], c.Labels[LabelMachine]
-		if c.Labels[LabelInstance] != d.instance || s == "" || m == "" || keep(s, m) {
+		if s == "" || m == "" || keep(s, m) {
 			continue
 		}
 		if _, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
@@ -223,4 +223,21 @@ func (d *Docker) GC(ctx context.Context, keep func(stackID, machineID string) bo
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// instanceContainers lists every container of this kloud instance, stopped ones too: those whose
+// kloud_instance label is d's (the daemon's filter, checked again on each).
+func (d *Docker) instanceContainers(ctx context.Context, cli *client.Client) ([]container.Summary, error) {
+	res, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true,
+		Filters: make(client.Filters).Add("label", LabelInstance+"="+d.instance)})
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	var out []container.Summary
+	for _, c := range res.Items {
+		if c.Labels[LabelInstance] == d.instance {
+			out = append(out, c)
+		}
+	}
+	return out, nil
 }

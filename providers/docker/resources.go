@@ -35,14 +35,13 @@ func (i inventory) Resources(ctx context.Context) ([]provider.Resource, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true,
-		Filters: make(client.Filters).Add("label", LabelInstance+"="+i.d.instance)})
+	cs, err := i.d.instanceContainers(ctx, cli)
 	if err != nil {
-		return nil, fmt.Errorf("list containers: %w", err)
+		return nil, err
 	}
 	var out []provider.Resource
-	for _, c := range res.Items {
-		if c.Labels[LabelInstance] != i.d.instance || c.Labels[LabelStack] == "" {
+	for _, c := range cs {
+		if c.Labels[LabelStack] == "" {
 			continue
 		}
 		r := provider.Resource{ID: c.ID, Kind: KindContainer, Tags: provider.MapTags(c.Labels, labelTags())}
