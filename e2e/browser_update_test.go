@@ -44,7 +44,7 @@ func TestBrowserUpdateSnapshot(t *testing.T) {
 		Used      struct{ Count int }
 	}
 	// same checks that web.0 is the machine it was: record, agent and disk.
-	same := func(m localMachine) error {
+	same := func(m machine) error {
 		if m.ID != web0.ID || m.KiteID != web0.KiteID || m.sandboxID() != sandboxID || m.State != "Running" || m.Agent.Status != "connected" {
 			return fmt.Errorf("web.0 is not the machine it was: before %+v, now %+v", web0, m)
 		}

@@ -65,7 +65,7 @@ func TestLocalGC(t *testing.T) {
 	m0, m1 := ms["gc.0"], ms["gc.1"]
 	id0, id1 := m0.sandboxID(), m1.sandboxID()
 	infos := e.sandboxInfos()
-	for _, m := range []localMachine{m0, m1} {
+	for _, m := range []machine{m0, m1} {
 		in, err := e.h.Manager.Info(t.Context(), m.sandboxID())
 		if err != nil {
 			t.Fatal(err)

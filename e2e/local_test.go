@@ -92,7 +92,6 @@ func indent(s string) string {
 	return strings.Join(lines, "\n")
 }
 
-// localMachine is a machine as `kloud machine list --json` shows it.
 // sandboxID is the machine's id in the sandbox library (kloudlocal_machine's id).
 func (m machine) sandboxID() string { s, _ := m.Attributes["id"].(string); return s }
 

@@ -55,7 +55,7 @@ func TestLocalPorts(t *testing.T) {
 	}
 	web0, web1, other := alice["web.0"], alice["web.1"], carol["web.0"]
 	url := "http://" + web0.IPAddress + ":8000/index.html"
-	reach := func(from localMachine) bool {
+	reach := func(from machine) bool {
 		out, err := e.h.Manager.Exec(t.Context(), from.sandboxID(), "curl", "-s", "--noproxy", "*", "-m", "3", url)
 		return err == nil && strings.Contains(string(out), marker)
 	}

@@ -42,9 +42,6 @@ type machine struct {
 	Attributes                                  map[string]any
 }
 
-// localMachine is the name the local, docker and vagrant tests have used for machine.
-type localMachine = machine
-
 // machines is `kloud machine list --stack STACK` by label.
 func (e *env) machines(stack string) map[string]machine {
 	var ms []machine
@@ -81,10 +78,17 @@ type resumedJob struct{ Status, Error string }
 // percent (within timeout; it fails the test if the job ends first), starts kloud again and
 // follows the job to its end. It returns the job's id and how it ended.
 func (e *env) killMidBuild(sid string, percent int, timeout time.Duration) (jobID string, j resumedJob) {
-	t := e.t
-	t.Helper()
+	e.t.Helper()
 	out := e.run("stack", "apply", sid, "--detach")
 	jobID = strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	return jobID, e.killAt(jobID, percent, timeout, "the build")
+}
+
+// killAt SIGKILLs kloud once job jobID has reached percent (within timeout; a job that ends
+// first fails the test, what names it), starts kloud again and follows the job to its end.
+func (e *env) killAt(jobID string, percent int, timeout time.Duration, what string) (j resumedJob) {
+	t := e.t
+	t.Helper()
 	var seen int
 	testutil.Eventually(t, timeout, func() bool {
 		var j struct {
@@ -97,17 +101,17 @@ func (e *env) killMidBuild(sid string, percent int, timeout time.Duration) (jobI
 		}
 		seen = j.Percentage
 		if j.Status != "running" && j.Status != "queued" && j.Status != "" {
-			t.Fatalf("the job ended (%s) before kloud could be killed at %d%%", j.Status, percent)
+			t.Fatalf("%s: job %s ended (%s) before kloud could be killed at %d%%", what, jobID, j.Status, percent)
 		}
 		return j.Percentage >= percent
-	}, "the build did not reach %d%%", percent)
+	}, "%s: job %s did not reach %d%%", what, jobID, percent)
 	e.kill()
-	t.Logf("killed kloud at %d%%", seen)
+	t.Logf("%s: killed kloud at %d%%", what, seen)
 	e.start()
 	final, err := e.try("job", "watch", jobID)
-	t.Logf("the job after the restart (err %v):\n%s", err, final)
+	t.Logf("%s: the job after the restart (err %v):\n%s", what, err, final)
 	e.runJSON(&j, "job", "get", jobID)
-	return jobID, j
+	return j
 }
 
 // checkResumedBuild checks stack sid of n machines after killMidBuild's job j: built, every

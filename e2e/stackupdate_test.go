@@ -10,7 +10,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,8 +20,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kloud-dev/kloud/internal/testutil"
 )
 
 // updateTemplate is n machines web.<i>; with bigOne, web.1 has 640 MiB instead of 512.
@@ -221,18 +218,11 @@ func killedUpdateRev(n int, withOld bool) string {
 // it failed, `stack apply` converges it); no machine stays Building or Terminating, no label is
 // recorded twice, the kept machine keeps its record and key, and destroy leaves nothing.
 func TestKloudKilledMidUpdate(t *testing.T) {
-	tfAddr, kloudAddr, dir := freePort(t), freePort(t), t.TempDir()
-	testutil.RequireBinary(t, "terraform")
-	testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(dir, "tf"), "--kloud-url", "http://"+kloudAddr)
-	e := &env{t: t, dir: dir, addr: kloudAddr, extra: []string{"--terraformer-url", "http://" + tfAddr}}
-	e.start()
-	t.Cleanup(e.cleanup)
+	e := newTerraformerEnv(t, freePort(t), "")
 	e.alice()
 	tid := e.template(killedUpdateRev(0, true))
-	var created struct{ Stack struct{ ID string } }
-	e.runJSON(&created, "stack", "create", "--template", tid)
-	sid := created.Stack.ID
-	e.run("stack", "apply", sid)
+	sid := e.createStack(tid)
+	e.apply(sid)
 	keep := e.machines(sid)["keep"]
 
 	for _, tc := range []struct {
@@ -253,15 +243,7 @@ func TestKloudKilledMidUpdate(t *testing.T) {
 		if m == nil {
 			t.Fatalf("%s: stack update:\n%s", tc.name, out)
 		}
-		jobID := m[1]
-		seen := e.waitJobAt(jobID, tc.percent, tc.name)
-		e.kill()
-		t.Logf("%s: killed kloud at %d%%", tc.name, seen)
-		e.start()
-		final, err := e.try("job", "watch", jobID)
-		t.Logf("%s: the job after the restart (err %v):\n%s", tc.name, err, final)
-		var j struct{ Status, Error string }
-		e.runJSON(&j, "job", "get", jobID)
+		j := e.killAt(m[1], tc.percent, 3*time.Minute, tc.name)
 		if j.Status != "succeeded" {
 			var st struct{ State, Reason string }
 			e.runJSON(&st, "stack", "describe", sid)
@@ -292,27 +274,4 @@ func TestKloudKilledMidUpdate(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(e.dir, "machines", sid)); len(entries) != 0 {
 		t.Fatalf("machine directories left: %v", entries)
 	}
-}
-
-// waitJobAt waits until job jobID has reached percent and returns the percentage it saw; a job
-// that ends first fails the test (what names the case).
-func (e *env) waitJobAt(jobID string, percent int, what string) int {
-	e.t.Helper()
-	var seen int
-	testutil.Eventually(e.t, 3*time.Minute, func() bool {
-		var j struct {
-			Percentage int
-			Status     string
-		}
-		o, err := e.try("job", "get", jobID)
-		if err != nil || json.Unmarshal([]byte(o), &j) != nil {
-			return false
-		}
-		if j.Status != "running" && j.Status != "queued" && j.Status != "" {
-			e.t.Fatalf("%s: job %s ended (%s) before it reached %d%%", what, jobID, j.Status, percent)
-		}
-		seen = j.Percentage
-		return j.Percentage >= percent
-	}, "%s: job %s did not reach %d%%", what, jobID, percent)
-	return seen
 }
