@@ -227,9 +227,8 @@ async function credentialSteps() {
     const row = 'table.grid tr:has-text("browser cred")';
     await page.click(`${row} button:has-text("Authenticate")`);
     await page.waitForSelector(`${row} .badge:has-text("verified")`);
-    const bootstrap = await page.$(`${row} button:has-text("Bootstrap")`);
-    if (!bootstrap) return { bootstrap: 'none offered' };
-    await bootstrap.click();
+    if (!(await page.$(`${row} button:has-text("Bootstrap")`))) return { bootstrap: 'none offered' };
+    await page.click(`${row} button:has-text("Bootstrap")`); // by selector: the table may render again
     const job = await poll('bootstrap job finished', () => page.evaluate(() => {
       const j = document.querySelector('.jobs .job');
       return j && ['succeeded', 'failed', 'cancelled'].includes(j.dataset.status) ? { status: j.dataset.status, text: j.textContent } : null;

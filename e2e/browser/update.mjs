@@ -150,15 +150,16 @@ async function main() {
       const badge = await text(`tr[data-stack="${stackID}"] .badge-update`);
       if (badge !== 'update: rev 2') throw new Error(`stacks list badge: ${badge}`);
       await page.goto(base + `/#/stacks/${stackID}`);
-      const btn = await poll('update button', async () => {
+      await poll('update button', async () => {
         const b = await page.$('#stack-update');
         if (!b) await page.evaluate(() => window.dispatchEvent(new HashChangeEvent('hashchange')));
         return b;
       }, 30000, 1000);
-      const label0 = (await btn.textContent()).trim();
+      // The stack page renders its header again whenever it refreshes (the watched job ending,
+      // a machine's state): the button is found again by its selector, never kept as a handle.
+      const label0 = await text('#stack-update');
       if (label0 !== 'Update available (rev 1 → 2)') throw new Error(`button says ${label0}`);
-      // The stacks list says so too.
-      await btn.click();
+      await page.click('#stack-update');
       await page.waitForSelector('#stack-update-apply', { timeout: 300000 });
       const summary = await text('#stack-update-summary');
       if (summary !== '1 add, 1 keep') throw new Error(`plan summary: ${summary}`);
