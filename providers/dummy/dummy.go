@@ -355,15 +355,13 @@ func (s *stack) goneResources(labels map[string][]string) []string {
 	if err != nil {
 		return nil
 	}
-	var out []string
+	var have []string
 	for _, e := range entries {
-		res, _, _ := strings.Cut(e.Name(), ".")
-		if _, ok := labels[res]; e.IsDir() && !ok && validName(res) && !slices.Contains(out, res) {
-			out = append(out, res)
+		if e.IsDir() && validName(provider.ResourceOfLabel(e.Name())) {
+			have = append(have, e.Name())
 		}
 	}
-	slices.Sort(out)
-	return out
+	return provider.RemovedResources(have, labels)
 }
 
 type machine struct {
