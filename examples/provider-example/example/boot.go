@@ -29,10 +29,11 @@ import (
 // kloud forwards the request over the plugin's connection. It authenticates every request
 // itself, with the build's token.
 
-// claims is what a build's token says: the stack, what kloud rendered for each of its machines
-// (by label), and until when it may boot them (unix seconds).
+// claims is what a build's token says: the stack and its team, what kloud rendered for each of
+// its machines (by label), and until when it may boot them (unix seconds).
 type claims struct {
 	Stack    string              `json:"stack"`
+	Team     string              `json:"team,omitempty"`
 	Machines map[string]bootSpec `json:"machines"`
 	Exp      int64               `json:"exp"`
 }
@@ -43,6 +44,7 @@ type bootSpec struct {
 	Owner    string `json:"owner"`
 	Hostname string `json:"hostname"`
 	Network  string `json:"network,omitempty"`
+	Machine  string `json:"machine"` // kloud's machine id
 }
 
 const tokenPrefix = "ex1."
@@ -57,30 +59,46 @@ func (e *example) tokenKey() ([]byte, error) {
 	if e.key != nil {
 		return e.key, nil
 	}
-	if err := e.available(); err != nil {
-		return nil, err
-	}
-	path := filepath.Join(e.o.Dir, "token.key")
-	key := make([]byte, 32)
-	rand.Read(key)
-	// Written aside, then linked into place: a link fails if the key exists, so the first writer
-	// wins and everyone reads its key.
-	if err := os.WriteFile(path+".new", key, 0o600); err != nil {
-		return nil, fmt.Errorf("example: token key: %w", err)
-	}
-	err := os.Link(path+".new", path)
-	os.Remove(path + ".new")
-	if err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("example: token key: %w", err)
-	}
-	if key, err = os.ReadFile(path); err != nil {
+	fresh := make([]byte, 32)
+	rand.Read(fresh)
+	key, err := e.kept("token.key", fresh)
+	if err != nil {
 		return nil, fmt.Errorf("example: token key: %w", err)
 	}
 	if len(key) != 32 {
-		return nil, fmt.Errorf("example: token key %s has %d bytes, want 32", path, len(key))
+		return nil, fmt.Errorf("example: token key %s has %d bytes, want 32", filepath.Join(e.o.Dir, "token.key"), len(key))
 	}
 	e.key = key
 	return key, nil
+}
+
+// kept returns the content of file name in Dir, written with fresh (mode 0600) if there is none:
+// written aside, then linked into place. A link fails if the file exists, so the first writer
+// wins and everyone reads its content.
+func (e *example) kept(name string, fresh []byte) ([]byte, error) {
+	if err := e.available(); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(e.o.Dir, name)
+	if b, err := os.ReadFile(path); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return b, err
+	}
+	f, err := os.CreateTemp(e.o.Dir, name+".new*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(fresh)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Link(f.Name(), path)
+	}
+	if err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	return os.ReadFile(path)
 }
 
 func (e *example) mint(c claims) (string, error) {
@@ -177,10 +195,16 @@ func (e *example) serveBoot(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusForbidden, fmt.Errorf("machine %s: not the script kloud rendered for it", label))
 		return
 	}
+	resource := r.URL.Query().Get("resource")
+	if !resourceIDRe.MatchString(resource) {
+		httpError(w, http.StatusBadRequest, fmt.Errorf("machine %s: resource %q: want the machine resource's id in Terraform's state (1-64 letters, digits and dashes); build the stack again", label, resource))
+		return
+	}
 	// The boot outlives the request if curl gives up; it returns once provisioning runs.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Minute)
 	defer cancel()
-	if err := e.boot(ctx, c.Stack, label, c.Machines[label], script); err != nil {
+	rec := record{ID: resource, Machine: c.Machines[label].Machine, Team: c.Team, Owner: c.Machines[label].Owner, Hostname: c.Machines[label].Hostname}
+	if err := e.boot(ctx, c.Stack, label, c.Machines[label], rec, script); err != nil {
 		e.o.Logger.Warn("boot", "stack", c.Stack, "machine", label, "err", err)
 		httpError(w, http.StatusInternalServerError, err)
 		return
@@ -196,7 +220,7 @@ func (e *example) serveDestroy(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
 	defer cancel()
-	if err := e.destroy(ctx, c.Stack, label); err != nil {
+	if err := e.destroy(ctx, c.Stack, label, nil); err != nil {
 		httpError(w, http.StatusInternalServerError, err)
 		return
 	}
@@ -207,17 +231,26 @@ func (e *example) serveDestroy(w http.ResponseWriter, r *http.Request) {
 // boot powers on a fresh machine: it lays down its "image" (an account for the owner, so the
 // agent's terminal has a login shell, and the host name and network), then runs kloud's
 // provisioning script with bash, which returns as soon as provisioning runs in the background.
-// A machine booted again (Terraform replaced it) starts from scratch; a failed boot leaves
-// nothing behind.
-func (e *example) boot(ctx context.Context, stackID, label string, spec bootSpec, script []byte) (err error) {
+// Its record (rec: tags and Terraform's id of it, resources.go) is written first and marked
+// complete last. A machine booted again (Terraform replaced it) starts from scratch; a failed
+// boot leaves nothing behind.
+func (e *example) boot(ctx context.Context, stackID, label string, spec bootSpec, rec record, script []byte) (err error) {
 	dir := e.dir(stackID, label)
 	defer e.lock(dir)()
 	if err := destroyDir(ctx, dir); err != nil {
 		return err
 	}
+	if rec.Instance, err = e.instanceID(); err != nil {
+		return err
+	}
+	rec.Created = time.Now().UTC()
+	if err := e.writeRecord(stackID, label, rec); err != nil {
+		return fmt.Errorf("boot %s: %w", label, err)
+	}
 	defer func() {
 		if err != nil {
 			destroyDir(context.WithoutCancel(ctx), dir)
+			e.removeRecord(stackID, label)
 		}
 	}()
 	home := filepath.Join(dir, "home", spec.Owner)
@@ -250,15 +283,33 @@ func (e *example) boot(ctx context.Context, stackID, label string, spec bootSpec
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("boot %s: %w: %s", label, err, strings.TrimSpace(out.String()))
 	}
+	rec.Complete = true
+	if err := e.writeRecord(stackID, label, rec); err != nil {
+		return fmt.Errorf("boot %s: %w", label, err)
+	}
 	return nil
 }
 
-// destroy kills the machine's processes and removes its disk (and its stack's directory once
-// empty). Destroying a machine that is not there succeeds.
-func (e *example) destroy(ctx context.Context, stackID, label string) error {
+// destroy kills the machine's processes and removes its disk, then its record (and its stack's
+// directory once empty). Destroying a machine that is not there succeeds. If check is set, it
+// first gets the machine's record (nil: none) and the machine is destroyed only if it returns
+// nil: the garbage collector's check that the machine is still the one it listed.
+func (e *example) destroy(ctx context.Context, stackID, label string, check func(*record) error) error {
 	dir := e.dir(stackID, label)
 	defer e.lock(dir)()
+	if check != nil {
+		rec, err := e.readRecord(stackID, label)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("destroy %s: %w", label, err)
+		}
+		if err := check(rec); err != nil {
+			return err
+		}
+	}
 	if err := destroyDir(ctx, dir); err != nil {
+		return fmt.Errorf("destroy %s: %w", label, err)
+	}
+	if err := e.removeRecord(stackID, label); err != nil {
 		return fmt.Errorf("destroy %s: %w", label, err)
 	}
 	os.Remove(filepath.Dir(dir)) // fails while the stack has other machines

@@ -35,6 +35,19 @@
 // request to it): one boots the machine when it is created, the other destroys it when it is
 // destroyed. A token minted for that one build (HMAC, key in Dir) authorizes exactly the scripts
 // kloud rendered for that stack's machines.
+//
+// A stack update may remove a whole machine resource block. Terraform runs a destroy-time
+// provisioner only while its block exists, so ApplyTemplate keeps the generated destroy block of
+// each resource that still has machines on disk, with no instances, until they are gone
+// (provider.RemovedResources).
+//
+// # Tags and garbage collection (resources.go)
+//
+// Every machine has a record beside its disk (<stack>/<label>.json): kloud's tags (stack, team,
+// owner, kloud's machine id, the kloud instance) and the id Terraform's state has for the
+// machine resource. The provider lists the records (Provider.Inventory, capability "resources"),
+// so `kloud gc` finds machines whose stack or machine record kloud no longer has, or that a build
+// which died left outside Terraform's state, and removes them.
 package example
 
 import (
@@ -65,6 +78,10 @@ type Options struct {
 	TokenTTL time.Duration
 	// Logger receives the provider's log (default: discard).
 	Logger *slog.Logger
+	// Instance is the kloud instance whose machines this provider makes and lists (the
+	// resources' kloud.instance tag; default: an id made once and kept in Dir/instance-id). A
+	// launched plugin's state directory is one kloud's, so one Dir must serve one kloud.
+	Instance string
 }
 
 // Credential is what a user enters to use the provider (kloud credential add --field ...).
@@ -151,6 +168,9 @@ func New(o Options) *provider.Provider {
 		// Available says why the provider cannot work here (shown by kloud provider list).
 		Available: e.available,
 		Handler:   e.handler(),
+		// Inventory lists and removes the machines by their tags, for kloud's garbage
+		// collector (resources.go); it makes the capability "resources".
+		Inventory: inventory{e},
 	}
 }
 
@@ -158,8 +178,9 @@ func New(o Options) *provider.Provider {
 type example struct {
 	o Options
 
-	keyMu sync.Mutex
-	key   []byte // the token key, read or made on first use (boot.go)
+	keyMu    sync.Mutex
+	key      []byte // the token key, read or made on first use (boot.go)
+	instance string // Options.Instance or the one kept in Dir, read or made on first use
 
 	mu   sync.Mutex
 	busy map[string]*sync.Mutex // machine dir → held while it boots, starts, stops or is destroyed

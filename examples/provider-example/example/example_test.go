@@ -51,7 +51,8 @@ func newEnv(t *testing.T, plugin bool) *env {
 	t.Helper()
 	testutil.RequireBinary(t, "curl")
 	testutil.RequireBinary(t, "bash")
-	o := kloudtest.Options{Providers: provider.NewRegistry(), KlientBin: testutil.BuildBinary(t, "./cmd/klient"), DataDir: t.TempDir()}
+	o := kloudtest.Options{Providers: provider.NewRegistry(), KlientBin: testutil.BuildBinary(t, "./cmd/klient"), DataDir: t.TempDir(),
+		GC: kloud.GCOptions{Interval: -1, Grace: -1}} // gc.run (TestRemoved) judges every machine, however young
 	dir := filepath.Join(t.TempDir(), "state")
 	if plugin {
 		testutil.RequireRoot(t) // the plugin's sandbox
@@ -149,6 +150,21 @@ func (e *env) succeed(ref api.JobRef, err error) {
 	}
 }
 
+// build makes alice a template of mainTF and a stack of it, and builds the stack.
+func (e *env) build(title, mainTF string) (templateID, stackID string) {
+	e.t.Helper()
+	tpl, err := e.alice.TemplateCreate(e.t.Context(), api.TemplateParams{Title: title, Files: map[string]string{"main.tf": mainTF}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	st, err := e.alice.StackCreate(e.t.Context(), api.StackPlanParams{TemplateID: tpl.ID})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.succeed(e.alice.StackApply(e.t.Context(), api.StackApplyParams{StackID: st.Stack.ID}))
+	return tpl.ID, st.Stack.ID
+}
+
 func (e *env) machines(stackID string) map[string]api.Machine {
 	e.t.Helper()
 	res, err := e.alice.MachineList(e.t.Context(), api.MachineListParams{StackID: stackID})
@@ -238,16 +254,7 @@ func testExample(t *testing.T, plugin bool) {
 	b, err := e.alice.CredentialBootstrap(ctx, api.CredentialBootstrapParams{CredentialID: cred.ID})
 	e.succeed(api.JobRef{JobID: b.JobID}, err)
 
-	tpl, err := e.alice.TemplateCreate(ctx, api.TemplateParams{Title: "two", Files: map[string]string{"main.tf": twoMachines}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := e.alice.StackCreate(ctx, api.StackPlanParams{TemplateID: tpl.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid := st.Stack.ID
-	e.succeed(e.alice.StackApply(ctx, api.StackApplyParams{StackID: sid}))
+	_, sid := e.build("two", twoMachines)
 	ms := e.machines(sid)
 	var network string
 	for _, l := range []string{"vm.0", "vm.1"} {

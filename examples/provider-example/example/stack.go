@@ -86,12 +86,29 @@ const (
 )
 
 // The provisioners' commands. The token travels in a header file (bash process substitution),
-// not on curl's command line; the script on stdin. --fail-with-body makes curl fail with the
-// service's reason, which Terraform then shows.
+// not on curl's command line; the script on stdin; the boot names the machine resource's id in
+// Terraform's state (RESOURCE), which the machine's record keeps for kloud's garbage collector.
+// --fail-with-body makes curl fail with the service's reason, which Terraform then shows.
 const (
-	bootCommand    = `printf '%s' "$SCRIPT" | curl --fail-with-body -sS -m 120 -H @<(echo "Authorization: Bearer $TOKEN") --data-binary @- "$URL/boot"`
+	bootCommand    = `printf '%s' "$SCRIPT" | curl --fail-with-body -sS -m 120 -H @<(echo "Authorization: Bearer $TOKEN") --data-binary @- "$URL/boot?resource=$RESOURCE"`
 	destroyCommand = `curl --fail-with-body -sS -m 120 -X POST -H @<(echo "Authorization: Bearer $TOKEN") "$URL/destroy"`
 )
+
+// localExec is a resource's local-exec provisioner running command with bash, at destroy if when
+// is "destroy".
+func localExec(when, command string, env map[string]any) []any {
+	pe := map[string]any{"command": command, "interpreter": []string{"/bin/bash", "-c"}, "environment": env}
+	if when != "" {
+		pe["when"] = when
+	}
+	return []any{map[string]any{"local-exec": pe}}
+}
+
+// destroyProvisioner is kloud_life_'s: it destroys the machine named by the resource's own
+// input (all a destroy-time provisioner may read is self).
+func destroyProvisioner() []any {
+	return localExec("destroy", destroyCommand, map[string]any{"URL": "${self.input.url}", "TOKEN": "${self.input.token}"})
+}
 
 // ApplyTemplate rewrites the stack's template before kloud applies it: it checks the stack
 // against the credential, gives every machine its provisioning script (BaseStack.InjectUserData
@@ -115,7 +132,6 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err := os.MkdirAll(filepath.Join(s.e.o.Dir, "machines"), 0o700); err != nil {
 		return nil, fmt.Errorf("example: %w", err)
 	}
-
 	labels := map[string][]string{} // machine resource → its machines' labels, count order
 	counted := map[string]bool{}
 	machines := map[string]bootSpec{}
@@ -138,28 +154,53 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		}
 		labels[m.Resource] = append(labels[m.Resource], m.Label)
 		counted[m.Resource] = m.Index != nil
-		machines[m.Label] = bootSpec{Script: sum(script), Owner: cfg.Username, Hostname: cfg.Hostname, Network: network}
+		machines[m.Label] = bootSpec{Script: sum(script), Owner: cfg.Username, Hostname: cfg.Hostname, Network: network, Machine: m.ID}
 		return script, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("example: %w", err)
 	}
-	if len(machines) == 0 {
-		return s.b.Template, nil
-	}
-	token, err := s.e.mint(claims{Stack: s.b.StackID, Machines: machines, Exp: time.Now().Add(s.e.o.TokenTTL).Unix()})
+	gone, err := s.goneResources(labels)
 	if err != nil {
 		return nil, err
 	}
+	res := map[string]any{}
+	for _, name := range gone {
+		// A machine resource the template no longer declares (a stack update removed its
+		// block) whose machines are still on disk: its kloud_life_ block stays, with no
+		// instances, so that Terraform runs their destroy-time provisioners (it runs them only
+		// while the block exists). The next build after they are gone drops it.
+		res[lifeResource+name] = map[string]any{"count": 0, "provisioner": destroyProvisioner()}
+	}
+	if len(machines) == 0 && len(res) == 0 {
+		return s.b.Template, nil
+	}
+	out := map[string]any{"resource": map[string]any{"terraform_data": res}}
+	if len(machines) > 0 {
+		token, err := s.e.mint(claims{Stack: s.b.StackID, Team: c.Team, Machines: machines, Exp: time.Now().Add(s.e.o.TokenTTL).Unix()})
+		if err != nil {
+			return nil, err
+		}
+		out["variable"] = s.machineResources(res, labels, counted, kloudURL, token)
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	s.b.Template.Files[generatedFile] = b
+	return s.b.Template, nil
+}
 
-	// The generated file: per machine resource NAME (count or not), kloud_life_NAME and
-	// kloud_boot_NAME, replaced whenever the machine is (its id) or its script changes (every
-	// build renders new agent keys, so building again boots the machines again). Two resources
-	// because Terraform runs no destroy-time provisioner of a resource left tainted by a failed
-	// create-time one: kloud_life_ has no create-time provisioner, so its destroy always runs.
+// machineResources adds to res, per machine resource NAME of labels (count or not),
+// kloud_life_NAME and kloud_boot_NAME, sets the variables they read (the token, the machines'
+// labels) and returns their declarations. Both are replaced whenever the machine is (its id) or
+// its script changes (every build renders new agent keys, so building again boots the machines
+// again). Two resources because Terraform runs no destroy-time provisioner of a resource left
+// tainted by a failed create-time one: kloud_life_ has no create-time provisioner, so its
+// destroy always runs.
+func (s *stack) machineResources(res map[string]any, labels map[string][]string, counted map[string]bool, kloudURL, token string) map[string]any {
 	vars := map[string]any{tokenVar: map[string]any{"type": "string", "sensitive": true}}
 	s.b.Template.Variables[tokenVar] = token
-	res := map[string]any{}
 	for _, name := range slices.Sorted(maps.Keys(labels)) {
 		lv := labelsVar + name
 		vars[lv] = map[string]any{"type": "list(string)"}
@@ -169,13 +210,6 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 			inst, life, idx = inst+"[count.index]", life+"[count.index]", "count.index"
 		}
 		triggers := []string{"${" + inst + ".id}", "${sha256(" + inst + ".output)}"}
-		localExec := func(when, command string, env map[string]any) []any {
-			pe := map[string]any{"command": command, "interpreter": []string{"/bin/bash", "-c"}, "environment": env}
-			if when != "" {
-				pe["when"] = when
-			}
-			return []any{map[string]any{"local-exec": pe}}
-		}
 		lifeRes := map[string]any{
 			"triggers_replace": triggers,
 			// All a destroy-time provisioner may read is self: the URL and the token live here.
@@ -183,13 +217,13 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 				"url":   kloudURL + provider.HandlerPrefix(s.b.Provider.Name) + "v1/machines/" + s.b.StackID + "/${var." + lv + "[" + idx + "]}",
 				"token": "${var." + tokenVar + "}",
 			},
-			"provisioner": localExec("destroy", destroyCommand, map[string]any{"URL": "${self.input.url}", "TOKEN": "${self.input.token}"}),
+			"provisioner": destroyProvisioner(),
 		}
 		bootRes := map[string]any{
 			"triggers_replace": triggers,
 			"input":            "${" + life + ".output}", // so it is created after kloud_life_
 			"provisioner": localExec("", bootCommand, map[string]any{
-				"URL": "${self.input.url}", "TOKEN": "${self.input.token}", "SCRIPT": "${" + inst + ".output}"}),
+				"URL": "${self.input.url}", "TOKEN": "${self.input.token}", "SCRIPT": "${" + inst + ".output}", "RESOURCE": "${" + inst + ".id}"}),
 		}
 		if counted[name] {
 			lifeRes["count"] = len(labels[name])
@@ -198,10 +232,20 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		res[lifeResource+name] = lifeRes
 		res[bootResource+name] = bootRes
 	}
-	b, err := json.MarshalIndent(map[string]any{"variable": vars, "resource": map[string]any{"terraform_data": res}}, "", "  ")
+	return vars
+}
+
+// goneResources are the machine resources with machines in this stack (their records,
+// resources.go: written before a machine's disk, removed after it) that labels (resource → the
+// labels rendered now) does not have: a stack update removed their block.
+func (s *stack) goneResources(labels map[string][]string) ([]string, error) {
+	recs, err := s.e.records(s.b.StackID)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("example: machine records: %w", err)
 	}
-	s.b.Template.Files[generatedFile] = b
-	return s.b.Template, nil
+	have := make([]string, 0, len(recs))
+	for _, p := range recs {
+		have = append(have, p.label)
+	}
+	return provider.RemovedResources(have, labels), nil
 }
