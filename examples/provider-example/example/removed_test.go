@@ -7,9 +7,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kloud-dev/kloud/examples/provider-example/example"
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/provider"
@@ -44,7 +47,8 @@ resource "terraform_data" "db" {
 // and refuses to remove one by a forged listing (another stack, another machine tag, a path),
 // ignores records that are links, too big or another instance's. Then the stack's record is
 // deleted behind kloud's back: gc --dry-run names its machine and removes nothing, gc removes
-// it (process, disk, record), and a second gc finds nothing.
+// it (process, disk, record), and a second gc finds nothing. As a plugin, the plugin is killed
+// before that: the one kloud starts again lists the same machine.
 func TestRemoved(t *testing.T) {
 	t.Run("InProcess", func(t *testing.T) { testRemoved(t, false) })
 	t.Run("Plugin", func(t *testing.T) { testRemoved(t, true) })
@@ -158,6 +162,21 @@ func testRemoved(t *testing.T, plugin bool) {
 		t.Fatalf("resources after the update: %+v", got)
 	}
 
+	if plugin {
+		// The plugin is killed (its machines' processes die with it): the one kloud starts
+		// again lists the same machine, under the same instance (kept in its state dir).
+		pid := e.Server.PluginPID("example")
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, time.Minute, func() bool {
+			rs, err := inv.Resources(ctx)
+			return err == nil && len(rs) == 1 && rs[0].ID == db.ID && rs[0].Tag(provider.TagInstance) == db.Tag(provider.TagInstance) &&
+				e.Server.PluginPID("example") != pid
+		}, "the restarted plugin does not list db as before")
+		dbPID = 0
+	}
+
 	// The stack's record goes behind kloud's back: gc finds its machine and removes it.
 	if err := e.Server.Store().Stacks().Delete(ctx, sid); err != nil {
 		t.Fatal(err)
@@ -171,6 +190,9 @@ func testRemoved(t *testing.T, plugin bool) {
 	}
 	if pid := supervisorPID(t, mdir("db")); pid != dbPID {
 		t.Fatalf("db after gc --dry-run: supervisor %d, was %d", pid, dbPID)
+	}
+	if _, err := os.Stat(mdir("db")); err != nil {
+		t.Fatalf("db's disk after gc --dry-run: %v", err)
 	}
 	res, err := admin.GCRun(ctx, api.GCRunParams{Provider: "example"})
 	if err != nil {

@@ -177,7 +177,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	}
 	out := map[string]any{"resource": map[string]any{"terraform_data": res}}
 	if len(machines) > 0 {
-		token, err := s.e.mint(claims{Stack: s.b.StackID, Team: c.Team, Machines: machines, Exp: time.Now().Add(s.e.o.TokenTTL).Unix()})
+		token, err := s.e.mint(claims{Stack: s.b.StackID, Team: s.b.Team, Machines: machines, Exp: time.Now().Add(s.e.o.TokenTTL).Unix()})
 		if err != nil {
 			return nil, err
 		}
