@@ -132,6 +132,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err := os.MkdirAll(filepath.Join(s.e.o.Dir, "machines"), 0o700); err != nil {
 		return nil, fmt.Errorf("example: %w", err)
 	}
+
 	labels := map[string][]string{} // machine resource → its machines' labels, count order
 	counted := map[string]bool{}
 	machines := map[string]bootSpec{}
@@ -167,7 +168,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	res := map[string]any{}
 	for _, name := range gone {
 		// A machine resource the template no longer declares (a stack update removed its
-		// block) whose machines are still on disk: its kloud_life_ block stays, with no
+		// block) that still has machines (records): its kloud_life_ block stays, with no
 		// instances, so that Terraform runs their destroy-time provisioners (it runs them only
 		// while the block exists). The next build after they are gone drops it.
 		res[lifeResource+name] = map[string]any{"count": 0, "provisioner": destroyProvisioner()}
