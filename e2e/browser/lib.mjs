@@ -1,9 +1,35 @@
-// lib.mjs — what the browser scripts (ui.mjs, update.mjs) share: one JSON line per event on
-// stdout, polling, and asking the Go test that runs the script (e2e/browser_test.go
-// runBrowserScript) to act.
+// lib.mjs — what the browser scripts (ui.mjs, update.mjs, ports.mjs) share: one JSON line per
+// event on stdout, named steps, polling, and asking the Go test that runs the script
+// (e2e/browser_test.go runBrowserScript) to act.
+//
+// A rule for every script: click by selector (page.click(sel)), never through an ElementHandle
+// kept from an earlier query. The pages render their parts again when data arrives (a job
+// ending, a machine changing state), and a kept handle is then detached: the click fails, or
+// reads what the page no longer shows.
 
 export function log(obj) {
   process.stdout.write(JSON.stringify(obj) + '\n');
+}
+
+// step runs one named step and prints its line: {"step", "ok": true, "ms", …what fn returned}
+// or {"step", "ok": false, "ms", "error"}. A failed step throws again (the script stops there)
+// unless keepGoing is set, when step returns false and the script carries on. stepCounts()
+// says how many steps ran and how many of them failed, for the script's final line.
+const counts = { run: 0, failed: 0 };
+export const stepCounts = () => ({ ...counts });
+export async function step(name, fn, { keepGoing = false } = {}) {
+  const start = Date.now();
+  counts.run++;
+  try {
+    const detail = await fn();
+    log({ step: name, ok: true, ms: Date.now() - start, ...(detail || {}) });
+    return true;
+  } catch (e) {
+    counts.failed++;
+    log({ step: name, ok: false, ms: Date.now() - start, error: String(e && e.stack || e) });
+    if (keepGoing) return false;
+    throw e;
+  }
 }
 
 // poll calls fn until it returns a truthy value or the deadline passes.

@@ -9,6 +9,7 @@
 // offer "Open in browser" and list the firewall, with the form to change it for KLOUD_OWNER only. Prints one JSON line per step and a final {"ok": …};
 // exit status 0 when every step passed. Run by e2e/ports_test.go.
 import { chromium } from 'playwright-core';
+import { log, step, stepCounts } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -16,21 +17,8 @@ const openURL = env.KLOUD_OPEN_URL;
 const marker = env.KLOUD_MARKER;
 const users = JSON.parse(env.KLOUD_USERS || '[]');
 
-function log(obj) {
-  process.stdout.write(JSON.stringify(obj) + '\n');
-}
-
-let failed = false;
-async function step(name, fn) {
-  const t0 = Date.now();
-  try {
-    await fn();
-    log({ step: name, ok: true, ms: Date.now() - t0 });
-  } catch (err) {
-    failed = true;
-    log({ step: name, ok: false, ms: Date.now() - t0, error: String(err && err.stack || err) });
-  }
-}
+// Every user's steps run even when an earlier one failed (keepGoing): the test sees them all.
+const keepGoing = { keepGoing: true };
 
 const browser = await chromium.launch({
   executablePath: env.KLOUD_CHROMIUM || '/usr/bin/chromium',
@@ -45,7 +33,7 @@ try {
     await step(`${u.name}: log in`, async () => {
       const r = await context.request.post(base + '/api/login', { data: { username: u.name, password: u.password } });
       if (!r.ok()) throw new Error(`login: ${r.status()} ${await r.text()}`);
-    });
+    }, keepGoing);
     await step(`${u.name}: open the app (want ${u.want})`, async () => {
       const resp = await page.goto(openURL);
       const text = await page.textContent('body');
@@ -63,7 +51,7 @@ try {
         if (text.includes(marker)) throw new Error(`${u.name} sees the app at ${page.url()}`);
         if (resp.status() < 400) throw new Error(`${u.name}: status ${resp.status()} at ${page.url()}`);
       }
-    });
+    }, keepGoing);
     if (u.want === 'ok' && env.KLOUD_MACHINE_ID) {
       await step(`${u.name}: the machine page offers the port and shows the firewall`, async () => {
         await page.goto(base + `/#/machines/${env.KLOUD_MACHINE_ID}`);
@@ -71,12 +59,13 @@ try {
         await page.waitForSelector('#firewall table, #firewall p', { timeout: 30000 });
         const mayChange = (await page.$('#fw-form')) !== null;
         if (mayChange !== (u.name === env.KLOUD_OWNER)) throw new Error(`firewall form shown: ${mayChange}`);
-      });
+      }, keepGoing);
     }
     await context.close();
   }
 } finally {
   await browser.close();
 }
+const failed = stepCounts().failed > 0;
 log({ ok: !failed });
 process.exit(failed ? 1 : 0);

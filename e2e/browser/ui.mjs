@@ -23,7 +23,7 @@ import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { log, poll, ask } from './lib.mjs';
+import { log, poll, ask, step, stepCounts } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL || 'http://127.0.0.1:7000';
@@ -45,7 +45,6 @@ const template = env.KLOUD_TEMPLATE || `resource "terraform_data" "vm" {
 
 mkdirSync(artifacts, { recursive: true });
 const t0 = Date.now();
-const steps = [];
 const pageErrors = [];
 // While the test has kloud down on purpose, the page's failed reconnect attempts are expected.
 let outage = false;
@@ -53,21 +52,6 @@ let page;
 let context;
 let machineID; // the machine the terminal steps use
 const profile = mkdtempSync(join(tmpdir(), 'kloud-chromium-'));
-
-async function step(name, fn) {
-  const start = Date.now();
-  try {
-    const detail = await fn();
-    const s = { step: name, ok: true, ms: Date.now() - start, ...(detail || {}) };
-    steps.push(s);
-    log(s);
-  } catch (e) {
-    const s = { step: name, ok: false, ms: Date.now() - start, error: String(e && e.stack || e) };
-    steps.push(s);
-    log(s);
-    throw e;
-  }
-}
 
 async function shot(name) {
   const p = join(artifacts, name);
@@ -174,15 +158,18 @@ async function main() {
 
   await step('machine Running with its agent connected', async () => {
     await page.goto(base + '/#/machines');
-    const row = await poll(`${label} Running and connected`, async () => {
-      const r = await page.$(`tr[data-label="${label}"][data-state="Running"][data-agent="connected"]`);
-      if (!r) await page.evaluate(() => window.dispatchEvent(new HashChangeEvent('hashchange')));
-      return r;
+    // The table renders again as machine states arrive: the row is read in the page, in one
+    // go, and looked up again by its selector, never kept as a handle.
+    const running = `tr[data-label="${label}"][data-state="Running"][data-agent="connected"]`;
+    machineID = await poll(`${label} Running and connected`, async () => {
+      const id = await page.evaluate((sel) => { const r = document.querySelector(sel); return r && r.dataset.machine; }, running);
+      if (!id) await page.evaluate(() => window.dispatchEvent(new HashChangeEvent('hashchange')));
+      return id;
     }, 60000, 1000);
-    machineID = await row.getAttribute('data-machine');
-    const text = await row.textContent();
+    const row = `tr[data-machine="${machineID}"]`;
+    const text = await page.textContent(row);
     // The provider can stop its machines (provider.describe's capabilities): Stop is offered.
-    if (!(await row.$('button[data-power="stop"]:not([disabled])'))) throw new Error(`no Stop button in ${text}`);
+    if (!(await page.$(`${row} button[data-power="stop"]:not([disabled])`))) throw new Error(`no Stop button in ${text}`);
     await shot('machines.png');
     return { machineID, row: text.replace(/\s+/g, ' ').trim() };
   });
@@ -483,5 +470,5 @@ try {
   if (context) await context.close().catch(() => {});
   rmSync(profile, { recursive: true, force: true });
 }
-log({ ok, ms: Date.now() - t0, steps: steps.length });
+log({ ok, ms: Date.now() - t0, steps: stepCounts().run });
 process.exit(ok ? 0 : 1);

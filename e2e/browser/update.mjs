@@ -18,7 +18,7 @@
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { log, poll, ask } from './lib.mjs';
+import { log, poll, ask, step, stepCounts } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -31,21 +31,8 @@ const added = env.KLOUD_ADDED;
 mkdirSync(artifacts, { recursive: true });
 
 const t0 = Date.now();
-let steps = 0;
 const pageErrors = [];
 let page;
-
-async function step(name, fn) {
-  const start = Date.now();
-  steps++;
-  try {
-    const detail = await fn();
-    log({ step: name, ok: true, ms: Date.now() - start, ...(detail || {}) });
-  } catch (e) {
-    log({ step: name, ok: false, ms: Date.now() - start, error: String(e && e.stack || e) });
-    throw e;
-  }
-}
 
 const shot = async (name) => { const p = join(artifacts, name); await page.screenshot({ path: p }); return p; };
 
@@ -111,9 +98,11 @@ async function main() {
       const n = await jobs('#snapshot-jobs');
       await page.click('#snapshot-take');
       await jobDone('#snapshot-jobs', n, 'snapshot');
-      const row = await page.waitForSelector('#snapshots tr[data-status="ready"]:has-text("before the change")', { timeout: 30000 });
-      snapID = await row.getAttribute('data-snapshot');
-      const cells = await row.$$eval('td', (tds) => tds.map((td) => td.textContent.trim()));
+      // The list renders again as the job and the quota refresh: read by selector, no handle.
+      const ready = '#snapshots tr[data-status="ready"]:has-text("before the change")';
+      await page.waitForSelector(ready, { timeout: 30000 });
+      snapID = await page.getAttribute(ready, 'data-snapshot');
+      const cells = await page.$$eval(`${snapRow(snapID)} td`, (tds) => tds.map((td) => td.textContent.trim()));
       if (!/^\d+(\.\d)? (B|KiB|MiB|GiB)$/.test(cells[2]) || cells[2] === '0 B') throw new Error(`size cell: ${JSON.stringify(cells)}`);
       const quota = await poll('quota counts it', async () => { const q = await text('#snapshot-quota'); return q.includes('1 of 10') && q; });
       // The machine is running again once the job says so: the header badge shows it.
@@ -244,5 +233,5 @@ try {
   if (page) await shot('failure.png').catch((err) => log({ screenshot: String(err) }));
   log({ error: String(e && e.message || e), pageErrors });
 }
-log({ ok, ms: Date.now() - t0, steps });
+log({ ok, ms: Date.now() - t0, steps: stepCounts().run });
 process.exit(ok ? 0 : 1);
