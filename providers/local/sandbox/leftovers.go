@@ -42,8 +42,8 @@ func (m *Manager) ledgerPath(id string) string {
 	return filepath.Join(m.stateDir, ledgerDir, id+".json")
 }
 
-// saveLedger writes r's ledger entry atomically (saveRecord calls it: the entry follows the
-// record's tags and instance).
+// saveLedger writes r's ledger entry atomically: reserve before anything of the machine exists,
+// saveIdentity when its tags or instance change.
 func (m *Manager) saveLedger(r *record) error {
 	b, err := json.Marshal(ledgerEntry{ID: r.ID, Hostname: r.Hostname, Instance: r.Instance, Tags: r.Tags, CreatedAt: r.CreatedAt})
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 // TestLeftovers: a running machine whose directory (and so machine.json) vanished — what a
 // destroy that failed half-way, or a crash inside its directory's removal, leaves — is listed
 // by Leftovers with its namespace, veth, cgroup and, from the ledger, the machine it was (id,
-// instance, tags); a machine with a record is not, and RemoveLeftover refuses it, refuses names
+// instance, the tags SetTags set last); a machine with a record is not, and RemoveLeftover refuses it, refuses names
 // that are not this manager's, and ids that are not ids. RemoveLeftover of the leftover kills
 // its processes and removes every part and the ledger entry; the other machine runs on
 // untouched; a second removal is no error. A directory without machine.json and a host mount in
@@ -28,6 +28,10 @@ func TestLeftovers(t *testing.T) {
 	lost := e.create(t, sandbox.Spec{ID: "lo-lost", Hostname: "lost", Instance: "inst-a", Tags: map[string]string{"kloud_stack": "s1", "kloud_machine": "m2"}})
 	if los, err := e.m.Leftovers(ctx); err != nil || len(los) != 0 {
 		t.Fatalf("leftovers of healthy machines: %+v %v", los, err)
+	}
+	// The ledger follows the tags: the leftover is known by the tags set last.
+	if _, err := e.m.SetTags(ctx, "lo-lost", map[string]string{"kloud_stack": "s1", "kloud_machine": "m2-tagged"}); err != nil {
+		t.Fatal(err)
 	}
 	cg := sandbox.CgroupOf(e.m, "lo-lost")
 	if err := os.RemoveAll(lost.Dir); err != nil {
@@ -42,7 +46,7 @@ func TestLeftovers(t *testing.T) {
 		t.Fatalf("leftovers: %+v, want lo-lost's", los)
 	}
 	lo := los[0]
-	if lo.ID != "lo-lost" || lo.Hostname != "lost" || lo.Instance != "inst-a" || lo.Tags["kloud_machine"] != "m2" || lo.CreatedAt.IsZero() ||
+	if lo.ID != "lo-lost" || lo.Hostname != "lost" || lo.Instance != "inst-a" || lo.Tags["kloud_machine"] != "m2-tagged" || lo.CreatedAt.IsZero() ||
 		lo.Netns != lost.Netns || lo.HostVeth != lost.HostVeth || lo.Cgroup != cg || !lo.Ledger {
 		t.Fatalf("leftover: %+v (machine was %+v)", lo, lost)
 	}

@@ -103,19 +103,27 @@ func (m *Manager) loadRecord(id string) (*record, error) {
 	return &r, nil
 }
 
-// saveRecord writes machine.json atomically (temp file + rename), so readers never lock.
+// saveRecord writes machine.json atomically (temp file + rename), so readers never lock. It
+// leaves the ledger entry alone: the entry holds only what reserve writes and SetTags and
+// SetInstance change (saveIdentity).
 func (m *Manager) saveRecord(r *record) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode machine.json: %w", err)
 	}
-	if err := m.saveLedger(r); err != nil { // leftovers.go: who the machine was, if this file goes
-		return err
-	}
 	if err := replaceFile(m.recordPath(r.ID), append(b, '\n')); err != nil {
 		return fmt.Errorf("write machine.json: %w", err)
 	}
 	return nil
+}
+
+// saveIdentity saves a record whose tags or instance changed: the ledger entry first (leftovers.go:
+// who the machine was, if machine.json goes), then machine.json.
+func (m *Manager) saveIdentity(r *record) error {
+	if err := m.saveLedger(r); err != nil {
+		return err
+	}
+	return m.saveRecord(r)
 }
 
 // replaceFile writes p through p.tmp and a rename (mode 0600), so readers see the old or the new

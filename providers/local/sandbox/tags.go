@@ -18,7 +18,7 @@ func (m *Manager) SetTags(ctx context.Context, id string, tags map[string]string
 	if len(r.Tags) == 0 {
 		r.Tags = nil
 	}
-	if err := m.saveRecord(r); err != nil {
+	if err := m.saveIdentity(r); err != nil {
 		return Info{}, err
 	}
 	if err := m.ApplyFirewall(ctx); err != nil { // the owner and team tags decide who reaches it
@@ -42,7 +42,7 @@ func (m *Manager) SetInstance(ctx context.Context, id, instance string) (Info, e
 		return Info{}, fmt.Errorf("machine %q belongs to instance %q", id, r.Instance)
 	}
 	r.Instance = instance
-	if err := m.saveRecord(r); err != nil {
+	if err := m.saveIdentity(r); err != nil {
 		return Info{}, err
 	}
 	return m.info(r), nil
