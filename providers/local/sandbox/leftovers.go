@@ -252,7 +252,12 @@ func (m *Manager) RemoveLeftover(ctx context.Context, lo Leftover) error {
 	if i < 0 {
 		return nil // gone, or owned by a record now
 	}
-	cur := now[i]
+	return m.removeUnownedLocked(ctx, now[i])
+}
+
+// removeUnownedLocked removes the processes, cgroups, namespace and veth of cur, a leftover
+// without an id that leftoversLocked listed under the global lock the caller still holds.
+func (m *Manager) removeUnownedLocked(ctx context.Context, cur Leftover) error {
 	m.log.Info("removing leftovers no machine owns", "parts", cur.Parts())
 	cn := names{netns: cur.Netns, hostVeth: cur.HostVeth, cgroup: cur.Cgroup}
 	var errs []error
@@ -261,6 +266,35 @@ func (m *Manager) RemoveLeftover(ctx context.Context, lo Leftover) error {
 		errs = append(errs, removeCgroups(cn.cgroup))
 	}
 	errs = append(errs, m.removeMachineNetwork(ctx, cn))
+	return errors.Join(errs...)
+}
+
+// removeAllLeftovers removes every leftover (GC's last step) with one scan: the ones without an
+// id at once under the global lock the scan took, then the ones of a known machine through
+// RemoveLeftover (it takes that machine's lock, which goes before the global one).
+func (m *Manager) removeAllLeftovers(ctx context.Context) error {
+	g, err := m.lockGlobal(ctx)
+	if err != nil {
+		return err
+	}
+	los, err := m.leftoversLocked()
+	if err != nil {
+		g.unlock()
+		return err
+	}
+	var errs []error
+	var known []Leftover
+	for _, lo := range los {
+		if lo.ID == "" {
+			errs = append(errs, m.removeUnownedLocked(ctx, lo))
+		} else {
+			known = append(known, lo)
+		}
+	}
+	g.unlock()
+	for _, lo := range known {
+		errs = append(errs, m.RemoveLeftover(ctx, lo))
+	}
 	return errors.Join(errs...)
 }
 

@@ -790,22 +790,8 @@ func (m *Manager) GC(ctx context.Context, keep func(Info) bool) ([]string, error
 		}
 		l.unlock()
 	}
-	errs = append(errs, m.gcOrphans(ctx))
+	errs = append(errs, m.removeAllLeftovers(ctx)) // leftovers.go
 	return removed, errors.Join(errs...)
-}
-
-// gcOrphans removes namespaces, veths and cgroups of this manager that no record owns
-// (leftovers.go).
-func (m *Manager) gcOrphans(ctx context.Context) error {
-	los, err := m.Leftovers(ctx)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, lo := range los {
-		errs = append(errs, m.RemoveLeftover(ctx, lo))
-	}
-	return errors.Join(errs...)
 }
 
 // Exec runs argv inside a running machine (all its namespaces and its root, via nsenter) and

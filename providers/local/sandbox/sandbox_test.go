@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -578,7 +579,11 @@ func TestGCRemovesHalfCreated(t *testing.T) {
 	if err != nil || half.Complete || half.State != sandbox.StateStopped {
 		t.Fatalf("half-created: %+v %v", half, err)
 	}
+	if err := sandbox.CreateHalf(ctx, e.m, sandbox.Spec{ID: "gc-anon"}); err != nil {
+		t.Fatal(err)
+	}
 	lost, _ := e.m.Info(ctx, "gc-lost")
+	anon, _ := e.m.Info(ctx, "gc-anon")
 	// A process left in the half machine's namespace, as a crash after boot would leave it.
 	sleeper := exec.Command("ip", "netns", "exec", half.Netns, "sleep", "600")
 	if err := sleeper.Start(); err != nil {
@@ -592,6 +597,16 @@ func TestGCRemovesHalfCreated(t *testing.T) {
 	// A machine whose directory vanished: its namespace, veth and cgroup are orphans.
 	if err := os.RemoveAll(lost.Dir); err != nil {
 		t.Fatal(err)
+	}
+	// One whose ledger entry went too: its parts are leftovers without an id (no machine named).
+	if err := os.RemoveAll(anon.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(e.stateDir, ".ledger", "gc-anon.json")); err != nil {
+		t.Fatal(err)
+	}
+	if los, err := e.m.Leftovers(ctx); err != nil || !slices.ContainsFunc(los, func(lo sandbox.Leftover) bool { return lo.ID == "" && lo.Netns == anon.Netns }) {
+		t.Fatalf("leftovers: %+v %v, want gc-anon's without an id", los, err)
 	}
 
 	removed, err := e.m.GC(ctx, func(in sandbox.Info) bool { return in.ID == "gc-keep" })
@@ -608,7 +623,11 @@ func TestGCRemovesHalfCreated(t *testing.T) {
 	}
 	e.assertGone(t, half, "")
 	e.assertGone(t, lost, "")
-	for _, rel := range []string{sandbox.CgroupOf(e.m, "gc-half"), sandbox.CgroupOf(e.m, "gc-lost")} {
+	e.assertGone(t, anon, "")
+	if los, err := e.m.Leftovers(ctx); err != nil || len(los) != 0 {
+		t.Errorf("leftovers after gc: %+v %v", los, err)
+	}
+	for _, rel := range []string{sandbox.CgroupOf(e.m, "gc-half"), sandbox.CgroupOf(e.m, "gc-lost"), sandbox.CgroupOf(e.m, "gc-anon")} {
 		for _, h := range []string{"memory", "pids", "cpu"} {
 			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", h, rel)); err == nil {
 				t.Errorf("cgroup %s/%s left", h, rel)
