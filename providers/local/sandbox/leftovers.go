@@ -140,14 +140,12 @@ func (m *Manager) leftoversLocked() ([]Leftover, error) {
 	ledger := m.loadLedger()
 	owned := map[string]bool{}
 	byMid := map[string]*Leftover{}
-	var order []string
 	get := func(mid string) *Leftover {
 		if lo, ok := byMid[mid]; ok {
 			return lo
 		}
 		lo := &Leftover{mid: mid}
 		byMid[mid] = lo
-		order = append(order, mid)
 		return lo
 	}
 	for _, id := range ids {
@@ -199,11 +197,10 @@ func (m *Manager) leftoversLocked() ([]Leftover, error) {
 			get(strings.TrimPrefix(cg, "kloud/"+prefix)).Cgroup = cg
 		}
 	}
-	out := make([]Leftover, 0, len(order))
-	for _, mid := range order {
+	out := make([]Leftover, 0, len(byMid))
+	for _, mid := range slices.Sorted(maps.Keys(byMid)) { // by the names' hash part
 		out = append(out, *byMid[mid])
 	}
-	slices.SortFunc(out, func(a, b Leftover) int { return strings.Compare(a.mid, b.mid) })
 	return out, nil
 }
 
