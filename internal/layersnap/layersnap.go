@@ -50,6 +50,8 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
+
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 )
 
 // Format is the format of the streams Save writes (the global header's KLOUD.format record).
@@ -178,34 +180,26 @@ func Save(ctx context.Context, upperDir string, w io.Writer, opt SaveOptions) (I
 	return out, nil
 }
 
-// SaveFile saves upperDir as the snapshot file path, atomically: Save into a temporary file
-// beside it (path.tmp-<random>, mode 0600), fsync, rename over path (replacing a snapshot of that
-// name), fsync of the directory. On error nothing of it is left. The directory is made (0700) if
+// SaveFile saves upperDir as the snapshot file path (mode 0600), atomically (internal/atomicfile:
+// Save into a temporary file beside it, fsync, rename over path, replacing a snapshot of that
+// name, fsync of the directory). On error nothing of it is left. The directory is made (0700) if
 // missing.
 func SaveFile(ctx context.Context, upperDir, path string, opt SaveOptions) (Info, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return Info{}, fmt.Errorf("save layer: %w", err)
 	}
-	tmp := path + ".tmp-" + randHex()
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return Info{}, fmt.Errorf("save layer: %w", err)
 	}
+	defer f.Cleanup()
 	info, err := Save(ctx, upperDir, f, opt)
 	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
+		err = f.Commit()
 	}
 	if err != nil {
-		os.Remove(tmp)
 		return Info{}, fmt.Errorf("save layer: %w", err)
 	}
-	syncDir(filepath.Dir(path))
 	st, err := os.Stat(path)
 	if err != nil {
 		return Info{}, fmt.Errorf("save layer: %w", err)
@@ -217,12 +211,9 @@ func SaveFile(ctx context.Context, upperDir, path string, opt SaveOptions) (Info
 // RemoveFile removes the snapshot file path and what an interrupted SaveFile of it left. A
 // missing file is not an error.
 func RemoveFile(path string) error {
-	tmps, _ := filepath.Glob(path + ".tmp-*")
-	var errs []error
-	for _, f := range append([]string{path}, tmps...) {
-		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-		}
+	errs := []error{atomicfile.RemoveTemps(path)}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("remove snapshot: %w", err)

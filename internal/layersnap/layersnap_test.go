@@ -19,6 +19,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 	"github.com/kloud-dev/kloud/internal/layersnap"
 	"github.com/kloud-dev/kloud/internal/testutil"
 )
@@ -466,7 +467,13 @@ func TestSaveFile(t *testing.T) {
 	if got, want := tree(t, dst, "."), tree(t, src, "."); got != want {
 		t.Errorf("restored from the file:\n%s\nwant\n%s", got, want)
 	}
-	os.WriteFile(p+".tmp-0123", []byte("half"), 0o600)
+	// What an interrupted SaveFile leaves: its temporary file (internal/atomicfile names it).
+	half, err := atomicfile.Create(p, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	half.Write([]byte("half"))
+	half.Close()
 	for range 2 {
 		if err := layersnap.RemoveFile(p); err != nil {
 			t.Fatal(err)

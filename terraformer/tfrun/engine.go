@@ -25,6 +25,7 @@ import (
 	"github.com/hashicorp/terraform-exec/tfexec"
 	tfjson "github.com/hashicorp/terraform-json"
 
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
@@ -533,7 +534,7 @@ func (e *Engine) refreshState(ctx context.Context, contentID string) error {
 		}
 	}
 	if raw, _, err := readStateFile(filepath.Join(work, "terraform.tfstate"), e.stateOwner()); err == nil {
-		return writeFileAtomic(filepath.Join(stack, "state.json"), raw, 0o600)
+		return atomicfile.WriteFile(filepath.Join(stack, "state.json"), raw, 0o600)
 	}
 	var out, errOut bytes.Buffer
 	err = e.tf.run(ctx, ctx, command{dir: work, work: true, stdout: &out, stderr: &errOut}, "show",
@@ -544,7 +545,7 @@ func (e *Engine) refreshState(ctx context.Context, contentID string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %s", err, strings.TrimSpace(errOut.String()))
 	}
-	return writeFileAtomic(filepath.Join(stack, "state.json"), out.Bytes(), 0o600)
+	return atomicfile.WriteFile(filepath.Join(stack, "state.json"), out.Bytes(), 0o600)
 }
 
 // Close cancels every running job (SIGINT, then SIGKILL after CancelGrace), waits for them, and

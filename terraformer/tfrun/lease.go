@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 )
 
 // lease is the on-disk lease of one content id. Every read-modify-write of lease.json happens under
@@ -132,37 +134,12 @@ func (lf leaseFile) current() (*lease, error) {
 	return l, err
 }
 
-// writeJSONAtomic writes v as JSON to path through a temporary file, fsync and rename.
+// writeJSONAtomic replaces path by v as JSON (mode 0600; internal/atomicfile: a synced temporary
+// file renamed over it, then the directory synced).
 func writeJSONAtomic(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
 	}
-	return writeFileAtomic(path, b, 0o600)
-}
-
-func writeFileAtomic(path string, b []byte, perm fs.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Chmod(perm)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	return nil
+	return atomicfile.WriteFile(path, b, 0o600)
 }

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 )
 
 // A preview (Request.Preview) is a plan of other files against a content id's state that
@@ -74,7 +76,7 @@ func (r *run) putBack(k *keptContent) error {
 		}
 	}
 	for n, b := range k.files {
-		if err := writeFileAtomic(filepath.Join(r.work, n), b, 0o600); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(r.work, n), b, 0o600); err != nil {
 			return err
 		}
 	}
@@ -84,7 +86,7 @@ func (r *run) putBack(k *keptContent) error {
 			err = nil
 		}
 	} else {
-		err = writeFileAtomic(r.varsPath(), k.vars, 0o600)
+		err = atomicfile.WriteFile(r.varsPath(), k.vars, 0o600)
 	}
 	if err != nil {
 		return err

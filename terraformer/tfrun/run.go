@@ -23,6 +23,8 @@ import (
 
 	"github.com/hashicorp/terraform-exec/tfexec"
 	tfjson "github.com/hashicorp/terraform-json"
+
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 )
 
 const (
@@ -351,7 +353,7 @@ func (r *run) init() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(hashFile, []byte(sum), 0o600)
+	return atomicfile.WriteFile(hashFile, []byte(sum), 0o600)
 }
 
 var mirrorPathRe = regexp.MustCompile(`(?m)^\s*path\s*=\s*"([^"]+)"`)
@@ -489,7 +491,7 @@ func (r *run) result(opErr error) *Result {
 			r.log.Warn("read state", "err", err)
 			return nil
 		}
-		if err := writeFileAtomic(filepath.Join(r.stack, "state.json"), raw, 0o600); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(r.stack, "state.json"), raw, 0o600); err != nil {
 			r.log.Warn("write state snapshot", "err", err)
 		}
 		res := stateResult(st)
