@@ -34,8 +34,6 @@ package layersnap
 import (
 	"archive/tar"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -266,8 +264,8 @@ func Restore(ctx context.Context, r io.Reader, upperDir string, opt RestoreOptio
 	if err := RemoveLeftovers(upperDir); err != nil {
 		return err
 	}
-	tmp := upperDir + ".restore-" + randHex()
-	if err := os.Mkdir(tmp, 0o700); err != nil {
+	tmp, err := os.MkdirTemp(filepath.Dir(upperDir), filepath.Base(upperDir)+".restore-*")
+	if err != nil {
 		return fmt.Errorf("restore layer: %w", err)
 	}
 	swapped := false
@@ -753,12 +751,6 @@ func mkdirLikeIn(root *os.Root, lower, rel string) error {
 		}
 	}
 	return nil
-}
-
-func randHex() string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // syncTree flushes the filesystem holding dir (the restored layer, before it replaces the old
