@@ -533,7 +533,7 @@ func (e *Engine) refreshState(ctx context.Context, contentID string) error {
 			return fmt.Errorf("work dir for uid %d: %w", e.opts.SandboxUID, err)
 		}
 	}
-	if raw, _, err := readStateFile(filepath.Join(work, "terraform.tfstate"), e.stateOwner()); err == nil {
+	if raw, err := readStateFile(filepath.Join(work, "terraform.tfstate"), e.stateOwner()); err == nil {
 		return atomicfile.WriteFile(filepath.Join(stack, "state.json"), raw, 0o600)
 	}
 	var out, errOut bytes.Buffer

@@ -443,12 +443,16 @@ func (r *run) show(file string) (raw []byte, state *tfjson.State, plan *tfjson.P
 // state reads the work dir's state as `terraform show -json` prints it: from the state file
 // itself (statefile.go: show would start every provider again for its schema), else with show.
 func (r *run) state() ([]byte, *tfjson.State, error) {
-	raw, st, err := readStateFile(filepath.Join(r.work, "terraform.tfstate"), r.e.stateOwner())
+	raw, err := readStateFile(filepath.Join(r.work, "terraform.tfstate"), r.e.stateOwner())
 	if err == nil {
-		return raw, st, nil
+		st := &tfjson.State{}
+		if err = json.Unmarshal(raw, st); err == nil {
+			return raw, st, nil
+		}
+		err = fmt.Errorf("decode the state file's show JSON: %w", err)
 	}
 	r.log.Info("state file not read directly: terraform show", "err", err)
-	raw, st, _, err = r.show("")
+	raw, st, _, err := r.show("")
 	return raw, st, err
 }
 

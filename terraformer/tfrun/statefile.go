@@ -12,8 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-
-	tfjson "github.com/hashicorp/terraform-json"
 )
 
 // Reading the state without `terraform show`: after every apply and destroy the engine needs the
@@ -112,40 +110,36 @@ type showResource struct {
 }
 
 // readStateFile reads work's terraform.tfstate and returns it as `terraform show -json` prints
-// it, raw and decoded. uid >= 0 is the owner the file must have. An error wrapping
-// errStateFile means: use show.
-func readStateFile(path string, uid int) (raw []byte, st *tfjson.State, err error) {
+// it (not decoded: run.state decodes it, refreshState only stores it). uid >= 0 is the owner the
+// file must have. An error wrapping errStateFile means: use show.
+func readStateFile(path string, uid int) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", errStateFile, err)
+		return nil, fmt.Errorf("%w: %w", errStateFile, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", errStateFile, err)
+		return nil, fmt.Errorf("%w: %w", errStateFile, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("%w: %s is not a regular file", errStateFile, path)
+		return nil, fmt.Errorf("%w: %s is not a regular file", errStateFile, path)
 	}
 	if sys, ok := fi.Sys().(*syscall.Stat_t); uid >= 0 && (!ok || int(sys.Uid) != uid) {
-		return nil, nil, fmt.Errorf("%w: %s is not the sandbox user's", errStateFile, path)
+		return nil, fmt.Errorf("%w: %s is not the sandbox user's", errStateFile, path)
 	}
 	if fi.Size() > maxStateFile {
-		return nil, nil, fmt.Errorf("%w: %s is larger than %d bytes", errStateFile, path, maxStateFile)
+		return nil, fmt.Errorf("%w: %s is larger than %d bytes", errStateFile, path, maxStateFile)
 	}
 	src, err := io.ReadAll(io.LimitReader(f, maxStateFile+1))
 	if err != nil || len(src) > maxStateFile {
-		return nil, nil, fmt.Errorf("%w: read %s: %v", errStateFile, path, err)
+		return nil, fmt.Errorf("%w: read %s: %v", errStateFile, path, err)
 	}
-	raw, err = convertStateFile(src)
+	raw, err := convertStateFile(src)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %s: %w", errStateFile, path, err)
+		return nil, fmt.Errorf("%w: %s: %w", errStateFile, path, err)
 	}
-	st = &tfjson.State{}
-	if err := json.Unmarshal(raw, st); err != nil {
-		return nil, nil, fmt.Errorf("%w: decode: %w", errStateFile, err)
-	}
-	return raw, st, nil
+	return raw, nil
 }
 
 // convertStateFile turns a version 4 state into show's JSON.
