@@ -69,6 +69,64 @@ module "inner" {
 output "o" { value = terraform_data.in.output }
 `
 
+// terraformCLI runs the terraform of the test setup (the provider mirror, no checkpoint) in a
+// directory, outside the engine: what the state file is compared with.
+type terraformCLI struct {
+	tf  string
+	env []string
+}
+
+func newTerraformCLI(tb testing.TB) terraformCLI {
+	tf, cliConfig := tfruntest.Setup(tb)
+	return terraformCLI{tf: tf, env: append(os.Environ(), "TF_CLI_CONFIG_FILE="+cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1")}
+}
+
+// run runs terraform args in dir and returns its standard output; it fails tb on an error.
+func (c terraformCLI) run(tb testing.TB, dir string, args ...string) []byte {
+	tb.Helper()
+	cmd := exec.Command(c.tf, args...)
+	cmd.Dir, cmd.Env = dir, c.env
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		tb.Fatalf("terraform %v: %v\n%s%s", args, err, out, stderr)
+	}
+	return out
+}
+
+// capturedStates are the states captured from real kloud runs (testdata/states/<name>.tfstate,
+// user data redacted) and the provider each needs from the mirror.
+var capturedStates = []struct{ name, source, version string }{
+	{"docker", "kreuzwerker/docker", "4.6.0"},
+	{"kloudlocal", "kloud/kloudlocal", "0.1.0"},
+}
+
+// capturedDir makes a directory holding the captured state name and a main.tf requiring its
+// provider, initialised; "" when the provider is not in the mirror (the caller says so).
+func (c terraformCLI) capturedDir(tb testing.TB, name, source, version string) string {
+	tb.Helper()
+	if _, err := os.Stat(filepath.Join(tfruntest.Cache(), "tf-mirror", "registry.terraform.io", source, version)); err != nil {
+		return ""
+	}
+	dir := tb.TempDir()
+	src, err := os.ReadFile(filepath.Join("testdata", "states", name+".tfstate"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	main := fmt.Sprintf("terraform {\n  required_providers {\n    %s = { source = %q, version = %q }\n  }\n}\n", name, source, version)
+	if err := os.WriteFile(filepath.Join(dir, "main.tf"), []byte(main), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "terraform.tfstate"), src, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	c.run(tb, dir, "init", "-input=false", "-no-color")
+	return dir
+}
+
 // The engine reads the state file itself instead of running `terraform show -json` (which starts
 // every provider again): both must give the same JSON, on real states of every kind kloud makes:
 // a live one (terraform_data as the dummy provider's machines, hashicorp/local, modules,
@@ -77,26 +135,11 @@ output "o" { value = terraform_data.in.output }
 // (kloud/kloudlocal), user data redacted (testdata/states). It also refuses what the sandboxed
 // terraform could plant: a symlink, a file of another owner, another state version.
 func TestStateFileMatchesShow(t *testing.T) {
-	tf, cliConfig := tfruntest.Setup(t)
-	env := append(os.Environ(), "TF_CLI_CONFIG_FILE="+cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1")
-	terraform := func(t *testing.T, dir string, args ...string) []byte {
-		t.Helper()
-		cmd := exec.Command(tf, args...)
-		cmd.Dir, cmd.Env = dir, env
-		out, err := cmd.Output()
-		if err != nil {
-			var stderr []byte
-			if ee, ok := err.(*exec.ExitError); ok {
-				stderr = ee.Stderr
-			}
-			t.Fatalf("terraform %v: %v\n%s%s", args, err, out, stderr)
-		}
-		return out
-	}
+	cli := newTerraformCLI(t)
 	compare := func(t *testing.T, dir string, owner int) {
 		t.Helper()
 		var show, direct any
-		if err := json.Unmarshal(terraform(t, dir, "show", "-json"), &show); err != nil {
+		if err := json.Unmarshal(cli.run(t, dir, "show", "-json"), &show); err != nil {
 			t.Fatal(err)
 		}
 		raw, err := tfrun.ReadStateFile(filepath.Join(dir, "terraform.tfstate"), owner)
@@ -132,36 +175,21 @@ func TestStateFileMatchesShow(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		terraform(t, dir, "init", "-input=false", "-no-color")
-		terraform(t, dir, "apply", "-auto-approve", "-input=false", "-no-color")
+		cli.run(t, dir, "init", "-input=false", "-no-color")
+		cli.run(t, dir, "apply", "-auto-approve", "-input=false", "-no-color")
 		compare(t, dir, os.Getuid())
-		terraform(t, dir, "taint", `terraform_data.f["k.2"]`)
+		cli.run(t, dir, "taint", `terraform_data.f["k.2"]`)
 		compare(t, dir, os.Getuid())
-		terraform(t, dir, "destroy", "-auto-approve", "-input=false", "-no-color")
+		cli.run(t, dir, "destroy", "-auto-approve", "-input=false", "-no-color")
 		compare(t, dir, os.Getuid())
 	})
 
-	for _, p := range []struct{ name, source, version string }{
-		{"docker", "kreuzwerker/docker", "4.6.0"},
-		{"kloudlocal", "kloud/kloudlocal", "0.1.0"},
-	} {
+	for _, p := range capturedStates {
 		t.Run(p.name, func(t *testing.T) {
-			if _, err := os.Stat(filepath.Join(tfruntest.Cache(), "tf-mirror", "registry.terraform.io", p.source, p.version)); err != nil {
+			dir := cli.capturedDir(t, p.name, p.source, p.version)
+			if dir == "" {
 				testutil.Unavailable(t, "%s %s is not in the provider mirror (scripts/tf-mirror.sh, scripts/build-docker-provider.sh)", p.source, p.version)
 			}
-			dir := t.TempDir()
-			src, err := os.ReadFile(filepath.Join("testdata", "states", p.name+".tfstate"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			main := fmt.Sprintf("terraform {\n  required_providers {\n    %s = { source = %q, version = %q }\n  }\n}\n", p.name, p.source, p.version)
-			if err := os.WriteFile(filepath.Join(dir, "main.tf"), []byte(main), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, "terraform.tfstate"), src, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			terraform(t, dir, "init", "-input=false", "-no-color")
 			compare(t, dir, os.Getuid())
 		})
 	}
@@ -303,36 +331,16 @@ func (h *cmdLog) get() []string {
 //
 //	set -a; . /var/cache/kloud/env; set +a; go test ./terraformer/tfrun -run '^$' -bench StateRead -benchtime 5x
 func BenchmarkStateRead(b *testing.B) {
-	tf, cliConfig := tfruntest.Setup(b)
-	env := append(os.Environ(), "TF_CLI_CONFIG_FILE="+cliConfig, "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1")
-	for _, p := range []struct{ name, source, version string }{
-		{"docker", "kreuzwerker/docker", "4.6.0"},
-		{"kloudlocal", "kloud/kloudlocal", "0.1.0"},
-	} {
-		if _, err := os.Stat(filepath.Join(tfruntest.Cache(), "tf-mirror", "registry.terraform.io", p.source, p.version)); err != nil {
+	cli := newTerraformCLI(b)
+	for _, p := range capturedStates {
+		dir := cli.capturedDir(b, p.name, p.source, p.version)
+		if dir == "" {
 			b.Logf("%s is not in the mirror: skipped", p.source)
 			continue
 		}
-		dir := b.TempDir()
-		src, err := os.ReadFile(filepath.Join("testdata", "states", p.name+".tfstate"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		main := fmt.Sprintf("terraform {\n  required_providers {\n    %s = { source = %q, version = %q }\n  }\n}\n", p.name, p.source, p.version)
-		os.WriteFile(filepath.Join(dir, "main.tf"), []byte(main), 0o600)
-		os.WriteFile(filepath.Join(dir, "terraform.tfstate"), src, 0o600)
-		cmd := exec.Command(tf, "init", "-input=false", "-no-color")
-		cmd.Dir, cmd.Env = dir, env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("init: %v\n%s", err, out)
-		}
 		b.Run(p.name+"/show", func(b *testing.B) {
 			for b.Loop() {
-				cmd := exec.Command(tf, "show", "-json")
-				cmd.Dir, cmd.Env = dir, env
-				if out, err := cmd.CombinedOutput(); err != nil {
-					b.Fatalf("show: %v\n%s", err, out)
-				}
+				cli.run(b, dir, "show", "-json")
 			}
 		})
 		b.Run(p.name+"/direct", func(b *testing.B) {
