@@ -23,11 +23,15 @@ type keptContent struct {
 	vars  []byte // nil: there was no variables file
 }
 
-// keepForPreview reads the stored content files (names) and variables of a preview's content
-// id before prepare replaces them. It does nothing for other runs.
-func (r *run) keepForPreview(names []string) error {
+// keepForPreview reads the stored content files and variables of a preview's content id before
+// prepare replaces them. It does nothing for other runs.
+func (r *run) keepForPreview() error {
 	if !r.req.Preview {
 		return nil
+	}
+	names, err := contentFiles(r.work)
+	if err != nil {
+		return err
 	}
 	k := &keptContent{files: make(map[string][]byte, len(names))}
 	for _, n := range names {
@@ -66,20 +70,10 @@ func (r *run) putBack(k *keptContent) error {
 	if err := os.Remove(r.planPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	cur, err := contentFiles(r.work)
-	if err != nil {
+	if err := r.replaceContent(k.files); err != nil {
 		return err
 	}
-	for _, n := range cur {
-		if err := os.Remove(filepath.Join(r.work, n)); err != nil {
-			return err
-		}
-	}
-	for n, b := range k.files {
-		if err := atomicfile.WriteFile(filepath.Join(r.work, n), b, 0o600); err != nil {
-			return err
-		}
-	}
+	var err error
 	if k.vars == nil {
 		err = os.Remove(r.varsPath())
 		if errors.Is(err, fs.ErrNotExist) {

@@ -79,3 +79,36 @@ resource "terraform_data" "b" { input = "new" }
 		}
 	}
 }
+
+// TestPlantedContentSymlink: the work dir is the sandbox user's, so terraform could leave a
+// symlink where the next request's content file goes; replacing the content replaces the link
+// and never writes through it (to a file the sandbox user could not write itself).
+func TestPlantedContentSymlink(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{})
+	const id = "planted"
+	run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: id, Files: files(`resource "terraform_data" "a" { input = "one" }`)}, tfrun.StatusSucceeded)
+	work := tfruntest.WorkDir(e, id)
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(work, "main.tf")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(work, "main.tf")); err != nil {
+		t.Fatal(err)
+	}
+	next := `resource "terraform_data" "a" { input = "two" }`
+	p := run(t, e, tfrun.Request{Op: tfrun.OpPlan, ContentID: id, Files: files(next)}, tfrun.StatusSucceeded)
+	if b, _ := os.ReadFile(victim); string(b) != "keep" {
+		t.Fatalf("the content was written through the planted symlink: %q", b)
+	}
+	if fi, err := os.Lstat(filepath.Join(work, "main.tf")); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("main.tf after the plan: %v %v", fi, err)
+	}
+	if p.Result == nil || len(p.Result.Changes) != 1 {
+		t.Fatalf("plan of the new content: %+v", p.Result)
+	}
+	run(t, e, tfrun.Request{Op: tfrun.OpDestroy, ContentID: id}, tfrun.StatusSucceeded)
+}

@@ -268,22 +268,11 @@ func (r *run) prepare() error {
 		return fmt.Errorf("create work dir: %w", err)
 	}
 	if len(r.req.Files) > 0 {
-		old, err := contentFiles(r.work)
-		if err != nil {
+		if err := r.keepForPreview(); err != nil { // preview.go
 			return err
 		}
-		if err := r.keepForPreview(old); err != nil { // preview.go
+		if err := r.replaceContent(r.req.Files); err != nil {
 			return err
-		}
-		for _, name := range old {
-			if err := os.Remove(filepath.Join(r.work, name)); err != nil {
-				return fmt.Errorf("remove old content: %w", err)
-			}
-		}
-		for name, b := range r.req.Files {
-			if err := os.WriteFile(filepath.Join(r.work, name), b, 0o600); err != nil {
-				return fmt.Errorf("write content: %w", err)
-			}
 		}
 	}
 	_ = os.Remove(filepath.Join(r.stack, "plan.out")) // where older versions kept the plan
@@ -293,6 +282,28 @@ func (r *run) prepare() error {
 		}
 	}
 	return r.giveToSandbox()
+}
+
+// replaceContent replaces the work dir's content files (contentFiles) by files: prepare with the
+// request's, a preview's end with the stored ones (preview.go). The work dir is the sandbox
+// user's, so a name may be a symlink terraform planted there: each file is written atomically
+// (internal/atomicfile), which replaces such a link and never writes through it.
+func (r *run) replaceContent(files map[string][]byte) error {
+	old, err := contentFiles(r.work)
+	if err != nil {
+		return err
+	}
+	for _, name := range old {
+		if err := os.Remove(filepath.Join(r.work, name)); err != nil {
+			return fmt.Errorf("remove old content: %w", err)
+		}
+	}
+	for name, b := range files {
+		if err := atomicfile.WriteFile(filepath.Join(r.work, name), b, 0o600); err != nil {
+			return fmt.Errorf("write content: %w", err)
+		}
+	}
+	return nil
 }
 
 // giveToSandbox makes the variables file and the work dir terraform's user's (without a
