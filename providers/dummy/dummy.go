@@ -234,6 +234,15 @@ const (
 	destroyCommand = `curl --fail-with-body -sS -m 120 -X POST -H @<(echo "Authorization: Bearer $KLOUD_DUMMY_TOKEN") "$KLOUD_DUMMY_URL/destroy"`
 )
 
+// destroyProvisioner is the destroy-time provisioner of a kloud_life_ resource: it asks the
+// service to destroy the machine (input.url) with the stack's token (input.token).
+func destroyProvisioner() []any {
+	return []any{map[string]any{"local-exec": map[string]any{
+		"when": "destroy", "command": destroyCommand, "interpreter": []string{"/bin/bash", "-c"},
+		"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}"},
+	}}}
+}
+
 func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
 	if err := s.d.fail("ApplyTemplate"); err != nil {
 		return nil, err
@@ -280,10 +289,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		// A machine resource the template no longer declares (a stack update removed every
 		// machine of it): Terraform runs a destroy-time provisioner only while its resource
 		// block exists, so its block stays, with no instances, until the machine is gone.
-		res[lifeResource+name] = map[string]any{"count": 0, "provisioner": []any{map[string]any{"local-exec": map[string]any{
-			"when": "destroy", "command": destroyCommand, "interpreter": []string{"/bin/bash", "-c"},
-			"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}"},
-		}}}}
+		res[lifeResource+name] = map[string]any{"count": 0, "provisioner": destroyProvisioner()}
 	}
 	if len(sums) == 0 {
 		b, err := json.MarshalIndent(map[string]any{"resource": map[string]any{"terraform_data": res}}, "", "  ")
@@ -316,10 +322,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 				"url":   kloudURL + provider.HandlerPrefix(s.b.Provider.Name) + "v1/machines/${var." + mv + "[" + idx + "]}",
 				"token": "${var." + tokenVar + "}",
 			},
-			"provisioner": []any{map[string]any{"local-exec": map[string]any{
-				"when": "destroy", "command": destroyCommand, "interpreter": []string{"/bin/bash", "-c"},
-				"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}"},
-			}}},
+			"provisioner": destroyProvisioner(),
 		}
 		lifeInst := "terraform_data." + lifeResource + name
 		if counted[name] {
