@@ -35,7 +35,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -93,7 +92,11 @@ func run(ctx context.Context, on []string, cfg config) (err error) {
 	defer os.RemoveAll(cfg.work)
 	// klient as kloud serves it to machines (the base image is the host's Debian).
 	cfg.klient = filepath.Join(cfg.work, "klient")
-	if err := goBuild(cfg.klient, "./cmd/klient"); err != nil {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	if err := kloudchild.GoBuild(root, cfg.klient, "./cmd/klient"); err != nil {
 		return err
 	}
 	fmt.Printf("CPU: %s, %d vCPUs; load %s\n", measure.CPUModel(), runtime.NumCPU(), measure.LoadAvg())
@@ -292,19 +295,6 @@ func compare(ctx context.Context, cfg config, what string, kc *kloudchild.Kloud,
 }
 
 // goBuild builds package pkg of this module into out.
-func goBuild(out, pkg string) error {
-	root, err := testutil.ModuleRoot()
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
-	}
-	return nil
-}
-
 func copyFile(src, dst string) error {
 	b, err := os.ReadFile(src)
 	if err != nil {

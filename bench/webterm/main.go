@@ -91,12 +91,12 @@ func run(keys, runs, mb int, gottyBin string) (bool, error) {
 
 	// Binaries: klient from this tree, gotty from its tools module.
 	klientBin := filepath.Join(tmp, "klient")
-	if err := goBuild(root, klientBin, "./cmd/klient"); err != nil {
+	if err := kloudchild.GoBuild(root, klientBin, "./cmd/klient"); err != nil {
 		return false, err
 	}
 	if gottyBin == "" {
 		gottyBin = filepath.Join(tmp, "gotty")
-		if err := goBuild(filepath.Join(root, "bench/webterm/gotty"), gottyBin, "github.com/sorenisanerd/gotty"); err != nil {
+		if err := kloudchild.GoBuild(filepath.Join(root, "bench/webterm/gotty"), gottyBin, "github.com/sorenisanerd/gotty"); err != nil {
 			return false, err
 		}
 	}
@@ -270,15 +270,6 @@ func run(keys, runs, mb int, gottyBin string) (bool, error) {
 	check("throughput ≥ gotty", kt >= gt)
 	check("klient idle RSS ≤ 20 MB", idle0.VmRSS <= 20<<20 && idle1.VmRSS <= 20<<20)
 	return ok, nil
-}
-
-func goBuild(dir, out, pkg string) error {
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
-	}
-	return nil
 }
 
 // writeBulk writes size bytes of printable lines (base64 of random bytes).

@@ -155,3 +155,14 @@ func child(dir, listen string) error {
 	}
 	return nil
 }
+
+// GoBuild builds the Go package pkg into the binary out, in directory dir (the module root, or a
+// tools module below it): the binaries a benchmark runs beside its kloud (klient, gotty).
+func GoBuild(dir, out, pkg string) error {
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	return nil
+}
