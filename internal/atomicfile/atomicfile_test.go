@@ -1,9 +1,11 @@
 package atomicfile_test
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -177,5 +179,60 @@ func TestConcurrent(t *testing.T) {
 	}
 	if e := entries(t, dir); len(e) != 1 {
 		t.Fatalf("left: %v", e)
+	}
+}
+
+// TestKilledMidWrite: a process killed (SIGKILL) while it writes the replacement leaves the old
+// content in place and its temporary file beside, which RemoveTemps removes.
+func TestKilledMidWrite(t *testing.T) {
+	if p := os.Getenv("ATOMICFILE_TEST_CHILD"); p != "" {
+		f, err := atomicfile.Create(p, 0o600)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		f.Write(bytes.Repeat([]byte("new "), 1<<18))
+		fmt.Println("writing")
+		select {} // killed here, before Commit
+	}
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	if err := atomicfile.WriteFile(p, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledMidWrite$")
+	cmd.Env = append(os.Environ(), "ATOMICFILE_TEST_CHILD="+p)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	kill := func() {
+		if !killed {
+			killed = true
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}
+	defer kill()
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	if line != "writing\n" {
+		t.Fatalf("child: %q", line)
+	}
+	kill()
+	if b, _ := os.ReadFile(p); string(b) != "old" {
+		t.Fatalf("after the kill: %.20q", b)
+	}
+	if e := entries(t, dir); len(e) != 2 {
+		t.Fatalf("want the file and the killed write's temporary file: %v", e)
+	}
+	if err := atomicfile.RemoveTemps(p); err != nil {
+		t.Fatal(err)
+	}
+	if e := entries(t, dir); len(e) != 1 {
+		t.Fatalf("left after RemoveTemps: %v", e)
 	}
 }
