@@ -64,14 +64,6 @@ func run(t *testing.T, c *terraformer.Client, op tfrun.Op, req terraformer.Reque
 	return wait(t, c, submit(t, c, op, req), want)
 }
 
-func addresses(rs []tfrun.StateResource) []string {
-	var out []string
-	for _, r := range rs {
-		out = append(out, r.Address)
-	}
-	return out
-}
-
 // The gates below must be in the stack's work dir (tfruntest.WorkDir, proc.workDir): the only host
 // directory the sandboxed terraform can write.
 

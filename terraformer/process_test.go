@@ -134,7 +134,7 @@ func TestKilledProcessRestarts(t *testing.T) {
 	// The next apply converges.
 	release(t, gate)
 	next := run(t, c, tfrun.OpApply, terraformer.Request{ContentID: "crash"}, tfrun.StatusSucceeded)
-	if got := addresses(next.Result.Resources); len(got) != 3 {
+	if got := tfruntest.Addresses(next.Result.Resources); len(got) != 3 {
 		t.Fatalf("state after the converging apply: %v", got)
 	}
 	if plan := run(t, c, tfrun.OpPlan, terraformer.Request{ContentID: "crash"}, tfrun.StatusSucceeded); len(plan.Result.Changes) != 0 {
@@ -181,7 +181,7 @@ func TestGracefulShutdown(t *testing.T) {
 	if r.j == nil || r.j.Status != tfrun.StatusCancelled || r.j.Error.Kind != tfrun.KindClosing {
 		t.Fatalf("watcher at shutdown: %+v %v", r.j, r.err)
 	}
-	if got := addresses(r.j.Result.Resources); !slices.Contains(got, "terraform_data.fast[0]") {
+	if got := tfruntest.Addresses(r.j.Result.Resources); !slices.Contains(got, "terraform_data.fast[0]") {
 		t.Errorf("state saved at shutdown: %v", got)
 	}
 	tfruntest.AssertNoProcesses(t, 10*time.Second, gate)
@@ -189,7 +189,7 @@ func TestGracefulShutdown(t *testing.T) {
 	p.start()
 	release(t, gate)
 	next := run(t, c, tfrun.OpApply, terraformer.Request{ContentID: "shutdown"}, tfrun.StatusSucceeded)
-	if got := addresses(next.Result.Resources); len(got) != 3 {
+	if got := tfruntest.Addresses(next.Result.Resources); len(got) != 3 {
 		t.Errorf("after restart: %v", got)
 	}
 	if j, err := c.Job(t.Context(), id); err != nil || j.Status != tfrun.StatusCancelled {

@@ -85,7 +85,7 @@ output "greeting" { value = local_file.f.content }
 		t.Errorf("apply progress: %d%%, %d/%d, %d resources", j.Percent, j.Completed, j.Planned, len(j.Resources))
 	}
 	want := []string{"local_file.f", "terraform_data.a[0]", "terraform_data.a[1]", "terraform_data.a[2]"}
-	if got := addresses(j.Result.Resources); !slices.Equal(got, want) {
+	if got := tfruntest.Addresses(j.Result.Resources); !slices.Equal(got, want) {
 		t.Fatalf("applied resources %v, want %v", got, want)
 	}
 	if j.Result.Outputs["greeting"].Value != "hello 3" {
@@ -114,7 +114,7 @@ output "greeting" { value = local_file.f.content }
 
 	// New variables shrink the stack; destroy reuses files and variables.
 	shrink := run(t, c, tfrun.OpApply, terraformer.Request{ContentID: "round-trip", Variables: map[string]any{"n": 1}}, tfrun.StatusSucceeded)
-	if got := addresses(shrink.Result.Resources); len(got) != 2 {
+	if got := tfruntest.Addresses(shrink.Result.Resources); len(got) != 2 {
 		t.Errorf("after shrink: %v", got)
 	}
 	destroy := run(t, c, tfrun.OpDestroy, terraformer.Request{ContentID: "round-trip"}, tfrun.StatusSucceeded)
@@ -157,7 +157,7 @@ func TestConcurrentApplies(t *testing.T) {
 	}
 	for _, id := range ids {
 		if j := wait(t, env.Client, id, tfrun.StatusSucceeded); len(j.Result.Resources) != 3 {
-			t.Errorf("job %s resources %v", id, addresses(j.Result.Resources))
+			t.Errorf("job %s resources %v", id, tfruntest.Addresses(j.Result.Resources))
 		}
 	}
 }
@@ -218,7 +218,7 @@ func TestCancelThenConverge(t *testing.T) {
 		t.Fatalf("cancelled job: %s %+v", j.Status, j.Error)
 	}
 	// Terraform saved the state on SIGINT: the fast resources are in it.
-	if got := addresses(j.Result.Resources); !slices.Contains(got, "terraform_data.fast[0]") || !slices.Contains(got, "terraform_data.fast[1]") {
+	if got := tfruntest.Addresses(j.Result.Resources); !slices.Contains(got, "terraform_data.fast[0]") || !slices.Contains(got, "terraform_data.fast[1]") {
 		t.Fatalf("state after cancel: %v", got)
 	}
 	var je *tfrun.JobError
@@ -237,7 +237,7 @@ func TestCancelThenConverge(t *testing.T) {
 			t.Errorf("%s still tainted", r.Address)
 		}
 	}
-	if got := addresses(next.Result.Resources); len(got) != 3 {
+	if got := tfruntest.Addresses(next.Result.Resources); len(got) != 3 {
 		t.Errorf("state after the converging apply: %v", got)
 	}
 	if plan := run(t, c, tfrun.OpPlan, terraformer.Request{ContentID: "cancel"}, tfrun.StatusSucceeded); len(plan.Result.Changes) != 0 {
@@ -326,7 +326,7 @@ func TestWaitSurvivesDisconnect(t *testing.T) {
 		return err == nil && j.Status.Final()
 	}, "job %s never finished", id2)
 	if j := wait(t, env.NewClient(env.KiteKeyAuth("kloud")), id2, tfrun.StatusSucceeded); len(j.Result.Resources) != 3 {
-		t.Errorf("job %s: %v", id2, addresses(j.Result.Resources))
+		t.Errorf("job %s: %v", id2, tfruntest.Addresses(j.Result.Resources))
 	}
 }
 

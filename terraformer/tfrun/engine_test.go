@@ -41,14 +41,6 @@ func run(t *testing.T, e *tfrun.Engine, req tfrun.Request, want tfrun.Status) *t
 
 func files(main string) map[string][]byte { return map[string][]byte{"main.tf": []byte(main)} }
 
-func addresses(rs []tfrun.StateResource) []string {
-	var out []string
-	for _, r := range rs {
-		out = append(out, r.Address)
-	}
-	return out
-}
-
 // gate is a local-exec command that records its pid, touches <dir>/started and then waits until
 // <dir>/release exists (at most ~5 minutes). A terraform_data with it stays "creating" until the
 // test lets it go, with no sleep in the test itself. dir must be the stack's work dir
@@ -147,7 +139,7 @@ output "secret" {
 		}
 	}
 	want := []string{"local_file.f", "terraform_data.a[0]", "terraform_data.a[1]", "terraform_data.a[2]"}
-	if got := addresses(apply.Result.Resources); !slices.Equal(got, want) {
+	if got := tfruntest.Addresses(apply.Result.Resources); !slices.Equal(got, want) {
 		t.Fatalf("state resources %v, want %v", got, want)
 	}
 	if apply.Result.Summary.Add != 4 {
@@ -344,7 +336,7 @@ func TestCancelMidApply(t *testing.T) {
 		t.Fatalf("cancelled job: %s %+v", got.Status, got.Error)
 	}
 	// Terraform wrote the state on SIGINT: the fast resources are in it.
-	addrs := addresses(got.Result.Resources)
+	addrs := tfruntest.Addresses(got.Result.Resources)
 	if !slices.Contains(addrs, "terraform_data.fast[0]") || !slices.Contains(addrs, "terraform_data.fast[1]") {
 		t.Fatalf("state after cancel: %v", addrs)
 	}
@@ -366,7 +358,7 @@ func TestCancelMidApply(t *testing.T) {
 			t.Errorf("%s still tainted", r.Address)
 		}
 	}
-	if got := addresses(next.Result.Resources); len(got) != 3 {
+	if got := tfruntest.Addresses(next.Result.Resources); len(got) != 3 {
 		t.Errorf("state after converging apply: %v", got)
 	}
 	plan := run(t, e, tfrun.Request{Op: tfrun.OpPlan, ContentID: "cancel"}, tfrun.StatusSucceeded)

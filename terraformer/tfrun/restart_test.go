@@ -152,7 +152,7 @@ func TestCrashRestart(t *testing.T) {
 
 	release(t, gateDir)
 	next := run(t, e, tfrun.Request{Op: tfrun.OpApply, ContentID: "crash"}, tfrun.StatusSucceeded)
-	if got := addresses(next.Result.Resources); len(got) != 3 {
+	if got := tfruntest.Addresses(next.Result.Resources); len(got) != 3 {
 		t.Fatalf("state after the converging apply: %v", got)
 	}
 	plan := run(t, e, tfrun.Request{Op: tfrun.OpPlan, ContentID: "crash"}, tfrun.StatusSucceeded)
@@ -188,7 +188,7 @@ output "x" { value = terraform_data.x.output }
 		t.Fatal(err)
 	}
 	if got.Status != tfrun.StatusSucceeded || got.Result == nil || got.Result.Outputs["x"].Value != "kept" ||
-		!slices.Equal(addresses(got.Result.Resources), []string{"terraform_data.x"}) || len(got.Log) == 0 {
+		!slices.Equal(tfruntest.Addresses(got.Result.Resources), []string{"terraform_data.x"}) || len(got.Log) == 0 {
 		t.Fatalf("job after restart: %+v", got)
 	}
 	ch, err := e2.Watch(t.Context(), j.ID)

@@ -176,6 +176,15 @@ func Wait(t testing.TB, e *tfrun.Engine, id string, timeout time.Duration) *tfru
 	return nil
 }
 
+// Addresses lists the addresses of rs, in order.
+func Addresses(rs []tfrun.StateResource) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Address)
+	}
+	return out
+}
+
 // WorkDir is the Terraform working directory of contentID in the engine's Dir. A template's
 // relative paths (path.module, a provisioner's cwd) are there; it is the only host directory a
 // sandboxed terraform can write besides its private /tmp.
