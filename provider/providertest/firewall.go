@@ -11,8 +11,8 @@ import (
 
 // Firewall (capability "firewall"): machine.ports.open/close/list round-trip through the
 // provider: rules come back normalized, opening twice or closing what is not there changes
-// nothing, bad rules are refused, and the list ends empty. Enforcement is each provider's own
-// test (providers/local: the sandbox's firewall test and e2e/ports_test.go).
+// nothing, bad rules are refused, and the list ends empty. That the rules are enforced is
+// FirewallEnforced's (firewall_enforced.go).
 func (s *suite) testFirewall(t *testing.T) {
 	s.needStack(t)
 	s.needCap(t, provider.CapFirewall)

@@ -134,7 +134,9 @@ func Run(t *testing.T, c Config) {
 	t.Run("InfoBehindBack", s.testInfoBehindBack)
 	t.Run("StopStartKeepsDisk", s.testStopStartKeepsDisk)
 	t.Run("Snapshot", s.testSnapshot) // snapshot.go
-	t.Run("Update", s.testUpdate)     // update.go
+	// firewall_enforced.go (before Update, which leaves the stack one machine)
+	t.Run("FirewallEnforced", s.testFirewallEnforced)
+	t.Run("Update", s.testUpdate) // update.go
 	t.Run("InvalidInputs", s.testInvalidInputs)
 	t.Run("Firewall", s.testFirewall)   // firewall.go
 	t.Run("Resources", s.testResources) // resources.go
