@@ -218,8 +218,9 @@ func (s *suite) otherStack(t *testing.T) Machine {
 	if _, err := s.env.Client(kloud.Admin).UserAdd(ctx, api.UserAddParams{Username: otherUser, Team: team}); err != nil {
 		t.Fatalf("user.add %s: %v", otherUser, err)
 	}
-	o := *s
-	o.cl = s.env.Client(otherUser)
+	// The other user's suite: what it builds, its cleanup destroys.
+	o := &suite{c: s.c, p: s.p, env: s.env, tf: s.tf, caps: s.caps, cl: s.env.Client(otherUser)}
+	t.Cleanup(func() { o.cleanup(t) })
 	var creds map[string]string
 	if s.p.HasPart(provider.PartCredential) {
 		if s.goodCred == "" {
@@ -229,13 +230,13 @@ func (s *suite) otherStack(t *testing.T) Machine {
 		if err != nil {
 			t.Fatalf("credential.add as %s: %v", otherUser, err)
 		}
-		creds = map[string]string{s.p.Name: res.ID}
+		o.goodCred, creds = res.ID, map[string]string{s.p.Name: res.ID}
 		if s.caps[provider.CapBootstrap] {
 			b, err := o.cl.CredentialBootstrap(ctx, api.CredentialBootstrapParams{CredentialID: res.ID})
 			if err != nil {
 				t.Fatalf("credential.bootstrap as %s: %v", otherUser, err)
 			}
-			t.Cleanup(func() { o.destroyBootstrap(t, res.ID) })
+			o.bootstrapped = true
 			o.job(t, "bootstrap of "+otherUser+"'s credential", b.JobID)
 		}
 	}
@@ -255,38 +256,8 @@ func (s *suite) otherStack(t *testing.T) Machine {
 	if err != nil {
 		t.Fatalf("stack.apply as %s: %v", otherUser, err)
 	}
-	t.Cleanup(func() { o.destroyStack(t) })
 	o.job(t, "build "+otherUser+"'s stack of 1 machine", ref.JobID)
-	m := o.waitMachine(t, created.Machines[0].Label, provider.Running, kloud.AgentConnected, agentTimeout)
-	return m
-}
-
-// destroyStack destroys s's stack (when the test ends: its context is gone).
-func (s *suite) destroyStack(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.c.BuildTimeout)
-	defer cancel()
-	ref, err := s.cl.StackApply(ctx, api.StackApplyParams{StackID: s.stackID, Destroy: true})
-	if err != nil {
-		t.Errorf("destroy stack %s: %v", s.stackID, err)
-		return
-	}
-	if ev := s.follow(ctx, t, ref.JobID); ev.Status != api.JobSucceeded {
-		t.Errorf("destroy stack %s: %s: %s", s.stackID, ev.Status, ev.Error)
-	}
-}
-
-// destroyBootstrap destroys the bootstrap of credential id (when the test ends).
-func (s *suite) destroyBootstrap(t *testing.T, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.c.BuildTimeout)
-	defer cancel()
-	res, err := s.cl.CredentialBootstrap(ctx, api.CredentialBootstrapParams{CredentialID: id, Destroy: true})
-	if err != nil {
-		t.Errorf("destroy bootstrap of %s: %v", id, err)
-		return
-	}
-	if ev := s.follow(ctx, t, res.JobID); ev.Status != api.JobSucceeded {
-		t.Errorf("destroy bootstrap of %s: %s: %s", id, ev.Status, ev.Error)
-	}
+	return o.waitMachine(t, created.Machines[0].Label, provider.Running, kloud.AgentConnected, agentTimeout)
 }
 
 // shell is a terminal on a machine, opened through kloud's terminal endpoint as a user (bearer:
