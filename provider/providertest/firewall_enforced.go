@@ -126,6 +126,9 @@ func (s *suite) testFirewallEnforced(t *testing.T) {
 		t1 := time.Now()
 		var out string
 		testutil.Eventually(t, fwApply, func() bool { ok, o := reaches(sh); out = o; return ok }, "%s cannot reach %s (%s): %s", sh.label, addr, why, lazy(func() string { return out }))
+		if !strings.Contains(out, "listener saw "+sh.addr+"\n") {
+			t.Errorf("%s reaches %s, but the listener saw another source address than the machine's %s: %s", sh.label, addr, sh.addr, out)
+		}
 		t.Logf("%s reaches %s (%s): %s (after %s)", sh.label, addr, why, strings.TrimSpace(out), since(t1))
 	}
 	wantBlocked := func(sh *shell, why string) {
@@ -266,6 +269,7 @@ func (s *suite) otherStack(t *testing.T) Machine {
 // command's output ends with a mark the command line itself does not contain.
 type shell struct {
 	label string
+	addr  string // the machine's address
 	term  *webtermtest.Term
 	n     int
 	seen  int // how much of the output run has consumed
@@ -290,7 +294,7 @@ func (s *suite) openShell(t *testing.T, username string, m Machine) *shell {
 		}
 		t.Fatalf("open a terminal on %s as %s: %v (%s)", m.Label, username, err, status)
 	}
-	sh := &shell{label: fmt.Sprintf("%s's machine %s", username, m.Label), term: webtermtest.NewTerm(ws)}
+	sh := &shell{label: fmt.Sprintf("%s's machine %s", username, m.Label), addr: m.IPAddress, term: webtermtest.NewTerm(ws)}
 	t.Cleanup(func() { // the shell ends (a session would outlive the connection)
 		sh.term.Type(t, "exit\r")
 		if c := sh.term.Closed(t); c.Code != webterm.CloseEnded {
