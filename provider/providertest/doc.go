@@ -33,7 +33,8 @@
 //     gets a stack of one machine (destroyed at the end). The owner's other machine and kloud's
 //     host reach the listener, the other user's machine does not until a rule from any, team or
 //     its address opens the port, and not again once it is closed; a rule for another network
-//     or port lets nothing in. Needs firewall; the machines need python3 (cloud-init's).
+//     or port, or a TCP rule for UDP, lets nothing in. Needs firewall; the machines need python3
+//     (cloud-init's).
 //   - InvalidInputs: bad credential JSON, an unknown field, a missing required field, an unknown
 //     provider, machine.start of a running machine: each gets the right kite error code and a
 //     message that says what is wrong.

@@ -40,12 +40,22 @@ const (
 	fwNet = "192.0.2.0/24"
 )
 
-// fwScript is the listener and the probe, run by python3 in the machines (cloud-init, which every
-// kloud machine runs, needs it: no other tool is assumed). "serve PORT" accepts on PORT and
-// answers each connection with a line naming the caller's address; "probe IP PORT SECONDS"
-// connects and prints "ok:" and that line, or "no:" and why not.
-const fwScript = `import socket, sys
+// fwScript is the listener and the probes, run by python3 in the machines (cloud-init, which
+// every kloud machine runs, needs it: no other tool is assumed). "serve PORT LOG" accepts TCP on
+// PORT and answers each connection with a line naming the caller's address, and appends each UDP
+// datagram to PORT, with its source, to LOG (a UDP answer could not come back: the filter is
+// stateless and the prober's machine has no rule for it); "probe IP PORT SECONDS" connects and
+// prints "ok:" and the answer, or "no:" and why not; "send IP PORT DATA" sends one datagram.
+const fwScript = `import socket, sys, threading
 if sys.argv[1] == "serve":
+    def udp():
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        u.bind(("", int(sys.argv[2])))
+        while True:
+            b, a = u.recvfrom(200)
+            with open(sys.argv[3], "a") as f:
+                f.write(b.decode(errors="replace") + " from " + a[0] + "\n")
+    threading.Thread(target=udp, daemon=True).start()
     s = socket.create_server(("", int(sys.argv[2])))
     while True:
         c, a = s.accept()
@@ -54,6 +64,11 @@ if sys.argv[1] == "serve":
         except OSError:
             pass
         c.close()
+if sys.argv[1] == "send":
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.sendto(sys.argv[4].encode(), (sys.argv[2], int(sys.argv[3])))
+    print("sent")
+    sys.exit()
 try:
     c = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=float(sys.argv[4]))
     c.settimeout(float(sys.argv[4]))
@@ -66,8 +81,10 @@ except Exception as e:
 // runs in the stack's first machine (started through its agent's terminal, as the owner: no
 // provider hook); another user of the team gets a stack of one machine. With no rules the owner's
 // other machine and kloud's host reach the listener and the other user's machine does not; a
-// rule from "any" lets it in, and closing it keeps it out again; "team" lets it in (same team);
-// a CIDR holding its address lets it in, one that does not (and a rule on another port) do not.
+// rule from "any" lets it in, and closing it keeps it out again (UDP: not by the TCP rule, by a
+// UDP one until it is closed); "team" lets it in (same team); a CIDR holding its address lets it
+// in, one that does not (and a rule on another port) do not. The listener sees each prober's
+// own address.
 // The other user cannot open the port itself. The other stack is destroyed at the end, and the
 // machine is left with no rules and no listener.
 func (s *suite) testFirewallEnforced(t *testing.T) {
@@ -95,12 +112,12 @@ func (s *suite) testFirewallEnforced(t *testing.T) {
 
 	var err error
 	srv := s.openShell(t, user, target)
-	pid := srv.run(t, fmt.Sprintf("nohup python3 ~/kloud-fw.py serve %d >/dev/null 2>&1 </dev/null & echo pid:$!", fwPort))
+	pid := srv.run(t, fmt.Sprintf("nohup python3 ~/kloud-fw.py serve %d ~/kloud-fw-udp.log >/dev/null 2>&1 </dev/null & echo pid:$!", fwPort))
 	m := regexp.MustCompile(`pid:(\d+)`).FindStringSubmatch(pid)
 	if m == nil {
 		t.Fatalf("starting the listener in %s said %q", target.Label, pid)
 	}
-	t.Cleanup(func() { srv.run(t, "kill "+m[1]) })
+	t.Cleanup(func() { srv.run(t, "kill "+m[1]+"; rm -f ~/kloud-fw-udp.log") })
 	// kloud's host reaches the machine with no rules (the documented default); this also waits
 	// for the listener.
 	addr := net.JoinHostPort(ip, strconv.Itoa(fwPort))
@@ -138,6 +155,29 @@ func (s *suite) testFirewallEnforced(t *testing.T) {
 		testutil.Eventually(t, fwApply, func() bool { ok, o := reaches(sh); out = o; return !ok }, "%s reaches %s (%s): %s", sh.label, addr, why, lazy(func() string { return out }))
 		t.Logf("%s is kept off %s (%s): %s (after %s)", sh.label, addr, why, strings.TrimSpace(out), since(t1))
 	}
+	// UDP: a datagram with a fresh token arrives in the listener's log, or does not.
+	sent := 0
+	udpArrives := func(sh *shell) (bool, string) {
+		sent++
+		token := fmt.Sprintf("udp-token-%d", sent)
+		sh.run(t, fmt.Sprintf("python3 ~/kloud-fw.py send %s %d %s", ip, fwPort, token))
+		var log string
+		for deadline := time.Now().Add(fwTry); ; time.Sleep(200 * time.Millisecond) {
+			log = srv.run(t, "cat ~/kloud-fw-udp.log 2>/dev/null")
+			if strings.Contains(log, token+" from "+sh.addr+"\n") || time.Now().After(deadline) {
+				break
+			}
+		}
+		return strings.Contains(log, token+" from "+sh.addr+"\n"), log
+	}
+	wantUDP := func(sh *shell, arrives bool, why string) {
+		t.Helper()
+		t1 := time.Now()
+		var log string
+		testutil.Eventually(t, fwApply, func() bool { ok, l := udpArrives(sh); log = l; return ok == arrives },
+			"UDP from %s to %s (%s): arrives %v, want %v; the listener's log:\n%s", sh.label, addr, why, !arrives, arrives, lazy(func() string { return log }))
+		t.Logf("UDP from %s to %s (%s): arrives %v (after %s)", sh.label, addr, why, arrives, since(t1))
+	}
 	change := func(open bool, rules ...api.PortRule) {
 		t.Helper()
 		f, what := s.cl.MachinePortsClose, "close"
@@ -157,6 +197,7 @@ func (s *suite) testFirewallEnforced(t *testing.T) {
 
 	// The default: the owner's machines and kloud, nobody else.
 	wantReach(own, "the owner's other machine, no rules")
+	wantUDP(own, true, "UDP from the owner's other machine, no rules")
 	if ok, out := reaches(stranger); ok {
 		t.Fatalf("another user's machine reaches %s with no rule: %s", addr, out)
 	}
@@ -171,6 +212,13 @@ func (s *suite) testFirewallEnforced(t *testing.T) {
 	change(true, api.PortRule{Port: fwPort, From: fwNet}, api.PortRule{Port: fwPort + 1, From: provider.FromAny})
 	change(true, api.PortRule{Port: fwPort, From: provider.FromAny})
 	wantReach(stranger, "from any")
+	if ok, log := udpArrives(stranger); ok {
+		t.Fatalf("UDP from %s arrives at %s with only TCP open:\n%s", stranger.label, addr, log)
+	}
+	change(true, api.PortRule{Port: fwPort, Protocol: "udp", From: provider.FromAny})
+	wantUDP(stranger, true, "udp from any")
+	change(false, api.PortRule{Port: fwPort, Protocol: "udp", From: provider.FromAny})
+	wantUDP(stranger, false, "udp closed")
 	change(false, api.PortRule{Port: fwPort, From: provider.FromAny})
 	wantBlocked(stranger, "any closed; a rule for "+fwNet+" and one for another port left")
 
