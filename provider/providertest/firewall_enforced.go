@@ -45,7 +45,8 @@ const (
 // PORT and answers each connection with a line naming the caller's address, and appends each UDP
 // datagram to PORT, with its source, to LOG (a UDP answer could not come back: the filter is
 // stateless and the prober's machine has no rule for it); "probe IP PORT SECONDS" connects and
-// prints "ok:" and the answer, or "no:" and why not; "send IP PORT DATA" sends one datagram.
+// prints "ok:" and the answer, or "no:" and why not; "send IP PORT DATA" sends one datagram;
+// "spoof IP PORT DATA SRC" sends it from a raw socket with source address SRC (needs root).
 const fwScript = `import socket, sys, threading
 if sys.argv[1] == "serve":
     def udp():
@@ -69,6 +70,14 @@ if sys.argv[1] == "send":
     u.sendto(sys.argv[4].encode(), (sys.argv[2], int(sys.argv[3])))
     print("sent")
     sys.exit()
+if sys.argv[1] == "spoof":
+    import struct
+    dst, port, data, src = sys.argv[2], int(sys.argv[3]), sys.argv[4].encode(), sys.argv[5]
+    udp = struct.pack("!HHHH", 40000, port, 8 + len(data), 0) + data
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, socket.inet_aton(src), socket.inet_aton(dst))
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW).sendto(ip + udp, (dst, 0))
+    print("sent")
+    sys.exit()
 try:
     c = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=float(sys.argv[4]))
     c.settimeout(float(sys.argv[4]))
@@ -83,8 +92,9 @@ except Exception as e:
 // other machine and kloud's host reach the listener and the other user's machine does not; a
 // rule from "any" lets it in, and closing it keeps it out again (UDP: not by the TCP rule, by a
 // UDP one until it is closed); "team" lets it in (same team); a CIDR holding its address lets it
-// in, one that does not (and a rule on another port) do not. The listener sees each prober's
-// own address.
+// in, one that does not (and a rule on another port) do not; a datagram it sends with the
+// address of the owner's other machine is dropped, though a rule opens the port to that address.
+// The listener sees each prober's own address.
 // The other user cannot open the port itself. The other stack is destroyed at the end, and the
 // machine is left with no rules and no listener.
 func (s *suite) testFirewallEnforced(t *testing.T) {
@@ -157,19 +167,30 @@ func (s *suite) testFirewallEnforced(t *testing.T) {
 	}
 	// UDP: a datagram with a fresh token arrives in the listener's log, or does not.
 	sent := 0
-	udpArrives := func(sh *shell) (bool, string) {
+	// A spoofed one (src set) goes out of a raw socket, as root (the owner's sudo, kloud's
+	// cloud-init gives it).
+	udpFrom := func(sh *shell, src string) (bool, string) {
 		sent++
 		token := fmt.Sprintf("udp-token-%d", sent)
-		sh.run(t, fmt.Sprintf("python3 ~/kloud-fw.py send %s %d %s", ip, fwPort, token))
+		cmd := fmt.Sprintf("python3 ~/kloud-fw.py send %s %d %s", ip, fwPort, token)
+		if src != "" {
+			cmd = fmt.Sprintf("sudo -n python3 ~/kloud-fw.py spoof %s %d %s %s", ip, fwPort, token, src)
+		} else {
+			src = sh.addr
+		}
+		if out := sh.run(t, cmd); !strings.Contains(out, "sent") {
+			t.Fatalf("%s: %s: %s", sh.label, cmd, out)
+		}
 		var log string
 		for deadline := time.Now().Add(fwTry); ; time.Sleep(200 * time.Millisecond) {
 			log = srv.run(t, "cat ~/kloud-fw-udp.log 2>/dev/null")
-			if strings.Contains(log, token+" from "+sh.addr+"\n") || time.Now().After(deadline) {
+			if strings.Contains(log, token+" from "+src+"\n") || time.Now().After(deadline) {
 				break
 			}
 		}
-		return strings.Contains(log, token+" from "+sh.addr+"\n"), log
+		return strings.Contains(log, token+" from "+src+"\n"), log
 	}
+	udpArrives := func(sh *shell) (bool, string) { return udpFrom(sh, "") }
 	wantUDP := func(sh *shell, arrives bool, why string) {
 		t.Helper()
 		t1 := time.Now()
@@ -219,6 +240,20 @@ func (s *suite) testFirewallEnforced(t *testing.T) {
 	wantUDP(stranger, true, "udp from any")
 	change(false, api.PortRule{Port: fwPort, Protocol: "udp", From: provider.FromAny})
 	wantUDP(stranger, false, "udp closed")
+	// Rules trust source addresses, so a machine must not send with another's: a datagram from
+	// the other user's machine that claims the owner's other machine's address is dropped, though
+	// a rule opens the port to that address (and one to its own, which lets its raw datagrams
+	// with its own address in: the spoofing works, the firewall stops it).
+	change(true, api.PortRule{Port: fwPort, Protocol: "udp", From: other.IPAddress}, api.PortRule{Port: fwPort, Protocol: "udp", From: sibling.IPAddress})
+	var log string
+	testutil.Eventually(t, fwApply, func() bool { ok, l := udpFrom(stranger, stranger.addr); log = l; return ok },
+		"a raw UDP datagram from %s with its own address, to a port open to it, does not arrive:\n%s", stranger.label, lazy(func() string { return log }))
+	if ok, log := udpFrom(stranger, sibling.IPAddress); ok {
+		t.Errorf("a UDP datagram from %s claiming %s's address %s arrives at %s:\n%s", stranger.label, sibling.Label, sibling.IPAddress, addr, log)
+	} else {
+		t.Logf("a UDP datagram from %s claiming the address %s of the owner's %s is dropped", stranger.label, sibling.IPAddress, sibling.Label)
+	}
+	change(false, api.PortRule{Port: fwPort, Protocol: "udp", From: other.IPAddress}, api.PortRule{Port: fwPort, Protocol: "udp", From: sibling.IPAddress})
 	change(false, api.PortRule{Port: fwPort, From: provider.FromAny})
 	wantBlocked(stranger, "any closed; a rule for "+fwNet+" and one for another port left")
 
