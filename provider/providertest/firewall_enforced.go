@@ -94,9 +94,8 @@ except Exception as e:
 // UDP one until it is closed); "team" lets it in (same team); a CIDR holding its address lets it
 // in, one that does not (and a rule on another port) do not; a datagram it sends with the
 // address of the owner's other machine is dropped, though a rule opens the port to that address.
-// The listener sees each prober's own address.
-// The other user cannot open the port itself. The other stack is destroyed at the end, and the
-// machine is left with no rules and no listener.
+// The listener sees each prober's own address. The other user cannot open the port itself. The
+// other stack is destroyed at the end; the machines are left with no rules, listener or files.
 func (s *suite) testFirewallEnforced(t *testing.T) {
 	s.needStack(t)
 	if !s.caps[provider.CapFirewall] {
@@ -379,7 +378,7 @@ func (s *suite) openShell(t *testing.T, username string, m Machine) *shell {
 	}
 	sh := &shell{label: fmt.Sprintf("%s's machine %s", username, m.Label), addr: m.IPAddress, term: webtermtest.NewTerm(ws)}
 	t.Cleanup(func() { // the shell ends (a session would outlive the connection)
-		sh.term.Type(t, "exit\r")
+		sh.term.Type(t, "rm -f ~/kloud-fw.py; exit\r")
 		if c := sh.term.Closed(t); c.Code != webterm.CloseEnded {
 			t.Logf("%s: the terminal closed with %+v after exit", sh.label, c)
 		}
