@@ -27,7 +27,9 @@ import (
 
 // Stack update (issue 13 §1): stack.update applies another template revision (or the stack's
 // own scaled files, stack.scale in stacks_scale.go) to a built stack, as a durable job on the
-// stack's lease, like stack.apply. Start reading at runStackUpdate.
+// stack's lease, like stack.apply. Start reading at runStackUpdate. What the job would refuse
+// before changing anything (planUpdate: files Terraform or the policy refuses, no machine left,
+// a constraint, a machine changing provider) is refused by the call itself, with no job.
 //
 // The update plans the new files twice: once alone (as stack.create does: which machines the
 // files declare, by label), then, rendered with every machine's agent, against the stack's
@@ -233,6 +235,13 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 		return nil, err
 	}
 	st = cur
+	// What the job would refuse before changing anything (files Terraform or the template
+	// policy refuses, no machine left, a constraint, a machine that would change provider) is
+	// refused here, before a job exists. The job checks again: it may run after a restart.
+	if _, _, _, err := s.planUpdate(ctx, c, st, up.Files, up.Variables, nil); err != nil {
+		release()
+		return nil, err
+	}
 	up.From = st.State
 	from := []string{StackInitialized, StackFailed}
 	id := store.NewID()
@@ -287,15 +296,7 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 			s.log.Warn("release stack lease (it lapses by itself)", "stack", st.ID, "err", err)
 		}
 	}()
-	planned, err := s.planFiles(ctx, c, st, files, st.Variables, nil)
-	if err != nil {
-		return nil, err
-	}
-	ms, err := s.stackMachines(ctx, st.ID)
-	if err != nil {
-		return nil, err
-	}
-	mt, err := matchMachines(st, planned, ms)
+	planned, ms, mt, err := s.planUpdate(ctx, c, st, files, st.Variables, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -406,6 +407,25 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool)
 	return s.finishUpdate(ctx, j, c, st, job.Result)
 }
 
+// planUpdate plans files alone (planFiles) and matches the machines they declare with st's
+// records (matchMachines): the checks of an update that change nothing, made by stack.update and
+// stack.scale at the call, by stack.plan of a stack, and again by the job.
+func (s *Server) planUpdate(ctx context.Context, c *Caller, st *Stack, files []File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, []Machine, *matched, error) {
+	planned, err := s.planFiles(ctx, c, st, files, vars, logf)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	mt, err := matchMachines(st, planned, ms)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return planned, ms, mt, nil
+}
+
 // planFiles plans files alone (no state) and returns the machines they declare.
 func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
 	b, err := s.build(ctx, c, st.Team, fileMap(files), st.Credentials, vars)
@@ -435,7 +455,8 @@ func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []Fi
 		return nil, err
 	}
 	if len(planned) == 0 {
-		return nil, fmt.Errorf("the new files declare no machines (resources of: %s): destroy the stack instead: %w", strings.Join(s.resourceTypes(), ", "), kite.ErrInvalidParams)
+		return nil, fmt.Errorf("stack %s would have no machines left (its new files declare none; machine resource types: %s); a stack has at least one machine: destroy the stack instead (kloud stack destroy %s): %w",
+			st.ID, strings.Join(s.resourceTypes(), ", "), st.ID, kite.ErrInvalidParams)
 	}
 	return planned, nil
 }
@@ -609,15 +630,7 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	}
 	j.Enter(ctx, stackbuild.BuildChecking)
 	j.Logf(ctx, "updating stack %s from revision %d to %d", st.ID, st.TemplateRev, p.Rev)
-	planned, err := s.planFiles(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
-	if err != nil {
-		return failClean(err)
-	}
-	ms, err := s.stackMachines(ctx, st.ID)
-	if err != nil {
-		return failClean(err)
-	}
-	mt, err := matchMachines(st, planned, ms)
+	planned, ms, mt, err := s.planUpdate(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
 	if err != nil {
 		return failClean(err)
 	}

@@ -89,14 +89,11 @@ func TestStackUpdateInterruptedThenApplied(t *testing.T) {
 		t.Fatalf("update to a revision that does not exist: %v", err)
 	}
 
-	// A revision without machines: the job says to destroy instead; the stack is as it was.
+	// A revision without machines: refused at the call, saying to destroy instead; the stack is
+	// as it was.
 	f.updateTemplate(tid, "variable \"x\" {\n  default = 1\n}\n")
-	ref, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if last := f.follow(ref.JobID); last.Status != "failed" || !strings.Contains(last.Error, "destroy the stack instead") {
-		t.Fatalf("update to a revision without machines: %+v", last)
+	if _, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid}); !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "destroy the stack instead") {
+		t.Fatalf("update to a revision without machines: %v", err)
 	}
 	if view, _ := c.StackDescribe(ctx, api.StackRef{StackID: sid}); view.State != kloud.StackInitialized || view.TemplateRev != 1 || len(view.Machines) != 2 {
 		t.Fatalf("stack after an update to no machines: %s (%s), rev %d, %d machines", view.State, view.Reason, view.TemplateRev, len(view.Machines))
