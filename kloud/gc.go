@@ -245,14 +245,8 @@ func (s *Server) gcJudgeStack(ctx context.Context, id string, dryRun bool) (func
 	}
 	release := nop
 	if !dryRun {
-		lease, err := s.store.AcquireLease(ctx, "stack/"+id, "gc-"+store.NewID(), stackLeaseTTL)
-		if err != nil {
-			return nil, nil, fmt.Errorf("stack %s is busy: %w", id, err)
-		}
-		release = func() {
-			if err := s.store.Persist(ctx, "release lease of stack "+id, 30*time.Second, lease.Release); err != nil {
-				s.log.Warn("gc: release stack lease (it lapses by itself)", "stack", id, "err", err)
-			}
+		if _, release, err = s.takeLease(ctx, "stack/"+id, "gc", "stack "+id+" is busy"); err != nil {
+			return nil, nil, err
 		}
 		// Read again under the lease: a build may have ended (or started) since.
 		if st, err = s.store.Stacks().Get(ctx, id); errors.Is(err, store.ErrNotFound) {

@@ -128,7 +128,7 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
 			return nil, err
 		}
-		owner, release, err := s.leaseMachine(ctx, m, method)
+		owner, release, err := s.takeLease(ctx, "machine/"+m.ID, method, "machine "+m.Label+" is busy")
 		if err != nil {
 			return nil, err
 		}
@@ -147,22 +147,6 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		}
 		return api.JobRef{JobID: id}, nil
 	}
-}
-
-// leaseMachine takes machine m's lease ("machine/ID") for a job of kind; owner (kind-<new id>)
-// goes into the job's params as "lease", and release gives the lease back when no job was
-// started after all.
-func (s *Server) leaseMachine(ctx context.Context, m *Machine, kind string) (owner string, release func(), err error) {
-	owner = kind + "-" + store.NewID()
-	lease, err := s.store.AcquireLease(ctx, "machine/"+m.ID, owner, stackLeaseTTL)
-	if err != nil {
-		return "", nil, fmt.Errorf("machine %s is busy: %w", m.Label, err)
-	}
-	return owner, func() {
-		if rerr := s.store.Persist(ctx, "release lease of machine "+m.ID, 30*time.Second, lease.Release); rerr != nil {
-			s.log.Warn("release machine lease (it lapses by itself)", "machine", m.ID, "err", rerr)
-		}
-	}, nil
 }
 
 // providerOf returns the provider called name, or nil.

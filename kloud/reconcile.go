@@ -289,16 +289,11 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if err != nil {
 		return nil, err
 	}
-	owner := "reset-" + store.NewID()
-	lease, err := s.store.AcquireLease(ctx, "stack/"+st.ID, owner, stackLeaseTTL)
+	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, "reset", "stack "+st.ID+" is busy (a job holds it; cancel it first)")
 	if err != nil {
-		return nil, fmt.Errorf("stack %s is busy (a job holds it; cancel it first): %w", st.ID, err)
+		return nil, err
 	}
-	defer func() {
-		if err := s.store.Persist(ctx, "release lease of stack "+st.ID, 30*time.Second, lease.Release); err != nil {
-			s.log.Warn("release stack lease (it lapses by itself)", "stack", st.ID, "err", err)
-		}
-	}()
+	defer release()
 	if st, err = s.loadStack(ctx, nil, st.ID); err != nil { // as it is now that it is ours
 		return nil, err
 	}

@@ -121,7 +121,7 @@ var snapshotFrom = []provider.State{provider.Running, provider.Stopped}
 // operation for that message: "taken of", "restored into"). The caller starts the job with
 // owner as its "lease" param, or calls release.
 func (s *Server) leaseSettled(ctx context.Context, m *Machine, kind, how string) (_ *Machine, owner string, release func(), err error) {
-	owner, release, err = s.leaseMachine(ctx, m, kind)
+	owner, release, err = s.takeLease(ctx, "machine/"+m.ID, kind, "machine "+m.Label+" is busy")
 	if err != nil {
 		return nil, "", nil, err
 	}

@@ -32,9 +32,6 @@ import (
 
 const jobStackApply = stackbuild.JobApply
 
-// stackLeaseTTL bounds how long a dead kloud keeps a stack locked.
-const stackLeaseTTL = time.Minute
-
 // builtTemplate is a template ready for Terraform: files, variables, credentials.
 type builtTemplate struct {
 	files     map[string][]byte
@@ -318,15 +315,9 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	}
 	// One apply per stack at a time: the lease is taken with one atomic update; whoever loses
 	// is told who holds it.
-	owner := "apply-" + store.NewID()
-	lease, err := s.store.AcquireLease(ctx, "stack/"+st.ID, owner, stackLeaseTTL)
+	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, "apply", "stack "+st.ID+" is busy")
 	if err != nil {
-		return nil, fmt.Errorf("stack %s is busy: %w", st.ID, err)
-	}
-	release := func() {
-		if err := s.store.Persist(ctx, "release lease of stack "+st.ID, 30*time.Second, lease.Release); err != nil {
-			s.log.Warn("release stack lease (it lapses by itself)", "stack", st.ID, "err", err)
-		}
+		return nil, err
 	}
 	// A stack (or its machines) left in a transitional state by a job that is over is
 	// reconciled first, so build and destroy work from "any state whose job is dead".
@@ -367,49 +358,6 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		return nil, err
 	}
 	return api.JobRef{JobID: id}, nil
-}
-
-// retakeLease takes lease name for owner again, waiting up to 15s while someone else holds it.
-func (s *Server) retakeLease(ctx context.Context, name, owner string) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		_, err := s.store.AcquireLease(ctx, name, owner, stackLeaseTTL)
-		if err == nil || !errors.Is(err, store.ErrLocked) || time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-// keepLease renews a stack or machine lease until ctx ends, then releases it.
-func (s *Server) keepLease(ctx context.Context, name, owner string) (stop func()) {
-	lctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(stackLeaseTTL / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-lctx.Done():
-				rctx, rc := context.WithTimeout(context.Background(), 10*time.Second)
-				if err := s.store.ReleaseLease(rctx, name, owner); err != nil && !errors.Is(err, store.ErrLeaseLost) {
-					s.log.Warn("release lease (it lapses by itself)", "lease", name, "err", err)
-				}
-				rc()
-				return
-			case <-t.C:
-				if _, err := s.store.RenewLease(lctx, name, owner, stackLeaseTTL); err != nil && lctx.Err() == nil {
-					s.log.Warn("renew lease", "lease", name, "err", err)
-				}
-			}
-		}
-	}()
-	return func() { cancel(); <-done }
 }
 
 func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) (res map[string]any, err error) {

@@ -219,15 +219,10 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 	if st.State == StackNotInitialized {
 		return nil, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
 	}
-	up.Lease = "update-" + store.NewID()
-	lease, err := s.store.AcquireLease(ctx, "stack/"+st.ID, up.Lease, stackLeaseTTL)
-	if err != nil {
-		return nil, fmt.Errorf("stack %s is busy: %w", st.ID, err)
-	}
-	release := func() {
-		if err := s.store.Persist(ctx, "release lease of stack "+st.ID, 30*time.Second, lease.Release); err != nil {
-			s.log.Warn("release stack lease (it lapses by itself)", "stack", st.ID, "err", err)
-		}
+	var release func()
+	var err error
+	if up.Lease, release, err = s.takeLease(ctx, "stack/"+st.ID, "update", "stack "+st.ID+" is busy"); err != nil {
+		return nil, err
 	}
 	cur, err := s.reconcileForApply(ctx, st, up.Lease)
 	if err != nil {
@@ -286,16 +281,11 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 	if err != nil {
 		return nil, err
 	}
-	owner := "plan-" + store.NewID()
-	lease, err := s.store.AcquireLease(ctx, "stack/"+st.ID, owner, stackLeaseTTL)
+	_, release, err := s.takeLease(ctx, "stack/"+st.ID, "plan", "stack "+st.ID+" is busy (a job is changing it; plan when it is done)")
 	if err != nil {
-		return nil, fmt.Errorf("stack %s is busy (a job is changing it; plan when it is done): %w", st.ID, err)
+		return nil, err
 	}
-	defer func() {
-		if err := s.store.Persist(ctx, "release lease of stack "+st.ID, 30*time.Second, lease.Release); err != nil {
-			s.log.Warn("release stack lease (it lapses by itself)", "stack", st.ID, "err", err)
-		}
-	}()
+	defer release()
 	planned, ms, mt, err := s.planUpdate(ctx, c, st, files, st.Variables, nil)
 	if err != nil {
 		return nil, err
