@@ -313,42 +313,66 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 			return s.reapplyUpdate(ctx, c, st)
 		}
 	}
-	// One apply per stack at a time: the lease is taken with one atomic update; whoever loses
-	// is told who holds it.
-	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, "apply", "stack "+st.ID+" is busy")
+	sj := stackJob{kind: jobStackApply, lease: "apply", verb: "build", noun: "build", from: []string{StackNotInitialized, StackFailed}, to: StackBuilding}
+	if p.Destroy {
+		sj.verb, sj.noun, sj.from, sj.to = "destroy", "destroy", []string{StackNotInitialized, StackFailed, StackInitialized}, StackDestroying
+	}
+	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (map[string]any, error) {
+		return stackbuild.ApplyParams{StackID: st.ID, Destroy: p.Destroy, Lease: lease}.Map(), nil
+	})
+}
+
+// stackJob says which stack job beginStackJob starts.
+type stackJob struct {
+	kind  string   // the job's kind (jobStackApply, jobStackUpdate)
+	lease string   // the lease owner's prefix ("apply", "update")
+	verb  string   // "it can VERB only from": "build", "destroy", "be updated"
+	noun  string   // "could not start the NOUN job"
+	from  []string // the states the stack may be in
+	to    string   // the state it is in while the job runs (Building, Destroying)
+	set   store.StackSet
+}
+
+// beginStackJob starts a stack job: it takes the stack's lease (one job per stack at a time:
+// whoever loses is told who holds it); a stack (or its machines) left in a transitional state by
+// a job that is over is reconciled first, so jobs start from "any state whose job is dead";
+// params gives the job's params from the stack as it is now and the lease owner (or refuses:
+// nothing changed then); the stack moves from sj.from to sj.to with the job's id (and sj.set) in
+// one update, so it never shows a transitional state with another (dead) job's id, which the
+// reconciler would act on; then the job starts. When something fails, the stack is rolled back
+// and the lease released.
+func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj stackJob, params func(st *Stack, lease string) (map[string]any, error)) (any, error) {
+	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
 	if err != nil {
 		return nil, err
 	}
-	// A stack (or its machines) left in a transitional state by a job that is over is
-	// reconciled first, so build and destroy work from "any state whose job is dead".
-	cur, err := s.reconcileForApply(ctx, st, owner)
+	if st, err = s.reconcileForApply(ctx, st, owner); err != nil {
+		release()
+		return nil, err
+	}
+	ps, err := params(st, owner)
 	if err != nil {
 		release()
 		return nil, err
 	}
-	st = cur
-	verb, from, to := "build", []string{StackNotInitialized, StackFailed}, StackBuilding
-	if p.Destroy {
-		verb, from, to = "destroy", []string{StackNotInitialized, StackFailed, StackInitialized}, StackDestroying
-	}
-	// The job's id is recorded with the state change, in one update: the stack never shows a
-	// transitional state with another (dead) job's id, which the reconciler would act on.
 	id := store.NewID()
-	ok, err := s.store.Stacks().Transition(ctx, st.ID, from, store.StackSet{State: new(to), Reason: new(""), JobID: new(id)})
+	set := sj.set
+	set.State, set.Reason, set.JobID = new(sj.to), new(""), new(id)
+	ok, err := s.store.Stacks().Transition(ctx, st.ID, sj.from, set)
 	if err != nil || !ok {
 		release()
 		if err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, verb, strings.Join(from, ", "), kite.ErrState)
+		return nil, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, sj.verb, strings.Join(sj.from, ", "), kite.ErrState)
 	}
-	if _, err := s.startJobID(ctx, id, jobStackApply, "stack/"+st.ID, c.Username, stackbuild.ApplyParams{StackID: st.ID, Destroy: p.Destroy, Lease: owner}.Map()); err != nil {
-		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the %s job: %v", verb, err))}
+	if _, err := s.startJobID(ctx, id, sj.kind, "stack/"+st.ID, c.Username, ps); err != nil {
+		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the %s job: %v", sj.noun, err))}
 		if st.JobID != "" {
 			back.JobID = new(st.JobID)
 		}
 		rerr := s.store.Persist(ctx, "roll back stack "+st.ID, 0, func(ctx context.Context) error {
-			_, err := s.store.Stacks().TransitionOfJob(ctx, st.ID, []string{to}, id, back)
+			_, err := s.store.Stacks().TransitionOfJob(ctx, st.ID, []string{sj.to}, id, back)
 			return err
 		})
 		if rerr != nil {
@@ -381,29 +405,8 @@ func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) 
 			s.exitStack(ctx, j, stackID, during, err)
 		}
 	}()
-	if recovering {
-		if j.CancelRequested {
-			return nil, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
-		}
-		// The lease may still be ours (same owner) or have expired: take it again either way.
-		// Someone may hold it for a moment (a stack.apply or stack.reset that looks, finds this
-		// job live, and lets go): try for a while.
-		if err := s.retakeLease(ctx, "stack/"+stackID, owner); err != nil {
-			return nil, fmt.Errorf("stack %s: %w", stackID, err)
-		}
-		j.Logf(ctx, "kloud restarted during this job; resuming")
-	}
-	defer s.keepLease(context.Background(), "stack/"+stackID, owner)()
-	st, err := s.loadStack(ctx, nil, stackID)
-	if err != nil {
-		return nil, err
-	}
-	if st.State != during || st.JobID != j.ID {
-		// Reconciled or reset while this job was not running (e.g. recovered after a long
-		// outage): the stack is no longer this job's.
-		return nil, fmt.Errorf("stack %s is %s (job %q): %w", st.ID, st.State, st.JobID, errNotThisJobs)
-	}
-	c, err := s.callerByName(ctx, j.Owner, false)
+	st, c, stop, err := s.resumeStackJob(ctx, j, recovering, stackID, owner, during)
+	defer stop()
 	if err != nil {
 		return nil, err
 	}
@@ -411,6 +414,39 @@ func (s *Server) runStackApply(ctx context.Context, j *jobCtx, recovering bool) 
 		return s.destroyStack(ctx, j, c, st)
 	}
 	return s.buildStack(ctx, j, c, st, recovering)
+}
+
+// resumeStackJob is the start of stack job j's run (of stack stackID, holding lease, the stack
+// during in its transitional state): a job resumed after a restart (recovering) takes its lease
+// again, unless it was cancelled meanwhile; the lease is renewed until stop (never nil: defer
+// it at once); the stack must still be the job's (errNotThisJobs); the job runs as its owner c.
+func (s *Server) resumeStackJob(ctx context.Context, j *jobCtx, recovering bool, stackID, lease, during string) (st *Stack, c *Caller, stop func(), err error) {
+	stop = func() {}
+	if recovering {
+		if j.CancelRequested {
+			return nil, nil, stop, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
+		}
+		// The lease may still be ours (same owner) or have expired: take it again either way.
+		// Someone may hold it for a moment (a stack.apply or stack.reset that looks, finds this
+		// job live, and lets go): try for a while.
+		if err := s.retakeLease(ctx, "stack/"+stackID, lease); err != nil {
+			return nil, nil, stop, fmt.Errorf("stack %s: %w", stackID, err)
+		}
+		j.Logf(ctx, "kloud restarted during this job; resuming")
+	}
+	stop = s.keepLease(context.Background(), "stack/"+stackID, lease)
+	if st, err = s.loadStack(ctx, nil, stackID); err != nil {
+		return nil, nil, stop, err
+	}
+	if st.State != during || st.JobID != j.ID {
+		// Reconciled or reset while this job was not running (e.g. recovered after a long
+		// outage): the stack is no longer this job's.
+		return nil, nil, stop, fmt.Errorf("stack %s is %s (job %q): %w", st.ID, st.State, st.JobID, errNotThisJobs)
+	}
+	if c, err = s.callerByName(ctx, j.Owner, false); err != nil {
+		return nil, nil, stop, err
+	}
+	return st, c, stop, nil
 }
 
 // errNotThisJobs: a job found its target reconciled or reset while it was not running.

@@ -213,56 +213,24 @@ func (s *Server) stackUpdate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: files, Variables: st.Variables})
 }
 
-// startUpdate takes the stack's lease, moves it to Building with the new job's id and starts
-// the job (the same steps, and the same roll back, as stack.apply).
+// startUpdate starts the update job as stack.apply starts its job (beginStackJob, stacks.go),
+// once the update's checks passed.
 func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updateParams) (any, error) {
 	if st.State == StackNotInitialized {
 		return nil, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
 	}
-	var release func()
-	var err error
-	if up.Lease, release, err = s.takeLease(ctx, "stack/"+st.ID, "update", "stack "+st.ID+" is busy"); err != nil {
-		return nil, err
-	}
-	cur, err := s.reconcileForApply(ctx, st, up.Lease)
-	if err != nil {
-		release()
-		return nil, err
-	}
-	st = cur
-	// What the job would refuse before changing anything (files Terraform or the template
-	// policy refuses, no machine left, a constraint, a machine that would change provider) is
-	// refused here, before a job exists. The job checks again: it may run after a restart.
-	if _, _, _, err := s.planUpdate(ctx, c, st, up.Files, up.Variables, nil); err != nil {
-		release()
-		return nil, err
-	}
-	up.From = st.State
-	from := []string{StackInitialized, StackFailed}
-	id := store.NewID()
-	ok, err := s.store.Stacks().Transition(ctx, st.ID, from, store.StackSet{State: new(StackBuilding), Reason: new(""), JobID: new(id), TFJobID: new("")})
-	if err != nil || !ok {
-		release()
-		if err != nil {
+	sj := stackJob{kind: jobStackUpdate, lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
+		set: store.StackSet{TFJobID: new("")}}
+	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (map[string]any, error) {
+		// What the job would refuse before changing anything (files Terraform or the template
+		// policy refuses, no machine left, a constraint, a machine that would change provider)
+		// is refused here, before a job exists. The job checks again: it may run after a restart.
+		if _, _, _, err := s.planUpdate(ctx, c, st, up.Files, up.Variables, nil); err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("stack %s is %s; it can be updated only from %s: %w", st.ID, st.State, strings.Join(from, ", "), kite.ErrState)
-	}
-	if _, err := s.startJobID(ctx, id, jobStackUpdate, "stack/"+st.ID, c.Username, up.Map()); err != nil {
-		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the update job: %v", err))}
-		if st.JobID != "" {
-			back.JobID = new(st.JobID)
-		}
-		if rerr := s.store.Persist(ctx, "roll back stack "+st.ID, 0, func(ctx context.Context) error {
-			_, err := s.store.Stacks().TransitionOfJob(ctx, st.ID, []string{StackBuilding}, id, back)
-			return err
-		}); rerr != nil {
-			s.log.Error("roll back stack after a job that did not start (the reconciler will)", "stack", st.ID, "err", rerr)
-		}
-		release()
-		return nil, err
-	}
-	return api.JobRef{JobID: id}, nil
+		up.Lease, up.From = lease, st.State
+		return up.Map(), nil
+	})
 }
 
 // stackPlanUpdate is stack.plan of a stack: what stack.update to the revision would do, per
@@ -337,24 +305,8 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool)
 			s.exitStack(ctx, j, p.StackID, StackBuilding, err)
 		}
 	}()
-	if recovering {
-		if j.CancelRequested {
-			return nil, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
-		}
-		if err := s.retakeLease(ctx, "stack/"+p.StackID, p.Lease); err != nil {
-			return nil, fmt.Errorf("stack %s: %w", p.StackID, err)
-		}
-		j.Logf(ctx, "kloud restarted during this job; resuming")
-	}
-	defer s.keepLease(context.Background(), "stack/"+p.StackID, p.Lease)()
-	st, err := s.loadStack(ctx, nil, p.StackID)
-	if err != nil {
-		return nil, err
-	}
-	if st.State != StackBuilding || st.JobID != j.ID {
-		return nil, fmt.Errorf("stack %s is %s (job %q): %w", st.ID, st.State, st.JobID, errNotThisJobs)
-	}
-	c, err := s.callerByName(ctx, j.Owner, false)
+	st, c, stop, err := s.resumeStackJob(ctx, j, recovering, p.StackID, p.Lease, StackBuilding)
+	defer stop()
 	if err != nil {
 		return nil, err
 	}
