@@ -793,26 +793,28 @@ func (s *Server) waitAgents(ctx context.Context, j *jobCtx, st *Stack, ms []Mach
 
 // resourceValues returns the state values of m's resource instance.
 func resourceValues(res *tfrun.Result, m *Machine) map[string]any {
-	if res == nil {
+	r := stateResource(res, m)
+	if r == nil || r.Values == nil {
 		return map[string]any{}
 	}
-	for _, r := range res.Resources {
+	return visibleAttrs(r.Values) // not the agent's kite key (user data and the like)
+}
+
+// stateResource is m's resource instance in terraform's state res (nil if it has none).
+func stateResource(res *tfrun.Result, m *Machine) *tfrun.StateResource {
+	if res == nil {
+		return nil
+	}
+	for i, r := range res.Resources {
 		if r.Mode != "managed" || r.Name != m.Resource || r.Module != "" {
 			continue
 		}
-		i, has := index(r.Index)
-		if (m.Index == nil && !has) || (m.Index != nil && has && *m.Index == i) {
-			out := map[string]any{}
-			for k, v := range r.Values {
-				if strings.Contains(k, "user_data") || k == "input" || k == "output" || k == "upload" {
-					continue // holds the agent's kite key (upload: the docker provider's NoCloud seed)
-				}
-				out[k] = v
-			}
-			return out
+		n, has := index(r.Index)
+		if (m.Index == nil && !has) || (m.Index != nil && has && *m.Index == n) {
+			return &res.Resources[i]
 		}
 	}
-	return map[string]any{}
+	return nil
 }
 
 func ipOf(attrs map[string]any) string {

@@ -810,7 +810,7 @@ func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *
 	}
 	var ids []string
 	for _, m := range ms {
-		if m.State != provider.Terminating || inState(res, &m) {
+		if m.State != provider.Terminating || stateResource(res, &m) != nil {
 			continue
 		}
 		if m.KiteID != "" {
@@ -875,24 +875,10 @@ func (s *Server) failUpdate(ctx context.Context, st *Stack, res *tfrun.Result, t
 	return reason
 }
 
-// inState reports whether terraform's state res has m's resource instance.
-func inState(res *tfrun.Result, m *Machine) bool {
-	for _, r := range res.Resources {
-		if r.Mode != "managed" || r.Name != m.Resource || r.Module != "" {
-			continue
-		}
-		i, has := index(r.Index)
-		if (m.Index == nil && !has) || (m.Index != nil && has && *m.Index == i) {
-			return true
-		}
-	}
-	return false
-}
-
 // ---- the diff
 
 // hiddenAttr: attributes that hold an agent's key (user data, the dummy's input and output,
-// the docker provider's seed upload) are never shown, only named.
+// the docker provider's NoCloud seed upload) are never shown or stored, only named.
 func hiddenAttr(k string) bool {
 	return strings.Contains(k, "user_data") || k == "input" || k == "output" || k == "upload"
 }
