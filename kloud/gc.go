@@ -299,24 +299,11 @@ func (s *Server) gcJudgeStack(ctx context.Context, id string, dryRun bool) (func
 // stateIDs returns the "id" attribute of every resource instance in state.
 func stateIDs(st *tfjson.State) map[string]bool {
 	out := map[string]bool{}
-	if st == nil || st.Values == nil {
-		return out
-	}
-	var walk func(m *tfjson.StateModule)
-	walk = func(m *tfjson.StateModule) {
-		if m == nil {
-			return
-		}
-		for _, r := range m.Resources {
-			if id, ok := r.AttributeValues["id"].(string); ok && id != "" {
-				out[id] = true
-			}
-		}
-		for _, c := range m.ChildModules {
-			walk(c)
+	for r := range stateResources(st) {
+		if id, ok := r.AttributeValues["id"].(string); ok && id != "" {
+			out[id] = true
 		}
 	}
-	walk(st.Values.RootModule)
 	return out
 }
 

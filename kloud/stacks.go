@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"sort"
@@ -998,29 +999,44 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	return map[string]any{"stackId": st.ID, "destroyed": true}, nil
 }
 
+// stateEmpty reports whether a terraform state holds no resources.
+func stateEmpty(st *tfjson.State) bool {
+	for range stateResources(st) {
+		return false
+	}
+	return true
+}
+
+// stateResources yields every resource instance of st, of every module (none if st is nil).
+func stateResources(st *tfjson.State) iter.Seq[*tfjson.StateResource] {
+	return func(yield func(*tfjson.StateResource) bool) {
+		if st == nil || st.Values == nil {
+			return
+		}
+		var walk func(m *tfjson.StateModule) bool
+		walk = func(m *tfjson.StateModule) bool {
+			if m == nil {
+				return true
+			}
+			for _, r := range m.Resources {
+				if !yield(r) {
+					return false
+				}
+			}
+			for _, c := range m.ChildModules {
+				if !walk(c) {
+					return false
+				}
+			}
+			return true
+		}
+		walk(st.Values.RootModule)
+	}
+}
+
 // failDestroy puts the stack Failed and its Terminating machines Unknown (terraform may have
 // destroyed some of them; destroy can be run again). If ctx was cancelled, terraform's run
 // tfJob is stopped first.
-// stateEmpty reports whether a terraform state holds no resources.
-func stateEmpty(st *tfjson.State) bool {
-	if st == nil || st.Values == nil || st.Values.RootModule == nil {
-		return true
-	}
-	var any func(m *tfjson.StateModule) bool
-	any = func(m *tfjson.StateModule) bool {
-		if len(m.Resources) > 0 {
-			return true
-		}
-		for _, c := range m.ChildModules {
-			if any(c) {
-				return true
-			}
-		}
-		return false
-	}
-	return !any(st.Values.RootModule)
-}
-
 func (s *Server) failDestroy(ctx context.Context, st *Stack, ms []Machine, tfJob string, reason error) error {
 	if ctx.Err() != nil {
 		reason = fmt.Errorf("destroy cancelled: %w", reason)
