@@ -270,6 +270,17 @@ func TestKloudKilledMidUpdate(t *testing.T) {
 			t.Fatalf("%s: keep changed: %+v, was %+v", tc.name, k, keep)
 		}
 	}
+	// The CLI's scale and update show a refusal at the call, and no job starts: a resource
+	// without count; a revision without machines (the plan the update shows first refuses it).
+	if out, err := e.try("stack", "scale", sid, "keep", "0"); err == nil || !strings.Contains(out, "count = 1") || strings.Contains(out, "started") {
+		t.Fatalf("stack scale of a resource without count: %v\n%s", err, out)
+	}
+	f := filepath.Join(t.TempDir(), "main.tf")
+	os.WriteFile(f, []byte("variable \"x\" {\n  default = 1\n}\n"), 0o644)
+	e.run("template", "update", tid, "--file", f)
+	if out, err := e.try("stack", "update", sid); err == nil || !strings.Contains(out, "destroy the stack instead") || strings.Contains(out, "started") {
+		t.Fatalf("stack update to a revision without machines: %v\n%s", err, out)
+	}
 	e.run("stack", "destroy", sid)
 	if entries, _ := os.ReadDir(filepath.Join(e.dir, "machines", sid)); len(entries) != 0 {
 		t.Fatalf("machine directories left: %v", entries)

@@ -263,21 +263,18 @@ func stackCmd(g *globals) *cobra.Command {
 			Short: short,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				conn, err := g.dial(cmd.Context())
-				if err != nil {
-					return err
-				}
-				defer conn.Close(nil)
-				kc := api.NewClient(conn)
-				res, err := kc.StackApply(cmd.Context(), api.StackApplyParams{StackID: args[0], Destroy: destroy})
-				if err != nil {
-					return explain(err)
-				}
-				if destroy {
-					_, err := g.followJob(cmd.Context(), conn, res.JobID, detach)
-					return err
-				}
-				return g.followStackJob(cmd.Context(), conn, kc, args[0], res.JobID, detach)
+				return g.withConn(cmd.Context(), func(conn *kite.Conn) error {
+					kc := api.NewClient(conn)
+					res, err := kc.StackApply(cmd.Context(), api.StackApplyParams{StackID: args[0], Destroy: destroy})
+					if err != nil {
+						return explain(err)
+					}
+					if destroy {
+						_, err := g.followJob(cmd.Context(), conn, res.JobID, detach)
+						return err
+					}
+					return g.followStackJob(cmd.Context(), conn, kc, args[0], res.JobID, detach)
+				})
 			},
 		}
 		detachFlag(c, &detach)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 )
 
@@ -26,32 +27,29 @@ update waits for the agents of new and replaced machines only. --plan shows the 
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			conn, err := g.dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Close(nil)
-			kc := api.NewClient(conn)
-			res, err := kc.StackPlan(ctx, api.StackPlanParams{StackID: args[0], Rev: rev})
-			if err != nil {
-				return explain(err)
-			}
-			if planOnly {
-				if g.json {
-					return g.printJSON(res.Update)
+			return g.withConn(ctx, func(conn *kite.Conn) error {
+				kc := api.NewClient(conn)
+				res, err := kc.StackPlan(ctx, api.StackPlanParams{StackID: args[0], Rev: rev})
+				if err != nil {
+					return explain(err)
 				}
-				return printUpdatePlan(g, res.Update)
-			}
-			if !g.json {
-				if err := printUpdatePlan(g, res.Update); err != nil {
-					return err
+				if planOnly {
+					if g.json {
+						return g.printJSON(res.Update)
+					}
+					return printUpdatePlan(g, res.Update)
 				}
-			}
-			ref, err := kc.StackUpdate(ctx, api.StackUpdateParams{StackID: args[0], TemplateRevision: res.Rev})
-			if err != nil {
-				return explain(err)
-			}
-			return g.followStackJob(ctx, conn, kc, args[0], ref.JobID, detach)
+				if !g.json {
+					if err := printUpdatePlan(g, res.Update); err != nil {
+						return err
+					}
+				}
+				ref, err := kc.StackUpdate(ctx, api.StackUpdateParams{StackID: args[0], TemplateRevision: res.Rev})
+				if err != nil {
+					return explain(err)
+				}
+				return g.followStackJob(ctx, conn, kc, args[0], ref.JobID, detach)
+			})
 		},
 	}
 	update.Flags().IntVar(&rev, "rev", 0, "the template revision to update to (default: the latest)")
@@ -73,17 +71,14 @@ that is another expression cannot be changed this way: edit the template.`,
 				return fmt.Errorf("N: %q is not a number", args[2])
 			}
 			ctx := cmd.Context()
-			conn, err := g.dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Close(nil)
-			kc := api.NewClient(conn)
-			ref, err := kc.StackScale(ctx, api.StackScaleParams{StackID: args[0], Resource: args[1], Count: n})
-			if err != nil {
-				return explain(err)
-			}
-			return g.followStackJob(ctx, conn, kc, args[0], ref.JobID, sdetach)
+			return g.withConn(ctx, func(conn *kite.Conn) error {
+				kc := api.NewClient(conn)
+				ref, err := kc.StackScale(ctx, api.StackScaleParams{StackID: args[0], Resource: args[1], Count: n})
+				if err != nil {
+					return explain(err)
+				}
+				return g.followStackJob(ctx, conn, kc, args[0], ref.JobID, sdetach)
+			})
 		},
 	}
 	detachFlag(scale, &sdetach)

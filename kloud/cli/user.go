@@ -21,13 +21,12 @@ import (
 // and closes the connection; errors get a hint.
 func call[P, R any](ctx context.Context, g *globals, m func(*api.Client, context.Context, P) (R, error), p P) (R, error) {
 	var r R
-	c, err := g.dial(ctx)
-	if err != nil {
-		return r, err
-	}
-	defer c.Close(nil)
-	r, err = m(api.NewClient(c), ctx, p)
-	return r, explain(err)
+	err := g.withConn(ctx, func(c *kite.Conn) error {
+		var err error
+		r, err = m(api.NewClient(c), ctx, p)
+		return explain(err)
+	})
+	return r, err
 }
 
 // call0 is call for methods without params.
