@@ -1,5 +1,7 @@
 // Package dockertest starts a private Docker daemon for tests: its own data root, exec root,
-// unix socket and pid file under a run directory (testutil.RunDir), no iptables rules and no
+// unix socket, pid file and temporary directory (TMPDIR, for dockerd and the containerd it
+// starts: containerd writes its stack dumps there) under a run directory (testutil.RunDir), no
+// iptables rules and no
 // default bridge (--iptables=false --ip6tables=false --bridge=none), so it never touches the
 // host's daemon, firewall or networks. Start it with Start (one per test binary, from TestMain)
 // or New (one per test); it imports the kloud machine image from $KLOUD_BASE_IMAGE (Import
@@ -99,12 +101,20 @@ func Start(ctx context.Context) (*Daemon, error) {
 		return nil, err
 	}
 	defer logf.Close()
+	// dockerd and its containerd write temporary files (containerd.<pid>.stacks.log, when
+	// dockerd asks a slow containerd for its stacks before killing it) in TMPDIR: the run's own.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		remove()
+		return nil, fmt.Errorf("dockertest: %w", err)
+	}
 	d.cmd = exec.Command("dockerd",
 		"--iptables=false", "--ip6tables=false", "--bridge=none", "--ip-forward=false", "--ip-masq=false",
 		"--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "exec"),
 		"-H", d.Host, "--pidfile", filepath.Join(dir, "d.pid"),
 		"--shutdown-timeout", "2", "--log-level", "warn")
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	d.cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := d.cmd.Start(); err != nil {
 		remove()
