@@ -89,5 +89,10 @@ func (sd *serveDocker) register(ctx context.Context, f *serveFlags, reg *provide
 
 // start: containers of stacks kloud no longer has are kloud's garbage collector's (kloud gc, and
 // the sweep every --gc-interval): the provider lists this instance's containers by their labels
-// (provider.CapResources).
-func (sd *serveDocker) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {}
+// (provider.CapResources). The firewall follows the daemon's container events while kloud runs
+// (docker.Docker.Watch: a container the daemon restarts on its own is reachable again at once).
+func (sd *serveDocker) start(ctx context.Context, s *kloud.Server, log *slog.Logger) {
+	if sd.d != nil {
+		go sd.d.Watch(ctx)
+	}
+}

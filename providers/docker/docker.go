@@ -8,7 +8,8 @@
 // cpus and memory_swap it writes as the Docker provider reads them back), service.go (the
 // Docker API proxy terraform talks to; proxyupdate.go, its in-place updates), machine.go (start, stop, info, console log), image.go
 // and network.go (the image and the machines' network), firewall.go (ingress rules between
-// machines, on the network's bridge).
+// machines, on the network's bridge; events.go, Watch, keeps them in step with containers the
+// daemon restarts on its own).
 //
 // # How Terraform drives it, and why it cannot get the host
 //

@@ -47,7 +47,10 @@ type fixture struct {
 	url string
 }
 
-func newFixture(t *testing.T, instance string) *fixture {
+func newFixture(t *testing.T, instance string) *fixture { return newFixtureWith(t, instance, nil) }
+
+// newFixtureWith is newFixture whose provider options opt may change before New.
+func newFixtureWith(t *testing.T, instance string, opt func(*docker.Options, *dockertest.Daemon)) *fixture {
 	dd := dockertest.New(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -58,9 +61,13 @@ func newFixture(t *testing.T, instance string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Instance: instance, Endpoint: url,
+	o := docker.Options{Host: dd.Host, Image: dd.Image, Instance: instance, Endpoint: url,
 		StateDir: t.TempDir(), Logger: testutil.Logger(t),
-		Network: "kt-" + instance, Bridge: "kt-" + instance, Subnet: subnet})
+		Network: "kt-" + instance, Bridge: "kt-" + instance, Subnet: subnet}
+	if opt != nil {
+		opt(&o, dd)
+	}
+	d, err := docker.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,9 +36,10 @@ import (
 // and the first time the network is ensured in a process; it is deleted with the network. A
 // container the daemon restarts on its own (a restart policy, a daemon restart) gets a new
 // bridge port the table does not know: it is unreachable from every machine (the table drops new
-// connections to the whole subnet by default) until the next rebuild (any of the events above,
-// or kloud asking for the machine's state: Info rebuilds when a container started after the
-// last rebuild).
+// connections to the whole subnet by default) until the next rebuild, which Watch (events.go,
+// following the daemon's container events while kloud runs) does within moments; kloud asking
+// for the machine's state does one too (Info rebuilds when a container started after the last
+// rebuild).
 //
 // It needs the daemon on this host, in kloud's network namespace (a unix socket; the bridge
 // then is a link kloud sees) and nftables (root, or CAP_NET_ADMIN): otherwise the provider does
