@@ -45,9 +45,13 @@ func (d *Docker) Watch(ctx context.Context) {
 			return
 		}
 		if opened {
-			backoff = watchMinBackoff // it worked for a while: a fresh break
+			// It worked: a fresh break, said once (a daemon that does not answer is said by
+			// Available, not every 30 s here).
+			backoff = watchMinBackoff
+			d.log.Warn("docker provider: the daemon's event stream broke; the firewall follows it again when it answers", "err", err)
+		} else {
+			d.log.Debug("docker provider: the daemon's event stream", "retry", backoff, "err", err)
 		}
-		d.log.Warn("docker provider: the daemon's event stream broke; the firewall follows it again when it answers", "retry", backoff, "err", err)
 		select {
 		case <-ctx.Done():
 			return
