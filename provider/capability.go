@@ -4,9 +4,9 @@ import "slices"
 
 // The Capability type, its constants and ErrUnsupported are in provider.go.
 
-// Caps returns p's capabilities, sorted. With Provider.Capabilities set, exactly those (a plugin
-// proxy sets them from the plugin's handshake; an in-tree provider may set them to advertise
-// less). Otherwise they are derived: start, stop and info always; consoleLog and resize if a
+// Caps returns p's capabilities, sorted, with those Provider.MoreCaps adds at the moment. With
+// Provider.Capabilities set, exactly those (a plugin proxy sets them from the plugin's
+// handshake; an in-tree provider may set them to advertise less). Otherwise they are derived: start, stop and info always; consoleLog and resize if a
 // machine built from an empty BaseMachine implements ConsoleLogger or Resizer; constraints if a
 // stack built from an empty BaseStack implements ConstraintsValidator; bootstrap if the schema
 // has a bootstrap part. A constructor that fails or panics on the empty Base* counts as not
@@ -14,6 +14,9 @@ import "slices"
 func (p *Provider) Caps() []Capability {
 	if p.Capabilities != nil {
 		out := slices.Clone(p.Capabilities)
+		if p.MoreCaps != nil {
+			out = append(out, p.MoreCaps()...)
+		}
 		slices.Sort(out)
 		return slices.Compact(out)
 	}
@@ -43,8 +46,11 @@ func (p *Provider) Caps() []Capability {
 	if p.Inventory != nil {
 		out = append(out, CapResources) // resources.go
 	}
+	if p.MoreCaps != nil {
+		out = append(out, p.MoreCaps()...)
+	}
 	slices.Sort(out)
-	return out
+	return slices.Compact(out)
 }
 
 // Can reports whether p has capability c.

@@ -64,6 +64,11 @@ type Provider struct {
 	// Inventory, if set, lists and removes the resources the provider made for this kloud
 	// instance (resources.go; capability CapResources): kloud gc uses it. Nil: none.
 	Inventory ResourceManager
+	// MoreCaps, if set, returns capabilities that depend on the host's state at the moment (a
+	// daemon that may come up after kloud started), added by Caps to the others on every call:
+	// it must be quick (cache what it learns for a short time). A plugin's capabilities are
+	// taken once, at its handshake. Nil: none.
+	MoreCaps func() []Capability
 }
 
 // Capability is something a provider can do beyond the required Stack and Machine methods, or

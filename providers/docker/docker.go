@@ -160,9 +160,13 @@ type Docker struct {
 	fwWhy   string
 	fwMu    sync.Mutex // one rebuild or rules change at a time
 	fwBuilt time.Time  // when the last rebuild listed the containers (fwMu)
-	// Snapshots (snapshot.go): the daemon's data root, or why its layers are not reachable.
-	layersRoot string
-	layersErr  error
+	// Snapshots (snapshot.go): the daemon's data root, or why its layers are not reachable, as
+	// last asked (layersAt).
+	layersMu     sync.Mutex
+	layersAt     time.Time
+	layersRoot   string
+	layersErr    error
+	layersAsking chan struct{} // closed when the question in flight is answered
 }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -238,7 +242,7 @@ func New(opts Options) (*Docker, error) {
 		d.fw = bridgefw.NewTable(d.opts.Bridge, d.opts.Subnet)
 		d.p.Capabilities = append(d.p.Capabilities, provider.CapFirewall)
 	}
-	d.probeSnapshots() // snapshot.go: adds provider.CapSnapshot when the daemon's layers are here
+	d.p.MoreCaps = d.snapshotCaps // snapshot.go: provider.CapSnapshot while the daemon's layers are here
 	return d, nil
 }
 

@@ -32,11 +32,14 @@ import (
 // user data), its kite key, its machine-id and kloud's boot script (IdentityFiles).
 //
 // This needs the daemon's storage on this host: the daemon is reached through a unix socket, its
-// storage driver is overlay2 and its data root (DockerRootDir) is readable here. New probes that
-// once (layersSupport) and advertises provider.CapSnapshot only then; each operation checks again
-// that the container's own directory (<data root>/containers/<id>/config.v2.json) is here and is
-// that container's, so a socket forwarded from another host with the same paths is refused too.
-// A daemon that did not answer when kloud started gives no snapshots until kloud restarts.
+// storage driver is overlay2 and its data root (DockerRootDir) is readable here. The provider
+// asks (layers: the daemon's Info, layersSupport) when it is asked what it can do (Caps, through
+// Provider.MoreCaps: provider.describe, kloud's checks before a snapshot call) and before each
+// operation, and keeps the answer a short time (layersTTL, layersTTLFailed): it advertises
+// provider.CapSnapshot only while the answer is yes, so a daemon that was down when kloud started
+// gives snapshots as soon as it answers. Each operation also checks that the container's own
+// directory (<data root>/containers/<id>/config.v2.json) is here and is that container's, so a
+// socket forwarded from another host with the same paths is refused too.
 
 // IdentityFiles are the files of a docker machine's writable layer (relative paths) that make it
 // itself rather than its content; Restore keeps the target's.
@@ -106,17 +109,82 @@ func checkLayers(driver, root string) error {
 	return nil
 }
 
-// SnapshotsWhyNot is nil when the provider offers snapshots, else why not (New decided).
-func (d *Docker) SnapshotsWhyNot() error { return d.layersErr }
+// How long an answer of layersSupport is kept: a yes for a minute (the daemon's data root does
+// not move while it runs), a no for a moment (the daemon may be starting).
+const (
+	layersTTL       = time.Minute
+	layersTTLFailed = 2 * time.Second
+)
 
-// probeSnapshots decides, in New, whether the provider offers snapshots.
-func (d *Docker) probeSnapshots() {
-	d.layersRoot, d.layersErr = d.layersSupport(context.Background())
-	if d.layersErr == nil {
-		d.p.Capabilities = append(d.p.Capabilities, provider.CapSnapshot)
-	} else {
-		d.log.Info("docker provider: no snapshots", "why", d.layersErr)
+// layers returns the daemon's data root if kloud can read and write its container layers, else
+// why not: layersSupport's answer, kept for layersTTL (layersTTLFailed for a no). A stale answer
+// is asked again; with wait, the caller waits for the new answer (callers at the same time wait
+// for one), else it gets the stale one at once while the new one is asked in the background (only
+// the very first answer is waited for): Caps must not wait on a daemon that hangs.
+func (d *Docker) layers(ctx context.Context, wait bool) (string, error) {
+	d.layersMu.Lock()
+	ttl := layersTTL
+	if d.layersErr != nil {
+		ttl = layersTTLFailed
 	}
+	asked := !d.layersAt.IsZero()
+	fresh := asked && time.Since(d.layersAt) < ttl
+	if fresh || (asked && !wait) {
+		if !fresh && d.layersAsking == nil {
+			d.askLayers()
+		}
+		defer d.layersMu.Unlock()
+		return d.layersRoot, d.layersErr
+	}
+	ch := d.layersAsking
+	if ch == nil {
+		ch = d.askLayers()
+	}
+	d.layersMu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		return "", fmt.Errorf("%w: %w", errLayersNotHere, ctx.Err())
+	}
+	d.layersMu.Lock()
+	defer d.layersMu.Unlock()
+	return d.layersRoot, d.layersErr
+}
+
+// askLayers asks layersSupport in the background and returns a channel closed when the answer is
+// kept. d.layersMu is held.
+func (d *Docker) askLayers() chan struct{} {
+	ch := make(chan struct{})
+	d.layersAsking = ch
+	go func() {
+		defer close(ch)
+		root, err := d.layersSupport(context.Background())
+		d.layersMu.Lock()
+		defer d.layersMu.Unlock()
+		switch first := d.layersAt.IsZero(); {
+		case err != nil && (first || d.layersErr == nil):
+			d.log.Info("docker provider: no snapshots", "why", err)
+		case err == nil && !first && d.layersErr != nil:
+			d.log.Info("docker provider: snapshots offered: the daemon's layers are reachable now")
+		}
+		d.layersRoot, d.layersErr, d.layersAt, d.layersAsking = root, err, time.Now(), nil
+	}()
+	return ch
+}
+
+// SnapshotsWhyNot is nil when the provider offers snapshots now (asked again if the last answer
+// is stale), else why not.
+func (d *Docker) SnapshotsWhyNot() error {
+	_, err := d.layers(context.Background(), true)
+	return err
+}
+
+// snapshotCaps is the provider's Provider.MoreCaps: snapshot while the daemon's layers are here.
+func (d *Docker) snapshotCaps() []provider.Capability {
+	if _, err := d.layers(context.Background(), false); err != nil {
+		return nil
+	}
+	return []provider.Capability{provider.CapSnapshot}
 }
 
 // SnapshotPath is where snapshot snapID is kept.
@@ -134,8 +202,9 @@ type stoppedLayer struct {
 // layer returns the stopped container's writable layer, checked to be the daemon's on this host.
 func (m *machine) layer(ctx context.Context) (stoppedLayer, error) {
 	var l stoppedLayer
-	if m.d.layersErr != nil {
-		return l, fmt.Errorf("%w: %w", m.d.layersErr, provider.ErrUnsupported)
+	root, err := m.d.layers(ctx, true)
+	if err != nil {
+		return l, fmt.Errorf("%w: %w", err, provider.ErrUnsupported)
 	}
 	res, err := m.inspect(ctx)
 	if err != nil {
@@ -155,7 +224,6 @@ func (m *machine) layer(ctx context.Context) (stoppedLayer, error) {
 	if c.GraphDriver == nil || c.GraphDriver.Name != "overlay2" {
 		return l, fmt.Errorf("%w: the container's storage is not overlay2: %w", errLayersNotHere, provider.ErrUnsupported)
 	}
-	root := m.d.layersRoot
 	l.upper, l.work, l.image = c.GraphDriver.Data["UpperDir"], c.GraphDriver.Data["WorkDir"], c.Image
 	layerDir := filepath.Dir(l.upper)
 	if l.upper != filepath.Clean(l.upper) || filepath.Base(l.upper) != "diff" || filepath.Dir(layerDir) != filepath.Join(root, "overlay2") ||

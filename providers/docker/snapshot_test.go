@@ -6,8 +6,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moby/moby/client"
 
@@ -34,6 +36,28 @@ func TestSnapshotRestore(t *testing.T) {
 	}
 	if err := d.SnapshotsWhyNot(); err != nil || !d.Provider().Can(provider.CapSnapshot) {
 		t.Fatalf("snapshots on a local overlay2 daemon: %v (caps %v)", err, d.Provider().Caps())
+	}
+
+	// A daemon that does not answer when the provider is made (kloud started first): no
+	// snapshots, describe says so too; offered as soon as it answers (asked again on describe),
+	// and usable then (below).
+	sp := newSockProxy(t, strings.TrimPrefix(dd.Host, "unix://"))
+	sp.setDown(true)
+	late, err := docker.New(docker.Options{Host: sp.host, Image: dd.Image, Instance: "snaptest", StateDir: t.TempDir(), Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	described := func() bool {
+		return slices.Contains(provider.Describe(late.Provider()).Capabilities, provider.CapSnapshot)
+	}
+	if err := late.SnapshotsWhyNot(); err == nil || late.Provider().Can(provider.CapSnapshot) || described() {
+		t.Fatalf("snapshots offered while the daemon does not answer: %v (caps %v)", err, late.Provider().Caps())
+	}
+	t.Logf("daemon down: %v", late.SnapshotsWhyNot())
+	sp.setDown(false)
+	testutil.Eventually(t, 30*time.Second, described, "the daemon answers again, but describe offers no snapshots")
+	if err := late.SnapshotsWhyNot(); err != nil || !late.Provider().Can(provider.CapSnapshot) {
+		t.Fatalf("the daemon answers again: %v (caps %v)", err, late.Provider().Caps())
 	}
 
 	// The same daemon through a TCP forwarder on loopback: it answers, but its layers are not
@@ -114,6 +138,17 @@ sync`)
 		t.Fatal(err)
 	}
 	t.Logf("snapshot: %+v", info)
+	// Through the provider made while the daemon was down.
+	lm, err := late.Provider().Machine(&provider.BaseMachine{ID: "snap-a", Label: "vm.snap-a", Attributes: map[string]any{"id": "snap-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lm.(provider.Snapshotter).Snapshot(ctx, "s-late"); err != nil {
+		t.Fatalf("snapshot through the provider made while the daemon was down: %v", err)
+	}
+	if err := late.DeleteSnapshot("s-late"); err != nil {
+		t.Fatal(err)
+	}
 	if st, err := os.Stat(d.SnapshotPath("s1")); err != nil || st.Size() != info.Size || info.DiskSize <= 0 || info.Format != docker.SnapshotFormat {
 		t.Fatalf("snapshot file: %v %v, info %+v", st, err, info)
 	}
