@@ -141,7 +141,8 @@ func containerID(m machine) string { s, _ := m.Attributes["id"].(string); return
 // their agents connected (the klient this kloud serves, installed by cloud-init from kloud's
 // NoCloud seed), cloud-init's output log in place, labelled containers on kloud's network; a
 // file written in one survives machine stop and start; destroy leaves no container, volume or
-// network of the stack (docker ps -a, docker volume ls, docker network ls).
+// network of the stack (docker ps -a, docker volume ls, docker network ls). On the way, the
+// snapshot walk-through (snapshotRestoresFile) on the other machine.
 func TestDockerStack(t *testing.T) {
 	e := newDockerEnv(t)
 	e.alice()
@@ -193,6 +194,14 @@ func TestDockerStack(t *testing.T) {
 			t.Fatalf("dev.0's container after stop: %v", err)
 		}
 	})
+
+	// snapshot → write a file → restore → the file is gone, through kloud (machine.snapshot,
+	// machine.restore of a running machine: stopped, saved or restored, started again).
+	id1, t1 := containerID(ms["dev.1"]), time.Now()
+	e.snapshotRestoresFile(sid, "dev.1", func(argv ...string) string { return e.exec(id1, argv...) }, func(snapID string) string {
+		return filepath.Join(e.dir, "docker", "snapshots", snapID+".tar.zst")
+	})
+	t.Logf("snapshot, restore and delete through kloud: %s", time.Since(t1).Round(time.Millisecond))
 
 	e.run("stack", "destroy", sid)
 	if left := e.leftovers(); len(left) > 0 {

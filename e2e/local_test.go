@@ -99,17 +99,6 @@ type kiteInfo struct {
 	Kite struct{ ID, Name, Username, Hostname string }
 }
 
-// kites returns the registered kites the CLI's user may see, by kite id.
-func (e *localEnv) kites() map[string]kiteInfo {
-	var ks []kiteInfo
-	e.runJSON(&ks, "kites")
-	out := map[string]kiteInfo{}
-	for _, k := range ks {
-		out[k.Kite.ID] = k
-	}
-	return out
-}
-
 // exec runs argv inside machine id and returns its trimmed output.
 func (e *localEnv) exec(id string, argv ...string) string {
 	e.t.Helper()

@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -172,5 +173,86 @@ func (e *env) stopStartKeepsFile(sid, label string, exec func(argv ...string) st
 	}
 	if got := exec("cat", "/root/kept"); got != word {
 		t.Errorf("%s after stop and start: /root/kept holds %q, want %q", label, got, word)
+	}
+}
+
+// kites returns the registered kites the CLI's user may see, by kite id.
+func (e *env) kites() map[string]kiteInfo {
+	var ks []kiteInfo
+	e.runJSON(&ks, "kites")
+	out := map[string]kiteInfo{}
+	for _, k := range ks {
+		out[k.Kite.ID] = k
+	}
+	return out
+}
+
+// snapshotRestoresFile is the README's snapshot walk-through on machine label (hostname: the
+// label with "-" for ".") of stack sid through the CLI, exec running a command in the machine:
+// snapshot of the running machine (stopped, saved, started again with its agent) → write a file →
+// restore → the file is gone and the one saved is back; the agent reconnects as itself; the
+// snapshot is listed with its size and deleted with its data, the file dataFile(snapshot id)
+// where the provider keeps it. It expects to take the user's first snapshot.
+func (e *env) snapshotRestoresFile(sid, label string, exec func(argv ...string) string, dataFile func(snapID string) string) {
+	t := e.t
+	t.Helper()
+	m := e.machines(sid)[label]
+	if m.State != "Running" || m.Agent.Status != "connected" {
+		t.Fatalf("%s before its snapshot: %+v", label, m)
+	}
+	word := randomWord()
+	exec("sh", "-c", "echo "+word+" > /root/saved && sync")
+
+	// Its last line is the snapshot's id.
+	out := strings.Fields(e.run("machine", "snapshot", label, "--stack", sid, "--name", "before the change"))
+	var snapID string
+	if len(out) > 0 {
+		snapID = out[len(out)-1]
+	}
+	if m := e.machines(sid)[label]; m.State != "Running" || m.Agent.Status != "connected" {
+		t.Fatalf("%s after its snapshot: %+v", label, m)
+	}
+	var list struct {
+		Snapshots []struct {
+			ID, Name, Status, MachineLabel string
+			Size                           int64
+		}
+		Used struct{ Count int }
+	}
+	e.runJSON(&list, "machine", "snapshots")
+	if len(list.Snapshots) != 1 || list.Snapshots[0].ID != snapID || list.Snapshots[0].Status != "ready" ||
+		list.Snapshots[0].Size <= 0 || list.Snapshots[0].Name != "before the change" || list.Used.Count != 1 {
+		t.Fatalf("machine snapshots: %+v", list)
+	}
+	if out := e.run("machine", "snapshots", label, "--stack", sid); !strings.Contains(out, "before the change") || !strings.Contains(out, "used 1 of 10 snapshots") {
+		t.Errorf("machine snapshots table:\n%s", out)
+	}
+
+	exec("sh", "-c", "echo changed > /root/saved && echo new > /root/later && sync")
+	e.run("machine", "restore", snapID)
+	m2 := e.machines(sid)[label]
+	if m2.State != "Running" || m2.Agent.Status != "connected" || m2.KiteID != m.KiteID {
+		t.Fatalf("%s after restore: %+v (kite before %s)", label, m2, m.KiteID)
+	}
+	if got := exec("cat", "/root/saved"); got != word {
+		t.Errorf("/root/saved after restore: %q, want %q", got, word)
+	}
+	if got := exec("sh", "-c", "test -e /root/later && echo present || echo gone"); got != "gone" {
+		t.Errorf("/root/later (written after the snapshot) after restore: %s", got)
+	}
+	if k, ok := e.kites()[m.KiteID]; !ok || k.Kite.Hostname != strings.ReplaceAll(label, ".", "-") {
+		t.Errorf("%s's kite after restore: %+v (registered %v)", label, k, ok)
+	}
+
+	file := dataFile(snapID)
+	if _, err := os.Stat(file); err != nil {
+		t.Fatalf("the snapshot's data: %v", err)
+	}
+	e.run("snapshot", "delete", snapID)
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("the snapshot's data after delete: %v", err)
+	}
+	if out, err := e.try("machine", "restore", snapID); err == nil || !strings.Contains(out, "not found") {
+		t.Errorf("restore of a deleted snapshot: %v\n%s", err, out)
 	}
 }
