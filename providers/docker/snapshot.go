@@ -322,9 +322,6 @@ func (m *machine) Restore(ctx context.Context, snapID string) error {
 // DeleteSnapshot removes snapshot snapID (whichever docker machine it was taken of) and what an
 // interrupted Snapshot of it left.
 func (m *machine) DeleteSnapshot(ctx context.Context, snapID string) error {
-	if err := provider.SnapshotIDOK(snapID); err != nil {
-		return fmt.Errorf("%w: %w", err, kite.ErrInvalidParams)
-	}
 	return m.d.DeleteSnapshot(snapID)
 }
 
