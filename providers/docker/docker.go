@@ -326,6 +326,16 @@ func dialTarget(host string) (network, addr string, err error) {
 	return "", "", fmt.Errorf("docker host %q: want unix:///path or tcp://host:port", host)
 }
 
+// onThisHost says why the daemon at host is not known to be on this host (nil if it is: reached
+// through a unix socket, in kloud's mount and network namespaces); the firewall (its bridge) and
+// snapshots (its storage) need it there.
+func onThisHost(host string) error {
+	if network, _, err := dialTarget(host); err != nil || network != "unix" {
+		return fmt.Errorf("the Docker daemon is reached at %s, not through a local unix socket", host)
+	}
+	return nil
+}
+
 // serviceKey is the service's HMAC key (<StateDir>/.service-key, 0600), created on first use.
 func (d *Docker) serviceKey() ([]byte, error) {
 	d.keyMu.Lock()

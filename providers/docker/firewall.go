@@ -66,8 +66,8 @@ func (d *Docker) fwPath(machineID string) (string, error) {
 
 // firewallUnusable says why this provider cannot filter its machines' traffic ("" if it can).
 func firewallUnusable(host string) string {
-	if network, _, err := dialTarget(host); err != nil || network != "unix" {
-		return "the Docker daemon is not on this host (" + host + "): its bridge is out of kloud's reach"
+	if err := onThisHost(host); err != nil {
+		return err.Error() + ": its bridge is out of kloud's reach"
 	}
 	if err := bridgefw.Usable(); err != nil {
 		return "kloud cannot manage nftables here (it needs root or CAP_NET_ADMIN): " + err.Error()

@@ -67,8 +67,8 @@ var errLayersNotHere = errors.New("the Docker daemon's container layers are not 
 // layersSupport reports whether kloud can read and write the daemon's container layers (nil)
 // and returns the daemon's data root; else why not.
 func (d *Docker) layersSupport(ctx context.Context) (string, error) {
-	if !strings.HasPrefix(d.host, "unix://") {
-		return "", fmt.Errorf("%w: the daemon is reached at %s, not through a local unix socket", errLayersNotHere, d.host)
+	if err := onThisHost(d.host); err != nil {
+		return "", fmt.Errorf("%w: %w", errLayersNotHere, err)
 	}
 	cli, err := d.Client()
 	if err != nil {
