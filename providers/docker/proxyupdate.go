@@ -10,8 +10,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/moby/moby/client"
-
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -38,16 +36,11 @@ func (d *Docker) updateAllowed(ctx context.Context, t *token, r *http.Request, i
 	if err != nil {
 		return err
 	}
-	cli, err := d.Client()
+	c, found, err := d.stackContainer(ctx, t, id) // service.go
 	if err != nil {
 		return err
 	}
-	res, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
-	if err != nil {
-		return &apiError{http.StatusNotFound, "no such container: " + id}
-	}
-	c := res.Container
-	if c.Config == nil || c.HostConfig == nil || c.Config.Labels[LabelInstance] != d.instance || c.Config.Labels[LabelStack] != t.Stack {
+	if !found || c.HostConfig == nil {
 		return &apiError{http.StatusNotFound, "no such container: " + id}
 	}
 	if !slices.Contains(t.Machines, c.Config.Labels[LabelMachine]) {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
 	"github.com/kloud-dev/kloud/provider"
@@ -270,19 +271,27 @@ func (d *Docker) authorize(ctx context.Context, t *token, r *http.Request, path 
 
 // ownContainer checks that container id is this kloud instance's and the token's stack's.
 func (d *Docker) ownContainer(ctx context.Context, t *token, id string) error {
+	_, _, err := d.stackContainer(ctx, t, id)
+	return err
+}
+
+// stackContainer returns container id, checked to be this kloud instance's and the token's
+// stack's (else a 404 error, as for a container that does not exist). found is false when the
+// daemon did not show it (not found, or its error): the daemon answers the same to the real call.
+func (d *Docker) stackContainer(ctx context.Context, t *token, id string) (c container.InspectResponse, found bool, err error) {
 	cli, err := d.Client()
 	if err != nil {
-		return err
+		return c, false, err
 	}
 	res, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
 	if err != nil {
-		return nil // not found (or the daemon's error): the daemon answers the same for the real call
+		return c, false, nil
 	}
-	c := res.Container
+	c = res.Container
 	if c.Config == nil || c.Config.Labels[LabelInstance] != d.instance || c.Config.Labels[LabelStack] != t.Stack {
-		return &apiError{http.StatusNotFound, "no such container: " + id}
+		return c, true, &apiError{http.StatusNotFound, "no such container: " + id}
 	}
-	return nil
+	return c, true, nil
 }
 
 // createAllowed checks a container create request (the Engine API's JSON: container.Config's
