@@ -47,6 +47,33 @@ func TestChangeSaveLoad(t *testing.T) {
 	}
 }
 
+// Update: load, change and save in one, making the directory (0700); a bad rule or a tampered
+// file changes nothing.
+func TestUpdate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "firewall", "m.json")
+	a, b := Rule{Port: 80, From: "any"}, Rule{Port: 53, Protocol: "udp", From: "team"}
+	got, err := Update(path, []Rule{a, b}, true)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("open: %+v %v", got, err)
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the rules directory: %v %v", fi, err)
+	}
+	if got, err := Update(path, []Rule{{Port: 80, Protocol: "tcp", From: "any"}}, false); err != nil || len(got) != 1 || got[0] != b {
+		t.Fatalf("close: %+v %v", got, err)
+	}
+	if _, err := Update(path, []Rule{{Port: 0, From: "any"}}, true); err == nil {
+		t.Error("a bad rule was saved")
+	}
+	if back, err := Load(path); err != nil || !slices.Equal(back, []Rule{b}) {
+		t.Fatalf("after a refused update: %+v %v", back, err)
+	}
+	os.WriteFile(path, []byte(`{"rules":[{"port":99999,"protocol":"tcp","from":"any"}]}`), 0o600)
+	if _, err := Update(path, []Rule{a}, true); err == nil {
+		t.Error("a tampered file was updated")
+	}
+}
+
 // The chain: one anti-spoofing rule per machine; the owner's other machines by port; a team
 // rule only for machines of the team; drops per machine and for the subnet.
 func TestChain(t *testing.T) {

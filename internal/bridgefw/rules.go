@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/kloud-dev/kloud/provider"
@@ -63,6 +64,27 @@ func Load(path string) ([]Rule, error) {
 		}
 	}
 	return f.Rules, nil
+}
+
+// Update changes a machine's rules file: its rules with rules added (open) or removed (Change),
+// saved (Save; the file's directory is made, 0700, if missing). It returns the new rules. The
+// caller serialises updates of one file.
+func Update(path string, rules []Rule, open bool) ([]Rule, error) {
+	have, err := Load(path)
+	if err != nil {
+		return nil, err
+	}
+	out, err := Change(have, rules, open)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("firewall: %w", err)
+	}
+	if err := Save(path, out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Save writes a machine's rules file atomically (0600), at most MaxRules rules.

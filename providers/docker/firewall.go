@@ -290,22 +290,9 @@ func (m *machine) changePorts(ctx context.Context, op string, rules []provider.P
 	if err != nil {
 		return nil, m.wrap(op, err)
 	}
-	out, err := func() ([]bridgefw.Rule, error) {
-		m.d.fwMu.Lock()
-		defer m.d.fwMu.Unlock()
-		have, err := bridgefw.Load(path)
-		if err != nil {
-			return nil, err
-		}
-		out, err := bridgefw.Change(have, rules, open)
-		if err != nil {
-			return nil, err
-		}
-		if err := os.MkdirAll(m.d.fwDir(), 0o700); err != nil {
-			return nil, fmt.Errorf("firewall: %w", err)
-		}
-		return out, bridgefw.Save(path, out)
-	}()
+	m.d.fwMu.Lock()
+	out, err := bridgefw.Update(path, rules, open)
+	m.d.fwMu.Unlock()
 	if err != nil {
 		return nil, m.wrap(op, err)
 	}

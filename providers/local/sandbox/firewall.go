@@ -60,15 +60,8 @@ func (m *Manager) changeFirewall(ctx context.Context, id string, rules []Firewal
 		return nil, err
 	}
 	defer l.unlock()
-	have, err := bridgefw.Load(m.firewallPath(id))
+	out, err := bridgefw.Update(m.firewallPath(id), rules, open)
 	if err != nil {
-		return nil, err
-	}
-	out, err := bridgefw.Change(have, rules, open)
-	if err != nil {
-		return nil, err
-	}
-	if err := bridgefw.Save(m.firewallPath(id), out); err != nil {
 		return nil, err
 	}
 	if err := m.ApplyFirewall(ctx); err != nil {
