@@ -14,6 +14,10 @@ import (
 // it; a successful container delete removes the network when it was the last container on it;
 // a successful start or restart rebuilds the machines' firewall (firewall.go).
 func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path string, next http.Handler) {
+	var id, op string // a container call's container and operation (service.go's containerRE)
+	if m := containerRE.FindStringSubmatch(path); m != nil {
+		id, op = m[1], m[2]
+	}
 	switch {
 	case r.Method == http.MethodPost && path == "/containers/create",
 		r.Method == http.MethodGet && strings.HasPrefix(path, "/networks/"):
@@ -24,7 +28,7 @@ func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path str
 			return
 		}
 		next.ServeHTTP(w, r)
-	case r.Method == http.MethodDelete && strings.HasPrefix(path, "/containers/"):
+	case r.Method == http.MethodDelete && id != "" && op == "":
 		// The answer (a status and at most a short error) is held until the network is dealt
 		// with, so whoever deleted the last container sees the network gone when it is told.
 		hold(w, r, next, func() error {
@@ -33,11 +37,10 @@ func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path str
 			}
 			return nil
 		})
-	case r.Method == http.MethodPost && (strings.HasSuffix(path, "/start") || strings.HasSuffix(path, "/restart")):
+	case r.Method == http.MethodPost && id != "" && (op == "/start" || op == "/restart"):
 		// A started container gets its place in the firewall before the caller is told
 		// (firewall.go); if it cannot, it is stopped again and the caller gets the error.
 		hold(w, r, next, func() error {
-			id := strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(path, "/containers/"), "/start"), "/restart")
 			err := d.firewallAfterStart(context.WithoutCancel(r.Context()), id)
 			if err != nil {
 				d.log.Warn("docker provider: firewall after a container start", "container", id, "err", err)
