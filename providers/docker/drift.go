@@ -143,9 +143,9 @@ func intValue(v any) (int64, error) {
 // limitVars returns the per-machine values kloud writes for cpus (kind "cpus", strings) and
 // memory_swap (kind "memory_swap", numbers) of resource res: ms are its machines in count order,
 // lit its literal attributes, args the arguments the template writes, swapLimit the daemon's
-// SwapLimit. A kind is left out when the template does not need it or a machine's value is
-// unknown (an expression without a planned value).
-func limitVars(res string, lit map[string]any, args []string, ms []*provider.MachineSpec, swapLimit bool) (map[string][]any, error) {
+// SwapLimit (asked only when the template writes memory). A kind is left out when the template
+// does not need it or a machine's value is unknown (an expression without a planned value).
+func limitVars(res string, lit map[string]any, args []string, ms []*provider.MachineSpec, swapLimit func() bool) (map[string][]any, error) {
 	has := func(a string) bool { return slices.Contains(args, a) }
 	value := func(m *provider.MachineSpec, attr string) (any, bool) {
 		if v, ok := lit[attr]; ok {
@@ -180,7 +180,10 @@ func limitVars(res string, lit map[string]any, args []string, ms []*provider.Mac
 		}
 	}
 	// memory_swap: Docker's default written out, unless the template's own value holds.
-	if has("memory") && (!has("memory_swap") || !swapLimit) {
+	if !has("memory") {
+		return out, errors.Join(errs...)
+	}
+	if swapLimit := swapLimit(); !has("memory_swap") || !swapLimit {
 		var vals []any
 		for _, m := range ms {
 			v, ok := value(m, "memory")

@@ -3,6 +3,7 @@ package docker
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -98,7 +99,11 @@ func TestLimitVars(t *testing.T) {
 		{"a cpus value that cannot hold", nil, []string{"cpus"}, ms(map[string]any{"cpus": "0.05"}), true, nil, "machine vm.0 (docker_container.vm): cpus = \"0.05\""},
 	}
 	for _, c := range cases {
-		got, err := limitVars("vm", c.lit, c.args, c.ms, c.swapLimit)
+		asked := false
+		got, err := limitVars("vm", c.lit, c.args, c.ms, func() bool { asked = true; return c.swapLimit })
+		if asked && !slices.Contains(c.args, "memory") {
+			t.Errorf("%s: the daemon's SwapLimit asked for a template without memory", c.name)
+		}
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
 				t.Errorf("%s: error %v, want %q", c.name, err, c.err)
@@ -125,7 +130,7 @@ func TestLimitVarsRewrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := resourceArgs(cfg, "vm")
-	lv, err := limitVars("vm", cfg.LiteralAttrs(ResourceType, "vm"), args, []*provider.MachineSpec{{}, {}}, true)
+	lv, err := limitVars("vm", cfg.LiteralAttrs(ResourceType, "vm"), args, []*provider.MachineSpec{{}, {}}, func() bool { return true })
 	if err != nil {
 		t.Fatal(err)
 	}

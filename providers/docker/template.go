@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
@@ -160,7 +161,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 // scripts holds each machine's user data (by machine id).
 func (s *stack) rewriteMachines(ctx context.Context, cfg *tmpl.Config, image string, scripts map[string]string) error {
 	b := s.b
-	swapLimit := s.d.swapLimit(ctx)
+	swapLimit := sync.OnceValue(func() bool { return s.d.swapLimit(ctx) }) // asked only for a template with memory
 	byRes := byResource(b.Machines)
 	for _, res := range slices.Sorted(maps.Keys(byRes)) {
 		ms := byRes[res]
