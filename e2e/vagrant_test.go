@@ -106,16 +106,6 @@ func (e *vagrantEnv) startHost() {
 	}, "alice's vagrant host did not register:\n%s", out)
 }
 
-func (e *vagrantEnv) kites() map[string]kiteInfo {
-	var ks []kiteInfo
-	e.runJSON(&ks, "kites")
-	out := map[string]kiteInfo{}
-	for _, k := range ks {
-		out[k.Kite.ID] = k
-	}
-	return out
-}
-
 // container is the docker container of the vagrant machine named name on the host.
 func (e *vagrantEnv) container(name string) string {
 	e.t.Helper()
