@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -99,12 +100,7 @@ func Save(path string, rules []Rule) error {
 	if err != nil {
 		return fmt.Errorf("firewall: %w", err)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("firewall: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
 		return fmt.Errorf("firewall: %w", err)
 	}
 	return nil

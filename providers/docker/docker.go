@@ -68,6 +68,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 	"github.com/kloud-dev/kloud/internal/bridgefw"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -353,11 +354,7 @@ func (d *Docker) serviceKey() ([]byte, error) {
 	}
 	b := make([]byte, 32)
 	rand.Read(b)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return nil, fmt.Errorf("docker provider: service key: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
 		return nil, fmt.Errorf("docker provider: service key: %w", err)
 	}
 	d.key = b
