@@ -3,6 +3,8 @@ package kloud
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -10,10 +12,13 @@ import (
 )
 
 // The firewall of a machine (Juju's instance firewall mode): machine.ports.open, close and
-// list call the machine's provider (provider.Firewaller, capability "firewall"), which keeps
-// the rules and enforces them; kloud keeps nothing of its own, so the provider's view is the
-// truth. Who: list, whoever may see the machine; open and close, its owner, team admins and a
-// full share (what may start and stop it).
+// list call the machine's provider (provider.Firewaller, capability "firewall"), which
+// enforces the rules. kloud records the rules it was asked for on the machine (Machine.Ports,
+// the desired state: open and close change the record, then the provider, and put the record
+// back when the provider fails), so that a machine an update replaces gets them again
+// (keepPorts, after a build or an update settles); list shows the provider's rules. Who: list,
+// whoever may see the machine; open and close, its owner, team admins and a full share (what
+// may start and stop it).
 
 func (s *Server) machinePortsList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
 	fw, m, err := s.firewaller(ctx, c, p.MachineID, api.MethodMachinePortsList, false)
@@ -37,6 +42,14 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 		if err != nil {
 			return nil, err
 		}
+		// The record first (what kloud re-applies), then the provider; on an error the record
+		// is put back: what this call added is removed, what it removed is added.
+		changed := portsChanged(m.Ports, p.Rules, open)
+		if len(changed) > 0 {
+			if err := s.recordPorts(ctx, m.ID, changed, open); err != nil {
+				return nil, fmt.Errorf("%s: record the rules: %w", method, err)
+			}
+		}
 		var rules []provider.PortRule
 		if open {
 			rules, err = fw.OpenPorts(ctx, p.Rules)
@@ -44,6 +57,11 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 			rules, err = fw.ClosePorts(ctx, p.Rules)
 		}
 		if err != nil {
+			if len(changed) > 0 {
+				if perr := s.recordPorts(context.WithoutCancel(ctx), m.ID, changed, !open); perr != nil {
+					s.log.Error("put back the recorded ports after the provider failed", "machine", m.ID, "err", perr)
+				}
+			}
 			return nil, fmt.Errorf("%s: %w", method, err)
 		}
 		s.log.Info("machine ports changed", "machine", m.ID, "by", c.Username, "open", open, "rules", fmt.Sprint(p.Rules))
@@ -73,6 +91,100 @@ func (s *Server) firewaller(ctx context.Context, c *Caller, id, method string, c
 		return nil, nil, fmt.Errorf("%s: provider %s advertises a firewall its machines lack: %w", method, m.Provider, provider.ErrUnsupported)
 	}
 	return fw, m, nil
+}
+
+// portsChanged is what opening (or closing) rules changes in the recorded rules have: the
+// rules not recorded yet (or the recorded ones), each once.
+func portsChanged(have, rules []provider.PortRule, open bool) []provider.PortRule {
+	var changed []provider.PortRule
+	for _, r := range rules {
+		if slices.Contains(have, r) != open && !slices.Contains(changed, r) {
+			changed = append(changed, r)
+		}
+	}
+	return changed
+}
+
+// recordPorts adds rules to machine id's recorded rules (or removes them), retried while the
+// store is unreachable.
+func (s *Server) recordPorts(ctx context.Context, id string, rules []provider.PortRule, add bool) error {
+	return s.store.Persist(ctx, "record the ports of machine "+id, 0, func(ctx context.Context) error {
+		if add {
+			return s.store.Machines().AddPorts(ctx, id, rules)
+		}
+		return s.store.Machines().RemovePorts(ctx, id, rules)
+	})
+}
+
+// keepPorts gives each machine of stack st whose rules kloud recorded the rules it lacks and
+// takes away those it has beyond them (a machine a build or an update replaced comes back
+// with none), after the build or update settled. What fails is logged on job j; the job goes
+// on (the machines run, only a port is closed that should be open, and machine.ports.open
+// applies it again).
+func (s *Server) keepPorts(ctx context.Context, j *jobCtx, st *Stack) {
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		j.Logf(ctx, "firewall rules not checked: %v", err)
+		return
+	}
+	for i := range ms {
+		m := &ms[i]
+		if len(m.Ports) == 0 || m.State == provider.Terminating || s.capable(m.Provider, api.MethodMachinePortsOpen, provider.CapFirewall) != nil {
+			continue
+		}
+		opened, closed, err := s.matchPorts(ctx, m)
+		if len(opened)+len(closed) > 0 {
+			j.Logf(ctx, "%s: firewall rules re-applied: opened %s, closed %s", m.Label, rulesString(opened), rulesString(closed))
+			s.log.Info("machine ports re-applied", "machine", m.ID, "stack", st.ID, "opened", rulesString(opened), "closed", rulesString(closed))
+		}
+		if err != nil {
+			j.Logf(ctx, "%s: firewall rules not re-applied: %v (machine.ports.open applies them again)", m.Label, err)
+			s.log.Warn("re-apply machine ports", "machine", m.ID, "stack", st.ID, "err", err)
+		}
+	}
+}
+
+// matchPorts opens what of m's recorded rules its provider lacks and closes what it has beyond
+// them, and returns what it opened and closed.
+func (s *Server) matchPorts(ctx context.Context, m *Machine) (opened, closed []provider.PortRule, err error) {
+	pm, err := s.providerMachine(ctx, nil, m)
+	if err != nil {
+		return nil, nil, err
+	}
+	fw, ok := pm.(provider.Firewaller)
+	if !ok {
+		return nil, nil, fmt.Errorf("provider %s advertises a firewall its machines lack: %w", m.Provider, provider.ErrUnsupported)
+	}
+	have, err := fw.Ports(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list the provider's rules: %w", err)
+	}
+	missing := slices.DeleteFunc(slices.Clone(m.Ports), func(r provider.PortRule) bool { return slices.Contains(have, r) })
+	extra := slices.DeleteFunc(slices.Clone(have), func(r provider.PortRule) bool { return slices.Contains(m.Ports, r) })
+	if len(missing) > 0 {
+		if _, err := fw.OpenPorts(ctx, missing); err != nil {
+			return nil, nil, fmt.Errorf("open %s: %w", rulesString(missing), err)
+		}
+		opened = missing
+	}
+	if len(extra) > 0 {
+		if _, err := fw.ClosePorts(ctx, extra); err != nil {
+			return opened, nil, fmt.Errorf("close %s: %w", rulesString(extra), err)
+		}
+		closed = extra
+	}
+	return opened, closed, nil
+}
+
+func rulesString(rs []provider.PortRule) string {
+	if len(rs) == 0 {
+		return "none"
+	}
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = fmt.Sprintf("%d/%s from %s", r.Port, r.Protocol, r.From)
+	}
+	return strings.Join(out, ", ")
 }
 
 func nonNil(r []provider.PortRule) []provider.PortRule {

@@ -23,11 +23,17 @@ type rulesMachine struct {
 	capMachine
 	mu    *sync.Mutex
 	rules *[]provider.PortRule
+	fail  *bool // if set and true, OpenPorts and ClosePorts fail (and change nothing)
 }
+
+var errFirewallDown = errors.New("the firewall is down")
 
 func (m rulesMachine) OpenPorts(_ context.Context, rs []provider.PortRule) ([]provider.PortRule, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.fail != nil && *m.fail {
+		return nil, errFirewallDown
+	}
 	for _, r := range rs {
 		if !slices.Contains(*m.rules, r) {
 			*m.rules = append(*m.rules, r)
@@ -39,6 +45,9 @@ func (m rulesMachine) OpenPorts(_ context.Context, rs []provider.PortRule) ([]pr
 func (m rulesMachine) ClosePorts(_ context.Context, rs []provider.PortRule) ([]provider.PortRule, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.fail != nil && *m.fail {
+		return nil, errFirewallDown
+	}
 	*m.rules = slices.DeleteFunc(*m.rules, func(r provider.PortRule) bool { return slices.Contains(rs, r) })
 	return slices.Clone(*m.rules), nil
 }
@@ -119,5 +128,86 @@ func TestMachinePorts(t *testing.T) {
 	w.must("dave", api.MethodMachinePortsClose, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 8000}}}, &listed)
 	if !slices.Equal(listed.Rules, want[1:]) {
 		t.Errorf("after dave's close: %+v", listed)
+	}
+}
+
+// TestMachinePortsRecorded: machine.ports.open/close record the rules on the machine (what
+// kloud re-applies when an update replaces it), and a provider that fails leaves the record as
+// it was: an open whose provider call fails records nothing, a close that fails removes
+// nothing, and a rule recorded before is not taken away by a failed open of it.
+func TestMachinePortsRecorded(t *testing.T) {
+	var mu sync.Mutex
+	var rules []provider.PortRule
+	fail := false
+	reg := provider.NewRegistry()
+	reg.Register(&provider.Provider{Name: "fw", ResourceType: "fw_machine",
+		Machine: func(*provider.BaseMachine) (provider.Machine, error) {
+			return rulesMachine{mu: &mu, rules: &rules, fail: &fail}, nil
+		}})
+	w := newUserWorld(t, kloudtest.Options{Providers: reg})
+	w.addUser("alice", "", false)
+	ctx := t.Context()
+	now := time.Now()
+	if err := w.e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{
+		{ID: "m1", StackID: "s1", Label: "web", Provider: "fw", Owner: "alice", Team: kloud.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	recorded := func() []provider.PortRule {
+		t.Helper()
+		m, err := w.e.Server.Store().Machines().Get(ctx, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Ports
+	}
+	setFail := func(v bool) {
+		mu.Lock()
+		fail = v
+		mu.Unlock()
+	}
+	alice := api.NewClient(w.as("alice"))
+	web := provider.PortRule{Port: 8000, Protocol: "tcp", From: "any"}
+	dns := provider.PortRule{Port: 53, Protocol: "udp", From: "team"}
+	if _, err := alice.MachinePortsOpen(ctx, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 8000}, {Port: 8000}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := recorded(); !slices.Equal(got, []provider.PortRule{web}) {
+		t.Fatalf("recorded after opening 8000 twice in one call: %+v", got)
+	}
+
+	setFail(true)
+	_, err := alice.MachinePortsOpen(ctx, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 8000}, {Port: 53, Protocol: "udp", From: "team"}}})
+	if err == nil || !strings.Contains(err.Error(), errFirewallDown.Error()) {
+		t.Fatalf("open with the provider failing: %v", err)
+	}
+	if got := recorded(); !slices.Equal(got, []provider.PortRule{web}) {
+		t.Errorf("recorded after a failed open of 8000 (recorded) and 53: %+v, want only 8000", got)
+	}
+	if _, err := alice.MachinePortsClose(ctx, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 8000}}}); err == nil {
+		t.Fatal("close with the provider failing succeeded")
+	}
+	if got := recorded(); !slices.Equal(got, []provider.PortRule{web}) {
+		t.Errorf("recorded after a failed close of 8000: %+v, want it kept", got)
+	}
+
+	setFail(false)
+	if _, err := alice.MachinePortsOpen(ctx, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 53, Protocol: "UDP", From: "team"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := recorded(); !slices.Equal(got, []provider.PortRule{web, dns}) {
+		t.Errorf("recorded after opening 53/udp: %+v", got)
+	}
+	if _, err := alice.MachinePortsClose(ctx, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 8000}, {Port: 9}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := recorded(); !slices.Equal(got, []provider.PortRule{dns}) {
+		t.Errorf("recorded after closing 8000 and 9 (never open): %+v", got)
+	}
+	mu.Lock()
+	have := slices.Clone(rules)
+	mu.Unlock()
+	if !slices.Equal(have, []provider.PortRule{dns}) {
+		t.Errorf("the provider has %+v, the record %+v", have, recorded())
 	}
 }

@@ -699,6 +699,7 @@ func (s *Server) buildStack(ctx context.Context, j *jobCtx, c *Caller, st *Stack
 	}
 	j.Enter(ctx, stackbuild.BuildSettings)
 	failed := s.settleMachines(ctx, c, ms, results)
+	s.keepPorts(ctx, j, st) // ports.go: a machine built again gets its recorded rules
 	return s.settleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms)),
 		map[string]any{"stackId": st.ID, "machines": len(ms)})
 }

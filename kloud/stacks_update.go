@@ -780,6 +780,7 @@ func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	if err := s.recordMachineList(ctx, j, st.ID); err != nil {
 		return nil, err
 	}
+	s.keepPorts(ctx, j, st) // ports.go: a replaced machine gets its recorded rules
 	return s.settleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait)),
 		map[string]any{"stackId": st.ID, "machines": len(wait) + len(others), "awaited": len(wait)})
 }

@@ -224,6 +224,10 @@ type Machine struct {
 	Attributes map[string]any `bson:"attributes,omitempty" json:"attributes,omitempty"`
 	Meta       map[string]any `bson:"meta,omitempty" json:"meta,omitempty"`
 	Shares     []Share        `bson:"shares,omitempty" json:"shares,omitempty"`
+	// Ports are the firewall rules asked for with machine.ports.open/close (normalized): the
+	// desired state. The provider enforces them; after a build or an update settles kloud
+	// re-applies them to a machine the update replaced (kloud/ports.go).
+	Ports []provider.PortRule `bson:"ports,omitempty" json:"ports,omitempty"`
 	// AgentSealed is the machine's agent configuration (its kite key among it) as its user data
 	// was rendered, sealed by the store (AAD "machines/<id>/agent"). stack.update renders a
 	// machine that stays with it again, so its user data, and the machine, do not change.
