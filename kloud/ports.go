@@ -45,6 +45,9 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 		// The record first (what kloud re-applies), then the provider; on an error the record
 		// is put back: what this call added is removed, what it removed is added.
 		changed := portsChanged(m.Ports, p.Rules, open)
+		if open && len(m.Ports)+len(changed) > maxPorts {
+			return nil, fmt.Errorf("machine %s would have %d rules, at most %d: close some first: %w", m.Label, len(m.Ports)+len(changed), maxPorts, kite.ErrInvalidParams)
+		}
 		if len(changed) > 0 {
 			if err := s.recordPorts(ctx, m.ID, changed, open); err != nil {
 				return nil, fmt.Errorf("%s: record the rules: %w", method, err)
@@ -92,6 +95,9 @@ func (s *Server) firewaller(ctx context.Context, c *Caller, id, method string, c
 	}
 	return fw, m, nil
 }
+
+// maxPorts bounds the rules kloud records for one machine (the bridge firewall's own bound).
+const maxPorts = 256
 
 // portsChanged is what opening (or closing) rules changes in the recorded rules have: the
 // rules not recorded yet (or the recorded ones), each once.

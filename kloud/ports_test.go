@@ -3,6 +3,7 @@ package kloud_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -209,5 +210,27 @@ func TestMachinePortsRecorded(t *testing.T) {
 	mu.Unlock()
 	if !slices.Equal(have, []provider.PortRule{dns}) {
 		t.Errorf("the provider has %+v, the record %+v", have, recorded())
+	}
+
+	// At most 256 rules are recorded: 4 calls of 64 CIDRs fill it up with 53/udp, the next is
+	// refused before the provider or the record change.
+	for call := range 5 {
+		var rs []api.PortRule
+		for i := range 64 {
+			rs = append(rs, api.PortRule{Port: 22, From: fmt.Sprintf("10.%d.%d.0/24", call, i)})
+		}
+		_, err := alice.MachinePortsOpen(ctx, api.PortsParams{MachineID: "m1", Rules: rs})
+		switch {
+		case call < 3 && err != nil:
+			t.Fatalf("open of 64 more rules (call %d): %v", call, err)
+		case call >= 3:
+			var ke *kite.Error
+			if !errors.As(err, &ke) || ke.Code != kite.CodeInvalidParams || !strings.Contains(err.Error(), "close some first") {
+				t.Fatalf("open beyond 256 rules (call %d): %v, want -32602 telling to close some", call, err)
+			}
+		}
+	}
+	if got := len(recorded()); got != 1+3*64 {
+		t.Errorf("recorded %d rules, want %d", got, 1+3*64)
 	}
 }
