@@ -35,6 +35,9 @@
 //     its address opens the port, and not again once it is closed; a rule for another network
 //     or port, or a TCP rule for UDP, lets nothing in. Needs firewall; the machines need python3
 //     (cloud-init's).
+//   - UpdateKeepsPorts: rules opened on the first machine are there again after a stack update
+//     to Config.ReplaceTemplate replaced it (update_ports.go). Needs firewall and
+//     Config.ReplaceTemplate.
 //   - InvalidInputs: bad credential JSON, an unknown field, a missing required field, an unknown
 //     provider, machine.start of a running machine: each gets the right kite error code and a
 //     message that says what is wrong.

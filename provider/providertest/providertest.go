@@ -56,6 +56,11 @@ type Config struct {
 	// that writes data to path, where ReadFile(path) reads it. The suite then builds its stack
 	// from it and checks the script ran on every machine (subtest UserScript; skipped if nil).
 	UserScriptTemplate func(n int, path, data string) map[string]string
+	// ReplaceTemplate, if set, is a template of n machines like the stack's (Template, or
+	// UserScriptTemplate) with a change its provider applies by replacing the machines (a new
+	// container, a new sandbox). UpdateKeepsPorts updates the stack to it and checks a replaced
+	// machine keeps its firewall rules (skipped if nil or without the firewall capability).
+	ReplaceTemplate func(n int) map[string]string
 
 	// StopBehindBack stops machine m without kloud (as a user of the cloud's console, a crash
 	// or the host would): kloud's store still says Running.
@@ -136,7 +141,8 @@ func Run(t *testing.T, c Config) {
 	t.Run("Snapshot", s.testSnapshot) // snapshot.go
 	// firewall_enforced.go (before Update, which leaves the stack one machine)
 	t.Run("FirewallEnforced", s.testFirewallEnforced)
-	t.Run("Update", s.testUpdate) // update.go
+	t.Run("Update", s.testUpdate)                     // update.go
+	t.Run("UpdateKeepsPorts", s.testUpdateKeepsPorts) // update_ports.go
 	t.Run("InvalidInputs", s.testInvalidInputs)
 	t.Run("Firewall", s.testFirewall)   // firewall.go
 	t.Run("Resources", s.testResources) // resources.go

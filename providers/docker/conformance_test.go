@@ -149,5 +149,11 @@ resource "docker_container" "vm" {
 		Terraform: tfrun.Options{TerraformPath: tf, CLIConfigFile: cliConfig},
 	}
 	c.Kloud.Addr = addr
+	// UpdateKeepsPorts: cpus changed, which the provider applies by replacing the machine.
+	c.ReplaceTemplate = func(n int) map[string]string {
+		f := c.Template(n)
+		f["main.tf"] = strings.Replace(f["main.tf"], `cpus   = "1"`, `cpus   = "0.5"`, 1)
+		return f
+	}
 	providertest.Run(t, c)
 }

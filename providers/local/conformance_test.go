@@ -104,5 +104,11 @@ resource "kloudlocal_machine" "vm" {
 		Terraform: tfrun.Options{TerraformPath: tf, CLIConfigFile: cliConfig},
 	}
 	c.Kloud.Addr = addr
+	// UpdateKeepsPorts: memory changed, which the provider applies by replacing the machine.
+	c.ReplaceTemplate = func(n int) map[string]string {
+		f := c.Template(n)
+		f["main.tf"] = strings.Replace(f["main.tf"], `memory    = 512`, `memory    = 384`, 1)
+		return f
+	}
 	providertest.Run(t, c)
 }
