@@ -12,14 +12,21 @@ import "slices"
 // has a bootstrap part. A constructor that fails or panics on the empty Base* counts as not
 // having the optional interfaces.
 func (p *Provider) Caps() []Capability {
+	var out []Capability
 	if p.Capabilities != nil {
-		out := slices.Clone(p.Capabilities)
-		if p.MoreCaps != nil {
-			out = append(out, p.MoreCaps()...)
-		}
-		slices.Sort(out)
-		return slices.Compact(out)
+		out = slices.Clone(p.Capabilities)
+	} else {
+		out = p.derivedCaps()
 	}
+	if p.MoreCaps != nil {
+		out = append(out, p.MoreCaps()...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// derivedCaps are the capabilities Caps derives when Provider.Capabilities is not set.
+func (p *Provider) derivedCaps() []Capability {
 	out := []Capability{CapStart, CapStop, CapInfo}
 	if m := probe(func() (Machine, error) { return p.Machine(&BaseMachine{Provider: p}) }, p.Machine != nil); m != nil {
 		if _, ok := m.(ConsoleLogger); ok {
@@ -46,11 +53,7 @@ func (p *Provider) Caps() []Capability {
 	if p.Inventory != nil {
 		out = append(out, CapResources) // resources.go
 	}
-	if p.MoreCaps != nil {
-		out = append(out, p.MoreCaps()...)
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	return out
 }
 
 // Can reports whether p has capability c.
