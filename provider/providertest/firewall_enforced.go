@@ -325,23 +325,7 @@ func (s *suite) otherStack(t *testing.T) Machine {
 			o.job(t, "bootstrap of "+otherUser+"'s credential", b.JobID)
 		}
 	}
-	tp, err := o.cl.TemplateCreate(ctx, api.TemplateParams{Title: "conformance-other", Files: s.c.Template(1)})
-	if err != nil {
-		t.Fatalf("template.create as %s: %v", otherUser, err)
-	}
-	created, err := o.cl.StackCreate(ctx, api.StackPlanParams{TemplateID: tp.ID, Title: "conformance-other", Credentials: creds})
-	if err != nil {
-		t.Fatalf("stack.create as %s: %v", otherUser, err)
-	}
-	if len(created.Machines) != 1 {
-		t.Fatalf("stack.create of Template(1): %d machines", len(created.Machines))
-	}
-	o.stackID = created.Stack.ID
-	ref, err := o.cl.StackApply(ctx, api.StackApplyParams{StackID: o.stackID})
-	if err != nil {
-		t.Fatalf("stack.apply as %s: %v", otherUser, err)
-	}
-	o.job(t, "build "+otherUser+"'s stack of 1 machine", ref.JobID)
+	created := o.createAndBuild(t, otherUser, "conformance-other", s.c.Template(1), creds, 1)
 	return o.waitMachine(t, created.Machines[0].Label, provider.Running, kloud.AgentConnected, agentTimeout)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -304,35 +305,13 @@ func sorted(s []string) []string {
 
 // Stack: two machines build to Running with both agents connected.
 func (s *suite) testStack(t *testing.T) {
-	files := s.stackTemplate()
-	tp, err := s.cl.TemplateCreate(t.Context(), api.TemplateParams{Title: "conformance", Files: files})
-	if err != nil {
-		t.Fatalf("template.create: %v", err)
-	}
-	params := api.StackPlanParams{TemplateID: tp.ID, Title: "conformance"}
+	var creds map[string]string
 	if s.goodCred != "" {
-		params.Credentials = map[string]string{s.p.Name: s.goodCred}
+		creds = map[string]string{s.p.Name: s.goodCred}
 	} else if s.p.HasPart(provider.PartCredential) {
 		t.Skip("needs the good credential, which the Credential subtest did not add")
 	}
-	created, err := s.cl.StackCreate(t.Context(), params)
-	if err != nil {
-		t.Fatalf("stack.create: %v", err)
-	}
-	if len(created.Machines) != 2 {
-		t.Fatalf("stack.create: %d machines, want 2 (Config.Template(2))", len(created.Machines))
-	}
-	for _, m := range created.Machines {
-		if m.Provider != s.p.Name {
-			t.Fatalf("stack.create: machine %s is of provider %s", m.Label, m.Provider)
-		}
-	}
-	s.stackID = created.Stack.ID
-	ref, err := s.cl.StackApply(t.Context(), api.StackApplyParams{StackID: s.stackID})
-	if err != nil {
-		t.Fatalf("stack.apply: %v", err)
-	}
-	s.job(t, "build a stack of 2 machines", ref.JobID)
+	s.createAndBuild(t, user, "conformance", s.stackTemplate(), creds, 2)
 	ms := s.list(t)
 	var labels []string
 	for l, m := range ms {
@@ -562,3 +541,34 @@ func (s *suite) testDestroy(t *testing.T) {
 }
 
 func isNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
+
+// createAndBuild creates, as s's user who (s.cl), a template of files (Config.Template(n) or the
+// user-script variant) titled title, a stack of it with creds, checks the stack has n machines
+// of the provider under test, sets s.stackID (s.cleanup destroys it) and builds it.
+func (s *suite) createAndBuild(t *testing.T, who, title string, files, creds map[string]string, n int) api.StackCreateResult {
+	t.Helper()
+	ctx := t.Context()
+	tp, err := s.cl.TemplateCreate(ctx, api.TemplateParams{Title: title, Files: files})
+	if err != nil {
+		t.Fatalf("template.create as %s: %v", who, err)
+	}
+	created, err := s.cl.StackCreate(ctx, api.StackPlanParams{TemplateID: tp.ID, Title: title, Credentials: creds})
+	if err != nil {
+		t.Fatalf("stack.create as %s: %v", who, err)
+	}
+	if len(created.Machines) != n {
+		t.Fatalf("stack.create as %s: %d machines, want %d (Config.Template(%d))", who, len(created.Machines), n, n)
+	}
+	for _, m := range created.Machines {
+		if m.Provider != s.p.Name {
+			t.Fatalf("stack.create as %s: machine %s is of provider %s", who, m.Label, m.Provider)
+		}
+	}
+	s.stackID = created.Stack.ID
+	ref, err := s.cl.StackApply(ctx, api.StackApplyParams{StackID: s.stackID})
+	if err != nil {
+		t.Fatalf("stack.apply as %s: %v", who, err)
+	}
+	s.job(t, fmt.Sprintf("build %s's stack of %d machine(s)", who, n), ref.JobID)
+	return created
+}
