@@ -7,8 +7,8 @@ import "slices"
 // Caps returns p's capabilities, sorted, with those Provider.MoreCaps adds at the moment. With
 // Provider.Capabilities set, exactly those (a plugin proxy sets them from the plugin's
 // handshake; an in-tree provider may set them to advertise less). Otherwise they are derived: start, stop and info always; consoleLog and resize if a
-// machine built from an empty BaseMachine implements ConsoleLogger or Resizer; constraints if a
-// stack built from an empty BaseStack implements ConstraintsValidator; bootstrap if the schema
+// machine built from an empty BaseMachine implements ConsoleLogger or Resizer; constraints (templateRules) if a
+// stack built from an empty BaseStack implements ConstraintsValidator (TemplateValidator); bootstrap if the schema
 // has a bootstrap part. A constructor that fails or panics on the empty Base* counts as not
 // having the optional interfaces.
 func (p *Provider) Caps() []Capability {
@@ -45,6 +45,9 @@ func (p *Provider) derivedCaps() []Capability {
 	if st := probe(func() (Stack, error) { return p.Stack(&BaseStack{Provider: p}) }, p.Stack != nil); st != nil {
 		if _, ok := st.(ConstraintsValidator); ok {
 			out = append(out, CapConstraints)
+		}
+		if _, ok := st.(TemplateValidator); ok {
+			out = append(out, CapTemplateRules) // templaterules.go
 		}
 	}
 	if p.HasPart(PartBootstrap) {
