@@ -226,7 +226,7 @@ func New(opts Options) (*Docker, error) {
 		Description: "Machines are containers of a Docker daemon (DOCKER_HOST or the local socket), booted with real cloud-init from the kloud machine image.",
 		// Explicit: a machine needs its container id from the Terraform state, so the
 		// derivation (which probes an empty BaseMachine) would miss the console log.
-		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog, provider.CapConstraints, provider.CapResources},
+		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog, provider.CapConstraints, provider.CapResources, provider.CapTemplateRules},
 		Constraints:  d.Constraints, // constraints.go
 		Stack:        func(b *provider.BaseStack) (provider.Stack, error) { return &stack{d: d, b: b}, nil },
 		Machine:      d.machine,

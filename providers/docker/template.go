@@ -44,6 +44,14 @@ var allowedArgs = map[string]bool{
 	"count": true, "depends_on": true, "lifecycle": true,
 }
 
+// argHints say, for a refused argument a user often means, what to do instead.
+var argHints = map[string]string{
+	"ports":             " (to reach a machine's port from your computer, use `kloud port-forward` or the machine's web app link; to let other machines in, `kloud machine ports open`)",
+	"publish_all_ports": " (to reach a machine's port from your computer, use `kloud port-forward` or the machine's web app link; to let other machines in, `kloud machine ports open`)",
+	"command":           " (a machine's own start-up script goes in a labels block with label = \"" + UserDataLabel + "\")",
+	"entrypoint":        " (a machine's own start-up script goes in a labels block with label = \"" + UserDataLabel + "\")",
+}
+
 // Variables ApplyTemplate declares (in tmpl.GeneratedFile) for resource res.
 func genVar(kind, res string) string { return "kloud_docker_" + kind + "_" + res }
 
@@ -83,7 +91,9 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if len(b.Machines) == 0 && !b.Vacating && !slices.Contains(cfg.Providers(), TerraformName) && len(cfg.Resources(ResourceType)) == 0 {
 		return b.Template, nil // no docker machines in this stack
 	}
-	if err := CheckTemplate(b.Template.Files); err != nil {
+	// The rules kloud already checked at save and plan (ValidateTemplate), again: the same
+	// messages at build.
+	if err := findingsErr(Findings(b.Template.Files)); err != nil {
 		return nil, err
 	}
 	for _, m := range b.Machines {
@@ -110,11 +120,6 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	}
 	if err := s.d.Available(); err != nil {
 		return nil, err
-	}
-	for _, v := range cfg.Variables() {
-		if strings.HasPrefix(v.Name, "kloud_docker_") && v.File != tmpl.GeneratedFile {
-			return nil, fmt.Errorf("%s:%d: variable %q: names starting with kloud_docker_ are reserved for kloud", v.File, v.Line, v.Name)
-		}
 	}
 	if b.Template.Variables == nil {
 		b.Template.Variables = map[string]any{}
@@ -305,17 +310,85 @@ func index(m *provider.MachineSpec) int {
 	return *m.Index
 }
 
+// The docker provider's template rules (provider.TemplateFinding's Rule).
+const (
+	// RuleArgument: a docker_container argument or nested block outside allowedArgs (labels:
+	// but the one user data label).
+	RuleArgument = "docker-argument"
+	// RuleReserved: a name kloud's docker provider generates (GeneratedFile, variables
+	// kloud_docker_*).
+	RuleReserved = "reserved-name"
+)
+
+// ValidateTemplate is provider.TemplateValidator: the rules of Findings, which kloud checks
+// at template.create and template.update, stack.plan, stack.apply and destroy.
+func (s *stack) ValidateTemplate(ctx context.Context, files map[string][]byte) ([]provider.TemplateFinding, error) {
+	return Findings(files)
+}
+
+var _ provider.TemplateValidator = (*stack)(nil)
+
+// Findings lists what the docker provider refuses in a template's (user's) files, naming file
+// and line: docker_container arguments outside allowedArgs (CheckTemplate), a file named
+// GeneratedFile, and variables named kloud_docker_*. A template without docker_container
+// resources and without the docker Terraform provider has none. The error is a syntax error.
+func Findings(files map[string][]byte) ([]provider.TemplateFinding, error) {
+	cfg, err := tmpl.Parse(files)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(cfg.Providers(), TerraformName) && len(cfg.Resources(ResourceType)) == 0 {
+		return nil, nil
+	}
+	var out []provider.TemplateFinding
+	if _, taken := files[GeneratedFile]; taken {
+		out = append(out, provider.TemplateFinding{File: GeneratedFile, Line: 1, Construct: "file name " + GeneratedFile, Rule: RuleReserved,
+			Detail: "the name is reserved for the docker provider configuration kloud generates; rename the file"})
+	}
+	args, err := argFindings(files)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, args...)
+	for _, v := range cfg.Variables() {
+		if strings.HasPrefix(v.Name, "kloud_docker_") && v.File != tmpl.GeneratedFile {
+			out = append(out, provider.TemplateFinding{File: v.File, Line: v.Line, Construct: fmt.Sprintf("variable %q", v.Name), Rule: RuleReserved,
+				Detail: "names starting with kloud_docker_ are reserved for the variables kloud generates; rename it"})
+		}
+	}
+	return out, nil
+}
+
 // CheckTemplate refuses every docker_container argument or nested block outside allowedArgs
-// (dynamic blocks included), in the user's files, naming file and line.
+// (dynamic blocks included), in the user's files, naming file and line: the findings of rule
+// RuleArgument, joined.
 func CheckTemplate(files map[string][]byte) error {
-	var errs []error
+	return findingsErr(argFindings(files))
+}
+
+// findingsErr joins findings into one error (nil without any), or returns err.
+func findingsErr(fs []provider.TemplateFinding, err error) error {
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(fs))
+	for i, f := range fs {
+		errs[i] = f
+	}
+	return errors.Join(errs...)
+}
+
+// argFindings are CheckTemplate's findings.
+func argFindings(files map[string][]byte) ([]provider.TemplateFinding, error) {
+	var out []provider.TemplateFinding
+	allowed := strings.Join(slices.Sorted(maps.Keys(allowedArgs)), ", ")
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		if name == tmpl.GeneratedFile || name == GeneratedFile {
 			continue
 		}
 		f, diags := parseFile(name, files[name])
 		if diags.HasErrors() {
-			return diags
+			return nil, diags
 		}
 		content, _, _ := f.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "resource", LabelNames: []string{"type", "name"}}}})
 		for _, blk := range content.Blocks {
@@ -324,20 +397,24 @@ func CheckTemplate(files map[string][]byte) error {
 			}
 			userData, err := userDataBlocks(blk.Body, blk.Labels[1])
 			if err != nil {
-				errs = append(errs, err)
+				var f provider.TemplateFinding
+				if !errors.As(err, &f) {
+					return nil, err
+				}
+				out = append(out, f)
 			}
 			for _, a := range bodyArgs(blk.Body) {
 				if userData[a.rng] || (err != nil && a.name == "labels") {
 					continue
 				}
 				if !allowedArgs[a.name] {
-					errs = append(errs, fmt.Errorf("%s:%d: %s.%s: %s is not allowed on kloud's docker machines (allowed: %s); kloud sets the image, name, network, entrypoint, labels and uploads itself, and nothing that reaches the host (privileged, volumes, mounts, devices, capabilities, host namespaces, security options, ports, ...) may be set",
-						a.rng.Filename, a.rng.Start.Line, ResourceType, blk.Labels[1], a.name, strings.Join(slices.Sorted(maps.Keys(allowedArgs)), ", ")))
+					out = append(out, provider.TemplateFinding{File: a.rng.Filename, Line: a.rng.Start.Line, Construct: ResourceType + "." + blk.Labels[1] + ": " + a.name, Rule: RuleArgument,
+						Detail: "kloud's docker machines may set only " + allowed + "; kloud sets the image, name, network, entrypoint, labels and uploads itself, and nothing that reaches the host (privileged, volumes, mounts, devices, capabilities, host namespaces, security options, ports, ...) may be set" + argHints[a.name]})
 				}
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return out, nil
 }
 
 type arg struct {

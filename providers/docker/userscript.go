@@ -46,9 +46,9 @@ const UserDataLabel = "kloud_user_data"
 func userDataBlocks(body hcl.Body, res string) (map[hcl.Range]bool, error) {
 	ok := map[hcl.Range]bool{}
 	n := 0
+	var last hcl.Range
 	refuse := func(r hcl.Range) error {
-		return fmt.Errorf("%s:%d: %s.%s: labels is not allowed except one block with label = %q, the machine's own user data (a script or #cloud-config); kloud sets the container's labels itself",
-			r.Filename, r.Start.Line, ResourceType, res, UserDataLabel)
+		return labelsFinding(r, res, fmt.Sprintf("kloud sets the container's labels itself; the only labels block a template may write is one with label = %q, the machine's own user data (a script or #cloud-config)", UserDataLabel))
 	}
 	if sb, native := body.(*hclsyntax.Body); native {
 		for _, nb := range sb.Blocks {
@@ -64,6 +64,7 @@ func userDataBlocks(body hcl.Body, res string) (map[hcl.Range]bool, error) {
 				return nil, refuse(nb.TypeRange)
 			}
 			ok[nb.TypeRange] = true
+			last = nb.TypeRange
 			n++
 		}
 	} else {
@@ -83,12 +84,18 @@ func userDataBlocks(body hcl.Body, res string) (map[hcl.Range]bool, error) {
 				n++
 			}
 			ok[a.NameRange] = true
+			last = a.NameRange
 		}
 	}
 	if n > 1 {
-		return nil, fmt.Errorf("%s.%s: %d labels blocks with label %q: write one", ResourceType, res, n, UserDataLabel)
+		return nil, labelsFinding(last, res, fmt.Sprintf("%d labels blocks with label %q: write one (the machine's own user data)", n, UserDataLabel))
 	}
 	return ok, nil
+}
+
+// labelsFinding refuses a labels block of resource docker_container.res at r.
+func labelsFinding(r hcl.Range, res, detail string) provider.TemplateFinding {
+	return provider.TemplateFinding{File: r.Filename, Line: r.Start.Line, Construct: ResourceType + "." + res + ": labels", Rule: RuleArgument, Detail: detail}
 }
 
 // jsonElems is a JSON labels value as a list: an object is one block, an array (tuple) many.
