@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
@@ -68,10 +69,9 @@ func (t *Template) Apply(ctx context.Context, b *provider.BaseStack) (*provider.
 	if len(b.Machines) == 0 && !b.Vacating && !slices.Contains(cfg.Providers(), t.Provider.Name) && len(cfg.Resources(t.ResourceType)) == 0 {
 		return b.Template, nil // no machines of this provider in this stack
 	}
-	for _, v := range cfg.Variables() {
-		if v.Name == t.TokenVar && v.File != tmpl.GeneratedFile {
-			return nil, fmt.Errorf("%s:%d: variable %q: the name is reserved for kloud's token of the %s machine service", v.File, v.Line, t.TokenVar, t.Kind)
-		}
+	// The rules kloud checked at save and plan (Validate), again: the same messages at build.
+	if fs, err := t.Validate(b.Template.Files); err != nil || len(fs) > 0 {
+		return nil, errors.Join(err, Findings(fs))
 	}
 	if len(b.Machines) > 0 && t.Prepare != nil {
 		if err := t.Prepare(ctx, b); err != nil {
@@ -127,6 +127,67 @@ func (t *Template) Apply(ctx context.Context, b *provider.BaseStack) (*provider.
 	b.Template.Variables[t.TokenVar] = token
 	b.Template.Files, b.Template.Config = files, cfg
 	return b.Template, nil
+}
+
+// Rules of a machine service provider's templates (provider.TemplateFinding's Rule).
+const (
+	// RuleReserved: a name kloud generates (Provider.File, variables kloud_<Kind>_*).
+	RuleReserved = "reserved-name"
+	// RuleTags: a machine resource's tags that are not a literal map, to which kloud cannot add
+	// its own.
+	RuleTags = "literal-tags"
+)
+
+// Validate lists what t refuses in a template's (user's) files, naming file and line: a file
+// named Provider.File, variables named kloud_<Kind>_* (TokenVar and the tags' variables), and
+// a machine resource whose tags are not a literal map { ... } (SetTags adds kloud's tags to
+// it). A template without the provider's resources and without its Terraform provider has
+// none. The error is a syntax error. A provider's Stack.ValidateTemplate returns it
+// (provider.TemplateValidator), and Apply checks it again.
+func (t *Template) Validate(files map[string][]byte) ([]provider.TemplateFinding, error) {
+	cfg, err := tmpl.Parse(files)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(cfg.Providers(), t.Provider.Name) && len(cfg.Resources(t.ResourceType)) == 0 {
+		return nil, nil
+	}
+	var out []provider.TemplateFinding
+	if _, taken := files[t.Provider.File]; taken {
+		out = append(out, provider.TemplateFinding{File: t.Provider.File, Line: 1, Construct: "file name " + t.Provider.File, Rule: RuleReserved,
+			Detail: fmt.Sprintf("the name is reserved for the %s provider configuration kloud generates; rename the file", t.Provider.Name)})
+	}
+	prefix := "kloud_" + t.Kind + "_"
+	for _, v := range cfg.Variables() {
+		if strings.HasPrefix(v.Name, prefix) && v.File != tmpl.GeneratedFile {
+			out = append(out, provider.TemplateFinding{File: v.File, Line: v.Line, Construct: fmt.Sprintf("variable %q", v.Name), Rule: RuleReserved,
+				Detail: fmt.Sprintf("names starting with %s are reserved for the variables kloud generates (%s holds the stack's token for kloud's %s machine service); rename it", prefix, t.TokenVar, t.Kind)})
+		}
+	}
+	for _, r := range cfg.Resources(t.ResourceType) {
+		if strings.HasPrefix(r.Name, "kloud_") {
+			continue // kloud's own resources (kloud.machineResources)
+		}
+		// On a parse of its own: SetUserData rewrites the files it is given.
+		c, err := tmpl.Parse(files)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.SetUserData(t.ResourceType, r.Name, "tags."+t.TagStack, t.StackVar(r.Name)); err != nil {
+			out = append(out, provider.TemplateFinding{File: r.File, Line: r.Line, Construct: t.ResourceType + "." + r.Name + ": tags", Rule: RuleTags,
+				Detail: fmt.Sprintf("kloud adds its own tags (%s, %s, ...) to the machine's tags, which must be a literal map { key = value, ... } for that (%s)", t.TagStack, t.TagMachine, err.Error())})
+		}
+	}
+	return out, nil
+}
+
+// Findings joins findings into one error (nil without any).
+func Findings(fs []provider.TemplateFinding) error {
+	errs := make([]error, len(fs))
+	for i, f := range fs {
+		errs[i] = f
+	}
+	return errors.Join(errs...)
 }
 
 // Configure removes the user's provider block (which must be empty) and writes Provider.File

@@ -162,7 +162,7 @@ func New(opts Options) (*Local, error) {
 		Description:  "Machines on this host: Linux namespaces over a Debian root filesystem, booted with real cloud-init (needs root).",
 		// Explicit: a machine needs its id from the Terraform state, so the derivation (which
 		// probes an empty BaseMachine) would miss the console log.
-		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog,
+		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog, provider.CapTemplateRules,
 			provider.CapSnapshot,    // snapshot.go
 			provider.CapConstraints, // constraints.go
 			provider.CapFirewall,    // firewall.go

@@ -42,6 +42,15 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	return s.l.template().Apply(ctx, s.b)
 }
 
+// ValidateTemplate is provider.TemplateValidator: the static rules of its templates
+// (machinesvc.Template.Validate), which kloud checks at template.create and template.update,
+// stack.plan, stack.apply and destroy.
+func (s *stack) ValidateTemplate(ctx context.Context, files map[string][]byte) ([]provider.TemplateFinding, error) {
+	return s.l.template().Validate(files)
+}
+
+var _ provider.TemplateValidator = (*stack)(nil)
+
 // template is how ApplyTemplate rewrites templates for kloudlocal.
 func (l *Local) template() *machinesvc.Template {
 	return &machinesvc.Template{

@@ -149,7 +149,7 @@ func New(opts Options) (*Vagrant, error) {
 		UserDataAttr: UserDataAttr,
 		Description:  "Vagrant machines on your own host: run `klient --vagrant` there with your kite key; kloud builds through it (any Vagrant provider; a Docker image with Vagrant's docker provider).",
 		// Listed, not derived: a machine needs its record (Caps' empty probe has none).
-		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapResources,
+		Capabilities: []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapResources, provider.CapTemplateRules,
 			provider.CapConstraints, // constraints.go
 			provider.CapSnapshot},   // snapshot.go
 		Constraints: v.Constraints,
