@@ -6,19 +6,24 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
 
 // The template policy (provider/tmpl's CheckPolicy, docs/template-policy.md): templates are
 // data, not code. kloud checks a template's files at template.create and template.update, and
-// again in build() before every stack.plan, stack.create and build, so a template stored before
-// the policy existed (or written to the store directly) does not run either. Only the user's
-// files are checked; what providers add in ApplyTemplate is kloud's own code.
+// again in build() before every stack.plan, stack.create and build, at stack.apply before the
+// job starts, and at destroy, so a template stored before the policy existed (or written to the
+// store directly) does not run either. Only the user's files are checked; what providers add in
+// ApplyTemplate is kloud's own code. With the policy, at each of those places, the rules of the
+// providers the template uses (provider.TemplateValidator: the docker provider's arguments,
+// names a provider reserves): a template a provider would refuse at build is refused at save.
 //
 // A kloud administrator may trust one revision of a template (template.trust), lifting named
 // rules for exactly its files: the trust record holds a digest of the files, so any change of
@@ -68,10 +73,66 @@ func (s *Server) checkPolicyParsed(ctx context.Context, team string, files map[s
 		return err
 	}
 	lift = append(lift, extraLift...)
+	var refusals []string
 	if err := cfg.CheckPolicy(s.providers.TemplatePolicy(lift...)); err != nil {
-		return fmt.Errorf("template refused by kloud's template policy (see docs/template-policy.md; a kloud administrator can trust a template with `kloud template trust`):\n%s: %w", err.Error(), kite.ErrInvalidParams)
+		refusals = append(refusals, "template refused by kloud's template policy (see docs/template-policy.md; a kloud administrator can trust a template with `kloud template trust`):\n"+err.Error())
+	}
+	found, err := s.providerRules(ctx, files, cfg)
+	if err != nil {
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(found)) {
+		msgs := make([]string, len(found[name]))
+		for i, f := range found[name] {
+			msgs[i] = f.Error()
+		}
+		refusals = append(refusals, fmt.Sprintf("template refused by the %s provider's rules (see docs/template-policy.md#provider-rules):\n%s", name, strings.Join(msgs, "\n")))
+	}
+	if len(refusals) > 0 {
+		return fmt.Errorf("%s: %w", strings.Join(refusals, "\n"), kite.ErrInvalidParams)
 	}
 	return nil
+}
+
+// providerRules asks every provider the template uses (a machine resource of its type, or its
+// Terraform provider named) that has rules of its own (provider.CapTemplateRules) for its
+// findings in the user's files: by provider name, only those with findings. Provider rules are
+// not lifted by a trust: they say what the provider's machines may be, not what Terraform may
+// run, and the provider checks them again when it builds.
+func (s *Server) providerRules(ctx context.Context, files map[string][]byte, cfg *tmpl.Config) (map[string][]provider.TemplateFinding, error) {
+	used := cfg.Providers()
+	out := map[string][]provider.TemplateFinding{}
+	for _, name := range s.providers.Names() {
+		p, err := s.providers.Lookup(name)
+		if err != nil || !p.Can(provider.CapTemplateRules) {
+			continue
+		}
+		uses := len(cfg.Resources(p.ResourceType)) > 0
+		for _, tp := range p.TerraformProviders() {
+			uses = uses || slices.Contains(used, tp.Name)
+		}
+		if !uses {
+			continue
+		}
+		st, err := p.Stack(&provider.BaseStack{Provider: p, Log: s.log.With("provider", name)})
+		if err != nil {
+			return nil, fmt.Errorf("provider %s: %w", name, err)
+		}
+		tv, ok := st.(provider.TemplateValidator)
+		if !ok {
+			// Advertised but not implemented: the conformance suite fails such a provider.
+			s.log.Warn("provider advertises template rules but its stack does not check them", "provider", name)
+			continue
+		}
+		fs, err := tv.ValidateTemplate(ctx, files)
+		if err != nil {
+			return nil, fmt.Errorf("provider %s: check the template against its rules: %w", name, err)
+		}
+		if len(fs) > 0 {
+			out[name] = fs
+		}
+	}
+	return out, nil
 }
 
 // trustedRules returns the rules lifted for files with this digest in team.

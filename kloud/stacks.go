@@ -310,6 +310,9 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
 			return nil, err
 		}
+		if err := s.checkPolicy(ctx, st.Team, fileMap(st.Files)); err != nil { // policy.go: refused before a job, never a Failed stack
+			return nil, err
+		}
 		if s.failedUpdate(ctx, st) { // stacks_update.go
 			return s.reapplyUpdate(ctx, c, st)
 		}

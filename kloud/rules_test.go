@@ -1,0 +1,184 @@
+package kloud_test
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/docker"
+	"github.com/kloud-dev/kloud/providers/dummy"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// dockerRefused are docker templates the docker provider refuses (issue 18): each argument on
+// line 4 of main.tf.
+var dockerRefused = []struct{ arg, body string }{
+	{"privileged", "privileged = true"},
+	{"volumes", "volumes {\n    host_path      = \"/\"\n    container_path = \"/host\"\n  }"},
+	{"ports", "ports {\n    internal = 22\n    external = 2222\n  }"},
+}
+
+func dockerTemplate(body string) string {
+	return "resource \"docker_container\" \"vm\" {\n  name  = \"vm\"\n  image = \"kloud\"\n  " + body + "\n}\n"
+}
+
+// wantRuleRefusal: invalid params naming the docker provider's rule, main.tf line 4, the
+// argument and what is allowed.
+func wantRuleRefusal(t *testing.T, when string, err error, arg string) {
+	t.Helper()
+	if !errors.Is(err, kite.ErrInvalidParams) {
+		t.Fatalf("%s: want invalid params from the docker provider's rules, got %v", when, err)
+	}
+	for _, want := range []string{"docker provider's rules", "main.tf:4: docker_container.vm: " + arg + " is not allowed (rule docker-argument)", "may set only", "cpus"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: want %q in: %v", when, want, err)
+		}
+	}
+}
+
+// newDockerFlow is a kloud with the dummy and the docker provider (whose daemon is absent: the
+// rules are static, nothing reaches a daemon) and a terraformer.
+func newDockerFlow(t *testing.T) (*kloudtest.Env, *api.Client) {
+	t.Helper()
+	reg := provider.NewRegistry()
+	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
+	d, err := docker.New(docker.Options{Host: "unix://" + filepath.Join(t.TempDir(), "no-daemon.sock"), Image: "kloud-test", StateDir: t.TempDir(),
+		Endpoint: "http://127.0.0.1:1", NoFirewall: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Register(d.Provider())
+	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
+	e.StartTerraformerWith(tfrun.Options{Dir: filepath.Join(t.TempDir(), "terraformer")})
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+		t.Fatal(err)
+	}
+	return e, api.NewClient(e.Dial("alice"))
+}
+
+// TestProviderRulesAtSave (issue 18 item 2): the docker provider's rules refuse privileged, a
+// volumes block and a ports block at template.create and template.update (nothing stored), at
+// stack.plan and stack.create of a revision stored before (no job, no stack), and at
+// stack.apply of a stack stored before (no job, the stack unchanged, not Failed); destroying
+// that stack works (terraform never ran its files). The messages name file, line, rule and
+// what is allowed, as the build's did.
+func TestProviderRulesAtSave(t *testing.T) {
+	e, alice := newDockerFlow(t)
+	ctx := t.Context()
+	jobs := func() int {
+		t.Helper()
+		res, err := alice.JobList(ctx, api.JobListParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Jobs)
+	}
+	templates := func() int {
+		t.Helper()
+		res, err := alice.TemplateList(ctx, api.TemplateListParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Templates)
+	}
+
+	ok, err := alice.TemplateCreate(ctx, api.TemplateParams{Title: "fine", Files: map[string]string{"main.tf": dockerTemplate("memory = 512")}})
+	if err != nil {
+		t.Fatalf("a docker template within the rules: %v", err)
+	}
+	for _, tc := range dockerRefused {
+		t.Run(tc.arg, func(t *testing.T) {
+			src := dockerTemplate(tc.body)
+			stored := templates()
+			_, err := alice.TemplateCreate(ctx, api.TemplateParams{Title: tc.arg, Files: map[string]string{"main.tf": src}})
+			wantRuleRefusal(t, "template.create", err, tc.arg)
+			t.Logf("template.create: %v", err)
+			if n := templates(); n != stored {
+				t.Fatalf("template.create refused, yet %d templates are stored (were %d)", n, stored)
+			}
+			_, err = alice.TemplateUpdate(ctx, api.TemplateParams{TemplateID: ok.ID, Files: map[string]string{"main.tf": src}})
+			wantRuleRefusal(t, "template.update", err, tc.arg)
+			if v, err := alice.TemplateGet(ctx, api.TemplateGetParams{TemplateID: ok.ID}); err != nil || v.Rev != 1 || len(v.Revisions) != 0 {
+				t.Fatalf("template.update refused, yet the template changed: %+v %v", v.Template, err)
+			}
+
+			// A revision stored before the rules were checked at save (as an older kloud did).
+			now := time.Now()
+			tpl := kloud.Template{ID: store.NewID(), Title: tc.arg, Team: kloud.DefaultTeam, Owner: "alice", Rev: 1,
+				Files: []kloud.File{{Name: "main.tf", Content: dockerTemplate("memory = 256")}}, CreatedAt: now, UpdatedAt: now}
+			if err := e.Server.Store().Templates().Insert(ctx, tpl); err != nil {
+				t.Fatal(err)
+			}
+			storetest.SetFields(t, e.Server.Store(), store.CollTemplates, tpl.ID, map[string]any{"rev": 2, "files": []kloud.File{{Name: "main.tf", Content: src}}})
+			before := jobs()
+			_, err = alice.StackPlan(ctx, api.StackPlanParams{TemplateID: tpl.ID})
+			wantRuleRefusal(t, "stack.plan", err, tc.arg)
+			_, err = alice.StackCreate(ctx, api.StackPlanParams{TemplateID: tpl.ID})
+			wantRuleRefusal(t, "stack.create", err, tc.arg)
+			if n := jobs(); n != before {
+				t.Fatalf("refused plan and create: %d jobs, were %d", n, before)
+			}
+			if sl, err := alice.StackList(ctx, api.StackListParams{}); err != nil || len(sl.Stacks) != 0 {
+				t.Fatalf("stack.create refused, yet stacks: %+v %v", sl, err)
+			}
+
+			// A stack stored with those files, as an older kloud made it: stack.apply refuses
+			// before any job, and the stack stays as it was (not Failed).
+			st := kloud.Stack{ID: store.NewID(), Title: tc.arg, Team: kloud.DefaultTeam, Owner: "alice", TemplateID: tpl.ID, TemplateRev: 2,
+				Files: []kloud.File{{Name: "main.tf", Content: src}}, State: kloud.StackNotInitialized, Machines: []string{}, CreatedAt: now, UpdatedAt: now}
+			if err := e.Server.Store().Stacks().Insert(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			_, err = alice.StackApply(ctx, api.StackApplyParams{StackID: st.ID})
+			wantRuleRefusal(t, "stack.apply", err, tc.arg)
+			if n := jobs(); n != before {
+				t.Fatalf("refused apply: %d jobs, were %d", n, before)
+			}
+			got, err := e.Server.Store().Stacks().Get(ctx, st.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.State != kloud.StackNotInitialized || got.JobID != "" {
+				t.Fatalf("stack after the refused apply: %s %q (job %q)", got.State, got.Reason, got.JobID)
+			}
+			// Terraform never ran the files: destroy has nothing of them to run, and succeeds.
+			ref, err := alice.StackApply(ctx, api.StackApplyParams{StackID: st.ID, Destroy: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if last := followJob(t, alice, ref.JobID); last.Status != api.JobSucceeded {
+				t.Fatalf("destroy: %+v", last)
+			}
+		})
+	}
+}
+
+// followJob watches a job to its end and returns the last event.
+func followJob(t *testing.T, c *api.Client, id string) api.JobEvent {
+	t.Helper()
+	w, err := c.JobWatch(t.Context(), api.JobRef{JobID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var last api.JobEvent
+	for {
+		ev, err := w.Next(t.Context())
+		if errors.Is(err, kite.ErrStreamEnded) {
+			return last
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ev
+	}
+}
