@@ -60,7 +60,7 @@ func (t *Template) Apply(ctx context.Context, b *provider.BaseStack) (*provider.
 		return nil, fmt.Errorf("%s provider: no endpoint of kloud's %s machine service configured (%s.Options.Endpoint)", t.Kind, t.Kind, t.Kind)
 	}
 	if _, taken := b.Template.Files[t.Provider.File]; taken {
-		return nil, fmt.Errorf("template file %s: the name is reserved for kloud's generated provider configuration", t.Provider.File)
+		return nil, t.reservedFile()
 	}
 	cfg, err := b.Template.Parsed()
 	if err != nil {
@@ -154,8 +154,7 @@ func (t *Template) Validate(files map[string][]byte) ([]provider.TemplateFinding
 	}
 	var out []provider.TemplateFinding
 	if _, taken := files[t.Provider.File]; taken {
-		out = append(out, provider.TemplateFinding{File: t.Provider.File, Line: 1, Construct: "file name " + t.Provider.File, Rule: RuleReserved,
-			Detail: fmt.Sprintf("the name is reserved for the %s provider configuration kloud generates; rename the file", t.Provider.Name)})
+		out = append(out, t.reservedFile())
 	}
 	prefix := "kloud_" + t.Kind + "_"
 	for _, v := range cfg.Variables() {
@@ -179,6 +178,12 @@ func (t *Template) Validate(files map[string][]byte) ([]provider.TemplateFinding
 		}
 	}
 	return out, nil
+}
+
+// reservedFile refuses a template file named Provider.File.
+func (t *Template) reservedFile() provider.TemplateFinding {
+	return provider.TemplateFinding{File: t.Provider.File, Line: 1, Construct: "file name " + t.Provider.File, Rule: RuleReserved,
+		Detail: fmt.Sprintf("the name is reserved for the %s provider configuration kloud generates; rename the file", t.Provider.Name)}
 }
 
 // Findings joins findings into one error (nil without any).

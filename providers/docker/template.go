@@ -82,7 +82,7 @@ func (s *stack) BootstrapTemplates(ctx context.Context, c *provider.Credential) 
 func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
 	b := s.b
 	if _, taken := b.Template.Files[GeneratedFile]; taken {
-		return nil, fmt.Errorf("template file %s: the name is reserved for kloud's generated provider configuration", GeneratedFile)
+		return nil, reservedFile
 	}
 	cfg, err := b.Template.Parsed()
 	if err != nil {
@@ -342,8 +342,7 @@ func Findings(files map[string][]byte) ([]provider.TemplateFinding, error) {
 	}
 	var out []provider.TemplateFinding
 	if _, taken := files[GeneratedFile]; taken {
-		out = append(out, provider.TemplateFinding{File: GeneratedFile, Line: 1, Construct: "file name " + GeneratedFile, Rule: RuleReserved,
-			Detail: "the name is reserved for the docker provider configuration kloud generates; rename the file"})
+		out = append(out, reservedFile)
 	}
 	args, err := argFindings(files)
 	if err != nil {
@@ -358,6 +357,10 @@ func Findings(files map[string][]byte) ([]provider.TemplateFinding, error) {
 	}
 	return out, nil
 }
+
+// reservedFile refuses a template file named GeneratedFile.
+var reservedFile = provider.TemplateFinding{File: GeneratedFile, Line: 1, Construct: "file name " + GeneratedFile, Rule: RuleReserved,
+	Detail: "the name is reserved for the docker provider configuration kloud generates; rename the file"}
 
 // CheckTemplate refuses every docker_container argument or nested block outside allowedArgs
 // (dynamic blocks included), in the user's files, naming file and line: the findings of rule
