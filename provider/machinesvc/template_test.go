@@ -32,7 +32,7 @@ func TestValidate(t *testing.T) {
 		files map[string]string
 		want  []string // findings, in order
 	}{
-		"fine": {map[string]string{"main.tf": "resource \"kloudlocal_machine\" \"dev\" {\n  count = 2\n  tags  = { team = \"a\" }\n}\n"}, nil},
+		"fine":              {map[string]string{"main.tf": "resource \"kloudlocal_machine\" \"dev\" {\n  count = 2\n  tags  = { team = \"a\" }\n}\n"}, nil},
 		"not this provider": {map[string]string{"main.tf": "variable \"kloud_local_token\" {}\nresource \"terraform_data\" \"vm\" {\n  input = \"x\"\n}\n"}, nil},
 		"token variable": {map[string]string{"main.tf": "resource \"kloudlocal_machine\" \"dev\" {}\n\nvariable \"kloud_local_token\" {\n  sensitive = true\n}\n"},
 			[]string{`main.tf:3: variable "kloud_local_token" is not allowed (rule reserved-name): names starting with kloud_local_ are reserved`}},
