@@ -27,8 +27,8 @@
 //   - Requests to provider.HandlerPrefix(NAME) on kloud's HTTP server, forwarded to your
 //     Provider.Handler (bodies of at most MaxHTTPBody; no streaming).
 //
-// Optional interfaces (ConsoleLogger, Resizer, ConstraintsValidator, Snapshotter: snapshot.go)
-// are found as in process and advertised as capabilities (Provider.Capabilities, or derived).
+// Optional interfaces (ConsoleLogger, Resizer, ConstraintsValidator, Snapshotter: snapshot.go,
+// TemplateValidator: templaterules.go) are found as in process and advertised as capabilities (Provider.Capabilities, or derived).
 // Return (wrapped) provider.ErrUnsupported for an operation you do not offer. Logs go to stderr,
 // which kloud copies into its log for plugins it launched. A launched plugin may write only
 // EnvStateDir.
@@ -52,7 +52,7 @@
 // proxy *provider.Provider for the plugin into kloud's provider.Registry (Registry.Replace), so
 // kloud's code uses a plugin like an in-tree provider. The proxy's Stack and Machine call the
 // plugin; its machine always implements ConsoleLogger, Resizer and Snapshotter and its stack
-// ConstraintsValidator, returning provider.ErrUnsupported unless the plugin advertised the
+// ConstraintsValidator and TemplateValidator, returning provider.ErrUnsupported unless the plugin advertised the
 // capability (Provider.Capabilities is set from the manifest). One connection per provider
 // name: a newer registration replaces (closes) the older. While a plugin is disconnected its
 // proxy stays registered and every call fails at once with an error wrapping kite.ErrUnavailable

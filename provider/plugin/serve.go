@@ -296,6 +296,7 @@ func (s *server) handle(k *kite.Kite) {
 	k.Handle(MethodBootstrapTemplates, kite.Typed(s.bootstrapTemplates))
 	k.Handle(MethodApplyTemplate, kite.Typed(s.applyTemplate))
 	k.Handle(MethodValidateConstraints, kite.Typed(s.validateConstraints))
+	k.Handle(MethodValidateTemplate, kite.Typed(s.validateTemplate)) // templaterules.go
 	k.Handle(MethodDecode, kite.Typed(s.decode))
 	k.Handle(MethodAvailable, kite.HandlerFunc(s.available))
 	k.Handle(MethodHTTP, kite.Typed(s.http))

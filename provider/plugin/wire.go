@@ -129,6 +129,7 @@ var knownCaps = []provider.Capability{provider.CapStart, provider.CapStop, provi
 	provider.CapSnapshot,  // snapshot.go
 	provider.CapFirewall,  // firewall.go
 	provider.CapResources, // resources.go
+	provider.CapTemplateRules,
 }
 
 // Validate checks a manifest as kloud receives it.
