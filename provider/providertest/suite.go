@@ -341,6 +341,9 @@ func (s *suite) testStack(t *testing.T) {
 	if _, isCV := st.(provider.ConstraintsValidator); s.caps[provider.CapConstraints] && !isCV {
 		t.Errorf("provider %s advertises %q, but its stack does not implement it", s.p.Name, provider.CapConstraints)
 	}
+	if _, isTV := st.(provider.TemplateValidator); s.caps[provider.CapTemplateRules] && !isTV {
+		t.Errorf("provider %s advertises %q, but its stack does not implement provider.TemplateValidator", s.p.Name, provider.CapTemplateRules)
+	}
 	for _, m := range s.machines {
 		pm, err := s.p.Machine(s.base(t, m))
 		if err != nil {
