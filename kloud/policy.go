@@ -24,6 +24,7 @@ import (
 // ApplyTemplate is kloud's own code. With the policy, at each of those places, the rules of the
 // providers the template uses (provider.TemplateValidator: the docker provider's arguments,
 // names a provider reserves): a template a provider would refuse at build is refused at save.
+// Before a destroy they are only logged (checkDestroyPolicy).
 //
 // A kloud administrator may trust one revision of a template (template.trust), lifting named
 // rules for exactly its files: the trust record holds a digest of the files, so any change of
@@ -56,8 +57,9 @@ func sortedNames(files map[string][]byte) []string {
 
 // checkPolicy checks a template's (user's) files against the policy of kloud's providers,
 // lifting the rules an administrator trusted these exact files with in team, and extraLift
-// (an administrator's template.create or template.update with trust). Violations are
-// invalid params naming file:line:col, the construct and the rule.
+// (an administrator's template.create or template.update with trust), and against the rules of
+// the providers the template uses (providerRules). Violations are invalid params naming
+// file:line[:col], the construct and the rule.
 func (s *Server) checkPolicy(ctx context.Context, team string, files map[string][]byte, extraLift ...string) error {
 	cfg, err := tmpl.Parse(files)
 	if err != nil {
@@ -68,18 +70,60 @@ func (s *Server) checkPolicy(ctx context.Context, team string, files map[string]
 
 // checkPolicyParsed is checkPolicy for files already parsed (cfg, not yet rewritten).
 func (s *Server) checkPolicyParsed(ctx context.Context, team string, files map[string][]byte, cfg *tmpl.Config, extraLift ...string) error {
-	lift, err := s.trustedRules(ctx, team, filesDigest(files))
+	policy, err := s.policyRefusal(ctx, team, files, cfg, extraLift...)
 	if err != nil {
 		return err
-	}
-	lift = append(lift, extraLift...)
-	var refusals []string
-	if err := cfg.CheckPolicy(s.providers.TemplatePolicy(lift...)); err != nil {
-		refusals = append(refusals, "template refused by kloud's template policy (see docs/template-policy.md; a kloud administrator can trust a template with `kloud template trust`):\n"+err.Error())
 	}
 	found, err := s.providerRules(ctx, files, cfg)
 	if err != nil {
 		return err
+	}
+	return refused(policy, found)
+}
+
+// checkDestroyPolicy is checkPolicy before a destroy (terraform destroy evaluates the stack's
+// files): the template policy refuses, the providers' rules are checked and logged but do not.
+// They say what machines a provider builds, a destroy builds none, and a stack whose files
+// break a provider's rule (built by an older kloud, or left by a refused update of an older
+// kloud, with its machines still there) must still be destroyable: nothing could lift the
+// refusal.
+func (s *Server) checkDestroyPolicy(ctx context.Context, team string, files map[string][]byte) error {
+	cfg, err := tmpl.Parse(files)
+	if err != nil {
+		return fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
+	}
+	policy, err := s.policyRefusal(ctx, team, files, cfg)
+	if err != nil {
+		return err
+	}
+	found, err := s.providerRules(ctx, files, cfg)
+	if err != nil {
+		s.log.Warn("destroy: the providers' template rules could not be checked", "err", err)
+	} else if rerr := refused("", found); rerr != nil {
+		s.log.Warn("destroy of a stack whose files break a provider's template rules (destroyed anyway)", "team", team, "refusal", rerr.Error())
+	}
+	return refused(policy, nil)
+}
+
+// policyRefusal is the template policy's refusal of files ("" if they pass).
+func (s *Server) policyRefusal(ctx context.Context, team string, files map[string][]byte, cfg *tmpl.Config, extraLift ...string) (string, error) {
+	lift, err := s.trustedRules(ctx, team, filesDigest(files))
+	if err != nil {
+		return "", err
+	}
+	lift = append(lift, extraLift...)
+	if err := cfg.CheckPolicy(s.providers.TemplatePolicy(lift...)); err != nil {
+		return "template refused by kloud's template policy (see docs/template-policy.md; a kloud administrator can trust a template with `kloud template trust`):\n" + err.Error(), nil
+	}
+	return "", nil
+}
+
+// refused is the invalid params error of the policy's refusal and the providers' findings
+// (by provider), nil if there are none.
+func refused(policy string, found map[string][]provider.TemplateFinding) error {
+	var refusals []string
+	if policy != "" {
+		refusals = append(refusals, policy)
 	}
 	for _, name := range slices.Sorted(maps.Keys(found)) {
 		msgs := make([]string, len(found[name]))
@@ -88,10 +132,10 @@ func (s *Server) checkPolicyParsed(ctx context.Context, team string, files map[s
 		}
 		refusals = append(refusals, fmt.Sprintf("template refused by the %s provider's rules (see docs/template-policy.md#provider-rules):\n%s", name, strings.Join(msgs, "\n")))
 	}
-	if len(refusals) > 0 {
-		return fmt.Errorf("%s: %w", strings.Join(refusals, "\n"), kite.ErrInvalidParams)
+	if len(refusals) == 0 {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("%s: %w", strings.Join(refusals, "\n"), kite.ErrInvalidParams)
 }
 
 // providerRules asks every provider the template uses (a machine resource of its type, or its

@@ -1,12 +1,14 @@
 package kloud_test
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -14,6 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
 	"github.com/kloud-dev/kloud/providers/docker"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
@@ -180,5 +183,77 @@ func followJob(t *testing.T, c *api.Client, id string) api.JobEvent {
 			t.Fatal(err)
 		}
 		last = ev
+	}
+}
+
+// ruledStack is the dummy's stack with a template rule of its own: a machine's input may not be
+// the literal "forbidden".
+type ruledStack struct{ provider.Stack }
+
+func (ruledStack) ValidateTemplate(ctx context.Context, files map[string][]byte) ([]provider.TemplateFinding, error) {
+	cfg, err := tmpl.Parse(files)
+	if err != nil {
+		return nil, err
+	}
+	var out []provider.TemplateFinding
+	for _, r := range cfg.Resources("terraform_data") {
+		if cfg.LiteralAttrs("terraform_data", r.Name)["input"] == "forbidden" {
+			out = append(out, provider.TemplateFinding{File: r.File, Line: r.Line, Construct: "terraform_data." + r.Name + ": input", Rule: "dummy-input", Detail: "not \"forbidden\""})
+		}
+	}
+	return out, nil
+}
+
+// TestDestroyDespiteProviderRules: a built stack whose files break a provider's rule (as an
+// older kloud left it) is destroyed: the rules say what a provider builds, a destroy builds
+// nothing, and nothing could lift them; the template policy still holds at destroy
+// (TestDestroyObeysPolicy). The same rule refuses template.create.
+func TestDestroyDespiteProviderRules(t *testing.T) {
+	testutil.RequireBinary(t, "curl")
+	reg := provider.NewRegistry()
+	o := dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}
+	p := dummy.New(o)
+	inner := p.Stack
+	p.Stack = func(b *provider.BaseStack) (provider.Stack, error) {
+		st, err := inner(b)
+		return ruledStack{st}, err
+	}
+	reg.Register(p)
+	if !p.Can(provider.CapTemplateRules) {
+		t.Fatalf("the dummy with a rule does not advertise %s: %v", provider.CapTemplateRules, p.Caps())
+	}
+	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
+	tfDir := filepath.Join(t.TempDir(), "terraformer")
+	e.StartTerraformerWith(tfrun.Options{Dir: tfDir})
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+		t.Fatal(err)
+	}
+	f := &flowEnv{Env: e, t: t, dir: o.Dir, tfDir: tfDir, alice: e.Dial("alice")}
+	t.Cleanup(f.killMachines)
+	f.credential()
+
+	forbidden := "resource \"terraform_data\" \"vm\" {\n  input = \"forbidden\"\n}\n"
+	_, err := f.client().TemplateCreate(t.Context(), api.TemplateParams{Title: "x", Files: map[string]string{"main.tf": forbidden}})
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "main.tf:1: terraform_data.vm: input is not allowed (rule dummy-input)") {
+		t.Fatalf("template.create against the dummy's rule: %v", err)
+	}
+
+	sid, _ := f.stack(f.template("resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n}\n"))
+	ref, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(ref.JobID); last.Status != api.JobSucceeded {
+		t.Fatalf("build: %+v", last)
+	}
+	storetest.SetFields(t, e.Server.Store(), store.CollStacks, sid, map[string]any{"files": []kloud.File{{Name: "main.tf", Content: forbidden}}})
+	if ref, err = f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid, Destroy: true}); err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(ref.JobID); last.Status != api.JobSucceeded {
+		t.Fatalf("destroy of a stack whose files break a provider's rule: %+v", last)
+	}
+	if _, err := e.Server.Store().Stacks().Get(t.Context(), sid); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("stack after the destroy: %v", err)
 	}
 }

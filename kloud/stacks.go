@@ -947,7 +947,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	// an administrator trusts them, unless terraform holds nothing of it (then there is nothing a
 	// destroy could run).
 	var id string
-	if perr := s.checkPolicy(ctx, st.Team, fileMap(st.Files)); perr != nil {
+	if perr := s.checkDestroyPolicy(ctx, st.Team, fileMap(st.Files)); perr != nil {
 		state, serr := tf.State(ctx, "stack-"+st.ID)
 		if serr == nil && !stateEmpty(state) || serr != nil && !errors.Is(serr, kite.ErrNotFound) {
 			return nil, s.failDestroy(ctx, st, ms, "", fmt.Errorf("destroy: %w", perr))
