@@ -98,6 +98,12 @@ func TestProviderRulesAtSave(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a docker template within the rules: %v", err)
 	}
+	// The policy's refusals and the provider's come together.
+	both := "resource \"docker_container\" \"vm\" {\n  name  = \"vm\"\n  image = \"kloud\"\n  privileged = true\n  provisioner \"local-exec\" {\n    command = \"id\"\n  }\n}\n"
+	_, err = alice.TemplateCreate(ctx, api.TemplateParams{Title: "both", Files: map[string]string{"main.tf": both}})
+	wantRuleRefusal(t, "template.create", err, "privileged")
+	wantPolicyRefusal(t, "template.create", err, "provisioner", "main.tf:5:3")
+
 	for _, tc := range dockerRefused {
 		t.Run(tc.arg, func(t *testing.T) {
 			src := dockerTemplate(tc.body)
