@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -11,7 +12,9 @@ import (
 // resource of its type, or its Terraform provider named) wherever it checks the template policy
 // (docs/template-policy.md): template.create and template.update (a refused template is not
 // stored), stack.plan and stack.create (before terraform plans), stack.apply (before the build
-// job starts) and the build and destroy jobs. The provider's ApplyTemplate still checks the same
+// job starts) and the build job; before a destroy it only logs them (a destroy builds nothing,
+// and a stack whose files break a rule added since it was built must still go). The
+// provider's ApplyTemplate still checks the same
 // rules at build time (and may check planned values behind them), so the messages a user sees at
 // save and at build are the same.
 
@@ -51,4 +54,14 @@ func (f TemplateFinding) Error() string {
 		pos += fmt.Sprintf(":%d", f.Column)
 	}
 	return fmt.Sprintf("%s: %s is not allowed (rule %s): %s", pos, f.Construct, f.Rule, f.Detail)
+}
+
+// JoinFindings is findings as one error (errors.Join: one line each), nil without any: what a
+// provider's ApplyTemplate returns for the findings of its ValidateTemplate.
+func JoinFindings(fs []TemplateFinding) error {
+	errs := make([]error, len(fs))
+	for i, f := range fs {
+		errs[i] = f
+	}
+	return errors.Join(errs...)
 }

@@ -71,7 +71,7 @@ func (t *Template) Apply(ctx context.Context, b *provider.BaseStack) (*provider.
 	}
 	// The rules kloud checked at save and plan (Validate), again: the same messages at build.
 	if fs, err := t.Validate(b.Template.Files); err != nil || len(fs) > 0 {
-		return nil, errors.Join(err, Findings(fs))
+		return nil, errors.Join(err, provider.JoinFindings(fs))
 	}
 	if len(b.Machines) > 0 && t.Prepare != nil {
 		if err := t.Prepare(ctx, b); err != nil {
@@ -184,15 +184,6 @@ func (t *Template) Validate(files map[string][]byte) ([]provider.TemplateFinding
 func (t *Template) reservedFile() provider.TemplateFinding {
 	return provider.TemplateFinding{File: t.Provider.File, Line: 1, Construct: "file name " + t.Provider.File, Rule: RuleReserved,
 		Detail: fmt.Sprintf("the name is reserved for the %s provider configuration kloud generates; rename the file", t.Provider.Name)}
-}
-
-// Findings joins findings into one error (nil without any).
-func Findings(fs []provider.TemplateFinding) error {
-	errs := make([]error, len(fs))
-	for i, f := range fs {
-		errs[i] = f
-	}
-	return errors.Join(errs...)
 }
 
 // Configure removes the user's provider block (which must be empty) and writes Provider.File

@@ -321,7 +321,8 @@ const (
 )
 
 // ValidateTemplate is provider.TemplateValidator: the rules of Findings, which kloud checks
-// at template.create and template.update, stack.plan, stack.apply and destroy.
+// at template.create and template.update, stack.plan and stack.create, stack.apply and the build
+// (and logs before a destroy).
 func (s *stack) ValidateTemplate(ctx context.Context, files map[string][]byte) ([]provider.TemplateFinding, error) {
 	return Findings(files)
 }
@@ -374,11 +375,7 @@ func findingsErr(fs []provider.TemplateFinding, err error) error {
 	if err != nil {
 		return err
 	}
-	errs := make([]error, len(fs))
-	for i, f := range fs {
-		errs[i] = f
-	}
-	return errors.Join(errs...)
+	return provider.JoinFindings(fs)
 }
 
 // argFindings are CheckTemplate's findings.

@@ -44,7 +44,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 
 // ValidateTemplate is provider.TemplateValidator: the static rules of its templates
 // (machinesvc.Template.Validate), which kloud checks at template.create and template.update,
-// stack.plan, stack.apply and destroy.
+// stack.plan and stack.create, stack.apply and the build (and logs before a destroy).
 func (s *stack) ValidateTemplate(ctx context.Context, files map[string][]byte) ([]provider.TemplateFinding, error) {
 	return s.l.template().Validate(files)
 }
