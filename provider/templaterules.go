@@ -14,9 +14,8 @@ import (
 // stored), stack.plan and stack.create (before terraform plans), stack.apply (before the build
 // job starts) and the build job; before a destroy it only logs them (a destroy builds nothing,
 // and a stack whose files break a rule added since it was built must still go). The
-// provider's ApplyTemplate still checks the same
-// rules at build time (and may check planned values behind them), so the messages a user sees at
-// save and at build are the same.
+// provider's ApplyTemplate still checks the same rules at build time (and may check planned
+// values behind them), so the messages a user sees at save and at build are the same.
 
 // CapTemplateRules: the Stack implements TemplateValidator.
 const CapTemplateRules Capability = "templateRules"
