@@ -669,6 +669,9 @@ func (r *run) uiLine(line []byte) {
 		}
 		return
 	}
+	if lockFileNoise(&m) {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.job
@@ -746,6 +749,20 @@ func (r *run) uiLine(line []byte) {
 	if time.Since(r.lastPersist) >= persistEvery {
 		r.persistLocked()
 	}
+}
+
+// lockFileWarning is the summary of the warning `terraform init` gives for every provider it
+// installs from a filesystem mirror: it could record the checksums of this platform's package
+// only, so the lock file would fail on another platform. Kloud's lock files never leave the work
+// dir, and no lock file can be "complete" from a mirror of one platform (Terraform warns unless
+// the prior lock has other checksums than the ones it computed, which only a registry's signed
+// list gives): the warning is noise in every job's log.
+const lockFileWarning = "Incomplete lock file information for providers"
+
+// lockFileNoise reports whether m is that warning (the raw log keeps it).
+func lockFileNoise(m *uiMessage) bool {
+	return m.Type == "diagnostic" && m.Diagnostic != nil && m.Diagnostic.Severity == tfjson.DiagnosticSeverityWarning &&
+		m.Diagnostic.Summary == lockFileWarning
 }
 
 func (r *run) resourceLocked(u uiResource) *ResourceProgress {
