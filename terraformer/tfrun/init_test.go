@@ -235,3 +235,24 @@ resource "terraform_data" "r" {
 		}
 	}
 }
+
+// TestUndeclaredMirroredProvider (issue 18 §4): a configuration that uses a provider of the
+// mirror without a required_providers entry makes Terraform look for hashicorp/NAME, which the
+// mirror does not have; the job's error says which block to add, with the source the mirror
+// has the provider under.
+func TestUndeclaredMirroredProvider(t *testing.T) {
+	e := tfruntest.NewEngine(t, tfrun.Options{})
+	mirror := filepath.Join(tfruntest.Cache(), "tf-mirror", "registry.terraform.io", "kloud", "kloudlocal")
+	if _, err := os.Stat(mirror); err != nil {
+		t.Skipf("kloud/kloudlocal is not in the mirror: %v", err) // scripts/tf-mirror.sh puts it there
+	}
+	j := run(t, e, tfrun.Request{Op: tfrun.OpPlan, ContentID: "undeclared", Files: files(`
+resource "kloudlocal_machine" "dev" {
+}`)}, tfrun.StatusFailed)
+	msg := j.Err().Error()
+	t.Logf("error: %s", msg)
+	want := `terraform { required_providers { kloudlocal = { source = "kloud/kloudlocal" } } }`
+	if !strings.Contains(msg, want) {
+		t.Errorf("the error does not say to add %s:\n%s", want, msg)
+	}
+}

@@ -357,7 +357,9 @@ func (r *run) init() error {
 		stderr.flush()
 		if err != nil {
 			r.mu.Lock()
-			r.diags = append(r.diags, parseTextDiagnostics(r.textOut.String())...)
+			for _, d := range parseTextDiagnostics(r.textOut.String()) {
+				r.diags = append(r.diags, r.e.explainDiagnostic(d))
+			}
 			r.mu.Unlock()
 		}
 	}
@@ -729,7 +731,7 @@ func (r *run) uiLine(line []byte) {
 		}
 	case "diagnostic":
 		if m.Diagnostic != nil {
-			d := diagnosticFromJSON(m.Diagnostic)
+			d := r.e.explainDiagnostic(diagnosticFromJSON(m.Diagnostic))
 			r.diags = append(r.diags, d)
 			r.publishLocked(Event{Type: EventDiagnostic, Diagnostic: &d})
 		}
