@@ -11,10 +11,12 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -522,6 +524,12 @@ func (r *run) result(opErr error) *Result {
 }
 
 func planChanges(p *tfjson.Plan) []ResourceChange {
+	configured := map[string][]string{} // root module resource address → what it sets
+	if p.Config != nil && p.Config.RootModule != nil {
+		for _, cr := range p.Config.RootModule.Resources {
+			configured[cr.Address] = slices.Sorted(maps.Keys(cr.Expressions))
+		}
+	}
 	var out []ResourceChange
 	for _, rc := range p.ResourceChanges {
 		if rc.Change == nil || rc.Change.Actions.NoOp() {
@@ -542,9 +550,22 @@ func planChanges(p *tfjson.Plan) []ResourceChange {
 			Actions:      acts,
 			After:        rc.Change.After,
 			AfterUnknown: rc.Change.AfterUnknown,
+			Configured:   configuredOf(configured, rc),
 		})
 	}
 	return out
+}
+
+// configuredOf is what the root module's configuration sets for rc (nil for a module's).
+func configuredOf(configured map[string][]string, rc *tfjson.ResourceChange) []string {
+	if rc.ModuleAddress != "" {
+		return nil
+	}
+	addr := rc.Type + "." + rc.Name
+	if rc.Mode == tfjson.DataResourceMode {
+		addr = "data." + addr
+	}
+	return configured[addr]
 }
 
 func stateResult(st *tfjson.State) *Result {

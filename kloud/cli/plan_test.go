@@ -1,0 +1,99 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/dummy"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// TestPlanAndScaleSayWhatTheyDo (issue 18 §5): `stack plan` shows one line per machine with
+// what the template sets (a script of several lines as "(N lines)"), and `stack scale` says it
+// scales the resource from how many machines to how many, not "from revision 1 to 1". Real
+// terraform, real agents (dummy machines run klient).
+func TestPlanAndScaleSayWhatTheyDo(t *testing.T) {
+	testutil.RequireBinary(t, "curl")
+	reg := provider.NewRegistry()
+	machines := filepath.Join(t.TempDir(), "machines")
+	reg.Register(dummy.New(dummy.Options{Dir: machines}))
+	e, run, must := startKloud(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
+	t.Cleanup(func() { killAgents(machines) })
+	e.StartTerraformerWith(tfrun.Options{Dir: filepath.Join(t.TempDir(), "terraformer")})
+	aliceKey := filepath.Join(t.TempDir(), "alice.key")
+	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
+	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("key", "create", "--username", "alice", "--out", aliceKey))
+	if _, err := e.Client("alice").CredentialAdd(t.Context(), api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"s3cret-token"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	main := filepath.Join(t.TempDir(), "main.tf")
+	if err := os.WriteFile(main, []byte(`
+resource "terraform_data" "web" {
+  count = 2
+  input = <<-EOT
+    #!/bin/bash
+    echo "web ${count.index}"
+    echo "of $KLOUD_OWNER"
+  EOT
+  triggers_replace = "v1"
+}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var tmpl struct{ ID string }
+	if err := json.Unmarshal([]byte(must(alice("template", "create", "--title", "web", "--file", main, "--json"))), &tmpl); err != nil || tmpl.ID == "" {
+		t.Fatalf("template create: %+v %v", tmpl, err)
+	}
+
+	out := must(alice("stack", "plan", "--template", tmpl.ID))
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[1], "web.0 ") || !strings.HasPrefix(lines[2], "web.1 ") {
+		t.Fatalf("stack plan: want a header and a line per machine:\n%s", out)
+	}
+	for _, l := range lines[1:] {
+		if !strings.Contains(l, "input=(3 lines)") || !strings.Contains(l, "triggers_replace=v1") {
+			t.Errorf("stack plan: the machine's line does not show what the template sets: %q", l)
+		}
+	}
+
+	var created struct{ Stack struct{ ID string } }
+	if err := json.Unmarshal([]byte(must(alice("stack", "create", "--template", tmpl.ID, "--json"))), &created); err != nil || created.Stack.ID == "" {
+		t.Fatalf("stack create: %+v %v", created, err)
+	}
+	sid := created.Stack.ID
+	t.Cleanup(func() { run("stack", "destroy", sid, "--key", aliceKey) })
+	must(alice("stack", "apply", sid))
+
+	out = must(alice("stack", "scale", sid, "web", "3"))
+	if !strings.Contains(out, "scaling web from 2 to 3 machines") || regexp.MustCompile(`from revision \d+ to \d+`).MatchString(out) {
+		t.Errorf("stack scale:\n%s", out)
+	}
+}
+
+// killAgents stops any klient a failed test left running (by the pids in the dummy machines'
+// roots).
+func killAgents(dir string) {
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && (fi.Name() == "klient-supervisor.pid" || fi.Name() == "provision.pid") {
+			b, _ := os.ReadFile(p)
+			var pid int
+			if _, err := fmt.Sscan(string(b), &pid); err == nil && pid > 1 {
+				syscall.Kill(-pid, syscall.SIGKILL)
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		return nil
+	})
+}
