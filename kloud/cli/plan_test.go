@@ -15,7 +15,10 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/docker"
+	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 	"github.com/kloud-dev/kloud/providers/dummy"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 
@@ -79,6 +82,68 @@ resource "terraform_data" "web" {
 	out = must(alice("stack", "scale", sid, "web", "3"))
 	if !strings.Contains(out, "scaling web from 2 to 3 machines") || regexp.MustCompile(`from revision \d+ to \d+`).MatchString(out) {
 		t.Errorf("stack scale:\n%s", out)
+	}
+}
+
+// TestDockerPlanShowsWhatTheTemplateSets (issue 18 §5): the docker provider's `stack plan` of
+// the README's template lists the five attributes the template sets, not the ~30 defaults of
+// docker_container, and its user data (a labels block of several lines) stays on the machine's
+// line.
+func TestDockerPlanShowsWhatTheTemplateSets(t *testing.T) {
+	dd := dockertest.New(t)
+	subnet, err := sandbox.FreeSubnet(150)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Instance: "cliplan", Network: "kt-cliplan", Bridge: "kt-cliplan",
+		Subnet: subnet, StateDir: t.TempDir(), Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := provider.NewRegistry()
+	reg.Register(d.Provider())
+	e, run, must := startKloud(t, kloudtest.Options{Providers: reg})
+	e.StartTerraformerWith(tfrun.Options{Dir: filepath.Join(t.TempDir(), "terraformer")})
+	main := filepath.Join(t.TempDir(), "main.tf")
+	if err := os.WriteFile(main, []byte(`
+terraform {
+  required_providers {
+    docker = { source = "kreuzwerker/docker", version = "4.6.0" }
+  }
+}
+
+resource "docker_container" "dev" {
+  count  = 2
+  name   = "dev-${count.index}"
+  image  = "kloud"
+  memory = 1024
+  cpus   = "1"
+  labels {
+    label = "kloud_user_data"
+    value = <<-EOT
+      #!/bin/sh
+      echo "hello from dev-${count.index}" > /root/hello
+    EOT
+  }
+}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var tmpl struct{ ID string }
+	if err := json.Unmarshal([]byte(must(run("template", "create", "--title", "docker", "--file", main, "--json"))), &tmpl); err != nil || tmpl.ID == "" {
+		t.Fatalf("template create: %+v %v", tmpl, err)
+	}
+	out := must(run("stack", "plan", "--template", tmpl.ID))
+	t.Logf("stack plan:\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("stack plan: want a header and a line per machine:\n%s", out)
+	}
+	for i, l := range lines[1:] {
+		want := fmt.Sprintf("dev.%d  docker  cpus=1 image=kloud labels=[{label=kloud_user_data, value=(2 lines)}] memory=1024 name=dev-%d", i, i)
+		if strings.Join(strings.Fields(l), " ") != strings.Join(strings.Fields(want), " ") {
+			t.Errorf("stack plan line %d:\n got %q\nwant %q", i+1, l, want)
+		}
 	}
 }
 
