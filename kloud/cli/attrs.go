@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"text/tabwriter"
 	"unicode/utf8"
 )
 
@@ -33,6 +34,42 @@ func attrs(m map[string]any, configured []string) string {
 		parts = append(parts, k+"="+valueText(v))
 	}
 	return strings.Join(parts, " ")
+}
+
+// printAttributes prints a machine's attributes one a line, each value on it (valueText: kloud's
+// tags as tags={kloud_machine=..., ...}, not the JSON text the state keeps); empty ones (null,
+// "", [], {}) are left out.
+func printAttributes(g *globals, m map[string]any) {
+	keys := make([]string, 0, len(m))
+	for k, v := range m {
+		switch x := v.(type) {
+		case nil:
+			continue
+		case string:
+			if x == "" {
+				continue
+			}
+		case []any:
+			if len(x) == 0 {
+				continue
+			}
+		case map[string]any:
+			if len(x) == 0 {
+				continue
+			}
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return
+	}
+	sort.Strings(keys)
+	fmt.Fprintln(g.stdout, "attributes:")
+	tw := &table{tw: tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)} // no header
+	for _, k := range keys {
+		tw.row("  "+k, valueText(m[k]))
+	}
+	tw.flush()
 }
 
 // maxValue is the longest value attrs shows whole (in runes).

@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/docker"
 	"github.com/kloud-dev/kloud/providers/docker/dockertest"
@@ -161,4 +162,42 @@ func killAgents(dir string) {
 		}
 		return nil
 	})
+}
+
+// TestMachineInfoAttributes (issue 18 §5): `machine info` shows the machine's attributes one a
+// line, kloud's tags (a JSON object in a string, as the state keeps them) as key=value pairs and
+// a script as "(N lines)": no raw JSON, no line broken by a value.
+func TestMachineInfoAttributes(t *testing.T) {
+	reg := provider.NewRegistry()
+	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
+	e, run, must := startKloud(t, kloudtest.Options{Providers: reg})
+	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	aliceKey := filepath.Join(t.TempDir(), "alice.key")
+	must(run("key", "create", "--username", "alice", "--out", aliceKey))
+	now := e.Server.Store().Now()
+	m := kloud.Machine{ID: store.NewID(), Label: "vm.0", Resource: "vm", Provider: "dummy", Owner: "alice", Team: kloud.DefaultTeam,
+		State: provider.Stopped, CreatedAt: now, UpdatedAt: now, StackID: store.NewID(), Attributes: map[string]any{
+			"tags":      `{"kloud_machine":"m1","kloud_owner":"alice"}`,
+			"user_data": "#!/bin/sh\necho hi\n",
+			"cpus":      "1",
+			"empty":     "",
+		}}
+	if err := e.Server.Store().Machines().InsertMany(t.Context(), []kloud.Machine{m}); err != nil {
+		t.Fatal(err)
+	}
+	st := kloud.Stack{ID: m.StackID, Title: "tagged", Team: kloud.DefaultTeam, Owner: "alice", State: kloud.StackInitialized,
+		Machines: []string{m.ID}, CreatedAt: now, UpdatedAt: now}
+	if err := e.Server.Store().Stacks().Insert(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	out := must(run("machine", "info", m.ID, "--key", aliceKey))
+	t.Logf("machine info:\n%s", out)
+	if strings.Contains(out, `{"kloud_machine"`) || strings.Contains(out, "empty") {
+		t.Errorf("machine info shows raw JSON or an empty attribute:\n%s", out)
+	}
+	for _, want := range []string{"tags       {kloud_machine=m1, kloud_owner=alice}", "user_data  (2 lines)", "cpus       1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("machine info: no %q in:\n%s", want, out)
+		}
+	}
 }

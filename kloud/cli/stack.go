@@ -482,6 +482,7 @@ func machineCmd(g *globals) *cobra.Command {
 			if mi.InfoError != "" {
 				fmt.Fprintf(g.stdout, "the provider could not be asked: %s\n", mi.InfoError)
 			}
+			printAttributes(g, mi.Attributes)
 			return nil
 		},
 	}
