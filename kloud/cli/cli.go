@@ -292,7 +292,7 @@ func (g *globals) dial(ctx context.Context) (*kite.Conn, error) {
 		case errors.Is(err, kite.ErrAuth):
 			return nil, fmt.Errorf("kloud at %s rejected the key %s: %w\n  use --key with a key this kloud issued (`kloud key create`), or --data-dir of this kloud", g.url, keyPath, err)
 		}
-		return nil, fmt.Errorf("connect to kloud at %s: %w", g.url, err)
+		return nil, fmt.Errorf("connect to kloud at %s: %w\n  is --url (or KLOUD_URL) kloud's address? `kloud serve` prints it (\"listening on HOST:PORT\")", g.url, err)
 	}
 	return c, nil
 }

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -68,5 +69,29 @@ func TestErrorsPointAtTheProblem(t *testing.T) {
 	}
 	if strings.Contains(stderr, "101") {
 		t.Errorf("stack list --url %s still talks of status 101:\n%s", web.URL, stderr)
+	}
+
+	// --url at something that does not even speak HTTP.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("SSH-2.0-OpenSSH_9.2\r\n"))
+			c.Close()
+		}
+	}()
+	out.Reset()
+	errOut.Reset()
+	url := "http://" + ln.Addr().String()
+	code = cli.Run(t.Context(), []string{"stack", "list", "--url", url, "--data-dir", dir, "--key", write("k", "x")}, &out, &errOut)
+	if stderr := errOut.String(); code == 0 || !strings.Contains(stderr, "connect to kloud at "+url) || !strings.Contains(stderr, "is --url (or KLOUD_URL) kloud's address?") {
+		t.Errorf("stack list --url %s (not HTTP): exit %d:\n%s", url, code, stderr)
 	}
 }
