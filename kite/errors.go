@@ -80,24 +80,25 @@ var (
 	ErrInvalidRequest = sentinel(CodeInvalidRequest, "invalidRequest", "invalid request")
 	ErrMethodNotFound = sentinel(CodeMethodNotFound, "methodNotFound", "no such method")
 	ErrInvalidParams  = sentinel(CodeInvalidParams, "invalidParams", "invalid params")
+	ErrInternal       = sentinel(CodeInternal, "internalError", "internal error")
+	ErrAuth           = sentinel(CodeAuth, "authenticationError", "authentication failed")
+	ErrPermission     = sentinel(CodePermission, "permissionDenied", "permission denied")
+	ErrNotFound       = sentinel(CodeNotFound, "notFound", "not found")
+	ErrConflict       = sentinel(CodeConflict, "conflict", "locked or conflict")
+	ErrState          = sentinel(CodeState, "badState", "not allowed in this state")
+	ErrTimeout        = sentinel(CodeTimeout, "timeout", "timeout")
+	ErrRateLimited    = sentinel(CodeRateLimited, "rateLimited", "rate limited")
+	ErrTooLarge       = sentinel(CodeTooLarge, "tooLarge", "too large")
+	// ErrUnavailable: a service the call needs (e.g. kloud's terraformer) is down or
+	// unreachable right now; the message says why. Trying again later may work.
+	ErrUnavailable = sentinel(CodeUnavailable, "unavailable", "unavailable")
+
 	// ErrInvalidField: a field of the request is missing, of the wrong type or has a value the
 	// method never takes (Request.Bind's decoding and Validate errors): the caller's request is
 	// malformed, e.g. a command line's flag or argument. Other ErrInvalidParams errors are about
 	// the content the request carries (a template, a password, a provider's rules). It is an
 	// ErrInvalidParams (same code, type invalidField): errors.Is(err, ErrInvalidParams) holds.
 	ErrInvalidField = refinement(CodeInvalidParams, "invalidField", "invalid field")
-	ErrInternal     = sentinel(CodeInternal, "internalError", "internal error")
-	ErrAuth         = sentinel(CodeAuth, "authenticationError", "authentication failed")
-	ErrPermission   = sentinel(CodePermission, "permissionDenied", "permission denied")
-	ErrNotFound     = sentinel(CodeNotFound, "notFound", "not found")
-	ErrConflict     = sentinel(CodeConflict, "conflict", "locked or conflict")
-	ErrState        = sentinel(CodeState, "badState", "not allowed in this state")
-	ErrTimeout      = sentinel(CodeTimeout, "timeout", "timeout")
-	ErrRateLimited  = sentinel(CodeRateLimited, "rateLimited", "rate limited")
-	ErrTooLarge     = sentinel(CodeTooLarge, "tooLarge", "too large")
-	// ErrUnavailable: a service the call needs (e.g. kloud's terraformer) is down or
-	// unreachable right now; the message says why. Trying again later may work.
-	ErrUnavailable = sentinel(CodeUnavailable, "unavailable", "unavailable")
 )
 
 // ErrClosed is returned by calls on a connection that has closed.

@@ -43,11 +43,11 @@ func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *
 	}
 	diverged := st.Diverged || !sameFiles(files, st.Files)
 	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: diverged, Files: files, Variables: vars,
-		What: fmt.Sprintf("scaling %s from %d to %s", p.Resource, have, machines(p.Count))})
+		What: fmt.Sprintf("scaling %s from %d to %s", p.Resource, have, machineCount(p.Count))})
 }
 
-// machines is "1 machine" or "n machines".
-func machines(n int) string {
+// machineCount is "1 machine" or "n machines".
+func machineCount(n int) string {
 	if n == 1 {
 		return "1 machine"
 	}
