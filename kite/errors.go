@@ -15,6 +15,10 @@ type Error struct {
 	Code    int64      `json:"code"`
 	Message string     `json:"message"`
 	Data    *ErrorData `json:"data,omitempty"`
+
+	// refines marks a sentinel that is one kind of its code's errors (ErrInvalidField): it
+	// matches only errors of its type.
+	refines bool
 }
 
 // ErrorData is the data member of a kite error.
@@ -25,10 +29,11 @@ type ErrorData struct {
 
 func (e *Error) Error() string { return e.Message }
 
-// Is makes errors.Is match any *Error with the same code.
+// Is makes errors.Is match any *Error with the same code; a sentinel that refines its code
+// (ErrInvalidField) matches only errors of its type as well.
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
+	return ok && t.Code == e.Code && (!t.refines || t.Type() == e.Type())
 }
 
 // Type returns Data.Type or "".
@@ -61,6 +66,14 @@ func sentinel(code int64, typ, msg string) *Error {
 	return &Error{Code: code, Message: msg, Data: &ErrorData{Type: typ}}
 }
 
+// refinement is a sentinel for one kind of code's errors: errors.Is(err, it) needs its type,
+// errors.Is(err, the code's sentinel) holds for it too.
+func refinement(code int64, typ, msg string) *Error {
+	e := sentinel(code, typ, msg)
+	e.refines = true
+	return e
+}
+
 // Sentinel errors. Handlers wrap them: fmt.Errorf("stack %q: %w", id, kite.ErrNotFound).
 var (
 	ErrParse          = sentinel(CodeParse, "parseError", "parse error")
@@ -79,6 +92,13 @@ var (
 	// ErrUnavailable: a service the call needs (e.g. kloud's terraformer) is down or
 	// unreachable right now; the message says why. Trying again later may work.
 	ErrUnavailable = sentinel(CodeUnavailable, "unavailable", "unavailable")
+
+	// ErrInvalidField: a field of the request is missing, of the wrong type or has a value the
+	// method never takes (Request.Bind's decoding and Validate errors): the caller's request is
+	// malformed, e.g. a command line's flag or argument. Other ErrInvalidParams errors are about
+	// the content the request carries (a template, a password, a provider's rules). It is an
+	// ErrInvalidParams (same code, type invalidField): errors.Is(err, ErrInvalidParams) holds.
+	ErrInvalidField = refinement(CodeInvalidParams, "invalidField", "invalid field")
 )
 
 // ErrClosed is returned by calls on a connection that has closed.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 )
 
@@ -24,11 +25,14 @@ func (r *Request) Principal() *Principal { return r.Conn.Principal() }
 // Peer is the caller's identity.
 func (r *Request) Peer() Identity { return r.Conn.Peer() }
 
-// Validator is implemented by params types that check themselves after decoding.
+// Validator is implemented by params types that check themselves after decoding. An error that
+// wraps a kite sentinel keeps it (ErrInvalidParams for content, e.g. a password too short);
+// others are field errors (ErrInvalidField).
 type Validator interface{ Validate() error }
 
 // Bind decodes the params strictly into v (unknown fields are an error) and runs v.Validate if
-// v has one. Errors wrap ErrInvalidParams and say what is wrong.
+// v has one. Errors wrap ErrInvalidField (an ErrInvalidParams), or the sentinel v.Validate's
+// error wraps, and say what is wrong.
 func (r *Request) Bind(v any) error {
 	p := bytes.TrimSpace(r.Params)
 	if len(p) == 0 || bytes.Equal(p, []byte("null")) {
@@ -37,18 +41,22 @@ func (r *Request) Bind(v any) error {
 	if p[0] == '[' { // positional params: accept a one-element array holding the object
 		var arr []json.RawMessage
 		if err := json.Unmarshal(p, &arr); err != nil || len(arr) != 1 {
-			return fmt.Errorf("%s: params must be one object: %w", r.Method, ErrInvalidParams)
+			return fmt.Errorf("%s: params must be one object: %w", r.Method, ErrInvalidField)
 		}
 		p = arr[0]
 	}
 	dec := json.NewDecoder(bytes.NewReader(p))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%s: %s: %w", r.Method, err.Error(), ErrInvalidParams)
+		return fmt.Errorf("%s: %s: %w", r.Method, err.Error(), ErrInvalidField)
 	}
 	if val, ok := v.(Validator); ok {
 		if err := val.Validate(); err != nil {
-			return fmt.Errorf("%s: %s: %w", r.Method, err.Error(), ErrInvalidParams)
+			var ke *Error
+			if errors.As(err, &ke) {
+				return fmt.Errorf("%s: %w", r.Method, err)
+			}
+			return fmt.Errorf("%s: %s: %w", r.Method, err.Error(), ErrInvalidField)
 		}
 	}
 	return nil

@@ -168,7 +168,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		if ch.Mode != "managed" || p == nil || strings.HasPrefix(ch.Name, "kloud_") {
 			continue
 		}
-		m := api.PlannedMachine{Label: ch.Name, Provider: p.Name, Resource: ch.Name}
+		m := api.PlannedMachine{Label: ch.Name, Provider: p.Name, Resource: ch.Name, Configured: ch.Configured}
 		if i, ok := index(ch.Index); ok {
 			m.Index = &i
 			m.Label = ch.Name + "." + strconv.Itoa(i)

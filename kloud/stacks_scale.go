@@ -31,8 +31,27 @@ func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if err != nil {
 		return nil, err
 	}
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return nil, err
+	}
+	have := 0
+	for _, m := range ms {
+		if m.Resource == p.Resource {
+			have++
+		}
+	}
 	diverged := st.Diverged || !sameFiles(files, st.Files)
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: diverged, Files: files, Variables: vars})
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: diverged, Files: files, Variables: vars,
+		What: fmt.Sprintf("scaling %s from %d to %s", p.Resource, have, machineCount(p.Count))})
+}
+
+// machineCount is "1 machine" or "n machines".
+func machineCount(n int) string {
+	if n == 1 {
+		return "1 machine"
+	}
+	return strconv.Itoa(n) + " machines"
 }
 
 func sameFiles(a, b []File) bool {

@@ -59,6 +59,9 @@ type updateParams struct {
 	Diverged  bool
 	Files     []File
 	Variables map[string]string
+	// What the update does in words, for the job's log, when it is not "from revision R to S"
+	// (stack.scale: "scaling web from 2 to 3 machines").
+	What string
 }
 
 // Map is p as a job document stores it (files and variables as JSON text: the store gives
@@ -67,7 +70,7 @@ func (p updateParams) Map() map[string]any {
 	files, _ := json.Marshal(p.Files)
 	vars, _ := json.Marshal(p.Variables)
 	return map[string]any{"stackId": p.StackID, "lease": p.Lease, "from": p.From, "rev": p.Rev, "diverged": p.Diverged,
-		"files": string(files), "variables": string(vars)}
+		"files": string(files), "variables": string(vars), "what": p.What}
 }
 
 func parseUpdateParams(m map[string]any) (updateParams, error) {
@@ -92,6 +95,7 @@ func parseUpdateParams(m map[string]any) (updateParams, error) {
 		return p, fmt.Errorf("stack.update job of stack %s: rev is %T", p.StackID, m["rev"])
 	}
 	p.Diverged, _ = m["diverged"].(bool)
+	p.What, _ = m["what"].(string)
 	if p.From, _ = m["from"].(string); p.From != StackInitialized && p.From != StackFailed {
 		p.From = StackFailed
 	}
@@ -571,7 +575,11 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 		return "", untouched{err}
 	}
 	j.Enter(ctx, stackbuild.BuildChecking)
-	j.Logf(ctx, "updating stack %s from revision %d to %d", st.ID, st.TemplateRev, p.Rev)
+	if p.What != "" {
+		j.Logf(ctx, "updating stack %s: %s", st.ID, p.What)
+	} else {
+		j.Logf(ctx, "updating stack %s from revision %d to %d", st.ID, st.TemplateRev, p.Rev)
+	}
 	planned, ms, mt, err := s.planUpdate(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
 	if err != nil {
 		return failClean(err)
@@ -931,7 +939,7 @@ func (s *Server) diffMachines(st *Stack, planned []api.PlannedMachine, ms []Mach
 		ch, has := byLabel[pm.Label]
 		switch {
 		case rec == nil:
-			mc.Action, mc.Attributes = api.UpdateAdd, visibleAttrs(pm.Attributes)
+			mc.Action, mc.Attributes, mc.Configured = api.UpdateAdd, visibleAttrs(pm.Attributes), pm.Configured
 		case !has:
 			mc.Action, mc.MachineID = api.UpdateKeep, rec.ID
 		default:

@@ -92,11 +92,29 @@ func Accept(w http.ResponseWriter, r *http.Request, o AcceptOptions) (frame.Stre
 	return New(ws, o.MaxFrame), nil
 }
 
+// NotUpgradedError is Dial's error when an HTTP server answered url but did not switch to a
+// WebSocket: something else than a kite listens there (or the path is wrong).
+type NotUpgradedError struct {
+	URL    string
+	Status string // e.g. "404 Not Found"
+	// Server and ContentType are the response's headers (may be empty): what answered.
+	Server, ContentType string
+	Err                 error // the WebSocket library's error
+}
+
+func (e *NotUpgradedError) Error() string { return e.Err.Error() }
+func (e *NotUpgradedError) Unwrap() error { return e.Err }
+
 // Dial opens a WebSocket to url (ws://, wss://, http:// or https://) speaking subprotocol, with
-// frames read limited to maxFrame bytes.
+// frames read limited to maxFrame bytes. An HTTP answer other than the upgrade is a
+// *NotUpgradedError.
 func Dial(ctx context.Context, url, subprotocol string, maxFrame int64) (frame.Stream, error) {
-	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{subprotocol}})
+	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{subprotocol}})
 	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			return nil, &NotUpgradedError{URL: url, Status: resp.Status, Server: resp.Header.Get("Server"),
+				ContentType: resp.Header.Get("Content-Type"), Err: err}
+		}
 		return nil, err
 	}
 	if ws.Subprotocol() != subprotocol {

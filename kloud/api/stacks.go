@@ -36,6 +36,9 @@ type PlannedMachine struct {
 	Resource   string         `json:"resource"`
 	Index      *int           `json:"index,omitempty"`
 	Attributes map[string]any `json:"attributes,omitempty"`
+	// Configured names the attributes (and blocks) the template sets; Attributes also hold the
+	// provider's defaults. Empty from a kloud before it.
+	Configured []string `json:"configured,omitempty"`
 }
 
 // StackPlanResult is the result of stack.plan.

@@ -134,8 +134,10 @@ type MachineChange struct {
 	Action    string `json:"action"`              // add, change, replace, remove, keep
 	// Changes are the attributes that change (change, replace).
 	Changes []AttrChange `json:"changes,omitempty"`
-	// Attributes of a machine to add, as planned.
+	// Attributes of a machine to add, as planned; Configured names those the template sets
+	// (PlannedMachine.Configured).
 	Attributes map[string]any `json:"attributes,omitempty"`
+	Configured []string       `json:"configured,omitempty"`
 }
 
 // StackUpdatePlan is what stack.update would do to a stack (StackPlanResult.Update).

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/kloud-dev/kloud/kite"
 )
 
 // NoParams is the params type of methods that take none.
@@ -43,13 +45,14 @@ func CheckRole(role string) error {
 	return nil
 }
 
-// CheckPassword checks a new password's length.
+// CheckPassword checks a new password's length. Its errors are about content, not a malformed
+// request: they wrap kite.ErrInvalidParams (Request.Bind keeps it; no "see --help").
 func CheckPassword(pw string) error {
 	switch {
 	case len(pw) < MinPasswordLen:
-		return fmt.Errorf("password: at least %d characters", MinPasswordLen)
+		return fmt.Errorf("password: at least %d characters: %w", MinPasswordLen, kite.ErrInvalidParams)
 	case len(pw) > MaxPasswordLen:
-		return fmt.Errorf("password: at most %d bytes", MaxPasswordLen)
+		return fmt.Errorf("password: at most %d bytes: %w", MaxPasswordLen, kite.ErrInvalidParams)
 	}
 	return nil
 }

@@ -24,9 +24,13 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kite/wsframe"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 )
+
+// defaultURL is where client commands find kloud without --url / KLOUD_URL.
+const defaultURL = "http://127.0.0.1:7000"
 
 type globals struct {
 	url, key, dataDir string
@@ -46,7 +50,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.url, "url", envOr("KLOUD_URL", "http://127.0.0.1:7000"), "kloud URL (env KLOUD_URL)")
+	pf.StringVar(&g.url, "url", envOr("KLOUD_URL", defaultURL), "kloud URL (env KLOUD_URL)")
 	pf.StringVar(&g.key, "key", os.Getenv("KLOUD_KEY"), "kite key or session file to authenticate with (env KLOUD_KEY; default: the admin key in --data-dir)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("KLOUD_DATA_DIR", kloud.DefaultDataDir()), "kloud data directory (env KLOUD_DATA_DIR)")
 	pf.BoolVar(&g.json, "json", false, "print JSON")
@@ -278,23 +282,45 @@ func (g *globals) dial(ctx context.Context) (*kite.Conn, error) {
 	c, err := k.Dial(ctx, u, auth)
 	if err != nil {
 		var oe *net.OpError
+		var nu *wsframe.NotUpgradedError
 		switch {
+		case errors.As(err, &nu):
+			return nil, fmt.Errorf("nothing speaking kite answers at %s: %s answered %s to %s\n  point --url (or KLOUD_URL) at kloud: `kloud serve` prints its address (\"listening on HOST:PORT\"); the default is %s",
+				g.url, whatAnswered(nu), nu.Status, u, defaultURL)
 		case errors.As(err, &oe) || errors.Is(err, syscall.ECONNREFUSED):
 			return nil, fmt.Errorf("cannot reach kloud at %s: %w\n  is it running? start it with `kloud serve`, or point --url / KLOUD_URL at it", g.url, err)
 		case errors.Is(err, kite.ErrAuth):
 			return nil, fmt.Errorf("kloud at %s rejected the key %s: %w\n  use --key with a key this kloud issued (`kloud key create`), or --data-dir of this kloud", g.url, keyPath, err)
 		}
-		return nil, fmt.Errorf("connect to kloud at %s: %w", g.url, err)
+		return nil, fmt.Errorf("connect to kloud at %s: %w\n  is --url (or KLOUD_URL) kloud's address? `kloud serve` prints it (\"listening on HOST:PORT\")", g.url, err)
 	}
 	return c, nil
 }
 
-// explain adds what to do next to common errors.
+// whatAnswered describes the HTTP server of a failed kite dial from its headers.
+func whatAnswered(nu *wsframe.NotUpgradedError) string {
+	var what []string
+	if nu.Server != "" {
+		what = append(what, "Server: "+nu.Server)
+	}
+	if ct, _, _ := strings.Cut(nu.ContentType, ";"); ct != "" {
+		what = append(what, ct)
+	}
+	if len(what) == 0 {
+		return "an HTTP server"
+	}
+	return "an HTTP server (" + strings.Join(what, ", ") + ")"
+}
+
+// explain adds what to do next to common errors. Only a malformed request (kite.ErrInvalidField:
+// a missing or ill-formed field, i.e. a flag or argument) points at --help; other invalid-params
+// errors (a template's syntax, a password too short, a provider's rule) say themselves what is
+// wrong with the content, and flags are not the problem.
 func explain(err error) error {
 	switch {
 	case errors.Is(err, kite.ErrPermission):
 		return fmt.Errorf("%w\n  this needs another user's rights (e.g. the admin key: --key ~/.kloud/admin.key)", err)
-	case errors.Is(err, kite.ErrInvalidParams):
+	case errors.Is(err, kite.ErrInvalidField):
 		return fmt.Errorf("%w\n  see --help for the expected flags", err)
 	}
 	return err

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -220,7 +219,7 @@ func stackCmd(g *globals) *cobra.Command {
 			}
 			tw := newTable(g.stdout, "LABEL", "PROVIDER", "ATTRIBUTES")
 			for _, m := range res.Machines {
-				tw.row(m.Label, m.Provider, attrs(m.Attributes))
+				tw.row(m.Label, m.Provider, attrs(m.Attributes, m.Configured))
 			}
 			return tw.flush()
 		},
@@ -364,22 +363,6 @@ runs at startup and every 30s); reset is for what it cannot judge.`,
 	return cmd
 }
 
-func attrs(m map[string]any) string {
-	keys := make([]string, 0, len(m))
-	for k, v := range m {
-		if v == nil || k == "input" || k == "user_data" || k == "output" {
-			continue
-		}
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var parts []string
-	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s=%v", k, m[k]))
-	}
-	return strings.Join(parts, " ")
-}
-
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
 	return s
@@ -499,6 +482,7 @@ func machineCmd(g *globals) *cobra.Command {
 			if mi.InfoError != "" {
 				fmt.Fprintf(g.stdout, "the provider could not be asked: %s\n", mi.InfoError)
 			}
+			printAttributes(g, mi.Attributes)
 			return nil
 		},
 	}

@@ -113,7 +113,7 @@ func printUpdatePlan(g *globals, u *api.StackUpdatePlan) error {
 
 func changeText(m api.MachineChange) string {
 	if m.Action == api.UpdateAdd {
-		return attrs(m.Attributes)
+		return attrs(m.Attributes, m.Configured)
 	}
 	var parts []string
 	for _, c := range m.Changes {

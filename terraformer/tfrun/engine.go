@@ -79,7 +79,8 @@ type Engine struct {
 	log       *slog.Logger
 	tf        *terraform
 	tfVersion string
-	initJSON  bool // terraform has `init -json` (1.9 and later)
+	initJSON  bool     // terraform has `init -json` (1.9 and later)
+	mirrors   []string // the provider mirrors (and plugin cache) the CLI config names
 	host      string
 	jobsDir   string
 	stacksDir string
@@ -181,6 +182,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e := &Engine{
 		opts:      opts,
 		log:       opts.Logger,
+		mirrors:   mirrors,
 		host:      host,
 		jobsDir:   filepath.Join(opts.Dir, "jobs"),
 		stacksDir: filepath.Join(opts.Dir, "stacks"),

@@ -241,6 +241,10 @@ type ResourceChange struct {
 	// After is the planned value; attributes known only after apply are listed in AfterUnknown.
 	After        any `json:"after,omitempty"`
 	AfterUnknown any `json:"afterUnknown,omitempty"`
+	// Configured are the arguments and blocks the configuration sets for the resource (sorted;
+	// count, for_each and depends_on are not among them): After holds every attribute, the
+	// provider's defaults too. Only for resources of the root module.
+	Configured []string `json:"configured,omitempty"`
 }
 
 // StateResource is one resource instance in the state.

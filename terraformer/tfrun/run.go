@@ -11,10 +11,12 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -357,7 +359,9 @@ func (r *run) init() error {
 		stderr.flush()
 		if err != nil {
 			r.mu.Lock()
-			r.diags = append(r.diags, parseTextDiagnostics(r.textOut.String())...)
+			for _, d := range parseTextDiagnostics(r.textOut.String()) {
+				r.diags = append(r.diags, r.e.explainDiagnostic(d))
+			}
 			r.mu.Unlock()
 		}
 	}
@@ -520,6 +524,12 @@ func (r *run) result(opErr error) *Result {
 }
 
 func planChanges(p *tfjson.Plan) []ResourceChange {
+	configured := map[string][]string{} // root module resource address → what it sets
+	if p.Config != nil && p.Config.RootModule != nil {
+		for _, cr := range p.Config.RootModule.Resources {
+			configured[cr.Address] = slices.Sorted(maps.Keys(cr.Expressions))
+		}
+	}
 	var out []ResourceChange
 	for _, rc := range p.ResourceChanges {
 		if rc.Change == nil || rc.Change.Actions.NoOp() {
@@ -540,9 +550,22 @@ func planChanges(p *tfjson.Plan) []ResourceChange {
 			Actions:      acts,
 			After:        rc.Change.After,
 			AfterUnknown: rc.Change.AfterUnknown,
+			Configured:   configuredOf(configured, rc),
 		})
 	}
 	return out
+}
+
+// configuredOf is what the root module's configuration sets for rc (nil for a module's).
+func configuredOf(configured map[string][]string, rc *tfjson.ResourceChange) []string {
+	if rc.ModuleAddress != "" {
+		return nil
+	}
+	addr := rc.Type + "." + rc.Name
+	if rc.Mode == tfjson.DataResourceMode {
+		addr = "data." + addr
+	}
+	return configured[addr]
 }
 
 func stateResult(st *tfjson.State) *Result {
@@ -669,6 +692,9 @@ func (r *run) uiLine(line []byte) {
 		}
 		return
 	}
+	if lockFileNoise(&m) {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.job
@@ -726,7 +752,7 @@ func (r *run) uiLine(line []byte) {
 		}
 	case "diagnostic":
 		if m.Diagnostic != nil {
-			d := diagnosticFromJSON(m.Diagnostic)
+			d := r.e.explainDiagnostic(diagnosticFromJSON(m.Diagnostic))
 			r.diags = append(r.diags, d)
 			r.publishLocked(Event{Type: EventDiagnostic, Diagnostic: &d})
 		}
@@ -746,6 +772,20 @@ func (r *run) uiLine(line []byte) {
 	if time.Since(r.lastPersist) >= persistEvery {
 		r.persistLocked()
 	}
+}
+
+// lockFileWarning is the summary of the warning `terraform init` gives for every provider it
+// installs from a filesystem mirror: it could record the checksums of this platform's package
+// only, so the lock file would fail on another platform. Kloud's lock files never leave the work
+// dir, and no lock file can be "complete" from a mirror of one platform (Terraform warns unless
+// the prior lock has other checksums than the ones it computed, which only a registry's signed
+// list gives): the warning is noise in every job's log.
+const lockFileWarning = "Incomplete lock file information for providers"
+
+// lockFileNoise reports whether m is that warning (the raw log keeps it).
+func lockFileNoise(m *uiMessage) bool {
+	return m.Type == "diagnostic" && m.Diagnostic != nil && m.Diagnostic.Severity == tfjson.DiagnosticSeverityWarning &&
+		m.Diagnostic.Summary == lockFileWarning
 }
 
 func (r *run) resourceLocked(u uiResource) *ResourceProgress {
