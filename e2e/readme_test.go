@@ -7,7 +7,9 @@ package e2e
 // with the local provider and its demo template. One demo stack is built: the README's tour
 // runs up to its `stack destroy`, then the guides' blocks on that stack, then the rest of the
 // tour. Every command must exit 0 and say what it is meant to (docChecks); a tested command
-// without a check fails the test.
+// without a check fails the test. TestDocsDocker and TestDocsVagrant build the user guide's
+// docker and vagrant templates ("```hcl tested docker", written to main.tf) with its
+// "```sh tested docker" (vagrant) commands.
 
 import (
 	"bufio"
@@ -35,39 +37,50 @@ type docCommand struct {
 
 func (c docCommand) String() string { return fmt.Sprintf("%s:%d: %s", c.file, c.line, c.text) }
 
-// testedBlocks returns the command lines of file's "```sh tested" blocks (path relative to the
-// module root), blank lines and comment lines left out.
-func testedBlocks(t *testing.T, file string) [][]docCommand {
+// docBlock is a fenced block of a document: its text, and its command lines.
+type docBlock struct {
+	text string
+	cmds []docCommand
+}
+
+// fencedBlocks returns file's blocks whose fence is "```"+info (path relative to the module
+// root), with their command lines: blank lines and comment lines left out. It fails the test
+// when there is none.
+func fencedBlocks(t *testing.T, file, info string) []docBlock {
 	t.Helper()
 	f, err := os.Open(filepath.Join("..", file))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var blocks [][]docCommand
+	var blocks []docBlock
 	in := false
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
-		l := strings.TrimSpace(sc.Text())
+		raw := sc.Text()
+		l := strings.TrimSpace(raw)
 		switch {
-		case !in && l == "```sh tested":
+		case !in && l == "```"+info:
 			in = true
-			blocks = append(blocks, nil)
+			blocks = append(blocks, docBlock{})
 		case in && l == "```":
 			in = false
-		case in && l != "" && !strings.HasPrefix(l, "#"):
-			i := len(blocks) - 1
-			blocks[i] = append(blocks[i], docCommand{file: file, line: n, block: i, text: l})
+		case in:
+			b := &blocks[len(blocks)-1]
+			b.text += raw + "\n"
+			if l != "" && !strings.HasPrefix(l, "#") {
+				b.cmds = append(b.cmds, docCommand{file: file, line: n, block: len(blocks) - 1, text: l})
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
 	if in {
-		t.Fatalf("%s: a tested block is not closed", file)
+		t.Fatalf("%s: a ```%s block is not closed", file, info)
 	}
 	if len(blocks) == 0 {
-		t.Fatalf("%s: no ```sh tested block", file)
+		t.Fatalf("%s: no ```%s block", file, info)
 	}
 	return blocks
 }
@@ -163,6 +176,13 @@ var docChecks = []docCheck{
 			}
 		}
 	}},
+	{cmd: regexp.MustCompile(`^bin/kloud template create --title \w+ --file main.tf\b`), want: []string{"created"}, after: func(r *docRun, out string) {
+		m := regexp.MustCompile(`template (\S+) created`).FindStringSubmatch(out)
+		if m == nil {
+			r.e.t.Fatalf("template create printed no template id:\n%s", out)
+		}
+		r.vars["ID"] = m[1]
+	}},
 	{cmd: regexp.MustCompile(`^bin/kloud stack create --template ID\b`), want: []string{"created with 2 machines", "dev.0", "dev.1"}, after: func(r *docRun, out string) {
 		m := regexp.MustCompile(`stack (\S+) created`).FindStringSubmatch(out)
 		if m == nil {
@@ -174,7 +194,7 @@ var docChecks = []docCheck{
 		r.running("dev.0", "dev.1")
 	}},
 	{cmd: regexp.MustCompile(`^bin/kloud machine list\s*(#|$)`), want: []string{"dev.0", "dev.1", "Running", "connected", "10.200."}},
-	{cmd: regexp.MustCompile(`^echo '[^']*' \| bin/kloud ssh dev\.0\b`), want: []string{"Welcome to dev-0, built by Kloud"}, after: func(r *docRun, out string) {
+	{cmd: regexp.MustCompile(`^echo '[^']*' \| bin/kloud ssh dev\.0\b`), want: []string{"MOTD"}, after: func(r *docRun, out string) {
 		if strings.Contains(out, "No such file") || strings.Contains(out, "Permission denied") || strings.Contains(out, "exited with status") {
 			r.e.t.Errorf("the shell could not read the file:\n%s", out)
 		}
@@ -305,14 +325,42 @@ func (r *docRun) block(cmds []docCommand) {
 	r.env = saved
 }
 
+// newDocRun is the documentation's reader for kloud e: a working directory with bin/kloud, and a
+// home whose ~/.kloud is kloud's data dir; the CLI uses the admin's key there unless key is set
+// (the KLOUD_KEY of a user's set-up).
+func newDocRun(t *testing.T, e *env, key string) *docRun {
+	t.Helper()
+	dir := t.TempDir()
+	home := filepath.Join(dir, "home")
+	for _, err := range []error{os.MkdirAll(filepath.Join(dir, "bin"), 0o755), os.MkdirAll(home, 0o755),
+		os.Symlink(filepath.Join(bin, "kloud"), filepath.Join(dir, "bin", "kloud")),
+		os.Symlink(e.dir, filepath.Join(home, ".kloud"))} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &docRun{e: e, dir: dir, pw: "a-documented-password", vars: map[string]string{}}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KLOUD_") && !strings.HasPrefix(kv, "HOME=") {
+			r.env = append(r.env, kv)
+		}
+	}
+	// The test's kloud does not listen on 127.0.0.1:7000.
+	r.env = append(r.env, "HOME="+home, "KLOUD_URL="+e.url())
+	if key != "" {
+		r.env = append(r.env, "KLOUD_KEY="+key)
+	}
+	return r
+}
+
 func TestReadme(t *testing.T) {
-	tour := testedBlocks(t, "README.md")
+	tour := fencedBlocks(t, "README.md", "sh tested")
 	if len(tour) != 1 {
 		t.Fatalf("README.md has %d tested blocks, want one: the tour", len(tour))
 	}
-	guides := append(testedBlocks(t, "docs/user-guide.md"), testedBlocks(t, "docs/admin-guide.md")...)
+	guides := append(fencedBlocks(t, "docs/user-guide.md", "sh tested"), fencedBlocks(t, "docs/admin-guide.md", "sh tested")...)
 	destroy := -1
-	for i, c := range tour[0] {
+	for i, c := range tour[0].cmds {
 		if strings.HasPrefix(c.text, "bin/kloud stack destroy ") && destroy < 0 {
 			destroy = i
 		}
@@ -332,28 +380,50 @@ func TestReadme(t *testing.T) {
 		t.Fatalf("kloud serve on a clean data dir did not offer the demo:\n%s", out)
 	}
 
-	// The reader's directory: bin/kloud, and a home whose ~/.kloud is kloud's data dir.
-	dir := t.TempDir()
-	home := filepath.Join(dir, "home")
-	for _, err := range []error{os.MkdirAll(filepath.Join(dir, "bin"), 0o755), os.MkdirAll(home, 0o755),
-		os.Symlink(filepath.Join(bin, "kloud"), filepath.Join(dir, "bin", "kloud")),
-		os.Symlink(e.dir, filepath.Join(home, ".kloud"))} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	r := &docRun{e: e, dir: dir, pw: "a-documented-password", vars: map[string]string{}}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KLOUD_") && !strings.HasPrefix(kv, "HOME=") {
-			r.env = append(r.env, kv)
-		}
-	}
-	// kloud listens on its bridge's address here, not on 127.0.0.1:7000.
-	r.env = append(r.env, "HOME="+home, "KLOUD_URL="+e.url())
-
-	r.block(tour[0][:destroy])
+	r := newDocRun(t, e, "")
+	r.vars["MOTD"] = "Welcome to dev-0, built by Kloud" // the demo template's user data
+	r.block(tour[0].cmds[:destroy])
 	for _, b := range guides {
-		r.block(b)
+		r.block(b.cmds)
 	}
-	r.block(tour[0][destroy:])
+	r.block(tour[0].cmds[destroy:])
+}
+
+// TestDocsDocker builds the user guide's docker template with its commands, on a private dockerd.
+func TestDocsDocker(t *testing.T) {
+	tf := fencedBlocks(t, "docs/user-guide.md", "hcl tested docker")
+	cmds := fencedBlocks(t, "docs/user-guide.md", "sh tested docker")
+	e := newDockerEnv(t)
+	r := newDocRun(t, e.env, "")
+	r.vars["MOTD"] = "hello from dev-0" // the template's user data
+	if err := os.WriteFile(filepath.Join(r.dir, "main.tf"), []byte(tf[0].text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range cmds {
+		r.block(b.cmds)
+	}
+	if left := e.leftovers(); len(left) > 0 {
+		t.Errorf("left on the daemon: %q", left)
+	}
+}
+
+// TestDocsVagrant builds the user guide's vagrant template with its commands, as alice, on her
+// vagrant host (the guide's host set-up: klient --vagrant with her key, the base image imported
+// into the docker daemon of Vagrant's docker provider as kloud/machine:bookworm).
+func TestDocsVagrant(t *testing.T) {
+	tf := fencedBlocks(t, "docs/user-guide.md", "hcl tested vagrant")
+	cmds := fencedBlocks(t, "docs/user-guide.md", "sh tested vagrant")
+	e := newVagrantEnv(t)
+	e.d.Docker(t, "tag", vagrantImage, "kloud/machine:bookworm") // the same base image, under the guide's name
+	r := newDocRun(t, e.env, e.key)
+	r.vars["MOTD"] = "hello from dev-0" // the template's user data
+	if err := os.WriteFile(filepath.Join(r.dir, "main.tf"), []byte(tf[0].text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range cmds {
+		r.block(b.cmds)
+	}
+	if c := e.d.Containers(t); len(c) != 0 {
+		t.Errorf("containers after destroy: %v", c)
+	}
 }
