@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 )
 
@@ -230,6 +231,18 @@ var docChecks = []docCheck{
 	// docs/user-guide.md
 	{cmd: regexp.MustCompile(`^bin/kloud provider list\b`), want: []string{"local", "snapshot"}},
 	{cmd: regexp.MustCompile(`^bin/kloud provider describe local\b`), want: []string{"local", "cpus", "memory"}},
+	{cmd: regexp.MustCompile(`^bin/kloud stack plan --template ID\b`), want: []string{"dev.0", "dev.1", "local"}},
+	{cmd: regexp.MustCompile(`^bin/kloud template update ID --file main.tf\b`), want: []string{"ID", "is at rev"}},
+	{cmd: regexp.MustCompile(`^bin/kloud template get ID\b`), want: []string{"ID", "--- main.tf", "kloudlocal_machine"}},
+	{cmd: regexp.MustCompile(`^bin/kloud machine info dev.0\b`), want: []string{"dev.0", "Running"}},
+	{cmd: regexp.MustCompile(`^bin/kloud machine stop dev.0\s*(#|$)`), after: func(r *docRun, out string) {
+		if m := r.e.machines(r.vars["STACK"])["dev.0"]; m.State != "Stopped" {
+			r.e.t.Errorf("dev.0 after stop: %+v", m)
+		}
+	}},
+	{cmd: regexp.MustCompile(`^bin/kloud machine start dev.0\s*(#|$)`), after: func(r *docRun, out string) {
+		r.running("dev.0", "dev.1")
+	}},
 	{cmd: regexp.MustCompile(`^bin/kloud machine ports open dev.0 8000 --from team\b`), want: []string{"8000", "team"}},
 	{cmd: regexp.MustCompile(`^bin/kloud machine ports dev.0\b`), want: []string{"8000", "team"}},
 	{cmd: regexp.MustCompile(`^bin/kloud machine ports close dev.0 8000\s*(#|$)`), after: func(r *docRun, out string) {
@@ -269,6 +282,8 @@ var docChecks = []docCheck{
 			r.e.t.Errorf("the session after logout: %v", err)
 		}
 	}},
+	{cmd: regexp.MustCompile(`^bin/kloud template trust ID --allow provisioner\b`), want: []string{"trusted by admin", "provisioner"}},
+	{cmd: regexp.MustCompile(`^bin/kloud template untrust ID\b`), want: []string{"1 trusted revision(s) untrusted"}},
 	{cmd: regexp.MustCompile(`^bin/kloud gc --dry-run\b`)},
 	{cmd: regexp.MustCompile(`^bin/kloud gc\s*(#|$)`), after: func(r *docRun, out string) {
 		r.running("dev.0", "dev.1", "dev.2") // nothing of the stack is garbage
@@ -382,6 +397,14 @@ func TestReadme(t *testing.T) {
 
 	r := newDocRun(t, e, "")
 	r.vars["MOTD"] = "Welcome to dev-0, built by Kloud" // the demo template's user data
+	// The user guide's template, where its commands expect it (and it is the demo's, as it says).
+	tf := fencedBlocks(t, "docs/user-guide.md", "hcl tested local")[0].text
+	if want := strings.SplitN(cli.DemoTemplate, "\n", 2)[1]; tf != want {
+		t.Errorf("the user guide's template is not the demo template:\n%s\nwant:\n%s", tf, want)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, "main.tf"), []byte(tf), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	r.block(tour[0].cmds[:destroy])
 	for _, b := range guides {
 		r.block(b.cmds)
