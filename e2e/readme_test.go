@@ -293,28 +293,56 @@ var docChecks = []docCheck{
 	{cmd: regexp.MustCompile(`^bin/kloud stack list --all\b`), want: []string{"STACK", "Initialized"}},
 }
 
+// checkOf returns the check of the documented command text, or nil.
+func checkOf(text string) *docCheck {
+	for i := range docChecks {
+		if docChecks[i].cmd.MatchString(text) {
+			return &docChecks[i]
+		}
+	}
+	return nil
+}
+
 // check runs command c's check on its output.
 func (r *docRun) check(c docCommand, out string) {
 	t := r.e.t
 	t.Helper()
-	for _, ch := range docChecks {
-		if !ch.cmd.MatchString(c.text) {
-			continue
-		}
-		for _, w := range ch.want {
-			if v, ok := r.vars[w]; ok {
-				w = v
-			}
-			if !strings.Contains(out, w) {
-				t.Errorf("%s: the output lacks %q:\n%s", c, w, out)
-			}
-		}
-		if ch.after != nil {
-			ch.after(r, out)
-		}
+	ch := checkOf(c.text)
+	if ch == nil {
+		t.Errorf("%s: no check for this documented command: add one to docChecks", c)
 		return
 	}
-	t.Errorf("%s: no check for this documented command: add one to docChecks", c)
+	for _, w := range ch.want {
+		if v, ok := r.vars[w]; ok {
+			w = v
+		}
+		if !strings.Contains(out, w) {
+			t.Errorf("%s: the output lacks %q:\n%s", c, w, out)
+		}
+	}
+	if ch.after != nil {
+		ch.after(r, out)
+	}
+}
+
+// TestDocsChecked needs no kloud: every tested command of the README and the guides has its
+// check in docChecks (so a new example fails here at once, also where TestReadme skips).
+func TestDocsChecked(t *testing.T) {
+	n := 0
+	for _, f := range []struct{ file, info string }{
+		{"README.md", "sh tested"}, {"docs/user-guide.md", "sh tested"}, {"docs/admin-guide.md", "sh tested"},
+		{"docs/user-guide.md", "sh tested docker"}, {"docs/user-guide.md", "sh tested vagrant"},
+	} {
+		for _, b := range fencedBlocks(t, f.file, f.info) {
+			for _, c := range b.cmds {
+				n++
+				if checkOf(c.text) == nil {
+					t.Errorf("%s: no check for this documented command: add one to docChecks", c)
+				}
+			}
+		}
+	}
+	t.Logf("%d documented commands, each with its check", n)
 }
 
 // running checks that the machines labelled labels of the stack run with their agents connected.
