@@ -284,6 +284,12 @@ var docChecks = []docCheck{
 	}},
 	{cmd: regexp.MustCompile(`^bin/kloud template trust ID --allow provisioner\b`), want: []string{"trusted by admin", "provisioner"}},
 	{cmd: regexp.MustCompile(`^bin/kloud template untrust ID\b`), want: []string{"1 trusted revision(s) untrusted"}},
+	{cmd: regexp.MustCompile(`^bin/kloud user add alice --team default\b`), want: []string{"added user alice to default"}},
+	{cmd: regexp.MustCompile(`^bin/kloud key create --username alice --out alice.key\b`), want: []string{"wrote kite key for alice"}, after: func(r *docRun, out string) {
+		if _, err := os.Stat(filepath.Join(r.dir, "alice.key")); err != nil {
+			r.e.t.Errorf("alice's key: %v", err)
+		}
+	}},
 	{cmd: regexp.MustCompile(`^bin/kloud gc --dry-run\b`)},
 	{cmd: regexp.MustCompile(`^bin/kloud gc\s*(#|$)`), after: func(r *docRun, out string) {
 		r.running("dev.0", "dev.1", "dev.2") // nothing of the stack is garbage
@@ -332,6 +338,7 @@ func TestDocsChecked(t *testing.T) {
 	for _, f := range []struct{ file, info string }{
 		{"README.md", "sh tested"}, {"docs/user-guide.md", "sh tested"}, {"docs/admin-guide.md", "sh tested"},
 		{"docs/user-guide.md", "sh tested docker"}, {"docs/user-guide.md", "sh tested vagrant"},
+		{"docs/admin-guide.md", "sh tested vagrant-host"},
 	} {
 		for _, b := range fencedBlocks(t, f.file, f.info) {
 			for _, c := range b.cmds {
@@ -459,15 +466,24 @@ func TestDocsDocker(t *testing.T) {
 }
 
 // TestDocsVagrant builds the user guide's vagrant template with its commands, as alice, on her
-// vagrant host (the guide's host set-up: klient --vagrant with her key, the base image imported
-// into the docker daemon of Vagrant's docker provider as kloud/machine:bookworm).
+// vagrant host: the administrator guide's commands for a vagrant host make her and her key, with
+// which the test runs her klient --vagrant (the user guide's host set-up, whose base image the
+// test imports into the docker daemon of Vagrant's docker provider, as kloud/machine:bookworm).
 func TestDocsVagrant(t *testing.T) {
 	tf := fencedBlocks(t, "docs/user-guide.md", "hcl tested vagrant")
 	cmds := fencedBlocks(t, "docs/user-guide.md", "sh tested vagrant")
-	e := newVagrantEnv(t)
+	admin := fencedBlocks(t, "docs/admin-guide.md", "sh tested vagrant-host")
+	var r *docRun
+	e := newVagrantEnvUsers(t, func(e *env) {
+		r = newDocRun(t, e, "")
+		for _, b := range admin {
+			r.block(b.cmds)
+		}
+		e.key = filepath.Join(r.dir, "alice.key")
+	})
 	e.d.Docker(t, "tag", vagrantImage, "kloud/machine:bookworm") // the same base image, under the guide's name
-	r := newDocRun(t, e.env, e.key)
-	r.vars["MOTD"] = "hello from dev-0" // the template's user data
+	r.env = append(r.env, "KLOUD_KEY="+e.key)                    // the guide's export KLOUD_KEY=$PWD/alice.key
+	r.vars["MOTD"] = "hello from dev-0"                          // the template's user data
 	if err := os.WriteFile(filepath.Join(r.dir, "main.tf"), []byte(tf[0].text), 0o644); err != nil {
 		t.Fatal(err)
 	}
