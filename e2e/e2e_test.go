@@ -250,8 +250,8 @@ func (e *env) template(content string) string {
 	return t.ID
 }
 
-// TestWalkthrough is the README's walk-through with the dummy provider, step by step through
-// the CLI.
+// TestWalkthrough walks a stack's life with the dummy provider (no root needed), step by step
+// through the CLI.
 func TestWalkthrough(t *testing.T) {
 	e := newEnv(t)
 	e.alice()

@@ -12,8 +12,8 @@ import (
 )
 
 // serveDummy is the dummy provider (machines are klient processes on this host), in every
-// build but release builds (-tags release; serve_dummy_release.go): the README's first
-// walk-through and the e2e tests use it.
+// build but release builds (-tags release; serve_dummy_release.go): development without root
+// (docs/admin-guide.md) and the e2e tests use it.
 type serveDummy struct{ dir string }
 
 func (d *serveDummy) flags(cmd *cobra.Command) {
