@@ -50,6 +50,7 @@ func writeKept(ms map[string]machine, word string, write func(m machine, script 
 
 // TestLocalReapply: a built stack of two local machines (with tags of the template's, which
 // kloud adds its own to) applied again, twice: both times a success that keeps the machines.
+// Then one machine is destroyed behind kloud's back: apply builds only that one again.
 func TestLocalReapply(t *testing.T) {
 	e := newLocalEnv(t)
 	e.alice()
@@ -81,6 +82,27 @@ resource "kloudlocal_machine" "dev" {
 	read := func(m machine, path string) string { return e.exec(m.sandboxID(), "cat", path) }
 	for i := range 2 {
 		e.reapply(sid, fmt.Sprintf("apply of the built stack (%d)", i+1), before, read, word)
+	}
+
+	// Drift: dev.1's machine destroyed behind kloud's back. apply builds it again (the same
+	// record, a new machine and agent) and leaves dev.0 alone.
+	if err := e.h.Manager.Destroy(t.Context(), before["dev.1"].sandboxID()); err != nil {
+		t.Fatal(err)
+	}
+	out := e.apply(sid)
+	t.Logf("apply after dev.1's machine was destroyed:\n%s", out)
+	after := e.machines(sid)
+	d0, d1 := after["dev.0"], after["dev.1"]
+	if d0.ID != before["dev.0"].ID || d0.KiteID != before["dev.0"].KiteID || d0.sandboxID() != before["dev.0"].sandboxID() || d0.State != "Running" ||
+		strings.Contains(out, "dev.0: agent connected") || read(d0, "/root/kept") != word {
+		t.Errorf("dev.0 changed by the apply of dev.1's drift: was %+v\nis %+v\n%s", before["dev.0"], d0, out)
+	}
+	if d1.ID != before["dev.1"].ID || d1.sandboxID() == before["dev.1"].sandboxID() || d1.KiteID == before["dev.1"].KiteID ||
+		d1.State != "Running" || d1.Agent.Status != "connected" || !strings.Contains(out, "dev.1: agent connected") {
+		t.Fatalf("dev.1 not built again: was %+v\nis %+v\n%s", before["dev.1"], d1, out)
+	}
+	if got := read(d1, "/root/user-script-ran"); got != "hi" {
+		t.Errorf("dev.1 built again: user script wrote %q", got)
 	}
 	e.run("stack", "destroy", sid)
 }
