@@ -19,10 +19,9 @@ import (
 // within what it can give (provider.ConstraintsValidator), at stack.plan and stack.create (on
 // terraform's plan, in plan), at stack.apply of a stack never built (on the machines' recorded
 // attributes, the planned ones) and at stack.update and stack.apply of a built stack (on the
-// update's plan). A
-// refusal is invalid params (-32602) whose message names each machine, the attribute, what is
-// allowed and the nearest valid value, and whose data.details lists them
-// (api.ConstraintViolation).
+// update's plan). Attributes are checked as plain JSON values (plainAttrs). A refusal is
+// invalid params (-32602) whose message names each machine, the attribute, what is allowed
+// and the nearest valid value, and whose data.details lists them (api.ConstraintViolation).
 
 // checkConstraints validates planned machines of owner's stack in team with their providers
 // (a provider's bounds may be the owner's: the vagrant provider asks the owner's host); nil if
