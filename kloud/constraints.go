@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,10 +17,11 @@ import (
 // Constraints: before terraform builds anything, kloud asks the provider of every machine
 // (those advertising provider.CapConstraints) whether the machine's planned attributes are
 // within what it can give (provider.ConstraintsValidator), at stack.plan and stack.create (on
-// terraform's plan, in plan) and at stack.apply (on the machines' recorded attributes). A
-// refusal is invalid params (-32602) whose message names each machine, the attribute, what is
-// allowed and the nearest valid value, and whose data.details lists them
-// (api.ConstraintViolation).
+// terraform's plan, in plan), at stack.apply of a stack never built (on the machines' recorded
+// attributes, the planned ones) and at stack.update and stack.apply of a built stack (on the
+// update's plan). Attributes are checked as plain JSON values (plainAttrs). A refusal is
+// invalid params (-32602) whose message names each machine, the attribute, what is allowed
+// and the nearest valid value, and whose data.details lists them (api.ConstraintViolation).
 
 // checkConstraints validates planned machines of owner's stack in team with their providers
 // (a provider's bounds may be the owner's: the vagrant provider asks the owner's host); nil if
@@ -37,8 +39,9 @@ func (s *Server) checkConstraints(ctx context.Context, owner, team string, ms []
 		}
 		machines := byProvider[name]
 		bs := &provider.BaseStack{Provider: p, Owner: owner, Team: team, Log: s.log.With("provider", name)}
-		for _, m := range machines {
-			bs.Machines = append(bs.Machines, &provider.MachineSpec{Label: m.Label, Resource: m.Resource, Index: m.Index, Provider: name, Attributes: m.Attributes})
+		for i, m := range machines {
+			machines[i].Attributes = plainAttrs(m.Attributes)
+			bs.Machines = append(bs.Machines, &provider.MachineSpec{Label: m.Label, Resource: m.Resource, Index: m.Index, Provider: name, Attributes: machines[i].Attributes})
 		}
 		st, err := p.Stack(bs)
 		if err != nil {
@@ -73,6 +76,23 @@ func (s *Server) checkConstraints(ctx context.Context, owner, team string, ms []
 		Data:    &kite.ErrorData{Type: api.ConstraintViolationType, Details: violations}}
 }
 
+// plainAttrs returns attributes as a plan's JSON has them (objects map[string]any, lists []any,
+// numbers float64): what the store gives back for a machine's recorded attributes has its
+// driver's types (nested documents bson.M, arrays bson.A, int32 and int64), which a provider's
+// checks would not take for a map, a list or a number. Attributes that do not encode are
+// returned as they are.
+func plainAttrs(attrs map[string]any) map[string]any {
+	b, err := json.Marshal(attrs)
+	if err != nil {
+		return attrs
+	}
+	var out map[string]any
+	if err := json.Unmarshal(b, &out); err != nil {
+		return attrs
+	}
+	return out
+}
+
 // violationsOf turns a provider's refusal of machine m into violations: one per
 // provider.ConstraintError it joins, or one with its message.
 func violationsOf(p *provider.Provider, m api.PlannedMachine, err error) []api.ConstraintViolation {
@@ -105,8 +125,9 @@ func violationsOf(p *provider.Provider, m api.PlannedMachine, err error) []api.C
 	return out
 }
 
-// checkStackConstraints validates a stack's machines as recorded (their planned attributes, or
-// after a build their state's) before stack.apply builds it.
+// checkStackConstraints validates a stack's machines as recorded (their planned attributes: a
+// stack that was built converges as an update, whose plan is checked instead) before stack.apply
+// builds it.
 func (s *Server) checkStackConstraints(ctx context.Context, st *Stack) error {
 	ms, err := s.stackMachines(ctx, st.ID)
 	if err != nil {

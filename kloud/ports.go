@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -18,7 +19,9 @@ import (
 // back when the provider fails), so that a machine an update replaces gets them again
 // (keepPorts, after a build or an update settles); list shows the provider's rules. Who: list,
 // whoever may see the machine; open and close, its owner, team admins and a full share (what
-// may start and stop it).
+// may start and stop it). A close names rules by port, and by protocol and source when given:
+// it closes every rule that matches, and refuses (closing nothing) a pattern that matches no
+// rule, saying which are open.
 
 func (s *Server) machinePortsList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
 	fw, m, err := s.firewaller(ctx, c, p.MachineID, api.MethodMachinePortsList, false)
@@ -40,6 +43,15 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 	return func(ctx context.Context, c *Caller, _ *kite.Request, p *api.PortsParams) (any, error) {
 		fw, m, err := s.firewaller(ctx, c, p.MachineID, method, true)
 		if err != nil {
+			return nil, err
+		}
+		if open {
+			for i := range p.Rules {
+				if err := p.Rules[i].Normalize(); err != nil { // tcp and any where omitted
+					return nil, fmt.Errorf("rules[%d]: %s: %w", i, err.Error(), kite.ErrInvalidParams)
+				}
+			}
+		} else if p.Rules, err = s.rulesToClose(ctx, fw, m, p.Rules); err != nil {
 			return nil, err
 		}
 		// The record first (what kloud re-applies), then the provider; on an error the record
@@ -70,6 +82,64 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 		s.log.Info("machine ports changed", "machine", m.ID, "by", c.Username, "open", open, "rules", fmt.Sprint(p.Rules))
 		return api.PortsResult{MachineID: m.ID, Rules: nonNil(rules)}, nil
 	}
+}
+
+// rulesToClose is what a close of patterns closes: every rule of the machine (as its provider
+// has them, and as kloud recorded them) that a pattern matches (its port; its protocol and its
+// source unless omitted). A pattern that matches none is refused (-32003, data.type
+// api.PortsNotOpenType) with the rules that are open, and nothing is closed.
+func (s *Server) rulesToClose(ctx context.Context, fw provider.Firewaller, m *Machine, patterns []provider.PortRule) ([]provider.PortRule, error) {
+	have, err := fw.Ports(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: list the provider's rules: %w", api.MethodMachinePortsClose, err)
+	}
+	open := slices.Clone(have)
+	for _, r := range m.Ports {
+		if !slices.Contains(open, r) {
+			open = append(open, r)
+		}
+	}
+	var rules, notOpen []provider.PortRule
+	for _, pat := range patterns {
+		found := false
+		for _, r := range open {
+			if r.Port == pat.Port && (pat.Protocol == "" || pat.Protocol == r.Protocol) && (pat.From == "" || pat.From == r.From) {
+				found = true
+				if !slices.Contains(rules, r) {
+					rules = append(rules, r)
+				}
+			}
+		}
+		if !found && !slices.Contains(notOpen, pat) {
+			notOpen = append(notOpen, pat)
+		}
+	}
+	if len(notOpen) == 0 {
+		return rules, nil
+	}
+	what := make([]string, len(notOpen))
+	for i, pat := range notOpen {
+		what[i] = patternString(pat)
+	}
+	openText := "none (kloud and the owner's machines only)"
+	if len(open) > 0 {
+		openText = rulesString(open)
+	}
+	return nil, &kite.Error{Code: kite.CodeNotFound,
+		Message: fmt.Sprintf("machine %s has no rule %s to close (nothing closed); open: %s", m.Label, strings.Join(what, " or "), openText),
+		Data:    &kite.ErrorData{Type: api.PortsNotOpenType, Details: api.PortsNotOpen{MachineID: m.ID, NotOpen: notOpen, Open: nonNil(open)}}}
+}
+
+// patternString is a close's pattern in words: "8000", "8000/udp", "8000/tcp from team".
+func patternString(r provider.PortRule) string {
+	out := strconv.Itoa(r.Port)
+	if r.Protocol != "" {
+		out += "/" + r.Protocol
+	}
+	if r.From != "" {
+		out += " from " + r.From
+	}
+	return out
 }
 
 // firewaller loads the machine, checks the caller and the provider's capability, and returns

@@ -2,6 +2,7 @@ package kloud_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -199,11 +200,17 @@ func TestMachinePortsRecorded(t *testing.T) {
 	if got := recorded(); !slices.Equal(got, []provider.PortRule{web, dns}) {
 		t.Errorf("recorded after opening 53/udp: %+v", got)
 	}
-	if _, err := alice.MachinePortsClose(ctx, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 8000}, {Port: 9}}}); err != nil {
+	if _, err := alice.MachinePortsClose(ctx, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 8000}, {Port: 9}}}); !errors.Is(err, kite.ErrNotFound) {
+		t.Fatalf("close of 8000 and 9 (never open): %v, want not found", err)
+	}
+	if got := recorded(); !slices.Equal(got, []provider.PortRule{web, dns}) {
+		t.Errorf("recorded after a refused close of 8000 and 9 (never open): %+v, want both kept", got)
+	}
+	if _, err := alice.MachinePortsClose(ctx, api.PortsParams{MachineID: "m1", Rules: []api.PortRule{{Port: 8000}}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := recorded(); !slices.Equal(got, []provider.PortRule{dns}) {
-		t.Errorf("recorded after closing 8000 and 9 (never open): %+v", got)
+		t.Errorf("recorded after closing 8000: %+v", got)
 	}
 	mu.Lock()
 	have := slices.Clone(rules)
@@ -233,4 +240,133 @@ func TestMachinePortsRecorded(t *testing.T) {
 	if got := len(recorded()); got != 1+3*64 {
 		t.Errorf("recorded %d rules, want %d", got, 1+3*64)
 	}
+}
+
+// TestMachinePortsClose: machine.ports.close closes what the user means: a rule without from
+// (or protocol) closes every rule of its port (of its protocol); with from only that rule. A
+// rule that matches nothing open is refused with not found (-32003, data.type portsNotOpen)
+// listing what is open, and nothing is closed, of the provider's rules or kloud's record. A
+// rule kloud recorded that the provider lost is closed too (the record follows).
+func TestMachinePortsClose(t *testing.T) {
+	var mu sync.Mutex
+	var rules []provider.PortRule
+	reg := provider.NewRegistry()
+	reg.Register(&provider.Provider{Name: "fw", ResourceType: "fw_machine",
+		Machine: func(*provider.BaseMachine) (provider.Machine, error) {
+			return rulesMachine{mu: &mu, rules: &rules}, nil
+		}})
+	w := newUserWorld(t, kloudtest.Options{Providers: reg})
+	w.addUser("alice", "", false)
+	ctx := t.Context()
+	now := time.Now()
+	if err := w.e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{
+		{ID: "m1", StackID: "s1", Label: "dev.0", Provider: "fw", Owner: "alice", Team: kloud.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	alice := api.NewClient(w.as("alice"))
+	state := func() (have, recorded []provider.PortRule) {
+		t.Helper()
+		m, err := w.e.Server.Store().Machines().Get(ctx, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(rules), m.Ports
+	}
+	same := func(a, b []provider.PortRule) bool {
+		return len(a) == len(b) && !slices.ContainsFunc(a, func(r provider.PortRule) bool { return !slices.Contains(b, r) })
+	}
+	want := func(what string, rs ...provider.PortRule) {
+		t.Helper()
+		have, recorded := state()
+		if !same(have, rs) || !same(recorded, rs) {
+			t.Fatalf("%s: the provider has %v, kloud recorded %v, want %v", what, have, recorded, rs)
+		}
+	}
+	open := func(rs ...api.PortRule) {
+		t.Helper()
+		if _, err := alice.MachinePortsOpen(ctx, api.PortsParams{MachineID: "m1", Rules: rs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closeRules := func(rs ...api.PortRule) (api.PortsResult, error) {
+		return alice.MachinePortsClose(ctx, api.PortsParams{MachineID: "m1", Rules: rs})
+	}
+	refused := func(what string, err error, notOpen []api.PortRule, msg ...string) {
+		t.Helper()
+		var ke *kite.Error
+		if !errors.As(err, &ke) || ke.Code != kite.CodeNotFound || ke.Type() != api.PortsNotOpenType {
+			t.Fatalf("%s: %#v, want -32003 of type %s", what, err, api.PortsNotOpenType)
+		}
+		for _, m := range msg {
+			if !strings.Contains(err.Error(), m) {
+				t.Errorf("%s: %q does not say %q", what, err, m)
+			}
+		}
+		b, _ := json.Marshal(ke.Data.Details)
+		var d api.PortsNotOpen
+		if err := json.Unmarshal(b, &d); err != nil || d.MachineID != "m1" || !slices.Equal(d.NotOpen, notOpen) {
+			t.Errorf("%s: details %s, want notOpen %v", what, b, notOpen)
+		}
+		have, _ := state()
+		if !same(d.Open, have) {
+			t.Errorf("%s: details say open %v, the provider has %v", what, d.Open, have)
+		}
+	}
+	team := provider.PortRule{Port: 8000, Protocol: "tcp", From: "team"}
+	anyTCP := provider.PortRule{Port: 8000, Protocol: "tcp", From: "any"}
+	anyUDP := provider.PortRule{Port: 8000, Protocol: "udp", From: "any"}
+	other := provider.PortRule{Port: 9000, Protocol: "tcp", From: "10.200.0.7/32"}
+
+	// Nothing open: a close says so.
+	_, err := closeRules(api.PortRule{Port: 8000})
+	refused("close 8000 with nothing open", err, []api.PortRule{{Port: 8000}}, "machine dev.0 has no rule 8000 to close", "open: none")
+
+	// Opened from team, closed by port: closed.
+	open(api.PortRule{Port: 8000, From: "team"})
+	want("opened 8000 from team", team)
+	res, err := closeRules(api.PortRule{Port: 8000})
+	if err != nil || len(res.Rules) != 0 {
+		t.Fatalf("close 8000 after opening it from team: %+v %v", res, err)
+	}
+	want("closed 8000")
+
+	// From any when only team is open: refused, listing what is; then from team closes it.
+	open(api.PortRule{Port: 8000, From: "team"}, api.PortRule{Port: 9000, From: "10.200.0.7"})
+	_, err = closeRules(api.PortRule{Port: 8000, From: "any"})
+	refused("close 8000 from any with only team open", err, []api.PortRule{{Port: 8000, From: "any"}},
+		"has no rule 8000 from any to close (nothing closed); open: ", "8000/tcp from team", "9000/tcp from 10.200.0.7/32")
+	want("after the refused close", team, other)
+	if _, err := closeRules(api.PortRule{Port: 8000, Protocol: "TCP", From: "team"}); err != nil {
+		t.Fatal(err)
+	}
+	want("closed 8000/tcp from team", other)
+
+	// A protocol narrows a close by port; a source given as an address matches its /32.
+	open(api.PortRule{Port: 8000, From: "team"}, api.PortRule{Port: 8000}, api.PortRule{Port: 8000, Protocol: "udp"})
+	if _, err := closeRules(api.PortRule{Port: 8000, Protocol: "tcp"}); err != nil {
+		t.Fatal(err)
+	}
+	want("closed 8000/tcp", anyUDP, other)
+	if _, err := closeRules(api.PortRule{Port: 9000, From: "10.200.0.7"}); err != nil {
+		t.Fatal(err)
+	}
+	want("closed 9000 from 10.200.0.7", anyUDP)
+
+	// One rule of a close that matches nothing: nothing is closed.
+	open(api.PortRule{Port: 8000})
+	_, err = closeRules(api.PortRule{Port: 8000}, api.PortRule{Port: 1234}, api.PortRule{Port: 53, Protocol: "udp"})
+	refused("close 8000, 1234 and 53/udp", err, []api.PortRule{{Port: 1234}, {Port: 53, Protocol: "udp"}}, "has no rule 1234 or 53/udp to close")
+	want("after the refused close of 8000 and 1234", anyTCP, anyUDP)
+
+	// The provider lost a rule kloud recorded: closing it follows the record.
+	mu.Lock()
+	rules = slices.DeleteFunc(rules, func(r provider.PortRule) bool { return r == anyUDP })
+	mu.Unlock()
+	if _, err := closeRules(api.PortRule{Port: 8000}); err != nil {
+		t.Fatal(err)
+	}
+	want("closed 8000 (udp only recorded)")
 }

@@ -301,20 +301,29 @@ func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, 
 	return s.store.Machines().ByStack(ctx, stackID)
 }
 
-func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (any, error) {
+func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (_ any, err error) {
+	defer func() {
+		if err != nil {
+			s.log.Warn("stack.apply refused", "stack", p.StackID, "by", c.Username, "destroy", p.Destroy, "err", err)
+		}
+	}()
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return nil, err
 	}
 	if !p.Destroy {
-		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
-			return nil, err
-		}
 		if err := s.checkPolicy(ctx, st.Team, fileMap(st.Files)); err != nil { // policy.go: refused before a job, never a Failed stack
 			return nil, err
 		}
-		if s.failedUpdate(ctx, st) { // stacks_update.go
+		// A stack built before (Initialized, or Failed by an update) converges as an update to
+		// its own files: machines terraform leaves alone keep their ids, disks and agents (a
+		// no-op when nothing drifted). Its plan checks the constraints on the template's planned
+		// values.
+		if st.State == StackInitialized || s.failedUpdate(ctx, st) { // stacks_update.go
 			return s.reapplyUpdate(ctx, c, st)
+		}
+		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
+			return nil, err
 		}
 	}
 	sj := stackJob{kind: jobStackApply, lease: "apply", verb: "build", noun: "build", from: []string{StackNotInitialized, StackFailed}, to: StackBuilding}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,7 +216,7 @@ func (c *Constraint) Check(v any) error {
 			return bad("is not one of "+c.valuesText(), c.valuesText(), NearestString(c.Values, s))
 		}
 	case ConstraintList:
-		l, ok := v.([]any)
+		l, ok := asList(v)
 		if !ok {
 			return bad("is not a list", c.valuesText(), nil)
 		}
@@ -229,7 +230,7 @@ func (c *Constraint) Check(v any) error {
 			}
 		}
 	case ConstraintMap:
-		m, ok := v.(map[string]any)
+		m, ok := asMap(v)
 		if !ok {
 			return bad("is not a map", "", nil)
 		}
@@ -343,6 +344,41 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(rb)]
+}
+
+// asMap reads a map value as a plan's JSON gives it (map[string]any), or as another decoder
+// does: any map with string keys (a store's bson.M, map[string]string). A string holding JSON
+// is not a map.
+func asMap(v any) (map[string]any, bool) {
+	if m, ok := v.(map[string]any); ok {
+		return m, true
+	}
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Map || rv.Type().Key().Kind() != reflect.String {
+		return nil, false
+	}
+	m := make(map[string]any, rv.Len())
+	for it := rv.MapRange(); it.Next(); {
+		m[it.Key().String()] = it.Value().Interface()
+	}
+	return m, true
+}
+
+// asList reads a list value as a plan's JSON gives it ([]any), or as another decoder does: any
+// slice (a store's bson.A, []string).
+func asList(v any) ([]any, bool) {
+	if l, ok := v.([]any); ok {
+		return l, true
+	}
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Slice || rv.Type().Elem().Kind() == reflect.Uint8 { // []byte is not a list
+		return nil, false
+	}
+	l := make([]any, rv.Len())
+	for i := range l {
+		l[i] = rv.Index(i).Interface()
+	}
+	return l, true
 }
 
 // toFloat reads a number as a plan's JSON gives it (float64), or as Go code does.

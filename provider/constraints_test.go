@@ -92,6 +92,51 @@ func TestValidateConstraints(t *testing.T) {
 	}
 }
 
+// storeDoc and storeArray are how a document store's driver decodes a machine's recorded
+// attributes (bson.M and bson.A are such named types): not map[string]any and []any.
+type (
+	storeDoc   map[string]any
+	storeArray []any
+)
+
+// TestValidateConstraintsOfRecordedValues: a machine's attributes as kloud reads them back from
+// its store after a build (kloud's own tags among the template's, in the driver's named map
+// type) are a map of strings; values that really are not a map or a list (a string holding
+// JSON, a number) are still refused, as are non-string values in such a map.
+func TestValidateConstraintsOfRecordedValues(t *testing.T) {
+	vocab := append(hostVocab(), provider.Constraint{Name: "groups", Attribute: "groups", Type: provider.ConstraintList, Values: []string{"dev", "ops"}})
+	stateTags := storeDoc{"kloud_machine": "6a1f", "kloud_owner": "admin", "kloud_stack": "5e2c", "kloud_team": "default", "team": "a"}
+	for _, tc := range []struct {
+		name  string
+		attrs map[string]any
+		want  string // substring of the error; "" for none
+	}{
+		{"tags read back from the store", map[string]any{"tags": stateTags, "memory": int32(512)}, ""},
+		{"tags as map[string]string", map[string]any{"tags": map[string]string{"team": "a"}}, ""},
+		{"a list read back from the store", map[string]any{"groups": storeArray{"dev"}}, ""},
+		{"a list as []string", map[string]any{"groups": []string{"ops", "dev"}}, ""},
+		{"tags that are a string of JSON", map[string]any{"tags": `{"team":"a"}`}, "is not a map"},
+		{"tags that are a number", map[string]any{"tags": 3.0}, "is not a map"},
+		{"tags read back with a number", map[string]any{"tags": storeDoc{"team": int64(1)}}, "has team = 1, which is not a string"},
+		{"a list read back with a value not allowed", map[string]any{"groups": storeArray{"qa"}}, `has "qa", which is not one of dev, ops`},
+		{"a list that is a string", map[string]any{"groups": "dev"}, "is not a list"},
+		{"bytes are not a list", map[string]any{"groups": []byte("dev")}, "is not a list"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := provider.ValidateConstraints(vocab, tc.attrs)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("ValidateConstraints(%v): %v, want nil", tc.attrs, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, provider.ErrConstraint) {
+				t.Fatalf("ValidateConstraints(%v): %v, want a constraint error saying %q", tc.attrs, err, tc.want)
+			}
+		})
+	}
+}
+
 func TestCheckVocabulary(t *testing.T) {
 	for _, tc := range []struct {
 		vocab []provider.Constraint

@@ -25,7 +25,10 @@ and its owner's other machines only; "open" lets other machines in:
   kloud machine ports open dev.0 8000              # tcp 8000 from any machine
   kloud machine ports open dev.0 5432 --from team  # from the team's machines
   kloud machine ports open dev.0 53/udp --from 10.200.0.0/24
-  kloud machine ports close dev.0 8000
+  kloud machine ports close dev.0 8000              # every rule of port 8000 (tcp and udp, any source)
+  kloud machine ports close dev.0 5432 --from team  # only that one
+
+Closing a rule that is not open fails and lists the rules that are.
 
 To reach a machine's port from your computer or browser, use kloud port-forward or the
 machine's web app link instead: they go through kloud and need no rule.`,
@@ -46,16 +49,18 @@ machine's web app link instead: they go through kloud and need no rule.`,
 	cmd.PersistentFlags().StringVar(&stack, "stack", "", "the machine's stack (when labels repeat)")
 	change := func(open bool) *cobra.Command {
 		var from string
-		use, short := "close", "Close ports of a machine's firewall"
+		use, short := "close", "Close ports of a machine's firewall (every rule of a port unless PORT/PROTO or --from narrows it)"
+		fromDefault, fromUsage := "", "close only the rule from this source: any, team, owner, kloud or an IPv4 CIDR (default: every source)"
 		if open {
 			use, short = "open", "Open ports of a machine's firewall to other machines"
+			fromDefault, fromUsage = "any", "who may connect: any, team, owner, kloud or an IPv4 CIDR"
 		}
 		c := &cobra.Command{
 			Use:   use + " MACHINE PORT[/tcp|/udp]...",
 			Short: short,
 			Args:  cobra.MinimumNArgs(2),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				rules, err := parseRules(args[1:], from)
+				rules, err := parseRules(args[1:], from, open)
 				if err != nil {
 					return err
 				}
@@ -77,14 +82,17 @@ machine's web app link instead: they go through kloud and need no rule.`,
 				return printPorts(g, res)
 			},
 		}
-		c.Flags().StringVar(&from, "from", "any", "who may connect: any, team, owner, kloud or an IPv4 CIDR")
+		c.Flags().StringVar(&from, "from", fromDefault, fromUsage)
 		return c
 	}
 	cmd.AddCommand(change(true), change(false))
 	return cmd
 }
 
-func parseRules(args []string, from string) ([]api.PortRule, error) {
+// parseRules reads PORT[/PROTO] arguments with source from. To open (defaults), an omitted
+// protocol is tcp and an omitted source any; to close they stay omitted: every protocol, every
+// source of the port.
+func parseRules(args []string, from string, defaults bool) ([]api.PortRule, error) {
 	var out []api.PortRule
 	for _, a := range args {
 		p, proto, _ := strings.Cut(a, "/")
@@ -93,8 +101,15 @@ func parseRules(args []string, from string) ([]api.PortRule, error) {
 			return nil, fmt.Errorf("%q: want PORT or PORT/tcp or PORT/udp", a)
 		}
 		r := api.PortRule{Port: n, Protocol: proto, From: from}
-		if err := r.Normalize(); err != nil {
+		n2 := r
+		if err := n2.Normalize(); err != nil {
 			return nil, err
+		}
+		if defaults || r.Protocol != "" {
+			r.Protocol = n2.Protocol
+		}
+		if defaults || r.From != "" {
+			r.From = n2.From
 		}
 		out = append(out, r)
 	}

@@ -10,8 +10,9 @@ import (
 )
 
 // Firewall (capability "firewall"): machine.ports.open/close/list round-trip through the
-// provider: rules come back normalized, opening twice or closing what is not there changes
-// nothing, bad rules are refused, and the list ends empty. That the rules are enforced is
+// provider: rules come back normalized, opening twice changes nothing, closing what is not
+// there is refused (not found) and changes nothing, bad rules are refused, and the list ends
+// empty. That the rules are enforced is
 // FirewallEnforced's (firewall_enforced.go).
 func (s *suite) testFirewall(t *testing.T) {
 	s.needStack(t)
@@ -43,7 +44,13 @@ func (s *suite) testFirewall(t *testing.T) {
 	if got := list(); !sameRules(got, want) {
 		t.Fatalf("machine.ports.list: %+v, want %+v", got, want)
 	}
-	res, err := s.cl.MachinePortsClose(ctx, api.PortsParams{MachineID: m.ID, Rules: []api.PortRule{{Port: 8000}, {Port: 1234}}})
+	// Closing what is not open is refused and changes nothing; a port closes all its rules.
+	_, err := s.cl.MachinePortsClose(ctx, api.PortsParams{MachineID: m.ID, Rules: []api.PortRule{{Port: 8000}, {Port: 1234}}})
+	wantCode(t, "machine.ports.close of 8000 and 1234 (not open)", err, kite.ErrNotFound)
+	if got := list(); !sameRules(got, want) {
+		t.Fatalf("machine.ports.list after a refused close: %+v, want %+v", got, want)
+	}
+	res, err := s.cl.MachinePortsClose(ctx, api.PortsParams{MachineID: m.ID, Rules: []api.PortRule{{Port: 8000}}})
 	if err != nil || !sameRules(res.Rules, want[1:]) {
 		t.Fatalf("machine.ports.close: %+v %v, want %+v", res.Rules, err, want[1:])
 	}
