@@ -867,7 +867,8 @@ func (s *Server) failedUpdate(ctx context.Context, st *Stack) bool {
 // files, revision and variables. Machines that stayed Running keep their agents and disks; the
 // others are built (or, if terraform made them, awaited) and the removed ones removed.
 func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (any, error) {
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: st.Files, Variables: st.Variables})
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: st.Files, Variables: st.Variables,
+		What: fmt.Sprintf("applying revision %d again (only what drifted changes)", st.TemplateRev)})
 }
 
 // failUpdate stops terraform's run if the job was cancelled, drops the removed machines
