@@ -146,7 +146,13 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	if err != nil {
 		return nil, err
 	}
-	id, err := tf.Plan(ctx, terraformer.Request{ContentID: contentID, Files: tfFiles(b.files), Variables: b.variables})
+	// A template may leave required_providers out: the build declares the providers (their
+	// ApplyTemplate), and so does the plan.
+	files, err := tmpl.DeclareProviders(b.files, s.providers.TemplatePolicy().Providers)
+	if err != nil {
+		return nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
+	}
+	id, err := tf.Plan(ctx, terraformer.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
 	if err != nil {
 		return nil, fmt.Errorf("terraform plan: %w", err)
 	}

@@ -321,8 +321,7 @@ func (pc *policyCheck) requiredProvider(name string, a *hcl.Attribute) {
 			src = s.AsString()
 		}
 	}
-	norm := strings.ToLower(strings.TrimPrefix(strings.ToLower(src), "registry.terraform.io/"))
-	if norm != strings.ToLower(ap.Source) {
+	if !sameSource(src, ap.Source) {
 		pc.refuse(a.Expr.Range(), RuleProvider, construct, fmt.Sprintf("the source of %s must be %q (found %q)", name, ap.Source, src))
 	}
 }

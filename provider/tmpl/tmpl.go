@@ -173,6 +173,9 @@ func Parse(files map[string][]byte) (*Config, error) {
 	return c, nil
 }
 
+// reservedName refuses a user file named DeclaredFile.
+const reservedName = "the name is reserved for the file in which kloud declares the providers a template uses; rename the file"
+
 func checkName(n string) error {
 	bad := func(why string) error { return &ParseError{File: n, Summary: why} }
 	switch {
@@ -184,6 +187,9 @@ func checkName(n string) error {
 		return bad("not a Terraform file: the name must end in .tf or .tf.json")
 	case strings.HasPrefix(n, ".") || strings.HasSuffix(n, "~") || strings.HasPrefix(n, "#"):
 		return bad("terraform ignores files whose names start with '.' or '#' or end in '~'")
+	}
+	if n == DeclaredFile {
+		return bad(reservedName)
 	}
 	base := strings.TrimSuffix(strings.TrimSuffix(n, ".json"), ".tf")
 	if base == "override" || strings.HasSuffix(base, "_override") {
