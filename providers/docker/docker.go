@@ -241,6 +241,7 @@ func New(opts Options) (*Docker, error) {
 	}
 	if d.fwWhy == "" {
 		d.fw = bridgefw.NewTable(d.opts.Bridge, d.opts.Subnet)
+		d.fw.Log = d.log
 		d.p.Capabilities = append(d.p.Capabilities, provider.CapFirewall)
 	}
 	d.p.MoreCaps = d.snapshotCaps // snapshot.go: provider.CapSnapshot while the daemon's layers are here
