@@ -1,0 +1,239 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+
+	"github.com/moby/moby/client"
+	"golang.org/x/sys/unix"
+
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
+)
+
+// A machine's limits as its own tools see them, as on local machines (providers/local/sandbox
+// limits.go, docs/providers.md "Constraints"): Docker's cgroups enforce `memory` and `cpus`, but
+// free(1) reads /proc/meminfo and nproc(1) the CPU affinity, which show the host's, and the
+// container has no right to change its own mounts (no CAP_SYS_ADMIN; the proxy allows no bind
+// mount). So kloud, on the daemon's host and as root (where the firewall works too), does it from
+// outside when a container has started (the proxy's start and restart, Start, the daemon's start
+// events while Watch runs):
+//
+//   - the CPU affinity of every thread in the container is restricted to the first ceil(cpus)
+//     CPUs it may use; what they start inherits it (the agent, the terminals), so nproc says
+//     ceil(cpus). A `docker exec` comes from the daemon with the container's full set, as an Exec
+//     of a local machine comes with the host's;
+//   - a generated /proc/meminfo (sandbox.MemInfo: MemTotal is the memory limit) and a matching
+//     /sys/devices/system/cpu/online (nproc --all) are bind-mounted read-only over the
+//     container's, from files in its /dev/.kloud (the container's own tmpfs), by a thread of
+//     kloud's that enters the container's mount namespace only (setns: no binary of the
+//     container runs with kloud's rights, and every path resolves inside the container's root).
+//
+// They are written at start: free shows the limit as the total, not live usage, and a limit
+// changed in place (an update) shows after the next start. Without a local daemon or root
+// nothing is done and the tools show the host's.
+
+// limitsAfterStart is showLimits, whose failure is said and otherwise ignored: the machine
+// runs, its tools show the host's numbers.
+func (d *Docker) limitsAfterStart(ctx context.Context, id string) {
+	if err := d.showLimits(ctx, id); err != nil {
+		d.log.Warn("docker provider: the machine's limits as its tools see them (nproc, free)", "container", id, "err", err)
+	}
+}
+
+// limitsDir is where the generated files are, in the container.
+const limitsDir = "/dev/.kloud"
+
+// showLimits makes container id's limits what its tools see (above). It does nothing for a
+// container without limits, or where kloud cannot (limitsWhy).
+func (d *Docker) showLimits(ctx context.Context, id string) error {
+	if d.limitsWhy != "" {
+		return nil
+	}
+	cli, err := d.Client()
+	if err != nil {
+		return err
+	}
+	res, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+	if err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
+	c := res.Container
+	if c.State == nil || !c.State.Running || c.State.Pid <= 0 || c.HostConfig == nil {
+		return nil
+	}
+	cpus := float64(c.HostConfig.NanoCPUs) / 1e9
+	if cpus == 0 && c.HostConfig.CPUQuota > 0 && c.HostConfig.CPUPeriod > 0 {
+		cpus = float64(c.HostConfig.CPUQuota) / float64(c.HostConfig.CPUPeriod)
+	}
+	mem := c.HostConfig.Memory
+	if cpus <= 0 && mem <= 0 {
+		return nil
+	}
+	pid := c.State.Pid
+	if err := notOurs(pid, "mnt"); err != nil {
+		return err
+	}
+	var online []byte
+	if cpus > 0 {
+		n, err := limitAffinity(pid, cpus)
+		if err != nil {
+			return err
+		}
+		online = []byte("0\n")
+		if n > 1 {
+			online = fmt.Appendf(nil, "0-%d\n", n-1)
+		}
+	}
+	var meminfo []byte
+	if mem > 0 {
+		host, err := os.ReadFile("/proc/meminfo")
+		if err != nil {
+			return fmt.Errorf("limits: %w", err)
+		}
+		meminfo = sandbox.MemInfo(host, mem>>10)
+	}
+	return inMountNS(pid, func() error {
+		if err := os.MkdirAll(limitsDir, 0o755); err != nil {
+			return err
+		}
+		for _, f := range []struct {
+			name, target string
+			data         []byte
+		}{{"meminfo", "/proc/meminfo", meminfo}, {"cpu-online", "/sys/devices/system/cpu/online", online}} {
+			if f.data == nil {
+				continue
+			}
+			if err := bindFile(filepath.Join(limitsDir, f.name), f.target, f.data); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// bindFile writes data to src and bind-mounts it read-only over target, unless it is bound there
+// already (a second start hook for one start): then the content is rewritten in place.
+func bindFile(src, target string, data []byte) error {
+	var st, tst unix.Stat_t
+	bound := unix.Stat(src, &st) == nil && unix.Stat(target, &tst) == nil && st.Dev == tst.Dev && st.Ino == tst.Ino
+	if err := os.WriteFile(src, data, 0o444); err != nil {
+		return err
+	}
+	if bound {
+		return nil
+	}
+	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, target, err)
+	}
+	if err := unix.Mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("remount %s read-only: %w", target, err)
+	}
+	return nil
+}
+
+// inMountNS runs fn on a thread of its own in the mount namespace of pid (its root and working
+// directory the namespace's root); the thread ends with fn (it is never handed back to Go's
+// scheduler).
+func inMountNS(pid int, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		errc <- func() error {
+			fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			if err := unix.Unshare(unix.CLONE_FS); err != nil {
+				return fmt.Errorf("unshare: %w", err)
+			}
+			if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
+				return fmt.Errorf("setns: %w", err)
+			}
+			return fn()
+		}()
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("limits: container process %d: %w", pid, err)
+	}
+	return nil
+}
+
+// notOurs checks that pid is in another namespace of kind (mnt, pid, net) than kloud: a
+// container's process, not a reused pid of the host's.
+func notOurs(pid int, kind string) error {
+	var self, its unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/"+kind, &self); err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
+	if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/"+kind, &its); err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
+	if self.Ino == its.Ino && self.Dev == its.Dev {
+		return fmt.Errorf("limits: process %d is in kloud's %s namespace: not a container's", pid, kind)
+	}
+	return nil
+}
+
+// limitAffinity restricts every thread of every process in the pid namespace of pid (the
+// container's) to the first ceil(cpus) CPUs pid may use, and returns that count. Passes repeat
+// until one finds nothing new: a thread forked meanwhile from one already restricted inherits
+// the restriction, one forked from one not yet restricted is found by the next pass.
+func limitAffinity(pid int, cpus float64) (int, error) {
+	if err := notOurs(pid, "pid"); err != nil {
+		return 0, err
+	}
+	var cur, set unix.CPUSet
+	if err := unix.SchedGetaffinity(pid, &cur); err != nil {
+		return 0, fmt.Errorf("limits: sched_getaffinity: %w", err)
+	}
+	n := min(max(int(math.Ceil(cpus)), 1), cur.Count())
+	for cpu := 0; cpu < len(cur)*64 && set.Count() < n; cpu++ {
+		if cur.IsSet(cpu) {
+			set.Set(cpu)
+		}
+	}
+	var ns unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/pid", &ns); err != nil {
+		return 0, fmt.Errorf("limits: %w", err)
+	}
+	done := map[int]bool{}
+	for pass := 0; pass < 10; pass++ {
+		found := false
+		procs, err := os.ReadDir("/proc")
+		if err != nil {
+			return 0, fmt.Errorf("limits: %w", err)
+		}
+		for _, p := range procs {
+			if _, err := strconv.Atoi(p.Name()); err != nil {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Stat("/proc/"+p.Name()+"/ns/pid", &st) != nil || st.Ino != ns.Ino || st.Dev != ns.Dev {
+				continue
+			}
+			tasks, _ := os.ReadDir("/proc/" + p.Name() + "/task")
+			for _, t := range tasks {
+				tid, err := strconv.Atoi(t.Name())
+				if err != nil || done[tid] {
+					continue
+				}
+				found = true
+				if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+					return 0, fmt.Errorf("limits: sched_setaffinity %d: %w", tid, err)
+				}
+				done[tid] = true
+			}
+		}
+		if !found {
+			break
+		}
+	}
+	return n, nil
+}
