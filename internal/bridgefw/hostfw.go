@@ -48,7 +48,8 @@ type Forward struct {
 type ForwardVariant struct {
 	// Name is the command: iptables-legacy, iptables-nft (or iptables, where it is the only one).
 	Name string
-	// Policy is FORWARD's policy (ACCEPT, DROP).
+	// Policy is FORWARD's policy (ACCEPT, DROP), "" when it could not be read (Err; counted as
+	// one that drops).
 	Policy string
 	// Accepts: kloud's rule for the bridge is in FORWARD.
 	Accepts bool
@@ -78,7 +79,11 @@ func (f Forward) String() string {
 	}
 	var drop, ok, bad []string
 	for _, v := range f.Variants {
-		if v.Policy != "ACCEPT" {
+		switch v.Policy {
+		case "ACCEPT":
+		case "":
+			drop = append(drop, v.Name+" FORWARD unreadable")
+		default:
 			drop = append(drop, v.Name+" FORWARD policy "+v.Policy)
 		}
 		if v.Accepts {
