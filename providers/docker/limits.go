@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"github.com/moby/moby/client"
 	"golang.org/x/sys/unix"
@@ -34,8 +35,8 @@ import (
 //     kloud's that enters the container's mount namespace only (setns: no binary of the
 //     container runs with kloud's rights, and every path resolves inside the container's root).
 //
-// They are written at start: free shows the limit as the total, not live usage, and a limit
-// changed in place (an update) shows after the next start. Without a local daemon or root
+// They are written at start, and again after an update of the container's limits through the
+// proxy: free shows the limit as the total, not live usage. Without a local daemon or root
 // nothing is done and the tools show the host's.
 
 // limitsAfterStart is showLimits, whose failure is said and otherwise ignored: the machine
@@ -81,7 +82,7 @@ func (d *Docker) showLimits(ctx context.Context, id string) error {
 	}
 	var online []byte
 	if cpus > 0 {
-		n, err := limitAffinity(pid, cpus)
+		n, err := limitAffinity(pid, cpus, c.HostConfig.CpusetCpus)
 		if err != nil {
 			return err
 		}
@@ -182,16 +183,22 @@ func notOurs(pid int, kind string) error {
 }
 
 // limitAffinity restricts every thread of every process in the pid namespace of pid (the
-// container's) to the first ceil(cpus) CPUs pid may use, and returns that count. Passes repeat
-// until one finds nothing new: a thread forked meanwhile from one already restricted inherits
-// the restriction, one forked from one not yet restricted is found by the next pass.
-func limitAffinity(pid int, cpus float64) (int, error) {
+// container's) to the first ceil(cpus) CPUs the container may use (its cpuset, a list such as
+// "0-3,6"; without one kloud's own), and returns that count. Passes repeat until one finds
+// nothing new: a thread forked meanwhile from one already restricted inherits the restriction,
+// one forked from one not yet restricted is found by the next pass.
+func limitAffinity(pid int, cpus float64, cpuset string) (int, error) {
 	if err := notOurs(pid, "pid"); err != nil {
 		return 0, err
 	}
 	var cur, set unix.CPUSet
-	if err := unix.SchedGetaffinity(pid, &cur); err != nil {
+	if err := unix.SchedGetaffinity(0, &cur); err != nil {
 		return 0, fmt.Errorf("limits: sched_getaffinity: %w", err)
+	}
+	if cpuset != "" {
+		if cs, ok := parseCPUList(cpuset); ok && cs.Count() > 0 {
+			cur = cs
+		}
 	}
 	n := min(max(int(math.Ceil(cpus)), 1), cur.Count())
 	for cpu := 0; cpu < len(cur)*64 && set.Count() < n; cpu++ {
@@ -236,4 +243,26 @@ func limitAffinity(pid int, cpus float64) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// parseCPUList parses a cpuset list ("0-3,6").
+func parseCPUList(s string) (unix.CPUSet, bool) {
+	var set unix.CPUSet
+	for part := range strings.SplitSeq(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return set, false
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return set, false
+			}
+		}
+		for cpu := a; cpu <= b && cpu < len(set)*64; cpu++ {
+			set.Set(cpu)
+		}
+	}
+	return set, true
 }

@@ -20,7 +20,8 @@ import (
 // (as terraform starts it) sees its limits as a local machine does: nproc says 1 and free 512 MB
 // total in the machine's own processes (forked from its PID 1 after the start), /proc/meminfo and
 // /sys/devices/system/cpu/online say the same to anyone in it, read-only; again after a restart
-// (a new container process, a new mount namespace). A machine without limits sees the host's.
+// (a new container process, a new mount namespace) and after its memory changed in place. A
+// machine without limits sees the host's.
 func TestLimitsShown(t *testing.T) {
 	testutil.RequireRoot(t)
 	f := newFixture(t, "lim1")
@@ -108,6 +109,14 @@ func TestLimitsShown(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("restarted through the proxy")
+	// Its memory changed in place through the proxy (a stack update): the view follows.
+	if _, err := pc.ContainerUpdate(ctx, lim, client.ContainerUpdateOptions{Resources: &container.Resources{Memory: 384 << 20, MemorySwap: 768 << 20},
+		RestartPolicy: &container.RestartPolicy{Name: "no"}}); err != nil {
+		t.Fatalf("update the memory through the proxy: %v", err)
+	}
+	if got := exec(lim, "grep", "MemTotal", "/proc/meminfo"); !strings.Contains(got, " 393216 kB") {
+		t.Errorf("after an update to 384 MB: /proc/meminfo says %q, want 393216 kB", got)
+	}
 
 	free := create("m1", container.Resources{})
 	if _, err := pc.ContainerStart(ctx, free, client.ContainerStartOptions{}); err != nil {

@@ -13,7 +13,7 @@ import (
 // network before it) holds Docker.netLife for reading and makes the network if a removal took
 // it; a successful container delete removes the network when it was the last container on it;
 // a successful start or restart rebuilds the machines' firewall (firewall.go) and shows the
-// machine its limits (limits.go).
+// machine its limits (limits.go), as an update of its limits does.
 func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path string, next http.Handler) {
 	var id, op string // a container call's container and operation (service.go's containerRE)
 	if m := containerRE.FindStringSubmatch(path); m != nil {
@@ -48,6 +48,12 @@ func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path str
 				return err
 			}
 			d.limitsAfterStart(context.WithoutCancel(r.Context()), id) // limits.go
+			return nil
+		})
+	case r.Method == http.MethodPost && id != "" && op == "/update":
+		// New limits (proxyupdate.go): the machine's view of them follows (limits.go).
+		hold(w, r, next, func() error {
+			d.limitsAfterStart(context.WithoutCancel(r.Context()), id)
 			return nil
 		})
 	default:
