@@ -161,8 +161,10 @@ type Docker struct {
 	fwWhy   string
 	fwMu    sync.Mutex // one rebuild or rules change at a time
 	fwBuilt time.Time  // when the last rebuild listed the containers (fwMu)
-	// Why kloud cannot show a machine its limits (limits.go): "" where it can.
+	// Why kloud cannot show a machine its limits (limits.go): "" where it can; ns enters the
+	// containers' mount namespaces for it.
 	limitsWhy string
+	ns        nsWorker
 	// Snapshots (snapshot.go): the daemon's data root, or why its layers are not reachable, as
 	// last asked (layersAt).
 	layersMu     sync.Mutex

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/moby/moby/client"
 	"golang.org/x/sys/unix"
@@ -33,7 +34,8 @@ import (
 //     /sys/devices/system/cpu/online (nproc --all) are bind-mounted read-only over the
 //     container's, from files in its /dev/.kloud (the container's own tmpfs), by a thread of
 //     kloud's that enters the container's mount namespace only (setns: no binary of the
-//     container runs with kloud's rights, and every path resolves inside the container's root).
+//     container runs with kloud's rights, and every path resolves inside the container's root;
+//     nsWorker).
 //
 // They are written at start, and again after an update of the container's limits through the
 // proxy: free shows the limit as the total, not live usage. Without a local daemon or root
@@ -99,7 +101,7 @@ func (d *Docker) showLimits(ctx context.Context, id string) error {
 		}
 		meminfo = sandbox.MemInfo(host, mem>>10)
 	}
-	return inMountNS(pid, func() error {
+	return d.ns.inMountNS(ctx, pid, func() error {
 		if err := os.MkdirAll(limitsDir, 0o755); err != nil {
 			return err
 		}
@@ -138,32 +140,77 @@ func bindFile(src, target string, data []byte) error {
 	return nil
 }
 
-// inMountNS runs fn on a thread of its own in the mount namespace of pid (its root and working
-// directory the namespace's root); the thread ends with fn (it is never handed back to Go's
-// scheduler).
-func inMountNS(pid int, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		errc <- func() error {
-			fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// nsWorker runs functions in other mount namespaces on one OS thread of its own, locked to its
+// goroutine for the process's life: a thread that enters another mount namespace cannot be handed
+// back to Go's scheduler (its root and working directory are no longer the process's), and one
+// that exits would kill the children forked from it earlier with a parent-death signal (the
+// terraform sandbox's launcher is such a child: golang/go#27505). Go creates no thread from a
+// locked one (it asks its template thread), so nothing inherits this thread's state.
+type nsWorker struct {
+	once sync.Once
+	reqs chan nsReq
+}
+
+type nsReq struct {
+	pid  int
+	fn   func() error
+	done chan error
+}
+
+// inMountNS runs fn on the worker's thread in the mount namespace of pid (its root and working
+// directory the namespace's root: every path resolves inside it), then returns the thread to
+// kloud's own mount namespace.
+func (w *nsWorker) inMountNS(ctx context.Context, pid int, fn func() error) error {
+	w.once.Do(func() {
+		w.reqs = make(chan nsReq)
+		ready := make(chan struct{})
+		go w.run(ready)
+		<-ready
+	})
+	req := nsReq{pid: pid, fn: fn, done: make(chan error, 1)}
+	select {
+	case w.reqs <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := <-req.done; err != nil {
+		return fmt.Errorf("limits: container process %d: %w", pid, err)
+	}
+	return nil
+}
+
+func (w *nsWorker) run(ready chan<- struct{}) {
+	runtime.LockOSThread() // never unlocked (above)
+	// The thread's own root and working directory, and a way back to kloud's mount namespace.
+	errFS := unix.Unshare(unix.CLONE_FS)
+	home, errHome := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	close(ready)
+	broken := errors.Join(errFS, errHome)
+	for req := range w.reqs {
+		if broken != nil {
+			req.done <- fmt.Errorf("kloud's mount namespace thread: %w", broken)
+			continue
+		}
+		err := func() error {
+			fd, err := unix.Open("/proc/"+strconv.Itoa(req.pid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return err
 			}
 			defer unix.Close(fd)
-			if err := unix.Unshare(unix.CLONE_FS); err != nil {
-				return fmt.Errorf("unshare: %w", err)
-			}
 			if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
 				return fmt.Errorf("setns: %w", err)
 			}
-			return fn()
+			return req.fn()
 		}()
-	}()
-	if err := <-errc; err != nil {
-		return fmt.Errorf("limits: container process %d: %w", pid, err)
+		// Home again (also after a failed fn): kloud's namespace and its root as working
+		// directory; if that fails the thread is unusable from now on.
+		if err := unix.Setns(home, unix.CLONE_NEWNS); err != nil {
+			broken = fmt.Errorf("setns back: %w", err)
+		} else if err := unix.Chdir("/"); err != nil {
+			broken = fmt.Errorf("chdir: %w", err)
+		}
+		req.done <- errors.Join(err, broken)
 	}
-	return nil
 }
 
 // notOurs checks that pid is in another namespace of kind (mnt, pid, net) than kloud: a
