@@ -53,9 +53,9 @@ func Inside() bool { return os.Getenv(envInside) != "" }
 
 // StockDockerHost runs test t (a top-level test) again in a namespace with a stock dockerd's
 // firewall conditions and reports its result as t's; it returns false then. In that namespace
-// it returns true: the test goes on there. It needs root, unshare, ip and iptables (skipped
-// loudly without, failed under CI=true).
-func StockDockerHost(t *testing.T) bool {
+// it returns true: the test goes on there. Subtests, if given, are the only subtests of t run
+// there. It needs root, unshare, ip and iptables (skipped loudly without, failed under CI=true).
+func StockDockerHost(t *testing.T, subtests ...string) bool {
 	t.Helper()
 	if os.Getenv(envInside) == t.Name() {
 		t.Log("in a network namespace of its own: bridge-nf-call-iptables=1, iptables FORWARD policy DROP")
@@ -76,8 +76,15 @@ func StockDockerHost(t *testing.T) bool {
 	if err := os.Mkdir(cg, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	run := "^" + regexp.QuoteMeta(t.Name()) + "$"
+	if len(subtests) > 0 {
+		for i, st := range subtests {
+			subtests[i] = regexp.QuoteMeta(st)
+		}
+		run += "/^(" + strings.Join(subtests, "|") + ")$"
+	}
 	args := []string{"--net", "--mount", "--propagation", "slave", "--", "sh", "-c", setup, "sh", cg,
-		os.Args[0], "-test.run", "^" + regexp.QuoteMeta(t.Name()) + "$", "-test.v", "-test.count=1"}
+		os.Args[0], "-test.run", run, "-test.v", "-test.count=1"}
 	for _, a := range os.Args[1:] {
 		if strings.HasPrefix(a, "-test.timeout") {
 			args = append(args, a)
