@@ -47,8 +47,8 @@ func TestFirewallStockDockerd(t *testing.T) {
 	if out, err := exec.Command("iptables", "-w", "5", "-S").CombinedOutput(); err != nil || !strings.Contains(string(out), "-N DOCKER-USER") {
 		t.Fatalf("the daemon does not manage iptables: %v\n%s", err, out)
 	}
-	f := newFixtureOn(t, "fw2", dd, nil)
-	testFirewall(t, f, "fw2")
+	f := newFixtureOn(t, "fwsd", dd, nil)
+	testFirewall(t, f, "fwsd")
 	for _, v := range []string{"iptables-legacy", "iptables-nft"} {
 		if out, err := exec.Command(v, "-w", "5", "-S", "FORWARD").CombinedOutput(); err != nil || !strings.Contains(string(out), "-P FORWARD DROP") || strings.Contains(string(out), "kloud bridge") {
 			t.Errorf("%s FORWARD after the network went (policy DROP, no kloud rule): %v\n%s", v, err, out)
