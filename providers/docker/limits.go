@@ -102,8 +102,12 @@ func (d *Docker) showLimits(ctx context.Context, id string) error {
 		meminfo = sandbox.MemInfo(host, mem>>10)
 	}
 	return d.ns.inMountNS(ctx, pid, func() error {
-		if err := os.MkdirAll(limitsDir, 0o755); err != nil {
+		// The container's root may have made anything of /dev/.kloud: a directory, no link.
+		if err := os.Mkdir(limitsDir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
+		}
+		if st, err := os.Lstat(limitsDir); err != nil || !st.IsDir() {
+			return fmt.Errorf("%s is not a directory (%v)", limitsDir, err)
 		}
 		for _, f := range []struct {
 			name, target string
@@ -125,8 +129,17 @@ func (d *Docker) showLimits(ctx context.Context, id string) error {
 func bindFile(src, target string, data []byte) error {
 	var st, tst unix.Stat_t
 	bound := unix.Stat(src, &st) == nil && unix.Stat(target, &tst) == nil && st.Dev == tst.Dev && st.Ino == tst.Ino
-	if err := os.WriteFile(src, data, 0o444); err != nil {
-		return err
+	fd, err := unix.Open(src, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", src, err)
+	}
+	f := os.NewFile(uintptr(fd), src)
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", src, err)
 	}
 	if bound {
 		return nil
