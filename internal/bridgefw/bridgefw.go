@@ -7,7 +7,8 @@
 // the bridge, goes, or its tags or rules change, and Table.Remove with the bridge.
 //
 // Start reading at Table.Apply; the ruleset is built by chain (this file), rules and their
-// files are in rules.go.
+// files are in rules.go, and hostfw.go keeps the host's iptables (a stock dockerd's FORWARD
+// policy DROP with br_netfilter on) from dropping what the table lets through.
 //
 // # Policy
 //
@@ -33,7 +34,9 @@ package bridgefw
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"sync"
@@ -77,22 +80,38 @@ func Group(owner, stack string) string {
 // between the ports of the bridge whose machines have addresses in Subnet. Use NewTable.
 type Table struct {
 	Name   string
+	Bridge string
 	Subnet netip.Prefix
-	mu     sync.Mutex // one rebuild at a time
+	// Log gets a warning when the host's iptables drop the bridge's traffic and kloud could not
+	// accept it there (hostfw.go); nil: discarded.
+	Log     *slog.Logger
+	mu      sync.Mutex // one rebuild at a time
+	blocked bool       // the last Apply found the bridge blocked (warned once)
 }
 
 // NewTable returns the firewall of bridge (table "kloud-fw-<bridge>") whose machines have
 // addresses in subnet.
 func NewTable(bridge string, subnet netip.Prefix) *Table {
-	return &Table{Name: "kloud-fw-" + bridge, Subnet: subnet.Masked()}
+	return &Table{Name: "kloud-fw-" + bridge, Bridge: bridge, Subnet: subnet.Masked()}
 }
 
 // Apply replaces the table by the ruleset of machines ms, in one netlink transaction (there is
 // no moment without rules). Machines without a port or an IPv4 address are left out (the
-// catch-all drop covers their ports anyway).
+// catch-all drop covers their ports anyway). It also puts kloud's ACCEPT for the bridge's own
+// traffic into the host's iptables FORWARD chains where it is missing (hostfw.go); when that
+// fails where a FORWARD policy drops, it warns (Log) and goes on: the machines then cannot reach
+// each other, which is closed, not open.
 func (t *Table) Apply(ctx context.Context, ms []Machine) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	fwd := t.AllowHostForward(ctx)
+	t.mu.Lock()
+	warn := fwd.Blocked() && !t.blocked
+	t.blocked = fwd.Blocked()
+	t.mu.Unlock()
+	if warn && t.Log != nil {
+		t.Log.Warn("firewall: " + fwd.String())
 	}
 	var in []Machine
 	for _, m := range ms {
@@ -112,8 +131,11 @@ func (t *Table) Apply(ctx context.Context, ms []Machine) error {
 	})
 }
 
-// Remove deletes the table (with the bridge). A missing table is not an error.
-func (t *Table) Remove(ctx context.Context) error { return t.replace(nil) }
+// Remove deletes the table (with the bridge) and kloud's rule for the bridge in the host's
+// iptables (hostfw.go). A missing table or rule is not an error.
+func (t *Table) Remove(ctx context.Context) error {
+	return errors.Join(t.replace(nil), removeHostForward(ctx, t.Bridge))
+}
 
 // replace deletes the table and, with fill, makes it again, in one transaction.
 func (t *Table) replace(fill func(*nftables.Conn, *nftables.Table)) error {

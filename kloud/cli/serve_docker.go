@@ -73,6 +73,8 @@ func (sd *serveDocker) register(ctx context.Context, f *serveFlags, reg *provide
 		// make it again when they need it (a socket bound to the gateway stays bound meanwhile).
 		if err := d.EnsureNetwork(ctx); err != nil {
 			log.Warn("docker provider: network", "err", err)
+		} else if fwd, ok := d.HostForward(ctx); ok {
+			logHostForward(log, "docker provider", fwd)
 		}
 		// The machine image (about 10 s to import), in the background: a build meanwhile waits
 		// for it.

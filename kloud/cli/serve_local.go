@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kloud-dev/kloud/internal/bridgefw"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local"
@@ -76,8 +77,24 @@ func (sl *serveLocal) register(ctx context.Context, f *serveFlags, reg *provider
 		if err := l.SetupNetwork(ctx); err != nil {
 			log.Warn("local provider: bridge", "err", err)
 		}
+		logHostForward(log, "local provider", bridgefw.NewTable(l.Bridge(), netip.Prefix{}).HostForward(ctx))
 	}
 	return nil
+}
+
+// logHostForward says at startup whether the host's firewall would drop traffic between the
+// machines on a provider's bridge (br_netfilter on and an iptables FORWARD policy DROP: what a
+// stock dockerd leaves) and what kloud did about it (internal/bridgefw hostfw.go): a warning when
+// the machines cannot reach each other, a note when kloud's rule keeps them reachable.
+func logHostForward(log *slog.Logger, who string, f bridgefw.Forward) {
+	switch {
+	case f.Blocked():
+		log.Warn(who+": "+f.String(), "bridge", f.Bridge)
+	case f.Drops():
+		log.Info(who+": "+f.String(), "bridge", f.Bridge)
+	default:
+		log.Debug(who+": "+f.String(), "bridge", f.Bridge)
+	}
 }
 
 // start tidies, once kloud is built, what a crash left of local machines: half-created machines

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/provider/providertest"
 	"github.com/kloud-dev/kloud/providers/docker"
@@ -22,9 +23,22 @@ import (
 // (dockertest: needs root, dockerd and the base image) built by real terraform in its sandbox
 // through kloud's Docker API proxy, with real cloud-init and real klient agents. It skips loudly
 // without them, and fails under CI=true.
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t, dockertest.New(t)) }
+
+// TestConformanceStockDockerd: the suite's FirewallEnforced case (with the Stack it needs, and
+// Destroy) on a host with a stock dockerd: in a network namespace of the test's own where
+// br_netfilter is on and FORWARD's policy is DROP (bridgefwtest), the machines run on a real
+// dockerd that manages iptables. The owner's machines and the kloud host reach a machine through
+// its agent's terminal, another user's does not until a rule opens the port.
+func TestConformanceStockDockerd(t *testing.T) {
+	if !bridgefwtest.StockDockerHost(t, "Stack", "FirewallEnforced", "Destroy", "ResourcesGone") {
+		return
+	}
+	conformance(t, dockertest.NewWith(t, dockertest.Options{IPTables: true}))
+}
+
+func conformance(t *testing.T, dd *dockertest.Daemon) {
 	tf, cliConfig := Terraform(t)
-	dd := dockertest.New(t)
 	subnet, err := sandbox.FreeSubnet(150)
 	if err != nil {
 		t.Fatal(err)

@@ -161,6 +161,10 @@ type Docker struct {
 	fwWhy   string
 	fwMu    sync.Mutex // one rebuild or rules change at a time
 	fwBuilt time.Time  // when the last rebuild listed the containers (fwMu)
+	// Why kloud cannot show a machine its limits (limits.go): "" where it can; ns enters the
+	// containers' mount namespaces for it.
+	limitsWhy string
+	ns        nsWorker
 	// Snapshots (snapshot.go): the daemon's data root, or why its layers are not reachable, as
 	// last asked (layersAt).
 	layersMu     sync.Mutex
@@ -235,12 +239,19 @@ func New(opts Options) (*Docker, error) {
 		Handler:      d.handler(),
 		Inventory:    inventory{d}, // resources.go
 	}, provider.TerraformProvider{Name: TerraformName, Source: TerraformSource, Types: []string{ResourceType}})
+	// The machines' view of their limits, where kloud can make it (limits.go).
+	if err := onThisHost(d.host); err != nil {
+		d.limitsWhy = err.Error()
+	} else if os.Geteuid() != 0 {
+		d.limitsWhy = "kloud does not run as root"
+	}
 	// The firewall, where it works (firewall.go).
 	if d.fwWhy = firewallUnusable(d.host); opts.NoFirewall {
 		d.fwWhy = "the firewall is turned off (docker.Options.NoFirewall)"
 	}
 	if d.fwWhy == "" {
 		d.fw = bridgefw.NewTable(d.opts.Bridge, d.opts.Subnet)
+		d.fw.Log = d.log
 		d.p.Capabilities = append(d.p.Capabilities, provider.CapFirewall)
 	}
 	d.p.MoreCaps = d.snapshotCaps // snapshot.go: provider.CapSnapshot while the daemon's layers are here

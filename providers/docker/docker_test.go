@@ -51,7 +51,11 @@ func newFixture(t *testing.T, instance string) *fixture { return newFixtureWith(
 
 // newFixtureWith is newFixture whose provider options opt may change before New.
 func newFixtureWith(t *testing.T, instance string, opt func(*docker.Options, *dockertest.Daemon)) *fixture {
-	dd := dockertest.New(t)
+	return newFixtureOn(t, instance, dockertest.New(t), opt)
+}
+
+// newFixtureOn is newFixtureWith on daemon dd.
+func newFixtureOn(t *testing.T, instance string, dd *dockertest.Daemon, opt func(*docker.Options, *dockertest.Daemon)) *fixture {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

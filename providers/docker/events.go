@@ -94,6 +94,9 @@ func (d *Docker) watchOnce(ctx context.Context) (opened bool, err error) {
 			opened = true
 			if m.Actor.Attributes[LabelInstance] == d.instance {
 				dirty = true
+				if m.Action == "start" || m.Action == "restart" {
+					d.limitsAfterStart(ctx, m.Actor.ID) // limits.go: a start behind kloud's back
+				}
 			}
 		case <-settle:
 			settle = nil

@@ -50,6 +50,13 @@ import (
 // Docker's FORWARD rules, and either may drop them. Traffic the host routes into the network
 // (from the outside through Docker's NAT, from other Docker networks) comes from the host's
 // side of the bridge and is not this table's: Docker's isolation rules govern it.
+//
+// A daemon that manages iptables adds its own ACCEPT for traffic within the network (its
+// inter-container communication rule); one that does not (--iptables=false), on a host where
+// another one set FORWARD's policy to DROP with br_netfilter on, would leave the machines unable
+// to reach each other: the table puts kloud's own ACCEPT for the bridge's traffic into every
+// iptables variant's FORWARD (bridgefw.Table.Apply; removed with the table). It accepts only what
+// this table let through.
 
 // fwDir is where the rules files are.
 func (d *Docker) fwDir() string { return filepath.Join(d.opts.StateDir, "firewall") }
@@ -86,6 +93,16 @@ func (d *Docker) FirewallTable() string {
 		return ""
 	}
 	return d.fw.Name
+}
+
+// HostForward says what the host's iptables do to frames between the machines on the network's
+// bridge and whether kloud's ACCEPT for them is there (internal/bridgefw hostfw.go: Apply adds
+// it), ok false without a firewall.
+func (d *Docker) HostForward(ctx context.Context) (f bridgefw.Forward, ok bool) {
+	if d.fw == nil {
+		return bridgefw.Forward{}, false
+	}
+	return d.fw.HostForward(ctx), true
 }
 
 // ApplyFirewall rebuilds the firewall table from the running containers and their rules, and

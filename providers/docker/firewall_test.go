@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,9 +16,11 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/kloud-dev/kloud/internal/bridgefw"
+	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/docker"
+	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 )
 
 // TestFirewall: docker machines are filtered like local ones on a real daemon (dockerd with
@@ -28,8 +31,32 @@ import (
 // (a new veth); one started behind kloud's back is unreachable until the next rebuild (the table
 // fails closed) until kloud looks at it (Info); a forged source address gains nothing; the table
 // and the rules go with the network.
-func TestFirewall(t *testing.T) {
-	f := newFixture(t, "fw1")
+func TestFirewall(t *testing.T) { testFirewall(t, newFixture(t, "fw1"), "fw1") }
+
+// TestFirewallStockDockerd: TestFirewall on a host with a stock dockerd: in a network namespace
+// of the test's own (bridgefwtest) where br_netfilter is on and iptables-legacy's FORWARD policy
+// is DROP, a real dockerd managing iptables (its chains, its own FORWARD policy DROP in
+// iptables-nft, its rules for the machines' network) runs the machines. Docker's rules accept
+// only in the variant it manages; kloud's ACCEPT for its bridge (internal/bridgefw hostfw.go) is
+// what lets the owner's machines reach each other, and the table still keeps everyone else out.
+func TestFirewallStockDockerd(t *testing.T) {
+	if !bridgefwtest.StockDockerHost(t) {
+		return
+	}
+	dd := dockertest.NewWith(t, dockertest.Options{IPTables: true})
+	if out, err := exec.Command("iptables", "-w", "5", "-S").CombinedOutput(); err != nil || !strings.Contains(string(out), "-N DOCKER-USER") {
+		t.Fatalf("the daemon does not manage iptables: %v\n%s", err, out)
+	}
+	f := newFixtureOn(t, "fwsd", dd, nil)
+	testFirewall(t, f, "fwsd")
+	for _, v := range []string{"iptables-legacy", "iptables-nft"} {
+		if out, err := exec.Command(v, "-w", "5", "-S", "FORWARD").CombinedOutput(); err != nil || !strings.Contains(string(out), "-P FORWARD DROP") || strings.Contains(string(out), "kloud bridge") {
+			t.Errorf("%s FORWARD after the network went (policy DROP, no kloud rule): %v\n%s", v, err, out)
+		}
+	}
+}
+
+func testFirewall(t *testing.T, f *fixture, instance string) {
 	if why := f.d.FirewallUnusable(); why != "" {
 		testutil.Unavailable(t, "the docker firewall cannot work here: %s", why)
 	}
@@ -46,7 +73,7 @@ func TestFirewall(t *testing.T) {
 		t.Helper()
 		c, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: "kloud-fw-" + m,
 			Config: &container.Config{Image: image, Entrypoint: []string{"sleep", "infinity"}, StopSignal: "SIGKILL",
-				Labels: map[string]string{docker.LabelStack: "s1", docker.LabelMachine: m, docker.LabelInstance: "fw1",
+				Labels: map[string]string{docker.LabelStack: "s1", docker.LabelMachine: m, docker.LabelInstance: instance,
 					docker.LabelOwner: owners[m][0], docker.LabelTeam: owners[m][1]}},
 			HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(f.d.Network())}})
 		if err != nil {
@@ -235,7 +262,7 @@ s.sendto(ip+udp,(%q,0))`, srcIP, ip("m0"), word, ip("m0"))
 	if !slices.Equal(names, []string{"m0.json"}) {
 		t.Errorf("rules files after m2's container went: %v, want [m0.json]", names)
 	}
-	tb := bridgefw.NewTable("kt-fw1", f.d.Subnet())
+	tb := bridgefw.NewTable("kt-"+instance, f.d.Subnet())
 	if ok, err := tb.Exists(); err != nil || !ok || tb.Name != f.d.FirewallTable() {
 		t.Fatalf("table %s exists: %v %v", f.d.FirewallTable(), ok, err)
 	}

@@ -78,6 +78,7 @@ func (m *machine) Start(ctx context.Context) (any, error) {
 	if err := m.d.firewallAfterStart(ctx, m.id); err != nil { // firewall.go
 		return nil, m.wrap("start", err)
 	}
+	m.d.limitsAfterStart(ctx, m.id) // limits.go
 	res, err := m.inspect(ctx)
 	if err != nil {
 		return nil, m.wrap("start", err)

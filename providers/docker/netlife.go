@@ -12,7 +12,8 @@ import (
 // the machines' network in step with it: a container create (and the provider's look at the
 // network before it) holds Docker.netLife for reading and makes the network if a removal took
 // it; a successful container delete removes the network when it was the last container on it;
-// a successful start or restart rebuilds the machines' firewall (firewall.go).
+// a successful start or restart rebuilds the machines' firewall (firewall.go) and shows the
+// machine its limits (limits.go), as an update of its limits does.
 func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path string, next http.Handler) {
 	var id, op string // a container call's container and operation (service.go's containerRE)
 	if m := containerRE.FindStringSubmatch(path); m != nil {
@@ -44,8 +45,16 @@ func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path str
 			err := d.firewallAfterStart(context.WithoutCancel(r.Context()), id)
 			if err != nil {
 				d.log.Warn("docker provider: firewall after a container start", "container", id, "err", err)
+				return err
 			}
-			return err
+			d.limitsAfterStart(context.WithoutCancel(r.Context()), id) // limits.go
+			return nil
+		})
+	case r.Method == http.MethodPost && id != "" && op == "/update":
+		// New limits (proxyupdate.go): the machine's view of them follows (limits.go).
+		hold(w, r, next, func() error {
+			d.limitsAfterStart(context.WithoutCancel(r.Context()), id)
+			return nil
 		})
 	default:
 		next.ServeHTTP(w, r)

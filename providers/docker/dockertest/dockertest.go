@@ -3,7 +3,8 @@
 // starts: containerd writes its stack dumps there) under a run directory (testutil.RunDir), no
 // iptables rules and no
 // default bridge (--iptables=false --ip6tables=false --bridge=none), so it never touches the
-// host's daemon, firewall or networks. Start it with Start (one per test binary, from TestMain)
+// host's daemon, firewall or networks; NewWith(Options{IPTables: true}) starts one with a stock
+// daemon's iptables management, in the test's own network namespace only (bridgefwtest). Start it with Start (one per test binary, from TestMain)
 // or New (one per test); it imports the kloud machine image from $KLOUD_BASE_IMAGE (Import
 // imports it plain, under another name). Env, CLI, Docker and Containers drive it with the docker command line.
 //
@@ -31,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kloud-dev/kloud/internal/bridgefw"
+	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/docker"
 )
@@ -66,14 +68,25 @@ func Unavailable() string {
 	return ""
 }
 
+// Options change the daemon New and Start start.
+type Options struct {
+	// IPTables: the daemon manages iptables as a stock dockerd does (its chains, FORWARD policy
+	// DROP when it turns on ip_forward, br_netfilter on, a default bridge docker0): only in a
+	// network namespace of the test's own (bridgefwtest.StockDockerHost), never on the host.
+	IPTables bool
+}
+
 // New starts a private daemon for test t (skipped loudly, or failed under CI=true, when
 // Unavailable) and closes it when t ends.
-func New(t testing.TB) *Daemon {
+func New(t testing.TB) *Daemon { return NewWith(t, Options{}) }
+
+// NewWith is New with options.
+func NewWith(t testing.TB, o Options) *Daemon {
 	t.Helper()
 	if why := Unavailable(); why != "" {
 		testutil.Unavailable(t, "%s", why)
 	}
-	d, err := Start(context.Background())
+	d, err := StartWith(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +99,15 @@ func New(t testing.TB) *Daemon {
 }
 
 // Start starts a private daemon and imports the machine image into it. Close it when done.
-func Start(ctx context.Context) (*Daemon, error) {
+func Start(ctx context.Context) (*Daemon, error) { return StartWith(ctx, Options{}) }
+
+// StartWith is Start with options.
+func StartWith(ctx context.Context, o Options) (*Daemon, error) {
 	if why := Unavailable(); why != "" {
 		return nil, errors.New(why)
+	}
+	if o.IPTables && !bridgefwtest.Inside() {
+		return nil, errors.New("dockertest: a daemon managing iptables runs only in a network namespace of the test's own (bridgefwtest.StockDockerHost)")
 	}
 	dir, remove, err := testutil.RunDir("dockerd")
 	if err != nil {
@@ -108,11 +127,14 @@ func Start(ctx context.Context) (*Daemon, error) {
 		remove()
 		return nil, fmt.Errorf("dockertest: %w", err)
 	}
-	d.cmd = exec.Command("dockerd",
-		"--iptables=false", "--ip6tables=false", "--bridge=none", "--ip-forward=false", "--ip-masq=false",
+	args := []string{"--iptables=false", "--ip6tables=false", "--bridge=none", "--ip-forward=false", "--ip-masq=false"}
+	if o.IPTables {
+		args = nil // a stock daemon's defaults
+	}
+	d.cmd = exec.Command("dockerd", append(args,
 		"--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "exec"),
 		"-H", d.Host, "--pidfile", filepath.Join(dir, "d.pid"),
-		"--shutdown-timeout", "2", "--log-level", "warn")
+		"--shutdown-timeout", "2", "--log-level", "warn")...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}

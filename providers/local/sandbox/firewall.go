@@ -17,7 +17,9 @@ import (
 // network comes up, a machine goes, its tags or its rules change; TeardownNetwork deletes it.
 // The policy is bridgefw's: a machine is reached by the host and by the machines of its owner
 // (tag kloud_owner; without one, its stack: tag kloud_stack); rules open a port to the team
-// (tag kloud_team), a CIDR or any machine; other new connections are dropped.
+// (tag kloud_team), a CIDR or any machine; other new connections are dropped. Beside a stock
+// dockerd (br_netfilter on, iptables FORWARD policy DROP) the table's Apply, and SetupNetwork,
+// keep kloud's ACCEPT for the bridge's own traffic in FORWARD (internal/bridgefw hostfw.go).
 
 // Tags the firewall reads (kloud's provider sets them).
 const (

@@ -3,12 +3,14 @@ package sandbox_test
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
 
+	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
@@ -16,7 +18,27 @@ import (
 // TestFirewall: by default a machine is reachable from its owner's machines and the host, not
 // from other users' machines; rules open a port to the team, a CIDR or anyone, and closing
 // them shuts it again; the table goes with the network.
-func TestFirewall(t *testing.T) {
+func TestFirewall(t *testing.T) { testFirewall(t) }
+
+// TestFirewallStockDockerd: TestFirewall on a host whose firewall is what a stock dockerd leaves
+// (also after it stopped): br_netfilter on and iptables' FORWARD policy DROP, in iptables-legacy
+// and iptables-nft, in a network namespace of the test's own (bridgefwtest). Bridged frames
+// between the machines traverse iptables there; kloud's ACCEPT for its bridge's own traffic
+// (internal/bridgefw hostfw.go) lets the owner's machines reach each other, the table still keeps
+// the others out, and the rule goes with the network.
+func TestFirewallStockDockerd(t *testing.T) {
+	if !bridgefwtest.StockDockerHost(t) {
+		return
+	}
+	testFirewall(t)
+	for _, v := range []string{"iptables-legacy", "iptables-nft"} {
+		if out, err := exec.Command(v, "-w", "5", "-S", "FORWARD").CombinedOutput(); err != nil || !strings.Contains(string(out), "-P FORWARD DROP") || strings.Contains(string(out), "kloud bridge") {
+			t.Errorf("%s FORWARD after the network went (policy DROP, no kloud rule): %v\n%s", v, err, out)
+		}
+	}
+}
+
+func testFirewall(t *testing.T) {
 	e := newEnv(t)
 	tags := func(owner, team string) map[string]string {
 		return map[string]string{"kloud_owner": owner, "kloud_team": team, "kloud_stack": "s-" + owner}

@@ -60,7 +60,7 @@ func showLimits(cfg *bootConfig, root string) error {
 		if err != nil {
 			return fmt.Errorf("limits: %w", err)
 		}
-		if err := bind("meminfo", meminfo(host, int64(cfg.MemoryMB)<<10), "proc/meminfo"); err != nil {
+		if err := bind("meminfo", MemInfo(host, int64(cfg.MemoryMB)<<10), "proc/meminfo"); err != nil {
 			return err
 		}
 	}
@@ -110,10 +110,10 @@ func limitAffinity(cpus float64) error {
 	return nil
 }
 
-// meminfo rewrites the host's /proc/meminfo for a machine of limitKB: MemTotal is the limit,
+// MemInfo rewrites the host's /proc/meminfo for a machine of limitKB: MemTotal is the limit,
 // MemFree and MemAvailable the host's capped by it, the page cache and swap zero (free computes
 // "used" as total minus free, buffers and cache: the host's cache would make it negative).
-func meminfo(host []byte, limitKB int64) []byte {
+func MemInfo(host []byte, limitKB int64) []byte {
 	var b bytes.Buffer
 	sc := bufio.NewScanner(bytes.NewReader(host))
 	for sc.Scan() {

@@ -15,7 +15,7 @@ SwapTotal:       1000000 kB
 HugePages_Total:       0
 Hugepagesize:       2048 kB
 `
-	got := string(meminfo([]byte(host), 300<<10))
+	got := string(MemInfo([]byte(host), 300<<10))
 	for _, want := range []string{"MemTotal:         307200 kB", "MemFree:          307200 kB", "MemAvailable:     204800 kB", "Cached:                0 kB", "SwapTotal:             0 kB"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("meminfo has no %q:\n%s", want, got)

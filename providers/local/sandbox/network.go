@@ -54,7 +54,13 @@ func (m *Manager) SetupNetwork(ctx context.Context) error {
 		return err
 	}
 	defer g.unlock()
-	return m.ensureBridge(ctx)
+	if err := m.ensureBridge(ctx); err != nil {
+		return err
+	}
+	// The host's iptables may drop bridged frames (a stock dockerd's FORWARD policy): kloud's
+	// ACCEPT for the bridge's own traffic (firewall.go), before a machine needs it.
+	m.fw.AllowHostForward(ctx)
+	return nil
 }
 
 func (m *Manager) ensureBridge(ctx context.Context) error {

@@ -119,7 +119,6 @@ func New(opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("subnet %s: want IPv4 between /16 and /30", m.subnet)
 	}
 	m.subnet = m.subnet.Masked()
-	m.fw = bridgefw.NewTable(m.bridge, m.subnet)
 	m.hostAddr = m.subnet.Addr().Next()
 	if m.stopTimeout <= 0 {
 		m.stopTimeout = DefaultStopTimeout
@@ -127,6 +126,8 @@ func New(opts Options) (*Manager, error) {
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
+	m.fw = bridgefw.NewTable(m.bridge, m.subnet)
+	m.fw.Log = m.log
 	h := sha256.Sum256([]byte(m.stateDir))
 	m.mgrHash = hex.EncodeToString(h[:])[:6]
 	if m.ipPath, err = exec.LookPath("ip"); err != nil {
