@@ -109,3 +109,91 @@ export function section(title, ...children) {
 export function shortID(id) {
   return id ? String(id).slice(0, 8) : '';
 }
+
+// parsedJSON returns the object or array a string holds as JSON (terraform state keeps some
+// map attributes, such as tags, as JSON strings), else the string itself.
+function parsedJSON(v) {
+  if (typeof v !== 'string' || !/^\s*[[{]/.test(v)) return v;
+  try { return JSON.parse(v); } catch { return v; }
+}
+
+// attrInline is an attribute's value on one line: maps as {key=value, …} without kloud's own
+// tags (kloud_*, counted), lists as [a, b], texts cut at their first line.
+export function attrInline(v) {
+  v = parsedJSON(v);
+  if (v === null || v === undefined) return '—';
+  if (Array.isArray(v)) return `[${v.map(attrInline).join(', ')}]`;
+  if (typeof v === 'object') {
+    const keys = Object.keys(v).sort();
+    const own = keys.filter((k) => k.startsWith('kloud_')).length;
+    const parts = keys.filter((k) => !k.startsWith('kloud_')).map((k) => `${k}=${attrInline(v[k])}`);
+    if (own) parts.push(`${own} kloud tags`);
+    return `{${parts.join(', ')}}`;
+  }
+  const str = String(v);
+  return str.includes('\n') ? `${str.split('\n')[0]} …` : str;
+}
+
+// attrValue shows an attribute's value as a user reads it: a map as key/value rows (the keys
+// kloud set itself, kloud_*, folded into a "kloud tags" detail), a list of words as a list,
+// a multi-line text folded, anything else as code.
+export function attrValue(v) {
+  v = parsedJSON(v);
+  if (v === null || v === undefined) return h('span', { class: 'muted' }, '—');
+  if (Array.isArray(v)) {
+    if (!v.length) return h('span', { class: 'muted' }, 'none');
+    if (v.every((x) => x === null || typeof x !== 'object')) return h('code', {}, v.map(String).join(', '));
+    return h('div', { class: 'attr-list' }, v.map((x) => attrValue(x)));
+  }
+  if (typeof v === 'object') {
+    const entries = Object.entries(v).sort(([a], [b]) => a.localeCompare(b));
+    if (!entries.length) return h('span', { class: 'muted' }, 'none');
+    const rows = (es) => h('dl', { class: 'kv attr-map' }, es.map(([k, x]) => [h('dt', {}, k), h('dd', {}, attrValue(x))]));
+    const own = entries.filter(([k]) => k.startsWith('kloud_'));
+    const theirs = entries.filter(([k]) => !k.startsWith('kloud_'));
+    return h('div', { class: 'attr-obj' },
+      theirs.length ? rows(theirs) : null,
+      own.length ? h('details', { class: 'kloud-tags' }, h('summary', {}, `kloud tags (${own.length})`), rows(own)) : null);
+  }
+  const s = String(v);
+  if (s.includes('\n')) {
+    const lines = s.replace(/\n$/, '').split('\n').length;
+    return h('details', { class: 'attr-text' }, h('summary', {}, `${lines} lines`), h('pre', {}, s));
+  }
+  return h('code', {}, s);
+}
+
+// shortError is the line of error text a user reads first: its first line, without the
+// hints in parentheses and the causes wrapped after its second ": " ("unavailable on this
+// host: no Docker daemon answers at unix:///var/run/docker.sock (install …): Cannot connect
+// …" → "unavailable on this host: no Docker daemon answers at unix:///var/run/docker.sock").
+export function shortError(text) {
+  let s = String(text || '').trim().split('\n')[0];
+  s = s.replace(/\s*\([^()]*\)/g, '');
+  return s.split(': ').slice(0, 2).join(': ').trim();
+}
+
+// firstLine is text's first line, cut to about max characters.
+export function firstLine(text, max = 160) {
+  const l = String(text || '').trim().split('\n')[0];
+  return l.length > max ? `${l.slice(0, max).replace(/\s+\S*$/, '')} …` : l;
+}
+
+// errorDetail shows error text as a short line (default: its first line), with the whole text
+// folded under "details" when there is more to it.
+export function errorDetail(text, { short = firstLine(text), cls = 'error-short' } = {}) {
+  const full = String(text || '').trim();
+  if (!full) return '—';
+  if (short === full) return h('span', { class: cls }, full);
+  return h('span', { class: cls },
+    h('span', { class: 'error-summary' }, short),
+    h('details', { class: 'error-detail' }, h('summary', {}, 'details'), h('pre', {}, full)));
+}
+
+// reasonCell is a reason in a table cell: its first line, the whole text in the tooltip (the
+// row's own page shows it all).
+export function reasonCell(text) {
+  if (!text) return '';
+  const short = firstLine(text, 120);
+  return short === String(text).trim() ? short : h('span', { title: String(text).trim() }, short);
+}

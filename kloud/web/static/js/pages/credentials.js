@@ -4,7 +4,7 @@
 // describe and update (the same form: secrets left empty keep their value, immutable fields
 // cannot change), authenticate, bootstrap (a job, shown live) and remove.
 
-import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID } from '../ui.js';
+import { h, clear, table, badge, busy, field, section, notice, fmtTime } from '../ui.js';
 import { watchJob } from '../jobs.js';
 import { schemaFields, inputFor, valueOf, hintFor } from '../providers.js';
 
@@ -160,8 +160,8 @@ export async function list(ctx, el) {
         const v = valueOf(f, input);
         if (v !== undefined) data[f.name] = v;
       }
-      const r = await kite.call('credential.add', { provider: provSel.value, title: title.value.trim(), team: teams.length > 1 ? teamSel.value : undefined, data });
-      notice(`Credential added (${shortID(r.id)}).`);
+      await kite.call('credential.add', { provider: provSel.value, title: title.value.trim(), team: teams.length > 1 ? teamSel.value : undefined, data });
+      notice(`Credential ${title.value.trim()} added.`);
       title.value = '';
       build();
       await reload();

@@ -2,7 +2,7 @@
 // template's files (create / update with revisions) with a plan preview (stack.plan: the
 // machines the template would make).
 
-import { h, clear, table, busy, field, section, notice, fmtTime, errorText, shortID } from '../ui.js';
+import { h, clear, table, busy, field, section, notice, fmtTime, errorText, attrInline } from '../ui.js';
 
 export async function list(ctx, el) {
   const res = await ctx.kite.call('template.list');
@@ -39,7 +39,7 @@ export function planTable(machines) {
       title: 'Attributes', render: (m) => {
         const a = m.attributes || {};
         const keys = Object.keys(a).filter((k) => a[k] !== null && !/user_data|^input$|^output$/.test(k)).sort();
-        return keys.length ? h('code', { class: 'attrs' }, keys.map((k) => `${k}=${typeof a[k] === 'object' ? JSON.stringify(a[k]) : a[k]}`).join(' ')) : '—';
+        return keys.length ? h('code', { class: 'attrs' }, keys.map((k) => `${k}=${attrInline(a[k])}`).join(' ')) : '—';
       },
     },
   ], machines, { empty: 'The template declares no machines.' });
@@ -124,7 +124,7 @@ export async function editor(ctx, el) {
         ctx.navigate(`#/templates/${encodeURIComponent(t.id)}`);
       } else {
         const t = await kite.call('template.create', { title: title.value.trim(), description: desc.value || undefined, team: teams.length > 1 ? teamSel.value : undefined, files: fm });
-        notice(`Template created (${shortID(t.id)}).`);
+        notice(`Template ${t.title} created.`);
         dirty = false;
         ctx.navigate(`#/templates/${encodeURIComponent(t.id)}`);
       }
