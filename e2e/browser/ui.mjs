@@ -90,8 +90,7 @@ async function main() {
     page.setDefaultTimeout(30000);
     page.on('pageerror', (e) => pageErrors.push(String(e)));
     // Failed requests are judged by URL (the console line does not name it): 401 is expected
-    // from GET /api/session before login and from the wrong password on purpose; 404 from the
-    // terminal sessions list while this kloud has no terminal endpoint.
+    // from GET /api/session before login and from the wrong password on purpose.
     page.on('console', (m) => {
       if (m.type() !== 'error' || m.text().startsWith('Failed to load resource')) return;
       if (outage && /WebSocket connection to .* failed/.test(m.text())) return;
@@ -101,7 +100,6 @@ async function main() {
       if (r.status() < 400) return;
       const path = new URL(r.url()).pathname;
       if (r.status() === 401 && (path === '/api/session' || path === '/api/login')) return;
-      if (r.status() === 404 && !withTerminal && /^\/api\/machines\/[^/]+\/sessions$/.test(path)) return;
       pageErrors.push(`${r.request().method()} ${path}: ${r.status()}`);
     });
   });
