@@ -121,6 +121,21 @@ async function main() {
 
   if (withCredential) await credentialSteps();
 
+  await step('a template with a syntax error is refused, saying where', async () => {
+    await page.goto(base + '/#/templates/new');
+    await page.waitForSelector('#template-form');
+    await page.fill('#template-title', 'broken');
+    await page.fill('#template-file', 'resource "terraform_data" "vm" {\n  count =\n}\n');
+    await page.click('#template-save');
+    const sel = '.notice-error:has-text("main.tf:2")';
+    await page.waitForSelector(sel);
+    const text = (await page.textContent(`${sel} span`)).trim();
+    // The sentence says what is wrong; the error code's own words add nothing.
+    if (/invalid params/.test(text)) throw new Error(`the error ends in its code: ${text}`);
+    await page.click(`${sel} button`); // dismissed
+    return { error: text };
+  });
+
   let templateID;
   await step('write a template and plan it', async () => {
     await page.goto(base + '/#/templates/new');

@@ -66,9 +66,11 @@ export function ago(t) {
   return `${Math.round(s / 86400)} d ago`;
 }
 
+// errorText is the message of error e as a user reads it. kloud's invalid-params errors end in
+// the code's own words (": invalid params"), which say nothing the sentence before did not.
 export function errorText(e) {
   if (!e) return '';
-  if (e.message) return e.message;
+  if (e.message) return e.type === 'invalidParams' ? e.message.replace(/: invalid params$/, '') : e.message;
   return String(e);
 }
 
@@ -173,17 +175,23 @@ export function shortError(text) {
   return s.split(': ').slice(0, 2).join(': ').trim();
 }
 
-// firstLine is text's first line, cut to about max characters.
+// firstLine is text's first line, cut to about max characters, with " …" when there is more.
 export function firstLine(text, max = 160) {
-  const l = String(text || '').trim().split('\n')[0];
-  return l.length > max ? `${l.slice(0, max).replace(/\s+\S*$/, '')} …` : l;
+  const all = String(text || '').trim();
+  let l = all.split('\n')[0];
+  if (l.length > max) l = l.slice(0, max).replace(/\s+\S*$/, '');
+  return l === all ? l : `${l.replace(/[\s:;,]+$/, '')} …`;
 }
 
-// errorDetail shows error text as a short line (default: its first line), with the whole text
-// folded under "details" when there is more to it.
-export function errorDetail(text, { short = firstLine(text), cls = 'error-short' } = {}) {
+// errorDetail shows error text whole when it is short (a few lines), else as a short line (by
+// default its first line) with the whole text folded under "details".
+export function errorDetail(text, { short, cls = 'error-short' } = {}) {
   const full = String(text || '').trim();
   if (!full) return '—';
+  if (short === undefined) {
+    if (full.split('\n').length <= 6 && full.length <= 500) return h('span', { class: cls }, full);
+    short = firstLine(full);
+  }
   if (short === full) return h('span', { class: cls }, full);
   return h('span', { class: cls },
     h('span', { class: 'error-summary' }, short),
