@@ -146,7 +146,7 @@ func TestBrowserTerminal(t *testing.T) {
 	}
 	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_TERMINAL=1", "KLOUD_RESTART=1",
 		"KLOUD_SHARE_USER=bob", "KLOUD_SHARE_PASSWORD="+password,
-		"KLOUD_CREDENTIAL=0", "KLOUD_PROVIDER=local", "KLOUD_MACHINE=dev.0", "KLOUD_TAGS=1",
+		"KLOUD_CREDENTIAL=0", "KLOUD_PROVIDER=local", "KLOUD_MACHINE=dev.0", "KLOUD_TAGS=tags",
 		"KLOUD_TEMPLATE="+localTemplate("dev", 1, "#!/bin/bash\necho ready"))
 	for _, f := range []string{"terminal.png", "terminal-after-reload.png", "readonly-watcher.png"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
@@ -229,6 +229,25 @@ func TestBrowserPlugin(t *testing.T) {
 }
 `)
 	for _, f := range []string{"providers.png", "machines.png", "terminal.png"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatalf("no screenshot: %v", err)
+		}
+	}
+}
+
+// TestBrowserDocker is a docker machine in the browser (a private dockerd, dockertest): alice
+// plans a template of one container and sees the plan's attributes as values, builds the stack,
+// sees the machine Running with its agent connected, and its page shows the container's
+// attributes as values (lists and maps as rows, no JSON) under its stack's title.
+// Screenshots in $KLOUD_ARTIFACTS/TestBrowserDocker.
+func TestBrowserDocker(t *testing.T) {
+	node, script, out := browserPrereqs(t)
+	e := newDockerEnv(t)
+	password := browserUsers(t, e.env)
+	runUI(t, e.env, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_TERMINAL=0",
+		"KLOUD_CREDENTIAL=0", "KLOUD_PROVIDER=docker", "KLOUD_MACHINE=dev.0", "KLOUD_TAGS=labels",
+		"KLOUD_TEMPLATE="+dockerTemplate("dev", 1))
+	for _, f := range []string{"plan.png", "machine.png"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Fatalf("no screenshot: %v", err)
 		}

@@ -17,8 +17,8 @@
 // KLOUD_SHARE_USER and KLOUD_SHARE_PASSWORD (a second user: share steps, with the terminal),
 // KLOUD_PLUGIN (1: the provider is a plugin: providers page and schema form steps),
 // KLOUD_PROVIDER (default dummy), KLOUD_CRED_FIELDS (JSON of field values, default
-// {"token":"abc123"}), KLOUD_TEMPLATE (template text), KLOUD_TAGS (1: the machine has kloud's
-// tags attribute), KLOUD_UNAVAILABLE (a provider kloud offers that is unavailable on its host).
+// {"token":"abc123"}), KLOUD_TEMPLATE (template text), KLOUD_TAGS (the machine's attribute
+// with kloud's tags: tags, labels), KLOUD_UNAVAILABLE (a provider kloud offers that is unavailable on its host).
 
 import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
@@ -255,9 +255,9 @@ async function main() {
       kloudTags: [...dd.querySelectorAll('details.kloud-tags dt')].map((dt) => dt.textContent),
       kloudTagsOpen: !!dd.querySelector('details.kloud-tags[open]'),
     })));
-    const tags = attrs.find((a) => a.name === 'tags');
-    if (env.KLOUD_TAGS === '1' && (!tags || !tags.kloudTags.includes('kloud_owner') || tags.kloudTagsOpen)) {
-      problems.push(`kloud's own tags are not folded under "kloud tags": ${JSON.stringify(attrs)}`);
+    const tags = env.KLOUD_TAGS && attrs.find((a) => a.name === env.KLOUD_TAGS);
+    if (env.KLOUD_TAGS && (!tags || !tags.kloudTags.includes('kloud_owner') || tags.kloudTagsOpen)) {
+      problems.push(`kloud's own tags in ${env.KLOUD_TAGS} are not folded under "kloud tags": ${JSON.stringify(attrs)}`);
     }
     // The snapshot name's placeholder fits its input.
     const ph = await page.evaluate(() => {
@@ -269,7 +269,9 @@ async function main() {
       return { placeholder: el.placeholder, width: Math.ceil(ctx.measureText(el.placeholder).width), room };
     });
     if (ph.width > ph.room) problems.push(`the snapshot name's placeholder is cut off: ${JSON.stringify(ph)}`);
-    if (tags) await page.click('dd[data-attr="tags"] details.kloud-tags summary');
+    // Unfolded for the screenshot: the attributes (when there are many) and kloud's tags.
+    if (await page.$('details.attrs:not([open])')) await page.click('details.attrs > summary');
+    if (tags) await page.click(`dd[data-attr="${tags.name}"] details.kloud-tags summary`);
     const screenshot = await shot('machine.png', true);
     if (problems.length) throw new Error(problems.join('\n'));
     return { attrs: attrs.map((a) => a.name), placeholder: ph, screenshot };

@@ -119,10 +119,27 @@ function parsedJSON(v) {
   try { return JSON.parse(v); } catch { return v; }
 }
 
+// isEmpty reports whether an attribute's value says nothing: null, "", [] or {} (also as JSON).
+export function isEmpty(v) {
+  v = parsedJSON(v);
+  if (v === null || v === undefined || v === '') return true;
+  if (Array.isArray(v)) return v.length === 0;
+  return typeof v === 'object' && Object.keys(v).length === 0;
+}
+
+// asMap turns a list of {label|key|name, value} pairs (how some providers keep labels) into a
+// map; anything else is returned as it is.
+function asMap(v) {
+  if (!Array.isArray(v) || !v.length) return v;
+  const keyOf = (x) => ['label', 'key', 'name'].find((k) => typeof x[k] === 'string');
+  if (!v.every((x) => x && typeof x === 'object' && !Array.isArray(x) && 'value' in x && Object.keys(x).length === 2 && keyOf(x))) return v;
+  return Object.fromEntries(v.map((x) => [x[keyOf(x)], x.value]));
+}
+
 // attrInline is an attribute's value on one line: maps as {key=value, …} without kloud's own
 // tags (kloud_*, counted), lists as [a, b], texts cut at their first line.
 export function attrInline(v) {
-  v = parsedJSON(v);
+  v = asMap(parsedJSON(v));
   if (v === null || v === undefined) return '—';
   if (Array.isArray(v)) return `[${v.map(attrInline).join(', ')}]`;
   if (typeof v === 'object') {
@@ -140,7 +157,7 @@ export function attrInline(v) {
 // kloud set itself, kloud_*, folded into a "kloud tags" detail), a list of words as a list,
 // a multi-line text folded, anything else as code.
 export function attrValue(v) {
-  v = parsedJSON(v);
+  v = asMap(parsedJSON(v));
   if (v === null || v === undefined) return h('span', { class: 'muted' }, '—');
   if (Array.isArray(v)) {
     if (!v.length) return h('span', { class: 'muted' }, 'none');
@@ -148,7 +165,7 @@ export function attrValue(v) {
     return h('div', { class: 'attr-list' }, v.map((x) => attrValue(x)));
   }
   if (typeof v === 'object') {
-    const entries = Object.entries(v).sort(([a], [b]) => a.localeCompare(b));
+    const entries = Object.entries(v).filter(([, x]) => !isEmpty(x)).sort(([a], [b]) => a.localeCompare(b));
     if (!entries.length) return h('span', { class: 'muted' }, 'none');
     const rows = (es) => h('dl', { class: 'kv attr-map' }, es.map(([k, x]) => [h('dt', {}, k), h('dd', {}, attrValue(x))]));
     const own = entries.filter(([k]) => k.startsWith('kloud_'));

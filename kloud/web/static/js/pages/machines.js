@@ -5,7 +5,7 @@
 // has the capability (provider.describe, ../providers.js): otherwise the button is shown
 // disabled, saying why.
 
-import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText, attrValue, errorDetail, reasonCell } from '../ui.js';
+import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText, attrValue, errorDetail, reasonCell, isEmpty } from '../ui.js';
 import { watchJob } from '../jobs.js';
 import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js';
 import { providers, can } from '../providers.js';
@@ -193,6 +193,14 @@ function sessionsSection(ctx, m, grant) {
   return section('Terminal sessions', box, h('button', { class: 'small', onclick: load }, 'Refresh'));
 }
 
+// attributesSection shows the provider's attributes of a machine ([name, value], none empty);
+// many of them (a docker container has dozens, mostly defaults) are folded.
+function attributesSection(attrs) {
+  const list = h('dl', { class: 'kv' }, attrs.map(([k, v]) => [h('dt', {}, k), h('dd', { dataset: { attr: k } }, attrValue(v))]));
+  if (attrs.length <= 12) return section('Attributes', list);
+  return section('Attributes', h('details', { class: 'attrs' }, h('summary', {}, `all ${attrs.length} attributes the provider reports`), list));
+}
+
 export async function detail(ctx, el) {
   const { kite } = ctx;
   const id = ctx.params.id;
@@ -204,7 +212,7 @@ export async function detail(ctx, el) {
     const [m, caps] = await Promise.all([kite.call('machine.info', { machineId: id }), providers(kite).catch(() => ({}))]);
     const grant = myGrant(ctx, m);
     const mayPower = grant === 'owner' || grant === 'full' || grant === 'admin';
-    const attrs = Object.entries(m.attributes || {}).filter(([, v]) => v !== null && v !== '').sort(([a], [b]) => a.localeCompare(b));
+    const attrs = Object.entries(m.attributes || {}).filter(([, v]) => !isEmpty(v)).sort(([a], [b]) => a.localeCompare(b));
     clear(box,
       h('div', { class: 'title-row' }, h('h1', {}, `Machine ${m.label}`), badge(m.state), h('span', { class: 'spacer' }),
         running(m) && grant !== 'readonly' ? h('button', { class: 'primary', id: 'machine-terminal', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label }) }, 'New terminal') : null,
@@ -221,7 +229,7 @@ export async function detail(ctx, el) {
         h('dt', {}, 'IP address'), h('dd', {}, m.ipAddress || '—'),
         m.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, errorDetail(m.reason))] : null,
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(m.updatedAt)))),
-      attrs.length ? section('Attributes', h('dl', { class: 'kv' }, attrs.map(([k, v]) => [h('dt', {}, k), h('dd', { dataset: { attr: k } }, attrValue(v))]))) : null);
+      attrs.length ? attributesSection(attrs) : null);
     if (first) {
       first = false;
       clear(extra,

@@ -2,7 +2,7 @@
 // template's files (create / update with revisions) with a plan preview (stack.plan: the
 // machines the template would make).
 
-import { h, clear, table, busy, field, section, notice, fmtTime, errorText, attrInline } from '../ui.js';
+import { h, clear, table, busy, field, section, notice, fmtTime, errorText, attrInline, isEmpty } from '../ui.js';
 
 export async function list(ctx, el) {
   const res = await ctx.kite.call('template.list');
@@ -38,7 +38,8 @@ export function planTable(machines) {
     {
       title: 'Attributes', render: (m) => {
         const a = m.attributes || {};
-        const keys = Object.keys(a).filter((k) => a[k] !== null && !/user_data|^input$|^output$/.test(k)).sort();
+        // What says something: not empty, not false (a provider's defaults are mostly those).
+        const keys = Object.keys(a).filter((k) => !isEmpty(a[k]) && a[k] !== false && !/user_data|^input$|^output$/.test(k)).sort();
         return keys.length ? h('code', { class: 'attrs' }, keys.map((k) => `${k}=${attrInline(a[k])}`).join(' ')) : '—';
       },
     },
