@@ -236,7 +236,8 @@ func TestBrowserPlugin(t *testing.T) {
 }
 
 // TestBrowserDocker is a docker machine in the browser (a private dockerd, dockertest): alice
-// plans a template of one container and sees the plan's attributes as values, builds the stack,
+// plans a template of one container and sees the attributes the template sets, the provider's
+// defaults folded (must_run=true among them), builds the stack,
 // sees the machine Running with its agent connected, and its page shows the container's
 // attributes as values (lists and maps as rows, no JSON) under its stack's title.
 // Screenshots in $KLOUD_ARTIFACTS/TestBrowserDocker.
@@ -245,7 +246,7 @@ func TestBrowserDocker(t *testing.T) {
 	e := newDockerEnv(t)
 	password := browserUsers(t, e.env)
 	runUI(t, e.env, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_TERMINAL=0",
-		"KLOUD_CREDENTIAL=0", "KLOUD_PROVIDER=docker", "KLOUD_MACHINE=dev.0", "KLOUD_TAGS=labels",
+		"KLOUD_CREDENTIAL=0", "KLOUD_PROVIDER=docker", "KLOUD_MACHINE=dev.0", "KLOUD_TAGS=labels", "KLOUD_PLAN_DEFAULT=must_run",
 		"KLOUD_TEMPLATE="+dockerTemplate("dev", 1))
 	for _, f := range []string{"plan.png", "machine.png"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {

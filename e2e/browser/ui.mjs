@@ -18,7 +18,8 @@
 // KLOUD_PLUGIN (1: the provider is a plugin: providers page and schema form steps),
 // KLOUD_PROVIDER (default dummy), KLOUD_CRED_FIELDS (JSON of field values, default
 // {"token":"abc123"}), KLOUD_TEMPLATE (template text), KLOUD_TAGS (the machine's attribute
-// with kloud's tags: tags, labels), KLOUD_UNAVAILABLE (a provider kloud offers that is unavailable on its host).
+// with kloud's tags: tags, labels), KLOUD_PLAN_DEFAULT (an attribute the plan shows folded: a
+// provider default the template does not set), KLOUD_UNAVAILABLE (a provider kloud offers that is unavailable on its host).
 
 import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
@@ -150,6 +151,12 @@ async function main() {
     await page.waitForSelector(`#plan table.grid td:has-text("${label}")`, { timeout: 120000 });
     const raw = await rawJSON();
     if (raw.length) throw new Error(`the plan shows raw JSON: ${raw.join(' | ')}`);
+    // A provider default the template does not set is folded under "+N more".
+    if (env.KLOUD_PLAN_DEFAULT) {
+      const shown = await page.evaluate(() => document.querySelector('#plan table.grid tbody').innerText);
+      const folded = await page.evaluate(() => [...document.querySelectorAll('#plan details.plan-more')].map((d) => d.textContent).join(' '));
+      if (shown.includes(`${env.KLOUD_PLAN_DEFAULT}=`) || !folded.includes(`${env.KLOUD_PLAN_DEFAULT}=`)) throw new Error(`${env.KLOUD_PLAN_DEFAULT} is not folded: shown ${JSON.stringify(shown)}, folded ${JSON.stringify(folded)}`);
+    }
     return { templateID, plan: (await page.textContent('#plan table.grid tbody')).replace(/\s+/g, ' ').trim(), screenshot: await shot('plan.png', true) };
   });
 

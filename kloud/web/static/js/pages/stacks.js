@@ -144,7 +144,7 @@ export async function create(ctx, el) {
     clear(planBox, section('Plan', h('p', { class: 'loading' }, 'terraform plan…')));
     try {
       const r = await kite.call('stack.plan', params(), { timeout: 10 * 60 * 1000 });
-      clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines)));
+      clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines, (templates.find((x) => x.id === tplSel.value) || {}).files)));
     } catch (e) {
       clear(planBox, section('Plan failed', h('pre', { class: 'error-text' }, errorText(e))));
     }
