@@ -121,6 +121,16 @@ async function main() {
   });
 
   if (withCredential) await credentialSteps();
+  else {
+    await step(`the credentials page says ${providerName} needs no credential`, async () => {
+      await page.goto(base + '/#/credentials');
+      await page.waitForSelector('#cred-form');
+      await page.selectOption('#cred-provider', providerName);
+      const v = await page.evaluate(() => ({ says: (document.getElementById('cred-none') || {}).textContent, add: document.getElementById('cred-add').disabled }));
+      if (!v.says || !v.says.includes('needs no credential') || !v.add) throw new Error(`the form offers a credential for a provider that takes none: ${JSON.stringify(v)}`);
+      return v;
+    });
+  }
 
   await step('a template with a syntax error is refused, saying where', async () => {
     await page.goto(base + '/#/templates/new');
