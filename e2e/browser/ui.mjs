@@ -3,7 +3,10 @@
 // (for the dummy: the form's inputs are checked against its JSON Schema, and a credential is
 // updated),
 // write a template and plan it, create and build a stack watching its progress, see the machine
-// Running with its agent connected, then (KLOUD_TERMINAL=1) open its terminal, type
+// Running with its agent connected, and every page reading as a new user reads it (stacks and
+// templates by title, attribute values rather than JSON, errors in a short line with the rest
+// folded, a snapshot name placeholder that fits, no credential asked of a provider that takes
+// none), then (KLOUD_TERMINAL=1) open its terminal, type
 // `echo hello-$((6*7))`, read hello-42 from the xterm buffer, reload and see the session
 // replayed, and (KLOUD_SHARE_USER) share it read-only with a second user who watches from a
 // second browser and cannot type; then (KLOUD_RESTART=1) kloud is killed and started again while the page stays
