@@ -79,7 +79,22 @@ func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if err != nil {
 		return nil, err
 	}
-	return api.MachineListResult{Machines: ms}, nil
+	return api.MachineListResult{Machines: ms, StackTitles: s.stackTitles(ctx, ms)}, nil
+}
+
+// stackTitles returns the titles of the stacks of ms by stack id; a stack that cannot be read
+// (gone meanwhile) is left out.
+func (s *Server) stackTitles(ctx context.Context, ms []Machine) map[string]string {
+	out := map[string]string{}
+	for _, m := range ms {
+		if _, ok := out[m.StackID]; ok || m.StackID == "" {
+			continue
+		}
+		if st, err := s.store.Stacks().Get(ctx, m.StackID); err == nil {
+			out[m.StackID] = st.Title
+		}
+	}
+	return out
 }
 
 func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
@@ -88,7 +103,7 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 		return nil, err
 	}
 	cur := m.State
-	out := api.MachineInfo{Machine: *m, InfraState: cur}
+	out := api.MachineInfo{Machine: *m, StackTitle: s.stackTitles(ctx, []Machine{*m})[m.StackID], InfraState: cur}
 	if cur == provider.NotInitialized || cur.InProgress() {
 		return out, nil // nothing to ask the provider, or a job is changing it right now
 	}

@@ -3,7 +3,10 @@
 // (for the dummy: the form's inputs are checked against its JSON Schema, and a credential is
 // updated),
 // write a template and plan it, create and build a stack watching its progress, see the machine
-// Running with its agent connected, then (KLOUD_TERMINAL=1) open its terminal, type
+// Running with its agent connected, and every page reading as a new user reads it (stacks and
+// templates by title, attribute values rather than JSON, errors in a short line with the rest
+// folded, a snapshot name placeholder that fits, no credential asked of a provider that takes
+// none), then (KLOUD_TERMINAL=1) open its terminal, type
 // `echo hello-$((6*7))`, read hello-42 from the xterm buffer, reload and see the session
 // replayed, and (KLOUD_SHARE_USER) share it read-only with a second user who watches from a
 // second browser and cannot type; then (KLOUD_RESTART=1) kloud is killed and started again while the page stays
@@ -17,7 +20,9 @@
 // KLOUD_SHARE_USER and KLOUD_SHARE_PASSWORD (a second user: share steps, with the terminal),
 // KLOUD_PLUGIN (1: the provider is a plugin: providers page and schema form steps),
 // KLOUD_PROVIDER (default dummy), KLOUD_CRED_FIELDS (JSON of field values, default
-// {"token":"abc123"}), KLOUD_TEMPLATE (template text).
+// {"token":"abc123"}), KLOUD_TEMPLATE (template text), KLOUD_TAGS (the machine's attribute
+// with kloud's tags: tags, labels), KLOUD_PLAN_DEFAULT (an attribute the plan shows folded: a
+// provider default the template does not set), KLOUD_UNAVAILABLE (a provider kloud offers that is unavailable on its host).
 
 import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
@@ -53,15 +58,28 @@ let context;
 let machineID; // the machine the terminal steps use
 const profile = mkdtempSync(join(tmpdir(), 'kloud-chromium-'));
 
-async function shot(name) {
+async function shot(name, fullPage = false) {
   const p = join(artifacts, name);
-  await page.screenshot({ path: p, fullPage: false });
+  await page.screenshot({ path: p, fullPage });
   return p;
 }
 
 const termLinesOf = (p) => p.evaluate(() => window.kloudDebug && window.kloudDebug.termText());
 const termLines = () => termLinesOf(page);
 const hasLine = async (p, want) => (await termLinesOf(p) || []).some((l) => l.trim() === want);
+
+// rawJSON returns the texts in the page's main part that are JSON objects shown as they are
+// (a user reads values, not JSON), leaving out what is code or a log on purpose: the template
+// editor's textarea, job logs and the details a user unfolds.
+const rawJSON = () => page.evaluate(() => {
+  const out = [];
+  const walk = document.createTreeWalker(document.querySelector('main'), NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    if (n.parentElement.closest('textarea, .job-log, details pre')) continue;
+    if (/\{\s*"[^"]*"\s*:/.test(n.textContent)) out.push(n.textContent.slice(0, 200));
+  }
+  return out;
+});
 
 async function main() {
   await step('launch chromium', async () => {
@@ -76,8 +94,7 @@ async function main() {
     page.setDefaultTimeout(30000);
     page.on('pageerror', (e) => pageErrors.push(String(e)));
     // Failed requests are judged by URL (the console line does not name it): 401 is expected
-    // from GET /api/session before login and from the wrong password on purpose; 404 from the
-    // terminal sessions list while this kloud has no terminal endpoint.
+    // from GET /api/session before login and from the wrong password on purpose.
     page.on('console', (m) => {
       if (m.type() !== 'error' || m.text().startsWith('Failed to load resource')) return;
       if (outage && /WebSocket connection to .* failed/.test(m.text())) return;
@@ -87,7 +104,6 @@ async function main() {
       if (r.status() < 400) return;
       const path = new URL(r.url()).pathname;
       if (r.status() === 401 && (path === '/api/session' || path === '/api/login')) return;
-      if (r.status() === 404 && !withTerminal && /^\/api\/machines\/[^/]+\/sessions$/.test(path)) return;
       pageErrors.push(`${r.request().method()} ${path}: ${r.status()}`);
     });
   });
@@ -108,6 +124,31 @@ async function main() {
   });
 
   if (withCredential) await credentialSteps();
+  else {
+    await step(`the credentials page says ${providerName} needs no credential`, async () => {
+      await page.goto(base + '/#/credentials');
+      await page.waitForSelector('#cred-form');
+      await page.selectOption('#cred-provider', providerName);
+      const v = await page.evaluate(() => ({ says: (document.getElementById('cred-none') || {}).textContent, add: document.getElementById('cred-add').disabled }));
+      if (!v.says || !v.says.includes('needs no credential') || !v.add) throw new Error(`the form offers a credential for a provider that takes none: ${JSON.stringify(v)}`);
+      return v;
+    });
+  }
+
+  await step('a template with a syntax error is refused, saying where', async () => {
+    await page.goto(base + '/#/templates/new');
+    await page.waitForSelector('#template-form');
+    await page.fill('#template-title', 'broken');
+    await page.fill('#template-file', 'resource "terraform_data" "vm" {\n  count =\n}\n');
+    await page.click('#template-save');
+    const sel = '.notice-error:has-text("main.tf:2")';
+    await page.waitForSelector(sel);
+    const text = (await page.textContent(`${sel} span`)).trim();
+    // The sentence says what is wrong; the error code's own words add nothing.
+    if (/invalid params/.test(text)) throw new Error(`the error ends in its code: ${text}`);
+    await page.click(`${sel} button`); // dismissed
+    return { error: text };
+  });
 
   let templateID;
   await step('write a template and plan it', async () => {
@@ -121,13 +162,31 @@ async function main() {
     await page.waitForSelector('#template-plan:not([disabled])');
     await page.click('#template-plan');
     await page.waitForSelector(`#plan table.grid td:has-text("${label}")`, { timeout: 120000 });
-    return { templateID };
+    const raw = await rawJSON();
+    if (raw.length) throw new Error(`the plan shows raw JSON: ${raw.join(' | ')}`);
+    // A provider default the template does not set is folded under "+N more".
+    if (env.KLOUD_PLAN_DEFAULT) {
+      const shown = await page.evaluate(() => document.querySelector('#plan table.grid tbody').innerText);
+      const folded = await page.evaluate(() => [...document.querySelectorAll('#plan details.plan-more')].map((d) => d.textContent).join(' '));
+      if (shown.includes(`${env.KLOUD_PLAN_DEFAULT}=`) || !folded.includes(`${env.KLOUD_PLAN_DEFAULT}=`)) throw new Error(`${env.KLOUD_PLAN_DEFAULT} is not folded: shown ${JSON.stringify(shown)}, folded ${JSON.stringify(folded)}`);
+    }
+    return { templateID, plan: (await page.textContent('#plan table.grid tbody')).replace(/\s+/g, ' ').trim(), screenshot: await shot('plan.png', true) };
   });
 
   let stackID;
+  const stackTitle = 'browser demo'; // the template's title: the stack's by default
   await step('create the stack and build it, watching progress', async () => {
     await page.click('#template-create-stack');
     await page.waitForSelector('#stack-form');
+    // The form says nothing about credentials for a provider that takes none, and offers the
+    // one there is for a provider that needs one.
+    const form = (await page.textContent('#stack-form')).replace(/\s+/g, ' ');
+    if (withCredential) {
+      if (!(await page.$(`#stack-cred-${providerName}`))) throw new Error(`no credential select for ${providerName}: ${form}`);
+    } else if (/credential/i.test(form)) {
+      throw new Error(`the New stack page talks of a credential for ${providerName}, which takes none: ${form}`);
+    }
+    await shot('stack-new.png');
     await page.click('#stack-create');
     await page.waitForFunction(() => /^#\/stacks\/[^/]+$/.test(location.hash) && !location.hash.endsWith('/new'), null, { timeout: 120000 });
     stackID = (await page.evaluate(() => location.hash)).split('/')[2];
@@ -170,6 +229,9 @@ async function main() {
     const text = await page.textContent(row);
     // The provider can stop its machines (provider.describe's capabilities): Stop is offered.
     if (!(await page.$(`${row} button[data-power="stop"]:not([disabled])`))) throw new Error(`no Stop button in ${text}`);
+    // Its stack is named by its title (the template's: "browser demo"), linking to the stack.
+    const stack = await page.textContent(`${row} a[href="#/stacks/${stackID}"]`);
+    if (stack !== stackTitle) throw new Error(`the machine's stack is shown as ${JSON.stringify(stack)}, want its title "${stackTitle}"`);
     await shot('machines.png');
     return { machineID, row: text.replace(/\s+/g, ' ').trim() };
   });
@@ -181,11 +243,61 @@ async function main() {
       await page.goto(base + '/' + hash);
       await page.waitForSelector(`main h1:has-text("${title}")`);
       if (await page.$('main .card.error')) throw new Error(`${hash}: ${await page.textContent('main .card.error')}`);
+      const raw = await rawJSON();
+      if (raw.length) throw new Error(`${hash} shows raw JSON: ${raw.join(' | ')}`);
       out[hash] = await shot(`page-${hash.replace(/[#/]+/g, '-').replace(/^-|-$/g, '')}.png`);
     }
     return { screenshots: Object.keys(out).length };
   });
 
+  await step('the stack pages name the template by its title', async () => {
+    const got = {};
+    for (const [hash, sel] of [['#/stacks', `tr[data-stack="${stackID}"] a[href="#/templates/${templateID}"]`], [`#/stacks/${stackID}`, `main dl.kv a[href="#/templates/${templateID}"]`]]) {
+      await page.goto(base + '/' + hash);
+      await page.waitForSelector(sel);
+      got[hash] = await page.textContent(sel);
+      if (!got[hash].startsWith('browser demo, revision ')) throw new Error(`${hash}: template shown as ${JSON.stringify(got[hash])}, want its title "browser demo"`);
+    }
+    return got;
+  });
+
+  await step('the machine page shows its stack by title, no raw JSON, a placeholder that fits', async () => {
+    await page.goto(base + `/#/machines/${machineID}`);
+    await page.waitForSelector('#snapshot-name'); // the snapshots section loads on its own
+    const problems = []; // all of them at once
+    const stack = await page.textContent(`main dl.kv a[href="#/stacks/${stackID}"]`);
+    if (stack !== stackTitle) problems.push(`the machine page shows its stack as ${JSON.stringify(stack)}, want its title "${stackTitle}"`);
+    // Attribute values read as values: maps as key/value rows, no JSON text anywhere.
+    const raw = await rawJSON();
+    if (raw.length) problems.push(`the machine page shows raw JSON: ${raw.join(' | ')}`);
+    const attrs = await page.evaluate(() => [...document.querySelectorAll('dd[data-attr]')].map((dd) => ({
+      name: dd.dataset.attr,
+      kloudTags: [...dd.querySelectorAll('details.kloud-tags dt')].map((dt) => dt.textContent),
+      kloudTagsOpen: !!dd.querySelector('details.kloud-tags[open]'),
+    })));
+    const tags = env.KLOUD_TAGS && attrs.find((a) => a.name === env.KLOUD_TAGS);
+    if (env.KLOUD_TAGS && (!tags || !tags.kloudTags.includes('kloud_owner') || tags.kloudTagsOpen)) {
+      problems.push(`kloud's own tags in ${env.KLOUD_TAGS} are not folded under "kloud tags": ${JSON.stringify(attrs)}`);
+    }
+    // The snapshot name's placeholder fits its input.
+    const ph = await page.evaluate(() => {
+      const el = document.getElementById('snapshot-name');
+      const cs = getComputedStyle(el);
+      const ctx = document.createElement('canvas').getContext('2d');
+      ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+      const room = el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+      return { placeholder: el.placeholder, width: Math.ceil(ctx.measureText(el.placeholder).width), room };
+    });
+    if (ph.width > ph.room) problems.push(`the snapshot name's placeholder is cut off: ${JSON.stringify(ph)}`);
+    // Unfolded for the screenshot: the attributes (when there are many) and kloud's tags.
+    if (await page.$('details.attrs:not([open])')) await page.click('details.attrs > summary');
+    if (tags) await page.click(`dd[data-attr="${tags.name}"] details.kloud-tags summary`);
+    const screenshot = await shot('machine.png', true);
+    if (problems.length) throw new Error(problems.join('\n'));
+    return { attrs: attrs.map((a) => a.name), placeholder: ph, screenshot };
+  });
+
+  if (env.KLOUD_UNAVAILABLE) await unavailableSteps(env.KLOUD_UNAVAILABLE);
   if (withTerminal) await terminalSteps();
   if (withTerminal && shareUser) await shareSteps();
   if (env.KLOUD_RESTART === '1') await restartSteps();
@@ -223,6 +335,48 @@ async function credentialSteps() {
     if (job.status !== 'succeeded') throw new Error(`bootstrap ${job.status}: ${job.text}`);
     await page.waitForSelector(`${row} .badge:has-text("done")`);
     return { bootstrap: job.status };
+  });
+}
+
+// unavailableSteps: the providers page says in one short line why provider name (one kloud
+// offers, unavailable on this host) is unavailable, the whole error folded under "details", not
+// a wall of red text.
+async function unavailableSteps(name) {
+  await step(`the providers page says briefly why ${name} is unavailable`, async () => {
+    await page.goto(base + '/#/providers');
+    const row = `tr[data-provider="${name}"]`;
+    await page.waitForSelector(row);
+    // What the row shows (innerText leaves out a folded detail): a badge, one short line.
+    const v = await page.evaluate((row) => {
+      const r = document.querySelector(row);
+      const bad = getComputedStyle(document.documentElement).getPropertyValue('--bad').trim();
+      const probe = document.createElement('span');
+      probe.style.color = bad;
+      document.body.append(probe);
+      const red = getComputedStyle(probe).color;
+      probe.remove();
+      const d = r.querySelector('details');
+      return {
+        visible: r.innerText,
+        badges: [...r.querySelectorAll('.badge')].map((b) => b.textContent),
+        redText: [...r.querySelectorAll('*')].filter((e) => !e.closest('.badge') && [...e.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim()) && getComputedStyle(e).color === red).map((e) => e.textContent.slice(0, 80)),
+        detail: d && { open: d.open, text: d.textContent },
+      };
+    }, row);
+    if (!v.badges.includes('unavailable')) throw new Error(`no "unavailable" badge: ${JSON.stringify(v)}`);
+    const line = (v.visible.match(/no Docker daemon answers at unix:\/\/\S+/) || [])[0];
+    if (!line) throw new Error(`the row does not say "no Docker daemon answers at unix://…": ${JSON.stringify(v.visible)}`);
+    if (/DOCKER_HOST|connect:/.test(v.visible)) throw new Error(`the row shows the whole error, not a short line: ${JSON.stringify(v.visible)}`);
+    if (v.redText.length) throw new Error(`red error text: ${JSON.stringify(v.redText)}`);
+    if (!v.detail || v.detail.open || !v.detail.text.includes('DOCKER_HOST')) throw new Error(`the whole error is not folded under a detail: ${JSON.stringify(v.detail)}`);
+    const closed = await shot('providers-unavailable.png');
+    // The detail opens on a click and stays open while the page refreshes (every 5 s).
+    await page.click(`${row} details summary`);
+    if (!(await page.isVisible(`${row} details pre:has-text("DOCKER_HOST")`))) throw new Error('the detail does not open');
+    await page.evaluate(() => { document.querySelector('main table.grid').dataset.seen = '1'; });
+    await poll('the page refreshed', () => page.evaluate(() => !document.querySelector('main table.grid[data-seen]')), 15000, 200);
+    if (!(await page.$(`${row} details[open]`))) throw new Error('the detail closed when the page refreshed');
+    return { line, screenshots: [closed, await shot('providers-unavailable-detail.png')] };
   });
 }
 

@@ -15,11 +15,15 @@ type MachineListParams struct {
 // MachineListResult is the result of machine.list.
 type MachineListResult struct {
 	Machines []Machine `json:"machines"`
+	// StackTitles are the titles of the machines' stacks by stack id, for showing which stack a
+	// machine belongs to.
+	StackTitles map[string]string `json:"stackTitles,omitempty"`
 }
 
 // MachineInfo is machine.info's result: the stored machine reconciled with the provider.
 type MachineInfo struct {
 	Machine
+	StackTitle string         `json:"stackTitle,omitempty"` // the title of the machine's stack
 	InfraState provider.State `json:"infraState"`
 	InfoError  string         `json:"infoError,omitempty"`
 }

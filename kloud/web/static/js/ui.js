@@ -66,9 +66,11 @@ export function ago(t) {
   return `${Math.round(s / 86400)} d ago`;
 }
 
+// errorText is the message of error e as a user reads it. kloud's invalid-params errors end in
+// the code's own words (": invalid params"), which say nothing the sentence before did not.
 export function errorText(e) {
   if (!e) return '';
-  if (e.message) return e.message;
+  if (e.message) return e.type === 'invalidParams' ? e.message.replace(/: invalid params$/, '') : e.message;
   return String(e);
 }
 
@@ -108,4 +110,115 @@ export function section(title, ...children) {
 
 export function shortID(id) {
   return id ? String(id).slice(0, 8) : '';
+}
+
+// parsedJSON returns the object or array a string holds as JSON (terraform state keeps some
+// map attributes, such as tags, as JSON strings), else the string itself.
+function parsedJSON(v) {
+  if (typeof v !== 'string' || !/^\s*[[{]/.test(v)) return v;
+  try { return JSON.parse(v); } catch { return v; }
+}
+
+// isEmpty reports whether an attribute's value says nothing: null, "", [] or {} (also as JSON).
+export function isEmpty(v) {
+  v = parsedJSON(v);
+  if (v === null || v === undefined || v === '') return true;
+  if (Array.isArray(v)) return v.length === 0;
+  return typeof v === 'object' && Object.keys(v).length === 0;
+}
+
+// asMap turns a list of {label|key|name, value} pairs (how some providers keep labels) into a
+// map; anything else is returned as it is.
+function asMap(v) {
+  if (!Array.isArray(v) || !v.length) return v;
+  const keyOf = (x) => ['label', 'key', 'name'].find((k) => typeof x[k] === 'string');
+  if (!v.every((x) => x && typeof x === 'object' && !Array.isArray(x) && 'value' in x && Object.keys(x).length === 2 && keyOf(x))) return v;
+  return Object.fromEntries(v.map((x) => [x[keyOf(x)], x.value]));
+}
+
+// attrInline is an attribute's value on one line: maps as {key=value, …} without kloud's own
+// tags (kloud_*, counted), lists as [a, b], texts cut at their first line.
+export function attrInline(v) {
+  v = asMap(parsedJSON(v));
+  if (v === null || v === undefined) return '—';
+  if (Array.isArray(v)) return `[${v.map(attrInline).join(', ')}]`;
+  if (typeof v === 'object') {
+    const keys = Object.keys(v).sort();
+    const own = keys.filter((k) => k.startsWith('kloud_')).length;
+    const parts = keys.filter((k) => !k.startsWith('kloud_')).map((k) => `${k}=${attrInline(v[k])}`);
+    if (own) parts.push(`${own} kloud tags`);
+    return `{${parts.join(', ')}}`;
+  }
+  const str = String(v);
+  return str.includes('\n') ? `${str.split('\n')[0]} …` : str;
+}
+
+// attrValue shows an attribute's value as a user reads it: a map as key/value rows (the keys
+// kloud set itself, kloud_*, folded into a "kloud tags" detail), a list of words as a list,
+// a multi-line text folded, anything else as code.
+export function attrValue(v) {
+  v = asMap(parsedJSON(v));
+  if (v === null || v === undefined) return h('span', { class: 'muted' }, '—');
+  if (Array.isArray(v)) {
+    if (!v.length) return h('span', { class: 'muted' }, 'none');
+    if (v.every((x) => x === null || typeof x !== 'object')) return h('code', {}, v.map(String).join(', '));
+    return h('div', { class: 'attr-list' }, v.map((x) => attrValue(x)));
+  }
+  if (typeof v === 'object') {
+    const entries = Object.entries(v).filter(([, x]) => !isEmpty(x)).sort(([a], [b]) => a.localeCompare(b));
+    if (!entries.length) return h('span', { class: 'muted' }, 'none');
+    const rows = (es) => h('dl', { class: 'kv attr-map' }, es.map(([k, x]) => [h('dt', {}, k), h('dd', {}, attrValue(x))]));
+    const own = entries.filter(([k]) => k.startsWith('kloud_'));
+    const theirs = entries.filter(([k]) => !k.startsWith('kloud_'));
+    return h('div', { class: 'attr-obj' },
+      theirs.length ? rows(theirs) : null,
+      own.length ? h('details', { class: 'kloud-tags' }, h('summary', {}, `kloud tags (${own.length})`), rows(own)) : null);
+  }
+  const s = String(v);
+  if (s.includes('\n')) {
+    const lines = s.replace(/\n$/, '').split('\n').length;
+    return h('details', { class: 'attr-text' }, h('summary', {}, `${lines} lines`), h('pre', {}, s));
+  }
+  return h('code', {}, s);
+}
+
+// shortError is the line of error text a user reads first: its first line, without the
+// hints in parentheses and the causes wrapped after its second ": " ("unavailable on this
+// host: no Docker daemon answers at unix:///var/run/docker.sock (install …): Cannot connect
+// …" → "unavailable on this host: no Docker daemon answers at unix:///var/run/docker.sock").
+export function shortError(text) {
+  let s = String(text || '').trim().split('\n')[0];
+  s = s.replace(/\s*\([^()]*\)/g, '');
+  return s.split(': ').slice(0, 2).join(': ').trim();
+}
+
+// firstLine is text's first line, cut to about max characters, with " …" when there is more.
+export function firstLine(text, max = 160) {
+  const all = String(text || '').trim();
+  let l = all.split('\n')[0];
+  if (l.length > max) l = l.slice(0, max).replace(/\s+\S*$/, '');
+  return l === all ? l : `${l.replace(/[\s:;,]+$/, '')} …`;
+}
+
+// errorDetail shows error text whole when it is short (a few lines), else as a short line (by
+// default its first line) with the whole text folded under "details".
+export function errorDetail(text, { short, cls = 'error-short' } = {}) {
+  const full = String(text || '').trim();
+  if (!full) return '—';
+  if (short === undefined) {
+    if (full.split('\n').length <= 6 && full.length <= 500) return h('span', { class: cls }, full);
+    short = firstLine(full);
+  }
+  if (short === full) return h('span', { class: cls }, full);
+  return h('span', { class: cls },
+    h('span', { class: 'error-summary' }, short),
+    h('details', { class: 'error-detail' }, h('summary', {}, 'details'), h('pre', {}, full)));
+}
+
+// reasonCell is a reason in a table cell: its first line, the whole text in the tooltip (the
+// row's own page shows it all).
+export function reasonCell(text) {
+  if (!text) return '';
+  const short = firstLine(text, 120);
+  return short === String(text).trim() ? short : h('span', { title: String(text).trim() }, short);
 }

@@ -4,7 +4,7 @@
 // describe and update (the same form: secrets left empty keep their value, immutable fields
 // cannot change), authenticate, bootstrap (a job, shown live) and remove.
 
-import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID } from '../ui.js';
+import { h, clear, table, badge, busy, field, section, notice, fmtTime } from '../ui.js';
 import { watchJob } from '../jobs.js';
 import { schemaFields, inputFor, valueOf, hintFor } from '../providers.js';
 
@@ -130,6 +130,7 @@ export async function list(ctx, el) {
   const teams = (me.teams || []);
   const teamSel = h('select', { name: 'team', id: 'cred-team' }, teams.map((t) => h('option', { value: t.slug }, t.title ? `${t.title} (${t.slug})` : t.slug)));
   const fieldsBox = h('div', { class: 'fields' });
+  const addBtn = h('button', { type: 'submit', class: 'primary', id: 'cred-add' }, 'Add credential');
   const provInfo = h('p', { class: 'hint' });
   let inputs = [];
   const build = () => {
@@ -143,13 +144,17 @@ export async function list(ctx, el) {
       inputs.push([f, input]);
       return field(f.title, input, hintFor(f));
     }));
-    if (!fields.length) fieldsBox.append(h('p', { class: 'hint' }, 'This provider needs no credential fields.'));
+    // kloud refuses a credential for a provider without a credential part (credential.add).
+    const takesNone = !(p.schemas && p.schemas.credential) && !(p.credential || []).length;
+    if (takesNone) fieldsBox.append(h('p', { class: 'hint', id: 'cred-none' }, `Provider ${p.name} needs no credential: its stacks build without one.`));
+    else if (!fields.length) fieldsBox.append(h('p', { class: 'hint' }, 'This provider needs no credential fields.'));
+    addBtn.disabled = takesNone;
+    title.disabled = takesNone;
   };
   provSel.addEventListener('change', build);
   const first = providers.find((p) => p.available);
   if (first) provSel.value = first.name;
   build();
-  const addBtn = h('button', { type: 'submit', class: 'primary', id: 'cred-add' }, 'Add credential');
   const form = h('form', { class: 'stack-form', id: 'cred-form' },
     field('Provider', provSel), provInfo, field('Title', title), teams.length > 1 ? field('Team', teamSel) : null, fieldsBox, addBtn);
   form.addEventListener('submit', (ev) => {
@@ -160,8 +165,8 @@ export async function list(ctx, el) {
         const v = valueOf(f, input);
         if (v !== undefined) data[f.name] = v;
       }
-      const r = await kite.call('credential.add', { provider: provSel.value, title: title.value.trim(), team: teams.length > 1 ? teamSel.value : undefined, data });
-      notice(`Credential added (${shortID(r.id)}).`);
+      await kite.call('credential.add', { provider: provSel.value, title: title.value.trim(), team: teams.length > 1 ? teamSel.value : undefined, data });
+      notice(`Credential ${title.value.trim()} added.`);
       title.value = '';
       build();
       await reload();

@@ -5,7 +5,7 @@
 // has the capability (provider.describe, ../providers.js): otherwise the button is shown
 // disabled, saying why.
 
-import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText } from '../ui.js';
+import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText, attrValue, errorDetail, reasonCell, isEmpty } from '../ui.js';
 import { watchJob } from '../jobs.js';
 import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js';
 import { providers, can } from '../providers.js';
@@ -47,18 +47,24 @@ async function power(ctx, m, method, jobsEl, onDone) {
   return watchJob(ctx.kite, r.jobId, jobsEl, { title: `${method === 'start' ? 'Starting' : 'Stopping'} ${m.label}`, onDone });
 }
 
+// stackLink links to stack id by its title (its id's prefix when the title is not known).
+function stackLink(id, title) {
+  return h('a', { href: `#/stacks/${encodeURIComponent(id)}`, title: `stack ${id}` }, title || shortID(id));
+}
+
 // machineTable lists machines with their actions; jobs show in jobsEl. caps is what
 // providers() returned (the providers' capabilities).
-export function machineTable(ctx, machines, { onChange, jobsEl, showStack = false, caps = {} } = {}) {
+// stackTitles (machine.list's) names the stacks of the Stack column (showStack).
+export function machineTable(ctx, machines, { onChange, jobsEl, showStack = false, stackTitles = {}, caps = {} } = {}) {
   const me = ctx.session.username;
   return table([
     { title: 'Machine', render: (m) => h('a', { href: `#/machines/${encodeURIComponent(m.id)}`, class: 'machine-label' }, m.label) },
-    showStack ? { title: 'Stack', render: (m) => h('a', { href: `#/stacks/${encodeURIComponent(m.stackId)}` }, shortID(m.stackId)) } : null,
+    showStack ? { title: 'Stack', class: 'stack', render: (m) => stackLink(m.stackId, stackTitles[m.stackId]) } : null,
     { title: 'Owner', render: (m) => (m.owner === me ? 'you' : [m.owner, ' ', badge(`shared: ${myGrant(ctx, m)}`, 'shared')]) },
     { title: 'State', class: 'state', render: (m) => badge(m.state) },
     { title: 'Agent', class: 'agent-cell', render: agentCell },
     { title: 'IP', render: (m) => m.ipAddress || '—' },
-    { title: 'Reason', class: 'reason', render: (m) => m.reason || '' },
+    { title: 'Reason', class: 'reason', render: (m) => reasonCell(m.reason) },
     {
       title: '', class: 'actions', render: (m) => {
         const g = myGrant(ctx, m);
@@ -84,7 +90,7 @@ export async function list(ctx, el) {
   let stopped = false;
   const refresh = async () => {
     const [res, caps] = await Promise.all([ctx.kite.call('machine.list'), providers(ctx.kite).catch(() => ({}))]);
-    clear(box, section(null, machineTable(ctx, res.machines, { onChange: refresh, jobsEl: jobs, showStack: true, caps })));
+    clear(box, section(null, machineTable(ctx, res.machines, { onChange: refresh, jobsEl: jobs, showStack: true, stackTitles: res.stackTitles || {}, caps })));
   };
   const loop = async () => {
     if (stopped) return;
@@ -187,6 +193,14 @@ function sessionsSection(ctx, m, grant) {
   return section('Terminal sessions', box, h('button', { class: 'small', onclick: load }, 'Refresh'));
 }
 
+// attributesSection shows the provider's attributes of a machine ([name, value], none empty);
+// many of them (a docker container has dozens, mostly defaults) are folded.
+function attributesSection(attrs) {
+  const list = h('dl', { class: 'kv' }, attrs.map(([k, v]) => [h('dt', {}, k), h('dd', { dataset: { attr: k } }, attrValue(v))]));
+  if (attrs.length <= 12) return section('Attributes', list);
+  return section('Attributes', h('details', { class: 'attrs' }, h('summary', {}, `all ${attrs.length} attributes the provider reports`), list));
+}
+
 export async function detail(ctx, el) {
   const { kite } = ctx;
   const id = ctx.params.id;
@@ -198,7 +212,7 @@ export async function detail(ctx, el) {
     const [m, caps] = await Promise.all([kite.call('machine.info', { machineId: id }), providers(kite).catch(() => ({}))]);
     const grant = myGrant(ctx, m);
     const mayPower = grant === 'owner' || grant === 'full' || grant === 'admin';
-    const attrs = Object.entries(m.attributes || {}).filter(([, v]) => v !== null && v !== '').sort(([a], [b]) => a.localeCompare(b));
+    const attrs = Object.entries(m.attributes || {}).filter(([, v]) => !isEmpty(v)).sort(([a], [b]) => a.localeCompare(b));
     clear(box,
       h('div', { class: 'title-row' }, h('h1', {}, `Machine ${m.label}`), badge(m.state), h('span', { class: 'spacer' }),
         running(m) && grant !== 'readonly' ? h('button', { class: 'primary', id: 'machine-terminal', onclick: () => ctx.openTerminal({ machineId: m.id, label: m.label }) }, 'New terminal') : null,
@@ -206,16 +220,16 @@ export async function detail(ctx, el) {
         mayPower && canStop(m) ? powerButton(ctx, m, 'stop', caps, {}, jobs, refresh) : null),
       section(null, h('dl', { class: 'kv' },
         h('dt', {}, 'ID'), h('dd', {}, h('code', {}, m.id)),
-        h('dt', {}, 'Stack'), h('dd', {}, h('a', { href: `#/stacks/${encodeURIComponent(m.stackId)}` }, shortID(m.stackId))),
+        h('dt', {}, 'Stack'), h('dd', { id: 'machine-stack' }, stackLink(m.stackId, m.stackTitle)),
         h('dt', {}, 'Owner'), h('dd', {}, m.owner, grant !== 'owner' ? [' ', badge(`you: ${grant || 'none'}`, 'shared')] : ''),
         h('dt', {}, 'Provider'), h('dd', {}, m.provider),
         h('dt', {}, 'State'), h('dd', {}, badge(m.state), m.infraState && m.infraState !== m.state ? ` (provider says ${m.infraState})` : '', m.infoError ? h('span', { class: 'error-text' }, ` provider: ${m.infoError}`) : ''),
         h('dt', {}, 'Agent'), h('dd', {}, agentCell(m), m.agent && m.agent.version ? h('small', { class: 'muted' }, ` klient ${m.agent.version}`) : ''),
         h('dt', {}, 'Kite'), h('dd', {}, h('code', {}, m.kiteId || '—')),
         h('dt', {}, 'IP address'), h('dd', {}, m.ipAddress || '—'),
-        m.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, m.reason)] : null,
+        m.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, errorDetail(m.reason))] : null,
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(m.updatedAt)))),
-      attrs.length ? section('Attributes', h('dl', { class: 'kv' }, attrs.map(([k, v]) => [h('dt', {}, k), h('dd', {}, h('code', {}, typeof v === 'object' ? JSON.stringify(v) : String(v)))]))) : null);
+      attrs.length ? attributesSection(attrs) : null);
     if (first) {
       first = false;
       clear(extra,

@@ -2,14 +2,28 @@
 // version, where it runs, whether it is connected, what it can do and its last error. Refreshed
 // every 5 s while shown.
 
-import { h, clear, table, badge, fmtTime } from '../ui.js';
+import { h, clear, table, badge, fmtTime, shortError, errorDetail } from '../ui.js';
 import { providers } from '../providers.js';
 import { constraintsSummary } from '../constraints.js';
+
+// lastError is a provider's last error as a short line (a builtin's "unavailable on this
+// host: " prefix is what its badge says already), the whole text folded under it.
+function lastError(p) {
+  if (!p.lastError) return '—';
+  const short = shortError(p.lastError).replace(/^unavailable on this host: /, '');
+  return errorDetail(p.lastError, { short });
+}
 
 export async function list(ctx, el) {
   const { kite } = ctx;
   let described = {}; // provider.describe by name: the constraints vocabularies
-  const draw = (res) => clear(el,
+  // draw renders the page again; the error details a user opened stay open.
+  const draw = (res) => {
+    const open = new Set([...el.querySelectorAll('tr[data-provider] details[open]')].map((d) => d.closest('tr').dataset.provider));
+    render(res);
+    for (const d of el.querySelectorAll('tr[data-provider] details')) d.open = open.has(d.closest('tr').dataset.provider);
+  };
+  const render = (res) => clear(el,
     h('h1', {}, 'Providers'),
     table([
       { title: 'Name', render: (p) => h('strong', {}, p.name) },
@@ -17,12 +31,13 @@ export async function list(ctx, el) {
       { title: 'Version', render: (p) => p.version || '—' },
       { title: 'Where', render: (p) => p.where },
       {
-        title: 'Connected', render: (p) => h('span', { title: p.connected ? `since ${fmtTime(p.connectedAt)}` : (p.disconnectedAt ? `since ${fmtTime(p.disconnectedAt)}` : '') },
-          badge(p.connected ? 'connected' : 'not connected', p.connected ? 'agent-connected' : 'agent-disconnected')),
+        title: 'Connected', class: 'status', render: (p) => h('span', { title: p.connected ? `since ${fmtTime(p.connectedAt)}` : (p.disconnectedAt ? `since ${fmtTime(p.disconnectedAt)}` : '') },
+          p.connected ? badge('connected', 'agent-connected')
+            : badge(p.kind === 'builtin' ? 'unavailable' : 'not connected', 'agent-disconnected')),
       },
       { title: 'Capabilities', render: (p) => (p.capabilities || []).join(', ') || '—' },
       { title: 'Constraints', render: (p) => h('span', { class: 'muted', dataset: { constraints: p.name } }, constraintsSummary(described[p.name] && described[p.name].constraints)) },
-      { title: 'Last error', render: (p) => p.lastError ? h('span', { class: 'error-text' }, p.lastError) : '—' },
+      { title: 'Last error', class: 'last-error', render: (p) => lastError(p) },
     ], res.providers, { empty: 'This kloud offers no providers.', rowAttrs: (p) => ({ dataset: { provider: p.name } }) }),
     h('p', { class: 'muted' }, 'Install a provider plugin with ', h('code', {}, 'kloud provider install PATH'), ' on the kloud host.'));
   try { described = await providers(kite); } catch { /* the table shows the rest */ }

@@ -73,7 +73,9 @@ export function snapshotsSection(ctx, m, grant, onDone) {
     ], mine, { empty: 'No snapshot of this machine.', rowAttrs: (s) => ({ dataset: { snapshot: s.id, status: s.status } }) });
     const parts = [quota, rows];
     if (mayManage) {
-      const name = h('input', { id: 'snapshot-name', placeholder: `name (default: ${m.label} and the time)`, maxlength: 100 });
+      // Wide enough for its placeholder (kloud names a snapshot without one "LABEL DATE TIME").
+      const hint = `name (default: ${m.label} + time)`;
+      const name = h('input', { id: 'snapshot-name', placeholder: hint, title: hint, size: Math.max(20, hint.length + 4), maxlength: 100 });
       const btn = h('button', { type: 'submit', id: 'snapshot-take', disabled: !capable, title: why || (m.state === 'Running' ? 'the machine is stopped while its disk is saved, then started again' : '') }, 'Take snapshot');
       const form = h('form', { class: 'inline', id: 'snapshot-form' }, name, btn);
       form.addEventListener('submit', (ev) => {

@@ -2,12 +2,16 @@
 // preview), and a stack's page with its machines and build / destroy, whose progress and log
 // come live from job.watch.
 
-import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID, errorText } from '../ui.js';
+import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID, errorText, errorDetail, reasonCell } from '../ui.js';
 import { watchJob } from '../jobs.js';
 import { planTable } from './templates.js';
 import { machineTable } from './machines.js';
 import { providers } from '../providers.js';
 import { updateButton, scaleSection } from './stackupdate.js';
+
+// needsCredential says whether provider description d asks for a credential: it has a
+// credential part (a schema), as kloud decides when it builds the template (kloud/stacks.go).
+const needsCredential = (d) => !!((d.schemas && d.schemas.credential) || (d.credential && d.credential.length));
 
 const canBuild = (st) => st.state === 'NotInitialized' || st.state === 'Failed';
 const canDestroy = (st) => st.state !== 'Building' && st.state !== 'Destroying';
@@ -18,13 +22,26 @@ async function apply(ctx, st, destroy, jobsEl, onDone) {
   return watchJob(ctx.kite, r.jobId, jobsEl, { title: `${destroy ? 'Destroying' : 'Building'} ${st.title}`, onDone });
 }
 
+// templateTitles returns the titles of the templates the caller sees, by id (a stack names its
+// template by id; a template deleted since is not among them).
+async function templateTitles(kite) {
+  const res = await kite.call('template.list').catch(() => ({}));
+  return Object.fromEntries((res.templates || []).map((t) => [t.id, t.title]));
+}
+
+// templateLink links to template id at revision rev by its title (its id's prefix when the
+// template is gone or not visible).
+function templateLink(id, rev, titles) {
+  return h('a', { href: `#/templates/${encodeURIComponent(id)}`, class: 'template-link', title: `template ${id}` }, `${titles[id] || shortID(id)}, revision ${rev}`);
+}
+
 export async function list(ctx, el) {
   const jobs = h('div', { class: 'jobs' });
   const box = h('div', {});
   const watches = [];
   // reload refreshes the table only, so job views stay with their logs.
   const reload = async () => {
-    const res = await ctx.kite.call('stack.list');
+    const [res, titles] = await Promise.all([ctx.kite.call('stack.list'), templateTitles(ctx.kite)]);
     const act = (s, destroy) => (ev) => busy(ev.target, async () => {
       const w = await apply(ctx, s, destroy, jobs, () => reload());
       if (w) { watches.push(w); await reload(); }
@@ -34,12 +51,12 @@ export async function list(ctx, el) {
       { title: 'State', render: (s) => badge(s.state) },
       { title: 'Machines', render: (s) => String((s.machines || []).length) },
       {
-        title: 'Template', render: (s) => [h('a', { href: `#/templates/${encodeURIComponent(s.templateId)}` }, `${shortID(s.templateId)} rev ${s.templateRev}`),
+        title: 'Template', render: (s) => [templateLink(s.templateId, s.templateRev, titles),
           s.updateAvailable ? [' ', h('a', { class: 'badge badge-update', href: `#/stacks/${encodeURIComponent(s.id)}` }, `update: rev ${s.latestRev}`)] : null],
       },
       { title: 'Team', render: (s) => s.team },
       { title: 'Created', render: (s) => fmtTime(s.createdAt) },
-      { title: 'Reason', class: 'reason', render: (s) => s.reason || '' },
+      { title: 'Reason', class: 'reason', render: (s) => reasonCell(s.reason) },
       {
         title: '', class: 'actions', render: (s) => [
           canBuild(s) ? h('button', { class: 'small', onclick: act(s, false) }, 'Build') : null,
@@ -88,14 +105,22 @@ export async function create(ctx, el) {
     const t = templates.find((x) => x.id === tplSel.value);
     credSels = {};
     clear(credBox);
+    const described = await providers(kite).catch(() => ({}));
     for (const p of (t && t.providers) || []) {
       const r = await kite.call('credential.list', { provider: p, team: t.team });
       const cs = r.credentials || [];
       if (cs.length === 0) {
-        credBox.append(h('p', { class: 'hint' }, `Provider ${p}: no credential in team ${t.team} (not every provider needs one; `, h('a', { href: '#/credentials' }, 'add one'), ').'));
+        // A provider without a credential part builds without one: nothing to say. One that
+        // needs a credential (or one this page does not know) says where to add it.
+        const d = described[p];
+        if (d && !needsCredential(d)) continue;
+        credBox.append(h('p', { class: 'hint', dataset: { needsCredential: p } }, `Provider ${p} needs a credential and team ${t.team} has none yet: `, h('a', { href: '#/credentials' }, 'add one'), '.'));
         continue;
       }
-      const sel = h('select', { id: `stack-cred-${p}` }, cs.map((c) => h('option', { value: c.id }, `${c.title} (${shortID(c.id)})`)));
+      // Credentials by title; the owner (or the id) tells apart those of the same title.
+      const same = (c) => cs.filter((x) => x.title === c.title);
+      const name = (c) => (same(c).length < 2 ? c.title : `${c.title} (${same(c).filter((x) => x.owner === c.owner).length < 2 ? c.owner : shortID(c.id)})`);
+      const sel = h('select', { id: `stack-cred-${p}` }, cs.map((c) => h('option', { value: c.id }, name(c))));
       credSels[p] = sel;
       credBox.append(field(`Credential for ${p}`, sel));
     }
@@ -119,7 +144,7 @@ export async function create(ctx, el) {
     clear(planBox, section('Plan', h('p', { class: 'loading' }, 'terraform plan…')));
     try {
       const r = await kite.call('stack.plan', params(), { timeout: 10 * 60 * 1000 });
-      clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines)));
+      clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines, (templates.find((x) => x.id === tplSel.value) || {}).files)));
     } catch (e) {
       clear(planBox, section('Plan failed', h('pre', { class: 'error-text' }, errorText(e))));
     }
@@ -152,8 +177,9 @@ export async function detail(ctx, el) {
   let st = null;
 
   const refresh = async () => {
+    let titles;
     try {
-      st = await kite.call('stack.describe', { id });
+      [st, titles] = await Promise.all([kite.call('stack.describe', { id }), templateTitles(kite)]);
     } catch (e) {
       if (e.type === 'notFound') {
         clear(head, h('h1', {}, 'Stack gone'), h('p', {}, 'This stack does not exist (any more). ', h('a', { href: '#/stacks' }, 'All stacks')));
@@ -172,9 +198,9 @@ export async function detail(ctx, el) {
       h('dl', { class: 'kv' },
         h('dt', {}, 'ID'), h('dd', {}, h('code', {}, st.id)),
         h('dt', {}, 'Owner / team'), h('dd', {}, `${st.owner} / ${st.team}`),
-        h('dt', {}, 'Template'), h('dd', {}, h('a', { href: `#/templates/${encodeURIComponent(st.templateId)}` }, `${shortID(st.templateId)} revision ${st.templateRev}`),
+        h('dt', {}, 'Template'), h('dd', { id: 'stack-template-link' }, templateLink(st.templateId, st.templateRev, titles),
           st.latestRev > st.templateRev ? ` (latest: ${st.latestRev})` : null, st.diverged ? ' (scaled)' : null),
-        st.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, st.reason)] : null,
+        st.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, errorDetail(st.reason))] : null,
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(st.updatedAt))));
     const caps = await providers(kite).catch(() => ({}));
     clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: refresh, jobsEl: jobs, caps })));

@@ -2,19 +2,23 @@
 // button, which shows stack.plan's per-machine diff before anything changes and runs
 // stack.update once confirmed; and scaling a counted machine resource (stack.scale).
 
-import { h, clear, table, badge, busy, field, section, errorText } from '../ui.js';
+import { h, clear, table, badge, busy, field, section, errorText, attrInline, isEmpty } from '../ui.js';
 
 const updatable = (st) => st.state === 'Initialized' || st.state === 'Failed';
 
+// value shows a changed value: a text quoted (so an empty one shows), a map or list as values
+// (attrInline), not JSON.
+const value = (v) => (v !== null && typeof v === 'object' ? attrInline(v) : JSON.stringify(v ?? null));
+
 function changeText(m) {
   if (m.action === 'add') {
-    return Object.entries(m.attributes || {}).filter(([, v]) => v !== null && typeof v !== 'object')
+    return Object.entries(m.attributes || {}).filter(([, v]) => !isEmpty(v) && v !== false && typeof v !== 'object')
       .map(([k, v]) => `${k}=${v}`).join(' ');
   }
   return (m.changes || []).map((c) => {
     if (c.hidden) return `${c.name} (hidden)`;
-    const b = JSON.stringify(c.before ?? null);
-    return c.unknown ? `${c.name}: ${b} → (known after apply)` : `${c.name}: ${b} → ${JSON.stringify(c.after ?? null)}`;
+    const b = value(c.before);
+    return c.unknown ? `${c.name}: ${b} → (known after apply)` : `${c.name}: ${b} → ${value(c.after)}`;
   }).join('; ');
 }
 

@@ -2,7 +2,7 @@
 // template's files (create / update with revisions) with a plan preview (stack.plan: the
 // machines the template would make).
 
-import { h, clear, table, busy, field, section, notice, fmtTime, errorText, shortID } from '../ui.js';
+import { h, clear, table, busy, field, section, notice, fmtTime, errorText, attrInline, isEmpty } from '../ui.js';
 
 export async function list(ctx, el) {
   const res = await ctx.kite.call('template.list');
@@ -29,17 +29,28 @@ export async function list(ctx, el) {
     ], res.templates, { empty: 'No templates yet.' })));
 }
 
-// planTable shows stack.plan's machines.
-export function planTable(machines) {
+// planTable shows stack.plan's machines. With the template's files, the attributes the
+// template sets come first and the rest (the provider's defaults: a docker container has many)
+// are folded under "+N more".
+export function planTable(machines, files = []) {
+  const text = (files || []).map((f) => f.content || '').join('\n');
+  const setHere = (k) => new RegExp(`(^|[\\s{,;])${k.replace(/[^\w]/g, '\\$&')}\\s*=`, 'm').test(text);
+  const line = (a, keys) => keys.map((k) => `${k}=${attrInline(a[k])}`).join(' ');
   return table([
     { title: 'Machine', render: (m) => h('strong', {}, m.label) },
     { title: 'Provider', render: (m) => m.provider },
     { title: 'Resource', render: (m) => m.resource },
     {
-      title: 'Attributes', render: (m) => {
+      title: 'Attributes', class: 'plan-attrs', render: (m) => {
         const a = m.attributes || {};
-        const keys = Object.keys(a).filter((k) => a[k] !== null && !/user_data|^input$|^output$/.test(k)).sort();
-        return keys.length ? h('code', { class: 'attrs' }, keys.map((k) => `${k}=${typeof a[k] === 'object' ? JSON.stringify(a[k]) : a[k]}`).join(' ')) : '—';
+        // What says something: not empty, not false (a provider's defaults are mostly those).
+        const keys = Object.keys(a).filter((k) => !isEmpty(a[k]) && a[k] !== false && !/user_data|^input$|^output$/.test(k)).sort();
+        if (!keys.length) return '—';
+        const mine = text ? keys.filter(setHere) : [];
+        const rest = keys.filter((k) => !mine.includes(k));
+        if (!mine.length || !rest.length) return h('code', { class: 'attrs' }, line(a, keys));
+        return [h('code', { class: 'attrs' }, line(a, mine)),
+          h('details', { class: 'plan-more' }, h('summary', {}, `+${rest.length} more`), h('code', { class: 'attrs' }, line(a, rest)))];
       },
     },
   ], machines, { empty: 'The template declares no machines.' });
@@ -124,7 +135,7 @@ export async function editor(ctx, el) {
         ctx.navigate(`#/templates/${encodeURIComponent(t.id)}`);
       } else {
         const t = await kite.call('template.create', { title: title.value.trim(), description: desc.value || undefined, team: teams.length > 1 ? teamSel.value : undefined, files: fm });
-        notice(`Template created (${shortID(t.id)}).`);
+        notice(`Template ${t.title} created.`);
         dirty = false;
         ctx.navigate(`#/templates/${encodeURIComponent(t.id)}`);
       }
@@ -141,7 +152,7 @@ export async function editor(ctx, el) {
         if (cs.length > 1) credentials[p] = cs[0].id;
       }
       const r = await kite.call('stack.plan', { templateId: tpl.id, credentials }, { timeout: 10 * 60 * 1000 });
-      clear(planBox, section(`Plan of revision ${r.rev}: ${r.machines.length} machine(s)`, planTable(r.machines)));
+      clear(planBox, section(`Plan of revision ${r.rev}: ${r.machines.length} machine(s)`, planTable(r.machines, tpl.files)));
     } catch (e) {
       clear(planBox, section('Plan failed', h('pre', { class: 'error-text' }, errorText(e))));
     }
