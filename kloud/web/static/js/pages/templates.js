@@ -29,9 +29,9 @@ export async function list(ctx, el) {
     ], res.templates, { empty: 'No templates yet.' })));
 }
 
-// planTable shows stack.plan's machines. With the template's files, the attributes the
-// template sets come first and the rest (the provider's defaults: a docker container has many)
-// are folded under "+N more".
+// planTable shows stack.plan's machines. The attributes the template sets (the plan's
+// `configured`; for an older kloud, guessed from the template's files) come first and the rest
+// (the provider's defaults: a docker container has many) are folded under "+N more".
 export function planTable(machines, files = []) {
   const text = (files || []).map((f) => f.content || '').join('\n');
   const setHere = (k) => new RegExp(`(^|[\\s{,;])${k.replace(/[^\w]/g, '\\$&')}\\s*=`, 'm').test(text);
@@ -46,7 +46,7 @@ export function planTable(machines, files = []) {
         // What says something: not empty, not false (a provider's defaults are mostly those).
         const keys = Object.keys(a).filter((k) => !isEmpty(a[k]) && a[k] !== false && !/user_data|^input$|^output$/.test(k)).sort();
         if (!keys.length) return '—';
-        const mine = text ? keys.filter(setHere) : [];
+        const mine = m.configured ? keys.filter((k) => m.configured.includes(k)) : text ? keys.filter(setHere) : [];
         const rest = keys.filter((k) => !mine.includes(k));
         if (!mine.length || !rest.length) return h('code', { class: 'attrs' }, line(a, keys));
         return [h('code', { class: 'attrs' }, line(a, mine)),
