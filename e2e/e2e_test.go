@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	localtf "github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 	vagranttf "github.com/kloud-dev/kloud/providers/vagrant/tfprovider/tfprovidertest"
@@ -162,18 +163,9 @@ func (e *env) cleanup() {
 		}
 	}
 	// Machines of the dummy provider are processes: stop any a failed test left behind.
-	filepath.Walk(filepath.Join(e.dir, "machines"), func(p string, fi os.FileInfo, err error) error {
-		if err == nil && (fi.Name() == "klient-supervisor.pid" || fi.Name() == "provision.pid") {
-			var pid int
-			if b, err := os.ReadFile(p); err == nil {
-				fmt.Sscan(string(b), &pid)
-			}
-			if pid > 1 {
-				syscall.Kill(-pid, syscall.SIGKILL)
-			}
-		}
-		return nil
-	})
+	if err := dummy.KillAll(context.Background(), filepath.Join(e.dir, "machines")); err != nil {
+		e.t.Error(err)
+	}
 }
 
 // syncBuffer is a bytes.Buffer a process writes to while the test reads it.

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -35,7 +34,7 @@ func tagsVocab(asList *atomic.Bool) func() []provider.Constraint {
 // constrainedDummy is the dummy provider with a constraints vocabulary its stacks validate.
 func constrainedDummy(t *testing.T, vocab func() []provider.Constraint) *provider.Provider {
 	t.Helper()
-	p := dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")})
+	p := dummy.New(dummy.Options{Dir: dummyDir(t)})
 	inner := p.Stack
 	p.Stack = func(b *provider.BaseStack) (provider.Stack, error) {
 		st, err := inner(b)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -39,7 +38,7 @@ func TestConstraintsRefusePlan(t *testing.T) {
 		return []provider.Constraint{{Name: provider.ConstraintMem, Attribute: "triggers_replace", Type: provider.ConstraintInteger, Unit: "MB",
 			Min: provider.Bounds(32), Max: provider.Bounds(float64(maxMem.Load())), Bound: "this test's host"}}
 	}
-	p := dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")})
+	p := dummy.New(dummy.Options{Dir: dummyDir(t)})
 	inner := p.Stack
 	p.Stack = func(b *provider.BaseStack) (provider.Stack, error) {
 		st, err := inner(b)

@@ -40,12 +40,24 @@ func newFlow(t *testing.T, o dummy.Options) *flowEnv {
 	return newFlowWith(t, o, kloudtest.Options{})
 }
 
+// dummyDir is a directory for the dummy provider's machines (dummy.Options.Dir) whose processes
+// end with the test, also when it fails before destroying its stack.
+func dummyDir(t *testing.T) string {
+	dir := filepath.Join(t.TempDir(), "machines")
+	t.Cleanup(func() {
+		if err := dummy.KillAll(context.Background(), dir); err != nil {
+			t.Error(err)
+		}
+	})
+	return dir
+}
+
 // newFlowWith is newFlow with kloud's options (e.g. a short AgentTimeout).
 func newFlowWith(t *testing.T, o dummy.Options, ko kloudtest.Options) *flowEnv {
 	t.Helper()
 	testutil.RequireBinary(t, "curl")
 	reg := provider.NewRegistry()
-	o.Dir = filepath.Join(t.TempDir(), "machines")
+	o.Dir = dummyDir(t)
 	reg.Register(dummy.New(o))
 	ko.Providers, ko.KlientBin = reg, testutil.BuildBinary(t, "./cmd/klient")
 	e := kloudtest.Start(t, ko)

@@ -395,7 +395,7 @@ func (s seed) job(stackID, runner string, end error) string {
 func TestRestartReconcilesStuckRecords(t *testing.T) {
 	dir := t.TempDir()
 	reg := provider.NewRegistry()
-	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
+	reg.Register(dummy.New(dummy.Options{Dir: dummyDir(t)}))
 	old := kloudtest.Start(t, kloudtest.Options{DataDir: dir, Providers: reg})
 	kloudtest.Call(t, old.Dial(kloud.Admin), "user.add", map[string]string{"username": "alice", "team": kloud.DefaultTeam}, nil)
 	sd := seed{t, old.Server.Store()}

@@ -53,7 +53,7 @@ func wantRuleRefusal(t *testing.T, when string, err error, arg string) {
 func newDockerFlow(t *testing.T) (*kloudtest.Env, *api.Client) {
 	t.Helper()
 	reg := provider.NewRegistry()
-	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
+	reg.Register(dummy.New(dummy.Options{Dir: dummyDir(t)}))
 	d, err := docker.New(docker.Options{Host: "unix://" + filepath.Join(t.TempDir(), "no-daemon.sock"), Image: "kloud-test", StateDir: t.TempDir(),
 		Endpoint: "http://127.0.0.1:1", NoFirewall: true})
 	if err != nil {
@@ -217,7 +217,7 @@ func (ruledStack) ValidateTemplate(ctx context.Context, files map[string][]byte)
 func TestDestroyDespiteProviderRules(t *testing.T) {
 	testutil.RequireBinary(t, "curl")
 	reg := provider.NewRegistry()
-	o := dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}
+	o := dummy.Options{Dir: dummyDir(t)}
 	p := dummy.New(o)
 	inner := p.Stack
 	p.Stack = func(b *provider.BaseStack) (provider.Stack, error) {

@@ -306,11 +306,17 @@ func machineEnv(root string) []string {
 // machineProcs returns the live processes (not zombies) whose environment marks them as the
 // machine's at root.
 func machineProcs(root string) []int {
+	return markedProcs(func(r string) bool { return r == root })
+}
+
+// markedProcs returns the live processes (not zombies) whose environment marks them as a
+// machine's whose root match accepts.
+func markedProcs(match func(root string) bool) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	marker := []byte(envMachine + "=" + root)
+	prefix := []byte(envMachine + "=")
 	var out []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -322,7 +328,7 @@ func machineProcs(root string) []int {
 			continue
 		}
 		for _, kv := range bytes.Split(env, []byte{0}) {
-			if bytes.Equal(kv, marker) {
+			if r, ok := bytes.CutPrefix(kv, prefix); ok && match(string(r)) {
 				out = append(out, pid)
 				break
 			}
@@ -334,7 +340,23 @@ func machineProcs(root string) []int {
 // killMachine ends every process of the machine at root: SIGTERM, up to 3 s to exit, then
 // SIGKILL until none is left (a dying process may have started another meanwhile).
 func killMachine(ctx context.Context, root string) error {
-	pids := machineProcs(root)
+	return killMarked(ctx, root, func() []int { return machineProcs(root) })
+}
+
+// KillAll ends every process of every machine whose directory is under dir (Options.Dir), as
+// killMachine does one machine's. Tests call it when they end, so that the machines of a test
+// that failed before destroying its stack do not outlive it.
+func KillAll(ctx context.Context, dir string) error {
+	dir = filepath.Clean(dir) + string(filepath.Separator)
+	return killMarked(ctx, dir, func() []int {
+		return markedProcs(func(r string) bool { return strings.HasPrefix(r, dir) })
+	})
+}
+
+// killMarked ends the processes procs finds (what names them): SIGTERM, up to 3 s to exit,
+// then SIGKILL until none is left.
+func killMarked(ctx context.Context, what string, procs func() []int) error {
+	pids := procs()
 	for _, pid := range pids {
 		syscall.Kill(pid, syscall.SIGTERM)
 	}
@@ -346,7 +368,7 @@ func killMachine(ctx context.Context, root string) error {
 			return nil
 		}
 	}
-	for deadline := time.Now().Add(3 * time.Second); len(pids) > 0 && time.Now().Before(deadline); pids = machineProcs(root) {
+	for deadline := time.Now().Add(3 * time.Second); len(pids) > 0 && time.Now().Before(deadline); pids = procs() {
 		if err := wait(20 * time.Millisecond); err != nil {
 			return err
 		}
@@ -361,9 +383,9 @@ func killMachine(ctx context.Context, root string) error {
 		if err := wait(10 * time.Millisecond); err != nil {
 			return err
 		}
-		pids = machineProcs(root)
+		pids = procs()
 	}
-	return fmt.Errorf("processes of the machine at %s keep running: %v", root, pids)
+	return fmt.Errorf("processes of %s keep running: %v", what, pids)
 }
 
 // machinePID reads the pid file rel (a machine path) under root and reports whether that
