@@ -133,6 +133,11 @@ resource "terraform_data" "vm" {
 	_, err = cl.StackPlan(ctx, api.StackPlanParams{TemplateID: dyn})
 	refusedCap(t, "stack.plan of count = max(21, 1)", err, "terraform's plan asks for 21 machines", "the limit is 20")
 
+	// A stack made before its template's cap was lowered.
+	made, err := cl.StackCreate(ctx, api.StackPlanParams{TemplateID: small})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// A template's own cap: only a kloud administrator sets it; it replaces the global cap.
 	if _, err := cl.TemplateUpdate(ctx, api.TemplateParams{TemplateID: small, MaxMachines: 1}); !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("template.update maxMachines by a member: %v, want permission denied", err)
@@ -152,10 +157,72 @@ resource "terraform_data" "vm" {
 	if _, err := cl.StackPlan(ctx, api.StackPlanParams{TemplateID: small, Variables: map[string]string{"n": "1"}}); err != nil {
 		t.Fatalf("stack.plan of 1 machine under a template cap of 1: %v", err)
 	}
-	if l, err := cl.StackList(ctx, api.StackListParams{}); err != nil || len(l.Stacks) != 0 {
-		t.Fatalf("stack.list after refused creates: %+v, %v", l, err)
+	ref, err := cl.StackApply(ctx, api.StackApplyParams{StackID: made.Stack.ID})
+	refusedCap(t, "stack.apply of a 2-machine stack under a template cap of 1", err, "asks for 2 machines", "the limit is 1")
+	if ref.JobID != "" {
+		t.Fatalf("stack.apply refused with job %s", ref.JobID)
+	}
+	if l, err := cl.StackList(ctx, api.StackListParams{}); err != nil || len(l.Stacks) != 1 || l.Stacks[0].State != kloud.StackNotInitialized {
+		t.Fatalf("stack.list after refused creates and apply: %+v, %v: want the one stack, not initialized", l, err)
 	}
 	assertNoTerraform(t, f.tfDir)
+}
+
+// TestMachineCapScaleAndUpdate: stack.scale of a built stack to 50 machines (its params allow
+// up to 100) is refused
+// before terraform runs; an update to a revision whose count only terraform knows is refused
+// on its plan; neither starts a job or changes the stack.
+func TestMachineCapScaleAndUpdate(t *testing.T) {
+	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
+	f.credential()
+	c := f.client()
+	ctx := t.Context()
+	tid := f.template(`resource "terraform_data" "vm" {
+  count = 1
+  input = "#!/bin/bash\necho hi\n"
+}
+`)
+	sid, _ := f.stack(tid)
+	ref, err := c.StackApply(ctx, api.StackApplyParams{StackID: sid})
+	f.jobOK("build", ref, err)
+	jobs := func() int {
+		t.Helper()
+		res, err := c.JobList(ctx, api.JobListParams{Target: "stack/" + sid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Jobs)
+	}
+	built, tfBuilt := jobs(), len(tfJobs(t, f.tfDir))
+	unchanged := func(what string) {
+		t.Helper()
+		if n := jobs(); n != built {
+			t.Fatalf("%s: %d jobs of the stack, want %d (no new one)", what, n, built)
+		}
+		view, err := c.StackDescribe(ctx, api.StackRef{StackID: sid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if view.State != kloud.StackInitialized || view.Diverged || len(view.Machines) != 1 {
+			t.Fatalf("%s: stack is %s (%q), diverged %v, %d machines", what, view.State, view.Reason, view.Diverged, len(view.Machines))
+		}
+	}
+
+	ref, err = c.StackScale(ctx, api.StackScaleParams{StackID: sid, Resource: "vm", Count: 50})
+	refusedCap(t, "stack.scale to 50", err, "asks for 50 machines", "the limit is 20")
+	unchanged("stack.scale to 50")
+	if n := len(tfJobs(t, f.tfDir)); n != tfBuilt {
+		t.Fatalf("stack.scale to 50 ran terraform: %d terraformer jobs, want %d", n, tfBuilt)
+	}
+
+	f.updateTemplate(tid, "resource \"terraform_data\" \"vm\" {\n  count = max(25, 1)\n  input = \"x\"\n}\n")
+	ref, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid})
+	refusedCap(t, "stack.update to 25 machines", err, "terraform's plan asks for 25 machines", "the limit is 20")
+	unchanged("stack.update to 25 machines")
+	assertNoTerraform(t, f.tfDir)
+
+	ref, err = c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
+	f.jobOK("destroy", ref, err)
 }
 
 // TestPlanTimeoutKillsTerraform: a plan that outlives its caller (the call gives up) or the plan
