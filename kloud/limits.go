@@ -35,9 +35,10 @@ type Limits struct {
 	// DefaultMaxMachinesPerStack, at most MaxMachinesCeiling). A template's own cap
 	// (Template.MaxMachines, set by an administrator) replaces it for the template's stacks.
 	MaxMachinesPerStack int
-	// PlanTimeout is the wall-time limit of a terraform plan made for a call (stack.plan,
-	// stack.create, the plans of stack.update and stack.scale): when it passes, or the caller
-	// gives up, the terraform run is cancelled and killed (default DefaultPlanTimeout).
+	// PlanTimeout is the wall-time limit of a terraform plan of a template's machines
+	// (stack.plan, stack.create, the plans of stack.update and stack.scale at the call and in
+	// their job; the preview of stack.plan of a stack): when it passes, or the caller gives up,
+	// the terraform run is cancelled and killed (default DefaultPlanTimeout).
 	PlanTimeout time.Duration
 }
 
