@@ -117,6 +117,9 @@ func templateCmd(g *globals) *cobra.Command {
 				return g.printJSON(t)
 			}
 			fmt.Fprintf(g.stdout, "%s  %q  team %s  owner %s  rev %d\n", t.ID, t.Title, t.Team, t.Owner, t.Rev)
+			if t.MaxMachines > 0 {
+				fmt.Fprintf(g.stdout, "machine cap: %d per stack (set by an administrator)\n", t.MaxMachines)
+			}
 			for _, tr := range t.Trust {
 				fmt.Fprintf(g.stdout, "trusted: rev %d lifts %s (by %s at %s: %s)\n", tr.Rev, strings.Join(tr.Rules, ","), tr.By, tr.At.Format(time.RFC3339), tr.Reason)
 			}
