@@ -93,7 +93,7 @@ func templateCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintf(g.stdout, "template %s is at rev %d\n", t.ID, t.Rev)
 			if umax > 0 {
-				fmt.Fprintf(g.stdout, "its stacks may have at most %d machines\n", t.MaxMachines)
+				fmt.Fprintf(g.stdout, "machine cap: %d per stack\n", t.MaxMachines)
 			}
 			return nil
 		},
