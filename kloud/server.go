@@ -108,7 +108,10 @@ type Options struct {
 	AppsHost string
 	// GC configures the garbage collection of the providers' resources: the periodic sweep and
 	// the grace period (gc.go; zero: its defaults).
-	GC     GCOptions
+	GC GCOptions
+	// Limits caps machines per stack and the wall time of plans (limits.go; zero fields: its
+	// defaults).
+	Limits Limits
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
@@ -252,6 +255,10 @@ func (o *Options) defaults() error {
 	}
 	o.Retention.defaults()
 	o.GC.defaults() // gc.go
+	// limits.go
+	if err := o.Limits.defaults(); err != nil {
+		return err
+	}
 	if o.AgentTimeout <= 0 {
 		o.AgentTimeout = DefaultAgentTimeout
 	}

@@ -42,6 +42,10 @@ type builtTemplate struct {
 	credIDs   map[string]string
 	providers map[string][]string // provider → machine resource names
 	team      string              // whose template and credentials
+	// maxMachines is the cap on planned machines and capHow how to change it (capBuild,
+	// limits.go; 0: kloud's global cap).
+	maxMachines int
+	capHow      string
 }
 
 // build resolves credentials and variables for files and checks that secrets reach only
@@ -152,6 +156,8 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	if err != nil {
 		return nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
 	}
+	ctx, cancel := s.planCtx(ctx) // limits.go: the plan timeout
+	defer cancel()
 	id, err := tf.Plan(ctx, terraformer.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
 	if err != nil {
 		return nil, fmt.Errorf("terraform plan: %w", err)
@@ -161,6 +167,10 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 			logf(ev.Line)
 		}
 	})
+	if ctx.Err() != nil {
+		s.stopTF(ctx, id) // no terraform left planning for a caller that is gone
+		return nil, s.planStopped(ctx)
+	}
 	if job != nil && job.Err() != nil {
 		// Terraform rejected the template: its diagnostic (file, line, summary) is the answer.
 		return nil, fmt.Errorf("terraform plan: %s: %w", job.Err().Error(), kite.ErrInvalidParams)
@@ -185,6 +195,9 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Label < out[j].Label })
+	if err := s.checkPlannedCount(b, len(out)); err != nil { // limits.go
+		return nil, err
+	}
 	if err := s.checkConstraints(ctx, owner, b.team, out); err != nil { // constraints.go
 		return nil, err
 	}
@@ -236,6 +249,9 @@ func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	if err != nil {
 		return nil, err
 	}
+	if err := s.capBuild(t, b); err != nil { // limits.go
+		return nil, err
+	}
 	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
 	if err != nil {
 		return nil, err
@@ -250,6 +266,9 @@ func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	}
 	b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.capBuild(t, b); err != nil { // limits.go
 		return nil, err
 	}
 	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
@@ -329,6 +348,9 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 			return s.reapplyUpdate(ctx, c, st)
 		}
 		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
+			return nil, err
+		}
+		if err := s.checkStackCap(ctx, st); err != nil { // limits.go
 			return nil, err
 		}
 	}

@@ -378,6 +378,9 @@ func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []Fi
 	if err != nil {
 		return nil, err
 	}
+	if err := s.capBuild(s.stackTemplate(ctx, st.TemplateID), b); err != nil { // limits.go
+		return nil, err
+	}
 	// A plan of an earlier attempt (a cancelled update, a preview) may still hold the content
 	// id for a moment: wait for it.
 	var planned []api.PlannedMachine
@@ -503,6 +506,11 @@ func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provi
 	if err != nil {
 		return nil, err
 	}
+	if j == nil { // a plan for a call (stack.plan of a stack): the plan timeout, limits.go
+		var cancel context.CancelFunc
+		ctx, cancel = s.planCtx(ctx)
+		defer cancel()
+	}
 	submit := func() (string, error) {
 		return tf.Plan(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, Preview: preview})
 	}
@@ -521,6 +529,9 @@ func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provi
 	job, err := tf.Wait(ctx, id, nil)
 	if ctx.Err() != nil {
 		s.stopTF(ctx, id) // a cancelled update leaves no plan running in the stack's directory
+		if j == nil {
+			return nil, s.planStopped(ctx)
+		}
 		return nil, fmt.Errorf("terraform plan: %w", ctx.Err())
 	}
 	if job != nil && job.Err() != nil {

@@ -101,6 +101,12 @@ func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request,
 	if err := s.checkPolicy(ctx, team, fileMap(files), lift...); err != nil {
 		return nil, err
 	}
+	if p.MaxMachines != 0 {
+		return nil, fmt.Errorf("template.create takes no maxMachines: an administrator sets it with template.update: %w", kite.ErrInvalidParams)
+	}
+	if err := s.checkTemplateCap(nil, fileMap(files)); err != nil { // limits.go
+		return nil, err
+	}
 	now := s.store.Now()
 	t := Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
 		Rev: 1, Files: files, Providers: providerNames(res), CreatedAt: now, UpdatedAt: now}
@@ -139,6 +145,12 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 		return nil, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
 	}
 	u := store.TemplateUpdate{Title: strings.TrimSpace(p.Title), Description: p.Description}
+	if p.MaxMachines != 0 { // limits.go
+		if err := setTemplateCap(c, p.MaxMachines); err != nil {
+			return nil, err
+		}
+		u.MaxMachines, t.MaxMachines = p.MaxMachines, p.MaxMachines
+	}
 	if len(p.Files) > 0 {
 		files := filesOf(p.Files)
 		_, res, err := s.machineResources(fileMap(files))
@@ -152,6 +164,9 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 			return nil, err
 		}
 		if err := s.checkPolicy(ctx, t.Team, fileMap(files), lift...); err != nil {
+			return nil, err
+		}
+		if err := s.checkTemplateCap(t, fileMap(files)); err != nil { // limits.go
 			return nil, err
 		}
 		u.Files, u.Providers, u.Rev = files, providerNames(res), t.Rev+1

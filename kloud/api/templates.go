@@ -12,6 +12,9 @@ type TemplateParams struct {
 	// Trust (kloud administrators only) lifts template policy rules for the revision these
 	// files make, as template.trust does for an existing revision; audited the same way.
 	Trust *TrustSpec `json:"trust,omitempty"`
+	// MaxMachines (update only, kloud administrators only) sets the template's cap on machines
+	// per stack, 1 to kloud.MaxMachinesCeiling, in place of kloud's global cap.
+	MaxMachines int `json:"maxMachines,omitempty"`
 }
 
 // UnmarshalJSON accepts the old name id for templateId.

@@ -87,6 +87,8 @@ with kloud's privileges (logged at every start).`,
 	fl.DurationVar(&f.o.Retention.Interval, "retention-interval", kloud.DefaultRetentionInterval, "how often kloud prunes finished jobs, expired revocations and stale kite records from its store")
 	fl.Var(snapshotQuotaFlag{&f.o.SnapshotQuota}, "snapshot-quota", snapshotQuotaUsage) // snapshot.go
 	gcServeFlags(fl, &f.o.GC)                                                           // gc.go
+	fl.IntVar(&f.o.Limits.MaxMachinesPerStack, "max-machines-per-stack", kloud.DefaultMaxMachinesPerStack, fmt.Sprintf("cap on the machines of one stack, checked before terraform runs and on its plan (a template's own cap, kloud template update --max-machines, replaces it; at most %d)", kloud.MaxMachinesCeiling))
+	fl.DurationVar(&f.o.Limits.PlanTimeout, "plan-timeout", kloud.DefaultPlanTimeout, "wall-time limit of a terraform plan made for a call (stack plan, create, update, scale): then it is cancelled and terraform killed")
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)
 	f.local.flags(cmd)

@@ -70,12 +70,13 @@ func templateCmd(g *globals) *cobra.Command {
 
 	var ufiles []string
 	var udir, utitle string
+	var umax int
 	update := &cobra.Command{
-		Use:   "update ID [--file F ... | --dir D] [--title T]",
+		Use:   "update ID [--file F ... | --dir D] [--title T] [--max-machines N]",
 		Short: "Update a template (new files make a new revision)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p := api.TemplateParams{TemplateID: args[0], Title: utitle}
+			p := api.TemplateParams{TemplateID: args[0], Title: utitle, MaxMachines: umax}
 			if len(ufiles) > 0 || udir != "" {
 				fs, err := readTemplateFiles(ufiles, udir)
 				if err != nil {
@@ -91,12 +92,16 @@ func templateCmd(g *globals) *cobra.Command {
 				return g.printJSON(t)
 			}
 			fmt.Fprintf(g.stdout, "template %s is at rev %d\n", t.ID, t.Rev)
+			if umax > 0 {
+				fmt.Fprintf(g.stdout, "machine cap: %d per stack\n", t.MaxMachines)
+			}
 			return nil
 		},
 	}
 	update.Flags().StringArrayVar(&ufiles, "file", nil, "a .tf or .tf.json file (repeatable)")
 	update.Flags().StringVar(&udir, "dir", "", "a directory of .tf / .tf.json files")
 	update.Flags().StringVar(&utitle, "title", "", "new title")
+	update.Flags().IntVar(&umax, "max-machines", 0, fmt.Sprintf("the template's cap on machines per stack, in place of kloud serve --max-machines-per-stack (administrators only; 1 to %d)", kloud.MaxMachinesCeiling))
 
 	var rev int
 	get := &cobra.Command{
@@ -112,6 +117,9 @@ func templateCmd(g *globals) *cobra.Command {
 				return g.printJSON(t)
 			}
 			fmt.Fprintf(g.stdout, "%s  %q  team %s  owner %s  rev %d\n", t.ID, t.Title, t.Team, t.Owner, t.Rev)
+			if t.MaxMachines > 0 {
+				fmt.Fprintf(g.stdout, "machine cap: %d per stack (set by an administrator)\n", t.MaxMachines)
+			}
 			for _, tr := range t.Trust {
 				fmt.Fprintf(g.stdout, "trusted: rev %d lifts %s (by %s at %s: %s)\n", tr.Rev, strings.Join(tr.Rules, ","), tr.By, tr.At.Format(time.RFC3339), tr.Reason)
 			}
@@ -159,6 +167,15 @@ func templateCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(create, update, get, list, del, templateTrustCmd(g), templateUntrustCmd(g))
 	return cmd
+}
+
+// planCallTimeout is how long the CLI waits for a call that plans (stack plan, create, update,
+// scale): kloud bounds the plan by its own --plan-timeout and answers then, so the CLI waits as
+// long as kloud lets such a call run rather than the 30 s of other calls.
+const planCallTimeout = 10 * time.Minute
+
+func planCallCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, planCallTimeout)
 }
 
 // planFlags are the flags of stack plan and stack create.
@@ -210,7 +227,9 @@ func stackCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := call(cmd.Context(), g, (*api.Client).StackPlan, p)
+			ctx, cancel := planCallCtx(cmd.Context())
+			defer cancel()
+			res, err := call(ctx, g, (*api.Client).StackPlan, p)
 			if err != nil {
 				return err
 			}
@@ -236,7 +255,9 @@ func stackCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := call(cmd.Context(), g, (*api.Client).StackCreate, p)
+			ctx, cancel := planCallCtx(cmd.Context())
+			defer cancel()
+			res, err := call(ctx, g, (*api.Client).StackCreate, p)
 			if err != nil {
 				return err
 			}

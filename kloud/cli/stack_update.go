@@ -29,7 +29,9 @@ update waits for the agents of new and replaced machines only. --plan shows the 
 			ctx := cmd.Context()
 			return g.withConn(ctx, func(conn *kite.Conn) error {
 				kc := api.NewClient(conn)
-				res, err := kc.StackPlan(ctx, api.StackPlanParams{StackID: args[0], Rev: rev})
+				pctx, cancel := planCallCtx(ctx) // these calls plan (stack.go)
+				defer cancel()
+				res, err := kc.StackPlan(pctx, api.StackPlanParams{StackID: args[0], Rev: rev})
 				if err != nil {
 					return explain(err)
 				}
@@ -44,7 +46,7 @@ update waits for the agents of new and replaced machines only. --plan shows the 
 						return err
 					}
 				}
-				ref, err := kc.StackUpdate(ctx, api.StackUpdateParams{StackID: args[0], TemplateRevision: res.Rev})
+				ref, err := kc.StackUpdate(pctx, api.StackUpdateParams{StackID: args[0], TemplateRevision: res.Rev})
 				if err != nil {
 					return explain(err)
 				}
@@ -73,7 +75,9 @@ that is another expression cannot be changed this way: edit the template.`,
 			ctx := cmd.Context()
 			return g.withConn(ctx, func(conn *kite.Conn) error {
 				kc := api.NewClient(conn)
-				ref, err := kc.StackScale(ctx, api.StackScaleParams{StackID: args[0], Resource: args[1], Count: n})
+				pctx, cancel := planCallCtx(ctx) // these calls plan (stack.go)
+				defer cancel()
+				ref, err := kc.StackScale(pctx, api.StackScaleParams{StackID: args[0], Resource: args[1], Count: n})
 				if err != nil {
 					return explain(err)
 				}

@@ -42,6 +42,8 @@ type Options struct {
 	// GC configures kloud's garbage collector (zero: no periodic sweep, kloud's default grace;
 	// gc.run works).
 	GC kloud.GCOptions
+	// Limits are kloud's caps (zero fields: its defaults).
+	Limits kloud.Limits
 }
 
 // Env is a running test kloud.
@@ -82,7 +84,7 @@ func Start(t testing.TB, o Options) *Env {
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
-		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC,
+		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 	})
 	if err != nil {

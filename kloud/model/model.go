@@ -104,6 +104,9 @@ type Template struct {
 	Files       []File             `bson:"files" json:"files"`
 	Providers   []string           `bson:"providers,omitempty" json:"providers,omitempty"`
 	Revisions   []TemplateRevision `bson:"revisions,omitempty" json:"revisions,omitempty"`
+	// MaxMachines is the template's own cap on machines per stack, set by a kloud administrator
+	// (template.update maxMachines; 0: kloud's global cap, kloud/limits.go).
+	MaxMachines int `bson:"maxMachines,omitempty" json:"maxMachines,omitempty"`
 	// Trust lifts template policy rules for given revisions (template.get shows them apart).
 	Trust     []TemplateTrust `bson:"trust,omitempty" json:"-"`
 	CreatedAt time.Time       `bson:"createdAt" json:"createdAt"`

@@ -365,6 +365,7 @@ type TemplateUpdate struct {
 	Providers   []string
 	Rev         int
 	Revisions   []TemplateRevision
+	MaxMachines int // the template's machine cap; 0 leaves it as it is
 }
 
 // Update changes a template if it is still at revision rev (two concurrent updates cannot both
@@ -379,6 +380,9 @@ func (r *Templates) Update(ctx context.Context, id string, rev int, u TemplateUp
 	}
 	if u.Files != nil {
 		set["files"], set["providers"], set["rev"], set["revisions"] = u.Files, u.Providers, u.Rev, u.Revisions
+	}
+	if u.MaxMachines > 0 {
+		set["maxMachines"] = u.MaxMachines
 	}
 	return update(ctx, r.coll(), "template", id, bson.M{"_id": id, "rev": rev}, bson.M{"$set": set})
 }

@@ -1,0 +1,87 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/dummy"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
+)
+
+// TestLimitsFromTheCLI (issue 19 §1): an administrator's `template update --max-machines` caps a
+// template's stacks (a member may not set it; `template get` shows it), `stack plan` above the
+// cap says the limit; and `stack plan` of a plan that outlasts the CLI's usual 30 s call
+// timeout gets kloud's answer (the plan timeout) instead of "no response to stack.plan:
+// timeout" while terraform goes on, and leaves no terraform running.
+func TestLimitsFromTheCLI(t *testing.T) {
+	testutil.RequireBinary(t, "curl")
+	reg := provider.NewRegistry()
+	machines := filepath.Join(t.TempDir(), "machines")
+	reg.Register(dummy.New(dummy.Options{Dir: machines}))
+	e, run, must := startKloud(t, kloudtest.Options{Providers: reg, Limits: kloud.Limits{PlanTimeout: 35 * time.Second}})
+	tfDir := filepath.Join(t.TempDir(), "terraformer")
+	e.StartTerraformerWith(tfrun.Options{Dir: tfDir})
+	aliceKey := filepath.Join(t.TempDir(), "alice.key")
+	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
+	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("key", "create", "--username", "alice", "--out", aliceKey))
+	if _, err := e.Client("alice").CredentialAdd(t.Context(), api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"s3cret-token"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	template := func(title, main string) string {
+		t.Helper()
+		p := filepath.Join(t.TempDir(), "main.tf")
+		if err := os.WriteFile(p, []byte(main), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var tp struct{ ID string }
+		if err := json.Unmarshal([]byte(must(alice("template", "create", "--title", title, "--file", p, "--json"))), &tp); err != nil || tp.ID == "" {
+			t.Fatalf("template create: %+v %v", tp, err)
+		}
+		return tp.ID
+	}
+	fails := func(what string, code int, stdout, stderr string, want ...string) {
+		t.Helper()
+		if code == 0 {
+			t.Fatalf("%s: exit 0\n%s", what, stdout)
+		}
+		for _, w := range want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("%s: stderr does not say %q:\n%s", what, w, stderr)
+			}
+		}
+		t.Logf("%s: %s", what, strings.TrimSpace(stderr))
+	}
+
+	two := template("two", "resource \"terraform_data\" \"vm\" {\n  count = 2\n}\n")
+	code, out, errOut := alice("template", "update", two, "--max-machines", "1")
+	fails("a member's template update --max-machines", code, out, errOut, "only a kloud administrator")
+	out = must(run("template", "update", two, "--max-machines", "1"))
+	if !strings.Contains(out, "machine cap: 1 per stack") {
+		t.Errorf("template update --max-machines 1:\n%s", out)
+	}
+	if out := must(alice("template", "get", two)); !strings.Contains(out, "machine cap: 1 per stack") {
+		t.Errorf("template get does not show the cap:\n%s", out)
+	}
+	code, out, errOut = alice("stack", "plan", "--template", two)
+	fails("stack plan above the template's cap", code, out, errOut, "asks for 2 machines", "the limit is 1 machine per stack", "--max-machines N")
+
+	big := template("big", "resource \"terraform_data\" \"vm\" {\n  count = max(100000, 1)\n}\n")
+	start := time.Now()
+	code, out, errOut = alice("stack", "plan", "--template", big)
+	fails("stack plan of 100000 machines", code, out, errOut, "plan timeout", "--plan-timeout")
+	if strings.Contains(errOut, "no response to stack.plan") {
+		t.Errorf("the CLI gave up before kloud answered (after %s)", time.Since(start).Round(time.Second))
+	}
+	tfruntest.AssertNoProcesses(t, 30*time.Second, tfDir)
+}
