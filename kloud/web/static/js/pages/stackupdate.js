@@ -48,7 +48,7 @@ async function showPlan(ctx, st, rev, box, onJob) {
   const apply = h('button', {
     class: 'primary', id: 'stack-update-apply',
     onclick: (ev) => busy(ev.target, async () => {
-      const j = await ctx.kite.call('stack.update', { stackId: st.id, templateRevision: r.rev });
+      const j = await ctx.kite.call('stack.update', { stackId: st.id, templateRevision: r.rev }, { timeout: 10 * 60 * 1000 }); // it plans first
       clear(box);
       onJob(j.jobId, `Updating to revision ${r.rev}`);
     }),
@@ -86,7 +86,7 @@ export function scaleSection(ctx, st, onJob) {
     onclick: (ev) => busy(ev.target, async () => {
       const count = Number(n.value);
       if (!confirm(`Set ${sel.value} to ${count} machine(s)? Machines above that count are destroyed with their disks.`)) return;
-      const j = await ctx.kite.call('stack.scale', { stackId: st.id, resource: sel.value, count });
+      const j = await ctx.kite.call('stack.scale', { stackId: st.id, resource: sel.value, count }, { timeout: 10 * 60 * 1000 }); // it plans first
       onJob(j.jobId, `Scaling ${sel.value} to ${count}`);
     }),
   }, 'Scale');
