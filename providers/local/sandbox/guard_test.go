@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/kloud-dev/kloud/internal/cgroups"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -14,7 +16,7 @@ func TestGuards(t *testing.T) {
 		if validMachineCgroup(rel) {
 			t.Errorf("validMachineCgroup(%q) = true", rel)
 		}
-		if d := cgroupDirs(map[string]hierarchy{"pids": {mount: "/sys/fs/cgroup/pids"}}, rel); len(d) != 0 {
+		if d := cgroupDirs(map[string]cgroups.Hierarchy{"pids": {Mount: "/sys/fs/cgroup/pids"}}, rel); len(d) != 0 {
 			t.Errorf("cgroupDirs(%q) = %v", rel, d)
 		}
 	}

@@ -24,6 +24,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kloud-dev/kloud/internal/cgroups"
 )
 
 // ledgerDir is the state dir's directory of ledger entries.
@@ -313,7 +315,7 @@ func cgroupExists(rel string) bool {
 	if !validMachineCgroup(rel) {
 		return false
 	}
-	hs, err := cgroupHierarchies()
+	hs, err := cgroups.Hierarchies()
 	if err != nil {
 		return false
 	}

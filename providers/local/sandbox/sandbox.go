@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kloud-dev/kloud/internal/bridgefw"
+	"github.com/kloud-dev/kloud/internal/cgroups"
 )
 
 // Defaults for Options.
@@ -34,6 +35,8 @@ const (
 	DefaultBridge      = "kd-br0"
 	DefaultSubnet      = "10.200.0.0/24"
 	DefaultStopTimeout = 10 * time.Second
+	// DefaultPidsMax is a machine's default limit of processes and threads (Options.PidsMax).
+	DefaultPidsMax = 4096
 
 	bootTimeout = time.Minute // launcher start to init's setup report
 )
@@ -61,6 +64,9 @@ type Options struct {
 	Subnet netip.Prefix
 	// StopTimeout is how long Stop waits after SIGTERM before SIGKILL. Default DefaultStopTimeout.
 	StopTimeout time.Duration
+	// PidsMax is the processes-and-threads limit of machines whose Spec has none. 0:
+	// DefaultPidsMax; -1: no limit.
+	PidsMax int
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -74,6 +80,7 @@ type Manager struct {
 	subnet                      netip.Prefix
 	hostAddr                    netip.Addr
 	stopTimeout                 time.Duration
+	pidsMax                     int
 	log                         *slog.Logger
 	mgrHash                     string
 	ipPath, nsenterPath         string
@@ -85,7 +92,10 @@ var bridgeRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$`)
 func New(opts Options) (*Manager, error) {
 	m := &Manager{
 		stateDir: opts.StateDir, baseImage: opts.BaseImage, bridge: opts.Bridge, subnet: opts.Subnet,
-		stopTimeout: opts.StopTimeout, log: opts.Logger,
+		stopTimeout: opts.StopTimeout, log: opts.Logger, pidsMax: opts.PidsMax,
+	}
+	if m.pidsMax == 0 {
+		m.pidsMax = DefaultPidsMax
 	}
 	if m.stateDir == "" {
 		m.stateDir = DefaultStateDir
@@ -164,6 +174,9 @@ type Spec struct {
 	// MemoryMB and CPUs limit the machine through cgroups; 0 means unlimited.
 	MemoryMB int
 	CPUs     float64
+	// PidsMax caps the machine's processes and threads (the pids cgroup controller: a fork bomb
+	// in the machine gets EAGAIN, the host keeps going). 0: Options.PidsMax; -1: no limit.
+	PidsMax int
 	// DiskMB, if not 0, is the machine's disk quota: its writable layer lives in an ext4 image
 	// of that size (disk.go), at least MinDiskMB. 0: the state dir's filesystem is the limit.
 	DiskMB int
@@ -249,6 +262,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (Info, error) {
 	if spec.Instance != "" && !idRE.MatchString(spec.Instance) {
 		return Info{}, fmt.Errorf("spec: instance %q: want 1-64 characters of [A-Za-z0-9._-]", spec.Instance)
 	}
+	if spec.PidsMax < -1 || (spec.PidsMax > 0 && spec.PidsMax < 16) {
+		return Info{}, fmt.Errorf("spec: pids max %d: at least 16, 0 for the default or -1 for no limit", spec.PidsMax)
+	}
 	if spec.MemoryMB < 0 || spec.CPUs < 0 {
 		return Info{}, errors.New("spec: negative memory or cpus")
 	}
@@ -313,9 +329,13 @@ func (m *Manager) reserve(ctx context.Context, spec Spec) (*record, error) {
 		return nil, err
 	}
 	n := m.namesFor(spec.ID)
+	pidsMax := spec.PidsMax
+	if pidsMax == 0 {
+		pidsMax = m.pidsMax
+	}
 	r := &record{
 		Version: recordVersion, ID: spec.ID, Hostname: spec.Hostname, Tags: spec.Tags, Instance: spec.Instance,
-		MemoryMB: spec.MemoryMB, CPUs: spec.CPUs, DiskMB: spec.DiskMB, SeedURL: spec.SeedURL, CreatedAt: time.Now().UTC(),
+		MemoryMB: spec.MemoryMB, CPUs: spec.CPUs, PidsMax: pidsMax, DiskMB: spec.DiskMB, SeedURL: spec.SeedURL, CreatedAt: time.Now().UTC(),
 		BaseImage: m.baseImage, IP: addr, PrefixLen: m.subnet.Bits(), Bridge: m.bridge,
 		Netns: n.netns, HostVeth: n.hostVeth, PeerVeth: n.peerVeth, Cgroup: n.cgroup,
 	}
@@ -743,7 +763,7 @@ func mountsUnder(dir string) ([]string, error) {
 	var mps []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		mp, _, _, ok := parseMountinfo(sc.Text())
+		mp, _, _, ok := cgroups.ParseMountinfo(sc.Text())
 		if ok && (mp == dir || strings.HasPrefix(mp, dir+"/")) {
 			mps = append(mps, mp)
 		}
@@ -818,8 +838,20 @@ func (m *Manager) Exec(ctx context.Context, id string, argv ...string) ([]byte, 
 	if !alive(r.PID, r.PIDStart) {
 		return nil, fmt.Errorf("exec in machine %q: %w", id, ErrNotRunning)
 	}
-	args := append([]string{"-t", strconv.Itoa(r.PID), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--"}, argv...)
-	cmd := exec.CommandContext(ctx, m.nsenterPath, args...)
+	// The command joins the machine's cgroups (nsenter enters namespaces only): what it starts
+	// counts against the machine's limits, a fork bomb included. A shell joins them, then execs
+	// nsenter.
+	hs, err := cgroups.Hierarchies()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"-c", `while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"`, "kloud-exec"}
+	for _, d := range cgroupDirs(hs, r.Cgroup) {
+		args = append(args, filepath.Join(d, "cgroup.procs"))
+	}
+	args = append(args, "--", m.nsenterPath, "-t", strconv.Itoa(r.PID), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--")
+	args = append(args, argv...)
+	cmd := exec.CommandContext(ctx, "/bin/sh", args...)
 	cmd.Env = machineEnv()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -31,6 +31,7 @@ type record struct {
 	MemoryMB  int               `json:"memory_mb,omitempty"`
 	DiskMB    int               `json:"disk_mb,omitempty"` // disk quota: the upper dir is in disk.img
 	CPUs      float64           `json:"cpus,omitempty"`
+	PidsMax   int               `json:"pids_max,omitempty"` // -1: no limit; 0 (records before it): DefaultPidsMax
 	SeedURL   string            `json:"seed_url,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	// Complete is set once Create returned successfully; GC removes records without it.
