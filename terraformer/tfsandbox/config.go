@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/kloud-dev/kloud/internal/cgroups"
 )
 
 const (
@@ -50,6 +52,11 @@ type Config struct {
 	// opens pseudo-terminals, such as a provider plugin whose machines' agents serve web
 	// terminals; terraform does not need it.
 	PTY bool `json:"pty,omitempty"`
+	// Limits, if set, run the sandbox in a cgroup of its own with these limits (cpu, memory,
+	// pids; see cgroup.go), named kloud/<CgroupPrefix><run token>. Not with Insecure.
+	Limits *cgroups.Limits `json:"limits,omitempty"`
+	// CgroupPrefix names the group (default CgroupPrefixTerraform).
+	CgroupPrefix string `json:"cgroupPrefix,omitempty"`
 }
 
 func (c *Config) defaults() {

@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kloud-dev/kloud/internal/cgroups"
 )
 
 // forwarded are the signals the launcher and init pass on to their child.
@@ -32,6 +34,19 @@ func launch() int {
 	signals := make(chan os.Signal, 8)
 	signal.Notify(signals, forwarded...)
 
+	if cfg.Limits != nil {
+		rel := cfg.cgroupName(os.Getenv(EnvRun))
+		if err := joinCgroup(cfg, rel); err != nil {
+			_ = cgroups.Leave()
+			_ = cgroups.Remove(rel)
+			return fail(fmt.Errorf("cgroup limits: %w", err))
+		}
+		defer func() {
+			if err := leaveCgroup(rel); err != nil {
+				fmt.Fprintf(os.Stderr, "tfsandbox: %v\n", err)
+			}
+		}()
+	}
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
 	cmd.Args[0] = "tfsandbox-init"
 	cmd.Env = append(envWithout(true), envStage+"="+stageInit, envConfig+"="+os.Getenv(envConfig))

@@ -1,0 +1,96 @@
+package tfsandbox_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
+)
+
+// runSandboxed runs /bin/sh -c script through the launcher (this test binary) with cfg and
+// returns its combined output and error.
+func runSandboxed(t *testing.T, cfg tfsandbox.Config, run, script string) ([]byte, error) {
+	t.Helper()
+	senv, err := cfg.Env(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-c", script)
+	cmd.Env = os.Environ()
+	for k, v := range senv {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.WaitDelay = 10 * time.Second
+	return cmd.CombinedOutput()
+}
+
+// TestForkBombUnderPidsLimit: a fork loop inside the sandbox with a pids limit gets EAGAIN
+// ("Cannot fork") before it has its 200 processes, this process keeps forking, and the
+// sandbox's cgroup is gone once it has ended.
+func TestForkBombUnderPidsLimit(t *testing.T) {
+	testutil.RequireRoot(t)
+	hs, err := cgroups.Hierarchies()
+	if err != nil || hs["pids"].Mount == "" {
+		testutil.Unavailable(t, "no pids cgroup controller: %v", err)
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	run := "bomb-" + hex.EncodeToString(b)
+	cfg := tfsandbox.Config{Terraform: "/bin/sh", CgroupPrefix: "tftest-",
+		Limits: &cgroups.Limits{PidsMax: 32, MemoryBytes: 256 << 20, CPUs: 0.5}}
+	dir := filepath.Join(hs["pids"].Mount, "kloud", "tftest-"+run)
+	t.Cleanup(func() { _ = tfsandbox.RemoveCgroup(cfg, run) })
+
+	type result struct {
+		out []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := runSandboxed(t, cfg, run,
+			`n=0; while [ $n -lt 200 ]; do sleep 60 & n=$((n+1)); done; echo "all $n started"`)
+		done <- result{out, err}
+	}()
+	var res result
+	sawGroup := false
+wait:
+	for {
+		select {
+		case res = <-done:
+			break wait
+		case <-time.After(20 * time.Millisecond):
+		}
+		if _, err := os.Stat(dir); err == nil {
+			sawGroup = true
+		}
+		// The host is unaffected: this process still forks.
+		if err := exec.Command("true").Run(); err != nil {
+			t.Fatalf("the test process cannot fork while the sandbox forks: %v", err)
+		}
+	}
+	t.Logf("sandbox: %v: %s", res.err, bytes.TrimSpace(res.out))
+	if !sawGroup {
+		t.Errorf("the sandbox's cgroup %s never existed", dir)
+	}
+	if bytes.Contains(res.out, []byte("all 200 started")) {
+		t.Errorf("200 processes started in a sandbox limited to 32: %s", res.out)
+	}
+	if res.err == nil || !bytes.Contains(res.out, []byte("fork")) {
+		t.Errorf("the shell was not refused a fork: %v %s", res.err, res.out)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("cgroup %s left after the sandbox ended: %v", dir, err)
+	}
+	for _, rel := range cgroups.Orphans("tftest-") {
+		t.Errorf("cgroup %s left", rel)
+	}
+}
