@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
@@ -52,6 +53,9 @@ type Config struct {
 	SandboxUID, SandboxGID int
 	SandboxReadOnly        []string
 	InsecureNoSandbox      bool
+	// SandboxLimits are the cpu, memory and pids limits of each terraform command's cgroup (nil:
+	// none; terraformer serve: tfsandbox.DefaultTerraformLimits). See tfrun.Options.
+	SandboxLimits *cgroups.Limits
 	// Logger receives the logs. Default: discard.
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once terraformer accepts connections.
@@ -133,7 +137,7 @@ func Run(ctx context.Context, cfg Config) error {
 	engine, err := tfrun.New(ctx, tfrun.Options{
 		Dir: cfg.DataDir, TerraformPath: cfg.TerraformPath, CLIConfigFile: cfg.CLIConfigFile,
 		HangTimeout: cfg.HangTimeout, CancelGrace: cfg.CancelGrace, LeaseTTL: cfg.LeaseTTL, Logger: log,
-		SandboxUID: cfg.SandboxUID, SandboxGID: cfg.SandboxGID, SandboxReadOnly: cfg.SandboxReadOnly,
+		SandboxUID: cfg.SandboxUID, SandboxGID: cfg.SandboxGID, SandboxReadOnly: cfg.SandboxReadOnly, SandboxLimits: cfg.SandboxLimits,
 		InsecureNoSandbox: cfg.InsecureNoSandbox,
 	})
 	if err != nil {

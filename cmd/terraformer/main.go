@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
@@ -34,11 +35,23 @@ func main() {
 	flag.IntVar(&c.SandboxGID, "sandbox-gid", tfsandbox.DefaultGID, "group id terraform runs as in its sandbox (never 0)")
 	flag.StringVar(&readOnly, "sandbox-read-only", "", "extra host paths terraform may read (comma-separated), besides the CLI config, its provider mirrors and the terraform binary")
 	flag.BoolVar(&c.InsecureNoSandbox, "insecure-no-sandbox", false, "run terraform WITHOUT its sandbox, as terraformer's own user seeing the whole host: only for development without root")
+	lim := tfsandbox.DefaultTerraformLimits
+	flag.Float64Var(&lim.CPUs, "terraform-cpus", lim.CPUs, "CPUs each terraform command (terraform, its providers, what they start) may use, in its own cgroup (0: no limit)")
+	memMB := flag.Int64("terraform-memory-mb", lim.MemoryBytes>>20, "memory limit in MiB of each terraform command's cgroup (0: no limit)")
+	flag.IntVar(&lim.PidsMax, "terraform-pids-max", lim.PidsMax, "processes and threads limit of each terraform command's cgroup (0: no limit)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println("terraformer", version.Version)
 		return
+	}
+	lim.MemoryBytes = *memMB << 20
+	if lim.CPUs < 0 || lim.MemoryBytes < 0 || lim.PidsMax < 0 {
+		fmt.Fprintln(os.Stderr, "terraformer: --terraform-cpus, --terraform-memory-mb and --terraform-pids-max must not be negative")
+		os.Exit(2)
+	}
+	if lim != (cgroups.Limits{}) && !c.InsecureNoSandbox {
+		c.SandboxLimits = &lim
 	}
 	c.KloudUsers = strings.FieldsFunc(users, func(r rune) bool { return r == ',' || r == ' ' })
 	c.SandboxReadOnly = strings.FieldsFunc(readOnly, func(r rune) bool { return r == ',' })

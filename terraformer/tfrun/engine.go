@@ -26,6 +26,7 @@ import (
 	tfjson "github.com/hashicorp/terraform-json"
 
 	"github.com/kloud-dev/kloud/internal/atomicfile"
+	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
@@ -71,6 +72,11 @@ type Options struct {
 	// whole host, its processes not confined to a pid namespace. Only for development without
 	// root; without it, New fails unless the sandbox can be built (root).
 	InsecureNoSandbox bool
+	// SandboxLimits, if set, run every terraform command (terraform, its providers and what they
+	// start) in a cgroup of its own with these cpu, memory and pids limits (tfsandbox.Config.
+	// Limits); a cgroup a killed command left is removed after it and at New. Nil: no cgroup.
+	// terraformer serve sets tfsandbox.DefaultTerraformLimits unless told otherwise.
+	SandboxLimits *cgroups.Limits
 }
 
 // Engine runs Terraform jobs. Its methods are safe for concurrent use.
@@ -153,6 +159,12 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 			return nil, fmt.Errorf("%w: run terraformer as root (InsecureNoSandbox, terraformer's --insecure-no-sandbox, runs terraform without it: for development only)", err)
 		}
 	}
+	if opts.SandboxLimits != nil && !opts.InsecureNoSandbox {
+		removed, err := tfsandbox.RemoveLeftovers(tfsandbox.CgroupPrefixTerraform)
+		if len(removed) > 0 || err != nil {
+			opts.Logger.Info("removed terraform cgroups killed runs left", "cgroups", removed, "err", err)
+		}
+	}
 	if opts.Launcher == "" {
 		if !tfsandbox.Installed() {
 			return nil, fmt.Errorf("no Launcher, and this program is none: its main (or TestMain) must call tfsandbox.MaybeRun() first: %w", ErrInvalid)
@@ -197,6 +209,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 			UID:       opts.SandboxUID,
 			GID:       opts.SandboxGID,
 			Insecure:  opts.InsecureNoSandbox,
+			Limits:    opts.SandboxLimits,
 		},
 		env:    terraformEnv(opts.CLIConfigFile, opts.InsecureNoSandbox),
 		grace:  opts.CancelGrace,

@@ -136,6 +136,9 @@ func (t *terraform) run(ctx, kill context.Context, c command, name string, fn fu
 			log.Warn("killed what terraform left", "processes", n)
 		}
 	}
+	if cerr := tfsandbox.RemoveCgroup(cfg, token); cerr != nil {
+		log.Warn("terraform's cgroup", "err", cerr)
+	}
 	log.Debug("terraform exited", "err", err)
 	if err != nil {
 		return fmt.Errorf("terraform %s: %w", name, err)

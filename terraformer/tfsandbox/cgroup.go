@@ -77,9 +77,6 @@ func RemoveCgroup(c Config, run string) error {
 		return nil
 	}
 	rel := c.cgroupName(run)
-	if len(cgroups.Dirs(mustHierarchies(), rel)) == 0 {
-		return nil
-	}
 	if !cgroups.KillAll(rel, 5*time.Second) {
 		return fmt.Errorf("cgroup %s: processes left", rel)
 	}
@@ -106,9 +103,4 @@ func RemoveLeftovers(prefix string) ([]string, error) {
 		removed = append(removed, rel)
 	}
 	return removed, err
-}
-
-func mustHierarchies() map[string]cgroups.Hierarchy {
-	hs, _ := cgroups.Hierarchies()
-	return hs
 }

@@ -8,11 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
 	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
@@ -93,4 +96,40 @@ wait:
 	for _, rel := range cgroups.Orphans("tftest-") {
 		t.Errorf("cgroup %s left", rel)
 	}
+}
+
+// TestTerraformRunUnderLimits: a terraform run of an engine with SandboxLimits is in a cgroup of
+// its own (a local-exec provisioner reads /proc/self/cgroup) with those limits: its fork loop is
+// refused forks, the apply fails, and the cgroup is gone after the job.
+func TestTerraformRunUnderLimits(t *testing.T) {
+	t.Parallel()
+	hs, err := cgroups.Hierarchies()
+	if err != nil || hs["pids"].Mount == "" {
+		testutil.RequireRoot(t)
+		testutil.Unavailable(t, "no pids cgroup controller: %v", err)
+	}
+	e := tfruntest.NewEngine(t, tfrun.Options{SandboxLimits: &cgroups.Limits{PidsMax: 200, MemoryBytes: 1 << 30, CPUs: 1}})
+	j := apply(t, e, "fork-bomb", `
+resource "terraform_data" "bomb" {
+  provisioner "local-exec" {
+    command = "grep pids /proc/self/cgroup; n=0; while [ $n -lt 400 ]; do sleep 60 >/dev/null 2>&1 & n=$((n+1)); done; echo all $n started"
+  }
+}`)
+	b, _ := os.ReadFile(filepath.Join(e.Options().Dir, "jobs", j.ID+".log"))
+	t.Logf("job %s: %v", j.Status, j.Err())
+	if j.Status != tfrun.StatusFailed || bytes.Contains(b, []byte("all 400 started")) {
+		t.Errorf("status %s: the provisioner started its 400 processes:\n%s", j.Status, b)
+	}
+	if !bytes.Contains(b, []byte("fork")) {
+		t.Errorf("no refused fork in the log:\n%s", b)
+	}
+	m := regexp.MustCompile(`pids:(/kloud/tf-[0-9a-f]+)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("the provisioner is not in a kloud/tf-* pids cgroup")
+	}
+	dir := filepath.Join(hs["pids"].Mount, string(m[1]))
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, err := os.Stat(dir)
+		return errors.Is(err, os.ErrNotExist)
+	}, "cgroup %s left after the job", dir)
 }
