@@ -65,6 +65,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -99,6 +100,11 @@ type PluginOptions struct {
 	Unsandboxed []string
 	// UID and GID sandboxed plugins run as (default tfsandbox.DefaultUID/GID, 65534).
 	UID, GID int
+	// Limits, if set, run each sandboxed plugin (and what it starts) in a cgroup of its own,
+	// kloud/kp-plugin-NAME-..., with these cpu, memory and pids limits; removed when it exits,
+	// and those a killed kloud left at start. Nil: none. kloud serve: --plugin-cpus,
+	// --plugin-memory-mb, --plugin-pids-max (default tfsandbox.DefaultPluginLimits).
+	Limits *cgroups.Limits
 	// Rescan is how often the plugin directory is read again (default 2s).
 	Rescan time.Duration
 	// MinBackoff, MaxBackoff: the wait before restarting a plugin that exited, doubling from
@@ -212,7 +218,12 @@ func (s *Server) runPlugins(ctx context.Context) {
 		s.log.Error("plugin directory: no provider plugin will be launched", "dir", l.dir, "err", err)
 		return
 	}
-	s.log.Info("provider plugins", "dir", l.dir, "sandbox", !l.o.Insecure, "unsandboxed", l.o.Unsandboxed)
+	s.log.Info("provider plugins", "dir", l.dir, "sandbox", !l.o.Insecure, "unsandboxed", l.o.Unsandboxed, "limits", l.o.Limits)
+	if l.o.Limits != nil && !l.o.Insecure {
+		if removed, err := tfsandbox.RemoveLeftovers(tfsandbox.CgroupPrefixPlugin); len(removed) > 0 || err != nil {
+			s.log.Info("removed the cgroups of plugins a killed kloud left", "cgroups", removed, "err", err)
+		}
+	}
 	if l.o.Insecure {
 		s.log.Warn("provider plugins run WITHOUT their sandbox (--plugin-insecure-no-sandbox): third-party code runs with kloud's privileges and sees its data directory; development only")
 	}
@@ -467,7 +478,10 @@ func (l *launcher) runOnce(p *launched) (exit, err error) {
 	// PTY: a provider's machines may be processes of the plugin whose agents serve terminals
 	// (the example provider's); the sandbox's own devpts, none of the host's terminals.
 	cfg := tfsandbox.Config{Terraform: p.bin, WorkDir: state, ReadOnly: []string{filepath.Dir(p.bin)},
-		UID: l.o.UID, GID: l.o.GID, Insecure: unsandboxed, PTY: true}
+		UID: l.o.UID, GID: l.o.GID, Insecure: unsandboxed, PTY: true, CgroupPrefix: tfsandbox.CgroupPrefixPlugin}
+	if !unsandboxed {
+		cfg.Limits = l.o.Limits
+	}
 	senv, err := cfg.Env(run)
 	if err != nil {
 		return nil, err
@@ -561,6 +575,9 @@ func (l *launcher) runOnce(p *launched) (exit, err error) {
 		}
 	}
 	tfsandbox.Kill(run) // whatever an unsandboxed plugin left carrying its run token
+	if err := tfsandbox.RemoveCgroup(cfg, run); err != nil {
+		l.s.log.Warn("provider plugin's cgroup", "provider", p.name, "err", err)
+	}
 	// A descendant holding the pipe would keep the copy going: do not wait for it long.
 	select {
 	case <-copied:

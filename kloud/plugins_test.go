@@ -3,6 +3,7 @@ package kloud_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -237,4 +239,69 @@ func TestPluginUntrustedNotLaunched(t *testing.T) {
 	if pid := e.Server.PluginPID("loose"); pid != 0 {
 		t.Errorf("the plugin runs (pid %d)", pid)
 	}
+}
+
+// TestPluginUnderCgroupLimits: with PluginOptions.Limits a sandboxed plugin runs in a cgroup
+// kloud/kp-... with those limits; killed, its cgroup is removed, and it comes back in a new one.
+func TestPluginUnderCgroupLimits(t *testing.T) {
+	testutil.RequireRoot(t)
+	hs, err := cgroups.Hierarchies()
+	if err != nil || hs["pids"].Mount == "" || hs["memory"].Mount == "" {
+		testutil.Unavailable(t, "no pids or memory cgroup controller: %v", err)
+	}
+	bin := testutil.BuildBinary(t, "./internal/testplugin")
+	dir := t.TempDir()
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+"limited"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	lim := &cgroups.Limits{PidsMax: 64, MemoryBytes: 256 << 20, CPUs: 0.5}
+	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Limits: lim}})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := e.Server.PluginHost().Wait(ctx, "limited"); err != nil {
+		t.Fatal(err)
+	}
+	group := func(pid int) string {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.SplitN(l, ":", 3); len(f) == 3 && strings.Contains(","+f[1]+",", ",pids,") {
+				return f[2]
+			}
+		}
+		return ""
+	}
+	pid := e.Server.PluginPID("limited")
+	rel := group(pid)
+	if !strings.HasPrefix(rel, "/kloud/kp-plugin-limited-") {
+		t.Fatalf("plugin launcher %d is in pids cgroup %q, want /kloud/kp-plugin-limited-*", pid, rel)
+	}
+	pidsDir, memDir := filepath.Join(hs["pids"].Mount, rel), filepath.Join(hs["memory"].Mount, rel)
+	read := func(p string) string { b, _ := os.ReadFile(p); return strings.TrimSpace(string(b)) }
+	if got := read(filepath.Join(pidsDir, "pids.max")); got != "64" {
+		t.Errorf("pids.max = %q, want 64", got)
+	}
+	memFile := "memory.limit_in_bytes"
+	if hs["memory"].V2 {
+		memFile = "memory.max"
+	}
+	if got := read(filepath.Join(memDir, memFile)); got != fmt.Sprint(256<<20) {
+		t.Errorf("%s = %q, want %d", memFile, got, 256<<20)
+	}
+	if procs := strings.Fields(read(filepath.Join(pidsDir, "cgroup.procs"))); len(procs) < 3 {
+		t.Errorf("cgroup.procs = %v: want the launcher, init and the plugin", procs)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, err := os.Stat(pidsDir)
+		return errors.Is(err, os.ErrNotExist)
+	}, "cgroup %s left after the plugin was killed", pidsDir)
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		p := e.Server.PluginPID("limited")
+		return p != 0 && p != pid && strings.HasPrefix(group(p), "/kloud/kp-plugin-limited-")
+	}, "plugin not back in a cgroup of its own")
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -19,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/web"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 // serveFlags are kloud serve's settings beyond kloud.Options.
@@ -30,6 +33,9 @@ type serveFlags struct {
 	// tfInsecure passes --insecure-no-sandbox to the terraformer kloud starts.
 	tfInsecure bool
 	logLevel   string
+	// pluginLimits and pluginMemMB: --plugin-cpus, --plugin-pids-max, --plugin-memory-mb.
+	pluginLimits cgroups.Limits
+	pluginMemMB  int64
 
 	// The built-in providers' and the demo's own flags and steps (serve_*.go).
 	dummy   serveDummy
@@ -79,6 +85,9 @@ with kloud's privileges (logged at every start).`,
 	fl.StringVar(&f.o.PluginDir, "plugin-dir", "", "directory of provider plugins (kloud-provider-NAME) kloud launches and supervises (default <data dir>/plugins)")
 	fl.BoolVar(&f.o.Plugins.Insecure, "plugin-insecure-no-sandbox", false, "launch provider plugins without their sandbox: third-party code runs with kloud's privileges and sees its data directory (development without root only)")
 	fl.StringArrayVar(&f.o.Plugins.Unsandboxed, "plugin-unsandboxed", nil, "let the provider plugin NAME run without the sandbox, with kloud's privileges (repeatable; logged at every start; for a plugin that needs the host)")
+	fl.Float64Var(&f.pluginLimits.CPUs, "plugin-cpus", tfsandbox.DefaultPluginLimits.CPUs, "CPUs each sandboxed provider plugin (and what it starts) may use, in its own cgroup (0: no limit)")
+	fl.Int64Var(&f.pluginMemMB, "plugin-memory-mb", tfsandbox.DefaultPluginLimits.MemoryBytes>>20, "memory limit in MiB of each sandboxed provider plugin's cgroup (0: no limit)")
+	fl.IntVar(&f.pluginLimits.PidsMax, "plugin-pids-max", tfsandbox.DefaultPluginLimits.PidsMax, "processes and threads limit of each sandboxed provider plugin's cgroup (0: no limit)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&f.o.JobLease, "job-lease", kloud.DefaultJobLease, "how long a crashed kloud's jobs stay claimed before they are resumed")
 	fl.DurationVar(&f.o.ReconcileInterval, "reconcile-interval", kloud.DefaultReconcileInterval, "how often stacks and machines left in a transition by a job that is over are moved to Failed/Unknown")
@@ -105,6 +114,12 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	}
 	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
 	f.o.DataDir, f.o.Logger = g.dataDir, log
+	if f.pluginLimits.CPUs < 0 || f.pluginMemMB < 0 || f.pluginLimits.PidsMax < 0 {
+		return errors.New("--plugin-cpus, --plugin-memory-mb and --plugin-pids-max must not be negative")
+	}
+	if f.pluginLimits.MemoryBytes = f.pluginMemMB << 20; f.pluginLimits != (cgroups.Limits{}) {
+		f.o.Plugins.Limits = &f.pluginLimits
+	}
 	reg := provider.NewRegistry()
 	f.dummy.register(reg, log)
 	if err := f.local.register(ctx, f, reg, log); err != nil {
