@@ -21,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local"
+	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
 // InstanceIDFile in kloud's data dir holds this kloud's instance id, which every local machine it
@@ -43,6 +44,7 @@ func (sl *serveLocal) flags(cmd *cobra.Command) {
 	fl.BoolVar(&sl.noLocal, "no-local", false, "do not offer the local provider")
 	fl.StringVar(&sl.o.StateDir, "local-state-dir", "", "where local machines live (default /var/lib/kloud/machines)")
 	fl.StringVar(&sl.o.Bridge, "local-bridge", "", "bridge of the local machines (default kd-br0)")
+	fl.IntVar(&sl.o.MachinePidsMax, "machine-pids-max", sandbox.DefaultPidsMax, "processes and threads limit of each local machine (its pids cgroup; -1: no limit)")
 	fl.StringVar(&sl.subnet, "local-subnet", "", "subnet of the local machines (default 10.200.0.0/24; kloud is .1)")
 }
 

@@ -99,6 +99,9 @@ type Options struct {
 	Endpoint string
 	// TokenTTL is how long a stack's service token is valid (default DefaultTokenTTL).
 	TokenTTL time.Duration
+	// MachinePidsMax caps each machine's processes and threads (its pids cgroup): a fork bomb in
+	// a machine gets EAGAIN, the host keeps going. 0: sandbox.DefaultPidsMax (4096); -1: none.
+	MachinePidsMax int
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -281,6 +284,7 @@ func (l *Local) creator(ctx context.Context) (*sandbox.Manager, error) {
 	if l.creatorM == nil {
 		m, err := sandbox.New(sandbox.Options{
 			StateDir: l.stateDir, BaseImage: base, Bridge: l.opts.Bridge, Subnet: l.opts.Subnet, Logger: l.log,
+			PidsMax: l.opts.MachinePidsMax,
 		})
 		if err != nil {
 			return nil, err

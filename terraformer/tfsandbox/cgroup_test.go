@@ -133,3 +133,41 @@ resource "terraform_data" "bomb" {
 		return errors.Is(err, os.ErrNotExist)
 	}, "cgroup %s left after the job", dir)
 }
+
+// TestRemoveLeftovers: an empty group a killed launcher left is removed; a group with a process
+// (another program's live run) is left alone.
+func TestRemoveLeftovers(t *testing.T) {
+	testutil.RequireRoot(t)
+	b := make([]byte, 6)
+	rand.Read(b)
+	prefix := "tftest-lo" + hex.EncodeToString(b) + "-"
+	empty, busy := "kloud/"+prefix+"empty", "kloud/"+prefix+"busy"
+	for _, rel := range []string{empty, busy} {
+		if _, err := cgroups.Create(rel, cgroups.Limits{PidsMax: 16}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cgroups.KillAll(rel, 5*time.Second)
+			_ = cgroups.Remove(rel)
+		})
+	}
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleep.Process.Kill(); sleep.Wait() })
+	hs, _ := cgroups.Hierarchies()
+	for _, d := range cgroups.Dirs(hs, busy) {
+		if err := cgroups.Join([]string{filepath.Join(d, "cgroup.procs")}, sleep.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := tfsandbox.RemoveLeftovers(prefix)
+	if err != nil || len(removed) != 1 || removed[0] != empty {
+		t.Errorf("RemoveLeftovers = %v, %v; want [%s]", removed, err, empty)
+	}
+	got := cgroups.Orphans(prefix)
+	if len(got) != 1 || got[0] != busy {
+		t.Errorf("groups left: %v, want [%s]", got, busy)
+	}
+}

@@ -97,6 +97,9 @@ func New(opts Options) (*Manager, error) {
 	if m.pidsMax == 0 {
 		m.pidsMax = DefaultPidsMax
 	}
+	if m.pidsMax < -1 || (m.pidsMax > 0 && m.pidsMax < 16) {
+		return nil, fmt.Errorf("sandbox: pids max %d: at least 16, or -1 for no limit", m.pidsMax)
+	}
 	if m.stateDir == "" {
 		m.stateDir = DefaultStateDir
 	}
