@@ -35,6 +35,14 @@
 // groups, no_new_privs set, and empty capability sets (bounding, inheritable, ambient, and so
 // permitted and effective), HOME=/tmp, in the work directory.
 //
+// # Cgroup limits
+//
+// With Config.Limits the launcher creates the cgroup kloud/<CgroupPrefix><run> (cpu, memory,
+// pids; internal/cgroups) and joins it before it starts init, so init, terraform and everything
+// they start are under those limits (a fork bomb gets EAGAIN at the pids limit); it leaves and
+// removes the group when init has ended. [RemoveCgroup] and [RemoveLeftovers] remove what a
+// killed launcher left (see cgroup.go).
+//
 // # Without namespaces
 //
 // Config.Insecure makes the launcher exec terraform in place, with the caller's privileges and
