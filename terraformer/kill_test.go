@@ -2,13 +2,17 @@ package terraformer_test
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/terraformertest"
@@ -75,11 +79,29 @@ func TestKillLeavesNothing(t *testing.T) {
 	if len(launchers) != 1 {
 		t.Fatalf("launchers of terraformer %d: %v, want one", p.cmd.Process.Pid, launchers)
 	}
+	// terraformer's default limits: the launcher (and so terraform) is in a kloud/tf-* cgroup.
+	var pidsGroup string
+	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", launchers[0]))
+	for _, l := range strings.Split(string(cg), "\n") {
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && strings.Contains(","+f[1]+",", ",pids,") {
+			pidsGroup = f[2]
+		}
+	}
+	if !strings.HasPrefix(pidsGroup, "/kloud/tf-") {
+		t.Errorf("the launcher is in pids cgroup %q, want /kloud/tf-*", pidsGroup)
+	}
 	if err := syscall.Kill(launchers[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	tfruntest.AssertNoProcesses(t, 5*time.Second, work)
 	j := wait(t, c, id, tfrun.StatusFailed)
+	if hs, _ := cgroups.Hierarchies(); pidsGroup != "" && hs["pids"].Mount != "" {
+		// The launcher could not remove it: terraformer does, after the command.
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			_, err := os.Stat(filepath.Join(hs["pids"].Mount, pidsGroup))
+			return errors.Is(err, os.ErrNotExist)
+		}, "cgroup %s left after the launcher's kill", pidsGroup)
+	}
 	t.Logf("job after the launcher's kill: %v", j.Err())
 	if !alive(strconv.Itoa(p.cmd.Process.Pid)) {
 		t.Fatal("terraformer died with the launcher")
