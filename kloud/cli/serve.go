@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -36,6 +37,10 @@ type serveFlags struct {
 	// pluginLimits and pluginMemMB: --plugin-cpus, --plugin-pids-max, --plugin-memory-mb.
 	pluginLimits cgroups.Limits
 	pluginMemMB  int64
+	// tfLimits and tfMemMB: --terraform-cpus, --terraform-pids-max, --terraform-memory-mb,
+	// passed to the terraformer kloud starts.
+	tfLimits cgroups.Limits
+	tfMemMB  int64
 
 	// The built-in providers' and the demo's own flags and steps (serve_*.go).
 	dummy   serveDummy
@@ -85,6 +90,9 @@ with kloud's privileges (logged at every start).`,
 	fl.StringVar(&f.o.PluginDir, "plugin-dir", "", "directory of provider plugins (kloud-provider-NAME) kloud launches and supervises (default <data dir>/plugins)")
 	fl.BoolVar(&f.o.Plugins.Insecure, "plugin-insecure-no-sandbox", false, "launch provider plugins without their sandbox: third-party code runs with kloud's privileges and sees its data directory (development without root only)")
 	fl.StringArrayVar(&f.o.Plugins.Unsandboxed, "plugin-unsandboxed", nil, "let the provider plugin NAME run without the sandbox, with kloud's privileges (repeatable; logged at every start; for a plugin that needs the host)")
+	fl.Float64Var(&f.tfLimits.CPUs, "terraform-cpus", tfsandbox.DefaultTerraformLimits.CPUs, "CPUs each terraform command may use, in its own cgroup (passed to the terraformer kloud starts; 0: no limit)")
+	fl.Int64Var(&f.tfMemMB, "terraform-memory-mb", tfsandbox.DefaultTerraformLimits.MemoryBytes>>20, "memory limit in MiB of each terraform command's cgroup (passed to the terraformer kloud starts; 0: no limit)")
+	fl.IntVar(&f.tfLimits.PidsMax, "terraform-pids-max", tfsandbox.DefaultTerraformLimits.PidsMax, "processes and threads limit of each terraform command's cgroup (passed to the terraformer kloud starts; 0: no limit)")
 	fl.Float64Var(&f.pluginLimits.CPUs, "plugin-cpus", tfsandbox.DefaultPluginLimits.CPUs, "CPUs each sandboxed provider plugin (and what it starts) may use, in its own cgroup (0: no limit)")
 	fl.Int64Var(&f.pluginMemMB, "plugin-memory-mb", tfsandbox.DefaultPluginLimits.MemoryBytes>>20, "memory limit in MiB of each sandboxed provider plugin's cgroup (0: no limit)")
 	fl.IntVar(&f.pluginLimits.PidsMax, "plugin-pids-max", tfsandbox.DefaultPluginLimits.PidsMax, "processes and threads limit of each sandboxed provider plugin's cgroup (0: no limit)")
@@ -237,6 +245,8 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfS
 	if cfg := tfCLIConfig(); cfg != "" {
 		args = append(args, "--cli-config", cfg)
 	}
+	args = append(args, "--terraform-cpus", strconv.FormatFloat(f.tfLimits.CPUs, 'g', -1, 64),
+		"--terraform-memory-mb", strconv.FormatInt(f.tfMemMB, 10), "--terraform-pids-max", strconv.Itoa(f.tfLimits.PidsMax))
 	if f.tfInsecure {
 		log.Warn("terraformer runs terraform without its sandbox (--terraformer-insecure-no-sandbox): templates run with this process's privileges")
 		args = append(args, "--insecure-no-sandbox")
