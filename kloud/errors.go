@@ -45,6 +45,11 @@ func wireError(err error) error {
 	if errors.As(err, &ke) {
 		return err
 	}
+	// The database does not answer (a driver error, or store.ErrUnavailable): its own code, so
+	// a client tells "the store is down" from a bug (health.go logs the outage once).
+	if store.IsUnavailable(err) {
+		return &codedError{err, kite.ErrStoreUnavailable}
+	}
 	for _, m := range storeCodes {
 		if errors.Is(err, m.store) {
 			return &codedError{err, m.kite}

@@ -1,0 +1,116 @@
+package kloud_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
+)
+
+// logBuf keeps kloud's log lines (and passes them to the test's log) so a test can count them.
+type logBuf struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	t   testing.TB
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.t.Logf("%s", bytes.TrimRight(p, "\n"))
+	return l.buf.Write(p)
+}
+
+func (l *logBuf) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.buf.String(), s)
+}
+
+func readyz(t *testing.T, url string) (int, kloud.Readiness) {
+	t.Helper()
+	resp, err := http.Get(url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var r kloud.Readiness
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("/readyz body %q: %v", b, err)
+	}
+	// camelCase keys on the wire
+	if !bytes.Contains(b, []byte(`"notReady"`)) {
+		t.Fatalf("/readyz body %s has no notReady", b)
+	}
+	return resp.StatusCode, r
+}
+
+// TestStoreOutage: kloud on an external database that dies answers calls with the
+// store-unavailable code (not a hang, not "connection closed"), says so at /readyz naming the
+// store, logs the outage once and its end once, and works again when the database is back.
+func TestStoreOutage(t *testing.T) {
+	db := storetest.NewServer(t)
+	lb := &logBuf{t: t}
+	e := kloudtest.Start(t, kloudtest.Options{MongoURL: db.URL, Logger: slog.New(slog.NewTextHandler(lb, nil))})
+	c := e.Client("alice")
+	ctx := t.Context()
+	if _, err := c.StackList(ctx, api.StackListParams{}); err != nil {
+		t.Fatalf("stack.list with the store up: %v", err)
+	}
+	code, r := readyz(t, e.URL)
+	if !r.Checks["store"].Ready || !r.Checks["store"].Required {
+		t.Fatalf("/readyz with the store up: %+v", r)
+	}
+	// No terraformer in this test: kloud is not ready, and says why.
+	if code != http.StatusServiceUnavailable || r.Ready || strings.Join(r.NotReady, ",") != "terraformer" {
+		t.Fatalf("/readyz without terraformer: %d %+v", code, r)
+	}
+
+	db.Stop()
+	for i := range 3 {
+		start := time.Now()
+		_, err := c.StackList(ctx, api.StackListParams{})
+		t.Logf("stack.list %d with the store down: %v after %v", i, err, time.Since(start))
+		var ke *kite.Error
+		if !errors.Is(err, kite.ErrStoreUnavailable) || !errors.As(err, &ke) || ke.Type() != "storeUnavailable" {
+			t.Fatalf("stack.list with the store down: %v, want the store-unavailable code %d", err, kite.CodeStoreUnavailable)
+		}
+	}
+	code, r = readyz(t, e.URL)
+	if code != http.StatusServiceUnavailable || r.Ready || r.Checks["store"].Ready || r.Checks["store"].Error == "" ||
+		len(r.NotReady) != 2 || r.NotReady[0] != "store" {
+		t.Fatalf("/readyz with the store down: %d %+v", code, r)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return lb.count("store unavailable: calls fail") == 1 },
+		"no log line for the outage")
+	// Several more seconds down: still one line.
+	time.Sleep(3 * time.Second)
+	if n := lb.count("store unavailable: calls fail"); n != 1 {
+		t.Fatalf("%d log lines for one outage, want 1", n)
+	}
+
+	db.Start()
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, r := readyz(t, e.URL)
+		return r.Checks["store"].Ready
+	}, "/readyz: store not ready after it came back")
+	testutil.Eventually(t, 10*time.Second, func() bool { return lb.count("store available again") == 1 },
+		"no log line for the end of the outage")
+	if _, err := c.StackList(ctx, api.StackListParams{}); err != nil {
+		t.Fatalf("stack.list with the store back: %v", err)
+	}
+}
