@@ -114,3 +114,25 @@ func TestStoreOutage(t *testing.T) {
 		t.Fatalf("stack.list with the store back: %v", err)
 	}
 }
+
+// TestStoreOutageAtHandshake: a connection's handshake checks its key's revocation in the store
+// (until the list has been loaded once; then a stale list is used): with the store down that is
+// the store-unavailable code too, not an internal error.
+func TestStoreOutageAtHandshake(t *testing.T) {
+	db := storetest.NewServer(t)
+	e := kloudtest.Start(t, kloudtest.Options{MongoURL: db.URL})
+	key, _, err := e.Server.Kontrol.CreateKey("bob", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Stop()
+	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "test-client"}, Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	_, err = k.Dial(t.Context(), e.URL+"/kite", kite.Auth{Type: kite.AuthKiteKey, Key: key})
+	if !errors.Is(err, kite.ErrStoreUnavailable) {
+		t.Fatalf("handshake with the store down: %v, want the store-unavailable code", err)
+	}
+}
