@@ -6,9 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/web"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -140,7 +143,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 			fmt.Fprintf(g.stderr, "warning: %s\n", w)
 		}
 	}
-	s, err := kloud.New(ctx, f.o)
+	s, err := openServer(ctx, f.o, log)
 	if err != nil {
 		return err
 	}
@@ -193,6 +196,48 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	s.SetTerraformer(tc)
 	fmt.Fprintf(g.stdout, "terraformer: %s\n", tfURL)
 	return s.Serve(ctx)
+}
+
+// storeWaitInterval is how long kloud serve waits between attempts to reach its store at start.
+const storeWaitInterval = 2 * time.Second
+
+// openServer is kloud.New, which opens the store. While the store does not answer (a
+// --mongo-url database that is down or unreachable; each attempt gives up after the store's
+// server-selection timeout) it logs "waiting for the store at URL (cause)" and tries again every
+// few seconds until ctx ends. Any other error ends it at once.
+func openServer(ctx context.Context, o kloud.Options, log *slog.Logger) (*kloud.Server, error) {
+	for {
+		s, err := kloud.New(ctx, o)
+		if err == nil || o.MongoURL == "" || !store.IsUnavailable(err) {
+			return s, err
+		}
+		log.Warn(fmt.Sprintf("waiting for the store at %s (%v)", redactURL(o.MongoURL), err))
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the store at %s: %w (last: %w)", redactURL(o.MongoURL), ctx.Err(), err)
+		case <-time.After(storeWaitInterval):
+		}
+	}
+}
+
+// redactURL is u with its password replaced by "xxxxx". A URL Go's parser refuses (a unix
+// socket's escaped path as host) loses its whole user info instead.
+func redactURL(u string) string {
+	if p, err := url.Parse(u); err == nil {
+		return p.Redacted()
+	}
+	scheme, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return "(unparsable URL)"
+	}
+	host, path, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndex(host, "@"); i >= 0 {
+		host = "xxxxx@" + host[i+1:]
+	}
+	if path != "" || strings.Contains(rest, "/") {
+		host += "/" + path
+	}
+	return scheme + "://" + host
 }
 
 // newTerraformerSupervisor prepares the terraformer next to kloud (trusting this kloud's keys)
