@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -48,7 +49,7 @@ func wireError(err error) error {
 	// The database does not answer (a driver error, or store.ErrUnavailable): its own code, so
 	// a client tells "the store is down" from a bug (health.go logs the outage once).
 	if store.IsUnavailable(err) {
-		return &codedError{err, kite.ErrStoreUnavailable}
+		return &codedError{fmt.Errorf("store unavailable: %w", err), kite.ErrStoreUnavailable}
 	}
 	for _, m := range storeCodes {
 		if errors.Is(err, m.store) {
