@@ -50,6 +50,11 @@ func serveCmd(g *globals) *cobra.Command {
 		Long: `Run kloud in the foreground: the kite endpoint at /kite (kontrol included), the public
 signing keys at /kite/keys, the klient download at /dl/klient and the web UI at /.
 
+It serves /healthz (alive) and /readyz (200, or 503 with JSON naming what is not ready: store,
+terraformer). With --mongo-url on a store that does not answer at start, it logs "waiting for
+the store at URL (cause)" every few seconds until it does; calls during a later outage fail at
+once with "store unavailable" (code -32010), and the outage is logged once.
+
 On first start it creates the store (embedded unless --mongo-url), kontrol's signing keys, an
 admin kite key and kloud's own key in the data directory, and prints where. Unless
 --terraformer-url is given, it starts a terraformer next to it, restarts it when it exits (with
