@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/FerretDB/FerretDB/ferretdb"
+
+	"github.com/kloud-dev/kloud/kloud/store"
 )
 
 // Server is a database server apart from any store: a FerretDB (SQLite backend) serving on a
@@ -48,7 +50,7 @@ func (s *Server) Start() {
 	if s.cancel != nil {
 		return
 	}
-	f, err := ferretdb.New(&ferretdb.Config{
+	f, err := store.NewFerretDB(&ferretdb.Config{
 		Listener:  ferretdb.ListenerConfig{Unix: s.sock},
 		Handler:   "sqlite",
 		SQLiteURL: "file:" + s.dir + "/",
