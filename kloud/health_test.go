@@ -136,3 +136,24 @@ func TestStoreOutageAtHandshake(t *testing.T) {
 		t.Fatalf("handshake with the store down: %v, want the store-unavailable code", err)
 	}
 }
+
+// TestReadyzTerraformer: with a real terraformer kloud is ready (embedded store); while the
+// terraformer's supervisor says it is down, /readyz is 503 naming terraformer and the cause.
+func TestReadyzTerraformer(t *testing.T) {
+	e := kloudtest.Start(t, kloudtest.Options{})
+	tc := e.StartTerraformer()
+	code, r := readyz(t, e.URL)
+	if code != http.StatusOK || !r.Ready || len(r.NotReady) != 0 || !r.Checks["terraformer"].Ready || !r.Checks["store"].Ready {
+		t.Fatalf("/readyz with store and terraformer: %d %+v", code, r)
+	}
+	tc.SetUnavailable(errors.New("exited: signal: killed"))
+	code, r = readyz(t, e.URL)
+	if code != http.StatusServiceUnavailable || strings.Join(r.NotReady, ",") != "terraformer" ||
+		!strings.Contains(r.Checks["terraformer"].Error, "signal: killed") {
+		t.Fatalf("/readyz with terraformer down: %d %+v", code, r)
+	}
+	tc.SetAvailable()
+	if code, r = readyz(t, e.URL); code != http.StatusOK || !r.Ready {
+		t.Fatalf("/readyz with terraformer back: %d %+v", code, r)
+	}
+}
