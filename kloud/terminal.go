@@ -155,6 +155,8 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 		code = http.StatusConflict
 	case errors.Is(err, kite.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		code = http.StatusGatewayTimeout
+	case errors.Is(err, kite.ErrStoreUnavailable):
+		code = http.StatusServiceUnavailable
 	}
 	writeError(w, code, err.Error())
 }
