@@ -66,7 +66,11 @@ func TestStoreOutage(t *testing.T) {
 	db := storetest.NewServer(t)
 	lb := &logBuf{t: t}
 	e := kloudtest.Start(t, kloudtest.Options{MongoURL: db.URL, Logger: slog.New(slog.NewTextHandler(lb, nil))})
-	c := e.Client("alice")
+	aliceKey, _, err := e.Server.Kontrol.CreateKey("alice", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := api.NewClient(e.DialAuth(kite.Auth{Type: kite.AuthKiteKey, Key: aliceKey}))
 	ctx := t.Context()
 	if _, err := c.StackList(ctx, api.StackListParams{}); err != nil {
 		t.Fatalf("stack.list with the store up: %v", err)
@@ -89,6 +93,18 @@ func TestStoreOutage(t *testing.T) {
 		if !errors.Is(err, kite.ErrStoreUnavailable) || !errors.As(err, &ke) || ke.Type() != "storeUnavailable" {
 			t.Fatalf("stack.list with the store down: %v, want the store-unavailable code %d", err, kite.CodeStoreUnavailable)
 		}
+	}
+	// Kloud's HTTP API too: 503, not a bad gateway.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+"/api/machines/m1/sessions", nil)
+	req.Header.Set("Authorization", "Bearer "+aliceKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "store unavailable") {
+		t.Fatalf("GET /api/machines/m1/sessions with the store down: %s %s", resp.Status, body)
 	}
 	code, r = readyz(t, e.URL)
 	if code != http.StatusServiceUnavailable || r.Ready || r.Checks["store"].Ready || r.Checks["store"].Error == "" ||

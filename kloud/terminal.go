@@ -153,10 +153,10 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 		code = http.StatusNotFound
 	case errors.Is(err, kite.ErrConflict), errors.Is(err, kite.ErrState):
 		code = http.StatusConflict
+	case errors.Is(err, kite.ErrStoreUnavailable): // before timeouts: it wraps the driver's deadline
+		code = http.StatusServiceUnavailable
 	case errors.Is(err, kite.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		code = http.StatusGatewayTimeout
-	case errors.Is(err, kite.ErrStoreUnavailable):
-		code = http.StatusServiceUnavailable
 	}
 	writeError(w, code, err.Error())
 }
