@@ -46,20 +46,21 @@ func (e *Error) Type() string {
 
 // Error codes of protocol v1 (docs/protocol.md).
 const (
-	CodeParse          = -32700
-	CodeInvalidRequest = -32600
-	CodeMethodNotFound = -32601
-	CodeInvalidParams  = -32602
-	CodeInternal       = -32603
-	CodeAuth           = -32001
-	CodePermission     = -32002
-	CodeNotFound       = -32003
-	CodeConflict       = -32004
-	CodeState          = -32005
-	CodeTimeout        = -32006
-	CodeRateLimited    = -32007
-	CodeTooLarge       = -32008
-	CodeUnavailable    = -32009
+	CodeParse            = -32700
+	CodeInvalidRequest   = -32600
+	CodeMethodNotFound   = -32601
+	CodeInvalidParams    = -32602
+	CodeInternal         = -32603
+	CodeAuth             = -32001
+	CodePermission       = -32002
+	CodeNotFound         = -32003
+	CodeConflict         = -32004
+	CodeState            = -32005
+	CodeTimeout          = -32006
+	CodeRateLimited      = -32007
+	CodeTooLarge         = -32008
+	CodeUnavailable      = -32009
+	CodeStoreUnavailable = -32010
 )
 
 func sentinel(code int64, typ, msg string) *Error {
@@ -92,6 +93,9 @@ var (
 	// ErrUnavailable: a service the call needs (e.g. kloud's terraformer) is down or
 	// unreachable right now; the message says why. Trying again later may work.
 	ErrUnavailable = sentinel(CodeUnavailable, "unavailable", "unavailable")
+	// ErrStoreUnavailable: kloud's store (its database) does not answer right now; the message
+	// gives the driver's cause. Trying again once the store is back works.
+	ErrStoreUnavailable = sentinel(CodeStoreUnavailable, "storeUnavailable", "store unavailable")
 
 	// ErrInvalidField: a field of the request is missing, of the wrong type or has a value the
 	// method never takes (Request.Bind's decoding and Validate errors): the caller's request is

@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -44,6 +45,11 @@ func wireError(err error) error {
 	var ke *kite.Error
 	if errors.As(err, &ke) {
 		return err
+	}
+	// The database does not answer (a driver error, or store.ErrUnavailable): its own code, so
+	// a client tells "the store is down" from a bug (health.go logs the outage once).
+	if store.IsUnavailable(err) {
+		return &codedError{fmt.Errorf("store unavailable: %w", err), kite.ErrStoreUnavailable}
 	}
 	for _, m := range storeCodes {
 		if errors.Is(err, m.store) {

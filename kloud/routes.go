@@ -174,6 +174,7 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"/kite", "kite handshake (kite key or session)", s.Kite},
 		{"GET /kite/keys", "anyone", http.HandlerFunc(s.serveKeys)},
 		{"GET /healthz", "anyone", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })},
+		{"GET /readyz", "anyone", http.HandlerFunc(s.serveReadyz)}, // health.go
 		{"GET /dl/klient", "anyone", http.HandlerFunc(s.serveKlient)},
 		// web_api_login.go
 		{"POST /api/login", "anyone (password; rate limited)", s.handleLogin(login)},
@@ -252,6 +253,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.retain,         // retention.go: prune finished jobs, expired revocations, stale kite records
 		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
 		s.runGC,          // gc.go: sweep the providers' resources kloud no longer wants
+		s.monitorStore,   // health.go: log a store outage once, and its end
 	}
 }
 

@@ -57,7 +57,7 @@ func (s *storeRevocations) IsRevoked(ctx context.Context, jti string) (bool, err
 		list, err := s.r.ListRevoked(ctx)
 		if err != nil {
 			if s.set == nil {
-				return false, err
+				return false, wireError(err) // a store outage: storeUnavailable, not an internal error
 			}
 		} else {
 			s.set = make(map[string]bool, len(list))

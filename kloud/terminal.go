@@ -153,6 +153,8 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 		code = http.StatusNotFound
 	case errors.Is(err, kite.ErrConflict), errors.Is(err, kite.ErrState):
 		code = http.StatusConflict
+	case errors.Is(err, kite.ErrStoreUnavailable): // before timeouts: it wraps the driver's deadline
+		code = http.StatusServiceUnavailable
 	case errors.Is(err, kite.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		code = http.StatusGatewayTimeout
 	}

@@ -92,7 +92,7 @@ func DefaultDataDir() string {
 	return filepath.Join(home, ".kloud", "terraformer")
 }
 
-// Run serves terraformer until ctx ends: /kite (the kite protocol) and /healthz. On the way out
+// Run serves terraformer until ctx ends: /kite (the kite protocol), /healthz and /readyz. On the way out
 // it cancels the running jobs (SIGINT to terraform, SIGKILL after CancelGrace), which persists
 // them and releases their leases, then closes the connections.
 func Run(ctx context.Context, cfg Config) error {
@@ -168,7 +168,7 @@ func Run(ctx context.Context, cfg Config) error {
 		closeEngine()
 		return fmt.Errorf("terraformer: listen %s: %w", cfg.Addr, err)
 	}
-	srv := &http.Server{Handler: Handler(k, engine), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: Handler(k, engine, KloudKeysCheck(cfg.KloudURL)), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("terraformer listening", "addr", ln.Addr().String(), "kite", k.Identity().String(),
@@ -200,8 +200,10 @@ func Run(ctx context.Context, cfg Config) error {
 	return serveErr
 }
 
-// Handler serves /kite (k) and /healthz (JSON: status, kite id, terraform version, running jobs).
-func Handler(k *kite.Kite, engine *tfrun.Engine) http.Handler {
+// Handler serves /kite (k), /healthz (JSON: status, kite id, terraform version: the process
+// serves) and /readyz (whether it can run terraform for kloud; see [Readiness]). extra are more
+// readiness checks ([Run] adds [KloudKeysCheck]).
+func Handler(k *kite.Kite, engine *tfrun.Engine, extra ...ReadyCheck) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/kite", k)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -210,7 +212,105 @@ func Handler(k *kite.Kite, engine *tfrun.Engine) http.Handler {
 			"status": "ok", "kiteId": k.Identity().ID, "version": version.Version, "terraform": engine.Version(),
 		})
 	})
+	checks := append([]ReadyCheck{terraformCheck(engine), dataDirCheck(engine)}, extra...)
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		rd := readiness(r.Context(), checks)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		if !rd.Ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		json.NewEncoder(w).Encode(rd) //nolint:errcheck // the client went away
+	})
 	return mux
+}
+
+// readyTimeout bounds each readiness check.
+const readyTimeout = time.Second
+
+// ReadyCheck is one named readiness check: nil when that part is ready.
+type ReadyCheck struct {
+	Name  string
+	Check func(ctx context.Context) error
+}
+
+// Readiness is /readyz's JSON body (the same shape as kloud's): 200 when Ready, else 503.
+type Readiness struct {
+	Ready bool `json:"ready"`
+	// NotReady names the failing checks in order: "terraform" (the binary runs), "dataDir"
+	// (writable), "kloudKeys" (kloud's GET /kite/keys answers, so kloud's calls authenticate).
+	NotReady []string               `json:"notReady"`
+	Checks   map[string]CheckResult `json:"checks"`
+}
+
+// CheckResult is one check's result in [Readiness].
+type CheckResult struct {
+	Ready bool   `json:"ready"`
+	Error string `json:"error,omitempty"`
+}
+
+func readiness(ctx context.Context, checks []ReadyCheck) Readiness {
+	rd := Readiness{NotReady: []string{}, Checks: map[string]CheckResult{}}
+	for _, c := range checks {
+		cctx, cancel := context.WithTimeout(ctx, readyTimeout)
+		err := c.Check(cctx)
+		cancel()
+		if err != nil {
+			rd.NotReady = append(rd.NotReady, c.Name)
+			rd.Checks[c.Name] = CheckResult{Error: err.Error()}
+			continue
+		}
+		rd.Checks[c.Name] = CheckResult{Ready: true}
+	}
+	rd.Ready = len(rd.NotReady) == 0
+	return rd
+}
+
+// terraformCheck: the engine found terraform (its version) and the binary is still there.
+func terraformCheck(engine *tfrun.Engine) ReadyCheck {
+	return ReadyCheck{"terraform", func(context.Context) error {
+		if engine.Version() == "" {
+			return errors.New("terraform version unknown")
+		}
+		if _, err := os.Stat(engine.Options().TerraformPath); err != nil {
+			return fmt.Errorf("terraform binary: %w", err)
+		}
+		return nil
+	}}
+}
+
+// dataDirCheck: a file can be created in the engine's data directory (disk full, read-only
+// mount or a removed directory fail it).
+func dataDirCheck(engine *tfrun.Engine) ReadyCheck {
+	return ReadyCheck{"dataDir", func(context.Context) error {
+		f, err := os.CreateTemp(engine.Options().Dir, ".readyz-*")
+		if err != nil {
+			return err
+		}
+		f.Close()
+		return os.Remove(f.Name())
+	}}
+}
+
+// KloudKeysCheck: kloud's public keys (GET kloudURL/kite/keys) answer, without which kloud's
+// calls cannot be authenticated.
+func KloudKeysCheck(kloudURL string) ReadyCheck {
+	u := KeysURL(kloudURL)
+	return ReadyCheck{"kloudKeys", func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return fmt.Errorf("kloud's keys: %w", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("kloud's keys at %s: %s", u, resp.Status)
+		}
+		return nil
+	}}
 }
 
 // loadKiteID reads the kite id kept in path, or creates one.

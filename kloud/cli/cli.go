@@ -289,6 +289,8 @@ func (g *globals) dial(ctx context.Context) (*kite.Conn, error) {
 				g.url, whatAnswered(nu), nu.Status, u, defaultURL)
 		case errors.As(err, &oe) || errors.Is(err, syscall.ECONNREFUSED):
 			return nil, fmt.Errorf("cannot reach kloud at %s: %w\n  is it running? start it with `kloud serve`, or point --url / KLOUD_URL at it", g.url, err)
+		case errors.Is(err, kite.ErrStoreUnavailable):
+			return nil, fmt.Errorf("kloud at %s cannot reach its store: %w\n  %s", g.url, err, storeHint)
 		case errors.Is(err, kite.ErrAuth):
 			return nil, fmt.Errorf("kloud at %s rejected the key %s: %w\n  use --key with a key this kloud issued (`kloud key create`), or --data-dir of this kloud", g.url, keyPath, err)
 		}
@@ -312,6 +314,9 @@ func whatAnswered(nu *wsframe.NotUpgradedError) string {
 	return "an HTTP server (" + strings.Join(what, ", ") + ")"
 }
 
+// storeHint is what to do when kloud's store does not answer.
+const storeHint = "kloud's database does not answer (kloud logs the cause; GET /readyz names what is not ready); try again once it is back"
+
 // explain adds what to do next to common errors. Only a malformed request (kite.ErrInvalidField:
 // a missing or ill-formed field, i.e. a flag or argument) points at --help; other invalid-params
 // errors (a template's syntax, a password too short, a provider's rule) say themselves what is
@@ -322,6 +327,8 @@ func explain(err error) error {
 		return fmt.Errorf("%w\n  this needs another user's rights (e.g. the admin key: --key ~/.kloud/admin.key)", err)
 	case errors.Is(err, kite.ErrInvalidField):
 		return fmt.Errorf("%w\n  see --help for the expected flags", err)
+	case errors.Is(err, kite.ErrStoreUnavailable):
+		return fmt.Errorf("%w\n  %s", err, storeHint)
 	}
 	return err
 }

@@ -7,10 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/web"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -57,6 +60,11 @@ func serveCmd(g *globals) *cobra.Command {
 		Short: "Run kloud (with kontrol and terraformer) in the foreground",
 		Long: `Run kloud in the foreground: the kite endpoint at /kite (kontrol included), the public
 signing keys at /kite/keys, the klient download at /dl/klient and the web UI at /.
+
+It serves /healthz (alive) and /readyz (200, or 503 with JSON naming what is not ready: store,
+terraformer). With --mongo-url on a store that does not answer at start, it logs "waiting for
+the store at URL (cause)" every few seconds until it does; calls during a later outage fail at
+once with "store unavailable" (code -32010), and the outage is logged once.
 
 On first start it creates the store (embedded unless --mongo-url), kontrol's signing keys, an
 admin kite key and kloud's own key in the data directory, and prints where. Unless
@@ -163,7 +171,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 			fmt.Fprintf(g.stderr, "warning: %s\n", w)
 		}
 	}
-	s, err := kloud.New(ctx, f.o)
+	s, err := openServer(ctx, f.o, log)
 	if err != nil {
 		return err
 	}
@@ -216,6 +224,48 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	s.SetTerraformer(tc)
 	fmt.Fprintf(g.stdout, "terraformer: %s\n", tfURL)
 	return s.Serve(ctx)
+}
+
+// storeWaitInterval is how long kloud serve waits between attempts to reach its store at start.
+const storeWaitInterval = 2 * time.Second
+
+// openServer is kloud.New, which opens the store. While the store does not answer (a
+// --mongo-url database that is down or unreachable; each attempt gives up after the store's
+// server-selection timeout) it logs "waiting for the store at URL (cause)" and tries again every
+// few seconds until ctx ends. Any other error ends it at once.
+func openServer(ctx context.Context, o kloud.Options, log *slog.Logger) (*kloud.Server, error) {
+	for {
+		s, err := kloud.New(ctx, o)
+		if err == nil || o.MongoURL == "" || !store.IsUnavailable(err) {
+			return s, err
+		}
+		log.Warn(fmt.Sprintf("waiting for the store at %s (%v)", redactURL(o.MongoURL), err))
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the store at %s: %w (last: %w)", redactURL(o.MongoURL), ctx.Err(), err)
+		case <-time.After(storeWaitInterval):
+		}
+	}
+}
+
+// redactURL is u with its password replaced by "xxxxx". A URL Go's parser refuses (a unix
+// socket's escaped path as host) loses its whole user info instead.
+func redactURL(u string) string {
+	if p, err := url.Parse(u); err == nil {
+		return p.Redacted()
+	}
+	scheme, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return "(unparsable URL)"
+	}
+	host, path, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndex(host, "@"); i >= 0 {
+		host = "xxxxx@" + host[i+1:]
+	}
+	if path != "" || strings.Contains(rest, "/") {
+		host += "/" + path
+	}
+	return scheme + "://" + host
 }
 
 // newTerraformerSupervisor prepares the terraformer next to kloud (trusting this kloud's keys)

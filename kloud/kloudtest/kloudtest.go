@@ -44,6 +44,8 @@ type Options struct {
 	GC kloud.GCOptions
 	// Limits are kloud's caps (zero fields: its defaults).
 	Limits kloud.Limits
+	// MongoURL: use this database instead of the embedded store (e.g. a storetest.Server).
+	MongoURL string
 }
 
 // Env is a running test kloud.
@@ -84,7 +86,7 @@ func Start(t testing.TB, o Options) *Env {
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
-		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits,
+		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 	})
 	if err != nil {

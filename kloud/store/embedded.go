@@ -75,14 +75,12 @@ func startEmbedded(dataDir string, log *slog.Logger) (_ *embedded, err error) {
 
 	// ferretdb.New writes a package-level variable (version.Get().Package); stores opened
 	// concurrently (parallel tests) must not race on it.
-	ferretNewMu.Lock()
-	f, err := ferretdb.New(&ferretdb.Config{
+	f, err := NewFerretDB(&ferretdb.Config{
 		Listener:  ferretdb.ListenerConfig{Unix: sock},
 		Handler:   "sqlite",
 		SQLiteURL: "file:" + dbDir + "/",
 		Logger:    slog.New(ferretLogHandler{log.Handler()}).With("component", "ferretdb"),
 	})
-	ferretNewMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("embedded database: start ferretdb: %w", err)
 	}
@@ -97,6 +95,14 @@ func startEmbedded(dataDir string, log *slog.Logger) (_ *embedded, err error) {
 	}
 	e.uri = "mongodb://" + url.QueryEscape(sock) + "/"
 	return e, nil
+}
+
+// NewFerretDB is ferretdb.New made safe for concurrent use (the embedded store and storetest's
+// servers start FerretDBs; ferretdb.New writes a package-level variable).
+func NewFerretDB(cfg *ferretdb.Config) (*ferretdb.FerretDB, error) {
+	ferretNewMu.Lock()
+	defer ferretNewMu.Unlock()
+	return ferretdb.New(cfg)
 }
 
 // idColumn is the expression FerretDB v1.24's SQLite backend compares when it pushes a filter

@@ -1,9 +1,11 @@
 package store
 
 import (
+	"context"
 	"errors"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 )
 
 // Sentinel errors. Every error the store returns for these conditions wraps one of them, with
@@ -23,7 +25,35 @@ var (
 	ErrState = errors.New("store: not allowed in this state")
 	// ErrClosed: the store has been closed.
 	ErrClosed = errors.New("store: closed")
+	// ErrUnavailable: the database does not answer (down, unreachable, or no server could be
+	// selected within Options.ServerSelectionTimeout). The driver's own errors for this are
+	// recognised by [IsUnavailable]; [Store.Ping] wraps this sentinel.
+	ErrUnavailable = errors.New("store: unavailable")
 )
+
+// IsUnavailable reports whether err says the database could not be reached: it wraps
+// [ErrUnavailable], or it is the driver's server-selection, connection or network error (every
+// store method wraps the driver's errors with %w, so this holds for their errors too). Apart
+// from a failed server selection, a caller's own deadline or cancellation is not unavailability.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrUnavailable) {
+		return true
+	}
+	// No server could be selected: the driver enforces ServerSelectionTimeout as a deadline, so
+	// this error wraps context.DeadlineExceeded too.
+	var sel topology.ServerSelectionError
+	if errors.As(err, &sel) {
+		return true
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var conn topology.ConnectionError
+	return errors.As(err, &conn) || mongo.IsNetworkError(err)
+}
 
 // IsDuplicateKey reports whether err is a duplicate-key error (E11000) from an insert or
 // upsert, on MongoDB and on FerretDB alike.

@@ -58,6 +58,11 @@ type Options struct {
 	JobPollInterval time.Duration
 	// JobLogLines is how many log lines a job keeps (the last ones). Default 500.
 	JobLogLines int
+	// ServerSelectionTimeout bounds how long an operation waits for a database that does not
+	// answer before it fails with an error [IsUnavailable] recognises; it is also the timeout of
+	// a new connection. Default 1.5s (the driver's own is 30s), so a call fails fast and clearly
+	// while the store is down. A serverSelectionTimeoutMS or connectTimeoutMS in MongoURL wins.
+	ServerSelectionTimeout time.Duration
 	// JobLeaseTTL is how long a job's runner lease lasts without a heartbeat, progress or log
 	// line. Default 30s.
 	JobLeaseTTL time.Duration
@@ -107,6 +112,9 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 	if opts.JobLeaseTTL <= 0 {
 		opts.JobLeaseTTL = 30 * time.Second
 	}
+	if opts.ServerSelectionTimeout <= 0 {
+		opts.ServerSelectionTimeout = DefaultServerSelectionTimeout
+	}
 	if opts.DataDir == "" && (opts.MongoURL == "" || opts.SecretKey == nil) {
 		return nil, errors.New("open store: DataDir is required unless MongoURL and SecretKey are both set")
 	}
@@ -137,7 +145,9 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 
 	copts := options.Client().
 		SetAppName("kloud").
-		SetBSONOptions(&options.BSONOptions{DefaultDocumentM: true})
+		SetBSONOptions(&options.BSONOptions{DefaultDocumentM: true}).
+		SetServerSelectionTimeout(opts.ServerSelectionTimeout).
+		SetConnectTimeout(opts.ServerSelectionTimeout)
 	if opts.MongoURL != "" {
 		copts.ApplyURI(opts.MongoURL)
 	} else {
@@ -152,6 +162,9 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 		return nil, fmt.Errorf("open store: connect: %w", err)
 	}
 	if err = s.client.Ping(ctx, nil); err != nil {
+		if IsUnavailable(err) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
 		return nil, fmt.Errorf("open store: ping: %w", err)
 	}
 	s.db = s.client.Database(opts.Database)
@@ -197,6 +210,24 @@ func (s *Store) Close(ctx context.Context) error {
 		}
 	})
 	return s.closeErr
+}
+
+// DefaultServerSelectionTimeout is [Options.ServerSelectionTimeout]'s default.
+const DefaultServerSelectionTimeout = 1500 * time.Millisecond
+
+// Ping checks that the database answers: nil, or an error wrapping [ErrUnavailable] (with the
+// driver's cause) when it does not, [ErrClosed] once the store is closed. It waits at most
+// Options.ServerSelectionTimeout (less if ctx ends first).
+func (s *Store) Ping(ctx context.Context) error {
+	select {
+	case <-s.closed:
+		return fmt.Errorf("ping: %w", ErrClosed)
+	default:
+	}
+	if err := s.client.Ping(ctx, nil); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return nil
 }
 
 // Collection returns the named collection (one of the Coll* constants). It is for this package,
