@@ -223,6 +223,11 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 	if st.State == StackNotInitialized {
 		return nil, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
 	}
+	release, err := s.holdQuota(ctx, st.Owner, st.Team) // quota.go: held until the stack is Building
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	sj := stackJob{kind: jobStackUpdate, lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
 		set: store.StackSet{TFJobID: new("")}}
 	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (map[string]any, error) {
@@ -406,6 +411,9 @@ func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []Fi
 	if len(planned) == 0 {
 		return nil, fmt.Errorf("stack %s would have no machines left (its new files declare none; machine resource types: %s); a stack has at least one machine: destroy the stack instead (kloud stack destroy %s): %w",
 			st.ID, strings.Join(s.resourceTypes(), ", "), st.ID, kite.ErrInvalidParams)
+	}
+	if err := s.checkQuota(ctx, st.Owner, st.Team, st.ID, planned); err != nil { // quota.go
+		return nil, err
 	}
 	return planned, nil
 }
