@@ -26,6 +26,58 @@ import (
 // user never build more than the quota. A refusal is -32008 (too large, data type
 // api.QuotaCode) naming the limit, the use and the request, before any job or change.
 
+// Quota is an amount of machines, cores, memory (MB) and disk (MB); as a limit, 0 is none.
+type Quota = api.Quota
+
+// ParseQuota parses kloud serve's --default-quota: comma-separated machines=N, cores=N,
+// memory=SIZE and disk=SIZE (SIZE in MB, or with an M, G or T suffix: 8G); those not given have
+// no limit.
+func ParseQuota(s string) (api.Quota, error) {
+	var q api.Quota
+	for part := range strings.SplitSeq(s, ",") {
+		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
+		var err error
+		switch k = strings.TrimSpace(k); k {
+		case "":
+			continue
+		case "machines":
+			q.Machines, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		case "cores":
+			q.Cores, err = strconv.ParseFloat(strings.TrimSpace(v), 64)
+		case "memory":
+			q.MemoryMB, err = ParseMB(v)
+		case "disk":
+			q.DiskMB, err = ParseMB(v)
+		default:
+			return q, fmt.Errorf("quota %q: unknown limit %q (want machines, cores, memory, disk)", s, k)
+		}
+		if err != nil || q.Machines < 0 || q.Cores < 0 {
+			return q, fmt.Errorf("quota %q: %s=%q is not a number of 0 or more (sizes: 512, 8G)", s, k, v)
+		}
+	}
+	return q, nil
+}
+
+// ParseMB reads a size in MB: a number with an optional M, G or T suffix (powers of 1024; an
+// optional "B" or "iB" after it), or "unlimited" (0).
+func ParseMB(s string) (int64, error) {
+	in := strings.ToUpper(strings.TrimSpace(s))
+	if in == "UNLIMITED" {
+		return 0, nil
+	}
+	num := strings.TrimSuffix(strings.TrimSuffix(in, "B"), "I")
+	mult := int64(1)
+	if i := len(num) - 1; i >= 0 && strings.ContainsRune("MGT", rune(num[i])) {
+		mult = map[byte]int64{'M': 1, 'G': 1 << 10, 'T': 1 << 20}[num[i]]
+		num = num[:i]
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("size %q: want MB or a number with M, G or T (8G), or \"unlimited\"", s)
+	}
+	return n * mult, nil
+}
+
 // quotaSubjects are the quota documents' ids of owner and team.
 func quotaSubjects(owner, team string) []string {
 	return []string{"user/" + owner, "team/" + team}
@@ -117,10 +169,15 @@ func (s *Server) quotaUse(ctx context.Context, subject, except string) (api.Quot
 	return use, nil
 }
 
-// quotaOf returns subject's quota (ok false: none set).
+// quotaOf returns subject's quota (ok false: no limit): the one an administrator set, else for
+// a user the default quota (Options.DefaultQuota). A quota set with every limit 0 is no limit,
+// also when there is a default.
 func (s *Server) quotaOf(ctx context.Context, subject string) (q api.Quota, ok bool, err error) {
 	d, err := s.store.Quotas().Get(ctx, subject)
 	if errors.Is(err, store.ErrNotFound) {
+		if strings.HasPrefix(subject, "user/") {
+			return s.opts.DefaultQuota, s.opts.DefaultQuota != (api.Quota{}), nil
+		}
 		return api.Quota{}, false, nil
 	}
 	if err != nil {

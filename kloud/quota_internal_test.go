@@ -58,3 +58,23 @@ func TestQuotaExceeded(t *testing.T) {
 		t.Errorf("%q names machines, which fit", err)
 	}
 }
+
+// TestParseQuota reads kloud serve's --default-quota.
+func TestParseQuota(t *testing.T) {
+	for in, want := range map[string]api.Quota{
+		"machines=3":                              {Machines: 3},
+		"machines=3,cores=2.5,memory=8G,disk=50G": {Machines: 3, Cores: 2.5, MemoryMB: 8192, DiskMB: 51200},
+		" memory = 512 , disk=1TiB":               {MemoryMB: 512, DiskMB: 1 << 20},
+		"":                                        {},
+	} {
+		got, err := ParseQuota(in)
+		if err != nil || got != want {
+			t.Errorf("ParseQuota(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"machines=-1", "cores=x", "memory=8X", "gpus=1", "machines"} {
+		if q, err := ParseQuota(in); err == nil {
+			t.Errorf("ParseQuota(%q) = %+v, no error", in, q)
+		}
+	}
+}

@@ -7,30 +7,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 )
 
 // Quotas: kloud quota set|show (quota.set, quota.show; kloud/quota.go).
-
-// parseMB reads a size in MB: a number with an optional M, G or T suffix (powers of 1024; an
-// optional "B" or "iB" after it), or "unlimited" (0).
-func parseMB(s string) (int64, error) {
-	in := strings.ToUpper(strings.TrimSpace(s))
-	if in == "UNLIMITED" {
-		return 0, nil
-	}
-	num := strings.TrimSuffix(strings.TrimSuffix(in, "B"), "I")
-	mult := int64(1)
-	if i := len(num) - 1; i >= 0 && strings.ContainsRune("MGT", rune(num[i])) {
-		mult = map[byte]int64{'M': 1, 'G': 1 << 10, 'T': 1 << 20}[num[i]]
-		num = num[:i]
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("size %q: want MB or a number with M, G or T (8G), or \"unlimited\"", s)
-	}
-	return n * mult, nil
-}
 
 // formatMB shows MB as G when they are whole G.
 func formatMB(n int64) string {
@@ -57,10 +38,10 @@ apply, update and scale are refused when the stack would not fit. No quota is se
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if sp.Limit.MemoryMB, err = parseMB(mem); err != nil {
+			if sp.Limit.MemoryMB, err = kloud.ParseMB(mem); err != nil {
 				return fmt.Errorf("--memory: %w", err)
 			}
-			if sp.Limit.DiskMB, err = parseMB(disk); err != nil {
+			if sp.Limit.DiskMB, err = kloud.ParseMB(disk); err != nil {
 				return fmt.Errorf("--disk: %w", err)
 			}
 			st, err := call(cmd.Context(), g, (*api.Client).QuotaSet, sp)
@@ -94,6 +75,27 @@ apply, update and scale are refused when the stack would not fit. No quota is se
 	cmd.AddCommand(set, show)
 	return cmd
 }
+
+// defaultQuotaFlag is kloud serve's --default-quota (kloud.ParseQuota).
+type defaultQuotaFlag struct{ q *api.Quota }
+
+func (f defaultQuotaFlag) String() string {
+	if f.q == nil || *f.q == (api.Quota{}) {
+		return "none"
+	}
+	return fmt.Sprintf("machines=%d,cores=%s,memory=%s,disk=%s", f.q.Machines, strconv.FormatFloat(f.q.Cores, 'f', -1, 64), formatMB(f.q.MemoryMB), formatMB(f.q.DiskMB))
+}
+
+func (f defaultQuotaFlag) Set(s string) error {
+	q, err := kloud.ParseQuota(s)
+	if err != nil {
+		return err
+	}
+	*f.q = q
+	return nil
+}
+
+func (f defaultQuotaFlag) Type() string { return "LIMITS" }
 
 func printQuota(g *globals, st api.QuotaStatus) error {
 	if g.json {

@@ -48,3 +48,29 @@ func TestQuotaFromTheCLI(t *testing.T) {
 		t.Errorf("quota set --memory lots: exit %d, %s", code, stderr)
 	}
 }
+
+// TestDefaultQuota: kloud serve's default quota is every user's without one (quota show says
+// it); an administrator's quota replaces it, all 0 lifts it for that user.
+func TestDefaultQuota(t *testing.T) {
+	_, run, must := startKloud(t, kloudtest.Options{DefaultQuota: api.Quota{Machines: 2, MemoryMB: 4096}})
+	must(run("user", "add", "bob", "--team", kloud.DefaultTeam))
+	show := func() api.QuotaStatus {
+		t.Helper()
+		var st api.QuotaStatus
+		if err := json.Unmarshal([]byte(must(run("quota", "show", "--user", "bob", "--json"))), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := show(); st.Limit != (api.Quota{Machines: 2, MemoryMB: 4096}) {
+		t.Fatalf("bob's quota under the default: %+v", st)
+	}
+	must(run("quota", "set", "--user", "bob", "--machines", "5"))
+	if st := show(); st.Limit != (api.Quota{Machines: 5}) {
+		t.Fatalf("bob's own quota: %+v", st)
+	}
+	must(run("quota", "set", "--user", "bob"))
+	if st := show(); st.Limit != (api.Quota{}) {
+		t.Fatalf("bob's quota lifted: %+v", st)
+	}
+}
