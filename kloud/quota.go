@@ -153,20 +153,35 @@ func (s *Server) quotaUse(ctx context.Context, subject, except string) (api.Quot
 	}
 	var use api.Quota
 	for _, st := range sts {
-		if st.ID == except || st.State == StackNotInitialized {
+		if st.ID == except {
 			continue
 		}
-		ms, err := s.stackMachines(ctx, st.ID)
+		held, err := s.stackHeld(ctx, &st)
 		if err != nil {
 			return api.Quota{}, fmt.Errorf("quota use of %s: %w", subject, err)
 		}
-		for _, m := range ms {
-			if m.State != provider.Terminated {
-				use = addQuota(use, s.machineNeed(m.Provider, m.Attributes))
-			}
-		}
+		use = addQuota(use, held)
 	}
 	return use, nil
+}
+
+// stackHeld is what stack st holds of its owner's and team's quotas: nothing before it was
+// built, else its machines but terminated ones.
+func (s *Server) stackHeld(ctx context.Context, st *Stack) (api.Quota, error) {
+	var held api.Quota
+	if st.State == StackNotInitialized {
+		return held, nil
+	}
+	ms, err := s.stackMachines(ctx, st.ID)
+	if err != nil {
+		return held, err
+	}
+	for _, m := range ms {
+		if m.State != provider.Terminated {
+			held = addQuota(held, s.machineNeed(m.Provider, m.Attributes))
+		}
+	}
+	return held, nil
 }
 
 // quotaOf returns subject's quota (ok false: no limit): the one an administrator set, else for
@@ -188,9 +203,22 @@ func (s *Server) quotaOf(ctx context.Context, subject string) (q api.Quota, ok b
 }
 
 // checkQuota refuses planned machines of owner's stack except (""; a new stack) in team that
-// would take owner or team above its quota.
+// would take owner or team above its quota. What the stack holds already is never refused (a
+// stack over a lowered quota may scale down or be rebuilt).
 func (s *Server) checkQuota(ctx context.Context, owner, team, except string, planned []api.PlannedMachine) error {
 	need := s.plannedNeed(planned)
+	var held api.Quota
+	if except != "" {
+		st, err := s.store.Stacks().Get(ctx, except)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		if err == nil {
+			if held, err = s.stackHeld(ctx, &st); err != nil {
+				return err
+			}
+		}
+	}
 	for _, sub := range quotaSubjects(owner, team) {
 		limit, ok, err := s.quotaOf(ctx, sub)
 		if err != nil {
@@ -203,27 +231,28 @@ func (s *Server) checkQuota(ctx context.Context, owner, team, except string, pla
 		if err != nil {
 			return err
 		}
-		if err := quotaExceeded(sub, limit, use, need); err != nil {
+		if err := quotaExceeded(sub, limit, use, need, held); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// quotaExceeded is the refusal of need on top of use under limit (nil: it fits).
-func quotaExceeded(subject string, limit, use, need api.Quota) error {
+// quotaExceeded is the refusal of need on top of use under limit (nil: it fits); a resource
+// whose need is no more than what the stack holds already (held) is not refused.
+func quotaExceeded(subject string, limit, use, need, held api.Quota) error {
 	type dim struct {
-		name, unit       string
-		limit, use, need float64
+		name, unit             string
+		limit, use, need, held float64
 	}
 	var over []string
 	for _, d := range []dim{
-		{"machines", "", float64(limit.Machines), float64(use.Machines), float64(need.Machines)},
-		{"cores", "", limit.Cores, use.Cores, need.Cores},
-		{"memory", " MB", float64(limit.MemoryMB), float64(use.MemoryMB), float64(need.MemoryMB)},
-		{"disk", " MB", float64(limit.DiskMB), float64(use.DiskMB), float64(need.DiskMB)},
+		{"machines", "", float64(limit.Machines), float64(use.Machines), float64(need.Machines), float64(held.Machines)},
+		{"cores", "", limit.Cores, use.Cores, need.Cores, held.Cores},
+		{"memory", " MB", float64(limit.MemoryMB), float64(use.MemoryMB), float64(need.MemoryMB), float64(held.MemoryMB)},
+		{"disk", " MB", float64(limit.DiskMB), float64(use.DiskMB), float64(need.DiskMB), float64(held.DiskMB)},
 	} {
-		if d.limit > 0 && d.use+d.need > d.limit {
+		if d.limit > 0 && d.use+d.need > d.limit && d.need > d.held {
 			f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) + d.unit }
 			over = append(over, fmt.Sprintf("%s: the limit is %s, %s in use, this asks for %s", d.name, f(d.limit), f(d.use), f(d.need)))
 		}

@@ -42,10 +42,17 @@ func TestMachineNeed(t *testing.T) {
 // fits, or has no limit, is no refusal.
 func TestQuotaExceeded(t *testing.T) {
 	limit := api.Quota{Machines: 4, Cores: 4, MemoryMB: 4096}
-	if err := quotaExceeded("user/bob", limit, api.Quota{Machines: 2, Cores: 2, MemoryMB: 2048, DiskMB: 1 << 20}, api.Quota{Machines: 2, Cores: 2, MemoryMB: 2048}); err != nil {
+	if err := quotaExceeded("user/bob", limit, api.Quota{Machines: 2, Cores: 2, MemoryMB: 2048, DiskMB: 1 << 20}, api.Quota{Machines: 2, Cores: 2, MemoryMB: 2048}, api.Quota{}); err != nil {
 		t.Fatalf("a request that fits exactly: %v", err)
 	}
-	err := quotaExceeded("team/dev", limit, api.Quota{Machines: 3, Cores: 3.5, MemoryMB: 1024}, api.Quota{Machines: 1, Cores: 1, MemoryMB: 4096})
+	// A stack over a lowered quota scales down: it asks for less than it holds.
+	if err := quotaExceeded("user/bob", limit, api.Quota{Machines: 4}, api.Quota{Machines: 2}, api.Quota{Machines: 3}); err != nil {
+		t.Fatalf("a scale down over the quota: %v", err)
+	}
+	if err := quotaExceeded("user/bob", limit, api.Quota{Machines: 4}, api.Quota{Machines: 4}, api.Quota{Machines: 3}); err == nil {
+		t.Fatal("a scale up over the quota: no refusal")
+	}
+	err := quotaExceeded("team/dev", limit, api.Quota{Machines: 3, Cores: 3.5, MemoryMB: 1024}, api.Quota{Machines: 1, Cores: 1, MemoryMB: 4096}, api.Quota{})
 	if err == nil {
 		t.Fatal("over cores and memory: no refusal")
 	}
@@ -62,7 +69,7 @@ func TestQuotaExceeded(t *testing.T) {
 // TestParseQuota reads kloud serve's --default-quota.
 func TestParseQuota(t *testing.T) {
 	for in, want := range map[string]api.Quota{
-		"machines=3":                              {Machines: 3},
+		"machines=3": {Machines: 3},
 		"machines=3,cores=2.5,memory=8G,disk=50G": {Machines: 3, Cores: 2.5, MemoryMB: 8192, DiskMB: 51200},
 		" memory = 512 , disk=1TiB":               {MemoryMB: 512, DiskMB: 1 << 20},
 		"":                                        {},
