@@ -172,6 +172,19 @@ func TestQuotaConcurrentApplies(t *testing.T) {
 	if st.Used.Machines != int64(len(built)) || st.Used.Machines > 3 {
 		t.Errorf("quota.show: %+v, want 3 machines used", st)
 	}
+	// A scale within a raised quota: the job's own check passes under the quota's lease.
+	if _, err := f.Client(kloud.Admin).QuotaSet(ctx, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{User: "alice"}, Limit: api.Quota{Machines: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(built) > 0 {
+		ref, err := c.StackScale(ctx, api.StackScaleParams{StackID: built[0], Resource: "vm", Count: 2})
+		f.jobOK("scale to 2 within the quota", ref, err)
+		if st, err := c.QuotaShow(ctx, api.QuotaShowParams{}); err != nil || st.Used.Machines != int64(len(built))+1 {
+			t.Errorf("quota.show after the scale: %+v, %v", st, err)
+		}
+		_, err = c.StackScale(ctx, api.StackScaleParams{StackID: built[0], Resource: "vm", Count: 3})
+		refusedQuota(t, "scale to 3 over the quota", err, "machines: the limit is 4, 2 in use, this asks for 3")
+	}
 	for _, sid := range built {
 		ref, err := c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
 		f.jobOK("destroy "+sid, ref, err)

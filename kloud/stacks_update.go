@@ -599,6 +599,11 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	} else {
 		j.Logf(ctx, "updating stack %s from revision %d to %d", st.ID, st.TemplateRev, p.Rev)
 	}
+	releaseQuota, err := s.holdQuota(ctx, st.Owner, st.Team) // quota.go: the plan's check and the new records in one step
+	if err != nil {
+		return failClean(err)
+	}
+	defer releaseQuota()
 	planned, ms, mt, err := s.planUpdate(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
 	if err != nil {
 		return failClean(err)
