@@ -142,6 +142,10 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodMachineRestore, AnyUser, s.machineRestore),
 		rpc(s, api.MethodSnapshotDelete, AnyUser, s.snapshotDelete, kite.WithTimeout(5*time.Minute)),
 
+		// quota.go: quotas of users and teams
+		rpc(s, api.MethodQuotaSet, AdminOnly, s.quotaSet),
+		rpc(s, api.MethodQuotaShow, AnyUser, s.quotaShow), // the user itself, team members, kloud admins
+
 		// jobs.go: the job's owner, kloud admins
 		rpc(s, api.MethodJobGet, AnyUser, s.jobGet),
 		rpc(s, api.MethodJobWatch, AnyUser, s.jobWatch),

@@ -94,6 +94,9 @@ type Options struct {
 	// SnapshotQuota limits each user's machine snapshots (snapshots.go; zero fields: the
 	// defaults, DefaultSnapshotCount and DefaultSnapshotBytes).
 	SnapshotQuota SnapshotQuota
+	// DefaultQuota is the quota of every user an administrator gave none (quota.go; zero: no
+	// limit; kloud serve --default-quota).
+	DefaultQuota Quota
 	// PluginDir holds the provider plugins kloud launches and supervises, kloud-provider-NAME
 	// (plugins.go). Default <DataDir>/plugins.
 	PluginDir string

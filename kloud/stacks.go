@@ -256,6 +256,9 @@ func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkQuota(ctx, c.Username, t.Team, "", ms); err != nil { // quota.go
+		return nil, err
+	}
 	return api.StackPlanResult{Machines: ms, TemplateID: t.ID, Rev: t.Rev}, nil
 }
 
@@ -273,6 +276,9 @@ func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	}
 	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkQuota(ctx, c.Username, t.Team, "", ms); err != nil { // quota.go
 		return nil, err
 	}
 	if len(ms) == 0 {
@@ -353,6 +359,11 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		if err := s.checkStackCap(ctx, st); err != nil { // limits.go
 			return nil, err
 		}
+		release, err := s.applyQuota(ctx, st) // quota.go: held until the stack is Building
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 	}
 	sj := stackJob{kind: jobStackApply, lease: "apply", verb: "build", noun: "build", from: []string{StackNotInitialized, StackFailed}, to: StackBuilding}
 	if p.Destroy {

@@ -223,6 +223,11 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 	if st.State == StackNotInitialized {
 		return nil, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
 	}
+	release, err := s.holdQuota(ctx, st.Owner, st.Team) // quota.go: held until the stack is Building
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	sj := stackJob{kind: jobStackUpdate, lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
 		set: store.StackSet{TFJobID: new("")}}
 	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (map[string]any, error) {
@@ -406,6 +411,9 @@ func (s *Server) planFiles(ctx context.Context, c *Caller, st *Stack, files []Fi
 	if len(planned) == 0 {
 		return nil, fmt.Errorf("stack %s would have no machines left (its new files declare none; machine resource types: %s); a stack has at least one machine: destroy the stack instead (kloud stack destroy %s): %w",
 			st.ID, strings.Join(s.resourceTypes(), ", "), st.ID, kite.ErrInvalidParams)
+	}
+	if err := s.checkQuota(ctx, st.Owner, st.Team, st.ID, planned); err != nil { // quota.go
+		return nil, err
 	}
 	return planned, nil
 }
@@ -591,6 +599,11 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	} else {
 		j.Logf(ctx, "updating stack %s from revision %d to %d", st.ID, st.TemplateRev, p.Rev)
 	}
+	releaseQuota, err := s.holdQuota(ctx, st.Owner, st.Team) // quota.go: the plan's check and the new records in one step
+	if err != nil {
+		return failClean(err)
+	}
+	defer releaseQuota()
 	planned, ms, mt, err := s.planUpdate(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
 	if err != nil {
 		return failClean(err)

@@ -106,6 +106,7 @@ func KloudMethods() []string {
 		MethodMachineSnapshot, MethodMachineSnapshots, MethodMachineStart, MethodMachineStop, MethodMachineUnshare,
 		MethodPluginRegister,
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
+		MethodQuotaSet, MethodQuotaShow, // quota.go
 		MethodSnapshotDelete,
 		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackReset,
 		MethodStackScale, MethodStackUpdate,

@@ -67,6 +67,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		tfCmd(g),          // tf.go
 		portForwardCmd(g), // portforward.go
 		gcCmd(g),          // gc.go
+		quotaCmd(g),       // quota.go
 	)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {

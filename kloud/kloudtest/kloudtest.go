@@ -39,6 +39,8 @@ type Options struct {
 	Plugins   kloud.PluginOptions
 	// SnapshotQuota is kloud's (zero: its defaults).
 	SnapshotQuota kloud.SnapshotQuota
+	// DefaultQuota is kloud's quota of users without one (zero: no limit).
+	DefaultQuota api.Quota
 	// GC configures kloud's garbage collector (zero: no periodic sweep, kloud's default grace;
 	// gc.run works).
 	GC kloud.GCOptions
@@ -88,6 +90,7 @@ func Start(t testing.TB, o Options) *Env {
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
 		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
+		DefaultQuota: o.DefaultQuota,
 	})
 	if err != nil {
 		ln.Close()

@@ -181,7 +181,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 		exists[n] = true
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
-		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots} {
+		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas} {
 		if exists[c] {
 			continue
 		}

@@ -31,6 +31,7 @@ const (
 	CollSessions    = "sessions"
 	CollMeta        = "meta"
 	CollSnapshots   = "snapshots" // snapshots.go
+	CollQuotas      = "quotas"    // quotas.go
 )
 
 // Options configure [Open]. Zero fields take the documented defaults.

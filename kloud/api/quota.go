@@ -1,0 +1,83 @@
+package api
+
+import (
+	"context"
+	"errors"
+)
+
+// Quotas (issue 19): an administrator's limits on what one user or one team holds across its
+// stacks that are built or being built: machines, cores, memory (MB) and disk (MB). No quota is
+// set by default (no limit).
+
+// Quota methods.
+const (
+	MethodQuotaSet  = "quota.set"  // kloud administrators
+	MethodQuotaShow = "quota.show" // the user itself, a team's members, kloud administrators
+)
+
+// QuotaCode is the data type of a quota refusal (code -32008, too large).
+const QuotaCode = "quotaExceeded"
+
+// Quota is an amount of each resource a quota counts; as a limit, 0 means no limit.
+type Quota struct {
+	Machines int64   `json:"machines"`
+	Cores    float64 `json:"cores"`
+	MemoryMB int64   `json:"memoryMB"`
+	DiskMB   int64   `json:"diskMB"`
+}
+
+// QuotaSubject names a user or a team (exactly one).
+type QuotaSubject struct {
+	User string `json:"user,omitempty"`
+	Team string `json:"team,omitempty"`
+}
+
+// QuotaSetParams are the params of quota.set: the subject's whole quota (fields left 0 have no
+// limit; all 0 removes the quota).
+type QuotaSetParams struct {
+	QuotaSubject
+	Limit Quota `json:"limit"`
+}
+
+// Validate implements kite.Validator.
+func (p *QuotaSetParams) Validate() error {
+	if (p.User == "") == (p.Team == "") {
+		return errors.New("give exactly one of user and team")
+	}
+	if l := p.Limit; l.Machines < 0 || l.Cores < 0 || l.MemoryMB < 0 || l.DiskMB < 0 {
+		return errors.New("a quota's limits are 0 (no limit) or more")
+	}
+	return nil
+}
+
+// QuotaShowParams are the params of quota.show: a user or a team (neither: the caller).
+type QuotaShowParams struct {
+	QuotaSubject
+}
+
+// Validate implements kite.Validator.
+func (p *QuotaShowParams) Validate() error {
+	if p.User != "" && p.Team != "" {
+		return errors.New("give one of user and team")
+	}
+	return nil
+}
+
+// QuotaStatus is quota.show's result: the limit, what the subject's built (or building)
+// stacks use, and what is left of each limited resource (Left's field is 0 where Limit's is 0).
+type QuotaStatus struct {
+	Subject string `json:"subject"` // "user/NAME" or "team/SLUG"
+	Limit   Quota  `json:"limit"`
+	Used    Quota  `json:"used"`
+	Left    Quota  `json:"left"`
+}
+
+// QuotaSet sets a user's or a team's quota (kloud administrators).
+func (c *Client) QuotaSet(ctx context.Context, p QuotaSetParams) (QuotaStatus, error) {
+	return call[QuotaStatus](ctx, c, MethodQuotaSet, p)
+}
+
+// QuotaShow shows a user's or a team's quota and use.
+func (c *Client) QuotaShow(ctx context.Context, p QuotaShowParams) (QuotaStatus, error) {
+	return call[QuotaStatus](ctx, c, MethodQuotaShow, p)
+}
