@@ -14,7 +14,6 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
 // constrained is a provider's stack with a constraints validator over a vocabulary.
@@ -38,16 +37,7 @@ func TestConstraintsRefusePlan(t *testing.T) {
 		return []provider.Constraint{{Name: provider.ConstraintMem, Attribute: "triggers_replace", Type: provider.ConstraintInteger, Unit: "MB",
 			Min: provider.Bounds(32), Max: provider.Bounds(float64(maxMem.Load())), Bound: "this test's host"}}
 	}
-	p := dummy.New(dummy.Options{Dir: dummyDir(t)})
-	inner := p.Stack
-	p.Stack = func(b *provider.BaseStack) (provider.Stack, error) {
-		st, err := inner(b)
-		return &constrained{Stack: st, vocab: vocab}, err
-	}
-	p.Constraints = vocab
-	if !p.Can(provider.CapConstraints) {
-		t.Fatalf("capabilities %v: want constraints (its stack validates them)", p.Caps())
-	}
+	p := constrainedDummy(t, vocab) // constraints_reapply_test.go
 	reg := provider.NewRegistry()
 	reg.Register(p)
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
