@@ -25,6 +25,9 @@ var storeCodes = []struct{ store, kite error }{
 	{provider.ErrRunning, kite.ErrState},
 	// A machine attribute outside the provider's constraints (constraints.go).
 	{provider.ErrConstraint, kite.ErrInvalidParams},
+	// The database does not answer; wireError checks store.IsUnavailable first, which also knows
+	// the driver's own errors of an unreachable server, and says so in the message.
+	{store.ErrUnavailable, kite.ErrStoreUnavailable},
 }
 
 // codedError is an error given the kite code of the store sentinel it wraps; its message is

@@ -65,7 +65,7 @@ func TestEveryStoreSentinelIsDecided(t *testing.T) {
 	byName := map[string]error{
 		"ErrNotFound": store.ErrNotFound, "ErrConflict": store.ErrConflict, "ErrLocked": store.ErrLocked,
 		"ErrLeaseLost": store.ErrLeaseLost, "ErrState": store.ErrState, "ErrClosed": store.ErrClosed,
-		"ErrJobCancelled": store.ErrJobCancelled,
+		"ErrJobCancelled": store.ErrJobCancelled, "ErrUnavailable": store.ErrUnavailable,
 	}
 	files, err := filepath.Glob(filepath.Join("store", "*.go"))
 	if err != nil || len(files) == 0 {
