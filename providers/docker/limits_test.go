@@ -118,6 +118,19 @@ func TestLimitsShown(t *testing.T) {
 		t.Errorf("after an update to 384 MB: /proc/meminfo says %q, want 393216 kB", got)
 	}
 
+	// A hostile root in the machine replaces kloud's file by a link before the next update:
+	// kloud writes nothing through it (O_NOFOLLOW), neither in the machine nor on the host.
+	exec(lim, "sh", "-c", "echo victim > /root/victim && rm -rf /dev/.kloud && mkdir /dev/.kloud && ln -s /root/victim /dev/.kloud/meminfo")
+	hostHostname, _ := os.ReadFile("/etc/hostname")
+	pc.ContainerUpdate(ctx, lim, client.ContainerUpdateOptions{Resources: &container.Resources{Memory: 320 << 20, MemorySwap: 640 << 20},
+		RestartPolicy: &container.RestartPolicy{Name: "no"}}) // refused or not: what matters is what was written
+	if got := strings.TrimSpace(exec(lim, "cat", "/root/victim")); got != "victim" {
+		t.Errorf("kloud wrote through the machine's link: /root/victim holds %q", got)
+	}
+	if b, _ := os.ReadFile("/etc/hostname"); string(b) != string(hostHostname) {
+		t.Errorf("the host's /etc/hostname changed: %q", b)
+	}
+
 	free := create("m1", container.Resources{})
 	if _, err := pc.ContainerStart(ctx, free, client.ContainerStartOptions{}); err != nil {
 		t.Fatal(err)
