@@ -1,13 +1,13 @@
 package cli_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
@@ -33,7 +33,7 @@ func TestPlanAndScaleSayWhatTheyDo(t *testing.T) {
 	machines := filepath.Join(t.TempDir(), "machines")
 	reg.Register(dummy.New(dummy.Options{Dir: machines}))
 	e, run, must := startKloud(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
-	t.Cleanup(func() { killAgents(machines) })
+	t.Cleanup(func() { dummy.KillAll(context.Background(), machines) })
 	e.StartTerraformerWith(tfrun.Options{Dir: filepath.Join(t.TempDir(), "terraformer")})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
@@ -146,22 +146,6 @@ resource "docker_container" "dev" {
 			t.Errorf("stack plan line %d:\n got %q\nwant %q", i+1, l, want)
 		}
 	}
-}
-
-// killAgents stops any klient a failed test left running (by the pids in the dummy machines'
-// roots).
-func killAgents(dir string) {
-	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
-		if err == nil && (fi.Name() == "klient-supervisor.pid" || fi.Name() == "provision.pid") {
-			b, _ := os.ReadFile(p)
-			var pid int
-			if _, err := fmt.Sscan(string(b), &pid); err == nil && pid > 1 {
-				syscall.Kill(-pid, syscall.SIGKILL)
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-		return nil
-	})
 }
 
 // TestMachineInfoAttributes (issue 18 §5): `machine info` shows the machine's attributes one a
