@@ -237,48 +237,45 @@ func (s *Server) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanP
 	return t, files, nil
 }
 
+// planTemplate plans a new stack of p's template revision for c (stack.plan and stack.create):
+// its credentials and variables resolved, the machine cap checked before terraform and on its
+// plan, and the plan's machines within c's and the team's quotas.
+func (s *Server) planTemplate(ctx context.Context, c *Caller, p *api.StackPlanParams) (*Template, []File, *builtTemplate, []api.PlannedMachine, error) {
+	t, files, err := s.templateFiles(ctx, c, p)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if err := s.capBuild(t, b); err != nil { // limits.go
+		return nil, nil, nil, nil, err
+	}
+	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if err := s.checkQuota(ctx, c.Username, t.Team, "", ms); err != nil { // quota.go
+		return nil, nil, nil, nil, err
+	}
+	return t, files, b, ms, nil
+}
+
 func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
 	if p.StackID != "" {
 		return s.stackPlanUpdate(ctx, c, p) // stacks_update.go
 	}
-	t, files, err := s.templateFiles(ctx, c, p)
+	t, _, _, ms, err := s.planTemplate(ctx, c, p)
 	if err != nil {
-		return nil, err
-	}
-	b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.capBuild(t, b); err != nil { // limits.go
-		return nil, err
-	}
-	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.checkQuota(ctx, c.Username, t.Team, "", ms); err != nil { // quota.go
 		return nil, err
 	}
 	return api.StackPlanResult{Machines: ms, TemplateID: t.ID, Rev: t.Rev}, nil
 }
 
 func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
-	t, files, err := s.templateFiles(ctx, c, p)
+	t, files, b, ms, err := s.planTemplate(ctx, c, p)
 	if err != nil {
-		return nil, err
-	}
-	b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.capBuild(t, b); err != nil { // limits.go
-		return nil, err
-	}
-	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.checkQuota(ctx, c.Username, t.Team, "", ms); err != nil { // quota.go
 		return nil, err
 	}
 	if len(ms) == 0 {
