@@ -61,21 +61,14 @@ func ParseQuota(s string) (api.Quota, error) {
 // ParseMB reads a size in MB: a number with an optional M, G or T suffix (powers of 1024; an
 // optional "B" or "iB" after it), or "unlimited" (0).
 func ParseMB(s string) (int64, error) {
-	in := strings.ToUpper(strings.TrimSpace(s))
-	if in == "UNLIMITED" {
+	if strings.EqualFold(strings.TrimSpace(s), "unlimited") {
 		return 0, nil
 	}
-	num := strings.TrimSuffix(strings.TrimSuffix(in, "B"), "I")
-	mult := int64(1)
-	if i := len(num) - 1; i >= 0 && strings.ContainsRune("MGT", rune(num[i])) {
-		mult = map[byte]int64{'M': 1, 'G': 1 << 10, 'T': 1 << 20}[num[i]]
-		num = num[:i]
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
-	if err != nil || n < 0 {
+	n, ok := parseScaled(s, map[byte]int64{'M': 1, 'G': 1 << 10, 'T': 1 << 20}) // snapshots.go
+	if !ok {
 		return 0, fmt.Errorf("size %q: want MB or a number with M, G or T (8G), or \"unlimited\"", s)
 	}
-	return n * mult, nil
+	return n, nil
 }
 
 // quotaSubjects are the quota documents' ids of owner and team.
@@ -99,30 +92,13 @@ func (s *Server) machineNeed(name string, attrs map[string]any) api.Quota {
 	}
 	num := func(name string) float64 {
 		for _, a := range attr[name] {
-			if f, ok := quotaNumber(attrs[a]); ok {
+			if f, ok := provider.Number(attrs[a]); ok {
 				return f
 			}
 		}
 		return 0
 	}
 	return api.Quota{Machines: 1, Cores: num(provider.ConstraintCores), MemoryMB: int64(num(provider.ConstraintMem)), DiskMB: int64(num(provider.ConstraintDisk))}
-}
-
-func quotaNumber(v any) (float64, bool) {
-	switch x := v.(type) {
-	case float64:
-		return x, true
-	case int:
-		return float64(x), true
-	case int32:
-		return float64(x), true
-	case int64:
-		return float64(x), true
-	case string:
-		f, err := strconv.ParseFloat(strings.TrimSpace(x), 64)
-		return f, err == nil
-	}
-	return 0, false
 }
 
 func addQuota(a, b api.Quota) api.Quota {

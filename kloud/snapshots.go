@@ -48,6 +48,21 @@ type SnapshotQuota struct {
 	Bytes int64
 }
 
+// parseScaled reads a number of 0 or more with an optional unit letter of units after it (its
+// multiplier; "B" or "iB" after the letter ignored, any case): "20G", "512", "8GiB".
+func parseScaled(s string, units map[byte]int64) (int64, bool) {
+	num := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
+	mult := int64(1)
+	if i := len(num) - 1; i >= 0 && units[num[i]] != 0 {
+		mult, num = units[num[i]], num[:i]
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n * mult, true
+}
+
 // ParseSnapshotQuota parses "COUNT,SIZE" (kloud serve --snapshot-quota): COUNT snapshots, SIZE
 // bytes with an optional K, M, G or T suffix (powers of 1024, an optional "iB" or "B" after it);
 // "unlimited" for either means no limit. "COUNT" alone keeps the default size.
@@ -73,17 +88,11 @@ func ParseSnapshotQuota(s string) (SnapshotQuota, error) {
 	case size == "unlimited":
 		q.Bytes = -1
 	default:
-		num := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(size), "B"), "I")
-		mult := int64(1)
-		if i := strings.IndexAny(num, "KMGT"); i >= 0 && i == len(num)-1 {
-			mult = map[byte]int64{'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40}[num[i]]
-			num = num[:i]
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
-		if err != nil || n <= 0 {
+		n, ok := parseScaled(size, map[byte]int64{'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40})
+		if !ok || n <= 0 {
 			return bad("the size is not a positive number of bytes")
 		}
-		q.Bytes = n * mult
+		q.Bytes = n
 	}
 	return q, nil
 }

@@ -96,7 +96,7 @@ func (e *ConstraintError) Error() string {
 	}
 	if e.Value != nil {
 		fmt.Fprintf(&b, " %s", formatValue(e.Value))
-		if _, isNum := toFloat(e.Value); isNum && e.Unit != "" {
+		if _, isNum := Number(e.Value); isNum && e.Unit != "" {
 			fmt.Fprintf(&b, " %s", e.Unit)
 		}
 	}
@@ -198,7 +198,7 @@ func (c *Constraint) Check(v any) error {
 	}
 	switch c.Type {
 	case ConstraintInteger, ConstraintNumber:
-		f, ok := toFloat(v)
+		f, ok := Number(v)
 		if !ok {
 			return bad("is not a number", c.rangeText(), nil)
 		}
@@ -381,8 +381,8 @@ func asList(v any) ([]any, bool) {
 	return l, true
 }
 
-// toFloat reads a number as a plan's JSON gives it (float64), or as Go code does.
-func toFloat(v any) (float64, bool) {
+// Number reads a number as a plan's JSON gives it (float64), or as Go code does.
+func Number(v any) (float64, bool) {
 	switch x := v.(type) {
 	case float64:
 		return x, true
@@ -409,7 +409,7 @@ func toFloat(v any) (float64, bool) {
 func formatNumber(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
 func formatValue(v any) string {
-	if f, ok := toFloat(v); ok { // also "512": a variable's string that terraform makes a number
+	if f, ok := Number(v); ok { // also "512": a variable's string that terraform makes a number
 		return formatNumber(f)
 	}
 	if s, ok := v.(string); ok {
