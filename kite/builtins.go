@@ -51,29 +51,38 @@ func (k *Kite) builtins() {
 }
 
 func (k *Kite) handshake(ctx context.Context, r *Request) (any, error) {
+	res, reason, err := k.handshakeOnce(ctx, r)
+	if err != nil && k.opts.Observer != nil {
+		k.opts.Observer.HandshakeRejected(reason)
+	}
+	return res, err
+}
+
+// handshakeOnce runs kite.handshake; a rejection comes with its reason (Reject*).
+func (k *Kite) handshakeOnce(ctx context.Context, r *Request) (any, string, error) {
 	c := r.Conn
 	if c.dialed {
-		return nil, fmt.Errorf("kite.handshake is sent by the dialing side: %w", ErrState)
+		return nil, RejectRepeated, fmt.Errorf("kite.handshake is sent by the dialing side: %w", ErrState)
 	}
 	if c.ready.Load() {
-		return nil, fmt.Errorf("handshake already done: %w", ErrState)
+		return nil, RejectRepeated, fmt.Errorf("handshake already done: %w", ErrState)
 	}
 	var p HandshakeParams
 	if err := r.Bind(&p); err != nil {
-		return nil, err
+		return nil, RejectInvalid, err
 	}
 	if p.Auth.Type == "" || p.Auth.Key == "" {
-		return nil, fmt.Errorf("kite.handshake: auth.type and auth.key are required: %w", ErrAuth)
+		return nil, RejectInvalid, fmt.Errorf("kite.handshake: auth.type and auth.key are required: %w", ErrAuth)
 	}
 	if err := p.Kite.Validate(false); err != nil {
-		return nil, fmt.Errorf("kite.handshake: %s: %w", err.Error(), ErrInvalidParams)
+		return nil, RejectInvalid, fmt.Errorf("kite.handshake: %s: %w", err.Error(), ErrInvalidParams)
 	}
 	if k.opts.Authenticator == nil {
-		return nil, fmt.Errorf("this kite accepts no credentials: %w", ErrAuth)
+		return nil, RejectCredential, fmt.Errorf("this kite accepts no credentials: %w", ErrAuth)
 	}
 	pr, err := k.opts.Authenticator.Authenticate(ctx, k.opts.Identity, p.Auth)
 	if err != nil {
-		return nil, err
+		return nil, RejectCredential, err
 	}
 	peer := p.Kite
 	peer.Username = pr.Username // the key proves the username; the claim is ignored
@@ -88,12 +97,12 @@ func (k *Kite) handshake(ctx context.Context, r *Request) (any, error) {
 			c.mu.Lock()
 			c.peer, c.principal = Identity{}, nil
 			c.mu.Unlock()
-			return nil, err
+			return nil, RejectRefused, err
 		}
 	}
 	c.ready.Store(true)
 	c.log = c.log.With("peer", peer.String())
-	return HandshakeResult{Kite: k.opts.Identity, Username: pr.Username}, nil
+	return HandshakeResult{Kite: k.opts.Identity, Username: pr.Username}, "", nil
 }
 
 // ReadSystemInfo reports this host's resources.

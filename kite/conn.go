@@ -312,7 +312,19 @@ func (c *Conn) Handle(ctx context.Context, _ *jsonrpc2.Conn, req *jsonrpc2.Reque
 }
 
 func (c *Conn) serve(ctx context.Context, req *jsonrpc2.Request) {
+	start := time.Now()
 	res, err := c.dispatch(ctx, req)
+	if o := c.k.opts.Observer; o != nil {
+		method := req.Method
+		if c.k.lookup(method) == nil {
+			method = UnknownMethod
+		}
+		var code int64
+		if err != nil {
+			code = ToWire(err).Code
+		}
+		o.Served(method, code, time.Since(start))
+	}
 	if err != nil {
 		c.rpc.ReplyWithError(ctx, req.ID, ToWire(err))
 		return

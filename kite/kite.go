@@ -60,6 +60,8 @@ type Options struct {
 	OnHandshake func(ctx context.Context, c *Conn) error
 	// OnDisconnect runs when a served or dialed connection closes.
 	OnDisconnect func(c *Conn)
+	// Observer, if set, is told about served calls and rejected handshakes (metrics).
+	Observer Observer
 }
 
 func (o *Options) setDefaults() error {
@@ -286,7 +288,10 @@ func (k *Kite) ServeFrames(fs frame.Stream, remote string) *Conn {
 		return c
 	}
 	time.AfterFunc(k.opts.HandshakeTimeout, func() {
-		if !c.ready.Load() {
+		if !c.ready.Load() && c.ctx.Err() == nil {
+			if k.opts.Observer != nil {
+				k.opts.Observer.HandshakeRejected(RejectTimeout)
+			}
 			c.Close(fmt.Errorf("no kite.handshake within %s", k.opts.HandshakeTimeout))
 		}
 	})
