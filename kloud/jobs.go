@@ -132,6 +132,8 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 	r.cancels[j.ID] = cancel
 	r.mu.Unlock()
 	r.wg.Add(1)
+	s.metrics.jobStarted(j.Kind) // metrics.go
+	started := time.Now()
 	go func() {
 		defer r.wg.Done()
 		defer func() {
@@ -170,6 +172,7 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 			// The job stays running with a lapsing lease: recovery or the reconciler resolves it.
 			log.Error("finish job", "err", ferr)
 		}
+		s.metrics.jobEnded(j.Kind, err, time.Since(started))
 		if err != nil {
 			log.Info("job failed", "err", err)
 		} else {

@@ -265,7 +265,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	set := store.MachineSet{State: new(string(after)), Reason: new(""), Meta: meta}
 	if method == provider.MethodStart {
 		j.Enter(ctx, stackbuild.MachineAgent)
-		pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: s.opts.AgentTimeout, Log: s.log}
+		pl := s.planner()
 		r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm, Provider: s.providerOf(m.Provider)}}, nil)[0]
 		if !r.OK {
 			return fail(fmt.Errorf("started, but %s failed: %w", r.Step, r.Err))

@@ -144,20 +144,14 @@ func (s *Server) quotaUse(ctx context.Context, subject, except string) (api.Quot
 // stackHeld is what stack st holds of its owner's and team's quotas: nothing before it was
 // built, else its machines but terminated ones.
 func (s *Server) stackHeld(ctx context.Context, st *Stack) (api.Quota, error) {
-	var held api.Quota
 	if st.State == StackNotInitialized {
-		return held, nil
+		return api.Quota{}, nil
 	}
 	ms, err := s.stackMachines(ctx, st.ID)
 	if err != nil {
-		return held, err
+		return api.Quota{}, err
 	}
-	for _, m := range ms {
-		if m.State != provider.Terminated {
-			held = addQuota(held, s.machineNeed(m.Provider, m.Attributes))
-		}
-	}
-	return held, nil
+	return s.machinesHeld(st, ms), nil // metrics.go
 }
 
 // quotaOf returns subject's quota (ok false: no limit): the one an administrator set, else for

@@ -179,6 +179,8 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"GET /kite/keys", "anyone", http.HandlerFunc(s.serveKeys)},
 		{"GET /healthz", "anyone", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })},
 		{"GET /readyz", "anyone", http.HandlerFunc(s.serveReadyz)}, // health.go
+		// metrics.go
+		{"GET /metrics", "kloud admins (session or kite key); --metrics-addr: anyone there", http.HandlerFunc(s.serveMetrics)},
 		{"GET /dl/klient", "anyone", http.HandlerFunc(s.serveKlient)},
 		// web_api_login.go
 		{"POST /api/login", "anyone (password; rate limited)", s.handleLogin(login)},
@@ -258,6 +260,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
 		s.runGC,          // gc.go: sweep the providers' resources kloud no longer wants
 		s.monitorStore,   // health.go: log a store outage once, and its end
+		s.pollMetrics,    // metrics.go: machines' figures and quota use for /metrics
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/metrics"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -115,7 +116,13 @@ type Options struct {
 	// Limits caps machines per stack and the wall time of plans (limits.go; zero fields: its
 	// defaults).
 	Limits Limits
-	Logger *slog.Logger
+	// MetricsAddr, if set, also serves GET /metrics there without authentication (kloud serve
+	// --metrics-addr; on the main address it is for kloud administrators). See metrics.go.
+	MetricsAddr string
+	// MetricsInterval is how often the machines' figures (their klient's kite.systemInfo) and
+	// the quota use are polled for the metrics (default DefaultMetricsInterval, 15s).
+	MetricsInterval time.Duration
+	Logger          *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
 }
@@ -164,8 +171,9 @@ type Server struct {
 	apps      *appsHub           // machines' web apps on their own hosts (portforward.go)
 	kinds     map[string]jobKind // job kinds (routes.go)
 
-	plugins     *plugin.Host // provider plugins: proxies in providers, their status (plugins.go)
-	launcher    *launcher    // starts the plugin directory's plugins (set by ServeListener)
+	metrics     *kloudMetrics // Prometheus collectors (metrics.go)
+	plugins     *plugin.Host  // provider plugins: proxies in providers, their status (plugins.go)
+	launcher    *launcher     // starts the plugin directory's plugins (set by ServeListener)
 	pluginsDone chan struct{}
 }
 
@@ -177,11 +185,13 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("kloud: data dir: %w", err)
 	}
-	st, err := store.Open(ctx, store.Options{MongoURL: opts.MongoURL, DataDir: opts.DataDir, Logger: opts.Logger, JobLeaseTTL: opts.JobLease})
+	m := newKloudMetrics()
+	st, err := store.Open(ctx, store.Options{MongoURL: opts.MongoURL, DataDir: opts.DataDir, Logger: opts.Logger, JobLeaseTTL: opts.JobLease,
+		OnCommand: m.storeCommand})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
-	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer}
+	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer, metrics: m}
 	ok := false
 	defer func() {
 		if !ok {
@@ -207,6 +217,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		Logger:        opts.Logger,
 		PingInterval:  opts.HeartbeatInterval,
 		PingTimeout:   opts.HeartbeatTimeout,
+		Observer:      m.kite,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
@@ -229,6 +240,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if s.apps, err = newAppsHub(s); err != nil {
 		return nil, err
 	}
+	s.watchComponents() // metrics.go
 	s.routes()
 	ok = true
 	return s, nil
@@ -264,6 +276,9 @@ func (o *Options) defaults() error {
 	}
 	if o.AgentTimeout <= 0 {
 		o.AgentTimeout = DefaultAgentTimeout
+	}
+	if o.MetricsInterval <= 0 {
+		o.MetricsInterval = DefaultMetricsInterval
 	}
 	if o.Providers == nil {
 		o.Providers = provider.NewRegistry()
@@ -407,6 +422,12 @@ func (s *Server) Serve(ctx context.Context) error {
 // ServeListener serves on ln until ctx ends.
 func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.rootHandler(), ReadHeaderTimeout: 10 * time.Second}
+	if s.opts.MetricsAddr != "" { // metrics.go: also unauthenticated on its own address
+		if err := metrics.Serve(ctx, s.opts.MetricsAddr, s.MetricsHandler(), s.log, nil); err != nil {
+			s.Close()
+			return fmt.Errorf("kloud: %w", err)
+		}
+	}
 	if s.opts.Listening != nil {
 		s.opts.Listening(ln.Addr())
 	}

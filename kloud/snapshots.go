@@ -565,7 +565,7 @@ func (s *Server) startAgain(ctx context.Context, j *jobCtx, m *Machine, pm provi
 		return fmt.Errorf("starting %s again failed: %w", m.Label, err)
 	}
 	j.Enter(ctx, stackbuild.MachineAgent)
-	pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: s.opts.AgentTimeout, Log: s.log}
+	pl := s.planner()
 	r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm, Provider: s.providerOf(m.Provider)}}, nil)[0]
 	if !r.OK {
 		return fmt.Errorf("%s started again, but %s failed: %w", m.Label, r.Step, r.Err)

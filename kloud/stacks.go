@@ -820,7 +820,7 @@ func (s *Server) settleStack(ctx context.Context, j *jobCtx, st *Stack, failed [
 }
 
 func (s *Server) waitAgents(ctx context.Context, j *jobCtx, st *Stack, ms []Machine, res *tfrun.Result) []stackbuild.AgentResult {
-	pl := &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: s.opts.AgentTimeout, Log: s.log}
+	pl := s.planner()
 	c, _ := s.callerByName(ctx, st.Owner, false)
 	var ex []stackbuild.Expect
 	for i := range ms {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -375,7 +376,7 @@ func (rl *relay) run() {
 	done := make(chan struct{}, 2)
 	go func() {
 		defer func() { done <- struct{}{} }()
-		err := copyFrames(rl.ctx, rl.browser, rl.klient, false)
+		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, rl.h.s.metrics.termBytes.WithLabelValues("out"))
 		code, reason := websocket.CloseStatus(err), closeText(err)
 		if code == -1 || code == websocket.StatusAbnormalClosure {
 			code, reason = klientapi.CloseAgentGone, "lost the connection to the machine's agent"
@@ -385,7 +386,7 @@ func (rl *relay) run() {
 	}()
 	go func() {
 		defer func() { done <- struct{}{} }()
-		err := copyFrames(rl.ctx, rl.klient, rl.browser, true)
+		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, rl.h.s.metrics.termBytes.WithLabelValues("in"))
 		var code websocket.StatusCode = websocket.StatusNormalClosure
 		reason := "the browser went away"
 		if ce := websocket.CloseStatus(err); ce == klientapi.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
@@ -423,9 +424,10 @@ func (rl *relay) keepalive() {
 	}
 }
 
-// copyFrames copies messages from src to dst until src ends, with one frame's buffer.
-// fromBrowser frames must be binary with an opcode byte (the rest klient checks).
-func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool) error {
+// copyFrames copies messages from src to dst until src ends, with one frame's buffer, adding
+// what it relayed to bytes (metrics.go). fromBrowser frames must be binary with an opcode byte
+// (the rest klient checks).
+func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, bytes prometheus.Counter) error {
 	buf := make([]byte, klientapi.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
 	for {
 		typ, r, err := src.Reader(ctx)
@@ -442,7 +444,15 @@ func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool)
 		if err := dst.Write(ctx, typ, buf[:n]); err != nil {
 			return err
 		}
+		bytes.Add(float64(n))
 	}
+}
+
+// sessions is how many terminals are relayed now (metrics.go).
+func (h *termHub) sessions() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.relays)
 }
 
 func closeText(err error) string {

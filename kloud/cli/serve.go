@@ -34,6 +34,8 @@ type serveFlags struct {
 	terraformerURL  string
 	terraformerBin  string
 	terraformerAddr string
+	// tfMetricsAddr passes --metrics-addr to the terraformer kloud starts.
+	tfMetricsAddr string
 	// tfInsecure passes --insecure-no-sandbox to the terraformer kloud starts.
 	tfInsecure bool
 	logLevel   string
@@ -114,6 +116,9 @@ with kloud's privileges (logged at every start).`,
 	gcServeFlags(fl, &f.o.GC)                                                           // gc.go
 	fl.IntVar(&f.o.Limits.MaxMachinesPerStack, "max-machines-per-stack", kloud.DefaultMaxMachinesPerStack, fmt.Sprintf("cap on the machines of one stack, checked before terraform runs and on its plan (a template's own cap, kloud template update --max-machines, replaces it; at most %d)", kloud.MaxMachinesCeiling))
 	fl.DurationVar(&f.o.Limits.PlanTimeout, "plan-timeout", kloud.DefaultPlanTimeout, "wall-time limit of a terraform plan made for a call (stack plan, create, update, scale): then it is cancelled and terraform killed")
+	fl.StringVar(&f.o.MetricsAddr, "metrics-addr", "", "also serve GET /metrics (Prometheus) without authentication on this address, e.g. 10.0.0.5:9100 on a private network (on --addr it is for kloud administrators only)")
+	fl.StringVar(&f.tfMetricsAddr, "terraformer-metrics-addr", "", "pass --metrics-addr to the terraformer it starts: its GET /metrics without authentication on this address")
+	fl.DurationVar(&f.o.MetricsInterval, "metrics-interval", kloud.DefaultMetricsInterval, "how often the machines' cpu, memory and disk (from their klient) and the quota use are polled for /metrics")
 	fl.Var(defaultQuotaFlag{&f.o.DefaultQuota}, "default-quota", "quota of every user an administrator gave none (quota.go): machines=N,cores=N,memory=SIZE,disk=SIZE (SIZE: MB or 8G; limits not given: none)")
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)
@@ -165,6 +170,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		fmt.Fprintf(g.stdout, "admin key: %s\n", s.AdminKeyPath())
 		fmt.Fprintf(g.stdout, "providers: %s\n", strings.Join(reg.Names(), ", "))
 		fmt.Fprintf(g.stdout, "provider plugins: %s\n", s.PluginDir())
+		if f.o.MetricsAddr != "" {
+			fmt.Fprintf(g.stdout, "metrics: http://%s/metrics (unauthenticated)\n", f.o.MetricsAddr)
+		}
 		if n := f.vagrant.hostNote(f.o.DataDir); n != "" {
 			fmt.Fprintln(g.stderr, n)
 		}
@@ -298,6 +306,9 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfS
 	}
 	args = append(args, "--terraform-cpus", strconv.FormatFloat(f.tfLimits.CPUs, 'g', -1, 64),
 		"--terraform-memory-mb", strconv.FormatInt(f.tfMemMB, 10), "--terraform-pids-max", strconv.Itoa(f.tfLimits.PidsMax))
+	if f.tfMetricsAddr != "" {
+		args = append(args, "--metrics-addr", f.tfMetricsAddr)
+	}
 	if f.tfInsecure {
 		log.Warn("terraformer runs terraform without its sandbox (--terraformer-insecure-no-sandbox): templates run with this process's privileges")
 		args = append(args, "--insecure-no-sandbox")

@@ -82,6 +82,9 @@ type Planner struct {
 	// machine at once instead of at Timeout.
 	ConsolePoll time.Duration
 	Log         *slog.Logger
+	// Observe, if set, is told when the planner starts waiting for an agent (d 0, r nil) and
+	// how each wait ended and how long it took (kloud's metrics).
+	Observe func(r *AgentResult, d time.Duration)
 }
 
 // Wait waits for every expected agent concurrently and returns one result per Expect, in order.
@@ -94,7 +97,14 @@ func (p *Planner) Wait(ctx context.Context, expects []Expect, progress func(Agen
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			start := time.Now()
+			if p.Observe != nil {
+				p.Observe(nil, 0)
+			}
 			r := p.one(ctx, e)
+			if p.Observe != nil {
+				p.Observe(&r, time.Since(start))
+			}
 			out[i] = r
 			if progress != nil {
 				mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
@@ -67,6 +68,10 @@ type Options struct {
 	// JobLeaseTTL is how long a job's runner lease lasts without a heartbeat, progress or log
 	// line. Default 30s.
 	JobLeaseTTL time.Duration
+	// OnCommand, if set, is told of every database command the driver finished: its name
+	// (find, update, insert, ...), how long it took and whether it failed (the driver's command
+	// monitor; kloud's store latency metrics). It must not block.
+	OnCommand func(name string, d time.Duration, failed bool)
 }
 
 // Store is an open store. Its methods are safe for concurrent use.
@@ -149,6 +154,12 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 		SetBSONOptions(&options.BSONOptions{DefaultDocumentM: true}).
 		SetServerSelectionTimeout(opts.ServerSelectionTimeout).
 		SetConnectTimeout(opts.ServerSelectionTimeout)
+	if f := opts.OnCommand; f != nil {
+		copts.SetMonitor(&event.CommandMonitor{
+			Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) { f(e.CommandName, e.Duration, false) },
+			Failed:    func(_ context.Context, e *event.CommandFailedEvent) { f(e.CommandName, e.Duration, true) },
+		})
+	}
 	if opts.MongoURL != "" {
 		copts.ApplyURI(opts.MongoURL)
 	} else {
