@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/metrics"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
@@ -56,6 +57,9 @@ type Config struct {
 	// SandboxLimits are the cpu, memory and pids limits of each terraform command's cgroup (nil:
 	// none; terraformer serve: tfsandbox.DefaultTerraformLimits). See tfrun.Options.
 	SandboxLimits *cgroups.Limits
+	// MetricsAddr, if set, also serves GET /metrics there without authentication (on Addr it
+	// needs a kite key of kloud or its admin). See metrics.go.
+	MetricsAddr string
 	// Logger receives the logs. Default: discard.
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once terraformer accepts connections.
@@ -92,7 +96,8 @@ func DefaultDataDir() string {
 	return filepath.Join(home, ".kloud", "terraformer")
 }
 
-// Run serves terraformer until ctx ends: /kite (the kite protocol), /healthz and /readyz. On the way out
+// Run serves terraformer until ctx ends: /kite (the kite protocol), /healthz, /readyz and
+// /metrics (metrics.go). On the way out
 // it cancels the running jobs (SIGINT to terraform, SIGKILL after CancelGrace), which persists
 // them and releases their leases, then closes the connections.
 func Run(ctx context.Context, cfg Config) error {
@@ -134,11 +139,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		cfg.KiteID = id
 	}
+	m := NewMetrics()
 	engine, err := tfrun.New(ctx, tfrun.Options{
 		Dir: cfg.DataDir, TerraformPath: cfg.TerraformPath, CLIConfigFile: cfg.CLIConfigFile,
 		HangTimeout: cfg.HangTimeout, CancelGrace: cfg.CancelGrace, LeaseTTL: cfg.LeaseTTL, Logger: log,
 		SandboxUID: cfg.SandboxUID, SandboxGID: cfg.SandboxGID, SandboxReadOnly: cfg.SandboxReadOnly, SandboxLimits: cfg.SandboxLimits,
-		InsecureNoSandbox: cfg.InsecureNoSandbox,
+		InsecureNoSandbox: cfg.InsecureNoSandbox, OnFinish: m.OnFinish,
 	})
 	if err != nil {
 		return fmt.Errorf("terraformer: %w", err)
@@ -149,10 +155,12 @@ func Run(ctx context.Context, cfg Config) error {
 		defer cancel()
 		return engine.Close(cctx)
 	}
+	auth := NewAuthenticator(AuthOptions{KloudURL: cfg.KloudURL, Issuer: cfg.Issuer})
 	k, err := kite.New(kite.Options{
 		Identity:      kite.Identity{Name: Name, ID: cfg.KiteID, Version: version.Version},
-		Authenticator: NewAuthenticator(AuthOptions{KloudURL: cfg.KloudURL, Issuer: cfg.Issuer}),
+		Authenticator: auth,
 		Logger:        log,
+		Observer:      m.Kite,
 	})
 	if err != nil {
 		closeEngine()
@@ -163,12 +171,28 @@ func Run(ctx context.Context, cfg Config) error {
 		closeEngine()
 		return err
 	}
+	m.Watch(k, engine)
+	users := cfg.KloudUsers
+	if len(users) == 0 {
+		users = []string{"kloud"}
+	}
+	mctx, stopMetrics := context.WithCancel(ctx)
+	defer stopMetrics()
+	if cfg.MetricsAddr != "" {
+		if err := metrics.Serve(mctx, cfg.MetricsAddr, m.Handler(), log, nil); err != nil {
+			closeEngine()
+			return fmt.Errorf("terraformer: %w", err)
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		closeEngine()
 		return fmt.Errorf("terraformer: listen %s: %w", cfg.Addr, err)
 	}
-	srv := &http.Server{Handler: Handler(k, engine, KloudKeysCheck(cfg.KloudURL)), ReadHeaderTimeout: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/", Handler(k, engine, KloudKeysCheck(cfg.KloudURL)))
+	mux.Handle("GET /metrics", m.AuthHandler(k, auth, users))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("terraformer listening", "addr", ln.Addr().String(), "kite", k.Identity().String(),

@@ -23,6 +23,7 @@ func main() {
 	var c terraformer.Config
 	var users, readOnly string
 	flag.StringVar(&c.Addr, "addr", terraformer.DefaultAddr, "address to listen on")
+	flag.StringVar(&c.MetricsAddr, "metrics-addr", "", "also serve GET /metrics (Prometheus) without authentication on this address (on --addr it needs kloud's or its admin's kite key)")
 	flag.StringVar(&c.DataDir, "data-dir", terraformer.DefaultDataDir(), "working directories, state and jobs")
 	flag.StringVar(&c.KloudURL, "kloud-url", terraformer.DefaultKloudURL, "kloud's URL; callers' keys are verified with <url>/kite/keys")
 	flag.StringVar(&users, "kloud-user", "kloud", "the only usernames allowed to call (comma-separated)")

@@ -77,6 +77,9 @@ type Options struct {
 	// Limits); a cgroup a killed command left is removed after it and at New. Nil: no cgroup.
 	// terraformer serve sets tfsandbox.DefaultTerraformLimits unless told otherwise.
 	SandboxLimits *cgroups.Limits
+	// OnFinish, if set, is called with each job this engine ran once it is final (terraformer's
+	// metrics). It must not block.
+	OnFinish func(j *Job)
 }
 
 // Engine runs Terraform jobs. Its methods are safe for concurrent use.
@@ -253,6 +256,13 @@ func (e *Engine) terraformVersion(ctx context.Context) (string, error) {
 
 // Version returns the version of the terraform binary the engine runs.
 func (e *Engine) Version() string { return e.tfVersion }
+
+// Running is how many jobs this engine runs now.
+func (e *Engine) Running() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.active)
+}
 
 // Options returns the options in force, defaults filled in.
 func (e *Engine) Options() Options { return e.opts }

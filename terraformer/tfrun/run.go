@@ -158,6 +158,9 @@ func (r *run) execute() {
 		r.logFile.Close()
 	}
 	r.log.Info("job finished", "status", job.Status, "err", job.Err())
+	if r.e.opts.OnFinish != nil {
+		r.e.opts.OnFinish(job)
+	}
 	close(r.done)
 }
 
