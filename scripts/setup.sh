@@ -4,8 +4,9 @@
 # Idempotent; safe to run again (it only does what is missing). Caches under
 # ${KLOUD_CACHE:-/var/cache/kloud}:
 #   - Debian packages: cloud-init (schema checks), mmdebstrap (base image), iproute2, util-linux,
-#     curl, procps, docker.io (the docker provider; tests start their own dockerd) and vagrant
-#     (the vagrant provider, driving Vagrant's docker provider)
+#     curl, procps, docker.io (the docker provider; tests start their own dockerd), vagrant
+#     (the vagrant provider, driving Vagrant's docker provider) and prometheus (the metrics e2e
+#     test starts its own; the package's service is not started)
 #   - terraform (the one on PATH, else built from source) and the offline provider mirror
 #     (scripts/tf-mirror.sh)
 #   - the Debian root filesystem local machines boot from (scripts/base-image.sh), when root
@@ -16,7 +17,7 @@ cache=${KLOUD_CACHE:-/var/cache/kloud}
 mkdir -p "$cache"
 log() { echo "setup: $*" >&2; }
 
-pkgs=(cloud-init mmdebstrap iproute2 util-linux curl procps ca-certificates docker.io vagrant)
+pkgs=(cloud-init mmdebstrap iproute2 util-linux curl procps ca-certificates docker.io vagrant prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
