@@ -344,8 +344,8 @@ func (s *Server) pollMachines(ctx context.Context, ms []Machine, gauge func(*pro
 }
 
 // pollQuotas computes what every user and team holds (the rule of quotaUse: a stack's machines
-// but terminated ones, nothing of a stack never built) from one list of stacks and the machines,
-// and each subject's limit.
+// but terminated ones, nothing of a stack never built) from one list of stacks, the machines and
+// the quotas (the rule of quotaOf for the limits): three queries whatever the number of stacks.
 func (s *Server) pollQuotas(ctx context.Context, ms []Machine, gauge func(*prometheus.Desc, float64, ...string)) error {
 	sts, err := s.store.Stacks().List(ctx, store.StackFilter{All: true})
 	if err != nil {
@@ -362,10 +362,21 @@ func (s *Server) pollQuotas(ctx context.Context, ms []Machine, gauge func(*prome
 			use[sub] = addQuota(use[sub], held)
 		}
 	}
+	// Subjects with a quota show it (and their use, 0 without stacks); users with stacks but
+	// no quota of their own show the default quota.
+	qs, err := s.store.Quotas().List(ctx)
+	if err != nil {
+		return err
+	}
+	limits := map[string]api.Quota{}
+	for _, q := range qs {
+		limits[q.ID] = api.Quota{Machines: q.Machines, Cores: q.Cores, MemoryMB: q.MemoryMB, DiskMB: q.DiskMB}
+		use[q.ID] = use[q.ID]
+	}
 	for sub, u := range use {
-		limit, _, err := s.quotaOf(ctx, sub)
-		if err != nil {
-			return err
+		limit, ok := limits[sub]
+		if !ok && strings.HasPrefix(sub, "user/") {
+			limit = s.opts.DefaultQuota
 		}
 		for _, q := range []struct {
 			d *prometheus.Desc

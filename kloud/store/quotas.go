@@ -44,3 +44,12 @@ func (r *Quotas) Set(ctx context.Context, q Quota) error {
 	}
 	return nil
 }
+
+// List returns every quota, by subject.
+func (r *Quotas) List(ctx context.Context) ([]Quota, error) {
+	qs, err := findAll[Quota](ctx, r.coll(), bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("list quotas: %w", err)
+	}
+	return qs, nil
+}
