@@ -33,11 +33,17 @@ type proc struct {
 
 func startProc(t *testing.T, keys *terraformertest.Keys, leaseTTL time.Duration) *proc {
 	t.Helper()
+	return startProcArgs(t, keys, "--lease-ttl", leaseTTL.String())
+}
+
+// startProcArgs is startProc with more flags.
+func startProcArgs(t *testing.T, keys *terraformertest.Keys, extra ...string) *proc {
+	t.Helper()
 	tf, cfg := tfruntest.Setup(t)
 	bin := testutil.BuildBinary(t, "./cmd/terraformer")
 	p := &proc{t: t, bin: bin, addr: freeAddr(t), dir: t.TempDir()}
-	p.args = []string{"--addr", p.addr, "--data-dir", p.dir, "--kloud-url", keys.URL,
-		"--terraform", tf, "--cli-config", cfg, "--lease-ttl", leaseTTL.String(), "--cancel-grace", "20s"}
+	p.args = append([]string{"--addr", p.addr, "--data-dir", p.dir, "--kloud-url", keys.URL,
+		"--terraform", tf, "--cli-config", cfg, "--cancel-grace", "20s"}, extra...)
 	p.start()
 	return p
 }
