@@ -181,8 +181,47 @@ resource "terraform_data" "vm" {
 	p.waitFor(`max_over_time(kloud_jobs_running{kind="stack.apply"}[10m])`, 1, 1)
 	p.waitFor(`max_over_time(kloud_planner_waiting_agents[10m])`, 1, 2)
 
+	// Every ready query of docs/operations.md is one Prometheus accepts, and the quota share
+	// query answers alice's 2 of 5.
+	for _, q := range docQueries(t) {
+		if _, _, err := p.query(q); err != nil {
+			t.Errorf("docs/operations.md query: %v", err)
+		}
+	}
+	p.waitFor(`kloud_quota_used{subject="user/alice",resource="machines"} / (kloud_quota_limit > 0)`, 0.4, 0.4)
+
 	e.run("stack", "destroy", sid)
 	p.waitFor(`kloud_kontrol_registered_kites{kind="agent"}`, 0, 0)
 	p.waitFor(`kloud_quota_used{subject="user/alice",resource="machines"}`, 0, 0)
 	p.waitFor(`absent(kloud_machine_memory_total_bytes{owner="alice"})`, 1, 1)
+}
+
+// docQueries returns the PromQL of docs/operations.md's "Ready queries" table.
+func docQueries(t *testing.T) []string {
+	t.Helper()
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(string(b), "**Ready queries.**")
+	table, _, _ := strings.Cut(after, "**What the tests verify.**")
+	var qs []string
+	for line := range strings.SplitSeq(table, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 {
+			continue
+		}
+		q := strings.TrimSpace(cells[2])
+		if strings.HasPrefix(q, "`") && strings.HasSuffix(q, "`") {
+			qs = append(qs, strings.Trim(q, "`"))
+		}
+	}
+	if len(qs) < 10 {
+		t.Fatalf("docs/operations.md: %d ready queries found", len(qs))
+	}
+	return qs
 }
