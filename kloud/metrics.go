@@ -42,8 +42,9 @@ const (
 
 // kloudMetrics are a server's collectors.
 type kloudMetrics struct {
-	reg  *prometheus.Registry
-	kite *metrics.Kite
+	reg     *prometheus.Registry
+	handler http.Handler // reg in Prometheus' format
+	kite    *metrics.Kite
 
 	jobsRunning  *prometheus.GaugeVec
 	jobsFinished *prometheus.CounterVec
@@ -101,6 +102,7 @@ func newKloudMetrics() *kloudMetrics {
 	for _, d := range []string{"in", "out"} {
 		m.termBytes.WithLabelValues(d)
 	}
+	m.handler = metrics.Handler(reg)
 	reg.MustRegister(m.jobsRunning, m.jobsFinished, m.jobDuration, m.plannerWaiting, m.plannerWait,
 		m.termBytes, m.storeDuration, m.storeFailures, m.machineInfoFailures, m.polled)
 	return m
@@ -204,11 +206,11 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "/metrics is for kloud administrators (or serve it on a private address with kloud serve --metrics-addr)")
 		return
 	}
-	metrics.Handler(s.metrics.reg).ServeHTTP(w, r)
+	s.metrics.handler.ServeHTTP(w, r)
 }
 
 // MetricsHandler serves the metrics without authentication (the --metrics-addr listener).
-func (s *Server) MetricsHandler() http.Handler { return metrics.Handler(s.metrics.reg) }
+func (s *Server) MetricsHandler() http.Handler { return s.metrics.handler }
 
 // snapshot is the polled gauges: each poll replaces them whole, so a machine that went away or
 // a subject without stacks disappears from the next scrape.

@@ -45,7 +45,7 @@ func Handler(reg *prometheus.Registry) http.Handler {
 
 // Kite is a kite's metrics, prefixed with the server's namespace (kloud_, terraformer_):
 //
-//	<ns>_rpc_calls_total{method,code}             counter: served calls by method and JSON-RPC code (0: a result)
+//	<ns>_rpc_calls_total{method,code}             counter: served calls by method and JSON-RPC code (0: a result; "other": a code not in the protocol)
 //	<ns>_rpc_duration_seconds{method}             histogram: how long handlers ran
 //	<ns>_kite_handshake_rejections_total{reason}  counter: refused handshakes (kite.Reject*)
 //	<ns>_kite_connections{auth}                   gauge: open connections by how the peer authenticated
@@ -84,9 +84,21 @@ func NewKite(reg prometheus.Registerer, ns string) *Kite {
 	return m
 }
 
+// knownCodes are the JSON-RPC codes of protocol v1 (kite/errors.go). A handler may pass on an
+// error a peer sent (a machine's agent is in its owner's hands): any other code is counted as
+// "other", so no peer can add label values.
+var knownCodes = map[int64]bool{0: true, kite.CodeParse: true, kite.CodeInvalidRequest: true, kite.CodeMethodNotFound: true,
+	kite.CodeInvalidParams: true, kite.CodeInternal: true, kite.CodeAuth: true, kite.CodePermission: true, kite.CodeNotFound: true,
+	kite.CodeConflict: true, kite.CodeState: true, kite.CodeTimeout: true, kite.CodeRateLimited: true, kite.CodeTooLarge: true,
+	kite.CodeUnavailable: true, kite.CodeStoreUnavailable: true}
+
 // Served implements kite.Observer.
 func (m *Kite) Served(method string, code int64, d time.Duration) {
-	m.calls.WithLabelValues(method, strconv.FormatInt(code, 10)).Inc()
+	c := "other"
+	if knownCodes[code] {
+		c = strconv.FormatInt(code, 10)
+	}
+	m.calls.WithLabelValues(method, c).Inc()
 	m.duration.WithLabelValues(method).Observe(d.Seconds())
 }
 
