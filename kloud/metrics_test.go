@@ -1,7 +1,6 @@
 package kloud_test
 
 import (
-	"io"
 	"net"
 	"net/http"
 	"regexp"
@@ -18,23 +17,6 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 )
-
-// scrape GETs url (a /metrics) with the bearer credential ("" none) and returns the status and
-// the body.
-func scrape(t *testing.T, url, bearer string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), "GET", url, nil)
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
 
 var seriesRe = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$`)
 var labelRe = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
@@ -76,7 +58,7 @@ func metricsOf(t *testing.T, e *kloudtest.Env) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, body := scrape(t, e.URL+"/metrics", key)
+	code, body := testutil.HTTPGet(t, e.URL+"/metrics", key)
 	if code != http.StatusOK {
 		t.Fatalf("GET /metrics as admin: %d %s", code, body)
 	}
@@ -186,20 +168,20 @@ func TestMetricsAccess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, body := scrape(t, e.URL+"/metrics", ""); code != http.StatusUnauthorized || strings.Contains(body, "kloud_rpc") {
+	if code, body := testutil.HTTPGet(t, e.URL+"/metrics", ""); code != http.StatusUnauthorized || strings.Contains(body, "kloud_rpc") {
 		t.Fatalf("no credential: %d %s", code, body)
 	}
-	if code, body := scrape(t, e.URL+"/metrics", aliceKey); code != http.StatusForbidden || strings.Contains(body, "kloud_rpc") {
+	if code, body := testutil.HTTPGet(t, e.URL+"/metrics", aliceKey); code != http.StatusForbidden || strings.Contains(body, "kloud_rpc") {
 		t.Fatalf("a member: %d %s", code, body)
 	}
-	if code, body := scrape(t, e.URL+"/metrics", "garbage"); code != http.StatusUnauthorized {
+	if code, body := testutil.HTTPGet(t, e.URL+"/metrics", "garbage"); code != http.StatusUnauthorized {
 		t.Fatalf("a bad credential: %d %s", code, body)
 	}
 	if body := metricsOf(t, e); !strings.Contains(body, "# TYPE kloud_rpc_calls_total counter") {
 		t.Fatalf("admin's scrape:\n%s", body)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		code, body := scrape(t, "http://"+maddr+"/metrics", "")
+		code, body := testutil.HTTPGet(t, "http://"+maddr+"/metrics", "")
 		return code == http.StatusOK && strings.Contains(body, "kloud_rpc_duration_seconds_bucket")
 	}, "--metrics-addr does not serve the metrics")
 }

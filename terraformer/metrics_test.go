@@ -1,7 +1,6 @@
 package terraformer_test
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,21 +12,6 @@ import (
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 
-func getMetrics(t *testing.T, url, bearer string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), "GET", url, nil)
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // TestMetrics runs the real terraformer binary with --metrics-addr: on its address /metrics
 // needs kloud's (or the admin's) kite key (none: 401, another user's: 403); on the metrics
 // address anyone gets it; a succeeded plan and a failed apply move the run histogram and the
@@ -36,14 +20,14 @@ func TestMetrics(t *testing.T) {
 	keys := terraformertest.StartKeys(t)
 	maddr := freeAddr(t)
 	p := startProcArgs(t, keys, "--metrics-addr", maddr)
-	if code, body := getMetrics(t, p.url()+"/metrics", ""); code != http.StatusUnauthorized || strings.Contains(body, "terraformer_") {
+	if code, body := testutil.HTTPGet(t, p.url()+"/metrics", ""); code != http.StatusUnauthorized || strings.Contains(body, "terraformer_") {
 		t.Fatalf("no credential: %d %s", code, body)
 	}
-	if code, body := getMetrics(t, p.url()+"/metrics", keys.KiteKey("alice")); code != http.StatusForbidden {
+	if code, body := testutil.HTTPGet(t, p.url()+"/metrics", keys.KiteKey("alice")); code != http.StatusForbidden {
 		t.Fatalf("alice's key: %d %s", code, body)
 	}
 	for _, user := range []string{"kloud", "admin"} {
-		if code, body := getMetrics(t, p.url()+"/metrics", keys.KiteKey(user)); code != http.StatusOK || !strings.Contains(body, "terraformer_operations_running 0") {
+		if code, body := testutil.HTTPGet(t, p.url()+"/metrics", keys.KiteKey(user)); code != http.StatusOK || !strings.Contains(body, "terraformer_operations_running 0") {
 			t.Fatalf("%s's key: %d %s", user, code, body)
 		}
 	}
@@ -55,7 +39,7 @@ func TestMetrics(t *testing.T) {
 	var body string
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		var code int
-		code, body = getMetrics(t, "http://"+maddr+"/metrics", "")
+		code, body = testutil.HTTPGet(t, "http://"+maddr+"/metrics", "")
 		return code == http.StatusOK
 	}, "--metrics-addr does not serve")
 	for _, want := range []string{

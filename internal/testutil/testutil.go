@@ -1,13 +1,16 @@
 // Package testutil holds the few helpers every test package shares: gates for tests that need root,
 // a binary or a Debian package (skip loudly outside CI, fail under CI=true), a slog logger that
-// writes to t.Log, polling with a deadline instead of sleeps, and binaries built from this tree
-// (BuildBinary, cache.go) in a cache that never leaves anything in the system temp directory.
+// writes to t.Log, polling with a deadline instead of sleeps, an authenticated GET (HTTPGet), and
+// binaries built from this tree (BuildBinary, cache.go) in a cache that never leaves anything in
+// the system temp directory.
 package testutil
 
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,4 +140,24 @@ func Deps(t testing.TB, pkgs ...string) []string {
 		t.Fatalf("go list -deps %s: %v", strings.Join(pkgs, " "), err)
 	}
 	return strings.Fields(string(out))
+}
+
+// HTTPGet GETs url with "Authorization: Bearer <bearer>" (none if "") and returns the status
+// code and the body; a request that fails fails the test.
+func HTTPGet(t testing.TB, url, bearer string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
