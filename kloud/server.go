@@ -52,6 +52,8 @@ const (
 	DefaultRetentionJobs     = 30 * 24 * time.Hour
 	DefaultRetentionKites    = 24 * time.Hour
 	DefaultRetentionInterval = time.Hour
+	// DefaultRetentionAudit: audit log entries are kept a year (audit.go).
+	DefaultRetentionAudit = 365 * 24 * time.Hour
 	// DefaultAgentTimeout is how long a build or a machine start waits for a machine's agent
 	// to register, answer and finish provisioning before it names the step that failed.
 	DefaultAgentTimeout = 5 * time.Minute

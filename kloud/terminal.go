@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -20,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/kloud/store"
 )
 
 // Web terminals. The browser (and `kloud ssh`) reach a machine's terminal through kloud, never
@@ -115,7 +117,8 @@ func machineRole(c *Caller, m *Machine) string {
 }
 
 // termTarget authenticates the request and loads the machine it names, which the caller must
-// be able to use a terminal on.
+// be able to use a terminal on. On an error after the caller is known, it returns the caller
+// too (for the audit log).
 func (s *Server) termTarget(r *http.Request) (*Caller, *Machine, string, error) {
 	c, err := s.httpCaller(r)
 	if err != nil {
@@ -124,13 +127,13 @@ func (s *Server) termTarget(r *http.Request) (*Caller, *Machine, string, error) 
 	m, err := s.loadMachine(r.Context(), c, r.PathValue("id"))
 	if err != nil {
 		if errors.Is(err, kite.ErrNotFound) {
-			return nil, nil, "", &httpError{http.StatusNotFound, err.Error()}
+			return c, nil, "", &httpError{http.StatusNotFound, err.Error()}
 		}
-		return nil, nil, "", err
+		return c, nil, "", err
 	}
 	role := machineRole(c, m)
 	if role == "" {
-		return nil, nil, "", &httpError{http.StatusForbidden, fmt.Sprintf("machine %s is not shared with %s: only its owner and users it is shared with open terminals", m.Label, c.Username)}
+		return c, nil, "", &httpError{http.StatusForbidden, fmt.Sprintf("machine %s is not shared with %s: only its owner and users it is shared with open terminals", m.Label, c.Username)}
 	}
 	return c, m, role, nil
 }
@@ -142,6 +145,13 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 		writeError(w, he.code, he.msg)
 		return
 	}
+	code, err := errStatus(err)
+	writeError(w, code, err.Error())
+}
+
+// errStatus is the HTTP status of an error that is not an httpError, and the error with its
+// kite code (wireError).
+func errStatus(err error) (int, error) {
 	err = wireError(err)
 	code := http.StatusBadGateway
 	switch {
@@ -158,7 +168,7 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 	case errors.Is(err, kite.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		code = http.StatusGatewayTimeout
 	}
-	writeError(w, code, err.Error())
+	return code, err
 }
 
 // userToken mints the token klient checks: the user, for this machine's klient only.
@@ -221,16 +231,26 @@ func terminalRequest(r *http.Request, role string) (klientapi.ConnectParams, err
 func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 	s := h.s
 	c, m, role, err := s.termTarget(r)
+	target := "machine/" + r.PathValue("id")
+	// The audit log records every attempt of a known user (audit.go), and each session's end.
+	refused := func(err error) {
+		if c != nil {
+			s.auditHTTP(r, auditTerminalOpen, c.Username, target, auditStatus(err))
+		}
+	}
 	if err != nil {
+		refused(err)
 		s.writeErr(w, err)
 		return
 	}
 	p, err := terminalRequest(r, role)
 	if err != nil {
+		refused(err)
 		s.writeErr(w, err)
 		return
 	}
 	if !sameOrigin(r) {
+		refused(&httpError{http.StatusForbidden, "cross-origin"})
 		writeError(w, http.StatusForbidden, "cross-origin terminal requests are refused")
 		return
 	}
@@ -244,16 +264,20 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 
 	agent, err := s.agentConn(m)
 	if err != nil {
+		refused(err)
 		browser.Close(klientapi.CloseAgentGone, closeReason(err))
 		return
 	}
 	klient, res, err := h.connect(r.Context(), agent, c, m, p)
 	if err != nil {
+		refused(err)
 		log.Info("terminal refused", "err", err)
 		browser.Close(klientapi.CloseRefused, closeReason(err))
 		return
 	}
 	log.Info("terminal opened", "session", res.Session, "mode", res.Mode, "created", res.Created)
+	s.auditHTTP(r, auditTerminalOpen, c.Username, target, http.StatusOK)
+	opened := time.Now()
 	// One text frame tells the browser what it is attached to; the rest is binary output.
 	notice, _ := json.Marshal(res)
 	wctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -270,6 +294,8 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 	}
 	rl.run()
 	log.Info("terminal closed", "session", res.Session, "reason", rl.reason)
+	s.audit(r.Context(), store.AuditEntry{Action: auditTerminalClose, User: c.Username, Remote: clientIP(r), Target: target,
+		Result: store.AuditOK, Duration: time.Since(opened).Milliseconds(), Bytes: rl.bytes.Load()}, nil)
 }
 
 // connect asks the machine's klient for an attachment and returns klient's WebSocket for it.
@@ -346,6 +372,7 @@ type relay struct {
 	cancel          context.CancelFunc
 	once            sync.Once
 	reason          string
+	bytes           atomic.Int64 // relayed both ways (message payloads)
 }
 
 func (h *termHub) start(browser, klient *websocket.Conn) *relay {
@@ -375,7 +402,7 @@ func (rl *relay) run() {
 	done := make(chan struct{}, 2)
 	go func() {
 		defer func() { done <- struct{}{} }()
-		err := copyFrames(rl.ctx, rl.browser, rl.klient, false)
+		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, &rl.bytes)
 		code, reason := websocket.CloseStatus(err), closeText(err)
 		if code == -1 || code == websocket.StatusAbnormalClosure {
 			code, reason = klientapi.CloseAgentGone, "lost the connection to the machine's agent"
@@ -385,7 +412,7 @@ func (rl *relay) run() {
 	}()
 	go func() {
 		defer func() { done <- struct{}{} }()
-		err := copyFrames(rl.ctx, rl.klient, rl.browser, true)
+		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, &rl.bytes)
 		var code websocket.StatusCode = websocket.StatusNormalClosure
 		reason := "the browser went away"
 		if ce := websocket.CloseStatus(err); ce == klientapi.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
@@ -425,7 +452,7 @@ func (rl *relay) keepalive() {
 
 // copyFrames copies messages from src to dst until src ends, with one frame's buffer.
 // fromBrowser frames must be binary with an opcode byte (the rest klient checks).
-func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool) error {
+func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, count *atomic.Int64) error {
 	buf := make([]byte, klientapi.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
 	for {
 		typ, r, err := src.Reader(ctx)
@@ -442,6 +469,7 @@ func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool)
 		if err := dst.Write(ctx, typ, buf[:n]); err != nil {
 			return err
 		}
+		count.Add(int64(n))
 	}
 }
 
