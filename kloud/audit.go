@@ -73,8 +73,12 @@ func (s *Server) auditRPC(ctx context.Context, r *kite.Request, c *Caller, param
 		e.User = r.Username()
 	}
 	e.Target = auditTarget(r.Method, params)
-	if t := auditTarget(r.Method, result); t != "" && (e.Target == "" || createsTarget(r.Method)) {
-		e.Target = t
+	if createsTarget(r.Method) {
+		if t := createdTarget(r.Method, result); t != "" {
+			e.Target = t
+		}
+	} else if e.Target == "" {
+		e.Target = auditTarget(r.Method, result)
 	}
 	if err != nil {
 		e.Result, e.Code = store.AuditError, kite.ToWire(err).Code
@@ -87,6 +91,39 @@ func (s *Server) auditRPC(ctx context.Context, r *kite.Request, c *Caller, param
 func createsTarget(method string) bool {
 	_, verb, _ := strings.Cut(method, ".")
 	return verb == "create" || verb == "add" || verb == "snapshot"
+}
+
+// createdTarget is the target a create's result names: its "id" (template.create's template,
+// credential.add's credential), the id of its field named after the method's namespace
+// (stack.create's {stack: {id}}), else its first id field (user.add's username).
+func createdTarget(method string, result any) string {
+	ns, _, _ := strings.Cut(method, ".")
+	rv := reflect.ValueOf(result)
+	for rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Interface {
+		if rv.IsNil() {
+			return ""
+		}
+		rv = rv.Elem()
+	}
+	if rv.Kind() != reflect.Struct {
+		return ""
+	}
+	for i := range rv.NumField() {
+		f := rv.Type().Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() {
+			continue
+		}
+		switch {
+		case name == "id" && f.Type.Kind() == reflect.String && rv.Field(i).String() != "":
+			return ns + "/" + rv.Field(i).String()
+		case name == ns && (f.Type.Kind() == reflect.Struct || f.Type.Kind() == reflect.Pointer):
+			if t := createdTarget(method, rv.Field(i).Interface()); strings.HasPrefix(t, ns+"/") {
+				return t
+			}
+		}
+	}
+	return auditTarget(method, result)
 }
 
 // auditIDFields are the params' and results' fields that name a target, most specific first,

@@ -53,6 +53,31 @@ func TestAuditTarget(t *testing.T) {
 		{api.MethodCredentialAdd, &api.CredentialAddResult{ID: "c1"}, "credential/c1"},
 		{api.MethodCredentialUpdate, &api.CredentialUpdateParams{CredentialID: "c1", Data: []byte(`{"secret":"x"}`)}, "credential/c1"},
 		{api.MethodVersion, &api.NoParams{}, ""},
+	} {
+		if got := auditTarget(c.method, c.v); got != c.want {
+			t.Errorf("%s %+v: %q, want %q", c.method, c.v, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		method string
+		v      any
+		want   string
+	}{
+		{api.MethodStackCreate, api.StackCreateResult{Stack: api.Stack{ID: "s1", TemplateID: "t1"}}, "stack/s1"},
+		{api.MethodTemplateCreate, api.Template{ID: "t1", Team: "red"}, "template/t1"},
+		{api.MethodCredentialAdd, api.CredentialAddResult{ID: "c1"}, "credential/c1"},
+		{api.MethodTeamCreate, api.Team{Slug: "red"}, "team/red"},
+		{api.MethodMachineSnapshot, api.SnapshotStarted{JobID: "j1", SnapshotID: "sn1"}, "snapshot/sn1"},
+	} {
+		if got := createdTarget(c.method, c.v); got != c.want {
+			t.Errorf("created by %s %+v: %q, want %q", c.method, c.v, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		method string
+		v      any
+		want   string
+	}{
 		{api.MethodVersion, nil, ""},
 	} {
 		if got := auditTarget(c.method, c.v); got != c.want {
