@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -277,4 +278,58 @@ func auditStatusOf(err error) int {
 // auditPortTarget names a machine's port: "machine/<id>:<port>".
 func auditPortTarget(r *http.Request, port int) string {
 	return "machine/" + r.PathValue("id") + ":" + strconv.Itoa(port)
+}
+
+// auditKontrol wraps the kontrol methods kloud hosts that change something (kite keys made,
+// signing keys rotated and retired, credentials revoked) so that each call is audited like a
+// route of rpcRoutes. kontrol.register (agents, at every connect), getKey, query and getToken
+// change nothing kept and are not. The target comes from the params' ids only; a result (a new
+// kite key) is never looked at.
+func (s *Server) auditKontrol(method string, h kite.Handler) kite.Handler {
+	if !auditedKontrolMethod(method) {
+		return h
+	}
+	return kite.HandlerFunc(func(ctx context.Context, r *kite.Request) (any, error) {
+		res, err := h.ServeKite(ctx, r)
+		var p struct {
+			Username string `json:"username"`
+			KiteID   string `json:"kiteId"`
+			KID      string `json:"kid"`
+			JTI      string `json:"jti"`
+		}
+		_ = json.Unmarshal(r.Params, &p) // positional or malformed params: no target
+		e := store.AuditEntry{Action: method, User: r.Username(), Remote: remoteHost(r.Conn.Remote()), Result: store.AuditOK}
+		switch {
+		case p.KiteID != "":
+			e.Target = "kite/" + p.KiteID
+		case p.Username != "":
+			e.Target = "user/" + p.Username
+		case p.KID != "":
+			e.Target = "key/" + p.KID
+		case p.JTI != "":
+			e.Target = "token/" + p.JTI
+		}
+		werr := wireError(err)
+		if werr != nil {
+			e.Result, e.Code = store.AuditError, kite.ToWire(werr).Code
+		}
+		s.audit(ctx, e, werr)
+		return res, err
+	})
+}
+
+// auditedKontrolMethod decides kontrol's methods as auditDecisions decides kloud's
+// (TestEveryRouteIsAuditDecided checks every one of api.KontrolMethods is decided).
+func auditedKontrolMethod(method string) bool {
+	audited, known := auditKontrolDecisions()[method]
+	return !known || audited
+}
+
+// auditKontrolDecisions maps each kontrol method to whether it is audited.
+func auditKontrolDecisions() map[string]bool {
+	return map[string]bool{
+		api.MethodKontrolRegister: false, api.MethodKontrolQuery: false, api.MethodKontrolGetToken: false,
+		api.MethodKontrolGetKey: false, api.MethodKontrolCreateKey: true, api.MethodKontrolRotateKey: true,
+		api.MethodKontrolRetireKey: true, api.MethodKontrolRevoke: true,
+	}
 }

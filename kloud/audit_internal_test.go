@@ -22,6 +22,15 @@ func TestEveryRouteIsAuditDecided(t *testing.T) {
 			t.Errorf("%s: in auditDecisions but not a kloud method", m)
 		}
 	}
+	dk := auditKontrolDecisions()
+	for _, m := range api.KontrolMethods() {
+		if _, ok := dk[m]; !ok {
+			t.Errorf("%s: not decided in auditKontrolDecisions (audit.go)", m)
+		}
+	}
+	if len(dk) != len(api.KontrolMethods()) {
+		t.Errorf("auditKontrolDecisions has %d methods, api.KontrolMethods %d", len(dk), len(api.KontrolMethods()))
+	}
 	// The obvious ones, both ways.
 	for _, m := range []string{api.MethodStackApply, api.MethodCredentialAdd, api.MethodUserSetPassword, api.MethodQuotaSet, api.MethodMachineStop} {
 		if !auditedMethod(m) {

@@ -104,6 +104,15 @@ func TestAuditRecordsCalls(t *testing.T) {
 		t.Fatalf("unknown user: %d", code)
 	}
 
+	// A kite key made through kontrol (audited, the key itself never recorded), and a
+	// revocation.
+	var made struct{ Key, KiteID string }
+	w.must(kloud.Admin, "kontrol.createKey", map[string]any{"username": "alice"}, &made)
+	if made.Key == "" || made.KiteID == "" {
+		t.Fatalf("kontrol.createKey: %+v", made)
+	}
+	w.must(kloud.Admin, "kontrol.revoke", map[string]any{"jti": made.KiteID, "reason": "audit test"}, nil)
+
 	before := auditEntries(t, admin)
 	// Read-only calls add nothing.
 	for _, c := range []struct {
@@ -120,6 +129,7 @@ func TestAuditRecordsCalls(t *testing.T) {
 		{"alice", "kloud.version", nil},
 		{kloud.Admin, "audit.verify", nil},
 		{kloud.Admin, "user.list", nil},
+		{kloud.Admin, "kontrol.getKey", nil},
 	} {
 		w.must(c.user, c.method, c.params, nil)
 	}
@@ -152,6 +162,8 @@ func TestAuditRecordsCalls(t *testing.T) {
 	check("team.addMember", "alice", "team/red", "ok", 0)
 	check("credential.add", "alice", "credential/"+credID, "ok", 0)
 	check("credential.remove", "bob", "credential/"+credID, "error", kite.CodePermission)
+	check("kontrol.createKey", kloud.Admin, "user/alice", "ok", 0) // the key's user (no kiteId asked for)
+	check("kontrol.revoke", kloud.Admin, "token/"+made.KiteID, "ok", 0)
 	check("web.login", "dave", "", "error", 401) // the last one: the wrong password
 	check("web.login", "", "", "error", 401)     // an unknown name is not recorded
 	var logins []string
@@ -201,7 +213,7 @@ func TestAuditRecordsCalls(t *testing.T) {
 	if !strings.Contains(text, "credential.add") {
 		t.Fatal("the store dump has no audit entries: the scan below would prove nothing")
 	}
-	for _, secret := range []string{testSecretKey, testToken, davePassword, typedAsName} {
+	for _, secret := range []string{testSecretKey, testToken, davePassword, typedAsName, made.Key} {
 		if strings.Contains(text, secret) {
 			for _, line := range strings.Split(text, "\n") {
 				if strings.Contains(line, secret) {

@@ -217,6 +217,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		Kite: s.Kite, Keyring: s.keyring, Revocations: revs, URL: opts.PublicURL + "/kite", Issuer: Issuer,
 		IsAdmin: isAdmin, Presence: s.presence, Logger: opts.Logger,
 		Authorize: s.authorizeKite,
+		Wrap:      s.auditKontrol, // audit.go
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
