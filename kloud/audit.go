@@ -34,14 +34,16 @@ const auditTimeout = 5 * time.Second
 
 // Actions recorded besides RPC methods.
 const (
-	auditWebLogin      = "web.login"
-	auditWebLogout     = "web.logout"
-	auditTerminalOpen  = "terminal.open"
-	auditTerminalClose = "terminal.close"
-	auditForwardOpen   = "portforward.open"
-	auditForwardClose  = "portforward.close"
-	auditAppOpen       = "app.open"
-	auditPrune         = "audit.prune"
+	auditWebLogin       = "web.login"
+	auditWebLogout      = "web.logout"
+	auditTerminalOpen   = "terminal.open"
+	auditTerminalClose  = "terminal.close"
+	auditTerminalKill   = "terminal.kill"
+	auditTerminalRename = "terminal.rename"
+	auditForwardOpen    = "portforward.open"
+	auditForwardClose   = "portforward.close"
+	auditAppOpen        = "app.open"
+	auditPrune          = "audit.prune"
 )
 
 // audit appends e (Time, Seq and hashes are the store's). A failure is logged, never returned:

@@ -338,8 +338,9 @@ func TestAuditConcurrentCalls(t *testing.T) {
 }
 
 // TestAuditConnections: a web terminal and a port-forward tunnel each leave an open entry and,
-// when they end, a close entry with their duration and the bytes relayed; a terminal refused to
-// a user is recorded as an error with its status; opening a web app is recorded.
+// when they end, a close entry with their duration and the bytes relayed; killing a terminal
+// session is recorded; a terminal refused to a user is recorded as an error with its status;
+// opening a web app is recorded.
 func TestAuditConnections(t *testing.T) {
 	e := newTermEnv(t)
 	admin := api.NewClient(e.Dial(kloud.Admin))
@@ -364,6 +365,16 @@ func TestAuditConnections(t *testing.T) {
 	open, end := findEntry(t, es, "terminal.open", "alice"), findEntry(t, es, "terminal.close", "alice")
 	if open.Target != target || open.Result != "ok" || end.Target != target || end.Bytes < int64(len("audited-42")) || end.Seq <= open.Seq {
 		t.Fatalf("terminal entries: %+v %+v", open, end)
+	}
+
+	// Killing the session (it outlives its tab) is recorded too.
+	req, _ := http.NewRequest("DELETE", e.URL+"/api/machines/"+e.machine.ID+"/sessions/audit", nil)
+	req.Header.Set("Cookie", kloud.SessionCookie+"="+cookie)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("kill: %v %s", err, status(resp))
+	}
+	if k := findEntry(t, auditEntries(t, admin), "terminal.kill", "alice"); k.Target != target || k.Result != "ok" {
+		t.Fatalf("terminal.kill: %+v", k)
 	}
 
 	kloudtest.Call(t, e.Dial(kloud.Admin), "user.add", map[string]string{"username": "carol", "password": "carol-password", "team": kloud.DefaultTeam}, nil)
@@ -391,7 +402,7 @@ func TestAuditConnections(t *testing.T) {
 	}
 
 	b := newBrowser(t, e.URL)
-	req, _ := http.NewRequest("GET", fmt.Sprintf("%s/api/machines/%s/ports/%d/open", e.URL, e.machine.ID, app.port), nil)
+	req, _ = http.NewRequest("GET", fmt.Sprintf("%s/api/machines/%s/ports/%d/open", e.URL, e.machine.ID, app.port), nil)
 	req.Header.Set("Cookie", kloud.SessionCookie+"="+cookie)
 	b.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	resp, err := b.Do(req)

@@ -548,16 +548,18 @@ func (h *termHub) serveSessions(w http.ResponseWriter, r *http.Request) {
 
 func (h *termHub) serveKill(w http.ResponseWriter, r *http.Request) {
 	c, m, _, err := h.s.termTarget(r)
+	if err == nil {
+		sess := r.PathValue("session")
+		if err = h.agentCall(r.Context(), c, m, klientapi.MethodWebtermKill, func(tok string) any { return klientapi.SessionParams{Session: sess, Token: tok} }, nil); err == nil {
+			writeJSON(w, http.StatusOK, map[string]string{"session": sess})
+		}
+	}
+	if c != nil { // audit.go
+		h.s.auditHTTP(r, auditTerminalKill, c.Username, "machine/"+r.PathValue("id"), auditStatusOf(err))
+	}
 	if err != nil {
 		h.s.writeErr(w, err)
-		return
 	}
-	sess := r.PathValue("session")
-	if err := h.agentCall(r.Context(), c, m, klientapi.MethodWebtermKill, func(tok string) any { return klientapi.SessionParams{Session: sess, Token: tok} }, nil); err != nil {
-		h.s.writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"session": sess})
 }
 
 func (h *termHub) serveRename(w http.ResponseWriter, r *http.Request) {
@@ -581,9 +583,11 @@ func (h *termHub) serveRename(w http.ResponseWriter, r *http.Request) {
 	}
 	sess := r.PathValue("session")
 	var info klientapi.SessionInfo
-	if err := h.agentCall(r.Context(), c, m, klientapi.MethodWebtermRename, func(tok string) any {
+	err = h.agentCall(r.Context(), c, m, klientapi.MethodWebtermRename, func(tok string) any {
 		return klientapi.RenameParams{Session: sess, Name: body.Name, Token: tok}
-	}, &info); err != nil {
+	}, &info)
+	h.s.auditHTTP(r, auditTerminalRename, c.Username, "machine/"+m.ID, auditStatusOf(err)) // audit.go
+	if err != nil {
 		h.s.writeErr(w, err)
 		return
 	}
