@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -52,6 +54,7 @@ const (
 // store-unavailable error (it is then most likely logged as not recorded).
 func (s *Server) audit(ctx context.Context, e store.AuditEntry, callErr error) {
 	e.Time = s.store.Now()
+	e.User, e.Remote, e.Target = auditText(e.User), auditText(e.Remote), auditText(e.Target)
 	do := func() {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
 		defer cancel()
@@ -334,4 +337,32 @@ func auditKontrolDecisions() map[string]bool {
 		api.MethodKontrolGetKey: false, api.MethodKontrolCreateKey: true, api.MethodKontrolRotateKey: true,
 		api.MethodKontrolRetireKey: true, api.MethodKontrolRevoke: true,
 	}
+}
+
+// auditMaxText bounds a text field of an entry (ids are far shorter).
+const auditMaxText = 200
+
+// auditText makes a caller-chosen text safe to show in a table or a log line: control and
+// other unprintable characters are escaped as Go does (\n, \x00, \u2028), so an id with a
+// newline cannot forge a line of `kloud audit`, and it is cut at auditMaxText bytes.
+func auditText(s string) string {
+	clean := true
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if !clean {
+		q := strconv.Quote(s)
+		s = q[1 : len(q)-1]
+	}
+	if len(s) > auditMaxText {
+		cut := auditMaxText
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
 }

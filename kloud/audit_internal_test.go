@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -91,6 +92,20 @@ func TestAuditTarget(t *testing.T) {
 	} {
 		if got := auditTarget(c.method, c.v); got != c.want {
 			t.Errorf("%s %+v: %q, want %q", c.method, c.v, got, c.want)
+		}
+	}
+}
+
+// TestAuditText: a target with a newline cannot forge a line of the table; a long one is cut.
+func TestAuditText(t *testing.T) {
+	for in, want := range map[string]string{
+		"stack/abc":                 "stack/abc",
+		"stack/a\n9 admin user.add": `stack/a\n9 admin user.add`,
+		"stack/\x00\u2028é":         `stack/\x00\u2028é`,
+		strings.Repeat("é", 150):    strings.Repeat("é", 100) + "…",
+	} {
+		if got := auditText(in); got != want {
+			t.Errorf("auditText(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -94,6 +94,9 @@ func TestAuditRecordsCalls(t *testing.T) {
 	// bob, a member of red, may not remove alice's credential.
 	wantErr(t, w.call("bob", "credential.remove", map[string]any{"credentialId": credID}, nil), kite.ErrPermission, "bob removes alice's credential")
 
+	// A hostile id cannot forge a line of the table: it is recorded escaped.
+	forged := "nope\n99   2026-01-01 00:00:00  admin  127.0.0.1  user.add  user/mallory  ok"
+	wantErr(t, w.call("alice", "stack.apply", map[string]any{"stackId": forged}, nil), kite.ErrNotFound, "stack.apply of a forged id")
 	if code, _ := login(t, w.e.URL, "dave", davePassword, ""); code != 200 {
 		t.Fatalf("login: %d", code)
 	}
@@ -162,6 +165,7 @@ func TestAuditRecordsCalls(t *testing.T) {
 	check("team.addMember", "alice", "team/red", "ok", 0)
 	check("credential.add", "alice", "credential/"+credID, "ok", 0)
 	check("credential.remove", "bob", "credential/"+credID, "error", kite.CodePermission)
+	check("stack.apply", "alice", `stack/nope\n99   2026-01-01 00:00:00  admin  127.0.0.1  user.add  user/mallory  ok`, "error", kite.CodeNotFound)
 	check("kontrol.createKey", kloud.Admin, "user/alice", "ok", 0) // the key's user (no kiteId asked for)
 	check("kontrol.revoke", kloud.Admin, "token/"+made.KiteID, "ok", 0)
 	check("web.login", "dave", "", "error", 401) // the last one: the wrong password
