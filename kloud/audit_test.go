@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
 )
 
 // auditEntries returns the whole audit log, oldest first (as the kloud admin).
@@ -418,6 +420,58 @@ func TestAuditConnections(t *testing.T) {
 		t.Fatalf("app.open: %+v", a)
 	}
 	if v, err := admin.AuditVerify(t.Context()); err != nil || !v.OK {
+		t.Fatalf("verify: %+v %v", v, err)
+	}
+}
+
+// TestAuditFailureKeepsTheCall: when the audit entry cannot be written, the call's own answer
+// is unchanged and kloud logs the entry it could not record: a call that succeeded still
+// succeeds (the audit head record made unreadable in the store), a call that failed because
+// the store is down still fails with the store-unavailable code, not with an audit error.
+func TestAuditFailureKeepsTheCall(t *testing.T) {
+	db := storetest.NewServer(t)
+	lb := &logBuf{t: t}
+	e := kloudtest.Start(t, kloudtest.Options{MongoURL: db.URL, Logger: slog.New(slog.NewTextHandler(lb, nil))})
+	admin := e.Client(kloud.Admin)
+	ctx := t.Context()
+	if _, err := admin.TeamCreate(ctx, api.TeamCreateParams{Slug: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	meta := e.Server.Store().Collection(store.CollMeta)
+	if _, err := meta.UpdateOne(ctx, bson.M{"_id": "auditHead"}, bson.M{"$set": bson.M{"seq": "not a number"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.TeamCreate(ctx, api.TeamCreateParams{Slug: "unaudited"}); err != nil {
+		t.Fatalf("team.create with the audit log broken: %v", err)
+	}
+	if n := lb.count(`msg="audit: entry not recorded" action=team.create user=admin`); n != 1 {
+		t.Fatalf("%d log lines for the entry not recorded, want 1", n)
+	}
+	if _, err := meta.UpdateOne(ctx, bson.M{"_id": "auditHead"}, bson.M{"$set": bson.M{"seq": int64(1)}}); err != nil {
+		t.Fatal(err)
+	}
+
+	db.Stop()
+	_, err := admin.TeamCreate(ctx, api.TeamCreateParams{Slug: "during"})
+	if !errors.Is(err, kite.ErrStoreUnavailable) {
+		t.Fatalf("team.create with the store down: %v, want %d", err, kite.CodeStoreUnavailable)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool { return lb.count(`msg="audit: entry not recorded" action=team.create`) == 2 },
+		"no log line for the entry of the call made while the store was down")
+	db.Start()
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, err := admin.TeamCreate(ctx, api.TeamCreateParams{Slug: "after"})
+		return err == nil
+	}, "team.create after the store came back")
+	es := auditEntries(t, admin)
+	var got []string
+	for _, e := range es {
+		got = append(got, e.Target)
+	}
+	if strings.Join(got, " ") != "team/before team/after" {
+		t.Fatalf("entries: %v, want team/before team/after", got)
+	}
+	if v, err := admin.AuditVerify(ctx); err != nil || !v.OK {
 		t.Fatalf("verify: %+v %v", v, err)
 	}
 }
