@@ -113,7 +113,8 @@ func runBrowserScript(t *testing.T, e *env, node, script, out, file string, need
 // creates and builds a stack watching the progress bar and log, sees the machine Running with
 // its agent connected and every page render, each showing titles and values rather than ids,
 // JSON and raw errors (the docker provider, offered with no daemon behind it, is unavailable in
-// one line); then kloud is killed and restarted under the open page, which shows
+// one line); an administrator reads alice's logins and build on the Audit page and verifies
+// the log's chain (alice has no Audit page); then kloud is killed and restarted under the open page, which shows
 // "reconnecting" and carries on. Screenshots are kept in
 // $KLOUD_ARTIFACTS/TestBrowser (default e2e/artifacts/TestBrowser).
 func TestBrowser(t *testing.T) {
@@ -122,7 +123,14 @@ func TestBrowser(t *testing.T) {
 	// page says so in a line.
 	e := newEnv(t, "--docker-host", "unix://"+filepath.Join(t.TempDir(), "no-docker.sock"))
 	password := browserUsers(t, e)
-	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_RESTART=1", "KLOUD_TERMINAL=0", "KLOUD_UNAVAILABLE=docker")
+	// A kloud administrator with a password reads the audit log in the UI (ui.mjs auditSteps).
+	pw := filepath.Join(t.TempDir(), "admin-password")
+	if err := os.WriteFile(pw, []byte(password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.run("user", "add", "carol", "--admin", "--password-file", pw)
+	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_RESTART=1", "KLOUD_TERMINAL=0", "KLOUD_UNAVAILABLE=docker",
+		"KLOUD_AUDIT_USER=carol", "KLOUD_AUDIT_PASSWORD="+password)
 	if _, err := os.Stat(filepath.Join(out, "machines.png")); err != nil {
 		t.Fatalf("no screenshot: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -22,6 +23,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/tunnel"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/kloud/store"
 )
 
 // Port forwarding through kloud (docs/protocol.md "Port forwarding"). A TCP port of a machine
@@ -281,6 +283,9 @@ func (h *appsHub) serveOpen(w http.ResponseWriter, r *http.Request) {
 		path = "/"
 	}
 	c, m, err := s.portTarget(r)
+	if c != nil {
+		s.auditHTTP(r, auditAppOpen, c.Username, auditPortTarget(r, port), auditStatusOf(err))
+	}
 	if err != nil {
 		var he *httpError
 		if errors.As(err, &he) && he.code == http.StatusUnauthorized {
@@ -357,7 +362,8 @@ func mayForward(c *Caller, m *Machine) error {
 	return fmt.Errorf("machine %s is not shared with %s: only its owner and users it is shared with (terminal or full) reach its ports: %w", m.Label, c.Username, kite.ErrPermission)
 }
 
-// portTarget authenticates an HTTP request for a port of the machine it names.
+// portTarget authenticates an HTTP request for a port of the machine it names. On an error
+// after the caller is known, it returns the caller too (for the audit log).
 func (s *Server) portTarget(r *http.Request) (*Caller, *Machine, error) {
 	c, err := s.httpCaller(r)
 	if err != nil {
@@ -366,12 +372,12 @@ func (s *Server) portTarget(r *http.Request) (*Caller, *Machine, error) {
 	m, err := s.loadMachine(r.Context(), c, r.PathValue("id"))
 	if err != nil {
 		if errors.Is(err, kite.ErrNotFound) {
-			return nil, nil, &httpError{http.StatusNotFound, err.Error()}
+			return c, nil, &httpError{http.StatusNotFound, err.Error()}
 		}
-		return nil, nil, err
+		return c, nil, err
 	}
 	if err := mayForward(c, m); err != nil {
-		return nil, nil, &httpError{http.StatusForbidden, err.Error()}
+		return c, nil, &httpError{http.StatusForbidden, err.Error()}
 	}
 	return c, m, nil
 }
@@ -433,16 +439,26 @@ func (s *Server) serveTCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, m, err := s.portTarget(r)
+	target := auditPortTarget(r, port)
+	// The audit log records every attempt of a known user (audit.go), and each tunnel's end.
+	refused := func(err error) {
+		if c != nil {
+			s.auditHTTP(r, auditForwardOpen, c.Username, target, auditStatus(err))
+		}
+	}
 	if err != nil {
+		refused(err)
 		s.writeErr(w, err)
 		return
 	}
 	if !sameOrigin(r) {
+		refused(&httpError{http.StatusForbidden, "cross-origin"})
 		writeError(w, http.StatusForbidden, "cross-origin port-forward requests are refused")
 		return
 	}
 	far, err := s.openPort(r.Context(), c, m, port)
 	if err != nil {
+		refused(err)
 		s.writeErr(w, err)
 		return
 	}
@@ -451,11 +467,15 @@ func (s *Server) serveTCP(w http.ResponseWriter, r *http.Request) {
 		far.CloseWith(tunnel.CloseNormal, "the client went away")
 		return
 	}
-	near := tunnel.New(ws, "client")
+	near := &countingConn{Conn: tunnel.New(ws, "client")}
 	log := s.log.With("machine", m.ID, "user", c.Username, "port", port)
 	log.Info("port forward opened")
+	s.auditHTTP(r, auditForwardOpen, c.Username, target, http.StatusOK)
+	opened := time.Now()
 	err = tunnel.Pipe(near, far)
 	log.Info("port forward closed", "err", err)
+	s.audit(r.Context(), store.AuditEntry{Action: auditForwardClose, User: c.Username, Remote: clientIP(r), Target: target,
+		Result: store.AuditOK, Duration: time.Since(opened).Milliseconds(), Bytes: near.n.Load()}, nil)
 }
 
 // stripCookie removes the cookie name from a request's Cookie headers.
@@ -490,4 +510,23 @@ func appPage(w http.ResponseWriter, code int, title string, err error) {
 		msg = err.Error()
 	}
 	fmt.Fprintf(w, "<!doctype html><title>%s</title><h1>%s</h1><p>%s</p>\n", html.EscapeString(title), html.EscapeString(title), html.EscapeString(msg))
+}
+
+// countingConn counts the bytes read and written through a tunnel (for the audit log). It keeps
+// the tunnel's half-close (CloseWrite).
+type countingConn struct {
+	*tunnel.Conn
+	n atomic.Int64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }

@@ -26,7 +26,8 @@ import (
 //   - presence records of kites not seen for Retention.Kites: each pass first refreshes the
 //     records this replica holds (store.Kites.TouchReplica), so only the records of a replica
 //     that died (or of this process before a restart) grow old;
-//   - leases that expired an hour ago (takeable anyway; this only keeps the collection small).
+//   - leases that expired an hour ago (takeable anyway; this only keeps the collection small);
+//   - audit log entries Retention.Audit old (audit.go), the chain's checkpoint raised first.
 
 // revocationMargin: a revocation is kept this long after its token expired, and a lease this
 // long after it expired.
@@ -42,6 +43,10 @@ type Retention struct {
 	// Default DefaultRetentionKites (24h); at least twice Interval (raised if less), since
 	// every replica refreshes its records once per pass.
 	Kites time.Duration
+	// Audit is how long an audit log entry is kept (audit.go). Default DefaultRetentionAudit
+	// (365 days). Pruning keeps the chain verifiable: it records the seq and hash the kept
+	// entries start after (store.Audit.Prune), and never removes the newest entry.
+	Audit time.Duration
 	// Interval is how often kloud prunes. Default DefaultRetentionInterval (1h).
 	Interval time.Duration
 	// Batch is how many records one delete removes. Default store.DefaultPruneBatch.
@@ -54,6 +59,9 @@ func (r *Retention) defaults() {
 	}
 	if r.Kites <= 0 {
 		r.Kites = DefaultRetentionKites
+	}
+	if r.Audit <= 0 {
+		r.Audit = DefaultRetentionAudit
 	}
 	if r.Interval <= 0 {
 		r.Interval = DefaultRetentionInterval
@@ -68,7 +76,7 @@ func (r *Retention) defaults() {
 
 // Pruned counts what one retention pass deleted.
 type Pruned struct {
-	Jobs, Revocations, Kites, Leases int64
+	Jobs, Revocations, Kites, Leases, Audit int64
 }
 
 // jobTargets maps a job target's kind to the collection of the thing it changes, for
@@ -108,6 +116,8 @@ func (s *Server) prune(ctx context.Context) (Pruned, error) {
 	errs = append(errs, err)
 	p.Leases, err = s.store.PruneLeases(ctx, now.Add(-revocationMargin), o)
 	errs = append(errs, err)
+	p.Audit, err = s.pruneAudit(ctx, now, o) // audit.go
+	errs = append(errs, err)
 	return p, errors.Join(errs...)
 }
 
@@ -130,9 +140,9 @@ func (s *Server) retain(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			s.log.Error("retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases)
+			s.log.Error("retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit)
 		} else if p != (Pruned{}) {
-			s.log.Info("retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "took", time.Since(start))
+			s.log.Info("retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "took", time.Since(start))
 		}
 		select {
 		case <-ctx.Done():

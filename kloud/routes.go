@@ -51,26 +51,79 @@ type Route struct {
 // rpc makes a Route: params are bound strictly into P (and validated), the caller is resolved
 // (agents refused), the Who is checked, then fn runs.
 func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (any, error), opts ...kite.MethodOption) Route {
+	audited := auditedMethod(method)
 	h := kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
 		c, err := s.caller(ctx, r)
-		if err != nil {
-			return nil, wireError(err)
+		var res any
+		switch {
+		case err != nil:
+		case who == AdminOnly && !c.Admin:
+			err = fmt.Errorf("%s is for kloud administrators: %w", method, kite.ErrPermission)
+		default:
+			res, err = fn(ctx, c, r, p)
 		}
-		if who == AdminOnly && !c.Admin {
-			return nil, fmt.Errorf("%s is for kloud administrators: %w", method, kite.ErrPermission)
+		err = wireError(err) // store errors get their kite codes here, once (errors.go)
+		if audited {
+			s.auditRPC(ctx, r, c, p, res, err)
 		}
-		res, err := fn(ctx, c, r, p)
-		return res, wireError(err) // store errors get their kite codes here, once (errors.go)
+		return res, err
 	})
 	return Route{Method: method, Who: who, Params: reflect.TypeFor[P](), h: kitekey.AgentGate(h, false), opts: opts}
 }
 
+// auditedMethod says whether each call of method is recorded in the audit log (audit.go): the
+// methods that change something are; those that only read are not. Every route is decided here
+// (TestEveryRouteIsAuditDecided); a method missing from the list is audited.
+func auditedMethod(method string) bool {
+	readOnly, known := auditDecisions()[method]
+	return !known || !readOnly
+}
+
+// auditDecisions maps every method to whether it only reads (true: not audited).
+func auditDecisions() map[string]bool {
+	return map[string]bool{
+		api.MethodVersion: true,
+		// users.go
+		api.MethodUserAdd: false, api.MethodUserList: true, api.MethodUserWhoami: true, api.MethodUserSetPassword: false,
+		api.MethodTeamCreate: false, api.MethodTeamList: true, api.MethodTeamAddMember: false, api.MethodTeamRemoveMember: false,
+		// credentials.go; authenticate sends a credential to its provider
+		api.MethodProviderDescribe: true, api.MethodProviderList: true, api.MethodProviderKeyCreate: false,
+		api.MethodCredentialAdd: false, api.MethodCredentialList: true, api.MethodCredentialDescribe: true,
+		api.MethodCredentialRemove: false, api.MethodCredentialUpdate: false, api.MethodCredentialAuthenticate: false,
+		api.MethodCredentialBootstrap: false,
+		// templates.go
+		api.MethodTemplateCreate: false, api.MethodTemplateUpdate: false, api.MethodTemplateGet: true,
+		api.MethodTemplateList: true, api.MethodTemplateDelete: false, api.MethodTemplateTrust: false,
+		api.MethodTemplateUntrust: false,
+		// stacks.go: a plan runs the template's providers (terraform plan)
+		api.MethodStackPlan: false, api.MethodStackCreate: false, api.MethodStackApply: false,
+		api.MethodStackDescribe: true, api.MethodStackList: true, api.MethodStackReset: false,
+		api.MethodStackUpdate: false, api.MethodStackScale: false,
+		// machines.go, shares.go, ports.go, snapshots.go
+		api.MethodMachineList: true, api.MethodMachineInfo: true, api.MethodMachineStart: false,
+		api.MethodMachineStop: false, api.MethodMachineShare: false, api.MethodMachineUnshare: false,
+		api.MethodMachineShares: true, api.MethodMachinePortsList: true, api.MethodMachinePortsOpen: false,
+		api.MethodMachinePortsClose: false, api.MethodMachineSnapshot: false, api.MethodMachineSnapshots: true,
+		api.MethodMachineRestore: false, api.MethodSnapshotDelete: false,
+		// quota.go, jobs.go, gc.go (a dry run too), plugins.go
+		api.MethodQuotaSet: false, api.MethodQuotaShow: true,
+		api.MethodJobGet: true, api.MethodJobWatch: true, api.MethodJobList: true, api.MethodJobCancel: false,
+		api.MethodGCRun: false, api.MethodPluginRegister: false,
+		// audit.go
+		api.MethodAuditList: true, api.MethodAuditVerify: true,
+	}
+}
+
 // pluginRPC makes a Route for plugin keys only: kitekey.Gate lets plugin keys through (and
 // refuses agents), the handler refuses users.
-func pluginRPC[P any](method string, fn func(ctx context.Context, r *kite.Request, p *P) (any, error)) Route {
+func pluginRPC[P any](s *Server, method string, fn func(ctx context.Context, r *kite.Request, p *P) (any, error)) Route {
 	h := kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
 		res, err := fn(ctx, r, p)
-		return res, wireError(err)
+		err = wireError(err)
+		if auditedMethod(method) {
+			s.auditRPC(ctx, r, nil, p, res, err)
+		}
+		return res, err
 	})
 	return Route{Method: method, Who: PluginsOnly, Params: reflect.TypeFor[P](), h: kitekey.Gate(h, kitekey.KindPluginKey)}
 }
@@ -156,7 +209,11 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodGCRun, AdminOnly, s.gcRun, long),
 
 		// plugins.go: provider plugins register (plugin keys only)
-		pluginRPC(api.MethodPluginRegister, s.pluginRegister),
+		pluginRPC(s, api.MethodPluginRegister, s.pluginRegister),
+
+		// audit.go: the audit log (kloud admins; auditors once roles exist)
+		rpc(s, api.MethodAuditList, AdminOnly, s.auditList),
+		rpc(s, api.MethodAuditVerify, AdminOnly, s.auditVerify, kite.WithTimeout(5*time.Minute)),
 	}
 }
 

@@ -53,6 +53,8 @@ const (
 	DefaultRetentionJobs     = 30 * 24 * time.Hour
 	DefaultRetentionKites    = 24 * time.Hour
 	DefaultRetentionInterval = time.Hour
+	// DefaultRetentionAudit: audit log entries are kept a year (audit.go).
+	DefaultRetentionAudit = 365 * 24 * time.Hour
 	// DefaultAgentTimeout is how long a build or a machine start waits for a machine's agent
 	// to register, answer and finish provisioning before it names the step that failed.
 	DefaultAgentTimeout = 5 * time.Minute
@@ -226,6 +228,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		Kite: s.Kite, Keyring: s.keyring, Revocations: revs, URL: opts.PublicURL + "/kite", Issuer: Issuer,
 		IsAdmin: isAdmin, Presence: s.presence, Logger: opts.Logger,
 		Authorize: s.authorizeKite,
+		Wrap:      s.auditKontrol, // audit.go
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)

@@ -13,14 +13,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/kloud/store"
 )
 
 // Web terminals. The browser (and `kloud ssh`) reach a machine's terminal through kloud, never
@@ -116,7 +117,8 @@ func machineRole(c *Caller, m *Machine) string {
 }
 
 // termTarget authenticates the request and loads the machine it names, which the caller must
-// be able to use a terminal on.
+// be able to use a terminal on. On an error after the caller is known, it returns the caller
+// too (for the audit log).
 func (s *Server) termTarget(r *http.Request) (*Caller, *Machine, string, error) {
 	c, err := s.httpCaller(r)
 	if err != nil {
@@ -125,13 +127,13 @@ func (s *Server) termTarget(r *http.Request) (*Caller, *Machine, string, error) 
 	m, err := s.loadMachine(r.Context(), c, r.PathValue("id"))
 	if err != nil {
 		if errors.Is(err, kite.ErrNotFound) {
-			return nil, nil, "", &httpError{http.StatusNotFound, err.Error()}
+			return c, nil, "", &httpError{http.StatusNotFound, err.Error()}
 		}
-		return nil, nil, "", err
+		return c, nil, "", err
 	}
 	role := machineRole(c, m)
 	if role == "" {
-		return nil, nil, "", &httpError{http.StatusForbidden, fmt.Sprintf("machine %s is not shared with %s: only its owner and users it is shared with open terminals", m.Label, c.Username)}
+		return c, nil, "", &httpError{http.StatusForbidden, fmt.Sprintf("machine %s is not shared with %s: only its owner and users it is shared with open terminals", m.Label, c.Username)}
 	}
 	return c, m, role, nil
 }
@@ -143,6 +145,13 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 		writeError(w, he.code, he.msg)
 		return
 	}
+	code, err := errStatus(err)
+	writeError(w, code, err.Error())
+}
+
+// errStatus is the HTTP status of an error that is not an httpError, and the error with its
+// kite code (wireError).
+func errStatus(err error) (int, error) {
 	err = wireError(err)
 	code := http.StatusBadGateway
 	switch {
@@ -159,7 +168,7 @@ func (s *Server) writeErr(w http.ResponseWriter, err error) {
 	case errors.Is(err, kite.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		code = http.StatusGatewayTimeout
 	}
-	writeError(w, code, err.Error())
+	return code, err
 }
 
 // userToken mints the token klient checks: the user, for this machine's klient only.
@@ -222,16 +231,26 @@ func terminalRequest(r *http.Request, role string) (klientapi.ConnectParams, err
 func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 	s := h.s
 	c, m, role, err := s.termTarget(r)
+	target := "machine/" + r.PathValue("id")
+	// The audit log records every attempt of a known user (audit.go), and each session's end.
+	refused := func(err error) {
+		if c != nil {
+			s.auditHTTP(r, auditTerminalOpen, c.Username, target, auditStatus(err))
+		}
+	}
 	if err != nil {
+		refused(err)
 		s.writeErr(w, err)
 		return
 	}
 	p, err := terminalRequest(r, role)
 	if err != nil {
+		refused(err)
 		s.writeErr(w, err)
 		return
 	}
 	if !sameOrigin(r) {
+		refused(&httpError{http.StatusForbidden, "cross-origin"})
 		writeError(w, http.StatusForbidden, "cross-origin terminal requests are refused")
 		return
 	}
@@ -245,16 +264,20 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 
 	agent, err := s.agentConn(m)
 	if err != nil {
+		refused(err)
 		browser.Close(klientapi.CloseAgentGone, closeReason(err))
 		return
 	}
 	klient, res, err := h.connect(r.Context(), agent, c, m, p)
 	if err != nil {
+		refused(err)
 		log.Info("terminal refused", "err", err)
 		browser.Close(klientapi.CloseRefused, closeReason(err))
 		return
 	}
 	log.Info("terminal opened", "session", res.Session, "mode", res.Mode, "created", res.Created)
+	s.auditHTTP(r, auditTerminalOpen, c.Username, target, http.StatusOK)
+	opened := time.Now()
 	// One text frame tells the browser what it is attached to; the rest is binary output.
 	notice, _ := json.Marshal(res)
 	wctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -271,6 +294,8 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 	}
 	rl.run()
 	log.Info("terminal closed", "session", res.Session, "reason", rl.reason)
+	s.audit(r.Context(), store.AuditEntry{Action: auditTerminalClose, User: c.Username, Remote: clientIP(r), Target: target,
+		Result: store.AuditOK, Duration: time.Since(opened).Milliseconds(), Bytes: rl.bytes.Load()}, nil)
 }
 
 // connect asks the machine's klient for an attachment and returns klient's WebSocket for it.
@@ -347,6 +372,7 @@ type relay struct {
 	cancel          context.CancelFunc
 	once            sync.Once
 	reason          string
+	bytes           atomic.Int64 // relayed both ways (message payloads)
 }
 
 func (h *termHub) start(browser, klient *websocket.Conn) *relay {
@@ -376,7 +402,8 @@ func (rl *relay) run() {
 	done := make(chan struct{}, 2)
 	go func() {
 		defer func() { done <- struct{}{} }()
-		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, rl.h.s.metrics.termBytes.WithLabelValues("out"))
+		out := rl.h.s.metrics.termBytes.WithLabelValues("out")
+		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, func(n int) { rl.bytes.Add(int64(n)); out.Add(float64(n)) })
 		code, reason := websocket.CloseStatus(err), closeText(err)
 		if code == -1 || code == websocket.StatusAbnormalClosure {
 			code, reason = klientapi.CloseAgentGone, "lost the connection to the machine's agent"
@@ -386,7 +413,8 @@ func (rl *relay) run() {
 	}()
 	go func() {
 		defer func() { done <- struct{}{} }()
-		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, rl.h.s.metrics.termBytes.WithLabelValues("in"))
+		in := rl.h.s.metrics.termBytes.WithLabelValues("in")
+		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, func(n int) { rl.bytes.Add(int64(n)); in.Add(float64(n)) })
 		var code websocket.StatusCode = websocket.StatusNormalClosure
 		reason := "the browser went away"
 		if ce := websocket.CloseStatus(err); ce == klientapi.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
@@ -424,10 +452,10 @@ func (rl *relay) keepalive() {
 	}
 }
 
-// copyFrames copies messages from src to dst until src ends, with one frame's buffer, adding
-// what it relayed to bytes (metrics.go). fromBrowser frames must be binary with an opcode byte
-// (the rest klient checks).
-func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, bytes prometheus.Counter) error {
+// copyFrames copies messages from src to dst until src ends, with one frame's buffer, telling
+// relayed the size of each frame it relayed (the audit entry's bytes, metrics.go's counters).
+// fromBrowser frames must be binary with an opcode byte (the rest klient checks).
+func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, relayed func(n int)) error {
 	buf := make([]byte, klientapi.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
 	for {
 		typ, r, err := src.Reader(ctx)
@@ -444,7 +472,7 @@ func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool,
 		if err := dst.Write(ctx, typ, buf[:n]); err != nil {
 			return err
 		}
-		bytes.Add(float64(n))
+		relayed(n)
 	}
 }
 
@@ -530,16 +558,18 @@ func (h *termHub) serveSessions(w http.ResponseWriter, r *http.Request) {
 
 func (h *termHub) serveKill(w http.ResponseWriter, r *http.Request) {
 	c, m, _, err := h.s.termTarget(r)
+	if err == nil {
+		sess := r.PathValue("session")
+		if err = h.agentCall(r.Context(), c, m, klientapi.MethodWebtermKill, func(tok string) any { return klientapi.SessionParams{Session: sess, Token: tok} }, nil); err == nil {
+			writeJSON(w, http.StatusOK, map[string]string{"session": sess})
+		}
+	}
+	if c != nil { // audit.go
+		h.s.auditHTTP(r, auditTerminalKill, c.Username, "machine/"+r.PathValue("id"), auditStatusOf(err))
+	}
 	if err != nil {
 		h.s.writeErr(w, err)
-		return
 	}
-	sess := r.PathValue("session")
-	if err := h.agentCall(r.Context(), c, m, klientapi.MethodWebtermKill, func(tok string) any { return klientapi.SessionParams{Session: sess, Token: tok} }, nil); err != nil {
-		h.s.writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"session": sess})
 }
 
 func (h *termHub) serveRename(w http.ResponseWriter, r *http.Request) {
@@ -563,9 +593,11 @@ func (h *termHub) serveRename(w http.ResponseWriter, r *http.Request) {
 	}
 	sess := r.PathValue("session")
 	var info klientapi.SessionInfo
-	if err := h.agentCall(r.Context(), c, m, klientapi.MethodWebtermRename, func(tok string) any {
+	err = h.agentCall(r.Context(), c, m, klientapi.MethodWebtermRename, func(tok string) any {
 		return klientapi.RenameParams{Session: sess, Name: body.Name, Token: tok}
-	}, &info); err != nil {
+	}, &info)
+	h.s.auditHTTP(r, auditTerminalRename, c.Username, "machine/"+m.ID, auditStatusOf(err)) // audit.go
+	if err != nil {
 		h.s.writeErr(w, err)
 		return
 	}

@@ -110,6 +110,7 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 		if !ok {
 			l.fail(key)
 			s.log.Info("login failed", "user", req.Username, "ip", ip)
+			s.auditHTTP(r, auditWebLogin, s.auditLoginName(r.Context(), req.Username), "", http.StatusUnauthorized)
 			writeError(w, http.StatusUnauthorized, "wrong username or password")
 			return
 		}
@@ -132,6 +133,7 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 			HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.secureCookies(r),
 		})
 		s.log.Info("login", "user", u.Username, "ip", ip)
+		s.auditHTTP(r, auditWebLogin, u.Username, "", http.StatusOK)
 		writeJSON(w, http.StatusOK, LoginResponse{Session: sess, Username: u.Username, Admin: u.Admin, ExpiresAt: exp.UTC()})
 	}
 }
@@ -195,6 +197,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.log.Info("logout", "user", c.Subject)
+	s.auditHTTP(r, auditWebLogout, c.Subject, "", http.StatusOK)
 	writeJSON(w, http.StatusOK, map[string]bool{"loggedOut": true})
 }
 

@@ -53,6 +53,9 @@ type Options struct {
 	// Presence, if set, mirrors registrations into shared storage (ARCHITECTURE §9).
 	Presence Presence
 	Logger   *slog.Logger
+	// Wrap, if set, wraps each of kontrol's handlers as it is registered, with the method's
+	// name (kloud records the calls that change keys and revocations in its audit log).
+	Wrap func(method string, h kite.Handler) kite.Handler
 }
 
 // Revocations stores revoked credential ids (jti). It is a kitekey.Revoker.
@@ -140,7 +143,11 @@ func New(opts Options) (*Kontrol, error) {
 		k.opts.Authorize = k.ownerOrAdmin
 	}
 	for _, m := range k.methods() {
-		opts.Kite.Handle(m.Name, kitekey.AgentGate(m.h, m.Agent))
+		h := m.h
+		if opts.Wrap != nil {
+			h = opts.Wrap(m.Name, h)
+		}
+		opts.Kite.Handle(m.Name, kitekey.AgentGate(h, m.Agent))
 	}
 	return k, nil
 }

@@ -19,6 +19,7 @@
 // KLOUD_TERMINAL (1: terminal steps), KLOUD_RESTART (1: restart steps), KLOUD_CHROMIUM (default /usr/bin/chromium),
 // KLOUD_SHARE_USER and KLOUD_SHARE_PASSWORD (a second user: share steps, with the terminal),
 // KLOUD_PLUGIN (1: the provider is a plugin: providers page and schema form steps),
+// KLOUD_AUDIT_USER and KLOUD_AUDIT_PASSWORD (a kloud administrator: the Audit page steps),
 // KLOUD_PROVIDER (default dummy), KLOUD_CRED_FIELDS (JSON of field values, default
 // {"token":"abc123"}), KLOUD_TEMPLATE (template text), KLOUD_TAGS (the machine's attribute
 // with kloud's tags: tags, labels), KLOUD_PLAN_DEFAULT (an attribute the plan shows folded: a
@@ -300,6 +301,7 @@ async function main() {
   if (env.KLOUD_UNAVAILABLE) await unavailableSteps(env.KLOUD_UNAVAILABLE);
   if (withTerminal) await terminalSteps();
   if (withTerminal && shareUser) await shareSteps();
+  if (env.KLOUD_AUDIT_USER) await auditSteps();
   if (env.KLOUD_RESTART === '1') await restartSteps();
 }
 
@@ -574,6 +576,59 @@ async function shareSteps() {
   } finally {
     if (ctx2) await ctx2.close().catch(() => {});
     rmSync(profile2, { recursive: true, force: true });
+  }
+}
+
+// auditSteps (KLOUD_AUDIT_USER, a kloud administrator, and KLOUD_AUDIT_PASSWORD): alice's menu
+// has no Audit page; the administrator, in a second browser, opens it and finds alice's failed
+// and successful logins and her stack's build, filters by user, and verifies the chain.
+async function auditSteps() {
+  const admin = env.KLOUD_AUDIT_USER;
+  let ctx3;
+  const profile3 = mkdtempSync(join(tmpdir(), 'kloud-chromium-'));
+  try {
+    await step(`${user} (no administrator) has no Audit page in the menu`, async () => {
+      await page.goto(base + '/#/machines');
+      await page.waitForSelector('#header nav a[href="#/stacks"]');
+      if (await page.$('#header nav a[href="#/audit"]')) throw new Error(`${user} is offered the Audit page`);
+      return {};
+    });
+    await step(`${admin} reads the audit log and verifies its chain`, async () => {
+      ctx3 = await chromium.launchPersistentContext(profile3, {
+        executablePath: env.KLOUD_CHROMIUM || '/usr/bin/chromium', headless: true, viewport: { width: 1280, height: 800 },
+        args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      });
+      const p = ctx3.pages()[0] || await ctx3.newPage();
+      p.setDefaultTimeout(30000);
+      p.on('pageerror', (e) => pageErrors.push(`${admin}: ${e}`));
+      await p.goto(base + '/');
+      await p.fill('#login-username', admin);
+      await p.fill('#login-password', env.KLOUD_AUDIT_PASSWORD || '');
+      await p.click('#login-submit');
+      await p.waitForSelector('#conn.conn-open');
+      await p.click('#header nav a[href="#/audit"]');
+      await p.waitForSelector('main h1:has-text("Audit log")');
+      const rows = await p.$$eval('#audit-entries tr[data-seq]', (trs) => trs.map((tr) => ({ action: tr.dataset.action, text: tr.textContent })));
+      const has = (action, ...words) => rows.some((r) => r.action === action && words.every((w) => r.text.includes(w)));
+      const missing = [];
+      if (!has('web.login', user, 'ok')) missing.push(`${user}'s login`);
+      if (!has('web.login', user, 'error 401')) missing.push(`${user}'s failed login`);
+      if (!has('stack.apply', user, 'stack/')) missing.push(`${user}'s stack.apply`);
+      if (missing.length) throw new Error(`the audit page lacks ${missing.join(', ')}: ${rows.map((r) => r.text).join(' | ')}`);
+      await p.fill('#audit-filter input[name=user]', user);
+      await p.click('#audit-filter button[type=submit]');
+      await poll('only alice\'s entries', () => p.$$eval('#audit-entries tr[data-seq]', (trs, u) => trs.length > 0 && trs.every((tr) => tr.children[2].textContent === u), user), 30000);
+      await p.click('#audit-verify');
+      await p.waitForSelector('#audit-verdict.ok');
+      const verdict = (await p.textContent('#audit-verdict')).trim();
+      if (!verdict.startsWith('Chain ok')) throw new Error(`verify: ${verdict}`);
+      const shotPath = join(artifacts, 'audit.png');
+      await p.screenshot({ path: shotPath, fullPage: true });
+      return { entries: rows.length, verdict, screenshot: shotPath };
+    });
+  } finally {
+    if (ctx3) await ctx3.close().catch(() => {});
+    rmSync(profile3, { recursive: true, force: true });
   }
 }
 

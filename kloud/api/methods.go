@@ -95,6 +95,7 @@ const (
 // KloudMethods lists kloud's own methods, sorted.
 func KloudMethods() []string {
 	return []string{
+		MethodAuditList, MethodAuditVerify, // audit.go
 		MethodCredentialAdd, MethodCredentialAuthenticate, MethodCredentialBootstrap, MethodCredentialDescribe,
 		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
 		MethodGCRun, // gc.go

@@ -68,6 +68,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		portForwardCmd(g), // portforward.go
 		gcCmd(g),          // gc.go
 		quotaCmd(g),       // quota.go
+		auditCmd(g),       // audit.go
 	)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {

@@ -111,6 +111,8 @@ with kloud's privileges (logged at every start).`,
 	fl.DurationVar(&f.o.ReconcileInterval, "reconcile-interval", kloud.DefaultReconcileInterval, "how often stacks and machines left in a transition by a job that is over are moved to Failed/Unknown")
 	fl.DurationVar(&f.o.Retention.Jobs, "retention-jobs", kloud.DefaultRetentionJobs, "delete finished jobs (their logs and progress) this long after they finished; the newest job of a stack, machine or credential that exists stays")
 	fl.DurationVar(&f.o.Retention.Kites, "retention-kites", kloud.DefaultRetentionKites, "delete presence records of kites whose kloud stopped refreshing them for this long (at least twice --retention-interval)")
+	f.o.Retention.Audit = kloud.DefaultRetentionAudit
+	fl.Var(daysFlag{&f.o.Retention.Audit}, "audit-retention", "delete audit log entries this old: 365d, 720h (the newest stays; kloud audit verify checks the kept chain)")
 	fl.DurationVar(&f.o.Retention.Interval, "retention-interval", kloud.DefaultRetentionInterval, "how often kloud prunes finished jobs, expired revocations and stale kite records from its store")
 	fl.Var(snapshotQuotaFlag{&f.o.SnapshotQuota}, "snapshot-quota", snapshotQuotaUsage) // snapshot.go
 	gcServeFlags(fl, &f.o.GC)                                                           // gc.go

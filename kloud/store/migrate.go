@@ -157,6 +157,8 @@ var indexes = []index{
 	{CollSessions, bson.D{{Key: "expiresAt", Value: 1}}, false},
 	{CollSnapshots, bson.D{{Key: "owner", Value: 1}}, false},
 	{CollSnapshots, bson.D{{Key: "machineId", Value: 1}}, false},
+	{CollAudit, bson.D{{Key: "time", Value: 1}}, false},
+	{CollAudit, bson.D{{Key: "user", Value: 1}, {Key: "_id", Value: -1}}, false},
 }
 
 func (s *Store) ensureIndexes(ctx context.Context) error {
@@ -181,7 +183,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 		exists[n] = true
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
-		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas} {
+		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollAudit} {
 		if exists[c] {
 			continue
 		}

@@ -33,6 +33,7 @@ const (
 	CollMeta        = "meta"
 	CollSnapshots   = "snapshots" // snapshots.go
 	CollQuotas      = "quotas"    // quotas.go
+	CollAudit       = "audit"     // audit.go
 )
 
 // Options configure [Open]. Zero fields take the documented defaults.

@@ -17,6 +17,7 @@ import * as templatesPage from './pages/templates.js';
 import * as stacksPage from './pages/stacks.js';
 import * as machinesPage from './pages/machines.js';
 import * as providersPage from './pages/providers.js';
+import * as auditPage from './pages/audit.js';
 
 const routes = [
   ['/machines', machinesPage.list],
@@ -31,6 +32,7 @@ const routes = [
   ['/credentials', credentialsPage.list],
   ['/teams', teamsPage.list],
   ['/providers', providersPage.list],
+  ['/audit', auditPage.list],
 ];
 
 const nav = [
@@ -40,6 +42,11 @@ const nav = [
   ['#/credentials', 'Credentials'],
   ['#/teams', 'Teams'],
   ['#/providers', 'Providers'],
+];
+
+// adminNav: pages for kloud administrators only.
+const adminNav = [
+  ['#/audit', 'Audit'],
 ];
 
 function match(path) {
@@ -133,7 +140,7 @@ class App {
     const user = this.session && getSession();
     clear(this.header,
       h('a', { class: 'brand', href: '#/machines' }, 'Kloud'),
-      user ? h('nav', {}, nav.map(([href, text]) => h('a', { href, class: location.hash.startsWith(href) ? 'active' : '' }, text)),
+      user ? h('nav', {}, [...nav, ...(this.me && this.me.admin ? adminNav : [])].map(([href, text]) => h('a', { href, class: location.hash.startsWith(href) ? 'active' : '' }, text)),
         h('a', { href: this.terminals.active ? `#/terminal/${encodeURIComponent(this.terminals.active.machineId)}` : '#/terminal', class: location.hash.startsWith('#/terminal') ? 'active' : '' },
           'Terminals', ts.open ? h('span', { class: `count ${ts.down ? 'count-warn' : ''}` }, String(ts.open)) : null)) : null,
       h('span', { class: 'spacer' }),

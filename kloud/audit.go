@@ -1,0 +1,368 @@
+package kloud
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/store"
+)
+
+// The audit log (docs/operations.md "Audit log"): every call of a method that changes something
+// (auditedMethod, next to rpc in routes.go), every web login, and every terminal, port-forward
+// and web-app connection is appended to the store's hash-chained log (kloud/store/audit.go):
+// who (the caller), from where (the connection's address), what (the method or action), which
+// thing (the target its params or its result name), how it ended (ok or error, with the code)
+// and when. Never a secret: no params, no bodies, no error messages are recorded, only the ids
+// the params name.
+//
+// An entry is appended after the call, before its answer goes out. When the append fails (the
+// store is down), the call's own result and error are answered unchanged and kloud logs the
+// entry it could not record ("audit: entry not recorded", with its fields) at error level.
+
+// auditTimeout bounds one append.
+const auditTimeout = 5 * time.Second
+
+// Actions recorded besides RPC methods.
+const (
+	auditWebLogin       = "web.login"
+	auditWebLogout      = "web.logout"
+	auditTerminalOpen   = "terminal.open"
+	auditTerminalClose  = "terminal.close"
+	auditTerminalKill   = "terminal.kill"
+	auditTerminalRename = "terminal.rename"
+	auditForwardOpen    = "portforward.open"
+	auditForwardClose   = "portforward.close"
+	auditAppOpen        = "app.open"
+	auditPrune          = "audit.prune"
+)
+
+// audit appends e (Time, Seq and hashes are the store's). A failure is logged, never returned:
+// the audited call has already happened. After a call that failed because the store does not
+// answer, the append runs in the background, so that it does not delay the call's own
+// store-unavailable error (it is then most likely logged as not recorded).
+func (s *Server) audit(ctx context.Context, e store.AuditEntry, callErr error) {
+	e.Time = s.store.Now()
+	e.User, e.Remote, e.Target = auditText(e.User), auditText(e.Remote), auditText(e.Target)
+	do := func() {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
+		defer cancel()
+		if _, err := s.store.Audit().Append(actx, e); err != nil {
+			s.log.Error("audit: entry not recorded", "action", e.Action, "user", e.User, "remote", e.Remote,
+				"target", e.Target, "result", e.Result, "code", e.Code, "time", e.Time, "err", err)
+		}
+	}
+	if callErr != nil && (store.IsUnavailable(callErr) || errors.Is(callErr, kite.ErrStoreUnavailable)) {
+		go do()
+		return
+	}
+	do()
+}
+
+// auditRPC records one call of an audited method.
+func (s *Server) auditRPC(ctx context.Context, r *kite.Request, c *Caller, params, result any, err error) {
+	e := store.AuditEntry{Action: r.Method, Remote: remoteHost(r.Conn.Remote()), Result: store.AuditOK}
+	if c != nil {
+		e.User = c.Username
+	} else {
+		e.User = r.Username()
+	}
+	e.Target = auditTarget(r.Method, params)
+	if createsTarget(r.Method) {
+		if t := createdTarget(r.Method, result); t != "" {
+			e.Target = t
+		}
+	} else if e.Target == "" {
+		e.Target = auditTarget(r.Method, result)
+	}
+	if err != nil {
+		e.Result, e.Code = store.AuditError, kite.ToWire(err).Code
+	}
+	s.audit(ctx, e, err)
+}
+
+// createsTarget: methods whose result names the thing they made (stack.create's stack rather
+// than its params' template).
+func createsTarget(method string) bool {
+	_, verb, _ := strings.Cut(method, ".")
+	return verb == "create" || verb == "add" || verb == "snapshot"
+}
+
+// createdTarget is the target a create's result names: its "id" (template.create's template,
+// credential.add's credential), the id of its field named after the method's namespace
+// (stack.create's {stack: {id}}), else its first id field (user.add's username).
+func createdTarget(method string, result any) string {
+	ns, _, _ := strings.Cut(method, ".")
+	rv := reflect.ValueOf(result)
+	for rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Interface {
+		if rv.IsNil() {
+			return ""
+		}
+		rv = rv.Elem()
+	}
+	if rv.Kind() != reflect.Struct {
+		return ""
+	}
+	for i := range rv.NumField() {
+		f := rv.Type().Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() {
+			continue
+		}
+		switch {
+		case name == "id" && f.Type.Kind() == reflect.String && rv.Field(i).String() != "":
+			return ns + "/" + rv.Field(i).String()
+		case name == ns && (f.Type.Kind() == reflect.Struct || f.Type.Kind() == reflect.Pointer):
+			if t := createdTarget(method, rv.Field(i).Interface()); strings.HasPrefix(t, ns+"/") {
+				return t
+			}
+		}
+	}
+	return auditTarget(method, result)
+}
+
+// auditIDFields are the params' and results' fields that name a target, most specific first,
+// with the kind of thing they name ("" for "id": the method's namespace).
+var auditIDFields = []struct{ json, kind string }{
+	{"snapshotId", "snapshot"},
+	{"machineId", "machine"},
+	{"stackId", "stack"},
+	{"templateId", "template"},
+	{"credentialId", "credential"},
+	{"jobId", "job"},
+	{"slug", "team"},
+	{"team", "team"}, // team.addMember: the team, not the member
+	{"username", "user"},
+	{"user", "user"},
+	{"provider", "provider"},
+	{"kiteId", "kite"},
+	{"id", ""},
+}
+
+// auditTarget returns "kind/id" for the first field of v (a params or result struct, or a
+// pointer to one; embedded structs count) that names a thing, or "". Only these string fields
+// are read: nothing else of the params reaches the log.
+func auditTarget(method string, v any) string {
+	fields := map[string]string{}
+	var walk func(rv reflect.Value)
+	walk = func(rv reflect.Value) {
+		for rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Interface {
+			if rv.IsNil() {
+				return
+			}
+			rv = rv.Elem()
+		}
+		if rv.Kind() != reflect.Struct {
+			return
+		}
+		rt := rv.Type()
+		for i := range rt.NumField() {
+			f := rt.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			if f.Anonymous {
+				walk(rv.Field(i))
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" || f.Type.Kind() != reflect.String {
+				continue
+			}
+			if _, seen := fields[name]; !seen && rv.Field(i).String() != "" {
+				fields[name] = rv.Field(i).String()
+			}
+		}
+	}
+	walk(reflect.ValueOf(v))
+	for _, f := range auditIDFields {
+		id := fields[f.json]
+		if id == "" {
+			continue
+		}
+		kind := f.kind
+		if kind == "" {
+			kind, _, _ = strings.Cut(method, ".")
+		}
+		return kind + "/" + id
+	}
+	return ""
+}
+
+// remoteHost is the host part of a remote address ("" stays "").
+func remoteHost(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
+
+// auditHTTP records an HTTP action of user on target: ok, or an error with the HTTP status.
+func (s *Server) auditHTTP(r *http.Request, action, user, target string, status int) {
+	e := store.AuditEntry{Action: action, User: user, Remote: clientIP(r), Target: target, Result: store.AuditOK}
+	if status != 0 && status != http.StatusOK {
+		e.Result, e.Code = store.AuditError, int64(status)
+	}
+	s.audit(r.Context(), e, nil)
+}
+
+// auditList serves audit.list.
+func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *api.AuditListParams) (any, error) {
+	es, err := s.store.Audit().List(ctx, store.AuditFilter{User: p.User, Action: p.Action, Target: p.Target, Since: p.Since, Limit: p.Limit})
+	if err != nil {
+		return nil, err
+	}
+	res := api.AuditListResult{Entries: make([]api.AuditEntry, 0, len(es))}
+	for _, e := range es {
+		res.Entries = append(res.Entries, api.AuditEntry{Seq: e.Seq, Time: e.Time.UTC(), User: e.User, Remote: e.Remote,
+			Action: e.Action, Target: e.Target, Result: e.Result, Code: e.Code, DurationMs: e.Duration, Bytes: e.Bytes,
+			PrevHash: e.PrevHash, Hash: e.Hash})
+	}
+	return res, nil
+}
+
+// auditVerify serves audit.verify.
+func (s *Server) auditVerify(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+	v, err := s.store.Audit().Verify(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return api.AuditVerifyResult{OK: v.OK, From: v.From, Checked: v.Checked, Head: v.Head, HeadHash: v.HeadHash,
+		BadSeq: v.BadSeq, Problem: v.Problem}, nil
+}
+
+// pruneAudit deletes the audit entries older than Retention.Audit (retention.go) and records
+// that it did, with the new checkpoint.
+func (s *Server) pruneAudit(ctx context.Context, now time.Time, o store.PruneOptions) (int64, error) {
+	n, cp, err := s.store.Audit().Prune(ctx, now.Add(-s.opts.Retention.Audit), o)
+	if n > 0 {
+		s.audit(ctx, store.AuditEntry{Action: auditPrune, User: "kloud", Target: fmt.Sprintf("audit/%d", cp), Result: store.AuditOK}, nil)
+	}
+	return n, err
+}
+
+// auditStatus is the HTTP status an error of an HTTP handler answers with.
+func auditStatus(err error) int {
+	var he *httpError
+	if errors.As(err, &he) {
+		return he.code
+	}
+	code, _ := errStatus(err)
+	return code
+}
+
+// auditLoginName is the user a failed login names, as the audit log records it: the name if
+// such a user exists, else "" (people type their password into the username field; an unknown
+// name is not recorded, so that such a password never reaches the log).
+func (s *Server) auditLoginName(ctx context.Context, name string) string {
+	if _, err := s.store.Users().Get(ctx, name); err == nil {
+		return name
+	}
+	return ""
+}
+
+// auditStatusOf is auditStatus, and 200 for no error.
+func auditStatusOf(err error) int {
+	if err == nil {
+		return http.StatusOK
+	}
+	return auditStatus(err)
+}
+
+// auditPortTarget names a machine's port: "machine/<id>:<port>".
+func auditPortTarget(r *http.Request, port int) string {
+	return "machine/" + r.PathValue("id") + ":" + strconv.Itoa(port)
+}
+
+// auditKontrol wraps the kontrol methods kloud hosts that change something (kite keys made,
+// signing keys rotated and retired, credentials revoked) so that each call is audited like a
+// route of rpcRoutes. kontrol.register (agents, at every connect), getKey, query and getToken
+// change nothing kept and are not. The target comes from the params' ids only; a result (a new
+// kite key) is never looked at.
+func (s *Server) auditKontrol(method string, h kite.Handler) kite.Handler {
+	if !auditedKontrolMethod(method) {
+		return h
+	}
+	return kite.HandlerFunc(func(ctx context.Context, r *kite.Request) (any, error) {
+		res, err := h.ServeKite(ctx, r)
+		var p struct {
+			Username string `json:"username"`
+			KiteID   string `json:"kiteId"`
+			KID      string `json:"kid"`
+			JTI      string `json:"jti"`
+		}
+		_ = json.Unmarshal(r.Params, &p) // positional or malformed params: no target
+		e := store.AuditEntry{Action: method, User: r.Username(), Remote: remoteHost(r.Conn.Remote()), Result: store.AuditOK}
+		switch {
+		case p.KiteID != "":
+			e.Target = "kite/" + p.KiteID
+		case p.Username != "":
+			e.Target = "user/" + p.Username
+		case p.KID != "":
+			e.Target = "key/" + p.KID
+		case p.JTI != "":
+			e.Target = "token/" + p.JTI
+		}
+		werr := wireError(err)
+		if werr != nil {
+			e.Result, e.Code = store.AuditError, kite.ToWire(werr).Code
+		}
+		s.audit(ctx, e, werr)
+		return res, err
+	})
+}
+
+// auditedKontrolMethod decides kontrol's methods as auditDecisions decides kloud's
+// (TestEveryRouteIsAuditDecided checks every one of api.KontrolMethods is decided).
+func auditedKontrolMethod(method string) bool {
+	audited, known := auditKontrolDecisions()[method]
+	return !known || audited
+}
+
+// auditKontrolDecisions maps each kontrol method to whether it is audited.
+func auditKontrolDecisions() map[string]bool {
+	return map[string]bool{
+		api.MethodKontrolRegister: false, api.MethodKontrolQuery: false, api.MethodKontrolGetToken: false,
+		api.MethodKontrolGetKey: false, api.MethodKontrolCreateKey: true, api.MethodKontrolRotateKey: true,
+		api.MethodKontrolRetireKey: true, api.MethodKontrolRevoke: true,
+	}
+}
+
+// auditMaxText bounds a text field of an entry (ids are far shorter).
+const auditMaxText = 200
+
+// auditText makes a caller-chosen text safe to show in a table or a log line: control and
+// other unprintable characters are escaped as Go does (\n, \x00, \u2028), so an id with a
+// newline cannot forge a line of `kloud audit`, and it is cut at auditMaxText bytes.
+func auditText(s string) string {
+	clean := true
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if !clean {
+		q := strconv.Quote(s)
+		s = q[1 : len(q)-1]
+	}
+	if len(s) > auditMaxText {
+		cut := auditMaxText
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
+}
