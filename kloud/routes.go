@@ -184,6 +184,10 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"POST /api/login", "anyone (password; rate limited)", s.handleLogin(login)},
 		{"POST /api/logout", "session", http.HandlerFunc(s.handleLogout)},
 		{"GET /api/session", "session cookie", http.HandlerFunc(s.handleSession)},
+		// sso.go: OpenID Connect login (404 page when kloud serve has no --oidc-issuer)
+		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.handleLoginMethods)},
+		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.handleSSOLogin)},
+		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.handleSSOCallback)},
 		// terminal.go: users who may open a terminal on the machine; klient attaches with a ticket
 		{"GET /api/machines/{id}/terminal", "session or kite key; owner, team admin, share", http.HandlerFunc(s.term.serveTerminal)},
 		{"GET /api/machines/{id}/sessions", "session or kite key; as terminal", http.HandlerFunc(s.term.serveSessions)},

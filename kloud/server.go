@@ -115,6 +115,9 @@ type Options struct {
 	// Limits caps machines per stack and the wall time of plans (limits.go; zero fields: its
 	// defaults).
 	Limits Limits
+	// SSO configures OpenID Connect login beside passwords (sso.go; kloud serve --oidc-*); an
+	// empty Issuer turns it off.
+	SSO    SSOOptions
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
@@ -164,6 +167,7 @@ type Server struct {
 	apps      *appsHub           // machines' web apps on their own hosts (portforward.go)
 	kinds     map[string]jobKind // job kinds (routes.go)
 
+	sso         *ssoHub      // single sign-on (sso.go); nil when off
 	plugins     *plugin.Host // provider plugins: proxies in providers, their status (plugins.go)
 	launcher    *launcher    // starts the plugin directory's plugins (set by ServeListener)
 	pluginsDone chan struct{}
@@ -225,6 +229,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.loadKlient()
 	s.plugins = plugin.NewHost(plugin.HostOptions{Registry: s.providers, Logger: opts.Logger, KloudVersion: version.Version})
 	s.kinds = s.jobKinds()
+	if opts.SSO.Enabled() {
+		s.sso = &ssoHub{s: s, o: opts.SSO}
+	}
 	s.term = newTermHub(s)
 	if s.apps, err = newAppsHub(s); err != nil {
 		return nil, err
@@ -260,6 +267,9 @@ func (o *Options) defaults() error {
 	o.GC.defaults() // gc.go
 	// limits.go
 	if err := o.Limits.defaults(); err != nil {
+		return err
+	}
+	if err := o.SSO.defaults(); err != nil { // sso.go
 		return err
 	}
 	if o.AgentTimeout <= 0 {

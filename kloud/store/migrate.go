@@ -157,6 +157,7 @@ var indexes = []index{
 	{CollSessions, bson.D{{Key: "expiresAt", Value: 1}}, false},
 	{CollSnapshots, bson.D{{Key: "owner", Value: 1}}, false},
 	{CollSnapshots, bson.D{{Key: "machineId", Value: 1}}, false},
+	{CollIdentities, bson.D{{Key: "username", Value: 1}}, false},
 }
 
 func (s *Store) ensureIndexes(ctx context.Context) error {
@@ -181,7 +182,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 		exists[n] = true
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
-		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas} {
+		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollIdentities} {
 		if exists[c] {
 			continue
 		}

@@ -30,8 +30,9 @@ const (
 	CollKites       = "kites"
 	CollSessions    = "sessions"
 	CollMeta        = "meta"
-	CollSnapshots   = "snapshots" // snapshots.go
-	CollQuotas      = "quotas"    // quotas.go
+	CollSnapshots   = "snapshots"  // snapshots.go
+	CollQuotas      = "quotas"     // quotas.go
+	CollIdentities  = "identities" // identities.go: single sign-on subjects → users
 )
 
 // Options configure [Open]. Zero fields take the documented defaults.
