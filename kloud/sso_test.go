@@ -227,7 +227,7 @@ func TestSSOLogin(t *testing.T) {
 	if d := us["dave"]; !d.HasPassword || d.SSOIssuer != "" || d.Teams["ops"] != kloud.RoleMember {
 		t.Fatalf("local dave changed: %+v", d)
 	}
-	if a := us["admin-2"]; a.Admin || a.Role != "" {
+	if a := us["admin-2"]; a.Admin || a.Role != kloud.RoleUser {
 		t.Fatalf("the OP's admin is a kloud admin: %+v", a)
 	}
 	// The local dave still logs in with his password, as himself.
