@@ -11,6 +11,7 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/coreos/go-oidc/v3/oidc"
@@ -262,6 +263,16 @@ func TestSSORefusesForgedCallbacks(t *testing.T) {
 		t.Fatalf("session of %q after a forged state", u)
 	}
 
+	// The provider's own refusal (the user declined) is shown as such.
+	b = newSSOBrowser(t)
+	res, _ = b.get(e.k.URL + kloud.SSOLoginPath)
+	formID := res.Request.URL.Query().Get("authRequestID") // at the OP's form now; kloud's cookie is set
+	ku, _ := url.Parse(e.k.URL + kloud.SSOCallbackPath + "?error=access_denied&error_description=user+declined")
+	res, body = b.callback(ku)
+	if res.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "access_denied") || formID == "" {
+		t.Fatalf("callback with the provider's error: %d\n%s", res.StatusCode, body)
+	}
+
 	// Another browser (no flow cookie) sent to a valid callback URL: a login CSRF.
 	b = newSSOBrowser(t)
 	cb = b.loginAt(e.k.URL+kloud.SSOLoginPath, "carol@corp.example", "carol-pass")
@@ -374,6 +385,61 @@ func randomString(t *testing.T) string {
 	b := make([]byte, 16)
 	rand.Read(b)
 	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// TestSSOConcurrentFirstLogins: five browsers of one new subject reach kloud's callback at once:
+// one user is created, and every browser gets a session of it.
+func TestSSOConcurrentFirstLogins(t *testing.T) {
+	e := newSSOEnv(t)
+	before := len(e.users())
+	var bs []*ssoBrowser
+	var cbs []*url.URL
+	for range 5 {
+		b := newSSOBrowser(t)
+		bs = append(bs, b)
+		cbs = append(cbs, b.loginAt(e.k.URL+kloud.SSOLoginPath, "carol@corp.example", "carol-pass"))
+	}
+	codes := make([]int, len(bs))
+	var wg sync.WaitGroup
+	for i := range bs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := bs[i].c.Get(cbs[i].String())
+			if err == nil {
+				codes[i] = res.StatusCode
+				res.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	for i, b := range bs {
+		if codes[i] != http.StatusFound {
+			t.Errorf("browser %d: callback %d", i, codes[i])
+		} else if u := b.sessionUser(e.k); u != "carol" {
+			t.Errorf("browser %d: session of %q", i, u)
+		}
+	}
+	if n := len(e.users()); n != before+1 {
+		t.Fatalf("%d users after 5 concurrent first logins, want %d", n, before+1)
+	}
+}
+
+// TestSSOProviderDown: with the provider unreachable kloud starts, serves passwords, and the
+// SSO button's target says the provider cannot be reached (502) instead of hanging or crashing.
+func TestSSOProviderDown(t *testing.T) {
+	op := oidctest.Listen(t, "") // bound, never served: connections are refused once closed
+	issuer := op.Issuer
+	op.Close()
+	k := kloudtest.Start(t, kloudtest.Options{SSO: kloud.SSOOptions{Issuer: issuer, ClientID: "kloud", ClientSecret: ssoSecret}})
+	b := newSSOBrowser(t)
+	res, body := b.get(k.URL + kloud.SSOLoginPath)
+	if res.StatusCode != http.StatusBadGateway || !strings.Contains(body, "cannot reach its OpenID provider") {
+		t.Fatalf("GET %s with the provider down: %d %s", kloud.SSOLoginPath, res.StatusCode, body)
+	}
+	if _, body := b.get(k.URL + "/api/login/methods"); !strings.Contains(body, issuer) {
+		t.Fatalf("login methods: %s", body)
+	}
 }
 
 // TestSSOOff: without --oidc-issuer the login methods name no SSO and its paths say it is off.

@@ -89,6 +89,9 @@ func Listen(t testing.TB, addr string) *Provider {
 	return p
 }
 
+// Close closes the listener of a provider that was never served (a provider that is down).
+func (p *Provider) Close() { p.ln.Close() }
+
 // Serve starts serving with o's clients and users (o.Addr is ignored) until the test ends.
 func (p *Provider) Serve(o Options) {
 	us := p.users
