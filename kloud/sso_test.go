@@ -425,6 +425,35 @@ func TestSSOConcurrentFirstLogins(t *testing.T) {
 	}
 }
 
+// TestSSOAnotherIssuer: after kloud is pointed at another provider, that provider's user with the
+// same login name, email and even subject as an existing SSO user is another kloud user
+// (carol-2): the binding is to (issuer, subject).
+func TestSSOAnotherIssuer(t *testing.T) {
+	dir := t.TempDir()
+	start := func() (*ssoEnv, *oidctest.Provider) {
+		op := oidctest.Listen(t, "")
+		k := kloudtest.Start(t, kloudtest.Options{DataDir: dir, SSO: kloud.SSOOptions{Issuer: op.Issuer, ClientID: "kloud", ClientSecret: ssoSecret}})
+		op.Serve(oidctest.Options{
+			Clients: []oidctest.Client{{ID: "kloud", Secret: ssoSecret, RedirectURIs: []string{k.URL + kloud.SSOCallbackPath}}},
+			Users:   ssoUsers,
+		})
+		return &ssoEnv{t: t, op: op, k: k}, op
+	}
+	a, opA := start()
+	if got := a.ssoLogin("carol@corp.example", "carol-pass"); got != "carol" {
+		t.Fatalf("carol at the first provider: %q", got)
+	}
+	a.k.Stop()
+	b, opB := start()
+	if got := b.ssoLogin("carol@corp.example", "carol-pass"); got != "carol-2" {
+		t.Fatalf("carol (same sub) at another provider got a session of %q, want carol-2", got)
+	}
+	us := b.users()
+	if us["carol"].SSOIssuer != opA.Issuer || us["carol-2"].SSOIssuer != opB.Issuer {
+		t.Fatalf("users: carol %+v, carol-2 %+v", us["carol"], us["carol-2"])
+	}
+}
+
 // TestSSOProviderDown: with the provider unreachable kloud starts, serves passwords, and the
 // SSO button's target says the provider cannot be reached (502) instead of hanging or crashing.
 func TestSSOProviderDown(t *testing.T) {
