@@ -424,6 +424,11 @@ func (s *Server) ssoUser(ctx context.Context, c ssoClaims) (*User, error) {
 	if err != nil {
 		return nil, ssoFail(http.StatusForbidden, fmt.Sprintf("the kloud user %q of this identity is gone; ask an administrator", username), err)
 	}
+	// A binding whose user was replaced (removed, and a local user of the name added) does not
+	// sign in as the new one.
+	if u.SSOIssuer != c.Issuer {
+		return nil, ssoFail(http.StatusForbidden, fmt.Sprintf("the kloud user %q is not this identity's; ask an administrator", username), nil)
+	}
 	if err := s.ssoTeams(ctx, u, c.groups(s.sso.o.GroupsClaim)); err != nil {
 		return nil, err
 	}

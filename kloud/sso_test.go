@@ -21,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/store"
 )
 
 // The single sign-on tests run kloud against zitadel/oidc's example OpenID Provider (a real
@@ -215,6 +216,20 @@ func TestSSOLogin(t *testing.T) {
 	e.ssoLogin("carol@corp.example", "carol-pass")
 	if teams := e.users()["carol"].Teams; teams["devs"] != kloud.RoleMember {
 		t.Fatalf("carol's teams after devs came back: %v", teams)
+	}
+
+	// A binding whose user was replaced by a local one (removed from the store, and added again
+	// by hand) does not sign in as it.
+	if err := e.k.Server.Store().Identities().Insert(ctx, store.Identity{Issuer: e.op.Issuer, Subject: "sub-dave", Username: "dave"}); err != nil {
+		t.Fatal(err)
+	}
+	b := newSSOBrowser(t)
+	res, body := b.callback(b.loginAt(e.k.URL+kloud.SSOLoginPath, "dave", "dave-pass"))
+	if res.StatusCode != http.StatusForbidden || !strings.Contains(body, "not this identity") || b.sessionUser(e.k) != "" {
+		t.Fatalf("an identity bound to the local dave: %d\n%s", res.StatusCode, body)
+	}
+	if err := e.k.Server.Store().Identities().Delete(ctx, e.op.Issuer, "sub-dave", "dave"); err != nil {
+		t.Fatal(err)
 	}
 
 	// Names of local users are not taken over.
