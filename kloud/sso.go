@@ -56,10 +56,8 @@ const (
 	ssoFlowAAD      = "kloud/oidc-flow"
 )
 
-// Defaults of SSOOptions.
-var (
-	DefaultSSOScopes = []string{oidc.ScopeOpenID, "profile", "email"}
-)
+// DefaultSSOScopes are the scopes requested unless SSOOptions.Scopes says otherwise.
+func DefaultSSOScopes() []string { return []string{oidc.ScopeOpenID, "profile", "email"} }
 
 // DefaultSSOGroupsClaim is the claim teams are read from.
 const DefaultSSOGroupsClaim = "groups"
@@ -72,8 +70,8 @@ type SSOOptions struct {
 	// GroupsClaim names the claim (a list of strings, or one string) whose values that name a
 	// kloud team make the user a member. Default DefaultSSOGroupsClaim ("groups").
 	GroupsClaim string
-	// Scopes requested; "openid" is added if missing. Default DefaultSSOScopes (openid, profile,
-	// email); add "groups" for providers that want it (Dex).
+	// Scopes requested; "openid" is added if missing. Default DefaultSSOScopes() (openid,
+	// profile, email); add "groups" for providers that want it (Dex).
 	Scopes []string
 	// HTTPClient talks to the provider (discovery, keys, token, userinfo). Default: a client
 	// with a 30 s timeout.
@@ -97,7 +95,7 @@ func (o *SSOOptions) defaults() error {
 		o.GroupsClaim = DefaultSSOGroupsClaim
 	}
 	if len(o.Scopes) == 0 {
-		o.Scopes = DefaultSSOScopes
+		o.Scopes = DefaultSSOScopes()
 	}
 	if !slices.Contains(o.Scopes, oidc.ScopeOpenID) {
 		o.Scopes = append([]string{oidc.ScopeOpenID}, o.Scopes...)

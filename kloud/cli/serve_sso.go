@@ -23,7 +23,7 @@ func (f *serveSSO) flags(cmd *cobra.Command, o *kloud.SSOOptions) {
 	fl.StringVar(&o.ClientID, "oidc-client-id", "", "kloud's client id at the OpenID provider")
 	fl.StringVar(&f.secretFile, "oidc-client-secret-file", "", "file whose first line is kloud's client secret at the OpenID provider")
 	fl.StringVar(&o.GroupsClaim, "oidc-groups-claim", kloud.DefaultSSOGroupsClaim, "ID token or userinfo claim listing the user's groups: a group naming a kloud team makes the user a member")
-	fl.StringSliceVar(&f.scopes, "oidc-scopes", kloud.DefaultSSOScopes, "scopes to request (openid is always added; add groups for providers that want it)")
+	fl.StringSliceVar(&f.scopes, "oidc-scopes", kloud.DefaultSSOScopes(), "scopes to request (openid is always added; add groups for providers that want it)")
 }
 
 // apply checks the flags and reads the secret into o.
