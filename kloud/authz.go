@@ -18,8 +18,29 @@ const AgentKitePrefix = kitekey.AgentIDPrefix
 // Caller is the authenticated user of a call, with the teams they belong to.
 type Caller struct {
 	Username string
-	Admin    bool              // kloud administrator: may see and do everything
-	Teams    map[string]string // team slug → role
+	// Admin: may see and do everything in this call: an owner (a kloud administrator), or an
+	// auditor in a read-only call (routes.go, authorize).
+	Admin bool
+	// KloudRole is the user's kloud-wide role (RoleOwner, RoleTemplateAdmin, RoleAuditor,
+	// RoleUser); Role(team) is its role in a team.
+	KloudRole string
+	Teams     map[string]string // team slug → role
+}
+
+// TemplateAdmin reports whether the caller administers templates: trusts and untrusts them and
+// sets their machine caps (owners and template admins).
+func (c *Caller) TemplateAdmin() bool { return c.Admin || c.KloudRole == RoleTemplateAdmin }
+
+// EffectiveRole is a user's kloud-wide role: its Role, where a user of the admin flag (made
+// before roles, or with user add --admin) is an owner and a user without one a member.
+func EffectiveRole(u *User) string {
+	switch {
+	case u.Admin || u.Role == RoleOwner || u.Username == Admin:
+		return RoleOwner
+	case u.Role == "":
+		return RoleUser
+	}
+	return u.Role
 }
 
 // Role returns the caller's role in team ("" if not a member; admins count as team admins).
@@ -66,14 +87,21 @@ func (s *Server) caller(ctx context.Context, r *kite.Request) (*Caller, error) {
 	return s.callerByName(ctx, p.Username, p.Admin)
 }
 
+// callerByName resolves username's role and teams. A user with a document has the role it
+// records, whatever its credential says (a session issued while it was an owner stops being an
+// owner's when its role changes); one without (the admin before its password is set, kite keys
+// of names without a user) is an owner if the credential says admin.
 func (s *Server) callerByName(ctx context.Context, username string, admin bool) (*Caller, error) {
-	c := &Caller{Username: username, Admin: admin || username == Admin, Teams: map[string]string{}}
+	c := &Caller{Username: username, Admin: admin || username == Admin, KloudRole: RoleUser, Teams: map[string]string{}}
 	u, err := s.store.Users().Get(ctx, username)
 	switch {
 	case err == nil:
-		c.Admin = c.Admin || u.Admin
+		c.KloudRole = EffectiveRole(&u)
+		c.Admin = c.KloudRole == RoleOwner
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
+	case c.Admin:
+		c.KloudRole = RoleOwner
 	}
 	teams, err := s.store.Teams().OfMember(ctx, username)
 	if err != nil {

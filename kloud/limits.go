@@ -160,8 +160,8 @@ func (s *Server) checkTemplateCap(t *Template, files map[string][]byte) error {
 
 // setTemplateCap validates an administrator's per-template cap (template.update maxMachines).
 func setTemplateCap(c *Caller, n int) error {
-	if !c.Admin {
-		return fmt.Errorf("only a kloud administrator sets a template's machine cap: %w", kite.ErrPermission)
+	if !c.TemplateAdmin() {
+		return fmt.Errorf("only a kloud owner or template admin sets a template's machine cap: %w", kite.ErrPermission)
 	}
 	if n < 1 || n > MaxMachinesCeiling {
 		return fmt.Errorf("maxMachines %d: a template's cap is 1 to %d machines per stack: %w", n, MaxMachinesCeiling, kite.ErrInvalidParams)

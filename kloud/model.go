@@ -1,6 +1,9 @@
 package kloud
 
-import "github.com/kloud-dev/kloud/kloud/api"
+import (
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
+)
 
 // Documents kloud keeps in the store, one Go type per collection; they are the documents of the
 // wire contract too, defined in package api (model.go there), named here for kloud's own code.
@@ -25,6 +28,14 @@ type (
 const (
 	RoleAdmin  = api.RoleAdmin
 	RoleMember = api.RoleMember
+)
+
+// Kloud-wide roles of users (User.Role; roles.go).
+const (
+	RoleOwner         = model.RoleOwner
+	RoleTemplateAdmin = model.RoleTemplateAdmin
+	RoleAuditor       = model.RoleAuditor
+	RoleUser          = model.RoleUser
 )
 
 // DefaultTeam is created at first start with the admin in it.

@@ -220,7 +220,7 @@ func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, 
 	if _, err := s.trustSpec(c, spec); err != nil {
 		return nil, err
 	}
-	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+	t, err := s.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -231,13 +231,24 @@ func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, 
 	return s.trust(ctx, c, t, rev, files, spec)
 }
 
+// templateAdminView is the caller as it reads templates: a template admin sees every team's
+// (to review and trust them), as an owner does.
+func templateAdminView(c *Caller) *Caller {
+	if !c.TemplateAdmin() || c.Admin {
+		return c
+	}
+	v := *c
+	v.Admin = true
+	return &v
+}
+
 // trustSpec checks an administrator's trust and returns the rules it lifts (none for nil).
 func (s *Server) trustSpec(c *Caller, spec *api.TrustSpec) ([]string, error) {
 	if spec == nil {
 		return nil, nil
 	}
-	if !c.Admin {
-		return nil, fmt.Errorf("only a kloud administrator may trust a template: %w", kite.ErrPermission)
+	if !c.TemplateAdmin() {
+		return nil, fmt.Errorf("only a kloud owner or template admin may trust a template: %w", kite.ErrPermission)
 	}
 	if len(spec.Rules) == 0 {
 		return nil, fmt.Errorf("say which rules to lift (rules: %s): %w", strings.Join(tmpl.PolicyRules, ", "), kite.ErrInvalidParams)
@@ -271,10 +282,10 @@ func (s *Server) trust(ctx context.Context, c *Caller, t *Template, rev int, fil
 }
 
 func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (any, error) {
-	if !c.Admin {
-		return nil, fmt.Errorf("only a kloud administrator may untrust a template: %w", kite.ErrPermission)
+	if !c.TemplateAdmin() {
+		return nil, fmt.Errorf("only a kloud owner or template admin may untrust a template: %w", kite.ErrPermission)
 	}
-	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+	t, err := s.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
 	if err != nil {
 		return nil, err
 	}

@@ -23,21 +23,71 @@ import (
 // docs/protocol.md; kontrol's methods, which kloud hosts on the same kite, are kontrol's own
 // table (kontrol/kontrol.go, listed in api.KontrolMethods).
 
-// Who may call a method. Machine agents (kite keys with an agent id) may call no kloud method:
-// every route is wrapped in kitekey.AgentGate(…, false), default deny; so are provider plugins
-// (plugin keys), which may call only the routes opened to them with kitekey.Gate(h, KindPluginKey).
+// Who may call a method, in the roles of docs/operations.md ("Single sign-on and roles"):
+// owners (kloud administrators), template admins, auditors and members (any user). Machine
+// agents (kite keys with an agent id) may call no kloud method: every route is wrapped in
+// kitekey.AgentGate(…, false), default deny; so are provider plugins (plugin keys), which may
+// call only the routes opened to them with kitekey.Gate(h, KindPluginKey).
 type Who string
 
 const (
-	// AnyUser: any authenticated user; the handler decides what they may see and change
-	// (owner, team member, team admin, share grant; kloud administrators may do everything).
-	AnyUser Who = "any user"
-	// AdminOnly: kloud administrators only, checked here before the handler (which checks it
-	// again).
-	AdminOnly Who = "kloud admins"
+	// Members: any user but auditors; the handler decides what they may change (owner, team
+	// member, team admin, share grant; owners may do everything). A method that changes
+	// something is Members: auditors get -32002.
+	Members Who = "members"
+	// MembersRead: any user, a method that changes nothing; the handler shows what the caller
+	// may see, and owners and auditors see everything.
+	MembersRead Who = "members (read); owners and auditors see all"
+	// Owners: owners only (today's kloud administrators), checked here before the handler (which
+	// may check it again).
+	Owners Who = "owners"
+	// TemplateAdmins: owners and template admins (template trust and caps).
+	TemplateAdmins Who = "owners, template admins"
+	// OwnersAuditors: owners and auditors, for methods that change nothing and are for them only
+	// (audit.list, audit.verify); an auditor calls them as an owner would.
+	OwnersAuditors Who = "owners, auditors (read)"
 	// PluginsOnly: provider plugins (plugin keys) only; users and agents get -32002.
 	PluginsOnly Who = "provider plugins"
+
+	// AnyUser and AdminOnly are the names before roles: Members and Owners.
+	AnyUser   = Members
+	AdminOnly = Owners
 )
+
+// ReadOnly reports whether a method of this Who changes nothing (auditors may call it).
+func (w Who) ReadOnly() bool { return w == MembersRead || w == OwnersAuditors }
+
+// authorize checks the route's Who for the caller before the handler runs; an auditor in a
+// read-only method is given an owner's view (Caller.Admin).
+func authorize(c *Caller, who Who, method string) error {
+	owner := c.KloudRole == RoleOwner || c.Admin
+	switch who {
+	case Owners:
+		if !owner {
+			return fmt.Errorf("%s is for kloud owners (administrators): %w", method, kite.ErrPermission)
+		}
+	case TemplateAdmins:
+		if !owner && c.KloudRole != RoleTemplateAdmin {
+			return fmt.Errorf("%s is for kloud owners (administrators) and template admins: %w", method, kite.ErrPermission)
+		}
+	case OwnersAuditors:
+		if !owner && c.KloudRole != RoleAuditor {
+			return fmt.Errorf("%s is for kloud owners (administrators) and auditors: %w", method, kite.ErrPermission)
+		}
+		c.Admin = true
+	case MembersRead:
+		if c.KloudRole == RoleAuditor {
+			c.Admin = true
+		}
+	case Members:
+		if c.KloudRole == RoleAuditor && !owner {
+			return fmt.Errorf("%s changes something, and auditors change nothing: %w", method, kite.ErrPermission)
+		}
+	default:
+		return fmt.Errorf("%s: no authorization in the route table: %w", method, kite.ErrPermission)
+	}
+	return nil
+}
 
 // Route is one RPC method of the table.
 type Route struct {
@@ -48,18 +98,22 @@ type Route struct {
 	opts   []kite.MethodOption
 }
 
-// rpc makes a Route: params are bound strictly into P (and validated), the caller is resolved
-// (agents refused), the Who is checked, then fn runs.
+// rpc makes a Route: the caller is resolved (agents refused) and the Who checked first, then
+// params are bound strictly into P (and validated), then fn runs. Authorization comes before
+// validation, so a caller the Who refuses gets -32002 whatever it sends.
 func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (any, error), opts ...kite.MethodOption) Route {
 	audited := auditedMethod(method)
-	h := kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
+	h := kite.HandlerFunc(func(ctx context.Context, r *kite.Request) (any, error) {
 		c, err := s.caller(ctx, r)
+		p := new(P)
 		var res any
-		switch {
-		case err != nil:
-		case who == AdminOnly && !c.Admin:
-			err = fmt.Errorf("%s is for kloud administrators: %w", method, kite.ErrPermission)
-		default:
+		if err == nil {
+			err = authorize(c, who, method)
+		}
+		if err == nil {
+			if err := r.Bind(p); err != nil {
+				return nil, err // invalid params: nothing was done, nothing to audit
+			}
 			res, err = fn(ctx, c, r, p)
 		}
 		err = wireError(err) // store errors get their kite codes here, once (errors.go)
@@ -85,6 +139,7 @@ func auditDecisions() map[string]bool {
 		api.MethodVersion: true,
 		// users.go
 		api.MethodUserAdd: false, api.MethodUserList: true, api.MethodUserWhoami: true, api.MethodUserSetPassword: false,
+		api.MethodUserSetRole: false,
 		api.MethodTeamCreate: false, api.MethodTeamList: true, api.MethodTeamAddMember: false, api.MethodTeamRemoveMember: false,
 		// credentials.go; authenticate sends a credential to its provider
 		api.MethodProviderDescribe: true, api.MethodProviderList: true, api.MethodProviderKeyCreate: false,
@@ -132,88 +187,91 @@ func pluginRPC[P any](s *Server, method string, fn func(ctx context.Context, r *
 func (s *Server) rpcRoutes() []Route {
 	long := kite.WithTimeout(10 * time.Minute) // terraform plan
 	return []Route{
-		rpc(s, api.MethodVersion, AnyUser, s.kloudVersion),
+		rpc(s, api.MethodVersion, MembersRead, s.kloudVersion),
 
 		// users.go
-		rpc(s, api.MethodUserAdd, AdminOnly, s.userAdd),
-		rpc(s, api.MethodUserList, AnyUser, s.userList),
-		rpc(s, api.MethodUserWhoami, AnyUser, s.userWhoami),
-		rpc(s, api.MethodUserSetPassword, AnyUser, s.userSetPassword), // own; admins anyone's
-		rpc(s, api.MethodTeamCreate, AnyUser, s.teamCreate),
-		rpc(s, api.MethodTeamList, AnyUser, s.teamList),
-		rpc(s, api.MethodTeamAddMember, AnyUser, s.teamAddMember),       // team admins
-		rpc(s, api.MethodTeamRemoveMember, AnyUser, s.teamRemoveMember), // team admins; members leave
+		rpc(s, api.MethodUserAdd, Owners, s.userAdd),
+		rpc(s, api.MethodUserList, MembersRead, s.userList),
+		rpc(s, api.MethodUserWhoami, MembersRead, s.userWhoami),
+		rpc(s, api.MethodUserSetPassword, Members, s.userSetPassword), // own; owners anyone's
+		rpc(s, api.MethodTeamCreate, Members, s.teamCreate),
+		rpc(s, api.MethodTeamList, MembersRead, s.teamList),
+		rpc(s, api.MethodTeamAddMember, Members, s.teamAddMember),       // team admins
+		rpc(s, api.MethodTeamRemoveMember, Members, s.teamRemoveMember), // team admins; members leave
 
 		// credentials.go, credential_bootstrap.go
-		rpc(s, api.MethodProviderDescribe, AnyUser, s.providerDescribe),
-		rpc(s, api.MethodProviderList, AnyUser, s.providerList),
-		rpc(s, api.MethodProviderKeyCreate, AdminOnly, s.providerKeyCreate), // audited in the log
-		rpc(s, api.MethodCredentialAdd, AnyUser, s.credentialAdd),           // team members
-		rpc(s, api.MethodCredentialList, AnyUser, s.credentialList),
-		rpc(s, api.MethodCredentialDescribe, AnyUser, s.credentialDescribe),
-		rpc(s, api.MethodCredentialRemove, AnyUser, s.credentialRemove), // owner, team admins
-		rpc(s, api.MethodCredentialUpdate, AnyUser, s.credentialUpdate), // owner, team admins
-		rpc(s, api.MethodCredentialAuthenticate, AnyUser, s.credentialAuthenticate),
-		rpc(s, api.MethodCredentialBootstrap, AnyUser, s.credentialBootstrap), // owner, team admins
+		rpc(s, api.MethodProviderDescribe, MembersRead, s.providerDescribe),
+		rpc(s, api.MethodProviderList, MembersRead, s.providerList),
+		rpc(s, api.MethodProviderKeyCreate, Owners, s.providerKeyCreate), // audited in the log
+		rpc(s, api.MethodCredentialAdd, Members, s.credentialAdd),        // team members
+		rpc(s, api.MethodCredentialList, MembersRead, s.credentialList),
+		rpc(s, api.MethodCredentialDescribe, MembersRead, s.credentialDescribe),
+		rpc(s, api.MethodCredentialRemove, Members, s.credentialRemove), // owner, team admins
+		rpc(s, api.MethodCredentialUpdate, Members, s.credentialUpdate), // owner, team admins
+		rpc(s, api.MethodCredentialAuthenticate, Members, s.credentialAuthenticate),
+		rpc(s, api.MethodCredentialBootstrap, Members, s.credentialBootstrap), // owner, team admins
 
 		// templates.go, policy.go
-		rpc(s, api.MethodTemplateCreate, AnyUser, s.templateCreate), // team members; trust: admins
-		rpc(s, api.MethodTemplateUpdate, AnyUser, s.templateUpdate), // owner, team admins
-		rpc(s, api.MethodTemplateGet, AnyUser, s.templateGet),
-		rpc(s, api.MethodTemplateList, AnyUser, s.templateList),
-		rpc(s, api.MethodTemplateDelete, AnyUser, s.templateDelete), // owner, team admins
-		rpc(s, api.MethodTemplateTrust, AdminOnly, s.templateTrust),
-		rpc(s, api.MethodTemplateUntrust, AdminOnly, s.templateUntrust),
+		rpc(s, api.MethodTemplateCreate, Members, s.templateCreate), // team members; trust: admins
+		rpc(s, api.MethodTemplateUpdate, Members, s.templateUpdate), // owner, team admins
+		rpc(s, api.MethodTemplateGet, MembersRead, s.templateGet),
+		rpc(s, api.MethodTemplateList, MembersRead, s.templateList),
+		rpc(s, api.MethodTemplateDelete, Members, s.templateDelete), // owner, team admins
+		rpc(s, api.MethodTemplateTrust, TemplateAdmins, s.templateTrust),
+		rpc(s, api.MethodTemplateUntrust, TemplateAdmins, s.templateUntrust),
 
 		// stacks.go, reconcile.go
-		rpc(s, api.MethodStackPlan, AnyUser, s.stackPlan, long),
-		rpc(s, api.MethodStackCreate, AnyUser, s.stackCreate, long),
-		rpc(s, api.MethodStackApply, AnyUser, s.stackApply), // owner, team admins
-		rpc(s, api.MethodStackDescribe, AnyUser, s.stackDescribe),
-		rpc(s, api.MethodStackList, AnyUser, s.stackList),
-		rpc(s, api.MethodStackReset, AdminOnly, s.stackReset),
+		rpc(s, api.MethodStackPlan, Members, s.stackPlan, long),
+		rpc(s, api.MethodStackCreate, Members, s.stackCreate, long),
+		rpc(s, api.MethodStackApply, Members, s.stackApply), // owner, team admins
+		rpc(s, api.MethodStackDescribe, MembersRead, s.stackDescribe),
+		rpc(s, api.MethodStackList, MembersRead, s.stackList),
+		rpc(s, api.MethodStackReset, Owners, s.stackReset),
 		// stacks_update.go: owner, team admins
-		rpc(s, api.MethodStackUpdate, AnyUser, s.stackUpdate),
-		rpc(s, api.MethodStackScale, AnyUser, s.stackScale),
+		rpc(s, api.MethodStackUpdate, Members, s.stackUpdate),
+		rpc(s, api.MethodStackScale, Members, s.stackScale),
 
 		// machines.go, shares.go
-		rpc(s, api.MethodMachineList, AnyUser, s.machineList), // owner, shared users, team admins
-		rpc(s, api.MethodMachineInfo, AnyUser, s.machineInfo, kite.WithTimeout(time.Minute)),
-		rpc(s, api.MethodMachineStart, AnyUser, s.machinePower(provider.MethodStart)), // owner, team admins, full share
-		rpc(s, api.MethodMachineStop, AnyUser, s.machinePower(provider.MethodStop)),
-		rpc(s, api.MethodMachineShare, AnyUser, s.machineShare), // owner, team admins
-		rpc(s, api.MethodMachineUnshare, AnyUser, s.machineUnshare),
-		rpc(s, api.MethodMachineShares, AnyUser, s.machineShares),
+		rpc(s, api.MethodMachineList, MembersRead, s.machineList), // owner, shared users, team admins
+		rpc(s, api.MethodMachineInfo, MembersRead, s.machineInfo, kite.WithTimeout(time.Minute)),
+		rpc(s, api.MethodMachineStart, Members, s.machinePower(provider.MethodStart)), // owner, team admins, full share
+		rpc(s, api.MethodMachineStop, Members, s.machinePower(provider.MethodStop)),
+		rpc(s, api.MethodMachineShare, Members, s.machineShare), // owner, team admins
+		rpc(s, api.MethodMachineUnshare, Members, s.machineUnshare),
+		rpc(s, api.MethodMachineShares, MembersRead, s.machineShares),
 		// ports.go: the machine's firewall (provider capability "firewall")
-		rpc(s, api.MethodMachinePortsList, AnyUser, s.machinePortsList),           // as machine.list
-		rpc(s, api.MethodMachinePortsOpen, AnyUser, s.machinePortsChange(true)),   // owner, team admins, full share
-		rpc(s, api.MethodMachinePortsClose, AnyUser, s.machinePortsChange(false)), // owner, team admins, full share
+		rpc(s, api.MethodMachinePortsList, MembersRead, s.machinePortsList),       // as machine.list
+		rpc(s, api.MethodMachinePortsOpen, Members, s.machinePortsChange(true)),   // owner, team admins, full share
+		rpc(s, api.MethodMachinePortsClose, Members, s.machinePortsChange(false)), // owner, team admins, full share
 
 		// snapshots.go: the owner, team admins, full share; snapshots are the owner's (kloud admins)
-		rpc(s, api.MethodMachineSnapshot, AnyUser, s.machineSnapshot),
-		rpc(s, api.MethodMachineSnapshots, AnyUser, s.machineSnapshots),
-		rpc(s, api.MethodMachineRestore, AnyUser, s.machineRestore),
-		rpc(s, api.MethodSnapshotDelete, AnyUser, s.snapshotDelete, kite.WithTimeout(5*time.Minute)),
+		rpc(s, api.MethodMachineSnapshot, Members, s.machineSnapshot),
+		rpc(s, api.MethodMachineSnapshots, MembersRead, s.machineSnapshots),
+		rpc(s, api.MethodMachineRestore, Members, s.machineRestore),
+		rpc(s, api.MethodSnapshotDelete, Members, s.snapshotDelete, kite.WithTimeout(5*time.Minute)),
 
 		// quota.go: quotas of users and teams
-		rpc(s, api.MethodQuotaSet, AdminOnly, s.quotaSet),
-		rpc(s, api.MethodQuotaShow, AnyUser, s.quotaShow), // the user itself, team members, kloud admins
+		rpc(s, api.MethodQuotaSet, Owners, s.quotaSet),
+		rpc(s, api.MethodQuotaShow, MembersRead, s.quotaShow), // the user itself, team members, kloud admins
 
 		// jobs.go: the job's owner, kloud admins
-		rpc(s, api.MethodJobGet, AnyUser, s.jobGet),
-		rpc(s, api.MethodJobWatch, AnyUser, s.jobWatch),
-		rpc(s, api.MethodJobList, AnyUser, s.jobList),
-		rpc(s, api.MethodJobCancel, AnyUser, s.jobCancel),
+		rpc(s, api.MethodJobGet, MembersRead, s.jobGet),
+		rpc(s, api.MethodJobWatch, MembersRead, s.jobWatch),
+		rpc(s, api.MethodJobList, MembersRead, s.jobList),
+		rpc(s, api.MethodJobCancel, Members, s.jobCancel),
 
 		// gc.go: the providers' resources kloud no longer wants
-		rpc(s, api.MethodGCRun, AdminOnly, s.gcRun, long),
+		rpc(s, api.MethodGCRun, Owners, s.gcRun, long),
 
 		// plugins.go: provider plugins register (plugin keys only)
 		pluginRPC(s, api.MethodPluginRegister, s.pluginRegister),
 
-		// audit.go: the audit log (kloud admins; auditors once roles exist)
-		rpc(s, api.MethodAuditList, AdminOnly, s.auditList),
-		rpc(s, api.MethodAuditVerify, AdminOnly, s.auditVerify, kite.WithTimeout(5*time.Minute)),
+		// audit.go: the audit log (owners and auditors)
+		rpc(s, api.MethodAuditList, OwnersAuditors, s.auditList),
+		rpc(s, api.MethodAuditVerify, OwnersAuditors, s.auditVerify, kite.WithTimeout(5*time.Minute)),
+
+		// roles (users.go): kloud-wide roles of users
+		rpc(s, api.MethodUserSetRole, Owners, s.userSetRole),
 	}
 }
 
@@ -243,6 +301,10 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"POST /api/login", "anyone (password; rate limited)", s.handleLogin(login)},
 		{"POST /api/logout", "session", http.HandlerFunc(s.handleLogout)},
 		{"GET /api/session", "session cookie", http.HandlerFunc(s.handleSession)},
+		// sso.go: OpenID Connect login (404 page when kloud serve has no --oidc-issuer)
+		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.handleLoginMethods)},
+		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.handleSSOLogin)},
+		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.handleSSOCallback)},
 		// terminal.go: users who may open a terminal on the machine; klient attaches with a ticket
 		{"GET /api/machines/{id}/terminal", "session or kite key; owner, team admin, share", http.HandlerFunc(s.term.serveTerminal)},
 		{"GET /api/machines/{id}/sessions", "session or kite key; as terminal", http.HandlerFunc(s.term.serveSessions)},

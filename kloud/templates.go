@@ -197,7 +197,7 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 }
 
 func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateGetParams) (any, error) {
-	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+	t, err := s.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +220,7 @@ func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p
 			return nil, fmt.Errorf("you are not in team %q: %w", p.Team, kite.ErrPermission)
 		}
 		ts, err = s.store.Templates().OfTeams(ctx, []string{p.Team})
-	case c.Admin:
+	case c.Admin || c.TemplateAdmin():
 		ts, err = s.store.Templates().List(ctx)
 	default:
 		ts, err = s.store.Templates().OfTeams(ctx, c.TeamNames())

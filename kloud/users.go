@@ -130,6 +130,9 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 		}
 	}
 	u := User{Username: p.Username, Email: p.Email, Admin: p.Admin, CreatedAt: s.store.Now()}
+	if p.Admin {
+		u.Role = RoleOwner
+	}
 	if p.Password != "" {
 		h, err := hashPassword(p.Password)
 		if err != nil {
@@ -202,6 +205,8 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 	for _, u := range users {
 		seen[u.Username] = true
 		v := api.UserView{User: u, HasPassword: u.PasswordHash != "", Teams: roles[u.Username]}
+		v.Role = EffectiveRole(&u) // an admin made before roles is an owner
+		v.Admin = v.Role == RoleOwner
 		if !c.Admin {
 			v.Email = "" // addresses are for administrators
 		}
@@ -213,7 +218,9 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 	// Members known only by kite key (the admin) have no user document.
 	for name, r := range roles {
 		if !seen[name] {
-			out.Users = append(out.Users, api.UserView{User: User{Username: name, Admin: name == Admin}, Teams: r})
+			u := User{Username: name, Admin: name == Admin}
+			u.Role = EffectiveRole(&u)
+			out.Users = append(out.Users, api.UserView{User: u, Teams: r})
 		}
 	}
 	sort.Slice(out.Users, func(i, j int) bool { return out.Users[i].Username < out.Users[j].Username })
@@ -221,7 +228,7 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 }
 
 func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *api.NoParams) (any, error) {
-	out := api.WhoamiResult{Username: c.Username, Admin: c.Admin, Teams: []api.TeamRole{}}
+	out := api.WhoamiResult{Username: c.Username, Admin: c.KloudRole == RoleOwner, Role: c.KloudRole, Teams: []api.TeamRole{}}
 	if p := r.Principal(); p != nil {
 		out.AuthType = p.Type
 	}
@@ -260,6 +267,27 @@ func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request
 	}
 	s.log.Info("password set", "user", p.Username, "by", c.Username)
 	return api.SetPasswordResult{Username: p.Username, PasswordSet: true}, nil
+}
+
+// userSetRole sets a user's kloud-wide role (owners only, checked by the route). The built-in
+// admin stays an owner; setting the role of a name without a user document is "not found".
+func (s *Server) userSetRole(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetRoleParams) (any, error) {
+	if p.Username == Admin {
+		return nil, fmt.Errorf("%s is kloud's built-in administrator and always an owner: %w", Admin, kite.ErrInvalidParams)
+	}
+	if err := s.store.Users().SetRole(ctx, p.Username, p.Role, false); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
+		}
+		return nil, err
+	}
+	s.log.Warn("role set", "user", p.Username, "role", p.Role, "by", c.Username)
+	u, err := s.loadUser(ctx, p.Username)
+	if err != nil {
+		return nil, err
+	}
+	u.Role = EffectiveRole(u)
+	return api.UserView{User: *u, HasPassword: u.PasswordHash != "", Teams: map[string]string{}}, nil
 }
 
 // teamCreate creates a team with the caller as its admin.

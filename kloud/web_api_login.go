@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/api"
 )
 
@@ -25,6 +24,8 @@ import (
 //	                  clears the cookie
 //	GET  /api/session the cookie's session: {session, username, admin, expiresAt}, so a page
 //	                  can present it in its kite handshake (auth type "session")
+//
+// Single sign-on (OpenID Connect) is sso.go; it ends in the same session cookie.
 //
 // A session is a kitekey session JWT signed by kontrol. Failed logins are limited per
 // username and client address; a wrong password and an unknown user get the same answer, after
@@ -115,27 +116,36 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 			return
 		}
 		l.reset(key)
-		sess, err := s.Signer().Session(u.Username, u.Admin, DefaultSessionTTL)
-		var exp time.Time
-		if err == nil {
-			var c *kitekey.SessionClaims
-			if c, err = s.Kontrol.Verifier().Session(r.Context(), sess); err == nil {
-				exp = c.ExpiresAt.Time
-			}
-		}
+		res, err := s.startSession(w, r, u)
 		if err != nil {
 			s.log.Error("issue session", "user", u.Username, "err", err)
 			writeError(w, http.StatusInternalServerError, "could not issue a session; see kloud's log")
 			return
 		}
-		http.SetCookie(w, &http.Cookie{
-			Name: SessionCookie, Value: sess, Path: "/", Expires: exp, MaxAge: int(DefaultSessionTTL / time.Second),
-			HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.secureCookies(r),
-		})
 		s.log.Info("login", "user", u.Username, "ip", ip)
 		s.auditHTTP(r, auditWebLogin, u.Username, "", http.StatusOK)
-		writeJSON(w, http.StatusOK, LoginResponse{Session: sess, Username: u.Username, Admin: u.Admin, ExpiresAt: exp.UTC()})
+		writeJSON(w, http.StatusOK, res)
 	}
+}
+
+// startSession issues a session for u and sets it as the session cookie (password and single
+// sign-on logins).
+func (s *Server) startSession(w http.ResponseWriter, r *http.Request, u *User) (LoginResponse, error) {
+	admin := u.Admin || u.Role == RoleOwner
+	sess, err := s.Signer().Session(u.Username, admin, DefaultSessionTTL)
+	if err != nil {
+		return LoginResponse{}, err
+	}
+	c, err := s.Kontrol.Verifier().Session(r.Context(), sess)
+	if err != nil {
+		return LoginResponse{}, err
+	}
+	exp := c.ExpiresAt.Time
+	http.SetCookie(w, &http.Cookie{
+		Name: SessionCookie, Value: sess, Path: "/", Expires: exp, MaxAge: int(DefaultSessionTTL / time.Second),
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.secureCookies(r),
+	})
+	return LoginResponse{Session: sess, Username: u.Username, Admin: admin, ExpiresAt: exp.UTC()}, nil
 }
 
 // checkLogin verifies a password. Unknown users and users without a password cost the same

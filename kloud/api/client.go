@@ -53,6 +53,11 @@ func (c *Client) UserWhoami(ctx context.Context) (WhoamiResult, error) {
 	return call[WhoamiResult](ctx, c, MethodUserWhoami, NoParams{})
 }
 
+// UserSetRole sets a user's kloud-wide role (owners).
+func (c *Client) UserSetRole(ctx context.Context, p SetRoleParams) (UserView, error) {
+	return call[UserView](ctx, c, MethodUserSetRole, p)
+}
+
 // UserSetPassword sets a password (the caller's own; administrators anyone's).
 func (c *Client) UserSetPassword(ctx context.Context, p SetPasswordParams) (SetPasswordResult, error) {
 	return call[SetPasswordResult](ctx, c, MethodUserSetPassword, p)

@@ -11,6 +11,7 @@ const (
 	MethodUserList         = "user.list"
 	MethodUserWhoami       = "user.whoami"
 	MethodUserSetPassword  = "user.setPassword"
+	MethodUserSetRole      = "user.setRole" // roles: owners only
 	MethodTeamCreate       = "team.create"
 	MethodTeamList         = "team.list"
 	MethodTeamAddMember    = "team.addMember"
@@ -114,7 +115,7 @@ func KloudMethods() []string {
 		MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
 		MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,
 		MethodTemplateUntrust, MethodTemplateUpdate,
-		MethodUserAdd, MethodUserList, MethodUserSetPassword, MethodUserWhoami,
+		MethodUserAdd, MethodUserList, MethodUserSetPassword, MethodUserSetRole, MethodUserWhoami,
 	}
 }
 

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // NoParams is the params type of methods that take none.
@@ -123,9 +125,32 @@ type TeamRole struct {
 type WhoamiResult struct {
 	Username string     `json:"username"`
 	Admin    bool       `json:"admin"`
+	Role     string     `json:"role"` // kloud-wide: owner, template-admin, auditor or member
 	Email    string     `json:"email,omitempty"`
 	AuthType string     `json:"authType"`
 	Teams    []TeamRole `json:"teams"`
+}
+
+// Roles lists the kloud-wide roles a user may have (model.RoleOwner, …), most powerful first.
+func Roles() []string {
+	return []string{model.RoleOwner, model.RoleTemplateAdmin, model.RoleAuditor, model.RoleUser}
+}
+
+// SetRoleParams are the params of user.setRole.
+type SetRoleParams struct {
+	Username string `json:"username"`
+	Role     string `json:"role"` // one of Roles()
+}
+
+// Validate implements kite.Validator.
+func (p *SetRoleParams) Validate() error {
+	if err := CheckName("username", p.Username); err != nil {
+		return err
+	}
+	if !slices.Contains(Roles(), p.Role) {
+		return fmt.Errorf("role %q: must be one of %s", p.Role, strings.Join(Roles(), ", "))
+	}
+	return nil
 }
 
 // SetPasswordParams are the params of user.setPassword.

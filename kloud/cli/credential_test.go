@@ -130,7 +130,7 @@ func TestUserCredentialCommands(t *testing.T) {
 		t.Fatalf("team list:\n%s", out)
 	}
 	out = must(admin("user", "list"))
-	if !regexp.MustCompile(`alice\s+no\s+alice@example.com\s+yes\s+red \(admin\)`).MatchString(out) {
+	if !regexp.MustCompile(`alice\s+member\s+alice@example.com\s+yes\s+-\s+red \(admin\)`).MatchString(out) {
 		t.Fatalf("user list:\n%s", out)
 	}
 

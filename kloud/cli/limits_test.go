@@ -65,7 +65,7 @@ func TestLimitsFromTheCLI(t *testing.T) {
 
 	two := template("two", "resource \"terraform_data\" \"vm\" {\n  count = 2\n}\n")
 	code, out, errOut := alice("template", "update", two, "--max-machines", "1")
-	fails("a member's template update --max-machines", code, out, errOut, "only a kloud administrator")
+	fails("a member's template update --max-machines", code, out, errOut, "only a kloud owner or template admin")
 	out = must(run("template", "update", two, "--max-machines", "1"))
 	if !strings.Contains(out, "machine cap: 1 per stack") {
 		t.Errorf("template update --max-machines 1:\n%s", out)

@@ -259,11 +259,14 @@ func whoamiCmd(g *globals) *cobra.Command {
 			if g.json {
 				return g.printJSON(res)
 			}
-			admin := ""
-			if res.Admin {
-				admin = " (kloud administrator)"
+			role := ""
+			switch {
+			case res.Admin:
+				role = " (owner: kloud administrator)"
+			case res.Role != "" && res.Role != kloud.RoleUser:
+				role = " (" + res.Role + ")"
 			}
-			fmt.Fprintf(g.stdout, "%s%s, authenticated with a %s\n", res.Username, admin, res.AuthType)
+			fmt.Fprintf(g.stdout, "%s%s, authenticated with a %s\n", res.Username, role, res.AuthType)
 			if len(res.Teams) == 0 {
 				fmt.Fprintln(g.stdout, "in no team: create one with `kloud team create SLUG`, or ask a team admin to add you")
 				return nil

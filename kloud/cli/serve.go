@@ -53,6 +53,7 @@ type serveFlags struct {
 	docker  serveDocker
 	vagrant serveVagrant
 	demo    serveDemo
+	sso     serveSSO // serve_sso.go
 }
 
 func serveCmd(g *globals) *cobra.Command {
@@ -81,7 +82,13 @@ read again every 2 s, so ` + "`kloud provider install`" + ` needs no restart), e
 and a fresh plugin key in its environment; restarts it when it exits (backoff 0.2 s doubling to
 30 s), logs its output with provider=NAME, and stops it on exit. Without root, plugins need
 --plugin-insecure-no-sandbox (development only). --plugin-unsandboxed NAME lets one plugin run
-with kloud's privileges (logged at every start).`,
+with kloud's privileges (logged at every start).
+
+With --oidc-issuer, --oidc-client-id and --oidc-client-secret-file, the login page offers "Sign in
+with SSO" (OpenID Connect, authorization code flow with PKCE) beside passwords; register
+<public URL>/api/oidc/callback as the redirect URI at the provider. A first login creates the user,
+bound to the provider's subject; groups (--oidc-groups-claim) naming a kloud team make the user a
+member (docs/operations.md, "Single sign-on and roles").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd, g, f) },
 	}
@@ -122,6 +129,7 @@ with kloud's privileges (logged at every start).`,
 	fl.StringVar(&f.tfMetricsAddr, "terraformer-metrics-addr", "", "pass --metrics-addr to the terraformer it starts: its GET /metrics without authentication on this address")
 	fl.DurationVar(&f.o.MetricsInterval, "metrics-interval", kloud.DefaultMetricsInterval, "how often the machines' cpu, memory and disk (from their klient) and the quota use are polled for /metrics")
 	fl.Var(defaultQuotaFlag{&f.o.DefaultQuota}, "default-quota", "quota of every user an administrator gave none (quota.go): machines=N,cores=N,memory=SIZE,disk=SIZE (SIZE: MB or 8G; limits not given: none)")
+	f.sso.flags(cmd, &f.o.SSO)
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)
 	f.local.flags(cmd)
@@ -138,6 +146,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	}
 	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
 	f.o.DataDir, f.o.Logger = g.dataDir, log
+	if err := f.sso.apply(&f.o.SSO); err != nil {
+		return err
+	}
 	if f.pluginLimits.CPUs < 0 || f.pluginMemMB < 0 || f.pluginLimits.PidsMax < 0 {
 		return errors.New("--plugin-cpus, --plugin-memory-mb and --plugin-pids-max must not be negative")
 	}

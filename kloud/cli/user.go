@@ -116,13 +116,17 @@ them (kloud key create). --team adds them to a team at once.
 			if g.json {
 				return g.printJSON(res.Users)
 			}
-			tw := newTable(g.stdout, "USERNAME", "ADMIN", "EMAIL", "PASSWORD", "TEAMS", "CREATED")
+			tw := newTable(g.stdout, "USERNAME", "ROLE", "EMAIL", "PASSWORD", "SSO", "TEAMS", "CREATED")
 			for _, u := range res.Users {
 				created := ""
 				if !u.CreatedAt.IsZero() {
 					created = u.CreatedAt.Local().Format(time.DateTime)
 				}
-				tw.row(u.Username, yesNo(u.Admin), u.Email, yesNo(u.HasPassword), teamsString(u.Teams), created)
+				role := u.Role
+				if role == "" {
+					role = kloud.EffectiveRole(&u.User)
+				}
+				tw.row(u.Username, role, u.Email, yesNo(u.HasPassword), u.SSOIssuer, teamsString(u.Teams), created)
 			}
 			return tw.flush()
 		},
@@ -162,7 +166,39 @@ admin itself (so the administrator can log in to the web UI).`,
 	}
 	passwd.Flags().StringVar(&passwdFile, "password-file", "", "read the password from this file's first line (- for stdin)")
 
-	cmd.AddCommand(add, list, passwd)
+	role := &cobra.Command{
+		Use:   "role USERNAME ROLE",
+		Short: "Set a user's kloud-wide role (owners only)",
+		Long: `Set a user's kloud-wide role, one of:
+
+  owner           a kloud administrator: may do everything (user add --admin makes one)
+  template-admin  a member who also trusts and untrusts templates of every team and sets their
+                  machine caps (kloud template trust|untrust, template update --max-machines)
+  auditor         reads everything an owner can read (lists, describes, jobs, quotas) and
+                  changes nothing: every other call is refused
+  member          any other user (the default)
+
+Only owners set roles; the built-in admin is always an owner. The change applies to the user's
+open sessions and keys at once. Team roles (team admin, member) are another thing: kloud team
+add-member --role.
+
+  kloud user role carol auditor
+  kloud user role dave template-admin`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := call(cmd.Context(), g, (*api.Client).UserSetRole, api.SetRoleParams{Username: args[0], Role: args[1]})
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(res)
+			}
+			fmt.Fprintf(g.stdout, "%s is now %s\n", res.Username, res.Role)
+			return nil
+		},
+	}
+
+	cmd.AddCommand(add, list, passwd, role)
 	return cmd
 }
 

@@ -13,11 +13,40 @@ import (
 
 // User is a person who logs in (collection users).
 type User struct {
-	Username     string    `bson:"_id" json:"username"`
-	Email        string    `bson:"email,omitempty" json:"email,omitempty"`
-	PasswordHash string    `bson:"passwordHash,omitempty" json:"-"`
-	Admin        bool      `bson:"admin,omitempty" json:"admin,omitempty"` // kloud administrator
-	CreatedAt    time.Time `bson:"createdAt" json:"createdAt"`
+	Username     string `bson:"_id" json:"username"`
+	Email        string `bson:"email,omitempty" json:"email,omitempty"`
+	PasswordHash string `bson:"passwordHash,omitempty" json:"-"`
+	Admin        bool   `bson:"admin,omitempty" json:"admin,omitempty"` // kloud administrator (role owner)
+	// Role is the user's kloud-wide role: RoleOwner, RoleTemplateAdmin, RoleAuditor, or empty
+	// for a member (users.go EffectiveRole: Admin counts as owner).
+	Role string `bson:"role,omitempty" json:"role,omitempty"`
+	// SSOIssuer is the OpenID provider of a user created by single sign-on (sso.go); the
+	// binding to the provider's subject is in the identities collection.
+	SSOIssuer string `bson:"ssoIssuer,omitempty" json:"ssoIssuer,omitempty"`
+	// SSOTeams are the teams single sign-on made the user a member of (from the groups claim),
+	// so a later login without the group removes only those memberships.
+	SSOTeams  []string  `bson:"ssoTeams,omitempty" json:"ssoTeams,omitempty"`
+	CreatedAt time.Time `bson:"createdAt" json:"createdAt"`
+}
+
+// Kloud-wide roles of a user (User.Role; docs/operations.md "Single sign-on and roles"). A user
+// without one is a member.
+const (
+	RoleOwner         = "owner"          // today's kloud administrator: everything
+	RoleTemplateAdmin = "template-admin" // members' rights, and trusts or untrusts templates
+	RoleAuditor       = "auditor"        // reads everything an owner reads, changes nothing
+	RoleUser          = "member"         // any user
+)
+
+// Identity binds a user created by single sign-on to the provider's (issuer, subject)
+// (collection identities, _id = issuer + " " + subject): a later login of the same subject is the
+// same user whatever its name or email, and another subject never becomes this user.
+type Identity struct {
+	ID        string    `bson:"_id" json:"id"`
+	Issuer    string    `bson:"issuer" json:"issuer"`
+	Subject   string    `bson:"subject" json:"subject"`
+	Username  string    `bson:"username" json:"username"`
+	CreatedAt time.Time `bson:"createdAt" json:"createdAt"`
 }
 
 // Team roles.

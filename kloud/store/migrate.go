@@ -159,6 +159,7 @@ var indexes = []index{
 	{CollSnapshots, bson.D{{Key: "machineId", Value: 1}}, false},
 	{CollAudit, bson.D{{Key: "time", Value: 1}}, false},
 	{CollAudit, bson.D{{Key: "user", Value: 1}, {Key: "_id", Value: -1}}, false},
+	{CollIdentities, bson.D{{Key: "username", Value: 1}}, false},
 }
 
 func (s *Store) ensureIndexes(ctx context.Context) error {
@@ -183,7 +184,8 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 		exists[n] = true
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
-		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollAudit} {
+		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollAudit,
+		CollIdentities} {
 		if exists[c] {
 			continue
 		}

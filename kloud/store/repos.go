@@ -9,6 +9,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // The typed repositories of kloud's own documents (model.go): one type per collection, with
@@ -139,6 +141,38 @@ func (r *Users) SetPassword(ctx context.Context, username, hash string, create b
 		return fmt.Errorf("user %s: %w", username, ErrNotFound)
 	}
 	return nil
+}
+
+// SetRole sets a user's kloud-wide role (model.RoleOwner, …; "" or RoleUser: member) and keeps
+// the admin flag in step with it (an owner is a kloud administrator). With create, a missing
+// user is created (the built-in admin has no document until its password or role is set).
+func (r *Users) SetRole(ctx context.Context, username, role string, create bool) error {
+	set := bson.M{"role": role, "admin": role == model.RoleOwner}
+	if role == "" || role == model.RoleUser {
+		set["role"] = model.RoleUser
+	}
+	upd := bson.M{"$set": set}
+	var opts []options.Lister[options.UpdateOneOptions]
+	if create {
+		upd["$setOnInsert"] = bson.M{"createdAt": r.s.Now()}
+		opts = append(opts, options.UpdateOne().SetUpsert(true))
+	}
+	res, err := r.coll().UpdateOne(ctx, bson.M{"_id": username}, upd, opts...)
+	if err != nil {
+		return fmt.Errorf("set role of %s: %w", username, err)
+	}
+	if res.MatchedCount == 0 && res.UpsertedCount == 0 {
+		return fmt.Errorf("user %s: %w", username, ErrNotFound)
+	}
+	return nil
+}
+
+// SetSSOTeams records the teams single sign-on made a user a member of.
+func (r *Users) SetSSOTeams(ctx context.Context, username string, teams []string) error {
+	if teams == nil {
+		teams = []string{}
+	}
+	return updateByID(ctx, r.coll(), "user", username, bson.M{"$set": bson.M{"ssoTeams": teams}})
 }
 
 // ---- teams

@@ -31,9 +31,10 @@ const (
 	CollKites       = "kites"
 	CollSessions    = "sessions"
 	CollMeta        = "meta"
-	CollSnapshots   = "snapshots" // snapshots.go
-	CollQuotas      = "quotas"    // quotas.go
-	CollAudit       = "audit"     // audit.go
+	CollSnapshots   = "snapshots"  // snapshots.go
+	CollQuotas      = "quotas"     // quotas.go
+	CollAudit       = "audit"      // audit.go
+	CollIdentities  = "identities" // identities.go: single sign-on subjects → users
 )
 
 // Options configure [Open]. Zero fields take the documented defaults.

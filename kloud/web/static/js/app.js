@@ -35,6 +35,13 @@ const routes = [
   ['/audit', auditPage.list],
 ];
 
+// roleLabel is what the header says after the username: the kloud-wide role but member's.
+function roleLabel(me) {
+  if (!me) return '';
+  if (me.admin) return ' (admin)';
+  return me.role && me.role !== 'member' ? ` (${me.role})` : '';
+}
+
 const nav = [
   ['#/machines', 'Machines'],
   ['#/stacks', 'Stacks'],
@@ -145,7 +152,7 @@ class App {
           'Terminals', ts.open ? h('span', { class: `count ${ts.down ? 'count-warn' : ''}` }, String(ts.open)) : null)) : null,
       h('span', { class: 'spacer' }),
       conn,
-      user ? h('span', { class: 'user' }, user.username, this.me && this.me.admin ? ' (admin)' : '') : null,
+      user ? h('span', { class: 'user', title: this.me && this.me.role ? `kloud role: ${this.me.role}` : '' }, user.username, roleLabel(this.me)) : null,
       user ? h('button', { class: 'small', id: 'logout', onclick: () => this.logout() }, 'Log out') : null);
   }
 

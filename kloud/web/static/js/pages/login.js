@@ -1,4 +1,7 @@
-// login.js — the login form: POST /api/login, then the app connects with the session.
+// login.js — the login form: POST /api/login, then the app connects with the session. When
+// kloud has single sign-on (GET /api/login/methods names it), a "Sign in with SSO" link beside
+// it goes to /api/oidc/login; kloud's callback sets the session cookie and sends the browser back
+// to the UI, which recovers the session from it (session.js restoreSession).
 
 import { h, clear, field } from '../ui.js';
 import { login } from '../session.js';
@@ -33,6 +36,23 @@ export function render({ onLogin }, el) {
       btn.disabled = false;
     }
   });
-  clear(el, h('section', { class: 'card narrow' }, form));
+  const sso = h('div', { class: 'login-sso', id: 'login-sso-box' });
+  clear(el, h('section', { class: 'card narrow' }, form, sso));
   user.focus();
+  loginMethods().then((m) => {
+    if (!m || !m.sso) return;
+    clear(sso,
+      h('p', { class: 'muted' }, 'or'),
+      h('a', { class: 'button primary', id: 'login-sso', href: m.sso.url, title: `OpenID provider ${m.sso.issuer}` }, 'Sign in with SSO'));
+  });
+}
+
+// loginMethods asks kloud what the login page offers (null if it cannot say).
+async function loginMethods() {
+  try {
+    const res = await fetch('/api/login/methods', { credentials: 'same-origin' });
+    return res.ok ? await res.json() : null;
+  } catch {
+    return null;
+  }
 }
