@@ -140,7 +140,7 @@ func auditDecisions() map[string]bool {
 		// users.go
 		api.MethodUserAdd: false, api.MethodUserList: true, api.MethodUserWhoami: true, api.MethodUserSetPassword: false,
 		api.MethodUserSetRole: false,
-		api.MethodTeamCreate: false, api.MethodTeamList: true, api.MethodTeamAddMember: false, api.MethodTeamRemoveMember: false,
+		api.MethodTeamCreate:  false, api.MethodTeamList: true, api.MethodTeamAddMember: false, api.MethodTeamRemoveMember: false,
 		// credentials.go; authenticate sends a credential to its provider
 		api.MethodProviderDescribe: true, api.MethodProviderList: true, api.MethodProviderKeyCreate: false,
 		api.MethodCredentialAdd: false, api.MethodCredentialList: true, api.MethodCredentialDescribe: true,
