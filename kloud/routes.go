@@ -49,12 +49,15 @@ type Route struct {
 }
 
 // rpc makes a Route: params are bound strictly into P (and validated), the caller is resolved
-// (agents refused), the Who is checked, then fn runs.
+// (agents refused), the caller's rate limit is checked, the Who is checked, then fn runs.
 func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (any, error), opts ...kite.MethodOption) Route {
 	h := kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
 		c, err := s.caller(ctx, r)
 		if err != nil {
 			return nil, wireError(err)
+		}
+		if err := s.checkRate(c, method); err != nil { // ratelimit.go
+			return nil, err
 		}
 		if who == AdminOnly && !c.Admin {
 			return nil, fmt.Errorf("%s is for kloud administrators: %w", method, kite.ErrPermission)

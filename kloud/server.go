@@ -164,6 +164,7 @@ type Server struct {
 	apps      *appsHub           // machines' web apps on their own hosts (portforward.go)
 	kinds     map[string]jobKind // job kinds (routes.go)
 
+	rate        *rateLimiter // each user's calls (ratelimit.go); nil: no limit
 	plugins     *plugin.Host // provider plugins: proxies in providers, their status (plugins.go)
 	launcher    *launcher    // starts the plugin directory's plugins (set by ServeListener)
 	pluginsDone chan struct{}
@@ -181,7 +182,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
-	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer}
+	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer,
+		rate: newRateLimiter(opts.Limits.RateLimit, opts.Limits.RateBurst, maxRateBuckets)}
 	ok := false
 	defer func() {
 		if !ok {

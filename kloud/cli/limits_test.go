@@ -85,3 +85,30 @@ func TestLimitsFromTheCLI(t *testing.T) {
 	}
 	tfruntest.AssertNoProcesses(t, 30*time.Second, tfDir)
 }
+
+// TestRateLimitFromTheCLI: once alice has used her burst of calls, her commands fail saying
+// "rate limited: retry in Ns" and naming the flags, exit non-zero, and the administrator's
+// commands still work.
+func TestRateLimitFromTheCLI(t *testing.T) {
+	_, run, must := startKloud(t, kloudtest.Options{Limits: kloud.Limits{RateLimit: 0.001, RateBurst: 10}})
+	aliceKey := filepath.Join(t.TempDir(), "alice.key")
+	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("key", "create", "--username", "alice", "--out", aliceKey))
+	var code int
+	var errOut string
+	for i := 0; i < 20; i++ {
+		if code, _, errOut = run("stack", "list", "--key", aliceKey); code != 0 {
+			break
+		}
+	}
+	if code == 0 {
+		t.Fatal("20 stack lists in a row under a burst of 10: none refused")
+	}
+	for _, want := range []string{"rate limited: retry in ", "--rate-limit"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, errOut)
+		}
+	}
+	t.Logf("refused: %s", strings.TrimSpace(errOut))
+	must(run("user", "list"))
+}

@@ -114,6 +114,8 @@ with kloud's privileges (logged at every start).`,
 	gcServeFlags(fl, &f.o.GC)                                                           // gc.go
 	fl.IntVar(&f.o.Limits.MaxMachinesPerStack, "max-machines-per-stack", kloud.DefaultMaxMachinesPerStack, fmt.Sprintf("cap on the machines of one stack, checked before terraform runs and on its plan (a template's own cap, kloud template update --max-machines, replaces it; at most %d)", kloud.MaxMachinesCeiling))
 	fl.DurationVar(&f.o.Limits.PlanTimeout, "plan-timeout", kloud.DefaultPlanTimeout, "wall-time limit of a terraform plan made for a call (stack plan, create, update, scale): then it is cancelled and terraform killed")
+	fl.Float64Var(&f.o.Limits.RateLimit, "rate-limit", kloud.DefaultRateLimit, "kloud calls a second each user may make on average; over it a call is refused with \"rate limited: retry in Ns\" (0: no limit)")
+	fl.IntVar(&f.o.Limits.RateBurst, "rate-burst", kloud.DefaultRateBurst, "kloud calls each user may make at once before --rate-limit applies")
 	fl.Var(defaultQuotaFlag{&f.o.DefaultQuota}, "default-quota", "quota of every user an administrator gave none (quota.go): machines=N,cores=N,memory=SIZE,disk=SIZE (SIZE: MB or 8G; limits not given: none)")
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)
