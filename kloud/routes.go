@@ -160,6 +160,9 @@ func (s *Server) rpcRoutes() []Route {
 
 		// plugins.go: provider plugins register (plugin keys only)
 		pluginRPC(api.MethodPluginRegister, s.pluginRegister),
+
+		// stacks_plan.go: stack.plan as a durable job (team members; of a stack: owner, team admins)
+		rpc(s, api.MethodStackPlanJob, AnyUser, s.stackPlanJob),
 	}
 }
 
@@ -242,6 +245,7 @@ func (s *Server) jobKinds() map[string]jobKind {
 			},
 			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runMachineRestore(ctx, j, true) },
 		},
+		jobStackPlan: {run: s.runStackPlan}, // stacks_plan.go: an interrupted plan fails ("run it again")
 		bootstrapJobKind: {
 			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runBootstrap(ctx, j, false) },
 			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runBootstrap(ctx, j, true) },

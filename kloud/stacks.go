@@ -156,6 +156,9 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	if err != nil {
 		return nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
 	}
+	if logf == nil {
+		logf = planLog(ctx) // a plan job's log (stacks_plan.go)
+	}
 	ctx, cancel := s.planCtx(ctx) // limits.go: the plan timeout
 	defer cancel()
 	// A content id plans one at a time (terraformer's lease on its work dir): a plan of the same
