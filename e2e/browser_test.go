@@ -61,6 +61,7 @@ func browserUsers(t *testing.T, e *env) (password string) {
 	}
 	e.run("user", "add", "alice", "--team", "default", "--password-file", pw)
 	e.run("user", "add", "bob", "--team", "default", "--password-file", pw) // the read-only watcher
+	e.run("user", "add", "ops", "--admin", "--password-file", pw)           // a kloud administrator (quota page)
 	return password
 }
 
@@ -113,7 +114,9 @@ func runBrowserScript(t *testing.T, e *env, node, script, out, file string, need
 // creates and builds a stack watching the progress bar and log, sees the machine Running with
 // its agent connected and every page render, each showing titles and values rather than ids,
 // JSON and raw errors (the docker provider, offered with no daemon behind it, is unavailable in
-// one line); then kloud is killed and restarted under the open page, which shows
+// one line); her quota page shows her quota (3 machines, set by the test) and her use, and an
+// administrator raises it to 5 on the same page in a second browser; then kloud is killed and
+// restarted under the open page, which shows
 // "reconnecting" and carries on. Screenshots are kept in
 // $KLOUD_ARTIFACTS/TestBrowser (default e2e/artifacts/TestBrowser).
 func TestBrowser(t *testing.T) {
@@ -122,7 +125,9 @@ func TestBrowser(t *testing.T) {
 	// page says so in a line.
 	e := newEnv(t, "--docker-host", "unix://"+filepath.Join(t.TempDir(), "no-docker.sock"))
 	password := browserUsers(t, e)
-	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_RESTART=1", "KLOUD_TERMINAL=0", "KLOUD_UNAVAILABLE=docker")
+	e.run("quota", "set", "--user", "alice", "--machines", "3")
+	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_RESTART=1", "KLOUD_TERMINAL=0", "KLOUD_UNAVAILABLE=docker",
+		"KLOUD_QUOTA_ADMIN=ops", "KLOUD_QUOTA_ADMIN_PASSWORD="+password)
 	if _, err := os.Stat(filepath.Join(out, "machines.png")); err != nil {
 		t.Fatalf("no screenshot: %v", err)
 	}

@@ -17,6 +17,7 @@ import * as templatesPage from './pages/templates.js';
 import * as stacksPage from './pages/stacks.js';
 import * as machinesPage from './pages/machines.js';
 import * as providersPage from './pages/providers.js';
+import * as quotaPage from './pages/quota.js';
 
 const routes = [
   ['/machines', machinesPage.list],
@@ -31,6 +32,7 @@ const routes = [
   ['/credentials', credentialsPage.list],
   ['/teams', teamsPage.list],
   ['/providers', providersPage.list],
+  ['/quota', quotaPage.list],
 ];
 
 const nav = [
@@ -40,6 +42,7 @@ const nav = [
   ['#/credentials', 'Credentials'],
   ['#/teams', 'Teams'],
   ['#/providers', 'Providers'],
+  ['#/quota', 'Quotas'],
 ];
 
 function match(path) {
