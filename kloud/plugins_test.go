@@ -162,20 +162,28 @@ func TestProviderHTTPDispatch(t *testing.T) {
 	}
 }
 
-// TestPluginLaunchedInProcess: a kloud in this process (the test binary is the sandbox's
-// launcher: TestMain calls tfsandbox.MaybeRun) launches the plugin of its plugin directory; it
-// registers (Host.Wait), is listed connected, and after it is killed it is back.
-func TestPluginLaunchedInProcess(t *testing.T) {
+// testPluginDir returns a new plugin directory holding internal/testplugin as
+// kloud-provider-NAME.
+func testPluginDir(t *testing.T, name string) string {
+	t.Helper()
 	bin := testutil.BuildBinary(t, "./internal/testplugin")
 	dir := t.TempDir()
 	b, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+"inproc"), b, 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+name), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(dir, 0o755)
+	return dir
+}
+
+// TestPluginLaunchedInProcess: a kloud in this process (the test binary is the sandbox's
+// launcher: TestMain calls tfsandbox.MaybeRun) launches the plugin of its plugin directory; it
+// registers (Host.Wait), is listed connected, and after it is killed it is back.
+func TestPluginLaunchedInProcess(t *testing.T) {
+	dir := testPluginDir(t, "inproc")
 	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Insecure: os.Geteuid() != 0}})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -252,16 +260,7 @@ func TestPluginUnderCgroupLimits(t *testing.T) {
 	if err != nil || hs["pids"].Mount == "" || hs["memory"].Mount == "" {
 		testutil.Unavailable(t, "no pids or memory cgroup controller: %v", err)
 	}
-	bin := testutil.BuildBinary(t, "./internal/testplugin")
-	dir := t.TempDir()
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+"limited"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(dir, 0o755)
+	dir := testPluginDir(t, "limited")
 	lim := &cgroups.Limits{PidsMax: 64, MemoryBytes: 256 << 20, CPUs: 0.5}
 	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Limits: lim}})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -318,16 +317,7 @@ func TestPluginForkBombStaysInCgroup(t *testing.T) {
 	if err != nil || hs["pids"].Mount == "" {
 		testutil.Unavailable(t, "no pids cgroup controller: %v", err)
 	}
-	bin := testutil.BuildBinary(t, "./internal/testplugin")
-	dir := t.TempDir()
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+"forkbomb"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(dir, 0o755)
+	dir := testPluginDir(t, "forkbomb")
 	const pidsMax = 48
 	lim := &cgroups.Limits{PidsMax: pidsMax, MemoryBytes: 256 << 20, CPUs: 0.25}
 	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Limits: lim}})

@@ -72,15 +72,7 @@ func TestPlanJob(t *testing.T) {
 	}
 
 	// The cap is checked before terraform: at the call.
-	small := f.template(`
-variable "n" {
-  type    = number
-  default = 2
-}
-resource "terraform_data" "vm" {
-  count = var.n
-}
-`)
+	small := f.template(countOfN) // limits_test.go
 	before := len(tfJobs(t, f.tfDir))
 	ref, err = c.StackPlanJob(ctx, api.StackPlanParams{TemplateID: small, Variables: map[string]string{"n": "100000"}})
 	refusedCap(t, "stack.planJob with n=100000", err, "asks for 100000 machines", "the limit is 20")

@@ -138,23 +138,7 @@ resource "local_file" "f" {
 		check("write-work", "touch ./written"),
 		check("mount", "mount -t tmpfs none /tmp"),
 	}, "\n")
-	j := apply(t, e, "confined", fmt.Sprintf(`
-resource "terraform_data" "probe" {
-  provisioner "local-exec" {
-    command = %q
-  }
-}`, script))
-	if j.Status != tfrun.StatusSucceeded {
-		t.Fatalf("probe: %s %v\n%s", j.Status, j.Err(), strings.Join(j.Log, "\n"))
-	}
-	work := tfruntest.WorkDir(e, "confined")
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(work, name))
-		if err != nil {
-			t.Fatalf("probe result %s: %v", name, err)
-		}
-		return strings.TrimSpace(string(b))
-	}
+	j, work, read := probe(t, e, "confined", script)
 	if got := read("uid"); got != "65534" {
 		t.Errorf("uid %s, want 65534", got)
 	}
@@ -210,6 +194,31 @@ resource "terraform_data" "probe" {
 		t.Error("the secret is in the job log")
 	}
 	tfruntest.AssertNoProcesses(t, 10*time.Second, work)
+}
+
+// probe applies a local-exec provisioner running script in the sandbox (under content id
+// contentID), which writes its findings into files of its work dir, and returns the job, the
+// work dir and read, which returns such a file's trimmed content.
+func probe(t *testing.T, e *tfrun.Engine, contentID, script string) (*tfrun.Job, string, func(name string) string) {
+	t.Helper()
+	j := apply(t, e, contentID, fmt.Sprintf(`
+resource "terraform_data" "probe" {
+  provisioner "local-exec" {
+    command = %q
+  }
+}`, script))
+	if j.Status != tfrun.StatusSucceeded {
+		t.Fatalf("probe: %s %v\n%s", j.Status, j.Err(), strings.Join(j.Log, "\n"))
+	}
+	work := tfruntest.WorkDir(e, contentID)
+	return j, work, func(name string) string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(work, name))
+		if err != nil {
+			t.Fatalf("probe result %s: %v", name, err)
+		}
+		return strings.TrimSpace(string(b))
+	}
 }
 
 // check is a shell line that writes yes or no into file name, as cmd succeeded.
@@ -281,23 +290,7 @@ func TestSandboxSeesMinimalEtc(t *testing.T) {
 		check("ssl-private", "test -e /etc/ssl/private"),
 		check("write-etc", "touch /etc/passwd"),
 	}, "\n")
-	j := apply(t, e, "etc", fmt.Sprintf(`
-resource "terraform_data" "probe" {
-  provisioner "local-exec" {
-    command = %q
-  }
-}`, script))
-	if j.Status != tfrun.StatusSucceeded {
-		t.Fatalf("probe: %s %v\n%s", j.Status, j.Err(), strings.Join(j.Log, "\n"))
-	}
-	work := tfruntest.WorkDir(e, "etc")
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(work, name))
-		if err != nil {
-			t.Fatalf("probe result %s: %v", name, err)
-		}
-		return strings.TrimSpace(string(b))
-	}
+	_, _, read := probe(t, e, "etc", script)
 	allowed := map[string]bool{"passwd": true, "group": true, "hosts": true, "resolv.conf": true,
 		"nsswitch.conf": true, "localtime": true, "ssl": true, "pki": true, "ld.so.cache": true, "alternatives": true}
 	list := strings.Fields(read("etc-list"))
