@@ -75,6 +75,17 @@ func watchJobTo(ctx context.Context, c *kite.Conn, jobID string, out io.Writer, 
 func (g *globals) planJob(ctx context.Context, p api.StackPlanParams) (api.StackPlanResult, error) {
 	var res api.StackPlanResult
 	err := g.withConn(ctx, func(c *kite.Conn) error {
+		var err error
+		res, err = g.planJobOn(ctx, c, p)
+		return err
+	})
+	return res, err
+}
+
+// planJobOn is planJob on connection c.
+func (g *globals) planJobOn(ctx context.Context, c *kite.Conn, p api.StackPlanParams) (api.StackPlanResult, error) {
+	var res api.StackPlanResult
+	err := func() error {
 		ref, err := api.NewClient(c).StackPlanJob(ctx, p)
 		if err != nil {
 			return explain(err)
@@ -103,7 +114,7 @@ func (g *globals) planJob(ctx context.Context, p api.StackPlanParams) (api.Stack
 			return fmt.Errorf("plan job %s was cancelled", ref.JobID)
 		}
 		return errors.New(last.Error)
-	})
+	}()
 	return res, err
 }
 
