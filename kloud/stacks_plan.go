@@ -15,8 +15,8 @@ import (
 // job.cancel (terraform is cancelled and killed, as at the plan timeout). What can be refused
 // without terraform is refused at the call, before any job: a template the caller may not use,
 // files the policy rejects, a missing credential, more machines than the cap (the 100,000-machine
-// template). The synchronous stack.plan stays for callers that want one answer (the update
-// preview of `kloud stack update`, older clients).
+// template). The CLI (`kloud stack plan`, `kloud stack update`'s plan) and the web UI plan this
+// way; the synchronous stack.plan stays for API clients that want one answer and older CLIs.
 
 // jobStackPlan is the kind of stack.planJob's jobs.
 const jobStackPlan = "stack.plan"
