@@ -165,6 +165,7 @@ type Server struct {
 	kinds     map[string]jobKind // job kinds (routes.go)
 
 	rate        *rateLimiter // each user's calls (ratelimit.go); nil: no limit
+	planJobs    planSlots    // each user's running plan jobs (stacks_plan.go)
 	plugins     *plugin.Host // provider plugins: proxies in providers, their status (plugins.go)
 	launcher    *launcher    // starts the plugin directory's plugins (set by ServeListener)
 	pluginsDone chan struct{}

@@ -176,7 +176,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		select {
 		case <-ctx.Done():
 			return nil, s.planStopped(ctx)
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
 	job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -15,11 +16,45 @@ import (
 // job.cancel (terraform is cancelled and killed, as at the plan timeout). What can be refused
 // without terraform is refused at the call, before any job: a template the caller may not use,
 // files the policy rejects, a missing credential, more machines than the cap (the 100,000-machine
-// template). The CLI (`kloud stack plan`, `kloud stack update`'s plan) and the web UI plan this
-// way; the synchronous stack.plan stays for API clients that want one answer and older CLIs.
+// template), and a user may have at most MaxPlanJobsPerUser plan jobs running (-32004 beyond).
+// The CLI (`kloud stack plan`, `kloud stack update`'s plan) and the web UI plan this way; the
+// synchronous stack.plan stays for API clients that want one answer and older CLIs.
 
 // jobStackPlan is the kind of stack.planJob's jobs.
 const jobStackPlan = "stack.plan"
+
+// MaxPlanJobsPerUser is how many plan jobs one user may have running at once (in one kloud
+// process): each runs terraform, or waits for the plan of the same template before it.
+const MaxPlanJobsPerUser = 4
+
+// planSlots counts each user's running plan jobs.
+type planSlots struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// take counts one more plan job of user, unless they have limit running.
+func (p *planSlots) take(user string, limit int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n == nil {
+		p.n = map[string]int{}
+	}
+	if p.n[user] >= limit {
+		return false
+	}
+	p.n[user]++
+	return true
+}
+
+// done counts one plan job of user less.
+func (p *planSlots) done(user string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n[user]--; p.n[user] <= 0 {
+		delete(p.n, user)
+	}
+}
 
 // planJobParams are a plan job's params: the call's, and whether its caller was an
 // administrator by their key (the job acts as its owner).
@@ -57,8 +92,13 @@ func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p
 	if err != nil {
 		return nil, err
 	}
+	if !s.planJobs.take(c.Username, MaxPlanJobsPerUser) { // released when the job ends (runStackPlan)
+		return nil, fmt.Errorf("%s has %d plans running, the most a user may have at once: wait for one to end, or cancel it (kloud job list; kloud job cancel ID): %w",
+			c.Username, MaxPlanJobsPerUser, kite.ErrConflict)
+	}
 	id, err := s.startJob(ctx, jobStackPlan, target, c.Username, params)
 	if err != nil {
+		s.planJobs.done(c.Username)
 		return nil, err
 	}
 	return api.JobRef{JobID: id}, nil
@@ -67,6 +107,7 @@ func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p
 // runStackPlan is a plan job: stack.plan's work as the job's owner, terraform's lines in the
 // job's log. Its context is the job's: job.cancel and the plan timeout stop terraform.
 func (s *Server) runStackPlan(ctx context.Context, j *jobCtx) (map[string]any, error) {
+	defer s.planJobs.done(j.Owner) // taken by stackPlanJob
 	var p planJobParams
 	b, err := json.Marshal(j.Params)
 	if err == nil {

@@ -1,6 +1,8 @@
 package kloud_test
 
 import (
+	"context"
+	"errors"
 	"reflect"
 	"slices"
 	"strings"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
@@ -127,4 +130,78 @@ resource "terraform_data" "vm" {
 			t.Errorf("terraformer job %s: %s, want cancelled", j.ID, j.Status)
 		}
 	}
+}
+
+// TestPlanJobsPerUserCapped: a user who starts plan jobs without end (each of a 100,000-machine
+// plan) gets kloud.MaxPlanJobsPerUser of them running (one terraform, the others waiting for the
+// plan of the same template) and the next refused with -32004 saying how to cancel; another user
+// still plans; once one of hers ends she may start another. Nothing is left running.
+func TestPlanJobsPerUserCapped(t *testing.T) {
+	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
+	f.credential()
+	ctx := t.Context()
+	c := f.client()
+	big := f.template(`
+resource "terraform_data" "vm" {
+  count = max(100000, 1)
+}
+`)
+	var refs []api.JobRef
+	for i := range kloud.MaxPlanJobsPerUser {
+		ref, err := c.StackPlanJob(ctx, api.StackPlanParams{TemplateID: big})
+		if err != nil {
+			t.Fatalf("plan job %d of %d: %v", i+1, kloud.MaxPlanJobsPerUser, err)
+		}
+		refs = append(refs, ref)
+	}
+	t.Cleanup(func() {
+		for _, ref := range refs {
+			c.JobCancel(context.Background(), ref)
+		}
+	})
+	_, err := c.StackPlanJob(ctx, api.StackPlanParams{TemplateID: big})
+	if !errors.Is(err, kite.ErrConflict) || !strings.Contains(err.Error(), "kloud job cancel") {
+		t.Fatalf("plan job %d: %v, want -32004 naming kloud job cancel", kloud.MaxPlanJobsPerUser+1, err)
+	}
+	t.Logf("refused: %v", err)
+
+	// bob plans meanwhile.
+	admin := f.Client(kloud.Admin)
+	if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: "bob", Team: kloud.DefaultTeam}); err != nil {
+		t.Fatal(err)
+	}
+	small := f.template(countOfN) // limits_test.go
+	bob := api.NewClient(f.Dial("bob"))
+	ref, err := bob.StackPlanJob(ctx, api.StackPlanParams{TemplateID: small})
+	if err != nil {
+		t.Fatalf("bob's plan job while alice is at her cap: %v", err)
+	}
+	var bobs api.Job
+	testutil.Eventually(t, time.Minute, func() bool {
+		bobs, err = bob.JobGet(ctx, ref)
+		return err == nil && bobs.Status.Done()
+	}, "bob's plan job did not end: %+v %v", bobs, err)
+	if bobs.Status != api.JobSucceeded {
+		t.Fatalf("bob's plan job: %s %s", bobs.Status, bobs.Error)
+	}
+
+	// One of hers ends: she may start another.
+	if _, err := c.JobCancel(ctx, refs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(refs[0].JobID); !last.Status.Done() {
+		t.Fatalf("cancelled plan job: %s", last.Status)
+	}
+	ref, err = c.StackPlanJob(ctx, api.StackPlanParams{TemplateID: small})
+	if err != nil {
+		t.Fatalf("a plan job after one of hers ended: %v", err)
+	}
+	refs = append(refs[1:], ref)
+	for _, ref := range refs {
+		if _, err := c.JobCancel(ctx, ref); err != nil && !errors.Is(err, kite.ErrState) { // ErrState: it has ended
+			t.Fatal(err)
+		}
+		f.follow(ref.JobID)
+	}
+	assertNoTerraform(t, f.tfDir)
 }
