@@ -337,3 +337,26 @@ func TestSandboxSeesMinimalEtc(t *testing.T) {
 		}
 	}
 }
+
+// TestSandboxEtcNamesItsOwnUser: with another uid and gid (terraformer --sandbox-uid/gid), the
+// sandbox's passwd and group name them kloud-sandbox beside root and nobody/nogroup, so that
+// `id -un` and whatever looks the user up find it.
+func TestSandboxEtcNamesItsOwnUser(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{SandboxUID: 64001, SandboxGID: 64002})
+	_, _, read := probe(t, e, "etc-uid", strings.Join([]string{
+		`id -un > user`,
+		`id -gn > group`,
+		`cut -d: -f1,3,4,6 /etc/passwd | tr '\n' ' ' > passwd`,
+		`cut -d: -f1,3 /etc/group | tr '\n' ' ' > groups`,
+	}, "\n"))
+	if got := read("user") + " " + read("group"); got != "kloud-sandbox kloud-sandbox" {
+		t.Errorf("id -un, id -gn: %q, want kloud-sandbox kloud-sandbox", got)
+	}
+	if got := read("passwd"); got != "root:0:0:/root nobody:65534:65534:/nonexistent kloud-sandbox:64001:64002:/tmp" {
+		t.Errorf("passwd: %q", got)
+	}
+	if got := read("groups"); got != "root:0 nogroup:65534 kloud-sandbox:64002" {
+		t.Errorf("group: %q", got)
+	}
+}
