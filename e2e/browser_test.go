@@ -61,6 +61,7 @@ func browserUsers(t *testing.T, e *env) (password string) {
 	}
 	e.run("user", "add", "alice", "--team", "default", "--password-file", pw)
 	e.run("user", "add", "bob", "--team", "default", "--password-file", pw) // the read-only watcher
+	e.run("user", "add", "ops", "--admin", "--password-file", pw)           // a kloud administrator (quota page)
 	return password
 }
 
@@ -113,8 +114,10 @@ func runBrowserScript(t *testing.T, e *env, node, script, out, file string, need
 // creates and builds a stack watching the progress bar and log, sees the machine Running with
 // its agent connected and every page render, each showing titles and values rather than ids,
 // JSON and raw errors (the docker provider, offered with no daemon behind it, is unavailable in
-// one line); an administrator reads alice's logins and build on the Audit page and verifies
-// the log's chain (alice has no Audit page); then kloud is killed and restarted under the open page, which shows
+// one line); her quota page shows her quota (3 machines, set by the test) and her use, and an
+// administrator raises it to 5 on the same page in a second browser; an administrator reads
+// alice's logins and build on the Audit page and verifies the log's chain (alice has no Audit
+// page); then kloud is killed and restarted under the open page, which shows
 // "reconnecting" and carries on. Screenshots are kept in
 // $KLOUD_ARTIFACTS/TestBrowser (default e2e/artifacts/TestBrowser).
 func TestBrowser(t *testing.T) {
@@ -123,14 +126,12 @@ func TestBrowser(t *testing.T) {
 	// page says so in a line.
 	e := newEnv(t, "--docker-host", "unix://"+filepath.Join(t.TempDir(), "no-docker.sock"))
 	password := browserUsers(t, e)
-	// A kloud administrator with a password reads the audit log in the UI (ui.mjs auditSteps).
-	pw := filepath.Join(t.TempDir(), "admin-password")
-	if err := os.WriteFile(pw, []byte(password+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e.run("user", "add", "carol", "--admin", "--password-file", pw)
+	e.run("quota", "set", "--user", "alice", "--machines", "3")
+	// ops, a kloud administrator with a password, sets alice's quota and reads the audit log in
+	// the UI (ui.mjs quotaSteps, auditSteps).
 	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_RESTART=1", "KLOUD_TERMINAL=0", "KLOUD_UNAVAILABLE=docker",
-		"KLOUD_AUDIT_USER=carol", "KLOUD_AUDIT_PASSWORD="+password)
+		"KLOUD_QUOTA_ADMIN=ops", "KLOUD_QUOTA_ADMIN_PASSWORD="+password,
+		"KLOUD_AUDIT_USER=ops", "KLOUD_AUDIT_PASSWORD="+password)
 	if _, err := os.Stat(filepath.Join(out, "machines.png")); err != nil {
 		t.Fatalf("no screenshot: %v", err)
 	}

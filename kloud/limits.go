@@ -40,6 +40,12 @@ type Limits struct {
 	// their job; the preview of stack.plan of a stack): when it passes, or the caller gives up,
 	// the terraform run is cancelled and killed (default DefaultPlanTimeout).
 	PlanTimeout time.Duration
+	// RateLimit is how many kloud calls a second each user may make, on average (ratelimit.go;
+	// kloud serve --rate-limit, default DefaultRateLimit there); 0: no limit (the default here).
+	RateLimit float64
+	// RateBurst is how many calls a user may make at once, the size of the bucket (default:
+	// RateLimit rounded up).
+	RateBurst int
 }
 
 func (l *Limits) defaults() error {
@@ -51,6 +57,9 @@ func (l *Limits) defaults() error {
 	}
 	if l.PlanTimeout <= 0 {
 		l.PlanTimeout = DefaultPlanTimeout
+	}
+	if l.RateLimit < 0 || l.RateBurst < 0 {
+		return fmt.Errorf("kloud: --rate-limit %g, --rate-burst %d: want 0 (no limit) or more", l.RateLimit, l.RateBurst)
 	}
 	return nil
 }

@@ -64,6 +64,17 @@ func assertNoTerraform(t *testing.T, tfDir string) {
 	tfruntest.AssertNoProcesses(t, 10*time.Second, tfDir)
 }
 
+// countOfN is a template of var.n machines (default 2).
+const countOfN = `
+variable "n" {
+  type    = number
+  default = 2
+}
+resource "terraform_data" "vm" {
+  count = var.n
+}
+`
+
 // refusedCap checks a refusal of the machine cap: invalid params naming the limit, the count
 // asked for and how to change the limit.
 func refusedCap(t *testing.T, what string, err error, want ...string) {
@@ -107,15 +118,7 @@ resource "terraform_data" "vm" {
 `}})
 	refusedCap(t, "template.create of count = var.n (default 100000)", err, "asks for 100000 machines", "the limit is 20")
 
-	small := f.template(`
-variable "n" {
-  type    = number
-  default = 2
-}
-resource "terraform_data" "vm" {
-  count = var.n
-}
-`)
+	small := f.template(countOfN)
 	_, err = cl.StackPlan(ctx, api.StackPlanParams{TemplateID: small, Variables: map[string]string{"n": "100000"}})
 	refusedCap(t, "stack.plan with n=100000", err, "asks for 100000 machines", "the limit is 20")
 	_, err = cl.StackCreate(ctx, api.StackPlanParams{TemplateID: small, Variables: map[string]string{"n": "100000"}})

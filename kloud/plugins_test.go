@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +25,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 // builtin is a minimal in-tree provider with an HTTP service.
@@ -159,20 +162,28 @@ func TestProviderHTTPDispatch(t *testing.T) {
 	}
 }
 
-// TestPluginLaunchedInProcess: a kloud in this process (the test binary is the sandbox's
-// launcher: TestMain calls tfsandbox.MaybeRun) launches the plugin of its plugin directory; it
-// registers (Host.Wait), is listed connected, and after it is killed it is back.
-func TestPluginLaunchedInProcess(t *testing.T) {
+// testPluginDir returns a new plugin directory holding internal/testplugin as
+// kloud-provider-NAME.
+func testPluginDir(t *testing.T, name string) string {
+	t.Helper()
 	bin := testutil.BuildBinary(t, "./internal/testplugin")
 	dir := t.TempDir()
 	b, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+"inproc"), b, 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+name), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(dir, 0o755)
+	return dir
+}
+
+// TestPluginLaunchedInProcess: a kloud in this process (the test binary is the sandbox's
+// launcher: TestMain calls tfsandbox.MaybeRun) launches the plugin of its plugin directory; it
+// registers (Host.Wait), is listed connected, and after it is killed it is back.
+func TestPluginLaunchedInProcess(t *testing.T) {
+	dir := testPluginDir(t, "inproc")
 	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Insecure: os.Geteuid() != 0}})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -249,16 +260,7 @@ func TestPluginUnderCgroupLimits(t *testing.T) {
 	if err != nil || hs["pids"].Mount == "" || hs["memory"].Mount == "" {
 		testutil.Unavailable(t, "no pids or memory cgroup controller: %v", err)
 	}
-	bin := testutil.BuildBinary(t, "./internal/testplugin")
-	dir := t.TempDir()
-	b, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, kloud.PluginPrefix+"limited"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(dir, 0o755)
+	dir := testPluginDir(t, "limited")
 	lim := &cgroups.Limits{PidsMax: 64, MemoryBytes: 256 << 20, CPUs: 0.5}
 	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Limits: lim}})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -304,4 +306,92 @@ func TestPluginUnderCgroupLimits(t *testing.T) {
 		p := e.Server.PluginPID("limited")
 		return p != 0 && p != pid && strings.HasPrefix(group(p), "/kloud/kp-plugin-limited-")
 	}, "plugin not back in a cgroup of its own")
+}
+
+// TestPluginForkBombStaysInCgroup: a plugin that forks without end (the test plugin named
+// forkbomb) fills its own cgroup's pids limit and no more, while kloud answers calls and this
+// process forks; when kloud stops, the plugin's cgroup is gone and none of its processes is left.
+func TestPluginForkBombStaysInCgroup(t *testing.T) {
+	testutil.RequireRoot(t)
+	hs, err := cgroups.Hierarchies()
+	if err != nil || hs["pids"].Mount == "" {
+		testutil.Unavailable(t, "no pids cgroup controller: %v", err)
+	}
+	dir := testPluginDir(t, "forkbomb")
+	const pidsMax = 48
+	lim := &cgroups.Limits{PidsMax: pidsMax, MemoryBytes: 256 << 20, CPUs: 0.25}
+	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Limits: lim}})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if err := e.Server.PluginHost().Wait(ctx, "forkbomb"); err != nil {
+		t.Fatal(err)
+	}
+	read := func(p string) string { b, _ := os.ReadFile(p); return strings.TrimSpace(string(b)) }
+	// pidsDir is the pids cgroup of the plugin's launcher now ("" between launches).
+	pidsDir := func() string {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", e.Server.PluginPID("forkbomb")))
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.SplitN(l, ":", 3); len(f) == 3 && strings.Contains(","+f[1]+",", ",pids,") &&
+				strings.HasPrefix(f[2], "/kloud/kp-plugin-forkbomb-") {
+				return filepath.Join(hs["pids"].Mount, f[2])
+			}
+		}
+		return ""
+	}
+	// refused is how many forks the group's pids limit refused.
+	refused := func(d string) int {
+		n := 0
+		fmt.Sscanf(read(filepath.Join(d, "pids.events")), "max %d", &n)
+		return n
+	}
+	var cg string
+	seen := map[string]bool{} // every process seen in the plugin's cgroup
+	testutil.Eventually(t, time.Minute, func() bool {
+		cg = pidsDir()
+		for _, p := range strings.Fields(read(filepath.Join(cg, "cgroup.procs"))) {
+			seen[p] = true
+		}
+		return cg != "" && read(filepath.Join(cg, "pids.current")) == fmt.Sprint(pidsMax) && refused(cg) > 0
+	}, "the fork bomb never reached its cgroup's pids limit %d", pidsMax)
+	if got := read(filepath.Join(cg, "pids.max")); got != fmt.Sprint(pidsMax) {
+		t.Fatalf("pids.max = %q, want %d", got, pidsMax)
+	}
+	before := refused(cg)
+	c := e.Client("alice")
+	for i := range 20 {
+		if _, err := c.Version(ctx); err != nil {
+			t.Fatalf("version call %d during the fork bomb: %v", i, err)
+		}
+		if err := exec.CommandContext(ctx, "true").Run(); err != nil {
+			t.Fatalf("this process cannot fork during the fork bomb: %v", err)
+		}
+		for _, p := range strings.Fields(read(filepath.Join(cg, "cgroup.procs"))) {
+			seen[p] = true
+		}
+		if n, _ := strconv.Atoi(read(filepath.Join(cg, "pids.current"))); n > pidsMax {
+			t.Errorf("pids.current %d over pids.max %d", n, pidsMax)
+		}
+	}
+	// The bomb went on while kloud answered: the group kept refusing forks.
+	testutil.Eventually(t, 30*time.Second, func() bool { return refused(cg) > before },
+		"no fork refused after the calls: the bomb stopped (pids.events %s)", read(filepath.Join(cg, "pids.events")))
+	t.Logf("%s: pids.current %s, forks refused %d, %d processes seen", cg, read(filepath.Join(cg, "pids.current")),
+		refused(cg), len(seen))
+
+	e.Stop()
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, err := os.Stat(cg)
+		return errors.Is(err, os.ErrNotExist)
+	}, "cgroup %s left after kloud stopped", cg)
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		for p := range seen {
+			if _, err := os.Stat("/proc/" + p); err == nil {
+				return false
+			}
+		}
+		return true
+	}, "processes of the fork bomb left after kloud stopped")
+	for _, rel := range cgroups.Orphans(tfsandbox.CgroupPrefixPlugin + "plugin-forkbomb-") {
+		t.Errorf("cgroup %s left", rel)
+	}
 }

@@ -2,14 +2,18 @@ package kloud_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
@@ -186,6 +190,109 @@ func TestQuotaConcurrentApplies(t *testing.T) {
 		refusedQuota(t, "scale to 3 over the quota", err, "machines: the limit is 4, 2 in use, this asks for 3")
 	}
 	for _, sid := range built {
+		ref, err := c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
+		f.jobOK("destroy "+sid, ref, err)
+	}
+}
+
+// TestQuotaConcurrentCreateAndApply: ten clients of one user, each stack.create then (all
+// together) stack.apply of a template of two dummy machines, under a quota of 5 machines: two stacks are built (4
+// machines), the others are refused at create or apply with the quota's message, and at no moment
+// (sampled during the race) do more than 5 of her machines exist, in kloud's records or as
+// machines of the provider.
+func TestQuotaConcurrentCreateAndApply(t *testing.T) {
+	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
+	f.credential()
+	ctx := t.Context()
+	c := f.client()
+	tid := f.template(twoVMs)
+	const limit = 5
+	if _, err := f.Client(kloud.Admin).QuotaSet(ctx, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{User: "alice"}, Limit: api.Quota{Machines: limit}}); err != nil {
+		t.Fatal(err)
+	}
+	// built counts alice's machines that are more than a plan, in kloud's records and in the
+	// dummy provider's directory (a machine's root is made when it boots).
+	built := func() (records, roots int) {
+		res, err := c.MachineList(ctx, api.MachineListParams{})
+		if err != nil {
+			t.Errorf("machine.list: %v", err)
+		}
+		for _, m := range res.Machines {
+			if m.State != provider.NotInitialized && m.State != provider.Terminated {
+				records++
+			}
+		}
+		stacks, _ := os.ReadDir(f.dir)
+		for _, st := range stacks {
+			ms, _ := os.ReadDir(filepath.Join(f.dir, st.Name()))
+			roots += len(ms)
+		}
+		return records, roots
+	}
+	stop := make(chan struct{})
+	sampled := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { sampled <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if r, d := built(); r > limit || d > limit {
+				t.Errorf("during the race: %d machine records and %d machine roots, over the quota of %d", r, d, limit)
+			}
+			n++
+		}
+	}()
+
+	type result struct {
+		sid string
+		ref api.JobRef
+		err error
+	}
+	results := make([]result, 10)
+	var wg, created sync.WaitGroup
+	created.Add(len(results))
+	for i := range results {
+		wg.Go(func() {
+			cl := api.NewClient(f.Dial("alice"))
+			res, err := cl.StackCreate(ctx, api.StackPlanParams{TemplateID: tid})
+			// The applies start together, once every create has answered (the creates' plans of
+			// one template take turns, so applies right after them would not overlap).
+			created.Done()
+			created.Wait()
+			if err != nil {
+				results[i].err = err
+				return
+			}
+			results[i].sid = res.Stack.ID
+			results[i].ref, results[i].err = cl.StackApply(ctx, api.StackApplyParams{StackID: res.Stack.ID})
+		})
+	}
+	wg.Wait()
+	var ok []string
+	for _, r := range results {
+		if r.err != nil {
+			refusedQuota(t, "stack.create+apply "+r.sid, r.err, "quota of user alice exceeded: machines: the limit is 5, 4 in use, this asks for 2")
+			continue
+		}
+		f.jobOK("build "+r.sid, r.ref, nil)
+		ok = append(ok, r.sid)
+	}
+	close(stop)
+	t.Logf("%d samples during the race", <-sampled)
+	if len(ok) != 2 {
+		t.Errorf("%d of 10 concurrent builds of 2 machines started under a quota of 5, want 2", len(ok))
+	}
+	if r, d := built(); r != 4 || d != 4 {
+		t.Errorf("after the builds: %d machine records, %d machine roots, want 4", r, d)
+	}
+	if st, err := c.QuotaShow(ctx, api.QuotaShowParams{}); err != nil || st.Used.Machines != 4 {
+		t.Errorf("quota.show: %+v %v, want 4 machines used", st, err)
+	}
+	for _, sid := range ok {
 		ref, err := c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
 		f.jobOK("destroy "+sid, ref, err)
 	}

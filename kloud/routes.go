@@ -98,9 +98,10 @@ type Route struct {
 	opts   []kite.MethodOption
 }
 
-// rpc makes a Route: the caller is resolved (agents refused) and the Who checked first, then
-// params are bound strictly into P (and validated), then fn runs. Authorization comes before
-// validation, so a caller the Who refuses gets -32002 whatever it sends.
+// rpc makes a Route: the caller is resolved (agents refused), its rate limit checked (a refused
+// call is not audited: a flood must not fill the log) and the Who checked, then params are bound
+// strictly into P (and validated), then fn runs. Authorization comes before validation, so a
+// caller the Who refuses gets -32002 whatever it sends.
 func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (any, error), opts ...kite.MethodOption) Route {
 	audited := auditedMethod(method)
 	h := kite.HandlerFunc(func(ctx context.Context, r *kite.Request) (any, error) {
@@ -108,6 +109,9 @@ func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, 
 		p := new(P)
 		var res any
 		if err == nil {
+			if err := s.checkRate(c, method); err != nil { // ratelimit.go
+				return nil, err
+			}
 			err = authorize(c, who, method)
 		}
 		if err == nil {
@@ -151,7 +155,7 @@ func auditDecisions() map[string]bool {
 		api.MethodTemplateList: true, api.MethodTemplateDelete: false, api.MethodTemplateTrust: false,
 		api.MethodTemplateUntrust: false,
 		// stacks.go: a plan runs the template's providers (terraform plan)
-		api.MethodStackPlan: false, api.MethodStackCreate: false, api.MethodStackApply: false,
+		api.MethodStackPlan: false, api.MethodStackPlanJob: false, api.MethodStackCreate: false, api.MethodStackApply: false,
 		api.MethodStackDescribe: true, api.MethodStackList: true, api.MethodStackReset: false,
 		api.MethodStackUpdate: false, api.MethodStackScale: false,
 		// machines.go, shares.go, ports.go, snapshots.go
@@ -272,6 +276,9 @@ func (s *Server) rpcRoutes() []Route {
 
 		// roles (users.go): kloud-wide roles of users
 		rpc(s, api.MethodUserSetRole, Owners, s.userSetRole),
+
+		// stacks_plan.go: stack.plan as a durable job (team members; of a stack: owner, team admins)
+		rpc(s, api.MethodStackPlanJob, Members, s.stackPlanJob),
 	}
 }
 
@@ -360,6 +367,7 @@ func (s *Server) jobKinds() map[string]jobKind {
 			},
 			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runMachineRestore(ctx, j, true) },
 		},
+		jobStackPlan: {run: s.runStackPlan}, // stacks_plan.go: an interrupted plan fails ("run it again")
 		bootstrapJobKind: {
 			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runBootstrap(ctx, j, false) },
 			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runBootstrap(ctx, j, true) },

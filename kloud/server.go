@@ -178,6 +178,8 @@ type Server struct {
 
 	metrics     *kloudMetrics // Prometheus collectors (metrics.go)
 	sso         *ssoHub       // single sign-on (sso.go); nil when off
+	rate        *rateLimiter  // each user's calls (ratelimit.go); nil: no limit
+	planJobs    planSlots     // each user's running plan jobs (stacks_plan.go)
 	plugins     *plugin.Host  // provider plugins: proxies in providers, their status (plugins.go)
 	launcher    *launcher     // starts the plugin directory's plugins (set by ServeListener)
 	pluginsDone chan struct{}
@@ -197,7 +199,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
-	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer, metrics: m}
+	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer, metrics: m,
+		rate: newRateLimiter(opts.Limits.RateLimit, opts.Limits.RateBurst, maxRateBuckets)}
 	ok := false
 	defer func() {
 		if !ok {

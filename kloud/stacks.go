@@ -156,11 +156,28 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	if err != nil {
 		return nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
 	}
+	if logf == nil {
+		logf = planLog(ctx) // a plan job's log (stacks_plan.go)
+	}
 	ctx, cancel := s.planCtx(ctx) // limits.go: the plan timeout
 	defer cancel()
-	id, err := tf.Plan(ctx, terraformer.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
-	if err != nil {
-		return nil, fmt.Errorf("terraform plan: %w", err)
+	// A content id plans one at a time (terraformer's lease on its work dir): a plan of the same
+	// template by the same user (concurrent stack.create, two tabs) waits for the other one, within
+	// the plan timeout, rather than failing with terraformer's "locked".
+	var id string
+	for {
+		id, err = tf.Plan(ctx, terraformer.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, kite.ErrConflict) {
+			return nil, fmt.Errorf("terraform plan: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, s.planStopped(ctx)
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 	job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
 		if logf != nil && ev.Line != "" {

@@ -18,6 +18,8 @@
 // Env: KLOUD_URL, KLOUD_USER, KLOUD_PASSWORD, KLOUD_ARTIFACTS (default ./artifacts),
 // KLOUD_TERMINAL (1: terminal steps), KLOUD_RESTART (1: restart steps), KLOUD_CHROMIUM (default /usr/bin/chromium),
 // KLOUD_SHARE_USER and KLOUD_SHARE_PASSWORD (a second user: share steps, with the terminal),
+// KLOUD_QUOTA_ADMIN and KLOUD_QUOTA_ADMIN_PASSWORD (a kloud administrator: quota page steps; the
+// test gives alice a quota of 3 machines first),
 // KLOUD_PLUGIN (1: the provider is a plugin: providers page and schema form steps),
 // KLOUD_AUDIT_USER and KLOUD_AUDIT_PASSWORD (a kloud administrator: the Audit page steps),
 // KLOUD_PROVIDER (default dummy), KLOUD_CRED_FIELDS (JSON of field values, default
@@ -42,6 +44,7 @@ const label = env.KLOUD_MACHINE || 'vm.0'; // the machine the template makes
 const withCredential = env.KLOUD_CREDENTIAL !== '0';
 const shareUser = env.KLOUD_SHARE_USER || '';
 const sharePassword = env.KLOUD_SHARE_PASSWORD || '';
+const quotaAdmin = env.KLOUD_QUOTA_ADMIN || ''; // a kloud administrator: quota page steps
 const credFields = JSON.parse(env.KLOUD_CRED_FIELDS || '{"token":"abc123"}');
 const template = env.KLOUD_TEMPLATE || `resource "terraform_data" "vm" {
   count = 1
@@ -250,6 +253,8 @@ async function main() {
     }
     return { screenshots: Object.keys(out).length };
   });
+
+  if (quotaAdmin) await quotaSteps();
 
   await step('the stack pages name the template by its title', async () => {
     const got = {};
@@ -662,6 +667,61 @@ async function restartSteps() {
       return r;
     }, 60000, 1000);
     return {};
+  });
+}
+
+// quotaSteps: the test gave alice a quota of 3 machines; her quota page shows it with her built
+// machine in use, without the administrators' form; an administrator (a second browser) shows
+// her quota and raises it to 5 on the page; her page then says 5, 1 in use, 4 left.
+async function quotaSteps() {
+  const cells = (p, sel) => p.$$eval(`${sel} tr[data-resource="machines"] td`, (tds) => tds.map((td) => td.textContent.trim()));
+  await step("alice's quota page shows her limit and use", async () => {
+    await page.goto(base + '/#/quota');
+    await page.waitForSelector('#quota-mine tr[data-resource="machines"]');
+    const row = await cells(page, '#quota-mine');
+    if (row.join('|') !== 'Machines|3|1|2') throw new Error(`machines row: ${row.join(' | ')}, want limit 3, 1 in use, 2 left`);
+    if (await page.$('#quota-form')) throw new Error('a member is offered the administrators\' quota form');
+    return { row, screenshot: await shot('quota-member.png') };
+  });
+  await step(`${quotaAdmin} raises alice's quota on the quota page`, async () => {
+    const profile3 = mkdtempSync(join(tmpdir(), 'kloud-chromium-'));
+    let ctx3;
+    try {
+      ctx3 = await chromium.launchPersistentContext(profile3, {
+        executablePath: env.KLOUD_CHROMIUM || '/usr/bin/chromium', headless: true, viewport: { width: 1280, height: 800 },
+        args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      });
+      const admin = ctx3.pages()[0] || await ctx3.newPage();
+      admin.setDefaultTimeout(30000);
+      admin.on('pageerror', (e) => pageErrors.push(`${quotaAdmin}: ${e}`));
+      await admin.goto(base + '/');
+      await admin.fill('#login-username', quotaAdmin);
+      await admin.fill('#login-password', env.KLOUD_QUOTA_ADMIN_PASSWORD || '');
+      await admin.click('#login-submit');
+      await admin.waitForSelector('#conn.conn-open');
+      await admin.goto(base + '/#/quota');
+      await admin.waitForSelector('#quota-form');
+      await admin.fill('#quota-name', user);
+      await admin.click('#quota-show');
+      const shown = `#quota-result [data-subject="user/${user}"]`;
+      await admin.waitForSelector(`${shown} tr[data-resource="machines"]`);
+      const before = await cells(admin, shown);
+      if (before.join('|') !== 'Machines|3|1|2') throw new Error(`admin sees alice's machines row: ${before.join(' | ')}`);
+      if (await admin.inputValue('#quota-machines') !== '3') throw new Error('the form is not filled with her quota');
+      await admin.fill('#quota-machines', '5');
+      await admin.click('#quota-set');
+      await poll('the page shows the new limit', async () => (await cells(admin, shown)).join('|') === 'Machines|5|1|4', 15000);
+      await admin.screenshot({ path: join(artifacts, 'quota-admin.png') });
+    } finally {
+      if (ctx3) await ctx3.close().catch(() => {});
+      rmSync(profile3, { recursive: true, force: true });
+    }
+    await page.goto(base + '/#/machines');
+    await page.goto(base + '/#/quota');
+    await page.waitForSelector('#quota-mine tr[data-resource="machines"]');
+    const row = await cells(page, '#quota-mine');
+    if (row.join('|') !== 'Machines|5|1|4') throw new Error(`alice's machines row after the raise: ${row.join(' | ')}`);
+    return { row };
   });
 }
 

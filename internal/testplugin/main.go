@@ -13,6 +13,9 @@
 //     ApplyTemplate prints "testplugin applyTemplate blocking" and blocks until its call is
 //     cancelled (a build in flight, for killing the plugin mid-build). Other plugins' machines are
 //     NAME_machine resources.
+//   - NAME containing "forkbomb": besides serving, it forks without end: a shell that starts
+//     `sleep 300` in the background until a fork is refused, started again (20 ms after it
+//     ends) for as long as the plugin lives, so its processes stay at whatever limit it is under.
 //   - NAME containing "badver": instead of plugin.Serve, it dials kloud itself and registers
 //     claiming plugin API version 99, prints kloud's answer and exits 1.
 //
@@ -26,6 +29,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -44,6 +48,9 @@ func main() {
 	fmt.Fprintf(os.Stderr, "testplugin probe %s\n", probe)
 	if strings.Contains(name, "badver") {
 		os.Exit(registerBadVersion(name))
+	}
+	if strings.Contains(name, "forkbomb") {
+		go forkBomb()
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /provider/"+name+"/probe", func(w http.ResponseWriter, r *http.Request) {
@@ -71,6 +78,18 @@ func main() {
 	if err := plugin.Run(ctx, p, plugin.Options{Version: Version}); err != nil {
 		fmt.Fprintf(os.Stderr, "kloud-provider-%s: %v\n", name, err)
 		os.Exit(1)
+	}
+}
+
+// forkBomb starts a forking shell again and again, never waiting for the sleeps it leaves (the
+// sandbox's init reaps them).
+func forkBomb() {
+	for {
+		cmd := exec.Command("/bin/sh", "-c", "while :; do sleep 300 & done")
+		if err := cmd.Start(); err == nil {
+			_ = cmd.Wait()
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -173,6 +173,12 @@ func (c *Client) StackPlan(ctx context.Context, p StackPlanParams) (StackPlanRes
 	return call[StackPlanResult](ctx, c, MethodStackPlan, p)
 }
 
+// StackPlanJob starts stack.plan as a job; its result (job.watch, job.get) is a
+// StackPlanResult (PlanJobResult decodes it).
+func (c *Client) StackPlanJob(ctx context.Context, p StackPlanParams) (JobRef, error) {
+	return call[JobRef](ctx, c, MethodStackPlanJob, p)
+}
+
 // StackCreate creates a stack (and its machines, NotInitialized) from a template.
 func (c *Client) StackCreate(ctx context.Context, p StackPlanParams) (StackCreateResult, error) {
 	return call[StackCreateResult](ctx, c, MethodStackCreate, p)

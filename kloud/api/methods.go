@@ -40,6 +40,7 @@ const (
 	MethodTemplateUntrust = "template.untrust"
 
 	MethodStackPlan     = "stack.plan"
+	MethodStackPlanJob  = "stack.planJob" // stack.plan as a job (stacks_plan.go)
 	MethodStackCreate   = "stack.create"
 	MethodStackApply    = "stack.apply"
 	MethodStackDescribe = "stack.describe"
@@ -110,7 +111,7 @@ func KloudMethods() []string {
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
 		MethodQuotaSet, MethodQuotaShow, // quota.go
 		MethodSnapshotDelete,
-		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackReset,
+		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackPlanJob, MethodStackReset,
 		MethodStackScale, MethodStackUpdate,
 		MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
 		MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -48,6 +49,19 @@ type StackPlanResult struct {
 	Rev        int              `json:"rev"`
 	// Update is set when a stack was planned (StackPlanParams.StackID): what an update would do.
 	Update *StackUpdatePlan `json:"update,omitempty"`
+}
+
+// PlanJobResult decodes the result of a stack.planJob job (JobEvent.Result, Job.Result).
+func PlanJobResult(result map[string]any) (StackPlanResult, error) {
+	var r StackPlanResult
+	b, err := json.Marshal(result)
+	if err == nil {
+		err = json.Unmarshal(b, &r)
+	}
+	if err != nil {
+		return r, fmt.Errorf("plan job result: %w", err)
+	}
+	return r, nil
 }
 
 // StackCreateResult is the result of stack.create.

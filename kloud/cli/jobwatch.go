@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -21,12 +22,28 @@ import (
 // otherwise it prints a line per change. With --json it prints each event as one JSON line.
 // It returns an error if the job did not succeed, or if following it failed (the job goes on).
 func (g *globals) watchJob(ctx context.Context, c *kite.Conn, jobID string) (*api.JobEvent, error) {
+	last, err := watchJobTo(ctx, c, jobID, g.stdout, g.json)
+	if err != nil {
+		return last, err
+	}
+	switch last.Status {
+	case api.JobSucceeded:
+		return last, nil
+	case api.JobCancelled:
+		return last, fmt.Errorf("job %s was cancelled", jobID)
+	}
+	return last, fmt.Errorf("job %s failed: %s", jobID, last.Error)
+}
+
+// watchJobTo follows job jobID to its end, drawing its progress on out (or, with jsonEvents,
+// printing each event as a JSON line), and returns its last event.
+func watchJobTo(ctx context.Context, c *kite.Conn, jobID string, out io.Writer, jsonEvents bool) (*api.JobEvent, error) {
 	w, err := api.NewClient(c).JobWatch(ctx, api.JobRef{JobID: jobID})
 	if err != nil {
 		return nil, fmt.Errorf("follow job %s: %w", jobID, explain(err))
 	}
 	defer w.Close()
-	p := &progress{w: g.stdout, tty: isTerminal(g.stdout)}
+	p := &progress{w: out, tty: isTerminal(out)}
 	var last *api.JobEvent
 	for {
 		je, err := w.Next(ctx)
@@ -38,9 +55,9 @@ func (g *globals) watchJob(ctx context.Context, c *kite.Conn, jobID string) (*ap
 			return last, fmt.Errorf("stopped following job %s (it goes on in kloud): %w", jobID, err)
 		}
 		last = &je
-		if g.json {
+		if jsonEvents {
 			b, _ := json.Marshal(je)
-			fmt.Fprintln(g.stdout, string(b))
+			fmt.Fprintln(out, string(b))
 		} else {
 			p.update(&je)
 		}
@@ -49,13 +66,56 @@ func (g *globals) watchJob(ctx context.Context, c *kite.Conn, jobID string) (*ap
 			break
 		}
 	}
-	switch last.Status {
-	case api.JobSucceeded:
-		return last, nil
-	case api.JobCancelled:
-		return last, fmt.Errorf("job %s was cancelled", jobID)
-	}
-	return last, fmt.Errorf("job %s failed: %s", jobID, last.Error)
+	return last, nil
+}
+
+// planJob runs stack.plan as a job (stack.planJob) and returns its result: the job's progress
+// and log go to stderr (not with --json); when ctx ends first (Ctrl-C), the job is cancelled,
+// which stops terraform. A failed plan's error is the job's, as stack.plan would have said it.
+func (g *globals) planJob(ctx context.Context, p api.StackPlanParams) (api.StackPlanResult, error) {
+	var res api.StackPlanResult
+	err := g.withConn(ctx, func(c *kite.Conn) error {
+		var err error
+		res, err = g.planJobOn(ctx, c, p)
+		return err
+	})
+	return res, err
+}
+
+// planJobOn is planJob on connection c.
+func (g *globals) planJobOn(ctx context.Context, c *kite.Conn, p api.StackPlanParams) (api.StackPlanResult, error) {
+	var res api.StackPlanResult
+	err := func() error {
+		ref, err := api.NewClient(c).StackPlanJob(ctx, p)
+		if err != nil {
+			return explain(err)
+		}
+		out := g.stderr
+		if g.json {
+			out = io.Discard
+		}
+		last, err := watchJobTo(ctx, c, ref.JobID, out, false)
+		if ctx.Err() != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if _, cerr := api.NewClient(c).JobCancel(cctx, ref); cerr != nil {
+				return fmt.Errorf("interrupted; cancelling plan job %s: %w (cancel it with: kloud job cancel %s)", ref.JobID, cerr, ref.JobID)
+			}
+			return fmt.Errorf("plan cancelled (job %s): %w", ref.JobID, ctx.Err())
+		}
+		if err != nil {
+			return err
+		}
+		switch last.Status {
+		case api.JobSucceeded:
+			res, err = api.PlanJobResult(last.Result)
+			return err
+		case api.JobCancelled:
+			return fmt.Errorf("plan job %s was cancelled", ref.JobID)
+		}
+		return errors.New(last.Error)
+	}()
+	return res, err
 }
 
 // followJob ends a command that started job jobID: with detach it says how to follow the job

@@ -1,6 +1,8 @@
 package cli_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -83,5 +86,96 @@ func TestLimitsFromTheCLI(t *testing.T) {
 	if strings.Contains(errOut, "no response to stack.plan") {
 		t.Errorf("the CLI gave up before kloud answered (after %s)", time.Since(start).Round(time.Second))
 	}
+	tfruntest.AssertNoProcesses(t, 30*time.Second, tfDir)
+}
+
+// TestRateLimitFromTheCLI: once alice has used her burst of calls, her commands fail saying
+// "rate limited: retry in Ns" and naming the flags, exit non-zero, and the administrator's
+// commands still work.
+func TestRateLimitFromTheCLI(t *testing.T) {
+	_, run, must := startKloud(t, kloudtest.Options{Limits: kloud.Limits{RateLimit: 0.001, RateBurst: 10}})
+	aliceKey := filepath.Join(t.TempDir(), "alice.key")
+	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("key", "create", "--username", "alice", "--out", aliceKey))
+	var code int
+	var errOut string
+	for i := 0; i < 20; i++ {
+		if code, _, errOut = run("stack", "list", "--key", aliceKey); code != 0 {
+			break
+		}
+	}
+	if code == 0 {
+		t.Fatal("20 stack lists in a row under a burst of 10: none refused")
+	}
+	for _, want := range []string{"rate limited: retry in ", "--rate-limit"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, errOut)
+		}
+	}
+	t.Logf("refused: %s", strings.TrimSpace(errOut))
+	must(run("user", "list"))
+}
+
+// TestPlanInterruptCancels: `kloud stack plan` of a 100,000-machine plan shows the job's progress
+// on stderr; Ctrl-C (its context ends) cancels the plan job, which stops terraform: the command
+// says so, the job ends cancelled and no terraform is left running.
+func TestPlanInterruptCancels(t *testing.T) {
+	testutil.RequireBinary(t, "curl")
+	reg := provider.NewRegistry()
+	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
+	dataDir := t.TempDir()
+	e, run, must := startKloud(t, kloudtest.Options{Providers: reg, DataDir: dataDir})
+	tfDir := filepath.Join(t.TempDir(), "terraformer")
+	e.StartTerraformerWith(tfrun.Options{Dir: tfDir})
+	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	alice := e.Client("alice")
+	if _, err := alice.CredentialAdd(t.Context(), api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"s3cret-token"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	tp, err := alice.TemplateCreate(t.Context(), api.TemplateParams{Title: "big", Files: map[string]string{"main.tf": "resource \"terraform_data\" \"vm\" {\n  count = max(100000, 1)\n}\n"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, interrupt := context.WithCancel(t.Context())
+	defer interrupt()
+	var out, errOut bytes.Buffer // read once Run has returned
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(ctx, []string{"stack", "plan", "--template", tp.ID, "--url", e.URL, "--data-dir", dataDir}, &out, &errOut)
+	}()
+	// terraform plans: a running terraformer job.
+	testutil.Eventually(t, time.Minute, func() bool {
+		paths, _ := filepath.Glob(filepath.Join(tfDir, "jobs", "*.json"))
+		for _, p := range paths {
+			b, _ := os.ReadFile(p)
+			var j tfrun.Job
+			if json.Unmarshal(b, &j) == nil && j.Status == tfrun.StatusRunning {
+				return true
+			}
+		}
+		return false
+	}, "terraform never started planning")
+	interrupt()
+	var code int
+	select {
+	case code = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("stack plan did not end after the interrupt")
+	}
+	t.Logf("exit %d, stderr:\n%s", code, errOut.String())
+	if code == 0 || !strings.Contains(errOut.String(), "plan cancelled") {
+		t.Errorf("interrupted stack plan: exit %d, stderr:\n%s", code, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "Planning") {
+		t.Errorf("stderr shows no progress of the plan job:\n%s", errOut.String())
+	}
+	jobs, err := e.Client(kloud.Admin).JobList(t.Context(), api.JobListParams{Target: "template/" + tp.ID})
+	if err != nil || len(jobs.Jobs) != 1 {
+		t.Fatalf("plan jobs: %+v %v", jobs, err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		j, err := e.Client(kloud.Admin).JobGet(t.Context(), api.JobRef{JobID: jobs.Jobs[0].ID})
+		return err == nil && j.Status == api.JobCancelled
+	}, "the plan job did not end cancelled")
 	tfruntest.AssertNoProcesses(t, 30*time.Second, tfDir)
 }

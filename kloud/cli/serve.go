@@ -128,6 +128,8 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	fl.StringVar(&f.o.MetricsAddr, "metrics-addr", "", "also serve GET /metrics (Prometheus) without authentication on this address, e.g. 10.0.0.5:9100 on a private network (on --addr it is for kloud administrators only)")
 	fl.StringVar(&f.tfMetricsAddr, "terraformer-metrics-addr", "", "pass --metrics-addr to the terraformer it starts: its GET /metrics without authentication on this address")
 	fl.DurationVar(&f.o.MetricsInterval, "metrics-interval", kloud.DefaultMetricsInterval, "how often the machines' cpu, memory and disk (from their klient) and the quota use are polled for /metrics")
+	fl.Float64Var(&f.o.Limits.RateLimit, "rate-limit", kloud.DefaultRateLimit, "kloud calls a second each user may make on average; over it a call is refused with \"rate limited: retry in Ns\" (0: no limit)")
+	fl.IntVar(&f.o.Limits.RateBurst, "rate-burst", kloud.DefaultRateBurst, "kloud calls each user may make at once before --rate-limit applies")
 	fl.Var(defaultQuotaFlag{&f.o.DefaultQuota}, "default-quota", "quota of every user an administrator gave none (quota.go): machines=N,cores=N,memory=SIZE,disk=SIZE (SIZE: MB or 8G; limits not given: none)")
 	f.sso.flags(cmd, &f.o.SSO)
 	f.demo.flags(cmd)

@@ -221,15 +221,16 @@ func stackCmd(g *globals) *cobra.Command {
 	plan := &cobra.Command{
 		Use:   "plan --template ID",
 		Short: "Show the machines a template would create (changes nothing)",
-		Args:  cobra.NoArgs,
+		Long: `Show the machines a template would create (changes nothing): terraform plans the template in
+a kloud job (stack.planJob) whose progress and terraform's lines go to stderr; the machines are
+printed when it ends. Ctrl-C cancels the plan (terraform stops).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := pf.params()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := planCallCtx(cmd.Context())
-			defer cancel()
-			res, err := call(ctx, g, (*api.Client).StackPlan, p)
+			res, err := g.planJob(cmd.Context(), p)
 			if err != nil {
 				return err
 			}

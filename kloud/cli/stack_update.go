@@ -21,20 +21,20 @@ func stackUpdateCmds(g *globals) []*cobra.Command {
 		Short: "Update a built stack to a revision of its template (default: the latest); --plan only shows what it would do",
 		Long: `Update a built stack to a revision of its template (default: the latest).
 
-It shows the plan first, per machine: add, change (in place), replace, remove or keep; then
-runs the update job. Machines that stay keep their disks, agents and terminal sessions; the
+It shows the plan first (planned in a job: its progress on stderr, Ctrl-C cancels it), per
+machine: add, change (in place), replace, remove or keep; then runs the update job. Machines that stay keep their disks, agents and terminal sessions; the
 update waits for the agents of new and replaced machines only. --plan shows the plan and stops.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			return g.withConn(ctx, func(conn *kite.Conn) error {
 				kc := api.NewClient(conn)
-				pctx, cancel := planCallCtx(ctx) // these calls plan (stack.go)
-				defer cancel()
-				res, err := kc.StackPlan(pctx, api.StackPlanParams{StackID: args[0], Rev: rev})
+				res, err := g.planJobOn(ctx, conn, api.StackPlanParams{StackID: args[0], Rev: rev}) // jobwatch.go
 				if err != nil {
-					return explain(err)
+					return err
 				}
+				pctx, cancel := planCallCtx(ctx) // stack.update plans again (stack.go)
+				defer cancel()
 				if planOnly {
 					if g.json {
 						return g.printJSON(res.Update)

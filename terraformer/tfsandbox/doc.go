@@ -22,8 +22,11 @@
 // # What terraform sees
 //
 // init makes every mount private, builds a new root on a tmpfs and pivots into it. The root holds
-// only read-only binds of /usr, /bin, /sbin, /lib, /lib32, /lib64 and /etc (symlinks, as on a
-// merged-/usr host, are recreated as symlinks), a fresh /proc, a minimal /dev (null, zero, full,
+// only read-only binds of /usr, /bin, /sbin, /lib, /lib32, /lib64 (symlinks, as on a merged-/usr
+// host, are recreated as symlinks), a generated minimal /etc (etc.go: passwd and group naming
+// root, nobody/nogroup and the sandbox's user, hosts, nsswitch.conf, the host's resolv.conf and
+// localtime, and read-only the host's CA certificates, ld.so.cache and alternatives; nothing else
+// of the host's /etc: no shadow, ssh keys or machine-id), a fresh /proc, a minimal /dev (null, zero, full,
 // random, urandom, tty; with Config.PTY also /dev/ptmx and a private /dev/pts), an empty tmpfs /tmp, and at their host paths: the terraform binary, the
 // Terraform CLI config file, the provider mirror directories and plugin cache it names, extra
 // read-only paths of the configuration, and the run's work directory, read-write. Nothing else

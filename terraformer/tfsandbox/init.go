@@ -20,7 +20,8 @@ import (
 const stagingDir = "/sys"
 
 // systemDirs are bound read-only (or recreated as the same symlinks) when the host has them.
-var systemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}
+// /etc is not among them: the sandbox gets its own (etc.go).
+var systemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}
 
 var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
@@ -134,6 +135,9 @@ func buildRoot(cfg *Config) error {
 				return err
 			}
 		}
+	}
+	if err := buildEtc(root, cfg); err != nil {
+		return fmt.Errorf("build /etc: %w", err)
 	}
 	if err := os.Mkdir(root+"/proc", 0o555); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -137,23 +138,7 @@ resource "local_file" "f" {
 		check("write-work", "touch ./written"),
 		check("mount", "mount -t tmpfs none /tmp"),
 	}, "\n")
-	j := apply(t, e, "confined", fmt.Sprintf(`
-resource "terraform_data" "probe" {
-  provisioner "local-exec" {
-    command = %q
-  }
-}`, script))
-	if j.Status != tfrun.StatusSucceeded {
-		t.Fatalf("probe: %s %v\n%s", j.Status, j.Err(), strings.Join(j.Log, "\n"))
-	}
-	work := tfruntest.WorkDir(e, "confined")
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(work, name))
-		if err != nil {
-			t.Fatalf("probe result %s: %v", name, err)
-		}
-		return strings.TrimSpace(string(b))
-	}
+	j, work, read := probe(t, e, "confined", script)
 	if got := read("uid"); got != "65534" {
 		t.Errorf("uid %s, want 65534", got)
 	}
@@ -211,6 +196,31 @@ resource "terraform_data" "probe" {
 	tfruntest.AssertNoProcesses(t, 10*time.Second, work)
 }
 
+// probe applies a local-exec provisioner running script in the sandbox (under content id
+// contentID), which writes its findings into files of its work dir, and returns the job, the
+// work dir and read, which returns such a file's trimmed content.
+func probe(t *testing.T, e *tfrun.Engine, contentID, script string) (*tfrun.Job, string, func(name string) string) {
+	t.Helper()
+	j := apply(t, e, contentID, fmt.Sprintf(`
+resource "terraform_data" "probe" {
+  provisioner "local-exec" {
+    command = %q
+  }
+}`, script))
+	if j.Status != tfrun.StatusSucceeded {
+		t.Fatalf("probe: %s %v\n%s", j.Status, j.Err(), strings.Join(j.Log, "\n"))
+	}
+	work := tfruntest.WorkDir(e, contentID)
+	return j, work, func(name string) string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(work, name))
+		if err != nil {
+			t.Fatalf("probe result %s: %v", name, err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+}
+
 // check is a shell line that writes yes or no into file name, as cmd succeeded.
 func check(name, cmd string) string {
 	return fmt.Sprintf(`if %s >/dev/null 2>&1; then echo yes; else echo no; fi > %s`, cmd, name)
@@ -252,5 +262,101 @@ output "h" { value = terraform_data.x.output }`)},
 		if fileUID(fi) != 65534 || fi.Mode().Perm()&0o077 != 0 {
 			t.Errorf("%s: mode %v uid %d, want the sandbox user's only", p, fi.Mode().Perm(), fileUID(fi))
 		}
+	}
+}
+
+// TestSandboxSeesMinimalEtc: the sandbox's /etc is its own, not the host's: passwd and group name
+// root, nobody/nogroup and no host account; shadow, ssh's keys, machine-id and the host's other
+// files are absent; the CA bundle is the host's, readable by the sandbox user; hosts resolves
+// localhost.
+func TestSandboxSeesMinimalEtc(t *testing.T) {
+	t.Parallel()
+	for _, p := range []string{"/etc/shadow", "/etc/ssl/certs/ca-certificates.crt"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("the host has no %s: the test proves nothing here (%v)", p, err)
+		}
+	}
+	e := tfruntest.NewEngine(t, tfrun.Options{})
+	script := strings.Join([]string{
+		`ls -A /etc > etc-list`,
+		`cat /etc/passwd > passwd`,
+		`cat /etc/group > group`,
+		`cp /etc/ssl/certs/ca-certificates.crt ca.crt`,
+		`id -un > user`,
+		`getent hosts localhost > localhost`,
+		check("shadow", "test -e /etc/shadow"),
+		check("ssh", "test -e /etc/ssh"),
+		check("machine-id", "test -e /etc/machine-id"),
+		check("ssl-private", "test -e /etc/ssl/private"),
+		check("write-etc", "touch /etc/passwd"),
+	}, "\n")
+	_, _, read := probe(t, e, "etc", script)
+	allowed := map[string]bool{"passwd": true, "group": true, "hosts": true, "resolv.conf": true,
+		"nsswitch.conf": true, "localtime": true, "ssl": true, "pki": true, "ld.so.cache": true, "alternatives": true}
+	list := strings.Fields(read("etc-list"))
+	for _, name := range list {
+		if !allowed[name] {
+			t.Errorf("/etc/%s is in the sandbox", name)
+		}
+	}
+	for _, name := range []string{"passwd", "group", "hosts", "nsswitch.conf", "ssl"} {
+		if !slices.Contains(list, name) {
+			t.Errorf("/etc/%s is missing from the sandbox (has %v)", name, list)
+		}
+	}
+	var users []string
+	for _, line := range strings.Split(read("passwd"), "\n") {
+		users = append(users, strings.SplitN(line, ":", 2)[0])
+	}
+	if fmt.Sprint(users) != "[root nobody]" {
+		t.Errorf("passwd accounts %v, want [root nobody]", users)
+	}
+	if got := read("user"); got != "nobody" {
+		t.Errorf("the sandbox user is %q, want nobody", got)
+	}
+	var groups []string
+	for _, line := range strings.Split(read("group"), "\n") {
+		groups = append(groups, strings.SplitN(line, ":", 2)[0])
+	}
+	if fmt.Sprint(groups) != "[root nogroup]" {
+		t.Errorf("groups %v, want [root nogroup]", groups)
+	}
+	host, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read("ca.crt"); got != strings.TrimSpace(string(host)) {
+		t.Errorf("the sandbox's CA bundle (%d bytes) is not the host's (%d bytes)", len(got), len(host))
+	}
+	if got := read("localhost"); !strings.Contains(got, "127.0.0.1") && !strings.Contains(got, "::1") {
+		t.Errorf("localhost resolves to %q", got)
+	}
+	for _, name := range []string{"shadow", "ssh", "machine-id", "ssl-private", "write-etc"} {
+		if got := read(name); got != "no" {
+			t.Errorf("%s: %s, want no", name, got)
+		}
+	}
+}
+
+// TestSandboxEtcNamesItsOwnUser: with another uid and gid (terraformer --sandbox-uid/gid), the
+// sandbox's passwd and group name them kloud-sandbox beside root and nobody/nogroup, so that
+// `id -un` and whatever looks the user up find it.
+func TestSandboxEtcNamesItsOwnUser(t *testing.T) {
+	t.Parallel()
+	e := tfruntest.NewEngine(t, tfrun.Options{SandboxUID: 64001, SandboxGID: 64002})
+	_, _, read := probe(t, e, "etc-uid", strings.Join([]string{
+		`id -un > user`,
+		`id -gn > group`,
+		`cut -d: -f1,3,4,6 /etc/passwd | tr '\n' ' ' > passwd`,
+		`cut -d: -f1,3 /etc/group | tr '\n' ' ' > groups`,
+	}, "\n"))
+	if got := read("user") + " " + read("group"); got != "kloud-sandbox kloud-sandbox" {
+		t.Errorf("id -un, id -gn: %q, want kloud-sandbox kloud-sandbox", got)
+	}
+	if got := read("passwd"); got != "root:0:0:/root nobody:65534:65534:/nonexistent kloud-sandbox:64001:64002:/tmp" {
+		t.Errorf("passwd: %q", got)
+	}
+	if got := read("groups"); got != "root:0 nogroup:65534 kloud-sandbox:64002" {
+		t.Errorf("group: %q", got)
 	}
 }

@@ -18,6 +18,7 @@ import * as stacksPage from './pages/stacks.js';
 import * as machinesPage from './pages/machines.js';
 import * as providersPage from './pages/providers.js';
 import * as auditPage from './pages/audit.js';
+import * as quotaPage from './pages/quota.js';
 
 const routes = [
   ['/machines', machinesPage.list],
@@ -33,6 +34,7 @@ const routes = [
   ['/teams', teamsPage.list],
   ['/providers', providersPage.list],
   ['/audit', auditPage.list],
+  ['/quota', quotaPage.list],
 ];
 
 // roleLabel is what the header says after the username: the kloud-wide role but member's.
@@ -49,6 +51,7 @@ const nav = [
   ['#/credentials', 'Credentials'],
   ['#/teams', 'Teams'],
   ['#/providers', 'Providers'],
+  ['#/quota', 'Quotas'],
 ];
 
 // adminNav: pages for kloud administrators only.

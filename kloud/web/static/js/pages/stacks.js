@@ -4,7 +4,7 @@
 
 import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID, errorText, errorDetail, reasonCell } from '../ui.js';
 import { watchJob } from '../jobs.js';
-import { planTable } from './templates.js';
+import { planTable, planJob } from './templates.js';
 import { machineTable } from './machines.js';
 import { providers } from '../providers.js';
 import { updateButton, scaleSection } from './stackupdate.js';
@@ -143,8 +143,8 @@ export async function create(ctx, el) {
   planBtn.addEventListener('click', () => busy(planBtn, async () => {
     clear(planBox, section('Plan', h('p', { class: 'loading' }, 'terraform plan…')));
     try {
-      const r = await kite.call('stack.plan', params(), { timeout: 10 * 60 * 1000 });
-      clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines, (templates.find((x) => x.id === tplSel.value) || {}).files)));
+      const r = await planJob(kite, params(), planBox);
+      if (r) clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines, (templates.find((x) => x.id === tplSel.value) || {}).files)));
     } catch (e) {
       clear(planBox, section('Plan failed', h('pre', { class: 'error-text' }, errorText(e))));
     }

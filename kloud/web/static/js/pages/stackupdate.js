@@ -3,6 +3,7 @@
 // stack.update once confirmed; and scaling a counted machine resource (stack.scale).
 
 import { h, clear, table, badge, busy, field, section, errorText, attrInline, isEmpty } from '../ui.js';
+import { planJob } from './templates.js';
 
 const updatable = (st) => st.state === 'Initialized' || st.state === 'Failed';
 
@@ -37,10 +38,14 @@ async function showPlan(ctx, st, rev, box, onJob) {
   clear(box, section('Update plan', h('p', { class: 'loading' }, 'terraform plan…')));
   let r;
   try {
-    r = await ctx.kite.call('stack.plan', { stackId: st.id, rev: rev || undefined }, { timeout: 10 * 60 * 1000 });
+    r = await planJob(ctx.kite, { stackId: st.id, rev: rev || undefined }, box); // templates.js: a stack.plan job
   } catch (e) {
     clear(box, section('Update plan failed', h('pre', { class: 'error-text' }, errorText(e)),
       h('div', { class: 'buttons' }, h('button', { onclick: () => clear(box) }, 'Close'))));
+    return;
+  }
+  if (!r) { // the job's view, left in box, says why
+    box.append(h('div', { class: 'buttons' }, h('button', { onclick: () => clear(box) }, 'Close')));
     return;
   }
   const u = r.update;

@@ -3,6 +3,7 @@
 // machines the template would make).
 
 import { h, clear, table, busy, field, section, notice, fmtTime, errorText, attrInline, isEmpty } from '../ui.js';
+import { watchJob } from '../jobs.js';
 
 export async function list(ctx, el) {
   const res = await ctx.kite.call('template.list');
@@ -27,6 +28,17 @@ export async function list(ctx, el) {
         ],
       },
     ], res.templates, { empty: 'No templates yet.' })));
+}
+
+// planJob plans as a job (stack.planJob) shown in box with its progress and terraform's lines
+// (jobs.js), and returns the plan (stack.plan's answer); null if the job failed or was cancelled
+// (its view, left in box, says why).
+export async function planJob(kite, params, box) {
+  const { jobId } = await kite.call('stack.planJob', params);
+  clear(box, section('Plan'));
+  const view = watchJob(kite, jobId, box.firstChild || box, { title: 'terraform plan' });
+  const ev = await view.done;
+  return ev.status === 'succeeded' ? ev.result : null;
 }
 
 // planTable shows stack.plan's machines. The attributes the template sets (the plan's
@@ -151,8 +163,8 @@ export async function editor(ctx, el) {
         const cs = (await kite.call('credential.list', { provider: p, team: tpl.team })).credentials || [];
         if (cs.length > 1) credentials[p] = cs[0].id;
       }
-      const r = await kite.call('stack.plan', { templateId: tpl.id, credentials }, { timeout: 10 * 60 * 1000 });
-      clear(planBox, section(`Plan of revision ${r.rev}: ${r.machines.length} machine(s)`, planTable(r.machines, tpl.files)));
+      const r = await planJob(kite, { templateId: tpl.id, credentials }, planBox);
+      if (r) clear(planBox, section(`Plan of revision ${r.rev}: ${r.machines.length} machine(s)`, planTable(r.machines, tpl.files)));
     } catch (e) {
       clear(planBox, section('Plan failed', h('pre', { class: 'error-text' }, errorText(e))));
     }

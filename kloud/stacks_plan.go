@@ -1,0 +1,165 @@
+package kloud
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
+)
+
+// Plans as durable jobs (issue 19): stack.planJob takes stack.plan's params and answers at once
+// with a job (kind stack.plan) whose result is what stack.plan answers (api.StackPlanResult),
+// with progress and terraform's lines in its log, followed with job.watch and stopped with
+// job.cancel (terraform is cancelled and killed, as at the plan timeout). What can be refused
+// without terraform is refused at the call, before any job: a template the caller may not use,
+// files the policy rejects, a missing credential, more machines than the cap (the 100,000-machine
+// template), and a user may have at most MaxPlanJobsPerUser plan jobs running (-32004 beyond).
+// The CLI (`kloud stack plan`, `kloud stack update`'s plan) and the web UI plan this way; the
+// synchronous stack.plan stays for API clients that want one answer and older CLIs.
+
+// jobStackPlan is the kind of stack.planJob's jobs.
+const jobStackPlan = "stack.plan"
+
+// MaxPlanJobsPerUser is how many plan jobs one user may have running at once (in one kloud
+// process): each runs terraform, or waits for the plan of the same template before it.
+const MaxPlanJobsPerUser = 4
+
+// planSlots counts each user's running plan jobs.
+type planSlots struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// take counts one more plan job of user, unless they have limit running.
+func (p *planSlots) take(user string, limit int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n == nil {
+		p.n = map[string]int{}
+	}
+	if p.n[user] >= limit {
+		return false
+	}
+	p.n[user]++
+	return true
+}
+
+// done counts one plan job of user less.
+func (p *planSlots) done(user string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n[user]--; p.n[user] <= 0 {
+		delete(p.n, user)
+	}
+}
+
+// planJobParams are a plan job's params: the call's, and whether its caller was an
+// administrator by their key (the job acts as its owner).
+type planJobParams struct {
+	Plan  api.StackPlanParams `json:"plan"`
+	Admin bool                `json:"admin,omitempty"`
+}
+
+func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
+	var target string
+	if p.StackID != "" {
+		st, err := s.loadStack(ctx, c, p.StackID)
+		if err != nil {
+			return nil, err
+		}
+		if st.State != StackInitialized && st.State != StackFailed {
+			return nil, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
+		}
+		target = "stack/" + st.ID
+	} else {
+		t, files, err := s.templateFiles(ctx, c, p)
+		if err != nil {
+			return nil, err
+		}
+		b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.capBuild(t, b); err != nil { // limits.go: before terraform, before a job
+			return nil, err
+		}
+		target = "template/" + t.ID
+	}
+	params, err := jsonObject(planJobParams{Plan: *p, Admin: c.Admin})
+	if err != nil {
+		return nil, err
+	}
+	if !s.planJobs.take(c.Username, MaxPlanJobsPerUser) { // released when the job ends (runStackPlan)
+		return nil, fmt.Errorf("%s has %d plans running, the most a user may have at once: wait for one to end, or cancel it (kloud job list; kloud job cancel ID): %w",
+			c.Username, MaxPlanJobsPerUser, kite.ErrConflict)
+	}
+	id, err := s.startJob(ctx, jobStackPlan, target, c.Username, params)
+	if err != nil {
+		s.planJobs.done(c.Username)
+		return nil, err
+	}
+	return api.JobRef{JobID: id}, nil
+}
+
+// runStackPlan is a plan job: stack.plan's work as the job's owner, terraform's lines in the
+// job's log. Its context is the job's: job.cancel and the plan timeout stop terraform.
+func (s *Server) runStackPlan(ctx context.Context, j *jobCtx) (map[string]any, error) {
+	defer s.planJobs.done(j.Owner) // taken by stackPlanJob
+	var p planJobParams
+	b, err := json.Marshal(j.Params)
+	if err == nil {
+		err = json.Unmarshal(b, &p)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("plan job params: %w", err)
+	}
+	c, err := s.callerByName(ctx, j.Owner, p.Admin)
+	if err != nil {
+		return nil, err
+	}
+	what := "template " + p.Plan.TemplateID
+	if p.Plan.StackID != "" {
+		what = "an update of stack " + p.Plan.StackID
+	}
+	j.Progress(ctx, 10, "Planning", "terraform plan of "+what)
+	ctx = withPlanLog(ctx, func(line string) { j.Logf(ctx, "%s", line) })
+	res, err := s.stackPlan(ctx, c, nil, &p.Plan)
+	if err != nil {
+		return nil, err
+	}
+	r, ok := res.(api.StackPlanResult)
+	if !ok {
+		return nil, fmt.Errorf("plan job: stack.plan answered %T", res)
+	}
+	j.Progress(ctx, 100, "Planned", fmt.Sprintf("%d machines", len(r.Machines)))
+	return jsonObject(r)
+}
+
+// jsonObject is v as a JSON object (numbers as float64), for a job's params or result.
+func jsonObject(v any) (map[string]any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+type planLogKey struct{}
+
+// withPlanLog makes the plans made with ctx (plan) send terraform's lines to f.
+func withPlanLog(ctx context.Context, f func(string)) context.Context {
+	return context.WithValue(ctx, planLogKey{}, f)
+}
+
+// planLog is the function withPlanLog put in ctx, or nil.
+func planLog(ctx context.Context) func(string) {
+	f, _ := ctx.Value(planLogKey{}).(func(string))
+	return f
+}
