@@ -52,6 +52,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,15 +196,28 @@ func (l *launcher) pid(name string) int {
 }
 
 // loopbackKiteURL is kloud's kite endpoint on loopback for a server listening on addr.
-func loopbackKiteURL(addr net.Addr) string {
+func loopbackKiteURL(addr net.Addr, tls bool) string {
+	scheme := "ws://"
+	if tls {
+		scheme = "wss://"
+	}
 	host, port, err := net.SplitHostPort(addr.String())
 	if err != nil {
-		return "ws://" + addr.String() + "/kite"
+		return scheme + addr.String() + "/kite"
 	}
 	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}
-	return "ws://" + net.JoinHostPort(host, port) + "/kite"
+	return scheme + net.JoinHostPort(host, port) + "/kite"
+}
+
+// publicHost is the host name (without port) of a URL.
+func publicHost(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return p.Hostname()
 }
 
 // runPlugins launches and supervises the plugin directory's plugins until ctx ends, then stops
@@ -487,6 +501,9 @@ func (l *launcher) runOnce(p *launched) (exit, err error) {
 		return nil, err
 	}
 	env := []string{pluginEnvPath, plugin.EnvURL + "=" + l.url, plugin.EnvKey + "=" + key, plugin.EnvStateDir + "=" + state}
+	if l.s.opts.TLS != nil { // l.url is wss on loopback; the certificate names the public host
+		env = append(env, plugin.EnvCA+"="+l.s.opts.CACert, plugin.EnvServerName+"="+publicHost(l.s.opts.PublicURL))
+	}
 	for k, v := range senv {
 		env = append(env, k+"="+v)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/tunnel"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
@@ -188,6 +189,9 @@ func (h *appsHub) match(hostport string) (id string, port int, ok bool) {
 // rootHandler sends app hosts to the apps hub and everything else to kloud's routes.
 func (s *Server) rootHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil {
+			w.Header().Set("Strict-Transport-Security", tlsconf.HSTS)
+		}
 		if id, port, ok := s.apps.match(r.Host); ok {
 			s.apps.serve(w, r, id, port)
 			return

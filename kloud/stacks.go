@@ -934,6 +934,7 @@ func (s *Server) mintAgents(ctx context.Context, st *Stack, ms []Machine) (agent
 		}
 		out[m.ID] = userdata.Config{
 			Username: st.Owner, KiteKey: key, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: s.klientSum,
+			CACert: s.opts.CACert,
 		}
 		m.KiteID = kiteID
 	}

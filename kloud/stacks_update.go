@@ -161,7 +161,7 @@ func (s *Server) placeholderAgent(st *Stack, m *Machine) userdata.Config {
 	if sum == "" {
 		sum = strings.Repeat("0", 64)
 	}
-	return userdata.Config{Username: st.Owner, KiteKey: placeholderKey, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: sum}
+	return userdata.Config{Username: st.Owner, KiteKey: placeholderKey, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: sum, CACert: s.opts.CACert}
 }
 
 // ---- latest revision (stack.describe, stack.list)

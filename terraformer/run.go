@@ -2,6 +2,7 @@ package terraformer
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
@@ -56,6 +58,12 @@ type Config struct {
 	// SandboxLimits are the cpu, memory and pids limits of each terraform command's cgroup (nil:
 	// none; terraformer serve: tfsandbox.DefaultTerraformLimits). See tfrun.Options.
 	SandboxLimits *cgroups.Limits
+	// TLS, if set, makes terraformer serve https and wss only (--tls-cert/--tls-key,
+	// internal/tlsconf.Server), with Strict-Transport-Security on every answer.
+	TLS *tls.Config
+	// KloudTLS is what terraformer trusts when KloudURL is https (--ca-cert:
+	// internal/tlsconf.Client). Nil: the system's roots.
+	KloudTLS *tls.Config
 	// Logger receives the logs. Default: discard.
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once terraformer accepts connections.
@@ -151,7 +159,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	k, err := kite.New(kite.Options{
 		Identity:      kite.Identity{Name: Name, ID: cfg.KiteID, Version: version.Version},
-		Authenticator: NewAuthenticator(AuthOptions{KloudURL: cfg.KloudURL, Issuer: cfg.Issuer}),
+		Authenticator: NewAuthenticator(AuthOptions{KloudURL: cfg.KloudURL, Issuer: cfg.Issuer, HTTPClient: tlsconf.HTTPClient(cfg.KloudTLS, 10*time.Second)}),
 		Logger:        log,
 	})
 	if err != nil {
@@ -168,7 +176,16 @@ func Run(ctx context.Context, cfg Config) error {
 		closeEngine()
 		return fmt.Errorf("terraformer: listen %s: %w", cfg.Addr, err)
 	}
-	srv := &http.Server{Handler: Handler(k, engine, KloudKeysCheck(cfg.KloudURL)), ReadHeaderTimeout: 10 * time.Second}
+	var h http.Handler = Handler(k, engine, KloudKeysCheck(cfg.KloudURL, tlsconf.HTTPClient(cfg.KloudTLS, 0)))
+	if cfg.TLS != nil {
+		ln = tls.NewListener(ln, cfg.TLS)
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Strict-Transport-Security", tlsconf.HSTS)
+			inner.ServeHTTP(w, r)
+		})
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("terraformer listening", "addr", ln.Addr().String(), "kite", k.Identity().String(),
@@ -293,15 +310,18 @@ func dataDirCheck(engine *tfrun.Engine) ReadyCheck {
 }
 
 // KloudKeysCheck: kloud's public keys (GET kloudURL/kite/keys) answer, without which kloud's
-// calls cannot be authenticated.
-func KloudKeysCheck(kloudURL string) ReadyCheck {
+// calls cannot be authenticated. hc asks them (nil: net/http's default client).
+func KloudKeysCheck(kloudURL string, hc *http.Client) ReadyCheck {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
 	u := KeysURL(kloudURL)
 	return ReadyCheck{"kloudKeys", func(ctx context.Context) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 		if err != nil {
 			return err
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := hc.Do(req)
 		if err != nil {
 			return fmt.Errorf("kloud's keys: %w", err)
 		}
