@@ -85,6 +85,16 @@ type env struct {
 	// tls, if set, serves kloud with TLS (--tls-cert/--tls-key/--ca-cert of these files); the
 	// CLI gets the CA as KLOUD_CA_CERT.
 	tls *testutil.TLSFiles
+	// machinesDir is the dummy provider's --dummy-dir (default <dir>/machines).
+	machinesDir string
+}
+
+// dummyDir is the dummy provider's directory.
+func (e *env) dummyDir() string {
+	if e.machinesDir != "" {
+		return e.machinesDir
+	}
+	return filepath.Join(e.dir, "machines")
 }
 
 func newEnv(t *testing.T, extra ...string) *env {
@@ -139,7 +149,7 @@ func (e *env) start() {
 	args := []string{"serve", "--data-dir", e.dir, "--addr", e.addr,
 		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}
 	if !e.noDummy {
-		args = append(args, "--dummy-dir", filepath.Join(e.dir, "machines"))
+		args = append(args, "--dummy-dir", e.dummyDir())
 	}
 	if e.tls != nil {
 		args = append(args, "--tls-cert", e.tls.Cert, "--tls-key", e.tls.Key, "--ca-cert", e.tls.CA)
@@ -188,7 +198,7 @@ func (e *env) cleanup() {
 		}
 	}
 	// Machines of the dummy provider are processes: stop any a failed test left behind.
-	if err := dummy.KillAll(context.Background(), filepath.Join(e.dir, "machines")); err != nil {
+	if err := dummy.KillAll(context.Background(), e.dummyDir()); err != nil {
 		e.t.Error(err)
 	}
 }

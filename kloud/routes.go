@@ -197,6 +197,9 @@ func (s *Server) httpRoutes() []httpRoute {
 		// plugins.go: each provider's own HTTP service (provider.HandlerPrefix), looked up per
 		// request, so a plugin registering later is served; the service authenticates itself
 		{"/provider/", "the provider's service decides", http.HandlerFunc(s.serveProvider)},
+
+		// ops: backup.go (kloud backup; docs/operations.md "Backup and restore")
+		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.serveBackup)},
 	}
 }
 

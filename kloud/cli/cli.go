@@ -96,12 +96,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		userCmd(g), teamCmd(g), // user.go
 		credentialCmd(g), providerCmd(g), // credential.go
 		templateCmd(g), stackCmd(g), machineCmd(g), jobCmd(g), // stack.go (+ template_trust.go)
-		sshCmd(g),         // ssh.go
-		snapshotCmd(g),    // snapshot.go
-		tfCmd(g),          // tf.go
-		portForwardCmd(g), // portforward.go
-		gcCmd(g),          // gc.go
-		quotaCmd(g),       // quota.go
+		sshCmd(g),                   // ssh.go
+		snapshotCmd(g),              // snapshot.go
+		tfCmd(g),                    // tf.go
+		portForwardCmd(g),           // portforward.go
+		gcCmd(g),                    // gc.go
+		quotaCmd(g),                 // quota.go
+		backupCmd(g), restoreCmd(g), // backup.go
 	)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
