@@ -312,9 +312,17 @@ func (c *Conn) Handle(ctx context.Context, _ *jsonrpc2.Conn, req *jsonrpc2.Reque
 }
 
 func (c *Conn) serve(ctx context.Context, req *jsonrpc2.Request) {
+	ctx = WithRequestInfo(ctx, RequestInfo{ID: NewRequestID(), Method: req.Method, User: c.Username()})
+	c.log.DebugContext(ctx, "call", "remote", c.remote)
 	res, err := c.dispatch(ctx, req)
 	if err != nil {
-		c.rpc.ReplyWithError(ctx, req.ID, ToWire(err))
+		we := ToWire(err)
+		lv := slog.LevelDebug // the caller hears of it; a store outage is logged once, not per call
+		if we.Code == CodeInternal {
+			lv = slog.LevelError
+		}
+		c.log.Log(ctx, lv, "call failed", "code", we.Code, "err", err)
+		c.rpc.ReplyWithError(ctx, req.ID, we)
 		return
 	}
 	if err := c.rpc.Reply(ctx, req.ID, res); err != nil {

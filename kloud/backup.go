@@ -102,10 +102,10 @@ func (s *Server) serveBackup(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		// The status is sent: the archive ends early, and the CLI, which reads it whole
 		// before it keeps it, says so.
-		s.log.Error("backup failed", "by", c.Username, "err", err)
+		s.log.ErrorContext(r.Context(), "backup failed", "by", c.Username, "err", err)
 		return
 	}
-	s.log.Info("backup taken", "by", c.Username, "keys", keys, "terraformerFiles", n)
+	s.log.InfoContext(r.Context(), "backup taken", "by", c.Username, "keys", keys, "terraformerFiles", n)
 }
 
 // writeBackup writes the archive; it returns how many terraformer files it holds.

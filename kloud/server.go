@@ -354,7 +354,7 @@ func (s *Server) ensureAdmin(ctx context.Context) error {
 		if err := kitekey.WriteFile(k.path, key); err != nil {
 			return fmt.Errorf("kloud: %w", err)
 		}
-		s.log.Info("created kite key", "user", k.user, "path", k.path)
+		s.log.InfoContext(ctx, "created kite key", "user", k.user, "path", k.path)
 	}
 	t := Team{Slug: DefaultTeam, Title: "Default team", Members: []Member{{Username: Admin, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
 	if err := s.store.Teams().Insert(ctx, t); err != nil && !errors.Is(err, store.ErrConflict) {
@@ -387,7 +387,7 @@ func (s *Server) importFileKeys(ctx context.Context) error {
 			return fmt.Errorf("kloud: import key %s: %w", k.ID, err)
 		}
 	}
-	s.log.Info("imported signing keys into the store", "from", path, "keys", len(keys))
+	s.log.InfoContext(ctx, "imported signing keys into the store", "from", path, "keys", len(keys))
 	return os.Rename(path, path+".imported")
 }
 

@@ -109,7 +109,7 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 		u, ok := s.checkLogin(r.Context(), req.Username, req.Password)
 		if !ok {
 			l.fail(key)
-			s.log.Info("login failed", "user", req.Username, "ip", ip)
+			s.log.InfoContext(r.Context(), "login failed", "user", req.Username, "ip", ip)
 			writeError(w, http.StatusUnauthorized, "wrong username or password")
 			return
 		}
@@ -123,7 +123,7 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 			}
 		}
 		if err != nil {
-			s.log.Error("issue session", "user", u.Username, "err", err)
+			s.log.ErrorContext(r.Context(), "issue session", "user", u.Username, "err", err)
 			writeError(w, http.StatusInternalServerError, "could not issue a session; see kloud's log")
 			return
 		}
@@ -131,7 +131,7 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 			Name: SessionCookie, Value: sess, Path: "/", Expires: exp, MaxAge: int(DefaultSessionTTL / time.Second),
 			HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.secureCookies(r),
 		})
-		s.log.Info("login", "user", u.Username, "ip", ip)
+		s.log.InfoContext(r.Context(), "login", "user", u.Username, "ip", ip)
 		writeJSON(w, http.StatusOK, LoginResponse{Session: sess, Username: u.Username, Admin: u.Admin, ExpiresAt: exp.UTC()})
 	}
 }
@@ -142,7 +142,7 @@ func (s *Server) checkLogin(ctx context.Context, username, password string) (*Us
 	u, err := s.loadUser(ctx, username)
 	if err != nil || u.PasswordHash == "" || len(password) > api.MaxPasswordLen {
 		if err != nil && !errors.Is(err, kite.ErrNotFound) {
-			s.log.Error("login: load user", "user", username, "err", err)
+			s.log.ErrorContext(ctx, "login: load user", "user", username, "err", err)
 		}
 		checkPasswordHash(dummyHash(), password)
 		return nil, false
@@ -185,7 +185,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 		until = c.ExpiresAt.Time
 	}
 	if err := s.revs.RevokeUntil(r.Context(), c.ID, until, "logout"); err != nil {
-		s.log.Error("logout: revoke session", "user", c.Subject, "err", err)
+		s.log.ErrorContext(r.Context(), "logout: revoke session", "user", c.Subject, "err", err)
 		writeError(w, http.StatusInternalServerError, "could not revoke the session; see kloud's log")
 		return
 	}
@@ -194,7 +194,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 			conn.Close(errors.New("logged out"))
 		}
 	}
-	s.log.Info("logout", "user", c.Subject)
+	s.log.InfoContext(r.Context(), "logout", "user", c.Subject)
 	writeJSON(w, http.StatusOK, map[string]bool{"loggedOut": true})
 }
 

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/logfmt"
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -43,6 +44,7 @@ func main() {
 	tlsCert := flag.String("tls-cert", "", "serve https/wss only, with this PEM certificate (chain); needs --tls-key")
 	tlsKey := flag.String("tls-key", "", "the PEM private key of --tls-cert")
 	caCert := flag.String("ca-cert", os.Getenv(tlsconf.EnvCACert), "PEM file of a CA to trust beside the system's for an https --kloud-url (env "+tlsconf.EnvCACert+")")
+	logFormat := flag.String("log-format", logfmt.Text, logfmt.Usage)
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -71,7 +73,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "terraformer:", err)
 		os.Exit(2)
 	}
-	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if c.Logger, err = logfmt.New(os.Stderr, *logFormat, slog.LevelInfo); err != nil {
+		fmt.Fprintln(os.Stderr, "terraformer:", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := terraformer.Run(ctx, c); err != nil {

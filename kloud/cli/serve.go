@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/logfmt"
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
@@ -39,6 +40,7 @@ type serveFlags struct {
 	// tfInsecure passes --insecure-no-sandbox to the terraformer kloud starts.
 	tfInsecure bool
 	logLevel   string
+	logFormat  string
 	// tlsCert and tlsKey: --tls-cert, --tls-key (kloud.Options.TLS, and the terraformer's).
 	tlsCert, tlsKey string
 	// pluginLimits and pluginMemMB: --plugin-cpus, --plugin-pids-max, --plugin-memory-mb.
@@ -109,6 +111,7 @@ with kloud's privileges (logged at every start).`,
 	fl.Int64Var(&f.pluginMemMB, "plugin-memory-mb", tfsandbox.DefaultPluginLimits.MemoryBytes>>20, "memory limit in MiB of each sandboxed provider plugin's cgroup (0: no limit)")
 	fl.IntVar(&f.pluginLimits.PidsMax, "plugin-pids-max", tfsandbox.DefaultPluginLimits.PidsMax, "processes and threads limit of each sandboxed provider plugin's cgroup (0: no limit)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", logfmt.Text, logfmt.Usage+" (passed to the terraformer kloud starts)")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve https and wss only, with this PEM certificate (chain): plain http is refused, answers carry Strict-Transport-Security, cookies are Secure, --public-url defaults to https; the terraformer kloud starts serves with it too (needs --tls-key)")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
 	fl.DurationVar(&f.o.JobLease, "job-lease", kloud.DefaultJobLease, "how long a crashed kloud's jobs stay claimed before they are resumed")
@@ -135,9 +138,11 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if err := lvl.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	log, err := logfmt.New(g.stderr, f.logFormat, lvl)
+	if err != nil {
+		return err
+	}
 	f.o.DataDir, f.o.Logger = g.dataDir, log
-	var err error
 	if f.o.TLS, err = tlsconf.Server(f.tlsCert, f.tlsKey); err != nil {
 		return err
 	}
@@ -317,7 +322,7 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfS
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL}
+	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL, "--log-format", f.logFormat}
 	if cfg := tfCLIConfig(); cfg != "" {
 		args = append(args, "--cli-config", cfg)
 	}
