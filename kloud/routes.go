@@ -157,6 +157,9 @@ func (s *Server) rpcRoutes() []Route {
 
 		// plugins.go: provider plugins register (plugin keys only)
 		pluginRPC(api.MethodPluginRegister, s.pluginRegister),
+
+		// ops: doctor.go (kloud doctor; docs/operations.md)
+		rpc(s, api.MethodKloudDoctor, AdminOnly, s.kloudDoctor, kite.WithTimeout(time.Minute)),
 	}
 }
 

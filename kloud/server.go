@@ -116,6 +116,9 @@ type Options struct {
 	// Limits caps machines per stack and the wall time of plans (limits.go; zero fields: its
 	// defaults).
 	Limits Limits
+	// Doctor are more checks kloud.doctor runs (doctor.go; kloud serve adds the provider
+	// mirror's and the local provider's base image's).
+	Doctor []DoctorCheck
 	// TLS, if set, makes kloud serve https and wss only (kloud serve --tls-cert/--tls-key,
 	// internal/tlsconf.Server): a plain-http request gets 400 "Client sent an HTTP request to an
 	// HTTPS server", every answer carries Strict-Transport-Security, session and app cookies are

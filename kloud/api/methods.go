@@ -99,6 +99,7 @@ func KloudMethods() []string {
 		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
 		MethodGCRun, // gc.go
 		MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
+		MethodKloudDoctor, // doctor.go
 		MethodVersion,
 		MethodMachineInfo, MethodMachineList,
 		MethodMachinePortsClose, MethodMachinePortsList, MethodMachinePortsOpen, // ports.go

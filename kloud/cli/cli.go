@@ -103,6 +103,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		gcCmd(g),                    // gc.go
 		quotaCmd(g),                 // quota.go
 		backupCmd(g), restoreCmd(g), // backup.go
+		doctorCmd(g), // doctor.go
 	)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {

@@ -179,6 +179,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		}
 	}
 	f.o.Providers = reg
+	f.o.Doctor = serveDoctorChecks(f) // doctor.go
 	var s *kloud.Server
 	listening := make(chan struct{})
 	f.o.Listening = func(a net.Addr) {

@@ -7,6 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // Snapshot writes a consistent copy of the whole embedded database to dst (a new file; it must
@@ -66,3 +70,71 @@ func OpenWithKey(key, ciphertext, aad []byte) ([]byte, error) {
 // SecretKeyFile is the secret key's file in the data directory (when Options.SecretKey is not
 // set).
 const SecretKeyFile = "secret.key"
+
+// ServerTime is the database server's clock (the hello command's localTime), for a clock
+// skew check: kloud's leases and tokens assume its clock and the store's agree.
+func (s *Store) ServerTime(ctx context.Context) (time.Time, error) {
+	var res struct {
+		LocalTime time.Time `bson:"localTime"`
+	}
+	if err := s.db.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&res); err != nil {
+		if IsUnavailable(err) {
+			return time.Time{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return time.Time{}, fmt.Errorf("server time: %w", err)
+	}
+	if res.LocalTime.IsZero() {
+		return time.Time{}, errors.New("server time: the database's hello has no localTime")
+	}
+	return res.LocalTime, nil
+}
+
+// doctorDoc is the scratch document of AtomicCheck in the meta collection.
+const doctorDoc = "doctor"
+
+// AtomicCheck checks that the store's conditional single-document updates are atomic, which
+// jobs' claims, leases and quotas rely on: n concurrent findOneAndUpdate $inc on a scratch
+// document must each see a different value and add up. It fails on a backend that loses or
+// repeats updates (e.g. FerretDB v1 behind several connections).
+func (s *Store) AtomicCheck(ctx context.Context) error {
+	const n = 8
+	coll := s.Collection(CollMeta)
+	if _, err := coll.InsertOne(ctx, bson.M{"_id": doctorDoc, "n": int64(0)}); err != nil && !IsDuplicateKey(err) {
+		if IsUnavailable(err) {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return fmt.Errorf("atomic update check: %w", err)
+	}
+	seen := make(chan int64, n)
+	errc := make(chan error, n)
+	for range n {
+		go func() {
+			var doc struct {
+				N int64 `bson:"n"`
+			}
+			err := coll.FindOneAndUpdate(ctx, bson.M{"_id": doctorDoc}, bson.M{"$inc": bson.M{"n": int64(1)}},
+				options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&doc)
+			if err != nil {
+				errc <- err
+				return
+			}
+			seen <- doc.N
+		}()
+	}
+	got := map[int64]bool{}
+	for range n {
+		select {
+		case err := <-errc:
+			if IsUnavailable(err) {
+				return fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			return fmt.Errorf("atomic update check: %w", err)
+		case v := <-seen:
+			if got[v] {
+				return fmt.Errorf("atomic update check: two concurrent updates both saw n=%d: updates are not atomic (an external FerretDB v1 needs ?maxPoolSize=1)", v)
+			}
+			got[v] = true
+		}
+	}
+	return nil
+}

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -99,5 +102,31 @@ func TestSnapshotExternal(t *testing.T) {
 	err := s.Snapshot(ctxT(t), filepath.Join(t.TempDir(), "x"))
 	if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "mongodump") {
 		t.Errorf("snapshot of an external store: %v", err)
+	}
+}
+
+// TestDoctorChecks: the atomicity check passes on the embedded store (twice: the scratch
+// document exists the second time) and its updates add up; the server time is the store's clock.
+func TestDoctorChecks(t *testing.T) {
+	s := storetest.New(t)
+	ctx := ctxT(t)
+	for range 2 {
+		if err := s.AtomicCheck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var doc struct {
+		N int64 `bson:"n"`
+	}
+	if err := s.Collection(store.CollMeta).FindOne(ctx, bson.M{"_id": "doctor"}).Decode(&doc); err != nil || doc.N != 16 {
+		t.Errorf("scratch document after two checks: n=%d (want 16), %v", doc.N, err)
+	}
+	before := time.Now()
+	st, err := s.ServerTime(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Before(before.Add(-time.Second)) || st.After(time.Now().Add(time.Second)) {
+		t.Errorf("server time %s, local %s", st, before)
 	}
 }
