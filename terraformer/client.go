@@ -41,7 +41,7 @@ type Client struct {
 	WaitDown time.Duration
 
 	mu   sync.Mutex
-	down error // set by SetUnavailable: why terraformer is down
+	down error        // set by SetUnavailable: why terraformer is down
 	hc   *http.Client // Health's
 }
 
