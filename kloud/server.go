@@ -296,6 +296,9 @@ func (o *Options) defaults() error {
 		}
 		o.PublicURL = scheme + "://127.0.0.1:" + port
 	}
+	if o.TLS != nil && !strings.HasPrefix(o.PublicURL, "https://") {
+		return fmt.Errorf("kloud: --public-url %s: with --tls-cert kloud serves https only: give an https:// URL", o.PublicURL)
+	}
 	if o.KlientBin == "" {
 		if exe, err := os.Executable(); err == nil {
 			o.KlientBin = filepath.Join(filepath.Dir(exe), "klient")
