@@ -111,3 +111,19 @@ resource "terraform_data" "vm" {
 	}
 	e.run("stack", "destroy", sid)
 }
+
+// TestTLSPlugin: a provider plugin kloud launches reaches a kloud that serves TLS only: it dials
+// wss on loopback, trusting kloud's CA (KLOUD_PLUGIN_CA) and checking the certificate against
+// the public URL's host (KLOUD_PLUGIN_TLS_SERVER_NAME), and registers.
+func TestTLSPlugin(t *testing.T) {
+	testutil.RequireRoot(t) // the plugin sandbox (and the launcher's uid change) need root
+	testutil.RequireBinary(t, "terraform")
+	files := testutil.TestTLS(t)
+	e := &env{t: t, dir: t.TempDir(), addr: freePort(t), noDummy: true, tls: &files}
+	e.start()
+	t.Cleanup(e.cleanup)
+	out := e.run("provider", "install", testPluginBin(t), "--name", "tlsplug", "--wait", "60s")
+	if !strings.Contains(out, "provider tlsplug: connected") {
+		t.Fatalf("install did not report the plugin connected:\n%s\nkloud:\n%s", out, e.kloudOut)
+	}
+}
