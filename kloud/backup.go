@@ -46,7 +46,7 @@ const (
 
 // backupKeyCheck is sealed into the manifest, so a restore can tell whether a secret key is
 // the one the backup was sealed with before it writes anything.
-var backupKeyCheck = []byte("kloud backup key check")
+const backupKeyCheck = "kloud backup key check"
 
 // BackupManifest describes a backup (kloud-backup.json).
 type BackupManifest struct {
@@ -110,7 +110,7 @@ func (s *Server) serveBackup(w http.ResponseWriter, r *http.Request) {
 
 // writeBackup writes the archive; it returns how many terraformer files it holds.
 func (s *Server) writeBackup(ctx context.Context, w io.Writer, secret []byte, snap string, keys bool) (int, error) {
-	check, err := store.SealWithKey(secret, backupKeyCheck, []byte(backupManifest))
+	check, err := store.SealWithKey(secret, []byte(backupKeyCheck), []byte(backupManifest))
 	if err != nil {
 		return 0, err
 	}
