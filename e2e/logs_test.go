@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -76,5 +78,11 @@ func TestJSONLogs(t *testing.T) {
 	}
 	if out, err := e.try("serve", "--log-format", "yaml"); err == nil || !strings.Contains(out, "want text or json") {
 		t.Errorf("--log-format yaml: err %v:\n%s", err, out)
+	}
+	for _, b := range []string{"terraformer", "klient"} {
+		out, err := exec.Command(filepath.Join(bin, b), "--log-format", "yaml").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "want text or json") {
+			t.Errorf("%s --log-format yaml: err %v: %s", b, err, out)
+		}
 	}
 }
