@@ -74,8 +74,9 @@ resource "terraform_data" "vm" {
 	if entries, _ := os.ReadDir(restored); len(entries) != 0 {
 		t.Errorf("refused restores left files: %v", entries)
 	}
-	// The keyless backup restores with the old key (into a directory of its own, not served).
-	if out := e.run("restore", noKeys, "--data-dir", filepath.Join(t.TempDir(), "r2"), "--secret-key", filepath.Join(e.dir, "secret.key")); !strings.Contains(out, "restored") {
+	// The keyless backup restores with the old key (into a directory of its own, served below).
+	r2dir := filepath.Join(t.TempDir(), "r2")
+	if out := e.run("restore", noKeys, "--data-dir", r2dir, "--secret-key", filepath.Join(e.dir, "secret.key")); !strings.Contains(out, "restored") {
 		t.Errorf("restore with --secret-key:\n%s", out)
 	}
 	out = e.run("restore", withKeys, "--data-dir", restored)
@@ -113,6 +114,19 @@ resource "terraform_data" "vm" {
 		return true
 	}, "the agents %+v did not register with the restored kloud:\n%s", before, r.kloudOut)
 	r.run("stack", "destroy", sid)
+
+	// The keyless backup served (another address, no machines of its own): a new admin key,
+	// signed by the restored keys, sees the same users; alice's old key still works.
+	r2 := &env{t: t, dir: r2dir, addr: freePort(t), machinesDir: filepath.Join(t.TempDir(), "machines")}
+	r2.start()
+	t.Cleanup(r2.cleanup)
+	if got := r2.run("user", "list"); got != users {
+		t.Errorf("users of the keyless restore:\n%s\nwant:\n%s", got, users)
+	}
+	r2.key = aliceKey
+	if got := r2.run("stack", "list"); !strings.Contains(got, sid) {
+		t.Errorf("alice's stacks in the keyless restore:\n%s", got)
+	}
 	if entries, _ := os.ReadDir(filepath.Join(e.dummyDir(), sid)); len(entries) != 0 {
 		t.Fatalf("machine directories left after destroy: %v", entries)
 	}
