@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
 )
 
 // TestJSONLogs runs kloud serve with --log-format json (and --log-level debug): every line
@@ -28,6 +31,11 @@ func TestJSONLogs(t *testing.T) {
 	resp.Body.Close()
 	loginID := resp.Header.Get("X-Request-Id")
 
+	// kloud's output reaches the test through a pipe: wait for the lines of both requests.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		out := e.kloudOut.String()
+		return strings.Contains(out, `"msg":"login failed"`) && strings.Contains(out, `"msg":"call failed"`)
+	}, "kloud did not log the failed login and call:\n%s", e.kloudOut)
 	var lines []map[string]any
 	loginSeen, tfJSON := false, false
 	for _, line := range strings.Split(e.kloudOut.String(), "\n") {
