@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	localtf "github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
@@ -81,6 +82,19 @@ type env struct {
 	key      string // KLOUD_KEY for CLI calls ("" = admin)
 	noDummy  bool   // no dummy provider (newPluginEnv)
 	uid      int    // run kloud as this user (0: as the test)
+	// tls, if set, serves kloud with TLS (--tls-cert/--tls-key/--ca-cert of these files); the
+	// CLI gets the CA as KLOUD_CA_CERT.
+	tls *testutil.TLSFiles
+	// machinesDir is the dummy provider's --dummy-dir (default <dir>/machines).
+	machinesDir string
+}
+
+// dummyDir is the dummy provider's directory.
+func (e *env) dummyDir() string {
+	if e.machinesDir != "" {
+		return e.machinesDir
+	}
+	return filepath.Join(e.dir, "machines")
 }
 
 func newEnv(t *testing.T, extra ...string) *env {
@@ -93,7 +107,24 @@ func newEnv(t *testing.T, extra ...string) *env {
 	return e
 }
 
-func (e *env) url() string { return "http://" + e.addr }
+func (e *env) url() string {
+	if e.tls != nil {
+		return "https://" + e.addr
+	}
+	return "http://" + e.addr
+}
+
+// httpClient is an HTTP client that trusts kloud's certificate (tls.go's CA).
+func (e *env) httpClient() *http.Client {
+	if e.tls == nil {
+		return http.DefaultClient
+	}
+	cfg, err := tlsconf.Client(e.tls.CA)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return tlsconf.HTTPClient(cfg, 10*time.Second)
+}
 
 func (e *env) start() {
 	t := e.t
@@ -118,7 +149,10 @@ func (e *env) start() {
 	args := []string{"serve", "--data-dir", e.dir, "--addr", e.addr,
 		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}
 	if !e.noDummy {
-		args = append(args, "--dummy-dir", filepath.Join(e.dir, "machines"))
+		args = append(args, "--dummy-dir", e.dummyDir())
+	}
+	if e.tls != nil {
+		args = append(args, "--tls-cert", e.tls.Cert, "--tls-key", e.tls.Key, "--ca-cert", e.tls.CA)
 	}
 	args = append(args, e.extra...)
 	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
@@ -131,8 +165,9 @@ func (e *env) start() {
 		t.Fatal(err)
 	}
 	e.kloud = cmd
+	hc := e.httpClient()
 	testutil.Eventually(t, 60*time.Second, func() bool {
-		r, err := http.Get(e.url() + "/healthz")
+		r, err := hc.Get(e.url() + "/healthz")
 		if err == nil {
 			r.Body.Close()
 		}
@@ -163,7 +198,7 @@ func (e *env) cleanup() {
 		}
 	}
 	// Machines of the dummy provider are processes: stop any a failed test left behind.
-	if err := dummy.KillAll(context.Background(), filepath.Join(e.dir, "machines")); err != nil {
+	if err := dummy.KillAll(context.Background(), e.dummyDir()); err != nil {
 		e.t.Error(err)
 	}
 }
@@ -199,6 +234,9 @@ func (e *env) run(args ...string) string {
 func (e *env) try(args ...string) (string, error) {
 	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
 	cmd.Env = append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_DATA_DIR="+e.dir, "KLOUD_KEY="+e.key)
+	if e.tls != nil {
+		cmd.Env = append(cmd.Env, "KLOUD_CA_CERT="+e.tls.CA)
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

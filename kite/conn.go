@@ -313,6 +313,8 @@ func (c *Conn) Handle(ctx context.Context, _ *jsonrpc2.Conn, req *jsonrpc2.Reque
 
 func (c *Conn) serve(ctx context.Context, req *jsonrpc2.Request) {
 	start := time.Now()
+	ctx = WithRequestInfo(ctx, RequestInfo{ID: NewRequestID(), Method: req.Method, User: c.Username()})
+	c.log.DebugContext(ctx, "call", "remote", c.remote)
 	res, err := c.dispatch(ctx, req)
 	if o := c.k.opts.Observer; o != nil {
 		method := req.Method
@@ -326,7 +328,13 @@ func (c *Conn) serve(ctx context.Context, req *jsonrpc2.Request) {
 		o.Served(method, code, time.Since(start))
 	}
 	if err != nil {
-		c.rpc.ReplyWithError(ctx, req.ID, ToWire(err))
+		we := ToWire(err)
+		lv := slog.LevelDebug // the caller hears of it; a store outage is logged once, not per call
+		if we.Code == CodeInternal {
+			lv = slog.LevelError
+		}
+		c.log.Log(ctx, lv, "call failed", "code", we.Code, "err", err)
+		c.rpc.ReplyWithError(ctx, req.ID, we)
 		return
 	}
 	if err := c.rpc.Reply(ctx, req.ID, res); err != nil {

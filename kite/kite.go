@@ -2,6 +2,7 @@ package kite
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -62,6 +63,9 @@ type Options struct {
 	OnDisconnect func(c *Conn)
 	// Observer, if set, is told about served calls and rejected handshakes (metrics).
 	Observer Observer
+	// TLSConfig is what Dial trusts for wss:// and https:// URLs (internal/tlsconf.Client: the
+	// system's roots plus kloud's CA). Nil: Go's defaults (the system's roots).
+	TLSConfig *tls.Config
 }
 
 func (o *Options) setDefaults() error {
@@ -117,6 +121,8 @@ type Kite struct {
 	notifs  map[string]func(*Conn, []byte)
 	conns   map[*Conn]struct{}
 	closed  bool
+	// hc dials with Options.TLSConfig (nil without one: net/http's default client).
+	hc *http.Client
 }
 
 type method struct {
@@ -157,6 +163,11 @@ func New(opts Options) (*Kite, error) {
 		methods: map[string]*method{},
 		notifs:  map[string]func(*Conn, []byte){},
 		conns:   map[*Conn]struct{}{},
+	}
+	if opts.TLSConfig != nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = opts.TLSConfig.Clone()
+		k.hc = &http.Client{Transport: t}
 	}
 	k.builtins()
 	return k, nil
@@ -301,7 +312,7 @@ func (k *Kite) ServeFrames(fs frame.Stream, remote string) *Conn {
 // Dial connects to the kite at url (ws://, wss://, http:// or https://, path included, e.g.
 // http://127.0.0.1:7000/kite), performs the handshake with auth and returns the connection.
 func (k *Kite) Dial(ctx context.Context, url string, auth Auth) (*Conn, error) {
-	fs, err := wsframe.Dial(ctx, url, Subprotocol, k.opts.MaxFrameSize)
+	fs, err := wsframe.Dial(ctx, url, Subprotocol, k.opts.MaxFrameSize, k.hc)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", url, err)
 	}

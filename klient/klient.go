@@ -13,6 +13,7 @@ package klient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -53,6 +55,9 @@ type Options struct {
 	StateDir string
 	// Terminal tunes the web terminal; Owner, Root and Logger are klient's.
 	Terminal webterm.Options
+	// TLSConfig is what klient trusts when kloud's URL is wss/https (klient --ca-cert:
+	// internal/tlsconf.Client). Nil: the system's roots.
+	TLSConfig *tls.Config
 	// PingInterval/PingTimeout of the connection to kontrol (defaults of package kite).
 	PingInterval, PingTimeout time.Duration
 	Logger                    *slog.Logger
@@ -82,6 +87,7 @@ type (
 type Klient struct {
 	opts   Options
 	log    *slog.Logger
+	hc     *http.Client // dials kloud for terminals and ports (nil: net/http's default)
 	kite   *kite.Kite
 	client *kite.Client
 	claims *kitekey.KeyFile // what the kite.key says: kite id, owner, issuer, kontrol URL
@@ -159,11 +165,15 @@ func New(opts Options) (*Klient, error) {
 		Logger:        opts.Logger,
 		PingInterval:  opts.PingInterval,
 		PingTimeout:   opts.PingTimeout,
+		TLSConfig:     opts.TLSConfig,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("klient: %w", err)
 	}
 	kl.kite = k
+	if opts.TLSConfig != nil {
+		kl.hc = tlsconf.HTTPClient(opts.TLSConfig, 0)
+	}
 	k.HandleFunc(klientapi.MethodInfo, kl.info)
 	k.Handle(klientapi.MethodLogs, kite.Typed(kl.logs))
 	kl.handleWebterm()

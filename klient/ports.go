@@ -42,7 +42,7 @@ func (kl *Klient) portConnect(ctx context.Context, r *kite.Request, p *klientapi
 		return nil, fmt.Errorf("%s: connect to port %d: %w: %w", r.Method, p.Port, err, kite.ErrUnavailable)
 	}
 	actx, cancel := context.WithTimeout(ctx, attachDialTimeout)
-	ws, err := webterm.Dial(actx, p.Attach, kl.opts.KontrolURL)
+	ws, err := webterm.Dial(actx, p.Attach, kl.opts.KontrolURL, kl.hc)
 	cancel()
 	if err != nil {
 		tcp.Close()

@@ -67,7 +67,7 @@ func (kl *Klient) webtermConnect(ctx context.Context, r *kite.Request, p *webter
 		}
 	}
 	dctx, cancel := context.WithTimeout(ctx, attachDialTimeout)
-	ws, err := webterm.Dial(dctx, p.Attach, kl.opts.KontrolURL)
+	ws, err := webterm.Dial(dctx, p.Attach, kl.opts.KontrolURL, kl.hc)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("webterm.connect: %w: %w", err, kite.ErrState)

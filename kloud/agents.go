@@ -101,6 +101,6 @@ func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {
 		return s.store.Machines().SetAgent(ctx, kiteID, status, version)
 	})
 	if err != nil && ctx.Err() == nil {
-		s.log.Warn("update agent status", "kite", kiteID, "err", err)
+		s.log.WarnContext(ctx, "update agent status", "kite", kiteID, "err", err)
 	}
 }

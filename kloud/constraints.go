@@ -50,7 +50,7 @@ func (s *Server) checkConstraints(ctx context.Context, owner, team string, ms []
 		cv, ok := st.(provider.ConstraintsValidator)
 		if !ok {
 			// Advertised but not implemented: the conformance suite fails such a provider.
-			s.log.Warn("provider advertises constraints but its stack does not validate them", "provider", name)
+			s.log.WarnContext(ctx, "provider advertises constraints but its stack does not validate them", "provider", name)
 			continue
 		}
 		for _, m := range machines {

@@ -109,15 +109,15 @@ func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, 
 	jobID, err := s.startJob(ctx, bootstrapJobKind, "credential/"+cr.ID, c.Username, map[string]any{"credential": cr.ID, "destroy": destroy})
 	if err != nil {
 		if ferr := s.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
-			s.log.Error("roll back a bootstrap whose job did not start", "credential", cr.ID, "err", ferr)
+			s.log.ErrorContext(ctx, "roll back a bootstrap whose job did not start", "credential", cr.ID, "err", ferr)
 		}
 		return nil, err
 	}
 	// The job records itself too; whichever comes first.
 	if _, err := s.store.Credentials().SetBootstrapJob(ctx, cr.ID, jobID); err != nil {
-		s.log.Warn("record bootstrap job", "credential", cr.ID, "job", jobID, "err", err)
+		s.log.WarnContext(ctx, "record bootstrap job", "credential", cr.ID, "job", jobID, "err", err)
 	}
-	s.log.Info("credential bootstrap started", "credential", cr.ID, "job", jobID, "destroy", destroy, "by", c.Username)
+	s.log.InfoContext(ctx, "credential bootstrap started", "credential", cr.ID, "job", jobID, "destroy", destroy, "by", c.Username)
 	return api.BootstrapResult{JobID: jobID, Status: status}, nil
 }
 
@@ -152,7 +152,7 @@ func (s *Server) runBootstrap(ctx context.Context, j *jobCtx, resume bool) (map[
 			err = fmt.Errorf("kloud restarted during the bootstrap, then: %w", err)
 		}
 		if ferr := s.finishBootstrap(id, j.ID, store.BootstrapSet{Status: new(BootstrapFailed), Error: new(err.Error())}); ferr != nil {
-			s.log.Error("record a failed bootstrap", "credential", id, "job", j.ID, "err", ferr)
+			s.log.ErrorContext(ctx, "record a failed bootstrap", "credential", id, "job", j.ID, "err", ferr)
 		}
 		return nil, err
 	}
@@ -231,7 +231,7 @@ func (w *bootstrapRun) start(ctx context.Context, i int, submit func() (string, 
 	w.tfJobs = append(w.tfJobs, id)
 	// Recorded before waiting, so a recovered job finds it.
 	if _, err := w.s.store.Credentials().UpdateBootstrap(ctx, w.cred.ID, w.j.ID, store.BootstrapSet{TFJobs: new(slices.Clone(w.tfJobs))}); err != nil {
-		w.s.log.Warn("record terraform job", "credential", w.cred.ID, "job", w.j.ID, "terraform_job", id, "err", err)
+		w.s.log.WarnContext(ctx, "record terraform job", "credential", w.cred.ID, "job", w.j.ID, "terraform_job", id, "err", err)
 	}
 	return id, nil
 }
@@ -265,7 +265,7 @@ func (w *bootstrapRun) wait(ctx context.Context, tfJob string, base, span int, m
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if _, cerr := w.tf.Cancel(cctx, tfJob); cerr != nil {
-				w.s.log.Warn("cancel terraform job", "terraform_job", tfJob, "err", cerr)
+				w.s.log.WarnContext(ctx, "cancel terraform job", "terraform_job", tfJob, "err", cerr)
 			}
 		}
 		return nil, fmt.Errorf("follow terraform job %s: %w", tfJob, err)

@@ -306,7 +306,7 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err := s.store.Credentials().Insert(ctx, cr); err != nil {
 		return nil, fmt.Errorf("add credential: %w", err)
 	}
-	s.log.Info("credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
+	s.log.InfoContext(ctx, "credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
 	return api.CredentialAddResult{ID: id}, nil
 }
 
@@ -421,7 +421,7 @@ func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Reques
 		}
 	}
 	sort.Strings(changed)
-	s.log.Info("credential updated", "credential", cr.ID, "fields", changed, "by", c.Username)
+	s.log.InfoContext(ctx, "credential updated", "credential", cr.ID, "fields", changed, "by", c.Username)
 	return api.CredentialUpdateResult{ID: cr.ID, Changed: changed}, nil
 }
 
@@ -527,7 +527,7 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 	if !deleted {
 		return nil, fmt.Errorf("credential %s changed meanwhile (a bootstrap started?); look again: %w", cr.ID, kite.ErrConflict)
 	}
-	s.log.Info("credential removed", "credential", cr.ID, "by", c.Username)
+	s.log.InfoContext(ctx, "credential removed", "credential", cr.ID, "by", c.Username)
 	return api.CredentialRemoveResult{ID: cr.ID, Removed: true}, nil
 }
 
@@ -572,7 +572,7 @@ func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.
 	if err := s.store.Credentials().SetVerified(ctx, cr.ID, res.Verified, res.Error); err != nil {
 		return nil, fmt.Errorf("record verification of credential %s: %w", cr.ID, err)
 	}
-	s.log.Info("credential verified", "credential", cr.ID, "verified", res.Verified, "by", c.Username)
+	s.log.InfoContext(ctx, "credential verified", "credential", cr.ID, "verified", res.Verified, "by", c.Username)
 	return res, nil
 }
 

@@ -85,7 +85,7 @@ func (s *Server) gcRun(ctx context.Context, c *Caller, _ *kite.Request, p *api.G
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("gc.run", "by", c.Username, "dryRun", p.DryRun, "garbage", len(res.Garbage))
+	s.log.InfoContext(ctx, "gc.run", "by", c.Username, "dryRun", p.DryRun, "garbage", len(res.Garbage))
 	return res, nil
 }
 
@@ -107,16 +107,16 @@ func (s *Server) runGC(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			s.log.Warn("gc: sweep", "err", err)
+			s.log.WarnContext(ctx, "gc: sweep", "err", err)
 		}
 		for _, g := range res.Garbage {
 			if g.Error != "" {
-				s.log.Warn("gc: could not remove a resource", "provider", g.Provider, "resource", g.Resource.String(), "reason", g.Reason, "err", g.Error)
+				s.log.WarnContext(ctx, "gc: could not remove a resource", "provider", g.Provider, "resource", g.Resource.String(), "reason", g.Reason, "err", g.Error)
 			}
 		}
 		for _, pr := range res.Providers {
 			if pr.Error != "" {
-				s.log.Warn("gc: could not list a provider's resources", "provider", pr.Name, "err", pr.Error)
+				s.log.WarnContext(ctx, "gc: could not list a provider's resources", "provider", pr.Name, "err", pr.Error)
 			}
 		}
 		t.Reset(s.opts.GC.Interval)
@@ -195,7 +195,7 @@ func (s *Server) collectGarbage(ctx context.Context, dryRun bool, only string) (
 		}
 		verdicts, release, err := s.gcJudgeStack(ctx, stackID, dryRun)
 		if err != nil {
-			s.log.Warn("gc: stack: keeping its resources", "stack", stackID, "err", err)
+			s.log.WarnContext(ctx, "gc: stack: keeping its resources", "stack", stackID, "err", err)
 			continue
 		}
 		for _, l := range old {
@@ -225,7 +225,7 @@ func (s *Server) gcRemove(ctx context.Context, prov string, r provider.Resource,
 		return item
 	}
 	item.Removed = true
-	s.log.Info("gc: removed a resource", "provider", prov, "resource", r.String(), "stack", r.Tag(provider.TagStack), "reason", reason)
+	s.log.InfoContext(ctx, "gc: removed a resource", "provider", prov, "resource", r.String(), "stack", r.Tag(provider.TagStack), "reason", reason)
 	return item
 }
 
@@ -277,7 +277,7 @@ func (s *Server) gcJudgeStack(ctx context.Context, id string, dryRun bool) (func
 		case errors.Is(err, kite.ErrNotFound):
 			inState = map[string]bool{}
 		case err != nil:
-			s.log.Warn("gc: terraform state of stack: not judging its resources by it", "stack", id, "err", err)
+			s.log.WarnContext(ctx, "gc: terraform state of stack: not judging its resources by it", "stack", id, "err", err)
 		default:
 			inState = stateIDs(state)
 		}

@@ -108,9 +108,9 @@ func (s *Server) monitorStore(ctx context.Context) {
 		switch {
 		case err != nil && downSince.IsZero():
 			downSince = time.Now()
-			s.log.Error("store unavailable: calls fail with storeUnavailable until it answers again", "cause", err)
+			s.log.ErrorContext(ctx, "store unavailable: calls fail with storeUnavailable until it answers again", "cause", err)
 		case err == nil && !downSince.IsZero():
-			s.log.Info("store available again", "down", time.Since(downSince).Round(time.Millisecond))
+			s.log.InfoContext(ctx, "store available again", "down", time.Since(downSince).Round(time.Millisecond))
 			downSince = time.Time{}
 		}
 		select {

@@ -59,7 +59,7 @@ const jobNoteTimeout = 15 * time.Second
 // Updates are coalesced (store.ProgressWriter): a burst of them makes a few writes.
 func (j *jobCtx) Progress(ctx context.Context, percent int, stage, message string) {
 	if err := j.progress.Set(ctx, store.Progress{Percent: percent, Stage: stage, Message: message}); err != nil {
-		j.s.log.Warn("job progress", "job", j.ID, "err", err)
+		j.s.log.WarnContext(ctx, "job progress", "job", j.ID, "err", err)
 	}
 	j.Percent, j.Stage, j.Message = percent, stage, message
 }
@@ -82,7 +82,7 @@ func (j *jobCtx) Logf(ctx context.Context, format string, args ...any) {
 		return j.s.store.Jobs().Log(ctx, j.ID, line)
 	})
 	if err != nil {
-		j.s.log.Warn("job log", "job", j.ID, "line", line, "err", err)
+		j.s.log.WarnContext(ctx, "job log", "job", j.ID, "line", line, "err", err)
 	}
 }
 
@@ -201,10 +201,10 @@ func (s *Server) heartbeat(ctx context.Context, id string, cancelJob context.Can
 			case ctx.Err() != nil:
 				return
 			case errors.Is(err, store.ErrLeaseLost):
-				s.log.Warn("job taken over or ended elsewhere; stopping it here", "job", id, "err", err)
+				s.log.WarnContext(ctx, "job taken over or ended elsewhere; stopping it here", "job", id, "err", err)
 				cancelJob()
 			case err != nil:
-				s.log.Warn("job heartbeat", "job", id, "err", err)
+				s.log.WarnContext(ctx, "job heartbeat", "job", id, "err", err)
 			default:
 				if j, err := s.store.Jobs().Get(ctx, id); err == nil && j.CancelRequested {
 					cancelJob()
@@ -219,7 +219,7 @@ func (s *Server) heartbeat(ctx context.Context, id string, cancelJob context.Can
 func (s *Server) recoverJobs(ctx context.Context) {
 	orphans, err := s.store.Jobs().Orphans(ctx, s.store.Now())
 	if err != nil {
-		s.log.Error("find interrupted jobs", "err", err)
+		s.log.ErrorContext(ctx, "find interrupted jobs", "err", err)
 		return
 	}
 	r := s.runner()
@@ -241,7 +241,7 @@ func (s *Server) recoverJobs(ctx context.Context) {
 				return nil, errors.New("kloud restarted while this job ran; run it again")
 			}
 		}
-		s.log.Info("recovering interrupted job", "job", j.ID, "kind", j.Kind, "attempt", j.Attempt)
+		s.log.InfoContext(ctx, "recovering interrupted job", "job", j.ID, "kind", j.Kind, "attempt", j.Attempt)
 		s.runJob(j, fn)
 	}
 }

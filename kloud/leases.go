@@ -28,7 +28,7 @@ func (s *Server) takeLease(ctx context.Context, name, kind, busy string) (owner 
 	}
 	return owner, func() {
 		if err := s.store.Persist(ctx, "release lease "+name, 30*time.Second, lease.Release); err != nil {
-			s.log.Warn("release lease (it lapses by itself)", "lease", name, "err", err)
+			s.log.WarnContext(ctx, "release lease (it lapses by itself)", "lease", name, "err", err)
 		}
 	}, nil
 }
@@ -62,13 +62,13 @@ func (s *Server) keepLease(ctx context.Context, name, owner string) (stop func()
 			case <-lctx.Done():
 				rctx, rc := context.WithTimeout(context.Background(), 10*time.Second)
 				if err := s.store.ReleaseLease(rctx, name, owner); err != nil && !errors.Is(err, store.ErrLeaseLost) {
-					s.log.Warn("release lease (it lapses by itself)", "lease", name, "err", err)
+					s.log.WarnContext(ctx, "release lease (it lapses by itself)", "lease", name, "err", err)
 				}
 				rc()
 				return
 			case <-t.C:
 				if _, err := s.store.RenewLease(lctx, name, owner, stackLeaseTTL); err != nil && lctx.Err() == nil {
-					s.log.Warn("renew lease", "lease", name, "err", err)
+					s.log.WarnContext(ctx, "renew lease", "lease", name, "err", err)
 				}
 			}
 		}

@@ -206,7 +206,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		if err != nil && !errors.Is(err, store.ErrLocked) {
 			reason := fmt.Sprintf("%s job %s ended: %v", method, j.ID, err)
 			if s.setMachine(ctx, id, []provider.State{during}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)}) {
-				s.log.Warn("machine job ended without its bookkeeping; machine moved to Unknown", "machine", id, "job", j.ID, "err", err)
+				s.log.WarnContext(ctx, "machine job ended without its bookkeeping; machine moved to Unknown", "machine", id, "job", j.ID, "err", err)
 			}
 		}
 	}()

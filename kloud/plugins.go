@@ -52,6 +52,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,15 +196,28 @@ func (l *launcher) pid(name string) int {
 }
 
 // loopbackKiteURL is kloud's kite endpoint on loopback for a server listening on addr.
-func loopbackKiteURL(addr net.Addr) string {
+func loopbackKiteURL(addr net.Addr, tls bool) string {
+	scheme := "ws://"
+	if tls {
+		scheme = "wss://"
+	}
 	host, port, err := net.SplitHostPort(addr.String())
 	if err != nil {
-		return "ws://" + addr.String() + "/kite"
+		return scheme + addr.String() + "/kite"
 	}
 	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}
-	return "ws://" + net.JoinHostPort(host, port) + "/kite"
+	return scheme + net.JoinHostPort(host, port) + "/kite"
+}
+
+// publicHost is the host name (without port) of a URL.
+func publicHost(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return p.Hostname()
 }
 
 // runPlugins launches and supervises the plugin directory's plugins until ctx ends, then stops
@@ -215,17 +229,17 @@ func (s *Server) runPlugins(ctx context.Context) {
 	}
 	l := s.launcher
 	if err := os.MkdirAll(l.dir, 0o755); err != nil {
-		s.log.Error("plugin directory: no provider plugin will be launched", "dir", l.dir, "err", err)
+		s.log.ErrorContext(ctx, "plugin directory: no provider plugin will be launched", "dir", l.dir, "err", err)
 		return
 	}
-	s.log.Info("provider plugins", "dir", l.dir, "sandbox", !l.o.Insecure, "unsandboxed", l.o.Unsandboxed, "limits", l.o.Limits)
+	s.log.InfoContext(ctx, "provider plugins", "dir", l.dir, "sandbox", !l.o.Insecure, "unsandboxed", l.o.Unsandboxed, "limits", l.o.Limits)
 	if l.o.Limits != nil && !l.o.Insecure {
 		if removed, err := tfsandbox.RemoveLeftovers(tfsandbox.CgroupPrefixPlugin); len(removed) > 0 || err != nil {
-			s.log.Info("removed the cgroups of plugins a killed kloud left", "cgroups", removed, "err", err)
+			s.log.InfoContext(ctx, "removed the cgroups of plugins a killed kloud left", "cgroups", removed, "err", err)
 		}
 	}
 	if l.o.Insecure {
-		s.log.Warn("provider plugins run WITHOUT their sandbox (--plugin-insecure-no-sandbox): third-party code runs with kloud's privileges and sees its data directory; development only")
+		s.log.WarnContext(ctx, "provider plugins run WITHOUT their sandbox (--plugin-insecure-no-sandbox): third-party code runs with kloud's privileges and sees its data directory; development only")
 	}
 	tick := time.NewTicker(l.o.Rescan)
 	defer tick.Stop()
@@ -487,6 +501,9 @@ func (l *launcher) runOnce(p *launched) (exit, err error) {
 		return nil, err
 	}
 	env := []string{pluginEnvPath, plugin.EnvURL + "=" + l.url, plugin.EnvKey + "=" + key, plugin.EnvStateDir + "=" + state}
+	if l.s.opts.TLS != nil { // l.url is wss on loopback; the certificate names the public host
+		env = append(env, plugin.EnvCA+"="+l.s.opts.CACert, plugin.EnvServerName+"="+publicHost(l.s.opts.PublicURL))
+	}
 	for k, v := range senv {
 		env = append(env, k+"="+v)
 	}
@@ -696,7 +713,7 @@ func (s *Server) pluginRegister(ctx context.Context, r *kite.Request, p *api.Plu
 		// Refused for what it is (an API version kloud does not speak, an invalid manifest):
 		// provider.list shows why, also for a remote plugin that no supervisor watches.
 		s.plugins.SetError(p.Provider.Name, err)
-		s.log.Error("provider plugin refused", "provider", p.Provider.Name, "err", err)
+		s.log.ErrorContext(ctx, "provider plugin refused", "provider", p.Provider.Name, "err", err)
 	}
 	return res, err
 }
@@ -775,7 +792,7 @@ func (s *Server) providerKeyCreate(ctx context.Context, c *Caller, _ *kite.Reque
 	if err != nil {
 		return nil, err
 	}
-	s.log.Warn("plugin key created", "provider", p.Provider, "kiteId", id, "by", c.Username)
+	s.log.WarnContext(ctx, "plugin key created", "provider", p.Provider, "kiteId", id, "by", c.Username)
 	return api.ProviderKeyCreateResult{Provider: p.Provider, KiteID: id, Key: key}, nil
 }
 

@@ -98,9 +98,9 @@ func (s *Server) checkDestroyPolicy(ctx context.Context, team string, files map[
 	}
 	found, err := s.providerRules(ctx, files, cfg)
 	if err != nil {
-		s.log.Warn("destroy: the providers' template rules could not be checked", "err", err)
+		s.log.WarnContext(ctx, "destroy: the providers' template rules could not be checked", "err", err)
 	} else if rerr := refused("", found); rerr != nil {
-		s.log.Warn("destroy of a stack whose files break a provider's template rules (destroyed anyway)", "team", team, "refusal", rerr.Error())
+		s.log.WarnContext(ctx, "destroy of a stack whose files break a provider's template rules (destroyed anyway)", "team", team, "refusal", rerr.Error())
 	}
 	return refused(policy, nil)
 }
@@ -165,7 +165,7 @@ func (s *Server) providerRules(ctx context.Context, files map[string][]byte, cfg
 		tv, ok := st.(provider.TemplateValidator)
 		if !ok {
 			// Advertised but not implemented: the conformance suite fails such a provider.
-			s.log.Warn("provider advertises template rules but its stack does not check them", "provider", name)
+			s.log.WarnContext(ctx, "provider advertises template rules but its stack does not check them", "provider", name)
 			continue
 		}
 		fs, err := tv.ValidateTemplate(ctx, files)
@@ -276,7 +276,7 @@ func (s *Server) trust(ctx context.Context, c *Caller, t *Template, rev int, fil
 	}); err != nil {
 		return TemplateTrust{}, err
 	}
-	s.log.Warn("template trusted: policy rules lifted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", rev,
+	s.log.WarnContext(ctx, "template trusted: policy rules lifted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", rev,
 		"rules", strings.Join(rules, ","), "by", c.Username, "reason", tr.Reason, "digest", tr.Digest)
 	return tr, nil
 }
@@ -298,7 +298,7 @@ func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request
 	}); err != nil {
 		return nil, err
 	}
-	s.log.Warn("template untrusted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", p.Revision, "removed", removed, "by", c.Username)
+	s.log.WarnContext(ctx, "template untrusted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", p.Revision, "removed", removed, "by", c.Username)
 	return api.UntrustResult{TemplateID: t.ID, Removed: removed}, nil
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/tunnel"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
@@ -190,6 +191,13 @@ func (h *appsHub) match(hostport string) (id string, port int, ok bool) {
 // rootHandler sends app hosts to the apps hub and everything else to kloud's routes.
 func (s *Server) rootHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Each request's log lines carry its id (also sent as X-Request-Id) and method.
+		id := kite.NewRequestID()
+		w.Header().Set("X-Request-Id", id)
+		r = r.WithContext(kite.WithRequestInfo(r.Context(), kite.RequestInfo{ID: id, Method: r.Method + " " + r.URL.Path}))
+		if r.TLS != nil {
+			w.Header().Set("Strict-Transport-Security", tlsconf.HSTS)
+		}
 		if id, port, ok := s.apps.match(r.Host); ok {
 			s.apps.serve(w, r, id, port)
 			return

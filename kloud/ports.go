@@ -74,12 +74,12 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 		if err != nil {
 			if len(changed) > 0 {
 				if perr := s.recordPorts(context.WithoutCancel(ctx), m.ID, changed, !open); perr != nil {
-					s.log.Error("put back the recorded ports after the provider failed", "machine", m.ID, "err", perr)
+					s.log.ErrorContext(ctx, "put back the recorded ports after the provider failed", "machine", m.ID, "err", perr)
 				}
 			}
 			return nil, fmt.Errorf("%s: %w", method, err)
 		}
-		s.log.Info("machine ports changed", "machine", m.ID, "by", c.Username, "open", open, "rules", fmt.Sprint(p.Rules))
+		s.log.InfoContext(ctx, "machine ports changed", "machine", m.ID, "by", c.Username, "open", open, "rules", fmt.Sprint(p.Rules))
 		return api.PortsResult{MachineID: m.ID, Rules: nonNil(rules)}, nil
 	}
 }
@@ -211,11 +211,11 @@ func (s *Server) keepPorts(ctx context.Context, j *jobCtx, st *Stack) {
 		opened, closed, err := s.matchPorts(ctx, m)
 		if len(opened)+len(closed) > 0 {
 			j.Logf(ctx, "%s: firewall rules re-applied: opened %s, closed %s", m.Label, rulesString(opened), rulesString(closed))
-			s.log.Info("machine ports re-applied", "machine", m.ID, "stack", st.ID, "opened", rulesString(opened), "closed", rulesString(closed))
+			s.log.InfoContext(ctx, "machine ports re-applied", "machine", m.ID, "stack", st.ID, "opened", rulesString(opened), "closed", rulesString(closed))
 		}
 		if err != nil {
 			j.Logf(ctx, "%s: firewall rules not re-applied: %v (machine.ports.open applies them again)", m.Label, err)
-			s.log.Warn("re-apply machine ports", "machine", m.ID, "stack", st.ID, "err", err)
+			s.log.WarnContext(ctx, "re-apply machine ports", "machine", m.ID, "stack", st.ID, "err", err)
 		}
 	}
 }

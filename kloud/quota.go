@@ -248,7 +248,7 @@ func (s *Server) holdQuota(ctx context.Context, owner, team string) (release fun
 	release = func() {
 		for _, l := range leases {
 			if err := s.store.Persist(ctx, "release lease "+l.Name, 30*time.Second, l.Release); err != nil {
-				s.log.Warn("release quota lease (it lapses by itself)", "lease", l.Name, "err", err)
+				s.log.WarnContext(ctx, "release quota lease (it lapses by itself)", "lease", l.Name, "err", err)
 			}
 		}
 	}
@@ -364,7 +364,7 @@ func (s *Server) quotaSet(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	if err := s.store.Quotas().Set(ctx, store.Quota{ID: sub, Machines: l.Machines, Cores: l.Cores, MemoryMB: l.MemoryMB, DiskMB: l.DiskMB, UpdatedBy: c.Username}); err != nil {
 		return nil, err
 	}
-	s.log.Info("quota set", "subject", sub, "by", c.Username, "machines", l.Machines, "cores", l.Cores, "memoryMB", l.MemoryMB, "diskMB", l.DiskMB)
+	s.log.InfoContext(ctx, "quota set", "subject", sub, "by", c.Username, "machines", l.Machines, "cores", l.Cores, "memoryMB", l.MemoryMB, "diskMB", l.DiskMB)
 	return s.quotaStatus(ctx, sub)
 }
 

@@ -148,7 +148,7 @@ func (s *Server) reconcileStack(ctx context.Context, st *Stack, own string) (mov
 		return false, "", err
 	}
 	if ok {
-		s.log.Warn("reconciled a stuck stack", "stack", st.ID, "from", st.State, "to", StackFailed, "job", st.JobID, "reason", reason)
+		s.log.WarnContext(ctx, "reconciled a stuck stack", "stack", st.ID, "from", st.State, "to", StackFailed, "job", st.JobID, "reason", reason)
 	}
 	return ok, "", nil
 }
@@ -211,7 +211,7 @@ func (s *Server) reconcileMachine(ctx context.Context, m *Machine, own string) (
 		return false, "", err
 	}
 	if ok {
-		s.log.Warn("reconciled a stuck machine", "machine", m.ID, "stack", m.StackID, "from", m.State, "to", provider.Unknown, "reason", reason)
+		s.log.WarnContext(ctx, "reconciled a stuck machine", "machine", m.ID, "stack", m.StackID, "from", m.State, "to", provider.Unknown, "reason", reason)
 	}
 	return ok, "", nil
 }
@@ -221,25 +221,25 @@ func (s *Server) reconcile(ctx context.Context) {
 	sts, err := s.store.Stacks().InStates(ctx, stackTransitional)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Error("reconcile: list stacks", "err", err)
+			s.log.ErrorContext(ctx, "reconcile: list stacks", "err", err)
 		}
 		return
 	}
 	for i := range sts {
 		if _, _, err := s.reconcileStack(ctx, &sts[i], ""); err != nil && ctx.Err() == nil {
-			s.log.Error("reconcile stack", "stack", sts[i].ID, "err", err)
+			s.log.ErrorContext(ctx, "reconcile stack", "stack", sts[i].ID, "err", err)
 		}
 	}
 	ms, err := s.store.Machines().InStates(ctx, machineTransitional())
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Error("reconcile: list machines", "err", err)
+			s.log.ErrorContext(ctx, "reconcile: list machines", "err", err)
 		}
 		return
 	}
 	for i := range ms {
 		if _, _, err := s.reconcileMachine(ctx, &ms[i], ""); err != nil && ctx.Err() == nil {
-			s.log.Error("reconcile machine", "machine", ms[i].ID, "err", err)
+			s.log.ErrorContext(ctx, "reconcile machine", "machine", ms[i].ID, "err", err)
 		}
 	}
 }
@@ -345,7 +345,7 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if !matched {
 		return nil, fmt.Errorf("stack %s changed meanwhile; look again and retry: %w", st.ID, kite.ErrConflict)
 	}
-	s.log.Warn("stack reset by an administrator", "stack", st.ID, "owner", st.Owner, "by", c.Username, "from", st.State, "to", p.State, "job", st.JobID, "reason", p.Reason)
+	s.log.WarnContext(ctx, "stack reset by an administrator", "stack", st.ID, "owner", st.Owner, "by", c.Username, "from", st.State, "to", p.State, "job", st.JobID, "reason", p.Reason)
 	for _, m := range ms {
 		var to provider.State
 		switch {
@@ -357,7 +357,7 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 			continue
 		}
 		if s.setMachine(ctx, m.ID, []provider.State{m.State}, store.MachineSet{State: new(string(to)), Reason: new(reason)}) {
-			s.log.Warn("machine reset with its stack", slog.String("machine", m.ID), slog.String("from", string(m.State)), slog.String("to", string(to)))
+			s.log.WarnContext(ctx, "machine reset with its stack", slog.String("machine", m.ID), slog.String("from", string(m.State)), slog.String("to", string(to)))
 		}
 	}
 	return s.stackDescribe(ctx, c, nil, &api.StackRef{StackID: st.ID})

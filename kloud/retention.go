@@ -140,9 +140,9 @@ func (s *Server) retain(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			s.log.Error("retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit)
+			s.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit)
 		} else if p != (Pruned{}) {
-			s.log.Info("retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "took", time.Since(start))
+			s.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "took", time.Since(start))
 		}
 		select {
 		case <-ctx.Done():

@@ -140,7 +140,7 @@ func auditedMethod(method string) bool {
 // auditDecisions maps every method to whether it only reads (true: not audited).
 func auditDecisions() map[string]bool {
 	return map[string]bool{
-		api.MethodVersion: true,
+		api.MethodVersion: true, api.MethodKloudDoctor: false, // doctor.go writes a scratch document
 		// users.go
 		api.MethodUserAdd: false, api.MethodUserList: true, api.MethodUserWhoami: true, api.MethodUserSetPassword: false,
 		api.MethodUserSetRole: false,
@@ -279,6 +279,9 @@ func (s *Server) rpcRoutes() []Route {
 
 		// stacks_plan.go: stack.plan as a durable job (team members; of a stack: owner, team admins)
 		rpc(s, api.MethodStackPlanJob, Members, s.stackPlanJob),
+
+		// doctor.go: kloud doctor (docs/operations.md)
+		rpc(s, api.MethodKloudDoctor, Owners, s.kloudDoctor, kite.WithTimeout(time.Minute)),
 	}
 }
 
@@ -325,6 +328,9 @@ func (s *Server) httpRoutes() []httpRoute {
 		// plugins.go: each provider's own HTTP service (provider.HandlerPrefix), looked up per
 		// request, so a plugin registering later is served; the service authenticates itself
 		{"/provider/", "the provider's service decides", http.HandlerFunc(s.serveProvider)},
+
+		// ops: backup.go (kloud backup; docs/operations.md "Backup and restore")
+		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.serveBackup)},
 	}
 }
 

@@ -16,6 +16,7 @@ package kloud
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -126,7 +127,19 @@ type Options struct {
 	MetricsInterval time.Duration
 	// SSO configures OpenID Connect login beside passwords (sso.go; kloud serve --oidc-*); an
 	// empty Issuer turns it off.
-	SSO    SSOOptions
+	SSO SSOOptions
+	// Doctor are more checks kloud.doctor runs (doctor.go; kloud serve adds the provider
+	// mirror's and the local provider's base image's).
+	Doctor []DoctorCheck
+	// TLS, if set, makes kloud serve https and wss only (kloud serve --tls-cert/--tls-key,
+	// internal/tlsconf.Server): a plain-http request gets 400 "Client sent an HTTP request to an
+	// HTTPS server", every answer carries Strict-Transport-Security, session and app cookies are
+	// Secure, and PublicURL defaults to https://127.0.0.1:<port>.
+	TLS *tls.Config
+	// CACert is the PEM of the CA that signed kloud's certificate when no public CA did (kloud
+	// serve --ca-cert): machines' user data carries it, so their klient (and the download of
+	// klient) trust kloud. Empty: machines trust their system's roots only.
+	CACert string
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
@@ -308,7 +321,14 @@ func (o *Options) defaults() error {
 		if err != nil {
 			return fmt.Errorf("kloud: --addr %q: %w", o.Addr, err)
 		}
-		o.PublicURL = "http://127.0.0.1:" + port
+		scheme := "http"
+		if o.TLS != nil {
+			scheme = "https"
+		}
+		o.PublicURL = scheme + "://127.0.0.1:" + port
+	}
+	if o.TLS != nil && !strings.HasPrefix(o.PublicURL, "https://") {
+		return fmt.Errorf("kloud: --public-url %s: with --tls-cert kloud serves https only: give an https:// URL", o.PublicURL)
 	}
 	if o.KlientBin == "" {
 		if exe, err := os.Executable(); err == nil {
@@ -320,6 +340,9 @@ func (o *Options) defaults() error {
 
 // Providers returns the providers this kloud offers.
 func (s *Server) Providers() *provider.Registry { return s.providers }
+
+// TLS is the server's TLS configuration (nil: plain http).
+func (s *Server) TLS() *tls.Config { return s.opts.TLS }
 
 // PublicURL is how users reach this kloud.
 func (s *Server) PublicURL() string { return s.opts.PublicURL }
@@ -368,7 +391,7 @@ func (s *Server) ensureAdmin(ctx context.Context) error {
 		if err := kitekey.WriteFile(k.path, key); err != nil {
 			return fmt.Errorf("kloud: %w", err)
 		}
-		s.log.Info("created kite key", "user", k.user, "path", k.path)
+		s.log.InfoContext(ctx, "created kite key", "user", k.user, "path", k.path)
 	}
 	t := Team{Slug: DefaultTeam, Title: "Default team", Members: []Member{{Username: Admin, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
 	if err := s.store.Teams().Insert(ctx, t); err != nil && !errors.Is(err, store.ErrConflict) {
@@ -401,7 +424,7 @@ func (s *Server) importFileKeys(ctx context.Context) error {
 			return fmt.Errorf("kloud: import key %s: %w", k.ID, err)
 		}
 	}
-	s.log.Info("imported signing keys into the store", "from", path, "keys", len(keys))
+	s.log.InfoContext(ctx, "imported signing keys into the store", "from", path, "keys", len(keys))
 	return os.Rename(path, path+".imported")
 }
 
@@ -437,18 +460,22 @@ func (s *Server) Serve(ctx context.Context) error {
 
 // ServeListener serves on ln until ctx ends.
 func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.rootHandler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.rootHandler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)} // e.g. "TLS handshake error"
 	if s.opts.MetricsAddr != "" { // metrics.go: also unauthenticated on its own address
 		if err := metrics.Serve(ctx, s.opts.MetricsAddr, s.MetricsHandler(), s.log, nil); err != nil {
 			s.Close()
 			return fmt.Errorf("kloud: %w", err)
 		}
 	}
+	if s.opts.TLS != nil {
+		ln = tls.NewListener(ln, s.opts.TLS)
+	}
 	if s.opts.Listening != nil {
 		s.opts.Listening(ln.Addr())
 	}
 	s.launcher = &launcher{s: s, o: s.opts.Plugins, dir: s.opts.PluginDir, stateDir: filepath.Join(s.opts.DataDir, "plugin-state"),
-		url: loopbackKiteURL(ln.Addr()), running: map[string]*launched{}, refused: map[string]string{}}
+		url: loopbackKiteURL(ln.Addr(), s.opts.TLS != nil), running: map[string]*launched{}, refused: map[string]string{}}
 	s.pluginsDone = make(chan struct{})
 	bctx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -111,7 +111,7 @@ func (s *Server) updateShares(ctx context.Context, m *Machine, change func([]Sha
 	}
 	err := s.pushShares(ctx, m)
 	if err != nil {
-		s.log.Info("shares saved; the agent gets them when it connects", "machine", m.ID, "err", err)
+		s.log.InfoContext(ctx, "shares saved; the agent gets them when it connects", "machine", m.ID, "err", err)
 	}
 	return api.SharesResult{MachineID: m.ID, Shares: m.Shares, Pushed: err == nil}, nil
 }
@@ -140,7 +140,7 @@ func (s *Server) pushShares(ctx context.Context, m *Machine) error {
 			down[i] = sh
 			if sh.Grant == GrantTerminal {
 				down[i].Grant = GrantReadonly
-				s.log.Warn("the machine's klient predates own-account shells: its terminal share is enforced as readonly until the machine is rebuilt",
+				s.log.WarnContext(ctx, "the machine's klient predates own-account shells: its terminal share is enforced as readonly until the machine is rebuilt",
 					"machine", m.ID, "user", sh.Username)
 			}
 		}
@@ -169,11 +169,11 @@ func (s *Server) pushSharesOnRegister(ctx context.Context, kiteID string) {
 	m, err := s.store.Machines().ByKite(ctx, kiteID)
 	if err != nil {
 		if !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil {
-			s.log.Warn("load machine of a registering agent", "kite", kiteID, "err", err)
+			s.log.WarnContext(ctx, "load machine of a registering agent", "kite", kiteID, "err", err)
 		}
 		return
 	}
 	if err := s.pushShares(ctx, &m); err != nil && ctx.Err() == nil {
-		s.log.Warn("push shares to agent", "machine", m.ID, "err", err)
+		s.log.WarnContext(ctx, "push shares to agent", "machine", m.ID, "err", err)
 	}
 }

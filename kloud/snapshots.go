@@ -160,7 +160,7 @@ func (s *Server) dropSnapshotData(ctx context.Context, sp provider.Snapshotter, 
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	if err := sp.DeleteSnapshot(dctx, id); err != nil {
-		s.log.Warn("delete snapshot data "+why, "snapshot", id, "err", err)
+		s.log.WarnContext(ctx, "delete snapshot data "+why, "snapshot", id, "err", err)
 	}
 }
 
@@ -344,7 +344,7 @@ func (s *Server) snapshotDelete(ctx context.Context, c *Caller, _ *kite.Request,
 	if err := s.store.Snapshots().Delete(ctx, sn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
-	s.log.Info("snapshot deleted", "snapshot", sn.ID, "owner", sn.Owner, "by", c.Username)
+	s.log.InfoContext(ctx, "snapshot deleted", "snapshot", sn.ID, "owner", sn.Owner, "by", c.Username)
 	return *sn, nil
 }
 
@@ -427,7 +427,7 @@ func (s *Server) snapshotSet(ctx context.Context, id string, set store.SnapshotS
 		return err
 	})
 	if err != nil {
-		s.log.Error("update snapshot", "snapshot", id, "err", err)
+		s.log.ErrorContext(ctx, "update snapshot", "snapshot", id, "err", err)
 	}
 	return ok, err
 }

@@ -349,7 +349,7 @@ func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, 
 func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (_ any, err error) {
 	defer func() {
 		if err != nil {
-			s.log.Warn("stack.apply refused", "stack", p.StackID, "by", c.Username, "destroy", p.Destroy, "err", err)
+			s.log.WarnContext(ctx, "stack.apply refused", "stack", p.StackID, "by", c.Username, "destroy", p.Destroy, "err", err)
 		}
 	}()
 	st, err := s.loadStack(ctx, c, p.StackID)
@@ -442,7 +442,7 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj sta
 			return err
 		})
 		if rerr != nil {
-			s.log.Error("roll back stack after a job that did not start (the reconciler will)", "stack", st.ID, "err", rerr)
+			s.log.ErrorContext(ctx, "roll back stack after a job that did not start (the reconciler will)", "stack", st.ID, "err", rerr)
 		}
 		release()
 		return nil, err
@@ -538,15 +538,15 @@ func (s *Server) exitStack(ctx context.Context, j *jobCtx, stackID, during strin
 		return err
 	})
 	if err != nil {
-		s.log.Error("fail stack (the reconciler will)", "stack", stackID, "job", j.ID, "err", err)
+		s.log.ErrorContext(ctx, "fail stack (the reconciler will)", "stack", stackID, "job", j.ID, "err", err)
 		return
 	}
 	if moved {
-		s.log.Warn("stack job ended without its bookkeeping; stack moved to Failed", "stack", stackID, "job", j.ID, "reason", reason)
+		s.log.WarnContext(ctx, "stack job ended without its bookkeeping; stack moved to Failed", "stack", stackID, "job", j.ID, "reason", reason)
 	}
 	ms, err := s.stackMachinesRetry(ctx, stackID)
 	if err != nil {
-		s.log.Error("load machines of a failed stack (the reconciler will fix their states)", "stack", stackID, "err", err)
+		s.log.ErrorContext(ctx, "load machines of a failed stack (the reconciler will fix their states)", "stack", stackID, "err", err)
 		return
 	}
 	for _, m := range ms {
@@ -574,7 +574,7 @@ func (s *Server) setStack(ctx context.Context, id string, set store.StackSet) {
 		return s.store.Stacks().Set(ctx, id, set)
 	})
 	if err != nil {
-		s.log.Error("update stack", "stack", id, "err", err)
+		s.log.ErrorContext(ctx, "update stack", "stack", id, "err", err)
 	}
 }
 
@@ -586,7 +586,7 @@ func (s *Server) setMachine(ctx context.Context, id string, from []provider.Stat
 			return s.store.Machines().Set(ctx, id, set)
 		})
 		if err != nil {
-			s.log.Error("update machine", "machine", id, "err", err)
+			s.log.ErrorContext(ctx, "update machine", "machine", id, "err", err)
 		}
 		return err == nil
 	}
@@ -601,7 +601,7 @@ func (s *Server) setMachine(ctx context.Context, id string, from []provider.Stat
 		return err
 	})
 	if err != nil {
-		s.log.Error("update machine", "machine", id, "err", err)
+		s.log.ErrorContext(ctx, "update machine", "machine", id, "err", err)
 	}
 	return ok
 }
@@ -649,7 +649,7 @@ func (s *Server) stopTF(ctx context.Context, tfJob string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	if _, err := tf.Cancel(cctx, tfJob); err != nil && !errors.Is(err, kite.ErrState) {
-		s.log.Warn("cancel terraform run of a cancelled job", "tf_job", tfJob, "err", err)
+		s.log.WarnContext(ctx, "cancel terraform run of a cancelled job", "tf_job", tfJob, "err", err)
 	}
 }
 
@@ -951,6 +951,7 @@ func (s *Server) mintAgents(ctx context.Context, st *Stack, ms []Machine) (agent
 		}
 		out[m.ID] = userdata.Config{
 			Username: st.Owner, KiteKey: key, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: s.klientSum,
+			CACert: s.opts.CACert,
 		}
 		m.KiteID = kiteID
 	}
@@ -1046,7 +1047,7 @@ func (s *Server) destroyStack(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	for _, m := range ms {
 		if m.KiteID != "" {
 			if err := s.Kontrol.Revoke(bctx, m.KiteID, "stack "+st.ID+" destroyed"); err != nil {
-				s.log.Warn("revoke machine key", "machine", m.ID, "err", err)
+				s.log.WarnContext(ctx, "revoke machine key", "machine", m.ID, "err", err)
 			}
 		}
 	}

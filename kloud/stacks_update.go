@@ -161,7 +161,7 @@ func (s *Server) placeholderAgent(st *Stack, m *Machine) userdata.Config {
 	if sum == "" {
 		sum = strings.Repeat("0", 64)
 	}
-	return userdata.Config{Username: st.Owner, KiteKey: placeholderKey, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: sum}
+	return userdata.Config{Username: st.Owner, KiteKey: placeholderKey, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: sum, CACert: s.opts.CACert}
 }
 
 // ---- latest revision (stack.describe, stack.list)
@@ -692,7 +692,7 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	for _, m := range await {
 		if revoke[m.ID] && m.KiteID != "" { // the key it had before this update
 			if err := s.Kontrol.Revoke(context.WithoutCancel(ctx), m.KiteID, "machine replaced by an update of stack "+st.ID); err != nil {
-				s.log.Warn("revoke a replaced machine's key", "kite", m.KiteID, "err", err)
+				s.log.WarnContext(ctx, "revoke a replaced machine's key", "kite", m.KiteID, "err", err)
 			}
 		}
 		if !s.setMachine(ctx, m.ID, settledStates(), store.MachineSet{State: new(string(provider.Building)), Reason: new("")}) {
@@ -731,7 +731,7 @@ func (s *Server) restoreStack(ctx context.Context, j *jobCtx, p updateParams, er
 		_, err := s.store.Stacks().TransitionOfJob(ctx, p.StackID, []string{StackBuilding}, j.ID, store.StackSet{State: new(p.From), Reason: new(reason)})
 		return err
 	}); perr != nil {
-		s.log.Error("restore stack after a failed update (the reconciler will move it)", "stack", p.StackID, "err", perr)
+		s.log.ErrorContext(ctx, "restore stack after a failed update (the reconciler will move it)", "stack", p.StackID, "err", perr)
 	}
 }
 
@@ -848,7 +848,7 @@ func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *
 		}
 		if m.KiteID != "" {
 			if err := s.Kontrol.Revoke(context.WithoutCancel(ctx), m.KiteID, "machine removed by an update of stack "+st.ID); err != nil {
-				s.log.Warn("revoke a removed machine's key", "machine", m.ID, "err", err)
+				s.log.WarnContext(ctx, "revoke a removed machine's key", "machine", m.ID, "err", err)
 			}
 		}
 		ids = append(ids, m.ID)
@@ -856,7 +856,7 @@ func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *
 	if err := s.store.Persist(ctx, "delete removed machines of stack "+st.ID, 0, func(ctx context.Context) error {
 		return s.store.Machines().DeleteOfStack(ctx, st.ID, ids)
 	}); err != nil {
-		s.log.Error("delete removed machines", "stack", st.ID, "err", err)
+		s.log.ErrorContext(ctx, "delete removed machines", "stack", st.ID, "err", err)
 	}
 }
 

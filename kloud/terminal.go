@@ -256,7 +256,7 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 	}
 	browser, err := websocket.Accept(w, r, nil)
 	if err != nil {
-		s.log.Debug("terminal: websocket accept", "err", err)
+		s.log.DebugContext(r.Context(), "terminal: websocket accept", "err", err)
 		return
 	}
 	browser.SetReadLimit(klientapi.MaxFrame)

@@ -146,7 +146,7 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 		}
 		return nil, fmt.Errorf("add user %s: %w", p.Username, err)
 	}
-	s.log.Info("user added", "user", p.Username, "admin", p.Admin, "by", c.Username)
+	s.log.InfoContext(ctx, "user added", "user", p.Username, "admin", p.Admin, "by", c.Username)
 	teams := map[string]string{}
 	if p.Team != "" {
 		if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
@@ -265,7 +265,7 @@ func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request
 		}
 		return nil, err
 	}
-	s.log.Info("password set", "user", p.Username, "by", c.Username)
+	s.log.InfoContext(ctx, "password set", "user", p.Username, "by", c.Username)
 	return api.SetPasswordResult{Username: p.Username, PasswordSet: true}, nil
 }
 
@@ -299,7 +299,7 @@ func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *
 		}
 		return nil, fmt.Errorf("create team %s: %w", p.Slug, err)
 	}
-	s.log.Info("team created", "team", p.Slug, "by", c.Username)
+	s.log.InfoContext(ctx, "team created", "team", p.Slug, "by", c.Username)
 	return t, nil
 }
 
@@ -335,7 +335,7 @@ func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
 		return nil, err
 	}
-	s.log.Info("team member set", "team", p.Team, "user", p.Username, "role", p.Role, "by", c.Username)
+	s.log.InfoContext(ctx, "team member set", "team", p.Team, "user", p.Username, "role", p.Role, "by", c.Username)
 	return s.loadTeam(ctx, p.Team)
 }
 
@@ -349,7 +349,7 @@ func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Reques
 	if err := s.setMember(ctx, p.Team, p.Username, ""); err != nil {
 		return nil, err
 	}
-	s.log.Info("team member removed", "team", p.Team, "user", p.Username, "by", c.Username)
+	s.log.InfoContext(ctx, "team member removed", "team", p.Team, "user", p.Username, "by", c.Username)
 	return s.loadTeam(ctx, p.Team)
 }
 

@@ -110,7 +110,7 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 		u, ok := s.checkLogin(r.Context(), req.Username, req.Password)
 		if !ok {
 			l.fail(key)
-			s.log.Info("login failed", "user", req.Username, "ip", ip)
+			s.log.InfoContext(r.Context(), "login failed", "user", req.Username, "ip", ip)
 			s.auditHTTP(r, auditWebLogin, s.auditLoginName(r.Context(), req.Username), "", http.StatusUnauthorized)
 			writeError(w, http.StatusUnauthorized, "wrong username or password")
 			return
@@ -118,11 +118,11 @@ func (s *Server) handleLogin(l *loginLimiter) http.HandlerFunc {
 		l.reset(key)
 		res, err := s.startSession(w, r, u)
 		if err != nil {
-			s.log.Error("issue session", "user", u.Username, "err", err)
+			s.log.ErrorContext(r.Context(), "issue session", "user", u.Username, "err", err)
 			writeError(w, http.StatusInternalServerError, "could not issue a session; see kloud's log")
 			return
 		}
-		s.log.Info("login", "user", u.Username, "ip", ip)
+		s.log.InfoContext(r.Context(), "login", "user", u.Username, "ip", ip)
 		s.auditHTTP(r, auditWebLogin, u.Username, "", http.StatusOK)
 		writeJSON(w, http.StatusOK, res)
 	}
@@ -154,7 +154,7 @@ func (s *Server) checkLogin(ctx context.Context, username, password string) (*Us
 	u, err := s.loadUser(ctx, username)
 	if err != nil || u.PasswordHash == "" || len(password) > api.MaxPasswordLen {
 		if err != nil && !errors.Is(err, kite.ErrNotFound) {
-			s.log.Error("login: load user", "user", username, "err", err)
+			s.log.ErrorContext(ctx, "login: load user", "user", username, "err", err)
 		}
 		checkPasswordHash(dummyHash(), password)
 		return nil, false
@@ -197,7 +197,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 		until = c.ExpiresAt.Time
 	}
 	if err := s.revs.RevokeUntil(r.Context(), c.ID, until, "logout"); err != nil {
-		s.log.Error("logout: revoke session", "user", c.Subject, "err", err)
+		s.log.ErrorContext(r.Context(), "logout: revoke session", "user", c.Subject, "err", err)
 		writeError(w, http.StatusInternalServerError, "could not revoke the session; see kloud's log")
 		return
 	}
@@ -206,7 +206,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 			conn.Close(errors.New("logged out"))
 		}
 	}
-	s.log.Info("logout", "user", c.Subject)
+	s.log.InfoContext(r.Context(), "logout", "user", c.Subject)
 	s.auditHTTP(r, auditWebLogout, c.Subject, "", http.StatusOK)
 	writeJSON(w, http.StatusOK, map[string]bool{"loggedOut": true})
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -12,6 +14,7 @@ import (
 
 	tfjson "github.com/hashicorp/terraform-json"
 
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
@@ -38,7 +41,8 @@ type Client struct {
 	WaitDown time.Duration
 
 	mu   sync.Mutex
-	down error // set by SetUnavailable: why terraformer is down
+	down error        // set by SetUnavailable: why terraformer is down
+	hc   *http.Client // Health's
 }
 
 // ErrUnavailable is wrapped by the errors of calls made while terraformer is down or
@@ -72,7 +76,42 @@ func NewClient(k *kite.Kite, rawURL string, auth func(ctx context.Context) (kite
 	// second of answering, and a refused dial costs nothing.
 	kc := k.NewClient(kite.ClientOptions{URL: u, Auth: auth, MaxBackoff: time.Second})
 	kc.Start()
-	return &Client{kc: kc, url: u}
+	return &Client{kc: kc, url: u, hc: tlsconf.HTTPClient(k.Options().TLSConfig, 5*time.Second)}
+}
+
+// Health is what terraformer's GET /healthz and /readyz say (Client.Health).
+type Health struct {
+	URL       string    `json:"url"`
+	Version   string    `json:"version"`
+	Terraform string    `json:"terraform"`
+	Readiness Readiness `json:"readiness"`
+}
+
+// Health asks terraformer's /healthz (its version and terraform's) and /readyz, over HTTP(S)
+// with the kite's TLS configuration. An error: it did not answer.
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	base := strings.TrimSuffix(c.url, "/kite")
+	base = strings.Replace(strings.Replace(base, "ws://", "http://", 1), "wss://", "https://", 1)
+	h := Health{URL: base}
+	get := func(path string, v any) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(v); err != nil {
+			return fmt.Errorf("%s: %s: %w", base+path, resp.Status, err)
+		}
+		return nil
+	}
+	if err := get("/healthz", &h); err != nil {
+		return h, err
+	}
+	return h, get("/readyz", &h.Readiness)
 }
 
 // KiteURL returns the kite endpoint for a terraformer URL: a URL without a path gets /kite.

@@ -2,6 +2,7 @@ package terraformer
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/metrics"
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
@@ -60,6 +62,12 @@ type Config struct {
 	// MetricsAddr, if set, also serves GET /metrics there without authentication (on Addr it
 	// needs a kite key of kloud or its admin). See metrics.go.
 	MetricsAddr string
+	// TLS, if set, makes terraformer serve https and wss only (--tls-cert/--tls-key,
+	// internal/tlsconf.Server), with Strict-Transport-Security on every answer.
+	TLS *tls.Config
+	// KloudTLS is what terraformer trusts when KloudURL is https (--ca-cert:
+	// internal/tlsconf.Client). Nil: the system's roots.
+	KloudTLS *tls.Config
 	// Logger receives the logs. Default: discard.
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once terraformer accepts connections.
@@ -155,7 +163,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer cancel()
 		return engine.Close(cctx)
 	}
-	auth := NewAuthenticator(AuthOptions{KloudURL: cfg.KloudURL, Issuer: cfg.Issuer})
+	auth := NewAuthenticator(AuthOptions{KloudURL: cfg.KloudURL, Issuer: cfg.Issuer, HTTPClient: tlsconf.HTTPClient(cfg.KloudTLS, 10*time.Second)})
 	k, err := kite.New(kite.Options{
 		Identity:      kite.Identity{Name: Name, ID: cfg.KiteID, Version: version.Version},
 		Authenticator: auth,
@@ -190,9 +198,18 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("terraformer: listen %s: %w", cfg.Addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", Handler(k, engine, KloudKeysCheck(cfg.KloudURL)))
+	mux.Handle("/", Handler(k, engine, KloudKeysCheck(cfg.KloudURL, tlsconf.HTTPClient(cfg.KloudTLS, 0))))
 	mux.Handle("GET /metrics", m.AuthHandler(k, auth, users))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	var h http.Handler = mux
+	if cfg.TLS != nil {
+		ln = tls.NewListener(ln, cfg.TLS)
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Strict-Transport-Security", tlsconf.HSTS)
+			inner.ServeHTTP(w, r)
+		})
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("terraformer listening", "addr", ln.Addr().String(), "kite", k.Identity().String(),
@@ -317,15 +334,18 @@ func dataDirCheck(engine *tfrun.Engine) ReadyCheck {
 }
 
 // KloudKeysCheck: kloud's public keys (GET kloudURL/kite/keys) answer, without which kloud's
-// calls cannot be authenticated.
-func KloudKeysCheck(kloudURL string) ReadyCheck {
+// calls cannot be authenticated. hc asks them (nil: net/http's default client).
+func KloudKeysCheck(kloudURL string, hc *http.Client) ReadyCheck {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
 	u := KeysURL(kloudURL)
 	return ReadyCheck{"kloudKeys", func(ctx context.Context) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 		if err != nil {
 			return err
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := hc.Do(req)
 		if err != nil {
 			return fmt.Errorf("kloud's keys: %w", err)
 		}

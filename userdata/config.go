@@ -1,6 +1,7 @@
 package userdata
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
@@ -32,6 +33,11 @@ type Config struct {
 	KlientURL string
 	// KlientSHA256 is the hex sha256 of the klient binary served at KlientURL. Required.
 	KlientSHA256 string
+	// CACert is the PEM of a CA to trust beside the machine's own roots when reaching kloud
+	// (a kloud with TLS whose certificate no public CA signed; kloud serve --ca-cert). Written to
+	// /etc/kloud/ca.pem (0644); the klient download uses it (curl --cacert) and klient gets
+	// --ca-cert. Empty: the machine's system roots only.
+	CACert string
 	// UserData is the template author's user_data: "", a script, or "#cloud-config\n..." (merged).
 	// See the package doc for what else is rejected.
 	UserData string
@@ -92,6 +98,9 @@ func (c Config) validate() (Config, error) {
 		return c, fmt.Errorf("klient sha256 %q: want 64 hex digits: %w", c.KlientSHA256, ErrInvalid)
 	}
 	c.KlientSHA256 = strings.ToLower(c.KlientSHA256)
+	if c.CACert != "" && !x509.NewCertPool().AppendCertsFromPEM([]byte(c.CACert)) {
+		return c, fmt.Errorf("CA certificate: no PEM certificate in it: %w", ErrInvalid)
+	}
 	return c, nil
 }
 

@@ -129,6 +129,9 @@ func newScriptData(c Config, ud userData, p paths, o options) scriptData {
 	if ud.script != nil {
 		d.UserScript, d.UserScriptShell = p.at(UserScriptPath), ud.shell
 	}
+	if c.CACert != "" {
+		d.CACert = p.at(CACertPath)
+	}
 	return d
 }
 
@@ -151,6 +154,9 @@ func render(c Config, o options) ([]byte, error) {
 	files := []any{
 		map[string]any{"path": p.at(KiteKeyPath), "content": c.KiteKey, "owner": "root:root", "permissions": "0400"},
 		map[string]any{"path": p.at(ProvisionScriptPath), "content": script, "owner": "root:root", "permissions": "0755"},
+	}
+	if c.CACert != "" {
+		files = append(files, map[string]any{"path": p.at(CACertPath), "content": c.CACert, "owner": "root:root", "permissions": "0644"})
 	}
 	if ud.script != nil {
 		files = append(files, map[string]any{

@@ -54,6 +54,9 @@ func RenderScript(c Config, root string) ([]byte, error) {
 		fmt.Fprintf(&s, "mkdir -p %s\n", shellQuote(p.at(dir)))
 	}
 	fmt.Fprintf(&s, "(umask 077; echo %s | base64 -d > %s)\nchmod 0400 %s\n", b64([]byte(c.KiteKey)), shellQuote(p.at(KiteKeyPath)), shellQuote(p.at(KiteKeyPath)))
+	if c.CACert != "" {
+		fmt.Fprintf(&s, "echo %s | base64 -d > %s\nchmod 0644 %s\n", b64([]byte(c.CACert)), shellQuote(p.at(CACertPath)), shellQuote(p.at(CACertPath)))
+	}
 	fmt.Fprintf(&s, "echo %s | base64 -d > %s\nchmod 0755 %s\n", b64([]byte(prov)), shellQuote(p.at(ProvisionScriptPath)), shellQuote(p.at(ProvisionScriptPath)))
 	if ud.script != nil {
 		fmt.Fprintf(&s, "echo %s | base64 -d > %s\nchmod 0755 %s\n", b64(ud.script), shellQuote(p.at(UserScriptPath)), shellQuote(p.at(UserScriptPath)))

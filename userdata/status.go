@@ -11,6 +11,7 @@ import (
 // Paths on the machine. They are part of the contract: klient, kloud and the providers read them.
 const (
 	KiteKeyPath          = "/etc/kloud/kite.key"
+	CACertPath           = "/etc/kloud/ca.pem" // Config.CACert, when kloud's certificate needs it
 	ProvisionScriptPath  = "/var/lib/kloud/provision.sh"
 	UserScriptPath       = "/var/lib/kloud/user-script.sh"
 	ProvisionStatusPath  = "/var/lib/kloud/provision.status"

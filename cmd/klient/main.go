@@ -10,6 +10,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/kloud-dev/kloud/internal/logfmt"
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/klient"
 	"github.com/kloud-dev/kloud/klient/webterm"
@@ -32,6 +34,8 @@ func main() {
 	var vo klient.VagrantOptions
 	flag.StringVar(&vo.Home, "vagrant-home", "", "with --vagrant: where machines and Vagrant's data live (default <state-dir>/vagrant)")
 	flag.StringVar(&vo.Binary, "vagrant-bin", "vagrant", "with --vagrant: the vagrant command")
+	caCert := flag.String("ca-cert", os.Getenv(tlsconf.EnvCACert), "PEM file of a CA to trust beside the system's when kloud's URL is https/wss (env "+tlsconf.EnvCACert+"; cloud-init writes /etc/kloud/ca.pem when kloud needs it)")
+	logFormat := flag.String("log-format", logfmt.Text, logfmt.Usage)
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -41,7 +45,19 @@ func main() {
 	if *vagrantHost {
 		o.Vagrant = &vo
 	}
-	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var err error
+	if o.Logger, err = logfmt.New(os.Stderr, *logFormat, slog.LevelInfo); err != nil {
+		fmt.Fprintln(os.Stderr, "klient:", err)
+		os.Exit(2)
+	}
+	if *caCert != "" {
+		cfg, err := tlsconf.Client(*caCert)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "klient:", err)
+			os.Exit(2)
+		}
+		o.TLSConfig = cfg
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	kl, err := klient.New(o)

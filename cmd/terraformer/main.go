@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/logfmt"
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
@@ -40,6 +42,10 @@ func main() {
 	flag.Float64Var(&lim.CPUs, "terraform-cpus", lim.CPUs, "CPUs each terraform command (terraform, its providers, what they start) may use, in its own cgroup (0: no limit)")
 	memMB := flag.Int64("terraform-memory-mb", lim.MemoryBytes>>20, "memory limit in MiB of each terraform command's cgroup (0: no limit)")
 	flag.IntVar(&lim.PidsMax, "terraform-pids-max", lim.PidsMax, "processes and threads limit of each terraform command's cgroup (0: no limit)")
+	tlsCert := flag.String("tls-cert", "", "serve https/wss only, with this PEM certificate (chain); needs --tls-key")
+	tlsKey := flag.String("tls-key", "", "the PEM private key of --tls-cert")
+	caCert := flag.String("ca-cert", os.Getenv(tlsconf.EnvCACert), "PEM file of a CA to trust beside the system's for an https --kloud-url (env "+tlsconf.EnvCACert+")")
+	logFormat := flag.String("log-format", logfmt.Text, logfmt.Usage)
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -60,7 +66,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "terraformer: --sandbox-uid and --sandbox-gid must not be 0: terraform never runs as root")
 		os.Exit(2)
 	}
-	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var err error
+	if c.TLS, err = tlsconf.Server(*tlsCert, *tlsKey); err == nil {
+		c.KloudTLS, err = tlsconf.Client(*caCert)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "terraformer:", err)
+		os.Exit(2)
+	}
+	if c.Logger, err = logfmt.New(os.Stderr, *logFormat, slog.LevelInfo); err != nil {
+		fmt.Fprintln(os.Stderr, "terraformer:", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := terraformer.Run(ctx, c); err != nil {

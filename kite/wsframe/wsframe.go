@@ -106,10 +106,11 @@ func (e *NotUpgradedError) Error() string { return e.Err.Error() }
 func (e *NotUpgradedError) Unwrap() error { return e.Err }
 
 // Dial opens a WebSocket to url (ws://, wss://, http:// or https://) speaking subprotocol, with
-// frames read limited to maxFrame bytes. An HTTP answer other than the upgrade is a
-// *NotUpgradedError.
-func Dial(ctx context.Context, url, subprotocol string, maxFrame int64) (frame.Stream, error) {
-	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{subprotocol}})
+// frames read limited to maxFrame bytes. hc, if not nil, is the HTTP client of the upgrade
+// request (e.g. one trusting kloud's CA); nil: net/http's default. An HTTP answer other than the
+// upgrade is a *NotUpgradedError.
+func Dial(ctx context.Context, url, subprotocol string, maxFrame int64, hc *http.Client) (frame.Stream, error) {
+	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{subprotocol}, HTTPClient: hc})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			return nil, &NotUpgradedError{URL: url, Status: resp.Status, Server: resp.Header.Get("Server"),

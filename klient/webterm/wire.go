@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/coder/websocket"
@@ -13,8 +14,9 @@ import (
 	"github.com/kloud-dev/kloud/klient/klientapi"
 )
 
-// Dial opens klient's side of an attachment: a WebSocket to a.URL with the ticket.
-func Dial(ctx context.Context, a Attach, kontrolURL string) (*websocket.Conn, error) {
+// Dial opens klient's side of an attachment: a WebSocket to a.URL with the ticket. hc, if not
+// nil, makes the request (klient's, trusting kloud's CA); nil: net/http's default client.
+func Dial(ctx context.Context, a Attach, kontrolURL string, hc *http.Client) (*websocket.Conn, error) {
 	u, err := klientapi.CheckAttachURL(a.URL, kontrolURL)
 	if err != nil {
 		return nil, err
@@ -22,7 +24,7 @@ func Dial(ctx context.Context, a Attach, kontrolURL string) (*websocket.Conn, er
 	q := u.Query()
 	q.Set("ticket", a.Ticket)
 	u.RawQuery = q.Encode()
-	ws, resp, err := websocket.Dial(ctx, u.String(), nil)
+	ws, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPClient: hc})
 	if err != nil {
 		if resp != nil {
 			return nil, fmt.Errorf("dial %s%s: %s: %w", u.Host, u.Path, resp.Status, err)

@@ -102,6 +102,7 @@ func KloudMethods() []string {
 		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
 		MethodGCRun, // gc.go
 		MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
+		MethodKloudDoctor, // doctor.go
 		MethodVersion,
 		MethodMachineInfo, MethodMachineList,
 		MethodMachinePortsClose, MethodMachinePortsList, MethodMachinePortsOpen, // ports.go

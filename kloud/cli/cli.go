@@ -8,11 +8,14 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -34,8 +38,37 @@ const defaultURL = "http://127.0.0.1:7000"
 
 type globals struct {
 	url, key, dataDir string
-	json              bool
-	stdout, stderr    io.Writer
+	// caCert: --ca-cert / KLOUD_CA_CERT, a CA to trust beside the system's (tlsConfig).
+	caCert         string
+	json           bool
+	stdout, stderr io.Writer
+}
+
+// tlsConfig is what client commands trust for an https --url: the system's roots plus
+// --ca-cert.
+func (g *globals) tlsConfig() (*tls.Config, error) { return tlsconf.Client(g.caCert) }
+
+// httpClient is an HTTP client trusting what tlsConfig trusts.
+func (g *globals) httpClient() (*http.Client, error) {
+	cfg, err := g.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	return tlsconf.HTTPClient(cfg, 0), nil
+}
+
+// tlsHint explains a certificate kloud's client did not trust (nil for other errors).
+func (g *globals) tlsHint(err error) error {
+	var ua x509.UnknownAuthorityError
+	var cv *tls.CertificateVerificationError
+	var hn x509.HostnameError
+	switch {
+	case errors.As(err, &ua) || (errors.As(err, &cv) && strings.Contains(cv.Error(), "unknown authority")):
+		return fmt.Errorf("kloud at %s: %w\n  its certificate is not signed by a CA this machine trusts: pass --ca-cert FILE (or set %s) with the CA that signed it", g.url, err, tlsconf.EnvCACert)
+	case errors.As(err, &hn):
+		return fmt.Errorf("kloud at %s: %w\n  the certificate names another host: use the URL it was issued for (--url / KLOUD_URL)", g.url, err)
+	}
+	return nil
 }
 
 // Run runs the kloud command with args (without the program name) and returns the exit code.
@@ -54,6 +87,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	pf.StringVar(&g.key, "key", os.Getenv("KLOUD_KEY"), "kite key or session file to authenticate with (env KLOUD_KEY; default: the admin key in --data-dir)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("KLOUD_DATA_DIR", kloud.DefaultDataDir()), "kloud data directory (env KLOUD_DATA_DIR)")
 	pf.BoolVar(&g.json, "json", false, "print JSON")
+	pf.StringVar(&g.caCert, "ca-cert", os.Getenv(tlsconf.EnvCACert), "PEM file of a CA to trust beside the system's, for a kloud whose TLS certificate no public CA signed (env "+tlsconf.EnvCACert+"; kloud serve passes it to its terraformer, plugins and machines)")
 	// The command tree: every command, and the file it lives in.
 	root.AddCommand(
 		serveCmd(g),                           // serve.go (+ serve_*.go: providers, demo)
@@ -62,13 +96,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		userCmd(g), teamCmd(g), // user.go
 		credentialCmd(g), providerCmd(g), // credential.go
 		templateCmd(g), stackCmd(g), machineCmd(g), jobCmd(g), // stack.go (+ template_trust.go)
-		sshCmd(g),         // ssh.go
-		snapshotCmd(g),    // snapshot.go
-		tfCmd(g),          // tf.go
-		portForwardCmd(g), // portforward.go
-		gcCmd(g),          // gc.go
-		quotaCmd(g),       // quota.go
-		auditCmd(g),       // audit.go
+		sshCmd(g),                   // ssh.go
+		snapshotCmd(g),              // snapshot.go
+		tfCmd(g),                    // tf.go
+		portForwardCmd(g),           // portforward.go
+		gcCmd(g),                    // gc.go
+		quotaCmd(g),                 // quota.go
+		auditCmd(g),                 // audit.go
+		backupCmd(g), restoreCmd(g), // backup.go
+		doctorCmd(g), // doctor.go
 	)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
@@ -276,7 +312,11 @@ func (g *globals) dial(ctx context.Context) (*kite.Conn, error) {
 	if c, err := kitekey.ParseUnverified(auth.Key); err != nil || c.Kind != kitekey.KindKiteKey {
 		auth.Type = kite.AuthSession
 	}
-	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud-cli", Version: version.Version}})
+	tc, err := g.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud-cli", Version: version.Version}, TLSConfig: tc})
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +325,12 @@ func (g *globals) dial(ctx context.Context) (*kite.Conn, error) {
 	if err != nil {
 		var oe *net.OpError
 		var nu *wsframe.NotUpgradedError
+		if h := g.tlsHint(err); h != nil {
+			return nil, h
+		}
 		switch {
+		case errors.As(err, &nu) && nu.Status == "400 Bad Request" && strings.HasPrefix(u, "http://"):
+			return nil, fmt.Errorf("kloud at %s answered %s to %s: it may serve TLS (kloud serve --tls-cert)\n  use https://%s", g.url, nu.Status, u, strings.TrimPrefix(strings.TrimRight(g.url, "/"), "http://"))
 		case errors.As(err, &nu):
 			return nil, fmt.Errorf("nothing speaking kite answers at %s: %s answered %s to %s\n  point --url (or KLOUD_URL) at kloud: `kloud serve` prints its address (\"listening on HOST:PORT\"); the default is %s",
 				g.url, whatAnswered(nu), nu.Status, u, defaultURL)

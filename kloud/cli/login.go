@@ -95,8 +95,15 @@ func (g *globals) postAPI(ctx context.Context, path, bearer string, body, out an
 	if bearer != "" {
 		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc, err := g.httpClient()
 	if err != nil {
+		return 0, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		if h := g.tlsHint(err); h != nil {
+			return 0, h
+		}
 		return 0, fmt.Errorf("cannot reach kloud at %s: %w\n  is it running? start it with `kloud serve`, or point --url / KLOUD_URL at it", g.url, err)
 	}
 	defer resp.Body.Close()

@@ -80,6 +80,10 @@ func (g *globals) portForward(ctx context.Context, out io.Writer, name string, s
 	if err != nil {
 		return err
 	}
+	hc, err := g.httpClient()
+	if err != nil {
+		return err
+	}
 	m, err := g.findMachine(ctx, name)
 	if err != nil {
 		return err
@@ -95,14 +99,14 @@ func (g *globals) portForward(ctx context.Context, out io.Writer, name string, s
 		defer ln.Close()
 		fmt.Fprintf(out, "Forwarding %s -> %s:%d\n", ln.Addr(), m.Label, f.remote)
 		base := strings.TrimRight(g.url, "/") + "/api/machines/" + url.PathEscape(m.ID) + "/ports/" + strconv.Itoa(f.remote) + "/tcp"
-		go func() { errc <- serveForward(ctx, ln, "ws"+strings.TrimPrefix(base, "http"), cred, out) }()
+		go func() { errc <- serveForward(ctx, hc, ln, "ws"+strings.TrimPrefix(base, "http"), cred, out) }()
 	}
 	go func() { <-ctx.Done(); errc <- nil }()
 	return <-errc
 }
 
 // serveForward accepts local connections and pipes each through its own tunnel.
-func serveForward(ctx context.Context, ln net.Listener, wsURL, cred string, out io.Writer) error {
+func serveForward(ctx context.Context, hc *http.Client, ln net.Listener, wsURL, cred string, out io.Writer) error {
 	go func() { <-ctx.Done(); ln.Close() }()
 	for {
 		c, err := ln.Accept()
@@ -113,7 +117,7 @@ func serveForward(ctx context.Context, ln net.Listener, wsURL, cred string, out 
 			return err
 		}
 		go func() {
-			t, err := dialForward(ctx, wsURL, cred)
+			t, err := dialForward(ctx, hc, wsURL, cred)
 			if err != nil {
 				fmt.Fprintf(out, "connection from %s: %v\n", c.RemoteAddr(), err)
 				c.Close()
@@ -124,10 +128,10 @@ func serveForward(ctx context.Context, ln net.Listener, wsURL, cred string, out 
 	}
 }
 
-func dialForward(ctx context.Context, wsURL, cred string) (*tunnel.Conn, error) {
+func dialForward(ctx context.Context, hc *http.Client, wsURL, cred string) (*tunnel.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	ws, resp, err := websocket.Dial(dctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + cred}}})
+	ws, resp, err := websocket.Dial(dctx, wsURL, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: http.Header{"Authorization": {"Bearer " + cred}}})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			var e struct{ Error string }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -17,6 +18,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/logfmt"
+	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
@@ -39,6 +42,9 @@ type serveFlags struct {
 	// tfInsecure passes --insecure-no-sandbox to the terraformer kloud starts.
 	tfInsecure bool
 	logLevel   string
+	logFormat  string
+	// tlsCert and tlsKey: --tls-cert, --tls-key (kloud.Options.TLS, and the terraformer's).
+	tlsCert, tlsKey string
 	// pluginLimits and pluginMemMB: --plugin-cpus, --plugin-pids-max, --plugin-memory-mb.
 	pluginLimits cgroups.Limits
 	pluginMemMB  int64
@@ -114,6 +120,9 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	fl.Int64Var(&f.pluginMemMB, "plugin-memory-mb", tfsandbox.DefaultPluginLimits.MemoryBytes>>20, "memory limit in MiB of each sandboxed provider plugin's cgroup (0: no limit)")
 	fl.IntVar(&f.pluginLimits.PidsMax, "plugin-pids-max", tfsandbox.DefaultPluginLimits.PidsMax, "processes and threads limit of each sandboxed provider plugin's cgroup (0: no limit)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", logfmt.Text, logfmt.Usage+" (passed to the terraformer kloud starts)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve https and wss only, with this PEM certificate (chain): plain http is refused, answers carry Strict-Transport-Security, cookies are Secure, --public-url defaults to https; the terraformer kloud starts serves with it too (needs --tls-key)")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
 	fl.DurationVar(&f.o.JobLease, "job-lease", kloud.DefaultJobLease, "how long a crashed kloud's jobs stay claimed before they are resumed")
 	fl.DurationVar(&f.o.ReconcileInterval, "reconcile-interval", kloud.DefaultReconcileInterval, "how often stacks and machines left in a transition by a job that is over are moved to Failed/Unknown")
 	fl.DurationVar(&f.o.Retention.Jobs, "retention-jobs", kloud.DefaultRetentionJobs, "delete finished jobs (their logs and progress) this long after they finished; the newest job of a stack, machine or credential that exists stays")
@@ -146,9 +155,22 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if err := lvl.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl}))
+	log, err := logfmt.New(g.stderr, f.logFormat, lvl)
+	if err != nil {
+		return err
+	}
 	f.o.DataDir, f.o.Logger = g.dataDir, log
 	if err := f.sso.apply(&f.o.SSO); err != nil {
+		return err
+	}
+	if f.o.TLS, err = tlsconf.Server(f.tlsCert, f.tlsKey); err != nil {
+		return err
+	}
+	if f.o.CACert, err = tlsconf.ReadCA(g.caCert); err != nil {
+		return err
+	}
+	clientTLS, err := g.tlsConfig()
+	if err != nil {
 		return err
 	}
 	if f.pluginLimits.CPUs < 0 || f.pluginMemMB < 0 || f.pluginLimits.PidsMax < 0 {
@@ -158,7 +180,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		f.o.Plugins.Limits = &f.pluginLimits
 	}
 	reg := provider.NewRegistry()
-	f.dummy.register(reg, log)
+	f.dummy.register(reg, f.o.CACert, log)
 	if err := f.local.register(ctx, f, reg, log); err != nil {
 		return err
 	}
@@ -177,6 +199,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		}
 	}
 	f.o.Providers = reg
+	f.o.Doctor = serveDoctorChecks(f) // doctor.go
 	var s *kloud.Server
 	listening := make(chan struct{})
 	f.o.Listening = func(a net.Addr) {
@@ -195,7 +218,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 			fmt.Fprintf(g.stderr, "warning: %s\n", w)
 		}
 	}
-	s, err := openServer(ctx, f.o, log)
+	s, err = openServer(ctx, f.o, log)
 	if err != nil {
 		return err
 	}
@@ -209,7 +232,12 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		s.Close()
 		return err
 	}
-	ck, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud", Username: "kloud", Version: version.Version}, Logger: log})
+	if f.terraformerURL == "" && f.o.TLS != nil {
+		// The terraformer kloud starts serves kloud's certificate on loopback: check the name
+		// kloud is reached by.
+		clientTLS.ServerName = hostOf(s.PublicURL())
+	}
+	ck, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud", Username: "kloud", Version: version.Version}, Logger: log, TLSConfig: clientTLS})
 	if err != nil {
 		s.Close()
 		return err
@@ -307,15 +335,18 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfS
 		return nil, fmt.Errorf("no terraformer to start at %s (build it with `make build`, or pass --terraformer-url): %w", bin, err)
 	}
 	_, port, _ := net.SplitHostPort(f.o.Addr)
-	kloudURL := f.o.PublicURL
+	kloudURL, scheme := f.o.PublicURL, "http"
+	if f.o.TLS != nil {
+		scheme = "https"
+	}
 	if kloudURL == "" {
-		kloudURL = "http://127.0.0.1:" + port
+		kloudURL = scheme + "://127.0.0.1:" + port
 	}
 	addr, err := terraformerAddr(f.terraformerAddr)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL}
+	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL, "--log-format", f.logFormat}
 	if cfg := tfCLIConfig(); cfg != "" {
 		args = append(args, "--cli-config", cfg)
 	}
@@ -328,7 +359,20 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfS
 		log.Warn("terraformer runs terraform without its sandbox (--terraformer-insecure-no-sandbox): templates run with this process's privileges")
 		args = append(args, "--insecure-no-sandbox")
 	}
-	return &tfSupervisor{Bin: bin, Args: args, URL: "http://" + addr, Out: prefixWriter{g.stderr, "terraformer: "}, Log: log}, nil
+	var hc *http.Client
+	if f.o.TLS != nil {
+		args = append(args, "--tls-cert", f.tlsCert, "--tls-key", f.tlsKey)
+		if g.caCert != "" {
+			args = append(args, "--ca-cert", g.caCert)
+		}
+		cfg, err := g.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		cfg.ServerName = hostOf(kloudURL)
+		hc = tlsconf.HTTPClient(cfg, 0)
+	}
+	return &tfSupervisor{Bin: bin, Args: args, URL: scheme + "://" + addr, HTTP: hc, Out: prefixWriter{g.stderr, "terraformer: "}, Log: log}, nil
 }
 
 // terraformerAddr returns where to start terraformer: the flag's address, else 127.0.0.1:7001,
@@ -366,6 +410,15 @@ func tfCLIConfig() string {
 		return p
 	}
 	return ""
+}
+
+// hostOf is the host name (no port) of URL u ("" if it does not parse).
+func hostOf(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return p.Hostname()
 }
 
 // prefixWriter prefixes every line written through it.

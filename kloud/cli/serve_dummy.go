@@ -22,8 +22,8 @@ func (d *serveDummy) flags(cmd *cobra.Command) {
 }
 
 // register adds the dummy provider to reg when --dummy-dir is set.
-func (d *serveDummy) register(reg *provider.Registry, log *slog.Logger) {
+func (d *serveDummy) register(reg *provider.Registry, caCert string, log *slog.Logger) {
 	if d.dir != "" {
-		reg.Register(dummy.New(dummy.Options{Dir: d.dir, Logger: log.With("provider", "dummy")}))
+		reg.Register(dummy.New(dummy.Options{Dir: d.dir, CACert: caCert, Logger: log.With("provider", "dummy")}))
 	}
 }

@@ -15,4 +15,4 @@ type serveDummy struct{}
 
 func (d *serveDummy) flags(*cobra.Command) {}
 
-func (d *serveDummy) register(*provider.Registry, *slog.Logger) {}
+func (d *serveDummy) register(*provider.Registry, string, *slog.Logger) {}

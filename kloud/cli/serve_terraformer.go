@@ -28,7 +28,9 @@ import (
 type tfSupervisor struct {
 	Bin  string
 	Args []string
-	URL  string // http://addr: where it answers /healthz
+	URL  string // http(s)://addr: where it answers /healthz
+	// HTTP asks /healthz (nil: net/http's default client; with TLS, one trusting its CA).
+	HTTP *http.Client
 	Out  io.Writer
 	Log  *slog.Logger
 	// OnDown and OnUp, if set, are called when the process goes down (cause says why and when
@@ -167,7 +169,7 @@ func (s *tfSupervisor) spawn(ctx context.Context) (*proc, error) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if healthy(hctx, s.URL) {
+		if healthyWith(hctx, s.HTTP, s.URL) {
 			// Ours, not another process on that address: ours is still running a moment later.
 			select {
 			case <-p.exited:
@@ -190,14 +192,20 @@ func (s *tfSupervisor) spawn(ctx context.Context) (*proc, error) {
 	}
 }
 
-func healthy(ctx context.Context, url string) bool {
+func healthy(ctx context.Context, url string) bool { return healthyWith(ctx, nil, url) }
+
+// healthyWith asks url's /healthz with hc (nil: net/http's default client).
+func healthyWith(ctx context.Context, hc *http.Client, url string) bool {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/healthz", nil)
 	if err != nil {
 		return false
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return false
 	}

@@ -127,8 +127,12 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 		q.Set("mode", mode)
 	}
 	u := strings.TrimRight(g.url, "/") + "/api/machines/" + url.PathEscape(m.ID) + "/terminal?" + q.Encode()
+	hc, err := g.httpClient()
+	if err != nil {
+		return err
+	}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + cred}}})
+	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: http.Header{"Authorization": {"Bearer " + cred}}})
 	cancel()
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {

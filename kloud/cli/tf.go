@@ -100,7 +100,11 @@ func (g *globals) tf(ctx context.Context, o *tfOptions, op tfrun.Op, args []stri
 	if err != nil {
 		return err
 	}
-	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud-cli", Version: version.Version}})
+	tc, err := g.tlsConfig()
+	if err != nil {
+		return err
+	}
+	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud-cli", Version: version.Version}, TLSConfig: tc})
 	if err != nil {
 		return err
 	}

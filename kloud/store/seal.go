@@ -70,7 +70,7 @@ func loadOrCreateKey(dataDir string) ([]byte, error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("secret key: %w", err)
 	}
-	path := filepath.Join(dataDir, "secret.key")
+	path := filepath.Join(dataDir, SecretKeyFile)
 	for range 2 {
 		key, err := os.ReadFile(path)
 		if err == nil {

@@ -3,6 +3,8 @@ package plugin
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -37,6 +39,9 @@ type Options struct {
 	// provider's Version field, else the main module's version from the build info ("" for a
 	// development build).
 	Version string
+	// TLSConfig is what the plugin trusts for a wss:// URL. Default: the system's roots, plus
+	// the PEM of $KLOUD_PLUGIN_CA, checking the name $KLOUD_PLUGIN_TLS_SERVER_NAME if set.
+	TLSConfig *tls.Config
 	// Logger. Default: text to stderr (a launched plugin's stderr goes to kloud's log).
 	Logger *slog.Logger
 	// MinBackoff and MaxBackoff bound the wait between reconnection attempts (defaults 100ms
@@ -73,6 +78,16 @@ func (o *Options) defaults() error {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if ca, name := os.Getenv(EnvCA), os.Getenv(EnvServerName); o.TLSConfig == nil && (ca != "" || name != "") {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if ca != "" && !pool.AppendCertsFromPEM([]byte(ca)) {
+			return fmt.Errorf("%s holds no PEM certificate", EnvCA)
+		}
+		o.TLSConfig = &tls.Config{RootCAs: pool, ServerName: name, MinVersion: tls.VersionTLS12}
 	}
 	if o.MinBackoff <= 0 {
 		o.MinBackoff = 100 * time.Millisecond
@@ -160,6 +175,7 @@ func Run(ctx context.Context, p *provider.Provider, o Options) error {
 		Identity:       kite.Identity{Name: "kloud-provider-" + p.Name, Version: ver, Username: "provider-" + p.Name},
 		Logger:         log,
 		HandlerTimeout: time.Hour, // kloud's own deadline governs; this only catches a handler that never returns
+		TLSConfig:      o.TLSConfig,
 	})
 	if err != nil {
 		return fmt.Errorf("plugin %s: %w", p.Name, err)

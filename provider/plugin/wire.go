@@ -28,6 +28,13 @@ const (
 	EnvKey      = "KLOUD_PLUGIN_KEY"       // the plugin key (launched plugins)
 	EnvKeyFile  = "KLOUD_PLUGIN_KEY_FILE"  // or a file holding it (remote plugins)
 	EnvStateDir = "KLOUD_PLUGIN_STATE_DIR" // a directory the plugin may write (launched: its own)
+	// EnvCA is the PEM of a CA to trust beside the system's for a wss:// URL (a kloud with TLS
+	// whose certificate no public CA signed; launched plugins get kloud's --ca-cert).
+	EnvCA = "KLOUD_PLUGIN_CA"
+	// EnvServerName is the name kloud's certificate is checked against when it differs from
+	// the URL's host (launched plugins dial the loopback address, the certificate names the
+	// public one).
+	EnvServerName = "KLOUD_PLUGIN_TLS_SERVER_NAME"
 )
 
 // MethodRegister is the one method a plugin calls on kloud (routed by kloud with
@@ -232,6 +239,7 @@ type wireAgentConfig struct {
 	KontrolURL   string         `json:"kontrolURL"`
 	KlientURL    string         `json:"klientURL"`
 	KlientSHA256 string         `json:"klientSHA256"`
+	CACert       string         `json:"caCert,omitempty"`
 	UserData     string         `json:"userData,omitempty"`
 	Extra        map[string]any `json:"extra,omitempty"`
 }
@@ -399,12 +407,12 @@ func (w wireMachineSpec) spec() *provider.MachineSpec {
 
 func toWireAgentConfig(c userdata.Config) wireAgentConfig {
 	return wireAgentConfig{Username: c.Username, Hostname: c.Hostname, KiteKey: c.KiteKey, KontrolURL: c.KontrolURL,
-		KlientURL: c.KlientURL, KlientSHA256: c.KlientSHA256, UserData: c.UserData, Extra: c.Extra}
+		KlientURL: c.KlientURL, KlientSHA256: c.KlientSHA256, CACert: c.CACert, UserData: c.UserData, Extra: c.Extra}
 }
 
 func (w wireAgentConfig) config() userdata.Config {
 	return userdata.Config{Username: w.Username, Hostname: w.Hostname, KiteKey: w.KiteKey, KontrolURL: w.KontrolURL,
-		KlientURL: w.KlientURL, KlientSHA256: w.KlientSHA256, UserData: w.UserData, Extra: w.Extra}
+		KlientURL: w.KlientURL, KlientSHA256: w.KlientSHA256, CACert: w.CACert, UserData: w.UserData, Extra: w.Extra}
 }
 
 func toWireCredential(c *provider.Credential) (*wireCredential, error) {

@@ -80,6 +80,10 @@ type Options struct {
 	Fail map[string]error
 	// BreakAgent breaks the agent install: "download" gives machines a wrong klient checksum.
 	BreakAgent string
+	// CACert is the PEM of the CA of kloud's certificate (kloud serve --tls-cert with
+	// --ca-cert): the provisioners' curl trusts it, as the machines' klient does (their user
+	// data carries it). Empty: the system's roots.
+	CACert string
 	// TokenTTL is how long a build's token may boot machines (default 1h).
 	TokenTTL time.Duration
 	// Logger receives the boot service's log (default: discard).
@@ -228,18 +232,20 @@ const (
 // The generated provisioners' commands: $KLOUD_DUMMY_URL is the machine's URL in the service.
 // The token goes to curl in a header file (bash process substitution), not on its command line;
 // the script on stdin. --fail-with-body makes curl exit non-zero and print the service's reason
-// when it refuses, which terraform's error then shows.
+// when it refuses, which terraform's error then shows. With $KLOUD_DUMMY_CA (Options.CACert)
+// curl trusts that CA (in a file descriptor, no file).
 const (
-	bootCommand    = `printf '%s' "$KLOUD_DUMMY_SCRIPT" | curl --fail-with-body -sS -m 120 -H @<(echo "Authorization: Bearer $KLOUD_DUMMY_TOKEN") --data-binary @- "$KLOUD_DUMMY_URL/boot"`
-	destroyCommand = `curl --fail-with-body -sS -m 120 -X POST -H @<(echo "Authorization: Bearer $KLOUD_DUMMY_TOKEN") "$KLOUD_DUMMY_URL/destroy"`
+	caCurl         = `$${KLOUD_DUMMY_CA:+--cacert /dev/fd/3} 3< <(printf '%s' "$${KLOUD_DUMMY_CA:-}")` // $$: terraform's escape of $
+	bootCommand    = `printf '%s' "$KLOUD_DUMMY_SCRIPT" | curl --fail-with-body -sS -m 120 -H @<(echo "Authorization: Bearer $KLOUD_DUMMY_TOKEN") --data-binary @- "$KLOUD_DUMMY_URL/boot" ` + caCurl
+	destroyCommand = `curl --fail-with-body -sS -m 120 -X POST -H @<(echo "Authorization: Bearer $KLOUD_DUMMY_TOKEN") "$KLOUD_DUMMY_URL/destroy" ` + caCurl
 )
 
 // destroyProvisioner is the destroy-time provisioner of a kloud_life_ resource: it asks the
 // service to destroy the machine (input.url) with the stack's token (input.token).
-func destroyProvisioner() []any {
+func (d *dummy) destroyProvisioner() []any {
 	return []any{map[string]any{"local-exec": map[string]any{
 		"when": "destroy", "command": destroyCommand, "interpreter": []string{"/bin/bash", "-c"},
-		"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}"},
+		"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}", "KLOUD_DUMMY_CA": d.o.CACert},
 	}}}
 }
 
@@ -289,7 +295,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		// A machine resource the template no longer declares (a stack update removed every
 		// machine of it): Terraform runs a destroy-time provisioner only while its resource
 		// block exists, so its block stays, with no instances, until the machine is gone.
-		res[lifeResource+name] = map[string]any{"count": 0, "provisioner": destroyProvisioner()}
+		res[lifeResource+name] = map[string]any{"count": 0, "provisioner": s.d.destroyProvisioner()}
 	}
 	if len(sums) == 0 {
 		b, err := json.MarshalIndent(map[string]any{"resource": map[string]any{"terraform_data": res}}, "", "  ")
@@ -322,7 +328,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 				"url":   kloudURL + provider.HandlerPrefix(s.b.Provider.Name) + "v1/machines/${var." + mv + "[" + idx + "]}",
 				"token": "${var." + tokenVar + "}",
 			},
-			"provisioner": destroyProvisioner(),
+			"provisioner": s.d.destroyProvisioner(),
 		}
 		lifeInst := "terraform_data." + lifeResource + name
 		if counted[name] {
@@ -333,7 +339,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 			"input":            "${" + lifeInst + ".output}", // url and token; and boot after life
 			"provisioner": []any{map[string]any{"local-exec": map[string]any{
 				"command": bootCommand, "interpreter": []string{"/bin/bash", "-c"},
-				"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}", "KLOUD_DUMMY_SCRIPT": "${" + inst + ".output}"},
+				"environment": map[string]any{"KLOUD_DUMMY_URL": "${self.input.url}", "KLOUD_DUMMY_TOKEN": "${self.input.token}", "KLOUD_DUMMY_SCRIPT": "${" + inst + ".output}", "KLOUD_DUMMY_CA": s.d.o.CACert},
 			}}},
 		}
 		if counted[name] {

@@ -129,6 +129,17 @@ func DefaultCacheDir() string {
 	return "/var/cache/kloud"
 }
 
+// CachedBaseImage returns where EnsureBaseImage keeps the base image under cacheDir ("" means
+// DefaultCacheDir) and whether a complete one is there, without building anything.
+func CachedBaseImage(cacheDir string) (string, bool) {
+	if cacheDir == "" {
+		cacheDir = DefaultCacheDir()
+	}
+	hash := imageHash()
+	final := filepath.Join(cacheDir, "rootfs-"+imageSuite+"-"+hash)
+	return final, imageReady(final, hash)
+}
+
 // EnsureBaseImage returns the path of the base root filesystem under cacheDir ("" means
 // DefaultCacheDir), building it with mmdebstrap (about a minute, network to the Debian mirror
 // configured in /etc/apt/sources.list.d) if it is not cached yet. A cached image is found without
