@@ -232,6 +232,7 @@ func (h *appsHub) serve(w http.ResponseWriter, r *http.Request, id string, port 
 		appPage(w, http.StatusForbidden, "Access refused", err)
 		return
 	}
+	s.touch(id) // idle.go: a web app's request is activity
 	ctx := context.WithValue(r.Context(), appTargetKey{}, appTarget{user: user, machine: id, port: port})
 	h.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -454,7 +455,8 @@ func (s *Server) serveTCP(w http.ResponseWriter, r *http.Request) {
 	near := tunnel.New(ws, "client")
 	log := s.log.With("machine", m.ID, "user", c.Username, "port", port)
 	log.Info("port forward opened")
-	err = tunnel.Pipe(near, far)
+	s.touch(m.ID) // idle.go: a connection, and the client's traffic, are activity
+	err = tunnel.Pipe(activeConn{near, func() { s.touch(m.ID) }}, far)
 	log.Info("port forward closed", "err", err)
 }
 
@@ -490,4 +492,19 @@ func appPage(w http.ResponseWriter, code int, title string, err error) {
 		msg = err.Error()
 	}
 	fmt.Fprintf(w, "<!doctype html><title>%s</title><h1>%s</h1><p>%s</p>\n", html.EscapeString(title), html.EscapeString(title), html.EscapeString(msg))
+}
+
+// activeConn notes activity (idle.go) on each read of a port-forward client's traffic; it
+// keeps the tunnel's other methods (CloseWrite).
+type activeConn struct {
+	*tunnel.Conn
+	touch func()
+}
+
+func (c activeConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.touch()
+	}
+	return n, err
 }

@@ -157,6 +157,9 @@ func (s *Server) rpcRoutes() []Route {
 
 		// plugins.go: provider plugins register (plugin keys only)
 		pluginRPC(api.MethodPluginRegister, s.pluginRegister),
+
+		// idle.go: idle stop (issue 19 §5)
+		rpc(s, api.MethodMachineSet, AnyUser, s.machineSet), // owner, team admins
 	}
 }
 
@@ -258,6 +261,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
 		s.runGC,          // gc.go: sweep the providers' resources kloud no longer wants
 		s.monitorStore,   // health.go: log a store outage once, and its end
+		s.runIdle,        // idle.go: write activity, warn and stop idle machines
 	}
 }
 

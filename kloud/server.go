@@ -115,6 +115,8 @@ type Options struct {
 	// Limits caps machines per stack and the wall time of plans (limits.go; zero fields: its
 	// defaults).
 	Limits Limits
+	// Idle configures the idle stop (idle.go; zero: its defaults, no timeout of kloud's own).
+	Idle   IdleOptions
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
@@ -163,6 +165,7 @@ type Server struct {
 	term      *termHub           // web terminals (terminal.go)
 	apps      *appsHub           // machines' web apps on their own hosts (portforward.go)
 	kinds     map[string]jobKind // job kinds (routes.go)
+	idle      *idleTracker       // activity seen, warnings sent (idle.go)
 
 	plugins     *plugin.Host // provider plugins: proxies in providers, their status (plugins.go)
 	launcher    *launcher    // starts the plugin directory's plugins (set by ServeListener)
@@ -226,6 +229,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.plugins = plugin.NewHost(plugin.HostOptions{Registry: s.providers, Logger: opts.Logger, KloudVersion: version.Version})
 	s.kinds = s.jobKinds()
 	s.term = newTermHub(s)
+	s.idle = newIdleTracker()
 	if s.apps, err = newAppsHub(s); err != nil {
 		return nil, err
 	}
@@ -260,6 +264,9 @@ func (o *Options) defaults() error {
 	o.GC.defaults() // gc.go
 	// limits.go
 	if err := o.Limits.defaults(); err != nil {
+		return err
+	}
+	if err := o.Idle.defaults(); err != nil { // idle.go
 		return err
 	}
 	if o.AgentTimeout <= 0 {

@@ -254,6 +254,7 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.Info("terminal opened", "session", res.Session, "mode", res.Mode, "created", res.Created)
+	s.touch(m.ID) // idle.go: attaching is activity
 	// One text frame tells the browser what it is attached to; the rest is binary output.
 	notice, _ := json.Marshal(res)
 	wctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -264,9 +265,12 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 		klient.Close(websocket.StatusNormalClosure, "the browser went away")
 		return
 	}
-	rl := h.start(browser, klient)
+	rl := h.start(browser, klient, m.ID)
 	if rl == nil {
 		return
+	}
+	if res.Mode != klientapi.ModeReadonly {
+		rl.onInput = func() { s.touch(m.ID) } // idle.go: typing is activity
 	}
 	rl.run()
 	log.Info("terminal closed", "session", res.Session, "reason", rl.reason)
@@ -346,11 +350,13 @@ type relay struct {
 	cancel          context.CancelFunc
 	once            sync.Once
 	reason          string
+	machine         string // the machine's id
+	onInput         func() // called on each input frame from the browser (nil: none)
 }
 
-func (h *termHub) start(browser, klient *websocket.Conn) *relay {
+func (h *termHub) start(browser, klient *websocket.Conn, machine string) *relay {
 	ctx, cancel := context.WithCancel(context.Background())
-	rl := &relay{h: h, browser: browser, klient: klient, ctx: ctx, cancel: cancel}
+	rl := &relay{h: h, browser: browser, klient: klient, ctx: ctx, cancel: cancel, machine: machine}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -375,7 +381,7 @@ func (rl *relay) run() {
 	done := make(chan struct{}, 2)
 	go func() {
 		defer func() { done <- struct{}{} }()
-		err := copyFrames(rl.ctx, rl.browser, rl.klient, false)
+		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, nil)
 		code, reason := websocket.CloseStatus(err), closeText(err)
 		if code == -1 || code == websocket.StatusAbnormalClosure {
 			code, reason = klientapi.CloseAgentGone, "lost the connection to the machine's agent"
@@ -385,7 +391,7 @@ func (rl *relay) run() {
 	}()
 	go func() {
 		defer func() { done <- struct{}{} }()
-		err := copyFrames(rl.ctx, rl.klient, rl.browser, true)
+		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, rl.onInput)
 		var code websocket.StatusCode = websocket.StatusNormalClosure
 		reason := "the browser went away"
 		if ce := websocket.CloseStatus(err); ce == klientapi.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
@@ -424,8 +430,9 @@ func (rl *relay) keepalive() {
 }
 
 // copyFrames copies messages from src to dst until src ends, with one frame's buffer.
-// fromBrowser frames must be binary with an opcode byte (the rest klient checks).
-func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool) error {
+// fromBrowser frames must be binary with an opcode byte (the rest klient checks); onInput, if
+// set, is called for each input frame (opcode 0).
+func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, onInput func()) error {
 	buf := make([]byte, klientapi.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
 	for {
 		typ, r, err := src.Reader(ctx)
@@ -438,6 +445,9 @@ func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool)
 		}
 		if fromBrowser && (typ != websocket.MessageBinary || n == 0) {
 			return websocket.CloseError{Code: klientapi.CloseBadMessage, Reason: "send binary frames that start with an opcode byte"}
+		}
+		if fromBrowser && onInput != nil && buf[0] == 0 {
+			onInput()
 		}
 		if err := dst.Write(ctx, typ, buf[:n]); err != nil {
 			return err
@@ -471,6 +481,28 @@ func truncateUTF8(s string, n int) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// notice writes text to the terminals attached to machine id through this kloud, as output
+// (the idle stop's warning); it returns how many it reached.
+func (h *termHub) notice(id, text string) int {
+	h.mu.Lock()
+	var rs []*relay
+	for rl := range h.relays {
+		if rl.machine == id {
+			rs = append(rs, rl)
+		}
+	}
+	h.mu.Unlock()
+	n := 0
+	for _, rl := range rs {
+		ctx, cancel := context.WithTimeout(rl.ctx, 5*time.Second)
+		if rl.browser.Write(ctx, websocket.MessageBinary, []byte(text)) == nil {
+			n++
+		}
+		cancel()
+	}
+	return n
 }
 
 // closeAll ends every relay (kloud is shutting down) and refuses new ones.

@@ -114,6 +114,9 @@ with kloud's privileges (logged at every start).`,
 	gcServeFlags(fl, &f.o.GC)                                                           // gc.go
 	fl.IntVar(&f.o.Limits.MaxMachinesPerStack, "max-machines-per-stack", kloud.DefaultMaxMachinesPerStack, fmt.Sprintf("cap on the machines of one stack, checked before terraform runs and on its plan (a template's own cap, kloud template update --max-machines, replaces it; at most %d)", kloud.MaxMachinesCeiling))
 	fl.DurationVar(&f.o.Limits.PlanTimeout, "plan-timeout", kloud.DefaultPlanTimeout, "wall-time limit of a terraform plan made for a call (stack plan, create, update, scale): then it is cancelled and terraform killed")
+	// kloud/idle.go: off by default (Koding stopped idle machines after 50m)
+	fl.DurationVar(&f.o.Idle.Timeout, "idle-timeout", 0, "stop a Running machine after this long without activity, unless its template or the machine says otherwise (0: never; Koding used 50m)")
+	fl.DurationVar(&f.o.Idle.Warning, "idle-warning", kloud.DefaultIdleWarning, "warn a machine's attached terminals this long before its idle stop (at most half its timeout)")
 	fl.Var(defaultQuotaFlag{&f.o.DefaultQuota}, "default-quota", "quota of every user an administrator gave none (quota.go): machines=N,cores=N,memory=SIZE,disk=SIZE (SIZE: MB or 8G; limits not given: none)")
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)

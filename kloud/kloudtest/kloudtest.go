@@ -48,6 +48,8 @@ type Options struct {
 	Limits kloud.Limits
 	// MongoURL: use this database instead of the embedded store (e.g. a storetest.Server).
 	MongoURL string
+	// Idle configures kloud's idle stop (zero: its defaults).
+	Idle kloud.IdleOptions
 }
 
 // Env is a running test kloud.
@@ -90,7 +92,7 @@ func Start(t testing.TB, o Options) *Env {
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
 		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
-		DefaultQuota: o.DefaultQuota,
+		DefaultQuota: o.DefaultQuota, Idle: o.Idle,
 	})
 	if err != nil {
 		ln.Close()

@@ -1,0 +1,237 @@
+package kloud_test
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// Idle stop (issue 19 §5) with the dummy provider: its machines are real klient processes, the
+// terminals real sessions through kloud, the stops real machine.stop jobs. Timeouts are seconds
+// and the sweep runs every 100ms; the tests wait for what must happen (polling) and, for what
+// must not, watch for several timeouts.
+
+// idleOpts is kloud's idle stop for these tests: no timeout of kloud's own, a warning 2s before.
+var idleOpts = kloudtest.Options{Idle: kloud.IdleOptions{Warning: 2 * time.Second, Interval: 100 * time.Millisecond}}
+
+// info is machine.info of the env's machine as alice.
+func (e *termEnv) info() api.MachineInfo {
+	e.t.Helper()
+	mi, err := e.client().MachineInfo(e.t.Context(), api.MachineRef{MachineID: e.machine.ID})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return mi
+}
+
+// set is machine.set of the env's machine as alice.
+func (e *termEnv) set(p api.MachineSetParams) api.Machine {
+	e.t.Helper()
+	p.MachineID = e.machine.ID
+	m, err := e.client().MachineSet(e.t.Context(), p)
+	if err != nil {
+		e.t.Fatalf("machine.set %+v: %v", p, err)
+	}
+	return m
+}
+
+// stopJobs are the machine.stop jobs of the env's machine.
+func (e *termEnv) stopJobs() []api.Job {
+	e.t.Helper()
+	res, err := e.client().JobList(e.t.Context(), api.JobListParams{Target: "machine/" + e.machine.ID})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []api.Job
+	for _, j := range res.Jobs {
+		if j.Kind == "machine."+provider.MethodStop {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// waitState waits until the env's machine is in state.
+func (e *termEnv) waitState(state provider.State, within time.Duration) api.MachineInfo {
+	e.t.Helper()
+	var mi api.MachineInfo
+	testutil.Eventually(e.t, within, func() bool { mi = e.info(); return mi.State == state }, "machine never %s: %+v", state, &mi)
+	return mi
+}
+
+// TestIdleStopWarnsThenStops: a template's idle timeout reaches its machine; the terminal
+// attached to it hears the warning; nobody types, so the machine is stopped by a machine.stop
+// job with the reason "idle for 4s", which machine.list shows; machine.start clears the reason
+// and starts a new countdown. Another member can change neither the machine's settings nor
+// the template's.
+func TestIdleStopWarnsThenStops(t *testing.T) {
+	e := newTermEnvWith(t, idleOpts)
+	ctx := t.Context()
+	tmplID := e.describe(e.machine.StackID).TemplateID
+
+	// A member of the team who does not own the machine or the template changes nothing.
+	kloudtest.Call(t, e.Dial(kloud.Admin), "user.add", map[string]string{"username": "bob", "team": kloud.DefaultTeam}, nil)
+	bob := e.Client("bob")
+	if _, err := bob.MachineSet(ctx, api.MachineSetParams{MachineID: e.machine.ID, AlwaysOn: new(true)}); !errors.Is(err, kite.ErrNotFound) && !errors.Is(err, kite.ErrPermission) {
+		t.Fatalf("bob's machine.set on alice's machine: %v", err)
+	}
+	if _, err := bob.TemplateUpdate(ctx, api.TemplateParams{TemplateID: tmplID, IdleTimeout: "0"}); !errors.Is(err, kite.ErrPermission) {
+		t.Fatalf("bob's template.update idleTimeout of alice's template: %v", err)
+	}
+	if mi := e.info(); mi.Idle.AlwaysOn != nil || mi.Idle.EffectiveTimeoutSeconds != 0 || !mi.Idle.Deadline.IsZero() {
+		t.Fatalf("after bob's attempts (and with no timeout anywhere) the machine's idle stop is %+v", mi.Idle)
+	}
+	// Bad input is refused with a clear error.
+	for _, bad := range []string{"soon", "-5m", "1.5s", "400d"} {
+		if _, err := e.client().MachineSet(ctx, api.MachineSetParams{MachineID: e.machine.ID, IdleTimeout: bad}); !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "idleTimeout") {
+			t.Errorf("machine.set idleTimeout %q: %v", bad, err)
+		}
+	}
+
+	// The template says 4s; the machine inherits it and its countdown starts.
+	tp, err := e.client().TemplateUpdate(ctx, api.TemplateParams{TemplateID: tmplID, IdleTimeout: "4s"})
+	if err != nil || tp.Idle.TimeoutSeconds == nil || *tp.Idle.TimeoutSeconds != 4 {
+		t.Fatalf("template.update idleTimeout 4s: %+v %v", tp.Idle, err)
+	}
+	cookie := e.login("alice", "alice-password")
+	term := e.mustOpen(cookie, "session=idle")
+	term.WaitFor(t, "will be stopped in")
+	if !strings.Contains(term.Output(), "[kloud] machine "+e.machine.Label+" has been idle for") {
+		t.Errorf("warning: %q", term.Output())
+	}
+
+	mi := e.waitState(provider.Stopped, time.Minute)
+	if mi.Reason != kloud.IdleReasonPrefix+"4s" {
+		t.Fatalf("reason of the idle stop: %q", mi.Reason)
+	}
+	jobs := e.stopJobs()
+	if len(jobs) != 1 || jobs[0].Status != "succeeded" || jobs[0].Owner != "alice" || jobs[0].Params["reason"] != "idle for 4s" {
+		t.Fatalf("stop jobs: %+v", jobs)
+	}
+	if c := term.Closed(t); c.Code != websocket.StatusGoingAway && c.Code != 4004 {
+		t.Errorf("the terminal of the stopped machine closed with %+v", c)
+	}
+	list, err := e.client().MachineList(ctx, api.MachineListParams{StackID: e.machine.StackID})
+	if err != nil || len(list.Machines) != 1 || list.Machines[0].Reason != "idle for 4s" || list.Machines[0].Idle.EffectiveTimeoutSeconds != 4 {
+		t.Fatalf("machine.list after the idle stop: %+v %v", list.Machines, err)
+	}
+
+	// Start clears the reason and starts a new countdown (not the old, past deadline).
+	before := time.Now().Add(-time.Second)
+	ref, err := e.client().MachineStart(ctx, api.MachineRef{MachineID: e.machine.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mustSucceed(ref.JobID, "machine.start")
+	mi = e.info()
+	if mi.State != provider.Running || mi.Reason != "" {
+		t.Fatalf("after start: %s %q", mi.State, mi.Reason)
+	}
+	if mi.Idle.LastActivity.Before(before) {
+		t.Fatalf("the countdown did not restart at start: %+v", mi.Idle)
+	}
+	// And the new countdown ends in a second idle stop.
+	e.waitState(provider.Stopped, time.Minute)
+	if n := len(e.stopJobs()); n != 2 {
+		t.Fatalf("%d stop jobs, want 2", n)
+	}
+}
+
+// TestIdleTypingAndAlwaysOnKeepTheMachine: a machine whose terminal is typed into is never
+// stopped, nor an always-on one; when the typing ends, or always on is undone, it is.
+func TestIdleTypingAndAlwaysOnKeepTheMachine(t *testing.T) {
+	e := newTermEnvWith(t, idleOpts)
+	m := e.set(api.MachineSetParams{IdleTimeout: "3s"})
+	if m.Idle.TimeoutSeconds == nil || *m.Idle.TimeoutSeconds != 3 || m.Idle.EffectiveTimeoutSeconds != 3 {
+		t.Fatalf("machine.set idleTimeout 3s: %+v", m.Idle)
+	}
+	cookie := e.login("alice", "alice-password")
+	term := e.mustOpen(cookie, "session=typing")
+
+	// Type for four timeouts: the machine stays Running and no stop job is started.
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); {
+		term.Type(t, "true\r")
+		time.Sleep(300 * time.Millisecond) // a person typing, not a synchronisation
+	}
+	if mi := e.info(); mi.State != provider.Running || len(e.stopJobs()) != 0 {
+		t.Fatalf("a machine being typed into: %s, stop jobs %+v", mi.State, e.stopJobs())
+	}
+
+	// Always on: idle for four timeouts, still Running, and no countdown.
+	m = e.set(api.MachineSetParams{AlwaysOn: new(true)})
+	if !m.Idle.EffectiveAlwaysOn {
+		t.Fatalf("always on: %+v", m.Idle)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return e.info().Idle.Deadline.IsZero() }, "an always-on machine kept its countdown")
+	deadline := time.Now().Add(12 * time.Second)
+	for time.Now().Before(deadline) {
+		if mi := e.info(); mi.State != provider.Running {
+			t.Fatalf("an always-on machine was stopped: %s %q", mi.State, mi.Reason)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if n := len(e.stopJobs()); n != 0 {
+		t.Fatalf("%d stop jobs of an always-on machine", n)
+	}
+
+	// Undone, and nobody typing: the machine is stopped for being idle.
+	e.set(api.MachineSetParams{AlwaysOn: new(false)})
+	if mi := e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 3s" {
+		t.Fatalf("reason: %q", mi.Reason)
+	}
+}
+
+// TestIdleCountdownSurvivesRestart: kloud stops between the countdown's start and its
+// deadline; the kloud started on the same store keeps the recorded deadline (no fresh timeout)
+// and stops the machine for it.
+func TestIdleCountdownSurvivesRestart(t *testing.T) {
+	ko := idleOpts
+	ko.DataDir, ko.Addr = t.TempDir(), freeAddr(t)
+	e := newTermEnvWith(t, ko)
+	e.set(api.MachineSetParams{IdleTimeout: "20s"})
+	var deadline time.Time
+	testutil.Eventually(t, 10*time.Second, func() bool { deadline = e.info().Idle.Deadline; return !deadline.IsZero() }, "no countdown")
+
+	e.Stop()
+	time.Sleep(2 * time.Second) // kloud is down for a while: a fresh timeout would end later
+	ko.Providers, ko.KlientBin = e.Server.Providers(), testutil.BuildBinary(t, "./cmd/klient")
+	e2 := kloudtest.Start(t, ko)
+	f2 := &flowEnv{Env: e2, t: t, dir: e.dir, alice: e2.Dial("alice")}
+	e.flowEnv = f2
+	if mi := e.info(); mi.State != provider.Running || !mi.Idle.Deadline.Equal(deadline) {
+		t.Fatalf("after the restart: %s, deadline %s, want %s", mi.State, mi.Idle.Deadline, deadline)
+	}
+	mi := e.waitState(provider.Stopped, time.Minute)
+	if mi.Reason != "idle for 20s" {
+		t.Fatalf("reason: %q", mi.Reason)
+	}
+	jobs := e.stopJobs()
+	if len(jobs) != 1 {
+		t.Fatalf("stop jobs: %+v", jobs)
+	}
+	if got, _ := time.Parse(time.RFC3339Nano, jobs[0].Params["idleDeadline"].(string)); !got.Equal(deadline) {
+		t.Fatalf("the stop was for deadline %s, want the one recorded before the restart, %s", got, deadline)
+	}
+}
+
+// freeAddr is a loopback address with a port free now (for a kloud restarted on it).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
