@@ -80,11 +80,21 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 	ctx := t.Context()
 	tmplID := e.describe(e.machine.StackID).TemplateID
 
-	// A member of the team who does not own the machine or the template changes nothing.
-	kloudtest.Call(t, e.Dial(kloud.Admin), "user.add", map[string]string{"username": "bob", "team": kloud.DefaultTeam}, nil)
+	// A member of the team who does not own the machine or the template changes nothing, not
+	// even with a full share of the machine; carol, who has no share, does not see it.
+	admin := e.Dial(kloud.Admin)
+	for _, u := range []string{"bob", "carol"} {
+		kloudtest.Call(t, admin, "user.add", map[string]string{"username": u, "team": kloud.DefaultTeam}, nil)
+	}
+	if _, err := e.client().MachineShare(ctx, api.ShareParams{MachineID: e.machine.ID, Username: "bob", Grant: kloud.GrantFull}); err != nil {
+		t.Fatal(err)
+	}
 	bob := e.Client("bob")
-	if _, err := bob.MachineSet(ctx, api.MachineSetParams{MachineID: e.machine.ID, AlwaysOn: new(true)}); !errors.Is(err, kite.ErrNotFound) && !errors.Is(err, kite.ErrPermission) {
-		t.Fatalf("bob's machine.set on alice's machine: %v", err)
+	if _, err := bob.MachineSet(ctx, api.MachineSetParams{MachineID: e.machine.ID, AlwaysOn: new(true)}); !errors.Is(err, kite.ErrPermission) {
+		t.Fatalf("machine.set by bob (full share) on alice's machine: %v", err)
+	}
+	if _, err := e.Client("carol").MachineSet(ctx, api.MachineSetParams{MachineID: e.machine.ID, IdleTimeout: "0"}); !errors.Is(err, kite.ErrNotFound) {
+		t.Fatalf("machine.set by carol on alice's machine: %v", err)
 	}
 	if _, err := bob.TemplateUpdate(ctx, api.TemplateParams{TemplateID: tmplID, IdleTimeout: "0"}); !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("bob's template.update idleTimeout of alice's template: %v", err)
