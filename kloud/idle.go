@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -21,7 +22,9 @@ import (
 //
 // Activity is what kloud relays: a terminal attached or typed into (web terminals and `kloud
 // ssh`; read-only viewers' keys do not count), port-forward connections and their traffic,
-// web-app requests. It is noted in memory at once (touch) and written to the machine at most
+// web-app requests; and what the machine's agent reports (klient.activity, polled every
+// CPUInterval while a countdown runs): its terminal sessions' processes using more than
+// CPUThreshold of one CPU between two readings, e.g. a build left running in a detached terminal. It is noted in memory at once (touch) and written to the machine at most
 // once per sweep (Machine.Idle.LastActivity, and the deadline: last activity + timeout), so a
 // kloud restart neither loses nor resets a countdown. The sweep (runIdle, a background task)
 // warns the machine's attached terminals a while before the deadline and, at the deadline,
@@ -38,6 +41,10 @@ const (
 	DefaultIdleWarning = 5 * time.Minute
 	// DefaultIdleInterval is how often kloud looks for idle machines and writes activity.
 	DefaultIdleInterval = 15 * time.Second
+	// DefaultIdleCPUThreshold is the share of one CPU above which a machine's processes count
+	// as activity, and DefaultIdleCPUInterval how often kloud asks the agent.
+	DefaultIdleCPUThreshold = 0.1
+	DefaultIdleCPUInterval  = time.Minute
 )
 
 // IdleReasonPrefix starts the reason of a machine kloud stopped for being idle.
@@ -55,6 +62,13 @@ type IdleOptions struct {
 	// (default DefaultIdleInterval): the countdown's resolution, and the throttle of activity
 	// writes (one per machine per interval at most).
 	Interval time.Duration
+	// CPUThreshold is the share of one CPU (0.1: 10%) the processes of a machine's terminal
+	// sessions must use between two readings of its agent to count as activity (kloud serve
+	// --idle-cpu-threshold; default DefaultIdleCPUThreshold; negative: CPU never counts).
+	CPUThreshold float64
+	// CPUInterval is how often kloud reads the CPU of a machine with a countdown from its agent
+	// (default DefaultIdleCPUInterval).
+	CPUInterval time.Duration
 }
 
 func (o *IdleOptions) defaults() error {
@@ -67,6 +81,12 @@ func (o *IdleOptions) defaults() error {
 	if o.Interval <= 0 {
 		o.Interval = DefaultIdleInterval
 	}
+	if o.CPUThreshold == 0 {
+		o.CPUThreshold = DefaultIdleCPUThreshold
+	}
+	if o.CPUInterval <= 0 {
+		o.CPUInterval = DefaultIdleCPUInterval
+	}
 	return nil
 }
 
@@ -76,10 +96,19 @@ type idleTracker struct {
 	mu     sync.Mutex
 	last   map[string]time.Time // machine id → latest activity seen
 	warned map[string]time.Time // machine id → the deadline its terminals were warned of
+	cpu    map[string]*cpuSample
+}
+
+// cpuSample is the last reading of a machine's agent (klient.activity).
+type cpuSample struct {
+	seconds float64   // klientapi.Activity.CPUSeconds
+	at      time.Time // when kloud read it (zero: never)
+	asked   time.Time // when kloud last asked
+	polling bool      // a call is under way
 }
 
 func newIdleTracker() *idleTracker {
-	return &idleTracker{last: map[string]time.Time{}, warned: map[string]time.Time{}}
+	return &idleTracker{last: map[string]time.Time{}, warned: map[string]time.Time{}, cpu: map[string]*cpuSample{}}
 }
 
 // touch notes activity on machine id now.
@@ -112,6 +141,11 @@ func (t *idleTracker) forget(keep map[string]bool) {
 	for id := range t.warned {
 		if !keep[id] {
 			delete(t.warned, id)
+		}
+	}
+	for id := range t.cpu {
+		if !keep[id] {
+			delete(t.cpu, id)
 		}
 	}
 }
@@ -243,6 +277,7 @@ func (s *Server) idleCheck(ctx context.Context, m *Machine, timeout time.Duratio
 			return err // not Running any more, or another kloud wrote newer activity
 		}
 	}
+	s.pollCPU(ctx, m)
 	warnAt := deadline.Add(-min(s.opts.Idle.Warning, timeout/2))
 	switch {
 	case !now.Before(deadline):
@@ -253,6 +288,57 @@ func (s *Server) idleCheck(ctx context.Context, m *Machine, timeout time.Duratio
 		s.log.Info("idle stop: warned", "machine", m.ID, "deadline", deadline, "terminals", n)
 	}
 	return nil
+}
+
+// pollCPU asks m's agent for its CPU time, at most every CPUInterval and one call at a time,
+// in the background; CPU use above the threshold since the last reading is activity.
+func (s *Server) pollCPU(ctx context.Context, m *Machine) {
+	o := s.opts.Idle
+	if o.CPUThreshold < 0 || m.KiteID == "" {
+		return
+	}
+	now := time.Now()
+	t := s.idle
+	t.mu.Lock()
+	cs := t.cpu[m.ID]
+	if cs == nil {
+		cs = &cpuSample{}
+		t.cpu[m.ID] = cs
+	}
+	due := !cs.polling && now.Sub(cs.asked) >= o.CPUInterval
+	if due {
+		cs.polling, cs.asked = true, now
+	}
+	t.mu.Unlock()
+	if !due {
+		return
+	}
+	go func() {
+		var act klientapi.Activity
+		err := errors.New("no agent")
+		if agent, aerr := s.agentConn(m); aerr == nil {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = agent.Call(cctx, klientapi.MethodActivity, nil, &act)
+			cancel()
+		}
+		at := time.Now()
+		t.mu.Lock()
+		cs.polling = false
+		busy := false
+		if err == nil {
+			if !cs.at.IsZero() && at.After(cs.at) {
+				busy = (act.CPUSeconds-cs.seconds)/at.Sub(cs.at).Seconds() > o.CPUThreshold
+			}
+			cs.seconds, cs.at = act.CPUSeconds, at
+		}
+		t.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			s.log.Debug("idle stop: the agent's activity", "machine", m.ID, "err", err)
+		}
+		if busy {
+			s.touch(m.ID)
+		}
+	}()
 }
 
 // idleStop starts the machine.stop job of an idle machine, unless activity came meanwhile.

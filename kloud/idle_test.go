@@ -245,3 +245,34 @@ func freeAddr(t *testing.T) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
+
+// TestIdleCPUKeepsTheMachine: a busy process left running in a detached terminal is activity
+// (the machine's klient reports its CPU time, klient.activity); when it ends, the machine is
+// stopped for being idle.
+func TestIdleCPUKeepsTheMachine(t *testing.T) {
+	ko := idleOpts
+	ko.Idle.CPUInterval = 500 * time.Millisecond
+	e := newTermEnvWith(t, ko)
+	e.set(api.MachineSetParams{IdleTimeout: "3s"})
+	cookie := e.login("alice", "alice-password")
+	term := e.mustOpen(cookie, "session=build")
+	// A bounded busy loop (a build), in the background of the session's shell; the terminal
+	// is closed, the session lives on.
+	term.Type(t, "timeout 14 sh -c 'while :; do :; done' & echo busy-$((2*21))\r")
+	term.WaitFor(t, "busy-42")
+	term.WS.Close(websocket.StatusNormalClosure, "")
+	busyUntil := time.Now().Add(14 * time.Second)
+
+	for time.Now().Before(busyUntil.Add(-2 * time.Second)) {
+		if mi := e.info(); mi.State != provider.Running {
+			t.Fatalf("a machine whose processes are busy was stopped: %s %q", mi.State, mi.Reason)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if n := len(e.stopJobs()); n != 0 {
+		t.Fatalf("%d stop jobs while the machine was busy", n)
+	}
+	if mi := e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 3s" {
+		t.Fatalf("reason: %q", mi.Reason)
+	}
+}

@@ -117,6 +117,7 @@ with kloud's privileges (logged at every start).`,
 	// kloud/idle.go: off by default (Koding stopped idle machines after 50m)
 	fl.DurationVar(&f.o.Idle.Timeout, "idle-timeout", 0, "stop a Running machine after this long without activity, unless its template or the machine says otherwise (0: never; Koding used 50m)")
 	fl.DurationVar(&f.o.Idle.Warning, "idle-warning", kloud.DefaultIdleWarning, "warn a machine's attached terminals this long before its idle stop (at most half its timeout)")
+	fl.Float64Var(&f.o.Idle.CPUThreshold, "idle-cpu-threshold", kloud.DefaultIdleCPUThreshold, "share of one CPU the processes of a machine's terminal sessions must use, as its agent reports, to count as activity (negative: CPU never counts)")
 	fl.Var(defaultQuotaFlag{&f.o.DefaultQuota}, "default-quota", "quota of every user an administrator gave none (quota.go): machines=N,cores=N,memory=SIZE,disk=SIZE (SIZE: MB or 8G; limits not given: none)")
 	f.demo.flags(cmd)
 	f.dummy.flags(cmd)
