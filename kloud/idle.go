@@ -163,7 +163,7 @@ func (t *idleTracker) warnOnce(id string, deadline time.Time) bool {
 }
 
 // idleSettings are machine m's settings in force: its own, else its template's (t, nil when
-// gone), else kloud's.
+// gone), else kloud's; no timeout when m's provider cannot stop machines.
 func (s *Server) idleSettings(m *Machine, t *Template) (timeout time.Duration, alwaysOn bool) {
 	timeout = s.opts.Idle.Timeout
 	if t != nil {
@@ -179,6 +179,9 @@ func (s *Server) idleSettings(m *Machine, t *Template) (timeout time.Duration, a
 	}
 	if m.Idle.AlwaysOn != nil {
 		alwaysOn = *m.Idle.AlwaysOn
+	}
+	if s.capable(m.Provider, api.MethodMachineStop, provider.CapStop) != nil {
+		timeout = 0 // its provider cannot stop it
 	}
 	return timeout, alwaysOn
 }
@@ -339,6 +342,15 @@ func (s *Server) pollCPU(ctx context.Context, m *Machine) {
 			s.touch(m.ID)
 		}
 	}()
+}
+
+// restartCountdown starts machine id's countdown afresh (kloud starts it, or found it started):
+// its last activity is now, its old deadline gone; the sweep sets the new one. Called before
+// the machine is recorded Running, so the sweep never sees it Running with an old deadline.
+func (s *Server) restartCountdown(ctx context.Context, id string) {
+	if err := s.store.Machines().ResetIdleCountdown(ctx, id, s.store.Now()); err != nil {
+		s.log.Warn("idle stop: restart the countdown", "machine", id, "err", err)
+	}
 }
 
 // idleStop starts the machine.stop job of an idle machine, unless activity came meanwhile.

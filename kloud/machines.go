@@ -126,6 +126,9 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 	}
 	out.InfraState = state
 	if state != cur && state != provider.Unknown {
+		if state == provider.Running {
+			s.restartCountdown(ctx, m.ID) // idle.go: started outside kloud: a new countdown
+		}
 		// The provider is the truth: record what it says (unless a job started meanwhile).
 		set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
 		if s.setMachine(ctx, m.ID, []provider.State{cur}, set) {
@@ -298,9 +301,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	}
 	// idle.go: a start begins a new countdown (before the machine is Running, so an old
 	// deadline is never seen with it), a stop ends one.
-	if err := s.store.Machines().ResetIdleCountdown(ctx, m.ID, s.store.Now()); err != nil {
-		s.log.Warn("idle stop: reset the countdown", "machine", m.ID, "err", err)
-	}
+	s.restartCountdown(ctx, m.ID)
 	s.setMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Enter(ctx, done)
 	return map[string]any{"machineId": m.ID, "state": after}, nil
