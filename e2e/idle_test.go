@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,12 +21,7 @@ import (
 func TestIdleStop(t *testing.T) {
 	node, script, out := browserPrereqs(t)
 	e := newEnv(t, "--idle-warning", "2s")
-	password := "idle-pass-1"
-	pw := filepath.Join(t.TempDir(), "password")
-	if err := os.WriteFile(pw, []byte(password+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e.run("user", "add", "alice", "--team", "default", "--password-file", pw)
+	password := browserUsers(t, e)
 	key := filepath.Join(e.dir, "alice.key")
 	e.run("key", "create", "--username", "alice", "--out", key)
 	e.key = key

@@ -2,7 +2,7 @@ package kloud_test
 
 import (
 	"errors"
-	"net"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -207,7 +207,7 @@ func TestIdleTypingAndAlwaysOnKeepTheMachine(t *testing.T) {
 // and stops the machine for it.
 func TestIdleCountdownSurvivesRestart(t *testing.T) {
 	ko := idleOpts
-	ko.DataDir, ko.Addr = t.TempDir(), freeAddr(t)
+	ko.DataDir, ko.Addr = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	e := newTermEnvWith(t, ko)
 	e.set(api.MachineSetParams{IdleTimeout: "20s"})
 	var deadline time.Time
@@ -233,17 +233,6 @@ func TestIdleCountdownSurvivesRestart(t *testing.T) {
 	if got, _ := time.Parse(time.RFC3339Nano, jobs[0].Params["idleDeadline"].(string)); !got.Equal(deadline) {
 		t.Fatalf("the stop was for deadline %s, want the one recorded before the restart, %s", got, deadline)
 	}
-}
-
-// freeAddr is a loopback address with a port free now (for a kloud restarted on it).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // TestIdleCPUKeepsTheMachine: a busy process left running in a detached terminal is activity
