@@ -1,8 +1,11 @@
 package kloud_test
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -261,6 +264,46 @@ func TestIdleCPUKeepsTheMachine(t *testing.T) {
 	if n := len(e.stopJobs()); n != 0 {
 		t.Fatalf("%d stop jobs while the machine was busy", n)
 	}
+	if mi := e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 3s" {
+		t.Fatalf("reason: %q", mi.Reason)
+	}
+}
+
+// TestIdlePortForwardKeepsTheMachine: traffic through a `kloud port-forward` tunnel to a
+// machine's port is activity: the machine stays Running while bytes flow for four timeouts;
+// once the tunnel is closed, it is stopped for being idle.
+func TestIdlePortForwardKeepsTheMachine(t *testing.T) {
+	e := newTermEnvWith(t, idleOpts)
+	// An echo server "in the machine" (the dummy machine's loopback is this host's).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	cookie := e.login("alice", "alice-password")
+	e.set(api.MachineSetParams{IdleTimeout: "3s"})
+	tun := dialTunnel(t, e.URL, e.machine.ID, ln.Addr().(*net.TCPAddr).Port, cookie)
+	r := bufio.NewReader(tun)
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); {
+		fmt.Fprintf(tun, "ping\n")
+		if line, err := r.ReadString('\n'); err != nil || line != "ping\n" {
+			t.Fatalf("through the tunnel: %q %v", line, err)
+		}
+		time.Sleep(300 * time.Millisecond) // a client's traffic, not a synchronisation
+	}
+	if mi := e.info(); mi.State != provider.Running || len(e.stopJobs()) != 0 {
+		t.Fatalf("a machine with port-forward traffic: %s, stop jobs %+v", mi.State, e.stopJobs())
+	}
+	tun.Close()
 	if mi := e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 3s" {
 		t.Fatalf("reason: %q", mi.Reason)
 	}

@@ -31,7 +31,8 @@ func machineSetCmd(g *globals) *cobra.Command {
 		Long: `Change a machine's own idle stop settings (its owner and team admins).
 
 kloud stops a Running machine that had no activity for its idle timeout: no terminal attached or
-typed into (web terminals and kloud ssh), no port-forward or web-app traffic. Attached terminals
+typed into (web terminals and kloud ssh), no port-forward or web-app traffic, no CPU used by what
+runs in its terminals (kloud serve --idle-cpu-threshold). Attached terminals
 get a warning line a few minutes before; typing anything cancels the countdown. The machine
 keeps its disk; kloud machine start brings it back.
 
