@@ -32,6 +32,10 @@ import (
 // (machine.list and machine.info show it; machine.start clears it and restarts the countdown).
 // Activity noted up to the moment the job stops the provider's machine cancels the stop: a
 // machine being typed into is never stopped.
+//
+// Autostart (machine.set autostart): a machine's schedule ("mon-fri 09:00" in a time zone) and
+// its next start are in the machine document; at that time the sweep starts the machine with
+// the machine.start job if it is Stopped, and moves the next start on either way.
 
 // Idle stop defaults.
 const (
@@ -253,6 +257,38 @@ func (s *Server) idleSweep(ctx context.Context) error {
 		}
 	}
 	s.idle.forget(keep)
+	return s.autostartSweep(ctx)
+}
+
+// autostartSweep starts the Stopped machines whose scheduled start is due, and schedules the
+// next start of every due machine.
+func (s *Server) autostartSweep(ctx context.Context) error {
+	now := s.store.Now()
+	due, err := s.store.Machines().AutostartDue(ctx, now)
+	if err != nil {
+		return err
+	}
+	for i := range due {
+		m := &due[i]
+		sc, loc, err := api.ParseAutostart(m.Autostart.Schedule, m.Autostart.TZ)
+		if err != nil {
+			s.log.Warn("autostart: a schedule kloud cannot read; dropped", "machine", m.ID, "err", err)
+			s.store.Machines().SetAutostart(ctx, m.ID, nil)
+			continue
+		}
+		ok, err := s.store.Machines().SetAutostartNext(ctx, m.ID, m.Autostart.Next, sc.Next(now, loc))
+		if err != nil || !ok {
+			continue // another kloud took it
+		}
+		if m.State != provider.Stopped {
+			continue // running already, or busy: the next start is the next one
+		}
+		if _, err := s.powerJob(ctx, m, provider.MethodStart, m.Owner, nil); err != nil {
+			s.log.Warn("autostart: start", "machine", m.ID, "err", err)
+			continue
+		}
+		s.log.Info("autostart: starting", "machine", m.ID, "schedule", m.Autostart.Schedule, "tz", m.Autostart.TZ)
+	}
 	return nil
 }
 
@@ -420,8 +456,29 @@ func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *
 	case p.AlwaysOn != nil:
 		set.AlwaysOn = p.AlwaysOn
 	}
-	if err := s.store.Machines().SetIdleSettings(ctx, m.ID, set); err != nil {
-		return nil, err
+	if p.IdleTimeout != "" || p.AlwaysOn != nil || p.ResetAlwaysOn {
+		if err := s.store.Machines().SetIdleSettings(ctx, m.ID, set); err != nil {
+			return nil, err
+		}
+	}
+	switch p.Autostart {
+	case "":
+	case api.AutostartOff:
+		if err := s.store.Machines().SetAutostart(ctx, m.ID, nil); err != nil {
+			return nil, err
+		}
+	default:
+		sc, loc, err := api.ParseAutostart(p.Autostart, p.Timezone)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
+		}
+		if err := s.capable(m.Provider, api.MethodMachineSet, provider.CapStart); err != nil {
+			return nil, err
+		}
+		a := &Autostart{Schedule: strings.Join(strings.Fields(strings.ToLower(p.Autostart)), " "), TZ: loc.String(), Next: sc.Next(s.store.Now(), loc)}
+		if err := s.store.Machines().SetAutostart(ctx, m.ID, a); err != nil {
+			return nil, err
+		}
 	}
 	nm, err := s.loadMachine(ctx, c, m.ID)
 	if err != nil {

@@ -308,3 +308,54 @@ func TestIdlePortForwardKeepsTheMachine(t *testing.T) {
 		t.Fatalf("reason: %q", mi.Reason)
 	}
 }
+
+// TestAutostart: a machine's start schedule starts it when it is Stopped, through a
+// machine.start job, and moves its next start to the next day; bad schedules and time zones
+// are refused saying what to give.
+func TestAutostart(t *testing.T) {
+	e := newTermEnvWith(t, idleOpts)
+	ctx := t.Context()
+	for _, bad := range []api.MachineSetParams{{Autostart: "daily 25:00"}, {Autostart: "someday 09:00"}, {Autostart: "mon-fri"},
+		{Autostart: "daily 09:00", Timezone: "Mars/Olympus"}, {Timezone: "UTC", IdleTimeout: "1h"}} {
+		bad.MachineID = e.machine.ID
+		if _, err := e.client().MachineSet(ctx, bad); !errors.Is(err, kite.ErrInvalidParams) {
+			t.Errorf("machine.set %+v: %v", bad, err)
+		}
+	}
+	ref, err := e.client().MachineStop(ctx, api.MachineRef{MachineID: e.machine.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mustSucceed(ref.JobID, "machine.stop")
+
+	// The next whole minute that is at least 20s away, in Berlin's time.
+	loc, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(20 * time.Second).Truncate(time.Minute).Add(time.Minute).In(loc)
+	m := e.set(api.MachineSetParams{Autostart: "daily " + at.Format("15:04"), Timezone: "Europe/Berlin"})
+	if m.Autostart == nil || !m.Autostart.Next.Equal(at) || m.Autostart.TZ != "Europe/Berlin" {
+		t.Fatalf("autostart %s: %+v", at, m.Autostart)
+	}
+	mi := e.waitState(provider.Running, 3*time.Minute)
+	if mi.Autostart == nil || !mi.Autostart.Next.Equal(at.AddDate(0, 0, 1)) {
+		t.Fatalf("after the autostart, the next start is %+v, want %s", mi.Autostart, at.AddDate(0, 0, 1))
+	}
+	res, err := e.client().JobList(ctx, api.JobListParams{Target: "machine/" + e.machine.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts := 0
+	for _, j := range res.Jobs {
+		if j.Kind == "machine."+provider.MethodStart && j.Owner == "alice" && j.Status == "succeeded" {
+			starts++
+		}
+	}
+	if starts != 1 {
+		t.Fatalf("%d start jobs: %+v", starts, res.Jobs)
+	}
+	if m := e.set(api.MachineSetParams{Autostart: api.AutostartOff}); m.Autostart != nil {
+		t.Fatalf("autostart off: %+v", m.Autostart)
+	}
+}

@@ -55,6 +55,10 @@ type MachineSetParams struct {
 	// machine. ResetAlwaysOn drops the machine's own choice (the template's again).
 	AlwaysOn      *bool `json:"alwaysOn,omitempty"`
 	ResetAlwaysOn bool  `json:"resetAlwaysOn,omitempty"`
+	// Autostart starts the machine, if it is Stopped, on a schedule: "mon-fri 09:00" (see
+	// ParseSchedule) in Timezone (an IANA zone, default UTC); "off" drops it.
+	Autostart string `json:"autostart,omitempty"`
+	Timezone  string `json:"timezone,omitempty"`
 }
 
 // Validate implements kite.Validator.
@@ -62,8 +66,16 @@ func (p *MachineSetParams) Validate() error {
 	if err := required("machineId", p.MachineID); err != nil {
 		return err
 	}
-	if p.IdleTimeout == "" && p.AlwaysOn == nil && !p.ResetAlwaysOn {
-		return errors.New("say what to set: idleTimeout or alwaysOn")
+	if p.IdleTimeout == "" && p.AlwaysOn == nil && !p.ResetAlwaysOn && p.Autostart == "" {
+		return errors.New("say what to set: idleTimeout, alwaysOn or autostart")
+	}
+	if p.Timezone != "" && (p.Autostart == "" || p.Autostart == AutostartOff) {
+		return errors.New("timezone goes with an autostart schedule")
+	}
+	if p.Autostart != "" && p.Autostart != AutostartOff {
+		if _, _, err := ParseAutostart(p.Autostart, p.Timezone); err != nil {
+			return err
+		}
 	}
 	if p.AlwaysOn != nil && p.ResetAlwaysOn {
 		return errors.New("alwaysOn and resetAlwaysOn exclude each other")

@@ -23,7 +23,7 @@ func idleFlags(cmd *cobra.Command, timeout *string, always *bool, whose string) 
 }
 
 func machineSetCmd(g *globals) *cobra.Command {
-	var stack, timeout string
+	var stack, timeout, autostart, tz string
 	var always, inherit bool
 	c := &cobra.Command{
 		Use:   "set MACHINE [--idle-timeout D] [--always-on[=false]] [--inherit-always-on]",
@@ -40,17 +40,21 @@ keeps its disk; kloud machine start brings it back.
   --idle-timeout default  drop the machine's own timeout: its template's, else kloud's
   --always-on           never stop it for being idle (--always-on=false undoes a template's)
   --inherit-always-on   drop the machine's own always-on choice: its template's again
+  --autostart "mon-fri 09:00" [--timezone Europe/Berlin]
+                        start it (if stopped) on this schedule: DAYS is daily, weekdays, a day
+                        (mon), a range (mon-fri) or a list (sat,sun); default time zone UTC
+  --autostart off       no schedule
 
 kloud machine list and info show the countdown ("idle stop in 12m") and why a machine stopped
 ("stopped: idle for 30m").`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p := api.MachineSetParams{IdleTimeout: timeout, ResetAlwaysOn: inherit}
+			p := api.MachineSetParams{IdleTimeout: timeout, ResetAlwaysOn: inherit, Autostart: autostart, Timezone: tz}
 			if cmd.Flags().Changed("always-on") {
 				p.AlwaysOn = &always
 			}
-			if p.IdleTimeout == "" && p.AlwaysOn == nil && !p.ResetAlwaysOn {
-				return fmt.Errorf("say what to change: --idle-timeout, --always-on or --inherit-always-on")
+			if p.IdleTimeout == "" && p.AlwaysOn == nil && !p.ResetAlwaysOn && p.Autostart == "" {
+				return fmt.Errorf("say what to change: --idle-timeout, --always-on, --inherit-always-on or --autostart")
 			}
 			var m api.Machine
 			err := g.onMachine(cmd.Context(), args[0], stack, func(conn *kite.Conn, id string) error {
@@ -66,12 +70,17 @@ kloud machine list and info show the countdown ("idle stop in 12m") and why a ma
 				return g.printJSON(m)
 			}
 			fmt.Fprintf(g.stdout, "machine %s (%s): idle %s\n", m.ID, m.Label, idleText(m, time.Now()))
+			if m.Autostart != nil {
+				fmt.Fprintf(g.stdout, "autostart: %s\n", autostartText(m.Autostart))
+			}
 			return nil
 		},
 	}
 	c.Flags().StringVar(&stack, "stack", "", "the machine's stack (when labels repeat)")
 	idleFlags(c, &timeout, &always, "the machine")
 	c.Flags().BoolVar(&inherit, "inherit-always-on", false, "drop the machine's own --always-on: its template's again")
+	c.Flags().StringVar(&autostart, "autostart", "", `start the machine, if stopped, on a schedule: "mon-fri 09:00", "daily 08:30"; off: none`)
+	c.Flags().StringVar(&tz, "timezone", "", "the autostart schedule's time zone (IANA, e.g. Europe/Berlin; default UTC)")
 	return c
 }
 
@@ -110,4 +119,13 @@ func templateIdleText(s api.IdleSettings) string {
 		parts = append(parts, "always on")
 	}
 	return strings.Join(parts, ", ")
+}
+
+// autostartText describes a machine's start schedule and its next start.
+func autostartText(a *api.Autostart) string {
+	next := a.Next
+	if loc, err := time.LoadLocation(a.TZ); err == nil {
+		next = next.In(loc)
+	}
+	return fmt.Sprintf("%s %s (next start %s)", a.Schedule, a.TZ, next.Format("Mon 2006-01-02 15:04 MST"))
 }

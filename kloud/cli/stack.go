@@ -510,6 +510,9 @@ func machineCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(g.stdout, "reason: %s\n", mi.Reason)
 			}
 			fmt.Fprintf(g.stdout, "idle:   %s\n", idleText(mi.Machine, time.Now())) // idle.go
+			if mi.Autostart != nil {
+				fmt.Fprintf(g.stdout, "autostart: %s\n", autostartText(mi.Autostart))
+			}
 			if mi.InfoError != "" {
 				fmt.Fprintf(g.stdout, "the provider could not be asked: %s\n", mi.InfoError)
 			}

@@ -240,9 +240,11 @@ type Machine struct {
 	AgentSealed []byte `bson:"agentSealed,omitempty" json:"-"`
 	// Idle is the machine's idle stop: its own settings (machine.set) and the countdown
 	// (kloud/idle.go).
-	Idle      Idle      `bson:"idle,omitempty" json:"idle,omitzero"`
-	CreatedAt time.Time `bson:"createdAt" json:"createdAt"`
-	UpdatedAt time.Time `bson:"updatedAt" json:"updatedAt"`
+	Idle Idle `bson:"idle,omitempty" json:"idle,omitzero"`
+	// Autostart starts the machine on a schedule (machine.set autostart; kloud/idle.go).
+	Autostart *Autostart `bson:"autostart,omitempty" json:"autostart,omitempty"`
+	CreatedAt time.Time  `bson:"createdAt" json:"createdAt"`
+	UpdatedAt time.Time  `bson:"updatedAt" json:"updatedAt"`
 }
 
 // IdleSettings say when kloud stops a machine nobody uses (kloud/idle.go). A nil field inherits:
@@ -269,4 +271,14 @@ type Idle struct {
 	// own or inherited; machine.list and machine.info compute them (never stored).
 	EffectiveTimeoutSeconds int64 `bson:"-" json:"effectiveTimeoutSeconds,omitempty"`
 	EffectiveAlwaysOn       bool  `bson:"-" json:"effectiveAlwaysOn,omitempty"`
+}
+
+// Autostart is a machine's start schedule: kloud starts it, if it is Stopped, at Time on Days
+// in time zone TZ (kloud/idle.go).
+type Autostart struct {
+	// Schedule is as machine.set took it: "mon-fri 09:00", "daily 08:30", "sat,sun 10:00".
+	Schedule string `bson:"schedule" json:"schedule"`
+	TZ       string `bson:"tz" json:"tz"` // an IANA time zone; default UTC
+	// Next is the next start kloud will make (kept in the store: a restart keeps it).
+	Next time.Time `bson:"next" json:"next"`
 }

@@ -76,3 +76,23 @@ func (r *Templates) SetIdle(ctx context.Context, id string, s IdleSettings) erro
 	}
 	return updateByID(ctx, r.coll(), "template", id, upd)
 }
+
+// SetAutostart replaces machine id's start schedule (nil: none).
+func (r *Machines) SetAutostart(ctx context.Context, id string, a *Autostart) error {
+	upd := bson.M{"$set": bson.M{"autostart": a}}
+	if a == nil {
+		upd = bson.M{"$unset": bson.M{"autostart": ""}}
+	}
+	return updateByID(ctx, r.coll(), "machine", id, upd)
+}
+
+// AutostartDue returns the machines whose next scheduled start is at or before now.
+func (r *Machines) AutostartDue(ctx context.Context, now time.Time) ([]Machine, error) {
+	return findAll[Machine](ctx, r.coll(), bson.M{"autostart.next": bson.M{"$lte": now}})
+}
+
+// SetAutostartNext moves machine id's next scheduled start from prev to next, if it is still
+// prev (another kloud did not move it first). It reports whether it did.
+func (r *Machines) SetAutostartNext(ctx context.Context, id string, prev, next time.Time) (bool, error) {
+	return update(ctx, r.coll(), "machine", id, bson.M{"_id": id, "autostart.next": prev}, bson.M{"$set": bson.M{"autostart.next": next}})
+}

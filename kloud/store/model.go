@@ -22,6 +22,7 @@ type (
 	Snapshot         = model.Snapshot     // snapshots.go
 	IdleSettings     = model.IdleSettings // idle.go
 	Idle             = model.Idle
+	Autostart        = model.Autostart
 )
 
 // Team roles.
