@@ -15,7 +15,8 @@ import (
 // timeout reaches its machine (`kloud machine list` counts down), a bad duration is refused
 // saying what to give, `kloud machine set` shortens the machine's own timeout, kloud stops the
 // machine, and `kloud machine list`, `machine info` and the web UI (Chromium: the machines page
-// and the machine's page) say "stopped: idle for 5s"; `machine set --idle-timeout 0` and a start
+// and the machine's page, with its autostart schedule) say "stopped: idle for 5s"; `machine set
+// --idle-timeout 0` and a start
 // bring it back with the reason cleared and no countdown. Screenshots in
 // $KLOUD_ARTIFACTS/TestIdleStop.
 func TestIdleStop(t *testing.T) {
@@ -71,8 +72,17 @@ resource "terraform_data" "vm" {
 		t.Fatalf("machine info:\n%s", info)
 	}
 
+	// An autostart schedule, in the CLI and on the machine's page.
+	if got := e.run("machine", "set", "vm", "--stack", sid, "--autostart", "daily 06:00", "--timezone", "Europe/Berlin"); !strings.Contains(got, "autostart: daily 06:00 Europe/Berlin (next start ") {
+		t.Fatalf("machine set --autostart:\n%s", got)
+	}
+	if got, err := e.try("machine", "set", "vm", "--stack", sid, "--autostart", "daily 6pm"); err == nil || !strings.Contains(got, "is not HH:MM") {
+		t.Fatalf("machine set --autostart 'daily 6pm': %v\n%s", err, got)
+	}
+
 	runBrowserScript(t, e, node, script, out, "idle.mjs", nil,
-		"KLOUD_PASSWORD="+password, "KLOUD_MACHINE_ID="+m.ID, "KLOUD_IDLE_TEXT="+want)
+		"KLOUD_PASSWORD="+password, "KLOUD_MACHINE_ID="+m.ID, "KLOUD_IDLE_TEXT="+want, "KLOUD_AUTOSTART_TEXT=daily 06:00 Europe/Berlin")
+	e.run("machine", "set", "vm", "--stack", sid, "--autostart", "off")
 
 	e.run("machine", "set", "vm", "--stack", sid, "--idle-timeout", "0")
 	e.run("machine", "start", "vm", "--stack", sid)

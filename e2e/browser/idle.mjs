@@ -1,7 +1,8 @@
 // idle.mjs — a machine's idle stop in the web UI, in the Debian Chromium (playwright-core): the
 // owner (KLOUD_USER, KLOUD_PASSWORD) logs in, the machines page's row of KLOUD_MACHINE_ID must
 // show KLOUD_IDLE_TEXT in its Idle column, and the machine's page the same under "Idle stop",
-// with the form that changes it (machine.set). Screenshots machines-idle.png and
+// with the form that changes it (machine.set) and, with KLOUD_AUTOSTART_TEXT, the machine's
+// autostart schedule. Screenshots machines-idle.png and
 // machine-idle.png in KLOUD_ARTIFACTS. Prints one JSON line per step and a final {"ok": …};
 // exit status 0 when every step passed. Run by e2e/idle_test.go.
 import path from 'node:path';
@@ -43,6 +44,10 @@ try {
       return t && t.includes(want) ? t : null;
     });
     await page.waitForSelector('#idle-form', { timeout: 30000 });
+    if (env.KLOUD_AUTOSTART_TEXT) {
+      const a = await page.textContent('#autostart-status');
+      if (!a.includes(env.KLOUD_AUTOSTART_TEXT)) throw new Error(`autostart shown as ${a}`);
+    }
     await page.screenshot({ path: path.join(env.KLOUD_ARTIFACTS, 'machine-idle.png'), fullPage: true });
     return { text };
   });
