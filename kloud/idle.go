@@ -273,7 +273,9 @@ func (s *Server) autostartSweep(ctx context.Context) error {
 		sc, loc, err := api.ParseAutostart(m.Autostart.Schedule, m.Autostart.TZ)
 		if err != nil {
 			s.log.Warn("autostart: a schedule kloud cannot read; dropped", "machine", m.ID, "err", err)
-			s.store.Machines().SetAutostart(ctx, m.ID, nil)
+			if err := s.store.Machines().SetAutostart(ctx, m.ID, nil); err != nil {
+				return err
+			}
 			continue
 		}
 		ok, err := s.store.Machines().SetAutostartNext(ctx, m.ID, m.Autostart.Next, sc.Next(now, loc))
@@ -323,7 +325,7 @@ func (s *Server) idleCheck(ctx context.Context, m *Machine, timeout time.Duratio
 		return s.idleStop(ctx, m, timeout, deadline)
 	case !now.Before(warnAt) && s.idle.warnOnce(m.ID, deadline):
 		n := s.term.notice(m.ID, fmt.Sprintf("\r\n[kloud] machine %s has been idle for %s and will be stopped in %s (at %s UTC); type anything to keep it running.\r\n",
-			m.Label, ShortDuration(now.Sub(base)), ShortDuration(deadline.Sub(now)), deadline.Format("15:04:05")))
+			m.Label, ShortDuration(now.Sub(base)), ShortDuration(deadline.Sub(now)), deadline.UTC().Format("15:04:05")))
 		s.log.Info("idle stop: warned", "machine", m.ID, "deadline", deadline, "terminals", n)
 	}
 	return nil
