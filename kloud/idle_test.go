@@ -112,6 +112,21 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 		}
 	}
 
+	// A template's always on reaches its machine; the machine's own choice wins over it.
+	if tp, err := e.client().TemplateUpdate(ctx, api.TemplateParams{TemplateID: tmplID, AlwaysOn: new(true)}); err != nil || tp.Idle.AlwaysOn == nil || !*tp.Idle.AlwaysOn {
+		t.Fatalf("template.update alwaysOn: %+v %v", tp.Idle, err)
+	}
+	if mi := e.info(); !mi.Idle.EffectiveAlwaysOn {
+		t.Fatalf("the template's always on did not reach its machine: %+v", mi.Idle)
+	}
+	if m := e.set(api.MachineSetParams{AlwaysOn: new(false)}); m.Idle.EffectiveAlwaysOn {
+		t.Fatalf("the machine's alwaysOn false did not win: %+v", m.Idle)
+	}
+	e.set(api.MachineSetParams{ResetAlwaysOn: true})
+	if _, err := e.client().TemplateUpdate(ctx, api.TemplateParams{TemplateID: tmplID, AlwaysOn: new(false)}); err != nil {
+		t.Fatal(err)
+	}
+
 	// The template says 4s; the machine inherits it and its countdown starts.
 	tp, err := e.client().TemplateUpdate(ctx, api.TemplateParams{TemplateID: tmplID, IdleTimeout: "4s"})
 	if err != nil || tp.Idle.TimeoutSeconds == nil || *tp.Idle.TimeoutSeconds != 4 {
