@@ -374,3 +374,32 @@ func TestAutostart(t *testing.T) {
 		t.Fatalf("autostart off: %+v", m.Autostart)
 	}
 }
+
+// TestIdleReadonlyTypingDoesNotCount: the keys of a read-only viewer, which klient drops, are
+// no activity: the machine is stopped while bob, watching alice's session, types.
+func TestIdleReadonlyTypingDoesNotCount(t *testing.T) {
+	e := newTermEnvWith(t, idleOpts)
+	kloudtest.Call(t, e.Dial(kloud.Admin), "user.add", map[string]string{"username": "bob", "password": "bob-password", "team": kloud.DefaultTeam}, nil)
+	share(t, e, "bob", kloud.GrantReadonly)
+	cookie, bobCookie := e.login("alice", "alice-password"), e.login("bob", "bob-password")
+	owner := e.mustOpen(cookie, "session=pair")
+	owner.Type(t, "echo first-$((1+2))\r")
+	owner.WaitFor(t, "first-3")
+	owner.WS.Close(websocket.StatusNormalClosure, "")
+	bob := e.mustOpen(bobCookie, "session=pair") // read-only
+	bob.WaitFor(t, "first-3")
+	e.set(api.MachineSetParams{IdleTimeout: "3s"})
+	var mi api.MachineInfo
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		bob.WS.Write(t.Context(), websocket.MessageBinary, []byte("\x00true\r")) // input; fails once the machine is gone
+		if mi = e.info(); mi.State != provider.Running {
+			break
+		}
+	}
+	if mi.State == provider.Running {
+		t.Fatal("a machine whose only input was a read-only viewer's was not stopped in a minute (20 timeouts)")
+	}
+	if mi = e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 3s" {
+		t.Fatalf("reason: %q", mi.Reason)
+	}
+}

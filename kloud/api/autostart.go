@@ -99,7 +99,7 @@ func ParseAutostart(schedule, tz string) (Schedule, *time.Location, error) {
 		tz = "UTC"
 	}
 	loc, err := time.LoadLocation(tz)
-	if err != nil {
+	if err != nil || tz == "Local" { // Local: kloud's host's zone, which nobody else knows
 		return sc, nil, fmt.Errorf("timezone %q: want an IANA time zone such as Europe/Berlin or UTC", tz)
 	}
 	return sc, loc, nil

@@ -43,6 +43,7 @@ func TestAutostartSchedule(t *testing.T) {
 	for _, bad := range []struct{ schedule, tz, want string }{
 		{"daily 24:00", "", "is not HH:MM"}, {"daily 9:5", "", "is not HH:MM"}, {"someday 09:00", "", "unknown day"},
 		{"09:00", "", "two parts"}, {"mon-fri 09:00", "Mars/Olympus", "IANA time zone"},
+		{"mon-fri 09:00", "Local", "IANA time zone"},
 	} {
 		if _, _, err := api.ParseAutostart(bad.schedule, bad.tz); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%q %q: %v, want %q", bad.schedule, bad.tz, err, bad.want)
