@@ -237,8 +237,10 @@ func TestIdleCountdownSurvivesRestart(t *testing.T) {
 	e2 := kloudtest.Start(t, ko)
 	f2 := &flowEnv{Env: e2, t: t, dir: e.dir, alice: e2.Dial("alice")}
 	e.flowEnv = f2
-	if mi := e.info(); mi.State != provider.Running || !mi.Idle.Deadline.Equal(deadline) {
-		t.Fatalf("after the restart: %s, deadline %s, want %s", mi.State, mi.Idle.Deadline, deadline)
+	// (Unless a slow restart let the new kloud stop it already: the stop job's deadline is
+	// checked below either way.)
+	if mi := e.info(); mi.State == provider.Running && !mi.Idle.Deadline.Equal(deadline) {
+		t.Fatalf("after the restart: deadline %s, want %s", mi.Idle.Deadline, deadline)
 	}
 	mi := e.waitState(provider.Stopped, time.Minute)
 	if mi.Reason != "idle for 20s" {
