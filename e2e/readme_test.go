@@ -234,6 +234,10 @@ var docChecks = []docCheck{
 	{cmd: regexp.MustCompile(`^bin/kloud stack plan --template ID\b`), want: []string{"dev.0", "dev.1", "local"}},
 	{cmd: regexp.MustCompile(`^bin/kloud template update ID --file main.tf\b`), want: []string{"ID", "is at rev"}},
 	{cmd: regexp.MustCompile(`^bin/kloud template get ID\b`), want: []string{"ID", "--- main.tf", "kloudlocal_machine"}},
+	// idle stop (kloud/idle.go): before the plain machine info's check
+	{cmd: regexp.MustCompile(`^bin/kloud machine set dev.0 --idle-timeout 30m\b`), want: []string{"dev.0", "30m idle"}},
+	{cmd: regexp.MustCompile(`^bin/kloud machine set dev.0 --always-on\b`), want: []string{"dev.0", "always on"}},
+	{cmd: regexp.MustCompile(`^bin/kloud machine info dev.0\s+# idle`), want: []string{"dev.0", "Running", "idle:   always on"}},
 	{cmd: regexp.MustCompile(`^bin/kloud machine info dev.0\b`), want: []string{"dev.0", "Running"}},
 	{cmd: regexp.MustCompile(`^bin/kloud machine stop dev.0\s*(#|$)`), after: func(r *docRun, out string) {
 		if m := r.e.machines(r.vars["STACK"])["dev.0"]; m.State != "Stopped" {

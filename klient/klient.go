@@ -179,6 +179,7 @@ func New(opts Options) (*Klient, error) {
 	kl.handleWebterm()
 	kl.handleShares()
 	kl.handlePorts()
+	kl.handleActivity() // activity.go
 	if opts.Vagrant != nil {
 		if err := kl.setupVagrant(); err != nil {
 			kl.cancel()
@@ -263,6 +264,6 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
-		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward},
+		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity},
 	}, nil
 }

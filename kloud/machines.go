@@ -79,6 +79,7 @@ func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if err != nil {
 		return nil, err
 	}
+	s.showIdle(ctx, ms) // idle.go
 	return api.MachineListResult{Machines: ms, StackTitles: s.stackTitles(ctx, ms)}, nil
 }
 
@@ -103,6 +104,9 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 		return nil, err
 	}
 	cur := m.State
+	show := []Machine{*m}
+	s.showIdle(ctx, show) // idle.go
+	m = &show[0]
 	out := api.MachineInfo{Machine: *m, StackTitle: s.stackTitles(ctx, []Machine{*m})[m.StackID], InfraState: cur}
 	if cur == provider.NotInitialized || cur.InProgress() {
 		return out, nil // nothing to ask the provider, or a job is changing it right now
@@ -122,6 +126,9 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 	}
 	out.InfraState = state
 	if state != cur && state != provider.Unknown {
+		if state == provider.Running {
+			s.restartCountdown(ctx, m.ID) // idle.go: started outside kloud: a new countdown
+		}
 		// The provider is the truth: record what it says (unless a job started meanwhile).
 		set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
 		if s.setMachine(ctx, m.ID, []provider.State{cur}, set) {
@@ -140,28 +147,38 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		if m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, GrantFull) {
 			return nil, fmt.Errorf("only the owner may %s machine %s: %w", method, m.Label, kite.ErrPermission)
 		}
-		if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
-			return nil, err
-		}
-		owner, release, err := s.takeLease(ctx, "machine/"+m.ID, method, "machine "+m.Label+" is busy")
-		if err != nil {
-			return nil, err
-		}
-		during, _ := provider.Transition(method)
-		if !s.setMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
-			release()
-			return nil, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
-		}
-		id, err := s.startJob(ctx, "machine."+method, "machine/"+m.ID, c.Username, map[string]any{"machineId": m.ID, "lease": owner, "from": string(m.State)})
-		if err != nil {
-			// setMachine retries with its own context; if it still fails, the reconciler
-			// finds the machine in a transition without a job.
-			s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
-			release()
-			return nil, err
-		}
-		return api.JobRef{JobID: id}, nil
+		return s.powerJob(ctx, m, method, c.Username, nil)
 	}
+}
+
+// powerJob starts the machine.start or machine.stop job of m for user (the idle stop's too,
+// idle.go); extra are params of the job beside the machine, lease and state it starts from.
+func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, extra map[string]any) (any, error) {
+	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
+		return nil, err
+	}
+	owner, release, err := s.takeLease(ctx, "machine/"+m.ID, method, "machine "+m.Label+" is busy")
+	if err != nil {
+		return nil, err
+	}
+	during, _ := provider.Transition(method)
+	if !s.setMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
+		release()
+		return nil, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
+	}
+	params := map[string]any{"machineId": m.ID, "lease": owner, "from": string(m.State)}
+	for k, v := range extra {
+		params[k] = v
+	}
+	id, err := s.startJob(ctx, "machine."+method, "machine/"+m.ID, user, params)
+	if err != nil {
+		// setMachine retries with its own context; if it still fails, the reconciler
+		// finds the machine in a transition without a job.
+		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
+		release()
+		return nil, err
+	}
+	return api.JobRef{JobID: id}, nil
 }
 
 // providerOf returns the provider called name, or nil.
@@ -252,6 +269,11 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	if method == provider.MethodStart {
 		stage, done = stackbuild.MachineStarting, stackbuild.MachineStarted
 	}
+	if method == provider.MethodStop {
+		if err := s.idleStillDue(m.ID, j.Params); err != nil { // idle.go: typed into meanwhile
+			return fail(err)
+		}
+	}
 	j.Enter(ctx, stage)
 	var meta any
 	if method == provider.MethodStart {
@@ -262,7 +284,8 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	if err != nil {
 		return fail(fmt.Errorf("%s %s: %w", method, m.Label, err))
 	}
-	set := store.MachineSet{State: new(string(after)), Reason: new(""), Meta: meta}
+	reason, _ := j.Params["reason"].(string) // the idle stop's (idle.go)
+	set := store.MachineSet{State: new(string(after)), Reason: new(reason), Meta: meta}
 	if method == provider.MethodStart {
 		j.Enter(ctx, stackbuild.MachineAgent)
 		pl := s.planner()
@@ -276,6 +299,9 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		}
 		s.setAgent(ctx, m.KiteID, AgentConnected, version)
 	}
+	// idle.go: a start begins a new countdown (before the machine is Running, so an old
+	// deadline is never seen with it), a stop ends one.
+	s.restartCountdown(ctx, m.ID)
 	s.setMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Enter(ctx, done)
 	return map[string]any{"machineId": m.ID, "state": after}, nil

@@ -22,6 +22,7 @@ type (
 	Machine          = api.Machine
 	StackReset       = api.StackReset
 	TemplateTrust    = api.TemplateTrust
+	Autostart        = api.Autostart // idle.go
 )
 
 // Team roles.

@@ -242,6 +242,7 @@ func (h *appsHub) serve(w http.ResponseWriter, r *http.Request, id string, port 
 		appPage(w, http.StatusForbidden, "Access refused", err)
 		return
 	}
+	s.touch(id) // idle.go: a web app's request is activity
 	ctx := context.WithValue(r.Context(), appTargetKey{}, appTarget{user: user, machine: id, port: port})
 	h.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -475,10 +476,11 @@ func (s *Server) serveTCP(w http.ResponseWriter, r *http.Request) {
 		far.CloseWith(tunnel.CloseNormal, "the client went away")
 		return
 	}
-	near := &countingConn{Conn: tunnel.New(ws, "client")}
+	near := &countingConn{Conn: tunnel.New(ws, "client"), touch: func() { s.touch(m.ID) }}
 	log := s.log.With("machine", m.ID, "user", c.Username, "port", port)
 	log.Info("port forward opened")
 	s.auditHTTP(r, auditForwardOpen, c.Username, target, http.StatusOK)
+	s.touch(m.ID) // idle.go: a connection, and the client's traffic (countingConn), are activity
 	opened := time.Now()
 	err = tunnel.Pipe(near, far)
 	log.Info("port forward closed", "err", err)
@@ -520,16 +522,21 @@ func appPage(w http.ResponseWriter, code int, title string, err error) {
 	fmt.Fprintf(w, "<!doctype html><title>%s</title><h1>%s</h1><p>%s</p>\n", html.EscapeString(title), html.EscapeString(title), html.EscapeString(msg))
 }
 
-// countingConn counts the bytes read and written through a tunnel (for the audit log). It keeps
-// the tunnel's half-close (CloseWrite).
+// countingConn counts the bytes read and written through a tunnel (for the audit log) and
+// notes activity (idle.go) on each read of the client's traffic. It keeps the tunnel's
+// half-close (CloseWrite).
 type countingConn struct {
 	*tunnel.Conn
-	n atomic.Int64
+	n     atomic.Int64
+	touch func() // nil: no activity noted
 }
 
 func (c *countingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.n.Add(int64(n))
+	if n > 0 && c.touch != nil {
+		c.touch()
+	}
 	return n, err
 }
 

@@ -159,7 +159,7 @@ func auditDecisions() map[string]bool {
 		api.MethodStackDescribe: true, api.MethodStackList: true, api.MethodStackReset: false,
 		api.MethodStackUpdate: false, api.MethodStackScale: false,
 		// machines.go, shares.go, ports.go, snapshots.go
-		api.MethodMachineList: true, api.MethodMachineInfo: true, api.MethodMachineStart: false,
+		api.MethodMachineList: true, api.MethodMachineInfo: true, api.MethodMachineStart: false, api.MethodMachineSet: false,
 		api.MethodMachineStop: false, api.MethodMachineShare: false, api.MethodMachineUnshare: false,
 		api.MethodMachineShares: true, api.MethodMachinePortsList: true, api.MethodMachinePortsOpen: false,
 		api.MethodMachinePortsClose: false, api.MethodMachineSnapshot: false, api.MethodMachineSnapshots: true,
@@ -282,6 +282,9 @@ func (s *Server) rpcRoutes() []Route {
 
 		// doctor.go: kloud doctor (docs/operations.md)
 		rpc(s, api.MethodKloudDoctor, Owners, s.kloudDoctor, kite.WithTimeout(time.Minute)),
+
+		// idle.go: a machine's idle stop and autostart (owner, team admins)
+		rpc(s, api.MethodMachineSet, Members, s.machineSet),
 	}
 }
 
@@ -394,6 +397,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.runGC,          // gc.go: sweep the providers' resources kloud no longer wants
 		s.monitorStore,   // health.go: log a store outage once, and its end
 		s.pollMetrics,    // metrics.go: machines' figures and quota use for /metrics
+		s.runIdle,        // idle.go: write activity, warn and stop idle machines
 	}
 }
 

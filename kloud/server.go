@@ -140,6 +140,8 @@ type Options struct {
 	// serve --ca-cert): machines' user data carries it, so their klient (and the download of
 	// klient) trust kloud. Empty: machines trust their system's roots only.
 	CACert string
+	// Idle configures the idle stop (idle.go; zero: its defaults, no timeout of kloud's own).
+	Idle   IdleOptions
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
@@ -188,6 +190,7 @@ type Server struct {
 	term      *termHub           // web terminals (terminal.go)
 	apps      *appsHub           // machines' web apps on their own hosts (portforward.go)
 	kinds     map[string]jobKind // job kinds (routes.go)
+	idle      *idleTracker       // activity seen, warnings sent (idle.go)
 
 	metrics     *kloudMetrics // Prometheus collectors (metrics.go)
 	sso         *ssoHub       // single sign-on (sso.go); nil when off
@@ -263,6 +266,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		s.sso = &ssoHub{s: s, o: opts.SSO}
 	}
 	s.term = newTermHub(s)
+	s.idle = newIdleTracker()
 	if s.apps, err = newAppsHub(s); err != nil {
 		return nil, err
 	}
@@ -301,6 +305,9 @@ func (o *Options) defaults() error {
 		return err
 	}
 	if err := o.SSO.defaults(); err != nil { // sso.go
+		return err
+	}
+	if err := o.Idle.defaults(); err != nil { // idle.go
 		return err
 	}
 	if o.AgentTimeout <= 0 {

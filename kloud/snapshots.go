@@ -575,6 +575,7 @@ func (s *Server) startAgain(ctx context.Context, j *jobCtx, m *Machine, pm provi
 		version = r.Info.Version
 	}
 	s.setAgent(ctx, m.KiteID, AgentConnected, version)
+	s.restartCountdown(ctx, m.ID) // idle.go: running again, a new countdown
 	s.setMachine(ctx, m.ID, []provider.State{provider.Starting}, store.MachineSet{State: new(string(provider.Running)), Reason: new(""), Meta: meta})
 	j.Enter(ctx, stackbuild.MachineStarted)
 	return nil

@@ -104,6 +104,9 @@ func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request,
 	if p.MaxMachines != 0 {
 		return nil, fmt.Errorf("template.create takes no maxMachines: an administrator sets it with template.update: %w", kite.ErrInvalidParams)
 	}
+	if p.IdleTimeout != "" || p.AlwaysOn != nil {
+		return nil, fmt.Errorf("template.create takes no idleTimeout or alwaysOn: set them with template.update: %w", kite.ErrInvalidParams)
+	}
 	if err := s.checkTemplateCap(nil, fileMap(files)); err != nil { // limits.go
 		return nil, err
 	}
@@ -151,6 +154,10 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 		}
 		u.MaxMachines, t.MaxMachines = p.MaxMachines, p.MaxMachines
 	}
+	idle, setIdle, err := templateIdle(p, t.Idle) // idle.go
+	if err != nil {
+		return nil, err
+	}
 	if len(p.Files) > 0 {
 		files := filesOf(p.Files)
 		_, res, err := s.machineResources(fileMap(files))
@@ -183,6 +190,11 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 	}
 	if !ok {
 		return nil, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
+	}
+	if setIdle {
+		if err := s.store.Templates().SetIdle(ctx, t.ID, idle); err != nil {
+			return nil, fmt.Errorf("save template: %w", err)
+		}
 	}
 	nt, err := s.loadTemplate(ctx, c, t.ID)
 	if err != nil {

@@ -277,6 +277,7 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 	}
 	log.Info("terminal opened", "session", res.Session, "mode", res.Mode, "created", res.Created)
 	s.auditHTTP(r, auditTerminalOpen, c.Username, target, http.StatusOK)
+	s.touch(m.ID) // idle.go: attaching is activity
 	opened := time.Now()
 	// One text frame tells the browser what it is attached to; the rest is binary output.
 	notice, _ := json.Marshal(res)
@@ -288,9 +289,12 @@ func (h *termHub) serveTerminal(w http.ResponseWriter, r *http.Request) {
 		klient.Close(websocket.StatusNormalClosure, "the browser went away")
 		return
 	}
-	rl := h.start(browser, klient)
+	rl := h.start(browser, klient, m.ID)
 	if rl == nil {
 		return
+	}
+	if res.Mode != klientapi.ModeReadonly {
+		rl.onInput = func() { s.touch(m.ID) } // idle.go: typing is activity
 	}
 	rl.run()
 	log.Info("terminal closed", "session", res.Session, "reason", rl.reason)
@@ -373,11 +377,13 @@ type relay struct {
 	once            sync.Once
 	reason          string
 	bytes           atomic.Int64 // relayed both ways (message payloads)
+	machine         string       // the machine's id
+	onInput         func()       // called on each input frame from the browser (nil: none)
 }
 
-func (h *termHub) start(browser, klient *websocket.Conn) *relay {
+func (h *termHub) start(browser, klient *websocket.Conn, machine string) *relay {
 	ctx, cancel := context.WithCancel(context.Background())
-	rl := &relay{h: h, browser: browser, klient: klient, ctx: ctx, cancel: cancel}
+	rl := &relay{h: h, browser: browser, klient: klient, ctx: ctx, cancel: cancel, machine: machine}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -403,7 +409,7 @@ func (rl *relay) run() {
 	go func() {
 		defer func() { done <- struct{}{} }()
 		out := rl.h.s.metrics.termBytes.WithLabelValues("out")
-		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, func(n int) { rl.bytes.Add(int64(n)); out.Add(float64(n)) })
+		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, nil, func(n int) { rl.bytes.Add(int64(n)); out.Add(float64(n)) })
 		code, reason := websocket.CloseStatus(err), closeText(err)
 		if code == -1 || code == websocket.StatusAbnormalClosure {
 			code, reason = klientapi.CloseAgentGone, "lost the connection to the machine's agent"
@@ -414,7 +420,7 @@ func (rl *relay) run() {
 	go func() {
 		defer func() { done <- struct{}{} }()
 		in := rl.h.s.metrics.termBytes.WithLabelValues("in")
-		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, func(n int) { rl.bytes.Add(int64(n)); in.Add(float64(n)) })
+		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, rl.onInput, func(n int) { rl.bytes.Add(int64(n)); in.Add(float64(n)) })
 		var code websocket.StatusCode = websocket.StatusNormalClosure
 		reason := "the browser went away"
 		if ce := websocket.CloseStatus(err); ce == klientapi.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
@@ -454,8 +460,9 @@ func (rl *relay) keepalive() {
 
 // copyFrames copies messages from src to dst until src ends, with one frame's buffer, telling
 // relayed the size of each frame it relayed (the audit entry's bytes, metrics.go's counters).
-// fromBrowser frames must be binary with an opcode byte (the rest klient checks).
-func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, relayed func(n int)) error {
+// fromBrowser frames must be binary with an opcode byte (the rest klient checks); onInput, if
+// set, is called for each input frame (opcode 0).
+func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, onInput func(), relayed func(n int)) error {
 	buf := make([]byte, klientapi.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
 	for {
 		typ, r, err := src.Reader(ctx)
@@ -468,6 +475,9 @@ func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool,
 		}
 		if fromBrowser && (typ != websocket.MessageBinary || n == 0) {
 			return websocket.CloseError{Code: klientapi.CloseBadMessage, Reason: "send binary frames that start with an opcode byte"}
+		}
+		if fromBrowser && onInput != nil && buf[0] == 0 {
+			onInput()
 		}
 		if err := dst.Write(ctx, typ, buf[:n]); err != nil {
 			return err
@@ -509,6 +519,28 @@ func truncateUTF8(s string, n int) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// notice writes text to the terminals attached to machine id through this kloud, as output
+// (the idle stop's warning); it returns how many it reached.
+func (h *termHub) notice(id, text string) int {
+	h.mu.Lock()
+	var rs []*relay
+	for rl := range h.relays {
+		if rl.machine == id {
+			rs = append(rs, rl)
+		}
+	}
+	h.mu.Unlock()
+	n := 0
+	for _, rl := range rs {
+		ctx, cancel := context.WithTimeout(rl.ctx, 5*time.Second)
+		if rl.browser.Write(ctx, websocket.MessageBinary, []byte(text)) == nil {
+			n++
+		}
+		cancel()
+	}
+	return n
 }
 
 // closeAll ends every relay (kloud is shutting down) and refuses new ones.

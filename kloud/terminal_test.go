@@ -38,8 +38,14 @@ type termEnv struct {
 
 func newTermEnv(t *testing.T) *termEnv {
 	t.Helper()
+	return newTermEnvWith(t, kloudtest.Options{})
+}
+
+// newTermEnvWith is newTermEnv with kloud's options.
+func newTermEnvWith(t *testing.T, ko kloudtest.Options) *termEnv {
+	t.Helper()
 	testutil.RequireBinary(t, "bash")
-	f := newFlow(t, dummy.Options{})
+	f := newFlowWith(t, dummy.Options{}, ko)
 	f.credential()
 	sid, _ := f.stack(f.template(`
 resource "terraform_data" "vm" {

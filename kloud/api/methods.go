@@ -106,7 +106,9 @@ func KloudMethods() []string {
 		MethodVersion,
 		MethodMachineInfo, MethodMachineList,
 		MethodMachinePortsClose, MethodMachinePortsList, MethodMachinePortsOpen, // ports.go
-		MethodMachineRestore, MethodMachineShare, MethodMachineShares,
+		MethodMachineRestore,
+		MethodMachineSet, // idle.go
+		MethodMachineShare, MethodMachineShares,
 		MethodMachineSnapshot, MethodMachineSnapshots, MethodMachineStart, MethodMachineStop, MethodMachineUnshare,
 		MethodPluginRegister,
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,

@@ -15,6 +15,11 @@ type TemplateParams struct {
 	// MaxMachines (update only, kloud administrators only) sets the template's cap on machines
 	// per stack, 1 to kloud.MaxMachinesCeiling, in place of kloud's global cap.
 	MaxMachines int `json:"maxMachines,omitempty"`
+	// IdleTimeout and AlwaysOn (update only; the owner, team admins) set the idle stop of the
+	// template's machines (kloud/idle.go): a duration, "0" (never) or "default" (kloud's); a
+	// machine's own setting (machine.set) wins.
+	IdleTimeout string `json:"idleTimeout,omitempty"`
+	AlwaysOn    *bool  `json:"alwaysOn,omitempty"`
 }
 
 // UnmarshalJSON accepts the old name id for templateId.

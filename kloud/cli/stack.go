@@ -71,12 +71,17 @@ func templateCmd(g *globals) *cobra.Command {
 	var ufiles []string
 	var udir, utitle string
 	var umax int
+	var uidle string
+	var ualways bool
 	update := &cobra.Command{
-		Use:   "update ID [--file F ... | --dir D] [--title T] [--max-machines N]",
+		Use:   "update ID [--file F ... | --dir D] [--title T] [--max-machines N] [--idle-timeout D] [--always-on]",
 		Short: "Update a template (new files make a new revision)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p := api.TemplateParams{TemplateID: args[0], Title: utitle, MaxMachines: umax}
+			p := api.TemplateParams{TemplateID: args[0], Title: utitle, MaxMachines: umax, IdleTimeout: uidle}
+			if cmd.Flags().Changed("always-on") { // idle.go
+				p.AlwaysOn = &ualways
+			}
 			if len(ufiles) > 0 || udir != "" {
 				fs, err := readTemplateFiles(ufiles, udir)
 				if err != nil {
@@ -95,12 +100,16 @@ func templateCmd(g *globals) *cobra.Command {
 			if umax > 0 {
 				fmt.Fprintf(g.stdout, "machine cap: %d per stack\n", t.MaxMachines)
 			}
+			if p.IdleTimeout != "" || p.AlwaysOn != nil {
+				fmt.Fprintf(g.stdout, "idle stop of its machines: %s\n", templateIdleText(t.Idle)) // idle.go
+			}
 			return nil
 		},
 	}
 	update.Flags().StringArrayVar(&ufiles, "file", nil, "a .tf or .tf.json file (repeatable)")
 	update.Flags().StringVar(&udir, "dir", "", "a directory of .tf / .tf.json files")
 	update.Flags().StringVar(&utitle, "title", "", "new title")
+	idleFlags(update, &uidle, &ualways, "its machines") // idle.go
 	update.Flags().IntVar(&umax, "max-machines", 0, fmt.Sprintf("the template's cap on machines per stack, in place of kloud serve --max-machines-per-stack (administrators only; 1 to %d)", kloud.MaxMachinesCeiling))
 
 	var rev int
@@ -391,13 +400,13 @@ func firstLine(s string) string {
 }
 
 func printMachines(g *globals, ms []kloud.Machine) {
-	tw := newTable(g.stdout, "MACHINE", "LABEL", "PROVIDER", "STATE", "AGENT", "IP", "REASON")
+	tw := newTable(g.stdout, "MACHINE", "LABEL", "PROVIDER", "STATE", "AGENT", "IP", "REASON", "IDLE")
 	for _, m := range ms {
 		agent := m.Agent.Status
 		if !m.Agent.LastSeen.IsZero() {
 			agent += " (" + m.Agent.LastSeen.Local().Format(time.TimeOnly) + ")"
 		}
-		tw.row(m.ID, m.Label, m.Provider, string(m.State), agent, m.IPAddress, firstLine(m.Reason))
+		tw.row(m.ID, m.Label, m.Provider, string(m.State), agent, m.IPAddress, firstLine(m.Reason), idleText(m, time.Now()))
 	}
 	tw.flush()
 }
@@ -500,6 +509,10 @@ func machineCmd(g *globals) *cobra.Command {
 			}
 			if mi.Reason != "" {
 				fmt.Fprintf(g.stdout, "reason: %s\n", mi.Reason)
+			}
+			fmt.Fprintf(g.stdout, "idle:   %s\n", idleText(mi.Machine, time.Now())) // idle.go
+			if mi.Autostart != nil {
+				fmt.Fprintf(g.stdout, "autostart: %s\n", autostartText(mi.Autostart))
 			}
 			if mi.InfoError != "" {
 				fmt.Fprintf(g.stdout, "the provider could not be asked: %s\n", mi.InfoError)
@@ -608,6 +621,7 @@ Only the owner (or a team admin) shares; unshare closes the user's terminals at 
 	}
 	shares.Flags().StringVar(&shstack, "stack", "", "the machine's stack (when labels repeat)")
 	cmd.AddCommand(list, info, power("start"), power("stop"), shareCmd(false), shareCmd(true), shares)
+	cmd.AddCommand(machineSetCmd(g))          // idle.go
 	cmd.AddCommand(machineSnapshotCmds(g)...) // snapshot.go
 	cmd.AddCommand(machinePortsCmd(g))        // ports.go
 	return cmd

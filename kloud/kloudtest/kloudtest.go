@@ -54,6 +54,8 @@ type Options struct {
 	MetricsInterval time.Duration
 	// SSO is kloud's single sign-on (zero: off; internal/oidctest starts a real provider).
 	SSO kloud.SSOOptions
+	// Idle configures kloud's idle stop (zero: its defaults).
+	Idle kloud.IdleOptions
 }
 
 // Env is a running test kloud.
@@ -97,7 +99,7 @@ func Start(t testing.TB, o Options) *Env {
 		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 		DefaultQuota: o.DefaultQuota, MetricsAddr: o.MetricsAddr, MetricsInterval: o.MetricsInterval,
-		SSO: o.SSO,
+		SSO: o.SSO, Idle: o.Idle,
 	})
 	if err != nil {
 		ln.Close()

@@ -136,6 +136,9 @@ type Template struct {
 	// MaxMachines is the template's own cap on machines per stack, set by a kloud administrator
 	// (template.update maxMachines; 0: kloud's global cap, kloud/limits.go).
 	MaxMachines int `bson:"maxMachines,omitempty" json:"maxMachines,omitempty"`
+	// Idle is the idle stop its stacks' machines get unless a machine says otherwise
+	// (template.update idleTimeout, alwaysOn; kloud/idle.go).
+	Idle IdleSettings `bson:"idle,omitempty" json:"idle,omitzero"`
 	// Trust lifts template policy rules for given revisions (template.get shows them apart).
 	Trust     []TemplateTrust `bson:"trust,omitempty" json:"-"`
 	CreatedAt time.Time       `bson:"createdAt" json:"createdAt"`
@@ -263,7 +266,48 @@ type Machine struct {
 	// AgentSealed is the machine's agent configuration (its kite key among it) as its user data
 	// was rendered, sealed by the store (AAD "machines/<id>/agent"). stack.update renders a
 	// machine that stays with it again, so its user data, and the machine, do not change.
-	AgentSealed []byte    `bson:"agentSealed,omitempty" json:"-"`
-	CreatedAt   time.Time `bson:"createdAt" json:"createdAt"`
-	UpdatedAt   time.Time `bson:"updatedAt" json:"updatedAt"`
+	AgentSealed []byte `bson:"agentSealed,omitempty" json:"-"`
+	// Idle is the machine's idle stop: its own settings (machine.set) and the countdown
+	// (kloud/idle.go).
+	Idle Idle `bson:"idle,omitempty" json:"idle,omitzero"`
+	// Autostart starts the machine on a schedule (machine.set autostart; kloud/idle.go).
+	Autostart *Autostart `bson:"autostart,omitempty" json:"autostart,omitempty"`
+	CreatedAt time.Time  `bson:"createdAt" json:"createdAt"`
+	UpdatedAt time.Time  `bson:"updatedAt" json:"updatedAt"`
+}
+
+// IdleSettings say when kloud stops a machine nobody uses (kloud/idle.go). A nil field inherits:
+// a machine's from its stack's template, a template's from kloud (kloud serve --idle-timeout).
+type IdleSettings struct {
+	// TimeoutSeconds is how long a Running machine may go without activity before kloud stops
+	// it; 0: never.
+	TimeoutSeconds *int64 `bson:"timeoutSec,omitempty" json:"timeoutSeconds,omitempty"`
+	// AlwaysOn machines are never stopped for being idle.
+	AlwaysOn *bool `bson:"alwaysOn,omitempty" json:"alwaysOn,omitempty"`
+}
+
+// Idle is a machine's idle stop: its settings and its countdown. The countdown is in the store,
+// so a kloud restart neither loses nor resets it.
+type Idle struct {
+	IdleSettings `bson:",inline"`
+	// LastActivity is the last activity kloud recorded (throttled), or when the countdown
+	// started (the machine started, or got a timeout).
+	LastActivity time.Time `bson:"lastActivity,omitempty" json:"lastActivity,omitzero"`
+	// Deadline is when kloud stops the machine unless there is activity before (zero: no
+	// countdown: not Running, always on, or no timeout).
+	Deadline time.Time `bson:"deadline,omitempty" json:"deadline,omitzero"`
+	// EffectiveTimeoutSeconds and EffectiveAlwaysOn are the settings in force, the machine's
+	// own or inherited; machine.list and machine.info compute them (never stored).
+	EffectiveTimeoutSeconds int64 `bson:"-" json:"effectiveTimeoutSeconds,omitempty"`
+	EffectiveAlwaysOn       bool  `bson:"-" json:"effectiveAlwaysOn,omitempty"`
+}
+
+// Autostart is a machine's start schedule: kloud starts it, if it is Stopped, at Time on Days
+// in time zone TZ (kloud/idle.go).
+type Autostart struct {
+	// Schedule is as machine.set took it: "mon-fri 09:00", "daily 08:30", "sat,sun 10:00".
+	Schedule string `bson:"schedule" json:"schedule"`
+	TZ       string `bson:"tz" json:"tz"` // an IANA time zone; default UTC
+	// Next is the next start kloud will make (kept in the store: a restart keeps it).
+	Next time.Time `bson:"next" json:"next"`
 }

@@ -19,7 +19,10 @@ type (
 	Agent            = model.Agent
 	Share            = model.Share
 	Machine          = model.Machine
-	Snapshot         = model.Snapshot // snapshots.go
+	Snapshot         = model.Snapshot     // snapshots.go
+	IdleSettings     = model.IdleSettings // idle.go
+	Idle             = model.Idle
+	Autostart        = model.Autostart
 )
 
 // Team roles.

@@ -11,6 +11,7 @@ import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js
 import { providers, can } from '../providers.js';
 import { snapshotsSection } from './snapshots.js';
 import { portsSection } from './ports.js';
+import { idleCell, idleSection, idleText } from './idle.js';
 
 const running = (m) => m.state === 'Running';
 const canStart = (m) => m.state === 'Stopped';
@@ -65,6 +66,7 @@ export function machineTable(ctx, machines, { onChange, jobsEl, showStack = fals
     { title: 'Agent', class: 'agent-cell', render: agentCell },
     { title: 'IP', render: (m) => m.ipAddress || '—' },
     { title: 'Reason', class: 'reason', render: (m) => reasonCell(m.reason) },
+    { title: 'Idle', class: 'idle-cell', render: idleCell }, // idle.js
     {
       title: '', class: 'actions', render: (m) => {
         const g = myGrant(ctx, m);
@@ -228,8 +230,10 @@ export async function detail(ctx, el) {
         h('dt', {}, 'Kite'), h('dd', {}, h('code', {}, m.kiteId || '—')),
         h('dt', {}, 'IP address'), h('dd', {}, m.ipAddress || '—'),
         m.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, errorDetail(m.reason))] : null,
+        h('dt', {}, 'Idle stop'), h('dd', { id: 'machine-idle' }, idleText(m)), // idle.js
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(m.updatedAt)))),
-      attrs.length ? attributesSection(attrs) : null);
+      attrs.length ? attributesSection(attrs) : null,
+      ctx.features.has('machine.set') ? idleSection(ctx, m, grant, refresh) : null); // idle.js
     if (first) {
       first = false;
       clear(extra,
