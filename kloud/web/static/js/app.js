@@ -54,7 +54,7 @@ const nav = [
   ['#/quota', 'Quotas'],
 ];
 
-// adminNav: pages for kloud administrators only.
+// adminNav: pages for kloud administrators (owners) and auditors only.
 const adminNav = [
   ['#/audit', 'Audit'],
 ];
@@ -150,7 +150,7 @@ class App {
     const user = this.session && getSession();
     clear(this.header,
       h('a', { class: 'brand', href: '#/machines' }, 'Kloud'),
-      user ? h('nav', {}, [...nav, ...(this.me && this.me.admin ? adminNav : [])].map(([href, text]) => h('a', { href, class: location.hash.startsWith(href) ? 'active' : '' }, text)),
+      user ? h('nav', {}, [...nav, ...(this.me && (this.me.admin || this.me.role === 'auditor') ? adminNav : [])].map(([href, text]) => h('a', { href, class: location.hash.startsWith(href) ? 'active' : '' }, text)),
         h('a', { href: this.terminals.active ? `#/terminal/${encodeURIComponent(this.terminals.active.machineId)}` : '#/terminal', class: location.hash.startsWith('#/terminal') ? 'active' : '' },
           'Terminals', ts.open ? h('span', { class: `count ${ts.down ? 'count-warn' : ''}` }, String(ts.open)) : null)) : null,
       h('span', { class: 'spacer' }),

@@ -66,6 +66,6 @@ export async function list(ctx, el) {
     await load();
   } catch (e) {
     if (e.code !== ErrPermission) throw e;
-    clear(el, h('h1', {}, 'Audit log'), section(null, h('p', {}, 'The audit log is for kloud administrators.')));
+    clear(el, h('h1', {}, 'Audit log'), section(null, h('p', {}, 'The audit log is for kloud owners and auditors.')));
   }
 }
