@@ -1,6 +1,7 @@
 package kloud_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -258,7 +259,11 @@ func TestQuotaConcurrentCreateAndApply(t *testing.T) {
 	for i := range results {
 		wg.Go(func() {
 			cl := api.NewClient(f.Dial("alice"))
-			res, err := cl.StackCreate(ctx, api.StackPlanParams{TemplateID: tid})
+			// The ten creates' plans take turns (one template, one user): the last one waits
+			// for nine plans, longer than a call's default 30 s on a loaded machine.
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+			defer cancel()
+			res, err := cl.StackCreate(cctx, api.StackPlanParams{TemplateID: tid})
 			// The applies start together, once every create has answered (the creates' plans of
 			// one template take turns, so applies right after them would not overlap).
 			created.Done()
