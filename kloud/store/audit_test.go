@@ -39,8 +39,12 @@ func mustVerify(t *testing.T, a *store.Audit) store.AuditVerify {
 func TestAuditConcurrentReplicas(t *testing.T) {
 	db := storetest.NewServer(t)
 	key := make([]byte, 32)
-	a := storetest.Open(t, store.Options{MongoURL: db.URL, SecretKey: key})
-	b := storetest.Open(t, store.Options{MongoURL: db.URL, SecretKey: key})
+	// Each store has one connection (maxPoolSize=1) that its ten goroutines queue for; the
+	// driver counts that wait in the server selection timeout (1.5s by default for a URL, to
+	// report an outage fast), which a loaded CI machine exceeded. This test is about the chain.
+	o := store.Options{MongoURL: db.URL, SecretKey: key, ServerSelectionTimeout: time.Minute}
+	a := storetest.Open(t, o)
+	b := storetest.Open(t, o)
 	const goroutines, each = 20, 5
 	var wg sync.WaitGroup
 	for g := range goroutines {

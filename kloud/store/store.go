@@ -64,8 +64,14 @@ type Options struct {
 	JobLogLines int
 	// ServerSelectionTimeout bounds how long an operation waits for a database that does not
 	// answer before it fails with an error [IsUnavailable] recognises; it is also the timeout of
-	// a new connection. Default 1.5s (the driver's own is 30s), so a call fails fast and clearly
-	// while the store is down. A serverSelectionTimeoutMS or connectTimeoutMS in MongoURL wins.
+	// a new connection. The driver counts the wait for a free connection of its pool in it too,
+	// so where every operation queues for one connection it must outlast a burst of calls.
+	// Default: DefaultServerSelectionTimeout (1.5s; the driver's own is 30s) for a MongoURL, so
+	// a call fails fast and clearly while the store is down (with maxPoolSize=1, a FerretDB v1,
+	// raise it with serverSelectionTimeoutMS in the URL if calls queue longer under load);
+	// EmbeddedServerSelectionTimeout (30s) for the embedded store, which runs in this process
+	// and cannot be unreachable, only busy. A serverSelectionTimeoutMS or connectTimeoutMS in
+	// MongoURL wins.
 	ServerSelectionTimeout time.Duration
 	// JobLeaseTTL is how long a job's runner lease lasts without a heartbeat, progress or log
 	// line. Default 30s.
@@ -121,7 +127,7 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 		opts.JobLeaseTTL = 30 * time.Second
 	}
 	if opts.ServerSelectionTimeout <= 0 {
-		opts.ServerSelectionTimeout = DefaultServerSelectionTimeout
+		opts.ServerSelectionTimeout = defaultSelectionTimeout(opts.MongoURL)
 	}
 	if opts.DataDir == "" && (opts.MongoURL == "" || opts.SecretKey == nil) {
 		return nil, errors.New("open store: DataDir is required unless MongoURL and SecretKey are both set")
@@ -226,8 +232,22 @@ func (s *Store) Close(ctx context.Context) error {
 	return s.closeErr
 }
 
-// DefaultServerSelectionTimeout is [Options.ServerSelectionTimeout]'s default.
-const DefaultServerSelectionTimeout = 1500 * time.Millisecond
+// The defaults of [Options.ServerSelectionTimeout]: a MongoURL, the embedded store.
+const (
+	DefaultServerSelectionTimeout  = 1500 * time.Millisecond
+	EmbeddedServerSelectionTimeout = 30 * time.Second
+)
+
+// defaultSelectionTimeout is the server selection timeout for mongoURL (see
+// Options.ServerSelectionTimeout). The driver counts the wait for the pool's connection in it:
+// the embedded store's one connection, queued for by every call, waited more than 1.5s under
+// a loaded machine (CI), and the embedded store cannot be unreachable.
+func defaultSelectionTimeout(mongoURL string) time.Duration {
+	if mongoURL == "" {
+		return EmbeddedServerSelectionTimeout
+	}
+	return DefaultServerSelectionTimeout
+}
 
 // Ping checks that the database answers: nil, or an error wrapping [ErrUnavailable] (with the
 // driver's cause) when it does not, [ErrClosed] once the store is closed. It waits at most
