@@ -207,12 +207,12 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.tf = &terraform{
 		launcher: opts.Launcher,
 		sandbox: tfsandbox.Config{
-			Terraform: opts.TerraformPath,
-			ReadOnly:  readOnly,
-			UID:       opts.SandboxUID,
-			GID:       opts.SandboxGID,
-			Insecure:  opts.InsecureNoSandbox,
-			Limits:    opts.SandboxLimits,
+			Program:  opts.TerraformPath,
+			ReadOnly: readOnly,
+			UID:      opts.SandboxUID,
+			GID:      opts.SandboxGID,
+			Insecure: opts.InsecureNoSandbox,
+			Limits:   opts.SandboxLimits,
 		},
 		env:    terraformEnv(opts.CLIConfigFile, opts.InsecureNoSandbox),
 		grace:  opts.CancelGrace,
