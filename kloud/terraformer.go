@@ -6,11 +6,12 @@ import (
 	tfjson "github.com/hashicorp/terraform-json"
 
 	"github.com/kloud-dev/kloud/terraformer/tfapi"
+	"github.com/kloud-dev/kloud/terraformer/tfclient"
 )
 
-// Terraformer runs Terraform for kloud: tfapi.Client (a remote terraformer over the kite
+// Terraformer runs Terraform for kloud: tfclient.Client (a remote terraformer over the kite
 // protocol) implements it. While terraformer is down (kloud serve restarts the one it started),
-// its methods fail at once with an error wrapping tfapi.ErrUnavailable (kite code -32009,
+// its methods fail at once with an error wrapping tfclient.ErrUnavailable (kite code -32009,
 // "terraformer unavailable: <cause>"), which kloud passes on to its callers as it is; Wait
 // follows a job through a restart, for a bounded time.
 type Terraformer interface {
@@ -25,7 +26,7 @@ type Terraformer interface {
 	State(ctx context.Context, contentID string) (*tfjson.State, error)
 }
 
-var _ Terraformer = (*tfapi.Client)(nil)
+var _ Terraformer = (*tfclient.Client)(nil)
 
 // tfFiles converts template files for a terraformer request.
 func tfFiles(files map[string][]byte) map[string]string {

@@ -28,7 +28,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/web"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/terraformer/tfapi"
+	"github.com/kloud-dev/kloud/terraformer/tfclient"
 )
 
 // serveFlags are kloud serve's settings beyond kloud.Options.
@@ -257,7 +257,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		}
 		tfURL = sup.URL
 	}
-	tc := tfapi.NewClient(ck, tfURL, func(ctx context.Context) (kite.Auth, error) {
+	tc := tfclient.NewClient(ck, tfURL, func(ctx context.Context) (kite.Auth, error) {
 		// terraformer verifies kloud's key with kloud's /kite/keys: connecting before kloud
 		// listens would fail, and make terraformer wait before it fetches the keys again.
 		select {

@@ -20,6 +20,7 @@ import (
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/terraformer/tfapi"
+	"github.com/kloud-dev/kloud/terraformer/tfclient"
 )
 
 type tfOptions struct {
@@ -111,13 +112,13 @@ func (g *globals) tf(ctx context.Context, o *tfOptions, op tfapi.Op, args []stri
 	// One plain dial first, so that an unreachable terraformer or a refused key is reported at
 	// once rather than retried by the client.
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := k.Dial(dctx, tfapi.KiteURL(o.url), auth)
+	conn, err := k.Dial(dctx, tfclient.KiteURL(o.url), auth)
 	cancel()
 	if err != nil {
 		return explainTF(o.url, g.kloudKeyPath(), err)
 	}
 	conn.Close(nil)
-	c := tfapi.NewClient(k, o.url, func(context.Context) (kite.Auth, error) { return auth, nil })
+	c := tfclient.NewClient(k, o.url, func(context.Context) (kite.Auth, error) { return auth, nil })
 	defer c.Close()
 
 	progress := g.stdout

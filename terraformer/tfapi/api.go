@@ -149,3 +149,26 @@ func clip(s string) string {
 	}
 	return s
 }
+
+// Health is what terraformer's GET /healthz and /readyz say (Client.Health).
+type Health struct {
+	URL       string    `json:"url"`
+	Version   string    `json:"version"`
+	Terraform string    `json:"terraform"`
+	Readiness Readiness `json:"readiness"`
+}
+
+// Readiness is /readyz's JSON body (the same shape as kloud's): 200 when Ready, else 503.
+type Readiness struct {
+	Ready bool `json:"ready"`
+	// NotReady names the failing checks in order: "terraform" (the binary runs), "dataDir"
+	// (writable), "kloudKeys" (kloud's GET /kite/keys answers, so kloud's calls authenticate).
+	NotReady []string               `json:"notReady"`
+	Checks   map[string]CheckResult `json:"checks"`
+}
+
+// CheckResult is one check's result in [Readiness].
+type CheckResult struct {
+	Ready bool   `json:"ready"`
+	Error string `json:"error,omitempty"`
+}

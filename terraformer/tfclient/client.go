@@ -1,4 +1,8 @@
-package tfapi
+// Package tfclient is the client kloud (and `kloud tf`) calls terraformer with: one kite
+// connection kept up with reconnects, a method per terraformer.* call, and Wait, which follows a
+// job across terraformer restarts. Its params and results are terraformer/tfapi's; it links no
+// engine. Start reading at [NewClient] and [Client.Wait].
+package tfclient
 
 import (
 	"context"
@@ -16,6 +20,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // Client is kloud's side of terraformer: one kite connection, kept up with reconnects, and a
@@ -78,20 +83,12 @@ func NewClient(k *kite.Kite, rawURL string, auth func(ctx context.Context) (kite
 	return &Client{kc: kc, url: u, hc: tlsconf.HTTPClient(k.Options().TLSConfig, 5*time.Second)}
 }
 
-// Health is what terraformer's GET /healthz and /readyz say (Client.Health).
-type Health struct {
-	URL       string    `json:"url"`
-	Version   string    `json:"version"`
-	Terraform string    `json:"terraform"`
-	Readiness Readiness `json:"readiness"`
-}
-
 // Health asks terraformer's /healthz (its version and terraform's) and /readyz, over HTTP(S)
 // with the kite's TLS configuration. An error: it did not answer.
-func (c *Client) Health(ctx context.Context) (Health, error) {
+func (c *Client) Health(ctx context.Context) (tfapi.Health, error) {
 	base := strings.TrimSuffix(c.url, "/kite")
 	base = strings.Replace(strings.Replace(base, "ws://", "http://", 1), "wss://", "https://", 1)
-	h := Health{URL: base}
+	h := tfapi.Health{URL: base}
 	get := func(path string, v any) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 		if err != nil {
@@ -208,7 +205,7 @@ func (c *Client) waitConn(ctx context.Context) (*kite.Conn, error) {
 
 // readOnly reports whether a method changes nothing on terraformer, so is safe to repeat.
 func readOnly(method string) bool {
-	return method == MethodJob || method == MethodState || method == MethodOutputs
+	return method == tfapi.MethodJob || method == tfapi.MethodState || method == tfapi.MethodOutputs
 }
 
 func (c *Client) call(ctx context.Context, method string, params, result any) error {
@@ -250,27 +247,27 @@ func (c *Client) call(ctx context.Context, method string, params, result any) er
 }
 
 // Plan starts `terraform plan` of the request and returns the job id at once.
-func (c *Client) Plan(ctx context.Context, req Request) (string, error) {
-	return c.submit(ctx, MethodPlan, req)
+func (c *Client) Plan(ctx context.Context, req tfapi.Request) (string, error) {
+	return c.submit(ctx, tfapi.MethodPlan, req)
 }
 
 // Apply starts `terraform apply` of the request and returns the job id at once. A content id
 // that another job holds is an error wrapping kite.ErrConflict.
-func (c *Client) Apply(ctx context.Context, req Request) (string, error) {
-	return c.submit(ctx, MethodApply, req)
+func (c *Client) Apply(ctx context.Context, req tfapi.Request) (string, error) {
+	return c.submit(ctx, tfapi.MethodApply, req)
 }
 
 // Destroy starts `terraform destroy` and returns the job id at once; without Files it destroys
 // what the stored files of the content id describe.
-func (c *Client) Destroy(ctx context.Context, req Request) (string, error) {
-	return c.submit(ctx, MethodDestroy, req)
+func (c *Client) Destroy(ctx context.Context, req tfapi.Request) (string, error) {
+	return c.submit(ctx, tfapi.MethodDestroy, req)
 }
 
-func (c *Client) submit(ctx context.Context, method string, req Request) (string, error) {
+func (c *Client) submit(ctx context.Context, method string, req tfapi.Request) (string, error) {
 	if err := req.Validate(); err != nil {
 		return "", fmt.Errorf("%s: %s: %w", method, err.Error(), kite.ErrInvalidParams)
 	}
-	var res SubmitResult
+	var res tfapi.SubmitResult
 	if err := c.call(ctx, method, req, &res); err != nil {
 		return "", err
 	}
@@ -278,9 +275,9 @@ func (c *Client) submit(ctx context.Context, method string, req Request) (string
 }
 
 // Job returns the job as terraformer has it now (running, or finished with its result).
-func (c *Client) Job(ctx context.Context, jobID string) (*Job, error) {
-	var j Job
-	if err := c.call(ctx, MethodJob, JobParams{JobID: jobID}, &j); err != nil {
+func (c *Client) Job(ctx context.Context, jobID string) (*tfapi.Job, error) {
+	var j tfapi.Job
+	if err := c.call(ctx, tfapi.MethodJob, tfapi.JobParams{JobID: jobID}, &j); err != nil {
 		return nil, err
 	}
 	return &j, nil
@@ -288,14 +285,14 @@ func (c *Client) Job(ctx context.Context, jobID string) (*Job, error) {
 
 // Cancel stops the job (SIGINT to terraform, which saves the state; SIGKILL after the grace
 // period) and returns it once it has stopped. Cancelling a finished job wraps kite.ErrState.
-func (c *Client) Cancel(ctx context.Context, jobID string) (*Job, error) {
+func (c *Client) Cancel(ctx context.Context, jobID string) (*tfapi.Job, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
 	}
-	var j Job
-	if err := c.call(ctx, MethodCancel, JobParams{JobID: jobID}, &j); err != nil {
+	var j tfapi.Job
+	if err := c.call(ctx, tfapi.MethodCancel, tfapi.JobParams{JobID: jobID}, &j); err != nil {
 		return nil, err
 	}
 	return &j, nil
@@ -303,8 +300,8 @@ func (c *Client) Cancel(ctx context.Context, jobID string) (*Job, error) {
 
 // State returns the content id's state (`terraform show -json`) as of its last run.
 func (c *Client) State(ctx context.Context, contentID string) (*tfjson.State, error) {
-	var res StateResult
-	if err := c.call(ctx, MethodState, ContentParams{ContentID: contentID}, &res); err != nil {
+	var res tfapi.StateResult
+	if err := c.call(ctx, tfapi.MethodState, tfapi.ContentParams{ContentID: contentID}, &res); err != nil {
 		return nil, err
 	}
 	return res.State, nil
@@ -312,8 +309,8 @@ func (c *Client) State(ctx context.Context, contentID string) (*tfjson.State, er
 
 // Outputs returns the content id's root module outputs, name → value.
 func (c *Client) Outputs(ctx context.Context, contentID string) (map[string]any, error) {
-	var res OutputsResult
-	if err := c.call(ctx, MethodOutputs, ContentParams{ContentID: contentID}, &res); err != nil {
+	var res tfapi.OutputsResult
+	if err := c.call(ctx, tfapi.MethodOutputs, tfapi.ContentParams{ContentID: contentID}, &res); err != nil {
 		return nil, err
 	}
 	return res.Outputs, nil
@@ -325,11 +322,11 @@ func (c *Client) Outputs(ctx context.Context, contentID string) (map[string]any,
 // A lost connection does not lose the result: after reconnecting, Wait reads the job with
 // terraformer.job (it may have finished meanwhile) and, if it still runs, watches it again. The
 // returned error is nil only if the job succeeded; for a failed, cancelled or hung job it wraps
-// the job's *JobError (errors.As gives Terraform's diagnostics) and the job is returned
+// the job's *tfapi.JobError (errors.As gives Terraform's diagnostics) and the job is returned
 // too. If ctx ends first, Wait returns ctx's error; the job goes on.
-func (c *Client) Wait(ctx context.Context, jobID string, fn func(Event)) (*Job, error) {
+func (c *Client) Wait(ctx context.Context, jobID string, fn func(tfapi.Event)) (*tfapi.Job, error) {
 	if fn == nil {
-		fn = func(Event) {}
+		fn = func(tfapi.Event) {}
 	}
 	lost := false
 	for attempt := 0; ; attempt++ {
@@ -355,7 +352,7 @@ func (c *Client) Wait(ctx context.Context, jobID string, fn func(Event)) (*Job, 
 			j, err := c.jobOn(ctx, conn, jobID)
 			switch {
 			case err == nil && j.Status.Final():
-				fn(Event{Type: EventFinal, JobID: j.ID, Time: time.Now().UTC(), Status: j.Status, Percent: j.Percent, Job: j})
+				fn(tfapi.Event{Type: tfapi.EventFinal, JobID: j.ID, Time: time.Now().UTC(), Status: j.Status, Percent: j.Percent, Job: j})
 				return finished(j)
 			case err != nil && !retryable(ctx, err):
 				return nil, fmt.Errorf("wait for job %s: %w", jobID, err)
@@ -375,8 +372,8 @@ func (c *Client) Wait(ctx context.Context, jobID string, fn func(Event)) (*Job, 
 }
 
 // finished returns the job and, unless it succeeded, its error.
-func finished(j *Job) (*Job, error) {
-	if j.Status == StatusSucceeded {
+func finished(j *tfapi.Job) (*tfapi.Job, error) {
+	if j.Status == tfapi.StatusSucceeded {
 		return j, nil
 	}
 	if j.Error != nil {
@@ -397,11 +394,11 @@ func retryable(ctx context.Context, err error) bool {
 
 var errNoFinal = errors.New("stream ended without the final event")
 
-func (c *Client) jobOn(ctx context.Context, conn *kite.Conn, jobID string) (*Job, error) {
+func (c *Client) jobOn(ctx context.Context, conn *kite.Conn, jobID string) (*tfapi.Job, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	var j Job
-	if err := conn.Call(cctx, MethodJob, JobParams{JobID: jobID}, &j); err != nil {
+	var j tfapi.Job
+	if err := conn.Call(cctx, tfapi.MethodJob, tfapi.JobParams{JobID: jobID}, &j); err != nil {
 		return nil, err
 	}
 	return &j, nil
@@ -409,10 +406,10 @@ func (c *Client) jobOn(ctx context.Context, conn *kite.Conn, jobID string) (*Job
 
 // watchOn watches the job on conn until its final event (returned) or until the stream breaks
 // (the error says why).
-func (c *Client) watchOn(ctx context.Context, conn *kite.Conn, jobID string, fn func(Event)) (*Job, error) {
+func (c *Client) watchOn(ctx context.Context, conn *kite.Conn, jobID string, fn func(tfapi.Event)) (*tfapi.Job, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	var res WatchResult
-	err := conn.Call(cctx, MethodWatch, JobParams{JobID: jobID}, &res)
+	var res tfapi.WatchResult
+	err := conn.Call(cctx, tfapi.MethodWatch, tfapi.JobParams{JobID: jobID}, &res)
 	cancel()
 	if err != nil {
 		return nil, err
@@ -433,28 +430,13 @@ func (c *Client) watchOn(ctx context.Context, conn *kite.Conn, jobID string, fn 
 			}
 			return nil, err
 		}
-		var ev Event
+		var ev tfapi.Event
 		if err := json.Unmarshal(n.Data, &ev); err != nil {
-			return nil, fmt.Errorf("decode %s: %w", EventMethod, err)
+			return nil, fmt.Errorf("decode %s: %w", tfapi.EventMethod, err)
 		}
 		fn(ev)
-		if ev.Type == EventFinal && ev.Job != nil {
+		if ev.Type == tfapi.EventFinal && ev.Job != nil {
 			return ev.Job, nil
 		}
 	}
-}
-
-// Readiness is /readyz's JSON body (the same shape as kloud's): 200 when Ready, else 503.
-type Readiness struct {
-	Ready bool `json:"ready"`
-	// NotReady names the failing checks in order: "terraform" (the binary runs), "dataDir"
-	// (writable), "kloudKeys" (kloud's GET /kite/keys answers, so kloud's calls authenticate).
-	NotReady []string               `json:"notReady"`
-	Checks   map[string]CheckResult `json:"checks"`
-}
-
-// CheckResult is one check's result in [Readiness].
-type CheckResult struct {
-	Ready bool   `json:"ready"`
-	Error string `json:"error,omitempty"`
 }
