@@ -254,8 +254,8 @@ func (kl *Klient) fetchKeys(ctx context.Context) ([]kitekey.PublicKey, error) {
 }
 
 // FeatureOwnAccountShells: a terminal share's shells run as the user's own account, not the
-// owner's. kloud pushes terminal grants to klients without it as readonly.
-const FeatureOwnAccountShells = "ownAccountShells"
+// owner's (klientapi.FeatureOwnAccountShells).
+const FeatureOwnAccountShells = klientapi.FeatureOwnAccountShells
 
 var started = time.Now().UTC()
 

@@ -14,8 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
-	"github.com/kloud-dev/kloud/terraformer"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // credential.bootstrap: the provider's bootstrap templates (shared infrastructure such as a
@@ -238,16 +237,16 @@ func (w *bootstrapRun) start(ctx context.Context, i int, submit func() (string, 
 
 // wait follows a Terraform job, mapping its progress into [base, base+span] and its log lines
 // (redacted) into the job's log.
-func (w *bootstrapRun) wait(ctx context.Context, tfJob string, base, span int, msg string) (*tfrun.Job, error) {
+func (w *bootstrapRun) wait(ctx context.Context, tfJob string, base, span int, msg string) (*tfapi.Job, error) {
 	last := base
 	w.j.Progress(ctx, base, w.stage, msg)
-	final, err := w.tf.Wait(ctx, tfJob, func(ev tfrun.Event) {
+	final, err := w.tf.Wait(ctx, tfJob, func(ev tfapi.Event) {
 		switch ev.Type {
-		case tfrun.EventLog:
+		case tfapi.EventLog:
 			if ev.Line != "" {
 				w.j.Logf(ctx, "%s", w.red.String(ev.Line))
 			}
-		case tfrun.EventDiagnostic:
+		case tfapi.EventDiagnostic:
 			if d := ev.Diagnostic; d != nil {
 				w.j.Logf(ctx, "%s: %s", d.Severity, w.red.String(d.String()))
 			}
@@ -270,7 +269,7 @@ func (w *bootstrapRun) wait(ctx context.Context, tfJob string, base, span int, m
 		}
 		return nil, fmt.Errorf("follow terraform job %s: %w", tfJob, err)
 	}
-	if final.Status != tfrun.StatusSucceeded {
+	if final.Status != tfapi.StatusSucceeded {
 		why := string(final.Status)
 		if final.Error != nil {
 			why = final.Error.Message
@@ -338,7 +337,7 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 	n := max(len(tmpls), 1)
 	for i, t := range tmpls {
 		tfJob, err := w.start(ctx, i, func() (string, error) {
-			return w.tf.Apply(ctx, terraformer.Request{ContentID: ids[i], Files: tfFiles(t.Files),
+			return w.tf.Apply(ctx, tfapi.Request{ContentID: ids[i], Files: tfFiles(t.Files),
 				Variables: mergeVars(declaredVars(t.Files, vars), t.Variables), TraceID: w.j.ID})
 		})
 		if err != nil {
@@ -408,9 +407,9 @@ func (w *bootstrapRun) destroy(ctx context.Context) (map[string]any, error) {
 	for i, cid := range ids {
 		tfJob, err := w.start(ctx, i, func() (string, error) {
 			// No files and no variables: those of the apply, which terraformer keeps.
-			return w.tf.Destroy(ctx, terraformer.Request{ContentID: cid, TraceID: w.j.ID})
+			return w.tf.Destroy(ctx, tfapi.Request{ContentID: cid, TraceID: w.j.ID})
 		})
-		if errors.Is(err, kite.ErrNotFound) || errors.Is(err, tfrun.ErrNotFound) {
+		if errors.Is(err, kite.ErrNotFound) {
 			w.tfJobs = append(w.tfJobs, "") // keeps the indexes of a resumed run
 			w.j.Logf(ctx, "nothing was ever applied for %s", cid)
 			continue

@@ -22,8 +22,8 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/terraformertest"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // Secrets the test credentials carry; none may show anywhere.
@@ -525,7 +525,7 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 	// running job whose runner lease ran out, and the credential's claim.
 	ctx := t.Context()
 	cid := "bootstrap-red-" + id + "-0"
-	tfJob, err := tf.Client.Apply(ctx, terraformer.Request{ContentID: cid, Files: map[string]string{"main.tf": testBootstrapTF},
+	tfJob, err := tf.Client.Apply(ctx, tfapi.Request{ContentID: cid, Files: map[string]string{"main.tf": testBootstrapTF},
 		Variables: map[string]any{"testcloud_region": "eu-1", "testcloud_secret_key": testSecretKey}})
 	if err != nil {
 		t.Fatal(err)

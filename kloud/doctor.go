@@ -9,7 +9,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // kloud.doctor (`kloud doctor`, docs/operations.md): Readiness's checks (store, terraformer,
@@ -133,7 +133,7 @@ func (s *Server) terraformerHealth(ctx context.Context) (tfHealth, bool) {
 		return tfHealth{}, false
 	}
 	hc, ok := t.(interface {
-		Health(context.Context) (terraformer.Health, error)
+		Health(context.Context) (tfapi.Health, error)
 	})
 	if !ok {
 		return tfHealth{}, false

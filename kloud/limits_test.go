@@ -15,24 +15,24 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/providers/dummy"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
 )
 
 // tfJobs returns the terraformer's jobs (its engine directory's jobs/*.json).
-func tfJobs(t *testing.T, tfDir string) []tfrun.Job {
+func tfJobs(t *testing.T, tfDir string) []tfapi.Job {
 	t.Helper()
 	paths, err := filepath.Glob(filepath.Join(tfDir, "jobs", "*.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []tfrun.Job
+	var out []tfapi.Job
 	for _, p := range paths {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var j tfrun.Job
+		var j tfapi.Job
 		if err := json.Unmarshal(b, &j); err != nil {
 			t.Fatalf("%s: %v", p, err)
 		}
@@ -261,7 +261,7 @@ resource "terraform_data" "vm" {
 	t.Logf("plan timeout: %v", err)
 	assertNoTerraform(t, f.tfDir)
 	for _, j := range tfJobs(t, f.tfDir) {
-		if j.Status != tfrun.StatusCancelled {
+		if j.Status != tfapi.StatusCancelled {
 			t.Errorf("terraformer job %s: %s, want cancelled", j.ID, j.Status)
 		}
 	}

@@ -15,7 +15,7 @@ package kloud
 // writable only by kloud's user (or root), or nothing in them is launched.
 //
 // Each plugin runs through terraformer/tfsandbox, the launcher terraform runs through: this
-// kloud binary re-executed (cmd/kloud's main calls tfsandbox.MaybeRun), which starts the
+// kloud binary re-executed (cmd/kloud's main calls sandbox.MaybeRun), which starts the
 // plugin as PluginOptions.UID/GID (default 65534, nobody) with no capabilities, in its own pid,
 // mount, ipc and uts namespaces, seeing only the system's read-only directories, the plugin
 // binary's directory (read-only) and its own state directory <data dir>/plugin-state/NAME
@@ -67,12 +67,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/sandbox"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/plugin"
-	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 // PluginPrefix starts the file name of every plugin binary: kloud-provider-NAME.
@@ -99,12 +99,12 @@ type PluginOptions struct {
 	// Unsandboxed names plugins an administrator allows to run without the sandbox, with kloud's
 	// privileges (kloud serve --plugin-unsandboxed NAME); logged at WARN at every start.
 	Unsandboxed []string
-	// UID and GID sandboxed plugins run as (default tfsandbox.DefaultUID/GID, 65534).
+	// UID and GID sandboxed plugins run as (default sandbox.DefaultUID/GID, 65534).
 	UID, GID int
 	// Limits, if set, run each sandboxed plugin (and what it starts) in a cgroup of its own,
 	// kloud/kp-plugin-NAME-..., with these cpu, memory and pids limits; removed when it exits,
 	// and those a killed kloud left at start. Nil: none. kloud serve: --plugin-cpus,
-	// --plugin-memory-mb, --plugin-pids-max (default tfsandbox.DefaultPluginLimits).
+	// --plugin-memory-mb, --plugin-pids-max (default sandbox.DefaultPluginLimits).
 	Limits *cgroups.Limits
 	// Rescan is how often the plugin directory is read again (default 2s).
 	Rescan time.Duration
@@ -120,10 +120,10 @@ type PluginOptions struct {
 
 func (o *PluginOptions) defaults() {
 	if o.UID <= 0 {
-		o.UID = tfsandbox.DefaultUID
+		o.UID = sandbox.DefaultUID
 	}
 	if o.GID <= 0 {
-		o.GID = tfsandbox.DefaultGID
+		o.GID = sandbox.DefaultGID
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -234,7 +234,7 @@ func (s *Server) runPlugins(ctx context.Context) {
 	}
 	s.log.InfoContext(ctx, "provider plugins", "dir", l.dir, "sandbox", !l.o.Insecure, "unsandboxed", l.o.Unsandboxed, "limits", l.o.Limits)
 	if l.o.Limits != nil && !l.o.Insecure {
-		if removed, err := tfsandbox.RemoveLeftovers(tfsandbox.CgroupPrefixPlugin); len(removed) > 0 || err != nil {
+		if removed, err := sandbox.RemoveLeftovers(sandbox.CgroupPrefixPlugin); len(removed) > 0 || err != nil {
 			s.log.InfoContext(ctx, "removed the cgroups of plugins a killed kloud left", "cgroups", removed, "err", err)
 		}
 	}
@@ -366,11 +366,11 @@ func (l *launcher) scan() {
 
 // canLaunch says why plugin name cannot be launched (nil if it can).
 func (l *launcher) canLaunch(name string) error {
-	if !tfsandbox.Installed() {
-		return errors.New("this kloud binary cannot launch plugins: its main must call tfsandbox.MaybeRun (cmd/kloud does)")
+	if !sandbox.Installed() {
+		return errors.New("this kloud binary cannot launch plugins: its main must call sandbox.MaybeRun (cmd/kloud does)")
 	}
 	if !l.unsandboxed(name) {
-		if err := tfsandbox.Check(); err != nil {
+		if err := sandbox.Check(); err != nil {
 			return fmt.Errorf("cannot sandbox the plugin: %w; run kloud as root, or for development only start it with --plugin-insecure-no-sandbox (plugins then run with your privileges)", err)
 		}
 	}
@@ -491,8 +491,8 @@ func (l *launcher) runOnce(p *launched) (exit, err error) {
 	run := "plugin-" + p.name + "-" + randomHex(8)
 	// PTY: a provider's machines may be processes of the plugin whose agents serve terminals
 	// (the example provider's); the sandbox's own devpts, none of the host's terminals.
-	cfg := tfsandbox.Config{Terraform: p.bin, WorkDir: state, ReadOnly: []string{filepath.Dir(p.bin)},
-		UID: l.o.UID, GID: l.o.GID, Insecure: unsandboxed, PTY: true, CgroupPrefix: tfsandbox.CgroupPrefixPlugin}
+	cfg := sandbox.Config{Program: p.bin, WorkDir: state, ReadOnly: []string{filepath.Dir(p.bin)},
+		UID: l.o.UID, GID: l.o.GID, Insecure: unsandboxed, PTY: true, CgroupPrefix: sandbox.CgroupPrefixPlugin}
 	if !unsandboxed {
 		cfg.Limits = l.o.Limits
 	}
@@ -591,8 +591,8 @@ func (l *launcher) runOnce(p *launched) (exit, err error) {
 			<-exited
 		}
 	}
-	tfsandbox.Kill(run) // whatever an unsandboxed plugin left carrying its run token
-	if err := tfsandbox.RemoveCgroup(cfg, run); err != nil {
+	sandbox.Kill(run) // whatever an unsandboxed plugin left carrying its run token
+	if err := sandbox.RemoveCgroup(cfg, run); err != nil {
 		l.s.log.Warn("provider plugin's cgroup", "provider", p.name, "err", err)
 	}
 	// A descendant holding the pipe would keep the copy going: do not wait for it long.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
@@ -131,7 +132,7 @@ func (s *Server) pushShares(ctx context.Context, m *Machine) error {
 	if shares == nil {
 		shares = []Share{}
 	}
-	if !agentHas(ctx, conn, featureOwnAccountShells) {
+	if !agentHas(ctx, conn, klientapi.FeatureOwnAccountShells) {
 		// A klient from before own-account shells gives a terminal share the owner's account
 		// (with sudo, so the machine's key): it gets terminal grants as readonly until the
 		// machine is rebuilt with a current klient.
@@ -146,18 +147,18 @@ func (s *Server) pushShares(ctx context.Context, m *Machine) error {
 		}
 		shares = down
 	}
-	return conn.Call(ctx, "klient.setShares", map[string]any{"shares": shares, "token": tok}, nil)
+	p := klientapi.SetSharesParams{Shares: make([]klientapi.Share, len(shares)), Token: tok}
+	for i, sh := range shares {
+		p.Shares[i] = klientapi.Share{Username: sh.Username, Grant: sh.Grant}
+	}
+	return conn.Call(ctx, klientapi.MethodSetShares, &p, nil)
 }
 
-// featureOwnAccountShells is klient.FeatureOwnAccountShells (kloud does not link klient).
-const featureOwnAccountShells = "ownAccountShells"
-
-// agentHas reports whether the agent on conn lists feature in its klient.info.
+// agentHas reports whether the agent on conn lists feature (klientapi.Feature*) in its
+// klient.info.
 func agentHas(ctx context.Context, conn *kite.Conn, feature string) bool {
-	var info struct {
-		Features []string `json:"features"`
-	}
-	if err := conn.Call(ctx, "klient.info", nil, &info); err != nil {
+	var info klientapi.Info
+	if err := conn.Call(ctx, klientapi.MethodInfo, nil, &info); err != nil {
 		return false
 	}
 	return slices.Contains(info.Features, feature)

@@ -9,10 +9,12 @@ import (
 )
 
 // bridges are the packages under provider/ that exist to connect a provider to the rest of
-// Kloud, and so may link it: provider/plugin (a provider served over kite) and
+// Kloud, and so may link it: provider/plugin (a provider served over kite), provider/pluginapi
+// (that protocol's wire types: a manifest's name is a plugin key's, kite/kitekey) and
 // provider/providertest (the conformance suite, which runs a kloud).
 var bridges = map[string]bool{
 	"github.com/kloud-dev/kloud/provider/plugin":       true,
+	"github.com/kloud-dev/kloud/provider/pluginapi":    true,
 	"github.com/kloud-dev/kloud/provider/providertest": true,
 }
 

@@ -1,104 +1,48 @@
 package terraformer
 
 import (
-	"errors"
-	"fmt"
-	"path/filepath"
-	"regexp"
-	"strings"
-	"unicode"
-
-	tfjson "github.com/hashicorp/terraform-json"
-
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 
+// The wire types of terraformer's methods are in terraformer/tfapi (what kloud links); these are
+// their names here, for the service and its tests.
+
 // Name is the kite name of terraformer.
-const Name = "terraformer"
+const Name = tfapi.Name
 
 // The methods terraformer serves, and the notification method of its streams.
 const (
-	MethodPlan    = "terraformer.plan"
-	MethodApply   = "terraformer.apply"
-	MethodDestroy = "terraformer.destroy"
-	MethodJob     = "terraformer.job"
-	MethodWatch   = "terraformer.watch"
-	MethodCancel  = "terraformer.cancel"
-	MethodState   = "terraformer.state"
-	MethodOutputs = "terraformer.outputs"
-	EventMethod   = "terraformer.event"
+	MethodPlan    = tfapi.MethodPlan
+	MethodApply   = tfapi.MethodApply
+	MethodDestroy = tfapi.MethodDestroy
+	MethodJob     = tfapi.MethodJob
+	MethodWatch   = tfapi.MethodWatch
+	MethodCancel  = tfapi.MethodCancel
+	MethodState   = tfapi.MethodState
+	MethodOutputs = tfapi.MethodOutputs
+	EventMethod   = tfapi.EventMethod
 )
-
-// Event is the data of one terraformer.event notification.
-type Event = tfrun.Event
 
 // Limits on Request, checked before anything reaches the engine.
 const (
-	MaxFiles      = 256
-	MaxTraceIDLen = 128
+	MaxFiles      = tfapi.MaxFiles
+	MaxTraceIDLen = tfapi.MaxTraceIDLen
 )
 
-// Request is the params of terraformer.plan, terraformer.apply and terraformer.destroy.
-type Request struct {
-	// ContentID names the stack: one working directory, state and lease per id. Letters,
-	// digits, '.', '_' and '-', at most 200 characters, not starting with '.' or '-'.
-	ContentID string `json:"contentId"`
-	// Files maps a file name (no directory; ending in .tf or .tf.json) to its content (HCL or
-	// JSON). When non-empty it replaces every stored file of the content id; when empty the stored
-	// files are used again (the usual case for destroy), and a content id with none is -32003.
-	Files map[string]string `json:"files,omitempty"`
-	// Variables become a JSON var file, so any JSON value works. Absent (nil) means the variables
-	// of the previous request on this content id; present, even empty, replaces them.
-	Variables map[string]any `json:"variables,omitzero"`
-	// TraceID is recorded in the job and in terraformer's log lines.
-	TraceID string `json:"traceId,omitempty"`
-	// Preview (terraformer.plan with Files only) plans Files against the content id's state and
-	// then puts its stored files and variables back (tfrun.Request.Preview).
-	Preview bool `json:"preview,omitempty"`
-}
-
-var (
-	contentIDRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$`) // tfrun's rule
-	varNameRe   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
-	jobIDRe     = regexp.MustCompile(`^[0-9a-f]{24}$`)
+// The params and results of terraformer's methods, and the data of terraformer.event.
+type (
+	Event         = tfapi.Event
+	Request       = tfapi.Request
+	SubmitResult  = tfapi.SubmitResult
+	JobParams     = tfapi.JobParams
+	WatchResult   = tfapi.WatchResult
+	ContentParams = tfapi.ContentParams
+	StateResult   = tfapi.StateResult
+	OutputsResult = tfapi.OutputsResult
 )
 
-func checkContentID(id string) error {
-	if id == "" {
-		return errors.New("contentId is required")
-	}
-	if !contentIDRe.MatchString(id) {
-		return fmt.Errorf("contentId %q: want letters, digits, '.', '_' and '-' (at most 200, not starting with '.' or '-')", clip(id))
-	}
-	return nil
-}
-
-// Validate checks the request the way terraformer does before it reaches the engine.
-func (r *Request) Validate() error {
-	if err := checkContentID(r.ContentID); err != nil {
-		return err
-	}
-	if len(r.Files) > MaxFiles {
-		return fmt.Errorf("files: %d files, at most %d", len(r.Files), MaxFiles)
-	}
-	for name := range r.Files {
-		if name == "" || len(name) > 255 || name != filepath.Base(name) || strings.HasPrefix(name, ".") ||
-			!(strings.HasSuffix(name, ".tf") || strings.HasSuffix(name, ".tf.json")) {
-			return fmt.Errorf("files: name %q: want a plain file name ending in .tf or .tf.json", clip(name))
-		}
-	}
-	for name := range r.Variables {
-		if !varNameRe.MatchString(name) {
-			return fmt.Errorf("variables: %q is not a Terraform variable name", clip(name))
-		}
-	}
-	if len(r.TraceID) > MaxTraceIDLen || strings.IndexFunc(r.TraceID, func(c rune) bool { return !unicode.IsPrint(c) }) >= 0 {
-		return fmt.Errorf("traceId: at most %d printable characters", MaxTraceIDLen)
-	}
-	return nil
-}
-
-func (r *Request) engineRequest(op tfrun.Op) tfrun.Request {
+func engineRequest(r *Request, op tfrun.Op) tfrun.Request {
 	req := tfrun.Request{Op: op, ContentID: r.ContentID, Variables: r.Variables, TraceID: r.TraceID, Preview: r.Preview}
 	if len(r.Files) > 0 {
 		req.Files = make(map[string][]byte, len(r.Files))
@@ -107,61 +51,4 @@ func (r *Request) engineRequest(op tfrun.Op) tfrun.Request {
 		}
 	}
 	return req
-}
-
-// SubmitResult is the result of terraformer.plan, apply and destroy.
-type SubmitResult struct {
-	JobID string `json:"jobId"`
-}
-
-// JobParams is the params of terraformer.job, terraformer.watch and terraformer.cancel.
-type JobParams struct {
-	JobID string `json:"jobId"`
-}
-
-// Validate checks the job id's shape.
-func (p *JobParams) Validate() error {
-	if p.JobID == "" {
-		return errors.New("jobId is required")
-	}
-	if !jobIDRe.MatchString(p.JobID) {
-		return fmt.Errorf("jobId %q: want 24 lowercase hex digits", clip(p.JobID))
-	}
-	return nil
-}
-
-// WatchResult is the result of terraformer.watch: the subscription of the terraformer.event
-// stream.
-type WatchResult struct {
-	Subscription string `json:"subscription"`
-}
-
-// ContentParams is the params of terraformer.state and terraformer.outputs.
-type ContentParams struct {
-	ContentID string `json:"contentId"`
-}
-
-// Validate checks the content id.
-func (p *ContentParams) Validate() error { return checkContentID(p.ContentID) }
-
-// StateResult is the result of terraformer.state: `terraform show -json` of the content id's
-// state as of the end of its last run.
-type StateResult struct {
-	ContentID string        `json:"contentId"`
-	State     *tfjson.State `json:"state"`
-}
-
-// OutputsResult is the result of terraformer.outputs: the root module outputs, name → value
-// (sensitive values included).
-type OutputsResult struct {
-	ContentID string         `json:"contentId"`
-	Outputs   map[string]any `json:"outputs"`
-}
-
-// clip shortens a caller's string for an error message.
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

@@ -1,7 +1,8 @@
 // Package terraformer is Terraform as a kite service: the methods terraformer.plan, apply,
 // destroy, job, watch, cancel, state and outputs on a kite named "terraformer", served to kloud
 // only, on top of the engine in terraformer/tfrun (which runs the real terraform CLI and keeps
-// jobs, leases and state on disk). It also holds the client kloud uses (Client) and the process
+// jobs, leases and state on disk). Its wire types are terraformer/tfapi and the client kloud
+// uses terraformer/tfclient (both named here too); this package also holds the process
 // that cmd/terraformer runs (Run).
 //
 // Start reading at [New] (the service and its methods, service.go) and [Request] (the params of

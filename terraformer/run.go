@@ -22,6 +22,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 
@@ -275,20 +276,11 @@ type ReadyCheck struct {
 	Check func(ctx context.Context) error
 }
 
-// Readiness is /readyz's JSON body (the same shape as kloud's): 200 when Ready, else 503.
-type Readiness struct {
-	Ready bool `json:"ready"`
-	// NotReady names the failing checks in order: "terraform" (the binary runs), "dataDir"
-	// (writable), "kloudKeys" (kloud's GET /kite/keys answers, so kloud's calls authenticate).
-	NotReady []string               `json:"notReady"`
-	Checks   map[string]CheckResult `json:"checks"`
-}
+// Readiness is /readyz's JSON body (tfapi.Readiness).
+type Readiness = tfapi.Readiness
 
 // CheckResult is one check's result in [Readiness].
-type CheckResult struct {
-	Ready bool   `json:"ready"`
-	Error string `json:"error,omitempty"`
-}
+type CheckResult = tfapi.CheckResult
 
 func readiness(ctx context.Context, checks []ReadyCheck) Readiness {
 	rd := Readiness{NotReady: []string{}, Checks: map[string]CheckResult{}}

@@ -105,7 +105,7 @@ func (s *Service) authorize(r *kite.Request) error {
 }
 
 func (s *Service) submit(ctx context.Context, r *kite.Request, op tfrun.Op, p *Request) (any, error) {
-	j, err := s.engine.Submit(ctx, p.engineRequest(op))
+	j, err := s.engine.Submit(ctx, engineRequest(p, op))
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", op, p.ContentID, err)
 	}

@@ -7,14 +7,14 @@ import (
 	"os/signal"
 	"syscall"
 
+	launcher "github.com/kloud-dev/kloud/internal/sandbox"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
-	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 func main() {
 	sandbox.MaybeRunInit() // kloud re-executes itself as local machines' PID 1 when it starts them
-	tfsandbox.MaybeRun()   // and as the sandbox launcher of the provider plugins it starts
+	launcher.MaybeRun()    // and as the sandbox launcher of the provider plugins it starts
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -47,6 +47,11 @@ type Info struct {
 	Features []string `json:"features,omitempty"`
 }
 
+// FeatureOwnAccountShells is in Info.Features of a klient whose terminal shares' shells run as
+// the user's own account, not the owner's. kloud pushes terminal grants to klients without it as
+// readonly.
+const FeatureOwnAccountShells = "ownAccountShells"
+
 // ProvisionState is what cloud-init's provisioning left on the machine (userdata's contract).
 type ProvisionState struct {
 	Provision  *userdata.ProvisionStatus  `json:"provision,omitempty"`

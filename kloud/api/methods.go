@@ -1,6 +1,6 @@
 package api
 
-import "github.com/kloud-dev/kloud/provider/plugin"
+import "github.com/kloud-dev/kloud/provider/pluginapi"
 
 // Methods kloud serves (docs/protocol.md "kloud: …"). Every caller must be an authenticated
 // user; machine agents (kite ids starting "agent.") may call none of them.
@@ -29,7 +29,7 @@ const (
 	MethodProviderList      = "provider.list"
 	MethodProviderKeyCreate = "provider.keyCreate"
 	// MethodPluginRegister is called by provider plugins only (plugin keys), never by users.
-	MethodPluginRegister = plugin.MethodRegister
+	MethodPluginRegister = pluginapi.MethodRegister
 
 	MethodTemplateCreate  = "template.create"
 	MethodTemplateUpdate  = "template.update"

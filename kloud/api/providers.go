@@ -6,15 +6,15 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite/kitekey"
-	"github.com/kloud-dev/kloud/provider/plugin"
+	"github.com/kloud-dev/kloud/provider/pluginapi"
 )
 
 // Provider plugins (provider/plugin, kloud/plugins.go) and the provider list.
 
 // PluginRegisterParams are the params of plugin.register, which only a provider plugin calls
 // (with its plugin key): the plugin API versions it speaks, its own version and its manifest.
-// Package provider/plugin defines them (plugin.RegisterParams) and makes the call.
-type PluginRegisterParams plugin.RegisterParams
+// Package provider/pluginapi defines them (pluginapi.RegisterParams); provider/plugin makes the call.
+type PluginRegisterParams pluginapi.RegisterParams
 
 // Kinds of provider in provider.list.
 const (

@@ -31,6 +31,7 @@ import (
 	"github.com/kloud-dev/kloud/kite/wsframe"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 )
 
 // defaultURL is where client commands find kloud without --url / KLOUD_URL.
@@ -183,11 +184,8 @@ who created it. Without --out the key is printed.`,
 				return err
 			}
 			defer c.Close(nil)
-			var res struct {
-				Key    string `json:"key"`
-				KiteID string `json:"kiteId"`
-			}
-			if err := c.Call(cmd.Context(), api.MethodKontrolCreateKey, map[string]string{"username": username, "kiteId": kiteID}, &res); err != nil {
+			var res kontrolapi.CreateKeyResult
+			if err := c.Call(cmd.Context(), kontrolapi.MethodCreateKey, &kontrolapi.CreateKeyParams{Username: username, KiteID: kiteID}, &res); err != nil {
 				return explain(err)
 			}
 			if err := kitekey.WriteFile(out, res.Key); err != nil {
@@ -264,18 +262,25 @@ func kitesCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer c.Close(nil)
-			var res struct {
-				Kites []struct {
-					Kite         kite.Identity `json:"kite"`
-					URL          string        `json:"url"`
-					RegisteredAt time.Time     `json:"registeredAt"`
-				} `json:"kites"`
-			}
-			if err := c.Call(cmd.Context(), api.MethodKontrolQuery, map[string]any{"query": q}, &res); err != nil {
+			var res kontrolapi.QueryResult
+			if err := c.Call(cmd.Context(), kontrolapi.MethodQuery, &kontrolapi.QueryParams{Query: q}, &res); err != nil {
 				return explain(err)
 			}
 			if g.json {
-				return g.printJSON(res.Kites)
+				// The --json shape of `kloud kites`: kite, url (also when empty), registeredAt.
+				type kiteJSON struct {
+					Kite         kite.Identity `json:"kite"`
+					URL          string        `json:"url"`
+					RegisteredAt time.Time     `json:"registeredAt"`
+				}
+				var out []kiteJSON // null when kontrol said null, as before
+				for _, k := range res.Kites {
+					out = append(out, kiteJSON{Kite: k.Kite, URL: k.URL, RegisteredAt: k.RegisteredAt})
+				}
+				if res.Kites != nil && out == nil {
+					out = []kiteJSON{}
+				}
+				return g.printJSON(out)
 			}
 			tw := newTable(g.stdout, "ID", "USER", "NAME", "VERSION", "HOSTNAME", "REGISTERED")
 			for _, k := range res.Kites {

@@ -17,6 +17,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
 )
@@ -148,8 +149,8 @@ func TestPlanInterruptCancels(t *testing.T) {
 		paths, _ := filepath.Glob(filepath.Join(tfDir, "jobs", "*.json"))
 		for _, p := range paths {
 			b, _ := os.ReadFile(p)
-			var j tfrun.Job
-			if json.Unmarshal(b, &j) == nil && j.Status == tfrun.StatusRunning {
+			var j tfapi.Job
+			if json.Unmarshal(b, &j) == nil && j.Status == tfapi.StatusRunning {
 				return true
 			}
 		}

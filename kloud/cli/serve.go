@@ -19,6 +19,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/logfmt"
+	"github.com/kloud-dev/kloud/internal/sandbox"
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
@@ -27,8 +28,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/web"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/terraformer"
-	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
+	"github.com/kloud-dev/kloud/terraformer/tfclient"
 )
 
 // serveFlags are kloud serve's settings beyond kloud.Options.
@@ -113,12 +113,12 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	fl.StringVar(&f.o.PluginDir, "plugin-dir", "", "directory of provider plugins (kloud-provider-NAME) kloud launches and supervises (default <data dir>/plugins)")
 	fl.BoolVar(&f.o.Plugins.Insecure, "plugin-insecure-no-sandbox", false, "launch provider plugins without their sandbox: third-party code runs with kloud's privileges and sees its data directory (development without root only)")
 	fl.StringArrayVar(&f.o.Plugins.Unsandboxed, "plugin-unsandboxed", nil, "let the provider plugin NAME run without the sandbox, with kloud's privileges (repeatable; logged at every start; for a plugin that needs the host)")
-	fl.Float64Var(&f.tfLimits.CPUs, "terraform-cpus", tfsandbox.DefaultTerraformLimits.CPUs, "CPUs each terraform command may use, in its own cgroup (passed to the terraformer kloud starts; 0: no limit)")
-	fl.Int64Var(&f.tfMemMB, "terraform-memory-mb", tfsandbox.DefaultTerraformLimits.MemoryBytes>>20, "memory limit in MiB of each terraform command's cgroup (passed to the terraformer kloud starts; 0: no limit)")
-	fl.IntVar(&f.tfLimits.PidsMax, "terraform-pids-max", tfsandbox.DefaultTerraformLimits.PidsMax, "processes and threads limit of each terraform command's cgroup (passed to the terraformer kloud starts; 0: no limit)")
-	fl.Float64Var(&f.pluginLimits.CPUs, "plugin-cpus", tfsandbox.DefaultPluginLimits.CPUs, "CPUs each sandboxed provider plugin (and what it starts) may use, in its own cgroup (0: no limit)")
-	fl.Int64Var(&f.pluginMemMB, "plugin-memory-mb", tfsandbox.DefaultPluginLimits.MemoryBytes>>20, "memory limit in MiB of each sandboxed provider plugin's cgroup (0: no limit)")
-	fl.IntVar(&f.pluginLimits.PidsMax, "plugin-pids-max", tfsandbox.DefaultPluginLimits.PidsMax, "processes and threads limit of each sandboxed provider plugin's cgroup (0: no limit)")
+	fl.Float64Var(&f.tfLimits.CPUs, "terraform-cpus", sandbox.DefaultTerraformLimits.CPUs, "CPUs each terraform command may use, in its own cgroup (passed to the terraformer kloud starts; 0: no limit)")
+	fl.Int64Var(&f.tfMemMB, "terraform-memory-mb", sandbox.DefaultTerraformLimits.MemoryBytes>>20, "memory limit in MiB of each terraform command's cgroup (passed to the terraformer kloud starts; 0: no limit)")
+	fl.IntVar(&f.tfLimits.PidsMax, "terraform-pids-max", sandbox.DefaultTerraformLimits.PidsMax, "processes and threads limit of each terraform command's cgroup (passed to the terraformer kloud starts; 0: no limit)")
+	fl.Float64Var(&f.pluginLimits.CPUs, "plugin-cpus", sandbox.DefaultPluginLimits.CPUs, "CPUs each sandboxed provider plugin (and what it starts) may use, in its own cgroup (0: no limit)")
+	fl.Int64Var(&f.pluginMemMB, "plugin-memory-mb", sandbox.DefaultPluginLimits.MemoryBytes>>20, "memory limit in MiB of each sandboxed provider plugin's cgroup (0: no limit)")
+	fl.IntVar(&f.pluginLimits.PidsMax, "plugin-pids-max", sandbox.DefaultPluginLimits.PidsMax, "processes and threads limit of each sandboxed provider plugin's cgroup (0: no limit)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", logfmt.Text, logfmt.Usage+" (passed to the terraformer kloud starts)")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve https and wss only, with this PEM certificate (chain): plain http is refused, answers carry Strict-Transport-Security, cookies are Secure, --public-url defaults to https; the terraformer kloud starts serves with it too (needs --tls-key)")
@@ -257,7 +257,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		}
 		tfURL = sup.URL
 	}
-	tc := terraformer.NewClient(ck, tfURL, func(ctx context.Context) (kite.Auth, error) {
+	tc := tfclient.NewClient(ck, tfURL, func(ctx context.Context) (kite.Auth, error) {
 		// terraformer verifies kloud's key with kloud's /kite/keys: connecting before kloud
 		// listens would fail, and make terraformer wait before it fetches the keys again.
 		select {

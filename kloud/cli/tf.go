@@ -19,8 +19,8 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
-	"github.com/kloud-dev/kloud/terraformer"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
+	"github.com/kloud-dev/kloud/terraformer/tfclient"
 )
 
 type tfOptions struct {
@@ -48,9 +48,9 @@ Ctrl-C cancels the job.`,
 	pf.StringVar(&o.contentID, "content-id", "", "content id (default: the directory's name)")
 	pf.StringArrayVar(&o.vars, "var", nil, "variable NAME=VALUE (repeatable); VALUE is parsed as JSON if it is valid JSON, else taken as a string")
 	pf.StringVar(&o.traceID, "trace-id", "", "trace id recorded in the job and terraformer's logs")
-	for _, op := range []tfrun.Op{tfrun.OpPlan, tfrun.OpApply, tfrun.OpDestroy} {
+	for _, op := range []tfapi.Op{tfapi.OpPlan, tfapi.OpApply, tfapi.OpDestroy} {
 		use, args := string(op)+" DIR", cobra.ExactArgs(1)
-		if op == tfrun.OpDestroy {
+		if op == tfapi.OpDestroy {
 			use, args = "destroy [DIR]", cobra.MaximumNArgs(1) // without DIR: the stored files
 		}
 		cmd.AddCommand(&cobra.Command{
@@ -65,8 +65,8 @@ Ctrl-C cancels the job.`,
 	return cmd
 }
 
-func (g *globals) tf(ctx context.Context, o *tfOptions, op tfrun.Op, args []string) error {
-	req := terraformer.Request{ContentID: o.contentID, TraceID: o.traceID}
+func (g *globals) tf(ctx context.Context, o *tfOptions, op tfapi.Op, args []string) error {
+	req := tfapi.Request{ContentID: o.contentID, TraceID: o.traceID}
 	if len(args) == 1 {
 		files, err := readTFDir(args[0])
 		if err != nil {
@@ -112,13 +112,13 @@ func (g *globals) tf(ctx context.Context, o *tfOptions, op tfrun.Op, args []stri
 	// One plain dial first, so that an unreachable terraformer or a refused key is reported at
 	// once rather than retried by the client.
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := k.Dial(dctx, terraformer.KiteURL(o.url), auth)
+	conn, err := k.Dial(dctx, tfclient.KiteURL(o.url), auth)
 	cancel()
 	if err != nil {
 		return explainTF(o.url, g.kloudKeyPath(), err)
 	}
 	conn.Close(nil)
-	c := terraformer.NewClient(k, o.url, func(context.Context) (kite.Auth, error) { return auth, nil })
+	c := tfclient.NewClient(k, o.url, func(context.Context) (kite.Auth, error) { return auth, nil })
 	defer c.Close()
 
 	progress := g.stdout
@@ -127,18 +127,18 @@ func (g *globals) tf(ctx context.Context, o *tfOptions, op tfrun.Op, args []stri
 	}
 	var id string
 	switch op {
-	case tfrun.OpPlan:
+	case tfapi.OpPlan:
 		id, err = c.Plan(ctx, req)
-	case tfrun.OpApply:
+	case tfapi.OpApply:
 		id, err = c.Apply(ctx, req)
-	case tfrun.OpDestroy:
+	case tfapi.OpDestroy:
 		id, err = c.Destroy(ctx, req)
 	}
 	if err != nil {
 		return explainTF(o.url, g.kloudKeyPath(), err)
 	}
 	fmt.Fprintf(progress, "job %s: %s %s (%d files) on %s\n", id, op, req.ContentID, len(req.Files), o.url)
-	job, err := c.Wait(ctx, id, func(ev terraformer.Event) { printEvent(progress, ev) })
+	job, err := c.Wait(ctx, id, func(ev tfapi.Event) { printEvent(progress, ev) })
 	if job == nil && ctx.Err() != nil {
 		fmt.Fprintf(progress, "interrupted: cancelling job %s\n", id)
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -156,7 +156,7 @@ func (g *globals) tf(ctx context.Context, o *tfOptions, op tfrun.Op, args []stri
 	} else {
 		printJob(g.stdout, job)
 	}
-	if job.Status != tfrun.StatusSucceeded {
+	if job.Status != tfapi.StatusSucceeded {
 		return fmt.Errorf("job %s %s", job.ID, job.Status)
 	}
 	return nil
@@ -238,16 +238,16 @@ func contentIDFor(dir string) string {
 	return id
 }
 
-func printEvent(w io.Writer, ev terraformer.Event) {
+func printEvent(w io.Writer, ev tfapi.Event) {
 	switch ev.Type {
-	case tfrun.EventLog:
+	case tfapi.EventLog:
 		fmt.Fprintf(w, "[%3d%%] %s\n", ev.Percent, ev.Line)
-	case tfrun.EventStatus:
+	case tfapi.EventStatus:
 		fmt.Fprintf(w, "[%3d%%] job %s\n", ev.Percent, ev.Status)
 	}
 }
 
-func printJob(w io.Writer, j *tfrun.Job) {
+func printJob(w io.Writer, j *tfapi.Job) {
 	took := ""
 	if !j.StartedAt.IsZero() && !j.FinishedAt.IsZero() {
 		took = " in " + j.FinishedAt.Sub(j.StartedAt).Round(10*time.Millisecond).String()
@@ -264,7 +264,7 @@ func printJob(w io.Writer, j *tfrun.Job) {
 		return
 	}
 	s := r.Summary
-	if j.Op == tfrun.OpPlan {
+	if j.Op == tfapi.OpPlan {
 		fmt.Fprintf(w, "Plan: %d to add, %d to change, %d to destroy.\n", s.Add, s.Change, s.Remove)
 		for _, c := range r.Changes {
 			fmt.Fprintf(w, "  %-8s %s\n", strings.Join(c.Actions, ","), c.Address)

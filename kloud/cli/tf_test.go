@@ -12,7 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/terraformer/terraformertest"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // TestTF drives a real terraformer (terraformertest) with `kloud tf plan|apply|destroy`.
@@ -71,8 +71,8 @@ output "count" { value = length(terraform_data.r) }
 
 	// --json: the job on stdout, progress on stderr.
 	code, stdout, stderr = run("tf", "apply", stack, "--json")
-	var j tfrun.Job
-	if code != 0 || json.Unmarshal([]byte(stdout), &j) != nil || j.Status != tfrun.StatusSucceeded || j.Result.Outputs["count"].Value != float64(3) {
+	var j tfapi.Job
+	if code != 0 || json.Unmarshal([]byte(stdout), &j) != nil || j.Status != tfapi.StatusSucceeded || j.Result.Outputs["count"].Value != float64(3) {
 		t.Fatalf("apply --json: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	if !strings.Contains(stderr, "job "+j.ID) {

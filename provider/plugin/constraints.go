@@ -16,31 +16,12 @@ import (
 // provider.ErrConstraint reaches kloud wrapping provider.ErrConstraint again, with the provider's
 // message (kloud answers invalid params).
 
-// maxConstraints bounds a manifest's vocabulary.
-const maxConstraints = 64
-
 // manifestConstraints is p's vocabulary for its manifest.
 func manifestConstraints(p *provider.Provider) []provider.Constraint {
 	if p.Constraints == nil {
 		return nil
 	}
 	return p.Constraints()
-}
-
-// validateConstraintsManifest checks a manifest's vocabulary as kloud receives it.
-func validateConstraintsManifest(vocab []provider.Constraint) error {
-	if len(vocab) > maxConstraints {
-		return fmt.Errorf("provider.constraints: %d, at most %d", len(vocab), maxConstraints)
-	}
-	for _, c := range vocab {
-		if len(c.Name) > 64 || len(c.Attribute) > 128 || len(c.Description) > 1024 || len(c.Values) > 256 || len(c.Conflicts) > 16 {
-			return fmt.Errorf("provider.constraints: %q: a name of at most 64 bytes, an attribute of 128, at most 256 values and 16 conflicts", c.Name)
-		}
-	}
-	if err := provider.CheckVocabulary(vocab); err != nil {
-		return fmt.Errorf("provider.constraints: %w", err)
-	}
-	return nil
 }
 
 // proxyConstraints is the proxy's Provider.Constraints for a manifest's vocabulary (nil: none).

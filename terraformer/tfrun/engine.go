@@ -207,12 +207,12 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.tf = &terraform{
 		launcher: opts.Launcher,
 		sandbox: tfsandbox.Config{
-			Terraform: opts.TerraformPath,
-			ReadOnly:  readOnly,
-			UID:       opts.SandboxUID,
-			GID:       opts.SandboxGID,
-			Insecure:  opts.InsecureNoSandbox,
-			Limits:    opts.SandboxLimits,
+			Program:  opts.TerraformPath,
+			ReadOnly: readOnly,
+			UID:      opts.SandboxUID,
+			GID:      opts.SandboxGID,
+			Insecure: opts.InsecureNoSandbox,
+			Limits:   opts.SandboxLimits,
 		},
 		env:    terraformEnv(opts.CLIConfigFile, opts.InsecureNoSandbox),
 		grace:  opts.CancelGrace,
@@ -289,7 +289,7 @@ func checkFileName(name string) error {
 // content id's lease (in this or another process), with ErrNotFound when Files is empty and
 // nothing is stored for the content id, and with ErrInvalid for a malformed request.
 func (e *Engine) Submit(ctx context.Context, req Request) (*Job, error) {
-	if !req.Op.valid() {
+	if !validOp(req.Op) {
 		return nil, fmt.Errorf("op %q: %w", req.Op, ErrInvalid)
 	}
 	if err := checkContentID(req.ContentID); err != nil {
@@ -354,7 +354,7 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Job, error) {
 	}
 	e.active[id] = r
 	e.byContent[req.ContentID] = r
-	ret := job.clone() // before the run goroutine owns job
+	ret := cloneJob(job) // before the run goroutine owns job
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()

@@ -114,7 +114,7 @@ func (r *run) setPhase(p string) {
 func (r *run) snapshot() *Job {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.job.clone()
+	return cloneJob(r.job)
 }
 
 // execute is the whole life of the run, on its own goroutine.
@@ -631,7 +631,7 @@ func (r *run) finish(opErr error, result *Result) *Job {
 	j.Result = result
 	j.FinishedAt, j.UpdatedAt = now, now
 	r.persistLocked()
-	return j.clone()
+	return cloneJob(j)
 }
 
 func (r *run) terraformError(opErr error, diags []Diagnostic) *JobError {
@@ -858,7 +858,7 @@ func (r *run) publishLocked(ev Event) {
 	ev.Percent = r.job.Percent
 	for w := range r.watchers {
 		w.push(ev, func() Event {
-			return Event{Type: EventJob, JobID: r.id, Time: ev.Time, Status: r.job.Status, Percent: r.job.Percent, Job: r.job.clone()}
+			return Event{Type: EventJob, JobID: r.id, Time: ev.Time, Status: r.job.Status, Percent: r.job.Percent, Job: cloneJob(r.job)}
 		})
 	}
 }
@@ -888,7 +888,7 @@ func (w *watcher) push(ev Event, snapshot func() Event) {
 func (r *run) watch(ctx context.Context) <-chan Event {
 	ch := make(chan Event, 16)
 	r.mu.Lock()
-	snap := r.job.clone()
+	snap := cloneJob(r.job)
 	if snap.Status.Final() {
 		r.mu.Unlock()
 		ch <- finalEvent(snap)

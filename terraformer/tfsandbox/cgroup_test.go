@@ -48,7 +48,7 @@ func TestForkBombUnderPidsLimit(t *testing.T) {
 	b := make([]byte, 6)
 	rand.Read(b)
 	run := "bomb-" + hex.EncodeToString(b)
-	cfg := tfsandbox.Config{Terraform: "/bin/sh", CgroupPrefix: "tftest-",
+	cfg := tfsandbox.Config{Program: "/bin/sh", CgroupPrefix: "tftest-",
 		Limits: &cgroups.Limits{PidsMax: 32, MemoryBytes: 256 << 20, CPUs: 0.5}}
 	dir := filepath.Join(hs["pids"].Mount, "kloud", "tftest-"+run)
 	t.Cleanup(func() { _ = tfsandbox.RemoveCgroup(cfg, run) })

@@ -16,7 +16,7 @@ func TestPTY(t *testing.T) {
 	testutil.RequireRoot(t)
 	script := testutil.RequireBinary(t, "script") // util-linux: runs a command on a new pty
 	run := func(pty bool) (string, error) {
-		env, err := tfsandbox.Config{Terraform: script, PTY: pty}.Env("pty-test")
+		env, err := tfsandbox.Config{Program: script, PTY: pty}.Env("pty-test")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -70,7 +70,7 @@ func newWorkdir(t *testing.T, mainTF string) *workdir {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := tfsandbox.Config{Terraform: tf, WorkDir: w.dir, ReadOnly: append([]string{cliConfig}, mirrors...), UID: nobody, GID: nobody}
+		cfg := tfsandbox.Config{Program: tf, WorkDir: w.dir, ReadOnly: append([]string{cliConfig}, mirrors...), UID: nobody, GID: nobody}
 		if w.sandbox, err = cfg.Env(fmt.Sprintf("tfprovider-test-%d", os.Getpid())); err != nil {
 			t.Fatal(err)
 		}

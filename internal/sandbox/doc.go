@@ -1,8 +1,10 @@
-// Package tfsandbox is the launcher terraformer gives terraform-exec as "the terraform binary":
-// the terraformer binary (or a test binary) re-executed, which runs the real terraform
-// unprivileged, in its own pid and mount namespaces, seeing only what a run needs. Start reading
-// at [MaybeRun] (which every program that runs terraform through tfrun calls first in main or
-// TestMain) and [Config] (what the launcher is told); the stages are in launch.go and init.go.
+// Package sandbox runs a program unprivileged, in its own pid and mount namespaces, seeing only
+// what it needs: the calling binary re-executed as a launcher. terraformer runs every terraform
+// command through it (terraformer/tfsandbox, the terraform-specific layer: Terraform CLI config,
+// terraform-exec), and kloud its provider plugins (kloud/plugins.go). Start reading at [MaybeRun]
+// (which every program that launches through it calls first in main or TestMain) and [Config]
+// (what the launcher is told); the stages are in launch.go and init.go. Below, "terraform" is
+// Config.Program, whichever program that is.
 //
 // # Process tree
 //
@@ -51,4 +53,4 @@
 // Config.Insecure makes the launcher exec terraform in place, with the caller's privileges and
 // view of the host. It exists for development without root (terraformer's --insecure-no-sandbox)
 // and is never a fallback: without it, a host that cannot build the sandbox fails the run.
-package tfsandbox
+package sandbox

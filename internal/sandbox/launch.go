@@ -1,4 +1,4 @@
-package tfsandbox
+package sandbox
 
 import (
 	"errors"
@@ -26,8 +26,8 @@ func launch() int {
 	}
 	if cfg.Insecure {
 		env := envWithout(true) // the token stays, so that Kill finds what terraform started
-		args := append([]string{cfg.Terraform}, os.Args[1:]...)
-		return fail(fmt.Errorf("exec %s: %w", cfg.Terraform, syscall.Exec(cfg.Terraform, args, env)))
+		args := append([]string{cfg.Program}, os.Args[1:]...)
+		return fail(fmt.Errorf("exec %s: %w", cfg.Program, syscall.Exec(cfg.Program, args, env)))
 	}
 	// Pdeathsig belongs to the thread that forks: keep init's parent thread alive for good.
 	runtime.LockOSThread()
@@ -43,7 +43,7 @@ func launch() int {
 		}
 		defer func() {
 			if err := leaveCgroup(rel); err != nil {
-				fmt.Fprintf(os.Stderr, "tfsandbox: %v\n", err)
+				fmt.Fprintf(os.Stderr, "sandbox: %v\n", err)
 			}
 		}()
 	}
@@ -90,6 +90,6 @@ func exitCode(err error) int {
 }
 
 func fail(err error) int {
-	fmt.Fprintf(os.Stderr, "tfsandbox: %v\n", err)
+	fmt.Fprintf(os.Stderr, "sandbox: %v\n", err)
 	return 125
 }

@@ -1,14 +1,11 @@
-package tfsandbox
+package sandbox
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -34,13 +31,14 @@ const (
 
 // Config is what the launcher is told, as JSON in an environment variable (see [Config.Env]).
 type Config struct {
-	// Terraform is the real terraform binary.
-	Terraform string `json:"terraform"`
-	// WorkDir is bound read-write at its own path and is terraform's working directory. Empty:
-	// no work directory (terraform runs in /tmp), as for `terraform version`.
+	// Program is the binary the sandbox runs: terraform (terraformer/tfsandbox), a provider
+	// plugin (kloud), ...
+	Program string `json:"program"`
+	// WorkDir is bound read-write at its own path and is the program's working directory. Empty:
+	// no work directory (it runs in /tmp), as for `terraform version`.
 	WorkDir string `json:"workDir,omitempty"`
 	// ReadOnly paths are bound read-only at their own paths: the CLI config file, the provider
-	// mirrors, extra paths. The terraform binary is added by the launcher.
+	// mirrors, extra paths. The Program binary is added by the launcher.
 	ReadOnly []string `json:"readOnly,omitempty"`
 	// UID and GID terraform runs as. Zero: DefaultUID / DefaultGID (never root).
 	UID int `json:"uid,omitempty"`
@@ -68,25 +66,25 @@ func (c *Config) defaults() {
 	}
 }
 
-// Env returns the environment variables that make the launcher run terraform with c; pass them
-// (with the rest of terraform's environment) to terraform-exec's SetEnv. run is a token that
-// [Kill] finds the command's processes by.
+// Env returns the environment variables that make the launcher run the program with c; pass them
+// (with the rest of its environment) to the launcher (terraform-exec's SetEnv, exec.Cmd.Env). run
+// is a token that [Kill] finds the command's processes by.
 func (c Config) Env(run string) (map[string]string, error) {
-	if c.Terraform == "" {
-		return nil, errors.New("tfsandbox: no terraform binary")
+	if c.Program == "" {
+		return nil, errors.New("sandbox: no program")
 	}
 	b, err := json.Marshal(c)
 	if err != nil {
-		return nil, fmt.Errorf("tfsandbox: %w", err)
+		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	return map[string]string{envStage: stageLaunch, envConfig: string(b), EnvRun: run}, nil
 }
 
 var installed atomic.Bool
 
-// MaybeRun must be the first statement of main() in every program that runs terraform through
-// tfrun (cmd/terraformer, test binaries via TestMain, bench tools): tfrun re-executes the program
-// as the launcher. In a normal run it returns at once; as the launcher or its init it does that
+// MaybeRun must be the first statement of main() in every program that runs something in the
+// sandbox (cmd/terraformer and cmd/kloud, test binaries via TestMain, bench tools): the program
+// is re-executed as the launcher. In a normal run it returns at once; as the launcher or its init it does that
 // job and exits.
 func MaybeRun() {
 	switch os.Getenv(envStage) {
@@ -108,69 +106,6 @@ func Check() error {
 		return fmt.Errorf("the terraform sandbox needs root (pid and mount namespaces, a uid change); this process runs as uid %d", os.Geteuid())
 	}
 	return nil
-}
-
-var (
-	mirrorPathRe = regexp.MustCompile(`(?m)^\s*path\s*=\s*"([^"]+)"`)
-	cacheDirRe   = regexp.MustCompile(`(?m)^\s*plugin_cache_dir\s*=\s*"([^"]+)"`)
-)
-
-// CLIConfigPaths returns what the Terraform CLI config file at path needs visible besides itself:
-// the `path` of its filesystem_mirror blocks and its plugin_cache_dir, those that exist.
-func CLIConfigPaths(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read cli config: %w", err)
-	}
-	b = stripComments(b)
-	var out []string
-	for _, re := range []*regexp.Regexp{mirrorPathRe, cacheDirRe} {
-		for _, m := range re.FindAllSubmatch(b, -1) {
-			p := string(m[1])
-			if !filepath.IsAbs(p) {
-				continue // relative to terraform's cwd: the work dir, which is visible anyway
-			}
-			if _, err := os.Stat(p); err != nil {
-				continue
-			}
-			p = filepath.Clean(p)
-			out = append(out, p)
-			out = append(out, linkTargets(p)...)
-		}
-	}
-	return out, nil
-}
-
-// linkTargets returns where the symlinks under dir point outside dir (a provider in a mirror may
-// be a symlink to its build), so that they resolve in the sandbox too.
-func linkTargets(dir string) []string {
-	var out []string
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.Type()&fs.ModeSymlink == 0 {
-			return nil
-		}
-		target, err := filepath.EvalSymlinks(p)
-		if err != nil {
-			return nil
-		}
-		if rel, err := filepath.Rel(dir, target); err != nil || strings.HasPrefix(rel, "..") {
-			out = append(out, target)
-		}
-		return nil
-	})
-	return out
-}
-
-func stripComments(b []byte) []byte {
-	var out [][]byte
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		t := bytes.TrimSpace(line)
-		if bytes.HasPrefix(t, []byte("#")) || bytes.HasPrefix(t, []byte("//")) {
-			continue
-		}
-		out = append(out, line)
-	}
-	return bytes.Join(out, []byte("\n"))
 }
 
 // Kill sends SIGKILL to every process whose environment carries EnvRun=run (the launcher and
@@ -219,7 +154,7 @@ func envWithout(keepRun bool) []string {
 func readConfig() (*Config, error) {
 	var c Config
 	if err := json.Unmarshal([]byte(os.Getenv(envConfig)), &c); err != nil {
-		return nil, fmt.Errorf("tfsandbox: parse %s: %w", envConfig, err)
+		return nil, fmt.Errorf("sandbox: parse %s: %w", envConfig, err)
 	}
 	c.defaults()
 	return &c, nil

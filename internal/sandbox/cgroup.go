@@ -1,4 +1,4 @@
-package tfsandbox
+package sandbox
 
 import (
 	"fmt"

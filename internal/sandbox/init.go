@@ -1,4 +1,4 @@
-package tfsandbox
+package sandbox
 
 import (
 	"errors"
@@ -50,7 +50,7 @@ func runInit() int {
 	}
 	env := append(filterEnv(envWithout(false), "HOME", "TMPDIR", "PWD", "OLDPWD", "USER", "LOGNAME"),
 		"HOME=/tmp", "TMPDIR=/tmp")
-	p, err := os.StartProcess(cfg.Terraform, append([]string{cfg.Terraform}, os.Args[1:]...), &os.ProcAttr{
+	p, err := os.StartProcess(cfg.Program, append([]string{cfg.Program}, os.Args[1:]...), &os.ProcAttr{
 		Dir:   dir,
 		Env:   env,
 		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr},
@@ -154,7 +154,7 @@ func buildRoot(cfg *Config) error {
 	if err := unix.Mount("tmpfs", root+"/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size=512m"); err != nil {
 		return fmt.Errorf("mount /tmp: %w", err)
 	}
-	for _, p := range append([]string{cfg.Terraform}, cfg.ReadOnly...) {
+	for _, p := range append([]string{cfg.Program}, cfg.ReadOnly...) {
 		resolved, err := mkTarget(root, p)
 		if err != nil {
 			return fmt.Errorf("read-only path %s: %w", p, err)

@@ -1,0 +1,26 @@
+package tfapi_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+)
+
+// TestNoEngine keeps tfapi and tfclient what kloud links of terraformer: tfapi links nothing of
+// the module (the engine, terraformer/tfrun, names its types), tfclient no engine (tfrun,
+// terraform-exec), sandbox or service.
+func TestNoEngine(t *testing.T) {
+	const mod = "github.com/kloud-dev/kloud/"
+	for _, dep := range testutil.Deps(t, "./terraformer/tfapi") {
+		if strings.HasPrefix(dep, mod) && dep != mod+"terraformer/tfapi" || strings.HasPrefix(dep, "github.com/hashicorp/terraform-exec") {
+			t.Errorf("terraformer/tfapi links %s", dep)
+		}
+	}
+	for _, dep := range testutil.Deps(t, "./terraformer/tfclient") {
+		if dep == mod+"terraformer" || strings.HasPrefix(dep, mod+"terraformer/") && dep != mod+"terraformer/tfapi" && dep != mod+"terraformer/tfclient" ||
+			strings.HasPrefix(dep, mod+"internal/sandbox") || strings.HasPrefix(dep, "github.com/hashicorp/terraform-exec") {
+			t.Errorf("terraformer/tfclient links %s", dep)
+		}
+	}
+}
