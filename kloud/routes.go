@@ -352,8 +352,8 @@ func (s *Server) jobKinds() map[string]jobKind {
 	}
 	return map[string]jobKind{
 		jobStackApply: {
-			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackApply(ctx, j, false) },
-			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackApply(ctx, j, true) },
+			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.flow().RunApply(ctx, j, false) },
+			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.flow().RunApply(ctx, j, true) },
 		},
 		jobStackUpdate: { // stacks_update.go
 			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackUpdate(ctx, j, false) },

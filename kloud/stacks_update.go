@@ -290,7 +290,7 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 	up := s.diffMachines(st, planned, ms, changes, before)
 	up.FromRev, up.ToRev, up.Diverged = st.TemplateRev, rev, st.Diverged
 	for i := range planned {
-		planned[i].Attributes = visibleAttrs(planned[i].Attributes)
+		planned[i].Attributes = stackbuild.VisibleAttrs(planned[i].Attributes)
 	}
 	return api.StackPlanResult{Machines: planned, TemplateID: st.TemplateID, Rev: rev, Update: &up}, nil
 }
@@ -311,7 +311,7 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool)
 			if errors.As(err, &un) {
 				s.restoreStack(ctx, j, p, err)
 			}
-			s.exitStack(ctx, j, p.StackID, StackBuilding, err)
+			s.flow().ExitStack(ctx, j, p.StackID, StackBuilding, err)
 		}
 	}()
 	st, c, stop, err := s.resumeStackJob(ctx, j, recovering, p.StackID, p.Lease, StackBuilding)
@@ -348,7 +348,7 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool)
 	if ctx.Err() != nil {
 		return nil, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
-	job, err := tf.Wait(ctx, tfJob, applyProgress(ctx, j))
+	job, err := tf.Wait(ctx, tfJob, stackbuild.ApplyProgress(ctx, j))
 	if err != nil {
 		return nil, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
@@ -446,12 +446,12 @@ func matchMachines(st *Stack, planned []api.PlannedMachine, ms []Machine) (*matc
 		if !ok {
 			now := time.Now().UTC()
 			out.added = append(out.added, Machine{ID: store.NewID(), StackID: st.ID, Label: pm.Label, Resource: pm.Resource, Index: pm.Index, Provider: pm.Provider,
-				Owner: st.Owner, Team: st.Team, State: provider.Building, Agent: Agent{Status: AgentNever}, Attributes: visibleAttrs(pm.Attributes), CreatedAt: now, UpdatedAt: now})
+				Owner: st.Owner, Team: st.Team, State: provider.Building, Agent: Agent{Status: AgentNever}, Attributes: stackbuild.VisibleAttrs(pm.Attributes), CreatedAt: now, UpdatedAt: now})
 			m = &out.added[len(out.added)-1]
 		} else {
 			out.kept = append(out.kept, m)
 		}
-		spec := machineSpec(m)
+		spec := stackbuild.MachineSpec(m)
 		spec.Attributes = pm.Attributes // as planned for the new files (the user script among them)
 		out.specs = append(out.specs, spec)
 	}
@@ -489,7 +489,7 @@ func (s *Server) renderFor(ctx context.Context, c *Caller, st *Stack, files []Fi
 	for _, name := range names {
 		p, _ := s.providers.Lookup(name)
 		bs := &provider.BaseStack{Provider: p, StackID: st.ID, Team: st.Team, Owner: st.Owner, Template: tpl, Log: s.log.With("stack", st.ID, "provider", name),
-			AgentConfig: agents.config, Vacating: slices.Contains(mt.vacated, name)}
+			AgentConfig: agents.Config, Vacating: slices.Contains(mt.vacated, name)}
 		for _, sp := range specs {
 			if sp.Provider == name {
 				bs.Machines = append(bs.Machines, sp)
@@ -570,7 +570,7 @@ func (s *Server) stackState(ctx context.Context, stackID string) *tfjson.State {
 // unsettleInterrupted moves the machines of stack id an interrupted update attempt left Building
 // or Terminating to Unknown, so the next attempt can plan them.
 func (s *Server) unsettleInterrupted(ctx context.Context, id string) error {
-	ms, err := s.stackMachinesRetry(ctx, id)
+	ms, err := s.flow().StackMachinesRetry(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -767,7 +767,7 @@ func (s *Server) setContent(ctx context.Context, stackID, jobID string, c store.
 		return fmt.Errorf("record the stack's new files: %w", err)
 	}
 	if !ok {
-		return fmt.Errorf("stack %s: %w", stackID, errNotThisJobs)
+		return fmt.Errorf("stack %s: %w", stackID, stackbuild.ErrNotThisJobs)
 	}
 	return nil
 }
@@ -792,19 +792,19 @@ func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		}
 	}
 	j.Enter(ctx, stackbuild.BuildAgents)
-	results := s.waitAgents(ctx, j, st, wait, res)
+	results := s.flow().WaitAgents(ctx, j, st, wait, res)
 	if ctx.Err() != nil {
 		return nil, s.failUpdate(ctx, st, res, "", fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
 	}
 	j.Enter(ctx, stackbuild.BuildSettings)
-	failed := s.settleMachines(ctx, c, wait, results) // stacks.go, as a build
+	failed := s.flow().SettleMachines(ctx, c, wait, results) // stacks.go, as a build
 	for _, m := range others {
-		attrs := resourceValues(res, &m)
+		attrs := stackbuild.ResourceValues(res, &m)
 		if len(attrs) == 0 {
 			continue
 		}
 		set := store.MachineSet{Attributes: attrs}
-		if ip := ipOf(attrs); ip != "" {
+		if ip := stackbuild.IPOf(attrs); ip != "" {
 			set.IPAddress = new(ip)
 		}
 		s.setMachine(ctx, m.ID, nil, set)
@@ -813,7 +813,7 @@ func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		return nil, err
 	}
 	s.keepPorts(ctx, j, st) // ports.go: a replaced machine gets its recorded rules
-	return s.settleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait)),
+	return s.flow().SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait)),
 		map[string]any{"stackId": st.ID, "machines": len(wait) + len(others), "awaited": len(wait)})
 }
 
@@ -823,7 +823,7 @@ func (s *Server) recordMachineList(ctx context.Context, j *jobCtx, stackID strin
 	if err != nil {
 		return err
 	}
-	ms, err := s.stackMachinesRetry(ctx, stackID)
+	ms, err := s.flow().StackMachinesRetry(ctx, stackID)
 	if err != nil {
 		return err
 	}
@@ -843,7 +843,7 @@ func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *
 	}
 	var ids []string
 	for _, m := range ms {
-		if m.State != provider.Terminating || stateResource(res, &m) != nil {
+		if m.State != provider.Terminating || stackbuild.StateResource(res, &m) != nil {
 			continue
 		}
 		if m.KiteID != "" {
@@ -903,7 +903,7 @@ func (s *Server) failUpdate(ctx context.Context, st *Stack, res *tfrun.Result, t
 		reason = fmt.Errorf("update cancelled: %w", reason)
 	}
 	s.stopTF(ctx, tfJob)
-	if ms, err := s.stackMachinesRetry(ctx, st.ID); err == nil {
+	if ms, err := s.flow().StackMachinesRetry(ctx, st.ID); err == nil {
 		s.dropRemoved(ctx, st, ms, res)
 	}
 	return reason
@@ -911,32 +911,13 @@ func (s *Server) failUpdate(ctx context.Context, st *Stack, res *tfrun.Result, t
 
 // ---- the diff
 
-// hiddenAttr: attributes that hold an agent's key (user data, the dummy's input and output,
-// the docker provider's NoCloud seed upload) are never shown or stored, only named.
-func hiddenAttr(k string) bool {
-	return strings.Contains(k, "user_data") || k == "input" || k == "output" || k == "upload"
-}
-
-func visibleAttrs(a map[string]any) map[string]any {
-	if a == nil {
-		return nil
-	}
-	out := make(map[string]any, len(a))
-	for k, v := range a {
-		if !hiddenAttr(k) {
-			out[k] = v
-		}
-	}
-	return out
-}
-
 // changeLabel is the machine label of a planned change ("" if it is not a machine's).
 func (s *Server) changeLabel(ch tfrun.ResourceChange) string {
 	p := s.providers.ByResourceType(ch.Type)
 	if ch.Mode != "managed" || p == nil || strings.HasPrefix(ch.Name, "kloud_") || ch.Module != "" {
 		return ""
 	}
-	if i, ok := index(ch.Index); ok {
+	if i, ok := stackbuild.Index(ch.Index); ok {
 		return ch.Name + "." + strconv.Itoa(i)
 	}
 	return ch.Name
@@ -964,7 +945,7 @@ func (s *Server) diffMachines(st *Stack, planned []api.PlannedMachine, ms []Mach
 		ch, has := byLabel[pm.Label]
 		switch {
 		case rec == nil:
-			mc.Action, mc.Attributes, mc.Configured = api.UpdateAdd, visibleAttrs(pm.Attributes), pm.Configured
+			mc.Action, mc.Attributes, mc.Configured = api.UpdateAdd, stackbuild.VisibleAttrs(pm.Attributes), pm.Configured
 		case !has:
 			mc.Action, mc.MachineID = api.UpdateKeep, rec.ID
 		default:
@@ -1027,7 +1008,7 @@ func attrChanges(before map[string]any, ch tfrun.ResourceChange, unknowns bool) 
 	var out []api.AttrChange
 	for _, k := range slices.Sorted(maps.Keys(keys)) {
 		if u, _ := unknown[k].(bool); u {
-			if unknowns && !hiddenAttr(k) {
+			if unknowns && !stackbuild.HiddenAttr(k) {
 				out = append(out, api.AttrChange{Name: k, Before: before[k], Unknown: true})
 			}
 			continue
@@ -1035,7 +1016,7 @@ func attrChanges(before map[string]any, ch tfrun.ResourceChange, unknowns bool) 
 		if sameValue(before[k], after[k]) {
 			continue
 		}
-		if hiddenAttr(k) {
+		if stackbuild.HiddenAttr(k) {
 			out = append(out, api.AttrChange{Name: k, Hidden: true})
 			continue
 		}
