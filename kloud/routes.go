@@ -224,7 +224,7 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodTemplateTrust, TemplateAdmins, s.templateTrust),
 		rpc(s, api.MethodTemplateUntrust, TemplateAdmins, s.templateUntrust),
 
-		// stacks.go, reconcile.go
+		// stacks.go, reconcile.go; the jobs run in kloud/stackbuild
 		rpc(s, api.MethodStackPlan, Members, s.stackPlan, long),
 		rpc(s, api.MethodStackCreate, Members, s.stackCreate, long),
 		rpc(s, api.MethodStackApply, Members, s.stackApply), // owner, team admins

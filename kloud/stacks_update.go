@@ -323,7 +323,7 @@ func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (any, 
 }
 
 // failUpdate stops terraform's run if the job was cancelled, drops the removed machines
-// terraform did remove, and returns reason; exitStack then moves the stack to Failed and the
+// terraform did remove, and returns reason; stackbuild's ExitStack then moves the stack to Failed and the
 // machines still Building or Terminating to Unknown.
 func (s *Server) failUpdate(ctx context.Context, st *Stack, res *tfrun.Result, tfJob string, reason error) error {
 	if ctx.Err() != nil {

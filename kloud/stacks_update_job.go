@@ -524,7 +524,7 @@ func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		return nil, s.failUpdate(ctx, st, res, "", fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
 	}
 	j.Enter(ctx, stackbuild.BuildSettings)
-	failed := s.flow().SettleMachines(ctx, c, wait, results) // stacks.go, as a build
+	failed := s.flow().SettleMachines(ctx, c, wait, results) // stackbuild, as a build
 	for _, m := range others {
 		attrs := stackbuild.ResourceValues(res, &m)
 		if len(attrs) == 0 {
@@ -563,7 +563,7 @@ func (s *Server) recordMachineList(ctx context.Context, j *jobCtx, stackID strin
 
 // dropRemoved deletes the records (and revokes the keys) of removed machines (Terminating)
 // that res, terraform's state after the apply, no longer has. With no state known it does
-// nothing: the records stay, and exitStack makes them Unknown.
+// nothing: the records stay, and stackbuild's ExitStack makes them Unknown.
 func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *tfrun.Result) {
 	if res == nil {
 		return

@@ -21,7 +21,7 @@ import (
 
 // Deps are what the build flow needs of kloud: the store's repositories, terraformer, the
 // provider registry, kontrol, and a few checks that stay kloud's (each a small interface
-// defined here). kloud fills them once (kloud/stacks.go) and calls the Flow from its handlers
+// defined here). kloud fills them (kloud/stacks_deps.go) and calls the Flow from its handlers
 // and job kinds; stackbuild never imports kloud.
 type Deps struct {
 	Store *store.Store

@@ -18,7 +18,7 @@ import (
 // A stack is Building or Destroying, a machine Building, Starting, Stopping or Terminating,
 // only while a job is changing it. Every job moves its target out of that state when it ends,
 // with writes that have their own context and are retried (store.Store.Persist), and a last
-// resort when the job function returns (exitStack, runMachinePower). What can still be left
+// resort when the job function returns (ExitStack, kloud's runMachinePower). What can still be left
 // behind (kloud killed between two writes, a store down for longer than the retries, records
 // of an older kloud) is found by the reconciler here: at startup, right after interrupted
 // jobs were recovered, and then every DefaultReconcileInterval. It moves
@@ -51,7 +51,7 @@ func machineTransitional() []string {
 	return []string{string(provider.Building), string(provider.Starting), string(provider.Stopping), string(provider.Terminating)}
 }
 
-// jobVerdict tells whether job id is over: dead is true if it is missing, finished, or stuck
+// JobVerdict tells whether job id is over: dead is true if it is missing, finished, or stuck
 // (see staleJobAfter); why says which, for a reason.
 func (f *Flow) JobVerdict(ctx context.Context, id string) (dead bool, why string, err error) {
 	if id == "" {
@@ -149,7 +149,7 @@ func (f *Flow) reconcileStack(ctx context.Context, st *model.Stack, own string) 
 	return ok, "", nil
 }
 
-// machineDead tells whether machine m's transitional state has no live job and lease. Building
+// MachineDead tells whether machine m's transitional state has no live job and lease. Building
 // and Terminating belong to its stack's job (lease stack/ID), Starting and Stopping to a
 // machine job (lease machine/ID, the newest job with target machine/ID).
 func (f *Flow) MachineDead(ctx context.Context, m *model.Machine, own string) (dead bool, why string, err error) {
@@ -212,7 +212,7 @@ func (f *Flow) reconcileMachine(ctx context.Context, m *model.Machine, own strin
 	return ok, "", nil
 }
 
-// reconcile is one pass of the reconciler over every stack and machine in a transition.
+// Reconcile is one pass of the reconciler over every stack and machine in a transition.
 func (f *Flow) Reconcile(ctx context.Context) {
 	sts, err := f.d.Store.Stacks().InStates(ctx, stackTransitional)
 	if err != nil {
@@ -240,7 +240,7 @@ func (f *Flow) Reconcile(ctx context.Context) {
 	}
 }
 
-// reconcileForApply is stack.apply's first step, holding the stack's lease (own): a stack or
+// ReconcileForApply is stack.apply's first step, holding the stack's lease (own): a stack or
 // machines left in a transition by a dead job are reconciled; a live job is an error that
 // names it. It returns the stack as it is now.
 func (f *Flow) ReconcileForApply(ctx context.Context, st *model.Stack, own string) (*model.Stack, error) {
