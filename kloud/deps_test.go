@@ -18,3 +18,16 @@ func TestDependencies(t *testing.T) {
 		}
 	}
 }
+
+// TestStackbuildDependencies keeps the build flow below the orchestrator, as coder's wsbuilder
+// sits apart from coderd: kloud/stackbuild gets what it needs of kloud through its Deps (store,
+// terraformer client, registry, kontrol, small interfaces of its own), never by importing the
+// kloud package, its CLI or its UI.
+func TestStackbuildDependencies(t *testing.T) {
+	for _, dep := range testutil.Deps(t, "./kloud/stackbuild") {
+		switch dep {
+		case "github.com/kloud-dev/kloud/kloud", "github.com/kloud-dev/kloud/kloud/cli", "github.com/kloud-dev/kloud/kloud/web":
+			t.Errorf("kloud/stackbuild links %s (it gets what it needs of kloud through stackbuild.Deps)", dep)
+		}
+	}
+}

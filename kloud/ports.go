@@ -9,6 +9,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -197,7 +198,7 @@ func (s *Server) recordPorts(ctx context.Context, id string, rules []provider.Po
 // with none), after the build or update settled. What fails is logged on job j; the job goes
 // on (the machines run, only a port is closed that should be open, and machine.ports.open
 // applies it again).
-func (s *Server) keepPorts(ctx context.Context, j *jobCtx, st *Stack) {
+func (s *Server) keepPorts(ctx context.Context, j stackbuild.Job, st *Stack) {
 	ms, err := s.stackMachines(ctx, st.ID)
 	if err != nil {
 		j.Logf(ctx, "firewall rules not checked: %v", err)

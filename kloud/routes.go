@@ -224,7 +224,7 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.MethodTemplateTrust, TemplateAdmins, s.templateTrust),
 		rpc(s, api.MethodTemplateUntrust, TemplateAdmins, s.templateUntrust),
 
-		// stacks.go, reconcile.go
+		// stacks.go, reconcile.go; the jobs run in kloud/stackbuild
 		rpc(s, api.MethodStackPlan, Members, s.stackPlan, long),
 		rpc(s, api.MethodStackCreate, Members, s.stackCreate, long),
 		rpc(s, api.MethodStackApply, Members, s.stackApply), // owner, team admins
@@ -352,8 +352,8 @@ func (s *Server) jobKinds() map[string]jobKind {
 	}
 	return map[string]jobKind{
 		jobStackApply: {
-			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackApply(ctx, j, false) },
-			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackApply(ctx, j, true) },
+			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.flow().RunApply(ctx, j, false) },
+			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.flow().RunApply(ctx, j, true) },
 		},
 		jobStackUpdate: { // stacks_update.go
 			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackUpdate(ctx, j, false) },

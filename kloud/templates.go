@@ -11,6 +11,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
@@ -29,13 +30,7 @@ func filesOf(m map[string]string) []File {
 	return out
 }
 
-func fileMap(fs []File) map[string][]byte {
-	out := make(map[string][]byte, len(fs))
-	for _, f := range fs {
-		out[f.Name] = []byte(f.Content)
-	}
-	return out
-}
+func fileMap(fs []File) map[string][]byte { return stackbuild.FileMap(fs) }
 
 // machineResources lists the machine resources a template declares, per provider, and the
 // providers it needs. Syntax errors come back as invalid params with file and line.

@@ -1,6 +1,19 @@
-// Package stackbuild holds the facts of a stack build that kloud's job code (kloud/stacks.go,
-// kloud/machines.go) follows, one place each. Start reading at stages.go.
+// Package stackbuild is the stack build flow: the stack.apply job (build and destroy), the
+// reconciler, and the facts kloud's other job code (kloud/machines.go, kloud/stacks_update.go)
+// follows, one place each. It sits apart from kloud as coder's wsbuilder sits apart from coderd:
+// kloud's handlers check who and what, call a Flow, and answer; a Flow gets everything it needs
+// of kloud through Deps (flow.go: the store's repositories, a Terraformer client, the provider
+// registry, kontrol, and kloud's checks as small interfaces defined here), and the package never
+// imports kloud (a test in kloud enforces it). Start reading at flow.go, then stages.go.
 //
+//   - flow.go: Deps, Flow, and the bookkeeping every job shares (SetStack, SetMachine, StopTF,
+//     SubmitTF).
+//   - build.go: the stack.apply job (RunApply): Resume, the build, ExitStack, and the settle
+//     steps build and update share (WaitAgents, SettleMachines, SettleStack).
+//   - destroy.go: the destroy half of stack.apply (Destroy).
+//   - reconcile.go: the reconciler (Reconcile, ReconcileForApply; JobVerdict and MachineDead
+//     for stack.reset).
+//   - scale.go: stack.scale's rewrite of a stack's files (ScaleFiles).
 //   - stages.go: the named progress stages of build, destroy, start and stop, with their
 //     percentages and the state each names; jobs report progress only through them.
 //   - params.go: the typed parameters of a stack.apply job (ApplyParams), as its job document

@@ -1,4 +1,4 @@
-package kloud
+package stackbuild
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // TestScaleFiles: a literal count is replaced in place (the rest of the file byte for byte), a
@@ -36,10 +37,10 @@ resource "kloudlocal_machine" "one" {
   hostname = "one"
 }
 `
-	files := []File{{Name: "main.tf", Content: main}, {Name: "other.tf.json", Content: `{"resource": {"terraform_data": {"j": {"count": 1}}}}`}}
+	files := []model.File{{Name: "main.tf", Content: main}, {Name: "other.tf.json", Content: `{"resource": {"terraform_data": {"j": {"count": 1}}}}`}}
 	vars := map[string]string{"n": "1"}
 
-	out, v, err := scaleFiles(files, vars, types, "vm", 5)
+	out, v, err := ScaleFiles(files, vars, types, "vm", 5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ resource "kloudlocal_machine" "one" {
 		t.Fatal("scaleFiles changed its input")
 	}
 
-	out, v, err = scaleFiles(files, vars, types, "db", 3)
+	out, v, err = ScaleFiles(files, vars, types, "db", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ resource "kloudlocal_machine" "one" {
 		t.Fatalf("variable: vars %v (input %v)", v, vars)
 	}
 
-	out, _, err = scaleFiles(files, vars, types, "j", 4)
+	out, _, err = ScaleFiles(files, vars, types, "j", 4)
 	if err != nil || out[1].Content != `{"resource": {"terraform_data": {"j": {"count": 4}}}}` {
 		t.Fatalf("json literal: %v %s", err, out[1].Content)
 	}
@@ -72,7 +73,7 @@ resource "kloudlocal_machine" "one" {
 		{"one", "has no count", kite.ErrInvalidParams},
 		{"nope", "declare no machine resource", kite.ErrNotFound},
 	} {
-		_, _, err := scaleFiles(files, vars, types, c.name, 2)
+		_, _, err := ScaleFiles(files, vars, types, c.name, 2)
 		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, c.code) {
 			t.Errorf("%s: %v; want %q", c.name, err, c.want)
 		}

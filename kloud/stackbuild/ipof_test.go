@@ -1,4 +1,4 @@
-package kloud
+package stackbuild
 
 import "testing"
 
@@ -10,8 +10,8 @@ func TestIPOf(t *testing.T) {
 		"10.200.64.2": {"network_data": []any{map[string]any{"network_name": "kloud-machines", "ip_address": "10.200.64.2"}}},
 		"":            {"network_data": []any{map[string]any{"ip_address": ""}}, "name": "x"},
 	} {
-		if got := ipOf(attrs); got != want {
-			t.Errorf("ipOf(%v) = %q, want %q", attrs, got, want)
+		if got := IPOf(attrs); got != want {
+			t.Errorf("IPOf(%v) = %q, want %q", attrs, got, want)
 		}
 	}
 }

@@ -1,0 +1,150 @@
+package stackbuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+
+	tfjson "github.com/hashicorp/terraform-json"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// Destroy is a stack.apply job destroying st (in Destroying, held by job j): its machines
+// Terminating, terraform destroy (unless the template policy forbids it and terraform holds
+// nothing), the agents' keys revoked, the stack and its machines deleted.
+func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]any, error) {
+	ms, err := f.StackMachines(ctx, st.ID)
+	if err != nil {
+		return nil, err
+	}
+	j.Enter(ctx, DestroyMachines)
+	for i, m := range ms {
+		// A machine a start or stop job is changing is not taken from under it.
+		if !f.SetMachine(ctx, m.ID, SettledStates(), store.MachineSet{State: new(string(provider.Terminating))}) {
+			return nil, f.failDestroy(ctx, st, ms[:i], "", fmt.Errorf("machine %s is %s (a job is changing it); destroy again when it is done", m.Label, m.State))
+		}
+	}
+	// Always ask terraform: a build may have created resources even if kloud never recorded its
+	// run (it was killed right after submitting it). Terraformer knowing no files for the stack
+	// means nothing was ever applied.
+	tf, err := f.d.Terraformer()
+	if err != nil {
+		return nil, f.failDestroy(ctx, st, ms, "", err)
+	}
+	// The template policy holds for destroy too: terraform destroy evaluates the stack's files
+	// (destroy-time provisioners, functions). A stack whose files break it is destroyed only once
+	// an administrator trusts them, unless terraform holds nothing of it (then there is nothing a
+	// destroy could run).
+	var id string
+	if perr := f.d.Policy.CheckDestroy(ctx, st.Team, FileMap(st.Files)); perr != nil {
+		state, serr := tf.State(ctx, "stack-"+st.ID)
+		if serr == nil && !StateEmpty(state) || serr != nil && !errors.Is(serr, kite.ErrNotFound) {
+			return nil, f.failDestroy(ctx, st, ms, "", fmt.Errorf("destroy: %w", perr))
+		}
+		err = kite.ErrNotFound
+	} else {
+		j.Enter(ctx, DestroyResources)
+		id, err = SubmitTF(ctx, j, func() (string, error) {
+			return tf.Destroy(ctx, terraformer.Request{ContentID: "stack-" + st.ID, TraceID: j.Doc().ID})
+		})
+	}
+	switch {
+	case errors.Is(err, kite.ErrNotFound):
+		j.Logf(ctx, "terraform never ran for this stack: nothing to destroy")
+	case err != nil:
+		return nil, f.failDestroy(ctx, st, ms, "", fmt.Errorf("terraform destroy: %w", err))
+	default:
+		job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
+			if ev.Type == tfrun.EventProgress {
+				j.EnterAt(ctx, DestroyResources, ev.Percent)
+			}
+		})
+		if err == nil {
+			err = job.Err()
+		}
+		if err != nil {
+			return nil, f.failDestroy(ctx, st, ms, id, fmt.Errorf("terraform destroy: %w", err))
+		}
+	}
+	// Terraform destroyed everything: the rest is bookkeeping, done even if the job is
+	// cancelled now (a cancel cannot bring the machines back).
+	bctx := context.WithoutCancel(ctx)
+	j.Enter(bctx, DestroyKeys)
+	for _, m := range ms {
+		if m.KiteID != "" {
+			if err := f.d.Kontrol.Revoke(bctx, m.KiteID, "stack "+st.ID+" destroyed"); err != nil {
+				f.log.WarnContext(ctx, "revoke machine key", "machine", m.ID, "err", err)
+			}
+		}
+	}
+	if err := f.d.Store.Persist(bctx, "delete machines of stack "+st.ID, 0, func(ctx context.Context) error {
+		return f.d.Store.Machines().DeleteByStack(ctx, st.ID)
+	}); err != nil {
+		return nil, err
+	}
+	if err := f.d.Store.Persist(bctx, "delete stack "+st.ID, 0, func(ctx context.Context) error {
+		return f.d.Store.Stacks().Delete(ctx, st.ID)
+	}); err != nil {
+		return nil, err
+	}
+	ctx = bctx
+	j.Enter(ctx, DestroyDone)
+	return map[string]any{"stackId": st.ID, "destroyed": true}, nil
+}
+
+// StateEmpty reports whether a terraform state holds no resources.
+func StateEmpty(st *tfjson.State) bool {
+	for range StateResources(st) {
+		return false
+	}
+	return true
+}
+
+// StateResources yields every resource instance of st, of every module (none if st is nil).
+func StateResources(st *tfjson.State) iter.Seq[*tfjson.StateResource] {
+	return func(yield func(*tfjson.StateResource) bool) {
+		if st == nil || st.Values == nil {
+			return
+		}
+		var walk func(m *tfjson.StateModule) bool
+		walk = func(m *tfjson.StateModule) bool {
+			if m == nil {
+				return true
+			}
+			for _, r := range m.Resources {
+				if !yield(r) {
+					return false
+				}
+			}
+			for _, c := range m.ChildModules {
+				if !walk(c) {
+					return false
+				}
+			}
+			return true
+		}
+		walk(st.Values.RootModule)
+	}
+}
+
+// failDestroy puts the stack Failed and its Terminating machines Unknown (terraform may have
+// destroyed some of them; destroy can be run again). If ctx was cancelled, terraform's run
+// tfJob is stopped first.
+func (f *Flow) failDestroy(ctx context.Context, st *model.Stack, ms []model.Machine, tfJob string, reason error) error {
+	if ctx.Err() != nil {
+		reason = fmt.Errorf("destroy cancelled: %w", reason)
+	}
+	f.StopTF(ctx, tfJob)
+	for _, m := range ms {
+		f.SetMachine(ctx, m.ID, []provider.State{provider.Terminating}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason.Error())})
+	}
+	f.SetStack(ctx, st.ID, store.StackSet{State: new(model.StackFailed), Reason: new(reason.Error())})
+	return reason
+}

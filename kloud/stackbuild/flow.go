@@ -1,0 +1,292 @@
+package stackbuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	tfjson "github.com/hashicorp/terraform-json"
+
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/terraformer"
+	"github.com/kloud-dev/kloud/terraformer/tfrun"
+)
+
+// Deps are what the build flow needs of kloud: the store's repositories, terraformer, the
+// provider registry, kontrol, and a few checks that stay kloud's (each a small interface
+// defined here). kloud fills them (kloud/stacks_deps.go) and calls the Flow from its handlers
+// and job kinds; stackbuild never imports kloud.
+type Deps struct {
+	Store *store.Store
+	// Terraformer returns terraformer's client, or an error saying none is configured.
+	Terraformer func() (Terraformer, error)
+	Providers   *provider.Registry
+	Kontrol     Kontrol
+	// Policy checks a stack's files against the template policy (kloud/policy.go).
+	Policy Policy
+	// What the flow asks of kloud itself.
+	Callers   Callers
+	Templates Templates
+	Minter    Minter
+	Machines  Machines
+	Leases    Leases
+	// Planner returns the planner that waits for the machines' agents (kloud's timeout, log
+	// and metrics).
+	Planner func() *Planner
+	// JobLease is how long a job runner's lease lasts (0: 30s): a queued job older than it by
+	// staleJobAfter was never started.
+	JobLease time.Duration
+	Log      *slog.Logger // nil: discard
+}
+
+// Terraformer is what the build flow asks of terraformer (kloud.Terraformer, a
+// *terraformer.Client, has it).
+type Terraformer interface {
+	Apply(ctx context.Context, req terraformer.Request) (jobID string, err error)
+	Destroy(ctx context.Context, req terraformer.Request) (jobID string, err error)
+	// Wait follows a job to its end, calling fn for every event, and returns the final job.
+	Wait(ctx context.Context, jobID string, fn func(tfrun.Event)) (*tfrun.Job, error)
+	Cancel(ctx context.Context, jobID string) (*tfrun.Job, error)
+	// State is the content id's last state (kite.ErrNotFound when there is none).
+	State(ctx context.Context, contentID string) (*tfjson.State, error)
+}
+
+// Kontrol is what the build flow asks of kontrol: revoking a destroyed machine's agent key.
+type Kontrol interface {
+	Revoke(ctx context.Context, jti, reason string) error
+}
+
+// Policy is the template policy (kloud/policy.go).
+type Policy interface {
+	// CheckDestroy refuses files whose destroy the policy does not allow.
+	CheckDestroy(ctx context.Context, team string, files map[string][]byte) error
+}
+
+// Caller is whom a job runs as, as kloud resolved it (its *kloud.Caller): the flow only hands
+// it back to kloud's hooks.
+type Caller interface {
+	CallerName() string
+}
+
+// Callers resolves a job's owner (kloud's callerByName, not as an administrator).
+type Callers interface {
+	Caller(ctx context.Context, username string) (Caller, error)
+}
+
+// Built is a template ready for Terraform: files, variables, credentials (kloud's build).
+type Built struct {
+	Files     map[string][]byte
+	Config    *tmpl.Config // Files parsed: the one parse of a build, handed on to the providers
+	Variables map[string]any
+	Creds     map[string]*provider.Credential // provider → credential
+	Providers map[string][]string             // provider → machine resource names
+}
+
+// Templates resolves credentials and variables of a stack's files and checks them against the
+// template policy (kloud/stacks.go build).
+type Templates interface {
+	Template(ctx context.Context, c Caller, team string, files map[string][]byte, credIDs, vars map[string]string) (*Built, error)
+}
+
+// Minter prepares every machine's agent before any provider rewrites the template: a fresh kite
+// key each (its kite id recorded on the machines, ms too), and each machine's agent
+// configuration (kloud/stacks.go mintAgents).
+type Minter interface {
+	Mint(ctx context.Context, st *model.Stack, ms []model.Machine) (AgentConfigs, error)
+}
+
+// Machines is what the flow asks of kloud about machines.
+type Machines interface {
+	// ProviderMachine is the provider's view of m (c may be nil: m's owner).
+	ProviderMachine(ctx context.Context, c Caller, m *model.Machine) (provider.Machine, error)
+	// CanInfo reports whether the provider answers machine.info.
+	CanInfo(provider string) bool
+	// SetAgent records a machine's agent status (the one writer of it).
+	SetAgent(ctx context.Context, kiteID, status, version string)
+	// KeepPorts gives the machines of st the firewall rules kloud recorded for them, logging
+	// on j what it could not.
+	KeepPorts(ctx context.Context, j Job, st *model.Stack)
+}
+
+// Leases are the store leases of stacks and machines (kloud/leases.go).
+type Leases interface {
+	// Retake takes lease name for owner again, waiting a while if someone else holds it.
+	Retake(ctx context.Context, name, owner string) error
+	// Keep renews lease name until stop, then releases it.
+	Keep(ctx context.Context, name, owner string) (stop func())
+}
+
+// Job is the running job a flow reports to (kloud's job context).
+type Job interface {
+	// Doc is the job's document as it was when the job started (id, owner, params).
+	Doc() store.Job
+	// Enter records that the job reached stage st.
+	Enter(ctx context.Context, st Stage)
+	// EnterAt records progress pct percent (0–100) through stage st.
+	EnterAt(ctx context.Context, st Stage, pct int)
+	// Logf adds a line to the job's log.
+	Logf(ctx context.Context, format string, args ...any)
+}
+
+// Flow is the stack build flow: build, destroy, update, scale and reconcile.
+type Flow struct {
+	d   Deps
+	log *slog.Logger
+}
+
+// New returns the flow over d.
+func New(d Deps) *Flow {
+	log := d.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Flow{d: d, log: log}
+}
+
+// StackMachines returns the machines of stack stackID.
+func (f *Flow) StackMachines(ctx context.Context, stackID string) ([]model.Machine, error) {
+	return f.d.Store.Machines().ByStack(ctx, stackID)
+}
+
+// providerOf returns the provider called name, or nil.
+func (f *Flow) providerOf(name string) *provider.Provider {
+	p, _ := f.d.Providers.Lookup(name)
+	return p
+}
+
+// tfFiles converts template files for a terraformer request.
+func tfFiles(files map[string][]byte) map[string]string {
+	out := make(map[string]string, len(files))
+	for n, b := range files {
+		out[n] = string(b)
+	}
+	return out
+}
+
+// stack reads stack id; a missing one is kite.ErrNotFound (as kloud's loadStack says it).
+func (f *Flow) stack(ctx context.Context, id string) (*model.Stack, error) {
+	st, err := f.d.Store.Stacks().Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%s %q: %w", "stack", id, kite.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// StackMachinesRetry is StackMachines for bookkeeping: with its own context, retried.
+func (f *Flow) StackMachinesRetry(ctx context.Context, stackID string) ([]model.Machine, error) {
+	var ms []model.Machine
+	err := f.d.Store.Persist(ctx, "load machines of stack "+stackID, 0, func(ctx context.Context) error {
+		var err error
+		ms, err = f.StackMachines(ctx, stackID)
+		return err
+	})
+	return ms, err
+}
+
+// SetStack changes a stack. It is bookkeeping: written with its own context and retried until
+// the store has it (see store.Store.Persist), so a cancelled job still leaves an honest state.
+func (f *Flow) SetStack(ctx context.Context, id string, set store.StackSet) {
+	err := f.d.Store.Persist(ctx, "update stack "+id, 0, func(ctx context.Context) error {
+		return f.d.Store.Stacks().Set(ctx, id, set)
+	})
+	if err != nil {
+		f.log.ErrorContext(ctx, "update stack", "stack", id, "err", err)
+	}
+}
+
+// SetMachine changes a machine; with from set, only if its state is one of them. Like SetStack
+// it has its own context and retries.
+func (f *Flow) SetMachine(ctx context.Context, id string, from []provider.State, set store.MachineSet) bool {
+	if from == nil {
+		err := f.d.Store.Persist(ctx, "update machine "+id, 0, func(ctx context.Context) error {
+			return f.d.Store.Machines().Set(ctx, id, set)
+		})
+		if err != nil {
+			f.log.ErrorContext(ctx, "update machine", "machine", id, "err", err)
+		}
+		return err == nil
+	}
+	fs := make([]string, len(from))
+	for i, s := range from {
+		fs[i] = string(s)
+	}
+	var ok bool
+	err := f.d.Store.Persist(ctx, "update machine "+id, 0, func(ctx context.Context) error {
+		var err error
+		ok, err = f.d.Store.Machines().Transition(ctx, id, fs, set)
+		return err
+	})
+	if err != nil {
+		f.log.ErrorContext(ctx, "update machine", "machine", id, "err", err)
+	}
+	return ok
+}
+
+// SettledStates are the machine states no job is changing (not Building, Starting, Stopping or
+// Terminating).
+func SettledStates() []provider.State {
+	var out []provider.State
+	for _, st := range provider.States {
+		if !st.InProgress() {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// StopTF cancels terraformer's run tfJob when the job's ctx was cancelled (a cancelled build
+// or destroy must not leave terraform running), and waits until it stopped.
+func (f *Flow) StopTF(ctx context.Context, tfJob string) {
+	if tfJob == "" || ctx.Err() == nil {
+		return
+	}
+	tf, err := f.d.Terraformer()
+	if err != nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if _, err := tf.Cancel(cctx, tfJob); err != nil && !errors.Is(err, kite.ErrState) {
+		f.log.WarnContext(ctx, "cancel terraform run of a cancelled job", "tf_job", tfJob, "err", err)
+	}
+}
+
+// SubmitTF submits a terraform run; while terraformer says the stack is locked (a run of an
+// earlier attempt, e.g. before kloud restarted, still going) it waits and tries again.
+func SubmitTF(ctx context.Context, j Job, submit func() (string, error)) (string, error) {
+	said := false
+	for {
+		id, err := submit()
+		if !errors.Is(err, kite.ErrConflict) {
+			return id, err
+		}
+		if !said {
+			j.Logf(ctx, "terraform is still busy with this stack (%v); waiting", err)
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// FileMap is a stack's or template's files by name.
+func FileMap(fs []model.File) map[string][]byte {
+	out := make(map[string][]byte, len(fs))
+	for _, f := range fs {
+		out[f.Name] = []byte(f.Content)
+	}
+	return out
+}

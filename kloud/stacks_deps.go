@@ -1,0 +1,106 @@
+package kloud
+
+import (
+	"context"
+
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/provider"
+)
+
+// The build flow's dependencies: kloud/stackbuild runs build, destroy and reconcile; what it
+// needs of kloud it gets through stackbuild.Deps, filled here.
+
+// flow is the build flow (kloud/stackbuild) over this server's store, terraformer, providers
+// and kontrol: handlers check who and what, call it, and answer.
+func (s *Server) flow() *stackbuild.Flow {
+	return stackbuild.New(stackbuild.Deps{
+		Store: s.store,
+		Terraformer: func() (stackbuild.Terraformer, error) {
+			tf, err := s.terraformer()
+			if err != nil {
+				return nil, err
+			}
+			return tf, nil
+		},
+		Providers: s.providers,
+		Kontrol:   s.Kontrol,
+		Policy:    buildDeps{s},
+		Callers:   buildDeps{s},
+		Templates: buildDeps{s},
+		Minter:    buildDeps{s},
+		Machines:  buildDeps{s},
+		Leases:    buildDeps{s},
+		Planner:   s.planner,
+		JobLease:  s.opts.JobLease,
+		Log:       s.log,
+	})
+}
+
+// buildDeps are the checks of kloud's that the build flow asks for (stackbuild.Deps).
+type buildDeps struct{ s *Server }
+
+// CheckDestroy is policy.go's checkDestroyPolicy.
+func (d buildDeps) CheckDestroy(ctx context.Context, team string, files map[string][]byte) error {
+	return d.s.checkDestroyPolicy(ctx, team, files)
+}
+
+// Callers, Templates, Minter, Machines, Leases: the hooks of stackbuild.Deps.
+
+// Caller is callerByName (not as an administrator).
+func (d buildDeps) Caller(ctx context.Context, username string) (stackbuild.Caller, error) {
+	return d.s.callerByName(ctx, username, false)
+}
+
+// Template is build: the files' credentials and variables resolved, the policy checked.
+func (d buildDeps) Template(ctx context.Context, c stackbuild.Caller, team string, files map[string][]byte, credIDs, vars map[string]string) (*stackbuild.Built, error) {
+	cc, _ := c.(*Caller)
+	b, err := d.s.build(ctx, cc, team, files, credIDs, vars)
+	if err != nil {
+		return nil, err
+	}
+	return &stackbuild.Built{Files: b.files, Config: b.cfg, Variables: b.variables, Creds: b.creds, Providers: b.providers}, nil
+}
+
+// Mint is mintAgents.
+func (d buildDeps) Mint(ctx context.Context, st *Stack, ms []Machine) (stackbuild.AgentConfigs, error) {
+	return d.s.mintAgents(ctx, st, ms)
+}
+
+// ProviderMachine is providerMachine.
+func (d buildDeps) ProviderMachine(ctx context.Context, c stackbuild.Caller, m *Machine) (provider.Machine, error) {
+	cc, _ := c.(*Caller)
+	return d.s.providerMachine(ctx, cc, m)
+}
+
+// CanInfo reports whether provider name answers machine.info.
+func (d buildDeps) CanInfo(name string) bool {
+	return d.s.capable(name, api.MethodMachineInfo, provider.CapInfo) == nil
+}
+
+// SetAgent is setAgent.
+func (d buildDeps) SetAgent(ctx context.Context, kiteID, status, version string) {
+	d.s.setAgent(ctx, kiteID, status, version)
+}
+
+// KeepPorts is keepPorts (ports.go).
+func (d buildDeps) KeepPorts(ctx context.Context, j stackbuild.Job, st *Stack) {
+	d.s.keepPorts(ctx, j, st)
+}
+
+// Retake is retakeLease.
+func (d buildDeps) Retake(ctx context.Context, name, owner string) error {
+	return d.s.retakeLease(ctx, name, owner)
+}
+
+// Keep is keepLease.
+func (d buildDeps) Keep(ctx context.Context, name, owner string) (stop func()) {
+	return d.s.keepLease(ctx, name, owner)
+}
+
+// CallerName is the caller's user name (stackbuild.Caller).
+func (c *Caller) CallerName() string { return c.Username }
+
+// Doc is the job's document (stackbuild.Job).
+func (j *jobCtx) Doc() store.Job { return j.Job }
