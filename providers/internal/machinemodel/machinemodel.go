@@ -21,9 +21,14 @@ type Base struct {
 	State    types.String `tfsdk:"state"`
 }
 
-func (b *Base) MachineID() string     { return b.ID.ValueString() }
+// MachineID is the id attribute.
+func (b *Base) MachineID() string { return b.ID.ValueString() }
+
+// HostnameValue is the hostname attribute.
 func (b *Base) HostnameValue() string { return b.Hostname.ValueString() }
-func (b *Base) TagsValue() types.Map  { return b.Tags }
+
+// TagsValue is the tags attribute.
+func (b *Base) TagsValue() types.Map { return b.Tags }
 
 // Attributes returns the schema of Base's attributes with the provider's descriptions of the
 // machine's id, its hostname and its states, and extra (the provider's own attributes) added.
