@@ -4,6 +4,9 @@ export KLOUD_CACHE ?= /var/cache/kloud
 GO ?= go
 BIN := bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# Build tags of the binaries (internal/testutil.BuildTags builds the tests' binaries with the same):
+# ferretdb_no_postgresql leaves FerretDB's PostgreSQL backend out of kloud (the store embeds SQLite).
+TAGS := ferretdb_no_postgresql
 LDFLAGS := -X github.com/kloud-dev/kloud/internal/version.Version=$(VERSION)
 # Load what setup.sh found (terraform, mirror config, base image) into every recipe.
 ENV = set -a; [ -f $(KLOUD_CACHE)/env ] && . $(KLOUD_CACHE)/env; set +a;
@@ -17,7 +20,7 @@ setup: ## install what kloud and its tests need (idempotent; cached under $(KLOU
 	scripts/setup.sh
 
 build: ## build bin/kloud, bin/terraformer, bin/klient
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	$(GO) build -tags "$(TAGS)" -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 run: setup build ## set up, then run kloud in the foreground (data in ~/.kloud; docker machines when DOCKER_HOST or the local socket answers)
 	$(ENV) $(BIN)/kloud serve

@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/kloud", "./cmd/klient", "./cmd/terraformer")
+	cmd := exec.Command("go", "build", "-tags", testutil.BuildTags, "-o", dir+"/", "./cmd/kloud", "./cmd/klient", "./cmd/terraformer")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		remove()

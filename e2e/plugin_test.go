@@ -4,7 +4,7 @@ package e2e
 // restarts them when they die, refuses a plugin API version it does not speak, accepts remote
 // plugins with a plugin key (which can call no user method), fails a build whose plugin dies
 // mid-build with a reason naming it, and leaves no plugin process behind when it stops. The plugin
-// is internal/testplugin, a real plugin binary (provider/plugin.Serve), installed with
+// is e2e/testplugin, a real plugin binary (provider/plugin.Serve), installed with
 // `kloud provider install`.
 
 import (
@@ -40,7 +40,7 @@ func newPluginEnv(t *testing.T, extra ...string) *env {
 	return e
 }
 
-func testPluginBin(t *testing.T) string { return testutil.BuildBinary(t, "./internal/testplugin") }
+func testPluginBin(t *testing.T) string { return testutil.BuildBinary(t, "./e2e/testplugin") }
 
 // providers returns `kloud provider list` by name.
 func (e *env) providers() map[string]api.ProviderStatus {
@@ -99,7 +99,7 @@ func (e *env) waitPluginProc(name string) (osProc, []osProc) {
 	return p, all
 }
 
-// testplugin's probe line (internal/testplugin).
+// testplugin's probe line (e2e/testplugin).
 type pluginProbe struct {
 	UID, GID, PID  int
 	StateDir       string

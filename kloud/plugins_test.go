@@ -162,11 +162,11 @@ func TestProviderHTTPDispatch(t *testing.T) {
 	}
 }
 
-// testPluginDir returns a new plugin directory holding internal/testplugin as
+// testPluginDir returns a new plugin directory holding e2e/testplugin as
 // kloud-provider-NAME.
 func testPluginDir(t *testing.T, name string) string {
 	t.Helper()
-	bin := testutil.BuildBinary(t, "./internal/testplugin")
+	bin := testutil.BuildBinary(t, "./e2e/testplugin")
 	dir := t.TempDir()
 	b, err := os.ReadFile(bin)
 	if err != nil {
@@ -229,7 +229,7 @@ func TestPluginLaunchedInProcess(t *testing.T) {
 
 // TestPluginUntrustedNotLaunched: a plugin binary others may write is not launched.
 func TestPluginUntrustedNotLaunched(t *testing.T) {
-	bin := testutil.BuildBinary(t, "./internal/testplugin")
+	bin := testutil.BuildBinary(t, "./e2e/testplugin")
 	dir := t.TempDir()
 	b, err := os.ReadFile(bin)
 	if err != nil {

@@ -67,6 +67,11 @@ func writableDir(dir string) error {
 	return syscall.Access(dir, 2 /* W_OK */)
 }
 
+// BuildTags are the build tags of the binaries: the Makefile's TAGS, which must be the same (a test
+// in e2e compares them). ferretdb_no_postgresql leaves FerretDB's PostgreSQL backend and pgx out
+// of kloud: the embedded store uses its SQLite backend only (kloud/store/embedded.go).
+const BuildTags = "ferretdb_no_postgresql"
+
 var (
 	buildMu    sync.Mutex
 	buildCache = map[string]string{}
@@ -116,7 +121,7 @@ func CachedBinary(pkg string) (string, error) {
 	}
 	name := filepath.Base(pkg)
 	// Without VCS stamping, unchanged sources give the same binary after a commit elsewhere.
-	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", filepath.Join(tmp, name), pkg)
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-tags", BuildTags, "-o", filepath.Join(tmp, name), pkg)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, b)

@@ -1,5 +1,7 @@
 package vagrant
 
+import "github.com/kloud-dev/kloud/userdata"
+
 // vagrantfileSrc is every machine's Vagrantfile. It holds no parameter: it reads kloud.json next
 // to it, so a box name, an image or a hostname is only ever a Ruby string value, never source.
 const vagrantfileSrc = `# Written by kloud (klient --vagrant). The machine's parameters are in kloud.json; this file
@@ -54,40 +56,15 @@ while :; do sleep 3600 & wait $!; done
 `
 
 // cloudCfg is /etc/cloud/cloud.cfg.d/95-kloud-vagrant.cfg in a docker machine: NoCloud only,
-// no network configuration (the container has the host's network), and Debian's module lists
-// without what cannot work in a container (disks, services without an init system, hardware).
-const cloudCfg = `# Written by kloud (klient --vagrant): this root filesystem runs as a container.
+// no network configuration (the container has the host's network), and cloud-init's module lists
+// for a machine that is not a VM (userdata.ModuleLists), without the host name's modules.
+func cloudCfg() string {
+	return `# Written by kloud (klient --vagrant): this root filesystem runs as a container.
 datasource_list: [NoCloud, None]
 network:
   config: disabled
 locale: C.UTF-8
 manage_etc_hosts: false
 
-cloud_init_modules:
- - migrator
- - seed_random
- - bootcmd
- - write-files
- - ca-certs
- - users-groups
-
-cloud_config_modules:
- - ssh-import-id
- - locale
- - set-passwords
- - apt-pipelining
- - apt-configure
- - timezone
- - runcmd
-
-cloud_final_modules:
- - package-update-upgrade-install
- - write-files-deferred
- - scripts-vendor
- - scripts-per-once
- - scripts-per-boot
- - scripts-per-instance
- - scripts-user
- - phone-home
- - final-message
-`
+` + userdata.ModuleLists(false)
+}

@@ -197,7 +197,7 @@ func writeMachine(dir string, pp params, userData string) error {
 		{"Vagrantfile", []byte(vagrantfileSrc), 0o644},
 		{paramsFile, append(js, '\n'), 0o644},
 		{"boot.sh", []byte(bootSh), 0o755},
-		{"cloud.cfg", []byte(cloudCfg), 0o644},
+		{"cloud.cfg", []byte(cloudCfg()), 0o644},
 		{"seed/meta-data", append(meta, '\n'), 0o644},
 		// Read by cloud-init as root in the container (a bind mount keeps the host's mode).
 		{"seed/user-data", []byte(userData), 0o600},

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/providers/local"
 )
 

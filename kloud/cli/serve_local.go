@@ -17,9 +17,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/bridgefw"
 	"github.com/kloud-dev/kloud/providers/local"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
@@ -86,7 +86,7 @@ func (sl *serveLocal) register(ctx context.Context, f *serveFlags, reg *provider
 
 // logHostForward says at startup whether the host's firewall would drop traffic between the
 // machines on a provider's bridge (br_netfilter on and an iptables FORWARD policy DROP: what a
-// stock dockerd leaves) and what kloud did about it (internal/bridgefw hostfw.go): a warning when
+// stock dockerd leaves) and what kloud did about it (providers/bridgefw hostfw.go): a warning when
 // the machines cannot reach each other, a note when kloud's rule keeps them reachable.
 func logHostForward(log *slog.Logger, who string, f bridgefw.Forward) {
 	switch {

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 
+	// ferretdb links every backend it registers; the Makefile's TAGS (ferretdb_no_postgresql)
+	// leaves PostgreSQL out: only the SQLite handler is started here.
 	"github.com/FerretDB/FerretDB/ferretdb"
 	_ "modernc.org/sqlite" // the SQLite driver FerretDB itself uses, for indexID
 )

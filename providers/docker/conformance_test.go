@@ -10,9 +10,9 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
+	"github.com/kloud-dev/kloud/e2e/providertest"
 	"github.com/kloud-dev/kloud/internal/testutil"
-	"github.com/kloud-dev/kloud/provider/providertest"
+	"github.com/kloud-dev/kloud/providers/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/providers/docker"
 	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"

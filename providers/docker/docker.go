@@ -69,8 +69,8 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/kloud-dev/kloud/internal/atomicfile"
-	"github.com/kloud-dev/kloud/internal/bridgefw"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/bridgefw"
 )
 
 // Names of the provider and of the Terraform provider it drives.

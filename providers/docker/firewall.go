@@ -15,13 +15,13 @@ import (
 	"github.com/moby/moby/client"
 	"golang.org/x/sys/unix"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/bridgefw"
 )
 
 // The firewall (provider.Firewaller, docs/providers.md "Firewall"): per-machine ingress rules
-// enforced by internal/bridgefw's nftables table on the machines' network's Linux bridge
+// enforced by providers/bridgefw's nftables table on the machines' network's Linux bridge
 // (Options.Bridge, named through the network's com.docker.network.bridge.name option), with the
 // same policy as local machines: the kloud host and the owner's machines (label kloud_owner,
 // else the stack's) reach a machine, other users' machines do not unless a rule opens a port to
@@ -96,7 +96,7 @@ func (d *Docker) FirewallTable() string {
 }
 
 // HostForward says what the host's iptables do to frames between the machines on the network's
-// bridge and whether kloud's ACCEPT for them is there (internal/bridgefw hostfw.go: Apply adds
+// bridge and whether kloud's ACCEPT for them is there (providers/bridgefw hostfw.go: Apply adds
 // it), ok false without a firewall.
 func (d *Docker) HostForward(ctx context.Context) (f bridgefw.Forward, ok bool) {
 	if d.fw == nil {

@@ -15,10 +15,10 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw"
-	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/bridgefw"
+	"github.com/kloud-dev/kloud/providers/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/providers/docker"
 	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 )
@@ -37,7 +37,7 @@ func TestFirewall(t *testing.T) { testFirewall(t, newFixture(t, "fw1"), "fw1") }
 // of the test's own (bridgefwtest) where br_netfilter is on and iptables-legacy's FORWARD policy
 // is DROP, a real dockerd managing iptables (its chains, its own FORWARD policy DROP in
 // iptables-nft, its rules for the machines' network) runs the machines. Docker's rules accept
-// only in the variant it manages; kloud's ACCEPT for its bridge (internal/bridgefw hostfw.go) is
+// only in the variant it manages; kloud's ACCEPT for its bridge (providers/bridgefw hostfw.go) is
 // what lets the owner's machines reach each other, and the table still keeps everyone else out.
 func TestFirewallStockDockerd(t *testing.T) {
 	if !bridgefwtest.StockDockerHost(t) {

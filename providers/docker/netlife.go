@@ -1,10 +1,10 @@
 package docker
 
 import (
+	"bytes"
 	"context"
 	"maps"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 )
 
@@ -65,15 +65,40 @@ func (d *Docker) serveNetworked(w http.ResponseWriter, r *http.Request, path str
 // error) and, if the daemon said yes, runs after before answering: with the daemon's answer, or
 // after's error.
 func hold(w http.ResponseWriter, r *http.Request, next http.Handler, after func() error) {
-	rec := httptest.NewRecorder()
+	rec := &recorder{code: http.StatusOK, header: http.Header{}}
 	next.ServeHTTP(rec, r)
-	if rec.Code/100 == 2 {
+	if rec.code/100 == 2 {
 		if err := after(); err != nil {
 			writeAPIError(w, http.StatusInternalServerError, "kloud: "+err.Error())
 			return
 		}
 	}
-	maps.Copy(w.Header(), rec.Header())
-	w.WriteHeader(rec.Code)
-	w.Write(rec.Body.Bytes())
+	maps.Copy(w.Header(), rec.header)
+	w.WriteHeader(rec.code)
+	w.Write(rec.body.Bytes())
 }
+
+// recorder is the http.ResponseWriter hold serves into: the status, the header and the body, kept
+// for hold to pass on (net/http/httptest's recorder would link a test package into kloud).
+type recorder struct {
+	code        int
+	header      http.Header
+	body        bytes.Buffer
+	wroteHeader bool
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wroteHeader {
+		r.code, r.wroteHeader = code, true
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wroteHeader = true
+	return r.body.Write(b)
+}
+
+// Flush does nothing: hold answers once next is done.
+func (r *recorder) Flush() {}

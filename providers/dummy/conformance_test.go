@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/e2e/providertest"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/provider/providertest"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/userdata"
 )

@@ -66,6 +66,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -153,8 +154,8 @@ func New(o Options) *provider.Provider {
 type dummy struct {
 	o Options
 
-	keyMu sync.Mutex
-	key   []byte // the token key, loaded or made on first use
+	tokensOnce sync.Once
+	bootTokens *plugin.BootTokens // the build tokens' signer (service.go)
 
 	busyMu sync.Mutex
 	busy   map[string]*sync.Mutex // machine root → held while it boots or is destroyed
@@ -253,7 +254,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if err := s.d.fail("ApplyTemplate"); err != nil {
 		return nil, err
 	}
-	if !validName(s.b.StackID) {
+	if !plugin.ValidName(s.b.StackID) {
 		return nil, fmt.Errorf("dummy: stack id %q is not a directory name", s.b.StackID)
 	}
 	labels := map[string][]string{} // resource → machine labels in index order
@@ -261,7 +262,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	sums := map[string]string{} // label → sha256 of its boot script
 	var kloudURL string
 	err := s.b.InjectUserData(ctx, func(m *provider.MachineSpec, cfg userdata.Config) ([]byte, error) {
-		if !validName(m.Label) {
+		if !plugin.ValidName(m.Label) {
 			return nil, fmt.Errorf("dummy: machine label %q is not a directory name", m.Label)
 		}
 		// The machines are on this host, like terraform: both reach kloud where klient is
@@ -280,7 +281,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		}
 		labels[m.Resource] = append(labels[m.Resource], m.Label)
 		counted[m.Resource] = m.Index != nil
-		sums[m.Label] = sum(script)
+		sums[m.Label] = plugin.ScriptSum(script)
 		return script, nil
 	})
 	if err != nil {
@@ -366,7 +367,7 @@ func (s *stack) goneResources(labels map[string][]string) []string {
 	}
 	var have []string
 	for _, e := range entries {
-		if e.IsDir() && validName(provider.ResourceOfLabel(e.Name())) {
+		if e.IsDir() && plugin.ValidName(provider.ResourceOfLabel(e.Name())) {
 			have = append(have, e.Name())
 		}
 	}

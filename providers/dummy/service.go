@@ -3,27 +3,21 @@ package dummy
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // The boot service: what the generated terraform_data resources call (see the package doc).
@@ -43,84 +37,50 @@ const (
 )
 
 var (
-	errToken   = errors.New("invalid token")
+	errToken   = plugin.ErrBootToken
 	errExpired = errors.New("token expired")
 )
 
-// tokenKey returns the HMAC key, made (0600, in Dir) on first use.
-func (d *dummy) tokenKey() ([]byte, error) {
-	d.keyMu.Lock()
-	defer d.keyMu.Unlock()
-	if d.key != nil {
-		return d.key, nil
-	}
+// tokens returns the signer of the build tokens, its key in Dir (made on first use).
+func (d *dummy) tokens() (*plugin.BootTokens, error) {
 	if d.o.Dir == "" {
 		return nil, errors.New("dummy: Options.Dir is not set")
 	}
 	if err := os.MkdirAll(d.o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("dummy: %w", err)
 	}
-	path := filepath.Join(d.o.Dir, keyFile)
-	key, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		key = make([]byte, 32)
-		rand.Read(key)
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) { // another provider on this Dir made it first
-			key, err = os.ReadFile(path)
-		} else if err == nil {
-			_, err = f.Write(key)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("dummy: token key: %w", err)
-		}
-	} else if err != nil {
-		return nil, fmt.Errorf("dummy: token key: %w", err)
-	}
-	if len(key) != 32 {
-		return nil, fmt.Errorf("dummy: token key %s has %d bytes, want 32", path, len(key))
-	}
-	d.key = key
-	return key, nil
+	d.tokensOnce.Do(func() {
+		d.bootTokens = &plugin.BootTokens{Prefix: tokenPrefix, KeyFile: filepath.Join(d.o.Dir, keyFile)}
+	})
+	return d.bootTokens, nil
 }
 
 func (d *dummy) mint(c claims) (string, error) {
-	key, err := d.tokenKey()
+	t, err := d.tokens()
 	if err != nil {
 		return "", err
 	}
-	body, err := json.Marshal(c)
+	tok, err := t.Mint(c)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("dummy: %w", err)
 	}
-	payload := base64.RawURLEncoding.EncodeToString(body)
-	return tokenPrefix + payload + "." + base64.RawURLEncoding.EncodeToString(mac(key, payload)), nil
+	return tok, nil
 }
 
 // verify checks the token's signature and, if checkExp, its expiry.
 func (d *dummy) verify(token string, now time.Time, checkExp bool) (*claims, error) {
-	key, err := d.tokenKey()
+	t, err := d.tokens()
 	if err != nil {
 		return nil, err
 	}
-	rest, ok := strings.CutPrefix(token, tokenPrefix)
-	payload, sig, ok2 := strings.Cut(rest, ".")
-	if !ok || !ok2 {
-		return nil, errToken
-	}
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, mac(key, payload)) {
-		return nil, errToken
-	}
-	body, err := base64.RawURLEncoding.DecodeString(payload)
-	if err != nil {
-		return nil, errToken
-	}
 	var c claims
-	if err := json.Unmarshal(body, &c); err != nil || !validName(c.Stack) {
+	if err := t.Verify(token, &c); err != nil {
+		if errors.Is(err, plugin.ErrBootToken) {
+			return nil, errToken
+		}
+		return nil, fmt.Errorf("dummy: %w", err)
+	}
+	if !plugin.ValidName(c.Stack) {
 		return nil, errToken
 	}
 	if checkExp && now.Unix() >= c.Exp {
@@ -128,22 +88,6 @@ func (d *dummy) verify(token string, now time.Time, checkExp bool) (*claims, err
 	}
 	return &c, nil
 }
-
-func mac(key []byte, payload string) []byte {
-	h := hmac.New(sha256.New, key)
-	h.Write([]byte(tokenPrefix + payload))
-	return h.Sum(nil)
-}
-
-func sum(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
-
-// nameRe is what a stack id or machine label must look like to be a directory name here.
-var nameRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
-
-func validName(s string) bool { return nameRe.MatchString(s) && s != "." && s != ".." }
 
 func (d *dummy) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -157,7 +101,7 @@ func (d *dummy) handler() http.Handler {
 // refusal.
 func (d *dummy) authorize(w http.ResponseWriter, r *http.Request, boot bool) (*claims, string, bool) {
 	label := r.PathValue("machine")
-	if !validName(label) {
+	if !plugin.ValidName(label) {
 		httpError(w, http.StatusBadRequest, fmt.Errorf("machine %q: not a machine label", label))
 		return nil, "", false
 	}
@@ -188,7 +132,7 @@ func (d *dummy) serveBoot(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, fmt.Errorf("read script: %w", err))
 		return
 	}
-	if sum(script) != c.Machines[label] {
+	if plugin.ScriptSum(script) != c.Machines[label] {
 		httpError(w, http.StatusForbidden, fmt.Errorf("machine %s: this is not the script kloud rendered for it", label))
 		return
 	}

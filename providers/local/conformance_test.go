@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kloud-dev/kloud/e2e/providertest"
 	"github.com/kloud-dev/kloud/internal/testutil"
-	"github.com/kloud-dev/kloud/provider/providertest"
 	"github.com/kloud-dev/kloud/providers/local"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"

@@ -7,7 +7,7 @@ import (
 )
 
 // The firewall (provider.Firewaller): the sandbox's nftables rules on the bridge
-// (sandbox/firewall.go, internal/bridgefw). With no rules a machine is reached by the kloud host
+// (sandbox/firewall.go, providers/bridgefw). With no rules a machine is reached by the kloud host
 // and its owner's machines (tag kloud_owner, else the stack's); rules open a port to the team, a
 // CIDR or any machine.
 

@@ -172,7 +172,7 @@ func New(opts Options) (*Local, error) {
 			provider.CapResources,   // resources.go
 		},
 		Constraints: l.Constraints, // constraints.go
-		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return &stack{l: l, b: b}, nil },
+		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return l.newStack(b), nil },
 		Machine:     l.machine,
 		KloudURL:    l.KloudURL,
 		Available:   l.Available,

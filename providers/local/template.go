@@ -7,6 +7,7 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/machinesvc"
 	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/providers/internal/svcstack"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider"
 )
 
@@ -14,42 +15,20 @@ import (
 // ApplyTemplate writes. User files may not use the name.
 const GeneratedFile = "kloud_local.tf.json"
 
+// stack is a local stack: what the machine-service providers share (svcstack.Stack: no
+// credential, no bootstrap, templates rewritten by the template below: every kloudlocal_machine
+// gets its agent's cloud-init and kloud's tags kloud_stack, kloud_machine, kloud_team and
+// kloud_owner; the kloudlocal provider is configured in GeneratedFile), and its constraints.
 type stack struct {
+	svcstack.Stack
 	l *Local
-	b *provider.BaseStack
 }
 
-// VerifyCredential: the local provider takes no credential; it checks that machines can run here.
-func (s *stack) VerifyCredential(ctx context.Context, c *provider.Credential) error {
-	return s.l.Available()
+func (l *Local) newStack(b *provider.BaseStack) *stack {
+	return &stack{Stack: svcstack.Stack{B: b, Available: l.Available, Template: l.template}, l: l}
 }
 
-// BootstrapTemplates: nothing to bootstrap.
-func (s *stack) BootstrapTemplates(ctx context.Context, c *provider.Credential) ([]*provider.Template, error) {
-	return nil, nil
-}
-
-// ApplyTemplate rewrites the stack's template (machinesvc.Template.Apply): every
-// kloudlocal_machine gets its agent's cloud-init and kloud's tags (kloud_stack, kloud_machine,
-// kloud_team, kloud_owner), and
-// the template gets the kloudlocal provider configured for this kloud's local machine service
-// (GeneratedFile): the endpoint, and a token for this stack (sensitive variable TokenVar) that
-// may create exactly b.Machines.
-//
-// With no Machines (a destroy, or a refresh) it only configures the provider: the token may then
-// read, retag and destroy the stack's machines but create none, and no agent key is minted.
-func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
-	return s.l.template().Apply(ctx, s.b)
-}
-
-// ValidateTemplate is provider.TemplateValidator: the static rules of its templates
-// (machinesvc.Template.Validate), which kloud checks at template.create and template.update,
-// stack.plan and stack.create, stack.apply and the build (and logs before a destroy).
-func (s *stack) ValidateTemplate(ctx context.Context, files map[string][]byte) ([]provider.TemplateFinding, error) {
-	return s.l.template().Validate(files)
-}
-
-var _ provider.TemplateValidator = (*stack)(nil)
+var _ provider.TemplateValidator = (*stack)(nil) // svcstack.Stack's ValidateTemplate
 
 // template is how ApplyTemplate rewrites templates for kloudlocal.
 func (l *Local) template() *machinesvc.Template {
@@ -87,7 +66,7 @@ func (l *Local) template() *machinesvc.Template {
 
 // setTags points tags.kloud_stack, kloud_machine, kloud_team and kloud_owner of every machine
 // resource at generated variables (machinesvc.Template.SetTags).
-func (s *stack) setTags() error { return s.l.template().SetTags(s.b) }
+func (s *stack) setTags() error { return s.l.template().SetTags(s.B) }
 
 // configureProvider writes GeneratedFile with kloudlocal configured for the service at endpoint
 // (machinesvc.Template.Configure).

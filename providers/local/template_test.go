@@ -132,7 +132,7 @@ resource "kloudlocal_machine" "db" {
   hostname = "db"
 }
 `
-	s := &stack{l: &Local{}, b: &provider.BaseStack{
+	s := (&Local{}).newStack(&provider.BaseStack{
 		StackID:  "st1",
 		Team:     "t1",
 		Owner:    "alice",
@@ -142,11 +142,11 @@ resource "kloudlocal_machine" "db" {
 			{ID: "m0", Label: "web.0", Resource: "web", Index: &i0},
 			{ID: "m2", Label: "db", Resource: "db"},
 		},
-	}}
+	})
 	if err := s.setTags(); err != nil {
 		t.Fatal(err)
 	}
-	got := string(s.b.Template.Files["main.tf"])
+	got := string(s.B.Template.Files["main.tf"])
 	for _, w := range []string{
 		`team = "a", kloud_stack = var.kloud_local_stack_web[count.index]`,
 		`kloud_machine = var.kloud_local_machine_web[count.index]`,
@@ -159,11 +159,11 @@ resource "kloudlocal_machine" "db" {
 			t.Errorf("main.tf lacks %q:\n%s", w, got)
 		}
 	}
-	v := s.b.Template.Variables
+	v := s.B.Template.Variables
 	if m, _ := json.Marshal(v); string(m) != `{"kloud_local_machine_db":"m2","kloud_local_machine_web":["m0","m1"],"kloud_local_owner_db":"alice","kloud_local_owner_web":["alice","alice"],"kloud_local_stack_db":"st1","kloud_local_stack_web":["st1","st1"],"kloud_local_team_db":"t1","kloud_local_team_web":["t1","t1"]}` {
 		t.Errorf("variables: %s", m)
 	}
-	if _, ok := s.b.Template.Files[tmpl.GeneratedFile]; !ok {
+	if _, ok := s.B.Template.Files[tmpl.GeneratedFile]; !ok {
 		t.Error("variables not declared")
 	}
 }
@@ -185,18 +185,18 @@ resource "kloudlocal_machine" "web" {
   user_data = "#cloud-config\n{}\n"
 }
 `
-	s := &stack{l: &Local{}, b: &provider.BaseStack{
+	s := (&Local{}).newStack(&provider.BaseStack{
 		StackID:  "st1",
 		Template: &provider.Template{Files: map[string][]byte{"main.tf": []byte(src)}, Variables: map[string]any{}},
 		Machines: []*provider.MachineSpec{
 			{ID: "m0", Label: "web.0", Resource: "web", Index: &i0},
 			{ID: "m1", Label: "web.1", Resource: "web", Index: &i1},
 		},
-	}}
+	})
 	if err := s.setTags(); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := tmpl.Parse(s.b.Template.Files)
+	cfg, err := tmpl.Parse(s.B.Template.Files)
 	if err != nil {
 		t.Fatal(err)
 	}

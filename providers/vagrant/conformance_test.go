@@ -9,12 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kloud-dev/kloud/e2e/providertest"
 	"github.com/kloud-dev/kloud/internal/testutil"
-	"github.com/kloud-dev/kloud/klient/vagrant/vagranttest"
 	"github.com/kloud-dev/kloud/kontrol/kontroltest"
-	"github.com/kloud-dev/kloud/provider/providertest"
 	"github.com/kloud-dev/kloud/providers/vagrant"
 	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider/tfprovidertest"
+	"github.com/kloud-dev/kloud/providers/vagrant/vagranttest"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
 

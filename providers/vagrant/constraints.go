@@ -60,12 +60,12 @@ func vocabulary(h *klientapi.VagrantHostInfo) []provider.Constraint {
 func (s *stack) hostVocabulary(ctx context.Context) []provider.Constraint {
 	s.vocabOnce.Do(func() {
 		s.vocab = vocabulary(nil)
-		if s.b.Owner == "" {
+		if s.B.Owner == "" {
 			return
 		}
-		info, err := s.v.hostInfo(ctx, s.b.Owner)
+		info, err := s.v.hostInfo(ctx, s.B.Owner)
 		if err != nil {
-			s.v.log.Warn("vagrant provider: constraints checked without the host's figures", "owner", s.b.Owner, "err", err)
+			s.v.log.Warn("vagrant provider: constraints checked without the host's figures", "owner", s.B.Owner, "err", err)
 			return
 		}
 		s.vocab = vocabulary(&info)

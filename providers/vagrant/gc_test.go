@@ -9,9 +9,9 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/klient/klientapi"
-	"github.com/kloud-dev/kloud/klient/vagrant/vagranttest"
 	"github.com/kloud-dev/kloud/kontrol/kontroltest"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/vagrant/vagranttest"
 )
 
 // The inventory (kloud gc) lists, on the real host, what a crash left half-made and the machines

@@ -13,11 +13,11 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/klient/vagrant/vagranttest"
 	"github.com/kloud-dev/kloud/kontrol/kontroltest"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/vagrant"
 	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
+	"github.com/kloud-dev/kloud/providers/vagrant/vagranttest"
 )
 
 // The vagrant machine service builds on the owner's real host klient (real vagrant, docker

@@ -8,6 +8,7 @@ import (
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/machinesvc"
 	"github.com/kloud-dev/kloud/provider/tmpl"
+	"github.com/kloud-dev/kloud/providers/internal/svcstack"
 	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
 )
 
@@ -15,45 +16,24 @@ import (
 // ApplyTemplate writes. User files may not use the name.
 const GeneratedFile = "kloud_vagrant.tf.json"
 
+// stack is a vagrant stack: what the machine-service providers share (svcstack.Stack: no
+// credential (the owner's host klient is the credential), no bootstrap, templates rewritten by
+// the template below: every kloudvagrant_machine gets its agent's cloud-init and kloud's tags;
+// the kloudvagrant provider is configured in GeneratedFile with a token for this stack and its
+// owner), and its constraints.
 type stack struct {
+	svcstack.Stack
 	v *Vagrant
-	b *provider.BaseStack
 
 	vocabOnce sync.Once // constraints.go
 	vocab     []provider.Constraint
 }
 
-// VerifyCredential: the vagrant provider takes no credential (the owner's host klient is the
-// credential); it checks that kloud can serve it.
-func (s *stack) VerifyCredential(ctx context.Context, c *provider.Credential) error {
-	return s.v.Available()
+func (v *Vagrant) newStack(b *provider.BaseStack) *stack {
+	return &stack{Stack: svcstack.Stack{B: b, Available: v.Available, Template: v.template}, v: v}
 }
 
-// BootstrapTemplates: nothing to bootstrap.
-func (s *stack) BootstrapTemplates(ctx context.Context, c *provider.Credential) ([]*provider.Template, error) {
-	return nil, nil
-}
-
-// ApplyTemplate rewrites the stack's template (machinesvc.Template.Apply): every
-// kloudvagrant_machine gets its agent's cloud-init and the kloud_stack and kloud_machine tags,
-// and the template gets the kloudvagrant provider configured for this kloud's vagrant machine
-// service (GeneratedFile): the endpoint, and a token for this stack and its owner (sensitive
-// variable TokenVar) that may create exactly b.Machines.
-//
-// With no Machines (a destroy, or a refresh) it only configures the provider: the token may then
-// read, retag and destroy the stack's machines but create none, and no agent key is minted.
-func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*provider.Template, error) {
-	return s.v.template().Apply(ctx, s.b)
-}
-
-// ValidateTemplate is provider.TemplateValidator: the static rules of its templates
-// (machinesvc.Template.Validate), which kloud checks at template.create and template.update,
-// stack.plan and stack.create, stack.apply and the build (and logs before a destroy).
-func (s *stack) ValidateTemplate(ctx context.Context, files map[string][]byte) ([]provider.TemplateFinding, error) {
-	return s.v.template().Validate(files)
-}
-
-var _ provider.TemplateValidator = (*stack)(nil)
+var _ provider.TemplateValidator = (*stack)(nil) // svcstack.Stack's ValidateTemplate
 
 // template is how ApplyTemplate rewrites templates for kloudvagrant.
 func (v *Vagrant) template() *machinesvc.Template {

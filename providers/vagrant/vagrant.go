@@ -153,7 +153,7 @@ func New(opts Options) (*Vagrant, error) {
 			provider.CapConstraints, // constraints.go
 			provider.CapSnapshot},   // snapshot.go
 		Constraints: v.Constraints,
-		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return &stack{v: v, b: b}, nil },
+		Stack:       func(b *provider.BaseStack) (provider.Stack, error) { return v.newStack(b), nil },
 		Machine:     v.machine,
 		Available:   v.Available,
 		Handler:     v.handler(),

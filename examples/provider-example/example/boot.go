@@ -3,11 +3,6 @@ package example
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,11 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // The provider's HTTP service: what the generated terraform_data resources call with curl
@@ -49,27 +44,18 @@ type bootSpec struct {
 
 const tokenPrefix = "ex1."
 
-var errToken = errors.New("invalid token")
+var errToken = plugin.ErrBootToken
 
-// tokenKey returns the HMAC key, kept in Dir (mode 0600) so tokens outlive a restart: a stack is
-// destroyed long after it was built.
-func (e *example) tokenKey() ([]byte, error) {
-	e.keyMu.Lock()
-	defer e.keyMu.Unlock()
-	if e.key != nil {
-		return e.key, nil
+// tokens returns the signer of the build tokens (plugin.BootTokens), its key in Dir (mode 0600)
+// so tokens outlive a restart: a stack is destroyed long after it was built.
+func (e *example) tokens() (*plugin.BootTokens, error) {
+	if err := e.available(); err != nil {
+		return nil, err
 	}
-	fresh := make([]byte, 32)
-	rand.Read(fresh)
-	key, err := e.kept("token.key", fresh)
-	if err != nil {
-		return nil, fmt.Errorf("example: token key: %w", err)
-	}
-	if len(key) != 32 {
-		return nil, fmt.Errorf("example: token key %s has %d bytes, want 32", filepath.Join(e.o.Dir, "token.key"), len(key))
-	}
-	e.key = key
-	return key, nil
+	e.tokensOnce.Do(func() {
+		e.bootTokens = &plugin.BootTokens{Prefix: tokenPrefix, KeyFile: filepath.Join(e.o.Dir, "token.key")}
+	})
+	return e.bootTokens, nil
 }
 
 // kept returns the content of file name in Dir, written with fresh (mode 0600) if there is none:
@@ -102,33 +88,32 @@ func (e *example) kept(name string, fresh []byte) ([]byte, error) {
 }
 
 func (e *example) mint(c claims) (string, error) {
-	key, err := e.tokenKey()
+	t, err := e.tokens()
 	if err != nil {
 		return "", err
 	}
-	body, err := json.Marshal(c)
+	tok, err := t.Mint(c)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("example: %w", err)
 	}
-	payload := base64.RawURLEncoding.EncodeToString(body)
-	return tokenPrefix + payload + "." + base64.RawURLEncoding.EncodeToString(mac(key, payload)), nil
+	return tok, nil
 }
 
 // verify checks a token's signature and, for a boot, that it has not expired (a destroy
 // accepts an expired token of its stack).
 func (e *example) verify(token string, checkExp bool) (*claims, error) {
-	key, err := e.tokenKey()
+	t, err := e.tokens()
 	if err != nil {
 		return nil, err
 	}
-	payload, sig, ok := strings.Cut(strings.TrimPrefix(token, tokenPrefix), ".")
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if !ok || !strings.HasPrefix(token, tokenPrefix) || err != nil || !hmac.Equal(got, mac(key, payload)) {
-		return nil, errToken
-	}
-	body, err := base64.RawURLEncoding.DecodeString(payload)
 	var c claims
-	if err != nil || json.Unmarshal(body, &c) != nil || !validName(c.Stack) {
+	if err := t.Verify(token, &c); err != nil {
+		if errors.Is(err, plugin.ErrBootToken) {
+			return nil, errToken
+		}
+		return nil, fmt.Errorf("example: %w", err)
+	}
+	if !plugin.ValidName(c.Stack) {
 		return nil, errToken
 	}
 	if checkExp && time.Now().Unix() >= c.Exp {
@@ -136,22 +121,6 @@ func (e *example) verify(token string, checkExp bool) (*claims, error) {
 	}
 	return &c, nil
 }
-
-func mac(key []byte, payload string) []byte {
-	h := hmac.New(sha256.New, key)
-	h.Write([]byte(tokenPrefix + payload))
-	return h.Sum(nil)
-}
-
-func sum(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
-
-// nameRe is what a stack id or machine label must look like to be a directory name.
-var nameRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
-
-func validName(s string) bool { return nameRe.MatchString(s) && s != "." && s != ".." }
 
 func (e *example) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -191,7 +160,7 @@ func (e *example) serveBoot(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, fmt.Errorf("read script: %w", err))
 		return
 	}
-	if sum(script) != c.Machines[label].Script {
+	if plugin.ScriptSum(script) != c.Machines[label].Script {
 		httpError(w, http.StatusForbidden, fmt.Errorf("machine %s: not the script kloud rendered for it", label))
 		return
 	}

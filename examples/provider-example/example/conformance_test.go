@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/e2e/providertest"
 	"github.com/kloud-dev/kloud/examples/provider-example/example"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
-	"github.com/kloud-dev/kloud/provider/providertest"
 )
 
 // The example passes the conformance suite in kloud's process and as the plugin binary

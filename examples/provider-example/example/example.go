@@ -61,6 +61,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // Options configure the provider.
@@ -178,9 +179,10 @@ func New(o Options) *provider.Provider {
 type example struct {
 	o Options
 
-	keyMu    sync.Mutex
-	key      []byte // the token key, read or made on first use (boot.go)
-	instance string // Options.Instance or the one kept in Dir, read or made on first use
+	keyMu      sync.Mutex // guards instance
+	tokensOnce sync.Once
+	bootTokens *plugin.BootTokens // the build tokens' signer (boot.go)
+	instance   string             // Options.Instance or the one kept in Dir, read or made on first use
 
 	mu   sync.Mutex
 	busy map[string]*sync.Mutex // machine dir → held while it boots, starts, stops or is destroyed

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -34,7 +35,7 @@ func (m *machine) dir() string { return m.e.dir(m.b.StackID, m.b.Label) }
 // a disk with its agent's supervisor alive is Running, a disk without is Stopped (stopped, or
 // its processes died, e.g. with a restarted plugin).
 func (m *machine) Info(ctx context.Context) (provider.State, any, error) {
-	if !validName(m.b.StackID) || !validName(m.b.Label) {
+	if !plugin.ValidName(m.b.StackID) || !plugin.ValidName(m.b.Label) {
 		return provider.Unknown, nil, fmt.Errorf("example: machine %q of stack %q: not a machine of this provider", m.b.Label, m.b.StackID)
 	}
 	if _, err := os.Stat(m.dir()); err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // Tags and garbage collection (capability "resources", provider.ResourceManager): a cloud tags
@@ -129,7 +130,7 @@ func (e *example) records(stack string) ([]placed, error) {
 		}
 		stacks = stacks[:0]
 		for _, en := range entries {
-			if en.IsDir() && validName(en.Name()) { // a symlink is no stack directory
+			if en.IsDir() && plugin.ValidName(en.Name()) { // a symlink is no stack directory
 				stacks = append(stacks, en.Name())
 			}
 		}
@@ -145,7 +146,7 @@ func (e *example) records(stack string) ([]placed, error) {
 		}
 		for _, en := range entries {
 			label, ok := strings.CutSuffix(en.Name(), ".json")
-			if !ok || !en.Type().IsRegular() || !validName(label) {
+			if !ok || !en.Type().IsRegular() || !plugin.ValidName(label) {
 				continue
 			}
 			r, err := e.readRecord(st, label)
@@ -179,7 +180,7 @@ func (e *example) instanceID() (string, error) {
 		}
 		id = strings.TrimSpace(string(kept))
 	}
-	if !validName(id) {
+	if !plugin.ValidName(id) {
 		return "", fmt.Errorf("example: instance id %q: want 1-128 letters, digits, dots, dashes and underscores", id)
 	}
 	e.instance = id
@@ -220,7 +221,7 @@ func (i inventory) Resources(ctx context.Context) ([]provider.Resource, error) {
 func (i inventory) RemoveResource(ctx context.Context, r provider.Resource) error {
 	e := i.e
 	stack := r.Tag(provider.TagStack)
-	if r.Kind != KindMachine || !validName(stack) || !resourceIDRe.MatchString(r.ID) {
+	if r.Kind != KindMachine || !plugin.ValidName(stack) || !resourceIDRe.MatchString(r.ID) {
 		return fmt.Errorf("example: %s of stack %q is not a machine of this provider", r, stack)
 	}
 	inst, err := e.instanceID()

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // Snapshots (capability "snapshot", provider.Snapshotter): a machine's disk here is its owner's
@@ -24,7 +25,7 @@ func (m *machine) home() string { return filepath.Join(m.dir(), "home", m.b.Owne
 
 // stopped fails with provider.ErrRunning while the machine's agent runs.
 func (m *machine) stopped() error {
-	if !validName(m.b.StackID) || !validName(m.b.Label) || !validName(m.b.Owner) {
+	if !plugin.ValidName(m.b.StackID) || !plugin.ValidName(m.b.Label) || !plugin.ValidName(m.b.Owner) {
 		return fmt.Errorf("example: machine %q of stack %q: not a machine of this provider", m.b.Label, m.b.StackID)
 	}
 	if supervisor(m.dir()) > 0 {

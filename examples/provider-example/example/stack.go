@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -122,7 +123,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	if n := len(s.b.Machines); n > cr.MaxMachines {
 		return nil, fmt.Errorf("example: the stack has %d machines, credential %q allows %d (maxMachines)", n, c.Title, cr.MaxMachines)
 	}
-	if !validName(s.b.StackID) {
+	if !plugin.ValidName(s.b.StackID) {
 		return nil, fmt.Errorf("example: stack id %q is not a directory name", s.b.StackID)
 	}
 	network := "" // the team's network, if the credential was bootstrapped
@@ -138,7 +139,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 	machines := map[string]bootSpec{}
 	var kloudURL string
 	err = s.b.InjectUserData(ctx, func(m *provider.MachineSpec, cfg userdata.Config) ([]byte, error) {
-		if !validName(m.Label) {
+		if !plugin.ValidName(m.Label) {
 			return nil, fmt.Errorf("machine label %q is not a directory name", m.Label)
 		}
 		// The provider's host reaches kloud where klient is downloaded from, which is also
@@ -155,7 +156,7 @@ func (s *stack) ApplyTemplate(ctx context.Context, c *provider.Credential) (*pro
 		}
 		labels[m.Resource] = append(labels[m.Resource], m.Label)
 		counted[m.Resource] = m.Index != nil
-		machines[m.Label] = bootSpec{Script: sum(script), Owner: cfg.Username, Hostname: cfg.Hostname, Network: network, Machine: m.ID}
+		machines[m.Label] = bootSpec{Script: plugin.ScriptSum(script), Owner: cfg.Username, Hostname: cfg.Hostname, Network: network, Machine: m.ID}
 		return script, nil
 	})
 	if err != nil {

@@ -31,9 +31,9 @@ import (
 	"github.com/moby/moby/client"
 	"golang.org/x/sys/unix"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw"
-	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/bridgefw"
+	"github.com/kloud-dev/kloud/providers/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/providers/docker"
 )
 

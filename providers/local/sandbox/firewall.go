@@ -7,10 +7,10 @@ import (
 	"io/fs"
 	"path/filepath"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw"
+	"github.com/kloud-dev/kloud/providers/bridgefw"
 )
 
-// The firewall: ingress rules per machine, enforced on the bridge by internal/bridgefw (one
+// The firewall: ingress rules per machine, enforced on the bridge by providers/bridgefw (one
 // nftables table of the bridge family, "kloud-fw-<bridge>", filtering frames between the
 // bridge's ports; the host's own traffic is never filtered). The table is rebuilt whole, in one
 // netlink transaction, from the machines' records and their firewall.json whenever a machine's
@@ -19,7 +19,7 @@ import (
 // (tag kloud_owner; without one, its stack: tag kloud_stack); rules open a port to the team
 // (tag kloud_team), a CIDR or any machine; other new connections are dropped. Beside a stock
 // dockerd (br_netfilter on, iptables FORWARD policy DROP) the table's Apply, and SetupNetwork,
-// keep kloud's ACCEPT for the bridge's own traffic in FORWARD (internal/bridgefw hostfw.go).
+// keep kloud's ACCEPT for the bridge's own traffic in FORWARD (providers/bridgefw hostfw.go).
 
 // Tags the firewall reads (kloud's provider sets them).
 const (

@@ -10,8 +10,8 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/bridgefw/bridgefwtest"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
@@ -24,7 +24,7 @@ func TestFirewall(t *testing.T) { testFirewall(t) }
 // (also after it stopped): br_netfilter on and iptables' FORWARD policy DROP, in iptables-legacy
 // and iptables-nft, in a network namespace of the test's own (bridgefwtest). Bridged frames
 // between the machines traverse iptables there; kloud's ACCEPT for its bridge's own traffic
-// (internal/bridgefw hostfw.go) lets the owner's machines reach each other, the table still keeps
+// (providers/bridgefw hostfw.go) lets the owner's machines reach each other, the table still keeps
 // the others out, and the rule goes with the network.
 func TestFirewallStockDockerd(t *testing.T) {
 	if !bridgefwtest.StockDockerHost(t) {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kloud-dev/kloud/userdata"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -49,56 +50,24 @@ func imageDpkgOpts() []string {
 	}
 }
 
-// kloudCloudCfg is /etc/cloud/cloud.cfg.d/99-kloud-local.cfg. The module lists are Debian's
-// 22.4 defaults minus what cannot work in a namespace machine: disks and partitions (growpart,
-// resizefs, disk_setup, mounts), services without an init system (rsyslog, ntp, ssh host keys,
-// keys-to-console, hotplug, power-state-change), hardware (keyboard, grub-dpkg, byobu,
-// disable-ec2-metadata) and vendor agents (snap, lxd, fan, landscape, puppet, chef, mcollective,
-// salt-minion, rmc, rightscale).
-const kloudCloudCfg = `# Written by kloud (providers/local/sandbox): this root filesystem runs as a namespace machine.
+// kloudCloudCfg is /etc/cloud/cloud.cfg.d/99-kloud-local.cfg: NoCloud only, and cloud-init's
+// module lists for a machine that is not a VM (userdata.ModuleLists), with the host name's modules.
+func kloudCloudCfg() string {
+	return `# Written by kloud (providers/local/sandbox): this root filesystem runs as a namespace machine.
 datasource_list: [NoCloud, None]
 network:
   config: disabled
 locale: C.UTF-8
 manage_etc_hosts: true
 
-cloud_init_modules:
- - migrator
- - seed_random
- - bootcmd
- - write-files
- - set_hostname
- - update_hostname
- - update_etc_hosts
- - ca-certs
- - users-groups
-
-cloud_config_modules:
- - ssh-import-id
- - locale
- - set-passwords
- - apt-pipelining
- - apt-configure
- - timezone
- - runcmd
-
-cloud_final_modules:
- - package-update-upgrade-install
- - write-files-deferred
- - scripts-vendor
- - scripts-per-once
- - scripts-per-boot
- - scripts-per-instance
- - scripts-user
- - phone-home
- - final-message
-`
+` + userdata.ModuleLists(true)
+}
 
 // imageFiles are written into the image after mmdebstrap (path → content). mmdebstrap leaves the
 // build host's resolv.conf and hostname behind; machines reach no resolver.
 func imageFiles() map[string]string {
 	return map[string]string{
-		"etc/cloud/cloud.cfg.d/99-kloud-local.cfg": kloudCloudCfg,
+		"etc/cloud/cloud.cfg.d/99-kloud-local.cfg": kloudCloudCfg(),
 		"etc/resolv.conf":                          "# kloud local machine: no DNS, only the bridge subnet is reachable\n",
 		"etc/hostname":                             "localhost\n",
 		"etc/hosts":                                "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",

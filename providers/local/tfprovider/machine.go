@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/types"
 
 	"github.com/kloud-dev/kloud/provider/machinesvc/tfmachine"
+	"github.com/kloud-dev/kloud/providers/internal/machinemodel"
 )
 
 // newMachineResource returns kloudlocal_machine: the machine service's resource
@@ -28,68 +29,42 @@ func newMachineResource() resource.Resource {
 
 // machineModel is the resource's data, in Terraform and in state.
 type machineModel struct {
-	ID        types.String  `tfsdk:"id"`
-	Hostname  types.String  `tfsdk:"hostname"`
-	UserData  types.String  `tfsdk:"user_data"`
-	Memory    types.Int64   `tfsdk:"memory"`
-	CPUs      types.Float64 `tfsdk:"cpus"`
-	DiskMB    types.Int64   `tfsdk:"disk_mb"`
-	Tags      types.Map     `tfsdk:"tags"`
-	IPAddress types.String  `tfsdk:"ip_address"`
-	State     types.String  `tfsdk:"state"`
+	machinemodel.Base               // id, hostname, user_data, tags, state
+	Memory            types.Int64   `tfsdk:"memory"`
+	CPUs              types.Float64 `tfsdk:"cpus"`
+	DiskMB            types.Int64   `tfsdk:"disk_mb"`
+	IPAddress         types.String  `tfsdk:"ip_address"`
 }
 
 func machineSchema() schema.Schema {
 	return schema.Schema{
 		Description: "A local namespace machine booted with cloud-init. It keeps running after Terraform exits.",
-		Attributes: map[string]schema.Attribute{
-			"id": schema.StringAttribute{
-				Computed:      true,
-				Description:   "The machine's id on this host (its directory under the state dir).",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
-			},
-			"hostname": schema.StringAttribute{
-				Required:      true,
-				Description:   "Host name inside the machine (RFC 1123, at most 63 characters).",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
-			},
-			"user_data": schema.StringAttribute{
-				Optional:      true,
-				Sensitive:     true,
-				Description:   "cloud-init user data (NoCloud seed). Changing it replaces the machine.",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
-			},
-			"memory": schema.Int64Attribute{
-				Optional:      true,
-				Description:   "Memory limit in MiB (cgroup), at least 32. Unset: unlimited.",
-				PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
-			},
-			"cpus": schema.Float64Attribute{
-				Optional:      true,
-				Description:   "CPU limit in CPUs (cgroup quota), at least 0.01. Unset: unlimited.",
-				PlanModifiers: []planmodifier.Float64{float64planmodifier.RequiresReplace()},
-			},
-			"disk_mb": schema.Int64Attribute{
-				Optional:      true,
-				Description:   "Disk quota of the machine's writable layer in MiB (df inside shows it), at least 64. Unset: none.",
-				PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
-			},
-			"tags": schema.MapAttribute{
-				Optional:    true,
-				ElementType: types.StringType,
-				Description: "Tags kept with the machine (kloud sets its stack and machine ids). Updated in place.",
-			},
-			"ip_address": schema.StringAttribute{
-				Computed:      true,
-				Description:   "The machine's address on the bridge.",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
-			},
-			"state": schema.StringAttribute{
-				Computed:      true,
-				Description:   `"running" or "stopped" (kloud stops and starts machines outside Terraform).`,
-				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
-			},
-		},
+		Attributes: machinemodel.Attributes(
+			"The machine's id on this host (its directory under the state dir).",
+			"Host name inside the machine (RFC 1123, at most 63 characters).",
+			`"running" or "stopped"`,
+			map[string]schema.Attribute{
+				"memory": schema.Int64Attribute{
+					Optional:      true,
+					Description:   "Memory limit in MiB (cgroup), at least 32. Unset: unlimited.",
+					PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
+				},
+				"cpus": schema.Float64Attribute{
+					Optional:      true,
+					Description:   "CPU limit in CPUs (cgroup quota), at least 0.01. Unset: unlimited.",
+					PlanModifiers: []planmodifier.Float64{float64planmodifier.RequiresReplace()},
+				},
+				"disk_mb": schema.Int64Attribute{
+					Optional:      true,
+					Description:   "Disk quota of the machine's writable layer in MiB (df inside shows it), at least 64. Unset: none.",
+					PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
+				},
+				"ip_address": schema.StringAttribute{
+					Computed:      true,
+					Description:   "The machine's address on the bridge.",
+					PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
+				},
+			}),
 	}
 }
 
@@ -111,10 +86,6 @@ func (m *machineModel) Validate(diags *diag.Diagnostics) {
 			fmt.Sprintf("cpus = %g: at least 0.01; leave it unset for no limit", v.ValueFloat64()))
 	}
 }
-
-func (m *machineModel) MachineID() string     { return m.ID.ValueString() }
-func (m *machineModel) HostnameValue() string { return m.Hostname.ValueString() }
-func (m *machineModel) TagsValue() types.Map  { return m.Tags }
 
 func (m *machineModel) Request(tags map[string]string) CreateRequest {
 	return CreateRequest{

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/terraform-plugin-framework/types"
 
 	"github.com/kloud-dev/kloud/provider/machinesvc/tfmachine"
+	"github.com/kloud-dev/kloud/providers/internal/machinemodel"
 )
 
 // newMachineResource returns kloudvagrant_machine: the machine service's resource
@@ -27,80 +28,54 @@ func newMachineResource() resource.Resource {
 
 // machineModel is the resource's data, in Terraform and in state.
 type machineModel struct {
-	ID       types.String `tfsdk:"id"`
-	Hostname types.String `tfsdk:"hostname"`
-	UserData types.String `tfsdk:"user_data"`
-	Memory   types.Int64  `tfsdk:"memory"`
-	CPUs     types.Int64  `tfsdk:"cpus"`
-	Image    types.String `tfsdk:"image"`
-	Box      types.String `tfsdk:"box"`
-	Provider types.String `tfsdk:"vagrant_provider"`
-	Tags     types.Map    `tfsdk:"tags"`
-	Host     types.String `tfsdk:"host"`
-	State    types.String `tfsdk:"state"`
+	machinemodel.Base              // id, hostname, user_data, tags, state
+	Memory            types.Int64  `tfsdk:"memory"`
+	CPUs              types.Int64  `tfsdk:"cpus"`
+	Image             types.String `tfsdk:"image"`
+	Box               types.String `tfsdk:"box"`
+	Provider          types.String `tfsdk:"vagrant_provider"`
+	Host              types.String `tfsdk:"host"`
 }
 
 func machineSchema() schema.Schema {
 	return schema.Schema{
 		Description: "A Vagrant machine on the stack owner's vagrant host (klient --vagrant), booted with cloud-init on a NoCloud seed. It keeps running after Terraform exits.",
-		Attributes: map[string]schema.Attribute{
-			"id": schema.StringAttribute{
-				Computed:      true,
-				Description:   "The Vagrant machine's name on its host (its directory under the host klient's vagrant home).",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
-			},
-			"hostname": schema.StringAttribute{
-				Required:      true,
-				Description:   "Host name inside the machine (one RFC 1123 label, at most 63 characters).",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
-			},
-			"user_data": schema.StringAttribute{
-				Optional:      true,
-				Sensitive:     true,
-				Description:   "cloud-init user data (NoCloud seed). Changing it replaces the machine.",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
-			},
-			"memory": schema.Int64Attribute{
-				Optional:      true,
-				Description:   "Memory in MiB, at least 64. Unset: the Vagrant provider's default.",
-				PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
-			},
-			"cpus": schema.Int64Attribute{
-				Optional:      true,
-				Description:   "CPUs, at least 1. Unset: the Vagrant provider's default.",
-				PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
-			},
-			"image": schema.StringAttribute{
-				Optional:      true,
-				Description:   "A Docker image with cloud-init (Vagrant's docker provider). Exactly one of image and box.",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
-			},
-			"box": schema.StringAttribute{
-				Optional:      true,
-				Description:   "A Vagrant box with cloud-init (virtualbox, libvirt, ... providers). Exactly one of image and box.",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
-			},
-			"vagrant_provider": schema.StringAttribute{
-				Optional:      true,
-				Description:   "The Vagrant provider (default: docker for an image, Vagrant's default for a box).",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
-			},
-			"tags": schema.MapAttribute{
-				Optional:    true,
-				ElementType: types.StringType,
-				Description: "Tags kept with the machine (kloud sets its stack and machine ids). Updated in place.",
-			},
-			"host": schema.StringAttribute{
-				Computed:      true,
-				Description:   "The kite id of the vagrant host (klient --vagrant) the machine lives on.",
-				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
-			},
-			"state": schema.StringAttribute{
-				Computed:      true,
-				Description:   `"running", "stopped", ... (kloud stops and starts machines outside Terraform).`,
-				PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
-			},
-		},
+		Attributes: machinemodel.Attributes(
+			"The Vagrant machine's name on its host (its directory under the host klient's vagrant home).",
+			"Host name inside the machine (one RFC 1123 label, at most 63 characters).",
+			`"running", "stopped", ...`,
+			map[string]schema.Attribute{
+				"memory": schema.Int64Attribute{
+					Optional:      true,
+					Description:   "Memory in MiB, at least 64. Unset: the Vagrant provider's default.",
+					PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
+				},
+				"cpus": schema.Int64Attribute{
+					Optional:      true,
+					Description:   "CPUs, at least 1. Unset: the Vagrant provider's default.",
+					PlanModifiers: []planmodifier.Int64{int64planmodifier.RequiresReplace()},
+				},
+				"image": schema.StringAttribute{
+					Optional:      true,
+					Description:   "A Docker image with cloud-init (Vagrant's docker provider). Exactly one of image and box.",
+					PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
+				},
+				"box": schema.StringAttribute{
+					Optional:      true,
+					Description:   "A Vagrant box with cloud-init (virtualbox, libvirt, ... providers). Exactly one of image and box.",
+					PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
+				},
+				"vagrant_provider": schema.StringAttribute{
+					Optional:      true,
+					Description:   "The Vagrant provider (default: docker for an image, Vagrant's default for a box).",
+					PlanModifiers: []planmodifier.String{stringplanmodifier.RequiresReplace()},
+				},
+				"host": schema.StringAttribute{
+					Computed:      true,
+					Description:   "The kite id of the vagrant host (klient --vagrant) the machine lives on.",
+					PlanModifiers: []planmodifier.String{stringplanmodifier.UseStateForUnknown()},
+				},
+			}),
 	}
 }
 
@@ -122,10 +97,6 @@ func (m *machineModel) Validate(diags *diag.Diagnostics) {
 			"Set exactly one of image (a Docker image, Vagrant's docker provider) and box (a Vagrant box).")
 	}
 }
-
-func (m *machineModel) MachineID() string     { return m.ID.ValueString() }
-func (m *machineModel) HostnameValue() string { return m.Hostname.ValueString() }
-func (m *machineModel) TagsValue() types.Map  { return m.Tags }
 
 func (m *machineModel) Request(tags map[string]string) CreateRequest {
 	return CreateRequest{

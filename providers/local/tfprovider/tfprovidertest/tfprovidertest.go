@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
-	"github.com/kloud-dev/kloud/provider/machinesvc/tfmachine/tfmachinetest"
+	"github.com/kloud-dev/kloud/providers/internal/tfmachinetest"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider"
 )

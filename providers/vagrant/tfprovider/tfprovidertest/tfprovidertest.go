@@ -6,7 +6,7 @@ package tfprovidertest
 import (
 	"testing"
 
-	"github.com/kloud-dev/kloud/provider/machinesvc/tfmachine/tfmachinetest"
+	"github.com/kloud-dev/kloud/providers/internal/tfmachinetest"
 	"github.com/kloud-dev/kloud/providers/vagrant/tfprovider"
 )
 

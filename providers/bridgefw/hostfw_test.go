@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kloud-dev/kloud/internal/bridgefw"
-	"github.com/kloud-dev/kloud/internal/bridgefw/bridgefwtest"
+	"github.com/kloud-dev/kloud/providers/bridgefw"
+	"github.com/kloud-dev/kloud/providers/bridgefw/bridgefwtest"
 )
 
 // TestHostForwardStockDocker: on a host whose firewall is a stock dockerd's (br_netfilter on,

@@ -62,7 +62,7 @@ func main() {
 		Name:         name,
 		ResourceType: name + "_machine",
 		UserDataAttr: "input",
-		Description:  "kloud's test plugin (internal/testplugin)",
+		Description:  "kloud's test plugin (e2e/testplugin)",
 		Stack: func(b *provider.BaseStack) (provider.Stack, error) {
 			return &stack{b: b, block: block}, nil
 		},
