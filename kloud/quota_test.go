@@ -55,6 +55,7 @@ func (f *flowEnv) jobCount(sid string) int {
 // use and the request, and start no job and change no stack; quota.show gives the numbers; a
 // team's quota refuses as well; only administrators set quotas.
 func TestQuotaRefuses(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	ctx := t.Context()
@@ -134,6 +135,7 @@ func TestQuotaRefuses(t *testing.T) {
 // TestQuotaConcurrentApplies: ten concurrent stack.apply of one user whose quota is 3 machines
 // (one machine per stack) build exactly 3 stacks; the 7 others are refused by the quota.
 func TestQuotaConcurrentApplies(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	ctx := t.Context()
@@ -201,6 +203,7 @@ func TestQuotaConcurrentApplies(t *testing.T) {
 // (sampled during the race) do more than 5 of her machines exist, in kloud's records or as
 // machines of the provider.
 func TestQuotaConcurrentCreateAndApply(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	ctx := t.Context()
