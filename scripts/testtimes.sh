@@ -25,11 +25,16 @@ shift $((OPTIND - 1))
 command -v jq >/dev/null || { echo "$0: needs jq (scripts/setup.sh installs it)" >&2; exit 1; }
 for f in "$@"; do [ -r "$f" ] || { echo "$0: cannot read $f" >&2; exit 1; }; done
 
-# Only the lines that are JSON objects with a final Action: go test mixes build errors in.
+# Only the lines that are JSON objects with a final Action: go test mixes build errors in. A
+# top-level test takes the longest time of itself and its subtests (a test whose subtests run in
+# parallel ends, as go test reports it, before them, after 0 s).
 events=$(cat "$@" | jq -c -R --arg pkg "$pkg" '
 	fromjson? | select(type == "object" and (.Action == "pass" or .Action == "fail" or .Action == "skip"))
 	| .Package |= sub("^github.com/kloud-dev/kloud/?"; "") | .Package |= (if . == "" then "." else . end)
-	| select($pkg == "" or .Package == $pkg)')
+	| select($pkg == "" or .Package == $pkg)' | jq -c -s '
+	(map(select(.Test != null)) | group_by([.Package, (.Test | split("/")[0])])
+		| map({key: (.[0].Package + " " + (.[0].Test | split("/")[0])), value: (map(.Elapsed // 0) | max)}) | from_entries) as $longest
+	| .[] | if .Test != null and (.Test | contains("/") | not) then .Elapsed = $longest[.Package + " " + .Test] else . end')
 if [ -z "$events" ]; then
 	echo "$0: no test results in the input (was it go test -json?)" >&2
 	exit 1
