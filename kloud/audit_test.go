@@ -312,7 +312,8 @@ func TestAuditRetention(t *testing.T) {
 // per call.
 //
 // Not parallel: its 20 calls at once share the embedded store's one connection, whose checkout
-// gives up after 1.5 s; beside other tests on a loaded machine entries were dropped.
+// gives up after 1.5 s; on a loaded machine (load average above 20) entries were dropped, beside
+// other tests or alone.
 func TestAuditConcurrentCalls(t *testing.T) {
 	w := newUserWorld(t, kloudtest.Options{})
 	admin := api.NewClient(w.as(kloud.Admin))
