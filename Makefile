@@ -25,11 +25,16 @@ build: ## build bin/kloud, bin/terraformer, bin/klient
 run: setup build ## set up, then run kloud in the foreground (data in ~/.kloud; docker machines when DOCKER_HOST or the local socket answers)
 	$(ENV) $(BIN)/kloud serve
 
+# The tests mostly wait (terraform, agents, cloud-init, daemons), they do not compute: run more
+# packages at once (-p) than the 2 cores, and more of a package's parallel tests at once
+# (-parallel) than GOMAXPROCS (docs/CONTRIBUTING.md, "Where the suite's time goes").
+TESTPARALLEL ?= -p 4 -parallel 4
+
 test: setup ## set up, then run every test (CI runs this with CI=true)
-	@$(TMPCHECK) $(ENV) $(GO) test -race -timeout 60m ./...
+	@$(TMPCHECK) $(ENV) $(GO) test -race -timeout 60m $(TESTPARALLEL) ./...
 
 test-short: ## run the tests without setup
-	@$(TMPCHECK) $(ENV) $(GO) test -timeout 20m ./...
+	@$(TMPCHECK) $(ENV) $(GO) test -timeout 20m $(TESTPARALLEL) ./...
 
 # TMPCHECK runs the command after it and then fails if the tests left entries of this project
 # (kloud*, the helpers' webterm-*, tfapply-*, bench-* names) in the system temp dir that were

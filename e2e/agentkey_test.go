@@ -28,6 +28,7 @@ import (
 )
 
 func TestLocalAgentKeyAndSharedShells(t *testing.T) {
+	t.Parallel()
 	e := newLocalEnv(t)
 	e.alice()
 	aliceKey := e.key

@@ -146,6 +146,16 @@ func (e *env) start() {
 	if !ownDocker {
 		e.extra = append(e.extra, "--no-docker")
 	}
+	// Likewise the terraformer kloud starts: on a free port of its own, not on 127.0.0.1:7001
+	// (taken, kloud serve would pick a free one, but two klouds starting at once in parallel
+	// tests both see it free). Chosen once: a restarted kloud keeps its terraformer's address.
+	ownTF := false
+	for _, a := range e.extra {
+		ownTF = ownTF || a == "--terraformer-url" || a == "--terraformer-addr"
+	}
+	if !ownTF {
+		e.extra = append(e.extra, "--terraformer-addr", freePort(t))
+	}
 	args := []string{"serve", "--data-dir", e.dir, "--addr", e.addr,
 		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}
 	if !e.noDummy {
@@ -283,6 +293,7 @@ func (e *env) template(content string) string {
 // TestWalkthrough walks a stack's life with the dummy provider (no root needed), step by step
 // through the CLI.
 func TestWalkthrough(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.alice()
 	tid := e.template(`
@@ -349,6 +360,7 @@ resource "terraform_data" "vm" {
 // own; after a restart the interrupted job is resolved (resumed to the end), no machine stays
 // in Building, the lease is free again, and destroy leaves nothing behind.
 func TestKloudKilledMidApply(t *testing.T) {
+	t.Parallel()
 	e := newTerraformerEnv(t, freePort(t), "")
 	e.alice()
 	tid := e.template(`

@@ -11,6 +11,7 @@ import (
 )
 
 func TestLocalPortsClose(t *testing.T) {
+	t.Parallel()
 	e := newLocalEnv(t)
 	e.alice()
 	sid := e.createStack(e.template(localTemplate("dev", 1, "#!/bin/bash\ntrue")))

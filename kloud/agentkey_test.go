@@ -47,6 +47,7 @@ func agentKeys(t *testing.T, e *kloudtest.Env, owner string) map[string]string {
 // key minted before the change — gets -32002 from every method but its own agent calls, and
 // those work.
 func TestAgentKeyRefusedByEveryKloudMethod(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	methods := e.Server.Kite.Methods()
 	if len(methods) < 30 {
@@ -97,6 +98,7 @@ func TestAgentKeyRefusedByEveryKloudMethod(t *testing.T) {
 // `kloud --key kite.key whoami` are refused (and write nothing), and no token for another of the
 // owner's kites is to be had.
 func TestAgentKeyExploit(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	dir := t.TempDir()
 	run := func(key string, args ...string) (int, string) {
@@ -153,6 +155,7 @@ func TestAgentKeyExploit(t *testing.T) {
 // machine's agent only — not for the owner's other machines, not for the owner's other kites —
 // and each token names exactly that one kite.
 func TestShareReachesOnlyThatMachine(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	ctx := t.Context()
 	admin := e.Dial(kloud.Admin)
@@ -203,6 +206,7 @@ func TestShareReachesOnlyThatMachine(t *testing.T) {
 // (its klient.info lists no ownAccountShells) would give a terminal share the owner's account,
 // so kloud pushes it terminal grants as readonly; a current klient gets them as they are.
 func TestOldKlientGetsTerminalSharesAsReadonly(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	ctx := t.Context()
 	for _, c := range []struct {

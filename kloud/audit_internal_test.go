@@ -12,6 +12,7 @@ import (
 // holds equal to the route table) is decided in auditDecisions, audited or read-only, and
 // nothing else is listed there. A new method fails here until its author decides.
 func TestEveryRouteIsAuditDecided(t *testing.T) {
+	t.Parallel()
 	d := auditDecisions()
 	for _, m := range api.KloudMethods() {
 		if _, ok := d[m]; !ok {
@@ -51,6 +52,7 @@ func TestEveryRouteIsAuditDecided(t *testing.T) {
 // TestAuditTarget: the target is the most specific id the params name, and nothing else of
 // them.
 func TestAuditTarget(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		method string
 		v      any
@@ -98,6 +100,7 @@ func TestAuditTarget(t *testing.T) {
 
 // TestAuditText: a target with a newline cannot forge a line of the table; a long one is cut.
 func TestAuditText(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"stack/abc":                 "stack/abc",
 		"stack/a\n9 admin user.add": `stack/a\n9 admin user.add`,

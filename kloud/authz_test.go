@@ -16,6 +16,7 @@ import (
 // kloud administrator. Nobody sees or touches another user's stacks and machines, team members
 // share templates but may not change another member's, and what one may not see is "not found".
 func TestStackAuthz(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	admin := f.Dial(kloud.Admin)
 	kloudtest.Call(t, admin, "team.create", map[string]string{"slug": "red", "title": "Red"}, nil)

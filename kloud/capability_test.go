@@ -23,6 +23,7 @@ const testNewSecret = "sk-NEW-SECRET-0b9f3e71aa"
 // schema with the old value (immutable fields, ValidUpdate), stores it in one update and resets
 // the verification; only the owner and team admins may, and no secret shows anywhere.
 func TestCredentialUpdate(t *testing.T) {
+	t.Parallel()
 	w := newCredWorld(t, kloudtest.Options{})
 	data := goodCredData()
 	data["account"] = "acct-1"
@@ -134,6 +135,7 @@ func (capMachine) Info(context.Context) (provider.State, any, error) {
 // refused with -32005 and a message naming the provider and the method, before any job starts;
 // provider.describe lists exactly its capabilities.
 func TestUnsupportedMethod(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: "nostop", ResourceType: "nostop_machine",
 		Capabilities: []provider.Capability{provider.CapStart},
@@ -189,6 +191,7 @@ func TestUnsupportedMethod(t *testing.T) {
 // plugin); its secret variables are the schema's writeOnly fields, not every field; without a
 // schema, every field counts as secret.
 func TestCredentialVariablesOfAPlugin(t *testing.T) {
+	t.Parallel()
 	schema := []byte(`{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"token":{"type":"string","writeOnly":true},"region":{"type":"string"}},"additionalProperties":false}`)
 	p := &provider.Provider{Name: "plug", Schema: provider.Schema{JSON: map[string]json.RawMessage{provider.PartCredential: schema}}}
 	cred := &provider.Credential{Value: map[string]any{"token": "t0k3n", "region": "r1"}, Bootstrap: map[string]any{"net": "n1"}}

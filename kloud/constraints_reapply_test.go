@@ -52,6 +52,7 @@ func constrainedDummy(t *testing.T, vocab func() []provider.Constraint) *provide
 // the provider's map constraint; a recorded value that is not a map is still refused, naming the
 // machine.
 func TestCheckStackConstraintsOfStateValues(t *testing.T) {
+	t.Parallel()
 	var asList atomic.Bool
 	reg := provider.NewRegistry()
 	reg.Register(constrainedDummy(t, tagsVocab(&asList)))
@@ -103,6 +104,7 @@ func TestCheckStackConstraintsOfStateValues(t *testing.T) {
 // A built stack the provider's constraints now refuse is refused by the update's plan (-32602,
 // no job, the stack as it was), and kloud logs the refusal.
 func TestReapplyBuiltStack(t *testing.T) {
+	t.Parallel()
 	testutil.RequireBinary(t, "curl")
 	var asList atomic.Bool
 	reg := provider.NewRegistry()

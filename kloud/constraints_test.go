@@ -30,6 +30,7 @@ func (c *constrained) ValidateConstraints(ctx context.Context, attrs map[string]
 // stack.plan, stack.create and stack.apply, and refuses with invalid params naming the machine,
 // the attribute, what is allowed and the nearest valid value; a valid plan goes through.
 func TestConstraintsRefusePlan(t *testing.T) {
+	t.Parallel()
 	testutil.RequireBinary(t, "curl")
 	var maxMem atomic.Int64
 	maxMem.Store(4096)

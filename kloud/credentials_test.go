@@ -175,6 +175,7 @@ func (w *userWorld) listCreds(user string, params map[string]any) []string {
 }
 
 func TestCredentialAuthz(t *testing.T) {
+	t.Parallel()
 	w := newCredWorld(t, kloudtest.Options{})
 	id := w.addCred("alice", "alice's key", goodCredData())
 
@@ -234,6 +235,7 @@ func TestCredentialAuthz(t *testing.T) {
 }
 
 func TestCredentialValuesAndSecrets(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	w := newCredWorld(t, kloudtest.Options{DataDir: dir})
 	id := w.addCred("alice", "alice's key", goodCredData())
@@ -425,6 +427,7 @@ func (w *userWorld) job(user, id string) store.Job {
 }
 
 func TestCredentialBootstrap(t *testing.T) {
+	t.Parallel()
 	tf := terraformertest.Start(t, terraformertest.Options{})
 	w := newCredWorld(t, kloudtest.Options{Terraformer: tf.Client})
 	id := w.addCred("alice", "alice's key", goodCredData())
@@ -514,6 +517,7 @@ func TestCredentialBootstrap(t *testing.T) {
 // kloud, which re-attaches to the Terraform run that went on in terraformer; without a
 // terraformer it fails honestly.
 func TestCredentialBootstrapRecovers(t *testing.T) {
+	t.Parallel()
 	tf := terraformertest.Start(t, terraformertest.Options{})
 	dir := t.TempDir()
 	w := newCredWorld(t, kloudtest.Options{DataDir: dir})

@@ -25,6 +25,7 @@ import (
 // have. Real kloud, terraformer, terraform with the kloudlocal provider built from this tree,
 // and local machines on a private bridge (tfprovidertest.NewHost: root only).
 func TestTemplateWithoutRequiredProviders(t *testing.T) {
+	t.Parallel()
 	h := tfprovidertest.NewHost(t)
 	tf, cliConfig := tfprovidertest.Terraform(t)
 	testutil.RequireBinary(t, "curl")

@@ -15,6 +15,7 @@ import (
 )
 
 func TestWireErrorMapsStoreSentinels(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		err  error
 		kite *kite.Error
@@ -57,6 +58,7 @@ func TestWireErrorMapsStoreSentinels(t *testing.T) {
 // mapped to a kite code or deliberately left an internal error, so a new sentinel cannot reach
 // clients as an internal error by oversight.
 func TestEveryStoreSentinelIsDecided(t *testing.T) {
+	t.Parallel()
 	internal := map[string]bool{"ErrClosed": true, "ErrJobCancelled": true}
 	mapped := map[error]bool{}
 	for _, m := range storeCodes {

@@ -159,6 +159,7 @@ resource "terraform_data" "vm" {
 `
 
 func TestStackLifecycle(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	tid := f.template(twoVMs)
@@ -250,6 +251,7 @@ func TestStackLifecycle(t *testing.T) {
 }
 
 func TestUserScriptFailureNamesTheStep(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	tid := f.template(`
@@ -271,6 +273,7 @@ resource "terraform_data" "web" {
 }
 
 func TestBrokenAgentDownloadNamesTheStep(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{BreakAgent: "download"}, kloudtest.Options{AgentTimeout: 15 * time.Second})
 	f.credential()
 	tid := f.template(`
@@ -289,6 +292,7 @@ resource "terraform_data" "web" {
 }
 
 func TestConcurrentApplyRunsOnce(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	sid, _ := f.stack(f.template(twoVMs))
@@ -329,6 +333,7 @@ func TestConcurrentApplyRunsOnce(t *testing.T) {
 }
 
 func TestInvalidTemplates(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	err := f.alice.Call(t.Context(), "template.create", map[string]any{"title": "bad", "files": map[string]string{"main.tf": "resource \"terraform_data\" \"x\" {\n  input = \n}\n"}}, nil)
@@ -348,6 +353,7 @@ resource "terraform_data" "vm" {
 }
 
 func TestSecretsOnlyInProviderBlocks(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	tid := f.template(`
@@ -369,6 +375,7 @@ resource "terraform_data" "vm" {
 // the template: a provider whose rewrite fails finds them recorded (and writes nothing itself),
 // and the machines go back to where they were.
 func TestKiteIDsRecordedBeforeProviderRewrite(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{Fail: map[string]error{"ApplyTemplate": errors.New("rewrite refused")}})
 	f.credential()
 	sid, _ := f.stack(f.template(twoVMs))

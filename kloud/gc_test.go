@@ -15,6 +15,7 @@ import (
 // its resources, and with nothing to collect says so. (The collection itself is tested with real
 // machines: e2e TestLocalGC, and each provider's conformance case Resources.)
 func TestGCRunRefusals(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: "plain", ResourceType: "plain_machine"})
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})

@@ -63,6 +63,7 @@ func readyz(t *testing.T, url string) (int, kloud.Readiness) {
 // store-unavailable code (not a hang, not "connection closed"), says so at /readyz naming the
 // store, logs the outage once and its end once, and works again when the database is back.
 func TestStoreOutage(t *testing.T) {
+	t.Parallel()
 	db := storetest.NewServer(t)
 	lb := &logBuf{t: t}
 	e := kloudtest.Start(t, kloudtest.Options{MongoURL: db.URL, Logger: slog.New(slog.NewTextHandler(lb, nil))})
@@ -135,6 +136,7 @@ func TestStoreOutage(t *testing.T) {
 // (until the list has been loaded once; then a stale list is used): with the store down that is
 // the store-unavailable code too, not an internal error.
 func TestStoreOutageAtHandshake(t *testing.T) {
+	t.Parallel()
 	db := storetest.NewServer(t)
 	e := kloudtest.Start(t, kloudtest.Options{MongoURL: db.URL})
 	key, _, err := e.Server.Kontrol.CreateKey("bob", "")
@@ -156,6 +158,7 @@ func TestStoreOutageAtHandshake(t *testing.T) {
 // TestReadyzTerraformer: with a real terraformer kloud is ready (embedded store); while the
 // terraformer's supervisor says it is down, /readyz is 503 naming terraformer and the cause.
 func TestReadyzTerraformer(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	tc := e.StartTerraformer()
 	code, r := readyz(t, e.URL)

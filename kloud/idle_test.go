@@ -79,6 +79,7 @@ func (e *termEnv) waitState(state provider.State, within time.Duration) api.Mach
 // and starts a new countdown. Another member can change neither the machine's settings nor
 // the template's.
 func TestIdleStopWarnsThenStops(t *testing.T) {
+	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
 	ctx := t.Context()
 	tmplID := e.describe(e.machine.StackID).TemplateID
@@ -179,6 +180,7 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 // TestIdleTypingAndAlwaysOnKeepTheMachine: a machine whose terminal is typed into is never
 // stopped, nor an always-on one; when the typing ends, or always on is undone, it is.
 func TestIdleTypingAndAlwaysOnKeepTheMachine(t *testing.T) {
+	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
 	m := e.set(api.MachineSetParams{IdleTimeout: "3s"})
 	if m.Idle.TimeoutSeconds == nil || *m.Idle.TimeoutSeconds != 3 || m.Idle.EffectiveTimeoutSeconds != 3 {
@@ -224,6 +226,7 @@ func TestIdleTypingAndAlwaysOnKeepTheMachine(t *testing.T) {
 // deadline; the kloud started on the same store keeps the recorded deadline (no fresh timeout)
 // and stops the machine for it.
 func TestIdleCountdownSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	ko := idleOpts
 	ko.DataDir, ko.Addr = t.TempDir(), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	e := newTermEnvWith(t, ko)
@@ -259,6 +262,7 @@ func TestIdleCountdownSurvivesRestart(t *testing.T) {
 // (the machine's klient reports its CPU time, klient.activity); when it ends, the machine is
 // stopped for being idle.
 func TestIdleCPUKeepsTheMachine(t *testing.T) {
+	t.Parallel()
 	ko := idleOpts
 	ko.Idle.CPUInterval = 500 * time.Millisecond
 	e := newTermEnvWith(t, ko)
@@ -290,6 +294,7 @@ func TestIdleCPUKeepsTheMachine(t *testing.T) {
 // machine's port is activity: the machine stays Running while bytes flow for four timeouts;
 // once the tunnel is closed, it is stopped for being idle.
 func TestIdlePortForwardKeepsTheMachine(t *testing.T) {
+	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
 	// An echo server "in the machine" (the dummy machine's loopback is this host's).
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -330,6 +335,7 @@ func TestIdlePortForwardKeepsTheMachine(t *testing.T) {
 // machine.start job, and moves its next start to the next day; bad schedules and time zones
 // are refused saying what to give.
 func TestAutostart(t *testing.T) {
+	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
 	ctx := t.Context()
 	for _, bad := range []api.MachineSetParams{{Autostart: "daily 25:00"}, {Autostart: "someday 09:00"}, {Autostart: "mon-fri"},
@@ -380,6 +386,7 @@ func TestAutostart(t *testing.T) {
 // TestIdleReadonlyTypingDoesNotCount: the keys of a read-only viewer, which klient drops, are
 // no activity: the machine is stopped while bob, watching alice's session, types.
 func TestIdleReadonlyTypingDoesNotCount(t *testing.T) {
+	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
 	kloudtest.Call(t, e.Dial(kloud.Admin), "user.add", map[string]string{"username": "bob", "password": "bob-password", "team": kloud.DefaultTeam}, nil)
 	share(t, e, "bob", kloud.GrantReadonly)

@@ -12,6 +12,7 @@ import (
 // TestAPIJobWire: a job as the API returns it (api.Job) has exactly the JSON of the store's job
 // document, every field set.
 func TestAPIJobWire(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	j := store.Job{ID: "j", Kind: "stack.apply", Target: "stack/s", Owner: "alice", Params: map[string]any{"stackId": "s"},
 		Status: store.JobFailed, Percent: 40, Stage: "Building", Message: "m", Error: "e", Result: map[string]any{"x": 1.0},

@@ -8,6 +8,7 @@ import (
 // TestLimitsDefaults: zero limits take the defaults; a global cap above the hard ceiling is
 // refused (kloud serve says so at start).
 func TestLimitsDefaults(t *testing.T) {
+	t.Parallel()
 	var l Limits
 	if err := l.defaults(); err != nil || l.MaxMachinesPerStack != DefaultMaxMachinesPerStack || l.PlanTimeout != DefaultPlanTimeout {
 		t.Fatalf("zero limits: %+v, %v", l, err)

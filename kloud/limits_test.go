@@ -96,6 +96,7 @@ func refusedCap(t *testing.T, what string, err error, want ...string) {
 // kloud cannot evaluate is refused on terraform's plan; a template's own cap, set by an
 // administrator, replaces the global one. No terraform is left running.
 func TestMachineCapRefuses100000(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	ctx := t.Context()
@@ -176,6 +177,7 @@ resource "terraform_data" "vm" {
 // before terraform runs; an update to a revision whose count only terraform knows is refused
 // on its plan; neither starts a job or changes the stack.
 func TestMachineCapScaleAndUpdate(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	c := f.client()
@@ -232,6 +234,7 @@ func TestMachineCapScaleAndUpdate(t *testing.T) {
 // timeout is cancelled and leaves no terraform running. The count is one kloud cannot evaluate
 // before terraform (a function), so terraform really plans 100000 machines.
 func TestPlanTimeoutKillsTerraform(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{Limits: kloud.Limits{PlanTimeout: 4 * time.Second}})
 	f.credential()
 	cl := f.client()

@@ -10,6 +10,7 @@ import (
 // TestMachinesNameTheirStack: machine.list and machine.info name a machine's stack by its title
 // (the template's, by default), which the UI shows instead of the stack's id.
 func TestMachinesNameTheirStack(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	sid, ms := f.stack(f.template(twoVMs))

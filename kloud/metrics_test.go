@@ -69,6 +69,7 @@ func metricsOf(t *testing.T, e *kloudtest.Env) string {
 // counter by one (an unknown method's name never becomes a label), and each refused handshake
 // its reason's counter; the store's commands are timed.
 func TestMetricsCountCallsAndRejectedHandshakes(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	ctx := t.Context()
 	calls := func(method, code string) float64 {
@@ -154,6 +155,7 @@ func grep(body, prefix string) string {
 // TestMetricsAccess: on kloud's address /metrics is for administrators (a member's key gets
 // 403, nothing 401); on --metrics-addr it is served to anyone.
 func TestMetricsAccess(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -190,6 +192,7 @@ func TestMetricsAccess(t *testing.T) {
 // terraform) and opens its terminal: the job, planner, agent, machine, quota and terminal
 // metrics say so.
 func TestMetricsOfABuildAndATerminal(t *testing.T) {
+	t.Parallel()
 	e := newTermEnv(t)
 	ctx := t.Context()
 	if _, err := e.Client(kloud.Admin).QuotaSet(ctx, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{User: "alice"}, Limit: api.Quota{Machines: 5, MemoryMB: 2048}}); err != nil {

@@ -24,6 +24,7 @@ var pluginCallable = []string{
 // key and as a session — gets -32002 naming what plugin keys are for from every method a plugin
 // may not call.
 func TestPluginKeyRefusedByEveryKloudMethod(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	methods := e.Server.Kite.Methods()
 	if len(methods) < 30 {

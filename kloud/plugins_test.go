@@ -41,6 +41,7 @@ func builtin(name string) *provider.Provider {
 // TestProviderList: provider.list shows in-tree providers as builtin, in process, with their
 // capabilities, to any user.
 func TestProviderList(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(builtin("intree"))
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
@@ -66,6 +67,7 @@ func TestProviderList(t *testing.T) {
 // provider's name; the key authenticates as that plugin, which may call plugin.register but no
 // user method (-32002), and a user may not call plugin.register.
 func TestProviderKeyCreate(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(builtin("intree"))
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
@@ -108,6 +110,7 @@ func TestProviderKeyCreate(t *testing.T) {
 // TestProviderHTTPDispatch: /provider/NAME/ reaches provider NAME's handler, looked up per
 // request: a provider registered after kloud started is served too.
 func TestProviderHTTPDispatch(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(builtin("intree"))
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
@@ -183,6 +186,7 @@ func testPluginDir(t *testing.T, name string) string {
 // launcher: TestMain calls tfsandbox.MaybeRun) launches the plugin of its plugin directory; it
 // registers (Host.Wait), is listed connected, and after it is killed it is back.
 func TestPluginLaunchedInProcess(t *testing.T) {
+	t.Parallel()
 	dir := testPluginDir(t, "inproc")
 	e := kloudtest.Start(t, kloudtest.Options{PluginDir: dir, Plugins: kloud.PluginOptions{Insecure: os.Geteuid() != 0}})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -229,6 +233,7 @@ func TestPluginLaunchedInProcess(t *testing.T) {
 
 // TestPluginUntrustedNotLaunched: a plugin binary others may write is not launched.
 func TestPluginUntrustedNotLaunched(t *testing.T) {
+	t.Parallel()
 	bin := testutil.BuildBinary(t, "./e2e/testplugin")
 	dir := t.TempDir()
 	b, err := os.ReadFile(bin)
@@ -255,6 +260,7 @@ func TestPluginUntrustedNotLaunched(t *testing.T) {
 // TestPluginUnderCgroupLimits: with PluginOptions.Limits a sandboxed plugin runs in a cgroup
 // kloud/kp-... with those limits; killed, its cgroup is removed, and it comes back in a new one.
 func TestPluginUnderCgroupLimits(t *testing.T) {
+	t.Parallel()
 	testutil.RequireRoot(t)
 	hs, err := cgroups.Hierarchies()
 	if err != nil || hs["pids"].Mount == "" || hs["memory"].Mount == "" {
@@ -312,6 +318,7 @@ func TestPluginUnderCgroupLimits(t *testing.T) {
 // forkbomb) fills its own cgroup's pids limit and no more, while kloud answers calls and this
 // process forks; when kloud stops, the plugin's cgroup is gone and none of its processes is left.
 func TestPluginForkBombStaysInCgroup(t *testing.T) {
+	t.Parallel()
 	testutil.RequireRoot(t)
 	hs, err := cgroups.Hierarchies()
 	if err != nil || hs["pids"].Mount == "" {

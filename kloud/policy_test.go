@@ -164,6 +164,7 @@ func wantPolicyRefusal(t *testing.T, when string, err error, rule, pos string) {
 // stack.create and stack.apply (before a build job); destroy of such a stack has nothing of it
 // to run. Nothing happens on the host at any step.
 func TestHostileTemplates(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	cred := f.credential()
 	h := newHost(t)
@@ -222,6 +223,7 @@ func TestHostileTemplates(t *testing.T) {
 // TestTrustedTemplate: an administrator's trust lifts exactly the rules named, for exactly
 // the revision trusted; members cannot trust; a new revision is not trusted.
 func TestTrustedTemplate(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	admin := f.Dial(kloud.Admin)
 	// The provisioner writes nowhere: this test is about which rules are enforced.
@@ -294,6 +296,7 @@ func TestTrustedTemplate(t *testing.T) {
 // not destroyed (terraform destroy would evaluate them: a destroy-time provisioner runs) until an
 // administrator trusts those files; then it is.
 func TestDestroyObeysPolicy(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	h := newHost(t)

@@ -112,6 +112,7 @@ func (b *browser) get(t *testing.T, u string) (*http.Response, string) {
 // the app never sees kloud's cookies; WebSocket upgrades work; `port-forward`'s TCP tunnel
 // carries raw bytes with half-close.
 func TestPortForwardApps(t *testing.T) {
+	t.Parallel()
 	e := newTermEnv(t)
 	app := startAppServer(t)
 	admin := e.Dial(kloud.Admin)

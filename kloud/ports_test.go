@@ -64,6 +64,7 @@ func (m rulesMachine) Ports(context.Context) ([]provider.PortRule, error) {
 // share); a read-only share lists only; strangers see nothing; bad rules are -32602; a provider
 // without the capability is -32005.
 func TestMachinePorts(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var rules []provider.PortRule
 	reg := provider.NewRegistry()
@@ -138,6 +139,7 @@ func TestMachinePorts(t *testing.T) {
 // it was: an open whose provider call fails records nothing, a close that fails removes
 // nothing, and a rule recorded before is not taken away by a failed open of it.
 func TestMachinePortsRecorded(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var rules []provider.PortRule
 	fail := false
@@ -248,6 +250,7 @@ func TestMachinePortsRecorded(t *testing.T) {
 // listing what is open, and nothing is closed, of the provider's rules or kloud's record. A
 // rule kloud recorded that the provider lost is closed too (the record follows).
 func TestMachinePortsClose(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var rules []provider.PortRule
 	reg := provider.NewRegistry()

@@ -12,6 +12,7 @@ import (
 // provider's constraints vocabulary names (here "vcpus", "ram_mb", "rootfs"); without a
 // vocabulary from cpus or cores, memory and disk_mb; numbers as a plan or the store gives them.
 func TestMachineNeed(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: "vocab", ResourceType: "vocab_machine", Constraints: func() []provider.Constraint {
 		return []provider.Constraint{
@@ -41,6 +42,7 @@ func TestMachineNeed(t *testing.T) {
 // TestQuotaExceeded: the refusal names every limit exceeded with its use and the request; what
 // fits, or has no limit, is no refusal.
 func TestQuotaExceeded(t *testing.T) {
+	t.Parallel()
 	limit := api.Quota{Machines: 4, Cores: 4, MemoryMB: 4096}
 	if err := quotaExceeded("user/bob", limit, api.Quota{Machines: 2, Cores: 2, MemoryMB: 2048, DiskMB: 1 << 20}, api.Quota{Machines: 2, Cores: 2, MemoryMB: 2048}, api.Quota{}); err != nil {
 		t.Fatalf("a request that fits exactly: %v", err)
@@ -68,6 +70,7 @@ func TestQuotaExceeded(t *testing.T) {
 
 // TestParseQuota reads kloud serve's --default-quota.
 func TestParseQuota(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]api.Quota{
 		"machines=3": {Machines: 3},
 		"machines=3,cores=2.5,memory=8G,disk=50G": {Machines: 3, Cores: 2.5, MemoryMB: 8192, DiskMB: 51200},

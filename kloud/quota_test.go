@@ -56,6 +56,7 @@ func (f *flowEnv) jobCount(sid string) int {
 // use and the request, and start no job and change no stack; quota.show gives the numbers; a
 // team's quota refuses as well; only administrators set quotas.
 func TestQuotaRefuses(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	ctx := t.Context()
@@ -134,6 +135,9 @@ func TestQuotaRefuses(t *testing.T) {
 
 // TestQuotaConcurrentApplies: ten concurrent stack.apply of one user whose quota is 3 machines
 // (one machine per stack) build exactly 3 stacks; the 7 others are refused by the quota.
+//
+// Not parallel: its ten clients at once share the embedded store's one connection, whose
+// checkout gives up after 1.5 s; beside other tests on a loaded machine calls timed out.
 func TestQuotaConcurrentApplies(t *testing.T) {
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
@@ -201,6 +205,9 @@ func TestQuotaConcurrentApplies(t *testing.T) {
 // machines), the others are refused at create or apply with the quota's message, and at no moment
 // (sampled during the race) do more than 5 of her machines exist, in kloud's records or as
 // machines of the provider.
+//
+// Not parallel: its ten clients at once share the embedded store's one connection, whose
+// checkout gives up after 1.5 s; beside other tests on a loaded machine calls timed out.
 func TestQuotaConcurrentCreateAndApply(t *testing.T) {
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
@@ -232,6 +239,11 @@ func TestQuotaConcurrentCreateAndApply(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	sampled := make(chan int, 1)
+	// The sampler stops before the test ends, also when it fails early (a t.Errorf of the
+	// sampler's after the test ended panics).
+	var samples int
+	stopSampling := sync.OnceFunc(func() { close(stop); samples = <-sampled })
+	t.Cleanup(stopSampling)
 	go func() {
 		n := 0
 		defer func() { sampled <- n }()
@@ -286,8 +298,8 @@ func TestQuotaConcurrentCreateAndApply(t *testing.T) {
 		f.jobOK("build "+r.sid, r.ref, nil)
 		ok = append(ok, r.sid)
 	}
-	close(stop)
-	t.Logf("%d samples during the race", <-sampled)
+	stopSampling()
+	t.Logf("%d samples during the race", samples)
 	if len(ok) != 2 {
 		t.Errorf("%d of 10 concurrent builds of 2 machines started under a quota of 5, want 2", len(ok))
 	}

@@ -10,6 +10,7 @@ import (
 // goes first, else the fullest; a user's emptied bucket is kept while others come and go, so
 // dropping buckets never gives a limited user a fresh burst early.
 func TestRateBucketsBounded(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	l := newRateLimiter(1, 2, 3)
 	l.now = func() time.Time { return now }

@@ -16,6 +16,7 @@ import (
 // (the bucket is the user's); bob, and the administrator, are not; a kloud without a rate limit
 // (kloudtest's default) never refuses.
 func TestRateLimitPerUser(t *testing.T) {
+	t.Parallel()
 	const burst = 5
 	e := kloudtest.Start(t, kloudtest.Options{Limits: kloud.Limits{RateLimit: 0.001, RateBurst: burst}})
 	ctx := t.Context()

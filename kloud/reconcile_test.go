@@ -181,6 +181,7 @@ resource "terraform_data" "vm" {
 `
 
 func TestCancelBuildBeforeTerraformStarts(t *testing.T) {
+	t.Parallel()
 	f, g := newGatedFlow(t, dummy.Options{})
 	f.credential()
 	sid, _ := f.stack(f.template(oneVM))
@@ -208,6 +209,7 @@ func TestCancelBuildBeforeTerraformStarts(t *testing.T) {
 }
 
 func TestCancelBuildDuringTerraformApply(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	// bcrypt is evaluated at apply, not at plan: terraform itself is busy for many seconds
@@ -243,6 +245,7 @@ output "slow" {
 }
 
 func TestCancelBuildWhileWaitingForAgents(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	gate := filepath.Join(t.TempDir(), "hold")
@@ -290,6 +293,7 @@ resource "terraform_data" "vm" {
 }
 
 func TestCancelDestroy(t *testing.T) {
+	t.Parallel()
 	f, g := newGatedFlow(t, dummy.Options{})
 	f.credential()
 	sid, _ := f.stack(f.template(oneVM))
@@ -393,6 +397,7 @@ func (s seed) job(stackID, runner string, end error) string {
 }
 
 func TestRestartReconcilesStuckRecords(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: dummyDir(t)}))
@@ -484,6 +489,7 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 }
 
 func TestStackResetIsForAdminsAndAudited(t *testing.T) {
+	t.Parallel()
 	logs := &logBuffer{t: t}
 	e := kloudtest.Start(t, kloudtest.Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	admin := e.Dial(kloud.Admin)
@@ -553,6 +559,7 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 // (job.cancel there cannot reach this process's job context) stops the job here too, at its
 // next heartbeat, and the stack ends Failed.
 func TestCancelRequestedThroughAnotherKloud(t *testing.T) {
+	t.Parallel()
 	f, g := newGatedFlow(t, dummy.Options{})
 	f.credential()
 	sid, _ := f.stack(f.template(oneVM))

@@ -16,6 +16,7 @@ import (
 // (but not the newest job of a stack that exists, nor a running job), expired revocations (not
 // permanent ones) and the presence records of a replica that is gone (not its own).
 func TestRetentionSchedule(t *testing.T) {
+	t.Parallel()
 	env := kloudtest.Start(t, kloudtest.Options{Retention: kloud.Retention{Jobs: 50 * time.Millisecond, Kites: 300 * time.Millisecond, Interval: 100 * time.Millisecond}})
 	st := env.Server.Store()
 	ctx := t.Context()

@@ -65,6 +65,7 @@ func newRolesEnv(t *testing.T) *rolesEnv {
 // that changes nothing; in those it sees what an owner sees: another team's template, every
 // user with their email.
 func TestRolesAuditor(t *testing.T) {
+	t.Parallel()
 	e := newRolesEnv(t)
 	ctx := t.Context()
 	aud := e.Dial("aud")
@@ -119,6 +120,7 @@ func TestRolesAuditor(t *testing.T) {
 // TestRolesTemplateAdmin: a template admin trusts and untrusts a template of a team it is not
 // in, but may not set quotas, reset stacks or give roles; a member may not trust.
 func TestRolesTemplateAdmin(t *testing.T) {
+	t.Parallel()
 	e := newRolesEnv(t)
 	ctx := t.Context()
 	trust := api.TrustParams{TemplateID: e.tpl.ID, Rules: []string{"provisioner"}, Reason: "reviewed"}
@@ -145,6 +147,7 @@ func TestRolesTemplateAdmin(t *testing.T) {
 // set to member takes effect on its open session at once (the session's admin claim is not
 // believed over the user's record); the built-in admin's role cannot be changed.
 func TestRolesOwners(t *testing.T) {
+	t.Parallel()
 	e := newRolesEnv(t)
 	ctx := t.Context()
 	admin := e.Client(kloud.Admin)
@@ -196,6 +199,7 @@ func TestRolesOwners(t *testing.T) {
 // names its Who from the route table ("owners", "owners, template admins", …), and the route
 // table's read-only methods are the ones docs/protocol.md lists as open to auditors.
 func TestMethodTableRoles(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	root, err := testutil.ModuleRoot()
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 // route has a params type of package api, and docs/protocol.md documents exactly the methods
 // served: nothing served undocumented, nothing documented unserved.
 func TestMethodTable(t *testing.T) {
+	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 
 	var served []string

@@ -75,6 +75,7 @@ func newDockerFlow(t *testing.T) (*kloudtest.Env, *api.Client) {
 // that stack works (terraform never ran its files). The messages name file, line, rule and
 // what is allowed, as the build's did.
 func TestProviderRulesAtSave(t *testing.T) {
+	t.Parallel()
 	e, alice := newDockerFlow(t)
 	ctx := t.Context()
 	jobs := func() int {
@@ -215,6 +216,7 @@ func (ruledStack) ValidateTemplate(ctx context.Context, files map[string][]byte)
 // nothing, and nothing could lift them; the template policy still holds at destroy
 // (TestDestroyObeysPolicy). The same rule refuses template.create.
 func TestDestroyDespiteProviderRules(t *testing.T) {
+	t.Parallel()
 	testutil.RequireBinary(t, "curl")
 	reg := provider.NewRegistry()
 	o := dummy.Options{Dir: dummyDir(t)}

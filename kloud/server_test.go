@@ -13,6 +13,7 @@ import (
 )
 
 func TestAdminKeySurvivesRestartAndAgentsCannotCallKloud(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	e := kloudtest.Start(t, kloudtest.Options{DataDir: dir})
 	key, err := kitekey.ReadFile(filepath.Join(dir, kloud.AdminKeyFile))

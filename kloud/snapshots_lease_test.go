@@ -19,6 +19,7 @@ import (
 // neither Running nor Stopped (saying so) and one whose lease another job holds (busy); a
 // refusal keeps no snapshot record and gives the machine's lease back at once.
 func TestSnapshotLeaseAndState(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: t.TempDir()}))
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})

@@ -22,6 +22,7 @@ import (
 // its agent; restore brings the disk back, into the same machine or another; the owner alone
 // sees them; the quota holds; they outlive the stack and are deleted with the provider's data.
 func TestSnapshots(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{SnapshotQuota: kloud.SnapshotQuota{Count: 2}})
 	f.credential()
 	sid, _ := f.stack(f.template(twoVMs))
@@ -172,6 +173,7 @@ func TestSnapshots(t *testing.T) {
 
 // ParseSnapshotQuota reads kloud serve's --snapshot-quota.
 func TestParseSnapshotQuota(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]kloud.SnapshotQuota{
 		"10": {Count: 10}, "5,1G": {Count: 5, Bytes: 1 << 30}, "3, 512MiB": {Count: 3, Bytes: 512 << 20},
 		"unlimited,unlimited": {Count: -1, Bytes: -1}, "7,1000": {Count: 7, Bytes: 1000},
@@ -191,6 +193,7 @@ func TestParseSnapshotQuota(t *testing.T) {
 // A snapshot that fails leaves a running machine running (started again, agent back), the
 // snapshot failed with the provider's reason and no data, counted until deleted.
 func TestSnapshotFailureRestartsMachine(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{Fail: map[string]error{"Snapshot": errors.New("the disk is full")}})
 	f.credential()
 	sid, _ := f.stack(f.template(`

@@ -173,6 +173,7 @@ func (e *ssoEnv) users() map[string]api.UserView {
 // takes the user out of the team single sign-on put it in, not out of one an admin added it to;
 // the OP's "dave" and "admin" do not become kloud's local dave and admin (dave-2, admin-2).
 func TestSSOLogin(t *testing.T) {
+	t.Parallel()
 	e := newSSOEnv(t)
 	ctx := t.Context()
 	admin := e.k.Client("admin")
@@ -261,6 +262,7 @@ func TestSSOLogin(t *testing.T) {
 // holds, one from a browser that started no sign-in, and one whose ID token carries another
 // nonce (a code obtained for another flow) get no session and create no user.
 func TestSSORefusesForgedCallbacks(t *testing.T) {
+	t.Parallel()
 	e := newSSOEnv(t)
 	before := len(e.users())
 
@@ -333,6 +335,7 @@ func TestSSORefusesForgedCallbacks(t *testing.T) {
 // one another OP signed for a client named like kloud's, are refused by kloud's check (the
 // callback's), which passes the same OP's token for kloud's client with its nonce.
 func TestSSORefusesOtherAudienceAndIssuer(t *testing.T) {
+	t.Parallel()
 	e := newSSOEnv(t)
 	ctx := t.Context()
 	raw, nonce := e.idToken(t, e.op, "other", "other-secret", "http://127.0.0.1:1/callback")
@@ -405,6 +408,7 @@ func randomString(t *testing.T) string {
 // TestSSOConcurrentFirstLogins: five browsers of one new subject reach kloud's callback at once:
 // one user is created, and every browser gets a session of it.
 func TestSSOConcurrentFirstLogins(t *testing.T) {
+	t.Parallel()
 	e := newSSOEnv(t)
 	before := len(e.users())
 	var bs []*ssoBrowser
@@ -444,6 +448,7 @@ func TestSSOConcurrentFirstLogins(t *testing.T) {
 // same login name, email and even subject as an existing SSO user is another kloud user
 // (carol-2): the binding is to (issuer, subject).
 func TestSSOAnotherIssuer(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	start := func() (*ssoEnv, *oidctest.Provider) {
 		op := oidctest.Listen(t, "")
@@ -472,6 +477,7 @@ func TestSSOAnotherIssuer(t *testing.T) {
 // TestSSOProviderDown: with the provider unreachable kloud starts, serves passwords, and the
 // SSO button's target says the provider cannot be reached (502) instead of hanging or crashing.
 func TestSSOProviderDown(t *testing.T) {
+	t.Parallel()
 	op := oidctest.Listen(t, "") // bound, never served: connections are refused once closed
 	issuer := op.Issuer
 	op.Close()
@@ -488,6 +494,7 @@ func TestSSOProviderDown(t *testing.T) {
 
 // TestSSOOff: without --oidc-issuer the login methods name no SSO and its paths say it is off.
 func TestSSOOff(t *testing.T) {
+	t.Parallel()
 	k := kloudtest.Start(t, kloudtest.Options{})
 	b := newSSOBrowser(t)
 	_, body := b.get(k.URL + "/api/login/methods")

@@ -23,6 +23,7 @@ import (
 // 100%; a refusal that needs terraform's plan (the quota) fails the job with the quota's message;
 // the 100,000-machine request is refused at the call, with no job and no terraform.
 func TestPlanJob(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	ctx := t.Context()
@@ -95,6 +96,7 @@ func TestPlanJob(t *testing.T) {
 // only terraform knows) ends the job cancelled and terraform with it: no terraformer job runs,
 // no process is left under terraformer's directory.
 func TestPlanJobCancel(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	ctx := t.Context()
@@ -137,6 +139,7 @@ resource "terraform_data" "vm" {
 // plan of the same template) and the next refused with -32004 saying how to cancel; another user
 // still plans; once one of hers ends she may start another. Nothing is left running.
 func TestPlanJobsPerUserCapped(t *testing.T) {
+	t.Parallel()
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{})
 	f.credential()
 	ctx := t.Context()

@@ -60,6 +60,7 @@ func (f *flowEnv) cancelAt(ref api.JobRef, err error, stage stackbuild.Stage) ap
 // template, a revision that does not exist, an update or apply while a job holds the stack, and
 // a revision without machines are refused and change nothing.
 func TestStackUpdateInterruptedThenApplied(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	c := f.client()

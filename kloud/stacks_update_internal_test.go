@@ -10,6 +10,7 @@ import (
 // attributes by name only, unknown values for in-place changes only, and no noise from unset
 // collections (null in the state, empty in the plan).
 func TestAttrChanges(t *testing.T) {
+	t.Parallel()
 	before := map[string]any{"memory": 512.0, "user_data": "old key", "dns": nil, "tags": map[string]any{"a": "1"}, "id": "x"}
 	ch := tfrun.ResourceChange{
 		After:        map[string]any{"memory": 640.0, "user_data": "new key", "dns": []any{}, "tags": map[string]any{"a": "1"}},

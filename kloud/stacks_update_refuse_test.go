@@ -16,6 +16,7 @@ import (
 // zero machines and a revision without machines (both say to destroy the stack instead), a
 // revision Terraform refuses. The stack stays as it was and its lease is free (a destroy runs).
 func TestStackUpdateRefusedAtTheCall(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	c := f.client()

@@ -65,6 +65,7 @@ func (f *flowEnv) supervisorPID(sid, label string) string {
 // one gets a new agent, the old key revoked; stack.plan shows it all first; scale adds and
 // removes machines of a counted resource; a revision without a machine removes it.
 func TestStackUpdate(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
 	c := f.client()

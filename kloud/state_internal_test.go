@@ -11,6 +11,7 @@ import (
 // TestStateResources: stateResources walks every module of a state (stateEmpty and gc's
 // stateIDs use it); a nil state, one without values and one with only empty modules are empty.
 func TestStateResources(t *testing.T) {
+	t.Parallel()
 	res := func(id string) *tfjson.StateResource {
 		return &tfjson.StateResource{Address: "terraform_data." + id, AttributeValues: map[string]any{"id": id}}
 	}

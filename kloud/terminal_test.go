@@ -142,6 +142,7 @@ func (e *termEnv) sessions(cookie string) []webterm.Info {
 // TestTerminalThroughKloud is the browser's path: log in, open the machine's terminal through
 // kloud, type, read; go away and come back to the same session and see it replayed.
 func TestTerminalThroughKloud(t *testing.T) {
+	t.Parallel()
 	e := newTermEnv(t)
 	cookie := e.login("alice", "alice-password")
 
@@ -191,6 +192,7 @@ func TestTerminalThroughKloud(t *testing.T) {
 }
 
 func TestTerminalAccess(t *testing.T) {
+	t.Parallel()
 	e := newTermEnv(t)
 	cookie := e.login("alice", "alice-password")
 	admin := e.Dial(kloud.Admin)
@@ -295,6 +297,7 @@ func TestTerminalAccess(t *testing.T) {
 // TestKloudSSH drives `kloud ssh` in a real terminal: it attaches to the session the browser
 // started, types, and detaches with Ctrl-] . leaving the session running.
 func TestKloudSSH(t *testing.T) {
+	t.Parallel()
 	e := newTermEnv(t)
 	cookie := e.login("alice", "alice-password")
 	term := e.mustOpen(cookie, "session=shared-tab")

@@ -10,6 +10,7 @@ import (
 )
 
 func TestPasswordHash(t *testing.T) {
+	t.Parallel()
 	h1, err := hashPassword("hunter2 hunter2")
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +53,7 @@ func TestPasswordHash(t *testing.T) {
 }
 
 func TestLoginLimiterWindow(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	l := newLoginLimiter(3, time.Minute)
 	l.now = func() time.Time { return now }

@@ -144,6 +144,7 @@ func wantErr(t *testing.T, err, kind error, what string) {
 }
 
 func TestUsersAndTeams(t *testing.T) {
+	t.Parallel()
 	w := newUserWorld(t, kloudtest.Options{})
 
 	var added api.UserView
@@ -296,6 +297,7 @@ func dialSession(t *testing.T, e *kloudtest.Env, session string) (*kite.Conn, er
 }
 
 func TestLoginSessionsAndRateLimit(t *testing.T) {
+	t.Parallel()
 	w := newUserWorld(t, kloudtest.Options{})
 	w.addUser("alice", "correct horse battery", false)
 	w.addUser("bob", "bob's long password", false)

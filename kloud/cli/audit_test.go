@@ -19,6 +19,7 @@ import (
 // audit verify` says ok, run twice; after an entry is edited in the store it names that entry
 // and exits 1.
 func TestAuditFromTheCLI(t *testing.T) {
+	t.Parallel()
 	e, run, must := startKloud(t, kloudtest.Options{})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }

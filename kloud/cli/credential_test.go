@@ -61,6 +61,7 @@ func (cliStack) ApplyTemplate(context.Context, *provider.Credential) (*provider.
 // TestUserCredentialCommands drives login, users, teams, credentials (with a real terraformer
 // for bootstrap) and providers through the CLI, as an administrator and as a user.
 func TestUserCredentialCommands(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: "testcloud", ResourceType: "testcloud_machine",
 		Schema: provider.Schema{NewCredential: func() any { return &cliCred{} }, NewBootstrap: func() any { return &cliBootstrap{} }},
@@ -229,6 +230,7 @@ type schemaCred struct {
 // its error code), kloud refuses what only it can know (an immutable field's old value), and
 // `provider describe` shows capabilities and the schema's rules.
 func TestCredentialFieldsFromSchema(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: "schemacloud", ResourceType: "schemacloud_machine",
 		Capabilities: []provider.Capability{provider.CapStart, provider.CapInfo},

@@ -24,6 +24,7 @@ const flagsHint = "see --help"
 // a template's syntax, a template that declares no machine); and --url at something that is
 // not kloud says so instead of WebSocket's status code.
 func TestErrorsPointAtTheProblem(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
 	_, run, must := startKloud(t, kloudtest.Options{Providers: reg})

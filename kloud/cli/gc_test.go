@@ -12,6 +12,7 @@ import (
 // kloud serve's --gc-interval and --gc-grace: defaults, durations, and 0 for "off" / "none"
 // (kloud.GCOptions' negative), never its zero (which would mean "the default").
 func TestGCServeFlags(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		args     []string
 		interval time.Duration

@@ -20,6 +20,7 @@ import (
 // follows that job to its end (it ends: the machine record has no stack behind it, so the
 // restore fails, and the watch says so and exits non-zero).
 func TestDetachAndFollow(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
 	e, run, must := startKloud(t, kloudtest.Options{Providers: reg})

@@ -28,6 +28,7 @@ import (
 // timeout gets kloud's answer (the plan timeout) instead of "no response to stack.plan:
 // timeout" while terraform goes on, and leaves no terraform running.
 func TestLimitsFromTheCLI(t *testing.T) {
+	t.Parallel()
 	testutil.RequireBinary(t, "curl")
 	reg := provider.NewRegistry()
 	machines := filepath.Join(t.TempDir(), "machines")
@@ -94,6 +95,7 @@ func TestLimitsFromTheCLI(t *testing.T) {
 // "rate limited: retry in Ns" and naming the flags, exit non-zero, and the administrator's
 // commands still work.
 func TestRateLimitFromTheCLI(t *testing.T) {
+	t.Parallel()
 	_, run, must := startKloud(t, kloudtest.Options{Limits: kloud.Limits{RateLimit: 0.001, RateBurst: 10}})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
@@ -121,6 +123,7 @@ func TestRateLimitFromTheCLI(t *testing.T) {
 // on stderr; Ctrl-C (its context ends) cancels the plan job, which stops terraform: the command
 // says so, the job ends cancelled and no terraform is left running.
 func TestPlanInterruptCancels(t *testing.T) {
+	t.Parallel()
 	testutil.RequireBinary(t, "curl")
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
@@ -139,23 +142,25 @@ func TestPlanInterruptCancels(t *testing.T) {
 	}
 	ctx, interrupt := context.WithCancel(t.Context())
 	defer interrupt()
-	var out, errOut bytes.Buffer // read once Run has returned
+	var out bytes.Buffer   // read once Run has returned
+	var errOut cli.SyncBuf // read while Run writes
 	done := make(chan int, 1)
 	go func() {
 		done <- cli.Run(ctx, []string{"stack", "plan", "--template", tp.ID, "--url", e.URL, "--data-dir", dataDir}, &out, &errOut)
 	}()
-	// terraform plans: a running terraformer job.
+	// terraform plans: a running terraformer job, whose progress the CLI has shown (on a loaded
+	// machine the CLI's poll may come after terraform started).
 	testutil.Eventually(t, time.Minute, func() bool {
 		paths, _ := filepath.Glob(filepath.Join(tfDir, "jobs", "*.json"))
 		for _, p := range paths {
 			b, _ := os.ReadFile(p)
 			var j tfapi.Job
 			if json.Unmarshal(b, &j) == nil && j.Status == tfapi.StatusRunning {
-				return true
+				return strings.Contains(errOut.String(), "Planning")
 			}
 		}
 		return false
-	}, "terraform never started planning")
+	}, "terraform never started planning, or the CLI never said so:\n%s", &errOut)
 	interrupt()
 	var code int
 	select {

@@ -28,6 +28,7 @@ import (
 // scales the resource from how many machines to how many, not "from revision 1 to 1". Real
 // terraform, real agents (dummy machines run klient).
 func TestPlanAndScaleSayWhatTheyDo(t *testing.T) {
+	t.Parallel()
 	testutil.RequireBinary(t, "curl")
 	reg := provider.NewRegistry()
 	machines := filepath.Join(t.TempDir(), "machines")
@@ -91,6 +92,7 @@ resource "terraform_data" "web" {
 // docker_container, and its user data (a labels block of several lines) stays on the machine's
 // line.
 func TestDockerPlanShowsWhatTheTemplateSets(t *testing.T) {
+	t.Parallel()
 	dd := dockertest.New(t)
 	subnet, err := sandbox.FreeSubnet(150)
 	if err != nil {
@@ -152,6 +154,7 @@ resource "docker_container" "dev" {
 // line, kloud's tags (a JSON object in a string, as the state keeps them) as key=value pairs and
 // a script as "(N lines)": no raw JSON, no line broken by a value.
 func TestMachineInfoAttributes(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
 	e, run, must := startKloud(t, kloudtest.Options{Providers: reg})

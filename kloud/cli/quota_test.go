@@ -15,6 +15,7 @@ import (
 // `quota show` gives use, limit and what is left; a member may see its own quota and its team's
 // but not set one.
 func TestQuotaFromTheCLI(t *testing.T) {
+	t.Parallel()
 	_, run, must := startKloud(t, kloudtest.Options{})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
@@ -52,6 +53,7 @@ func TestQuotaFromTheCLI(t *testing.T) {
 // TestDefaultQuota: kloud serve's default quota is every user's without one (quota show says
 // it); an administrator's quota replaces it, all 0 lifts it for that user.
 func TestDefaultQuota(t *testing.T) {
+	t.Parallel()
 	_, run, must := startKloud(t, kloudtest.Options{DefaultQuota: api.Quota{Machines: 2, MemoryMB: 4096}})
 	must(run("user", "add", "bob", "--team", kloud.DefaultTeam))
 	show := func() api.QuotaStatus {

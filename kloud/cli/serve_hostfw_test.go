@@ -20,6 +20,7 @@ import (
 // at startup that the host's firewall would drop its machines' traffic and that kloud accepted
 // its bridge's own traffic in FORWARD, and the rule is there when it says so.
 func TestServeSaysHostFirewall(t *testing.T) {
+	t.Parallel()
 	if !bridgefwtest.StockDockerHost(t) {
 		return
 	}

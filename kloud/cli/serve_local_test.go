@@ -7,6 +7,7 @@ import (
 )
 
 func TestServiceEndpoint(t *testing.T) {
+	t.Parallel()
 	for addr, want := range map[string]string{
 		":7000":            "http://127.0.0.1:7000",
 		"0.0.0.0:7000":     "http://127.0.0.1:7000",
@@ -31,6 +32,7 @@ func TestServiceEndpoint(t *testing.T) {
 // The instance id is created once per data dir, kept root-only, and the same on every start;
 // another data dir has another one.
 func TestInstanceID(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "data")
 	id, err := instanceID(dir)
 	if err != nil || !instanceRE.MatchString(id) {

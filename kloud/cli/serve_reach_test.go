@@ -14,6 +14,7 @@ import (
 // TestReachWarnings: kloud serve warns when its listen address is one its machines cannot
 // reach, with the local provider's real machine URL (the bridge address), and says what to use.
 func TestReachWarnings(t *testing.T) {
+	t.Parallel()
 	l, err := local.New(local.Options{StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

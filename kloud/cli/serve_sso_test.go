@@ -13,6 +13,7 @@ import (
 // TestServeSSOFlags: kloud serve refuses an incomplete single sign-on configuration before it
 // starts anything, each time naming the flag to add or fix.
 func TestServeSSOFlags(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	empty := filepath.Join(dir, "empty")
 	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {

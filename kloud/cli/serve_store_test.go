@@ -31,10 +31,14 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
+// SyncBuf is syncBuf for the external tests (package cli_test).
+type SyncBuf = syncBuf
+
 // TestServeWaitsForTheStore: kloud serve started while its --mongo-url database is down says,
 // every few seconds, that it waits for the store at that URL and why, and starts once the
 // database is up.
 func TestServeWaitsForTheStore(t *testing.T) {
+	t.Parallel()
 	db := storetest.NewServer(t)
 	db.Stop()
 	var logs syncBuf

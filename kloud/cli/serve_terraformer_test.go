@@ -63,6 +63,7 @@ func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 // backoff that grows, each exit logged with its cause; meanwhile OnDown said why it is down,
 // OnUp that it is back. Stop stops it for good.
 func TestSupervisorRestarts(t *testing.T) {
+	t.Parallel()
 	addr := freeLoopback(t)
 	var logs syncLog
 	var mu sync.Mutex
@@ -120,6 +121,7 @@ func TestSupervisorRestarts(t *testing.T) {
 
 // TestSupervisorFirstStartFails: a process that cannot start is an error of Start, at once.
 func TestSupervisorFirstStartFails(t *testing.T) {
+	t.Parallel()
 	addr := freeLoopback(t)
 	s := &tfSupervisor{Bin: os.Args[0], Args: []string{"-test.run=^TestSupervisedHelper$", "--", "kloud-helper", "exit", addr}, URL: "http://" + addr}
 	err := s.Start(t.Context())

@@ -20,6 +20,7 @@ import (
 // `kloud serve --snapshot-quota` refuses a bad value. (Taking and restoring snapshots is
 // kloud's TestSnapshots and e2e's TestLocalSnapshot.)
 func TestSnapshotCommands(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
 	e, run, must := startKloud(t, kloudtest.Options{Providers: reg, SnapshotQuota: kloud.SnapshotQuota{Count: 5, Bytes: 1 << 30}})

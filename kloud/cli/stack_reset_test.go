@@ -15,6 +15,7 @@ import (
 // and `stack describe` shows the audit record; a member (the stack's owner) is refused, and so
 // is a reset without --reason.
 func TestStackResetCommand(t *testing.T) {
+	t.Parallel()
 	e, run, must := startKloud(t, kloudtest.Options{})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))

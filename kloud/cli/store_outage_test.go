@@ -12,6 +12,7 @@ import (
 // TestCLIStoreOutage: with kloud's --mongo-url database gone, a CLI call fails fast (logged, with
 // a generous bound) with the store-unavailable error and what to do, not "connection closed".
 func TestCLIStoreOutage(t *testing.T) {
+	t.Parallel()
 	db := storetest.NewServer(t)
 	_, run, must := startKloud(t, kloudtest.Options{MongoURL: db.URL})
 	must(run("stack", "list"))

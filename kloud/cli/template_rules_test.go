@@ -18,6 +18,7 @@ import (
 // naming file, line, rule and what is allowed, and stores nothing; one within the rules is
 // created.
 func TestTemplateCreateProviderRules(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	d, err := docker.New(docker.Options{Host: "unix://" + filepath.Join(t.TempDir(), "no-daemon.sock"), Image: "kloud-test", StateDir: t.TempDir(),
 		Endpoint: "http://127.0.0.1:1", NoFirewall: true})

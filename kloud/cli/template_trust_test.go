@@ -20,6 +20,7 @@ import (
 // TestTemplateTrustCommand: `kloud template trust|untrust` as the administrator, refused for a
 // member; a member's `template create` of a hostile template names the rule and place.
 func TestTemplateTrustCommand(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: "dummy", ResourceType: "terraform_data", UserDataAttr: "input"})
 	kloudDir := t.TempDir()
@@ -86,6 +87,7 @@ func TestTemplateTrustCommand(t *testing.T) {
 // TestDemoTemplatePassesPolicy: the template kloud serve offers passes the template policy of
 // a kloud with the local provider.
 func TestDemoTemplatePassesPolicy(t *testing.T) {
+	t.Parallel()
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: local.Name, ResourceType: local.ResourceType})
 	c, err := tmpl.Parse(map[string][]byte{"main.tf": []byte(cli.DemoTemplate)})

@@ -19,6 +19,7 @@ import (
 // does not exist and the built-in admin get a clear error; an auditor is refused a change
 // (team create) with the reason.
 func TestUserRoleCommand(t *testing.T) {
+	t.Parallel()
 	kloudDir := t.TempDir()
 	e := kloudtest.Start(t, kloudtest.Options{DataDir: kloudDir})
 	run := func(args ...string) (int, string, string) {

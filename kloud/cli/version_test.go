@@ -15,6 +15,7 @@ import (
 // kloud.version); with the server gone it still prints the client's, and says why the server's
 // is missing.
 func TestVersionCommand(t *testing.T) {
+	t.Parallel()
 	kloudDir := t.TempDir()
 	e := kloudtest.Start(t, kloudtest.Options{DataDir: kloudDir})
 	run := func(args ...string) (int, string, string) {

@@ -58,6 +58,12 @@ type Options struct {
 	Idle kloud.IdleOptions
 }
 
+// ClientCallTimeout bounds the calls of the test clients (Dial, Client) whose ctx has no
+// deadline, instead of kite's 30 s: the package's tests run in parallel under -race beside other
+// packages, and on a loaded 2-core machine a stack.create (a terraform plan) took longer. A test
+// that wants a caller's deadline gives its ctx one.
+const ClientCallTimeout = 3 * time.Minute
+
 // Env is a running test kloud.
 type Env struct {
 	t       testing.TB
@@ -135,7 +141,7 @@ func (e *Env) Dial(username string) *kite.Conn {
 // DialAuth connects with the given credential.
 func (e *Env) DialAuth(a kite.Auth) *kite.Conn {
 	e.t.Helper()
-	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "test-client"}, Logger: testutil.Logger(e.t)})
+	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "test-client"}, Logger: testutil.Logger(e.t), CallTimeout: ClientCallTimeout})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 // TestScaleFiles: a literal count is replaced in place (the rest of the file byte for byte), a
 // count that is a declared variable changes the variable, anything else is refused saying why.
 func TestScaleFiles(t *testing.T) {
+	t.Parallel()
 	types := []string{"kloudlocal_machine", "terraform_data"}
 	main := `# my machines
 resource "kloudlocal_machine" "vm" {

@@ -10,6 +10,7 @@ import (
 // Hostile templates: every docker_container argument that reaches the host is refused by
 // CheckTemplate, with the file and line, in HCL and in JSON, also as a dynamic block.
 func TestCheckTemplateRefusesHostArguments(t *testing.T) {
+	t.Parallel()
 	hostile := map[string]string{
 		"privileged":        `privileged = true`,
 		"volumes":           "volumes {\n host_path = \"/\"\n container_path = \"/host\"\n}",
@@ -72,6 +73,7 @@ func TestCheckTemplateRefusesHostArguments(t *testing.T) {
 
 // A machine with the allowed arguments passes.
 func TestCheckTemplateAllowsMachineArguments(t *testing.T) {
+	t.Parallel()
 	src := `variable "mem" { default = 512 }
 resource "docker_container" "vm" {
   count      = 2
@@ -101,6 +103,7 @@ resource "docker_container" "other_type_elsewhere" {
 // the planned attributes): only a listed machine of the token's stack, kloud's image, network
 // and entrypoint, and nothing that reaches the host.
 func TestCreateAllowed(t *testing.T) {
+	t.Parallel()
 	d, err := New(Options{Host: "unix:///nonexistent.sock", Image: "kloud/machine:t", Instance: "i1", StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -186,6 +189,7 @@ func TestCreateAllowed(t *testing.T) {
 
 // Tokens: signed, bound to the instance; a tampered one is refused.
 func TestToken(t *testing.T) {
+	t.Parallel()
 	d, _ := New(Options{Host: "unix:///x.sock", Image: "i", Instance: "i1", StateDir: t.TempDir()})
 	s, err := d.sign(token{Stack: "s1", Machines: []string{"m1"}})
 	if err != nil {

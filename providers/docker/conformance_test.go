@@ -23,7 +23,10 @@ import (
 // (dockertest: needs root, dockerd and the base image) built by real terraform in its sandbox
 // through kloud's Docker API proxy, with real cloud-init and real klient agents. It skips loudly
 // without them, and fails under CI=true.
-func TestConformance(t *testing.T) { conformance(t, dockertest.New(t)) }
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	conformance(t, dockertest.New(t))
+}
 
 // TestConformanceStockDockerd: the suite's FirewallEnforced case (with the Stack it needs, and
 // Destroy) on a host with a stock dockerd: in a network namespace of the test's own where
@@ -31,6 +34,7 @@ func TestConformance(t *testing.T) { conformance(t, dockertest.New(t)) }
 // dockerd that manages iptables. The owner's machines and the kloud host reach a machine through
 // its agent's terminal, another user's does not until a rule opens the port.
 func TestConformanceStockDockerd(t *testing.T) {
+	t.Parallel()
 	if !bridgefwtest.StockDockerHost(t, "Stack", "FirewallEnforced", "Destroy", "ResourcesGone") {
 		return
 	}

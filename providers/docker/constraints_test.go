@@ -14,6 +14,7 @@ import (
 // The docker provider's constraints are its daemon's CPUs and memory; its stack refuses a
 // container asking for more, with the nearest valid value.
 func TestConstraintsOfTheDaemon(t *testing.T) {
+	t.Parallel()
 	dd := dockertest.New(t)
 	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, StateDir: t.TempDir(), Logger: testutil.Logger(t)})
 	if err != nil {

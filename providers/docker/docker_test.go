@@ -173,6 +173,7 @@ resource "docker_container" "vm" {
 // labelled, limited and on kloud's network; stop and start keep the writable layer; the proxy
 // refuses what the template may not do; destroy leaves no container.
 func TestMachinesThroughTerraform(t *testing.T) {
+	t.Parallel()
 	tf, cliConfig := Terraform(t)
 	f := newFixture(t, "t1")
 	ctx := t.Context()

@@ -14,6 +14,7 @@ import (
 // The cpus string kloud writes is what the Docker provider reads back, for the same number of
 // CPUs; values the provider's formatter rounds are refused with values that hold.
 func TestCanonicalCPUs(t *testing.T) {
+	t.Parallel()
 	ok := map[any]string{
 		"1": "1.0", "1.0": "1.0", "1.00": "1.0", " 2 ": "2.0", "0.5": "0.5", "1.5": "1.5", "2.250": "2.25",
 		"0.25": "0.25", "10": "10.", "20": "20.", "100": "100.", "10.5": "10.5", "1.05": "1.05", "3/2": "1.5",
@@ -65,6 +66,7 @@ func TestCanonicalCPUs(t *testing.T) {
 // memory_swap default written out (or -1 without swap accounting), nothing for what the template
 // does not write or what is unknown.
 func TestLimitVars(t *testing.T) {
+	t.Parallel()
 	ms := func(attrs ...map[string]any) []*provider.MachineSpec {
 		var out []*provider.MachineSpec
 		for i, a := range attrs {
@@ -118,6 +120,7 @@ func TestLimitVars(t *testing.T) {
 
 // The rewrite the values go into: cpus replaced, memory_swap added, with per-machine variables.
 func TestLimitVarsRewrite(t *testing.T) {
+	t.Parallel()
 	cfg, err := tmpl.Parse(map[string][]byte{"main.tf": []byte(`resource "docker_container" "vm" {
   count  = 2
   name   = "vm"

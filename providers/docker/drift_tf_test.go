@@ -76,6 +76,7 @@ func planExit(t *testing.T, dir, tf, cliConfig string) (int, string) {
 // resource limits, of the restart policy, beyond the daemon's limits, and with a token that lists
 // no machines.
 func TestTemplatesDoNotDrift(t *testing.T) {
+	t.Parallel()
 	tf, cliConfig := Terraform(t)
 	f := newFixture(t, "dr")
 	ctx := t.Context()

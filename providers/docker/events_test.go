@@ -27,6 +27,7 @@ import (
 // socket cut and refusing) a restart meanwhile leaves the machine unreachable (the table fails
 // closed), and once the daemon answers again Watch follows it again and catches up.
 func TestFirewallFollowsRestarts(t *testing.T) {
+	t.Parallel()
 	var sp *sockProxy
 	f := newFixtureWith(t, "fw2", func(o *docker.Options, dd *dockertest.Daemon) {
 		sp = newSockProxy(t, strings.TrimPrefix(dd.Host, "unix://"))

@@ -11,6 +11,7 @@ import (
 // The firewall trusts the containers' kloud_owner and kloud_team labels: a stack's token binds
 // them, so a create through the proxy cannot claim another owner or team.
 func TestCreateBindsOwnerLabels(t *testing.T) {
+	t.Parallel()
 	d, err := New(Options{Host: "unix:///nonexistent.sock", Image: "kloud/machine:t", Instance: "i1", StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +48,7 @@ func TestCreateBindsOwnerLabels(t *testing.T) {
 
 // Rules files are named by kloud machine id: no id leaves the firewall directory.
 func TestFirewallPath(t *testing.T) {
+	t.Parallel()
 	d, err := New(Options{Host: "unix:///nonexistent.sock", Image: "i", StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

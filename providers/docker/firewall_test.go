@@ -31,7 +31,10 @@ import (
 // (a new veth); one started behind kloud's back is unreachable until the next rebuild (the table
 // fails closed) until kloud looks at it (Info); a forged source address gains nothing; the table
 // and the rules go with the network.
-func TestFirewall(t *testing.T) { testFirewall(t, newFixture(t, "fw1"), "fw1") }
+func TestFirewall(t *testing.T) {
+	t.Parallel()
+	testFirewall(t, newFixture(t, "fw1"), "fw1")
+}
 
 // TestFirewallStockDockerd: TestFirewall on a host with a stock dockerd: in a network namespace
 // of the test's own (bridgefwtest) where br_netfilter is on and iptables-legacy's FORWARD policy
@@ -40,6 +43,7 @@ func TestFirewall(t *testing.T) { testFirewall(t, newFixture(t, "fw1"), "fw1") }
 // only in the variant it manages; kloud's ACCEPT for its bridge (providers/bridgefw hostfw.go) is
 // what lets the owner's machines reach each other, and the table still keeps everyone else out.
 func TestFirewallStockDockerd(t *testing.T) {
+	t.Parallel()
 	if !bridgefwtest.StockDockerHost(t) {
 		return
 	}
@@ -282,6 +286,7 @@ s.sendto(ip+udp,(%q,0))`, srcIP, ip("m0"), word, ip("m0"))
 // TestFirewallAdvertised: the capability is advertised only where the firewall can work: not
 // for a daemon reached over TCP (its bridge is on another host), nor when turned off.
 func TestFirewallAdvertised(t *testing.T) {
+	t.Parallel()
 	for _, o := range []docker.Options{
 		{Host: "tcp://127.0.0.1:1", NoFirewall: false},
 		{Host: "unix:///nonexistent.sock", NoFirewall: true},

@@ -23,6 +23,7 @@ import (
 // (a new container process, a new mount namespace) and after its memory changed in place. A
 // machine without limits sees the host's.
 func TestLimitsShown(t *testing.T) {
+	t.Parallel()
 	testutil.RequireRoot(t)
 	f := newFixture(t, "lim1")
 	ctx := t.Context()

@@ -19,6 +19,7 @@ import (
 // makes it again). Real dockerd (dockertest), the proxy driven by the Docker client as
 // terraform's provider drives it, with a stack token from ApplyTemplate.
 func TestNetworkFollowsMachines(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, "net1")
 	ctx := t.Context()
 	cli := f.dd.Client

@@ -14,6 +14,7 @@ import (
 // plugins, registry images, docker_logs, ...), and no provider block arguments (host,
 // registry_auth, ssh_opts, cert paths: kloud writes the block).
 func TestTemplatePolicy(t *testing.T) {
+	t.Parallel()
 	d, err := docker.New(docker.Options{Host: "unix:///nonexistent.sock", Image: "i", StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +67,7 @@ resource "docker_container" "vm" {
 // ApplyTemplate refuses a hostile docker_container before anything else, naming file and line
 // (CheckTemplate; check_test.go has one case per argument).
 func TestApplyTemplateRefusesHostile(t *testing.T) {
+	t.Parallel()
 	d, err := docker.New(docker.Options{Host: "unix:///nonexistent.sock", Image: "i", StateDir: t.TempDir(), Endpoint: "http://127.0.0.1:1"})
 	if err != nil {
 		t.Fatal(err)

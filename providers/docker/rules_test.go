@@ -13,6 +13,7 @@ import (
 // rule, the same words ApplyTemplate refuses with at build; a template without docker
 // machines has none.
 func TestValidateTemplate(t *testing.T) {
+	t.Parallel()
 	d, err := docker.New(docker.Options{Host: "unix:///nonexistent.sock", Image: "i", StateDir: t.TempDir(), Endpoint: "http://127.0.0.1:1", NoFirewall: true})
 	if err != nil {
 		t.Fatal(err)

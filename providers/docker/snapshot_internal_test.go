@@ -9,6 +9,7 @@ import (
 
 // Snapshots are offered only for an overlay2 daemon whose data root is readable here.
 func TestCheckLayers(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	for _, sub := range []string{"overlay2", "containers"} {
 		if err := os.Mkdir(filepath.Join(root, sub), 0o700); err != nil {

@@ -28,6 +28,7 @@ import (
 // container of another image is refused and left as it was. The same daemon reached over TCP is
 // not offered snapshots.
 func TestSnapshotRestore(t *testing.T) {
+	t.Parallel()
 	dd := dockertest.New(t)
 	ctx := t.Context()
 	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Instance: "snaptest", StateDir: t.TempDir(), Logger: testutil.Logger(t)})

@@ -29,6 +29,7 @@ const userDataJSON = `{"resource": {"docker_container": {"vm": {"count": 2, "nam
 // is allowed (HCL and JSON); any other label, a second one, a computed label name or a dynamic
 // labels block is refused with file and line.
 func TestCheckTemplateUserDataLabel(t *testing.T) {
+	t.Parallel()
 	for name, files := range map[string]map[string][]byte{
 		"hcl":  {"main.tf": []byte(userDataHCL)},
 		"json": {"main.tf.json": []byte(userDataJSON)},
@@ -64,6 +65,7 @@ func TestCheckTemplateUserDataLabel(t *testing.T) {
 // The user data is read per machine (the literal, else the planned value) and the block is
 // removed from the files, keeping HCL's line numbers; no other labels block survives either.
 func TestUserScripts(t *testing.T) {
+	t.Parallel()
 	ms := []*provider.MachineSpec{{ID: "m0", Resource: "vm", Index: new(0)}, {ID: "m1", Resource: "vm", Index: new(1)}}
 	for name, files := range map[string]map[string][]byte{
 		"hcl":  {"main.tf": []byte(userDataHCL)},

@@ -22,11 +22,14 @@ import (
 // as that user). Its machines are directories of the provider's state dir
 // (<state>/machines/<stack>/<label>) and the processes marked with that directory.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	t.Run("InProcess", func(t *testing.T) {
+		t.Parallel()
 		state := filepath.Join(t.TempDir(), "state")
 		conformance(t, state, providertest.Config{Provider: example.New(example.Options{Dir: state, Logger: testutil.Logger(t)})})
 	})
 	t.Run("Plugin", func(t *testing.T) {
+		t.Parallel()
 		data := t.TempDir()
 		// The launcher gives plugin NAME the state directory <data dir>/plugin-state/NAME.
 		state := filepath.Join(data, "plugin-state", "example")

@@ -223,6 +223,7 @@ resource "terraform_data" "vm" {
 // written there kept across stop and start, a machine whose processes died behind kloud's back
 // reported Stopped and started again, and destroy leaving no directory and no process.
 func TestExample(t *testing.T) {
+	t.Parallel()
 	t.Run("InProcess", func(t *testing.T) { testExample(t, false) })
 	t.Run("Plugin", func(t *testing.T) { testExample(t, true) })
 }

@@ -50,6 +50,7 @@ resource "terraform_data" "db" {
 // it (process, disk, record), and a second gc finds nothing. As a plugin, the plugin is killed
 // before that: the one kloud starts again lists the same machine.
 func TestRemoved(t *testing.T) {
+	t.Parallel()
 	t.Run("InProcess", func(t *testing.T) { testRemoved(t, false) })
 	t.Run("Plugin", func(t *testing.T) { testRemoved(t, true) })
 }

@@ -15,6 +15,7 @@ import (
 // the example; while it has one (its record), ApplyTemplate keeps that resource's kloud_life_
 // block, with no instances and its destroy-time provisioner, so that Terraform destroys it.
 func TestApplyTemplateVacating(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	p := example.New(example.Options{Dir: dir})
 	cred := &provider.Credential{Provider: "example", Team: "default", Value: &example.Credential{Label: "t", MaxMachines: 2}}
