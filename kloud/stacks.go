@@ -23,8 +23,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
-	"github.com/kloud-dev/kloud/terraformer"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -166,7 +165,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	// the plan timeout, rather than failing with terraformer's "locked".
 	var id string
 	for {
-		id, err = tf.Plan(ctx, terraformer.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
+		id, err = tf.Plan(ctx, tfapi.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
 		if err == nil {
 			break
 		}
@@ -179,7 +178,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
+	job, err := tf.Wait(ctx, id, func(ev tfapi.Event) {
 		if logf != nil && ev.Line != "" {
 			logf(ev.Line)
 		}

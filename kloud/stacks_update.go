@@ -12,7 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -236,7 +236,7 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 
 // stackPlanUpdate is stack.plan of a stack: what stack.update to the revision would do, per
 // machine. It changes nothing: the plan runs against the stack's Terraform state as a preview
-// (terraformer.Request.Preview), which puts the stack's stored files and variables back, so a
+// (tfapi.Request.Preview), which puts the stack's stored files and variables back, so a
 // later destroy never runs the previewed files. It holds the stack's lease meanwhile.
 func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPlanParams) (any, error) {
 	st, err := s.loadStack(ctx, c, p.StackID)
@@ -325,7 +325,7 @@ func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (any, 
 // failUpdate stops terraform's run if the job was cancelled, drops the removed machines
 // terraform did remove, and returns reason; stackbuild's ExitStack then moves the stack to Failed and the
 // machines still Building or Terminating to Unknown.
-func (s *Server) failUpdate(ctx context.Context, st *Stack, res *tfrun.Result, tfJob string, reason error) error {
+func (s *Server) failUpdate(ctx context.Context, st *Stack, res *tfapi.Result, tfJob string, reason error) error {
 	if ctx.Err() != nil {
 		reason = fmt.Errorf("update cancelled: %w", reason)
 	}

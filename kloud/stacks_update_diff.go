@@ -13,13 +13,13 @@ import (
 
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // ---- the diff
 
 // changeLabel is the machine label of a planned change ("" if it is not a machine's).
-func (s *Server) changeLabel(ch tfrun.ResourceChange) string {
+func (s *Server) changeLabel(ch tfapi.ResourceChange) string {
 	p := s.providers.ByResourceType(ch.Type)
 	if ch.Mode != "managed" || p == nil || strings.HasPrefix(ch.Name, "kloud_") || ch.Module != "" {
 		return ""
@@ -32,8 +32,8 @@ func (s *Server) changeLabel(ch tfrun.ResourceChange) string {
 
 // diffMachines says per machine what the update does: planned are the machines of the new
 // files, ms the stack's records, changes Terraform's plan against the stack's state (before).
-func (s *Server) diffMachines(st *Stack, planned []api.PlannedMachine, ms []Machine, changes []tfrun.ResourceChange, before *tfjson.State) api.StackUpdatePlan {
-	byLabel := map[string]tfrun.ResourceChange{}
+func (s *Server) diffMachines(st *Stack, planned []api.PlannedMachine, ms []Machine, changes []tfapi.ResourceChange, before *tfjson.State) api.StackUpdatePlan {
+	byLabel := map[string]tfapi.ResourceChange{}
 	for _, ch := range changes {
 		if l := s.changeLabel(ch); l != "" {
 			byLabel[l] = ch
@@ -102,7 +102,7 @@ func stateValues(state *tfjson.State, addr string) map[string]any {
 // attrChanges lists the attributes that differ between before (the state) and the planned
 // change's after. Values known only after apply are listed for in-place changes only (a
 // replacement makes every computed attribute unknown). A change of hidden attributes is named.
-func attrChanges(before map[string]any, ch tfrun.ResourceChange, unknowns bool) []api.AttrChange {
+func attrChanges(before map[string]any, ch tfapi.ResourceChange, unknowns bool) []api.AttrChange {
 	after, _ := ch.After.(map[string]any)
 	unknown, _ := ch.AfterUnknown.(map[string]any)
 	keys := map[string]bool{}

@@ -16,8 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/terraformer"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // The stack.update job (stacks_update.go has the calls that start it and what it shares).
@@ -236,7 +235,7 @@ func (s *Server) renderFor(ctx context.Context, c *Caller, st *Stack, files []Fi
 // planStack plans tpl in the stack's own Terraform directory, against its state, and returns
 // Terraform's changes. A preview leaves the directory's files as they were; otherwise they
 // are tpl's (the update's apply follows).
-func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provider.Template, preview bool) ([]tfrun.ResourceChange, error) {
+func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provider.Template, preview bool) ([]tfapi.ResourceChange, error) {
 	tf, err := s.terraformer()
 	if err != nil {
 		return nil, err
@@ -247,7 +246,7 @@ func (s *Server) planStack(ctx context.Context, j *jobCtx, st *Stack, tpl *provi
 		defer cancel()
 	}
 	submit := func() (string, error) {
-		return tf.Plan(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, Preview: preview})
+		return tf.Plan(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, Preview: preview})
 	}
 	var id string
 	if j != nil {
@@ -437,7 +436,7 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 		return fail(err)
 	}
 	tfJob, err := submitTF(ctx, j, func() (string, error) {
-		return tf.Apply(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.ID})
+		return tf.Apply(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.ID})
 	})
 	if err != nil {
 		return fail(fmt.Errorf("terraform apply: %w", err))
@@ -502,7 +501,7 @@ func (s *Server) setContent(ctx context.Context, stackID, jobID string, c store.
 // finishUpdate is the end of a successful terraform apply: removed machines' records go, the
 // planner waits for the agents of new and replaced machines (Building), every machine's
 // attributes are taken from the state, and the stack is Initialized.
-func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Stack, res *tfrun.Result) (map[string]any, error) {
+func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Stack, res *tfapi.Result) (map[string]any, error) {
 	ms, err := s.stackMachines(ctx, st.ID)
 	if err != nil {
 		return nil, s.failUpdate(ctx, st, res, "", fmt.Errorf("load machines: %w", err))
@@ -564,7 +563,7 @@ func (s *Server) recordMachineList(ctx context.Context, j *jobCtx, stackID strin
 // dropRemoved deletes the records (and revokes the keys) of removed machines (Terminating)
 // that res, terraform's state after the apply, no longer has. With no state known it does
 // nothing: the records stay, and stackbuild's ExitStack makes them Unknown.
-func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *tfrun.Result) {
+func (s *Server) dropRemoved(ctx context.Context, st *Stack, ms []Machine, res *tfapi.Result) {
 	if res == nil {
 		return
 	}

@@ -12,8 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/terraformer"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -240,7 +239,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 		}
 		j.Enter(ctx, BuildResources)
 		tfJob, err = SubmitTF(ctx, j, func() (string, error) {
-			return tf.Apply(ctx, terraformer.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.Doc().ID})
+			return tf.Apply(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.Doc().ID})
 		})
 		if err != nil {
 			return nil, f.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
@@ -311,17 +310,17 @@ func (f *Flow) SettleMachines(ctx context.Context, c Caller, ms []model.Machine,
 
 // ApplyProgress follows a terraform apply of a build or an update in job j: the resources' stage
 // and percentage, each resource's message once (progress repeats it), terraform's diagnostics.
-func ApplyProgress(ctx context.Context, j Job) func(tfrun.Event) {
+func ApplyProgress(ctx context.Context, j Job) func(tfapi.Event) {
 	said := map[string]string{} // the last message logged per resource
-	return func(ev tfrun.Event) {
-		if ev.Type == tfrun.EventProgress && ev.Resource != nil {
+	return func(ev tfapi.Event) {
+		if ev.Type == tfapi.EventProgress && ev.Resource != nil {
 			j.EnterAt(ctx, BuildResources, ev.Percent)
 			if msg := ev.Resource.Message; msg != "" && said[ev.Resource.Address] != msg {
 				said[ev.Resource.Address] = msg
 				j.Logf(ctx, "%s", msg)
 			}
 		}
-		if ev.Type == tfrun.EventDiagnostic && ev.Diagnostic != nil {
+		if ev.Type == tfapi.EventDiagnostic && ev.Diagnostic != nil {
 			j.Logf(ctx, "terraform: %s", ev.Diagnostic.String())
 		}
 	}
@@ -342,7 +341,7 @@ func (f *Flow) SettleStack(ctx context.Context, j Job, st *model.Stack, failed [
 
 // WaitAgents waits for the agents of ms (their attributes filled from terraform's result res)
 // with the planner, logging each on job j, and returns one result per machine, in order.
-func (f *Flow) WaitAgents(ctx context.Context, j Job, st *model.Stack, ms []model.Machine, res *tfrun.Result) []AgentResult {
+func (f *Flow) WaitAgents(ctx context.Context, j Job, st *model.Stack, ms []model.Machine, res *tfapi.Result) []AgentResult {
 	pl := f.d.Planner()
 	c, _ := f.d.Callers.Caller(ctx, st.Owner)
 	var ex []Expect
@@ -365,7 +364,7 @@ func (f *Flow) WaitAgents(ctx context.Context, j Job, st *model.Stack, ms []mode
 }
 
 // ResourceValues returns the state values of m's resource instance.
-func ResourceValues(res *tfrun.Result, m *model.Machine) map[string]any {
+func ResourceValues(res *tfapi.Result, m *model.Machine) map[string]any {
 	r := StateResource(res, m)
 	if r == nil || r.Values == nil {
 		return map[string]any{}
@@ -374,7 +373,7 @@ func ResourceValues(res *tfrun.Result, m *model.Machine) map[string]any {
 }
 
 // StateResource is m's resource instance in terraform's state res (nil if it has none).
-func StateResource(res *tfrun.Result, m *model.Machine) *tfrun.StateResource {
+func StateResource(res *tfapi.Result, m *model.Machine) *tfapi.StateResource {
 	if res == nil {
 		return nil
 	}

@@ -12,8 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/terraformer"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // Destroy is a stack.apply job destroying st (in Destroying, held by job j): its machines
@@ -52,7 +51,7 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]
 	} else {
 		j.Enter(ctx, DestroyResources)
 		id, err = SubmitTF(ctx, j, func() (string, error) {
-			return tf.Destroy(ctx, terraformer.Request{ContentID: "stack-" + st.ID, TraceID: j.Doc().ID})
+			return tf.Destroy(ctx, tfapi.Request{ContentID: "stack-" + st.ID, TraceID: j.Doc().ID})
 		})
 	}
 	switch {
@@ -61,8 +60,8 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]
 	case err != nil:
 		return nil, f.failDestroy(ctx, st, ms, "", fmt.Errorf("terraform destroy: %w", err))
 	default:
-		job, err := tf.Wait(ctx, id, func(ev tfrun.Event) {
-			if ev.Type == tfrun.EventProgress {
+		job, err := tf.Wait(ctx, id, func(ev tfapi.Event) {
+			if ev.Type == tfapi.EventProgress {
 				j.EnterAt(ctx, DestroyResources, ev.Percent)
 			}
 		})

@@ -15,8 +15,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
-	"github.com/kloud-dev/kloud/terraformer"
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // Deps are what the build flow needs of kloud: the store's repositories, terraformer, the
@@ -47,13 +46,13 @@ type Deps struct {
 }
 
 // Terraformer is what the build flow asks of terraformer (kloud.Terraformer, a
-// *terraformer.Client, has it).
+// *tfclient.Client, has it).
 type Terraformer interface {
-	Apply(ctx context.Context, req terraformer.Request) (jobID string, err error)
-	Destroy(ctx context.Context, req terraformer.Request) (jobID string, err error)
+	Apply(ctx context.Context, req tfapi.Request) (jobID string, err error)
+	Destroy(ctx context.Context, req tfapi.Request) (jobID string, err error)
 	// Wait follows a job to its end, calling fn for every event, and returns the final job.
-	Wait(ctx context.Context, jobID string, fn func(tfrun.Event)) (*tfrun.Job, error)
-	Cancel(ctx context.Context, jobID string) (*tfrun.Job, error)
+	Wait(ctx context.Context, jobID string, fn func(tfapi.Event)) (*tfapi.Job, error)
+	Cancel(ctx context.Context, jobID string) (*tfapi.Job, error)
 	// State is the content id's last state (kite.ErrNotFound when there is none).
 	State(ctx context.Context, contentID string) (*tfjson.State, error)
 }
