@@ -31,8 +31,9 @@ import (
 // store is down), the call's own result and error are answered unchanged and kloud logs the
 // entry it could not record ("audit: entry not recorded", with its fields) at error level.
 
-// auditTimeout bounds one append.
-const auditTimeout = 5 * time.Second
+// auditTimeout bounds one append, with its wait for this kloud's appends before it (a burst of
+// calls queues on the embedded store's one connection).
+const auditTimeout = 30 * time.Second
 
 // Actions recorded besides RPC methods.
 const (

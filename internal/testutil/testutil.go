@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -55,15 +56,38 @@ func RequireBinary(t testing.TB, name string) string {
 
 // Logger returns a slog.Logger that writes through t.Log, so output shows only for failing tests
 // (or with -v).
+// Lines logged after the test's cleanups ran are dropped: a goroutine (a connection closing)
+// may outlive its test by a moment, and t.Log then races with the test's end (the race
+// detector reports it, failing the package) or panics.
 func Logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return slog.New(slog.NewTextHandler(newTWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-type tWriter struct{ t testing.TB }
+// newTWriter returns a writer to t.Log that drops what comes after the cleanups registered
+// after it ran (cleanups run last registered first).
+func newTWriter(t testing.TB) *tWriter {
+	w := &tWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return w
+}
 
-func (w tWriter) Write(p []byte) (n int, err error) {
-	defer func() { recover() }() // a process may outlive its test by a moment; t.Log then panics
-	w.t.Log(strings.TrimRight(string(p), "\n"))
+type tWriter struct {
+	t    testing.TB
+	mu   sync.Mutex
+	done bool // the test's cleanups ran: t.Log may no longer be called
+}
+
+func (w *tWriter) Write(p []byte) (n int, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	defer func() { recover() }() // t.Log panics after the test; done should keep it from that
+	if !w.done {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
 	return len(p), nil
 }
 
@@ -110,7 +134,7 @@ func ModuleRoot() (string, error) {
 func StartProcess(t testing.TB, name string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(name, args...)
-	w := tWriter{t}
+	w := newTWriter(t)
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -98,6 +98,9 @@ type Store struct {
 
 	// wmu serialises the store's conditional writes on the embedded backend (see lockWrites).
 	wmu sync.Mutex
+	// auditSem lets one of this store's audit appends race for the next seq at a time (the
+	// others wait here instead of retrying against each other); replicas still race.
+	auditSem chan struct{}
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -138,6 +141,7 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 		now:      opts.Now,
 		instance: NewID(),
 		closed:   make(chan struct{}),
+		auditSem: make(chan struct{}, 1),
 	}
 	defer func() {
 		if err != nil {
