@@ -314,7 +314,7 @@ func (c *Conn) Handle(ctx context.Context, _ *jsonrpc2.Conn, req *jsonrpc2.Reque
 func (c *Conn) serve(ctx context.Context, req *jsonrpc2.Request) {
 	start := time.Now()
 	ctx = WithRequestInfo(ctx, RequestInfo{ID: NewRequestID(), Method: req.Method, User: c.Username()})
-	c.log.DebugContext(ctx, "call", "remote", c.remote)
+	c.log.DebugContext(ctx, "call") // c.log carries the remote address
 	res, err := c.dispatch(ctx, req)
 	if o := c.k.opts.Observer; o != nil {
 		method := req.Method

@@ -170,7 +170,19 @@ func Deps(t testing.TB, pkgs ...string) []string {
 // code and the body; a request that fails fails the test.
 func HTTPGet(t testing.TB, url, bearer string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	return HTTPDo(t, http.MethodGet, url, bearer, "")
+}
+
+// HTTPDo sends a method request with body (none if "") to url, with "Authorization: Bearer
+// <bearer>" (none if ""), and returns the status code and the body; a request that fails fails
+// the test.
+func HTTPDo(t testing.TB, method, url, bearer, body string) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, url, rd)
 	if err != nil {
 		t.Fatal(err)
 	}

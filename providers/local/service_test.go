@@ -43,20 +43,7 @@ func newLocal(t *testing.T, h *tfprovidertest.Host, inst string) (*local.Local, 
 // call sends a raw request to the service and returns the status and body.
 func call(t *testing.T, method, url, token, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, url+tfprovider.APIPath+"machines", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return testutil.HTTPDo(t, method, url+tfprovider.APIPath+"machines", token, body)
 }
 
 func createBody(stack, machine, hostname string) string {
