@@ -229,6 +229,40 @@ func (c *Conn) Call(ctx context.Context, method string, params, result any) erro
 		ctx, cancel = context.WithTimeout(ctx, c.k.opts.CallTimeout)
 		defer cancel()
 	}
+	budget := c.k.opts.RateLimitedRetry
+	for {
+		err := c.call(ctx, method, params, result)
+		wait, ok := retryAfter(err)
+		if !ok || wait > budget {
+			return err
+		}
+		budget -= wait
+		c.k.log.Debug("kite call rate limited, sending it again", "method", method, "wait", wait)
+		if !sleepCtx(ctx, wait) {
+			return err
+		}
+	}
+}
+
+// retryAfter is the wait a rate-limited refusal names (its details' retryAfterMs; 1s when it
+// names none), and whether err is one.
+func retryAfter(err error) (time.Duration, bool) {
+	var ke *Error
+	if !errors.Is(err, ErrRateLimited) || !errors.As(err, &ke) {
+		return 0, false
+	}
+	wait := time.Second
+	if ke.Data != nil {
+		if d, ok := ke.Data.Details.(map[string]any); ok {
+			if ms, ok := d["retryAfterMs"].(float64); ok && ms > 0 {
+				wait = time.Duration(ms) * time.Millisecond
+			}
+		}
+	}
+	return wait, true
+}
+
+func (c *Conn) call(ctx context.Context, method string, params, result any) error {
 	id := jsonrpc2.ID{Num: c.nextID.Add(1)}
 	w, err := c.rpc.DispatchCall(ctx, method, params, jsonrpc2.PickID(id))
 	if err != nil {

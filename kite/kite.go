@@ -45,6 +45,12 @@ type Options struct {
 	PingInterval, PingTimeout time.Duration
 	// CallTimeout is the deadline of outgoing calls whose ctx has none (default 30s).
 	CallTimeout time.Duration
+	// RateLimitedRetry is how long, in all, an outgoing call refused with ErrRateLimited
+	// (-32007: nothing of it ran) may wait the retry time the peer names and be sent again,
+	// within its ctx; a refusal naming a longer wait is returned at once, as is every refusal
+	// when it is 0 (the default). The kloud CLI sets it,
+	// so that a script that calls kloud in a loop is slowed down rather than failed.
+	RateLimitedRetry time.Duration
 	// HandlerTimeout bounds how long a handler may run (default 5m; per method: WithTimeout).
 	HandlerTimeout time.Duration
 	// HandshakeTimeout closes served connections that do not complete kite.handshake in time

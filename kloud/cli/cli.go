@@ -321,7 +321,9 @@ func (g *globals) dial(ctx context.Context) (*kite.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud-cli", Version: version.Version}, TLSConfig: tc})
+	// A refused call (-32007: a user's rate limit) waits the retry time kloud names and goes
+	// again, for up to 30s in all: a script calling the CLI in a loop slows down, not fails.
+	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "kloud-cli", Version: version.Version}, TLSConfig: tc, RateLimitedRetry: 30 * time.Second})
 	if err != nil {
 		return nil, err
 	}

@@ -92,8 +92,9 @@ func TestLimitsFromTheCLI(t *testing.T) {
 }
 
 // TestRateLimitFromTheCLI: once alice has used her burst of calls, her commands fail saying
-// "rate limited: retry in Ns" and naming the flags, exit non-zero, and the administrator's
-// commands still work.
+// "rate limited: retry in Ns" and naming the flags (the refill, 1000 s, is longer than the CLI
+// waits), exit non-zero, and the administrator's commands still work. Under a limit that refills
+// in a moment (TestRateLimitCLIWaits) the CLI waits instead.
 func TestRateLimitFromTheCLI(t *testing.T) {
 	t.Parallel()
 	_, run, must := startKloud(t, kloudtest.Options{Limits: kloud.Limits{RateLimit: 0.001, RateBurst: 10}})
@@ -117,6 +118,27 @@ func TestRateLimitFromTheCLI(t *testing.T) {
 	}
 	t.Logf("refused: %s", strings.TrimSpace(errOut))
 	must(run("user", "list"))
+}
+
+// TestRateLimitCLIWaits: a script that calls the CLI in a loop faster than alice's limit (2
+// calls a second, 2 at once) is slowed down, not failed: each refused call waits the retry time
+// kloud names and goes again, so all 8 commands succeed, and take at least the 3 s the limit
+// allows them (the assertion is the limit's, not a timing of ours).
+func TestRateLimitCLIWaits(t *testing.T) {
+	t.Parallel()
+	_, run, must := startKloud(t, kloudtest.Options{Limits: kloud.Limits{RateLimit: 2, RateBurst: 2}})
+	aliceKey := filepath.Join(t.TempDir(), "alice.key")
+	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("key", "create", "--username", "alice", "--out", aliceKey))
+	start := time.Now()
+	for i := range 8 {
+		if code, out, errOut := run("stack", "list", "--key", aliceKey); code != 0 {
+			t.Fatalf("stack list %d of 8 under 2 calls a second: exit %d\n%s%s", i+1, code, out, errOut)
+		}
+	}
+	if d := time.Since(start); d < 3*time.Second {
+		t.Fatalf("8 calls under 2 a second with a burst of 2 took %s: the limit did not hold", d)
+	}
 }
 
 // TestPlanInterruptCancels: `kloud stack plan` of a 100,000-machine plan shows the job's progress
