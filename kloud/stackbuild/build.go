@@ -214,7 +214,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 		j.Enter(ctx, BuildUserData)
 		// Every agent's configuration first (keys minted, kite ids recorded); the providers'
 		// rewrite below only renders them into the template and writes nothing.
-		agents, err := f.d.Minter.Mint(ctx, st, ms)
+		agents, err := f.Mint(ctx, st, ms)
 		if err != nil {
 			return nil, f.failBuild(ctx, st, ms, err)
 		}
@@ -256,7 +256,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 	if err := job.Err(); err != nil {
 		return nil, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
-	ms, err = f.StackMachines(ctx, st.ID) // as recorded (kite ids by the Minter, also of an attempt before a restart)
+	ms, err = f.StackMachines(ctx, st.ID) // as recorded (kite ids by Mint, also of an attempt before a restart)
 	if err != nil {
 		return nil, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("load machines: %w", err))
 	}
@@ -415,7 +415,7 @@ func MachineSpec(m *model.Machine) *provider.MachineSpec {
 		KiteID: m.KiteID, Owner: m.Owner, Attributes: m.Attributes}
 }
 
-// AgentConfigs are the machines' agent configurations by machine id (Minter).
+// AgentConfigs are the machines' agent configurations by machine id (Mint).
 type AgentConfigs map[string]userdata.Config
 
 // Config is provider.BaseStack.AgentConfig: a lookup, nothing minted or written.
