@@ -180,7 +180,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		}
 	})
 	if ctx.Err() != nil {
-		s.stopTF(ctx, id) // no terraform left planning for a caller that is gone
+		s.flow().StopTF(ctx, id) // no terraform left planning for a caller that is gone
 		return nil, s.planStopped(ctx)
 	}
 	if job != nil && job.Err() != nil {
@@ -438,9 +438,6 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj sta
 func (s *Server) setMachine(ctx context.Context, id string, from []provider.State, set store.MachineSet) bool {
 	return s.flow().SetMachine(ctx, id, from, set)
 }
-
-// stopTF is the build flow's StopTF: terraformer's run tfJob stopped if ctx was cancelled.
-func (s *Server) stopTF(ctx context.Context, tfJob string) { s.flow().StopTF(ctx, tfJob) }
 
 // kloudURLFor is the URL a provider's machines reach kloud at.
 func (s *Server) kloudURLFor(p *provider.Provider) string {

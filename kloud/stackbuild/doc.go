@@ -19,8 +19,8 @@
 //     (stack.plan of a stack), FailedUpdate (stack.apply converges a stack a failed update
 //     left as an update); update_job.go runs the job (RunUpdate); update_diff.go says per
 //     machine what an update does.
-//   - reconcile.go: the reconciler (Reconcile, ReconcileForApply; JobVerdict and MachineDead
-//     for stack.reset).
+//   - reconcile.go: the reconciler (Reconcile, ReconcileForApply; JobVerdict and MachineDead),
+//     and stack.reset's forced way out of any state (Reset).
 //   - scale.go: stack.scale's rewrite of a stack's files (ScaleFiles); the update job applies
 //     them.
 //   - stages.go: the named progress stages of build, destroy, start and stop, with their
