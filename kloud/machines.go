@@ -131,7 +131,7 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 		}
 		// The provider is the truth: record what it says (unless a job started meanwhile).
 		set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
-		if s.setMachine(ctx, m.ID, []provider.State{cur}, set) {
+		if s.flow().SetMachine(ctx, m.ID, []provider.State{cur}, set) {
 			out.State, out.Reason = state, "reconciled with the provider"
 		}
 	}
@@ -162,7 +162,7 @@ func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, 
 		return nil, err
 	}
 	during, _ := provider.Transition(method)
-	if !s.setMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
+	if !s.flow().SetMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
 		release()
 		return nil, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
 	}
@@ -172,9 +172,9 @@ func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, 
 	}
 	id, err := s.startJob(ctx, "machine."+method, "machine/"+m.ID, user, params)
 	if err != nil {
-		// setMachine retries with its own context; if it still fails, the reconciler
+		// SetMachine retries with its own context; if it still fails, the reconciler
 		// finds the machine in a transition without a job.
-		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
+		s.flow().SetMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
 		release()
 		return nil, err
 	}
@@ -222,7 +222,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		}
 		if err != nil && !errors.Is(err, store.ErrLocked) {
 			reason := fmt.Sprintf("%s job %s ended: %v", method, j.ID, err)
-			if s.setMachine(ctx, id, []provider.State{during}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)}) {
+			if s.flow().SetMachine(ctx, id, []provider.State{during}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)}) {
 				s.log.WarnContext(ctx, "machine job ended without its bookkeeping; machine moved to Unknown", "machine", id, "job", j.ID, "err", err)
 			}
 		}
@@ -255,7 +255,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 				state = st
 			}
 		}
-		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
+		s.flow().SetMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
 		return nil, err
 	}
 	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
@@ -302,7 +302,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	// idle.go: a start begins a new countdown (before the machine is Running, so an old
 	// deadline is never seen with it), a stop ends one.
 	s.restartCountdown(ctx, m.ID)
-	s.setMachine(ctx, m.ID, []provider.State{during}, set)
+	s.flow().SetMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Enter(ctx, done)
 	return map[string]any{"machineId": m.ID, "state": after}, nil
 }

@@ -147,7 +147,7 @@ func (s *Server) stackHeld(ctx context.Context, st *Stack) (api.Quota, error) {
 	if st.State == StackNotInitialized {
 		return api.Quota{}, nil
 	}
-	ms, err := s.stackMachines(ctx, st.ID)
+	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return api.Quota{}, err
 	}
@@ -289,7 +289,7 @@ func (s *Server) applyQuota(ctx context.Context, st *Stack) (release func(), err
 	if release, err = s.holdQuota(ctx, st.Owner, st.Team); err != nil {
 		return nil, err
 	}
-	ms, err := s.stackMachines(ctx, st.ID)
+	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		release()
 		return nil, err

@@ -505,7 +505,7 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 				state = st
 			}
 		}
-		s.setMachine(ictx, id, []provider.State{provider.Stopping, provider.Starting, provider.Stopped, provider.Running},
+		s.flow().SetMachine(ictx, id, []provider.State{provider.Stopping, provider.Starting, provider.Stopped, provider.Running},
 			store.MachineSet{State: new(string(state)), Reason: new(fmt.Sprintf("%s job %s: %v", what, j.ID, err))})
 	}()
 	if err := s.capable(m.Provider, "machine."+what, provider.CapSnapshot); err != nil {
@@ -521,13 +521,13 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 	// Stop (a recovered job finds it stopped already, or half way: Stop is idempotent).
 	if m.State != provider.Stopped {
 		j.Enter(ctx, stackbuild.MachineStopping)
-		s.setMachine(ctx, id, []provider.State{provider.Running, provider.Stopping, provider.Starting},
+		s.flow().SetMachine(ctx, id, []provider.State{provider.Running, provider.Stopping, provider.Starting},
 			store.MachineSet{State: new(string(provider.Stopping)), Reason: new("stopping for a " + what)})
 		meta, err := pm.Stop(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("stop %s for the %s: %w", m.Label, what, err)
 		}
-		s.setMachine(ctx, id, []provider.State{provider.Stopping}, store.MachineSet{State: new(string(provider.Stopped)), Reason: new(""), Meta: meta})
+		s.flow().SetMachine(ctx, id, []provider.State{provider.Stopping}, store.MachineSet{State: new(string(provider.Stopped)), Reason: new(""), Meta: meta})
 		s.setAgent(ctx, m.KiteID, AgentDisconnected, "")
 	}
 	ferr := fn(ctx, m, sp)
@@ -559,7 +559,7 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 // startAgain starts the job's machine after a snapshot or restore and waits for its agent.
 func (s *Server) startAgain(ctx context.Context, j *jobCtx, m *Machine, pm provider.Machine) error {
 	j.Enter(ctx, stackbuild.MachineStarting)
-	s.setMachine(ctx, m.ID, []provider.State{provider.Stopped}, store.MachineSet{State: new(string(provider.Starting)), Reason: new("")})
+	s.flow().SetMachine(ctx, m.ID, []provider.State{provider.Stopped}, store.MachineSet{State: new(string(provider.Starting)), Reason: new("")})
 	meta, err := pm.Start(ctx)
 	if err != nil {
 		return fmt.Errorf("starting %s again failed: %w", m.Label, err)
@@ -576,7 +576,7 @@ func (s *Server) startAgain(ctx context.Context, j *jobCtx, m *Machine, pm provi
 	}
 	s.setAgent(ctx, m.KiteID, AgentConnected, version)
 	s.restartCountdown(ctx, m.ID) // idle.go: running again, a new countdown
-	s.setMachine(ctx, m.ID, []provider.State{provider.Starting}, store.MachineSet{State: new(string(provider.Running)), Reason: new(""), Meta: meta})
+	s.flow().SetMachine(ctx, m.ID, []provider.State{provider.Starting}, store.MachineSet{State: new(string(provider.Running)), Reason: new(""), Meta: meta})
 	j.Enter(ctx, stackbuild.MachineStarted)
 	return nil
 }

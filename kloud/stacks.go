@@ -325,10 +325,6 @@ func (s *Server) loadStack(ctx context.Context, c *Caller, id string) (*Stack, e
 	return &st, nil
 }
 
-func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, error) {
-	return s.store.Machines().ByStack(ctx, stackID)
-}
-
 func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (_ any, err error) {
 	defer func() {
 		if err != nil {
@@ -433,12 +429,6 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj sta
 	return api.JobRef{JobID: id}, nil
 }
 
-// setMachine is the build flow's SetMachine: with from set, only if the machine's state is one
-// of them; with its own context, retried.
-func (s *Server) setMachine(ctx context.Context, id string, from []provider.State, set store.MachineSet) bool {
-	return s.flow().SetMachine(ctx, id, from, set)
-}
-
 // kloudURLFor is the URL a provider's machines reach kloud at.
 func (s *Server) kloudURLFor(p *provider.Provider) string {
 	if p.KloudURL != nil {
@@ -452,7 +442,7 @@ func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err != nil {
 		return nil, err
 	}
-	ms, err := s.stackMachines(ctx, st.ID)
+	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return nil, err
 	}

@@ -25,7 +25,7 @@ func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if err != nil {
 		return nil, err
 	}
-	ms, err := s.stackMachines(ctx, st.ID)
+	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return nil, err
 	}
