@@ -245,7 +245,7 @@ func (s *Server) gcJudgeStack(ctx context.Context, id string, dryRun bool) (func
 	}
 	release := nop
 	if !dryRun {
-		if _, release, err = s.takeLease(ctx, "stack/"+id, "gc", "stack "+id+" is busy"); err != nil {
+		if _, release, err = s.flow().TakeLease(ctx, "stack/"+id, "gc", "stack "+id+" is busy"); err != nil {
 			return nil, nil, err
 		}
 		// Read again under the lease: a build may have ended (or started) since.

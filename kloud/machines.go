@@ -157,7 +157,7 @@ func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, 
 	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
 		return nil, err
 	}
-	owner, release, err := s.takeLease(ctx, "machine/"+m.ID, method, "machine "+m.Label+" is busy")
+	owner, release, err := s.flow().TakeLease(ctx, "machine/"+m.ID, method, "machine "+m.Label+" is busy")
 	if err != nil {
 		return nil, err
 	}
@@ -231,12 +231,12 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		if j.CancelRequested {
 			return nil, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
 		}
-		if err := s.retakeLease(ctx, "machine/"+id, owner); err != nil {
+		if err := s.flow().RetakeLease(ctx, "machine/"+id, owner); err != nil {
 			return nil, fmt.Errorf("machine %s: %w", id, err)
 		}
 		j.Logf(ctx, "kloud restarted during this job; running it again")
 	}
-	defer s.keepLease(context.Background(), "machine/"+id, owner)()
+	defer s.flow().KeepLease(context.Background(), "machine/"+id, owner)()
 	m, err := s.loadMachine(ctx, nil, id)
 	if err != nil {
 		return nil, err

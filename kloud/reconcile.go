@@ -33,7 +33,7 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if err != nil {
 		return nil, err
 	}
-	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, "reset", "stack "+st.ID+" is busy (a job holds it; cancel it first)")
+	owner, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, "reset", "stack "+st.ID+" is busy (a job holds it; cancel it first)")
 	if err != nil {
 		return nil, err
 	}

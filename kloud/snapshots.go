@@ -130,7 +130,7 @@ var snapshotFrom = []provider.State{provider.Running, provider.Stopped}
 // operation for that message: "taken of", "restored into"). The caller starts the job with
 // owner as its "lease" param, or calls release.
 func (s *Server) leaseSettled(ctx context.Context, m *Machine, kind, how string) (_ *Machine, owner string, release func(), err error) {
-	owner, release, err = s.takeLease(ctx, "machine/"+m.ID, kind, "machine "+m.Label+" is busy")
+	owner, release, err = s.flow().TakeLease(ctx, "machine/"+m.ID, kind, "machine "+m.Label+" is busy")
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -471,7 +471,7 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 	if recovering {
 		if j.CancelRequested {
 			err = fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
-		} else if err = s.retakeLease(ctx, "machine/"+id, owner); err != nil {
+		} else if err = s.flow().RetakeLease(ctx, "machine/"+id, owner); err != nil {
 			err = fmt.Errorf("machine %s: %w", id, err)
 		}
 		if err != nil {
@@ -479,7 +479,7 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 		}
 		j.Logf(ctx, "kloud restarted during this job; running it again")
 	}
-	defer s.keepLease(context.Background(), "machine/"+id, owner)()
+	defer s.flow().KeepLease(context.Background(), "machine/"+id, owner)()
 	m, err := s.loadMachine(ctx, nil, id)
 	if err != nil {
 		return nil, err

@@ -28,6 +28,10 @@ import (
 
 const jobStackApply = stackbuild.JobApply
 
+// stackLeaseTTL bounds how long a dead kloud keeps a stack, machine (or quota) locked
+// (stackbuild's leases.go: a stack's and a machine's lease).
+const stackLeaseTTL = stackbuild.LeaseTTL
+
 // builtTemplate is a template ready for Terraform: files, variables, credentials.
 type builtTemplate struct {
 	files     map[string][]byte
@@ -387,7 +391,7 @@ type stackJob struct {
 // reconciler would act on; then the job starts. When something fails, the stack is rolled back
 // and the lease released.
 func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj stackJob, params func(st *Stack, lease string) (map[string]any, error)) (any, error) {
-	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
+	owner, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,6 @@ func (s *Server) flow() *stackbuild.Flow {
 		Plans:     buildDeps{s},
 		Quota:     buildDeps{s},
 		Machines:  buildDeps{s},
-		Leases:    buildDeps{s},
 		Agents: stackbuild.AgentSource{URL: s.kloudURLFor, PublicURL: s.opts.PublicURL, KlientSum: s.klientSum, KlientBin: s.opts.KlientBin,
 			CACert: s.opts.CACert},
 		Planner:  s.planner,
@@ -49,7 +48,7 @@ func (d buildDeps) CheckDestroy(ctx context.Context, team string, files map[stri
 	return d.s.checkDestroyPolicy(ctx, team, files)
 }
 
-// Callers, Templates, Plans, Quota, Machines, Leases: the hooks of stackbuild.Deps.
+// Callers, Templates, Plans, Quota, Machines: the hooks of stackbuild.Deps.
 
 // Caller is callerByName (not as an administrator).
 func (d buildDeps) Caller(ctx context.Context, username string) (stackbuild.Caller, error) {
@@ -98,16 +97,6 @@ func (d buildDeps) SetAgent(ctx context.Context, kiteID, status, version string)
 // KeepPorts is keepPorts (ports.go).
 func (d buildDeps) KeepPorts(ctx context.Context, j stackbuild.Job, st *Stack) {
 	d.s.keepPorts(ctx, j, st)
-}
-
-// Retake is retakeLease.
-func (d buildDeps) Retake(ctx context.Context, name, owner string) error {
-	return d.s.retakeLease(ctx, name, owner)
-}
-
-// Keep is keepLease.
-func (d buildDeps) Keep(ctx context.Context, name, owner string) (stop func()) {
-	return d.s.keepLease(ctx, name, owner)
 }
 
 // CallerName is the caller's user name (stackbuild.Caller).

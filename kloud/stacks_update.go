@@ -103,7 +103,7 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 	if err != nil {
 		return nil, err
 	}
-	_, release, err := s.takeLease(ctx, "stack/"+st.ID, "plan", "stack "+st.ID+" is busy (a job is changing it; plan when it is done)")
+	_, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, "plan", "stack "+st.ID+" is busy (a job is changing it; plan when it is done)")
 	if err != nil {
 		return nil, err
 	}

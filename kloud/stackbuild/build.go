@@ -63,12 +63,12 @@ func (f *Flow) Resume(ctx context.Context, j Job, recovering bool, stackID, leas
 		// The lease may still be ours (same owner) or have expired: take it again either way.
 		// Someone may hold it for a moment (a stack.apply or stack.reset that looks, finds this
 		// job live, and lets go): try for a while.
-		if err := f.d.Leases.Retake(ctx, "stack/"+stackID, lease); err != nil {
+		if err := f.RetakeLease(ctx, "stack/"+stackID, lease); err != nil {
 			return nil, nil, stop, fmt.Errorf("stack %s: %w", stackID, err)
 		}
 		j.Logf(ctx, "kloud restarted during this job; resuming")
 	}
-	stop = f.d.Leases.Keep(context.Background(), "stack/"+stackID, lease)
+	stop = f.KeepLease(context.Background(), "stack/"+stackID, lease)
 	if st, err = f.stack(ctx, stackID); err != nil {
 		return nil, nil, stop, err
 	}

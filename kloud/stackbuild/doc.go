@@ -12,6 +12,8 @@
 //   - build.go: the stack.apply job (RunApply): Resume, the build, ExitStack, and the settle
 //     steps build and update share (WaitAgents, SettleMachines, SettleStack).
 //   - destroy.go: the destroy half of stack.apply (Destroy).
+//   - leases.go: the store leases "stack/<id>" and "machine/<id>" (TakeLease, RetakeLease,
+//     KeepLease): one job, or one call that must not overlap a job, at a time on each.
 //   - mint.go: every machine's agent key and configuration (Mint), kept sealed on its record
 //     so that an update renders a machine that stays with the agent it was built with.
 //   - update.go: how an update works, its params (UpdateParams), and what the calls use:

@@ -38,7 +38,6 @@ type Deps struct {
 	Plans     Plans
 	Quota     Quota
 	Machines  Machines
-	Leases    Leases
 	// Agents is what machines' agents are told about kloud (Mint).
 	Agents AgentSource
 	// Planner returns the planner that waits for the machines' agents (kloud's timeout, log
@@ -133,14 +132,6 @@ type Machines interface {
 	// KeepPorts gives the machines of st the firewall rules kloud recorded for them, logging
 	// on j what it could not.
 	KeepPorts(ctx context.Context, j Job, st *model.Stack)
-}
-
-// Leases are the store leases of stacks and machines (kloud/leases.go).
-type Leases interface {
-	// Retake takes lease name for owner again, waiting a while if someone else holds it.
-	Retake(ctx context.Context, name, owner string) error
-	// Keep renews lease name until stop, then releases it.
-	Keep(ctx context.Context, name, owner string) (stop func())
 }
 
 // Job is the running job a flow reports to (kloud's job context).
