@@ -25,24 +25,24 @@ var stackTransitional = []string{StackBuilding, StackDestroying}
 // transition become Unknown) or, if nothing was ever built, to NotInitialized (every machine
 // NotInitialized). Only kloud administrators, only when no job is live for the stack or its
 // machines (it holds the stack's lease meanwhile, so none starts); stackbuild's Reset does it.
-func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackResetParams) (any, error) {
+func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackResetParams) (api.StackView, error) {
 	if !c.Admin {
-		return nil, fmt.Errorf("stack.reset is for kloud administrators: %w", kite.ErrPermission)
+		return api.StackView{}, fmt.Errorf("stack.reset is for kloud administrators: %w", kite.ErrPermission)
 	}
 	st, err := s.loadStack(ctx, nil, p.StackID)
 	if err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	owner, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, "reset", "stack "+st.ID+" is busy (a job holds it; cancel it first)")
 	if err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	defer release()
 	if st, err = s.loadStack(ctx, nil, st.ID); err != nil { // as it is now that it is ours
-		return nil, err
+		return api.StackView{}, err
 	}
 	if err := s.flow().Reset(ctx, st, owner, c.Username, p.State, p.Reason); err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	return s.stackDescribe(ctx, c, nil, &api.StackRef{StackID: st.ID})
 }
