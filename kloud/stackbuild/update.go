@@ -22,7 +22,7 @@ import (
 // Stack update (issue 13 §1): stack.update applies another template revision (or the stack's
 // own scaled files, stack.scale, ScaleFiles) to a built stack, as a durable job on the stack's
 // lease, like stack.apply. Start reading at RunUpdate (update_job.go; the plan's diff is
-// update_diff.go). What the job would refuse before changing anything (PlanUpdate: files
+// update_diff.go). What the job would refuse before changing anything (planUpdate: files
 // Terraform or the policy refuses, no machine left, a constraint, a machine changing provider)
 // is refused by the call itself, with no job (CheckUpdate).
 //
@@ -116,7 +116,7 @@ func ParseUpdateParams(m map[string]any) (UpdateParams, error) {
 // that would change provider), refused at the call (as c), before a job exists. The job checks
 // again: it may run after a restart.
 func (f *Flow) CheckUpdate(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string) error {
-	_, _, _, err := f.PlanUpdate(ctx, c, st, files, vars, nil)
+	_, _, _, err := f.planUpdate(ctx, c, st, files, vars, nil)
 	return err
 }
 
@@ -127,7 +127,7 @@ func (f *Flow) CheckUpdate(ctx context.Context, c Caller, st *model.Stack, files
 // stay are rendered with their agents, new ones with a placeholder. The caller holds the
 // stack's lease meanwhile. The plan's FromRev, ToRev and Diverged are the caller's to fill.
 func (f *Flow) PreviewUpdate(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string) ([]api.PlannedMachine, api.StackUpdatePlan, error) {
-	planned, ms, mt, err := f.PlanUpdate(ctx, c, st, files, vars, nil)
+	planned, ms, mt, err := f.planUpdate(ctx, c, st, files, vars, nil)
 	if err != nil {
 		return nil, api.StackUpdatePlan{}, err
 	}
@@ -202,10 +202,10 @@ func (f *Flow) FillLatestRev(ctx context.Context, sts []*model.Stack) {
 
 // ---- planning an update
 
-// PlanUpdate plans files alone (Plans.PlanFiles) and matches the machines they declare with
+// planUpdate plans files alone (Plans.PlanFiles) and matches the machines they declare with
 // st's records (matchMachines): the checks of an update that change nothing, made by
 // stack.update and stack.scale at the call, by stack.plan of a stack, and again by the job.
-func (f *Flow) PlanUpdate(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, []model.Machine, *Matched, error) {
+func (f *Flow) planUpdate(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, []model.Machine, *matched, error) {
 	planned, err := f.d.Plans.PlanFiles(ctx, c, st, files, vars, logf)
 	if err != nil {
 		return nil, nil, nil, err
@@ -221,8 +221,8 @@ func (f *Flow) PlanUpdate(ctx context.Context, c Caller, st *model.Stack, files 
 	return planned, ms, mt, nil
 }
 
-// Matched is a stack's machines matched with the planned ones by label.
-type Matched struct {
+// matched is a stack's machines matched with the planned ones by label.
+type matched struct {
 	kept    []*model.Machine // existing machines the new files still declare
 	added   []model.Machine  // new records (not stored yet)
 	removed []model.Machine  // existing machines the new files no longer declare
@@ -230,7 +230,7 @@ type Matched struct {
 	vacated []string // providers of removed machines that have none in the new files
 }
 
-func matchMachines(st *model.Stack, planned []api.PlannedMachine, ms []model.Machine) (*Matched, error) {
+func matchMachines(st *model.Stack, planned []api.PlannedMachine, ms []model.Machine) (*matched, error) {
 	byLabel := map[string]*model.Machine{}
 	for i := range ms {
 		byLabel[ms[i].Label] = &ms[i]
@@ -238,7 +238,7 @@ func matchMachines(st *model.Stack, planned []api.PlannedMachine, ms []model.Mac
 			return nil, fmt.Errorf("machine %s is %s (a job is changing it); update when it is done: %w", ms[i].Label, ms[i].State, kite.ErrState)
 		}
 	}
-	out := &Matched{}
+	out := &matched{}
 	seen := map[string]bool{}
 	for _, pm := range planned {
 		seen[pm.Label] = true
@@ -276,7 +276,7 @@ func matchMachines(st *model.Stack, planned []api.PlannedMachine, ms []model.Mac
 // rendering starts from a fresh build) and lets every provider render the agents of mt.specs.
 // A provider whose every machine the update removes (mt.vacated) renders no machine but still
 // configures itself (its provider block, credentials): terraform needs it to destroy them.
-func (f *Flow) renderFor(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string, mt *Matched, agents AgentConfigs) (*provider.Template, error) {
+func (f *Flow) renderFor(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string, mt *matched, agents AgentConfigs) (*provider.Template, error) {
 	specs := mt.specs
 	b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(files), st.Credentials, vars, mt.vacated...)
 	if err != nil {

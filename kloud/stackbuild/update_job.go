@@ -129,7 +129,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 		return failClean(err)
 	}
 	defer releaseQuota()
-	planned, ms, mt, err := f.PlanUpdate(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
+	planned, ms, mt, err := f.planUpdate(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
 	if err != nil {
 		return failClean(err)
 	}
