@@ -328,9 +328,9 @@ func (s *Server) httpRoutes() []httpRoute {
 		// served on their own hosts, Server.AppURL, before this table)
 		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.serveTCP)},
 		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.apps.serveOpen)},
-		// plugins.go: each provider's own HTTP service (provider.HandlerPrefix), looked up per
-		// request, so a plugin registering later is served; the service authenticates itself
-		{"/provider/", "the provider's service decides", http.HandlerFunc(s.serveProvider)},
+		// kloud/pluginhost: each provider's own HTTP service (provider.HandlerPrefix), looked up
+		// per request, so a plugin registering later is served; the service authenticates itself
+		{"/provider/", "the provider's service decides", http.HandlerFunc(s.plugins.ServeProvider)},
 
 		// ops: backup.go (kloud backup; docs/operations.md "Backup and restore")
 		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.serveBackup)},
@@ -393,7 +393,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.closeTerminals, // terminal.go: close every web terminal at shutdown
 		s.apps.closeIdle, // portforward.go: drop the web apps' idle tunnels at shutdown
 		s.retain,         // retention.go: prune finished jobs, expired revocations, stale kite records
-		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
+		s.plugins.Run,    // kloud/pluginhost: launch and supervise the plugin directory's providers
 		s.runGC,          // gc.go: sweep the providers' resources kloud no longer wants
 		s.monitorStore,   // health.go: log a store outage once, and its end
 		s.pollMetrics,    // metrics.go: machines' figures and quota use for /metrics

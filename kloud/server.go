@@ -35,10 +35,10 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/pluginhost"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // Defaults of Options, applied by Options.defaults; kloud serve's flags take theirs from these.
@@ -104,7 +104,8 @@ type Options struct {
 	// PluginDir holds the provider plugins kloud launches and supervises, kloud-provider-NAME
 	// (plugins.go). Default <DataDir>/plugins.
 	PluginDir string
-	// Plugins configure the plugin launcher (zero: its defaults: sandboxed as uid 65534).
+	// Plugins configure the plugin launcher (kloud/pluginhost; zero: its defaults: sandboxed as
+	// uid 65534).
 	Plugins PluginOptions
 	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
 	// error until one is set with SetTerraformer).
@@ -192,13 +193,11 @@ type Server struct {
 	kinds     map[string]jobKind // job kinds (routes.go)
 	idle      *idleTracker       // activity seen, warnings sent (idle.go)
 
-	metrics     *kloudMetrics // Prometheus collectors (metrics.go)
-	sso         *ssoHub       // single sign-on (sso.go); nil when off
-	rate        *rateLimiter  // each user's calls (ratelimit.go); nil: no limit
-	planJobs    planSlots     // each user's running plan jobs (stacks_plan.go)
-	plugins     *plugin.Host  // provider plugins: proxies in providers, their status (plugins.go)
-	launcher    *launcher     // starts the plugin directory's plugins (set by ServeListener)
-	pluginsDone chan struct{}
+	metrics  *kloudMetrics    // Prometheus collectors (metrics.go)
+	sso      *ssoHub          // single sign-on (sso.go); nil when off
+	rate     *rateLimiter     // each user's calls (ratelimit.go); nil: no limit
+	planJobs planSlots        // each user's running plan jobs (stacks_plan.go)
+	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (plugins.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -260,7 +259,11 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.loadKlient()
-	s.plugins = plugin.NewHost(plugin.HostOptions{Registry: s.providers, Logger: opts.Logger, KloudVersion: version.Version})
+	if s.plugins, err = pluginhost.New(pluginhost.Options{Registry: s.providers, Keys: s.Kontrol, Dir: opts.PluginDir,
+		StateDir: filepath.Join(opts.DataDir, "plugin-state"), Launch: opts.Plugins, TLS: opts.TLS != nil, CACert: opts.CACert,
+		PublicURL: opts.PublicURL, KloudVersion: version.Version, Logger: opts.Logger}); err != nil {
+		return nil, fmt.Errorf("kloud: %w", err)
+	}
 	s.kinds = s.jobKinds()
 	if opts.SSO.Enabled() {
 		s.sso = &ssoHub{s: s, o: opts.SSO}
@@ -322,7 +325,6 @@ func (o *Options) defaults() error {
 	if o.PluginDir == "" {
 		o.PluginDir = filepath.Join(o.DataDir, "plugins")
 	}
-	o.Plugins.defaults()
 	if o.PublicURL == "" {
 		_, port, err := net.SplitHostPort(o.Addr)
 		if err != nil {
@@ -481,9 +483,7 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	if s.opts.Listening != nil {
 		s.opts.Listening(ln.Addr())
 	}
-	s.launcher = &launcher{s: s, o: s.opts.Plugins, dir: s.opts.PluginDir, stateDir: filepath.Join(s.opts.DataDir, "plugin-state"),
-		url: loopbackKiteURL(ln.Addr(), s.opts.TLS != nil), running: map[string]*launched{}, refused: map[string]string{}}
-	s.pluginsDone = make(chan struct{})
+	s.plugins.SetKiteURL(pluginhost.LoopbackKiteURL(ln.Addr(), s.opts.TLS != nil))
 	bctx, stop := context.WithCancel(ctx)
 	defer stop()
 	s.startBackground(bctx)
@@ -492,13 +492,13 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	select {
 	case err := <-errc:
 		stop()
-		<-s.pluginsDone
+		<-s.plugins.Done()
 		s.Close()
 		return fmt.Errorf("kloud: serve: %w", err)
 	case <-ctx.Done():
 	}
 	// Plugins first (SIGTERM, SIGKILL after their grace), while their connections still work.
-	<-s.pluginsDone
+	<-s.plugins.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s.Kite.Close()
