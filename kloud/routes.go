@@ -301,7 +301,6 @@ type httpRoute struct {
 // httpRoutes lists kloud's HTTP routes. The web UI (package web) adds "/" through Handle, and
 // providers mount their own services (the local provider's machine API) below.
 func (s *Server) httpRoutes() []httpRoute {
-	login := newLoginLimiter(loginFailLimit, loginWindow)
 	return []httpRoute{
 		{"/kite", "kite handshake (kite key or session)", s.Kite},
 		{"GET /kite/keys", "anyone", http.HandlerFunc(s.serveKeys)},
@@ -310,14 +309,14 @@ func (s *Server) httpRoutes() []httpRoute {
 		// metrics.go
 		{"GET /metrics", "kloud admins (session or kite key); --metrics-addr: anyone there", http.HandlerFunc(s.serveMetrics)},
 		{"GET /dl/klient", "anyone", http.HandlerFunc(s.serveKlient)},
-		// web_api_login.go
-		{"POST /api/login", "anyone (password; rate limited)", s.handleLogin(login)},
-		{"POST /api/logout", "session", http.HandlerFunc(s.handleLogout)},
-		{"GET /api/session", "session cookie", http.HandlerFunc(s.handleSession)},
-		// sso.go: OpenID Connect login (404 page when kloud serve has no --oidc-issuer)
-		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.handleLoginMethods)},
-		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.handleSSOLogin)},
-		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.handleSSOCallback)},
+		// kloud/login: passwords and sessions
+		{"POST /api/login", "anyone (password; rate limited)", http.HandlerFunc(s.login.HandleLogin)},
+		{"POST /api/logout", "session", http.HandlerFunc(s.login.HandleLogout)},
+		{"GET /api/session", "session cookie", http.HandlerFunc(s.login.HandleSession)},
+		// kloud/login: OpenID Connect login (404 page when kloud serve has no --oidc-issuer)
+		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.login.HandleMethods)},
+		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.login.HandleSSOLogin)},
+		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.login.HandleSSOCallback)},
 		// terminal.go: users who may open a terminal on the machine; klient attaches with a ticket
 		{"GET /api/machines/{id}/terminal", "session or kite key; owner, team admin, share", http.HandlerFunc(s.term.serveTerminal)},
 		{"GET /api/machines/{id}/sessions", "session or kite key; as terminal", http.HandlerFunc(s.term.serveSessions)},

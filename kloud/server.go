@@ -35,6 +35,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/login"
 	"github.com/kloud-dev/kloud/kloud/pluginhost"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
@@ -102,7 +103,7 @@ type Options struct {
 	// limit; kloud serve --default-quota).
 	DefaultQuota Quota
 	// PluginDir holds the provider plugins kloud launches and supervises, kloud-provider-NAME
-	// (plugins.go). Default <DataDir>/plugins.
+	// (kloud/pluginhost). Default <DataDir>/plugins.
 	PluginDir string
 	// Plugins configure the plugin launcher (kloud/pluginhost; zero: its defaults: sandboxed as
 	// uid 65534).
@@ -126,8 +127,8 @@ type Options struct {
 	// MetricsInterval is how often the machines' figures (their klient's kite.systemInfo) and
 	// the quota use are polled for the metrics (default DefaultMetricsInterval, 15s).
 	MetricsInterval time.Duration
-	// SSO configures OpenID Connect login beside passwords (sso.go; kloud serve --oidc-*); an
-	// empty Issuer turns it off.
+	// SSO configures OpenID Connect login beside passwords (kloud/login; kloud serve
+	// --oidc-*); an empty Issuer turns it off.
 	SSO SSOOptions
 	// Doctor are more checks kloud.doctor runs (doctor.go; kloud serve adds the provider
 	// mirror's and the local provider's base image's).
@@ -194,10 +195,10 @@ type Server struct {
 	idle      *idleTracker       // activity seen, warnings sent (idle.go)
 
 	metrics  *kloudMetrics    // Prometheus collectors (metrics.go)
-	sso      *ssoHub          // single sign-on (sso.go); nil when off
+	login    *login.Service   // the web login: passwords, sessions, single sign-on (kloud/login, wired in web_api_login.go)
 	rate     *rateLimiter     // each user's calls (ratelimit.go); nil: no limit
 	planJobs planSlots        // each user's running plan jobs (stacks_plan.go)
-	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (plugins.go)
+	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -265,8 +266,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	s.kinds = s.jobKinds()
-	if opts.SSO.Enabled() {
-		s.sso = &ssoHub{s: s, o: opts.SSO}
+	if s.login, err = newLogin(s); err != nil { // web_api_login.go
+		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	s.term = newTermHub(s)
 	s.idle = newIdleTracker()
@@ -307,7 +308,7 @@ func (o *Options) defaults() error {
 	if err := o.Limits.defaults(); err != nil {
 		return err
 	}
-	if err := o.SSO.defaults(); err != nil { // sso.go
+	if err := o.SSO.Defaults(); err != nil { // kloud/login
 		return err
 	}
 	if err := o.Idle.defaults(); err != nil { // idle.go
