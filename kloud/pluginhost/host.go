@@ -75,6 +75,7 @@ type Host struct {
 	mu      sync.Mutex
 	kiteURL string    // kloud's kite endpoint on loopback (SetKiteURL)
 	l       *launcher // set by Run
+	ran     bool      // Run was called
 }
 
 // New returns a plugin host. Nothing is launched before Run.

@@ -169,6 +169,13 @@ func (l *launcher) pid(name string) int {
 // all and returns once none is left (Done is closed then). With LaunchOptions.NoLaunch it
 // returns at once. Call it once, after SetKiteURL.
 func (h *Host) Run(ctx context.Context) {
+	h.mu.Lock()
+	if h.ran { // a second Run has nothing to do (and Done is closed once)
+		h.mu.Unlock()
+		return
+	}
+	h.ran = true
+	h.mu.Unlock()
 	defer close(h.done)
 	if h.o.Launch.NoLaunch {
 		return
