@@ -219,10 +219,10 @@ func (s *Server) auditHTTP(r *http.Request, action, user, target string, status 
 }
 
 // auditList serves audit.list.
-func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *api.AuditListParams) (any, error) {
+func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *api.AuditListParams) (api.AuditListResult, error) {
 	es, err := s.store.Audit().List(ctx, store.AuditFilter{User: p.User, Action: p.Action, Target: p.Target, Since: p.Since, Limit: p.Limit})
 	if err != nil {
-		return nil, err
+		return api.AuditListResult{}, err
 	}
 	res := api.AuditListResult{Entries: make([]api.AuditEntry, 0, len(es))}
 	for _, e := range es {
@@ -234,10 +234,10 @@ func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *a
 }
 
 // auditVerify serves audit.verify.
-func (s *Server) auditVerify(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) auditVerify(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.AuditVerifyResult, error) {
 	v, err := s.store.Audit().Verify(ctx)
 	if err != nil {
-		return nil, err
+		return api.AuditVerifyResult{}, err
 	}
 	return api.AuditVerifyResult{OK: v.OK, From: v.From, Checked: v.Checked, Head: v.Head, HeadHash: v.HeadHash,
 		BadSeq: v.BadSeq, Problem: v.Problem}, nil

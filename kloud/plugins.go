@@ -31,17 +31,17 @@ func (s *Server) PluginPID(name string) int { return s.plugins.PID(name) }
 
 // pluginRegister serves plugin.register: plugin keys only (the route's Gate refuses agents;
 // users are refused by the host), for the provider their key names.
-func (s *Server) pluginRegister(ctx context.Context, r *kite.Request, p *api.PluginRegisterParams) (any, error) {
-	return s.plugins.Register(ctx, r, p)
+func (s *Server) pluginRegister(ctx context.Context, r *kite.Request, p *api.PluginRegisterParams) (api.PluginRegisterResult, error) {
+	return deref(s.plugins.Register(ctx, r, p))
 }
 
 // providerList serves provider.list: every provider, in-tree and plugin.
-func (s *Server) providerList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) providerList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.ProviderListResult, error) {
 	return s.plugins.List(c.Admin), nil
 }
 
 // providerKeyCreate serves provider.keyCreate: a kloud administrator mints the key a remote
 // plugin dials kloud with.
-func (s *Server) providerKeyCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderKeyCreateParams) (any, error) {
+func (s *Server) providerKeyCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderKeyCreateParams) (api.ProviderKeyCreateResult, error) {
 	return s.plugins.CreateKey(ctx, p, c.Username)
 }
