@@ -316,7 +316,6 @@ type httpRoute struct {
 // httpRoutes lists kloud's HTTP routes. The web UI (package web) adds "/" through Handle, and
 // providers mount their own services (the local provider's machine API) below.
 func (s *Server) httpRoutes() []httpRoute {
-	login := newLoginLimiter(loginFailLimit, loginWindow)
 	return []httpRoute{
 		{"/kite", "kite handshake (kite key or session)", s.Kite},
 		{"GET /kite/keys", "anyone", http.HandlerFunc(s.serveKeys)},
@@ -325,14 +324,14 @@ func (s *Server) httpRoutes() []httpRoute {
 		// metrics.go
 		{"GET /metrics", "kloud admins (session or kite key); --metrics-addr: anyone there", http.HandlerFunc(s.serveMetrics)},
 		{"GET /dl/klient", "anyone", http.HandlerFunc(s.serveKlient)},
-		// web_api_login.go
-		{"POST /api/login", "anyone (password; rate limited)", s.handleLogin(login)},
-		{"POST /api/logout", "session", http.HandlerFunc(s.handleLogout)},
-		{"GET /api/session", "session cookie", http.HandlerFunc(s.handleSession)},
-		// sso.go: OpenID Connect login (404 page when kloud serve has no --oidc-issuer)
-		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.handleLoginMethods)},
-		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.handleSSOLogin)},
-		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.handleSSOCallback)},
+		// kloud/login: passwords and sessions
+		{"POST /api/login", "anyone (password; rate limited)", http.HandlerFunc(s.login.HandleLogin)},
+		{"POST /api/logout", "session", http.HandlerFunc(s.login.HandleLogout)},
+		{"GET /api/session", "session cookie", http.HandlerFunc(s.login.HandleSession)},
+		// kloud/login: OpenID Connect login (404 page when kloud serve has no --oidc-issuer)
+		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.login.HandleMethods)},
+		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.login.HandleSSOLogin)},
+		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.login.HandleSSOCallback)},
 		// kloud/relay (terminal.go): users who may open a terminal on the machine; klient
 		// attaches with a ticket
 		{"GET /api/machines/{id}/terminal", "session or kite key; owner, team admin, share", http.HandlerFunc(s.relay.ServeTerminal)},
@@ -344,9 +343,9 @@ func (s *Server) httpRoutes() []httpRoute {
 		// shares (web apps are served on their own hosts, Server.AppURL, before this table)
 		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.relay.ServeTCP)},
 		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.relay.ServeOpen)},
-		// plugins.go: each provider's own HTTP service (provider.HandlerPrefix), looked up per
-		// request, so a plugin registering later is served; the service authenticates itself
-		{"/provider/", "the provider's service decides", http.HandlerFunc(s.serveProvider)},
+		// kloud/pluginhost: each provider's own HTTP service (provider.HandlerPrefix), looked up
+		// per request, so a plugin registering later is served; the service authenticates itself
+		{"/provider/", "the provider's service decides", http.HandlerFunc(s.plugins.ServeProvider)},
 
 		// ops: backup.go (kloud backup; docs/operations.md "Backup and restore")
 		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.serveBackup)},
@@ -408,7 +407,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.trackAgents,  // agents.go: machines' agent status from kontrol's registrations
 		s.relay.Run,    // kloud/relay: at shutdown, close every web terminal and drop the web apps' idle tunnels
 		s.retain,       // retention.go: prune finished jobs, expired revocations, stale kite records
-		s.runPlugins,   // plugins.go: launch and supervise the plugin directory's providers
+		s.plugins.Run,  // kloud/pluginhost: launch and supervise the plugin directory's providers
 		s.runGC,        // gc.go: sweep the providers' resources kloud no longer wants
 		s.monitorStore, // health.go: log a store outage once, and its end
 		s.pollMetrics,  // metrics.go: machines' figures and quota use for /metrics
