@@ -71,25 +71,6 @@ type Provider struct {
 	MoreCaps func() []Capability
 }
 
-// Capability is something a provider can do beyond the required Stack and Machine methods, or
-// one of those it may choose not to offer.
-type Capability string
-
-// Capabilities.
-const (
-	CapStart       Capability = "start"
-	CapStop        Capability = "stop"
-	CapInfo        Capability = "info"
-	CapConsoleLog  Capability = "consoleLog"  // Machine implements ConsoleLogger
-	CapResize      Capability = "resize"      // Machine implements Resizer
-	CapConstraints Capability = "constraints" // Stack implements ConstraintsValidator
-	CapBootstrap   Capability = "bootstrap"   // Schema.NewBootstrap != nil / bootstrap templates
-	// snap (issue 13): Machine implements Snapshotter (snapshot.go)
-	CapSnapshot Capability = "snapshot"
-	CapFirewall Capability = "firewall" // Machine implements Firewaller (firewall.go)
-	// CapResources ("resources", Provider.Inventory set) is in resources.go.
-)
-
 // ErrUnsupported is returned (wrapped) by an operation the provider does not offer, e.g. a
 // plugin's proxy machine asked to Resize by a plugin that did not advertise CapResize. Kloud maps
 // it to -32005.
