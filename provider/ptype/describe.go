@@ -1,6 +1,9 @@
 package ptype
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"fmt"
+)
 
 // Field describes one field of a credential or bootstrap type, for forms in the UI and CLI.
 // provider.Fields lists them from a type's struct tags, provider.SchemaFields from a part's JSON
@@ -53,4 +56,24 @@ type Description struct {
 	Unavailable string  `json:"unavailable,omitempty"` // why not, in plain language
 	// Constraints is the provider's constraints vocabulary (Provider.Constraints), if any.
 	Constraints []Constraint `json:"constraints,omitempty"`
+}
+
+// SchemaDialect is the $schema of every schema of a provider's parts (JSON Schema 2020-12).
+const SchemaDialect = "https://json-schema.org/draft/2020-12/schema"
+
+// CheckSchemaHeader checks what can be checked of a part's JSON Schema without compiling it: a
+// JSON object whose "$schema" is SchemaDialect and whose "type" is "object". provider.CheckSchema
+// checks this and compiles it.
+func CheckSchemaHeader(schema json.RawMessage) error {
+	var top struct {
+		Schema string `json:"$schema"`
+		Type   string `json:"type"`
+	}
+	if err := json.Unmarshal(schema, &top); err != nil {
+		return fmt.Errorf("schema: not a JSON object: %w", err)
+	}
+	if top.Schema != SchemaDialect || top.Type != "object" {
+		return fmt.Errorf("schema: want \"$schema\": %q and \"type\": \"object\", got %q and %q", SchemaDialect, top.Schema, top.Type)
+	}
+	return nil
 }
