@@ -57,7 +57,7 @@ type Provider struct {
 	// value. A plugin's proxy sets it: the plugin decodes in its own process with its own types.
 	// Nil: decoded in process with the Schema's New* type (see DecodePart).
 	Decoder func(ctx context.Context, part string, raw, old json.RawMessage) (json.RawMessage, error)
-	// Constraints, if set, returns the provider's constraints vocabulary (constraints.go): what
+	// Constraints, if set, returns the provider's constraints vocabulary (ptype/constraints.go): what
 	// its machines may ask for, shown by provider.describe and checked by its
 	// ConstraintsValidator. It may depend on the host (the memory it has). Nil: none declared.
 	Constraints func() []Constraint
