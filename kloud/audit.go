@@ -35,18 +35,11 @@ import (
 // calls queues on the embedded store's one connection).
 const auditTimeout = 30 * time.Second
 
-// Actions recorded besides RPC methods.
+// Actions recorded besides RPC methods (and the relays': relay.ActionTerminalOpen, ...).
 const (
-	auditWebLogin       = "web.login"
-	auditWebLogout      = "web.logout"
-	auditTerminalOpen   = "terminal.open"
-	auditTerminalClose  = "terminal.close"
-	auditTerminalKill   = "terminal.kill"
-	auditTerminalRename = "terminal.rename"
-	auditForwardOpen    = "portforward.open"
-	auditForwardClose   = "portforward.close"
-	auditAppOpen        = "app.open"
-	auditPrune          = "audit.prune"
+	auditWebLogin  = "web.login"
+	auditWebLogout = "web.logout"
+	auditPrune     = "audit.prune"
 )
 
 // audit appends e (Time, Seq and hashes are the store's). A failure is logged, never returned:

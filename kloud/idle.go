@@ -324,7 +324,7 @@ func (s *Server) idleCheck(ctx context.Context, m *Machine, timeout time.Duratio
 	case !now.Before(deadline):
 		return s.idleStop(ctx, m, timeout, deadline)
 	case !now.Before(warnAt) && s.idle.warnOnce(m.ID, deadline):
-		n := s.term.notice(m.ID, fmt.Sprintf("\r\n[kloud] machine %s has been idle for %s and will be stopped in %s (at %s UTC); type anything to keep it running.\r\n",
+		n := s.relay.Notice(m.ID, fmt.Sprintf("\r\n[kloud] machine %s has been idle for %s and will be stopped in %s (at %s UTC); type anything to keep it running.\r\n",
 			m.Label, ShortDuration(now.Sub(base)), ShortDuration(deadline.Sub(now)), deadline.UTC().Format("15:04:05")))
 		s.log.Info("idle stop: warned", "machine", m.ID, "deadline", deadline, "terminals", n)
 	}

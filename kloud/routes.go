@@ -316,7 +316,6 @@ type httpRoute struct {
 // httpRoutes lists kloud's HTTP routes. The web UI (package web) adds "/" through Handle, and
 // providers mount their own services (the local provider's machine API) below.
 func (s *Server) httpRoutes() []httpRoute {
-	login := newLoginLimiter(loginFailLimit, loginWindow)
 	return []httpRoute{
 		{"/kite", "kite handshake (kite key or session)", s.Kite},
 		{"GET /kite/keys", "anyone", http.HandlerFunc(s.serveKeys)},
@@ -325,27 +324,28 @@ func (s *Server) httpRoutes() []httpRoute {
 		// metrics.go
 		{"GET /metrics", "kloud admins (session or kite key); --metrics-addr: anyone there", http.HandlerFunc(s.serveMetrics)},
 		{"GET /dl/klient", "anyone", http.HandlerFunc(s.serveKlient)},
-		// web_api_login.go
-		{"POST /api/login", "anyone (password; rate limited)", s.handleLogin(login)},
-		{"POST /api/logout", "session", http.HandlerFunc(s.handleLogout)},
-		{"GET /api/session", "session cookie", http.HandlerFunc(s.handleSession)},
-		// sso.go: OpenID Connect login (404 page when kloud serve has no --oidc-issuer)
-		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.handleLoginMethods)},
-		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.handleSSOLogin)},
-		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.handleSSOCallback)},
-		// terminal.go: users who may open a terminal on the machine; klient attaches with a ticket
-		{"GET /api/machines/{id}/terminal", "session or kite key; owner, team admin, share", http.HandlerFunc(s.term.serveTerminal)},
-		{"GET /api/machines/{id}/sessions", "session or kite key; as terminal", http.HandlerFunc(s.term.serveSessions)},
-		{"DELETE /api/machines/{id}/sessions/{session}", "session or kite key; as terminal", http.HandlerFunc(s.term.serveKill)},
-		{"POST /api/machines/{id}/sessions/{session}/rename", "session or kite key; as terminal", http.HandlerFunc(s.term.serveRename)},
-		{"GET " + klientapi.AttachPath, "the machine's klient, with a ticket", http.HandlerFunc(s.term.serveAttach)},
-		// portforward.go: a machine's ports for its owner and terminal/full shares (web apps are
-		// served on their own hosts, Server.AppURL, before this table)
-		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.serveTCP)},
-		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.apps.serveOpen)},
-		// plugins.go: each provider's own HTTP service (provider.HandlerPrefix), looked up per
-		// request, so a plugin registering later is served; the service authenticates itself
-		{"/provider/", "the provider's service decides", http.HandlerFunc(s.serveProvider)},
+		// kloud/login: passwords and sessions
+		{"POST /api/login", "anyone (password; rate limited)", http.HandlerFunc(s.login.HandleLogin)},
+		{"POST /api/logout", "session", http.HandlerFunc(s.login.HandleLogout)},
+		{"GET /api/session", "session cookie", http.HandlerFunc(s.login.HandleSession)},
+		// kloud/login: OpenID Connect login (404 page when kloud serve has no --oidc-issuer)
+		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.login.HandleMethods)},
+		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.login.HandleSSOLogin)},
+		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.login.HandleSSOCallback)},
+		// kloud/relay (terminal.go): users who may open a terminal on the machine; klient
+		// attaches with a ticket
+		{"GET /api/machines/{id}/terminal", "session or kite key; owner, team admin, share", http.HandlerFunc(s.relay.ServeTerminal)},
+		{"GET /api/machines/{id}/sessions", "session or kite key; as terminal", http.HandlerFunc(s.relay.ServeSessions)},
+		{"DELETE /api/machines/{id}/sessions/{session}", "session or kite key; as terminal", http.HandlerFunc(s.relay.ServeKill)},
+		{"POST /api/machines/{id}/sessions/{session}/rename", "session or kite key; as terminal", http.HandlerFunc(s.relay.ServeRename)},
+		{"GET " + klientapi.AttachPath, "the machine's klient, with a ticket", http.HandlerFunc(s.relay.ServeAttach)},
+		// kloud/relay (ports.go, apps.go): a machine's ports for its owner and terminal/full
+		// shares (web apps are served on their own hosts, Server.AppURL, before this table)
+		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.relay.ServeTCP)},
+		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.relay.ServeOpen)},
+		// kloud/pluginhost: each provider's own HTTP service (provider.HandlerPrefix), looked up
+		// per request, so a plugin registering later is served; the service authenticates itself
+		{"/provider/", "the provider's service decides", http.HandlerFunc(s.plugins.ServeProvider)},
 
 		// ops: backup.go (kloud backup; docs/operations.md "Backup and restore")
 		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.serveBackup)},
@@ -402,17 +402,16 @@ func (s *Server) jobKinds() map[string]jobKind {
 // backgroundTasks run while the server serves, each in its own goroutine until ctx ends.
 func (s *Server) backgroundTasks() []func(ctx context.Context) {
 	return []func(ctx context.Context){
-		s.presence.run,   // storeadapt.go: kontrol's presence written to the store
-		s.runJobsLoop,    // jobs.go: recover interrupted jobs; reconcile.go: stuck states
-		s.trackAgents,    // agents.go: machines' agent status from kontrol's registrations
-		s.closeTerminals, // terminal.go: close every web terminal at shutdown
-		s.apps.closeIdle, // portforward.go: drop the web apps' idle tunnels at shutdown
-		s.retain,         // retention.go: prune finished jobs, expired revocations, stale kite records
-		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
-		s.runGC,          // gc.go: sweep the providers' resources kloud no longer wants
-		s.monitorStore,   // health.go: log a store outage once, and its end
-		s.pollMetrics,    // metrics.go: machines' figures and quota use for /metrics
-		s.runIdle,        // idle.go: write activity, warn and stop idle machines
+		s.presence.run, // storeadapt.go: kontrol's presence written to the store
+		s.runJobsLoop,  // jobs.go: recover interrupted jobs; reconcile.go: stuck states
+		s.trackAgents,  // agents.go: machines' agent status from kontrol's registrations
+		s.relay.Run,    // kloud/relay: at shutdown, close every web terminal and drop the web apps' idle tunnels
+		s.retain,       // retention.go: prune finished jobs, expired revocations, stale kite records
+		s.plugins.Run,  // kloud/pluginhost: launch and supervise the plugin directory's providers
+		s.runGC,        // gc.go: sweep the providers' resources kloud no longer wants
+		s.monitorStore, // health.go: log a store outage once, and its end
+		s.pollMetrics,  // metrics.go: machines' figures and quota use for /metrics
+		s.runIdle,      // idle.go: write activity, warn and stop idle machines
 	}
 }
 

@@ -35,10 +35,12 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/login"
+	"github.com/kloud-dev/kloud/kloud/pluginhost"
+	"github.com/kloud-dev/kloud/kloud/relay"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 	"github.com/kloud-dev/kloud/provider"
-	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // Defaults of Options, applied by Options.defaults; kloud serve's flags take theirs from these.
@@ -102,15 +104,16 @@ type Options struct {
 	// limit; kloud serve --default-quota).
 	DefaultQuota Quota
 	// PluginDir holds the provider plugins kloud launches and supervises, kloud-provider-NAME
-	// (plugins.go). Default <DataDir>/plugins.
+	// (kloud/pluginhost). Default <DataDir>/plugins.
 	PluginDir string
-	// Plugins configure the plugin launcher (zero: its defaults: sandboxed as uid 65534).
+	// Plugins configure the plugin launcher (kloud/pluginhost; zero: its defaults: sandboxed as
+	// uid 65534).
 	Plugins PluginOptions
 	// Terraformer runs Terraform for kloud (nil: stack and bootstrap work fails with a clear
 	// error until one is set with SetTerraformer).
 	Terraformer Terraformer
 	// AppsHost is the host under which machines' web apps get their own origins,
-	// p<port>--m<machine id>.<AppsHost> (portforward.go): default DefaultAppsHost
+	// p<port>--m<machine id>.<AppsHost> (kloud/relay): default DefaultAppsHost
 	// ("localhost", on kloud's port); "off" turns web apps off (kloud port-forward still works).
 	AppsHost string
 	// GC configures the garbage collection of the providers' resources: the periodic sweep and
@@ -125,8 +128,8 @@ type Options struct {
 	// MetricsInterval is how often the machines' figures (their klient's kite.systemInfo) and
 	// the quota use are polled for the metrics (default DefaultMetricsInterval, 15s).
 	MetricsInterval time.Duration
-	// SSO configures OpenID Connect login beside passwords (sso.go; kloud serve --oidc-*); an
-	// empty Issuer turns it off.
+	// SSO configures OpenID Connect login beside passwords (kloud/login; kloud serve
+	// --oidc-*); an empty Issuer turns it off.
 	SSO SSOOptions
 	// Doctor are more checks kloud.doctor runs (doctor.go; kloud serve adds the provider
 	// mirror's and the local provider's base image's).
@@ -187,18 +190,15 @@ type Server struct {
 	jobs      *jobRunner
 	presence  *storePresence
 	revs      *storeRevocations
-	term      *termHub           // web terminals (terminal.go)
-	apps      *appsHub           // machines' web apps on their own hosts (portforward.go)
+	relay     *relay.Hub         // terminals, port forwards, web apps on their own hosts (relay.go)
 	kinds     map[string]jobKind // job kinds (routes.go)
 	idle      *idleTracker       // activity seen, warnings sent (idle.go)
 
-	metrics     *kloudMetrics // Prometheus collectors (metrics.go)
-	sso         *ssoHub       // single sign-on (sso.go); nil when off
-	rate        *rateLimiter  // each user's calls (ratelimit.go); nil: no limit
-	planJobs    planSlots     // each user's running plan jobs (stacks_plan.go)
-	plugins     *plugin.Host  // provider plugins: proxies in providers, their status (plugins.go)
-	launcher    *launcher     // starts the plugin directory's plugins (set by ServeListener)
-	pluginsDone chan struct{}
+	metrics  *kloudMetrics    // Prometheus collectors (metrics.go)
+	login    *login.Service   // the web login: passwords, sessions, single sign-on (kloud/login, wired in web_api_login.go)
+	rate     *rateLimiter     // each user's calls (ratelimit.go); nil: no limit
+	planJobs planSlots        // each user's running plan jobs (stacks_plan.go)
+	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -260,14 +260,17 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.loadKlient()
-	s.plugins = plugin.NewHost(plugin.HostOptions{Registry: s.providers, Logger: opts.Logger, KloudVersion: version.Version})
-	s.kinds = s.jobKinds()
-	if opts.SSO.Enabled() {
-		s.sso = &ssoHub{s: s, o: opts.SSO}
+	if s.plugins, err = pluginhost.New(pluginhost.Options{Registry: s.providers, Keys: s.Kontrol, Dir: opts.PluginDir,
+		StateDir: filepath.Join(opts.DataDir, "plugin-state"), Launch: opts.Plugins, TLS: opts.TLS != nil, CACert: opts.CACert,
+		PublicURL: opts.PublicURL, KloudVersion: version.Version, Logger: opts.Logger}); err != nil {
+		return nil, fmt.Errorf("kloud: %w", err)
 	}
-	s.term = newTermHub(s)
+	s.kinds = s.jobKinds()
+	if s.login, err = newLogin(s); err != nil { // web_api_login.go
+		return nil, fmt.Errorf("kloud: %w", err)
+	}
 	s.idle = newIdleTracker()
-	if s.apps, err = newAppsHub(s); err != nil {
+	if s.relay, err = newRelay(s); err != nil {
 		return nil, err
 	}
 	s.watchComponents() // metrics.go
@@ -304,7 +307,7 @@ func (o *Options) defaults() error {
 	if err := o.Limits.defaults(); err != nil {
 		return err
 	}
-	if err := o.SSO.defaults(); err != nil { // sso.go
+	if err := o.SSO.Defaults(); err != nil { // kloud/login
 		return err
 	}
 	if err := o.Idle.defaults(); err != nil { // idle.go
@@ -322,7 +325,6 @@ func (o *Options) defaults() error {
 	if o.PluginDir == "" {
 		o.PluginDir = filepath.Join(o.DataDir, "plugins")
 	}
-	o.Plugins.defaults()
 	if o.PublicURL == "" {
 		_, port, err := net.SplitHostPort(o.Addr)
 		if err != nil {
@@ -481,9 +483,7 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	if s.opts.Listening != nil {
 		s.opts.Listening(ln.Addr())
 	}
-	s.launcher = &launcher{s: s, o: s.opts.Plugins, dir: s.opts.PluginDir, stateDir: filepath.Join(s.opts.DataDir, "plugin-state"),
-		url: loopbackKiteURL(ln.Addr(), s.opts.TLS != nil), running: map[string]*launched{}, refused: map[string]string{}}
-	s.pluginsDone = make(chan struct{})
+	s.plugins.SetKiteURL(pluginhost.LoopbackKiteURL(ln.Addr(), s.opts.TLS != nil))
 	bctx, stop := context.WithCancel(ctx)
 	defer stop()
 	s.startBackground(bctx)
@@ -492,13 +492,13 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	select {
 	case err := <-errc:
 		stop()
-		<-s.pluginsDone
+		<-s.plugins.Done()
 		s.Close()
 		return fmt.Errorf("kloud: serve: %w", err)
 	case <-ctx.Done():
 	}
 	// Plugins first (SIGTERM, SIGKILL after their grace), while their connections still work.
-	<-s.pluginsDone
+	<-s.plugins.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s.Kite.Close()

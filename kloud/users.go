@@ -21,7 +21,7 @@ import (
 
 // Users and teams: user.add (kloud admins), user.list, user.whoami, user.setPassword,
 // team.create, team.list, team.addMember, team.removeMember. Passwords are hashed with argon2id
-// (login is in web_api_login.go). Team membership changes are compare-and-swap updates of the
+// (login is kloud/login). Team membership changes are compare-and-swap updates of the
 // team's members array: the embedded store has neither positional updates nor $elemMatch, and
 // a conditional update on the array as read is atomic on both backends.
 

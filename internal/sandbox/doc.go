@@ -1,7 +1,7 @@
 // Package sandbox runs a program unprivileged, in its own pid and mount namespaces, seeing only
 // what it needs: the calling binary re-executed as a launcher. terraformer runs every terraform
 // command through it (terraformer/tfsandbox, the terraform-specific layer: Terraform CLI config,
-// terraform-exec), and kloud its provider plugins (kloud/plugins.go). Start reading at [MaybeRun]
+// terraform-exec), and kloud its provider plugins (kloud/pluginhost). Start reading at [MaybeRun]
 // (which every program that launches through it calls first in main or TestMain) and [Config]
 // (what the launcher is told); the stages are in launch.go and init.go. Below, "terraform" is
 // Config.Program, whichever program that is.

@@ -18,7 +18,7 @@ import (
 )
 
 // `kloud provider list` and `kloud provider install`: providers in-tree and out of process
-// (provider plugins, kloud/plugins.go); `kloud key create --provider` is in cli.go.
+// (provider plugins, kloud/pluginhost); `kloud key create --provider` is in cli.go.
 
 func providerListCmd(g *globals) *cobra.Command {
 	return &cobra.Command{

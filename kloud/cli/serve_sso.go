@@ -11,7 +11,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 )
 
-// serveSSO is kloud serve's single sign-on flags (kloud/sso.go).
+// serveSSO is kloud serve's single sign-on flags (kloud/login).
 type serveSSO struct {
 	secretFile string
 	scopes     []string

@@ -1,12 +1,10 @@
-package kloud
+package login
 
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,11 +17,11 @@ import (
 	"github.com/coreos/go-oidc/v3/oidc"
 	"golang.org/x/oauth2"
 
-	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/kloudhttp"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
-// Single sign-on with OpenID Connect, beside passwords (web_api_login.go):
+// Single sign-on with OpenID Connect, beside passwords (login.go):
 //
 //	GET /api/login/methods  {password: true, sso: {url, issuer}?}: what the login page offers
 //	GET /api/oidc/login     starts the authorization code flow: a fresh state, nonce and PKCE
@@ -51,9 +49,10 @@ import (
 const (
 	SSOLoginPath    = "/api/oidc/login"
 	SSOCallbackPath = "/api/oidc/callback"
-	ssoCookie       = "kloud_oidc"
-	ssoFlowTTL      = 10 * time.Minute
-	ssoFlowAAD      = "kloud/oidc-flow"
+	// SSOCookie is the sign-in flow's cookie, between the redirect and the callback.
+	SSOCookie  = "kloud_oidc"
+	ssoFlowTTL = 10 * time.Minute
+	ssoFlowAAD = "kloud/oidc-flow"
 )
 
 // DefaultSSOScopes are the scopes requested unless SSOOptions.Scopes says otherwise.
@@ -81,7 +80,9 @@ type SSOOptions struct {
 // Enabled reports whether single sign-on is configured.
 func (o SSOOptions) Enabled() bool { return o.Issuer != "" }
 
-func (o *SSOOptions) defaults() error {
+// Defaults fills the unset fields of a configured single sign-on and checks the rest (kloud
+// checks them at start, before anything else).
+func (o *SSOOptions) Defaults() error {
 	if o.Issuer == "" {
 		return nil
 	}
@@ -109,7 +110,6 @@ func (o *SSOOptions) defaults() error {
 // ssoHub serves single sign-on. The provider's discovery document is fetched at the first login
 // (and again after a failure), so kloud starts while the provider is down.
 type ssoHub struct {
-	s    *Server
 	o    SSOOptions
 	mu   sync.Mutex
 	prov *oidc.Provider
@@ -141,10 +141,11 @@ func (h *ssoHub) provider(ctx context.Context) (*oidc.Provider, error) {
 	return p, nil
 }
 
-func (h *ssoHub) oauth2(p *oidc.Provider) *oauth2.Config {
+func (s *Service) oauth2(p *oidc.Provider) *oauth2.Config {
+	h := s.sso
 	return &oauth2.Config{
 		ClientID: h.o.ClientID, ClientSecret: h.o.ClientSecret, Endpoint: p.Endpoint(),
-		RedirectURL: h.s.opts.PublicURL + SSOCallbackPath, Scopes: h.o.Scopes,
+		RedirectURL: s.o.PublicURL + SSOCallbackPath, Scopes: h.o.Scopes,
 	}
 }
 
@@ -173,25 +174,26 @@ type SSOMethod struct {
 	Issuer string `json:"issuer"`
 }
 
-func (s *Server) handleLoginMethods(w http.ResponseWriter, r *http.Request) {
+// HandleMethods serves GET /api/login/methods.
+func (s *Service) HandleMethods(w http.ResponseWriter, r *http.Request) {
 	m := LoginMethods{Password: true}
 	if s.sso != nil {
 		m.SSO = &SSOMethod{URL: SSOLoginPath, Issuer: s.sso.o.Issuer}
 	}
-	writeJSON(w, http.StatusOK, m)
+	kloudhttp.WriteJSON(w, http.StatusOK, m)
 }
 
-func (s *Server) ssoOff(w http.ResponseWriter) bool {
+func (s *Service) ssoOff(w http.ResponseWriter) bool {
 	if s.sso == nil {
-		appPage(w, http.StatusNotFound, "Single sign-on is off",
+		kloudhttp.Page(w, http.StatusNotFound, "Single sign-on is off",
 			errors.New("this kloud has no OpenID provider configured (kloud serve --oidc-issuer); log in with your password"))
 		return true
 	}
 	return false
 }
 
-// handleSSOLogin starts a login at the provider.
-func (s *Server) handleSSOLogin(w http.ResponseWriter, r *http.Request) {
+// HandleSSOLogin serves GET /api/oidc/login: it starts a login at the provider.
+func (s *Service) HandleSSOLogin(w http.ResponseWriter, r *http.Request) {
 	if s.ssoOff(w) {
 		return
 	}
@@ -199,7 +201,7 @@ func (s *Server) handleSSOLogin(w http.ResponseWriter, r *http.Request) {
 	p, err := h.provider(r.Context())
 	if err != nil {
 		s.log.Error("sso: discovery", "err", err)
-		appPage(w, http.StatusBadGateway, "Single sign-on is unavailable", fmt.Errorf("kloud cannot reach its OpenID provider (%s); try again later or log in with your password", h.o.Issuer))
+		kloudhttp.Page(w, http.StatusBadGateway, "Single sign-on is unavailable", fmt.Errorf("kloud cannot reach its OpenID provider (%s); try again later or log in with your password", h.o.Issuer))
 		return
 	}
 	f := ssoFlow{Verifier: oauth2.GenerateVerifier(), Expires: time.Now().Add(ssoFlowTTL)}
@@ -212,33 +214,33 @@ func (s *Server) handleSSOLogin(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		s.log.Error("sso: start", "err", err)
-		appPage(w, http.StatusInternalServerError, "Single sign-on failed", errors.New("see kloud's log"))
+		kloudhttp.Page(w, http.StatusInternalServerError, "Single sign-on failed", errors.New("see kloud's log"))
 		return
 	}
 	// Lax: the provider's redirect back is a cross-site top-level GET, which carries it.
-	http.SetCookie(w, &http.Cookie{Name: ssoCookie, Value: cookie, Path: "/api/oidc/", MaxAge: int(ssoFlowTTL / time.Second),
+	http.SetCookie(w, &http.Cookie{Name: SSOCookie, Value: cookie, Path: "/api/oidc/", MaxAge: int(ssoFlowTTL / time.Second),
 		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: s.secureCookies(r)})
-	u := h.oauth2(p).AuthCodeURL(f.State, oidc.Nonce(f.Nonce), oauth2.S256ChallengeOption(f.Verifier))
+	u := s.oauth2(p).AuthCodeURL(f.State, oidc.Nonce(f.Nonce), oauth2.S256ChallengeOption(f.Verifier))
 	http.Redirect(w, r, u, http.StatusFound)
 }
 
-func (s *Server) sealSSOFlow(f ssoFlow) (string, error) {
+func (s *Service) sealSSOFlow(f ssoFlow) (string, error) {
 	b, err := json.Marshal(f)
 	if err != nil {
 		return "", err
 	}
-	sealed, err := s.store.Seal(b, []byte(ssoFlowAAD))
+	sealed, err := s.o.Store.Seal(b, []byte(ssoFlowAAD))
 	if err != nil {
 		return "", err
 	}
 	return base64.RawURLEncoding.EncodeToString(sealed), nil
 }
 
-func (s *Server) openSSOFlow(v string) (ssoFlow, error) {
+func (s *Service) openSSOFlow(v string) (ssoFlow, error) {
 	var f ssoFlow
 	b, err := base64.RawURLEncoding.DecodeString(v)
 	if err == nil {
-		b, err = s.store.Open(b, []byte(ssoFlowAAD))
+		b, err = s.o.Store.Open(b, []byte(ssoFlowAAD))
 	}
 	if err == nil {
 		err = json.Unmarshal(b, &f)
@@ -250,6 +252,27 @@ func (s *Server) openSSOFlow(v string) (ssoFlow, error) {
 		return f, errors.New("the sign-in took longer than 10 minutes")
 	}
 	return f, nil
+}
+
+// SealFlow seals a sign-in flow as the kloud_oidc cookie (SSOCookie) carries it between
+// HandleSSOLogin and the callback; a test plays a browser with it (a flow whose nonce is not
+// the ID token's).
+func (s *Service) SealFlow(state, nonce, verifier string) (string, error) {
+	return s.sealSSOFlow(ssoFlow{State: state, Nonce: nonce, Verifier: verifier, Expires: time.Now().Add(ssoFlowTTL)})
+}
+
+// VerifyIDToken checks a raw ID token as the callback does: signature, issuer, audience (this
+// kloud's client id), expiry and nonce. Single sign-on must be on.
+func (s *Service) VerifyIDToken(ctx context.Context, raw, nonce string) error {
+	if s.sso == nil {
+		return errors.New("single sign-on is off")
+	}
+	p, err := s.sso.provider(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = s.sso.verify(ctx, p, raw, nonce)
+	return err
 }
 
 // ssoError is a callback failure shown to the browser (msg) and logged (err).
@@ -269,13 +292,14 @@ func (e *ssoError) Unwrap() error { return e.err }
 
 func ssoFail(code int, msg string, err error) error { return &ssoError{code: code, msg: msg, err: err} }
 
-// handleSSOCallback finishes a login: the provider redirected the browser here with a code.
-func (s *Server) handleSSOCallback(w http.ResponseWriter, r *http.Request) {
+// HandleSSOCallback serves GET /api/oidc/callback: it finishes a login; the provider
+// redirected the browser here with a code.
+func (s *Service) HandleSSOCallback(w http.ResponseWriter, r *http.Request) {
 	if s.ssoOff(w) {
 		return
 	}
 	// One use: the flow cookie goes whatever happens.
-	http.SetCookie(w, &http.Cookie{Name: ssoCookie, Value: "", Path: "/api/oidc/", MaxAge: -1,
+	http.SetCookie(w, &http.Cookie{Name: SSOCookie, Value: "", Path: "/api/oidc/", MaxAge: -1,
 		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: s.secureCookies(r)})
 	u, err := s.ssoCallback(r)
 	if err != nil {
@@ -283,29 +307,29 @@ func (s *Server) handleSSOCallback(w http.ResponseWriter, r *http.Request) {
 		if !errors.As(err, &se) {
 			se = &ssoError{code: http.StatusInternalServerError, msg: "see kloud's log", err: err}
 		}
-		s.log.Warn("sso login refused", "ip", clientIP(r), "err", err)
-		s.auditHTTP(r, auditWebLogin, "", "sso", se.code)
-		appPage(w, se.code, "Single sign-on failed", errors.New(se.msg+"; go back to kloud and sign in again"))
+		s.log.Warn("sso login refused", "ip", kloudhttp.ClientIP(r), "err", err)
+		s.o.Audit.AuditLogin(r, "", "sso", se.code)
+		kloudhttp.Page(w, se.code, "Single sign-on failed", errors.New(se.msg+"; go back to kloud and sign in again"))
 		return
 	}
 	if _, err := s.startSession(w, r, u); err != nil {
 		s.log.Error("issue session", "user", u.Username, "err", err)
-		appPage(w, http.StatusInternalServerError, "Single sign-on failed", errors.New("could not issue a session; see kloud's log"))
+		kloudhttp.Page(w, http.StatusInternalServerError, "Single sign-on failed", errors.New("could not issue a session; see kloud's log"))
 		return
 	}
-	s.log.Info("login", "user", u.Username, "ip", clientIP(r), "via", "sso", "issuer", s.sso.o.Issuer)
-	s.auditHTTP(r, auditWebLogin, u.Username, "sso", http.StatusOK)
+	s.log.Info("login", "user", u.Username, "ip", kloudhttp.ClientIP(r), "via", "sso", "issuer", s.sso.o.Issuer)
+	s.o.Audit.AuditLogin(r, u.Username, "sso", http.StatusOK)
 	http.Redirect(w, r, "/#/machines", http.StatusFound)
 }
 
-func (s *Server) ssoCallback(r *http.Request) (*User, error) {
+func (s *Service) ssoCallback(r *http.Request) (*model.User, error) {
 	h := s.sso
 	ctx := r.Context()
 	q := r.URL.Query()
 	if e := q.Get("error"); e != "" {
 		return nil, ssoFail(http.StatusUnauthorized, fmt.Sprintf("the identity provider said %q (%s)", e, q.Get("error_description")), nil)
 	}
-	c, err := r.Cookie(ssoCookie)
+	c, err := r.Cookie(SSOCookie)
 	if err != nil || c.Value == "" {
 		return nil, ssoFail(http.StatusBadRequest, "no sign-in was started in this browser (or it expired)", nil)
 	}
@@ -324,7 +348,7 @@ func (s *Server) ssoCallback(r *http.Request) (*User, error) {
 	if err != nil {
 		return nil, ssoFail(http.StatusBadGateway, "kloud cannot reach its OpenID provider", err)
 	}
-	tok, err := h.oauth2(p).Exchange(h.ctx(ctx), code, oauth2.VerifierOption(f.Verifier))
+	tok, err := s.oauth2(p).Exchange(h.ctx(ctx), code, oauth2.VerifierOption(f.Verifier))
 	if err != nil {
 		return nil, ssoFail(http.StatusUnauthorized, "the provider refused the code", err)
 	}
@@ -400,204 +424,6 @@ func (c ssoClaims) groups(claim string) []string {
 			}
 		}
 		return out
-	}
-	return nil
-}
-
-// ssoUser returns the user bound to the identity, creating it at its first login, and brings
-// its team memberships in line with the groups claim.
-func (s *Server) ssoUser(ctx context.Context, c ssoClaims) (*User, error) {
-	ids := s.store.Identities()
-	var username string
-	id, err := ids.Get(ctx, c.Issuer, c.Subject)
-	switch {
-	case err == nil:
-		username = id.Username
-	case errors.Is(err, store.ErrNotFound):
-		if username, err = s.ssoCreate(ctx, c); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, fmt.Errorf("look up identity: %w", err)
-	}
-	u, err := s.loadUser(ctx, username)
-	if err != nil {
-		return nil, ssoFail(http.StatusForbidden, fmt.Sprintf("the kloud user %q of this identity is gone; ask an administrator", username), err)
-	}
-	// A binding whose user was replaced (removed, and a local user of the name added) does not
-	// sign in as the new one.
-	if u.SSOIssuer != c.Issuer {
-		return nil, ssoFail(http.StatusForbidden, fmt.Sprintf("the kloud user %q is not this identity's; ask an administrator", username), nil)
-	}
-	if err := s.ssoTeams(ctx, u, c.groups(s.sso.o.GroupsClaim)); err != nil {
-		return nil, err
-	}
-	return u, nil
-}
-
-// ssoCreate creates the user of a first login and binds the identity to it. The binding is
-// inserted first: of two concurrent first logins of one subject, one wins and the other uses
-// its user.
-func (s *Server) ssoCreate(ctx context.Context, c ssoClaims) (string, error) {
-	ids := s.store.Identities()
-	email := c.str("email")
-	if len(email) > 254 || !strings.Contains(email, "@") || strings.ContainsAny(email, " \t\r\n") {
-		email = ""
-	}
-	for _, name := range ssoCandidates(c) {
-		if slices.Contains(api.ReservedUsernames(), name) {
-			continue
-		}
-		taken, err := s.userExists(ctx, name)
-		if err != nil {
-			return "", err
-		}
-		if taken {
-			continue
-		}
-		err = ids.Insert(ctx, store.Identity{Issuer: c.Issuer, Subject: c.Subject, Username: name})
-		if errors.Is(err, store.ErrConflict) { // a concurrent first login bound it
-			id, err := ids.Get(ctx, c.Issuer, c.Subject)
-			if err != nil {
-				return "", fmt.Errorf("look up identity: %w", err)
-			}
-			return id.Username, nil
-		}
-		if err != nil {
-			return "", fmt.Errorf("bind identity: %w", err)
-		}
-		err = s.store.Users().Insert(ctx, User{Username: name, Email: email, SSOIssuer: c.Issuer, CreatedAt: s.store.Now()})
-		if errors.Is(err, store.ErrConflict) { // the name was taken meanwhile: never take it over
-			if err := ids.Delete(ctx, c.Issuer, c.Subject, name); err != nil {
-				return "", err
-			}
-			continue
-		}
-		if err != nil {
-			ids.Delete(ctx, c.Issuer, c.Subject, name)
-			return "", fmt.Errorf("add user %s: %w", name, err)
-		}
-		s.log.Info("user added", "user", name, "by", "sso", "issuer", c.Issuer, "subject", c.Subject)
-		return name, nil
-	}
-	return "", ssoFail(http.StatusConflict, "no free kloud username for this identity; ask an administrator", nil)
-}
-
-// ssoCandidates are the usernames a first login tries, in order: preferred_username, the
-// email's local part, then name-2 … name-9 of the first of them that is a valid name, and last
-// "sso-" and 12 hex digits of sha256(issuer " " subject).
-func ssoCandidates(c ssoClaims) []string {
-	var base string
-	for _, v := range []string{c.str("preferred_username"), c.str("email"), c.str("nickname")} {
-		if n := ssoName(v); n != "" {
-			base = n
-			break
-		}
-	}
-	var out []string
-	if base != "" {
-		out = append(out, base)
-		for i := 2; i <= 9; i++ {
-			b := base
-			if len(b) > 30 {
-				b = strings.TrimRight(b[:30], "-")
-			}
-			out = append(out, fmt.Sprintf("%s-%d", b, i))
-		}
-	}
-	sum := sha256.Sum256([]byte(store.IdentityID(c.Issuer, c.Subject)))
-	return append(out, "sso-"+hex.EncodeToString(sum[:6]))
-}
-
-// ssoName makes a kloud username of a claim: the part before "@", lower case, runs of other
-// characters than a-z and 0-9 as one "-", at most 32 characters, starting with a letter; ""
-// if nothing valid is left.
-func ssoName(v string) string {
-	v, _, _ = strings.Cut(strings.ToLower(strings.TrimSpace(v)), "@")
-	var b strings.Builder
-	dash := false
-	for _, r := range v {
-		switch {
-		case r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
-			if b.Len() == 0 && r <= '9' {
-				continue // must start with a letter
-			}
-			b.WriteRune(r)
-			dash = false
-		case b.Len() > 0 && !dash:
-			b.WriteByte('-')
-			dash = true
-		}
-	}
-	n := strings.Trim(b.String(), "-")
-	if len(n) > 32 {
-		n = strings.TrimRight(n[:32], "-")
-	}
-	if api.CheckName("username", n) != nil {
-		return ""
-	}
-	return n
-}
-
-// ssoTeams adds u to each team named by a group, and removes it from the teams single sign-on
-// added it to whose group is gone. A membership made by hand is left alone, and so is a
-// team admin's.
-func (s *Server) ssoTeams(ctx context.Context, u *User, groups []string) error {
-	want := map[string]bool{}
-	for _, g := range groups {
-		if api.CheckName("team", g) == nil {
-			want[g] = true
-		}
-	}
-	teams, err := s.store.Teams().OfMember(ctx, u.Username)
-	if err != nil {
-		return fmt.Errorf("load teams of %s: %w", u.Username, err)
-	}
-	member := map[string]string{}
-	for _, t := range teams {
-		for _, m := range t.Members {
-			if m.Username == u.Username {
-				member[t.Slug] = m.Role
-			}
-		}
-	}
-	var managed []string
-	for _, t := range u.SSOTeams {
-		switch {
-		case want[t]:
-			managed = append(managed, t)
-		case member[t] == RoleMember:
-			if err := s.setMember(ctx, t, u.Username, ""); err != nil && !errors.Is(err, store.ErrNotFound) {
-				s.log.Warn("sso: leave team", "user", u.Username, "team", t, "err", err)
-				managed = append(managed, t)
-				continue
-			}
-			s.log.Info("team member removed", "team", t, "user", u.Username, "by", "sso (group gone)")
-		}
-	}
-	for g := range want {
-		if member[g] != "" {
-			continue // a member already (maybe by hand): leave the role alone
-		}
-		if _, err := s.store.Teams().Get(ctx, g); err != nil {
-			if !errors.Is(err, store.ErrNotFound) {
-				return fmt.Errorf("load team %s: %w", g, err)
-			}
-			continue // a group that names no team
-		}
-		if err := s.setMember(ctx, g, u.Username, RoleMember); err != nil {
-			return fmt.Errorf("add %s to team %s: %w", u.Username, g, err)
-		}
-		s.log.Info("team member set", "team", g, "user", u.Username, "role", RoleMember, "by", "sso (group)")
-		managed = append(managed, g)
-	}
-	slices.Sort(managed)
-	managed = slices.Compact(managed)
-	if !slices.Equal(managed, u.SSOTeams) {
-		if err := s.store.Users().SetSSOTeams(ctx, u.Username, managed); err != nil {
-			return err
-		}
-		u.SSOTeams = managed
 	}
 	return nil
 }
