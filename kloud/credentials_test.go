@@ -539,11 +539,12 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	orphan := func(credID string, tfJobs []string) string {
-		jid, err := st.Jobs().Create(ctx, store.Job{Kind: "credential.bootstrap", Target: "credential/" + credID, Owner: "alice",
-			Params: map[string]any{"credential": credID, "destroy": false}})
+		jid, err := st.Jobs().Create(ctx, store.Job{Kind: "credential.bootstrap", Target: "credential/" + credID, Owner: "alice"})
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Its params as a kloud before typed job params wrote them (a map): it resumes all the same.
+		storetest.SetFields(t, st, store.CollJobs, jid, map[string]any{"params": map[string]any{"credential": credID, "destroy": false}})
 		if _, err := st.Jobs().Start(ctx, jid, "a-dead-kloud"); err != nil {
 			t.Fatal(err)
 		}

@@ -187,10 +187,10 @@ type Server struct {
 	jobs      *jobRunner
 	presence  *storePresence
 	revs      *storeRevocations
-	term      *termHub           // web terminals (terminal.go)
-	apps      *appsHub           // machines' web apps on their own hosts (portforward.go)
-	kinds     map[string]jobKind // job kinds (routes.go)
-	idle      *idleTracker       // activity seen, warnings sent (idle.go)
+	term      *termHub              // web terminals (terminal.go)
+	apps      *appsHub              // machines' web apps on their own hosts (portforward.go)
+	kinds     map[string]anyJobKind // job kinds (routes.go)
+	idle      *idleTracker          // activity seen, warnings sent (idle.go)
 
 	metrics     *kloudMetrics // Prometheus collectors (metrics.go)
 	sso         *ssoHub       // single sign-on (sso.go); nil when off
