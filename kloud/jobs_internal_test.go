@@ -1,7 +1,9 @@
 package kloud
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -125,4 +127,50 @@ func jsonMap(t *testing.T, v any) map[string]any {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// TestJobKindRunDoc: a kind decodes and checks its params before running, fails a recovered job
+// it cannot resume, and stores the result it returns (also beside an error), none when zero.
+func TestJobKindRunDoc(t *testing.T) {
+	t.Parallel()
+	var got []stackbuild.ApplyParams
+	k := jobKind[stackbuild.ApplyParams, stackbuild.StackResult]{name: jobStackApply,
+		run: func(_ context.Context, _ *jobCtx, p stackbuild.ApplyParams) (stackbuild.StackResult, error) {
+			got = append(got, p)
+			if p.Destroy {
+				return stackbuild.StackResult{StackID: p.StackID}, errors.New("machines failed")
+			}
+			return stackbuild.StackResult{}, nil
+		}}
+	job := func(params map[string]any) *jobCtx {
+		d, err := store.EncodeDoc(params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &jobCtx{Job: store.Job{ID: "j", Kind: jobStackApply, Params: d}}
+	}
+	ctx := t.Context()
+	// A document stack.apply did not make: refused before running.
+	for _, bad := range []map[string]any{{"lease": "l"}, {"stackId": "s"}, {"stackId": "s", "lease": "l", "destroy": "yes"}} {
+		if _, err := k.runDoc(ctx, job(bad), false); err == nil {
+			t.Errorf("%v: ran", bad)
+		}
+	}
+	if len(got) != 0 {
+		t.Fatalf("ran with %+v", got)
+	}
+	// An old job (a map without destroy) runs; a zero result is none.
+	res, err := k.runDoc(ctx, job(map[string]any{"stackId": "s", "lease": "l"}), false)
+	if err != nil || !res.IsZero() || len(got) != 1 || got[0] != (stackbuild.ApplyParams{StackID: "s", Lease: "l"}) {
+		t.Fatalf("run: %v %v %+v", res.Map(), err, got)
+	}
+	// A result beside an error is kept.
+	res, err = k.runDoc(ctx, job(map[string]any{"stackId": "s", "lease": "l", "destroy": true}), false)
+	if err == nil || !reflect.DeepEqual(res.Map(), map[string]any{"stackId": "s"}) {
+		t.Fatalf("failed run: %v %v", res.Map(), err)
+	}
+	// No recover: a recovered job fails with the reason, without running.
+	if _, err := k.runDoc(ctx, job(map[string]any{"stackId": "s", "lease": "l"}), true); err == nil || !strings.Contains(err.Error(), "run it again") || len(got) != 2 {
+		t.Fatalf("recovered: %v (runs %d)", err, len(got))
+	}
 }
