@@ -126,13 +126,13 @@ func TestAuditRecordsCalls(t *testing.T) {
 		user, method string
 		params       any
 	}{
-		{"alice", "credential.list", map[string]any{}},
-		{"alice", "credential.describe", map[string]any{"credentialId": credID}},
+		{"alice", "credential.list", api.CredentialListParams{}},
+		{"alice", "credential.describe", api.CredentialRef{CredentialID: credID}},
 		{"alice", "user.whoami", nil},
 		{"alice", "team.list", nil},
-		{"alice", "stack.list", map[string]any{}},
-		{"alice", "template.list", map[string]any{}},
-		{"alice", "job.list", map[string]any{}},
+		{"alice", "stack.list", api.StackListParams{}},
+		{"alice", "template.list", api.TemplateListParams{}},
+		{"alice", "job.list", api.JobListParams{}},
 		{"alice", "kloud.version", nil},
 		{kloud.Admin, "audit.verify", nil},
 		{kloud.Admin, "user.list", nil},
@@ -142,7 +142,7 @@ func TestAuditRecordsCalls(t *testing.T) {
 	}
 	// audit.list and audit.verify are for kloud admins.
 	wantErr(t, errOf(w.client("alice").AuditList(w.t.Context(), api.AuditListParams{})), kite.ErrPermission, "alice lists the audit log")
-	wantErr(t, w.call("alice", "audit.verify", nil, nil), kite.ErrPermission, "alice verifies the audit log")
+	wantErr(t, errOf(w.client("alice").AuditVerify(w.t.Context())), kite.ErrPermission, "alice verifies the audit log")
 	after := auditEntries(t, admin)
 	if len(after) != len(before) {
 		t.Fatalf("read-only calls added entries: %+v", after[len(before):])

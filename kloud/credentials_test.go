@@ -346,7 +346,7 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 		t.Fatalf("remove a credential a stack uses: %v", err)
 	}
 	var pd api.ProviderDescribeResult
-	w.must("carol", "provider.describe", nil, &pd)
+	w.ok(into(&pd)(w.client("carol").ProviderDescribe(w.t.Context(), api.ProviderDescribeParams{})), "provider.describe")
 	if len(pd.Providers) != 1 || pd.Providers[0].Name != "testcloud" || len(pd.Providers[0].Credential) != 6 || !pd.Providers[0].Credential[2].Secret ||
 		!pd.Providers[0].Credential[5].Immutable || !strings.Contains(string(pd.Providers[0].Schemas.Credential), `"immutable":true`) {
 		t.Fatalf("provider.describe: %+v", pd)

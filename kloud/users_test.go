@@ -230,18 +230,18 @@ func TestUsersAndTeams(t *testing.T) {
 	w.ok(errOf(w.client(kloud.Admin).UserAdd(w.t.Context(), api.UserAddParams{Username: "erin", Team: "red", Role: "admin"})), "user.add")
 
 	var who api.WhoamiResult
-	w.must("bob", "user.whoami", nil, &who)
+	w.ok(into(&who)(w.client("bob").UserWhoami(w.t.Context())), "user.whoami")
 	if who.Username != "bob" || who.Admin || len(who.Teams) != 1 || who.Teams[0] != (api.TeamRole{Slug: "red", Title: "Red team", Role: kloud.RoleMember}) || who.AuthType != kite.AuthKiteKey {
 		t.Fatalf("whoami bob: %+v", who)
 	}
-	w.must(kloud.Admin, "user.whoami", nil, &who)
+	w.ok(into(&who)(w.client(kloud.Admin).UserWhoami(w.t.Context())), "user.whoami")
 	if !who.Admin || len(who.Teams) != 1 || who.Teams[0].Slug != kloud.DefaultTeam {
 		t.Fatalf("whoami admin: %+v", who)
 	}
 
 	teamSlugs := func(user string) string {
 		var res api.TeamListResult
-		w.must(user, "team.list", nil, &res)
+		w.ok(into(&res)(w.client(user).TeamList(w.t.Context())), "team.list")
 		var s []string
 		for _, t := range res.Teams {
 			s = append(s, t.Slug+":"+t.Role)
@@ -256,7 +256,7 @@ func TestUsersAndTeams(t *testing.T) {
 
 	userNames := func(user string) (string, api.UserListResult) {
 		var res api.UserListResult
-		w.must(user, "user.list", nil, &res)
+		w.ok(into(&res)(w.client(user).UserList(w.t.Context())), "user.list")
 		var s []string
 		for _, u := range res.Users {
 			s = append(s, u.Username)
