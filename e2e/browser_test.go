@@ -149,9 +149,9 @@ func TestBrowserTerminal(t *testing.T) {
 	le := newLocalEnv(t)
 	e := le.env
 	password := browserUsers(t, e)
-	// kloud's terminal endpoint (kloud/terminal.go) answers 401 without a session.
+	// kloud's terminal endpoint (kloud/relay/terminal.go) answers 401 without a session.
 	if code := httpStatus(t, e.url()+"/api/machines/none/sessions"); code != http.StatusUnauthorized {
-		t.Fatalf("GET /api/machines/none/sessions without a session = %d, want 401 (kloud/terminal.go)", code)
+		t.Fatalf("GET /api/machines/none/sessions without a session = %d, want 401 (kloud/relay/terminal.go)", code)
 	}
 	runUI(t, e, node, script, out, "KLOUD_PASSWORD="+password, "KLOUD_TERMINAL=1", "KLOUD_RESTART=1",
 		"KLOUD_SHARE_USER=bob", "KLOUD_SHARE_PASSWORD="+password,

@@ -35,18 +35,11 @@ import (
 // calls queues on the embedded store's one connection).
 const auditTimeout = 30 * time.Second
 
-// Actions recorded besides RPC methods.
+// Actions recorded besides RPC methods (and the relays': relay.ActionTerminalOpen, ...).
 const (
-	auditWebLogin       = "web.login"
-	auditWebLogout      = "web.logout"
-	auditTerminalOpen   = "terminal.open"
-	auditTerminalClose  = "terminal.close"
-	auditTerminalKill   = "terminal.kill"
-	auditTerminalRename = "terminal.rename"
-	auditForwardOpen    = "portforward.open"
-	auditForwardClose   = "portforward.close"
-	auditAppOpen        = "app.open"
-	auditPrune          = "audit.prune"
+	auditWebLogin  = "web.login"
+	auditWebLogout = "web.logout"
+	auditPrune     = "audit.prune"
 )
 
 // audit appends e (Time, Seq and hashes are the store's). A failure is logged, never returned:
@@ -219,10 +212,10 @@ func (s *Server) auditHTTP(r *http.Request, action, user, target string, status 
 }
 
 // auditList serves audit.list.
-func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *api.AuditListParams) (any, error) {
+func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *api.AuditListParams) (api.AuditListResult, error) {
 	es, err := s.store.Audit().List(ctx, store.AuditFilter{User: p.User, Action: p.Action, Target: p.Target, Since: p.Since, Limit: p.Limit})
 	if err != nil {
-		return nil, err
+		return api.AuditListResult{}, err
 	}
 	res := api.AuditListResult{Entries: make([]api.AuditEntry, 0, len(es))}
 	for _, e := range es {
@@ -234,10 +227,10 @@ func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *a
 }
 
 // auditVerify serves audit.verify.
-func (s *Server) auditVerify(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) auditVerify(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.AuditVerifyResult, error) {
 	v, err := s.store.Audit().Verify(ctx)
 	if err != nil {
-		return nil, err
+		return api.AuditVerifyResult{}, err
 	}
 	return api.AuditVerifyResult{OK: v.OK, From: v.From, Checked: v.Checked, Head: v.Head, HeadHash: v.HeadHash,
 		BadSeq: v.BadSeq, Problem: v.Problem}, nil

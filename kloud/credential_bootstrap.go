@@ -36,24 +36,24 @@ func bootstrapContentID(team, credID string, i int) string {
 	return fmt.Sprintf("bootstrap-%s-%s-%d", team, credID, i)
 }
 
-func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialBootstrapParams) (any, error) {
+func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialBootstrapParams) (api.BootstrapResult, error) {
 	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
-		return nil, err
+		return api.BootstrapResult{}, err
 	}
 	if err := manageCheck(c, cr, "bootstrap"); err != nil {
-		return nil, err
+		return api.BootstrapResult{}, err
 	}
 	if _, err := s.providers.Lookup(cr.Provider); err != nil {
-		return nil, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
+		return api.BootstrapResult{}, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
 	}
 	if !p.Destroy { // what an earlier bootstrap made can always be destroyed
 		if err := s.capable(cr.Provider, api.MethodCredentialBootstrap, provider.CapBootstrap); err != nil {
-			return nil, err
+			return api.BootstrapResult{}, err
 		}
 	}
 	if _, err := s.terraformer(); err != nil {
-		return nil, err
+		return api.BootstrapResult{}, err
 	}
 	status := BootstrapRunning
 	if p.Destroy {
@@ -68,28 +68,28 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 		case !p.Destroy && b.Status == BootstrapDone:
 			return api.BootstrapResult{JobID: b.JobID, Status: b.Status, AlreadyDone: true}, nil
 		case p.Destroy && len(b.ContentIDs) == 0 && b.Status != BootstrapRunning && b.Status != BootstrapDestroying:
-			return nil, fmt.Errorf("credential %s has no bootstrap resources to destroy: %w", cr.ID, kite.ErrState)
+			return api.BootstrapResult{}, fmt.Errorf("credential %s has no bootstrap resources to destroy: %w", cr.ID, kite.ErrState)
 		}
 		var stale *Bootstrap
 		if b.Status == BootstrapRunning || b.Status == BootstrapDestroying {
 			if !s.staleBootstrap(ctx, b) {
-				return nil, fmt.Errorf("credential %s: bootstrap job %s is running; wait for it to end: %w", cr.ID, b.JobID, kite.ErrConflict)
+				return api.BootstrapResult{}, fmt.Errorf("credential %s: bootstrap job %s is running; wait for it to end: %w", cr.ID, b.JobID, kite.ErrConflict)
 			}
 			// Its job is gone: take the claim over, exactly as it was read.
 			stale = b
 		}
 		claimed, err := s.store.Credentials().ClaimBootstrap(ctx, cr.ID, status, p.Destroy, stale)
 		if err != nil {
-			return nil, fmt.Errorf("credential %s: %w", cr.ID, err)
+			return api.BootstrapResult{}, fmt.Errorf("credential %s: %w", cr.ID, err)
 		}
 		if claimed {
 			return s.startBootstrap(ctx, c, cr, status, p.Destroy)
 		}
 		if cr, err = s.loadCredential(ctx, c, p.CredentialID); err != nil {
-			return nil, err
+			return api.BootstrapResult{}, err
 		}
 	}
-	return nil, fmt.Errorf("credential %s: bootstrap state changed concurrently; try again: %w", p.CredentialID, kite.ErrConflict)
+	return api.BootstrapResult{}, fmt.Errorf("credential %s: bootstrap state changed concurrently; try again: %w", p.CredentialID, kite.ErrConflict)
 }
 
 // staleBootstrap reports whether a running bootstrap has no live job behind it.
@@ -104,13 +104,13 @@ func (s *Server) staleBootstrap(ctx context.Context, b *Bootstrap) bool {
 	return j.Status.Done()
 }
 
-func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, status string, destroy bool) (any, error) {
+func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, status string, destroy bool) (api.BootstrapResult, error) {
 	jobID, err := bootstrapJob.Start(ctx, s, "credential/"+cr.ID, c.Username, bootstrapParams{Credential: cr.ID, Destroy: destroy})
 	if err != nil {
 		if ferr := s.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
 			s.log.ErrorContext(ctx, "roll back a bootstrap whose job did not start", "credential", cr.ID, "err", ferr)
 		}
-		return nil, err
+		return api.BootstrapResult{}, err
 	}
 	// The job records itself too; whichever comes first.
 	if _, err := s.store.Credentials().SetBootstrapJob(ctx, cr.ID, jobID); err != nil {

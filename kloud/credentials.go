@@ -259,52 +259,52 @@ func defaultTeam(c *Caller, team string) (string, error) {
 	return "", fmt.Errorf("you are in several teams (%s): say which with team: %w", strings.Join(names, ", "), kite.ErrInvalidParams)
 }
 
-func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialAddParams) (any, error) {
+func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialAddParams) (api.CredentialAddResult, error) {
 	team, err := defaultTeam(c, p.Team)
 	if err != nil {
-		return nil, err
+		return api.CredentialAddResult{}, err
 	}
 	if !c.InTeam(team) {
-		return nil, fmt.Errorf("team %q: you are not a member: %w", team, kite.ErrPermission)
+		return api.CredentialAddResult{}, fmt.Errorf("team %q: you are not a member: %w", team, kite.ErrPermission)
 	}
 	if _, err := s.loadTeam(ctx, team); err != nil {
-		return nil, err
+		return api.CredentialAddResult{}, err
 	}
 	prov, err := s.providers.Lookup(p.Provider)
 	if err != nil {
-		return nil, fmt.Errorf("%s (providers: %s): %w", err.Error(), strings.Join(s.providers.Names(), ", "), kite.ErrInvalidParams)
+		return api.CredentialAddResult{}, fmt.Errorf("%s (providers: %s): %w", err.Error(), strings.Join(s.providers.Names(), ", "), kite.ErrInvalidParams)
 	}
 	if !prov.HasPart(provider.PartCredential) {
-		return nil, fmt.Errorf("provider %s takes no credential: %w", p.Provider, kite.ErrInvalidParams)
+		return api.CredentialAddResult{}, fmt.Errorf("provider %s takes no credential: %w", p.Provider, kite.ErrInvalidParams)
 	}
 	// The secrets as sent, to keep them out of decoding errors.
 	var raw map[string]any
 	if len(p.Data) > 0 {
 		if err := json.Unmarshal(p.Data, &raw); err != nil {
-			return nil, fmt.Errorf("data must be a JSON object of the provider's fields: %w", kite.ErrInvalidParams)
+			return api.CredentialAddResult{}, fmt.Errorf("data must be a JSON object of the provider's fields: %w", kite.ErrInvalidParams)
 		}
 	}
 	secretFields := partSecrets(prov, provider.PartCredential)
 	red := redactor(secretValues(raw, secretFields))
 	val, err := prov.DecodePart(ctx, provider.PartCredential, p.Data, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%s credential: %s (see kloud provider describe %s): %w", p.Provider, red.String(err.Error()), p.Provider, kite.ErrInvalidParams)
+		return api.CredentialAddResult{}, fmt.Errorf("%s credential: %s (see kloud provider describe %s): %w", p.Provider, red.String(err.Error()), p.Provider, kite.ErrInvalidParams)
 	}
 	plain, err := json.Marshal(val)
 	if err != nil {
-		return nil, fmt.Errorf("encode credential: %w", err)
+		return api.CredentialAddResult{}, fmt.Errorf("encode credential: %w", err)
 	}
 	id := store.NewID()
 	sealed, err := s.store.Seal(plain, credentialAAD(id))
 	if err != nil {
-		return nil, err
+		return api.CredentialAddResult{}, err
 	}
 	public, set := publicAndSet(val, secretFields)
 	now := s.store.Now()
 	cr := Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
 		Public: public, Secret: set, Bootstrap: &Bootstrap{Status: BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
 	if err := s.store.Credentials().Insert(ctx, cr); err != nil {
-		return nil, fmt.Errorf("add credential: %w", err)
+		return api.CredentialAddResult{}, fmt.Errorf("add credential: %w", err)
 	}
 	s.log.InfoContext(ctx, "credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
 	return api.CredentialAddResult{ID: id}, nil
@@ -343,39 +343,39 @@ func publicAndSet(val any, secretFields map[string]bool) (map[string]any, []stri
 // resets a field), decoded by the provider against the old value (immutable fields, the type's
 // ValidUpdate), sealed and stored in one update that fails if the credential changed meanwhile.
 // The provider's verdict is reset: authenticate it again.
-func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialUpdateParams) (any, error) {
+func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialUpdateParams) (api.CredentialUpdateResult, error) {
 	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
-		return nil, err
+		return api.CredentialUpdateResult{}, err
 	}
 	if err := manageCheck(c, cr, "update"); err != nil {
-		return nil, err
+		return api.CredentialUpdateResult{}, err
 	}
 	if b := cr.Bootstrap; b != nil && (b.Status == BootstrapRunning || b.Status == BootstrapDestroying) {
-		return nil, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
+		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
 	}
 	prov, err := s.providers.Lookup(cr.Provider)
 	if err != nil {
-		return nil, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
+		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
 	}
 	if !prov.HasPart(provider.PartCredential) {
-		return nil, fmt.Errorf("provider %s takes no credential: %w", cr.Provider, kite.ErrInvalidParams)
+		return api.CredentialUpdateResult{}, fmt.Errorf("provider %s takes no credential: %w", cr.Provider, kite.ErrInvalidParams)
 	}
 	oldPlain, err := s.store.Open(cr.Sealed, credentialAAD(cr.ID))
 	if err != nil {
-		return nil, fmt.Errorf("credential %s: %w", cr.ID, err)
+		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s: %w", cr.ID, err)
 	}
 	old := map[string]any{}
 	dec := json.NewDecoder(bytes.NewReader(oldPlain))
 	dec.UseNumber()
 	if err := dec.Decode(&old); err != nil {
-		return nil, fmt.Errorf("credential %s: decode sealed value: %w", cr.ID, err)
+		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s: decode sealed value: %w", cr.ID, err)
 	}
 	patch := map[string]any{}
 	dec = json.NewDecoder(bytes.NewReader(p.Data))
 	dec.UseNumber()
 	if err := dec.Decode(&patch); err != nil {
-		return nil, fmt.Errorf("data must be a JSON object of the fields to change: %w", kite.ErrInvalidParams)
+		return api.CredentialUpdateResult{}, fmt.Errorf("data must be a JSON object of the fields to change: %w", kite.ErrInvalidParams)
 	}
 	secretFields := partSecrets(prov, provider.PartCredential)
 	red := redactor(append(secretValues(patch, secretFields), secretValues(old, secretFields)...))
@@ -389,27 +389,27 @@ func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Reques
 	}
 	raw, err := json.Marshal(merged)
 	if err != nil {
-		return nil, fmt.Errorf("encode credential: %w", err)
+		return api.CredentialUpdateResult{}, fmt.Errorf("encode credential: %w", err)
 	}
 	val, err := prov.DecodePart(ctx, provider.PartCredential, raw, oldPlain)
 	if err != nil {
-		return nil, fmt.Errorf("%s credential %s: %s (see kloud provider describe %s): %w", cr.Provider, cr.ID, red.String(err.Error()), cr.Provider, kite.ErrInvalidParams)
+		return api.CredentialUpdateResult{}, fmt.Errorf("%s credential %s: %s (see kloud provider describe %s): %w", cr.Provider, cr.ID, red.String(err.Error()), cr.Provider, kite.ErrInvalidParams)
 	}
 	plain, err := json.Marshal(val)
 	if err != nil {
-		return nil, fmt.Errorf("encode credential: %w", err)
+		return api.CredentialUpdateResult{}, fmt.Errorf("encode credential: %w", err)
 	}
 	sealed, err := s.store.Seal(plain, credentialAAD(cr.ID))
 	if err != nil {
-		return nil, err
+		return api.CredentialUpdateResult{}, err
 	}
 	public, set := publicAndSet(val, secretFields)
 	ok, err := s.store.Credentials().UpdateValue(ctx, cr.ID, cr.UpdatedAt, sealed, public, set)
 	if err != nil {
-		return nil, err
+		return api.CredentialUpdateResult{}, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("credential %s changed meanwhile (another update, or a bootstrap started); look again and retry: %w", cr.ID, kite.ErrConflict)
+		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s changed meanwhile (another update, or a bootstrap started); look again and retry: %w", cr.ID, kite.ErrConflict)
 	}
 	changed := []string{}
 	newM := toJSONMap(val)
@@ -441,12 +441,12 @@ func isZeroJSON(v any) bool {
 
 // credentialList lists the credentials of the caller's teams (every team's for kloud admins),
 // metadata only.
-func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialListParams) (any, error) {
+func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialListParams) (api.CredentialListResult, error) {
 	f := store.CredentialFilter{Provider: p.Provider}
 	switch {
 	case p.Team != "":
 		if !c.InTeam(p.Team) {
-			return nil, notFound("team", p.Team)
+			return api.CredentialListResult{}, notFound("team", p.Team)
 		}
 		f.Teams = []string{p.Team}
 	case c.Admin:
@@ -456,7 +456,7 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 	}
 	list, err := s.store.Credentials().List(ctx, f)
 	if err != nil {
-		return nil, fmt.Errorf("list credentials: %w", err)
+		return api.CredentialListResult{}, fmt.Errorf("list credentials: %w", err)
 	}
 	out := api.CredentialListResult{Credentials: []Credential{}}
 	for _, cr := range list {
@@ -466,10 +466,10 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 	return out, nil
 }
 
-func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (any, error) {
+func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.CredentialView, error) {
 	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
-		return nil, err
+		return api.CredentialView{}, err
 	}
 	v := api.CredentialView{Credential: *cr, Fields: []api.CredentialField{}}
 	if prov, err := s.providers.Lookup(cr.Provider); err == nil {
@@ -488,27 +488,27 @@ func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Requ
 
 // credentialRemove deletes a credential (owner or team admin) that no live stack uses and
 // whose bootstrap resources are gone.
-func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (any, error) {
+func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.CredentialRemoveResult, error) {
 	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
-		return nil, err
+		return api.CredentialRemoveResult{}, err
 	}
 	if err := manageCheck(c, cr, "remove"); err != nil {
-		return nil, err
+		return api.CredentialRemoveResult{}, err
 	}
 	if b := cr.Bootstrap; b != nil {
 		switch b.Status {
 		case BootstrapRunning, BootstrapDestroying:
-			return nil, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
+			return api.CredentialRemoveResult{}, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
 		case BootstrapDone, BootstrapFailed:
 			if len(b.ContentIDs) > 0 {
-				return nil, fmt.Errorf("credential %s has bootstrap resources; remove them first with `kloud credential bootstrap %s --destroy`: %w", cr.ID, cr.ID, kite.ErrState)
+				return api.CredentialRemoveResult{}, fmt.Errorf("credential %s has bootstrap resources; remove them first with `kloud credential bootstrap %s --destroy`: %w", cr.ID, cr.ID, kite.ErrState)
 			}
 		}
 	}
 	stacks, err := s.store.Stacks().UsingCredential(ctx, cr.Provider, cr.ID)
 	if err != nil {
-		return nil, fmt.Errorf("find stacks using credential %s: %w", cr.ID, err)
+		return api.CredentialRemoveResult{}, fmt.Errorf("find stacks using credential %s: %w", cr.ID, err)
 	}
 	var live []string
 	for _, st := range stacks {
@@ -517,15 +517,15 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 		}
 	}
 	if len(live) > 0 {
-		return nil, fmt.Errorf("credential %s is used by stack(s) %s; destroy them first (kloud stack destroy ID): %w", cr.ID, strings.Join(live, ", "), kite.ErrState)
+		return api.CredentialRemoveResult{}, fmt.Errorf("credential %s is used by stack(s) %s; destroy them first (kloud stack destroy ID): %w", cr.ID, strings.Join(live, ", "), kite.ErrState)
 	}
 	// Delete only what was checked: a bootstrap that started meanwhile keeps it.
 	deleted, err := s.store.Credentials().DeleteIdle(ctx, cr.ID)
 	if err != nil {
-		return nil, err
+		return api.CredentialRemoveResult{}, err
 	}
 	if !deleted {
-		return nil, fmt.Errorf("credential %s changed meanwhile (a bootstrap started?); look again: %w", cr.ID, kite.ErrConflict)
+		return api.CredentialRemoveResult{}, fmt.Errorf("credential %s changed meanwhile (a bootstrap started?); look again: %w", cr.ID, kite.ErrConflict)
 	}
 	s.log.InfoContext(ctx, "credential removed", "credential", cr.ID, "by", c.Username)
 	return api.CredentialRemoveResult{ID: cr.ID, Removed: true}, nil
@@ -544,23 +544,23 @@ func (s *Server) credentialStack(p *provider.Provider, cr *Credential, owner str
 }
 
 // credentialAuthenticate asks the provider whether the credential works and records the answer.
-func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (any, error) {
+func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.AuthenticateResult, error) {
 	cr, err := s.loadCredential(ctx, c, p.CredentialID)
 	if err != nil {
-		return nil, err
+		return api.AuthenticateResult{}, err
 	}
 	prov, err := s.providers.Lookup(cr.Provider)
 	if err != nil {
-		return nil, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
+		return api.AuthenticateResult{}, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
 	}
 	pc, err := s.providerCredential(prov, cr)
 	if err != nil {
-		return nil, err
+		return api.AuthenticateResult{}, err
 	}
 	red := redactor(secretValues(pc.Value, provider.SecretFields(pc.Value)))
 	st, err := s.credentialStack(prov, cr, c.Username)
 	if err != nil {
-		return nil, red.Err(err)
+		return api.AuthenticateResult{}, red.Err(err)
 	}
 	res := api.AuthenticateResult{ID: cr.ID, Verified: true}
 	if verr := st.VerifyCredential(ctx, pc); verr != nil {
@@ -570,13 +570,13 @@ func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.
 		}
 	}
 	if err := s.store.Credentials().SetVerified(ctx, cr.ID, res.Verified, res.Error); err != nil {
-		return nil, fmt.Errorf("record verification of credential %s: %w", cr.ID, err)
+		return api.AuthenticateResult{}, fmt.Errorf("record verification of credential %s: %w", cr.ID, err)
 	}
 	s.log.InfoContext(ctx, "credential verified", "credential", cr.ID, "verified", res.Verified, "by", c.Username)
 	return res, nil
 }
 
-func (s *Server) providerDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderDescribeParams) (any, error) {
+func (s *Server) providerDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderDescribeParams) (api.ProviderDescribeResult, error) {
 	out := api.ProviderDescribeResult{Providers: []provider.Description{}}
 	for _, name := range s.providers.Names() {
 		if p.Provider != "" && name != p.Provider {
@@ -589,7 +589,7 @@ func (s *Server) providerDescribe(ctx context.Context, c *Caller, _ *kite.Reques
 		out.Providers = append(out.Providers, provider.Describe(prov))
 	}
 	if p.Provider != "" && len(out.Providers) == 0 {
-		return nil, fmt.Errorf("provider %q (providers: %s): %w", p.Provider, strings.Join(s.providers.Names(), ", "), kite.ErrNotFound)
+		return api.ProviderDescribeResult{}, fmt.Errorf("provider %q (providers: %s): %w", p.Provider, strings.Join(s.providers.Names(), ", "), kite.ErrNotFound)
 	}
 	return out, nil
 }

@@ -27,7 +27,7 @@ type DoctorCheck func(ctx context.Context) api.DoctorCheck
 // doctorTimeout bounds each of doctor's checks that talks to something.
 const doctorTimeout = 5 * time.Second
 
-func (s *Server) kloudDoctor(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) kloudDoctor(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.DoctorResult, error) {
 	res := api.DoctorResult{KloudVersion: version.Version}
 	add := func(ch api.DoctorCheck) { res.Checks = append(res.Checks, ch) }
 	rd := s.Readiness(ctx)

@@ -40,7 +40,7 @@ func (e *codedError) Unwrap() []error { return []error{e.err, e.code} }
 // wireError gives an error a handler returns the kite code of the store condition it wraps,
 // unless it already carries a kite code (a handler's own decision wins). Every path by which a
 // store error reaches a client goes through it: RPC handlers (handle, authz.go), HTTP handlers
-// (writeErr, terminal.go) and kontrol's key store (storeKeys, storeadapt.go).
+// (writeErr, httpauth.go; the relays' through relayDeps, relay.go) and kontrol's key store (storeKeys, storeadapt.go).
 func wireError(err error) error {
 	if err == nil {
 		return nil

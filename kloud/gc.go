@@ -68,22 +68,22 @@ func (o *GCOptions) defaults() {
 }
 
 // gcRun serves gc.run.
-func (s *Server) gcRun(ctx context.Context, c *Caller, _ *kite.Request, p *api.GCRunParams) (any, error) {
+func (s *Server) gcRun(ctx context.Context, c *Caller, _ *kite.Request, p *api.GCRunParams) (api.GCResult, error) {
 	if !c.Admin {
-		return nil, fmt.Errorf("gc.run is for kloud administrators: %w", kite.ErrPermission)
+		return api.GCResult{}, fmt.Errorf("gc.run is for kloud administrators: %w", kite.ErrPermission)
 	}
 	if p.Provider != "" {
 		pr, err := s.providers.Lookup(p.Provider)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", err, kite.ErrNotFound)
+			return api.GCResult{}, fmt.Errorf("%w: %w", err, kite.ErrNotFound)
 		}
 		if !pr.Can(provider.CapResources) {
-			return nil, fmt.Errorf("provider %s does not list its resources (no %q capability): %w", p.Provider, provider.CapResources, provider.ErrUnsupported)
+			return api.GCResult{}, fmt.Errorf("provider %s does not list its resources (no %q capability): %w", p.Provider, provider.CapResources, provider.ErrUnsupported)
 		}
 	}
 	res, err := s.collectGarbage(ctx, p.DryRun, p.Provider)
 	if err != nil {
-		return nil, err
+		return api.GCResult{}, err
 	}
 	s.log.InfoContext(ctx, "gc.run", "by", c.Username, "dryRun", p.DryRun, "garbage", len(res.Garbage))
 	return res, nil

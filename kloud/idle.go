@@ -324,7 +324,7 @@ func (s *Server) idleCheck(ctx context.Context, m *Machine, timeout time.Duratio
 	case !now.Before(deadline):
 		return s.idleStop(ctx, m, timeout, deadline)
 	case !now.Before(warnAt) && s.idle.warnOnce(m.ID, deadline):
-		n := s.term.notice(m.ID, fmt.Sprintf("\r\n[kloud] machine %s has been idle for %s and will be stopped in %s (at %s UTC); type anything to keep it running.\r\n",
+		n := s.relay.Notice(m.ID, fmt.Sprintf("\r\n[kloud] machine %s has been idle for %s and will be stopped in %s (at %s UTC); type anything to keep it running.\r\n",
 			m.Label, ShortDuration(now.Sub(base)), ShortDuration(deadline.Sub(now)), deadline.UTC().Format("15:04:05")))
 		s.log.Info("idle stop: warned", "machine", m.ID, "deadline", deadline, "terminals", n)
 	}
@@ -436,18 +436,18 @@ func ShortDuration(d time.Duration) string {
 }
 
 // machineSet serves machine.set: the machine's own idle settings (its owner, team admins).
-func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineSetParams) (any, error) {
+func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineSetParams) (api.Machine, error) {
 	m, err := s.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
-		return nil, err
+		return api.Machine{}, err
 	}
 	if !c.CanManage(m.Owner, m.Team) {
-		return nil, fmt.Errorf("machine %s belongs to %s: only its owner and team admins change its settings: %w", m.Label, m.Owner, kite.ErrPermission)
+		return api.Machine{}, fmt.Errorf("machine %s belongs to %s: only its owner and team admins change its settings: %w", m.Label, m.Owner, kite.ErrPermission)
 	}
 	set := m.Idle.IdleSettings
 	if p.IdleTimeout != "" {
 		if set.TimeoutSeconds, err = api.ParseIdleTimeout(p.IdleTimeout); err != nil {
-			return nil, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
+			return api.Machine{}, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
 		}
 	}
 	switch {
@@ -458,31 +458,31 @@ func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *
 	}
 	if p.IdleTimeout != "" || p.AlwaysOn != nil || p.ResetAlwaysOn {
 		if err := s.store.Machines().SetIdleSettings(ctx, m.ID, set); err != nil {
-			return nil, err
+			return api.Machine{}, err
 		}
 	}
 	switch p.Autostart {
 	case "":
 	case api.AutostartOff:
 		if err := s.store.Machines().SetAutostart(ctx, m.ID, nil); err != nil {
-			return nil, err
+			return api.Machine{}, err
 		}
 	default:
 		sc, loc, err := api.ParseAutostart(p.Autostart, p.Timezone)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
+			return api.Machine{}, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
 		}
 		if err := s.capable(m.Provider, api.MethodMachineSet, provider.CapStart); err != nil {
-			return nil, err
+			return api.Machine{}, err
 		}
 		a := &Autostart{Schedule: strings.Join(strings.Fields(strings.ToLower(p.Autostart)), " "), TZ: loc.String(), Next: sc.Next(s.store.Now(), loc)}
 		if err := s.store.Machines().SetAutostart(ctx, m.ID, a); err != nil {
-			return nil, err
+			return api.Machine{}, err
 		}
 	}
 	nm, err := s.loadMachine(ctx, c, m.ID)
 	if err != nil {
-		return nil, err
+		return api.Machine{}, err
 	}
 	ms := []Machine{*nm}
 	s.showIdle(ctx, ms)

@@ -263,15 +263,17 @@ func TestIdleCPUKeepsTheMachine(t *testing.T) {
 	ko := idleOpts
 	ko.Idle.CPUInterval = 500 * time.Millisecond
 	e := newTermEnvWith(t, ko)
-	e.set(api.MachineSetParams{IdleTimeout: "3s"})
 	cookie := e.login("alice", "alice-password")
 	term := e.mustOpen(cookie, "session=build")
 	// A bounded busy loop (a build), in the background of the session's shell; the terminal
-	// is closed, the session lives on.
+	// is closed, the session lives on. The timeout is set once the loop runs and while the
+	// terminal is open (an open terminal is activity): set before the login, a slow login on a
+	// loaded host let the idle machine be stopped before the loop began (CI).
+	busyUntil := time.Now().Add(14 * time.Second) // the loop ends no earlier
 	term.Type(t, "timeout 14 sh -c 'while :; do :; done' & echo busy-$((2*21))\r")
 	term.WaitFor(t, "busy-42")
+	e.set(api.MachineSetParams{IdleTimeout: "3s"})
 	term.WS.Close(websocket.StatusNormalClosure, "")
-	busyUntil := time.Now().Add(14 * time.Second)
 
 	for time.Now().Before(busyUntil.Add(-2 * time.Second)) {
 		if mi := e.info(); mi.State != provider.Running {

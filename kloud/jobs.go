@@ -370,10 +370,10 @@ func (s *Server) loadJob(ctx context.Context, c *Caller, id string) (store.Job, 
 	return j, nil
 }
 
-func (s *Server) jobGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (any, error) {
+func (s *Server) jobGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (api.Job, error) {
 	j, err := s.loadJob(ctx, c, p.JobID)
 	if err != nil {
-		return nil, err
+		return api.Job{}, err
 	}
 	return apiJob(j), nil
 }
@@ -397,7 +397,7 @@ func apiJobs(js []store.Job) []api.Job {
 	return out
 }
 
-func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobListParams) (any, error) {
+func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobListParams) (api.JobListResult, error) {
 	f := store.JobFilter{Target: p.Target, Limit: p.Limit}
 	if !c.Admin {
 		f.Owner = c.Username
@@ -407,18 +407,18 @@ func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *api
 	}
 	jobs, err := s.store.Jobs().List(ctx, f)
 	if err != nil {
-		return nil, err
+		return api.JobListResult{}, err
 	}
 	return api.JobListResult{Jobs: apiJobs(jobs)}, nil
 }
 
-func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (any, error) {
+func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (api.Job, error) {
 	if _, err := s.loadJob(ctx, c, p.JobID); err != nil {
-		return nil, err
+		return api.Job{}, err
 	}
 	j, err := s.store.Jobs().RequestCancel(ctx, p.JobID)
 	if err != nil {
-		return nil, err
+		return api.Job{}, err
 	}
 	r := s.runner()
 	r.mu.Lock()
@@ -429,16 +429,16 @@ func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	return apiJob(j), nil
 }
 
-func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *api.JobRef) (any, error) {
+func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *api.JobRef) (api.JobWatchResult, error) {
 	j, err := s.loadJob(ctx, c, p.JobID)
 	if err != nil {
-		return nil, err
+		return api.JobWatchResult{}, err
 	}
 	stream := r.Conn.NewStream("job.event")
 	ch, err := s.store.Jobs().Watch(stream.Context(), p.JobID)
 	if err != nil {
 		stream.End(ctx, err)
-		return nil, err
+		return api.JobWatchResult{}, err
 	}
 	go func() {
 		var seq int64

@@ -67,17 +67,17 @@ func (s *Server) providerMachine(ctx context.Context, c *Caller, m *Machine) (pr
 	return p.Machine(bm)
 }
 
-func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineListParams) (any, error) {
+func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineListParams) (api.MachineListResult, error) {
 	f := store.MachineFilter{Visible: c.Username, StackID: p.StackID}
 	if p.Team != "" {
 		if !c.TeamAdmin(p.Team) {
-			return nil, fmt.Errorf("listing a team's machines needs a team admin: %w", kite.ErrPermission)
+			return api.MachineListResult{}, fmt.Errorf("listing a team's machines needs a team admin: %w", kite.ErrPermission)
 		}
 		f.Visible, f.Team = "", p.Team
 	}
 	ms, err := s.store.Machines().List(ctx, f)
 	if err != nil {
-		return nil, err
+		return api.MachineListResult{}, err
 	}
 	s.showIdle(ctx, ms) // idle.go
 	return api.MachineListResult{Machines: ms, StackTitles: s.stackTitles(ctx, ms)}, nil
@@ -98,10 +98,10 @@ func (s *Server) stackTitles(ctx context.Context, ms []Machine) map[string]strin
 	return out
 }
 
-func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
+func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.MachineInfo, error) {
 	m, err := s.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
-		return nil, err
+		return api.MachineInfo{}, err
 	}
 	cur := m.State
 	show := []Machine{*m}
@@ -117,7 +117,7 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 	}
 	pm, err := s.providerMachine(ctx, c, m)
 	if err != nil {
-		return nil, err
+		return api.MachineInfo{}, err
 	}
 	state, meta, err := pm.Info(ctx)
 	if err != nil {
@@ -138,14 +138,14 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 	return out, nil
 }
 
-func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller, r *kite.Request, p *api.MachineRef) (any, error) {
-	return func(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
+func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller, r *kite.Request, p *api.MachineRef) (api.JobRef, error) {
+	return func(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.JobRef, error) {
 		m, err := s.loadMachine(ctx, c, p.MachineID)
 		if err != nil {
-			return nil, err
+			return api.JobRef{}, err
 		}
 		if m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, GrantFull) {
-			return nil, fmt.Errorf("only the owner may %s machine %s: %w", method, m.Label, kite.ErrPermission)
+			return api.JobRef{}, fmt.Errorf("only the owner may %s machine %s: %w", method, m.Label, kite.ErrPermission)
 		}
 		return s.powerJob(ctx, m, method, c.Username, powerParams{})
 	}
@@ -171,18 +171,18 @@ type machineResult struct {
 
 // powerJob starts the machine.start or machine.stop job of m for user (the idle stop's too,
 // idle.go); p are the job's params but the machine, lease and state it starts from.
-func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, p powerParams) (any, error) {
+func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, p powerParams) (api.JobRef, error) {
 	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	owner, release, err := s.takeLease(ctx, "machine/"+m.ID, method, "machine "+m.Label+" is busy")
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	during, _ := provider.Transition(method)
 	if !s.setMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
 		release()
-		return nil, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
+		return api.JobRef{}, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
 	}
 	p.MachineID, p.Lease, p.From = m.ID, owner, m.State
 	id, err := powerJobKind(method).Start(ctx, s, "machine/"+m.ID, user, p)
@@ -191,7 +191,7 @@ func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, 
 		// finds the machine in a transition without a job.
 		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
 		release()
-		return nil, err
+		return api.JobRef{}, err
 	}
 	return api.JobRef{JobID: id}, nil
 }

@@ -24,7 +24,7 @@ import (
 // or the kite key of an admin, like the terminal routes: "Authorization: Bearer <key>"); with
 // Options.MetricsAddr (kloud serve --metrics-addr) it is also served without authentication on
 // that separate listener, for a Prometheus on a private network. Each component's metrics are
-// defined here and moved by the component (jobs.go, terminal.go, the planner, the store's command
+// defined here and moved by the component (jobs.go, kloud/relay, the planner, the store's command
 // monitor, the kite's Observer); the machines' figures (what their klient reports in
 // kite.systemInfo: cores, load, memory, disk) and the quota use are polled every
 // Options.MetricsInterval by a background task (pollMetrics), never on scrape, so a scrape costs
@@ -177,7 +177,7 @@ func (s *Server) watchComponents() {
 				}
 			}},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kloud", Name: "terminal_sessions", Help: "Web terminals relayed by this kloud now."},
-			func() float64 { return float64(s.term.sessions()) }),
+			func() float64 { return float64(s.relay.Sessions()) }),
 	)
 }
 

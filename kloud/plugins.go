@@ -700,12 +700,12 @@ func (s *Server) isBuiltin(name string) bool {
 // pluginRegister serves plugin.register: plugin keys only (the route's Gate refuses agents; users
 // are refused here), for the provider their key names; the host checks the version and manifest
 // and installs the proxy.
-func (s *Server) pluginRegister(ctx context.Context, r *kite.Request, p *api.PluginRegisterParams) (any, error) {
+func (s *Server) pluginRegister(ctx context.Context, r *kite.Request, p *api.PluginRegisterParams) (api.PluginRegisterResult, error) {
 	if !kitekey.IsPlugin(r.Principal()) {
-		return nil, fmt.Errorf("%s is for provider plugins (plugin keys: `kloud key create --provider NAME`): %w", r.Method, kite.ErrPermission)
+		return api.PluginRegisterResult{}, fmt.Errorf("%s is for provider plugins (plugin keys: `kloud key create --provider NAME`): %w", r.Method, kite.ErrPermission)
 	}
 	if s.isBuiltin(p.Provider.Name) {
-		return nil, fmt.Errorf("provider %q is built into kloud: a plugin cannot replace it: %w", p.Provider.Name, kite.ErrConflict)
+		return api.PluginRegisterResult{}, fmt.Errorf("provider %q is built into kloud: a plugin cannot replace it: %w", p.Provider.Name, kite.ErrConflict)
 	}
 	rp := plugin.RegisterParams(*p)
 	res, err := s.plugins.Register(ctx, r, &rp)
@@ -715,11 +715,11 @@ func (s *Server) pluginRegister(ctx context.Context, r *kite.Request, p *api.Plu
 		s.plugins.SetError(p.Provider.Name, err)
 		s.log.ErrorContext(ctx, "provider plugin refused", "provider", p.Provider.Name, "err", err)
 	}
-	return res, err
+	return deref(res, err)
 }
 
 // providerList serves provider.list: every provider, in-tree and plugin.
-func (s *Server) providerList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) providerList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.ProviderListResult, error) {
 	out := api.ProviderListResult{Providers: []api.ProviderStatus{}}
 	plugins := map[string]plugin.Status{}
 	for _, st := range s.plugins.Status() {
@@ -780,9 +780,9 @@ func capStrings[T ~string](cs []T) []string {
 
 // providerKeyCreate serves provider.keyCreate: a kloud administrator mints the key a remote
 // plugin dials kloud with (no expiry; revocable by its kite id with kontrol.revoke). Logged.
-func (s *Server) providerKeyCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderKeyCreateParams) (any, error) {
+func (s *Server) providerKeyCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderKeyCreateParams) (api.ProviderKeyCreateResult, error) {
 	if s.isBuiltin(p.Provider) {
-		return nil, fmt.Errorf("provider %q is built into kloud: a plugin cannot use its name: %w", p.Provider, kite.ErrConflict)
+		return api.ProviderKeyCreateResult{}, fmt.Errorf("provider %q is built into kloud: a plugin cannot use its name: %w", p.Provider, kite.ErrConflict)
 	}
 	id := p.KiteID
 	if id == "" {
@@ -790,7 +790,7 @@ func (s *Server) providerKeyCreate(ctx context.Context, c *Caller, _ *kite.Reque
 	}
 	key, id, err := s.Kontrol.CreatePluginKey(kitekey.PluginKeySpec{Provider: p.Provider, KiteID: id})
 	if err != nil {
-		return nil, err
+		return api.ProviderKeyCreateResult{}, err
 	}
 	s.log.WarnContext(ctx, "plugin key created", "provider", p.Provider, "kiteId", id, "by", c.Username)
 	return api.ProviderKeyCreateResult{Provider: p.Provider, KiteID: id, Key: key}, nil

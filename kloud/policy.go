@@ -215,18 +215,18 @@ func revisionFiles(t *Template, rev int) (int, []File, error) {
 	return 0, nil, fmt.Errorf("template %s has no revision %d (kept: the last %d): %w", t.ID, rev, maxRevisions, kite.ErrNotFound)
 }
 
-func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (any, error) {
+func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (api.TemplateTrust, error) {
 	spec := &api.TrustSpec{Rules: p.Rules, Reason: p.Reason}
 	if _, err := s.trustSpec(c, spec); err != nil {
-		return nil, err
+		return api.TemplateTrust{}, err
 	}
 	t, err := s.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
 	if err != nil {
-		return nil, err
+		return api.TemplateTrust{}, err
 	}
 	rev, files, err := revisionFiles(t, p.Revision)
 	if err != nil {
-		return nil, err
+		return api.TemplateTrust{}, err
 	}
 	return s.trust(ctx, c, t, rev, files, spec)
 }
@@ -281,13 +281,13 @@ func (s *Server) trust(ctx context.Context, c *Caller, t *Template, rev int, fil
 	return tr, nil
 }
 
-func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (any, error) {
+func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (api.UntrustResult, error) {
 	if !c.TemplateAdmin() {
-		return nil, fmt.Errorf("only a kloud owner or template admin may untrust a template: %w", kite.ErrPermission)
+		return api.UntrustResult{}, fmt.Errorf("only a kloud owner or template admin may untrust a template: %w", kite.ErrPermission)
 	}
 	t, err := s.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
 	if err != nil {
-		return nil, err
+		return api.UntrustResult{}, err
 	}
 	removed := 0
 	if err := s.setTrust(ctx, t.ID, func(cur []TemplateTrust) []TemplateTrust {
@@ -296,7 +296,7 @@ func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request
 		removed = n - len(cur)
 		return cur
 	}); err != nil {
-		return nil, err
+		return api.UntrustResult{}, err
 	}
 	s.log.WarnContext(ctx, "template untrusted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", p.Revision, "removed", removed, "by", c.Username)
 	return api.UntrustResult{TemplateID: t.ID, Removed: removed}, nil

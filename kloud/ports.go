@@ -24,46 +24,46 @@ import (
 // it closes every rule that matches, and refuses (closing nothing) a pattern that matches no
 // rule, saying which are open.
 
-func (s *Server) machinePortsList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
+func (s *Server) machinePortsList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.PortsResult, error) {
 	fw, m, err := s.firewaller(ctx, c, p.MachineID, api.MethodMachinePortsList, false)
 	if err != nil {
-		return nil, err
+		return api.PortsResult{}, err
 	}
 	rules, err := fw.Ports(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", api.MethodMachinePortsList, err)
+		return api.PortsResult{}, fmt.Errorf("%s: %w", api.MethodMachinePortsList, err)
 	}
 	return api.PortsResult{MachineID: m.ID, Rules: nonNil(rules)}, nil
 }
 
-func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Caller, _ *kite.Request, p *api.PortsParams) (any, error) {
+func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Caller, _ *kite.Request, p *api.PortsParams) (api.PortsResult, error) {
 	method := api.MethodMachinePortsClose
 	if open {
 		method = api.MethodMachinePortsOpen
 	}
-	return func(ctx context.Context, c *Caller, _ *kite.Request, p *api.PortsParams) (any, error) {
+	return func(ctx context.Context, c *Caller, _ *kite.Request, p *api.PortsParams) (api.PortsResult, error) {
 		fw, m, err := s.firewaller(ctx, c, p.MachineID, method, true)
 		if err != nil {
-			return nil, err
+			return api.PortsResult{}, err
 		}
 		if open {
 			for i := range p.Rules {
 				if err := p.Rules[i].Normalize(); err != nil { // tcp and any where omitted
-					return nil, fmt.Errorf("rules[%d]: %s: %w", i, err.Error(), kite.ErrInvalidParams)
+					return api.PortsResult{}, fmt.Errorf("rules[%d]: %s: %w", i, err.Error(), kite.ErrInvalidParams)
 				}
 			}
 		} else if p.Rules, err = s.rulesToClose(ctx, fw, m, p.Rules); err != nil {
-			return nil, err
+			return api.PortsResult{}, err
 		}
 		// The record first (what kloud re-applies), then the provider; on an error the record
 		// is put back: what this call added is removed, what it removed is added.
 		changed := portsChanged(m.Ports, p.Rules, open)
 		if open && len(m.Ports)+len(changed) > maxPorts {
-			return nil, fmt.Errorf("machine %s would have %d rules, at most %d: close some first: %w", m.Label, len(m.Ports)+len(changed), maxPorts, kite.ErrInvalidParams)
+			return api.PortsResult{}, fmt.Errorf("machine %s would have %d rules, at most %d: close some first: %w", m.Label, len(m.Ports)+len(changed), maxPorts, kite.ErrInvalidParams)
 		}
 		if len(changed) > 0 {
 			if err := s.recordPorts(ctx, m.ID, changed, open); err != nil {
-				return nil, fmt.Errorf("%s: record the rules: %w", method, err)
+				return api.PortsResult{}, fmt.Errorf("%s: record the rules: %w", method, err)
 			}
 		}
 		var rules []provider.PortRule
@@ -78,7 +78,7 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 					s.log.ErrorContext(ctx, "put back the recorded ports after the provider failed", "machine", m.ID, "err", perr)
 				}
 			}
-			return nil, fmt.Errorf("%s: %w", method, err)
+			return api.PortsResult{}, fmt.Errorf("%s: %w", method, err)
 		}
 		s.log.InfoContext(ctx, "machine ports changed", "machine", m.ID, "by", c.Username, "open", open, "rules", fmt.Sprint(p.Rules))
 		return api.PortsResult{MachineID: m.ID, Rules: nonNil(rules)}, nil

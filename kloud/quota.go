@@ -355,23 +355,23 @@ func (s *Server) quotaStatus(ctx context.Context, subject string) (api.QuotaStat
 	}}, nil
 }
 
-func (s *Server) quotaSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.QuotaSetParams) (any, error) {
+func (s *Server) quotaSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.QuotaSetParams) (api.QuotaStatus, error) {
 	sub, err := s.quotaSubject(ctx, c, p.QuotaSubject)
 	if err != nil {
-		return nil, err
+		return api.QuotaStatus{}, err
 	}
 	l := p.Limit
 	if err := s.store.Quotas().Set(ctx, store.Quota{ID: sub, Machines: l.Machines, Cores: l.Cores, MemoryMB: l.MemoryMB, DiskMB: l.DiskMB, UpdatedBy: c.Username}); err != nil {
-		return nil, err
+		return api.QuotaStatus{}, err
 	}
 	s.log.InfoContext(ctx, "quota set", "subject", sub, "by", c.Username, "machines", l.Machines, "cores", l.Cores, "memoryMB", l.MemoryMB, "diskMB", l.DiskMB)
 	return s.quotaStatus(ctx, sub)
 }
 
-func (s *Server) quotaShow(ctx context.Context, c *Caller, _ *kite.Request, p *api.QuotaShowParams) (any, error) {
+func (s *Server) quotaShow(ctx context.Context, c *Caller, _ *kite.Request, p *api.QuotaShowParams) (api.QuotaStatus, error) {
 	sub, err := s.quotaSubject(ctx, c, p.QuotaSubject)
 	if err != nil {
-		return nil, err
+		return api.QuotaStatus{}, err
 	}
 	return s.quotaStatus(ctx, sub)
 }

@@ -28,43 +28,43 @@ var stackTransitional = []string{StackBuilding, StackDestroying}
 // transition become Unknown) or, if nothing was ever built, to NotInitialized (every machine
 // NotInitialized). Only kloud administrators, only when no job is live for the stack or its
 // machines (it holds the stack's lease meanwhile, so none starts).
-func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackResetParams) (any, error) {
+func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackResetParams) (api.StackView, error) {
 	if !c.Admin {
-		return nil, fmt.Errorf("stack.reset is for kloud administrators: %w", kite.ErrPermission)
+		return api.StackView{}, fmt.Errorf("stack.reset is for kloud administrators: %w", kite.ErrPermission)
 	}
 	st, err := s.loadStack(ctx, nil, p.StackID)
 	if err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, "reset", "stack "+st.ID+" is busy (a job holds it; cancel it first)")
 	if err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	defer release()
 	if st, err = s.loadStack(ctx, nil, st.ID); err != nil { // as it is now that it is ours
-		return nil, err
+		return api.StackView{}, err
 	}
 	if st.JobID != "" {
 		dead, why, err := s.flow().JobVerdict(ctx, st.JobID)
 		if err != nil {
-			return nil, err
+			return api.StackView{}, err
 		}
 		if !dead {
-			return nil, fmt.Errorf("stack %s: %s; cancel it first (kloud job cancel %s): %w", st.ID, why, st.JobID, kite.ErrState)
+			return api.StackView{}, fmt.Errorf("stack %s: %s; cancel it first (kloud job cancel %s): %w", st.ID, why, st.JobID, kite.ErrState)
 		}
 	}
 	ms, err := s.stackMachines(ctx, st.ID)
 	if err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	for i := range ms {
 		if m := &ms[i]; m.State == provider.Starting || m.State == provider.Stopping {
 			dead, why, err := s.flow().MachineDead(ctx, m, owner)
 			if err != nil {
-				return nil, err
+				return api.StackView{}, err
 			}
 			if !dead {
-				return nil, fmt.Errorf("machine %s is %s: %s; wait for it or cancel it: %w", m.Label, m.State, why, kite.ErrState)
+				return api.StackView{}, fmt.Errorf("machine %s is %s: %s; wait for it or cancel it: %w", m.Label, m.State, why, kite.ErrState)
 			}
 		}
 	}
@@ -74,7 +74,7 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 			built = built || m.KiteID != ""
 		}
 		if built {
-			return nil, fmt.Errorf("stack %s was built (or a build got as far as its machines' keys); reset it to %s and destroy it: %w", st.ID, StackFailed, kite.ErrState)
+			return api.StackView{}, fmt.Errorf("stack %s was built (or a build got as far as its machines' keys); reset it to %s and destroy it: %w", st.ID, StackFailed, kite.ErrState)
 		}
 	}
 	now := s.store.Now()
@@ -87,10 +87,10 @@ func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	if !matched {
-		return nil, fmt.Errorf("stack %s changed meanwhile; look again and retry: %w", st.ID, kite.ErrConflict)
+		return api.StackView{}, fmt.Errorf("stack %s changed meanwhile; look again and retry: %w", st.ID, kite.ErrConflict)
 	}
 	s.log.WarnContext(ctx, "stack reset by an administrator", "stack", st.ID, "owner", st.Owner, "by", c.Username, "from", st.State, "to", p.State, "job", st.JobID, "reason", p.Reason)
 	for _, m := range ms {

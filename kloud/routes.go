@@ -20,7 +20,8 @@ import (
 
 // The route table: every RPC method kloud serves with its params type, handler and who may
 // call it; every HTTP route; every job kind; every background task. Nothing registers itself
-// elsewhere. The params and result types are in package api (kloud/api), the wire contract in
+// elsewhere. Each method is routed by its descriptor in package api (api.RPCStackList: its
+// name, params and result types, which the typed client calls through too), the wire contract in
 // docs/protocol.md; kontrol's methods, which kloud hosts on the same kite, are kontrol's own
 // table (kontrol/kontrol.go, listed in api.KontrolMethods).
 
@@ -95,15 +96,18 @@ type Route struct {
 	Method string       // an api.Method* constant
 	Who    Who          // who may call it
 	Params reflect.Type // its params type (package api)
+	Result reflect.Type // its result type (package api), as the typed client decodes it
 	h      kite.Handler
 	opts   []kite.MethodOption
 }
 
-// rpc makes a Route: the caller is resolved (agents refused), its rate limit checked (a refused
-// call is not audited: a flood must not fill the log) and the Who checked, then params are bound
-// strictly into P (and validated), then fn runs. Authorization comes before validation, so a
-// caller the Who refuses gets -32002 whatever it sends.
-func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (any, error), opts ...kite.MethodOption) Route {
+// rpc makes the Route of method m: the caller is resolved (agents refused), its rate limit
+// checked (a refused call is not audited: a flood must not fill the log) and the Who checked,
+// then params are bound strictly into P (and validated), then fn runs. Authorization comes
+// before validation, so a caller the Who refuses gets -32002 whatever it sends. fn answers R,
+// the type the typed client decodes (m.Call): a handler that answers another does not compile.
+func rpc[P, R any](s *Server, m api.Method[P, R], who Who, fn func(ctx context.Context, c *Caller, r *kite.Request, p *P) (R, error), opts ...kite.MethodOption) Route {
+	method := m.Name
 	audited := auditedMethod(method)
 	h := kite.HandlerFunc(func(ctx context.Context, r *kite.Request) (any, error) {
 		c, err := s.caller(ctx, r)
@@ -127,7 +131,17 @@ func rpc[P any](s *Server, method string, who Who, fn func(ctx context.Context, 
 		}
 		return res, err
 	})
-	return Route{Method: method, Who: who, Params: reflect.TypeFor[P](), h: kitekey.AgentGate(h, false), opts: opts}
+	return Route{Method: method, Who: who, Params: reflect.TypeFor[P](), Result: reflect.TypeFor[R](), h: kitekey.AgentGate(h, false), opts: opts}
+}
+
+// deref is a handler's answer from a function that returns a pointer: *p, or R's zero value
+// when p is nil (with the error, which the caller gets instead).
+func deref[R any](p *R, err error) (R, error) {
+	if p == nil {
+		var zero R
+		return zero, err
+	}
+	return *p, err
 }
 
 // auditedMethod says whether each call of method is recorded in the audit log (audit.go): the
@@ -174,9 +188,10 @@ func auditDecisions() map[string]bool {
 	}
 }
 
-// pluginRPC makes a Route for plugin keys only: kitekey.Gate lets plugin keys through (and
-// refuses agents), the handler refuses users.
-func pluginRPC[P any](s *Server, method string, fn func(ctx context.Context, r *kite.Request, p *P) (any, error)) Route {
+// pluginRPC makes the Route of method m for plugin keys only: kitekey.Gate lets plugin keys
+// through (and refuses agents), the handler refuses users. fn answers m's R, as rpc's.
+func pluginRPC[P, R any](s *Server, m api.Method[P, R], fn func(ctx context.Context, r *kite.Request, p *P) (R, error)) Route {
+	method := m.Name
 	h := kite.Typed(func(ctx context.Context, r *kite.Request, p *P) (any, error) {
 		res, err := fn(ctx, r, p)
 		err = wireError(err)
@@ -185,107 +200,107 @@ func pluginRPC[P any](s *Server, method string, fn func(ctx context.Context, r *
 		}
 		return res, err
 	})
-	return Route{Method: method, Who: PluginsOnly, Params: reflect.TypeFor[P](), h: kitekey.Gate(h, kitekey.KindPluginKey)}
+	return Route{Method: method, Who: PluginsOnly, Params: reflect.TypeFor[P](), Result: reflect.TypeFor[R](), h: kitekey.Gate(h, kitekey.KindPluginKey)}
 }
 
 // rpcRoutes lists every kloud method.
 func (s *Server) rpcRoutes() []Route {
 	long := kite.WithTimeout(10 * time.Minute) // terraform plan
 	return []Route{
-		rpc(s, api.MethodVersion, MembersRead, s.kloudVersion),
+		rpc(s, api.RPCVersion, MembersRead, s.kloudVersion),
 
 		// users.go
-		rpc(s, api.MethodUserAdd, Owners, s.userAdd),
-		rpc(s, api.MethodUserList, MembersRead, s.userList),
-		rpc(s, api.MethodUserWhoami, MembersRead, s.userWhoami),
-		rpc(s, api.MethodUserSetPassword, Members, s.userSetPassword), // own; owners anyone's
-		rpc(s, api.MethodTeamCreate, Members, s.teamCreate),
-		rpc(s, api.MethodTeamList, MembersRead, s.teamList),
-		rpc(s, api.MethodTeamAddMember, Members, s.teamAddMember),       // team admins
-		rpc(s, api.MethodTeamRemoveMember, Members, s.teamRemoveMember), // team admins; members leave
+		rpc(s, api.RPCUserAdd, Owners, s.userAdd),
+		rpc(s, api.RPCUserList, MembersRead, s.userList),
+		rpc(s, api.RPCUserWhoami, MembersRead, s.userWhoami),
+		rpc(s, api.RPCUserSetPassword, Members, s.userSetPassword), // own; owners anyone's
+		rpc(s, api.RPCTeamCreate, Members, s.teamCreate),
+		rpc(s, api.RPCTeamList, MembersRead, s.teamList),
+		rpc(s, api.RPCTeamAddMember, Members, s.teamAddMember),       // team admins
+		rpc(s, api.RPCTeamRemoveMember, Members, s.teamRemoveMember), // team admins; members leave
 
 		// credentials.go, credential_bootstrap.go
-		rpc(s, api.MethodProviderDescribe, MembersRead, s.providerDescribe),
-		rpc(s, api.MethodProviderList, MembersRead, s.providerList),
-		rpc(s, api.MethodProviderKeyCreate, Owners, s.providerKeyCreate), // audited in the log
-		rpc(s, api.MethodCredentialAdd, Members, s.credentialAdd),        // team members
-		rpc(s, api.MethodCredentialList, MembersRead, s.credentialList),
-		rpc(s, api.MethodCredentialDescribe, MembersRead, s.credentialDescribe),
-		rpc(s, api.MethodCredentialRemove, Members, s.credentialRemove), // owner, team admins
-		rpc(s, api.MethodCredentialUpdate, Members, s.credentialUpdate), // owner, team admins
-		rpc(s, api.MethodCredentialAuthenticate, Members, s.credentialAuthenticate),
-		rpc(s, api.MethodCredentialBootstrap, Members, s.credentialBootstrap), // owner, team admins
+		rpc(s, api.RPCProviderDescribe, MembersRead, s.providerDescribe),
+		rpc(s, api.RPCProviderList, MembersRead, s.providerList),
+		rpc(s, api.RPCProviderKeyCreate, Owners, s.providerKeyCreate), // audited in the log
+		rpc(s, api.RPCCredentialAdd, Members, s.credentialAdd),        // team members
+		rpc(s, api.RPCCredentialList, MembersRead, s.credentialList),
+		rpc(s, api.RPCCredentialDescribe, MembersRead, s.credentialDescribe),
+		rpc(s, api.RPCCredentialRemove, Members, s.credentialRemove), // owner, team admins
+		rpc(s, api.RPCCredentialUpdate, Members, s.credentialUpdate), // owner, team admins
+		rpc(s, api.RPCCredentialAuthenticate, Members, s.credentialAuthenticate),
+		rpc(s, api.RPCCredentialBootstrap, Members, s.credentialBootstrap), // owner, team admins
 
 		// templates.go, policy.go
-		rpc(s, api.MethodTemplateCreate, Members, s.templateCreate), // team members; trust: admins
-		rpc(s, api.MethodTemplateUpdate, Members, s.templateUpdate), // owner, team admins
-		rpc(s, api.MethodTemplateGet, MembersRead, s.templateGet),
-		rpc(s, api.MethodTemplateList, MembersRead, s.templateList),
-		rpc(s, api.MethodTemplateDelete, Members, s.templateDelete), // owner, team admins
-		rpc(s, api.MethodTemplateTrust, TemplateAdmins, s.templateTrust),
-		rpc(s, api.MethodTemplateUntrust, TemplateAdmins, s.templateUntrust),
+		rpc(s, api.RPCTemplateCreate, Members, s.templateCreate), // team members; trust: admins
+		rpc(s, api.RPCTemplateUpdate, Members, s.templateUpdate), // owner, team admins
+		rpc(s, api.RPCTemplateGet, MembersRead, s.templateGet),
+		rpc(s, api.RPCTemplateList, MembersRead, s.templateList),
+		rpc(s, api.RPCTemplateDelete, Members, s.templateDelete), // owner, team admins
+		rpc(s, api.RPCTemplateTrust, TemplateAdmins, s.templateTrust),
+		rpc(s, api.RPCTemplateUntrust, TemplateAdmins, s.templateUntrust),
 
 		// stacks.go, reconcile.go; the jobs run in kloud/stackbuild
-		rpc(s, api.MethodStackPlan, Members, s.stackPlan, long),
-		rpc(s, api.MethodStackCreate, Members, s.stackCreate, long),
-		rpc(s, api.MethodStackApply, Members, s.stackApply), // owner, team admins
-		rpc(s, api.MethodStackDescribe, MembersRead, s.stackDescribe),
-		rpc(s, api.MethodStackList, MembersRead, s.stackList),
-		rpc(s, api.MethodStackReset, Owners, s.stackReset),
+		rpc(s, api.RPCStackPlan, Members, s.stackPlan, long),
+		rpc(s, api.RPCStackCreate, Members, s.stackCreate, long),
+		rpc(s, api.RPCStackApply, Members, s.stackApply), // owner, team admins
+		rpc(s, api.RPCStackDescribe, MembersRead, s.stackDescribe),
+		rpc(s, api.RPCStackList, MembersRead, s.stackList),
+		rpc(s, api.RPCStackReset, Owners, s.stackReset),
 		// stacks_update.go: owner, team admins
-		rpc(s, api.MethodStackUpdate, Members, s.stackUpdate),
-		rpc(s, api.MethodStackScale, Members, s.stackScale),
+		rpc(s, api.RPCStackUpdate, Members, s.stackUpdate),
+		rpc(s, api.RPCStackScale, Members, s.stackScale),
 
 		// machines.go, shares.go
-		rpc(s, api.MethodMachineList, MembersRead, s.machineList), // owner, shared users, team admins
-		rpc(s, api.MethodMachineInfo, MembersRead, s.machineInfo, kite.WithTimeout(time.Minute)),
-		rpc(s, api.MethodMachineStart, Members, s.machinePower(provider.MethodStart)), // owner, team admins, full share
-		rpc(s, api.MethodMachineStop, Members, s.machinePower(provider.MethodStop)),
-		rpc(s, api.MethodMachineShare, Members, s.machineShare), // owner, team admins
-		rpc(s, api.MethodMachineUnshare, Members, s.machineUnshare),
-		rpc(s, api.MethodMachineShares, MembersRead, s.machineShares),
+		rpc(s, api.RPCMachineList, MembersRead, s.machineList), // owner, shared users, team admins
+		rpc(s, api.RPCMachineInfo, MembersRead, s.machineInfo, kite.WithTimeout(time.Minute)),
+		rpc(s, api.RPCMachineStart, Members, s.machinePower(provider.MethodStart)), // owner, team admins, full share
+		rpc(s, api.RPCMachineStop, Members, s.machinePower(provider.MethodStop)),
+		rpc(s, api.RPCMachineShare, Members, s.machineShare), // owner, team admins
+		rpc(s, api.RPCMachineUnshare, Members, s.machineUnshare),
+		rpc(s, api.RPCMachineShares, MembersRead, s.machineShares),
 		// ports.go: the machine's firewall (provider capability "firewall")
-		rpc(s, api.MethodMachinePortsList, MembersRead, s.machinePortsList),       // as machine.list
-		rpc(s, api.MethodMachinePortsOpen, Members, s.machinePortsChange(true)),   // owner, team admins, full share
-		rpc(s, api.MethodMachinePortsClose, Members, s.machinePortsChange(false)), // owner, team admins, full share
+		rpc(s, api.RPCMachinePortsList, MembersRead, s.machinePortsList),       // as machine.list
+		rpc(s, api.RPCMachinePortsOpen, Members, s.machinePortsChange(true)),   // owner, team admins, full share
+		rpc(s, api.RPCMachinePortsClose, Members, s.machinePortsChange(false)), // owner, team admins, full share
 
 		// snapshots.go: the owner, team admins, full share; snapshots are the owner's (kloud admins)
-		rpc(s, api.MethodMachineSnapshot, Members, s.machineSnapshot),
-		rpc(s, api.MethodMachineSnapshots, MembersRead, s.machineSnapshots),
-		rpc(s, api.MethodMachineRestore, Members, s.machineRestore),
-		rpc(s, api.MethodSnapshotDelete, Members, s.snapshotDelete, kite.WithTimeout(5*time.Minute)),
+		rpc(s, api.RPCMachineSnapshot, Members, s.machineSnapshot),
+		rpc(s, api.RPCMachineSnapshots, MembersRead, s.machineSnapshots),
+		rpc(s, api.RPCMachineRestore, Members, s.machineRestore),
+		rpc(s, api.RPCSnapshotDelete, Members, s.snapshotDelete, kite.WithTimeout(5*time.Minute)),
 
 		// quota.go: quotas of users and teams
-		rpc(s, api.MethodQuotaSet, Owners, s.quotaSet),
-		rpc(s, api.MethodQuotaShow, MembersRead, s.quotaShow), // the user itself, team members, kloud admins
+		rpc(s, api.RPCQuotaSet, Owners, s.quotaSet),
+		rpc(s, api.RPCQuotaShow, MembersRead, s.quotaShow), // the user itself, team members, kloud admins
 
 		// jobs.go: the job's owner, kloud admins
-		rpc(s, api.MethodJobGet, MembersRead, s.jobGet),
-		rpc(s, api.MethodJobWatch, MembersRead, s.jobWatch),
-		rpc(s, api.MethodJobList, MembersRead, s.jobList),
-		rpc(s, api.MethodJobCancel, Members, s.jobCancel),
+		rpc(s, api.RPCJobGet, MembersRead, s.jobGet),
+		rpc(s, api.RPCJobWatch, MembersRead, s.jobWatch),
+		rpc(s, api.RPCJobList, MembersRead, s.jobList),
+		rpc(s, api.RPCJobCancel, Members, s.jobCancel),
 
 		// gc.go: the providers' resources kloud no longer wants
-		rpc(s, api.MethodGCRun, Owners, s.gcRun, long),
+		rpc(s, api.RPCGCRun, Owners, s.gcRun, long),
 
 		// plugins.go: provider plugins register (plugin keys only)
-		pluginRPC(s, api.MethodPluginRegister, s.pluginRegister),
+		pluginRPC(s, api.RPCPluginRegister, s.pluginRegister),
 
 		// audit.go: the audit log (owners and auditors)
-		rpc(s, api.MethodAuditList, OwnersAuditors, s.auditList),
-		rpc(s, api.MethodAuditVerify, OwnersAuditors, s.auditVerify, kite.WithTimeout(5*time.Minute)),
+		rpc(s, api.RPCAuditList, OwnersAuditors, s.auditList),
+		rpc(s, api.RPCAuditVerify, OwnersAuditors, s.auditVerify, kite.WithTimeout(5*time.Minute)),
 
 		// roles (users.go): kloud-wide roles of users
-		rpc(s, api.MethodUserSetRole, Owners, s.userSetRole),
+		rpc(s, api.RPCUserSetRole, Owners, s.userSetRole),
 
 		// stacks_plan.go: stack.plan as a durable job (team members; of a stack: owner, team admins)
-		rpc(s, api.MethodStackPlanJob, Members, s.stackPlanJob),
+		rpc(s, api.RPCStackPlanJob, Members, s.stackPlanJob),
 
 		// doctor.go: kloud doctor (docs/operations.md)
-		rpc(s, api.MethodKloudDoctor, Owners, s.kloudDoctor, kite.WithTimeout(time.Minute)),
+		rpc(s, api.RPCKloudDoctor, Owners, s.kloudDoctor, kite.WithTimeout(time.Minute)),
 
 		// idle.go: a machine's idle stop and autostart (owner, team admins)
-		rpc(s, api.MethodMachineSet, Members, s.machineSet),
+		rpc(s, api.RPCMachineSet, Members, s.machineSet),
 	}
 }
 
@@ -319,16 +334,17 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"GET /api/login/methods", "anyone", http.HandlerFunc(s.handleLoginMethods)},
 		{"GET " + SSOLoginPath, "anyone (starts a login at the OpenID provider)", http.HandlerFunc(s.handleSSOLogin)},
 		{"GET " + SSOCallbackPath, "the browser that started the login (state, nonce, PKCE)", http.HandlerFunc(s.handleSSOCallback)},
-		// terminal.go: users who may open a terminal on the machine; klient attaches with a ticket
-		{"GET /api/machines/{id}/terminal", "session or kite key; owner, team admin, share", http.HandlerFunc(s.term.serveTerminal)},
-		{"GET /api/machines/{id}/sessions", "session or kite key; as terminal", http.HandlerFunc(s.term.serveSessions)},
-		{"DELETE /api/machines/{id}/sessions/{session}", "session or kite key; as terminal", http.HandlerFunc(s.term.serveKill)},
-		{"POST /api/machines/{id}/sessions/{session}/rename", "session or kite key; as terminal", http.HandlerFunc(s.term.serveRename)},
-		{"GET " + klientapi.AttachPath, "the machine's klient, with a ticket", http.HandlerFunc(s.term.serveAttach)},
-		// portforward.go: a machine's ports for its owner and terminal/full shares (web apps are
-		// served on their own hosts, Server.AppURL, before this table)
-		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.serveTCP)},
-		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.apps.serveOpen)},
+		// kloud/relay (terminal.go): users who may open a terminal on the machine; klient
+		// attaches with a ticket
+		{"GET /api/machines/{id}/terminal", "session or kite key; owner, team admin, share", http.HandlerFunc(s.relay.ServeTerminal)},
+		{"GET /api/machines/{id}/sessions", "session or kite key; as terminal", http.HandlerFunc(s.relay.ServeSessions)},
+		{"DELETE /api/machines/{id}/sessions/{session}", "session or kite key; as terminal", http.HandlerFunc(s.relay.ServeKill)},
+		{"POST /api/machines/{id}/sessions/{session}/rename", "session or kite key; as terminal", http.HandlerFunc(s.relay.ServeRename)},
+		{"GET " + klientapi.AttachPath, "the machine's klient, with a ticket", http.HandlerFunc(s.relay.ServeAttach)},
+		// kloud/relay (ports.go, apps.go): a machine's ports for its owner and terminal/full
+		// shares (web apps are served on their own hosts, Server.AppURL, before this table)
+		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.relay.ServeTCP)},
+		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.relay.ServeOpen)},
 		// plugins.go: each provider's own HTTP service (provider.HandlerPrefix), looked up per
 		// request, so a plugin registering later is served; the service authenticates itself
 		{"/provider/", "the provider's service decides", http.HandlerFunc(s.serveProvider)},
@@ -419,17 +435,16 @@ func powerJobKind(method string) jobKind[powerParams, machineResult] {
 // backgroundTasks run while the server serves, each in its own goroutine until ctx ends.
 func (s *Server) backgroundTasks() []func(ctx context.Context) {
 	return []func(ctx context.Context){
-		s.presence.run,   // storeadapt.go: kontrol's presence written to the store
-		s.runJobsLoop,    // jobs.go: recover interrupted jobs; reconcile.go: stuck states
-		s.trackAgents,    // agents.go: machines' agent status from kontrol's registrations
-		s.closeTerminals, // terminal.go: close every web terminal at shutdown
-		s.apps.closeIdle, // portforward.go: drop the web apps' idle tunnels at shutdown
-		s.retain,         // retention.go: prune finished jobs, expired revocations, stale kite records
-		s.runPlugins,     // plugins.go: launch and supervise the plugin directory's providers
-		s.runGC,          // gc.go: sweep the providers' resources kloud no longer wants
-		s.monitorStore,   // health.go: log a store outage once, and its end
-		s.pollMetrics,    // metrics.go: machines' figures and quota use for /metrics
-		s.runIdle,        // idle.go: write activity, warn and stop idle machines
+		s.presence.run, // storeadapt.go: kontrol's presence written to the store
+		s.runJobsLoop,  // jobs.go: recover interrupted jobs; reconcile.go: stuck states
+		s.trackAgents,  // agents.go: machines' agent status from kontrol's registrations
+		s.relay.Run,    // kloud/relay: at shutdown, close every web terminal and drop the web apps' idle tunnels
+		s.retain,       // retention.go: prune finished jobs, expired revocations, stale kite records
+		s.runPlugins,   // plugins.go: launch and supervise the plugin directory's providers
+		s.runGC,        // gc.go: sweep the providers' resources kloud no longer wants
+		s.monitorStore, // health.go: log a store outage once, and its end
+		s.pollMetrics,  // metrics.go: machines' figures and quota use for /metrics
+		s.runIdle,      // idle.go: write activity, warn and stop idle machines
 	}
 }
 
@@ -444,7 +459,7 @@ func (s *Server) routes() {
 }
 
 // kloudVersion serves kloud.version.
-func (s *Server) kloudVersion(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) kloudVersion(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.VersionResult, error) {
 	return api.VersionResult{Version: version.Version}, nil
 }
 

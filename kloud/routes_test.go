@@ -1,6 +1,7 @@
 package kloud_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 )
@@ -67,6 +69,92 @@ func TestMethodTable(t *testing.T) {
 		t.Errorf("docs/protocol.md and the served methods differ:\nundocumented: %v\nnot served:   %v",
 			minus(want, documented), minus(documented, want))
 	}
+
+	t.Run("results", func(t *testing.T) { checkRouteTypes(t, e) })
+}
+
+// checkRouteTypes: every route has the descriptor of package api (api.Descriptors) whose params
+// and result types it was made with, and every descriptor a route; and every method of the
+// typed client, called on a real connection, sends a route's params type and decodes its
+// result into that route's result type (what the server's handler returns). A method routed
+// without a descriptor in the table, or a client method that decodes another type than the
+// handler answers, fails here.
+func checkRouteTypes(t *testing.T, e *kloudtest.Env) {
+	routes := map[string]kloud.Route{}
+	for _, r := range e.Server.Routes() {
+		routes[r.Method] = r
+	}
+	ds := api.Descriptors()
+	for m, r := range routes {
+		d, ok := ds[m]
+		switch {
+		case !ok:
+			t.Errorf("%s: routed, but no descriptor in api.Descriptors", m)
+		case r.Result == nil:
+			t.Errorf("%s: the route records no result type", m)
+		case d.ParamsType() != r.Params || d.ResultType() != r.Result:
+			t.Errorf("%s: the route takes %v and answers %v; its descriptor says %v and %v", m, r.Params, r.Result, d.ParamsType(), d.ResultType())
+		}
+	}
+	for m := range ds {
+		if _, ok := routes[m]; !ok {
+			t.Errorf("%s: a descriptor in api.Descriptors, but not routed", m)
+		}
+	}
+
+	// The client's methods, each called once with zero params as a member (most are refused:
+	// invalid params, or for owners only; nothing changes): the call made is what counts.
+	rec := &recorder{Caller: e.Dial("alice")}
+	cl := api.NewClient(rec)
+	called := map[string]bool{}
+	ct := reflect.TypeFor[*api.Client]()
+	for i := range ct.NumMethod() {
+		meth := ct.Method(i)
+		switch meth.Name {
+		case "Conn":
+			continue
+		case "JobWatch": // needs the *kite.Conn itself (a stream); its descriptor is checked above
+			called[api.MethodJobWatch] = true
+			continue
+		}
+		args := []reflect.Value{reflect.ValueOf(cl), reflect.ValueOf(t.Context())}
+		if meth.Type.NumIn() == 3 {
+			args = append(args, reflect.Zero(meth.Type.In(2)))
+		}
+		*rec = recorder{Caller: rec.Caller}
+		meth.Func.Call(args)
+		r, ok := routes[rec.method]
+		switch {
+		case rec.method == "":
+			t.Errorf("Client.%s made no call", meth.Name)
+		case !ok:
+			t.Errorf("Client.%s calls %s, which kloud does not route", meth.Name, rec.method)
+		case rec.params != r.Params:
+			t.Errorf("Client.%s sends %s params of type %v; the route binds %v", meth.Name, rec.method, rec.params, r.Params)
+		case rec.result != r.Result:
+			t.Errorf("Client.%s decodes %s's result into %v; the handler answers %v", meth.Name, rec.method, rec.result, r.Result)
+		case meth.Type.Out(0) != r.Result:
+			t.Errorf("Client.%s returns %v; %s answers %v", meth.Name, meth.Type.Out(0), rec.method, r.Result)
+		}
+		called[rec.method] = true
+	}
+	for m := range routes {
+		if !called[m] && m != api.MethodPluginRegister { // plugins call it (provider/plugin)
+			t.Errorf("%s: routed, but no method of api.Client calls it", m)
+		}
+	}
+}
+
+// recorder is a connection that notes the last call's method, params type and result type.
+type recorder struct {
+	api.Caller
+	method         string
+	params, result reflect.Type
+}
+
+func (r *recorder) Call(ctx context.Context, method string, params, result any) error {
+	r.method, r.params, r.result = method, reflect.TypeOf(params), reflect.TypeOf(result).Elem()
+	return r.Caller.Call(ctx, method, params, result)
 }
 
 // protocolMethods returns the methods documented in the method tables of docs/protocol.md's

@@ -35,6 +35,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/relay"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 	"github.com/kloud-dev/kloud/provider"
@@ -110,7 +111,7 @@ type Options struct {
 	// error until one is set with SetTerraformer).
 	Terraformer Terraformer
 	// AppsHost is the host under which machines' web apps get their own origins,
-	// p<port>--m<machine id>.<AppsHost> (portforward.go): default DefaultAppsHost
+	// p<port>--m<machine id>.<AppsHost> (kloud/relay): default DefaultAppsHost
 	// ("localhost", on kloud's port); "off" turns web apps off (kloud port-forward still works).
 	AppsHost string
 	// GC configures the garbage collection of the providers' resources: the periodic sweep and
@@ -187,8 +188,7 @@ type Server struct {
 	jobs      *jobRunner
 	presence  *storePresence
 	revs      *storeRevocations
-	term      *termHub              // web terminals (terminal.go)
-	apps      *appsHub              // machines' web apps on their own hosts (portforward.go)
+	relay     *relay.Hub            // terminals, port forwards, web apps on their own hosts (relay.go)
 	kinds     map[string]anyJobKind // job kinds (routes.go)
 	idle      *idleTracker          // activity seen, warnings sent (idle.go)
 
@@ -265,9 +265,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if opts.SSO.Enabled() {
 		s.sso = &ssoHub{s: s, o: opts.SSO}
 	}
-	s.term = newTermHub(s)
 	s.idle = newIdleTracker()
-	if s.apps, err = newAppsHub(s); err != nil {
+	if s.relay, err = newRelay(s); err != nil {
 		return nil, err
 	}
 	s.watchComponents() // metrics.go

@@ -34,21 +34,21 @@ func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*Machin
 	return m, nil
 }
 
-func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (any, error) {
+func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (api.SharesResult, error) {
 	if !validGrant(p.Grant) {
-		return nil, fmt.Errorf("grant %q: want %s, %s or %s: %w", p.Grant, GrantReadonly, GrantTerminal, GrantFull, kite.ErrInvalidParams)
+		return api.SharesResult{}, fmt.Errorf("grant %q: want %s, %s or %s: %w", p.Grant, GrantReadonly, GrantTerminal, GrantFull, kite.ErrInvalidParams)
 	}
 	m, err := s.shareTarget(ctx, c, p.MachineID)
 	if err != nil {
-		return nil, err
+		return api.SharesResult{}, err
 	}
 	if p.Username == m.Owner {
-		return nil, fmt.Errorf("%s owns machine %s: %w", p.Username, m.Label, kite.ErrInvalidParams)
+		return api.SharesResult{}, fmt.Errorf("%s owns machine %s: %w", p.Username, m.Label, kite.ErrInvalidParams)
 	}
 	if _, err := s.store.Users().Get(ctx, p.Username); errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
+		return api.SharesResult{}, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
 	} else if err != nil {
-		return nil, err
+		return api.SharesResult{}, err
 	}
 	return s.updateShares(ctx, m, func(sh []Share) []Share {
 		out := []Share{{Username: p.Username, Grant: p.Grant}}
@@ -61,10 +61,10 @@ func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p
 	})
 }
 
-func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (any, error) {
+func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (api.SharesResult, error) {
 	m, err := s.shareTarget(ctx, c, p.MachineID)
 	if err != nil {
-		return nil, err
+		return api.SharesResult{}, err
 	}
 	return s.updateShares(ctx, m, func(sh []Share) []Share {
 		out := []Share{}
@@ -77,10 +77,10 @@ func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request,
 	})
 }
 
-func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (any, error) {
+func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.SharesResult, error) {
 	m, err := s.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
-		return nil, err
+		return api.SharesResult{}, err
 	}
 	if m.Shares == nil {
 		m.Shares = []Share{}
@@ -90,23 +90,23 @@ func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, 
 
 // updateShares changes a machine's share list with one conditional update (retried if someone
 // changed the machine in between), then pushes the list to its agent.
-func (s *Server) updateShares(ctx context.Context, m *Machine, change func([]Share) []Share) (any, error) {
+func (s *Server) updateShares(ctx context.Context, m *Machine, change func([]Share) []Share) (api.SharesResult, error) {
 	for attempt := 0; ; attempt++ {
 		shares := change(m.Shares)
 		ok, err := s.store.Machines().SetShares(ctx, m.ID, m.UpdatedAt, shares)
 		if err != nil {
-			return nil, fmt.Errorf("save shares: %w", err)
+			return api.SharesResult{}, fmt.Errorf("save shares: %w", err)
 		}
 		if ok {
 			m.Shares = shares
 			break
 		}
 		if attempt > 10 {
-			return nil, fmt.Errorf("machine %s keeps changing; try again: %w", m.Label, kite.ErrConflict)
+			return api.SharesResult{}, fmt.Errorf("machine %s keeps changing; try again: %w", m.Label, kite.ErrConflict)
 		}
 		fresh, err := s.loadMachine(ctx, nil, m.ID)
 		if err != nil {
-			return nil, err
+			return api.SharesResult{}, err
 		}
 		m = fresh
 	}

@@ -164,16 +164,16 @@ func (s *Server) dropSnapshotData(ctx context.Context, sp provider.Snapshotter, 
 	}
 }
 
-func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotParams) (any, error) {
+func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotParams) (api.SnapshotStarted, error) {
 	m, err := s.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
-		return nil, err
+		return api.SnapshotStarted{}, err
 	}
 	if !c.mayManage(m) {
-		return nil, fmt.Errorf("only the owner may snapshot machine %s: %w", m.Label, kite.ErrPermission)
+		return api.SnapshotStarted{}, fmt.Errorf("only the owner may snapshot machine %s: %w", m.Label, kite.ErrPermission)
 	}
 	if err := s.capable(m.Provider, api.MethodMachineSnapshot, provider.CapSnapshot); err != nil {
-		return nil, err
+		return api.SnapshotStarted{}, err
 	}
 	name := strings.TrimSpace(p.Name)
 	if name == "" {
@@ -181,11 +181,11 @@ func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request
 	}
 	q := s.snapshotQuota()
 	if err := s.checkSnapshotQuota(ctx, m.Owner, q, 0); err != nil {
-		return nil, err
+		return api.SnapshotStarted{}, err
 	}
 	m, owner, release, err := s.leaseSettled(ctx, m, "snapshot", "taken of")
 	if err != nil {
-		return nil, err
+		return api.SnapshotStarted{}, err
 	}
 	// The job's id is recorded with the snapshot, so snapshot.delete always sees that it runs.
 	jobID := store.NewID()
@@ -196,20 +196,20 @@ func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request
 	}
 	if err := s.store.Snapshots().Insert(ctx, sn); err != nil {
 		release()
-		return nil, err
+		return api.SnapshotStarted{}, err
 	}
 	// Two requests racing past the first check: the one over the count gives way.
 	if err := s.checkSnapshotQuota(ctx, m.Owner, q, 1); err != nil {
 		s.store.Snapshots().Delete(context.WithoutCancel(ctx), sn.ID)
 		release()
-		return nil, err
+		return api.SnapshotStarted{}, err
 	}
 	id, err := snapshotJob.StartID(ctx, s, jobID, "machine/"+m.ID, c.Username,
 		snapshotParams{MachineID: m.ID, SnapshotID: sn.ID, Lease: owner, From: m.State})
 	if err != nil {
 		s.store.Snapshots().Delete(context.WithoutCancel(ctx), sn.ID)
 		release()
-		return nil, err
+		return api.SnapshotStarted{}, err
 	}
 	return api.SnapshotStarted{JobID: id, SnapshotID: sn.ID}, nil
 }
@@ -265,10 +265,10 @@ func (s *Server) loadSnapshot(ctx context.Context, c *Caller, id string) (*store
 	return &sn, nil
 }
 
-func (s *Server) machineSnapshots(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotsParams) (any, error) {
+func (s *Server) machineSnapshots(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotsParams) (api.SnapshotsResult, error) {
 	all, err := s.store.Snapshots().List(ctx, store.SnapshotFilter{Owner: c.Username})
 	if err != nil {
-		return nil, err
+		return api.SnapshotsResult{}, err
 	}
 	out := api.SnapshotsResult{Snapshots: []api.Snapshot{}, Quota: s.snapshotQuota()}
 	for _, sn := range all {
@@ -281,13 +281,13 @@ func (s *Server) machineSnapshots(ctx context.Context, c *Caller, _ *kite.Reques
 	return out, nil
 }
 
-func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request, p *api.RestoreParams) (any, error) {
+func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request, p *api.RestoreParams) (api.JobRef, error) {
 	sn, err := s.loadSnapshot(ctx, c, p.SnapshotID)
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	if sn.Status != store.SnapshotReady {
-		return nil, fmt.Errorf("snapshot %s is %s, only a ready snapshot can be restored: %w", sn.ID, sn.Status, kite.ErrState)
+		return api.JobRef{}, fmt.Errorf("snapshot %s is %s, only a ready snapshot can be restored: %w", sn.ID, sn.Status, kite.ErrState)
 	}
 	target := p.MachineID
 	if target == "" {
@@ -296,53 +296,53 @@ func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request,
 	m, err := s.loadMachine(ctx, c, target)
 	if err != nil {
 		if p.MachineID == "" && errors.Is(err, kite.ErrNotFound) {
-			return nil, fmt.Errorf("machine %s of snapshot %s no longer exists: restore it into another %s machine (machineId): %w",
+			return api.JobRef{}, fmt.Errorf("machine %s of snapshot %s no longer exists: restore it into another %s machine (machineId): %w",
 				sn.MachineLabel, sn.ID, sn.Provider, kite.ErrNotFound)
 		}
-		return nil, err
+		return api.JobRef{}, err
 	}
 	if !c.mayManage(m) {
-		return nil, fmt.Errorf("only the owner may restore into machine %s: %w", m.Label, kite.ErrPermission)
+		return api.JobRef{}, fmt.Errorf("only the owner may restore into machine %s: %w", m.Label, kite.ErrPermission)
 	}
 	if m.Provider != sn.Provider {
-		return nil, fmt.Errorf("snapshot %s is of a %s machine; machine %s is %s: restore it into a %s machine: %w",
+		return api.JobRef{}, fmt.Errorf("snapshot %s is of a %s machine; machine %s is %s: restore it into a %s machine: %w",
 			sn.ID, sn.Provider, m.Label, m.Provider, sn.Provider, kite.ErrInvalidParams)
 	}
 	if err := s.capable(m.Provider, api.MethodMachineRestore, provider.CapSnapshot); err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	m, owner, release, err := s.leaseSettled(ctx, m, "restore", "restored into")
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	id, err := restoreJob.Start(ctx, s, "machine/"+m.ID, c.Username,
 		snapshotParams{MachineID: m.ID, SnapshotID: sn.ID, Lease: owner, From: m.State})
 	if err != nil {
 		release()
-		return nil, err
+		return api.JobRef{}, err
 	}
 	return api.JobRef{JobID: id}, nil
 }
 
-func (s *Server) snapshotDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotRef) (any, error) {
+func (s *Server) snapshotDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotRef) (api.Snapshot, error) {
 	sn, err := s.loadSnapshot(ctx, c, p.SnapshotID)
 	if err != nil {
-		return nil, err
+		return api.Snapshot{}, err
 	}
 	if sn.Status == store.SnapshotCreating && sn.JobID != "" {
 		if j, err := s.store.Jobs().Get(ctx, sn.JobID); err == nil && !j.Status.Done() {
-			return nil, fmt.Errorf("snapshot %s is being made (job %s): wait for it or cancel the job first: %w", sn.ID, sn.JobID, kite.ErrConflict)
+			return api.Snapshot{}, fmt.Errorf("snapshot %s is being made (job %s): wait for it or cancel the job first: %w", sn.ID, sn.JobID, kite.ErrConflict)
 		}
 	}
 	pm, err := s.snapshotMachine(ctx, sn)
 	if err != nil {
-		return nil, fmt.Errorf("delete snapshot %s: %w", sn.ID, err)
+		return api.Snapshot{}, fmt.Errorf("delete snapshot %s: %w", sn.ID, err)
 	}
 	if err := pm.DeleteSnapshot(ctx, sn.ID); err != nil {
-		return nil, fmt.Errorf("delete snapshot %s: %w", sn.ID, err)
+		return api.Snapshot{}, fmt.Errorf("delete snapshot %s: %w", sn.ID, err)
 	}
 	if err := s.store.Snapshots().Delete(ctx, sn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return nil, err
+		return api.Snapshot{}, err
 	}
 	s.log.InfoContext(ctx, "snapshot deleted", "snapshot", sn.ID, "owner", sn.Owner, "by", c.Username)
 	return *sn, nil

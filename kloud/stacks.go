@@ -163,9 +163,18 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	// A content id plans one at a time (terraformer's lease on its work dir): a plan of the same
 	// template by the same user (concurrent stack.create, two tabs) waits for the other one, within
 	// the plan timeout, rather than failing with terraformer's "locked".
+	// The submission is not cut short by ctx: a plan job cancelled while terraformer was
+	// accepting its run would leave that run planning with nobody to cancel it; it is
+	// cancelled once its id is known.
 	var id string
 	for {
-		id, err = tf.Plan(ctx, tfapi.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		id, err = tf.Plan(sctx, tfapi.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
+		scancel()
+		if err == nil && ctx.Err() != nil {
+			s.stopTF(ctx, id)
+			return nil, s.planStopped(ctx)
+		}
 		if err == nil {
 			break
 		}
@@ -266,24 +275,24 @@ func (s *Server) planTemplate(ctx context.Context, c *Caller, p *api.StackPlanPa
 	return t, files, b, ms, nil
 }
 
-func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
+func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.StackPlanResult, error) {
 	if p.StackID != "" {
 		return s.stackPlanUpdate(ctx, c, p) // stacks_update.go
 	}
 	t, _, _, ms, err := s.planTemplate(ctx, c, p)
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	return api.StackPlanResult{Machines: ms, TemplateID: t.ID, Rev: t.Rev}, nil
 }
 
-func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
+func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.StackCreateResult, error) {
 	t, files, b, ms, err := s.planTemplate(ctx, c, p)
 	if err != nil {
-		return nil, err
+		return api.StackCreateResult{}, err
 	}
 	if len(ms) == 0 {
-		return nil, fmt.Errorf("template %s declares no machines (resources of: %s): %w", t.ID, strings.Join(s.resourceTypes(), ", "), kite.ErrInvalidParams)
+		return api.StackCreateResult{}, fmt.Errorf("template %s declares no machines (resources of: %s): %w", t.ID, strings.Join(s.resourceTypes(), ", "), kite.ErrInvalidParams)
 	}
 	now := s.store.Now()
 	st := Stack{ID: store.NewID(), Title: p.Title, Team: t.Team, Owner: c.Username, TemplateID: t.ID, TemplateRev: t.Rev,
@@ -301,10 +310,10 @@ func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	}
 	// The machines first: a stack document never points at machines that do not exist.
 	if err := s.store.Machines().InsertMany(ctx, machines); err != nil {
-		return nil, fmt.Errorf("save machines: %w", err)
+		return api.StackCreateResult{}, fmt.Errorf("save machines: %w", err)
 	}
 	if err := s.store.Stacks().Insert(ctx, st); err != nil {
-		return nil, fmt.Errorf("save stack: %w", err)
+		return api.StackCreateResult{}, fmt.Errorf("save stack: %w", err)
 	}
 	return api.StackCreateResult{Stack: st, Machines: machines}, nil
 }
@@ -333,7 +342,7 @@ func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, 
 	return s.store.Machines().ByStack(ctx, stackID)
 }
 
-func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (_ any, err error) {
+func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (_ api.JobRef, err error) {
 	defer func() {
 		if err != nil {
 			s.log.WarnContext(ctx, "stack.apply refused", "stack", p.StackID, "by", c.Username, "destroy", p.Destroy, "err", err)
@@ -341,11 +350,11 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	}()
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	if !p.Destroy {
 		if err := s.checkPolicy(ctx, st.Team, fileMap(st.Files)); err != nil { // policy.go: refused before a job, never a Failed stack
-			return nil, err
+			return api.JobRef{}, err
 		}
 		// A stack built before (Initialized, or Failed by an update) converges as an update to
 		// its own files: machines terraform leaves alone keep their ids, disks and agents (a
@@ -355,14 +364,14 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 			return s.reapplyUpdate(ctx, c, st)
 		}
 		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
-			return nil, err
+			return api.JobRef{}, err
 		}
 		if err := s.checkStackCap(ctx, st); err != nil { // limits.go
-			return nil, err
+			return api.JobRef{}, err
 		}
 		release, err := s.applyQuota(ctx, st) // quota.go: held until the stack is Building
 		if err != nil {
-			return nil, err
+			return api.JobRef{}, err
 		}
 		defer release()
 	}
@@ -393,19 +402,19 @@ type stackJob struct {
 // one update, so it never shows a transitional state with another (dead) job's id, which the
 // reconciler would act on; then the job starts. When something fails, the stack is rolled back
 // and the lease released.
-func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj stackJob, job func(st *Stack, lease string) (jobSpec, error)) (any, error) {
+func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj stackJob, job func(st *Stack, lease string) (jobSpec, error)) (api.JobRef, error) {
 	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	if st, err = s.flow().ReconcileForApply(ctx, st, owner); err != nil {
 		release()
-		return nil, err
+		return api.JobRef{}, err
 	}
 	spec, err := job(st, owner)
 	if err != nil {
 		release()
-		return nil, err
+		return api.JobRef{}, err
 	}
 	id := store.NewID()
 	set := sj.set
@@ -414,9 +423,9 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj sta
 	if err != nil || !ok {
 		release()
 		if err != nil {
-			return nil, err
+			return api.JobRef{}, err
 		}
-		return nil, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, sj.verb, strings.Join(sj.from, ", "), kite.ErrState)
+		return api.JobRef{}, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, sj.verb, strings.Join(sj.from, ", "), kite.ErrState)
 	}
 	if _, err := s.startJob(ctx, id, spec, "stack/"+st.ID, c.Username); err != nil {
 		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the %s job: %v", sj.noun, err))}
@@ -431,7 +440,7 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj sta
 			s.log.ErrorContext(ctx, "roll back stack after a job that did not start (the reconciler will)", "stack", st.ID, "err", rerr)
 		}
 		release()
-		return nil, err
+		return api.JobRef{}, err
 	}
 	return api.JobRef{JobID: id}, nil
 }
@@ -518,20 +527,20 @@ func (s *Server) mintAgents(ctx context.Context, st *Stack, ms []Machine) (agent
 	return out, nil
 }
 
-func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackRef) (any, error) {
+func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackRef) (api.StackView, error) {
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	ms, err := s.stackMachines(ctx, st.ID)
 	if err != nil {
-		return nil, err
+		return api.StackView{}, err
 	}
 	s.fillLatestRev(ctx, []*Stack{st}) // stacks_update.go
 	return api.StackView{Stack: *st, MachineDocs: ms, Resets: st.Resets}, nil
 }
 
-func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackListParams) (any, error) {
+func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackListParams) (api.StackListResult, error) {
 	f := store.StackFilter{Owner: c.Username, Team: p.Team}
 	if p.All {
 		switch {
@@ -540,12 +549,12 @@ func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *a
 		case p.Team == "" && c.Admin:
 			f = store.StackFilter{All: true}
 		default:
-			return nil, fmt.Errorf("listing every member's stacks needs a team admin: %w", kite.ErrPermission)
+			return api.StackListResult{}, fmt.Errorf("listing every member's stacks needs a team admin: %w", kite.ErrPermission)
 		}
 	}
 	sts, err := s.store.Stacks().List(ctx, f)
 	if err != nil {
-		return nil, err
+		return api.StackListResult{}, err
 	}
 	s.fillLatestRev(ctx, stackPtrs(sts)) // stacks_update.go
 	return api.StackListResult{Stacks: sts}, nil

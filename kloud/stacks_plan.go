@@ -62,39 +62,39 @@ type planJobParams struct {
 	Admin bool                `json:"admin,omitempty"`
 }
 
-func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (any, error) {
+func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.JobRef, error) {
 	var target string
 	if p.StackID != "" {
 		st, err := s.loadStack(ctx, c, p.StackID)
 		if err != nil {
-			return nil, err
+			return api.JobRef{}, err
 		}
 		if st.State != StackInitialized && st.State != StackFailed {
-			return nil, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
+			return api.JobRef{}, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
 		}
 		target = "stack/" + st.ID
 	} else {
 		t, files, err := s.templateFiles(ctx, c, p)
 		if err != nil {
-			return nil, err
+			return api.JobRef{}, err
 		}
 		b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
 		if err != nil {
-			return nil, err
+			return api.JobRef{}, err
 		}
 		if err := s.capBuild(t, b); err != nil { // limits.go: before terraform, before a job
-			return nil, err
+			return api.JobRef{}, err
 		}
 		target = "template/" + t.ID
 	}
 	if !s.planJobs.take(c.Username, MaxPlanJobsPerUser) { // released when the job ends (runStackPlan)
-		return nil, fmt.Errorf("%s has %d plans running, the most a user may have at once: wait for one to end, or cancel it (kloud job list; kloud job cancel ID): %w",
+		return api.JobRef{}, fmt.Errorf("%s has %d plans running, the most a user may have at once: wait for one to end, or cancel it (kloud job list; kloud job cancel ID): %w",
 			c.Username, MaxPlanJobsPerUser, kite.ErrConflict)
 	}
 	id, err := planJob.Start(ctx, s, target, c.Username, planJobParams{Plan: *p, Admin: c.Admin})
 	if err != nil {
 		s.planJobs.done(c.Username)
-		return nil, err
+		return api.JobRef{}, err
 	}
 	return api.JobRef{JobID: id}, nil
 }
@@ -113,13 +113,9 @@ func (s *Server) runStackPlan(ctx context.Context, j *jobCtx, p planJobParams) (
 	}
 	j.Progress(ctx, 10, "Planning", "terraform plan of "+what)
 	ctx = withPlanLog(ctx, func(line string) { j.Logf(ctx, "%s", line) })
-	res, err := s.stackPlan(ctx, c, nil, &p.Plan)
+	r, err := s.stackPlan(ctx, c, nil, &p.Plan)
 	if err != nil {
 		return api.StackPlanResult{}, err
-	}
-	r, ok := res.(api.StackPlanResult)
-	if !ok {
-		return api.StackPlanResult{}, fmt.Errorf("plan job: stack.plan answered %T", res)
 	}
 	j.Progress(ctx, 100, "Planned", fmt.Sprintf("%d machines", len(r.Machines)))
 	return r, nil

@@ -17,18 +17,18 @@ import (
 // variable the files declare, in the stack's variables (stackbuild.ScaleFiles); then the update
 // job of stacks_update.go applies it.
 
-func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackScaleParams) (any, error) {
+func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackScaleParams) (api.JobRef, error) {
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	files, vars, err := stackbuild.ScaleFiles(st.Files, st.Variables, s.resourceTypes(), p.Resource, p.Count)
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	ms, err := s.stackMachines(ctx, st.ID)
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	have := 0
 	for _, m := range ms {

@@ -169,27 +169,27 @@ func (s *Server) updateTarget(ctx context.Context, c *Caller, st *Stack, rev int
 	return files, t.Rev, nil
 }
 
-func (s *Server) stackUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackUpdateParams) (any, error) {
+func (s *Server) stackUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackUpdateParams) (api.JobRef, error) {
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	files, rev, err := s.updateTarget(ctx, c, st, p.TemplateRevision)
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(st.Variables)})
 }
 
 // startUpdate starts the update job as stack.apply starts its job (beginStackJob, stacks.go),
 // once the update's checks passed.
-func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updateParams) (any, error) {
+func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updateParams) (api.JobRef, error) {
 	if st.State == StackNotInitialized {
-		return nil, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
+		return api.JobRef{}, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
 	}
 	release, err := s.holdQuota(ctx, st.Owner, st.Team) // quota.go: held until the stack is Building
 	if err != nil {
-		return nil, err
+		return api.JobRef{}, err
 	}
 	defer release()
 	sj := stackJob{lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
@@ -210,26 +210,26 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 // machine. It changes nothing: the plan runs against the stack's Terraform state as a preview
 // (tfapi.Request.Preview), which puts the stack's stored files and variables back, so a
 // later destroy never runs the previewed files. It holds the stack's lease meanwhile.
-func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPlanParams) (any, error) {
+func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPlanParams) (api.StackPlanResult, error) {
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	if st.State != StackInitialized && st.State != StackFailed {
-		return nil, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
+		return api.StackPlanResult{}, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
 	}
 	files, rev, err := s.updateTarget(ctx, c, st, p.Rev)
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	_, release, err := s.takeLease(ctx, "stack/"+st.ID, "plan", "stack "+st.ID+" is busy (a job is changing it; plan when it is done)")
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	defer release()
 	planned, ms, mt, err := s.planUpdate(ctx, c, st, files, st.Variables, nil)
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	agents := agentConfigs{}
 	for _, m := range mt.kept {
@@ -244,12 +244,12 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 	}
 	tpl, err := s.renderFor(ctx, c, st, files, st.Variables, mt, agents)
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	before := s.stackState(ctx, st.ID)
 	changes, err := s.planStack(ctx, nil, st, tpl, true)
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	up := s.diffMachines(st, planned, ms, changes, before)
 	up.FromRev, up.ToRev, up.Diverged = st.TemplateRev, rev, st.Diverged
@@ -289,7 +289,7 @@ func (s *Server) failedUpdate(ctx context.Context, st *Stack) bool {
 // reapplyUpdate is stack.apply of a stack a failed update left: an update to the stack's own
 // files, revision and variables. Machines that stayed Running keep their agents and disks; the
 // others are built (or, if terraform made them, awaited) and the removed ones removed.
-func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (any, error) {
+func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (api.JobRef, error) {
 	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: store.JSONTextOf(st.Files), Variables: store.JSONTextOf(st.Variables),
 		What: fmt.Sprintf("applying revision %d again (only what drifted changes)", st.TemplateRev)})
 }

@@ -73,47 +73,47 @@ func (s *Server) defaultTeam(c *Caller, team string) (string, error) {
 	return "", fmt.Errorf("say which team (--team): you are in %d teams: %w", len(c.Teams), kite.ErrInvalidParams)
 }
 
-func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (any, error) {
+func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (api.Template, error) {
 	if p.TemplateID != "" {
-		return nil, fmt.Errorf("template.create takes no id: %w", kite.ErrInvalidParams)
+		return api.Template{}, fmt.Errorf("template.create takes no id: %w", kite.ErrInvalidParams)
 	}
 	if strings.TrimSpace(p.Title) == "" || len(p.Files) == 0 {
-		return nil, fmt.Errorf("a template needs a title and at least one file: %w", kite.ErrInvalidParams)
+		return api.Template{}, fmt.Errorf("a template needs a title and at least one file: %w", kite.ErrInvalidParams)
 	}
 	team, err := s.defaultTeam(c, p.Team)
 	if err != nil {
-		return nil, err
+		return api.Template{}, err
 	}
 	files := filesOf(p.Files)
 	_, res, err := s.machineResources(fileMap(files))
 	if err != nil {
-		return nil, err
+		return api.Template{}, err
 	}
 	lift, err := s.trustSpec(c, p.Trust)
 	if err != nil {
-		return nil, err
+		return api.Template{}, err
 	}
 	if err := s.checkPolicy(ctx, team, fileMap(files), lift...); err != nil {
-		return nil, err
+		return api.Template{}, err
 	}
 	if p.MaxMachines != 0 {
-		return nil, fmt.Errorf("template.create takes no maxMachines: an administrator sets it with template.update: %w", kite.ErrInvalidParams)
+		return api.Template{}, fmt.Errorf("template.create takes no maxMachines: an administrator sets it with template.update: %w", kite.ErrInvalidParams)
 	}
 	if p.IdleTimeout != "" || p.AlwaysOn != nil {
-		return nil, fmt.Errorf("template.create takes no idleTimeout or alwaysOn: set them with template.update: %w", kite.ErrInvalidParams)
+		return api.Template{}, fmt.Errorf("template.create takes no idleTimeout or alwaysOn: set them with template.update: %w", kite.ErrInvalidParams)
 	}
 	if err := s.checkTemplateCap(nil, fileMap(files)); err != nil { // limits.go
-		return nil, err
+		return api.Template{}, err
 	}
 	now := s.store.Now()
 	t := Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
 		Rev: 1, Files: files, Providers: providerNames(res), CreatedAt: now, UpdatedAt: now}
 	if err := s.store.Templates().Insert(ctx, t); err != nil {
-		return nil, fmt.Errorf("save template: %w", err)
+		return api.Template{}, fmt.Errorf("save template: %w", err)
 	}
 	if p.Trust != nil {
 		if _, err := s.trust(ctx, c, &t, t.Rev, t.Files, p.Trust); err != nil {
-			return nil, err
+			return api.Template{}, err
 		}
 	}
 	return t, nil
@@ -134,42 +134,42 @@ func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*Templ
 	return &t, nil
 }
 
-func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (any, error) {
+func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (api.Template, error) {
 	t, err := s.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
-		return nil, err
+		return api.Template{}, err
 	}
 	if !c.CanManage(t.Owner, t.Team) {
-		return nil, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
+		return api.Template{}, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
 	}
 	u := store.TemplateUpdate{Title: strings.TrimSpace(p.Title), Description: p.Description}
 	if p.MaxMachines != 0 { // limits.go
 		if err := setTemplateCap(c, p.MaxMachines); err != nil {
-			return nil, err
+			return api.Template{}, err
 		}
 		u.MaxMachines, t.MaxMachines = p.MaxMachines, p.MaxMachines
 	}
 	idle, setIdle, err := templateIdle(p, t.Idle) // idle.go
 	if err != nil {
-		return nil, err
+		return api.Template{}, err
 	}
 	if len(p.Files) > 0 {
 		files := filesOf(p.Files)
 		_, res, err := s.machineResources(fileMap(files))
 		if err != nil {
-			return nil, err
+			return api.Template{}, err
 		}
 		// A new revision: trust given to an earlier one does not carry over (it is bound to
 		// the earlier files' digest).
 		lift, err := s.trustSpec(c, p.Trust)
 		if err != nil {
-			return nil, err
+			return api.Template{}, err
 		}
 		if err := s.checkPolicy(ctx, t.Team, fileMap(files), lift...); err != nil {
-			return nil, err
+			return api.Template{}, err
 		}
 		if err := s.checkTemplateCap(t, fileMap(files)); err != nil { // limits.go
-			return nil, err
+			return api.Template{}, err
 		}
 		u.Files, u.Providers, u.Rev = files, providerNames(res), t.Rev+1
 		revs := append([]TemplateRevision{{Rev: t.Rev, Files: t.Files, Author: t.Owner, CreatedAt: t.UpdatedAt}}, t.Revisions...)
@@ -181,50 +181,50 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 	// Conditional on the revision we read: two concurrent updates cannot both win.
 	ok, err := s.store.Templates().Update(ctx, t.ID, t.Rev, u)
 	if err != nil {
-		return nil, fmt.Errorf("save template: %w", err)
+		return api.Template{}, fmt.Errorf("save template: %w", err)
 	}
 	if !ok {
-		return nil, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
+		return api.Template{}, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
 	}
 	if setIdle {
 		if err := s.store.Templates().SetIdle(ctx, t.ID, idle); err != nil {
-			return nil, fmt.Errorf("save template: %w", err)
+			return api.Template{}, fmt.Errorf("save template: %w", err)
 		}
 	}
 	nt, err := s.loadTemplate(ctx, c, t.ID)
 	if err != nil {
-		return nil, err
+		return api.Template{}, err
 	}
 	if p.Trust != nil && len(p.Files) > 0 {
 		if _, err := s.trust(ctx, c, nt, nt.Rev, nt.Files, p.Trust); err != nil {
-			return nil, err
+			return api.Template{}, err
 		}
 	}
-	return nt, nil
+	return *nt, nil
 }
 
-func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateGetParams) (any, error) {
+func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateGetParams) (api.TemplateView, error) {
 	t, err := s.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
 	if err != nil {
-		return nil, err
+		return api.TemplateView{}, err
 	}
 	if p.Rev != 0 && p.Rev != t.Rev {
 		rev, files, err := revisionFiles(t, p.Rev)
 		if err != nil {
-			return nil, err
+			return api.TemplateView{}, err
 		}
 		t.Rev, t.Files = rev, files
 	}
 	return api.TemplateView{Template: *t, Trust: t.Trust}, nil
 }
 
-func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateListParams) (any, error) {
+func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateListParams) (api.TemplateListResult, error) {
 	var ts []Template
 	var err error
 	switch {
 	case p.Team != "":
 		if !c.InTeam(p.Team) {
-			return nil, fmt.Errorf("you are not in team %q: %w", p.Team, kite.ErrPermission)
+			return api.TemplateListResult{}, fmt.Errorf("you are not in team %q: %w", p.Team, kite.ErrPermission)
 		}
 		ts, err = s.store.Templates().OfTeams(ctx, []string{p.Team})
 	case c.Admin || c.TemplateAdmin():
@@ -233,7 +233,7 @@ func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p
 		ts, err = s.store.Templates().OfTeams(ctx, c.TeamNames())
 	}
 	if err != nil {
-		return nil, err
+		return api.TemplateListResult{}, err
 	}
 	out := []api.TemplateSummary{}
 	for _, t := range ts {
@@ -242,17 +242,17 @@ func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p
 	return api.TemplateListResult{Templates: out}, nil
 }
 
-func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateRef) (any, error) {
+func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateRef) (api.DeleteResult, error) {
 	t, err := s.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
-		return nil, err
+		return api.DeleteResult{}, err
 	}
 	if !c.CanManage(t.Owner, t.Team) {
-		return nil, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
+		return api.DeleteResult{}, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
 	}
 	// Stacks keep their own copy of the revision they were made from, so they are unaffected.
 	if err := s.store.Templates().Delete(ctx, t.ID); err != nil {
-		return nil, err
+		return api.DeleteResult{}, err
 	}
 	return api.DeleteResult{Deleted: true}, nil
 }
@@ -275,5 +275,5 @@ func (s *Server) EnsureTemplate(ctx context.Context, title string, files map[str
 	if err != nil {
 		return "", false, err
 	}
-	return res.(Template).ID, true, nil
+	return res.ID, true, nil
 }

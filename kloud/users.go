@@ -120,13 +120,13 @@ func (s *Server) userExists(ctx context.Context, username string) (bool, error) 
 	return s.store.Users().Exists(ctx, username)
 }
 
-func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.UserAddParams) (any, error) {
+func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.UserAddParams) (api.UserView, error) {
 	if !c.Admin {
-		return nil, fmt.Errorf("user.add is for kloud administrators: %w", kite.ErrPermission)
+		return api.UserView{}, fmt.Errorf("user.add is for kloud administrators: %w", kite.ErrPermission)
 	}
 	if p.Team != "" {
 		if _, err := s.loadTeam(ctx, p.Team); err != nil {
-			return nil, err
+			return api.UserView{}, err
 		}
 	}
 	u := User{Username: p.Username, Email: p.Email, Admin: p.Admin, CreatedAt: s.store.Now()}
@@ -136,21 +136,21 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 	if p.Password != "" {
 		h, err := hashPassword(p.Password)
 		if err != nil {
-			return nil, err
+			return api.UserView{}, err
 		}
 		u.PasswordHash = h
 	}
 	if err := s.store.Users().Insert(ctx, u); err != nil {
 		if errors.Is(err, store.ErrConflict) {
-			return nil, fmt.Errorf("user %q already exists: %w", p.Username, kite.ErrConflict)
+			return api.UserView{}, fmt.Errorf("user %q already exists: %w", p.Username, kite.ErrConflict)
 		}
-		return nil, fmt.Errorf("add user %s: %w", p.Username, err)
+		return api.UserView{}, fmt.Errorf("add user %s: %w", p.Username, err)
 	}
 	s.log.InfoContext(ctx, "user added", "user", p.Username, "admin", p.Admin, "by", c.Username)
 	teams := map[string]string{}
 	if p.Team != "" {
 		if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
-			return nil, fmt.Errorf("user %s was added, but not to team %s: %w", p.Username, p.Team, err)
+			return api.UserView{}, fmt.Errorf("user %s was added, but not to team %s: %w", p.Username, p.Team, err)
 		}
 		teams[p.Team] = p.Role
 	}
@@ -173,10 +173,10 @@ func (s *Server) visibleTeams(ctx context.Context, c *Caller) ([]Team, error) {
 }
 
 // userList lists every user to kloud admins, and the members of their teams to others.
-func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.UserListResult, error) {
 	teams, err := s.visibleTeams(ctx, c)
 	if err != nil {
-		return nil, err
+		return api.UserListResult{}, err
 	}
 	roles := map[string]map[string]string{} // username → team → role
 	for _, t := range teams {
@@ -198,7 +198,7 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 		users, err = s.store.Users().Named(ctx, names)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list users: %w", err)
+		return api.UserListResult{}, fmt.Errorf("list users: %w", err)
 	}
 	out := api.UserListResult{Users: []api.UserView{}}
 	seen := map[string]bool{}
@@ -227,7 +227,7 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 	return out, nil
 }
 
-func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *api.NoParams) (api.WhoamiResult, error) {
 	out := api.WhoamiResult{Username: c.Username, Admin: c.KloudRole == RoleOwner, Role: c.KloudRole, Teams: []api.TeamRole{}}
 	if p := r.Principal(); p != nil {
 		out.AuthType = p.Type
@@ -248,22 +248,22 @@ func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *
 
 // userSetPassword sets a user's password: their own, or anyone's for a kloud admin. Setting the
 // admin's password creates its user document, so the admin can log in in a browser.
-func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetPasswordParams) (any, error) {
+func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetPasswordParams) (api.SetPasswordResult, error) {
 	if p.Username == "" {
 		p.Username = c.Username
 	}
 	if p.Username != c.Username && !c.Admin {
-		return nil, fmt.Errorf("only kloud administrators set other users' passwords: %w", kite.ErrPermission)
+		return api.SetPasswordResult{}, fmt.Errorf("only kloud administrators set other users' passwords: %w", kite.ErrPermission)
 	}
 	h, err := hashPassword(p.Password)
 	if err != nil {
-		return nil, err
+		return api.SetPasswordResult{}, err
 	}
 	if err := s.store.Users().SetPassword(ctx, p.Username, h, p.Username == Admin); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return nil, notFound("user", p.Username)
+			return api.SetPasswordResult{}, notFound("user", p.Username)
 		}
-		return nil, err
+		return api.SetPasswordResult{}, err
 	}
 	s.log.InfoContext(ctx, "password set", "user", p.Username, "by", c.Username)
 	return api.SetPasswordResult{Username: p.Username, PasswordSet: true}, nil
@@ -271,43 +271,43 @@ func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request
 
 // userSetRole sets a user's kloud-wide role (owners only, checked by the route). The built-in
 // admin stays an owner; setting the role of a name without a user document is "not found".
-func (s *Server) userSetRole(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetRoleParams) (any, error) {
+func (s *Server) userSetRole(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetRoleParams) (api.UserView, error) {
 	if p.Username == Admin {
-		return nil, fmt.Errorf("%s is kloud's built-in administrator and always an owner: %w", Admin, kite.ErrInvalidParams)
+		return api.UserView{}, fmt.Errorf("%s is kloud's built-in administrator and always an owner: %w", Admin, kite.ErrInvalidParams)
 	}
 	if err := s.store.Users().SetRole(ctx, p.Username, p.Role, false); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return nil, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
+			return api.UserView{}, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
 		}
-		return nil, err
+		return api.UserView{}, err
 	}
 	s.log.Warn("role set", "user", p.Username, "role", p.Role, "by", c.Username)
 	u, err := s.loadUser(ctx, p.Username)
 	if err != nil {
-		return nil, err
+		return api.UserView{}, err
 	}
 	u.Role = EffectiveRole(u)
 	return api.UserView{User: *u, HasPassword: u.PasswordHash != "", Teams: map[string]string{}}, nil
 }
 
 // teamCreate creates a team with the caller as its admin.
-func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (any, error) {
+func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (api.Team, error) {
 	t := Team{Slug: p.Slug, Title: p.Title, Members: []Member{{Username: c.Username, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
 	if err := s.store.Teams().Insert(ctx, t); err != nil {
 		if errors.Is(err, store.ErrConflict) {
-			return nil, fmt.Errorf("team %q already exists: %w", p.Slug, kite.ErrConflict)
+			return api.Team{}, fmt.Errorf("team %q already exists: %w", p.Slug, kite.ErrConflict)
 		}
-		return nil, fmt.Errorf("create team %s: %w", p.Slug, err)
+		return api.Team{}, fmt.Errorf("create team %s: %w", p.Slug, err)
 	}
 	s.log.InfoContext(ctx, "team created", "team", p.Slug, "by", c.Username)
 	return t, nil
 }
 
 // teamList lists the caller's teams (every team for kloud admins).
-func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (any, error) {
+func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.TeamListResult, error) {
 	teams, err := s.visibleTeams(ctx, c)
 	if err != nil {
-		return nil, err
+		return api.TeamListResult{}, err
 	}
 	out := api.TeamListResult{Teams: []api.TeamView{}}
 	for _, t := range teams {
@@ -318,39 +318,39 @@ func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 }
 
 // teamAddMember adds a user to a team, or changes their role (team admins).
-func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (any, error) {
+func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (api.Team, error) {
 	if p.Role == "" {
 		p.Role = RoleMember
 	}
 	if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
-		return nil, err
+		return api.Team{}, err
 	}
 	ok, err := s.userExists(ctx, p.Username)
 	if err != nil {
-		return nil, err
+		return api.Team{}, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
+		return api.Team{}, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
 	}
 	if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
-		return nil, err
+		return api.Team{}, err
 	}
 	s.log.InfoContext(ctx, "team member set", "team", p.Team, "user", p.Username, "role", p.Role, "by", c.Username)
-	return s.loadTeam(ctx, p.Team)
+	return deref(s.loadTeam(ctx, p.Team))
 }
 
 // teamRemoveMember removes a user from a team (team admins; anyone may leave a team).
-func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (any, error) {
+func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (api.Team, error) {
 	if p.Username != c.Username || !c.InTeam(p.Team) {
 		if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
-			return nil, err
+			return api.Team{}, err
 		}
 	}
 	if err := s.setMember(ctx, p.Team, p.Username, ""); err != nil {
-		return nil, err
+		return api.Team{}, err
 	}
 	s.log.InfoContext(ctx, "team member removed", "team", p.Team, "user", p.Username, "by", c.Username)
-	return s.loadTeam(ctx, p.Team)
+	return deref(s.loadTeam(ctx, p.Team))
 }
 
 // teamAdminCheck fails unless c administers team; a team the caller is not in is "not found".

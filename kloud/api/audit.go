@@ -73,10 +73,10 @@ type AuditVerifyResult struct {
 
 // AuditList returns audit entries, newest first (audit.list).
 func (c *Client) AuditList(ctx context.Context, p AuditListParams) (AuditListResult, error) {
-	return call[AuditListResult](ctx, c, MethodAuditList, p)
+	return RPCAuditList.Call(ctx, c.c, p)
 }
 
 // AuditVerify walks the audit log's hash chain (audit.verify).
 func (c *Client) AuditVerify(ctx context.Context) (AuditVerifyResult, error) {
-	return call[AuditVerifyResult](ctx, c, MethodAuditVerify, NoParams{})
+	return RPCAuditVerify.Call(ctx, c.c, NoParams{})
 }

@@ -27,256 +27,250 @@ func NewClient(c Caller) *Client { return &Client{c: c} }
 // kontrol's).
 func (c *Client) Conn() Caller { return c.c }
 
-func call[R any](ctx context.Context, c *Client, method string, params any) (R, error) {
-	var r R
-	err := c.c.Call(ctx, method, params, &r)
-	return r, err
-}
-
 // Version returns the server's version (kloud.version).
 func (c *Client) Version(ctx context.Context) (VersionResult, error) {
-	return call[VersionResult](ctx, c, MethodVersion, NoParams{})
+	return RPCVersion.Call(ctx, c.c, NoParams{})
 }
 
 // UserAdd adds a user (kloud administrators).
 func (c *Client) UserAdd(ctx context.Context, p UserAddParams) (UserView, error) {
-	return call[UserView](ctx, c, MethodUserAdd, p)
+	return RPCUserAdd.Call(ctx, c.c, p)
 }
 
 // UserList lists the users the caller may see.
 func (c *Client) UserList(ctx context.Context) (UserListResult, error) {
-	return call[UserListResult](ctx, c, MethodUserList, NoParams{})
+	return RPCUserList.Call(ctx, c.c, NoParams{})
 }
 
 // UserWhoami says who the caller is.
 func (c *Client) UserWhoami(ctx context.Context) (WhoamiResult, error) {
-	return call[WhoamiResult](ctx, c, MethodUserWhoami, NoParams{})
+	return RPCUserWhoami.Call(ctx, c.c, NoParams{})
 }
 
 // UserSetRole sets a user's kloud-wide role (owners).
 func (c *Client) UserSetRole(ctx context.Context, p SetRoleParams) (UserView, error) {
-	return call[UserView](ctx, c, MethodUserSetRole, p)
+	return RPCUserSetRole.Call(ctx, c.c, p)
 }
 
 // UserSetPassword sets a password (the caller's own; administrators anyone's).
 func (c *Client) UserSetPassword(ctx context.Context, p SetPasswordParams) (SetPasswordResult, error) {
-	return call[SetPasswordResult](ctx, c, MethodUserSetPassword, p)
+	return RPCUserSetPassword.Call(ctx, c.c, p)
 }
 
 // TeamCreate creates a team with the caller as its admin.
 func (c *Client) TeamCreate(ctx context.Context, p TeamCreateParams) (Team, error) {
-	return call[Team](ctx, c, MethodTeamCreate, p)
+	return RPCTeamCreate.Call(ctx, c.c, p)
 }
 
 // TeamList lists the caller's teams.
 func (c *Client) TeamList(ctx context.Context) (TeamListResult, error) {
-	return call[TeamListResult](ctx, c, MethodTeamList, NoParams{})
+	return RPCTeamList.Call(ctx, c.c, NoParams{})
 }
 
 // TeamAddMember adds a member to a team or changes their role.
 func (c *Client) TeamAddMember(ctx context.Context, p TeamMemberParams) (Team, error) {
-	return call[Team](ctx, c, MethodTeamAddMember, p)
+	return RPCTeamAddMember.Call(ctx, c.c, p)
 }
 
 // TeamRemoveMember removes a member from a team.
 func (c *Client) TeamRemoveMember(ctx context.Context, p TeamMemberParams) (Team, error) {
-	return call[Team](ctx, c, MethodTeamRemoveMember, p)
+	return RPCTeamRemoveMember.Call(ctx, c.c, p)
 }
 
 // ProviderDescribe describes the providers kloud offers.
 func (c *Client) ProviderDescribe(ctx context.Context, p ProviderDescribeParams) (ProviderDescribeResult, error) {
-	return call[ProviderDescribeResult](ctx, c, MethodProviderDescribe, p)
+	return RPCProviderDescribe.Call(ctx, c.c, p)
 }
 
 // ProviderList lists every provider: in-tree and plugins, with their status.
 func (c *Client) ProviderList(ctx context.Context) (ProviderListResult, error) {
-	return call[ProviderListResult](ctx, c, MethodProviderList, NoParams{})
+	return RPCProviderList.Call(ctx, c.c, NoParams{})
 }
 
 // ProviderKeyCreate mints a remote plugin's key (kloud administrators).
 func (c *Client) ProviderKeyCreate(ctx context.Context, p ProviderKeyCreateParams) (ProviderKeyCreateResult, error) {
-	return call[ProviderKeyCreateResult](ctx, c, MethodProviderKeyCreate, p)
+	return RPCProviderKeyCreate.Call(ctx, c.c, p)
 }
 
 // CredentialAdd adds a credential.
 func (c *Client) CredentialAdd(ctx context.Context, p CredentialAddParams) (CredentialAddResult, error) {
-	return call[CredentialAddResult](ctx, c, MethodCredentialAdd, p)
+	return RPCCredentialAdd.Call(ctx, c.c, p)
 }
 
 // CredentialList lists the credentials of the caller's teams.
 func (c *Client) CredentialList(ctx context.Context, p CredentialListParams) (CredentialListResult, error) {
-	return call[CredentialListResult](ctx, c, MethodCredentialList, p)
+	return RPCCredentialList.Call(ctx, c.c, p)
 }
 
 // CredentialDescribe describes a credential (no secret values).
 func (c *Client) CredentialDescribe(ctx context.Context, p CredentialRef) (CredentialView, error) {
-	return call[CredentialView](ctx, c, MethodCredentialDescribe, p)
+	return RPCCredentialDescribe.Call(ctx, c.c, p)
 }
 
 // CredentialUpdate changes fields of a credential's value (see CredentialUpdateParams).
 func (c *Client) CredentialUpdate(ctx context.Context, p CredentialUpdateParams) (CredentialUpdateResult, error) {
-	return call[CredentialUpdateResult](ctx, c, MethodCredentialUpdate, p)
+	return RPCCredentialUpdate.Call(ctx, c.c, p)
 }
 
 // CredentialRemove removes a credential.
 func (c *Client) CredentialRemove(ctx context.Context, p CredentialRef) (CredentialRemoveResult, error) {
-	return call[CredentialRemoveResult](ctx, c, MethodCredentialRemove, p)
+	return RPCCredentialRemove.Call(ctx, c.c, p)
 }
 
 // CredentialAuthenticate asks the provider whether a credential works.
 func (c *Client) CredentialAuthenticate(ctx context.Context, p CredentialRef) (AuthenticateResult, error) {
-	return call[AuthenticateResult](ctx, c, MethodCredentialAuthenticate, p)
+	return RPCCredentialAuthenticate.Call(ctx, c.c, p)
 }
 
 // CredentialBootstrap starts (or with Destroy, undoes) a credential's bootstrap job.
 func (c *Client) CredentialBootstrap(ctx context.Context, p CredentialBootstrapParams) (BootstrapResult, error) {
-	return call[BootstrapResult](ctx, c, MethodCredentialBootstrap, p)
+	return RPCCredentialBootstrap.Call(ctx, c.c, p)
 }
 
 // TemplateCreate creates a template.
 func (c *Client) TemplateCreate(ctx context.Context, p TemplateParams) (Template, error) {
-	return call[Template](ctx, c, MethodTemplateCreate, p)
+	return RPCTemplateCreate.Call(ctx, c.c, p)
 }
 
 // TemplateUpdate updates a template (new files make a new revision).
 func (c *Client) TemplateUpdate(ctx context.Context, p TemplateParams) (Template, error) {
-	return call[Template](ctx, c, MethodTemplateUpdate, p)
+	return RPCTemplateUpdate.Call(ctx, c.c, p)
 }
 
 // TemplateGet returns a template at a revision, with its trust records.
 func (c *Client) TemplateGet(ctx context.Context, p TemplateGetParams) (TemplateView, error) {
-	return call[TemplateView](ctx, c, MethodTemplateGet, p)
+	return RPCTemplateGet.Call(ctx, c.c, p)
 }
 
 // TemplateList lists templates without their files.
 func (c *Client) TemplateList(ctx context.Context, p TemplateListParams) (TemplateListResult, error) {
-	return call[TemplateListResult](ctx, c, MethodTemplateList, p)
+	return RPCTemplateList.Call(ctx, c.c, p)
 }
 
 // TemplateDelete deletes a template.
 func (c *Client) TemplateDelete(ctx context.Context, p TemplateRef) (DeleteResult, error) {
-	return call[DeleteResult](ctx, c, MethodTemplateDelete, p)
+	return RPCTemplateDelete.Call(ctx, c.c, p)
 }
 
 // TemplateTrust lifts policy rules for a template revision (kloud administrators).
 func (c *Client) TemplateTrust(ctx context.Context, p TrustParams) (TemplateTrust, error) {
-	return call[TemplateTrust](ctx, c, MethodTemplateTrust, p)
+	return RPCTemplateTrust.Call(ctx, c.c, p)
 }
 
 // TemplateUntrust removes trust records of a template (kloud administrators).
 func (c *Client) TemplateUntrust(ctx context.Context, p TrustParams) (UntrustResult, error) {
-	return call[UntrustResult](ctx, c, MethodTemplateUntrust, p)
+	return RPCTemplateUntrust.Call(ctx, c.c, p)
 }
 
 // StackPlan plans a template without changing anything.
 func (c *Client) StackPlan(ctx context.Context, p StackPlanParams) (StackPlanResult, error) {
-	return call[StackPlanResult](ctx, c, MethodStackPlan, p)
+	return RPCStackPlan.Call(ctx, c.c, p)
 }
 
 // StackPlanJob starts stack.plan as a job; its result (job.watch, job.get) is a
 // StackPlanResult (PlanJobResult decodes it).
 func (c *Client) StackPlanJob(ctx context.Context, p StackPlanParams) (JobRef, error) {
-	return call[JobRef](ctx, c, MethodStackPlanJob, p)
+	return RPCStackPlanJob.Call(ctx, c.c, p)
 }
 
 // StackCreate creates a stack (and its machines, NotInitialized) from a template.
 func (c *Client) StackCreate(ctx context.Context, p StackPlanParams) (StackCreateResult, error) {
-	return call[StackCreateResult](ctx, c, MethodStackCreate, p)
+	return RPCStackCreate.Call(ctx, c.c, p)
 }
 
 // StackApply builds (or with Destroy, destroys) a stack; it returns the job at once.
 func (c *Client) StackApply(ctx context.Context, p StackApplyParams) (JobRef, error) {
-	return call[JobRef](ctx, c, MethodStackApply, p)
+	return RPCStackApply.Call(ctx, c.c, p)
 }
 
 // StackUpdate updates a stack to a template revision (stackupdate.go); it returns the job.
 func (c *Client) StackUpdate(ctx context.Context, p StackUpdateParams) (JobRef, error) {
-	return call[JobRef](ctx, c, MethodStackUpdate, p)
+	return RPCStackUpdate.Call(ctx, c.c, p)
 }
 
 // StackScale changes the count of a stack's machine resource and updates it; it returns the job.
 func (c *Client) StackScale(ctx context.Context, p StackScaleParams) (JobRef, error) {
-	return call[JobRef](ctx, c, MethodStackScale, p)
+	return RPCStackScale.Call(ctx, c.c, p)
 }
 
 // StackDescribe returns a stack with its machines.
 func (c *Client) StackDescribe(ctx context.Context, p StackRef) (StackView, error) {
-	return call[StackView](ctx, c, MethodStackDescribe, p)
+	return RPCStackDescribe.Call(ctx, c.c, p)
 }
 
 // StackList lists stacks.
 func (c *Client) StackList(ctx context.Context, p StackListParams) (StackListResult, error) {
-	return call[StackListResult](ctx, c, MethodStackList, p)
+	return RPCStackList.Call(ctx, c.c, p)
 }
 
 // StackReset forces a stack out of a stuck state (kloud administrators).
 func (c *Client) StackReset(ctx context.Context, p StackResetParams) (StackView, error) {
-	return call[StackView](ctx, c, MethodStackReset, p)
+	return RPCStackReset.Call(ctx, c.c, p)
 }
 
 // MachineList lists machines.
 func (c *Client) MachineList(ctx context.Context, p MachineListParams) (MachineListResult, error) {
-	return call[MachineListResult](ctx, c, MethodMachineList, p)
+	return RPCMachineList.Call(ctx, c.c, p)
 }
 
 // MachineInfo returns a machine reconciled with its provider.
 func (c *Client) MachineInfo(ctx context.Context, p MachineRef) (MachineInfo, error) {
-	return call[MachineInfo](ctx, c, MethodMachineInfo, p)
+	return RPCMachineInfo.Call(ctx, c.c, p)
 }
 
 // MachineStart starts a stopped machine; it returns the job at once.
 func (c *Client) MachineStart(ctx context.Context, p MachineRef) (JobRef, error) {
-	return call[JobRef](ctx, c, MethodMachineStart, p)
+	return RPCMachineStart.Call(ctx, c.c, p)
 }
 
 // MachineStop stops a running machine; it returns the job at once.
 func (c *Client) MachineStop(ctx context.Context, p MachineRef) (JobRef, error) {
-	return call[JobRef](ctx, c, MethodMachineStop, p)
+	return RPCMachineStop.Call(ctx, c.c, p)
 }
 
 // MachineShare shares a machine with a user.
 func (c *Client) MachineShare(ctx context.Context, p ShareParams) (SharesResult, error) {
-	return call[SharesResult](ctx, c, MethodMachineShare, p)
+	return RPCMachineShare.Call(ctx, c.c, p)
 }
 
 // MachineUnshare takes a share back.
 func (c *Client) MachineUnshare(ctx context.Context, p ShareParams) (SharesResult, error) {
-	return call[SharesResult](ctx, c, MethodMachineUnshare, p)
+	return RPCMachineUnshare.Call(ctx, c.c, p)
 }
 
 // MachinePortsOpen opens ports of a machine's firewall.
 func (c *Client) MachinePortsOpen(ctx context.Context, p PortsParams) (PortsResult, error) {
-	return call[PortsResult](ctx, c, MethodMachinePortsOpen, p)
+	return RPCMachinePortsOpen.Call(ctx, c.c, p)
 }
 
 // MachinePortsClose closes ports of a machine's firewall.
 func (c *Client) MachinePortsClose(ctx context.Context, p PortsParams) (PortsResult, error) {
-	return call[PortsResult](ctx, c, MethodMachinePortsClose, p)
+	return RPCMachinePortsClose.Call(ctx, c.c, p)
 }
 
 // MachinePortsList lists a machine's firewall rules.
 func (c *Client) MachinePortsList(ctx context.Context, p MachineRef) (PortsResult, error) {
-	return call[PortsResult](ctx, c, MethodMachinePortsList, p)
+	return RPCMachinePortsList.Call(ctx, c.c, p)
 }
 
 // MachineShares lists a machine's shares.
 func (c *Client) MachineShares(ctx context.Context, p MachineRef) (SharesResult, error) {
-	return call[SharesResult](ctx, c, MethodMachineShares, p)
+	return RPCMachineShares.Call(ctx, c.c, p)
 }
 
 // JobGet returns a job.
 func (c *Client) JobGet(ctx context.Context, p JobRef) (Job, error) {
-	return call[Job](ctx, c, MethodJobGet, p)
+	return RPCJobGet.Call(ctx, c.c, p)
 }
 
 // JobList lists jobs (the caller's; all for administrators).
 func (c *Client) JobList(ctx context.Context, p JobListParams) (JobListResult, error) {
-	return call[JobListResult](ctx, c, MethodJobList, p)
+	return RPCJobList.Call(ctx, c.c, p)
 }
 
 // JobCancel asks a job to stop.
 func (c *Client) JobCancel(ctx context.Context, p JobRef) (Job, error) {
-	return call[Job](ctx, c, MethodJobCancel, p)
+	return RPCJobCancel.Call(ctx, c.c, p)
 }
 
 // JobWatch opens a job.watch stream. It needs a *kite.Conn (streams belong to a connection).
@@ -286,7 +280,7 @@ func (c *Client) JobWatch(ctx context.Context, p JobRef) (*JobWatch, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s needs a *kite.Conn, not %T", MethodJobWatch, c.c)
 	}
-	res, err := call[JobWatchResult](ctx, c, MethodJobWatch, p)
+	res, err := RPCJobWatch.Call(ctx, c.c, p)
 	if err != nil {
 		return nil, err
 	}

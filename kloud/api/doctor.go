@@ -32,5 +32,5 @@ type DoctorResult struct {
 
 // Doctor runs kloud.doctor.
 func (c *Client) Doctor(ctx context.Context) (DoctorResult, error) {
-	return call[DoctorResult](ctx, c, MethodKloudDoctor, NoParams{})
+	return RPCKloudDoctor.Call(ctx, c.c, NoParams{})
 }

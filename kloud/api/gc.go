@@ -57,5 +57,5 @@ type GCItem struct {
 
 // GCRun collects the garbage of the providers' resources (kloud administrators).
 func (c *Client) GCRun(ctx context.Context, p GCRunParams) (GCResult, error) {
-	return call[GCResult](ctx, c, MethodGCRun, p)
+	return RPCGCRun.Call(ctx, c.c, p)
 }

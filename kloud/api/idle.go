@@ -86,5 +86,5 @@ func (p *MachineSetParams) Validate() error {
 
 // MachineSet changes a machine's own settings; it returns the machine.
 func (c *Client) MachineSet(ctx context.Context, p MachineSetParams) (Machine, error) {
-	return call[Machine](ctx, c, MethodMachineSet, p)
+	return RPCMachineSet.Call(ctx, c.c, p)
 }

@@ -74,10 +74,10 @@ type QuotaStatus struct {
 
 // QuotaSet sets a user's or a team's quota (kloud administrators).
 func (c *Client) QuotaSet(ctx context.Context, p QuotaSetParams) (QuotaStatus, error) {
-	return call[QuotaStatus](ctx, c, MethodQuotaSet, p)
+	return RPCQuotaSet.Call(ctx, c.c, p)
 }
 
 // QuotaShow shows a user's or a team's quota and use.
 func (c *Client) QuotaShow(ctx context.Context, p QuotaShowParams) (QuotaStatus, error) {
-	return call[QuotaStatus](ctx, c, MethodQuotaShow, p)
+	return RPCQuotaShow.Call(ctx, c.c, p)
 }

@@ -98,20 +98,20 @@ func (p *SnapshotRef) Validate() error { return required("snapshotId", p.Snapsho
 
 // MachineSnapshot starts a snapshot of a machine's disk; it returns the job at once.
 func (c *Client) MachineSnapshot(ctx context.Context, p SnapshotParams) (SnapshotStarted, error) {
-	return call[SnapshotStarted](ctx, c, MethodMachineSnapshot, p)
+	return RPCMachineSnapshot.Call(ctx, c.c, p)
 }
 
 // MachineSnapshots lists the caller's snapshots.
 func (c *Client) MachineSnapshots(ctx context.Context, p SnapshotsParams) (SnapshotsResult, error) {
-	return call[SnapshotsResult](ctx, c, MethodMachineSnapshots, p)
+	return RPCMachineSnapshots.Call(ctx, c.c, p)
 }
 
 // MachineRestore starts restoring a snapshot into a machine; it returns the job at once.
 func (c *Client) MachineRestore(ctx context.Context, p RestoreParams) (JobRef, error) {
-	return call[JobRef](ctx, c, MethodMachineRestore, p)
+	return RPCMachineRestore.Call(ctx, c.c, p)
 }
 
 // SnapshotDelete deletes a snapshot (its data and its record).
 func (c *Client) SnapshotDelete(ctx context.Context, p SnapshotRef) (Snapshot, error) {
-	return call[Snapshot](ctx, c, MethodSnapshotDelete, p)
+	return RPCSnapshotDelete.Call(ctx, c.c, p)
 }
