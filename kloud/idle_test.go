@@ -141,7 +141,12 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 	if mi.Reason != kloud.IdleReasonPrefix+"4s" {
 		t.Fatalf("reason of the idle stop: %q", mi.Reason)
 	}
-	jobs := e.stopJobs()
+	// The machine is Stopped a moment before its job is finished.
+	var jobs []api.Job
+	testutil.Eventually(t, time.Minute, func() bool {
+		jobs = e.stopJobs()
+		return len(jobs) != 1 || jobs[0].Status.Done()
+	}, "the idle stop job did not end")
 	if len(jobs) != 1 || jobs[0].Status != "succeeded" || jobs[0].Owner != "alice" || jobs[0].Params["reason"] != "idle for 4s" {
 		t.Fatalf("stop jobs: %+v", jobs)
 	}
