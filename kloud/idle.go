@@ -285,7 +285,7 @@ func (s *Server) autostartSweep(ctx context.Context) error {
 		if m.State != provider.Stopped {
 			continue // running already, or busy: the next start is the next one
 		}
-		if _, err := s.powerJob(ctx, m, provider.MethodStart, m.Owner, nil); err != nil {
+		if _, err := s.powerJob(ctx, m, provider.MethodStart, m.Owner, powerParams{}); err != nil {
 			s.log.Warn("autostart: start", "machine", m.ID, "err", err)
 			continue
 		}
@@ -397,8 +397,8 @@ func (s *Server) idleStop(ctx context.Context, m *Machine, timeout time.Duration
 		return nil // typed into since: the next sweep moves the deadline
 	}
 	s.log.Info("idle stop: stopping", "machine", m.ID, "timeout", timeout, "deadline", deadline)
-	_, err := s.powerJob(ctx, m, provider.MethodStop, m.Owner, map[string]any{
-		"reason": IdleReasonPrefix + ShortDuration(timeout), "idleDeadline": deadline.Format(time.RFC3339Nano), "idleTimeout": timeout.String()})
+	_, err := s.powerJob(ctx, m, provider.MethodStop, m.Owner, powerParams{
+		Reason: IdleReasonPrefix + ShortDuration(timeout), IdleDeadline: deadline.Format(time.RFC3339Nano), IdleTimeout: timeout.String()})
 	if errors.Is(err, kite.ErrState) || errors.Is(err, store.ErrLocked) || errors.Is(err, kite.ErrConflict) {
 		return nil // a job holds the machine, or it is no longer Running
 	}
@@ -406,12 +406,10 @@ func (s *Server) idleStop(ctx context.Context, m *Machine, timeout time.Duration
 }
 
 // idleStillDue is the idle stop job's last check before it stops the provider's machine: no
-// activity since the sweep decided (params idleDeadline and idleTimeout).
-func (s *Server) idleStillDue(machineID string, params map[string]any) error {
-	dl, _ := params["idleDeadline"].(string)
-	to, _ := params["idleTimeout"].(string)
-	deadline, err1 := time.Parse(time.RFC3339Nano, dl)
-	timeout, err2 := time.ParseDuration(to)
+// activity since the sweep decided (params idleDeadline and idleTimeout; none: a user's stop).
+func (s *Server) idleStillDue(machineID string, p powerParams) error {
+	deadline, err1 := time.Parse(time.RFC3339Nano, p.IdleDeadline)
+	timeout, err2 := time.ParseDuration(p.IdleTimeout)
 	if err1 != nil || err2 != nil {
 		return nil
 	}

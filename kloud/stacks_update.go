@@ -25,9 +25,9 @@ const jobStackUpdate = stackbuild.JobUpdate
 // updateParams are a stack.update job's parameters (stackbuild.UpdateParams).
 type updateParams = stackbuild.UpdateParams
 
-// runStackUpdate runs a stack.update job (stackbuild's RunUpdate).
-func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool) (map[string]any, error) {
-	return s.flow().RunUpdate(ctx, j, recovering)
+// runStackUpdate runs a stack.update job with params p (stackbuild's RunUpdate).
+func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, p updateParams, recovering bool) (stackbuild.StackResult, error) {
+	return s.flow().RunUpdate(ctx, j, p, recovering)
 }
 
 func stackPtrs(sts []Stack) []*Stack {
@@ -61,7 +61,7 @@ func (s *Server) stackUpdate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: files, Variables: st.Variables})
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(st.Variables)})
 }
 
 // startUpdate starts the update job as stack.apply starts its job (beginStackJob, stacks.go),
@@ -75,16 +75,16 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 		return api.JobRef{}, err
 	}
 	defer release()
-	sj := stackJob{kind: jobStackUpdate, lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
+	sj := stackJob{lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
 		set: store.StackSet{TFJobID: new("")}}
-	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (map[string]any, error) {
+	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (jobSpec, error) {
 		// Refused here, before a job exists, what the job would refuse before changing
 		// anything; the job checks again (it may run after a restart).
-		if err := s.flow().CheckUpdate(ctx, c, st, up.Files, up.Variables); err != nil {
-			return nil, err
+		if err := s.flow().CheckUpdate(ctx, c, st, up.Files.V, up.Variables.V); err != nil {
+			return jobSpec{}, err
 		}
 		up.Lease, up.From = lease, st.State
-		return up.Map(), nil
+		return stackUpdateJob.spec(up)
 	})
 }
 
@@ -121,7 +121,7 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 // their agents and disks; the others are built (or, if terraform made them, awaited) and the
 // removed ones removed.
 func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (api.JobRef, error) {
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: st.Files, Variables: st.Variables,
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: store.JSONTextOf(st.Files), Variables: store.JSONTextOf(st.Variables),
 		What: fmt.Sprintf("applying revision %d again (only what drifted changes)", st.TemplateRev)})
 }
 

@@ -2,7 +2,6 @@ package stackbuild
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -47,66 +46,37 @@ import (
 // failed update left).
 const JobUpdate = "stack.update"
 
-// UpdateParams are a stack.update job's parameters (job.describe shows them).
+// UpdateParams are a stack.update job's parameters (job.get shows them; files and variables
+// as JSON text, as they always were).
 type UpdateParams struct {
-	StackID   string
-	Lease     string
-	From      string // the stack's state before the job: it goes back to it if nothing changed
-	Rev       int
-	Diverged  bool
-	Files     []model.File
-	Variables map[string]string
+	StackID   string                            `json:"stackId"`
+	Lease     string                            `json:"lease"`
+	From      string                            `json:"from"` // the stack's state before the job: it goes back to it if nothing changed
+	Rev       int                               `json:"rev"`
+	Diverged  bool                              `json:"diverged"`
+	Files     store.JSONText[[]model.File]      `json:"files"`
+	Variables store.JSONText[map[string]string] `json:"variables"`
 	// What the update does in words, for the job's log, when it is not "from revision R to S"
 	// (stack.scale: "scaling web from 2 to 3 machines").
-	What string
+	What string `json:"what"`
 }
 
-// Map is p as a job document stores it (files and variables as JSON text: the store gives
-// nested documents back in its own types).
-func (p UpdateParams) Map() map[string]any {
-	files, _ := json.Marshal(p.Files)
-	vars, _ := json.Marshal(p.Variables)
-	return map[string]any{"stackId": p.StackID, "lease": p.Lease, "from": p.From, "rev": p.Rev, "diverged": p.Diverged,
-		"files": string(files), "variables": string(vars), "what": p.What}
-}
-
-// ParseUpdateParams reads a stack.update job's parameters.
-func ParseUpdateParams(m map[string]any) (UpdateParams, error) {
-	var p UpdateParams
-	var ok bool
-	if p.StackID, ok = m["stackId"].(string); !ok || p.StackID == "" {
-		return p, errors.New("stack.update job without a stackId")
+// Validate checks params decoded from a job (a job without a stack, lease owner or files was
+// not made by stack.update, or its document is damaged) and takes an unknown From as Failed.
+func (p *UpdateParams) Validate() error {
+	if p.StackID == "" {
+		return errors.New("stack.update job without a stackId")
 	}
-	if p.Lease, ok = m["lease"].(string); !ok || p.Lease == "" {
-		return p, fmt.Errorf("stack.update job of stack %s without a lease owner", p.StackID)
+	if p.Lease == "" {
+		return fmt.Errorf("stack.update job of stack %s without a lease owner", p.StackID)
 	}
-	switch v := m["rev"].(type) {
-	case int:
-		p.Rev = v
-	case int32:
-		p.Rev = int(v)
-	case int64:
-		p.Rev = int(v)
-	case float64:
-		p.Rev = int(v)
-	default:
-		return p, fmt.Errorf("stack.update job of stack %s: rev is %T", p.StackID, m["rev"])
+	if len(p.Files.V) == 0 {
+		return fmt.Errorf("stack.update job of stack %s: no files", p.StackID)
 	}
-	p.Diverged, _ = m["diverged"].(bool)
-	p.What, _ = m["what"].(string)
-	if p.From, _ = m["from"].(string); p.From != model.StackInitialized && p.From != model.StackFailed {
+	if p.From != model.StackInitialized && p.From != model.StackFailed {
 		p.From = model.StackFailed
 	}
-	files, _ := m["files"].(string)
-	if err := json.Unmarshal([]byte(files), &p.Files); err != nil || len(p.Files) == 0 {
-		return p, fmt.Errorf("stack.update job of stack %s: no files (%v)", p.StackID, err)
-	}
-	if vars, _ := m["variables"].(string); vars != "" {
-		if err := json.Unmarshal([]byte(vars), &p.Variables); err != nil {
-			return p, fmt.Errorf("stack.update job of stack %s: variables: %w", p.StackID, err)
-		}
-	}
-	return p, nil
+	return nil
 }
 
 // ---- the calls' side: checks and the preview

@@ -15,13 +15,9 @@ import (
 
 // The stack.update job (update.go has what the calls that start it use).
 
-// RunUpdate runs a stack.update job j (recovering: resumed after a restart) and returns its
-// result.
-func (f *Flow) RunUpdate(ctx context.Context, j Job, recovering bool) (res map[string]any, err error) {
-	p, err := ParseUpdateParams(j.Doc().Params)
-	if err != nil {
-		return nil, err
-	}
+// RunUpdate runs a stack.update job j with params p (recovering: resumed after a restart) and
+// returns its result.
+func (f *Flow) RunUpdate(ctx context.Context, j Job, p UpdateParams, recovering bool) (res StackResult, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("internal error: %v", r)
@@ -37,11 +33,11 @@ func (f *Flow) RunUpdate(ctx context.Context, j Job, recovering bool) (res map[s
 	st, c, stop, err := f.Resume(ctx, j, recovering, p.StackID, p.Lease, model.StackBuilding)
 	defer stop()
 	if err != nil {
-		return nil, err
+		return StackResult{}, err
 	}
 	tf, err := f.d.Terraformer()
 	if err != nil {
-		return nil, err
+		return StackResult{}, err
 	}
 	tfJob := st.TFJobID
 	resumed := false
@@ -53,27 +49,27 @@ func (f *Flow) RunUpdate(ctx context.Context, j Job, recovering bool) (res map[s
 		// and removed ones as removed.
 		j.Logf(ctx, "kloud restarted before terraform's run was recorded; updating again")
 		if err := f.unsettleInterrupted(ctx, st.ID); err != nil {
-			return nil, err
+			return StackResult{}, err
 		}
 		if st, err = f.stack(ctx, p.StackID); err != nil {
-			return nil, err
+			return StackResult{}, err
 		}
 		recovering, resumed = false, true
 	}
 	if !recovering {
 		if tfJob, err = f.prepareUpdate(ctx, j, c, st, p, resumed); err != nil {
-			return nil, err
+			return StackResult{}, err
 		}
 	}
 	if ctx.Err() != nil {
-		return nil, f.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
+		return StackResult{}, f.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
 	job, err := tf.Wait(ctx, tfJob, ApplyProgress(ctx, j))
 	if err != nil {
-		return nil, f.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", err))
+		return StackResult{}, f.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	if err := job.Err(); err != nil {
-		return nil, f.failUpdate(ctx, st, job.Result, tfJob, fmt.Errorf("terraform apply: %w", err))
+		return StackResult{}, f.failUpdate(ctx, st, job.Result, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	return f.finishUpdate(ctx, j, c, st, job.Result)
 }
@@ -129,7 +125,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 		return failClean(err)
 	}
 	defer releaseQuota()
-	planned, ms, mt, err := f.planUpdate(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
+	planned, ms, mt, err := f.planUpdate(ctx, c, st, p.Files.V, p.Variables.V, func(line string) { j.Logf(ctx, "%s", line) })
 	if err != nil {
 		return failClean(err)
 	}
@@ -150,7 +146,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 	for _, m := range mt.added {
 		all = append(all, m.ID)
 	}
-	if err := f.setContent(ctx, st.ID, j.Doc().ID, store.StackContent{Files: p.Files, Rev: p.Rev, Diverged: p.Diverged, Variables: p.Variables, Machines: all}); err != nil {
+	if err := f.setContent(ctx, st.ID, j.Doc().ID, store.StackContent{Files: p.Files.V, Rev: p.Rev, Diverged: p.Diverged, Variables: p.Variables.V, Machines: all}); err != nil {
 		return fail(err)
 	}
 	j.Enter(ctx, BuildUserData)
@@ -167,7 +163,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 	if err := f.mintInto(ctx, st, mint, agents, mt.specs); err != nil {
 		return fail(err)
 	}
-	tpl, err := f.renderFor(ctx, c, st, p.Files, p.Variables, mt, agents)
+	tpl, err := f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents)
 	if err != nil {
 		return fail(err)
 	}
@@ -210,7 +206,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 		if err := f.mintInto(ctx, st, again, agents, mt.specs); err != nil {
 			return fail(err)
 		}
-		if tpl, err = f.renderFor(ctx, c, st, p.Files, p.Variables, mt, agents); err != nil {
+		if tpl, err = f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents); err != nil {
 			return fail(err)
 		}
 	}
@@ -300,10 +296,10 @@ func (f *Flow) setContent(ctx context.Context, stackID, jobID string, c store.St
 // finishUpdate is the end of a successful terraform apply: removed machines' records go, the
 // planner waits for the agents of new and replaced machines (Building), every machine's
 // attributes are taken from the state, and the stack is Initialized.
-func (f *Flow) finishUpdate(ctx context.Context, j Job, c Caller, st *model.Stack, res *tfapi.Result) (map[string]any, error) {
+func (f *Flow) finishUpdate(ctx context.Context, j Job, c Caller, st *model.Stack, res *tfapi.Result) (StackResult, error) {
 	ms, err := f.StackMachines(ctx, st.ID)
 	if err != nil {
-		return nil, f.failUpdate(ctx, st, res, "", fmt.Errorf("load machines: %w", err))
+		return StackResult{}, f.failUpdate(ctx, st, res, "", fmt.Errorf("load machines: %w", err))
 	}
 	f.dropRemoved(ctx, st, ms, res)
 	var wait, others []model.Machine
@@ -319,7 +315,7 @@ func (f *Flow) finishUpdate(ctx context.Context, j Job, c Caller, st *model.Stac
 	j.Enter(ctx, BuildAgents)
 	results := f.WaitAgents(ctx, j, st, wait, res)
 	if ctx.Err() != nil {
-		return nil, f.failUpdate(ctx, st, res, "", fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
+		return StackResult{}, f.failUpdate(ctx, st, res, "", fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
 	}
 	j.Enter(ctx, BuildSettings)
 	failed := f.SettleMachines(ctx, c, wait, results) // as a build
@@ -335,11 +331,11 @@ func (f *Flow) finishUpdate(ctx context.Context, j Job, c Caller, st *model.Stac
 		f.SetMachine(ctx, m.ID, nil, set)
 	}
 	if err := f.recordMachineList(ctx, j, st.ID); err != nil {
-		return nil, err
+		return StackResult{}, err
 	}
 	f.d.Machines.KeepPorts(ctx, j, st) // ports.go: a replaced machine gets its recorded rules
 	return f.SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait)),
-		map[string]any{"stackId": st.ID, "machines": len(wait) + len(others), "awaited": len(wait)})
+		StackResult{StackID: st.ID, Machines: new(len(wait) + len(others)), Awaited: new(len(wait))})
 }
 
 // recordMachineList writes the stack's machine list as the records are now.
