@@ -10,6 +10,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/snapshots"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -64,7 +65,7 @@ func ParseMB(s string) (int64, error) {
 	if strings.EqualFold(strings.TrimSpace(s), "unlimited") {
 		return 0, nil
 	}
-	n, ok := parseScaled(s, map[byte]int64{'M': 1, 'G': 1 << 10, 'T': 1 << 20}) // snapshots.go
+	n, ok := snapshots.ParseScaled(s, map[byte]int64{'M': 1, 'G': 1 << 10, 'T': 1 << 20})
 	if !ok {
 		return 0, fmt.Errorf("size %q: want MB or a number with M, G or T (8G), or \"unlimited\"", s)
 	}
