@@ -243,7 +243,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		Logger:        opts.Logger,
 		PingInterval:  opts.HeartbeatInterval,
 		PingTimeout:   opts.HeartbeatTimeout,
-		Observer:      m.kite,
+		Observer:      m.Kite(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
@@ -276,7 +276,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if s.relay, err = newRelay(s); err != nil {
 		return nil, err
 	}
-	s.watchComponents() // metrics.go
+	if err := newMetricsPoller(s); err != nil { // metrics.go
+		return nil, fmt.Errorf("kloud: %w", err)
+	}
 	s.routes()
 	ok = true
 	return s, nil
