@@ -20,6 +20,7 @@ var layers = map[string]int{
 	"internal": 0, "userdata": 0, // helpers that know nothing of Kloud
 	"kite": 1, "internal/logfmt": 1, "internal/metrics": 1, // the transport, and helpers that use its errors
 	"kontrol/kontrolapi": 2, "klient/klientapi": 2, // wire types
+	"provider/ptype": 2, "provider/pluginapi": 2, // the provider contract's value types, the plugin protocol
 	"kontrol": 3, "klient": 3, "provider": 3, // the registry, the agent, the provider contract
 	"providers": 4, "examples": 4, "terraformer": 4, // providers, and what runs terraform with them
 	"kloud": 5,                       // the orchestrator

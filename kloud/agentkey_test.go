@@ -158,9 +158,7 @@ func TestShareReachesOnlyThatMachine(t *testing.T) {
 	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
 	ctx := t.Context()
-	admin := e.Dial(kloud.Admin)
-	kloudtest.Call(t, admin, "user.add", map[string]any{"username": "alice", "password": "alice-password", "team": kloud.DefaultTeam}, nil)
-	kloudtest.Call(t, admin, "user.add", map[string]any{"username": "bob", "password": "bob-password", "team": kloud.DefaultTeam}, nil)
+	addUsers(t, e, true, "alice", "bob")
 	// Two machines of alice's with registered agents; m1 is shared with bob.
 	ids := map[string]string{}
 	for _, m := range []string{"m1", "m2"} {

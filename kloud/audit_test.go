@@ -22,6 +22,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
+	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 )
 
 // auditEntries returns the whole audit log, oldest first (as the kloud admin).
@@ -95,11 +96,11 @@ func TestAuditRecordsCalls(t *testing.T) {
 
 	credID := w.addCred("alice", "alice's key", goodCredData())
 	// bob, a member of red, may not remove alice's credential.
-	wantErr(t, w.call("bob", "credential.remove", map[string]any{"credentialId": credID}, nil), kite.ErrPermission, "bob removes alice's credential")
+	wantErr(t, errOf(w.client("bob").CredentialRemove(w.t.Context(), api.CredentialRef{CredentialID: credID})), kite.ErrPermission, "bob removes alice's credential")
 
 	// A hostile id cannot forge a line of the table: it is recorded escaped.
 	forged := "nope\n99   2026-01-01 00:00:00  admin  127.0.0.1  user.add  user/mallory  ok"
-	wantErr(t, w.call("alice", "stack.apply", map[string]any{"stackId": forged}, nil), kite.ErrNotFound, "stack.apply of a forged id")
+	wantErr(t, errOf(w.client("alice").StackApply(w.t.Context(), api.StackApplyParams{StackID: forged})), kite.ErrNotFound, "stack.apply of a forged id")
 	if code, _ := login(t, w.e.URL, "dave", davePassword, ""); code != 200 {
 		t.Fatalf("login: %d", code)
 	}
@@ -112,12 +113,12 @@ func TestAuditRecordsCalls(t *testing.T) {
 
 	// A kite key made through kontrol (audited, the key itself never recorded), and a
 	// revocation.
-	var made struct{ Key, KiteID string }
-	w.must(kloud.Admin, "kontrol.createKey", map[string]any{"username": "alice"}, &made)
+	var made kontrolapi.CreateKeyResult
+	w.must(kloud.Admin, "kontrol.createKey", kontrolapi.CreateKeyParams{Username: "alice"}, &made)
 	if made.Key == "" || made.KiteID == "" {
 		t.Fatalf("kontrol.createKey: %+v", made)
 	}
-	w.must(kloud.Admin, "kontrol.revoke", map[string]any{"jti": made.KiteID, "reason": "audit test"}, nil)
+	w.must(kloud.Admin, "kontrol.revoke", kontrolapi.RevokeParams{JTI: made.KiteID, Reason: "audit test"}, nil)
 
 	before := auditEntries(t, admin)
 	// Read-only calls add nothing.
@@ -125,13 +126,13 @@ func TestAuditRecordsCalls(t *testing.T) {
 		user, method string
 		params       any
 	}{
-		{"alice", "credential.list", map[string]any{}},
-		{"alice", "credential.describe", map[string]any{"credentialId": credID}},
+		{"alice", "credential.list", api.CredentialListParams{}},
+		{"alice", "credential.describe", api.CredentialRef{CredentialID: credID}},
 		{"alice", "user.whoami", nil},
 		{"alice", "team.list", nil},
-		{"alice", "stack.list", map[string]any{}},
-		{"alice", "template.list", map[string]any{}},
-		{"alice", "job.list", map[string]any{}},
+		{"alice", "stack.list", api.StackListParams{}},
+		{"alice", "template.list", api.TemplateListParams{}},
+		{"alice", "job.list", api.JobListParams{}},
 		{"alice", "kloud.version", nil},
 		{kloud.Admin, "audit.verify", nil},
 		{kloud.Admin, "user.list", nil},
@@ -140,8 +141,8 @@ func TestAuditRecordsCalls(t *testing.T) {
 		w.must(c.user, c.method, c.params, nil)
 	}
 	// audit.list and audit.verify are for kloud admins.
-	wantErr(t, w.call("alice", "audit.list", map[string]any{}, nil), kite.ErrPermission, "alice lists the audit log")
-	wantErr(t, w.call("alice", "audit.verify", nil, nil), kite.ErrPermission, "alice verifies the audit log")
+	wantErr(t, errOf(w.client("alice").AuditList(w.t.Context(), api.AuditListParams{})), kite.ErrPermission, "alice lists the audit log")
+	wantErr(t, errOf(w.client("alice").AuditVerify(w.t.Context())), kite.ErrPermission, "alice verifies the audit log")
 	after := auditEntries(t, admin)
 	if len(after) != len(before) {
 		t.Fatalf("read-only calls added entries: %+v", after[len(before):])
@@ -239,7 +240,7 @@ func TestAuditVerify(t *testing.T) {
 	admin := api.NewClient(w.as(kloud.Admin))
 	ctx := t.Context()
 	for i := range 6 {
-		w.must(kloud.Admin, "team.create", map[string]any{"slug": fmt.Sprintf("team-%d", i)}, nil)
+		w.ok(errOf(w.client(kloud.Admin).TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: fmt.Sprintf("team-%d", i)})), "team.create")
 	}
 	coll := w.e.Server.Store().Collection(store.CollAudit)
 	verify := func() api.AuditVerifyResult {
@@ -283,7 +284,7 @@ func TestAuditRetention(t *testing.T) {
 	admin := api.NewClient(w.as(kloud.Admin))
 	ctx := t.Context()
 	for i := range 5 {
-		w.must(kloud.Admin, "team.create", map[string]any{"slug": fmt.Sprintf("old-%d", i)}, nil)
+		w.ok(errOf(w.client(kloud.Admin).TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: fmt.Sprintf("old-%d", i)})), "team.create")
 	}
 	var v api.AuditVerifyResult
 	testutil.Eventually(t, 30*time.Second, func() bool {
@@ -294,7 +295,7 @@ func TestAuditRetention(t *testing.T) {
 	if !v.OK {
 		t.Fatalf("verify after pruning: %+v", v)
 	}
-	w.must(kloud.Admin, "team.create", map[string]any{"slug": "new"}, nil)
+	w.ok(errOf(w.client(kloud.Admin).TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "new"})), "team.create")
 	es := auditEntries(t, admin)
 	if len(es) == 0 || es[0].Seq <= 5 {
 		t.Fatalf("entries after pruning: %+v", es)
@@ -338,7 +339,7 @@ func TestAuditConcurrentCalls(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, c := range conns {
 		wg.Go(func() {
-			if err := c.Call(context.Background(), "team.create", map[string]any{"slug": fmt.Sprintf("t-%d", i)}, nil); err != nil {
+			if _, err := api.NewClient(c).TeamCreate(context.Background(), api.TeamCreateParams{Slug: fmt.Sprintf("t-%d", i)}); err != nil {
 				t.Errorf("team.create %d: %v", i, err)
 			}
 		})
@@ -404,7 +405,7 @@ func TestAuditConnections(t *testing.T) {
 		t.Fatalf("terminal.kill: %+v", k)
 	}
 
-	kloudtest.Call(t, e.Dial(kloud.Admin), "user.add", map[string]string{"username": "carol", "password": "carol-password", "team": kloud.DefaultTeam}, nil)
+	addUsers(t, e.Env, true, "carol")
 	if _, resp, err := e.open(e.login("carol", "carol-password"), ""); err == nil || resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("carol opens alice's terminal: %v %s", err, status(resp))
 	}

@@ -1,13 +1,13 @@
 package kloud_test
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
@@ -18,30 +18,33 @@ import (
 func TestStackAuthz(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t, dummy.Options{})
+	ctx := t.Context()
 	admin := f.Dial(kloud.Admin)
-	kloudtest.Call(t, admin, "team.create", map[string]string{"slug": "red", "title": "Red"}, nil)
-	kloudtest.Call(t, admin, "team.create", map[string]string{"slug": "blue", "title": "Blue"}, nil)
-	kloudtest.Call(t, admin, "user.add", map[string]string{"username": "carol", "team": "red"}, nil)
-	kloudtest.Call(t, admin, "user.add", map[string]string{"username": "bob", "team": "blue"}, nil)
-	kloudtest.Call(t, admin, "team.addMember", map[string]string{"team": "red", "username": "alice", "role": "member"}, nil)
-	kloudtest.Call(t, admin, "team.removeMember", map[string]string{"team": kloud.DefaultTeam, "username": "alice"}, nil)
+	ac := api.NewClient(admin)
+	ok := func(err error, what string) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	ok(errOf(ac.TeamCreate(ctx, api.TeamCreateParams{Slug: "red", Title: "Red"})), "team.create red")
+	ok(errOf(ac.TeamCreate(ctx, api.TeamCreateParams{Slug: "blue", Title: "Blue"})), "team.create blue")
+	ok(errOf(ac.UserAdd(ctx, api.UserAddParams{Username: "carol", Team: "red"})), "user.add carol")
+	ok(errOf(ac.UserAdd(ctx, api.UserAddParams{Username: "bob", Team: "blue"})), "user.add bob")
+	ok(errOf(ac.TeamAddMember(ctx, api.TeamMemberParams{Team: "red", Username: "alice", Role: "member"})), "team.addMember")
+	ok(errOf(ac.TeamRemoveMember(ctx, api.TeamMemberParams{Team: kloud.DefaultTeam, Username: "alice"})), "team.removeMember")
 	alice := f.Dial("alice")
 	f.alice = alice
-	kloudtest.Call(t, alice, "credential.add", map[string]any{"provider": "dummy", "title": "red cred", "team": "red", "data": map[string]string{"token": "red-token"}}, nil)
+	c := f.client()
+	ok(errOf(c.CredentialAdd(ctx, api.CredentialAddParams{Provider: "dummy", Title: "red cred", Team: "red", Data: json.RawMessage(`{"token":"red-token"}`)})), "credential.add red")
 	bob, carol := f.Dial("bob"), f.Dial("carol")
-	kloudtest.Call(t, bob, "credential.add", map[string]any{"provider": "dummy", "title": "blue cred", "data": map[string]string{"token": "blue-token"}}, nil)
+	ok(errOf(api.NewClient(bob).CredentialAdd(ctx, api.CredentialAddParams{Provider: "dummy", Title: "blue cred", Data: json.RawMessage(`{"token":"blue-token"}`)})), "credential.add blue")
 
-	var tpl struct{ ID string }
-	kloudtest.Call(t, alice, "template.create", map[string]any{"title": "t", "team": "red", "files": map[string]string{"main.tf": twoVMs}}, &tpl)
-	var created struct {
-		Stack    kloud.Stack
-		Machines []kloud.Machine
-	}
-	kloudtest.Call(t, alice, "stack.create", map[string]any{"templateId": tpl.ID}, &created)
+	tpl, err := c.TemplateCreate(ctx, api.TemplateParams{Title: "t", Team: "red", Files: map[string]string{"main.tf": twoVMs}})
+	ok(err, "template.create")
+	created, err := c.StackCreate(ctx, api.StackPlanParams{TemplateID: tpl.ID})
+	ok(err, "stack.create")
 	sid, mid := created.Stack.ID, created.Machines[0].ID
-	var jobs struct {
-		Jobs []struct{ ID string }
-	}
 
 	is := func(target error) func(error) bool { return func(err error) bool { return errors.Is(err, target) } }
 	none := func(err error) bool { return err == nil }
@@ -52,16 +55,16 @@ func TestStackAuthz(t *testing.T) {
 	}
 	users := map[string]*kite.Conn{"alice": alice, "carol": carol, "bob": bob, "admin": admin}
 	rows := []row{
-		{"template.get", map[string]string{"id": tpl.ID}, map[string]func(error) bool{"alice": none, "carol": none, "bob": is(kite.ErrNotFound), "admin": none}},
-		{"template.update", map[string]string{"id": tpl.ID, "title": "renamed"}, map[string]func(error) bool{"alice": none, "carol": is(kite.ErrPermission), "bob": is(kite.ErrNotFound), "admin": none}},
-		{"template.delete", map[string]string{"id": tpl.ID}, map[string]func(error) bool{"carol": is(kite.ErrPermission), "bob": is(kite.ErrNotFound)}},
-		{"stack.plan", map[string]string{"templateId": tpl.ID}, map[string]func(error) bool{"alice": none, "carol": none, "bob": is(kite.ErrNotFound)}},
-		{"stack.create", map[string]string{"templateId": tpl.ID}, map[string]func(error) bool{"bob": is(kite.ErrNotFound)}},
-		{"stack.describe", map[string]string{"id": sid}, map[string]func(error) bool{"alice": none, "carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound), "admin": none}},
-		{"stack.apply", map[string]any{"stackId": sid, "destroy": true}, map[string]func(error) bool{"carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound)}},
-		{"machine.info", map[string]string{"machineId": mid}, map[string]func(error) bool{"alice": none, "carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound), "admin": none}},
-		{"machine.start", map[string]string{"machineId": mid}, map[string]func(error) bool{"alice": is(kite.ErrState), "carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound)}},
-		{"machine.stop", map[string]string{"machineId": mid}, map[string]func(error) bool{"alice": is(kite.ErrState), "carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound), "admin": is(kite.ErrState)}},
+		{"template.get", api.TemplateGetParams{TemplateID: tpl.ID}, map[string]func(error) bool{"alice": none, "carol": none, "bob": is(kite.ErrNotFound), "admin": none}},
+		{"template.update", api.TemplateParams{TemplateID: tpl.ID, Title: "renamed"}, map[string]func(error) bool{"alice": none, "carol": is(kite.ErrPermission), "bob": is(kite.ErrNotFound), "admin": none}},
+		{"template.delete", api.TemplateRef{TemplateID: tpl.ID}, map[string]func(error) bool{"carol": is(kite.ErrPermission), "bob": is(kite.ErrNotFound)}},
+		{"stack.plan", api.StackPlanParams{TemplateID: tpl.ID}, map[string]func(error) bool{"alice": none, "carol": none, "bob": is(kite.ErrNotFound)}},
+		{"stack.create", api.StackPlanParams{TemplateID: tpl.ID}, map[string]func(error) bool{"bob": is(kite.ErrNotFound)}},
+		{"stack.describe", api.StackRef{StackID: sid}, map[string]func(error) bool{"alice": none, "carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound), "admin": none}},
+		{"stack.apply", api.StackApplyParams{StackID: sid, Destroy: true}, map[string]func(error) bool{"carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound)}},
+		{"machine.info", api.MachineRef{MachineID: mid}, map[string]func(error) bool{"alice": none, "carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound), "admin": none}},
+		{"machine.start", api.MachineRef{MachineID: mid}, map[string]func(error) bool{"alice": is(kite.ErrState), "carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound)}},
+		{"machine.stop", api.MachineRef{MachineID: mid}, map[string]func(error) bool{"alice": is(kite.ErrState), "carol": is(kite.ErrNotFound), "bob": is(kite.ErrNotFound), "admin": is(kite.ErrState)}},
 	}
 	for _, r := range rows {
 		for who, want := range r.want {
@@ -72,11 +75,12 @@ func TestStackAuthz(t *testing.T) {
 		}
 	}
 	// Lists show only one's own.
-	for who, c := range map[string]*kite.Conn{"carol": carol, "bob": bob} {
-		var ms struct{ Machines []kloud.Machine }
-		kloudtest.Call(t, c, "machine.list", nil, &ms)
-		var ss struct{ Stacks []kloud.Stack }
-		kloudtest.Call(t, c, "stack.list", nil, &ss)
+	for who, conn := range map[string]*kite.Conn{"carol": carol, "bob": bob} {
+		c := api.NewClient(conn)
+		ms, err := c.MachineList(ctx, api.MachineListParams{})
+		ok(err, "machine.list")
+		ss, err := c.StackList(ctx, api.StackListParams{})
+		ok(err, "stack.list")
 		for _, s := range ss.Stacks {
 			if s.Owner == "alice" {
 				t.Errorf("%s lists alice's stack", who)
@@ -87,26 +91,25 @@ func TestStackAuthz(t *testing.T) {
 				t.Errorf("%s lists alice's machine", who)
 			}
 		}
-		var tl struct{ Templates []api.TemplateSummary }
-		kloudtest.Call(t, c, "template.list", nil, &tl)
+		tl, err := c.TemplateList(ctx, api.TemplateListParams{})
+		ok(err, "template.list")
 		if who == "bob" && len(tl.Templates) != 0 {
 			t.Errorf("bob lists red's templates: %+v", tl.Templates)
 		}
 	}
-	if err := bob.Call(t.Context(), "stack.list", map[string]any{"all": true, "team": "red"}, nil); !errors.Is(err, kite.ErrPermission) {
+	if _, err := api.NewClient(bob).StackList(ctx, api.StackListParams{All: true, Team: "red"}); !errors.Is(err, kite.ErrPermission) {
 		t.Errorf("bob listing red's stacks: %v", err)
 	}
 	// A job of alice's: destroying her (never built) stack.
-	var job struct{ JobID string }
-	kloudtest.Call(t, alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
-	f.follow(job.JobID)
-	kloudtest.Call(t, alice, "job.list", nil, &jobs)
+	f.follow(f.apply(sid, true))
+	jobs, err := c.JobList(ctx, api.JobListParams{})
+	ok(err, "job.list")
 	if len(jobs.Jobs) == 0 {
 		t.Fatal("alice has no jobs")
 	}
 	for _, j := range jobs.Jobs {
 		for who, c := range map[string]*kite.Conn{"carol": carol, "bob": bob} {
-			if err := c.Call(t.Context(), "job.get", map[string]string{"jobId": j.ID}, nil); !errors.Is(err, kite.ErrNotFound) {
+			if _, err := api.NewClient(c).JobGet(ctx, api.JobRef{JobID: j.ID}); !errors.Is(err, kite.ErrNotFound) {
 				t.Errorf("job.get of alice's job as %s: %v", who, err)
 			}
 		}

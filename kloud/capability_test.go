@@ -29,7 +29,7 @@ func TestCredentialUpdate(t *testing.T) {
 	data["account"] = "acct-1"
 	id := w.addCred("bob", "bob's key", data)
 	var auth api.AuthenticateResult
-	w.must("bob", "credential.authenticate", map[string]any{"id": id}, &auth)
+	w.ok(into(&auth)(w.client("bob").CredentialAuthenticate(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.authenticate")
 	if !auth.Verified {
 		t.Fatalf("authenticate: %+v", auth)
 	}
@@ -52,7 +52,7 @@ func TestCredentialUpdate(t *testing.T) {
 		t.Errorf("after update: %+v", v)
 	}
 	var d api.CredentialView
-	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
+	w.ok(into(&d)(w.client("bob").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
 	if d.Verified || d.Public["region"] != "us-1" || !slices.Equal(d.Secret, []string{"secret_key", "token"}) {
 		t.Errorf("described after update: %+v", d)
 	}
@@ -75,15 +75,15 @@ func TestCredentialUpdate(t *testing.T) {
 		{"carol", `{"region":"eu-3"}`, kite.ErrNotFound, ""},
 	} {
 		var raw any = c.data
-		err := w.call(c.user, "credential.update", map[string]any{"credentialId": id, "data": jsonRaw(c.data)}, nil)
+		_, err := w.client(c.user).CredentialUpdate(w.t.Context(), api.CredentialUpdateParams{CredentialID: id, Data: json.RawMessage(c.data)})
 		if c.kind == nil && err != nil || c.kind != nil && (!errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("update %v as %s: %v, want %v %q", raw, c.user, err, c.kind, c.want)
 		}
 	}
 	w.addUser("dave", "", false)
-	w.must("alice", "team.addMember", map[string]any{"team": "red", "username": "dave"}, nil)
-	wantErr(t, w.call("dave", "credential.update", map[string]any{"credentialId": id, "data": map[string]any{"region": "x"}}, nil), kite.ErrPermission, "a member updates another's credential")
-	wantErr(t, w.call("bob", "credential.update", map[string]any{"credentialId": id}, nil), kite.ErrInvalidParams, "no data")
+	w.ok(errOf(w.client("alice").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "dave"})), "team.addMember")
+	wantErr(t, errOf(w.client("dave").CredentialUpdate(w.t.Context(), api.CredentialUpdateParams{CredentialID: id, Data: json.RawMessage(mustJSON(w.t, map[string]any{"region": "x"}))})), kite.ErrPermission, "a member updates another's credential")
+	wantErr(t, errOf(w.client("bob").CredentialUpdate(w.t.Context(), api.CredentialUpdateParams{CredentialID: id})), kite.ErrInvalidParams, "no data")
 
 	// A new access key with its secret; a secret cleared with null.
 	res, err = c.CredentialUpdate(ctx, api.CredentialUpdateParams{CredentialID: id, Data: []byte(`{"access_key":"other-key","secret_key":"` + testNewSecret + `","token":null}`)})
@@ -101,7 +101,7 @@ func TestCredentialUpdate(t *testing.T) {
 		t.Errorf("after the second update: %+v", v)
 	}
 	d = api.CredentialView{}
-	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
+	w.ok(into(&d)(w.client("bob").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
 	if !slices.Equal(d.Secret, []string{"secret_key"}) {
 		t.Errorf("secret fields after clearing the token: %v", d.Secret)
 	}
@@ -117,10 +117,6 @@ func TestCredentialUpdate(t *testing.T) {
 	}
 	w.scan(testSecretKey, testToken, testNewSecret)
 }
-
-type jsonRaw string
-
-func (j jsonRaw) MarshalJSON() ([]byte, error) { return []byte(j), nil }
 
 // capMachine is a machine that could stop; its provider does not advertise it.
 type capMachine struct{}
@@ -173,15 +169,15 @@ func TestUnsupportedMethod(t *testing.T) {
 		t.Errorf("machine.info: %+v %v", info, err)
 	}
 	var desc api.ProviderDescribeResult
-	w.must("alice", "provider.describe", map[string]any{"provider": "nostop"}, &desc)
+	w.ok(into(&desc)(w.client("alice").ProviderDescribe(w.t.Context(), api.ProviderDescribeParams{Provider: "nostop"})), "provider.describe")
 	if len(desc.Providers) != 1 || !slices.Equal(desc.Providers[0].Capabilities, []provider.Capability{provider.CapStart}) ||
 		desc.Providers[0].Kind != provider.KindBuiltin || !strings.Contains(string(desc.Providers[0].Schemas.Credential), `"key"`) {
 		t.Errorf("describe: %+v", desc.Providers)
 	}
 	// credential.bootstrap of a provider without bootstrap: refused the same way.
 	var added api.CredentialAddResult
-	w.must(kloud.Admin, "credential.add", map[string]any{"provider": "nostop", "title": "k", "data": map[string]any{"key": "v"}}, &added)
-	err = w.call(kloud.Admin, "credential.bootstrap", map[string]any{"credentialId": added.ID}, nil)
+	w.ok(into(&added)(w.client(kloud.Admin).CredentialAdd(w.t.Context(), api.CredentialAddParams{Provider: "nostop", Title: "k", Data: json.RawMessage(mustJSON(w.t, map[string]any{"key": "v"}))})), "credential.add")
+	_, err = w.client(kloud.Admin).CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: added.ID})
 	if !errors.As(err, &ke) || ke.Code != -32005 || !strings.Contains(err.Error(), "credential.bootstrap: provider nostop does not support bootstrap") {
 		t.Errorf("credential.bootstrap on a provider without bootstrap: %v", err)
 	}

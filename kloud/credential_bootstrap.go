@@ -105,7 +105,7 @@ func (s *Server) staleBootstrap(ctx context.Context, b *Bootstrap) bool {
 }
 
 func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, status string, destroy bool) (api.BootstrapResult, error) {
-	jobID, err := s.startJob(ctx, bootstrapJobKind, "credential/"+cr.ID, c.Username, map[string]any{"credential": cr.ID, "destroy": destroy})
+	jobID, err := bootstrapJob.Start(ctx, s, "credential/"+cr.ID, c.Username, bootstrapParams{Credential: cr.ID, Destroy: destroy})
 	if err != nil {
 		if ferr := s.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
 			s.log.ErrorContext(ctx, "roll back a bootstrap whose job did not start", "credential", cr.ID, "err", ferr)
@@ -139,10 +139,24 @@ func (s *Server) finishBootstrap(credID, jobID string, set store.BootstrapSet) e
 	return nil
 }
 
+// bootstrapParams are a credential.bootstrap job's params (job.get shows them).
+type bootstrapParams struct {
+	Credential string `json:"credential"` // the credential's id
+	Destroy    bool   `json:"destroy"`    // destroy the bootstrap's resources instead
+}
+
+// bootstrapResult is a credential.bootstrap job's result: the credential and the names of its
+// bootstrap outputs, or (a destroy) the content ids destroyed. Outputs and Destroyed are
+// pointers so that the one the job sets is shown even when empty (null).
+type bootstrapResult struct {
+	Credential string    `json:"credential"`
+	Outputs    *[]string `json:"outputs,omitempty"`
+	Destroyed  *[]string `json:"destroyed,omitempty"`
+}
+
 // runBootstrap is the job (resume: recovered after a restart).
-func (s *Server) runBootstrap(ctx context.Context, j *jobCtx, resume bool) (map[string]any, error) {
-	id, _ := j.Params["credential"].(string)
-	destroy, _ := j.Params["destroy"].(bool)
+func (s *Server) runBootstrap(ctx context.Context, j *jobCtx, p bootstrapParams, resume bool) (bootstrapResult, error) {
+	id, destroy := p.Credential, p.Destroy
 	var red redactor
 	res, err := s.bootstrapWork(ctx, j, id, destroy, resume, &red)
 	if err != nil {
@@ -153,12 +167,12 @@ func (s *Server) runBootstrap(ctx context.Context, j *jobCtx, resume bool) (map[
 		if ferr := s.finishBootstrap(id, j.ID, store.BootstrapSet{Status: new(BootstrapFailed), Error: new(err.Error())}); ferr != nil {
 			s.log.ErrorContext(ctx, "record a failed bootstrap", "credential", id, "job", j.ID, "err", ferr)
 		}
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	return res, nil
 }
 
-func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destroy, resume bool, red *redactor) (map[string]any, error) {
+func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destroy, resume bool, red *redactor) (bootstrapResult, error) {
 	stage := string(provider.Building)
 	if destroy {
 		stage = string(provider.Terminating)
@@ -166,31 +180,31 @@ func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destro
 	j.Progress(ctx, 5, stage, "Fetching the credential")
 	cr, err := s.store.Credentials().Get(ctx, id)
 	if err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	b := cr.Bootstrap
 	if b == nil || (b.Status != BootstrapRunning && b.Status != BootstrapDestroying) || (b.JobID != "" && b.JobID != j.ID) {
-		return nil, fmt.Errorf("credential %s: its bootstrap is not held by this job (anymore)", id)
+		return bootstrapResult{}, fmt.Errorf("credential %s: its bootstrap is not held by this job (anymore)", id)
 	}
 	held, err := s.store.Credentials().SetBootstrapJob(ctx, id, j.ID)
 	if err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	if !held {
-		return nil, fmt.Errorf("credential %s: its bootstrap is held by another job", id)
+		return bootstrapResult{}, fmt.Errorf("credential %s: its bootstrap is held by another job", id)
 	}
 	prov, err := s.providers.Lookup(cr.Provider)
 	if err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	pc, err := s.providerCredential(prov, &cr)
 	if err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	*red = secretValues(pc.Value, provider.SecretFields(pc.Value))
 	tf, err := s.terraformer()
 	if err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	vars, _ := credentialVariables(prov, pc)
 	var prior []string
@@ -307,14 +321,14 @@ func mergeVars(a, b map[string]any) map[string]any {
 	return out
 }
 
-func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *provider.Credential, vars map[string]any) (map[string]any, error) {
+func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *provider.Credential, vars map[string]any) (bootstrapResult, error) {
 	st, err := w.s.credentialStack(prov, w.cred, w.cred.Owner)
 	if err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	tmpls, err := st.BootstrapTemplates(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("provider %s: bootstrap templates: %w", prov.Name, err)
+		return bootstrapResult{}, fmt.Errorf("provider %s: bootstrap templates: %w", prov.Name, err)
 	}
 	ids := make([]string, len(tmpls))
 	all := slices.Clone(w.cred.Bootstrap.ContentIDs)
@@ -329,9 +343,9 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 	}
 	// Recorded first: whatever Terraform creates can be destroyed, also after a failure.
 	if held, err := w.s.store.Credentials().UpdateBootstrap(ctx, w.cred.ID, w.j.ID, store.BootstrapSet{ContentIDs: &all}); err != nil {
-		return nil, fmt.Errorf("record bootstrap content ids: %w", err)
+		return bootstrapResult{}, fmt.Errorf("record bootstrap content ids: %w", err)
 	} else if !held {
-		return nil, fmt.Errorf("record bootstrap content ids: credential %s: its bootstrap is no longer held by job %s", w.cred.ID, w.j.ID)
+		return bootstrapResult{}, fmt.Errorf("record bootstrap content ids: credential %s: its bootstrap is no longer held by job %s", w.cred.ID, w.j.ID)
 	}
 	outputs := map[string]any{}
 	n := max(len(tmpls), 1)
@@ -341,11 +355,11 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 				Variables: mergeVars(declaredVars(t.Files, vars), t.Variables), TraceID: w.j.ID})
 		})
 		if err != nil {
-			return nil, fmt.Errorf("terraform apply of %s: %w", ids[i], err)
+			return bootstrapResult{}, fmt.Errorf("terraform apply of %s: %w", ids[i], err)
 		}
 		final, err := w.wait(ctx, tfJob, 10+80*i/n, 80/n, fmt.Sprintf("Applying bootstrap template %d of %d", i+1, len(tmpls)))
 		if err != nil {
-			return nil, err
+			return bootstrapResult{}, err
 		}
 		if final.Result != nil && final.Result.Outputs != nil {
 			for k, o := range final.Result.Outputs {
@@ -354,7 +368,7 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		} else {
 			outs, err := w.tf.Outputs(ctx, ids[i])
 			if err != nil {
-				return nil, fmt.Errorf("outputs of %s: %w", ids[i], err)
+				return bootstrapResult{}, fmt.Errorf("outputs of %s: %w", ids[i], err)
 			}
 			for k, v := range outs {
 				outputs[k] = v
@@ -372,20 +386,20 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		}
 		raw, err := json.Marshal(known)
 		if err != nil {
-			return nil, fmt.Errorf("bootstrap outputs: %w", err)
+			return bootstrapResult{}, fmt.Errorf("bootstrap outputs: %w", err)
 		}
 		if val, err = prov.DecodePart(ctx, provider.PartBootstrap, raw, nil); err != nil {
-			return nil, fmt.Errorf("bootstrap outputs do not fit provider %s: %w", prov.Name, err)
+			return bootstrapResult{}, fmt.Errorf("bootstrap outputs do not fit provider %s: %w", prov.Name, err)
 		}
 		w.red = append(w.red, secretValues(val, partSecrets(prov, provider.PartBootstrap))...)
 	}
 	plain, err := json.Marshal(val)
 	if err != nil {
-		return nil, fmt.Errorf("bootstrap outputs: %w", err)
+		return bootstrapResult{}, fmt.Errorf("bootstrap outputs: %w", err)
 	}
 	sealed, err := w.s.store.Seal(plain, bootstrapAAD(w.cred.ID))
 	if err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	var names []string
 	for k := range toJSONMap(val) {
@@ -394,13 +408,13 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 	sort.Strings(names)
 	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(BootstrapDone), Sealed: &sealed,
 		Outputs: &names, Error: new("")}); err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	w.j.Progress(ctx, 100, string(provider.Running), "Bootstrap finished")
-	return map[string]any{"credential": w.cred.ID, "outputs": names}, nil
+	return bootstrapResult{Credential: w.cred.ID, Outputs: &names}, nil
 }
 
-func (w *bootstrapRun) destroy(ctx context.Context) (map[string]any, error) {
+func (w *bootstrapRun) destroy(ctx context.Context) (bootstrapResult, error) {
 	ids := slices.Clone(w.cred.Bootstrap.ContentIDs)
 	slices.Reverse(ids)
 	n := max(len(ids), 1)
@@ -415,17 +429,17 @@ func (w *bootstrapRun) destroy(ctx context.Context) (map[string]any, error) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("terraform destroy of %s: %w", cid, err)
+			return bootstrapResult{}, fmt.Errorf("terraform destroy of %s: %w", cid, err)
 		}
 		if _, err := w.wait(ctx, tfJob, 10+85*i/n, 85/n, fmt.Sprintf("Destroying bootstrap resources %d of %d", i+1, len(ids))); err != nil {
-			return nil, err
+			return bootstrapResult{}, err
 		}
 	}
 	var none []byte
 	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(BootstrapDestroyed), Sealed: &none,
 		Outputs: new([]string{}), ContentIDs: new([]string{}), TFJobs: new([]string{}), Error: new("")}); err != nil {
-		return nil, err
+		return bootstrapResult{}, err
 	}
 	w.j.Progress(ctx, 100, string(provider.Terminated), "Bootstrap resources destroyed")
-	return map[string]any{"credential": w.cred.ID, "destroyed": ids}, nil
+	return bootstrapResult{Credential: w.cred.ID, Destroyed: &ids}, nil
 }

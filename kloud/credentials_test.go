@@ -140,9 +140,9 @@ func newCredWorld(t *testing.T, o kloudtest.Options) *userWorld {
 	for _, u := range []string{"alice", "bob", "carol"} {
 		w.addUser(u, "", false)
 	}
-	w.must("alice", "team.create", map[string]any{"slug": "red"}, nil)
-	w.must("alice", "team.addMember", map[string]any{"team": "red", "username": "bob"}, nil)
-	w.must("carol", "team.create", map[string]any{"slug": "blue"}, nil)
+	w.ok(errOf(w.client("alice").TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "red"})), "team.create")
+	w.ok(errOf(w.client("alice").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "bob"})), "team.addMember")
+	w.ok(errOf(w.client("carol").TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "blue"})), "team.create")
 	return w
 }
 
@@ -153,17 +153,17 @@ func goodCredData() map[string]any {
 func (w *userWorld) addCred(user, title string, data map[string]any) string {
 	w.t.Helper()
 	var res api.CredentialAddResult
-	w.must(user, "credential.add", map[string]any{"provider": "testcloud", "title": title, "data": data}, &res)
+	w.ok(into(&res)(w.client(user).CredentialAdd(w.t.Context(), api.CredentialAddParams{Provider: "testcloud", Title: title, Data: json.RawMessage(mustJSON(w.t, data))})), "credential.add")
 	if res.ID == "" {
 		w.t.Fatal("credential.add returned no id")
 	}
 	return res.ID
 }
 
-func (w *userWorld) listCreds(user string, params map[string]any) []string {
+func (w *userWorld) listCreds(user string, params api.CredentialListParams) []string {
 	w.t.Helper()
 	var res api.CredentialListResult
-	w.must(user, "credential.list", params, &res)
+	w.ok(into(&res)(w.client(user).CredentialList(w.t.Context(), params)), "credential.list")
 	var ids []string
 	for _, c := range res.Credentials {
 		ids = append(ids, c.ID)
@@ -183,24 +183,24 @@ func TestCredentialAuthz(t *testing.T) {
 	ok := error(nil)
 	table := []struct {
 		method string
-		params func() map[string]any
+		params func() any
 		want   []error // per caller
 	}{
-		{"credential.describe", func() map[string]any { return map[string]any{"id": id} },
+		{"credential.describe", func() any { return api.CredentialRef{CredentialID: id} },
 			[]error{ok, ok, kite.ErrNotFound, ok}},
-		{"credential.authenticate", func() map[string]any { return map[string]any{"id": id} },
+		{"credential.authenticate", func() any { return api.CredentialRef{CredentialID: id} },
 			[]error{ok, ok, kite.ErrNotFound, ok}},
 		// Without a terraformer, callers allowed to bootstrap get "bad state": they got past authz.
-		{"credential.bootstrap", func() map[string]any { return map[string]any{"id": id} },
+		{"credential.bootstrap", func() any { return api.CredentialBootstrapParams{CredentialID: id} },
 			[]error{kite.ErrState, kite.ErrPermission, kite.ErrNotFound, kite.ErrState}},
-		{"credential.bootstrap", func() map[string]any { return map[string]any{"id": id, "destroy": true} },
+		{"credential.bootstrap", func() any { return api.CredentialBootstrapParams{CredentialID: id, Destroy: true} },
 			[]error{kite.ErrState, kite.ErrPermission, kite.ErrNotFound, kite.ErrState}},
-		{"credential.remove", func() map[string]any { return map[string]any{"id": w.addCred("alice", "to remove", goodCredData())} },
+		{"credential.remove", func() any { return api.CredentialRef{CredentialID: w.addCred("alice", "to remove", goodCredData())} },
 			[]error{ok, kite.ErrPermission, kite.ErrNotFound, ok}},
-		{"credential.add", func() map[string]any {
-			return map[string]any{"provider": "testcloud", "title": "added", "team": "red", "data": goodCredData()}
+		{"credential.add", func() any {
+			return api.CredentialAddParams{Provider: "testcloud", Title: "added", Team: "red", Data: json.RawMessage(mustJSON(w.t, goodCredData()))}
 		}, []error{ok, ok, kite.ErrPermission, ok}},
-		{"credential.list", func() map[string]any { return map[string]any{"team": "red"} },
+		{"credential.list", func() any { return api.CredentialListParams{Team: "red"} },
 			[]error{ok, ok, kite.ErrNotFound, ok}},
 	}
 	for _, row := range table {
@@ -213,12 +213,12 @@ func TestCredentialAuthz(t *testing.T) {
 	}
 	// Nobody sees another team's credentials; admins see every team's.
 	for user, want := range map[string]bool{"alice": true, "bob": true, "carol": false, kloud.Admin: true} {
-		if got := slices.Contains(w.listCreds(user, nil), id); got != want {
+		if got := slices.Contains(w.listCreds(user, api.CredentialListParams{}), id); got != want {
 			t.Errorf("credential.list as %s lists alice's credential: %v", user, got)
 		}
 	}
 	blue := w.addCred("carol", "carol's key", goodCredData())
-	if got := w.listCreds("alice", nil); slices.Contains(got, blue) {
+	if got := w.listCreds("alice", api.CredentialListParams{}); slices.Contains(got, blue) {
 		t.Errorf("alice lists carol's credential")
 	}
 	if _, _, err := w.e.Server.CredentialFor(t.Context(), "alice", blue, "testcloud"); !errors.Is(err, kite.ErrNotFound) {
@@ -226,10 +226,10 @@ func TestCredentialAuthz(t *testing.T) {
 	}
 	// A member removes their own credential; a team admin removes a member's.
 	mine := w.addCred("bob", "bob's", goodCredData())
-	w.must("bob", "credential.remove", map[string]any{"id": mine}, nil)
+	w.ok(errOf(w.client("bob").CredentialRemove(w.t.Context(), api.CredentialRef{CredentialID: mine})), "credential.remove")
 	bobs := w.addCred("bob", "bob's too", goodCredData())
-	w.must("alice", "credential.remove", map[string]any{"id": bobs}, nil)
-	wantErr(t, w.call("bob", "credential.describe", map[string]any{"id": bobs}, nil), kite.ErrNotFound, "describe a removed credential")
+	w.ok(errOf(w.client("alice").CredentialRemove(w.t.Context(), api.CredentialRef{CredentialID: bobs})), "credential.remove")
+	wantErr(t, errOf(w.client("bob").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: bobs})), kite.ErrNotFound, "describe a removed credential")
 
 	w.scan(testSecretKey, testToken)
 }
@@ -251,26 +251,26 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 		"wrong type":     {map[string]any{"access_key": "k", "secret_key": testSecretKey, "port": "many"}, "port"},
 		"Valid fails":    {map[string]any{"access_key": "k", "secret_key": testSecretKey, "region": "nowhere"}, "[secret]"},
 	} {
-		err := w.call("alice", "credential.add", map[string]any{"provider": "testcloud", "title": name, "data": c.data}, nil)
+		_, err := w.client("alice").CredentialAdd(w.t.Context(), api.CredentialAddParams{Provider: "testcloud", Title: name, Data: json.RawMessage(mustJSON(w.t, c.data))})
 		if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want invalid params mentioning %q", name, err, c.want)
 		}
 	}
-	err := w.call("alice", "credential.add", map[string]any{"provider": "nocloud", "title": "x"}, nil)
+	_, err := w.client("alice").CredentialAdd(w.t.Context(), api.CredentialAddParams{Provider: "nocloud", Title: "x"})
 	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "testcloud") {
 		t.Errorf("unknown provider: %v", err)
 	}
-	wantErr(t, w.call("alice", "credential.add", map[string]any{"provider": "testcloud", "data": goodCredData()}, nil), kite.ErrInvalidParams, "no title")
+	wantErr(t, errOf(w.client("alice").CredentialAdd(w.t.Context(), api.CredentialAddParams{Provider: "testcloud", Data: json.RawMessage(mustJSON(w.t, goodCredData()))})), kite.ErrInvalidParams, "no title")
 	// The admin is in one team (default), so the team may be omitted; in two, it may not.
-	w.must(kloud.Admin, "team.addMember", map[string]any{"team": "blue", "username": "alice"}, nil)
-	err = w.call("alice", "credential.add", map[string]any{"provider": "testcloud", "title": "which team?", "data": goodCredData()}, nil)
+	w.ok(errOf(w.client(kloud.Admin).TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "blue", Username: "alice"})), "team.addMember")
+	_, err = w.client("alice").CredentialAdd(w.t.Context(), api.CredentialAddParams{Provider: "testcloud", Title: "which team?", Data: json.RawMessage(mustJSON(w.t, goodCredData()))})
 	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "blue, red") {
 		t.Errorf("no team while in two: %v", err)
 	}
-	w.must("carol", "team.removeMember", map[string]any{"team": "blue", "username": "alice"}, nil)
+	w.ok(errOf(w.client("carol").TeamRemoveMember(w.t.Context(), api.TeamMemberParams{Team: "blue", Username: "alice"})), "team.removeMember")
 
 	var d api.CredentialView
-	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
+	w.ok(into(&d)(w.client("bob").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
 	if d.Provider != "testcloud" || d.Team != "red" || d.Owner != "alice" || d.Verified || d.Bootstrap == nil || d.Bootstrap.Status != kloud.BootstrapNone {
 		t.Fatalf("describe: %+v", d)
 	}
@@ -295,22 +295,22 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 
 	// Authenticate: the provider decides; failures are stored, redacted.
 	var auth api.AuthenticateResult
-	w.must("bob", "credential.authenticate", map[string]any{"id": id}, &auth)
+	w.ok(into(&auth)(w.client("bob").CredentialAuthenticate(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.authenticate")
 	if !auth.Verified || auth.Error != "" {
 		t.Fatalf("authenticate a good credential: %+v", auth)
 	}
 	bad := w.addCred("alice", "bad key", map[string]any{"access_key": "bad-key", "secret_key": testSecretKey})
-	w.must("alice", "credential.authenticate", map[string]any{"id": bad}, &auth)
+	w.ok(into(&auth)(w.client("alice").CredentialAuthenticate(w.t.Context(), api.CredentialRef{CredentialID: bad})), "credential.authenticate")
 	if auth.Verified || !strings.Contains(auth.Error, "bad-key rejected") || !strings.Contains(auth.Error, "[secret]") {
 		t.Fatalf("authenticate a bad credential: %+v", auth)
 	}
 	d = api.CredentialView{}
-	w.must("alice", "credential.describe", map[string]any{"id": bad}, &d)
+	w.ok(into(&d)(w.client("alice").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: bad})), "credential.describe")
 	if d.Verified || d.VerifyErr != auth.Error {
 		t.Fatalf("stored verification: %+v", d)
 	}
 	d = api.CredentialView{}
-	w.must("alice", "credential.describe", map[string]any{"id": id}, &d)
+	w.ok(into(&d)(w.client("alice").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
 	if !d.Verified {
 		t.Fatal("verified credential not marked verified")
 	}
@@ -341,17 +341,17 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 		Credentials: map[string]string{"testcloud": id}}); err != nil {
 		t.Fatal(err)
 	}
-	err = w.call("alice", "credential.remove", map[string]any{"id": id}, nil)
+	_, err = w.client("alice").CredentialRemove(w.t.Context(), api.CredentialRef{CredentialID: id})
 	if !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), "stack-1") {
 		t.Fatalf("remove a credential a stack uses: %v", err)
 	}
 	var pd api.ProviderDescribeResult
-	w.must("carol", "provider.describe", nil, &pd)
+	w.ok(into(&pd)(w.client("carol").ProviderDescribe(w.t.Context(), api.ProviderDescribeParams{})), "provider.describe")
 	if len(pd.Providers) != 1 || pd.Providers[0].Name != "testcloud" || len(pd.Providers[0].Credential) != 6 || !pd.Providers[0].Credential[2].Secret ||
 		!pd.Providers[0].Credential[5].Immutable || !strings.Contains(string(pd.Providers[0].Schemas.Credential), `"immutable":true`) {
 		t.Fatalf("provider.describe: %+v", pd)
 	}
-	wantErr(t, w.call("carol", "provider.describe", map[string]any{"provider": "nocloud"}, nil), kite.ErrNotFound, "describe an unknown provider")
+	wantErr(t, errOf(w.client("carol").ProviderDescribe(w.t.Context(), api.ProviderDescribeParams{Provider: "nocloud"})), kite.ErrNotFound, "describe an unknown provider")
 
 	// Sealed at rest: neither the document nor any file of the data dir holds a secret.
 	raw := storetest.Raw(t, w.e.Server.Store(), store.CollCredentials, id)
@@ -391,7 +391,7 @@ func (w *userWorld) watchJob(user, jobID string) []api.JobEvent {
 	var res struct {
 		Subscription string `json:"subscription"`
 	}
-	if err := c.Call(w.t.Context(), "job.watch", map[string]string{"jobId": jobID}, &res); err != nil {
+	if err := c.Call(w.t.Context(), "job.watch", api.JobRef{JobID: jobID}, &res); err != nil {
 		w.t.Fatal(err)
 	}
 	sub := c.Subscribe(res.Subscription)
@@ -419,10 +419,10 @@ func (w *userWorld) watchJob(user, jobID string) []api.JobEvent {
 	}
 }
 
-func (w *userWorld) job(user, id string) store.Job {
+func (w *userWorld) job(user, id string) api.Job {
 	w.t.Helper()
-	var j store.Job
-	w.must(user, "job.get", map[string]string{"jobId": id}, &j)
+	var j api.Job
+	w.ok(into(&j)(w.client(user).JobGet(w.t.Context(), api.JobRef{JobID: id})), "job.get")
 	return j
 }
 
@@ -433,11 +433,11 @@ func TestCredentialBootstrap(t *testing.T) {
 	id := w.addCred("alice", "alice's key", goodCredData())
 
 	var br api.BootstrapResult
-	w.must("alice", "credential.bootstrap", map[string]any{"id": id}, &br)
+	w.ok(into(&br)(w.client("alice").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: id})), "credential.bootstrap")
 	if br.JobID == "" || br.Status != kloud.BootstrapRunning {
 		t.Fatalf("bootstrap: %+v", br)
 	}
-	wantErr(t, w.call("bob", "credential.bootstrap", map[string]any{"id": id}, nil), kite.ErrPermission, "member bootstraps")
+	wantErr(t, errOf(w.client("bob").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: id})), kite.ErrPermission, "member bootstraps")
 	evs := w.watchJob("alice", br.JobID)
 	last, logLines := -1, 0
 	for _, ev := range evs {
@@ -452,7 +452,7 @@ func TestCredentialBootstrap(t *testing.T) {
 		t.Fatalf("bootstrap job ended %+v after %d events, %d log lines", final, len(evs), logLines)
 	}
 	var d api.CredentialView
-	w.must("bob", "credential.describe", map[string]any{"id": id}, &d)
+	w.ok(into(&d)(w.client("bob").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
 	b := d.Bootstrap
 	if b.Status != kloud.BootstrapDone || !slices.Equal(b.Outputs, []string{"key", "network"}) || b.JobID != br.JobID ||
 		!slices.Equal(b.ContentIDs, []string{"bootstrap-red-" + id + "-0"}) {
@@ -470,45 +470,45 @@ func TestCredentialBootstrap(t *testing.T) {
 		t.Fatalf("secret vars with bootstrap: %v", secretVars)
 	}
 	// Once per credential: a second call answers with the first job.
-	w.must("alice", "credential.bootstrap", map[string]any{"id": id}, &br)
+	w.ok(into(&br)(w.client("alice").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: id})), "credential.bootstrap")
 	if !br.AlreadyDone || br.JobID != d.Bootstrap.JobID {
 		t.Fatalf("second bootstrap: %+v", br)
 	}
-	err = w.call("alice", "credential.remove", map[string]any{"id": id}, nil)
+	_, err = w.client("alice").CredentialRemove(w.t.Context(), api.CredentialRef{CredentialID: id})
 	if !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), "--destroy") {
 		t.Fatalf("remove a bootstrapped credential: %v", err)
 	}
 
 	// A failing bootstrap: the job fails with Terraform's message; the state says so.
 	failing := w.addCred("alice", "fails", map[string]any{"access_key": "good-key", "secret_key": testSecretKey, "region": "fail-1"})
-	w.must("alice", "credential.bootstrap", map[string]any{"id": failing}, &br)
+	w.ok(into(&br)(w.client("alice").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: failing})), "credential.bootstrap")
 	evs = w.watchJob("alice", br.JobID)
-	if j := w.job("alice", br.JobID); j.Status != store.JobFailed || !strings.Contains(j.Error, "region fail-1 cannot be bootstrapped") {
+	if j := w.job("alice", br.JobID); j.Status != api.JobFailed || !strings.Contains(j.Error, "region fail-1 cannot be bootstrapped") {
 		t.Fatalf("failing bootstrap job: %+v", j)
 	}
 	d = api.CredentialView{}
-	w.must("alice", "credential.describe", map[string]any{"id": failing}, &d)
+	w.ok(into(&d)(w.client("alice").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: failing})), "credential.describe")
 	if d.Bootstrap.Status != kloud.BootstrapFailed || !strings.Contains(d.Bootstrap.Error, "fail-1") {
 		t.Fatalf("failed bootstrap state: %+v", d.Bootstrap)
 	}
 
 	// Destroy tears down what was applied (also after a failure), then the credential can go.
 	for _, cid := range []string{id, failing} {
-		w.must("alice", "credential.bootstrap", map[string]any{"id": cid, "destroy": true}, &br)
+		w.ok(into(&br)(w.client("alice").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: cid, Destroy: true})), "credential.bootstrap")
 		if br.Status != kloud.BootstrapDestroying {
 			t.Fatalf("destroy: %+v", br)
 		}
 		w.watchJob("alice", br.JobID)
-		if j := w.job("alice", br.JobID); j.Status != store.JobSucceeded {
+		if j := w.job("alice", br.JobID); j.Status != api.JobSucceeded {
 			t.Fatalf("destroy job: %+v", j)
 		}
 		d = api.CredentialView{}
-		w.must("alice", "credential.describe", map[string]any{"id": cid}, &d)
+		w.ok(into(&d)(w.client("alice").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: cid})), "credential.describe")
 		if d.Bootstrap.Status != kloud.BootstrapDestroyed || len(d.Bootstrap.ContentIDs) != 0 || len(d.Bootstrap.Outputs) != 0 {
 			t.Fatalf("destroyed bootstrap state: %+v", d.Bootstrap)
 		}
-		wantErr(t, w.call("alice", "credential.bootstrap", map[string]any{"id": cid, "destroy": true}, nil), kite.ErrState, "destroy twice")
-		w.must("alice", "credential.remove", map[string]any{"id": cid}, nil)
+		wantErr(t, errOf(w.client("alice").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: cid, Destroy: true})), kite.ErrState, "destroy twice")
+		w.ok(errOf(w.client("alice").CredentialRemove(w.t.Context(), api.CredentialRef{CredentialID: cid})), "credential.remove")
 	}
 	w.scan(testSecretKey, testToken, boot.Key)
 }
@@ -539,11 +539,12 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	orphan := func(credID string, tfJobs []string) string {
-		jid, err := st.Jobs().Create(ctx, store.Job{Kind: "credential.bootstrap", Target: "credential/" + credID, Owner: "alice",
-			Params: map[string]any{"credential": credID, "destroy": false}})
+		jid, err := st.Jobs().Create(ctx, store.Job{Kind: "credential.bootstrap", Target: "credential/" + credID, Owner: "alice"})
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Its params as a kloud before typed job params wrote them (a map): it resumes all the same.
+		storetest.SetFields(t, st, store.CollJobs, jid, map[string]any{"params": map[string]any{"credential": credID, "destroy": false}})
 		if _, err := st.Jobs().Start(ctx, jid, "a-dead-kloud"); err != nil {
 			t.Fatal(err)
 		}
@@ -558,16 +559,16 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 	st.Close(ctx)
 
 	w2 := newUserWorld(t, kloudtest.Options{DataDir: dir, Providers: testProviders(), Terraformer: tf.Client})
-	var j store.Job
+	var j api.Job
 	testutil.Eventually(t, 3*time.Minute, func() bool {
 		j = w2.job("alice", jid)
 		return j.Status.Done()
 	}, "recovered bootstrap job %s did not finish", jid)
-	if j.Status != store.JobSucceeded || j.Attempt != 2 || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "re-attaching to terraform job "+tfJob) }) {
+	if j.Status != api.JobSucceeded || j.Attempt != 2 || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "re-attaching to terraform job "+tfJob) }) {
 		t.Fatalf("recovered job: %+v", j)
 	}
 	var d api.CredentialView
-	w2.must("alice", "credential.describe", map[string]any{"id": id}, &d)
+	w2.ok(into(&d)(w2.client("alice").CredentialDescribe(w2.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
 	if d.Bootstrap.Status != kloud.BootstrapDone || !slices.Equal(d.Bootstrap.Outputs, []string{"key", "network"}) {
 		t.Fatalf("recovered bootstrap state: %+v", d.Bootstrap)
 	}
@@ -589,10 +590,10 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 		j = w3.job("alice", jid)
 		return j.Status.Done()
 	}, "recovered bootstrap job %s did not finish", jid)
-	if j.Status != store.JobFailed || !strings.Contains(j.Error, "kloud restarted") || !strings.Contains(j.Error, "terraformer") {
+	if j.Status != api.JobFailed || !strings.Contains(j.Error, "kloud restarted") || !strings.Contains(j.Error, "terraformer") {
 		t.Fatalf("recovered job without terraformer: %+v", j)
 	}
-	w3.must("alice", "credential.describe", map[string]any{"id": other}, &d)
+	w3.ok(into(&d)(w3.client("alice").CredentialDescribe(w3.t.Context(), api.CredentialRef{CredentialID: other})), "credential.describe")
 	if d.Bootstrap.Status != kloud.BootstrapFailed || d.Bootstrap.Error == "" {
 		t.Fatalf("bootstrap state after a failed recovery: %+v", d.Bootstrap)
 	}

@@ -68,22 +68,21 @@ resource "kloudlocal_machine" "dev" {
   memory   = 512
 }
 `)
-	var plan api.StackPlanResult
-	kloudtest.Call(t, f.alice, "stack.plan", map[string]string{"templateId": tid}, &plan)
+	plan, err := f.client().StackPlan(t.Context(), api.StackPlanParams{TemplateID: tid})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(plan.Machines) != 1 || plan.Machines[0].Label != "dev" || plan.Machines[0].Provider != local.Name {
 		t.Fatalf("plan: %+v", plan.Machines)
 	}
 	sid, _ := f.stack(tid)
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
-	if last := f.follow(job.JobID); last.Status != "succeeded" {
+	if last := f.follow(f.apply(sid, false)); last.Status != "succeeded" {
 		t.Fatalf("build: %+v", last)
 	}
 	if m := f.machines(sid)["dev"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
 		t.Fatalf("dev after the build: %+v", m)
 	}
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
-	if last := f.follow(job.JobID); last.Status != "succeeded" {
+	if last := f.follow(f.apply(sid, true)); last.Status != "succeeded" {
 		t.Fatalf("destroy: %+v", last)
 	}
 	if n := len(f.machines(sid)); n != 0 {
@@ -101,18 +100,20 @@ resource "kloudlocal_machine" "dev" {
   hostname = "dev"
 }
 `
-	err = f.alice.Call(t.Context(), "template.create", map[string]any{"title": "wrong source", "files": map[string]string{"main.tf": wrong}}, nil)
+	_, err = f.client().TemplateCreate(t.Context(), api.TemplateParams{Title: "wrong source", Files: map[string]string{"main.tf": wrong}})
 	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "main.tf:3") ||
 		!strings.Contains(err.Error(), `the source of kloudlocal must be "kloud/kloudlocal" (found "hashicorp/kloudlocal")`) {
 		t.Fatalf("template with another source for kloudlocal: %v", err)
 	}
 	// Trusted by an administrator (rule provider lifted), it is saved, and the plan refuses it,
 	// as the build would, instead of Terraform looking for a provider it cannot find.
-	admin := e.Dial(kloud.Admin)
-	var trusted struct{ ID string }
-	kloudtest.Call(t, admin, "template.create", map[string]any{"title": "trusted wrong source", "files": map[string]string{"main.tf": wrong},
-		"trust": map[string]any{"rules": []string{"provider"}, "reason": "test"}}, &trusted)
-	err = admin.Call(t.Context(), "stack.plan", map[string]string{"templateId": trusted.ID}, nil)
+	admin := e.Client(kloud.Admin)
+	trusted, err := admin.TemplateCreate(t.Context(), api.TemplateParams{Title: "trusted wrong source", Files: map[string]string{"main.tf": wrong},
+		Trust: &api.TrustSpec{Rules: []string{"provider"}, Reason: "test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.StackPlan(t.Context(), api.StackPlanParams{TemplateID: trusted.ID})
 	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "main.tf:3,") ||
 		!strings.Contains(err.Error(), `required_providers.kloudlocal must have source = "kloud/kloudlocal" (found "hashicorp/kloudlocal")`) {
 		t.Fatalf("plan of a trusted template with another source for kloudlocal: %v", err)

@@ -35,6 +35,21 @@ type flowEnv struct {
 // client is alice's typed client, on alice's connection.
 func (f *flowEnv) client() *api.Client { return api.NewClient(f.alice) }
 
+// addUsers adds each user to the default team, with the password "<name>-password" if
+// passwords is set (else kite keys only).
+func addUsers(t *testing.T, e *kloudtest.Env, passwords bool, names ...string) {
+	t.Helper()
+	for _, u := range names {
+		p := api.UserAddParams{Username: u, Team: kloud.DefaultTeam}
+		if passwords {
+			p.Password = u + "-password"
+		}
+		if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), p); err != nil {
+			t.Fatalf("user.add %s: %v", u, err)
+		}
+	}
+}
+
 func newFlow(t *testing.T, o dummy.Options) *flowEnv {
 	t.Helper()
 	return newFlowWith(t, o, kloudtest.Options{})
@@ -164,8 +179,11 @@ func TestStackLifecycle(t *testing.T) {
 	f.credential()
 	tid := f.template(twoVMs)
 
-	var plan struct{ Machines []api.PlannedMachine }
-	kloudtest.Call(t, f.alice, "stack.plan", map[string]string{"templateId": tid}, &plan)
+	c := f.client()
+	plan, err := c.StackPlan(t.Context(), api.StackPlanParams{TemplateID: tid})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(plan.Machines) != 2 || plan.Machines[0].Label != "vm.0" || plan.Machines[1].Label != "vm.1" || plan.Machines[0].Provider != "dummy" {
 		t.Fatalf("plan: %+v", plan.Machines)
 	}
@@ -176,18 +194,20 @@ func TestStackLifecycle(t *testing.T) {
 			t.Fatalf("new machine %+v", m)
 		}
 	}
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
+	job, err := c.StackApply(t.Context(), api.StackApplyParams{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
 	last := f.follow(job.JobID)
 	if last.Status != "succeeded" || last.Percentage != 100 {
 		t.Fatalf("build: %+v", last)
 	}
 	// Neither the credential's secret nor any machine's kite key (a JWT) shows in what users
-	// can read about the build.
+	// can read about the build (the raw answers).
 	for _, c := range []struct {
 		method string
 		params any
-	}{{"job.get", map[string]string{"jobId": job.JobID}}, {"stack.describe", map[string]string{"id": sid}}, {"machine.list", map[string]string{"stackId": sid}}} {
+	}{{"job.get", job}, {"stack.describe", api.StackRef{StackID: sid}}, {"machine.list", api.MachineListParams{StackID: sid}}} {
 		var raw json.RawMessage
 		kloudtest.Call(t, f.alice, c.method, c.params, &raw)
 		if strings.Contains(string(raw), "s3cret-token") || strings.Contains(string(raw), "eyJ") {
@@ -207,7 +227,9 @@ func TestStackLifecycle(t *testing.T) {
 
 	// stop → Stopped, agent gone; start → Running, agent back.
 	vm0 := got["vm.0"]
-	kloudtest.Call(t, f.alice, "machine.stop", map[string]string{"machineId": vm0.ID}, &job)
+	if job, err = c.MachineStop(t.Context(), api.MachineRef{MachineID: vm0.ID}); err != nil {
+		t.Fatal(err)
+	}
 	if last := f.follow(job.JobID); last.Status != "succeeded" {
 		t.Fatalf("stop: %+v", last)
 	}
@@ -215,12 +237,16 @@ func TestStackLifecycle(t *testing.T) {
 		m := f.machines(sid)["vm.0"]
 		return m.State == provider.Stopped && m.Agent.Status == kloud.AgentDisconnected
 	}, "vm.0 not stopped with its agent disconnected: %+v", f.machines(sid)["vm.0"])
-	var info api.MachineInfo
-	kloudtest.Call(t, f.alice, "machine.info", map[string]string{"machineId": vm0.ID}, &info)
+	info, err := c.MachineInfo(t.Context(), api.MachineRef{MachineID: vm0.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if info.InfraState != provider.Stopped {
 		t.Fatalf("info: %+v", info)
 	}
-	kloudtest.Call(t, f.alice, "machine.start", map[string]string{"machineId": vm0.ID}, &job)
+	if job, err = c.MachineStart(t.Context(), api.MachineRef{MachineID: vm0.ID}); err != nil {
+		t.Fatal(err)
+	}
 	if last := f.follow(job.JobID); last.Status != "succeeded" {
 		t.Fatalf("start: %+v", last)
 	}
@@ -228,11 +254,13 @@ func TestStackLifecycle(t *testing.T) {
 		t.Fatalf("after start: %+v", m)
 	}
 	// start is allowed only from Stopped.
-	if err := f.alice.Call(t.Context(), "machine.start", map[string]string{"machineId": vm0.ID}, &job); !errors.Is(err, kite.ErrState) {
+	if _, err := c.MachineStart(t.Context(), api.MachineRef{MachineID: vm0.ID}); !errors.Is(err, kite.ErrState) {
 		t.Fatalf("start of a running machine: %v", err)
 	}
 
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
+	if job, err = c.StackApply(t.Context(), api.StackApplyParams{StackID: sid, Destroy: true}); err != nil {
+		t.Fatal(err)
+	}
 	if last := f.follow(job.JobID); last.Status != "succeeded" {
 		t.Fatalf("destroy: %+v", last)
 	}
@@ -260,8 +288,10 @@ resource "terraform_data" "web" {
 }
 `)
 	sid, _ := f.stack(tid)
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
+	job, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
 	last := f.follow(job.JobID)
 	if last.Status != "failed" || !strings.Contains(last.Error, "user script failed (exit code 3)") || !strings.Contains(last.Error, "boom-42") {
 		t.Fatalf("want a user script failure with its output, got %+v", last)
@@ -281,10 +311,11 @@ resource "terraform_data" "web" {
   input = "#!/bin/bash\necho hi"
 }
 `)
-	var res struct{ Stack kloud.Stack }
-	kloudtest.Call(t, f.alice, "stack.create", map[string]any{"templateId": tid}, &res)
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": res.Stack.ID}, &job)
+	sid, _ := f.stack(tid)
+	job, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
 	last := f.follow(job.JobID)
 	if last.Status != "failed" || !strings.Contains(last.Error, "agent download") || !strings.Contains(last.Error, "sha256 mismatch") {
 		t.Fatalf("want an agent download failure, got %+v", last)
@@ -304,8 +335,7 @@ func TestConcurrentApplyRunsOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var job struct{ JobID string }
-			err := f.alice.Call(t.Context(), "stack.apply", map[string]string{"stackId": sid}, &job)
+			job, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid})
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -327,8 +357,10 @@ func TestConcurrentApplyRunsOnce(t *testing.T) {
 	if last := f.follow(jobs[0]); last.Status != "succeeded" {
 		t.Fatalf("%+v", last)
 	}
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
+	job, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid, Destroy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.follow(job.JobID)
 }
 
@@ -336,7 +368,7 @@ func TestInvalidTemplates(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t, dummy.Options{})
 	f.credential()
-	err := f.alice.Call(t.Context(), "template.create", map[string]any{"title": "bad", "files": map[string]string{"main.tf": "resource \"terraform_data\" \"x\" {\n  input = \n}\n"}}, nil)
+	_, err := f.client().TemplateCreate(t.Context(), api.TemplateParams{Title: "bad", Files: map[string]string{"main.tf": "resource \"terraform_data\" \"x\" {\n  input = \n}\n"}})
 	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "main.tf:") {
 		t.Fatalf("syntax error: %v", err)
 	}
@@ -346,7 +378,7 @@ resource "terraform_data" "vm" {
   input = var.missing
 }
 `)
-	err = f.alice.Call(t.Context(), "stack.plan", map[string]string{"templateId": tid}, nil)
+	_, err = f.client().StackPlan(t.Context(), api.StackPlanParams{TemplateID: tid})
 	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "missing") || !strings.Contains(err.Error(), "main.tf") {
 		t.Fatalf("terraform error: %v", err)
 	}
@@ -365,7 +397,7 @@ resource "terraform_data" "vm" {
   input = "#!/bin/bash\necho ${var.dummy_token}"
 }
 `)
-	err := f.alice.Call(t.Context(), "stack.plan", map[string]string{"templateId": tid}, nil)
+	_, err := f.client().StackPlan(t.Context(), api.StackPlanParams{TemplateID: tid})
 	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "dummy_token") {
 		t.Fatalf("a resource reading a secret: %v", err)
 	}

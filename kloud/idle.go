@@ -66,8 +66,8 @@ func (d idleDeps) CanStop(name string) bool {
 }
 
 func (d idleDeps) Stop(ctx context.Context, m *model.Machine, st idle.Stop) error {
-	_, err := d.s.powerJob(ctx, m, provider.MethodStop, m.Owner, map[string]any{
-		"reason": st.Reason, "idleDeadline": st.Deadline.Format(time.RFC3339Nano), "idleTimeout": st.Timeout.String()})
+	_, err := d.s.powerJob(ctx, m, provider.MethodStop, m.Owner, powerParams{
+		Reason: st.Reason, IdleDeadline: st.Deadline.Format(time.RFC3339Nano), IdleTimeout: st.Timeout.String()})
 	if errors.Is(err, kite.ErrState) || errors.Is(err, store.ErrLocked) || errors.Is(err, kite.ErrConflict) {
 		return fmt.Errorf("%w: %w", idle.ErrBusy, err)
 	}
@@ -75,7 +75,7 @@ func (d idleDeps) Stop(ctx context.Context, m *model.Machine, st idle.Stop) erro
 }
 
 func (d idleDeps) Start(ctx context.Context, m *model.Machine) error {
-	_, err := d.s.powerJob(ctx, m, provider.MethodStart, m.Owner, nil)
+	_, err := d.s.powerJob(ctx, m, provider.MethodStart, m.Owner, powerParams{})
 	return err
 }
 
@@ -95,13 +95,10 @@ func (s *Server) showIdle(ctx context.Context, ms []Machine) { s.idle.Show(ctx, 
 func (s *Server) restartCountdown(ctx context.Context, id string) { s.idle.RestartCountdown(ctx, id) }
 
 // idleStillDue is the idle stop job's last check before it stops the provider's machine: no
-// activity since the sweep decided (params idleDeadline and idleTimeout; a job without them is
-// no idle stop).
-func (s *Server) idleStillDue(machineID string, params map[string]any) error {
-	dl, _ := params["idleDeadline"].(string)
-	to, _ := params["idleTimeout"].(string)
-	deadline, err1 := time.Parse(time.RFC3339Nano, dl)
-	timeout, err2 := time.ParseDuration(to)
+// activity since the sweep decided (params idleDeadline and idleTimeout; none: a user's stop).
+func (s *Server) idleStillDue(machineID string, p powerParams) error {
+	deadline, err1 := time.Parse(time.RFC3339Nano, p.IdleDeadline)
+	timeout, err2 := time.ParseDuration(p.IdleTimeout)
 	if err1 != nil || err2 != nil {
 		return nil
 	}

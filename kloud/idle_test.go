@@ -86,10 +86,7 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 
 	// A member of the team who does not own the machine or the template changes nothing, not
 	// even with a full share of the machine; carol, who has no share, does not see it.
-	admin := e.Dial(kloud.Admin)
-	for _, u := range []string{"bob", "carol"} {
-		kloudtest.Call(t, admin, "user.add", map[string]string{"username": u, "team": kloud.DefaultTeam}, nil)
-	}
+	addUsers(t, e.Env, false, "bob", "carol")
 	if _, err := e.client().MachineShare(ctx, api.ShareParams{MachineID: e.machine.ID, Username: "bob", Grant: kloud.GrantFull}); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +141,12 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 	if mi.Reason != kloud.IdleReasonPrefix+"4s" {
 		t.Fatalf("reason of the idle stop: %q", mi.Reason)
 	}
-	jobs := e.stopJobs()
+	// The machine is Stopped a moment before its job is finished.
+	var jobs []api.Job
+	testutil.Eventually(t, time.Minute, func() bool {
+		jobs = e.stopJobs()
+		return len(jobs) != 1 || jobs[0].Status.Done()
+	}, "the idle stop job did not end")
 	if len(jobs) != 1 || jobs[0].Status != "succeeded" || jobs[0].Owner != "alice" || jobs[0].Params["reason"] != "idle for 4s" {
 		t.Fatalf("stop jobs: %+v", jobs)
 	}
@@ -390,7 +392,7 @@ func TestAutostart(t *testing.T) {
 func TestIdleReadonlyTypingDoesNotCount(t *testing.T) {
 	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
-	kloudtest.Call(t, e.Dial(kloud.Admin), "user.add", map[string]string{"username": "bob", "password": "bob-password", "team": kloud.DefaultTeam}, nil)
+	addUsers(t, e.Env, true, "bob")
 	share(t, e, "bob", kloud.GrantReadonly)
 	cookie, bobCookie := e.login("alice", "alice-password"), e.login("bob", "bob-password")
 	owner := e.mustOpen(cookie, "session=pair")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
@@ -22,11 +23,88 @@ import (
 // so a cancelled job still records how it ended; what a crash leaves anyway is found by the
 // reconciler (reconcile.go).
 
-// jobKind is how one kind of job runs and recovers.
-type jobKind struct {
-	run func(ctx context.Context, j *jobCtx) (map[string]any, error)
+// jobKind is one kind of job, with params P and result R: how it runs and how it recovers. Its
+// params and result are stored as documents (store.EncodeDoc: P and R under their JSON names,
+// which job.get shows); a job is started through its kind (Start), so its params are P or the
+// call does not compile. The kinds are listed in routes.go (Server.jobKinds).
+type jobKind[P, R any] struct {
+	name string // e.g. "stack.apply"
+	run  func(ctx context.Context, j *jobCtx, p P) (R, error)
 	// recover resolves a job whose runner died (nil: fail it with a reason).
-	recover func(ctx context.Context, j *jobCtx) (map[string]any, error)
+	recover func(ctx context.Context, j *jobCtx, p P) (R, error)
+}
+
+// anyJobKind is a jobKind of any params and result, as the table of kinds holds it.
+type anyJobKind interface {
+	kindName() string
+	// runDoc decodes j's params, runs the job (recovering: resumes it after its runner died) and
+	// encodes its result.
+	runDoc(ctx context.Context, j *jobCtx, recovering bool) (store.Doc, error)
+}
+
+// checkedParams are params that check themselves once decoded from a job (a job whose document
+// was not made by its kind, or is damaged, fails with the reason instead of running with zero
+// values).
+type checkedParams interface{ Validate() error }
+
+func (k jobKind[P, R]) kindName() string { return k.name }
+
+func (k jobKind[P, R]) runDoc(ctx context.Context, j *jobCtx, recovering bool) (store.Doc, error) {
+	fn := k.run
+	if recovering {
+		if fn = k.recover; fn == nil {
+			return store.Doc{}, errors.New("kloud restarted while this job ran; run it again")
+		}
+	}
+	var p P
+	if err := j.Params.Decode(&p); err != nil {
+		return store.Doc{}, fmt.Errorf("%s job params: %w", k.name, err)
+	}
+	if c, ok := any(&p).(checkedParams); ok {
+		if err := c.Validate(); err != nil {
+			return store.Doc{}, err
+		}
+	}
+	r, err := fn(ctx, j, p)
+	if reflect.ValueOf(&r).Elem().IsZero() {
+		return store.Doc{}, err // no result (the kinds return one on success)
+	}
+	doc, derr := store.EncodeDoc(r)
+	if derr != nil {
+		return store.Doc{}, errors.Join(err, fmt.Errorf("%s job result: %w", k.name, derr))
+	}
+	return doc, err
+}
+
+// jobSpec is a job ready to start: its kind and its params as a document (jobKind.spec).
+type jobSpec struct {
+	kind   string
+	params store.Doc
+}
+
+// spec is a job of kind k with params p, to start (Server.startJob).
+func (k jobKind[P, R]) spec(p P) (jobSpec, error) {
+	d, err := store.EncodeDoc(p)
+	if err != nil {
+		return jobSpec{}, fmt.Errorf("%s job params: %w", k.name, err)
+	}
+	return jobSpec{kind: k.name, params: d}, nil
+}
+
+// Start creates a job of kind k with params p on target for owner and runs it in the
+// background. It returns the job's id.
+func (k jobKind[P, R]) Start(ctx context.Context, s *Server, target, owner string, p P) (string, error) {
+	return k.StartID(ctx, s, "", target, owner, p)
+}
+
+// StartID is Start with the job's id chosen by the caller ("": a new one), so the id can be
+// recorded on the job's target in the same update that claims it.
+func (k jobKind[P, R]) StartID(ctx context.Context, s *Server, id, target, owner string, p P) (string, error) {
+	spec, err := k.spec(p)
+	if err != nil {
+		return "", err
+	}
+	return s.startJob(ctx, id, spec, target, owner)
 }
 
 // jobCtx is a running job.
@@ -93,18 +171,14 @@ type jobRunner struct {
 	base    context.Context
 }
 
-// startJob creates a job and runs it in the background. It returns the job id.
-func (s *Server) startJob(ctx context.Context, kind, target, owner string, params map[string]any) (string, error) {
-	return s.startJobID(ctx, "", kind, target, owner, params)
-}
-
-// startJobID is startJob with the job's id chosen by the caller ("": a new one), so the id can
-// be recorded on the job's target in the same update that claims it.
-func (s *Server) startJobID(ctx context.Context, id, kind, target, owner string, params map[string]any) (string, error) {
-	if _, ok := s.kinds[kind]; !ok {
-		return "", fmt.Errorf("unknown job kind %q", kind)
+// startJob creates the job spec on target for owner, with id ("": a new one), and runs it in the
+// background. It returns the job's id. Jobs are started through their kind (jobKind.Start).
+func (s *Server) startJob(ctx context.Context, id string, spec jobSpec, target, owner string) (string, error) {
+	k, ok := s.kinds[spec.kind]
+	if !ok {
+		return "", fmt.Errorf("unknown job kind %q", spec.kind)
 	}
-	id, err := s.store.Jobs().Create(ctx, store.Job{ID: id, Kind: kind, Target: target, Owner: owner, Params: params})
+	id, err := s.store.Jobs().Create(ctx, store.Job{ID: id, Kind: spec.kind, Target: target, Owner: owner, Params: spec.params})
 	if err != nil {
 		return "", fmt.Errorf("create job: %w", err)
 	}
@@ -112,7 +186,7 @@ func (s *Server) startJobID(ctx context.Context, id, kind, target, owner string,
 	if err != nil {
 		return "", fmt.Errorf("start job: %w", err)
 	}
-	s.runJob(j, s.kinds[kind].run)
+	s.runJob(j, k, false)
 	return id, nil
 }
 
@@ -125,7 +199,8 @@ func (s *Server) runner() *jobRunner {
 	return s.jobs
 }
 
-func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[string]any, error)) {
+// runJob runs job j of kind k (recovering: resumed after its runner died) in the background.
+func (s *Server) runJob(j store.Job, k anyJobKind, recovering bool) {
 	r := s.runner()
 	ctx, cancel := context.WithCancel(r.base)
 	r.mu.Lock()
@@ -148,7 +223,7 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 		// while, and the job must not look orphaned meanwhile.
 		hctx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 		go s.heartbeat(hctx, j.ID, cancel)
-		var res map[string]any
+		var res store.Doc
 		jc := s.newJobCtx(j)
 		err := func() (err error) {
 			defer func() {
@@ -156,7 +231,7 @@ func (s *Server) runJob(j store.Job, fn func(context.Context, *jobCtx) (map[stri
 					err = fmt.Errorf("internal error: %v", p)
 				}
 			}()
-			res, err = fn(ctx, jc)
+			res, err = k.runDoc(ctx, jc, recovering)
 			return err
 		}()
 		// The last progress value is written before the job is finished.
@@ -234,16 +309,23 @@ func (s *Server) recoverJobs(ctx context.Context) {
 		if err != nil {
 			continue // another replica took it
 		}
-		k := s.kinds[j.Kind]
-		fn := k.recover
-		if fn == nil {
-			fn = func(context.Context, *jobCtx) (map[string]any, error) {
-				return nil, errors.New("kloud restarted while this job ran; run it again")
-			}
+		k, ok := s.kinds[j.Kind]
+		if !ok {
+			k = unknownJobKind(j.Kind)
 		}
 		s.log.InfoContext(ctx, "recovering interrupted job", "job", j.ID, "kind", j.Kind, "attempt", j.Attempt)
-		s.runJob(j, fn)
+		s.runJob(j, k, true)
 	}
+}
+
+// unknownJobKind is a kind this kloud does not run (a job of an older or newer kloud): an
+// interrupted job of it fails with a reason.
+type unknownJobKind string
+
+func (k unknownJobKind) kindName() string { return string(k) }
+
+func (k unknownJobKind) runDoc(context.Context, *jobCtx, bool) (store.Doc, error) {
+	return store.Doc{}, errors.New("kloud restarted while this job ran; run it again")
 }
 
 // WaitJobs waits for running jobs to end (tests, shutdown).
@@ -299,8 +381,8 @@ func (s *Server) jobGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.
 // apiJob is a stored job as the API shows it (the same JSON).
 func apiJob(j store.Job) api.Job {
 	return api.Job{
-		ID: j.ID, Kind: j.Kind, Target: j.Target, Owner: j.Owner, Params: j.Params,
-		Status: api.JobStatus(j.Status), Percent: j.Percent, Stage: j.Stage, Message: j.Message, Error: j.Error, Result: j.Result,
+		ID: j.ID, Kind: j.Kind, Target: j.Target, Owner: j.Owner, Params: j.Params.Map(),
+		Status: api.JobStatus(j.Status), Percent: j.Percent, Stage: j.Stage, Message: j.Message, Error: j.Error, Result: j.Result.Map(),
 		Log: j.Log, LogSeq: j.LogSeq,
 		Runner: j.Runner, LeaseUntil: j.LeaseUntil, Attempt: j.Attempt, CancelRequested: j.CancelRequested,
 		Rev: j.Rev, CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt,
@@ -365,7 +447,7 @@ func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *ap
 				Log: cur.LogSince(seq), Error: cur.Error}
 			seq = cur.LogSeq
 			if cur.Status.Done() {
-				ev.Result = cur.Result
+				ev.Result = cur.Result.Map()
 			}
 			sctx, cancel := context.WithTimeout(stream.Context(), 10*time.Second)
 			err := stream.Send(sctx, ev)

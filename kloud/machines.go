@@ -147,13 +147,31 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		if m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, GrantFull) {
 			return api.JobRef{}, fmt.Errorf("only the owner may %s machine %s: %w", method, m.Label, kite.ErrPermission)
 		}
-		return s.powerJob(ctx, m, method, c.Username, nil)
+		return s.powerJob(ctx, m, method, c.Username, powerParams{})
 	}
 }
 
+// powerParams are a machine.start or machine.stop job's params (job.get shows them).
+type powerParams struct {
+	MachineID string         `json:"machineId"`
+	Lease     string         `json:"lease"` // the owner name of the machine's lease the call took
+	From      provider.State `json:"from"`  // the machine's state before the job
+	// The idle stop's (idle.go): the machine's reason once stopped, and the sweep's deadline
+	// (RFC 3339) and timeout (a duration) that idleStillDue checks again.
+	Reason       string `json:"reason,omitempty"`
+	IdleDeadline string `json:"idleDeadline,omitempty"`
+	IdleTimeout  string `json:"idleTimeout,omitempty"`
+}
+
+// machineResult is a machine job's result: the machine and the state it ended in.
+type machineResult struct {
+	MachineID string         `json:"machineId"`
+	State     provider.State `json:"state"`
+}
+
 // powerJob starts the machine.start or machine.stop job of m for user (the idle stop's too,
-// idle.go); extra are params of the job beside the machine, lease and state it starts from.
-func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, extra map[string]any) (api.JobRef, error) {
+// idle.go); p are the job's params but the machine, lease and state it starts from.
+func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, p powerParams) (api.JobRef, error) {
 	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
 		return api.JobRef{}, err
 	}
@@ -166,11 +184,8 @@ func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, 
 		release()
 		return api.JobRef{}, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
 	}
-	params := map[string]any{"machineId": m.ID, "lease": owner, "from": string(m.State)}
-	for k, v := range extra {
-		params[k] = v
-	}
-	id, err := s.startJob(ctx, "machine."+method, "machine/"+m.ID, user, params)
+	p.MachineID, p.Lease, p.From = m.ID, owner, m.State
+	id, err := powerJobKind(method).Start(ctx, s, "machine/"+m.ID, user, p)
 	if err != nil {
 		// setMachine retries with its own context; if it still fails, the reconciler
 		// finds the machine in a transition without a job.
@@ -209,10 +224,8 @@ func hasGrant(m *Machine, user, grant string) bool {
 	return false
 }
 
-func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, recovering bool) (res map[string]any, err error) {
-	id, _ := j.Params["machineId"].(string)
-	owner, _ := j.Params["lease"].(string)
-	from, _ := j.Params["from"].(string)
+func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, p powerParams, recovering bool) (res machineResult, err error) {
+	id, owner, from := p.MachineID, p.Lease, p.From
 	during, after := provider.Transition(method)
 	// No state without an exit: an error on a path that did not put the machine back (or whose
 	// write did not land), or a panic, leaves it Unknown (machine.info asks the provider).
@@ -229,25 +242,25 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	}()
 	if recovering {
 		if j.CancelRequested {
-			return nil, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
+			return machineResult{}, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
 		}
 		if err := s.retakeLease(ctx, "machine/"+id, owner); err != nil {
-			return nil, fmt.Errorf("machine %s: %w", id, err)
+			return machineResult{}, fmt.Errorf("machine %s: %w", id, err)
 		}
 		j.Logf(ctx, "kloud restarted during this job; running it again")
 	}
 	defer s.keepLease(context.Background(), "machine/"+id, owner)()
 	m, err := s.loadMachine(ctx, nil, id)
 	if err != nil {
-		return nil, err
+		return machineResult{}, err
 	}
-	fail := func(err error) (map[string]any, error) {
+	fail := func(err error) (machineResult, error) {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%s cancelled: %w", method, err)
 		}
 		// Back to what the provider says, else to where we started. The provider is asked
 		// with a context of its own: a cancelled job still ends in an honest state.
-		state := provider.State(from)
+		state := from
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if pm, perr := s.providerMachine(ictx, nil, m); perr == nil && s.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo) == nil {
@@ -256,7 +269,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 			}
 		}
 		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
-		return nil, err
+		return machineResult{}, err
 	}
 	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
 		return fail(err) // the provider changed since the job was started (a plugin re-registered)
@@ -270,7 +283,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		stage, done = stackbuild.MachineStarting, stackbuild.MachineStarted
 	}
 	if method == provider.MethodStop {
-		if err := s.idleStillDue(m.ID, j.Params); err != nil { // idle.go: typed into meanwhile
+		if err := s.idleStillDue(m.ID, p); err != nil { // idle.go: typed into meanwhile
 			return fail(err)
 		}
 	}
@@ -284,8 +297,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	if err != nil {
 		return fail(fmt.Errorf("%s %s: %w", method, m.Label, err))
 	}
-	reason, _ := j.Params["reason"].(string) // the idle stop's (idle.go)
-	set := store.MachineSet{State: new(string(after)), Reason: new(reason), Meta: meta}
+	set := store.MachineSet{State: new(string(after)), Reason: new(p.Reason), Meta: meta} // the idle stop's reason (idle.go)
 	if method == provider.MethodStart {
 		j.Enter(ctx, stackbuild.MachineAgent)
 		pl := s.planner()
@@ -304,5 +316,5 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	s.restartCountdown(ctx, m.ID)
 	s.setMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Enter(ctx, done)
-	return map[string]any{"machineId": m.ID, "state": after}, nil
+	return machineResult{MachineID: m.ID, State: after}, nil
 }

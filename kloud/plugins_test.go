@@ -95,12 +95,14 @@ func TestProviderKeyCreate(t *testing.T) {
 	pc := e.DialAuth(kite.Auth{Type: kitekey.KindPluginKey, Key: res.Key})
 	for _, m := range []string{api.MethodStackList, api.MethodCredentialList, api.MethodProviderList, api.MethodProviderKeyCreate, api.MethodKontrolQuery} {
 		var out any
+		// Raw params on purpose: the same {} for every method, since the refusal comes before them.
 		if err := pc.Call(ctx, m, map[string]any{}, &out); !errors.Is(err, kite.ErrPermission) {
 			t.Errorf("%s with a plugin key: want -32002, got %v", m, err)
 		}
 	}
 	// A user: no plugin.register.
 	var out any
+	// Raw params on purpose: a user's plugin.register, as a plugin's host would send it.
 	err = e.Dial("bob").Call(ctx, api.MethodPluginRegister, map[string]any{"versions": []int{1}, "provider": map[string]any{"name": "remote"}}, &out)
 	if !errors.Is(err, kite.ErrPermission) {
 		t.Errorf("plugin.register by a user: want -32002, got %v", err)

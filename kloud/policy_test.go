@@ -16,7 +16,6 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -170,8 +169,8 @@ func TestHostileTemplates(t *testing.T) {
 	h := newHost(t)
 	for _, tc := range hostileTemplates(h) {
 		t.Run(tc.name, func(t *testing.T) {
-			files := map[string]string{"main.tf": tc.main}
-			err := f.alice.Call(t.Context(), "template.create", map[string]any{"title": tc.name, "files": files}, nil)
+			c := f.client()
+			_, err := c.TemplateCreate(t.Context(), api.TemplateParams{Title: tc.name, Files: map[string]string{"main.tf": tc.main}})
 			wantPolicyRefusal(t, "template.create", err, tc.rule, tc.pos)
 			h.check("template.create")
 
@@ -182,11 +181,11 @@ func TestHostileTemplates(t *testing.T) {
 			if err := f.Server.Store().Templates().Insert(t.Context(), tpl); err != nil {
 				t.Fatal(err)
 			}
-			params := map[string]any{"templateId": tpl.ID, "credentials": map[string]string{"dummy": cred}}
-			err = f.alice.Call(t.Context(), "stack.plan", params, nil)
+			params := api.StackPlanParams{TemplateID: tpl.ID, Credentials: map[string]string{"dummy": cred}}
+			_, err = c.StackPlan(t.Context(), params)
 			wantPolicyRefusal(t, "stack.plan", err, tc.rule, tc.pos)
 			h.check("stack.plan")
-			err = f.alice.Call(t.Context(), "stack.create", params, nil)
+			_, err = c.StackCreate(t.Context(), params)
 			wantPolicyRefusal(t, "stack.create", err, tc.rule, tc.pos)
 			h.check("stack.create")
 
@@ -198,7 +197,7 @@ func TestHostileTemplates(t *testing.T) {
 			}
 			// stack.apply refuses it before a build job starts: the stack stays as it was (not
 			// Failed because of a rule kloud could check before).
-			err = f.alice.Call(t.Context(), "stack.apply", map[string]string{"stackId": st.ID}, nil)
+			_, err = c.StackApply(t.Context(), api.StackApplyParams{StackID: st.ID})
 			wantPolicyRefusal(t, "stack.apply", err, tc.rule, tc.pos)
 			h.check("build")
 			got, err := f.Server.Store().Stacks().Get(t.Context(), st.ID)
@@ -208,11 +207,8 @@ func TestHostileTemplates(t *testing.T) {
 			if got.State != kloud.StackNotInitialized || got.JobID != "" {
 				t.Fatalf("stack after the refused build: %s %q (job %q)", got.State, got.Reason, got.JobID)
 			}
-			var job struct{ JobID string }
-
 			// Destroy runs only what terraform applied, and the template never got there.
-			kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": st.ID, "destroy": true}, &job)
-			if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
+			if last := f.follow(f.apply(st.ID, true)); last.Status != api.JobSucceeded {
 				t.Fatalf("destroy: %+v", last)
 			}
 			h.check("destroy")
@@ -225,7 +221,8 @@ func TestHostileTemplates(t *testing.T) {
 func TestTrustedTemplate(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t, dummy.Options{})
-	admin := f.Dial(kloud.Admin)
+	admin := f.Client(kloud.Admin)
+	c := f.client()
 	// The provisioner writes nowhere: this test is about which rules are enforced.
 	both := `resource "terraform_data" "vm" {
   input = "echo ${file("/etc/hostname")}"
@@ -237,59 +234,67 @@ func TestTrustedTemplate(t *testing.T) {
   provisioner "local-exec" { command = "true" }
 }
 `
-	var tpl kloud.Template
-	kloudtest.Call(t, f.alice, "template.create", map[string]any{"title": "fine", "files": map[string]string{"main.tf": "resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n}\n"}}, &tpl)
+	tpl, err := c.TemplateCreate(t.Context(), api.TemplateParams{Title: "fine", Files: map[string]string{"main.tf": "resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n}\n"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Stored before the policy: rev 2 has a provisioner.
 	storetest.SetFields(t, f.Server.Store(), store.CollTemplates, tpl.ID, map[string]any{"rev": 2, "files": []kloud.File{{Name: "main.tf", Content: onlyProv}}})
 	cred := f.credential()
-	plan := map[string]any{"templateId": tpl.ID, "credentials": map[string]string{"dummy": cred}}
-	wantPolicyRefusal(t, "plan before trust", f.alice.Call(t.Context(), "stack.plan", plan, nil), "provisioner", "main.tf:3:3")
+	plan := api.StackPlanParams{TemplateID: tpl.ID, Credentials: map[string]string{"dummy": cred}}
+	wantPolicyRefusal(t, "plan before trust", errOf(c.StackPlan(t.Context(), plan)), "provisioner", "main.tf:3:3")
 
-	trust := map[string]any{"templateId": tpl.ID, "rules": []string{"provisioner"}, "reason": "reviewed: runs true"}
-	if err := f.alice.Call(t.Context(), "template.trust", trust, nil); !errors.Is(err, kite.ErrPermission) {
+	trust := api.TrustParams{TemplateID: tpl.ID, Rules: []string{"provisioner"}, Reason: "reviewed: runs true"}
+	if _, err := c.TemplateTrust(t.Context(), trust); !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("a member trusted a template: %v", err)
 	}
-	if err := admin.Call(t.Context(), "template.trust", map[string]any{"templateId": tpl.ID, "rules": []string{"provisioner"}}, nil); !errors.Is(err, kite.ErrInvalidParams) {
+	if _, err := admin.TemplateTrust(t.Context(), api.TrustParams{TemplateID: tpl.ID, Rules: []string{"provisioner"}}); !errors.Is(err, kite.ErrInvalidParams) {
 		t.Fatalf("trust without a reason: %v", err)
 	}
-	var tr kloud.TemplateTrust
-	kloudtest.Call(t, admin, "template.trust", trust, &tr)
+	tr, err := admin.TemplateTrust(t.Context(), trust)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if tr.Rev != 2 || tr.By != kloud.Admin || tr.Reason != "reviewed: runs true" || len(tr.Rules) != 1 {
 		t.Fatalf("trust record %+v", tr)
 	}
-	var view api.TemplateView
-	kloudtest.Call(t, f.alice, "template.get", map[string]string{"id": tpl.ID}, &view)
+	view, err := c.TemplateGet(t.Context(), api.TemplateGetParams{TemplateID: tpl.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(view.Trust) != 1 || view.Trust[0].By != kloud.Admin {
 		t.Fatalf("template.get does not show the trust: %+v", view.Trust)
 	}
 	// The provisioner rule is lifted for these files.
-	if err := f.alice.Call(t.Context(), "stack.plan", plan, nil); err != nil {
+	if _, err := c.StackPlan(t.Context(), plan); err != nil {
 		t.Fatalf("trusted template refused: %v", err)
 	}
 
 	// A new revision (adding file()) is not trusted: the provisioner is refused again, and
 	// host-function, which was never lifted, too.
-	err := f.alice.Call(t.Context(), "template.update", map[string]any{"id": tpl.ID, "files": map[string]string{"main.tf": both}}, nil)
+	_, err = c.TemplateUpdate(t.Context(), api.TemplateParams{TemplateID: tpl.ID, Files: map[string]string{"main.tf": both}})
 	wantPolicyRefusal(t, "update", err, "provisioner", "main.tf:3:3")
 	wantPolicyRefusal(t, "update", err, "host-function", "main.tf:2:19")
 
 	// An administrator creating it with the provisioner rule lifted: file() is still refused.
-	err = admin.Call(t.Context(), "template.create", map[string]any{"title": "both", "files": map[string]string{"main.tf": both},
-		"trust": map[string]any{"rules": []string{"provisioner"}, "reason": "test"}}, nil)
+	_, err = admin.TemplateCreate(t.Context(), api.TemplateParams{Title: "both", Files: map[string]string{"main.tf": both},
+		Trust: &api.TrustSpec{Rules: []string{"provisioner"}, Reason: "test"}})
 	wantPolicyRefusal(t, "admin create", err, "host-function", "main.tf:2:19")
 	if strings.Contains(err.Error(), "rule provisioner") {
 		t.Fatalf("provisioner not lifted: %v", err)
 	}
 	// A member cannot create with trust.
-	err = f.alice.Call(t.Context(), "template.create", map[string]any{"title": "p", "files": map[string]string{"main.tf": onlyProv},
-		"trust": map[string]any{"rules": []string{"provisioner"}, "reason": "me"}}, nil)
+	_, err = c.TemplateCreate(t.Context(), api.TemplateParams{Title: "p", Files: map[string]string{"main.tf": onlyProv},
+		Trust: &api.TrustSpec{Rules: []string{"provisioner"}, Reason: "me"}})
 	if !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("member create with trust: %v", err)
 	}
 
 	// Untrusted again: refused.
-	kloudtest.Call(t, admin, "template.untrust", map[string]any{"templateId": tpl.ID}, nil)
-	wantPolicyRefusal(t, "plan after untrust", f.alice.Call(t.Context(), "stack.plan", plan, nil), "provisioner", "main.tf:3:3")
+	if _, err := admin.TemplateUntrust(t.Context(), api.TrustParams{TemplateID: tpl.ID}); err != nil {
+		t.Fatal(err)
+	}
+	wantPolicyRefusal(t, "plan after untrust", errOf(c.StackPlan(t.Context(), plan)), "provisioner", "main.tf:3:3")
 }
 
 // TestDestroyObeysPolicy: a stack built before the policy existed whose files now break it is
@@ -301,16 +306,13 @@ func TestDestroyObeysPolicy(t *testing.T) {
 	f.credential()
 	h := newHost(t)
 	sid, _ := f.stack(f.template("resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n}\n"))
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
-	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
+	if last := f.follow(f.apply(sid, false)); last.Status != api.JobSucceeded {
 		t.Fatalf("build: %+v", last)
 	}
 	// As an older kloud stored it: the stack's files have a destroy-time provisioner.
 	hostile := fmt.Sprintf("resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n  provisioner \"local-exec\" {\n    when    = destroy\n    command = \"id > %s\"\n  }\n}\n", h.marker)
 	storetest.SetFields(t, f.Server.Store(), store.CollStacks, sid, map[string]any{"files": []kloud.File{{Name: "main.tf", Content: hostile}}})
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
-	last := f.follow(job.JobID)
+	last := f.follow(f.apply(sid, true))
 	if last.Status != api.JobFailed || !strings.Contains(last.Error, "(rule provisioner)") {
 		t.Fatalf("destroy of a stack whose files break the policy: %+v", last)
 	}
@@ -325,11 +327,11 @@ func TestDestroyObeysPolicy(t *testing.T) {
 
 	// An administrator trusts exactly those files (a template with them, provisioner lifted):
 	// the destroy goes through.
-	admin := f.Dial(kloud.Admin)
-	kloudtest.Call(t, admin, "template.create", map[string]any{"title": "reviewed", "files": map[string]string{"main.tf": hostile},
-		"trust": map[string]any{"rules": []string{"provisioner"}, "reason": "reviewed: destroy writes a marker"}}, nil)
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
-	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
+	if _, err := f.Client(kloud.Admin).TemplateCreate(t.Context(), api.TemplateParams{Title: "reviewed", Files: map[string]string{"main.tf": hostile},
+		Trust: &api.TrustSpec{Rules: []string{"provisioner"}, Reason: "reviewed: destroy writes a marker"}}); err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(f.apply(sid, true)); last.Status != api.JobSucceeded {
 		t.Fatalf("destroy after trust: %+v", last)
 	}
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/cli"
-	"github.com/kloud-dev/kloud/kloud/kloudtest"
 )
 
 // appServer is the web server "in the machine": the dummy provider's machines are klient
@@ -115,10 +114,7 @@ func TestPortForwardApps(t *testing.T) {
 	t.Parallel()
 	e := newTermEnv(t)
 	app := startAppServer(t)
-	admin := e.Dial(kloud.Admin)
-	for _, u := range []string{"bob", "carol"} {
-		kloudtest.Call(t, admin, "user.add", map[string]string{"username": u, "password": u + "-password", "team": kloud.DefaultTeam}, nil)
-	}
+	addUsers(t, e.Env, true, "bob", "carol")
 	aliceCookie := e.login("alice", "alice-password")
 	bobCookie, carolCookie := e.login("bob", "bob-password"), e.login("carol", "carol-password")
 	id, port := e.machine.ID, app.port

@@ -113,27 +113,35 @@ func (g *gatedTF) waitEntered(t *testing.T, gate string) {
 
 func (f *flowEnv) apply(sid string, destroy bool) string {
 	f.t.Helper()
-	var job struct{ JobID string }
-	kloudtest.Call(f.t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": destroy}, &job)
-	return job.JobID
+	ref, err := f.client().StackApply(f.t.Context(), api.StackApplyParams{StackID: sid, Destroy: destroy})
+	if err != nil {
+		f.t.Fatalf("stack.apply: %v", err)
+	}
+	return ref.JobID
 }
 
 func (f *flowEnv) cancel(jobID string) {
 	f.t.Helper()
-	kloudtest.Call(f.t, f.alice, "job.cancel", map[string]string{"jobId": jobID}, nil)
+	if _, err := f.client().JobCancel(f.t.Context(), api.JobRef{JobID: jobID}); err != nil {
+		f.t.Fatalf("job.cancel: %v", err)
+	}
 }
 
 func (f *flowEnv) describe(sid string) api.StackView {
 	f.t.Helper()
-	var st api.StackView
-	kloudtest.Call(f.t, f.alice, "stack.describe", map[string]string{"id": sid}, &st)
+	st, err := f.client().StackDescribe(f.t.Context(), api.StackRef{StackID: sid})
+	if err != nil {
+		f.t.Fatalf("stack.describe: %v", err)
+	}
 	return st
 }
 
-func (f *flowEnv) job(id string) store.Job {
+func (f *flowEnv) job(id string) api.Job {
 	f.t.Helper()
-	var j store.Job
-	kloudtest.Call(f.t, f.alice, "job.get", map[string]string{"jobId": id}, &j)
+	j, err := f.client().JobGet(f.t.Context(), api.JobRef{JobID: id})
+	if err != nil {
+		f.t.Fatalf("job.get: %v", err)
+	}
 	return j
 }
 
@@ -166,6 +174,7 @@ func (f *flowEnv) destroyed(sid string) {
 	if n := len(f.machines(sid)); n != 0 {
 		f.t.Fatalf("%d machines left after destroy", n)
 	}
+	// stack.describe's old spelling of stackId (id): kept working on the wire.
 	if err := f.alice.Call(f.t.Context(), "stack.describe", map[string]string{"id": sid}, nil); !errors.Is(err, kite.ErrNotFound) {
 		f.t.Fatalf("stack after destroy: %v", err)
 	}
@@ -377,16 +386,17 @@ func (s seed) stack(id, state, jobID string, machines map[string]provider.State)
 func (s seed) job(stackID, runner string, end error) string {
 	s.t.Helper()
 	ctx := s.t.Context()
-	id, err := s.st.Jobs().Create(ctx, store.Job{Kind: "stack.apply", Target: "stack/" + stackID, Owner: "alice",
-		Params: map[string]any{"stackId": stackID, "lease": "old-apply"}})
+	id, err := s.st.Jobs().Create(ctx, store.Job{Kind: "stack.apply", Target: "stack/" + stackID, Owner: "alice"})
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	// Its params as a kloud before typed job params wrote them (a map, no destroy).
+	storetest.SetFields(s.t, s.st, store.CollJobs, id, map[string]any{"params": map[string]any{"stackId": stackID, "lease": "old-apply"}})
 	if _, err := s.st.Jobs().Start(ctx, id, runner); err != nil {
 		s.t.Fatal(err)
 	}
 	if end != nil {
-		if err := s.st.Jobs().Finish(ctx, id, end, nil); err != nil {
+		if err := s.st.Jobs().Finish(ctx, id, end, store.Doc{}); err != nil {
 			s.t.Fatal(err)
 		}
 	} else {
@@ -402,7 +412,9 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: dummyDir(t)}))
 	old := kloudtest.Start(t, kloudtest.Options{DataDir: dir, Providers: reg})
-	kloudtest.Call(t, old.Dial(kloud.Admin), "user.add", map[string]string{"username": "alice", "team": kloud.DefaultTeam}, nil)
+	if _, err := old.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+		t.Fatal(err)
+	}
 	sd := seed{t, old.Server.Store()}
 	// A build cancelled by an older kloud whose failure bookkeeping was lost.
 	jobA := sd.job("stack-a", "old-kloud", store.ErrJobCancelled)
@@ -454,7 +466,7 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	if d["vm"].State != provider.Unknown || d["other"].State != provider.Running {
 		t.Errorf("stack-d's machines: %+v", d)
 	}
-	if ej := f.job(jobE); ej.Status != store.JobCancelled {
+	if ej := f.job(jobE); ej.Status != api.JobCancelled {
 		t.Errorf("the job cancelled while kloud was down was %s after recovery: %+v", ej.Status, ej)
 	}
 	if es := f.settled("stack-e", kloud.StackFailed); !strings.Contains(es.Reason, "cancelled") || es.MachineDocs[0].State != provider.Unknown {
@@ -470,7 +482,7 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	// Both reconciled stacks can be destroyed; the live one cannot be touched.
 	f.mustSucceed(f.apply("stack-a", true), "destroy stack-a")
 	f.mustSucceed(f.apply("stack-b", true), "destroy stack-b")
-	if err := f.alice.Call(t.Context(), "stack.apply", map[string]any{"stackId": "stack-c", "destroy": true}, nil); !errors.Is(err, kite.ErrConflict) {
+	if _, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: "stack-c", Destroy: true}); !errors.Is(err, kite.ErrConflict) {
 		t.Fatalf("destroy of a stack whose build is alive: %v", err)
 	}
 	// stack.apply reconciles by itself a stack whose job is over (here: before the next
@@ -479,10 +491,10 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	if err := es.ReleaseLease(t.Context(), "stack/stack-c", "old-apply"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.alice.Call(t.Context(), "stack.apply", map[string]any{"stackId": "stack-c", "destroy": true}, nil); !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), jobC) {
+	if _, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: "stack-c", Destroy: true}); !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), jobC) {
 		t.Fatalf("destroy of a stack whose build job runs: %v", err)
 	}
-	if err := es.Jobs().Finish(t.Context(), jobC, errors.New("the other kloud gave up"), nil); err != nil {
+	if err := es.Jobs().Finish(t.Context(), jobC, errors.New("the other kloud gave up"), store.Doc{}); err != nil {
 		t.Fatal(err)
 	}
 	f.mustSucceed(f.apply("stack-c", true), "destroy stack-c")
@@ -492,28 +504,32 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 	t.Parallel()
 	logs := &logBuffer{t: t}
 	e := kloudtest.Start(t, kloudtest.Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	admin := e.Dial(kloud.Admin)
-	kloudtest.Call(t, admin, "user.add", map[string]string{"username": "alice", "team": kloud.DefaultTeam}, nil)
-	alice := e.Dial("alice")
+	admin := e.Client(kloud.Admin)
+	if _, err := admin.UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+		t.Fatal(err)
+	}
+	alice := e.Client("alice")
 	sd := seed{t, e.Server.Store()}
 	live := sd.job("stack-r", "other-kloud", nil)
 	sd.stack("stack-r", kloud.StackBuilding, live, map[string]provider.State{"vm": provider.Building, "db": provider.NotInitialized})
 
-	reset := map[string]any{"stackId": "stack-r", "reason": "INC-42: build hung on a dead host"}
-	if err := alice.Call(t.Context(), "stack.reset", reset, nil); !errors.Is(err, kite.ErrPermission) {
+	reset := api.StackResetParams{StackID: "stack-r", Reason: "INC-42: build hung on a dead host"}
+	if _, err := alice.StackReset(t.Context(), reset); !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("reset by a non-admin (the stack's owner): %v", err)
 	}
-	if err := admin.Call(t.Context(), "stack.reset", map[string]any{"stackId": "stack-r"}, nil); !errors.Is(err, kite.ErrInvalidParams) {
+	if _, err := admin.StackReset(t.Context(), api.StackResetParams{StackID: "stack-r"}); !errors.Is(err, kite.ErrInvalidParams) {
 		t.Fatalf("reset without a reason: %v", err)
 	}
-	if err := admin.Call(t.Context(), "stack.reset", reset, nil); !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), live) {
+	if _, err := admin.StackReset(t.Context(), reset); !errors.Is(err, kite.ErrState) || !strings.Contains(err.Error(), live) {
 		t.Fatalf("reset while the stack's job runs: %v", err)
 	}
-	if err := e.Server.Store().Jobs().Finish(t.Context(), live, errors.New("runner gone"), nil); err != nil {
+	if err := e.Server.Store().Jobs().Finish(t.Context(), live, errors.New("runner gone"), store.Doc{}); err != nil {
 		t.Fatal(err)
 	}
-	var st api.StackView
-	kloudtest.Call(t, admin, "stack.reset", reset, &st)
+	st, err := admin.StackReset(t.Context(), reset)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if st.State != kloud.StackFailed || !strings.Contains(st.Reason, "INC-42") || !strings.Contains(st.Reason, kloud.Admin) {
 		t.Fatalf("after reset: %+v", st.Stack)
 	}
@@ -524,9 +540,11 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 		}
 	}
 	// The audit record is on the stack, for its owner to see too, and in the log at WARN.
-	var seen api.StackView
-	kloudtest.Call(t, alice, "stack.describe", map[string]string{"id": "stack-r"}, &seen)
-	if len(seen.Resets) != 1 || seen.Resets[0].By != kloud.Admin || seen.Resets[0].Reason != reset["reason"] ||
+	seen, err := alice.StackDescribe(t.Context(), api.StackRef{StackID: "stack-r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen.Resets) != 1 || seen.Resets[0].By != kloud.Admin || seen.Resets[0].Reason != reset.Reason ||
 		seen.Resets[0].To != kloud.StackFailed || seen.Resets[0].Job != live || seen.Resets[0].At.IsZero() {
 		t.Fatalf("audit: %+v", seen.Resets)
 	}
@@ -535,10 +553,12 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 	}
 
 	// NotInitialized only if nothing was ever built.
-	if err := admin.Call(t.Context(), "stack.reset", map[string]any{"stackId": "stack-r", "state": "NotInitialized", "reason": "never built"}, nil); err != nil {
+	if _, err := admin.StackReset(t.Context(), api.StackResetParams{StackID: "stack-r", State: "NotInitialized", Reason: "never built"}); err != nil {
 		t.Fatalf("reset to NotInitialized of a stack never built: %v", err)
 	}
-	kloudtest.Call(t, alice, "stack.describe", map[string]string{"id": "stack-r"}, &seen)
+	if seen, err = alice.StackDescribe(t.Context(), api.StackRef{StackID: "stack-r"}); err != nil {
+		t.Fatal(err)
+	}
 	if seen.State != kloud.StackNotInitialized || len(seen.Resets) != 2 {
 		t.Fatalf("after the second reset: %+v", seen)
 	}
@@ -550,7 +570,7 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 	if err := e.Server.Store().Stacks().Set(t.Context(), "stack-r", store.StackSet{TFJobID: new("tf-1")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.Call(t.Context(), "stack.reset", map[string]any{"stackId": "stack-r", "state": "NotInitialized", "reason": "x"}, nil); !errors.Is(err, kite.ErrState) {
+	if _, err := admin.StackReset(t.Context(), api.StackResetParams{StackID: "stack-r", State: "NotInitialized", Reason: "x"}); !errors.Is(err, kite.ErrState) {
 		t.Fatalf("reset to NotInitialized of a stack terraform ran for: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ func TestRetentionSchedule(t *testing.T) {
 		if _, err := js.Start(ctx, id, "elsewhere"); err != nil {
 			t.Fatal(err)
 		}
-		if err := js.Finish(ctx, id, errors.New("done"), nil); err != nil {
+		if err := js.Finish(ctx, id, errors.New("done"), store.Doc{}); err != nil {
 			t.Fatal(err)
 		}
 		return id

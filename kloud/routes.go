@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -353,48 +354,79 @@ func (s *Server) httpRoutes() []httpRoute {
 }
 
 // jobKinds lists every kind of durable job (jobs.go): how it runs and how a job whose runner
-// died is resumed.
-func (s *Server) jobKinds() map[string]jobKind {
-	power := func(method string) jobKind {
-		return jobKind{
-			run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-				return s.runMachinePower(ctx, j, method, false)
-			},
-			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-				return s.runMachinePower(ctx, j, method, true)
-			},
-		}
+// died is resumed, each with params and a result of its own types.
+func (s *Server) jobKinds() map[string]anyJobKind {
+	kinds := map[string]anyJobKind{}
+	for _, k := range []anyJobKind{
+		stackApplyJob,  // stackbuild: a build, or a destroy
+		stackUpdateJob, // stacks_update.go
+		powerJobKind(provider.MethodStart),
+		powerJobKind(provider.MethodStop),
+		snapshotJob, restoreJob, // snapshots.go
+		planJob,      // stacks_plan.go: an interrupted plan fails ("run it again")
+		bootstrapJob, // credential_bootstrap.go
+	} {
+		kinds[k.kindName()] = k
 	}
-	return map[string]jobKind{
-		jobStackApply: {
-			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.flow().RunApply(ctx, j, false) },
-			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.flow().RunApply(ctx, j, true) },
+	return kinds
+}
+
+var (
+	stackApplyJob = jobKind[stackbuild.ApplyParams, stackbuild.StackResult]{name: jobStackApply,
+		run: func(ctx context.Context, j *jobCtx, p stackbuild.ApplyParams) (stackbuild.StackResult, error) {
+			return j.s.flow().RunApply(ctx, j, p, false)
 		},
-		jobStackUpdate: { // stacks_update.go
-			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackUpdate(ctx, j, false) },
-			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runStackUpdate(ctx, j, true) },
+		recover: func(ctx context.Context, j *jobCtx, p stackbuild.ApplyParams) (stackbuild.StackResult, error) {
+			return j.s.flow().RunApply(ctx, j, p, true)
 		},
-		"machine." + provider.MethodStart: power(provider.MethodStart),
-		"machine." + provider.MethodStop:  power(provider.MethodStop),
-		// snapshots.go
-		jobMachineSnapshot: {
-			run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-				return s.runMachineSnapshot(ctx, j, false)
-			},
-			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-				return s.runMachineSnapshot(ctx, j, true)
-			},
+	}
+	stackUpdateJob = jobKind[updateParams, stackbuild.StackResult]{name: jobStackUpdate,
+		run: func(ctx context.Context, j *jobCtx, p updateParams) (stackbuild.StackResult, error) {
+			return j.s.runStackUpdate(ctx, j, p, false)
 		},
-		jobMachineRestore: {
-			run: func(ctx context.Context, j *jobCtx) (map[string]any, error) {
-				return s.runMachineRestore(ctx, j, false)
-			},
-			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runMachineRestore(ctx, j, true) },
+		recover: func(ctx context.Context, j *jobCtx, p updateParams) (stackbuild.StackResult, error) {
+			return j.s.runStackUpdate(ctx, j, p, true)
 		},
-		jobStackPlan: {run: s.runStackPlan}, // stacks_plan.go: an interrupted plan fails ("run it again")
-		bootstrapJobKind: {
-			run:     func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runBootstrap(ctx, j, false) },
-			recover: func(ctx context.Context, j *jobCtx) (map[string]any, error) { return s.runBootstrap(ctx, j, true) },
+	}
+	snapshotJob = jobKind[snapshotParams, snapshotResult]{name: jobMachineSnapshot,
+		run: func(ctx context.Context, j *jobCtx, p snapshotParams) (snapshotResult, error) {
+			return j.s.runMachineSnapshot(ctx, j, p, false)
+		},
+		recover: func(ctx context.Context, j *jobCtx, p snapshotParams) (snapshotResult, error) {
+			return j.s.runMachineSnapshot(ctx, j, p, true)
+		},
+	}
+	restoreJob = jobKind[snapshotParams, restoreResult]{name: jobMachineRestore,
+		run: func(ctx context.Context, j *jobCtx, p snapshotParams) (restoreResult, error) {
+			return j.s.runMachineRestore(ctx, j, p, false)
+		},
+		recover: func(ctx context.Context, j *jobCtx, p snapshotParams) (restoreResult, error) {
+			return j.s.runMachineRestore(ctx, j, p, true)
+		},
+	}
+	planJob = jobKind[planJobParams, api.StackPlanResult]{name: jobStackPlan,
+		run: func(ctx context.Context, j *jobCtx, p planJobParams) (api.StackPlanResult, error) {
+			return j.s.runStackPlan(ctx, j, p)
+		},
+	}
+	bootstrapJob = jobKind[bootstrapParams, bootstrapResult]{name: bootstrapJobKind,
+		run: func(ctx context.Context, j *jobCtx, p bootstrapParams) (bootstrapResult, error) {
+			return j.s.runBootstrap(ctx, j, p, false)
+		},
+		recover: func(ctx context.Context, j *jobCtx, p bootstrapParams) (bootstrapResult, error) {
+			return j.s.runBootstrap(ctx, j, p, true)
+		},
+	}
+)
+
+// powerJobKind is the kind of machine.start or machine.stop (method).
+func powerJobKind(method string) jobKind[powerParams, machineResult] {
+	return jobKind[powerParams, machineResult]{name: "machine." + method,
+		run: func(ctx context.Context, j *jobCtx, p powerParams) (machineResult, error) {
+			return j.s.runMachinePower(ctx, j, method, p, false)
+		},
+		recover: func(ctx context.Context, j *jobCtx, p powerParams) (machineResult, error) {
+			return j.s.runMachinePower(ctx, j, method, p, true)
 		},
 	}
 }

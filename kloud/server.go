@@ -191,9 +191,9 @@ type Server struct {
 	jobs      *jobRunner
 	presence  *storePresence
 	revs      *storeRevocations
-	relay     *relay.Hub         // terminals, port forwards, web apps on their own hosts (relay.go)
-	kinds     map[string]jobKind // job kinds (routes.go)
-	idle      *idle.Tracker      // the idle stop and autostart (kloud/idle, wired in idle.go)
+	relay     *relay.Hub            // terminals, port forwards, web apps on their own hosts (relay.go)
+	kinds     map[string]anyJobKind // job kinds (routes.go)
+	idle      *idle.Tracker         // the idle stop and autostart (kloud/idle, wired in idle.go)
 
 	metrics  *kloudMetrics    // Prometheus collectors (metrics.go)
 	login    *login.Service   // the web login: passwords, sessions, single sign-on (kloud/login, wired in web_api_login.go)

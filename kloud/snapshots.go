@@ -204,8 +204,8 @@ func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request
 		release()
 		return api.SnapshotStarted{}, err
 	}
-	id, err := s.startJobID(ctx, jobID, jobMachineSnapshot, "machine/"+m.ID, c.Username,
-		map[string]any{"machineId": m.ID, "snapshotId": sn.ID, "lease": owner, "from": string(m.State)})
+	id, err := snapshotJob.StartID(ctx, s, jobID, "machine/"+m.ID, c.Username,
+		snapshotParams{MachineID: m.ID, SnapshotID: sn.ID, Lease: owner, From: m.State})
 	if err != nil {
 		s.store.Snapshots().Delete(context.WithoutCancel(ctx), sn.ID)
 		release()
@@ -315,8 +315,8 @@ func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request,
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	id, err := s.startJob(ctx, jobMachineRestore, "machine/"+m.ID, c.Username,
-		map[string]any{"machineId": m.ID, "snapshotId": sn.ID, "lease": owner, "from": string(m.State)})
+	id, err := restoreJob.Start(ctx, s, "machine/"+m.ID, c.Username,
+		snapshotParams{MachineID: m.ID, SnapshotID: sn.ID, Lease: owner, From: m.State})
 	if err != nil {
 		release()
 		return api.JobRef{}, err
@@ -373,13 +373,36 @@ func (s *Server) snapshotMachine(ctx context.Context, sn *store.Snapshot) (provi
 	return snapshotterOf(sn.Provider, pm)
 }
 
+// snapshotParams are a machine.snapshot or machine.restore job's params (job.get shows them).
+type snapshotParams struct {
+	MachineID  string         `json:"machineId"`
+	SnapshotID string         `json:"snapshotId"` // the snapshot made, or restored from
+	Lease      string         `json:"lease"`      // the owner name of the machine's lease the call took
+	From       provider.State `json:"from"`       // the machine's state before the job
+}
+
+// snapshotResult is a machine.snapshot job's result.
+type snapshotResult struct {
+	MachineID  string         `json:"machineId"`
+	State      provider.State `json:"state"`
+	SnapshotID string         `json:"snapshotId"`
+	Size       int64          `json:"size"` // bytes
+}
+
+// restoreResult is a machine.restore job's result.
+type restoreResult struct {
+	MachineID  string         `json:"machineId"`
+	State      provider.State `json:"state"`
+	SnapshotID string         `json:"snapshotId"`
+}
+
 // runMachineSnapshot is the machine.snapshot job: stop the machine if it runs, save its disk,
 // start it again. Resumed after a kloud restart by running it again (each step is idempotent:
 // a snapshot of the same id replaces what an interrupted one left).
-func (s *Server) runMachineSnapshot(ctx context.Context, j *jobCtx, recovering bool) (map[string]any, error) {
-	snapID, _ := j.Params["snapshotId"].(string)
+func (s *Server) runMachineSnapshot(ctx context.Context, j *jobCtx, p snapshotParams, recovering bool) (snapshotResult, error) {
+	snapID := p.SnapshotID
 	var info provider.SnapshotInfo
-	res, err := s.withMachineStopped(ctx, j, recovering, "snapshot", func(ctx context.Context, m *Machine, sp provider.Snapshotter) error {
+	res, err := s.withMachineStopped(ctx, j, p, recovering, "snapshot", func(ctx context.Context, m *Machine, sp provider.Snapshotter) error {
 		j.Progress(ctx, 40, string(provider.Stopped), "saving the disk")
 		var err error
 		if info, err = sp.Snapshot(ctx, snapID); err != nil {
@@ -412,11 +435,9 @@ func (s *Server) runMachineSnapshot(ctx context.Context, j *jobCtx, recovering b
 				s.dropSnapshotData(ctx, sp, snapID, "of a failed snapshot")
 			}
 		}
-		return nil, err
+		return snapshotResult{}, err
 	}
-	res["snapshotId"] = snapID
-	res["size"] = info.Size
-	return res, nil
+	return snapshotResult{MachineID: res.MachineID, State: res.State, SnapshotID: snapID, Size: info.Size}, nil
 }
 
 func (s *Server) snapshotSet(ctx context.Context, id string, set store.SnapshotSet) (bool, error) {
@@ -434,9 +455,9 @@ func (s *Server) snapshotSet(ctx context.Context, id string, set store.SnapshotS
 
 // runMachineRestore is the machine.restore job: stop the machine if it runs, replace its disk by
 // the snapshot's, start it again. Resumed after a restart by running it again.
-func (s *Server) runMachineRestore(ctx context.Context, j *jobCtx, recovering bool) (map[string]any, error) {
-	snapID, _ := j.Params["snapshotId"].(string)
-	res, err := s.withMachineStopped(ctx, j, recovering, "restore", func(ctx context.Context, m *Machine, sp provider.Snapshotter) error {
+func (s *Server) runMachineRestore(ctx context.Context, j *jobCtx, p snapshotParams, recovering bool) (restoreResult, error) {
+	snapID := p.SnapshotID
+	res, err := s.withMachineStopped(ctx, j, p, recovering, "restore", func(ctx context.Context, m *Machine, sp provider.Snapshotter) error {
 		sn, err := s.store.Snapshots().Get(ctx, snapID)
 		if err != nil {
 			return fmt.Errorf("snapshot %s: %w", snapID, err)
@@ -453,21 +474,18 @@ func (s *Server) runMachineRestore(ctx context.Context, j *jobCtx, recovering bo
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return restoreResult{}, err
 	}
-	res["snapshotId"] = snapID
-	return res, nil
+	return restoreResult{MachineID: res.MachineID, State: res.State, SnapshotID: snapID}, nil
 }
 
 // withMachineStopped runs fn on the job's machine while it is stopped: a machine that was
-// Running (params "from") is stopped first and started again after, waiting for its agent. The
-// job holds the machine's lease (params "lease"). On any error the machine is put in the state
-// its provider reports.
-func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering bool, what string,
-	fn func(ctx context.Context, m *Machine, sp provider.Snapshotter) error) (res map[string]any, err error) {
-	id, _ := j.Params["machineId"].(string)
-	owner, _ := j.Params["lease"].(string)
-	from := provider.State(fmt.Sprint(j.Params["from"]))
+// Running (p.From) is stopped first and started again after, waiting for its agent. The job
+// holds the machine's lease (p.Lease). On any error the machine is put in the state its
+// provider reports.
+func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, p snapshotParams, recovering bool, what string,
+	fn func(ctx context.Context, m *Machine, sp provider.Snapshotter) error) (res machineResult, err error) {
+	id, owner, from := p.MachineID, p.Lease, p.From
 	if recovering {
 		if j.CancelRequested {
 			err = fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
@@ -475,14 +493,14 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 			err = fmt.Errorf("machine %s: %w", id, err)
 		}
 		if err != nil {
-			return nil, err
+			return machineResult{}, err
 		}
 		j.Logf(ctx, "kloud restarted during this job; running it again")
 	}
 	defer s.keepLease(context.Background(), "machine/"+id, owner)()
 	m, err := s.loadMachine(ctx, nil, id)
 	if err != nil {
-		return nil, err
+		return machineResult{}, err
 	}
 	var pm provider.Machine
 	// No state without an exit: whatever happens, the machine ends in the state the provider
@@ -509,14 +527,14 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 			store.MachineSet{State: new(string(state)), Reason: new(fmt.Sprintf("%s job %s: %v", what, j.ID, err))})
 	}()
 	if err := s.capable(m.Provider, "machine."+what, provider.CapSnapshot); err != nil {
-		return nil, err
+		return machineResult{}, err
 	}
 	if pm, err = s.providerMachine(ctx, nil, m); err != nil {
-		return nil, err
+		return machineResult{}, err
 	}
 	sp, err := snapshotterOf(m.Provider, pm)
 	if err != nil {
-		return nil, err
+		return machineResult{}, err
 	}
 	// Stop (a recovered job finds it stopped already, or half way: Stop is idempotent).
 	if m.State != provider.Stopped {
@@ -525,16 +543,16 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 			store.MachineSet{State: new(string(provider.Stopping)), Reason: new("stopping for a " + what)})
 		meta, err := pm.Stop(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("stop %s for the %s: %w", m.Label, what, err)
+			return machineResult{}, fmt.Errorf("stop %s for the %s: %w", m.Label, what, err)
 		}
 		s.setMachine(ctx, id, []provider.State{provider.Stopping}, store.MachineSet{State: new(string(provider.Stopped)), Reason: new(""), Meta: meta})
 		s.setAgent(ctx, m.KiteID, AgentDisconnected, "")
 	}
 	ferr := fn(ctx, m, sp)
-	res = map[string]any{"machineId": id, "state": string(provider.Stopped)}
+	res = machineResult{MachineID: id, State: provider.Stopped}
 	if from != provider.Running {
 		if ferr != nil {
-			return nil, ferr
+			return machineResult{}, ferr
 		}
 		j.Progress(ctx, 100, string(provider.Stopped), what+" done")
 		return res, nil
@@ -545,14 +563,14 @@ func (s *Server) withMachineStopped(ctx context.Context, j *jobCtx, recovering b
 	defer cancel()
 	if err := s.startAgain(sctx, j, m, pm); err != nil {
 		if ferr != nil {
-			return nil, fmt.Errorf("%w; starting %s again failed too: %w", ferr, m.Label, err)
+			return machineResult{}, fmt.Errorf("%w; starting %s again failed too: %w", ferr, m.Label, err)
 		}
-		return nil, fmt.Errorf("%s done, but %w", what, err)
+		return machineResult{}, fmt.Errorf("%s done, but %w", what, err)
 	}
 	if ferr != nil {
-		return nil, fmt.Errorf("%w (%s is running again, as before)", ferr, m.Label)
+		return machineResult{}, fmt.Errorf("%w (%s is running again, as before)", ferr, m.Label)
 	}
-	res["state"] = string(provider.Running)
+	res.State = provider.Running
 	return res, nil
 }
 

@@ -26,9 +26,7 @@ func TestSnapshots(t *testing.T) {
 	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{SnapshotQuota: kloud.SnapshotQuota{Count: 2}})
 	f.credential()
 	sid, _ := f.stack(f.template(twoVMs))
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
-	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
+	if last := f.follow(f.apply(sid, false)); last.Status != api.JobSucceeded {
 		t.Fatalf("build: %+v", last)
 	}
 	ms := f.machines(sid)
@@ -117,8 +115,10 @@ func TestSnapshots(t *testing.T) {
 	}
 
 	// Into another, stopped, machine: it stays stopped. A snapshot of it counts (2 of 2).
-	kloudtest.Call(t, f.alice, "machine.stop", map[string]string{"machineId": vm1.ID}, &job)
-	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
+	if ref, err = c.MachineStop(ctx, api.MachineRef{MachineID: vm1.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(ref.JobID); last.Status != api.JobSucceeded {
 		t.Fatalf("stop: %+v", last)
 	}
 	if ref, err = c.MachineRestore(ctx, api.RestoreParams{SnapshotID: started.SnapshotID, MachineID: vm1.ID}); err != nil {
@@ -147,8 +147,7 @@ func TestSnapshots(t *testing.T) {
 	}
 
 	// The stack goes; the snapshots stay, restorable elsewhere only, and are deleted with their data.
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]any{"stackId": sid, "destroy": true}, &job)
-	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
+	if last := f.follow(f.apply(sid, true)); last.Status != api.JobSucceeded {
 		t.Fatalf("destroy: %+v", last)
 	}
 	if l, err := c.MachineSnapshots(ctx, api.SnapshotsParams{}); err != nil || len(l.Snapshots) != 2 {
@@ -201,9 +200,7 @@ resource "terraform_data" "vm" {
   input = "#!/bin/bash\necho hi"
 }
 `))
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
-	if last := f.follow(job.JobID); last.Status != api.JobSucceeded {
+	if last := f.follow(f.apply(sid, false)); last.Status != api.JobSucceeded {
 		t.Fatalf("build: %+v", last)
 	}
 	vm := f.machines(sid)["vm"]

@@ -375,18 +375,17 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		}
 		defer release()
 	}
-	sj := stackJob{kind: jobStackApply, lease: "apply", verb: "build", noun: "build", from: []string{StackNotInitialized, StackFailed}, to: StackBuilding}
+	sj := stackJob{lease: "apply", verb: "build", noun: "build", from: []string{StackNotInitialized, StackFailed}, to: StackBuilding}
 	if p.Destroy {
 		sj.verb, sj.noun, sj.from, sj.to = "destroy", "destroy", []string{StackNotInitialized, StackFailed, StackInitialized}, StackDestroying
 	}
-	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (map[string]any, error) {
-		return stackbuild.ApplyParams{StackID: st.ID, Destroy: p.Destroy, Lease: lease}.Map(), nil
+	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (jobSpec, error) {
+		return stackApplyJob.spec(stackbuild.ApplyParams{StackID: st.ID, Destroy: p.Destroy, Lease: lease})
 	})
 }
 
 // stackJob says which stack job beginStackJob starts.
 type stackJob struct {
-	kind  string   // the job's kind (jobStackApply, jobStackUpdate)
 	lease string   // the lease owner's prefix ("apply", "update")
 	verb  string   // "it can VERB only from": "build", "destroy", "be updated"
 	noun  string   // "could not start the NOUN job"
@@ -398,12 +397,12 @@ type stackJob struct {
 // beginStackJob starts a stack job: it takes the stack's lease (one job per stack at a time:
 // whoever loses is told who holds it); a stack (or its machines) left in a transitional state by
 // a job that is over is reconciled first, so jobs start from "any state whose job is dead";
-// params gives the job's params from the stack as it is now and the lease owner (or refuses:
-// nothing changed then); the stack moves from sj.from to sj.to with the job's id (and sj.set) in
+// job gives the job (its kind's spec, with params from the stack as it is now and the lease
+// owner) or refuses (nothing changed then); the stack moves from sj.from to sj.to with the job's id (and sj.set) in
 // one update, so it never shows a transitional state with another (dead) job's id, which the
 // reconciler would act on; then the job starts. When something fails, the stack is rolled back
 // and the lease released.
-func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj stackJob, params func(st *Stack, lease string) (map[string]any, error)) (api.JobRef, error) {
+func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj stackJob, job func(st *Stack, lease string) (jobSpec, error)) (api.JobRef, error) {
 	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
 	if err != nil {
 		return api.JobRef{}, err
@@ -412,7 +411,7 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj sta
 		release()
 		return api.JobRef{}, err
 	}
-	ps, err := params(st, owner)
+	spec, err := job(st, owner)
 	if err != nil {
 		release()
 		return api.JobRef{}, err
@@ -428,7 +427,7 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj sta
 		}
 		return api.JobRef{}, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, sj.verb, strings.Join(sj.from, ", "), kite.ErrState)
 	}
-	if _, err := s.startJobID(ctx, id, sj.kind, "stack/"+st.ID, c.Username, ps); err != nil {
+	if _, err := s.startJob(ctx, id, spec, "stack/"+st.ID, c.Username); err != nil {
 		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the %s job: %v", sj.noun, err))}
 		if st.JobID != "" {
 			back.JobID = new(st.JobID)

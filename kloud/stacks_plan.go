@@ -2,7 +2,6 @@ package kloud
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -88,15 +87,11 @@ func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p
 		}
 		target = "template/" + t.ID
 	}
-	params, err := jsonObject(planJobParams{Plan: *p, Admin: c.Admin})
-	if err != nil {
-		return api.JobRef{}, err
-	}
 	if !s.planJobs.take(c.Username, MaxPlanJobsPerUser) { // released when the job ends (runStackPlan)
 		return api.JobRef{}, fmt.Errorf("%s has %d plans running, the most a user may have at once: wait for one to end, or cancel it (kloud job list; kloud job cancel ID): %w",
 			c.Username, MaxPlanJobsPerUser, kite.ErrConflict)
 	}
-	id, err := s.startJob(ctx, jobStackPlan, target, c.Username, params)
+	id, err := planJob.Start(ctx, s, target, c.Username, planJobParams{Plan: *p, Admin: c.Admin})
 	if err != nil {
 		s.planJobs.done(c.Username)
 		return api.JobRef{}, err
@@ -106,19 +101,11 @@ func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p
 
 // runStackPlan is a plan job: stack.plan's work as the job's owner, terraform's lines in the
 // job's log. Its context is the job's: job.cancel and the plan timeout stop terraform.
-func (s *Server) runStackPlan(ctx context.Context, j *jobCtx) (map[string]any, error) {
+func (s *Server) runStackPlan(ctx context.Context, j *jobCtx, p planJobParams) (api.StackPlanResult, error) {
 	defer s.planJobs.done(j.Owner) // taken by stackPlanJob
-	var p planJobParams
-	b, err := json.Marshal(j.Params)
-	if err == nil {
-		err = json.Unmarshal(b, &p)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("plan job params: %w", err)
-	}
 	c, err := s.callerByName(ctx, j.Owner, p.Admin)
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	what := "template " + p.Plan.TemplateID
 	if p.Plan.StackID != "" {
@@ -128,23 +115,10 @@ func (s *Server) runStackPlan(ctx context.Context, j *jobCtx) (map[string]any, e
 	ctx = withPlanLog(ctx, func(line string) { j.Logf(ctx, "%s", line) })
 	r, err := s.stackPlan(ctx, c, nil, &p.Plan)
 	if err != nil {
-		return nil, err
+		return api.StackPlanResult{}, err
 	}
 	j.Progress(ctx, 100, "Planned", fmt.Sprintf("%d machines", len(r.Machines)))
-	return jsonObject(r)
-}
-
-// jsonObject is v as a JSON object (numbers as float64), for a job's params or result.
-func jsonObject(v any) (map[string]any, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return r, nil
 }
 
 type planLogKey struct{}

@@ -9,6 +9,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
+	"github.com/kloud-dev/kloud/kloud/store"
 )
 
 // stack.scale (issue 13 §1): a machine resource's count changes in the stack's own files (the
@@ -36,7 +37,7 @@ func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *
 		}
 	}
 	diverged := st.Diverged || !sameFiles(files, st.Files)
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: diverged, Files: files, Variables: vars,
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: diverged, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(vars),
 		What: fmt.Sprintf("scaling %s from %d to %s", p.Resource, have, machineCount(p.Count))})
 }
 

@@ -42,65 +42,37 @@ import (
 
 const jobStackUpdate = "stack.update"
 
-// updateParams are a stack.update job's parameters (job.describe shows them).
+// updateParams are a stack.update job's parameters (job.get shows them; files and variables
+// as JSON text, as they always were).
 type updateParams struct {
-	StackID   string
-	Lease     string
-	From      string // the stack's state before the job: it goes back to it if nothing changed
-	Rev       int
-	Diverged  bool
-	Files     []File
-	Variables map[string]string
+	StackID   string                            `json:"stackId"`
+	Lease     string                            `json:"lease"`
+	From      string                            `json:"from"` // the stack's state before the job: it goes back to it if nothing changed
+	Rev       int                               `json:"rev"`
+	Diverged  bool                              `json:"diverged"`
+	Files     store.JSONText[[]File]            `json:"files"`
+	Variables store.JSONText[map[string]string] `json:"variables"`
 	// What the update does in words, for the job's log, when it is not "from revision R to S"
 	// (stack.scale: "scaling web from 2 to 3 machines").
-	What string
+	What string `json:"what"`
 }
 
-// Map is p as a job document stores it (files and variables as JSON text: the store gives
-// nested documents back in its own types).
-func (p updateParams) Map() map[string]any {
-	files, _ := json.Marshal(p.Files)
-	vars, _ := json.Marshal(p.Variables)
-	return map[string]any{"stackId": p.StackID, "lease": p.Lease, "from": p.From, "rev": p.Rev, "diverged": p.Diverged,
-		"files": string(files), "variables": string(vars), "what": p.What}
-}
-
-func parseUpdateParams(m map[string]any) (updateParams, error) {
-	var p updateParams
-	var ok bool
-	if p.StackID, ok = m["stackId"].(string); !ok || p.StackID == "" {
-		return p, errors.New("stack.update job without a stackId")
+// Validate checks params decoded from a job (a job without a stack, lease owner or files was
+// not made by stack.update, or its document is damaged) and takes an unknown From as Failed.
+func (p *updateParams) Validate() error {
+	if p.StackID == "" {
+		return errors.New("stack.update job without a stackId")
 	}
-	if p.Lease, ok = m["lease"].(string); !ok || p.Lease == "" {
-		return p, fmt.Errorf("stack.update job of stack %s without a lease owner", p.StackID)
+	if p.Lease == "" {
+		return fmt.Errorf("stack.update job of stack %s without a lease owner", p.StackID)
 	}
-	switch v := m["rev"].(type) {
-	case int:
-		p.Rev = v
-	case int32:
-		p.Rev = int(v)
-	case int64:
-		p.Rev = int(v)
-	case float64:
-		p.Rev = int(v)
-	default:
-		return p, fmt.Errorf("stack.update job of stack %s: rev is %T", p.StackID, m["rev"])
+	if len(p.Files.V) == 0 {
+		return fmt.Errorf("stack.update job of stack %s: no files", p.StackID)
 	}
-	p.Diverged, _ = m["diverged"].(bool)
-	p.What, _ = m["what"].(string)
-	if p.From, _ = m["from"].(string); p.From != StackInitialized && p.From != StackFailed {
+	if p.From != StackInitialized && p.From != StackFailed {
 		p.From = StackFailed
 	}
-	files, _ := m["files"].(string)
-	if err := json.Unmarshal([]byte(files), &p.Files); err != nil || len(p.Files) == 0 {
-		return p, fmt.Errorf("stack.update job of stack %s: no files (%v)", p.StackID, err)
-	}
-	if vars, _ := m["variables"].(string); vars != "" {
-		if err := json.Unmarshal([]byte(vars), &p.Variables); err != nil {
-			return p, fmt.Errorf("stack.update job of stack %s: variables: %w", p.StackID, err)
-		}
-	}
-	return p, nil
+	return nil
 }
 
 // ---- agents kept across updates
@@ -206,7 +178,7 @@ func (s *Server) stackUpdate(ctx context.Context, c *Caller, _ *kite.Request, p 
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: files, Variables: st.Variables})
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(st.Variables)})
 }
 
 // startUpdate starts the update job as stack.apply starts its job (beginStackJob, stacks.go),
@@ -220,17 +192,17 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 		return api.JobRef{}, err
 	}
 	defer release()
-	sj := stackJob{kind: jobStackUpdate, lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
+	sj := stackJob{lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
 		set: store.StackSet{TFJobID: new("")}}
-	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (map[string]any, error) {
+	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (jobSpec, error) {
 		// What the job would refuse before changing anything (files Terraform or the template
 		// policy refuses, no machine left, a constraint, a machine that would change provider)
 		// is refused here, before a job exists. The job checks again: it may run after a restart.
-		if _, _, _, err := s.planUpdate(ctx, c, st, up.Files, up.Variables, nil); err != nil {
-			return nil, err
+		if _, _, _, err := s.planUpdate(ctx, c, st, up.Files.V, up.Variables.V, nil); err != nil {
+			return jobSpec{}, err
 		}
 		up.Lease, up.From = lease, st.State
-		return up.Map(), nil
+		return stackUpdateJob.spec(up)
 	})
 }
 
@@ -318,7 +290,7 @@ func (s *Server) failedUpdate(ctx context.Context, st *Stack) bool {
 // files, revision and variables. Machines that stayed Running keep their agents and disks; the
 // others are built (or, if terraform made them, awaited) and the removed ones removed.
 func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (api.JobRef, error) {
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: st.Files, Variables: st.Variables,
+	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: store.JSONTextOf(st.Files), Variables: store.JSONTextOf(st.Variables),
 		What: fmt.Sprintf("applying revision %d again (only what drifted changes)", st.TemplateRev)})
 }
 

@@ -23,11 +23,7 @@ import (
 
 // ---- the job
 
-func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool) (res map[string]any, err error) {
-	p, err := parseUpdateParams(j.Params)
-	if err != nil {
-		return nil, err
-	}
+func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, p updateParams, recovering bool) (res stackbuild.StackResult, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("internal error: %v", r)
@@ -43,11 +39,11 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool)
 	st, c, stop, err := s.resumeStackJob(ctx, j, recovering, p.StackID, p.Lease, StackBuilding)
 	defer stop()
 	if err != nil {
-		return nil, err
+		return stackbuild.StackResult{}, err
 	}
 	tf, err := s.terraformer()
 	if err != nil {
-		return nil, err
+		return stackbuild.StackResult{}, err
 	}
 	tfJob := st.TFJobID
 	resumed := false
@@ -59,27 +55,27 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, recovering bool)
 		// and removed ones as removed.
 		j.Logf(ctx, "kloud restarted before terraform's run was recorded; updating again")
 		if err := s.unsettleInterrupted(ctx, st.ID); err != nil {
-			return nil, err
+			return stackbuild.StackResult{}, err
 		}
 		if st, err = s.loadStack(ctx, nil, p.StackID); err != nil {
-			return nil, err
+			return stackbuild.StackResult{}, err
 		}
 		recovering, resumed = false, true
 	}
 	if !recovering {
 		if tfJob, err = s.prepareUpdate(ctx, j, c, st, p, resumed); err != nil {
-			return nil, err
+			return stackbuild.StackResult{}, err
 		}
 	}
 	if ctx.Err() != nil {
-		return nil, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
+		return stackbuild.StackResult{}, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
 	job, err := tf.Wait(ctx, tfJob, stackbuild.ApplyProgress(ctx, j))
 	if err != nil {
-		return nil, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", err))
+		return stackbuild.StackResult{}, s.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	if err := job.Err(); err != nil {
-		return nil, s.failUpdate(ctx, st, job.Result, tfJob, fmt.Errorf("terraform apply: %w", err))
+		return stackbuild.StackResult{}, s.failUpdate(ctx, st, job.Result, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	return s.finishUpdate(ctx, j, c, st, job.Result)
 }
@@ -330,7 +326,7 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 		return failClean(err)
 	}
 	defer releaseQuota()
-	planned, ms, mt, err := s.planUpdate(ctx, c, st, p.Files, p.Variables, func(line string) { j.Logf(ctx, "%s", line) })
+	planned, ms, mt, err := s.planUpdate(ctx, c, st, p.Files.V, p.Variables.V, func(line string) { j.Logf(ctx, "%s", line) })
 	if err != nil {
 		return failClean(err)
 	}
@@ -351,7 +347,7 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	for _, m := range mt.added {
 		all = append(all, m.ID)
 	}
-	if err := s.setContent(ctx, st.ID, j.ID, store.StackContent{Files: p.Files, Rev: p.Rev, Diverged: p.Diverged, Variables: p.Variables, Machines: all}); err != nil {
+	if err := s.setContent(ctx, st.ID, j.ID, store.StackContent{Files: p.Files.V, Rev: p.Rev, Diverged: p.Diverged, Variables: p.Variables.V, Machines: all}); err != nil {
 		return fail(err)
 	}
 	j.Enter(ctx, stackbuild.BuildUserData)
@@ -368,7 +364,7 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 	if err := s.mintInto(ctx, st, mint, agents, mt.specs); err != nil {
 		return fail(err)
 	}
-	tpl, err := s.renderFor(ctx, c, st, p.Files, p.Variables, mt, agents)
+	tpl, err := s.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents)
 	if err != nil {
 		return fail(err)
 	}
@@ -411,7 +407,7 @@ func (s *Server) prepareUpdate(ctx context.Context, j *jobCtx, c *Caller, st *St
 		if err := s.mintInto(ctx, st, again, agents, mt.specs); err != nil {
 			return fail(err)
 		}
-		if tpl, err = s.renderFor(ctx, c, st, p.Files, p.Variables, mt, agents); err != nil {
+		if tpl, err = s.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents); err != nil {
 			return fail(err)
 		}
 	}
@@ -501,10 +497,10 @@ func (s *Server) setContent(ctx context.Context, stackID, jobID string, c store.
 // finishUpdate is the end of a successful terraform apply: removed machines' records go, the
 // planner waits for the agents of new and replaced machines (Building), every machine's
 // attributes are taken from the state, and the stack is Initialized.
-func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Stack, res *tfapi.Result) (map[string]any, error) {
+func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Stack, res *tfapi.Result) (stackbuild.StackResult, error) {
 	ms, err := s.stackMachines(ctx, st.ID)
 	if err != nil {
-		return nil, s.failUpdate(ctx, st, res, "", fmt.Errorf("load machines: %w", err))
+		return stackbuild.StackResult{}, s.failUpdate(ctx, st, res, "", fmt.Errorf("load machines: %w", err))
 	}
 	s.dropRemoved(ctx, st, ms, res)
 	var wait, others []Machine
@@ -520,7 +516,7 @@ func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 	j.Enter(ctx, stackbuild.BuildAgents)
 	results := s.flow().WaitAgents(ctx, j, st, wait, res)
 	if ctx.Err() != nil {
-		return nil, s.failUpdate(ctx, st, res, "", fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
+		return stackbuild.StackResult{}, s.failUpdate(ctx, st, res, "", fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
 	}
 	j.Enter(ctx, stackbuild.BuildSettings)
 	failed := s.flow().SettleMachines(ctx, c, wait, results) // stackbuild, as a build
@@ -536,11 +532,11 @@ func (s *Server) finishUpdate(ctx context.Context, j *jobCtx, c *Caller, st *Sta
 		s.setMachine(ctx, m.ID, nil, set)
 	}
 	if err := s.recordMachineList(ctx, j, st.ID); err != nil {
-		return nil, err
+		return stackbuild.StackResult{}, err
 	}
 	s.keepPorts(ctx, j, st) // ports.go: a replaced machine gets its recorded rules
 	return s.flow().SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait)),
-		map[string]any{"stackId": st.ID, "machines": len(wait) + len(others), "awaited": len(wait)})
+		stackbuild.StackResult{StackID: st.ID, Machines: new(len(wait) + len(others)), Awaited: new(len(wait))})
 }
 
 // recordMachineList writes the stack's machine list as the records are now.

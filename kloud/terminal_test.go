@@ -23,6 +23,7 @@ import (
 	"github.com/kloud-dev/kloud/klient/webterm"
 	"github.com/kloud-dev/kloud/klient/webterm/webtermtest"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
@@ -52,15 +53,15 @@ resource "terraform_data" "vm" {
   input = "#!/bin/bash\necho up"
 }
 `))
-	var job struct{ JobID string }
-	kloudtest.Call(t, f.alice, "stack.apply", map[string]string{"stackId": sid}, &job)
-	if last := f.follow(job.JobID); last.Status != "succeeded" {
+	if last := f.follow(f.apply(sid, false)); last.Status != "succeeded" {
 		t.Fatalf("build: %+v", last)
 	}
 	m := f.machines(sid)["vm"]
 	// The dummy machine is a directory of this host: give it an account for its owner.
 	webtermtest.At(t, filepath.Join(f.dir, sid, "vm"), "alice")
-	kloudtest.Call(t, f.alice, "user.setPassword", map[string]string{"password": "alice-password"}, nil)
+	if _, err := f.client().UserSetPassword(t.Context(), api.SetPasswordParams{Password: "alice-password"}); err != nil {
+		t.Fatal(err)
+	}
 	return &termEnv{flowEnv: f, machine: m}
 }
 
@@ -195,10 +196,7 @@ func TestTerminalAccess(t *testing.T) {
 	t.Parallel()
 	e := newTermEnv(t)
 	cookie := e.login("alice", "alice-password")
-	admin := e.Dial(kloud.Admin)
-	for _, u := range []string{"bob", "carol"} {
-		kloudtest.Call(t, admin, "user.add", map[string]string{"username": u, "password": u + "-password", "team": kloud.DefaultTeam}, nil)
-	}
+	addUsers(t, e.Env, true, "bob", "carol")
 	bobCookie, carolCookie := e.login("bob", "bob-password"), e.login("carol", "carol-password")
 
 	// Not logged in; another user's machine; a foreign origin; bad parameters.

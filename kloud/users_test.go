@@ -2,6 +2,7 @@ package kloud_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 )
 
 // userWorld is a test kloud with connections per user that records every response and error
@@ -71,6 +73,39 @@ func (w *userWorld) call(user, method string, params, out any) error {
 	return err
 }
 
+// client is user's typed client; its answers are recorded for the secret scan as call's are.
+func (w *userWorld) client(user string) *api.Client { return api.NewClient(userCaller{w, user}) }
+
+// userCaller calls through userWorld.call.
+type userCaller struct {
+	w    *userWorld
+	user string
+}
+
+func (c userCaller) Call(_ context.Context, method string, params, result any) error {
+	return c.w.call(c.user, method, params, result)
+}
+
+// ok fails the test if a call (what) failed.
+func (w *userWorld) ok(err error, what string) {
+	w.t.Helper()
+	if err != nil {
+		w.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// into sets *dst to a typed call's result and returns its error:
+// w.ok(into(&v)(c.Method(ctx, p)), "method").
+func into[T any](dst *T) func(T, error) error {
+	return func(v T, err error) error {
+		*dst = v
+		return err
+	}
+}
+
+// errOf is a typed call's error, its result dropped.
+func errOf[T any](_ T, err error) error { return err }
+
 func (w *userWorld) must(user, method string, params, out any) {
 	w.t.Helper()
 	if err := w.call(user, method, params, out); err != nil {
@@ -108,7 +143,7 @@ func (w *userWorld) scan(secrets ...string) {
 
 func (w *userWorld) addUser(name, password string, admin bool) {
 	w.t.Helper()
-	w.must(kloud.Admin, "user.add", map[string]any{"username": name, "password": password, "admin": admin}, nil)
+	w.ok(errOf(w.client(kloud.Admin).UserAdd(w.t.Context(), api.UserAddParams{Username: name, Password: password, Admin: admin})), "user.add")
 }
 
 type syncBuffer struct {
@@ -148,10 +183,12 @@ func TestUsersAndTeams(t *testing.T) {
 	w := newUserWorld(t, kloudtest.Options{})
 
 	var added api.UserView
-	w.must(kloud.Admin, "user.add", map[string]any{"username": "alice", "password": "alice-password", "email": "alice@example.com"}, &added)
+	w.ok(into(&added)(w.client(kloud.Admin).UserAdd(w.t.Context(), api.UserAddParams{Username: "alice", Password: "alice-password", Email: "alice@example.com"})), "user.add")
 	if added.Username != "alice" || !added.HasPassword || added.Admin {
 		t.Fatalf("user.add: %+v", added)
 	}
+	// Raw params on purpose: bad values, an unknown field (bogus) and names kloud reserves are
+	// refused on the wire.
 	for _, bad := range []map[string]any{
 		{"username": "Alice"}, {"username": "a"}, {"username": "x_y"}, {"username": "admin"}, {"username": "kloud"},
 		{"username": "kontrol"}, {"username": "ok-name", "password": "short"}, {"username": "ok-name", "role": "admin"},
@@ -159,9 +196,9 @@ func TestUsersAndTeams(t *testing.T) {
 	} {
 		wantErr(t, w.call(kloud.Admin, "user.add", bad, nil), kite.ErrInvalidParams, fmt.Sprintf("user.add %v", bad))
 	}
-	wantErr(t, w.call(kloud.Admin, "user.add", map[string]any{"username": "alice"}, nil), kite.ErrConflict, "duplicate user")
-	wantErr(t, w.call("alice", "user.add", map[string]any{"username": "mallory"}, nil), kite.ErrPermission, "user.add by a non-admin")
-	wantErr(t, w.call(kloud.Admin, "user.add", map[string]any{"username": "nobody", "team": "no-team"}, nil), kite.ErrNotFound, "user.add to a missing team")
+	wantErr(t, errOf(w.client(kloud.Admin).UserAdd(w.t.Context(), api.UserAddParams{Username: "alice"})), kite.ErrConflict, "duplicate user")
+	wantErr(t, errOf(w.client("alice").UserAdd(w.t.Context(), api.UserAddParams{Username: "mallory"})), kite.ErrPermission, "user.add by a non-admin")
+	wantErr(t, errOf(w.client(kloud.Admin).UserAdd(w.t.Context(), api.UserAddParams{Username: "nobody", Team: "no-team"})), kite.ErrNotFound, "user.add to a missing team")
 
 	// The hash is argon2id with its parameters, and never leaves kloud.
 	u, err := w.e.Server.Store().Users().Get(t.Context(), "alice")
@@ -176,35 +213,35 @@ func TestUsersAndTeams(t *testing.T) {
 		w.addUser(u, "", false)
 	}
 	var red kloud.Team
-	w.must("alice", "team.create", map[string]any{"slug": "red", "title": "Red team"}, &red)
+	w.ok(into(&red)(w.client("alice").TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "red", Title: "Red team"})), "team.create")
 	if len(red.Members) != 1 || red.Members[0] != (kloud.Member{Username: "alice", Role: kloud.RoleAdmin}) {
 		t.Fatalf("team.create: %+v", red)
 	}
-	wantErr(t, w.call("carol", "team.create", map[string]any{"slug": "red"}, nil), kite.ErrConflict, "duplicate team")
-	wantErr(t, w.call("carol", "team.create", map[string]any{"slug": "Blue!"}, nil), kite.ErrInvalidParams, "bad slug")
-	w.must("carol", "team.create", map[string]any{"slug": "blue"}, nil)
+	wantErr(t, errOf(w.client("carol").TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "red"})), kite.ErrConflict, "duplicate team")
+	wantErr(t, errOf(w.client("carol").TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "Blue!"})), kite.ErrInvalidParams, "bad slug")
+	w.ok(errOf(w.client("carol").TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "blue"})), "team.create")
 
-	wantErr(t, w.call("alice", "team.addMember", map[string]any{"team": "red", "username": "zed"}, nil), kite.ErrNotFound, "add a user that does not exist")
-	w.must("alice", "team.addMember", map[string]any{"team": "red", "username": "bob"}, nil)
-	wantErr(t, w.call("bob", "team.addMember", map[string]any{"team": "red", "username": "dave"}, nil), kite.ErrPermission, "member adds a member")
-	wantErr(t, w.call("carol", "team.addMember", map[string]any{"team": "red", "username": "carol"}, nil), kite.ErrNotFound, "outsider adds themself")
-	wantErr(t, w.call("carol", "team.removeMember", map[string]any{"team": "red", "username": "bob"}, nil), kite.ErrNotFound, "outsider removes a member")
-	wantErr(t, w.call("alice", "team.addMember", map[string]any{"team": "red", "username": "dave", "role": "owner"}, nil), kite.ErrInvalidParams, "bad role")
-	w.must(kloud.Admin, "user.add", map[string]any{"username": "erin", "team": "red", "role": "admin"}, nil)
+	wantErr(t, errOf(w.client("alice").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "zed"})), kite.ErrNotFound, "add a user that does not exist")
+	w.ok(errOf(w.client("alice").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "bob"})), "team.addMember")
+	wantErr(t, errOf(w.client("bob").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "dave"})), kite.ErrPermission, "member adds a member")
+	wantErr(t, errOf(w.client("carol").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "carol"})), kite.ErrNotFound, "outsider adds themself")
+	wantErr(t, errOf(w.client("carol").TeamRemoveMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "bob"})), kite.ErrNotFound, "outsider removes a member")
+	wantErr(t, errOf(w.client("alice").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "dave", Role: "owner"})), kite.ErrInvalidParams, "bad role")
+	w.ok(errOf(w.client(kloud.Admin).UserAdd(w.t.Context(), api.UserAddParams{Username: "erin", Team: "red", Role: "admin"})), "user.add")
 
 	var who api.WhoamiResult
-	w.must("bob", "user.whoami", nil, &who)
+	w.ok(into(&who)(w.client("bob").UserWhoami(w.t.Context())), "user.whoami")
 	if who.Username != "bob" || who.Admin || len(who.Teams) != 1 || who.Teams[0] != (api.TeamRole{Slug: "red", Title: "Red team", Role: kloud.RoleMember}) || who.AuthType != kite.AuthKiteKey {
 		t.Fatalf("whoami bob: %+v", who)
 	}
-	w.must(kloud.Admin, "user.whoami", nil, &who)
+	w.ok(into(&who)(w.client(kloud.Admin).UserWhoami(w.t.Context())), "user.whoami")
 	if !who.Admin || len(who.Teams) != 1 || who.Teams[0].Slug != kloud.DefaultTeam {
 		t.Fatalf("whoami admin: %+v", who)
 	}
 
 	teamSlugs := func(user string) string {
 		var res api.TeamListResult
-		w.must(user, "team.list", nil, &res)
+		w.ok(into(&res)(w.client(user).TeamList(w.t.Context())), "team.list")
 		var s []string
 		for _, t := range res.Teams {
 			s = append(s, t.Slug+":"+t.Role)
@@ -219,7 +256,7 @@ func TestUsersAndTeams(t *testing.T) {
 
 	userNames := func(user string) (string, api.UserListResult) {
 		var res api.UserListResult
-		w.must(user, "user.list", nil, &res)
+		w.ok(into(&res)(w.client(user).UserList(w.t.Context())), "user.list")
 		var s []string
 		for _, u := range res.Users {
 			s = append(s, u.Username)
@@ -238,21 +275,21 @@ func TestUsersAndTeams(t *testing.T) {
 	}
 
 	// The last admin cannot leave; with another admin, they can; members may leave.
-	w.must("erin", "team.removeMember", map[string]any{"team": "red", "username": "erin"}, nil)
-	wantErr(t, w.call("alice", "team.removeMember", map[string]any{"team": "red", "username": "alice"}, nil), kite.ErrState, "last admin leaves")
-	wantErr(t, w.call("alice", "team.addMember", map[string]any{"team": "red", "username": "alice", "role": "member"}, nil), kite.ErrState, "last admin demotes themself")
-	w.must("alice", "team.addMember", map[string]any{"team": "red", "username": "bob", "role": "admin"}, nil)
-	w.must("alice", "team.removeMember", map[string]any{"team": "red", "username": "alice"}, nil)
+	w.ok(errOf(w.client("erin").TeamRemoveMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "erin"})), "team.removeMember")
+	wantErr(t, errOf(w.client("alice").TeamRemoveMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "alice"})), kite.ErrState, "last admin leaves")
+	wantErr(t, errOf(w.client("alice").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "alice", Role: "member"})), kite.ErrState, "last admin demotes themself")
+	w.ok(errOf(w.client("alice").TeamAddMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "bob", Role: "admin"})), "team.addMember")
+	w.ok(errOf(w.client("alice").TeamRemoveMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "alice"})), "team.removeMember")
 	if got := teamSlugs("alice"); got != "" {
 		t.Errorf("alice left red but lists %q", got)
 	}
-	wantErr(t, w.call("bob", "team.removeMember", map[string]any{"team": "red", "username": "alice"}, nil), kite.ErrNotFound, "remove a non-member")
+	wantErr(t, errOf(w.client("bob").TeamRemoveMember(w.t.Context(), api.TeamMemberParams{Team: "red", Username: "alice"})), kite.ErrNotFound, "remove a non-member")
 
 	// Passwords: one's own, or anyone's for an admin; the admin's creates its user document.
-	w.must("bob", "user.setPassword", map[string]any{"password": "bob-password"}, nil)
-	wantErr(t, w.call("bob", "user.setPassword", map[string]any{"username": "carol", "password": "carol-password"}, nil), kite.ErrPermission, "set another's password")
-	w.must(kloud.Admin, "user.setPassword", map[string]any{"username": kloud.Admin, "password": "admin-password"}, nil)
-	wantErr(t, w.call(kloud.Admin, "user.setPassword", map[string]any{"username": "ghost", "password": "ghost-password"}, nil), kite.ErrNotFound, "password of a missing user")
+	w.ok(errOf(w.client("bob").UserSetPassword(w.t.Context(), api.SetPasswordParams{Password: "bob-password"})), "user.setPassword")
+	wantErr(t, errOf(w.client("bob").UserSetPassword(w.t.Context(), api.SetPasswordParams{Username: "carol", Password: "carol-password"})), kite.ErrPermission, "set another's password")
+	w.ok(errOf(w.client(kloud.Admin).UserSetPassword(w.t.Context(), api.SetPasswordParams{Username: kloud.Admin, Password: "admin-password"})), "user.setPassword")
+	wantErr(t, errOf(w.client(kloud.Admin).UserSetPassword(w.t.Context(), api.SetPasswordParams{Username: "ghost", Password: "ghost-password"})), kite.ErrNotFound, "password of a missing user")
 	if code, _ := login(t, w.e.URL, "admin", "admin-password", ""); code != http.StatusOK {
 		t.Errorf("admin login after setPassword: %d", code)
 	}
@@ -387,7 +424,7 @@ func TestLoginSessionsAndRateLimit(t *testing.T) {
 	if err := rc.Call(t.Context(), "user.whoami", nil, &who); err != nil || !who.Admin {
 		t.Fatalf("admin whoami: %+v %v", who, err)
 	}
-	if err := rc.Call(t.Context(), "kontrol.createKey", map[string]string{"username": "alice"}, nil); err != nil {
+	if err := rc.Call(t.Context(), "kontrol.createKey", kontrolapi.CreateKeyParams{Username: "alice"}, nil); err != nil {
 		t.Fatalf("admin session createKey: %v", err)
 	}
 

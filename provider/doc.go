@@ -13,7 +13,9 @@
 // Schema generated from the types' struct tags (schema.go: Provider.JSONSchema), which
 // provider.describe returns, the UI's forms and the CLI's checks use, and DecodePart validates
 // values against before decoding them (immutable fields and ValidUpdate on update). BaseStack and BaseMachine carry what kloud gives a provider; State is the
-// machine state machine with the allowed-method table of the original Koding.
+// machine state machine with the allowed-method table of the original Koding. The value types
+// that travel beyond a provider (State, Capability, PortRule, Resource, Constraint, Description)
+// are provider/ptype's, which links only the standard library; ptype.go names them here.
 //
 // The contract links neither the transport (kite) nor the agent (klient); a test enforces it.
 // The planner that waits for machines' agents after a build is kloud/stackbuild's.

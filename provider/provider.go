@@ -57,7 +57,7 @@ type Provider struct {
 	// value. A plugin's proxy sets it: the plugin decodes in its own process with its own types.
 	// Nil: decoded in process with the Schema's New* type (see DecodePart).
 	Decoder func(ctx context.Context, part string, raw, old json.RawMessage) (json.RawMessage, error)
-	// Constraints, if set, returns the provider's constraints vocabulary (constraints.go): what
+	// Constraints, if set, returns the provider's constraints vocabulary (ptype/constraints.go): what
 	// its machines may ask for, shown by provider.describe and checked by its
 	// ConstraintsValidator. It may depend on the host (the memory it has). Nil: none declared.
 	Constraints func() []Constraint
@@ -70,25 +70,6 @@ type Provider struct {
 	// taken once, at its handshake. Nil: none.
 	MoreCaps func() []Capability
 }
-
-// Capability is something a provider can do beyond the required Stack and Machine methods, or
-// one of those it may choose not to offer.
-type Capability string
-
-// Capabilities.
-const (
-	CapStart       Capability = "start"
-	CapStop        Capability = "stop"
-	CapInfo        Capability = "info"
-	CapConsoleLog  Capability = "consoleLog"  // Machine implements ConsoleLogger
-	CapResize      Capability = "resize"      // Machine implements Resizer
-	CapConstraints Capability = "constraints" // Stack implements ConstraintsValidator
-	CapBootstrap   Capability = "bootstrap"   // Schema.NewBootstrap != nil / bootstrap templates
-	// snap (issue 13): Machine implements Snapshotter (snapshot.go)
-	CapSnapshot Capability = "snapshot"
-	CapFirewall Capability = "firewall" // Machine implements Firewaller (firewall.go)
-	// CapResources ("resources", Provider.Inventory set) is in resources.go.
-)
 
 // ErrUnsupported is returned (wrapped) by an operation the provider does not offer, e.g. a
 // plugin's proxy machine asked to Resize by a plugin that did not advertise CapResize. Kloud maps

@@ -14,6 +14,8 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	jskind "github.com/santhosh-tekuri/jsonschema/v6/kind"
+
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // JSON Schemas of a provider's parts.
@@ -45,7 +47,7 @@ const (
 func Parts() []string { return []string{PartCredential, PartBootstrap, PartMetadata} }
 
 // SchemaDialect is the $schema of every generated schema.
-const SchemaDialect = "https://json-schema.org/draft/2020-12/schema"
+const SchemaDialect = ptype.SchemaDialect
 
 // newFunc returns the constructor of part's type.
 func (p *Provider) newFunc(part string) func() any {
@@ -350,15 +352,8 @@ func compile(schema json.RawMessage) (*jsonschema.Schema, error) {
 // CheckSchema checks that schema (a plugin's, say) is a valid JSON Schema whose $schema is
 // draft 2020-12, describing an object.
 func CheckSchema(schema json.RawMessage) error {
-	var top struct {
-		Schema string `json:"$schema"`
-		Type   string `json:"type"`
-	}
-	if err := json.Unmarshal(schema, &top); err != nil {
-		return fmt.Errorf("schema: not a JSON object: %w", err)
-	}
-	if top.Schema != SchemaDialect || top.Type != "object" {
-		return fmt.Errorf("schema: want \"$schema\": %q and \"type\": \"object\", got %q and %q", SchemaDialect, top.Schema, top.Type)
+	if err := ptype.CheckSchemaHeader(schema); err != nil {
+		return err
 	}
 	_, err := compile(schema)
 	return err

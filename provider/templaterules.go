@@ -17,9 +17,6 @@ import (
 // provider's ApplyTemplate still checks the same rules at build time (and may check planned
 // values behind them), so the messages a user sees at save and at build are the same.
 
-// CapTemplateRules: the Stack implements TemplateValidator.
-const CapTemplateRules Capability = "templateRules"
-
 // TemplateValidator is implemented by stacks whose provider has static rules for templates.
 // kloud calls it on a Stack built from a BaseStack with only Provider, Team, Owner and Log set
 // (no machines, no template): files are the user's template files, not rewritten. It returns

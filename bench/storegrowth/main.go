@@ -277,9 +277,9 @@ func seed(ctx context.Context, s *store.Store, n int) error {
 			t := now.Add(-time.Duration(n-done) * time.Minute)
 			batch = append(batch, store.Job{
 				ID: store.NewID(), Kind: "stack.apply", Target: "stack/" + stackID(stacks/2+done%(stacks/2)), Owner: "alice",
-				Params: map[string]any{"stackId": stackID(done % stacks), "destroy": false, "lease": "apply-" + store.NewID()},
+				Params: doc(map[string]any{"stackId": stackID(done % stacks), "destroy": false, "lease": "apply-" + store.NewID()}),
 				Status: store.JobSucceeded, Percent: 100, Stage: "Running", Message: "Stack building finished",
-				Result: map[string]any{"stackId": stackID(done % stacks), "machines": 2},
+				Result: doc(map[string]any{"stackId": stackID(done % stacks), "machines": 2}),
 				Log:    log, LogSeq: int64(len(log)), Runner: "old", Attempt: 1, Rev: 60,
 				CreatedAt: t, UpdatedAt: t.Add(time.Minute), StartedAt: t, FinishedAt: t.Add(time.Minute),
 			})
@@ -335,7 +335,7 @@ func applyShare(ctx context.Context, s *store.Store, sid string) error {
 	}
 	js := s.Jobs()
 	if _, err := js.Create(ctx, store.Job{ID: id, Kind: "stack.apply", Target: "stack/" + sid, Owner: "bench",
-		Params: map[string]any{"stackId": sid, "destroy": false, "lease": owner}}); err != nil {
+		Params: doc(map[string]any{"stackId": sid, "destroy": false, "lease": owner})}); err != nil {
 		return err
 	}
 	if _, err := js.Start(ctx, id, s.InstanceID()); err != nil {
@@ -424,8 +424,17 @@ func applyShare(ctx context.Context, s *store.Store, sid string) error {
 	if err := pw.Flush(ctx); err != nil {
 		return err
 	}
-	if err := js.Finish(ctx, id, nil, map[string]any{"stackId": sid, "machines": len(ms)}); err != nil {
+	if err := js.Finish(ctx, id, nil, doc(map[string]any{"stackId": sid, "machines": len(ms)})); err != nil {
 		return err
 	}
 	return lease.Release(ctx)
+}
+
+// doc is m as a job's params or result (the keys a stack.apply job has).
+func doc(m map[string]any) store.Doc {
+	d, err := store.EncodeDoc(m)
+	if err != nil {
+		panic(err) // a map of strings, bools and ints always encodes
+	}
+	return d
 }

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"strings"
 
-	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // ProviderDescribeParams filter provider.describe.
@@ -15,7 +15,7 @@ type ProviderDescribeParams struct {
 
 // ProviderDescribeResult is the result of provider.describe.
 type ProviderDescribeResult struct {
-	Providers []provider.Description `json:"providers"`
+	Providers []ptype.Description `json:"providers"`
 }
 
 // CredentialAddParams are the params of credential.add.
@@ -89,7 +89,7 @@ type CredentialListResult struct {
 // CredentialField is one field of a described credential. Value is set for non-secret fields
 // only; for secret ones, Set says whether they have a value.
 type CredentialField struct {
-	provider.Field
+	ptype.Field
 	Set   bool `json:"set"`
 	Value any  `json:"value,omitempty"`
 }

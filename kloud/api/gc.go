@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"regexp"
 
-	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // GCRunParams are the params of gc.run.
@@ -46,8 +46,8 @@ type GCProvider struct {
 
 // GCItem is one resource gc.run found to be garbage.
 type GCItem struct {
-	Provider string            `json:"provider"`
-	Resource provider.Resource `json:"resource"`
+	Provider string         `json:"provider"`
+	Resource ptype.Resource `json:"resource"`
 	// Reason says why it is garbage ("stack S no longer exists", ...).
 	Reason string `json:"reason"`
 	// Removed is true once removed (never with dryRun); Error says why the removal failed.

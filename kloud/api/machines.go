@@ -3,7 +3,7 @@ package api
 import (
 	"errors"
 
-	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // MachineListParams filter machine.list.
@@ -23,9 +23,9 @@ type MachineListResult struct {
 // MachineInfo is machine.info's result: the stored machine reconciled with the provider.
 type MachineInfo struct {
 	Machine
-	StackTitle string         `json:"stackTitle,omitempty"` // the title of the machine's stack
-	InfraState provider.State `json:"infraState"`
-	InfoError  string         `json:"infoError,omitempty"`
+	StackTitle string      `json:"stackTitle,omitempty"` // the title of the machine's stack
+	InfraState ptype.State `json:"infraState"`
+	InfoError  string      `json:"infoError,omitempty"`
 }
 
 // ShareParams are the params of machine.share and machine.unshare.

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // Firewall methods (kloud/ports.go): a machine's ingress rules, kept and enforced by its
@@ -17,7 +17,7 @@ const (
 
 // PortRule is one ingress rule: port, protocol (tcp, udp), from (kloud, owner, team, any or an
 // IPv4 CIDR).
-type PortRule = provider.PortRule
+type PortRule = ptype.PortRule
 
 // PortsParams are the params of machine.ports.open and machine.ports.close. A rule without
 // protocol or from opens tcp from any; to close, it stands for every protocol or every source

@@ -8,7 +8,7 @@ package model
 import (
 	"time"
 
-	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // User is a person who logs in (collection users).
@@ -251,7 +251,7 @@ type Machine struct {
 	Provider   string         `bson:"provider" json:"provider"`
 	Owner      string         `bson:"owner" json:"owner"`
 	Team       string         `bson:"team" json:"team"`
-	State      provider.State `bson:"state" json:"state"`
+	State      ptype.State    `bson:"state" json:"state"`
 	Reason     string         `bson:"reason,omitempty" json:"reason,omitempty"`
 	KiteID     string         `bson:"kiteId,omitempty" json:"kiteId,omitempty"`
 	Agent      Agent          `bson:"agent" json:"agent"`
@@ -262,7 +262,7 @@ type Machine struct {
 	// Ports are the firewall rules asked for with machine.ports.open/close (normalized): the
 	// desired state. The provider enforces them; after a build or an update settles kloud
 	// re-applies them to a machine the update replaced (kloud/ports.go).
-	Ports []provider.PortRule `bson:"ports,omitempty" json:"ports,omitempty"`
+	Ports []ptype.PortRule `bson:"ports,omitempty" json:"ports,omitempty"`
 	// AgentSealed is the machine's agent configuration (its kite key among it) as its user data
 	// was rendered, sealed by the store (AAD "machines/<id>/agent"). stack.update renders a
 	// machine that stays with it again, so its user data, and the machine, do not change.

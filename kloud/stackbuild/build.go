@@ -16,13 +16,9 @@ import (
 	"github.com/kloud-dev/kloud/userdata"
 )
 
-// RunApply runs a stack.apply job j (a build, or a destroy; recovering: resumed after a
-// restart) and returns its result.
-func (f *Flow) RunApply(ctx context.Context, j Job, recovering bool) (res map[string]any, err error) {
-	params, err := ParseApplyParams(j.Doc().Params)
-	if err != nil {
-		return nil, err
-	}
+// RunApply runs a stack.apply job j with params (a build, or a destroy; recovering: resumed
+// after a restart) and returns its result.
+func (f *Flow) RunApply(ctx context.Context, j Job, params ApplyParams, recovering bool) (res StackResult, err error) {
 	stackID, destroy, owner := params.StackID, params.Destroy, params.Lease
 	during := model.StackBuilding
 	if destroy {
@@ -42,7 +38,7 @@ func (f *Flow) RunApply(ctx context.Context, j Job, recovering bool) (res map[st
 	st, c, stop, err := f.Resume(ctx, j, recovering, stackID, owner, during)
 	defer stop()
 	if err != nil {
-		return nil, err
+		return StackResult{}, err
 	}
 	if destroy {
 		return f.Destroy(ctx, j, st)
@@ -156,14 +152,14 @@ func (f *Flow) failBuildAfter(ctx context.Context, st *model.Stack, ms []model.M
 
 // build is a stack.apply job j building st as c (recovering: resumed after a restart, which
 // waits for terraform's recorded run rather than starting one).
-func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, recovering bool) (map[string]any, error) {
+func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, recovering bool) (StackResult, error) {
 	ms, err := f.StackMachines(ctx, st.ID)
 	if err != nil {
-		return nil, err
+		return StackResult{}, err
 	}
 	tf, err := f.d.Terraformer()
 	if err != nil {
-		return nil, f.failBuild(ctx, st, ms, err)
+		return StackResult{}, f.failBuild(ctx, st, ms, err)
 	}
 	tfJob := ""
 	if recovering {
@@ -174,7 +170,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			cur, err = f.d.Store.Stacks().Get(ctx, st.ID)
 			return err
 		}); err != nil {
-			return nil, f.failBuildTF(ctx, st, ms, "", fmt.Errorf("read the recorded terraform run: %w", err))
+			return StackResult{}, f.failBuildTF(ctx, st, ms, "", fmt.Errorf("read the recorded terraform run: %w", err))
 		}
 		tfJob = cur.TFJobID
 		if tfJob == "" {
@@ -186,7 +182,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 				f.SetMachine(ctx, m.ID, []provider.State{provider.Building}, store.MachineSet{State: new(string(provider.NotInitialized))})
 			}
 			if ms, err = f.StackMachines(ctx, st.ID); err != nil {
-				return nil, err
+				return StackResult{}, err
 			}
 			recovering = false
 		}
@@ -198,25 +194,25 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 		// template. A machine in a transition has a job of its own at work.
 		for _, m := range ms {
 			if m.State.InProgress() {
-				return nil, f.failBuild(ctx, st, nil, fmt.Errorf("machine %s is %s (a job is changing it); build again when it is done", m.Label, m.State))
+				return StackResult{}, f.failBuild(ctx, st, nil, fmt.Errorf("machine %s is %s (a job is changing it); build again when it is done", m.Label, m.State))
 			}
 		}
 		for i, m := range ms {
 			if !f.SetMachine(ctx, m.ID, SettledStates(), store.MachineSet{State: new(string(provider.Building)), Reason: new("")}) {
-				return nil, f.failBuild(ctx, st, ms[:i], fmt.Errorf("machine %s changed state meanwhile", m.Label))
+				return StackResult{}, f.failBuild(ctx, st, ms[:i], fmt.Errorf("machine %s changed state meanwhile", m.Label))
 			}
 		}
 		j.Enter(ctx, BuildCredentials)
 		b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(st.Files), st.Credentials, st.Variables)
 		if err != nil {
-			return nil, f.failBuild(ctx, st, ms, err)
+			return StackResult{}, f.failBuild(ctx, st, ms, err)
 		}
 		j.Enter(ctx, BuildUserData)
 		// Every agent's configuration first (keys minted, kite ids recorded); the providers'
 		// rewrite below only renders them into the template and writes nothing.
 		agents, err := f.d.Minter.Mint(ctx, st, ms)
 		if err != nil {
-			return nil, f.failBuild(ctx, st, ms, err)
+			return StackResult{}, f.failBuild(ctx, st, ms, err)
 		}
 		tpl := &provider.Template{Files: b.Files, Variables: b.Variables, Config: b.Config}
 		for _, name := range slices.Sorted(maps.Keys(b.Providers)) {
@@ -230,10 +226,10 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			}
 			stack, err := p.Stack(bs)
 			if err != nil {
-				return nil, f.failBuild(ctx, st, ms, fmt.Errorf("provider %s: %w", name, err))
+				return StackResult{}, f.failBuild(ctx, st, ms, fmt.Errorf("provider %s: %w", name, err))
 			}
 			if tpl, err = stack.ApplyTemplate(ctx, b.Creds[name]); err != nil {
-				return nil, f.failBuild(ctx, st, ms, fmt.Errorf("provider %s: %w", name, err))
+				return StackResult{}, f.failBuild(ctx, st, ms, fmt.Errorf("provider %s: %w", name, err))
 			}
 			bs.Template = tpl
 		}
@@ -242,34 +238,34 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			return tf.Apply(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.Doc().ID})
 		})
 		if err != nil {
-			return nil, f.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
+			return StackResult{}, f.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))
 		}
 		f.SetStack(ctx, st.ID, store.StackSet{TFJobID: new(tfJob)})
 	}
 	if ctx.Err() != nil {
-		return nil, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
+		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
 	job, err := tf.Wait(ctx, tfJob, ApplyProgress(ctx, j))
 	if err != nil {
-		return nil, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
+		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	if err := job.Err(); err != nil {
-		return nil, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
+		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	ms, err = f.StackMachines(ctx, st.ID) // as recorded (kite ids by the Minter, also of an attempt before a restart)
 	if err != nil {
-		return nil, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("load machines: %w", err))
+		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("load machines: %w", err))
 	}
 	j.Enter(ctx, BuildAgents)
 	results := f.WaitAgents(ctx, j, st, ms, job.Result)
 	if ctx.Err() != nil {
-		return nil, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
+		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("while waiting for the machines' agents: %w", ctx.Err()))
 	}
 	j.Enter(ctx, BuildSettings)
 	failed := f.SettleMachines(ctx, c, ms, results)
 	f.d.Machines.KeepPorts(ctx, j, st) // ports.go: a machine built again gets its recorded rules
 	return f.SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms)),
-		map[string]any{"stackId": st.ID, "machines": len(ms)})
+		StackResult{StackID: st.ID, Machines: new(len(ms))})
 }
 
 // SettleMachines records how each machine a build or an update waited for ended (ms and
@@ -329,10 +325,10 @@ func ApplyProgress(ctx context.Context, j Job) func(tfapi.Event) {
 // SettleStack ends a build or an update whose machines are settled: the stack is Initialized,
 // with reason if some machines failed (the job then fails with their failures), and the job
 // returns res.
-func (f *Flow) SettleStack(ctx context.Context, j Job, st *model.Stack, failed []string, reason string, res map[string]any) (map[string]any, error) {
+func (f *Flow) SettleStack(ctx context.Context, j Job, st *model.Stack, failed []string, reason string, res StackResult) (StackResult, error) {
 	if len(failed) > 0 {
 		f.SetStack(ctx, st.ID, store.StackSet{State: new(model.StackInitialized), Reason: new(reason)})
-		return map[string]any{"stackId": st.ID}, fmt.Errorf("%s:\n%s", reason, strings.Join(failed, "\n"))
+		return StackResult{StackID: st.ID}, fmt.Errorf("%s:\n%s", reason, strings.Join(failed, "\n"))
 	}
 	f.SetStack(ctx, st.ID, store.StackSet{State: new(model.StackInitialized), Reason: new("")})
 	j.Enter(ctx, BuildDone)

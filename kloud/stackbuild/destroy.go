@@ -18,16 +18,16 @@ import (
 // Destroy is a stack.apply job destroying st (in Destroying, held by job j): its machines
 // Terminating, terraform destroy (unless the template policy forbids it and terraform holds
 // nothing), the agents' keys revoked, the stack and its machines deleted.
-func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]any, error) {
+func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (StackResult, error) {
 	ms, err := f.StackMachines(ctx, st.ID)
 	if err != nil {
-		return nil, err
+		return StackResult{}, err
 	}
 	j.Enter(ctx, DestroyMachines)
 	for i, m := range ms {
 		// A machine a start or stop job is changing is not taken from under it.
 		if !f.SetMachine(ctx, m.ID, SettledStates(), store.MachineSet{State: new(string(provider.Terminating))}) {
-			return nil, f.failDestroy(ctx, st, ms[:i], "", fmt.Errorf("machine %s is %s (a job is changing it); destroy again when it is done", m.Label, m.State))
+			return StackResult{}, f.failDestroy(ctx, st, ms[:i], "", fmt.Errorf("machine %s is %s (a job is changing it); destroy again when it is done", m.Label, m.State))
 		}
 	}
 	// Always ask terraform: a build may have created resources even if kloud never recorded its
@@ -35,7 +35,7 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]
 	// means nothing was ever applied.
 	tf, err := f.d.Terraformer()
 	if err != nil {
-		return nil, f.failDestroy(ctx, st, ms, "", err)
+		return StackResult{}, f.failDestroy(ctx, st, ms, "", err)
 	}
 	// The template policy holds for destroy too: terraform destroy evaluates the stack's files
 	// (destroy-time provisioners, functions). A stack whose files break it is destroyed only once
@@ -45,7 +45,7 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]
 	if perr := f.d.Policy.CheckDestroy(ctx, st.Team, FileMap(st.Files)); perr != nil {
 		state, serr := tf.State(ctx, "stack-"+st.ID)
 		if serr == nil && !StateEmpty(state) || serr != nil && !errors.Is(serr, kite.ErrNotFound) {
-			return nil, f.failDestroy(ctx, st, ms, "", fmt.Errorf("destroy: %w", perr))
+			return StackResult{}, f.failDestroy(ctx, st, ms, "", fmt.Errorf("destroy: %w", perr))
 		}
 		err = kite.ErrNotFound
 	} else {
@@ -58,7 +58,7 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]
 	case errors.Is(err, kite.ErrNotFound):
 		j.Logf(ctx, "terraform never ran for this stack: nothing to destroy")
 	case err != nil:
-		return nil, f.failDestroy(ctx, st, ms, "", fmt.Errorf("terraform destroy: %w", err))
+		return StackResult{}, f.failDestroy(ctx, st, ms, "", fmt.Errorf("terraform destroy: %w", err))
 	default:
 		job, err := tf.Wait(ctx, id, func(ev tfapi.Event) {
 			if ev.Type == tfapi.EventProgress {
@@ -69,7 +69,7 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]
 			err = job.Err()
 		}
 		if err != nil {
-			return nil, f.failDestroy(ctx, st, ms, id, fmt.Errorf("terraform destroy: %w", err))
+			return StackResult{}, f.failDestroy(ctx, st, ms, id, fmt.Errorf("terraform destroy: %w", err))
 		}
 	}
 	// Terraform destroyed everything: the rest is bookkeeping, done even if the job is
@@ -86,16 +86,16 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (map[string]
 	if err := f.d.Store.Persist(bctx, "delete machines of stack "+st.ID, 0, func(ctx context.Context) error {
 		return f.d.Store.Machines().DeleteByStack(ctx, st.ID)
 	}); err != nil {
-		return nil, err
+		return StackResult{}, err
 	}
 	if err := f.d.Store.Persist(bctx, "delete stack "+st.ID, 0, func(ctx context.Context) error {
 		return f.d.Store.Stacks().Delete(ctx, st.ID)
 	}); err != nil {
-		return nil, err
+		return StackResult{}, err
 	}
 	ctx = bctx
 	j.Enter(ctx, DestroyDone)
-	return map[string]any{"stackId": st.ID, "destroyed": true}, nil
+	return StackResult{StackID: st.ID, Destroyed: true}, nil
 }
 
 // StateEmpty reports whether a terraform state holds no resources.

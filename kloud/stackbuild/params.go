@@ -8,7 +8,7 @@ import (
 // JobApply is the job kind of stack.apply (a build, or a destroy with Destroy set).
 const JobApply = "stack.apply"
 
-// ApplyParams are a stack.apply job's parameters, as the job document stores them (job.describe
+// ApplyParams are a stack.apply job's parameters, as the job document stores them (job.get
 // shows them under "params": stackId, destroy, lease).
 type ApplyParams struct {
 	StackID string `json:"stackId"`
@@ -18,26 +18,25 @@ type ApplyParams struct {
 	Lease string `json:"lease"`
 }
 
-// Map is p as a job document stores it.
-func (p ApplyParams) Map() map[string]any {
-	return map[string]any{"stackId": p.StackID, "destroy": p.Destroy, "lease": p.Lease}
+// Validate checks params decoded from a job: a job without a stack id or lease owner was not
+// made by stack.apply (or its document is damaged): it is an error, not a zero value.
+func (p *ApplyParams) Validate() error {
+	if p.StackID == "" {
+		return errors.New("stack.apply job without a stackId")
+	}
+	if p.Lease == "" {
+		return fmt.Errorf("stack.apply job of stack %s without a lease owner", p.StackID)
+	}
+	return nil
 }
 
-// ParseApplyParams reads a stack.apply job's parameters. A job without a stack id or lease owner
-// was not made by stack.apply (or its document is damaged): it is an error, not a zero value.
-func ParseApplyParams(m map[string]any) (ApplyParams, error) {
-	var p ApplyParams
-	var ok bool
-	if p.StackID, ok = m["stackId"].(string); !ok || p.StackID == "" {
-		return p, errors.New("stack.apply job without a stackId")
-	}
-	if p.Lease, ok = m["lease"].(string); !ok || p.Lease == "" {
-		return p, fmt.Errorf("stack.apply job of stack %s without a lease owner", p.StackID)
-	}
-	if v, has := m["destroy"]; has {
-		if p.Destroy, ok = v.(bool); !ok {
-			return p, fmt.Errorf("stack.apply job of stack %s: destroy is %T, not a bool", p.StackID, v)
-		}
-	}
-	return p, nil
+// StackResult is the result of a stack job (stack.apply, stack.update), as job.get shows it: the
+// stack; after a build its machines' count, after an update also how many the planner awaited
+// (new or replaced), after a destroy Destroyed. A job that failed on its machines' agents has
+// only the stack. Machines and Awaited are pointers so that a count of 0 is shown.
+type StackResult struct {
+	StackID   string `json:"stackId"`
+	Machines  *int   `json:"machines,omitempty"`
+	Awaited   *int   `json:"awaited,omitempty"`
+	Destroyed bool   `json:"destroyed,omitempty"`
 }

@@ -1,9 +1,11 @@
 package stackbuild_test
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -47,14 +49,28 @@ func TestStagesAdvance(t *testing.T) {
 	}
 }
 
-func TestApplyParamsRoundTrip(t *testing.T) {
+// TestApplyParamsDocument: a stack.apply job's params are stored under the names job.get has
+// always shown, decode back, and a document stack.apply did not make is refused.
+func TestApplyParamsDocument(t *testing.T) {
 	p := stackbuild.ApplyParams{StackID: "s1", Destroy: true, Lease: "apply-1"}
-	got, err := stackbuild.ParseApplyParams(p.Map())
-	if err != nil || got != p {
-		t.Fatalf("round trip: %+v, %v", got, err)
+	d, err := store.EncodeDoc(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := d.Map(), map[string]any{"stackId": "s1", "destroy": true, "lease": "apply-1"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("document %v, want %v", got, want)
+	}
+	var got stackbuild.ApplyParams
+	if err := d.Decode(&got); err != nil || got != p || got.Validate() != nil {
+		t.Fatalf("round trip: %+v, %v, %v", got, err, got.Validate())
 	}
 	for _, bad := range []map[string]any{{}, {"stackId": "s1"}, {"stackId": "s1", "lease": "l", "destroy": "yes"}} {
-		if _, err := stackbuild.ParseApplyParams(bad); err == nil {
+		d, err := store.EncodeDoc(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p stackbuild.ApplyParams
+		if err := d.Decode(&p); err == nil && p.Validate() == nil {
 			t.Errorf("%v: no error", bad)
 		}
 	}

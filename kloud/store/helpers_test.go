@@ -88,3 +88,13 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func storetestNew(t *testing.T) *store.Store { return storetest.New(t) }
+
+// mustDoc is v as a job's params or result.
+func mustDoc(t testing.TB, v any) store.Doc {
+	t.Helper()
+	d, err := store.EncodeDoc(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}

@@ -40,18 +40,18 @@ var ErrJobCancelled = errors.New("job cancelled")
 // Job is one long-running operation (stack apply, credential bootstrap, …) as stored in the
 // jobs collection. Every change increments Rev.
 type Job struct {
-	ID     string         `bson:"_id" json:"id"`
-	Kind   string         `bson:"kind" json:"kind"`                         // e.g. "stack.apply"
-	Target string         `bson:"target" json:"target"`                     // e.g. "stack/<id>"
-	Owner  string         `bson:"owner" json:"owner"`                       // username
-	Params map[string]any `bson:"params,omitempty" json:"params,omitempty"` // the call's parameters
+	ID     string `bson:"_id" json:"id"`
+	Kind   string `bson:"kind" json:"kind"`                        // e.g. "stack.apply"
+	Target string `bson:"target" json:"target"`                    // e.g. "stack/<id>"
+	Owner  string `bson:"owner" json:"owner"`                      // username
+	Params Doc    `bson:"params,omitempty" json:"params,omitzero"` // the call's parameters (the kind's typed params)
 
-	Status  JobStatus      `bson:"status" json:"status"`
-	Percent int            `bson:"percent" json:"percentage"`
-	Stage   string         `bson:"stage,omitempty" json:"stage,omitempty"` // progress status, e.g. "Building"
-	Message string         `bson:"message,omitempty" json:"message,omitempty"`
-	Error   string         `bson:"error,omitempty" json:"error,omitempty"`
-	Result  map[string]any `bson:"result,omitempty" json:"result,omitempty"`
+	Status  JobStatus `bson:"status" json:"status"`
+	Percent int       `bson:"percent" json:"percentage"`
+	Stage   string    `bson:"stage,omitempty" json:"stage,omitempty"` // progress status, e.g. "Building"
+	Message string    `bson:"message,omitempty" json:"message,omitempty"`
+	Error   string    `bson:"error,omitempty" json:"error,omitempty"`
+	Result  Doc       `bson:"result,omitempty" json:"result,omitzero"` // the kind's typed result
 
 	// Log holds the last Options.JobLogLines lines; LogSeq counts every line ever logged, so
 	// Log[i] is line number LogSeq-len(Log)+i+1. See [Job.LogSince].
@@ -85,22 +85,16 @@ func (j Job) LogSince(seq int64) []string {
 	return j.Log[seq-first:]
 }
 
-// normalize prepares a decoded job for callers: plain maps, and the log cut to the lines kept
-// (the stored log may hold a few more on FerretDB, see Log).
+// normalize prepares a decoded job for callers: the log cut to the lines kept (the stored log
+// may hold a few more on FerretDB, see Log).
 func (js *Jobs) normalize(j *Job) {
-	j.plain()
 	if max := js.s.opts.JobLogLines; len(j.Log) > max {
 		j.Log = j.Log[len(j.Log)-max:]
 	}
 }
 
-// plain turns the driver's bson.M and bson.A inside Params and Result into map[string]any and
-// []any, so callers can type-assert nested values as they would after a JSON decode.
-func (j *Job) plain() {
-	j.Params = plainMap(j.Params)
-	j.Result = plainMap(j.Result)
-}
-
+// plainMap turns the driver's bson.M, bson.D and bson.A inside m into map[string]any and []any
+// (Doc.Map), so callers can type-assert nested values as they would after a JSON decode.
 func plainMap(m map[string]any) map[string]any {
 	for k, v := range m {
 		m[k] = plainValue(v)
@@ -343,8 +337,8 @@ func (js *Jobs) Log(ctx context.Context, id string, lines ...string) error {
 
 // Finish ends a queued or running job: succeeded if err is nil, cancelled if err wraps
 // context.Canceled or [ErrJobCancelled], failed otherwise with err's text. result is stored as
-// is. Finishing a finished job returns an error wrapping [ErrState].
-func (js *Jobs) Finish(ctx context.Context, id string, jobErr error, result map[string]any) error {
+// is (a zero Doc: none). Finishing a finished job returns an error wrapping [ErrState].
+func (js *Jobs) Finish(ctx context.Context, id string, jobErr error, result Doc) error {
 	now := js.s.Now()
 	set := bson.M{"updatedAt": now, "finishedAt": now}
 	switch {
@@ -355,7 +349,7 @@ func (js *Jobs) Finish(ctx context.Context, id string, jobErr error, result map[
 	default:
 		set["status"], set["error"] = JobFailed, jobErr.Error()
 	}
-	if result != nil {
+	if !result.IsZero() {
 		set["result"] = result
 	}
 	_, err := js.update(ctx, "finish", id,

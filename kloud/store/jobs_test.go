@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
 )
 
 // collect reads w until it closes.
@@ -39,7 +41,7 @@ func TestJobLifecycleAndWatch(t *testing.T) {
 		s := b.open(t, store.Options{})
 		js := s.Jobs()
 		id, err := js.Create(ctx, store.Job{Kind: "stack.apply", Target: "stack/s1", Owner: "alice",
-			Params: map[string]any{"destroy": false, "nested": map[string]any{"a": "b"}}})
+			Params: mustDoc(t, map[string]any{"destroy": false, "nested": map[string]any{"a": "b"}})})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +64,7 @@ func TestJobLifecycleAndWatch(t *testing.T) {
 		if err := js.Progress(ctx, id, 150, "Building", "terraform apply"); err != nil {
 			t.Fatal(err)
 		}
-		if err := js.Finish(ctx, id, nil, map[string]any{"machines": 2}); err != nil {
+		if err := js.Finish(ctx, id, nil, mustDoc(t, map[string]any{"machines": 2})); err != nil {
 			t.Fatal(err)
 		}
 		got := <-done
@@ -97,13 +99,13 @@ func TestJobLifecycleAndWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		if j.Kind != "stack.apply" || j.Target != "stack/s1" || j.Owner != "alice" || j.Runner != "replica-1" ||
-			j.Attempt != 1 || j.Stage != "Building" || j.Result["machines"] == nil || j.FinishedAt.IsZero() ||
-			j.Params["nested"].(map[string]any)["a"] != "b" || !slices.Equal(j.Log, []string{"line 1", "line 2"}) {
+			j.Attempt != 1 || j.Stage != "Building" || j.Result.Map()["machines"] == nil || j.FinishedAt.IsZero() ||
+			j.Params.Map()["nested"].(map[string]any)["a"] != "b" || !slices.Equal(j.Log, []string{"line 1", "line 2"}) {
 			t.Fatalf("final job: %+v", j)
 		}
 
 		// Finished is final.
-		if err := js.Finish(ctx, id, errors.New("again"), nil); !errors.Is(err, store.ErrState) {
+		if err := js.Finish(ctx, id, errors.New("again"), store.Doc{}); !errors.Is(err, store.ErrState) {
 			t.Fatalf("finish twice: %v", err)
 		}
 		if err := js.Progress(ctx, id, 1, "", ""); !errors.Is(err, store.ErrState) {
@@ -141,7 +143,7 @@ func TestJobFailAndCancel(t *testing.T) {
 
 		failed, _ := js.Create(ctx, store.Job{Kind: "stack.apply", Target: "stack/s1", Owner: "alice"})
 		js.Start(ctx, failed, "r")
-		if err := js.Finish(ctx, failed, fmt.Errorf("terraform apply: %w", errors.New("boom")), nil); err != nil {
+		if err := js.Finish(ctx, failed, fmt.Errorf("terraform apply: %w", errors.New("boom")), store.Doc{}); err != nil {
 			t.Fatal(err)
 		}
 		if j, _ := js.Get(ctx, failed); j.Status != store.JobFailed || j.Error != "terraform apply: boom" {
@@ -158,7 +160,7 @@ func TestJobFailAndCancel(t *testing.T) {
 		if j, err := js.RequestCancel(ctx, running); err != nil || j.Status != store.JobRunning || !j.CancelRequested {
 			t.Fatalf("cancel running: %+v %v", j, err)
 		}
-		if err := js.Finish(ctx, running, context.Canceled, nil); err != nil {
+		if err := js.Finish(ctx, running, context.Canceled, store.Doc{}); err != nil {
 			t.Fatal(err)
 		}
 		if j, _ := js.Get(ctx, running); j.Status != store.JobCancelled {
@@ -293,7 +295,7 @@ func TestJobOrphans(t *testing.T) {
 		if !slices.Equal(ids, want) {
 			t.Fatalf("orphans %v, want %v", ids, want)
 		}
-		if err := js.Finish(ctx, q, errors.New("interrupted: kloud restarted"), nil); err != nil {
+		if err := js.Finish(ctx, q, errors.New("interrupted: kloud restarted"), store.Doc{}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -335,7 +337,7 @@ func TestJobWatchSeesOtherProcess(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("watcher did not see the other store's change")
 	}
-	if err := s2.Jobs().Finish(ctx, id, nil, nil); err != nil {
+	if err := s2.Jobs().Finish(ctx, id, nil, store.Doc{}); err != nil {
 		t.Fatal(err)
 	}
 	got := collect(t, w)
@@ -356,4 +358,81 @@ func TestJobWatchEndsWithContext(t *testing.T) {
 	<-w
 	cancel()
 	collect(t, w)
+}
+
+// TestJobDocuments: a job's typed params and result are stored under their JSON names (as the
+// API shows them), decode back into their types, and a job written before params were typed (a
+// map, numbers as doubles, files as JSON text) decodes into the same type.
+func TestJobDocuments(t *testing.T) {
+	t.Parallel()
+	type file struct {
+		Name string `json:"name"`
+	}
+	type params struct {
+		StackID string                            `json:"stackId"`
+		Rev     int                               `json:"rev"`
+		Destroy bool                              `json:"destroy"`
+		Reason  string                            `json:"reason,omitempty"`
+		Count   *int                              `json:"count,omitempty"`
+		Files   store.JSONText[[]file]            `json:"files"`
+		Vars    store.JSONText[map[string]string] `json:"variables"`
+		Nested  map[string]any                    `json:"nested,omitempty"`
+	}
+	forEach(t, func(t *testing.T, b backend) {
+		ctx := ctxT(t)
+		s := b.open(t, store.Options{})
+		js := s.Jobs()
+		p := params{StackID: "s1", Rev: 3, Count: new(0), Files: store.JSONTextOf([]file{{"main.tf"}}),
+			Vars: store.JSONTextOf(map[string]string{"a": "b"}), Nested: map[string]any{"doc": map[string]any{"x": 2.5}}}
+		id, err := js.Create(ctx, store.Job{Kind: "stack.update", Target: "stack/s1", Params: mustDoc(t, p)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := js.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]any{"stackId": "s1", "rev": int32(3), "destroy": false, "count": int32(0),
+			"files": `[{"name":"main.tf"}]`, "variables": `{"a":"b"}`, "nested": map[string]any{"doc": map[string]any{"x": 2.5}}}
+		if got := j.Params.Map(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("stored params\n got %#v\nwant %#v", got, want)
+		}
+		var back params
+		if err := j.Params.Decode(&back); err != nil || !reflect.DeepEqual(back, p) {
+			t.Fatalf("decoded %+v (%v), want %+v", back, err, p)
+		}
+		if !j.Result.IsZero() || j.Result.Map() != nil {
+			t.Fatalf("a job without a result has %v", j.Result.Map())
+		}
+		if err := js.Finish(ctx, id, nil, mustDoc(t, struct{}{})); err != nil {
+			t.Fatal(err)
+		}
+		if raw := storetest.Raw(t, s, store.CollJobs, id); raw.Lookup("result").Type != 0 {
+			t.Fatalf("an empty result was stored: %v", raw.Lookup("result"))
+		}
+
+		// A job as the old code wrote it.
+		old, err := js.Create(ctx, store.Job{Kind: "stack.update", Target: "stack/s2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.SetFields(t, s, store.CollJobs, old, map[string]any{"params": map[string]any{
+			"stackId": "s2", "rev": 4.0, "destroy": true, "files": `[{"name":"a.tf"}]`, "variables": "null", "gone": "a key no type has"}})
+		if j, err = js.Get(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		back = params{}
+		if err := j.Params.Decode(&back); err != nil || back.StackID != "s2" || back.Rev != 4 || !back.Destroy ||
+			!reflect.DeepEqual(back.Files.V, []file{{"a.tf"}}) || back.Vars.V != nil {
+			t.Fatalf("old params decoded as %+v (%v)", back, err)
+		}
+		// A field of the wrong type is an error, not a zero value.
+		storetest.SetFields(t, s, store.CollJobs, old, map[string]any{"params.destroy": "yes"})
+		if j, err = js.Get(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Params.Decode(&back); err == nil {
+			t.Fatalf("destroy \"yes\" decoded as %+v", back)
+		}
+	})
 }

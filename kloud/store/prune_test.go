@@ -33,7 +33,7 @@ func seedJobs(t *testing.T, ctx context.Context, s *store.Store, clk *clock, n i
 		if err := s.Jobs().Log(ctx, id, "line one", "line two"); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Jobs().Finish(ctx, id, nil, nil); err != nil {
+		if err := s.Jobs().Finish(ctx, id, nil, store.Doc{}); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)
@@ -304,7 +304,7 @@ func TestProgressWriter(t *testing.T) {
 	if err := w.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := js.Finish(ctx, id, errors.New("boom"), nil); err != nil {
+	if err := js.Finish(ctx, id, errors.New("boom"), store.Doc{}); err != nil {
 		t.Fatal(err)
 	}
 	if j := get(); j.Percent != 80 || j.Message != "agents" || j.Status != store.JobFailed {

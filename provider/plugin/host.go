@@ -114,7 +114,11 @@ func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams)
 	if name == "" {
 		return nil, fmt.Errorf("%s needs a plugin key (mint one with `kloud key create --provider NAME`): %w", MethodRegister, kite.ErrPermission)
 	}
-	if err := p.Check(); err != nil {
+	err := p.Check()
+	if err == nil {
+		err = compileSchemas(&p.Provider)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", MethodRegister, err.Error(), kite.ErrInvalidParams)
 	}
 	m := p.Provider

@@ -674,6 +674,16 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("register: %v", err)
 		}
 	})
+	t.Run("schema that does not compile", func(t *testing.T) {
+		// pluginapi checks a schema's header only; the host compiles it.
+		c := dial(t, e, e.pluginKey("files"))
+		m, _ := plugin.ManifestOf(filesProvider("files", sn, noUnavailable()))
+		m.Schemas[provider.PartCredential] = json.RawMessage(`{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"a":{"type":"strin"}}}`)
+		err := c.Call(t.Context(), plugin.MethodRegister, &plugin.RegisterParams{Versions: []int{1}, Provider: *m}, nil)
+		if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "provider.schemas.credential") {
+			t.Errorf("register: %v", err)
+		}
+	})
 	t.Run("plugin key calls a user method", func(t *testing.T) {
 		c := dial(t, e, e.pluginKey("files"))
 		for _, m := range []string{"stack.list", "kite.methods", "kite.systemInfo"} {

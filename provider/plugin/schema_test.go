@@ -107,7 +107,7 @@ func TestManifestSchemaChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Validate(); err != nil {
+	if err := plugin.ValidateManifest(m); err != nil {
 		t.Fatalf("a good manifest: %v", err)
 	}
 	for _, bad := range []string{
@@ -116,7 +116,7 @@ func TestManifestSchemaChecked(t *testing.T) {
 		`[1]`,
 	} {
 		m.Schemas[provider.PartCredential] = json.RawMessage(bad)
-		if err := m.Validate(); err == nil || !strings.Contains(err.Error(), "provider.schemas.credential") {
+		if err := plugin.ValidateManifest(m); err == nil || !strings.Contains(err.Error(), "provider.schemas.credential") {
 			t.Errorf("schema %s: %v", bad, err)
 		}
 	}

@@ -283,7 +283,7 @@ func ManifestOf(p *provider.Provider) (*Manifest, error) {
 			m.Schemas[part] = s
 		}
 	}
-	if err := m.Validate(); err != nil {
+	if err := ValidateManifest(m); err != nil {
 		return nil, fmt.Errorf("plugin: %w", err)
 	}
 	return m, nil

@@ -85,6 +85,28 @@ const (
 
 var parts = pluginapi.Parts()
 
+// ValidateManifest is m.Validate and more: each of m's schemas compiles (provider.CheckSchema;
+// pluginapi links no JSON Schema compiler and checks only their header). Host.Register and Serve
+// check a manifest with it.
+func ValidateManifest(m *Manifest) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	return compileSchemas(m)
+}
+
+// compileSchemas is the part of ValidateManifest that m.Validate leaves out.
+func compileSchemas(m *Manifest) error {
+	for _, part := range parts {
+		if s := m.Schemas[part]; s != nil && string(s) != "null" {
+			if err := provider.CheckSchema(s); err != nil {
+				return fmt.Errorf("provider.schemas.%s: %w", part, err)
+			}
+		}
+	}
+	return nil
+}
+
 // What travels in the kloud → plugin calls. BaseStack, BaseMachine and Credential lose their
 // funcs and loggers on the way; the plugin side rebuilds them around its own provider.
 

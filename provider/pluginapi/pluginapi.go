@@ -1,8 +1,9 @@
 // Package pluginapi is the provider plugin protocol's wire contract: the plugin API version, the
 // environment of a plugin process, the method names, and plugin.register's params (the
-// Manifest) and result. It links no plugin host and no userdata: kloud/api (the
-// client package) and plugins that speak the protocol by hand import it; provider/plugin (Serve,
-// Host, the proxies) re-exports it under its old names.
+// Manifest) and result. It links no plugin host, no userdata and no JSON Schema compiler (only
+// kitekey and provider/ptype): kloud/api (the client package) and plugins that speak the
+// protocol by hand import it; provider/plugin (Serve, Host, the proxies) re-exports it under its
+// old names and compiles a manifest's schemas (plugin.ValidateManifest).
 //
 // Start reading at RegisterParams and Manifest.
 package pluginapi
@@ -14,7 +15,7 @@ import (
 	"slices"
 
 	"github.com/kloud-dev/kloud/kite/kitekey"
-	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // Version is the plugin API version this build speaks. A plugin sends the versions it speaks
@@ -104,20 +105,20 @@ type Manifest struct {
 	// TerraformProviders are the Terraform providers it offers to stack templates (the template
 	// policy's allowlist, provider.TerraformProviders). Empty: derived from ResourceType as for an
 	// in-tree provider. They must be in kloud's Terraform mirror to be usable at all.
-	TerraformProviders []TerraformProvider   `json:"terraformProviders,omitempty"`
-	Capabilities       []provider.Capability `json:"capabilities"`
+	TerraformProviders []TerraformProvider `json:"terraformProviders,omitempty"`
+	Capabilities       []ptype.Capability  `json:"capabilities"`
 	// Schemas are the JSON Schemas of its schema parts ("credential", "bootstrap", "metadata").
 	Schemas map[string]json.RawMessage `json:"schemas,omitempty"`
 	// Fields are the parts' field lists (provider.Fields of the Schema's New* types): kloud builds
 	// the proxy's Schema from them, so that it decodes, redacts secrets and describes a plugin's
 	// credential like an in-tree one's.
-	Fields map[string][]provider.Field `json:"fields,omitempty"`
+	Fields map[string][]ptype.Field `json:"fields,omitempty"`
 	// Handler: the provider has an HTTP service (Provider.Handler), which kloud mounts at
 	// provider.HandlerPrefix(Name) and forwards to the plugin (provider.http).
 	Handler bool `json:"handler,omitempty"`
 	// Constraints is its constraints vocabulary (provider.Provider.Constraints) when it
 	// registered.
-	Constraints []provider.Constraint `json:"constraints,omitempty"`
+	Constraints []ptype.Constraint `json:"constraints,omitempty"`
 }
 
 // TerraformProvider is the wire form of a provider.TerraformProvider.
@@ -139,17 +140,19 @@ const (
 func Parts() []string { return []string{PartCredential, PartBootstrap, PartMetadata} }
 
 // KnownCapabilities returns the capabilities a manifest may advertise.
-func KnownCapabilities() []provider.Capability {
-	return []provider.Capability{provider.CapStart, provider.CapStop, provider.CapInfo, provider.CapConsoleLog,
-		provider.CapResize, provider.CapConstraints, provider.CapBootstrap,
-		provider.CapSnapshot, provider.CapFirewall, provider.CapResources, provider.CapTemplateRules,
+func KnownCapabilities() []ptype.Capability {
+	return []ptype.Capability{ptype.CapStart, ptype.CapStop, ptype.CapInfo, ptype.CapConsoleLog,
+		ptype.CapResize, ptype.CapConstraints, ptype.CapBootstrap,
+		ptype.CapSnapshot, ptype.CapFirewall, ptype.CapResources, ptype.CapTemplateRules,
 	}
 }
 
 // MaxConstraints bounds a manifest's constraints vocabulary.
 const MaxConstraints = 64
 
-// Validate checks a manifest as kloud receives it.
+// Validate checks a manifest as kloud receives it, all but compiling its schemas: each is checked
+// to be a JSON object of the 2020-12 dialect describing an object (ptype.CheckSchemaHeader); kloud
+// (provider/plugin's Host) and Serve compile them too (plugin.ValidateManifest).
 func (m *Manifest) Validate() error {
 	if err := kitekey.ValidProviderName(m.Name); err != nil {
 		return fmt.Errorf("provider.name: %w", err)
@@ -190,7 +193,7 @@ func (m *Manifest) Validate() error {
 			if len(s) > 1<<20 {
 				return fmt.Errorf("provider.schemas.%s is larger than 1 MiB", part)
 			}
-			if err := provider.CheckSchema(s); err != nil {
+			if err := ptype.CheckSchemaHeader(s); err != nil {
 				return fmt.Errorf("provider.schemas.%s: %w", part, err)
 			}
 		}
@@ -217,7 +220,7 @@ func (m *Manifest) Validate() error {
 }
 
 // validateConstraints checks a manifest's vocabulary as kloud receives it.
-func validateConstraints(vocab []provider.Constraint) error {
+func validateConstraints(vocab []ptype.Constraint) error {
 	if len(vocab) > MaxConstraints {
 		return fmt.Errorf("provider.constraints: %d, at most %d", len(vocab), MaxConstraints)
 	}
@@ -226,7 +229,7 @@ func validateConstraints(vocab []provider.Constraint) error {
 			return fmt.Errorf("provider.constraints: %q: a name of at most 64 bytes, an attribute of 128, at most 256 values and 16 conflicts", c.Name)
 		}
 	}
-	if err := provider.CheckVocabulary(vocab); err != nil {
+	if err := ptype.CheckVocabulary(vocab); err != nil {
 		return fmt.Errorf("provider.constraints: %w", err)
 	}
 	return nil

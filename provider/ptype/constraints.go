@@ -1,4 +1,4 @@
-package provider
+package ptype
 
 import (
 	"encoding/json"
