@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/snapshots"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
@@ -82,9 +83,9 @@ func TestJobDocumentsWire(t *testing.T) {
 		{"machine.stop params (idle)", powerParams{MachineID: "m", Lease: "stop-1", From: "Running", Reason: "idle for 4s", IdleDeadline: "2026-01-02T03:04:05Z", IdleTimeout: "4s"},
 			map[string]any{"machineId": "m", "lease": "stop-1", "from": "Running", "reason": "idle for 4s", "idleDeadline": "2026-01-02T03:04:05Z", "idleTimeout": "4s"}},
 		{"machine.start result", machineResult{MachineID: "m", State: "Running"}, map[string]any{"machineId": "m", "state": "Running"}},
-		{"machine.snapshot params", snapshotParams{MachineID: "m", SnapshotID: "sn", Lease: "l", From: "Stopped"}, map[string]any{"machineId": "m", "snapshotId": "sn", "lease": "l", "from": "Stopped"}},
-		{"machine.snapshot result", snapshotResult{MachineID: "m", State: "Running", SnapshotID: "sn", Size: 1 << 40}, map[string]any{"machineId": "m", "state": "Running", "snapshotId": "sn", "size": int64(1 << 40)}},
-		{"machine.restore result", restoreResult{MachineID: "m", State: "Stopped", SnapshotID: "sn"}, map[string]any{"machineId": "m", "state": "Stopped", "snapshotId": "sn"}},
+		{"machine.snapshot params", snapshots.Params{MachineID: "m", SnapshotID: "sn", Lease: "l", From: "Stopped"}, map[string]any{"machineId": "m", "snapshotId": "sn", "lease": "l", "from": "Stopped"}},
+		{"machine.snapshot result", snapshots.SnapshotResult{MachineID: "m", State: "Running", SnapshotID: "sn", Size: 1 << 40}, map[string]any{"machineId": "m", "state": "Running", "snapshotId": "sn", "size": int64(1 << 40)}},
+		{"machine.restore result", snapshots.RestoreResult{MachineID: "m", State: "Stopped", SnapshotID: "sn"}, map[string]any{"machineId": "m", "state": "Stopped", "snapshotId": "sn"}},
 		{"credential.bootstrap params", bootstrapParams{Credential: "c"}, map[string]any{"credential": "c", "destroy": false}},
 		{"credential.bootstrap result", bootstrapResult{Credential: "c", Outputs: &[]string{"a", "b"}}, map[string]any{"credential": "c", "outputs": []string{"a", "b"}}},
 		{"credential.bootstrap no outputs", bootstrapResult{Credential: "c", Outputs: new([]string(nil))}, map[string]any{"credential": "c", "outputs": []string(nil)}},

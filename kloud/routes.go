@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/snapshots"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -388,19 +389,19 @@ var (
 			return j.s.runStackUpdate(ctx, j, p, true)
 		},
 	}
-	snapshotJob = jobKind[snapshotParams, snapshotResult]{name: jobMachineSnapshot,
-		run: func(ctx context.Context, j *jobCtx, p snapshotParams) (snapshotResult, error) {
+	snapshotJob = jobKind[snapshots.Params, snapshots.SnapshotResult]{name: jobMachineSnapshot,
+		run: func(ctx context.Context, j *jobCtx, p snapshots.Params) (snapshots.SnapshotResult, error) {
 			return j.s.runMachineSnapshot(ctx, j, p, false)
 		},
-		recover: func(ctx context.Context, j *jobCtx, p snapshotParams) (snapshotResult, error) {
+		recover: func(ctx context.Context, j *jobCtx, p snapshots.Params) (snapshots.SnapshotResult, error) {
 			return j.s.runMachineSnapshot(ctx, j, p, true)
 		},
 	}
-	restoreJob = jobKind[snapshotParams, restoreResult]{name: jobMachineRestore,
-		run: func(ctx context.Context, j *jobCtx, p snapshotParams) (restoreResult, error) {
+	restoreJob = jobKind[snapshots.Params, snapshots.RestoreResult]{name: jobMachineRestore,
+		run: func(ctx context.Context, j *jobCtx, p snapshots.Params) (snapshots.RestoreResult, error) {
 			return j.s.runMachineRestore(ctx, j, p, false)
 		},
-		recover: func(ctx context.Context, j *jobCtx, p snapshotParams) (restoreResult, error) {
+		recover: func(ctx context.Context, j *jobCtx, p snapshots.Params) (snapshots.RestoreResult, error) {
 			return j.s.runMachineRestore(ctx, j, p, true)
 		},
 	}
