@@ -90,7 +90,7 @@ func (s *Server) trackAgents(ctx context.Context) {
 // setAgent is the one writer of a machine's agent status (connected or disconnected, last seen,
 // version): trackAgents calls it for kontrol's registrations, and a build or machine start for
 // the agent its Planner just found answering (so the job's end already shows it). A build's
-// mintAgents resets the record to never-seen together with the machine's new kite id. The
+// minting (stackbuild's Mint) resets the record to never-seen together with the machine's new kite id. The
 // write is retried for a while (store.Store.Persist), with its own context like other
 // bookkeeping.
 func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {

@@ -129,7 +129,7 @@ func violationsOf(p *provider.Provider, m api.PlannedMachine, err error) []api.C
 // stack that was built converges as an update, whose plan is checked instead) before stack.apply
 // builds it.
 func (s *Server) checkStackConstraints(ctx context.Context, st *Stack) error {
-	ms, err := s.stackMachines(ctx, st.ID)
+	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return err
 	}

@@ -88,7 +88,7 @@ func (s *Server) gc() *gc.Collector {
 type gcDeps struct{ s *Server }
 
 func (d gcDeps) Take(ctx context.Context, name, kind, busy string) (string, func(), error) {
-	return d.s.takeLease(ctx, name, kind, busy)
+	return d.s.flow().TakeLease(ctx, name, kind, busy)
 }
 
 // runGC is the periodic sweep (a background task; gc.Collector.Run).

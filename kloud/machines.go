@@ -131,7 +131,7 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 		}
 		// The provider is the truth: record what it says (unless a job started meanwhile).
 		set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
-		if s.setMachine(ctx, m.ID, []provider.State{cur}, set) {
+		if s.flow().SetMachine(ctx, m.ID, []provider.State{cur}, set) {
 			out.State, out.Reason = state, "reconciled with the provider"
 		}
 	}
@@ -175,21 +175,21 @@ func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, 
 	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
 		return api.JobRef{}, err
 	}
-	owner, release, err := s.takeLease(ctx, "machine/"+m.ID, method, "machine "+m.Label+" is busy")
+	owner, release, err := s.flow().TakeLease(ctx, "machine/"+m.ID, method, "machine "+m.Label+" is busy")
 	if err != nil {
 		return api.JobRef{}, err
 	}
 	during, _ := provider.Transition(method)
-	if !s.setMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
+	if !s.flow().SetMachine(ctx, m.ID, provider.FromStates(method), store.MachineSet{State: new(string(during)), Reason: new("")}) {
 		release()
 		return api.JobRef{}, fmt.Errorf("machine %s is %s; %s is allowed only from %v: %w", m.Label, m.State, method, provider.FromStates(method), kite.ErrState)
 	}
 	p.MachineID, p.Lease, p.From = m.ID, owner, m.State
 	id, err := powerJobKind(method).Start(ctx, s, "machine/"+m.ID, user, p)
 	if err != nil {
-		// setMachine retries with its own context; if it still fails, the reconciler
+		// SetMachine retries with its own context; if it still fails, the reconciler
 		// finds the machine in a transition without a job.
-		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
+		s.flow().SetMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(m.State)), Reason: new(fmt.Sprintf("could not start the %s job: %v", method, err))})
 		release()
 		return api.JobRef{}, err
 	}
@@ -235,7 +235,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		}
 		if err != nil && !errors.Is(err, store.ErrLocked) {
 			reason := fmt.Sprintf("%s job %s ended: %v", method, j.ID, err)
-			if s.setMachine(ctx, id, []provider.State{during}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)}) {
+			if s.flow().SetMachine(ctx, id, []provider.State{during}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)}) {
 				s.log.WarnContext(ctx, "machine job ended without its bookkeeping; machine moved to Unknown", "machine", id, "job", j.ID, "err", err)
 			}
 		}
@@ -244,12 +244,12 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		if j.CancelRequested {
 			return machineResult{}, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
 		}
-		if err := s.retakeLease(ctx, "machine/"+id, owner); err != nil {
+		if err := s.flow().RetakeLease(ctx, "machine/"+id, owner); err != nil {
 			return machineResult{}, fmt.Errorf("machine %s: %w", id, err)
 		}
 		j.Logf(ctx, "kloud restarted during this job; running it again")
 	}
-	defer s.keepLease(context.Background(), "machine/"+id, owner)()
+	defer s.flow().KeepLease(context.Background(), "machine/"+id, owner)()
 	m, err := s.loadMachine(ctx, nil, id)
 	if err != nil {
 		return machineResult{}, err
@@ -268,7 +268,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 				state = st
 			}
 		}
-		s.setMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
+		s.flow().SetMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
 		return machineResult{}, err
 	}
 	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
@@ -314,7 +314,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	// idle.go: a start begins a new countdown (before the machine is Running, so an old
 	// deadline is never seen with it), a stop ends one.
 	s.restartCountdown(ctx, m.ID)
-	s.setMachine(ctx, m.ID, []provider.State{during}, set)
+	s.flow().SetMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Enter(ctx, done)
 	return machineResult{MachineID: m.ID, State: after}, nil
 }

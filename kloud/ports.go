@@ -199,7 +199,7 @@ func (s *Server) recordPorts(ctx context.Context, id string, rules []provider.Po
 // on (the machines run, only a port is closed that should be open, and machine.ports.open
 // applies it again).
 func (s *Server) keepPorts(ctx context.Context, j stackbuild.Job, st *Stack) {
-	ms, err := s.stackMachines(ctx, st.ID)
+	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		j.Logf(ctx, "firewall rules not checked: %v", err)
 		return

@@ -61,7 +61,7 @@ func (d snapshotDeps) Capable(name, method string, cap provider.Capability) erro
 }
 
 func (d snapshotDeps) Set(ctx context.Context, id string, from []provider.State, set store.MachineSet) bool {
-	return d.s.setMachine(ctx, id, from, set)
+	return d.s.flow().SetMachine(ctx, id, from, set)
 }
 
 func (d snapshotDeps) SetAgent(ctx context.Context, kiteID, status, version string) {
@@ -72,15 +72,15 @@ func (d snapshotDeps) SetAgent(ctx context.Context, kiteID, status, version stri
 func (d snapshotDeps) Started(ctx context.Context, id string) { d.s.restartCountdown(ctx, id) }
 
 func (d snapshotDeps) Take(ctx context.Context, name, kind, busy string) (string, func(), error) {
-	return d.s.takeLease(ctx, name, kind, busy)
+	return d.s.flow().TakeLease(ctx, name, kind, busy)
 }
 
 func (d snapshotDeps) Retake(ctx context.Context, name, owner string) error {
-	return d.s.retakeLease(ctx, name, owner)
+	return d.s.flow().RetakeLease(ctx, name, owner)
 }
 
 func (d snapshotDeps) Keep(ctx context.Context, name, owner string) (stop func()) {
-	return d.s.keepLease(ctx, name, owner)
+	return d.s.flow().KeepLease(ctx, name, owner)
 }
 
 func (d snapshotDeps) Start(ctx context.Context, id, kind, target, owner string, p snapshots.Params) (string, error) {

@@ -14,23 +14,23 @@ import (
 
 	tfjson "github.com/hashicorp/terraform-json"
 
-	"github.com/google/uuid"
-
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 	"github.com/kloud-dev/kloud/terraformer/tfapi"
-	"github.com/kloud-dev/kloud/userdata"
 )
 
 // Stacks: stack.plan (what a template would make), stack.create (machine documents), stack.apply
 // (build or destroy, a durable job), stack.describe and stack.list.
 
 const jobStackApply = stackbuild.JobApply
+
+// stackLeaseTTL bounds how long a dead kloud keeps a stack, machine (or quota) locked
+// (stackbuild's leases.go: a stack's and a machine's lease).
+const stackLeaseTTL = stackbuild.LeaseTTL
 
 // builtTemplate is a template ready for Terraform: files, variables, credentials.
 type builtTemplate struct {
@@ -172,7 +172,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		id, err = tf.Plan(sctx, tfapi.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
 		scancel()
 		if err == nil && ctx.Err() != nil {
-			s.stopTF(ctx, id)
+			s.flow().StopTF(ctx, id)
 			return nil, s.planStopped(ctx)
 		}
 		if err == nil {
@@ -193,7 +193,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		}
 	})
 	if ctx.Err() != nil {
-		s.stopTF(ctx, id) // no terraform left planning for a caller that is gone
+		s.flow().StopTF(ctx, id) // no terraform left planning for a caller that is gone
 		return nil, s.planStopped(ctx)
 	}
 	if job != nil && job.Err() != nil {
@@ -338,10 +338,6 @@ func (s *Server) loadStack(ctx context.Context, c *Caller, id string) (*Stack, e
 	return &st, nil
 }
 
-func (s *Server) stackMachines(ctx context.Context, stackID string) ([]Machine, error) {
-	return s.store.Machines().ByStack(ctx, stackID)
-}
-
 func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (_ api.JobRef, err error) {
 	defer func() {
 		if err != nil {
@@ -360,7 +356,7 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		// its own files: machines terraform leaves alone keep their ids, disks and agents (a
 		// no-op when nothing drifted). Its plan checks the constraints on the template's planned
 		// values.
-		if st.State == StackInitialized || s.failedUpdate(ctx, st) { // stacks_update.go
+		if st.State == StackInitialized || s.flow().FailedUpdate(ctx, st) { // stacks_update.go
 			return s.reapplyUpdate(ctx, c, st)
 		}
 		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
@@ -403,7 +399,7 @@ type stackJob struct {
 // reconciler would act on; then the job starts. When something fails, the stack is rolled back
 // and the lease released.
 func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj stackJob, job func(st *Stack, lease string) (jobSpec, error)) (api.JobRef, error) {
-	owner, release, err := s.takeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
+	owner, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
 	if err != nil {
 		return api.JobRef{}, err
 	}
@@ -445,34 +441,6 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj sta
 	return api.JobRef{JobID: id}, nil
 }
 
-// setStack is the build flow's SetStack: bookkeeping with its own context, retried.
-func (s *Server) setStack(ctx context.Context, id string, set store.StackSet) {
-	s.flow().SetStack(ctx, id, set)
-}
-
-// setMachine is the build flow's SetMachine: with from set, only if the machine's state is one
-// of them; with its own context, retried.
-func (s *Server) setMachine(ctx context.Context, id string, from []provider.State, set store.MachineSet) bool {
-	return s.flow().SetMachine(ctx, id, from, set)
-}
-
-// stopTF is the build flow's StopTF: terraformer's run tfJob stopped if ctx was cancelled.
-func (s *Server) stopTF(ctx context.Context, tfJob string) { s.flow().StopTF(ctx, tfJob) }
-
-// resumeStackJob is the start of stack job j's run (stackbuild's Resume): the stack as the job
-// finds it, the caller it runs as, and stop (never nil: defer it at once) for its lease.
-func (s *Server) resumeStackJob(ctx context.Context, j *jobCtx, recovering bool, stackID, lease, during string) (*Stack, *Caller, func(), error) {
-	st, c, stop, err := s.flow().Resume(ctx, j, recovering, stackID, lease, during)
-	cc, _ := c.(*Caller)
-	return st, cc, stop, err
-}
-
-// agentConfigs are the machines' agent configurations by machine id (mintAgents).
-type agentConfigs = stackbuild.AgentConfigs
-
-// settledStates are the machine states no job is changing (stackbuild.SettledStates).
-func settledStates() []provider.State { return stackbuild.SettledStates() }
-
 // kloudURLFor is the URL a provider's machines reach kloud at.
 func (s *Server) kloudURLFor(p *provider.Provider) string {
 	if p.KloudURL != nil {
@@ -481,62 +449,16 @@ func (s *Server) kloudURLFor(p *provider.Provider) string {
 	return s.opts.PublicURL
 }
 
-// mintAgents prepares every machine's agent before any provider rewrites the template: it
-// mints a fresh kite key per machine (its id is what the planner waits for), records the ids on
-// the machines (ms too) before Terraform runs, so a restart can still find them, and returns each
-// machine's agent configuration for the providers to render into user data.
-func (s *Server) mintAgents(ctx context.Context, st *Stack, ms []Machine) (agentConfigs, error) {
-	if s.klientSum == "" {
-		return nil, fmt.Errorf("kloud has no klient binary to give machines (looked at %s): %w", s.opts.KlientBin, kite.ErrState)
-	}
-	out := agentConfigs{}
-	for i := range ms {
-		m := &ms[i]
-		p, err := s.providers.Lookup(m.Provider)
-		if err != nil {
-			return nil, fmt.Errorf("machine %s: %w", m.Label, err)
-		}
-		url := s.kloudURLFor(p)
-		kiteID := AgentKitePrefix + uuid.NewString()
-		key, _, err := s.Kontrol.CreateAgentKey(kitekey.AgentKeySpec{Owner: st.Owner, MachineID: m.ID, StackID: st.ID, KiteID: kiteID, KontrolURL: url + "/kite"})
-		if err != nil {
-			return nil, fmt.Errorf("machine %s: agent key: %w", m.Label, err)
-		}
-		out[m.ID] = userdata.Config{
-			Username: st.Owner, KiteKey: key, KontrolURL: url + "/kite", KlientURL: url + "/dl/klient", KlientSHA256: s.klientSum,
-			CACert: s.opts.CACert,
-		}
-		m.KiteID = kiteID
-	}
-	ids := make(map[string]string, len(ms))
-	for _, m := range ms {
-		ids[m.ID] = m.KiteID
-	}
-	sealed, err := s.sealAgents(out) // stacks_update.go: kept for stack.update
-	if err != nil {
-		return nil, err
-	}
-	if err := s.store.Persist(ctx, "record kite ids of stack "+st.ID, 0, func(ctx context.Context) error {
-		if err := s.store.Machines().SetKiteIDs(ctx, ids, Agent{Status: AgentNever}); err != nil {
-			return err
-		}
-		return s.store.Machines().SetAgentSealed(ctx, sealed)
-	}); err != nil {
-		return nil, fmt.Errorf("record the machines' kite ids: %w", err)
-	}
-	return out, nil
-}
-
 func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackRef) (api.StackView, error) {
 	st, err := s.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return api.StackView{}, err
 	}
-	ms, err := s.stackMachines(ctx, st.ID)
+	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return api.StackView{}, err
 	}
-	s.fillLatestRev(ctx, []*Stack{st}) // stacks_update.go
+	s.flow().FillLatestRev(ctx, []*Stack{st})
 	return api.StackView{Stack: *st, MachineDocs: ms, Resets: st.Resets}, nil
 }
 
@@ -556,13 +478,8 @@ func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	if err != nil {
 		return api.StackListResult{}, err
 	}
-	s.fillLatestRev(ctx, stackPtrs(sts)) // stacks_update.go
+	s.flow().FillLatestRev(ctx, stackPtrs(sts))
 	return api.StackListResult{Stacks: sts}, nil
-}
-
-// submitTF is stackbuild.SubmitTF.
-func submitTF(ctx context.Context, j *jobCtx, submit func() (string, error)) (string, error) {
-	return stackbuild.SubmitTF(ctx, j, submit)
 }
 
 // stateResources yields every resource instance of st (stackbuild.StateResources).

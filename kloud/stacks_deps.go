@@ -29,12 +29,14 @@ func (s *Server) flow() *stackbuild.Flow {
 		Policy:    buildDeps{s},
 		Callers:   buildDeps{s},
 		Templates: buildDeps{s},
-		Minter:    buildDeps{s},
+		Plans:     buildDeps{s},
+		Quota:     buildDeps{s},
 		Machines:  buildDeps{s},
-		Leases:    buildDeps{s},
-		Planner:   s.planner,
-		JobLease:  s.opts.JobLease,
-		Log:       s.log,
+		Agents: stackbuild.AgentSource{URL: s.kloudURLFor, PublicURL: s.opts.PublicURL, KlientSum: s.klientSum, KlientBin: s.opts.KlientBin,
+			CACert: s.opts.CACert},
+		Planner:  s.planner,
+		JobLease: s.opts.JobLease,
+		Log:      s.log,
 	})
 }
 
@@ -46,7 +48,7 @@ func (d buildDeps) CheckDestroy(ctx context.Context, team string, files map[stri
 	return d.s.checkDestroyPolicy(ctx, team, files)
 }
 
-// Callers, Templates, Minter, Machines, Leases: the hooks of stackbuild.Deps.
+// Callers, Templates, Plans, Quota, Machines: the hooks of stackbuild.Deps.
 
 // Caller is callerByName (not as an administrator).
 func (d buildDeps) Caller(ctx context.Context, username string) (stackbuild.Caller, error) {
@@ -54,18 +56,26 @@ func (d buildDeps) Caller(ctx context.Context, username string) (stackbuild.Call
 }
 
 // Template is build: the files' credentials and variables resolved, the policy checked.
-func (d buildDeps) Template(ctx context.Context, c stackbuild.Caller, team string, files map[string][]byte, credIDs, vars map[string]string) (*stackbuild.Built, error) {
+func (d buildDeps) Template(ctx context.Context, c stackbuild.Caller, team string, files map[string][]byte, credIDs, vars map[string]string, also ...string) (*stackbuild.Built, error) {
 	cc, _ := c.(*Caller)
-	b, err := d.s.build(ctx, cc, team, files, credIDs, vars)
+	b, err := d.s.build(ctx, cc, team, files, credIDs, vars, also...)
 	if err != nil {
 		return nil, err
 	}
 	return &stackbuild.Built{Files: b.files, Config: b.cfg, Variables: b.variables, Creds: b.creds, Providers: b.providers}, nil
 }
 
-// Mint is mintAgents.
-func (d buildDeps) Mint(ctx context.Context, st *Stack, ms []Machine) (stackbuild.AgentConfigs, error) {
-	return d.s.mintAgents(ctx, st, ms)
+// PlanContext is planCtx (limits.go: the plan timeout).
+func (d buildDeps) PlanContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return d.s.planCtx(ctx)
+}
+
+// PlanStopped is planStopped (limits.go).
+func (d buildDeps) PlanStopped(ctx context.Context) error { return d.s.planStopped(ctx) }
+
+// Hold is holdQuota (quota.go).
+func (d buildDeps) Hold(ctx context.Context, owner, team string) (release func(), err error) {
+	return d.s.holdQuota(ctx, owner, team)
 }
 
 // ProviderMachine is providerMachine.
@@ -87,16 +97,6 @@ func (d buildDeps) SetAgent(ctx context.Context, kiteID, status, version string)
 // KeepPorts is keepPorts (ports.go).
 func (d buildDeps) KeepPorts(ctx context.Context, j stackbuild.Job, st *Stack) {
 	d.s.keepPorts(ctx, j, st)
-}
-
-// Retake is retakeLease.
-func (d buildDeps) Retake(ctx context.Context, name, owner string) error {
-	return d.s.retakeLease(ctx, name, owner)
-}
-
-// Keep is keepLease.
-func (d buildDeps) Keep(ctx context.Context, name, owner string) (stop func()) {
-	return d.s.keepLease(ctx, name, owner)
 }
 
 // CallerName is the caller's user name (stackbuild.Caller).

@@ -26,7 +26,7 @@ func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	ms, err := s.stackMachines(ctx, st.ID)
+	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return api.JobRef{}, err
 	}

@@ -59,12 +59,12 @@ func (f *Flow) Resume(ctx context.Context, j Job, recovering bool, stackID, leas
 		// The lease may still be ours (same owner) or have expired: take it again either way.
 		// Someone may hold it for a moment (a stack.apply or stack.reset that looks, finds this
 		// job live, and lets go): try for a while.
-		if err := f.d.Leases.Retake(ctx, "stack/"+stackID, lease); err != nil {
+		if err := f.RetakeLease(ctx, "stack/"+stackID, lease); err != nil {
 			return nil, nil, stop, fmt.Errorf("stack %s: %w", stackID, err)
 		}
 		j.Logf(ctx, "kloud restarted during this job; resuming")
 	}
-	stop = f.d.Leases.Keep(context.Background(), "stack/"+stackID, lease)
+	stop = f.KeepLease(context.Background(), "stack/"+stackID, lease)
 	if st, err = f.stack(ctx, stackID); err != nil {
 		return nil, nil, stop, err
 	}
@@ -210,7 +210,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 		j.Enter(ctx, BuildUserData)
 		// Every agent's configuration first (keys minted, kite ids recorded); the providers'
 		// rewrite below only renders them into the template and writes nothing.
-		agents, err := f.d.Minter.Mint(ctx, st, ms)
+		agents, err := f.Mint(ctx, st, ms)
 		if err != nil {
 			return StackResult{}, f.failBuild(ctx, st, ms, err)
 		}
@@ -252,7 +252,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 	if err := job.Err(); err != nil {
 		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
-	ms, err = f.StackMachines(ctx, st.ID) // as recorded (kite ids by the Minter, also of an attempt before a restart)
+	ms, err = f.StackMachines(ctx, st.ID) // as recorded (kite ids by Mint, also of an attempt before a restart)
 	if err != nil {
 		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("load machines: %w", err))
 	}
@@ -411,7 +411,7 @@ func MachineSpec(m *model.Machine) *provider.MachineSpec {
 		KiteID: m.KiteID, Owner: m.Owner, Attributes: m.Attributes}
 }
 
-// AgentConfigs are the machines' agent configurations by machine id (Minter).
+// AgentConfigs are the machines' agent configurations by machine id (Mint).
 type AgentConfigs map[string]userdata.Config
 
 // Config is provider.BaseStack.AgentConfig: a lookup, nothing minted or written.

@@ -1,6 +1,7 @@
 // Package stackbuild is the stack build flow: the stack.apply job (build and destroy), the
-// reconciler, and the facts kloud's other job code (kloud/machines.go, kloud/stacks_update.go)
-// follows, one place each. It sits apart from kloud as coder's wsbuilder sits apart from coderd:
+// stack.update job (update, scale, and stack.plan of a stack, its preview), the reconciler, the
+// machines' agent keys, and the facts kloud's other job code (kloud/machines.go) follows, one
+// place each. It sits apart from kloud as coder's wsbuilder sits apart from coderd:
 // kloud's handlers check who and what, call a Flow, and answer; a Flow gets everything it needs
 // of kloud through Deps (flow.go: the store's repositories, a Terraformer client, the provider
 // registry, kontrol, and kloud's checks as small interfaces defined here), and the package never
@@ -11,9 +12,19 @@
 //   - build.go: the stack.apply job (RunApply): Resume, the build, ExitStack, and the settle
 //     steps build and update share (WaitAgents, SettleMachines, SettleStack).
 //   - destroy.go: the destroy half of stack.apply (Destroy).
-//   - reconcile.go: the reconciler (Reconcile, ReconcileForApply; JobVerdict and MachineDead
-//     for stack.reset).
-//   - scale.go: stack.scale's rewrite of a stack's files (ScaleFiles).
+//   - leases.go: the store leases "stack/<id>" and "machine/<id>" (TakeLease, RetakeLease,
+//     KeepLease): one job, or one call that must not overlap a job, at a time on each.
+//   - mint.go: every machine's agent key and configuration (Mint), kept sealed on its record
+//     so that an update renders a machine that stays with the agent it was built with.
+//   - update.go: how an update works, its params (UpdateParams), and what the calls use:
+//     CheckUpdate (stack.update and stack.scale refuse before a job), PreviewUpdate
+//     (stack.plan of a stack), FailedUpdate (stack.apply converges a stack a failed update
+//     left as an update); update_job.go runs the job (RunUpdate); update_diff.go says per
+//     machine what an update does.
+//   - reconcile.go: the reconciler (Reconcile, ReconcileForApply; JobVerdict and MachineDead),
+//     and stack.reset's forced way out of any state (Reset).
+//   - scale.go: stack.scale's rewrite of a stack's files (ScaleFiles); the update job applies
+//     them.
 //   - stages.go: the named progress stages of build, destroy, start and stop, with their
 //     percentages and the state each names; jobs report progress only through them.
 //   - params.go: the typed parameters of a stack.apply job (ApplyParams), as its job document

@@ -11,6 +11,8 @@ import (
 	tfjson "github.com/hashicorp/terraform-json"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -33,9 +35,11 @@ type Deps struct {
 	// What the flow asks of kloud itself.
 	Callers   Callers
 	Templates Templates
-	Minter    Minter
+	Plans     Plans
+	Quota     Quota
 	Machines  Machines
-	Leases    Leases
+	// Agents is what machines' agents are told about kloud (Mint).
+	Agents AgentSource
 	// Planner returns the planner that waits for the machines' agents (kloud's timeout, log
 	// and metrics).
 	Planner func() *Planner
@@ -48,6 +52,7 @@ type Deps struct {
 // Terraformer is what the build flow asks of terraformer (kloud.Terraformer, a
 // *tfclient.Client, has it).
 type Terraformer interface {
+	Plan(ctx context.Context, req tfapi.Request) (jobID string, err error)
 	Apply(ctx context.Context, req tfapi.Request) (jobID string, err error)
 	Destroy(ctx context.Context, req tfapi.Request) (jobID string, err error)
 	// Wait follows a job to its end, calling fn for every event, and returns the final job.
@@ -57,8 +62,10 @@ type Terraformer interface {
 	State(ctx context.Context, contentID string) (*tfjson.State, error)
 }
 
-// Kontrol is what the build flow asks of kontrol: revoking a destroyed machine's agent key.
+// Kontrol is what the build flow asks of kontrol: minting a machine's agent key, revoking a
+// destroyed or replaced machine's.
 type Kontrol interface {
+	CreateAgentKey(a kitekey.AgentKeySpec) (key, kiteID string, err error)
 	Revoke(ctx context.Context, jti, reason string) error
 }
 
@@ -89,16 +96,29 @@ type Built struct {
 }
 
 // Templates resolves credentials and variables of a stack's files and checks them against the
-// template policy (kloud/stacks.go build).
+// template policy (kloud/stacks.go build). Providers also are configured too (credentials
+// resolved) though the files declare no machines of theirs: an update that removes all of a
+// provider's machines.
 type Templates interface {
-	Template(ctx context.Context, c Caller, team string, files map[string][]byte, credIDs, vars map[string]string) (*Built, error)
+	Template(ctx context.Context, c Caller, team string, files map[string][]byte, credIDs, vars map[string]string, also ...string) (*Built, error)
 }
 
-// Minter prepares every machine's agent before any provider rewrites the template: a fresh kite
-// key each (its kite id recorded on the machines, ms too), and each machine's agent
-// configuration (kloud/stacks.go mintAgents).
-type Minter interface {
-	Mint(ctx context.Context, st *model.Stack, ms []model.Machine) (AgentConfigs, error)
+// Plans is kloud's plan of a stack's files, with the checks a plan makes (kloud/stacks.go plan).
+type Plans interface {
+	// PlanFiles plans files alone for stack st (no state: as stack.create plans a template,
+	// with the template policy, the machine cap, the constraints and the quotas checked) and
+	// returns the machines they declare (logf: terraform's lines, or nil).
+	PlanFiles(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error)
+	// PlanContext bounds a plan made for a call, not a job, by the plan timeout; PlanStopped
+	// explains a plan its context stopped (the timeout, or the caller gone).
+	PlanContext(ctx context.Context) (context.Context, context.CancelFunc)
+	PlanStopped(ctx context.Context) error
+}
+
+// Quota holds the quotas of an owner and a team (kloud/quota.go): one check and the records it
+// allows at a time.
+type Quota interface {
+	Hold(ctx context.Context, owner, team string) (release func(), err error)
 }
 
 // Machines is what the flow asks of kloud about machines.
@@ -112,14 +132,6 @@ type Machines interface {
 	// KeepPorts gives the machines of st the firewall rules kloud recorded for them, logging
 	// on j what it could not.
 	KeepPorts(ctx context.Context, j Job, st *model.Stack)
-}
-
-// Leases are the store leases of stacks and machines (kloud/leases.go).
-type Leases interface {
-	// Retake takes lease name for owner again, waiting a while if someone else holds it.
-	Retake(ctx context.Context, name, owner string) error
-	// Keep renews lease name until stop, then releases it.
-	Keep(ctx context.Context, name, owner string) (stop func())
 }
 
 // Job is the running job a flow reports to (kloud's job context).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -269,4 +270,77 @@ func (f *Flow) ReconcileForApply(ctx context.Context, st *model.Stack, own strin
 		}
 	}
 	return f.stack(ctx, st.ID)
+}
+
+// Reset is stack.reset's work (the call checks that its caller is a kloud administrator, holds
+// the stack's lease under own, and passes st as it is now that the lease is its): it forces st
+// and its machines out of any state, to Failed (machines in a transition become Unknown) or, if
+// nothing was ever built, to NotInitialized (every machine NotInitialized), only when no job is
+// live for the stack or its machines; by (the administrator) and reason are recorded in the
+// stack's resets and its reason.
+func (f *Flow) Reset(ctx context.Context, st *model.Stack, own, by, to, reason string) error {
+	if st.JobID != "" {
+		dead, why, err := f.JobVerdict(ctx, st.JobID)
+		if err != nil {
+			return err
+		}
+		if !dead {
+			return fmt.Errorf("stack %s: %s; cancel it first (kloud job cancel %s): %w", st.ID, why, st.JobID, kite.ErrState)
+		}
+	}
+	ms, err := f.StackMachines(ctx, st.ID)
+	if err != nil {
+		return err
+	}
+	for i := range ms {
+		if m := &ms[i]; m.State == provider.Starting || m.State == provider.Stopping {
+			dead, why, err := f.MachineDead(ctx, m, own)
+			if err != nil {
+				return err
+			}
+			if !dead {
+				return fmt.Errorf("machine %s is %s: %s; wait for it or cancel it: %w", m.Label, m.State, why, kite.ErrState)
+			}
+		}
+	}
+	if to == model.StackNotInitialized {
+		built := st.TFJobID != ""
+		for _, m := range ms {
+			built = built || m.KiteID != ""
+		}
+		if built {
+			return fmt.Errorf("stack %s was built (or a build got as far as its machines' keys); reset it to %s and destroy it: %w", st.ID, model.StackFailed, kite.ErrState)
+		}
+	}
+	now := f.d.Store.Now()
+	audit := model.StackReset{By: by, At: now, From: st.State, To: to, Job: st.JobID, Reason: reason}
+	note := fmt.Sprintf("reset from %s to %s by %s at %s: %s", st.State, to, by, now.Format(time.RFC3339), reason)
+	var matched bool
+	err = f.d.Store.Persist(ctx, "reset stack "+st.ID, 0, func(ctx context.Context) error {
+		var err error
+		matched, err = f.d.Store.Stacks().Reset(ctx, st.ID, st.State, st.JobID, store.StackSet{State: new(to), Reason: new(note)}, audit)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if !matched {
+		return fmt.Errorf("stack %s changed meanwhile; look again and retry: %w", st.ID, kite.ErrConflict)
+	}
+	f.log.WarnContext(ctx, "stack reset by an administrator", "stack", st.ID, "owner", st.Owner, "by", by, "from", st.State, "to", to, "job", st.JobID, "reason", reason)
+	for _, m := range ms {
+		var next provider.State
+		switch {
+		case to == model.StackNotInitialized && m.State != provider.NotInitialized:
+			next = provider.NotInitialized
+		case to == model.StackFailed && m.State.InProgress():
+			next = provider.Unknown
+		default:
+			continue
+		}
+		if f.SetMachine(ctx, m.ID, []provider.State{m.State}, store.MachineSet{State: new(string(next)), Reason: new(note)}) {
+			f.log.WarnContext(ctx, "machine reset with its stack", slog.String("machine", m.ID), slog.String("from", string(m.State)), slog.String("to", string(next)))
+		}
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package kloud
+package stackbuild
 
 import (
 	"encoding/json"
@@ -12,19 +12,19 @@ import (
 	tfjson "github.com/hashicorp/terraform-json"
 
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/stackbuild"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
-// ---- the diff
+// The diff of an update: what it does per machine (stack.plan of a stack shows it; the job logs it).
 
 // changeLabel is the machine label of a planned change ("" if it is not a machine's).
-func (s *Server) changeLabel(ch tfapi.ResourceChange) string {
-	p := s.providers.ByResourceType(ch.Type)
+func (f *Flow) changeLabel(ch tfapi.ResourceChange) string {
+	p := f.d.Providers.ByResourceType(ch.Type)
 	if ch.Mode != "managed" || p == nil || strings.HasPrefix(ch.Name, "kloud_") || ch.Module != "" {
 		return ""
 	}
-	if i, ok := stackbuild.Index(ch.Index); ok {
+	if i, ok := Index(ch.Index); ok {
 		return ch.Name + "." + strconv.Itoa(i)
 	}
 	return ch.Name
@@ -32,14 +32,14 @@ func (s *Server) changeLabel(ch tfapi.ResourceChange) string {
 
 // diffMachines says per machine what the update does: planned are the machines of the new
 // files, ms the stack's records, changes Terraform's plan against the stack's state (before).
-func (s *Server) diffMachines(st *Stack, planned []api.PlannedMachine, ms []Machine, changes []tfapi.ResourceChange, before *tfjson.State) api.StackUpdatePlan {
+func (f *Flow) diffMachines(st *model.Stack, planned []api.PlannedMachine, ms []model.Machine, changes []tfapi.ResourceChange, before *tfjson.State) api.StackUpdatePlan {
 	byLabel := map[string]tfapi.ResourceChange{}
 	for _, ch := range changes {
-		if l := s.changeLabel(ch); l != "" {
+		if l := f.changeLabel(ch); l != "" {
 			byLabel[l] = ch
 		}
 	}
-	recs := map[string]*Machine{}
+	recs := map[string]*model.Machine{}
 	for i := range ms {
 		recs[ms[i].Label] = &ms[i]
 	}
@@ -52,7 +52,7 @@ func (s *Server) diffMachines(st *Stack, planned []api.PlannedMachine, ms []Mach
 		ch, has := byLabel[pm.Label]
 		switch {
 		case rec == nil:
-			mc.Action, mc.Attributes, mc.Configured = api.UpdateAdd, stackbuild.VisibleAttrs(pm.Attributes), pm.Configured
+			mc.Action, mc.Attributes, mc.Configured = api.UpdateAdd, VisibleAttrs(pm.Attributes), pm.Configured
 		case !has:
 			mc.Action, mc.MachineID = api.UpdateKeep, rec.ID
 		default:
@@ -115,7 +115,7 @@ func attrChanges(before map[string]any, ch tfapi.ResourceChange, unknowns bool) 
 	var out []api.AttrChange
 	for _, k := range slices.Sorted(maps.Keys(keys)) {
 		if u, _ := unknown[k].(bool); u {
-			if unknowns && !stackbuild.HiddenAttr(k) {
+			if unknowns && !HiddenAttr(k) {
 				out = append(out, api.AttrChange{Name: k, Before: before[k], Unknown: true})
 			}
 			continue
@@ -123,7 +123,7 @@ func attrChanges(before map[string]any, ch tfapi.ResourceChange, unknowns bool) 
 		if sameValue(before[k], after[k]) {
 			continue
 		}
-		if stackbuild.HiddenAttr(k) {
+		if HiddenAttr(k) {
 			out = append(out, api.AttrChange{Name: k, Hidden: true})
 			continue
 		}

@@ -1,9 +1,9 @@
-package kloud
+package stackbuild
 
 import (
 	"testing"
 
-	"github.com/kloud-dev/kloud/terraformer/tfrun"
+	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
 // TestAttrChanges: what a stack plan lists for a machine: real changes with both values, hidden
@@ -12,7 +12,7 @@ import (
 func TestAttrChanges(t *testing.T) {
 	t.Parallel()
 	before := map[string]any{"memory": 512.0, "user_data": "old key", "dns": nil, "tags": map[string]any{"a": "1"}, "id": "x"}
-	ch := tfrun.ResourceChange{
+	ch := tfapi.ResourceChange{
 		After:        map[string]any{"memory": 640.0, "user_data": "new key", "dns": []any{}, "tags": map[string]any{"a": "1"}},
 		AfterUnknown: map[string]any{"id": true},
 	}
