@@ -23,9 +23,9 @@ func newRelay(s *Server) (*relay.Hub, error) {
 	d := relayDeps{s}
 	return relay.New(relay.Options{Access: d, Agents: d, Tokens: d, Audit: d,
 		PublicURL: s.opts.PublicURL, AppsHost: s.opts.AppsHost,
-		Activity: s.touch, // idle.go: terminals, tunnels and web apps are activity
-		Metrics: relay.Metrics{TerminalBytesIn: s.metrics.termBytes.WithLabelValues("in"),
-			TerminalBytesOut: s.metrics.termBytes.WithLabelValues("out")},
+		Activity: s.idle.Touch, // kloud/idle: terminals, tunnels and web apps are activity
+		Metrics: relay.Metrics{TerminalBytesIn: s.metrics.TerminalBytes("in"),
+			TerminalBytesOut: s.metrics.TerminalBytes("out")},
 		Logger: s.log})
 }
 

@@ -443,8 +443,8 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.plugins.Run,  // kloud/pluginhost: launch and supervise the plugin directory's providers
 		s.runGC,        // gc.go: sweep the providers' resources kloud no longer wants
 		s.monitorStore, // health.go: log a store outage once, and its end
-		s.pollMetrics,  // metrics.go: machines' figures and quota use for /metrics
-		s.runIdle,      // idle.go: write activity, warn and stop idle machines
+		s.metrics.Run,  // kloud/metrics: machines' figures and quota use for /metrics
+		s.idle.Run,     // kloud/idle: write activity, warn and stop idle machines, autostart
 	}
 }
 

@@ -35,6 +35,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/idle"
 	"github.com/kloud-dev/kloud/kloud/login"
 	"github.com/kloud-dev/kloud/kloud/pluginhost"
 	"github.com/kloud-dev/kloud/kloud/relay"
@@ -192,7 +193,7 @@ type Server struct {
 	revs      *storeRevocations
 	relay     *relay.Hub            // terminals, port forwards, web apps on their own hosts (relay.go)
 	kinds     map[string]anyJobKind // job kinds (routes.go)
-	idle      *idleTracker          // activity seen, warnings sent (idle.go)
+	idle      *idle.Tracker         // the idle stop and autostart (kloud/idle, wired in idle.go)
 
 	metrics  *kloudMetrics    // Prometheus collectors (metrics.go)
 	login    *login.Service   // the web login: passwords, sessions, single sign-on (kloud/login, wired in web_api_login.go)
@@ -242,7 +243,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		Logger:        opts.Logger,
 		PingInterval:  opts.HeartbeatInterval,
 		PingTimeout:   opts.HeartbeatTimeout,
-		Observer:      m.kite,
+		Observer:      m.Kite(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
@@ -269,11 +270,15 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
-	s.idle = newIdleTracker()
+	if s.idle, err = newIdle(s); err != nil { // idle.go
+		return nil, fmt.Errorf("kloud: %w", err)
+	}
 	if s.relay, err = newRelay(s); err != nil {
 		return nil, err
 	}
-	s.watchComponents() // metrics.go
+	if err := newMetricsPoller(s); err != nil { // metrics.go
+		return nil, fmt.Errorf("kloud: %w", err)
+	}
 	s.routes()
 	ok = true
 	return s, nil
@@ -310,7 +315,7 @@ func (o *Options) defaults() error {
 	if err := o.SSO.Defaults(); err != nil { // kloud/login
 		return err
 	}
-	if err := o.Idle.defaults(); err != nil { // idle.go
+	if err := o.Idle.Defaults(); err != nil { // idle.go
 		return err
 	}
 	if o.AgentTimeout <= 0 {

@@ -4,7 +4,7 @@
 // the handler, and the separate unauthenticated listener of --metrics-addr (Serve).
 //
 // Start with NewKite; the components' own metrics (jobs, terminals, store, terraform runs) are
-// defined by the packages that own them (kloud/metrics.go, terraformer/metrics.go).
+// defined by the packages that own them (kloud/metrics, terraformer/metrics.go).
 package metrics
 
 import (
