@@ -40,6 +40,8 @@ func TestEngineDependencies(t *testing.T) {
 		"kloud/snapshots":  {"kloud/model", "kloud/api", "kloud/store", "kloud/stackbuild"},
 		"kloud/gc":         {"kloud/model", "kloud/api", "kloud/store", "kloud/stackbuild"},
 		"kloud/quota":      {"kloud/model", "kloud/api", "kloud/store"},
+		"kloud/idle":       {"kloud/model", "kloud/api"},
+		"kloud/metrics":    {"kloud/model", "kloud/api"},
 	} {
 		allowed := map[string]bool{pkg: true}
 		for _, m := range may {
