@@ -16,6 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kontrol"
 )
 
@@ -169,12 +170,12 @@ func TestShareReachesOnlyThatMachine(t *testing.T) {
 		ids[m] = id
 		agent := e.DialAuth(kite.Auth{Type: kite.AuthKiteKey, Key: key})
 		kloudtest.Call(t, agent, "kontrol.register", kontrol.RegisterParams{}, nil)
-		doc := kloud.Machine{ID: m, StackID: "s1", Label: m, Owner: "alice", Team: kloud.DefaultTeam, State: "Running", KiteID: id,
+		doc := model.Machine{ID: m, StackID: "s1", Label: m, Owner: "alice", Team: model.DefaultTeam, State: "Running", KiteID: id,
 			CreatedAt: time.Now(), UpdatedAt: time.Now()}
 		if m == "m1" {
-			doc.Shares = []kloud.Share{{Username: "bob", Grant: kloud.GrantTerminal}}
+			doc.Shares = []model.Share{{Username: "bob", Grant: model.GrantTerminal}}
 		}
-		if err := e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{doc}); err != nil {
+		if err := e.Server.Store().Machines().InsertMany(ctx, []model.Machine{doc}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -211,19 +212,19 @@ func TestOldKlientGetsTerminalSharesAsReadonly(t *testing.T) {
 		name     string
 		features []string
 		want     string
-	}{{"old klient", nil, kloud.GrantReadonly}, {"current klient", []string{"ownAccountShells"}, kloud.GrantTerminal}} {
+	}{{"old klient", nil, model.GrantReadonly}, {"current klient", []string{"ownAccountShells"}, model.GrantTerminal}} {
 		t.Run(c.name, func(t *testing.T) {
 			mid := strings.ReplaceAll(c.name, " ", "-")
 			key, id, err := e.Server.Kontrol.CreateAgentKey(kitekey.AgentKeySpec{Owner: "alice", MachineID: mid, StackID: "s1"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			doc := kloud.Machine{ID: mid, StackID: "s1", Label: mid, Owner: "alice", Team: kloud.DefaultTeam, State: "Running", KiteID: id,
-				Shares: []kloud.Share{{Username: "bob", Grant: kloud.GrantTerminal}, {Username: "zoe", Grant: kloud.GrantFull}}, CreatedAt: time.Now(), UpdatedAt: time.Now()}
-			if err := e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{doc}); err != nil {
+			doc := model.Machine{ID: mid, StackID: "s1", Label: mid, Owner: "alice", Team: model.DefaultTeam, State: "Running", KiteID: id,
+				Shares: []model.Share{{Username: "bob", Grant: model.GrantTerminal}, {Username: "zoe", Grant: model.GrantFull}}, CreatedAt: time.Now(), UpdatedAt: time.Now()}
+			if err := e.Server.Store().Machines().InsertMany(ctx, []model.Machine{doc}); err != nil {
 				t.Fatal(err)
 			}
-			pushed := make(chan []kloud.Share, 1)
+			pushed := make(chan []model.Share, 1)
 			k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "klient"}})
 			if err != nil {
 				t.Fatal(err)
@@ -234,7 +235,7 @@ func TestOldKlientGetsTerminalSharesAsReadonly(t *testing.T) {
 			})
 			k.HandleFunc("klient.setShares", func(_ context.Context, r *kite.Request) (any, error) {
 				var p struct {
-					Shares []kloud.Share `json:"shares"`
+					Shares []model.Share `json:"shares"`
 					Token  string        `json:"token"`
 				}
 				if err := r.Bind(&p); err != nil {
@@ -254,7 +255,7 @@ func TestOldKlientGetsTerminalSharesAsReadonly(t *testing.T) {
 				for _, s := range sh {
 					got[s.Username] = s.Grant
 				}
-				if got["bob"] != c.want || got["zoe"] != kloud.GrantFull {
+				if got["bob"] != c.want || got["zoe"] != model.GrantFull {
 					t.Fatalf("pushed %+v, want bob %s and zoe full", sh, c.want)
 				}
 			case <-time.After(20 * time.Second):

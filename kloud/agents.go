@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kontrol"
 )
 
@@ -46,7 +47,7 @@ func (a kontrolAgents) wait(ctx context.Context, id string, events <-chan kontro
 }
 
 // agentConn returns a connection to a machine's agent if it is registered now.
-func (s *Server) agentConn(m *Machine) (*kite.Conn, error) {
+func (s *Server) agentConn(m *model.Machine) (*kite.Conn, error) {
 	if m.KiteID == "" {
 		return nil, fmt.Errorf("machine %s has no agent yet: %w", m.Label, kite.ErrState)
 	}
@@ -62,7 +63,7 @@ func (s *Server) trackAgents(ctx context.Context) {
 	for ctx.Err() == nil {
 		events, now, cancel := s.Kontrol.Subscribe(kite.Identity{})
 		for _, k := range now {
-			s.setAgent(ctx, k.Kite.ID, AgentConnected, k.Kite.Version)
+			s.setAgent(ctx, k.Kite.ID, model.AgentConnected, k.Kite.Version)
 		}
 	loop:
 		for {
@@ -71,12 +72,12 @@ func (s *Server) trackAgents(ctx context.Context) {
 				if !ok {
 					break loop
 				}
-				status := AgentConnected
+				status := model.AgentConnected
 				if ev.Action == "deregister" {
-					status = AgentDisconnected
+					status = model.AgentDisconnected
 				}
 				s.setAgent(ctx, ev.Kite.Kite.ID, status, ev.Kite.Kite.Version)
-				if status == AgentConnected && strings.HasPrefix(ev.Kite.Kite.ID, AgentKitePrefix) {
+				if status == model.AgentConnected && strings.HasPrefix(ev.Kite.Kite.ID, AgentKitePrefix) {
 					go s.pushSharesOnRegister(ctx, ev.Kite.Kite.ID)
 				}
 			case <-ctx.Done():

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -29,16 +30,16 @@ type Caller struct {
 
 // TemplateAdmin reports whether the caller administers templates: trusts and untrusts them and
 // sets their machine caps (owners and template admins).
-func (c *Caller) TemplateAdmin() bool { return c.Admin || c.KloudRole == RoleTemplateAdmin }
+func (c *Caller) TemplateAdmin() bool { return c.Admin || c.KloudRole == model.RoleTemplateAdmin }
 
 // EffectiveRole is a user's kloud-wide role: its Role, where a user of the admin flag (made
 // before roles, or with user add --admin) is an owner and a user without one a member.
-func EffectiveRole(u *User) string {
+func EffectiveRole(u *model.User) string {
 	switch {
-	case u.Admin || u.Role == RoleOwner || u.Username == Admin:
-		return RoleOwner
+	case u.Admin || u.Role == model.RoleOwner || u.Username == Admin:
+		return model.RoleOwner
 	case u.Role == "":
-		return RoleUser
+		return model.RoleUser
 	}
 	return u.Role
 }
@@ -46,7 +47,7 @@ func EffectiveRole(u *User) string {
 // Role returns the caller's role in team ("" if not a member; admins count as team admins).
 func (c *Caller) Role(team string) string {
 	if c.Admin {
-		return RoleAdmin
+		return model.RoleAdmin
 	}
 	return c.Teams[team]
 }
@@ -55,7 +56,7 @@ func (c *Caller) Role(team string) string {
 func (c *Caller) InTeam(team string) bool { return c.Role(team) != "" }
 
 // TeamAdmin reports whether the caller administers team.
-func (c *Caller) TeamAdmin(team string) bool { return c.Role(team) == RoleAdmin }
+func (c *Caller) TeamAdmin(team string) bool { return c.Role(team) == model.RoleAdmin }
 
 // CanManage reports whether the caller may change or delete something owned by owner in team:
 // its owner, a team admin, or a kloud admin.
@@ -92,16 +93,16 @@ func (s *Server) caller(ctx context.Context, r *kite.Request) (*Caller, error) {
 // owner's when its role changes); one without (the admin before its password is set, kite keys
 // of names without a user) is an owner if the credential says admin.
 func (s *Server) callerByName(ctx context.Context, username string, admin bool) (*Caller, error) {
-	c := &Caller{Username: username, Admin: admin || username == Admin, KloudRole: RoleUser, Teams: map[string]string{}}
+	c := &Caller{Username: username, Admin: admin || username == Admin, KloudRole: model.RoleUser, Teams: map[string]string{}}
 	u, err := s.store.Users().Get(ctx, username)
 	switch {
 	case err == nil:
 		c.KloudRole = EffectiveRole(&u)
-		c.Admin = c.KloudRole == RoleOwner
+		c.Admin = c.KloudRole == model.RoleOwner
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
 	case c.Admin:
-		c.KloudRole = RoleOwner
+		c.KloudRole = model.RoleOwner
 	}
 	teams, err := s.store.Teams().OfMember(ctx, username)
 	if err != nil {

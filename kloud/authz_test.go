@@ -8,6 +8,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
@@ -32,7 +33,7 @@ func TestStackAuthz(t *testing.T) {
 	ok(errOf(ac.UserAdd(ctx, api.UserAddParams{Username: "carol", Team: "red"})), "user.add carol")
 	ok(errOf(ac.UserAdd(ctx, api.UserAddParams{Username: "bob", Team: "blue"})), "user.add bob")
 	ok(errOf(ac.TeamAddMember(ctx, api.TeamMemberParams{Team: "red", Username: "alice", Role: "member"})), "team.addMember")
-	ok(errOf(ac.TeamRemoveMember(ctx, api.TeamMemberParams{Team: kloud.DefaultTeam, Username: "alice"})), "team.removeMember")
+	ok(errOf(ac.TeamRemoveMember(ctx, api.TeamMemberParams{Team: model.DefaultTeam, Username: "alice"})), "team.removeMember")
 	alice := f.Dial("alice")
 	f.alice = alice
 	c := f.client()

@@ -13,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -145,8 +146,8 @@ func TestUnsupportedMethod(t *testing.T) {
 	w.addUser("alice", "", false)
 	ctx := t.Context()
 	now := time.Now()
-	if err := w.e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{{ID: "m1", StackID: "s1", Label: "web", Provider: "nostop",
-		Owner: "alice", Team: kloud.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now}}); err != nil {
+	if err := w.e.Server.Store().Machines().InsertMany(ctx, []model.Machine{{ID: "m1", StackID: "s1", Label: "web", Provider: "nostop",
+		Owner: "alice", Team: model.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now}}); err != nil {
 		t.Fatal(err)
 	}
 	c := api.NewClient(w.as("alice"))

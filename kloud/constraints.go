@@ -11,6 +11,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -128,7 +129,7 @@ func violationsOf(p *provider.Provider, m api.PlannedMachine, err error) []api.C
 // checkStackConstraints validates a stack's machines as recorded (their planned attributes: a
 // stack that was built converges as an update, whose plan is checked instead) before stack.apply
 // builds it.
-func (s *Server) checkStackConstraints(ctx context.Context, st *Stack) error {
+func (s *Server) checkStackConstraints(ctx context.Context, st *model.Stack) error {
 	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return err

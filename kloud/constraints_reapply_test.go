@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
@@ -63,21 +64,21 @@ func TestCheckStackConstraintsOfStateValues(t *testing.T) {
 	stateAttrs := func(tags any) map[string]any {
 		return map[string]any{"id": "x", "memory": 512.0, "triggers_replace": tags}
 	}
-	stateTags := map[string]any{"kloud_machine": "m1", "kloud_owner": "admin", "kloud_stack": "s1", "kloud_team": kloud.DefaultTeam, "team": "a"}
-	machines := []kloud.Machine{
-		{ID: "m1", StackID: "s1", Label: "dev.0", Resource: "dev", Provider: "dummy", Owner: "admin", Team: kloud.DefaultTeam, State: provider.Running,
+	stateTags := map[string]any{"kloud_machine": "m1", "kloud_owner": "admin", "kloud_stack": "s1", "kloud_team": model.DefaultTeam, "team": "a"}
+	machines := []model.Machine{
+		{ID: "m1", StackID: "s1", Label: "dev.0", Resource: "dev", Provider: "dummy", Owner: "admin", Team: model.DefaultTeam, State: provider.Running,
 			Attributes: stateAttrs(stateTags), CreatedAt: now, UpdatedAt: now},
-		{ID: "m2", StackID: "s1", Label: "dev.1", Resource: "dev", Provider: "dummy", Owner: "admin", Team: kloud.DefaultTeam, State: provider.Running,
+		{ID: "m2", StackID: "s1", Label: "dev.1", Resource: "dev", Provider: "dummy", Owner: "admin", Team: model.DefaultTeam, State: provider.Running,
 			Attributes: stateAttrs(stateTags), CreatedAt: now, UpdatedAt: now},
-		{ID: "m3", StackID: "s2", Label: "bad", Resource: "bad", Provider: "dummy", Owner: "admin", Team: kloud.DefaultTeam, State: provider.NotInitialized,
+		{ID: "m3", StackID: "s2", Label: "bad", Resource: "bad", Provider: "dummy", Owner: "admin", Team: model.DefaultTeam, State: provider.NotInitialized,
 			Attributes: stateAttrs(`{"team":"a"}`), CreatedAt: now, UpdatedAt: now},
 	}
 	if err := e.Server.Store().Machines().InsertMany(ctx, machines); err != nil {
 		t.Fatal(err)
 	}
-	for _, st := range []kloud.Stack{
-		{ID: "s1", Owner: "admin", Team: kloud.DefaultTeam, State: kloud.StackInitialized, Machines: []string{"m1", "m2"}, CreatedAt: now, UpdatedAt: now},
-		{ID: "s2", Owner: "admin", Team: kloud.DefaultTeam, State: kloud.StackNotInitialized, Machines: []string{"m3"}, CreatedAt: now, UpdatedAt: now},
+	for _, st := range []model.Stack{
+		{ID: "s1", Owner: "admin", Team: model.DefaultTeam, State: model.StackInitialized, Machines: []string{"m1", "m2"}, CreatedAt: now, UpdatedAt: now},
+		{ID: "s2", Owner: "admin", Team: model.DefaultTeam, State: model.StackNotInitialized, Machines: []string{"m3"}, CreatedAt: now, UpdatedAt: now},
 	} {
 		if err := e.Server.Store().Stacks().Insert(ctx, st); err != nil {
 			t.Fatal(err)
@@ -113,7 +114,7 @@ func TestReapplyBuiltStack(t *testing.T) {
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient"),
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	e.StartTerraformer()
-	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	cl := api.NewClient(e.Dial("alice"))
@@ -155,13 +156,13 @@ resource "terraform_data" "dev" {
 			t.Fatalf("%s: %+v", what, last)
 		}
 	}
-	machines := func() map[string]kloud.Machine {
+	machines := func() map[string]model.Machine {
 		t.Helper()
 		l, err := cl.MachineList(ctx, api.MachineListParams{StackID: sid})
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := map[string]kloud.Machine{}
+		out := map[string]model.Machine{}
 		for _, m := range l.Machines {
 			out[m.Label] = m
 		}
@@ -177,7 +178,7 @@ resource "terraform_data" "dev" {
 		again := machines()
 		for label, m := range built {
 			a := again[label]
-			if a.ID != m.ID || a.KiteID != m.KiteID || a.KiteID == "" || a.State != provider.Running || a.Agent.Status != kloud.AgentConnected {
+			if a.ID != m.ID || a.KiteID != m.KiteID || a.KiteID == "" || a.State != provider.Running || a.Agent.Status != model.AgentConnected {
 				t.Fatalf("%s: %s was %+v, is %+v", try, label, m, a)
 			}
 		}
@@ -192,7 +193,7 @@ resource "terraform_data" "dev" {
 		t.Fatalf("apply of a built stack the constraints now refuse: %v, want -32602", err)
 	}
 	d, err := cl.StackDescribe(ctx, api.StackRef{StackID: sid})
-	if err != nil || d.State != kloud.StackInitialized {
+	if err != nil || d.State != model.StackInitialized {
 		t.Fatalf("stack after a refused apply: %+v, %v", d, err)
 	}
 	if l := logs.String(); !strings.Contains(l, "stack.apply refused") || !strings.Contains(l, "is not a list") {

@@ -13,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -43,7 +44,7 @@ func TestConstraintsRefusePlan(t *testing.T) {
 	reg.Register(p)
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
 	e.StartTerraformer()
-	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	cl := api.NewClient(e.Dial("alice"))
@@ -118,7 +119,7 @@ resource "terraform_data" "vm" {
 	_, err = cl.StackApply(ctx, api.StackApplyParams{StackID: res.Stack.ID})
 	refused("stack.apply", err, "4096 MB is more than the 1024 MB", "nearest valid: 1024")
 	d, err := cl.StackDescribe(ctx, api.StackRef{StackID: res.Stack.ID})
-	if err != nil || d.State != kloud.StackNotInitialized || d.JobID != "" {
+	if err != nil || d.State != model.StackNotInitialized || d.JobID != "" {
 		t.Fatalf("stack after a refused apply: %+v, %v", d, err)
 	}
 	// Destroy is never refused for constraints.

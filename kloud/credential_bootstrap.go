@@ -11,6 +11,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
@@ -62,7 +63,7 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 	for range 3 {
 		b := cr.Bootstrap
 		if b == nil {
-			b = &Bootstrap{Status: BootstrapNone}
+			b = &model.Bootstrap{Status: BootstrapNone}
 		}
 		switch {
 		case !p.Destroy && b.Status == BootstrapDone:
@@ -70,7 +71,7 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 		case p.Destroy && len(b.ContentIDs) == 0 && b.Status != BootstrapRunning && b.Status != BootstrapDestroying:
 			return api.BootstrapResult{}, fmt.Errorf("credential %s has no bootstrap resources to destroy: %w", cr.ID, kite.ErrState)
 		}
-		var stale *Bootstrap
+		var stale *model.Bootstrap
 		if b.Status == BootstrapRunning || b.Status == BootstrapDestroying {
 			if !s.staleBootstrap(ctx, b) {
 				return api.BootstrapResult{}, fmt.Errorf("credential %s: bootstrap job %s is running; wait for it to end: %w", cr.ID, b.JobID, kite.ErrConflict)
@@ -93,7 +94,7 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 }
 
 // staleBootstrap reports whether a running bootstrap has no live job behind it.
-func (s *Server) staleBootstrap(ctx context.Context, b *Bootstrap) bool {
+func (s *Server) staleBootstrap(ctx context.Context, b *model.Bootstrap) bool {
 	if b.JobID == "" {
 		return s.store.Now().Sub(b.UpdatedAt) > staleClaim
 	}
@@ -104,7 +105,7 @@ func (s *Server) staleBootstrap(ctx context.Context, b *Bootstrap) bool {
 	return j.Status.Done()
 }
 
-func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *Credential, status string, destroy bool) (api.BootstrapResult, error) {
+func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *model.Credential, status string, destroy bool) (api.BootstrapResult, error) {
 	jobID, err := bootstrapJob.Start(ctx, s, "credential/"+cr.ID, c.Username, bootstrapParams{Credential: cr.ID, Destroy: destroy})
 	if err != nil {
 		if ferr := s.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
@@ -223,7 +224,7 @@ type bootstrapRun struct {
 	s      *Server
 	j      *jobCtx
 	tf     Terraformer
-	cred   *Credential
+	cred   *model.Credential
 	red    redactor
 	stage  string
 	prior  []string // terraformer jobs of the interrupted run (resume)

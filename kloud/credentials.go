@@ -13,6 +13,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -48,7 +49,7 @@ func credentialAAD(id string) []byte { return []byte(store.CollCredentials + "/"
 func bootstrapAAD(id string) []byte  { return []byte(store.CollCredentials + "/" + id + "/bootstrap") }
 
 // loadCredential returns the credential document if c may see it (a member of its team).
-func (s *Server) loadCredential(ctx context.Context, c *Caller, id string) (*Credential, error) {
+func (s *Server) loadCredential(ctx context.Context, c *Caller, id string) (*model.Credential, error) {
 	cr, err := s.store.Credentials().Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("credential", id)
@@ -63,7 +64,7 @@ func (s *Server) loadCredential(ctx context.Context, c *Caller, id string) (*Cre
 }
 
 // manageCheck fails unless c may change cr (its owner or a team admin).
-func manageCheck(c *Caller, cr *Credential, what string) error {
+func manageCheck(c *Caller, cr *model.Credential, what string) error {
 	if !c.CanManage(cr.Owner, cr.Team) {
 		return fmt.Errorf("credential %s: only its owner (%s) or an admin of team %s may %s it: %w", cr.ID, cr.Owner, cr.Team, what, kite.ErrPermission)
 	}
@@ -92,7 +93,7 @@ func (s *Server) openValue(sealed, aad []byte, newFn func() any) (any, error) {
 }
 
 // providerCredential opens cr for a provider: value, and bootstrap outputs if it has them.
-func (s *Server) providerCredential(p *provider.Provider, cr *Credential) (*provider.Credential, error) {
+func (s *Server) providerCredential(p *provider.Provider, cr *model.Credential) (*provider.Credential, error) {
 	val, err := s.openValue(cr.Sealed, credentialAAD(cr.ID), p.Schema.NewCredential)
 	if err != nil {
 		return nil, fmt.Errorf("credential %s: %w", cr.ID, err)
@@ -301,8 +302,8 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 	}
 	public, set := publicAndSet(val, secretFields)
 	now := s.store.Now()
-	cr := Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
-		Public: public, Secret: set, Bootstrap: &Bootstrap{Status: BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
+	cr := model.Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
+		Public: public, Secret: set, Bootstrap: &model.Bootstrap{Status: BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
 	if err := s.store.Credentials().Insert(ctx, cr); err != nil {
 		return api.CredentialAddResult{}, fmt.Errorf("add credential: %w", err)
 	}
@@ -458,7 +459,7 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 	if err != nil {
 		return api.CredentialListResult{}, fmt.Errorf("list credentials: %w", err)
 	}
-	out := api.CredentialListResult{Credentials: []Credential{}}
+	out := api.CredentialListResult{Credentials: []model.Credential{}}
 	for _, cr := range list {
 		cr.Public = nil
 		out.Credentials = append(out.Credentials, cr)
@@ -532,7 +533,7 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 }
 
 // stackFor builds the provider's Stack for credential work (no stack involved).
-func (s *Server) credentialStack(p *provider.Provider, cr *Credential, owner string) (provider.Stack, error) {
+func (s *Server) credentialStack(p *provider.Provider, cr *model.Credential, owner string) (provider.Stack, error) {
 	if p.Stack == nil {
 		return nil, fmt.Errorf("provider %s has no stack operations: %w", p.Name, kite.ErrState)
 	}

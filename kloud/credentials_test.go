@@ -19,6 +19,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
@@ -337,7 +338,7 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 	}
 
 	// A live stack that uses the credential keeps it.
-	if err := w.e.Server.Store().Stacks().Insert(t.Context(), kloud.Stack{ID: "stack-1", Team: "red", Owner: "alice", State: kloud.StackInitialized,
+	if err := w.e.Server.Store().Stacks().Insert(t.Context(), model.Stack{ID: "stack-1", Team: "red", Owner: "alice", State: model.StackInitialized,
 		Credentials: map[string]string{"testcloud": id}}); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
@@ -55,7 +56,7 @@ func TestTemplateWithoutRequiredProviders(t *testing.T) {
 	reg.Register(l.Provider())
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, Addr: addr, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
 	e.StartTerraformerWith(tfrun.Options{Dir: filepath.Join(t.TempDir(), "terraformer"), TerraformPath: tf, CLIConfigFile: cliConfig})
-	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	f := &flowEnv{Env: e, t: t, alice: e.Dial("alice")}
@@ -79,7 +80,7 @@ resource "kloudlocal_machine" "dev" {
 	if last := f.follow(f.apply(sid, false)); last.Status != "succeeded" {
 		t.Fatalf("build: %+v", last)
 	}
-	if m := f.machines(sid)["dev"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+	if m := f.machines(sid)["dev"]; m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("dev after the build: %+v", m)
 	}
 	if last := f.follow(f.apply(sid, true)); last.Status != "succeeded" {

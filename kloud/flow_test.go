@@ -17,6 +17,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
@@ -40,7 +41,7 @@ func (f *flowEnv) client() *api.Client { return api.NewClient(f.alice) }
 func addUsers(t *testing.T, e *kloudtest.Env, passwords bool, names ...string) {
 	t.Helper()
 	for _, u := range names {
-		p := api.UserAddParams{Username: u, Team: kloud.DefaultTeam}
+		p := api.UserAddParams{Username: u, Team: model.DefaultTeam}
 		if passwords {
 			p.Password = u + "-password"
 		}
@@ -78,7 +79,7 @@ func newFlowWith(t *testing.T, o dummy.Options, ko kloudtest.Options) *flowEnv {
 	e := kloudtest.Start(t, ko)
 	tfDir := filepath.Join(t.TempDir(), "terraformer")
 	e.StartTerraformerWith(tfrun.Options{Dir: tfDir})
-	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	alice := e.Dial("alice")
@@ -117,7 +118,7 @@ func (f *flowEnv) template(main string) string {
 	return t.ID
 }
 
-func (f *flowEnv) stack(tmplID string) (string, []kloud.Machine) {
+func (f *flowEnv) stack(tmplID string) (string, []model.Machine) {
 	res, err := f.client().StackCreate(f.t.Context(), api.StackPlanParams{TemplateID: tmplID})
 	if err != nil {
 		f.t.Fatal(err)
@@ -151,12 +152,12 @@ func (f *flowEnv) follow(jobID string) api.JobEvent {
 	}
 }
 
-func (f *flowEnv) machines(stackID string) map[string]kloud.Machine {
+func (f *flowEnv) machines(stackID string) map[string]model.Machine {
 	res, err := f.client().MachineList(f.t.Context(), api.MachineListParams{StackID: stackID})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	out := map[string]kloud.Machine{}
+	out := map[string]model.Machine{}
 	for _, m := range res.Machines {
 		out[m.Label] = m
 	}
@@ -190,7 +191,7 @@ func TestStackLifecycle(t *testing.T) {
 
 	sid, ms := f.stack(tid)
 	for _, m := range ms {
-		if m.State != provider.NotInitialized || m.Agent.Status != kloud.AgentNever {
+		if m.State != provider.NotInitialized || m.Agent.Status != model.AgentNever {
 			t.Fatalf("new machine %+v", m)
 		}
 	}
@@ -217,7 +218,7 @@ func TestStackLifecycle(t *testing.T) {
 	got := f.machines(sid)
 	for _, l := range []string{"vm.0", "vm.1"} {
 		m := got[l]
-		if m.State != provider.Running || m.Agent.Status != kloud.AgentConnected || m.KiteID == "" {
+		if m.State != provider.Running || m.Agent.Status != model.AgentConnected || m.KiteID == "" {
 			t.Fatalf("%s after build: %+v", l, m)
 		}
 		if len(f.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) != 1 {
@@ -235,7 +236,7 @@ func TestStackLifecycle(t *testing.T) {
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		m := f.machines(sid)["vm.0"]
-		return m.State == provider.Stopped && m.Agent.Status == kloud.AgentDisconnected
+		return m.State == provider.Stopped && m.Agent.Status == model.AgentDisconnected
 	}, "vm.0 not stopped with its agent disconnected: %+v", f.machines(sid)["vm.0"])
 	info, err := c.MachineInfo(t.Context(), api.MachineRef{MachineID: vm0.ID})
 	if err != nil {
@@ -250,7 +251,7 @@ func TestStackLifecycle(t *testing.T) {
 	if last := f.follow(job.JobID); last.Status != "succeeded" {
 		t.Fatalf("start: %+v", last)
 	}
-	if m := f.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+	if m := f.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("after start: %+v", m)
 	}
 	// start is allowed only from Stopped.
@@ -297,7 +298,7 @@ resource "terraform_data" "web" {
 		t.Fatalf("want a user script failure with its output, got %+v", last)
 	}
 	m := f.machines(sid)["web"]
-	if !strings.Contains(m.Reason, "user script") || m.Agent.Status != kloud.AgentConnected {
+	if !strings.Contains(m.Reason, "user script") || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("machine: %+v", m)
 	}
 }
@@ -425,7 +426,7 @@ func TestKiteIDsRecordedBeforeProviderRewrite(t *testing.T) {
 			t.Errorf("%s: kite id %q, want a fresh agent kite id of its own", label, m.KiteID)
 		}
 		seen[m.KiteID] = true
-		if m.Agent.Status != kloud.AgentNever || m.State != provider.NotInitialized {
+		if m.Agent.Status != model.AgentNever || m.State != provider.NotInitialized {
 			t.Errorf("%s: state %s, agent %+v; want NotInitialized, never seen", label, m.State, m.Agent)
 		}
 	}

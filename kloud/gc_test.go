@@ -8,6 +8,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -21,7 +22,7 @@ func TestGCRunRefusals(t *testing.T) {
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
 	admin := e.Client(kloud.Admin)
 	ctx := t.Context()
-	if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: "bob", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: "bob", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {

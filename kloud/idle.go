@@ -88,7 +88,7 @@ func (d idleDeps) Agent(m *model.Machine) (idle.Agent, error) {
 }
 
 // showIdle fills in the idle settings in force of ms (machine.list, machine.info).
-func (s *Server) showIdle(ctx context.Context, ms []Machine) { s.idle.Show(ctx, ms) }
+func (s *Server) showIdle(ctx context.Context, ms []model.Machine) { s.idle.Show(ctx, ms) }
 
 // restartCountdown starts machine id's countdown afresh (kloud starts it, or found it started);
 // called before the machine is recorded Running.
@@ -148,7 +148,7 @@ func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *
 		if err := s.capable(m.Provider, api.MethodMachineSet, provider.CapStart); err != nil {
 			return api.Machine{}, err
 		}
-		a := &Autostart{Schedule: strings.Join(strings.Fields(strings.ToLower(p.Autostart)), " "), TZ: loc.String(), Next: sc.Next(s.store.Now(), loc)}
+		a := &model.Autostart{Schedule: strings.Join(strings.Fields(strings.ToLower(p.Autostart)), " "), TZ: loc.String(), Next: sc.Next(s.store.Now(), loc)}
 		if err := s.store.Machines().SetAutostart(ctx, m.ID, a); err != nil {
 			return api.Machine{}, err
 		}
@@ -157,7 +157,7 @@ func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if err != nil {
 		return api.Machine{}, err
 	}
-	ms := []Machine{*nm}
+	ms := []model.Machine{*nm}
 	s.showIdle(ctx, ms)
 	return ms[0], nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -87,7 +88,7 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 	// A member of the team who does not own the machine or the template changes nothing, not
 	// even with a full share of the machine; carol, who has no share, does not see it.
 	addUsers(t, e.Env, false, "bob", "carol")
-	if _, err := e.client().MachineShare(ctx, api.ShareParams{MachineID: e.machine.ID, Username: "bob", Grant: kloud.GrantFull}); err != nil {
+	if _, err := e.client().MachineShare(ctx, api.ShareParams{MachineID: e.machine.ID, Username: "bob", Grant: model.GrantFull}); err != nil {
 		t.Fatal(err)
 	}
 	bob := e.Client("bob")
@@ -393,7 +394,7 @@ func TestIdleReadonlyTypingDoesNotCount(t *testing.T) {
 	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
 	addUsers(t, e.Env, true, "bob")
-	share(t, e, "bob", kloud.GrantReadonly)
+	share(t, e, "bob", model.GrantReadonly)
 	cookie, bobCookie := e.login("alice", "alice-password"), e.login("bob", "bob-password")
 	owner := e.mustOpen(cookie, "session=pair")
 	owner.Type(t, "echo first-$((1+2))\r")

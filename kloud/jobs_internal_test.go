@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/snapshots"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -61,7 +62,7 @@ func TestJobDocumentsWire(t *testing.T) {
 		{Label: "db", Provider: "local", Resource: "kloudlocal_machine.db"}},
 		Update: &api.StackUpdatePlan{StackID: "s", FromRev: 1, ToRev: 2, Summary: map[string]int{"keep": 1},
 			Machines: []api.MachineChange{{Label: "vm", Action: "change", Changes: []api.AttrChange{{Name: "memory", Before: 256.0, After: 512.0}, {Name: "flag", Before: false}}}}}}
-	files := []File{{Name: "main.tf", Content: "resource {}"}}
+	files := []model.File{{Name: "main.tf", Content: "resource {}"}}
 	for _, tc := range []struct {
 		name string
 		v    any
@@ -72,9 +73,9 @@ func TestJobDocumentsWire(t *testing.T) {
 		{"stack.apply failed", stackbuild.StackResult{StackID: "s"}, map[string]any{"stackId": "s"}},
 		{"stack.apply destroyed", stackbuild.StackResult{StackID: "s", Destroyed: true}, map[string]any{"stackId": "s", "destroyed": true}},
 		{"stack.update result", stackbuild.StackResult{StackID: "s", Machines: new(2), Awaited: new(0)}, map[string]any{"stackId": "s", "machines": 2, "awaited": 0}},
-		{"stack.update params", updateParams{StackID: "s", Lease: "update-1", From: StackFailed, Rev: 3, Diverged: true,
+		{"stack.update params", updateParams{StackID: "s", Lease: "update-1", From: model.StackFailed, Rev: 3, Diverged: true,
 			Files: store.JSONTextOf(files), Variables: store.JSONTextOf(map[string]string{"v": "1"}), What: "scaling"},
-			map[string]any{"stackId": "s", "lease": "update-1", "from": StackFailed, "rev": 3, "diverged": true,
+			map[string]any{"stackId": "s", "lease": "update-1", "from": model.StackFailed, "rev": 3, "diverged": true,
 				"files": `[{"name":"main.tf","content":"resource {}"}]`, "variables": `{"v":"1"}`, "what": "scaling"}},
 		{"stack.update params without variables", updateParams{StackID: "s", Lease: "l", Files: store.JSONTextOf(files)},
 			map[string]any{"stackId": "s", "lease": "l", "from": "", "rev": 0, "diverged": false,

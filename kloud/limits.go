@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
 
@@ -66,7 +67,7 @@ func (l *Limits) defaults() error {
 
 // machineCap is the cap on machines per stack of template t (nil: a template that is gone) and
 // how an administrator changes it, for the refusal's message.
-func (s *Server) machineCap(t *Template) (limit int, how string) {
+func (s *Server) machineCap(t *model.Template) (limit int, how string) {
 	if t != nil && t.MaxMachines > 0 {
 		return t.MaxMachines, fmt.Sprintf("the cap of template %s; an administrator changes it with `kloud template update %s --max-machines N` (at most %d)", t.ID, t.ID, MaxMachinesCeiling)
 	}
@@ -74,7 +75,7 @@ func (s *Server) machineCap(t *Template) (limit int, how string) {
 }
 
 // stackTemplate is the template a stack was made from, for its cap (nil when it is gone).
-func (s *Server) stackTemplate(ctx context.Context, id string) *Template {
+func (s *Server) stackTemplate(ctx context.Context, id string) *model.Template {
 	t, err := s.store.Templates().Get(ctx, id)
 	if err != nil {
 		return nil
@@ -110,7 +111,7 @@ func (s *Server) staticMachineCount(cfg *tmpl.Config, vars map[string]any) (n in
 
 // checkMachineCap refuses files whose machine count, as far as it is known before terraform
 // runs, is above template t's cap. vars are the stack's variables.
-func (s *Server) checkMachineCap(t *Template, cfg *tmpl.Config, vars map[string]any) error {
+func (s *Server) checkMachineCap(t *model.Template, cfg *tmpl.Config, vars map[string]any) error {
 	limit, how := s.machineCap(t)
 	if n, what := s.staticMachineCount(cfg, vars); n > int64(limit) {
 		return tooManyMachines("the template ("+what+")", n, limit, how)
@@ -120,7 +121,7 @@ func (s *Server) checkMachineCap(t *Template, cfg *tmpl.Config, vars map[string]
 
 // capBuild checks a built template against t's cap before terraform plans it, and records the
 // cap for the check of the planned machines (plan).
-func (s *Server) capBuild(t *Template, b *builtTemplate) error {
+func (s *Server) capBuild(t *model.Template, b *builtTemplate) error {
 	b.maxMachines, b.capHow = s.machineCap(t)
 	return s.checkMachineCap(t, b.cfg, b.variables)
 }
@@ -139,7 +140,7 @@ func (s *Server) checkPlannedCount(b *builtTemplate, n int) error {
 
 // checkStackCap is stack.apply's check of a stack made before the cap (or before it was
 // lowered): its files and variables, and its machines as stack.create recorded them.
-func (s *Server) checkStackCap(ctx context.Context, st *Stack) error {
+func (s *Server) checkStackCap(ctx context.Context, st *model.Stack) error {
 	cfg, _, err := s.machineResources(fileMap(st.Files))
 	if err != nil {
 		return err
@@ -159,7 +160,7 @@ func (s *Server) checkStackCap(ctx context.Context, st *Stack) error {
 }
 
 // checkTemplateCap is the check at template save: the count with the variables' defaults.
-func (s *Server) checkTemplateCap(t *Template, files map[string][]byte) error {
+func (s *Server) checkTemplateCap(t *model.Template, files map[string][]byte) error {
 	cfg, err := tmpl.Parse(files)
 	if err != nil {
 		return fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)

@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/terraformer/tfrun/tfruntest"
@@ -166,7 +167,7 @@ resource "terraform_data" "vm" {
 	if ref.JobID != "" {
 		t.Fatalf("stack.apply refused with job %s", ref.JobID)
 	}
-	if l, err := cl.StackList(ctx, api.StackListParams{}); err != nil || len(l.Stacks) != 1 || l.Stacks[0].State != kloud.StackNotInitialized {
+	if l, err := cl.StackList(ctx, api.StackListParams{}); err != nil || len(l.Stacks) != 1 || l.Stacks[0].State != model.StackNotInitialized {
 		t.Fatalf("stack.list after refused creates and apply: %+v, %v: want the one stack, not initialized", l, err)
 	}
 	assertNoTerraform(t, f.tfDir)
@@ -208,7 +209,7 @@ func TestMachineCapScaleAndUpdate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if view.State != kloud.StackInitialized || view.Diverged || len(view.Machines) != 1 {
+		if view.State != model.StackInitialized || view.Diverged || len(view.Machines) != 1 {
 			t.Fatalf("%s: stack is %s (%q), diverged %v, %d machines", what, view.State, view.Reason, view.Diverged, len(view.Machines))
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -17,7 +18,7 @@ import (
 // machine.start and machine.stop (durable jobs).
 
 // canSee reports whether c may see machine m: its owner, a user it is shared with, a team admin.
-func (c *Caller) canSee(m *Machine) bool {
+func (c *Caller) canSee(m *model.Machine) bool {
 	if m.Owner == c.Username || c.TeamAdmin(m.Team) {
 		return true
 	}
@@ -29,7 +30,7 @@ func (c *Caller) canSee(m *Machine) bool {
 	return false
 }
 
-func (s *Server) loadMachine(ctx context.Context, c *Caller, id string) (*Machine, error) {
+func (s *Server) loadMachine(ctx context.Context, c *Caller, id string) (*model.Machine, error) {
 	m, err := s.store.Machines().Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || err == nil && c != nil && !c.canSee(&m) {
 		return nil, notFound("machine", id)
@@ -41,7 +42,7 @@ func (s *Server) loadMachine(ctx context.Context, c *Caller, id string) (*Machin
 }
 
 // providerMachine builds the provider's view of m.
-func (s *Server) providerMachine(ctx context.Context, c *Caller, m *Machine) (provider.Machine, error) {
+func (s *Server) providerMachine(ctx context.Context, c *Caller, m *model.Machine) (provider.Machine, error) {
 	p, err := s.providers.Lookup(m.Provider)
 	if err != nil {
 		return nil, err
@@ -85,7 +86,7 @@ func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p 
 
 // stackTitles returns the titles of the stacks of ms by stack id; a stack that cannot be read
 // (gone meanwhile) is left out.
-func (s *Server) stackTitles(ctx context.Context, ms []Machine) map[string]string {
+func (s *Server) stackTitles(ctx context.Context, ms []model.Machine) map[string]string {
 	out := map[string]string{}
 	for _, m := range ms {
 		if _, ok := out[m.StackID]; ok || m.StackID == "" {
@@ -104,10 +105,10 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 		return api.MachineInfo{}, err
 	}
 	cur := m.State
-	show := []Machine{*m}
+	show := []model.Machine{*m}
 	s.showIdle(ctx, show) // idle.go
 	m = &show[0]
-	out := api.MachineInfo{Machine: *m, StackTitle: s.stackTitles(ctx, []Machine{*m})[m.StackID], InfraState: cur}
+	out := api.MachineInfo{Machine: *m, StackTitle: s.stackTitles(ctx, []model.Machine{*m})[m.StackID], InfraState: cur}
 	if cur == provider.NotInitialized || cur.InProgress() {
 		return out, nil // nothing to ask the provider, or a job is changing it right now
 	}
@@ -144,7 +145,7 @@ func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller
 		if err != nil {
 			return api.JobRef{}, err
 		}
-		if m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, GrantFull) {
+		if m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, model.GrantFull) {
 			return api.JobRef{}, fmt.Errorf("only the owner may %s machine %s: %w", method, m.Label, kite.ErrPermission)
 		}
 		return s.powerJob(ctx, m, method, c.Username, powerParams{})
@@ -171,7 +172,7 @@ type machineResult struct {
 
 // powerJob starts the machine.start or machine.stop job of m for user (the idle stop's too,
 // idle.go); p are the job's params but the machine, lease and state it starts from.
-func (s *Server) powerJob(ctx context.Context, m *Machine, method, user string, p powerParams) (api.JobRef, error) {
+func (s *Server) powerJob(ctx context.Context, m *model.Machine, method, user string, p powerParams) (api.JobRef, error) {
 	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
 		return api.JobRef{}, err
 	}
@@ -215,7 +216,7 @@ func (s *Server) capable(name, method string, cap provider.Capability) error {
 	return nil
 }
 
-func hasGrant(m *Machine, user, grant string) bool {
+func hasGrant(m *model.Machine, user, grant string) bool {
 	for _, sh := range m.Shares {
 		if sh.Username == user && sh.Grant == grant {
 			return true
@@ -309,7 +310,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		if r.Info != nil {
 			version = r.Info.Version
 		}
-		s.setAgent(ctx, m.KiteID, AgentConnected, version)
+		s.setAgent(ctx, m.KiteID, model.AgentConnected, version)
 	}
 	// idle.go: a start begins a new countdown (before the machine is Running, so an old
 	// deadline is never seen with it), a stop ends one.

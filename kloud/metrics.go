@@ -129,7 +129,7 @@ func (d metricsDeps) Use(ctx context.Context, ms []model.Machine) (use, limits m
 	if err != nil {
 		return nil, nil, err
 	}
-	byStack := map[string][]Machine{}
+	byStack := map[string][]model.Machine{}
 	for _, m := range ms {
 		byStack[m.StackID] = append(byStack[m.StackID], m)
 	}
@@ -182,9 +182,9 @@ func (s *Server) PollMetrics(ctx context.Context) { s.metrics.poller.Poll(ctx) }
 
 // machinesHeld is what stack st with machines ms holds of its owner's and team's quotas (see
 // stackHeld).
-func (s *Server) machinesHeld(st *Stack, ms []Machine) api.Quota {
+func (s *Server) machinesHeld(st *model.Stack, ms []model.Machine) api.Quota {
 	var held api.Quota
-	if st.State == StackNotInitialized {
+	if st.State == model.StackNotInitialized {
 		return held
 	}
 	for _, m := range ms {

@@ -16,6 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 var seriesRe = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$`)
@@ -163,7 +164,7 @@ func TestMetricsAccess(t *testing.T) {
 	maddr := ln.Addr().String()
 	ln.Close()
 	e := kloudtest.Start(t, kloudtest.Options{MetricsAddr: maddr})
-	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	aliceKey, _, err := e.Server.Kontrol.CreateKey("alice", "")
@@ -218,7 +219,7 @@ func TestMetricsOfABuildAndATerminal(t *testing.T) {
 		{"kloud_quota_used", map[string]string{"subject": "user/alice", "resource": "machines"}, 1, 1},
 		{"kloud_quota_limit", map[string]string{"subject": "user/alice", "resource": "machines"}, 5, 5},
 		{"kloud_quota_limit", map[string]string{"subject": "user/alice", "resource": "memory_bytes"}, 2048 << 20, 2048 << 20},
-		{"kloud_quota_used", map[string]string{"subject": "team/" + kloud.DefaultTeam, "resource": "machines"}, 1, 1},
+		{"kloud_quota_used", map[string]string{"subject": "team/" + model.DefaultTeam, "resource": "machines"}, 1, 1},
 		{"kloud_rpc_calls_total", map[string]string{"method": "stack.apply", "code": "0"}, 1, 1},
 		{"kloud_terminal_sessions", nil, 0, 0},
 	}

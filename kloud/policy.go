@@ -12,6 +12,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
@@ -203,7 +204,7 @@ func (s *Server) trustedRules(ctx context.Context, team, digest string) ([]strin
 }
 
 // revisionFiles returns the files of revision rev of t (0: the current one).
-func revisionFiles(t *Template, rev int) (int, []File, error) {
+func revisionFiles(t *model.Template, rev int) (int, []model.File, error) {
 	if rev == 0 || rev == t.Rev {
 		return t.Rev, t.Files, nil
 	}
@@ -265,16 +266,16 @@ func (s *Server) trustSpec(c *Caller, spec *api.TrustSpec) ([]string, error) {
 }
 
 // trust records that revision rev (with files) of t is trusted with spec, and logs it.
-func (s *Server) trust(ctx context.Context, c *Caller, t *Template, rev int, files []File, spec *api.TrustSpec) (TemplateTrust, error) {
+func (s *Server) trust(ctx context.Context, c *Caller, t *model.Template, rev int, files []model.File, spec *api.TrustSpec) (model.TemplateTrust, error) {
 	rules := slices.Clone(spec.Rules)
 	slices.Sort(rules)
 	rules = slices.Compact(rules)
-	tr := TemplateTrust{Rev: rev, Digest: filesDigest(fileMap(files)), Rules: rules, Reason: strings.TrimSpace(spec.Reason), By: c.Username, At: s.store.Now()}
-	if err := s.setTrust(ctx, t.ID, func(cur []TemplateTrust) []TemplateTrust {
-		cur = slices.DeleteFunc(cur, func(x TemplateTrust) bool { return x.Rev == rev })
+	tr := model.TemplateTrust{Rev: rev, Digest: filesDigest(fileMap(files)), Rules: rules, Reason: strings.TrimSpace(spec.Reason), By: c.Username, At: s.store.Now()}
+	if err := s.setTrust(ctx, t.ID, func(cur []model.TemplateTrust) []model.TemplateTrust {
+		cur = slices.DeleteFunc(cur, func(x model.TemplateTrust) bool { return x.Rev == rev })
 		return append(cur, tr)
 	}); err != nil {
-		return TemplateTrust{}, err
+		return model.TemplateTrust{}, err
 	}
 	s.log.WarnContext(ctx, "template trusted: policy rules lifted", "template", t.ID, "title", t.Title, "team", t.Team, "rev", rev,
 		"rules", strings.Join(rules, ","), "by", c.Username, "reason", tr.Reason, "digest", tr.Digest)
@@ -290,9 +291,9 @@ func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request
 		return api.UntrustResult{}, err
 	}
 	removed := 0
-	if err := s.setTrust(ctx, t.ID, func(cur []TemplateTrust) []TemplateTrust {
+	if err := s.setTrust(ctx, t.ID, func(cur []model.TemplateTrust) []model.TemplateTrust {
 		n := len(cur)
-		cur = slices.DeleteFunc(cur, func(x TemplateTrust) bool { return p.Revision == 0 || x.Rev == p.Revision })
+		cur = slices.DeleteFunc(cur, func(x model.TemplateTrust) bool { return p.Revision == 0 || x.Rev == p.Revision })
 		removed = n - len(cur)
 		return cur
 	}); err != nil {
@@ -304,7 +305,7 @@ func (s *Server) templateUntrust(ctx context.Context, c *Caller, _ *kite.Request
 
 // setTrust rewrites a template's trust records (the last of two concurrent administrators
 // wins; both are logged).
-func (s *Server) setTrust(ctx context.Context, id string, change func([]TemplateTrust) []TemplateTrust) error {
+func (s *Server) setTrust(ctx context.Context, id string, change func([]model.TemplateTrust) []model.TemplateTrust) error {
 	cur, err := s.store.Templates().Get(ctx, id)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -176,8 +177,8 @@ func TestHostileTemplates(t *testing.T) {
 
 			// Stored bypassing template.create.
 			now := time.Now()
-			tpl := kloud.Template{ID: store.NewID(), Title: tc.name, Team: kloud.DefaultTeam, Owner: "alice", Rev: 1,
-				Files: []kloud.File{{Name: "main.tf", Content: tc.main}}, CreatedAt: now, UpdatedAt: now}
+			tpl := model.Template{ID: store.NewID(), Title: tc.name, Team: model.DefaultTeam, Owner: "alice", Rev: 1,
+				Files: []model.File{{Name: "main.tf", Content: tc.main}}, CreatedAt: now, UpdatedAt: now}
 			if err := f.Server.Store().Templates().Insert(t.Context(), tpl); err != nil {
 				t.Fatal(err)
 			}
@@ -190,8 +191,8 @@ func TestHostileTemplates(t *testing.T) {
 			h.check("stack.create")
 
 			// A stack stored with the template's files, as an older kloud made them.
-			st := kloud.Stack{ID: store.NewID(), Title: tc.name, Team: kloud.DefaultTeam, Owner: "alice", TemplateID: tpl.ID, TemplateRev: 1,
-				Files: tpl.Files, Credentials: map[string]string{"dummy": cred}, State: kloud.StackNotInitialized, Machines: []string{}, CreatedAt: now, UpdatedAt: now}
+			st := model.Stack{ID: store.NewID(), Title: tc.name, Team: model.DefaultTeam, Owner: "alice", TemplateID: tpl.ID, TemplateRev: 1,
+				Files: tpl.Files, Credentials: map[string]string{"dummy": cred}, State: model.StackNotInitialized, Machines: []string{}, CreatedAt: now, UpdatedAt: now}
 			if err := f.Server.Store().Stacks().Insert(t.Context(), st); err != nil {
 				t.Fatal(err)
 			}
@@ -204,7 +205,7 @@ func TestHostileTemplates(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.State != kloud.StackNotInitialized || got.JobID != "" {
+			if got.State != model.StackNotInitialized || got.JobID != "" {
 				t.Fatalf("stack after the refused build: %s %q (job %q)", got.State, got.Reason, got.JobID)
 			}
 			// Destroy runs only what terraform applied, and the template never got there.
@@ -239,7 +240,7 @@ func TestTrustedTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Stored before the policy: rev 2 has a provisioner.
-	storetest.SetFields(t, f.Server.Store(), store.CollTemplates, tpl.ID, map[string]any{"rev": 2, "files": []kloud.File{{Name: "main.tf", Content: onlyProv}}})
+	storetest.SetFields(t, f.Server.Store(), store.CollTemplates, tpl.ID, map[string]any{"rev": 2, "files": []model.File{{Name: "main.tf", Content: onlyProv}}})
 	cred := f.credential()
 	plan := api.StackPlanParams{TemplateID: tpl.ID, Credentials: map[string]string{"dummy": cred}}
 	wantPolicyRefusal(t, "plan before trust", errOf(c.StackPlan(t.Context(), plan)), "provisioner", "main.tf:3:3")
@@ -311,7 +312,7 @@ func TestDestroyObeysPolicy(t *testing.T) {
 	}
 	// As an older kloud stored it: the stack's files have a destroy-time provisioner.
 	hostile := fmt.Sprintf("resource \"terraform_data\" \"vm\" {\n  input = \"echo hi\"\n  provisioner \"local-exec\" {\n    when    = destroy\n    command = \"id > %s\"\n  }\n}\n", h.marker)
-	storetest.SetFields(t, f.Server.Store(), store.CollStacks, sid, map[string]any{"files": []kloud.File{{Name: "main.tf", Content: hostile}}})
+	storetest.SetFields(t, f.Server.Store(), store.CollStacks, sid, map[string]any{"files": []model.File{{Name: "main.tf", Content: hostile}}})
 	last := f.follow(f.apply(sid, true))
 	if last.Status != api.JobFailed || !strings.Contains(last.Error, "(rule provisioner)") {
 		t.Fatalf("destroy of a stack whose files break the policy: %+v", last)
@@ -321,7 +322,7 @@ func TestDestroyObeysPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != kloud.StackFailed {
+	if st.State != model.StackFailed {
 		t.Fatalf("stack after the refused destroy: %s", st.State)
 	}
 

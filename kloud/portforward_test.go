@@ -22,6 +22,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/cli"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // appServer is the web server "in the machine": the dummy provider's machines are klient
@@ -193,7 +194,7 @@ func TestPortForwardApps(t *testing.T) {
 		want        int
 	}{{"carol", carolCookie, http.StatusNotFound}, {"bob read-only", bobCookie, http.StatusForbidden}} {
 		if c.who == "bob read-only" {
-			share(t, e, "bob", kloud.GrantReadonly)
+			share(t, e, "bob", model.GrantReadonly)
 		}
 		b := newBrowser(t, e.URL)
 		withSession(b, c.cookie)
@@ -201,7 +202,7 @@ func TestPortForwardApps(t *testing.T) {
 			t.Fatalf("%s: %s %q", c.who, resp.Status, body)
 		}
 	}
-	share(t, e, "bob", kloud.GrantTerminal)
+	share(t, e, "bob", model.GrantTerminal)
 	bob := newBrowser(t, e.URL)
 	withSession(bob, bobCookie)
 	if resp, body := bob.get(t, openURL); resp.StatusCode != 200 || !strings.Contains(body, "hello from") {

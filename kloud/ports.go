@@ -9,6 +9,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -89,7 +90,7 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 // has them, and as kloud recorded them) that a pattern matches (its port; its protocol and its
 // source unless omitted). A pattern that matches none is refused (-32003, data.type
 // api.PortsNotOpenType) with the rules that are open, and nothing is closed.
-func (s *Server) rulesToClose(ctx context.Context, fw provider.Firewaller, m *Machine, patterns []provider.PortRule) ([]provider.PortRule, error) {
+func (s *Server) rulesToClose(ctx context.Context, fw provider.Firewaller, m *model.Machine, patterns []provider.PortRule) ([]provider.PortRule, error) {
 	have, err := fw.Ports(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%s: list the provider's rules: %w", api.MethodMachinePortsClose, err)
@@ -145,12 +146,12 @@ func patternString(r provider.PortRule) string {
 
 // firewaller loads the machine, checks the caller and the provider's capability, and returns
 // the machine's provider.Firewaller.
-func (s *Server) firewaller(ctx context.Context, c *Caller, id, method string, change bool) (provider.Firewaller, *Machine, error) {
+func (s *Server) firewaller(ctx context.Context, c *Caller, id, method string, change bool) (provider.Firewaller, *model.Machine, error) {
 	m, err := s.loadMachine(ctx, c, id)
 	if err != nil {
 		return nil, nil, err
 	}
-	if change && m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, GrantFull) {
+	if change && m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, model.GrantFull) {
 		return nil, nil, fmt.Errorf("only the owner, a team admin or a full share may change the firewall of machine %s: %w", m.Label, kite.ErrPermission)
 	}
 	if err := s.capable(m.Provider, method, provider.CapFirewall); err != nil {
@@ -198,7 +199,7 @@ func (s *Server) recordPorts(ctx context.Context, id string, rules []provider.Po
 // with none), after the build or update settled. What fails is logged on job j; the job goes
 // on (the machines run, only a port is closed that should be open, and machine.ports.open
 // applies it again).
-func (s *Server) keepPorts(ctx context.Context, j stackbuild.Job, st *Stack) {
+func (s *Server) keepPorts(ctx context.Context, j stackbuild.Job, st *model.Stack) {
 	ms, err := s.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		j.Logf(ctx, "firewall rules not checked: %v", err)
@@ -223,7 +224,7 @@ func (s *Server) keepPorts(ctx context.Context, j stackbuild.Job, st *Stack) {
 
 // matchPorts opens what of m's recorded rules its provider lacks and closes what it has beyond
 // them, and returns what it opened and closed.
-func (s *Server) matchPorts(ctx context.Context, m *Machine) (opened, closed []provider.PortRule, err error) {
+func (s *Server) matchPorts(ctx context.Context, m *model.Machine) (opened, closed []provider.PortRule, err error) {
 	pm, err := s.providerMachine(ctx, nil, m)
 	if err != nil {
 		return nil, nil, err

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -84,10 +84,10 @@ func TestMachinePorts(t *testing.T) {
 	}
 	ctx := t.Context()
 	now := time.Now()
-	if err := w.e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{
-		{ID: "m1", StackID: "s1", Label: "web", Provider: "fw", Owner: "alice", Team: kloud.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now,
-			Shares: []kloud.Share{{Username: "bob", Grant: kloud.GrantReadonly}, {Username: "dave", Grant: kloud.GrantFull}}},
-		{ID: "m2", StackID: "s2", Label: "old", Provider: "nofw", Owner: "alice", Team: kloud.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now},
+	if err := w.e.Server.Store().Machines().InsertMany(ctx, []model.Machine{
+		{ID: "m1", StackID: "s1", Label: "web", Provider: "fw", Owner: "alice", Team: model.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now,
+			Shares: []model.Share{{Username: "bob", Grant: model.GrantReadonly}, {Username: "dave", Grant: model.GrantFull}}},
+		{ID: "m2", StackID: "s2", Label: "old", Provider: "nofw", Owner: "alice", Team: model.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -152,8 +152,8 @@ func TestMachinePortsRecorded(t *testing.T) {
 	w.addUser("alice", "", false)
 	ctx := t.Context()
 	now := time.Now()
-	if err := w.e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{
-		{ID: "m1", StackID: "s1", Label: "web", Provider: "fw", Owner: "alice", Team: kloud.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now},
+	if err := w.e.Server.Store().Machines().InsertMany(ctx, []model.Machine{
+		{ID: "m1", StackID: "s1", Label: "web", Provider: "fw", Owner: "alice", Team: model.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -262,8 +262,8 @@ func TestMachinePortsClose(t *testing.T) {
 	w.addUser("alice", "", false)
 	ctx := t.Context()
 	now := time.Now()
-	if err := w.e.Server.Store().Machines().InsertMany(ctx, []kloud.Machine{
-		{ID: "m1", StackID: "s1", Label: "dev.0", Provider: "fw", Owner: "alice", Team: kloud.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now},
+	if err := w.e.Server.Store().Machines().InsertMany(ctx, []model.Machine{
+		{ID: "m1", StackID: "s1", Label: "dev.0", Provider: "fw", Owner: "alice", Team: model.DefaultTeam, State: provider.Running, CreatedAt: now, UpdatedAt: now},
 	}); err != nil {
 		t.Fatal(err)
 	}

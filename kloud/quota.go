@@ -8,6 +8,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/quota"
 	"github.com/kloud-dev/kloud/kloud/snapshots"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -99,7 +100,7 @@ func (s *Server) holdQuota(ctx context.Context, owner, team string) (release fun
 
 // applyQuota is stack.apply's check of a stack that was never built, with the quota leases
 // held until release (quota.Keeper.Apply).
-func (s *Server) applyQuota(ctx context.Context, st *Stack) (release func(), err error) {
+func (s *Server) applyQuota(ctx context.Context, st *model.Stack) (release func(), err error) {
 	return s.quotas().Apply(ctx, st)
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
@@ -95,13 +96,13 @@ func TestQuotaRefuses(t *testing.T) {
 	if n := f.jobCount(third); n != 0 {
 		t.Fatalf("stack.apply refused by the quota started %d jobs", n)
 	}
-	f.settled(third, kloud.StackNotInitialized)
+	f.settled(third, model.StackNotInitialized)
 	_, err = c.StackScale(ctx, api.StackScaleParams{StackID: a, Resource: "vm", Count: 2})
 	refusedQuota(t, "stack.scale to 2", err, "machines: the limit is 2, 1 in use, this asks for 2")
 	if n := f.jobCount(a); n != 1 {
 		t.Fatalf("stack.scale refused by the quota: %d jobs of the stack, want 1", n)
 	}
-	if view := f.settled(a, kloud.StackInitialized); len(view.Machines) != 1 || view.Diverged {
+	if view := f.settled(a, model.StackInitialized); len(view.Machines) != 1 || view.Diverged {
 		t.Fatalf("stack.scale refused by the quota changed the stack: %d machines, diverged %v", len(view.Machines), view.Diverged)
 	}
 
@@ -109,16 +110,16 @@ func TestQuotaRefuses(t *testing.T) {
 	if _, err := admin.QuotaSet(ctx, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{User: "alice"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.QuotaSet(ctx, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{Team: kloud.DefaultTeam}, Limit: api.Quota{Machines: 2, Cores: 8}}); err != nil {
+	if _, err := admin.QuotaSet(ctx, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{Team: model.DefaultTeam}, Limit: api.Quota{Machines: 2, Cores: 8}}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.StackApply(ctx, api.StackApplyParams{StackID: third})
-	refusedQuota(t, "stack.apply under the team's quota", err, "quota of team "+kloud.DefaultTeam+" exceeded: machines: the limit is 2, 2 in use, this asks for 1", "--team "+kloud.DefaultTeam)
-	st, err = c.QuotaShow(ctx, api.QuotaShowParams{QuotaSubject: api.QuotaSubject{Team: kloud.DefaultTeam}})
+	refusedQuota(t, "stack.apply under the team's quota", err, "quota of team "+model.DefaultTeam+" exceeded: machines: the limit is 2, 2 in use, this asks for 1", "--team "+model.DefaultTeam)
+	st, err = c.QuotaShow(ctx, api.QuotaShowParams{QuotaSubject: api.QuotaSubject{Team: model.DefaultTeam}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (api.QuotaStatus{Subject: "team/" + kloud.DefaultTeam, Limit: api.Quota{Machines: 2, Cores: 8}, Used: api.Quota{Machines: 2}, Left: api.Quota{Cores: 8}}); st != want {
+	if want := (api.QuotaStatus{Subject: "team/" + model.DefaultTeam, Limit: api.Quota{Machines: 2, Cores: 8}, Used: api.Quota{Machines: 2}, Left: api.Quota{Cores: 8}}); st != want {
 		t.Fatalf("quota.show of the team: %+v, want %+v", st, want)
 	}
 

@@ -9,6 +9,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // TestRateLimitPerUser: with a bucket of 5 calls that refills once in 1000 s, alice's sixth call
@@ -22,7 +23,7 @@ func TestRateLimitPerUser(t *testing.T) {
 	ctx := t.Context()
 	admin := e.Client(kloud.Admin)
 	for _, u := range []string{"alice", "bob"} {
-		if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: u, Team: kloud.DefaultTeam}); err != nil {
+		if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: u, Team: model.DefaultTeam}); err != nil {
 			t.Fatal(err)
 		}
 	}

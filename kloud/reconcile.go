@@ -7,6 +7,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // reconcileInterval is the reconciler's period (Options.ReconcileInterval); the reconciler
@@ -17,7 +18,7 @@ func (s *Server) reconcileInterval() time.Duration { return s.opts.ReconcileInte
 func (s *Server) reconcile(ctx context.Context) { s.flow().Reconcile(ctx) }
 
 // stackTransitional are the states of a stack that a job is changing.
-var stackTransitional = []string{StackBuilding, StackDestroying}
+var stackTransitional = []string{model.StackBuilding, model.StackDestroying}
 
 // Reset: an administrator's way out of any state.
 

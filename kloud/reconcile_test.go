@@ -18,6 +18,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
@@ -201,7 +202,7 @@ func TestCancelBuildBeforeTerraformStarts(t *testing.T) {
 	if last := f.follow(job); last.Status != "cancelled" {
 		t.Fatalf("cancelled build: %+v", last)
 	}
-	st := f.settled(sid, kloud.StackFailed)
+	st := f.settled(sid, model.StackFailed)
 	if !strings.Contains(st.Reason, "cancelled") {
 		t.Fatalf("reason %q does not say the build was cancelled", st.Reason)
 	}
@@ -212,7 +213,7 @@ func TestCancelBuildBeforeTerraformStarts(t *testing.T) {
 	}
 	g.open("apply")
 	f.mustSucceed(f.apply(sid, false), "build again")
-	f.settled(sid, kloud.StackInitialized)
+	f.settled(sid, model.StackInitialized)
 	f.mustSucceed(f.apply(sid, true), "destroy")
 	f.destroyed(sid)
 }
@@ -242,7 +243,7 @@ output "slow" {
 		t.Fatalf("cancelled build: %+v", last)
 	}
 	t.Logf("cancel took %s (terraform stopped)", time.Since(start))
-	st := f.settled(sid, kloud.StackFailed)
+	st := f.settled(sid, model.StackFailed)
 	for _, m := range st.MachineDocs {
 		if m.State != provider.Unknown { // terraform ran: the machine may exist
 			t.Fatalf("machine %s is %s, want Unknown", m.Label, m.State)
@@ -282,7 +283,7 @@ resource "terraform_data" "vm" {
 	if last := f.follow(job); last.Status != "cancelled" {
 		t.Fatalf("cancelled build: %+v", last)
 	}
-	st := f.settled(sid, kloud.StackFailed)
+	st := f.settled(sid, model.StackFailed)
 	if !strings.Contains(st.Reason, "agents") {
 		t.Fatalf("reason %q does not say where the build was", st.Reason)
 	}
@@ -293,8 +294,8 @@ resource "terraform_data" "vm" {
 	}
 	os.Remove(gate)
 	f.mustSucceed(f.apply(sid, false), "build again")
-	st = f.settled(sid, kloud.StackInitialized)
-	if m := st.MachineDocs[0]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+	st = f.settled(sid, model.StackInitialized)
+	if m := st.MachineDocs[0]; m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("after building again: %+v", m)
 	}
 	f.mustSucceed(f.apply(sid, true), "destroy")
@@ -316,7 +317,7 @@ func TestCancelDestroy(t *testing.T) {
 	if last := f.follow(job); last.Status != "cancelled" {
 		t.Fatalf("cancelled destroy: %+v", last)
 	}
-	st := f.settled(sid, kloud.StackFailed)
+	st := f.settled(sid, model.StackFailed)
 	if m := st.MachineDocs[0]; m.State != provider.Unknown {
 		t.Fatalf("machine after a cancelled destroy: %+v", m)
 	}
@@ -330,7 +331,7 @@ func TestCancelDestroy(t *testing.T) {
 	if last := f.follow(job); last.Status != "cancelled" {
 		t.Fatalf("cancelled destroy: %+v", last)
 	}
-	f.settled(sid, kloud.StackFailed)
+	f.settled(sid, model.StackFailed)
 	g.open("wait")
 
 	f.mustSucceed(f.apply(sid, true), "destroy again")
@@ -367,12 +368,12 @@ func (s seed) stack(id, state, jobID string, machines map[string]provider.State)
 	s.t.Helper()
 	ctx := s.t.Context()
 	now := s.st.Now()
-	st := kloud.Stack{ID: id, Title: id, Team: kloud.DefaultTeam, Owner: "alice", TemplateID: "t-" + id, State: state, JobID: jobID,
-		Files: []kloud.File{{Name: "main.tf", Content: oneVM}}, CreatedAt: now, UpdatedAt: now}
+	st := model.Stack{ID: id, Title: id, Team: model.DefaultTeam, Owner: "alice", TemplateID: "t-" + id, State: state, JobID: jobID,
+		Files: []model.File{{Name: "main.tf", Content: oneVM}}, CreatedAt: now, UpdatedAt: now}
 	for label, ms := range machines {
-		m := kloud.Machine{ID: id + "-" + label, StackID: id, Label: label, Resource: label, Provider: "dummy", Owner: "alice",
-			Team: kloud.DefaultTeam, State: ms, Agent: kloud.Agent{Status: kloud.AgentNever}, CreatedAt: now, UpdatedAt: now}
-		if err := s.st.Machines().InsertMany(ctx, []kloud.Machine{m}); err != nil {
+		m := model.Machine{ID: id + "-" + label, StackID: id, Label: label, Resource: label, Provider: "dummy", Owner: "alice",
+			Team: model.DefaultTeam, State: ms, Agent: model.Agent{Status: model.AgentNever}, CreatedAt: now, UpdatedAt: now}
+		if err := s.st.Machines().InsertMany(ctx, []model.Machine{m}); err != nil {
 			s.t.Fatal(err)
 		}
 		st.Machines = append(st.Machines, m.ID)
@@ -412,18 +413,18 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: dummyDir(t)}))
 	old := kloudtest.Start(t, kloudtest.Options{DataDir: dir, Providers: reg})
-	if _, err := old.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := old.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	sd := seed{t, old.Server.Store()}
 	// A build cancelled by an older kloud whose failure bookkeeping was lost.
 	jobA := sd.job("stack-a", "old-kloud", store.ErrJobCancelled)
-	sd.stack("stack-a", kloud.StackBuilding, jobA, map[string]provider.State{"vm0": provider.Building, "vm1": provider.Building})
+	sd.stack("stack-a", model.StackBuilding, jobA, map[string]provider.State{"vm0": provider.Building, "vm1": provider.Building})
 	// A destroy without a job (written before jobs recorded themselves on the stack).
-	sd.stack("stack-b", kloud.StackDestroying, "", map[string]provider.State{"vm": provider.Terminating})
+	sd.stack("stack-b", model.StackDestroying, "", map[string]provider.State{"vm": provider.Terminating})
 	// A build whose job is alive in another kloud: never touched.
 	jobC := sd.job("stack-c", "other-kloud", nil)
-	sd.stack("stack-c", kloud.StackBuilding, jobC, map[string]provider.State{"vm": provider.Building})
+	sd.stack("stack-c", model.StackBuilding, jobC, map[string]provider.State{"vm": provider.Building})
 	if _, err := sd.st.AcquireLease(t.Context(), "stack/stack-c", "old-apply", time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -433,9 +434,9 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.SetFields(t, sd.st, store.CollJobs, jobE, map[string]any{"leaseUntil": sd.st.Now().Add(-time.Minute)})
-	sd.stack("stack-e", kloud.StackBuilding, jobE, map[string]provider.State{"vm": provider.Building})
+	sd.stack("stack-e", model.StackBuilding, jobE, map[string]provider.State{"vm": provider.Building})
 	// A machine left Starting by a start job that never got recorded, in a built stack.
-	sd.stack("stack-d", kloud.StackInitialized, "", map[string]provider.State{"vm": provider.Starting, "other": provider.Running})
+	sd.stack("stack-d", model.StackInitialized, "", map[string]provider.State{"vm": provider.Starting, "other": provider.Running})
 	old.Stop()
 
 	logs := &logBuffer{t: t}
@@ -443,11 +444,11 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	e.StartTerraformer()
 	f := &flowEnv{Env: e, t: t, alice: e.Dial("alice")}
 	testutil.Eventually(t, 30*time.Second, func() bool {
-		return f.describe("stack-a").State != kloud.StackBuilding && f.describe("stack-b").State != kloud.StackDestroying &&
-			f.machines("stack-d")["vm"].State != provider.Starting && f.describe("stack-e").State != kloud.StackBuilding
+		return f.describe("stack-a").State != model.StackBuilding && f.describe("stack-b").State != model.StackDestroying &&
+			f.machines("stack-d")["vm"].State != provider.Starting && f.describe("stack-e").State != model.StackBuilding
 	}, "not reconciled")
 
-	a := f.settled("stack-a", kloud.StackFailed)
+	a := f.settled("stack-a", model.StackFailed)
 	for _, want := range []string{jobA, "cancelled", "reconciled at"} {
 		if !strings.Contains(a.Reason, want) {
 			t.Errorf("stack-a's reason %q lacks %q", a.Reason, want)
@@ -458,7 +459,7 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 			t.Errorf("stack-a's machine %+v", m)
 		}
 	}
-	b := f.settled("stack-b", kloud.StackFailed)
+	b := f.settled("stack-b", model.StackFailed)
 	if !strings.Contains(b.Reason, "no job recorded") || b.MachineDocs[0].State != provider.Unknown {
 		t.Errorf("stack-b: %+v", b)
 	}
@@ -469,10 +470,10 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	if ej := f.job(jobE); ej.Status != api.JobCancelled {
 		t.Errorf("the job cancelled while kloud was down was %s after recovery: %+v", ej.Status, ej)
 	}
-	if es := f.settled("stack-e", kloud.StackFailed); !strings.Contains(es.Reason, "cancelled") || es.MachineDocs[0].State != provider.Unknown {
+	if es := f.settled("stack-e", model.StackFailed); !strings.Contains(es.Reason, "cancelled") || es.MachineDocs[0].State != provider.Unknown {
 		t.Errorf("stack-e: %+v", es)
 	}
-	if c := f.describe("stack-c"); c.State != kloud.StackBuilding || c.MachineDocs[0].State != provider.Building {
+	if c := f.describe("stack-c"); c.State != model.StackBuilding || c.MachineDocs[0].State != provider.Building {
 		t.Errorf("stack-c, whose job is alive, was changed: %+v", c)
 	}
 	if !strings.Contains(logs.String(), "reconciled a stuck stack") {
@@ -505,13 +506,13 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 	logs := &logBuffer{t: t}
 	e := kloudtest.Start(t, kloudtest.Options{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	admin := e.Client(kloud.Admin)
-	if _, err := admin.UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := admin.UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	alice := e.Client("alice")
 	sd := seed{t, e.Server.Store()}
 	live := sd.job("stack-r", "other-kloud", nil)
-	sd.stack("stack-r", kloud.StackBuilding, live, map[string]provider.State{"vm": provider.Building, "db": provider.NotInitialized})
+	sd.stack("stack-r", model.StackBuilding, live, map[string]provider.State{"vm": provider.Building, "db": provider.NotInitialized})
 
 	reset := api.StackResetParams{StackID: "stack-r", Reason: "INC-42: build hung on a dead host"}
 	if _, err := alice.StackReset(t.Context(), reset); !errors.Is(err, kite.ErrPermission) {
@@ -530,7 +531,7 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != kloud.StackFailed || !strings.Contains(st.Reason, "INC-42") || !strings.Contains(st.Reason, kloud.Admin) {
+	if st.State != model.StackFailed || !strings.Contains(st.Reason, "INC-42") || !strings.Contains(st.Reason, kloud.Admin) {
 		t.Fatalf("after reset: %+v", st.Stack)
 	}
 	for _, m := range st.MachineDocs {
@@ -545,7 +546,7 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(seen.Resets) != 1 || seen.Resets[0].By != kloud.Admin || seen.Resets[0].Reason != reset.Reason ||
-		seen.Resets[0].To != kloud.StackFailed || seen.Resets[0].Job != live || seen.Resets[0].At.IsZero() {
+		seen.Resets[0].To != model.StackFailed || seen.Resets[0].Job != live || seen.Resets[0].At.IsZero() {
 		t.Fatalf("audit: %+v", seen.Resets)
 	}
 	if l := logs.String(); !strings.Contains(l, "level=WARN msg=\"stack reset by an administrator\"") || !strings.Contains(l, "INC-42") {
@@ -559,7 +560,7 @@ func TestStackResetIsForAdminsAndAudited(t *testing.T) {
 	if seen, err = alice.StackDescribe(t.Context(), api.StackRef{StackID: "stack-r"}); err != nil {
 		t.Fatal(err)
 	}
-	if seen.State != kloud.StackNotInitialized || len(seen.Resets) != 2 {
+	if seen.State != model.StackNotInitialized || len(seen.Resets) != 2 {
 		t.Fatalf("after the second reset: %+v", seen)
 	}
 	for _, m := range seen.MachineDocs {
@@ -594,5 +595,5 @@ func TestCancelRequestedThroughAnotherKloud(t *testing.T) {
 		t.Fatalf("build cancelled elsewhere: %+v", last)
 	}
 	t.Logf("stopped %s after the cancel was recorded", time.Since(start))
-	f.settled(sid, kloud.StackFailed)
+	f.settled(sid, model.StackFailed)
 }

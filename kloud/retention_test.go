@@ -9,6 +9,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -36,7 +37,7 @@ func TestRetentionSchedule(t *testing.T) {
 		return id
 	}
 	stackID := store.NewID()
-	if _, err := st.Collection(store.CollStacks).InsertOne(ctx, bson.M{"_id": stackID, "state": kloud.StackFailed, "owner": "alice"}); err != nil {
+	if _, err := st.Collection(store.CollStacks).InsertOne(ctx, bson.M{"_id": stackID, "state": model.StackFailed, "owner": "alice"}); err != nil {
 		t.Fatal(err)
 	}
 	gone := finished("stack/" + store.NewID()) // its stack does not exist

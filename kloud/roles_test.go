@@ -16,6 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
@@ -27,7 +28,7 @@ import (
 // admin by the admin (user.setRole).
 type rolesEnv struct {
 	*kloudtest.Env
-	tpl kloud.Template
+	tpl model.Template
 }
 
 func newRolesEnv(t *testing.T) *rolesEnv {
@@ -37,7 +38,7 @@ func newRolesEnv(t *testing.T) *rolesEnv {
 	ctx := t.Context()
 	admin := e.Client(kloud.Admin)
 	for _, u := range []string{"alice", "aud", "tad", "bob"} {
-		if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: u, Email: u + "@corp.example", Team: kloud.DefaultTeam}); err != nil {
+		if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: u, Email: u + "@corp.example", Team: model.DefaultTeam}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -51,7 +52,7 @@ func newRolesEnv(t *testing.T) *rolesEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for u, r := range map[string]string{"aud": kloud.RoleAuditor, "tad": kloud.RoleTemplateAdmin} {
+	for u, r := range map[string]string{"aud": model.RoleAuditor, "tad": model.RoleTemplateAdmin} {
 		v, err := admin.UserSetRole(ctx, api.SetRoleParams{Username: u, Role: r})
 		if err != nil || v.Role != r {
 			t.Fatalf("user.setRole %s %s: %+v, %v", u, r, v, err)
@@ -94,7 +95,7 @@ func TestRolesAuditor(t *testing.T) {
 
 	ac := api.NewClient(aud)
 	who, err := ac.UserWhoami(ctx)
-	if err != nil || who.Role != kloud.RoleAuditor || who.Admin {
+	if err != nil || who.Role != model.RoleAuditor || who.Admin {
 		t.Fatalf("whoami of the auditor: %+v, %v", who, err)
 	}
 	list, err := ac.TemplateList(ctx, api.TemplateListParams{})
@@ -140,7 +141,7 @@ func TestRolesTemplateAdmin(t *testing.T) {
 	if err := e.Dial("tad").Call(ctx, api.MethodQuotaSet, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{User: "bob"}, Limit: api.Quota{Machines: 1}}, nil); !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("a template admin set a quota: %v", err)
 	}
-	if _, err := tad.UserSetRole(ctx, api.SetRoleParams{Username: "tad", Role: kloud.RoleOwner}); !errors.Is(err, kite.ErrPermission) {
+	if _, err := tad.UserSetRole(ctx, api.SetRoleParams{Username: "tad", Role: model.RoleOwner}); !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("a template admin made itself an owner: %v", err)
 	}
 }
@@ -164,7 +165,7 @@ func TestRolesOwners(t *testing.T) {
 	oconn := e.DialAuth(kite.Auth{Type: kite.AuthSession, Key: sess})
 	olivia := api.NewClient(oconn)
 	who, err := olivia.UserWhoami(ctx)
-	if err != nil || who.Role != kloud.RoleOwner || !who.Admin {
+	if err != nil || who.Role != model.RoleOwner || !who.Admin {
 		t.Fatalf("whoami of an admin of before roles: %+v, %v", who, err)
 	}
 	quota := api.QuotaSetParams{QuotaSubject: api.QuotaSubject{User: "bob"}, Limit: api.Quota{Machines: 2}}
@@ -176,20 +177,20 @@ func TestRolesOwners(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, u := range users.Users {
-		if want := map[string]string{"olivia": kloud.RoleOwner, "aud": kloud.RoleAuditor, "bob": kloud.RoleUser, kloud.Admin: kloud.RoleOwner}[u.Username]; want != "" && u.Role != want {
+		if want := map[string]string{"olivia": model.RoleOwner, "aud": model.RoleAuditor, "bob": model.RoleUser, kloud.Admin: model.RoleOwner}[u.Username]; want != "" && u.Role != want {
 			t.Errorf("user.list: %s has role %q, want %q", u.Username, u.Role, want)
 		}
 	}
-	if _, err := admin.UserSetRole(ctx, api.SetRoleParams{Username: "olivia", Role: kloud.RoleUser}); err != nil {
+	if _, err := admin.UserSetRole(ctx, api.SetRoleParams{Username: "olivia", Role: model.RoleUser}); err != nil {
 		t.Fatal(err)
 	}
 	if err := oconn.Call(ctx, api.MethodQuotaSet, quota, nil); !errors.Is(err, kite.ErrPermission) {
 		t.Fatalf("a demoted owner's open session set a quota: %v", err)
 	}
-	if _, err := admin.UserSetRole(ctx, api.SetRoleParams{Username: kloud.Admin, Role: kloud.RoleAuditor}); !errors.Is(err, kite.ErrInvalidParams) {
+	if _, err := admin.UserSetRole(ctx, api.SetRoleParams{Username: kloud.Admin, Role: model.RoleAuditor}); !errors.Is(err, kite.ErrInvalidParams) {
 		t.Fatalf("user.setRole admin auditor: %v", err)
 	}
-	if _, err := admin.UserSetRole(ctx, api.SetRoleParams{Username: "nobody", Role: kloud.RoleAuditor}); !errors.Is(err, kite.ErrNotFound) {
+	if _, err := admin.UserSetRole(ctx, api.SetRoleParams{Username: "nobody", Role: model.RoleAuditor}); !errors.Is(err, kite.ErrNotFound) {
 		t.Fatalf("user.setRole of a user that does not exist: %v", err)
 	}
 	if _, err := admin.UserSetRole(ctx, api.SetRoleParams{Username: "bob", Role: "superuser"}); !errors.Is(err, kite.ErrInvalidParams) {

@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/snapshots"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
@@ -63,27 +64,27 @@ func (w Who) ReadOnly() bool { return w == MembersRead || w == OwnersAuditors }
 // authorize checks the route's Who for the caller before the handler runs; an auditor in a
 // read-only method is given an owner's view (Caller.Admin).
 func authorize(c *Caller, who Who, method string) error {
-	owner := c.KloudRole == RoleOwner || c.Admin
+	owner := c.KloudRole == model.RoleOwner || c.Admin
 	switch who {
 	case Owners:
 		if !owner {
 			return fmt.Errorf("%s is for kloud owners (administrators): %w", method, kite.ErrPermission)
 		}
 	case TemplateAdmins:
-		if !owner && c.KloudRole != RoleTemplateAdmin {
+		if !owner && c.KloudRole != model.RoleTemplateAdmin {
 			return fmt.Errorf("%s is for kloud owners (administrators) and template admins: %w", method, kite.ErrPermission)
 		}
 	case OwnersAuditors:
-		if !owner && c.KloudRole != RoleAuditor {
+		if !owner && c.KloudRole != model.RoleAuditor {
 			return fmt.Errorf("%s is for kloud owners (administrators) and auditors: %w", method, kite.ErrPermission)
 		}
 		c.Admin = true
 	case MembersRead:
-		if c.KloudRole == RoleAuditor {
+		if c.KloudRole == model.RoleAuditor {
 			c.Admin = true
 		}
 	case Members:
-		if c.KloudRole == RoleAuditor && !owner {
+		if c.KloudRole == model.RoleAuditor && !owner {
 			return fmt.Errorf("%s changes something, and auditors change nothing: %w", method, kite.ErrPermission)
 		}
 	default:

@@ -13,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
@@ -62,7 +63,7 @@ func newDockerFlow(t *testing.T) (*kloudtest.Env, *api.Client) {
 	reg.Register(d.Provider())
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
 	e.StartTerraformerWith(tfrun.Options{Dir: filepath.Join(t.TempDir(), "terraformer")})
-	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	return e, api.NewClient(e.Dial("alice"))
@@ -123,12 +124,12 @@ func TestProviderRulesAtSave(t *testing.T) {
 
 			// A revision stored before the rules were checked at save (as an older kloud did).
 			now := time.Now()
-			tpl := kloud.Template{ID: store.NewID(), Title: tc.arg, Team: kloud.DefaultTeam, Owner: "alice", Rev: 1,
-				Files: []kloud.File{{Name: "main.tf", Content: dockerTemplate("memory = 256")}}, CreatedAt: now, UpdatedAt: now}
+			tpl := model.Template{ID: store.NewID(), Title: tc.arg, Team: model.DefaultTeam, Owner: "alice", Rev: 1,
+				Files: []model.File{{Name: "main.tf", Content: dockerTemplate("memory = 256")}}, CreatedAt: now, UpdatedAt: now}
 			if err := e.Server.Store().Templates().Insert(ctx, tpl); err != nil {
 				t.Fatal(err)
 			}
-			storetest.SetFields(t, e.Server.Store(), store.CollTemplates, tpl.ID, map[string]any{"rev": 2, "files": []kloud.File{{Name: "main.tf", Content: src}}})
+			storetest.SetFields(t, e.Server.Store(), store.CollTemplates, tpl.ID, map[string]any{"rev": 2, "files": []model.File{{Name: "main.tf", Content: src}}})
 			before := jobs()
 			_, err = alice.StackPlan(ctx, api.StackPlanParams{TemplateID: tpl.ID})
 			wantRuleRefusal(t, "stack.plan", err, tc.arg)
@@ -143,8 +144,8 @@ func TestProviderRulesAtSave(t *testing.T) {
 
 			// A stack stored with those files, as an older kloud made it: stack.apply refuses
 			// before any job, and the stack stays as it was (not Failed).
-			st := kloud.Stack{ID: store.NewID(), Title: tc.arg, Team: kloud.DefaultTeam, Owner: "alice", TemplateID: tpl.ID, TemplateRev: 2,
-				Files: []kloud.File{{Name: "main.tf", Content: src}}, State: kloud.StackNotInitialized, Machines: []string{}, CreatedAt: now, UpdatedAt: now}
+			st := model.Stack{ID: store.NewID(), Title: tc.arg, Team: model.DefaultTeam, Owner: "alice", TemplateID: tpl.ID, TemplateRev: 2,
+				Files: []model.File{{Name: "main.tf", Content: src}}, State: model.StackNotInitialized, Machines: []string{}, CreatedAt: now, UpdatedAt: now}
 			if err := e.Server.Store().Stacks().Insert(ctx, st); err != nil {
 				t.Fatal(err)
 			}
@@ -157,7 +158,7 @@ func TestProviderRulesAtSave(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.State != kloud.StackNotInitialized || got.JobID != "" {
+			if got.State != model.StackNotInitialized || got.JobID != "" {
 				t.Fatalf("stack after the refused apply: %s %q (job %q)", got.State, got.Reason, got.JobID)
 			}
 			// Terraform never ran the files: destroy has nothing of them to run, and succeeds.
@@ -233,7 +234,7 @@ func TestDestroyDespiteProviderRules(t *testing.T) {
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg, KlientBin: testutil.BuildBinary(t, "./cmd/klient")})
 	tfDir := filepath.Join(t.TempDir(), "terraformer")
 	e.StartTerraformerWith(tfrun.Options{Dir: tfDir})
-	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := e.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	f := &flowEnv{Env: e, t: t, dir: o.Dir, tfDir: tfDir, alice: e.Dial("alice")}
@@ -254,7 +255,7 @@ func TestDestroyDespiteProviderRules(t *testing.T) {
 	if last := f.follow(ref.JobID); last.Status != api.JobSucceeded {
 		t.Fatalf("build: %+v", last)
 	}
-	storetest.SetFields(t, e.Server.Store(), store.CollStacks, sid, map[string]any{"files": []kloud.File{{Name: "main.tf", Content: forbidden}}})
+	storetest.SetFields(t, e.Server.Store(), store.CollStacks, sid, map[string]any{"files": []model.File{{Name: "main.tf", Content: forbidden}}})
 	if ref, err = f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid, Destroy: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/idle"
 	"github.com/kloud-dev/kloud/kloud/login"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/pluginhost"
 	"github.com/kloud-dev/kloud/kloud/relay"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -407,7 +408,7 @@ func (s *Server) ensureAdmin(ctx context.Context) error {
 		}
 		s.log.InfoContext(ctx, "created kite key", "user", k.user, "path", k.path)
 	}
-	t := Team{Slug: DefaultTeam, Title: "Default team", Members: []Member{{Username: Admin, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
+	t := model.Team{Slug: model.DefaultTeam, Title: "Default team", Members: []model.Member{{Username: Admin, Role: model.RoleAdmin}}, CreatedAt: s.store.Now()}
 	if err := s.store.Teams().Insert(ctx, t); err != nil && !errors.Is(err, store.ErrConflict) {
 		return fmt.Errorf("kloud: default team: %w", err)
 	}

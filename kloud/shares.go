@@ -10,6 +10,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -21,9 +22,11 @@ import (
 // its list changes). A grant reaches only its machine: kontrol gives a shared user tokens for
 // that machine's agent alone (authorizeKite), each naming that one kite as its audience.
 
-func validGrant(g string) bool { return g == GrantReadonly || g == GrantTerminal || g == GrantFull }
+func validGrant(g string) bool {
+	return g == model.GrantReadonly || g == model.GrantTerminal || g == model.GrantFull
+}
 
-func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*Machine, error) {
+func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*model.Machine, error) {
 	m, err := s.loadMachine(ctx, c, id)
 	if err != nil {
 		return nil, err
@@ -36,7 +39,7 @@ func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*Machin
 
 func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (api.SharesResult, error) {
 	if !validGrant(p.Grant) {
-		return api.SharesResult{}, fmt.Errorf("grant %q: want %s, %s or %s: %w", p.Grant, GrantReadonly, GrantTerminal, GrantFull, kite.ErrInvalidParams)
+		return api.SharesResult{}, fmt.Errorf("grant %q: want %s, %s or %s: %w", p.Grant, model.GrantReadonly, model.GrantTerminal, model.GrantFull, kite.ErrInvalidParams)
 	}
 	m, err := s.shareTarget(ctx, c, p.MachineID)
 	if err != nil {
@@ -50,8 +53,8 @@ func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p
 	} else if err != nil {
 		return api.SharesResult{}, err
 	}
-	return s.updateShares(ctx, m, func(sh []Share) []Share {
-		out := []Share{{Username: p.Username, Grant: p.Grant}}
+	return s.updateShares(ctx, m, func(sh []model.Share) []model.Share {
+		out := []model.Share{{Username: p.Username, Grant: p.Grant}}
 		for _, x := range sh {
 			if x.Username != p.Username {
 				out = append(out, x)
@@ -66,8 +69,8 @@ func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request,
 	if err != nil {
 		return api.SharesResult{}, err
 	}
-	return s.updateShares(ctx, m, func(sh []Share) []Share {
-		out := []Share{}
+	return s.updateShares(ctx, m, func(sh []model.Share) []model.Share {
+		out := []model.Share{}
 		for _, x := range sh {
 			if x.Username != p.Username {
 				out = append(out, x)
@@ -83,14 +86,14 @@ func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, 
 		return api.SharesResult{}, err
 	}
 	if m.Shares == nil {
-		m.Shares = []Share{}
+		m.Shares = []model.Share{}
 	}
 	return api.SharesResult{MachineID: m.ID, Shares: m.Shares}, nil
 }
 
 // updateShares changes a machine's share list with one conditional update (retried if someone
 // changed the machine in between), then pushes the list to its agent.
-func (s *Server) updateShares(ctx context.Context, m *Machine, change func([]Share) []Share) (api.SharesResult, error) {
+func (s *Server) updateShares(ctx context.Context, m *model.Machine, change func([]model.Share) []model.Share) (api.SharesResult, error) {
 	for attempt := 0; ; attempt++ {
 		shares := change(m.Shares)
 		ok, err := s.store.Machines().SetShares(ctx, m.ID, m.UpdatedAt, shares)
@@ -119,7 +122,7 @@ func (s *Server) updateShares(ctx context.Context, m *Machine, change func([]Sha
 
 // pushShares gives the machine's klient its complete share list, with a token of the owner's
 // (klient checks it like any other call).
-func (s *Server) pushShares(ctx context.Context, m *Machine) error {
+func (s *Server) pushShares(ctx context.Context, m *model.Machine) error {
 	conn, err := s.agentConn(m)
 	if err != nil {
 		return err
@@ -130,17 +133,17 @@ func (s *Server) pushShares(ctx context.Context, m *Machine) error {
 	}
 	shares := m.Shares
 	if shares == nil {
-		shares = []Share{}
+		shares = []model.Share{}
 	}
 	if !agentHas(ctx, conn, klientapi.FeatureOwnAccountShells) {
 		// A klient from before own-account shells gives a terminal share the owner's account
 		// (with sudo, so the machine's key): it gets terminal grants as readonly until the
 		// machine is rebuilt with a current klient.
-		down := make([]Share, len(shares))
+		down := make([]model.Share, len(shares))
 		for i, sh := range shares {
 			down[i] = sh
-			if sh.Grant == GrantTerminal {
-				down[i].Grant = GrantReadonly
+			if sh.Grant == model.GrantTerminal {
+				down[i].Grant = model.GrantReadonly
 				s.log.WarnContext(ctx, "the machine's klient predates own-account shells: its terminal share is enforced as readonly until the machine is rebuilt",
 					"machine", m.ID, "user", sh.Username)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/snapshots"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -48,11 +49,11 @@ func (s *Server) snapshotEngine() *snapshots.Engine {
 // snapshotDeps is kloud as the snapshot engine's Machines, Leases and Jobs.
 type snapshotDeps struct{ s *Server }
 
-func (d snapshotDeps) Load(ctx context.Context, id string) (*Machine, error) {
+func (d snapshotDeps) Load(ctx context.Context, id string) (*model.Machine, error) {
 	return d.s.loadMachine(ctx, nil, id)
 }
 
-func (d snapshotDeps) ProviderMachine(ctx context.Context, m *Machine) (provider.Machine, error) {
+func (d snapshotDeps) ProviderMachine(ctx context.Context, m *model.Machine) (provider.Machine, error) {
 	return d.s.providerMachine(ctx, nil, m)
 }
 
@@ -95,8 +96,8 @@ func (d snapshotDeps) Start(ctx context.Context, id, kind, target, owner string,
 
 // mayManage reports whether c may snapshot or restore machine m: its owner, a team admin, or a
 // user it is shared with "full" (who may do anything the owner can).
-func (c *Caller) mayManage(m *Machine) bool {
-	return m.Owner == c.Username || c.TeamAdmin(m.Team) || hasGrant(m, c.Username, GrantFull)
+func (c *Caller) mayManage(m *model.Machine) bool {
+	return m.Owner == c.Username || c.TeamAdmin(m.Team) || hasGrant(m, c.Username, model.GrantFull)
 }
 
 func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotParams) (api.SnapshotStarted, error) {

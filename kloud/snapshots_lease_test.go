@@ -10,6 +10,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -25,18 +26,18 @@ func TestSnapshotLeaseAndState(t *testing.T) {
 	e := kloudtest.Start(t, kloudtest.Options{Providers: reg})
 	ctx := t.Context()
 	st := e.Server.Store()
-	if _, err := e.Client(kloud.Admin).UserAdd(ctx, api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := e.Client(kloud.Admin).UserAdd(ctx, api.UserAddParams{Username: "alice", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	now := st.Now()
-	building := kloud.Machine{ID: store.NewID(), Label: "vm.0", Resource: "vm", Provider: "dummy", Owner: "alice", Team: kloud.DefaultTeam,
+	building := model.Machine{ID: store.NewID(), Label: "vm.0", Resource: "vm", Provider: "dummy", Owner: "alice", Team: model.DefaultTeam,
 		State: provider.Building, StackID: store.NewID(), CreatedAt: now, UpdatedAt: now}
 	stopped := building
 	stopped.ID, stopped.Label, stopped.State = store.NewID(), "vm.1", provider.Stopped
-	if err := st.Machines().InsertMany(ctx, []kloud.Machine{building, stopped}); err != nil {
+	if err := st.Machines().InsertMany(ctx, []model.Machine{building, stopped}); err != nil {
 		t.Fatal(err)
 	}
-	sn := store.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: kloud.DefaultTeam, MachineID: building.ID, MachineLabel: building.Label,
+	sn := store.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: model.DefaultTeam, MachineID: building.ID, MachineLabel: building.Label,
 		StackID: building.StackID, Provider: "dummy", Status: store.SnapshotReady, Size: 1, Format: "files"}
 	if err := st.Snapshots().Insert(ctx, sn); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
@@ -31,13 +32,13 @@ func TestSnapshots(t *testing.T) {
 	}
 	ms := f.machines(sid)
 	vm0, vm1 := ms["vm.0"], ms["vm.1"]
-	file := func(m kloud.Machine) string { return filepath.Join(f.dir, sid, m.Label, "note.txt") }
-	write := func(m kloud.Machine, s string) {
+	file := func(m model.Machine) string { return filepath.Join(f.dir, sid, m.Label, "note.txt") }
+	write := func(m model.Machine, s string) {
 		if err := os.WriteFile(file(m), []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	read := func(m kloud.Machine) string {
+	read := func(m model.Machine) string {
 		b, err := os.ReadFile(file(m))
 		if errors.Is(err, os.ErrNotExist) {
 			return "<none>"
@@ -67,7 +68,7 @@ func TestSnapshots(t *testing.T) {
 	if last := f.follow(started.JobID); last.Status != api.JobSucceeded {
 		t.Fatalf("snapshot: %+v", last)
 	}
-	if m := f.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+	if m := f.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("vm.0 after its snapshot: %s, agent %s (%s)", m.State, m.Agent.Status, m.Reason)
 	}
 	list, err := c.MachineSnapshots(ctx, api.SnapshotsParams{})
@@ -81,7 +82,7 @@ func TestSnapshots(t *testing.T) {
 	}
 
 	// Another user sees none of it.
-	if _, err := f.Client(kloud.Admin).UserAdd(ctx, api.UserAddParams{Username: "bob", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := f.Client(kloud.Admin).UserAdd(ctx, api.UserAddParams{Username: "bob", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	bob := f.Client("bob")
@@ -110,7 +111,7 @@ func TestSnapshots(t *testing.T) {
 	if got := read(vm0); got != "before" {
 		t.Errorf("vm.0 after restore: %q, want %q", got, "before")
 	}
-	if m := f.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+	if m := f.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("vm.0 after restore: %s, agent %s (%s)", m.State, m.Agent.Status, m.Reason)
 	}
 
@@ -213,7 +214,7 @@ resource "terraform_data" "vm" {
 	if last.Status != api.JobFailed || !strings.Contains(last.Error, "the disk is full") || !strings.Contains(last.Error, "running again") {
 		t.Fatalf("failed snapshot: %+v", last)
 	}
-	if m := f.machines(sid)["vm"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+	if m := f.machines(sid)["vm"]; m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("vm after a failed snapshot: %s, agent %s (%s)", m.State, m.Agent.Status, m.Reason)
 	}
 	l, err := c.MachineSnapshots(t.Context(), api.SnapshotsParams{})

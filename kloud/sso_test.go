@@ -21,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -194,7 +195,7 @@ func TestSSOLogin(t *testing.T) {
 	if u.SSOIssuer != e.op.Issuer || u.Email != "carol@corp.example" || u.HasPassword {
 		t.Fatalf("carol after her first login: %+v", u)
 	}
-	if u.Teams["devs"] != kloud.RoleMember || len(u.Teams) != 1 {
+	if u.Teams["devs"] != model.RoleMember || len(u.Teams) != 1 {
 		t.Fatalf("carol's teams: %v, want devs (member) only", u.Teams)
 	}
 	if got := e.ssoLogin("carol@corp.example", "carol-pass"); got != "carol" {
@@ -210,12 +211,12 @@ func TestSSOLogin(t *testing.T) {
 	}
 	e.op.SetGroups("sub-carol", []string{})
 	e.ssoLogin("carol@corp.example", "carol-pass")
-	if teams := e.users()["carol"].Teams; teams["devs"] != "" || teams["ops"] != kloud.RoleMember {
+	if teams := e.users()["carol"].Teams; teams["devs"] != "" || teams["ops"] != model.RoleMember {
 		t.Fatalf("carol's teams after devs left her groups: %v, want ops only", teams)
 	}
 	e.op.SetGroups("sub-carol", []string{"devs"})
 	e.ssoLogin("carol@corp.example", "carol-pass")
-	if teams := e.users()["carol"].Teams; teams["devs"] != kloud.RoleMember {
+	if teams := e.users()["carol"].Teams; teams["devs"] != model.RoleMember {
 		t.Fatalf("carol's teams after devs came back: %v", teams)
 	}
 
@@ -241,10 +242,10 @@ func TestSSOLogin(t *testing.T) {
 		t.Fatalf("the OP's admin got a session of %q, want admin-2", got)
 	}
 	us := e.users()
-	if d := us["dave"]; !d.HasPassword || d.SSOIssuer != "" || d.Teams["ops"] != kloud.RoleMember {
+	if d := us["dave"]; !d.HasPassword || d.SSOIssuer != "" || d.Teams["ops"] != model.RoleMember {
 		t.Fatalf("local dave changed: %+v", d)
 	}
-	if a := us["admin-2"]; a.Admin || a.Role != kloud.RoleUser {
+	if a := us["admin-2"]; a.Admin || a.Role != model.RoleUser {
 		t.Fatalf("the OP's admin is a kloud admin: %+v", a)
 	}
 	// The local dave still logs in with his password, as himself.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -229,7 +230,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	return out, nil
 }
 
-func (s *Server) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanParams) (*Template, []File, error) {
+func (s *Server) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanParams) (*model.Template, []model.File, error) {
 	t, err := s.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
 		return nil, nil, err
@@ -253,7 +254,7 @@ func (s *Server) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanP
 // planTemplate plans a new stack of p's template revision for c (stack.plan and stack.create):
 // its credentials and variables resolved, the machine cap checked before terraform and on its
 // plan, and the plan's machines within c's and the team's quotas.
-func (s *Server) planTemplate(ctx context.Context, c *Caller, p *api.StackPlanParams) (*Template, []File, *builtTemplate, []api.PlannedMachine, error) {
+func (s *Server) planTemplate(ctx context.Context, c *Caller, p *api.StackPlanParams) (*model.Template, []model.File, *builtTemplate, []api.PlannedMachine, error) {
 	t, files, err := s.templateFiles(ctx, c, p)
 	if err != nil {
 		return nil, nil, nil, nil, err
@@ -295,15 +296,15 @@ func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p 
 		return api.StackCreateResult{}, fmt.Errorf("template %s declares no machines (resources of: %s): %w", t.ID, strings.Join(s.resourceTypes(), ", "), kite.ErrInvalidParams)
 	}
 	now := s.store.Now()
-	st := Stack{ID: store.NewID(), Title: p.Title, Team: t.Team, Owner: c.Username, TemplateID: t.ID, TemplateRev: t.Rev,
-		Files: files, Credentials: b.credIDs, Variables: p.Variables, State: StackNotInitialized, CreatedAt: now, UpdatedAt: now}
+	st := model.Stack{ID: store.NewID(), Title: p.Title, Team: t.Team, Owner: c.Username, TemplateID: t.ID, TemplateRev: t.Rev,
+		Files: files, Credentials: b.credIDs, Variables: p.Variables, State: model.StackNotInitialized, CreatedAt: now, UpdatedAt: now}
 	if st.Title == "" {
 		st.Title = t.Title
 	}
-	var machines []Machine
+	var machines []model.Machine
 	for _, pm := range ms {
-		m := Machine{ID: store.NewID(), StackID: st.ID, Label: pm.Label, Resource: pm.Resource, Index: pm.Index, Provider: pm.Provider,
-			Owner: c.Username, Team: t.Team, State: provider.NotInitialized, Agent: Agent{Status: AgentNever},
+		m := model.Machine{ID: store.NewID(), StackID: st.ID, Label: pm.Label, Resource: pm.Resource, Index: pm.Index, Provider: pm.Provider,
+			Owner: c.Username, Team: t.Team, State: provider.NotInitialized, Agent: model.Agent{Status: model.AgentNever},
 			Attributes: pm.Attributes, CreatedAt: now, UpdatedAt: now}
 		st.Machines = append(st.Machines, m.ID)
 		machines = append(machines, m)
@@ -327,7 +328,7 @@ func (s *Server) resourceTypes() []string {
 	return out
 }
 
-func (s *Server) loadStack(ctx context.Context, c *Caller, id string) (*Stack, error) {
+func (s *Server) loadStack(ctx context.Context, c *Caller, id string) (*model.Stack, error) {
 	st, err := s.store.Stacks().Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || err == nil && c != nil && st.Owner != c.Username && !c.TeamAdmin(st.Team) {
 		return nil, notFound("stack", id)
@@ -356,7 +357,7 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		// its own files: machines terraform leaves alone keep their ids, disks and agents (a
 		// no-op when nothing drifted). Its plan checks the constraints on the template's planned
 		// values.
-		if st.State == StackInitialized || s.flow().FailedUpdate(ctx, st) { // stacks_update.go
+		if st.State == model.StackInitialized || s.flow().FailedUpdate(ctx, st) { // stacks_update.go
 			return s.reapplyUpdate(ctx, c, st)
 		}
 		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
@@ -371,11 +372,11 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 		}
 		defer release()
 	}
-	sj := stackJob{lease: "apply", verb: "build", noun: "build", from: []string{StackNotInitialized, StackFailed}, to: StackBuilding}
+	sj := stackJob{lease: "apply", verb: "build", noun: "build", from: []string{model.StackNotInitialized, model.StackFailed}, to: model.StackBuilding}
 	if p.Destroy {
-		sj.verb, sj.noun, sj.from, sj.to = "destroy", "destroy", []string{StackNotInitialized, StackFailed, StackInitialized}, StackDestroying
+		sj.verb, sj.noun, sj.from, sj.to = "destroy", "destroy", []string{model.StackNotInitialized, model.StackFailed, model.StackInitialized}, model.StackDestroying
 	}
-	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (jobSpec, error) {
+	return s.beginStackJob(ctx, c, st, sj, func(st *model.Stack, lease string) (jobSpec, error) {
 		return stackApplyJob.spec(stackbuild.ApplyParams{StackID: st.ID, Destroy: p.Destroy, Lease: lease})
 	})
 }
@@ -398,7 +399,7 @@ type stackJob struct {
 // one update, so it never shows a transitional state with another (dead) job's id, which the
 // reconciler would act on; then the job starts. When something fails, the stack is rolled back
 // and the lease released.
-func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *Stack, sj stackJob, job func(st *Stack, lease string) (jobSpec, error)) (api.JobRef, error) {
+func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *model.Stack, sj stackJob, job func(st *model.Stack, lease string) (jobSpec, error)) (api.JobRef, error) {
 	owner, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
 	if err != nil {
 		return api.JobRef{}, err
@@ -458,7 +459,7 @@ func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, 
 	if err != nil {
 		return api.StackView{}, err
 	}
-	s.flow().FillLatestRev(ctx, []*Stack{st})
+	s.flow().FillLatestRev(ctx, []*model.Stack{st})
 	return api.StackView{Stack: *st, MachineDocs: ms, Resets: st.Resets}, nil
 }
 

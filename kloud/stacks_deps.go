@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
@@ -79,7 +80,7 @@ func (d buildDeps) Hold(ctx context.Context, owner, team string) (release func()
 }
 
 // ProviderMachine is providerMachine.
-func (d buildDeps) ProviderMachine(ctx context.Context, c stackbuild.Caller, m *Machine) (provider.Machine, error) {
+func (d buildDeps) ProviderMachine(ctx context.Context, c stackbuild.Caller, m *model.Machine) (provider.Machine, error) {
 	cc, _ := c.(*Caller)
 	return d.s.providerMachine(ctx, cc, m)
 }
@@ -95,7 +96,7 @@ func (d buildDeps) SetAgent(ctx context.Context, kiteID, status, version string)
 }
 
 // KeepPorts is keepPorts (ports.go).
-func (d buildDeps) KeepPorts(ctx context.Context, j stackbuild.Job, st *Stack) {
+func (d buildDeps) KeepPorts(ctx context.Context, j stackbuild.Job, st *model.Stack) {
 	d.s.keepPorts(ctx, j, st)
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // Plans as durable jobs (issue 19): stack.planJob takes stack.plan's params and answers at once
@@ -69,7 +70,7 @@ func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p
 		if err != nil {
 			return api.JobRef{}, err
 		}
-		if st.State != StackInitialized && st.State != StackFailed {
+		if st.State != model.StackInitialized && st.State != model.StackFailed {
 			return api.JobRef{}, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
 		}
 		target = "stack/" + st.ID

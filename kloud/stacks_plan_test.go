@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
 )
@@ -170,7 +171,7 @@ resource "terraform_data" "vm" {
 
 	// bob plans meanwhile.
 	admin := f.Client(kloud.Admin)
-	if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: "bob", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: "bob", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	small := f.template(countOfN) // limits_test.go

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
@@ -49,6 +50,6 @@ func machineCount(n int) string {
 	return strconv.Itoa(n) + " machines"
 }
 
-func sameFiles(a, b []File) bool {
-	return slices.EqualFunc(a, b, func(x, y File) bool { return x == y })
+func sameFiles(a, b []model.File) bool {
+	return slices.EqualFunc(a, b, func(x, y model.File) bool { return x == y })
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
@@ -30,8 +31,8 @@ func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, p updateParams, 
 	return s.flow().RunUpdate(ctx, j, p, recovering)
 }
 
-func stackPtrs(sts []Stack) []*Stack {
-	out := make([]*Stack, len(sts))
+func stackPtrs(sts []model.Stack) []*model.Stack {
+	out := make([]*model.Stack, len(sts))
 	for i := range sts {
 		out[i] = &sts[i]
 	}
@@ -41,7 +42,7 @@ func stackPtrs(sts []Stack) []*Stack {
 // ---- RPCs
 
 // updateTarget returns the files of revision rev (0: the latest) of st's template.
-func (s *Server) updateTarget(ctx context.Context, c *Caller, st *Stack, rev int) ([]File, int, error) {
+func (s *Server) updateTarget(ctx context.Context, c *Caller, st *model.Stack, rev int) ([]model.File, int, error) {
 	t, files, err := s.templateFiles(ctx, c, &api.StackPlanParams{TemplateID: st.TemplateID, Rev: rev})
 	if errors.Is(err, kite.ErrNotFound) && rev == 0 {
 		return nil, 0, fmt.Errorf("stack %s: its template %s is gone (or not yours to read): nothing to update to: %w", st.ID, st.TemplateID, kite.ErrNotFound)
@@ -66,8 +67,8 @@ func (s *Server) stackUpdate(ctx context.Context, c *Caller, _ *kite.Request, p 
 
 // startUpdate starts the update job as stack.apply starts its job (beginStackJob, stacks.go),
 // once the update's checks passed.
-func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updateParams) (api.JobRef, error) {
-	if st.State == StackNotInitialized {
+func (s *Server) startUpdate(ctx context.Context, c *Caller, st *model.Stack, up updateParams) (api.JobRef, error) {
+	if st.State == model.StackNotInitialized {
 		return api.JobRef{}, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
 	}
 	release, err := s.holdQuota(ctx, st.Owner, st.Team) // quota.go: held until the stack is Building
@@ -75,9 +76,9 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *Stack, up updat
 		return api.JobRef{}, err
 	}
 	defer release()
-	sj := stackJob{lease: "update", verb: "be updated", noun: "update", from: []string{StackInitialized, StackFailed}, to: StackBuilding,
+	sj := stackJob{lease: "update", verb: "be updated", noun: "update", from: []string{model.StackInitialized, model.StackFailed}, to: model.StackBuilding,
 		set: store.StackSet{TFJobID: new("")}}
-	return s.beginStackJob(ctx, c, st, sj, func(st *Stack, lease string) (jobSpec, error) {
+	return s.beginStackJob(ctx, c, st, sj, func(st *model.Stack, lease string) (jobSpec, error) {
 		// Refused here, before a job exists, what the job would refuse before changing
 		// anything; the job checks again (it may run after a restart).
 		if err := s.flow().CheckUpdate(ctx, c, st, up.Files.V, up.Variables.V); err != nil {
@@ -96,7 +97,7 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 	if err != nil {
 		return api.StackPlanResult{}, err
 	}
-	if st.State != StackInitialized && st.State != StackFailed {
+	if st.State != model.StackInitialized && st.State != model.StackFailed {
 		return api.StackPlanResult{}, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
 	}
 	files, rev, err := s.updateTarget(ctx, c, st, p.Rev)
@@ -120,7 +121,7 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 // update to the stack's own files, revision and variables. Machines that stayed Running keep
 // their agents and disks; the others are built (or, if terraform made them, awaited) and the
 // removed ones removed.
-func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (api.JobRef, error) {
+func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *model.Stack) (api.JobRef, error) {
 	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: store.JSONTextOf(st.Files), Variables: store.JSONTextOf(st.Variables),
 		What: fmt.Sprintf("applying revision %d again (only what drifted changes)", st.TemplateRev)})
 }
@@ -128,7 +129,7 @@ func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *Stack) (api.J
 // PlanFiles plans files alone (no state) for stack st and returns the machines they declare
 // (stackbuild.Plans): built with the stack's credentials, within the machine cap, the
 // constraints and the quotas.
-func (d buildDeps) PlanFiles(ctx context.Context, c stackbuild.Caller, st *Stack, files []File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
+func (d buildDeps) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
 	s := d.s
 	cc, _ := c.(*Caller)
 	b, err := s.build(ctx, cc, st.Team, fileMap(files), st.Credentials, vars)

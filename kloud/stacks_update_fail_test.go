@@ -12,6 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -73,7 +74,7 @@ func TestStackUpdateInterruptedThenApplied(t *testing.T) {
 	keepPID := f.supervisorPID(sid, "keep")
 
 	// Refused, changing nothing: another user's stack, a revision that does not exist.
-	if _, err := f.Client(kloud.Admin).UserAdd(ctx, api.UserAddParams{Username: "bob", Team: kloud.DefaultTeam}); err != nil {
+	if _, err := f.Client(kloud.Admin).UserAdd(ctx, api.UserAddParams{Username: "bob", Team: model.DefaultTeam}); err != nil {
 		t.Fatal(err)
 	}
 	bob := api.NewClient(f.Dial("bob"))
@@ -96,7 +97,7 @@ func TestStackUpdateInterruptedThenApplied(t *testing.T) {
 	if _, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid}); !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "destroy the stack instead") {
 		t.Fatalf("update to a revision without machines: %v", err)
 	}
-	if view, _ := c.StackDescribe(ctx, api.StackRef{StackID: sid}); view.State != kloud.StackInitialized || view.TemplateRev != 1 || len(view.Machines) != 2 {
+	if view, _ := c.StackDescribe(ctx, api.StackRef{StackID: sid}); view.State != model.StackInitialized || view.TemplateRev != 1 || len(view.Machines) != 2 {
 		t.Fatalf("stack after an update to no machines: %s (%s), rev %d, %d machines", view.State, view.Reason, view.TemplateRev, len(view.Machines))
 	}
 
@@ -129,19 +130,19 @@ func TestStackUpdateInterruptedThenApplied(t *testing.T) {
 		}
 		ref, err = c.StackApply(ctx, api.StackApplyParams{StackID: sid})
 		f.jobOK(tc.name+": apply after the cancelled update", ref, err)
-		if j, err := c.JobGet(ctx, ref); err != nil || (view.State == kloud.StackFailed && j.Kind != "stack.update") {
+		if j, err := c.JobGet(ctx, ref); err != nil || (view.State == model.StackFailed && j.Kind != "stack.update") {
 			t.Fatalf("%s: the apply ran as %+v (%v), want an update of the stack's files", tc.name, j.Kind, err)
 		}
 		view, _ = c.StackDescribe(ctx, api.StackRef{StackID: sid})
 		var labels []string
 		for _, m := range view.MachineDocs {
 			labels = append(labels, m.Label)
-			if m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+			if m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 				t.Errorf("%s: %s after the apply: %s (%s), agent %s", tc.name, m.Label, m.State, m.Reason, m.Agent.Status)
 			}
 		}
 		slices.Sort(labels)
-		if !slices.Equal(labels, tc.want) || len(view.Machines) != len(tc.want) || view.State != kloud.StackInitialized {
+		if !slices.Equal(labels, tc.want) || len(view.Machines) != len(tc.want) || view.State != model.StackInitialized {
 			t.Fatalf("%s: after the apply: %s (%s), machines %v (stack lists %d)", tc.name, view.State, view.Reason, labels, len(view.Machines))
 		}
 		k := f.machines(sid)["keep"]

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
@@ -51,7 +51,7 @@ func TestStackUpdateRefusedAtTheCall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if view.State != kloud.StackInitialized || view.Reason != "" || view.TemplateRev != 1 || view.Diverged || len(view.Machines) != 1 {
+		if view.State != model.StackInitialized || view.Reason != "" || view.TemplateRev != 1 || view.Diverged || len(view.Machines) != 1 {
 			t.Fatalf("%s: stack is %s (%q), rev %d, diverged %v, %d machines", what, view.State, view.Reason, view.TemplateRev, view.Diverged, len(view.Machines))
 		}
 	}

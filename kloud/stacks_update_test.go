@@ -12,8 +12,8 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/userdata"
@@ -138,7 +138,7 @@ func TestStackUpdate(t *testing.T) {
 		t.Fatalf("after update: %d machines", len(after))
 	}
 	k := after["keep"]
-	if k.ID != keep.ID || k.KiteID != keep.KiteID || k.State != provider.Running || k.Agent.Status != kloud.AgentConnected {
+	if k.ID != keep.ID || k.KiteID != keep.KiteID || k.State != provider.Running || k.Agent.Status != model.AgentConnected {
 		t.Fatalf("keep changed: before %+v\nafter %+v", keep, k)
 	}
 	if b, err := os.ReadFile(disk); err != nil || string(b) != "mine" {
@@ -148,17 +148,17 @@ func TestStackUpdate(t *testing.T) {
 		t.Fatalf("keep's agent was restarted: pid %s, was %s", pid, keepPID)
 	}
 	cg := after["chg"]
-	if cg.ID != chg.ID || cg.KiteID == chg.KiteID || cg.State != provider.Running || cg.Agent.Status != kloud.AgentConnected {
+	if cg.ID != chg.ID || cg.KiteID == chg.KiteID || cg.State != provider.Running || cg.Agent.Status != model.AgentConnected {
 		t.Fatalf("chg after replace: before %+v\nafter %+v", chg, cg)
 	}
-	if vm := after["vm.0"]; vm.State != provider.Running || vm.Agent.Status != kloud.AgentConnected {
+	if vm := after["vm.0"]; vm.State != provider.Running || vm.Agent.Status != model.AgentConnected {
 		t.Fatalf("vm.0: %+v", vm)
 	}
 	testutil.Eventually(t, 20*time.Second, func() bool {
 		return len(f.Server.Kontrol.Lookup(kite.Identity{ID: chg.KiteID})) == 0
 	}, "the replaced machine's old agent is still registered")
 	view, _ = c.StackDescribe(ctx, api.StackRef{StackID: sid})
-	if view.TemplateRev != 2 || view.UpdateAvailable || view.State != kloud.StackInitialized || len(view.Machines) != 3 || view.Diverged {
+	if view.TemplateRev != 2 || view.UpdateAvailable || view.State != model.StackInitialized || len(view.Machines) != 3 || view.Diverged {
 		t.Fatalf("describe after update: %+v", view.Stack)
 	}
 
@@ -206,7 +206,7 @@ func TestStackUpdate(t *testing.T) {
 		t.Fatalf("update to a broken revision: %v", err)
 	}
 	view, _ = c.StackDescribe(ctx, api.StackRef{StackID: sid})
-	if view.State != kloud.StackInitialized || view.TemplateRev != 3 || len(view.Machines) != 2 {
+	if view.State != model.StackInitialized || view.TemplateRev != 3 || len(view.Machines) != 2 {
 		t.Fatalf("stack after an update to a broken revision: %s (%s), rev %d, %d machines", view.State, view.Reason, view.TemplateRev, len(view.Machines))
 	}
 
@@ -223,7 +223,7 @@ func TestStackUpdate(t *testing.T) {
 		t.Fatalf("cancelled update: %+v", last)
 	}
 	view, _ = c.StackDescribe(ctx, api.StackRef{StackID: sid})
-	if view.State != kloud.StackInitialized && view.State != kloud.StackFailed {
+	if view.State != model.StackInitialized && view.State != model.StackFailed {
 		t.Fatalf("stack after a cancelled update: %s (%s)", view.State, view.Reason)
 	}
 	for _, m := range view.MachineDocs {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider/tmpl"
@@ -21,16 +22,16 @@ import (
 // maxRevisions is how many earlier revisions a template keeps.
 const maxRevisions = 20
 
-func filesOf(m map[string]string) []File {
-	out := make([]File, 0, len(m))
+func filesOf(m map[string]string) []model.File {
+	out := make([]model.File, 0, len(m))
 	for n, c := range m {
-		out = append(out, File{Name: n, Content: c})
+		out = append(out, model.File{Name: n, Content: c})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
-func fileMap(fs []File) map[string][]byte { return stackbuild.FileMap(fs) }
+func fileMap(fs []model.File) map[string][]byte { return stackbuild.FileMap(fs) }
 
 // machineResources lists the machine resources a template declares, per provider, and the
 // providers it needs. Syntax errors come back as invalid params with file and line.
@@ -67,8 +68,8 @@ func (s *Server) defaultTeam(c *Caller, team string) (string, error) {
 			return t, nil
 		}
 	}
-	if c.InTeam(DefaultTeam) {
-		return DefaultTeam, nil
+	if c.InTeam(model.DefaultTeam) {
+		return model.DefaultTeam, nil
 	}
 	return "", fmt.Errorf("say which team (--team): you are in %d teams: %w", len(c.Teams), kite.ErrInvalidParams)
 }
@@ -106,7 +107,7 @@ func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request,
 		return api.Template{}, err
 	}
 	now := s.store.Now()
-	t := Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
+	t := model.Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
 		Rev: 1, Files: files, Providers: providerNames(res), CreatedAt: now, UpdatedAt: now}
 	if err := s.store.Templates().Insert(ctx, t); err != nil {
 		return api.Template{}, fmt.Errorf("save template: %w", err)
@@ -123,7 +124,7 @@ func providerNames(res map[string][]tmpl.Resource) []string {
 	return slices.Sorted(maps.Keys(res))
 }
 
-func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*Template, error) {
+func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*model.Template, error) {
 	t, err := s.store.Templates().Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || err == nil && !c.InTeam(t.Team) {
 		return nil, notFound("template", id)
@@ -172,7 +173,7 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 			return api.Template{}, err
 		}
 		u.Files, u.Providers, u.Rev = files, providerNames(res), t.Rev+1
-		revs := append([]TemplateRevision{{Rev: t.Rev, Files: t.Files, Author: t.Owner, CreatedAt: t.UpdatedAt}}, t.Revisions...)
+		revs := append([]model.TemplateRevision{{Rev: t.Rev, Files: t.Files, Author: t.Owner, CreatedAt: t.UpdatedAt}}, t.Revisions...)
 		if len(revs) > maxRevisions {
 			revs = revs[:maxRevisions]
 		}
@@ -219,7 +220,7 @@ func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p 
 }
 
 func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateListParams) (api.TemplateListResult, error) {
-	var ts []Template
+	var ts []model.Template
 	var err error
 	switch {
 	case p.Team != "":
@@ -260,7 +261,7 @@ func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request,
 // EnsureTemplate creates a template owned by the admin in the default team unless one with this
 // title exists there; it returns the template's id (kloud serve's demo template uses it).
 func (s *Server) EnsureTemplate(ctx context.Context, title string, files map[string]string) (id string, created bool, err error) {
-	t, err := s.store.Templates().ByTitle(ctx, DefaultTeam, title)
+	t, err := s.store.Templates().ByTitle(ctx, model.DefaultTeam, title)
 	if err == nil {
 		return t.ID, false, nil
 	}
@@ -271,7 +272,7 @@ func (s *Server) EnsureTemplate(ctx context.Context, title string, files map[str
 	if err != nil {
 		return "", false, err
 	}
-	res, err := s.templateCreate(ctx, c, nil, &api.TemplateParams{Title: title, Team: DefaultTeam, Files: files})
+	res, err := s.templateCreate(ctx, c, nil, &api.TemplateParams{Title: title, Team: model.DefaultTeam, Files: files})
 	if err != nil {
 		return "", false, err
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -34,7 +35,7 @@ import (
 // whose owner alice has a login shell.
 type termEnv struct {
 	*flowEnv
-	machine kloud.Machine
+	machine model.Machine
 }
 
 func newTermEnv(t *testing.T) *termEnv {
@@ -220,7 +221,7 @@ func TestTerminalAccess(t *testing.T) {
 	// Share the machine read-only with bob (what kloud's sharing does: the machine document,
 	// and klient's list).
 	ctx := t.Context()
-	storetest.SetFields(t, e.Server.Store(), store.CollMachines, e.machine.ID, map[string]any{"shares": []kloud.Share{{Username: "bob", Grant: kloud.GrantReadonly}}})
+	storetest.SetFields(t, e.Server.Store(), store.CollMachines, e.machine.ID, map[string]any{"shares": []model.Share{{Username: "bob", Grant: model.GrantReadonly}}})
 	ownerToken, err := e.Server.Signer().Token("alice", e.machine.KiteID, time.Minute)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -90,7 +91,7 @@ var dummyHash = sync.OnceValue(func() string {
 	return h
 })
 
-func (s *Server) loadUser(ctx context.Context, username string) (*User, error) {
+func (s *Server) loadUser(ctx context.Context, username string) (*model.User, error) {
 	u, err := s.store.Users().Get(ctx, username)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("user", username)
@@ -101,7 +102,7 @@ func (s *Server) loadUser(ctx context.Context, username string) (*User, error) {
 	return &u, nil
 }
 
-func (s *Server) loadTeam(ctx context.Context, slug string) (*Team, error) {
+func (s *Server) loadTeam(ctx context.Context, slug string) (*model.Team, error) {
 	t, err := s.store.Teams().Get(ctx, slug)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("team", slug)
@@ -129,9 +130,9 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 			return api.UserView{}, err
 		}
 	}
-	u := User{Username: p.Username, Email: p.Email, Admin: p.Admin, CreatedAt: s.store.Now()}
+	u := model.User{Username: p.Username, Email: p.Email, Admin: p.Admin, CreatedAt: s.store.Now()}
 	if p.Admin {
-		u.Role = RoleOwner
+		u.Role = model.RoleOwner
 	}
 	if p.Password != "" {
 		h, err := hashPassword(p.Password)
@@ -158,8 +159,8 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 }
 
 // visibleTeams returns the caller's teams (every team for kloud admins).
-func (s *Server) visibleTeams(ctx context.Context, c *Caller) ([]Team, error) {
-	var teams []Team
+func (s *Server) visibleTeams(ctx context.Context, c *Caller) ([]model.Team, error) {
+	var teams []model.Team
 	var err error
 	if c.Admin {
 		teams, err = s.store.Teams().List(ctx)
@@ -187,7 +188,7 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 			roles[m.Username][t.Slug] = m.Role
 		}
 	}
-	var users []User
+	var users []model.User
 	if c.Admin {
 		users, err = s.store.Users().List(ctx)
 	} else {
@@ -206,7 +207,7 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 		seen[u.Username] = true
 		v := api.UserView{User: u, HasPassword: u.PasswordHash != "", Teams: roles[u.Username]}
 		v.Role = EffectiveRole(&u) // an admin made before roles is an owner
-		v.Admin = v.Role == RoleOwner
+		v.Admin = v.Role == model.RoleOwner
 		if !c.Admin {
 			v.Email = "" // addresses are for administrators
 		}
@@ -218,7 +219,7 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 	// Members known only by kite key (the admin) have no user document.
 	for name, r := range roles {
 		if !seen[name] {
-			u := User{Username: name, Admin: name == Admin}
+			u := model.User{Username: name, Admin: name == Admin}
 			u.Role = EffectiveRole(&u)
 			out.Users = append(out.Users, api.UserView{User: u, Teams: r})
 		}
@@ -228,7 +229,7 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 }
 
 func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *api.NoParams) (api.WhoamiResult, error) {
-	out := api.WhoamiResult{Username: c.Username, Admin: c.KloudRole == RoleOwner, Role: c.KloudRole, Teams: []api.TeamRole{}}
+	out := api.WhoamiResult{Username: c.Username, Admin: c.KloudRole == model.RoleOwner, Role: c.KloudRole, Teams: []api.TeamRole{}}
 	if p := r.Principal(); p != nil {
 		out.AuthType = p.Type
 	}
@@ -292,7 +293,7 @@ func (s *Server) userSetRole(ctx context.Context, c *Caller, _ *kite.Request, p 
 
 // teamCreate creates a team with the caller as its admin.
 func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (api.Team, error) {
-	t := Team{Slug: p.Slug, Title: p.Title, Members: []Member{{Username: c.Username, Role: RoleAdmin}}, CreatedAt: s.store.Now()}
+	t := model.Team{Slug: p.Slug, Title: p.Title, Members: []model.Member{{Username: c.Username, Role: model.RoleAdmin}}, CreatedAt: s.store.Now()}
 	if err := s.store.Teams().Insert(ctx, t); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return api.Team{}, fmt.Errorf("team %q already exists: %w", p.Slug, kite.ErrConflict)
@@ -320,7 +321,7 @@ func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 // teamAddMember adds a user to a team, or changes their role (team admins).
 func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (api.Team, error) {
 	if p.Role == "" {
-		p.Role = RoleMember
+		p.Role = model.RoleMember
 	}
 	if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
 		return api.Team{}, err
@@ -376,24 +377,24 @@ func (s *Server) setMember(ctx context.Context, team, username, role string) err
 			return err
 		}
 		members := slices.Clone(t.Members)
-		i := slices.IndexFunc(members, func(m Member) bool { return m.Username == username })
+		i := slices.IndexFunc(members, func(m model.Member) bool { return m.Username == username })
 		switch {
 		case role == "" && i < 0:
 			return fmt.Errorf("user %q is not a member of team %q: %w", username, team, kite.ErrNotFound)
 		case role == "":
 			members = slices.Delete(members, i, i+1)
 		case i < 0:
-			members = append(members, Member{Username: username, Role: role})
+			members = append(members, model.Member{Username: username, Role: role})
 		case members[i].Role == role:
 			return nil
 		default:
 			members[i].Role = role
 		}
-		if !slices.ContainsFunc(members, func(m Member) bool { return m.Role == RoleAdmin }) {
+		if !slices.ContainsFunc(members, func(m model.Member) bool { return m.Role == model.RoleAdmin }) {
 			return fmt.Errorf("team %q would have no admin left; make another member admin first: %w", team, kite.ErrState)
 		}
 		if members == nil {
-			members = []Member{}
+			members = []model.Member{}
 		}
 		ok, err := s.store.Teams().SetMembers(ctx, team, t.Members, members)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 )
 
@@ -212,9 +213,9 @@ func TestUsersAndTeams(t *testing.T) {
 	for _, u := range []string{"bob", "carol", "dave"} {
 		w.addUser(u, "", false)
 	}
-	var red kloud.Team
+	var red model.Team
 	w.ok(into(&red)(w.client("alice").TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "red", Title: "Red team"})), "team.create")
-	if len(red.Members) != 1 || red.Members[0] != (kloud.Member{Username: "alice", Role: kloud.RoleAdmin}) {
+	if len(red.Members) != 1 || red.Members[0] != (model.Member{Username: "alice", Role: model.RoleAdmin}) {
 		t.Fatalf("team.create: %+v", red)
 	}
 	wantErr(t, errOf(w.client("carol").TeamCreate(w.t.Context(), api.TeamCreateParams{Slug: "red"})), kite.ErrConflict, "duplicate team")
@@ -231,11 +232,11 @@ func TestUsersAndTeams(t *testing.T) {
 
 	var who api.WhoamiResult
 	w.ok(into(&who)(w.client("bob").UserWhoami(w.t.Context())), "user.whoami")
-	if who.Username != "bob" || who.Admin || len(who.Teams) != 1 || who.Teams[0] != (api.TeamRole{Slug: "red", Title: "Red team", Role: kloud.RoleMember}) || who.AuthType != kite.AuthKiteKey {
+	if who.Username != "bob" || who.Admin || len(who.Teams) != 1 || who.Teams[0] != (api.TeamRole{Slug: "red", Title: "Red team", Role: model.RoleMember}) || who.AuthType != kite.AuthKiteKey {
 		t.Fatalf("whoami bob: %+v", who)
 	}
 	w.ok(into(&who)(w.client(kloud.Admin).UserWhoami(w.t.Context())), "user.whoami")
-	if !who.Admin || len(who.Teams) != 1 || who.Teams[0].Slug != kloud.DefaultTeam {
+	if !who.Admin || len(who.Teams) != 1 || who.Teams[0].Slug != model.DefaultTeam {
 		t.Fatalf("whoami admin: %+v", who)
 	}
 
@@ -270,7 +271,7 @@ func TestUsersAndTeams(t *testing.T) {
 	}
 	if got, res := userNames(kloud.Admin); got != "admin,alice,bob,carol,dave,erin" {
 		t.Errorf("user.list as admin: %s", got)
-	} else if res.Users[1].Email != "alice@example.com" || res.Users[1].Teams["red"] != kloud.RoleAdmin {
+	} else if res.Users[1].Email != "alice@example.com" || res.Users[1].Teams["red"] != model.RoleAdmin {
 		t.Errorf("user.list as admin: %+v", res.Users[1])
 	}
 

@@ -13,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudhttp"
 	"github.com/kloud-dev/kloud/kloud/login"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // SessionCookie is the name of the browser's session cookie.
@@ -55,7 +56,7 @@ type loginDeps struct{ s *Server }
 
 // CheckPassword verifies a password. Unknown users and users without a password cost the same
 // hash as a wrong password.
-func (d loginDeps) CheckPassword(ctx context.Context, username, password string) (*User, bool) {
+func (d loginDeps) CheckPassword(ctx context.Context, username, password string) (*model.User, bool) {
 	u, err := d.s.loadUser(ctx, username)
 	if err != nil || u.PasswordHash == "" || len(password) > api.MaxPasswordLen {
 		if err != nil && !errors.Is(err, kite.ErrNotFound) {

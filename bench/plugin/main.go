@@ -57,6 +57,7 @@ import (
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
@@ -378,7 +379,7 @@ func startKloud(ctx context.Context, dir string, o kloud.Options) (*kloudEnv, er
 	if err == nil {
 		var admin *api.Client
 		if admin, err = k.dial(ctx, key); err == nil {
-			_, err = admin.UserAdd(ctx, api.UserAddParams{Username: "bench", Team: kloud.DefaultTeam})
+			_, err = admin.UserAdd(ctx, api.UserAddParams{Username: "bench", Team: model.DefaultTeam})
 		}
 	}
 	if err == nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/kloud-dev/kloud/klient/webterm/webtermtest"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -326,7 +327,7 @@ func (s *suite) otherStack(t *testing.T) Machine {
 		}
 	}
 	created := o.createAndBuild(t, otherUser, "conformance-other", s.c.Template(1), creds, 1)
-	return o.waitMachine(t, created.Machines[0].Label, provider.Running, kloud.AgentConnected, agentTimeout)
+	return o.waitMachine(t, created.Machines[0].Label, provider.Running, model.AgentConnected, agentTimeout)
 }
 
 // shell is a terminal on a machine, opened through kloud's terminal endpoint as a user (bearer:

@@ -18,6 +18,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/tfrun"
@@ -89,7 +90,7 @@ type Config struct {
 // The user the suite works as, and its team.
 const (
 	user = "conformance"
-	team = kloud.DefaultTeam
+	team = model.DefaultTeam
 )
 
 // suite is one Run: the test kloud, its terraformer, and what the subtests hand on.

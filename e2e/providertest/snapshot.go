@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -33,7 +33,7 @@ func (s *suite) testSnapshot(t *testing.T) {
 		t.Fatalf("provider %s advertises %q, but its machine (%T) does not implement provider.Snapshotter", s.p.Name, provider.CapSnapshot, pm)
 	}
 	for _, x := range []Machine{m, other} {
-		s.waitMachine(t, x.Label, provider.Running, kloud.AgentConnected, agentTimeout)
+		s.waitMachine(t, x.Label, provider.Running, model.AgentConnected, agentTimeout)
 	}
 	b := make([]byte, 8)
 	rand.Read(b)
@@ -46,7 +46,7 @@ func (s *suite) testSnapshot(t *testing.T) {
 		t.Fatalf("machine.snapshot: %v", err)
 	}
 	s.job(t, "snapshot of a running machine", started.JobID)
-	s.waitMachine(t, m.Label, provider.Running, kloud.AgentConnected, agentTimeout)
+	s.waitMachine(t, m.Label, provider.Running, model.AgentConnected, agentTimeout)
 	list, err := s.cl.MachineSnapshots(t.Context(), api.SnapshotsParams{MachineID: m.ID})
 	if err != nil {
 		t.Fatalf("machine.snapshots: %v", err)
@@ -63,7 +63,7 @@ func (s *suite) testSnapshot(t *testing.T) {
 		t.Fatalf("machine.restore: %v", err)
 	}
 	s.job(t, "restore into the same machine", ref.JobID)
-	s.waitMachine(t, m.Label, provider.Running, kloud.AgentConnected, agentTimeout)
+	s.waitMachine(t, m.Label, provider.Running, model.AgentConnected, agentTimeout)
 	if got := s.c.ReadFile(t, m, path); got != saved {
 		t.Errorf("after restore, %s holds %q, want the snapshot's %q", path, got, saved)
 	}
@@ -74,7 +74,7 @@ func (s *suite) testSnapshot(t *testing.T) {
 			t.Fatalf("machine.restore into %s: %v", other.Label, err)
 		}
 		s.job(t, "restore into another machine", ref.JobID)
-		got := s.waitMachine(t, other.Label, provider.Running, kloud.AgentConnected, agentTimeout)
+		got := s.waitMachine(t, other.Label, provider.Running, model.AgentConnected, agentTimeout)
 		if got.KiteID != other.KiteID {
 			t.Errorf("%s's agent after the restore: kite %s, want its own %s", other.Label, got.KiteID, other.KiteID)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 	"github.com/kloud-dev/kloud/terraformer"
@@ -316,7 +317,7 @@ func (s *suite) testStack(t *testing.T) {
 	var labels []string
 	for l, m := range ms {
 		labels = append(labels, l)
-		if m.State != provider.Running || m.Agent.Status != kloud.AgentConnected || m.KiteID == "" {
+		if m.State != provider.Running || m.Agent.Status != model.AgentConnected || m.KiteID == "" {
 			t.Errorf("machine %s after the build: %s (%s), agent %s, kite id %q: want running with its agent connected", l, m.State, m.Reason, m.Agent.Status, m.KiteID)
 		}
 		if len(s.env.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) != 1 {
@@ -408,7 +409,7 @@ func (s *suite) testInfoBehindBack(t *testing.T) {
 		t.Fatalf("machine.start: %v", err)
 	}
 	s.job(t, "start it again", ref.JobID)
-	s.waitMachine(t, m.Label, provider.Running, kloud.AgentConnected, agentTimeout)
+	s.waitMachine(t, m.Label, provider.Running, model.AgentConnected, agentTimeout)
 }
 
 // StopStartKeepsDisk: a file written on the machine survives machine.stop and machine.start.
@@ -417,7 +418,7 @@ func (s *suite) testStopStartKeepsDisk(t *testing.T) {
 	s.needCap(t, provider.CapStop)
 	s.needCap(t, provider.CapStart)
 	m := s.machines[len(s.machines)-1]
-	if got := s.list(t)[m.Label]; got.State != provider.Running || got.Agent.Status != kloud.AgentConnected {
+	if got := s.list(t)[m.Label]; got.State != provider.Running || got.Agent.Status != model.AgentConnected {
 		t.Fatalf("machine %s before the test: %s, agent %s", m.Label, got.State, got.Agent.Status)
 	}
 	b := make([]byte, 8)
@@ -434,7 +435,7 @@ func (s *suite) testStopStartKeepsDisk(t *testing.T) {
 	}
 	s.job(t, "stop", ref.JobID)
 	t0 := time.Now()
-	s.waitMachine(t, m.Label, provider.Stopped, kloud.AgentDisconnected, agentTimeout)
+	s.waitMachine(t, m.Label, provider.Stopped, model.AgentDisconnected, agentTimeout)
 	t.Logf("agent seen disconnected after the stop: %s", since(t0))
 	_, err = s.cl.MachineStop(t.Context(), api.MachineRef{MachineID: m.ID})
 	wantCode(t, "machine.stop of a stopped machine", err, kite.ErrState)
@@ -447,7 +448,7 @@ func (s *suite) testStopStartKeepsDisk(t *testing.T) {
 	}
 	s.job(t, "start", ref.JobID)
 	t0 = time.Now()
-	s.waitMachine(t, m.Label, provider.Running, kloud.AgentConnected, agentTimeout)
+	s.waitMachine(t, m.Label, provider.Running, model.AgentConnected, agentTimeout)
 	t.Logf("agent connected again after the start: %s", since(t0))
 	if got := s.c.ReadFile(t, m, path); got != data {
 		t.Errorf("after stop and start, %s holds %q, want %q", path, got, data)

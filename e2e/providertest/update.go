@@ -5,8 +5,8 @@ import (
 	"encoding/hex"
 	"testing"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -66,7 +66,7 @@ func (s *suite) testUpdate(t *testing.T) {
 			if _, had := before[l]; !had {
 				t.Errorf("machine %s appeared in the update to Template(%d)", l, n)
 			}
-			if got.State != provider.Running || got.Agent.Status != kloud.AgentConnected {
+			if got.State != provider.Running || got.Agent.Status != model.AgentConnected {
 				t.Errorf("machine %s after the update: %s (%s), agent %s", l, got.State, got.Reason, got.Agent.Status)
 			}
 			if old, had := before[l]; had && (old.ID != got.ID || old.KiteID != got.KiteID) {

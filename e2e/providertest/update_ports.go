@@ -3,8 +3,8 @@ package providertest
 import (
 	"testing"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -52,7 +52,7 @@ func (s *suite) testUpdateKeepsPorts(t *testing.T) {
 	if !ok {
 		t.Fatalf("machine %s is gone after the update that replaced it", m.Label)
 	}
-	if got.ID != m.ID || got.State != provider.Running || got.Agent.Status != kloud.AgentConnected {
+	if got.ID != m.ID || got.State != provider.Running || got.Agent.Status != model.AgentConnected {
 		t.Fatalf("machine %s after its replacement: id %s (was %s), %s (%s), agent %s", m.Label, got.ID, m.ID, got.State, got.Reason, got.Agent.Status)
 	}
 	s.machines[0] = got

@@ -8,9 +8,9 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -23,7 +23,7 @@ func TestAuditFromTheCLI(t *testing.T) {
 	e, run, must := startKloud(t, kloudtest.Options{})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 	must(alice("team", "create", "red"))
 	must(run("quota", "set", "--user", "alice", "--machines", "3"))

@@ -16,6 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -287,7 +288,7 @@ The credential must be authenticated again afterwards.
 	return cmd
 }
 
-func bootstrapStatus(b *kloud.Bootstrap) string {
+func bootstrapStatus(b *model.Bootstrap) string {
 	if b == nil || b.Status == "" {
 		return kloud.BootstrapNone
 	}

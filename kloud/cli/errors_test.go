@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
@@ -47,7 +47,7 @@ func TestErrorsPointAtTheProblem(t *testing.T) {
 	if code, _, stderr := run("user", "add", "bob", "--password-file", short); code == 0 || !strings.Contains(stderr, "at least") || strings.Contains(stderr, flagsHint) {
 		t.Errorf("user add with a short password: exit %d: %s", code, stderr)
 	}
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	bad := write("bad.tf", "resource \"terraform_data\" \"vm\" {\n  count = \n}\n")
 	if code, _, stderr := run("template", "create", "--title", "broken", "--file", bad); code == 0 || !strings.Contains(stderr, "bad.tf:") || strings.Contains(stderr, flagsHint) {
 		t.Errorf("template create with a syntax error: exit %d: %s", code, stderr)

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -26,18 +26,18 @@ func TestDetachAndFollow(t *testing.T) {
 	e, run, must := startKloud(t, kloudtest.Options{Providers: reg})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 
 	now := e.Server.Store().Now()
-	m := kloud.Machine{ID: store.NewID(), Label: "vm.0", Resource: "vm", Provider: "dummy", Owner: "alice", Team: kloud.DefaultTeam,
+	m := model.Machine{ID: store.NewID(), Label: "vm.0", Resource: "vm", Provider: "dummy", Owner: "alice", Team: model.DefaultTeam,
 		State: provider.Stopped, CreatedAt: now, UpdatedAt: now, StackID: store.NewID()}
 	m1 := m
 	m1.ID, m1.Label = store.NewID(), "vm.1"
-	if err := e.Server.Store().Machines().InsertMany(t.Context(), []kloud.Machine{m, m1}); err != nil {
+	if err := e.Server.Store().Machines().InsertMany(t.Context(), []model.Machine{m, m1}); err != nil {
 		t.Fatal(err)
 	}
-	sn := store.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: kloud.DefaultTeam, MachineID: m.ID, MachineLabel: m.Label,
+	sn := store.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: model.DefaultTeam, MachineID: m.ID, MachineLabel: m.Label,
 		StackID: m.StackID, Provider: "dummy", Status: store.SnapshotReady, Size: 1, Format: "files"}
 	if err := e.Server.Store().Snapshots().Insert(t.Context(), sn); err != nil {
 		t.Fatal(err)

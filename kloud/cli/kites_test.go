@@ -10,8 +10,8 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
 )
 
@@ -20,7 +20,7 @@ import (
 // user, and `kloud kites --json` keeps its shape (kite, url, registeredAt for each).
 func TestKitesAndKeyCreate(t *testing.T) {
 	e, run, must := startKloud(t, kloudtest.Options{})
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	path := filepath.Join(t.TempDir(), "alice.key")
 	var created struct {
 		Path, KiteID, Username string

@@ -15,6 +15,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
 	"github.com/kloud-dev/kloud/terraformer/tfapi"
@@ -38,7 +39,7 @@ func TestLimitsFromTheCLI(t *testing.T) {
 	e.StartTerraformerWith(tfrun.Options{Dir: tfDir})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 	if _, err := e.Client("alice").CredentialAdd(t.Context(), api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"s3cret-token"}`)}); err != nil {
 		t.Fatal(err)
@@ -99,7 +100,7 @@ func TestRateLimitFromTheCLI(t *testing.T) {
 	t.Parallel()
 	_, run, must := startKloud(t, kloudtest.Options{Limits: kloud.Limits{RateLimit: 0.001, RateBurst: 10}})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 	var code int
 	var errOut string
@@ -128,7 +129,7 @@ func TestRateLimitCLIWaits(t *testing.T) {
 	t.Parallel()
 	_, run, must := startKloud(t, kloudtest.Options{Limits: kloud.Limits{RateLimit: 2, RateBurst: 2}})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 	start := time.Now()
 	for i := range 8 {
@@ -153,7 +154,7 @@ func TestPlanInterruptCancels(t *testing.T) {
 	e, run, must := startKloud(t, kloudtest.Options{Providers: reg, DataDir: dataDir})
 	tfDir := filepath.Join(t.TempDir(), "terraformer")
 	e.StartTerraformerWith(tfrun.Options{Dir: tfDir})
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	alice := e.Client("alice")
 	if _, err := alice.CredentialAdd(t.Context(), api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"s3cret-token"}`)}); err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // kloud login | logout | whoami. Login talks HTTP (POST /api/login) and keeps the session in
@@ -270,7 +271,7 @@ func whoamiCmd(g *globals) *cobra.Command {
 			switch {
 			case res.Admin:
 				role = " (owner: kloud administrator)"
-			case res.Role != "" && res.Role != kloud.RoleUser:
+			case res.Role != "" && res.Role != model.RoleUser:
 				role = " (" + res.Role + ")"
 			}
 			fmt.Fprintf(g.stdout, "%s%s, authenticated with a %s\n", res.Username, role, res.AuthType)

@@ -11,9 +11,9 @@ import (
 	"testing"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/docker"
@@ -38,7 +38,7 @@ func TestPlanAndScaleSayWhatTheyDo(t *testing.T) {
 	e.StartTerraformerWith(tfrun.Options{Dir: filepath.Join(t.TempDir(), "terraformer")})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 	if _, err := e.Client("alice").CredentialAdd(t.Context(), api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"s3cret-token"}`)}); err != nil {
 		t.Fatal(err)
@@ -158,21 +158,21 @@ func TestMachineInfoAttributes(t *testing.T) {
 	reg := provider.NewRegistry()
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
 	e, run, must := startKloud(t, kloudtest.Options{Providers: reg})
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 	now := e.Server.Store().Now()
-	m := kloud.Machine{ID: store.NewID(), Label: "vm.0", Resource: "vm", Provider: "dummy", Owner: "alice", Team: kloud.DefaultTeam,
+	m := model.Machine{ID: store.NewID(), Label: "vm.0", Resource: "vm", Provider: "dummy", Owner: "alice", Team: model.DefaultTeam,
 		State: provider.Stopped, CreatedAt: now, UpdatedAt: now, StackID: store.NewID(), Attributes: map[string]any{
 			"tags":      `{"kloud_machine":"m1","kloud_owner":"alice"}`,
 			"user_data": "#!/bin/sh\necho hi\n",
 			"cpus":      "1",
 			"empty":     "",
 		}}
-	if err := e.Server.Store().Machines().InsertMany(t.Context(), []kloud.Machine{m}); err != nil {
+	if err := e.Server.Store().Machines().InsertMany(t.Context(), []model.Machine{m}); err != nil {
 		t.Fatal(err)
 	}
-	st := kloud.Stack{ID: m.StackID, Title: "tagged", Team: kloud.DefaultTeam, Owner: "alice", State: kloud.StackInitialized,
+	st := model.Stack{ID: m.StackID, Title: "tagged", Team: model.DefaultTeam, Owner: "alice", State: model.StackInitialized,
 		Machines: []string{m.ID}, CreatedAt: now, UpdatedAt: now}
 	if err := e.Server.Store().Stacks().Insert(t.Context(), st); err != nil {
 		t.Fatal(err)

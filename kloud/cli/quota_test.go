@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // TestQuotaFromTheCLI: an administrator sets a user's and a team's quota with sizes (8G, 50G);
@@ -19,7 +19,7 @@ func TestQuotaFromTheCLI(t *testing.T) {
 	_, run, must := startKloud(t, kloudtest.Options{})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	alice := func(args ...string) (int, string, string) { return run(append(args, "--key", aliceKey)...) }
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 
 	out := must(run("quota", "set", "--user", "alice", "--machines", "3", "--cores", "4", "--memory", "8G", "--disk", "50G"))
@@ -37,9 +37,9 @@ func TestQuotaFromTheCLI(t *testing.T) {
 	if st != want {
 		t.Fatalf("quota show: %+v, want %+v", st, want)
 	}
-	must(run("quota", "set", "--team", kloud.DefaultTeam, "--machines", "10"))
-	out = must(alice("quota", "show", "--team", kloud.DefaultTeam))
-	if !strings.Contains(out, "quota of team "+kloud.DefaultTeam) || !strings.Contains(out, "unlimited") {
+	must(run("quota", "set", "--team", model.DefaultTeam, "--machines", "10"))
+	out = must(alice("quota", "show", "--team", model.DefaultTeam))
+	if !strings.Contains(out, "quota of team "+model.DefaultTeam) || !strings.Contains(out, "unlimited") {
 		t.Errorf("quota show --team:\n%s", out)
 	}
 	if code, _, stderr := alice("quota", "set", "--user", "alice", "--machines", "100"); code == 0 || !strings.Contains(stderr, "administrators") {
@@ -55,7 +55,7 @@ func TestQuotaFromTheCLI(t *testing.T) {
 func TestDefaultQuota(t *testing.T) {
 	t.Parallel()
 	_, run, must := startKloud(t, kloudtest.Options{DefaultQuota: api.Quota{Machines: 2, MemoryMB: 4096}})
-	must(run("user", "add", "bob", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "bob", "--team", model.DefaultTeam))
 	show := func() api.QuotaStatus {
 		t.Helper()
 		var st api.QuotaStatus

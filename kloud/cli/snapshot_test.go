@@ -9,6 +9,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -25,9 +26,9 @@ func TestSnapshotCommands(t *testing.T) {
 	reg.Register(dummy.New(dummy.Options{Dir: filepath.Join(t.TempDir(), "machines")}))
 	e, run, must := startKloud(t, kloudtest.Options{Providers: reg, SnapshotQuota: kloud.SnapshotQuota{Count: 5, Bytes: 1 << 30}})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
-	sn := store.Snapshot{ID: store.NewID(), Name: "before the upgrade", Owner: "alice", Team: kloud.DefaultTeam, MachineID: store.NewID(),
+	sn := store.Snapshot{ID: store.NewID(), Name: "before the upgrade", Owner: "alice", Team: model.DefaultTeam, MachineID: store.NewID(),
 		MachineLabel: "vm.0", StackID: store.NewID(), Provider: "dummy", Status: store.SnapshotReady, Size: 3 << 20, Format: "files",
 		Attributes: map[string]any{"id": "x"}}
 	if err := e.Server.Store().Snapshots().Insert(t.Context(), sn); err != nil {
@@ -50,7 +51,7 @@ func TestSnapshotCommands(t *testing.T) {
 	if code, _, stderr := run("machine", "restore", sn.ID, "--key", aliceKey); code == 0 || !strings.Contains(stderr, "no longer exists") {
 		t.Errorf("restore into the machine that is gone: exit %d: %s", code, stderr)
 	}
-	must(run("user", "add", "bob", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "bob", "--team", model.DefaultTeam))
 	bobKey := filepath.Join(t.TempDir(), "bob.key")
 	must(run("key", "create", "--username", "bob", "--out", bobKey))
 	if code, _, stderr := run("snapshot", "delete", sn.ID, "--key", bobKey); code == 0 || !strings.Contains(stderr, "not found") {

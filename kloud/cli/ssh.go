@@ -23,6 +23,7 @@ import (
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // kloud ssh MACHINE: the local terminal attached to a web terminal session on the machine,
@@ -71,7 +72,7 @@ func (g *globals) credential() (string, error) {
 }
 
 // findMachine resolves an id or a label among the caller's machines.
-func (g *globals) findMachine(ctx context.Context, name string) (*kloud.Machine, error) {
+func (g *globals) findMachine(ctx context.Context, name string) (*model.Machine, error) {
 	c, err := g.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -81,7 +82,7 @@ func (g *globals) findMachine(ctx context.Context, name string) (*kloud.Machine,
 	if err != nil {
 		return nil, explain(err)
 	}
-	var byLabel []kloud.Machine
+	var byLabel []model.Machine
 	for _, m := range res.Machines {
 		if m.ID == name {
 			return &m, nil

@@ -13,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // readTemplateFiles reads --file arguments and every *.tf / *.tf.json of --dir.
@@ -386,7 +387,7 @@ runs at startup and every 30s); reset is for what it cannot judge.`,
 			return nil
 		},
 	}
-	reset.Flags().StringVar(&resetState, "state", kloud.StackFailed, "the state to reset to: Failed or NotInitialized")
+	reset.Flags().StringVar(&resetState, "state", model.StackFailed, "the state to reset to: Failed or NotInitialized")
 	reset.Flags().StringVar(&resetReason, "reason", "", "why (required; kept on the stack and logged)")
 	reset.MarkFlagRequired("reason")
 	cmd.AddCommand(plan, create, apply(false), apply(true), list, describe, reset)
@@ -399,7 +400,7 @@ func firstLine(s string) string {
 	return s
 }
 
-func printMachines(g *globals, ms []kloud.Machine) {
+func printMachines(g *globals, ms []model.Machine) {
 	tw := newTable(g.stdout, "MACHINE", "LABEL", "PROVIDER", "STATE", "AGENT", "IP", "REASON", "IDLE")
 	for _, m := range ms {
 		agent := m.Agent.Status
@@ -582,7 +583,7 @@ func machineCmd(g *globals) *cobra.Command {
 		}
 		c.Flags().StringVar(&sstack, "stack", "", "the machine's stack (when labels repeat)")
 		if !unshare {
-			c.Flags().StringVar(&grant, "grant", kloud.GrantTerminal, "readonly, terminal or full")
+			c.Flags().StringVar(&grant, "grant", model.GrantTerminal, "readonly, terminal or full")
 			c.Long = `Share a machine with a kloud user. What they get on this machine, and only on it:
 
   readonly  watch the machine's terminals live; cannot type.

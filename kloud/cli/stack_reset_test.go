@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -18,17 +18,17 @@ func TestStackResetCommand(t *testing.T) {
 	t.Parallel()
 	e, run, must := startKloud(t, kloudtest.Options{})
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
-	must(run("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 
 	// A stack an older kloud left Building, with no job.
 	now := e.Server.Store().Now()
-	m := kloud.Machine{ID: store.NewID(), Label: "vm", Resource: "vm", Provider: "dummy", Owner: "alice", Team: kloud.DefaultTeam,
+	m := model.Machine{ID: store.NewID(), Label: "vm", Resource: "vm", Provider: "dummy", Owner: "alice", Team: model.DefaultTeam,
 		State: provider.Building, CreatedAt: now, UpdatedAt: now}
-	st := kloud.Stack{ID: store.NewID(), Title: "stuck", Team: kloud.DefaultTeam, Owner: "alice", State: kloud.StackBuilding,
+	st := model.Stack{ID: store.NewID(), Title: "stuck", Team: model.DefaultTeam, Owner: "alice", State: model.StackBuilding,
 		Machines: []string{m.ID}, CreatedAt: now, UpdatedAt: now}
 	m.StackID = st.ID
-	if err := e.Server.Store().Machines().InsertMany(t.Context(), []kloud.Machine{m}); err != nil {
+	if err := e.Server.Store().Machines().InsertMany(t.Context(), []model.Machine{m}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Server.Store().Stacks().Insert(t.Context(), st); err != nil {

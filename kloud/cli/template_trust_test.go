@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
@@ -43,7 +43,7 @@ func TestTemplateTrustCommand(t *testing.T) {
 		}
 		return stdout
 	}
-	must(admin("user", "add", "alice", "--team", kloud.DefaultTeam))
+	must(admin("user", "add", "alice", "--team", model.DefaultTeam))
 	must(admin("key", "create", "--username", "alice", "--out", aliceKey))
 
 	hostile := "resource \"terraform_data\" \"vm\" {\n  input = \"hi\"\n  provisioner \"local-exec\" { command = \"id\" }\n}\n"
@@ -58,8 +58,8 @@ func TestTemplateTrustCommand(t *testing.T) {
 
 	// One stored before the policy.
 	now := time.Now()
-	tpl := kloud.Template{ID: store.NewID(), Title: "old", Team: kloud.DefaultTeam, Owner: "alice", Rev: 1,
-		Files: []kloud.File{{Name: "main.tf", Content: hostile}}, CreatedAt: now, UpdatedAt: now}
+	tpl := model.Template{ID: store.NewID(), Title: "old", Team: model.DefaultTeam, Owner: "alice", Rev: 1,
+		Files: []model.File{{Name: "main.tf", Content: hostile}}, CreatedAt: now, UpdatedAt: now}
 	if err := e.Server.Store().Templates().Insert(t.Context(), tpl); err != nil {
 		t.Fatal(err)
 	}

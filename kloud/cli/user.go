@@ -13,6 +13,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // kloud user add|list|passwd and kloud team create|list|add-member|remove-member.
@@ -246,7 +247,7 @@ add and remove members and manage everything in it. Whoever creates a team is it
 			for _, t := range res.Teams {
 				var ms []string
 				for _, m := range t.Members {
-					if m.Role == kloud.RoleAdmin {
+					if m.Role == model.RoleAdmin {
 						ms = append(ms, m.Username+" (admin)")
 					} else {
 						ms = append(ms, m.Username)
@@ -269,7 +270,7 @@ add and remove members and manage everything in it. Whoever creates a team is it
 				fmt.Sprintf("%s is now %s of team %s", args[1], roleOr(role), args[0]))
 		},
 	}
-	addMember.Flags().StringVar(&role, "role", kloud.RoleMember, "member or admin")
+	addMember.Flags().StringVar(&role, "role", model.RoleMember, "member or admin")
 
 	removeMember := &cobra.Command{
 		Use:   "remove-member TEAM USERNAME",
@@ -285,7 +286,7 @@ add and remove members and manage everything in it. Whoever creates a team is it
 }
 
 func roleOr(r string) string {
-	if r == kloud.RoleAdmin {
+	if r == model.RoleAdmin {
 		return "an admin"
 	}
 	return "a member"

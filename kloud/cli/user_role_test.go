@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // TestUserRoleCommand: `kloud user role` as an owner sets a role (twice: the same answer), shown
@@ -45,8 +45,8 @@ func TestUserRoleCommand(t *testing.T) {
 		}
 		return stdout
 	}
-	must(admin("user", "add", "carol", "--team", kloud.DefaultTeam))
-	must(admin("user", "add", "bob", "--team", kloud.DefaultTeam))
+	must(admin("user", "add", "carol", "--team", model.DefaultTeam))
+	must(admin("user", "add", "bob", "--team", model.DefaultTeam))
 	for range 2 {
 		if out := must(admin("user", "role", "carol", "auditor")); out != "carol is now auditor\n" {
 			t.Fatalf("user role: %q", out)
@@ -62,7 +62,7 @@ func TestUserRoleCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, u := range users {
-		if u.Username == "carol" && u.Role != kloud.RoleAuditor {
+		if u.Username == "carol" && u.Role != model.RoleAuditor {
 			t.Fatalf("user list --json: %+v", u)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -136,8 +137,8 @@ func child(dir, listen string) error {
 		return err
 	}
 	now := s.Store().Now()
-	if err := s.Store().Machines().InsertMany(ctx, []kloud.Machine{{
-		ID: MachineID, StackID: "bench", Label: "bench", Provider: "none", Owner: Owner, Team: kloud.DefaultTeam,
+	if err := s.Store().Machines().InsertMany(ctx, []model.Machine{{
+		ID: MachineID, StackID: "bench", Label: "bench", Provider: "none", Owner: Owner, Team: model.DefaultTeam,
 		State: provider.Running, KiteID: kiteID, CreatedAt: now, UpdatedAt: now,
 	}}); err != nil {
 		return err

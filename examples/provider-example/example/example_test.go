@@ -24,6 +24,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
@@ -83,7 +84,7 @@ func newEnv(t *testing.T, plugin bool) *env {
 		}
 	}
 	k.StartTerraformer()
-	if _, err := k.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: kloud.DefaultTeam, Password: "alice-password"}); err != nil {
+	if _, err := k.Client(kloud.Admin).UserAdd(t.Context(), api.UserAddParams{Username: "alice", Team: model.DefaultTeam, Password: "alice-password"}); err != nil {
 		t.Fatal(err)
 	}
 	e.alice = k.Client("alice")
@@ -260,7 +261,7 @@ func testExample(t *testing.T, plugin bool) {
 	var network string
 	for _, l := range []string{"vm.0", "vm.1"} {
 		m := ms[l]
-		if m.State != provider.Running || m.Agent.Status != kloud.AgentConnected || len(e.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) != 1 {
+		if m.State != provider.Running || m.Agent.Status != model.AgentConnected || len(e.Server.Kontrol.Lookup(kite.Identity{ID: m.KiteID})) != 1 {
 			t.Fatalf("%s after build: %+v", l, m)
 		}
 		n, err := os.ReadFile(filepath.Join(e.dir, "machines", sid, l, "etc/kloud-example/network"))
@@ -286,7 +287,7 @@ func testExample(t *testing.T, plugin bool) {
 		t.Fatalf("info after stop: %+v %v", info, err)
 	}
 	e.succeed(e.alice.MachineStart(ctx, api.MachineRef{MachineID: vm0.ID}))
-	if m := e.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+	if m := e.machines(sid)["vm.0"]; m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("after start: %+v", m)
 	}
 	term = e.terminal(vm0.ID)
@@ -311,7 +312,7 @@ func testExample(t *testing.T, plugin bool) {
 		return err == nil && info.InfraState == provider.Stopped
 	}, "vm.1 not reported Stopped after its processes died")
 	e.succeed(e.alice.MachineStart(ctx, api.MachineRef{MachineID: vm1.ID}))
-	if m := e.machines(sid)["vm.1"]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected {
+	if m := e.machines(sid)["vm.1"]; m.State != provider.Running || m.Agent.Status != model.AgentConnected {
 		t.Fatalf("vm.1 after start: %+v", m)
 	}
 

@@ -15,6 +15,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/userdata"
 )
@@ -69,7 +70,7 @@ func testRemoved(t *testing.T, plugin bool) {
 	ms := e.machines(sid)
 	mdir := func(label string) string { return filepath.Join(e.dir, "machines", sid, label) }
 	for _, l := range []string{"db", "vm.0", "web"} {
-		if m := ms[l]; m.State != provider.Running || m.Agent.Status != kloud.AgentConnected || len(machineProcs(mdir(l))) == 0 {
+		if m := ms[l]; m.State != provider.Running || m.Agent.Status != model.AgentConnected || len(machineProcs(mdir(l))) == 0 {
 			t.Fatalf("%s after build: %+v, processes %v", l, m, machineProcs(mdir(l)))
 		}
 	}
@@ -98,7 +99,7 @@ func testRemoved(t *testing.T, plugin bool) {
 	}
 	rs := list()
 	db := rs[ms["db"].ID]
-	if len(rs) != 3 || db.Kind != example.KindMachine || db.Tag(provider.TagStack) != sid || db.Tag(provider.TagOwner) != "alice" || db.Tag(provider.TagTeam) != kloud.DefaultTeam || db.Incomplete || db.CreatedAt.IsZero() {
+	if len(rs) != 3 || db.Kind != example.KindMachine || db.Tag(provider.TagStack) != sid || db.Tag(provider.TagOwner) != "alice" || db.Tag(provider.TagTeam) != model.DefaultTeam || db.Incomplete || db.CreatedAt.IsZero() {
 		t.Fatalf("resources: %+v", rs)
 	}
 
