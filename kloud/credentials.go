@@ -35,12 +35,12 @@ import (
 
 // Bootstrap statuses (Credential.Bootstrap.Status).
 const (
-	BootstrapNone       = store.BootstrapNone
-	BootstrapRunning    = store.BootstrapRunning
-	BootstrapDone       = store.BootstrapDone
-	BootstrapFailed     = store.BootstrapFailed
-	BootstrapDestroying = store.BootstrapDestroying
-	BootstrapDestroyed  = store.BootstrapDestroyed
+	BootstrapNone       = model.BootstrapNone
+	BootstrapRunning    = model.BootstrapRunning
+	BootstrapDone       = model.BootstrapDone
+	BootstrapFailed     = model.BootstrapFailed
+	BootstrapDestroying = model.BootstrapDestroying
+	BootstrapDestroyed  = model.BootstrapDestroyed
 )
 
 const bootstrapJobKind = "credential.bootstrap"

@@ -112,7 +112,7 @@ func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request
 }
 
 // loadSnapshot returns snapshot id if c may use it (its owner, kloud admins), else not found.
-func (s *Server) loadSnapshot(ctx context.Context, c *Caller, id string) (*store.Snapshot, error) {
+func (s *Server) loadSnapshot(ctx context.Context, c *Caller, id string) (*model.Snapshot, error) {
 	sn, err := s.store.Snapshots().Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || err == nil && sn.Owner != c.Username && !c.Admin {
 		return nil, notFound("snapshot", id)

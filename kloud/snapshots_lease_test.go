@@ -37,7 +37,7 @@ func TestSnapshotLeaseAndState(t *testing.T) {
 	if err := st.Machines().InsertMany(ctx, []model.Machine{building, stopped}); err != nil {
 		t.Fatal(err)
 	}
-	sn := store.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: model.DefaultTeam, MachineID: building.ID, MachineLabel: building.Label,
+	sn := model.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: model.DefaultTeam, MachineID: building.ID, MachineLabel: building.Label,
 		StackID: building.StackID, Provider: "dummy", Status: store.SnapshotReady, Size: 1, Format: "files"}
 	if err := st.Snapshots().Insert(ctx, sn); err != nil {
 		t.Fatal(err)

@@ -37,7 +37,7 @@ func TestDetachAndFollow(t *testing.T) {
 	if err := e.Server.Store().Machines().InsertMany(t.Context(), []model.Machine{m, m1}); err != nil {
 		t.Fatal(err)
 	}
-	sn := store.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: model.DefaultTeam, MachineID: m.ID, MachineLabel: m.Label,
+	sn := model.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: model.DefaultTeam, MachineID: m.ID, MachineLabel: m.Label,
 		StackID: m.StackID, Provider: "dummy", Status: store.SnapshotReady, Size: 1, Format: "files"}
 	if err := e.Server.Store().Snapshots().Insert(t.Context(), sn); err != nil {
 		t.Fatal(err)

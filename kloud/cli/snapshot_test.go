@@ -28,7 +28,7 @@ func TestSnapshotCommands(t *testing.T) {
 	aliceKey := filepath.Join(t.TempDir(), "alice.key")
 	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
-	sn := store.Snapshot{ID: store.NewID(), Name: "before the upgrade", Owner: "alice", Team: model.DefaultTeam, MachineID: store.NewID(),
+	sn := model.Snapshot{ID: store.NewID(), Name: "before the upgrade", Owner: "alice", Team: model.DefaultTeam, MachineID: store.NewID(),
 		MachineLabel: "vm.0", StackID: store.NewID(), Provider: "dummy", Status: store.SnapshotReady, Size: 3 << 20, Format: "files",
 		Attributes: map[string]any{"id": "x"}}
 	if err := e.Server.Store().Snapshots().Insert(t.Context(), sn); err != nil {

@@ -40,7 +40,7 @@ func (e *Engine) Take(ctx context.Context, m *model.Machine, user, name string) 
 	}
 	// The job's id is recorded with the snapshot, so snapshot.delete always sees that it runs.
 	jobID := store.NewID()
-	sn := store.Snapshot{
+	sn := model.Snapshot{
 		ID: store.NewID(), Name: name, Owner: m.Owner, Team: m.Team, MachineID: m.ID, MachineLabel: m.Label,
 		StackID: m.StackID, Provider: m.Provider, Status: store.SnapshotCreating, KiteID: m.KiteID, Attributes: m.Attributes,
 		JobID: jobID,
@@ -105,7 +105,7 @@ func (e *Engine) List(ctx context.Context, owner, machineID string) (api.Snapsho
 
 // Restore starts restoring ready snapshot sn into machine m for user (kloud checked that user
 // may use sn and manage m): m must be of sn's provider.
-func (e *Engine) Restore(ctx context.Context, sn *store.Snapshot, m *model.Machine, user string) (api.JobRef, error) {
+func (e *Engine) Restore(ctx context.Context, sn *model.Snapshot, m *model.Machine, user string) (api.JobRef, error) {
 	if m.Provider != sn.Provider {
 		return api.JobRef{}, fmt.Errorf("snapshot %s is of a %s machine; machine %s is %s: restore it into a %s machine: %w",
 			sn.ID, sn.Provider, m.Label, m.Provider, sn.Provider, kite.ErrInvalidParams)
@@ -128,7 +128,7 @@ func (e *Engine) Restore(ctx context.Context, sn *store.Snapshot, m *model.Machi
 
 // Delete deletes snapshot sn (kloud checked that by may): its data at the provider, then
 // its record. A snapshot whose job still runs is kite.ErrConflict.
-func (e *Engine) Delete(ctx context.Context, sn *store.Snapshot, by string) error {
+func (e *Engine) Delete(ctx context.Context, sn *model.Snapshot, by string) error {
 	if sn.Status == store.SnapshotCreating && sn.JobID != "" {
 		if j, err := e.o.Store.Jobs().Get(ctx, sn.JobID); err == nil && !j.Status.Done() {
 			return fmt.Errorf("snapshot %s is being made (job %s): wait for it or cancel the job first: %w", sn.ID, sn.JobID, kite.ErrConflict)
@@ -169,7 +169,7 @@ func (e *Engine) dropData(ctx context.Context, sp provider.Snapshotter, id, why 
 
 // machineOf returns the provider's machine a snapshot was taken of: the machine itself while
 // kloud has it, else one built from what the snapshot recorded of it.
-func (e *Engine) machineOf(ctx context.Context, sn *store.Snapshot) (provider.Snapshotter, error) {
+func (e *Engine) machineOf(ctx context.Context, sn *model.Snapshot) (provider.Snapshotter, error) {
 	var pm provider.Machine
 	m, err := e.o.Machines.Load(ctx, sn.MachineID)
 	switch {

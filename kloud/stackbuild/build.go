@@ -163,7 +163,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 	}
 	tfJob := ""
 	if recovering {
-		var cur store.Stack
+		var cur model.Stack
 		// A read that fails must not look like "no run recorded" (that builds again).
 		if err := f.d.Store.Persist(ctx, "read stack "+st.ID, 0, func(ctx context.Context) error {
 			var err error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -13,7 +14,7 @@ import (
 
 // SetIdleSettings replaces machine id's own idle settings. A changed timeout restarts the
 // countdown (the deadline is cleared; kloud's idle task sets a new one).
-func (r *Machines) SetIdleSettings(ctx context.Context, id string, s IdleSettings) error {
+func (r *Machines) SetIdleSettings(ctx context.Context, id string, s model.IdleSettings) error {
 	set, unset := bson.M{}, bson.M{"idle.deadline": ""}
 	if s.TimeoutSeconds != nil {
 		set["idle.timeoutSec"] = *s.TimeoutSeconds
@@ -69,16 +70,16 @@ func (r *Machines) ResetIdleCountdown(ctx context.Context, id string, at time.Ti
 }
 
 // SetIdle replaces template id's idle settings (zero: inherit kloud's).
-func (r *Templates) SetIdle(ctx context.Context, id string, s IdleSettings) error {
+func (r *Templates) SetIdle(ctx context.Context, id string, s model.IdleSettings) error {
 	upd := bson.M{"$set": bson.M{"idle": s}}
-	if s == (IdleSettings{}) {
+	if s == (model.IdleSettings{}) {
 		upd = bson.M{"$unset": bson.M{"idle": ""}}
 	}
 	return updateByID(ctx, r.coll(), "template", id, upd)
 }
 
 // SetAutostart replaces machine id's start schedule (nil: none).
-func (r *Machines) SetAutostart(ctx context.Context, id string, a *Autostart) error {
+func (r *Machines) SetAutostart(ctx context.Context, id string, a *model.Autostart) error {
 	upd := bson.M{"$set": bson.M{"autostart": a}}
 	if a == nil {
 		upd = bson.M{"$unset": bson.M{"autostart": ""}}
@@ -87,8 +88,8 @@ func (r *Machines) SetAutostart(ctx context.Context, id string, a *Autostart) er
 }
 
 // AutostartDue returns the machines whose next scheduled start is at or before now.
-func (r *Machines) AutostartDue(ctx context.Context, now time.Time) ([]Machine, error) {
-	return findAll[Machine](ctx, r.coll(), bson.M{"autostart.next": bson.M{"$lte": now}})
+func (r *Machines) AutostartDue(ctx context.Context, now time.Time) ([]model.Machine, error) {
+	return findAll[model.Machine](ctx, r.coll(), bson.M{"autostart.next": bson.M{"$lte": now}})
 }
 
 // SetAutostartNext moves machine id's next scheduled start from prev to next, if it is still

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -18,12 +19,12 @@ func TestIdleCountdown(t *testing.T) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
 		ms := s.Machines()
-		if err := ms.InsertMany(ctx, []store.Machine{{ID: "m1", StackID: "s1", Label: "vm", State: provider.Running, Owner: "alice"}}); err != nil {
+		if err := ms.InsertMany(ctx, []model.Machine{{ID: "m1", StackID: "s1", Label: "vm", State: provider.Running, Owner: "alice"}}); err != nil {
 			t.Fatal(err)
 		}
 		before, _ := ms.Get(ctx, "m1")
 		t0 := s.Now()
-		get := func() store.Machine {
+		get := func() model.Machine {
 			t.Helper()
 			m, err := ms.Get(ctx, "m1")
 			if err != nil {
@@ -57,13 +58,13 @@ func TestIdleCountdown(t *testing.T) {
 		// Settings replace the machine's own and clear the deadline.
 		ms.SetIdleCountdown(ctx, "m1", string(provider.Running), t0.Add(time.Minute), t0.Add(2*time.Hour))
 		timeout, on := int64(1800), true
-		if err := ms.SetIdleSettings(ctx, "m1", store.IdleSettings{TimeoutSeconds: &timeout, AlwaysOn: &on}); err != nil {
+		if err := ms.SetIdleSettings(ctx, "m1", model.IdleSettings{TimeoutSeconds: &timeout, AlwaysOn: &on}); err != nil {
 			t.Fatal(err)
 		}
 		if m := get(); m.Idle.TimeoutSeconds == nil || *m.Idle.TimeoutSeconds != 1800 || m.Idle.AlwaysOn == nil || !*m.Idle.AlwaysOn || !m.Idle.Deadline.IsZero() {
 			t.Fatalf("after the settings: %+v", m.Idle)
 		}
-		if err := ms.SetIdleSettings(ctx, "m1", store.IdleSettings{}); err != nil {
+		if err := ms.SetIdleSettings(ctx, "m1", model.IdleSettings{}); err != nil {
 			t.Fatal(err)
 		}
 		if m := get(); m.Idle.TimeoutSeconds != nil || m.Idle.AlwaysOn != nil || !m.UpdatedAt.Equal(before.UpdatedAt) {
@@ -79,19 +80,19 @@ func TestIdleCountdown(t *testing.T) {
 		}
 
 		// Templates.
-		if err := s.Templates().Insert(ctx, store.Template{ID: "t1", Title: "t", Team: "default", Owner: "alice", Rev: 1}); err != nil {
+		if err := s.Templates().Insert(ctx, model.Template{ID: "t1", Title: "t", Team: "default", Owner: "alice", Rev: 1}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Templates().SetIdle(ctx, "t1", store.IdleSettings{TimeoutSeconds: &timeout}); err != nil {
+		if err := s.Templates().SetIdle(ctx, "t1", model.IdleSettings{TimeoutSeconds: &timeout}); err != nil {
 			t.Fatal(err)
 		}
 		if tp, err := s.Templates().Get(ctx, "t1"); err != nil || tp.Idle.TimeoutSeconds == nil || *tp.Idle.TimeoutSeconds != 1800 || tp.Idle.AlwaysOn != nil {
 			t.Fatalf("template's idle: %+v %v", tp.Idle, err)
 		}
-		if err := s.Templates().SetIdle(ctx, "t1", store.IdleSettings{}); err != nil {
+		if err := s.Templates().SetIdle(ctx, "t1", model.IdleSettings{}); err != nil {
 			t.Fatal(err)
 		}
-		if tp, _ := s.Templates().Get(ctx, "t1"); tp.Idle != (store.IdleSettings{}) {
+		if tp, _ := s.Templates().Get(ctx, "t1"); tp.Idle != (model.IdleSettings{}) {
 			t.Fatalf("template's idle after dropping it: %+v", tp.Idle)
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -18,7 +19,7 @@ func TestMachinePorts(t *testing.T) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
 		now := s.Now()
-		if err := s.Machines().InsertMany(ctx, []store.Machine{{ID: "m1", StackID: "s1", Label: "a", Owner: "alice", State: "Running", CreatedAt: now, UpdatedAt: now}}); err != nil {
+		if err := s.Machines().InsertMany(ctx, []model.Machine{{ID: "m1", StackID: "s1", Label: "a", Owner: "alice", State: "Running", CreatedAt: now, UpdatedAt: now}}); err != nil {
 			t.Fatal(err)
 		}
 		ports := func() []provider.PortRule {

@@ -96,8 +96,8 @@ func (s *Store) Users() *Users { return &Users{s} }
 func (r *Users) coll() *mongo.Collection { return r.s.db.Collection(CollUsers) }
 
 // Get returns a user.
-func (r *Users) Get(ctx context.Context, username string) (User, error) {
-	return findOne[User](ctx, r.coll(), "user", username, bson.M{"_id": username})
+func (r *Users) Get(ctx context.Context, username string) (model.User, error) {
+	return findOne[model.User](ctx, r.coll(), "user", username, bson.M{"_id": username})
 }
 
 // Exists reports whether a user document exists.
@@ -110,18 +110,18 @@ func (r *Users) Exists(ctx context.Context, username string) (bool, error) {
 }
 
 // Insert adds a user.
-func (r *Users) Insert(ctx context.Context, u User) error {
+func (r *Users) Insert(ctx context.Context, u model.User) error {
 	return insert(ctx, r.coll(), "user", u.Username, u)
 }
 
 // List returns every user.
-func (r *Users) List(ctx context.Context) ([]User, error) {
-	return findAll[User](ctx, r.coll(), bson.M{})
+func (r *Users) List(ctx context.Context) ([]model.User, error) {
+	return findAll[model.User](ctx, r.coll(), bson.M{})
 }
 
 // Named returns the users among names that exist.
-func (r *Users) Named(ctx context.Context, names []string) ([]User, error) {
-	return findAll[User](ctx, r.coll(), bson.M{"_id": in(names)})
+func (r *Users) Named(ctx context.Context, names []string) ([]model.User, error) {
+	return findAll[model.User](ctx, r.coll(), bson.M{"_id": in(names)})
 }
 
 // SetPassword sets a user's password hash. With create, a missing user is created as a kloud
@@ -186,33 +186,33 @@ func (s *Store) Teams() *Teams { return &Teams{s} }
 func (r *Teams) coll() *mongo.Collection { return r.s.db.Collection(CollTeams) }
 
 // Get returns a team.
-func (r *Teams) Get(ctx context.Context, slug string) (Team, error) {
-	return findOne[Team](ctx, r.coll(), "team", slug, bson.M{"_id": slug})
+func (r *Teams) Get(ctx context.Context, slug string) (model.Team, error) {
+	return findOne[model.Team](ctx, r.coll(), "team", slug, bson.M{"_id": slug})
 }
 
 // Insert creates a team.
-func (r *Teams) Insert(ctx context.Context, t Team) error {
+func (r *Teams) Insert(ctx context.Context, t model.Team) error {
 	return insert(ctx, r.coll(), "team", t.Slug, t)
 }
 
 // List returns every team.
-func (r *Teams) List(ctx context.Context) ([]Team, error) {
-	return findAll[Team](ctx, r.coll(), bson.M{})
+func (r *Teams) List(ctx context.Context) ([]model.Team, error) {
+	return findAll[model.Team](ctx, r.coll(), bson.M{})
 }
 
 // Named returns the teams among slugs that exist.
-func (r *Teams) Named(ctx context.Context, slugs []string) ([]Team, error) {
-	return findAll[Team](ctx, r.coll(), bson.M{"_id": in(slugs)})
+func (r *Teams) Named(ctx context.Context, slugs []string) ([]model.Team, error) {
+	return findAll[model.Team](ctx, r.coll(), bson.M{"_id": in(slugs)})
 }
 
 // OfMember returns the teams username is a member of.
-func (r *Teams) OfMember(ctx context.Context, username string) ([]Team, error) {
-	return findAll[Team](ctx, r.coll(), bson.M{"members.username": username})
+func (r *Teams) OfMember(ctx context.Context, username string) ([]model.Team, error) {
+	return findAll[model.Team](ctx, r.coll(), bson.M{"members.username": username})
 }
 
 // SetMembers replaces a team's member list if it is still old (as read). It reports whether it
 // was.
-func (r *Teams) SetMembers(ctx context.Context, slug string, old, members []Member) (bool, error) {
+func (r *Teams) SetMembers(ctx context.Context, slug string, old, members []model.Member) (bool, error) {
 	return update(ctx, r.coll(), "team", slug, bson.M{"_id": slug, "members": old}, bson.M{"$set": bson.M{"members": members}})
 }
 
@@ -227,12 +227,12 @@ func (s *Store) Credentials() *Credentials { return &Credentials{s} }
 func (r *Credentials) coll() *mongo.Collection { return r.s.db.Collection(CollCredentials) }
 
 // Get returns a credential.
-func (r *Credentials) Get(ctx context.Context, id string) (Credential, error) {
-	return findOne[Credential](ctx, r.coll(), "credential", id, bson.M{"_id": id})
+func (r *Credentials) Get(ctx context.Context, id string) (model.Credential, error) {
+	return findOne[model.Credential](ctx, r.coll(), "credential", id, bson.M{"_id": id})
 }
 
 // Insert adds a credential.
-func (r *Credentials) Insert(ctx context.Context, c Credential) error {
+func (r *Credentials) Insert(ctx context.Context, c model.Credential) error {
 	return insert(ctx, r.coll(), "credential", c.ID, c)
 }
 
@@ -247,7 +247,7 @@ type CredentialFilter struct {
 }
 
 // List returns the matching credentials, oldest first.
-func (r *Credentials) List(ctx context.Context, f CredentialFilter) ([]Credential, error) {
+func (r *Credentials) List(ctx context.Context, f CredentialFilter) ([]model.Credential, error) {
 	filter := bson.M{}
 	if !f.AllTeams {
 		filter["team"] = in(f.Teams)
@@ -259,7 +259,7 @@ func (r *Credentials) List(ctx context.Context, f CredentialFilter) ([]Credentia
 	if f.Limit > 0 {
 		opts.SetLimit(f.Limit)
 	}
-	return findAll[Credential](ctx, r.coll(), filter, opts)
+	return findAll[model.Credential](ctx, r.coll(), filter, opts)
 }
 
 // SetVerified records the provider's verdict on a credential.
@@ -273,7 +273,7 @@ func (r *Credentials) SetVerified(ctx context.Context, id string, verified bool,
 // still at) and no bootstrap of it is running or being destroyed. The provider's verdict is
 // reset (the new value was not verified). It reports whether it did.
 func (r *Credentials) UpdateValue(ctx context.Context, id string, at time.Time, sealed []byte, public map[string]any, secret []string) (bool, error) {
-	filter := bson.M{"_id": id, "updatedAt": at, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying}}}
+	filter := bson.M{"_id": id, "updatedAt": at, "bootstrap.status": bson.M{"$nin": bson.A{model.BootstrapRunning, model.BootstrapDestroying}}}
 	ok, err := update(ctx, r.coll(), "credential", id, filter, bson.M{"$set": bson.M{"sealed": sealed, "public": public,
 		"secretFields": secret, "verified": false, "verifyError": "", "updatedAt": r.s.Now()}})
 	if err != nil {
@@ -285,7 +285,7 @@ func (r *Credentials) UpdateValue(ctx context.Context, id string, at time.Time, 
 // DeleteIdle deletes a credential unless a bootstrap of it is running or being destroyed. It
 // reports whether it did.
 func (r *Credentials) DeleteIdle(ctx context.Context, id string) (bool, error) {
-	res, err := r.coll().DeleteOne(ctx, bson.M{"_id": id, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying}}})
+	res, err := r.coll().DeleteOne(ctx, bson.M{"_id": id, "bootstrap.status": bson.M{"$nin": bson.A{model.BootstrapRunning, model.BootstrapDestroying}}})
 	if err != nil {
 		return false, fmt.Errorf("remove credential %s: %w", id, err)
 	}
@@ -296,10 +296,10 @@ func (r *Credentials) DeleteIdle(ctx context.Context, id string) (bool, error) {
 // yet, if nobody else holds it: its status is not running or destroying (nor done, unless
 // destroy). With stale, a bootstrap whose job is gone is taken over exactly as it was read
 // (status, job and updatedAt). It reports whether the claim was made.
-func (r *Credentials) ClaimBootstrap(ctx context.Context, id, status string, destroy bool, stale *Bootstrap) (bool, error) {
-	filter := bson.M{"_id": id, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying, BootstrapDone}}}
+func (r *Credentials) ClaimBootstrap(ctx context.Context, id, status string, destroy bool, stale *model.Bootstrap) (bool, error) {
+	filter := bson.M{"_id": id, "bootstrap.status": bson.M{"$nin": bson.A{model.BootstrapRunning, model.BootstrapDestroying, model.BootstrapDone}}}
 	if destroy {
-		filter = bson.M{"_id": id, "bootstrap.status": bson.M{"$nin": bson.A{BootstrapRunning, BootstrapDestroying}}}
+		filter = bson.M{"_id": id, "bootstrap.status": bson.M{"$nin": bson.A{model.BootstrapRunning, model.BootstrapDestroying}}}
 	}
 	if stale != nil {
 		filter = bson.M{"_id": id, "bootstrap.status": stale.Status, "bootstrap.jobId": stale.JobID, "bootstrap.updatedAt": stale.UpdatedAt}
@@ -361,33 +361,33 @@ func (s *Store) Templates() *Templates { return &Templates{s} }
 func (r *Templates) coll() *mongo.Collection { return r.s.db.Collection(CollTemplates) }
 
 // Get returns a template.
-func (r *Templates) Get(ctx context.Context, id string) (Template, error) {
-	return findOne[Template](ctx, r.coll(), "template", id, bson.M{"_id": id})
+func (r *Templates) Get(ctx context.Context, id string) (model.Template, error) {
+	return findOne[model.Template](ctx, r.coll(), "template", id, bson.M{"_id": id})
 }
 
 // ByTitle returns the template of team with this title.
-func (r *Templates) ByTitle(ctx context.Context, team, title string) (Template, error) {
-	return findOne[Template](ctx, r.coll(), "template", team+"/"+title, bson.M{"title": title, "team": team})
+func (r *Templates) ByTitle(ctx context.Context, team, title string) (model.Template, error) {
+	return findOne[model.Template](ctx, r.coll(), "template", team+"/"+title, bson.M{"title": title, "team": team})
 }
 
 // Insert adds a template.
-func (r *Templates) Insert(ctx context.Context, t Template) error {
+func (r *Templates) Insert(ctx context.Context, t model.Template) error {
 	return insert(ctx, r.coll(), "template", t.ID, t)
 }
 
 // List returns every template, oldest first.
-func (r *Templates) List(ctx context.Context) ([]Template, error) {
-	return findAll[Template](ctx, r.coll(), bson.M{}, byCreation)
+func (r *Templates) List(ctx context.Context) ([]model.Template, error) {
+	return findAll[model.Template](ctx, r.coll(), bson.M{}, byCreation)
 }
 
 // OfTeams returns the templates of teams (none: no templates), oldest first.
-func (r *Templates) OfTeams(ctx context.Context, teams []string) ([]Template, error) {
-	return findAll[Template](ctx, r.coll(), bson.M{"team": in(teams)}, byCreation)
+func (r *Templates) OfTeams(ctx context.Context, teams []string) ([]model.Template, error) {
+	return findAll[model.Template](ctx, r.coll(), bson.M{"team": in(teams)}, byCreation)
 }
 
 // Trusted returns the templates of team that carry trust records.
-func (r *Templates) Trusted(ctx context.Context, team string) ([]Template, error) {
-	return findAll[Template](ctx, r.coll(), bson.M{"team": team, "trust": bson.M{"$exists": true}})
+func (r *Templates) Trusted(ctx context.Context, team string) ([]model.Template, error) {
+	return findAll[model.Template](ctx, r.coll(), bson.M{"team": team, "trust": bson.M{"$exists": true}})
 }
 
 // TemplateUpdate is a change to a template; zero fields are left as they are. A non-nil Files
@@ -395,10 +395,10 @@ func (r *Templates) Trusted(ctx context.Context, team string) ([]Template, error
 type TemplateUpdate struct {
 	Title       string
 	Description string
-	Files       []File
+	Files       []model.File
 	Providers   []string
 	Rev         int
-	Revisions   []TemplateRevision
+	Revisions   []model.TemplateRevision
 	MaxMachines int // the template's machine cap; 0 leaves it as it is
 }
 
@@ -422,7 +422,7 @@ func (r *Templates) Update(ctx context.Context, id string, rev int, u TemplateUp
 }
 
 // SetTrust replaces a template's trust records (none: the field is removed).
-func (r *Templates) SetTrust(ctx context.Context, id string, trust []TemplateTrust) error {
+func (r *Templates) SetTrust(ctx context.Context, id string, trust []model.TemplateTrust) error {
 	upd := bson.M{"$set": bson.M{"trust": trust}}
 	if len(trust) == 0 {
 		upd = bson.M{"$unset": bson.M{"trust": ""}}
@@ -449,12 +449,12 @@ func (s *Store) Stacks() *Stacks { return &Stacks{s} }
 func (r *Stacks) coll() *mongo.Collection { return r.s.db.Collection(CollStacks) }
 
 // Get returns a stack.
-func (r *Stacks) Get(ctx context.Context, id string) (Stack, error) {
-	return findOne[Stack](ctx, r.coll(), "stack", id, bson.M{"_id": id})
+func (r *Stacks) Get(ctx context.Context, id string) (model.Stack, error) {
+	return findOne[model.Stack](ctx, r.coll(), "stack", id, bson.M{"_id": id})
 }
 
 // Insert adds a stack.
-func (r *Stacks) Insert(ctx context.Context, st Stack) error {
+func (r *Stacks) Insert(ctx context.Context, st model.Stack) error {
 	return insert(ctx, r.coll(), "stack", st.ID, st)
 }
 
@@ -467,9 +467,9 @@ type StackFilter struct {
 }
 
 // List returns the matching stacks, oldest first.
-func (r *Stacks) List(ctx context.Context, f StackFilter) ([]Stack, error) {
+func (r *Stacks) List(ctx context.Context, f StackFilter) ([]model.Stack, error) {
 	if f == (StackFilter{}) {
-		return []Stack{}, nil
+		return []model.Stack{}, nil
 	}
 	filter := bson.M{}
 	if f.Owner != "" {
@@ -478,17 +478,17 @@ func (r *Stacks) List(ctx context.Context, f StackFilter) ([]Stack, error) {
 	if f.Team != "" {
 		filter["team"] = f.Team
 	}
-	return findAll[Stack](ctx, r.coll(), filter, byCreation)
+	return findAll[model.Stack](ctx, r.coll(), filter, byCreation)
 }
 
 // UsingCredential returns the stacks that name credential id for provider.
-func (r *Stacks) UsingCredential(ctx context.Context, provider, id string) ([]Stack, error) {
-	return findAll[Stack](ctx, r.coll(), bson.M{"credentials." + provider: id})
+func (r *Stacks) UsingCredential(ctx context.Context, provider, id string) ([]model.Stack, error) {
+	return findAll[model.Stack](ctx, r.coll(), bson.M{"credentials." + provider: id})
 }
 
 // InStates returns the stacks in one of states.
-func (r *Stacks) InStates(ctx context.Context, states []string) ([]Stack, error) {
-	return findAll[Stack](ctx, r.coll(), bson.M{StateField: in(states)})
+func (r *Stacks) InStates(ctx context.Context, states []string) ([]model.Stack, error) {
+	return findAll[model.Stack](ctx, r.coll(), bson.M{StateField: in(states)})
 }
 
 // StackSet is a change to a stack; nil fields are left as they are. updatedAt is always set.
@@ -536,7 +536,7 @@ func (r *Stacks) TransitionOfJob(ctx context.Context, id string, from []string, 
 
 // Reset forces a stack from state (still belonging to job jobID) with u and appends audit to
 // its resets. It reports whether the stack was still as read.
-func (r *Stacks) Reset(ctx context.Context, id, state, jobID string, u StackSet, audit StackReset) (bool, error) {
+func (r *Stacks) Reset(ctx context.Context, id, state, jobID string, u StackSet, audit model.StackReset) (bool, error) {
 	set := u.fields()
 	set["updatedAt"] = r.s.Now()
 	return update(ctx, r.coll(), "stack", id, bson.M{"_id": id, StateField: state, "jobId": jobMatch(jobID)},
@@ -562,17 +562,17 @@ func (s *Store) Machines() *Machines { return &Machines{s} }
 func (r *Machines) coll() *mongo.Collection { return r.s.db.Collection(CollMachines) }
 
 // Get returns a machine.
-func (r *Machines) Get(ctx context.Context, id string) (Machine, error) {
-	return findOne[Machine](ctx, r.coll(), "machine", id, bson.M{"_id": id})
+func (r *Machines) Get(ctx context.Context, id string) (model.Machine, error) {
+	return findOne[model.Machine](ctx, r.coll(), "machine", id, bson.M{"_id": id})
 }
 
 // ByKite returns the machine whose agent has kite id kiteID.
-func (r *Machines) ByKite(ctx context.Context, kiteID string) (Machine, error) {
-	return findOne[Machine](ctx, r.coll(), "machine of kite", kiteID, bson.M{"kiteId": kiteID})
+func (r *Machines) ByKite(ctx context.Context, kiteID string) (model.Machine, error) {
+	return findOne[model.Machine](ctx, r.coll(), "machine of kite", kiteID, bson.M{"kiteId": kiteID})
 }
 
 // InsertMany adds machines.
-func (r *Machines) InsertMany(ctx context.Context, ms []Machine) error {
+func (r *Machines) InsertMany(ctx context.Context, ms []model.Machine) error {
 	docs := make([]any, len(ms))
 	for i := range ms {
 		docs[i] = ms[i]
@@ -587,8 +587,8 @@ func (r *Machines) InsertMany(ctx context.Context, ms []Machine) error {
 }
 
 // ByStack returns the machines of a stack, by label.
-func (r *Machines) ByStack(ctx context.Context, stackID string) ([]Machine, error) {
-	return findAll[Machine](ctx, r.coll(), bson.M{"stackId": stackID}, options.Find().SetSort(bson.D{{Key: "label", Value: 1}}))
+func (r *Machines) ByStack(ctx context.Context, stackID string) ([]model.Machine, error) {
+	return findAll[model.Machine](ctx, r.coll(), bson.M{"stackId": stackID}, options.Find().SetSort(bson.D{{Key: "label", Value: 1}}))
 }
 
 // InStack reports whether machine id exists and belongs to stack stackID.
@@ -619,9 +619,9 @@ type MachineFilter struct {
 }
 
 // List returns the matching machines, oldest first.
-func (r *Machines) List(ctx context.Context, f MachineFilter) ([]Machine, error) {
+func (r *Machines) List(ctx context.Context, f MachineFilter) ([]model.Machine, error) {
 	if f == (MachineFilter{}) {
-		return []Machine{}, nil
+		return []model.Machine{}, nil
 	}
 	var and []bson.M
 	if f.Visible != "" {
@@ -637,12 +637,12 @@ func (r *Machines) List(ctx context.Context, f MachineFilter) ([]Machine, error)
 	if len(and) > 0 {
 		filter = bson.M{"$and": and}
 	}
-	return findAll[Machine](ctx, r.coll(), filter, byCreation)
+	return findAll[model.Machine](ctx, r.coll(), filter, byCreation)
 }
 
 // InStates returns the machines in one of states.
-func (r *Machines) InStates(ctx context.Context, states []string) ([]Machine, error) {
-	return findAll[Machine](ctx, r.coll(), bson.M{StateField: in(states)})
+func (r *Machines) InStates(ctx context.Context, states []string) ([]model.Machine, error) {
+	return findAll[model.Machine](ctx, r.coll(), bson.M{StateField: in(states)})
 }
 
 // MachineSet is a change to a machine; nil fields are left as they are. updatedAt is always set.
@@ -650,7 +650,7 @@ type MachineSet struct {
 	State        *string
 	Reason       *string
 	KiteID       *string
-	Agent        *Agent // the whole agent record
+	Agent        *model.Agent // the whole agent record
 	AgentStatus  *string
 	AgentSeen    *time.Time
 	AgentVersion *string
@@ -696,7 +696,7 @@ func (r *Machines) TransitionUnchanged(ctx context.Context, id string, from []st
 
 // SetShares replaces a machine's share list if nobody changed the machine since at (its
 // updatedAt as read). It reports whether it did.
-func (r *Machines) SetShares(ctx context.Context, id string, at time.Time, shares []Share) (bool, error) {
+func (r *Machines) SetShares(ctx context.Context, id string, at time.Time, shares []model.Share) (bool, error) {
 	return update(ctx, r.coll(), "machine", id, bson.M{"_id": id, "updatedAt": at},
 		bson.M{"$set": bson.M{"shares": shares, "updatedAt": r.s.Now()}})
 }
@@ -717,7 +717,7 @@ func (r *Machines) SetAgent(ctx context.Context, kiteID, status, version string)
 // SetKiteIDs records the agent kite id of each machine (machine id → kite id) with agent as its
 // agent record, in one write (a stack build does it before Terraform runs). A machine that does
 // not exist is ErrNotFound; the others are written.
-func (r *Machines) SetKiteIDs(ctx context.Context, ids map[string]string, agent Agent) error {
+func (r *Machines) SetKiteIDs(ctx context.Context, ids map[string]string, agent model.Agent) error {
 	if len(ids) == 0 {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 )
@@ -18,10 +19,10 @@ func TestReposNotFoundAndConflict(t *testing.T) {
 		if _, err := s.Users().Get(ctx, "nobody"); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("missing user: %v", err)
 		}
-		if err := s.Users().Insert(ctx, store.User{Username: "alice", CreatedAt: now}); err != nil {
+		if err := s.Users().Insert(ctx, model.User{Username: "alice", CreatedAt: now}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Users().Insert(ctx, store.User{Username: "alice", CreatedAt: now}); !errors.Is(err, store.ErrConflict) {
+		if err := s.Users().Insert(ctx, model.User{Username: "alice", CreatedAt: now}); !errors.Is(err, store.ErrConflict) {
 			t.Fatalf("second alice: %v", err)
 		}
 		if ok, err := s.Users().Exists(ctx, "alice"); err != nil || !ok {
@@ -59,38 +60,38 @@ func TestStacksTransitionsAndReset(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
-		st := store.Stack{ID: "s1", Owner: "alice", Team: "red", State: store.StackNotInitialized, Machines: []string{}, CreatedAt: s.Now()}
+		st := model.Stack{ID: "s1", Owner: "alice", Team: "red", State: model.StackNotInitialized, Machines: []string{}, CreatedAt: s.Now()}
 		if err := s.Stacks().Insert(ctx, st); err != nil {
 			t.Fatal(err)
 		}
 		// No job recorded: the job condition "" matches a missing jobId.
-		if ok, err := s.Stacks().TransitionOfJob(ctx, "s1", []string{store.StackNotInitialized}, "j0", store.StackSet{State: new(store.StackFailed)}); err != nil || ok {
+		if ok, err := s.Stacks().TransitionOfJob(ctx, "s1", []string{model.StackNotInitialized}, "j0", store.StackSet{State: new(model.StackFailed)}); err != nil || ok {
 			t.Fatalf("transition of another job: %t %v", ok, err)
 		}
-		if ok, err := s.Stacks().Transition(ctx, "s1", []string{store.StackNotInitialized}, store.StackSet{State: new(store.StackBuilding), JobID: new("j1")}); err != nil || !ok {
+		if ok, err := s.Stacks().Transition(ctx, "s1", []string{model.StackNotInitialized}, store.StackSet{State: new(model.StackBuilding), JobID: new("j1")}); err != nil || !ok {
 			t.Fatalf("build: %t %v", ok, err)
 		}
-		if ok, err := s.Stacks().Transition(ctx, "s1", []string{store.StackNotInitialized}, store.StackSet{State: new(store.StackBuilding)}); err != nil || ok {
+		if ok, err := s.Stacks().Transition(ctx, "s1", []string{model.StackNotInitialized}, store.StackSet{State: new(model.StackBuilding)}); err != nil || ok {
 			t.Fatalf("second build: %t %v", ok, err)
 		}
 		if err := s.Stacks().Set(ctx, "s1", store.StackSet{TFJobID: new("tf-1")}); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := s.Stacks().Reset(ctx, "s1", store.StackBuilding, "j0", store.StackSet{State: new(store.StackFailed)}, store.StackReset{By: "admin"}); err != nil || ok {
+		if ok, err := s.Stacks().Reset(ctx, "s1", model.StackBuilding, "j0", store.StackSet{State: new(model.StackFailed)}, model.StackReset{By: "admin"}); err != nil || ok {
 			t.Fatalf("reset with a stale job: %t %v", ok, err)
 		}
-		if ok, err := s.Stacks().Reset(ctx, "s1", store.StackBuilding, "j1", store.StackSet{State: new(store.StackFailed), Reason: new("INC-1")},
-			store.StackReset{By: "admin", From: store.StackBuilding, To: store.StackFailed, Job: "j1", Reason: "INC-1"}); err != nil || !ok {
+		if ok, err := s.Stacks().Reset(ctx, "s1", model.StackBuilding, "j1", store.StackSet{State: new(model.StackFailed), Reason: new("INC-1")},
+			model.StackReset{By: "admin", From: model.StackBuilding, To: model.StackFailed, Job: "j1", Reason: "INC-1"}); err != nil || !ok {
 			t.Fatalf("reset: %t %v", ok, err)
 		}
 		got, err := s.Stacks().Get(ctx, "s1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.State != store.StackFailed || got.Reason != "INC-1" || got.JobID != "j1" || got.TFJobID != "tf-1" || len(got.Resets) != 1 || got.Resets[0].By != "admin" {
+		if got.State != model.StackFailed || got.Reason != "INC-1" || got.JobID != "j1" || got.TFJobID != "tf-1" || len(got.Resets) != 1 || got.Resets[0].By != "admin" {
 			t.Fatalf("after reset: %+v", got)
 		}
-		if l, err := s.Stacks().InStates(ctx, []string{store.StackFailed}); err != nil || len(l) != 1 {
+		if l, err := s.Stacks().InStates(ctx, []string{model.StackFailed}); err != nil || len(l) != 1 {
 			t.Fatalf("failed stacks: %v %v", l, err)
 		}
 		if l, err := s.Stacks().List(ctx, store.StackFilter{Owner: "bob"}); err != nil || len(l) != 0 {
@@ -117,10 +118,10 @@ func TestMachinesQueriesAndConditionalWrites(t *testing.T) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
 		now := s.Now()
-		ms := []store.Machine{
+		ms := []model.Machine{
 			{ID: "m1", StackID: "s1", Label: "b", Owner: "alice", Team: "red", State: "Running", KiteID: "k1", CreatedAt: now, UpdatedAt: now},
 			{ID: "m2", StackID: "s1", Label: "a", Owner: "alice", Team: "red", State: "Building", CreatedAt: now, UpdatedAt: now,
-				Shares: []store.Share{{Username: "bob", Grant: store.GrantReadonly}}},
+				Shares: []model.Share{{Username: "bob", Grant: model.GrantReadonly}}},
 			{ID: "m3", StackID: "s2", Label: "c", Owner: "carol", Team: "blue", State: "Stopped", CreatedAt: now, UpdatedAt: now},
 		}
 		if err := s.Machines().InsertMany(ctx, ms); err != nil {
@@ -129,7 +130,7 @@ func TestMachinesQueriesAndConditionalWrites(t *testing.T) {
 		if err := s.Machines().InsertMany(ctx, ms[:1]); !errors.Is(err, store.ErrConflict) {
 			t.Fatalf("duplicate machine: %v", err)
 		}
-		ids := func(l []store.Machine, err error) []string {
+		ids := func(l []model.Machine, err error) []string {
 			t.Helper()
 			if err != nil {
 				t.Fatal(err)
@@ -166,10 +167,10 @@ func TestMachinesQueriesAndConditionalWrites(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Machines().SetAgent(ctx, "k1", store.AgentConnected, "1.2"); err != nil {
+		if err := s.Machines().SetAgent(ctx, "k1", model.AgentConnected, "1.2"); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := s.Machines().SetShares(ctx, "m1", m1.UpdatedAt, []store.Share{{Username: "bob", Grant: store.GrantFull}}); err != nil || !ok {
+		if ok, err := s.Machines().SetShares(ctx, "m1", m1.UpdatedAt, []model.Share{{Username: "bob", Grant: model.GrantFull}}); err != nil || !ok {
 			t.Fatalf("set shares: %t %v", ok, err)
 		}
 		if ok, err := s.Machines().SetShares(ctx, "m1", m1.UpdatedAt, nil); err != nil || ok {
@@ -179,7 +180,7 @@ func TestMachinesQueriesAndConditionalWrites(t *testing.T) {
 			t.Errorf("k1 shared with bob: %t %v", ok, err)
 		}
 		m1, err = s.Machines().ByKite(ctx, "k1")
-		if err != nil || m1.Agent.Status != store.AgentConnected || m1.Agent.Version != "1.2" || m1.Agent.LastSeen.IsZero() {
+		if err != nil || m1.Agent.Status != model.AgentConnected || m1.Agent.Version != "1.2" || m1.Agent.LastSeen.IsZero() {
 			t.Fatalf("agent of m1: %+v %v", m1.Agent, err)
 		}
 		if ok, err := s.Machines().TransitionUnchanged(ctx, "m1", []string{"Running"}, m1.UpdatedAt.Add(-1), store.MachineSet{State: new("Unknown")}); err != nil || ok {
@@ -206,14 +207,14 @@ func TestCredentialBootstrapClaim(t *testing.T) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
 		now := s.Now()
-		cr := store.Credential{ID: "c1", Provider: "p", Team: "red", Owner: "alice", Bootstrap: &store.Bootstrap{Status: store.BootstrapNone, UpdatedAt: now}, CreatedAt: now}
+		cr := model.Credential{ID: "c1", Provider: "p", Team: "red", Owner: "alice", Bootstrap: &model.Bootstrap{Status: model.BootstrapNone, UpdatedAt: now}, CreatedAt: now}
 		if err := s.Credentials().Insert(ctx, cr); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", store.BootstrapRunning, false, nil); err != nil || !ok {
+		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", model.BootstrapRunning, false, nil); err != nil || !ok {
 			t.Fatalf("claim: %t %v", ok, err)
 		}
-		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", store.BootstrapRunning, false, nil); err != nil || ok {
+		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", model.BootstrapRunning, false, nil); err != nil || ok {
 			t.Fatalf("second claim: %t %v", ok, err)
 		}
 		if ok, err := s.Credentials().DeleteIdle(ctx, "c1"); err != nil || ok {
@@ -225,34 +226,34 @@ func TestCredentialBootstrapClaim(t *testing.T) {
 		if ok, err := s.Credentials().SetBootstrapJob(ctx, "c1", "j2"); err != nil || ok {
 			t.Fatalf("another job: %t %v", ok, err)
 		}
-		if ok, err := s.Credentials().UpdateBootstrap(ctx, "c1", "j2", store.BootstrapSet{Status: new(store.BootstrapFailed)}); err != nil || ok {
+		if ok, err := s.Credentials().UpdateBootstrap(ctx, "c1", "j2", store.BootstrapSet{Status: new(model.BootstrapFailed)}); err != nil || ok {
 			t.Fatalf("update by another job: %t %v", ok, err)
 		}
 		sealed := []byte("s")
-		if ok, err := s.Credentials().UpdateBootstrap(ctx, "c1", "j1", store.BootstrapSet{Status: new(store.BootstrapDone), Sealed: &sealed, Outputs: &[]string{"vpc"}}); err != nil || !ok {
+		if ok, err := s.Credentials().UpdateBootstrap(ctx, "c1", "j1", store.BootstrapSet{Status: new(model.BootstrapDone), Sealed: &sealed, Outputs: &[]string{"vpc"}}); err != nil || !ok {
 			t.Fatalf("finish: %t %v", ok, err)
 		}
 		got, err := s.Credentials().Get(ctx, "c1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b := got.Bootstrap; b.Status != store.BootstrapDone || string(b.Sealed) != "s" || !slices.Equal(b.Outputs, []string{"vpc"}) || b.JobID != "j1" {
+		if b := got.Bootstrap; b.Status != model.BootstrapDone || string(b.Sealed) != "s" || !slices.Equal(b.Outputs, []string{"vpc"}) || b.JobID != "j1" {
 			t.Fatalf("bootstrap: %+v", b)
 		}
 		// Done: only a destroy claims it; then a stale claim is taken over exactly as read.
-		if ok, _ := s.Credentials().ClaimBootstrap(ctx, "c1", store.BootstrapRunning, false, nil); ok {
+		if ok, _ := s.Credentials().ClaimBootstrap(ctx, "c1", model.BootstrapRunning, false, nil); ok {
 			t.Fatal("a build claimed a done bootstrap")
 		}
-		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", store.BootstrapDestroying, true, nil); err != nil || !ok {
+		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", model.BootstrapDestroying, true, nil); err != nil || !ok {
 			t.Fatalf("destroy claim: %t %v", ok, err)
 		}
 		got, _ = s.Credentials().Get(ctx, "c1")
 		stale := *got.Bootstrap
 		stale.UpdatedAt = stale.UpdatedAt.Add(-1)
-		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", store.BootstrapDestroying, true, &stale); err != nil || ok {
+		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", model.BootstrapDestroying, true, &stale); err != nil || ok {
 			t.Fatalf("take-over of a changed claim: %t %v", ok, err)
 		}
-		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", store.BootstrapDestroying, true, got.Bootstrap); err != nil || !ok {
+		if ok, err := s.Credentials().ClaimBootstrap(ctx, "c1", model.BootstrapDestroying, true, got.Bootstrap); err != nil || !ok {
 			t.Fatalf("take-over: %t %v", ok, err)
 		}
 		if err := s.Credentials().SetVerified(ctx, "c1", true, ""); err != nil {
@@ -277,18 +278,18 @@ func TestTemplatesUpdateAndTrust(t *testing.T) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
 		now := s.Now()
-		tpl := store.Template{ID: "t1", Title: "web", Team: "red", Owner: "alice", Rev: 1, Files: []store.File{{Name: "main.tf", Content: "a"}}, CreatedAt: now}
+		tpl := model.Template{ID: "t1", Title: "web", Team: "red", Owner: "alice", Rev: 1, Files: []model.File{{Name: "main.tf", Content: "a"}}, CreatedAt: now}
 		if err := s.Templates().Insert(ctx, tpl); err != nil {
 			t.Fatal(err)
 		}
-		up := store.TemplateUpdate{Files: []store.File{{Name: "main.tf", Content: "b"}}, Rev: 2, Revisions: []store.TemplateRevision{{Rev: 1, Files: tpl.Files}}}
+		up := store.TemplateUpdate{Files: []model.File{{Name: "main.tf", Content: "b"}}, Rev: 2, Revisions: []model.TemplateRevision{{Rev: 1, Files: tpl.Files}}}
 		if ok, err := s.Templates().Update(ctx, "t1", 1, up); err != nil || !ok {
 			t.Fatalf("update: %t %v", ok, err)
 		}
 		if ok, err := s.Templates().Update(ctx, "t1", 1, store.TemplateUpdate{Title: "x"}); err != nil || ok {
 			t.Fatalf("update of a stale revision: %t %v", ok, err)
 		}
-		if err := s.Templates().SetTrust(ctx, "t1", []store.TemplateTrust{{Rev: 2, Digest: "d", By: "admin"}}); err != nil {
+		if err := s.Templates().SetTrust(ctx, "t1", []model.TemplateTrust{{Rev: 2, Digest: "d", By: "admin"}}); err != nil {
 			t.Fatal(err)
 		}
 		if l, err := s.Templates().Trusted(ctx, "red"); err != nil || len(l) != 1 || l[0].Trust[0].Digest != "d" {
@@ -317,7 +318,7 @@ func TestStoretestSetFieldsAndRaw(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	s := storetest.New(t)
-	if err := s.Teams().Insert(ctx, store.Team{Slug: "red", Title: "Red", Members: []store.Member{{Username: "alice", Role: store.RoleAdmin}}}); err != nil {
+	if err := s.Teams().Insert(ctx, model.Team{Slug: "red", Title: "Red", Members: []model.Member{{Username: "alice", Role: model.RoleAdmin}}}); err != nil {
 		t.Fatal(err)
 	}
 	storetest.SetFields(t, s, store.CollTeams, "red", map[string]any{"title": "Old red"})
@@ -327,7 +328,7 @@ func TestStoretestSetFieldsAndRaw(t *testing.T) {
 	if l, err := s.Teams().OfMember(ctx, "alice"); err != nil || len(l) != 1 || l[0].Title != "Old red" {
 		t.Fatalf("alice's teams: %+v %v", l, err)
 	}
-	if ok, err := s.Teams().SetMembers(ctx, "red", nil, []store.Member{}); err != nil || ok {
+	if ok, err := s.Teams().SetMembers(ctx, "red", nil, []model.Member{}); err != nil || ok {
 		t.Fatalf("members changed from a stale list: %t %v", ok, err)
 	}
 }
@@ -340,14 +341,14 @@ func TestMachinesSetKiteIDs(t *testing.T) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
 		now := s.Now()
-		ms := []store.Machine{
-			{ID: "m1", StackID: "s1", Label: "a", Owner: "alice", State: "Building", KiteID: "old", Agent: store.Agent{Status: store.AgentConnected}, CreatedAt: now, UpdatedAt: now},
+		ms := []model.Machine{
+			{ID: "m1", StackID: "s1", Label: "a", Owner: "alice", State: "Building", KiteID: "old", Agent: model.Agent{Status: model.AgentConnected}, CreatedAt: now, UpdatedAt: now},
 			{ID: "m2", StackID: "s1", Label: "b", Owner: "alice", State: "Building", CreatedAt: now, UpdatedAt: now},
 		}
 		if err := s.Machines().InsertMany(ctx, ms); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Machines().SetKiteIDs(ctx, map[string]string{"m1": "k1", "m2": "k2"}, store.Agent{Status: store.AgentNever}); err != nil {
+		if err := s.Machines().SetKiteIDs(ctx, map[string]string{"m1": "k1", "m2": "k2"}, model.Agent{Status: model.AgentNever}); err != nil {
 			t.Fatal(err)
 		}
 		for id, want := range map[string]string{"m1": "k1", "m2": "k2"} {
@@ -355,11 +356,11 @@ func TestMachinesSetKiteIDs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m.KiteID != want || m.Agent.Status != store.AgentNever || !m.UpdatedAt.After(now) && !m.UpdatedAt.Equal(now) {
+			if m.KiteID != want || m.Agent.Status != model.AgentNever || !m.UpdatedAt.After(now) && !m.UpdatedAt.Equal(now) {
 				t.Fatalf("%s: kite %q agent %+v, want %q never seen", id, m.KiteID, m.Agent, want)
 			}
 		}
-		err := s.Machines().SetKiteIDs(ctx, map[string]string{"m1": "k3", "gone": "k4"}, store.Agent{Status: store.AgentNever})
+		err := s.Machines().SetKiteIDs(ctx, map[string]string{"m1": "k3", "gone": "k4"}, model.Agent{Status: model.AgentNever})
 		if !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("a missing machine: %v", err)
 		}

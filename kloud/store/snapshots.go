@@ -19,15 +19,15 @@ func (s *Store) Snapshots() *Snapshots { return &Snapshots{s} }
 func (r *Snapshots) coll() *mongo.Collection { return r.s.db.Collection(CollSnapshots) }
 
 // Insert adds a snapshot record (createdAt and updatedAt set now).
-func (r *Snapshots) Insert(ctx context.Context, sn Snapshot) error {
+func (r *Snapshots) Insert(ctx context.Context, sn model.Snapshot) error {
 	sn.CreatedAt = r.s.Now()
 	sn.UpdatedAt = sn.CreatedAt
 	return insert(ctx, r.coll(), "snapshot", sn.ID, sn)
 }
 
 // Get returns a snapshot record.
-func (r *Snapshots) Get(ctx context.Context, id string) (Snapshot, error) {
-	return findOne[Snapshot](ctx, r.coll(), "snapshot", id, bson.M{"_id": id})
+func (r *Snapshots) Get(ctx context.Context, id string) (model.Snapshot, error) {
+	return findOne[model.Snapshot](ctx, r.coll(), "snapshot", id, bson.M{"_id": id})
 }
 
 // SnapshotFilter selects snapshots for [Snapshots.List]: those matching every non-empty field.
@@ -37,7 +37,7 @@ type SnapshotFilter struct {
 }
 
 // List returns the matching snapshots, oldest first.
-func (r *Snapshots) List(ctx context.Context, f SnapshotFilter) ([]Snapshot, error) {
+func (r *Snapshots) List(ctx context.Context, f SnapshotFilter) ([]model.Snapshot, error) {
 	filter := bson.M{}
 	if f.Owner != "" {
 		filter["owner"] = f.Owner
@@ -45,7 +45,7 @@ func (r *Snapshots) List(ctx context.Context, f SnapshotFilter) ([]Snapshot, err
 	if f.MachineID != "" {
 		filter["machineId"] = f.MachineID
 	}
-	out, err := findAll[Snapshot](ctx, r.coll(), filter, byCreation)
+	out, err := findAll[model.Snapshot](ctx, r.coll(), filter, byCreation)
 	if err != nil {
 		return nil, fmt.Errorf("list snapshots: %w", err)
 	}

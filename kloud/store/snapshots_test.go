@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -12,7 +13,7 @@ func TestSnapshotsRepo(t *testing.T) {
 	forEach(t, func(t *testing.T, b backend) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
-		for _, sn := range []store.Snapshot{
+		for _, sn := range []model.Snapshot{
 			{ID: store.NewID(), Name: "a", Owner: "alice", MachineID: "m1", Status: store.SnapshotCreating, Attributes: map[string]any{"id": "sb-1"}},
 			{ID: store.NewID(), Name: "b", Owner: "alice", MachineID: "m2", Status: store.SnapshotReady, Size: 100},
 			{ID: store.NewID(), Name: "c", Owner: "bob", MachineID: "m3", Status: store.SnapshotReady, Size: 7},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -16,7 +17,7 @@ import (
 // revision they are from (or were scaled from, Diverged), its variables and its machine ids.
 // Nil or zero fields are written too: the caller passes the whole content.
 type StackContent struct {
-	Files     []File
+	Files     []model.File
 	Rev       int
 	Diverged  bool
 	Variables map[string]string
