@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // TestEveryRouteIsAuditDecided: every kloud method (api.KloudMethods, which TestMethodTable
@@ -75,10 +76,10 @@ func TestAuditTarget(t *testing.T) {
 		v      any
 		want   string
 	}{
-		{api.MethodStackCreate, api.StackCreateResult{Stack: api.Stack{ID: "s1", TemplateID: "t1"}}, "stack/s1"},
-		{api.MethodTemplateCreate, api.Template{ID: "t1", Team: "red"}, "template/t1"},
+		{api.MethodStackCreate, api.StackCreateResult{Stack: model.Stack{ID: "s1", TemplateID: "t1"}}, "stack/s1"},
+		{api.MethodTemplateCreate, model.Template{ID: "t1", Team: "red"}, "template/t1"},
 		{api.MethodCredentialAdd, api.CredentialAddResult{ID: "c1"}, "credential/c1"},
-		{api.MethodTeamCreate, api.Team{Slug: "red"}, "team/red"},
+		{api.MethodTeamCreate, model.Team{Slug: "red"}, "team/red"},
 		{api.MethodMachineSnapshot, api.SnapshotStarted{JobID: "j1", SnapshotID: "sn1"}, "snapshot/sn1"},
 	} {
 		if got := createdTarget(c.method, c.v); got != c.want {

@@ -109,18 +109,18 @@ func (s *Server) idleStillDue(machineID string, p powerParams) error {
 func ShortDuration(d time.Duration) string { return idle.ShortDuration(d) }
 
 // machineSet serves machine.set: the machine's own idle settings (its owner, team admins).
-func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineSetParams) (api.Machine, error) {
+func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineSetParams) (model.Machine, error) {
 	m, err := s.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
-		return api.Machine{}, err
+		return model.Machine{}, err
 	}
 	if !c.CanManage(m.Owner, m.Team) {
-		return api.Machine{}, fmt.Errorf("machine %s belongs to %s: only its owner and team admins change its settings: %w", m.Label, m.Owner, kite.ErrPermission)
+		return model.Machine{}, fmt.Errorf("machine %s belongs to %s: only its owner and team admins change its settings: %w", m.Label, m.Owner, kite.ErrPermission)
 	}
 	set := m.Idle.IdleSettings
 	if p.IdleTimeout != "" {
 		if set.TimeoutSeconds, err = api.ParseIdleTimeout(p.IdleTimeout); err != nil {
-			return api.Machine{}, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
+			return model.Machine{}, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
 		}
 	}
 	switch {
@@ -131,31 +131,31 @@ func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *
 	}
 	if p.IdleTimeout != "" || p.AlwaysOn != nil || p.ResetAlwaysOn {
 		if err := s.store.Machines().SetIdleSettings(ctx, m.ID, set); err != nil {
-			return api.Machine{}, err
+			return model.Machine{}, err
 		}
 	}
 	switch p.Autostart {
 	case "":
 	case api.AutostartOff:
 		if err := s.store.Machines().SetAutostart(ctx, m.ID, nil); err != nil {
-			return api.Machine{}, err
+			return model.Machine{}, err
 		}
 	default:
 		sc, loc, err := api.ParseAutostart(p.Autostart, p.Timezone)
 		if err != nil {
-			return api.Machine{}, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
+			return model.Machine{}, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
 		}
 		if err := s.capable(m.Provider, api.MethodMachineSet, provider.CapStart); err != nil {
-			return api.Machine{}, err
+			return model.Machine{}, err
 		}
 		a := &model.Autostart{Schedule: strings.Join(strings.Fields(strings.ToLower(p.Autostart)), " "), TZ: loc.String(), Next: sc.Next(s.store.Now(), loc)}
 		if err := s.store.Machines().SetAutostart(ctx, m.ID, a); err != nil {
-			return api.Machine{}, err
+			return model.Machine{}, err
 		}
 	}
 	nm, err := s.loadMachine(ctx, c, m.ID)
 	if err != nil {
-		return api.Machine{}, err
+		return model.Machine{}, err
 	}
 	ms := []model.Machine{*nm}
 	s.showIdle(ctx, ms)

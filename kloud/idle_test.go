@@ -40,7 +40,7 @@ func (e *termEnv) info() api.MachineInfo {
 }
 
 // set is machine.set of the env's machine as alice.
-func (e *termEnv) set(p api.MachineSetParams) api.Machine {
+func (e *termEnv) set(p api.MachineSetParams) model.Machine {
 	e.t.Helper()
 	p.MachineID = e.machine.ID
 	m, err := e.client().MachineSet(e.t.Context(), p)

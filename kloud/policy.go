@@ -216,18 +216,18 @@ func revisionFiles(t *model.Template, rev int) (int, []model.File, error) {
 	return 0, nil, fmt.Errorf("template %s has no revision %d (kept: the last %d): %w", t.ID, rev, maxRevisions, kite.ErrNotFound)
 }
 
-func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (api.TemplateTrust, error) {
+func (s *Server) templateTrust(ctx context.Context, c *Caller, _ *kite.Request, p *api.TrustParams) (model.TemplateTrust, error) {
 	spec := &api.TrustSpec{Rules: p.Rules, Reason: p.Reason}
 	if _, err := s.trustSpec(c, spec); err != nil {
-		return api.TemplateTrust{}, err
+		return model.TemplateTrust{}, err
 	}
 	t, err := s.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
 	if err != nil {
-		return api.TemplateTrust{}, err
+		return model.TemplateTrust{}, err
 	}
 	rev, files, err := revisionFiles(t, p.Revision)
 	if err != nil {
-		return api.TemplateTrust{}, err
+		return model.TemplateTrust{}, err
 	}
 	return s.trust(ctx, c, t, rev, files, spec)
 }

@@ -153,13 +153,13 @@ func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request,
 	return s.snapshotEngine().Restore(ctx, sn, m, c.Username)
 }
 
-func (s *Server) snapshotDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotRef) (api.Snapshot, error) {
+func (s *Server) snapshotDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotRef) (model.Snapshot, error) {
 	sn, err := s.loadSnapshot(ctx, c, p.SnapshotID)
 	if err != nil {
-		return api.Snapshot{}, err
+		return model.Snapshot{}, err
 	}
 	if err := s.snapshotEngine().Delete(ctx, sn, c.Username); err != nil {
-		return api.Snapshot{}, err
+		return model.Snapshot{}, err
 	}
 	return *sn, nil
 }

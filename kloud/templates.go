@@ -74,47 +74,47 @@ func (s *Server) defaultTeam(c *Caller, team string) (string, error) {
 	return "", fmt.Errorf("say which team (--team): you are in %d teams: %w", len(c.Teams), kite.ErrInvalidParams)
 }
 
-func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (api.Template, error) {
+func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (model.Template, error) {
 	if p.TemplateID != "" {
-		return api.Template{}, fmt.Errorf("template.create takes no id: %w", kite.ErrInvalidParams)
+		return model.Template{}, fmt.Errorf("template.create takes no id: %w", kite.ErrInvalidParams)
 	}
 	if strings.TrimSpace(p.Title) == "" || len(p.Files) == 0 {
-		return api.Template{}, fmt.Errorf("a template needs a title and at least one file: %w", kite.ErrInvalidParams)
+		return model.Template{}, fmt.Errorf("a template needs a title and at least one file: %w", kite.ErrInvalidParams)
 	}
 	team, err := s.defaultTeam(c, p.Team)
 	if err != nil {
-		return api.Template{}, err
+		return model.Template{}, err
 	}
 	files := filesOf(p.Files)
 	_, res, err := s.machineResources(fileMap(files))
 	if err != nil {
-		return api.Template{}, err
+		return model.Template{}, err
 	}
 	lift, err := s.trustSpec(c, p.Trust)
 	if err != nil {
-		return api.Template{}, err
+		return model.Template{}, err
 	}
 	if err := s.checkPolicy(ctx, team, fileMap(files), lift...); err != nil {
-		return api.Template{}, err
+		return model.Template{}, err
 	}
 	if p.MaxMachines != 0 {
-		return api.Template{}, fmt.Errorf("template.create takes no maxMachines: an administrator sets it with template.update: %w", kite.ErrInvalidParams)
+		return model.Template{}, fmt.Errorf("template.create takes no maxMachines: an administrator sets it with template.update: %w", kite.ErrInvalidParams)
 	}
 	if p.IdleTimeout != "" || p.AlwaysOn != nil {
-		return api.Template{}, fmt.Errorf("template.create takes no idleTimeout or alwaysOn: set them with template.update: %w", kite.ErrInvalidParams)
+		return model.Template{}, fmt.Errorf("template.create takes no idleTimeout or alwaysOn: set them with template.update: %w", kite.ErrInvalidParams)
 	}
 	if err := s.checkTemplateCap(nil, fileMap(files)); err != nil { // limits.go
-		return api.Template{}, err
+		return model.Template{}, err
 	}
 	now := s.store.Now()
 	t := model.Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
 		Rev: 1, Files: files, Providers: providerNames(res), CreatedAt: now, UpdatedAt: now}
 	if err := s.store.Templates().Insert(ctx, t); err != nil {
-		return api.Template{}, fmt.Errorf("save template: %w", err)
+		return model.Template{}, fmt.Errorf("save template: %w", err)
 	}
 	if p.Trust != nil {
 		if _, err := s.trust(ctx, c, &t, t.Rev, t.Files, p.Trust); err != nil {
-			return api.Template{}, err
+			return model.Template{}, err
 		}
 	}
 	return t, nil
@@ -135,42 +135,42 @@ func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*model
 	return &t, nil
 }
 
-func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (api.Template, error) {
+func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (model.Template, error) {
 	t, err := s.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
-		return api.Template{}, err
+		return model.Template{}, err
 	}
 	if !c.CanManage(t.Owner, t.Team) {
-		return api.Template{}, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
+		return model.Template{}, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
 	}
 	u := store.TemplateUpdate{Title: strings.TrimSpace(p.Title), Description: p.Description}
 	if p.MaxMachines != 0 { // limits.go
 		if err := setTemplateCap(c, p.MaxMachines); err != nil {
-			return api.Template{}, err
+			return model.Template{}, err
 		}
 		u.MaxMachines, t.MaxMachines = p.MaxMachines, p.MaxMachines
 	}
 	idle, setIdle, err := templateIdle(p, t.Idle) // idle.go
 	if err != nil {
-		return api.Template{}, err
+		return model.Template{}, err
 	}
 	if len(p.Files) > 0 {
 		files := filesOf(p.Files)
 		_, res, err := s.machineResources(fileMap(files))
 		if err != nil {
-			return api.Template{}, err
+			return model.Template{}, err
 		}
 		// A new revision: trust given to an earlier one does not carry over (it is bound to
 		// the earlier files' digest).
 		lift, err := s.trustSpec(c, p.Trust)
 		if err != nil {
-			return api.Template{}, err
+			return model.Template{}, err
 		}
 		if err := s.checkPolicy(ctx, t.Team, fileMap(files), lift...); err != nil {
-			return api.Template{}, err
+			return model.Template{}, err
 		}
 		if err := s.checkTemplateCap(t, fileMap(files)); err != nil { // limits.go
-			return api.Template{}, err
+			return model.Template{}, err
 		}
 		u.Files, u.Providers, u.Rev = files, providerNames(res), t.Rev+1
 		revs := append([]model.TemplateRevision{{Rev: t.Rev, Files: t.Files, Author: t.Owner, CreatedAt: t.UpdatedAt}}, t.Revisions...)
@@ -182,23 +182,23 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 	// Conditional on the revision we read: two concurrent updates cannot both win.
 	ok, err := s.store.Templates().Update(ctx, t.ID, t.Rev, u)
 	if err != nil {
-		return api.Template{}, fmt.Errorf("save template: %w", err)
+		return model.Template{}, fmt.Errorf("save template: %w", err)
 	}
 	if !ok {
-		return api.Template{}, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
+		return model.Template{}, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
 	}
 	if setIdle {
 		if err := s.store.Templates().SetIdle(ctx, t.ID, idle); err != nil {
-			return api.Template{}, fmt.Errorf("save template: %w", err)
+			return model.Template{}, fmt.Errorf("save template: %w", err)
 		}
 	}
 	nt, err := s.loadTemplate(ctx, c, t.ID)
 	if err != nil {
-		return api.Template{}, err
+		return model.Template{}, err
 	}
 	if p.Trust != nil && len(p.Files) > 0 {
 		if _, err := s.trust(ctx, c, nt, nt.Rev, nt.Files, p.Trust); err != nil {
-			return api.Template{}, err
+			return model.Template{}, err
 		}
 	}
 	return *nt, nil

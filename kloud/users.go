@@ -292,13 +292,13 @@ func (s *Server) userSetRole(ctx context.Context, c *Caller, _ *kite.Request, p 
 }
 
 // teamCreate creates a team with the caller as its admin.
-func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (api.Team, error) {
+func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (model.Team, error) {
 	t := model.Team{Slug: p.Slug, Title: p.Title, Members: []model.Member{{Username: c.Username, Role: model.RoleAdmin}}, CreatedAt: s.store.Now()}
 	if err := s.store.Teams().Insert(ctx, t); err != nil {
 		if errors.Is(err, store.ErrConflict) {
-			return api.Team{}, fmt.Errorf("team %q already exists: %w", p.Slug, kite.ErrConflict)
+			return model.Team{}, fmt.Errorf("team %q already exists: %w", p.Slug, kite.ErrConflict)
 		}
-		return api.Team{}, fmt.Errorf("create team %s: %w", p.Slug, err)
+		return model.Team{}, fmt.Errorf("create team %s: %w", p.Slug, err)
 	}
 	s.log.InfoContext(ctx, "team created", "team", p.Slug, "by", c.Username)
 	return t, nil
@@ -319,36 +319,36 @@ func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 }
 
 // teamAddMember adds a user to a team, or changes their role (team admins).
-func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (api.Team, error) {
+func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (model.Team, error) {
 	if p.Role == "" {
 		p.Role = model.RoleMember
 	}
 	if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
-		return api.Team{}, err
+		return model.Team{}, err
 	}
 	ok, err := s.userExists(ctx, p.Username)
 	if err != nil {
-		return api.Team{}, err
+		return model.Team{}, err
 	}
 	if !ok {
-		return api.Team{}, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
+		return model.Team{}, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
 	}
 	if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
-		return api.Team{}, err
+		return model.Team{}, err
 	}
 	s.log.InfoContext(ctx, "team member set", "team", p.Team, "user", p.Username, "role", p.Role, "by", c.Username)
 	return deref(s.loadTeam(ctx, p.Team))
 }
 
 // teamRemoveMember removes a user from a team (team admins; anyone may leave a team).
-func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (api.Team, error) {
+func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (model.Team, error) {
 	if p.Username != c.Username || !c.InTeam(p.Team) {
 		if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
-			return api.Team{}, err
+			return model.Team{}, err
 		}
 	}
 	if err := s.setMember(ctx, p.Team, p.Username, ""); err != nil {
-		return api.Team{}, err
+		return model.Team{}, err
 	}
 	s.log.InfoContext(ctx, "team member removed", "team", p.Team, "user", p.Username, "by", c.Username)
 	return deref(s.loadTeam(ctx, p.Team))

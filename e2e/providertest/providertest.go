@@ -27,7 +27,7 @@ import (
 // Machine is a machine as kloud's machine.list shows it (id, label, stack, kite id, the
 // resource's Terraform attributes, the provider's metadata): what the hooks get to find the
 // machine in the provider's infrastructure.
-type Machine = api.Machine
+type Machine = model.Machine
 
 // Config is what a provider gives the suite. Provider (or Plugin and Name), Template,
 // StopBehindBack, WriteFile, ReadFile and Leftovers are required; GoodCredential, BadCredential

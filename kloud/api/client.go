@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/model"
 )
 
 // Caller makes one kite call: a *kite.Conn or a *kite.Client.
@@ -58,7 +59,7 @@ func (c *Client) UserSetPassword(ctx context.Context, p SetPasswordParams) (SetP
 }
 
 // TeamCreate creates a team with the caller as its admin.
-func (c *Client) TeamCreate(ctx context.Context, p TeamCreateParams) (Team, error) {
+func (c *Client) TeamCreate(ctx context.Context, p TeamCreateParams) (model.Team, error) {
 	return RPCTeamCreate.Call(ctx, c.c, p)
 }
 
@@ -68,12 +69,12 @@ func (c *Client) TeamList(ctx context.Context) (TeamListResult, error) {
 }
 
 // TeamAddMember adds a member to a team or changes their role.
-func (c *Client) TeamAddMember(ctx context.Context, p TeamMemberParams) (Team, error) {
+func (c *Client) TeamAddMember(ctx context.Context, p TeamMemberParams) (model.Team, error) {
 	return RPCTeamAddMember.Call(ctx, c.c, p)
 }
 
 // TeamRemoveMember removes a member from a team.
-func (c *Client) TeamRemoveMember(ctx context.Context, p TeamMemberParams) (Team, error) {
+func (c *Client) TeamRemoveMember(ctx context.Context, p TeamMemberParams) (model.Team, error) {
 	return RPCTeamRemoveMember.Call(ctx, c.c, p)
 }
 
@@ -128,12 +129,12 @@ func (c *Client) CredentialBootstrap(ctx context.Context, p CredentialBootstrapP
 }
 
 // TemplateCreate creates a template.
-func (c *Client) TemplateCreate(ctx context.Context, p TemplateParams) (Template, error) {
+func (c *Client) TemplateCreate(ctx context.Context, p TemplateParams) (model.Template, error) {
 	return RPCTemplateCreate.Call(ctx, c.c, p)
 }
 
 // TemplateUpdate updates a template (new files make a new revision).
-func (c *Client) TemplateUpdate(ctx context.Context, p TemplateParams) (Template, error) {
+func (c *Client) TemplateUpdate(ctx context.Context, p TemplateParams) (model.Template, error) {
 	return RPCTemplateUpdate.Call(ctx, c.c, p)
 }
 
@@ -153,7 +154,7 @@ func (c *Client) TemplateDelete(ctx context.Context, p TemplateRef) (DeleteResul
 }
 
 // TemplateTrust lifts policy rules for a template revision (kloud administrators).
-func (c *Client) TemplateTrust(ctx context.Context, p TrustParams) (TemplateTrust, error) {
+func (c *Client) TemplateTrust(ctx context.Context, p TrustParams) (model.TemplateTrust, error) {
 	return RPCTemplateTrust.Call(ctx, c.c, p)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
@@ -83,7 +84,7 @@ type CredentialListParams struct {
 
 // CredentialListResult is the result of credential.list.
 type CredentialListResult struct {
-	Credentials []Credential `json:"credentials"`
+	Credentials []model.Credential `json:"credentials"`
 }
 
 // CredentialField is one field of a described credential. Value is set for non-secret fields
@@ -96,7 +97,7 @@ type CredentialField struct {
 
 // CredentialView is the result of credential.describe.
 type CredentialView struct {
-	Credential
+	model.Credential
 	Fields []CredentialField `json:"fields"`
 }
 

@@ -85,6 +85,6 @@ func (p *MachineSetParams) Validate() error {
 }
 
 // MachineSet changes a machine's own settings; it returns the machine.
-func (c *Client) MachineSet(ctx context.Context, p MachineSetParams) (Machine, error) {
+func (c *Client) MachineSet(ctx context.Context, p MachineSetParams) (model.Machine, error) {
 	return RPCMachineSet.Call(ctx, c.c, p)
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
@@ -14,7 +15,7 @@ type MachineListParams struct {
 
 // MachineListResult is the result of machine.list.
 type MachineListResult struct {
-	Machines []Machine `json:"machines"`
+	Machines []model.Machine `json:"machines"`
 	// StackTitles are the titles of the machines' stacks by stack id, for showing which stack a
 	// machine belongs to.
 	StackTitles map[string]string `json:"stackTitles,omitempty"`
@@ -22,7 +23,7 @@ type MachineListResult struct {
 
 // MachineInfo is machine.info's result: the stored machine reconciled with the provider.
 type MachineInfo struct {
-	Machine
+	model.Machine
 	StackTitle string      `json:"stackTitle,omitempty"` // the title of the machine's stack
 	InfraState ptype.State `json:"infraState"`
 	InfoError  string      `json:"infoError,omitempty"`
@@ -45,8 +46,8 @@ func (p *ShareParams) Validate() error {
 
 // SharesResult lists a machine's shares.
 type SharesResult struct {
-	MachineID string  `json:"machineId"`
-	Shares    []Share `json:"shares"`
+	MachineID string        `json:"machineId"`
+	Shares    []model.Share `json:"shares"`
 	// Pushed says whether the machine's agent has the new list (false: it gets it when it
 	// connects next).
 	Pushed bool `json:"pushed"`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider/pluginapi"
 )
 
@@ -67,7 +68,7 @@ var (
 	RPCMachinePortsList       = Method[MachineRef, PortsResult]{Name: MethodMachinePortsList}
 	RPCMachinePortsOpen       = Method[PortsParams, PortsResult]{Name: MethodMachinePortsOpen}
 	RPCMachineRestore         = Method[RestoreParams, JobRef]{Name: MethodMachineRestore}
-	RPCMachineSet             = Method[MachineSetParams, Machine]{Name: MethodMachineSet}
+	RPCMachineSet             = Method[MachineSetParams, model.Machine]{Name: MethodMachineSet}
 	RPCMachineShare           = Method[ShareParams, SharesResult]{Name: MethodMachineShare}
 	RPCMachineShares          = Method[MachineRef, SharesResult]{Name: MethodMachineShares}
 	RPCMachineSnapshot        = Method[SnapshotParams, SnapshotStarted]{Name: MethodMachineSnapshot}
@@ -81,7 +82,7 @@ var (
 	RPCProviderList           = Method[NoParams, ProviderListResult]{Name: MethodProviderList}
 	RPCQuotaSet               = Method[QuotaSetParams, QuotaStatus]{Name: MethodQuotaSet}
 	RPCQuotaShow              = Method[QuotaShowParams, QuotaStatus]{Name: MethodQuotaShow}
-	RPCSnapshotDelete         = Method[SnapshotRef, Snapshot]{Name: MethodSnapshotDelete}
+	RPCSnapshotDelete         = Method[SnapshotRef, model.Snapshot]{Name: MethodSnapshotDelete}
 	RPCStackApply             = Method[StackApplyParams, JobRef]{Name: MethodStackApply}
 	RPCStackCreate            = Method[StackPlanParams, StackCreateResult]{Name: MethodStackCreate}
 	RPCStackDescribe          = Method[StackRef, StackView]{Name: MethodStackDescribe}
@@ -91,17 +92,17 @@ var (
 	RPCStackReset             = Method[StackResetParams, StackView]{Name: MethodStackReset}
 	RPCStackScale             = Method[StackScaleParams, JobRef]{Name: MethodStackScale}
 	RPCStackUpdate            = Method[StackUpdateParams, JobRef]{Name: MethodStackUpdate}
-	RPCTeamAddMember          = Method[TeamMemberParams, Team]{Name: MethodTeamAddMember}
-	RPCTeamCreate             = Method[TeamCreateParams, Team]{Name: MethodTeamCreate}
+	RPCTeamAddMember          = Method[TeamMemberParams, model.Team]{Name: MethodTeamAddMember}
+	RPCTeamCreate             = Method[TeamCreateParams, model.Team]{Name: MethodTeamCreate}
 	RPCTeamList               = Method[NoParams, TeamListResult]{Name: MethodTeamList}
-	RPCTeamRemoveMember       = Method[TeamMemberParams, Team]{Name: MethodTeamRemoveMember}
-	RPCTemplateCreate         = Method[TemplateParams, Template]{Name: MethodTemplateCreate}
+	RPCTeamRemoveMember       = Method[TeamMemberParams, model.Team]{Name: MethodTeamRemoveMember}
+	RPCTemplateCreate         = Method[TemplateParams, model.Template]{Name: MethodTemplateCreate}
 	RPCTemplateDelete         = Method[TemplateRef, DeleteResult]{Name: MethodTemplateDelete}
 	RPCTemplateGet            = Method[TemplateGetParams, TemplateView]{Name: MethodTemplateGet}
 	RPCTemplateList           = Method[TemplateListParams, TemplateListResult]{Name: MethodTemplateList}
-	RPCTemplateTrust          = Method[TrustParams, TemplateTrust]{Name: MethodTemplateTrust}
+	RPCTemplateTrust          = Method[TrustParams, model.TemplateTrust]{Name: MethodTemplateTrust}
 	RPCTemplateUntrust        = Method[TrustParams, UntrustResult]{Name: MethodTemplateUntrust}
-	RPCTemplateUpdate         = Method[TemplateParams, Template]{Name: MethodTemplateUpdate}
+	RPCTemplateUpdate         = Method[TemplateParams, model.Template]{Name: MethodTemplateUpdate}
 	RPCUserAdd                = Method[UserAddParams, UserView]{Name: MethodUserAdd}
 	RPCUserList               = Method[NoParams, UserListResult]{Name: MethodUserList}
 	RPCUserSetPassword        = Method[SetPasswordParams, SetPasswordResult]{Name: MethodUserSetPassword}

@@ -69,7 +69,7 @@ type SnapshotQuota struct {
 
 // SnapshotsResult is machine.snapshots' result.
 type SnapshotsResult struct {
-	Snapshots []Snapshot `json:"snapshots"`
+	Snapshots []model.Snapshot `json:"snapshots"`
 	// Used is what the caller's snapshots take (all of them, whatever the filter); Quota the
 	// caller's limit.
 	Used  SnapshotQuota `json:"used"`
@@ -112,6 +112,6 @@ func (c *Client) MachineRestore(ctx context.Context, p RestoreParams) (JobRef, e
 }
 
 // SnapshotDelete deletes a snapshot (its data and its record).
-func (c *Client) SnapshotDelete(ctx context.Context, p SnapshotRef) (Snapshot, error) {
+func (c *Client) SnapshotDelete(ctx context.Context, p SnapshotRef) (model.Snapshot, error) {
 	return RPCSnapshotDelete.Call(ctx, c.c, p)
 }

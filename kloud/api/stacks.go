@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"strings"
 )
 
@@ -66,8 +67,8 @@ func PlanJobResult(result map[string]any) (StackPlanResult, error) {
 
 // StackCreateResult is the result of stack.create.
 type StackCreateResult struct {
-	Stack    Stack     `json:"stack"`
-	Machines []Machine `json:"machines"`
+	Stack    model.Stack     `json:"stack"`
+	Machines []model.Machine `json:"machines"`
 }
 
 // StackApplyParams are the params of stack.apply.
@@ -81,10 +82,10 @@ func (p *StackApplyParams) Validate() error { return required("stackId", p.Stack
 
 // StackView is a stack with its machines: the result of stack.describe and stack.reset.
 type StackView struct {
-	Stack
-	MachineDocs []Machine `json:"machineDocs"`
+	model.Stack
+	MachineDocs []model.Machine `json:"machineDocs"`
 	// Resets are the administrators' stack.reset calls on this stack, oldest first.
-	Resets []StackReset `json:"resets,omitempty"`
+	Resets []model.StackReset `json:"resets,omitempty"`
 }
 
 // StackListParams filter stack.list.
@@ -95,7 +96,7 @@ type StackListParams struct {
 
 // StackListResult is the result of stack.list.
 type StackListResult struct {
-	Stacks []Stack `json:"stacks"`
+	Stacks []model.Stack `json:"stacks"`
 }
 
 // StackResetParams are the params of stack.reset.
@@ -112,10 +113,10 @@ func (p *StackResetParams) Validate() error {
 		return errors.New("stackId is required")
 	}
 	if p.State == "" {
-		p.State = StackFailed
+		p.State = model.StackFailed
 	}
-	if p.State != StackFailed && p.State != StackNotInitialized {
-		return fmt.Errorf("state must be %s or %s, not %q", StackFailed, StackNotInitialized, p.State)
+	if p.State != model.StackFailed && p.State != model.StackNotInitialized {
+		return fmt.Errorf("state must be %s or %s, not %q", model.StackFailed, model.StackNotInitialized, p.State)
 	}
 	p.Reason = strings.TrimSpace(p.Reason)
 	if p.Reason == "" {

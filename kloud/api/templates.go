@@ -1,6 +1,9 @@
 package api
 
-import "errors"
+import (
+	"errors"
+	"github.com/kloud-dev/kloud/kloud/model"
+)
 
 // TemplateParams are the params of template.create and template.update.
 type TemplateParams struct {
@@ -52,8 +55,8 @@ func (p *TemplateGetParams) UnmarshalJSON(b []byte) error {
 // TemplateView is what template.get returns: the template (at the revision asked for) and the
 // administrators' trust records of its revisions (template.trust).
 type TemplateView struct {
-	Template
-	Trust []TemplateTrust `json:"trust,omitempty"`
+	model.Template
+	Trust []model.TemplateTrust `json:"trust,omitempty"`
 }
 
 // TemplateListParams filter template.list.

@@ -41,8 +41,8 @@ func CheckName(kind, name string) error {
 
 // CheckRole checks a team role.
 func CheckRole(role string) error {
-	if role != RoleAdmin && role != RoleMember {
-		return fmt.Errorf("role %q: must be %q or %q", role, RoleAdmin, RoleMember)
+	if role != model.RoleAdmin && role != model.RoleMember {
+		return fmt.Errorf("role %q: must be %q or %q", role, model.RoleAdmin, model.RoleMember)
 	}
 	return nil
 }
@@ -95,7 +95,7 @@ func (p *UserAddParams) Validate() error {
 			return err
 		}
 		if p.Role == "" {
-			p.Role = RoleMember
+			p.Role = model.RoleMember
 		}
 		return CheckRole(p.Role)
 	}
@@ -104,7 +104,7 @@ func (p *UserAddParams) Validate() error {
 
 // UserView is a user as user.add and user.list return it.
 type UserView struct {
-	User
+	model.User
 	HasPassword bool              `json:"hasPassword"`
 	Teams       map[string]string `json:"teams"` // slug → role
 }
@@ -191,7 +191,7 @@ func (p *TeamCreateParams) Validate() error {
 
 // TeamView is a team as team.list returns it, with the caller's role.
 type TeamView struct {
-	Team
+	model.Team
 	Role string `json:"role,omitempty"`
 }
 

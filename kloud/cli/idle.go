@@ -10,6 +10,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -56,7 +57,7 @@ kloud machine list and info show the countdown ("idle stop in 12m") and why a ma
 			if p.IdleTimeout == "" && p.AlwaysOn == nil && !p.ResetAlwaysOn && p.Autostart == "" {
 				return fmt.Errorf("say what to change: --idle-timeout, --always-on, --inherit-always-on or --autostart")
 			}
-			var m api.Machine
+			var m model.Machine
 			err := g.onMachine(cmd.Context(), args[0], stack, func(conn *kite.Conn, id string) error {
 				p.MachineID = id
 				var err error
@@ -86,7 +87,7 @@ kloud machine list and info show the countdown ("idle stop in 12m") and why a ma
 
 // idleText says what the idle stop does to m at now: why it stopped, the countdown, or the
 // settings in force.
-func idleText(m api.Machine, now time.Time) string {
+func idleText(m model.Machine, now time.Time) string {
 	switch {
 	case m.State == provider.Stopped && strings.HasPrefix(m.Reason, kloud.IdleReasonPrefix):
 		return "stopped: " + m.Reason

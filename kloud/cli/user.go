@@ -292,7 +292,7 @@ func roleOr(r string) string {
 	return "a member"
 }
 
-func (g *globals) memberCall(ctx context.Context, m func(*api.Client, context.Context, api.TeamMemberParams) (api.Team, error), p api.TeamMemberParams, done string) error {
+func (g *globals) memberCall(ctx context.Context, m func(*api.Client, context.Context, api.TeamMemberParams) (model.Team, error), p api.TeamMemberParams, done string) error {
 	res, err := call(ctx, g, m, p)
 	if err != nil {
 		if errors.Is(err, kite.ErrState) {

@@ -92,7 +92,7 @@ func (e *Engine) List(ctx context.Context, owner, machineID string) (api.Snapsho
 	if err != nil {
 		return api.SnapshotsResult{}, err
 	}
-	out := api.SnapshotsResult{Snapshots: []api.Snapshot{}, Quota: e.Quota()}
+	out := api.SnapshotsResult{Snapshots: []model.Snapshot{}, Quota: e.Quota()}
 	for _, sn := range all {
 		out.Used.Count++
 		out.Used.Bytes += sn.Size

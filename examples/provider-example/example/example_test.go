@@ -166,13 +166,13 @@ func (e *env) build(title, mainTF string) (templateID, stackID string) {
 	return tpl.ID, st.Stack.ID
 }
 
-func (e *env) machines(stackID string) map[string]api.Machine {
+func (e *env) machines(stackID string) map[string]model.Machine {
 	e.t.Helper()
 	res, err := e.alice.MachineList(e.t.Context(), api.MachineListParams{StackID: stackID})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	out := map[string]api.Machine{}
+	out := map[string]model.Machine{}
 	for _, m := range res.Machines {
 		out[m.Label] = m
 	}
