@@ -56,23 +56,23 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 	if _, err := s.terraformer(); err != nil {
 		return api.BootstrapResult{}, err
 	}
-	status := BootstrapRunning
+	status := model.BootstrapRunning
 	if p.Destroy {
-		status = BootstrapDestroying
+		status = model.BootstrapDestroying
 	}
 	for range 3 {
 		b := cr.Bootstrap
 		if b == nil {
-			b = &model.Bootstrap{Status: BootstrapNone}
+			b = &model.Bootstrap{Status: model.BootstrapNone}
 		}
 		switch {
-		case !p.Destroy && b.Status == BootstrapDone:
+		case !p.Destroy && b.Status == model.BootstrapDone:
 			return api.BootstrapResult{JobID: b.JobID, Status: b.Status, AlreadyDone: true}, nil
-		case p.Destroy && len(b.ContentIDs) == 0 && b.Status != BootstrapRunning && b.Status != BootstrapDestroying:
+		case p.Destroy && len(b.ContentIDs) == 0 && b.Status != model.BootstrapRunning && b.Status != model.BootstrapDestroying:
 			return api.BootstrapResult{}, fmt.Errorf("credential %s has no bootstrap resources to destroy: %w", cr.ID, kite.ErrState)
 		}
 		var stale *model.Bootstrap
-		if b.Status == BootstrapRunning || b.Status == BootstrapDestroying {
+		if b.Status == model.BootstrapRunning || b.Status == model.BootstrapDestroying {
 			if !s.staleBootstrap(ctx, b) {
 				return api.BootstrapResult{}, fmt.Errorf("credential %s: bootstrap job %s is running; wait for it to end: %w", cr.ID, b.JobID, kite.ErrConflict)
 			}
@@ -108,7 +108,7 @@ func (s *Server) staleBootstrap(ctx context.Context, b *model.Bootstrap) bool {
 func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *model.Credential, status string, destroy bool) (api.BootstrapResult, error) {
 	jobID, err := bootstrapJob.Start(ctx, s, "credential/"+cr.ID, c.Username, bootstrapParams{Credential: cr.ID, Destroy: destroy})
 	if err != nil {
-		if ferr := s.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
+		if ferr := s.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(model.BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
 			s.log.ErrorContext(ctx, "roll back a bootstrap whose job did not start", "credential", cr.ID, "err", ferr)
 		}
 		return api.BootstrapResult{}, err
@@ -165,7 +165,7 @@ func (s *Server) runBootstrap(ctx context.Context, j *jobCtx, p bootstrapParams,
 		if resume {
 			err = fmt.Errorf("kloud restarted during the bootstrap, then: %w", err)
 		}
-		if ferr := s.finishBootstrap(id, j.ID, store.BootstrapSet{Status: new(BootstrapFailed), Error: new(err.Error())}); ferr != nil {
+		if ferr := s.finishBootstrap(id, j.ID, store.BootstrapSet{Status: new(model.BootstrapFailed), Error: new(err.Error())}); ferr != nil {
 			s.log.ErrorContext(ctx, "record a failed bootstrap", "credential", id, "job", j.ID, "err", ferr)
 		}
 		return bootstrapResult{}, err
@@ -184,7 +184,7 @@ func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destro
 		return bootstrapResult{}, err
 	}
 	b := cr.Bootstrap
-	if b == nil || (b.Status != BootstrapRunning && b.Status != BootstrapDestroying) || (b.JobID != "" && b.JobID != j.ID) {
+	if b == nil || (b.Status != model.BootstrapRunning && b.Status != model.BootstrapDestroying) || (b.JobID != "" && b.JobID != j.ID) {
 		return bootstrapResult{}, fmt.Errorf("credential %s: its bootstrap is not held by this job (anymore)", id)
 	}
 	held, err := s.store.Credentials().SetBootstrapJob(ctx, id, j.ID)
@@ -407,7 +407,7 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		names = append(names, k)
 	}
 	sort.Strings(names)
-	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(BootstrapDone), Sealed: &sealed,
+	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(model.BootstrapDone), Sealed: &sealed,
 		Outputs: &names, Error: new("")}); err != nil {
 		return bootstrapResult{}, err
 	}
@@ -437,7 +437,7 @@ func (w *bootstrapRun) destroy(ctx context.Context) (bootstrapResult, error) {
 		}
 	}
 	var none []byte
-	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(BootstrapDestroyed), Sealed: &none,
+	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(model.BootstrapDestroyed), Sealed: &none,
 		Outputs: new([]string{}), ContentIDs: new([]string{}), TFJobs: new([]string{}), Error: new("")}); err != nil {
 		return bootstrapResult{}, err
 	}

@@ -33,16 +33,6 @@ import (
 // Other kloud code gets a credential through credentialFor (access check, opened value and
 // bootstrap outputs) and turns it into Terraform variables with credentialVariables.
 
-// Bootstrap statuses (Credential.Bootstrap.Status).
-const (
-	BootstrapNone       = model.BootstrapNone
-	BootstrapRunning    = model.BootstrapRunning
-	BootstrapDone       = model.BootstrapDone
-	BootstrapFailed     = model.BootstrapFailed
-	BootstrapDestroying = model.BootstrapDestroying
-	BootstrapDestroyed  = model.BootstrapDestroyed
-)
-
 const bootstrapJobKind = "credential.bootstrap"
 
 func credentialAAD(id string) []byte { return []byte(store.CollCredentials + "/" + id) }
@@ -99,7 +89,7 @@ func (s *Server) providerCredential(p *provider.Provider, cr *model.Credential) 
 		return nil, fmt.Errorf("credential %s: %w", cr.ID, err)
 	}
 	pc := &provider.Credential{ID: cr.ID, Title: cr.Title, Provider: cr.Provider, Team: cr.Team, Value: val}
-	if b := cr.Bootstrap; b != nil && b.Status == BootstrapDone && len(b.Sealed) > 0 {
+	if b := cr.Bootstrap; b != nil && b.Status == model.BootstrapDone && len(b.Sealed) > 0 {
 		if pc.Bootstrap, err = s.openValue(b.Sealed, bootstrapAAD(cr.ID), p.Schema.NewBootstrap); err != nil {
 			return nil, fmt.Errorf("credential %s bootstrap: %w", cr.ID, err)
 		}
@@ -303,7 +293,7 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 	public, set := publicAndSet(val, secretFields)
 	now := s.store.Now()
 	cr := model.Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
-		Public: public, Secret: set, Bootstrap: &model.Bootstrap{Status: BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
+		Public: public, Secret: set, Bootstrap: &model.Bootstrap{Status: model.BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
 	if err := s.store.Credentials().Insert(ctx, cr); err != nil {
 		return api.CredentialAddResult{}, fmt.Errorf("add credential: %w", err)
 	}
@@ -352,7 +342,7 @@ func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Reques
 	if err := manageCheck(c, cr, "update"); err != nil {
 		return api.CredentialUpdateResult{}, err
 	}
-	if b := cr.Bootstrap; b != nil && (b.Status == BootstrapRunning || b.Status == BootstrapDestroying) {
+	if b := cr.Bootstrap; b != nil && (b.Status == model.BootstrapRunning || b.Status == model.BootstrapDestroying) {
 		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
 	}
 	prov, err := s.providers.Lookup(cr.Provider)
@@ -499,9 +489,9 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 	}
 	if b := cr.Bootstrap; b != nil {
 		switch b.Status {
-		case BootstrapRunning, BootstrapDestroying:
+		case model.BootstrapRunning, model.BootstrapDestroying:
 			return api.CredentialRemoveResult{}, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
-		case BootstrapDone, BootstrapFailed:
+		case model.BootstrapDone, model.BootstrapFailed:
 			if len(b.ContentIDs) > 0 {
 				return api.CredentialRemoveResult{}, fmt.Errorf("credential %s has bootstrap resources; remove them first with `kloud credential bootstrap %s --destroy`: %w", cr.ID, cr.ID, kite.ErrState)
 			}

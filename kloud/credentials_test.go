@@ -272,7 +272,7 @@ func TestCredentialValuesAndSecrets(t *testing.T) {
 
 	var d api.CredentialView
 	w.ok(into(&d)(w.client("bob").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
-	if d.Provider != "testcloud" || d.Team != "red" || d.Owner != "alice" || d.Verified || d.Bootstrap == nil || d.Bootstrap.Status != kloud.BootstrapNone {
+	if d.Provider != "testcloud" || d.Team != "red" || d.Owner != "alice" || d.Verified || d.Bootstrap == nil || d.Bootstrap.Status != model.BootstrapNone {
 		t.Fatalf("describe: %+v", d)
 	}
 	fields := map[string]api.CredentialField{}
@@ -435,7 +435,7 @@ func TestCredentialBootstrap(t *testing.T) {
 
 	var br api.BootstrapResult
 	w.ok(into(&br)(w.client("alice").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: id})), "credential.bootstrap")
-	if br.JobID == "" || br.Status != kloud.BootstrapRunning {
+	if br.JobID == "" || br.Status != model.BootstrapRunning {
 		t.Fatalf("bootstrap: %+v", br)
 	}
 	wantErr(t, errOf(w.client("bob").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: id})), kite.ErrPermission, "member bootstraps")
@@ -455,7 +455,7 @@ func TestCredentialBootstrap(t *testing.T) {
 	var d api.CredentialView
 	w.ok(into(&d)(w.client("bob").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
 	b := d.Bootstrap
-	if b.Status != kloud.BootstrapDone || !slices.Equal(b.Outputs, []string{"key", "network"}) || b.JobID != br.JobID ||
+	if b.Status != model.BootstrapDone || !slices.Equal(b.Outputs, []string{"key", "network"}) || b.JobID != br.JobID ||
 		!slices.Equal(b.ContentIDs, []string{"bootstrap-red-" + id + "-0"}) {
 		t.Fatalf("bootstrap state: %+v", b)
 	}
@@ -489,14 +489,14 @@ func TestCredentialBootstrap(t *testing.T) {
 	}
 	d = api.CredentialView{}
 	w.ok(into(&d)(w.client("alice").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: failing})), "credential.describe")
-	if d.Bootstrap.Status != kloud.BootstrapFailed || !strings.Contains(d.Bootstrap.Error, "fail-1") {
+	if d.Bootstrap.Status != model.BootstrapFailed || !strings.Contains(d.Bootstrap.Error, "fail-1") {
 		t.Fatalf("failed bootstrap state: %+v", d.Bootstrap)
 	}
 
 	// Destroy tears down what was applied (also after a failure), then the credential can go.
 	for _, cid := range []string{id, failing} {
 		w.ok(into(&br)(w.client("alice").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: cid, Destroy: true})), "credential.bootstrap")
-		if br.Status != kloud.BootstrapDestroying {
+		if br.Status != model.BootstrapDestroying {
 			t.Fatalf("destroy: %+v", br)
 		}
 		w.watchJob("alice", br.JobID)
@@ -505,7 +505,7 @@ func TestCredentialBootstrap(t *testing.T) {
 		}
 		d = api.CredentialView{}
 		w.ok(into(&d)(w.client("alice").CredentialDescribe(w.t.Context(), api.CredentialRef{CredentialID: cid})), "credential.describe")
-		if d.Bootstrap.Status != kloud.BootstrapDestroyed || len(d.Bootstrap.ContentIDs) != 0 || len(d.Bootstrap.Outputs) != 0 {
+		if d.Bootstrap.Status != model.BootstrapDestroyed || len(d.Bootstrap.ContentIDs) != 0 || len(d.Bootstrap.Outputs) != 0 {
 			t.Fatalf("destroyed bootstrap state: %+v", d.Bootstrap)
 		}
 		wantErr(t, errOf(w.client("alice").CredentialBootstrap(w.t.Context(), api.CredentialBootstrapParams{CredentialID: cid, Destroy: true})), kite.ErrState, "destroy twice")
@@ -552,7 +552,7 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 		past := time.Now().Add(-time.Hour)
 		storetest.SetFields(t, st, store.CollJobs, jid, map[string]any{"leaseUntil": past})
 		storetest.SetFields(t, st, store.CollCredentials, credID, map[string]any{
-			"bootstrap.status": kloud.BootstrapRunning, "bootstrap.jobId": jid, "bootstrap.tfJobs": tfJobs,
+			"bootstrap.status": model.BootstrapRunning, "bootstrap.jobId": jid, "bootstrap.tfJobs": tfJobs,
 			"bootstrap.contentIds": []string{"bootstrap-red-" + credID + "-0"}})
 		return jid
 	}
@@ -570,7 +570,7 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 	}
 	var d api.CredentialView
 	w2.ok(into(&d)(w2.client("alice").CredentialDescribe(w2.t.Context(), api.CredentialRef{CredentialID: id})), "credential.describe")
-	if d.Bootstrap.Status != kloud.BootstrapDone || !slices.Equal(d.Bootstrap.Outputs, []string{"key", "network"}) {
+	if d.Bootstrap.Status != model.BootstrapDone || !slices.Equal(d.Bootstrap.Outputs, []string{"key", "network"}) {
 		t.Fatalf("recovered bootstrap state: %+v", d.Bootstrap)
 	}
 	pc, _, err := w2.e.Server.CredentialFor(ctx, "alice", id, "testcloud")
@@ -595,7 +595,7 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 		t.Fatalf("recovered job without terraformer: %+v", j)
 	}
 	w3.ok(into(&d)(w3.client("alice").CredentialDescribe(w3.t.Context(), api.CredentialRef{CredentialID: other})), "credential.describe")
-	if d.Bootstrap.Status != kloud.BootstrapFailed || d.Bootstrap.Error == "" {
+	if d.Bootstrap.Status != model.BootstrapFailed || d.Bootstrap.Error == "" {
 		t.Fatalf("bootstrap state after a failed recovery: %+v", d.Bootstrap)
 	}
 	for _, x := range []*userWorld{w2, w3} {

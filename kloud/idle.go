@@ -163,7 +163,7 @@ func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *
 }
 
 // templateIdle applies template.update's idle params to t's settings.
-func templateIdle(p *api.TemplateParams, cur api.IdleSettings) (api.IdleSettings, bool, error) {
+func templateIdle(p *api.TemplateParams, cur model.IdleSettings) (model.IdleSettings, bool, error) {
 	if p.IdleTimeout == "" && p.AlwaysOn == nil {
 		return cur, false, nil
 	}

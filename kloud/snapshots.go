@@ -132,7 +132,7 @@ func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request,
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	if sn.Status != store.SnapshotReady {
+	if sn.Status != model.SnapshotReady {
 		return api.JobRef{}, fmt.Errorf("snapshot %s is %s, only a ready snapshot can be restored: %w", sn.ID, sn.Status, kite.ErrState)
 	}
 	target := p.MachineID

@@ -38,7 +38,7 @@ func TestSnapshotLeaseAndState(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn := model.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: model.DefaultTeam, MachineID: building.ID, MachineLabel: building.Label,
-		StackID: building.StackID, Provider: "dummy", Status: store.SnapshotReady, Size: 1, Format: "files"}
+		StackID: building.StackID, Provider: "dummy", Status: model.SnapshotReady, Size: 1, Format: "files"}
 	if err := st.Snapshots().Insert(ctx, sn); err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func TestSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list.Snapshots) != 1 || list.Snapshots[0].ID != started.SnapshotID || list.Snapshots[0].Status != api.SnapshotReady ||
+	if len(list.Snapshots) != 1 || list.Snapshots[0].ID != started.SnapshotID || list.Snapshots[0].Status != model.SnapshotReady ||
 		list.Snapshots[0].Name != "first" || list.Snapshots[0].Size != int64(len("before")) || list.Snapshots[0].MachineLabel != "vm.0" ||
 		list.Used.Count != 1 || list.Quota.Count != 2 || list.Quota.Bytes != kloud.DefaultSnapshotBytes {
 		t.Fatalf("machine.snapshots: %+v", list)
@@ -218,7 +218,7 @@ resource "terraform_data" "vm" {
 		t.Fatalf("vm after a failed snapshot: %s, agent %s (%s)", m.State, m.Agent.Status, m.Reason)
 	}
 	l, err := c.MachineSnapshots(t.Context(), api.SnapshotsParams{})
-	if err != nil || len(l.Snapshots) != 1 || l.Snapshots[0].Status != api.SnapshotFailed || !strings.Contains(l.Snapshots[0].Error, "the disk is full") {
+	if err != nil || len(l.Snapshots) != 1 || l.Snapshots[0].Status != model.SnapshotFailed || !strings.Contains(l.Snapshots[0].Error, "the disk is full") {
 		t.Fatalf("snapshots after the failure: %+v %v", l, err)
 	}
 	if _, err := c.MachineRestore(t.Context(), api.RestoreParams{SnapshotID: started.SnapshotID}); !errors.Is(err, kite.ErrState) {

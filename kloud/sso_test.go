@@ -22,7 +22,6 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/model"
-	"github.com/kloud-dev/kloud/kloud/store"
 )
 
 // The single sign-on tests run kloud against zitadel/oidc's example OpenID Provider (a real
@@ -222,7 +221,7 @@ func TestSSOLogin(t *testing.T) {
 
 	// A binding whose user was replaced by a local one (removed from the store, and added again
 	// by hand) does not sign in as it.
-	if err := e.k.Server.Store().Identities().Insert(ctx, store.Identity{Issuer: e.op.Issuer, Subject: "sub-dave", Username: "dave"}); err != nil {
+	if err := e.k.Server.Store().Identities().Insert(ctx, model.Identity{Issuer: e.op.Issuer, Subject: "sub-dave", Username: "dave"}); err != nil {
 		t.Fatal(err)
 	}
 	b := newSSOBrowser(t)

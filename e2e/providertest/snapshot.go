@@ -51,7 +51,7 @@ func (s *suite) testSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatalf("machine.snapshots: %v", err)
 	}
-	if len(list.Snapshots) != 1 || list.Snapshots[0].ID != started.SnapshotID || list.Snapshots[0].Status != api.SnapshotReady ||
+	if len(list.Snapshots) != 1 || list.Snapshots[0].ID != started.SnapshotID || list.Snapshots[0].Status != model.SnapshotReady ||
 		list.Snapshots[0].Size <= 0 || list.Snapshots[0].Provider != s.p.Name {
 		t.Fatalf("machine.snapshots after the snapshot: %+v", list.Snapshots)
 	}

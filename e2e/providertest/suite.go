@@ -18,7 +18,6 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
@@ -181,7 +180,7 @@ func (s *suite) testBootstrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := view.Bootstrap
-	if b == nil || b.Status != kloud.BootstrapDone || len(b.ContentIDs) == 0 {
+	if b == nil || b.Status != model.BootstrapDone || len(b.ContentIDs) == 0 {
 		t.Fatalf("credential after bootstrap: %+v", b)
 	}
 	s.bootstrapLeft = s.c.Leftovers(t)

@@ -5,12 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/kloud-dev/kloud/kloud/model"
 )
-
-// Autostart is a machine's start schedule (model.Autostart).
-type Autostart = model.Autostart
 
 // AutostartOff is the autostart param that drops a machine's schedule.
 const AutostartOff = "off"

@@ -17,9 +17,6 @@ import (
 // MethodMachineSet changes a machine's own settings (its idle stop).
 const MethodMachineSet = "machine.set"
 
-// IdleSettings are a template's or a machine's idle settings (model.IdleSettings).
-type IdleSettings = model.IdleSettings
-
 // MaxIdleTimeout is the longest idle timeout kloud takes (longer: say always on, or 0).
 const MaxIdleTimeout = 366 * 24 * time.Hour
 

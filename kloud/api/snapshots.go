@@ -13,13 +13,6 @@ import (
 // disk saved by its provider (capability "snapshot"), listed per user with its size and time,
 // counted against a per-user quota.
 
-// Snapshot statuses.
-const (
-	SnapshotCreating = model.SnapshotCreating
-	SnapshotReady    = model.SnapshotReady
-	SnapshotFailed   = model.SnapshotFailed
-)
-
 // SnapshotParams are the params of machine.snapshot.
 type SnapshotParams struct {
 	MachineID string `json:"machineId"`

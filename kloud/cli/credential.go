@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kloud-dev/kloud/kite"
-	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/provider"
@@ -290,7 +289,7 @@ The credential must be authenticated again afterwards.
 
 func bootstrapStatus(b *model.Bootstrap) string {
 	if b == nil || b.Status == "" {
-		return kloud.BootstrapNone
+		return model.BootstrapNone
 	}
 	return b.Status
 }
@@ -349,7 +348,7 @@ func credentialDescribeCmd(g *globals) *cobra.Command {
 			default:
 				fmt.Fprintf(w, "verified:  not checked (kloud credential authenticate %s)\n", v.ID)
 			}
-			if b := v.Bootstrap; b != nil && b.Status != kloud.BootstrapNone {
+			if b := v.Bootstrap; b != nil && b.Status != model.BootstrapNone {
 				fmt.Fprintf(w, "bootstrap: %s", b.Status)
 				if len(b.Outputs) > 0 {
 					fmt.Fprintf(w, " (outputs: %s)", strings.Join(b.Outputs, ", "))

@@ -106,7 +106,7 @@ func idleText(m model.Machine, now time.Time) string {
 }
 
 // templateIdleText describes a template's idle settings.
-func templateIdleText(s api.IdleSettings) string {
+func templateIdleText(s model.IdleSettings) string {
 	var parts []string
 	switch {
 	case s.TimeoutSeconds == nil:
@@ -123,7 +123,7 @@ func templateIdleText(s api.IdleSettings) string {
 }
 
 // autostartText describes a machine's start schedule and its next start.
-func autostartText(a *api.Autostart) string {
+func autostartText(a *model.Autostart) string {
 	next := a.Next
 	if loc, err := time.LoadLocation(a.TZ); err == nil {
 		next = next.In(loc)

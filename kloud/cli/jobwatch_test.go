@@ -38,7 +38,7 @@ func TestDetachAndFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn := model.Snapshot{ID: store.NewID(), Name: "s", Owner: "alice", Team: model.DefaultTeam, MachineID: m.ID, MachineLabel: m.Label,
-		StackID: m.StackID, Provider: "dummy", Status: store.SnapshotReady, Size: 1, Format: "files"}
+		StackID: m.StackID, Provider: "dummy", Status: model.SnapshotReady, Size: 1, Format: "files"}
 	if err := e.Server.Store().Snapshots().Insert(t.Context(), sn); err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestSnapshotCommands(t *testing.T) {
 	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 	sn := model.Snapshot{ID: store.NewID(), Name: "before the upgrade", Owner: "alice", Team: model.DefaultTeam, MachineID: store.NewID(),
-		MachineLabel: "vm.0", StackID: store.NewID(), Provider: "dummy", Status: store.SnapshotReady, Size: 3 << 20, Format: "files",
+		MachineLabel: "vm.0", StackID: store.NewID(), Provider: "dummy", Status: model.SnapshotReady, Size: 3 << 20, Format: "files",
 		Attributes: map[string]any{"id": "x"}}
 	if err := e.Server.Store().Snapshots().Insert(t.Context(), sn); err != nil {
 		t.Fatal(err)
@@ -42,7 +42,7 @@ func TestSnapshotCommands(t *testing.T) {
 	}
 	var res api.SnapshotsResult
 	if err := json.Unmarshal([]byte(must(run("snapshot", "list", "--key", aliceKey, "--json"))), &res); err != nil ||
-		len(res.Snapshots) != 1 || res.Snapshots[0].Status != api.SnapshotReady || res.Quota.Count != 5 {
+		len(res.Snapshots) != 1 || res.Snapshots[0].Status != model.SnapshotReady || res.Quota.Count != 5 {
 		t.Fatalf("snapshot list --json: %+v %v", res, err)
 	}
 	if out := must(run("snapshot", "list")); strings.Contains(out, sn.ID) {

@@ -70,7 +70,7 @@ func (s *Service) ssoCreate(ctx context.Context, c ssoClaims) (string, error) {
 		if taken {
 			continue
 		}
-		err = ids.Insert(ctx, store.Identity{Issuer: c.Issuer, Subject: c.Subject, Username: name})
+		err = ids.Insert(ctx, model.Identity{Issuer: c.Issuer, Subject: c.Subject, Username: name})
 		if errors.Is(err, store.ErrConflict) { // a concurrent first login bound it
 			id, err := ids.Get(ctx, c.Issuer, c.Subject)
 			if err != nil {

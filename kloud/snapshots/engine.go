@@ -42,7 +42,7 @@ func (e *Engine) Take(ctx context.Context, m *model.Machine, user, name string) 
 	jobID := store.NewID()
 	sn := model.Snapshot{
 		ID: store.NewID(), Name: name, Owner: m.Owner, Team: m.Team, MachineID: m.ID, MachineLabel: m.Label,
-		StackID: m.StackID, Provider: m.Provider, Status: store.SnapshotCreating, KiteID: m.KiteID, Attributes: m.Attributes,
+		StackID: m.StackID, Provider: m.Provider, Status: model.SnapshotCreating, KiteID: m.KiteID, Attributes: m.Attributes,
 		JobID: jobID,
 	}
 	if err := e.o.Store.Snapshots().Insert(ctx, sn); err != nil {
@@ -129,7 +129,7 @@ func (e *Engine) Restore(ctx context.Context, sn *model.Snapshot, m *model.Machi
 // Delete deletes snapshot sn (kloud checked that by may): its data at the provider, then
 // its record. A snapshot whose job still runs is kite.ErrConflict.
 func (e *Engine) Delete(ctx context.Context, sn *model.Snapshot, by string) error {
-	if sn.Status == store.SnapshotCreating && sn.JobID != "" {
+	if sn.Status == model.SnapshotCreating && sn.JobID != "" {
 		if j, err := e.o.Store.Jobs().Get(ctx, sn.JobID); err == nil && !j.Status.Done() {
 			return fmt.Errorf("snapshot %s is being made (job %s): wait for it or cancel the job first: %w", sn.ID, sn.JobID, kite.ErrConflict)
 		}
@@ -214,7 +214,7 @@ func (e *Engine) RunSnapshot(ctx context.Context, j Job, p Params, recovering bo
 					HumanBytes(info.Size), n-1, HumanBytes(b), m.Owner, HumanBytes(q.Bytes), kite.ErrTooLarge)
 			}
 		}
-		ok, err := e.set(ctx, snapID, store.SnapshotSet{Status: new(store.SnapshotReady), Error: new(""),
+		ok, err := e.set(ctx, snapID, store.SnapshotSet{Status: new(model.SnapshotReady), Error: new(""),
 			Size: &info.Size, DiskSize: &info.DiskSize, Format: &info.Format})
 		if err == nil && !ok {
 			// Its record is gone (deleted by hand in the store): so is its data.
@@ -224,7 +224,7 @@ func (e *Engine) RunSnapshot(ctx context.Context, j Job, p Params, recovering bo
 		return err
 	})
 	if err != nil {
-		e.set(ctx, snapID, store.SnapshotSet{Status: new(store.SnapshotFailed), Error: new(err.Error())})
+		e.set(ctx, snapID, store.SnapshotSet{Status: new(model.SnapshotFailed), Error: new(err.Error())})
 		// A failed snapshot holds no data.
 		if sn, gerr := e.o.Store.Snapshots().Get(context.WithoutCancel(ctx), snapID); gerr == nil {
 			if sp, merr := e.machineOf(context.WithoutCancel(ctx), &sn); merr == nil {
@@ -260,7 +260,7 @@ func (e *Engine) RunRestore(ctx context.Context, j Job, p Params, recovering boo
 		if err != nil {
 			return fmt.Errorf("snapshot %s: %w", snapID, err)
 		}
-		if sn.Status != store.SnapshotReady {
+		if sn.Status != model.SnapshotReady {
 			return fmt.Errorf("snapshot %s is %s: %w", snapID, sn.Status, kite.ErrState)
 		}
 		j.Progress(ctx, 40, string(provider.Stopped), "restoring the disk")

@@ -10,9 +10,6 @@ import (
 	"github.com/kloud-dev/kloud/kloud/model"
 )
 
-// Identity binds a single sign-on user to its provider's (issuer, subject).
-type Identity = model.Identity
-
 // IdentityID is the _id of the identity of (issuer, subject). A space cannot end an issuer URL,
 // so no two pairs share an id.
 func IdentityID(issuer, subject string) string { return issuer + " " + subject }
@@ -27,14 +24,14 @@ func (s *Store) Identities() *Identities { return &Identities{s} }
 func (r *Identities) coll() *mongo.Collection { return r.s.db.Collection(CollIdentities) }
 
 // Get returns the identity of (issuer, subject).
-func (r *Identities) Get(ctx context.Context, issuer, subject string) (Identity, error) {
+func (r *Identities) Get(ctx context.Context, issuer, subject string) (model.Identity, error) {
 	id := IdentityID(issuer, subject)
-	return findOne[Identity](ctx, r.coll(), "identity", id, bson.M{"_id": id})
+	return findOne[model.Identity](ctx, r.coll(), "identity", id, bson.M{"_id": id})
 }
 
 // Insert binds an identity to a username; an existing binding of the same (issuer, subject)
 // wraps ErrConflict.
-func (r *Identities) Insert(ctx context.Context, i Identity) error {
+func (r *Identities) Insert(ctx context.Context, i model.Identity) error {
 	i.ID = IdentityID(i.Issuer, i.Subject)
 	if i.CreatedAt.IsZero() {
 		i.CreatedAt = r.s.Now()
@@ -53,6 +50,6 @@ func (r *Identities) Delete(ctx context.Context, issuer, subject, username strin
 }
 
 // OfUser returns the identities bound to username.
-func (r *Identities) OfUser(ctx context.Context, username string) ([]Identity, error) {
-	return findAll[Identity](ctx, r.coll(), bson.M{"username": username})
+func (r *Identities) OfUser(ctx context.Context, username string) ([]model.Identity, error) {
+	return findAll[model.Identity](ctx, r.coll(), bson.M{"username": username})
 }

@@ -103,10 +103,3 @@ func (r *Snapshots) Delete(ctx context.Context, id string) error {
 	}
 	return nil
 }
-
-// Snapshot statuses.
-const (
-	SnapshotCreating = model.SnapshotCreating
-	SnapshotReady    = model.SnapshotReady
-	SnapshotFailed   = model.SnapshotFailed
-)

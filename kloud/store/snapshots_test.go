@@ -14,9 +14,9 @@ func TestSnapshotsRepo(t *testing.T) {
 		ctx := ctxT(t)
 		s := b.open(t, store.Options{})
 		for _, sn := range []model.Snapshot{
-			{ID: store.NewID(), Name: "a", Owner: "alice", MachineID: "m1", Status: store.SnapshotCreating, Attributes: map[string]any{"id": "sb-1"}},
-			{ID: store.NewID(), Name: "b", Owner: "alice", MachineID: "m2", Status: store.SnapshotReady, Size: 100},
-			{ID: store.NewID(), Name: "c", Owner: "bob", MachineID: "m3", Status: store.SnapshotReady, Size: 7},
+			{ID: store.NewID(), Name: "a", Owner: "alice", MachineID: "m1", Status: model.SnapshotCreating, Attributes: map[string]any{"id": "sb-1"}},
+			{ID: store.NewID(), Name: "b", Owner: "alice", MachineID: "m2", Status: model.SnapshotReady, Size: 100},
+			{ID: store.NewID(), Name: "c", Owner: "bob", MachineID: "m3", Status: model.SnapshotReady, Size: 7},
 		} {
 			if err := s.Snapshots().Insert(ctx, sn); err != nil {
 				t.Fatal(err)
@@ -37,13 +37,13 @@ func TestSnapshotsRepo(t *testing.T) {
 		}
 		a := all[0].ID
 		size := int64(42)
-		if ok, err := s.Snapshots().Set(ctx, a, []string{store.SnapshotReady}, store.SnapshotSet{Size: &size}); err != nil || ok {
+		if ok, err := s.Snapshots().Set(ctx, a, []string{model.SnapshotReady}, store.SnapshotSet{Size: &size}); err != nil || ok {
 			t.Fatalf("set from the wrong status: %v %v", ok, err)
 		}
-		if ok, err := s.Snapshots().Set(ctx, a, []string{store.SnapshotCreating}, store.SnapshotSet{Status: new(store.SnapshotReady), Size: &size}); err != nil || !ok {
+		if ok, err := s.Snapshots().Set(ctx, a, []string{model.SnapshotCreating}, store.SnapshotSet{Status: new(model.SnapshotReady), Size: &size}); err != nil || !ok {
 			t.Fatalf("set: %v %v", ok, err)
 		}
-		if got, err := s.Snapshots().Get(ctx, a); err != nil || got.Status != store.SnapshotReady || got.Size != 42 || got.Name != "a" {
+		if got, err := s.Snapshots().Get(ctx, a); err != nil || got.Status != model.SnapshotReady || got.Size != 42 || got.Name != "a" {
 			t.Fatalf("after set: %+v %v", got, err)
 		}
 		if err := s.Snapshots().Delete(ctx, a); err != nil {
