@@ -1,8 +1,9 @@
 // Package api is kloud's RPC contract in Go: the name of every method kloud serves (methods.go),
 // its params and result types (one file per area), its descriptor (rpc.go: Method[P, R], through
-// which the typed client calls it and kloud's route table types its handler), the documents
-// they carry (model.go) and a typed client (client.go). docs/protocol.md is the wire contract; a test in package kloud
-// checks that every method kloud registers is a constant here and is documented there.
+// which the typed client calls it and kloud's route table types its handler) and a typed client
+// (client.go); the documents they carry are package kloud/model's (model.User, model.Stack, …).
+// docs/protocol.md is the wire contract; a test in package kloud checks that every method kloud
+// registers is a constant here and is documented there.
 //
 // Start with Client: api.NewClient(conn).StackApply(ctx, api.StackApplyParams{StackID: id})
 // returns the job to watch.
