@@ -352,7 +352,7 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 	n := max(len(tmpls), 1)
 	for i, t := range tmpls {
 		tfJob, err := w.start(ctx, i, func() (string, error) {
-			return w.tf.Apply(ctx, tfapi.Request{ContentID: ids[i], Files: tfFiles(t.Files),
+			return w.tf.Apply(ctx, tfapi.Request{ContentID: ids[i], Files: tfapi.Files(t.Files),
 				Variables: mergeVars(declaredVars(t.Files, vars), t.Variables), TraceID: w.j.ID})
 		})
 		if err != nil {

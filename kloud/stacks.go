@@ -170,7 +170,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	var id string
 	for {
 		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		id, err = tf.Plan(sctx, tfapi.Request{ContentID: contentID, Files: tfFiles(files), Variables: b.variables})
+		id, err = tf.Plan(sctx, tfapi.Request{ContentID: contentID, Files: tfapi.Files(files), Variables: b.variables})
 		scancel()
 		if err == nil && ctx.Err() != nil {
 			s.flow().StopTF(ctx, id)

@@ -27,12 +27,3 @@ type Terraformer interface {
 }
 
 var _ Terraformer = (*tfclient.Client)(nil)
-
-// tfFiles converts template files for a terraformer request.
-func tfFiles(files map[string][]byte) map[string]string {
-	out := make(map[string]string, len(files))
-	for n, b := range files {
-		out[n] = string(b)
-	}
-	return out
-}

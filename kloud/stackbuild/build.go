@@ -235,7 +235,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 		}
 		j.Enter(ctx, BuildResources)
 		tfJob, err = SubmitTF(ctx, j, func() (string, error) {
-			return tf.Apply(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.Doc().ID})
+			return tf.Apply(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfapi.Files(tpl.Files), Variables: tpl.Variables, TraceID: j.Doc().ID})
 		})
 		if err != nil {
 			return StackResult{}, f.failBuild(ctx, st, ms, fmt.Errorf("terraform apply: %w", err))

@@ -172,15 +172,6 @@ func (f *Flow) providerOf(name string) *provider.Provider {
 	return p
 }
 
-// tfFiles converts template files for a terraformer request.
-func tfFiles(files map[string][]byte) map[string]string {
-	out := make(map[string]string, len(files))
-	for n, b := range files {
-		out[n] = string(b)
-	}
-	return out
-}
-
 // stack reads stack id; a missing one is kite.ErrNotFound (as kloud's loadStack says it).
 func (f *Flow) stack(ctx context.Context, id string) (*model.Stack, error) {
 	st, err := f.d.Store.Stacks().Get(ctx, id)

@@ -294,7 +294,7 @@ func (f *Flow) planStack(ctx context.Context, j Job, st *model.Stack, tpl *provi
 		defer cancel()
 	}
 	submit := func() (string, error) {
-		return tf.Plan(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, Preview: preview})
+		return tf.Plan(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfapi.Files(tpl.Files), Variables: tpl.Variables, Preview: preview})
 	}
 	var id string
 	if j != nil {

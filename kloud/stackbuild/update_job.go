@@ -231,7 +231,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 		return fail(err)
 	}
 	tfJob, err := SubmitTF(ctx, j, func() (string, error) {
-		return tf.Apply(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfFiles(tpl.Files), Variables: tpl.Variables, TraceID: j.Doc().ID})
+		return tf.Apply(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfapi.Files(tpl.Files), Variables: tpl.Variables, TraceID: j.Doc().ID})
 	})
 	if err != nil {
 		return fail(fmt.Errorf("terraform apply: %w", err))

@@ -172,3 +172,12 @@ type CheckResult struct {
 	Ready bool   `json:"ready"`
 	Error string `json:"error,omitempty"`
 }
+
+// Files turns file contents by name into a Request's Files.
+func Files(files map[string][]byte) map[string]string {
+	out := make(map[string]string, len(files))
+	for n, b := range files {
+		out[n] = string(b)
+	}
+	return out
+}
