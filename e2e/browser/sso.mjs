@@ -39,7 +39,12 @@ try {
     });
     await step(`${round}: the login page offers SSO`, async () => {
       await page.goto(base + '/');
-      await page.waitForSelector('#login-sso');
+      // The app boots, asks /api/session, shows the login form, then asks /api/login/methods:
+      // on a loaded CI host (4 test packages on 2 cores) the boot alone took longer than 30 s.
+      await page.waitForSelector('#login-form', { timeout: 90000 });
+      await page.waitForSelector('#login-sso').catch((e) => {
+        throw new Error(`${e.message}\nthe page's failed requests and errors: ${JSON.stringify(errors)}`);
+      });
       if (round === 1) await page.screenshot({ path: join(artifacts, 'login.png') });
     });
     await step(`${round}: "Sign in with SSO" shows the provider's login form`, async () => {
