@@ -73,3 +73,15 @@ export async function ask(what) {
   const a = answers.shift();
   if (a !== 'done') throw new Error(`asked for ${what}: ${a}`);
 }
+
+// loginForm waits for the login form of a page that was just opened: the app's boot (its
+// modules, then the login page) took over 30 s on a loaded CI host (4 test packages on 2 cores),
+// so the first wait is long; if it never shows, the error says what the page showed instead.
+export async function loginForm(page, timeout = 90000) {
+  try {
+    await page.waitForSelector('#login-username', { timeout });
+  } catch (e) {
+    const shown = await page.evaluate(() => `${location.href}: ${document.body ? document.body.innerText.slice(0, 300) : '(no body)'}`).catch((x) => String(x));
+    throw new Error(`${e.message}\nthe page shows ${JSON.stringify(shown)}`);
+  }
+}

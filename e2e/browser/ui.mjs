@@ -31,7 +31,7 @@ import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { log, poll, ask, step, stepCounts } from './lib.mjs';
+import { log, poll, ask, step, stepCounts, loginForm } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL || 'http://127.0.0.1:7000';
@@ -116,6 +116,7 @@ async function main() {
     await page.goto(base + '/');
     await page.waitForSelector('#login-form');
     // A wrong password first: the form says so and stays.
+    await loginForm(page);
     await page.fill('#login-username', user);
     await page.fill('#login-password', 'not-the-password');
     await page.click('#login-submit');
@@ -541,6 +542,7 @@ async function shareSteps() {
       bob.setDefaultTimeout(30000);
       bob.on('pageerror', (e) => pageErrors.push(`${shareUser}: ${e}`));
       await bob.goto(base + '/');
+      await loginForm(bob);
       await bob.fill('#login-username', shareUser);
       await bob.fill('#login-password', sharePassword);
       await bob.click('#login-submit');
@@ -607,6 +609,7 @@ async function auditSteps() {
       p.setDefaultTimeout(30000);
       p.on('pageerror', (e) => pageErrors.push(`${admin}: ${e}`));
       await p.goto(base + '/');
+      await loginForm(p);
       await p.fill('#login-username', admin);
       await p.fill('#login-password', env.KLOUD_AUDIT_PASSWORD || '');
       await p.click('#login-submit');
@@ -695,6 +698,7 @@ async function quotaSteps() {
       admin.setDefaultTimeout(30000);
       admin.on('pageerror', (e) => pageErrors.push(`${quotaAdmin}: ${e}`));
       await admin.goto(base + '/');
+      await loginForm(admin);
       await admin.fill('#login-username', quotaAdmin);
       await admin.fill('#login-password', env.KLOUD_QUOTA_ADMIN_PASSWORD || '');
       await admin.click('#login-submit');

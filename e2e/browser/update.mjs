@@ -18,7 +18,7 @@
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { log, poll, ask, step, stepCounts } from './lib.mjs';
+import { log, poll, ask, step, stepCounts, loginForm } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -82,6 +82,7 @@ async function main() {
       await page.waitForSelector('#login-form', { timeout: 60000 }).catch(async (e) => {
         throw new Error(`${e.message}\npage shows: ${await page.evaluate(() => document.body.innerText).catch(() => '?')}`);
       });
+      await loginForm(page);
       await page.fill('#login-username', env.KLOUD_USER);
       await page.fill('#login-password', env.KLOUD_PASSWORD);
       await page.click('#login-submit');
