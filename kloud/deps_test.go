@@ -33,7 +33,7 @@ func TestEngineDependencies(t *testing.T) {
 	for pkg, may := range map[string][]string{
 		// the kloud/* packages each may link besides itself
 		"kloud/stackbuild": {"kloud/model", "kloud/api", "kloud/store"},
-		"kloud/relay":      {"kloud/model"},
+		"kloud/relay":      {"kloud/model", "kloud/kloudhttp"},
 		"kloud/login":      {"kloud/model", "kloud/api", "kloud/store", "kloud/kloudhttp"},
 		"kloud/kloudhttp":  {},
 		"kloud/pluginhost": {"kloud/model", "kloud/api", "provider/plugin"},

@@ -65,8 +65,3 @@ func errStatus(err error) (int, error) {
 	err = wireError(err)
 	return relay.Status(err), err
 }
-
-// appPage answers with a small HTML page (relay.Page: the web apps' hosts and single sign-on).
-func appPage(w http.ResponseWriter, code int, title string, err error) {
-	relay.Page(w, code, title, err)
-}

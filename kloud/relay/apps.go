@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/kloud/kloudhttp"
 )
 
 // Web apps get their own origin, never kloud UI's: what a machine serves is the machine
@@ -97,7 +98,7 @@ func (h *Hub) initApps() error {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := r.Context().Value(appTargetKey{}).(appTarget)
 			h.log.Info("app proxy", "machine", t.machine, "port", t.port, "user", t.user, "err", err)
-			Page(w, http.StatusBadGateway, "Port "+strconv.Itoa(t.port)+" is not reachable", err)
+			kloudhttp.Page(w, http.StatusBadGateway, "Port "+strconv.Itoa(t.port)+" is not reachable", err)
 		},
 	}
 	return nil
@@ -182,7 +183,7 @@ func (h *Hub) serveApp(w http.ResponseWriter, r *http.Request, id string, port i
 			http.Redirect(w, r, h.openURL(id, port, r.URL.RequestURI()), http.StatusTemporaryRedirect)
 			return
 		}
-		Page(w, http.StatusUnauthorized, "Not logged in to this app", fmt.Errorf("open it from kloud first: %s", h.openURL(id, port, "/")))
+		kloudhttp.Page(w, http.StatusUnauthorized, "Not logged in to this app", fmt.Errorf("open it from kloud first: %s", h.openURL(id, port, "/")))
 		return
 	}
 	m, err := h.o.Access.Machine(r.Context(), user, id)
@@ -190,7 +191,7 @@ func (h *Hub) serveApp(w http.ResponseWriter, r *http.Request, id string, port i
 		err = mayForward(user, m)
 	}
 	if err != nil {
-		Page(w, http.StatusForbidden, "Access refused", err)
+		kloudhttp.Page(w, http.StatusForbidden, "Access refused", err)
 		return
 	}
 	h.touch(id) // a web app's request is activity
@@ -211,12 +212,12 @@ func (h *Hub) serveAuth(w http.ResponseWriter, r *http.Request, id string, port 
 	delete(h.appTickets, t)
 	h.appMu.Unlock()
 	if !ok || t == "" || time.Now().After(tk.exp) || tk.machine != id || tk.port != port {
-		Page(w, http.StatusForbidden, "Unknown, used or expired ticket", fmt.Errorf("open the app again from kloud: %s", h.openURL(id, port, "/")))
+		kloudhttp.Page(w, http.StatusForbidden, "Unknown, used or expired ticket", fmt.Errorf("open the app again from kloud: %s", h.openURL(id, port, "/")))
 		return
 	}
 	tok, err := h.o.Tokens.Sign(tk.user, appAudience(id, port), appCookieTTL)
 	if err != nil {
-		Page(w, http.StatusInternalServerError, "Could not sign the app cookie", err)
+		kloudhttp.Page(w, http.StatusInternalServerError, "Could not sign the app cookie", err)
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: appCookie, Value: tok, Path: "/", MaxAge: int(appCookieTTL / time.Second),
@@ -229,7 +230,7 @@ func (h *Hub) serveAuth(w http.ResponseWriter, r *http.Request, id string, port 
 // session): it sends the browser to the app's host with a one-time ticket.
 func (h *Hub) ServeOpen(w http.ResponseWriter, r *http.Request) {
 	if h.appsOff {
-		writeError(w, http.StatusNotFound, "web apps are off on this kloud (kloud serve --apps-host): use kloud port-forward")
+		kloudhttp.WriteError(w, http.StatusNotFound, "web apps are off on this kloud (kloud serve --apps-host): use kloud port-forward")
 		return
 	}
 	port, err := pathPort(r)
@@ -318,18 +319,4 @@ func stripCookie(hd http.Header, name string) {
 	for _, v := range keep {
 		hd.Add("Cookie", v)
 	}
-}
-
-// Page answers with a small HTML page (a web app's host never gets kloud's UI; kloud's single
-// sign-on pages use it too).
-func Page(w http.ResponseWriter, code int, title string, err error) {
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("Content-Security-Policy", "default-src 'none'")
-	w.WriteHeader(code)
-	msg := ""
-	if err != nil {
-		msg = err.Error()
-	}
-	fmt.Fprintf(w, "<!doctype html><title>%s</title><h1>%s</h1><p>%s</p>\n", html.EscapeString(title), html.EscapeString(title), html.EscapeString(msg))
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/tunnel"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/kloud/kloudhttp"
 	"github.com/kloud-dev/kloud/kloud/model"
 )
 
@@ -118,7 +119,7 @@ func (h *Hub) ServeTCP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sameOrigin(r) {
 		refused(&statusError{http.StatusForbidden, "cross-origin"})
-		writeError(w, http.StatusForbidden, "cross-origin port-forward requests are refused")
+		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin port-forward requests are refused")
 		return
 	}
 	far, err := h.openPort(r.Context(), user, m, port)

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/kloud/kloudhttp"
 	"github.com/kloud-dev/kloud/kloud/model"
 )
 
@@ -203,18 +203,7 @@ func Status(err error) int {
 }
 
 // writeErr answers err as JSON with its status.
-func writeErr(w http.ResponseWriter, err error) { writeError(w, Status(err), err.Error()) }
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
-}
+func writeErr(w http.ResponseWriter, err error) { kloudhttp.WriteError(w, Status(err), err.Error()) }
 
 // Role is what user may do on m: "owner", a share grant (model.GrantReadonly, ...), or ""
 // (nothing: kloud admins and team admins too, klient would refuse them).

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/kloud/kloudhttp"
 	"github.com/kloud-dev/kloud/kloud/model"
 )
 
@@ -111,7 +112,7 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sameOrigin(r) {
 		refused(&statusError{http.StatusForbidden, "cross-origin"})
-		writeError(w, http.StatusForbidden, "cross-origin terminal requests are refused")
+		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin terminal requests are refused")
 		return
 	}
 	browser, err := websocket.Accept(w, r, nil)
@@ -214,7 +215,7 @@ func (h *Hub) ServeAttach(w http.ResponseWriter, r *http.Request) {
 	delete(h.pending, t)
 	h.mu.Unlock()
 	if ch == nil || t == "" {
-		writeError(w, http.StatusForbidden, "unknown, used or expired ticket")
+		kloudhttp.WriteError(w, http.StatusForbidden, "unknown, used or expired ticket")
 		return
 	}
 	ws, err := websocket.Accept(w, r, nil)
@@ -452,7 +453,7 @@ func (h *Hub) ServeSessions(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, res)
+	kloudhttp.WriteJSON(w, http.StatusOK, res)
 }
 
 // ServeKill is DELETE /api/machines/{id}/sessions/{session}.
@@ -461,7 +462,7 @@ func (h *Hub) ServeKill(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		sess := r.PathValue("session")
 		if err = h.agentCall(r.Context(), user, m, klientapi.MethodWebtermKill, func(tok string) any { return klientapi.SessionParams{Session: sess, Token: tok} }, nil); err == nil {
-			writeJSON(w, http.StatusOK, map[string]string{"session": sess})
+			kloudhttp.WriteJSON(w, http.StatusOK, map[string]string{"session": sess})
 		}
 	}
 	if user != "" {
@@ -475,7 +476,7 @@ func (h *Hub) ServeKill(w http.ResponseWriter, r *http.Request) {
 // ServeRename is POST /api/machines/{id}/sessions/{session}/rename {name}.
 func (h *Hub) ServeRename(w http.ResponseWriter, r *http.Request) {
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
-		writeError(w, http.StatusUnsupportedMediaType, `send {"name": "..."} as application/json`)
+		kloudhttp.WriteError(w, http.StatusUnsupportedMediaType, `send {"name": "..."} as application/json`)
 		return
 	}
 	user, m, err := h.target(r, mayTerminal)
@@ -489,7 +490,7 @@ func (h *Hub) ServeRename(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&body); err != nil || body.Name == "" {
-		writeError(w, http.StatusBadRequest, `body must be {"name": "..."}`)
+		kloudhttp.WriteError(w, http.StatusBadRequest, `body must be {"name": "..."}`)
 		return
 	}
 	sess := r.PathValue("session")
@@ -502,5 +503,5 @@ func (h *Hub) ServeRename(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, info)
+	kloudhttp.WriteJSON(w, http.StatusOK, info)
 }
