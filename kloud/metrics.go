@@ -14,7 +14,6 @@ import (
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
-	"github.com/kloud-dev/kloud/provider"
 )
 
 // Metrics (issue 19): GET /metrics in Prometheus' text format, from a registry of this server's
@@ -120,9 +119,9 @@ func (d metricsDeps) Registered() map[string]int {
 	return n
 }
 
-// Use computes what every user and team holds (the rule of quotaUse: a stack's machines but
+// Use computes what every user and team holds (quota.Keeper.Held: a stack's machines but
 // terminated ones, nothing of a stack never built) from one list of stacks, the machines and the
-// quotas (the rule of quotaOf for the limits): three queries whatever the number of stacks.
+// quotas (the limits as quota.Keeper reads them): three queries whatever the number of stacks.
 func (d metricsDeps) Use(ctx context.Context, ms []model.Machine) (use, limits map[string]api.Quota, err error) {
 	s := d.s
 	sts, err := s.store.Stacks().List(ctx, store.StackFilter{All: true})
@@ -134,8 +133,9 @@ func (d metricsDeps) Use(ctx context.Context, ms []model.Machine) (use, limits m
 		byStack[m.StackID] = append(byStack[m.StackID], m)
 	}
 	use = map[string]api.Quota{}
+	keeper := s.quotas()
 	for _, st := range sts {
-		held := s.machinesHeld(&st, byStack[st.ID])
+		held := keeper.Held(&st, byStack[st.ID])
 		for _, sub := range quotaSubjects(st.Owner, st.Team) {
 			use[sub] = addQuota(use[sub], held)
 		}
@@ -179,18 +179,3 @@ func (s *Server) MetricsHandler() http.Handler { return s.metrics.Handler() }
 // PollMetrics refreshes the machines' figures and the quota use once (the background task does
 // it every Options.MetricsInterval; tests call it to not wait).
 func (s *Server) PollMetrics(ctx context.Context) { s.metrics.poller.Poll(ctx) }
-
-// machinesHeld is what stack st with machines ms holds of its owner's and team's quotas (see
-// stackHeld).
-func (s *Server) machinesHeld(st *model.Stack, ms []model.Machine) api.Quota {
-	var held api.Quota
-	if st.State == model.StackNotInitialized {
-		return held
-	}
-	for _, m := range ms {
-		if m.State != provider.Terminated {
-			held = addQuota(held, s.machineNeed(m.Provider, m.Attributes))
-		}
-	}
-	return held
-}
