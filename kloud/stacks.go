@@ -164,20 +164,15 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	// A content id plans one at a time (terraformer's lease on its work dir): a plan of the same
 	// template by the same user (concurrent stack.create, two tabs) waits for the other one, within
 	// the plan timeout, rather than failing with terraformer's "locked".
-	// The submission is not cut short by ctx: a plan job cancelled while terraformer was
-	// accepting its run would leave that run planning with nobody to cancel it; it is
-	// cancelled once its id is known.
+	// (A plan cancelled while terraformer accepted its run: tfclient cancels that run.)
 	var id string
 	for {
-		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		id, err = tf.Plan(sctx, tfapi.Request{ContentID: contentID, Files: tfapi.Files(files), Variables: b.variables})
-		scancel()
-		if err == nil && ctx.Err() != nil {
-			s.flow().StopTF(ctx, id)
-			return nil, s.planStopped(ctx)
-		}
+		id, err = tf.Plan(ctx, tfapi.Request{ContentID: contentID, Files: tfapi.Files(files), Variables: b.variables})
 		if err == nil {
 			break
+		}
+		if ctx.Err() != nil {
+			return nil, s.planStopped(ctx)
 		}
 		if !errors.Is(err, kite.ErrConflict) {
 			return nil, fmt.Errorf("terraform plan: %w", err)

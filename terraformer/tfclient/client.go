@@ -263,13 +263,25 @@ func (c *Client) Destroy(ctx context.Context, req tfapi.Request) (string, error)
 	return c.submit(ctx, tfapi.MethodDestroy, req)
 }
 
+// submit starts a run. The call itself is not cut short by ctx (it has callTimeout): a caller
+// whose ctx ended while terraformer was accepting the run would leave it running with nobody
+// to cancel it. If ctx has ended by the time the run's id is known, the run is cancelled and
+// the error is ctx's.
 func (c *Client) submit(ctx context.Context, method string, req tfapi.Request) (string, error) {
 	if err := req.Validate(); err != nil {
 		return "", fmt.Errorf("%s: %s: %w", method, err.Error(), kite.ErrInvalidParams)
 	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+	defer cancel()
 	var res tfapi.SubmitResult
-	if err := c.call(ctx, method, req, &res); err != nil {
+	if err := c.call(sctx, method, req, &res); err != nil {
 		return "", err
+	}
+	if ctx.Err() != nil {
+		if _, err := c.Cancel(context.WithoutCancel(ctx), res.JobID); err != nil && !errors.Is(err, kite.ErrState) {
+			return "", fmt.Errorf("%s: %w (and cancelling its run %s: %w)", method, ctx.Err(), res.JobID, err)
+		}
+		return "", fmt.Errorf("%s: %w", method, ctx.Err())
 	}
 	return res.JobID, nil
 }
