@@ -77,8 +77,8 @@ type Options struct {
 	// Limits); a cgroup a killed command left is removed after it and at New. Nil: no cgroup.
 	// terraformer serve sets tfsandbox.DefaultTerraformLimits unless told otherwise.
 	SandboxLimits *cgroups.Limits
-	// OnFinish, if set, is called with each job this engine ran once it is final (terraformer's
-	// metrics). It must not block.
+	// OnFinish, if set, is called with each job this engine ran once it is final and before its
+	// final event reaches any watcher (terraformer's metrics). It must not block.
 	OnFinish func(j *Job)
 }
 

@@ -158,9 +158,6 @@ func (r *run) execute() {
 		r.logFile.Close()
 	}
 	r.log.Info("job finished", "status", job.Status, "err", job.Err())
-	if r.e.opts.OnFinish != nil {
-		r.e.opts.OnFinish(job)
-	}
 	close(r.done)
 }
 
@@ -630,8 +627,14 @@ func (r *run) finish(opErr error, result *Result) *Job {
 	}
 	j.Result = result
 	j.FinishedAt, j.UpdatedAt = now, now
+	final := cloneJob(j)
+	// Observers hear of the final job under r.mu, before a get or a watch can see it end, so
+	// whoever saw it end also sees it counted (terraformer's metrics).
+	if r.e.opts.OnFinish != nil {
+		r.e.opts.OnFinish(final)
+	}
 	r.persistLocked()
-	return cloneJob(j)
+	return final
 }
 
 func (r *run) terraformError(opErr error, diags []Diagnostic) *JobError {
