@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/selfexec"
 )
 
 const (
@@ -77,7 +78,12 @@ func (c Config) Env(run string) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	return map[string]string{envStage: stageLaunch, envConfig: string(b), EnvRun: run}, nil
+	env := map[string]string{envStage: stageLaunch, envConfig: string(b), EnvRun: run}
+	for _, kv := range selfexec.Env() { // the launcher and init are this binary again
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	return env, nil
 }
 
 var installed atomic.Bool

@@ -48,7 +48,7 @@ func runInit() int {
 	if err := dropPrivileges(); err != nil {
 		return fail(err)
 	}
-	env := append(filterEnv(envWithout(false), "HOME", "TMPDIR", "PWD", "OLDPWD", "USER", "LOGNAME"),
+	env := append(filterEnv(envWithout(false), "HOME", "TMPDIR", "PWD", "OLDPWD", "USER", "LOGNAME", "GORACE"),
 		"HOME=/tmp", "TMPDIR=/tmp")
 	p, err := os.StartProcess(cfg.Program, append([]string{cfg.Program}, os.Args[1:]...), &os.ProcAttr{
 		Dir:   dir,

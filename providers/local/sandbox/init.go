@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kloud-dev/kloud/internal/selfexec"
 )
 
 // How a machine boots (runc style: the calling binary re-executes itself):
@@ -127,7 +129,7 @@ func runLauncher() int {
 	}
 	cmd := exec.Command("/proc/self/exe")
 	cmd.Args = []string{"kloud-init", cfg.ID}
-	cmd.Env = []string{envStage + "=" + stageInit, envConfig + "=" + os.Getenv(envConfig)}
+	cmd.Env = append([]string{envStage + "=" + stageInit, envConfig + "=" + os.Getenv(envConfig)}, selfexec.Env()...)
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr // the machine's console.log
 	cmd.ExtraFiles = []*os.File{syncW}            // fd 3: init's setup report

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kloud-dev/kloud/internal/cgroups"
+	"github.com/kloud-dev/kloud/internal/selfexec"
 	"github.com/kloud-dev/kloud/providers/bridgefw"
 )
 
@@ -486,7 +487,7 @@ func (m *Manager) boot(ctx context.Context, r *record) error {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "/proc/self/exe")
 	cmd.Args = []string{"kloud-sandbox-launch", r.ID}
-	cmd.Env = []string{envStage + "=" + stageLaunch, envConfig + "=" + string(cfg)}
+	cmd.Env = append([]string{envStage + "=" + stageLaunch, envConfig + "=" + string(cfg)}, selfexec.Env()...)
 	cmd.Dir = "/"
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, console
