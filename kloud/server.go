@@ -201,6 +201,8 @@ type Server struct {
 	rate     *rateLimiter     // each user's calls (ratelimit.go); nil: no limit
 	planJobs planSlots        // each user's running plan jobs (stacks_plan.go)
 	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
+
+	// area APIs: the handlers of one area each, on a small type holding what they use
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -267,6 +269,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		PublicURL: opts.PublicURL, KloudVersion: version.Version, Logger: opts.Logger}); err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
+	// area APIs (one line each)
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)
