@@ -615,12 +615,17 @@ func (r *run) finish(opErr error, result *Result) *Job {
 	}
 	diags := errorDiagnostics(r.diags)
 	switch {
+	case cause != nil && (opErr != nil || r.req.Op == OpPlan):
+		// terraform plan exits 0 when it is interrupted, without writing a plan: a plan the run
+		// was cancelled during is the cancel's, whatever terraform said.
+		j.Status = cause.status
+		j.Error = &JobError{Kind: cause.kind, Message: cause.msg, Diagnostics: diags}
+	case opErr == nil && r.req.Op == OpPlan && result == nil:
+		j.Status = StatusFailed
+		j.Error = &JobError{Kind: KindInternal, Message: "terraform plan exited 0 but its plan could not be read", Diagnostics: diags}
 	case opErr == nil:
 		j.Status = StatusSucceeded
 		j.Percent = 100
-	case cause != nil:
-		j.Status = cause.status
-		j.Error = &JobError{Kind: cause.kind, Message: cause.msg, Diagnostics: diags}
 	default:
 		j.Status = StatusFailed
 		j.Error = r.terraformError(opErr, diags)
