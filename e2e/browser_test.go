@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,10 @@ const chromiumPath = "/usr/bin/chromium"
 // script's directory and a fresh artifacts directory for this test.
 func browserPrereqs(t *testing.T) (node, script, out string) {
 	t.Helper()
+	// Browser tests run beside the package's other parallel tests, one Chromium at a time
+	// (browserMu, held by runBrowserScript): serial, they kept every parallel test waiting for
+	// their 7 minutes.
+	t.Parallel()
 	if _, err := os.Stat(chromiumPath); err != nil {
 		testutil.Unavailable(t, "test needs Chromium at %s (Debian packages chromium, chromium-driver: scripts/setup-browser.sh)", chromiumPath)
 	}
@@ -75,12 +80,23 @@ func runUI(t *testing.T, e *env, node, script, out string, settings ...string) {
 	}, settings...)
 }
 
+// browserMu lets one Chromium run at a time: on 2 cores, beside the other parallel tests, two
+// browsers at once slow each other past their waits.
+var browserMu sync.Mutex
+
+// lockBrowser holds browserMu until the test ends.
+func lockBrowser(t *testing.T) {
+	browserMu.Lock()
+	t.Cleanup(browserMu.Unlock)
+}
+
 // runBrowserScript runs the script file (in e2e/browser) against e with the given settings
 // (KEY=VALUE) and fails the test unless every step passed. When the script prints
 // {"need": what}, needs[what] runs and its answer ("done", or its error) goes to the script's
 // stdin.
 func runBrowserScript(t *testing.T, e *env, node, script, out, file string, needs map[string]func() error, settings ...string) {
 	t.Helper()
+	lockBrowser(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, file)

@@ -97,6 +97,7 @@ func TestLocalPorts(t *testing.T) {
 		{"name": "bob", "password": password, "want": "ok"},
 		{"name": "carol", "password": password, "want": "refused"},
 	})
+	lockBrowser(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "ports.mjs")

@@ -43,7 +43,7 @@ try {
       const t = await page.textContent('#machine-idle', { timeout: 1000 });
       return t && t.includes(want) ? t : null;
     });
-    await page.waitForSelector('#idle-form', { timeout: 30000 });
+    await page.waitForSelector('#idle-form', { timeout: 60000 });
     if (env.KLOUD_AUTOSTART_TEXT) {
       const a = await page.textContent('#autostart-status');
       if (!a.includes(env.KLOUD_AUTOSTART_TEXT)) throw new Error(`autostart shown as ${a}`);

@@ -33,7 +33,7 @@ export async function step(name, fn, { keepGoing = false } = {}) {
 }
 
 // poll calls fn until it returns a truthy value or the deadline passes.
-export async function poll(what, fn, timeout = 30000, every = 100) {
+export async function poll(what, fn, timeout = 60000, every = 100) {
   const end = Date.now() + timeout;
   let last;
   for (;;) {

@@ -55,8 +55,8 @@ try {
     if (u.want === 'ok' && env.KLOUD_MACHINE_ID) {
       await step(`${u.name}: the machine page offers the port and shows the firewall`, async () => {
         await page.goto(base + `/#/machines/${env.KLOUD_MACHINE_ID}`);
-        await page.waitForSelector('#app-form', { timeout: 30000 });
-        await page.waitForSelector('#firewall table, #firewall p', { timeout: 30000 });
+        await page.waitForSelector('#app-form', { timeout: 60000 });
+        await page.waitForSelector('#firewall table, #firewall p', { timeout: 60000 });
         const mayChange = (await page.$('#fw-form')) !== null;
         if (mayChange !== (u.name === env.KLOUD_OWNER)) throw new Error(`firewall form shown: ${mayChange}`);
       }, keepGoing);

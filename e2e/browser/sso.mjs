@@ -30,7 +30,7 @@ try {
   for (const round of [1, 2]) {
     const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
     const page = await context.newPage();
-    page.setDefaultTimeout(30000);
+    page.setDefaultTimeout(60000);
     const errors = [];
     page.on('pageerror', (e) => errors.push(String(e)));
     page.on('response', (r) => {

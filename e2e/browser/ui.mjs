@@ -95,7 +95,7 @@ async function main() {
         '--disable-component-update', '--disable-sync'],
     });
     page = context.pages()[0] || await context.newPage();
-    page.setDefaultTimeout(30000);
+    page.setDefaultTimeout(60000);
     page.on('pageerror', (e) => pageErrors.push(String(e)));
     // Failed requests are judged by URL (the console line does not name it): 401 is expected
     // from GET /api/session before login and from the wrong password on purpose.
@@ -494,11 +494,11 @@ async function terminalSteps() {
     await page.waitForSelector('.term-pane.active[data-state="connected"]', { timeout: 60000 });
     session = await page.getAttribute('.term-pane.active', 'data-session');
     // Wait for the shell's prompt (any output) before typing.
-    await poll('shell prompt', async () => (await termLines() || []).some((l) => l.trim() !== ''), 30000);
+    await poll('shell prompt', async () => (await termLines() || []).some((l) => l.trim() !== ''), 60000);
     await page.click('.term-pane.active .term-host');
     await page.keyboard.type('echo hello-$((6*7))');
     await page.keyboard.press('Enter');
-    await poll('hello-42 in the xterm buffer', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 30000);
+    await poll('hello-42 in the xterm buffer', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 60000);
     // The buffer has it first; xterm paints the rows on its next animation frame.
     await poll('hello-42 rendered in .xterm-rows', async () => (await page.textContent('.term-pane.active .xterm-rows')).includes('hello-42'), 10000);
     return { session, screenshot: await shot('terminal.png') };
@@ -510,7 +510,7 @@ async function terminalSteps() {
     await page.waitForSelector('.term-pane.active[data-state="connected"]', { timeout: 60000 });
     const again = await page.getAttribute('.term-pane.active', 'data-session');
     if (again !== session) throw new Error(`after reload the tab is on session ${again}, not ${session}`);
-    await poll('hello-42 replayed after reload', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 30000);
+    await poll('hello-42 replayed after reload', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 60000);
     return { session: again, screenshot: await shot('terminal-after-reload.png') };
   });
 }
@@ -539,7 +539,7 @@ async function shareSteps() {
         args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
       });
       bob = ctx2.pages()[0] || await ctx2.newPage();
-      bob.setDefaultTimeout(30000);
+      bob.setDefaultTimeout(60000);
       bob.on('pageerror', (e) => pageErrors.push(`${shareUser}: ${e}`));
       await bob.goto(base + '/');
       await loginForm(bob);
@@ -552,7 +552,7 @@ async function shareSteps() {
       await bob.goto(base + `/#/machines/${machineID}`);
       await bob.click(`#term-sessions tr:has(code:text-is("${session}")) button:has-text("Watch")`);
       await bob.waitForSelector('.term-pane.active[data-state="connected"]', { timeout: 60000 });
-      await poll(`${shareUser} sees the replay`, () => hasLine(bob, 'hello-42'), 30000);
+      await poll(`${shareUser} sees the replay`, () => hasLine(bob, 'hello-42'), 60000);
       return {};
     });
     await step(`${shareUser} sees alice typing live and cannot type`, async () => {
@@ -561,13 +561,13 @@ async function shareSteps() {
       await page.click('.term-pane.active .term-host');
       await page.keyboard.type('echo live-$((7*6))');
       await page.keyboard.press('Enter');
-      await poll(`${shareUser} sees live-42`, () => hasLine(bob, 'live-42'), 30000);
+      await poll(`${shareUser} sees live-42`, () => hasLine(bob, 'live-42'), 60000);
       await bob.click('.term-pane.active .term-host');
       await bob.keyboard.type('echo typed-by-watcher');
       await bob.keyboard.press('Enter');
       await page.keyboard.type('echo marker-$((1+1))');
       await page.keyboard.press('Enter');
-      await poll('marker-2 on both screens', async () => await hasLine(page, 'marker-2') && hasLine(bob, 'marker-2'), 30000);
+      await poll('marker-2 on both screens', async () => await hasLine(page, 'marker-2') && hasLine(bob, 'marker-2'), 60000);
       const leaked = (await termLinesOf(page)).some((l) => l.includes('typed-by-watcher'));
       if (leaked) throw new Error('the read-only watcher typed into the session');
       const shotPath = join(artifacts, 'readonly-watcher.png');
@@ -577,7 +577,7 @@ async function shareSteps() {
     await step(`unsharing closes ${shareUser}'s terminal`, async () => {
       await page.goto(base + `/#/machines/${machineID}`);
       await page.click(`#shares tr:has-text("${shareUser}") button:has-text("Unshare")`);
-      await bob.waitForSelector('.term-pane.active[data-state="error"]', { timeout: 30000 });
+      await bob.waitForSelector('.term-pane.active[data-state="error"]', { timeout: 60000 });
       return { watcher: (await bob.textContent('.term-pane.active .term-info')).trim() };
     });
   } finally {
@@ -606,7 +606,7 @@ async function auditSteps() {
         args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
       });
       const p = ctx3.pages()[0] || await ctx3.newPage();
-      p.setDefaultTimeout(30000);
+      p.setDefaultTimeout(60000);
       p.on('pageerror', (e) => pageErrors.push(`${admin}: ${e}`));
       await p.goto(base + '/');
       await loginForm(p);
@@ -625,7 +625,7 @@ async function auditSteps() {
       if (missing.length) throw new Error(`the audit page lacks ${missing.join(', ')}: ${rows.map((r) => r.text).join(' | ')}`);
       await p.fill('#audit-filter input[name=user]', user);
       await p.click('#audit-filter button[type=submit]');
-      await poll('only alice\'s entries', () => p.$$eval('#audit-entries tr[data-seq]', (trs, u) => trs.length > 0 && trs.every((tr) => tr.children[2].textContent === u), user), 30000);
+      await poll('only alice\'s entries', () => p.$$eval('#audit-entries tr[data-seq]', (trs, u) => trs.length > 0 && trs.every((tr) => tr.children[2].textContent === u), user), 60000);
       await p.click('#audit-verify');
       await p.waitForSelector('#audit-verdict.ok');
       const verdict = (await p.textContent('#audit-verdict')).trim();
@@ -650,8 +650,8 @@ async function restartSteps() {
     }
     outage = true;
     await ask('kill');
-    await page.waitForSelector('#conn.conn-reconnecting', { timeout: 30000 });
-    if (withTerminal) await page.waitForSelector('.term-pane.active[data-state="reconnecting"]', { timeout: 30000 });
+    await page.waitForSelector('#conn.conn-reconnecting', { timeout: 60000 });
+    if (withTerminal) await page.waitForSelector('.term-pane.active[data-state="reconnecting"]', { timeout: 60000 });
     return { screenshot: await shot('reconnecting.png'), header: (await page.textContent('#conn')).trim() };
   });
   await step('kloud back: the page reconnects', async () => {
@@ -660,7 +660,7 @@ async function restartSteps() {
     outage = false;
     if (withTerminal) {
       await page.waitForSelector('.term-pane.active[data-state="connected"]', { timeout: 60000 });
-      await poll('hello-42 replayed after kloud restarted', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 30000);
+      await poll('hello-42 replayed after kloud restarted', async () => (await termLines() || []).some((l) => l.trim() === 'hello-42'), 60000);
       await shot('terminal-after-restart.png');
     }
     await page.goto(base + '/#/machines');
@@ -695,7 +695,7 @@ async function quotaSteps() {
         args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
       });
       const admin = ctx3.pages()[0] || await ctx3.newPage();
-      admin.setDefaultTimeout(30000);
+      admin.setDefaultTimeout(60000);
       admin.on('pageerror', (e) => pageErrors.push(`${quotaAdmin}: ${e}`));
       await admin.goto(base + '/');
       await loginForm(admin);

@@ -63,7 +63,7 @@ async function main() {
   try {
     const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
     page = await context.newPage();
-    page.setDefaultTimeout(30000);
+    page.setDefaultTimeout(60000);
     page.on('pageerror', (e) => pageErrors.push(String(e)));
     page.on('console', (m) => {
       if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) pageErrors.push('console: ' + m.text());
@@ -101,7 +101,7 @@ async function main() {
       await jobDone('#snapshot-jobs', n, 'snapshot');
       // The list renders again as the job and the quota refresh: read by selector, no handle.
       const ready = '#snapshots tr[data-status="ready"]:has-text("before the change")';
-      await page.waitForSelector(ready, { timeout: 30000 });
+      await page.waitForSelector(ready, { timeout: 60000 });
       snapID = await page.getAttribute(ready, 'data-snapshot');
       const cells = await page.$$eval(`${snapRow(snapID)} td`, (tds) => tds.map((td) => td.textContent.trim()));
       if (!/^\d+(\.\d)? (B|KiB|MiB|GiB)$/.test(cells[2]) || cells[2] === '0 B') throw new Error(`size cell: ${JSON.stringify(cells)}`);
@@ -144,7 +144,7 @@ async function main() {
         const b = await page.$('#stack-update');
         if (!b) await page.evaluate(() => window.dispatchEvent(new HashChangeEvent('hashchange')));
         return b;
-      }, 30000, 1000);
+      }, 60000, 1000);
       // The stack page renders its header again whenever it refreshes (the watched job ending,
       // a machine's state): the button is found again by its selector, never kept as a handle.
       const label0 = await text('#stack-update');
