@@ -43,15 +43,15 @@ type credentialAPI struct {
 	creds     *store.Credentials
 	stacks    *store.Stacks // the stacks using a credential (remove)
 	jobs      *store.Jobs   // a bootstrap's job (staleBootstrap)
-	vault     vault
+	vault     credentialVault
 	providers *provider.Registry
 	log       *slog.Logger
 	srv       credentialServer
 }
 
-// vault is what the credential area uses of the store besides its repositories (*store.Store
-// implements it): sealing and opening values, the store's clock, and Persist.
-type vault interface {
+// credentialVault is what the credential area uses of the store besides its repositories
+// (*store.Store implements it): sealing and opening values, the store's clock, and Persist.
+type credentialVault interface {
 	Seal(plaintext, aad []byte) ([]byte, error)
 	Open(ciphertext, aad []byte) ([]byte, error)
 	Now() time.Time
