@@ -37,23 +37,23 @@ func bootstrapContentID(team, credID string, i int) string {
 	return fmt.Sprintf("bootstrap-%s-%s-%d", team, credID, i)
 }
 
-func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialBootstrapParams) (api.BootstrapResult, error) {
-	cr, err := s.loadCredential(ctx, c, p.CredentialID)
+func (a *credentialAPI) bootstrap(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialBootstrapParams) (api.BootstrapResult, error) {
+	cr, err := a.load(ctx, c, p.CredentialID)
 	if err != nil {
 		return api.BootstrapResult{}, err
 	}
 	if err := manageCheck(c, cr, "bootstrap"); err != nil {
 		return api.BootstrapResult{}, err
 	}
-	if _, err := s.providers.Lookup(cr.Provider); err != nil {
+	if _, err := a.providers.Lookup(cr.Provider); err != nil {
 		return api.BootstrapResult{}, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
 	}
 	if !p.Destroy { // what an earlier bootstrap made can always be destroyed
-		if err := s.capable(cr.Provider, api.MethodCredentialBootstrap, provider.CapBootstrap); err != nil {
+		if err := a.srv.capable(cr.Provider, api.MethodCredentialBootstrap, provider.CapBootstrap); err != nil {
 			return api.BootstrapResult{}, err
 		}
 	}
-	if _, err := s.terraformer(); err != nil {
+	if _, err := a.srv.terraformer(); err != nil {
 		return api.BootstrapResult{}, err
 	}
 	status := model.BootstrapRunning
@@ -73,20 +73,20 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 		}
 		var stale *model.Bootstrap
 		if b.Status == model.BootstrapRunning || b.Status == model.BootstrapDestroying {
-			if !s.staleBootstrap(ctx, b) {
+			if !a.staleBootstrap(ctx, b) {
 				return api.BootstrapResult{}, fmt.Errorf("credential %s: bootstrap job %s is running; wait for it to end: %w", cr.ID, b.JobID, kite.ErrConflict)
 			}
 			// Its job is gone: take the claim over, exactly as it was read.
 			stale = b
 		}
-		claimed, err := s.store.Credentials().ClaimBootstrap(ctx, cr.ID, status, p.Destroy, stale)
+		claimed, err := a.creds.ClaimBootstrap(ctx, cr.ID, status, p.Destroy, stale)
 		if err != nil {
 			return api.BootstrapResult{}, fmt.Errorf("credential %s: %w", cr.ID, err)
 		}
 		if claimed {
-			return s.startBootstrap(ctx, c, cr, status, p.Destroy)
+			return a.startBootstrap(ctx, c, cr, status, p.Destroy)
 		}
-		if cr, err = s.loadCredential(ctx, c, p.CredentialID); err != nil {
+		if cr, err = a.load(ctx, c, p.CredentialID); err != nil {
 			return api.BootstrapResult{}, err
 		}
 	}
@@ -94,44 +94,48 @@ func (s *Server) credentialBootstrap(ctx context.Context, c *Caller, _ *kite.Req
 }
 
 // staleBootstrap reports whether a running bootstrap has no live job behind it.
-func (s *Server) staleBootstrap(ctx context.Context, b *model.Bootstrap) bool {
+func (a *credentialAPI) staleBootstrap(ctx context.Context, b *model.Bootstrap) bool {
 	if b.JobID == "" {
-		return s.store.Now().Sub(b.UpdatedAt) > staleClaim
+		return a.vault.Now().Sub(b.UpdatedAt) > staleClaim
 	}
-	j, err := s.store.Jobs().Get(ctx, b.JobID)
+	j, err := a.jobs.Get(ctx, b.JobID)
 	if err != nil {
 		return errors.Is(err, store.ErrNotFound)
 	}
 	return j.Status.Done()
 }
 
-func (s *Server) startBootstrap(ctx context.Context, c *Caller, cr *model.Credential, status string, destroy bool) (api.BootstrapResult, error) {
-	jobID, err := bootstrapJob.Start(ctx, s, "credential/"+cr.ID, c.Username, bootstrapParams{Credential: cr.ID, Destroy: destroy})
+func (a *credentialAPI) startBootstrap(ctx context.Context, c *Caller, cr *model.Credential, status string, destroy bool) (api.BootstrapResult, error) {
+	spec, err := bootstrapJob.spec(bootstrapParams{Credential: cr.ID, Destroy: destroy})
+	jobID := ""
+	if err == nil {
+		jobID, err = a.srv.startJob(ctx, "", spec, "credential/"+cr.ID, c.Username)
+	}
 	if err != nil {
-		if ferr := s.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(model.BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
-			s.log.ErrorContext(ctx, "roll back a bootstrap whose job did not start", "credential", cr.ID, "err", ferr)
+		if ferr := a.finishBootstrap(cr.ID, "", store.BootstrapSet{Status: new(model.BootstrapFailed), Error: new("could not start the job: " + err.Error())}); ferr != nil {
+			a.log.ErrorContext(ctx, "roll back a bootstrap whose job did not start", "credential", cr.ID, "err", ferr)
 		}
 		return api.BootstrapResult{}, err
 	}
 	// The job records itself too; whichever comes first.
-	if _, err := s.store.Credentials().SetBootstrapJob(ctx, cr.ID, jobID); err != nil {
-		s.log.WarnContext(ctx, "record bootstrap job", "credential", cr.ID, "job", jobID, "err", err)
+	if _, err := a.creds.SetBootstrapJob(ctx, cr.ID, jobID); err != nil {
+		a.log.WarnContext(ctx, "record bootstrap job", "credential", cr.ID, "job", jobID, "err", err)
 	}
-	s.log.InfoContext(ctx, "credential bootstrap started", "credential", cr.ID, "job", jobID, "destroy", destroy, "by", c.Username)
+	a.log.InfoContext(ctx, "credential bootstrap started", "credential", cr.ID, "job", jobID, "destroy", destroy, "by", c.Username)
 	return api.BootstrapResult{JobID: jobID, Status: status}, nil
 }
 
 // finishBootstrap updates the bootstrap state if job jobID still holds it, retrying until the
 // store has it (store.Persist: its own context, so a cancelled job's final state lands too).
-func (s *Server) finishBootstrap(credID, jobID string, set store.BootstrapSet) error {
+func (a *credentialAPI) finishBootstrap(credID, jobID string, set store.BootstrapSet) error {
 	var matched bool
-	err := s.store.Persist(context.Background(), "bootstrap state of credential "+credID, 0, func(ctx context.Context) error {
+	err := a.vault.Persist(context.Background(), "bootstrap state of credential "+credID, 0, func(ctx context.Context) error {
 		var err error
-		matched, err = s.store.Credentials().UpdateBootstrap(ctx, credID, jobID, set)
+		matched, err = a.creds.UpdateBootstrap(ctx, credID, jobID, set)
 		return err
 	})
 	if err != nil {
-		s.log.Error("update bootstrap state", "credential", credID, "job", jobID, "err", err)
+		a.log.Error("update bootstrap state", "credential", credID, "job", jobID, "err", err)
 		return fmt.Errorf("update bootstrap state of credential %s: %w", credID, err)
 	}
 	if !matched {
@@ -156,30 +160,30 @@ type bootstrapResult struct {
 }
 
 // runBootstrap is the job (resume: recovered after a restart).
-func (s *Server) runBootstrap(ctx context.Context, j *jobCtx, p bootstrapParams, resume bool) (bootstrapResult, error) {
+func (a *credentialAPI) runBootstrap(ctx context.Context, j *jobCtx, p bootstrapParams, resume bool) (bootstrapResult, error) {
 	id, destroy := p.Credential, p.Destroy
 	var red redactor
-	res, err := s.bootstrapWork(ctx, j, id, destroy, resume, &red)
+	res, err := a.bootstrapWork(ctx, j, id, destroy, resume, &red)
 	if err != nil {
 		err = red.Err(err)
 		if resume {
 			err = fmt.Errorf("kloud restarted during the bootstrap, then: %w", err)
 		}
-		if ferr := s.finishBootstrap(id, j.ID, store.BootstrapSet{Status: new(model.BootstrapFailed), Error: new(err.Error())}); ferr != nil {
-			s.log.ErrorContext(ctx, "record a failed bootstrap", "credential", id, "job", j.ID, "err", ferr)
+		if ferr := a.finishBootstrap(id, j.ID, store.BootstrapSet{Status: new(model.BootstrapFailed), Error: new(err.Error())}); ferr != nil {
+			a.log.ErrorContext(ctx, "record a failed bootstrap", "credential", id, "job", j.ID, "err", ferr)
 		}
 		return bootstrapResult{}, err
 	}
 	return res, nil
 }
 
-func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destroy, resume bool, red *redactor) (bootstrapResult, error) {
+func (a *credentialAPI) bootstrapWork(ctx context.Context, j *jobCtx, id string, destroy, resume bool, red *redactor) (bootstrapResult, error) {
 	stage := string(provider.Building)
 	if destroy {
 		stage = string(provider.Terminating)
 	}
 	j.Progress(ctx, 5, stage, "Fetching the credential")
-	cr, err := s.store.Credentials().Get(ctx, id)
+	cr, err := a.creds.Get(ctx, id)
 	if err != nil {
 		return bootstrapResult{}, err
 	}
@@ -187,23 +191,23 @@ func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destro
 	if b == nil || (b.Status != model.BootstrapRunning && b.Status != model.BootstrapDestroying) || (b.JobID != "" && b.JobID != j.ID) {
 		return bootstrapResult{}, fmt.Errorf("credential %s: its bootstrap is not held by this job (anymore)", id)
 	}
-	held, err := s.store.Credentials().SetBootstrapJob(ctx, id, j.ID)
+	held, err := a.creds.SetBootstrapJob(ctx, id, j.ID)
 	if err != nil {
 		return bootstrapResult{}, err
 	}
 	if !held {
 		return bootstrapResult{}, fmt.Errorf("credential %s: its bootstrap is held by another job", id)
 	}
-	prov, err := s.providers.Lookup(cr.Provider)
+	prov, err := a.providers.Lookup(cr.Provider)
 	if err != nil {
 		return bootstrapResult{}, err
 	}
-	pc, err := s.providerCredential(prov, &cr)
+	pc, err := a.providerCredential(prov, &cr)
 	if err != nil {
 		return bootstrapResult{}, err
 	}
 	*red = secretValues(pc.Value, provider.SecretFields(pc.Value))
-	tf, err := s.terraformer()
+	tf, err := a.srv.terraformer()
 	if err != nil {
 		return bootstrapResult{}, err
 	}
@@ -212,7 +216,7 @@ func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destro
 	if resume {
 		prior = b.TFJobs
 	}
-	w := &bootstrapRun{s: s, j: j, tf: tf, cred: &cr, red: *red, stage: stage, prior: prior}
+	w := &bootstrapRun{a: a, j: j, tf: tf, cred: &cr, red: *red, stage: stage, prior: prior}
 	if destroy {
 		return w.destroy(ctx)
 	}
@@ -221,7 +225,7 @@ func (s *Server) bootstrapWork(ctx context.Context, j *jobCtx, id string, destro
 
 // bootstrapRun is one bootstrap job's work.
 type bootstrapRun struct {
-	s      *Server
+	a      *credentialAPI
 	j      *jobCtx
 	tf     Terraformer
 	cred   *model.Credential
@@ -244,8 +248,8 @@ func (w *bootstrapRun) start(ctx context.Context, i int, submit func() (string, 
 	}
 	w.tfJobs = append(w.tfJobs, id)
 	// Recorded before waiting, so a recovered job finds it.
-	if _, err := w.s.store.Credentials().UpdateBootstrap(ctx, w.cred.ID, w.j.ID, store.BootstrapSet{TFJobs: new(slices.Clone(w.tfJobs))}); err != nil {
-		w.s.log.WarnContext(ctx, "record terraform job", "credential", w.cred.ID, "job", w.j.ID, "terraform_job", id, "err", err)
+	if _, err := w.a.creds.UpdateBootstrap(ctx, w.cred.ID, w.j.ID, store.BootstrapSet{TFJobs: new(slices.Clone(w.tfJobs))}); err != nil {
+		w.a.log.WarnContext(ctx, "record terraform job", "credential", w.cred.ID, "job", w.j.ID, "terraform_job", id, "err", err)
 	}
 	return id, nil
 }
@@ -279,7 +283,7 @@ func (w *bootstrapRun) wait(ctx context.Context, tfJob string, base, span int, m
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if _, cerr := w.tf.Cancel(cctx, tfJob); cerr != nil {
-				w.s.log.WarnContext(ctx, "cancel terraform job", "terraform_job", tfJob, "err", cerr)
+				w.a.log.WarnContext(ctx, "cancel terraform job", "terraform_job", tfJob, "err", cerr)
 			}
 		}
 		return nil, fmt.Errorf("follow terraform job %s: %w", tfJob, err)
@@ -323,7 +327,7 @@ func mergeVars(a, b map[string]any) map[string]any {
 }
 
 func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *provider.Credential, vars map[string]any) (bootstrapResult, error) {
-	st, err := w.s.credentialStack(prov, w.cred, w.cred.Owner)
+	st, err := w.a.providerStack(prov, w.cred, w.cred.Owner)
 	if err != nil {
 		return bootstrapResult{}, err
 	}
@@ -343,7 +347,7 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		}
 	}
 	// Recorded first: whatever Terraform creates can be destroyed, also after a failure.
-	if held, err := w.s.store.Credentials().UpdateBootstrap(ctx, w.cred.ID, w.j.ID, store.BootstrapSet{ContentIDs: &all}); err != nil {
+	if held, err := w.a.creds.UpdateBootstrap(ctx, w.cred.ID, w.j.ID, store.BootstrapSet{ContentIDs: &all}); err != nil {
 		return bootstrapResult{}, fmt.Errorf("record bootstrap content ids: %w", err)
 	} else if !held {
 		return bootstrapResult{}, fmt.Errorf("record bootstrap content ids: credential %s: its bootstrap is no longer held by job %s", w.cred.ID, w.j.ID)
@@ -398,7 +402,7 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 	if err != nil {
 		return bootstrapResult{}, fmt.Errorf("bootstrap outputs: %w", err)
 	}
-	sealed, err := w.s.store.Seal(plain, bootstrapAAD(w.cred.ID))
+	sealed, err := w.a.vault.Seal(plain, bootstrapAAD(w.cred.ID))
 	if err != nil {
 		return bootstrapResult{}, err
 	}
@@ -407,7 +411,7 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		names = append(names, k)
 	}
 	sort.Strings(names)
-	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(model.BootstrapDone), Sealed: &sealed,
+	if err := w.a.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(model.BootstrapDone), Sealed: &sealed,
 		Outputs: &names, Error: new("")}); err != nil {
 		return bootstrapResult{}, err
 	}
@@ -437,7 +441,7 @@ func (w *bootstrapRun) destroy(ctx context.Context) (bootstrapResult, error) {
 		}
 	}
 	var none []byte
-	if err := w.s.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(model.BootstrapDestroyed), Sealed: &none,
+	if err := w.a.finishBootstrap(w.cred.ID, w.j.ID, store.BootstrapSet{Status: new(model.BootstrapDestroyed), Sealed: &none,
 		Outputs: new([]string{}), ContentIDs: new([]string{}), TFJobs: new([]string{}), Error: new("")}); err != nil {
 		return bootstrapResult{}, err
 	}

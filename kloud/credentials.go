@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -35,12 +37,41 @@ import (
 
 const bootstrapJobKind = "credential.bootstrap"
 
+// credentialAPI serves credential.* (the bootstrap job too, credential_bootstrap.go) and
+// provider.describe. It opens credentials for the rest of kloud through Server.credentialFor.
+type credentialAPI struct {
+	creds     *store.Credentials
+	stacks    *store.Stacks // the stacks using a credential (remove)
+	jobs      *store.Jobs   // a bootstrap's job (staleBootstrap)
+	vault     credentialVault
+	providers *provider.Registry
+	log       *slog.Logger
+	srv       credentialServer
+}
+
+// credentialVault is what the credential area uses of the store besides its repositories
+// (*store.Store implements it): sealing and opening values, the store's clock, and Persist.
+type credentialVault interface {
+	Seal(plaintext, aad []byte) ([]byte, error)
+	Open(ciphertext, aad []byte) ([]byte, error)
+	Now() time.Time
+	Persist(ctx context.Context, what string, timeout time.Duration, fn func(ctx context.Context) error) error
+}
+
+// credentialServer is what the credential area uses of Server (which implements it).
+type credentialServer interface {
+	loadTeam(ctx context.Context, slug string) (*model.Team, error)                              // users.go
+	capable(name, method string, cap provider.Capability) error                                  // machines.go
+	terraformer() (Terraformer, error)                                                           // server.go
+	startJob(ctx context.Context, id string, spec jobSpec, target, owner string) (string, error) // jobs.go
+}
+
 func credentialAAD(id string) []byte { return []byte(store.CollCredentials + "/" + id) }
 func bootstrapAAD(id string) []byte  { return []byte(store.CollCredentials + "/" + id + "/bootstrap") }
 
-// loadCredential returns the credential document if c may see it (a member of its team).
-func (s *Server) loadCredential(ctx context.Context, c *Caller, id string) (*model.Credential, error) {
-	cr, err := s.store.Credentials().Get(ctx, id)
+// load returns the credential document if c may see it (a member of its team).
+func (a *credentialAPI) load(ctx context.Context, c *Caller, id string) (*model.Credential, error) {
+	cr, err := a.creds.Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound("credential", id)
 	}
@@ -62,8 +93,8 @@ func manageCheck(c *Caller, cr *model.Credential, what string) error {
 }
 
 // openValue decodes a sealed credential or bootstrap value into newFn's type (or a map).
-func (s *Server) openValue(sealed, aad []byte, newFn func() any) (any, error) {
-	plain, err := s.store.Open(sealed, aad)
+func (a *credentialAPI) openValue(sealed, aad []byte, newFn func() any) (any, error) {
+	plain, err := a.vault.Open(sealed, aad)
 	if err != nil {
 		return nil, err
 	}
@@ -83,14 +114,14 @@ func (s *Server) openValue(sealed, aad []byte, newFn func() any) (any, error) {
 }
 
 // providerCredential opens cr for a provider: value, and bootstrap outputs if it has them.
-func (s *Server) providerCredential(p *provider.Provider, cr *model.Credential) (*provider.Credential, error) {
-	val, err := s.openValue(cr.Sealed, credentialAAD(cr.ID), p.Schema.NewCredential)
+func (a *credentialAPI) providerCredential(p *provider.Provider, cr *model.Credential) (*provider.Credential, error) {
+	val, err := a.openValue(cr.Sealed, credentialAAD(cr.ID), p.Schema.NewCredential)
 	if err != nil {
 		return nil, fmt.Errorf("credential %s: %w", cr.ID, err)
 	}
 	pc := &provider.Credential{ID: cr.ID, Title: cr.Title, Provider: cr.Provider, Team: cr.Team, Value: val}
 	if b := cr.Bootstrap; b != nil && b.Status == model.BootstrapDone && len(b.Sealed) > 0 {
-		if pc.Bootstrap, err = s.openValue(b.Sealed, bootstrapAAD(cr.ID), p.Schema.NewBootstrap); err != nil {
+		if pc.Bootstrap, err = a.openValue(b.Sealed, bootstrapAAD(cr.ID), p.Schema.NewBootstrap); err != nil {
 			return nil, fmt.Errorf("credential %s bootstrap: %w", cr.ID, err)
 		}
 	}
@@ -101,18 +132,23 @@ func (s *Server) providerCredential(p *provider.Provider, cr *model.Credential) 
 // (empty: any): c must be in the credential's team. It also returns the names of the Terraform
 // variables that carry secrets (see credentialVariables).
 func (s *Server) credentialFor(ctx context.Context, c *Caller, id, providerName string) (*provider.Credential, []string, error) {
-	cr, err := s.loadCredential(ctx, c, id)
+	return s.creds.credentialFor(ctx, c, id, providerName)
+}
+
+// credentialFor is Server.credentialFor.
+func (a *credentialAPI) credentialFor(ctx context.Context, c *Caller, id, providerName string) (*provider.Credential, []string, error) {
+	cr, err := a.load(ctx, c, id)
 	if err != nil {
 		return nil, nil, err
 	}
 	if providerName != "" && cr.Provider != providerName {
 		return nil, nil, fmt.Errorf("credential %s is for provider %s, not %s: %w", id, cr.Provider, providerName, kite.ErrInvalidParams)
 	}
-	p, err := s.providers.Lookup(cr.Provider)
+	p, err := a.providers.Lookup(cr.Provider)
 	if err != nil {
 		return nil, nil, fmt.Errorf("credential %s: %s: %w", id, err.Error(), kite.ErrState)
 	}
-	pc, err := s.providerCredential(p, cr)
+	pc, err := a.providerCredential(p, cr)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -250,7 +286,7 @@ func defaultTeam(c *Caller, team string) (string, error) {
 	return "", fmt.Errorf("you are in several teams (%s): say which with team: %w", strings.Join(names, ", "), kite.ErrInvalidParams)
 }
 
-func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialAddParams) (api.CredentialAddResult, error) {
+func (a *credentialAPI) add(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialAddParams) (api.CredentialAddResult, error) {
 	team, err := defaultTeam(c, p.Team)
 	if err != nil {
 		return api.CredentialAddResult{}, err
@@ -258,12 +294,12 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 	if !c.InTeam(team) {
 		return api.CredentialAddResult{}, fmt.Errorf("team %q: you are not a member: %w", team, kite.ErrPermission)
 	}
-	if _, err := s.loadTeam(ctx, team); err != nil {
+	if _, err := a.srv.loadTeam(ctx, team); err != nil {
 		return api.CredentialAddResult{}, err
 	}
-	prov, err := s.providers.Lookup(p.Provider)
+	prov, err := a.providers.Lookup(p.Provider)
 	if err != nil {
-		return api.CredentialAddResult{}, fmt.Errorf("%s (providers: %s): %w", err.Error(), strings.Join(s.providers.Names(), ", "), kite.ErrInvalidParams)
+		return api.CredentialAddResult{}, fmt.Errorf("%s (providers: %s): %w", err.Error(), strings.Join(a.providers.Names(), ", "), kite.ErrInvalidParams)
 	}
 	if !prov.HasPart(provider.PartCredential) {
 		return api.CredentialAddResult{}, fmt.Errorf("provider %s takes no credential: %w", p.Provider, kite.ErrInvalidParams)
@@ -286,18 +322,18 @@ func (s *Server) credentialAdd(ctx context.Context, c *Caller, _ *kite.Request, 
 		return api.CredentialAddResult{}, fmt.Errorf("encode credential: %w", err)
 	}
 	id := store.NewID()
-	sealed, err := s.store.Seal(plain, credentialAAD(id))
+	sealed, err := a.vault.Seal(plain, credentialAAD(id))
 	if err != nil {
 		return api.CredentialAddResult{}, err
 	}
 	public, set := publicAndSet(val, secretFields)
-	now := s.store.Now()
+	now := a.vault.Now()
 	cr := model.Credential{ID: id, Provider: p.Provider, Title: p.Title, Team: team, Owner: c.Username, Sealed: sealed,
 		Public: public, Secret: set, Bootstrap: &model.Bootstrap{Status: model.BootstrapNone, UpdatedAt: now}, CreatedAt: now, UpdatedAt: now}
-	if err := s.store.Credentials().Insert(ctx, cr); err != nil {
+	if err := a.creds.Insert(ctx, cr); err != nil {
 		return api.CredentialAddResult{}, fmt.Errorf("add credential: %w", err)
 	}
-	s.log.InfoContext(ctx, "credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
+	a.log.InfoContext(ctx, "credential added", "credential", id, "provider", p.Provider, "team", team, "by", c.Username)
 	return api.CredentialAddResult{ID: id}, nil
 }
 
@@ -329,13 +365,13 @@ func publicAndSet(val any, secretFields map[string]bool) (map[string]any, []stri
 	return public, set
 }
 
-// credentialUpdate changes fields of a credential's value (owner or team admin): the params are
+// update changes fields of a credential's value (owner or team admin): the params are
 // a merge patch over the stored value (fields left out keep their value, secrets included; null
 // resets a field), decoded by the provider against the old value (immutable fields, the type's
 // ValidUpdate), sealed and stored in one update that fails if the credential changed meanwhile.
 // The provider's verdict is reset: authenticate it again.
-func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialUpdateParams) (api.CredentialUpdateResult, error) {
-	cr, err := s.loadCredential(ctx, c, p.CredentialID)
+func (a *credentialAPI) update(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialUpdateParams) (api.CredentialUpdateResult, error) {
+	cr, err := a.load(ctx, c, p.CredentialID)
 	if err != nil {
 		return api.CredentialUpdateResult{}, err
 	}
@@ -345,14 +381,14 @@ func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Reques
 	if b := cr.Bootstrap; b != nil && (b.Status == model.BootstrapRunning || b.Status == model.BootstrapDestroying) {
 		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s: its bootstrap job %s is running; wait for it: %w", cr.ID, b.JobID, kite.ErrState)
 	}
-	prov, err := s.providers.Lookup(cr.Provider)
+	prov, err := a.providers.Lookup(cr.Provider)
 	if err != nil {
 		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
 	}
 	if !prov.HasPart(provider.PartCredential) {
 		return api.CredentialUpdateResult{}, fmt.Errorf("provider %s takes no credential: %w", cr.Provider, kite.ErrInvalidParams)
 	}
-	oldPlain, err := s.store.Open(cr.Sealed, credentialAAD(cr.ID))
+	oldPlain, err := a.vault.Open(cr.Sealed, credentialAAD(cr.ID))
 	if err != nil {
 		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s: %w", cr.ID, err)
 	}
@@ -390,12 +426,12 @@ func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Reques
 	if err != nil {
 		return api.CredentialUpdateResult{}, fmt.Errorf("encode credential: %w", err)
 	}
-	sealed, err := s.store.Seal(plain, credentialAAD(cr.ID))
+	sealed, err := a.vault.Seal(plain, credentialAAD(cr.ID))
 	if err != nil {
 		return api.CredentialUpdateResult{}, err
 	}
 	public, set := publicAndSet(val, secretFields)
-	ok, err := s.store.Credentials().UpdateValue(ctx, cr.ID, cr.UpdatedAt, sealed, public, set)
+	ok, err := a.creds.UpdateValue(ctx, cr.ID, cr.UpdatedAt, sealed, public, set)
 	if err != nil {
 		return api.CredentialUpdateResult{}, err
 	}
@@ -412,7 +448,7 @@ func (s *Server) credentialUpdate(ctx context.Context, c *Caller, _ *kite.Reques
 		}
 	}
 	sort.Strings(changed)
-	s.log.InfoContext(ctx, "credential updated", "credential", cr.ID, "fields", changed, "by", c.Username)
+	a.log.InfoContext(ctx, "credential updated", "credential", cr.ID, "fields", changed, "by", c.Username)
 	return api.CredentialUpdateResult{ID: cr.ID, Changed: changed}, nil
 }
 
@@ -430,9 +466,9 @@ func isZeroJSON(v any) bool {
 	return false
 }
 
-// credentialList lists the credentials of the caller's teams (every team's for kloud admins),
+// list lists the credentials of the caller's teams (every team's for kloud admins),
 // metadata only.
-func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialListParams) (api.CredentialListResult, error) {
+func (a *credentialAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialListParams) (api.CredentialListResult, error) {
 	f := store.CredentialFilter{Provider: p.Provider}
 	switch {
 	case p.Team != "":
@@ -445,7 +481,7 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 	default:
 		f.Teams = c.TeamNames()
 	}
-	list, err := s.store.Credentials().List(ctx, f)
+	list, err := a.creds.List(ctx, f)
 	if err != nil {
 		return api.CredentialListResult{}, fmt.Errorf("list credentials: %w", err)
 	}
@@ -457,13 +493,13 @@ func (s *Server) credentialList(ctx context.Context, c *Caller, _ *kite.Request,
 	return out, nil
 }
 
-func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.CredentialView, error) {
-	cr, err := s.loadCredential(ctx, c, p.CredentialID)
+func (a *credentialAPI) describe(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.CredentialView, error) {
+	cr, err := a.load(ctx, c, p.CredentialID)
 	if err != nil {
 		return api.CredentialView{}, err
 	}
 	v := api.CredentialView{Credential: *cr, Fields: []api.CredentialField{}}
-	if prov, err := s.providers.Lookup(cr.Provider); err == nil {
+	if prov, err := a.providers.Lookup(cr.Provider); err == nil {
 		for _, f := range provider.SchemaFields(prov.JSONSchema(provider.PartCredential)) {
 			cf := api.CredentialField{Field: f}
 			if f.Secret {
@@ -477,10 +513,10 @@ func (s *Server) credentialDescribe(ctx context.Context, c *Caller, _ *kite.Requ
 	return v, nil
 }
 
-// credentialRemove deletes a credential (owner or team admin) that no live stack uses and
+// remove deletes a credential (owner or team admin) that no live stack uses and
 // whose bootstrap resources are gone.
-func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.CredentialRemoveResult, error) {
-	cr, err := s.loadCredential(ctx, c, p.CredentialID)
+func (a *credentialAPI) remove(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.CredentialRemoveResult, error) {
+	cr, err := a.load(ctx, c, p.CredentialID)
 	if err != nil {
 		return api.CredentialRemoveResult{}, err
 	}
@@ -497,7 +533,7 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 			}
 		}
 	}
-	stacks, err := s.store.Stacks().UsingCredential(ctx, cr.Provider, cr.ID)
+	stacks, err := a.stacks.UsingCredential(ctx, cr.Provider, cr.ID)
 	if err != nil {
 		return api.CredentialRemoveResult{}, fmt.Errorf("find stacks using credential %s: %w", cr.ID, err)
 	}
@@ -511,45 +547,45 @@ func (s *Server) credentialRemove(ctx context.Context, c *Caller, _ *kite.Reques
 		return api.CredentialRemoveResult{}, fmt.Errorf("credential %s is used by stack(s) %s; destroy them first (kloud stack destroy ID): %w", cr.ID, strings.Join(live, ", "), kite.ErrState)
 	}
 	// Delete only what was checked: a bootstrap that started meanwhile keeps it.
-	deleted, err := s.store.Credentials().DeleteIdle(ctx, cr.ID)
+	deleted, err := a.creds.DeleteIdle(ctx, cr.ID)
 	if err != nil {
 		return api.CredentialRemoveResult{}, err
 	}
 	if !deleted {
 		return api.CredentialRemoveResult{}, fmt.Errorf("credential %s changed meanwhile (a bootstrap started?); look again: %w", cr.ID, kite.ErrConflict)
 	}
-	s.log.InfoContext(ctx, "credential removed", "credential", cr.ID, "by", c.Username)
+	a.log.InfoContext(ctx, "credential removed", "credential", cr.ID, "by", c.Username)
 	return api.CredentialRemoveResult{ID: cr.ID, Removed: true}, nil
 }
 
-// stackFor builds the provider's Stack for credential work (no stack involved).
-func (s *Server) credentialStack(p *provider.Provider, cr *model.Credential, owner string) (provider.Stack, error) {
+// providerStack builds the provider's Stack for credential work (no stack involved).
+func (a *credentialAPI) providerStack(p *provider.Provider, cr *model.Credential, owner string) (provider.Stack, error) {
 	if p.Stack == nil {
 		return nil, fmt.Errorf("provider %s has no stack operations: %w", p.Name, kite.ErrState)
 	}
-	st, err := p.Stack(&provider.BaseStack{Provider: p, Team: cr.Team, Owner: owner, Log: s.log.With("provider", p.Name, "credential", cr.ID)})
+	st, err := p.Stack(&provider.BaseStack{Provider: p, Team: cr.Team, Owner: owner, Log: a.log.With("provider", p.Name, "credential", cr.ID)})
 	if err != nil {
 		return nil, fmt.Errorf("provider %s: %w", p.Name, err)
 	}
 	return st, nil
 }
 
-// credentialAuthenticate asks the provider whether the credential works and records the answer.
-func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.AuthenticateResult, error) {
-	cr, err := s.loadCredential(ctx, c, p.CredentialID)
+// authenticate asks the provider whether the credential works and records the answer.
+func (a *credentialAPI) authenticate(ctx context.Context, c *Caller, _ *kite.Request, p *api.CredentialRef) (api.AuthenticateResult, error) {
+	cr, err := a.load(ctx, c, p.CredentialID)
 	if err != nil {
 		return api.AuthenticateResult{}, err
 	}
-	prov, err := s.providers.Lookup(cr.Provider)
+	prov, err := a.providers.Lookup(cr.Provider)
 	if err != nil {
 		return api.AuthenticateResult{}, fmt.Errorf("credential %s: %s: %w", cr.ID, err.Error(), kite.ErrState)
 	}
-	pc, err := s.providerCredential(prov, cr)
+	pc, err := a.providerCredential(prov, cr)
 	if err != nil {
 		return api.AuthenticateResult{}, err
 	}
 	red := redactor(secretValues(pc.Value, provider.SecretFields(pc.Value)))
-	st, err := s.credentialStack(prov, cr, c.Username)
+	st, err := a.providerStack(prov, cr, c.Username)
 	if err != nil {
 		return api.AuthenticateResult{}, red.Err(err)
 	}
@@ -560,27 +596,27 @@ func (s *Server) credentialAuthenticate(ctx context.Context, c *Caller, _ *kite.
 			res.Error = "rejected by the provider"
 		}
 	}
-	if err := s.store.Credentials().SetVerified(ctx, cr.ID, res.Verified, res.Error); err != nil {
+	if err := a.creds.SetVerified(ctx, cr.ID, res.Verified, res.Error); err != nil {
 		return api.AuthenticateResult{}, fmt.Errorf("record verification of credential %s: %w", cr.ID, err)
 	}
-	s.log.InfoContext(ctx, "credential verified", "credential", cr.ID, "verified", res.Verified, "by", c.Username)
+	a.log.InfoContext(ctx, "credential verified", "credential", cr.ID, "verified", res.Verified, "by", c.Username)
 	return res, nil
 }
 
-func (s *Server) providerDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderDescribeParams) (api.ProviderDescribeResult, error) {
+func (a *credentialAPI) providerDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderDescribeParams) (api.ProviderDescribeResult, error) {
 	out := api.ProviderDescribeResult{Providers: []provider.Description{}}
-	for _, name := range s.providers.Names() {
+	for _, name := range a.providers.Names() {
 		if p.Provider != "" && name != p.Provider {
 			continue
 		}
-		prov, err := s.providers.Lookup(name)
+		prov, err := a.providers.Lookup(name)
 		if err != nil {
 			continue
 		}
 		out.Providers = append(out.Providers, provider.Describe(prov))
 	}
 	if p.Provider != "" && len(out.Providers) == 0 {
-		return api.ProviderDescribeResult{}, fmt.Errorf("provider %q (providers: %s): %w", p.Provider, strings.Join(s.providers.Names(), ", "), kite.ErrNotFound)
+		return api.ProviderDescribeResult{}, fmt.Errorf("provider %q (providers: %s): %w", p.Provider, strings.Join(a.providers.Names(), ", "), kite.ErrNotFound)
 	}
 	return out, nil
 }

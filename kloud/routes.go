@@ -222,23 +222,23 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCTeamRemoveMember, Members, s.teamRemoveMember), // team admins; members leave
 
 		// credentials.go, credential_bootstrap.go
-		rpc(s, api.RPCProviderDescribe, MembersRead, s.providerDescribe),
+		rpc(s, api.RPCProviderDescribe, MembersRead, s.creds.providerDescribe),
 		rpc(s, api.RPCProviderList, MembersRead, s.providerList),
 		rpc(s, api.RPCProviderKeyCreate, Owners, s.providerKeyCreate), // audited in the log
-		rpc(s, api.RPCCredentialAdd, Members, s.credentialAdd),        // team members
-		rpc(s, api.RPCCredentialList, MembersRead, s.credentialList),
-		rpc(s, api.RPCCredentialDescribe, MembersRead, s.credentialDescribe),
-		rpc(s, api.RPCCredentialRemove, Members, s.credentialRemove), // owner, team admins
-		rpc(s, api.RPCCredentialUpdate, Members, s.credentialUpdate), // owner, team admins
-		rpc(s, api.RPCCredentialAuthenticate, Members, s.credentialAuthenticate),
-		rpc(s, api.RPCCredentialBootstrap, Members, s.credentialBootstrap), // owner, team admins
+		rpc(s, api.RPCCredentialAdd, Members, s.creds.add),            // team members
+		rpc(s, api.RPCCredentialList, MembersRead, s.creds.list),
+		rpc(s, api.RPCCredentialDescribe, MembersRead, s.creds.describe),
+		rpc(s, api.RPCCredentialRemove, Members, s.creds.remove), // owner, team admins
+		rpc(s, api.RPCCredentialUpdate, Members, s.creds.update), // owner, team admins
+		rpc(s, api.RPCCredentialAuthenticate, Members, s.creds.authenticate),
+		rpc(s, api.RPCCredentialBootstrap, Members, s.creds.bootstrap), // owner, team admins
 
 		// templates.go, policy.go
-		rpc(s, api.RPCTemplateCreate, Members, s.templateCreate), // team members; trust: admins
-		rpc(s, api.RPCTemplateUpdate, Members, s.templateUpdate), // owner, team admins
-		rpc(s, api.RPCTemplateGet, MembersRead, s.templateGet),
-		rpc(s, api.RPCTemplateList, MembersRead, s.templateList),
-		rpc(s, api.RPCTemplateDelete, Members, s.templateDelete), // owner, team admins
+		rpc(s, api.RPCTemplateCreate, Members, s.templates.create), // team members; trust: admins
+		rpc(s, api.RPCTemplateUpdate, Members, s.templates.update), // owner, team admins
+		rpc(s, api.RPCTemplateGet, MembersRead, s.templates.get),
+		rpc(s, api.RPCTemplateList, MembersRead, s.templates.list),
+		rpc(s, api.RPCTemplateDelete, Members, s.templates.delete), // owner, team admins
 		rpc(s, api.RPCTemplateTrust, TemplateAdmins, s.templateTrust),
 		rpc(s, api.RPCTemplateUntrust, TemplateAdmins, s.templateUntrust),
 
@@ -413,10 +413,10 @@ var (
 	}
 	bootstrapJob = jobKind[bootstrapParams, bootstrapResult]{name: bootstrapJobKind,
 		run: func(ctx context.Context, j *jobCtx, p bootstrapParams) (bootstrapResult, error) {
-			return j.s.runBootstrap(ctx, j, p, false)
+			return j.s.creds.runBootstrap(ctx, j, p, false)
 		},
 		recover: func(ctx context.Context, j *jobCtx, p bootstrapParams) (bootstrapResult, error) {
-			return j.s.runBootstrap(ctx, j, p, true)
+			return j.s.creds.runBootstrap(ctx, j, p, true)
 		},
 	}
 )

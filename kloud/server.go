@@ -203,6 +203,8 @@ type Server struct {
 	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 
 	// area APIs: the handlers of one area each, on a small type holding what they use
+	creds     *credentialAPI // credential.*, provider.describe (credentials.go, credential_bootstrap.go)
+	templates *templateAPI   // template.create, update, get, list, delete (templates.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -270,6 +272,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	// area APIs (one line each)
+	s.creds = &credentialAPI{creds: st.Credentials(), stacks: st.Stacks(), jobs: st.Jobs(), vault: st, providers: s.providers, log: s.log, srv: s}
+	s.templates = &templateAPI{templates: st.Templates(), now: st.Now, srv: s}
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)

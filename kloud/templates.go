@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -21,6 +22,27 @@ import (
 
 // maxRevisions is how many earlier revisions a template keeps.
 const maxRevisions = 20
+
+// templateAPI serves template.create, update, get, list and delete. Trust and policy are
+// policy.go's, caps limits.go's; loadTemplate and machineResources, which other areas use too,
+// stay on Server.
+type templateAPI struct {
+	templates *store.Templates
+	now       func() time.Time // the store's clock
+	srv       templateServer
+}
+
+// templateServer is what the template area uses of Server (which implements it).
+type templateServer interface {
+	loadTemplate(ctx context.Context, c *Caller, id string) (*model.Template, error)
+	machineResources(files map[string][]byte) (*tmpl.Config, map[string][]tmpl.Resource, error)
+	// policy.go
+	trustSpec(c *Caller, spec *api.TrustSpec) ([]string, error)
+	checkPolicy(ctx context.Context, team string, files map[string][]byte, extraLift ...string) error
+	trust(ctx context.Context, c *Caller, t *model.Template, rev int, files []model.File, spec *api.TrustSpec) (model.TemplateTrust, error)
+	// limits.go
+	checkTemplateCap(t *model.Template, files map[string][]byte) error
+}
 
 func filesOf(m map[string]string) []model.File {
 	out := make([]model.File, 0, len(m))
@@ -56,7 +78,9 @@ func (s *Server) machineResources(files map[string][]byte) (*tmpl.Config, map[st
 	return cfg, out, nil
 }
 
-func (s *Server) defaultTeam(c *Caller, team string) (string, error) {
+// templateTeam resolves the team a template is created in: the one asked for (the caller's),
+// else the caller's only team, else the default team if the caller is in it.
+func templateTeam(c *Caller, team string) (string, error) {
 	if team != "" {
 		if !c.InTeam(team) {
 			return "", fmt.Errorf("you are not in team %q: %w", team, kite.ErrPermission)
@@ -74,27 +98,27 @@ func (s *Server) defaultTeam(c *Caller, team string) (string, error) {
 	return "", fmt.Errorf("say which team (--team): you are in %d teams: %w", len(c.Teams), kite.ErrInvalidParams)
 }
 
-func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (model.Template, error) {
+func (a *templateAPI) create(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (model.Template, error) {
 	if p.TemplateID != "" {
 		return model.Template{}, fmt.Errorf("template.create takes no id: %w", kite.ErrInvalidParams)
 	}
 	if strings.TrimSpace(p.Title) == "" || len(p.Files) == 0 {
 		return model.Template{}, fmt.Errorf("a template needs a title and at least one file: %w", kite.ErrInvalidParams)
 	}
-	team, err := s.defaultTeam(c, p.Team)
+	team, err := templateTeam(c, p.Team)
 	if err != nil {
 		return model.Template{}, err
 	}
 	files := filesOf(p.Files)
-	_, res, err := s.machineResources(fileMap(files))
+	_, res, err := a.srv.machineResources(fileMap(files))
 	if err != nil {
 		return model.Template{}, err
 	}
-	lift, err := s.trustSpec(c, p.Trust)
+	lift, err := a.srv.trustSpec(c, p.Trust)
 	if err != nil {
 		return model.Template{}, err
 	}
-	if err := s.checkPolicy(ctx, team, fileMap(files), lift...); err != nil {
+	if err := a.srv.checkPolicy(ctx, team, fileMap(files), lift...); err != nil {
 		return model.Template{}, err
 	}
 	if p.MaxMachines != 0 {
@@ -103,17 +127,17 @@ func (s *Server) templateCreate(ctx context.Context, c *Caller, _ *kite.Request,
 	if p.IdleTimeout != "" || p.AlwaysOn != nil {
 		return model.Template{}, fmt.Errorf("template.create takes no idleTimeout or alwaysOn: set them with template.update: %w", kite.ErrInvalidParams)
 	}
-	if err := s.checkTemplateCap(nil, fileMap(files)); err != nil { // limits.go
+	if err := a.srv.checkTemplateCap(nil, fileMap(files)); err != nil { // limits.go
 		return model.Template{}, err
 	}
-	now := s.store.Now()
+	now := a.now()
 	t := model.Template{ID: store.NewID(), Title: strings.TrimSpace(p.Title), Description: p.Description, Team: team, Owner: c.Username,
 		Rev: 1, Files: files, Providers: providerNames(res), CreatedAt: now, UpdatedAt: now}
-	if err := s.store.Templates().Insert(ctx, t); err != nil {
+	if err := a.templates.Insert(ctx, t); err != nil {
 		return model.Template{}, fmt.Errorf("save template: %w", err)
 	}
 	if p.Trust != nil {
-		if _, err := s.trust(ctx, c, &t, t.Rev, t.Files, p.Trust); err != nil {
+		if _, err := a.srv.trust(ctx, c, &t, t.Rev, t.Files, p.Trust); err != nil {
 			return model.Template{}, err
 		}
 	}
@@ -135,8 +159,8 @@ func (s *Server) loadTemplate(ctx context.Context, c *Caller, id string) (*model
 	return &t, nil
 }
 
-func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (model.Template, error) {
-	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+func (a *templateAPI) update(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateParams) (model.Template, error) {
+	t, err := a.srv.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
 		return model.Template{}, err
 	}
@@ -156,20 +180,20 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 	}
 	if len(p.Files) > 0 {
 		files := filesOf(p.Files)
-		_, res, err := s.machineResources(fileMap(files))
+		_, res, err := a.srv.machineResources(fileMap(files))
 		if err != nil {
 			return model.Template{}, err
 		}
 		// A new revision: trust given to an earlier one does not carry over (it is bound to
 		// the earlier files' digest).
-		lift, err := s.trustSpec(c, p.Trust)
+		lift, err := a.srv.trustSpec(c, p.Trust)
 		if err != nil {
 			return model.Template{}, err
 		}
-		if err := s.checkPolicy(ctx, t.Team, fileMap(files), lift...); err != nil {
+		if err := a.srv.checkPolicy(ctx, t.Team, fileMap(files), lift...); err != nil {
 			return model.Template{}, err
 		}
-		if err := s.checkTemplateCap(t, fileMap(files)); err != nil { // limits.go
+		if err := a.srv.checkTemplateCap(t, fileMap(files)); err != nil { // limits.go
 			return model.Template{}, err
 		}
 		u.Files, u.Providers, u.Rev = files, providerNames(res), t.Rev+1
@@ -180,7 +204,7 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 		u.Revisions = revs
 	}
 	// Conditional on the revision we read: two concurrent updates cannot both win.
-	ok, err := s.store.Templates().Update(ctx, t.ID, t.Rev, u)
+	ok, err := a.templates.Update(ctx, t.ID, t.Rev, u)
 	if err != nil {
 		return model.Template{}, fmt.Errorf("save template: %w", err)
 	}
@@ -188,24 +212,24 @@ func (s *Server) templateUpdate(ctx context.Context, c *Caller, _ *kite.Request,
 		return model.Template{}, fmt.Errorf("template %s changed meanwhile; get it again: %w", t.ID, kite.ErrConflict)
 	}
 	if setIdle {
-		if err := s.store.Templates().SetIdle(ctx, t.ID, idle); err != nil {
+		if err := a.templates.SetIdle(ctx, t.ID, idle); err != nil {
 			return model.Template{}, fmt.Errorf("save template: %w", err)
 		}
 	}
-	nt, err := s.loadTemplate(ctx, c, t.ID)
+	nt, err := a.srv.loadTemplate(ctx, c, t.ID)
 	if err != nil {
 		return model.Template{}, err
 	}
 	if p.Trust != nil && len(p.Files) > 0 {
-		if _, err := s.trust(ctx, c, nt, nt.Rev, nt.Files, p.Trust); err != nil {
+		if _, err := a.srv.trust(ctx, c, nt, nt.Rev, nt.Files, p.Trust); err != nil {
 			return model.Template{}, err
 		}
 	}
 	return *nt, nil
 }
 
-func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateGetParams) (api.TemplateView, error) {
-	t, err := s.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
+func (a *templateAPI) get(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateGetParams) (api.TemplateView, error) {
+	t, err := a.srv.loadTemplate(ctx, templateAdminView(c), p.TemplateID)
 	if err != nil {
 		return api.TemplateView{}, err
 	}
@@ -219,7 +243,7 @@ func (s *Server) templateGet(ctx context.Context, c *Caller, _ *kite.Request, p 
 	return api.TemplateView{Template: *t, Trust: t.Trust}, nil
 }
 
-func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateListParams) (api.TemplateListResult, error) {
+func (a *templateAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateListParams) (api.TemplateListResult, error) {
 	var ts []model.Template
 	var err error
 	switch {
@@ -227,11 +251,11 @@ func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p
 		if !c.InTeam(p.Team) {
 			return api.TemplateListResult{}, fmt.Errorf("you are not in team %q: %w", p.Team, kite.ErrPermission)
 		}
-		ts, err = s.store.Templates().OfTeams(ctx, []string{p.Team})
+		ts, err = a.templates.OfTeams(ctx, []string{p.Team})
 	case c.Admin || c.TemplateAdmin():
-		ts, err = s.store.Templates().List(ctx)
+		ts, err = a.templates.List(ctx)
 	default:
-		ts, err = s.store.Templates().OfTeams(ctx, c.TeamNames())
+		ts, err = a.templates.OfTeams(ctx, c.TeamNames())
 	}
 	if err != nil {
 		return api.TemplateListResult{}, err
@@ -243,8 +267,8 @@ func (s *Server) templateList(ctx context.Context, c *Caller, _ *kite.Request, p
 	return api.TemplateListResult{Templates: out}, nil
 }
 
-func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateRef) (api.DeleteResult, error) {
-	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+func (a *templateAPI) delete(ctx context.Context, c *Caller, _ *kite.Request, p *api.TemplateRef) (api.DeleteResult, error) {
+	t, err := a.srv.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
 		return api.DeleteResult{}, err
 	}
@@ -252,7 +276,7 @@ func (s *Server) templateDelete(ctx context.Context, c *Caller, _ *kite.Request,
 		return api.DeleteResult{}, fmt.Errorf("template %s belongs to %s: %w", t.ID, t.Owner, kite.ErrPermission)
 	}
 	// Stacks keep their own copy of the revision they were made from, so they are unaffected.
-	if err := s.store.Templates().Delete(ctx, t.ID); err != nil {
+	if err := a.templates.Delete(ctx, t.ID); err != nil {
 		return api.DeleteResult{}, err
 	}
 	return api.DeleteResult{Deleted: true}, nil
@@ -272,7 +296,7 @@ func (s *Server) EnsureTemplate(ctx context.Context, title string, files map[str
 	if err != nil {
 		return "", false, err
 	}
-	res, err := s.templateCreate(ctx, c, nil, &api.TemplateParams{Title: title, Team: model.DefaultTeam, Files: files})
+	res, err := s.templates.create(ctx, c, nil, &api.TemplateParams{Title: title, Team: model.DefaultTeam, Files: files})
 	if err != nil {
 		return "", false, err
 	}
