@@ -9,6 +9,7 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/idle"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -25,6 +26,7 @@ type machineAPI struct {
 	stacks    *store.Stacks
 	providers *provider.Registry
 	log       *slog.Logger
+	idle      func() *idle.Tracker // Server.idle (New builds it after the area APIs; idle.go)
 	k         machineKloud
 }
 
@@ -38,15 +40,13 @@ type machineLoader interface {
 }
 
 // machineKloud is what machineAPI uses of kloud's Server: its machines, the build flow (machine
-// states and leases), the power jobs, the idle stop (idle.go), the planner and the agents'
-// status (agents.go).
+// states and leases), the power jobs, the idle settings shown (idle.go), the planner and the
+// agents' status (agents.go).
 type machineKloud interface {
 	machineLoader
 	flow() *stackbuild.Flow
 	powerJob(ctx context.Context, m *model.Machine, method, user string, p powerParams) (api.JobRef, error)
 	showIdle(ctx context.Context, ms []model.Machine)
-	restartCountdown(ctx context.Context, id string)
-	idleStillDue(machineID string, p powerParams) error
 	planner() *stackbuild.Planner
 	setAgent(ctx context.Context, kiteID, status, version string)
 }
@@ -164,7 +164,7 @@ func (a *machineAPI) info(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	out.InfraState = state
 	if state != cur && state != provider.Unknown {
 		if state == provider.Running {
-			a.k.restartCountdown(ctx, m.ID) // idle.go: started outside kloud: a new countdown
+			a.idle().RestartCountdown(ctx, m.ID) // idle.go: started outside kloud: a new countdown
 		}
 		// The provider is the truth: record what it says (unless a job started meanwhile).
 		set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
@@ -253,6 +253,17 @@ func (s *Server) capable(name, method string, cap provider.Capability) error {
 	return nil
 }
 
+// idleStillDue is the idle stop job's last check before it stops the provider's machine: no
+// activity since the sweep decided (params idleDeadline and idleTimeout; none: a user's stop).
+func (a *machineAPI) idleStillDue(machineID string, p powerParams) error {
+	deadline, err1 := time.Parse(time.RFC3339Nano, p.IdleDeadline)
+	timeout, err2 := time.ParseDuration(p.IdleTimeout)
+	if err1 != nil || err2 != nil {
+		return nil
+	}
+	return a.idle().StillDue(machineID, deadline, timeout)
+}
+
 func hasGrant(m *model.Machine, user, grant string) bool {
 	for _, sh := range m.Shares {
 		if sh.Username == user && sh.Grant == grant {
@@ -322,7 +333,7 @@ func (a *machineAPI) runPower(ctx context.Context, j *jobCtx, method string, p p
 		stage, done = stackbuild.MachineStarting, stackbuild.MachineStarted
 	}
 	if method == provider.MethodStop {
-		if err := a.k.idleStillDue(m.ID, p); err != nil { // idle.go: typed into meanwhile
+		if err := a.idleStillDue(m.ID, p); err != nil { // the idle stop (kloud/idle): typed into meanwhile
 			return fail(err)
 		}
 	}
@@ -352,7 +363,7 @@ func (a *machineAPI) runPower(ctx context.Context, j *jobCtx, method string, p p
 	}
 	// idle.go: a start begins a new countdown (before the machine is Running, so an old
 	// deadline is never seen with it), a stop ends one.
-	a.k.restartCountdown(ctx, m.ID)
+	a.idle().RestartCountdown(ctx, m.ID)
 	a.k.flow().SetMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Enter(ctx, done)
 	return machineResult{MachineID: m.ID, State: after}, nil

@@ -274,7 +274,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	// area APIs (one line each)
-	s.machines = &machineAPI{machines: st.Machines(), stacks: st.Stacks(), providers: s.providers, log: s.log, k: s}
+	s.machines = &machineAPI{machines: st.Machines(), stacks: st.Stacks(), providers: s.providers, log: s.log, idle: func() *idle.Tracker { return s.idle }, k: s}
 	s.shares = &shareAPI{machines: st.Machines(), users: st.Users(), log: s.log, k: s}
 	s.ports = &portAPI{store: st, log: s.log, k: s}
 	s.snapshots = &snapshotAPI{engine: newSnapshotEngine(s), snaps: st.Snapshots(), loadMachine: s.loadMachine}

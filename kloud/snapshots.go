@@ -78,7 +78,7 @@ func (d snapshotDeps) SetAgent(ctx context.Context, kiteID, status, version stri
 }
 
 // Started restarts the machine's idle countdown (idle.go).
-func (d snapshotDeps) Started(ctx context.Context, id string) { d.s.restartCountdown(ctx, id) }
+func (d snapshotDeps) Started(ctx context.Context, id string) { d.s.idle.RestartCountdown(ctx, id) }
 
 func (d snapshotDeps) Take(ctx context.Context, name, kind, busy string) (string, func(), error) {
 	return d.s.flow().TakeLease(ctx, name, kind, busy)
