@@ -90,21 +90,6 @@ func (d idleDeps) Agent(m *model.Machine) (idle.Agent, error) {
 // showIdle fills in the idle settings in force of ms (machine.list, machine.info).
 func (s *Server) showIdle(ctx context.Context, ms []model.Machine) { s.idle.Show(ctx, ms) }
 
-// restartCountdown starts machine id's countdown afresh (kloud starts it, or found it started);
-// called before the machine is recorded Running.
-func (s *Server) restartCountdown(ctx context.Context, id string) { s.idle.RestartCountdown(ctx, id) }
-
-// idleStillDue is the idle stop job's last check before it stops the provider's machine: no
-// activity since the sweep decided (params idleDeadline and idleTimeout; none: a user's stop).
-func (s *Server) idleStillDue(machineID string, p powerParams) error {
-	deadline, err1 := time.Parse(time.RFC3339Nano, p.IdleDeadline)
-	timeout, err2 := time.ParseDuration(p.IdleTimeout)
-	if err1 != nil || err2 != nil {
-		return nil
-	}
-	return s.idle.StillDue(machineID, deadline, timeout)
-}
-
 // ShortDuration prints d rounded to the second, without zero units ("30m", "1h30m", "45s").
 func ShortDuration(d time.Duration) string { return idle.ShortDuration(d) }
 

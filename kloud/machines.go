@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/idle"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -16,6 +18,38 @@ import (
 
 // Machines: machine.list, machine.info (the provider is the truth; the store is reconciled),
 // machine.start and machine.stop (durable jobs).
+
+// machineAPI serves machine.list, machine.info, machine.start and machine.stop, and runs the
+// machine.start and machine.stop jobs (routes.go's job kinds). New builds it once (Server.machines).
+type machineAPI struct {
+	machines  *store.Machines
+	stacks    *store.Stacks
+	providers *provider.Registry
+	log       *slog.Logger
+	idle      func() *idle.Tracker // Server.idle (New builds it after the area APIs; idle.go)
+	k         machineKloud
+}
+
+// machineLoader is what the machine areas (machines.go, shares.go, ports.go) use of kloud's
+// machines: one as a caller may see it, its provider's view, its provider's capabilities.
+// *Server is one (machines.go).
+type machineLoader interface {
+	loadMachine(ctx context.Context, c *Caller, id string) (*model.Machine, error)
+	providerMachine(ctx context.Context, c *Caller, m *model.Machine) (provider.Machine, error)
+	capable(name, method string, cap provider.Capability) error
+}
+
+// machineKloud is what machineAPI uses of kloud's Server: its machines, the build flow (machine
+// states and leases), the power jobs, the idle settings shown (idle.go), the planner and the
+// agents' status (agents.go).
+type machineKloud interface {
+	machineLoader
+	flow() *stackbuild.Flow
+	powerJob(ctx context.Context, m *model.Machine, method, user string, p powerParams) (api.JobRef, error)
+	showIdle(ctx context.Context, ms []model.Machine)
+	planner() *stackbuild.Planner
+	setAgent(ctx context.Context, kiteID, status, version string)
+}
 
 // canSee reports whether c may see machine m: its owner, a user it is shared with, a team admin.
 func (c *Caller) canSee(m *model.Machine) bool {
@@ -68,7 +102,8 @@ func (s *Server) providerMachine(ctx context.Context, c *Caller, m *model.Machin
 	return p.Machine(bm)
 }
 
-func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineListParams) (api.MachineListResult, error) {
+// list serves machine.list.
+func (a *machineAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineListParams) (api.MachineListResult, error) {
 	f := store.MachineFilter{Visible: c.Username, StackID: p.StackID}
 	if p.Team != "" {
 		if !c.TeamAdmin(p.Team) {
@@ -76,47 +111,48 @@ func (s *Server) machineList(ctx context.Context, c *Caller, _ *kite.Request, p 
 		}
 		f.Visible, f.Team = "", p.Team
 	}
-	ms, err := s.store.Machines().List(ctx, f)
+	ms, err := a.machines.List(ctx, f)
 	if err != nil {
 		return api.MachineListResult{}, err
 	}
-	s.showIdle(ctx, ms) // idle.go
-	return api.MachineListResult{Machines: ms, StackTitles: s.stackTitles(ctx, ms)}, nil
+	a.k.showIdle(ctx, ms) // idle.go
+	return api.MachineListResult{Machines: ms, StackTitles: a.stackTitles(ctx, ms)}, nil
 }
 
 // stackTitles returns the titles of the stacks of ms by stack id; a stack that cannot be read
 // (gone meanwhile) is left out.
-func (s *Server) stackTitles(ctx context.Context, ms []model.Machine) map[string]string {
+func (a *machineAPI) stackTitles(ctx context.Context, ms []model.Machine) map[string]string {
 	out := map[string]string{}
 	for _, m := range ms {
 		if _, ok := out[m.StackID]; ok || m.StackID == "" {
 			continue
 		}
-		if st, err := s.store.Stacks().Get(ctx, m.StackID); err == nil {
+		if st, err := a.stacks.Get(ctx, m.StackID); err == nil {
 			out[m.StackID] = st.Title
 		}
 	}
 	return out
 }
 
-func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.MachineInfo, error) {
-	m, err := s.loadMachine(ctx, c, p.MachineID)
+// info serves machine.info.
+func (a *machineAPI) info(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.MachineInfo, error) {
+	m, err := a.k.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
 		return api.MachineInfo{}, err
 	}
 	cur := m.State
 	show := []model.Machine{*m}
-	s.showIdle(ctx, show) // idle.go
+	a.k.showIdle(ctx, show) // idle.go
 	m = &show[0]
-	out := api.MachineInfo{Machine: *m, StackTitle: s.stackTitles(ctx, []model.Machine{*m})[m.StackID], InfraState: cur}
+	out := api.MachineInfo{Machine: *m, StackTitle: a.stackTitles(ctx, []model.Machine{*m})[m.StackID], InfraState: cur}
 	if cur == provider.NotInitialized || cur.InProgress() {
 		return out, nil // nothing to ask the provider, or a job is changing it right now
 	}
-	if err := s.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo); err != nil {
+	if err := a.k.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo); err != nil {
 		out.InfoError = err.Error() // what kloud knows is all there is
 		return out, nil
 	}
-	pm, err := s.providerMachine(ctx, c, m)
+	pm, err := a.k.providerMachine(ctx, c, m)
 	if err != nil {
 		return api.MachineInfo{}, err
 	}
@@ -128,27 +164,28 @@ func (s *Server) machineInfo(ctx context.Context, c *Caller, _ *kite.Request, p 
 	out.InfraState = state
 	if state != cur && state != provider.Unknown {
 		if state == provider.Running {
-			s.restartCountdown(ctx, m.ID) // idle.go: started outside kloud: a new countdown
+			a.idle().RestartCountdown(ctx, m.ID) // idle.go: started outside kloud: a new countdown
 		}
 		// The provider is the truth: record what it says (unless a job started meanwhile).
 		set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
-		if s.flow().SetMachine(ctx, m.ID, []provider.State{cur}, set) {
+		if a.k.flow().SetMachine(ctx, m.ID, []provider.State{cur}, set) {
 			out.State, out.Reason = state, "reconciled with the provider"
 		}
 	}
 	return out, nil
 }
 
-func (s *Server) machinePower(method string) func(ctx context.Context, c *Caller, r *kite.Request, p *api.MachineRef) (api.JobRef, error) {
+// power serves machine.start or machine.stop (method).
+func (a *machineAPI) power(method string) func(ctx context.Context, c *Caller, r *kite.Request, p *api.MachineRef) (api.JobRef, error) {
 	return func(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.JobRef, error) {
-		m, err := s.loadMachine(ctx, c, p.MachineID)
+		m, err := a.k.loadMachine(ctx, c, p.MachineID)
 		if err != nil {
 			return api.JobRef{}, err
 		}
 		if m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, model.GrantFull) {
 			return api.JobRef{}, fmt.Errorf("only the owner may %s machine %s: %w", method, m.Label, kite.ErrPermission)
 		}
-		return s.powerJob(ctx, m, method, c.Username, powerParams{})
+		return a.k.powerJob(ctx, m, method, c.Username, powerParams{})
 	}
 }
 
@@ -198,8 +235,8 @@ func (s *Server) powerJob(ctx context.Context, m *model.Machine, method, user st
 }
 
 // providerOf returns the provider called name, or nil.
-func (s *Server) providerOf(name string) *provider.Provider {
-	p, _ := s.providers.Lookup(name)
+func (a *machineAPI) providerOf(name string) *provider.Provider {
+	p, _ := a.providers.Lookup(name)
 	return p
 }
 
@@ -216,6 +253,17 @@ func (s *Server) capable(name, method string, cap provider.Capability) error {
 	return nil
 }
 
+// idleStillDue is the idle stop job's last check before it stops the provider's machine: no
+// activity since the sweep decided (params idleDeadline and idleTimeout; none: a user's stop).
+func (a *machineAPI) idleStillDue(machineID string, p powerParams) error {
+	deadline, err1 := time.Parse(time.RFC3339Nano, p.IdleDeadline)
+	timeout, err2 := time.ParseDuration(p.IdleTimeout)
+	if err1 != nil || err2 != nil {
+		return nil
+	}
+	return a.idle().StillDue(machineID, deadline, timeout)
+}
+
 func hasGrant(m *model.Machine, user, grant string) bool {
 	for _, sh := range m.Shares {
 		if sh.Username == user && sh.Grant == grant {
@@ -225,7 +273,8 @@ func hasGrant(m *model.Machine, user, grant string) bool {
 	return false
 }
 
-func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, p powerParams, recovering bool) (res machineResult, err error) {
+// runPower is the machine.start or machine.stop (method) job.
+func (a *machineAPI) runPower(ctx context.Context, j *jobCtx, method string, p powerParams, recovering bool) (res machineResult, err error) {
 	id, owner, from := p.MachineID, p.Lease, p.From
 	during, after := provider.Transition(method)
 	// No state without an exit: an error on a path that did not put the machine back (or whose
@@ -236,8 +285,8 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		}
 		if err != nil && !errors.Is(err, store.ErrLocked) {
 			reason := fmt.Sprintf("%s job %s ended: %v", method, j.ID, err)
-			if s.flow().SetMachine(ctx, id, []provider.State{during}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)}) {
-				s.log.WarnContext(ctx, "machine job ended without its bookkeeping; machine moved to Unknown", "machine", id, "job", j.ID, "err", err)
+			if a.k.flow().SetMachine(ctx, id, []provider.State{during}, store.MachineSet{State: new(string(provider.Unknown)), Reason: new(reason)}) {
+				a.log.WarnContext(ctx, "machine job ended without its bookkeeping; machine moved to Unknown", "machine", id, "job", j.ID, "err", err)
 			}
 		}
 	}()
@@ -245,13 +294,13 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		if j.CancelRequested {
 			return machineResult{}, fmt.Errorf("cancelled while no kloud ran it: %w", store.ErrJobCancelled)
 		}
-		if err := s.flow().RetakeLease(ctx, "machine/"+id, owner); err != nil {
+		if err := a.k.flow().RetakeLease(ctx, "machine/"+id, owner); err != nil {
 			return machineResult{}, fmt.Errorf("machine %s: %w", id, err)
 		}
 		j.Logf(ctx, "kloud restarted during this job; running it again")
 	}
-	defer s.flow().KeepLease(context.Background(), "machine/"+id, owner)()
-	m, err := s.loadMachine(ctx, nil, id)
+	defer a.k.flow().KeepLease(context.Background(), "machine/"+id, owner)()
+	m, err := a.k.loadMachine(ctx, nil, id)
 	if err != nil {
 		return machineResult{}, err
 	}
@@ -264,18 +313,18 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		state := from
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if pm, perr := s.providerMachine(ictx, nil, m); perr == nil && s.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo) == nil {
+		if pm, perr := a.k.providerMachine(ictx, nil, m); perr == nil && a.k.capable(m.Provider, api.MethodMachineInfo, provider.CapInfo) == nil {
 			if st, _, ierr := pm.Info(ictx); ierr == nil && st != provider.Unknown {
 				state = st
 			}
 		}
-		s.flow().SetMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
+		a.k.flow().SetMachine(ctx, m.ID, []provider.State{during}, store.MachineSet{State: new(string(state)), Reason: new(err.Error())})
 		return machineResult{}, err
 	}
-	if err := s.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
+	if err := a.k.capable(m.Provider, "machine."+method, provider.Capability(method)); err != nil {
 		return fail(err) // the provider changed since the job was started (a plugin re-registered)
 	}
-	pm, err := s.providerMachine(ctx, nil, m)
+	pm, err := a.k.providerMachine(ctx, nil, m)
 	if err != nil {
 		return fail(err)
 	}
@@ -284,7 +333,7 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		stage, done = stackbuild.MachineStarting, stackbuild.MachineStarted
 	}
 	if method == provider.MethodStop {
-		if err := s.idleStillDue(m.ID, p); err != nil { // idle.go: typed into meanwhile
+		if err := a.idleStillDue(m.ID, p); err != nil { // the idle stop (kloud/idle): typed into meanwhile
 			return fail(err)
 		}
 	}
@@ -301,8 +350,8 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 	set := store.MachineSet{State: new(string(after)), Reason: new(p.Reason), Meta: meta} // the idle stop's reason (idle.go)
 	if method == provider.MethodStart {
 		j.Enter(ctx, stackbuild.MachineAgent)
-		pl := s.planner()
-		r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm, Provider: s.providerOf(m.Provider)}}, nil)[0]
+		pl := a.k.planner()
+		r := pl.Wait(ctx, []stackbuild.Expect{{Label: m.Label, KiteID: m.KiteID, Machine: pm, Provider: a.providerOf(m.Provider)}}, nil)[0]
 		if !r.OK {
 			return fail(fmt.Errorf("started, but %s failed: %w", r.Step, r.Err))
 		}
@@ -310,12 +359,12 @@ func (s *Server) runMachinePower(ctx context.Context, j *jobCtx, method string, 
 		if r.Info != nil {
 			version = r.Info.Version
 		}
-		s.setAgent(ctx, m.KiteID, model.AgentConnected, version)
+		a.k.setAgent(ctx, m.KiteID, model.AgentConnected, version)
 	}
 	// idle.go: a start begins a new countdown (before the machine is Running, so an old
 	// deadline is never seen with it), a stop ends one.
-	s.restartCountdown(ctx, m.ID)
-	s.flow().SetMachine(ctx, m.ID, []provider.State{during}, set)
+	a.idle().RestartCountdown(ctx, m.ID)
+	a.k.flow().SetMachine(ctx, m.ID, []provider.State{during}, set)
 	j.Enter(ctx, done)
 	return machineResult{MachineID: m.ID, State: after}, nil
 }

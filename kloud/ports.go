@@ -3,6 +3,7 @@ package kloud
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -25,8 +27,25 @@ import (
 // it closes every rule that matches, and refuses (closing nothing) a pattern that matches no
 // rule, saying which are open.
 
-func (s *Server) machinePortsList(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.PortsResult, error) {
-	fw, m, err := s.firewaller(ctx, c, p.MachineID, api.MethodMachinePortsList, false)
+// portAPI serves machine.ports.list, machine.ports.open and machine.ports.close, and re-applies
+// the recorded rules after a build or an update (Server.keepPorts). New builds it once
+// (Server.ports).
+type portAPI struct {
+	store *store.Store // Persist, and its machines
+	log   *slog.Logger
+	k     portKloud
+}
+
+// portKloud is what portAPI uses of kloud's Server: its machines (machines.go) and the build
+// flow (a stack's machines).
+type portKloud interface {
+	machineLoader
+	flow() *stackbuild.Flow
+}
+
+// list serves machine.ports.list.
+func (a *portAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.PortsResult, error) {
+	fw, m, err := a.firewaller(ctx, c, p.MachineID, api.MethodMachinePortsList, false)
 	if err != nil {
 		return api.PortsResult{}, err
 	}
@@ -37,13 +56,14 @@ func (s *Server) machinePortsList(ctx context.Context, c *Caller, _ *kite.Reques
 	return api.PortsResult{MachineID: m.ID, Rules: nonNil(rules)}, nil
 }
 
-func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Caller, _ *kite.Request, p *api.PortsParams) (api.PortsResult, error) {
+// change serves machine.ports.open (open) or machine.ports.close.
+func (a *portAPI) change(open bool) func(ctx context.Context, c *Caller, _ *kite.Request, p *api.PortsParams) (api.PortsResult, error) {
 	method := api.MethodMachinePortsClose
 	if open {
 		method = api.MethodMachinePortsOpen
 	}
 	return func(ctx context.Context, c *Caller, _ *kite.Request, p *api.PortsParams) (api.PortsResult, error) {
-		fw, m, err := s.firewaller(ctx, c, p.MachineID, method, true)
+		fw, m, err := a.firewaller(ctx, c, p.MachineID, method, true)
 		if err != nil {
 			return api.PortsResult{}, err
 		}
@@ -53,7 +73,7 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 					return api.PortsResult{}, fmt.Errorf("rules[%d]: %s: %w", i, err.Error(), kite.ErrInvalidParams)
 				}
 			}
-		} else if p.Rules, err = s.rulesToClose(ctx, fw, m, p.Rules); err != nil {
+		} else if p.Rules, err = rulesToClose(ctx, fw, m, p.Rules); err != nil {
 			return api.PortsResult{}, err
 		}
 		// The record first (what kloud re-applies), then the provider; on an error the record
@@ -63,7 +83,7 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 			return api.PortsResult{}, fmt.Errorf("machine %s would have %d rules, at most %d: close some first: %w", m.Label, len(m.Ports)+len(changed), maxPorts, kite.ErrInvalidParams)
 		}
 		if len(changed) > 0 {
-			if err := s.recordPorts(ctx, m.ID, changed, open); err != nil {
+			if err := a.record(ctx, m.ID, changed, open); err != nil {
 				return api.PortsResult{}, fmt.Errorf("%s: record the rules: %w", method, err)
 			}
 		}
@@ -75,13 +95,13 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 		}
 		if err != nil {
 			if len(changed) > 0 {
-				if perr := s.recordPorts(context.WithoutCancel(ctx), m.ID, changed, !open); perr != nil {
-					s.log.ErrorContext(ctx, "put back the recorded ports after the provider failed", "machine", m.ID, "err", perr)
+				if perr := a.record(context.WithoutCancel(ctx), m.ID, changed, !open); perr != nil {
+					a.log.ErrorContext(ctx, "put back the recorded ports after the provider failed", "machine", m.ID, "err", perr)
 				}
 			}
 			return api.PortsResult{}, fmt.Errorf("%s: %w", method, err)
 		}
-		s.log.InfoContext(ctx, "machine ports changed", "machine", m.ID, "by", c.Username, "open", open, "rules", fmt.Sprint(p.Rules))
+		a.log.InfoContext(ctx, "machine ports changed", "machine", m.ID, "by", c.Username, "open", open, "rules", fmt.Sprint(p.Rules))
 		return api.PortsResult{MachineID: m.ID, Rules: nonNil(rules)}, nil
 	}
 }
@@ -90,7 +110,7 @@ func (s *Server) machinePortsChange(open bool) func(ctx context.Context, c *Call
 // has them, and as kloud recorded them) that a pattern matches (its port; its protocol and its
 // source unless omitted). A pattern that matches none is refused (-32003, data.type
 // api.PortsNotOpenType) with the rules that are open, and nothing is closed.
-func (s *Server) rulesToClose(ctx context.Context, fw provider.Firewaller, m *model.Machine, patterns []provider.PortRule) ([]provider.PortRule, error) {
+func rulesToClose(ctx context.Context, fw provider.Firewaller, m *model.Machine, patterns []provider.PortRule) ([]provider.PortRule, error) {
 	have, err := fw.Ports(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%s: list the provider's rules: %w", api.MethodMachinePortsClose, err)
@@ -146,18 +166,18 @@ func patternString(r provider.PortRule) string {
 
 // firewaller loads the machine, checks the caller and the provider's capability, and returns
 // the machine's provider.Firewaller.
-func (s *Server) firewaller(ctx context.Context, c *Caller, id, method string, change bool) (provider.Firewaller, *model.Machine, error) {
-	m, err := s.loadMachine(ctx, c, id)
+func (a *portAPI) firewaller(ctx context.Context, c *Caller, id, method string, change bool) (provider.Firewaller, *model.Machine, error) {
+	m, err := a.k.loadMachine(ctx, c, id)
 	if err != nil {
 		return nil, nil, err
 	}
 	if change && m.Owner != c.Username && !c.TeamAdmin(m.Team) && !hasGrant(m, c.Username, model.GrantFull) {
 		return nil, nil, fmt.Errorf("only the owner, a team admin or a full share may change the firewall of machine %s: %w", m.Label, kite.ErrPermission)
 	}
-	if err := s.capable(m.Provider, method, provider.CapFirewall); err != nil {
+	if err := a.k.capable(m.Provider, method, provider.CapFirewall); err != nil {
 		return nil, nil, err
 	}
-	pm, err := s.providerMachine(ctx, c, m)
+	pm, err := a.k.providerMachine(ctx, c, m)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: machine %s: %w", method, m.Label, err)
 	}
@@ -183,14 +203,14 @@ func portsChanged(have, rules []provider.PortRule, open bool) []provider.PortRul
 	return changed
 }
 
-// recordPorts adds rules to machine id's recorded rules (or removes them), retried while the
+// record adds rules to machine id's recorded rules (or removes them), retried while the
 // store is unreachable.
-func (s *Server) recordPorts(ctx context.Context, id string, rules []provider.PortRule, add bool) error {
-	return s.store.Persist(ctx, "record the ports of machine "+id, 0, func(ctx context.Context) error {
+func (a *portAPI) record(ctx context.Context, id string, rules []provider.PortRule, add bool) error {
+	return a.store.Persist(ctx, "record the ports of machine "+id, 0, func(ctx context.Context) error {
 		if add {
-			return s.store.Machines().AddPorts(ctx, id, rules)
+			return a.store.Machines().AddPorts(ctx, id, rules)
 		}
-		return s.store.Machines().RemovePorts(ctx, id, rules)
+		return a.store.Machines().RemovePorts(ctx, id, rules)
 	})
 }
 
@@ -198,34 +218,39 @@ func (s *Server) recordPorts(ctx context.Context, id string, rules []provider.Po
 // takes away those it has beyond them (a machine a build or an update replaced comes back
 // with none), after the build or update settled. What fails is logged on job j; the job goes
 // on (the machines run, only a port is closed that should be open, and machine.ports.open
-// applies it again).
+// applies it again). stacks_deps.go calls it; portAPI.keep does it.
 func (s *Server) keepPorts(ctx context.Context, j stackbuild.Job, st *model.Stack) {
-	ms, err := s.flow().StackMachines(ctx, st.ID)
+	s.ports.keep(ctx, j, st)
+}
+
+// keep is Server.keepPorts.
+func (a *portAPI) keep(ctx context.Context, j stackbuild.Job, st *model.Stack) {
+	ms, err := a.k.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		j.Logf(ctx, "firewall rules not checked: %v", err)
 		return
 	}
 	for i := range ms {
 		m := &ms[i]
-		if len(m.Ports) == 0 || m.State == provider.Terminating || s.capable(m.Provider, api.MethodMachinePortsOpen, provider.CapFirewall) != nil {
+		if len(m.Ports) == 0 || m.State == provider.Terminating || a.k.capable(m.Provider, api.MethodMachinePortsOpen, provider.CapFirewall) != nil {
 			continue
 		}
-		opened, closed, err := s.matchPorts(ctx, m)
+		opened, closed, err := a.match(ctx, m)
 		if len(opened)+len(closed) > 0 {
 			j.Logf(ctx, "%s: firewall rules re-applied: opened %s, closed %s", m.Label, rulesString(opened), rulesString(closed))
-			s.log.InfoContext(ctx, "machine ports re-applied", "machine", m.ID, "stack", st.ID, "opened", rulesString(opened), "closed", rulesString(closed))
+			a.log.InfoContext(ctx, "machine ports re-applied", "machine", m.ID, "stack", st.ID, "opened", rulesString(opened), "closed", rulesString(closed))
 		}
 		if err != nil {
 			j.Logf(ctx, "%s: firewall rules not re-applied: %v (machine.ports.open applies them again)", m.Label, err)
-			s.log.WarnContext(ctx, "re-apply machine ports", "machine", m.ID, "stack", st.ID, "err", err)
+			a.log.WarnContext(ctx, "re-apply machine ports", "machine", m.ID, "stack", st.ID, "err", err)
 		}
 	}
 }
 
-// matchPorts opens what of m's recorded rules its provider lacks and closes what it has beyond
+// match opens what of m's recorded rules its provider lacks and closes what it has beyond
 // them, and returns what it opened and closed.
-func (s *Server) matchPorts(ctx context.Context, m *model.Machine) (opened, closed []provider.PortRule, err error) {
-	pm, err := s.providerMachine(ctx, nil, m)
+func (a *portAPI) match(ctx context.Context, m *model.Machine) (opened, closed []provider.PortRule, err error) {
+	pm, err := a.k.providerMachine(ctx, nil, m)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -254,23 +254,23 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCStackScale, Members, s.stackScale),
 
 		// machines.go, shares.go
-		rpc(s, api.RPCMachineList, MembersRead, s.machineList), // owner, shared users, team admins
-		rpc(s, api.RPCMachineInfo, MembersRead, s.machineInfo, kite.WithTimeout(time.Minute)),
-		rpc(s, api.RPCMachineStart, Members, s.machinePower(provider.MethodStart)), // owner, team admins, full share
-		rpc(s, api.RPCMachineStop, Members, s.machinePower(provider.MethodStop)),
-		rpc(s, api.RPCMachineShare, Members, s.machineShare), // owner, team admins
-		rpc(s, api.RPCMachineUnshare, Members, s.machineUnshare),
-		rpc(s, api.RPCMachineShares, MembersRead, s.machineShares),
+		rpc(s, api.RPCMachineList, MembersRead, s.machines.list), // owner, shared users, team admins
+		rpc(s, api.RPCMachineInfo, MembersRead, s.machines.info, kite.WithTimeout(time.Minute)),
+		rpc(s, api.RPCMachineStart, Members, s.machines.power(provider.MethodStart)), // owner, team admins, full share
+		rpc(s, api.RPCMachineStop, Members, s.machines.power(provider.MethodStop)),
+		rpc(s, api.RPCMachineShare, Members, s.shares.share), // owner, team admins
+		rpc(s, api.RPCMachineUnshare, Members, s.shares.unshare),
+		rpc(s, api.RPCMachineShares, MembersRead, s.shares.list),
 		// ports.go: the machine's firewall (provider capability "firewall")
-		rpc(s, api.RPCMachinePortsList, MembersRead, s.machinePortsList),       // as machine.list
-		rpc(s, api.RPCMachinePortsOpen, Members, s.machinePortsChange(true)),   // owner, team admins, full share
-		rpc(s, api.RPCMachinePortsClose, Members, s.machinePortsChange(false)), // owner, team admins, full share
+		rpc(s, api.RPCMachinePortsList, MembersRead, s.ports.list),       // as machine.list
+		rpc(s, api.RPCMachinePortsOpen, Members, s.ports.change(true)),   // owner, team admins, full share
+		rpc(s, api.RPCMachinePortsClose, Members, s.ports.change(false)), // owner, team admins, full share
 
 		// snapshots.go: the owner, team admins, full share; snapshots are the owner's (kloud admins)
-		rpc(s, api.RPCMachineSnapshot, Members, s.machineSnapshot),
-		rpc(s, api.RPCMachineSnapshots, MembersRead, s.machineSnapshots),
-		rpc(s, api.RPCMachineRestore, Members, s.machineRestore),
-		rpc(s, api.RPCSnapshotDelete, Members, s.snapshotDelete, kite.WithTimeout(5*time.Minute)),
+		rpc(s, api.RPCMachineSnapshot, Members, s.snapshots.take),
+		rpc(s, api.RPCMachineSnapshots, MembersRead, s.snapshots.list),
+		rpc(s, api.RPCMachineRestore, Members, s.snapshots.restore),
+		rpc(s, api.RPCSnapshotDelete, Members, s.snapshots.delete, kite.WithTimeout(5*time.Minute)),
 
 		// quota.go: quotas of users and teams
 		rpc(s, api.RPCQuotaSet, Owners, s.quotaSet),
@@ -392,18 +392,18 @@ var (
 	}
 	snapshotJob = jobKind[snapshots.Params, snapshots.SnapshotResult]{name: jobMachineSnapshot,
 		run: func(ctx context.Context, j *jobCtx, p snapshots.Params) (snapshots.SnapshotResult, error) {
-			return j.s.runMachineSnapshot(ctx, j, p, false)
+			return j.s.snapshots.runSnapshot(ctx, j, p, false)
 		},
 		recover: func(ctx context.Context, j *jobCtx, p snapshots.Params) (snapshots.SnapshotResult, error) {
-			return j.s.runMachineSnapshot(ctx, j, p, true)
+			return j.s.snapshots.runSnapshot(ctx, j, p, true)
 		},
 	}
 	restoreJob = jobKind[snapshots.Params, snapshots.RestoreResult]{name: jobMachineRestore,
 		run: func(ctx context.Context, j *jobCtx, p snapshots.Params) (snapshots.RestoreResult, error) {
-			return j.s.runMachineRestore(ctx, j, p, false)
+			return j.s.snapshots.runRestore(ctx, j, p, false)
 		},
 		recover: func(ctx context.Context, j *jobCtx, p snapshots.Params) (snapshots.RestoreResult, error) {
-			return j.s.runMachineRestore(ctx, j, p, true)
+			return j.s.snapshots.runRestore(ctx, j, p, true)
 		},
 	}
 	planJob = jobKind[planJobParams, api.StackPlanResult]{name: jobStackPlan,
@@ -425,10 +425,10 @@ var (
 func powerJobKind(method string) jobKind[powerParams, machineResult] {
 	return jobKind[powerParams, machineResult]{name: "machine." + method,
 		run: func(ctx context.Context, j *jobCtx, p powerParams) (machineResult, error) {
-			return j.s.runMachinePower(ctx, j, method, p, false)
+			return j.s.machines.runPower(ctx, j, method, p, false)
 		},
 		recover: func(ctx context.Context, j *jobCtx, p powerParams) (machineResult, error) {
-			return j.s.runMachinePower(ctx, j, method, p, true)
+			return j.s.machines.runPower(ctx, j, method, p, true)
 		},
 	}
 }

@@ -205,6 +205,10 @@ type Server struct {
 	// area APIs: the handlers of one area each, on a small type holding what they use
 	creds     *credentialAPI // credential.*, provider.describe (credentials.go, credential_bootstrap.go)
 	templates *templateAPI   // template.create, update, get, list, delete (templates.go)
+	machines  *machineAPI    // machine.list, info, start, stop and their jobs (machines.go)
+	shares    *shareAPI      // machine.share, unshare, shares (shares.go)
+	ports     *portAPI       // machine.ports.* (ports.go)
+	snapshots *snapshotAPI   // machine.snapshot, snapshots, restore, snapshot.delete and their jobs (snapshots.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -274,6 +278,10 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	// area APIs (one line each)
 	s.creds = &credentialAPI{creds: st.Credentials(), stacks: st.Stacks(), jobs: st.Jobs(), vault: st, providers: s.providers, log: s.log, srv: s}
 	s.templates = &templateAPI{templates: st.Templates(), now: st.Now, srv: s}
+	s.machines = &machineAPI{machines: st.Machines(), stacks: st.Stacks(), providers: s.providers, log: s.log, idle: func() *idle.Tracker { return s.idle }, k: s}
+	s.shares = &shareAPI{machines: st.Machines(), users: st.Users(), log: s.log, k: s}
+	s.ports = &portAPI{store: st, log: s.log, k: s}
+	s.snapshots = &snapshotAPI{engine: newSnapshotEngine(s), snaps: st.Snapshots(), loadMachine: s.loadMachine}
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)

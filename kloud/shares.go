@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/model"
@@ -22,12 +24,31 @@ import (
 // its list changes). A grant reaches only its machine: kontrol gives a shared user tokens for
 // that machine's agent alone (authorizeKite), each naming that one kite as its audience.
 
+// shareAPI serves machine.share, machine.unshare and machine.shares, and pushes a machine's
+// share list to its agent (when it changes, and when the agent registers:
+// Server.pushSharesOnRegister). New builds it once (Server.shares).
+type shareAPI struct {
+	machines *store.Machines
+	users    *store.Users
+	log      *slog.Logger
+	k        shareKloud
+}
+
+// shareKloud is what shareAPI uses of kloud's Server: machines as a caller may see them, a
+// connection to a machine's agent (agents.go) and the signer of tokens.
+type shareKloud interface {
+	loadMachine(ctx context.Context, c *Caller, id string) (*model.Machine, error)
+	agentConn(m *model.Machine) (*kite.Conn, error)
+	Signer() *kitekey.Signer
+}
+
 func validGrant(g string) bool {
 	return g == model.GrantReadonly || g == model.GrantTerminal || g == model.GrantFull
 }
 
-func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*model.Machine, error) {
-	m, err := s.loadMachine(ctx, c, id)
+// target loads machine id for a change of its shares, which only its owner or a team admin makes.
+func (a *shareAPI) target(ctx context.Context, c *Caller, id string) (*model.Machine, error) {
+	m, err := a.k.loadMachine(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -37,23 +58,24 @@ func (s *Server) shareTarget(ctx context.Context, c *Caller, id string) (*model.
 	return m, nil
 }
 
-func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (api.SharesResult, error) {
+// share serves machine.share.
+func (a *shareAPI) share(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (api.SharesResult, error) {
 	if !validGrant(p.Grant) {
 		return api.SharesResult{}, fmt.Errorf("grant %q: want %s, %s or %s: %w", p.Grant, model.GrantReadonly, model.GrantTerminal, model.GrantFull, kite.ErrInvalidParams)
 	}
-	m, err := s.shareTarget(ctx, c, p.MachineID)
+	m, err := a.target(ctx, c, p.MachineID)
 	if err != nil {
 		return api.SharesResult{}, err
 	}
 	if p.Username == m.Owner {
 		return api.SharesResult{}, fmt.Errorf("%s owns machine %s: %w", p.Username, m.Label, kite.ErrInvalidParams)
 	}
-	if _, err := s.store.Users().Get(ctx, p.Username); errors.Is(err, store.ErrNotFound) {
+	if _, err := a.users.Get(ctx, p.Username); errors.Is(err, store.ErrNotFound) {
 		return api.SharesResult{}, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
 	} else if err != nil {
 		return api.SharesResult{}, err
 	}
-	return s.updateShares(ctx, m, func(sh []model.Share) []model.Share {
+	return a.update(ctx, m, func(sh []model.Share) []model.Share {
 		out := []model.Share{{Username: p.Username, Grant: p.Grant}}
 		for _, x := range sh {
 			if x.Username != p.Username {
@@ -64,12 +86,13 @@ func (s *Server) machineShare(ctx context.Context, c *Caller, _ *kite.Request, p
 	})
 }
 
-func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (api.SharesResult, error) {
-	m, err := s.shareTarget(ctx, c, p.MachineID)
+// unshare serves machine.unshare.
+func (a *shareAPI) unshare(ctx context.Context, c *Caller, _ *kite.Request, p *api.ShareParams) (api.SharesResult, error) {
+	m, err := a.target(ctx, c, p.MachineID)
 	if err != nil {
 		return api.SharesResult{}, err
 	}
-	return s.updateShares(ctx, m, func(sh []model.Share) []model.Share {
+	return a.update(ctx, m, func(sh []model.Share) []model.Share {
 		out := []model.Share{}
 		for _, x := range sh {
 			if x.Username != p.Username {
@@ -80,8 +103,9 @@ func (s *Server) machineUnshare(ctx context.Context, c *Caller, _ *kite.Request,
 	})
 }
 
-func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.SharesResult, error) {
-	m, err := s.loadMachine(ctx, c, p.MachineID)
+// list serves machine.shares.
+func (a *shareAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.SharesResult, error) {
+	m, err := a.k.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
 		return api.SharesResult{}, err
 	}
@@ -91,12 +115,12 @@ func (s *Server) machineShares(ctx context.Context, c *Caller, _ *kite.Request, 
 	return api.SharesResult{MachineID: m.ID, Shares: m.Shares}, nil
 }
 
-// updateShares changes a machine's share list with one conditional update (retried if someone
+// update changes a machine's share list with one conditional update (retried if someone
 // changed the machine in between), then pushes the list to its agent.
-func (s *Server) updateShares(ctx context.Context, m *model.Machine, change func([]model.Share) []model.Share) (api.SharesResult, error) {
+func (a *shareAPI) update(ctx context.Context, m *model.Machine, change func([]model.Share) []model.Share) (api.SharesResult, error) {
 	for attempt := 0; ; attempt++ {
 		shares := change(m.Shares)
-		ok, err := s.store.Machines().SetShares(ctx, m.ID, m.UpdatedAt, shares)
+		ok, err := a.machines.SetShares(ctx, m.ID, m.UpdatedAt, shares)
 		if err != nil {
 			return api.SharesResult{}, fmt.Errorf("save shares: %w", err)
 		}
@@ -107,27 +131,27 @@ func (s *Server) updateShares(ctx context.Context, m *model.Machine, change func
 		if attempt > 10 {
 			return api.SharesResult{}, fmt.Errorf("machine %s keeps changing; try again: %w", m.Label, kite.ErrConflict)
 		}
-		fresh, err := s.loadMachine(ctx, nil, m.ID)
+		fresh, err := a.k.loadMachine(ctx, nil, m.ID)
 		if err != nil {
 			return api.SharesResult{}, err
 		}
 		m = fresh
 	}
-	err := s.pushShares(ctx, m)
+	err := a.push(ctx, m)
 	if err != nil {
-		s.log.InfoContext(ctx, "shares saved; the agent gets them when it connects", "machine", m.ID, "err", err)
+		a.log.InfoContext(ctx, "shares saved; the agent gets them when it connects", "machine", m.ID, "err", err)
 	}
 	return api.SharesResult{MachineID: m.ID, Shares: m.Shares, Pushed: err == nil}, nil
 }
 
-// pushShares gives the machine's klient its complete share list, with a token of the owner's
+// push gives the machine's klient its complete share list, with a token of the owner's
 // (klient checks it like any other call).
-func (s *Server) pushShares(ctx context.Context, m *model.Machine) error {
-	conn, err := s.agentConn(m)
+func (a *shareAPI) push(ctx context.Context, m *model.Machine) error {
+	conn, err := a.k.agentConn(m)
 	if err != nil {
 		return err
 	}
-	tok, err := s.Signer().Token(m.Owner, m.KiteID, 5*time.Minute)
+	tok, err := a.k.Signer().Token(m.Owner, m.KiteID, 5*time.Minute)
 	if err != nil {
 		return err
 	}
@@ -144,7 +168,7 @@ func (s *Server) pushShares(ctx context.Context, m *model.Machine) error {
 			down[i] = sh
 			if sh.Grant == model.GrantTerminal {
 				down[i].Grant = model.GrantReadonly
-				s.log.WarnContext(ctx, "the machine's klient predates own-account shells: its terminal share is enforced as readonly until the machine is rebuilt",
+				a.log.WarnContext(ctx, "the machine's klient predates own-account shells: its terminal share is enforced as readonly until the machine is rebuilt",
 					"machine", m.ID, "user", sh.Username)
 			}
 		}
@@ -168,16 +192,21 @@ func agentHas(ctx context.Context, conn *kite.Conn, feature string) bool {
 }
 
 // pushSharesOnRegister re-pushes a machine's share list when its agent (re)registers, so a list
-// changed while it was away is enforced.
+// changed while it was away is enforced (agents.go; shareAPI.pushOnRegister).
 func (s *Server) pushSharesOnRegister(ctx context.Context, kiteID string) {
-	m, err := s.store.Machines().ByKite(ctx, kiteID)
+	s.shares.pushOnRegister(ctx, kiteID)
+}
+
+// pushOnRegister re-pushes the share list of the machine of agent kiteID (Server.pushSharesOnRegister).
+func (a *shareAPI) pushOnRegister(ctx context.Context, kiteID string) {
+	m, err := a.machines.ByKite(ctx, kiteID)
 	if err != nil {
 		if !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil {
-			s.log.WarnContext(ctx, "load machine of a registering agent", "kite", kiteID, "err", err)
+			a.log.WarnContext(ctx, "load machine of a registering agent", "kite", kiteID, "err", err)
 		}
 		return
 	}
-	if err := s.pushShares(ctx, &m); err != nil && ctx.Err() == nil {
-		s.log.WarnContext(ctx, "push shares to agent", "machine", m.ID, "err", err)
+	if err := a.push(ctx, &m); err != nil && ctx.Err() == nil {
+		a.log.WarnContext(ctx, "push shares to agent", "machine", m.ID, "err", err)
 	}
 }

@@ -37,9 +37,17 @@ type SnapshotQuota = snapshots.Quota
 // ParseSnapshotQuota parses "COUNT,SIZE" (kloud serve --snapshot-quota; snapshots.ParseQuota).
 func ParseSnapshotQuota(s string) (SnapshotQuota, error) { return snapshots.ParseQuota(s) }
 
-// snapshotEngine is the snapshot engine over this server's store, providers, machines, leases and
-// jobs.
-func (s *Server) snapshotEngine() *snapshots.Engine {
+// snapshotAPI serves machine.snapshot, machine.snapshots, machine.restore and snapshot.delete,
+// and runs the machine.snapshot and machine.restore jobs (routes.go's job kinds) on its engine.
+// New builds it once (Server.snapshots).
+type snapshotAPI struct {
+	engine      *snapshots.Engine
+	snaps       *store.Snapshots
+	loadMachine func(ctx context.Context, c *Caller, id string) (*model.Machine, error) // Server.loadMachine
+}
+
+// newSnapshotEngine is the snapshot engine over s's store, providers, machines, leases and jobs.
+func newSnapshotEngine(s *Server) *snapshots.Engine {
 	d := snapshotDeps{s}
 	return snapshots.New(snapshots.Options{Store: s.store, Providers: s.providers,
 		Machines: d, Leases: d, Jobs: d, Planner: s.planner,
@@ -70,7 +78,7 @@ func (d snapshotDeps) SetAgent(ctx context.Context, kiteID, status, version stri
 }
 
 // Started restarts the machine's idle countdown (idle.go).
-func (d snapshotDeps) Started(ctx context.Context, id string) { d.s.restartCountdown(ctx, id) }
+func (d snapshotDeps) Started(ctx context.Context, id string) { d.s.idle.RestartCountdown(ctx, id) }
 
 func (d snapshotDeps) Take(ctx context.Context, name, kind, busy string) (string, func(), error) {
 	return d.s.flow().TakeLease(ctx, name, kind, busy)
@@ -100,20 +108,21 @@ func (c *Caller) mayManage(m *model.Machine) bool {
 	return m.Owner == c.Username || c.TeamAdmin(m.Team) || hasGrant(m, c.Username, model.GrantFull)
 }
 
-func (s *Server) machineSnapshot(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotParams) (api.SnapshotStarted, error) {
-	m, err := s.loadMachine(ctx, c, p.MachineID)
+// take serves machine.snapshot.
+func (a *snapshotAPI) take(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotParams) (api.SnapshotStarted, error) {
+	m, err := a.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
 		return api.SnapshotStarted{}, err
 	}
 	if !c.mayManage(m) {
 		return api.SnapshotStarted{}, fmt.Errorf("only the owner may snapshot machine %s: %w", m.Label, kite.ErrPermission)
 	}
-	return s.snapshotEngine().Take(ctx, m, c.Username, p.Name)
+	return a.engine.Take(ctx, m, c.Username, p.Name)
 }
 
-// loadSnapshot returns snapshot id if c may use it (its owner, kloud admins), else not found.
-func (s *Server) loadSnapshot(ctx context.Context, c *Caller, id string) (*model.Snapshot, error) {
-	sn, err := s.store.Snapshots().Get(ctx, id)
+// load returns snapshot id if c may use it (its owner, kloud admins), else not found.
+func (a *snapshotAPI) load(ctx context.Context, c *Caller, id string) (*model.Snapshot, error) {
+	sn, err := a.snaps.Get(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || err == nil && sn.Owner != c.Username && !c.Admin {
 		return nil, notFound("snapshot", id)
 	}
@@ -123,12 +132,14 @@ func (s *Server) loadSnapshot(ctx context.Context, c *Caller, id string) (*model
 	return &sn, nil
 }
 
-func (s *Server) machineSnapshots(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotsParams) (api.SnapshotsResult, error) {
-	return s.snapshotEngine().List(ctx, c.Username, p.MachineID)
+// list serves machine.snapshots.
+func (a *snapshotAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotsParams) (api.SnapshotsResult, error) {
+	return a.engine.List(ctx, c.Username, p.MachineID)
 }
 
-func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request, p *api.RestoreParams) (api.JobRef, error) {
-	sn, err := s.loadSnapshot(ctx, c, p.SnapshotID)
+// restore serves machine.restore.
+func (a *snapshotAPI) restore(ctx context.Context, c *Caller, _ *kite.Request, p *api.RestoreParams) (api.JobRef, error) {
+	sn, err := a.load(ctx, c, p.SnapshotID)
 	if err != nil {
 		return api.JobRef{}, err
 	}
@@ -139,7 +150,7 @@ func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request,
 	if target == "" {
 		target = sn.MachineID
 	}
-	m, err := s.loadMachine(ctx, c, target)
+	m, err := a.loadMachine(ctx, c, target)
 	if err != nil {
 		if p.MachineID == "" && errors.Is(err, kite.ErrNotFound) {
 			return api.JobRef{}, fmt.Errorf("machine %s of snapshot %s no longer exists: restore it into another %s machine (machineId): %w",
@@ -150,26 +161,27 @@ func (s *Server) machineRestore(ctx context.Context, c *Caller, _ *kite.Request,
 	if !c.mayManage(m) {
 		return api.JobRef{}, fmt.Errorf("only the owner may restore into machine %s: %w", m.Label, kite.ErrPermission)
 	}
-	return s.snapshotEngine().Restore(ctx, sn, m, c.Username)
+	return a.engine.Restore(ctx, sn, m, c.Username)
 }
 
-func (s *Server) snapshotDelete(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotRef) (model.Snapshot, error) {
-	sn, err := s.loadSnapshot(ctx, c, p.SnapshotID)
+// delete serves snapshot.delete.
+func (a *snapshotAPI) delete(ctx context.Context, c *Caller, _ *kite.Request, p *api.SnapshotRef) (model.Snapshot, error) {
+	sn, err := a.load(ctx, c, p.SnapshotID)
 	if err != nil {
 		return model.Snapshot{}, err
 	}
-	if err := s.snapshotEngine().Delete(ctx, sn, c.Username); err != nil {
+	if err := a.engine.Delete(ctx, sn, c.Username); err != nil {
 		return model.Snapshot{}, err
 	}
 	return *sn, nil
 }
 
-// runMachineSnapshot is the machine.snapshot job (snapshots.Engine.RunSnapshot).
-func (s *Server) runMachineSnapshot(ctx context.Context, j *jobCtx, p snapshots.Params, recovering bool) (snapshots.SnapshotResult, error) {
-	return s.snapshotEngine().RunSnapshot(ctx, j, p, recovering)
+// runSnapshot is the machine.snapshot job (snapshots.Engine.RunSnapshot).
+func (a *snapshotAPI) runSnapshot(ctx context.Context, j *jobCtx, p snapshots.Params, recovering bool) (snapshots.SnapshotResult, error) {
+	return a.engine.RunSnapshot(ctx, j, p, recovering)
 }
 
-// runMachineRestore is the machine.restore job (snapshots.Engine.RunRestore).
-func (s *Server) runMachineRestore(ctx context.Context, j *jobCtx, p snapshots.Params, recovering bool) (snapshots.RestoreResult, error) {
-	return s.snapshotEngine().RunRestore(ctx, j, p, recovering)
+// runRestore is the machine.restore job (snapshots.Engine.RunRestore).
+func (a *snapshotAPI) runRestore(ctx context.Context, j *jobCtx, p snapshots.Params, recovering bool) (snapshots.RestoreResult, error) {
+	return a.engine.RunRestore(ctx, j, p, recovering)
 }

@@ -19,7 +19,7 @@ import (
 // A stack is Building or Destroying, a machine Building, Starting, Stopping or Terminating,
 // only while a job is changing it. Every job moves its target out of that state when it ends,
 // with writes that have their own context and are retried (store.Store.Persist), and a last
-// resort when the job function returns (ExitStack, kloud's runMachinePower). What can still be left
+// resort when the job function returns (ExitStack, kloud's machineAPI.runPower). What can still be left
 // behind (kloud killed between two writes, a store down for longer than the retries, records
 // of an older kloud) is found by the reconciler here: at startup, right after interrupted
 // jobs were recovered, and then every DefaultReconcileInterval. It moves
