@@ -27,19 +27,19 @@ import (
 // checkConstraints validates planned machines of owner's stack in team with their providers
 // (a provider's bounds may be the owner's: the vagrant provider asks the owner's host); nil if
 // all pass or no provider checks constraints.
-func (s *Server) checkConstraints(ctx context.Context, owner, team string, ms []api.PlannedMachine) error {
+func (a *stackAPI) checkConstraints(ctx context.Context, owner, team string, ms []api.PlannedMachine) error {
 	byProvider := map[string][]api.PlannedMachine{}
 	for _, m := range ms {
 		byProvider[m.Provider] = append(byProvider[m.Provider], m)
 	}
 	var violations []api.ConstraintViolation
 	for _, name := range slices.Sorted(maps.Keys(byProvider)) {
-		p, err := s.providers.Lookup(name)
+		p, err := a.providers.Lookup(name)
 		if err != nil || !p.Can(provider.CapConstraints) {
 			continue
 		}
 		machines := byProvider[name]
-		bs := &provider.BaseStack{Provider: p, Owner: owner, Team: team, Log: s.log.With("provider", name)}
+		bs := &provider.BaseStack{Provider: p, Owner: owner, Team: team, Log: a.log.With("provider", name)}
 		for i, m := range machines {
 			machines[i].Attributes = plainAttrs(m.Attributes)
 			bs.Machines = append(bs.Machines, &provider.MachineSpec{Label: m.Label, Resource: m.Resource, Index: m.Index, Provider: name, Attributes: machines[i].Attributes})
@@ -51,7 +51,7 @@ func (s *Server) checkConstraints(ctx context.Context, owner, team string, ms []
 		cv, ok := st.(provider.ConstraintsValidator)
 		if !ok {
 			// Advertised but not implemented: the conformance suite fails such a provider.
-			s.log.WarnContext(ctx, "provider advertises constraints but its stack does not validate them", "provider", name)
+			a.log.WarnContext(ctx, "provider advertises constraints but its stack does not validate them", "provider", name)
 			continue
 		}
 		for _, m := range machines {
@@ -129,8 +129,8 @@ func violationsOf(p *provider.Provider, m api.PlannedMachine, err error) []api.C
 // checkStackConstraints validates a stack's machines as recorded (their planned attributes: a
 // stack that was built converges as an update, whose plan is checked instead) before stack.apply
 // builds it.
-func (s *Server) checkStackConstraints(ctx context.Context, st *model.Stack) error {
-	ms, err := s.flow().StackMachines(ctx, st.ID)
+func (a *stackAPI) checkStackConstraints(ctx context.Context, st *model.Stack) error {
+	ms, err := a.srv.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return err
 	}
@@ -138,5 +138,5 @@ func (s *Server) checkStackConstraints(ctx context.Context, st *model.Stack) err
 	for _, m := range ms {
 		planned = append(planned, api.PlannedMachine{Label: m.Label, Provider: m.Provider, Resource: m.Resource, Index: m.Index, Attributes: m.Attributes})
 	}
-	return s.checkConstraints(ctx, st.Owner, st.Team, planned)
+	return a.checkConstraints(ctx, st.Owner, st.Team, planned)
 }

@@ -9,5 +9,5 @@ func (s *Server) CheckStackConstraints(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return s.checkStackConstraints(ctx, st)
+	return s.stacks.checkStackConstraints(ctx, st)
 }

@@ -22,28 +22,28 @@ var stackTransitional = []string{model.StackBuilding, model.StackDestroying}
 
 // Reset: an administrator's way out of any state.
 
-// stackReset forces a stack and its machines out of any state: to Failed (machines in a
+// reset (stack.reset) forces a stack and its machines out of any state: to Failed (machines in a
 // transition become Unknown) or, if nothing was ever built, to NotInitialized (every machine
 // NotInitialized). Only kloud administrators, only when no job is live for the stack or its
 // machines (it holds the stack's lease meanwhile, so none starts); stackbuild's Reset does it.
-func (s *Server) stackReset(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackResetParams) (api.StackView, error) {
+func (a *stackAPI) reset(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackResetParams) (api.StackView, error) {
 	if !c.Admin {
 		return api.StackView{}, fmt.Errorf("stack.reset is for kloud administrators: %w", kite.ErrPermission)
 	}
-	st, err := s.loadStack(ctx, nil, p.StackID)
+	st, err := a.srv.loadStack(ctx, nil, p.StackID)
 	if err != nil {
 		return api.StackView{}, err
 	}
-	owner, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, "reset", "stack "+st.ID+" is busy (a job holds it; cancel it first)")
+	owner, release, err := a.srv.flow().TakeLease(ctx, "stack/"+st.ID, "reset", "stack "+st.ID+" is busy (a job holds it; cancel it first)")
 	if err != nil {
 		return api.StackView{}, err
 	}
 	defer release()
-	if st, err = s.loadStack(ctx, nil, st.ID); err != nil { // as it is now that it is ours
+	if st, err = a.srv.loadStack(ctx, nil, st.ID); err != nil { // as it is now that it is ours
 		return api.StackView{}, err
 	}
-	if err := s.flow().Reset(ctx, st, owner, c.Username, p.State, p.Reason); err != nil {
+	if err := a.srv.flow().Reset(ctx, st, owner, c.Username, p.State, p.Reason); err != nil {
 		return api.StackView{}, err
 	}
-	return s.stackDescribe(ctx, c, nil, &api.StackRef{StackID: st.ID})
+	return a.describe(ctx, c, nil, &api.StackRef{StackID: st.ID})
 }

@@ -243,15 +243,15 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCTemplateUntrust, TemplateAdmins, s.templateUntrust),
 
 		// stacks.go, reconcile.go; the jobs run in kloud/stackbuild
-		rpc(s, api.RPCStackPlan, Members, s.stackPlan, long),
-		rpc(s, api.RPCStackCreate, Members, s.stackCreate, long),
-		rpc(s, api.RPCStackApply, Members, s.stackApply), // owner, team admins
-		rpc(s, api.RPCStackDescribe, MembersRead, s.stackDescribe),
-		rpc(s, api.RPCStackList, MembersRead, s.stackList),
-		rpc(s, api.RPCStackReset, Owners, s.stackReset),
+		rpc(s, api.RPCStackPlan, Members, s.stacks.planStack, long),
+		rpc(s, api.RPCStackCreate, Members, s.stacks.create, long),
+		rpc(s, api.RPCStackApply, Members, s.stacks.apply), // owner, team admins
+		rpc(s, api.RPCStackDescribe, MembersRead, s.stacks.describe),
+		rpc(s, api.RPCStackList, MembersRead, s.stacks.list),
+		rpc(s, api.RPCStackReset, Owners, s.stacks.reset),
 		// stacks_update.go: owner, team admins
-		rpc(s, api.RPCStackUpdate, Members, s.stackUpdate),
-		rpc(s, api.RPCStackScale, Members, s.stackScale),
+		rpc(s, api.RPCStackUpdate, Members, s.stacks.update),
+		rpc(s, api.RPCStackScale, Members, s.stacks.scale),
 
 		// machines.go, shares.go
 		rpc(s, api.RPCMachineList, MembersRead, s.machines.list), // owner, shared users, team admins
@@ -296,7 +296,7 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCUserSetRole, Owners, s.userSetRole),
 
 		// stacks_plan.go: stack.plan as a durable job (team members; of a stack: owner, team admins)
-		rpc(s, api.RPCStackPlanJob, Members, s.stackPlanJob),
+		rpc(s, api.RPCStackPlanJob, Members, s.stacks.planStackJob),
 
 		// doctor.go: kloud doctor (docs/operations.md)
 		rpc(s, api.RPCKloudDoctor, Owners, s.kloudDoctor, kite.WithTimeout(time.Minute)),
@@ -384,10 +384,10 @@ var (
 	}
 	stackUpdateJob = jobKind[updateParams, stackbuild.StackResult]{name: jobStackUpdate,
 		run: func(ctx context.Context, j *jobCtx, p updateParams) (stackbuild.StackResult, error) {
-			return j.s.runStackUpdate(ctx, j, p, false)
+			return j.s.flow().RunUpdate(ctx, j, p, false)
 		},
 		recover: func(ctx context.Context, j *jobCtx, p updateParams) (stackbuild.StackResult, error) {
-			return j.s.runStackUpdate(ctx, j, p, true)
+			return j.s.flow().RunUpdate(ctx, j, p, true)
 		},
 	}
 	snapshotJob = jobKind[snapshots.Params, snapshots.SnapshotResult]{name: jobMachineSnapshot,
@@ -408,7 +408,7 @@ var (
 	}
 	planJob = jobKind[planJobParams, api.StackPlanResult]{name: jobStackPlan,
 		run: func(ctx context.Context, j *jobCtx, p planJobParams) (api.StackPlanResult, error) {
-			return j.s.runStackPlan(ctx, j, p)
+			return j.s.stacks.runPlanJob(ctx, j, p)
 		},
 	}
 	bootstrapJob = jobKind[bootstrapParams, bootstrapResult]{name: bootstrapJobKind,

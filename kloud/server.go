@@ -196,11 +196,10 @@ type Server struct {
 	kinds     map[string]anyJobKind // job kinds (routes.go)
 	idle      *idle.Tracker         // the idle stop and autostart (kloud/idle, wired in idle.go)
 
-	metrics  *kloudMetrics    // Prometheus collectors (metrics.go)
-	login    *login.Service   // the web login: passwords, sessions, single sign-on (kloud/login, wired in web_api_login.go)
-	rate     *rateLimiter     // each user's calls (ratelimit.go); nil: no limit
-	planJobs planSlots        // each user's running plan jobs (stacks_plan.go)
-	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
+	metrics *kloudMetrics    // Prometheus collectors (metrics.go)
+	login   *login.Service   // the web login: passwords, sessions, single sign-on (kloud/login, wired in web_api_login.go)
+	rate    *rateLimiter     // each user's calls (ratelimit.go); nil: no limit
+	plugins *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 
 	// area APIs: the handlers of one area each, on a small type holding what they use
 	creds     *credentialAPI // credential.*, provider.describe (credentials.go, credential_bootstrap.go)
@@ -209,6 +208,7 @@ type Server struct {
 	shares    *shareAPI      // machine.share, unshare, shares (shares.go)
 	ports     *portAPI       // machine.ports.* (ports.go)
 	snapshots *snapshotAPI   // machine.snapshot, snapshots, restore, snapshot.delete and their jobs (snapshots.go)
+	stacks    *stackAPI      // stack.*: stacks*.go, reconcile.go, constraints.go
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -282,6 +282,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.shares = &shareAPI{machines: st.Machines(), users: st.Users(), log: s.log, k: s}
 	s.ports = &portAPI{store: st, log: s.log, k: s}
 	s.snapshots = &snapshotAPI{engine: newSnapshotEngine(s), snaps: st.Snapshots(), loadMachine: s.loadMachine}
+	s.stacks = &stackAPI{store: st, stacks: st.Stacks(), machines: st.Machines(), creds: st.Credentials(), providers: s.providers, log: s.log, srv: s, checks: s}
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"maps"
 	"slices"
 	"sort"
@@ -33,6 +34,57 @@ const jobStackApply = stackbuild.JobApply
 // (stackbuild's leases.go: a stack's and a machine's lease).
 const stackLeaseTTL = stackbuild.LeaseTTL
 
+// stackAPI serves stack.* (plan, planJob, create, apply, describe, list, reset, update, scale):
+// its handlers check who may and what, call the build flow (kloud/stackbuild) or start its job,
+// and answer. It makes kloud's plans (build, plan, the constraints) and is the build flow's
+// Templates and Plans (stacks_deps.go). Server.stacks is the one value, made in New.
+type stackAPI struct {
+	store     *store.Store // its clock (Now) and Persist
+	stacks    *store.Stacks
+	machines  *store.Machines
+	creds     *store.Credentials
+	providers *provider.Registry
+	log       *slog.Logger
+	srv       stackServer // the Server's loaders, build flow, terraformer and jobs
+	checks    stackChecks // the Server's policy, limit and quota checks
+	planJobs  planSlots   // each user's running plan jobs (stacks_plan.go)
+}
+
+// stackServer is what the stack handlers use of the Server besides its checks (*Server is one):
+// the loaders that check who may see a stack (loadStack, stacks.go), a template (loadTemplate,
+// templates.go), a caller (authz.go) or a credential (credentials.go), and a stack's template
+// (stackTemplate, limits.go);
+// a template's machine resources (templates.go) and the providers' resource types; the build
+// flow (stacks_deps.go), terraformer (server.go) and the jobs (jobs.go).
+type stackServer interface {
+	loadStack(ctx context.Context, c *Caller, id string) (*model.Stack, error)
+	loadTemplate(ctx context.Context, c *Caller, id string) (*model.Template, error)
+	stackTemplate(ctx context.Context, id string) *model.Template
+	callerByName(ctx context.Context, username string, admin bool) (*Caller, error)
+	credentialFor(ctx context.Context, c *Caller, id, providerName string) (*provider.Credential, []string, error)
+	machineResources(files map[string][]byte) (*tmpl.Config, map[string][]tmpl.Resource, error)
+	resourceTypes() []string
+	flow() *stackbuild.Flow
+	terraformer() (Terraformer, error)
+	startJob(ctx context.Context, id string, spec jobSpec, target, owner string) (string, error)
+}
+
+// stackChecks are the Server's checks a stack's plan and build pass (*Server is one): the
+// template policy (policy.go), the machine cap and plan timeout (limits.go), the quotas
+// (quota.go).
+type stackChecks interface {
+	checkPolicy(ctx context.Context, team string, files map[string][]byte, extraLift ...string) error
+	checkPolicyParsed(ctx context.Context, team string, files map[string][]byte, cfg *tmpl.Config, extraLift ...string) error
+	capBuild(t *model.Template, b *builtTemplate) error
+	checkPlannedCount(b *builtTemplate, n int) error
+	checkStackCap(ctx context.Context, st *model.Stack) error
+	planCtx(ctx context.Context) (context.Context, context.CancelFunc)
+	planStopped(ctx context.Context) error
+	checkQuota(ctx context.Context, owner, team, except string, planned []api.PlannedMachine) error
+	holdQuota(ctx context.Context, owner, team string) (release func(), err error)
+	applyQuota(ctx context.Context, st *model.Stack) (release func(), err error)
+}
+
 // builtTemplate is a template ready for Terraform: files, variables, credentials.
 type builtTemplate struct {
 	files     map[string][]byte
@@ -51,14 +103,14 @@ type builtTemplate struct {
 // build resolves credentials and variables for files and checks that secrets reach only
 // provider blocks. Providers also are configured too (credentials resolved) though the files
 // declare no machines of theirs: an update that removes all of a provider's machines.
-func (s *Server) build(ctx context.Context, c *Caller, team string, files map[string][]byte, credIDs, vars map[string]string, also ...string) (*builtTemplate, error) {
-	cfg, res, err := s.machineResources(files)
+func (a *stackAPI) build(ctx context.Context, c *Caller, team string, files map[string][]byte, credIDs, vars map[string]string, also ...string) (*builtTemplate, error) {
+	cfg, res, err := a.srv.machineResources(files)
 	if err != nil {
 		return nil, err
 	}
 	// The template policy again (kloud/policy.go): a template stored before it, or bypassing
 	// template.create, does not run.
-	if err := s.checkPolicyParsed(ctx, team, files, cfg); err != nil {
+	if err := a.checks.checkPolicyParsed(ctx, team, files, cfg); err != nil {
 		return nil, err
 	}
 	b := &builtTemplate{files: files, variables: map[string]any{}, creds: map[string]*provider.Credential{}, credIDs: map[string]string{}, providers: map[string][]string{},
@@ -76,13 +128,13 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 		needed[name] = true
 	}
 	for _, name := range slices.Concat(cfg.Providers(), also) {
-		if _, err := s.providers.Lookup(name); err == nil {
+		if _, err := a.providers.Lookup(name); err == nil {
 			needed[name] = true
 		}
 	}
 	var secret []string
 	for name := range needed {
-		p, _ := s.providers.Lookup(name)
+		p, _ := a.providers.Lookup(name)
 		if p.Available != nil {
 			if err := p.Available(); err != nil {
 				return nil, fmt.Errorf("provider %s cannot work on this host: %s: %w", name, err.Error(), kite.ErrState)
@@ -93,11 +145,11 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 		}
 		id := credIDs[name]
 		if id == "" {
-			if id, err = s.pickCredential(ctx, team, name); err != nil {
+			if id, err = a.pickCredential(ctx, team, name); err != nil {
 				return nil, err
 			}
 		}
-		cred, _, err := s.credentialFor(ctx, c, id, name)
+		cred, _, err := a.srv.credentialFor(ctx, c, id, name)
 		if err != nil {
 			return nil, err
 		}
@@ -128,8 +180,8 @@ func (s *Server) build(ctx context.Context, c *Caller, team string, files map[st
 }
 
 // pickCredential returns the team's only credential for provider p.
-func (s *Server) pickCredential(ctx context.Context, team, p string) (string, error) {
-	cs, err := s.store.Credentials().List(ctx, store.CredentialFilter{Teams: []string{team}, Provider: p, Limit: 2})
+func (a *stackAPI) pickCredential(ctx context.Context, team, p string) (string, error) {
+	cs, err := a.creds.List(ctx, store.CredentialFilter{Teams: []string{team}, Provider: p, Limit: 2})
 	if err != nil {
 		return "", err
 	}
@@ -145,21 +197,21 @@ func (s *Server) pickCredential(ctx context.Context, team, p string) (string, er
 // plan runs terraform plan on a built template and returns the machines it would create,
 // checked against the providers' constraints for owner (a provider's bounds may be the owner's:
 // the vagrant provider asks the owner's host).
-func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, owner string, logf func(string)) ([]api.PlannedMachine, error) {
-	tf, err := s.terraformer()
+func (a *stackAPI) plan(ctx context.Context, contentID string, b *builtTemplate, owner string, logf func(string)) ([]api.PlannedMachine, error) {
+	tf, err := a.srv.terraformer()
 	if err != nil {
 		return nil, err
 	}
 	// A template may leave required_providers out: the build declares the providers (their
 	// ApplyTemplate), and so does the plan.
-	files, err := tmpl.DeclareProviders(b.files, s.providers.TemplatePolicy().Providers)
+	files, err := tmpl.DeclareProviders(b.files, a.providers.TemplatePolicy().Providers)
 	if err != nil {
 		return nil, fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
 	}
 	if logf == nil {
 		logf = planLog(ctx) // a plan job's log (stacks_plan.go)
 	}
-	ctx, cancel := s.planCtx(ctx) // limits.go: the plan timeout
+	ctx, cancel := a.checks.planCtx(ctx) // limits.go: the plan timeout
 	defer cancel()
 	// A content id plans one at a time (terraformer's lease on its work dir): a plan of the same
 	// template by the same user (concurrent stack.create, two tabs) waits for the other one, within
@@ -172,14 +224,14 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 			break
 		}
 		if ctx.Err() != nil {
-			return nil, s.planStopped(ctx)
+			return nil, a.checks.planStopped(ctx)
 		}
 		if !errors.Is(err, kite.ErrConflict) {
 			return nil, fmt.Errorf("terraform plan: %w", err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, s.planStopped(ctx)
+			return nil, a.checks.planStopped(ctx)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -189,8 +241,8 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		}
 	})
 	if ctx.Err() != nil {
-		s.flow().StopTF(ctx, id) // no terraform left planning for a caller that is gone
-		return nil, s.planStopped(ctx)
+		a.srv.flow().StopTF(ctx, id) // no terraform left planning for a caller that is gone
+		return nil, a.checks.planStopped(ctx)
 	}
 	if job != nil && job.Err() != nil {
 		// Terraform rejected the template: its diagnostic (file, line, summary) is the answer.
@@ -201,7 +253,7 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 	}
 	var out []api.PlannedMachine
 	for _, ch := range job.Result.Changes {
-		p := s.providers.ByResourceType(ch.Type)
+		p := a.providers.ByResourceType(ch.Type)
 		if ch.Mode != "managed" || p == nil || strings.HasPrefix(ch.Name, "kloud_") {
 			continue
 		}
@@ -216,17 +268,17 @@ func (s *Server) plan(ctx context.Context, contentID string, b *builtTemplate, o
 		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Label < out[j].Label })
-	if err := s.checkPlannedCount(b, len(out)); err != nil { // limits.go
+	if err := a.checks.checkPlannedCount(b, len(out)); err != nil { // limits.go
 		return nil, err
 	}
-	if err := s.checkConstraints(ctx, owner, b.team, out); err != nil { // constraints.go
+	if err := a.checkConstraints(ctx, owner, b.team, out); err != nil { // constraints.go
 		return nil, err
 	}
 	return out, nil
 }
 
-func (s *Server) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanParams) (*model.Template, []model.File, error) {
-	t, err := s.loadTemplate(ctx, c, p.TemplateID)
+func (a *stackAPI) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanParams) (*model.Template, []model.File, error) {
+	t, err := a.srv.loadTemplate(ctx, c, p.TemplateID)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -249,48 +301,51 @@ func (s *Server) templateFiles(ctx context.Context, c *Caller, p *api.StackPlanP
 // planTemplate plans a new stack of p's template revision for c (stack.plan and stack.create):
 // its credentials and variables resolved, the machine cap checked before terraform and on its
 // plan, and the plan's machines within c's and the team's quotas.
-func (s *Server) planTemplate(ctx context.Context, c *Caller, p *api.StackPlanParams) (*model.Template, []model.File, *builtTemplate, []api.PlannedMachine, error) {
-	t, files, err := s.templateFiles(ctx, c, p)
+func (a *stackAPI) planTemplate(ctx context.Context, c *Caller, p *api.StackPlanParams) (*model.Template, []model.File, *builtTemplate, []api.PlannedMachine, error) {
+	t, files, err := a.templateFiles(ctx, c, p)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+	b, err := a.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	if err := s.capBuild(t, b); err != nil { // limits.go
+	if err := a.checks.capBuild(t, b); err != nil { // limits.go
 		return nil, nil, nil, nil, err
 	}
-	ms, err := s.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
+	ms, err := a.plan(ctx, "plan-"+t.ID+"-"+c.Username, b, c.Username, nil)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	if err := s.checkQuota(ctx, c.Username, t.Team, "", ms); err != nil { // quota.go
+	if err := a.checks.checkQuota(ctx, c.Username, t.Team, "", ms); err != nil { // quota.go
 		return nil, nil, nil, nil, err
 	}
 	return t, files, b, ms, nil
 }
 
-func (s *Server) stackPlan(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.StackPlanResult, error) {
+// planStack serves stack.plan: the machines a template revision would make, or (p.StackID)
+// what an update of the stack would do.
+func (a *stackAPI) planStack(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.StackPlanResult, error) {
 	if p.StackID != "" {
-		return s.stackPlanUpdate(ctx, c, p) // stacks_update.go
+		return a.planUpdate(ctx, c, p) // stacks_update.go
 	}
-	t, _, _, ms, err := s.planTemplate(ctx, c, p)
+	t, _, _, ms, err := a.planTemplate(ctx, c, p)
 	if err != nil {
 		return api.StackPlanResult{}, err
 	}
 	return api.StackPlanResult{Machines: ms, TemplateID: t.ID, Rev: t.Rev}, nil
 }
 
-func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.StackCreateResult, error) {
-	t, files, b, ms, err := s.planTemplate(ctx, c, p)
+// create serves stack.create: the stack and machine documents of a planned template revision.
+func (a *stackAPI) create(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.StackCreateResult, error) {
+	t, files, b, ms, err := a.planTemplate(ctx, c, p)
 	if err != nil {
 		return api.StackCreateResult{}, err
 	}
 	if len(ms) == 0 {
-		return api.StackCreateResult{}, fmt.Errorf("template %s declares no machines (resources of: %s): %w", t.ID, strings.Join(s.resourceTypes(), ", "), kite.ErrInvalidParams)
+		return api.StackCreateResult{}, fmt.Errorf("template %s declares no machines (resources of: %s): %w", t.ID, strings.Join(a.srv.resourceTypes(), ", "), kite.ErrInvalidParams)
 	}
-	now := s.store.Now()
+	now := a.store.Now()
 	st := model.Stack{ID: store.NewID(), Title: p.Title, Team: t.Team, Owner: c.Username, TemplateID: t.ID, TemplateRev: t.Rev,
 		Files: files, Credentials: b.credIDs, Variables: p.Variables, State: model.StackNotInitialized, CreatedAt: now, UpdatedAt: now}
 	if st.Title == "" {
@@ -305,10 +360,10 @@ func (s *Server) stackCreate(ctx context.Context, c *Caller, _ *kite.Request, p 
 		machines = append(machines, m)
 	}
 	// The machines first: a stack document never points at machines that do not exist.
-	if err := s.store.Machines().InsertMany(ctx, machines); err != nil {
+	if err := a.machines.InsertMany(ctx, machines); err != nil {
 		return api.StackCreateResult{}, fmt.Errorf("save machines: %w", err)
 	}
-	if err := s.store.Stacks().Insert(ctx, st); err != nil {
+	if err := a.stacks.Insert(ctx, st); err != nil {
 		return api.StackCreateResult{}, fmt.Errorf("save stack: %w", err)
 	}
 	return api.StackCreateResult{Stack: st, Machines: machines}, nil
@@ -334,34 +389,36 @@ func (s *Server) loadStack(ctx context.Context, c *Caller, id string) (*model.St
 	return &st, nil
 }
 
-func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (_ api.JobRef, err error) {
+// apply serves stack.apply: a build (of a built stack, an update to its own files) or a
+// destroy, as a job on the stack's lease.
+func (a *stackAPI) apply(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackApplyParams) (_ api.JobRef, err error) {
 	defer func() {
 		if err != nil {
-			s.log.WarnContext(ctx, "stack.apply refused", "stack", p.StackID, "by", c.Username, "destroy", p.Destroy, "err", err)
+			a.log.WarnContext(ctx, "stack.apply refused", "stack", p.StackID, "by", c.Username, "destroy", p.Destroy, "err", err)
 		}
 	}()
-	st, err := s.loadStack(ctx, c, p.StackID)
+	st, err := a.srv.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return api.JobRef{}, err
 	}
 	if !p.Destroy {
-		if err := s.checkPolicy(ctx, st.Team, fileMap(st.Files)); err != nil { // policy.go: refused before a job, never a Failed stack
+		if err := a.checks.checkPolicy(ctx, st.Team, fileMap(st.Files)); err != nil { // policy.go: refused before a job, never a Failed stack
 			return api.JobRef{}, err
 		}
 		// A stack built before (Initialized, or Failed by an update) converges as an update to
 		// its own files: machines terraform leaves alone keep their ids, disks and agents (a
 		// no-op when nothing drifted). Its plan checks the constraints on the template's planned
 		// values.
-		if st.State == model.StackInitialized || s.flow().FailedUpdate(ctx, st) { // stacks_update.go
-			return s.reapplyUpdate(ctx, c, st)
+		if st.State == model.StackInitialized || a.srv.flow().FailedUpdate(ctx, st) { // stacks_update.go
+			return a.reapplyUpdate(ctx, c, st)
 		}
-		if err := s.checkStackConstraints(ctx, st); err != nil { // constraints.go
+		if err := a.checkStackConstraints(ctx, st); err != nil { // constraints.go
 			return api.JobRef{}, err
 		}
-		if err := s.checkStackCap(ctx, st); err != nil { // limits.go
+		if err := a.checks.checkStackCap(ctx, st); err != nil { // limits.go
 			return api.JobRef{}, err
 		}
-		release, err := s.applyQuota(ctx, st) // quota.go: held until the stack is Building
+		release, err := a.checks.applyQuota(ctx, st) // quota.go: held until the stack is Building
 		if err != nil {
 			return api.JobRef{}, err
 		}
@@ -371,7 +428,7 @@ func (s *Server) stackApply(ctx context.Context, c *Caller, _ *kite.Request, p *
 	if p.Destroy {
 		sj.verb, sj.noun, sj.from, sj.to = "destroy", "destroy", []string{model.StackNotInitialized, model.StackFailed, model.StackInitialized}, model.StackDestroying
 	}
-	return s.beginStackJob(ctx, c, st, sj, func(st *model.Stack, lease string) (jobSpec, error) {
+	return a.beginStackJob(ctx, c, st, sj, func(st *model.Stack, lease string) (jobSpec, error) {
 		return stackApplyJob.spec(stackbuild.ApplyParams{StackID: st.ID, Destroy: p.Destroy, Lease: lease})
 	})
 }
@@ -394,12 +451,12 @@ type stackJob struct {
 // one update, so it never shows a transitional state with another (dead) job's id, which the
 // reconciler would act on; then the job starts. When something fails, the stack is rolled back
 // and the lease released.
-func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *model.Stack, sj stackJob, job func(st *model.Stack, lease string) (jobSpec, error)) (api.JobRef, error) {
-	owner, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
+func (a *stackAPI) beginStackJob(ctx context.Context, c *Caller, st *model.Stack, sj stackJob, job func(st *model.Stack, lease string) (jobSpec, error)) (api.JobRef, error) {
+	owner, release, err := a.srv.flow().TakeLease(ctx, "stack/"+st.ID, sj.lease, "stack "+st.ID+" is busy")
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	if st, err = s.flow().ReconcileForApply(ctx, st, owner); err != nil {
+	if st, err = a.srv.flow().ReconcileForApply(ctx, st, owner); err != nil {
 		release()
 		return api.JobRef{}, err
 	}
@@ -411,7 +468,7 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *model.Stack, 
 	id := store.NewID()
 	set := sj.set
 	set.State, set.Reason, set.JobID = new(sj.to), new(""), new(id)
-	ok, err := s.store.Stacks().Transition(ctx, st.ID, sj.from, set)
+	ok, err := a.stacks.Transition(ctx, st.ID, sj.from, set)
 	if err != nil || !ok {
 		release()
 		if err != nil {
@@ -419,17 +476,17 @@ func (s *Server) beginStackJob(ctx context.Context, c *Caller, st *model.Stack, 
 		}
 		return api.JobRef{}, fmt.Errorf("stack %s is %s; it can %s only from %s: %w", st.ID, st.State, sj.verb, strings.Join(sj.from, ", "), kite.ErrState)
 	}
-	if _, err := s.startJob(ctx, id, spec, "stack/"+st.ID, c.Username); err != nil {
+	if _, err := a.srv.startJob(ctx, id, spec, "stack/"+st.ID, c.Username); err != nil {
 		back := store.StackSet{State: new(st.State), Reason: new(fmt.Sprintf("could not start the %s job: %v", sj.noun, err))}
 		if st.JobID != "" {
 			back.JobID = new(st.JobID)
 		}
-		rerr := s.store.Persist(ctx, "roll back stack "+st.ID, 0, func(ctx context.Context) error {
-			_, err := s.store.Stacks().TransitionOfJob(ctx, st.ID, []string{sj.to}, id, back)
+		rerr := a.store.Persist(ctx, "roll back stack "+st.ID, 0, func(ctx context.Context) error {
+			_, err := a.stacks.TransitionOfJob(ctx, st.ID, []string{sj.to}, id, back)
 			return err
 		})
 		if rerr != nil {
-			s.log.ErrorContext(ctx, "roll back stack after a job that did not start (the reconciler will)", "stack", st.ID, "err", rerr)
+			a.log.ErrorContext(ctx, "roll back stack after a job that did not start (the reconciler will)", "stack", st.ID, "err", rerr)
 		}
 		release()
 		return api.JobRef{}, err
@@ -445,20 +502,22 @@ func (s *Server) kloudURLFor(p *provider.Provider) string {
 	return s.opts.PublicURL
 }
 
-func (s *Server) stackDescribe(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackRef) (api.StackView, error) {
-	st, err := s.loadStack(ctx, c, p.StackID)
+// describe serves stack.describe: the stack with its machines.
+func (a *stackAPI) describe(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackRef) (api.StackView, error) {
+	st, err := a.srv.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return api.StackView{}, err
 	}
-	ms, err := s.flow().StackMachines(ctx, st.ID)
+	ms, err := a.srv.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return api.StackView{}, err
 	}
-	s.flow().FillLatestRev(ctx, []*model.Stack{st})
+	a.srv.flow().FillLatestRev(ctx, []*model.Stack{st})
 	return api.StackView{Stack: *st, MachineDocs: ms, Resets: st.Resets}, nil
 }
 
-func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackListParams) (api.StackListResult, error) {
+// list serves stack.list: the caller's stacks, or (p.All) a team's or every one.
+func (a *stackAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackListParams) (api.StackListResult, error) {
 	f := store.StackFilter{Owner: c.Username, Team: p.Team}
 	if p.All {
 		switch {
@@ -470,11 +529,11 @@ func (s *Server) stackList(ctx context.Context, c *Caller, _ *kite.Request, p *a
 			return api.StackListResult{}, fmt.Errorf("listing every member's stacks needs a team admin: %w", kite.ErrPermission)
 		}
 	}
-	sts, err := s.store.Stacks().List(ctx, f)
+	sts, err := a.stacks.List(ctx, f)
 	if err != nil {
 		return api.StackListResult{}, err
 	}
-	s.flow().FillLatestRev(ctx, stackPtrs(sts))
+	a.srv.flow().FillLatestRev(ctx, stackPtrs(sts))
 	return api.StackListResult{Stacks: sts}, nil
 }
 

@@ -29,8 +29,8 @@ func (s *Server) flow() *stackbuild.Flow {
 		Kontrol:   s.Kontrol,
 		Policy:    buildDeps{s},
 		Callers:   buildDeps{s},
-		Templates: buildDeps{s},
-		Plans:     buildDeps{s},
+		Templates: s.stacks, // stacks.go: build; stacks_update.go: PlanFiles
+		Plans:     s.stacks,
 		Quota:     buildDeps{s},
 		Machines:  buildDeps{s},
 		Agents: stackbuild.AgentSource{URL: s.kloudURLFor, PublicURL: s.opts.PublicURL, KlientSum: s.klientSum, KlientBin: s.opts.KlientBin,
@@ -49,30 +49,13 @@ func (d buildDeps) CheckDestroy(ctx context.Context, team string, files map[stri
 	return d.s.checkDestroyPolicy(ctx, team, files)
 }
 
-// Callers, Templates, Plans, Quota, Machines: the hooks of stackbuild.Deps.
+// Callers, Quota, Machines: the hooks of stackbuild.Deps (its Templates and Plans are the
+// stackAPI's, below).
 
 // Caller is callerByName (not as an administrator).
 func (d buildDeps) Caller(ctx context.Context, username string) (stackbuild.Caller, error) {
 	return d.s.callerByName(ctx, username, false)
 }
-
-// Template is build: the files' credentials and variables resolved, the policy checked.
-func (d buildDeps) Template(ctx context.Context, c stackbuild.Caller, team string, files map[string][]byte, credIDs, vars map[string]string, also ...string) (*stackbuild.Built, error) {
-	cc, _ := c.(*Caller)
-	b, err := d.s.build(ctx, cc, team, files, credIDs, vars, also...)
-	if err != nil {
-		return nil, err
-	}
-	return &stackbuild.Built{Files: b.files, Config: b.cfg, Variables: b.variables, Creds: b.creds, Providers: b.providers}, nil
-}
-
-// PlanContext is planCtx (limits.go: the plan timeout).
-func (d buildDeps) PlanContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return d.s.planCtx(ctx)
-}
-
-// PlanStopped is planStopped (limits.go).
-func (d buildDeps) PlanStopped(ctx context.Context) error { return d.s.planStopped(ctx) }
 
 // Hold is holdQuota (quota.go).
 func (d buildDeps) Hold(ctx context.Context, owner, team string) (release func(), err error) {
@@ -99,6 +82,26 @@ func (d buildDeps) SetAgent(ctx context.Context, kiteID, status, version string)
 func (d buildDeps) KeepPorts(ctx context.Context, j stackbuild.Job, st *model.Stack) {
 	d.s.keepPorts(ctx, j, st)
 }
+
+// Template is build: the files' credentials and variables resolved, the policy checked
+// (stackbuild.Templates).
+func (a *stackAPI) Template(ctx context.Context, c stackbuild.Caller, team string, files map[string][]byte, credIDs, vars map[string]string, also ...string) (*stackbuild.Built, error) {
+	cc, _ := c.(*Caller)
+	b, err := a.build(ctx, cc, team, files, credIDs, vars, also...)
+	if err != nil {
+		return nil, err
+	}
+	return &stackbuild.Built{Files: b.files, Config: b.cfg, Variables: b.variables, Creds: b.creds, Providers: b.providers}, nil
+}
+
+// PlanContext is planCtx (limits.go: the plan timeout; stackbuild.Plans, with PlanFiles in
+// stacks_update.go).
+func (a *stackAPI) PlanContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return a.checks.planCtx(ctx)
+}
+
+// PlanStopped is planStopped (limits.go; stackbuild.Plans).
+func (a *stackAPI) PlanStopped(ctx context.Context) error { return a.checks.planStopped(ctx) }
 
 // CallerName is the caller's user name (stackbuild.Caller).
 func (c *Caller) CallerName() string { return c.Username }

@@ -63,10 +63,12 @@ type planJobParams struct {
 	Admin bool                `json:"admin,omitempty"`
 }
 
-func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.JobRef, error) {
+// planStackJob serves stack.planJob: stack.plan as a job (runPlanJob), refused at the call
+// when it can be without terraform.
+func (a *stackAPI) planStackJob(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.JobRef, error) {
 	var target string
 	if p.StackID != "" {
-		st, err := s.loadStack(ctx, c, p.StackID)
+		st, err := a.srv.loadStack(ctx, c, p.StackID)
 		if err != nil {
 			return api.JobRef{}, err
 		}
@@ -75,36 +77,46 @@ func (s *Server) stackPlanJob(ctx context.Context, c *Caller, _ *kite.Request, p
 		}
 		target = "stack/" + st.ID
 	} else {
-		t, files, err := s.templateFiles(ctx, c, p)
+		t, files, err := a.templateFiles(ctx, c, p)
 		if err != nil {
 			return api.JobRef{}, err
 		}
-		b, err := s.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+		b, err := a.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
 		if err != nil {
 			return api.JobRef{}, err
 		}
-		if err := s.capBuild(t, b); err != nil { // limits.go: before terraform, before a job
+		if err := a.checks.capBuild(t, b); err != nil { // limits.go: before terraform, before a job
 			return api.JobRef{}, err
 		}
 		target = "template/" + t.ID
 	}
-	if !s.planJobs.take(c.Username, MaxPlanJobsPerUser) { // released when the job ends (runStackPlan)
+	if !a.planJobs.take(c.Username, MaxPlanJobsPerUser) { // released when the job ends (runPlanJob)
 		return api.JobRef{}, fmt.Errorf("%s has %d plans running, the most a user may have at once: wait for one to end, or cancel it (kloud job list; kloud job cancel ID): %w",
 			c.Username, MaxPlanJobsPerUser, kite.ErrConflict)
 	}
-	id, err := planJob.Start(ctx, s, target, c.Username, planJobParams{Plan: *p, Admin: c.Admin})
+	id, err := a.startPlanJob(ctx, target, c.Username, planJobParams{Plan: *p, Admin: c.Admin})
 	if err != nil {
-		s.planJobs.done(c.Username)
+		a.planJobs.done(c.Username)
 		return api.JobRef{}, err
 	}
 	return api.JobRef{JobID: id}, nil
 }
 
-// runStackPlan is a plan job: stack.plan's work as the job's owner, terraform's lines in the
+// startPlanJob starts a plan job on target for owner (planJob.Start, through the Server's
+// startJob).
+func (a *stackAPI) startPlanJob(ctx context.Context, target, owner string, p planJobParams) (string, error) {
+	spec, err := planJob.spec(p)
+	if err != nil {
+		return "", err
+	}
+	return a.srv.startJob(ctx, "", spec, target, owner)
+}
+
+// runPlanJob is a plan job: stack.plan's work as the job's owner, terraform's lines in the
 // job's log. Its context is the job's: job.cancel and the plan timeout stop terraform.
-func (s *Server) runStackPlan(ctx context.Context, j *jobCtx, p planJobParams) (api.StackPlanResult, error) {
-	defer s.planJobs.done(j.Owner) // taken by stackPlanJob
-	c, err := s.callerByName(ctx, j.Owner, p.Admin)
+func (a *stackAPI) runPlanJob(ctx context.Context, j *jobCtx, p planJobParams) (api.StackPlanResult, error) {
+	defer a.planJobs.done(j.Owner) // taken by planStackJob
+	c, err := a.srv.callerByName(ctx, j.Owner, p.Admin)
 	if err != nil {
 		return api.StackPlanResult{}, err
 	}
@@ -114,7 +126,7 @@ func (s *Server) runStackPlan(ctx context.Context, j *jobCtx, p planJobParams) (
 	}
 	j.Progress(ctx, 10, "Planning", "terraform plan of "+what)
 	ctx = withPlanLog(ctx, func(line string) { j.Logf(ctx, "%s", line) })
-	r, err := s.stackPlan(ctx, c, nil, &p.Plan)
+	r, err := a.planStack(ctx, c, nil, &p.Plan)
 	if err != nil {
 		return api.StackPlanResult{}, err
 	}

@@ -18,16 +18,17 @@ import (
 // variable the files declare, in the stack's variables (stackbuild.ScaleFiles); then the update
 // job of stacks_update.go applies it.
 
-func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackScaleParams) (api.JobRef, error) {
-	st, err := s.loadStack(ctx, c, p.StackID)
+// scale serves stack.scale: an update job with a machine resource's count changed.
+func (a *stackAPI) scale(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackScaleParams) (api.JobRef, error) {
+	st, err := a.srv.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	files, vars, err := stackbuild.ScaleFiles(st.Files, st.Variables, s.resourceTypes(), p.Resource, p.Count)
+	files, vars, err := stackbuild.ScaleFiles(st.Files, st.Variables, a.srv.resourceTypes(), p.Resource, p.Count)
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	ms, err := s.flow().StackMachines(ctx, st.ID)
+	ms, err := a.srv.flow().StackMachines(ctx, st.ID)
 	if err != nil {
 		return api.JobRef{}, err
 	}
@@ -38,7 +39,7 @@ func (s *Server) stackScale(ctx context.Context, c *Caller, _ *kite.Request, p *
 		}
 	}
 	diverged := st.Diverged || !sameFiles(files, st.Files)
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: diverged, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(vars),
+	return a.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: diverged, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(vars),
 		What: fmt.Sprintf("scaling %s from %d to %s", p.Resource, have, machineCount(p.Count))})
 }
 

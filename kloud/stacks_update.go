@@ -26,11 +26,6 @@ const jobStackUpdate = stackbuild.JobUpdate
 // updateParams are a stack.update job's parameters (stackbuild.UpdateParams).
 type updateParams = stackbuild.UpdateParams
 
-// runStackUpdate runs a stack.update job with params p (stackbuild's RunUpdate).
-func (s *Server) runStackUpdate(ctx context.Context, j *jobCtx, p updateParams, recovering bool) (stackbuild.StackResult, error) {
-	return s.flow().RunUpdate(ctx, j, p, recovering)
-}
-
 func stackPtrs(sts []model.Stack) []*model.Stack {
 	out := make([]*model.Stack, len(sts))
 	for i := range sts {
@@ -42,8 +37,8 @@ func stackPtrs(sts []model.Stack) []*model.Stack {
 // ---- RPCs
 
 // updateTarget returns the files of revision rev (0: the latest) of st's template.
-func (s *Server) updateTarget(ctx context.Context, c *Caller, st *model.Stack, rev int) ([]model.File, int, error) {
-	t, files, err := s.templateFiles(ctx, c, &api.StackPlanParams{TemplateID: st.TemplateID, Rev: rev})
+func (a *stackAPI) updateTarget(ctx context.Context, c *Caller, st *model.Stack, rev int) ([]model.File, int, error) {
+	t, files, err := a.templateFiles(ctx, c, &api.StackPlanParams{TemplateID: st.TemplateID, Rev: rev})
 	if errors.Is(err, kite.ErrNotFound) && rev == 0 {
 		return nil, 0, fmt.Errorf("stack %s: its template %s is gone (or not yours to read): nothing to update to: %w", st.ID, st.TemplateID, kite.ErrNotFound)
 	}
@@ -53,35 +48,36 @@ func (s *Server) updateTarget(ctx context.Context, c *Caller, st *model.Stack, r
 	return files, t.Rev, nil
 }
 
-func (s *Server) stackUpdate(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackUpdateParams) (api.JobRef, error) {
-	st, err := s.loadStack(ctx, c, p.StackID)
+// update serves stack.update: an update job to another revision of the stack's template.
+func (a *stackAPI) update(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackUpdateParams) (api.JobRef, error) {
+	st, err := a.srv.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	files, rev, err := s.updateTarget(ctx, c, st, p.TemplateRevision)
+	files, rev, err := a.updateTarget(ctx, c, st, p.TemplateRevision)
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(st.Variables)})
+	return a.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(st.Variables)})
 }
 
 // startUpdate starts the update job as stack.apply starts its job (beginStackJob, stacks.go),
 // once the update's checks passed.
-func (s *Server) startUpdate(ctx context.Context, c *Caller, st *model.Stack, up updateParams) (api.JobRef, error) {
+func (a *stackAPI) startUpdate(ctx context.Context, c *Caller, st *model.Stack, up updateParams) (api.JobRef, error) {
 	if st.State == model.StackNotInitialized {
 		return api.JobRef{}, fmt.Errorf("stack %s was never built: build it with `kloud stack apply %s` (it builds its recorded revision %d): %w", st.ID, st.ID, st.TemplateRev, kite.ErrState)
 	}
-	release, err := s.holdQuota(ctx, st.Owner, st.Team) // quota.go: held until the stack is Building
+	release, err := a.checks.holdQuota(ctx, st.Owner, st.Team) // quota.go: held until the stack is Building
 	if err != nil {
 		return api.JobRef{}, err
 	}
 	defer release()
 	sj := stackJob{lease: "update", verb: "be updated", noun: "update", from: []string{model.StackInitialized, model.StackFailed}, to: model.StackBuilding,
 		set: store.StackSet{TFJobID: new("")}}
-	return s.beginStackJob(ctx, c, st, sj, func(st *model.Stack, lease string) (jobSpec, error) {
+	return a.beginStackJob(ctx, c, st, sj, func(st *model.Stack, lease string) (jobSpec, error) {
 		// Refused here, before a job exists, what the job would refuse before changing
 		// anything; the job checks again (it may run after a restart).
-		if err := s.flow().CheckUpdate(ctx, c, st, up.Files.V, up.Variables.V); err != nil {
+		if err := a.srv.flow().CheckUpdate(ctx, c, st, up.Files.V, up.Variables.V); err != nil {
 			return jobSpec{}, err
 		}
 		up.Lease, up.From = lease, st.State
@@ -89,27 +85,27 @@ func (s *Server) startUpdate(ctx context.Context, c *Caller, st *model.Stack, up
 	})
 }
 
-// stackPlanUpdate is stack.plan of a stack: what stack.update to the revision would do, per
+// planUpdate is stack.plan of a stack: what stack.update to the revision would do, per
 // machine (stackbuild's PreviewUpdate: it changes nothing). It holds the stack's lease
 // meanwhile.
-func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPlanParams) (api.StackPlanResult, error) {
-	st, err := s.loadStack(ctx, c, p.StackID)
+func (a *stackAPI) planUpdate(ctx context.Context, c *Caller, p *api.StackPlanParams) (api.StackPlanResult, error) {
+	st, err := a.srv.loadStack(ctx, c, p.StackID)
 	if err != nil {
 		return api.StackPlanResult{}, err
 	}
 	if st.State != model.StackInitialized && st.State != model.StackFailed {
 		return api.StackPlanResult{}, fmt.Errorf("stack %s is %s: an update can be planned for a built stack (Initialized or Failed): %w", st.ID, st.State, kite.ErrState)
 	}
-	files, rev, err := s.updateTarget(ctx, c, st, p.Rev)
+	files, rev, err := a.updateTarget(ctx, c, st, p.Rev)
 	if err != nil {
 		return api.StackPlanResult{}, err
 	}
-	_, release, err := s.flow().TakeLease(ctx, "stack/"+st.ID, "plan", "stack "+st.ID+" is busy (a job is changing it; plan when it is done)")
+	_, release, err := a.srv.flow().TakeLease(ctx, "stack/"+st.ID, "plan", "stack "+st.ID+" is busy (a job is changing it; plan when it is done)")
 	if err != nil {
 		return api.StackPlanResult{}, err
 	}
 	defer release()
-	planned, up, err := s.flow().PreviewUpdate(ctx, c, st, files, st.Variables)
+	planned, up, err := a.srv.flow().PreviewUpdate(ctx, c, st, files, st.Variables)
 	if err != nil {
 		return api.StackPlanResult{}, err
 	}
@@ -121,22 +117,21 @@ func (s *Server) stackPlanUpdate(ctx context.Context, c *Caller, p *api.StackPla
 // update to the stack's own files, revision and variables. Machines that stayed Running keep
 // their agents and disks; the others are built (or, if terraform made them, awaited) and the
 // removed ones removed.
-func (s *Server) reapplyUpdate(ctx context.Context, c *Caller, st *model.Stack) (api.JobRef, error) {
-	return s.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: store.JSONTextOf(st.Files), Variables: store.JSONTextOf(st.Variables),
+func (a *stackAPI) reapplyUpdate(ctx context.Context, c *Caller, st *model.Stack) (api.JobRef, error) {
+	return a.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: st.TemplateRev, Diverged: st.Diverged, Files: store.JSONTextOf(st.Files), Variables: store.JSONTextOf(st.Variables),
 		What: fmt.Sprintf("applying revision %d again (only what drifted changes)", st.TemplateRev)})
 }
 
 // PlanFiles plans files alone (no state) for stack st and returns the machines they declare
 // (stackbuild.Plans): built with the stack's credentials, within the machine cap, the
 // constraints and the quotas.
-func (d buildDeps) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
-	s := d.s
+func (a *stackAPI) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
 	cc, _ := c.(*Caller)
-	b, err := s.build(ctx, cc, st.Team, fileMap(files), st.Credentials, vars)
+	b, err := a.build(ctx, cc, st.Team, fileMap(files), st.Credentials, vars)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.capBuild(s.stackTemplate(ctx, st.TemplateID), b); err != nil { // limits.go
+	if err := a.checks.capBuild(a.srv.stackTemplate(ctx, st.TemplateID), b); err != nil { // limits.go
 		return nil, err
 	}
 	// A plan of an earlier attempt (a cancelled update, a preview) may still hold the content
@@ -144,7 +139,7 @@ func (d buildDeps) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model
 	var planned []api.PlannedMachine
 	for said := false; ; {
 		// Constraints are the stack owner's (a vagrant host is its owner's), not the caller's.
-		planned, err = s.plan(ctx, "update-"+st.ID, b, st.Owner, nil) // its lines would say "create" of every machine
+		planned, err = a.plan(ctx, "update-"+st.ID, b, st.Owner, nil) // its lines would say "create" of every machine
 		if !errors.Is(err, kite.ErrConflict) {
 			break
 		}
@@ -163,9 +158,9 @@ func (d buildDeps) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model
 	}
 	if len(planned) == 0 {
 		return nil, fmt.Errorf("stack %s would have no machines left (its new files declare none; machine resource types: %s); a stack has at least one machine: destroy the stack instead (kloud stack destroy %s): %w",
-			st.ID, strings.Join(s.resourceTypes(), ", "), st.ID, kite.ErrInvalidParams)
+			st.ID, strings.Join(a.srv.resourceTypes(), ", "), st.ID, kite.ErrInvalidParams)
 	}
-	if err := s.checkQuota(ctx, st.Owner, st.Team, st.ID, planned); err != nil { // quota.go
+	if err := a.checks.checkQuota(ctx, st.Owner, st.Team, st.ID, planned); err != nil { // quota.go
 		return nil, err
 	}
 	return planned, nil
