@@ -203,6 +203,11 @@ type Server struct {
 	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 
 	// area APIs: the handlers of one area each, on a small type holding what they use
+	audits    *auditLog  // the audit log and audit.* (audit.go)
+	ops       *opsAPI    // kloud.version, kloud.doctor, gc.run, /readyz, /metrics (health.go)
+	pruner    *pruner    // the retention passes (retention.go)
+	pluginAPI *pluginAPI // plugin.register, provider.list, provider.keyCreate (plugins.go)
+	idleAPI   *idleAPI   // machine.set (idle.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -270,6 +275,10 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	// area APIs (one line each)
+	s.audits = &auditLog{entries: st.Audit(), users: st.Users(), now: st.Now, log: s.log} // audit.go
+	s.ops, s.pruner = newOpsAPI(s), &pruner{store: st, opts: opts.Retention, audits: s.audits, log: s.log}
+	s.pluginAPI = &pluginAPI{host: s.plugins} // plugins.go
+	s.idleAPI = &idleAPI{machines: st.Machines(), now: st.Now, loadMachine: s.loadMachine, capable: s.capable, show: s.showIdle}
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)
