@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"reflect"
@@ -35,6 +36,17 @@ import (
 // calls queues on the embedded store's one connection).
 const auditTimeout = 30 * time.Second
 
+// auditLog is the audit log of this kloud: it appends the entries of audited calls (rpc, and
+// kontrol's methods through auditKontrol), web logins and relay connections (addHTTP, add),
+// prunes entries past their retention (prune, for retention.go) and serves audit.list and
+// audit.verify (routes.go).
+type auditLog struct {
+	entries *store.Audit
+	users   *store.Users // loginName: whether a failed login names a user
+	now     func() time.Time
+	log     *slog.Logger
+}
+
 // Actions recorded besides RPC methods (and the relays': relay.ActionTerminalOpen, ...).
 const (
 	auditWebLogin  = "web.login"
@@ -42,18 +54,18 @@ const (
 	auditPrune     = "audit.prune"
 )
 
-// audit appends e (Time, Seq and hashes are the store's). A failure is logged, never returned:
+// add appends e (Time, Seq and hashes are the store's). A failure is logged, never returned:
 // the audited call has already happened. After a call that failed because the store does not
 // answer, the append runs in the background, so that it does not delay the call's own
 // store-unavailable error (it is then most likely logged as not recorded).
-func (s *Server) audit(ctx context.Context, e store.AuditEntry, callErr error) {
-	e.Time = s.store.Now()
+func (a *auditLog) add(ctx context.Context, e store.AuditEntry, callErr error) {
+	e.Time = a.now()
 	e.User, e.Remote, e.Target = auditText(e.User), auditText(e.Remote), auditText(e.Target)
 	do := func() {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
 		defer cancel()
-		if _, err := s.store.Audit().Append(actx, e); err != nil {
-			s.log.Error("audit: entry not recorded", "action", e.Action, "user", e.User, "remote", e.Remote,
+		if _, err := a.entries.Append(actx, e); err != nil {
+			a.log.Error("audit: entry not recorded", "action", e.Action, "user", e.User, "remote", e.Remote,
 				"target", e.Target, "result", e.Result, "code", e.Code, "time", e.Time, "err", err)
 		}
 	}
@@ -64,8 +76,13 @@ func (s *Server) audit(ctx context.Context, e store.AuditEntry, callErr error) {
 	do()
 }
 
-// auditRPC records one call of an audited method.
+// auditRPC records one call of an audited method (rpc and pluginRPC, routes.go): s.audits.rpc.
 func (s *Server) auditRPC(ctx context.Context, r *kite.Request, c *Caller, params, result any, err error) {
+	s.audits.rpc(ctx, r, c, params, result, err)
+}
+
+// rpc records one call of an audited method.
+func (a *auditLog) rpc(ctx context.Context, r *kite.Request, c *Caller, params, result any, err error) {
 	e := store.AuditEntry{Action: r.Method, Remote: remoteHost(r.Conn.Remote()), Result: store.AuditOK}
 	if c != nil {
 		e.User = c.Username
@@ -83,7 +100,7 @@ func (s *Server) auditRPC(ctx context.Context, r *kite.Request, c *Caller, param
 	if err != nil {
 		e.Result, e.Code = store.AuditError, kite.ToWire(err).Code
 	}
-	s.audit(ctx, e, err)
+	a.add(ctx, e, err)
 }
 
 // createsTarget: methods whose result names the thing they made (stack.create's stack rather
@@ -202,18 +219,18 @@ func remoteHost(addr string) string {
 	return addr
 }
 
-// auditHTTP records an HTTP action of user on target: ok, or an error with the HTTP status.
-func (s *Server) auditHTTP(r *http.Request, action, user, target string, status int) {
+// addHTTP records an HTTP action of user on target: ok, or an error with the HTTP status.
+func (a *auditLog) addHTTP(r *http.Request, action, user, target string, status int) {
 	e := store.AuditEntry{Action: action, User: user, Remote: clientIP(r), Target: target, Result: store.AuditOK}
 	if status != 0 && status != http.StatusOK {
 		e.Result, e.Code = store.AuditError, int64(status)
 	}
-	s.audit(r.Context(), e, nil)
+	a.add(r.Context(), e, nil)
 }
 
-// auditList serves audit.list.
-func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *api.AuditListParams) (api.AuditListResult, error) {
-	es, err := s.store.Audit().List(ctx, store.AuditFilter{User: p.User, Action: p.Action, Target: p.Target, Since: p.Since, Limit: p.Limit})
+// list serves audit.list.
+func (a *auditLog) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.AuditListParams) (api.AuditListResult, error) {
+	es, err := a.entries.List(ctx, store.AuditFilter{User: p.User, Action: p.Action, Target: p.Target, Since: p.Since, Limit: p.Limit})
 	if err != nil {
 		return api.AuditListResult{}, err
 	}
@@ -226,9 +243,9 @@ func (s *Server) auditList(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	return res, nil
 }
 
-// auditVerify serves audit.verify.
-func (s *Server) auditVerify(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.AuditVerifyResult, error) {
-	v, err := s.store.Audit().Verify(ctx)
+// verify serves audit.verify.
+func (a *auditLog) verify(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.AuditVerifyResult, error) {
+	v, err := a.entries.Verify(ctx)
 	if err != nil {
 		return api.AuditVerifyResult{}, err
 	}
@@ -236,12 +253,12 @@ func (s *Server) auditVerify(ctx context.Context, c *Caller, _ *kite.Request, _ 
 		BadSeq: v.BadSeq, Problem: v.Problem}, nil
 }
 
-// pruneAudit deletes the audit entries older than Retention.Audit (retention.go) and records
-// that it did, with the new checkpoint.
-func (s *Server) pruneAudit(ctx context.Context, now time.Time, o store.PruneOptions) (int64, error) {
-	n, cp, err := s.store.Audit().Prune(ctx, now.Add(-s.opts.Retention.Audit), o)
+// prune deletes the audit entries older than before (retention.go: Retention.Audit ago) and
+// records that it did, with the new checkpoint.
+func (a *auditLog) prune(ctx context.Context, before time.Time, o store.PruneOptions) (int64, error) {
+	n, cp, err := a.entries.Prune(ctx, before, o)
 	if n > 0 {
-		s.audit(ctx, store.AuditEntry{Action: auditPrune, User: "kloud", Target: fmt.Sprintf("audit/%d", cp), Result: store.AuditOK}, nil)
+		a.add(ctx, store.AuditEntry{Action: auditPrune, User: "kloud", Target: fmt.Sprintf("audit/%d", cp), Result: store.AuditOK}, nil)
 	}
 	return n, err
 }
@@ -256,11 +273,11 @@ func auditStatus(err error) int {
 	return code
 }
 
-// auditLoginName is the user a failed login names, as the audit log records it: the name if
+// loginName is the user a failed login names, as the audit log records it: the name if
 // such a user exists, else "" (people type their password into the username field; an unknown
 // name is not recorded, so that such a password never reaches the log).
-func (s *Server) auditLoginName(ctx context.Context, name string) string {
-	if _, err := s.store.Users().Get(ctx, name); err == nil {
+func (a *auditLog) loginName(ctx context.Context, name string) string {
+	if _, err := a.users.Get(ctx, name); err == nil {
 		return name
 	}
 	return ""
@@ -279,12 +296,18 @@ func auditPortTarget(r *http.Request, port int) string {
 	return "machine/" + r.PathValue("id") + ":" + strconv.Itoa(port)
 }
 
-// auditKontrol wraps the kontrol methods kloud hosts that change something (kite keys made,
-// signing keys rotated and retired, credentials revoked) so that each call is audited like a
-// route of rpcRoutes. kontrol.register (agents, at every connect), getKey, query and getToken
-// change nothing kept and are not. The target comes from the params' ids only; a result (a new
-// kite key) is never looked at.
+// auditKontrol is kontrol's Wrap (New): auditKontrolMethod appending to s.audits, which is
+// looked up at each call (kontrol, built first, wraps its methods before the audit log exists).
 func (s *Server) auditKontrol(method string, h kite.Handler) kite.Handler {
+	return auditKontrolMethod(method, h, func(ctx context.Context, e store.AuditEntry, err error) { s.audits.add(ctx, e, err) })
+}
+
+// auditKontrolMethod wraps the kontrol methods kloud hosts that change something (kite keys
+// made, signing keys rotated and retired, credentials revoked) so that each call is audited
+// (appended with add) like a route of rpcRoutes. kontrol.register (agents, at every connect),
+// getKey, query and getToken change nothing kept and are not. The target comes from the params'
+// ids only; a result (a new kite key) is never looked at.
+func auditKontrolMethod(method string, h kite.Handler, add func(context.Context, store.AuditEntry, error)) kite.Handler {
 	if !auditedKontrolMethod(method) {
 		return h
 	}
@@ -312,7 +335,7 @@ func (s *Server) auditKontrol(method string, h kite.Handler) kite.Handler {
 		if werr != nil {
 			e.Result, e.Code = store.AuditError, kite.ToWire(werr).Code
 		}
-		s.audit(ctx, e, werr)
+		add(ctx, e, werr)
 		return res, err
 	})
 }

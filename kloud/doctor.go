@@ -12,10 +12,10 @@ import (
 	"github.com/kloud-dev/kloud/terraformer/tfapi"
 )
 
-// kloud.doctor (`kloud doctor`, docs/operations.md): Readiness's checks (store, terraformer,
-// each provider) with what to do for each failure, plus the store's atomicity and clock, the
-// terraformer's and terraform's versions and the checks kloud serve adds (Options.Doctor: the
-// provider mirror, the local provider's base image).
+// kloud.doctor (`kloud doctor`, docs/operations.md; opsAPI.kloudDoctor): readiness's checks
+// (store, terraformer, each provider) with what to do for each failure, plus the store's
+// atomicity and clock, the terraformer's and terraform's versions and the checks kloud serve
+// adds (Options.Doctor: the provider mirror, the local provider's base image).
 
 // MaxClockSkew is the largest difference between kloud's clock and the store's that doctor
 // accepts: leases, job expiry and tokens compare the two.
@@ -27,23 +27,29 @@ type DoctorCheck func(ctx context.Context) api.DoctorCheck
 // doctorTimeout bounds each of doctor's checks that talks to something.
 const doctorTimeout = 5 * time.Second
 
-func (s *Server) kloudDoctor(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.DoctorResult, error) {
+// kloudVersion serves kloud.version.
+func (o *opsAPI) kloudVersion(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.VersionResult, error) {
+	return api.VersionResult{Version: version.Version}, nil
+}
+
+// kloudDoctor serves kloud.doctor.
+func (o *opsAPI) kloudDoctor(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.DoctorResult, error) {
 	res := api.DoctorResult{KloudVersion: version.Version}
 	add := func(ch api.DoctorCheck) { res.Checks = append(res.Checks, ch) }
-	rd := s.Readiness(ctx)
+	rd := o.readiness(ctx)
 
 	st := rd.Checks["store"]
-	add(api.DoctorCheck{Name: "store", OK: st.Ready, Required: true, Error: st.Error, Detail: storeDetail(s),
+	add(api.DoctorCheck{Name: "store", OK: st.Ready, Required: true, Error: st.Error, Detail: o.storeDetail(),
 		Fix: "kloud's database does not answer: with --mongo-url, check that MongoDB runs and the URL is right; the embedded store lives in <data dir>/db (kloud's log names the cause)"})
 	if st.Ready {
 		cctx, cancel := context.WithTimeout(ctx, doctorTimeout)
-		err := s.store.AtomicCheck(cctx)
+		err := o.store.AtomicCheck(cctx)
 		cancel()
 		add(errCheck("store.atomic", true, err, "concurrent conditional updates of one document each saw their own value",
 			"jobs, leases and quotas need atomic single-document updates: use a real MongoDB (a replica set for several kloud replicas), or a FerretDB v1 with ?maxPoolSize=1"))
 		cctx, cancel = context.WithTimeout(ctx, doctorTimeout)
 		before := time.Now()
-		dbTime, err := s.store.ServerTime(cctx)
+		dbTime, err := o.store.ServerTime(cctx)
 		after := time.Now()
 		cancel()
 		ch := api.DoctorCheck{Name: "clock.store", Required: true,
@@ -67,7 +73,7 @@ func (s *Server) kloudDoctor(ctx context.Context, c *Caller, _ *kite.Request, _ 
 	ch := api.DoctorCheck{Name: "terraformer", OK: tf.Ready, Required: true, Error: tf.Error,
 		Fix: "kloud serve restarts the terraformer it started (its log lines start with \"terraformer: \"); with --terraformer-url, start terraformer there and check it answers <url>/readyz"}
 	if tf.Ready {
-		if h, ok := s.terraformerHealth(ctx); ok {
+		if h, ok := o.terraformerHealth(ctx); ok {
 			ch.Detail = h.detail
 			if h.err != nil {
 				ch.OK, ch.Error = false, h.err.Error()
@@ -79,12 +85,12 @@ func (s *Server) kloudDoctor(ctx context.Context, c *Caller, _ *kite.Request, _ 
 	}
 	add(ch)
 
-	for _, n := range s.providers.Names() {
+	for _, n := range o.providers.Names() {
 		p := rd.Checks["provider."+n]
 		add(api.DoctorCheck{Name: "provider." + n, OK: p.Ready, Error: p.Error,
 			Fix: "provider " + n + " cannot build machines on this host until this is fixed (the other providers work); see docs/admin-guide.md for what it needs"})
 	}
-	for _, f := range s.opts.Doctor {
+	for _, f := range o.checks {
 		cctx, cancel := context.WithTimeout(ctx, doctorTimeout)
 		add(f(cctx))
 		cancel()
@@ -93,9 +99,10 @@ func (s *Server) kloudDoctor(ctx context.Context, c *Caller, _ *kite.Request, _ 
 	return res, nil
 }
 
-func storeDetail(s *Server) string {
-	if s.store.Embedded() {
-		return "embedded (" + s.opts.DataDir + "/db)"
+// storeDetail says which store kloud uses.
+func (o *opsAPI) storeDetail() string {
+	if o.store.Embedded() {
+		return "embedded (" + o.dataDir + "/db)"
 	}
 	return "external MongoDB"
 }
@@ -127,8 +134,8 @@ type tfHealth struct {
 
 // terraformerHealth asks the terraformer's /healthz and /readyz (ok false: this terraformer
 // client cannot say).
-func (s *Server) terraformerHealth(ctx context.Context) (tfHealth, bool) {
-	t, err := s.terraformer()
+func (o *opsAPI) terraformerHealth(ctx context.Context) (tfHealth, bool) {
+	t, err := o.terraformer()
 	if err != nil {
 		return tfHealth{}, false
 	}

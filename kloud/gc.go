@@ -2,8 +2,8 @@ package kloud
 
 // Garbage collection of the providers' resources (issue 13 §4): the collector (which resources
 // kloud no longer wants, the sweep, the removal) is package kloud/gc; kloud builds it here
-// (gcDeps: kloud's stack leases), answers gc.run to administrators and runs the periodic sweep
-// as a background task (GCOptions.Interval, `kloud serve --gc-interval`).
+// (newGC; gcLeases: kloud's stack leases), answers gc.run to administrators (opsAPI) and runs
+// the periodic sweep as a background task (GCOptions.Interval, `kloud serve --gc-interval`).
 
 import (
 	"context"
@@ -50,12 +50,12 @@ func (o *GCOptions) defaults() {
 }
 
 // gcRun serves gc.run.
-func (s *Server) gcRun(ctx context.Context, c *Caller, _ *kite.Request, p *api.GCRunParams) (api.GCResult, error) {
+func (o *opsAPI) gcRun(ctx context.Context, c *Caller, _ *kite.Request, p *api.GCRunParams) (api.GCResult, error) {
 	if !c.Admin {
 		return api.GCResult{}, fmt.Errorf("gc.run is for kloud administrators: %w", kite.ErrPermission)
 	}
 	if p.Provider != "" {
-		pr, err := s.providers.Lookup(p.Provider)
+		pr, err := o.providers.Lookup(p.Provider)
 		if err != nil {
 			return api.GCResult{}, fmt.Errorf("%w: %w", err, kite.ErrNotFound)
 		}
@@ -63,17 +63,20 @@ func (s *Server) gcRun(ctx context.Context, c *Caller, _ *kite.Request, p *api.G
 			return api.GCResult{}, fmt.Errorf("provider %s does not list its resources (no %q capability): %w", p.Provider, provider.CapResources, provider.ErrUnsupported)
 		}
 	}
-	res, err := s.gc().Collect(ctx, p.DryRun, p.Provider)
+	res, err := o.gc.Collect(ctx, p.DryRun, p.Provider)
 	if err != nil {
 		return api.GCResult{}, err
 	}
-	s.log.InfoContext(ctx, "gc.run", "by", c.Username, "dryRun", p.DryRun, "garbage", len(res.Garbage))
+	o.log.InfoContext(ctx, "gc.run", "by", c.Username, "dryRun", p.DryRun, "garbage", len(res.Garbage))
 	return res, nil
 }
 
-// gc is the collector over this server's store, providers, stack leases and terraformer.
-func (s *Server) gc() *gc.Collector {
-	return gc.New(gc.Options{Store: s.store, Providers: s.providers, Leases: gcDeps{s},
+// newGC is the collector over the store, providers, stack leases and terraformer of s.
+func newGC(s *Server) *gc.Collector {
+	take := func(ctx context.Context, name, kind, busy string) (string, func(), error) {
+		return s.flow().TakeLease(ctx, name, kind, busy)
+	}
+	return gc.New(gc.Options{Store: s.store, Providers: s.providers, Leases: gcLeases(take),
 		Terraformer: func() (gc.States, error) {
 			tf, err := s.terraformer()
 			if err != nil {
@@ -84,15 +87,15 @@ func (s *Server) gc() *gc.Collector {
 		Interval: s.opts.GC.Interval, Grace: s.opts.GC.Grace, Logger: s.log})
 }
 
-// gcDeps is kloud as the collector's Leases.
-type gcDeps struct{ s *Server }
+// gcLeases is a stack lease taker as the collector's Leases.
+type gcLeases func(ctx context.Context, name, kind, busy string) (string, func(), error)
 
-func (d gcDeps) Take(ctx context.Context, name, kind, busy string) (string, func(), error) {
-	return d.s.flow().TakeLease(ctx, name, kind, busy)
+func (f gcLeases) Take(ctx context.Context, name, kind, busy string) (string, func(), error) {
+	return f(ctx, name, kind, busy)
 }
 
 // runGC is the periodic sweep (a background task; gc.Collector.Run).
-func (s *Server) runGC(ctx context.Context) { s.gc().Run(ctx) }
+func (o *opsAPI) runGC(ctx context.Context) { o.gc.Run(ctx) }
 
 // stateIDs returns the "id" attribute of every resource instance in state (gc.StateIDs).
 func stateIDs(st *tfjson.State) map[string]bool { return gc.StateIDs(st) }
@@ -101,5 +104,5 @@ func stateIDs(st *tfjson.State) map[string]bool { return gc.StateIDs(st) }
 // periodic sweep does (removing, not a dry run). kloud serve runs it for the vagrant provider
 // when a vagrant host registers: what a crash left on a host that was away goes then.
 func (s *Server) CollectGarbage(ctx context.Context, only string) (api.GCResult, error) {
-	return s.gc().Collect(ctx, false, only)
+	return s.ops.gc.Collect(ctx, false, only)
 }

@@ -18,7 +18,8 @@ import (
 // The idle stop and autostart are package kloud/idle (what counts as activity, the countdown,
 // the warnings, the sweep); kloud builds its Tracker here (idleDeps: kloud's machines, stacks'
 // templates, power jobs, agents and the relay's notices as the tracker's small interfaces;
-// the relay reports activity to Tracker.Touch), runs its sweep as a background task (routes.go) and serves machine.set.
+// the relay reports activity to Tracker.Touch), runs its sweep as a background task (routes.go)
+// and serves machine.set (idleAPI).
 
 // Idle stop defaults (kloud/idle's).
 const (
@@ -93,9 +94,18 @@ func (s *Server) showIdle(ctx context.Context, ms []model.Machine) { s.idle.Show
 // ShortDuration prints d rounded to the second, without zero units ("30m", "1h30m", "45s").
 func ShortDuration(d time.Duration) string { return idle.ShortDuration(d) }
 
+// idleAPI serves machine.set (routes.go): a machine's own idle settings and autostart.
+type idleAPI struct {
+	machines    *store.Machines
+	now         func() time.Time                                                        // the store's clock
+	loadMachine func(ctx context.Context, c *Caller, id string) (*model.Machine, error) // machines.go
+	capable     func(name, method string, cap provider.Capability) error                // machines.go
+	show        func(ctx context.Context, ms []model.Machine)                           // showIdle
+}
+
 // machineSet serves machine.set: the machine's own idle settings (its owner, team admins).
-func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineSetParams) (model.Machine, error) {
-	m, err := s.loadMachine(ctx, c, p.MachineID)
+func (a *idleAPI) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineSetParams) (model.Machine, error) {
+	m, err := a.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
 		return model.Machine{}, err
 	}
@@ -115,14 +125,14 @@ func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *
 		set.AlwaysOn = p.AlwaysOn
 	}
 	if p.IdleTimeout != "" || p.AlwaysOn != nil || p.ResetAlwaysOn {
-		if err := s.store.Machines().SetIdleSettings(ctx, m.ID, set); err != nil {
+		if err := a.machines.SetIdleSettings(ctx, m.ID, set); err != nil {
 			return model.Machine{}, err
 		}
 	}
 	switch p.Autostart {
 	case "":
 	case api.AutostartOff:
-		if err := s.store.Machines().SetAutostart(ctx, m.ID, nil); err != nil {
+		if err := a.machines.SetAutostart(ctx, m.ID, nil); err != nil {
 			return model.Machine{}, err
 		}
 	default:
@@ -130,20 +140,20 @@ func (s *Server) machineSet(ctx context.Context, c *Caller, _ *kite.Request, p *
 		if err != nil {
 			return model.Machine{}, fmt.Errorf("%s: %w", err.Error(), kite.ErrInvalidParams)
 		}
-		if err := s.capable(m.Provider, api.MethodMachineSet, provider.CapStart); err != nil {
+		if err := a.capable(m.Provider, api.MethodMachineSet, provider.CapStart); err != nil {
 			return model.Machine{}, err
 		}
-		a := &model.Autostart{Schedule: strings.Join(strings.Fields(strings.ToLower(p.Autostart)), " "), TZ: loc.String(), Next: sc.Next(s.store.Now(), loc)}
-		if err := s.store.Machines().SetAutostart(ctx, m.ID, a); err != nil {
+		auto := &model.Autostart{Schedule: strings.Join(strings.Fields(strings.ToLower(p.Autostart)), " "), TZ: loc.String(), Next: sc.Next(a.now(), loc)}
+		if err := a.machines.SetAutostart(ctx, m.ID, auto); err != nil {
 			return model.Machine{}, err
 		}
 	}
-	nm, err := s.loadMachine(ctx, c, m.ID)
+	nm, err := a.loadMachine(ctx, c, m.ID)
 	if err != nil {
 		return model.Machine{}, err
 	}
 	ms := []model.Machine{*nm}
-	s.showIdle(ctx, ms)
+	a.show(ctx, ms)
 	return ms[0], nil
 }
 

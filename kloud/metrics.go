@@ -160,22 +160,18 @@ func (d metricsDeps) Use(ctx context.Context, ms []model.Machine) (use, limits m
 }
 
 // serveMetrics is GET /metrics on kloud's main address: kloud administrators only.
-func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	c, err := s.httpCaller(r)
+func (o *opsAPI) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	c, err := o.httpCaller(r)
 	if err != nil {
-		s.writeErr(w, err)
+		o.writeErr(w, err)
 		return
 	}
 	if !c.Admin {
 		writeError(w, http.StatusForbidden, "/metrics is for kloud administrators (or serve it on a private address with kloud serve --metrics-addr)")
 		return
 	}
-	s.metrics.Handler().ServeHTTP(w, r)
+	o.metrics.ServeHTTP(w, r)
 }
 
 // MetricsHandler serves the metrics without authentication (the --metrics-addr listener).
 func (s *Server) MetricsHandler() http.Handler { return s.metrics.Handler() }
-
-// PollMetrics refreshes the machines' figures and the quota use once (the background task does
-// it every Options.MetricsInterval; tests call it to not wait).
-func (s *Server) PollMetrics(ctx context.Context) { s.metrics.poller.Poll(ctx) }

@@ -199,7 +199,7 @@ func TestMetricsOfABuildAndATerminal(t *testing.T) {
 	if _, err := e.Client(kloud.Admin).QuotaSet(ctx, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{User: "alice"}, Limit: api.Quota{Machines: 5, MemoryMB: 2048}}); err != nil {
 		t.Fatal(err)
 	}
-	e.Server.PollMetrics(ctx)
+	kloud.PollMetrics(ctx, e.Server)
 	body := metricsOf(t, e.Env)
 	want := []struct {
 		name   string

@@ -29,19 +29,25 @@ func (s *Server) PluginDir() string { return s.plugins.Dir() }
 // launcher, or the plugin itself when it runs unsandboxed), 0 if none runs.
 func (s *Server) PluginPID(name string) int { return s.plugins.PID(name) }
 
-// pluginRegister serves plugin.register: plugin keys only (the route's Gate refuses agents;
-// users are refused by the host), for the provider their key names.
-func (s *Server) pluginRegister(ctx context.Context, r *kite.Request, p *api.PluginRegisterParams) (api.PluginRegisterResult, error) {
-	return deref(s.plugins.Register(ctx, r, p))
+// pluginAPI serves plugin.register, provider.list and provider.keyCreate (routes.go) from the
+// plugin host.
+type pluginAPI struct {
+	host *pluginhost.Host
 }
 
-// providerList serves provider.list: every provider, in-tree and plugin.
-func (s *Server) providerList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.ProviderListResult, error) {
-	return s.plugins.List(c.Admin), nil
+// register serves plugin.register: plugin keys only (the route's Gate refuses agents; users
+// are refused by the host), for the provider their key names.
+func (a *pluginAPI) register(ctx context.Context, r *kite.Request, p *api.PluginRegisterParams) (api.PluginRegisterResult, error) {
+	return deref(a.host.Register(ctx, r, p))
 }
 
-// providerKeyCreate serves provider.keyCreate: a kloud administrator mints the key a remote
-// plugin dials kloud with.
-func (s *Server) providerKeyCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderKeyCreateParams) (api.ProviderKeyCreateResult, error) {
-	return s.plugins.CreateKey(ctx, p, c.Username)
+// list serves provider.list: every provider, in-tree and plugin.
+func (a *pluginAPI) list(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.ProviderListResult, error) {
+	return a.host.List(c.Admin), nil
+}
+
+// mintKey serves provider.keyCreate: a kloud administrator mints the key a remote plugin dials
+// kloud with.
+func (a *pluginAPI) mintKey(ctx context.Context, c *Caller, _ *kite.Request, p *api.ProviderKeyCreateParams) (api.ProviderKeyCreateResult, error) {
+	return a.host.CreateKey(ctx, p, c.Username)
 }

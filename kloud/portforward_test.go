@@ -119,7 +119,7 @@ func TestPortForwardApps(t *testing.T) {
 	aliceCookie := e.login("alice", "alice-password")
 	bobCookie, carolCookie := e.login("bob", "bob-password"), e.login("carol", "carol-password")
 	id, port := e.machine.ID, app.port
-	appURL := e.Server.AppURL(id, port)
+	appURL := kloud.AppURL(e.Server, id, port)
 	if want := fmt.Sprintf("p%d--m%s.localhost", port, id); !strings.Contains(appURL, want) {
 		t.Fatalf("app url %s, want host %s", appURL, want)
 	}

@@ -82,16 +82,13 @@ func (d relayDeps) Verify(ctx context.Context, raw, audience string) (string, er
 }
 
 func (d relayDeps) Attempt(r *http.Request, action, user, target string, status int) {
-	d.s.auditHTTP(r, action, user, target, status)
+	d.s.audits.addHTTP(r, action, user, target, status)
 }
 
 func (d relayDeps) Closed(r *http.Request, action, user, target string, dur time.Duration, bytes int64) {
-	d.s.audit(r.Context(), store.AuditEntry{Action: action, User: user, Remote: clientIP(r), Target: target,
+	d.s.audits.add(r.Context(), store.AuditEntry{Action: action, User: user, Remote: clientIP(r), Target: target,
 		Result: store.AuditOK, Duration: dur.Milliseconds(), Bytes: bytes}, nil)
 }
-
-// AppURL is the URL of port on machine id's app host ("" when apps are off).
-func (s *Server) AppURL(machineID string, port int) string { return s.relay.AppURL(machineID, port) }
 
 // rootHandler sends app hosts to the relay's web apps and everything else to kloud's routes.
 func (s *Server) rootHandler() http.Handler {

@@ -3,6 +3,7 @@ package kloud
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -87,43 +88,52 @@ var jobTargets = map[string]string{
 	"credential": store.CollCredentials,
 }
 
+// pruner runs the retention passes (a background task, routes.go) over the store and the
+// audit log.
+type pruner struct {
+	store  *store.Store
+	opts   Retention // Options.Retention, defaults applied
+	audits *auditLog
+	log    *slog.Logger
+}
+
 // keepLatestJob reports whether target still exists (then its newest job stays).
-func (s *Server) keepLatestJob(ctx context.Context, target string) (bool, error) {
+func (pr *pruner) keepLatestJob(ctx context.Context, target string) (bool, error) {
 	kind, id, ok := strings.Cut(target, "/")
 	coll := jobTargets[kind]
 	if !ok || coll == "" {
 		return false, nil
 	}
-	return s.store.Exists(ctx, coll, id)
+	return pr.store.Exists(ctx, coll, id)
 }
 
 // prune is one retention pass. It goes on after an error in one kind (and returns them all
 // joined), so one failing collection does not let the others grow.
-func (s *Server) prune(ctx context.Context) (Pruned, error) {
-	r := s.opts.Retention
-	now := s.store.Now()
+func (pr *pruner) prune(ctx context.Context) (Pruned, error) {
+	r := pr.opts
+	now := pr.store.Now()
 	o := store.PruneOptions{Batch: r.Batch}
 	var p Pruned
 	var errs []error
 	var err error
-	p.Jobs, err = s.store.Jobs().Prune(ctx, store.JobPrune{PruneOptions: o, Before: now.Add(-r.Jobs), KeepLatest: s.keepLatestJob})
+	p.Jobs, err = pr.store.Jobs().Prune(ctx, store.JobPrune{PruneOptions: o, Before: now.Add(-r.Jobs), KeepLatest: pr.keepLatestJob})
 	errs = append(errs, err)
-	p.Revocations, err = s.store.Revocations().Prune(ctx, now.Add(-revocationMargin), o)
+	p.Revocations, err = pr.store.Revocations().Prune(ctx, now.Add(-revocationMargin), o)
 	errs = append(errs, err)
-	if _, err = s.store.Kites().TouchReplica(ctx, s.store.InstanceID(), now); err == nil {
-		p.Kites, err = s.store.Kites().Prune(ctx, now.Add(-r.Kites), o)
+	if _, err = pr.store.Kites().TouchReplica(ctx, pr.store.InstanceID(), now); err == nil {
+		p.Kites, err = pr.store.Kites().Prune(ctx, now.Add(-r.Kites), o)
 	}
 	errs = append(errs, err)
-	p.Leases, err = s.store.PruneLeases(ctx, now.Add(-revocationMargin), o)
+	p.Leases, err = pr.store.PruneLeases(ctx, now.Add(-revocationMargin), o)
 	errs = append(errs, err)
-	p.Audit, err = s.pruneAudit(ctx, now, o) // audit.go
+	p.Audit, err = pr.audits.prune(ctx, now.Add(-r.Audit), o) // audit.go
 	errs = append(errs, err)
 	return p, errors.Join(errs...)
 }
 
-// retain runs prune every Retention.Interval until ctx ends.
-func (s *Server) retain(ctx context.Context) {
-	interval := s.opts.Retention.Interval
+// run runs prune every Retention.Interval until ctx ends.
+func (pr *pruner) run(ctx context.Context) {
+	interval := pr.opts.Interval
 	first := time.NewTimer(min(interval, time.Minute))
 	defer first.Stop()
 	select {
@@ -135,14 +145,14 @@ func (s *Server) retain(ctx context.Context) {
 	defer t.Stop()
 	for {
 		start := time.Now()
-		p, err := s.prune(ctx)
+		p, err := pr.prune(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
-			s.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit)
+			pr.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit)
 		} else if p != (Pruned{}) {
-			s.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "took", time.Since(start))
+			pr.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "took", time.Since(start))
 		}
 		select {
 		case <-ctx.Done():

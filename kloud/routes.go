@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient/klientapi"
@@ -209,7 +208,7 @@ func pluginRPC[P, R any](s *Server, m api.Method[P, R], fn func(ctx context.Cont
 func (s *Server) rpcRoutes() []Route {
 	long := kite.WithTimeout(10 * time.Minute) // terraform plan
 	return []Route{
-		rpc(s, api.RPCVersion, MembersRead, s.kloudVersion),
+		rpc(s, api.RPCVersion, MembersRead, s.ops.kloudVersion), // doctor.go
 
 		// users.go
 		rpc(s, api.RPCUserAdd, Owners, s.userAdd),
@@ -223,8 +222,8 @@ func (s *Server) rpcRoutes() []Route {
 
 		// credentials.go, credential_bootstrap.go
 		rpc(s, api.RPCProviderDescribe, MembersRead, s.creds.providerDescribe),
-		rpc(s, api.RPCProviderList, MembersRead, s.providerList),
-		rpc(s, api.RPCProviderKeyCreate, Owners, s.providerKeyCreate), // audited in the log
+		rpc(s, api.RPCProviderList, MembersRead, s.pluginAPI.list),
+		rpc(s, api.RPCProviderKeyCreate, Owners, s.pluginAPI.mintKey), // audited in the log
 		rpc(s, api.RPCCredentialAdd, Members, s.creds.add),            // team members
 		rpc(s, api.RPCCredentialList, MembersRead, s.creds.list),
 		rpc(s, api.RPCCredentialDescribe, MembersRead, s.creds.describe),
@@ -283,14 +282,14 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCJobCancel, Members, s.jobCancel),
 
 		// gc.go: the providers' resources kloud no longer wants
-		rpc(s, api.RPCGCRun, Owners, s.gcRun, long),
+		rpc(s, api.RPCGCRun, Owners, s.ops.gcRun, long),
 
 		// plugins.go: provider plugins register (plugin keys only)
-		pluginRPC(s, api.RPCPluginRegister, s.pluginRegister),
+		pluginRPC(s, api.RPCPluginRegister, s.pluginAPI.register),
 
 		// audit.go: the audit log (owners and auditors)
-		rpc(s, api.RPCAuditList, OwnersAuditors, s.auditList),
-		rpc(s, api.RPCAuditVerify, OwnersAuditors, s.auditVerify, kite.WithTimeout(5*time.Minute)),
+		rpc(s, api.RPCAuditList, OwnersAuditors, s.audits.list),
+		rpc(s, api.RPCAuditVerify, OwnersAuditors, s.audits.verify, kite.WithTimeout(5*time.Minute)),
 
 		// roles (users.go): kloud-wide roles of users
 		rpc(s, api.RPCUserSetRole, Owners, s.userSetRole),
@@ -299,10 +298,10 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCStackPlanJob, Members, s.stacks.planStackJob),
 
 		// doctor.go: kloud doctor (docs/operations.md)
-		rpc(s, api.RPCKloudDoctor, Owners, s.kloudDoctor, kite.WithTimeout(time.Minute)),
+		rpc(s, api.RPCKloudDoctor, Owners, s.ops.kloudDoctor, kite.WithTimeout(time.Minute)),
 
 		// idle.go: a machine's idle stop and autostart (owner, team admins)
-		rpc(s, api.RPCMachineSet, Members, s.machineSet),
+		rpc(s, api.RPCMachineSet, Members, s.idleAPI.machineSet),
 	}
 }
 
@@ -323,9 +322,9 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"/kite", "kite handshake (kite key or session)", s.Kite},
 		{"GET /kite/keys", "anyone", http.HandlerFunc(s.serveKeys)},
 		{"GET /healthz", "anyone", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })},
-		{"GET /readyz", "anyone", http.HandlerFunc(s.serveReadyz)}, // health.go
+		{"GET /readyz", "anyone", http.HandlerFunc(s.ops.serveReadyz)}, // health.go
 		// metrics.go
-		{"GET /metrics", "kloud admins (session or kite key); --metrics-addr: anyone there", http.HandlerFunc(s.serveMetrics)},
+		{"GET /metrics", "kloud admins (session or kite key); --metrics-addr: anyone there", http.HandlerFunc(s.ops.serveMetrics)},
 		{"GET /dl/klient", "anyone", http.HandlerFunc(s.serveKlient)},
 		// kloud/login: passwords and sessions
 		{"POST /api/login", "anyone (password; rate limited)", http.HandlerFunc(s.login.HandleLogin)},
@@ -343,7 +342,7 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"POST /api/machines/{id}/sessions/{session}/rename", "session or kite key; as terminal", http.HandlerFunc(s.relay.ServeRename)},
 		{"GET " + klientapi.AttachPath, "the machine's klient, with a ticket", http.HandlerFunc(s.relay.ServeAttach)},
 		// kloud/relay (ports.go, apps.go): a machine's ports for its owner and terminal/full
-		// shares (web apps are served on their own hosts, Server.AppURL, before this table)
+		// shares (web apps are served on their own hosts, relay.Hub.AppURL, before this table)
 		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.relay.ServeTCP)},
 		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.relay.ServeOpen)},
 		// kloud/pluginhost: each provider's own HTTP service (provider.HandlerPrefix), looked up
@@ -440,10 +439,10 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.runJobsLoop,  // jobs.go: recover interrupted jobs; reconcile.go: stuck states
 		s.trackAgents,  // agents.go: machines' agent status from kontrol's registrations
 		s.relay.Run,    // kloud/relay: at shutdown, close every web terminal and drop the web apps' idle tunnels
-		s.retain,       // retention.go: prune finished jobs, expired revocations, stale kite records
+		s.pruner.run,   // retention.go: prune finished jobs, expired revocations, stale kite records
 		s.plugins.Run,  // kloud/pluginhost: launch and supervise the plugin directory's providers
-		s.runGC,        // gc.go: sweep the providers' resources kloud no longer wants
-		s.monitorStore, // health.go: log a store outage once, and its end
+		s.ops.runGC,    // gc.go: sweep the providers' resources kloud no longer wants
+		s.ops.monitor,  // health.go: log a store outage once, and its end
 		s.metrics.Run,  // kloud/metrics: machines' figures and quota use for /metrics
 		s.idle.Run,     // kloud/idle: write activity, warn and stop idle machines, autostart
 	}
@@ -457,11 +456,6 @@ func (s *Server) routes() {
 	for _, r := range s.httpRoutes() {
 		s.mux.Handle(r.pattern, r.h)
 	}
-}
-
-// kloudVersion serves kloud.version.
-func (s *Server) kloudVersion(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.VersionResult, error) {
-	return api.VersionResult{Version: version.Version}, nil
 }
 
 func (s *Server) serveKeys(w http.ResponseWriter, r *http.Request) {

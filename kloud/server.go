@@ -209,6 +209,11 @@ type Server struct {
 	ports     *portAPI       // machine.ports.* (ports.go)
 	snapshots *snapshotAPI   // machine.snapshot, snapshots, restore, snapshot.delete and their jobs (snapshots.go)
 	stacks    *stackAPI      // stack.*: stacks*.go, reconcile.go, constraints.go
+	audits    *auditLog      // the audit log and audit.* (audit.go)
+	ops       *opsAPI        // kloud.version, kloud.doctor, gc.run, /readyz, /metrics (health.go)
+	pruner    *pruner        // the retention passes (retention.go)
+	pluginAPI *pluginAPI     // plugin.register, provider.list, provider.keyCreate (plugins.go)
+	idleAPI   *idleAPI       // machine.set (idle.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -283,6 +288,10 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.ports = &portAPI{store: st, log: s.log, k: s}
 	s.snapshots = &snapshotAPI{engine: newSnapshotEngine(s), snaps: st.Snapshots(), loadMachine: s.loadMachine}
 	s.stacks = &stackAPI{store: st, stacks: st.Stacks(), machines: st.Machines(), creds: st.Credentials(), providers: s.providers, log: s.log, srv: s, checks: s}
+	s.audits = &auditLog{entries: st.Audit(), users: st.Users(), now: st.Now, log: s.log} // audit.go
+	s.ops, s.pruner = newOpsAPI(s), &pruner{store: st, opts: opts.Retention, audits: s.audits, log: s.log}
+	s.pluginAPI = &pluginAPI{host: s.plugins} // plugins.go
+	s.idleAPI = &idleAPI{machines: st.Machines(), now: st.Now, loadMachine: s.loadMachine, capable: s.capable, show: s.showIdle}
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)

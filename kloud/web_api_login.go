@@ -80,17 +80,17 @@ func (d loginDeps) SetMember(ctx context.Context, team, username, role string) e
 
 // AuditLogin records web.login (target "sso" for single sign-on).
 func (d loginDeps) AuditLogin(r *http.Request, user, via string, status int) {
-	d.s.auditHTTP(r, auditWebLogin, user, via, status)
+	d.s.audits.addHTTP(r, auditWebLogin, user, via, status)
 }
 
 // AuditLogout records web.logout.
 func (d loginDeps) AuditLogout(r *http.Request, user string) {
-	d.s.auditHTTP(r, auditWebLogout, user, "", http.StatusOK)
+	d.s.audits.addHTTP(r, auditWebLogout, user, "", http.StatusOK)
 }
 
-// LoginName is auditLoginName.
+// LoginName is the audit log's loginName.
 func (d loginDeps) LoginName(ctx context.Context, name string) string {
-	return d.s.auditLoginName(ctx, name)
+	return d.s.audits.loginName(ctx, name)
 }
 
 // The plain-HTTP helpers of this package's handlers (kloud/kloudhttp).
