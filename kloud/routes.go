@@ -273,8 +273,8 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCSnapshotDelete, Members, s.snapshotDelete, kite.WithTimeout(5*time.Minute)),
 
 		// quota.go: quotas of users and teams
-		rpc(s, api.RPCQuotaSet, Owners, s.quotaSet),
-		rpc(s, api.RPCQuotaShow, MembersRead, s.quotaShow), // the user itself, team members, kloud admins
+		rpc(s, api.RPCQuotaSet, Owners, s.quotaAPI.set),
+		rpc(s, api.RPCQuotaShow, MembersRead, s.quotaAPI.show), // the user itself, team members, kloud admins
 
 		// jobs.go: the job's owner, kloud admins
 		rpc(s, api.RPCJobGet, MembersRead, s.jobGet),

@@ -203,6 +203,7 @@ type Server struct {
 	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 
 	// area APIs: the handlers of one area each, on a small type holding what they use
+	quotaAPI *quotaAPI // quota.* (quota.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -270,6 +271,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	// area APIs (one line each)
+	s.quotaAPI = &quotaAPI{store: st, keeper: s.quotas(), log: s.log}
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)
