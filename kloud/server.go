@@ -189,12 +189,10 @@ type Server struct {
 	mu        sync.RWMutex
 	tf        Terraformer
 	klientSum string
-	jobs      *jobRunner
 	presence  *storePresence
 	revs      *storeRevocations
-	relay     *relay.Hub            // terminals, port forwards, web apps on their own hosts (relay.go)
-	kinds     map[string]anyJobKind // job kinds (routes.go)
-	idle      *idle.Tracker         // the idle stop and autostart (kloud/idle, wired in idle.go)
+	relay     *relay.Hub    // terminals, port forwards, web apps on their own hosts (relay.go)
+	idle      *idle.Tracker // the idle stop and autostart (kloud/idle, wired in idle.go)
 
 	metrics  *kloudMetrics    // Prometheus collectors (metrics.go)
 	login    *login.Service   // the web login: passwords, sessions, single sign-on (kloud/login, wired in web_api_login.go)
@@ -203,7 +201,8 @@ type Server struct {
 	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 
 	// area APIs: the handlers of one area each, on a small type holding what they use
-	quotaAPI *quotaAPI // quota.* (quota.go)
+	jobs     *jobRunner // durable jobs and job.* (jobs.go)
+	quotaAPI *quotaAPI  // quota.* (quota.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -271,8 +270,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	// area APIs (one line each)
+	s.jobs = &jobRunner{store: st, log: s.log, metrics: m, kinds: s.jobKinds(), lease: opts.JobLease, bind: func(j *jobCtx) { j.s = s }}
 	s.quotaAPI = &quotaAPI{store: st, keeper: s.quotas(), log: s.log}
-	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
