@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"sync"
 	"time"
@@ -107,24 +108,13 @@ func (k jobKind[P, R]) StartID(ctx context.Context, s *Server, id, target, owner
 	return s.startJob(ctx, id, spec, target, owner)
 }
 
-// jobCtx is a running job.
+// jobCtx is a running job: what its kind's functions get.
 type jobCtx struct {
 	store.Job
-	s        *Server
-	progress *store.ProgressWriter // coalesces Progress (see newJobCtx)
-}
-
-// newJobCtx returns the running job's context. Its progress updates are coalesced: at most one
-// write every store.DefaultProgressInterval, at once on a new step (stage or message) or at
-// 100%, and the last one is always written before the job is finished (runJob flushes it).
-func (s *Server) newJobCtx(j store.Job) *jobCtx {
-	jc := &jobCtx{Job: j, s: s}
-	jc.progress = store.NewProgressWriter(0, func(ctx context.Context, p store.Progress) error {
-		return s.store.Persist(ctx, "progress job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
-			return s.store.Jobs().Progress(ctx, j.ID, p.Percent, p.Stage, p.Message)
-		})
-	})
-	return jc
+	s        *Server // what the kinds run on (set by jobRunner.bind)
+	store    *store.Store
+	log      *slog.Logger
+	progress *store.ProgressWriter // coalesces Progress (see jobRunner.newJobCtx)
 }
 
 // jobNoteTimeout bounds the retries of one progress update or log line: they are written even
@@ -137,7 +127,7 @@ const jobNoteTimeout = 15 * time.Second
 // Updates are coalesced (store.ProgressWriter): a burst of them makes a few writes.
 func (j *jobCtx) Progress(ctx context.Context, percent int, stage, message string) {
 	if err := j.progress.Set(ctx, store.Progress{Percent: percent, Stage: stage, Message: message}); err != nil {
-		j.s.log.WarnContext(ctx, "job progress", "job", j.ID, "err", err)
+		j.log.WarnContext(ctx, "job progress", "job", j.ID, "err", err)
 	}
 	j.Percent, j.Stage, j.Message = percent, stage, message
 }
@@ -156,58 +146,95 @@ func (j *jobCtx) EnterAt(ctx context.Context, st stackbuild.Stage, pct int) {
 // Logf adds a line to the job's log, with its own context like Progress.
 func (j *jobCtx) Logf(ctx context.Context, format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
-	err := j.s.store.Persist(ctx, "log job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
-		return j.s.store.Jobs().Log(ctx, j.ID, line)
+	err := j.store.Persist(ctx, "log job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
+		return j.store.Jobs().Log(ctx, j.ID, line)
 	})
 	if err != nil {
-		j.s.log.WarnContext(ctx, "job log", "job", j.ID, "line", line, "err", err)
+		j.log.WarnContext(ctx, "job log", "job", j.ID, "line", line, "err", err)
 	}
 }
 
+// jobRunner runs the durable jobs of this kloud (their runner leases, heartbeats, cancels, the
+// recovery of jobs whose runner died) and serves job.get, job.list, job.cancel and job.watch.
+// New builds the one of a Server (Server.jobs); jobs start through Server.startJob.
 type jobRunner struct {
+	store   *store.Store // jobs, their retried writes, this runner's instance id
+	log     *slog.Logger
+	metrics jobMetrics
+	kinds   map[string]anyJobKind // the kinds it runs (Server.jobKinds, routes.go)
+	lease   time.Duration         // Options.JobLease: the heartbeat renews it every third
+	// bind gives a running job what its kind runs on (jobCtx.s: the server whose handlers do
+	// the jobs' work).
+	bind func(*jobCtx)
+
 	mu      sync.Mutex
-	cancels map[string]context.CancelFunc
+	cancels map[string]context.CancelFunc // the running jobs of this process
 	wg      sync.WaitGroup
-	base    context.Context
+}
+
+// jobMetrics counts jobs (kloudMetrics, metrics.go).
+type jobMetrics interface {
+	jobStarted(kind string)
+	jobEnded(kind string, err error, d time.Duration)
 }
 
 // startJob creates the job spec on target for owner, with id ("": a new one), and runs it in the
 // background. It returns the job's id. Jobs are started through their kind (jobKind.Start).
 func (s *Server) startJob(ctx context.Context, id string, spec jobSpec, target, owner string) (string, error) {
-	k, ok := s.kinds[spec.kind]
+	return s.jobs.start(ctx, id, spec, target, owner)
+}
+
+// start is Server.startJob.
+func (r *jobRunner) start(ctx context.Context, id string, spec jobSpec, target, owner string) (string, error) {
+	k, ok := r.kinds[spec.kind]
 	if !ok {
 		return "", fmt.Errorf("unknown job kind %q", spec.kind)
 	}
-	id, err := s.store.Jobs().Create(ctx, store.Job{ID: id, Kind: spec.kind, Target: target, Owner: owner, Params: spec.params})
+	id, err := r.store.Jobs().Create(ctx, store.Job{ID: id, Kind: spec.kind, Target: target, Owner: owner, Params: spec.params})
 	if err != nil {
 		return "", fmt.Errorf("create job: %w", err)
 	}
-	j, err := s.store.Jobs().Start(ctx, id, s.store.InstanceID())
+	j, err := r.store.Jobs().Start(ctx, id, r.store.InstanceID())
 	if err != nil {
 		return "", fmt.Errorf("start job: %w", err)
 	}
-	s.runJob(j, k, false)
+	r.run(j, k, false)
 	return id, nil
 }
 
-func (s *Server) runner() *jobRunner {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.jobs == nil {
-		s.jobs = &jobRunner{cancels: map[string]context.CancelFunc{}, base: context.Background()}
-	}
-	return s.jobs
+// newJobCtx returns the running job's context. Its progress updates are coalesced: at most one
+// write every store.DefaultProgressInterval, at once on a new step (stage or message) or at
+// 100%, and the last one is always written before the job is finished (run flushes it).
+func (r *jobRunner) newJobCtx(j store.Job) *jobCtx {
+	jc := &jobCtx{Job: j, store: r.store, log: r.log}
+	r.bind(jc)
+	jc.progress = store.NewProgressWriter(0, func(ctx context.Context, p store.Progress) error {
+		return r.store.Persist(ctx, "progress job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
+			return r.store.Jobs().Progress(ctx, j.ID, p.Percent, p.Stage, p.Message)
+		})
+	})
+	return jc
 }
 
-// runJob runs job j of kind k (recovering: resumed after its runner died) in the background.
-func (s *Server) runJob(j store.Job, k anyJobKind, recovering bool) {
-	r := s.runner()
-	ctx, cancel := context.WithCancel(r.base)
+// running reports whether job id runs in this process.
+func (r *jobRunner) running(id string) bool {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.cancels[id]
+	return ok
+}
+
+// run runs job j of kind k (recovering: resumed after its runner died) in the background.
+func (r *jobRunner) run(j store.Job, k anyJobKind, recovering bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.mu.Lock()
+	if r.cancels == nil {
+		r.cancels = map[string]context.CancelFunc{}
+	}
 	r.cancels[j.ID] = cancel
 	r.mu.Unlock()
 	r.wg.Add(1)
-	s.metrics.jobStarted(j.Kind) // metrics.go
+	r.metrics.jobStarted(j.Kind) // metrics.go
 	started := time.Now()
 	go func() {
 		defer r.wg.Done()
@@ -217,14 +244,14 @@ func (s *Server) runJob(j store.Job, k anyJobKind, recovering bool) {
 			delete(r.cancels, j.ID)
 			r.mu.Unlock()
 		}()
-		log := s.log.With("job", j.ID, "kind", j.Kind, "target", j.Target)
+		log := r.log.With("job", j.ID, "kind", j.Kind, "target", j.Target)
 		// The heartbeat lasts until the job function returns, not until its context ends: a
 		// cancelled job's failure bookkeeping (stopping terraform, retried writes) can take a
 		// while, and the job must not look orphaned meanwhile.
 		hctx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
-		go s.heartbeat(hctx, j.ID, cancel)
+		go r.heartbeat(hctx, j.ID, cancel)
 		var res store.Doc
-		jc := s.newJobCtx(j)
+		jc := r.newJobCtx(j)
 		err := func() (err error) {
 			defer func() {
 				if p := recover(); p != nil {
@@ -240,14 +267,14 @@ func (s *Server) runJob(j store.Job, k anyJobKind, recovering bool) {
 			log.Warn("job progress", "err", perr)
 		}
 		stopHeartbeat()
-		ferr := s.store.Persist(ctx, "finish job "+j.ID, 0, func(ctx context.Context) error {
-			return s.store.Jobs().Finish(ctx, j.ID, err, res)
+		ferr := r.store.Persist(ctx, "finish job "+j.ID, 0, func(ctx context.Context) error {
+			return r.store.Jobs().Finish(ctx, j.ID, err, res)
 		})
 		if ferr != nil {
 			// The job stays running with a lapsing lease: recovery or the reconciler resolves it.
 			log.Error("finish job", "err", ferr)
 		}
-		s.metrics.jobEnded(j.Kind, err, time.Since(started))
+		r.metrics.jobEnded(j.Kind, err, time.Since(started))
 		if err != nil {
 			log.Info("job failed", "err", err)
 		} else {
@@ -259,8 +286,8 @@ func (s *Server) runJob(j store.Job, k anyJobKind, recovering bool) {
 // heartbeat keeps the job's runner lease until ctx ends. It stops the job (cancelJob) when a
 // cancel was requested through another kloud (job.cancel only reaches the runner's context in
 // the process that got the call) or when this process lost the job to another runner.
-func (s *Server) heartbeat(ctx context.Context, id string, cancelJob context.CancelFunc) {
-	lease := s.opts.JobLease
+func (r *jobRunner) heartbeat(ctx context.Context, id string, cancelJob context.CancelFunc) {
+	lease := r.lease
 	if lease <= 0 {
 		lease = 30 * time.Second
 	}
@@ -271,17 +298,17 @@ func (s *Server) heartbeat(ctx context.Context, id string, cancelJob context.Can
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			err := s.store.Jobs().Heartbeat(ctx, id, s.store.InstanceID())
+			err := r.store.Jobs().Heartbeat(ctx, id, r.store.InstanceID())
 			switch {
 			case ctx.Err() != nil:
 				return
 			case errors.Is(err, store.ErrLeaseLost):
-				s.log.WarnContext(ctx, "job taken over or ended elsewhere; stopping it here", "job", id, "err", err)
+				r.log.WarnContext(ctx, "job taken over or ended elsewhere; stopping it here", "job", id, "err", err)
 				cancelJob()
 			case err != nil:
-				s.log.WarnContext(ctx, "job heartbeat", "job", id, "err", err)
+				r.log.WarnContext(ctx, "job heartbeat", "job", id, "err", err)
 			default:
-				if j, err := s.store.Jobs().Get(ctx, id); err == nil && j.CancelRequested {
+				if j, err := r.store.Jobs().Get(ctx, id); err == nil && j.CancelRequested {
 					cancelJob()
 				}
 			}
@@ -289,32 +316,28 @@ func (s *Server) heartbeat(ctx context.Context, id string, cancelJob context.Can
 	}
 }
 
-// recoverJobs resolves jobs whose runner died: it claims each (so one replica does it) and lets
-// its kind resume or fail it.
-func (s *Server) recoverJobs(ctx context.Context) {
-	orphans, err := s.store.Jobs().Orphans(ctx, s.store.Now())
+// recoverOrphans resolves jobs whose runner died: it claims each (so one replica does it) and
+// lets its kind resume or fail it.
+func (r *jobRunner) recoverOrphans(ctx context.Context) {
+	orphans, err := r.store.Jobs().Orphans(ctx, r.store.Now())
 	if err != nil {
-		s.log.ErrorContext(ctx, "find interrupted jobs", "err", err)
+		r.log.ErrorContext(ctx, "find interrupted jobs", "err", err)
 		return
 	}
-	r := s.runner()
 	for _, o := range orphans {
-		r.mu.Lock()
-		_, running := r.cancels[o.ID]
-		r.mu.Unlock()
-		if running {
+		if r.running(o.ID) {
 			continue // ours, still running: its lease lapsed (a stall), it is not orphaned
 		}
-		j, err := s.store.Jobs().Start(ctx, o.ID, s.store.InstanceID())
+		j, err := r.store.Jobs().Start(ctx, o.ID, r.store.InstanceID())
 		if err != nil {
 			continue // another replica took it
 		}
-		k, ok := s.kinds[j.Kind]
+		k, ok := r.kinds[j.Kind]
 		if !ok {
 			k = unknownJobKind(j.Kind)
 		}
-		s.log.InfoContext(ctx, "recovering interrupted job", "job", j.ID, "kind", j.Kind, "attempt", j.Attempt)
-		s.runJob(j, k, true)
+		r.log.InfoContext(ctx, "recovering interrupted job", "job", j.ID, "kind", j.Kind, "attempt", j.Attempt)
+		r.run(j, k, true)
 	}
 }
 
@@ -329,12 +352,12 @@ func (k unknownJobKind) runDoc(context.Context, *jobCtx, bool) (store.Doc, error
 }
 
 // WaitJobs waits for running jobs to end (tests, shutdown).
-func (s *Server) WaitJobs() { s.runner().wg.Wait() }
+func (s *Server) WaitJobs() { s.jobs.wg.Wait() }
 
 // runJobsLoop recovers interrupted jobs and reconciles stuck states at start, then every few
 // seconds (jobs) and every ReconcileInterval (states), until ctx ends.
 func (s *Server) runJobsLoop(ctx context.Context) {
-	s.recoverJobs(ctx)
+	s.jobs.recoverOrphans(ctx)
 	// Then stacks and machines left in a transitional state by jobs that are over
 	// (reconcile.go): recovered jobs are running again by now, so they are left alone.
 	s.reconcile(ctx)
@@ -349,15 +372,16 @@ func (s *Server) runJobsLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.recoverJobs(ctx)
+			s.jobs.recoverOrphans(ctx)
 		case <-rt.C:
 			s.reconcile(ctx)
 		}
 	}
 }
 
-func (s *Server) loadJob(ctx context.Context, c *Caller, id string) (store.Job, error) {
-	j, err := s.store.Jobs().Get(ctx, id)
+// load is job id if c may see it (its owner, or a kloud admin); not found otherwise.
+func (r *jobRunner) load(ctx context.Context, c *Caller, id string) (store.Job, error) {
+	j, err := r.store.Jobs().Get(ctx, id)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return j, notFound("job", id)
@@ -370,8 +394,9 @@ func (s *Server) loadJob(ctx context.Context, c *Caller, id string) (store.Job, 
 	return j, nil
 }
 
-func (s *Server) jobGet(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (api.Job, error) {
-	j, err := s.loadJob(ctx, c, p.JobID)
+// get serves job.get.
+func (r *jobRunner) get(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (api.Job, error) {
+	j, err := r.load(ctx, c, p.JobID)
 	if err != nil {
 		return api.Job{}, err
 	}
@@ -397,7 +422,9 @@ func apiJobs(js []store.Job) []api.Job {
 	return out
 }
 
-func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobListParams) (api.JobListResult, error) {
+// list serves job.list: the caller's jobs (a kloud admin's: everyone's), newest first, 50 or
+// the limit asked (at most 200).
+func (r *jobRunner) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobListParams) (api.JobListResult, error) {
 	f := store.JobFilter{Target: p.Target, Limit: p.Limit}
 	if !c.Admin {
 		f.Owner = c.Username
@@ -405,22 +432,23 @@ func (s *Server) jobList(ctx context.Context, c *Caller, _ *kite.Request, p *api
 	if f.Limit <= 0 || f.Limit > 200 {
 		f.Limit = 50
 	}
-	jobs, err := s.store.Jobs().List(ctx, f)
+	jobs, err := r.store.Jobs().List(ctx, f)
 	if err != nil {
 		return api.JobListResult{}, err
 	}
 	return api.JobListResult{Jobs: apiJobs(jobs)}, nil
 }
 
-func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (api.Job, error) {
-	if _, err := s.loadJob(ctx, c, p.JobID); err != nil {
+// cancel serves job.cancel: the request is recorded (a runner in another kloud sees it at its
+// heartbeat) and a job running here is cancelled at once.
+func (r *jobRunner) cancel(ctx context.Context, c *Caller, _ *kite.Request, p *api.JobRef) (api.Job, error) {
+	if _, err := r.load(ctx, c, p.JobID); err != nil {
 		return api.Job{}, err
 	}
-	j, err := s.store.Jobs().RequestCancel(ctx, p.JobID)
+	j, err := r.store.Jobs().RequestCancel(ctx, p.JobID)
 	if err != nil {
 		return api.Job{}, err
 	}
-	r := s.runner()
 	r.mu.Lock()
 	if cancel := r.cancels[p.JobID]; cancel != nil {
 		cancel()
@@ -429,13 +457,14 @@ func (s *Server) jobCancel(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	return apiJob(j), nil
 }
 
-func (s *Server) jobWatch(ctx context.Context, c *Caller, r *kite.Request, p *api.JobRef) (api.JobWatchResult, error) {
-	j, err := s.loadJob(ctx, c, p.JobID)
+// watch serves job.watch: the job now, and its changes as job.event notifications on a stream.
+func (r *jobRunner) watch(ctx context.Context, c *Caller, req *kite.Request, p *api.JobRef) (api.JobWatchResult, error) {
+	j, err := r.load(ctx, c, p.JobID)
 	if err != nil {
 		return api.JobWatchResult{}, err
 	}
-	stream := r.Conn.NewStream("job.event")
-	ch, err := s.store.Jobs().Watch(stream.Context(), p.JobID)
+	stream := req.Conn.NewStream("job.event")
+	ch, err := r.store.Jobs().Watch(stream.Context(), p.JobID)
 	if err != nil {
 		stream.End(ctx, err)
 		return api.JobWatchResult{}, err

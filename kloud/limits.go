@@ -65,13 +65,20 @@ func (l *Limits) defaults() error {
 	return nil
 }
 
-// machineCap is the cap on machines per stack of template t (nil: a template that is gone) and
-// how an administrator changes it, for the refusal's message.
-func (s *Server) machineCap(t *model.Template) (limit int, how string) {
+// machineCaps are the caps on machines per stack: kloud's own, or a template's
+// (Template.MaxMachines) for the template's stacks; the Server's checks below build one.
+type machineCaps struct {
+	perStack int      // kloud's cap (Limits.MaxMachinesPerStack)
+	types    []string // the providers' machine resource types (Server.resourceTypes)
+}
+
+// of is the cap on machines per stack of template t (nil: a template that is gone) and how an
+// administrator changes it, for the refusal's message.
+func (m machineCaps) of(t *model.Template) (limit int, how string) {
 	if t != nil && t.MaxMachines > 0 {
 		return t.MaxMachines, fmt.Sprintf("the cap of template %s; an administrator changes it with `kloud template update %s --max-machines N` (at most %d)", t.ID, t.ID, MaxMachinesCeiling)
 	}
-	return s.opts.Limits.MaxMachinesPerStack, fmt.Sprintf("kloud's cap per stack; an administrator raises it with `kloud serve --max-machines-per-stack N`, or for one template with `kloud template update ID --max-machines N` (at most %d)", MaxMachinesCeiling)
+	return m.perStack, fmt.Sprintf("kloud's cap per stack; an administrator raises it with `kloud serve --max-machines-per-stack N`, or for one template with `kloud template update ID --max-machines N` (at most %d)", MaxMachinesCeiling)
 }
 
 // stackTemplate is the template a stack was made from, for its cap (nil when it is gone).
@@ -88,11 +95,11 @@ func tooManyMachines(what string, n int64, limit int, how string) error {
 	return fmt.Errorf("%s asks for %d machines; the limit is %s per stack (%s): %w", what, n, machineCount(limit), how, kite.ErrInvalidParams)
 }
 
-// staticMachineCount sums the counts of the template's machine resources that are known before
+// staticCount sums the counts of the template's machine resources that are known before
 // terraform runs (tmpl.Config.Count with vars); it names the resources counted.
-func (s *Server) staticMachineCount(cfg *tmpl.Config, vars map[string]any) (n int64, what string) {
+func (m machineCaps) staticCount(cfg *tmpl.Config, vars map[string]any) (n int64, what string) {
 	var parts []string
-	for _, typ := range s.resourceTypes() {
+	for _, typ := range m.types {
 		for _, r := range cfg.Resources(typ) {
 			if strings.HasPrefix(r.Name, "kloud_") {
 				continue
@@ -109,11 +116,11 @@ func (s *Server) staticMachineCount(cfg *tmpl.Config, vars map[string]any) (n in
 	return n, strings.Join(parts, ", ")
 }
 
-// checkMachineCap refuses files whose machine count, as far as it is known before terraform
-// runs, is above template t's cap. vars are the stack's variables.
-func (s *Server) checkMachineCap(t *model.Template, cfg *tmpl.Config, vars map[string]any) error {
-	limit, how := s.machineCap(t)
-	if n, what := s.staticMachineCount(cfg, vars); n > int64(limit) {
+// check refuses files whose machine count, as far as it is known before terraform runs, is
+// above template t's cap. vars are the stack's variables.
+func (m machineCaps) check(t *model.Template, cfg *tmpl.Config, vars map[string]any) error {
+	limit, how := m.of(t)
+	if n, what := m.staticCount(cfg, vars); n > int64(limit) {
 		return tooManyMachines("the template ("+what+")", n, limit, how)
 	}
 	return nil
@@ -122,15 +129,16 @@ func (s *Server) checkMachineCap(t *model.Template, cfg *tmpl.Config, vars map[s
 // capBuild checks a built template against t's cap before terraform plans it, and records the
 // cap for the check of the planned machines (plan).
 func (s *Server) capBuild(t *model.Template, b *builtTemplate) error {
-	b.maxMachines, b.capHow = s.machineCap(t)
-	return s.checkMachineCap(t, b.cfg, b.variables)
+	caps := machineCaps{perStack: s.opts.Limits.MaxMachinesPerStack, types: s.resourceTypes()}
+	b.maxMachines, b.capHow = caps.of(t)
+	return caps.check(t, b.cfg, b.variables)
 }
 
 // checkPlannedCount is the check after terraform's plan: n machines planned.
 func (s *Server) checkPlannedCount(b *builtTemplate, n int) error {
 	limit, how := b.maxMachines, b.capHow
 	if limit <= 0 {
-		limit, how = s.machineCap(nil)
+		limit, how = machineCaps{perStack: s.opts.Limits.MaxMachinesPerStack}.of(nil)
 	}
 	if n > limit {
 		return tooManyMachines("terraform's plan", int64(n), limit, how)
@@ -150,10 +158,11 @@ func (s *Server) checkStackCap(ctx context.Context, st *model.Stack) error {
 	for k, v := range st.Variables {
 		vars[k] = v
 	}
-	if err := s.checkMachineCap(t, cfg, vars); err != nil {
+	caps := machineCaps{perStack: s.opts.Limits.MaxMachinesPerStack, types: s.resourceTypes()}
+	if err := caps.check(t, cfg, vars); err != nil {
 		return err
 	}
-	if limit, how := s.machineCap(t); len(st.Machines) > limit {
+	if limit, how := caps.of(t); len(st.Machines) > limit {
 		return tooManyMachines("stack "+st.ID, int64(len(st.Machines)), limit, how)
 	}
 	return nil
@@ -165,7 +174,7 @@ func (s *Server) checkTemplateCap(t *model.Template, files map[string][]byte) er
 	if err != nil {
 		return fmt.Errorf("template: %s: %w", err.Error(), kite.ErrInvalidParams)
 	}
-	return s.checkMachineCap(t, cfg, nil)
+	return machineCaps{perStack: s.opts.Limits.MaxMachinesPerStack, types: s.resourceTypes()}.check(t, cfg, nil)
 }
 
 // setTemplateCap validates an administrator's per-template cap (template.update maxMachines).
@@ -179,22 +188,19 @@ func setTemplateCap(c *Caller, n int) error {
 	return nil
 }
 
-// planTimeout is the wall-time limit of a plan made for a call.
-func (s *Server) planTimeout() time.Duration { return s.opts.Limits.PlanTimeout }
-
 // errPlanTimeout is the cause of a plan's ctx when the plan timeout passed.
 var errPlanTimeout = errors.New("plan timeout")
 
-// planCtx bounds a plan made for a call by the plan timeout (the call's own ctx ends when its
-// caller gives up: kite.cancel, or the connection closes).
+// planCtx bounds a plan made for a call by the plan timeout, Limits.PlanTimeout (the call's own
+// ctx ends when its caller gives up: kite.cancel, or the connection closes).
 func (s *Server) planCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeoutCause(ctx, s.planTimeout(), errPlanTimeout)
+	return context.WithTimeoutCause(ctx, s.opts.Limits.PlanTimeout, errPlanTimeout)
 }
 
 // planStopped explains a plan stopped by ctx (planCtx): the plan timeout, or the caller gone.
 func (s *Server) planStopped(ctx context.Context) error {
 	if errors.Is(context.Cause(ctx), errPlanTimeout) {
-		return fmt.Errorf("terraform plan: it ran longer than the plan timeout (%s; kloud serve --plan-timeout) and was cancelled: %w", s.planTimeout(), kite.ErrTimeout)
+		return fmt.Errorf("terraform plan: it ran longer than the plan timeout (%s; kloud serve --plan-timeout) and was cancelled: %w", s.opts.Limits.PlanTimeout, kite.ErrTimeout)
 	}
 	return fmt.Errorf("terraform plan: cancelled: %w", ctx.Err())
 }

@@ -43,7 +43,7 @@ func (m *kloudMetrics) storeCommand(name string, d time.Duration, failed bool) {
 	m.StoreCommand(name, d, failed)
 }
 
-// jobStarted and jobEnded move the job metrics (runJob); the state is the one Jobs.Finish
+// jobStarted and jobEnded move the job metrics (jobRunner.run); the state is the one Jobs.Finish
 // records for err.
 func (m *kloudMetrics) jobStarted(kind string) { m.JobStarted(kind) }
 

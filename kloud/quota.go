@@ -3,6 +3,7 @@ package kloud
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 
@@ -76,12 +77,6 @@ func quotaSubjects(owner, team string) []string { return quota.Subjects(owner, t
 // addQuota is a and b together (quota.Add).
 func addQuota(a, b api.Quota) api.Quota { return quota.Add(a, b) }
 
-// machineNeed is what one machine of provider name with planned attributes takes of a quota
-// (quota.Keeper.Need).
-func (s *Server) machineNeed(name string, attrs map[string]any) api.Quota {
-	return s.quotas().Need(name, attrs)
-}
-
 // quotaExceeded is quota.Exceeded: the refusal of need on top of use under limit.
 func quotaExceeded(subject string, limit, use, need, held api.Quota) error {
 	return quota.Exceeded(subject, limit, use, need, held)
@@ -104,14 +99,22 @@ func (s *Server) applyQuota(ctx context.Context, st *model.Stack) (release func(
 	return s.quotas().Apply(ctx, st)
 }
 
-// quotaSubject checks a quota.set or quota.show subject and names it.
-func (s *Server) quotaSubject(ctx context.Context, c *Caller, p api.QuotaSubject) (string, error) {
+// quotaAPI serves quota.set and quota.show: who may see or set which subject's quota, and the
+// quota's status from the keeper.
+type quotaAPI struct {
+	store  *store.Store // teams and users (the subjects), the quotas set
+	keeper *quota.Keeper
+	log    *slog.Logger
+}
+
+// subject checks a quota.set or quota.show subject and names it.
+func (q *quotaAPI) subject(ctx context.Context, c *Caller, p api.QuotaSubject) (string, error) {
 	switch {
 	case p.Team != "":
 		if !c.Admin && !c.InTeam(p.Team) {
 			return "", notFound("team", p.Team)
 		}
-		if _, err := s.store.Teams().Get(ctx, p.Team); err != nil {
+		if _, err := q.store.Teams().Get(ctx, p.Team); err != nil {
 			return "", err
 		}
 		return "team/" + p.Team, nil
@@ -119,7 +122,7 @@ func (s *Server) quotaSubject(ctx context.Context, c *Caller, p api.QuotaSubject
 		if !c.Admin {
 			return "", fmt.Errorf("only kloud administrators see another user's quota: %w", kite.ErrPermission)
 		}
-		ok, err := s.store.Users().Exists(ctx, p.User)
+		ok, err := q.store.Users().Exists(ctx, p.User)
 		if err != nil {
 			return "", err
 		}
@@ -131,27 +134,26 @@ func (s *Server) quotaSubject(ctx context.Context, c *Caller, p api.QuotaSubject
 	return "user/" + c.Username, nil
 }
 
-func (s *Server) quotaStatus(ctx context.Context, subject string) (api.QuotaStatus, error) {
-	return s.quotas().Status(ctx, subject)
-}
-
-func (s *Server) quotaSet(ctx context.Context, c *Caller, _ *kite.Request, p *api.QuotaSetParams) (api.QuotaStatus, error) {
-	sub, err := s.quotaSubject(ctx, c, p.QuotaSubject)
+// set serves quota.set: a kloud owner sets a user's or a team's limits.
+func (q *quotaAPI) set(ctx context.Context, c *Caller, _ *kite.Request, p *api.QuotaSetParams) (api.QuotaStatus, error) {
+	sub, err := q.subject(ctx, c, p.QuotaSubject)
 	if err != nil {
 		return api.QuotaStatus{}, err
 	}
 	l := p.Limit
-	if err := s.store.Quotas().Set(ctx, store.Quota{ID: sub, Machines: l.Machines, Cores: l.Cores, MemoryMB: l.MemoryMB, DiskMB: l.DiskMB, UpdatedBy: c.Username}); err != nil {
+	if err := q.store.Quotas().Set(ctx, store.Quota{ID: sub, Machines: l.Machines, Cores: l.Cores, MemoryMB: l.MemoryMB, DiskMB: l.DiskMB, UpdatedBy: c.Username}); err != nil {
 		return api.QuotaStatus{}, err
 	}
-	s.log.InfoContext(ctx, "quota set", "subject", sub, "by", c.Username, "machines", l.Machines, "cores", l.Cores, "memoryMB", l.MemoryMB, "diskMB", l.DiskMB)
-	return s.quotaStatus(ctx, sub)
+	q.log.InfoContext(ctx, "quota set", "subject", sub, "by", c.Username, "machines", l.Machines, "cores", l.Cores, "memoryMB", l.MemoryMB, "diskMB", l.DiskMB)
+	return q.keeper.Status(ctx, sub)
 }
 
-func (s *Server) quotaShow(ctx context.Context, c *Caller, _ *kite.Request, p *api.QuotaShowParams) (api.QuotaStatus, error) {
-	sub, err := s.quotaSubject(ctx, c, p.QuotaSubject)
+// show serves quota.show: a subject's limits and use (the user itself, its team's members,
+// kloud admins).
+func (q *quotaAPI) show(ctx context.Context, c *Caller, _ *kite.Request, p *api.QuotaShowParams) (api.QuotaStatus, error) {
+	sub, err := q.subject(ctx, c, p.QuotaSubject)
 	if err != nil {
 		return api.QuotaStatus{}, err
 	}
-	return s.quotaStatus(ctx, sub)
+	return q.keeper.Status(ctx, sub)
 }

@@ -33,7 +33,7 @@ func TestMachineNeed(t *testing.T) {
 		{"plain", map[string]any{"cores": 4}, api.Quota{Machines: 1, Cores: 4}},
 		{"gone", nil, api.Quota{Machines: 1}},
 	} {
-		if got := s.machineNeed(c.provider, c.attrs); got != c.want {
+		if got := s.quotas().Need(c.provider, c.attrs); got != c.want {
 			t.Errorf("%s %v: %+v, want %+v", c.provider, c.attrs, got, c.want)
 		}
 	}

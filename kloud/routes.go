@@ -272,14 +272,14 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCSnapshotDelete, Members, s.snapshots.delete, kite.WithTimeout(5*time.Minute)),
 
 		// quota.go: quotas of users and teams
-		rpc(s, api.RPCQuotaSet, Owners, s.quotaSet),
-		rpc(s, api.RPCQuotaShow, MembersRead, s.quotaShow), // the user itself, team members, kloud admins
+		rpc(s, api.RPCQuotaSet, Owners, s.quotaAPI.set),
+		rpc(s, api.RPCQuotaShow, MembersRead, s.quotaAPI.show), // the user itself, team members, kloud admins
 
 		// jobs.go: the job's owner, kloud admins
-		rpc(s, api.RPCJobGet, MembersRead, s.jobGet),
-		rpc(s, api.RPCJobWatch, MembersRead, s.jobWatch),
-		rpc(s, api.RPCJobList, MembersRead, s.jobList),
-		rpc(s, api.RPCJobCancel, Members, s.jobCancel),
+		rpc(s, api.RPCJobGet, MembersRead, s.jobs.get),
+		rpc(s, api.RPCJobWatch, MembersRead, s.jobs.watch),
+		rpc(s, api.RPCJobList, MembersRead, s.jobs.list),
+		rpc(s, api.RPCJobCancel, Members, s.jobs.cancel),
 
 		// gc.go: the providers' resources kloud no longer wants
 		rpc(s, api.RPCGCRun, Owners, s.ops.gcRun, long),

@@ -189,12 +189,10 @@ type Server struct {
 	mu        sync.RWMutex
 	tf        Terraformer
 	klientSum string
-	jobs      *jobRunner
 	presence  *storePresence
 	revs      *storeRevocations
-	relay     *relay.Hub            // terminals, port forwards, web apps on their own hosts (relay.go)
-	kinds     map[string]anyJobKind // job kinds (routes.go)
-	idle      *idle.Tracker         // the idle stop and autostart (kloud/idle, wired in idle.go)
+	relay     *relay.Hub    // terminals, port forwards, web apps on their own hosts (relay.go)
+	idle      *idle.Tracker // the idle stop and autostart (kloud/idle, wired in idle.go)
 
 	metrics *kloudMetrics    // Prometheus collectors (metrics.go)
 	login   *login.Service   // the web login: passwords, sessions, single sign-on (kloud/login, wired in web_api_login.go)
@@ -214,6 +212,8 @@ type Server struct {
 	pruner    *pruner        // the retention passes (retention.go)
 	pluginAPI *pluginAPI     // plugin.register, provider.list, provider.keyCreate (plugins.go)
 	idleAPI   *idleAPI       // machine.set (idle.go)
+	jobs      *jobRunner     // durable jobs and job.* (jobs.go)
+	quotaAPI  *quotaAPI      // quota.* (quota.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -292,7 +292,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.ops, s.pruner = newOpsAPI(s), &pruner{store: st, opts: opts.Retention, audits: s.audits, log: s.log}
 	s.pluginAPI = &pluginAPI{host: s.plugins} // plugins.go
 	s.idleAPI = &idleAPI{machines: st.Machines(), now: st.Now, loadMachine: s.loadMachine, capable: s.capable, show: s.showIdle}
-	s.kinds = s.jobKinds()
+	s.jobs = &jobRunner{store: st, log: s.log, metrics: m, kinds: s.jobKinds(), lease: opts.JobLease, bind: func(j *jobCtx) { j.s = s }}
+	s.quotaAPI = &quotaAPI{store: st, keeper: s.quotas(), log: s.log}
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
