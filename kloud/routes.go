@@ -212,14 +212,14 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCVersion, MembersRead, s.kloudVersion),
 
 		// users.go
-		rpc(s, api.RPCUserAdd, Owners, s.userAdd),
-		rpc(s, api.RPCUserList, MembersRead, s.userList),
-		rpc(s, api.RPCUserWhoami, MembersRead, s.userWhoami),
-		rpc(s, api.RPCUserSetPassword, Members, s.userSetPassword), // own; owners anyone's
-		rpc(s, api.RPCTeamCreate, Members, s.teamCreate),
-		rpc(s, api.RPCTeamList, MembersRead, s.teamList),
-		rpc(s, api.RPCTeamAddMember, Members, s.teamAddMember),       // team admins
-		rpc(s, api.RPCTeamRemoveMember, Members, s.teamRemoveMember), // team admins; members leave
+		rpc(s, api.RPCUserAdd, Owners, s.users.add),
+		rpc(s, api.RPCUserList, MembersRead, s.users.list),
+		rpc(s, api.RPCUserWhoami, MembersRead, s.users.whoami),
+		rpc(s, api.RPCUserSetPassword, Members, s.users.setPassword), // own; owners anyone's
+		rpc(s, api.RPCTeamCreate, Members, s.users.teamCreate),
+		rpc(s, api.RPCTeamList, MembersRead, s.users.teamList),
+		rpc(s, api.RPCTeamAddMember, Members, s.users.teamAddMember),       // team admins
+		rpc(s, api.RPCTeamRemoveMember, Members, s.users.teamRemoveMember), // team admins; members leave
 
 		// credentials.go, credential_bootstrap.go
 		rpc(s, api.RPCProviderDescribe, MembersRead, s.providerDescribe),
@@ -293,7 +293,7 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCAuditVerify, OwnersAuditors, s.auditVerify, kite.WithTimeout(5*time.Minute)),
 
 		// roles (users.go): kloud-wide roles of users
-		rpc(s, api.RPCUserSetRole, Owners, s.userSetRole),
+		rpc(s, api.RPCUserSetRole, Owners, s.users.setRole),
 
 		// stacks_plan.go: stack.plan as a durable job (team members; of a stack: owner, team admins)
 		rpc(s, api.RPCStackPlanJob, Members, s.stackPlanJob),
