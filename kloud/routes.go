@@ -239,8 +239,8 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCTemplateGet, MembersRead, s.templateGet),
 		rpc(s, api.RPCTemplateList, MembersRead, s.templateList),
 		rpc(s, api.RPCTemplateDelete, Members, s.templateDelete), // owner, team admins
-		rpc(s, api.RPCTemplateTrust, TemplateAdmins, s.templateTrust),
-		rpc(s, api.RPCTemplateUntrust, TemplateAdmins, s.templateUntrust),
+		rpc(s, api.RPCTemplateTrust, TemplateAdmins, s.policy.templateTrust),
+		rpc(s, api.RPCTemplateUntrust, TemplateAdmins, s.policy.templateUntrust),
 
 		// stacks.go, reconcile.go; the jobs run in kloud/stackbuild
 		rpc(s, api.RPCStackPlan, Members, s.stackPlan, long),

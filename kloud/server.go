@@ -203,7 +203,8 @@ type Server struct {
 	plugins  *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 
 	// area APIs: the handlers of one area each, on a small type holding what they use
-	users *userAPI // user.* and team.* (users.go)
+	users  *userAPI        // user.* and team.* (users.go)
+	policy *templatePolicy // the template policy, template.trust and template.untrust (policy.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -271,6 +272,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	// area APIs (one line each)
+	s.policy = &templatePolicy{templates: st.Templates(), providers: s.providers, now: st.Now, log: s.log, loadTemplate: s.loadTemplate}
 	s.users = &userAPI{users: st.Users(), teams: st.Teams(), now: st.Now, log: s.log, dir: s}
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
