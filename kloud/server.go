@@ -205,6 +205,7 @@ type Server struct {
 	// area APIs: the handlers of one area each, on a small type holding what they use
 	users  *userAPI        // user.* and team.* (users.go)
 	policy *templatePolicy // the template policy, template.trust and template.untrust (policy.go)
+	backup *backupAPI      // GET /api/admin/backup (backup.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -273,6 +274,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	}
 	// area APIs (one line each)
 	s.policy = &templatePolicy{templates: st.Templates(), providers: s.providers, now: st.Now, log: s.log, loadTemplate: s.loadTemplate}
+	s.backup = &backupAPI{dataDir: opts.DataDir, store: st, log: s.log, caller: s.httpCaller}
 	s.users = &userAPI{users: st.Users(), teams: st.Teams(), now: st.Now, log: s.log, dir: s}
 	s.kinds = s.jobKinds()
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
