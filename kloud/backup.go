@@ -78,9 +78,6 @@ type backupStore interface {
 	Now() time.Time
 }
 
-// serveBackup is backupAPI.serve.
-func (s *Server) serveBackup(w http.ResponseWriter, r *http.Request) { s.backup.serve(w, r) }
-
 // serve serves GET /api/admin/backup.
 func (b *backupAPI) serve(w http.ResponseWriter, r *http.Request) {
 	c, err := b.caller(r)

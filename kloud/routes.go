@@ -351,7 +351,7 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"/provider/", "the provider's service decides", http.HandlerFunc(s.plugins.ServeProvider)},
 
 		// ops: backup.go (kloud backup; docs/operations.md "Backup and restore")
-		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.serveBackup)},
+		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.backup.serve)},
 	}
 }
 
