@@ -28,7 +28,7 @@ import (
 // ApplyTemplate is kloud's own code. With the policy, at each of those places, the rules of the
 // providers the template uses (provider.TemplateValidator: the docker provider's arguments,
 // names a provider reserves): a template a provider would refuse at build is refused at save.
-// Before a destroy they are only logged (checkDestroy).
+// Before a destroy they are only logged (templatePolicy.checkDestroy).
 //
 // A kloud administrator may trust one revision of a template (template.trust), lifting named
 // rules for exactly its files: the trust record holds a digest of the files, so any change of
