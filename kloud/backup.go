@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"os"
 	"path"
@@ -59,9 +60,27 @@ type BackupManifest struct {
 	KeyCheck []byte `json:"keyCheck"`
 }
 
-// serveBackup serves GET /api/admin/backup.
-func (s *Server) serveBackup(w http.ResponseWriter, r *http.Request) {
-	c, err := s.httpCaller(r)
+// backupAPI serves GET /api/admin/backup (routes.go): the archive of the data directory's store,
+// terraformer files and, if asked, keys. It holds the data directory, what it reads of the
+// store, and the Server's HTTP authentication.
+type backupAPI struct {
+	dataDir string
+	store   backupStore
+	log     *slog.Logger
+	// caller is Server.httpCaller (httpauth.go): who sends the request.
+	caller func(r *http.Request) (*Caller, error)
+}
+
+// backupStore is what a backup uses of the store (*store.Store): a consistent copy of its
+// database, and its clock.
+type backupStore interface {
+	Snapshot(ctx context.Context, dst string) error
+	Now() time.Time
+}
+
+// serve serves GET /api/admin/backup.
+func (b *backupAPI) serve(w http.ResponseWriter, r *http.Request) {
+	c, err := b.caller(r)
 	if err != nil {
 		var he *httpError
 		if errors.As(err, &he) {
@@ -76,19 +95,19 @@ func (s *Server) serveBackup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	keys := r.URL.Query().Get("keys") == "1"
-	secret, err := os.ReadFile(filepath.Join(s.opts.DataDir, store.SecretKeyFile))
+	secret, err := os.ReadFile(filepath.Join(b.dataDir, store.SecretKeyFile))
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "backup: the store's secret key: "+err.Error())
 		return
 	}
-	tmp, err := os.MkdirTemp(s.opts.DataDir, ".backup-")
+	tmp, err := os.MkdirTemp(b.dataDir, ".backup-")
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "backup: "+err.Error())
 		return
 	}
 	defer os.RemoveAll(tmp)
 	snap := filepath.Join(tmp, store.DatabaseFile(""))
-	if err := s.store.Snapshot(r.Context(), snap); err != nil {
+	if err := b.store.Snapshot(r.Context(), snap); err != nil {
 		code := http.StatusInternalServerError
 		if errors.Is(err, errors.ErrUnsupported) {
 			code = http.StatusNotImplemented
@@ -98,25 +117,25 @@ func (s *Server) serveBackup(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/gzip")
 	w.Header().Set("Cache-Control", "no-store")
-	n, err := s.writeBackup(r.Context(), w, secret, snap, keys)
+	n, err := b.write(r.Context(), w, secret, snap, keys)
 	if err != nil {
 		// The status is sent: the archive ends early, and the CLI, which reads it whole
 		// before it keeps it, says so.
-		s.log.ErrorContext(r.Context(), "backup failed", "by", c.Username, "err", err)
+		b.log.ErrorContext(r.Context(), "backup failed", "by", c.Username, "err", err)
 		return
 	}
-	s.log.InfoContext(r.Context(), "backup taken", "by", c.Username, "keys", keys, "terraformerFiles", n)
+	b.log.InfoContext(r.Context(), "backup taken", "by", c.Username, "keys", keys, "terraformerFiles", n)
 }
 
-// writeBackup writes the archive; it returns how many terraformer files it holds.
-func (s *Server) writeBackup(ctx context.Context, w io.Writer, secret []byte, snap string, keys bool) (int, error) {
+// write writes the archive; it returns how many terraformer files it holds.
+func (b *backupAPI) write(ctx context.Context, w io.Writer, secret []byte, snap string, keys bool) (int, error) {
 	check, err := store.SealWithKey(secret, []byte(backupKeyCheck), []byte(backupManifest))
 	if err != nil {
 		return 0, err
 	}
 	gz := gzip.NewWriter(w)
 	tw := tar.NewWriter(gz)
-	now := s.store.Now()
+	now := b.store.Now()
 	put := func(name string, mode int64, b []byte) error {
 		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(b)), ModTime: now, Typeflag: tar.TypeReg}); err != nil {
 			return err
@@ -133,7 +152,7 @@ func (s *Server) writeBackup(ctx context.Context, w io.Writer, secret []byte, sn
 			return 0, err
 		}
 		for _, f := range []string{AdminKeyFile, KloudKeyFile} {
-			b, err := os.ReadFile(filepath.Join(s.opts.DataDir, f))
+			b, err := os.ReadFile(filepath.Join(b.dataDir, f))
 			if err != nil {
 				return 0, fmt.Errorf("backup: %w", err)
 			}
@@ -158,7 +177,7 @@ func (s *Server) writeBackup(ctx context.Context, w io.Writer, secret []byte, sn
 		return 0, err
 	}
 	n := 0
-	for rel, b := range terraformerFiles(filepath.Join(s.opts.DataDir, "terraformer")) {
+	for rel, b := range terraformerFiles(filepath.Join(b.dataDir, "terraformer")) {
 		if ctx.Err() != nil {
 			return n, ctx.Err()
 		}

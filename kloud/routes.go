@@ -211,14 +211,14 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCVersion, MembersRead, s.ops.kloudVersion), // doctor.go
 
 		// users.go
-		rpc(s, api.RPCUserAdd, Owners, s.userAdd),
-		rpc(s, api.RPCUserList, MembersRead, s.userList),
-		rpc(s, api.RPCUserWhoami, MembersRead, s.userWhoami),
-		rpc(s, api.RPCUserSetPassword, Members, s.userSetPassword), // own; owners anyone's
-		rpc(s, api.RPCTeamCreate, Members, s.teamCreate),
-		rpc(s, api.RPCTeamList, MembersRead, s.teamList),
-		rpc(s, api.RPCTeamAddMember, Members, s.teamAddMember),       // team admins
-		rpc(s, api.RPCTeamRemoveMember, Members, s.teamRemoveMember), // team admins; members leave
+		rpc(s, api.RPCUserAdd, Owners, s.users.add),
+		rpc(s, api.RPCUserList, MembersRead, s.users.list),
+		rpc(s, api.RPCUserWhoami, MembersRead, s.users.whoami),
+		rpc(s, api.RPCUserSetPassword, Members, s.users.setPassword), // own; owners anyone's
+		rpc(s, api.RPCTeamCreate, Members, s.users.teamCreate),
+		rpc(s, api.RPCTeamList, MembersRead, s.users.teamList),
+		rpc(s, api.RPCTeamAddMember, Members, s.users.teamAddMember),       // team admins
+		rpc(s, api.RPCTeamRemoveMember, Members, s.users.teamRemoveMember), // team admins; members leave
 
 		// credentials.go, credential_bootstrap.go
 		rpc(s, api.RPCProviderDescribe, MembersRead, s.creds.providerDescribe),
@@ -238,8 +238,8 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCTemplateGet, MembersRead, s.templates.get),
 		rpc(s, api.RPCTemplateList, MembersRead, s.templates.list),
 		rpc(s, api.RPCTemplateDelete, Members, s.templates.delete), // owner, team admins
-		rpc(s, api.RPCTemplateTrust, TemplateAdmins, s.templateTrust),
-		rpc(s, api.RPCTemplateUntrust, TemplateAdmins, s.templateUntrust),
+		rpc(s, api.RPCTemplateTrust, TemplateAdmins, s.policy.templateTrust),
+		rpc(s, api.RPCTemplateUntrust, TemplateAdmins, s.policy.templateUntrust),
 
 		// stacks.go, reconcile.go; the jobs run in kloud/stackbuild
 		rpc(s, api.RPCStackPlan, Members, s.stacks.planStack, long),
@@ -292,7 +292,7 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCAuditVerify, OwnersAuditors, s.audits.verify, kite.WithTimeout(5*time.Minute)),
 
 		// roles (users.go): kloud-wide roles of users
-		rpc(s, api.RPCUserSetRole, Owners, s.userSetRole),
+		rpc(s, api.RPCUserSetRole, Owners, s.users.setRole),
 
 		// stacks_plan.go: stack.plan as a durable job (team members; of a stack: owner, team admins)
 		rpc(s, api.RPCStackPlanJob, Members, s.stacks.planStackJob),
@@ -350,7 +350,7 @@ func (s *Server) httpRoutes() []httpRoute {
 		{"/provider/", "the provider's service decides", http.HandlerFunc(s.plugins.ServeProvider)},
 
 		// ops: backup.go (kloud backup; docs/operations.md "Backup and restore")
-		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.serveBackup)},
+		{"GET /api/admin/backup", "session or kite key; kloud admins", http.HandlerFunc(s.backup.serve)},
 	}
 }
 

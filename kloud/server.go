@@ -200,20 +200,23 @@ type Server struct {
 	plugins *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 
 	// area APIs: the handlers of one area each, on a small type holding what they use
-	creds     *credentialAPI // credential.*, provider.describe (credentials.go, credential_bootstrap.go)
-	templates *templateAPI   // template.create, update, get, list, delete (templates.go)
-	machines  *machineAPI    // machine.list, info, start, stop and their jobs (machines.go)
-	shares    *shareAPI      // machine.share, unshare, shares (shares.go)
-	ports     *portAPI       // machine.ports.* (ports.go)
-	snapshots *snapshotAPI   // machine.snapshot, snapshots, restore, snapshot.delete and their jobs (snapshots.go)
-	stacks    *stackAPI      // stack.*: stacks*.go, reconcile.go, constraints.go
-	audits    *auditLog      // the audit log and audit.* (audit.go)
-	ops       *opsAPI        // kloud.version, kloud.doctor, gc.run, /readyz, /metrics (health.go)
-	pruner    *pruner        // the retention passes (retention.go)
-	pluginAPI *pluginAPI     // plugin.register, provider.list, provider.keyCreate (plugins.go)
-	idleAPI   *idleAPI       // machine.set (idle.go)
-	jobs      *jobRunner     // durable jobs and job.* (jobs.go)
-	quotaAPI  *quotaAPI      // quota.* (quota.go)
+	creds     *credentialAPI  // credential.*, provider.describe (credentials.go, credential_bootstrap.go)
+	templates *templateAPI    // template.create, update, get, list, delete (templates.go)
+	machines  *machineAPI     // machine.list, info, start, stop and their jobs (machines.go)
+	shares    *shareAPI       // machine.share, unshare, shares (shares.go)
+	ports     *portAPI        // machine.ports.* (ports.go)
+	snapshots *snapshotAPI    // machine.snapshot, snapshots, restore, snapshot.delete and their jobs (snapshots.go)
+	stacks    *stackAPI       // stack.*: stacks*.go, reconcile.go, constraints.go
+	audits    *auditLog       // the audit log and audit.* (audit.go)
+	ops       *opsAPI         // kloud.version, kloud.doctor, gc.run, /readyz, /metrics (health.go)
+	pruner    *pruner         // the retention passes (retention.go)
+	pluginAPI *pluginAPI      // plugin.register, provider.list, provider.keyCreate (plugins.go)
+	idleAPI   *idleAPI        // machine.set (idle.go)
+	jobs      *jobRunner      // durable jobs and job.* (jobs.go)
+	quotaAPI  *quotaAPI       // quota.* (quota.go)
+	users     *userAPI        // user.* and team.* (users.go)
+	policy    *templatePolicy // the template policy, template.trust and template.untrust (policy.go)
+	backup    *backupAPI      // GET /api/admin/backup (backup.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -294,6 +297,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.idleAPI = &idleAPI{machines: st.Machines(), now: st.Now, loadMachine: s.loadMachine, capable: s.capable, show: s.showIdle}
 	s.jobs = &jobRunner{store: st, log: s.log, metrics: m, kinds: s.jobKinds(), lease: opts.JobLease, bind: func(j *jobCtx) { j.s = s }}
 	s.quotaAPI = &quotaAPI{store: st, keeper: s.quotas(), log: s.log}
+	s.policy = &templatePolicy{templates: st.Templates(), providers: s.providers, now: st.Now, log: s.log, loadTemplate: s.loadTemplate}
+	s.backup = &backupAPI{dataDir: opts.DataDir, store: st, log: s.log, caller: s.httpCaller}
+	s.users = &userAPI{users: st.Users(), teams: st.Teams(), now: st.Now, log: s.log, dir: s}
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)
 	}

@@ -7,10 +7,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/crypto/argon2"
 
@@ -121,16 +123,37 @@ func (s *Server) userExists(ctx context.Context, username string) (bool, error) 
 	return s.store.Users().Exists(ctx, username)
 }
 
-func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api.UserAddParams) (api.UserView, error) {
+// userAPI serves user.* and team.* (routes.go): kloud's users, their passwords and kloud-wide
+// roles, and teams with their members. It holds the users and teams repositories and reaches
+// the lookups other areas share through dir (the Server).
+type userAPI struct {
+	users *store.Users
+	teams *store.Teams
+	now   func() time.Time // the store's clock (store.Store.Now)
+	log   *slog.Logger
+	dir   userDirectory
+}
+
+// userDirectory is what userAPI uses of the Server: the lookups and the membership change that
+// other areas use too (web_api_login.go, credentials.go). *Server implements it.
+type userDirectory interface {
+	loadUser(ctx context.Context, username string) (*model.User, error)
+	loadTeam(ctx context.Context, slug string) (*model.Team, error)
+	userExists(ctx context.Context, username string) (bool, error)
+	setMember(ctx context.Context, team, username, role string) error
+}
+
+// add (user.add) adds a user, and makes it a member of a team if asked (kloud admins).
+func (a *userAPI) add(ctx context.Context, c *Caller, _ *kite.Request, p *api.UserAddParams) (api.UserView, error) {
 	if !c.Admin {
 		return api.UserView{}, fmt.Errorf("user.add is for kloud administrators: %w", kite.ErrPermission)
 	}
 	if p.Team != "" {
-		if _, err := s.loadTeam(ctx, p.Team); err != nil {
+		if _, err := a.dir.loadTeam(ctx, p.Team); err != nil {
 			return api.UserView{}, err
 		}
 	}
-	u := model.User{Username: p.Username, Email: p.Email, Admin: p.Admin, CreatedAt: s.store.Now()}
+	u := model.User{Username: p.Username, Email: p.Email, Admin: p.Admin, CreatedAt: a.now()}
 	if p.Admin {
 		u.Role = model.RoleOwner
 	}
@@ -141,16 +164,16 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 		}
 		u.PasswordHash = h
 	}
-	if err := s.store.Users().Insert(ctx, u); err != nil {
+	if err := a.users.Insert(ctx, u); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return api.UserView{}, fmt.Errorf("user %q already exists: %w", p.Username, kite.ErrConflict)
 		}
 		return api.UserView{}, fmt.Errorf("add user %s: %w", p.Username, err)
 	}
-	s.log.InfoContext(ctx, "user added", "user", p.Username, "admin", p.Admin, "by", c.Username)
+	a.log.InfoContext(ctx, "user added", "user", p.Username, "admin", p.Admin, "by", c.Username)
 	teams := map[string]string{}
 	if p.Team != "" {
-		if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
+		if err := a.dir.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
 			return api.UserView{}, fmt.Errorf("user %s was added, but not to team %s: %w", p.Username, p.Team, err)
 		}
 		teams[p.Team] = p.Role
@@ -159,13 +182,13 @@ func (s *Server) userAdd(ctx context.Context, c *Caller, _ *kite.Request, p *api
 }
 
 // visibleTeams returns the caller's teams (every team for kloud admins).
-func (s *Server) visibleTeams(ctx context.Context, c *Caller) ([]model.Team, error) {
+func (a *userAPI) visibleTeams(ctx context.Context, c *Caller) ([]model.Team, error) {
 	var teams []model.Team
 	var err error
 	if c.Admin {
-		teams, err = s.store.Teams().List(ctx)
+		teams, err = a.teams.List(ctx)
 	} else {
-		teams, err = s.store.Teams().Named(ctx, c.TeamNames())
+		teams, err = a.teams.Named(ctx, c.TeamNames())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list teams: %w", err)
@@ -173,9 +196,9 @@ func (s *Server) visibleTeams(ctx context.Context, c *Caller) ([]model.Team, err
 	return teams, nil
 }
 
-// userList lists every user to kloud admins, and the members of their teams to others.
-func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.UserListResult, error) {
-	teams, err := s.visibleTeams(ctx, c)
+// list (user.list) lists every user to kloud admins, and the members of their teams to others.
+func (a *userAPI) list(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.UserListResult, error) {
+	teams, err := a.visibleTeams(ctx, c)
 	if err != nil {
 		return api.UserListResult{}, err
 	}
@@ -190,13 +213,13 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 	}
 	var users []model.User
 	if c.Admin {
-		users, err = s.store.Users().List(ctx)
+		users, err = a.users.List(ctx)
 	} else {
 		names := []string{c.Username}
 		for n := range roles {
 			names = append(names, n)
 		}
-		users, err = s.store.Users().Named(ctx, names)
+		users, err = a.users.Named(ctx, names)
 	}
 	if err != nil {
 		return api.UserListResult{}, fmt.Errorf("list users: %w", err)
@@ -228,17 +251,18 @@ func (s *Server) userList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 	return out, nil
 }
 
-func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *api.NoParams) (api.WhoamiResult, error) {
+// whoami (user.whoami) says who the caller is: role, teams, how it authenticated.
+func (a *userAPI) whoami(ctx context.Context, c *Caller, r *kite.Request, _ *api.NoParams) (api.WhoamiResult, error) {
 	out := api.WhoamiResult{Username: c.Username, Admin: c.KloudRole == model.RoleOwner, Role: c.KloudRole, Teams: []api.TeamRole{}}
 	if p := r.Principal(); p != nil {
 		out.AuthType = p.Type
 	}
-	if u, err := s.loadUser(ctx, c.Username); err == nil {
+	if u, err := a.dir.loadUser(ctx, c.Username); err == nil {
 		out.Email = u.Email
 	}
 	for slug, role := range c.Teams {
 		tr := api.TeamRole{Slug: slug, Role: role}
-		if t, err := s.loadTeam(ctx, slug); err == nil {
+		if t, err := a.dir.loadTeam(ctx, slug); err == nil {
 			tr.Title = t.Title
 		}
 		out.Teams = append(out.Teams, tr)
@@ -247,9 +271,9 @@ func (s *Server) userWhoami(ctx context.Context, c *Caller, r *kite.Request, _ *
 	return out, nil
 }
 
-// userSetPassword sets a user's password: their own, or anyone's for a kloud admin. Setting the
+// setPassword (user.setPassword) sets a user's password: their own, or anyone's for a kloud admin. Setting the
 // admin's password creates its user document, so the admin can log in in a browser.
-func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetPasswordParams) (api.SetPasswordResult, error) {
+func (a *userAPI) setPassword(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetPasswordParams) (api.SetPasswordResult, error) {
 	if p.Username == "" {
 		p.Username = c.Username
 	}
@@ -260,30 +284,30 @@ func (s *Server) userSetPassword(ctx context.Context, c *Caller, _ *kite.Request
 	if err != nil {
 		return api.SetPasswordResult{}, err
 	}
-	if err := s.store.Users().SetPassword(ctx, p.Username, h, p.Username == Admin); err != nil {
+	if err := a.users.SetPassword(ctx, p.Username, h, p.Username == Admin); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return api.SetPasswordResult{}, notFound("user", p.Username)
 		}
 		return api.SetPasswordResult{}, err
 	}
-	s.log.InfoContext(ctx, "password set", "user", p.Username, "by", c.Username)
+	a.log.InfoContext(ctx, "password set", "user", p.Username, "by", c.Username)
 	return api.SetPasswordResult{Username: p.Username, PasswordSet: true}, nil
 }
 
-// userSetRole sets a user's kloud-wide role (owners only, checked by the route). The built-in
+// setRole (user.setRole) sets a user's kloud-wide role (owners only, checked by the route). The built-in
 // admin stays an owner; setting the role of a name without a user document is "not found".
-func (s *Server) userSetRole(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetRoleParams) (api.UserView, error) {
+func (a *userAPI) setRole(ctx context.Context, c *Caller, _ *kite.Request, p *api.SetRoleParams) (api.UserView, error) {
 	if p.Username == Admin {
 		return api.UserView{}, fmt.Errorf("%s is kloud's built-in administrator and always an owner: %w", Admin, kite.ErrInvalidParams)
 	}
-	if err := s.store.Users().SetRole(ctx, p.Username, p.Role, false); err != nil {
+	if err := a.users.SetRole(ctx, p.Username, p.Role, false); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return api.UserView{}, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
 		}
 		return api.UserView{}, err
 	}
-	s.log.Warn("role set", "user", p.Username, "role", p.Role, "by", c.Username)
-	u, err := s.loadUser(ctx, p.Username)
+	a.log.Warn("role set", "user", p.Username, "role", p.Role, "by", c.Username)
+	u, err := a.dir.loadUser(ctx, p.Username)
 	if err != nil {
 		return api.UserView{}, err
 	}
@@ -291,22 +315,22 @@ func (s *Server) userSetRole(ctx context.Context, c *Caller, _ *kite.Request, p 
 	return api.UserView{User: *u, HasPassword: u.PasswordHash != "", Teams: map[string]string{}}, nil
 }
 
-// teamCreate creates a team with the caller as its admin.
-func (s *Server) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (model.Team, error) {
-	t := model.Team{Slug: p.Slug, Title: p.Title, Members: []model.Member{{Username: c.Username, Role: model.RoleAdmin}}, CreatedAt: s.store.Now()}
-	if err := s.store.Teams().Insert(ctx, t); err != nil {
+// teamCreate (team.create) creates a team with the caller as its admin.
+func (a *userAPI) teamCreate(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamCreateParams) (model.Team, error) {
+	t := model.Team{Slug: p.Slug, Title: p.Title, Members: []model.Member{{Username: c.Username, Role: model.RoleAdmin}}, CreatedAt: a.now()}
+	if err := a.teams.Insert(ctx, t); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return model.Team{}, fmt.Errorf("team %q already exists: %w", p.Slug, kite.ErrConflict)
 		}
 		return model.Team{}, fmt.Errorf("create team %s: %w", p.Slug, err)
 	}
-	s.log.InfoContext(ctx, "team created", "team", p.Slug, "by", c.Username)
+	a.log.InfoContext(ctx, "team created", "team", p.Slug, "by", c.Username)
 	return t, nil
 }
 
-// teamList lists the caller's teams (every team for kloud admins).
-func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.TeamListResult, error) {
-	teams, err := s.visibleTeams(ctx, c)
+// teamList (team.list) lists the caller's teams (every team for kloud admins).
+func (a *userAPI) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *api.NoParams) (api.TeamListResult, error) {
+	teams, err := a.visibleTeams(ctx, c)
 	if err != nil {
 		return api.TeamListResult{}, err
 	}
@@ -318,51 +342,51 @@ func (s *Server) teamList(ctx context.Context, c *Caller, _ *kite.Request, _ *ap
 	return out, nil
 }
 
-// teamAddMember adds a user to a team, or changes their role (team admins).
-func (s *Server) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (model.Team, error) {
+// teamAddMember (team.addMember) adds a user to a team, or changes their role (team admins).
+func (a *userAPI) teamAddMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (model.Team, error) {
 	if p.Role == "" {
 		p.Role = model.RoleMember
 	}
-	if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
+	if err := a.teamAdminCheck(ctx, c, p.Team); err != nil {
 		return model.Team{}, err
 	}
-	ok, err := s.userExists(ctx, p.Username)
+	ok, err := a.dir.userExists(ctx, p.Username)
 	if err != nil {
 		return model.Team{}, err
 	}
 	if !ok {
 		return model.Team{}, fmt.Errorf("user %q: %w (add it first: kloud user add %s)", p.Username, kite.ErrNotFound, p.Username)
 	}
-	if err := s.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
+	if err := a.dir.setMember(ctx, p.Team, p.Username, p.Role); err != nil {
 		return model.Team{}, err
 	}
-	s.log.InfoContext(ctx, "team member set", "team", p.Team, "user", p.Username, "role", p.Role, "by", c.Username)
-	return deref(s.loadTeam(ctx, p.Team))
+	a.log.InfoContext(ctx, "team member set", "team", p.Team, "user", p.Username, "role", p.Role, "by", c.Username)
+	return deref(a.dir.loadTeam(ctx, p.Team))
 }
 
-// teamRemoveMember removes a user from a team (team admins; anyone may leave a team).
-func (s *Server) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (model.Team, error) {
+// teamRemoveMember (team.removeMember) removes a user from a team (team admins; anyone may leave a team).
+func (a *userAPI) teamRemoveMember(ctx context.Context, c *Caller, _ *kite.Request, p *api.TeamMemberParams) (model.Team, error) {
 	if p.Username != c.Username || !c.InTeam(p.Team) {
-		if err := s.teamAdminCheck(ctx, c, p.Team); err != nil {
+		if err := a.teamAdminCheck(ctx, c, p.Team); err != nil {
 			return model.Team{}, err
 		}
 	}
-	if err := s.setMember(ctx, p.Team, p.Username, ""); err != nil {
+	if err := a.dir.setMember(ctx, p.Team, p.Username, ""); err != nil {
 		return model.Team{}, err
 	}
-	s.log.InfoContext(ctx, "team member removed", "team", p.Team, "user", p.Username, "by", c.Username)
-	return deref(s.loadTeam(ctx, p.Team))
+	a.log.InfoContext(ctx, "team member removed", "team", p.Team, "user", p.Username, "by", c.Username)
+	return deref(a.dir.loadTeam(ctx, p.Team))
 }
 
 // teamAdminCheck fails unless c administers team; a team the caller is not in is "not found".
-func (s *Server) teamAdminCheck(ctx context.Context, c *Caller, team string) error {
+func (a *userAPI) teamAdminCheck(ctx context.Context, c *Caller, team string) error {
 	if !c.InTeam(team) {
 		return notFound("team", team)
 	}
 	if !c.TeamAdmin(team) {
 		return fmt.Errorf("team %q: only its admins manage members: %w", team, kite.ErrPermission)
 	}
-	if _, err := s.loadTeam(ctx, team); err != nil {
+	if _, err := a.dir.loadTeam(ctx, team); err != nil {
 		return err
 	}
 	return nil
