@@ -66,7 +66,10 @@ func ParseMB(s string) (int64, error) {
 }
 
 // quotas is the quota keeper over this server's store and providers.
-func (s *Server) quotas() *quota.Keeper {
+func (s *Server) quotas() *quota.Keeper { return s.quota }
+
+// newQuotaKeeper builds the keeper New keeps (it holds no state of its own).
+func newQuotaKeeper(s *Server) *quota.Keeper {
 	return quota.New(quota.Options{Store: s.store, Providers: s.providers, Default: s.opts.DefaultQuota,
 		LeaseTTL: stackLeaseTTL, Logger: s.log})
 }

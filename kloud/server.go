@@ -39,7 +39,9 @@ import (
 	"github.com/kloud-dev/kloud/kloud/login"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/pluginhost"
+	"github.com/kloud-dev/kloud/kloud/quota"
 	"github.com/kloud-dev/kloud/kloud/relay"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
 	"github.com/kloud-dev/kloud/provider"
@@ -199,6 +201,9 @@ type Server struct {
 	rate    *rateLimiter     // each user's calls (ratelimit.go); nil: no limit
 	plugins *pluginhost.Host // provider plugins: launched, registered, proxies in providers (kloud/pluginhost)
 
+	build *stackbuild.Flow // the build flow (stacks_deps.go), built once in New
+	quota *quota.Keeper    // quota accounting (quota.go), built once in New
+
 	// area APIs: the handlers of one area each, on a small type holding what they use
 	creds     *credentialAPI  // credential.*, provider.describe (credentials.go, credential_bootstrap.go)
 	templates *templateAPI    // template.create, update, get, list, delete (templates.go)
@@ -283,6 +288,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		PublicURL: opts.PublicURL, KloudVersion: version.Version, Logger: opts.Logger}); err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
+	s.quota = newQuotaKeeper(s)
 	// area APIs (one line each)
 	s.creds = &credentialAPI{creds: st.Credentials(), stacks: st.Stacks(), jobs: st.Jobs(), vault: st, providers: s.providers, log: s.log, srv: s}
 	s.templates = &templateAPI{templates: st.Templates(), now: st.Now, srv: s}
@@ -300,6 +306,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.policy = &templatePolicy{templates: st.Templates(), providers: s.providers, now: st.Now, log: s.log, loadTemplate: s.loadTemplate}
 	s.backup = &backupAPI{dataDir: opts.DataDir, store: st, log: s.log, caller: s.httpCaller}
 	s.users = &userAPI{users: st.Users(), teams: st.Teams(), now: st.Now, log: s.log, dir: s}
+	s.build = newFlow(s)                        // after the area APIs: the flow reaches s.stacks
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
 		return nil, fmt.Errorf("kloud: %w", err)
 	}

@@ -14,8 +14,11 @@ import (
 // needs of kloud it gets through stackbuild.Deps, filled here.
 
 // flow is the build flow (kloud/stackbuild) over this server's store, terraformer, providers
-// and kontrol: handlers check who and what, call it, and answer.
-func (s *Server) flow() *stackbuild.Flow {
+// and kontrol: handlers check who and what, call it, and answer. It is built once, in New.
+func (s *Server) flow() *stackbuild.Flow { return s.build }
+
+// newFlow builds the flow; New calls it once the area APIs it reaches are set.
+func newFlow(s *Server) *stackbuild.Flow {
 	return stackbuild.New(stackbuild.Deps{
 		Store: s.store,
 		Terraformer: func() (stackbuild.Terraformer, error) {
