@@ -23,6 +23,7 @@ func TestMachineNeed(t *testing.T) {
 	}})
 	reg.Register(&provider.Provider{Name: "plain", ResourceType: "plain_machine"})
 	s := &Server{providers: reg}
+	s.quota = newQuotaKeeper(s)
 	for _, c := range []struct {
 		provider string
 		attrs    map[string]any
