@@ -116,8 +116,9 @@ func exists(p string) bool {
 }
 
 // NewEngine starts an engine on a temporary Dir (unless opts.Dir is set) with Setup's terraform and
-// mirror (unless set) and a logger writing to t.Log, and closes it when the test ends. The test
-// binary is the sandbox launcher: its TestMain must call tfsandbox.MaybeRun() first. Without root
+// mirror (unless set) and a logger writing to t.Log, and closes it when the test ends. The
+// sandbox launcher is the terraformer binary (testutil.BuildBinary), unless opts.Launcher is set;
+// a test binary that sets it to itself must call tfsandbox.MaybeRun() first in TestMain. Without root
 // (the sandbox needs it) the test is skipped loudly, unless opts.InsecureNoSandbox; under CI=true
 // it fails.
 func NewEngine(t testing.TB, opts tfrun.Options) *tfrun.Engine {
@@ -139,6 +140,12 @@ func NewEngine(t testing.TB, opts tfrun.Options) *tfrun.Engine {
 	}
 	if opts.Logger == nil {
 		opts.Logger = testutil.Logger(t)
+	}
+	if opts.Launcher == "" && !opts.InsecureNoSandbox {
+		// The terraformer binary is the sandbox's launcher, as in production: the race-built test
+		// binary, re-executed as launcher and init, cost about 75 ms of CPU twice per terraform
+		// command (its size and the race runtime's start), terraformer's about 5 ms.
+		opts.Launcher = testutil.BuildBinary(t, "./cmd/terraformer")
 	}
 	e, err := tfrun.New(context.Background(), opts)
 	if err != nil {
