@@ -100,7 +100,7 @@ func TestLocalPorts(t *testing.T) {
 	lockBrowser(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "ports.mjs")
+	cmd := browserCommand(ctx, node, "ports.mjs")
 	cmd.Dir = script
 	cmd.Env = append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_CHROMIUM="+chromiumPath, "KLOUD_MARKER="+marker,
 		"KLOUD_OPEN_URL="+fmt.Sprintf("%s/api/machines/%s/ports/8000/open", e.url(), web0.ID),
