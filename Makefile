@@ -31,7 +31,7 @@ run: setup build ## set up, then run kloud in the foreground (data in ~/.kloud; 
 TESTPARALLEL ?= -p 4 -parallel 4
 # go test starts packages in the order it is given them: the longest first (docs/CONTRIBUTING.md,
 # "Where the suite's time goes"), then the rest, so that no long package starts last.
-TESTPKGS ?= ./e2e ./kloud ./providers/vagrant ./providers/docker ./providers/local ./providers/local/sandbox \
+TESTPKGS ?= ./e2e ./kloud ./providers/docker ./providers/local ./providers/vagrant ./providers/local/sandbox \
 	./klient/vagrant ./examples/provider-example/example ./klient ./kloud/store ./kloud/cli ./providers/dummy ./...
 
 test: setup ## set up, then run every test (CI runs this with CI=true)

@@ -7,14 +7,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,32 +53,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = dir
-	widenParallel()
 	code := m.Run()
 	localtf.Cleanup()
 	vagranttf.Cleanup()
 	remove()
 	os.Exit(code)
-}
-
-// browserWaiters is how many browser tests may wait for browserMu (one Chromium at a time) at
-// once. A waiting test holds one of -parallel's slots while it does nothing; widenParallel gives
-// the package that many slots more, so that the waits do not idle the other tests (with -parallel
-// 4, three waiting browser tests left one slot working).
-const browserWaiters = 2
-
-// widenParallel raises -test.parallel by browserWaiters (before m.Run, which reads it).
-func widenParallel() {
-	if !flag.Parsed() {
-		flag.Parse()
-	}
-	f := flag.Lookup("test.parallel")
-	if f == nil {
-		return
-	}
-	if n, err := strconv.Atoi(f.Value.String()); err == nil {
-		flag.Set("test.parallel", strconv.Itoa(n+browserWaiters))
-	}
 }
 
 func freePort(t *testing.T) string {
