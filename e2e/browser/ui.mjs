@@ -616,6 +616,8 @@ async function auditSteps() {
       await p.waitForSelector('#conn.conn-open');
       await p.click('#header nav a[href="#/audit"]');
       await p.waitForSelector('main h1:has-text("Audit log")');
+      // The heading shows before the entries arrive: wait for them (a loaded machine is slow).
+      await p.waitForSelector('#audit-entries tr[data-seq]');
       const rows = await p.$$eval('#audit-entries tr[data-seq]', (trs) => trs.map((tr) => ({ action: tr.dataset.action, text: tr.textContent })));
       const has = (action, ...words) => rows.some((r) => r.action === action && words.every((w) => r.text.includes(w)));
       const missing = [];
