@@ -29,10 +29,13 @@ run: setup build ## set up, then run kloud in the foreground (data in ~/.kloud; 
 # packages at once (-p) than the 2 cores, and more of a package's parallel tests at once
 # (-parallel) than GOMAXPROCS (docs/CONTRIBUTING.md, "Where the suite's time goes").
 TESTPARALLEL ?= -p 4 -parallel 4
-# go test starts packages in the order it is given them: the longest first (docs/CONTRIBUTING.md,
-# "Where the suite's time goes"), then the rest, so that no long package starts last.
+# go test starts packages in the order it is given them: the longest first, by a full run's
+# package times (scripts/testtimes.sh; docs/CONTRIBUTING.md, "Where the suite's time goes"), then
+# the rest, so that no long package starts last; e2e is the long pole, the others fill beside it.
 TESTPKGS ?= ./e2e ./kloud ./providers/docker ./providers/local ./providers/vagrant ./providers/local/sandbox \
-	./klient/vagrant ./examples/provider-example/example ./klient ./kloud/store ./kloud/cli ./providers/dummy ./...
+	./klient/vagrant ./klient ./examples/provider-example/example ./kloud/cli ./kloud/store ./providers/dummy \
+	./providers/docker/dockertest ./terraformer/tfrun ./providers/local/tfprovider ./bench/storegrowth \
+	./internal/layersnap ./terraformer ./userdata ./kloud/stackbuild ./terraformer/tfsandbox ./...
 
 test: setup ## set up, then run every test (CI runs this with CI=true)
 	@$(TMPCHECK) $(ENV) $(GO) test -race -timeout 60m $(TESTPARALLEL) $(TESTPKGS)
