@@ -407,7 +407,7 @@ func (w *bootstrapRun) apply(ctx context.Context, prov *provider.Provider, pc *p
 		return bootstrapResult{}, err
 	}
 	var names []string
-	for k := range toJSONMap(val) {
+	for k := range provider.JSONMap(val) {
 		names = append(names, k)
 	}
 	sort.Strings(names)

@@ -1,7 +1,6 @@
 package kloud
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"sort"
@@ -26,7 +25,7 @@ func credentialVariables(p *provider.Provider, cred *provider.Credential) (vars 
 		if v == nil {
 			return
 		}
-		m := toJSONMap(v)
+		m := provider.JSONMap(v)
 		_, isMap := v.(map[string]any)
 		secretFields := provider.SecretFields(v)
 		if isMap && p.HasPart(part) {
@@ -51,29 +50,11 @@ func credentialVariables(p *provider.Provider, cred *provider.Credential) (vars 
 	return vars, secret
 }
 
-// toJSONMap returns v's JSON object form (numbers as json.Number).
-func toJSONMap(v any) map[string]any {
-	if m, ok := v.(map[string]any); ok {
-		return m
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return map[string]any{}
-	}
-	m := map[string]any{}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if dec.Decode(&m) != nil {
-		return map[string]any{}
-	}
-	return m
-}
-
 // secretValues returns the secret field values of v as strings, for redaction. Values shorter
 // than 3 characters are left out: hiding them would garble messages without protecting much.
 func secretValues(v any, secretFields map[string]bool) []string {
 	var out []string
-	for name, val := range toJSONMap(v) {
+	for name, val := range provider.JSONMap(v) {
 		if !secretFields[name] {
 			continue
 		}

@@ -239,7 +239,7 @@ func partSecrets(p *provider.Provider, part string) map[string]bool {
 func publicAndSet(val any, secretFields map[string]bool) (map[string]any, []string) {
 	public := map[string]any{}
 	set := []string{}
-	for name, v := range toJSONMap(val) {
+	for name, v := range provider.JSONMap(val) {
 		switch {
 		case !secretFields[name]:
 			public[name] = v
@@ -325,7 +325,7 @@ func (a *credentialAPI) update(ctx context.Context, c *Caller, _ *kite.Request, 
 		return api.CredentialUpdateResult{}, fmt.Errorf("credential %s changed meanwhile (another update, or a bootstrap started); look again and retry: %w", cr.ID, kite.ErrConflict)
 	}
 	changed := []string{}
-	newM := toJSONMap(val)
+	newM := provider.JSONMap(val)
 	for _, f := range provider.SchemaFields(prov.JSONSchema(provider.PartCredential)) {
 		a, _ := json.Marshal(old[f.Name])
 		b, _ := json.Marshal(newM[f.Name])

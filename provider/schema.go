@@ -555,7 +555,7 @@ func checkImmutable(schema json.RawMessage, v any, old json.RawMessage) error {
 	if err := dec.Decode(&oldM); err != nil {
 		return fmt.Errorf("old value: %w", err)
 	}
-	newM := jsonMap(v)
+	newM := JSONMap(v)
 	for _, f := range SchemaFields(schema) {
 		if !f.Immutable {
 			continue
@@ -577,8 +577,8 @@ func checkImmutable(schema json.RawMessage, v any, old json.RawMessage) error {
 	return nil
 }
 
-// jsonMap returns v's JSON object form (numbers as json.Number).
-func jsonMap(v any) map[string]any {
+// JSONMap returns v's JSON object form (numbers as json.Number); {} when v has none.
+func JSONMap(v any) map[string]any {
 	if m, ok := v.(map[string]any); ok {
 		return m
 	}
