@@ -250,12 +250,31 @@ func (m *Manager) Up(ctx context.Context, name string) (klientapi.VagrantMachine
 	if pp.Provider != "" {
 		args = append(args, "--provider="+pp.Provider)
 	}
-	if _, err := m.run(ctx, name, args...); err != nil {
+	_, err = m.run(ctx, name, args...)
+	for try := 1; err != nil && try < upTries && vanishedContainer(err); try++ {
+		m.log.Warn("vagrant up: a container vanished while Vagrant listed them; trying again", "machine", name, "err", err)
+		_, err = m.run(ctx, name, args...)
+	}
+	if err != nil {
 		return klientapi.VagrantMachine{}, err
 	}
 	// `vagrant up` succeeded: the machine runs. (Asking `vagrant status` would cost another
 	// start of Vagrant, seconds on a busy host.)
 	return m.view(pp, klientapi.VagrantRunning), nil
+}
+
+// upTries is how many times Up runs `vagrant up` when it fails only because a container vanished
+// (vanishedContainer).
+const upTries = 3
+
+// vanishedContainer reports whether a `vagrant up` failed because Vagrant's docker provider
+// lists every container of the daemon (docker ps -a) and then inspects each one to find the
+// ports in use: a container removed in between, by anyone (another machine's destroy, the
+// user's own containers), fails the up with "No such object", whatever the machine. Running
+// `vagrant up` again is safe: a machine that got as far as running stays as it is.
+func vanishedContainer(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, `"docker", "inspect"`) && strings.Contains(s, "No such object")
 }
 
 // Halt stops the machine and keeps its disk.
