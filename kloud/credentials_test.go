@@ -238,7 +238,8 @@ func TestCredentialAuthz(t *testing.T) {
 func TestCredentialValuesAndSecrets(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	w := newCredWorld(t, kloudtest.Options{DataDir: dir})
+	// The scan below reads what the store keeps on disk: the embedded store, in dir.
+	w := newCredWorld(t, kloudtest.Options{DataDir: dir, EmbeddedStore: true})
 	id := w.addCred("alice", "alice's key", goodCredData())
 
 	// Decoding is strict, fills defaults, checks required fields and Valid, and keeps secrets
@@ -521,7 +522,8 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 	t.Parallel()
 	tf := terraformertest.Start(t, terraformertest.Options{})
 	dir := t.TempDir()
-	w := newCredWorld(t, kloudtest.Options{DataDir: dir})
+	// The test opens kloud's store itself, between kloud's runs: the embedded one, in dir.
+	w := newCredWorld(t, kloudtest.Options{DataDir: dir, EmbeddedStore: true})
 	id := w.addCred("alice", "alice's key", goodCredData())
 	other := w.addCred("alice", "no terraformer", goodCredData())
 	w.e.Stop()
@@ -559,7 +561,7 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 	jid := orphan(id, []string{tfJob})
 	st.Close(ctx)
 
-	w2 := newUserWorld(t, kloudtest.Options{DataDir: dir, Providers: testProviders(), Terraformer: tf.Client})
+	w2 := newUserWorld(t, kloudtest.Options{DataDir: dir, EmbeddedStore: true, Providers: testProviders(), Terraformer: tf.Client})
 	var j api.Job
 	testutil.Eventually(t, 3*time.Minute, func() bool {
 		j = w2.job("alice", jid)
@@ -586,7 +588,7 @@ func TestCredentialBootstrapRecovers(t *testing.T) {
 	}
 	jid = orphan(other, nil)
 	st.Close(ctx)
-	w3 := newUserWorld(t, kloudtest.Options{DataDir: dir, Providers: testProviders()})
+	w3 := newUserWorld(t, kloudtest.Options{DataDir: dir, EmbeddedStore: true, Providers: testProviders()})
 	testutil.Eventually(t, time.Minute, func() bool {
 		j = w3.job("alice", jid)
 		return j.Status.Done()

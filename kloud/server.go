@@ -76,6 +76,9 @@ type Options struct {
 	PublicURL string
 	// MongoURL selects an external MongoDB; empty starts the embedded store in DataDir/db.
 	MongoURL string
+	// MongoDatabase is the name of kloud's database (default "kloud"): kloud deployments that
+	// share one MongoDB each use their own.
+	MongoDatabase string
 	// HeartbeatInterval and HeartbeatTimeout drop kites whose link went dead without closing
 	// (defaults DefaultHeartbeatInterval and DefaultHeartbeatTimeout, 10s and 10s).
 	HeartbeatInterval, HeartbeatTimeout time.Duration
@@ -233,7 +236,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: data dir: %w", err)
 	}
 	m := newKloudMetrics()
-	st, err := store.Open(ctx, store.Options{MongoURL: opts.MongoURL, DataDir: opts.DataDir, Logger: opts.Logger, JobLeaseTTL: opts.JobLease,
+	st, err := store.Open(ctx, store.Options{MongoURL: opts.MongoURL, Database: opts.MongoDatabase, DataDir: opts.DataDir, Logger: opts.Logger, JobLeaseTTL: opts.JobLease,
 		OnCommand: m.storeCommand})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)

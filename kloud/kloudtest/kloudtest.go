@@ -1,7 +1,8 @@
-// Package kloudtest starts a real kloud in-process for tests: embedded store in a temp dir,
-// kontrol, the RPC methods, on a loopback HTTP server; and gives tests connected clients as any
-// user: typed ones (Env.Client, an api.Client, as coderdtest gives a codersdk.Client) or the
-// kite connection itself (Env.Dial) for what the typed client does not cover.
+// Package kloudtest starts a real kloud in-process for tests: its store on the test process's
+// shared store server (or embedded, in a temp dir), kontrol, the RPC methods, on a loopback
+// HTTP server; and gives tests connected clients as any user: typed ones (Env.Client, an
+// api.Client, as coderdtest gives a codersdk.Client) or the kite connection itself (Env.Dial)
+// for what the typed client does not cover.
 package kloudtest
 
 import (
@@ -15,6 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -46,8 +48,15 @@ type Options struct {
 	GC kloud.GCOptions
 	// Limits are kloud's caps (zero fields: its defaults).
 	Limits kloud.Limits
-	// MongoURL: use this database instead of the embedded store (e.g. a storetest.Server).
+	// MongoURL: use this database instead of the shared store server (e.g. a
+	// storetest.Server that a test stops and starts).
 	MongoURL string
+	// EmbeddedStore runs kloud's embedded store in DataDir/db, in this process, as kloud serve
+	// does, for a test of what only it does (its files, its snapshot, its lock). Default (and
+	// without MongoURL): a database of kloud's own, named after DataDir, on the test process's
+	// shared store server (storetest.Shared), the same FerretDB out of the race-built test
+	// binary.
+	EmbeddedStore bool
 	// MetricsAddr and MetricsInterval are kloud's (zero: no metrics listener; the default
 	// interval).
 	MetricsAddr     string
@@ -93,6 +102,10 @@ func Start(t testing.TB, o Options) *Env {
 	if o.Logger == nil {
 		o.Logger = testutil.Logger(t)
 	}
+	var database string
+	if o.MongoURL == "" && !o.EmbeddedStore {
+		o.MongoURL, database = storetest.Shared(t, o.DataDir)
+	}
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +115,7 @@ func Start(t testing.TB, o Options) *Env {
 	s, err := kloud.New(t.Context(), kloud.Options{
 		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
-		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL,
+		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL, MongoDatabase: database,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 		DefaultQuota: o.DefaultQuota, MetricsAddr: o.MetricsAddr, MetricsInterval: o.MetricsInterval,
 		SSO: o.SSO, Idle: o.Idle,
