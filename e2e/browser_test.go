@@ -84,10 +84,11 @@ func runUI(t *testing.T, e *env, node, script, out string, settings ...string) {
 // browsers at once slow each other past their waits.
 var browserMu sync.Mutex
 
-// lockBrowser holds browserMu until the test ends.
-func lockBrowser(t *testing.T) {
+// lockBrowser takes browserMu and returns its unlock, which the caller calls (or defers) once
+// its browser has exited: the test's own teardown (destroying its stacks) needs no browser.
+func lockBrowser() (unlock func()) {
 	browserMu.Lock()
-	t.Cleanup(browserMu.Unlock)
+	return browserMu.Unlock
 }
 
 // browserCommand runs node with script under nice -n -10: the browser stands for a user's
@@ -104,7 +105,7 @@ func browserCommand(ctx context.Context, node, script string) *exec.Cmd {
 // stdin.
 func runBrowserScript(t *testing.T, e *env, node, script, out, file string, needs map[string]func() error, settings ...string) {
 	t.Helper()
-	lockBrowser(t)
+	defer lockBrowser()()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := browserCommand(ctx, node, file)
