@@ -1,12 +1,14 @@
 // Package dockertest starts a private Docker daemon for tests: its own data root, exec root,
 // unix socket, pid file and temporary directory (TMPDIR, for dockerd and the containerd it
 // starts: containerd writes its stack dumps there) under a run directory (testutil.RunDir), no
-// iptables rules and no
-// default bridge (--iptables=false --ip6tables=false --bridge=none), so it never touches the
-// host's daemon, firewall or networks; NewWith(Options{IPTables: true}) starts one with a stock
-// daemon's iptables management, in the test's own network namespace only (bridgefwtest). Start it with Start (one per test binary, from TestMain)
-// or New (one per test); it imports the kloud machine image from $KLOUD_BASE_IMAGE (Import
-// imports it plain, under another name). Env, CLI, Docker and Containers drive it with the docker command line.
+// iptables rules and no default bridge (--iptables=false --ip6tables=false --bridge=none), so
+// it never touches the host's daemon, firewall or networks; NewWith(Options{IPTables: true})
+// starts one with a stock daemon's iptables management, in the test's own network namespace only
+// (bridgefwtest). Start it with Start (one per test binary, from TestMain) or New (one per
+// test); it has the kloud machine image from $KLOUD_BASE_IMAGE, imported once into a template in
+// the project's cache and linked into every daemon (template.go; Import makes it available
+// under another name without the docker provider's entrypoint). Env, CLI, Docker and Containers
+// drive it with the docker command line.
 //
 // Close stops the daemon by its pid, unmounts what it left under its exec root (the netns
 // mounts), removes the Linux bridges of the networks made on it, and removes its directory:
