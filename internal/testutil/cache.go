@@ -23,10 +23,11 @@ import (
 // without TestMain has none at all), so anything it put into /tmp stayed there.
 //
 //   - BuildBinary keeps binaries content-addressed in CacheDir()/testbin/<name>-<sha256>/<name>:
-//     every test process links its binary again (go's build cache makes that a link, not a
-//     compile) and hashes the result; an identical binary is reused, a new one is added. The
-//     next test process that builds something removes entries not used for binMaxAge and all but
-//     the keepPerName most recently used of each binary.
+//     every test process builds its binary into the package's stage (testbin/.stage/, where go
+//     build finds its last build and does not link again if nothing changed) and hashes it; an
+//     identical binary is reused, a new one is added. The next test process that builds
+//     something removes entries (and stages) not used for binMaxAge and all but the keepPerName
+//     most recently used of each binary.
 //   - RunDir gives a TestMain a directory of its own, CacheDir()/testrun/<name>-<pid>-<random>,
 //     which it removes when its tests are done; one whose process has died (a timeout, a kill) is
 //     removed by the next RunDir.
@@ -35,6 +36,7 @@ const (
 	keepPerName = 4
 	tmpMaxAge   = time.Hour // a half-written cache entry (".tmp-*") of a process that died
 	testbinName = "testbin"
+	stageName   = ".stage" // under testbin: buildStaged's last builds
 	testrunName = "testrun"
 )
 
@@ -111,37 +113,91 @@ func CachedBinary(pkg string) (string, error) {
 		return "", fmt.Errorf("test binary cache: %w", err)
 	}
 	pruneOnce.Do(func() { pruneBinaries(dir, time.Now()) })
-	tmp, err := os.MkdirTemp(dir, ".tmp-")
-	if err != nil {
-		return "", fmt.Errorf("test binary cache: %w", err)
-	}
-	defer os.RemoveAll(tmp) // gone after the rename; removes a failed build
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return "", fmt.Errorf("test binary cache: %w", err)
-	}
 	name := filepath.Base(pkg)
-	// Without VCS stamping, unchanged sources give the same binary after a commit elsewhere.
-	cmd := exec.Command("go", "build", "-buildvcs=false", "-tags", BuildTags, "-o", filepath.Join(tmp, name), pkg)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
-	}
-	sum, err := fileSum(filepath.Join(tmp, name))
+	final, err := buildStaged(root, dir, pkg, name)
 	if err != nil {
-		return "", fmt.Errorf("test binary cache: %w", err)
-	}
-	final := filepath.Join(dir, name+"-"+sum[:24])
-	if err := os.Rename(tmp, final); err != nil {
-		// Another test process put the same binary there first: use it.
-		if _, serr := os.Stat(filepath.Join(final, name)); serr != nil {
-			return "", fmt.Errorf("test binary cache: %w", err)
-		}
+		return "", err
 	}
 	now := time.Now()
 	os.Chtimes(final, now, now) // in use: not pruned
 	p := filepath.Join(final, name)
 	buildCache[pkg] = p
 	return p, nil
+}
+
+// buildStaged builds pkg into its stage, <dir>/.stage/<name>-<hash of root and pkg>/<name>,
+// where go build finds the binary of its last build and, if nothing changed, does not link it
+// again (linking kloud costs 2 s of CPU; the suite's test processes asked for binaries some 50
+// times a run). It then copies the binary, unless it is there, into its content-addressed
+// entry <dir>/<name>-<sha256> and returns that entry. A lock on the stage keeps test processes
+// that build the same package from writing it at once.
+func buildStaged(root, dir, pkg, name string) (string, error) {
+	key := sha256.Sum256([]byte(root + "\x00" + pkg + "\x00" + BuildTags))
+	stage := filepath.Join(dir, stageName, name+"-"+hex.EncodeToString(key[:6]))
+	if err := os.MkdirAll(stage, 0o755); err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(stage, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	defer lock.Close() // and with it the lock
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return "", fmt.Errorf("test binary cache: lock %s: %w", stage, err)
+	}
+	now := time.Now()
+	os.Chtimes(stage, now, now) // in use: not pruned
+	bin := filepath.Join(stage, name)
+	// Without VCS stamping, unchanged sources give the same binary after a commit elsewhere.
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-tags", BuildTags, "-o", bin, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	sum, err := fileSum(bin)
+	if err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	final := filepath.Join(dir, name+"-"+sum[:24])
+	if _, err := os.Stat(filepath.Join(final, name)); err == nil {
+		return final, nil
+	}
+	tmp, err := os.MkdirTemp(dir, ".tmp-")
+	if err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	defer os.RemoveAll(tmp) // gone after the rename; removes a failed copy
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	if err := copyFile(bin, filepath.Join(tmp, name)); err != nil {
+		return "", fmt.Errorf("test binary cache: %w", err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		// Another test process put the same binary there first: use it.
+		if _, serr := os.Stat(filepath.Join(final, name)); serr != nil {
+			return "", fmt.Errorf("test binary cache: %w", err)
+		}
+	}
+	return final, nil
+}
+
+// copyFile copies the executable src to the new file dst.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 func fileSum(path string) (string, error) {
@@ -187,6 +243,13 @@ func pruneBinaries(dir string, now time.Time) {
 			continue
 		}
 		byBinary[e.Name()[:i]] = append(byBinary[e.Name()[:i]], entry{e.Name(), age})
+	}
+	if stages, err := os.ReadDir(filepath.Join(dir, stageName)); err == nil {
+		for _, e := range stages {
+			if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) > binMaxAge {
+				os.RemoveAll(filepath.Join(dir, stageName, e.Name()))
+			}
+		}
 	}
 	for _, es := range byBinary {
 		sort.Slice(es, func(i, j int) bool { return es[i].age < es[j].age })

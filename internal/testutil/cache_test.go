@@ -32,13 +32,30 @@ func TestBuildBinaryUsesTheCacheNotTemp(t *testing.T) {
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Fatalf("BuildBinary left %v in TMPDIR", left)
 	}
+	staged, err := filepath.Glob(filepath.Join(cache, testbinName, stageName, "hello-*", "hello"))
+	if err != nil || len(staged) != 1 {
+		t.Fatalf("stage: %v %v, want one hello", staged, err)
+	}
+	before, err := os.Stat(staged[0])
+	if err != nil {
+		t.Fatal(err)
+	}
 	resetMemo(t)
 	if p2 := BuildBinary(t, pkg); p2 != p {
 		t.Fatalf("second build at %s, want the cached %s", p2, p)
 	}
+	// Nothing changed: go build found its last build in the stage and did not link it again
+	// (a new link is moved into place: another file; go only touches an up-to-date one).
+	if after, err := os.Stat(staged[0]); err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the staged binary was replaced (%v), want it left in place", err)
+	}
 	entries, _ := os.ReadDir(filepath.Join(cache, testbinName))
-	if len(entries) != 1 {
-		t.Fatalf("cache holds %v, want one entry (no half-written ones)", entries)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if len(names) != 2 || names[0] != stageName || !strings.HasPrefix(names[1], "hello-") {
+		t.Fatalf("cache holds %v, want the stage and one entry (no half-written ones)", names)
 	}
 }
 
