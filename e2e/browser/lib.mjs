@@ -82,6 +82,9 @@ export async function loginForm(page, timeout = 90000) {
     await page.waitForSelector('#login-username', { timeout });
   } catch (e) {
     const shown = await page.evaluate(() => `${location.href}: ${document.body ? document.body.innerText.slice(0, 300) : '(no body)'}`).catch((x) => String(x));
-    throw new Error(`${e.message}\nthe page shows ${JSON.stringify(shown)}`);
+    // What the page had fetched by then (a module that never arrived is missing from the list).
+    const fetched = await page.evaluate(() => performance.getEntriesByType('resource')
+      .map((r) => `${new URL(r.name).pathname} ${Math.round(r.duration)}ms`)).catch((x) => [String(x)]);
+    throw new Error(`${e.message}\nthe page shows ${JSON.stringify(shown)}\nit fetched: ${fetched.join(', ')}`);
   }
 }

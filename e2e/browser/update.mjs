@@ -79,9 +79,6 @@ async function main() {
 
     await step('log in', async () => {
       await page.goto(base + '/');
-      await page.waitForSelector('#login-form', { timeout: 60000 }).catch(async (e) => {
-        throw new Error(`${e.message}\npage shows: ${await page.evaluate(() => document.body.innerText).catch(() => '?')}`);
-      });
       await loginForm(page);
       await page.fill('#login-username', env.KLOUD_USER);
       await page.fill('#login-password', env.KLOUD_PASSWORD);
