@@ -291,15 +291,7 @@ func (d *Daemon) Close() error {
 		cancel()
 		d.Client.Close()
 	}
-	if d.cmd != nil && d.cmd.Process != nil {
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.exited:
-		case <-time.After(20 * time.Second):
-			d.cmd.Process.Kill()
-			<-d.exited
-		}
-	}
+	d.stop()
 	// The daemon's containerd shims and containers died with it (no live-restore); what stays
 	// is mounts under its directories (exec-root/netns/*, overlay mounts of a crash).
 	if err := unmountUnder(d.Dir); err != nil {
@@ -322,6 +314,20 @@ func (d *Daemon) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// stop stops dockerd (SIGTERM by pid, SIGKILL after 20 s) and waits until it has exited.
+func (d *Daemon) stop() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(20 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.exited
+	}
 }
 
 // unmountUnder unmounts every mount point under dir, deepest first.

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
@@ -60,13 +59,7 @@ func imageTemplate(ctx context.Context) (string, error) {
 	// Stop the daemon with its data in place, move what the template keeps, then clean up.
 	d.Client.Close()
 	d.Client = nil
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(20 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.exited
-	}
+	d.stop()
 	var merr error
 	if merr = unmountUnder(d.Dir); merr == nil {
 		for _, name := range templateDirs {
