@@ -84,11 +84,10 @@ func runUI(t *testing.T, e *env, node, script, out string, settings ...string) {
 // browsers at once slow each other past their waits.
 var browserMu sync.Mutex
 
-// lockBrowser takes browserMu and returns its unlock, which the caller calls (or defers) once
-// its browser has exited: the test's own teardown (destroying its stacks) needs no browser.
-func lockBrowser() (unlock func()) {
+// lockBrowser holds browserMu until the test ends.
+func lockBrowser(t *testing.T) {
 	browserMu.Lock()
-	return browserMu.Unlock
+	t.Cleanup(browserMu.Unlock)
 }
 
 // browserCommand runs node with script under nice -n -10: the browser stands for a user's
@@ -105,7 +104,7 @@ func browserCommand(ctx context.Context, node, script string) *exec.Cmd {
 // stdin.
 func runBrowserScript(t *testing.T, e *env, node, script, out, file string, needs map[string]func() error, settings ...string) {
 	t.Helper()
-	defer lockBrowser()()
+	lockBrowser(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := browserCommand(ctx, node, file)
