@@ -51,10 +51,13 @@ export class Subscription {
 export class Kite extends EventTarget {
   // url: the /kite WebSocket URL; auth(): {type, key} for the handshake, or null when there is
   // no session (state becomes "unauthorized").
-  constructor({ url, auth, backoffMin = 500, backoffMax = 15000, pingEvery = 20000, callTimeout = 60000 }) {
+  // openTimeout: a WebSocket that has not opened by then is given up and tried again (a stalled
+  // connection would otherwise leave the page "connecting" for good).
+  constructor({ url, auth, backoffMin = 500, backoffMax = 15000, pingEvery = 20000, callTimeout = 60000, openTimeout = 10000 }) {
     super();
     this.url = url;
     this.auth = auth;
+    this.openTimeout = openTimeout;
     this.backoffMin = backoffMin;
     this.backoffMax = backoffMax;
     this.pingEvery = pingEvery;
@@ -103,14 +106,17 @@ export class Kite extends EventTarget {
       return;
     }
     this.ws = ws;
-    ws.onopen = () => this._handshake(ws, auth);
+    const opening = setTimeout(() => {
+      if (ws === this.ws && ws.readyState === WebSocket.CONNECTING) ws.close(); // onclose: retry
+    }, this.openTimeout);
+    ws.onopen = () => { clearTimeout(opening); this._handshake(ws, auth); };
     ws.onmessage = (ev) => {
       if (typeof ev.data !== 'string') return; // kite frames are text
       let msg;
       try { msg = JSON.parse(ev.data); } catch { return; }
       this._receive(msg);
     };
-    ws.onclose = (ev) => this._closed(ws, ev);
+    ws.onclose = (ev) => { clearTimeout(opening); this._closed(ws, ev); };
     ws.onerror = () => {}; // onclose follows
   }
 

@@ -26,19 +26,24 @@ async function errorOf(res) {
   return `${res.status} ${res.statusText}`;
 }
 
-// restoreSession returns the session, from sessionStorage or else from the cookie.
+// restoreSession returns the session, from sessionStorage or else from the cookie. A request
+// that gets no answer within 10 s is given up and sent again (twice): the page shows "Loading…"
+// until this returns.
 export async function restoreSession() {
   const s = getSession();
   if (s) return s;
-  try {
-    const res = await fetch('/api/session', { credentials: 'same-origin' });
-    if (!res.ok) return null;
-    const b = await res.json();
-    save(b);
-    return getSession();
-  } catch {
-    return null;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    try {
+      const res = await fetch('/api/session', { credentials: 'same-origin', signal: AbortSignal.timeout(10000) });
+      if (!res.ok) return null;
+      const b = await res.json();
+      save(b);
+      return getSession();
+    } catch (e) {
+      if (!e || e.name !== 'TimeoutError') return null;
+    }
   }
+  return null;
 }
 
 // login checks the password with kloud; throws an Error with kloud's message.
