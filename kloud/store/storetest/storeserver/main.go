@@ -9,7 +9,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -47,7 +46,7 @@ func run(dir string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { // the parent's end closes our stdin
-		_, _ = io.Copy(io.Discard, bufio.NewReader(os.Stdin))
+		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
 
