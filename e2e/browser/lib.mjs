@@ -74,10 +74,31 @@ export async function ask(what) {
   if (a !== 'done') throw new Error(`asked for ${what}: ${a}`);
 }
 
+// watchNet keeps what a page's loads went through, for loginForm's answer and error: requests
+// that failed (with the browser's reason), requests still waiting, and the page's own notes
+// (boot.js's "kloud: reloading the page: …" when its modules did not load).
+export function watchNet(page) {
+  const net = { failed: [], pending: new Map(), notes: [], start: Date.now() };
+  const at = () => `${Date.now() - net.start}ms`;
+  const name = (r) => { const u = new URL(r.url()); return u.pathname; };
+  page.on('request', (r) => net.pending.set(r, `${name(r)} since ${at()}`));
+  page.on('requestfinished', (r) => net.pending.delete(r));
+  page.on('requestfailed', (r) => {
+    net.pending.delete(r);
+    net.failed.push(`${at()} ${r.method()} ${name(r)}: ${r.failure() ? r.failure().errorText : 'failed'}`);
+  });
+  page.on('console', (m) => { if (m.text().startsWith('kloud: ')) net.notes.push(`${at()} ${m.text()}`); });
+  page._kloudNet = net;
+  return net;
+}
+
 // loginForm waits for the login form of a page that was just opened: the app's boot (its
 // modules, then the login page) took over 30 s on a loaded CI host (4 test packages on 2 cores),
-// so the first wait is long; if it never shows, the error says what the page showed instead.
+// so the first wait is long; if it never shows, the error says what the page showed instead and
+// (with watchNet) which requests failed or never ended. It returns the page's notes and failed
+// requests when there were any (a reload by boot.js, say), for the step's line.
 export async function loginForm(page, timeout = 90000) {
+  const net = page._kloudNet;
   try {
     await page.waitForSelector('#login-username', { timeout });
   } catch (e) {
@@ -85,6 +106,10 @@ export async function loginForm(page, timeout = 90000) {
     // What the page had fetched by then (a module that never arrived is missing from the list).
     const fetched = await page.evaluate(() => performance.getEntriesByType('resource')
       .map((r) => `${new URL(r.name).pathname} ${Math.round(r.duration)}ms`)).catch((x) => [String(x)]);
-    throw new Error(`${e.message}\nthe page shows ${JSON.stringify(shown)}\nit fetched: ${fetched.join(', ')}`);
+    let more = '';
+    if (net) more = `\nfailed: ${JSON.stringify(net.failed)}\nnever ended: ${JSON.stringify([...net.pending.values()])}\nnotes: ${JSON.stringify(net.notes)}`;
+    throw new Error(`${e.message}\nthe page shows ${JSON.stringify(shown)}\nit fetched: ${fetched.join(', ')}${more}`);
   }
+  if (!net || (!net.failed.length && !net.notes.length)) return {};
+  return { failed: net.failed, notes: net.notes };
 }

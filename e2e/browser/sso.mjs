@@ -12,7 +12,7 @@
 import { chromium } from 'playwright-core';
 import { join } from 'node:path';
 import { mkdirSync } from 'node:fs';
-import { log, step, stepCounts } from './lib.mjs';
+import { log, step, stepCounts, loginForm, watchNet } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -31,6 +31,7 @@ try {
     const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
     const page = await context.newPage();
     page.setDefaultTimeout(60000);
+    watchNet(page);
     const errors = [];
     page.on('pageerror', (e) => errors.push(String(e)));
     page.on('response', (r) => {
@@ -41,7 +42,8 @@ try {
       await page.goto(base + '/');
       // The app boots, asks /api/session, shows the login form, then asks /api/login/methods:
       // on a loaded CI host (4 test packages on 2 cores) the boot alone took longer than 30 s.
-      await page.waitForSelector('#login-form', { timeout: 90000 });
+      const seen = await loginForm(page);
+      if (seen.failed) log({ loginPage: round, ...seen }); // how its first load went, when not smoothly
       await page.waitForSelector('#login-sso').catch((e) => {
         throw new Error(`${e.message}\nthe page's failed requests and errors: ${JSON.stringify(errors)}`);
       });

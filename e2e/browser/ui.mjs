@@ -31,7 +31,7 @@ import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { log, poll, ask, step, stepCounts, loginForm } from './lib.mjs';
+import { log, poll, ask, step, stepCounts, loginForm, watchNet } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL || 'http://127.0.0.1:7000';
@@ -96,6 +96,7 @@ async function main() {
     });
     page = context.pages()[0] || await context.newPage();
     page.setDefaultTimeout(60000);
+    watchNet(page);
     page.on('pageerror', (e) => pageErrors.push(String(e)));
     // Failed requests are judged by URL (the console line does not name it): 401 is expected
     // from GET /api/session before login and from the wrong password on purpose.
@@ -112,11 +113,27 @@ async function main() {
     });
   });
 
+  await step('a module that fails to download: the page loads again by itself', async () => {
+    // The first download of one module the app imports fails as a dropped connection would:
+    // the browser then runs none of the app's modules, and boot.js must load the page again.
+    let dropped = 0;
+    await page.route('**/static/js/jobs.js', (r) => { dropped++; return r.abort('connectionreset'); }, { times: 1 });
+    await page.goto(base + '/');
+    const seen = await loginForm(page);
+    if (dropped !== 1) throw new Error(`the download of jobs.js was dropped ${dropped} times, not once`);
+    if (!(seen.notes || []).some((n) => n.includes('kloud: reloading the page: a file failed to download'))) {
+      throw new Error(`no reload by boot.js: ${JSON.stringify(seen)}`);
+    }
+    const shown = { failed: [...seen.failed], notes: [...seen.notes] };
+    page._kloudNet.notes.length = 0;
+    page._kloudNet.failed.length = 0;
+    return shown;
+  });
+
   await step('login through the form', async () => {
     await page.goto(base + '/');
-    await page.waitForSelector('#login-form');
     // A wrong password first: the form says so and stays.
-    await loginForm(page);
+    const seen = await loginForm(page);
     await page.fill('#login-username', user);
     await page.fill('#login-password', 'not-the-password');
     await page.click('#login-submit');
@@ -125,7 +142,7 @@ async function main() {
     await page.click('#login-submit');
     await page.waitForSelector('#conn.conn-open');
     await page.waitForSelector(`#header .user:has-text("${user}")`);
-    return { hash: await page.evaluate(() => location.hash) };
+    return { hash: await page.evaluate(() => location.hash), ...seen };
   });
 
   if (withCredential) await credentialSteps();
@@ -541,8 +558,10 @@ async function shareSteps() {
       bob = ctx2.pages()[0] || await ctx2.newPage();
       bob.setDefaultTimeout(60000);
       bob.on('pageerror', (e) => pageErrors.push(`${shareUser}: ${e}`));
+      watchNet(bob);
       await bob.goto(base + '/');
-      await loginForm(bob);
+      const seen = await loginForm(bob);
+      if (seen.failed) log({ loginPage: shareUser, ...seen }); // how its first load went, when not smoothly
       await bob.fill('#login-username', shareUser);
       await bob.fill('#login-password', sharePassword);
       await bob.click('#login-submit');
@@ -608,8 +627,10 @@ async function auditSteps() {
       const p = ctx3.pages()[0] || await ctx3.newPage();
       p.setDefaultTimeout(60000);
       p.on('pageerror', (e) => pageErrors.push(`${admin}: ${e}`));
+      watchNet(p);
       await p.goto(base + '/');
-      await loginForm(p);
+      const seen = await loginForm(p);
+      if (seen.failed) log({ loginPage: admin, ...seen }); // how its first load went, when not smoothly
       await p.fill('#login-username', admin);
       await p.fill('#login-password', env.KLOUD_AUDIT_PASSWORD || '');
       await p.click('#login-submit');
@@ -699,8 +720,10 @@ async function quotaSteps() {
       const admin = ctx3.pages()[0] || await ctx3.newPage();
       admin.setDefaultTimeout(60000);
       admin.on('pageerror', (e) => pageErrors.push(`${quotaAdmin}: ${e}`));
+      watchNet(admin);
       await admin.goto(base + '/');
-      await loginForm(admin);
+      const seen = await loginForm(admin);
+      if (seen.failed) log({ loginPage: quotaAdmin, ...seen }); // how its first load went, when not smoothly
       await admin.fill('#login-username', quotaAdmin);
       await admin.fill('#login-password', env.KLOUD_QUOTA_ADMIN_PASSWORD || '');
       await admin.click('#login-submit');

@@ -18,7 +18,7 @@
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { log, poll, ask, step, stepCounts, loginForm } from './lib.mjs';
+import { log, poll, ask, step, stepCounts, loginForm, watchNet } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -64,6 +64,7 @@ async function main() {
     const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
     page = await context.newPage();
     page.setDefaultTimeout(60000);
+    watchNet(page);
     page.on('pageerror', (e) => pageErrors.push(String(e)));
     page.on('console', (m) => {
       if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) pageErrors.push('console: ' + m.text());
@@ -79,7 +80,8 @@ async function main() {
 
     await step('log in', async () => {
       await page.goto(base + '/');
-      await loginForm(page);
+      const seen = await loginForm(page);
+      if (seen.failed) log({ loginPage: env.KLOUD_USER, ...seen }); // how its first load went, when not smoothly
       await page.fill('#login-username', env.KLOUD_USER);
       await page.fill('#login-password', env.KLOUD_PASSWORD);
       await page.click('#login-submit');

@@ -1,7 +1,9 @@
 // Package web is kloud's browser UI: plain ES modules and CSS under static/, embedded with
 // go:embed and served as they are (no build step). Start with Register, which mounts Handler on
-// a kloud server; on the browser side, static/js/app.js is the router and
-// static/js/kite.js the kite protocol client every page uses (docs/protocol.md).
+// a kloud server; on the browser side, static/js/app.js is the router,
+// static/js/kite.js the kite protocol client every page uses (docs/protocol.md) and
+// static/js/boot.js, the one classic script, loads the page again when the app's modules did not
+// download (the browser runs none of them then, and the page would stay at "Loading…").
 //
 // The UI talks to kloud only through the kite endpoint (/kite, handshake with the session from
 // POST /api/login) and the terminal WebSockets under /api/machines/. xterm.js is vendored into

@@ -274,6 +274,10 @@ class App {
   }
 }
 
+// The modules loaded: boot.js's watch ends, and its count of tries starts again.
+window.kloudBooted = true;
+sessionStorage.removeItem('kloud.bootTries');
+
 const app = new App();
 // Read-only hooks for tests and debugging: the open terminals' text.
 window.kloudDebug = {
