@@ -25,6 +25,8 @@ var storeCodes = []struct{ store, kite error }{
 	{provider.ErrRunning, kite.ErrState},
 	// A machine attribute outside the provider's constraints (constraints.go).
 	{provider.ErrConstraint, kite.ErrInvalidParams},
+	// A grant to a bucket the provisioner does not have (bucket.go).
+	{provider.ErrBucketNotFound, kite.ErrNotFound},
 	// The database does not answer; wireError checks store.IsUnavailable first, which also knows
 	// the driver's own errors of an unreachable server, and says so in the message.
 	{store.ErrUnavailable, kite.ErrStoreUnavailable},

@@ -56,6 +56,9 @@ func (p *Provider) derivedCaps() []Capability {
 	if p.Inventory != nil {
 		out = append(out, CapResources) // resources.go
 	}
+	if p.Buckets != nil {
+		out = append(out, CapBucket) // bucket.go
+	}
 	return out
 }
 

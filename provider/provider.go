@@ -64,6 +64,9 @@ type Provider struct {
 	// Inventory, if set, lists and removes the resources the provider made for this kloud
 	// instance (resources.go; capability CapResources): kloud gc uses it. Nil: none.
 	Inventory ResourceManager
+	// Buckets, if set, provisions object buckets for stacks' bucket claims (bucket.go;
+	// capability CapBucket). Nil: the provider's stacks cannot claim buckets.
+	Buckets BucketProvisioner
 	// MoreCaps, if set, returns capabilities that depend on the host's state at the moment (a
 	// daemon that may come up after kloud started), added by Caps to the others on every call:
 	// it must be quick (cache what it learns for a short time). A plugin's capabilities are

@@ -54,7 +54,25 @@ const (
 	CapFirewall      = ptype.CapFirewall    // Machine implements Firewaller (firewall.go)
 	CapResources     = ptype.CapResources   // Provider.Inventory is set (resources.go)
 	CapTemplateRules = ptype.CapTemplateRules
+	CapBucket        = ptype.CapBucket // Provider.Buckets is set (bucket.go)
 )
+
+// Object buckets (ptype/bucket.go; BucketProvisioner).
+type (
+	BucketAccess = ptype.BucketAccess
+	BucketClaim  = ptype.BucketClaim
+	Bucket       = ptype.Bucket
+	BucketKey    = ptype.BucketKey
+)
+
+// Bucket accesses.
+const (
+	BucketRead  = ptype.BucketRead
+	BucketWrite = ptype.BucketWrite
+)
+
+// ValidBucketName checks a bucket name against S3's naming rules (ptype/bucket.go).
+func ValidBucketName(name string) error { return ptype.ValidBucketName(name) }
 
 // PortRule opens Port/Protocol of a machine to From (ptype/firewall.go; Firewaller).
 type PortRule = ptype.PortRule

@@ -21,4 +21,6 @@ const (
 	CapResources Capability = "resources"
 	// CapTemplateRules: the Stack implements TemplateValidator.
 	CapTemplateRules Capability = "templateRules"
+	// CapBucket: the provider provisions object buckets (Provider.Buckets is set; bucket.go).
+	CapBucket Capability = "bucket"
 )
