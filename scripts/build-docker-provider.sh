@@ -4,8 +4,8 @@
 # with `docker = { source = "kreuzwerker/docker", version = "4.6.0" }` inits without a network.
 #
 # The module proxy has the provider only as a pseudo-version whose go.mod names another module
-# path (github.com/terraform-providers/terraform-provider-docker), so `go install` refuses it: the
-# source is downloaded (go mod download), copied somewhere writable and built there.
+# path (github.com/terraform-providers/terraform-provider-docker), so `go install` refuses it:
+# scripts/build-module.sh builds it from its downloaded source.
 #
 # Idempotent: the binary is cached as ${KLOUD_CACHE:-/var/cache/kloud}/bin/terraform-provider-docker_v4.6.0
 # (a build takes ~1.5 min on 2 cores; CI builds it once per cache), and tf-mirror.sh replaces the
@@ -31,17 +31,8 @@ flock 9
 if [[ -x "$out" ]] && [[ -f "$out.src" ]] && [[ "$(cat "$out.src")" == "$MODULE@$PSEUDO" ]]; then
 	log "cached: $out"
 else
-	tmp=$(mktemp -d "$cache/.docker-provider.XXXXXX")
-	trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
-	log "downloading $MODULE@$PSEUDO"
-	dir=$(cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "$MODULE@$PSEUDO" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-	[[ -n "$dir" && -d "$dir" ]] || { log "go mod download gave no source directory"; exit 1; }
-	cp -r "$dir" "$tmp/src"
-	chmod -R u+w "$tmp/src"
 	log "building $out (takes a minute or two)"
-	(cd "$tmp/src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -buildvcs=false \
-		-ldflags "-s -w -X main.version=$VERSION" -o "$tmp/terraform-provider-docker" .)
-	mv -f "$tmp/terraform-provider-docker" "$out"
+	scripts/build-module.sh "$MODULE@$PSEUDO" . "$out" "-X main.version=$VERSION"
 	echo "$MODULE@$PSEUDO" >"$out.src"
 fi
 exec scripts/tf-mirror.sh "kreuzwerker/docker/$VERSION=$out"

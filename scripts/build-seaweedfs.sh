@@ -4,11 +4,11 @@
 #
 # The module proxy serves SeaweedFS as a pseudo-version whose source builds with
 # GOFLAGS=-mod=mod (its own go.mod resolves its dependencies); `go install` of a command of a
-# module with replace directives is refused, so the source is downloaded (go mod download),
-# copied somewhere writable and built there.
+# module with replace directives is refused: scripts/build-module.sh builds it from its
+# downloaded source.
 #
 # Idempotent: the binary is cached as ${KLOUD_CACHE:-/var/cache/kloud}/bin/weed-<pseudo-version>
-# (a build takes about 3 minutes on 2 cores; CI builds it once per cache). Prints
+# (a build takes 3 to 6 minutes on 2 cores; CI builds it once per cache). Prints
 # WEED=<path> on stdout; progress goes to stderr.
 #
 # Usage: scripts/build-seaweedfs.sh
@@ -29,15 +29,7 @@ flock 9
 if [[ -x "$out" ]]; then
 	log "cached: $out"
 else
-	tmp=$(mktemp -d "$cache/.seaweedfs.XXXXXX")
-	trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
-	log "downloading $MODULE@$PSEUDO"
-	dir=$(cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "$MODULE@$PSEUDO" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-	[[ -n "$dir" && -d "$dir" ]] || { log "go mod download gave no source directory"; exit 1; }
-	cp -r "$dir" "$tmp/src"
-	chmod -R u+w "$tmp/src"
-	log "building $out (takes about 3 minutes)"
-	(cd "$tmp/src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$tmp/weed" ./weed)
-	mv -f "$tmp/weed" "$out"
+	log "building $out (takes about 3 to 6 minutes)"
+	scripts/build-module.sh "$MODULE@$PSEUDO" ./weed "$out"
 fi
 echo "WEED=$out"
