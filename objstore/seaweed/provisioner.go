@@ -42,6 +42,9 @@ type ProvisionerOptions struct {
 	Region string
 	// Master is the SeaweedFS master as weed shell takes it, host:port.grpcPort (required).
 	Master string
+	// Filer, if set, is the filer as weed shell takes it (host:port.grpcPort): weed shell then
+	// need not find it through the master, which takes seconds after the master's start.
+	Filer string
 	// Weed is the weed binary that runs `weed shell` (required).
 	Weed string
 	// AdminAccessKey and AdminSecretKey are an identity with the Admin action (required). The
@@ -144,6 +147,9 @@ func (p *Provisioner) Provision(ctx context.Context, claim provider.BucketClaim)
 	}
 	if err := ValidUser(claim.Owner); err != nil {
 		return ptype.Bucket{}, ptype.BucketKey{}, err
+	}
+	if claim.Name == HealthBucket {
+		return ptype.Bucket{}, ptype.BucketKey{}, fmt.Errorf("bucket name %q: reserved for the server's health check", claim.Name)
 	}
 	if claim.MaxBytes < 0 {
 		return ptype.Bucket{}, ptype.BucketKey{}, fmt.Errorf("bucket %q: maxBytes %d < 0", claim.Name, claim.MaxBytes)
@@ -524,7 +530,11 @@ func (p *Provisioner) config(ctx context.Context) (iamConfig, error) {
 func (p *Provisioner) shell(ctx context.Context, command string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, p.o.Weed, "-logtostderr", "shell", "-master="+p.o.Master, "-connectTimeout=20s")
+	args := []string{"-logtostderr", "shell", "-master=" + p.o.Master, "-connectTimeout=20s"}
+	if p.o.Filer != "" {
+		args = append(args, "-filer="+p.o.Filer)
+	}
+	cmd := exec.CommandContext(ctx, p.o.Weed, args...)
 	cmd.Stdin = strings.NewReader(command + "\n")
 	if p.o.ShellDir != "" {
 		cmd.Dir = p.o.ShellDir
@@ -532,8 +542,10 @@ func (p *Provisioner) shell(ctx context.Context, command string) (string, error)
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
 	err := cmd.Run()
 	what := redact(command)
+	p.o.Log.Debug("weed shell", "command", what, "took", time.Since(start).Round(time.Millisecond))
 	msg := strings.TrimSpace(stderr.String())
 	switch {
 	case ctx.Err() != nil:

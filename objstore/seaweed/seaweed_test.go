@@ -38,7 +38,7 @@ func admin(s *seaweed.Server) *s3.Client {
 // weedShell runs one weed shell command against s.
 func weedShell(t *testing.T, s *seaweed.Server, command string) string {
 	t.Helper()
-	cmd := exec.Command(os.Getenv(seaweedtest.EnvWeed), "-logtostderr", "shell", "-master="+s.Master())
+	cmd := exec.Command(os.Getenv(seaweedtest.EnvWeed), "-logtostderr", "shell", "-master="+s.Master(), "-filer="+s.Filer())
 	cmd.Stdin = strings.NewReader(command + "\n")
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(os.Environ(), "TMPDIR="+cmd.Dir, "HOME="+cmd.Dir)
@@ -139,7 +139,15 @@ func TestServerRestarts(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var out bytes.Buffer
-	o := seaweed.Options{Bin: bin, Dir: filepath.Join(dir, "weed"), Log: testutil.Logger(t), Out: &lockedBuffer{b: &out}}
+	weedOut := &lockedBuffer{b: &out}
+	t.Cleanup(func() {
+		if t.Failed() {
+			weedOut.mu.Lock()
+			t.Logf("weed's output:\n%s", out.String())
+			weedOut.mu.Unlock()
+		}
+	})
+	o := seaweed.Options{Bin: bin, Dir: filepath.Join(dir, "weed"), Log: testutil.Logger(t), Out: weedOut}
 	start := time.Now()
 	s, err := seaweed.Start(t.Context(), o)
 	if err != nil {
@@ -167,11 +175,13 @@ func TestServerRestarts(t *testing.T) {
 	t.Logf("RSS after a bucket and an object: %s", rss(s.PID()))
 
 	old := s.PID()
+	start = time.Now()
 	if err := syscallKill(old); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, time.Minute, func() bool { return s.PID() != 0 && s.PID() != old }, "weed not restarted")
 	eventually(t, "the data after a restart", func() error { return get(ctx, c, name, "kept") })
+	t.Logf("restarted and serving after %s", time.Since(start).Round(time.Millisecond))
 
 	endpoint, sockets := s.Endpoint(), s.Sockets()
 	start = time.Now()
@@ -183,10 +193,12 @@ func TestServerRestarts(t *testing.T) {
 			t.Errorf("%s left behind", sock)
 		}
 	}
+	start = time.Now()
 	s2, err := seaweed.Start(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("started again in %s", time.Since(start).Round(time.Millisecond))
 	defer s2.Stop()
 	if s2.Endpoint() != endpoint {
 		t.Errorf("endpoint %s after a restart, was %s", s2.Endpoint(), endpoint)

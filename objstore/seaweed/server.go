@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/kloud-dev/kloud/internal/atomicfile"
@@ -80,8 +81,8 @@ type adminKey struct {
 	SecretKey string `json:"secretKey"`
 }
 
-// Start runs weed server under Dir and returns once its S3 gateway answers (a signed
-// ListBuckets with the admin key). It is supervised (internal/supervise): restarted with backoff
+// Start runs weed server under Dir and returns once its S3 gateway takes writes (the admin
+// key writes an object to HealthBucket). It is supervised (internal/supervise): restarted with backoff
 // when it exits, until Stop. Free ports (an option 0) are picked here; a clash at the first start
 // picks others (three tries).
 func Start(ctx context.Context, o Options) (*Server, error) {
@@ -273,7 +274,7 @@ func (s *Server) args() []string {
 		"-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.config=" + o.path("s3.json"),
 		"-s3.autoCreateBucket=false",
 		"-filer.localSocket=" + o.path("filer.sock"), "-s3.localSocket=" + o.path("s3.sock"),
-		"-master.telemetry=false",
+		"-master.telemetry=false", "-master.electionTimeout=2s",
 		"-master.volumeSizeLimitMB=1024", "-volume.max=0", "-volume.preStopSeconds=0",
 	}
 }
@@ -328,8 +329,12 @@ func (s *Server) removeSockets() {
 	}
 }
 
-// healthy: the S3 gateway answers a signed ListBuckets with the admin key, and the volume
-// server is up (writes need it).
+// HealthBucket is the bucket Server writes to while weed starts (Provision refuses its name).
+const HealthBucket = "kloud-weed-health"
+
+// healthy: the volume server is up and the admin key writes an object. A write, not just an
+// answer: weed's filer joins the cluster (and object writes get their lock server) only 3 to 10
+// s after the S3 gateway answers.
 func (s *Server) healthy(ctx context.Context) bool {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(s.o.IP, strconv.Itoa(s.ports.Volume))+"/status", nil)
 	if err != nil {
@@ -343,8 +348,22 @@ func (s *Server) healthy(ctx context.Context) bool {
 	if resp.StatusCode != http.StatusOK {
 		return false
 	}
-	_, err = s.adminClient().ListBuckets(ctx, nil)
-	return err == nil
+	c := s.adminClient()
+	if _, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(HealthBucket)}); err != nil {
+		if code := errorCode(err); code != "BucketAlreadyOwnedByYou" && code != "BucketAlreadyExists" {
+			s.o.Log.Debug("weed not ready", "err", err)
+			return false
+		}
+	}
+	// A key of its own each time: weed locks a key while writing it, and a write given up on
+	// (the probe's 2 s) would hold up the next one.
+	key := aws.String("probe-" + strconv.FormatInt(time.Now().UnixNano(), 36))
+	if _, err = c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(HealthBucket), Key: key, Body: strings.NewReader("ok")}); err != nil {
+		s.o.Log.Debug("weed not ready", "err", err)
+		return false
+	}
+	c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(HealthBucket), Key: key})
+	return true
 }
 
 // Stop stops quota enforcement and the server (SIGTERM; SIGKILL after 5 s) and waits.
@@ -371,6 +390,11 @@ func (s *Server) Master() string {
 	return fmt.Sprintf("%s:%d.%d", s.o.IP, s.ports.Master, s.ports.Master+1)
 }
 
+// Filer is the filer's address as weed shell takes it: host:port.grpcPort.
+func (s *Server) Filer() string {
+	return fmt.Sprintf("%s:%d.%d", s.o.IP, s.ports.Filer, s.ports.Filer+1)
+}
+
 // AdminKey returns the admin identity's key (every action on every bucket).
 func (s *Server) AdminKey() (accessKey, secretKey string) {
 	return s.admin.AccessKey, s.admin.SecretKey
@@ -380,7 +404,7 @@ func (s *Server) AdminKey() (accessKey, secretKey string) {
 // kloud instance: provider.TagInstance).
 func (s *Server) Provisioner(instance string) *Provisioner {
 	p, err := NewProvisioner(ProvisionerOptions{
-		Endpoint: s.endpoint, PublicEndpoint: s.o.PublicEndpoint, Master: s.Master(), Weed: s.o.Bin,
+		Endpoint: s.endpoint, PublicEndpoint: s.o.PublicEndpoint, Master: s.Master(), Filer: s.Filer(), Weed: s.o.Bin,
 		AdminAccessKey: s.admin.AccessKey, AdminSecretKey: s.admin.SecretKey, Instance: instance,
 		Log: s.o.Log, ShellDir: s.o.path("tmp"),
 	})
