@@ -23,8 +23,9 @@ var layers = map[string]int{
 	"provider/ptype": 2, "provider/pluginapi": 2, // the provider contract's value types, the plugin protocol
 	"kontrol": 3, "klient": 3, "provider": 3, // the registry, the agent, the provider contract
 	"providers": 4, "examples": 4, "terraformer": 4, // providers, and what runs terraform with them
-	"kloud": 5,                       // the orchestrator
-	"cmd":   6, "e2e": 6, "bench": 6, // mains and the harnesses that run the whole system
+	"objstore": 4,                       // the S3 server of buckets and its provisioner
+	"kloud":    5,                       // the orchestrator
+	"cmd":      6, "e2e": 6, "bench": 6, // mains and the harnesses that run the whole system
 }
 
 const module = "github.com/kloud-dev/kloud/"

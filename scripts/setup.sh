@@ -10,6 +10,7 @@
 #   - terraform (the one on PATH, else built from source) and the offline provider mirror
 #     (scripts/tf-mirror.sh)
 #   - the Debian root filesystem local machines boot from (scripts/base-image.sh), when root
+#   - SeaweedFS's weed, the S3 server of stacks' buckets (scripts/build-seaweedfs.sh; KLOUD_WEED)
 # Writes $KLOUD_CACHE/env (shell KEY=VALUE lines) that `make` sources.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,12 +62,17 @@ else
 	log "not root: skipping the base image (local machines need root)"
 fi
 
+log "SeaweedFS's weed, the S3 server for buckets (built once and cached; about 3 minutes)"
+weed=$(scripts/build-seaweedfs.sh | sed -n 's/^WEED=//p')
+[ -x "$weed" ] || { log "scripts/build-seaweedfs.sh gave no weed binary"; exit 1; }
+
 log "Chromium and the browser test's npm packages"
 scripts/setup-browser.sh
 
 {
 	grep -E '^(TERRAFORM|TF_CLI_CONFIG_FILE|TF_MIRROR)=' "$cache/tf-mirror.env"
 	[ -f "$cache/base-image.env" ] && cat "$cache/base-image.env"
+	echo "KLOUD_WEED=$weed"
 	echo "KLOUD_CACHE=$cache"
 } >"$cache/env"
 log "done; environment in $cache/env"
