@@ -29,6 +29,8 @@
 //
 // Optional interfaces (ConsoleLogger, Resizer, ConstraintsValidator, Snapshotter: snapshot.go,
 // TemplateValidator: templaterules.go) are found as in process and advertised as capabilities (Provider.Capabilities, or derived).
+// So are Provider.Inventory (capability "resources": resources.go) and Provider.Buckets
+// (capability "bucket", object buckets for stacks' bucket claims: bucket.go).
 // Return (wrapped) provider.ErrUnsupported for an operation you do not offer. Logs go to stderr,
 // which kloud copies into its log for plugins it launched. A launched plugin may write only
 // EnvStateDir.

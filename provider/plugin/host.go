@@ -334,6 +334,7 @@ func (h *Host) call(ctx context.Context, name, method string, params, result any
 			re.is = provider.ErrUnsupported
 		}
 		remoteConstraint(re, ke) // constraints.go
+		remoteBucket(re, ke)     // bucket.go
 		return re
 	}
 	return fmt.Errorf("provider %s (plugin) %s: %w", name, method, err)
