@@ -36,7 +36,8 @@ type S3 struct {
 	PublicURL string `json:"publicUrl,omitempty"`
 	// Region to sign requests for (default: the provisioner's, us-east-1).
 	Region string `json:"region,omitempty"`
-	// Master is the SeaweedFS master (host:port) through which `weed shell` configures keys.
+	// Master is the SeaweedFS master through which `weed shell` configures keys, as weed shell
+	// takes it: host:port.grpcPort, e.g. 127.0.0.1:9333.19333.
 	Master string `json:"master"`
 	// Weed is the weed binary (a sandboxed plugin must be able to run it: e.g. a copy in its
 	// state directory).
@@ -72,7 +73,7 @@ func (c *S3) Valid() error {
 		}
 	}
 	if _, _, err := net.SplitHostPort(c.Master); err != nil {
-		return fmt.Errorf("s3 master %q: want host:port", c.Master)
+		return fmt.Errorf("s3 master %q: want host:port.grpcPort", c.Master)
 	}
 	switch {
 	case c.Weed == "":
@@ -133,10 +134,15 @@ func (b *buckets) provisioner() (provider.BucketProvisioner, error) {
 	if err != nil {
 		return nil, err
 	}
+	// weed shell's working, temporary and home directory: the provider's own, nothing in /tmp.
+	shellDir := filepath.Join(b.e.o.Dir, "weed-shell")
+	if err := os.MkdirAll(shellDir, 0o700); err != nil {
+		return nil, fmt.Errorf("example: buckets: %w", err)
+	}
 	s := b.e.o.S3
 	p, err := seaweed.NewProvisioner(seaweed.ProvisionerOptions{Endpoint: s.URL, PublicEndpoint: s.PublicURL, Region: s.Region,
 		Master: s.Master, Weed: s.Weed, AdminAccessKey: s.AccessKey, AdminSecretKey: s.SecretKey, Instance: inst,
-		Log: b.e.o.Logger})
+		Log: b.e.o.Logger, ShellDir: shellDir})
 	if err != nil {
 		return nil, fmt.Errorf("example: buckets: %w", err)
 	}

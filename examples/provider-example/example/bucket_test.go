@@ -40,14 +40,14 @@ func TestBucketConfig(t *testing.T) {
 	if _, err := example.LoadS3(dir, getenv); err == nil || !strings.Contains(err.Error(), "master") || strings.Contains(err.Error(), "s3cr3t") {
 		t.Errorf("LoadS3 of an environment without master: %v", err)
 	}
-	env[example.EnvS3Master] = "127.0.0.1:9333"
+	env[example.EnvS3Master] = "127.0.0.1:9333.19333"
 	env[example.EnvWeed] = "/usr/local/bin/weed"
 	if _, err := example.LoadS3(dir, getenv); err == nil || !strings.Contains(err.Error(), "accessKey") || strings.Contains(err.Error(), "s3cr3t") {
 		t.Errorf("LoadS3 of an environment without the access key: %v", err)
 	}
 	env[example.EnvS3AccessKey] = "admin"
 	c, err := example.LoadS3(dir, getenv)
-	want := example.S3{URL: "http://127.0.0.1:8333", Master: "127.0.0.1:9333", Weed: "/usr/local/bin/weed", AccessKey: "admin", SecretKey: "s3cr3t-value"}
+	want := example.S3{URL: "http://127.0.0.1:8333", Master: "127.0.0.1:9333.19333", Weed: "/usr/local/bin/weed", AccessKey: "admin", SecretKey: "s3cr3t-value"}
 	if err != nil || c == nil || *c != want {
 		t.Fatalf("LoadS3 of the environment: %+v %v, want %+v", c, err, want)
 	}
@@ -87,9 +87,6 @@ func TestBucketS3(t *testing.T) {
 	srv := seaweedtest.Start(t)
 	dir := t.TempDir()
 	c := s3Config(t, srv, dir)
-	if c == nil {
-		t.Skip("package seaweed tells no other process how to reach its server (no Server.ProvisionerOptions)")
-	}
 	p := example.New(example.Options{Dir: dir, S3: c, Logger: testutil.Logger(t)})
 	if !p.Can(provider.CapBucket) {
 		t.Fatalf("capabilities %v", p.Caps())
@@ -97,32 +94,19 @@ func TestBucketS3(t *testing.T) {
 	bucketcheck.Run(t, p.Buckets, "ex-"+randomHex(3))
 }
 
-// provisionerOptioner is how a seaweed.Server tells another process (the example, a plugin)
-// what seaweed.NewProvisioner needs to reach it.
-type provisionerOptioner interface {
-	ProvisionerOptions(instance string) seaweed.ProvisionerOptions
-}
-
-// s3Config returns the example's S3 configuration for srv, its weed binary linked (or copied)
-// into dir, where a sandboxed plugin whose state directory dir is can run it. Nil if srv does
-// not tell (see provisionerOptioner).
+// s3Config returns the example's S3 configuration for srv (seaweedtest's), its weed binary
+// linked (or copied) into dir, where a sandboxed plugin whose state directory dir is can run it.
 func s3Config(t *testing.T, srv *seaweed.Server, dir string) *example.S3 {
 	t.Helper()
-	po, ok := any(srv).(provisionerOptioner)
-	if !ok {
-		t.Logf("seaweed.Server has no ProvisionerOptions: no S3 configuration for the example's plugin")
-		return nil
-	}
-	o := po.ProvisionerOptions("")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	weed := filepath.Join(dir, "weed")
-	if err := linkOrCopy(o.Weed, weed); err != nil {
+	if err := linkOrCopy(os.Getenv(seaweedtest.EnvWeed), weed); err != nil {
 		t.Fatal(err)
 	}
-	return &example.S3{URL: o.Endpoint, PublicURL: o.PublicEndpoint, Region: o.Region, Master: o.Master, Weed: weed,
-		AccessKey: o.AdminAccessKey, SecretKey: o.AdminSecretKey}
+	ak, sk := srv.AdminKey()
+	return &example.S3{URL: srv.Endpoint(), Master: srv.Master(), Weed: weed, AccessKey: ak, SecretKey: sk}
 }
 
 // writeS3File writes c as the plugin's S3File in its state directory, readable by the plugin's

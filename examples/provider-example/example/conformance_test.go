@@ -44,9 +44,7 @@ func TestConformance(t *testing.T) {
 		// The launcher gives plugin NAME the state directory <data dir>/plugin-state/NAME.
 		state := filepath.Join(data, "plugin-state", "example")
 		if srv != nil {
-			if c := s3Config(t, srv, state); c != nil {
-				writeS3File(t, state, c)
-			}
+			writeS3File(t, state, s3Config(t, srv, state))
 		}
 		conformance(t, state, providertest.Config{
 			Plugin: testutil.BuildBinary(t, "./examples/provider-example"), Name: "example",
@@ -58,7 +56,7 @@ func TestConformance(t *testing.T) {
 // s3Server returns the test process's SeaweedFS server, or nil (no buckets) where weed is not
 // configured (KLOUD_WEED unset) and CI is not set: the rest of the suite does not need it.
 func s3Server(t *testing.T) *seaweed.Server {
-	if os.Getenv("KLOUD_WEED") == "" && os.Getenv("CI") != "true" {
+	if os.Getenv(seaweedtest.EnvWeed) == "" && os.Getenv("CI") != "true" {
 		t.Log("KLOUD_WEED is not set: the example runs without buckets (the Bucket case skips)")
 		return nil
 	}
