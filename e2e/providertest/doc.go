@@ -18,6 +18,11 @@
 //     again (the provider's bootstrap templates applied once more to the same Terraform state,
 //     as kloud does after a failed or interrupted bootstrap) gives the same outputs and creates,
 //     replaces or destroys nothing. Needs the bootstrap capability.
+//   - Bucket: the provider's bucket provisioner (Provider.Buckets; kloud's proxy of a plugin's)
+//     passes objstore/bucketcheck's contract against its real S3 server: each call twice, read
+//     keys refused writes and revoked keys refused by the server itself, a half-done call
+//     completed, concurrent Provisions making one bucket, Delete with and without retain (bucket.go).
+//     Needs bucket.
 //   - Stack: a stack of two machines (Config.Template) builds to Running with both agents
 //     connected; Config.Leftovers sees its infrastructure.
 //   - InfoBehindBack: a machine stopped behind kloud's back (Config.StopBehindBack): machine.info

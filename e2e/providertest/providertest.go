@@ -135,6 +135,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("Credential", s.testCredential)
 	t.Run("Bootstrap", s.testBootstrap)
 	t.Run("Constraints", s.testConstraints) // constraints.go
+	t.Run("Bucket", s.testBucket)           // bucket.go
 	t.Run("Stack", s.testStack)
 	t.Run("UserScript", s.testUserScript)
 	t.Run("InfoBehindBack", s.testInfoBehindBack)

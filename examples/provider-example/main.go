@@ -27,5 +27,12 @@ func main() {
 	}
 	// Whatever the plugin writes to stderr ends up in kloud's log, tagged with its name.
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	plugin.Serve(example.New(example.Options{Dir: dir, Logger: log}))
+	// Buckets on an S3 server, if configured: s3.json in the state directory, or the
+	// environment of a plugin started by hand (example.LoadS3). Without, no capability "bucket".
+	s3, err := example.LoadS3(dir, os.Getenv)
+	if err != nil {
+		log.Error("the S3 server for buckets", "err", err)
+		os.Exit(1)
+	}
+	plugin.Serve(example.New(example.Options{Dir: dir, Logger: log, S3: s3}))
 }

@@ -29,6 +29,8 @@
 //
 // Optional interfaces (ConsoleLogger, Resizer, ConstraintsValidator, Snapshotter: snapshot.go,
 // TemplateValidator: templaterules.go) are found as in process and advertised as capabilities (Provider.Capabilities, or derived).
+// So are Provider.Inventory (capability "resources": resources.go) and Provider.Buckets
+// (capability "bucket", object buckets for stacks' bucket claims: bucket.go).
 // Return (wrapped) provider.ErrUnsupported for an operation you do not offer. Logs go to stderr,
 // which kloud copies into its log for plugins it launched. A launched plugin may write only
 // EnvStateDir.
@@ -53,7 +55,8 @@
 // kloud's code uses a plugin like an in-tree provider. The proxy's Stack and Machine call the
 // plugin; its machine always implements ConsoleLogger, Resizer and Snapshotter and its stack
 // ConstraintsValidator and TemplateValidator, returning provider.ErrUnsupported unless the plugin advertised the
-// capability (Provider.Capabilities is set from the manifest). One connection per provider
+// capability (Provider.Capabilities is set from the manifest); its Inventory and Buckets are set
+// only if the plugin advertised "resources" and "bucket". One connection per provider
 // name: a newer registration replaces (closes) the older. While a plugin is disconnected its
 // proxy stays registered and every call fails at once with an error wrapping kite.ErrUnavailable
 // ("provider NAME (plugin) is not connected: <last error>"); a call in flight when the

@@ -302,7 +302,8 @@ func (h *Host) conn(name string) (*kite.Conn, error) {
 }
 
 // call makes one call to plugin name. A plugin's own error comes back as a plain error with its
-// message (as an in-process provider's would), provider.ErrUnsupported stays recognizable, and
+// message (as an in-process provider's would), provider.ErrUnsupported, ErrConstraint and
+// ErrBucketNotFound stay recognizable, and
 // a missing or lost connection wraps kite.ErrUnavailable naming the provider and the reason.
 func (h *Host) call(ctx context.Context, name, method string, params, result any) error {
 	c, err := h.conn(name)
@@ -334,6 +335,7 @@ func (h *Host) call(ctx context.Context, name, method string, params, result any
 			re.is = provider.ErrUnsupported
 		}
 		remoteConstraint(re, ke) // constraints.go
+		remoteBucket(re, ke)     // bucket.go
 		return re
 	}
 	return fmt.Errorf("provider %s (plugin) %s: %w", name, method, err)

@@ -73,6 +73,7 @@ func (h *Host) newProxy(name string, m Manifest) *provider.Provider {
 		p.Handler = &proxyHandler{h: h, name: name}
 	}
 	h.setInventory(p, name, can) // resources.go
+	h.setBuckets(p, name, can)   // bucket.go
 	if len(m.TerraformProviders) > 0 {
 		tps := make([]provider.TerraformProvider, len(m.TerraformProviders))
 		for i, tp := range m.TerraformProviders {

@@ -324,6 +324,7 @@ func (s *server) handle(k *kite.Kite) {
 	s.handleSnapshots(k) // snapshot.go
 	s.handlePorts(k)     // firewall.go
 	s.handleResources(k) // resources.go
+	s.handleBuckets(k)   // bucket.go
 }
 
 // errUnsupported carries provider.ErrUnsupported over the wire: kloud's side turns it back.

@@ -143,7 +143,7 @@ func Parts() []string { return []string{PartCredential, PartBootstrap, PartMetad
 func KnownCapabilities() []ptype.Capability {
 	return []ptype.Capability{ptype.CapStart, ptype.CapStop, ptype.CapInfo, ptype.CapConsoleLog,
 		ptype.CapResize, ptype.CapConstraints, ptype.CapBootstrap,
-		ptype.CapSnapshot, ptype.CapFirewall, ptype.CapResources, ptype.CapTemplateRules,
+		ptype.CapSnapshot, ptype.CapFirewall, ptype.CapResources, ptype.CapTemplateRules, ptype.CapBucket,
 	}
 }
 

@@ -48,6 +48,13 @@
 // machine resource. The provider lists the records (Provider.Inventory, capability "resources"),
 // so `kloud gc` finds machines whose stack or machine record kloud no longer has, or that a build
 // which died left outside Terraform's state, and removes them.
+//
+// # Buckets (bucket.go)
+//
+// Configured with an S3 server (Options.S3: SeaweedFS's address, master, weed binary and admin
+// key; the plugin reads it from s3.json in its state directory or from KLOUD_EXAMPLE_S3_*), the
+// provider provisions the buckets stacks claim (Provider.Buckets, capability "bucket") with
+// kloud's SeaweedFS provisioner, objstore/seaweed.
 package example
 
 import (
@@ -83,6 +90,12 @@ type Options struct {
 	// resources' kloud.instance tag; default: an id made once and kept in Dir/instance-id). A
 	// launched plugin's state directory is one kloud's, so one Dir must serve one kloud.
 	Instance string
+	// S3, if set, is the SeaweedFS server the provider provisions stacks' buckets on
+	// (capability "bucket"; bucket.go). The plugin's main reads it with LoadS3. Nil: no buckets.
+	S3 *S3
+	// Buckets, if set, is the provisioner to serve instead of one made from S3 (tests: a
+	// seaweedtest server's).
+	Buckets provider.BucketProvisioner
 }
 
 // Credential is what a user enters to use the provider (kloud credential add --field ...).
@@ -151,7 +164,7 @@ func New(o Options) *provider.Provider {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	e := &example{o: o}
-	return &provider.Provider{
+	p := &provider.Provider{
 		Name: o.Name,
 		// Machines are terraform_data resources; their `input` carries the user data.
 		ResourceType: "terraform_data",
@@ -173,6 +186,12 @@ func New(o Options) *provider.Provider {
 		// collector (resources.go); it makes the capability "resources".
 		Inventory: inventory{e},
 	}
+	// Buckets provisions the stacks' bucket claims (bucket.go); set only when configured, so
+	// that the capability "bucket" is advertised only then.
+	if o.S3 != nil || o.Buckets != nil {
+		p.Buckets = &buckets{e: e, p: o.Buckets}
+	}
+	return p
 }
 
 // example is the provider's state shared by its stacks, machines and HTTP service.
