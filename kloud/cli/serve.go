@@ -61,6 +61,7 @@ type serveFlags struct {
 	vagrant serveVagrant
 	demo    serveDemo
 	sso     serveSSO // serve_sso.go
+	s3      serveS3  // serve_s3.go: the S3 server of stacks' buckets
 }
 
 func serveCmd(g *globals) *cobra.Command {
@@ -151,6 +152,7 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	f.local.flags(cmd)
 	f.docker.flags(cmd)
 	f.vagrant.flags(cmd)
+	f.s3.flags(cmd)
 	return cmd
 }
 
@@ -184,6 +186,10 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if f.pluginLimits.MemoryBytes = f.pluginMemMB << 20; f.pluginLimits != (cgroups.Limits{}) {
 		f.o.Plugins.Limits = &f.pluginLimits
 	}
+	if err := f.s3.start(ctx, f, log, prefixWriter{g.stderr, "weed: "}); err != nil {
+		return err
+	}
+	defer f.s3.stop()
 	reg := provider.NewRegistry()
 	f.dummy.register(reg, f.o.CACert, log)
 	if err := f.local.register(ctx, f, reg, log); err != nil {

@@ -74,6 +74,10 @@ func (sl *serveLocal) register(ctx context.Context, f *serveFlags, reg *provider
 		return err
 	}
 	sl.l = l
+	// Its stacks' bucket claims, on kloud's S3 server, which its machines reach on their bridge.
+	if b := f.s3.provisioner(o.Instance, l.KloudURL, log); b != nil {
+		l.Provider().Buckets = b
+	}
 	reg.Register(l.Provider())
 	if err := l.Available(); err == nil {
 		if err := l.SetupNetwork(ctx); err != nil {
