@@ -94,7 +94,7 @@ func (a *stackAPI) Template(ctx context.Context, c stackbuild.Caller, team strin
 	if err != nil {
 		return nil, err
 	}
-	return &stackbuild.Built{Files: b.files, Config: b.cfg, Variables: b.variables, Creds: b.creds, Providers: b.providers}, nil
+	return &stackbuild.Built{Files: b.files, Config: b.cfg, Variables: b.variables, Creds: b.creds, Providers: b.providers, Buckets: b.buckets}, nil
 }
 
 // PlanContext is planCtx (limits.go: the plan timeout; stackbuild.Plans, with PlanFiles in

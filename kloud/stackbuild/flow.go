@@ -93,6 +93,9 @@ type Built struct {
 	Variables map[string]any
 	Creds     map[string]*provider.Credential // provider → credential
 	Providers map[string][]string             // provider → machine resource names
+	// Buckets are the template's kloud_bucket claims (taken out of Files), their providers
+	// resolved.
+	Buckets []BucketSpec
 }
 
 // Templates resolves credentials and variables of a stack's files and checks them against the
