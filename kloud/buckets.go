@@ -1,12 +1,17 @@
 package kloud
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
 )
@@ -74,4 +79,203 @@ func bucketProviders(reg *provider.Registry) string {
 		return "no provider of this kloud provisions buckets"
 	}
 	return "providers that do: " + strings.Join(out, ", ")
+}
+
+// bucketAPI serves bucket.* (docs/protocol.md): the claims of stacks the caller can see,
+// their keys for the users they belong to, grants and revokes, and ending a claim now.
+type bucketAPI struct {
+	claims    *store.BucketClaims
+	stacks    *store.Stacks
+	caller    func(ctx context.Context, username string, admin bool) (*Caller, error) // callerByName
+	loadStack func(ctx context.Context, c *Caller, id string) (*model.Stack, error)   // owner, team admins
+	flow      func() *stackbuild.Flow                                                 // the provisioners, DeleteBucket
+}
+
+func bucketView(c model.BucketClaim) api.BucketView {
+	return api.BucketView{StackID: c.StackID, Label: c.Label, Bucket: c.Bucket, Provider: c.Provider, Owner: c.Owner, Team: c.Team,
+		Endpoint: c.Endpoint, Region: c.Region, Retain: c.Retain, MaxBytes: c.MaxBytes, State: c.State, Grants: c.Grants}
+}
+
+// list serves bucket.list: the claims of one stack the caller owns or administers, or of
+// every such stack, and those the caller has a grant on. Never a key.
+func (a *bucketAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketListParams) (api.BucketListResult, error) {
+	var ids []string
+	if p.StackID != "" {
+		if _, err := a.loadStack(ctx, c, p.StackID); err != nil {
+			return api.BucketListResult{}, err
+		}
+		ids = []string{p.StackID}
+	} else {
+		sts, err := a.stacks.List(ctx, store.StackFilter{Owner: c.Username})
+		if err != nil {
+			return api.BucketListResult{}, err
+		}
+		for _, team := range c.TeamNames() {
+			if c.TeamAdmin(team) {
+				more, err := a.stacks.List(ctx, store.StackFilter{Team: team})
+				if err != nil {
+					return api.BucketListResult{}, err
+				}
+				sts = append(sts, more...)
+			}
+		}
+		for _, st := range sts {
+			if !slices.Contains(ids, st.ID) {
+				ids = append(ids, st.ID)
+			}
+		}
+	}
+	cs, err := a.claims.ByStacks(ctx, ids)
+	if err != nil {
+		return api.BucketListResult{}, err
+	}
+	if p.StackID == "" {
+		granted, err := a.claims.Granted(ctx, c.Username)
+		if err != nil {
+			return api.BucketListResult{}, err
+		}
+		for _, g := range granted {
+			if !slices.ContainsFunc(cs, func(x model.BucketClaim) bool { return x.ID == g.ID }) {
+				cs = append(cs, g)
+			}
+		}
+	}
+	out := api.BucketListResult{Buckets: []api.BucketView{}}
+	for _, cl := range cs {
+		out.Buckets = append(out.Buckets, bucketView(cl))
+	}
+	return out, nil
+}
+
+// claim loads the ready claim p names on a stack the caller owns or administers.
+func (a *bucketAPI) claim(ctx context.Context, c *Caller, p api.BucketRef) (*model.Stack, model.BucketClaim, error) {
+	st, err := a.loadStack(ctx, c, p.StackID)
+	if err != nil {
+		return nil, model.BucketClaim{}, err
+	}
+	cl, err := a.claims.Get(ctx, model.BucketClaimID(st.ID, p.Label))
+	if err != nil {
+		return nil, model.BucketClaim{}, err
+	}
+	if cl.State != model.BucketReady {
+		return nil, model.BucketClaim{}, fmt.Errorf("bucket %s of stack %s is %s: %w", cl.Label, st.ID, cl.State, kite.ErrState)
+	}
+	return st, cl, nil
+}
+
+// credentials serves bucket.credentials: the caller's own key to the bucket, the owner's
+// (Provision again: the same key) or a granted user's (Grant again with the recorded access:
+// the same key). The one answer with a key.
+func (a *bucketAPI) credentials(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketRef) (api.BucketCredentials, error) {
+	cl, err := a.claims.Get(ctx, model.BucketClaimID(p.StackID, p.Label))
+	if errors.Is(err, store.ErrNotFound) || err == nil && cl.Owner != c.Username && cl.Grants[c.Username] == "" {
+		return api.BucketCredentials{}, notFound("bucket", p.StackID+"/"+p.Label)
+	}
+	if err != nil {
+		return api.BucketCredentials{}, err
+	}
+	if cl.State != model.BucketReady {
+		return api.BucketCredentials{}, fmt.Errorf("bucket %s is %s: %w", cl.Label, cl.State, kite.ErrState)
+	}
+	bp, err := a.flow().Provisioner(cl.Provider)
+	if err != nil {
+		return api.BucketCredentials{}, fmt.Errorf("bucket %s: %s: %w", cl.Label, err.Error(), kite.ErrState)
+	}
+	b := provider.Bucket{Name: cl.Bucket, Endpoint: cl.Endpoint, Region: cl.Region}
+	var key provider.BucketKey
+	if cl.Owner == c.Username {
+		b, key, err = bp.Provision(ctx, provider.BucketClaim{Name: cl.Bucket, Owner: cl.Owner, MaxBytes: cl.MaxBytes,
+			Tags: provider.ResourceTags(cl.StackID, cl.Team, cl.Owner, "", "")})
+	} else {
+		key, err = bp.Grant(ctx, cl.Bucket, c.Username, provider.BucketAccess(cl.Grants[c.Username]))
+	}
+	if err != nil {
+		return api.BucketCredentials{}, fmt.Errorf("bucket %s: %w", cl.Label, err)
+	}
+	return api.BucketCredentials{StackID: cl.StackID, Label: cl.Label, Bucket: b.Name, Endpoint: b.Endpoint, Region: b.Region,
+		Access: string(key.Access), AccessKeyID: key.AccessKey, SecretAccessKey: key.SecretKey}, nil
+}
+
+// grant serves bucket.grant (stack owner, team admins): the user gets a key with access to
+// the bucket (the server's change first, then the record: a crash between leaves a key a
+// revoke or the next grant settles).
+func (a *bucketAPI) grant(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketGrantParams) (api.BucketView, error) {
+	st, cl, err := a.claim(ctx, c, p.BucketRef)
+	if err != nil {
+		return api.BucketView{}, err
+	}
+	if p.User == cl.Owner {
+		return api.BucketView{}, fmt.Errorf("%s owns the bucket (write access already): %w", p.User, kite.ErrInvalidParams)
+	}
+	u, err := a.caller(ctx, p.User, false)
+	if err != nil {
+		return api.BucketView{}, err
+	}
+	if !u.InTeam(st.Team) {
+		return api.BucketView{}, fmt.Errorf("user %s is not in team %s: %w", p.User, st.Team, kite.ErrInvalidParams)
+	}
+	bp, err := a.flow().Provisioner(cl.Provider)
+	if err != nil {
+		return api.BucketView{}, fmt.Errorf("bucket %s: %s: %w", cl.Label, err.Error(), kite.ErrState)
+	}
+	if _, err := bp.Grant(ctx, cl.Bucket, p.User, provider.BucketAccess(p.Access)); err != nil {
+		return api.BucketView{}, fmt.Errorf("bucket %s: grant %s: %w", cl.Label, p.User, err)
+	}
+	if err := a.claims.SetGrant(ctx, cl.ID, p.User, p.Access); err != nil {
+		return api.BucketView{}, err
+	}
+	return a.view(ctx, cl.ID)
+}
+
+// revoke serves bucket.revoke (stack owner, team admins): the user's key stops working.
+// Revoking a user without a grant succeeds.
+func (a *bucketAPI) revoke(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketRevokeParams) (api.BucketView, error) {
+	_, cl, err := a.claim(ctx, c, p.BucketRef)
+	if err != nil {
+		return api.BucketView{}, err
+	}
+	if p.User == cl.Owner {
+		return api.BucketView{}, fmt.Errorf("%s owns the bucket: delete it instead (bucket.delete): %w", p.User, kite.ErrInvalidParams)
+	}
+	bp, err := a.flow().Provisioner(cl.Provider)
+	if err != nil {
+		return api.BucketView{}, fmt.Errorf("bucket %s: %s: %w", cl.Label, err.Error(), kite.ErrState)
+	}
+	if err := bp.Revoke(ctx, cl.Bucket, p.User); err != nil {
+		return api.BucketView{}, fmt.Errorf("bucket %s: revoke %s: %w", cl.Label, p.User, err)
+	}
+	if err := a.claims.RemoveGrant(ctx, cl.ID, p.User); err != nil {
+		return api.BucketView{}, err
+	}
+	return a.view(ctx, cl.ID)
+}
+
+// delete serves bucket.delete (stack owner, team admins): the claim ends now, the data deleted
+// or kept (p.Retain, else the claim's own). It answers the claim as it was.
+func (a *bucketAPI) delete(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketDeleteParams) (api.BucketView, error) {
+	st, err := a.loadStack(ctx, c, p.StackID)
+	if err != nil {
+		return api.BucketView{}, err
+	}
+	cl, err := a.claims.Get(ctx, model.BucketClaimID(st.ID, p.Label))
+	if err != nil {
+		return api.BucketView{}, err
+	}
+	if p.Retain != nil {
+		cl.Retain = *p.Retain
+	}
+	if err := a.flow().DeleteBucket(ctx, cl); err != nil {
+		return api.BucketView{}, err
+	}
+	v := bucketView(cl)
+	v.State = "deleted"
+	return v, nil
+}
+
+func (a *bucketAPI) view(ctx context.Context, id string) (api.BucketView, error) {
+	cl, err := a.claims.Get(ctx, id)
+	if err != nil {
+		return api.BucketView{}, err
+	}
+	return bucketView(cl), nil
 }

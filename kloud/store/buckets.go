@@ -67,6 +67,15 @@ func (r *BucketClaims) ByStacks(ctx context.Context, stackIDs []string) ([]model
 	return out, nil
 }
 
+// Granted returns the claims that grant user access, oldest first.
+func (r *BucketClaims) Granted(ctx context.Context, user string) ([]model.BucketClaim, error) {
+	out, err := findAll[model.BucketClaim](ctx, r.coll(), bson.M{"grants." + user: bson.M{"$exists": true}}, byCreation)
+	if err != nil {
+		return nil, fmt.Errorf("list bucket claims granted to %s: %w", user, err)
+	}
+	return out, nil
+}
+
 // BucketClaimSet is a change to a claim; nil fields are left as they are.
 type BucketClaimSet struct {
 	State    *string
