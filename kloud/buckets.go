@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
@@ -89,6 +91,9 @@ type bucketAPI struct {
 	caller    func(ctx context.Context, username string, admin bool) (*Caller, error) // callerByName
 	loadStack func(ctx context.Context, c *Caller, id string) (*model.Stack, error)   // owner, team admins
 	flow      func() *stackbuild.Flow                                                 // the provisioners, DeleteBucket
+	machines  *store.Machines
+	agentConn func(m *model.Machine) (*kite.Conn, error) // agents.go
+	log       *slog.Logger
 }
 
 func bucketView(c model.BucketClaim) api.BucketView {
@@ -278,4 +283,82 @@ func (a *bucketAPI) view(ctx context.Context, id string) (api.BucketView, error)
 		return api.BucketView{}, err
 	}
 	return bucketView(cl), nil
+}
+
+// deliver gives the machines of st whose agents are connected the stack's ready buckets
+// (klient.setBuckets: endpoint, region and the owner's key, asked of the provisioner again),
+// logging on j (nil: kloud's log) what it could not. An agent without the feature is skipped.
+func (a *bucketAPI) deliver(ctx context.Context, j stackbuild.Job, st *model.Stack) {
+	logf := func(format string, args ...any) {
+		if j != nil {
+			j.Logf(ctx, format, args...)
+		} else {
+			a.log.WarnContext(ctx, fmt.Sprintf(format, args...), "stack", st.ID)
+		}
+	}
+	cs, err := a.claims.ByStack(ctx, st.ID)
+	if err != nil {
+		logf("buckets not delivered to the machines: %v", err)
+		return
+	}
+	p := klientapi.SetBucketsParams{Buckets: []klientapi.BucketEnv{}}
+	for _, c := range cs {
+		if c.State != model.BucketReady {
+			continue
+		}
+		bp, err := a.flow().Provisioner(c.Provider)
+		if err != nil {
+			logf("bucket %s not delivered: %v", c.Label, err)
+			continue
+		}
+		b, key, err := bp.Provision(ctx, provider.BucketClaim{Name: c.Bucket, Owner: c.Owner, MaxBytes: c.MaxBytes,
+			Tags: provider.ResourceTags(c.StackID, c.Team, c.Owner, "", "")})
+		if err != nil {
+			logf("bucket %s not delivered: %v", c.Label, err)
+			continue
+		}
+		p.Buckets = append(p.Buckets, klientapi.BucketEnv{Label: c.Label, Bucket: b.Name, Endpoint: b.Endpoint, Region: b.Region,
+			AccessKeyID: key.AccessKey, SecretAccessKey: key.SecretKey})
+	}
+	if len(cs) == 0 {
+		return // a stack that never had buckets: its agents are not asked
+	}
+	ms, err := a.machines.ByStack(ctx, st.ID)
+	if err != nil {
+		logf("buckets not delivered to the machines: %v", err)
+		return
+	}
+	for i := range ms {
+		m := &ms[i]
+		if m.State != provider.Running {
+			continue
+		}
+		conn, err := a.agentConn(m)
+		if err != nil {
+			logf("%s: buckets not delivered (its agent gets them when it connects): %v", m.Label, err)
+			continue
+		}
+		if !agentHas(ctx, conn, klientapi.FeatureBuckets) {
+			logf("%s: its agent predates buckets: rebuild the machine to get them", m.Label)
+			continue
+		}
+		if err := conn.Call(ctx, klientapi.MethodSetBuckets, &p, nil); err != nil {
+			logf("%s: buckets not delivered: %v", m.Label, err)
+			continue
+		}
+		if j != nil {
+			j.Logf(ctx, "%s: %d bucket(s) delivered", m.Label, len(p.Buckets))
+		}
+	}
+}
+
+// pushOnRegister delivers the buckets of the stack of agent kiteID's machine when the agent
+// registers (again), so a machine restarted or reconnected has them.
+func (a *bucketAPI) pushOnRegister(ctx context.Context, kiteID string) {
+	m, err := a.machines.ByKite(ctx, kiteID)
+	if err != nil {
+		return // not a machine's agent, or the store is away: the next registration tries again
+	}
+	st := &model.Stack{ID: m.StackID}
+	a.deliver(ctx, nil, st)
 }

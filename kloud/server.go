@@ -300,7 +300,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.shares = &shareAPI{machines: st.Machines(), users: st.Users(), log: s.log, k: s}
 	s.ports = &portAPI{store: st, log: s.log, k: s}
 	s.snapshots = &snapshotAPI{engine: newSnapshotEngine(s), snaps: st.Snapshots(), loadMachine: s.loadMachine}
-	s.buckets = &bucketAPI{claims: st.BucketClaims(), stacks: st.Stacks(), caller: s.callerByName, loadStack: s.loadStack, flow: s.flow}
+	s.buckets = &bucketAPI{claims: st.BucketClaims(), stacks: st.Stacks(), caller: s.callerByName, loadStack: s.loadStack, flow: s.flow,
+		machines: st.Machines(), agentConn: s.agentConn, log: s.log}
 	s.stacks = &stackAPI{store: st, stacks: st.Stacks(), machines: st.Machines(), creds: st.Credentials(), providers: s.providers, log: s.log, srv: s, checks: s}
 	s.audits = &auditLog{entries: st.Audit(), users: st.Users(), now: st.Now, log: s.log} // audit.go
 	s.ops, s.pruner = newOpsAPI(s), &pruner{store: st, opts: opts.Retention, audits: s.audits, log: s.log}

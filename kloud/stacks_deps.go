@@ -81,6 +81,11 @@ func (d buildDeps) SetAgent(ctx context.Context, kiteID, status, version string)
 	d.s.setAgent(ctx, kiteID, status, version)
 }
 
+// DeliverBuckets is the bucket API's deliver (buckets.go).
+func (d buildDeps) DeliverBuckets(ctx context.Context, j stackbuild.Job, st *model.Stack) {
+	d.s.buckets.deliver(ctx, j, st)
+}
+
 // KeepPorts is keepPorts (ports.go).
 func (d buildDeps) KeepPorts(ctx context.Context, j stackbuild.Job, st *model.Stack) {
 	d.s.keepPorts(ctx, j, st)

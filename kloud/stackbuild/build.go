@@ -269,7 +269,8 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 	}
 	j.Enter(ctx, BuildSettings)
 	failed := f.SettleMachines(ctx, c, ms, results)
-	f.d.Machines.KeepPorts(ctx, j, st) // ports.go: a machine built again gets its recorded rules
+	f.d.Machines.KeepPorts(ctx, j, st)      // ports.go: a machine built again gets its recorded rules
+	f.d.Machines.DeliverBuckets(ctx, j, st) // kloud/buckets.go: the agents get the stack's buckets
 	return f.SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms)),
 		StackResult{StackID: st.ID, Machines: new(len(ms))})
 }

@@ -135,6 +135,9 @@ type Machines interface {
 	// KeepPorts gives the machines of st the firewall rules kloud recorded for them, logging
 	// on j what it could not.
 	KeepPorts(ctx context.Context, j Job, st *model.Stack)
+	// DeliverBuckets gives the running machines of st their stack's buckets (endpoint and the
+	// owner's key, klient.setBuckets), logging on j what it could not.
+	DeliverBuckets(ctx context.Context, j Job, st *model.Stack)
 }
 
 // Job is the running job a flow reports to (kloud's job context).

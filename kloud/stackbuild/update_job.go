@@ -333,7 +333,8 @@ func (f *Flow) finishUpdate(ctx context.Context, j Job, c Caller, st *model.Stac
 	if err := f.recordMachineList(ctx, j, st.ID); err != nil {
 		return StackResult{}, err
 	}
-	f.d.Machines.KeepPorts(ctx, j, st) // ports.go: a replaced machine gets its recorded rules
+	f.d.Machines.KeepPorts(ctx, j, st)      // ports.go: a replaced machine gets its recorded rules
+	f.d.Machines.DeliverBuckets(ctx, j, st) // kloud/buckets.go: the agents get the stack's buckets
 	return f.SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait)),
 		StackResult{StackID: st.ID, Machines: new(len(wait) + len(others)), Awaited: new(len(wait))})
 }
