@@ -20,6 +20,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/cgroups"
 	"github.com/kloud-dev/kloud/internal/logfmt"
 	"github.com/kloud-dev/kloud/internal/sandbox"
+	"github.com/kloud-dev/kloud/internal/supervise"
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
@@ -249,7 +250,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	// Terraformer first (it needs kloud's keys only when kloud first calls it), so kloud never
 	// serves a moment without it; the one kloud starts is supervised (restarted when it exits).
 	tfURL := f.terraformerURL
-	var sup *tfSupervisor
+	var sup *supervise.Process
 	if tfURL == "" {
 		if sup, err = newTerraformerSupervisor(g, f, log); err != nil {
 			s.Close()
@@ -325,8 +326,12 @@ func redactURL(u string) string {
 }
 
 // newTerraformerSupervisor prepares the terraformer next to kloud (trusting this kloud's keys)
-// and its supervisor; Start runs it.
-func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfSupervisor, error) {
+// and its supervisor; Start runs it and returns once it answers /healthz. When it exits it is
+// started again after a backoff (internal/supervise); while it is down, OnDown (kloud's
+// terraformer client's SetUnavailable) makes calls fail at once with "terraformer unavailable:
+// <cause>". When kloud dies, even by SIGKILL, terraformer gets SIGTERM (Pdeathsig), cancels its
+// runs and exits; the terraform it runs dies with it (the sandbox launcher's pid namespace).
+func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*supervise.Process, error) {
 	bin := f.terraformerBin
 	if bin == "" {
 		exe, err := os.Executable()
@@ -376,7 +381,7 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*tfS
 		cfg.ServerName = hostOf(kloudURL)
 		hc = tlsconf.HTTPClient(cfg, 0)
 	}
-	return &tfSupervisor{Bin: bin, Args: args, URL: scheme + "://" + addr, HTTP: hc, Out: prefixWriter{g.stderr, "terraformer: "}, Log: log}, nil
+	return &supervise.Process{Name: "terraformer", Bin: bin, Args: args, URL: scheme + "://" + addr, HTTP: hc, Out: prefixWriter{g.stderr, "terraformer: "}, Log: log}, nil
 }
 
 // terraformerAddr returns where to start terraformer: the flag's address, else 127.0.0.1:7001,

@@ -1,4 +1,8 @@
-package cli
+// Package supervise runs a child process and keeps it running: kloud serve's terraformer and its
+// S3 server (objstore/seaweed) are supervised so. Start at Process: Start runs the process and
+// waits until Health says it answers; afterwards every exit is logged with its cause and the
+// process started again after a backoff, until Stop.
+package supervise
 
 import (
 	"context"
@@ -15,33 +19,44 @@ import (
 	"time"
 )
 
-// tfSupervisor runs the terraformer that `kloud serve` starts (no --terraformer-url) and keeps
-// it running: when it exits, it is started again after a backoff (100 ms, doubling up to 10 s;
-// back to 100 ms after a minute of health), each exit and restart logged with its cause. While it
-// is down, OnDown has told kloud's terraformer client why, so calls fail at once with
-// "terraformer unavailable: <cause>"; OnUp clears that once the new process answers /healthz.
+// Process is one supervised child process. When it exits it is started again after a backoff
+// (100 ms, doubling up to 10 s; back to 100 ms after a minute of health), each exit and restart
+// logged with its cause. While it is down, OnDown has been told why; OnUp is called once the new
+// process answers.
 //
-// The child gets SIGTERM from the kernel when kloud dies, even by SIGKILL (Pdeathsig; it is
-// started on a locked OS thread that lives until the child has exited, since Pdeathsig follows
-// the thread, not the process). terraformer then cancels its runs and exits; the terraform it
-// runs dies with it (the sandbox launcher's pid namespace).
-type tfSupervisor struct {
+// The child gets SIGTERM from the kernel when its parent dies, even by SIGKILL (Pdeathsig; it
+// is started on a locked OS thread that lives until the child has exited, since Pdeathsig
+// follows the thread, not the process).
+//
+// Messages and logs name it by Name: "terraformer (pid 12) exited (signal: killed)".
+type Process struct {
+	// Name names the process in errors and logs ("terraformer").
+	Name string
 	Bin  string
 	Args []string
-	URL  string // http(s)://addr: where it answers /healthz
-	// HTTP asks /healthz (nil: net/http's default client; with TLS, one trusting its CA).
+	// Env, if not nil, is the child's environment (nil: this process's). Dir, if set, is its
+	// working directory.
+	Env []string
+	Dir string
+	// URL is where it answers: shown in messages and logs, and (with Health nil) asked for
+	// URL+"/healthz".
+	URL string
+	// Health reports whether the process answers (nil: GET URL/healthz answers 200 with HTTP).
+	// It is called every 100 ms while the process starts, with a context that ends within 2 s.
+	Health func(ctx context.Context) bool
+	// HTTP asks /healthz when Health is nil (nil: net/http's default client).
 	HTTP *http.Client
-	Out  io.Writer
-	Log  *slog.Logger
+	Out  io.Writer    // the child's stdout and stderr (nil: discarded)
+	Log  *slog.Logger // nil: discarded
 	// OnDown and OnUp, if set, are called when the process goes down (cause says why and when
-	// it comes back) and when a (re)started process answers.
+	// it comes back) and when a restarted process answers.
 	OnDown func(cause error)
 	OnUp   func()
 
 	// Defaults: 100ms, 10s, 1 min, 30s, 20s.
 	MinBackoff, MaxBackoff time.Duration
 	ResetAfter             time.Duration // healthy this long: the next restart waits MinBackoff again
-	StartTimeout           time.Duration // a start must answer /healthz within this
+	StartTimeout           time.Duration // a start must answer Health within this
 	StopGrace              time.Duration // SIGTERM, then SIGKILL after this
 
 	mu       sync.Mutex
@@ -52,7 +67,7 @@ type tfSupervisor struct {
 	stopOnce sync.Once
 }
 
-func (s *tfSupervisor) defaults() {
+func (s *Process) defaults() {
 	if s.MinBackoff <= 0 {
 		s.MinBackoff = 100 * time.Millisecond
 	}
@@ -72,29 +87,35 @@ func (s *tfSupervisor) defaults() {
 		s.Out = io.Discard
 	}
 	if s.Log == nil {
-		s.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		s.Log = slog.New(slog.DiscardHandler)
+	}
+	if s.Name == "" {
+		s.Name = "process"
+	}
+	if s.Health == nil {
+		s.Health = func(ctx context.Context) bool { return Healthz(ctx, s.HTTP, s.URL) }
 	}
 }
 
-// PID returns the running terraformer's pid (0 while none runs).
-func (s *tfSupervisor) PID() int {
+// PID returns the running process's pid (0 while none runs).
+func (s *Process) PID() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pid
 }
 
 // Restarts returns how many times the process was started again after an exit.
-func (s *tfSupervisor) Restarts() int {
+func (s *Process) Restarts() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.restarts
 }
 
-// Start starts terraformer and returns once it answers /healthz. If this first start fails
-// (it exits, or does not answer within StartTimeout), Start returns why and nothing keeps
-// running: a terraformer that cannot start at all is a configuration error to show at once.
-// Afterwards, exits are restarted until Stop.
-func (s *tfSupervisor) Start(ctx context.Context) error {
+// Start starts the process and returns once it answers. If this first start fails (it exits,
+// or does not answer within StartTimeout), Start returns why and nothing keeps running: a
+// process that cannot start at all is a configuration error to show at once. Afterwards, exits
+// are restarted until Stop.
+func (s *Process) Start(ctx context.Context) error {
 	s.defaults()
 	s.stopc, s.done = make(chan struct{}), make(chan struct{})
 	p, err := s.spawn(ctx)
@@ -106,13 +127,17 @@ func (s *tfSupervisor) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops the loop and terraformer (SIGTERM, SIGKILL after StopGrace) and waits for both.
-func (s *tfSupervisor) Stop() {
+// Stop stops the loop and the process (SIGTERM, SIGKILL after StopGrace) and waits for both.
+// Stop of a Process that was never started returns at once.
+func (s *Process) Stop() {
+	if s.done == nil {
+		return
+	}
 	s.stopOnce.Do(func() { close(s.stopc) })
 	<-s.done
 }
 
-// proc is one running terraformer.
+// proc is one running process.
 type proc struct {
 	pid    int
 	sig    chan syscall.Signal // to the process, sent by the goroutine that waits for it
@@ -127,8 +152,8 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
-// spawn starts one process and waits until it answers /healthz.
-func (s *tfSupervisor) spawn(ctx context.Context) (*proc, error) {
+// spawn starts one process and waits until it answers.
+func (s *Process) spawn(ctx context.Context) (*proc, error) {
 	p := &proc{sig: make(chan syscall.Signal), exited: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {
@@ -137,6 +162,7 @@ func (s *tfSupervisor) spawn(ctx context.Context) (*proc, error) {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		cmd := exec.Command(s.Bin, s.Args...)
+		cmd.Env, cmd.Dir = s.Env, s.Dir
 		cmd.Stdout, cmd.Stderr = s.Out, s.Out
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 		if err := cmd.Start(); err != nil {
@@ -159,43 +185,46 @@ func (s *tfSupervisor) spawn(ctx context.Context) (*proc, error) {
 		}
 	}()
 	if err := <-started; err != nil {
-		return nil, fmt.Errorf("start terraformer: %w", err)
+		return nil, fmt.Errorf("start %s: %w", s.Name, err)
 	}
-	s.mu.Lock()
-	s.pid = p.pid
-	s.mu.Unlock()
+	s.setPID(p.pid)
 	hctx, cancel := context.WithTimeout(ctx, s.StartTimeout)
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if healthyWith(hctx, s.HTTP, s.URL) {
+		if s.healthy(hctx) {
 			// Ours, not another process on that address: ours is still running a moment later.
 			select {
 			case <-p.exited:
-				return nil, fmt.Errorf("terraformer (pid %d) exited at start (%s); see its output", p.pid, exitCause(p.err))
+				return nil, fmt.Errorf("%s (pid %d) exited at start (%s); see its output", s.Name, p.pid, ExitCause(p.err))
 			case <-time.After(200 * time.Millisecond):
 			}
 			return p, nil
 		}
 		select {
 		case <-p.exited:
-			return nil, fmt.Errorf("terraformer (pid %d) exited at start (%s); see its output", p.pid, exitCause(p.err))
+			return nil, fmt.Errorf("%s (pid %d) exited at start (%s); see its output", s.Name, p.pid, ExitCause(p.err))
 		case <-s.stopc:
 			s.kill(p)
-			return nil, errors.New("terraformer: stopped while starting")
+			return nil, fmt.Errorf("%s: stopped while starting", s.Name)
 		case <-hctx.Done():
 			s.kill(p)
-			return nil, fmt.Errorf("terraformer (pid %d) did not answer on %s within %s", p.pid, s.URL, s.StartTimeout)
+			return nil, fmt.Errorf("%s (pid %d) did not answer on %s within %s", s.Name, p.pid, s.URL, s.StartTimeout)
 		case <-tick.C:
 		}
 	}
 }
 
-func healthy(ctx context.Context, url string) bool { return healthyWith(ctx, nil, url) }
+func (s *Process) healthy(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return s.Health(ctx)
+}
 
-// healthyWith asks url's /healthz with hc (nil: net/http's default client).
-func healthyWith(ctx context.Context, hc *http.Client, url string) bool {
+// Healthz reports whether url's /healthz answers 200, asked with hc (nil: net/http's default
+// client) within 2 s.
+func Healthz(ctx context.Context, hc *http.Client, url string) bool {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
@@ -213,20 +242,20 @@ func healthyWith(ctx context.Context, hc *http.Client, url string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// kill stops p: SIGTERM (terraformer cancels its runs and exits), SIGKILL after StopGrace.
-func (s *tfSupervisor) kill(p *proc) {
+// kill stops p: SIGTERM, SIGKILL after StopGrace.
+func (s *Process) kill(p *proc) {
 	p.signal(syscall.SIGTERM)
 	select {
 	case <-p.exited:
 	case <-time.After(s.StopGrace):
-		s.Log.Warn("terraformer did not stop in time; killing it", "pid", p.pid, "grace", s.StopGrace)
+		s.Log.Warn(s.Name+" did not stop in time; killing it", "pid", p.pid, "grace", s.StopGrace)
 		p.signal(syscall.SIGKILL)
 		<-p.exited
 	}
 }
 
 // loop watches the running process and restarts it until Stop.
-func (s *tfSupervisor) loop(p *proc) {
+func (s *Process) loop(p *proc) {
 	defer close(s.done)
 	attempt := 0
 	upSince := time.Now()
@@ -239,9 +268,9 @@ func (s *tfSupervisor) loop(p *proc) {
 		case <-p.exited:
 		}
 		s.setPID(0)
-		cause := exitCause(p.err)
-		what := fmt.Sprintf("terraformer (pid %d) exited (%s)", p.pid, cause)
-		s.Log.Error("terraformer exited", "pid", p.pid, "cause", cause)
+		cause := ExitCause(p.err)
+		what := fmt.Sprintf("%s (pid %d) exited (%s)", s.Name, p.pid, cause)
+		s.Log.Error(s.Name+" exited", "pid", p.pid, "cause", cause)
 		if time.Since(upSince) >= s.ResetAfter {
 			attempt = 0
 		}
@@ -249,7 +278,7 @@ func (s *tfSupervisor) loop(p *proc) {
 		for {
 			delay := s.backoff(attempt)
 			attempt++
-			s.Log.Warn("restarting terraformer", "in", delay, "attempt", attempt, "after", what)
+			s.Log.Warn("restarting "+s.Name, "in", delay, "attempt", attempt, "after", what)
 			s.down(fmt.Errorf("%s; restarting it in %s", what, delay.Round(time.Millisecond)))
 			select {
 			case <-s.stopc:
@@ -265,7 +294,7 @@ func (s *tfSupervisor) loop(p *proc) {
 				default:
 				}
 				what = "restart failed: " + err.Error()
-				s.Log.Error("terraformer restart failed", "attempt", attempt, "err", err)
+				s.Log.Error(s.Name+" restart failed", "attempt", attempt, "err", err)
 				continue
 			}
 			p = np
@@ -275,20 +304,20 @@ func (s *tfSupervisor) loop(p *proc) {
 		s.restarts++
 		s.mu.Unlock()
 		upSince = time.Now()
-		s.Log.Info("terraformer restarted", "pid", p.pid, "url", s.URL, "attempt", attempt)
+		s.Log.Info(s.Name+" restarted", "pid", p.pid, "url", s.URL, "attempt", attempt)
 		if s.OnUp != nil {
 			s.OnUp()
 		}
 	}
 }
 
-func (s *tfSupervisor) down(cause error) {
+func (s *Process) down(cause error) {
 	if s.OnDown != nil {
 		s.OnDown(cause)
 	}
 }
 
-func (s *tfSupervisor) setPID(pid int) {
+func (s *Process) setPID(pid int) {
 	s.mu.Lock()
 	s.pid = pid
 	s.mu.Unlock()
@@ -296,7 +325,7 @@ func (s *tfSupervisor) setPID(pid int) {
 
 // backoff returns the wait before restart attempt n (0-based): MinBackoff·2ⁿ, at most
 // MaxBackoff, with up to 10% jitter.
-func (s *tfSupervisor) backoff(n int) time.Duration {
+func (s *Process) backoff(n int) time.Duration {
 	d := s.MinBackoff
 	for i := 0; i < n && d < s.MaxBackoff; i++ {
 		d *= 2
@@ -305,8 +334,8 @@ func (s *tfSupervisor) backoff(n int) time.Duration {
 	return d + time.Duration(rand.Int64N(int64(d)/10+1))
 }
 
-// exitCause says how a process ended: "signal: killed", "exit status 1", ...
-func exitCause(err error) string {
+// ExitCause says how a process ended: "signal: killed", "exit status 1", ...
+func ExitCause(err error) string {
 	var ee *exec.ExitError
 	switch {
 	case err == nil:

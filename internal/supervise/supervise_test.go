@@ -1,0 +1,150 @@
+package supervise
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+)
+
+// TestSupervisedHelper is not a test: run as `<test binary> -test.run=^TestSupervisedHelper$ --
+// kloud-helper MODE ADDR` it is the process the supervisor tests supervise. MODE "serve"
+// answers /healthz on ADDR until killed; "exit" exits at once with status 3.
+func TestSupervisedHelper(t *testing.T) {
+	args := flag.Args()
+	if len(args) != 3 || args[0] != "kloud-helper" {
+		t.Skip("helper process for the supervisor tests")
+	}
+	if args[1] == "exit" {
+		os.Exit(3)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
+	ln, err := net.Listen("tcp", args[2])
+	if err != nil {
+		os.Exit(4)
+	}
+	http.Serve(ln, mux)
+	os.Exit(5)
+}
+
+// syncLog is a log the supervisor writes while the test reads it.
+type syncLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
+
+// TestSupervisorRestarts: a supervised process that is SIGKILLed is started again after a
+// backoff that grows, each exit logged with its cause; meanwhile OnDown said why it is down,
+// OnUp that it is back. Stop stops it for good.
+func TestSupervisorRestarts(t *testing.T) {
+	t.Parallel()
+	addr := freeLoopback(t)
+	var logs syncLog
+	var mu sync.Mutex
+	var downs []string
+	ups := 0
+	s := &Process{
+		Name: "terraformer", Bin: os.Args[0], Args: []string{"-test.run=^TestSupervisedHelper$", "--", "kloud-helper", "serve", addr},
+		URL: "http://" + addr, Log: slog.New(slog.NewTextHandler(&logs, nil)),
+		OnDown: func(err error) { mu.Lock(); downs = append(downs, err.Error()); mu.Unlock() },
+		OnUp:   func() { mu.Lock(); ups++; mu.Unlock() },
+	}
+	if err := s.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	pid := s.PID()
+	if !alive(pid) || !Healthz(t.Context(), nil, s.URL) {
+		t.Fatalf("not running after Start: pid %d", pid)
+	}
+	for round := 1; round <= 3; round++ {
+		old := pid
+		syscall.Kill(old, syscall.SIGKILL)
+		start := time.Now()
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			pid = s.PID()
+			return pid != 0 && pid != old && s.Restarts() == round && Healthz(t.Context(), nil, s.URL)
+		}, "round %d: not restarted; log:\n%s", round, &logs)
+		t.Logf("round %d: back after %s", round, time.Since(start))
+	}
+	mu.Lock()
+	t.Logf("downs: %q", downs)
+	if ups != 3 || len(downs) != 6 {
+		t.Errorf("%d ups and %d downs, want 3 and 6 (restarting in…, starting a new one)", ups, len(downs))
+	}
+	// The backoff doubles: 100ms, 200ms, 400ms (+ up to 10% jitter).
+	for i, want := range []string{"restarting it in 1", "restarting it in 2", "restarting it in 4"} {
+		if d := downs[2*i]; !strings.Contains(d, "exited (signal: killed)") || !strings.Contains(d, want) {
+			t.Errorf("down %d: %q, want the cause and %q", i, d, want)
+		}
+	}
+	mu.Unlock()
+	if l := logs.String(); strings.Count(l, `msg="terraformer exited"`) != 3 || strings.Count(l, `msg="restarting terraformer"`) != 3 || !strings.Contains(l, `cause="signal: killed"`) ||
+		strings.Count(l, "terraformer restarted") != 3 {
+		t.Errorf("log:\n%s", l)
+	}
+	s.Stop()
+	if alive(pid) {
+		t.Errorf("process %d still running after Stop", pid)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if s.Restarts() != 3 || Healthz(t.Context(), nil, s.URL) {
+		t.Errorf("restarted after Stop")
+	}
+}
+
+// TestSupervisorFirstStartFails: a process that cannot start is an error of Start, at once.
+func TestSupervisorFirstStartFails(t *testing.T) {
+	t.Parallel()
+	addr := freeLoopback(t)
+	s := &Process{Name: "terraformer", Bin: os.Args[0], Args: []string{"-test.run=^TestSupervisedHelper$", "--", "kloud-helper", "exit", addr}, URL: "http://" + addr}
+	err := s.Start(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "exited at start (exit status 3)") {
+		t.Fatalf("Start: %v", err)
+	}
+	s.Stop() // returns at once: nothing runs
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	if Healthz(ctx, nil, s.URL) {
+		t.Fatal("something answers")
+	}
+	if err := (&Process{Name: "terraformer", Bin: "/nonexistent/terraformer", URL: "http://" + addr}).Start(t.Context()); err == nil || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Start of a missing binary: %v", err)
+	}
+}
+
+func freeLoopback(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
