@@ -163,7 +163,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 	if err := f.mintInto(ctx, st, mint, agents, mt.specs); err != nil {
 		return fail(err)
 	}
-	tpl, err := f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents)
+	tpl, buckets, err := f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents)
 	if err != nil {
 		return fail(err)
 	}
@@ -206,7 +206,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 		if err := f.mintInto(ctx, st, again, agents, mt.specs); err != nil {
 			return fail(err)
 		}
-		if tpl, err = f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents); err != nil {
+		if tpl, _, err = f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents); err != nil {
 			return fail(err)
 		}
 	}
@@ -223,6 +223,12 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 	for _, m := range mt.removed {
 		if !f.SetMachine(ctx, m.ID, SettledStates(), store.MachineSet{State: new(string(provider.Terminating)), Reason: new("")}) {
 			return fail(fmt.Errorf("machine %s changed state meanwhile; update again", m.Label))
+		}
+	}
+	if len(buckets) > 0 {
+		j.Enter(ctx, BuildBuckets)
+		if err := f.ProvisionBuckets(ctx, j, st, buckets); err != nil {
+			return fail(err)
 		}
 	}
 	j.Enter(ctx, BuildResources)
