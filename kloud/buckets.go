@@ -262,6 +262,13 @@ func (a *bucketAPI) delete(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	if err != nil {
 		return api.BucketView{}, err
 	}
+	// Not while a job builds or destroys the stack (it provisions or deletes its claims).
+	owner, release, err := a.flow().TakeLease(ctx, "stack/"+st.ID, "bucket-delete", "stack "+st.ID+" is busy (a job holds it); delete the bucket when it is done")
+	if err != nil {
+		return api.BucketView{}, err
+	}
+	defer release()
+	defer a.flow().KeepLease(ctx, "stack/"+st.ID, owner)()
 	cl, err := a.claims.Get(ctx, model.BucketClaimID(st.ID, p.Label))
 	if err != nil {
 		return api.BucketView{}, err

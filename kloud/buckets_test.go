@@ -199,6 +199,32 @@ func TestBucketClaims(t *testing.T) {
 		t.Fatalf("revoke twice: %v", err)
 	}
 
+	// bob may not end the claim; alice does (its data too); the next build claims it again, empty.
+	cacheRef := api.BucketRef{StackID: sid, Label: "cache"}
+	if _, err := bob.BucketDelete(ctx, api.BucketDeleteParams{BucketRef: cacheRef}); !errors.Is(err, kite.ErrNotFound) {
+		t.Fatalf("bob's bucket.delete: %v", err)
+	}
+	if v, err := c.BucketDelete(ctx, api.BucketDeleteParams{BucketRef: cacheRef}); err != nil || v.State != "deleted" || v.Retain || v.Bucket != cache.Bucket {
+		t.Fatalf("bucket.delete: %+v %v", v, err)
+	}
+	if l, err := c.BucketList(ctx, api.BucketListParams{StackID: sid}); err != nil || len(l.Buckets) != 1 || l.Buckets[0].Label != "keep" {
+		t.Fatalf("bucket.list after bucket.delete: %+v %v", l, err)
+	}
+	if _, err := c.BucketCredentials(ctx, cacheRef); !errors.Is(err, kite.ErrNotFound) {
+		t.Fatalf("credentials of a deleted claim: %v", err)
+	}
+	apply(false)
+	if _, err := s3Get(ctx, s3As(ownerKey), cache.Bucket, "a.txt"); httpStatus(err) != 404 {
+		t.Fatalf("the bucket claimed again: %v (want 404: a new, empty bucket)", err)
+	}
+
+	// A kloud that died after recording a claim and before provisioning it: destroy ends it.
+	ghost := model.BucketClaim{ID: model.BucketClaimID(sid, "ghost"), StackID: sid, Label: "ghost", Bucket: model.BucketName(sid, "ghost"),
+		Provider: "dummy", Owner: "alice", Team: model.DefaultTeam}
+	if _, err := f.Server.Store().BucketClaims().Ensure(ctx, ghost); err != nil {
+		t.Fatal(err)
+	}
+
 	// Destroy: cache is gone, keep stays with its data (a new key reads it), no claims left.
 	apply(true)
 	if list, err := c.BucketList(ctx, api.BucketListParams{}); err != nil || len(list.Buckets) != 0 {
