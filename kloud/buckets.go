@@ -102,7 +102,8 @@ func bucketView(c model.BucketClaim) api.BucketView {
 }
 
 // list serves bucket.list: the claims of one stack the caller owns or administers, or of
-// every such stack, and those the caller has a grant on. Never a key.
+// every such stack (owners and auditors: every stack), and those the caller has a grant on.
+// Never a key.
 func (a *bucketAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketListParams) (api.BucketListResult, error) {
 	var ids []string
 	if p.StackID != "" {
@@ -111,12 +112,16 @@ func (a *bucketAPI) list(ctx context.Context, c *Caller, _ *kite.Request, p *api
 		}
 		ids = []string{p.StackID}
 	} else {
-		sts, err := a.stacks.List(ctx, store.StackFilter{Owner: c.Username})
+		f := store.StackFilter{Owner: c.Username}
+		if c.Admin { // owners (and auditors, reading): every stack's
+			f = store.StackFilter{All: true}
+		}
+		sts, err := a.stacks.List(ctx, f)
 		if err != nil {
 			return api.BucketListResult{}, err
 		}
 		for _, team := range c.TeamNames() {
-			if c.TeamAdmin(team) {
+			if c.TeamAdmin(team) && !c.Admin {
 				more, err := a.stacks.List(ctx, store.StackFilter{Team: team})
 				if err != nil {
 					return api.BucketListResult{}, err

@@ -84,6 +84,9 @@ func TestBucketCommands(t *testing.T) {
 	if out := must(run("bucket", "list", "--key", bobKey)); strings.Contains(out, name) {
 		t.Errorf("bob still lists the bucket after revoke:\n%s", out)
 	}
+	if out := must(run("bucket", "list")); !strings.Contains(out, name) {
+		t.Errorf("the kloud admin's bucket list lacks alice's bucket:\n%s", out)
+	}
 	out = must(run("bucket", "delete", st.ID, "cache", "--retain", "--key", aliceKey))
 	if !strings.Contains(out, "bucket "+name+" released; its data kept") {
 		t.Errorf("bucket delete --retain:\n%s", out)
