@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 
@@ -98,7 +99,8 @@ type bucketAPI struct {
 
 func bucketView(c model.BucketClaim) api.BucketView {
 	return api.BucketView{StackID: c.StackID, Label: c.Label, Bucket: c.Bucket, Provider: c.Provider, Owner: c.Owner, Team: c.Team,
-		Endpoint: c.Endpoint, Region: c.Region, Retain: c.Retain, MaxBytes: c.MaxBytes, State: c.State, Grants: c.Grants}
+		Endpoint: c.Endpoint, Region: c.Region, Retain: c.Retain, MaxBytes: c.MaxBytes, State: c.State, Grants: c.Grants,
+		ShareGrants: c.ShareGrants}
 }
 
 // list serves bucket.list: the claims of one stack the caller owns or administers, or of
@@ -178,7 +180,7 @@ func (a *bucketAPI) claim(ctx context.Context, c *Caller, p api.BucketRef) (*mod
 // the same key). The one answer with a key.
 func (a *bucketAPI) credentials(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketRef) (api.BucketCredentials, error) {
 	cl, err := a.claims.Get(ctx, model.BucketClaimID(p.StackID, p.Label))
-	if errors.Is(err, store.ErrNotFound) || err == nil && cl.Owner != c.Username && cl.Grants[c.Username] == "" {
+	if errors.Is(err, store.ErrNotFound) || err == nil && cl.Owner != c.Username && cl.Access(c.Username) == "" {
 		return api.BucketCredentials{}, notFound("bucket", p.StackID+"/"+p.Label)
 	}
 	if err != nil {
@@ -197,7 +199,7 @@ func (a *bucketAPI) credentials(ctx context.Context, c *Caller, _ *kite.Request,
 		b, key, err = bp.Provision(ctx, provider.BucketClaim{Name: cl.Bucket, Owner: cl.Owner, MaxBytes: cl.MaxBytes,
 			Tags: provider.ResourceTags(cl.StackID, cl.Team, cl.Owner, "", "")})
 	} else {
-		key, err = bp.Grant(ctx, cl.Bucket, c.Username, provider.BucketAccess(cl.Grants[c.Username]))
+		key, err = bp.Grant(ctx, cl.Bucket, c.Username, provider.BucketAccess(cl.Access(c.Username)))
 	}
 	if err != nil {
 		return api.BucketCredentials{}, fmt.Errorf("bucket %s: %w", cl.Label, err)
@@ -207,7 +209,7 @@ func (a *bucketAPI) credentials(ctx context.Context, c *Caller, _ *kite.Request,
 }
 
 // grant serves bucket.grant (stack owner, team admins): the user gets a key with access to
-// the bucket (the server's change first, then the record: a crash between leaves a key a
+// the bucket (the higher of this grant and what a share of one of the stack's machines gives) (the server's change first, then the record: a crash between leaves a key a
 // revoke or the next grant settles).
 func (a *bucketAPI) grant(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketGrantParams) (api.BucketView, error) {
 	st, cl, err := a.claim(ctx, c, p.BucketRef)
@@ -228,8 +230,13 @@ func (a *bucketAPI) grant(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	if err != nil {
 		return api.BucketView{}, fmt.Errorf("bucket %s: %s: %w", cl.Label, err.Error(), kite.ErrState)
 	}
-	if _, err := bp.Grant(ctx, cl.Bucket, p.User, provider.BucketAccess(p.Access)); err != nil {
-		return api.BucketView{}, fmt.Errorf("bucket %s: grant %s: %w", cl.Label, p.User, err)
+	cl.Grants = maps.Clone(cl.Grants)
+	if cl.Grants == nil {
+		cl.Grants = map[string]string{}
+	}
+	cl.Grants[p.User] = p.Access
+	if err := setAccess(ctx, bp, cl, p.User); err != nil {
+		return api.BucketView{}, err
 	}
 	if err := a.claims.SetGrant(ctx, cl.ID, p.User, p.Access); err != nil {
 		return api.BucketView{}, err
@@ -237,7 +244,8 @@ func (a *bucketAPI) grant(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	return a.view(ctx, cl.ID)
 }
 
-// revoke serves bucket.revoke (stack owner, team admins): the user's key stops working.
+// revoke serves bucket.revoke (stack owner, team admins): the user's key stops working (or,
+// while a share of one of the stack's machines gives them access, keeps only that access).
 // Revoking a user without a grant succeeds.
 func (a *bucketAPI) revoke(ctx context.Context, c *Caller, _ *kite.Request, p *api.BucketRevokeParams) (api.BucketView, error) {
 	_, cl, err := a.claim(ctx, c, p.BucketRef)
@@ -251,8 +259,10 @@ func (a *bucketAPI) revoke(ctx context.Context, c *Caller, _ *kite.Request, p *a
 	if err != nil {
 		return api.BucketView{}, fmt.Errorf("bucket %s: %s: %w", cl.Label, err.Error(), kite.ErrState)
 	}
-	if err := bp.Revoke(ctx, cl.Bucket, p.User); err != nil {
-		return api.BucketView{}, fmt.Errorf("bucket %s: revoke %s: %w", cl.Label, p.User, err)
+	cl.Grants = maps.Clone(cl.Grants)
+	delete(cl.Grants, p.User)
+	if err := setAccess(ctx, bp, cl, p.User); err != nil { // a machine's share may still give some
+		return api.BucketView{}, err
 	}
 	if err := a.claims.RemoveGrant(ctx, cl.ID, p.User); err != nil {
 		return api.BucketView{}, err
@@ -307,6 +317,9 @@ func (a *bucketAPI) deliver(ctx context.Context, j stackbuild.Job, st *model.Sta
 		} else {
 			a.log.WarnContext(ctx, fmt.Sprintf(format, args...), "stack", st.ID)
 		}
+	}
+	if err := a.syncShares(ctx, st.ID); err != nil {
+		logf("bucket access of the machines' shared users not updated: %v", err)
 	}
 	cs, err := a.claims.ByStack(ctx, st.ID)
 	if err != nil {
@@ -373,4 +386,96 @@ func (a *bucketAPI) pushOnRegister(ctx context.Context, kiteID string) {
 	}
 	st := &model.Stack{ID: m.StackID}
 	a.deliver(ctx, nil, st)
+}
+
+// setAccess makes user's key to cl's bucket what cl says (cl.Access: the higher of bucket.grant
+// and the machines' shares): a key with that access, or none.
+func setAccess(ctx context.Context, bp provider.BucketProvisioner, cl model.BucketClaim, user string) error {
+	if acc := cl.Access(user); acc != "" {
+		if _, err := bp.Grant(ctx, cl.Bucket, user, provider.BucketAccess(acc)); err != nil {
+			return fmt.Errorf("bucket %s: grant %s: %w", cl.Label, user, err)
+		}
+		return nil
+	}
+	if err := bp.Revoke(ctx, cl.Bucket, user); err != nil {
+		return fmt.Errorf("bucket %s: revoke %s: %w", cl.Label, user, err)
+	}
+	return nil
+}
+
+// shareAccess is the bucket access a machine share gives: readonly → read, terminal and full →
+// write ("" for anything else).
+func shareAccess(grant string) string {
+	switch grant {
+	case model.GrantReadonly:
+		return "read"
+	case model.GrantTerminal, model.GrantFull:
+		return "write"
+	}
+	return ""
+}
+
+// syncShares makes the grants from machine shares of stack stackID's ready claims what the
+// shares of its machines give now (shares.go calls it after a change of shares; deliver after a
+// build): every user shared on one of its machines gets the highest access their shares give,
+// a user no longer shared loses it (unless bucket.grant gave some). The server's keys change
+// first, then the claim (one update): a crash between is repaired by the next sync.
+func (a *bucketAPI) syncShares(ctx context.Context, stackID string) error {
+	cs, err := a.claims.ByStack(ctx, stackID)
+	if err != nil || len(cs) == 0 {
+		return err
+	}
+	ms, err := a.machines.ByStack(ctx, stackID)
+	if err != nil {
+		return err
+	}
+	want := map[string]string{}
+	for _, m := range ms {
+		for _, sh := range m.Shares {
+			if acc := shareAccess(sh.Grant); acc != "" && sh.Username != m.Owner && want[sh.Username] != "write" {
+				want[sh.Username] = acc
+			}
+		}
+	}
+	var errs []error
+	for _, cl := range cs {
+		if cl.State != model.BucketReady || maps.Equal(cl.ShareGrants, want) {
+			continue
+		}
+		bp, err := a.flow().Provisioner(cl.Provider)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("bucket %s: %w", cl.Label, err))
+			continue
+		}
+		users := slices.Sorted(maps.Keys(want))
+		for u := range cl.ShareGrants {
+			if _, ok := want[u]; !ok {
+				users = append(users, u)
+			}
+		}
+		before := cl
+		cl.ShareGrants = want
+		var failed bool
+		for _, u := range users {
+			if before.Access(u) == cl.Access(u) {
+				continue
+			}
+			if err := setAccess(ctx, bp, cl, u); err != nil {
+				errs = append(errs, err)
+				failed = true
+			}
+		}
+		if failed {
+			continue // recorded as it was: the next sync tries again
+		}
+		if err := a.claims.SetShareGrants(ctx, cl.ID, want); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// syncBucketShares is the bucket API's syncShares (shareKloud, shares.go).
+func (s *Server) syncBucketShares(ctx context.Context, stackID string) error {
+	return s.buckets.syncShares(ctx, stackID)
 }

@@ -199,6 +199,34 @@ func TestBucketClaims(t *testing.T) {
 		t.Fatalf("revoke twice: %v", err)
 	}
 
+	// A readonly share of the stack's machine gives bob read access; unshared, his key gets 403.
+	vm := f.machines(sid)["vm"]
+	if _, err := c.MachineShare(ctx, api.ShareParams{MachineID: vm.ID, Username: "bob", Grant: model.GrantReadonly}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := c.BucketList(ctx, api.BucketListParams{StackID: sid}); err != nil || l.Buckets[0].ShareGrants["bob"] != "read" {
+		t.Fatalf("bucket.list after a readonly share: %+v %v", l, err)
+	}
+	shareKey, err := bob.BucketCredentials(ctx, api.BucketRef{StackID: sid, Label: "keep"})
+	if err != nil || shareKey.Access != "read" {
+		t.Fatalf("bob's credentials from a share: %+v %v", shareKey, err)
+	}
+	if got, err := s3Get(ctx, s3As(shareKey), keep.Bucket, "kept.txt"); err != nil || got != "still here" {
+		t.Fatalf("bob reads through his share: %q %v", got, err)
+	}
+	if err := s3Put(ctx, s3As(shareKey), keep.Bucket, "b.txt", "from bob"); httpStatus(err) != 403 {
+		t.Fatalf("bob writes through a readonly share: %v (want 403)", err)
+	}
+	if _, err := c.MachineUnshare(ctx, api.ShareParams{MachineID: vm.ID, Username: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s3Get(ctx, s3As(shareKey), keep.Bucket, "kept.txt"); httpStatus(err) != 403 {
+		t.Fatalf("bob's key after unshare: %v (want 403)", err)
+	}
+	if _, err := bob.BucketCredentials(ctx, api.BucketRef{StackID: sid, Label: "keep"}); !errors.Is(err, kite.ErrNotFound) {
+		t.Fatalf("bob's credentials after unshare: %v", err)
+	}
+
 	// bob may not end the claim; alice does (its data too); the next build claims it again, empty.
 	cacheRef := api.BucketRef{StackID: sid, Label: "cache"}
 	if _, err := bob.BucketDelete(ctx, api.BucketDeleteParams{BucketRef: cacheRef}); !errors.Is(err, kite.ErrNotFound) {

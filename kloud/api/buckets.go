@@ -61,6 +61,9 @@ type BucketView struct {
 	State string `json:"state"`
 	// Grants are the users given access besides the owner: username → read or write.
 	Grants map[string]string `json:"grants,omitempty"`
+	// ShareGrants are the access shares of the stack's machines give (readonly → read,
+	// terminal and full → write); a user has the higher of the two.
+	ShareGrants map[string]string `json:"shareGrants,omitempty"`
 }
 
 // BucketListResult is bucket.list's result.

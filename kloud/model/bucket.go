@@ -29,9 +29,12 @@ type BucketClaim struct {
 	Endpoint string `bson:"endpoint,omitempty" json:"endpoint,omitempty"`
 	Region   string `bson:"region,omitempty" json:"region,omitempty"`
 	// Grants are the users given access besides the owner: username → "read" or "write".
-	Grants    map[string]string `bson:"grants,omitempty" json:"grants,omitempty"`
-	CreatedAt time.Time         `bson:"createdAt" json:"createdAt"`
-	UpdatedAt time.Time         `bson:"updatedAt" json:"updatedAt"`
+	Grants map[string]string `bson:"grants,omitempty" json:"grants,omitempty"`
+	// ShareGrants are the access the shares of the stack's machines give: username → "read"
+	// (a readonly share) or "write" (terminal, full). A user's access is the higher of the two.
+	ShareGrants map[string]string `bson:"shareGrants,omitempty" json:"shareGrants,omitempty"`
+	CreatedAt   time.Time         `bson:"createdAt" json:"createdAt"`
+	UpdatedAt   time.Time         `bson:"updatedAt" json:"updatedAt"`
 }
 
 // BucketClaimID is the id of stack stackID's claim label.
@@ -40,3 +43,16 @@ func BucketClaimID(stackID, label string) string { return stackID + "/" + label 
 // BucketName is the server name of stack stackID's bucket label: stable, and valid by S3's
 // rules for a stack id of lower-case hex and a label of kloud_bucket's characters.
 func BucketName(stackID, label string) string { return "k-" + stackID + "-" + label }
+
+// Access is what user may do in the claim's bucket: the higher of a bucket.grant and the
+// machines' shares ("write", "read", or "" for none; the owner is not asked about).
+func (c BucketClaim) Access(user string) string {
+	g, s := c.Grants[user], c.ShareGrants[user]
+	switch {
+	case g == "write" || s == "write":
+		return "write"
+	case g != "" || s != "":
+		return "read"
+	}
+	return ""
+}

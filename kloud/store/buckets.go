@@ -67,9 +67,11 @@ func (r *BucketClaims) ByStacks(ctx context.Context, stackIDs []string) ([]model
 	return out, nil
 }
 
-// Granted returns the claims that grant user access, oldest first.
+// Granted returns the claims that grant user access (bucket.grant, or a machine's share),
+// oldest first.
 func (r *BucketClaims) Granted(ctx context.Context, user string) ([]model.BucketClaim, error) {
-	out, err := findAll[model.BucketClaim](ctx, r.coll(), bson.M{"grants." + user: bson.M{"$exists": true}}, byCreation)
+	out, err := findAll[model.BucketClaim](ctx, r.coll(), bson.M{"$or": bson.A{
+		bson.M{"grants." + user: bson.M{"$exists": true}}, bson.M{"shareGrants." + user: bson.M{"$exists": true}}}}, byCreation)
 	if err != nil {
 		return nil, fmt.Errorf("list bucket claims granted to %s: %w", user, err)
 	}
@@ -96,6 +98,14 @@ func (r *BucketClaims) Set(ctx context.Context, id string, u BucketClaimSet) err
 func (r *BucketClaims) SetGrant(ctx context.Context, id, user, access string) error {
 	return updateByID(ctx, r.coll(), "bucket claim", id, bson.M{"$set": bson.M{
 		"grants." + user: access, "updatedAt": r.s.Now()}})
+}
+
+// SetShareGrants replaces claim id's grants from machine shares (username → access).
+func (r *BucketClaims) SetShareGrants(ctx context.Context, id string, grants map[string]string) error {
+	if grants == nil {
+		grants = map[string]string{}
+	}
+	return updateByID(ctx, r.coll(), "bucket claim", id, bson.M{"$set": bson.M{"shareGrants": grants, "updatedAt": r.s.Now()}})
 }
 
 // RemoveGrant forgets user's grant on claim id (none: nothing changes).
