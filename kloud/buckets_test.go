@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,13 +67,16 @@ resource "kloud_bucket" "keep" {
   retain      = true
   max_size_mb = 16
 }
+
+resource "kloud_bucket" "scratch" {}
 `
 
-// A stack with two bucket claims on the real S3 server (SeaweedFS) and the dummy provider:
+// A stack with three bucket claims on the real S3 server (SeaweedFS) and the dummy provider:
 // the build provisions them before the machines and Terraform never sees the blocks; building
 // again gives the same buckets and keys; the owner's key writes, a read grant reads but cannot
-// write (403 from the server), a revoked key gets 403; destroy deletes the bucket without
-// retain and keeps the other's data; no key shows in the job's log or bucket.list.
+// write (403 from the server), a revoked key gets 403; a readonly machine share reads until
+// unshared; bucket.delete ends a claim now; an update without a block ends its claim; destroy
+// deletes the buckets without retain and keeps the other's data; no key shows in the job's log.
 func TestBucketClaims(t *testing.T) {
 	t.Parallel()
 	srv := seaweedtest.Start(t)
@@ -110,7 +114,7 @@ func TestBucketClaims(t *testing.T) {
 	}
 	log1 := apply(false)
 	list, err := c.BucketList(ctx, api.BucketListParams{StackID: sid})
-	if err != nil || len(list.Buckets) != 2 {
+	if err != nil || len(list.Buckets) != 3 {
 		t.Fatalf("bucket.list: %+v %v", list, err)
 	}
 	byLabel := map[string]api.BucketView{}
@@ -164,7 +168,7 @@ func TestBucketClaims(t *testing.T) {
 	if got, err := s3Get(ctx, s3As(ownerKey), cache.Bucket, "a.txt"); err != nil || got != "from alice" {
 		t.Fatalf("after a second build: %q %v", got, err)
 	}
-	if bs, err := prov.Buckets(ctx); err != nil || len(bs) != 2 {
+	if bs, err := prov.Buckets(ctx); err != nil || len(bs) != 3 {
 		t.Fatalf("the server's buckets of this instance: %+v %v", bs, err)
 	}
 
@@ -204,7 +208,7 @@ func TestBucketClaims(t *testing.T) {
 	if _, err := c.MachineShare(ctx, api.ShareParams{MachineID: vm.ID, Username: "bob", Grant: model.GrantReadonly}); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := c.BucketList(ctx, api.BucketListParams{StackID: sid}); err != nil || l.Buckets[0].ShareGrants["bob"] != "read" {
+	if l, err := c.BucketList(ctx, api.BucketListParams{StackID: sid}); err != nil || len(l.Buckets) != 3 || l.Buckets[0].ShareGrants["bob"] != "read" {
 		t.Fatalf("bucket.list after a readonly share: %+v %v", l, err)
 	}
 	shareKey, err := bob.BucketCredentials(ctx, api.BucketRef{StackID: sid, Label: "keep"})
@@ -235,7 +239,7 @@ func TestBucketClaims(t *testing.T) {
 	if v, err := c.BucketDelete(ctx, api.BucketDeleteParams{BucketRef: cacheRef}); err != nil || v.State != "deleted" || v.Retain || v.Bucket != cache.Bucket {
 		t.Fatalf("bucket.delete: %+v %v", v, err)
 	}
-	if l, err := c.BucketList(ctx, api.BucketListParams{StackID: sid}); err != nil || len(l.Buckets) != 1 || l.Buckets[0].Label != "keep" {
+	if l, err := c.BucketList(ctx, api.BucketListParams{StackID: sid}); err != nil || len(l.Buckets) != 2 {
 		t.Fatalf("bucket.list after bucket.delete: %+v %v", l, err)
 	}
 	if _, err := c.BucketCredentials(ctx, cacheRef); !errors.Is(err, kite.ErrNotFound) {
@@ -244,6 +248,25 @@ func TestBucketClaims(t *testing.T) {
 	apply(false)
 	if _, err := s3Get(ctx, s3As(ownerKey), cache.Bucket, "a.txt"); httpStatus(err) != 404 {
 		t.Fatalf("the bucket claimed again: %v (want 404: a new, empty bucket)", err)
+	}
+
+	// An update whose template no longer declares cache ends its claim (deleted: no retain).
+	if _, err := c.TemplateUpdate(ctx, api.TemplateParams{TemplateID: tid, Files: map[string]string{"main.tf": strings.Replace(bucketTemplate,
+		"resource \"kloud_bucket\" \"cache\" {\n  retain = false\n}\n", "", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	up, err := c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(up.JobID); last.Status != "succeeded" {
+		t.Fatalf("update: %+v", last)
+	}
+	if l, err := c.BucketList(ctx, api.BucketListParams{StackID: sid}); err != nil || len(l.Buckets) != 2 || slices.ContainsFunc(l.Buckets, func(b api.BucketView) bool { return b.Label == "cache" }) {
+		t.Fatalf("bucket.list after an update without cache: %+v %v", l, err)
+	}
+	if _, err := prov.Grant(ctx, cache.Bucket, "carol", provider.BucketRead); !errors.Is(err, provider.ErrBucketNotFound) {
+		t.Fatalf("grant on the bucket the update ended: %v (want ErrBucketNotFound)", err)
 	}
 
 	// A kloud that died after recording a claim and before provisioning it: destroy ends it.
@@ -262,8 +285,8 @@ func TestBucketClaims(t *testing.T) {
 	if bs, err := prov.Buckets(ctx); err != nil || len(bs) != 0 {
 		t.Fatalf("the server's buckets after destroy: %+v %v", bs, err)
 	}
-	if _, err := prov.Grant(ctx, cache.Bucket, "carol", provider.BucketRead); !errors.Is(err, provider.ErrBucketNotFound) {
-		t.Fatalf("grant on the deleted bucket: %v (want ErrBucketNotFound)", err)
+	if _, err := prov.Grant(ctx, byLabel["scratch"].Bucket, "carol", provider.BucketRead); !errors.Is(err, provider.ErrBucketNotFound) {
+		t.Fatalf("grant on the bucket destroy deleted: %v (want ErrBucketNotFound)", err)
 	}
 	if _, err := s3Get(ctx, s3As(keepKey), keep.Bucket, "kept.txt"); httpStatus(err) != 403 {
 		t.Fatalf("a retained bucket's old key: %v (want 403)", err)

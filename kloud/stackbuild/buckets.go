@@ -3,6 +3,7 @@ package stackbuild
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -36,8 +37,31 @@ func (f *Flow) Provisioner(name string) (provider.BucketProvisioner, error) {
 // marked ready, each step one store write. Every step is idempotent: a build run again, or
 // after a crash anywhere, makes the same calls and ends with the same buckets. Keys are not
 // logged or kept.
+//
+// A claim of the stack whose block the template no longer has is ended as a destroy ends it
+// (deleted, or kept with retain). The stage is entered only when there is something to do.
 func (f *Flow) ProvisionBuckets(ctx context.Context, j Job, st *model.Stack, specs []BucketSpec) error {
 	claims := f.d.Store.BucketClaims()
+	had, err := claims.ByStack(ctx, st.ID)
+	if err != nil {
+		return fmt.Errorf("buckets: %w", err)
+	}
+	var stale []model.BucketClaim
+	for _, c := range had {
+		if !slices.ContainsFunc(specs, func(s BucketSpec) bool { return s.Label == c.Label }) {
+			stale = append(stale, c)
+		}
+	}
+	if len(specs) == 0 && len(stale) == 0 {
+		return nil
+	}
+	j.Enter(ctx, BuildBuckets)
+	for _, c := range stale {
+		if err := f.DeleteBucket(ctx, c); err != nil {
+			return err
+		}
+		j.Logf(ctx, "bucket %s: no longer in the template: %s %s", c.Label, c.Bucket, endedHow(c.Retain))
+	}
 	for _, s := range specs {
 		bp, err := f.Provisioner(s.Provider)
 		if err != nil {
@@ -77,11 +101,7 @@ func (f *Flow) DeleteBuckets(ctx context.Context, j Job, st *model.Stack) error 
 		if err := f.DeleteBucket(ctx, c); err != nil {
 			return err
 		}
-		how := "deleted with its data"
-		if c.Retain {
-			how = "kept with its data (retain); its keys revoked"
-		}
-		j.Logf(ctx, "bucket %s: %s %s", c.Label, c.Bucket, how)
+		j.Logf(ctx, "bucket %s: %s %s", c.Label, c.Bucket, endedHow(c.Retain))
 	}
 	return nil
 }
@@ -103,4 +123,12 @@ func (f *Flow) DeleteBucket(ctx context.Context, c model.BucketClaim) error {
 		return fmt.Errorf("bucket %s: %w", c.Label, err)
 	}
 	return nil
+}
+
+// endedHow says what ending a claim did with its bucket.
+func endedHow(retain bool) string {
+	if retain {
+		return "kept with its data (retain); its keys revoked"
+	}
+	return "deleted with its data"
 }

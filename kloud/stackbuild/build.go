@@ -233,11 +233,8 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			}
 			bs.Template = tpl
 		}
-		if len(b.Buckets) > 0 {
-			j.Enter(ctx, BuildBuckets)
-			if err := f.ProvisionBuckets(ctx, j, st, b.Buckets); err != nil {
-				return StackResult{}, f.failBuild(ctx, st, ms, err)
-			}
+		if err := f.ProvisionBuckets(ctx, j, st, b.Buckets); err != nil {
+			return StackResult{}, f.failBuild(ctx, st, ms, err)
 		}
 		j.Enter(ctx, BuildResources)
 		tfJob, err = SubmitTF(ctx, j, func() (string, error) {

@@ -225,11 +225,8 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 			return fail(fmt.Errorf("machine %s changed state meanwhile; update again", m.Label))
 		}
 	}
-	if len(buckets) > 0 {
-		j.Enter(ctx, BuildBuckets)
-		if err := f.ProvisionBuckets(ctx, j, st, buckets); err != nil {
-			return fail(err)
-		}
+	if err := f.ProvisionBuckets(ctx, j, st, buckets); err != nil {
+		return fail(err)
 	}
 	j.Enter(ctx, BuildResources)
 	tf, err := f.d.Terraformer()
