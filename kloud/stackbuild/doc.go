@@ -52,9 +52,10 @@
 //     store write, Machines.SetKiteIDs); then each provider's ApplyTemplate renders the ready
 //     agent configurations into the template (BaseStack.AgentConfig is a lookup that writes
 //     nothing).
-//  4. BuildBuckets (only when the template declares kloud_bucket claims): each claim recorded,
-//     provisioned by its provider's BucketProvisioner and marked ready (buckets.go), before
-//     Terraform runs; the template build took the blocks out of what Terraform sees.
+//  4. BuildBuckets (only when the template declares kloud_bucket claims, or the stack has
+//     claims the template no longer declares, which end): each claim recorded, provisioned by
+//     its provider's BucketProvisioner and marked ready (buckets.go), before Terraform runs;
+//     the template build took the blocks out of what Terraform sees. An update does the same.
 //  5. BuildResources: terraform apply (its run id recorded on the stack, for recovery).
 //  6. BuildAgents: the Planner waits for the agents.
 //  7. BuildSettings, BuildDone: machines' states, attributes and agent status written.
