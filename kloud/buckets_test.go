@@ -3,6 +3,7 @@ package kloud_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -159,8 +160,36 @@ func TestBucketClaims(t *testing.T) {
 		t.Fatalf("owner's put into keep: %v", err)
 	}
 
-	// Again: the same buckets, the same key, the data still there.
-	apply(false)
+	// The dummy's machine is a directory with no account for its owner: the build could not
+	// deliver the buckets. Give it one; the next build (settling) delivers them into its home.
+	root := filepath.Join(f.dir, sid, "vm")
+	home := filepath.Join(root, "home", "alice")
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	passwd := fmt.Sprintf("alice:x:%d:%d:alice:%s:/bin/sh\n", os.Geteuid(), os.Getegid(), home)
+	if err := os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte(passwd), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// Again: the same buckets, the same key, the data still there; the machine has them.
+	log2 := apply(false)
+	for _, l := range log2 {
+		if strings.Contains(l, ownerKey.SecretAccessKey) || strings.Contains(l, keepKey.SecretAccessKey) {
+			t.Fatalf("the second job's log shows a key: %s", l)
+		}
+	}
+	env, err := os.ReadFile(filepath.Join(home, ".config", "kloud", "buckets", "cache.env"))
+	if err != nil || !strings.Contains(string(env), "export KLOUD_BUCKET_CACHE_SECRET_ACCESS_KEY='"+ownerKey.SecretAccessKey+"'\n") ||
+		!strings.Contains(string(env), "export KLOUD_BUCKET_CACHE_ENDPOINT='"+ownerKey.Endpoint+"'\n") || strings.Contains(string(env), "AWS_ACCESS_KEY_ID") {
+		t.Fatalf("the machine's cache.env: %v\n%s\n(the job's log: %q)", err, env, log2)
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc", "profile.d", "kloud-buckets.sh")); err != nil {
+		t.Fatalf("the machine's profile script: %v", err)
+	}
 	again, err := c.BucketCredentials(ctx, api.BucketRef{StackID: sid, Label: "cache"})
 	if err != nil || again != ownerKey {
 		t.Fatalf("credentials after a second build: %+v %v (was %+v)", again, err, ownerKey)
