@@ -2,7 +2,6 @@ package api
 
 import (
 	"fmt"
-	"regexp"
 
 	"github.com/kloud-dev/kloud/provider/ptype"
 )
@@ -19,9 +18,6 @@ const (
 	MethodBucketDelete      = "bucket.delete"
 )
 
-// bucketLabelRE is a kloud_bucket block's name (provider/tmpl's rule).
-var bucketLabelRE = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,28}[a-z0-9])?$`)
-
 // BucketRef names a stack's bucket claim: the stack and the kloud_bucket block's name.
 type BucketRef struct {
 	StackID string `json:"stackId"`
@@ -33,10 +29,7 @@ func (p *BucketRef) Validate() error {
 	if err := required("stackId", p.StackID); err != nil {
 		return err
 	}
-	if !bucketLabelRE.MatchString(p.Label) {
-		return fmt.Errorf("label %q: a kloud_bucket's name (lower-case letters, digits and '-', at most 30)", p.Label)
-	}
-	return nil
+	return ptype.ValidBucketLabel(p.Label)
 }
 
 // BucketListParams filter bucket.list: the claims of one stack, or (empty) of every stack the

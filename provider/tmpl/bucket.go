@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
+
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // Bucket claims: a template declares an object bucket as a resource kloud handles itself,
@@ -32,10 +33,6 @@ const BucketType = "kloud_bucket"
 
 // MaxBuckets is the most bucket claims one template may declare.
 const MaxBuckets = 8
-
-// bucketLabelRE: lower-case letters, digits and '-', a letter first, not ending in '-', at most
-// 30 characters (the bucket's server name is derived from it and must stay within S3's 63).
-var bucketLabelRE = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,28}[a-z0-9])?$`)
 
 // BucketDecl is a kloud_bucket block of the template.
 type BucketDecl struct {
@@ -68,8 +65,8 @@ func (c *Config) Buckets() ([]BucketDecl, error) {
 		}
 		d := BucketDecl{Label: r.Name, File: r.File, Line: r.Line}
 		where := fmt.Sprintf("resource %q %q", BucketType, r.Name)
-		if !bucketLabelRE.MatchString(r.Name) {
-			bad(r.File, r.Line, "%s: a bucket's name is 1 to 30 lower-case letters, digits and '-', beginning with a letter and not ending with '-'", where)
+		if ptype.ValidBucketLabel(r.Name) != nil {
+			bad(r.File, r.Line, "%s: a bucket's name is 1 to %d lower-case letters, digits and '-', beginning with a letter and not ending with '-'", where, ptype.BucketLabelMax)
 		}
 		if sb, ok := r.block.Body.(*hclsyntax.Body); ok {
 			for _, b := range sb.Blocks {
