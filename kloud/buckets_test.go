@@ -140,6 +140,9 @@ func TestBucketClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	if _, err := c.BucketCredentials(ctx, api.BucketRef{StackID: sid, Label: "Cache_1"}); !errors.Is(err, kite.ErrInvalidParams) {
+		t.Fatalf("credentials of a bad label: %v (want invalid params)", err)
+	}
 	ownerKey, err := c.BucketCredentials(ctx, api.BucketRef{StackID: sid, Label: "cache"})
 	if err != nil || ownerKey.AccessKeyID == "" || ownerKey.SecretAccessKey == "" || ownerKey.Bucket != cache.Bucket || ownerKey.Access != "write" {
 		t.Fatalf("bucket.credentials: %+v %v", ownerKey, err)
