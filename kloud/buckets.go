@@ -311,6 +311,12 @@ func (a *bucketAPI) view(ctx context.Context, id string) (api.BucketView, error)
 // (klient.setBuckets: endpoint, region and the owner's key, asked of the provisioner again),
 // logging on j (nil: kloud's log) what it could not. An agent without the feature is skipped.
 func (a *bucketAPI) deliver(ctx context.Context, j stackbuild.Job, st *model.Stack) {
+	a.deliverTo(ctx, j, st.ID, "")
+}
+
+// deliverTo is deliver to the machines of stack stackID, or only to machine only.
+func (a *bucketAPI) deliverTo(ctx context.Context, j stackbuild.Job, stackID, only string) {
+	st := &model.Stack{ID: stackID}
 	logf := func(format string, args ...any) {
 		if j != nil {
 			j.Logf(ctx, format, args...)
@@ -355,7 +361,9 @@ func (a *bucketAPI) deliver(ctx context.Context, j stackbuild.Job, st *model.Sta
 	}
 	for i := range ms {
 		m := &ms[i]
-		if m.State != provider.Running {
+		// A job delivers to running machines; an agent that registers gets them whatever its
+		// machine's state says (a start registers it before the machine is Running).
+		if only == "" && m.State != provider.Running || only != "" && m.ID != only {
 			continue
 		}
 		conn, err := a.agentConn(m)
@@ -384,8 +392,7 @@ func (a *bucketAPI) pushOnRegister(ctx context.Context, kiteID string) {
 	if err != nil {
 		return // not a machine's agent, or the store is away: the next registration tries again
 	}
-	st := &model.Stack{ID: m.StackID}
-	a.deliver(ctx, nil, st)
+	a.deliverTo(ctx, nil, m.StackID, m.ID)
 }
 
 // setAccess makes user's key to cl's bucket what cl says (cl.Access: the higher of bucket.grant

@@ -10,11 +10,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
@@ -193,6 +195,24 @@ func TestBucketClaims(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "etc", "profile.d", "kloud-buckets.sh")); err != nil {
 		t.Fatalf("the machine's profile script: %v", err)
 	}
+	// An agent that registers again gets them again (here: after a stop and a start).
+	if err := os.Remove(filepath.Join(home, ".config", "kloud", "buckets", "cache.env")); err != nil {
+		t.Fatal(err)
+	}
+	vm := f.machines(sid)["vm"]
+	for _, power := range []func(context.Context, api.MachineRef) (api.JobRef, error){c.MachineStop, c.MachineStart} {
+		job, err := power(ctx, api.MachineRef{MachineID: vm.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last := f.follow(job.JobID); last.Status != "succeeded" {
+			t.Fatalf("stop or start: %+v", last)
+		}
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(home, ".config", "kloud", "buckets", "cache.env"))
+		return err == nil
+	}, "cache.env not delivered again after the agent registered again")
 	again, err := c.BucketCredentials(ctx, api.BucketRef{StackID: sid, Label: "cache"})
 	if err != nil || again != ownerKey {
 		t.Fatalf("credentials after a second build: %+v %v (was %+v)", again, err, ownerKey)
@@ -236,7 +256,6 @@ func TestBucketClaims(t *testing.T) {
 	}
 
 	// A readonly share of the stack's machine gives bob read access; unshared, his key gets 403.
-	vm := f.machines(sid)["vm"]
 	if _, err := c.MachineShare(ctx, api.ShareParams{MachineID: vm.ID, Username: "bob", Grant: model.GrantReadonly}); err != nil {
 		t.Fatal(err)
 	}
