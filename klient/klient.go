@@ -180,6 +180,7 @@ func New(opts Options) (*Klient, error) {
 	kl.handleShares()
 	kl.handlePorts()
 	kl.handleActivity() // activity.go
+	kl.handleBuckets()  // buckets.go
 	if opts.Vagrant != nil {
 		if err := kl.setupVagrant(); err != nil {
 			kl.cancel()
@@ -264,6 +265,6 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
-		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity},
+		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets},
 	}, nil
 }

@@ -79,6 +79,7 @@ func (s *Server) trackAgents(ctx context.Context) {
 				s.setAgent(ctx, ev.Kite.Kite.ID, status, ev.Kite.Kite.Version)
 				if status == model.AgentConnected && strings.HasPrefix(ev.Kite.Kite.ID, AgentKitePrefix) {
 					go s.pushSharesOnRegister(ctx, ev.Kite.Kite.ID)
+					go s.buckets.pushOnRegister(ctx, ev.Kite.Kite.ID) // buckets.go
 				}
 			case <-ctx.Done():
 				break loop

@@ -71,10 +71,21 @@ func dummyDir(t *testing.T) string {
 // newFlowWith is newFlow with kloud's options (e.g. a short AgentTimeout).
 func newFlowWith(t *testing.T, o dummy.Options, ko kloudtest.Options) *flowEnv {
 	t.Helper()
+	return newFlowProvider(t, o, ko, nil)
+}
+
+// newFlowProvider is newFlowWith with the dummy provider changed by tweak (nil: as it is)
+// before it is registered: a test's Buckets.
+func newFlowProvider(t *testing.T, o dummy.Options, ko kloudtest.Options, tweak func(*provider.Provider)) *flowEnv {
+	t.Helper()
 	testutil.RequireBinary(t, "curl")
 	reg := provider.NewRegistry()
 	o.Dir = dummyDir(t)
-	reg.Register(dummy.New(o))
+	p := dummy.New(o)
+	if tweak != nil {
+		tweak(p)
+	}
+	reg.Register(p)
 	ko.Providers, ko.KlientBin = reg, testutil.BuildBinary(t, "./cmd/klient")
 	e := kloudtest.Start(t, ko)
 	tfDir := filepath.Join(t.TempDir(), "terraformer")

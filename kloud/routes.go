@@ -180,6 +180,9 @@ func auditDecisions() map[string]bool {
 		api.MethodMachineShares: true, api.MethodMachinePortsList: true, api.MethodMachinePortsOpen: false,
 		api.MethodMachinePortsClose: false, api.MethodMachineSnapshot: false, api.MethodMachineSnapshots: true,
 		api.MethodMachineRestore: false, api.MethodSnapshotDelete: false,
+		// buckets.go: bucket.credentials reads (and its answer holds a key: not in the audit log)
+		api.MethodBucketList: true, api.MethodBucketCredentials: true, api.MethodBucketGrant: false,
+		api.MethodBucketRevoke: false, api.MethodBucketDelete: false,
 		// quota.go, jobs.go, gc.go (a dry run too), plugins.go
 		api.MethodQuotaSet: false, api.MethodQuotaShow: true,
 		api.MethodJobGet: true, api.MethodJobWatch: true, api.MethodJobList: true, api.MethodJobCancel: false,
@@ -260,6 +263,13 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCMachineShare, Members, s.shares.share), // owner, team admins
 		rpc(s, api.RPCMachineUnshare, Members, s.shares.unshare),
 		rpc(s, api.RPCMachineShares, MembersRead, s.shares.list),
+
+		// buckets.go
+		rpc(s, api.RPCBucketList, MembersRead, s.buckets.list),               // owner, team admins, granted users
+		rpc(s, api.RPCBucketCredentials, MembersRead, s.buckets.credentials), // the key's own user only
+		rpc(s, api.RPCBucketGrant, Members, s.buckets.grant),                 // owner, team admins
+		rpc(s, api.RPCBucketRevoke, Members, s.buckets.revoke),
+		rpc(s, api.RPCBucketDelete, Members, s.buckets.delete),
 		// ports.go: the machine's firewall (provider capability "firewall")
 		rpc(s, api.RPCMachinePortsList, MembersRead, s.ports.list),       // as machine.list
 		rpc(s, api.RPCMachinePortsOpen, Members, s.ports.change(true)),   // owner, team admins, full share

@@ -214,6 +214,7 @@ type Server struct {
 	shares    *shareAPI       // machine.share, unshare, shares (shares.go)
 	ports     *portAPI        // machine.ports.* (ports.go)
 	snapshots *snapshotAPI    // machine.snapshot, snapshots, restore, snapshot.delete and their jobs (snapshots.go)
+	buckets   *bucketAPI      // bucket.* (buckets.go)
 	stacks    *stackAPI       // stack.*: stacks*.go, reconcile.go, constraints.go
 	audits    *auditLog       // the audit log and audit.* (audit.go)
 	ops       *opsAPI         // kloud.version, kloud.doctor, gc.run, /readyz, /metrics (health.go)
@@ -299,6 +300,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.shares = &shareAPI{machines: st.Machines(), users: st.Users(), log: s.log, k: s}
 	s.ports = &portAPI{store: st, log: s.log, k: s}
 	s.snapshots = &snapshotAPI{engine: newSnapshotEngine(s), snaps: st.Snapshots(), loadMachine: s.loadMachine}
+	s.buckets = &bucketAPI{claims: st.BucketClaims(), stacks: st.Stacks(), caller: s.callerByName, loadStack: s.loadStack, flow: s.flow,
+		machines: st.Machines(), agentConn: s.agentConn, log: s.log}
 	s.stacks = &stackAPI{store: st, stacks: st.Stacks(), machines: st.Machines(), creds: st.Credentials(), providers: s.providers, log: s.log, srv: s, checks: s}
 	s.audits = &auditLog{entries: st.Audit(), users: st.Users(), now: st.Now, log: s.log} // audit.go
 	s.ops, s.pruner = newOpsAPI(s), &pruner{store: st, opts: opts.Retention, audits: s.audits, log: s.log}

@@ -40,6 +40,9 @@ type shareKloud interface {
 	loadMachine(ctx context.Context, c *Caller, id string) (*model.Machine, error)
 	agentConn(m *model.Machine) (*kite.Conn, error)
 	Signer() *kitekey.Signer
+	// syncBucketShares gives the users the stack's machines are shared with their access to
+	// its buckets, and takes it from those no longer shared (buckets.go).
+	syncBucketShares(ctx context.Context, stackID string) error
 }
 
 func validGrant(g string) bool {
@@ -136,6 +139,9 @@ func (a *shareAPI) update(ctx context.Context, m *model.Machine, change func([]m
 			return api.SharesResult{}, err
 		}
 		m = fresh
+	}
+	if err := a.k.syncBucketShares(ctx, m.StackID); err != nil {
+		a.log.WarnContext(ctx, "shares saved; the bucket access they give is not (the next change of shares or build tries again)", "machine", m.ID, "err", err)
 	}
 	err := a.push(ctx, m)
 	if err != nil {

@@ -92,8 +92,9 @@ type builtTemplate struct {
 	variables map[string]any
 	creds     map[string]*provider.Credential // provider → credential
 	credIDs   map[string]string
-	providers map[string][]string // provider → machine resource names
-	team      string              // whose template and credentials
+	providers map[string][]string     // provider → machine resource names
+	buckets   []stackbuild.BucketSpec // the kloud_bucket claims, taken out of files (buckets.go)
+	team      string                  // whose template and credentials
 	// maxMachines is the cap on planned machines and capHow how to change it (capBuild,
 	// limits.go; 0: kloud's global cap).
 	maxMachines int
@@ -122,6 +123,9 @@ func (a *stackAPI) build(ctx context.Context, c *Caller, team string, files map[
 		for _, r := range rs {
 			b.providers[name] = append(b.providers[name], r.Name)
 		}
+	}
+	if b.buckets, err = templateBuckets(a.providers, cfg, slices.Sorted(maps.Keys(res))); err != nil {
+		return nil, err
 	}
 	needed := map[string]bool{}
 	for name := range res {

@@ -81,6 +81,11 @@ func (d buildDeps) SetAgent(ctx context.Context, kiteID, status, version string)
 	d.s.setAgent(ctx, kiteID, status, version)
 }
 
+// DeliverBuckets is the bucket API's deliver (buckets.go).
+func (d buildDeps) DeliverBuckets(ctx context.Context, j stackbuild.Job, st *model.Stack) {
+	d.s.buckets.deliver(ctx, j, st)
+}
+
 // KeepPorts is keepPorts (ports.go).
 func (d buildDeps) KeepPorts(ctx context.Context, j stackbuild.Job, st *model.Stack) {
 	d.s.keepPorts(ctx, j, st)
@@ -94,7 +99,7 @@ func (a *stackAPI) Template(ctx context.Context, c stackbuild.Caller, team strin
 	if err != nil {
 		return nil, err
 	}
-	return &stackbuild.Built{Files: b.files, Config: b.cfg, Variables: b.variables, Creds: b.creds, Providers: b.providers}, nil
+	return &stackbuild.Built{Files: b.files, Config: b.cfg, Variables: b.variables, Creds: b.creds, Providers: b.providers, Buckets: b.buckets}, nil
 }
 
 // PlanContext is planCtx (limits.go: the plan timeout; stackbuild.Plans, with PlanFiles in

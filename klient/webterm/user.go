@@ -337,3 +337,14 @@ func processesOf(uid uint32) []int {
 	}
 	return out
 }
+
+// AccountHome returns the home directory, uid and gid of machine account name, found as a
+// shell for it would be (root/etc/passwd, or klient's own account when klient runs as name):
+// where klient writes files for the account (klient.setBuckets).
+func AccountHome(root, name string) (home string, uid, gid int, err error) {
+	a, err := lookupAccount(root, name)
+	if err != nil {
+		return "", 0, 0, err
+	}
+	return a.Home, int(a.UID), int(a.GID), nil
+}

@@ -323,3 +323,28 @@ func (w *JobWatch) Wait(ctx context.Context) (JobEvent, error) {
 
 // Close stops the stream.
 func (w *JobWatch) Close() { w.sub.Close() }
+
+// BucketList is bucket.list.
+func (c *Client) BucketList(ctx context.Context, p BucketListParams) (BucketListResult, error) {
+	return RPCBucketList.Call(ctx, c.c, p)
+}
+
+// BucketCredentials is bucket.credentials.
+func (c *Client) BucketCredentials(ctx context.Context, p BucketRef) (BucketCredentials, error) {
+	return RPCBucketCredentials.Call(ctx, c.c, p)
+}
+
+// BucketGrant is bucket.grant.
+func (c *Client) BucketGrant(ctx context.Context, p BucketGrantParams) (BucketView, error) {
+	return RPCBucketGrant.Call(ctx, c.c, p)
+}
+
+// BucketRevoke is bucket.revoke.
+func (c *Client) BucketRevoke(ctx context.Context, p BucketRevokeParams) (BucketView, error) {
+	return RPCBucketRevoke.Call(ctx, c.c, p)
+}
+
+// BucketDelete is bucket.delete.
+func (c *Client) BucketDelete(ctx context.Context, p BucketDeleteParams) (BucketView, error) {
+	return RPCBucketDelete.Call(ctx, c.c, p)
+}

@@ -98,6 +98,7 @@ const (
 func KloudMethods() []string {
 	return []string{
 		MethodAuditList, MethodAuditVerify, // audit.go
+		MethodBucketCredentials, MethodBucketDelete, MethodBucketGrant, MethodBucketList, MethodBucketRevoke, // buckets.go
 		MethodCredentialAdd, MethodCredentialAuthenticate, MethodCredentialBootstrap, MethodCredentialDescribe,
 		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
 		MethodGCRun, // gc.go

@@ -57,6 +57,11 @@ var (
 	RPCCredentialUpdate       = Method[CredentialUpdateParams, CredentialUpdateResult]{Name: MethodCredentialUpdate}
 	RPCGCRun                  = Method[GCRunParams, GCResult]{Name: MethodGCRun}
 	RPCJobCancel              = Method[JobRef, Job]{Name: MethodJobCancel}
+	RPCBucketCredentials      = Method[BucketRef, BucketCredentials]{Name: MethodBucketCredentials}
+	RPCBucketDelete           = Method[BucketDeleteParams, BucketView]{Name: MethodBucketDelete}
+	RPCBucketGrant            = Method[BucketGrantParams, BucketView]{Name: MethodBucketGrant}
+	RPCBucketList             = Method[BucketListParams, BucketListResult]{Name: MethodBucketList}
+	RPCBucketRevoke           = Method[BucketRevokeParams, BucketView]{Name: MethodBucketRevoke}
 	RPCJobGet                 = Method[JobRef, Job]{Name: MethodJobGet}
 	RPCJobList                = Method[JobListParams, JobListResult]{Name: MethodJobList}
 	RPCJobWatch               = Method[JobRef, JobWatchResult]{Name: MethodJobWatch}
@@ -113,7 +118,8 @@ var (
 // Descriptors returns the descriptor of every method kloud serves, by name (a new map each call).
 func Descriptors() map[string]Descriptor {
 	ds := []Descriptor{
-		RPCAuditList, RPCAuditVerify, RPCCredentialAdd, RPCCredentialAuthenticate, RPCCredentialBootstrap,
+		RPCAuditList, RPCAuditVerify, RPCBucketCredentials, RPCBucketDelete, RPCBucketGrant, RPCBucketList,
+		RPCBucketRevoke, RPCCredentialAdd, RPCCredentialAuthenticate, RPCCredentialBootstrap,
 		RPCCredentialDescribe, RPCCredentialList, RPCCredentialRemove, RPCCredentialUpdate, RPCGCRun, RPCJobCancel,
 		RPCJobGet, RPCJobList, RPCJobWatch, RPCKloudDoctor, RPCVersion, RPCMachineInfo, RPCMachineList,
 		RPCMachinePortsClose, RPCMachinePortsList, RPCMachinePortsOpen, RPCMachineRestore, RPCMachineSet,

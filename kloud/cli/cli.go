@@ -99,6 +99,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		templateCmd(g), stackCmd(g), machineCmd(g), jobCmd(g), // stack.go (+ template_trust.go)
 		sshCmd(g),                   // ssh.go
 		snapshotCmd(g),              // snapshot.go
+		bucketCmd(g),                // bucket.go
 		tfCmd(g),                    // tf.go
 		portForwardCmd(g),           // portforward.go
 		gcCmd(g),                    // gc.go

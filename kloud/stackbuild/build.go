@@ -233,6 +233,9 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			}
 			bs.Template = tpl
 		}
+		if err := f.ProvisionBuckets(ctx, j, st, b.Buckets); err != nil {
+			return StackResult{}, f.failBuild(ctx, st, ms, err)
+		}
 		j.Enter(ctx, BuildResources)
 		tfJob, err = SubmitTF(ctx, j, func() (string, error) {
 			return tf.Apply(ctx, tfapi.Request{ContentID: "stack-" + st.ID, Files: tfapi.Files(tpl.Files), Variables: tpl.Variables, TraceID: j.Doc().ID})
@@ -263,7 +266,8 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 	}
 	j.Enter(ctx, BuildSettings)
 	failed := f.SettleMachines(ctx, c, ms, results)
-	f.d.Machines.KeepPorts(ctx, j, st) // ports.go: a machine built again gets its recorded rules
+	f.d.Machines.KeepPorts(ctx, j, st)      // ports.go: a machine built again gets its recorded rules
+	f.d.Machines.DeliverBuckets(ctx, j, st) // kloud/buckets.go: the agents get the stack's buckets
 	return f.SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms)),
 		StackResult{StackID: st.ID, Machines: new(len(ms))})
 }

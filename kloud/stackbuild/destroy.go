@@ -83,6 +83,12 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (StackResult
 			}
 		}
 	}
+	// The buckets after the machines (nothing writes to them any more), before the stack's
+	// record: a destroy that fails here is run again and finishes them.
+	j.Enter(bctx, DestroyBuckets)
+	if err := f.DeleteBuckets(bctx, j, st); err != nil {
+		return StackResult{}, f.failDestroy(bctx, st, ms, "", err)
+	}
 	if err := f.d.Store.Persist(bctx, "delete machines of stack "+st.ID, 0, func(ctx context.Context) error {
 		return f.d.Store.Machines().DeleteByStack(ctx, st.ID)
 	}); err != nil {

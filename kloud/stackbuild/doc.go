@@ -12,6 +12,7 @@
 //   - build.go: the stack.apply job (RunApply): Resume, the build, ExitStack, and the settle
 //     steps build and update share (WaitAgents, SettleMachines, SettleStack).
 //   - destroy.go: the destroy half of stack.apply (Destroy).
+//   - buckets.go: the stacks' bucket claims (ProvisionBuckets, DeleteBuckets, DeleteBucket).
 //   - leases.go: the store leases "stack/<id>" and "machine/<id>" (TakeLease, RetakeLease,
 //     KeepLease): one job, or one call that must not overlap a job, at a time on each.
 //   - mint.go: every machine's agent key and configuration (Mint), kept sealed on its record
@@ -51,9 +52,17 @@
 //     store write, Machines.SetKiteIDs); then each provider's ApplyTemplate renders the ready
 //     agent configurations into the template (BaseStack.AgentConfig is a lookup that writes
 //     nothing).
-//  4. BuildResources: terraform apply (its run id recorded on the stack, for recovery).
-//  5. BuildAgents: the Planner waits for the agents.
-//  6. BuildSettings, BuildDone: machines' states, attributes and agent status written.
+//  4. BuildBuckets (only when the template declares kloud_bucket claims, or the stack has
+//     claims the template no longer declares, which end): each claim recorded, provisioned by
+//     its provider's BucketProvisioner and marked ready (buckets.go), before Terraform runs;
+//     the template build took the blocks out of what Terraform sees. An update does the same.
+//  5. BuildResources: terraform apply (its run id recorded on the stack, for recovery).
+//  6. BuildAgents: the Planner waits for the agents.
+//  7. BuildSettings, BuildDone: machines' states, attributes and agent status written.
+//
+// A destroy ends the stack's bucket claims after terraform destroyed its machines and their
+// keys are revoked (DestroyBuckets: deleted, or kept with retain), before the stack's record
+// goes: a destroy that failed there runs again and finishes them.
 //
 // # Guards
 //

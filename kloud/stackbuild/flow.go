@@ -93,6 +93,9 @@ type Built struct {
 	Variables map[string]any
 	Creds     map[string]*provider.Credential // provider → credential
 	Providers map[string][]string             // provider → machine resource names
+	// Buckets are the template's kloud_bucket claims (taken out of Files), their providers
+	// resolved.
+	Buckets []BucketSpec
 }
 
 // Templates resolves credentials and variables of a stack's files and checks them against the
@@ -132,6 +135,9 @@ type Machines interface {
 	// KeepPorts gives the machines of st the firewall rules kloud recorded for them, logging
 	// on j what it could not.
 	KeepPorts(ctx context.Context, j Job, st *model.Stack)
+	// DeliverBuckets gives the running machines of st their stack's buckets (endpoint and the
+	// owner's key, klient.setBuckets), logging on j what it could not.
+	DeliverBuckets(ctx context.Context, j Job, st *model.Stack)
 }
 
 // Job is the running job a flow reports to (kloud's job context).

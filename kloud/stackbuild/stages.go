@@ -13,6 +13,7 @@ const (
 	BuildChecking    Stage = "Checking machines"                   // 10%: machines set Building
 	BuildCredentials Stage = "Fetching and validating credentials" // 20%: template built, policy checked
 	BuildUserData    Stage = "Preparing the agents' user data"     // 30%: keys minted, user data rendered, template rewritten
+	BuildBuckets     Stage = "Provisioning buckets"                // 35%: the template's kloud_bucket claims (buckets.go)
 	BuildResources   Stage = "Building stack resources"            // 40–70%: terraform apply (Within)
 	BuildAgents      Stage = "Checking machines' agents"           // 70%: the Planner waits for agents
 	BuildSettings    Stage = "Updating machine settings"           // 90%: states and attributes written
@@ -24,6 +25,7 @@ const (
 	DestroyMachines  Stage = "Destroying machines"         // 10%: machines set Terminating
 	DestroyResources Stage = "Destroying stack resources"  // 30–90%: terraform destroy (Within)
 	DestroyKeys      Stage = "Revoking the machines' keys" // 90%
+	DestroyBuckets   Stage = "Deleting buckets"            // 95%: the stack's bucket claims (buckets.go)
 	DestroyDone      Stage = "Stack destroyed"             // 100%
 )
 
@@ -45,12 +47,16 @@ func (s Stage) Percent() int {
 		return 20
 	case BuildUserData, DestroyResources:
 		return 30
+	case BuildBuckets:
+		return 35
 	case BuildResources:
 		return 40
 	case BuildAgents:
 		return 70
 	case BuildSettings, DestroyKeys:
 		return 90
+	case DestroyBuckets:
+		return 95
 	case MachineStarting, MachineStopping:
 		return 25
 	case MachineAgent:
@@ -81,7 +87,7 @@ func (s Stage) State() provider.State {
 	switch s {
 	case BuildDone:
 		return provider.Running
-	case DestroyMachines, DestroyResources, DestroyKeys:
+	case DestroyMachines, DestroyResources, DestroyKeys, DestroyBuckets:
 		return provider.Terminating
 	case DestroyDone:
 		return provider.Terminated

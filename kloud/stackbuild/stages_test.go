@@ -16,8 +16,8 @@ func TestStagesAdvance(t *testing.T) {
 		stages []stackbuild.Stage
 		final  provider.State
 	}{
-		"build":   {[]stackbuild.Stage{stackbuild.BuildChecking, stackbuild.BuildCredentials, stackbuild.BuildUserData, stackbuild.BuildResources, stackbuild.BuildAgents, stackbuild.BuildSettings, stackbuild.BuildDone}, provider.Running},
-		"destroy": {[]stackbuild.Stage{stackbuild.DestroyMachines, stackbuild.DestroyResources, stackbuild.DestroyKeys, stackbuild.DestroyDone}, provider.Terminated},
+		"build":   {[]stackbuild.Stage{stackbuild.BuildChecking, stackbuild.BuildCredentials, stackbuild.BuildUserData, stackbuild.BuildBuckets, stackbuild.BuildResources, stackbuild.BuildAgents, stackbuild.BuildSettings, stackbuild.BuildDone}, provider.Running},
+		"destroy": {[]stackbuild.Stage{stackbuild.DestroyMachines, stackbuild.DestroyResources, stackbuild.DestroyKeys, stackbuild.DestroyBuckets, stackbuild.DestroyDone}, provider.Terminated},
 		"start":   {[]stackbuild.Stage{stackbuild.MachineStarting, stackbuild.MachineAgent, stackbuild.MachineStarted}, provider.Running},
 		"stop":    {[]stackbuild.Stage{stackbuild.MachineStopping, stackbuild.MachineStopped}, provider.Stopped},
 	}

@@ -112,7 +112,7 @@ func (f *Flow) PreviewUpdate(ctx context.Context, c Caller, st *model.Stack, fil
 	for i := range mt.added {
 		agents[mt.added[i].ID] = f.placeholderAgent(st, &mt.added[i])
 	}
-	tpl, err := f.renderFor(ctx, c, st, files, vars, mt, agents)
+	tpl, _, err := f.renderFor(ctx, c, st, files, vars, mt, agents)
 	if err != nil {
 		return nil, api.StackUpdatePlan{}, err
 	}
@@ -246,11 +246,12 @@ func matchMachines(st *model.Stack, planned []api.PlannedMachine, ms []model.Mac
 // rendering starts from a fresh build) and lets every provider render the agents of mt.specs.
 // A provider whose every machine the update removes (mt.vacated) renders no machine but still
 // configures itself (its provider block, credentials): terraform needs it to destroy them.
-func (f *Flow) renderFor(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string, mt *matched, agents AgentConfigs) (*provider.Template, error) {
+// It also returns the files' bucket claims.
+func (f *Flow) renderFor(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string, mt *matched, agents AgentConfigs) (*provider.Template, []BucketSpec, error) {
 	specs := mt.specs
 	b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(files), st.Credentials, vars, mt.vacated...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tpl := &provider.Template{Files: b.Files, Variables: b.Variables, Config: b.Config}
 	names := slices.Sorted(maps.Keys(b.Providers))
@@ -270,13 +271,13 @@ func (f *Flow) renderFor(ctx context.Context, c Caller, st *model.Stack, files [
 		}
 		stack, err := p.Stack(bs)
 		if err != nil {
-			return nil, fmt.Errorf("provider %s: %w", name, err)
+			return nil, nil, fmt.Errorf("provider %s: %w", name, err)
 		}
 		if tpl, err = stack.ApplyTemplate(ctx, b.Creds[name]); err != nil {
-			return nil, fmt.Errorf("provider %s: %w", name, err)
+			return nil, nil, fmt.Errorf("provider %s: %w", name, err)
 		}
 	}
-	return tpl, nil
+	return tpl, b.Buckets, nil
 }
 
 // planStack plans tpl in the stack's own Terraform directory, against its state, and returns

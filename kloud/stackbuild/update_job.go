@@ -163,7 +163,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 	if err := f.mintInto(ctx, st, mint, agents, mt.specs); err != nil {
 		return fail(err)
 	}
-	tpl, err := f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents)
+	tpl, buckets, err := f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents)
 	if err != nil {
 		return fail(err)
 	}
@@ -206,7 +206,7 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 		if err := f.mintInto(ctx, st, again, agents, mt.specs); err != nil {
 			return fail(err)
 		}
-		if tpl, err = f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents); err != nil {
+		if tpl, _, err = f.renderFor(ctx, c, st, p.Files.V, p.Variables.V, mt, agents); err != nil {
 			return fail(err)
 		}
 	}
@@ -224,6 +224,9 @@ func (f *Flow) prepareUpdate(ctx context.Context, j Job, c Caller, st *model.Sta
 		if !f.SetMachine(ctx, m.ID, SettledStates(), store.MachineSet{State: new(string(provider.Terminating)), Reason: new("")}) {
 			return fail(fmt.Errorf("machine %s changed state meanwhile; update again", m.Label))
 		}
+	}
+	if err := f.ProvisionBuckets(ctx, j, st, buckets); err != nil {
+		return fail(err)
 	}
 	j.Enter(ctx, BuildResources)
 	tf, err := f.d.Terraformer()
@@ -333,7 +336,8 @@ func (f *Flow) finishUpdate(ctx context.Context, j Job, c Caller, st *model.Stac
 	if err := f.recordMachineList(ctx, j, st.ID); err != nil {
 		return StackResult{}, err
 	}
-	f.d.Machines.KeepPorts(ctx, j, st) // ports.go: a replaced machine gets its recorded rules
+	f.d.Machines.KeepPorts(ctx, j, st)      // ports.go: a replaced machine gets its recorded rules
+	f.d.Machines.DeliverBuckets(ctx, j, st) // kloud/buckets.go: the agents get the stack's buckets
 	return f.SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d new or replaced machines are not ready", len(failed), len(wait)),
 		StackResult{StackID: st.ID, Machines: new(len(wait) + len(others)), Awaited: new(len(wait))})
 }

@@ -160,6 +160,8 @@ var indexes = []index{
 	{CollAudit, bson.D{{Key: "time", Value: 1}}, false},
 	{CollAudit, bson.D{{Key: "user", Value: 1}, {Key: "_id", Value: -1}}, false},
 	{CollIdentities, bson.D{{Key: "username", Value: 1}}, false},
+	{CollBuckets, bson.D{{Key: "stackId", Value: 1}}, false},
+	{CollBuckets, bson.D{{Key: "owner", Value: 1}}, false},
 }
 
 func (s *Store) ensureIndexes(ctx context.Context) error {
@@ -185,7 +187,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
 		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollAudit,
-		CollIdentities} {
+		CollIdentities, CollBuckets} {
 		if exists[c] {
 			continue
 		}

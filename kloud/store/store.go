@@ -35,6 +35,7 @@ const (
 	CollQuotas      = "quotas"     // quotas.go
 	CollAudit       = "audit"      // audit.go
 	CollIdentities  = "identities" // identities.go: single sign-on subjects → users
+	CollBuckets     = "buckets"    // buckets.go: stacks' bucket claims
 )
 
 // Options configure [Open]. Zero fields take the documented defaults.

@@ -351,6 +351,12 @@ func (pc *policyCheck) providerBlock(b *hcl.Block) {
 func (pc *policyCheck) resourceBlock(b *hcl.Block) {
 	typ := b.Labels[0]
 	construct := fmt.Sprintf("%s %q %q", b.Type, typ, b.Labels[1])
+	if b.Type == "resource" && typ == BucketType {
+		// A bucket claim: kloud's own, never Terraform's (bucket.go; Buckets checks its
+		// arguments, RemoveBuckets takes it out of what Terraform sees).
+		pc.noProvisioners(b.Body)
+		return
+	}
 	switch {
 	case typ == "terraform_remote_state" && !pc.typeAllowed(typ):
 		pc.refuse(b.LabelRanges[0], RuleProvider, construct, "terraform_remote_state reads state files and backends outside the stack")

@@ -17,15 +17,7 @@ var testPolicy = tmpl.Policy{Providers: []tmpl.AllowedProvider{
 
 func checkPolicy(t *testing.T, files map[string]string, p tmpl.Policy) error {
 	t.Helper()
-	in := map[string][]byte{}
-	for n, s := range files {
-		in[n] = []byte(s)
-	}
-	c, err := tmpl.Parse(in)
-	if err != nil {
-		t.Fatalf("parse: %v", err)
-	}
-	return c.CheckPolicy(p)
+	return parseFiles(t, files).CheckPolicy(p) // bucket_test.go
 }
 
 type refusal struct {

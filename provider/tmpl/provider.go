@@ -282,57 +282,7 @@ func (p *ProviderConfig) removeHCL(f *hcl.File, src []byte, defs []hcl.Range) ([
 // removeJSON deletes provider.<Name> from a .tf.json file (the object or the array form of
 // "provider"). The file is re-encoded; every other value keeps its bytes' meaning.
 func (p *ProviderConfig) removeJSON(src []byte) ([]byte, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(src, &top); err != nil {
-		return nil, err
-	}
-	raw := bytes.TrimSpace(top["provider"])
-	drop := func(obj json.RawMessage) (map[string]json.RawMessage, error) {
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(obj, &m); err != nil {
-			return nil, err
-		}
-		delete(m, p.Name)
-		return m, nil
-	}
-	var newProv any
-	if len(raw) > 0 && raw[0] == '[' {
-		var arr []json.RawMessage
-		if err := json.Unmarshal(raw, &arr); err != nil {
-			return nil, err
-		}
-		var kept []map[string]json.RawMessage
-		for _, el := range arr {
-			m, err := drop(el)
-			if err != nil {
-				return nil, err
-			}
-			if len(m) > 0 {
-				kept = append(kept, m)
-			}
-		}
-		if len(kept) > 0 {
-			newProv = kept
-		}
-	} else {
-		m, err := drop(raw)
-		if err != nil {
-			return nil, err
-		}
-		if len(m) > 0 {
-			newProv = m
-		}
-	}
-	if newProv == nil {
-		delete(top, "provider")
-	} else {
-		b, err := json.Marshal(newProv)
-		if err != nil {
-			return nil, err
-		}
-		top["provider"] = b
-	}
-	return MarshalJSON(top)
+	return removeJSONEntry(src, "provider", p.Name)
 }
 
 // MarshalJSON encodes v indented (a .tf.json file), without HTML escapes (user data keeps its < and &).
