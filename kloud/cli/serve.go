@@ -186,10 +186,6 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if f.pluginLimits.MemoryBytes = f.pluginMemMB << 20; f.pluginLimits != (cgroups.Limits{}) {
 		f.o.Plugins.Limits = &f.pluginLimits
 	}
-	if err := f.s3.start(ctx, f, log, prefixWriter{g.stderr, "weed: "}); err != nil {
-		return err
-	}
-	defer f.s3.stop()
 	reg := provider.NewRegistry()
 	f.dummy.register(reg, f.o.CACert, log)
 	if err := f.local.register(ctx, f, reg, log); err != nil {
@@ -201,6 +197,13 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if err := f.vagrant.register(f, reg, log); err != nil {
 		return err
 	}
+	// The S3 server once the local provider's bridge is up: its S3 gateway listens where kloud
+	// does, which may be that bridge's address.
+	if err := f.s3.start(ctx, f, log, glogFilter{prefixWriter{g.stderr, "weed: "}}); err != nil {
+		return err
+	}
+	defer f.s3.stop()
+	f.local.setBuckets(f, log)
 	for _, n := range reg.Names() {
 		p, _ := reg.Lookup(n)
 		if p.Available != nil {

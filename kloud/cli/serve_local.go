@@ -74,10 +74,6 @@ func (sl *serveLocal) register(ctx context.Context, f *serveFlags, reg *provider
 		return err
 	}
 	sl.l = l
-	// Its stacks' bucket claims, on kloud's S3 server, which its machines reach on their bridge.
-	if b := f.s3.provisioner(o.Instance, l.KloudURL, log); b != nil {
-		l.Provider().Buckets = b
-	}
 	reg.Register(l.Provider())
 	if err := l.Available(); err == nil {
 		if err := l.SetupNetwork(ctx); err != nil {
@@ -86,6 +82,17 @@ func (sl *serveLocal) register(ctx context.Context, f *serveFlags, reg *provider
 		logHostForward(log, "local provider", bridgefw.NewTable(l.Bridge(), netip.Prefix{}).HostForward(ctx))
 	}
 	return nil
+}
+
+// setBuckets gives the local provider's stacks bucket claims on kloud's S3 server (serve_s3.go),
+// which its machines reach on their bridge.
+func (sl *serveLocal) setBuckets(f *serveFlags, log *slog.Logger) {
+	if sl.l == nil {
+		return
+	}
+	if b := f.s3.provisioner(sl.o.Instance, sl.l.KloudURL, log); b != nil {
+		sl.l.Provider().Buckets = b
+	}
 }
 
 // logHostForward says at startup whether the host's firewall would drop traffic between the

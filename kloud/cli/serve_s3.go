@@ -163,3 +163,17 @@ func (s3 *serveS3) stop() {
 		s3.srv.Stop()
 	}
 }
+
+// glogFilter passes on the lines of weed's log (glog's format: the severity letter first) that
+// are warnings, errors or fatal: its info lines (a few for every start, bucket and key) stay out
+// of kloud's log.
+type glogFilter struct{ w io.Writer }
+
+func (f glogFilter) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line != "" && strings.IndexByte("WEF", line[0]) >= 0 {
+			io.WriteString(f.w, line)
+		}
+	}
+	return len(b), nil
+}

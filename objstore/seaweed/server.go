@@ -42,6 +42,10 @@ type Options struct {
 	Dir string
 	// IP is the address it binds and announces (default 127.0.0.1).
 	IP string
+	// S3IP is the address only its S3 gateway binds (default IP): kloud serve binds it where
+	// machines reach kloud ("0.0.0.0" for all), while the master, volume server and filer, which
+	// take no keys, stay on IP.
+	S3IP string
 	// Ports; 0 picks a free one (reused from Dir/ports.json on the next start when still free).
 	S3Port, MasterPort, VolumePort, FilerPort int
 	// PublicEndpoint is the S3 URL clients (machines) use (default http://IP:S3Port).
@@ -91,6 +95,9 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 	if o.IP == "" {
 		o.IP = "127.0.0.1"
+	}
+	if o.S3IP == "" {
+		o.S3IP = o.IP
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -270,7 +277,7 @@ func (s *Server) args() []string {
 		"-master.port=" + itoa(p.Master), "-master.port.grpc=" + itoa(p.Master+1),
 		"-volume.port=" + itoa(p.Volume), "-volume.port.grpc=" + itoa(p.Volume+1),
 		"-filer.port=" + itoa(p.Filer), "-filer.port.grpc=" + itoa(p.Filer+1),
-		"-s3", "-s3.port=" + itoa(p.S3), "-s3.port.grpc=" + itoa(p.S3+1),
+		"-s3", "-s3.ip.bind=" + o.S3IP, "-s3.port=" + itoa(p.S3), "-s3.port.grpc=" + itoa(p.S3+1),
 		"-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.config=" + o.path("s3.json"),
 		"-s3.autoCreateBucket=false",
 		"-filer.localSocket=" + o.path("filer.sock"), "-s3.localSocket=" + o.path("s3.sock"),
@@ -281,7 +288,11 @@ func (s *Server) args() []string {
 
 // start starts the supervised process on s.ports.
 func (s *Server) start(ctx context.Context) error {
-	s.endpoint = "http://" + net.JoinHostPort(s.o.IP, strconv.Itoa(s.ports.S3))
+	host := s.o.S3IP
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = s.o.IP // bound to every address: reached on loopback
+	}
+	s.endpoint = "http://" + net.JoinHostPort(host, strconv.Itoa(s.ports.S3))
 	env := append(os.Environ(), "TMPDIR="+s.o.path("tmp"), "HOME="+s.o.Dir)
 	s.sup = &supervise.Process{
 		Name: "weed", Bin: s.o.Bin, Args: s.args(), Env: env, Dir: s.o.Dir,

@@ -1,0 +1,195 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
+
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/objstore/s3client"
+	"github.com/kloud-dev/kloud/objstore/seaweed/seaweedtest"
+)
+
+// TestLocalBuckets is a stack's bucket claims on local machines, with the S3 server kloud serve
+// starts (SeaweedFS; docs/buckets.md): a file one machine writes with the key kloud gave it, the
+// other machine reads (curl's SigV4 in the machines, as their owner's login shell finds the
+// keys); the owner's key from `kloud bucket credentials` works from the host with an
+// independent client (aws-sdk-go-v2); a readonly share gives bob a key that lists and reads, and
+// the server itself refuses its writes (403); after unshare the same key gets 403; destroying
+// the stack deletes the bucket without retain and keeps the one with retain, data and all.
+func TestLocalBuckets(t *testing.T) {
+	t.Parallel()
+	if os.Getenv(seaweedtest.EnvWeed) == "" {
+		testutil.Unavailable(t, "$%s (SeaweedFS's weed, built by scripts/setup.sh) is not set: kloud serve starts no S3 server", seaweedtest.EnvWeed)
+	}
+	e := newLocalEnv(t)
+	e.alice()
+	tid := e.template(localTemplate("web", 2, "true") + `
+resource "kloud_bucket" "data" {}
+
+resource "kloud_bucket" "keep" {
+  retain = true
+}
+`)
+	sid := e.createStack(tid)
+	out := e.apply(sid)
+	for _, secretish := range []string{"SECRET", "secretAccessKey", "AWS_SECRET"} {
+		if strings.Contains(out, secretish) {
+			t.Errorf("the build's output mentions %s:\n%s", secretish, out)
+		}
+	}
+	ms := e.machines(sid)
+	id0, id1 := ms["web.0"].sandboxID(), ms["web.1"].sandboxID()
+
+	// In the machines: alice's login shell has the keys; web.0 writes, web.1 reads.
+	sh := func(id, script string) string {
+		return e.exec(id, "su", "-", "alice", "-c", script)
+	}
+	curl := `curl -sS --fail-with-body --aws-sigv4 "aws:amz:$KLOUD_BUCKET_DATA_REGION:s3" ` +
+		`--user "$KLOUD_BUCKET_DATA_ACCESS_KEY_ID:$KLOUD_BUCKET_DATA_SECRET_ACCESS_KEY" `
+	word := randomWord()
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		return strings.Contains(sh(id0, `test -n "$KLOUD_BUCKET_DATA_ENDPOINT" && echo ready`), "ready")
+	}, "web.0: alice's login shell has no KLOUD_BUCKET_DATA_ENDPOINT")
+	sh(id0, `echo `+word+` > /tmp/w && `+curl+`-T /tmp/w "$KLOUD_BUCKET_DATA_ENDPOINT/$KLOUD_BUCKET_DATA_NAME/from-web0.txt"`)
+	if got := sh(id1, curl+`"$KLOUD_BUCKET_DATA_ENDPOINT/$KLOUD_BUCKET_DATA_NAME/from-web0.txt"`); strings.TrimSpace(got) != word {
+		t.Fatalf("web.1 read %q, web.0 wrote %q", got, word)
+	}
+	if got := sh(id1, `stat -c %a:%U ~/.config/kloud/buckets/data.env`); got != "600:alice" {
+		t.Errorf("data.env: mode and owner %q, want 600:alice", got)
+	}
+
+	// From the host, with an independent client: alice's own key.
+	creds := func(key string) (c struct {
+		Bucket, Endpoint, Region, Access, AccessKeyID, SecretAccessKey string
+	}) {
+		t.Helper()
+		saved := e.key
+		e.key = key
+		defer func() { e.key = saved }()
+		e.runJSON(&c, "bucket", "credentials", sid, "data")
+		return c
+	}
+	alice := creds(e.key)
+	if alice.Access != "write" || alice.SecretAccessKey == "" {
+		t.Fatalf("alice's credentials: %+v", alice)
+	}
+	ctx := t.Context()
+	ac := s3client.New(alice.Endpoint, alice.Region, alice.AccessKeyID, alice.SecretAccessKey)
+	if got := getObject(ctx, t, ac, alice.Bucket, "from-web0.txt"); strings.TrimSpace(got) != word {
+		t.Errorf("the host read %q with alice's key, want %q", got, word)
+	}
+	if out := e.run("bucket", "list", "--stack", sid); strings.Contains(out, alice.SecretAccessKey) || !strings.Contains(out, "data") || !strings.Contains(out, "keep") {
+		t.Errorf("bucket list:\n%s", out)
+	}
+
+	// bob: a readonly share of web.0 reads and lists, and the server refuses his writes.
+	e.run("user", "add", "bob", "--team", "default")
+	bobKey := filepath.Join(e.dir, "bob.key")
+	e.run("key", "create", "--username", "bob", "--out", bobKey)
+	e.run("machine", "share", "web.0", "bob", "--grant", "readonly", "--stack", sid)
+	bob := creds(bobKey)
+	if bob.Access != "read" || bob.AccessKeyID == alice.AccessKeyID {
+		t.Fatalf("bob's credentials after a readonly share: %+v", bob)
+	}
+	bc := s3client.New(bob.Endpoint, bob.Region, bob.AccessKeyID, bob.SecretAccessKey)
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, err := bc.GetObject(ctx, &s3.GetObjectInput{Bucket: &bob.Bucket, Key: aws.String("from-web0.txt")})
+		return err == nil
+	}, "bob's read key cannot read")
+	if _, err := bc.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: &bob.Bucket}); err != nil {
+		t.Errorf("bob lists: %v", err)
+	}
+	if code := s3Code(putObject(ctx, bc, bob.Bucket, "by-bob.txt", "no")); code != "AccessDenied" {
+		t.Errorf("bob's write with a read key: %q, want AccessDenied from the server", code)
+	}
+	e.run("machine", "unshare", "web.0", "bob", "--stack", sid)
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, err := bc.GetObject(ctx, &s3.GetObjectInput{Bucket: &bob.Bucket, Key: aws.String("from-web0.txt")})
+		return s3Status(err) == 403
+	}, "bob's key still reads after unshare")
+
+	// Destroy: "data" goes, "keep" (retain) stays with its data.
+	keepBucket := ""
+	var list []struct{ Label, Bucket string }
+	e.runJSON(&list, "bucket", "list", "--stack", sid)
+	for _, b := range list {
+		if b.Label == "keep" {
+			keepBucket = b.Bucket
+		}
+	}
+	admin := e.s3Admin(alice.Endpoint)
+	if err := putObject(ctx, admin, keepBucket, "kept.txt", word); err != nil {
+		t.Fatalf("admin write to %s: %v", keepBucket, err)
+	}
+	e.run("stack", "destroy", sid)
+	if _, err := admin.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &alice.Bucket}); s3Status(err) != 404 {
+		t.Errorf("bucket %s after destroy: %v, want 404", alice.Bucket, err)
+	}
+	if got := getObject(ctx, t, admin, keepBucket, "kept.txt"); got != word {
+		t.Errorf("retained bucket %s after destroy: kept.txt = %q, want %q", keepBucket, got, word)
+	}
+	if _, err := ac.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: &alice.Bucket}); err == nil {
+		t.Errorf("alice's key still lists %s after destroy", alice.Bucket)
+	}
+}
+
+// s3Admin is a client of kloud's S3 server with its admin key (kept in the data dir).
+func (e *localEnv) s3Admin(endpoint string) *s3.Client {
+	e.t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.dir, "s3", "admin.json"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var k struct{ AccessKey, SecretKey string }
+	if err := json.Unmarshal(b, &k); err != nil {
+		e.t.Fatal(err)
+	}
+	return s3client.New(endpoint, "", k.AccessKey, k.SecretKey)
+}
+
+func getObject(ctx context.Context, t *testing.T, c *s3.Client, bucket, key string) string {
+	t.Helper()
+	o, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key})
+	if err != nil {
+		t.Errorf("get %s/%s: %v", bucket, key, err)
+		return ""
+	}
+	defer o.Body.Close()
+	b, _ := io.ReadAll(o.Body)
+	return string(b)
+}
+
+func putObject(ctx context.Context, c *s3.Client, bucket, key, body string) error {
+	_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: bytes.NewReader([]byte(body))})
+	return err
+}
+
+// s3Code is the S3 error code of err ("" if none).
+func s3Code(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// s3Status is the HTTP status of a failed S3 call (0 if none).
+func s3Status(err error) int {
+	var re interface{ HTTPStatusCode() int }
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}
