@@ -53,6 +53,10 @@ type Options struct {
 	// QuotaInterval is how often bucket quotas are enforced (default 30 s; SeaweedFS makes a
 	// bucket over its quota read-only only when told to: `s3.bucket.quota.enforce -apply`).
 	QuotaInterval time.Duration
+	// MemoryLimitMB is weed's Go memory limit (GOMEMLIMIT; default 512, < 0: none). weed holds
+	// on to what large transfers allocated: about 145 MiB resident idle, 500-560 MiB after a
+	// 64 MiB object went through without a limit, about 380 MiB with 512 (bench/buckets).
+	MemoryLimitMB int
 }
 
 // Server is a running, supervised weed server: master, volume server, filer and S3 gateway in
@@ -100,6 +104,9 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 	if o.QuotaInterval <= 0 {
 		o.QuotaInterval = 30 * time.Second
+	}
+	if o.MemoryLimitMB == 0 {
+		o.MemoryLimitMB = 512
 	}
 	dir, err := filepath.Abs(o.Dir)
 	if err != nil {
@@ -283,6 +290,9 @@ func (s *Server) args() []string {
 func (s *Server) start(ctx context.Context) error {
 	s.endpoint = "http://" + net.JoinHostPort(s.o.IP, strconv.Itoa(s.ports.S3))
 	env := append(os.Environ(), "TMPDIR="+s.o.path("tmp"), "HOME="+s.o.Dir)
+	if s.o.MemoryLimitMB > 0 {
+		env = append(env, fmt.Sprintf("GOMEMLIMIT=%dMiB", s.o.MemoryLimitMB))
+	}
 	s.sup = &supervise.Process{
 		Name: "weed", Bin: s.o.Bin, Args: s.args(), Env: env, Dir: s.o.Dir,
 		URL: s.endpoint, Health: s.healthy, Out: s.o.Out, Log: s.o.Log,
