@@ -69,6 +69,8 @@ type Server struct {
 	endpoint string
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
+	// mu serializes the calls of every Provisioner of this server.
+	mu sync.Mutex
 }
 
 // ports are a server's HTTP ports; each service's gRPC port is its HTTP port + 1.
@@ -421,6 +423,7 @@ func (s *Server) Provisioner(instance string) *Provisioner {
 	if err != nil {
 		panic(err) // every option is set
 	}
+	p.mu = &s.mu
 	return p
 }
 
