@@ -98,7 +98,10 @@ func NewProvisioner(o ProvisionerOptions) (*Provisioner, error) {
 // Buckets (and kloud gc) leave it alone; a later Provision of its name adopts it again.
 const TagRetained = "kloud.retained"
 
-var userRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
+var (
+	userRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
+	tagRE  = regexp.MustCompile(`^[\pL\pN +\-=._:/@]*$`)
+)
 
 // ValidUser checks a user name: 1 to 64 letters, digits, '.', '_', '@' and '-', beginning
 // with a letter or digit.
@@ -465,9 +468,8 @@ func validTags(tags map[string]string) error {
 	if len(tags) > 50 {
 		return fmt.Errorf("%d tags, at most 50", len(tags))
 	}
-	ok := regexp.MustCompile(`^[\pL\pN +\-=._:/@]*$`)
 	for k, v := range tags {
-		if k == "" || len(k) > 128 || len(v) > 256 || !ok.MatchString(k) || !ok.MatchString(v) {
+		if k == "" || len(k) > 128 || len(v) > 256 || !tagRE.MatchString(k) || !tagRE.MatchString(v) {
 			return fmt.Errorf("tag %q=%q: want a key of 1 to 128 and a value of at most 256 letters, digits, spaces and + - = . _ : / @", k, v)
 		}
 	}
