@@ -99,15 +99,15 @@ func NewProvisioner(o ProvisionerOptions) (*Provisioner, error) {
 const TagRetained = "kloud.retained"
 
 var (
-	userRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
+	userRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 	tagRE  = regexp.MustCompile(`^[\pL\pN +\-=._:/@]*$`)
 )
 
-// ValidUser checks a user name: 1 to 64 letters, digits, '.', '_', '@' and '-', beginning
+// ValidUser checks a user name: 1 to 64 letters, digits, '.', '_' and '-', beginning
 // with a letter or digit.
 func ValidUser(user string) error {
 	if !userRE.MatchString(user) {
-		return fmt.Errorf("bucket user %q: want 1 to 64 letters, digits, '.', '_', '@' or '-', beginning with a letter or digit", user)
+		return fmt.Errorf("bucket user %q: want 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit", user)
 	}
 	return nil
 }
