@@ -148,3 +148,49 @@ func freeLoopback(t *testing.T) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
+
+// TestSupervisorHealthFunc: a Health func, not GET /healthz, says when the process answers;
+// Start waits for it, and a start it never approves fails after StartTimeout, killing the
+// process.
+func TestSupervisorHealthFunc(t *testing.T) {
+	t.Parallel()
+	addr := freeLoopback(t)
+	var mu sync.Mutex
+	calls := 0
+	s := &Process{
+		Name: "helper", Bin: os.Args[0], Args: []string{"-test.run=^TestSupervisedHelper$", "--", "kloud-helper", "serve", addr},
+		URL: "http://" + addr,
+		Health: func(ctx context.Context) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			return calls > 3 && Healthz(ctx, nil, "http://"+addr)
+		},
+	}
+	if err := s.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	n := calls
+	mu.Unlock()
+	s.Stop()
+	if n < 4 {
+		t.Fatalf("Start returned after %d health checks, want 4 or more", n)
+	}
+
+	never := &Process{
+		Name: "helper", Bin: os.Args[0], Args: []string{"-test.run=^TestSupervisedHelper$", "--", "kloud-helper", "serve", addr},
+		URL: "http://" + addr, StartTimeout: 500 * time.Millisecond, StopGrace: time.Second,
+		Health: func(context.Context) bool { return false },
+	}
+	err := never.Start(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "helper (pid ") || !strings.Contains(err.Error(), "did not answer on http://"+addr+" within 500ms") {
+		t.Fatalf("Start: %v", err)
+	}
+	never.Stop()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	if Healthz(ctx, nil, "http://"+addr) {
+		t.Fatal("the process that never became healthy still runs")
+	}
+}

@@ -66,12 +66,13 @@ type ProvisionerOptions struct {
 //
 // A user's key is derived, not stored: HMAC-SHA256 of (bucket, user) keyed with the admin
 // secret. So every call, repeated or after a crash, hands out the same key for the same pair
-// and the provisioner keeps no state of its own. The provisioner serializes its own calls
-// (s3.configure reads, changes and writes the whole configuration).
+// and the provisioner keeps no state of its own. The provisioner serializes its calls, with
+// those of every other provisioner of the same Server: s3.configure reads an identity, changes
+// it and writes it back, and Grant reads the configuration before it changes it.
 type Provisioner struct {
 	o  ProvisionerOptions
 	s3 *s3.Client
-	mu sync.Mutex
+	mu *sync.Mutex
 }
 
 var _ provider.BucketProvisioner = (*Provisioner)(nil)
@@ -90,20 +91,23 @@ func NewProvisioner(o ProvisionerOptions) (*Provisioner, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Provisioner{o: o, s3: s3client.New(o.Endpoint, o.Region, o.AdminAccessKey, o.AdminSecretKey)}, nil
+	return &Provisioner{o: o, s3: s3client.New(o.Endpoint, o.Region, o.AdminAccessKey, o.AdminSecretKey), mu: new(sync.Mutex)}, nil
 }
 
 // TagRetained marks a bucket Delete kept (retain): it no longer carries TagInstance, so
 // Buckets (and kloud gc) leave it alone; a later Provision of its name adopts it again.
 const TagRetained = "kloud.retained"
 
-var userRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
+var (
+	userRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	tagRE  = regexp.MustCompile(`^[\pL\pN +\-=._:/@]*$`)
+)
 
-// ValidUser checks a user name: 1 to 64 letters, digits, '.', '_', '@' and '-', beginning
+// ValidUser checks a user name: 1 to 64 letters, digits, '.', '_' and '-', beginning
 // with a letter or digit.
 func ValidUser(user string) error {
 	if !userRE.MatchString(user) {
-		return fmt.Errorf("bucket user %q: want 1 to 64 letters, digits, '.', '_', '@' or '-', beginning with a letter or digit", user)
+		return fmt.Errorf("bucket user %q: want 1 to 64 letters, digits, '.', '_' or '-', beginning with a letter or digit", user)
 	}
 	return nil
 }
@@ -304,13 +308,22 @@ func (p *Provisioner) revoke(ctx context.Context, name string) error {
 
 // Delete revokes every key to bucket; then, without retain, removes its objects and the
 // bucket, or, with retain, keeps them and re-tags the bucket TagRetained instead of
-// TagInstance (Buckets no longer lists it). A bucket that is gone is no error.
+// TagInstance (Buckets no longer lists it). A bucket that is gone is no error; one of another
+// kloud instance (its TagInstance) is refused.
 func (p *Provisioner) Delete(ctx context.Context, bucket string, retain bool) error {
 	if err := ptype.ValidBucketName(bucket); err != nil {
 		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	tags, err := p.tags(ctx, bucket)
+	switch {
+	case notFound(err):
+	case err != nil:
+		return err
+	case tags[provider.TagInstance] != "" && tags[provider.TagInstance] != p.o.Instance:
+		return fmt.Errorf("bucket %q belongs to kloud instance %q", bucket, tags[provider.TagInstance])
+	}
 	cfg, err := p.config(ctx)
 	if err != nil {
 		return err
@@ -323,12 +336,8 @@ func (p *Provisioner) Delete(ctx context.Context, bucket string, retain bool) er
 		}
 	}
 	if retain {
-		tags, err := p.tags(ctx, bucket)
-		if notFound(err) {
+		if tags == nil { // no bucket
 			return nil
-		}
-		if err != nil {
-			return err
 		}
 		if _, ok := tags[TagRetained]; ok && tags[provider.TagInstance] == "" {
 			return nil
@@ -459,9 +468,8 @@ func validTags(tags map[string]string) error {
 	if len(tags) > 50 {
 		return fmt.Errorf("%d tags, at most 50", len(tags))
 	}
-	ok := regexp.MustCompile(`^[\pL\pN +\-=._:/@]*$`)
 	for k, v := range tags {
-		if k == "" || len(k) > 128 || len(v) > 256 || !ok.MatchString(k) || !ok.MatchString(v) {
+		if k == "" || len(k) > 128 || len(v) > 256 || !tagRE.MatchString(k) || !tagRE.MatchString(v) {
 			return fmt.Errorf("tag %q=%q: want a key of 1 to 128 and a value of at most 256 letters, digits, spaces and + - = . _ : / @", k, v)
 		}
 	}

@@ -57,6 +57,10 @@ type Options struct {
 	// QuotaInterval is how often bucket quotas are enforced (default 30 s; SeaweedFS makes a
 	// bucket over its quota read-only only when told to: `s3.bucket.quota.enforce -apply`).
 	QuotaInterval time.Duration
+	// MemoryLimitMB is weed's Go memory limit (GOMEMLIMIT; default 512, < 0: none). weed holds
+	// on to what large transfers allocated: about 145 MiB resident idle, 500-560 MiB after a
+	// 64 MiB object went through without a limit, about 380 MiB with 512 (bench/buckets).
+	MemoryLimitMB int
 }
 
 // Server is a running, supervised weed server: master, volume server, filer and S3 gateway in
@@ -69,6 +73,8 @@ type Server struct {
 	endpoint string
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
+	// mu serializes the calls of every Provisioner of this server.
+	mu sync.Mutex
 }
 
 // ports are a server's HTTP ports; each service's gRPC port is its HTTP port + 1.
@@ -107,6 +113,9 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 	if o.QuotaInterval <= 0 {
 		o.QuotaInterval = 30 * time.Second
+	}
+	if o.MemoryLimitMB == 0 {
+		o.MemoryLimitMB = 512
 	}
 	dir, err := filepath.Abs(o.Dir)
 	if err != nil {
@@ -294,6 +303,9 @@ func (s *Server) start(ctx context.Context) error {
 	}
 	s.endpoint = "http://" + net.JoinHostPort(host, strconv.Itoa(s.ports.S3))
 	env := append(os.Environ(), "TMPDIR="+s.o.path("tmp"), "HOME="+s.o.Dir)
+	if s.o.MemoryLimitMB > 0 {
+		env = append(env, fmt.Sprintf("GOMEMLIMIT=%dMiB", s.o.MemoryLimitMB))
+	}
 	s.sup = &supervise.Process{
 		Name: "weed", Bin: s.o.Bin, Args: s.args(), Env: env, Dir: s.o.Dir,
 		URL: s.endpoint, Health: s.healthy, Out: s.o.Out, Log: s.o.Log,
@@ -422,6 +434,7 @@ func (s *Server) Provisioner(instance string) *Provisioner {
 	if err != nil {
 		panic(err) // every option is set
 	}
+	p.mu = &s.mu
 	return p
 }
 
