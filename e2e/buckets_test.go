@@ -95,9 +95,12 @@ resource "kloud_bucket" "keep" {
 	}
 
 	// bob: a readonly share of web.0 reads and lists, and the server refuses his writes.
+	aliceKey := e.key
+	e.key = "" // the admin's
 	e.run("user", "add", "bob", "--team", "default")
 	bobKey := filepath.Join(e.dir, "bob.key")
 	e.run("key", "create", "--username", "bob", "--out", bobKey)
+	e.key = aliceKey
 	e.run("machine", "share", "web.0", "bob", "--grant", "readonly", "--stack", sid)
 	bob := creds(bobKey)
 	if bob.Access != "read" || bob.AccessKeyID == alice.AccessKeyID {
@@ -122,9 +125,9 @@ resource "kloud_bucket" "keep" {
 
 	// Destroy: "data" goes, "keep" (retain) stays with its data.
 	keepBucket := ""
-	var list []struct{ Label, Bucket string }
+	var list struct{ Buckets []struct{ Label, Bucket string } }
 	e.runJSON(&list, "bucket", "list", "--stack", sid)
-	for _, b := range list {
+	for _, b := range list.Buckets {
 		if b.Label == "keep" {
 			keepBucket = b.Bucket
 		}
