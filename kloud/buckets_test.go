@@ -18,6 +18,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/model"
@@ -318,6 +319,26 @@ func TestBucketClaims(t *testing.T) {
 	}
 	if _, err := prov.Grant(ctx, cache.Bucket, "carol", provider.BucketRead); !errors.Is(err, provider.ErrBucketNotFound) {
 		t.Fatalf("grant on the bucket the update ended: %v (want ErrBucketNotFound)", err)
+	}
+
+	// kloud gc removes a bucket of this kloud that no claim holds, and only that one.
+	orphan := model.BucketName(sid, "orphan")
+	if _, _, err := prov.Provision(ctx, provider.BucketClaim{Name: orphan, Owner: "alice",
+		Tags: provider.ResourceTags(sid, model.DefaultTeam, "alice", "", "")}); err != nil {
+		t.Fatal(err)
+	}
+	admin := f.Client(kloud.Admin)
+	for _, dry := range []bool{true, false} {
+		gc, err := admin.GCRun(ctx, api.GCRunParams{DryRun: dry, Provider: "dummy"})
+		if err != nil || len(gc.Garbage) != 1 || gc.Garbage[0].Resource.ID != orphan || gc.Garbage[0].Removed == dry || gc.Garbage[0].Error != "" {
+			t.Fatalf("gc.run (dry run %v): %+v %v", dry, gc, err)
+		}
+	}
+	if _, err := prov.Grant(ctx, orphan, "carol", provider.BucketRead); !errors.Is(err, provider.ErrBucketNotFound) {
+		t.Fatalf("grant on the bucket gc removed: %v (want ErrBucketNotFound)", err)
+	}
+	if bs, err := prov.Buckets(ctx); err != nil || len(bs) != 2 {
+		t.Fatalf("the claimed buckets after gc: %+v %v", bs, err)
 	}
 
 	// A kloud that died after recording a claim and before provisioning it: destroy ends it.

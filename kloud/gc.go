@@ -59,8 +59,8 @@ func (o *opsAPI) gcRun(ctx context.Context, c *Caller, _ *kite.Request, p *api.G
 		if err != nil {
 			return api.GCResult{}, fmt.Errorf("%w: %w", err, kite.ErrNotFound)
 		}
-		if !pr.Can(provider.CapResources) {
-			return api.GCResult{}, fmt.Errorf("provider %s does not list its resources (no %q capability): %w", p.Provider, provider.CapResources, provider.ErrUnsupported)
+		if !pr.Can(provider.CapResources) && !pr.Can(provider.CapBucket) {
+			return api.GCResult{}, fmt.Errorf("provider %s lists neither its resources nor its buckets (no %q or %q capability): %w", p.Provider, provider.CapResources, provider.CapBucket, provider.ErrUnsupported)
 		}
 	}
 	res, err := o.gc.Collect(ctx, p.DryRun, p.Provider)

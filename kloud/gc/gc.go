@@ -123,8 +123,9 @@ func (g *Collector) Run(ctx context.Context) {
 	}
 }
 
-// Collect lists the resources of every provider with CapResources (or of only), decides which
-// are garbage and, unless dryRun, removes them.
+// Collect lists the resources of every provider with CapResources (or of only), and the
+// buckets of every provider with CapBucket (buckets.go), decides which are garbage and, unless
+// dryRun, removes them.
 func (g *Collector) Collect(ctx context.Context, dryRun bool, only string) (api.GCResult, error) {
 	res := api.GCResult{DryRun: dryRun, Providers: []api.GCProvider{}, Garbage: []api.GCItem{}}
 	type listed struct {
@@ -178,6 +179,7 @@ func (g *Collector) Collect(ctx context.Context, dryRun bool, only string) (api.
 		}
 		res.Garbage = append(res.Garbage, g.remove(ctx, l.prov, l.r, "left over: the provider no longer has what it belonged to", dryRun))
 	}
+	g.collectBuckets(ctx, dryRun, only, &res) // buckets.go
 	for _, stackID := range stacks {
 		if err := ctx.Err(); err != nil {
 			return res, err

@@ -67,9 +67,13 @@ func (f *Flow) ProvisionBuckets(ctx context.Context, j Job, st *model.Stack, spe
 		if err != nil {
 			return fmt.Errorf("bucket %s: %w", s.Label, err)
 		}
+		name := model.BucketName(st.ID, s.Label)
+		if err := provider.ValidBucketName(name); err != nil {
+			return fmt.Errorf("bucket %s: %w", s.Label, err)
+		}
 		c, err := claims.Ensure(ctx, model.BucketClaim{
 			ID: model.BucketClaimID(st.ID, s.Label), StackID: st.ID, Label: s.Label,
-			Bucket: model.BucketName(st.ID, s.Label), Provider: s.Provider, Owner: st.Owner, Team: st.Team,
+			Bucket: name, Provider: s.Provider, Owner: st.Owner, Team: st.Team,
 			Retain: s.Retain, MaxBytes: s.MaxBytes,
 		})
 		if err != nil {
