@@ -195,7 +195,16 @@ var docChecks = []docCheck{
 		r.running("dev.0", "dev.1")
 	}},
 	{cmd: regexp.MustCompile(`^bin/kloud machine list\s*(#|$)`), want: []string{"dev.0", "dev.1", "Running", "connected", "10.200."}},
-	{cmd: regexp.MustCompile(`^echo '[^']*' \| bin/kloud ssh dev\.0\b`), want: []string{"MOTD"}, after: func(r *docRun, out string) {
+	{cmd: regexp.MustCompile(`^bin/kloud bucket list\s*(#|$)`), want: []string{"shared", "ready", "STACK"}},
+	// The demo's bucket: dev.0 puts its motd there, dev.1 reads it back (both as the owner's
+	// login shell, which has the bucket's endpoint and key).
+	{cmd: regexp.MustCompile(`^echo 'curl -sT /etc/motd [^']*' \| bin/kloud ssh dev\.0\b`), after: func(r *docRun, out string) {
+		if strings.Contains(out, "<Error>") || strings.Contains(out, "exited with status") {
+			r.e.t.Errorf("the upload to the demo's bucket failed:\n%s", out)
+		}
+	}},
+	{cmd: regexp.MustCompile(`^echo 'curl -s --aws-sigv4 [^']*' \| bin/kloud ssh dev\.1\b`), want: []string{"MOTD"}},
+	{cmd: regexp.MustCompile(`^echo 'cat /etc/motd; exit' \| bin/kloud ssh dev\.0\b`), want: []string{"MOTD"}, after: func(r *docRun, out string) {
 		if strings.Contains(out, "No such file") || strings.Contains(out, "Permission denied") || strings.Contains(out, "exited with status") {
 			r.e.t.Errorf("the shell could not read the file:\n%s", out)
 		}

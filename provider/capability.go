@@ -4,7 +4,8 @@ import "slices"
 
 // The Capability type, its constants and ErrUnsupported are in provider.go.
 
-// Caps returns p's capabilities, sorted, with those Provider.MoreCaps adds at the moment. With
+// Caps returns p's capabilities, sorted, with those Provider.MoreCaps adds at the moment, and
+// bucket whenever Provider.Buckets is set (kloud serve gives it after construction). With
 // Provider.Capabilities set, exactly those (a plugin proxy sets them from the plugin's
 // handshake; an in-tree provider may set them to advertise less). Otherwise they are derived: start, stop and info always; consoleLog and resize if a
 // machine built from an empty BaseMachine implements ConsoleLogger or Resizer; constraints (templateRules) if a
@@ -20,6 +21,9 @@ func (p *Provider) Caps() []Capability {
 	}
 	if p.MoreCaps != nil {
 		out = append(out, p.MoreCaps()...)
+	}
+	if p.Buckets != nil { // set after construction (kloud serve's S3 server): listed or not
+		out = append(out, CapBucket)
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
@@ -55,9 +59,6 @@ func (p *Provider) derivedCaps() []Capability {
 	}
 	if p.Inventory != nil {
 		out = append(out, CapResources) // resources.go
-	}
-	if p.Buckets != nil {
-		out = append(out, CapBucket) // bucket.go
 	}
 	return out
 }

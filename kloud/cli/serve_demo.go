@@ -9,10 +9,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/local"
 )
 
-// DemoTemplate is the template kloud serve offers on a fresh install: two local machines.
+// DemoTemplate is the template kloud serve offers on a fresh install: two local machines (and
+// DemoBucket).
 const DemoTemplate = `# Two machines on this host (local provider: Linux namespaces + real cloud-init).
 terraform {
   required_providers {
@@ -29,6 +31,15 @@ resource "kloudlocal_machine" "dev" {
     echo "Welcome to $(hostname), built by Kloud" > /etc/motd
   EOT
 }
+`
+
+// DemoBucket is what the demo template adds where the local provider provisions buckets (kloud's
+// S3 server runs): a bucket both machines use, whose endpoint and keys their owner's login
+// shells find in the environment (docs/buckets.md).
+const DemoBucket = `
+# A bucket both machines use: their owner's login shells have its endpoint and keys
+# (KLOUD_BUCKET_SHARED_*, and AWS_* as it is the stack's only bucket; docs/buckets.md).
+resource "kloud_bucket" "shared" {}
 `
 
 const demoTitle = "Demo: two local machines"
@@ -50,7 +61,11 @@ func (d *serveDemo) start(ctx context.Context, s *kloud.Server, log *slog.Logger
 	if err != nil {
 		return
 	}
-	id, created, err := s.EnsureTemplate(ctx, demoTitle, map[string]string{"main.tf": DemoTemplate})
+	tmpl := DemoTemplate
+	if p.Can(provider.CapBucket) {
+		tmpl += DemoBucket
+	}
+	id, created, err := s.EnsureTemplate(ctx, demoTitle, map[string]string{"main.tf": tmpl})
 	if err != nil {
 		log.Warn("demo template", "err", err)
 		return
