@@ -125,7 +125,9 @@ resource "kloud_bucket" "keep" {
 
 	// Destroy: "data" goes, "keep" (retain) stays with its data.
 	keepBucket := ""
-	var list struct{ Buckets []struct{ Label, Bucket string } }
+	var list struct {
+		Buckets []struct{ Label, Bucket string }
+	}
 	e.runJSON(&list, "bucket", "list", "--stack", sid)
 	for _, b := range list.Buckets {
 		if b.Label == "keep" {

@@ -30,17 +30,17 @@ const EnvWeed = "KLOUD_WEED"
 // kloud starts nothing and provisions on that SeaweedFS instead. The local provider's stacks get
 // the provisioner (Provider.Buckets): their templates may claim buckets (kloud_bucket).
 type serveS3 struct {
-	mode     string // --s3: auto, off
-	weedBin  string
-	port     int
-	url      string // --s3-url: an external SeaweedFS's S3 endpoint
-	master   string // --s3-master: its master, host:port.grpcPort
-	filer    string
-	access   string
-	secretF  string // --s3-secret-key-file
-	srv      *seaweed.Server
-	popts    *seaweed.ProvisionerOptions // set by start: buckets are on
-	prov     *seaweed.Provisioner
+	mode    string // --s3: auto, off
+	weedBin string
+	port    int
+	url     string // --s3-url: an external SeaweedFS's S3 endpoint
+	master  string // --s3-master: its master, host:port.grpcPort
+	filer   string
+	access  string
+	secretF string // --s3-secret-key-file
+	srv     *seaweed.Server
+	popts   *seaweed.ProvisionerOptions // set by start: buckets are on
+	prov    *seaweed.Provisioner
 }
 
 func (s3 *serveS3) flags(cmd *cobra.Command) {
