@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -25,7 +26,8 @@ const EnvWeed = "KLOUD_WEED"
 // serveS3 is kloud serve's S3 server for stacks' buckets (docs/buckets.md): SeaweedFS's weed,
 // started and supervised like terraformer (restarted with backoff, stopped with kloud), its data
 // under <data dir>/s3 and its log lines through kloud's log with "weed: " before them. Its master,
-// volume server and filer listen on loopback only; its S3 gateway (which checks every request's
+// volume server and filer listen on loopback only, in a network namespace of their own when kloud
+// runs as root (seaweed.Options.Isolate: out of reach of plugins and terraform); its S3 gateway (which checks every request's
 // key) listens where kloud does, so that local machines reach it on their bridge. With --s3-url
 // kloud starts nothing and provisions on that SeaweedFS instead. The local provider's stacks get
 // the provisioner (Provider.Buckets): their templates may claim buckets (kloud_bucket).
@@ -91,8 +93,19 @@ func (s3 *serveS3) start(ctx context.Context, f *serveFlags, log *slog.Logger, o
 	if ip, err := netip.ParseAddr(host); host == "" || (err == nil && ip.IsUnspecified()) {
 		s3IP = "0.0.0.0"
 	}
+	// weed's master, volume server and filer take no keys: in a network namespace of their own
+	// no other process of this host (plugins, terraform) reaches them. That needs root.
+	isolate := os.Geteuid() == 0
+	for _, tool := range []string{"unshare", "nsenter", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			isolate = false
+		}
+	}
+	if !isolate {
+		log.Warn("s3 server: not isolated (needs root, unshare, nsenter and ip): its master, volume server and filer, which take no keys, answer every process of this host on loopback")
+	}
 	srv, err := seaweed.Start(ctx, seaweed.Options{
-		Bin: bin, Dir: filepath.Join(f.o.DataDir, "s3"), S3IP: s3IP, S3Port: s3.port,
+		Bin: bin, Dir: filepath.Join(f.o.DataDir, "s3"), S3IP: s3IP, S3Port: s3.port, Isolate: isolate,
 		Log: log.With("component", "s3"), Out: out,
 	})
 	if err != nil {
@@ -103,6 +116,9 @@ func (s3 *serveS3) start(ctx context.Context, f *serveFlags, log *slog.Logger, o
 	s3.popts = &seaweed.ProvisionerOptions{
 		Endpoint: srv.Endpoint(), Master: srv.Master(), Filer: srv.Filer(), Weed: bin,
 		AdminAccessKey: access, AdminSecretKey: secret, ShellDir: filepath.Join(srv.Dir(), "tmp"),
+	}
+	if isolate {
+		s3.popts.Netns = srv.Netns
 	}
 	log.Info("s3 server started", "endpoint", srv.Endpoint(), "pid", srv.PID(), "dir", srv.Dir())
 	return nil

@@ -56,6 +56,9 @@ type ProvisionerOptions struct {
 	Log      *slog.Logger // nil: discarded
 	// ShellDir, if set, is weed shell's working, temporary and home directory.
 	ShellDir string
+	// Netns, if set, returns the network namespace weed shell must run in (a Server's with
+	// Options.Isolate: Server.Netns); "" runs it in kloud's.
+	Netns func() string
 }
 
 // Provisioner implements provider.BucketProvisioner on SeaweedFS. Buckets are made, tagged and
@@ -542,7 +545,15 @@ func (p *Provisioner) shell(ctx context.Context, command string) (string, error)
 	if p.o.Filer != "" {
 		args = append(args, "-filer="+p.o.Filer)
 	}
-	cmd := exec.CommandContext(ctx, p.o.Weed, args...)
+	bin := p.o.Weed
+	if p.o.Netns != nil {
+		ns := p.o.Netns()
+		if ns == "" {
+			return "", errors.New("weed shell: the S3 server is not running")
+		}
+		bin, args = "nsenter", append([]string{"--net=" + ns, "--", p.o.Weed}, args...)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdin = strings.NewReader(command + "\n")
 	if p.o.ShellDir != "" {
 		cmd.Dir = p.o.ShellDir

@@ -46,6 +46,12 @@ type Options struct {
 	// machines reach kloud ("0.0.0.0" for all), while the master, volume server and filer, which
 	// take no keys, stay on IP.
 	S3IP string
+	// Isolate runs weed in a network namespace of its own (needs root; unshare and ip): its
+	// master, volume server and filer, which take no keys, are then out of reach of every other
+	// process of the host, sandboxed plugins and terraform included, not only of other hosts;
+	// the S3 gateway is reached through a forwarder on S3IP:S3Port to its unix socket under Dir.
+	// weed shell (the Provisioner's) runs in that namespace too (nsenter).
+	Isolate bool
 	// Ports; 0 picks a free one (reused from Dir/ports.json on the next start when still free).
 	S3Port, MasterPort, VolumePort, FilerPort int
 	// PublicEndpoint is the S3 URL clients (machines) use (default http://IP:S3Port).
@@ -74,7 +80,8 @@ type Server struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	// mu serializes the calls of every Provisioner of this server.
-	mu sync.Mutex
+	mu  sync.Mutex
+	fwd *forwarder // Isolate: S3IP:S3Port to weed's S3 socket (forward.go)
 }
 
 // ports are a server's HTTP ports; each service's gRPC port is its HTTP port + 1.
@@ -142,7 +149,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		if err == nil {
 			break
 		}
-		if try == 3 || !o.freePorts() || !strings.Contains(err.Error(), "exited at start") {
+		if try == 3 || !o.freePorts() || !(strings.Contains(err.Error(), "exited at start") || strings.Contains(err.Error(), "the S3 address")) {
 			return nil, err
 		}
 		o.Log.Warn("weed did not start; trying other ports", "err", err, "try", try)
@@ -286,13 +293,22 @@ func (s *Server) args() []string {
 		"-master.port=" + itoa(p.Master), "-master.port.grpc=" + itoa(p.Master+1),
 		"-volume.port=" + itoa(p.Volume), "-volume.port.grpc=" + itoa(p.Volume+1),
 		"-filer.port=" + itoa(p.Filer), "-filer.port.grpc=" + itoa(p.Filer+1),
-		"-s3", "-s3.ip.bind=" + o.S3IP, "-s3.port=" + itoa(p.S3), "-s3.port.grpc=" + itoa(p.S3+1),
+		"-s3", "-s3.ip.bind=" + s.s3Bind(), "-s3.port=" + itoa(p.S3), "-s3.port.grpc=" + itoa(p.S3+1),
 		"-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.config=" + o.path("s3.json"),
 		"-s3.autoCreateBucket=false",
 		"-filer.localSocket=" + o.path("filer.sock"), "-s3.localSocket=" + o.path("s3.sock"),
 		"-master.telemetry=false", "-master.electionTimeout=2s",
 		"-master.volumeSizeLimitMB=1024", "-volume.max=0", "-volume.preStopSeconds=0",
 	}
+}
+
+// s3Bind is where weed's S3 gateway listens: S3IP, or loopback in its own namespace (Isolate:
+// the forwarder listens on S3IP).
+func (s *Server) s3Bind() string {
+	if s.o.Isolate {
+		return "127.0.0.1"
+	}
+	return s.o.S3IP
 }
 
 // start starts the supervised process on s.ports.
@@ -306,8 +322,17 @@ func (s *Server) start(ctx context.Context) error {
 	if s.o.MemoryLimitMB > 0 {
 		env = append(env, fmt.Sprintf("GOMEMLIMIT=%dMiB", s.o.MemoryLimitMB))
 	}
+	bin, args := s.o.Bin, s.args()
+	if s.o.Isolate {
+		// The same process all along (unshare and sh exec), so the supervisor's pid, signals and
+		// Pdeathsig are weed's; its network namespace ends with it.
+		bin, args = "unshare", append([]string{"--net", "--", "sh", "-c", `ip link set lo up && exec "$0" "$@"`, s.o.Bin}, args...)
+		if err := s.listen(); err != nil {
+			return err
+		}
+	}
 	s.sup = &supervise.Process{
-		Name: "weed", Bin: s.o.Bin, Args: s.args(), Env: env, Dir: s.o.Dir,
+		Name: "weed", Bin: bin, Args: args, Env: env, Dir: s.o.Dir,
 		URL: s.endpoint, Health: s.healthy, Out: s.o.Out, Log: s.o.Log,
 		// weed's own SIGTERM takes 15 s: its filer waits to flush a log to the volume server
 		// it stopped first. Nothing is lost by not waiting: its stores journal every write.
@@ -320,6 +345,7 @@ func (s *Server) start(ctx context.Context) error {
 	}
 	if err := s.sup.Start(ctx); err != nil {
 		s.removeSockets()
+		s.closeForwarder()
 		return fmt.Errorf("seaweed: %w", err)
 	}
 	s.writePID()
@@ -359,6 +385,14 @@ const HealthBucket = "kloud-weed-health"
 // answer: weed's filer joins the cluster (and object writes get their lock server) only 3 to 10
 // s after the S3 gateway answers.
 func (s *Server) healthy(ctx context.Context) bool {
+	if !s.o.Isolate && !s.volumeUp(ctx) { // isolated, the volume server is out of reach: the write says it all
+		return false
+	}
+	return s.writes(ctx)
+}
+
+// volumeUp: the volume server answers /status.
+func (s *Server) volumeUp(ctx context.Context) bool {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(s.o.IP, strconv.Itoa(s.ports.Volume))+"/status", nil)
 	if err != nil {
 		return false
@@ -368,9 +402,11 @@ func (s *Server) healthy(ctx context.Context) bool {
 		return false
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return false
-	}
+	return resp.StatusCode == http.StatusOK
+}
+
+// writes: the admin key writes an object.
+func (s *Server) writes(ctx context.Context) bool {
 	c := s.adminClient()
 	if _, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(HealthBucket)}); err != nil {
 		if code := errorCode(err); code != "BucketAlreadyOwnedByYou" && code != "BucketAlreadyExists" {
@@ -381,7 +417,7 @@ func (s *Server) healthy(ctx context.Context) bool {
 	// A key of its own each time: weed locks a key while writing it, and a write given up on
 	// (the probe's 2 s) would hold up the next one.
 	key := aws.String("probe-" + strconv.FormatInt(time.Now().UnixNano(), 36))
-	if _, err = c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(HealthBucket), Key: key, Body: strings.NewReader("ok")}); err != nil {
+	if _, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(HealthBucket), Key: key, Body: strings.NewReader("ok")}); err != nil {
 		s.o.Log.Debug("weed not ready", "err", err)
 		return false
 	}
@@ -397,10 +433,23 @@ func (s *Server) Stop() {
 	s.wg.Wait()
 	s.sup.Stop()
 	s.removeSockets()
+	s.closeForwarder()
 }
 
 // Endpoint is the S3 URL on IP (http://IP:S3Port).
 func (s *Server) Endpoint() string { return s.endpoint }
+
+// Netns is the network namespace weed runs in (/proc/PID/ns/net), "" when it is not isolated
+// or not running.
+func (s *Server) Netns() string {
+	if !s.o.Isolate {
+		return ""
+	}
+	if pid := s.sup.PID(); pid != 0 {
+		return fmt.Sprintf("/proc/%d/ns/net", pid)
+	}
+	return ""
+}
 
 // PID is the running weed's pid (0 while it is down).
 func (s *Server) PID() int { return s.sup.PID() }
@@ -429,7 +478,7 @@ func (s *Server) Provisioner(instance string) *Provisioner {
 	p, err := NewProvisioner(ProvisionerOptions{
 		Endpoint: s.endpoint, PublicEndpoint: s.o.PublicEndpoint, Master: s.Master(), Filer: s.Filer(), Weed: s.o.Bin,
 		AdminAccessKey: s.admin.AccessKey, AdminSecretKey: s.admin.SecretKey, Instance: instance,
-		Log: s.o.Log, ShellDir: s.o.path("tmp"),
+		Log: s.o.Log, ShellDir: s.o.path("tmp"), Netns: s.Netns,
 	})
 	if err != nil {
 		panic(err) // every option is set
