@@ -33,7 +33,7 @@ func TestLocalBuckets(t *testing.T) {
 	if os.Getenv(seaweedtest.EnvWeed) == "" {
 		testutil.Unavailable(t, "$%s (SeaweedFS's weed, built by scripts/setup.sh) is not set: kloud serve starts no S3 server", seaweedtest.EnvWeed)
 	}
-	e := newLocalEnv(t)
+	e := newLocalEnv(t, "--s3", "auto")
 	e.alice()
 	tid := e.template(localTemplate("web", 2, "true") + `
 resource "kloud_bucket" "data" {}

@@ -146,6 +146,15 @@ func (e *env) start() {
 	if !ownDocker {
 		e.extra = append(e.extra, "--no-docker")
 	}
+	// Likewise the S3 server of buckets (weed: some 11 s of start and 140 MB): only tests of
+	// buckets ask for it (--s3 auto); the others run kloud without buckets.
+	ownS3 := false
+	for _, a := range e.extra {
+		ownS3 = ownS3 || a == "--s3" || strings.HasPrefix(a, "--s3=") || strings.HasPrefix(a, "--s3-")
+	}
+	if !ownS3 {
+		e.extra = append(e.extra, "--s3", "off")
+	}
 	// Likewise the terraformer kloud starts: on a free port of its own, not on 127.0.0.1:7001
 	// (taken, kloud serve would pick a free one, but two klouds starting at once in parallel
 	// tests both see it free). Chosen once: a restarted kloud keeps its terraformer's address.

@@ -36,23 +36,23 @@ type localEnv struct {
 	h *tfprovidertest.Host
 }
 
-func newLocalEnv(t *testing.T) *localEnv {
+func newLocalEnv(t *testing.T, extra ...string) *localEnv {
 	t.Helper()
 	h := tfprovidertest.NewHost(t) // gates on root, ip, nsenter, the base image; removes it all at the end
-	return newLocalEnvOn(t, h)
+	return newLocalEnvOn(t, h, extra...)
 }
 
 // newLocalEnvOn is a kloud (own data dir and terraformer) whose local machines live on h, which
 // other klouds of the test may share.
-func newLocalEnvOn(t *testing.T, h *tfprovidertest.Host) *localEnv {
+func newLocalEnvOn(t *testing.T, h *tfprovidertest.Host, extra ...string) *localEnv {
 	t.Helper()
 	testutil.RequireBinary(t, "curl")
 	_, port, _ := net.SplitHostPort(freePort(t))
 	// kloud listens on the bridge address only: the machines reach it there, and so do the CLI
 	// and terraformer (the bridge is ours; kloud creates it before it listens).
 	addr := net.JoinHostPort(h.HostAddr().String(), port)
-	e := newTerraformerEnv(t, addr, kloudlocalMirror(t), "--public-url", "http://"+addr, "--no-demo",
-		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String())
+	e := newTerraformerEnv(t, addr, kloudlocalMirror(t), append([]string{"--public-url", "http://" + addr, "--no-demo",
+		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String()}, extra...)...)
 	return &localEnv{env: e, h: h}
 }
 

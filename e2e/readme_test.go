@@ -437,7 +437,7 @@ func TestReadme(t *testing.T) {
 	h := tfprovidertest.NewHost(t) // gates on root, ip, nsenter, the base image; removes it all at the end
 	_, port, _ := net.SplitHostPort(freePort(t))
 	addr := net.JoinHostPort(h.HostAddr().String(), port)
-	e := newTerraformerEnv(t, addr, kloudlocalMirror(t), "--public-url", "http://"+addr,
+	e := newTerraformerEnv(t, addr, kloudlocalMirror(t), "--public-url", "http://"+addr, "--s3", "auto", // make run's S3 server: the demo's bucket
 		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String())
 	// What make run prints on a fresh install.
 	if out := e.kloudOut.String(); !strings.Contains(out, "created the demo template") ||
