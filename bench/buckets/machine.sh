@@ -40,7 +40,7 @@ for i in 1 2 3; do
 	read -r p g < <(cd "$tmp" && TMPDIR=$tmp bash -c "${round//\/tmp\//$tmp/}" | sed -n 's/^BENCH //p')
 	hp+=("$p") hg+=("$g")
 	out=$(echo "$round; rm -f /tmp/bench-obj-keep; exit" | "$kloud" ssh "$machine" 2>&1 | tr -d '\r')
-	read -r p g < <(echo "$out" | sed -n 's/^BENCH \([0-9.]*\) \([0-9.]*\).*/\1 \2/p' | tail -1)
+	read -r p g < <(echo "$out" | sed -n 's/.*BENCH \([0-9][0-9.]*\) \([0-9][0-9.]*\).*/\1 \2/p' | tail -1) # after the prompt's escapes
 	[[ -n "${p:-}" ]] || { echo "machine round failed:" >&2; echo "$out" >&2; exit 1; }
 	mp+=("$p") mg+=("$g")
 done
