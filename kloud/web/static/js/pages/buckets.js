@@ -109,7 +109,7 @@ function bucketCard(ctx, b, reload) {
         await call('bucket.delete', { retain: retain.checked }, `Bucket ${b.label} deleted${retain.checked ? ' (data kept)' : ''}.`);
       }),
     }, 'Delete bucket');
-    parts.push(form, h('div', { class: 'inline' }, h('label', {}, retain, ' keep the data'), del));
+    parts.push(form, h('div', { class: 'bucket-delete-row' }, h('label', {}, retain, ' keep the data'), del));
   }
   return h('div', { class: 'bucket', dataset: { bucket: b.label, state: b.state } }, h('h3', {}, b.label), ...parts);
 }
