@@ -3,16 +3,15 @@
 // claim's label) ready with no key in the page, opens "Show my key" and reads the key that
 // `kloud bucket credentials --json` gave the test (KLOUD_CREDS), with the export lines; grants
 // read to KLOUD_GRANT_USER and sees the grant, revokes it and sees it gone; the Buckets page lists
-// the claim linking to the stack, without JSON. Run by e2e/browser_test.go TestBrowserBuckets;
+// the claim linking to the stack, without JSON; "Delete bucket" on the stack page ends the claim. Run by e2e/browser_test.go TestBrowserBuckets;
 // one JSON line per step and a final {"ok": …}; exit status 0 when every step passed.
 //
 // Env: KLOUD_URL, KLOUD_USER, KLOUD_PASSWORD, KLOUD_ARTIFACTS, KLOUD_CHROMIUM, KLOUD_STACK,
 // KLOUD_BUCKET, KLOUD_CREDS, KLOUD_GRANT_USER.
 
-import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { log, poll, step, stepCounts, loginForm, watchNet } from './lib.mjs';
+import { log, poll, step, stepCounts, loginForm, watchNet, launchChromium } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -22,12 +21,7 @@ const grantee = env.KLOUD_GRANT_USER;
 const card = `#stack-buckets .bucket[data-bucket="${env.KLOUD_BUCKET}"]`;
 mkdirSync(artifacts, { recursive: true });
 
-const browser = await chromium.launch({
-  executablePath: env.KLOUD_CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const browser = await launchChromium();
 const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
 page.setDefaultTimeout(60000);
 watchNet(page);
@@ -92,6 +86,13 @@ try {
     if (/\{\s*"[^"]*"\s*:/.test(text)) throw new Error(`the page shows JSON: ${text}`);
     if (!(await page.textContent(row)).includes(creds.bucket)) throw new Error(`the row does not name ${creds.bucket}`);
     await shot('buckets.png');
+  });
+
+  await step('"Delete bucket" (data not kept) ends the claim', async () => {
+    await page.goto(`${base}/#/stacks/${env.KLOUD_STACK}`);
+    await page.waitForSelector(`${card} .bucket-delete`);
+    await page.click(`${card} .bucket-delete`);
+    await poll('the bucket gone from the stack page', async () => (await page.$(card)) === null, 30000);
   });
 
   await step('no page errors', async () => {
