@@ -198,3 +198,45 @@ func s3Status(err error) int {
 	}
 	return 0
 }
+
+// TestBrowserBuckets is a stack's bucket in the web UI (e2e/browser/buckets.mjs) on a local
+// machine with kloud serve's S3 server: alice opens her stack's page, sees the bucket with no key
+// in the page, opens "Show my key" and reads the key `kloud bucket credentials --json` gives her,
+// grants bob read and revokes it, finds the claim on the Buckets page, and deletes the bucket
+// (the server has it no more). Screenshots in
+// $KLOUD_ARTIFACTS/TestBrowserBuckets.
+func TestBrowserBuckets(t *testing.T) {
+	node, script, out := browserPrereqs(t)
+	if os.Getenv(seaweedtest.EnvWeed) == "" {
+		testutil.Unavailable(t, "$%s (SeaweedFS's weed, built by scripts/setup.sh) is not set: kloud serve starts no S3 server", seaweedtest.EnvWeed)
+	}
+	e := newLocalEnv(t)
+	password := browserUsers(t, e.env)
+	aliceKey := filepath.Join(e.dir, "alice.key")
+	e.run("key", "create", "--username", "alice", "--out", aliceKey)
+	e.key = aliceKey
+	sid := e.createStack(e.template(localTemplate("dev", 1, "true") + "\nresource \"kloud_bucket\" \"data\" {}\n"))
+	e.apply(sid)
+	var creds struct {
+		Bucket          string `json:"bucket"`
+		Endpoint        string `json:"endpoint"`
+		AccessKeyID     string `json:"accessKeyId"`
+		SecretAccessKey string `json:"secretAccessKey"`
+	}
+	e.runJSON(&creds, "bucket", "credentials", sid, "data")
+	credsJSON, _ := json.Marshal(creds)
+	runBrowserScript(t, e.env, node, script, out, "buckets.mjs", nil, "KLOUD_PASSWORD="+password,
+		"KLOUD_STACK="+sid, "KLOUD_BUCKET=data", "KLOUD_CREDS="+string(credsJSON), "KLOUD_GRANT_USER=bob")
+	if out := e.run("bucket", "list", "--stack", sid); strings.Contains(out, creds.Bucket) {
+		t.Errorf("the browser deleted the bucket, and bucket list still shows it:\n%s", out)
+	}
+	if code := s3Status(headBucket(t.Context(), e.s3Admin(creds.Endpoint), creds.Bucket)); code != 404 {
+		t.Errorf("bucket %s after the browser deleted it: status %d, want 404", creds.Bucket, code)
+	}
+	e.run("stack", "destroy", sid)
+}
+
+func headBucket(ctx context.Context, c *s3.Client, bucket string) error {
+	_, err := c.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &bucket})
+	return err
+}

@@ -113,3 +113,16 @@ export async function loginForm(page, timeout = 90000) {
   if (!net || (!net.failed.length && !net.notes.length)) return {};
   return { failed: net.failed, notes: net.notes };
 }
+
+// launchChromium starts the Debian Chromium ($KLOUD_CHROMIUM, default /usr/bin/chromium)
+// headless, with nothing of its own on the network (no background fetches, updates, sync or
+// QUIC); extraArgs are added to its command line.
+export async function launchChromium(extraArgs = []) {
+  const { chromium } = await import('playwright-core');
+  return chromium.launch({
+    executablePath: process.env.KLOUD_CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync', ...extraArgs],
+  });
+}

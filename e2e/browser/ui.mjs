@@ -261,7 +261,7 @@ async function main() {
   await step('every page renders', async () => {
     const out = {};
     for (const [hash, title] of [['#/teams', 'Teams'], ['#/credentials', 'Credentials'], ['#/templates', 'Templates'],
-      ['#/stacks', 'Stacks'], [`#/templates/${templateID}`, 'Template browser demo'], [`#/machines/${machineID}`, `Machine ${label}`]]) {
+      ['#/stacks', 'Stacks'], ['#/buckets', 'Buckets'], [`#/templates/${templateID}`, 'Template browser demo'], [`#/machines/${machineID}`, `Machine ${label}`]]) {
       await page.goto(base + '/' + hash);
       await page.waitForSelector(`main h1:has-text("${title}")`);
       if (await page.$('main .card.error')) throw new Error(`${hash}: ${await page.textContent('main .card.error')}`);

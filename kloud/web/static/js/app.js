@@ -19,6 +19,7 @@ import * as machinesPage from './pages/machines.js';
 import * as providersPage from './pages/providers.js';
 import * as auditPage from './pages/audit.js';
 import * as quotaPage from './pages/quota.js';
+import * as bucketsPage from './pages/buckets.js';
 
 const routes = [
   ['/machines', machinesPage.list],
@@ -27,6 +28,7 @@ const routes = [
   ['/stacks/new', stacksPage.create],
   ['/stacks/new/:template', stacksPage.create],
   ['/stacks/:id', stacksPage.detail],
+  ['/buckets', bucketsPage.list],
   ['/templates', templatesPage.list],
   ['/templates/new', templatesPage.editor],
   ['/templates/:id', templatesPage.editor],
@@ -47,6 +49,7 @@ function roleLabel(me) {
 const nav = [
   ['#/machines', 'Machines'],
   ['#/stacks', 'Stacks'],
+  ['#/buckets', 'Buckets'],
   ['#/templates', 'Templates'],
   ['#/credentials', 'Credentials'],
   ['#/teams', 'Teams'],

@@ -8,6 +8,7 @@ import { planTable, planJob } from './templates.js';
 import { machineTable } from './machines.js';
 import { providers } from '../providers.js';
 import { updateButton, scaleSection } from './stackupdate.js';
+import { bucketsSection } from './buckets.js';
 
 // needsCredential says whether provider description d asks for a credential: it has a
 // credential part (a schema), as kloud decides when it builds the template (kloud/stacks.go).
@@ -171,10 +172,12 @@ export async function detail(ctx, el) {
   const jobs = h('div', { class: 'jobs', id: 'stack-jobs' });
   const updateBox = h('div', { id: 'stack-update-box' }); // stackupdate.js: the plan before an update
   const scaleBox = h('div', { id: 'stack-scale-box' }); // stackupdate.js: the Scale card
+  const bucketsBox = h('div', {}); // buckets.js: the Buckets card
   let watch = null;
   let timer = null;
   let stopped = false;
   let st = null;
+  let bucketsState = null; // the stack's state when the Buckets card was loaded
 
   const refresh = async () => {
     let titles;
@@ -204,6 +207,13 @@ export async function detail(ctx, el) {
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(st.updatedAt))));
     const caps = await providers(kite).catch(() => ({}));
     clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: refresh, jobsEl: jobs, caps })));
+    // The Buckets card loads again only when the stack's state changed (a build made or a
+    // destroy ended its claims): the 2 s refresh during a job must not close an opened key or
+    // clear a grant form being typed.
+    if (bucketsState !== st.state) {
+      bucketsState = st.state;
+      clear(bucketsBox, bucketsSection(ctx, st));
+    }
     return true;
   };
 
@@ -228,7 +238,7 @@ export async function detail(ctx, el) {
     await refresh();
   };
 
-  clear(el, head, updateBox, jobs, machines, scaleBox);
+  clear(el, head, updateBox, jobs, machines, bucketsBox, scaleBox);
   if (await refresh() && st.jobId) {
     // The stack's last job: live if it still runs, else its final state and log.
     follow(st.jobId, st.state === 'Destroying' ? 'Destroying' : st.state === 'Building' ? 'Building' : 'Last job');
