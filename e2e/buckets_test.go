@@ -210,7 +210,7 @@ func TestBrowserBuckets(t *testing.T) {
 	if os.Getenv(seaweedtest.EnvWeed) == "" {
 		testutil.Unavailable(t, "$%s (SeaweedFS's weed, built by scripts/setup.sh) is not set: kloud serve starts no S3 server", seaweedtest.EnvWeed)
 	}
-	e := newLocalEnv(t)
+	e := newLocalEnv(t, "--s3", "auto")
 	password := browserUsers(t, e.env)
 	aliceKey := filepath.Join(e.dir, "alice.key")
 	e.run("key", "create", "--username", "alice", "--out", aliceKey)
