@@ -139,15 +139,7 @@ func TestServerRestarts(t *testing.T) {
 		testutil.Unavailable(t, "$%s is not set", seaweedtest.EnvWeed)
 	}
 	dir := t.TempDir()
-	var out bytes.Buffer
-	weedOut := &lockedBuffer{b: &out}
-	t.Cleanup(func() {
-		if t.Failed() {
-			weedOut.mu.Lock()
-			t.Logf("weed's output:\n%s", out.String())
-			weedOut.mu.Unlock()
-		}
-	})
+	weedOut := weedOutput(t)
 	o := seaweed.Options{Bin: bin, Dir: filepath.Join(dir, "weed"), Log: testutil.Logger(t), Out: weedOut}
 	start := time.Now()
 	s, err := seaweed.Start(t.Context(), o)
@@ -167,12 +159,7 @@ func TestServerRestarts(t *testing.T) {
 	ctx := t.Context()
 	p := s.Provisioner("restart")
 	name := seaweedtest.Name("restart")
-	b, k, err := p.Provision(ctx, ptype.BucketClaim{Name: name, Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := s3client.ForKey(b, k)
-	eventually(t, "the owner writes", func() error { return put(ctx, c, name, "kept", "data") })
+	c := ownerWrites(ctx, t, p, name)
 	t.Logf("RSS after a bucket and an object: %s", rss(s.PID()))
 
 	old := s.PID()
@@ -231,15 +218,7 @@ func TestIsolated(t *testing.T) {
 	if bin == "" {
 		testutil.Unavailable(t, "$%s is not set", seaweedtest.EnvWeed)
 	}
-	var out bytes.Buffer
-	weedOut := &lockedBuffer{b: &out}
-	t.Cleanup(func() {
-		if t.Failed() {
-			weedOut.mu.Lock()
-			t.Logf("weed's output:\n%s", out.String())
-			weedOut.mu.Unlock()
-		}
-	})
+	weedOut := weedOutput(t)
 	s, err := seaweed.Start(t.Context(), seaweed.Options{Bin: bin, Dir: filepath.Join(t.TempDir(), "weed"), Isolate: true, Log: testutil.Logger(t), Out: weedOut})
 	if err != nil {
 		t.Fatal(err)
@@ -260,12 +239,7 @@ func TestIsolated(t *testing.T) {
 	ctx := t.Context()
 	p := s.Provisioner("isolated")
 	name := seaweedtest.Name("iso")
-	b, k, err := p.Provision(ctx, ptype.BucketClaim{Name: name, Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := s3client.ForKey(b, k)
-	eventually(t, "the owner writes", func() error { return put(ctx, c, name, "kept", "data") })
+	c := ownerWrites(ctx, t, p, name)
 	old := s.PID()
 	if err := syscallKill(old); err != nil {
 		t.Fatal(err)
@@ -275,4 +249,30 @@ func TestIsolated(t *testing.T) {
 	if _, err := p.Grant(ctx, name, "bob", ptype.BucketRead); err != nil {
 		t.Errorf("grant after a restart (weed shell in the new namespace): %v", err)
 	}
+}
+
+// weedOutput collects weed's output, logged when the test failed.
+func weedOutput(t *testing.T) *lockedBuffer {
+	var out bytes.Buffer
+	w := &lockedBuffer{b: &out}
+	t.Cleanup(func() {
+		if t.Failed() {
+			w.mu.Lock()
+			t.Logf("weed's output:\n%s", out.String())
+			w.mu.Unlock()
+		}
+	})
+	return w
+}
+
+// ownerWrites provisions bucket name for alice and waits until her key writes "kept" there.
+func ownerWrites(ctx context.Context, t *testing.T, p *seaweed.Provisioner, name string) *s3.Client {
+	t.Helper()
+	b, k, err := p.Provision(ctx, ptype.BucketClaim{Name: name, Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s3client.ForKey(b, k)
+	eventually(t, "the owner writes", func() error { return put(ctx, c, name, "kept", "data") })
+	return c
 }

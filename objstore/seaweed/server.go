@@ -478,10 +478,13 @@ func (s *Server) Provisioner(instance string) *Provisioner {
 	p, err := NewProvisioner(ProvisionerOptions{
 		Endpoint: s.endpoint, PublicEndpoint: s.o.PublicEndpoint, Master: s.Master(), Filer: s.Filer(), Weed: s.o.Bin,
 		AdminAccessKey: s.admin.AccessKey, AdminSecretKey: s.admin.SecretKey, Instance: instance,
-		Log: s.o.Log, ShellDir: s.o.path("tmp"), Netns: s.Netns,
+		Log: s.o.Log, ShellDir: s.o.path("tmp"),
 	})
 	if err != nil {
 		panic(err) // every option is set
+	}
+	if s.o.Isolate {
+		p.o.Netns = s.Netns
 	}
 	p.mu = &s.mu
 	return p
