@@ -12,6 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	kmetrics "github.com/kloud-dev/kloud/kloud/metrics"
 	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/kloud/quota"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
@@ -148,7 +149,7 @@ func (d metricsDeps) Use(ctx context.Context, ms []model.Machine) (use, limits m
 	}
 	limits = map[string]api.Quota{}
 	for _, q := range qs {
-		limits[q.ID] = api.Quota{Machines: q.Machines, Cores: q.Cores, MemoryMB: q.MemoryMB, DiskMB: q.DiskMB}
+		limits[q.ID] = quota.FromStore(q)
 		use[q.ID] = use[q.ID]
 	}
 	for sub := range use {
