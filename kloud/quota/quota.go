@@ -406,7 +406,7 @@ func (k *Keeper) CheckBuckets(ctx context.Context, owner, team, stackID string, 
 		if limit.BucketMB > 0 {
 			for _, c := range want {
 				if c.MaxBytes <= 0 {
-					return refuse("%s %s may claim %d MB of buckets in all; bucket %q sets no max_size_mb: give it one (docs/buckets.md \"Quotas\")", kind, name, limit.BucketMB, c.Label)
+					return refuse("%s %s may claim %d MB of buckets in all; bucket %q sets no max_size_mb: give it one (or an administrator lifts the limit with `kloud quota set --%s %s`)", kind, name, limit.BucketMB, c.Label, kind, name)
 				}
 			}
 		}
