@@ -33,7 +33,7 @@ func bucketsTemplate(n, mb int) string {
 // limit, the use and the ask; under a quota of MB a claim without max_size_mb is refused; a
 // re-apply of a stack at its quota asks for nothing new; the build stage refuses a stack
 // created before the quota was lowered, before it provisions anything; quota.show counts the
-// claims.
+// claims, and so do the metrics kloud_quota_used and kloud_quota_limit.
 func TestBucketQuota(t *testing.T) {
 	t.Parallel()
 	srv := seaweedtest.Start(t)
@@ -62,6 +62,16 @@ func TestBucketQuota(t *testing.T) {
 	st, err := c.QuotaShow(ctx, api.QuotaShowParams{})
 	if err != nil || st.Used.Buckets != 2 || st.Used.BucketMB != 32 || st.Left.Buckets != 1 || st.Limit.Buckets != 3 {
 		t.Fatalf("quota.show: %+v %v", st, err)
+	}
+	kloud.PollMetrics(ctx, f.Server)
+	body := metricsOf(t, f.Env)
+	for _, w := range []struct {
+		name, resource string
+		want           float64
+	}{{"kloud_quota_used", "buckets", 2}, {"kloud_quota_used", "bucket_bytes", 32 << 20}, {"kloud_quota_limit", "buckets", 3}} {
+		if v, ok := metric(body, w.name, map[string]string{"subject": "user/alice", "resource": w.resource}); !ok || v != w.want {
+			t.Errorf("%s{user/alice,%s} = %v (found %v), want %v", w.name, w.resource, v, ok, w.want)
+		}
 	}
 	refusedQuota(t, "plan of 2 more", plan(two), "bucket quota: user alice has 2 of 3 buckets; this stack asks for 2 more")
 	if _, err := c.StackCreate(ctx, api.StackPlanParams{TemplateID: two}); err == nil {
