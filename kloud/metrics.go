@@ -12,6 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	kmetrics "github.com/kloud-dev/kloud/kloud/metrics"
 	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/kloud/quota"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
@@ -120,8 +121,9 @@ func (d metricsDeps) Registered() map[string]int {
 }
 
 // Use computes what every user and team holds (quota.Keeper.Held: a stack's machines but
-// terminated ones, nothing of a stack never built) from one list of stacks, the machines and the
-// quotas (the limits as quota.Keeper reads them): three queries whatever the number of stacks.
+// terminated ones, nothing of a stack never built; and the stacks' bucket claims) from one list
+// of stacks, the machines, the claims and the quotas (the limits as quota.Keeper reads them):
+// four queries whatever the number of stacks.
 func (d metricsDeps) Use(ctx context.Context, ms []model.Machine) (use, limits map[string]api.Quota, err error) {
 	s := d.s
 	sts, err := s.store.Stacks().List(ctx, store.StackFilter{All: true})
@@ -140,6 +142,20 @@ func (d metricsDeps) Use(ctx context.Context, ms []model.Machine) (use, limits m
 			use[sub] = addQuota(use[sub], held)
 		}
 	}
+	// Bucket claims count for their owner and team whatever their stack's state.
+	ids := make([]string, 0, len(sts))
+	for _, st := range sts {
+		ids = append(ids, st.ID)
+	}
+	claims, err := s.store.BucketClaims().ByStacks(ctx, ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, c := range claims {
+		for _, sub := range quotaSubjects(c.Owner, c.Team) {
+			use[sub] = addQuota(use[sub], api.Quota{Buckets: 1, BucketMB: quota.ClaimMB(c)})
+		}
+	}
 	// Subjects with a quota show it (and their use, 0 without stacks); users with stacks but
 	// no quota of their own show the default quota.
 	qs, err := s.store.Quotas().List(ctx)
@@ -148,7 +164,7 @@ func (d metricsDeps) Use(ctx context.Context, ms []model.Machine) (use, limits m
 	}
 	limits = map[string]api.Quota{}
 	for _, q := range qs {
-		limits[q.ID] = api.Quota{Machines: q.Machines, Cores: q.Cores, MemoryMB: q.MemoryMB, DiskMB: q.DiskMB}
+		limits[q.ID] = quota.FromStore(q)
 		use[q.ID] = use[q.ID]
 	}
 	for sub := range use {

@@ -12,6 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/quota"
 	"github.com/kloud-dev/kloud/kloud/snapshots"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
 
@@ -20,12 +21,13 @@ import (
 // set a subject's quota (quota.set, quota.show) and keeps the names its stack handlers and
 // metrics call.
 
-// Quota is an amount of machines, cores, memory (MB) and disk (MB); as a limit, 0 is none.
+// Quota is an amount of machines, cores, memory (MB), disk (MB), bucket claims and their MB; as
+// a limit, 0 is none.
 type Quota = api.Quota
 
 // ParseQuota parses kloud serve's --default-quota: comma-separated machines=N, cores=N,
-// memory=SIZE and disk=SIZE (SIZE in MB, or with an M, G or T suffix: 8G); those not given have
-// no limit.
+// memory=SIZE, disk=SIZE, buckets=N and bucketBytes=SIZE (SIZE in MB, or with an M, G or T
+// suffix: 8G); those not given have no limit.
 func ParseQuota(s string) (api.Quota, error) {
 	var q api.Quota
 	for part := range strings.SplitSeq(s, ",") {
@@ -42,10 +44,14 @@ func ParseQuota(s string) (api.Quota, error) {
 			q.MemoryMB, err = ParseMB(v)
 		case "disk":
 			q.DiskMB, err = ParseMB(v)
+		case "buckets":
+			q.Buckets, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		case "bucketBytes":
+			q.BucketMB, err = ParseMB(v)
 		default:
-			return q, fmt.Errorf("quota %q: unknown limit %q (want machines, cores, memory, disk)", s, k)
+			return q, fmt.Errorf("quota %q: unknown limit %q (want machines, cores, memory, disk, buckets, bucketBytes)", s, k)
 		}
-		if err != nil || q.Machines < 0 || q.Cores < 0 {
+		if err != nil || q.Machines < 0 || q.Cores < 0 || q.Buckets < 0 {
 			return q, fmt.Errorf("quota %q: %s=%q is not a number of 0 or more (sizes: 512, 8G)", s, k, v)
 		}
 	}
@@ -96,6 +102,12 @@ func (s *Server) holdQuota(ctx context.Context, owner, team string) (release fun
 	return s.quotas().Hold(ctx, owner, team)
 }
 
+// checkBucketQuota refuses bucket claims of owner's stack stackID ("": a new stack) in team
+// that would take owner or team above its bucket quota (quota.Keeper.CheckBuckets).
+func (s *Server) checkBucketQuota(ctx context.Context, owner, team, stackID string, specs []stackbuild.BucketSpec) error {
+	return s.quotas().CheckBuckets(ctx, owner, team, stackID, stackbuild.Claims(stackID, specs))
+}
+
 // applyQuota is stack.apply's check of a stack that was never built, with the quota leases
 // held until release (quota.Keeper.Apply).
 func (s *Server) applyQuota(ctx context.Context, st *model.Stack) (release func(), err error) {
@@ -144,10 +156,12 @@ func (q *quotaAPI) set(ctx context.Context, c *Caller, _ *kite.Request, p *api.Q
 		return api.QuotaStatus{}, err
 	}
 	l := p.Limit
-	if err := q.store.Quotas().Set(ctx, store.Quota{ID: sub, Machines: l.Machines, Cores: l.Cores, MemoryMB: l.MemoryMB, DiskMB: l.DiskMB, UpdatedBy: c.Username}); err != nil {
+	if err := q.store.Quotas().Set(ctx, store.Quota{ID: sub, Machines: l.Machines, Cores: l.Cores, MemoryMB: l.MemoryMB, DiskMB: l.DiskMB,
+		Buckets: l.Buckets, BucketMB: l.BucketMB, UpdatedBy: c.Username}); err != nil {
 		return api.QuotaStatus{}, err
 	}
-	q.log.InfoContext(ctx, "quota set", "subject", sub, "by", c.Username, "machines", l.Machines, "cores", l.Cores, "memoryMB", l.MemoryMB, "diskMB", l.DiskMB)
+	q.log.InfoContext(ctx, "quota set", "subject", sub, "by", c.Username, "machines", l.Machines, "cores", l.Cores, "memoryMB", l.MemoryMB, "diskMB", l.DiskMB,
+		"buckets", l.Buckets, "bucketMB", l.BucketMB)
 	return q.keeper.Status(ctx, sub)
 }
 

@@ -76,6 +76,7 @@ func TestParseQuota(t *testing.T) {
 		"machines=3": {Machines: 3},
 		"machines=3,cores=2.5,memory=8G,disk=50G": {Machines: 3, Cores: 2.5, MemoryMB: 8192, DiskMB: 51200},
 		" memory = 512 , disk=1TiB":               {MemoryMB: 512, DiskMB: 1 << 20},
+		"buckets=3,bucketBytes=10G":               {Buckets: 3, BucketMB: 10240},
 		"":                                        {},
 	} {
 		got, err := ParseQuota(in)
@@ -83,7 +84,7 @@ func TestParseQuota(t *testing.T) {
 			t.Errorf("ParseQuota(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"machines=-1", "cores=x", "memory=8X", "gpus=1", "machines"} {
+	for _, in := range []string{"machines=-1", "cores=x", "memory=8X", "gpus=1", "machines", "buckets=-1", "bucketBytes=x"} {
 		if q, err := ParseQuota(in); err == nil {
 			t.Errorf("ParseQuota(%q) = %+v, no error", in, q)
 		}

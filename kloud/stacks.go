@@ -81,6 +81,7 @@ type stackChecks interface {
 	planCtx(ctx context.Context) (context.Context, context.CancelFunc)
 	planStopped(ctx context.Context) error
 	checkQuota(ctx context.Context, owner, team, except string, planned []api.PlannedMachine) error
+	checkBucketQuota(ctx context.Context, owner, team, stackID string, specs []stackbuild.BucketSpec) error
 	holdQuota(ctx context.Context, owner, team string) (release func(), err error)
 	applyQuota(ctx context.Context, st *model.Stack) (release func(), err error)
 }
@@ -322,6 +323,9 @@ func (a *stackAPI) planTemplate(ctx context.Context, c *Caller, p *api.StackPlan
 		return nil, nil, nil, nil, err
 	}
 	if err := a.checks.checkQuota(ctx, c.Username, t.Team, "", ms); err != nil { // quota.go
+		return nil, nil, nil, nil, err
+	}
+	if err := a.checks.checkBucketQuota(ctx, c.Username, t.Team, "", b.buckets); err != nil { // quota.go
 		return nil, nil, nil, nil, err
 	}
 	return t, files, b, ms, nil

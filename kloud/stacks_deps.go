@@ -65,6 +65,11 @@ func (d buildDeps) Hold(ctx context.Context, owner, team string) (release func()
 	return d.s.holdQuota(ctx, owner, team)
 }
 
+// CheckBuckets is quota.Keeper.CheckBuckets of st's claims.
+func (d buildDeps) CheckBuckets(ctx context.Context, st *model.Stack, want []model.BucketClaim) error {
+	return d.s.quotas().CheckBuckets(ctx, st.Owner, st.Team, st.ID, want)
+}
+
 // ProviderMachine is providerMachine.
 func (d buildDeps) ProviderMachine(ctx context.Context, c stackbuild.Caller, m *model.Machine) (provider.Machine, error) {
 	cc, _ := c.(*Caller)

@@ -124,7 +124,7 @@ func (a *stackAPI) reapplyUpdate(ctx context.Context, c *Caller, st *model.Stack
 
 // PlanFiles plans files alone (no state) for stack st and returns the machines they declare
 // (stackbuild.Plans): built with the stack's credentials, within the machine cap, the
-// constraints and the quotas.
+// constraints and the quotas (the bucket quotas too).
 func (a *stackAPI) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
 	cc, _ := c.(*Caller)
 	b, err := a.build(ctx, cc, st.Team, fileMap(files), st.Credentials, vars)
@@ -161,6 +161,9 @@ func (a *stackAPI) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model
 			st.ID, strings.Join(a.srv.resourceTypes(), ", "), st.ID, kite.ErrInvalidParams)
 	}
 	if err := a.checks.checkQuota(ctx, st.Owner, st.Team, st.ID, planned); err != nil { // quota.go
+		return nil, err
+	}
+	if err := a.checks.checkBucketQuota(ctx, st.Owner, st.Team, st.ID, b.buckets); err != nil { // quota.go
 		return nil, err
 	}
 	return planned, nil

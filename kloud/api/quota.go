@@ -6,8 +6,9 @@ import (
 )
 
 // Quotas (issue 19): an administrator's limits on what one user or one team holds across its
-// stacks that are built or being built: machines, cores, memory (MB) and disk (MB). No quota is
-// set by default (no limit).
+// stacks that are built or being built: machines, cores, memory (MB) and disk (MB); and the
+// bucket claims its stacks hold and the MB they claim (the sum of their max_size_mb;
+// docs/buckets.md "Quotas"). No quota is set by default (no limit).
 
 // Quota methods.
 const (
@@ -24,6 +25,8 @@ type Quota struct {
 	Cores    float64 `json:"cores"`
 	MemoryMB int64   `json:"memoryMB"`
 	DiskMB   int64   `json:"diskMB"`
+	Buckets  int64   `json:"buckets"`  // bucket claims
+	BucketMB int64   `json:"bucketMB"` // the sum of the bucket claims' max_size_mb
 }
 
 // QuotaSubject names a user or a team (exactly one).
@@ -44,7 +47,7 @@ func (p *QuotaSetParams) Validate() error {
 	if (p.User == "") == (p.Team == "") {
 		return errors.New("give exactly one of user and team")
 	}
-	if l := p.Limit; l.Machines < 0 || l.Cores < 0 || l.MemoryMB < 0 || l.DiskMB < 0 {
+	if l := p.Limit; l.Machines < 0 || l.Cores < 0 || l.MemoryMB < 0 || l.DiskMB < 0 || l.Buckets < 0 || l.BucketMB < 0 {
 		return errors.New("a quota's limits are 0 (no limit) or more")
 	}
 	return nil

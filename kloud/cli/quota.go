@@ -25,15 +25,18 @@ func formatMB(n int64) string {
 func quotaCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "quota",
-		Short: "Per user and per team quotas: machines, cores, memory, disk",
+		Short: "Per user and per team quotas: machines, cores, memory, disk, buckets",
 		Long: `A quota limits what a user's (or a team's) stacks that are built or being built hold:
 machines, cores, memory and disk, as the machines' planned attributes say. stack plan, create,
-apply, update and scale are refused when the stack would not fit. No quota is set by default.`,
+apply, update and scale are refused when the stack would not fit. It also limits the bucket
+claims their stacks hold and the space they claim (the sum of their max_size_mb; under such a
+limit every claim must set one), checked by stack plan, create and update and before a build
+provisions buckets. No quota is set by default.`,
 	}
 	var sp api.QuotaSetParams
-	var mem, disk string
+	var mem, disk, bucketSize string
 	set := &cobra.Command{
-		Use:   "set --user U|--team T [--machines N] [--cores N] [--memory SIZE] [--disk SIZE]",
+		Use:   "set --user U|--team T [--machines N] [--cores N] [--memory SIZE] [--disk SIZE] [--buckets N] [--bucket-size SIZE]",
 		Short: "Set a user's or a team's quota (kloud administrators; limits not given: none)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -43,6 +46,9 @@ apply, update and scale are refused when the stack would not fit. No quota is se
 			}
 			if sp.Limit.DiskMB, err = kloud.ParseMB(disk); err != nil {
 				return fmt.Errorf("--disk: %w", err)
+			}
+			if sp.Limit.BucketMB, err = kloud.ParseMB(bucketSize); err != nil {
+				return fmt.Errorf("--bucket-size: %w", err)
 			}
 			st, err := call(cmd.Context(), g, (*api.Client).QuotaSet, sp)
 			if err != nil {
@@ -57,6 +63,8 @@ apply, update and scale are refused when the stack would not fit. No quota is se
 	set.Flags().Float64Var(&sp.Limit.Cores, "cores", 0, "cores (0: no limit)")
 	set.Flags().StringVar(&mem, "memory", "0", "memory: MB, or with M, G, T (8G; 0: no limit)")
 	set.Flags().StringVar(&disk, "disk", "0", "disk: MB, or with M, G, T (50G; 0: no limit)")
+	set.Flags().Int64Var(&sp.Limit.Buckets, "buckets", 0, "bucket claims (0: no limit)")
+	set.Flags().StringVar(&bucketSize, "bucket-size", "0", "the buckets' max_size_mb in all: MB, or with M, G, T (10G; 0: no limit)")
 	var shp api.QuotaShowParams
 	show := &cobra.Command{
 		Use:   "show [--user U|--team T]",
@@ -83,7 +91,8 @@ func (f defaultQuotaFlag) String() string {
 	if f.q == nil || *f.q == (api.Quota{}) {
 		return "none"
 	}
-	return fmt.Sprintf("machines=%d,cores=%s,memory=%s,disk=%s", f.q.Machines, strconv.FormatFloat(f.q.Cores, 'f', -1, 64), formatMB(f.q.MemoryMB), formatMB(f.q.DiskMB))
+	return fmt.Sprintf("machines=%d,cores=%s,memory=%s,disk=%s,buckets=%d,bucketBytes=%s", f.q.Machines, strconv.FormatFloat(f.q.Cores, 'f', -1, 64), formatMB(f.q.MemoryMB), formatMB(f.q.DiskMB),
+		f.q.Buckets, formatMB(f.q.BucketMB))
 }
 
 func (f defaultQuotaFlag) Set(s string) error {
@@ -116,5 +125,7 @@ func printQuota(g *globals, st api.QuotaStatus) error {
 	row("cores", st.Used.Cores, st.Limit.Cores, st.Left.Cores, n)
 	row("memory", float64(st.Used.MemoryMB), float64(st.Limit.MemoryMB), float64(st.Left.MemoryMB), mb)
 	row("disk", float64(st.Used.DiskMB), float64(st.Limit.DiskMB), float64(st.Left.DiskMB), mb)
+	row("buckets", float64(st.Used.Buckets), float64(st.Limit.Buckets), float64(st.Left.Buckets), n)
+	row("bucket size", float64(st.Used.BucketMB), float64(st.Limit.BucketMB), float64(st.Left.BucketMB), mb)
 	return t.flush()
 }

@@ -22,8 +22,8 @@ func TestQuotaFromTheCLI(t *testing.T) {
 	must(run("user", "add", "alice", "--team", model.DefaultTeam))
 	must(run("key", "create", "--username", "alice", "--out", aliceKey))
 
-	out := must(run("quota", "set", "--user", "alice", "--machines", "3", "--cores", "4", "--memory", "8G", "--disk", "50G"))
-	for _, w := range []string{"quota of user alice", "machines", "3", "8G", "50G"} {
+	out := must(run("quota", "set", "--user", "alice", "--machines", "3", "--cores", "4", "--memory", "8G", "--disk", "50G", "--buckets", "2", "--bucket-size", "10G"))
+	for _, w := range []string{"quota of user alice", "machines", "3", "8G", "50G", "buckets", "bucket size", "10G"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("quota set: output does not say %q:\n%s", w, out)
 		}
@@ -32,8 +32,8 @@ func TestQuotaFromTheCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(must(alice("quota", "show", "--json"))), &st); err != nil {
 		t.Fatal(err)
 	}
-	want := api.QuotaStatus{Subject: "user/alice", Limit: api.Quota{Machines: 3, Cores: 4, MemoryMB: 8192, DiskMB: 51200},
-		Left: api.Quota{Machines: 3, Cores: 4, MemoryMB: 8192, DiskMB: 51200}}
+	want := api.QuotaStatus{Subject: "user/alice", Limit: api.Quota{Machines: 3, Cores: 4, MemoryMB: 8192, DiskMB: 51200, Buckets: 2, BucketMB: 10240},
+		Left: api.Quota{Machines: 3, Cores: 4, MemoryMB: 8192, DiskMB: 51200, Buckets: 2, BucketMB: 10240}}
 	if st != want {
 		t.Fatalf("quota show: %+v, want %+v", st, want)
 	}
@@ -47,6 +47,9 @@ func TestQuotaFromTheCLI(t *testing.T) {
 	}
 	if code, _, stderr := run("quota", "set", "--user", "alice", "--memory", "lots"); code == 0 || !strings.Contains(stderr, "--memory") {
 		t.Errorf("quota set --memory lots: exit %d, %s", code, stderr)
+	}
+	if code, _, stderr := run("quota", "set", "--user", "alice", "--bucket-size", "lots"); code == 0 || !strings.Contains(stderr, "--bucket-size") {
+		t.Errorf("quota set --bucket-size lots: exit %d, %s", code, stderr)
 	}
 }
 

@@ -270,7 +270,7 @@ type snapshot struct {
 
 // The polled gauges. Machine figures are labelled by machine id and owner (the only per-object
 // labels kloud exports); quota gauges by subject (user/NAME, team/SLUG) and resource (machines,
-// cores, memory_bytes, disk_bytes).
+// cores, memory_bytes, disk_bytes, buckets, bucket_bytes).
 var (
 	descMachineCPUs        = prometheus.NewDesc("kloud_machine_cpus", "Processors a machine's klient reports.", []string{"machine", "owner"}, nil)
 	descMachineLoad1       = prometheus.NewDesc("kloud_machine_load1", "A machine's 1-minute load average, as its klient reports it.", []string{"machine", "owner"}, nil)
@@ -278,7 +278,7 @@ var (
 	descMachineMemTotal    = prometheus.NewDesc("kloud_machine_memory_total_bytes", "A machine's memory, as its klient reports it.", []string{"machine", "owner"}, nil)
 	descMachineDiskUsed    = prometheus.NewDesc("kloud_machine_disk_used_bytes", "Disk in use on a machine's root file system, as its klient reports it.", []string{"machine", "owner"}, nil)
 	descMachineDiskTotal   = prometheus.NewDesc("kloud_machine_disk_total_bytes", "Size of a machine's root file system, as its klient reports it.", []string{"machine", "owner"}, nil)
-	descQuotaUsed          = prometheus.NewDesc("kloud_quota_used", "What a user's or team's stacks hold, by resource (machines, cores, memory_bytes, disk_bytes).", []string{"subject", "resource"}, nil)
+	descQuotaUsed          = prometheus.NewDesc("kloud_quota_used", "What a user's or team's stacks hold, by resource (machines, cores, memory_bytes, disk_bytes, buckets, bucket_bytes).", []string{"subject", "resource"}, nil)
 	descQuotaLimit         = prometheus.NewDesc("kloud_quota_limit", "A user's or team's quota, by resource (0: no limit).", []string{"subject", "resource"}, nil)
 	descMetricsPollSeconds = prometheus.NewDesc("kloud_metrics_poll_timestamp_seconds", "When the machines' figures and quota use were last polled (Unix time).", nil, nil)
 )
@@ -406,6 +406,8 @@ func (p *Poller) pollQuotas(ctx context.Context, ms []model.Machine, gauge func(
 			gauge(q.d, q.v.Cores, sub, "cores")
 			gauge(q.d, float64(q.v.MemoryMB)*(1<<20), sub, "memory_bytes")
 			gauge(q.d, float64(q.v.DiskMB)*(1<<20), sub, "disk_bytes")
+			gauge(q.d, float64(q.v.Buckets), sub, "buckets")
+			gauge(q.d, float64(q.v.BucketMB)*(1<<20), sub, "bucket_bytes")
 		}
 	}
 	return nil

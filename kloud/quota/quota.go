@@ -11,6 +11,11 @@
 // user never build more than the quota. A refusal is -32008 (too large, data type
 // api.QuotaCode) naming the limit, the use and the request, before any job or change.
 //
+// Bucket quotas (issue 21) limit the bucket claims (model.BucketClaim) a user's or a team's
+// stacks hold, and the MB they claim (the sum of their max_size_mb, which the S3 server
+// enforces per bucket): [Keeper.CheckBuckets], called by stack.plan and stack.create and by the
+// build stage before it provisions. Under a limit of MB a claim must say its max_size_mb.
+//
 // Start reading at [New] and [Options]: the keeper reads the store's repositories and the
 // provider registry, never kloud's Server, and it does not import package kloud (a test keeps
 // it so). kloud checks who may see or set a subject's quota (kloud/quota.go) and calls it.
@@ -22,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -69,7 +75,26 @@ func Subjects(owner, team string) []string {
 
 // Add is a and b together.
 func Add(a, b api.Quota) api.Quota {
-	return api.Quota{Machines: a.Machines + b.Machines, Cores: a.Cores + b.Cores, MemoryMB: a.MemoryMB + b.MemoryMB, DiskMB: a.DiskMB + b.DiskMB}
+	return api.Quota{Machines: a.Machines + b.Machines, Cores: a.Cores + b.Cores, MemoryMB: a.MemoryMB + b.MemoryMB, DiskMB: a.DiskMB + b.DiskMB,
+		Buckets: a.Buckets + b.Buckets, BucketMB: a.BucketMB + b.BucketMB}
+}
+
+// FromStore is the quota of document d.
+func FromStore(d store.Quota) api.Quota {
+	return api.Quota{Machines: d.Machines, Cores: d.Cores, MemoryMB: d.MemoryMB, DiskMB: d.DiskMB, Buckets: d.Buckets, BucketMB: d.BucketMB}
+}
+
+// ClaimMB is the MB claim c takes of a bucket quota: its max size, rounded up.
+func ClaimMB(c model.BucketClaim) int64 { return (c.MaxBytes + 1<<20 - 1) >> 20 }
+
+// claimsHeld is what claims take of a bucket quota (Buckets and BucketMB).
+func claimsHeld(cs []model.BucketClaim) api.Quota {
+	var q api.Quota
+	for _, c := range cs {
+		q.Buckets++
+		q.BucketMB += ClaimMB(c)
+	}
+	return q
 }
 
 // Need is what one machine of provider name with planned attributes takes of a quota.
@@ -133,7 +158,9 @@ func (k *Keeper) stackHeld(ctx context.Context, st *model.Stack) (api.Quota, err
 	return k.Held(st, ms), nil
 }
 
-// use is what subject's stacks hold (built or being built), but stack except's.
+// use is what subject's stacks hold (built or being built), but stack except's: their
+// machines, and the bucket claims of all its stacks (a claim exists from the build stage
+// that provisions it until its stack's destroy ends it).
 func (k *Keeper) use(ctx context.Context, subject, except string) (api.Quota, error) {
 	var f store.StackFilter
 	switch kind, name, _ := strings.Cut(subject, "/"); kind {
@@ -142,11 +169,16 @@ func (k *Keeper) use(ctx context.Context, subject, except string) (api.Quota, er
 	default:
 		f.Team = name
 	}
+	claims, err := k.o.Store.BucketClaims().Held(ctx, f.Owner, f.Team)
+	if err != nil {
+		return api.Quota{}, fmt.Errorf("quota use of %s: %w", subject, err)
+	}
+	claims = slices.DeleteFunc(claims, func(c model.BucketClaim) bool { return c.StackID == except })
 	sts, err := k.o.Store.Stacks().List(ctx, f)
 	if err != nil {
 		return api.Quota{}, fmt.Errorf("quota use of %s: %w", subject, err)
 	}
-	var use api.Quota
+	use := claimsHeld(claims)
 	for _, st := range sts {
 		if st.ID == except {
 			continue
@@ -174,7 +206,7 @@ func (k *Keeper) Of(ctx context.Context, subject string) (q api.Quota, ok bool, 
 	if err != nil {
 		return api.Quota{}, false, err
 	}
-	q = api.Quota{Machines: d.Machines, Cores: d.Cores, MemoryMB: d.MemoryMB, DiskMB: d.DiskMB}
+	q = FromStore(d)
 	return q, q != (api.Quota{}), nil
 }
 
@@ -332,5 +364,62 @@ func (k *Keeper) Status(ctx context.Context, subject string) (api.QuotaStatus, e
 		Cores:    left(limit.Cores, use.Cores),
 		MemoryMB: int64(left(float64(limit.MemoryMB), float64(use.MemoryMB))),
 		DiskMB:   int64(left(float64(limit.DiskMB), float64(use.DiskMB))),
+		Buckets:  int64(left(float64(limit.Buckets), float64(use.Buckets))),
+		BucketMB: int64(left(float64(limit.BucketMB), float64(use.BucketMB))),
 	}}, nil
+}
+
+// CheckBuckets refuses the bucket claims want of owner's stack stackID ("": a new stack) in
+// team when they would take owner or team above its bucket quota: more claims, or more MB
+// (the sum of their max sizes), than the limit, counting the claims of the owner's (the
+// team's) other stacks. The claims the stack holds already are not asked for again: a
+// re-apply asks for nothing new, and a stack over a lowered quota may keep what it has. Under
+// a limit of MB, a claim without a max size is refused: it would have no bound the S3 server
+// enforces.
+func (k *Keeper) CheckBuckets(ctx context.Context, owner, team, stackID string, want []model.BucketClaim) error {
+	if len(want) == 0 {
+		return nil
+	}
+	need := claimsHeld(want)
+	var held api.Quota
+	if stackID != "" {
+		cs, err := k.o.Store.BucketClaims().ByStack(ctx, stackID)
+		if err != nil {
+			return err
+		}
+		held = claimsHeld(cs)
+	}
+	for _, sub := range Subjects(owner, team) {
+		limit, ok, err := k.Of(ctx, sub)
+		if err != nil {
+			return err
+		}
+		if !ok || limit.Buckets == 0 && limit.BucketMB == 0 {
+			continue
+		}
+		kind, name, _ := strings.Cut(sub, "/")
+		refuse := func(format string, a ...any) error {
+			return &kite.Error{Code: kite.CodeTooLarge, Data: &kite.ErrorData{Type: api.QuotaCode},
+				Message: "bucket quota: " + fmt.Sprintf(format, a...)}
+		}
+		remedy := fmt.Sprintf("destroy a stack with buckets first, or an administrator raises it with `kloud quota set --%s %s`", kind, name)
+		if limit.BucketMB > 0 {
+			for _, c := range want {
+				if c.MaxBytes <= 0 {
+					return refuse("%s %s may claim %d MB of buckets in all; bucket %q sets no max_size_mb: give it one (or an administrator lifts the limit with `kloud quota set --%s %s`)", kind, name, limit.BucketMB, c.Label, kind, name)
+				}
+			}
+		}
+		use, err := k.use(ctx, sub, stackID)
+		if err != nil {
+			return err
+		}
+		if limit.Buckets > 0 && use.Buckets+need.Buckets > limit.Buckets && need.Buckets > held.Buckets {
+			return refuse("%s %s has %d of %d buckets; this stack asks for %d more (%s)", kind, name, use.Buckets+held.Buckets, limit.Buckets, need.Buckets-held.Buckets, remedy)
+		}
+		if limit.BucketMB > 0 && use.BucketMB+need.BucketMB > limit.BucketMB && need.BucketMB > held.BucketMB {
+			return refuse("%s %s has claimed %d of %d MB of buckets; this stack asks for %d MB more (%s)", kind, name, use.BucketMB+held.BucketMB, limit.BucketMB, need.BucketMB-held.BucketMB, remedy)
+		}
+	}
+	return nil
 }

@@ -32,9 +32,21 @@ func (f *Flow) Provisioner(name string) (provider.BucketProvisioner, error) {
 	return p.Buckets, nil
 }
 
-// ProvisionBuckets provisions the buckets of stack st (build stage BuildBuckets): for each
-// spec, its claim is recorded (provisioning), the provider's Provision called, and the claim
-// marked ready, each step one store write. Every step is idempotent: a build run again, or
+// Claims are the claims specs of stack stackID ask for (their ids, labels and max sizes): what
+// the bucket quotas check.
+func Claims(stackID string, specs []BucketSpec) []model.BucketClaim {
+	out := make([]model.BucketClaim, 0, len(specs))
+	for _, s := range specs {
+		out = append(out, model.BucketClaim{ID: model.BucketClaimID(stackID, s.Label), StackID: stackID, Label: s.Label, Provider: s.Provider, MaxBytes: s.MaxBytes})
+	}
+	return out
+}
+
+// ProvisionBuckets provisions the buckets of stack st (build stage BuildBuckets): the claims
+// checked against the bucket quotas of st's owner and team (the caller holds their quota
+// lease until the claims are recorded), then for each spec, its claim is recorded
+// (provisioning), the provider's Provision called, and the claim marked ready, each step one
+// store write. Every step is idempotent: a build run again, or
 // after a crash anywhere, makes the same calls and ends with the same buckets. Keys are not
 // logged or kept.
 //
@@ -56,6 +68,9 @@ func (f *Flow) ProvisionBuckets(ctx context.Context, j Job, st *model.Stack, spe
 		return nil
 	}
 	j.Enter(ctx, BuildBuckets)
+	if err := f.d.Quota.CheckBuckets(ctx, st, Claims(st.ID, specs)); err != nil {
+		return err
+	}
 	for _, c := range stale {
 		if err := f.DeleteBucket(ctx, c); err != nil {
 			return err

@@ -233,7 +233,13 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			}
 			bs.Template = tpl
 		}
-		if err := f.ProvisionBuckets(ctx, j, st, b.Buckets); err != nil {
+		releaseQuota, err := f.d.Quota.Hold(ctx, st.Owner, st.Team) // the bucket quota's check and the claims it allows in one step
+		if err != nil {
+			return StackResult{}, f.failBuild(ctx, st, ms, err)
+		}
+		err = f.ProvisionBuckets(ctx, j, st, b.Buckets)
+		releaseQuota()
+		if err != nil {
 			return StackResult{}, f.failBuild(ctx, st, ms, err)
 		}
 		j.Enter(ctx, BuildResources)

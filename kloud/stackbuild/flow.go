@@ -119,9 +119,11 @@ type Plans interface {
 }
 
 // Quota holds the quotas of an owner and a team (kloud/quota.go): one check and the records it
-// allows at a time.
+// allows at a time. CheckBuckets refuses the bucket claims of st that would take its owner or
+// team above its bucket quota (quota.Keeper.CheckBuckets).
 type Quota interface {
 	Hold(ctx context.Context, owner, team string) (release func(), err error)
+	CheckBuckets(ctx context.Context, st *model.Stack, want []model.BucketClaim) error
 }
 
 // Machines is what the flow asks of kloud about machines.

@@ -67,6 +67,20 @@ func (r *BucketClaims) ByStacks(ctx context.Context, stackIDs []string) ([]model
 	return out, nil
 }
 
+// Held returns the claims user owner holds (team "") or team holds (owner ""): what their
+// bucket quotas count (kloud/quota).
+func (r *BucketClaims) Held(ctx context.Context, owner, team string) ([]model.BucketClaim, error) {
+	f := bson.M{"owner": owner}
+	if owner == "" {
+		f = bson.M{"team": team}
+	}
+	out, err := findAll[model.BucketClaim](ctx, r.coll(), f, byCreation)
+	if err != nil {
+		return nil, fmt.Errorf("list bucket claims of %s%s: %w", owner, team, err)
+	}
+	return out, nil
+}
+
 // Granted returns the claims that grant user access (bucket.grant, or a machine's share),
 // oldest first.
 func (r *BucketClaims) Granted(ctx context.Context, user string) ([]model.BucketClaim, error) {

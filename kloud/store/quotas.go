@@ -27,6 +27,8 @@ type Quota struct {
 	Cores     float64   `bson:"cores"`
 	MemoryMB  int64     `bson:"memoryMB"`
 	DiskMB    int64     `bson:"diskMB"`
+	Buckets   int64     `bson:"buckets,omitempty"`  // bucket claims
+	BucketMB  int64     `bson:"bucketMB,omitempty"` // the sum of the claims' max_size_mb
 	UpdatedBy string    `bson:"updatedBy"`
 	UpdatedAt time.Time `bson:"updatedAt"`
 }

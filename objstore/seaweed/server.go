@@ -475,16 +475,17 @@ func (s *Server) AdminKey() (accessKey, secretKey string) {
 // Provisioner returns a provisioner of this server's buckets tagging them with instance (the
 // kloud instance: provider.TagInstance).
 func (s *Server) Provisioner(instance string) *Provisioner {
-	p, err := NewProvisioner(ProvisionerOptions{
+	o := ProvisionerOptions{
 		Endpoint: s.endpoint, PublicEndpoint: s.o.PublicEndpoint, Master: s.Master(), Filer: s.Filer(), Weed: s.o.Bin,
 		AdminAccessKey: s.admin.AccessKey, AdminSecretKey: s.admin.SecretKey, Instance: instance,
 		Log: s.o.Log, ShellDir: s.o.path("tmp"),
-	})
+	}
+	if s.o.Isolate { // not isolated, weed shell runs in kloud's namespace (Netns "" would say weed is down)
+		o.Netns = s.Netns
+	}
+	p, err := NewProvisioner(o)
 	if err != nil {
 		panic(err) // every option is set
-	}
-	if s.o.Isolate {
-		p.o.Netns = s.Netns
 	}
 	p.mu = &s.mu
 	return p

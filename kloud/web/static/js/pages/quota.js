@@ -9,6 +9,8 @@ const rows = [
   ['cores', 'Cores', ''],
   ['memoryMB', 'Memory', ' MB'],
   ['diskMB', 'Disk', ' MB'],
+  ['buckets', 'Buckets', ''],
+  ['bucketMB', 'Bucket size', ' MB'],
 ];
 
 // quotaTable shows a quota.show answer: one row per resource with its limit, use and what is left.
@@ -52,6 +54,7 @@ function adminCard(kite) {
   const name = h('input', { id: 'quota-name', required: true, placeholder: 'username or team slug' });
   const num = (id, step) => h('input', { id, type: 'number', min: 0, step, placeholder: 'no limit' });
   const machines = num('quota-machines', 1), cores = num('quota-cores', 'any'), memory = num('quota-memory', 1), disk = num('quota-disk', 1);
+  const buckets = num('quota-buckets', 1), bucketMB = num('quota-bucket-mb', 1);
   const show = h('button', { type: 'button', id: 'quota-show' }, 'Show');
   const set = h('button', { type: 'submit', class: 'primary', id: 'quota-set' }, 'Set quota');
   const out = h('div', { id: 'quota-result' });
@@ -62,12 +65,15 @@ function adminCard(kite) {
     cores.value = l.cores || '';
     memory.value = l.memoryMB || '';
     disk.value = l.diskMB || '';
+    buckets.value = l.buckets || '';
+    bucketMB.value = l.bucketMB || '';
     clear(out, h('h3', {}, `Quota of ${subjectName(st.subject)}`), h('div', { dataset: { subject: st.subject } }, quotaTable(st)));
   };
   show.addEventListener('click', () => busy(show, async () => render(await kite.call('quota.show', subject()))));
   const form = h('form', { class: 'quota-form', id: 'quota-form' },
     field('Of', h('span', { class: 'inline' }, kind, name)),
     field('Machines', machines), field('Cores', cores), field('Memory (MB)', memory), field('Disk (MB)', disk),
+    field('Buckets', buckets), field('Bucket size (MB, all buckets)', bucketMB),
     h('div', { class: 'buttons' }, show, set));
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
@@ -75,6 +81,7 @@ function adminCard(kite) {
       const limit = {
         machines: Number(machines.value) || 0, cores: Number(cores.value) || 0,
         memoryMB: Number(memory.value) || 0, diskMB: Number(disk.value) || 0,
+        buckets: Number(buckets.value) || 0, bucketMB: Number(bucketMB.value) || 0,
       };
       const st = await kite.call('quota.set', { ...subject(), limit });
       render(st);
