@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/aws/smithy-go"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/objstore/s3client"
@@ -114,13 +111,13 @@ resource "kloud_bucket" "keep" {
 	if _, err := bc.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: &bob.Bucket}); err != nil {
 		t.Errorf("bob lists: %v", err)
 	}
-	if code := s3Code(putObject(ctx, bc, bob.Bucket, "by-bob.txt", "no")); code != "AccessDenied" {
+	if code := s3client.ErrorCode(s3client.Put(ctx, bc, bob.Bucket, "by-bob.txt", "no")); code != "AccessDenied" {
 		t.Errorf("bob's write with a read key: %q, want AccessDenied from the server", code)
 	}
 	e.run("machine", "unshare", "web.0", "bob", "--stack", sid)
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		_, err := bc.GetObject(ctx, &s3.GetObjectInput{Bucket: &bob.Bucket, Key: aws.String("from-web0.txt")})
-		return s3Status(err) == 403
+		return s3client.HTTPStatus(err) == 403
 	}, "bob's key still reads after unshare")
 
 	// Destroy: "data" goes, "keep" (retain) stays with its data.
@@ -135,11 +132,11 @@ resource "kloud_bucket" "keep" {
 		}
 	}
 	admin := e.s3Admin(alice.Endpoint)
-	if err := putObject(ctx, admin, keepBucket, "kept.txt", word); err != nil {
+	if err := s3client.Put(ctx, admin, keepBucket, "kept.txt", word); err != nil {
 		t.Fatalf("admin write to %s: %v", keepBucket, err)
 	}
 	e.run("stack", "destroy", sid)
-	if _, err := admin.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &alice.Bucket}); s3Status(err) != 404 {
+	if _, err := admin.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &alice.Bucket}); s3client.HTTPStatus(err) != 404 {
 		t.Errorf("bucket %s after destroy: %v, want 404", alice.Bucket, err)
 	}
 	if got := getObject(ctx, t, admin, keepBucket, "kept.txt"); got != word {
@@ -176,29 +173,6 @@ func getObject(ctx context.Context, t *testing.T, c *s3.Client, bucket, key stri
 	return string(b)
 }
 
-func putObject(ctx context.Context, c *s3.Client, bucket, key, body string) error {
-	_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: bytes.NewReader([]byte(body))})
-	return err
-}
-
-// s3Code is the S3 error code of err ("" if none).
-func s3Code(err error) string {
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		return ae.ErrorCode()
-	}
-	return ""
-}
-
-// s3Status is the HTTP status of a failed S3 call (0 if none).
-func s3Status(err error) int {
-	var re interface{ HTTPStatusCode() int }
-	if errors.As(err, &re) {
-		return re.HTTPStatusCode()
-	}
-	return 0
-}
-
 // TestBrowserBuckets is a stack's bucket in the web UI (e2e/browser/buckets.mjs) on a local
 // machine with kloud serve's S3 server: alice opens her stack's page, sees the bucket with no key
 // in the page, opens "Show my key" and reads the key `kloud bucket credentials --json` gives her,
@@ -230,7 +204,7 @@ func TestBrowserBuckets(t *testing.T) {
 	if out := e.run("bucket", "list", "--stack", sid); strings.Contains(out, creds.Bucket) {
 		t.Errorf("the browser deleted the bucket, and bucket list still shows it:\n%s", out)
 	}
-	if code := s3Status(headBucket(t.Context(), e.s3Admin(creds.Endpoint), creds.Bucket)); code != 404 {
+	if code := s3client.HTTPStatus(headBucket(t.Context(), e.s3Admin(creds.Endpoint), creds.Bucket)); code != 404 {
 		t.Errorf("bucket %s after the browser deleted it: status %d, want 404", creds.Bucket, code)
 	}
 	e.run("stack", "destroy", sid)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/objstore/s3client"
 	"github.com/kloud-dev/kloud/objstore/seaweed/seaweedtest"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/providers/dummy"
@@ -32,30 +32,6 @@ func s3As(k api.BucketCredentials) *s3.Client {
 	return s3.NewFromConfig(aws.Config{Region: k.Region, BaseEndpoint: aws.String(k.Endpoint),
 		Credentials: credentials.NewStaticCredentialsProvider(k.AccessKeyID, k.SecretAccessKey, "")},
 		func(o *s3.Options) { o.UsePathStyle = true })
-}
-
-func s3Put(ctx context.Context, c *s3.Client, bucket, key, body string) error {
-	_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), Body: strings.NewReader(body)})
-	return err
-}
-
-func s3Get(ctx context.Context, c *s3.Client, bucket, key string) (string, error) {
-	out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
-	if err != nil {
-		return "", err
-	}
-	defer out.Body.Close()
-	b, err := io.ReadAll(out.Body)
-	return string(b), err
-}
-
-// httpStatus is the HTTP status of an S3 error (0 if none).
-func httpStatus(err error) int {
-	var re interface{ HTTPStatusCode() int }
-	if errors.As(err, &re) {
-		return re.HTTPStatusCode()
-	}
-	return 0
 }
 
 const bucketTemplate = `
@@ -159,10 +135,10 @@ func TestBucketClaims(t *testing.T) {
 			t.Fatalf("the job's log shows a key: %s", l)
 		}
 	}
-	if err := s3Put(ctx, s3As(ownerKey), cache.Bucket, "a.txt", "from alice"); err != nil {
+	if err := s3client.Put(ctx, s3As(ownerKey), cache.Bucket, "a.txt", "from alice"); err != nil {
 		t.Fatalf("owner's put: %v", err)
 	}
-	if err := s3Put(ctx, s3As(keepKey), keep.Bucket, "kept.txt", "still here"); err != nil {
+	if err := s3client.Put(ctx, s3As(keepKey), keep.Bucket, "kept.txt", "still here"); err != nil {
 		t.Fatalf("owner's put into keep: %v", err)
 	}
 
@@ -218,7 +194,7 @@ func TestBucketClaims(t *testing.T) {
 	if err != nil || again != ownerKey {
 		t.Fatalf("credentials after a second build: %+v %v (was %+v)", again, err, ownerKey)
 	}
-	if got, err := s3Get(ctx, s3As(ownerKey), cache.Bucket, "a.txt"); err != nil || got != "from alice" {
+	if got, err := s3client.Get(ctx, s3As(ownerKey), cache.Bucket, "a.txt"); err != nil || got != "from alice" {
 		t.Fatalf("after a second build: %q %v", got, err)
 	}
 	if bs, err := prov.Buckets(ctx); err != nil || len(bs) != 3 {
@@ -237,10 +213,10 @@ func TestBucketClaims(t *testing.T) {
 	if err != nil || bobKey.Access != "read" || bobKey.AccessKeyID == ownerKey.AccessKeyID {
 		t.Fatalf("bob's credentials: %+v %v", bobKey, err)
 	}
-	if got, err := s3Get(ctx, s3As(bobKey), cache.Bucket, "a.txt"); err != nil || got != "from alice" {
+	if got, err := s3client.Get(ctx, s3As(bobKey), cache.Bucket, "a.txt"); err != nil || got != "from alice" {
 		t.Fatalf("bob reads: %q %v", got, err)
 	}
-	if err := s3Put(ctx, s3As(bobKey), cache.Bucket, "b.txt", "from bob"); httpStatus(err) != 403 {
+	if err := s3client.Put(ctx, s3As(bobKey), cache.Bucket, "b.txt", "from bob"); s3client.HTTPStatus(err) != 403 {
 		t.Fatalf("bob's write with a read key: %v (want 403)", err)
 	}
 	if bl, err := bob.BucketList(ctx, api.BucketListParams{}); err != nil || len(bl.Buckets) != 1 || bl.Buckets[0].Label != "cache" {
@@ -249,7 +225,7 @@ func TestBucketClaims(t *testing.T) {
 	if _, err := c.BucketRevoke(ctx, api.BucketRevokeParams{BucketRef: api.BucketRef{StackID: sid, Label: "cache"}, User: "bob"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s3Get(ctx, s3As(bobKey), cache.Bucket, "a.txt"); httpStatus(err) != 403 {
+	if _, err := s3client.Get(ctx, s3As(bobKey), cache.Bucket, "a.txt"); s3client.HTTPStatus(err) != 403 {
 		t.Fatalf("bob's revoked key: %v (want 403)", err)
 	}
 	if _, err := c.BucketRevoke(ctx, api.BucketRevokeParams{BucketRef: api.BucketRef{StackID: sid, Label: "cache"}, User: "bob"}); err != nil {
@@ -267,16 +243,16 @@ func TestBucketClaims(t *testing.T) {
 	if err != nil || shareKey.Access != "read" {
 		t.Fatalf("bob's credentials from a share: %+v %v", shareKey, err)
 	}
-	if got, err := s3Get(ctx, s3As(shareKey), keep.Bucket, "kept.txt"); err != nil || got != "still here" {
+	if got, err := s3client.Get(ctx, s3As(shareKey), keep.Bucket, "kept.txt"); err != nil || got != "still here" {
 		t.Fatalf("bob reads through his share: %q %v", got, err)
 	}
-	if err := s3Put(ctx, s3As(shareKey), keep.Bucket, "b.txt", "from bob"); httpStatus(err) != 403 {
+	if err := s3client.Put(ctx, s3As(shareKey), keep.Bucket, "b.txt", "from bob"); s3client.HTTPStatus(err) != 403 {
 		t.Fatalf("bob writes through a readonly share: %v (want 403)", err)
 	}
 	if _, err := c.MachineUnshare(ctx, api.ShareParams{MachineID: vm.ID, Username: "bob"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s3Get(ctx, s3As(shareKey), keep.Bucket, "kept.txt"); httpStatus(err) != 403 {
+	if _, err := s3client.Get(ctx, s3As(shareKey), keep.Bucket, "kept.txt"); s3client.HTTPStatus(err) != 403 {
 		t.Fatalf("bob's key after unshare: %v (want 403)", err)
 	}
 	if _, err := bob.BucketCredentials(ctx, api.BucketRef{StackID: sid, Label: "keep"}); !errors.Is(err, kite.ErrNotFound) {
@@ -298,7 +274,7 @@ func TestBucketClaims(t *testing.T) {
 		t.Fatalf("credentials of a deleted claim: %v", err)
 	}
 	apply(false)
-	if _, err := s3Get(ctx, s3As(ownerKey), cache.Bucket, "a.txt"); httpStatus(err) != 404 {
+	if _, err := s3client.Get(ctx, s3As(ownerKey), cache.Bucket, "a.txt"); s3client.HTTPStatus(err) != 404 {
 		t.Fatalf("the bucket claimed again: %v (want 404: a new, empty bucket)", err)
 	}
 
@@ -360,7 +336,7 @@ func TestBucketClaims(t *testing.T) {
 	if _, err := prov.Grant(ctx, byLabel["scratch"].Bucket, "carol", provider.BucketRead); !errors.Is(err, provider.ErrBucketNotFound) {
 		t.Fatalf("grant on the bucket destroy deleted: %v (want ErrBucketNotFound)", err)
 	}
-	if _, err := s3Get(ctx, s3As(keepKey), keep.Bucket, "kept.txt"); httpStatus(err) != 403 {
+	if _, err := s3client.Get(ctx, s3As(keepKey), keep.Bucket, "kept.txt"); s3client.HTTPStatus(err) != 403 {
 		t.Fatalf("a retained bucket's old key: %v (want 403)", err)
 	}
 	k, err := prov.Grant(ctx, keep.Bucket, "carol", provider.BucketRead)
@@ -368,7 +344,7 @@ func TestBucketClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	carol := api.BucketCredentials{Endpoint: keep.Endpoint, Region: keep.Region, AccessKeyID: k.AccessKey, SecretAccessKey: k.SecretKey}
-	if got, err := s3Get(ctx, s3As(carol), keep.Bucket, "kept.txt"); err != nil || got != "still here" {
+	if got, err := s3client.Get(ctx, s3As(carol), keep.Bucket, "kept.txt"); err != nil || got != "still here" {
 		t.Fatalf("the retained bucket's data: %q %v", got, err)
 	}
 	if err := prov.Delete(context.WithoutCancel(ctx), keep.Bucket, false); err != nil {

@@ -8,10 +8,8 @@
 package bucketcheck
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -127,8 +125,8 @@ func (c *checker) lifecycle(t *testing.T) {
 		t.Fatalf("Provision twice: %+v %+v and %s/%s %s/%s, want one bucket and one write key of alice", b, b2, k.User, k.AccessKey, k2.User, k2.AccessKey)
 	}
 	owner := s3client.ForKey(b, k)
-	waitFor(t, "the owner's key writes", func() error { return put(ctx, owner, name, "a/hello.txt", "hello") })
-	if got, err := get(ctx, owner, name, "a/hello.txt"); err != nil || got != "hello" {
+	waitFor(t, "the owner's key writes", func() error { return s3client.Put(ctx, owner, name, "a/hello.txt", "hello") })
+	if got, err := s3client.Get(ctx, owner, name, "a/hello.txt"); err != nil || got != "hello" {
 		t.Fatalf("owner reads %q, %v", got, err)
 	}
 	c.listed(t, name, true)
@@ -143,12 +141,12 @@ func (c *checker) lifecycle(t *testing.T) {
 	}
 	reader := s3client.ForKey(b, rk)
 	start := time.Now()
-	waitFor(t, "the read key reads", func() error { _, err := get(ctx, reader, name, "a/hello.txt"); return err })
+	waitFor(t, "the read key reads", func() error { _, err := s3client.Get(ctx, reader, name, "a/hello.txt"); return err })
 	t.Logf("grant applied after %s", time.Since(start).Round(time.Millisecond))
 	if keys, err := list(ctx, reader, name); err != nil || len(keys) != 1 || keys[0] != "a/hello.txt" {
 		t.Fatalf("the read key lists %q, %v", keys, err)
 	}
-	if err := put(ctx, reader, name, "b.txt", "no"); !Denied(err) {
+	if err := s3client.Put(ctx, reader, name, "b.txt", "no"); !Denied(err) {
 		t.Fatalf("the read key writes: %v, want 403 AccessDenied", err)
 	}
 
@@ -157,12 +155,12 @@ func (c *checker) lifecycle(t *testing.T) {
 		t.Fatalf("Grant write: %+v, %v", wk.Access, err)
 	}
 	writer := s3client.ForKey(b, wk)
-	waitFor(t, "bob's write key writes", func() error { return put(ctx, writer, name, "b.txt", "bob") })
+	waitFor(t, "bob's write key writes", func() error { return s3client.Put(ctx, writer, name, "b.txt", "bob") })
 	if _, err := c.p.Grant(ctx, name, "bob", ptype.BucketRead); err != nil {
 		t.Fatalf("Grant read after write: %v", err)
 	}
-	waitFor(t, "bob's key is refused writes again", func() error { return denied(put(ctx, writer, name, "c.txt", "no")) })
-	if _, err := get(ctx, writer, name, "b.txt"); err != nil {
+	waitFor(t, "bob's key is refused writes again", func() error { return denied(s3client.Put(ctx, writer, name, "c.txt", "no")) })
+	if _, err := s3client.Get(ctx, writer, name, "b.txt"); err != nil {
 		t.Fatalf("bob reads after going back to read: %v", err)
 	}
 
@@ -170,7 +168,7 @@ func (c *checker) lifecycle(t *testing.T) {
 		t.Fatalf("Revoke: %v", err)
 	}
 	start = time.Now()
-	waitFor(t, "the revoked key is refused", func() error { _, err := get(ctx, writer, name, "a/hello.txt"); return denied(err) })
+	waitFor(t, "the revoked key is refused", func() error { _, err := s3client.Get(ctx, writer, name, "a/hello.txt"); return denied(err) })
 	t.Logf("revoke applied after %s", time.Since(start).Round(time.Millisecond))
 	if _, err := list(ctx, writer, name); !Denied(err) {
 		t.Errorf("the revoked key lists: %v, want 403", err)
@@ -181,7 +179,7 @@ func (c *checker) lifecycle(t *testing.T) {
 	if err := c.p.Revoke(ctx, name, "carol"); err != nil {
 		t.Errorf("Revoke of a user who had no key: %v", err)
 	}
-	if _, err := get(ctx, owner, name, "a/hello.txt"); err != nil {
+	if _, err := s3client.Get(ctx, owner, name, "a/hello.txt"); err != nil {
 		t.Fatalf("the owner's key after bob's revoke: %v", err)
 	}
 
@@ -192,7 +190,7 @@ func (c *checker) lifecycle(t *testing.T) {
 	if err := c.p.Delete(ctx, name, true); err != nil {
 		t.Fatalf("Delete retain again: %v", err)
 	}
-	waitFor(t, "the owner's key is refused after retain", func() error { _, err := get(ctx, owner, name, "a/hello.txt"); return denied(err) })
+	waitFor(t, "the owner's key is refused after retain", func() error { _, err := s3client.Get(ctx, owner, name, "a/hello.txt"); return denied(err) })
 	c.listed(t, name, false)
 	b3, k3, err := c.p.Provision(ctx, claim)
 	if err != nil {
@@ -200,7 +198,7 @@ func (c *checker) lifecycle(t *testing.T) {
 	}
 	owner = s3client.ForKey(b3, k3)
 	waitFor(t, "the retained data is there", func() error {
-		got, err := get(ctx, owner, name, "a/hello.txt")
+		got, err := s3client.Get(ctx, owner, name, "a/hello.txt")
 		if err == nil && got != "hello" {
 			t.Fatalf("retained object holds %q", got)
 		}
@@ -337,21 +335,6 @@ func waitFor(t *testing.T, what string, f func() error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func put(ctx context.Context, c *s3.Client, bucket, key, body string) error {
-	_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader([]byte(body))})
-	return err
-}
-
-func get(ctx context.Context, c *s3.Client, bucket, key string) (string, error) {
-	out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
-	if err != nil {
-		return "", err
-	}
-	defer out.Body.Close()
-	b, err := io.ReadAll(out.Body)
-	return string(b), err
 }
 
 func list(ctx context.Context, c *s3.Client, bucket string) ([]string, error) {

@@ -5,12 +5,17 @@
 package s3client
 
 import (
+	"context"
+	"errors"
+	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
 
 	"github.com/kloud-dev/kloud/provider/ptype"
 )
@@ -36,4 +41,39 @@ func New(endpoint, region, accessKey, secretKey string) *s3.Client {
 // ForKey returns a client of b's endpoint signing with k.
 func ForKey(b ptype.Bucket, k ptype.BucketKey) *s3.Client {
 	return New(b.Endpoint, b.Region, k.AccessKey, k.SecretKey)
+}
+
+// Put writes body as bucket/key.
+func Put(ctx context.Context, c *s3.Client, bucket, key, body string) error {
+	_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), Body: strings.NewReader(body)})
+	return err
+}
+
+// Get reads bucket/key whole.
+func Get(ctx context.Context, c *s3.Client, bucket, key string) (string, error) {
+	out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+	if err != nil {
+		return "", err
+	}
+	defer out.Body.Close()
+	b, err := io.ReadAll(out.Body)
+	return string(b), err
+}
+
+// ErrorCode is err's S3 error code, e.g. "AccessDenied" ("" for none).
+func ErrorCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// HTTPStatus is the HTTP status of a failed S3 call (0 for none).
+func HTTPStatus(err error) int {
+	var re interface{ HTTPStatusCode() int }
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
 }

@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/kloud-dev/kloud/objstore/s3client"
 )
 
 // eventually polls f every 100 ms until it returns nil, for 20 s.
@@ -33,17 +33,11 @@ func eventually(t *testing.T, what string, f func() error) {
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
 
 func put(ctx context.Context, c *s3.Client, bucket, key, body string) error {
-	_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader([]byte(body))})
-	return err
+	return s3client.Put(ctx, c, bucket, key, body)
 }
 
 func get(ctx context.Context, c *s3.Client, bucket, key string) error {
-	out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
-	if err != nil {
-		return err
-	}
-	defer out.Body.Close()
-	_, err = io.Copy(io.Discard, out.Body)
+	_, err := s3client.Get(ctx, c, bucket, key)
 	return err
 }
 

@@ -24,7 +24,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
-	"github.com/aws/smithy-go"
 
 	"github.com/kloud-dev/kloud/objstore/s3client"
 	"github.com/kloud-dev/kloud/provider"
@@ -174,7 +173,7 @@ func (p *Provisioner) Provision(ctx context.Context, claim provider.BucketClaim)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, err := p.s3.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(claim.Name)})
-	switch code := errorCode(err); {
+	switch code := s3client.ErrorCode(err); {
 	case err == nil:
 		p.o.Log.Info("bucket created", "bucket", claim.Name)
 	case code == "BucketAlreadyOwnedByYou" || code == "BucketAlreadyExists":
@@ -439,7 +438,7 @@ func (p *Provisioner) EnforceQuotas(ctx context.Context) error {
 func (p *Provisioner) tags(ctx context.Context, bucket string) (map[string]string, error) {
 	out, err := p.s3.GetBucketTagging(ctx, &s3.GetBucketTaggingInput{Bucket: aws.String(bucket)})
 	tags := map[string]string{}
-	if errorCode(err) == "NoSuchTagSet" || errorCode(err) == "NoSuchTagSetError" {
+	if s3client.ErrorCode(err) == "NoSuchTagSet" || s3client.ErrorCode(err) == "NoSuchTagSetError" {
 		return tags, nil
 	}
 	if err != nil {
@@ -479,20 +478,11 @@ func validTags(tags map[string]string) error {
 	return nil
 }
 
-// errorCode is err's S3 error code ("" for none).
-func errorCode(err error) string {
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		return ae.ErrorCode()
-	}
-	return ""
-}
-
 // notFound reports whether err says the bucket is not there.
 func notFound(err error) bool {
 	var nb *types.NoSuchBucket
 	var nf *types.NotFound
-	c := errorCode(err)
+	c := s3client.ErrorCode(err)
 	return errors.As(err, &nb) || errors.As(err, &nf) || c == "NoSuchBucket" || c == "NotFound"
 }
 

@@ -409,7 +409,7 @@ func (s *Server) volumeUp(ctx context.Context) bool {
 func (s *Server) writes(ctx context.Context) bool {
 	c := s.adminClient()
 	if _, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(HealthBucket)}); err != nil {
-		if code := errorCode(err); code != "BucketAlreadyOwnedByYou" && code != "BucketAlreadyExists" {
+		if code := s3client.ErrorCode(err); code != "BucketAlreadyOwnedByYou" && code != "BucketAlreadyExists" {
 			s.o.Log.Debug("weed not ready", "err", err)
 			return false
 		}
