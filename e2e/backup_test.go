@@ -118,7 +118,7 @@ resource "terraform_data" "vm" {
 
 	// The keyless backup served (another address, no machines of its own): a new admin key,
 	// signed by the restored keys, sees the same users; alice's old key still works.
-	r2 := &env{t: t, dir: r2dir, addr: freePort(t), machinesDir: filepath.Join(t.TempDir(), "machines")}
+	r2 := &env{t: t, dir: r2dir, addr: testutil.FreeLoopback(t), machinesDir: filepath.Join(t.TempDir(), "machines")}
 	r2.start()
 	t.Cleanup(r2.cleanup)
 	if got := r2.run("user", "list"); got != users {

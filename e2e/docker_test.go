@@ -61,7 +61,7 @@ func newDockerEnv(t *testing.T) *dockerEnv {
 	network := fmt.Sprintf("kloud-e2e%d", subnet.Addr().As4()[2])
 	// kloud creates the network at startup, before it listens on its gateway (where the machines
 	// reach it, and terraform the proxy).
-	_, port, _ := net.SplitHostPort(freePort(t))
+	_, port, _ := net.SplitHostPort(testutil.FreeLoopback(t))
 	addr := net.JoinHostPort(subnet.Addr().Next().String(), port)
 	e := newTerraformerEnv(t, addr, cliConfig, "--public-url", "http://"+addr, "--no-demo",
 		// No --docker-image: kloud finds the image of $KLOUD_BASE_IMAGE (dockertest imported it)

@@ -49,7 +49,7 @@ func TestDoctor(t *testing.T) {
 	}
 
 	// A terraformer of its own, stopped.
-	tfAddr := freePort(t)
+	tfAddr := testutil.FreeLoopback(t)
 	tf := testutil.StartProcess(t, filepath.Join(bin, "terraformer"), "--addr", tfAddr, "--data-dir", filepath.Join(t.TempDir(), "tf"),
 		"--kloud-url", "http://"+e.addr, "--terraform", testutil.RequireBinary(t, "terraform"))
 	testutil.Eventually(t, 30*time.Second, func() bool {

@@ -8,13 +8,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -60,16 +58,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // env is one kloud installation: a data dir, a kloud process (restartable), optionally a
 // terraformer process of its own.
 type env struct {
@@ -77,7 +65,7 @@ type env struct {
 	dir      string
 	addr     string
 	kloud    *exec.Cmd
-	kloudOut *syncBuffer
+	kloudOut *testutil.SyncBuffer
 	extra    []string
 	key      string // KLOUD_KEY for CLI calls ("" = admin)
 	noDummy  bool   // no dummy provider (newPluginEnv)
@@ -101,7 +89,7 @@ func newEnv(t *testing.T, extra ...string) *env {
 	t.Helper()
 	testutil.RequireBinary(t, "terraform")
 	testutil.RequireBinary(t, "curl")
-	e := &env{t: t, dir: t.TempDir(), addr: freePort(t), extra: extra}
+	e := &env{t: t, dir: t.TempDir(), addr: testutil.FreeLoopback(t), extra: extra}
 	e.start()
 	t.Cleanup(e.cleanup)
 	return e
@@ -163,7 +151,7 @@ func (e *env) start() {
 		ownTF = ownTF || a == "--terraformer-url" || a == "--terraformer-addr"
 	}
 	if !ownTF {
-		e.extra = append(e.extra, "--terraformer-addr", freePort(t))
+		e.extra = append(e.extra, "--terraformer-addr", testutil.FreeLoopback(t))
 	}
 	args := []string{"serve", "--data-dir", e.dir, "--addr", e.addr,
 		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}
@@ -175,7 +163,7 @@ func (e *env) start() {
 	}
 	args = append(args, e.extra...)
 	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
-	e.kloudOut = &syncBuffer{}
+	e.kloudOut = &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = e.kloudOut, e.kloudOut
 	if e.uid != 0 {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(e.uid), Gid: uint32(e.uid)}}
@@ -220,24 +208,6 @@ func (e *env) cleanup() {
 	if err := dummy.KillAll(context.Background(), e.dummyDir()); err != nil {
 		e.t.Error(err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer a process writes to while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // run runs the kloud CLI and returns its stdout; a failure fails the test.
@@ -370,7 +340,7 @@ resource "terraform_data" "vm" {
 // in Building, the lease is free again, and destroy leaves nothing behind.
 func TestKloudKilledMidApply(t *testing.T) {
 	t.Parallel()
-	e := newTerraformerEnv(t, freePort(t), "")
+	e := newTerraformerEnv(t, testutil.FreeLoopback(t), "")
 	e.alice()
 	tid := e.template(`
 resource "terraform_data" "vm" {

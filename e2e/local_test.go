@@ -47,7 +47,7 @@ func newLocalEnv(t *testing.T, extra ...string) *localEnv {
 func newLocalEnvOn(t *testing.T, h *tfprovidertest.Host, extra ...string) *localEnv {
 	t.Helper()
 	testutil.RequireBinary(t, "curl")
-	_, port, _ := net.SplitHostPort(freePort(t))
+	_, port, _ := net.SplitHostPort(testutil.FreeLoopback(t))
 	// kloud listens on the bridge address only: the machines reach it there, and so do the CLI
 	// and terraformer (the bridge is ours; kloud creates it before it listens).
 	addr := net.JoinHostPort(h.HostAddr().String(), port)

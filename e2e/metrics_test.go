@@ -22,7 +22,7 @@ type prometheus struct {
 	t    *testing.T
 	addr string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testutil.SyncBuffer
 }
 
 // startPrometheus runs /usr/bin/prometheus with a config of its own that scrapes each job's
@@ -41,7 +41,7 @@ func startPrometheus(t *testing.T, jobs map[string]string) *prometheus {
 	if err := os.WriteFile(cfgFile, []byte(cfg.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p := &prometheus{t: t, addr: freePort(t), out: &syncBuffer{}}
+	p := &prometheus{t: t, addr: testutil.FreeLoopback(t), out: &testutil.SyncBuffer{}}
 	p.cmd = exec.Command(bin, "--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+p.addr, "--log.level=warn")
 	p.cmd.Dir = dir
@@ -137,7 +137,7 @@ func (p *prometheus) waitFor(q string, min, max float64) {
 // and terraform's runs, and saw the job running and agents being waited for while it built.
 func TestPrometheusScrapesKloud(t *testing.T) {
 	t.Parallel()
-	maddr, tfaddr := freePort(t), freePort(t)
+	maddr, tfaddr := testutil.FreeLoopback(t), testutil.FreeLoopback(t)
 	e := newEnv(t, "--metrics-addr", maddr, "--metrics-interval", "1s", "--terraformer-metrics-addr", tfaddr)
 	if !strings.Contains(e.kloudOut.String(), "metrics: http://"+maddr+"/metrics") {
 		t.Fatalf("kloud serve does not say where its metrics are:\n%s", e.kloudOut)

@@ -34,7 +34,7 @@ func newPluginEnv(t *testing.T, extra ...string) *env {
 	t.Helper()
 	testutil.RequireRoot(t) // the plugin sandbox (and the launcher's uid change) need root
 	testutil.RequireBinary(t, "terraform")
-	e := &env{t: t, dir: t.TempDir(), addr: freePort(t), extra: extra, noDummy: true}
+	e := &env{t: t, dir: t.TempDir(), addr: testutil.FreeLoopback(t), extra: extra, noDummy: true}
 	e.start()
 	t.Cleanup(e.cleanup)
 	return e
@@ -294,7 +294,7 @@ func TestPluginRemote(t *testing.T) {
 	copyFile(t, testPluginBin(t), bin, 0o755)
 	cmd := exec.Command(bin)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "KLOUD_PLUGIN_URL=ws://" + e.addr + "/kite", "KLOUD_PLUGIN_KEY_FILE=" + keyFile}
-	var pout syncBuffer
+	var pout testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &pout, &pout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -441,7 +441,7 @@ func TestPluginWithoutRoot(t *testing.T) {
 			// kloud runs as nobody: its data dir is nobody's, and the way to it open.
 			os.Chmod(filepath.Dir(dir), 0o755)
 			os.Chown(dir, nobody, nobody)
-			e := &env{t: t, dir: dir, addr: freePort(t), noDummy: true, uid: nobody,
+			e := &env{t: t, dir: dir, addr: testutil.FreeLoopback(t), noDummy: true, uid: nobody,
 				extra: []string{"--terraformer-url", "http://127.0.0.1:1", "--no-demo"}}
 			if insecure {
 				e.extra = append(e.extra, "--plugin-insecure-no-sandbox")

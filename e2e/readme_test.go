@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 )
@@ -435,7 +436,7 @@ func TestReadme(t *testing.T) {
 	}
 
 	h := tfprovidertest.NewHost(t) // gates on root, ip, nsenter, the base image; removes it all at the end
-	_, port, _ := net.SplitHostPort(freePort(t))
+	_, port, _ := net.SplitHostPort(testutil.FreeLoopback(t))
 	addr := net.JoinHostPort(h.HostAddr().String(), port)
 	e := newTerraformerEnv(t, addr, kloudlocalMirror(t), "--public-url", "http://"+addr, "--s3", "auto", // make run's S3 server: the demo's bucket
 		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String())

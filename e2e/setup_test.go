@@ -24,7 +24,7 @@ func newTerraformerEnv(t *testing.T, addr, cliConfig string, extra ...string) *e
 	t.Helper()
 	tf := testutil.RequireBinary(t, "terraform")
 	dir := t.TempDir()
-	tfAddr := freePort(t)
+	tfAddr := testutil.FreeLoopback(t)
 	args := []string{"--addr", tfAddr, "--data-dir", filepath.Join(dir, "terraformer"), "--kloud-url", "http://" + addr, "--terraform", tf}
 	if cliConfig != "" {
 		args = append(args, "--cli-config", cliConfig)

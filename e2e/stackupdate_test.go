@@ -11,6 +11,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"io"
 	"net/http"
 	"os"
@@ -220,7 +221,7 @@ func killedUpdateRev(n int, withOld bool) string {
 // recorded twice, the kept machine keeps its record and key, and destroy leaves nothing.
 func TestKloudKilledMidUpdate(t *testing.T) {
 	t.Parallel()
-	e := newTerraformerEnv(t, freePort(t), "")
+	e := newTerraformerEnv(t, testutil.FreeLoopback(t), "")
 	e.alice()
 	tid := e.template(killedUpdateRev(0, true))
 	sid := e.createStack(tid)

@@ -128,7 +128,7 @@ func terraformerChild(t *testing.T, kloud int) osProc {
 // seconds, with no restart of kloud.
 func TestTerraformerKilledIsRestarted(t *testing.T) {
 	t.Parallel()
-	tfAddr := freePort(t)
+	tfAddr := testutil.FreeLoopback(t)
 	e := newEnv(t, "--terraformer-addr", tfAddr)
 	e.alice()
 	tid := e.template(`
@@ -231,7 +231,7 @@ resource "terraform_data" "vm" {
 // machine left in Building) and the stack can be destroyed.
 func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "--terraformer-addr", freePort(t))
+	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t))
 	sid, jobID, tf := startLongApply(t, e)
 
 	// Kill kloud as soon as terraform apply runs under its terraformer.
@@ -269,7 +269,7 @@ func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 // terraformer, the build ends failed (its run died), and the next build of the stack succeeds.
 func TestTerraformerKilledMidApply(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "--terraformer-addr", freePort(t))
+	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t))
 	sid, jobID, tf := startLongApply(t, e)
 	victims := whenApplying(t, e, tf.pid, func() { syscall.Kill(tf.pid, syscall.SIGKILL) })
 	t.Logf("killed terraformer while these ran under it:\n%s", procList(victims))
@@ -363,7 +363,7 @@ func TestLocalAgentDownloadRefused(t *testing.T) {
 	t.Parallel()
 	h := tfprovidertest.NewHost(t) // gates on root, ip, nsenter, the base image
 	testutil.RequireBinary(t, "curl")
-	addr := freePort(t) // 127.0.0.1:N
+	addr := testutil.FreeLoopback(t) // 127.0.0.1:N
 	_, port, _ := net.SplitHostPort(addr)
 	e := newTerraformerEnv(t, addr, kloudlocalMirror(t), "--no-demo",
 		"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String())

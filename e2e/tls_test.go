@@ -24,7 +24,7 @@ func TestTLS(t *testing.T) {
 	testutil.RequireBinary(t, "terraform")
 	testutil.RequireBinary(t, "curl")
 	files := testutil.TestTLS(t)
-	e := &env{t: t, dir: t.TempDir(), addr: freePort(t), tls: &files}
+	e := &env{t: t, dir: t.TempDir(), addr: testutil.FreeLoopback(t), tls: &files}
 	e.start()
 	t.Cleanup(e.cleanup)
 	if out := e.kloudOut.String(); !strings.Contains(out, "terraformer: https://") {
@@ -121,7 +121,7 @@ func TestTLSPlugin(t *testing.T) {
 	testutil.RequireRoot(t) // the plugin sandbox (and the launcher's uid change) need root
 	testutil.RequireBinary(t, "terraform")
 	files := testutil.TestTLS(t)
-	e := &env{t: t, dir: t.TempDir(), addr: freePort(t), noDummy: true, tls: &files}
+	e := &env{t: t, dir: t.TempDir(), addr: testutil.FreeLoopback(t), noDummy: true, tls: &files}
 	e.start()
 	t.Cleanup(e.cleanup)
 	out := e.run("provider", "install", testPluginBin(t), "--name", "tlsplug", "--wait", "60s")

@@ -55,7 +55,7 @@ func newVagrantEnvUsers(t *testing.T, users func(e *env)) *vagrantEnv {
 	testutil.RequireBinary(t, "vagrant")
 	d := dockertest.New(t)
 	d.Import(t, vagrantImage)
-	addr := freePort(t)
+	addr := testutil.FreeLoopback(t)
 	e := newTerraformerEnv(t, addr, kloudvagrantMirror(t), "--public-url", "http://"+addr, "--no-demo")
 	users(e)
 	ve := &vagrantEnv{env: e, d: d, home: t.TempDir()}
@@ -76,7 +76,7 @@ func (e *vagrantEnv) startHost() {
 	cmd := exec.Command(filepath.Join(bin, "klient"), "--vagrant", "--kite-key", e.key,
 		"--vagrant-home", e.home, "--state-dir", filepath.Join(e.home, "state"))
 	cmd.Env = append(os.Environ(), e.d.Env())
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

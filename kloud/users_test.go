@@ -28,7 +28,7 @@ import (
 type userWorld struct {
 	t     *testing.T
 	e     *kloudtest.Env
-	log   *syncBuffer
+	log   *testutil.SyncBuffer
 	mu    sync.Mutex
 	conns map[string]*kite.Conn
 	seen  [][]byte
@@ -36,7 +36,7 @@ type userWorld struct {
 
 func newUserWorld(t *testing.T, o kloudtest.Options) *userWorld {
 	t.Helper()
-	buf := &syncBuffer{}
+	buf := &testutil.SyncBuffer{}
 	o.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(buf, testLogWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	w := &userWorld{t: t, log: buf, conns: map[string]*kite.Conn{}}
 	w.e = kloudtest.Start(t, o)
@@ -145,23 +145,6 @@ func (w *userWorld) scan(secrets ...string) {
 func (w *userWorld) addUser(name, password string, admin bool) {
 	w.t.Helper()
 	w.ok(errOf(w.client(kloud.Admin).UserAdd(w.t.Context(), api.UserAddParams{Username: name, Password: password, Admin: admin})), "user.add")
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) Bytes() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]byte(nil), s.b.Bytes()...)
 }
 
 type testLogWriter struct{ t testing.TB }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/terraformer"
 	"github.com/kloud-dev/kloud/terraformer/terraformertest"
@@ -44,7 +45,7 @@ func TestClientUnavailable(t *testing.T) {
 	}
 
 	// Nobody listening: the call gives up after ConnectWait with the dial error as the cause.
-	dead := terraformertest.NewClient(t, "http://"+freeAddr(t), e.KiteKeyAuth("kloud"))
+	dead := terraformertest.NewClient(t, "http://"+testutil.FreeLoopback(t), e.KiteKeyAuth("kloud"))
 	dead.ConnectWait = 500 * time.Millisecond
 	start = time.Now()
 	_, err = dead.Outputs(t.Context(), "x")

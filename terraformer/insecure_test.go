@@ -36,7 +36,7 @@ func TestWithoutRoot(t *testing.T) {
 	if err := os.Chown(dataDir, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := testutil.FreeLoopback(t)
 	args := []string{"--addr", addr, "--data-dir", dataDir, "--kloud-url", keys.URL, "--terraform", tf, "--cli-config", cfg}
 	command := func(extra ...string) *exec.Cmd {
 		cmd := exec.Command(bin, append(args, extra...)...)

@@ -18,7 +18,7 @@ import (
 // failures counter, and the calls are counted by method and code.
 func TestMetrics(t *testing.T) {
 	keys := terraformertest.StartKeys(t)
-	maddr := freeAddr(t)
+	maddr := testutil.FreeLoopback(t)
 	p := startProcArgs(t, keys, "--metrics-addr", maddr)
 	if code, body := testutil.HTTPGet(t, p.url()+"/metrics", ""); code != http.StatusUnauthorized || strings.Contains(body, "terraformer_") {
 		t.Fatalf("no credential: %d %s", code, body)

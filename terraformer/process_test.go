@@ -2,7 +2,6 @@ package terraformer_test
 
 import (
 	"errors"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +40,7 @@ func startProcArgs(t *testing.T, keys *terraformertest.Keys, extra ...string) *p
 	t.Helper()
 	tf, cfg := tfruntest.Setup(t)
 	bin := testutil.BuildBinary(t, "./cmd/terraformer")
-	p := &proc{t: t, bin: bin, addr: freeAddr(t), dir: t.TempDir()}
+	p := &proc{t: t, bin: bin, addr: testutil.FreeLoopback(t), dir: t.TempDir()}
 	p.args = append([]string{"--addr", p.addr, "--data-dir", p.dir, "--kloud-url", keys.URL,
 		"--terraform", tf, "--cli-config", cfg, "--cancel-grace", "20s"}, extra...)
 	p.start()
@@ -77,16 +76,6 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 	pid := strconv.Itoa(p.cmd.Process.Pid)
 	testutil.Eventually(p.t, time.Minute, func() bool { return !alive(pid) }, "terraformer %s did not exit on %s", pid, sig)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // TestKilledProcessRestarts SIGKILLs a real terraformer process in the middle of an apply and

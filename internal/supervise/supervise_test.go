@@ -1,7 +1,6 @@
 package supervise
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -39,24 +38,6 @@ func TestSupervisedHelper(t *testing.T) {
 	os.Exit(5)
 }
 
-// syncLog is a log the supervisor writes while the test reads it.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 
 // TestSupervisorRestarts: a supervised process that is SIGKILLed is started again after a
@@ -64,8 +45,8 @@ func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 // OnUp that it is back. Stop stops it for good.
 func TestSupervisorRestarts(t *testing.T) {
 	t.Parallel()
-	addr := freeLoopback(t)
-	var logs syncLog
+	addr := testutil.FreeLoopback(t)
+	var logs testutil.SyncBuffer
 	var mu sync.Mutex
 	var downs []string
 	ups := 0
@@ -122,7 +103,7 @@ func TestSupervisorRestarts(t *testing.T) {
 // TestSupervisorFirstStartFails: a process that cannot start is an error of Start, at once.
 func TestSupervisorFirstStartFails(t *testing.T) {
 	t.Parallel()
-	addr := freeLoopback(t)
+	addr := testutil.FreeLoopback(t)
 	s := &Process{Name: "terraformer", Bin: os.Args[0], Args: []string{"-test.run=^TestSupervisedHelper$", "--", "kloud-helper", "exit", addr}, URL: "http://" + addr}
 	err := s.Start(t.Context())
 	if err == nil || !strings.Contains(err.Error(), "exited at start (exit status 3)") {
@@ -139,22 +120,12 @@ func TestSupervisorFirstStartFails(t *testing.T) {
 	}
 }
 
-func freeLoopback(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestSupervisorHealthFunc: a Health func, not GET /healthz, says when the process answers;
 // Start waits for it, and a start it never approves fails after StartTimeout, killing the
 // process.
 func TestSupervisorHealthFunc(t *testing.T) {
 	t.Parallel()
-	addr := freeLoopback(t)
+	addr := testutil.FreeLoopback(t)
 	var mu sync.Mutex
 	calls := 0
 	s := &Process{

@@ -2,7 +2,7 @@ package cli
 
 import (
 	"bytes"
-	"net"
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"os"
 	"strings"
 	"testing"
@@ -16,7 +16,7 @@ func TestTerraformerSupervisor(t *testing.T) {
 	t.Parallel()
 	var stderr bytes.Buffer
 	g := &globals{dataDir: t.TempDir(), stdout: &bytes.Buffer{}, stderr: &stderr}
-	f := &serveFlags{terraformerBin: os.Args[0], terraformerAddr: freeLoopback(t), logFormat: "text"}
+	f := &serveFlags{terraformerBin: os.Args[0], terraformerAddr: testutil.FreeLoopback(t), logFormat: "text"}
 	f.o.Addr = "127.0.0.1:7000"
 	sup, err := newTerraformerSupervisor(g, f, nil)
 	if err != nil {
@@ -33,14 +33,4 @@ func TestTerraformerSupervisor(t *testing.T) {
 	if !strings.Contains(stderr.String(), "terraformer: flag provided but not defined") {
 		t.Errorf("its output, prefixed, not on stderr:\n%s", stderr.String())
 	}
-}
-
-func freeLoopback(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
