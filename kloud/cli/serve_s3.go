@@ -39,10 +39,18 @@ type serveS3 struct {
 	master  string // --s3-master: its master, host:port.grpcPort
 	filer   string
 	access  string
-	secretF string // --s3-secret-key-file
-	srv     *seaweed.Server
-	popts   *seaweed.ProvisionerOptions // set by start: buckets are on
+	secretF string                      // --s3-secret-key-file
+	srv     *seaweed.Server             // the server kloud started
+	popts   *seaweed.ProvisionerOptions // --s3-url: the external server's provisioner
 	prov    *seaweed.Provisioner
+}
+
+// weed is the weed binary of --weed-bin, else $KLOUD_WEED ("" if neither is set).
+func (s3 *serveS3) weed() string {
+	if s3.weedBin != "" {
+		return s3.weedBin
+	}
+	return os.Getenv(EnvWeed)
 }
 
 func (s3 *serveS3) flags(cmd *cobra.Command) {
@@ -72,10 +80,7 @@ func (s3 *serveS3) start(ctx context.Context, f *serveFlags, log *slog.Logger, o
 	case s3.url != "":
 		return s3.external(log)
 	}
-	bin := s3.weedBin
-	if bin == "" {
-		bin = os.Getenv(EnvWeed)
-	}
+	bin := s3.weed()
 	if bin == "" {
 		if exe, err := os.Executable(); err == nil {
 			bin = filepath.Join(filepath.Dir(exe), "weed")
@@ -112,14 +117,6 @@ func (s3 *serveS3) start(ctx context.Context, f *serveFlags, log *slog.Logger, o
 		return fmt.Errorf("s3 server: %w (--s3 off runs kloud without buckets)", err)
 	}
 	s3.srv = srv
-	access, secret := srv.AdminKey()
-	s3.popts = &seaweed.ProvisionerOptions{
-		Endpoint: srv.Endpoint(), Master: srv.Master(), Filer: srv.Filer(), Weed: bin,
-		AdminAccessKey: access, AdminSecretKey: secret, ShellDir: filepath.Join(srv.Dir(), "tmp"),
-	}
-	if isolate {
-		s3.popts.Netns = srv.Netns
-	}
 	log.Info("s3 server started", "endpoint", srv.Endpoint(), "pid", srv.PID(), "dir", srv.Dir())
 	return nil
 }
@@ -133,10 +130,7 @@ func (s3 *serveS3) external(log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--s3-secret-key-file: %w", err)
 	}
-	bin := s3.weedBin
-	if bin == "" {
-		bin = os.Getenv(EnvWeed)
-	}
+	bin := s3.weed()
 	if bin == "" {
 		return errors.New("--s3-url: weed shell grants keys there: pass --weed-bin (or set $" + EnvWeed + ")")
 	}
@@ -149,28 +143,34 @@ func (s3 *serveS3) external(log *slog.Logger) error {
 }
 
 // provisioner returns the buckets provisioner of the machines that reach the S3 server at
-// publicEndpoint(the server's URL) (nil: buckets are off). There is one provisioner per
-// kloud (its calls are serialized: weed shell's configuration is read, changed and written
-// whole), so the first provider to ask fixes the endpoint in its buckets.
+// publicEndpoint(the server's URL) (nil: buckets are off). There is one per kloud, made at the
+// first call: the first provider to ask fixes the endpoint in its buckets. (A started server's
+// provisioners share its lock: weed shell's configuration is read, changed and written whole.)
 func (s3 *serveS3) provisioner(instance string, publicEndpoint func(string) string, log *slog.Logger) provider.BucketProvisioner {
 	if s3.prov != nil {
 		return s3.prov
 	}
-	if s3.popts == nil {
+	log = log.With("component", "buckets")
+	switch {
+	case s3.srv != nil:
+		pub := s3.srv.Endpoint()
+		if publicEndpoint != nil {
+			pub = publicEndpoint(pub)
+		}
+		s3.prov = s3.srv.ProvisionerAt(instance, pub, log)
+	case s3.popts != nil: // an external server's URL is the same for all
+		o := *s3.popts
+		o.Instance, o.Log = instance, log
+		p, err := seaweed.NewProvisioner(o)
+		if err != nil { // every required option is set (external)
+			log.Error("buckets are off", "err", err)
+			return nil
+		}
+		s3.prov = p
+	default:
 		return nil
 	}
-	o := *s3.popts
-	o.Instance, o.Log = instance, log.With("component", "buckets")
-	if publicEndpoint != nil && s3.srv != nil { // an external server's URL is the same for all
-		o.PublicEndpoint = publicEndpoint(o.Endpoint)
-	}
-	p, err := seaweed.NewProvisioner(o)
-	if err != nil { // every required option is set above
-		log.Error("buckets are off", "err", err)
-		return nil
-	}
-	s3.prov = p
-	return p
+	return s3.prov
 }
 
 // stop stops the server kloud started.

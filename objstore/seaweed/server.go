@@ -473,12 +473,19 @@ func (s *Server) AdminKey() (accessKey, secretKey string) {
 }
 
 // Provisioner returns a provisioner of this server's buckets tagging them with instance (the
-// kloud instance: provider.TagInstance).
+// kloud instance: provider.TagInstance), whose buckets name Options.PublicEndpoint.
 func (s *Server) Provisioner(instance string) *Provisioner {
+	return s.ProvisionerAt(instance, s.o.PublicEndpoint, s.o.Log)
+}
+
+// ProvisionerAt is Provisioner with the endpoint its buckets name (what the machines of a
+// provider reach the server at; "": Endpoint) and the logger of its calls. Every provisioner of
+// a server shares one lock with the others and with quota enforcement.
+func (s *Server) ProvisionerAt(instance, publicEndpoint string, log *slog.Logger) *Provisioner {
 	o := ProvisionerOptions{
-		Endpoint: s.endpoint, PublicEndpoint: s.o.PublicEndpoint, Master: s.Master(), Filer: s.Filer(), Weed: s.o.Bin,
+		Endpoint: s.endpoint, PublicEndpoint: publicEndpoint, Master: s.Master(), Filer: s.Filer(), Weed: s.o.Bin,
 		AdminAccessKey: s.admin.AccessKey, AdminSecretKey: s.admin.SecretKey, Instance: instance,
-		Log: s.o.Log, ShellDir: s.o.path("tmp"),
+		Log: log, ShellDir: s.o.path("tmp"),
 	}
 	if s.o.Isolate { // not isolated, weed shell runs in kloud's namespace (Netns "" would say weed is down)
 		o.Netns = s.Netns
