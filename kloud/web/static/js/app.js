@@ -119,6 +119,9 @@ class App {
         this.me = me;
         this.features = new Set(Array.isArray(methods) ? methods : (methods && methods.methods) || []);
         this.renderHeader();
+        // A page shown before the user was known (what an administrator may do: the Quotas
+        // page's form, a stack's owner controls) is shown again now.
+        if (this.shownWithoutMe) this.route();
       } catch (e) {
         notice(`whoami: ${errorText(e)}`, 'error');
       }
@@ -211,6 +214,7 @@ class App {
       return;
     }
     clear(this.main, h('p', { class: 'loading' }, 'Loading…'));
+    this.shownWithoutMe = !this.me;
     const ctx = this.ctx(m.params);
     try {
       const stop = await m.page(ctx, this.main);
