@@ -92,7 +92,7 @@ type Table struct {
 // NewTable returns the firewall of bridge (table "kloud-fw-<bridge>") whose machines have
 // addresses in subnet.
 func NewTable(bridge string, subnet netip.Prefix) *Table {
-	return &Table{Name: "kloud-fw-" + bridge, Bridge: bridge, Subnet: subnet.Masked()}
+	return &Table{Name: tablePrefix + bridge, Bridge: bridge, Subnet: subnet.Masked()}
 }
 
 // Apply replaces the table by the ruleset of machines ms, in one netlink transaction (there is

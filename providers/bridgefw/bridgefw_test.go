@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/nftables"
+
 	"github.com/kloud-dev/kloud/internal/testutil"
 )
 
@@ -116,5 +118,43 @@ func TestApplyRemove(t *testing.T) {
 	}
 	if ok, err := tb.Exists(); err != nil || ok {
 		t.Fatalf("after Remove: exists %v %v", ok, err)
+	}
+}
+
+// RemoveOrphans removes the table of a bridge that is gone when its subnet overlaps the one
+// asked about, and leaves the others: another subnet's, and a table whose bridge exists.
+func TestRemoveOrphans(t *testing.T) {
+	if err := Usable(); err != nil {
+		testutil.Unavailable(t, "nftables: %v", err)
+	}
+	ms := []Machine{{ID: "a", Port: "va", IP: netip.MustParseAddr("10.9.201.2"), Group: "g"}}
+	gone := NewTable(fmt.Sprintf("kfwo%d", os.Getpid()), netip.MustParsePrefix("10.9.201.0/24"))
+	other := NewTable(fmt.Sprintf("kfwp%d", os.Getpid()), netip.MustParsePrefix("10.9.202.0/24"))
+	live := NewTable("lo", netip.MustParsePrefix("10.9.201.0/24")) // lo always exists
+	for _, tb := range []*Table{gone, other, live} {
+		t.Cleanup(func() { tb.replace(nil) })
+		if err := tb.replace(func(c *nftables.Conn, nt *nftables.Table) {
+			c.AddTable(nt)
+			accept := nftables.ChainPolicyAccept
+			ch := c.AddChain(&nftables.Chain{Name: "forward", Table: nt, Type: nftables.ChainTypeFilter,
+				Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+			for _, rule := range chain(tb.Subnet, ms) {
+				c.AddRule(&nftables.Rule{Table: nt, Chain: ch, Exprs: rule})
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := RemoveOrphans(t.Context(), netip.MustParsePrefix("10.9.201.128/25"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{gone.Name}) {
+		t.Errorf("removed %v, want [%s]", removed, gone.Name)
+	}
+	for tb, want := range map[*Table]bool{gone: false, other: true, live: true} {
+		if ok, err := tb.Exists(); err != nil || ok != want {
+			t.Errorf("table %s exists %v (%v), want %v", tb.Name, ok, err, want)
+		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kloud-dev/kloud/providers/bridgefw"
 )
 
 // Networking uses iproute2 (`ip`). The bridge carries HostAddr (.1); each machine has a named
@@ -56,6 +58,13 @@ func (m *Manager) SetupNetwork(ctx context.Context) error {
 	defer g.unlock()
 	if err := m.ensureBridge(ctx); err != nil {
 		return err
+	}
+	// A table left by a bridge of this subnet that is gone would drop the new bridge's traffic
+	// between its machines (bridgefw.RemoveOrphans).
+	if removed, err := bridgefw.RemoveOrphans(ctx, m.subnet); err != nil {
+		m.log.Warn("firewall: tables of bridges that are gone", "err", err)
+	} else if len(removed) > 0 {
+		m.log.Info("firewall: removed the tables of bridges that are gone", "tables", removed, "subnet", m.subnet)
 	}
 	// The host's iptables may drop bridged frames (a stock dockerd's FORWARD policy): kloud's
 	// ACCEPT for the bridge's own traffic (firewall.go), before a machine needs it.

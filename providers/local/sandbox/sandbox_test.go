@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/providers/bridgefw"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
@@ -500,12 +501,26 @@ func (e *env) assertGone(t *testing.T, info sandbox.Info, cgroupDir string) {
 	}
 }
 
+// TestTwoMachinesPingEachOther also starts with the firewall table of a bridge of the same subnet
+// that is gone (a kloud killed before it tidied): its drops would cut the machines off from each
+// other (the bridge family's rules see every bridge), so setting up the network removes it.
 func TestTwoMachinesPingEachOther(t *testing.T) {
 	e := newEnv(t)
+	if err := bridgefw.Usable(); err != nil {
+		testutil.Unavailable(t, "nftables: %v", err)
+	}
+	stale := bridgefw.NewTable("kdg"+randHex(t, 8), e.subnet)
+	t.Cleanup(func() { stale.Remove(context.Background()) })
+	if err := stale.Apply(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
 	a := e.create(t, sandbox.Spec{ID: "ping-a"})
 	b := e.create(t, sandbox.Spec{ID: "ping-b"})
 	if a.IP == b.IP {
 		t.Fatalf("both machines have %s", a.IP)
+	}
+	if ok, err := stale.Exists(); err != nil || ok {
+		t.Errorf("the table of the bridge that is gone is still there (%v)", err)
 	}
 	e.exec(t, a.ID, "ping", "-c", "1", "-W", "5", b.IP.String())
 	e.exec(t, b.ID, "ping", "-c", "1", "-W", "5", a.IP.String())
