@@ -177,7 +177,7 @@ export function attrValue(v) {
   const s = String(v);
   if (s.includes('\n')) {
     const lines = s.replace(/\n$/, '').split('\n').length;
-    return h('details', { class: 'attr-text' }, h('summary', {}, `${lines} lines`), h('pre', {}, s));
+    return h('details', { class: 'attr-text' }, h('summary', {}, `${lines} lines`), h('pre', { tabindex: 0 }, s)); // focusable: the keyboard scrolls it
   }
   return h('code', {}, s);
 }
@@ -212,7 +212,7 @@ export function errorDetail(text, { short, cls = 'error-short' } = {}) {
   if (short === full) return h('span', { class: cls }, full);
   return h('span', { class: cls },
     h('span', { class: 'error-summary' }, short),
-    h('details', { class: 'error-detail' }, h('summary', {}, 'details'), h('pre', {}, full)));
+    h('details', { class: 'error-detail' }, h('summary', {}, 'details'), h('pre', { tabindex: 0 }, full))); // focusable: the keyboard scrolls it
 }
 
 // reasonCell is a reason in a table cell: its first line, the whole text in the tooltip (the
