@@ -18,10 +18,9 @@
 // for working on the UI without building kloud again). Run by e2e/browser_a11y_test.go; prints
 // one JSON line per step and a final {"ok": …}; exit status 0 when every check passed.
 
-import { createRequire } from 'node:module';
 import { readFileSync, existsSync } from 'node:fs';
 import { join, extname, normalize } from 'node:path';
-import { log, poll, step, stepCounts, loginForm, watchNet, launchChromium } from './lib.mjs';
+import { log, poll, step, stepCounts, loginForm, watchNet, launchChromium, axeViolations, violationLine } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL || 'http://127.0.0.1:7000';
@@ -29,8 +28,6 @@ const artifacts = env.KLOUD_ARTIFACTS || 'artifacts';
 const member = { name: env.KLOUD_USER || 'alice', password: env.KLOUD_PASSWORD || '' };
 const admin = { name: env.KLOUD_ADMIN || 'ops', password: env.KLOUD_ADMIN_PASSWORD || '' };
 const shareUser = env.KLOUD_SHARE_USER || 'bob';
-const axeSource = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
-const tags = ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'];
 
 const violations = []; // {user, page, rule, impact, help, targets}
 const pageErrors = [];
@@ -38,11 +35,7 @@ const audited = [];
 
 // audit runs axe-core on what page shows now and keeps its violations under name.
 async function audit(p, user, name) {
-  await p.evaluate(axeSource); // the library defines window.axe (again: the page may have reloaded)
-  const res = await p.evaluate(async (tags) => {
-    const r = await window.axe.run(document, { runOnly: { type: 'tag', values: tags }, resultTypes: ['violations'] });
-    return r.violations.map((v) => ({ rule: v.id, impact: v.impact, help: v.help, targets: v.nodes.map((n) => n.target.join(' ')).slice(0, 10), nodes: v.nodes.length }));
-  }, tags);
+  const res = await axeViolations(p);
   for (const v of res) violations.push({ user, page: name, ...v });
   const keys = await unreachable(p);
   for (const k of keys) violations.push({ user, page: name, rule: 'kloud-click-not-focusable', impact: 'serious', help: 'an element with a click listener must be a button, a link, a form control or a summary (Tab must reach it)', targets: [k], nodes: 1 });
@@ -343,7 +336,8 @@ async function adminSteps(browser) {
   for (const [hash, name, sel] of [['#/machines', 'machines', 'main h1:has-text("Machines")'], [`#/machines/${machineID}`, 'machine', '#share-form'],
     ['#/stacks', 'stacks', 'main h1:has-text("Stacks")'], [`#/stacks/${stackID}`, 'stack', '#stack-template-link'],
     ['#/templates', 'templates', 'main h1:has-text("Templates")'], ['#/teams', 'teams', 'main h1:has-text("Teams")'],
-    ['#/audit', 'audit', '#audit-entries tr[data-seq]'], ['#/providers', 'providers', 'tr[data-provider]']]) {
+    ['#/audit', 'audit', '#audit-entries tr[data-seq]'], ['#/providers', 'providers', 'tr[data-provider]'],
+    ['#/terminal', 'no-terminal', '#term-empty']]) {
     await check(`${u}: ${name}`, async () => {
       await open(p, hash, sel);
       return audit(p, u, name);
@@ -376,7 +370,7 @@ try {
   await adminSteps(browser);
   await step('no accessibility violation on any page', async () => {
     if (violations.length) {
-      const lines = violations.map((v) => `${v.user} ${v.page}: ${v.rule} (${v.impact}) ${v.help}: ${v.targets.join(', ')}${v.nodes > v.targets.length ? ` (+${v.nodes - v.targets.length})` : ''}`);
+      const lines = violations.map((v) => `${v.user} ${v.page}: ${violationLine(v)}`);
       throw new Error(`${violations.length} violations:\n${lines.join('\n')}`);
     }
     return { pages: audited.length, audited };
