@@ -279,6 +279,13 @@ async function memberSteps(browser) {
     await open(p, '#/templates/new', '#template-form');
     const b = await audit(p, u, 'template-new');
     await open(p, `#/templates/${templateID}`, '#template-plan:not([disabled])');
+    // The file's text keeps Tab (it indents); Shift+Tab leaves it.
+    await p.focus('#template-file');
+    await p.keyboard.press('Tab');
+    const kept = await p.evaluate(() => document.activeElement.id === 'template-file');
+    await p.keyboard.press('Shift+Tab');
+    const left = await p.evaluate(() => document.activeElement.id);
+    if (!kept || left === 'template-file') throw new Error(`the template's text: Tab kept the focus ${kept}, Shift+Tab went to ${JSON.stringify(left)}`);
     // A new revision (a comment more), for the stack's update plan below.
     await p.evaluate(() => {
       const t = document.getElementById('template-file');
