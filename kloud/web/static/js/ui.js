@@ -37,7 +37,8 @@ export function clear(el, ...children) {
 export function table(columns, rows, { empty = 'Nothing here yet.', rowAttrs } = {}) {
   if (!rows || rows.length === 0) return h('p', { class: 'empty' }, empty);
   return h('table', { class: 'grid' },
-    h('thead', {}, h('tr', {}, columns.map((c) => h('th', { class: c.class }, c.title)))),
+    // A column without a title (the actions) is named for screen readers all the same.
+    h('thead', {}, h('tr', {}, columns.map((c) => h('th', { class: c.class }, c.title || h('span', { class: 'visually-hidden' }, 'actions'))))),
     h('tbody', {}, rows.map((r) => h('tr', rowAttrs ? rowAttrs(r) : {}, columns.map((c) => h('td', { class: c.class }, c.render(r)))))));
 }
 
