@@ -89,7 +89,9 @@ async function unreachable(p) {
     const ids = [...new Set(listeners.filter((l) => ['click', 'mousedown', 'mouseup', 'dblclick', 'pointerdown', 'pointerup'].includes(l.type) && l.backendNodeId).map((l) => l.backendNodeId))];
     const bad = [];
     for (const backendNodeId of ids) {
-      const { object } = await cdp.send('DOM.resolveNode', { backendNodeId, objectGroup: 'a11y' });
+      // A node the page removed since (a table rendered again as data arrived) is skipped.
+      const object = await cdp.send('DOM.resolveNode', { backendNodeId, objectGroup: 'a11y' }).then((r) => r.object, () => null);
+      if (!object) continue;
       const { result } = await cdp.send('Runtime.callFunctionOn', {
         objectId: object.objectId, returnByValue: true,
         functionDeclaration: `function () {

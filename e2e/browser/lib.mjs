@@ -139,10 +139,13 @@ export const wcagTags = ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'];
 export async function axeViolations(page) {
   // The library defines window.axe (again after a reload).
   await page.evaluate(readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8'));
-  return page.evaluate(async (tags) => {
+  const run = () => page.evaluate(async (tags) => {
     const r = await window.axe.run(document, { runOnly: { type: 'tag', values: tags }, resultTypes: ['violations'] });
     return r.violations.map((v) => ({ rule: v.id, impact: v.impact, help: v.help, targets: v.nodes.map((n) => n.target.join(' ')).slice(0, 10), nodes: v.nodes.length }));
   }, wcagTags);
+  // A page that rendered part of itself again during the run (data arriving) can make axe
+  // fail on a removed node: once more then.
+  return run().catch(run);
 }
 
 // violationLine is one violation as a line: rule (impact) help: the elements.
