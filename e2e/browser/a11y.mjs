@@ -254,6 +254,17 @@ async function memberSteps(browser) {
     await poll('unshared', async () => !(await p.$(`#shares tr:has-text("${shareUser}")`)), 30000);
     return { tabs: presses, focus: ring, buttonFocus: btnRing, ...withNotice };
   });
+  await check(`${u} goes to another page by keyboard and carries on from its heading`, async () => {
+    await fromTop(p);
+    await tabTo(p, '#header nav a[href="#/stacks"]');
+    await p.keyboard.press('Enter');
+    await p.waitForSelector('main h1:has-text("Stacks")');
+    await poll('the focus on the heading', () => p.evaluate(() => document.activeElement.matches('main h1')), 10000);
+    await p.keyboard.press('Tab');
+    const next = await p.evaluate(() => document.activeElement.id);
+    if (next !== 'stack-new') throw new Error(`Tab after the Stacks heading focused ${JSON.stringify(next)}, not "New stack"`);
+    return {};
+  });
   await check(`${u}: the terminal, and Shift+Tab leaves it`, async () => {
     await open(p, '#/machines', `tr[data-machine="${machineID}"] .term-open`);
     await fromTop(p);
