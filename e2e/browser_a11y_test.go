@@ -15,8 +15,9 @@ import (
 // its update plan, the template editor with a plan, the stack-create form with its plan, a
 // credential opened, teams, quotas with the administrators' form, the audit log, buckets,
 // providers, the login page, a notice); every element with a click listener is reachable by
-// Tab and shows its focus; Shift+Tab leaves the terminal; alice logs in and shares her machine
-// by keyboard only. The failure lists each violation: user, page, rule, elements.
+// Tab and shows its focus; Shift+Tab leaves the terminal; alice logs in, goes to another page
+// and shares her machine by keyboard only. The failure lists each violation: user, page, rule,
+// elements.
 // Screenshots in $KLOUD_ARTIFACTS/TestBrowserAccessibility.
 func TestBrowserAccessibility(t *testing.T) {
 	node, script, out := browserPrereqs(t)

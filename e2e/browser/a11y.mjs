@@ -7,8 +7,10 @@
 // audit, buckets, providers, the login page, a notice), and the keyboard: on every page each
 // element with a click listener (read through the Chrome DevTools Protocol,
 // DOMDebugger.getEventListeners) is a button, a link, a form control or a summary, so that Tab
-// reaches it; focus is visible; Shift+Tab leaves the terminal; the member logs in and shares
-// the machine with KLOUD_SHARE_USER by keyboard only (Tab, typing, arrows, Enter).
+// reaches it; every Tab stop shows its focus; Shift+Tab leaves the terminal and the template's
+// text (where Tab is the shell's, or indents); the member logs in, goes to another page (the
+// focus lands on its heading) and shares the machine with KLOUD_SHARE_USER by keyboard only
+// (Tab, typing, arrows, Enter).
 // It fails listing each violation: page, user, rule, impact, the elements' selectors.
 //
 // Env: KLOUD_URL, KLOUD_USER and KLOUD_PASSWORD (the member who owns the built stack),
