@@ -3,9 +3,9 @@
 #
 # Idempotent; safe to run again (it only does what is missing):
 #   - Debian packages chromium and chromium-driver (/usr/bin/chromium), and nodejs + npm
-#   - `npm ci` in e2e/browser: playwright-core and the @xterm/* packages at the exact versions of
-#     e2e/browser/package-lock.json (no browser download: playwright-core drives the Debian
-#     Chromium)
+#   - `npm ci` in e2e/browser: playwright-core, axe-core (TestBrowserAccessibility) and the
+#     @xterm/* packages at the exact versions of e2e/browser/package-lock.json (no browser
+#     download: playwright-core drives the Debian Chromium)
 # Not root: reports the missing packages and still runs npm ci if npm is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,7 +11,7 @@
 
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { log, poll, step, stepCounts, loginForm, watchNet, launchChromium } from './lib.mjs';
+import { log, poll, step, stepCounts, loginForm, watchNet, launchChromium, axeCheck } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -65,6 +65,7 @@ try {
       throw new Error(`the export lines lack the secret: ${got.exports}`);
     }
     await shot('bucket-key.png');
+    await axeCheck(page, 'the stack page with its bucket and key'); // docs/CONTRIBUTING.md "Accessibility"
   });
 
   await step(`grant ${grantee} read, then revoke`, async () => {
@@ -86,6 +87,7 @@ try {
     if (/\{\s*"[^"]*"\s*:/.test(text)) throw new Error(`the page shows JSON: ${text}`);
     if (!(await page.textContent(row)).includes(creds.bucket)) throw new Error(`the row does not name ${creds.bucket}`);
     await shot('buckets.png');
+    await axeCheck(page, 'the Buckets page');
   });
 
   await step('"Delete bucket" (data not kept) ends the claim', async () => {

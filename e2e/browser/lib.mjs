@@ -1,11 +1,14 @@
 // lib.mjs — what the browser scripts (ui.mjs, update.mjs, ports.mjs) share: one JSON line per
-// event on stdout, named steps, polling, and asking the Go test that runs the script
-// (e2e/browser_test.go runBrowserScript) to act.
+// event on stdout, named steps, polling, asking the Go test that runs the script
+// (e2e/browser_test.go runBrowserScript) to act, and axe-core's accessibility checks.
 //
 // A rule for every script: click by selector (page.click(sel)), never through an ElementHandle
 // kept from an earlier query. The pages render their parts again when data arrives (a job
 // ending, a machine changing state), and a kept handle is then detached: the click fails, or
 // reads what the page no longer shows.
+
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 
 export function log(obj) {
   process.stdout.write(JSON.stringify(obj) + '\n');
@@ -125,4 +128,32 @@ export async function launchChromium(extraArgs = []) {
     args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
       '--disable-component-update', '--disable-sync', ...extraArgs],
   });
+}
+
+// wcagTags are the axe-core rules every page passes (docs/CONTRIBUTING.md, "Accessibility").
+export const wcagTags = ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'];
+
+// axeViolations runs axe-core (npm axe-core) with the rules of wcagTags on what page shows now
+// and returns its violations: [{rule, impact, help, targets (the first 10 elements' selectors),
+// nodes (how many elements)}].
+export async function axeViolations(page) {
+  // The library defines window.axe (again after a reload).
+  await page.evaluate(readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8'));
+  const run = () => page.evaluate(async (tags) => {
+    const r = await window.axe.run(document, { runOnly: { type: 'tag', values: tags }, resultTypes: ['violations'] });
+    return r.violations.map((v) => ({ rule: v.id, impact: v.impact, help: v.help, targets: v.nodes.map((n) => n.target.join(' ')).slice(0, 10), nodes: v.nodes.length }));
+  }, wcagTags);
+  // A page that rendered part of itself again during the run (data arriving) can make axe
+  // fail on a removed node: once more then.
+  return run().catch(run);
+}
+
+// violationLine is one violation as a line: rule (impact) help: the elements.
+export const violationLine = (v) => `${v.rule} (${v.impact}) ${v.help}: ${v.targets.join(', ')}${v.nodes > v.targets.length ? ` (+${v.nodes - v.targets.length})` : ''}`;
+
+// axeCheck throws, listing the violations, when axe-core finds any on what page shows now
+// (what names it in the error).
+export async function axeCheck(page, what) {
+  const vs = await axeViolations(page);
+  if (vs.length) throw new Error(`axe-core on ${what}: ${vs.length} violations:\n${vs.map(violationLine).join('\n')}`);
 }

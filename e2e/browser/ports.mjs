@@ -9,7 +9,7 @@
 // offer "Open in browser" and list the firewall, with the form to change it for KLOUD_OWNER only. Prints one JSON line per step and a final {"ok": …};
 // exit status 0 when every step passed. Run by e2e/ports_test.go.
 import { chromium } from 'playwright-core';
-import { log, step, stepCounts } from './lib.mjs';
+import { log, step, stepCounts, axeCheck } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -59,6 +59,7 @@ try {
         await page.waitForSelector('#firewall table, #firewall p', { timeout: 60000 });
         const mayChange = (await page.$('#fw-form')) !== null;
         if (mayChange !== (u.name === env.KLOUD_OWNER)) throw new Error(`firewall form shown: ${mayChange}`);
+        await axeCheck(page, `${u.name}'s machine page with its ports and firewall`); // docs/CONTRIBUTING.md "Accessibility"
       }, keepGoing);
     }
     await context.close();

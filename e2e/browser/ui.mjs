@@ -31,7 +31,7 @@ import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { log, poll, ask, step, stepCounts, loginForm, watchNet } from './lib.mjs';
+import { log, poll, ask, step, stepCounts, loginForm, watchNet, axeCheck } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL || 'http://127.0.0.1:7000';
@@ -267,6 +267,7 @@ async function main() {
       if (await page.$('main .card.error')) throw new Error(`${hash}: ${await page.textContent('main .card.error')}`);
       const raw = await rawJSON();
       if (raw.length) throw new Error(`${hash} shows raw JSON: ${raw.join(' | ')}`);
+      await axeCheck(page, `${hash} of ${providerName}`); // docs/CONTRIBUTING.md "Accessibility"
       out[hash] = await shot(`page-${hash.replace(/[#/]+/g, '-').replace(/^-|-$/g, '')}.png`);
     }
     return { screenshots: Object.keys(out).length };
@@ -317,6 +318,7 @@ async function main() {
     if (await page.$('details.attrs:not([open])')) await page.click('details.attrs > summary');
     if (tags) await page.click(`dd[data-attr="${tags.name}"] details.kloud-tags summary`);
     const screenshot = await shot('machine.png', true);
+    await axeCheck(page, `the page of a ${providerName} machine, its attributes unfolded`);
     if (problems.length) throw new Error(problems.join('\n'));
     return { attrs: attrs.map((a) => a.name), placeholder: ph, screenshot };
   });
@@ -341,6 +343,7 @@ async function credentialSteps() {
     }
     await page.click('#cred-add');
     await page.waitForSelector('table.grid tr:has-text("browser cred")');
+    await axeCheck(page, `the credentials page with ${providerName}'s form`);
     return { inputTypes: types };
   });
 

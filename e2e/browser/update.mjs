@@ -18,7 +18,7 @@
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { log, poll, ask, step, stepCounts, loginForm, watchNet } from './lib.mjs';
+import { log, poll, ask, step, stepCounts, loginForm, watchNet, axeCheck } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -107,6 +107,7 @@ async function main() {
       const quota = await poll('quota counts it', async () => { const q = await text('#snapshot-quota'); return q.includes('1 of 10') && q; });
       // The machine is running again once the job says so: the header badge shows it.
       await poll(`${label} Running again`, async () => (await text('main .title-row')).includes('Running'), 60000, 500);
+      await axeCheck(page, 'the machine page with a snapshot'); // docs/CONTRIBUTING.md "Accessibility"
       return { snapID, row: cells, quota, screenshot: await shot('snapshot-taken.png') };
     });
 
@@ -156,6 +157,7 @@ async function main() {
       const byLabel = Object.fromEntries(rows.map((r) => [r[0], r]));
       if (!byLabel[label] || byLabel[label][1] !== 'keep' || !byLabel[added] || byLabel[added][1] !== 'add') throw new Error(`plan rows: ${JSON.stringify(rows)}`);
       if (rows.some((r) => r[2].includes('eyJ'))) throw new Error(`the plan shows a key: ${JSON.stringify(rows)}`);
+      await axeCheck(page, 'the update plan');
       return { button: label0, summary, rows, screenshot: await shot('update-plan.png') };
     });
 

@@ -77,6 +77,19 @@ function match(path) {
   return null;
 }
 
+// focusHeading gives the focus to the page's heading when the focus was lost (the link or
+// button pressed went away with the page or the header it was in): a keyboard user carries on
+// from the page's top, and a screen reader reads the page's title. A page that focused a field
+// of its own (the login form, the template editor) keeps it.
+function focusHeading(main) {
+  const a = document.activeElement;
+  if (a && a !== document.body && a.isConnected) return;
+  const h1 = main.querySelector('h1');
+  if (!h1) return;
+  h1.tabIndex = -1;
+  h1.focus({ preventScroll: true });
+}
+
 class App {
   constructor() {
     this.main = document.getElementById('main');
@@ -219,6 +232,7 @@ class App {
     try {
       const stop = await m.page(ctx, this.main);
       if (typeof stop === 'function') this.cleanup = stop;
+      focusHeading(this.main);
     } catch (e) {
       clear(this.main, h('section', { class: 'card error' }, h('h2', {}, 'Could not load this page'), h('p', {}, errorText(e))));
     }

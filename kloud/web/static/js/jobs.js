@@ -11,11 +11,11 @@ export class JobView {
     this.kite = kite;
     this.jobId = jobId;
     this.onDone = onDone;
-    this.bar = h('div', { class: 'progress-bar', role: 'progressbar', 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': 0 });
+    this.bar = h('div', { class: 'progress-bar', role: 'progressbar', 'aria-label': `${title}: progress`, 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': 0 });
     this.pct = h('span', { class: 'progress-pct' }, '0%');
     this.status = h('span', { class: 'job-status' }, 'waiting');
     this.message = h('span', { class: 'job-message' }, '');
-    this.log = h('pre', { class: 'job-log', 'aria-live': 'polite' });
+    this.log = h('pre', { class: 'job-log', role: 'log', 'aria-label': `${title}: log`, tabindex: 0 }); // focusable: the keyboard scrolls it
     this.el = h('div', { class: 'job', dataset: { job: jobId, status: 'queued' } },
       h('div', { class: 'job-head' }, h('strong', {}, title), ' ', this.status, ' ', this.message),
       h('div', { class: 'progress' }, this.bar, this.pct),

@@ -107,9 +107,11 @@ class TermTab {
         }, 'End session'),
         h('button', { class: 'small', title: 'detach: the session keeps running', onclick: () => this.mgr.close(this) }, 'Close tab')),
       this.host);
-    this.tabEl = h('button', { class: 'tab', role: 'tab', title: `${this.label} — session ${this.session}`, onclick: () => this.mgr.activate(this) },
-      h('span', { class: 'dot' }), ' ', this.label,
-      h('span', { class: 'tab-x', title: 'close tab (the session keeps running)', onclick: (e) => { e.stopPropagation(); this.mgr.close(this); } }, '×'));
+    this.tabEl = h('button', { class: 'tab', title: `${this.label} — session ${this.session}`, onclick: () => this.mgr.activate(this) },
+      h('span', { class: 'dot' }), ' ', this.label);
+    // The tab and its close button side by side (a button inside a button is no button).
+    this.tabBox = h('span', { class: 'tab-box' }, this.tabEl,
+      h('button', { class: 'tab-x', title: 'close tab (the session keeps running)', 'aria-label': `close tab ${this.label}`, onclick: () => this.mgr.close(this) }, '×'));
     this.term = new Terminal({
       cursorBlink: true, scrollback: 5000, fontSize: 14,
       fontFamily: 'ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace',
@@ -118,11 +120,14 @@ class TermTab {
     });
     this.fit = new FitAddon();
     this.term.loadAddon(this.fit);
+    // Tab belongs to the shell (completion); Shift+Tab leaves the terminal for the buttons
+    // above it, so that the keyboard is never trapped (docs/user-guide.md, "Keyboard").
+    this.term.attachCustomKeyEventHandler((ev) => !(ev.key === 'Tab' && ev.shiftKey && !ev.ctrlKey && !ev.altKey && !ev.metaKey));
     this.term.onData((d) => this.sendInput(enc.encode(d)));
     this.term.onBinary((d) => this.sendInput(Uint8Array.from(d, (c) => c.charCodeAt(0) & 0xff)));
     this.term.onResize(({ cols, rows }) => this.sendResize(cols, rows));
     this.mgr.panes.append(this.pane);
-    this.mgr.tabs.append(this.tabEl);
+    this.mgr.tabs.append(this.tabBox);
     this.term.open(this.host);
     this.resizeObs = new ResizeObserver(() => this.refit());
     this.resizeObs.observe(this.host);
@@ -355,7 +360,7 @@ class TermTab {
     this.resizeObs.disconnect();
     this.term.dispose();
     this.pane.remove();
-    this.tabEl.remove();
+    this.tabBox.remove();
   }
 }
 
@@ -420,7 +425,7 @@ export class Terminals {
       const on = t === tab;
       t.pane.classList.toggle('active', on);
       t.tabEl.classList.toggle('active', on);
-      t.tabEl.setAttribute('aria-selected', on ? 'true' : 'false');
+      t.tabEl.setAttribute('aria-current', on ? 'true' : 'false');
     }
     this.save();
     if (location.hash !== `#/terminal/${encodeURIComponent(tab.machineId)}`) {

@@ -37,7 +37,8 @@ export function clear(el, ...children) {
 export function table(columns, rows, { empty = 'Nothing here yet.', rowAttrs } = {}) {
   if (!rows || rows.length === 0) return h('p', { class: 'empty' }, empty);
   return h('table', { class: 'grid' },
-    h('thead', {}, h('tr', {}, columns.map((c) => h('th', { class: c.class }, c.title)))),
+    // A column without a title (the actions) is named for screen readers all the same.
+    h('thead', {}, h('tr', {}, columns.map((c) => h('th', { class: c.class }, c.title || h('span', { class: 'visually-hidden' }, 'actions'))))),
     h('tbody', {}, rows.map((r) => h('tr', rowAttrs ? rowAttrs(r) : {}, columns.map((c) => h('td', { class: c.class }, c.render(r)))))));
 }
 
@@ -177,7 +178,7 @@ export function attrValue(v) {
   const s = String(v);
   if (s.includes('\n')) {
     const lines = s.replace(/\n$/, '').split('\n').length;
-    return h('details', { class: 'attr-text' }, h('summary', {}, `${lines} lines`), h('pre', {}, s));
+    return h('details', { class: 'attr-text' }, h('summary', {}, `${lines} lines`), h('pre', { tabindex: 0 }, s)); // focusable: the keyboard scrolls it
   }
   return h('code', {}, s);
 }
@@ -212,7 +213,7 @@ export function errorDetail(text, { short, cls = 'error-short' } = {}) {
   if (short === full) return h('span', { class: cls }, full);
   return h('span', { class: cls },
     h('span', { class: 'error-summary' }, short),
-    h('details', { class: 'error-detail' }, h('summary', {}, 'details'), h('pre', {}, full)));
+    h('details', { class: 'error-detail' }, h('summary', {}, 'details'), h('pre', { tabindex: 0 }, full))); // focusable: the keyboard scrolls it
 }
 
 // reasonCell is a reason in a table cell: its first line, the whole text in the tooltip (the

@@ -15,10 +15,10 @@ function detail(e) {
 
 export async function list(ctx, el) {
   const { kite } = ctx;
-  const user = h('input', { name: 'user', placeholder: 'user' });
-  const action = h('input', { name: 'action', placeholder: 'action (stack.apply, web.login, …)' });
-  const target = h('input', { name: 'target', placeholder: 'target id' });
-  const since = h('select', { name: 'since' }, periods.map(([v, label]) => h('option', { value: v, selected: v === '24h' }, label)));
+  const user = h('input', { name: 'user', placeholder: 'user', 'aria-label': 'user' });
+  const action = h('input', { name: 'action', placeholder: 'action (stack.apply, web.login, …)', 'aria-label': 'action' });
+  const target = h('input', { name: 'target', placeholder: 'target id', 'aria-label': 'target id' });
+  const since = h('select', { name: 'since', 'aria-label': 'period' }, periods.map(([v, label]) => h('option', { value: v, selected: v === '24h' }, label)));
   const show = h('button', { type: 'submit' }, 'Show');
   const form = h('form', { class: 'inline', id: 'audit-filter' }, user, action, target, since, show);
   const verifyBtn = h('button', { id: 'audit-verify', type: 'button' }, 'Verify chain');

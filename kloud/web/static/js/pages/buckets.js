@@ -92,8 +92,8 @@ function bucketCard(ctx, b, reload) {
     h('h3', {}, 'Grants'), grantRows,
   ];
   if (manage) {
-    const user = h('input', { class: 'grant-user', placeholder: 'username', required: true, size: 16 });
-    const access = h('select', { class: 'grant-access' }, h('option', { value: 'read' }, 'read'), h('option', { value: 'write' }, 'write'));
+    const user = h('input', { class: 'grant-user', 'aria-label': `grant ${b.label} to username`, placeholder: 'username', required: true, size: 16 });
+    const access = h('select', { class: 'grant-access', 'aria-label': 'access' }, h('option', { value: 'read' }, 'read'), h('option', { value: 'write' }, 'write'));
     const btn = h('button', { type: 'submit', class: 'small' }, 'Grant');
     const form = h('form', { class: 'inline grant-form' }, user, access, btn);
     form.addEventListener('submit', (ev) => {

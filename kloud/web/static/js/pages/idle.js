@@ -52,13 +52,13 @@ export function idleSection(ctx, m, grant, onChange) {
   const parts = [h('p', { id: 'idle-status' }, idleText(m)),
     m.autostart ? h('p', { id: 'autostart-status' }, 'Autostart: ', autostartText(m)) : null];
   if (grant === 'owner' || grant === 'admin') {
-    const timeout = h('input', { id: 'idle-timeout', placeholder: i.timeoutSeconds != null ? dur(i.timeoutSeconds) : 'inherited', size: 10 });
-    const always = h('select', { id: 'idle-always-on' },
+    const timeout = h('input', { id: 'idle-timeout', 'aria-label': 'idle timeout', placeholder: i.timeoutSeconds != null ? dur(i.timeoutSeconds) : 'inherited', size: 10 });
+    const always = h('select', { id: 'idle-always-on', 'aria-label': 'always on' },
       h('option', { value: '', selected: i.alwaysOn == null }, 'as the template says'),
       h('option', { value: 'true', selected: i.alwaysOn === true }, 'always on'),
       h('option', { value: 'false', selected: i.alwaysOn === false }, 'may be stopped'));
-    const auto = h('input', { id: 'autostart', placeholder: m.autostart ? m.autostart.schedule : 'autostart: mon-fri 09:00', size: 22 });
-    const tz = h('input', { id: 'autostart-tz', placeholder: m.autostart ? m.autostart.tz : 'UTC', size: 16 });
+    const auto = h('input', { id: 'autostart', 'aria-label': 'autostart schedule', placeholder: m.autostart ? m.autostart.schedule : 'autostart: mon-fri 09:00', size: 22 });
+    const tz = h('input', { id: 'autostart-tz', 'aria-label': 'autostart time zone', placeholder: m.autostart ? m.autostart.tz : 'UTC', size: 16 });
     const btn = h('button', { type: 'submit' }, 'Save');
     const form = h('form', { class: 'inline', id: 'idle-form' }, timeout, always, auto, tz, btn);
     form.addEventListener('submit', (ev) => {

@@ -131,8 +131,8 @@ function sharesSection(ctx, m, grant) {
       },
     ], shares, { empty: 'Not shared with anyone.' }));
     if (mayShare) {
-      const user = h('input', { id: 'share-username', placeholder: 'username', required: true });
-      const g = h('select', { id: 'share-grant' },
+      const user = h('input', { id: 'share-username', placeholder: 'username', 'aria-label': 'share with username', required: true });
+      const g = h('select', { id: 'share-grant', 'aria-label': 'grant' },
         h('option', { value: 'readonly' }, 'readonly — watch terminals, cannot type'),
         h('option', { value: 'terminal' }, 'terminal — a shell as their own account (no sudo)'),
         h('option', { value: 'full' }, 'full — can do anything the owner can do on this machine'));

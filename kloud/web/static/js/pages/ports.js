@@ -9,7 +9,7 @@ import { can } from '../providers.js';
 export function portsSection(ctx, m, grant, caps) {
   const parts = [];
   if (m.state === 'Running' && ['owner', 'terminal', 'full'].includes(grant)) {
-    const port = h('input', { id: 'app-port', type: 'number', min: 1, max: 65535, placeholder: '8000', required: true });
+    const port = h('input', { id: 'app-port', 'aria-label': 'port of the web app', type: 'number', min: 1, max: 65535, placeholder: '8000', required: true });
     const form = h('form', { class: 'inline', id: 'app-form' }, port, h('button', { type: 'submit' }, 'Open in browser'));
     form.addEventListener('submit', (ev) => {
       ev.preventDefault();
@@ -42,9 +42,9 @@ export function portsSection(ctx, m, grant, caps) {
         },
       ], res.rules || [], { empty: 'No rules: kloud and the owner\'s machines only.' }));
       if (mayChange) {
-        const port = h('input', { id: 'fw-port', type: 'number', min: 1, max: 65535, placeholder: 'port', required: true });
-        const proto = h('select', { id: 'fw-proto' }, h('option', { value: 'tcp' }, 'tcp'), h('option', { value: 'udp' }, 'udp'));
-        const from = h('input', { id: 'fw-from', placeholder: 'any, team or a CIDR', value: 'any' });
+        const port = h('input', { id: 'fw-port', 'aria-label': 'port to open', type: 'number', min: 1, max: 65535, placeholder: 'port', required: true });
+        const proto = h('select', { id: 'fw-proto', 'aria-label': 'protocol' }, h('option', { value: 'tcp' }, 'tcp'), h('option', { value: 'udp' }, 'udp'));
+        const from = h('input', { id: 'fw-from', 'aria-label': 'open to', placeholder: 'any, team or a CIDR', value: 'any' });
         const btn = h('button', { type: 'submit' }, 'Open port');
         const form = h('form', { class: 'inline', id: 'fw-form' }, port, proto, from, btn);
         form.addEventListener('submit', (ev) => {

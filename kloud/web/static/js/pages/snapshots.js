@@ -75,7 +75,7 @@ export function snapshotsSection(ctx, m, grant, onDone) {
     if (mayManage) {
       // Wide enough for its placeholder (kloud names a snapshot without one "LABEL DATE TIME").
       const hint = `name (default: ${m.label} + time)`;
-      const name = h('input', { id: 'snapshot-name', placeholder: hint, title: hint, size: Math.max(20, hint.length + 4), maxlength: 100 });
+      const name = h('input', { id: 'snapshot-name', 'aria-label': 'snapshot name', placeholder: hint, title: hint, size: Math.max(20, hint.length + 4), maxlength: 100 });
       const btn = h('button', { type: 'submit', id: 'snapshot-take', disabled: !capable, title: why || (m.state === 'Running' ? 'the machine is stopped while its disk is saved, then started again' : '') }, 'Take snapshot');
       const form = h('form', { class: 'inline', id: 'snapshot-form' }, name, btn);
       form.addEventListener('submit', (ev) => {
@@ -89,7 +89,7 @@ export function snapshotsSection(ctx, m, grant, onDone) {
       });
       parts.push(form);
       if (others.length) {
-        const pick = h('select', { id: 'snapshot-other' }, others.map((s) => h('option', { value: s.id }, `${s.name} (of ${s.machineLabel}, ${fmtSize(s.size)}, ${fmtTime(s.createdAt)})`)));
+        const pick = h('select', { id: 'snapshot-other', 'aria-label': 'another of your snapshots' }, others.map((s) => h('option', { value: s.id }, `${s.name} (of ${s.machineLabel}, ${fmtSize(s.size)}, ${fmtTime(s.createdAt)})`)));
         const rb = h('button', { type: 'button', class: 'small', disabled: !capable, title: why }, 'Restore into this machine');
         rb.addEventListener('click', () => busy(rb, () => restore(others.find((s) => s.id === pick.value), m)));
         parts.push(h('div', { class: 'inline' }, h('span', {}, 'Another of your snapshots: '), pick, rb));

@@ -10,8 +10,8 @@ export async function list(ctx, el) {
   const isAdmin = (t) => t.role === 'admin' || (ctx.me && ctx.me.admin);
 
   const teamCard = (t) => {
-    const user = h('input', { placeholder: 'username', required: true, name: 'username' });
-    const role = h('select', { name: 'role' }, h('option', { value: 'member' }, 'member'), h('option', { value: 'admin' }, 'admin'));
+    const user = h('input', { placeholder: 'username', 'aria-label': `username to add to ${t.slug}`, required: true, name: 'username' });
+    const role = h('select', { name: 'role', 'aria-label': 'role' }, h('option', { value: 'member' }, 'member'), h('option', { value: 'admin' }, 'admin'));
     const add = h('button', { type: 'submit' }, 'Add member');
     const form = isAdmin(t) ? h('form', { class: 'inline' }, user, role, add) : null;
     if (form) {
@@ -43,8 +43,8 @@ export async function list(ctx, el) {
       members, form);
   };
 
-  const slug = h('input', { placeholder: 'slug (a-z, 0-9, -)', required: true, name: 'slug' });
-  const title = h('input', { placeholder: 'title (optional)', name: 'title' });
+  const slug = h('input', { placeholder: 'slug (a-z, 0-9, -)', 'aria-label': 'team slug', required: true, name: 'slug' });
+  const title = h('input', { placeholder: 'title (optional)', 'aria-label': 'team title', name: 'title' });
   const create = h('button', { type: 'submit' }, 'Create team');
   const createForm = h('form', { class: 'inline' }, slug, title, create);
   createForm.addEventListener('submit', (ev) => {

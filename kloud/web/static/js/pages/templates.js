@@ -94,14 +94,14 @@ export async function editor(ctx, el) {
   const desc = h('input', { id: 'template-description', value: tpl ? tpl.description || '' : '' });
   const teams = me.teams || [];
   const teamSel = h('select', { id: 'template-team' }, teams.map((t) => h('option', { value: t.slug }, t.slug)));
-  const fileTabs = h('div', { class: 'file-tabs', role: 'tablist' });
+  const fileTabs = h('div', { class: 'file-tabs', role: 'group', 'aria-label': 'files' });
   const fileName = h('input', { id: 'template-filename', class: 'mono', placeholder: 'main.tf' });
-  const text = h('textarea', { id: 'template-file', class: 'code', spellcheck: 'false', rows: 22, wrap: 'off' });
+  const text = h('textarea', { id: 'template-file', class: 'code', spellcheck: 'false', rows: 22, wrap: 'off', 'aria-label': 'file contents (Tab indents, Shift+Tab leaves)' });
   const planBox = h('div', { id: 'plan' });
 
   const renderTabs = () => {
     clear(fileTabs, files.map((f, i) => h('button', {
-      type: 'button', class: `tab ${i === cur ? 'active' : ''}`, onclick: () => { cur = i; load(); },
+      type: 'button', class: `tab ${i === cur ? 'active' : ''}`, 'aria-current': i === cur ? 'true' : null, onclick: () => { cur = i; load(); },
     }, f.name || '(unnamed)')),
     h('button', { type: 'button', class: 'small', onclick: () => { files.push({ name: `file${files.length + 1}.tf`, content: '' }); cur = files.length - 1; dirty = true; load(); } }, '+ file'),
     files.length > 1 ? h('button', { type: 'button', class: 'small danger', onclick: () => { files.splice(cur, 1); cur = 0; dirty = true; load(); } }, 'Remove this file') : null);
