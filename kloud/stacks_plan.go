@@ -81,7 +81,11 @@ func (a *stackAPI) planStackJob(ctx context.Context, c *Caller, _ *kite.Request,
 		if err != nil {
 			return api.JobRef{}, err
 		}
-		b, err := a.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+		params, err := a.srv.resolveParams(fileMap(files), p) // params.go
+		if err != nil {
+			return api.JobRef{}, err
+		}
+		b, err := a.build(ctx, c, t.Team, fileMap(files), p.Credentials, params.all())
 		if err != nil {
 			return api.JobRef{}, err
 		}
