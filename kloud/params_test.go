@@ -89,11 +89,11 @@ func TestStackParameters(t *testing.T) {
 		names = append(names, p.Name)
 	}
 	// dummy_token is the credential's (kloud fills it), not a parameter.
-	if got := strings.Join(names, ","); got != "cpus,tags,api_key,size" {
+	if got := strings.Join(names, ","); got != "size,cpus,tags,api_key" {
 		t.Fatalf("parameters: %s", got)
 	}
-	size := ps.Parameters[3]
-	if size.DisplayName != "Machine size" || size.Mutable || len(size.Choices) != 2 || string(size.Default) != `"small"` || !ps.Parameters[2].Required || !ps.Parameters[2].Sensitive {
+	size := ps.Parameters[0]
+	if size.DisplayName != "Machine size" || size.Mutable || len(size.Choices) != 2 || string(size.Default) != `"small"` || !ps.Parameters[3].Required || !ps.Parameters[3].Sensitive {
 		t.Fatalf("parameters: %+v", ps.Parameters)
 	}
 	if len(ps.Presets) != 1 || !ps.Presets[0].Default || string(ps.Presets[0].Values["size"]) != `"large"` {

@@ -66,6 +66,7 @@ type Parameter struct {
 	File        string       `json:"file"`
 	Line        int          `json:"line"`
 
+	ordered  bool // order is set
 	ty       cty.Type
 	defaults *typeexpr.Defaults
 	def      cty.Value // cty.NilVal without a default
@@ -96,7 +97,8 @@ type Preset struct {
 	values map[string]cty.Value
 }
 
-// Params are a template's parameters (in display order) and presets (in file order).
+// Params are a template's parameters (in display order: those with an order by it, then the
+// others in file order) and presets (in file order).
 type Params struct {
 	Parameters []Parameter `json:"parameters"`
 	Presets    []Preset    `json:"presets"`
@@ -174,7 +176,14 @@ func (c *Config) Params(skip func(name string) bool) (*Params, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	sort.SliceStable(out.Parameters, func(i, j int) bool { return out.Parameters[i].Order < out.Parameters[j].Order })
+	// Those with an order first, by it; then the others in file order.
+	sort.SliceStable(out.Parameters, func(i, j int) bool {
+		a, b := out.Parameters[i], out.Parameters[j]
+		if a.ordered != b.ordered {
+			return a.ordered
+		}
+		return a.Order < b.Order
+	})
 	return out, nil
 }
 
@@ -311,7 +320,7 @@ func readMeta(m *fileBlock, p *Parameter) []error {
 				bad(line, "order must be a whole number")
 				continue
 			}
-			p.Order = o
+			p.Order, p.ordered = o, true
 		case "choices":
 			if !v.CanIterateElements() || v.Type().IsMapType() || v.Type().IsObjectType() || v.LengthInt() == 0 {
 				bad(line, "choices must be a list of values of the variable's type (%s)", p.Type)

@@ -114,7 +114,7 @@ func TestParams(t *testing.T) {
 	for _, p := range ps.Parameters {
 		names = append(names, p.Name)
 	}
-	if got := strings.Join(names, ","); got != "cpus,tags,dotfiles,token,odd,size,repo" {
+	if got := strings.Join(names, ","); got != "size,repo,cpus,tags,dotfiles,token,odd" {
 		t.Errorf("order: %s", got)
 	}
 	size, _ := ps.Param("size")
