@@ -9,6 +9,7 @@ import { machineTable } from './machines.js';
 import { providers } from '../providers.js';
 import { updateButton, scaleSection } from './stackupdate.js';
 import { bucketsSection } from './buckets.js';
+import { paramsForm } from './params.js';
 
 // needsCredential says whether provider description d asks for a credential: it has a
 // credential part (a schema), as kloud decides when it builds the template (kloud/stacks.go).
@@ -101,6 +102,16 @@ export async function create(ctx, el) {
   const vars = h('textarea', { id: 'stack-variables', class: 'code', rows: 3, placeholder: 'KEY=VALUE per line (optional)' });
   const planBox = h('div', {});
   let credSels = {};
+  // params.js: the template's typed parameters and presets.
+  const paramBox = h('div', { id: 'stack-params' });
+  let pform = { values: () => ({}), showError: () => false };
+  const loadParams = async () => {
+    pform = { values: () => ({}), showError: () => false };
+    pform = await paramsForm(kite, tplSel.value, paramBox).catch((e) => {
+      clear(paramBox, h('p', { class: 'error-text' }, `Parameters: ${errorText(e)}`));
+      return pform;
+    });
+  };
 
   const loadCreds = async () => {
     const t = templates.find((x) => x.id === tplSel.value);
@@ -126,15 +137,18 @@ export async function create(ctx, el) {
       credBox.append(field(`Credential for ${p}`, sel));
     }
   };
-  tplSel.addEventListener('change', () => { clear(planBox); loadCreds(); });
-  await loadCreds();
+  tplSel.addEventListener('change', () => { clear(planBox); loadCreds(); loadParams(); });
+  await Promise.all([loadCreds(), loadParams()]);
 
   const params = () => {
     const credentials = {};
     for (const [p, sel] of Object.entries(credSels)) credentials[p] = sel.value;
     const variables = parseVars(vars.value);
+    const { parameters, preset } = pform.values();
     return {
       templateId: tplSel.value,
+      parameters: parameters && Object.keys(parameters).length ? parameters : undefined,
+      preset,
       credentials: Object.keys(credentials).length ? credentials : undefined,
       variables: Object.keys(variables).length ? variables : undefined,
     };
@@ -147,16 +161,18 @@ export async function create(ctx, el) {
       const r = await planJob(kite, params(), planBox);
       if (r) clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines, (templates.find((x) => x.id === tplSel.value) || {}).files)));
     } catch (e) {
+      pform.showError(e);
       clear(planBox, section('Plan failed', h('pre', { class: 'error-text' }, errorText(e))));
     }
   }));
   const form = h('form', { class: 'stack-form', id: 'stack-form' },
-    field('Template', tplSel), field('Title', title), credBox, field('Variables', vars),
+    field('Template', tplSel), field('Title', title), credBox, paramBox, field('Other variables', vars, 'KEY=VALUE lines for variables the form does not show'),
     h('div', { class: 'buttons' }, planBtn, createBtn));
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
     busy(createBtn, async () => {
-      const r = await kite.call('stack.create', { ...params(), title: title.value.trim() || undefined }, { timeout: 10 * 60 * 1000 });
+      const r = await kite.call('stack.create', { ...params(), title: title.value.trim() || undefined }, { timeout: 10 * 60 * 1000 })
+        .catch((e) => { pform.showError(e); throw e; });
       notice(`Stack created with ${r.machines.length} machine(s); build it to start them.`);
       ctx.navigate(`#/stacks/${encodeURIComponent(r.stack.id)}`);
     });
