@@ -126,6 +126,20 @@ func TestStackParameters(t *testing.T) {
 		t.Fatalf("refused creates left stacks: %v %v", l.Stacks, err)
 	}
 
+	// A plan job keeps its params for job.get: the sensitive value is sealed there.
+	pref, err := c.StackPlanJob(ctx, api.StackPlanParams{TemplateID: tid, Parameters: map[string]json.RawMessage{"api_key": json.RawMessage(`"k3y-value"`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(pref.JobID); last.Status != "succeeded" {
+		t.Fatalf("plan job: %+v", last)
+	}
+	if job, err := c.JobGet(ctx, api.JobRef{JobID: pref.JobID}); err != nil {
+		t.Fatal(err)
+	} else if b, _ := json.Marshal(job); strings.Contains(string(b), "k3y-value") || !strings.Contains(string(b), `"sealed"`) {
+		t.Fatalf("the plan job's record: %s", b)
+	}
+
 	res, err := create(map[string]string{"api_key": `"k3y-value"`, "cpus": "3", "tags": `["a","b"]`}, nil)
 	if err != nil {
 		t.Fatal(err)
