@@ -461,14 +461,28 @@ func (p *Parameter) check(v cty.Value) (cty.Value, error) {
 		}
 		return cty.NilVal, errors.New("null is not a value kloud passes on: leave the parameter out for its default")
 	}
+	if p.ty == cty.DynamicPseudoType {
+		// A variable without a type takes strings (what its -var form reaches Terraform as).
+		sv, err := convert.Convert(v, cty.String)
+		if err != nil {
+			return cty.NilVal, errors.New("a string is needed (the variable declares no type)")
+		}
+		v = sv
+	}
 	cv, err := p.convert(v)
 	if err != nil {
+		if p.Sensitive {
+			return cty.NilVal, fmt.Errorf("a %s is needed", p.Type)
+		}
 		return cty.NilVal, err
 	}
 	if len(p.choices) > 0 && !p.isChoice(cv) {
 		var cs []string
 		for _, c := range p.Choices {
 			cs = append(cs, string(c))
+		}
+		if p.Sensitive {
+			return cty.NilVal, errors.New("the value is not one of the choices")
 		}
 		return cty.NilVal, fmt.Errorf("%s is not one of the choices: %s", jsonOf(cv), strings.Join(cs, ", "))
 	}
@@ -649,6 +663,9 @@ func (p *Parameter) validate(ctx *hcl.EvalContext) (string, bool) {
 			continue
 		}
 		msg := r.msgText
+		if p.Sensitive {
+			return msg, true // as written: an interpolated message could show the value
+		}
 		if mv, diags := r.msg.Value(ctx); !diags.HasErrors() && mv.Type().Equals(cty.String) && mv.IsKnown() && !mv.IsNull() {
 			msg = mv.AsString()
 		}

@@ -329,3 +329,52 @@ func TestParamsTerraform(t *testing.T) {
 		}
 	}
 }
+
+// TestParamsHostile: what a team member could write to hurt kloud, or a caller to read a
+// secret, is not evaluated or not echoed: a condition building a huge list is left to
+// Terraform; a refused sensitive value is not quoted, nor is an error_message that would
+// interpolate it; an untyped variable takes strings only.
+func TestParamsHostile(t *testing.T) {
+	ps := paramsOf(t, `variable "n" {
+  type = number
+  validation {
+    condition     = length(range(100000000)) > var.n
+    error_message = "never evaluated by kloud"
+  }
+}
+variable "secret" {
+  type      = string
+  sensitive = true
+  validation {
+    condition     = length(var.secret) > 8
+    error_message = "too short: ${var.secret}"
+  }
+}
+variable "pick" {
+  type      = string
+  sensitive = true
+  default   = "a"
+}
+kloud_parameter "pick" {
+  choices = ["a", "b"]
+}
+variable "untyped" {
+  default = ["x"]
+}
+`)
+	if _, err := ps.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"n": json.RawMessage("1"), "secret": json.RawMessage(`"long-enough-secret"`)}}); err != nil {
+		t.Fatalf("a condition calling range is Terraform's to check: %v", err)
+	}
+	_, err := ps.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"n": json.RawMessage("1"), "secret": json.RawMessage(`"hunter2"`)}})
+	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), `too short: ${var.secret}`) {
+		t.Fatalf("a sensitive value refused by its validation: %v", err)
+	}
+	_, err = ps.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"n": json.RawMessage("1"), "secret": json.RawMessage(`"long-enough-secret"`), "pick": json.RawMessage(`"zzz-secret"`)}})
+	if err == nil || strings.Contains(err.Error(), "zzz-secret") || !strings.Contains(err.Error(), "not one of the choices") {
+		t.Fatalf("a sensitive value not among the choices: %v", err)
+	}
+	_, err = ps.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"n": json.RawMessage("1"), "secret": json.RawMessage(`"long-enough-secret"`), "untyped": json.RawMessage(`["y"]`)}})
+	if err == nil || !strings.Contains(err.Error(), `parameter "untyped": a string is needed`) {
+		t.Fatalf("a list for an untyped variable: %v", err)
+	}
+}
