@@ -283,63 +283,47 @@ func readVariable(f *file, b *hcl.Block) (Parameter, []error) {
 // readMeta reads a kloud_parameter block into p.
 func readMeta(m *fileBlock, p *Parameter) []error {
 	var errs []error
-	where := fmt.Sprintf("%s %q", ParameterBlock, p.Name)
-	bad := func(line int, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s:%d: %s: %s", m.f.name, line, where, fmt.Sprintf(format, args...)))
-	}
-	if sb, ok := m.b.Body.(*hclsyntax.Body); ok {
-		for _, b := range sb.Blocks {
-			bad(b.TypeRange.Start.Line, "block %q: %s takes only display_name, choices, mutable and order", b.Type, ParameterBlock)
-		}
-	}
-	attrs := attributes(m.b.Body)
-	for _, n := range slices.Sorted(maps.Keys(attrs)) {
-		a := attrs[n]
-		line := a.NameRange.Start.Line
-		v, diags := a.Expr.Value(nil)
-		if diags.HasErrors() || !v.IsWhollyKnown() || v.IsNull() {
-			bad(line, "%s must be a literal value", n)
-			continue
-		}
-		switch n {
-		case "display_name":
-			if !v.Type().Equals(cty.String) {
-				bad(line, "display_name must be a string")
-				continue
-			}
-			p.DisplayName = v.AsString()
-		case "mutable":
-			if !v.Type().Equals(cty.Bool) {
-				bad(line, "mutable must be true or false")
-				continue
-			}
-			p.Mutable = v.True()
-		case "order":
-			o, ok := wholeNumber(v)
-			if !ok {
-				bad(line, "order must be a whole number")
-				continue
-			}
-			p.Order, p.ordered = o, true
-		case "choices":
-			if !v.CanIterateElements() || v.Type().IsMapType() || v.Type().IsObjectType() || v.LengthInt() == 0 {
-				bad(line, "choices must be a list of values of the variable's type (%s)", p.Type)
-				continue
-			}
-			for it := v.ElementIterator(); it.Next(); {
-				_, ev := it.Element()
-				cv, err := p.convert(ev)
-				if err != nil {
-					bad(line, "choice %s: %s", jsonOf(ev), err)
-					continue
+	bad := m.literalArgs(&errs, fmt.Sprintf("%s %q", ParameterBlock, p.Name), ParameterBlock+" takes only display_name, choices, mutable and order",
+		func(n string, line int, v cty.Value, bad func(int, string, ...any)) {
+			switch n {
+			case "display_name":
+				if !v.Type().Equals(cty.String) {
+					bad(line, "display_name must be a string")
+					return
 				}
-				p.choices = append(p.choices, cv)
-				p.Choices = append(p.Choices, jsonOf(cv))
+				p.DisplayName = v.AsString()
+			case "mutable":
+				if !v.Type().Equals(cty.Bool) {
+					bad(line, "mutable must be true or false")
+					return
+				}
+				p.Mutable = v.True()
+			case "order":
+				o, ok := wholeNumber(v)
+				if !ok {
+					bad(line, "order must be a whole number")
+					return
+				}
+				p.Order, p.ordered = o, true
+			case "choices":
+				if !v.CanIterateElements() || v.Type().IsMapType() || v.Type().IsObjectType() || v.LengthInt() == 0 {
+					bad(line, "choices must be a list of values of the variable's type (%s)", p.Type)
+					return
+				}
+				for it := v.ElementIterator(); it.Next(); {
+					_, ev := it.Element()
+					cv, err := p.convert(ev)
+					if err != nil {
+						bad(line, "choice %s: %s", jsonOf(ev), err)
+						continue
+					}
+					p.choices = append(p.choices, cv)
+					p.Choices = append(p.Choices, jsonOf(cv))
+				}
+			default:
+				bad(line, "argument %q: %s takes only display_name, choices, mutable and order", n, ParameterBlock)
 			}
-		default:
-			bad(line, "argument %q: %s takes only display_name, choices, mutable and order", n, ParameterBlock)
-		}
-	}
+		})
 	if p.def != cty.NilVal && len(p.choices) > 0 && !p.isChoice(p.def) {
 		bad(blockLine(m.b), "the variable's default %s is not one of the choices", jsonOf(p.def))
 	}
@@ -350,15 +334,63 @@ func readMeta(m *fileBlock, p *Parameter) []error {
 func readPreset(pb *fileBlock, params []Parameter, index map[string]int) (Preset, []error) {
 	pr := Preset{Name: pb.b.Labels[0], Values: map[string]json.RawMessage{}, File: pb.f.name, Line: blockLine(pb.b), values: map[string]cty.Value{}}
 	var errs []error
+	pb.literalArgs(&errs, fmt.Sprintf("%s %q", PresetBlock, pr.Name), "a preset takes only default, description and values (values = { name = value })",
+		func(n string, line int, v cty.Value, bad func(int, string, ...any)) {
+			switch n {
+			case "default":
+				if !v.Type().Equals(cty.Bool) {
+					bad(line, "default must be true or false")
+					return
+				}
+				pr.Default = v.True()
+			case "description":
+				if !v.Type().Equals(cty.String) {
+					bad(line, "description must be a string")
+					return
+				}
+				pr.Description = v.AsString()
+			case "values":
+				if !v.Type().IsObjectType() && !v.Type().IsMapType() {
+					bad(line, "values must be an object: { name = value, ... }")
+					return
+				}
+				for k, ev := range v.AsValueMap() {
+					i, ok := index[k]
+					if !ok {
+						bad(line, "values: the template has no parameter %q", k)
+						continue
+					}
+					cv, err := params[i].check(ev)
+					if err != nil {
+						bad(line, "values: %s", err)
+						continue
+					}
+					pr.values[k], pr.Values[k] = cv, jsonOf(cv)
+					if params[i].Sensitive {
+						pr.Values[k] = json.RawMessage(`"(sensitive)"`)
+					}
+				}
+			default:
+				bad(line, "argument %q: a preset takes only default, description and values", n)
+			}
+		})
+	return pr, errs
+}
+
+// literalArgs reads the arguments of a kloud block, which are literal values: each one's value
+// goes to each, in name order; nested blocks and non-literal values are refused (only says
+// what the block takes). Problems are appended to errs as file:line: where: message; bad is
+// how each adds its own.
+func (fb *fileBlock) literalArgs(errs *[]error, where, only string, each func(name string, line int, v cty.Value, bad func(int, string, ...any))) func(int, string, ...any) {
 	bad := func(line int, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s:%d: %s %q: %s", pb.f.name, line, PresetBlock, pr.Name, fmt.Sprintf(format, args...)))
+		*errs = append(*errs, fmt.Errorf("%s:%d: %s: %s", fb.f.name, line, where, fmt.Sprintf(format, args...)))
 	}
-	if sb, ok := pb.b.Body.(*hclsyntax.Body); ok {
+	if sb, ok := fb.b.Body.(*hclsyntax.Body); ok {
 		for _, b := range sb.Blocks {
-			bad(b.TypeRange.Start.Line, "block %q: a preset takes only default, description and values (values = { name = value })", b.Type)
+			bad(b.TypeRange.Start.Line, "block %q: %s", b.Type, only)
 		}
 	}
-	attrs := attributes(pb.b.Body)
+	attrs := attributes(fb.b.Body)
 	for _, n := range slices.Sorted(maps.Keys(attrs)) {
 		a := attrs[n]
 		line := a.NameRange.Start.Line
@@ -367,45 +399,9 @@ func readPreset(pb *fileBlock, params []Parameter, index map[string]int) (Preset
 			bad(line, "%s must be a literal value", n)
 			continue
 		}
-		switch n {
-		case "default":
-			if !v.Type().Equals(cty.Bool) {
-				bad(line, "default must be true or false")
-				continue
-			}
-			pr.Default = v.True()
-		case "description":
-			if !v.Type().Equals(cty.String) {
-				bad(line, "description must be a string")
-				continue
-			}
-			pr.Description = v.AsString()
-		case "values":
-			if !v.Type().IsObjectType() && !v.Type().IsMapType() {
-				bad(line, "values must be an object: { name = value, ... }")
-				continue
-			}
-			for k, ev := range v.AsValueMap() {
-				i, ok := index[k]
-				if !ok {
-					bad(line, "values: the template has no parameter %q", k)
-					continue
-				}
-				cv, err := params[i].check(ev)
-				if err != nil {
-					bad(line, "values: %s", err)
-					continue
-				}
-				pr.values[k], pr.Values[k] = cv, jsonOf(cv)
-				if params[i].Sensitive {
-					pr.Values[k] = json.RawMessage(`"(sensitive)"`)
-				}
-			}
-		default:
-			bad(line, "argument %q: a preset takes only default, description and values", n)
-		}
+		each(n, line, v, bad)
 	}
-	return pr, errs
+	return bad
 }
 
 func wholeNumber(v cty.Value) (int, bool) {
