@@ -5,47 +5,9 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-)
 
-// paramsTemplate has typed parameters and presets (docs/user-guide.md "Parameters and
-// presets"); the machine's triggers_replace shows what terraform was given.
-const paramsTemplate = `
-variable "size" {
-  type        = string
-  description = "How big the machine is"
-  default     = "small"
-}
-variable "cpus" {
-  type    = number
-  default = 1
-  validation {
-    condition     = var.cpus >= 1 && var.cpus <= 4
-    error_message = "At most 4 CPUs."
-  }
-}
-variable "tags" {
-  type    = list(string)
-  default = []
-}
-variable "api_key" {
-  type      = string
-  sensitive = true
-}
-kloud_parameter "size" {
-  display_name = "Machine size"
-  choices      = ["small", "large"]
-  mutable      = false
-  order        = 1
-}
-kloud_preset "big" {
-  default = true
-  values  = { size = "large" }
-}
-resource "terraform_data" "vm" {
-  input            = "#!/bin/bash\necho up"
-  triggers_replace = { size = var.size, cpus = var.cpus, tags = var.tags }
-}
-`
+	"github.com/kloud-dev/kloud/internal/testutil"
+)
 
 // TestBrowserParams (issue 22 §2): a template's typed parameters as a new user meets them in
 // the web UI, with kloud serve, the real Chromium and a dummy machine (a real klient): the New
@@ -61,7 +23,7 @@ func TestBrowserParams(t *testing.T) {
 	e.run("key", "create", "--username", "alice", "--out", e.dir+"/alice.key")
 	e.key = e.dir + "/alice.key"
 	e.run("credential", "add", "--provider", "dummy", "--title", "mine", "--field", "token=abc123")
-	tid := e.template(paramsTemplate)
+	tid := e.template(testutil.ModuleFile(t, "provider/tmpl/testdata/params.tf"))
 
 	runBrowserScript(t, e, node, script, out, "params.mjs", nil, "KLOUD_PASSWORD="+password, "KLOUD_TEMPLATE_ID="+tid)
 

@@ -7,57 +7,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
-const paramsTemplate = `variable "size" {
-  type        = string
-  description = "How big"
-  default     = "small"
-}
-
-variable "cpus" {
-  type    = number
-  default = 1
-  validation {
-    condition     = var.cpus >= 1 && var.cpus <= 4
-    error_message = "The machine has 1 to 4 CPUs."
-  }
-}
-
-variable "tags" {
-  type    = list(string)
-  default = []
-}
-
-variable "api_key" {
-  type      = string
-  sensitive = true
-}
-
-kloud_parameter "size" {
-  display_name = "Machine size"
-  choices      = ["small", "large"]
-  mutable      = false
-  order        = 1
-}
-
-kloud_preset "big" {
-  default = true
-  values  = { size = "large", cpus = 4 }
-}
-
-resource "terraform_data" "vm" {
-  count = 1
-  input = "#!/bin/bash\necho hi\n"
-}
-
-output "facts" {
-  value = "${var.size} ${var.cpus + 1} ${length(var.tags)} ${join(",", var.tags)}"
-}
-`
+// paramsTemplateFile holds typed parameters and a preset (shared with the CLI and browser tests).
+const paramsTemplateFile = "provider/tmpl/testdata/params.tf"
 
 // TestStackParameters: through the real API and a real terraform, template.parameters lists a
 // template's typed parameters and presets; stack.create refuses values that fail their type,
@@ -72,6 +29,7 @@ func TestStackParameters(t *testing.T) {
 	f.credential()
 	c := f.client()
 	ctx := t.Context()
+	paramsTemplate := testutil.ModuleFile(t, paramsTemplateFile)
 
 	// A kloud_parameter naming no variable is refused when the template is saved, with the line.
 	_, err := c.TemplateCreate(ctx, api.TemplateParams{Title: "bad", Files: map[string]string{"main.tf": paramsTemplate + "kloud_parameter \"colour\" {\n  order = 2\n}\n"}})
@@ -111,7 +69,7 @@ func TestStackParameters(t *testing.T) {
 		params map[string]string
 		want   string
 	}{
-		{map[string]string{"api_key": `"k3y-value"`, "cpus": "9"}, `parameter "cpus": The machine has 1 to 4 CPUs.`},
+		{map[string]string{"api_key": `"k3y-value"`, "cpus": "9"}, `parameter "cpus": A machine has 1 to 4 CPUs.`},
 		{map[string]string{"api_key": `"k3y-value"`, "size": `"huge"`}, `parameter "size": "huge" is not one of the choices: "small", "large"`},
 		{map[string]string{"api_key": `"k3y-value"`, "tags": `"not a list"`}, `parameter "tags": a list(string) is needed`},
 		{map[string]string{"api_key": `"k3y-value"`, "colour": `"red"`}, `parameter "colour": the template has no such parameter`},
@@ -174,7 +132,7 @@ func TestStackParameters(t *testing.T) {
 		t.Fatalf("immutable change: job %q, %v", ref.JobID, err)
 	}
 	ref, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: st.ID, Parameters: map[string]json.RawMessage{"cpus": json.RawMessage(`5`)}})
-	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "The machine has 1 to 4 CPUs.") {
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "A machine has 1 to 4 CPUs.") {
 		t.Fatalf("invalid change: job %q, %v", ref.JobID, err)
 	}
 	// The same value again is no change; a mutable one changes.

@@ -64,7 +64,7 @@ try {
       const t = await page.textContent('#param-cpus-error');
       return t && t.trim() ? t.trim() : null;
     });
-    if (msg !== 'At most 4 CPUs.') throw new Error(`cpus error: ${msg}`);
+    if (msg !== 'A machine has 1 to 4 CPUs.') throw new Error(`cpus error: ${msg}`);
     if (await page.getAttribute('#param-cpus', 'aria-invalid') !== 'true') throw new Error('cpus is not marked invalid');
     await shot('stack-params-error.png');
     return { msg };

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/model"
@@ -36,37 +37,7 @@ func TestParamsFromTheCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	main := filepath.Join(t.TempDir(), "main.tf")
-	if err := os.WriteFile(main, []byte(`
-variable "size" {
-  type        = string
-  description = "How big the machine is"
-  default     = "small"
-}
-variable "cpus" {
-  type    = number
-  default = 1
-  validation {
-    condition     = var.cpus <= 4
-    error_message = "At most 4 CPUs."
-  }
-}
-variable "tags" {
-  type    = list(string)
-  default = []
-}
-kloud_parameter "size" {
-  display_name = "Machine size"
-  choices      = ["small", "large"]
-  mutable      = false
-}
-kloud_preset "big" {
-  default = true
-  values  = { size = "large" }
-}
-resource "terraform_data" "vm" {
-  input = "#!/bin/bash\necho ${var.cpus + 1} ${length(var.tags)}\n"
-}
-`), 0o600); err != nil {
+	if err := os.WriteFile(main, []byte(testutil.ModuleFile(t, "provider/tmpl/testdata/params.tf")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var tmpl struct{ ID string }
@@ -75,7 +46,7 @@ resource "terraform_data" "vm" {
 	}
 	out := must(alice("template", "parameters", tmpl.ID))
 	t.Logf("template parameters:\n%s", out)
-	for _, want := range []string{"NAME", "size", "Machine size: How big the machine is", `"small","large"`, "list(string)", "PRESET", `{"size":"large"}`} {
+	for _, want := range []string{"NAME", "size", "Machine size: How big the machine is", `"small","large"`, "list(string)", "PRESET", `{"cpus":4,"size":"large"}`, "(sensitive)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("template parameters lacks %q:\n%s", want, out)
 		}
@@ -85,8 +56,8 @@ resource "terraform_data" "vm" {
 		t.Errorf("template parameters --json:\n%s", js)
 	}
 
-	code, _, stderr := alice("stack", "create", "--template", tmpl.ID, "--param", "cpus=9")
-	if code == 0 || !strings.Contains(stderr, `parameter "cpus": At most 4 CPUs.`) {
+	code, _, stderr := alice("stack", "create", "--template", tmpl.ID, "--param", "cpus=9", "--param", "api_key=k3y")
+	if code == 0 || !strings.Contains(stderr, `parameter "cpus": A machine has 1 to 4 CPUs.`) {
 		t.Errorf("an invalid value: exit %d, %s", code, stderr)
 	}
 	code, _, stderr = alice("stack", "create", "--template", tmpl.ID, "--param", "colour=red")
@@ -94,14 +65,14 @@ resource "terraform_data" "vm" {
 		t.Errorf("an unknown parameter: exit %d, %s", code, stderr)
 	}
 	var created api.StackCreateResult
-	if err := json.Unmarshal([]byte(must(alice("stack", "create", "--template", tmpl.ID, "--param", "cpus=3", "--param", `tags=["a","b"]`, "--json"))), &created); err != nil {
+	if err := json.Unmarshal([]byte(must(alice("stack", "create", "--template", tmpl.ID, "--param", "cpus=3", "--param", `tags=["a","b"]`, "--param", "api_key=k3y", "--json"))), &created); err != nil {
 		t.Fatal(err)
 	}
 	if v := created.Stack.Variables; created.Stack.Preset != "big" || v["size"] != "large" || v["cpus"] != "3" || v["tags"] != `["a","b"]` {
 		t.Errorf("stack create: preset %q, variables %v", created.Stack.Preset, v)
 	}
 	var plain api.StackCreateResult
-	if err := json.Unmarshal([]byte(must(alice("stack", "create", "--template", tmpl.ID, "--preset", "", "--json"))), &plain); err != nil {
+	if err := json.Unmarshal([]byte(must(alice("stack", "create", "--template", tmpl.ID, "--preset", "", "--param", "api_key=k3y", "--json"))), &plain); err != nil {
 		t.Fatal(err)
 	}
 	if plain.Stack.Preset != "" || len(plain.Stack.Variables) != 0 {
