@@ -103,8 +103,7 @@ func promptParams(in io.Reader, out io.Writer, ps api.TemplateParametersResult, 
 		}
 		fmt.Fprint(out, "\n> ")
 		var v string
-		if pp.Sensitive {
-			f, _ := in.(*os.File)
+		if f, ok := in.(*os.File); ok && pp.Sensitive && term.IsTerminal(int(f.Fd())) {
 			b, err := term.ReadPassword(int(f.Fd()))
 			fmt.Fprintln(out)
 			if err != nil {
