@@ -71,6 +71,13 @@ func TestParamsFromTheCLI(t *testing.T) {
 	if v := created.Stack.Variables; created.Stack.Preset != "big" || v["size"] != "large" || v["cpus"] != "3" || v["tags"] != `["a","b"]` {
 		t.Errorf("stack create: preset %q, variables %v", created.Stack.Preset, v)
 	}
+	if code, _, stderr := alice("stack", "update", created.Stack.ID, "--param", "cpus=2", "--plan"); code == 0 || !strings.Contains(stderr, "leave out one of them") {
+		t.Errorf("stack update --param --plan: exit %d, %s", code, stderr)
+	}
+	// Never built: an update (of parameters too) is refused, saying how to build it.
+	if code, _, stderr := alice("stack", "update", created.Stack.ID, "--param", "cpus=2"); code == 0 || !strings.Contains(stderr, "was never built") {
+		t.Errorf("stack update --param of a stack never built: exit %d, %s", code, stderr)
+	}
 	var plain api.StackCreateResult
 	if err := json.Unmarshal([]byte(must(alice("stack", "create", "--template", tmpl.ID, "--preset", "", "--param", "api_key=k3y", "--json"))), &plain); err != nil {
 		t.Fatal(err)

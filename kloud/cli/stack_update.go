@@ -30,6 +30,9 @@ update waits for the agents of new and replaced machines only. --plan shows the 
 			ctx := cmd.Context()
 			return g.withConn(ctx, func(conn *kite.Conn) error {
 				kc := api.NewClient(conn)
+				if len(params) > 0 && planOnly {
+					return fmt.Errorf("--plan shows a revision's update; with --param the update runs at once (kloud checks the values before any job): leave out one of them")
+				}
 				if len(params) > 0 { // params.go: new parameter values, checked by kloud before a job
 					return g.updateParams(ctx, conn, kc, args[0], rev, params, detach)
 				}
