@@ -3,8 +3,9 @@
 // KLOUD_TEMPLATE_ID; the form has a labelled input per parameter (a select for choices, a
 // number input, a textarea for a list, a password field for a sensitive one) and the preset
 // picker, which fills it (size "large"); a value kloud refuses shows the variable's own message
-// next to its field; then the stack is created and built from the page. Screenshots
-// stack-params.png and stack-params-error.png in KLOUD_ARTIFACTS. Prints one JSON line per step
+// next to its field; then the stack is created and built from the page, whose details show the
+// values given (not the sensitive one). Screenshots stack-params.png, stack-params-error.png and
+// stack-page-params.png in KLOUD_ARTIFACTS. Prints one JSON line per step
 // and a final {"ok": …, "stackId"}; exit status 0 when every step passed. Run by
 // e2e/params_test.go.
 import path from 'node:path';
@@ -81,7 +82,11 @@ try {
       const t = await page.textContent('.title-row .badge', { timeout: 1000 });
       return t && t.trim() === 'Initialized';
     }, 240000, 500);
-    return { stackId };
+    const shown = await page.textContent('#stack-parameters');
+    for (const want of ['preset big', 'cpus = 3', 'tags = ["a","b"]']) if (!shown.includes(want)) throw new Error(`the stack page shows parameters ${shown}`);
+    if (shown.includes('api_key') || shown.includes('k3y')) throw new Error(`the stack page shows the sensitive parameter: ${shown}`);
+    await shot('stack-page-params.png');
+    return { stackId, shown };
   });
 } finally {
   await context.close();

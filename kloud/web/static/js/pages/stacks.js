@@ -220,6 +220,10 @@ export async function detail(ctx, el) {
         h('dt', {}, 'Template'), h('dd', { id: 'stack-template-link' }, templateLink(st.templateId, st.templateRev, titles),
           st.latestRev > st.templateRev ? ` (latest: ${st.latestRev})` : null, st.diverged ? ' (scaled)' : null),
         st.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, errorDetail(st.reason))] : null,
+        // params.js: the values the stack was given (sensitive ones are never sent).
+        st.preset || (st.variables && Object.keys(st.variables).length) ? [h('dt', {}, 'Parameters'), h('dd', { id: 'stack-parameters' },
+          st.preset ? `preset ${st.preset}` : null, st.preset && st.variables ? '; ' : null,
+          Object.entries(st.variables || {}).map(([k, v]) => `${k} = ${v}`).join(', '))] : null,
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(st.updatedAt))));
     const caps = await providers(kite).catch(() => ({}));
     clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: refresh, jobsEl: jobs, caps })));
