@@ -13,8 +13,9 @@ import (
 // the web UI, with kloud serve, the real Chromium and a dummy machine (a real klient): the New
 // stack page shows a labelled input per parameter filled by the default preset, shows a value
 // the validation refuses next to its field with the variable's own message, and creates and
-// builds the stack; terraform got the values typed (its output), and the sensitive value is
-// in no answer of kloud's. Screenshots in $KLOUD_ARTIFACTS/TestBrowserParams.
+// builds the stack, whose page then changes a mutable parameter (stack.update) but not an
+// immutable one; terraform got the values typed (the machine's attributes), and the sensitive
+// value is in no answer of kloud's. Screenshots in $KLOUD_ARTIFACTS/TestBrowserParams.
 func TestBrowserParams(t *testing.T) {
 	node, script, out := browserPrereqs(t)
 	e := newEnv(t)
@@ -38,7 +39,7 @@ func TestBrowserParams(t *testing.T) {
 	}
 	st := stacks[0]
 	t.Cleanup(func() { e.try("stack", "destroy", st.ID) })
-	if st.State != "Initialized" || st.Preset != "big" || st.Variables["size"] != "large" || st.Variables["cpus"] != "3" || st.Variables["tags"] != `["a","b"]` {
+	if st.State != "Initialized" || st.Preset != "big" || st.Variables["size"] != "large" || st.Variables["cpus"] != "2" || st.Variables["tags"] != `["a","b"]` {
 		t.Fatalf("stack: %+v", st)
 	}
 	job := e.run("job", "get", st.JobID, "--json")
@@ -51,7 +52,7 @@ func TestBrowserParams(t *testing.T) {
 	}
 	e.runJSON(&view, "stack", "describe", st.ID)
 	var tr bytes.Buffer
-	if len(view.MachineDocs) != 1 || json.Compact(&tr, view.MachineDocs[0].Attributes.TriggersReplace) != nil || tr.String() != `{"cpus":3,"size":"large","tags":["a","b"]}` {
+	if len(view.MachineDocs) != 1 || json.Compact(&tr, view.MachineDocs[0].Attributes.TriggersReplace) != nil || tr.String() != `{"cpus":2,"size":"large","tags":["a","b"]}` {
 		t.Errorf("terraform did not get the typed values: the machine's triggers_replace is %s", tr.String())
 	}
 	for _, answer := range []string{job, e.run("stack", "list", "--json"), e.run("stack", "describe", st.ID, "--json")} {

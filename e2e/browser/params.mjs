@@ -4,8 +4,10 @@
 // number input, a textarea for a list, a password field for a sensitive one) and the preset
 // picker, which fills it (size "large"); a value kloud refuses shows the variable's own message
 // next to its field; then the stack is created and built from the page, whose details show the
-// values given (not the sensitive one). Screenshots stack-params.png, stack-params-error.png and
-// stack-page-params.png in KLOUD_ARTIFACTS. Prints one JSON line per step
+// values given (not the sensitive one), and whose Parameters card changes a mutable parameter
+// (an invalid value refused next to its field) but not the immutable one. Screenshots
+// stack-params.png, stack-params-error.png, stack-page-params.png and stack-params-updated.png in
+// KLOUD_ARTIFACTS. Prints one JSON line per step
 // and a final {"ok": …, "stackId"}; exit status 0 when every step passed. Run by
 // e2e/params_test.go.
 import path from 'node:path';
@@ -87,6 +89,31 @@ try {
     if (shown.includes('api_key') || shown.includes('k3y')) throw new Error(`the stack page shows the sensitive parameter: ${shown}`);
     await shot('stack-page-params.png');
     return { stackId, shown };
+  });
+  await step('the stack page changes a mutable parameter; an immutable one cannot change', async () => {
+    await page.waitForSelector('#update-param-cpus', { timeout: 60000 });
+    if (!(await page.isDisabled('#update-param-size'))) throw new Error('size (mutable = false) can be changed');
+    if (await page.$('#update-param-api_key')) throw new Error('the sensitive parameter is in the update form');
+    if (await page.inputValue('#update-param-cpus') !== '3') throw new Error(`cpus shown as ${await page.inputValue('#update-param-cpus')}`);
+    await page.fill('#update-param-cpus', '7');
+    await page.click('#stack-params-update');
+    const msg = await poll('#update-param-cpus-error', async () => {
+      const t = await page.textContent('#update-param-cpus-error');
+      return t && t.trim() ? t.trim() : null;
+    });
+    if (msg !== 'A machine has 1 to 4 CPUs.') throw new Error(`cpus error: ${msg}`);
+    await page.fill('#update-param-cpus', '2');
+    await page.click('#stack-params-update');
+    const shown = await poll('the stack shows cpus = 2', async () => {
+      const t = await page.textContent('#stack-parameters', { timeout: 1000 });
+      return t && t.includes('cpus = 2') ? t : null;
+    }, 240000, 500);
+    await poll('the stack is Initialized again', async () => {
+      const t = await page.textContent('.title-row .badge', { timeout: 1000 });
+      return t && t.trim() === 'Initialized';
+    }, 240000, 500);
+    await shot('stack-params-updated.png');
+    return { shown };
   });
 } finally {
   await context.close();

@@ -197,11 +197,15 @@ choices, mutability and order) and its presets (kloud_preset). Give values at st
 }
 
 // updateParams runs stack update --param: the values typed by the parameters of the stack's
-// template revision, checked by kloud before any job (an immutable one refused).
+// template revision (its own unless --rev), checked by kloud before any job (an immutable one
+// refused).
 func (g *globals) updateParams(ctx context.Context, conn *kite.Conn, kc *api.Client, stackID string, rev int, flags []string, detach bool) error {
 	st, err := kc.StackDescribe(ctx, api.StackRef{StackID: stackID})
 	if err != nil {
 		return explain(err)
+	}
+	if rev == 0 {
+		rev = st.TemplateRev // new values, not a new revision (unless --rev says so)
 	}
 	ps, err := kc.TemplateParameters(ctx, api.TemplateGetParams{TemplateID: st.TemplateID, Rev: rev})
 	if err != nil {

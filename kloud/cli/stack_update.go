@@ -63,7 +63,7 @@ update waits for the agents of new and replaced machines only. --plan shows the 
 	}
 	update.Flags().IntVar(&rev, "rev", 0, "the template revision to update to (default: the latest)")
 	update.Flags().BoolVar(&planOnly, "plan", false, "only show what the update would do")
-	update.Flags().StringArrayVar(&params, "param", nil, "name=value: change a parameter of the stack (repeatable; not with --plan)")
+	update.Flags().StringArrayVar(&params, "param", nil, "name=value: change a parameter of the stack, keeping its revision unless --rev (repeatable; not with --plan)")
 	detachFlag(update, &detach)
 
 	var sdetach bool

@@ -10,15 +10,23 @@ import { h, clear } from '../ui.js';
 const isJSONType = (t) => /^(list|map|set|object|tuple)\(/.test(t);
 const show = (v) => (typeof v === 'string' ? v : JSON.stringify(v));
 
-// paramsForm loads template.parameters of templateId into box and returns { values, showError }:
-// values() gives { parameters, preset } for stack.create (it throws, marking the field, when a
-// JSON field does not parse); showError(e) puts kloud's refusals next to their fields and says
-// whether there was one.
-export async function paramsForm(kite, templateId, box) {
-  const res = await kite.call('template.parameters', { templateId });
+// paramsForm loads template.parameters of templateId into box and returns { values, showError,
+// count }: values() gives { parameters, preset } for stack.create (it throws, marking the field,
+// when a JSON field does not parse); showError(e) puts kloud's refusals next to their fields and
+// says whether there was one; count is how many fields there are. With opts.current (a built
+// stack's variables, in -var form) the form changes that stack (stack.update): filled with its
+// values, no presets, no sensitive fields, and those that cannot change disabled.
+export async function paramsForm(kite, templateId, box, opts = {}) {
+  const res = await kite.call('template.parameters', { templateId, rev: opts.rev || undefined });
   const fields = {};
+  const current = opts.current;
+  const prefix = current ? 'update-param' : 'param';
   clear(box);
-  if (!res.parameters.length && !res.presets.length) return { values: () => ({}), showError: () => false };
+  if (current) {
+    res.parameters = res.parameters.filter((p) => !p.sensitive);
+    res.presets = [];
+  }
+  if (!res.parameters.length && !res.presets.length) return { values: () => ({}), showError: () => false, count: 0 };
 
   let presetSel = null;
   if (res.presets.length) {
@@ -33,8 +41,13 @@ export async function paramsForm(kite, templateId, box) {
   }
 
   for (const p of res.parameters) {
-    const id = `param-${p.name}`;
-    const def = p.default === undefined ? undefined : p.default;
+    const id = `${prefix}-${p.name}`;
+    let def = p.default === undefined ? undefined : p.default;
+    if (current && current[p.name] !== undefined) {
+      const v = current[p.name];
+      if (p.type === 'string' || p.type === 'any') def = v;
+      else try { def = JSON.parse(v); } catch { def = v; }
+    }
     let input;
     if (p.choices && p.choices.length) {
       input = h('select', { id }, p.required && def === undefined ? h('option', { value: '' }, '(choose)') : null,
@@ -51,6 +64,7 @@ export async function paramsForm(kite, templateId, box) {
     }
     input.dataset.param = p.name;
     if (p.required) { input.required = true; input.setAttribute('aria-required', 'true'); }
+    if (current && !p.mutable) input.disabled = true;
     const hintId = `${id}-hint`;
     const errId = `${id}-error`;
     input.setAttribute('aria-describedby', `${hintId} ${errId}`);
@@ -91,6 +105,7 @@ export async function paramsForm(kite, templateId, box) {
     for (const [name, f] of Object.entries(fields)) {
       setError(name, '');
       const { p, input } = f;
+      if (input.disabled) continue;
       if (input.type === 'checkbox') { parameters[name] = input.checked; continue; }
       const v = input.value;
       if (v === '') continue; // its default (or, when required, kloud says a value is needed)
@@ -117,5 +132,5 @@ export async function paramsForm(kite, templateId, box) {
     }
     return any;
   };
-  return { values, showError };
+  return { values, showError, count: Object.keys(fields).length };
 }

@@ -189,6 +189,8 @@ export async function detail(ctx, el) {
   const updateBox = h('div', { id: 'stack-update-box' }); // stackupdate.js: the plan before an update
   const scaleBox = h('div', { id: 'stack-scale-box' }); // stackupdate.js: the Scale card
   const bucketsBox = h('div', {}); // buckets.js: the Buckets card
+  const paramsBox = h('div', { id: 'stack-params-card' }); // params.js: change parameters
+  let paramsState = null; // the stack's state and revision when the Parameters card was loaded
   let watch = null;
   let timer = null;
   let stopped = false;
@@ -234,7 +236,35 @@ export async function detail(ctx, el) {
       bucketsState = st.state;
       clear(bucketsBox, bucketsSection(ctx, st));
     }
+    // Likewise the Parameters card (a built stack's mutable parameters, stack.update).
+    if (paramsState !== `${st.state} ${st.templateRev} ${JSON.stringify(st.variables || {})}`) {
+      paramsState = `${st.state} ${st.templateRev} ${JSON.stringify(st.variables || {})}`;
+      await paramsCard(st).catch(() => clear(paramsBox));
+    }
     return true;
+  };
+
+  // paramsCard shows the stack's parameters as a form that changes the mutable ones, keeping
+  // the stack's template revision (stack.update); only for a built stack.
+  const paramsCard = async (s) => {
+    clear(paramsBox);
+    if (s.state !== 'Initialized' && s.state !== 'Failed') return;
+    const inner = h('div', {});
+    const pf = await paramsForm(kite, s.templateId, inner, { current: s.variables || {}, rev: s.templateRev });
+    if (!pf.count) return;
+    const btn = h('button', { type: 'submit', id: 'stack-params-update' }, 'Update parameters');
+    const form = h('form', { id: 'stack-params-form' }, inner, h('div', { class: 'buttons' }, btn));
+    form.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      busy(btn, async () => {
+        const { parameters } = pf.values();
+        const j = await kite.call('stack.update', { stackId: s.id, templateRevision: s.templateRev, parameters }, { timeout: 10 * 60 * 1000 })
+          .catch((e) => { pf.showError(e); throw e; });
+        follow(j.jobId, `Updating the parameters of ${s.title}`);
+        refresh();
+      });
+    });
+    clear(paramsBox, section('Parameters', form));
   };
 
   const follow = (jobId, title) => {
@@ -258,7 +288,7 @@ export async function detail(ctx, el) {
     await refresh();
   };
 
-  clear(el, head, updateBox, jobs, machines, bucketsBox, scaleBox);
+  clear(el, head, updateBox, jobs, machines, bucketsBox, paramsBox, scaleBox);
   if (await refresh() && st.jobId) {
     // The stack's last job: live if it still runs, else its final state and log.
     follow(st.jobId, st.state === 'Destroying' ? 'Destroying' : st.state === 'Building' ? 'Building' : 'Last job');
