@@ -155,3 +155,47 @@ func TestStackParameters(t *testing.T) {
 		t.Fatalf("no preset: %+v %v", res.Stack, err)
 	}
 }
+
+// TestScaleRespectsParameters: stack.scale of a resource whose count is a parameter changes it
+// as stack.update would: within its validation, and not when it is immutable.
+func TestScaleRespectsParameters(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	c := f.client()
+	ctx := t.Context()
+	tpl := `variable "n" {
+  type    = number
+  default = 1
+  validation {
+    condition     = var.n <= 2
+    error_message = "At most 2 machines."
+  }
+}
+
+resource "terraform_data" "vm" {
+  count = var.n
+  input = "#!/bin/bash\necho hi\n"
+}
+`
+	tid := f.template(tpl)
+	sid, _ := f.stack(tid)
+	ref, err := c.StackApply(ctx, api.StackApplyParams{StackID: sid})
+	f.jobOK("build", ref, err)
+	ref, err = c.StackScale(ctx, api.StackScaleParams{StackID: sid, Resource: "vm", Count: 3})
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), `parameter "n": At most 2 machines.`) {
+		t.Fatalf("scale past the validation: job %q, %v", ref.JobID, err)
+	}
+	ref, err = c.StackScale(ctx, api.StackScaleParams{StackID: sid, Resource: "vm", Count: 2})
+	f.jobOK("scale to 2", ref, err)
+
+	f.updateTemplate(tid, tpl+"kloud_parameter \"n\" {\n  mutable = false\n}\n")
+	ref, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid})
+	f.jobOK("update to revision 2", ref, err)
+	ref, err = c.StackScale(ctx, api.StackScaleParams{StackID: sid, Resource: "vm", Count: 1})
+	if !errors.Is(err, kite.ErrInvalidParams) || !strings.Contains(err.Error(), "parameter n cannot change after the stack is built") {
+		t.Fatalf("scale of an immutable count: job %q, %v", ref.JobID, err)
+	}
+	ref, err = c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
+	f.jobOK("destroy", ref, err)
+}
