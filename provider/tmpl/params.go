@@ -287,17 +287,9 @@ func readMeta(m *fileBlock, p *Parameter) []error {
 		func(n string, line int, v cty.Value, bad func(int, string, ...any)) {
 			switch n {
 			case "display_name":
-				if !v.Type().Equals(cty.String) {
-					bad(line, "display_name must be a string")
-					return
-				}
-				p.DisplayName = v.AsString()
+				setString(&p.DisplayName, n, v, line, bad)
 			case "mutable":
-				if !v.Type().Equals(cty.Bool) {
-					bad(line, "mutable must be true or false")
-					return
-				}
-				p.Mutable = v.True()
+				setBool(&p.Mutable, n, v, line, bad)
 			case "order":
 				o, ok := wholeNumber(v)
 				if !ok {
@@ -338,17 +330,9 @@ func readPreset(pb *fileBlock, params []Parameter, index map[string]int) (Preset
 		func(n string, line int, v cty.Value, bad func(int, string, ...any)) {
 			switch n {
 			case "default":
-				if !v.Type().Equals(cty.Bool) {
-					bad(line, "default must be true or false")
-					return
-				}
-				pr.Default = v.True()
+				setBool(&pr.Default, n, v, line, bad)
 			case "description":
-				if !v.Type().Equals(cty.String) {
-					bad(line, "description must be a string")
-					return
-				}
-				pr.Description = v.AsString()
+				setString(&pr.Description, n, v, line, bad)
 			case "values":
 				if !v.Type().IsObjectType() && !v.Type().IsMapType() {
 					bad(line, "values must be an object: { name = value, ... }")
@@ -402,6 +386,24 @@ func (fb *fileBlock) literalArgs(errs *[]error, where, only string, each func(na
 		each(n, line, v, bad)
 	}
 	return bad
+}
+
+// setString sets *dst to v, a string, or says argument name must be one.
+func setString(dst *string, name string, v cty.Value, line int, bad func(int, string, ...any)) {
+	if !v.Type().Equals(cty.String) {
+		bad(line, "%s must be a string", name)
+		return
+	}
+	*dst = v.AsString()
+}
+
+// setBool sets *dst to v, a bool, or says argument name must be true or false.
+func setBool(dst *bool, name string, v cty.Value, line int, bad func(int, string, ...any)) {
+	if !v.Type().Equals(cty.Bool) {
+		bad(line, "%s must be true or false", name)
+		return
+	}
+	*dst = v.True()
 }
 
 func wholeNumber(v cty.Value) (int, bool) {
