@@ -169,7 +169,7 @@ func auditDecisions() map[string]bool {
 		// templates.go
 		api.MethodTemplateCreate: false, api.MethodTemplateUpdate: false, api.MethodTemplateGet: true,
 		api.MethodTemplateList: true, api.MethodTemplateDelete: false, api.MethodTemplateTrust: false,
-		api.MethodTemplateUntrust: false,
+		api.MethodTemplateUntrust: false, api.MethodTemplateParameters: true,
 		// stacks.go: a plan runs the template's providers (terraform plan)
 		api.MethodStackPlan: false, api.MethodStackPlanJob: false, api.MethodStackCreate: false, api.MethodStackApply: false,
 		api.MethodStackDescribe: true, api.MethodStackList: true, api.MethodStackReset: false,
@@ -240,7 +240,8 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCTemplateUpdate, Members, s.templates.update), // owner, team admins
 		rpc(s, api.RPCTemplateGet, MembersRead, s.templates.get),
 		rpc(s, api.RPCTemplateList, MembersRead, s.templates.list),
-		rpc(s, api.RPCTemplateDelete, Members, s.templates.delete), // owner, team admins
+		rpc(s, api.RPCTemplateParameters, MembersRead, s.templates.parameters), // params.go
+		rpc(s, api.RPCTemplateDelete, Members, s.templates.delete),             // owner, team admins
 		rpc(s, api.RPCTemplateTrust, TemplateAdmins, s.policy.templateTrust),
 		rpc(s, api.RPCTemplateUntrust, TemplateAdmins, s.policy.templateUntrust),
 

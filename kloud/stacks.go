@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -64,6 +65,8 @@ type stackServer interface {
 	credentialFor(ctx context.Context, c *Caller, id, providerName string) (*provider.Credential, []string, error)
 	machineResources(files map[string][]byte) (*tmpl.Config, map[string][]tmpl.Resource, error)
 	resourceTypes() []string
+	resolveParams(files map[string][]byte, p *api.StackPlanParams) (resolvedParams, error) // params.go
+	updateParamValues(st *model.Stack, files []model.File, changes map[string]json.RawMessage) (map[string]string, error)
 	flow() *stackbuild.Flow
 	terraformer() (Terraformer, error)
 	startJob(ctx context.Context, id string, spec jobSpec, target, owner string) (string, error)
@@ -95,6 +98,7 @@ type builtTemplate struct {
 	credIDs   map[string]string
 	providers map[string][]string     // provider → machine resource names
 	buckets   []stackbuild.BucketSpec // the kloud_bucket claims, taken out of files (buckets.go)
+	params    resolvedParams          // the parameters' values (params.go; stack.create's)
 	team      string                  // whose template and credentials
 	// maxMachines is the cap on planned machines and capHow how to change it (capBuild,
 	// limits.go; 0: kloud's global cap).
@@ -118,7 +122,10 @@ func (a *stackAPI) build(ctx context.Context, c *Caller, team string, files map[
 	b := &builtTemplate{files: files, variables: map[string]any{}, creds: map[string]*provider.Credential{}, credIDs: map[string]string{}, providers: map[string][]string{},
 		team: team}
 	for k, v := range vars {
-		b.variables[k] = v
+		// In Terraform's -var form: typed for the JSON var file (a number stays a number).
+		if b.variables[k], err = cfg.TypedValue(k, v); err != nil {
+			return nil, paramsError(err) // params.go
+		}
 	}
 	for name, rs := range res {
 		for _, r := range rs {
@@ -127,6 +134,9 @@ func (a *stackAPI) build(ctx context.Context, c *Caller, team string, files map[
 	}
 	if b.buckets, err = templateBuckets(a.providers, cfg, slices.Sorted(maps.Keys(res))); err != nil {
 		return nil, err
+	}
+	if err := cfg.RemoveParams(); err != nil { // kloud_parameter, kloud_preset: params.go
+		return nil, fmt.Errorf("template: %w", err)
 	}
 	needed := map[string]bool{}
 	for name := range res {
@@ -311,10 +321,15 @@ func (a *stackAPI) planTemplate(ctx context.Context, c *Caller, p *api.StackPlan
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	b, err := a.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+	params, err := a.srv.resolveParams(fileMap(files), p) // params.go: before any terraform
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
+	b, err := a.build(ctx, c, t.Team, fileMap(files), p.Credentials, params.all())
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	b.params = params
 	if err := a.checks.capBuild(t, b); err != nil { // limits.go
 		return nil, nil, nil, nil, err
 	}
@@ -355,7 +370,14 @@ func (a *stackAPI) create(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	}
 	now := a.store.Now()
 	st := model.Stack{ID: store.NewID(), Title: p.Title, Team: t.Team, Owner: c.Username, TemplateID: t.ID, TemplateRev: t.Rev,
-		Files: files, Credentials: b.credIDs, Variables: p.Variables, State: model.StackNotInitialized, CreatedAt: now, UpdatedAt: now}
+		Files: files, Credentials: b.credIDs, Variables: b.params.public, SecretVariables: b.params.secret, Preset: b.params.preset,
+		State: model.StackNotInitialized, CreatedAt: now, UpdatedAt: now}
+	if len(st.Variables) == 0 {
+		st.Variables = nil
+	}
+	if len(st.SecretVariables) == 0 {
+		st.SecretVariables = nil
+	}
 	if st.Title == "" {
 		st.Title = t.Title
 	}

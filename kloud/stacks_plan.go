@@ -2,7 +2,9 @@ package kloud
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"sync"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -61,12 +63,16 @@ func (p *planSlots) done(user string) {
 type planJobParams struct {
 	Plan  api.StackPlanParams `json:"plan"`
 	Admin bool                `json:"admin,omitempty"`
+	// Sealed holds the values of sensitive parameters, taken out of Plan, sealed (the store's
+	// Seal, bound to the owner): a job's params are shown by job.get (params.go).
+	Sealed []byte `json:"sealed,omitempty"`
 }
 
 // planStackJob serves stack.planJob: stack.plan as a job (runPlanJob), refused at the call
 // when it can be without terraform.
 func (a *stackAPI) planStackJob(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.JobRef, error) {
 	var target string
+	var sealed []byte
 	if p.StackID != "" {
 		st, err := a.srv.loadStack(ctx, c, p.StackID)
 		if err != nil {
@@ -81,7 +87,16 @@ func (a *stackAPI) planStackJob(ctx context.Context, c *Caller, _ *kite.Request,
 		if err != nil {
 			return api.JobRef{}, err
 		}
-		b, err := a.build(ctx, c, t.Team, fileMap(files), p.Credentials, p.Variables)
+		params, err := a.srv.resolveParams(fileMap(files), p) // params.go
+		if err != nil {
+			return api.JobRef{}, err
+		}
+		if len(params.secret) > 0 {
+			if sealed, err = a.sealSecretParams(p, params.secret, c.Username); err != nil {
+				return api.JobRef{}, err
+			}
+		}
+		b, err := a.build(ctx, c, t.Team, fileMap(files), p.Credentials, params.all())
 		if err != nil {
 			return api.JobRef{}, err
 		}
@@ -94,7 +109,7 @@ func (a *stackAPI) planStackJob(ctx context.Context, c *Caller, _ *kite.Request,
 		return api.JobRef{}, fmt.Errorf("%s has %d plans running, the most a user may have at once: wait for one to end, or cancel it (kloud job list; kloud job cancel ID): %w",
 			c.Username, MaxPlanJobsPerUser, kite.ErrConflict)
 	}
-	id, err := a.startPlanJob(ctx, target, c.Username, planJobParams{Plan: *p, Admin: c.Admin})
+	id, err := a.startPlanJob(ctx, target, c.Username, planJobParams{Plan: *p, Admin: c.Admin, Sealed: sealed})
 	if err != nil {
 		a.planJobs.done(c.Username)
 		return api.JobRef{}, err
@@ -118,6 +133,9 @@ func (a *stackAPI) runPlanJob(ctx context.Context, j *jobCtx, p planJobParams) (
 	defer a.planJobs.done(j.Owner) // taken by planStackJob
 	c, err := a.srv.callerByName(ctx, j.Owner, p.Admin)
 	if err != nil {
+		return api.StackPlanResult{}, err
+	}
+	if err := a.openSecretParams(&p, j.Owner); err != nil {
 		return api.StackPlanResult{}, err
 	}
 	what := "template " + p.Plan.TemplateID
@@ -145,4 +163,46 @@ func withPlanLog(ctx context.Context, f func(string)) context.Context {
 func planLog(ctx context.Context) func(string) {
 	f, _ := ctx.Value(planLogKey{}).(func(string))
 	return f
+}
+
+// sealSecretParams takes the sensitive parameters (secret, in -var form) out of p and returns
+// them sealed for owner's plan job.
+func (a *stackAPI) sealSecretParams(p *api.StackPlanParams, secret map[string]string, owner string) ([]byte, error) {
+	b, err := json.Marshal(secret)
+	if err != nil {
+		return nil, err
+	}
+	sealed, err := a.store.Seal(b, []byte("planjob/"+owner))
+	if err != nil {
+		return nil, err
+	}
+	q := *p
+	q.Parameters, q.Variables = maps.Clone(p.Parameters), maps.Clone(p.Variables)
+	for k := range secret {
+		delete(q.Parameters, k)
+		delete(q.Variables, k)
+	}
+	*p = q
+	return sealed, nil
+}
+
+// openSecretParams puts the sealed sensitive parameters of a plan job back into its plan, as
+// variables in -var form.
+func (a *stackAPI) openSecretParams(p *planJobParams, owner string) error {
+	if len(p.Sealed) == 0 {
+		return nil
+	}
+	b, err := a.store.Open(p.Sealed, []byte("planjob/"+owner))
+	if err != nil {
+		return fmt.Errorf("open the plan's sensitive parameters: %w", err)
+	}
+	var secret map[string]string
+	if err := json.Unmarshal(b, &secret); err != nil {
+		return fmt.Errorf("the plan's sensitive parameters: %w", err)
+	}
+	if p.Plan.Variables == nil {
+		p.Plan.Variables = map[string]string{}
+	}
+	maps.Copy(p.Plan.Variables, secret)
+	return nil
 }

@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -27,6 +28,19 @@ func (a *stackAPI) scale(ctx context.Context, c *Caller, _ *kite.Request, p *api
 	files, vars, err := stackbuild.ScaleFiles(st.Files, st.Variables, a.srv.resourceTypes(), p.Resource, p.Count)
 	if err != nil {
 		return api.JobRef{}, err
+	}
+	// A count that is a parameter changes as stack.update would change it (params.go): only
+	// when mutable, and within its validation.
+	changes := map[string]json.RawMessage{}
+	for k, v := range vars {
+		if old, ok := st.Variables[k]; (!ok || old != v) && json.Valid([]byte(v)) {
+			changes[k] = json.RawMessage(v)
+		}
+	}
+	if len(changes) > 0 {
+		if vars, err = a.srv.updateParamValues(st, files, changes); err != nil {
+			return api.JobRef{}, err
+		}
 	}
 	ms, err := a.srv.flow().StackMachines(ctx, st.ID)
 	if err != nil {

@@ -58,7 +58,13 @@ func (a *stackAPI) update(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	if err != nil {
 		return api.JobRef{}, err
 	}
-	return a.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(st.Variables)})
+	vars := st.Variables
+	if len(p.Parameters) > 0 { // params.go: refused before a job when a value may not change
+		if vars, err = a.srv.updateParamValues(st, files, p.Parameters); err != nil {
+			return api.JobRef{}, err
+		}
+	}
+	return a.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(vars)})
 }
 
 // startUpdate starts the update job as stack.apply starts its job (beginStackJob, stacks.go),
@@ -127,7 +133,7 @@ func (a *stackAPI) reapplyUpdate(ctx context.Context, c *Caller, st *model.Stack
 // constraints and the quotas (the bucket quotas too).
 func (a *stackAPI) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
 	cc, _ := c.(*Caller)
-	b, err := a.build(ctx, cc, st.Team, fileMap(files), st.Credentials, vars)
+	b, err := a.build(ctx, cc, st.Team, fileMap(files), st.Credentials, st.BuildVariables(vars))
 	if err != nil {
 		return nil, err
 	}

@@ -36,6 +36,7 @@ type templateAPI struct {
 type templateServer interface {
 	loadTemplate(ctx context.Context, c *Caller, id string) (*model.Template, error)
 	machineResources(files map[string][]byte) (*tmpl.Config, map[string][]tmpl.Resource, error)
+	templateParams(cfg *tmpl.Config) (*tmpl.Params, error) // params.go
 	// policy.go
 	trustSpec(c *Caller, spec *api.TrustSpec) ([]string, error)
 	checkPolicy(ctx context.Context, team string, files map[string][]byte, extraLift ...string) error
@@ -110,8 +111,11 @@ func (a *templateAPI) create(ctx context.Context, c *Caller, _ *kite.Request, p 
 		return model.Template{}, err
 	}
 	files := filesOf(p.Files)
-	_, res, err := a.srv.machineResources(fileMap(files))
+	cfg, res, err := a.srv.machineResources(fileMap(files))
 	if err != nil {
+		return model.Template{}, err
+	}
+	if _, err := a.srv.templateParams(cfg); err != nil { // params.go
 		return model.Template{}, err
 	}
 	lift, err := a.srv.trustSpec(c, p.Trust)
@@ -180,8 +184,11 @@ func (a *templateAPI) update(ctx context.Context, c *Caller, _ *kite.Request, p 
 	}
 	if len(p.Files) > 0 {
 		files := filesOf(p.Files)
-		_, res, err := a.srv.machineResources(fileMap(files))
+		cfg, res, err := a.srv.machineResources(fileMap(files))
 		if err != nil {
+			return model.Template{}, err
+		}
+		if _, err := a.srv.templateParams(cfg); err != nil { // params.go
 			return model.Template{}, err
 		}
 		// A new revision: trust given to an earlier one does not carry over (it is bound to

@@ -129,6 +129,21 @@ func ModuleRoot() (string, error) {
 	}
 }
 
+// ModuleFile returns the content of the file at path rel from the module's root (testdata
+// that tests of several packages share).
+func ModuleFile(t testing.TB, rel string) string {
+	t.Helper()
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // StartProcess starts a process whose output goes to the test log, and kills it (by pid) when
 // the test ends.
 func StartProcess(t testing.TB, name string, args ...string) *exec.Cmd {

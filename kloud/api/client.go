@@ -143,6 +143,11 @@ func (c *Client) TemplateGet(ctx context.Context, p TemplateGetParams) (Template
 	return RPCTemplateGet.Call(ctx, c.c, p)
 }
 
+// TemplateParameters returns the typed parameters and presets of a template revision.
+func (c *Client) TemplateParameters(ctx context.Context, p TemplateGetParams) (TemplateParametersResult, error) {
+	return RPCTemplateParameters.Call(ctx, c.c, p)
+}
+
 // TemplateList lists templates without their files.
 func (c *Client) TemplateList(ctx context.Context, p TemplateListParams) (TemplateListResult, error) {
 	return RPCTemplateList.Call(ctx, c.c, p)

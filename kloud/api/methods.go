@@ -31,13 +31,14 @@ const (
 	// MethodPluginRegister is called by provider plugins only (plugin keys), never by users.
 	MethodPluginRegister = pluginapi.MethodRegister
 
-	MethodTemplateCreate  = "template.create"
-	MethodTemplateUpdate  = "template.update"
-	MethodTemplateGet     = "template.get"
-	MethodTemplateList    = "template.list"
-	MethodTemplateDelete  = "template.delete"
-	MethodTemplateTrust   = "template.trust"
-	MethodTemplateUntrust = "template.untrust"
+	MethodTemplateCreate     = "template.create"
+	MethodTemplateUpdate     = "template.update"
+	MethodTemplateGet        = "template.get"
+	MethodTemplateList       = "template.list"
+	MethodTemplateDelete     = "template.delete"
+	MethodTemplateTrust      = "template.trust"
+	MethodTemplateUntrust    = "template.untrust"
+	MethodTemplateParameters = "template.parameters"
 
 	MethodStackPlan     = "stack.plan"
 	MethodStackPlanJob  = "stack.planJob" // stack.plan as a job (stacks_plan.go)
@@ -118,8 +119,9 @@ func KloudMethods() []string {
 		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackPlanJob, MethodStackReset,
 		MethodStackScale, MethodStackUpdate,
 		MethodTeamAddMember, MethodTeamCreate, MethodTeamList, MethodTeamRemoveMember,
-		MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList, MethodTemplateTrust,
-		MethodTemplateUntrust, MethodTemplateUpdate,
+		MethodTemplateCreate, MethodTemplateDelete, MethodTemplateGet, MethodTemplateList,
+		MethodTemplateParameters, // params.go
+		MethodTemplateTrust, MethodTemplateUntrust, MethodTemplateUpdate,
 		MethodUserAdd, MethodUserList, MethodUserSetPassword, MethodUserSetRole, MethodUserWhoami,
 	}
 }

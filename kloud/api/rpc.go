@@ -105,6 +105,7 @@ var (
 	RPCTemplateDelete         = Method[TemplateRef, DeleteResult]{Name: MethodTemplateDelete}
 	RPCTemplateGet            = Method[TemplateGetParams, TemplateView]{Name: MethodTemplateGet}
 	RPCTemplateList           = Method[TemplateListParams, TemplateListResult]{Name: MethodTemplateList}
+	RPCTemplateParameters     = Method[TemplateGetParams, TemplateParametersResult]{Name: MethodTemplateParameters}
 	RPCTemplateTrust          = Method[TrustParams, model.TemplateTrust]{Name: MethodTemplateTrust}
 	RPCTemplateUntrust        = Method[TrustParams, UntrustResult]{Name: MethodTemplateUntrust}
 	RPCTemplateUpdate         = Method[TemplateParams, model.Template]{Name: MethodTemplateUpdate}
@@ -129,6 +130,7 @@ func Descriptors() map[string]Descriptor {
 		RPCStackDescribe, RPCStackList, RPCStackPlan, RPCStackPlanJob, RPCStackReset, RPCStackScale,
 		RPCStackUpdate, RPCTeamAddMember, RPCTeamCreate, RPCTeamList, RPCTeamRemoveMember, RPCTemplateCreate,
 		RPCTemplateDelete, RPCTemplateGet, RPCTemplateList, RPCTemplateTrust, RPCTemplateUntrust,
+		RPCTemplateParameters,
 		RPCTemplateUpdate, RPCUserAdd, RPCUserList, RPCUserSetPassword, RPCUserSetRole, RPCUserWhoami,
 	}
 	out := make(map[string]Descriptor, len(ds))

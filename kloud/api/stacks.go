@@ -21,6 +21,12 @@ type StackPlanParams struct {
 	// Variables are values for the template's variables.
 	Variables map[string]string `json:"variables,omitempty"`
 	Title     string            `json:"title,omitempty"` // stack.create only
+	// Parameters are typed values (JSON) of the template's parameters (template.parameters);
+	// names that are no parameter are refused.
+	Parameters map[string]json.RawMessage `json:"parameters,omitempty"`
+	// Preset names the template preset whose values apply under Parameters and Variables;
+	// absent: the template's default preset, if it has one; "": no preset.
+	Preset *string `json:"preset,omitempty"`
 }
 
 // Validate implements kite.Validator.

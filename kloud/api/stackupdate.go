@@ -24,6 +24,9 @@ type StackUpdateParams struct {
 	StackID string `json:"stackId"`
 	// TemplateRevision to update to; default: the template's latest.
 	TemplateRevision int `json:"templateRevision,omitempty"`
+	// Parameters change parameter values (JSON) of the stack; a parameter that is not mutable
+	// cannot change once the stack is built.
+	Parameters map[string]json.RawMessage `json:"parameters,omitempty"`
 }
 
 // Validate implements kite.Validator.
@@ -44,7 +47,7 @@ func (p *StackPlanParams) validateStack() error {
 	if p.Title != "" {
 		return errors.New("title is for stack.create, not for planning a stack's update")
 	}
-	if len(p.Credentials) > 0 || len(p.Variables) > 0 {
+	if len(p.Credentials) > 0 || len(p.Variables) > 0 || len(p.Parameters) > 0 || p.Preset != nil {
 		return errors.New("a stack's update uses the stack's own credentials and variables: leave credentials and variables out")
 	}
 	if p.Rev < 0 || p.TemplateRevision < 0 {

@@ -176,6 +176,7 @@ func templateCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.AddCommand(create, update, get, list, del, templateTrustCmd(g), templateUntrustCmd(g))
+	cmd.AddCommand(templateParametersCmd(g)) // params.go
 	return cmd
 }
 
@@ -193,6 +194,9 @@ type planFlags struct {
 	template, title string
 	rev             int
 	creds, vars     []string
+	paramFlags      []string // params.go
+	preset          string
+	cmd             *cobra.Command
 }
 
 func (f *planFlags) add(cmd *cobra.Command, create bool) {
@@ -200,6 +204,9 @@ func (f *planFlags) add(cmd *cobra.Command, create bool) {
 	cmd.Flags().IntVar(&f.rev, "rev", 0, "template revision (default: the current one)")
 	cmd.Flags().StringArrayVar(&f.creds, "credential", nil, "provider=credentialID (default: the team's only credential for each provider)")
 	cmd.Flags().StringArrayVar(&f.vars, "var", nil, "name=value for a template variable (repeatable)")
+	cmd.Flags().StringArrayVar(&f.paramFlags, "param", nil, "name=value for a template parameter, typed as the template says (repeatable; kloud template parameters ID)")
+	cmd.Flags().StringVar(&f.preset, "preset", "", `a preset of the template, applied under --param (default: the template's default preset; "" for none)`)
+	f.cmd = cmd
 	if create {
 		cmd.Flags().StringVar(&f.title, "title", "", "stack title (default: the template's)")
 	}
@@ -222,6 +229,9 @@ func (f *planFlags) params() (api.StackPlanParams, error) {
 		}
 		p.Variables[k] = v
 	}
+	if f.cmd != nil && f.cmd.Flags().Changed("preset") {
+		p.Preset = &f.preset
+	}
 	return p, nil
 }
 
@@ -238,6 +248,9 @@ printed when it ends. Ctrl-C cancels the plan (terraform stops).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := pf.params()
 			if err != nil {
+				return err
+			}
+			if err := g.withParams(cmd.Context(), &p, pf.paramFlags, false); err != nil { // params.go
 				return err
 			}
 			res, err := g.planJob(cmd.Context(), p)
@@ -264,6 +277,10 @@ printed when it ends. Ctrl-C cancels the plan (terraform stops).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := cf.params()
 			if err != nil {
+				return err
+			}
+			// params.go: --param typed; required parameters asked for on a terminal.
+			if err := g.withParams(cmd.Context(), &p, cf.paramFlags, stdinTerminal() && !g.json); err != nil {
 				return err
 			}
 			ctx, cancel := planCallCtx(cmd.Context())

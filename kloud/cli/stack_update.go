@@ -16,6 +16,7 @@ import (
 func stackUpdateCmds(g *globals) []*cobra.Command {
 	var rev int
 	var planOnly, detach bool
+	var params []string
 	update := &cobra.Command{
 		Use:   "update STACK [--rev N] [--plan]",
 		Short: "Update a built stack to a revision of its template (default: the latest); --plan only shows what it would do",
@@ -29,6 +30,12 @@ update waits for the agents of new and replaced machines only. --plan shows the 
 			ctx := cmd.Context()
 			return g.withConn(ctx, func(conn *kite.Conn) error {
 				kc := api.NewClient(conn)
+				if len(params) > 0 && planOnly {
+					return fmt.Errorf("--plan shows a revision's update; with --param the update runs at once (kloud checks the values before any job): leave out one of them")
+				}
+				if len(params) > 0 { // params.go: new parameter values, checked by kloud before a job
+					return g.updateParams(ctx, conn, kc, args[0], rev, params, detach)
+				}
 				res, err := g.planJobOn(ctx, conn, api.StackPlanParams{StackID: args[0], Rev: rev}) // jobwatch.go
 				if err != nil {
 					return err
@@ -56,6 +63,7 @@ update waits for the agents of new and replaced machines only. --plan shows the 
 	}
 	update.Flags().IntVar(&rev, "rev", 0, "the template revision to update to (default: the latest)")
 	update.Flags().BoolVar(&planOnly, "plan", false, "only show what the update would do")
+	update.Flags().StringArrayVar(&params, "param", nil, "name=value: change a parameter of the stack, keeping its revision unless --rev (repeatable; not with --plan)")
 	detachFlag(update, &detach)
 
 	var sdetach bool

@@ -194,10 +194,15 @@ type Stack struct {
 	Files       []File            `bson:"files" json:"-"`
 	Credentials map[string]string `bson:"credentials,omitempty" json:"credentials,omitempty"` // provider → credential id
 	Variables   map[string]string `bson:"variables,omitempty" json:"variables,omitempty"`
-	State       string            `bson:"state" json:"state"`
-	Reason      string            `bson:"reason,omitempty" json:"reason,omitempty"`
-	Machines    []string          `bson:"machines" json:"machines"`
-	JobID       string            `bson:"jobId,omitempty" json:"jobId,omitempty"`
+	// SecretVariables are the values of the template's sensitive parameters (in -var form, as
+	// Variables): given to terraform, never in a response (kloud/params.go).
+	SecretVariables map[string]string `bson:"secretVariables,omitempty" json:"-"`
+	// Preset is the template preset the stack was created with ("" for none).
+	Preset   string   `bson:"preset,omitempty" json:"preset,omitempty"`
+	State    string   `bson:"state" json:"state"`
+	Reason   string   `bson:"reason,omitempty" json:"reason,omitempty"`
+	Machines []string `bson:"machines" json:"machines"`
+	JobID    string   `bson:"jobId,omitempty" json:"jobId,omitempty"`
 	// TFJobID is the terraformer run of the current build, recorded so a build recovered
 	// after a restart re-attaches to it.
 	TFJobID string `bson:"tfJobId,omitempty" json:"-"`
@@ -310,4 +315,20 @@ type Autostart struct {
 	TZ       string `bson:"tz" json:"tz"` // an IANA time zone; default UTC
 	// Next is the next start kloud will make (kept in the store: a restart keeps it).
 	Next time.Time `bson:"next" json:"next"`
+}
+
+// BuildVariables is vars (the stack's Variables, or an update's) with the stack's
+// SecretVariables: what a build of the stack gives terraform.
+func (st *Stack) BuildVariables(vars map[string]string) map[string]string {
+	if len(st.SecretVariables) == 0 {
+		return vars
+	}
+	out := make(map[string]string, len(vars)+len(st.SecretVariables))
+	for k, v := range vars {
+		out[k] = v
+	}
+	for k, v := range st.SecretVariables {
+		out[k] = v
+	}
+	return out
 }

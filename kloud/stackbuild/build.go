@@ -203,7 +203,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			}
 		}
 		j.Enter(ctx, BuildCredentials)
-		b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(st.Files), st.Credentials, st.Variables)
+		b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(st.Files), st.Credentials, st.BuildVariables(st.Variables))
 		if err != nil {
 			return StackResult{}, f.failBuild(ctx, st, ms, err)
 		}

@@ -174,7 +174,7 @@ func (c *Config) RemoveBuckets() error {
 		if f.json {
 			f.src, err = removeJSONEntry(f.src, "resource", BucketType)
 		} else {
-			f.src, err = removeHCLBlocks(f, blocks)
+			f.src, err = removeHCLBlocks(f, blocks, "# kloud_bucket: provisioned by kloud, not Terraform")
 		}
 		if err != nil {
 			return fmt.Errorf("%s: remove kloud_bucket blocks: %w", f.name, err)
@@ -189,8 +189,8 @@ func (c *Config) RemoveBuckets() error {
 	return c.reindex()
 }
 
-// removeHCLBlocks replaces blocks of native file f with comments of as many lines.
-func removeHCLBlocks(f *file, blocks []*hcl.Block) ([]byte, error) {
+// removeHCLBlocks replaces blocks of native file f with comments (comment, then as many lines).
+func removeHCLBlocks(f *file, blocks []*hcl.Block, comment string) ([]byte, error) {
 	body, ok := f.hcl.Body.(*hclsyntax.Body)
 	if !ok {
 		return nil, fmt.Errorf("unexpected body type %T", f.hcl.Body)
@@ -210,7 +210,7 @@ func removeHCLBlocks(f *file, blocks []*hcl.Block) ([]byte, error) {
 	out := bytes.Clone(f.src)
 	for _, r := range ranges {
 		n := bytes.Count(out[r.Start.Byte:r.End.Byte], []byte{'\n'})
-		text := "# kloud_bucket: provisioned by kloud, not Terraform" + strings.Repeat("\n", n)
+		text := comment + strings.Repeat("\n", n)
 		out = edit{start: r.Start.Byte, end: r.End.Byte, text: text}.apply(out)
 	}
 	return out, nil

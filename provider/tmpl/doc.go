@@ -15,6 +15,9 @@
 //     iterators are told apart from real references;
 //   - Validate applies kloud's own rules to machine resources (count, never for_each; literal
 //     user data);
+//   - Params (params.go) reads the typed parameters (variable blocks, with kloud_parameter
+//     metadata) and presets (kloud_preset); Params.Resolve checks values against them with the
+//     variables' validation conditions, evaluated with HCL and Functions (funcs.go);
 //   - CheckPolicy (policy.go) applies the template policy: templates are data, not code (an
 //     allowlist of blocks, providers and pure functions; no provisioners, host paths, backends or
 //     modules), see docs/template-policy.md.

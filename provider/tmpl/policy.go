@@ -195,7 +195,8 @@ func (c *Config) CheckPolicy(p Policy) error {
 
 // allowedTop are the top-level block types a template may have.
 var allowedTop = map[string]bool{"terraform": true, "variable": true, "locals": true, "output": true,
-	"resource": true, "data": true, "moved": true, "removed": true, "check": true, "provider": true}
+	"resource": true, "data": true, "moved": true, "removed": true, "check": true, "provider": true,
+	ParameterBlock: true, PresetBlock: true}
 
 func (pc *policyCheck) file(f *file) {
 	// Top-level blocks the schema does not know, and attributes (JSON: every unknown key).

@@ -106,6 +106,9 @@ var topSchema = &hcl.BodySchema{
 		{Type: "import"},
 		{Type: "removed"},
 		{Type: "check", LabelNames: []string{"name"}},
+		// kloud's own (params.go), taken out before Terraform sees the files
+		{Type: ParameterBlock, LabelNames: []string{"name"}},
+		{Type: PresetBlock, LabelNames: []string{"name"}},
 	},
 }
 

@@ -9,6 +9,7 @@ import { machineTable } from './machines.js';
 import { providers } from '../providers.js';
 import { updateButton, scaleSection } from './stackupdate.js';
 import { bucketsSection } from './buckets.js';
+import { paramsForm } from './params.js';
 
 // needsCredential says whether provider description d asks for a credential: it has a
 // credential part (a schema), as kloud decides when it builds the template (kloud/stacks.go).
@@ -101,6 +102,16 @@ export async function create(ctx, el) {
   const vars = h('textarea', { id: 'stack-variables', class: 'code', rows: 3, placeholder: 'KEY=VALUE per line (optional)' });
   const planBox = h('div', {});
   let credSels = {};
+  // params.js: the template's typed parameters and presets.
+  const paramBox = h('div', { id: 'stack-params' });
+  let pform = { values: () => ({}), showError: () => false };
+  const loadParams = async () => {
+    pform = { values: () => ({}), showError: () => false };
+    pform = await paramsForm(kite, tplSel.value, paramBox).catch((e) => {
+      clear(paramBox, h('p', { class: 'error-text' }, `Parameters: ${errorText(e)}`));
+      return pform;
+    });
+  };
 
   const loadCreds = async () => {
     const t = templates.find((x) => x.id === tplSel.value);
@@ -126,15 +137,18 @@ export async function create(ctx, el) {
       credBox.append(field(`Credential for ${p}`, sel));
     }
   };
-  tplSel.addEventListener('change', () => { clear(planBox); loadCreds(); });
-  await loadCreds();
+  tplSel.addEventListener('change', () => { clear(planBox); loadCreds(); loadParams(); });
+  await Promise.all([loadCreds(), loadParams()]);
 
   const params = () => {
     const credentials = {};
     for (const [p, sel] of Object.entries(credSels)) credentials[p] = sel.value;
     const variables = parseVars(vars.value);
+    const { parameters, preset } = pform.values();
     return {
       templateId: tplSel.value,
+      parameters: parameters && Object.keys(parameters).length ? parameters : undefined,
+      preset,
       credentials: Object.keys(credentials).length ? credentials : undefined,
       variables: Object.keys(variables).length ? variables : undefined,
     };
@@ -147,16 +161,18 @@ export async function create(ctx, el) {
       const r = await planJob(kite, params(), planBox);
       if (r) clear(planBox, section(`Plan: ${r.machines.length} machine(s)`, planTable(r.machines, (templates.find((x) => x.id === tplSel.value) || {}).files)));
     } catch (e) {
+      pform.showError(e);
       clear(planBox, section('Plan failed', h('pre', { class: 'error-text' }, errorText(e))));
     }
   }));
   const form = h('form', { class: 'stack-form', id: 'stack-form' },
-    field('Template', tplSel), field('Title', title), credBox, field('Variables', vars),
+    field('Template', tplSel), field('Title', title), credBox, paramBox, field('Other variables', vars, 'KEY=VALUE lines for variables the form does not show'),
     h('div', { class: 'buttons' }, planBtn, createBtn));
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
     busy(createBtn, async () => {
-      const r = await kite.call('stack.create', { ...params(), title: title.value.trim() || undefined }, { timeout: 10 * 60 * 1000 });
+      const r = await kite.call('stack.create', { ...params(), title: title.value.trim() || undefined }, { timeout: 10 * 60 * 1000 })
+        .catch((e) => { pform.showError(e); throw e; });
       notice(`Stack created with ${r.machines.length} machine(s); build it to start them.`);
       ctx.navigate(`#/stacks/${encodeURIComponent(r.stack.id)}`);
     });
@@ -173,6 +189,8 @@ export async function detail(ctx, el) {
   const updateBox = h('div', { id: 'stack-update-box' }); // stackupdate.js: the plan before an update
   const scaleBox = h('div', { id: 'stack-scale-box' }); // stackupdate.js: the Scale card
   const bucketsBox = h('div', {}); // buckets.js: the Buckets card
+  const paramsBox = h('div', { id: 'stack-params-card' }); // params.js: change parameters
+  let paramsState = null; // the stack's state and revision when the Parameters card was loaded
   let watch = null;
   let timer = null;
   let stopped = false;
@@ -204,6 +222,10 @@ export async function detail(ctx, el) {
         h('dt', {}, 'Template'), h('dd', { id: 'stack-template-link' }, templateLink(st.templateId, st.templateRev, titles),
           st.latestRev > st.templateRev ? ` (latest: ${st.latestRev})` : null, st.diverged ? ' (scaled)' : null),
         st.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, errorDetail(st.reason))] : null,
+        // params.js: the values the stack was given (sensitive ones are never sent).
+        st.preset || (st.variables && Object.keys(st.variables).length) ? [h('dt', {}, 'Parameters'), h('dd', { id: 'stack-parameters' },
+          st.preset ? `preset ${st.preset}` : null, st.preset && st.variables ? '; ' : null,
+          Object.entries(st.variables || {}).map(([k, v]) => `${k} = ${v}`).join(', '))] : null,
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(st.updatedAt))));
     const caps = await providers(kite).catch(() => ({}));
     clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: refresh, jobsEl: jobs, caps })));
@@ -214,7 +236,35 @@ export async function detail(ctx, el) {
       bucketsState = st.state;
       clear(bucketsBox, bucketsSection(ctx, st));
     }
+    // Likewise the Parameters card (a built stack's mutable parameters, stack.update).
+    if (paramsState !== `${st.state} ${st.templateRev} ${JSON.stringify(st.variables || {})}`) {
+      paramsState = `${st.state} ${st.templateRev} ${JSON.stringify(st.variables || {})}`;
+      await paramsCard(st).catch(() => clear(paramsBox));
+    }
     return true;
+  };
+
+  // paramsCard shows the stack's parameters as a form that changes the mutable ones, keeping
+  // the stack's template revision (stack.update); only for a built stack.
+  const paramsCard = async (s) => {
+    clear(paramsBox);
+    if (s.state !== 'Initialized' && s.state !== 'Failed') return;
+    const inner = h('div', {});
+    const pf = await paramsForm(kite, s.templateId, inner, { current: s.variables || {}, rev: s.templateRev });
+    if (!pf.count) return;
+    const btn = h('button', { type: 'submit', id: 'stack-params-update' }, 'Update parameters');
+    const form = h('form', { id: 'stack-params-form' }, inner, h('div', { class: 'buttons' }, btn));
+    form.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      busy(btn, async () => {
+        const { parameters } = pf.values();
+        const j = await kite.call('stack.update', { stackId: s.id, templateRevision: s.templateRev, parameters }, { timeout: 10 * 60 * 1000 })
+          .catch((e) => { pf.showError(e); throw e; });
+        follow(j.jobId, `Updating the parameters of ${s.title}`);
+        refresh();
+      });
+    });
+    clear(paramsBox, section('Parameters', form));
   };
 
   const follow = (jobId, title) => {
@@ -238,7 +288,7 @@ export async function detail(ctx, el) {
     await refresh();
   };
 
-  clear(el, head, updateBox, jobs, machines, bucketsBox, scaleBox);
+  clear(el, head, updateBox, jobs, machines, bucketsBox, paramsBox, scaleBox);
   if (await refresh() && st.jobId) {
     // The stack's last job: live if it still runs, else its final state and log.
     follow(st.jobId, st.state === 'Destroying' ? 'Destroying' : st.state === 'Building' ? 'Building' : 'Last job');
