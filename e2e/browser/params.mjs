@@ -12,7 +12,7 @@
 // e2e/params_test.go.
 import path from 'node:path';
 import { chromium } from 'playwright-core';
-import { log, step, poll, stepCounts } from './lib.mjs';
+import { log, step, poll, stepCounts, axeCheck } from './lib.mjs';
 
 const env = process.env;
 const base = env.KLOUD_URL;
@@ -57,6 +57,7 @@ try {
       .filter((el) => !el.labels || el.labels.length === 0).map((el) => el.id || el.outerHTML.slice(0, 60)));
     if (unlabeled.length) throw new Error(`inputs without a label: ${unlabeled.join(', ')}`);
     await shot('stack-params.png');
+    await axeCheck(page, 'the New stack form with parameters'); // docs/CONTRIBUTING.md "Accessibility"
     return { kinds };
   });
   await step('a value the validation refuses is shown next to its field', async () => {
@@ -70,6 +71,7 @@ try {
     if (msg !== 'A machine has 1 to 4 CPUs.') throw new Error(`cpus error: ${msg}`);
     if (await page.getAttribute('#param-cpus', 'aria-invalid') !== 'true') throw new Error('cpus is not marked invalid');
     await shot('stack-params-error.png');
+    await axeCheck(page, 'the New stack form with a refused value');
     return { msg };
   });
   await step('create and build the stack with the form\'s values', async () => {
@@ -88,6 +90,7 @@ try {
     for (const want of ['preset big', 'cpus = 3', 'tags = ["a","b"]']) if (!shown.includes(want)) throw new Error(`the stack page shows parameters ${shown}`);
     if (shown.includes('api_key') || shown.includes('k3y')) throw new Error(`the stack page shows the sensitive parameter: ${shown}`);
     await shot('stack-page-params.png');
+    await axeCheck(page, 'a stack page with its parameters');
     return { stackId, shown };
   });
   await step('the stack page changes a mutable parameter; an immutable one cannot change', async () => {
