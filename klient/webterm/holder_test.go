@@ -1,0 +1,223 @@
+package webterm_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kloud-dev/kloud/internal/selfexec"
+	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/klient/webterm"
+)
+
+// TestMain lets this test binary be a session holder too, as klient's binary is
+// (Options.HolderCommand's default runs /proc/self/exe session-hold ID).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == webterm.HolderArg {
+		os.Exit(webterm.HolderMain())
+	}
+	if os.Getenv("WEBTERM_HOLDERS") != "" {
+		fmt.Println("WEBTERM_HOLDERS is set: every Manager of the tests keeps its shells in holders")
+	}
+	os.Exit(m.Run())
+}
+
+// holderOptions are Options whose sessions live in holders under a directory of the test.
+func holderOptions(t *testing.T, o webterm.Options) webterm.Options {
+	t.Helper()
+	o.SessionDir = filepath.Join(t.TempDir(), "sessions")
+	o.HolderEnv = selfexec.Env()
+	return o
+}
+
+// holders lists the pids of the holder processes whose session is id.
+func holders(id string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) == 3 && args[1] == webterm.HolderArg && args[2] == id && !zombie(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && len(b) > i+2 && b[i+2] == 'Z'
+}
+
+// uniqueID is a session id no other test uses, whose holders are killed when the test ends.
+func uniqueID(t *testing.T) string {
+	id := "t" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		for _, pid := range holders(id) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return id
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil && !zombie(pid) }
+
+// TestHolderSurvivesManagerRestart: a shell with a background job lives on in its holder when
+// its Manager goes away (Detach, as klient does on SIGTERM); a new Manager on the same directory
+// finds it: same shell pid, background job alive, scrollback replayed, typing works. Killing the
+// session then ends the holder and the shell: nothing is left.
+func TestHolderSurvivesManagerRestart(t *testing.T) {
+	o := holderOptions(t, webterm.Options{})
+	id := uniqueID(t)
+	m1, mach := newManager(t, o)
+	o.Owner, o.Root, o.Logger = "alice", mach.Root, testutil.Logger(t)
+	v := open(t, m1, webterm.OpenRequest{Session: id, Cols: 100, Rows: 30})
+	out := collect(v)
+	typeIn(t, v, "sleep 1000 & echo bg=$! sh=$$ mark-$((20+3))\r")
+	out.waitFor(t, "mark-23")
+	mm := regexp.MustCompile(`bg=(\d+) sh=(\d+)`).FindStringSubmatch(out.String())
+	if mm == nil {
+		t.Fatalf("no pids in %q", out.String())
+	}
+	bg, _ := strconv.Atoi(mm[1])
+	sh, _ := strconv.Atoi(mm[2])
+	if pid := m1.List()[0].PID; pid != sh {
+		t.Fatalf("Info.PID %d, shell says $$=%d", pid, sh)
+	}
+	if err := m1.Rename(id, "my tab"); err != nil {
+		t.Fatal(err)
+	}
+	hs := holders(id)
+	if len(hs) != 1 {
+		t.Fatalf("holders of the session: %v, want one", hs)
+	}
+
+	m1.Detach() // klient goes away
+	if e := out.end(t); e.Code != webterm.CloseEnded || !strings.Contains(e.Reason, "restarting") {
+		t.Fatalf("viewer of a detached Manager: %+v", e)
+	}
+	if !alive(sh) || !alive(bg) || !alive(hs[0]) {
+		t.Fatalf("after Detach: shell alive %v, background job alive %v, holder alive %v", alive(sh), alive(bg), alive(hs[0]))
+	}
+	if _, _, err := m1.Open(webterm.OpenRequest{User: "alice", Cols: 80, Rows: 24}); err == nil {
+		t.Fatal("a detached Manager opened a session")
+	}
+
+	m2, err := webterm.New(o) // the next klient
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m2.Close)
+	ls := m2.List()
+	if len(ls) != 1 || ls[0].Session != id || ls[0].PID != sh || ls[0].Name != "my tab" || ls[0].CreatedBy != "alice" ||
+		ls[0].RunAs != "alice" || ls[0].Cols != 100 || ls[0].Rows != 30 {
+		t.Fatalf("restored sessions: %+v (shell pid %d)", ls, sh)
+	}
+	v2 := open(t, m2, webterm.OpenRequest{Session: id, Cols: 100, Rows: 30})
+	out2 := collect(v2)
+	out2.waitFor(t, "mark-23") // the replay
+	typeIn(t, v2, "jobs; echo again-$$-$((5*5))\r")
+	out2.waitFor(t, fmt.Sprintf("again-%d-25", sh))
+	out2.waitFor(t, "sleep 1000")
+
+	if err := m2.Kill(id, "done"); err != nil {
+		t.Fatal(err)
+	}
+	if e := out2.end(t); e.Code != webterm.CloseEnded || e.Reason != "done" {
+		t.Fatalf("killed: %+v", e)
+	}
+	testutil.Eventually(t, wait, func() bool { return !alive(sh) && !alive(hs[0]) && len(holders(id)) == 0 },
+		"after Kill: shell alive %v, holder alive %v", alive(sh), alive(hs[0]))
+	testutil.Eventually(t, wait, func() bool {
+		ents, _ := os.ReadDir(o.SessionDir)
+		return len(ents) == 0
+	}, "the session dir is not empty after the session ended")
+	// The background job had the hangup; bash does not SIGHUP background jobs of a non-login
+	// shell, so it may live: it is the user's, as with any hangup, and not a holder.
+	if alive(bg) {
+		syscall.Kill(bg, syscall.SIGKILL)
+	}
+}
+
+// TestHolderKilledEndsSession: a holder that dies (SIGKILL) ends its session with a reason for
+// the viewers, its shell is hung up, and its stale socket is removed.
+func TestHolderKilledEndsSession(t *testing.T) {
+	o := holderOptions(t, webterm.Options{})
+	id := uniqueID(t)
+	m, _ := newManager(t, o)
+	v := open(t, m, webterm.OpenRequest{Session: id})
+	out := collect(v)
+	typeIn(t, v, "echo sh=$$ ok-$((4*4))\r")
+	out.waitFor(t, "ok-16")
+	sh := m.List()[0].PID
+	hs := holders(id)
+	if len(hs) != 1 {
+		t.Fatalf("holders: %v", hs)
+	}
+	if err := syscall.Kill(hs[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	e := out.end(t)
+	if e.Code != webterm.CloseEnded || !strings.Contains(e.Reason, "holder") {
+		t.Fatalf("viewer of a session whose holder died: %+v", e)
+	}
+	testutil.Eventually(t, wait, func() bool { return !alive(sh) }, "the shell outlived its holder")
+	if _, err := os.Stat(filepath.Join(o.SessionDir, id+".sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stale socket: %v", err)
+	}
+	if len(m.List()) != 0 {
+		t.Fatalf("sessions: %+v", m.List())
+	}
+}
+
+// TestHolderStaleSocketRemoved: a socket nobody listens on (a holder that died while klient
+// was away) is removed by the next Manager; a socket directory others may enter is refused.
+func TestHolderStaleSocketRemoved(t *testing.T) {
+	o := holderOptions(t, webterm.Options{})
+	id := uniqueID(t)
+	m1, mach := newManager(t, o)
+	o.Owner, o.Root, o.Logger = "alice", mach.Root, testutil.Logger(t)
+	v := open(t, m1, webterm.OpenRequest{Session: id})
+	out := collect(v)
+	typeIn(t, v, "echo x-$((2*21))\r")
+	out.waitFor(t, "x-42")
+	hs := holders(id)
+	if len(hs) != 1 {
+		t.Fatalf("holders: %v", hs)
+	}
+	m1.Detach()
+	syscall.Kill(hs[0], syscall.SIGKILL)
+	testutil.Eventually(t, wait, func() bool { return !alive(hs[0]) }, "holder did not die")
+	m2, err := webterm.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m2.Close)
+	if ls := m2.List(); len(ls) != 0 {
+		t.Fatalf("restored a dead holder's session: %+v", ls)
+	}
+	if _, err := os.Stat(filepath.Join(o.SessionDir, id+".sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stale socket left: %v", err)
+	}
+	if fi, err := os.Stat(o.SessionDir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("session dir: %v %v", fi.Mode(), err)
+	}
+}
