@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/selfexec"
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
@@ -53,7 +54,9 @@ type Options struct {
 	// StateDir keeps what klient must remember across restarts (the access list); default
 	// Root/var/lib/kloud/klient.
 	StateDir string
-	// Terminal tunes the web terminal; Owner, Root and Logger are klient's.
+	// Terminal tunes the web terminal; Owner, Root and Logger are klient's. Its SessionDir
+	// SessionDirAuto means DefaultSessionDir when klient is root on a machine (Root "/"), else
+	// none (shells end with klient).
 	Terminal webterm.Options
 	// TLSConfig is what klient trusts when kloud's URL is wss/https (klient --ca-cert:
 	// internal/tlsconf.Client). Nil: the system's roots.
@@ -81,6 +84,12 @@ type (
 	UnshareParams   = klientapi.UnshareParams
 	SetSharesParams = klientapi.SetSharesParams
 	SharesResult    = klientapi.SharesResult
+)
+
+// SessionDirAuto and DefaultSessionDir: where terminal sessions' holders listen (webterm.Options.SessionDir).
+const (
+	SessionDirAuto    = "auto"
+	DefaultSessionDir = "/run/kloud/sessions"
 )
 
 // Klient is a running agent.
@@ -146,6 +155,13 @@ func New(opts Options) (*Klient, error) {
 	}
 	to := opts.Terminal
 	to.Owner, to.Root, to.Logger = opts.Owner, opts.Root, opts.Logger
+	if to.SessionDir == SessionDirAuto {
+		to.SessionDir = ""
+		if os.Geteuid() == 0 && filepath.Clean(opts.Root) == "/" {
+			to.SessionDir = DefaultSessionDir
+		}
+	}
+	to.HolderEnv = append(to.HolderEnv, selfexec.Env()...)
 	if kl.term, err = webterm.New(to); err != nil {
 		return nil, fmt.Errorf("klient: %w", err)
 	}
@@ -204,7 +220,7 @@ func (kl *Klient) Run(ctx context.Context) error {
 	kl.client.Start()
 	defer kl.client.Close()
 	defer kl.kite.Close()
-	defer kl.term.Close()
+	defer kl.term.Detach() // sessions with holders live on for the next klient
 	defer kl.cancel()
 	kl.log.Info("klient starting", "kite", kl.kite.Identity().String(), "kontrol", kl.opts.KontrolURL)
 	if kl.opts.Listen != "" {
