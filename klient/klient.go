@@ -107,6 +107,7 @@ type Klient struct {
 	acl      *acl
 	term     *webterm.Manager
 	vagrant  *vagrant.Manager // a vagrant host's machines (nil unless Options.Vagrant)
+	up       upgrader         // klient.upgrade (upgrade.go)
 	ctx      context.Context  // lives until Run returns: attachments run under it
 	cancel   context.CancelFunc
 }
@@ -147,7 +148,7 @@ func New(opts Options) (*Klient, error) {
 	if opts.StateDir == "" {
 		opts.StateDir = filepath.Join(opts.Root, "/var/lib/kloud/klient")
 	}
-	kl := &Klient{opts: opts, log: opts.Logger, claims: claims, key: key, keys: &keyCache{}}
+	kl := &Klient{opts: opts, log: opts.Logger, claims: claims, key: key, keys: &keyCache{}, up: upgrader{restart: make(chan string, 1)}}
 	verifier := &kitekey.Verifier{Keys: &kitekey.RemoteKeys{Fetch: kl.fetchKeys}, Issuer: claims.Issuer}
 	kl.verifier = verifier
 	if kl.acl, err = loadACL(filepath.Join(opts.StateDir, SharesFile)); err != nil {
@@ -197,6 +198,7 @@ func New(opts Options) (*Klient, error) {
 	kl.handlePorts()
 	kl.handleActivity() // activity.go
 	kl.handleBuckets()  // buckets.go
+	kl.handleUpgrade()  // upgrade.go
 	if opts.Vagrant != nil {
 		if err := kl.setupVagrant(); err != nil {
 			kl.cancel()
@@ -207,7 +209,8 @@ func New(opts Options) (*Klient, error) {
 	return kl, nil
 }
 
-// Run registers with kontrol and serves until ctx ends.
+// Run registers with kontrol and serves until ctx ends, or until an upgrade installed a new
+// binary: then it returns a *RestartError (IsRestart), and its caller execs that binary.
 func (kl *Klient) Run(ctx context.Context) error {
 	kl.client = kl.kite.NewClient(kite.ClientOptions{
 		URL: kl.opts.KontrolURL,
@@ -234,8 +237,12 @@ func (kl *Klient) Run(ctx context.Context) error {
 		go srv.Serve(ln)
 		defer srv.Close()
 	}
-	<-ctx.Done()
-	return nil
+	select {
+	case <-ctx.Done():
+		return nil
+	case bin := <-kl.up.restart:
+		return &RestartError{Binary: bin}
+	}
 }
 
 func (kl *Klient) register(ctx context.Context, c *kite.Conn) error {
@@ -281,6 +288,7 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
-		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets},
+		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets, klientapi.FeatureUpgrade},
+		SHA256:   kl.ownSHA256(),
 	}, nil
 }

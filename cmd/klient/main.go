@@ -68,6 +68,10 @@ func main() {
 	if err == nil {
 		err = kl.Run(ctx)
 	}
+	if bin, ok := klient.IsRestart(err); ok { // upgraded: become the new binary, same pid
+		stop()
+		err = syscall.Exec(bin, append([]string{bin}, os.Args[1:]...), os.Environ())
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "klient:", err)
 		os.Exit(1)

@@ -10,11 +10,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kloud-dev/kloud/internal/selfexec"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/klient/webterm"
+	"github.com/kloud-dev/kloud/klient/webterm/webtermtest"
 )
 
 // TestMain lets this test binary be a session holder too, as klient's binary is
@@ -37,46 +37,11 @@ func holderOptions(t *testing.T, o webterm.Options) webterm.Options {
 	return o
 }
 
-// holders lists the pids of the holder processes whose session is id.
-func holders(id string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) == 3 && args[1] == webterm.HolderArg && args[2] == id && !zombie(pid) {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
+func holders(id string) []int { return webtermtest.Holders(id) }
 
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i > 0 && len(b) > i+2 && b[i+2] == 'Z'
-}
+func zombie(pid int) bool { return webtermtest.Zombie(pid) }
 
-// uniqueID is a session id no other test uses, whose holders are killed when the test ends.
-func uniqueID(t *testing.T) string {
-	id := "t" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	t.Cleanup(func() {
-		for _, pid := range holders(id) {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
-	return id
-}
+func uniqueID(t *testing.T) string { return webtermtest.UniqueSession(t) }
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil && !zombie(pid) }
 
