@@ -173,7 +173,6 @@ func (kl *Klient) fetchBinary(ctx context.Context, src, want, exe string) (strin
 	return newVersion, nil
 }
 
-
 // IsRestart returns the binary to exec when err is Run's restart.
 func IsRestart(err error) (string, bool) {
 	var re *RestartError
