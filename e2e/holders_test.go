@@ -76,7 +76,9 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 		t.Fatalf("no pids in %q", term.Output())
 	}
 	bg, sh := pids[1], pids[2]
-	alive := func(pid string) bool { return e.exec(id, "sh", "-c", "kill -0 "+pid+" 2>/dev/null && echo yes || echo no") == "yes" }
+	alive := func(pid string) bool {
+		return e.exec(id, "sh", "-c", "kill -0 "+pid+" 2>/dev/null && echo yes || echo no") == "yes"
+	}
 	// reattach opens the session again (retrying while the agent reconnects): the same shell,
 	// its background job, the replay, and typing.
 	reattach := func(after string) {
