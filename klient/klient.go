@@ -202,7 +202,7 @@ func New(opts Options) (*Klient, error) {
 	if opts.Vagrant != nil {
 		if err := kl.setupVagrant(); err != nil {
 			kl.cancel()
-			kl.term.Close()
+			kl.term.Detach() // sessions of an earlier klient stay with their holders
 			return nil, fmt.Errorf("klient: %w", err)
 		}
 	}

@@ -185,6 +185,11 @@ func TestUpgradeKeepsSessions(t *testing.T) {
 	}
 	proc = e.startProcess(bin, sessions)
 	reattach("SIGTERM and a new klient")
+	// The new klient's activity counts the shell and its job, though its holder is no child of it.
+	var act klientapi.Activity
+	if err := e.call(klientapi.MethodActivity, nil, &act); err != nil || act.Processes < 2 {
+		t.Fatalf("klient.activity after a restart: %+v (%v), want the shell and its job counted", act, err)
+	}
 
 	// Killing the session ends its holder: nothing is left.
 	if err := e.call("webterm.kill", webterm.SessionParams{Session: id, Token: e.token("alice")}, nil); err != nil {

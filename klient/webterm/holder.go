@@ -422,6 +422,7 @@ type holderShell struct {
 	pending   []byte // output read from a frame and not yet returned
 	exit      *string
 	detaching bool
+	adopted   bool // restored from a holder another klient started (not this process's child)
 	mu        sync.Mutex
 }
 
@@ -707,6 +708,7 @@ func (m *Manager) restore() error {
 			hs.conn.Close()
 			continue
 		}
+		hs.adopted = true
 		s := newSession(m, id, hs.info.CreatedBy, hs.info.RunAs, hs.info.CreatedAt, hs, hs.info.PID, hs.info.Cols, hs.info.Rows)
 		s.name = hs.info.Name
 		s.lastOutput = hs.info.LastOutputAt
@@ -718,4 +720,18 @@ func (m *Manager) restore() error {
 		m.log.Info("webterm session restored", "session", id, "runAs", s.runAs, "pid", s.pid, "holder", hs.info.HolderPID, "replay", len(replay))
 	}
 	return nil
+}
+
+// AdoptedHolders returns the pids of the holders of sessions this Manager restored (started by
+// an earlier klient, so not descendants of this process).
+func (m *Manager) AdoptedHolders() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []int
+	for _, s := range m.sessions {
+		if hs, ok := s.sh.(*holderShell); ok && hs.adopted {
+			out = append(out, hs.info.HolderPID)
+		}
+	}
+	return out
 }

@@ -96,6 +96,9 @@ func TestHolderSurvivesManagerRestart(t *testing.T) {
 		ls[0].RunAs != "alice" || ls[0].Cols != 100 || ls[0].Rows != 30 {
 		t.Fatalf("restored sessions: %+v (shell pid %d)", ls, sh)
 	}
+	if ah := m2.AdoptedHolders(); len(ah) != 1 || ah[0] != hs[0] {
+		t.Fatalf("adopted holders %v, want [%d]", ah, hs[0])
+	}
 	v2 := open(t, m2, webterm.OpenRequest{Session: id, Cols: 100, Rows: 30})
 	out2 := collect(v2)
 	out2.waitFor(t, "mark-23") // the replay
