@@ -3,13 +3,16 @@ package webterm_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kloud-dev/kloud/internal/selfexec"
 	"github.com/kloud-dev/kloud/internal/testutil"
@@ -22,6 +25,17 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == webterm.HolderArg {
 		os.Exit(webterm.HolderMain())
+	}
+	if sock := os.Getenv("WEBTERM_TEST_DIAL"); sock != "" { // TestHolderRefusesOtherUsers' intruder
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			fmt.Println("dial:", err)
+			os.Exit(0)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := c.Read(make([]byte, 64))
+		fmt.Printf("read %d bytes: %v\n", n, err)
+		os.Exit(0)
 	}
 	if os.Getenv("WEBTERM_HOLDERS") != "" {
 		fmt.Println("WEBTERM_HOLDERS is set: every Manager of the tests keeps its shells in holders")
@@ -188,4 +202,45 @@ func TestHolderStaleSocketRemoved(t *testing.T) {
 	if fi, err := os.Stat(o.SessionDir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("session dir: %v %v", fi.Mode(), err)
 	}
+}
+
+// TestHolderRefusesOtherUsers: even where the socket directory's modes would let another user
+// reach a holder's socket, the holder hangs up on a peer that is neither root nor its own uid
+// (SO_PEERCRED), before saying anything.
+func TestHolderRefusesOtherUsers(t *testing.T) {
+	testutil.RequireRoot(t)
+	o := holderOptions(t, webterm.Options{})
+	id := uniqueID(t)
+	m, _ := newManager(t, o)
+	v := open(t, m, webterm.OpenRequest{Session: id})
+	out := collect(v)
+	typeIn(t, v, "echo secret-$((8*8))\r")
+	out.waitFor(t, "secret-64")
+	sock := filepath.Join(o.SessionDir, id+".sock")
+	// Open the way for the intruder: the directory and the socket world-accessible.
+	opened := map[string]os.FileMode{sock: 0o666}
+	for d := o.SessionDir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) { // up to the test's temp dir
+		opened[d] = 0o755
+	}
+	for path, mode := range opened {
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dial := func(uid uint32) string {
+		cmd := exec.Command("/proc/self/exe", "-test.run=^$")
+		cmd.Env = append(os.Environ(), "WEBTERM_TEST_DIAL="+sock)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("intruder as uid %d: %v: %s", uid, err, b)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got := dial(webtermtest.TestUID + 1); !strings.HasPrefix(got, "read 0 bytes: EOF") {
+		t.Fatalf("a peer of another uid got: %q, want a hang-up", got)
+	}
+	// The session is untouched and klient still talks to its holder.
+	typeIn(t, v, "echo still-$((9*9))\r")
+	out.waitFor(t, "still-81")
 }
