@@ -145,6 +145,16 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 	if out := e.run("machine", "upgrade-agent", "dev.0", "--stack", sid); !strings.Contains(out, "already runs") {
 		t.Errorf("a second upgrade-agent: %s", out)
 	}
+	// Another member may not upgrade alice's machine's agent.
+	e.key = ""
+	e.run("user", "add", "bob", "--team", "default")
+	bobKey := filepath.Join(e.dir, "bob.key")
+	e.run("key", "create", "--username", "bob", "--out", bobKey)
+	e.key = bobKey
+	if out, err := e.try("machine", "upgrade-agent", m.ID); err == nil {
+		t.Errorf("bob upgraded alice's machine's agent: %s", out)
+	}
+	e.key = aliceKey
 
 	// 3. The rollout: kloud restarted with a newer klient and --agent-rollout=auto upgrades it.
 	sum2 := serve(append(append([]byte{}, orig...), "\nkloud e2e upgrade 2\n"...))
