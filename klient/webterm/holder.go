@@ -694,8 +694,12 @@ func (m *Manager) restore() error {
 		}
 		sock := filepath.Join(m.opts.SessionDir, e.Name())
 		hs, replay, err := m.dialHolder(sock)
+		if err != nil && holderGone(err) { // a holder dying as we look may still accept: look again
+			time.Sleep(200 * time.Millisecond)
+			hs, replay, err = m.dialHolder(sock)
+		}
 		if err != nil {
-			if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+			if holderGone(err) {
 				m.log.Info("webterm: removing the socket of a session holder that is gone", "socket", sock)
 				os.Remove(sock)
 			} else {
@@ -734,4 +738,11 @@ func (m *Manager) AdoptedHolders() []int {
 		}
 	}
 	return out
+}
+
+// holderGone reports whether dialing a holder failed because nobody listens any more (rather
+// than, say, a holder too busy to answer in time).
+func holderGone(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
