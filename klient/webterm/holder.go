@@ -79,10 +79,14 @@ type holderSpec struct {
 	Args       []string  `json:"args"`
 	Env        []string  `json:"env"`
 	Dir        string    `json:"dir"`
-	Cred       bool      `json:"cred"` // run the shell as UID/GID/Groups (klient is root)
-	UID        uint32    `json:"uid"`
-	GID        uint32    `json:"gid"`
-	Groups     []uint32  `json:"groups"`
+	// OrphanTimeout ends the shell (SIGHUP, SIGKILL after KillGrace) when no klient has been
+	// connected for this long: klient's IdleTimeout, which klient cannot enforce while it is gone.
+	OrphanTimeout time.Duration `json:"orphanTimeout"`
+	KillGrace     time.Duration `json:"killGrace"`
+	Cred          bool          `json:"cred"` // run the shell as UID/GID/Groups (klient is root)
+	UID           uint32        `json:"uid"`
+	GID           uint32        `json:"gid"`
+	Groups        []uint32      `json:"groups"`
 }
 
 // holderInfo is what a holder says first on every connection.
@@ -172,6 +176,7 @@ type holder struct {
 	bye        chan struct{}
 	byeOnce    sync.Once
 	readerDone chan struct{}
+	orphan     *time.Timer // runs while no klient is connected
 }
 
 // holderConn is one klient connection; writes are whole frames, one at a time.
@@ -229,6 +234,9 @@ func startHolder(spec holderSpec) (*holder, error) {
 }
 
 func (h *holder) run() {
+	h.mu.Lock()
+	h.orphaned()
+	h.mu.Unlock()
 	go h.accept()
 	go h.read()
 	err := h.cmd.Wait()
@@ -246,9 +254,13 @@ func (h *holder) run() {
 	if c != nil {
 		c.write(frameExit, []byte(reason))
 	}
+	linger := holderExitLinger
+	if t := h.spec.OrphanTimeout; t > 0 && t < linger {
+		linger = t
+	}
 	select {
 	case <-h.bye:
-	case <-time.After(holderExitLinger):
+	case <-time.After(linger):
 	}
 	h.ln.Close() // removes the socket
 	h.mu.Lock()
@@ -299,9 +311,37 @@ func (h *holder) drop(c *holderConn) {
 	h.mu.Lock()
 	if h.conn == c {
 		h.conn = nil
+		h.orphaned()
 	}
 	h.mu.Unlock()
 	c.c.Close()
+}
+
+// orphaned starts the orphan timer (h.mu held): a shell no klient looks after for
+// OrphanTimeout is hung up, as klient would end a session without viewers.
+func (h *holder) orphaned() {
+	if h.spec.OrphanTimeout <= 0 || h.orphan != nil {
+		return
+	}
+	h.orphan = time.AfterFunc(h.spec.OrphanTimeout, func() {
+		h.mu.Lock()
+		gone := h.conn == nil
+		h.mu.Unlock()
+		if gone {
+			h.hangup(h.spec.KillGrace)
+		}
+	})
+}
+
+// hangup ends the shell: SIGHUP to its group and the PTY closed now, SIGKILL after grace.
+func (h *holder) hangup(grace time.Duration) {
+	pid := h.cmd.Process.Pid
+	syscall.Kill(-pid, syscall.SIGHUP)
+	h.closeMaster()
+	go func() {
+		time.Sleep(grace)
+		syscall.Kill(-pid, syscall.SIGKILL) // the group is gone by then, or must go
+	}()
 }
 
 func (h *holder) accept() {
@@ -354,6 +394,10 @@ func (h *holder) attach(c *holderConn) {
 	}
 	if err == nil {
 		h.conn = c
+		if h.orphan != nil {
+			h.orphan.Stop()
+			h.orphan = nil
+		}
 	}
 	h.mu.Unlock()
 	if err != nil {
@@ -398,13 +442,7 @@ func (h *holder) control(c *holderConn) {
 		case frameKill:
 			var k killFrame
 			json.Unmarshal(p, &k)
-			pid := h.cmd.Process.Pid
-			syscall.Kill(-pid, syscall.SIGHUP)
-			h.closeMaster()
-			go func() {
-				time.Sleep(time.Duration(k.GraceMs) * time.Millisecond)
-				syscall.Kill(-pid, syscall.SIGKILL) // the group is gone by then, or must go
-			}()
+			h.hangup(time.Duration(k.GraceMs) * time.Millisecond)
 		case frameBye:
 			h.byeOnce.Do(func() { close(h.bye) })
 			return
@@ -434,7 +472,7 @@ func (m *Manager) startHolder(id, createdBy string, a *account, cols, rows int) 
 	}
 	spec := holderSpec{Session: id, CreatedBy: createdBy, RunAs: a.Name, CreatedAt: time.Now().UTC(), Socket: m.socketPath(id),
 		Scrollback: m.opts.Scrollback, Cols: cols, Rows: rows, Shell: a.Shell, Args: []string{"-" + filepath.Base(a.Shell)},
-		Env: a.env(id), Dir: dir}
+		Env: a.env(id), Dir: dir, OrphanTimeout: m.opts.IdleTimeout, KillGrace: m.opts.KillGrace}
 	if a.Credential != nil {
 		spec.Cred, spec.UID, spec.GID, spec.Groups = true, a.Credential.Uid, a.Credential.Gid, a.Credential.Groups
 	}

@@ -244,3 +244,27 @@ func TestHolderRefusesOtherUsers(t *testing.T) {
 	typeIn(t, v, "echo still-$((9*9))\r")
 	out.waitFor(t, "still-81")
 }
+
+// TestHolderOrphanTimeout: a holder no klient connects to again ends its shell after the idle
+// timeout (what klient does to a session without viewers, which it cannot while it is gone) and
+// exits: a klient that never comes back leaves nothing running.
+func TestHolderOrphanTimeout(t *testing.T) {
+	o := holderOptions(t, webterm.Options{IdleTimeout: 300 * time.Millisecond, KillGrace: 300 * time.Millisecond})
+	id := uniqueID(t)
+	m, _ := newManager(t, o)
+	v := open(t, m, webterm.OpenRequest{Session: id})
+	out := collect(v)
+	typeIn(t, v, "trap '' HUP; echo sh=$$ ready-$((5*5))\r") // a shell that ignores the hangup: SIGKILL
+	out.waitFor(t, "ready-25")
+	sh := m.List()[0].PID
+	hs := holders(id)
+	if len(hs) != 1 {
+		t.Fatalf("holders: %v", hs)
+	}
+	m.Detach()
+	testutil.Eventually(t, wait, func() bool { return !alive(sh) && len(holders(id)) == 0 },
+		"a holder without klient: shell alive %v, holders %v", alive(sh), holders(id))
+	if ents, _ := os.ReadDir(o.SessionDir); len(ents) != 0 {
+		t.Fatalf("left in the session dir: %v", ents)
+	}
+}
