@@ -81,9 +81,8 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 	}
 	// reattach opens the session again (retrying while the agent reconnects): the same shell,
 	// its background job, the replay, and typing.
-	reattach := func(after string) {
+	reattach := func(after string, start time.Time) {
 		t.Helper()
-		start := time.Now()
 		var last string
 		testutil.Eventually(t, 2*time.Minute, func() bool {
 			ws, resp, err := e.dialTerminal(t, aliceKey, m.ID, "session=keep&mode=shared")
@@ -102,7 +101,7 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 		if !alive(bg) {
 			t.Fatalf("after %s: the background job %s is gone", after, bg)
 		}
-		t.Logf("after %s: the same shell (pid %s) reopened, replayed and answered in %s", after, sh, time.Since(start).Round(time.Millisecond))
+		t.Logf("after %s: the same shell (pid %s) reopened, replayed and answered %s after it began", after, sh, time.Since(start).Round(time.Millisecond))
 	}
 
 	// 1. SIGTERM of klient: the machine's restart loop starts a new one, which finds the holder.
@@ -110,12 +109,13 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 	if old == "" || strings.Contains(old, "\n") {
 		t.Fatalf("klient's pid in the machine: %q", old)
 	}
+	killed := time.Now()
 	e.exec(id, "kill", "-TERM", old)
 	testutil.Eventually(t, time.Minute, func() bool { p := klientPID(); return p != "" && p != old }, "klient was not restarted")
 	if c := term.Closed(t); c.Code == webterm.CloseEnded && strings.Contains(c.Reason, "shell") {
 		t.Fatalf("the viewer was told the shell ended: %+v", c)
 	}
-	reattach("kill -TERM of klient")
+	reattach("kill -TERM of klient (the restart loop waits 2 s)", killed)
 
 	// 2. kloud machine upgrade-agent, with kloud serving a newer klient (a restart of kloud reads it).
 	sum1 := serve(append(append([]byte{}, orig...), "\nkloud e2e upgrade 1\n"...))
@@ -123,7 +123,9 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 	e.start()
 	pid := klientPID()
 	var res api.UpgradeAgentResult
+	var upgraded time.Time
 	testutil.Eventually(t, 2*time.Minute, func() bool {
+		upgraded = time.Now()
 		out, err := e.try("machine", "upgrade-agent", "dev.0", "--stack", sid, "--json")
 		if err != nil {
 			t.Logf("upgrade-agent: %s", out)
@@ -131,7 +133,7 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 		}
 		return json.Unmarshal([]byte(out), &res) == nil
 	}, "kloud machine upgrade-agent did not succeed")
-	t.Logf("upgrade-agent: %+v", res)
+	t.Logf("upgrade-agent took %s: %+v", time.Since(upgraded).Round(time.Millisecond), res)
 	if !res.Upgraded || res.OldSHA256 != sum0 || res.NewSHA256 != sum1 || res.Sessions != 1 {
 		t.Fatalf("upgrade-agent: %+v, want an upgrade from %s to %s with 1 session", res, sum0, sum1)
 	}
@@ -141,7 +143,7 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 	if p := klientPID(); p != pid {
 		t.Errorf("klient's pid went from %s to %s: the upgrade should exec in place", pid, p)
 	}
-	reattach("kloud machine upgrade-agent")
+	reattach("kloud machine upgrade-agent", upgraded)
 	if out := e.run("machine", "upgrade-agent", "dev.0", "--stack", sid); !strings.Contains(out, "already runs") {
 		t.Errorf("a second upgrade-agent: %s", out)
 	}
@@ -164,9 +166,10 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 		}
 	}
 	e.kill()
+	restarted := time.Now()
 	e.start()
 	testutil.Eventually(t, 3*time.Minute, func() bool { return installed() == sum2 }, "the rollout did not upgrade the agent")
-	reattach("the rollout")
+	reattach("the rollout (kloud restarted)", restarted)
 
 	// 4. Killing the holder ends the session, with a reason for its viewers.
 	l := e.terminal(t, aliceKey, m.ID, "session=keep&mode=shared")
