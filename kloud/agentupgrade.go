@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -111,6 +112,9 @@ func (a *agentAPI) upgradeMachine(ctx context.Context, m *model.Machine) (api.Up
 		}
 		select {
 		case <-ctx.Done():
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return res, fmt.Errorf("machine %s: klient installed the new binary; stopped waiting for it to register again: %w", m.Label, ctx.Err())
+			}
 			return res, fmt.Errorf("machine %s: klient installed the new binary but did not register again within %s: %w", m.Label, agentUpgradeTimeout, kite.ErrState)
 		case <-time.After(100 * time.Millisecond):
 		}

@@ -103,7 +103,7 @@ func TestHolderSurvivesManagerRestart(t *testing.T) {
 	}
 
 	m1.Detach() // klient goes away
-	if e := out.end(t); e.Code != webterm.CloseEnded || !strings.Contains(e.Reason, "restarting") {
+	if e := out.end(t); e.Code != webterm.CloseGoingAway || !strings.Contains(e.Reason, "restarting") {
 		t.Fatalf("viewer of a detached Manager: %+v", e)
 	}
 	if !alive(sh) || !alive(bg) || !alive(hs[0]) {

@@ -231,21 +231,25 @@ func (s *Session) read() {
 func (s *Session) wait() {
 	reason := s.sh.wait(s.readerDone)
 	s.markClosing()
+	code := CloseEnded
 	s.mu.Lock()
 	if s.killReason != "" {
 		reason = s.killReason
 	}
 	if s.detached {
-		reason = "klient is restarting: the session lives on, reattach"
+		// Not the end: the shell lives on in its holder, and a client that reconnects (the UI
+		// does on 1001) finds it again once klient is back.
+		code, reason = CloseGoingAway, "klient is restarting: the session lives on, reattach"
 	}
 	s.mu.Unlock()
-	s.end(reason)
+	s.end(code, reason)
 }
 
 func (s *Session) markClosing() { s.closeOnce.Do(func() { close(s.closing) }) }
 
-// end closes every viewer (after their queued output) and forgets the session.
-func (s *Session) end(reason string) {
+// end closes every viewer with code and reason (after their queued output) and forgets the
+// session.
+func (s *Session) end(code int, reason string) {
 	s.mu.Lock()
 	s.ended = true
 	vs := s.viewers
@@ -255,7 +259,7 @@ func (s *Session) end(reason string) {
 	}
 	s.mu.Unlock()
 	for _, v := range vs {
-		v.close(CloseEnded, reason, false)
+		v.close(code, reason, false)
 	}
 	s.m.forget(s)
 	s.m.log.Info("webterm session ended", "session", s.id, "reason", reason)

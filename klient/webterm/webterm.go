@@ -66,6 +66,9 @@ const (
 	CloseTooSlow    = klientapi.CloseTooSlow
 	CloseRefused    = klientapi.CloseRefused
 	CloseBadMessage = klientapi.CloseBadMessage
+	// CloseGoingAway (WebSocket's 1001) closes the viewers of a session klient leaves to its
+	// holder when it exits (Detach): the session lives on; reconnect.
+	CloseGoingAway = 1001
 )
 
 // Framing of the data path (klientapi's).
