@@ -9,9 +9,11 @@ package e2e
 // image (skips loudly otherwise, fails under CI=true).
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/klient/webterm"
+	"github.com/kloud-dev/kloud/klient/webterm/webtermtest"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/userdata"
 )
@@ -56,6 +59,12 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 		t.Fatalf("dev.0 after apply: %+v", m)
 	}
 	id := m.sandboxID()
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, err := e.h.Manager.Exec(context.Background(), id, "tail", "-n", "80", userdata.KlientLogPath)
+			t.Logf("%s in the machine (%v):\n%s", userdata.KlientLogPath, err, out)
+		}
+	})
 	installed := func() string {
 		t.Helper()
 		return strings.Fields(e.exec(id, "sha256sum", userdata.KlientPath) + " none")[0]
@@ -83,6 +92,7 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 	// its background job, the replay, and typing.
 	reattach := func(after string, start time.Time) {
 		t.Helper()
+		var l *webtermtest.Term
 		var last string
 		testutil.Eventually(t, 2*time.Minute, func() bool {
 			ws, resp, err := e.dialTerminal(t, aliceKey, m.ID, "session=keep&mode=shared")
@@ -90,11 +100,24 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 				last = status(resp) + ": " + err.Error()
 				return false
 			}
+			c := webtermtest.NewTerm(ws)
+			for end := time.Now().Add(15 * time.Second); time.Now().Before(end) && c.Open() && !strings.Contains(c.Output(), "mark-42"); {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if strings.Contains(c.Output(), "mark-42") { // the replay
+				l = c
+				t.Cleanup(func() { ws.CloseNow() })
+				return true
+			}
+			if c.Open() {
+				last = "no replay within 15 s: " + c.Output()
+			} else {
+				last = fmt.Sprintf("closed %+v", c.Closed(t))
+			}
 			ws.CloseNow()
-			return true
-		}, "after %s: the session cannot be opened again: %s", after, last)
-		l := e.terminal(t, aliceKey, m.ID, "session=keep&mode=shared")
-		l.WaitFor(t, "mark-42") // the replay
+			t.Logf("after %s: reattaching: %s; again", after, last)
+			return false
+		}, "after %s: the session cannot be reattached: %s", after, last)
 		l.Type(t, "jobs; echo again-$$-$((3*3))\r")
 		l.WaitFor(t, "again-"+sh+"-9")
 		l.WaitFor(t, "sleep 1000")
@@ -112,8 +135,8 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 	killed := time.Now()
 	e.exec(id, "kill", "-TERM", old)
 	testutil.Eventually(t, time.Minute, func() bool { p := klientPID(); return p != "" && p != old }, "klient was not restarted")
-	if c := term.Closed(t); c.Code == webterm.CloseEnded && strings.Contains(c.Reason, "shell") {
-		t.Fatalf("the viewer was told the shell ended: %+v", c)
+	if c := term.Closed(t); c.Code == webterm.CloseEnded {
+		t.Fatalf("the viewer was told the session ended (the UI would not reconnect): %+v", c)
 	}
 	reattach("kill -TERM of klient (the restart loop waits 2 s)", killed)
 
@@ -168,7 +191,11 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 	e.kill()
 	restarted := time.Now()
 	e.start()
-	testutil.Eventually(t, 3*time.Minute, func() bool { return installed() == sum2 }, "the rollout did not upgrade the agent")
+	testutil.Eventually(t, 3*time.Minute, func() bool { return strings.Contains(e.kloudOut.String(), "agent rollout: upgraded") },
+		"the rollout did not upgrade the agent")
+	if got := installed(); got != sum2 {
+		t.Fatalf("installed klient after the rollout: %s, want %s", got, sum2)
+	}
 	reattach("the rollout (kloud restarted)", restarted)
 
 	// 4. Killing the holder ends the session, with a reason for its viewers.
