@@ -281,3 +281,44 @@ func TestHolderOrphanTimeout(t *testing.T) {
 		t.Fatalf("left in the session dir: %v", ents)
 	}
 }
+
+// TestHolderKillRunAsAfterRestart: sessions a new Manager restored from their holders are ended
+// by KillRunAs (a revoked share) like any other: viewers told why, holders and shells gone.
+func TestHolderKillRunAsAfterRestart(t *testing.T) {
+	o := holderOptions(t, webterm.Options{})
+	a, b := uniqueID(t), uniqueID(t)
+	m1, mach := newManager(t, o)
+	o.Owner, o.Root, o.Logger = "alice", mach.Root, testutil.Logger(t)
+	var shells []int
+	for _, id := range []string{a, b} {
+		v := open(t, m1, webterm.OpenRequest{Session: id})
+		out := collect(v)
+		typeIn(t, v, "echo up-$((1+1))\r")
+		out.waitFor(t, "up-2")
+		in, err := m1.Info(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shells = append(shells, in.PID)
+	}
+	m1.Detach()
+	m2, err := webterm.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m2.Close)
+	v := open(t, m2, webterm.OpenRequest{Session: a})
+	out := collect(v)
+	if n := m2.KillRunAs("alice", "revoked"); n != 2 {
+		t.Fatalf("KillRunAs ended %d sessions, want 2", n)
+	}
+	if e := out.end(t); e.Code != webterm.CloseEnded || e.Reason != "revoked" {
+		t.Fatalf("viewer: %+v", e)
+	}
+	testutil.Eventually(t, wait, func() bool {
+		return len(holders(a))+len(holders(b)) == 0 && !alive(shells[0]) && !alive(shells[1])
+	}, "after KillRunAs: holders %v %v, shells alive %v %v", holders(a), holders(b), alive(shells[0]), alive(shells[1]))
+	if ls := m2.List(); len(ls) != 0 {
+		t.Fatalf("sessions left: %+v", ls)
+	}
+}
