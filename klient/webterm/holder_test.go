@@ -45,7 +45,13 @@ func TestMain(m *testing.M) {
 	if code == 0 {
 		// Every test again with the shells in holders (what klient does on a machine), in a
 		// child: the same semantics must hold there.
-		cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
+		var args []string
+		for _, a := range os.Args[1:] {
+			if !strings.HasPrefix(a, "-test.testlogfile") { // go test's cache log is the parent's
+				args = append(args, a)
+			}
+		}
+		cmd := exec.Command("/proc/self/exe", args...)
 		cmd.Env = append(os.Environ(), "WEBTERM_HOLDERS=1")
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
