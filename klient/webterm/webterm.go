@@ -16,6 +16,11 @@
 // so Ctrl-C works while output is backed up. Each session has its own goroutines: one session's
 // flood does not slow another.
 //
+// Shells that outlive klient: with Options.SessionDir set, each session's PTY and shell live in
+// a holder process of their own (holder.go: the holder and its framing; holderclient.go: klient's
+// side), so klient can restart or be upgraded: Detach leaves the holders running and New finds
+// them again (same shell, scrollback replayed). Without it, shells live in klient (procShell).
+//
 // Who may do what is decided by the caller (klient's ACL); the Manager enforces only what a
 // viewer's mode means (read-only viewers cannot type or resize) and the per-user session limit.
 package webterm
