@@ -20,8 +20,9 @@ package webterm
 // Flow control is a blocking socket: while klient does not read (its viewers are full), the
 // holder's write blocks and it stops reading the PTY. While no klient is connected the holder
 // reads the PTY into its ring only, as a session with no viewer does. After the shell ended,
-// the holder waits for a klient to collect the reason (bye) at most holderExitLinger, then exits
-// and removes its socket.
+// the holder waits for a klient to collect the reason (bye) at most holderExitLinger (or the
+// orphan timeout, if shorter), then exits and removes its socket. A holder no klient has been
+// connected to for the orphan timeout (klient's IdleTimeout) hangs up its shell.
 
 import (
 	"encoding/binary"
