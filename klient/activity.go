@@ -28,7 +28,9 @@ func (kl *Klient) activity(ctx context.Context, r *kite.Request) (any, error) {
 	if !r.Conn.Dialed() {
 		return nil, fmt.Errorf("%s: only kloud, on the connection klient dialed, asks: %w", r.Method, kite.ErrPermission)
 	}
-	ticks, n, err := descendantsCPU(os.Getpid())
+	// Terminal sessions a klient before this one started live in holders that are no longer
+	// klient's descendants: theirs count too.
+	ticks, n, err := descendantsCPU(os.Getpid(), kl.term.AdoptedHolders()...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", r.Method, err)
 	}
@@ -67,9 +69,9 @@ func readProcTimes(pid int) (procTimes, error) {
 	return procTimes{ppid: int(v[0]), self: v[1] + v[2], reapedChildren: v[3] + v[4]}, nil
 }
 
-// descendantsCPU sums the CPU time (clock ticks) of root's descendants, living and reaped,
-// and counts the living ones.
-func descendantsCPU(root int) (ticks uint64, n int, err error) {
+// descendantsCPU sums the CPU time (clock ticks) of the descendants of root and of more (those
+// of more that are gone are skipped), living and reaped, and counts the living ones.
+func descendantsCPU(root int, more ...int) (ticks uint64, n int, err error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, 0, err
@@ -94,6 +96,12 @@ func descendantsCPU(root int) (ticks uint64, n int, err error) {
 	}
 	ticks = self.reapedChildren
 	queue := append([]int(nil), children[root]...)
+	for _, pid := range more {
+		if pt, ok := procs[pid]; ok && pid != root {
+			ticks += pt.reapedChildren
+			queue = append(queue, children[pid]...)
+		}
+	}
 	for len(queue) > 0 {
 		pid := queue[0]
 		queue = queue[1:]

@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/selfexec"
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
@@ -53,7 +54,9 @@ type Options struct {
 	// StateDir keeps what klient must remember across restarts (the access list); default
 	// Root/var/lib/kloud/klient.
 	StateDir string
-	// Terminal tunes the web terminal; Owner, Root and Logger are klient's.
+	// Terminal tunes the web terminal; Owner, Root and Logger are klient's. Its SessionDir
+	// SessionDirAuto means DefaultSessionDir when klient is root on a machine (Root "/"), else
+	// none (shells end with klient).
 	Terminal webterm.Options
 	// TLSConfig is what klient trusts when kloud's URL is wss/https (klient --ca-cert:
 	// internal/tlsconf.Client). Nil: the system's roots.
@@ -83,6 +86,12 @@ type (
 	SharesResult    = klientapi.SharesResult
 )
 
+// SessionDirAuto and DefaultSessionDir: where terminal sessions' holders listen (webterm.Options.SessionDir).
+const (
+	SessionDirAuto    = "auto"
+	DefaultSessionDir = "/run/kloud/sessions"
+)
+
 // Klient is a running agent.
 type Klient struct {
 	opts   Options
@@ -98,6 +107,7 @@ type Klient struct {
 	acl      *acl
 	term     *webterm.Manager
 	vagrant  *vagrant.Manager // a vagrant host's machines (nil unless Options.Vagrant)
+	up       upgrader         // klient.upgrade (upgrade.go)
 	ctx      context.Context  // lives until Run returns: attachments run under it
 	cancel   context.CancelFunc
 }
@@ -138,7 +148,7 @@ func New(opts Options) (*Klient, error) {
 	if opts.StateDir == "" {
 		opts.StateDir = filepath.Join(opts.Root, "/var/lib/kloud/klient")
 	}
-	kl := &Klient{opts: opts, log: opts.Logger, claims: claims, key: key, keys: &keyCache{}}
+	kl := &Klient{opts: opts, log: opts.Logger, claims: claims, key: key, keys: &keyCache{}, up: upgrader{restart: make(chan string, 1)}}
 	verifier := &kitekey.Verifier{Keys: &kitekey.RemoteKeys{Fetch: kl.fetchKeys}, Issuer: claims.Issuer}
 	kl.verifier = verifier
 	if kl.acl, err = loadACL(filepath.Join(opts.StateDir, SharesFile)); err != nil {
@@ -146,6 +156,13 @@ func New(opts Options) (*Klient, error) {
 	}
 	to := opts.Terminal
 	to.Owner, to.Root, to.Logger = opts.Owner, opts.Root, opts.Logger
+	if to.SessionDir == SessionDirAuto {
+		to.SessionDir = ""
+		if os.Geteuid() == 0 && filepath.Clean(opts.Root) == "/" {
+			to.SessionDir = DefaultSessionDir
+		}
+	}
+	to.HolderEnv = append(to.HolderEnv, selfexec.Env()...)
 	if kl.term, err = webterm.New(to); err != nil {
 		return nil, fmt.Errorf("klient: %w", err)
 	}
@@ -181,17 +198,19 @@ func New(opts Options) (*Klient, error) {
 	kl.handlePorts()
 	kl.handleActivity() // activity.go
 	kl.handleBuckets()  // buckets.go
+	kl.handleUpgrade()  // upgrade.go
 	if opts.Vagrant != nil {
 		if err := kl.setupVagrant(); err != nil {
 			kl.cancel()
-			kl.term.Close()
+			kl.term.Detach() // sessions of an earlier klient stay with their holders
 			return nil, fmt.Errorf("klient: %w", err)
 		}
 	}
 	return kl, nil
 }
 
-// Run registers with kontrol and serves until ctx ends.
+// Run registers with kontrol and serves until ctx ends, or until an upgrade installed a new
+// binary: then it returns a *RestartError (IsRestart), and its caller execs that binary.
 func (kl *Klient) Run(ctx context.Context) error {
 	kl.client = kl.kite.NewClient(kite.ClientOptions{
 		URL: kl.opts.KontrolURL,
@@ -204,7 +223,7 @@ func (kl *Klient) Run(ctx context.Context) error {
 	kl.client.Start()
 	defer kl.client.Close()
 	defer kl.kite.Close()
-	defer kl.term.Close()
+	defer kl.term.Detach() // sessions with holders live on for the next klient
 	defer kl.cancel()
 	kl.log.Info("klient starting", "kite", kl.kite.Identity().String(), "kontrol", kl.opts.KontrolURL)
 	if kl.opts.Listen != "" {
@@ -218,8 +237,12 @@ func (kl *Klient) Run(ctx context.Context) error {
 		go srv.Serve(ln)
 		defer srv.Close()
 	}
-	<-ctx.Done()
-	return nil
+	select {
+	case <-ctx.Done():
+		return nil
+	case bin := <-kl.up.restart:
+		return &RestartError{Binary: bin}
+	}
 }
 
 func (kl *Klient) register(ctx context.Context, c *kite.Conn) error {
@@ -265,6 +288,7 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
-		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets},
+		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets, klientapi.FeatureUpgrade},
+		SHA256:   kl.ownSHA256(),
 	}, nil
 }

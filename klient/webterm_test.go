@@ -19,6 +19,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/klient"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/klient/webterm"
 	"github.com/kloud-dev/kloud/klient/webterm/webtermtest"
 	"github.com/kloud-dev/kloud/kontrol"
@@ -44,6 +45,7 @@ type env struct {
 
 	mu   sync.Mutex
 	legs map[string]chan *websocket.Conn
+	dl   []byte // served at klientapi.DownloadPath (upgrade_test.go); nil: 404
 }
 
 func newEnv(t *testing.T) *env { return newEnvKey(t, false) }
@@ -52,12 +54,21 @@ func newEnv(t *testing.T) *env { return newEnvKey(t, false) }
 // gives a machine) instead of a kite key of alice's.
 func newEnvKey(t *testing.T, agent bool) *env {
 	t.Helper()
+	e := prepareEnv(t, agent)
+	e.start()
+	return e
+}
+
+// prepareEnv is newEnvKey without starting klient.
+func prepareEnv(t *testing.T, agent bool) *env {
+	t.Helper()
 	testutil.RequireBinary(t, "bash")
 	e := &env{t: t, ko: kontroltest.Start(t, kontroltest.Options{}), mach: webtermtest.New(t, "alice"),
 		stateDir: t.TempDir(), legs: map[string]chan *websocket.Conn{}}
 	mux := http.NewServeMux()
 	mux.Handle("/kite", e.ko.Kite)
 	mux.HandleFunc(webterm.AttachPath, e.attach)
+	mux.HandleFunc(klientapi.DownloadPath, e.download)
 	e.srv = httptest.NewServer(mux)
 	t.Cleanup(e.srv.Close)
 	if agent {
@@ -72,7 +83,6 @@ func newEnvKey(t *testing.T, agent bool) *env {
 	} else {
 		e.keyFile, e.kiteID = e.ko.KeyFile("alice")
 	}
-	e.start()
 	return e
 }
 

@@ -80,6 +80,7 @@ func (s *Server) trackAgents(ctx context.Context) {
 				if status == model.AgentConnected && strings.HasPrefix(ev.Kite.Kite.ID, AgentKitePrefix) {
 					go s.pushSharesOnRegister(ctx, ev.Kite.Kite.ID)
 					go s.buckets.pushOnRegister(ctx, ev.Kite.Kite.ID) // buckets.go
+					go s.agents.rolloutOnRegister(ctx, ev.Kite.Kite.ID)
 				}
 			case <-ctx.Done():
 				break loop

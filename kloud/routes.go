@@ -180,6 +180,7 @@ func auditDecisions() map[string]bool {
 		api.MethodMachineShares: true, api.MethodMachinePortsList: true, api.MethodMachinePortsOpen: false,
 		api.MethodMachinePortsClose: false, api.MethodMachineSnapshot: false, api.MethodMachineSnapshots: true,
 		api.MethodMachineRestore: false, api.MethodSnapshotDelete: false,
+		api.MethodMachineUpgradeAgent: false, // agentupgrade.go
 		// buckets.go: bucket.credentials reads (and its answer holds a key: not in the audit log)
 		api.MethodBucketList: true, api.MethodBucketCredentials: true, api.MethodBucketGrant: false,
 		api.MethodBucketRevoke: false, api.MethodBucketDelete: false,
@@ -313,6 +314,7 @@ func (s *Server) rpcRoutes() []Route {
 
 		// idle.go: a machine's idle stop and autostart (owner, team admins)
 		rpc(s, api.RPCMachineSet, Members, s.idleAPI.machineSet),
+		rpc(s, api.RPCMachineUpgradeAgent, Members, s.agents.upgrade, kite.WithTimeout(agentUpgradeTimeout+time.Minute)), // agentupgrade.go
 	}
 }
 

@@ -35,6 +35,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/idle"
 	"github.com/kloud-dev/kloud/kloud/login"
 	"github.com/kloud-dev/kloud/kloud/model"
@@ -85,6 +86,9 @@ type Options struct {
 	// KlientBin is the klient binary served at /dl/klient (default: "klient" next to this
 	// executable).
 	KlientBin string
+	// AgentRollout: api.AgentRolloutAuto (the default) upgrades every agent that registers with
+	// another klient than KlientBin (agentupgrade.go); api.AgentRolloutOff does not.
+	AgentRollout string
 	// Providers are the providers kloud offers (default: an empty registry, so kloud serves
 	// users, templates and credentials but builds no stack; kloud serve registers the
 	// built-in providers its flags enable).
@@ -221,6 +225,7 @@ type Server struct {
 	pruner    *pruner         // the retention passes (retention.go)
 	pluginAPI *pluginAPI      // plugin.register, provider.list, provider.keyCreate (plugins.go)
 	idleAPI   *idleAPI        // machine.set (idle.go)
+	agents    *agentAPI       // machine.upgradeAgent and the agent rollout (agentupgrade.go)
 	jobs      *jobRunner      // durable jobs and job.* (jobs.go)
 	quotaAPI  *quotaAPI       // quota.* (quota.go)
 	users     *userAPI        // user.* and team.* (users.go)
@@ -307,6 +312,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.ops, s.pruner = newOpsAPI(s), &pruner{store: st, opts: opts.Retention, audits: s.audits, log: s.log}
 	s.pluginAPI = &pluginAPI{host: s.plugins} // plugins.go
 	s.idleAPI = &idleAPI{machines: st.Machines(), now: st.Now, loadMachine: s.loadMachine, capable: s.capable, show: s.showIdle}
+	s.agents = (&agentAPI{machines: st.Machines(), loadMachine: s.loadMachine, agentConn: s.agentConn, conn: s.Kontrol.Conn,
+		klientSum: func() string { return s.klientSum }, rollout: opts.AgentRollout, log: s.log}).init()
 	s.jobs = &jobRunner{store: st, log: s.log, metrics: m, kinds: s.jobKinds(), lease: opts.JobLease, bind: func(j *jobCtx) { j.s = s }}
 	s.quotaAPI = &quotaAPI{store: st, keeper: s.quotas(), log: s.log}
 	s.policy = &templatePolicy{templates: st.Templates(), providers: s.providers, now: st.Now, log: s.log, loadTemplate: s.loadTemplate}
@@ -389,6 +396,13 @@ func (o *Options) defaults() error {
 	}
 	if o.TLS != nil && !strings.HasPrefix(o.PublicURL, "https://") {
 		return fmt.Errorf("kloud: --public-url %s: with --tls-cert kloud serves https only: give an https:// URL", o.PublicURL)
+	}
+	switch o.AgentRollout {
+	case "":
+		o.AgentRollout = api.AgentRolloutAuto
+	case api.AgentRolloutAuto, api.AgentRolloutOff:
+	default:
+		return fmt.Errorf("kloud: agent rollout %q: want %s or %s", o.AgentRollout, api.AgentRolloutAuto, api.AgentRolloutOff)
 	}
 	if o.KlientBin == "" {
 		if exe, err := os.Executable(); err == nil {

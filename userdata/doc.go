@@ -37,10 +37,12 @@
 //  4. start-klient: writes /var/lib/kloud/run-klient.sh, which runs
 //     /opt/kloud/bin/klient --kite-key /etc/kloud/kite.key --kontrol-url <KontrolURL> --owner <Username>
 //     as root with output appended to /var/log/kloud/klient.log. With systemd (/run/systemd/system
-//     exists) it installs /etc/systemd/system/kloud-klient.service (Restart=always), enables and
+//     exists) it installs /etc/systemd/system/kloud-klient.service (Restart=always;
+//     KillMode=process, so stopping klient leaves the holders of its terminal sessions), enables and
 //     (re)starts it. Without systemd it starts /var/lib/kloud/start-klient.sh, which launches a tiny
 //     restart loop with setsid nohup (pid in /run/kloud/klient-supervisor.pid, the process group
-//     leader of the loop and klient), and installs the same starter as a cloud-init per-boot script
+//     leader of the loop and klient; terminal session holders run in sessions of their own and
+//     outlive both), and installs the same starter as a cloud-init per-boot script
 //     (/var/lib/cloud/scripts/per-boot/kloud-klient.sh) so klient comes back after a reboot;
 //  5. user-script: if there is one, runs /var/lib/kloud/user-script.sh as root (cwd /, stdin
 //     /dev/null, KLOUD_OWNER and KLOUD_KONTROL_URL exported, HOME=/root if unset), output

@@ -187,6 +187,9 @@ After=network-online.target
 [Service]
 ExecStart={{.RunKlient}}
 Restart=always
+# Only klient itself is stopped: the holders of its terminal sessions (klient session-hold)
+# live on across restarts and upgrades, and the next klient reconnects to them.
+KillMode=process
 RestartSec=2
 
 [Install]

@@ -459,7 +459,7 @@ func TestProvisionWithSystemd(t *testing.T) {
 		t.Errorf("systemctl calls:\n%s\nwant:\n%s", got, wantCalls)
 	}
 	unit := m.read(m.path(KlientUnitPath))
-	for _, s := range []string{"ExecStart=" + m.path(RunKlientPath) + "\n", "Restart=always\n", "WantedBy=multi-user.target\n"} {
+	for _, s := range []string{"ExecStart=" + m.path(RunKlientPath) + "\n", "Restart=always\n", "KillMode=process\n", "WantedBy=multi-user.target\n"} {
 		if !strings.Contains(unit, s) {
 			t.Errorf("unit lacks %q:\n%s", s, unit)
 		}

@@ -18,6 +18,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == webterm.HolderArg { // a terminal session's holder
+		os.Exit(webterm.HolderMain())
+	}
 	var o klient.Options
 	flag.StringVar(&o.KiteKeyFile, "kite-key", "/etc/kloud/kite.key", "kite key file (written by cloud-init)")
 	flag.StringVar(&o.KontrolURL, "kontrol-url", "", "kontrol kite URL (default: from the kite key)")
@@ -30,6 +33,7 @@ func main() {
 	flag.IntVar(&o.Terminal.Scrollback, "webterm-scrollback", webterm.DefaultScrollback, "bytes of recent output a terminal session replays on attach")
 	flag.DurationVar(&o.Terminal.IdleTimeout, "webterm-idle-timeout", webterm.DefaultIdleTimeout, "end a terminal session that has had no viewer for this long")
 	flag.IntVar(&o.Terminal.MaxSessionsPerUser, "webterm-max-sessions", webterm.DefaultMaxSessionsPerUser, "terminal sessions one user may have at once")
+	flag.StringVar(&o.Terminal.SessionDir, "session-dir", klient.SessionDirAuto, "directory of the terminal sessions' holder sockets: shells live in holder processes there and survive klient's restarts and upgrades (\"auto\": "+klient.DefaultSessionDir+" when klient runs as root with --root /, else shells end with klient; \"\": off)")
 	vagrantHost := flag.Bool("vagrant", false, "be the owner's vagrant host: serve vagrant.* (kloud's vagrant provider builds machines here with the host's Vagrant); needs the owner's kite key")
 	var vo klient.VagrantOptions
 	flag.StringVar(&vo.Home, "vagrant-home", "", "with --vagrant: where machines and Vagrant's data live (default <state-dir>/vagrant)")
@@ -63,6 +67,10 @@ func main() {
 	kl, err := klient.New(o)
 	if err == nil {
 		err = kl.Run(ctx)
+	}
+	if bin, ok := klient.IsRestart(err); ok { // upgraded: become the new binary, same pid
+		stop()
+		err = syscall.Exec(bin, append([]string{bin}, os.Args[1:]...), os.Environ())
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "klient:", err)

@@ -45,6 +45,9 @@ type Info struct {
 	KontrolURL string          `json:"kontrolURL"`
 	// Features lists what this klient does that older ones did not (kloud adapts to old agents).
 	Features []string `json:"features,omitempty"`
+	// SHA256 is the hex SHA-256 of the running klient's binary ("" if it could not be read):
+	// kloud's agent rollout compares it with the binary it serves.
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // FeatureOwnAccountShells is in Info.Features of a klient whose terminal shares' shells run as

@@ -1,8 +1,8 @@
 package webterm
 
 import (
-	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,10 +21,10 @@ type Session struct {
 	createdBy string
 	runAs     string // the account the shell runs as
 	createdAt time.Time
-	cmd       *exec.Cmd
-	pty       *os.File // the master, non-blocking (in Go's poller)
-	closePTY  sync.Once
-	closing   chan struct{} // closed with the master: readers stop waiting for viewers
+	sh        shell // the PTY and shell: in klient (procShell) or in a holder (holderShell)
+	pid       int   // the shell's
+	closeOnce sync.Once
+	closing   chan struct{} // closed when the session stops reading: pushes stop waiting for viewers
 	inputMu   sync.Mutex    // one writer at a time, so inputs of two viewers do not interleave
 
 	mu         sync.Mutex
@@ -35,14 +35,67 @@ type Session struct {
 	idle       *time.Timer
 	lastOutput time.Time
 	killReason string
+	detached   bool // klient is going away and left the shell to its holder
 	ended      bool
 
 	readerDone chan struct{}
 	done       chan struct{}
 }
 
-// start runs a's login shell in a new PTY of cols×rows.
+// shell is where a session's PTY and shell live: Read is the output (an error at the end),
+// Write the input.
+type shell interface {
+	io.ReadWriter
+	resize(cols, rows int) error
+	rename(name string)
+	// hangup ends the shell: SIGHUP to its group now, SIGKILL after grace (unless done closes).
+	hangup(grace time.Duration, done <-chan struct{})
+	// stop makes Read return: the PTY is closed (procShell) or left to its holder (holderShell).
+	stop()
+	// wait returns, after the reader has stopped, why the shell ended ("": klient detached).
+	wait(readerDone <-chan struct{}) string
+	pid() int
+}
+
+func newSession(m *Manager, id, createdBy, runAs string, createdAt time.Time, sh shell, pid, cols, rows int) *Session {
+	return &Session{
+		m: m, id: id, name: id, createdBy: createdBy, runAs: runAs, createdAt: createdAt, sh: sh, pid: pid,
+		cols: cols, rows: rows, ring: newRing(m.opts.Scrollback), readerDone: make(chan struct{}), done: make(chan struct{}), closing: make(chan struct{}),
+	}
+}
+
+// startSession runs a's login shell in a new PTY of cols×rows: in a holder process when the
+// Manager has a SessionDir, else in klient.
 func startSession(m *Manager, id, createdBy string, a *account, cols, rows int) (*Session, error) {
+	if m.opts.SessionDir != "" {
+		hs, replay, err := m.startHolder(id, createdBy, a, cols, rows)
+		if err != nil {
+			return nil, err
+		}
+		s := newSession(m, id, createdBy, a.Name, hs.info.CreatedAt, hs, hs.info.PID, cols, rows)
+		s.ring.Write(replay)
+		go s.read()
+		go s.wait()
+		return s, nil
+	}
+	ps, err := startProcShell(a, id, cols, rows)
+	if err != nil {
+		return nil, err
+	}
+	s := newSession(m, id, createdBy, a.Name, time.Now().UTC(), ps, ps.cmd.Process.Pid, cols, rows)
+	go s.read()
+	go s.wait()
+	return s, nil
+}
+
+// procShell is a shell in a PTY of klient's own.
+type procShell struct {
+	cmd      *exec.Cmd
+	pty      *os.File // the master, non-blocking (in Go's poller)
+	closePTY sync.Once
+}
+
+func startProcShell(a *account, id string, cols, rows int) (*procShell, error) {
 	p, tty, err := pty.Open()
 	if err != nil {
 		return nil, fmt.Errorf("open pty: %w", err)
@@ -76,13 +129,57 @@ func startSession(m *Manager, id, createdBy string, a *account, cols, rows int) 
 		master.Close()
 		return nil, fmt.Errorf("start %s as %s: %w", a.Shell, a.Name, err)
 	}
-	s := &Session{
-		m: m, id: id, name: id, createdBy: createdBy, runAs: a.Name, createdAt: time.Now().UTC(), cmd: cmd, pty: master,
-		cols: cols, rows: rows, ring: newRing(m.opts.Scrollback), readerDone: make(chan struct{}), done: make(chan struct{}), closing: make(chan struct{}),
+	return &procShell{cmd: cmd, pty: master}, nil
+}
+
+func (p *procShell) Read(b []byte) (int, error)  { return p.pty.Read(b) }
+func (p *procShell) Write(b []byte) (int, error) { return p.pty.Write(b) }
+func (p *procShell) rename(string)               {}
+func (p *procShell) pid() int                    { return p.cmd.Process.Pid }
+func (p *procShell) stop()                       { p.closePTY.Do(func() { p.pty.Close() }) }
+
+func (p *procShell) resize(cols, rows int) error {
+	sc, err := p.pty.SyscallConn()
+	if err != nil {
+		return err
 	}
-	go s.read()
-	go s.wait()
-	return s, nil
+	var ierr error
+	err = sc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Col: uint16(cols), Row: uint16(rows)})
+	})
+	if err == nil {
+		err = ierr
+	}
+	return err
+}
+
+// hangup: SIGHUP to the shell's process group and closing the PTY (which hangs up its
+// foreground job too); SIGKILL to the group if the shell is still there after grace.
+func (p *procShell) hangup(grace time.Duration, done <-chan struct{}) {
+	pid := p.cmd.Process.Pid
+	syscall.Kill(-pid, syscall.SIGHUP)
+	p.stop()
+	go func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
+	}()
+}
+
+// wait reaps the shell and lets the reader drain what it wrote last.
+func (p *procShell) wait(readerDone <-chan struct{}) string {
+	err := p.cmd.Wait()
+	select {
+	case <-readerDone: // every holder of the terminal is gone
+	case <-time.After(2 * time.Second): // a background job still holds it: stop reading anyway
+	}
+	p.stop()
+	<-readerDone
+	return exitReason(err)
 }
 
 // nonblocking returns a non-blocking copy of the PTY master (pty.Open leaves it blocking), so
@@ -101,14 +198,14 @@ func nonblocking(p *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "/dev/ptmx"), nil
 }
 
-// read copies the PTY's output into the scrollback and to every viewer. While a viewer's queue
+// read copies the shell's output into the scrollback and to every viewer. While a viewer's queue
 // is full it waits (so a fast producer is slowed to what its viewers take), at most
 // SlowViewerTimeout per read, then drops the viewers still full.
 func (s *Session) read() {
 	defer close(s.readerDone)
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := s.pty.Read(buf)
+		n, err := s.sh.Read(buf)
 		if n > 0 {
 			chunk := make([]byte, n)
 			copy(chunk, buf[:n])
@@ -130,41 +227,29 @@ func (s *Session) read() {
 	}
 }
 
-// wait reaps the shell, lets the reader drain what it wrote last, and ends the session.
+// wait waits for the shell's end (or klient's detaching from it) and ends the session.
 func (s *Session) wait() {
-	err := s.cmd.Wait()
-	select {
-	case <-s.readerDone: // every holder of the terminal is gone
-	case <-time.After(2 * time.Second): // a background job still holds it: stop reading anyway
-	}
-	s.closeMaster()
-	<-s.readerDone
+	reason := s.sh.wait(s.readerDone)
+	s.markClosing()
+	code := CloseEnded
 	s.mu.Lock()
-	reason := s.killReason
-	s.mu.Unlock()
-	if reason == "" {
-		reason = "session ended: the shell exited"
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				reason = fmt.Sprintf("session ended: the shell was killed by %s", ws.Signal())
-			} else {
-				reason = fmt.Sprintf("session ended: the shell exited with status %d", ee.ExitCode())
-			}
-		}
+	if s.killReason != "" {
+		reason = s.killReason
 	}
-	s.end(reason)
+	if s.detached {
+		// Not the end: the shell lives on in its holder, and a client that reconnects (the UI
+		// does on 1001) finds it again once klient is back.
+		code, reason = CloseGoingAway, "klient is restarting: the session lives on, reattach"
+	}
+	s.mu.Unlock()
+	s.end(code, reason)
 }
 
-func (s *Session) closeMaster() {
-	s.closePTY.Do(func() {
-		close(s.closing)
-		s.pty.Close()
-	})
-}
+func (s *Session) markClosing() { s.closeOnce.Do(func() { close(s.closing) }) }
 
-// end closes every viewer (after their queued output) and forgets the session.
-func (s *Session) end(reason string) {
+// end closes every viewer with code and reason (after their queued output) and forgets the
+// session.
+func (s *Session) end(code int, reason string) {
 	s.mu.Lock()
 	s.ended = true
 	vs := s.viewers
@@ -174,43 +259,44 @@ func (s *Session) end(reason string) {
 	}
 	s.mu.Unlock()
 	for _, v := range vs {
-		v.close(CloseEnded, reason, false)
+		v.close(code, reason, false)
 	}
 	s.m.forget(s)
 	s.m.log.Info("webterm session ended", "session", s.id, "reason", reason)
 	close(s.done)
 }
 
-// kill hangs the session up: SIGHUP to the shell's process group and closing the PTY (which
-// hangs up its foreground job too); SIGKILL to the group if the shell is still there after
-// KillGrace.
+// kill hangs the session up (the shell gets SIGHUP, and SIGKILL after KillGrace).
 func (s *Session) kill(reason string) {
 	s.mu.Lock()
-	if s.ended || s.killReason != "" {
+	if s.ended || s.killReason != "" || s.detached {
 		s.mu.Unlock()
 		return
 	}
 	s.killReason = reason
 	s.mu.Unlock()
-	pid := s.cmd.Process.Pid
-	syscall.Kill(-pid, syscall.SIGHUP)
-	s.closeMaster()
-	go func() {
-		t := time.NewTimer(s.m.opts.KillGrace)
-		defer t.Stop()
-		select {
-		case <-s.done:
-		case <-t.C:
-			syscall.Kill(-pid, syscall.SIGKILL)
-		}
-	}()
+	s.sh.hangup(s.m.opts.KillGrace, s.done)
+	s.markClosing()
+}
+
+// letGo leaves the shell to its holder: the session ends in klient only.
+func (s *Session) letGo() {
+	s.mu.Lock()
+	if s.ended || s.killReason != "" || s.detached {
+		s.mu.Unlock()
+		return
+	}
+	s.detached = true
+	s.mu.Unlock()
+	s.markClosing()
+	s.sh.stop()
 }
 
 func (s *Session) input(p []byte) error {
 	s.inputMu.Lock()
 	defer s.inputMu.Unlock()
 	for len(p) > 0 {
-		n, err := s.pty.Write(p)
+		n, err := s.sh.Write(p)
 		if err != nil {
 			return fmt.Errorf("session %s: write: %w", s.id, err)
 		}
@@ -229,18 +315,7 @@ func (s *Session) Resize(cols, rows int) error {
 	if s.cols == cols && s.rows == rows {
 		return nil
 	}
-	sc, err := s.pty.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("session %s: resize: %w", s.id, err)
-	}
-	var ierr error
-	err = sc.Control(func(fd uintptr) {
-		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Col: uint16(cols), Row: uint16(rows)})
-	})
-	if err == nil {
-		err = ierr
-	}
-	if err != nil {
+	if err := s.sh.resize(cols, rows); err != nil {
 		return fmt.Errorf("session %s: resize: %w", s.id, err)
 	}
 	s.cols, s.rows = cols, rows
@@ -274,7 +349,20 @@ func (s *Session) detach(v *Viewer) {
 		}
 	}
 	s.viewers = vs
-	if len(vs) == 0 && !s.ended && s.idle == nil {
+	if len(vs) == 0 {
+		s.startIdleLocked()
+	}
+}
+
+// startIdle starts the idle timer of a session without viewers (restored ones).
+func (s *Session) startIdle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.startIdleLocked()
+}
+
+func (s *Session) startIdleLocked() {
+	if !s.ended && s.idle == nil {
 		d := s.m.opts.IdleTimeout
 		s.idle = time.AfterFunc(d, func() {
 			s.mu.Lock()
@@ -291,7 +379,7 @@ func (s *Session) info() Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in := Info{Session: s.id, Name: s.name, CreatedBy: s.createdBy, RunAs: s.runAs, CreatedAt: s.createdAt, Cols: s.cols, Rows: s.rows,
-		PID: s.cmd.Process.Pid, Viewers: []ViewerInfo{}}
+		PID: s.pid, Viewers: []ViewerInfo{}}
 	if !s.lastOutput.IsZero() {
 		in.LastOutputAt = s.lastOutput.UTC()
 	}

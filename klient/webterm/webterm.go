@@ -16,6 +16,11 @@
 // so Ctrl-C works while output is backed up. Each session has its own goroutines: one session's
 // flood does not slow another.
 //
+// Shells that outlive klient: with Options.SessionDir set, each session's PTY and shell live in
+// a holder process of their own (holder.go: the holder and its framing; holderclient.go: klient's
+// side), so klient can restart or be upgraded: Detach leaves the holders running and New finds
+// them again (same shell, scrollback replayed). Without it, shells live in klient (procShell).
+//
 // Who may do what is decided by the caller (klient's ACL); the Manager enforces only what a
 // viewer's mode means (read-only viewers cannot type or resize) and the per-user session limit.
 package webterm
@@ -66,6 +71,9 @@ const (
 	CloseTooSlow    = klientapi.CloseTooSlow
 	CloseRefused    = klientapi.CloseRefused
 	CloseBadMessage = klientapi.CloseBadMessage
+	// CloseGoingAway (WebSocket's 1001) closes the viewers of a session klient leaves to its
+	// holder when it exits (Detach): the session lives on; reconnect.
+	CloseGoingAway = 1001
 )
 
 // Framing of the data path (klientapi's).
@@ -107,6 +115,17 @@ type Options struct {
 	SlowViewerTimeout time.Duration
 	// KillGrace is how long a killed shell has between SIGHUP and SIGKILL (3 s).
 	KillGrace time.Duration
+	// SessionDir, if set, makes every session's PTY and shell live in a holder process of its
+	// own (holder.go) that listens on SessionDir/ID.sock, so sessions outlive klient: New
+	// reconnects to the holders it finds there, and Detach leaves them running. The directory
+	// is made 0700 and must belong to klient's uid. Empty: shells live in klient and end with it.
+	SessionDir string
+	// HolderCommand is the program and leading arguments that start a holder; HolderArg and
+	// the session id follow (default: this program, /proc/self/exe, whose main must call
+	// HolderMain when its first argument is HolderArg).
+	HolderCommand []string
+	// HolderEnv is added to the holders' environment (internal/selfexec.Env, say).
+	HolderEnv []string
 	Logger    *slog.Logger
 }
 
@@ -155,7 +174,16 @@ func New(o Options) (*Manager, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Manager{opts: o, log: o.Logger, sessions: map[string]*Session{}}, nil
+	if len(o.HolderCommand) == 0 {
+		o.HolderCommand = []string{"/proc/self/exe"}
+	}
+	m := &Manager{opts: o, log: o.Logger, sessions: map[string]*Session{}}
+	if o.SessionDir != "" {
+		if err := m.restore(); err != nil {
+			return nil, fmt.Errorf("webterm: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // OpenRequest is what Open needs.
@@ -278,7 +306,7 @@ func (m *Manager) createLocked(r OpenRequest) (*Session, error) {
 		return nil, fmt.Errorf("web terminal: %w", err)
 	}
 	m.sessions[id] = s
-	m.log.Info("webterm session started", "session", id, "user", r.User, "runAs", a.Name, "shell", a.Shell, "pid", s.cmd.Process.Pid)
+	m.log.Info("webterm session started", "session", id, "user", r.User, "runAs", a.Name, "shell", a.Shell, "pid", s.pid)
 	return s, nil
 }
 
@@ -354,6 +382,7 @@ func (m *Manager) Rename(id, name string) error {
 	s.mu.Lock()
 	s.name = name
 	s.mu.Unlock()
+	s.sh.rename(name)
 	return nil
 }
 
@@ -410,19 +439,42 @@ func (m *Manager) KillRunAs(account, reason string) int {
 	return len(ss)
 }
 
-// Close kills every session and refuses new ones.
-func (m *Manager) Close() {
-	m.mu.Lock()
-	m.closed = true
-	ss := make([]*Session, 0, len(m.sessions))
-	for _, s := range m.sessions {
-		ss = append(ss, s)
+// Detach refuses new sessions and lets go of the existing ones without ending their shells,
+// which live on in their holders for the next klient (New with the same SessionDir); their
+// viewers are closed. Without a SessionDir it is Close.
+func (m *Manager) Detach() {
+	if m.opts.SessionDir == "" {
+		m.Close()
+		return
 	}
-	m.mu.Unlock()
+	ss := m.shut()
+	for _, s := range ss {
+		s.letGo()
+	}
+	for _, s := range ss {
+		<-s.done
+	}
+}
+
+// Close kills every session (and its holder) and refuses new ones.
+func (m *Manager) Close() {
+	ss := m.shut()
 	for _, s := range ss {
 		s.kill("session ended: klient is shutting down")
 	}
 	for _, s := range ss {
 		<-s.done
 	}
+}
+
+// shut refuses new sessions and returns the existing ones.
+func (m *Manager) shut() []*Session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	ss := make([]*Session, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		ss = append(ss, s)
+	}
+	return ss
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/selfexec"
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/webterm"
@@ -25,6 +28,9 @@ func newManager(t *testing.T, o webterm.Options) (*webterm.Manager, *webtermtest
 	testutil.RequireBinary(t, "bash")
 	mach := webtermtest.New(t, "alice")
 	o.Owner, o.Root, o.Logger = "alice", mach.Root, testutil.Logger(t)
+	if os.Getenv("WEBTERM_HOLDERS") != "" && o.SessionDir == "" {
+		o.SessionDir, o.HolderEnv = filepath.Join(t.TempDir(), "sessions"), selfexec.Env()
+	}
 	m, err := webterm.New(o)
 	if err != nil {
 		t.Fatal(err)

@@ -224,6 +224,11 @@ func (c *Client) MachineInfo(ctx context.Context, p MachineRef) (MachineInfo, er
 	return RPCMachineInfo.Call(ctx, c.c, p)
 }
 
+// MachineUpgradeAgent replaces the machine's klient with the one kloud serves (sessions kept).
+func (c *Client) MachineUpgradeAgent(ctx context.Context, p MachineRef) (UpgradeAgentResult, error) {
+	return RPCMachineUpgradeAgent.Call(ctx, c.c, p)
+}
+
 // MachineStart starts a stopped machine; it returns the job at once.
 func (c *Client) MachineStart(ctx context.Context, p MachineRef) (JobRef, error) {
 	return RPCMachineStart.Call(ctx, c.c, p)

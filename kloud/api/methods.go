@@ -55,6 +55,8 @@ const (
 	MethodMachineShare   = "machine.share"
 	MethodMachineUnshare = "machine.unshare"
 	MethodMachineShares  = "machine.shares"
+	// agents.go: the machine's klient replaced by the one kloud serves, sessions kept
+	MethodMachineUpgradeAgent = "machine.upgradeAgent"
 
 	// snapshots.go
 	MethodMachineSnapshot  = "machine.snapshot"
@@ -112,6 +114,7 @@ func KloudMethods() []string {
 		MethodMachineSet, // idle.go
 		MethodMachineShare, MethodMachineShares,
 		MethodMachineSnapshot, MethodMachineSnapshots, MethodMachineStart, MethodMachineStop, MethodMachineUnshare,
+		MethodMachineUpgradeAgent, // agents.go
 		MethodPluginRegister,
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
 		MethodQuotaSet, MethodQuotaShow, // quota.go

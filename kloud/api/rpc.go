@@ -114,6 +114,7 @@ var (
 	RPCUserSetPassword        = Method[SetPasswordParams, SetPasswordResult]{Name: MethodUserSetPassword}
 	RPCUserSetRole            = Method[SetRoleParams, UserView]{Name: MethodUserSetRole}
 	RPCUserWhoami             = Method[NoParams, WhoamiResult]{Name: MethodUserWhoami}
+	RPCMachineUpgradeAgent    = Method[MachineRef, UpgradeAgentResult]{Name: MethodMachineUpgradeAgent}
 )
 
 // Descriptors returns the descriptor of every method kloud serves, by name (a new map each call).
@@ -132,6 +133,7 @@ func Descriptors() map[string]Descriptor {
 		RPCTemplateDelete, RPCTemplateGet, RPCTemplateList, RPCTemplateTrust, RPCTemplateUntrust,
 		RPCTemplateParameters,
 		RPCTemplateUpdate, RPCUserAdd, RPCUserList, RPCUserSetPassword, RPCUserSetRole, RPCUserWhoami,
+		RPCMachineUpgradeAgent,
 	}
 	out := make(map[string]Descriptor, len(ds))
 	for _, d := range ds {

@@ -26,6 +26,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/web"
 	"github.com/kloud-dev/kloud/provider"
@@ -106,6 +107,7 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	fl.StringVar(&f.o.AppsHost, "apps-host", kloud.DefaultAppsHost, "host under which machines' web apps get their own origins, p<port>--m<machine>.<host>[:port] (a wildcard DNS name of another domain than the UI's; localhost works in browsers; off: none)")
 	fl.StringVar(&f.o.MongoURL, "mongo-url", "", "use this MongoDB instead of the embedded store in the data directory")
 	fl.StringVar(&f.o.KlientBin, "klient-bin", "", "klient binary to serve to machines (default: klient next to this binary)")
+	fl.StringVar(&f.o.AgentRollout, "agent-rollout", api.AgentRolloutAuto, "auto: upgrade every machine agent that connects with another klient than --klient-bin (a few at a time, terminals kept); off: only kloud machine upgrade-agent does")
 	fl.DurationVar(&f.o.HeartbeatInterval, "heartbeat", kloud.DefaultHeartbeatInterval, "interval of liveness pings to connected kites")
 	fl.DurationVar(&f.o.HeartbeatTimeout, "heartbeat-timeout", kloud.DefaultHeartbeatTimeout, "drop a kite that does not answer a ping within this time")
 	fl.StringVar(&f.terraformerURL, "terraformer-url", "", "use the terraformer at this URL (default: start one on 127.0.0.1:7001)")

@@ -642,6 +642,7 @@ Only the owner (or a team admin) shares; unshare closes the user's terminals at 
 	cmd.AddCommand(machineSetCmd(g))          // idle.go
 	cmd.AddCommand(machineSnapshotCmds(g)...) // snapshot.go
 	cmd.AddCommand(machinePortsCmd(g))        // ports.go
+	cmd.AddCommand(machineUpgradeAgentCmd(g)) // agent.go
 	return cmd
 }
 

@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestUID is the uid (and gid) of the owner account when tests run as root.
@@ -107,4 +109,48 @@ func (m *Machine) WritePasswd(t testing.TB, content string) {
 	if err := os.WriteFile(filepath.Join(m.Root, "etc/passwd"), []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Holders lists the live session holders (`klient session-hold ID`, any binary) of session id:
+// tests use unique ids, count what is left and kill it by pid.
+func Holders(id string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) == 3 && args[1] == "session-hold" && args[2] == id && !Zombie(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// Zombie reports whether pid is gone or a zombie (dead, not yet reaped).
+func Zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && len(b) > i+2 && b[i+2] == 'Z'
+}
+
+// UniqueSession is a session id no other test uses; the holders of that session still alive
+// when the test ends are killed (by pid).
+func UniqueSession(t testing.TB) string {
+	id := "t" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() {
+		for _, pid := range Holders(id) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return id
 }
