@@ -132,7 +132,10 @@ func (s *Server) updateParamValues(st *model.Stack, files []model.File, changes 
 	if err != nil {
 		return nil, err
 	}
-	cur := st.BuildVariables(st.Variables)
+	cur, err := s.flow().Variables(st, st.Variables)
+	if err != nil {
+		return nil, err
+	}
 	none := ""
 	// The values the stack has now, each in its canonical form, to compare with.
 	before, err := ps.Resolve(tmpl.Input{Strings: cur, Preset: &none})

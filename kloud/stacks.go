@@ -370,13 +370,13 @@ func (a *stackAPI) create(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	}
 	now := a.store.Now()
 	st := model.Stack{ID: store.NewID(), Title: p.Title, Team: t.Team, Owner: c.Username, TemplateID: t.ID, TemplateRev: t.Rev,
-		Files: files, Credentials: b.credIDs, Variables: b.params.public, SecretVariables: b.params.secret, Preset: b.params.preset,
+		Files: files, Credentials: b.credIDs, Variables: b.params.public, Preset: b.params.preset,
 		State: model.StackNotInitialized, CreatedAt: now, UpdatedAt: now}
 	if len(st.Variables) == 0 {
 		st.Variables = nil
 	}
-	if len(st.SecretVariables) == 0 {
-		st.SecretVariables = nil
+	if st.SecretSealed, err = stackbuild.SealSecrets(a.store, st.ID, b.params.secret); err != nil {
+		return api.StackCreateResult{}, err
 	}
 	if st.Title == "" {
 		st.Title = t.Title

@@ -133,7 +133,11 @@ func (a *stackAPI) reapplyUpdate(ctx context.Context, c *Caller, st *model.Stack
 // constraints and the quotas (the bucket quotas too).
 func (a *stackAPI) PlanFiles(ctx context.Context, c stackbuild.Caller, st *model.Stack, files []model.File, vars map[string]string, logf func(string)) ([]api.PlannedMachine, error) {
 	cc, _ := c.(*Caller)
-	b, err := a.build(ctx, cc, st.Team, fileMap(files), st.Credentials, st.BuildVariables(vars))
+	vars, err := a.srv.flow().Variables(st, vars)
+	if err != nil {
+		return nil, err
+	}
+	b, err := a.build(ctx, cc, st.Team, fileMap(files), st.Credentials, vars)
 	if err != nil {
 		return nil, err
 	}

@@ -194,9 +194,11 @@ type Stack struct {
 	Files       []File            `bson:"files" json:"-"`
 	Credentials map[string]string `bson:"credentials,omitempty" json:"credentials,omitempty"` // provider → credential id
 	Variables   map[string]string `bson:"variables,omitempty" json:"variables,omitempty"`
-	// SecretVariables are the values of the template's sensitive parameters (in -var form, as
-	// Variables): given to terraform, never in a response (kloud/params.go).
-	SecretVariables map[string]string `bson:"secretVariables,omitempty" json:"-"`
+	// SecretSealed holds the values of the template's sensitive parameters (a JSON object in
+	// -var form, as Variables), sealed by the store (AAD "stacks/<id>/secrets";
+	// stackbuild.SealSecrets): given to terraform, never in a response (kloud/params.go), never
+	// in the store in the clear.
+	SecretSealed []byte `bson:"secretSealed,omitempty" json:"-"`
 	// Preset is the template preset the stack was created with ("" for none).
 	Preset   string   `bson:"preset,omitempty" json:"preset,omitempty"`
 	State    string   `bson:"state" json:"state"`
@@ -315,20 +317,4 @@ type Autostart struct {
 	TZ       string `bson:"tz" json:"tz"` // an IANA time zone; default UTC
 	// Next is the next start kloud will make (kept in the store: a restart keeps it).
 	Next time.Time `bson:"next" json:"next"`
-}
-
-// BuildVariables is vars (the stack's Variables, or an update's) with the stack's
-// SecretVariables: what a build of the stack gives terraform.
-func (st *Stack) BuildVariables(vars map[string]string) map[string]string {
-	if len(st.SecretVariables) == 0 {
-		return vars
-	}
-	out := make(map[string]string, len(vars)+len(st.SecretVariables))
-	for k, v := range vars {
-		out[k] = v
-	}
-	for k, v := range st.SecretVariables {
-		out[k] = v
-	}
-	return out
 }

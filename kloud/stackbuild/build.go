@@ -203,7 +203,11 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			}
 		}
 		j.Enter(ctx, BuildCredentials)
-		b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(st.Files), st.Credentials, st.BuildVariables(st.Variables))
+		vars, err := f.Variables(st, st.Variables)
+		if err != nil {
+			return StackResult{}, f.failBuild(ctx, st, ms, err)
+		}
+		b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(st.Files), st.Credentials, vars)
 		if err != nil {
 			return StackResult{}, f.failBuild(ctx, st, ms, err)
 		}

@@ -249,7 +249,11 @@ func matchMachines(st *model.Stack, planned []api.PlannedMachine, ms []model.Mac
 // It also returns the files' bucket claims.
 func (f *Flow) renderFor(ctx context.Context, c Caller, st *model.Stack, files []model.File, vars map[string]string, mt *matched, agents AgentConfigs) (*provider.Template, []BucketSpec, error) {
 	specs := mt.specs
-	b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(files), st.Credentials, st.BuildVariables(vars), mt.vacated...)
+	vars, err := f.Variables(st, vars)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := f.d.Templates.Template(ctx, c, st.Team, FileMap(files), st.Credentials, vars, mt.vacated...)
 	if err != nil {
 		return nil, nil, err
 	}
