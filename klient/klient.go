@@ -98,6 +98,7 @@ type Klient struct {
 	acl      *acl
 	term     *webterm.Manager
 	vagrant  *vagrant.Manager // a vagrant host's machines (nil unless Options.Vagrant)
+	ssh      *sshState        // ssh.go: the SSH server and its connections
 	ctx      context.Context  // lives until Run returns: attachments run under it
 	cancel   context.CancelFunc
 }
@@ -179,6 +180,7 @@ func New(opts Options) (*Klient, error) {
 	kl.handleWebterm()
 	kl.handleShares()
 	kl.handlePorts()
+	kl.handleSSH()      // ssh.go
 	kl.handleActivity() // activity.go
 	kl.handleBuckets()  // buckets.go
 	if opts.Vagrant != nil {
@@ -265,6 +267,7 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
-		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets},
+		Features:   []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets, klientapi.FeatureSSH},
+		SSHHostKey: kl.hostKeyLine(),
 	}, nil
 }

@@ -14,10 +14,18 @@ import (
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/klient"
+	"github.com/kloud-dev/kloud/klient/sshserver"
 	"github.com/kloud-dev/kloud/klient/webterm"
 )
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == klient.SFTPServerArg { // re-executed as an account (klient/ssh.go)
+		if err := sshserver.ServeSFTP(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "klient sftp-server:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var o klient.Options
 	flag.StringVar(&o.KiteKeyFile, "kite-key", "/etc/kloud/kite.key", "kite key file (written by cloud-init)")
 	flag.StringVar(&o.KontrolURL, "kontrol-url", "", "kontrol kite URL (default: from the kite key)")

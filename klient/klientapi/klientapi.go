@@ -45,6 +45,8 @@ type Info struct {
 	KontrolURL string          `json:"kontrolURL"`
 	// Features lists what this klient does that older ones did not (kloud adapts to old agents).
 	Features []string `json:"features,omitempty"`
+	// SSHHostKey is the machine's SSH host key, one authorized_keys line (FeatureSSH).
+	SSHHostKey string `json:"sshHostKey,omitempty"`
 }
 
 // FeatureOwnAccountShells is in Info.Features of a klient whose terminal shares' shells run as
