@@ -1,0 +1,151 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/kloud-dev/kloud/internal/tunnel"
+	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/klientapi"
+	"github.com/kloud-dev/kloud/kloud/kloudhttp"
+	"github.com/kloud-dev/kloud/kloud/model"
+)
+
+// SSH through kloud (docs/protocol.md "SSH"). The machine's klient is the SSH server; the SSH
+// bytes ride a tunnel like a port forward's (kloud calls ssh.connect with a one-time ticket,
+// klient dials the attach endpoint back), so the machine needs no inbound port:
+//
+//	GET /api/machines/{id}/ssh          WebSocket: one SSH connection (`kloud ssh --stdio`)
+//	GET /api/machines/{id}/ssh/hostkey  {machineId, label, hostKey, account} (`kloud config-ssh`)
+//
+// Who: as a terminal that types, the owner and terminal or full shares (klient checks its own
+// access list too and picks the account); a read-only share is refused. Audited like a
+// terminal: ssh.open for every attempt of a known user, ssh.close with the duration and bytes.
+
+// The audit log's actions of SSH connections.
+const (
+	ActionSSHOpen  = "ssh.open"
+	ActionSSHClose = "ssh.close"
+)
+
+// maySSH says whether user may open SSH connections to m: its owner, a terminal or full share.
+func maySSH(user string, m *model.Machine) error {
+	switch Role(user, m) {
+	case "owner", model.GrantTerminal, model.GrantFull:
+		return nil
+	case model.GrantReadonly:
+		return fmt.Errorf("machine %s is shared with %s read-only: SSH needs a terminal or full share (a read-only share only watches terminals): %w", m.Label, user, kite.ErrPermission)
+	}
+	return fmt.Errorf("machine %s is not shared with %s: only its owner and users it is shared with (terminal or full) reach it over SSH: %w", m.Label, user, kite.ErrPermission)
+}
+
+// SSHHostKey is the answer of GET /api/machines/{id}/ssh/hostkey.
+type SSHHostKey struct {
+	MachineID string `json:"machineId"`
+	Label     string `json:"label"`
+	HostKey   string `json:"hostKey"` // one authorized_keys line: "ssh-ed25519 AAAA..."
+	Account   string `json:"account"` // the SSH user name: the account the user's sessions run as
+}
+
+// agentErr explains an agent's error for SSH.
+func agentErr(m *model.Machine, err error) error {
+	if errors.Is(err, kite.ErrMethodNotFound) {
+		return fmt.Errorf("the agent of machine %s predates SSH: restart the machine to update it: %w", m.Label, kite.ErrState)
+	}
+	return fmt.Errorf("ssh to machine %s: %w", m.Label, err)
+}
+
+// ServeSSHHostKey is GET /api/machines/{id}/ssh/hostkey: the machine's SSH host key, as its
+// klient reports it over the agent's authenticated connection, and the caller's account.
+func (h *Hub) ServeSSHHostKey(w http.ResponseWriter, r *http.Request) {
+	user, m, err := h.target(r, maySSH)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	var res klientapi.SSHHostKeyResult
+	err = h.agentCall(r.Context(), user, m, klientapi.MethodSSHHostKey, func(tok string) any { return klientapi.SSHHostKeyParams{Token: tok} }, &res)
+	if err != nil {
+		writeErr(w, agentErr(m, err))
+		return
+	}
+	kloudhttp.WriteJSON(w, http.StatusOK, SSHHostKey{MachineID: m.ID, Label: m.Label, HostKey: res.HostKey, Account: res.Account})
+}
+
+// openSSH connects a tunnel to an SSH connection served by m's klient for user.
+func (h *Hub) openSSH(ctx context.Context, user string, m *model.Machine) (*tunnel.Conn, error) {
+	agent, err := h.o.Agents.Agent(m)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := h.userToken(user, m)
+	if err != nil {
+		return nil, err
+	}
+	ticket, ch := h.newTicket()
+	defer h.dropTicket(ticket)
+	p := klientapi.SSHConnectParams{Token: tok, Attach: klientapi.Attach{URL: h.attachURL(m), Ticket: ticket}}
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := agent.Call(cctx, klientapi.MethodSSHConnect, p, nil); err != nil {
+		select {
+		case ws := <-ch:
+			ws.CloseNow()
+		default:
+		}
+		return nil, agentErr(m, err)
+	}
+	select {
+	case ws := <-ch:
+		return tunnel.New(ws, m.Label+":ssh"), nil
+	case <-cctx.Done():
+		return nil, fmt.Errorf("klient accepted the SSH connection but its tunnel never arrived: %w", kite.ErrTimeout)
+	}
+}
+
+// ServeSSH is GET /api/machines/{id}/ssh: a `kloud ssh --stdio` connection, a WebSocket tunnel
+// to an SSH server on the machine.
+func (h *Hub) ServeSSH(w http.ResponseWriter, r *http.Request) {
+	user, m, err := h.target(r, maySSH)
+	target := "machine/" + r.PathValue("id")
+	refused := func(err error) {
+		if user != "" {
+			h.attempt(r, ActionSSHOpen, user, target, Status(err))
+		}
+	}
+	if err != nil {
+		refused(err)
+		writeErr(w, err)
+		return
+	}
+	if !sameOrigin(r) {
+		refused(&statusError{http.StatusForbidden, "cross-origin"})
+		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin SSH requests are refused")
+		return
+	}
+	far, err := h.openSSH(r.Context(), user, m)
+	if err != nil {
+		refused(err)
+		writeErr(w, err)
+		return
+	}
+	ws, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		far.CloseWith(tunnel.CloseNormal, "the client went away")
+		return
+	}
+	near := &countingConn{Conn: tunnel.New(ws, "client"), touch: func() { h.touch(m.ID) }}
+	log := h.log.With("machine", m.ID, "user", user)
+	log.Info("ssh opened")
+	h.attempt(r, ActionSSHOpen, user, target, http.StatusOK)
+	h.touch(m.ID)
+	opened := time.Now()
+	err = tunnel.Pipe(near, far)
+	log.Info("ssh closed", "err", err)
+	h.closedAudit(r, ActionSSHClose, user, target, time.Since(opened), near.n.Load())
+}
