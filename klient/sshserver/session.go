@@ -45,6 +45,7 @@ type session struct {
 	pty     *ptyReq
 	started bool
 	resize  chan ptyWindow // window changes of the running program (buffered)
+	gone    chan struct{}  // closed when the client closed the channel
 }
 
 type ptyWindow struct{ cols, rows uint32 }
@@ -74,11 +75,13 @@ type (
 func (ss *session) run(reqs <-chan *ssh.Request) {
 	defer ss.ch.Close()
 	ss.resize = make(chan ptyWindow, 8)
+	ss.gone = make(chan struct{})
 	done := make(chan struct{})
 	for {
 		select {
 		case r, ok := <-reqs:
-			if !ok {
+			if !ok { // the client closed the channel: what runs is hung up
+				close(ss.gone)
 				if !ss.started {
 					return
 				}
@@ -181,7 +184,7 @@ func (ss *session) shell() (int, string) {
 	ss.log.Info("ssh shell started", "session", v.Session())
 	ctx, cancel := context.WithCancel(ss.ctx)
 	defer cancel()
-	go func() { // input and window changes
+	go func() { // input (an EOF of it is no hang-up: a terminal has none)
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := ss.ch.Read(buf)
@@ -189,8 +192,6 @@ func (ss *session) shell() (int, string) {
 				return
 			}
 			if err != nil {
-				// The client closed its side: hang the session up.
-				ss.s.o.Terminals.Kill(v.Session(), "session ended: the SSH connection closed")
 				return
 			}
 		}
@@ -199,6 +200,9 @@ func (ss *session) shell() (int, string) {
 		for {
 			select {
 			case <-ctx.Done():
+				return
+			case <-ss.gone: // the client closed the channel: hang the session up
+				cancel()
 				return
 			case w := <-ss.resize:
 				c, r := clampSize(w.cols, w.rows)
@@ -216,7 +220,7 @@ func (ss *session) shell() (int, string) {
 			}
 		}
 		if err != nil {
-			if ctx.Err() != nil { // the connection ended (revoked, or gone)
+			if ctx.Err() != nil { // the channel or the connection ended (revoked, or gone)
 				ss.s.o.Terminals.Kill(v.Session(), "session ended: the SSH connection closed")
 				return 1, ""
 			}
@@ -356,16 +360,18 @@ func (ss *session) killOnEnd(cmd *exec.Cmd) (stop func()) {
 	go func() {
 		select {
 		case <-done:
+			return
 		case <-ss.ctx.Done():
-			pid := cmd.Process.Pid
-			syscall.Kill(-pid, syscall.SIGHUP)
-			t := time.NewTimer(3 * time.Second)
-			defer t.Stop()
-			select {
-			case <-done:
-			case <-t.C:
-				syscall.Kill(-pid, syscall.SIGKILL)
-			}
+		case <-ss.gone:
+		}
+		pid := cmd.Process.Pid
+		syscall.Kill(-pid, syscall.SIGHUP)
+		t := time.NewTimer(3 * time.Second)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+			syscall.Kill(-pid, syscall.SIGKILL)
 		}
 	}()
 	return func() { close(done) }
