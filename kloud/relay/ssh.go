@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
-
-	"github.com/coder/websocket"
 
 	"github.com/kloud-dev/kloud/internal/tunnel"
 	"github.com/kloud-dev/kloud/kite"
@@ -77,75 +74,17 @@ func (h *Hub) ServeSSHHostKey(w http.ResponseWriter, r *http.Request) {
 	kloudhttp.WriteJSON(w, http.StatusOK, SSHHostKey{MachineID: m.ID, Label: m.Label, HostKey: res.HostKey, Account: res.Account})
 }
 
-// openSSH connects a tunnel to an SSH connection served by m's klient for user.
-func (h *Hub) openSSH(ctx context.Context, user string, m *model.Machine) (*tunnel.Conn, error) {
-	agent, err := h.o.Agents.Agent(m)
-	if err != nil {
-		return nil, err
-	}
-	tok, err := h.userToken(user, m)
-	if err != nil {
-		return nil, err
-	}
-	ticket, ch := h.newTicket()
-	defer h.dropTicket(ticket)
-	p := klientapi.SSHConnectParams{Token: tok, Attach: klientapi.Attach{URL: h.attachURL(m), Ticket: ticket}}
-	cctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := agent.Call(cctx, klientapi.MethodSSHConnect, p, nil); err != nil {
-		select {
-		case ws := <-ch:
-			ws.CloseNow()
-		default:
-		}
-		return nil, agentErr(m, err)
-	}
-	select {
-	case ws := <-ch:
-		return tunnel.New(ws, m.Label+":ssh"), nil
-	case <-cctx.Done():
-		return nil, fmt.Errorf("klient accepted the SSH connection but its tunnel never arrived: %w", kite.ErrTimeout)
-	}
-}
-
 // ServeSSH is GET /api/machines/{id}/ssh: a `kloud ssh --stdio` connection, a WebSocket tunnel
-// to an SSH server on the machine.
+// to an SSH connection served by the machine's klient.
 func (h *Hub) ServeSSH(w http.ResponseWriter, r *http.Request) {
-	user, m, err := h.target(r, maySSH)
-	target := "machine/" + r.PathValue("id")
-	refused := func(err error) {
-		if user != "" {
-			h.attempt(r, ActionSSHOpen, user, target, Status(err))
-		}
-	}
-	if err != nil {
-		refused(err)
-		writeErr(w, err)
-		return
-	}
-	if !sameOrigin(r) {
-		refused(&statusError{http.StatusForbidden, "cross-origin"})
-		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin SSH requests are refused")
-		return
-	}
-	far, err := h.openSSH(r.Context(), user, m)
-	if err != nil {
-		refused(err)
-		writeErr(w, err)
-		return
-	}
-	ws, err := websocket.Accept(w, r, nil)
-	if err != nil {
-		far.CloseWith(tunnel.CloseNormal, "the client went away")
-		return
-	}
-	near := &countingConn{Conn: tunnel.New(ws, "client"), touch: func() { h.touch(m.ID) }}
-	log := h.log.With("machine", m.ID, "user", user)
-	log.Info("ssh opened")
-	h.attempt(r, ActionSSHOpen, user, target, http.StatusOK)
-	h.touch(m.ID)
-	opened := time.Now()
-	err = tunnel.Pipe(near, far)
-	log.Info("ssh closed", "err", err)
-	h.closedAudit(r, ActionSSHClose, user, target, time.Since(opened), near.n.Load())
+	h.serveTunnel(w, r, tunnelKind{allowed: maySSH, target: "machine/" + r.PathValue("id"), open: ActionSSHOpen, close: ActionSSHClose,
+		what: "SSH", dial: func(ctx context.Context, user string, m *model.Machine) (*tunnel.Conn, error) {
+			t, err := h.dialBack(ctx, user, m, klientapi.MethodSSHConnect, m.Label+":ssh", func(tok string, a klientapi.Attach) any {
+				return klientapi.SSHConnectParams{Token: tok, Attach: a}
+			})
+			if err != nil {
+				return nil, agentErr(m, err)
+			}
+			return t, nil
+		}})
 }
