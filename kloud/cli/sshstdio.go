@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -30,6 +31,9 @@ import (
 // label is not unique among the user's machines.
 const SSHHostPrefix = "kloud--"
 
+// machineIDPattern is what a machine's id looks like (kloud's ids are 24 hex digits).
+var machineIDPattern = regexp.MustCompile(`^[0-9a-f]{24}$`)
+
 // The markers of the managed block in an ssh config.
 const (
 	sshBlockStart = "# ------------START-KLOUD-----------"
@@ -47,14 +51,20 @@ func (g *globals) sshStdio(ctx context.Context, host string) error {
 	if err != nil {
 		return err
 	}
-	m, err := g.findMachine(ctx, name)
-	if err != nil {
-		return err
+	// config-ssh's entries give the machine's id (HostName kloud--<id>): no lookup (a
+	// machine.list) before every connection.
+	id, label := name, name
+	if !machineIDPattern.MatchString(name) {
+		m, err := g.findMachine(ctx, name)
+		if err != nil {
+			return err
+		}
+		id, label = m.ID, m.Label
 	}
-	u := strings.TrimRight(g.url, "/") + "/api/machines/" + url.PathEscape(m.ID) + "/ssh"
+	u := strings.TrimRight(g.url, "/") + "/api/machines/" + url.PathEscape(id) + "/ssh"
 	t, err := dialForward(ctx, hc, "ws"+strings.TrimPrefix(u, "http"), cred)
 	if err != nil {
-		return fmt.Errorf("ssh to %s: %w", m.Label, err)
+		return fmt.Errorf("ssh to %s: %w", label, err)
 	}
 	defer t.Close()
 	errc := make(chan error, 2)
@@ -73,7 +83,7 @@ func (g *globals) sshStdio(ctx context.Context, host string) error {
 	select {
 	case err := <-errc:
 		if err != nil && ctx.Err() == nil {
-			return fmt.Errorf("ssh to %s: %w", m.Label, err)
+			return fmt.Errorf("ssh to %s: %w", label, err)
 		}
 	case <-ctx.Done():
 	}
@@ -329,6 +339,7 @@ func (g *globals) sshBlock(hosts []sshHost, knownHosts string) (string, error) {
 	b.WriteString("# Written by `kloud config-ssh` for " + g.url + ": run it again to update, `kloud config-ssh --remove` to remove.\n")
 	for _, h := range hosts {
 		fmt.Fprintf(&b, "Host %s\n", h.Host)
+		fmt.Fprintf(&b, "  HostName %s%s\n", SSHHostPrefix, h.MachineID) // %h: the id, no lookup
 		fmt.Fprintf(&b, "  User %s\n", h.User)
 		fmt.Fprintf(&b, "  ProxyCommand %s\n", strings.Join(proxy, " "))
 		fmt.Fprintf(&b, "  HostKeyAlias %s\n", h.Host)
