@@ -249,6 +249,11 @@ func TestLocalSSH(t *testing.T) {
 		t.Errorf("ssh --stdio with a read-only share: %v\n%s", err, out)
 	}
 
+	// A machine that is not there: a clear error, a non-zero exit.
+	if out, err := e.try("ssh", "--stdio", "kloud--nosuch"); err == nil || !strings.Contains(out, `no machine "nosuch"`) {
+		t.Errorf("ssh --stdio kloud--nosuch: %v\n%s", err, out)
+	}
+
 	// A terminal share: its own account; its open session ends at once when it is revoked.
 	bobCfg, _ := configSSH("bob")
 	if out := mustRun(bobCfg, "", "kloud--dev.0", "whoami"); strings.TrimSpace(out) != "bob" {
