@@ -32,6 +32,10 @@ import (
 // stdout, as the account (cmd/klient calls sshserver.ServeSFTP).
 const SFTPServerArg = "sftp-server"
 
+// MaxSSHConnsPerUser bounds the SSH connections one user has open on the machine at once (an
+// IDE opens a few; a runaway loop must not exhaust klient).
+const MaxSSHConnsPerUser = 64
+
 // sshState is klient's SSH server and its open connections.
 type sshState struct {
 	mu     sync.Mutex
@@ -132,6 +136,17 @@ func (kl *Klient) sshConnect(ctx context.Context, r *kite.Request, p *klientapi.
 	}
 	t := tunnel.New(ws, "kloud")
 	kl.ssh.mu.Lock()
+	n := 0
+	for _, u := range kl.ssh.conns {
+		if u == user {
+			n++
+		}
+	}
+	if n >= MaxSSHConnsPerUser {
+		kl.ssh.mu.Unlock()
+		t.CloseWith(tunnel.CloseRefused, "too many SSH connections")
+		return nil, fmt.Errorf("%s: %s has %d SSH connections to this machine, the limit: close some first: %w", r.Method, user, n, kite.ErrState)
+	}
 	kl.ssh.conns[t] = user
 	kl.ssh.mu.Unlock()
 	// An unshare between authorize and here must not leave this connection behind.
