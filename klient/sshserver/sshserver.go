@@ -144,7 +144,7 @@ func (s *Server) Serve(ctx context.Context, nc net.Conn, ci ConnInfo) error {
 	return nil
 }
 
-// checkUser accepts the SSH user name account (or the kloud-conventional "kloud", no name).
+// checkUser accepts the SSH user name account only (config-ssh writes it as the User).
 func checkUser(name, account string) error {
 	if name == account {
 		return nil
