@@ -42,6 +42,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/klient/sshserver"
 	"github.com/kloud-dev/kloud/klient/webterm"
+	"github.com/kloud-dev/kloud/kloud/cli"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
 
@@ -243,7 +244,7 @@ func run(ctx context.Context, mb, runs int) (ratio float64, err error) {
 		}
 	}
 	direct := []string{"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-		"-o", "BatchMode=yes", "-P", fmt.Sprint(directPort)}
+		"-o", "BatchMode=yes", "-o", "Ciphers=" + cli.SSHCiphers, "-P", fmt.Sprint(directPort)} // the ciphers config-ssh writes
 	viaKloud := []string{"-F", cfg, "-o", "BatchMode=yes"}
 	directHost, kloudHost := owner+"@"+in.IP.String(), "kloud--bench"
 

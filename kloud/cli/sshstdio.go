@@ -31,6 +31,12 @@ import (
 // label is not unique among the user's machines.
 const SSHHostPrefix = "kloud--"
 
+// SSHCiphers is the Ciphers line of config-ssh's entries: AES-GCM first. klient's SSH server
+// (golang.org/x/crypto/ssh) moves about 3× as much with aes128-gcm as with OpenSSH's default
+// chacha20-poly1305 (321 vs 103 MB/s, both ends in Go, loopback), and ssh picks the first of the
+// client's list that the server has.
+const SSHCiphers = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes256-ctr"
+
 // machineIDPattern is what a machine's id looks like (kloud's ids are 24 hex digits).
 var machineIDPattern = regexp.MustCompile(`^[0-9a-f]{24}$`)
 
@@ -345,6 +351,7 @@ func (g *globals) sshBlock(hosts []sshHost, knownHosts string) (string, error) {
 		fmt.Fprintf(&b, "  HostKeyAlias %s\n", h.Host)
 		fmt.Fprintf(&b, "  UserKnownHostsFile %q\n", knownHosts)
 		b.WriteString("  StrictHostKeyChecking yes\n  CheckHostIP no\n  ForwardAgent no\n  ServerAliveInterval 30\n")
+		b.WriteString("  Ciphers " + SSHCiphers + "\n")
 	}
 	b.WriteString(sshBlockEnd + "\n")
 	return b.String(), nil
