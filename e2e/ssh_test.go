@@ -303,6 +303,15 @@ func TestLocalSSH(t *testing.T) {
 		t.Fatal("bob's ssh session is still open 10 s after the unshare")
 	}
 
+	// A stopped machine keeps its entry: kloud kept the host key klient reported.
+	e.run("machine", "stop", "dev.0", "--stack", sid)
+	if _, out := configSSH("alice"); !strings.Contains(out, "up to date") {
+		t.Errorf("config-ssh with the machine stopped:\n%s", out)
+	}
+	if again, _ := os.ReadFile(cfg); !bytes.Equal(again, first) {
+		t.Errorf("config-ssh with the machine stopped changed the file:\n%s", again)
+	}
+
 	// --remove takes the block away and keeps the user's lines byte for byte.
 	configSSH("alice", "--remove")
 	if b, _ := os.ReadFile(cfg); string(b) != mine {

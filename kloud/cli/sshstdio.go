@@ -109,8 +109,9 @@ of ~/.ssh/config (or --ssh-config). Each Host is kloud--<machine label> (kloud--
 of your machines share a label), with "ProxyCommand <this kloud> ssh --stdio %h": the
 connection rides kloud to the machine's agent, which serves SSH itself, so no port of the
 machine is open. The machines' host keys, as their agents report them to kloud, are pinned
-in --known-hosts (StrictHostKeyChecking yes: no question on first use). A machine whose
-agent is not connected is skipped with a message: start it, then run this again.
+in --known-hosts (StrictHostKeyChecking yes: no question on first use); kloud keeps them, so
+a stopped machine keeps its entry. A machine whose agent never reported a key is skipped with
+a message: start it, then run this again.
 
 Running it again updates the block (and changes nothing when nothing changed); --remove
 takes the block and the known_hosts file away; the rest of the file is kept as it is.`,

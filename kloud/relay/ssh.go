@@ -58,7 +58,9 @@ func agentErr(m *model.Machine, err error) error {
 }
 
 // ServeSSHHostKey is GET /api/machines/{id}/ssh/hostkey: the machine's SSH host key, as its
-// klient reports it over the agent's authenticated connection, and the caller's account.
+// klient reports it over the agent's authenticated connection (kept on the machine's record,
+// Options.KeepHostKey), and the caller's account. While the agent is not connected it answers
+// the key klient reported last, and the account the grant gives.
 func (h *Hub) ServeSSHHostKey(w http.ResponseWriter, r *http.Request) {
 	user, m, err := h.target(r, maySSH)
 	if err != nil {
@@ -67,6 +69,19 @@ func (h *Hub) ServeSSHHostKey(w http.ResponseWriter, r *http.Request) {
 	}
 	var res klientapi.SSHHostKeyResult
 	err = h.agentCall(r.Context(), user, m, klientapi.MethodSSHHostKey, func(tok string) any { return klientapi.SSHHostKeyParams{Token: tok} }, &res)
+	switch {
+	case err == nil && res.HostKey != m.SSHHostKey && h.o.KeepHostKey != nil:
+		if kerr := h.o.KeepHostKey(r.Context(), m.ID, res.HostKey); kerr != nil {
+			h.log.WarnContext(r.Context(), "keep the machine's ssh host key", "machine", m.ID, "err", kerr)
+		}
+	case err != nil && m.SSHHostKey != "" && !errors.Is(err, kite.ErrPermission) && !errors.Is(err, kite.ErrAuth):
+		// The agent is away (a stopped machine): what it reported last.
+		res = klientapi.SSHHostKeyResult{HostKey: m.SSHHostKey, Account: m.Owner}
+		if Role(user, m) == model.GrantTerminal {
+			res.Account = user // a terminal share's own account (klient's webterm.SharedAccountName)
+		}
+		err = nil
+	}
 	if err != nil {
 		writeErr(w, agentErr(m, err))
 		return
