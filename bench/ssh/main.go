@@ -21,11 +21,9 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -37,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kloud-dev/kloud/bench/internal/benchvm"
 	"github.com/kloud-dev/kloud/bench/internal/kloudchild"
 	"github.com/kloud-dev/kloud/bench/internal/measure"
 	"github.com/kloud-dev/kloud/internal/testutil"
@@ -130,17 +129,6 @@ func run(ctx context.Context, mb, runs int) (ratio float64, err error) {
 			return skip(fmt.Errorf("%s is not installed (openssh-client)", b))
 		}
 	}
-	if os.Geteuid() != 0 {
-		return skip(errors.New("local machines need root"))
-	}
-	if err := sandbox.Available(); err != nil {
-		return skip(err)
-	}
-	log := slog.New(slog.DiscardHandler)
-	base, err := sandbox.EnsureBaseImage(ctx, "", log)
-	if err != nil {
-		return skip(err)
-	}
 	work, err := os.MkdirTemp("/var/tmp", "kloud-bench-ssh-")
 	if err != nil {
 		return 0, err
@@ -161,68 +149,26 @@ func run(ctx context.Context, mb, runs int) (ratio float64, err error) {
 		return 0, err
 	}
 	fmt.Printf("CPU: %s, %d vCPUs; load %s\n", measure.CPUModel(), runtime.NumCPU(), measure.LoadAvg())
-	subnet, err := sandbox.FreeSubnet(170)
+	vm, err := benchvm.Boot(ctx, benchvm.Options{ID: "bench-ssh", Work: filepath.Join(work, "vm"), Bridge: "kdbs", Subnet: 170,
+		Files: map[string]string{klient: "klient", self: "ssh"}})
+	var skipErr *benchvm.SkipError
+	if errors.As(err, &skipErr) {
+		return skip(err)
+	}
 	if err != nil {
 		return 0, err
 	}
-	suffix := make([]byte, 2)
-	rand.Read(suffix)
-	m, err := sandbox.New(sandbox.Options{StateDir: filepath.Join(work, "machines"), BaseImage: base,
-		Bridge: "kdbs" + hex.EncodeToString(suffix), Subnet: subnet, Logger: log})
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		m.GC(cctx, func(sandbox.Info) bool { return false })
-		m.TeardownNetwork(cctx)
-	}()
-	const id = "bench-ssh"
-	in, err := m.Create(ctx, sandbox.Spec{ID: id})
-	if err != nil {
-		return 0, fmt.Errorf("create machine: %w", err)
-	}
-	kc, err := kloudchild.Start(ctx, filepath.Join(work, "kloud-data"), net.JoinHostPort(m.HostAddr().String(), "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer kc.Stop()
-	// The binaries and the agent's key go onto the machine's disk while it is stopped.
-	if _, err := m.Stop(ctx, id); err != nil {
-		return 0, err
-	}
-	dst := filepath.Join(in.Dir, "upper", "opt", "bench")
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return 0, err
-	}
-	for src, name := range map[string]string{klient: "klient", self: "ssh", kc.KiteKey: "kite.key"} {
-		if err := copyFile(src, filepath.Join(dst, name)); err != nil {
-			return 0, err
-		}
-	}
-	if in, err = m.Start(ctx, id); err != nil {
-		return 0, err
-	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for in.CloudInit != sandbox.CloudInitDone && in.CloudInit != sandbox.CloudInitError {
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("cloud-init of the machine did not finish (%s); see %s/console.log", in.CloudInit, in.Dir)
-		}
-		time.Sleep(500 * time.Millisecond)
-		if in, err = m.Info(ctx, id); err != nil {
-			return 0, err
-		}
-	}
+	defer vm.Close()
+	kc, in, subnet := vm.Kloud, vm.Info, vm.Subnet
 	owner := kloudchild.Owner
-	if out, err := m.Exec(ctx, id, "useradd", "-m", "-s", "/bin/bash", owner); err != nil {
+	if out, err := vm.Exec(ctx, "useradd", "-m", "-s", "/bin/bash", owner); err != nil {
 		return 0, fmt.Errorf("useradd %s: %w: %s", owner, err, out)
 	}
 	for _, cmd := range []string{
 		fmt.Sprintf("/opt/bench/ssh serve-ssh 0.0.0.0:%d %s", directPort, owner),
 		fmt.Sprintf("/opt/bench/klient --kite-key /opt/bench/kite.key --kontrol-url %s/kite --owner %s", kc.URL, owner),
 	} {
-		if _, err := m.Exec(ctx, id, "/bin/sh", "-c", "setsid "+cmd+" </dev/null >>/var/log/bench-ssh.log 2>&1 &"); err != nil {
+		if err := vm.Background(ctx, cmd, "/var/log/bench-ssh.log"); err != nil {
 			return 0, err
 		}
 	}
@@ -296,18 +242,6 @@ func run(ctx context.Context, mb, runs int) (ratio float64, err error) {
 	fmt.Printf("download (best of %d): direct %.0f MB/s, through kloud %.0f MB/s: ratio %.2f (runs: direct %.0f, kloud %.0f); load %s\n",
 		runs, best(down[0]), best(down[1]), best(down[1])/best(down[0]), down[0], down[1], measure.LoadAvg())
 	return ratio, nil
-}
-
-func copyFile(src, dst string) error {
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	fi, err := os.Stat(src)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(dst, b, fi.Mode().Perm())
 }
 
 func writeRandom(path string, n int64) error {
