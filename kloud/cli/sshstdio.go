@@ -155,6 +155,9 @@ func (g *globals) configSSH(ctx context.Context, o configSSHOptions) error {
 		}
 		o.config = filepath.Join(home, ".ssh", "config")
 	}
+	if real, err := filepath.EvalSymlinks(o.config); err == nil {
+		o.config = real // a linked config (dotfiles) is written where it lives, the link stays
+	}
 	if o.knownHosts == "" {
 		o.knownHosts = filepath.Join(g.dataDir, "known_hosts")
 	}
