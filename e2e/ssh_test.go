@@ -51,6 +51,10 @@ func TestLocalSSH(t *testing.T) {
 	sid := e.createStack(e.template(localTemplate("dev", 1, serve)))
 	e.apply(sid)
 	dev := e.machines(sid)["dev.0"]
+	// The build kept the host key the agent reported (what config-ssh pins).
+	if out := e.run("machine", "info", "dev.0", "--stack", sid, "--json"); !strings.Contains(out, `"sshHostKey": "ssh-ed25519 `) {
+		t.Errorf("machine info after the build has no ssh host key:\n%s", out)
+	}
 	e.run("machine", "share", "dev.0", "bob", "--grant", "terminal", "--stack", sid)
 	e.run("machine", "share", "dev.0", "dave", "--grant", "readonly", "--stack", sid)
 
