@@ -110,8 +110,8 @@ of your machines share a label), with "ProxyCommand <this kloud> ssh --stdio %h"
 connection rides kloud to the machine's agent, which serves SSH itself, so no port of the
 machine is open. The machines' host keys, as their agents report them to kloud, are pinned
 in --known-hosts (StrictHostKeyChecking yes: no question on first use); kloud keeps them, so
-a stopped machine keeps its entry. A machine whose agent never reported a key is skipped with
-a message: start it, then run this again.
+a stopped machine keeps its entry. A machine whose agent never reported a key (older than SSH)
+is skipped with a message: restart it, then run this again.
 
 Running it again updates the block (and changes nothing when nothing changed); --remove
 takes the block and the known_hosts file away; the rest of the file is kept as it is.`,
