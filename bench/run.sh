@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh — every benchmark, each against its baseline in the same run, ratios printed.
 # `make bench` runs it after setup and build (the env of $KLOUD_CACHE/env is loaded).
-# Run one with: bench/run.sh p1|p2|tfapply|localboot|webterm|storegrowth|plugin|snapshot|ports|buckets
+# Run one with: bench/run.sh p1|p2|tfapply|localboot|webterm|storegrowth|plugin|snapshot|ports|ssh|buckets
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -25,6 +25,7 @@ if has localboot && [ -d bench/localboot ]; then
 fi
 has buckets && run "Buckets: provisioner latency; PUT/GET of 64 MiB through weed's S3 vs plain HTTP to a file" go run ./bench/buckets
 has ports && run "Port forwarding through kloud vs a direct TCP connection (throughput, echo latency)" go run ./bench/ports
+has ssh && run "scp through kloud (kloud config-ssh) vs scp to the same SSH server on the machine's bridge address" go run ./bench/ssh
 if has webterm && [ -d bench/webterm ]; then
 	run "Web terminal vs gotty" bench/webterm/run.sh
 fi

@@ -108,6 +108,7 @@ type Klient struct {
 	term     *webterm.Manager
 	vagrant  *vagrant.Manager // a vagrant host's machines (nil unless Options.Vagrant)
 	up       upgrader         // klient.upgrade (upgrade.go)
+	ssh      *sshState        // ssh.go: the SSH server and its connections
 	ctx      context.Context  // lives until Run returns: attachments run under it
 	cancel   context.CancelFunc
 }
@@ -196,6 +197,7 @@ func New(opts Options) (*Klient, error) {
 	kl.handleWebterm()
 	kl.handleShares()
 	kl.handlePorts()
+	kl.handleSSH()      // ssh.go
 	kl.handleActivity() // activity.go
 	kl.handleBuckets()  // buckets.go
 	kl.handleUpgrade()  // upgrade.go
@@ -288,7 +290,8 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
-		Features: []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets, klientapi.FeatureUpgrade},
-		SHA256:   kl.ownSHA256(),
+		Features:   []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets, klientapi.FeatureUpgrade, klientapi.FeatureSSH},
+		SHA256:     kl.ownSHA256(),
+		SSHHostKey: kl.hostKeyLine(),
 	}, nil
 }

@@ -265,6 +265,9 @@ func (kl *Klient) enforce(before, after map[string]string) {
 		if ng != g && !allowed(ng, permTerminal) {
 			defer kl.revokeAccount(u)
 		}
+		if ng != g {
+			kl.closeSSH(u) // ssh.go: it reconnects with what the new grant gives
+		}
 		switch {
 		case ng == g:
 		case ng == "":

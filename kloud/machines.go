@@ -358,6 +358,9 @@ func (a *machineAPI) runPower(ctx context.Context, j *jobCtx, method string, p p
 		version := ""
 		if r.Info != nil {
 			version = r.Info.Version
+			if r.Info.SSHHostKey != "" { // kloud/relay ssh.go: what config-ssh pins
+				set.SSHHostKey = new(r.Info.SSHHostKey)
+			}
 		}
 		a.k.setAgent(ctx, m.KiteID, model.AgentConnected, version)
 	}

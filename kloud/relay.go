@@ -24,6 +24,9 @@ func newRelay(s *Server) (*relay.Hub, error) {
 	return relay.New(relay.Options{Access: d, Agents: d, Tokens: d, Audit: d,
 		PublicURL: s.opts.PublicURL, AppsHost: s.opts.AppsHost,
 		Activity: s.idle.Touch, // kloud/idle: terminals, tunnels and web apps are activity
+		KeepHostKey: func(ctx context.Context, id, key string) error { // relay/ssh.go
+			return s.store.Machines().Set(ctx, id, store.MachineSet{SSHHostKey: &key})
+		},
 		Metrics: relay.Metrics{TerminalBytesIn: s.metrics.TerminalBytes("in"),
 			TerminalBytesOut: s.metrics.TerminalBytes("out")},
 		Logger: s.log})

@@ -358,6 +358,9 @@ func (s *Server) httpRoutes() []httpRoute {
 		// shares (web apps are served on their own hosts, relay.Hub.AppURL, before this table)
 		{"GET /api/machines/{id}/ports/{port}/tcp", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.relay.ServeTCP)},
 		{"GET /api/machines/{id}/ports/{port}/open", "session (browser); owner, terminal or full share", http.HandlerFunc(s.relay.ServeOpen)},
+		// kloud/relay (ssh.go): SSH served by the machine's klient, for `kloud ssh --stdio`
+		{"GET /api/machines/{id}/ssh", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.relay.ServeSSH)},
+		{"GET /api/machines/{id}/ssh/hostkey", "session or kite key; owner, terminal or full share", http.HandlerFunc(s.relay.ServeSSHHostKey)},
 		// kloud/pluginhost: each provider's own HTTP service (provider.HandlerPrefix), looked up
 		// per request, so a plugin registering later is served; the service authenticates itself
 		{"/provider/", "the provider's service decides", http.HandlerFunc(s.plugins.ServeProvider)},

@@ -24,14 +24,11 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -45,6 +42,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/kloud-dev/kloud/bench/internal/benchvm"
 	"github.com/kloud-dev/kloud/bench/internal/kloudchild"
 	"github.com/kloud-dev/kloud/bench/internal/measure"
 	"github.com/kloud-dev/kloud/internal/testutil"
@@ -146,93 +144,35 @@ func onLoopback(ctx context.Context, cfg config) error {
 // onBridge compares with a real local machine: the server and klient run in it, kloud listens on
 // the bridge's host address.
 func onBridge(ctx context.Context, cfg config) (err error) {
-	skip := func(why error) error {
-		fmt.Printf("SKIPPED bridge comparison: %v\n", why)
-		return nil
-	}
-	if os.Geteuid() != 0 {
-		return skip(errors.New("local machines need root"))
-	}
-	if err := sandbox.Available(); err != nil {
-		return skip(err)
-	}
-	log := slog.New(slog.DiscardHandler)
-	base, err := sandbox.EnsureBaseImage(ctx, "", log)
-	if err != nil {
-		return skip(err)
-	}
-	tmp := filepath.Join(cfg.work, "bridge")
 	// What runs in the machine: klient and this program (its server); the base image is the
 	// same Debian as the host's (scripts/base-image.sh).
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	subnet, err := sandbox.FreeSubnet(160)
-	if err != nil {
-		return err
-	}
-	suffix := make([]byte, 2)
-	rand.Read(suffix)
-	m, err := sandbox.New(sandbox.Options{StateDir: filepath.Join(tmp, "machines"), BaseImage: base,
-		Bridge: "kdbp" + hex.EncodeToString(suffix), Subnet: subnet, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		m.GC(cctx, func(sandbox.Info) bool { return false })
-		m.TeardownNetwork(cctx)
-	}()
 	const id = "bench-ports"
-	in, err := m.Create(ctx, sandbox.Spec{ID: id})
+	vm, err := benchvm.Boot(ctx, benchvm.Options{ID: id, Work: filepath.Join(cfg.work, "bridge"), Bridge: "kdbp", Subnet: 160,
+		Files: map[string]string{cfg.klient: "klient", self: "ports"}})
+	var skip *benchvm.SkipError
+	if errors.As(err, &skip) {
+		fmt.Printf("SKIPPED bridge comparison: %v\n", err)
+		return nil
+	}
 	if err != nil {
-		return fmt.Errorf("create machine: %w", err)
-	}
-	// kloud on the bridge's host address, where the machine's klient reaches it.
-	kc, err := kloudchild.Start(ctx, filepath.Join(tmp, "kloud"), net.JoinHostPort(m.HostAddr().String(), "0"))
-	if err != nil {
 		return err
 	}
-	defer kc.Stop()
-	// The binaries and the agent's key go onto the machine's disk while it is stopped.
-	if _, err := m.Stop(ctx, id); err != nil {
-		return err
-	}
-	dst := filepath.Join(in.Dir, "upper", "opt", "bench")
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	for src, name := range map[string]string{cfg.klient: "klient", self: "ports", kc.KiteKey: "kite.key"} {
-		if err := copyFile(src, filepath.Join(dst, name)); err != nil {
-			return err
-		}
-	}
-	if in, err = m.Start(ctx, id); err != nil {
-		return err
-	}
-	// cloud-init first (it would compete for the CPUs), then the server and klient.
-	deadline := time.Now().Add(3 * time.Minute)
-	for in.CloudInit != sandbox.CloudInitDone && in.CloudInit != sandbox.CloudInitError {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("cloud-init of the machine did not finish (%s); see %s/console.log", in.CloudInit, in.Dir)
-		}
-		time.Sleep(500 * time.Millisecond)
-		if in, err = m.Info(ctx, id); err != nil {
-			return err
-		}
-	}
+	defer vm.Close()
+	kc := vm.Kloud
 	for _, cmd := range []string{
 		fmt.Sprintf("/opt/bench/ports serve 0.0.0.0:%d", serverPort),
 		fmt.Sprintf("/opt/bench/klient --kite-key /opt/bench/kite.key --kontrol-url %s/kite --owner %s", kc.URL, kloudchild.Owner),
 	} {
-		if _, err := m.Exec(ctx, id, "/bin/sh", "-c", "setsid "+cmd+" </dev/null >>/var/log/bench-ports.log 2>&1 &"); err != nil {
+		if err := vm.Background(ctx, cmd, "/var/log/bench-ports.log"); err != nil {
 			return err
 		}
 	}
-	direct := net.JoinHostPort(in.IP.String(), fmt.Sprint(serverPort))
-	return compare(ctx, cfg, fmt.Sprintf("bridge %s: kloud → klient in machine %s → 127.0.0.1:%d vs direct to %s", subnet, id, serverPort, direct),
+	direct := net.JoinHostPort(vm.Info.IP.String(), fmt.Sprint(serverPort))
+	return compare(ctx, cfg, fmt.Sprintf("bridge %s: kloud → klient in machine %s → 127.0.0.1:%d vs direct to %s", vm.Subnet, id, serverPort, direct),
 		kc, serverPort, direct)
 }
 
@@ -292,19 +232,6 @@ func compare(ctx context.Context, cfg config, what string, kc *kloudchild.Kloud,
 	fmt.Printf("latency p50: direct %s, through kloud %s: ratio %.1f; p99: direct %s, through kloud %s; load %s\n",
 		d.P50, k.P50, float64(k.P50)/float64(d.P50), d.P99, k.P99, measure.LoadAvg())
 	return nil
-}
-
-// goBuild builds package pkg of this module into out.
-func copyFile(src, dst string) error {
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	fi, err := os.Stat(src)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(dst, b, fi.Mode().Perm())
 }
 
 // serve serves two kinds of connection on ln by their first byte: 'S' (sink: count what comes

@@ -14,12 +14,20 @@ import (
 	"github.com/kloud-dev/kloud/internal/tlsconf"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/klient"
+	"github.com/kloud-dev/kloud/klient/sshserver"
 	"github.com/kloud-dev/kloud/klient/webterm"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == webterm.HolderArg { // a terminal session's holder
 		os.Exit(webterm.HolderMain())
+	}
+	if len(os.Args) == 2 && os.Args[1] == klient.SFTPServerArg { // re-executed as an account (klient/ssh.go)
+		if err := sshserver.ServeSFTP(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "klient sftp-server:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	var o klient.Options
 	flag.StringVar(&o.KiteKeyFile, "kite-key", "/etc/kloud/kite.key", "kite key file (written by cloud-init)")

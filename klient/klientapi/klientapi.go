@@ -48,6 +48,8 @@ type Info struct {
 	// SHA256 is the hex SHA-256 of the running klient's binary ("" if it could not be read):
 	// kloud's agent rollout compares it with the binary it serves.
 	SHA256 string `json:"sha256,omitempty"`
+	// SSHHostKey is the machine's SSH host key, one authorized_keys line (FeatureSSH).
+	SSHHostKey string `json:"sshHostKey,omitempty"`
 }
 
 // FeatureOwnAccountShells is in Info.Features of a klient whose terminal shares' shells run as

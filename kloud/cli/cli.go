@@ -98,6 +98,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		credentialCmd(g), providerCmd(g), // credential.go
 		templateCmd(g), stackCmd(g), machineCmd(g), jobCmd(g), // stack.go (+ template_trust.go)
 		sshCmd(g),                   // ssh.go
+		configSSHCmd(g),             // sshstdio.go
 		snapshotCmd(g),              // snapshot.go
 		bucketCmd(g),                // bucket.go
 		tfCmd(g),                    // tf.go

@@ -38,6 +38,7 @@ const (
 
 func sshCmd(g *globals) *cobra.Command {
 	var session, mode string
+	var stdio bool
 	cmd := &cobra.Command{
 		Use:     "ssh MACHINE",
 		Aliases: []string{"term"},
@@ -47,12 +48,20 @@ same sessions as the browser's terminal tabs. The session outlives the connectio
 Ctrl-] then '.', and come back with --session. Without --session a new session is started.
 
 Modes: create (new session), attach (that session, or a new one with that id), shared (join an
-existing session), readonly (watch it). A read-only share may only watch.`,
+existing session), readonly (watch it). A read-only share may only watch.
+
+With --stdio, MACHINE may also be kloud--<label or id> (the Host names of ` + "`kloud config-ssh`" + `):
+an SSH connection to the machine's agent is carried over stdin and stdout, for OpenSSH's
+ProxyCommand (sshstdio.go). Errors go to stderr, with a non-zero exit.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if stdio {
+				return g.sshStdio(cmd.Context(), args[0])
+			}
 			return g.ssh(cmd.Context(), args[0], session, mode)
 		},
 	}
+	cmd.Flags().BoolVar(&stdio, "stdio", false, "carry an SSH connection to the machine over stdin/stdout (OpenSSH's ProxyCommand; see config-ssh)")
 	cmd.Flags().StringVar(&session, "session", "", "session id to attach to (or to start, with --mode attach)")
 	cmd.Flags().StringVar(&mode, "mode", "", "create, attach, shared or readonly (default: attach with --session, else create)")
 	return cmd

@@ -270,6 +270,10 @@ type Machine struct {
 	// desired state. The provider enforces them; after a build or an update settles kloud
 	// re-applies them to a machine the update replaced (kloud/ports.go).
 	Ports []ptype.PortRule `bson:"ports,omitempty" json:"ports,omitempty"`
+	// SSHHostKey is the machine's SSH host key as its klient last reported it to kloud (one
+	// authorized_keys line; kloud/relay ssh.go): what `kloud config-ssh` pins, also while the
+	// machine is stopped.
+	SSHHostKey string `bson:"sshHostKey,omitempty" json:"sshHostKey,omitempty"`
 	// AgentSealed is the machine's agent configuration (its kite key among it) as its user data
 	// was rendered, sealed by the store (AAD "machines/<id>/agent"). stack.update renders a
 	// machine that stays with it again, so its user data, and the machine, do not change.

@@ -64,6 +64,22 @@ func (h *Hub) openPort(ctx context.Context, user string, m *model.Machine, port 
 	if err := mayForward(user, m); err != nil {
 		return nil, err
 	}
+	t, err := h.dialBack(ctx, user, m, klientapi.MethodPortConnect, m.Label+":"+strconv.Itoa(port), func(tok string, a klientapi.Attach) any {
+		return klientapi.PortConnectParams{Port: port, Token: tok, Attach: a}
+	})
+	if errors.Is(err, kite.ErrMethodNotFound) {
+		return nil, fmt.Errorf("the agent of machine %s predates port forwarding: restart the machine to update it: %w", m.Label, kite.ErrState)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("port %d of machine %s: %w", port, m.Label, err)
+	}
+	return t, nil
+}
+
+// dialBack calls method on m's agent with the params params makes of user's token and a fresh
+// one-time attachment, and returns the tunnel klient dials back to the attach endpoint for it
+// (named name). Errors are the agent's.
+func (h *Hub) dialBack(ctx context.Context, user string, m *model.Machine, method, name string, params func(token string, a klientapi.Attach) any) (*tunnel.Conn, error) {
 	agent, err := h.o.Agents.Agent(m)
 	if err != nil {
 		return nil, err
@@ -74,25 +90,21 @@ func (h *Hub) openPort(ctx context.Context, user string, m *model.Machine, port 
 	}
 	ticket, ch := h.newTicket()
 	defer h.dropTicket(ticket)
-	p := klientapi.PortConnectParams{Port: port, Token: tok, Attach: klientapi.Attach{URL: h.attachURL(m), Ticket: ticket}}
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := agent.Call(cctx, klientapi.MethodPortConnect, p, nil); err != nil {
+	if err := agent.Call(cctx, method, params(tok, klientapi.Attach{URL: h.attachURL(m), Ticket: ticket}), nil); err != nil {
 		select {
 		case ws := <-ch:
 			ws.CloseNow()
 		default:
 		}
-		if errors.Is(err, kite.ErrMethodNotFound) {
-			return nil, fmt.Errorf("the agent of machine %s predates port forwarding: restart the machine to update it: %w", m.Label, kite.ErrState)
-		}
-		return nil, fmt.Errorf("port %d of machine %s: %w", port, m.Label, err)
+		return nil, err
 	}
 	select {
 	case ws := <-ch:
-		return tunnel.New(ws, m.Label+":"+strconv.Itoa(port)), nil
+		return tunnel.New(ws, name), nil
 	case <-cctx.Done():
-		return nil, fmt.Errorf("klient connected port %d but its tunnel never arrived: %w", port, kite.ErrTimeout)
+		return nil, fmt.Errorf("klient answered %s but its tunnel never arrived: %w", method, kite.ErrTimeout)
 	}
 }
 
@@ -104,12 +116,30 @@ func (h *Hub) ServeTCP(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	user, m, err := h.target(r, mayForward)
-	target := portTarget(r, port)
-	// The audit log records every attempt of a known user, and each tunnel's end.
+	h.serveTunnel(w, r, tunnelKind{allowed: mayForward, target: portTarget(r, port), open: ActionForwardOpen, close: ActionForwardClose,
+		what: "port-forward", dial: func(ctx context.Context, user string, m *model.Machine) (*tunnel.Conn, error) {
+			return h.openPort(ctx, user, m, port)
+		}, log: []any{"port", port}})
+}
+
+// tunnelKind is what serveTunnel serves: who may, the audit entries, and the far end.
+type tunnelKind struct {
+	allowed     func(user string, m *model.Machine) error
+	target      string // the audit entries' target
+	open, close string // the audit actions
+	what        string // "port-forward", "SSH": in messages and logs
+	dial        func(ctx context.Context, user string, m *model.Machine) (*tunnel.Conn, error)
+	log         []any // more attributes of the log lines
+}
+
+// serveTunnel authenticates r, checks the user may (k.allowed), dials the far end, accepts the
+// client's WebSocket and pipes the two until both ended, auditing every attempt of a known user
+// and the tunnel's end (duration, bytes). Traffic from the client is activity on the machine.
+func (h *Hub) serveTunnel(w http.ResponseWriter, r *http.Request, k tunnelKind) {
+	user, m, err := h.target(r, k.allowed)
 	refused := func(err error) {
 		if user != "" {
-			h.attempt(r, ActionForwardOpen, user, target, Status(err))
+			h.attempt(r, k.open, user, k.target, Status(err))
 		}
 	}
 	if err != nil {
@@ -119,10 +149,10 @@ func (h *Hub) ServeTCP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sameOrigin(r) {
 		refused(&statusError{http.StatusForbidden, "cross-origin"})
-		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin port-forward requests are refused")
+		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin "+k.what+" requests are refused")
 		return
 	}
-	far, err := h.openPort(r.Context(), user, m, port)
+	far, err := k.dial(r.Context(), user, m)
 	if err != nil {
 		refused(err)
 		writeErr(w, err)
@@ -134,14 +164,14 @@ func (h *Hub) ServeTCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	near := &countingConn{Conn: tunnel.New(ws, "client"), touch: func() { h.touch(m.ID) }}
-	log := h.log.With("machine", m.ID, "user", user, "port", port)
-	log.Info("port forward opened")
-	h.attempt(r, ActionForwardOpen, user, target, http.StatusOK)
+	log := h.log.With(append([]any{"machine", m.ID, "user", user}, k.log...)...)
+	log.Info(k.what + " opened")
+	h.attempt(r, k.open, user, k.target, http.StatusOK)
 	h.touch(m.ID) // a connection, and the client's traffic (countingConn), are activity
 	opened := time.Now()
 	err = tunnel.Pipe(near, far)
-	log.Info("port forward closed", "err", err)
-	h.closedAudit(r, ActionForwardClose, user, target, time.Since(opened), near.n.Load())
+	log.Info(k.what+" closed", "err", err)
+	h.closedAudit(r, k.close, user, k.target, time.Since(opened), near.n.Load())
 }
 
 // countingConn counts the bytes read and written through a tunnel (for the audit log) and

@@ -34,6 +34,10 @@ type Options struct {
 	// DefaultAppsHost; "off" or "-": no web apps.
 	AppsHost string
 
+	// KeepHostKey records a machine's SSH host key as its klient reported it (ssh.go), so
+	// config-ssh pins it while the machine is stopped; nil: not kept.
+	KeepHostKey func(ctx context.Context, machineID, key string) error
+
 	Audit    Auditor                // nil: nothing recorded
 	Activity func(machineID string) // activity on a machine (the idle stop's); nil: none
 	Metrics  Metrics                // counters; nil ones count nothing

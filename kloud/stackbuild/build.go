@@ -309,6 +309,9 @@ func (f *Flow) SettleMachines(ctx context.Context, c Caller, ms []model.Machine,
 			version := ""
 			if r.Info != nil {
 				version = r.Info.Version
+				if r.Info.SSHHostKey != "" { // kloud/relay ssh.go: what config-ssh pins
+					set.SSHHostKey = new(r.Info.SSHHostKey)
+				}
 			}
 			f.d.Machines.SetAgent(ctx, m.KiteID, model.AgentConnected, version)
 		}

@@ -655,6 +655,7 @@ type MachineSet struct {
 	AgentSeen    *time.Time
 	AgentVersion *string
 	IPAddress    *string
+	SSHHostKey   *string // the key klient reported (kloud/relay ssh.go)
 	Attributes   map[string]any
 	Meta         any // what the provider reports (nil: unchanged)
 }
@@ -669,6 +670,7 @@ func (u MachineSet) fields(now time.Time) bson.M {
 	setIf(set, "agent.lastSeen", u.AgentSeen)
 	setIf(set, "agent.version", u.AgentVersion)
 	setIf(set, "ipAddress", u.IPAddress)
+	setIf(set, "sshHostKey", u.SSHHostKey)
 	if u.Attributes != nil {
 		set["attributes"] = u.Attributes
 	}

@@ -35,7 +35,7 @@ const (
 func imagePackages() []string {
 	return []string{
 		"cloud-init", "ca-certificates", "curl", "iproute2", "iputils-ping", "bash", "sudo", "procps",
-		"less", "ncurses-base",
+		"less", "ncurses-base", "rsync", // rsync: rsync over SSH (klient serves SSH, issue 22)
 	}
 }
 
