@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/provider/tmpl"
 )
 
 var (
@@ -199,5 +200,36 @@ func TestDocsLayout(t *testing.T) {
 				t.Errorf("README.md's layout row for %s/ does not name %s", parent, s.Name())
 			}
 		}
+	}
+}
+
+// TestDocsReadmeParams reads the README's template of parameters as kloud does (provider/tmpl),
+// and checks what its commands say: the preset's values apply, and cpus=9 is refused with the
+// message the README prints.
+func TestDocsReadmeParams(t *testing.T) {
+	blocks := fencedBlocks(t, "README.md", "hcl")
+	if len(blocks) != 1 {
+		t.Fatalf("README.md has %d hcl blocks, want one: the template of parameters", len(blocks))
+	}
+	cfg, err := tmpl.Parse(map[string][]byte{"main.tf": []byte(blocks[0].text)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := cfg.Params(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := "big"
+	vals, err := ps.Resolve(tmpl.Input{Strings: map[string]string{"cpus": "2"}, Preset: &big})
+	if err != nil || vals["size"] != "large" || vals["cpus"] != "2" {
+		t.Errorf("--preset big --param cpus=2: %v %v", vals, err)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ps.Resolve(tmpl.Input{Strings: map[string]string{"cpus": "9"}})
+	if err == nil || !strings.Contains(string(readme), "refused: "+err.Error()) {
+		t.Errorf("--param cpus=9: %v, which the README does not print", err)
 	}
 }

@@ -14,6 +14,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -210,6 +211,10 @@ var docChecks = []docCheck{
 			r.e.t.Errorf("the shell could not read the file:\n%s", out)
 		}
 	}},
+	// OpenSSH through kloud (ssh is the test's shim: OpenSSH reads ~/.ssh/config of the passwd
+	// entry's home, the test's home stands in for it; newDocRun).
+	{cmd: regexp.MustCompile(`^bin/kloud config-ssh\s*(#|$)`), want: []string{"wrote 2 hosts to", "ssh kloud--dev.0", "ssh kloud--dev.1"}},
+	{cmd: regexp.MustCompile(`^ssh kloud--dev\.0 cat /etc/motd\b`), want: []string{"MOTD"}},
 	{cmd: regexp.MustCompile(`^bin/kloud machine stop dev.0 && bin/kloud machine start dev.0\b`), after: func(r *docRun, out string) {
 		r.running("dev.0", "dev.1")
 	}},
@@ -408,6 +413,20 @@ func newDocRun(t *testing.T, e *env, key string) *docRun {
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KLOUD_") && !strings.HasPrefix(kv, "HOME=") {
 			r.env = append(r.env, kv)
+		}
+	}
+	// OpenSSH takes ~/.ssh/config from the passwd entry's home, not $HOME: a shim before it in
+	// PATH gives it the test's home's config (which bin/kloud config-ssh writes there).
+	if sshBin, err := exec.LookPath("ssh"); err == nil {
+		shims := filepath.Join(dir, "shims")
+		shim := "#!/bin/sh\nexec " + sshBin + " -F \"$HOME/.ssh/config\" \"$@\"\n"
+		if err := errors.Join(os.MkdirAll(shims, 0o755), os.WriteFile(filepath.Join(shims, "ssh"), []byte(shim), 0o755)); err != nil {
+			t.Fatal(err)
+		}
+		for i, kv := range r.env {
+			if p, ok := strings.CutPrefix(kv, "PATH="); ok {
+				r.env[i] = "PATH=" + shims + ":" + p
+			}
 		}
 	}
 	// The test's kloud does not listen on 127.0.0.1:7000.
