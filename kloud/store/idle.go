@@ -30,7 +30,7 @@ func (r *Machines) SetIdleSettings(ctx context.Context, id string, s model.IdleS
 	if len(set) > 0 {
 		upd["$set"] = set
 	}
-	return updateByID(ctx, r.coll(), "machine", id, upd)
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, upd), Change{Coll: CollMachines, ID: id})
 }
 
 // SetIdleCountdown records machine id's last activity (or the countdown's start) and its
@@ -84,7 +84,7 @@ func (r *Machines) SetAutostart(ctx context.Context, id string, a *model.Autosta
 	if a == nil {
 		upd = bson.M{"$unset": bson.M{"autostart": ""}}
 	}
-	return updateByID(ctx, r.coll(), "machine", id, upd)
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, upd), Change{Coll: CollMachines, ID: id})
 }
 
 // AutostartDue returns the machines whose next scheduled start is at or before now.
