@@ -317,3 +317,6 @@ func wireEvent(e events.Event) api.Event {
 	}
 	return out
 }
+
+// Events returns the hub this kloud publishes its changes to (Options.Events).
+func (s *Server) Events() events.Hub { return s.opts.Events }
