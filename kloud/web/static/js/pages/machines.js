@@ -7,6 +7,7 @@
 
 import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText, attrValue, errorDetail, reasonCell, isEmpty } from '../ui.js';
 import { watchJob } from '../jobs.js';
+import { live } from '../live.js';
 import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js';
 import { providers, can } from '../providers.js';
 import { snapshotsSection } from './snapshots.js';
@@ -88,21 +89,17 @@ export function machineTable(ctx, machines, { onChange, jobsEl, showStack = fals
 export async function list(ctx, el) {
   const jobs = h('div', { class: 'jobs', id: 'machine-jobs' });
   const box = h('div', {});
-  let timer = null;
-  let stopped = false;
+  let lv = null;
+  const reread = () => (lv ? lv.refresh().catch(() => {}) : null);
   const refresh = async () => {
     const [res, caps] = await Promise.all([ctx.kite.call('machine.list'), providers(ctx.kite).catch(() => ({}))]);
-    clear(box, section(null, machineTable(ctx, res.machines, { onChange: refresh, jobsEl: jobs, showStack: true, stackTitles: res.stackTitles || {}, caps })));
-  };
-  const loop = async () => {
-    if (stopped) return;
-    try { await refresh(); } catch (e) { /* reconnecting: the header says so */ }
-    timer = setTimeout(loop, 5000);
+    clear(box, section(null, machineTable(ctx, res.machines, { onChange: reread, jobsEl: jobs, showStack: true, stackTitles: res.stackTitles || {}, caps })));
   };
   clear(el, h('div', { class: 'title-row' }, h('h1', {}, 'Machines'), h('a', { class: 'button', href: '#/stacks/new' }, 'New stack')), jobs, box);
-  await refresh();
-  timer = setTimeout(loop, 5000);
-  return () => { stopped = true; clearTimeout(timer); };
+  // Kept current by kloud's events (live.js): a machine's state, agent or shares changing.
+  lv = await live(ctx.kite, { topics: ['machines'], refresh });
+  await lv.refresh();
+  return () => lv.stop();
 }
 
 function sharesSection(ctx, m, grant) {
