@@ -2,6 +2,7 @@ package kloud
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -233,7 +234,7 @@ func (f *eventFeed) job(c store.Change) {
 // sees reports whether c may see an event for audience a: the rules of the list and get
 // methods (its owner, the users named, its team's admins; kloud admins see everything).
 func (c *Caller) sees(a events.Audience) bool {
-	return c.Admin || a.Owner == c.Username || a.Team != "" && c.TeamAdmin(a.Team) || slices.Contains(a.Users, c.Username)
+	return a.Everyone || c.Admin || a.Owner == c.Username || a.Team != "" && c.TeamAdmin(a.Team) || slices.Contains(a.Users, c.Username)
 }
 
 // maxEventStreams bounds the event.watch streams one connection may hold open (a page opens
@@ -320,3 +321,37 @@ func wireEvent(e events.Event) api.Event {
 
 // Events returns the hub this kloud publishes its changes to (Options.Events).
 func (s *Server) Events() events.Hub { return s.opts.Events }
+
+// runEvents publishes the store's changes (eventFeed.run) and the providers' status
+// (watchProviders) to the event hub until ctx ends (a background task, routes.go).
+func (s *Server) runEvents(ctx context.Context) {
+	go s.watchProviders(ctx)
+	s.feed.run(ctx)
+}
+
+// providerCheckInterval is how often watchProviders looks at the providers' status.
+const providerCheckInterval = 5 * time.Second
+
+// watchProviders publishes a "providers" event whenever what provider.list shows changes (a
+// plugin connecting, disconnecting or failing; a builtin becoming available or not, which only
+// asking it tells): one look every providerCheckInterval for the whole kloud, instead of every
+// open Providers page asking (runEvents).
+func (s *Server) watchProviders(ctx context.Context) {
+	t := time.NewTicker(providerCheckInterval)
+	defer t.Stop()
+	last := ""
+	for {
+		b, err := json.Marshal(s.plugins.List(true))
+		if cur := string(b); err == nil && cur != last {
+			if last != "" {
+				s.opts.Events.Publish(events.Event{Topics: []events.Topic{events.TopicProviders}, Kind: "provider", Audience: events.Audience{Everyone: true}})
+			}
+			last = cur
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -16,13 +16,14 @@ import (
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kontrol"
+	"github.com/kloud-dev/kloud/provider"
 )
 
 // TestEventWatch: event.watch through the real API. Alice and bob (members of one team) each
 // own a machine; a change kloud writes to a machine reaches its owner and kloud admins, never
 // the other member; sharing alice's machine with bob tells bob, and so does taking the share
 // away; an agent registering is an "agents" event; a stack's filter keeps other stacks out;
-// unknown topics are refused.
+// a provider appearing reaches everyone's providers stream; unknown topics are refused.
 func TestEventWatch(t *testing.T) {
 	t.Parallel()
 	e := kloudtest.Start(t, kloudtest.Options{})
@@ -132,6 +133,14 @@ func TestEventWatch(t *testing.T) {
 	e.Server.Events().Publish(events.Event{Op: events.OpResync})
 	if ev := next("alice (stack sb)", aliceStack); ev.Op != "resync" {
 		t.Fatalf("alice's stream of stack sb got %+v before the resync", ev)
+	}
+
+	// A provider coming (a builtin registered late, as a plugin connecting): everyone's
+	// Providers page is told, from kloud's own look at the providers' status.
+	bobProviders := watch("bob", api.EventWatchParams{Topics: []string{"providers"}})
+	e.Server.Providers().Register(&provider.Provider{Name: "late", ResourceType: "late_machine"})
+	if ev := next("bob (providers)", bobProviders); ev.Kind != "provider" || !slices.Contains(ev.Topics, "providers") {
+		t.Fatalf("bob's providers stream got %+v", ev)
 	}
 
 	// Params are checked.

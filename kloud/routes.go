@@ -460,7 +460,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.ops.monitor,  // health.go: log a store outage once, and its end
 		s.metrics.Run,  // kloud/metrics: machines' figures and quota use for /metrics
 		s.idle.Run,     // kloud/idle: write activity, warn and stop idle machines, autostart
-		s.feed.run,     // eventfeed.go: the store's changes published to the event hub
+		s.runEvents,    // eventfeed.go: the store's changes and the providers' status to the event hub
 	}
 }
 

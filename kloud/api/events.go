@@ -13,7 +13,7 @@ import (
 // (the page fell behind, or kloud could not tell exactly what changed): read everything again.
 
 // EventTopics lists the topics event.watch offers.
-var EventTopics = []string{"machines", "agents", "shares", "stacks", "jobs", "snapshots", "buckets"}
+var EventTopics = []string{"machines", "agents", "shares", "stacks", "jobs", "snapshots", "buckets", "providers"}
 
 // EventWatchParams choose what event.watch streams: the topics (at least one of EventTopics)
 // and, optionally, only what belongs to one stack (its machines, jobs and bucket claims, and
@@ -52,7 +52,7 @@ type EventWatchResult struct {
 // Event is one event.notify notification.
 type Event struct {
 	Topics  []string  `json:"topics"`            // the topics it belongs to (a resync: none)
-	Kind    string    `json:"kind,omitempty"`    // machine, stack, job, snapshot, bucket
+	Kind    string    `json:"kind,omitempty"`    // machine, stack, job, snapshot, bucket, provider
 	ID      string    `json:"id,omitempty"`      // the thing's id
 	Op      string    `json:"op"`                // changed, deleted or resync
 	StackID string    `json:"stackId,omitempty"` // the stack it belongs to, if any

@@ -32,11 +32,12 @@ const (
 	TopicJobs      Topic = "jobs"      // a job was created or made progress
 	TopicSnapshots Topic = "snapshots" // a snapshot record changed
 	TopicBuckets   Topic = "buckets"   // a bucket claim changed
+	TopicProviders Topic = "providers" // a provider connected, disconnected or failed (provider.list changed)
 )
 
 // Topics lists every topic.
 func Topics() []Topic {
-	return []Topic{TopicMachines, TopicAgents, TopicShares, TopicStacks, TopicJobs, TopicSnapshots, TopicBuckets}
+	return []Topic{TopicMachines, TopicAgents, TopicShares, TopicStacks, TopicJobs, TopicSnapshots, TopicBuckets, TopicProviders}
 }
 
 // Ops of an event.
@@ -50,9 +51,10 @@ const (
 // admins of every team), and Users (a machine's shares). An event with no Team goes to kloud
 // admins besides its owner and Users (a job).
 type Audience struct {
-	Owner string
-	Team  string   // its team's admins see it ("": none)
-	Users []string // others who see it (a machine's shared users, before and after a change)
+	Everyone bool // every user (a provider's status: provider.list is everyone's)
+	Owner    string
+	Team     string   // its team's admins see it ("": none)
+	Users    []string // others who see it (a machine's shared users, before and after a change)
 }
 
 // Event is one change. Topics lists every topic it belongs to (a machine's agent change is in
