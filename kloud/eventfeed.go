@@ -105,40 +105,22 @@ func (f *eventFeed) publish(ctx context.Context, c store.Change) {
 	case store.CollMachines:
 		err = f.machines(ctx, c)
 	case store.CollStacks:
-		st, gone := c.Gone.(model.Stack)
-		op := events.OpDeleted
-		if !c.Deleted {
-			op = events.OpChanged
-			st, err = f.st.Stacks().Get(ctx, c.ID)
-			gone = err == nil
-		}
-		if gone {
-			f.hub.Publish(events.Event{Topics: []events.Topic{events.TopicStacks}, Kind: "stack", ID: c.ID, Op: op, StackID: c.ID,
+		var st model.Stack
+		if st, err = current(ctx, c, f.st.Stacks().Get); err == nil {
+			f.hub.Publish(events.Event{Topics: []events.Topic{events.TopicStacks}, Kind: "stack", ID: c.ID, Op: op(c), StackID: c.ID,
 				Audience: events.Audience{Owner: st.Owner, Team: st.Team}})
 		}
 	case store.CollJobs:
 		f.job(c)
 	case store.CollSnapshots:
-		sn, ok := c.Gone.(model.Snapshot)
-		op := events.OpDeleted
-		if !c.Deleted {
-			op = events.OpChanged
-			sn, err = f.st.Snapshots().Get(ctx, c.ID)
-			ok = err == nil
-		}
-		if ok {
-			f.hub.Publish(events.Event{Topics: []events.Topic{events.TopicSnapshots}, Kind: "snapshot", ID: c.ID, Op: op, StackID: sn.StackID,
+		var sn model.Snapshot
+		if sn, err = current(ctx, c, f.st.Snapshots().Get); err == nil {
+			f.hub.Publish(events.Event{Topics: []events.Topic{events.TopicSnapshots}, Kind: "snapshot", ID: c.ID, Op: op(c), StackID: sn.StackID,
 				Audience: events.Audience{Owner: sn.Owner}}) // snapshots are their owner's (snapshots.go)
 		}
 	case store.CollBuckets:
-		bc, ok := c.Gone.(model.BucketClaim)
-		op := events.OpDeleted
-		if !c.Deleted {
-			op = events.OpChanged
-			bc, err = f.st.BucketClaims().Get(ctx, c.ID)
-			ok = err == nil
-		}
-		if ok {
+		var bc model.BucketClaim
+		if bc, err = current(ctx, c, f.st.BucketClaims().Get); err == nil {
 			var users []string
 			for u := range bc.Grants {
 				users = append(users, u)
@@ -146,15 +128,40 @@ func (f *eventFeed) publish(ctx context.Context, c store.Change) {
 			for u := range bc.ShareGrants {
 				users = append(users, u)
 			}
-			f.hub.Publish(events.Event{Topics: []events.Topic{events.TopicBuckets}, Kind: "bucket", ID: c.ID, Op: op, StackID: bc.StackID,
+			f.hub.Publish(events.Event{Topics: []events.Topic{events.TopicBuckets}, Kind: "bucket", ID: c.ID, Op: op(c), StackID: bc.StackID,
 				Audience: events.Audience{Owner: bc.Owner, Team: bc.Team, Users: users}})
 		}
 	}
-	if err != nil && !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil {
-		// What changed cannot be read: every subscriber reads again rather than miss it.
-		f.log.WarnContext(ctx, "event: read the changed document", "coll", c.Coll, "id", c.ID, "err", err)
-		f.hub.Publish(events.Event{Op: events.OpResync})
+	if err == nil || ctx.Err() != nil || !c.Deleted && errors.Is(err, store.ErrNotFound) {
+		return // published; or gone meanwhile (its delete is a change of its own)
 	}
+	// What changed cannot be read (a delete that was not read before it): every subscriber
+	// reads again rather than miss it.
+	if !errors.Is(err, store.ErrNotFound) {
+		f.log.WarnContext(ctx, "event: read the changed document", "coll", c.Coll, "id", c.ID, "err", err)
+	}
+	f.hub.Publish(events.Event{Op: events.OpResync})
+}
+
+// current is the document c names: as it was (c.Gone) when it was deleted, else read again. A
+// document deleted meanwhile, or a delete that was not read before, is ErrNotFound.
+func current[T any](ctx context.Context, c store.Change, get func(context.Context, string) (T, error)) (T, error) {
+	if c.Deleted {
+		if v, ok := c.Gone.(T); ok {
+			return v, nil
+		}
+		var zero T
+		return zero, fmt.Errorf("%s %s deleted: %w", c.Coll, c.ID, store.ErrNotFound)
+	}
+	return get(ctx, c.ID)
+}
+
+// op is the event op of c.
+func op(c store.Change) string {
+	if c.Deleted {
+		return events.OpDeleted
+	}
+	return events.OpChanged
 }
 
 // machineEvent is the event of machine m (op), for its owner, its team's admins and the users

@@ -83,7 +83,7 @@ export function machineTable(ctx, machines, { onChange, jobsEl, showStack = fals
         ];
       },
     },
-  ].filter(Boolean), machines, { empty: 'No machines.', rowAttrs: (m) => ({ dataset: { machine: m.id, label: m.label, state: m.state, agent: (m.agent && m.agent.status) || 'never' } }) });
+  ].filter(Boolean), machines, { empty: 'No machines.', rowAttrs: (m) => ({ dataset: { machine: m.id, label: m.label, state: m.state, agent: (m.agent && m.agent.status) || 'never', updated: m.updatedAt || '' } }) });
 }
 
 export async function list(ctx, el) {
