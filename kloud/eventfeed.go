@@ -302,7 +302,11 @@ func (a *eventAPI) watch(ctx context.Context, c *Caller, req *kite.Request, p *a
 			err = stream.Send(sctx, wireEvent(e))
 			cancel()
 			if err != nil {
-				stream.End(context.Background(), err) // a client that reads nothing for 10 s loses the stream
+				// A client that reads nothing for 10 s loses the stream (its page reads again
+				// when it reconnects).
+				ectx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				stream.End(ectx, err)
+				cancel()
 				return
 			}
 		}

@@ -242,5 +242,8 @@ export async function detail(ctx, el) {
   };
   clear(el, jobs, box, extra);
   await ctx.loadFeatures().catch(() => {});
-  await refresh();
+  // Kept current by kloud's events of this machine (live.js): its state, agent, shares.
+  const lv = await live(kite, { topics: ['machines'], refresh, onEvent: (ev) => ev.id === id });
+  await lv.refresh();
+  return () => lv.stop();
 }
