@@ -16,7 +16,7 @@ type Change struct {
 	ID      string // the document's id; "" when KiteID or StackID names the documents
 	KiteID  string // machines: the machine whose agent has this kite id (Machines.SetAgent)
 	StackID string // machines: the machines of this stack (a delete of several)
-	Field   string // what changed when it is one part: "agent", "shares" ("": anything)
+	Field   string // what changed when it is one part: "agent", "shares", "idle" ("": anything)
 	Deleted bool
 	// Gone holds what a delete removed or what a share change replaced, as it was: a
 	// []model.Machine (machines; the machine before its shares changed), a model.Stack, a

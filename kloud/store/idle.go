@@ -60,13 +60,14 @@ func (r *Machines) SetIdleCountdown(ctx context.Context, id, state string, lastA
 	if len(unset) > 0 {
 		upd["$unset"] = unset
 	}
-	return update(ctx, r.coll(), "machine", id, filter, upd)
+	return r.s.toldIf(update(ctx, r.coll(), "machine", id, filter, upd))(Change{Coll: CollMachines, ID: id, Field: "idle"})
 }
 
 // ResetIdleCountdown starts machine id's countdown afresh from at (machine.start): its last
 // activity is at, its deadline cleared (kloud's idle task sets it).
 func (r *Machines) ResetIdleCountdown(ctx context.Context, id string, at time.Time) error {
-	return updateByID(ctx, r.coll(), "machine", id, bson.M{"$set": bson.M{"idle.lastActivity": at}, "$unset": bson.M{"idle.deadline": ""}})
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, bson.M{"$set": bson.M{"idle.lastActivity": at}, "$unset": bson.M{"idle.deadline": ""}}),
+		Change{Coll: CollMachines, ID: id, Field: "idle"})
 }
 
 // SetIdle replaces template id's idle settings (zero: inherit kloud's).

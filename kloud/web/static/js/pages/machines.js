@@ -91,15 +91,25 @@ export async function list(ctx, el) {
   const box = h('div', {});
   let lv = null;
   const reread = () => (lv ? lv.refresh().catch(() => {}) : null);
-  const refresh = async () => {
-    const [res, caps] = await Promise.all([ctx.kite.call('machine.list'), providers(ctx.kite).catch(() => ({}))]);
+  let shown = null; // what the last read answered
+  const render = () => {
+    const { res, caps } = shown;
     clear(box, section(null, machineTable(ctx, res.machines, { onChange: reread, jobsEl: jobs, showStack: true, stackTitles: res.stackTitles || {}, caps })));
   };
+  const refresh = async () => {
+    const [res, caps] = await Promise.all([ctx.kite.call('machine.list'), providers(ctx.kite).catch(() => ({}))]);
+    shown = { res, caps };
+    render();
+  };
   clear(el, h('div', { class: 'title-row' }, h('h1', {}, 'Machines'), h('a', { class: 'button', href: '#/stacks/new' }, 'New stack')), jobs, box);
-  // Kept current by kloud's events (live.js): a machine's state, agent or shares changing.
+  // Kept current by kloud's events (live.js): a machine's state, agent, shares or idle countdown
+  // changing. A running countdown's text ("idle stop in 12m") is drawn again every 30 s from
+  // what was read, without a request.
   lv = await live(ctx.kite, { topics: ['machines'], refresh });
   await lv.refresh();
-  return () => lv.stop();
+  const counting = () => shown && shown.res.machines.some((m) => m.state === 'Running' && m.idle && m.idle.deadline);
+  const tick = setInterval(() => { if (counting()) render(); }, 30000);
+  return () => { lv.stop(); clearInterval(tick); };
 }
 
 function sharesSection(ctx, m, grant) {
