@@ -1,9 +1,11 @@
 package kloud
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/events"
 	"github.com/kloud-dev/kloud/kloud/store"
 )
@@ -49,5 +51,16 @@ func TestEventFeedJobs(t *testing.T) {
 	}
 	if len(f.shown) != 0 {
 		t.Errorf("the finished job is still remembered: %v", f.shown)
+	}
+}
+
+// TestEventTopicsAgree: the topics event.watch accepts (api) are the hub's.
+func TestEventTopicsAgree(t *testing.T) {
+	var hub []string
+	for _, tp := range events.Topics() {
+		hub = append(hub, string(tp))
+	}
+	if !slices.Equal(hub, api.EventTopics()) {
+		t.Fatalf("hub topics %v, api topics %v", hub, api.EventTopics())
 	}
 }

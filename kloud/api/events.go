@@ -13,9 +13,11 @@ import (
 // (the page fell behind, or kloud could not tell exactly what changed): read everything again.
 
 // EventTopics lists the topics event.watch offers.
-var EventTopics = []string{"machines", "agents", "shares", "stacks", "jobs", "snapshots", "buckets", "providers"}
+func EventTopics() []string {
+	return []string{"machines", "agents", "shares", "stacks", "jobs", "snapshots", "buckets", "providers"}
+}
 
-// EventWatchParams choose what event.watch streams: the topics (at least one of EventTopics)
+// EventWatchParams choose what event.watch streams: the topics (at least one of EventTopics())
 // and, optionally, only what belongs to one stack (its machines, jobs and bucket claims, and
 // the stack itself).
 type EventWatchParams struct {
@@ -25,15 +27,16 @@ type EventWatchParams struct {
 
 // Validate checks the topics.
 func (p *EventWatchParams) Validate() error {
+	topics := EventTopics()
 	if len(p.Topics) == 0 {
-		return fmt.Errorf("topics: name at least one of %v", EventTopics)
+		return fmt.Errorf("topics: name at least one of %v", topics)
 	}
-	if len(p.Topics) > len(EventTopics) {
-		return fmt.Errorf("topics: at most %d", len(EventTopics))
+	if len(p.Topics) > len(topics) {
+		return fmt.Errorf("topics: at most %d", len(topics))
 	}
 	for _, t := range p.Topics {
-		if !slices.Contains(EventTopics, t) {
-			return fmt.Errorf("topics: unknown topic %q (one of %v)", t, EventTopics)
+		if !slices.Contains(topics, t) {
+			return fmt.Errorf("topics: unknown topic %q (one of %v)", t, topics)
 		}
 	}
 	if len(p.StackID) > 64 {
