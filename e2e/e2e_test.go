@@ -255,6 +255,12 @@ func (e *env) runJSON(v any, args ...string) {
 // alice sets up user alice with a key and a dummy credential, and makes her the CLI's user.
 func (e *env) alice() {
 	e.run("user", "add", "alice", "--team", "default")
+	e.aliceKey()
+}
+
+// aliceKey makes the CLI act as alice (added already) with a key of hers, and adds her dummy
+// credential.
+func (e *env) aliceKey() {
 	key := filepath.Join(e.dir, "alice.key")
 	e.run("key", "create", "--username", "alice", "--out", key)
 	e.key = key

@@ -190,6 +190,8 @@ func auditDecisions() map[string]bool {
 		api.MethodGCRun: false, api.MethodPluginRegister: false,
 		// audit.go
 		api.MethodAuditList: true, api.MethodAuditVerify: true,
+		// eventfeed.go: a stream of what changed
+		api.MethodEventWatch: true,
 	}
 }
 
@@ -292,6 +294,9 @@ func (s *Server) rpcRoutes() []Route {
 		rpc(s, api.RPCJobWatch, MembersRead, s.jobs.watch),
 		rpc(s, api.RPCJobList, MembersRead, s.jobs.list),
 		rpc(s, api.RPCJobCancel, Members, s.jobs.cancel),
+
+		// eventfeed.go: what changed among what the caller may see, as a stream
+		rpc(s, api.RPCEventWatch, MembersRead, s.events.watch),
 
 		// gc.go: the providers' resources kloud no longer wants
 		rpc(s, api.RPCGCRun, Owners, s.ops.gcRun, long),
@@ -461,6 +466,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.ops.monitor,  // health.go: log a store outage once, and its end
 		s.metrics.Run,  // kloud/metrics: machines' figures and quota use for /metrics
 		s.idle.Run,     // kloud/idle: write activity, warn and stop idle machines, autostart
+		s.runEvents,    // eventfeed.go: the store's changes and the providers' status to the event hub
 	}
 }
 

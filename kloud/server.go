@@ -36,6 +36,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/events"
 	"github.com/kloud-dev/kloud/kloud/idle"
 	"github.com/kloud-dev/kloud/kloud/login"
 	"github.com/kloud-dev/kloud/kloud/model"
@@ -159,6 +160,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Listening, if set, is called with the bound address once the server accepts connections.
 	Listening func(addr net.Addr)
+	// Events is the hub the store's changes are published to and event.watch streams from
+	// (eventfeed.go). Default: a new events.New hub of this process.
+	Events events.Hub
 }
 
 // Admin is the username of the administrator the first start creates a kite key for.
@@ -231,6 +235,8 @@ type Server struct {
 	users     *userAPI        // user.* and team.* (users.go)
 	policy    *templatePolicy // the template policy, template.trust and template.untrust (policy.go)
 	backup    *backupAPI      // GET /api/admin/backup (backup.go)
+	feed      *eventFeed      // the store's changes to the event hub (eventfeed.go)
+	events    *eventAPI       // event.watch (eventfeed.go)
 }
 
 // New prepares a server: data directory, store, keys, kite, kontrol and methods.
@@ -242,13 +248,15 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("kloud: data dir: %w", err)
 	}
 	m := newKloudMetrics()
+	feed := newEventFeed(opts.Events, opts.Logger) // eventfeed.go
 	st, err := store.Open(ctx, store.Options{MongoURL: opts.MongoURL, Database: opts.MongoDatabase, DataDir: opts.DataDir, Logger: opts.Logger, JobLeaseTTL: opts.JobLease,
-		OnCommand: m.storeCommand})
+		OnCommand: m.storeCommand, OnChange: feed.onChange})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer, metrics: m,
-		rate: newRateLimiter(opts.Limits.RateLimit, opts.Limits.RateBurst, maxRateBuckets)}
+		rate: newRateLimiter(opts.Limits.RateLimit, opts.Limits.RateBurst, maxRateBuckets), feed: feed}
+	feed.st = st
 	ok := false
 	defer func() {
 		if !ok {
@@ -318,6 +326,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.quotaAPI = &quotaAPI{store: st, keeper: s.quotas(), log: s.log}
 	s.policy = &templatePolicy{templates: st.Templates(), providers: s.providers, now: st.Now, log: s.log, loadTemplate: s.loadTemplate}
 	s.backup = &backupAPI{dataDir: opts.DataDir, store: st, log: s.log, caller: s.httpCaller}
+	s.events = &eventAPI{hub: opts.Events, log: s.log} // eventfeed.go
 	s.users = &userAPI{users: st.Users(), teams: st.Teams(), now: st.Now, log: s.log, dir: s}
 	s.build = newFlow(s)                        // after the area APIs: the flow reaches s.stacks
 	if s.login, err = newLogin(s); err != nil { // web_api_login.go
@@ -379,6 +388,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Providers == nil {
 		o.Providers = provider.NewRegistry()
+	}
+	if o.Events == nil {
+		o.Events = events.New(events.Options{})
 	}
 	if o.PluginDir == "" {
 		o.PluginDir = filepath.Join(o.DataDir, "plugins")

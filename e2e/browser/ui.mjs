@@ -398,10 +398,11 @@ async function unavailableSteps(name) {
     if (v.redText.length) throw new Error(`red error text: ${JSON.stringify(v.redText)}`);
     if (!v.detail || v.detail.open || !v.detail.text.includes('DOCKER_HOST')) throw new Error(`the whole error is not folded under a detail: ${JSON.stringify(v.detail)}`);
     const closed = await shot('providers-unavailable.png');
-    // The detail opens on a click and stays open while the page refreshes (every 5 s).
+    // The detail opens on a click and stays open while the page refreshes (on an event, or
+    // here after a dropped connection: the page reconnects and reads again).
     await page.click(`${row} details summary`);
     if (!(await page.isVisible(`${row} details pre:has-text("DOCKER_HOST")`))) throw new Error('the detail does not open');
-    await page.evaluate(() => { document.querySelector('main table.grid').dataset.seen = '1'; });
+    await page.evaluate(() => { document.querySelector('main table.grid').dataset.seen = '1'; window.kloudDebug.dropConnection(); });
     await poll('the page refreshed', () => page.evaluate(() => !document.querySelector('main table.grid[data-seen]')), 15000, 200);
     if (!(await page.$(`${row} details[open]`))) throw new Error('the detail closed when the page refreshed');
     return { line, screenshots: [closed, await shot('providers-unavailable-detail.png')] };

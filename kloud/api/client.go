@@ -334,6 +334,39 @@ func (w *JobWatch) Wait(ctx context.Context) (JobEvent, error) {
 // Close stops the stream.
 func (w *JobWatch) Close() { w.sub.Close() }
 
+// EventWatch opens an event.watch stream. It needs a *kite.Conn (streams belong to a
+// connection). Read events with EventWatch.Next; Close it when done.
+func (c *Client) EventWatch(ctx context.Context, p EventWatchParams) (*EventWatch, error) {
+	conn, ok := c.c.(*kite.Conn)
+	if !ok {
+		return nil, fmt.Errorf("%s needs a *kite.Conn, not %T", MethodEventWatch, c.c)
+	}
+	res, err := RPCEventWatch.Call(ctx, c.c, p)
+	if err != nil {
+		return nil, err
+	}
+	return &EventWatch{sub: conn.Subscribe(res.Subscription)}, nil
+}
+
+// EventWatch is an open event.watch stream.
+type EventWatch struct{ sub *kite.Subscription }
+
+// Next returns the next event.
+func (w *EventWatch) Next(ctx context.Context) (Event, error) {
+	ev, err := w.sub.Next(ctx)
+	if err != nil {
+		return Event{}, err
+	}
+	var e Event
+	if err := json.Unmarshal(ev.Data, &e); err != nil {
+		return Event{}, fmt.Errorf("%s: %w", NotifyEvent, err)
+	}
+	return e, nil
+}
+
+// Close stops the stream.
+func (w *EventWatch) Close() { w.sub.Close() }
+
 // BucketList is bucket.list.
 func (c *Client) BucketList(ctx context.Context, p BucketListParams) (BucketListResult, error) {
 	return RPCBucketList.Call(ctx, c.c, p)

@@ -72,6 +72,9 @@ const (
 	MethodJobWatch  = "job.watch"
 	MethodJobList   = "job.list"
 	MethodJobCancel = "job.cancel"
+
+	// eventfeed.go (issue 22 §4): what changed, as a stream
+	MethodEventWatch = "event.watch"
 )
 
 // Garbage collection (gc.go): kloud administrators collect the garbage of providers that list
@@ -83,6 +86,8 @@ const MethodGCRun = "gc.run"
 const (
 	// NotifyJobEvent carries a JobEvent on the stream job.watch opens.
 	NotifyJobEvent = "job.event"
+	// NotifyEvent carries an Event on the stream event.watch opens.
+	NotifyEvent = "event.notify"
 )
 
 // Methods of the kontrol kloud hosts (package kontrol serves them; docs/protocol.md "kontrol").
@@ -104,7 +109,8 @@ func KloudMethods() []string {
 		MethodBucketCredentials, MethodBucketDelete, MethodBucketGrant, MethodBucketList, MethodBucketRevoke, // buckets.go
 		MethodCredentialAdd, MethodCredentialAuthenticate, MethodCredentialBootstrap, MethodCredentialDescribe,
 		MethodCredentialList, MethodCredentialRemove, MethodCredentialUpdate,
-		MethodGCRun, // gc.go
+		MethodEventWatch, // eventfeed.go
+		MethodGCRun,      // gc.go
 		MethodJobCancel, MethodJobGet, MethodJobList, MethodJobWatch,
 		MethodKloudDoctor, // doctor.go
 		MethodVersion,

@@ -65,6 +65,7 @@ var (
 	RPCJobGet                 = Method[JobRef, Job]{Name: MethodJobGet}
 	RPCJobList                = Method[JobListParams, JobListResult]{Name: MethodJobList}
 	RPCJobWatch               = Method[JobRef, JobWatchResult]{Name: MethodJobWatch}
+	RPCEventWatch             = Method[EventWatchParams, EventWatchResult]{Name: MethodEventWatch}
 	RPCKloudDoctor            = Method[NoParams, DoctorResult]{Name: MethodKloudDoctor}
 	RPCVersion                = Method[NoParams, VersionResult]{Name: MethodVersion}
 	RPCMachineInfo            = Method[MachineRef, MachineInfo]{Name: MethodMachineInfo}
@@ -123,6 +124,7 @@ func Descriptors() map[string]Descriptor {
 		RPCAuditList, RPCAuditVerify, RPCBucketCredentials, RPCBucketDelete, RPCBucketGrant, RPCBucketList,
 		RPCBucketRevoke, RPCCredentialAdd, RPCCredentialAuthenticate, RPCCredentialBootstrap,
 		RPCCredentialDescribe, RPCCredentialList, RPCCredentialRemove, RPCCredentialUpdate, RPCGCRun, RPCJobCancel,
+		RPCEventWatch,
 		RPCJobGet, RPCJobList, RPCJobWatch, RPCKloudDoctor, RPCVersion, RPCMachineInfo, RPCMachineList,
 		RPCMachinePortsClose, RPCMachinePortsList, RPCMachinePortsOpen, RPCMachineRestore, RPCMachineSet,
 		RPCMachineShare, RPCMachineShares, RPCMachineSnapshot, RPCMachineSnapshots, RPCMachineStart,

@@ -38,6 +38,7 @@ func (r *BucketClaims) Ensure(ctx context.Context, c model.BucketClaim) (model.B
 	if err != nil {
 		return model.BucketClaim{}, err
 	}
+	r.s.changed(Change{Coll: CollBuckets, ID: c.ID})
 	return r.Get(ctx, c.ID)
 }
 
@@ -105,13 +106,13 @@ func (r *BucketClaims) Set(ctx context.Context, id string, u BucketClaimSet) err
 	setIf(set, "state", u.State)
 	setIf(set, "endpoint", u.Endpoint)
 	setIf(set, "region", u.Region)
-	return updateByID(ctx, r.coll(), "bucket claim", id, bson.M{"$set": set})
+	return r.s.told(updateByID(ctx, r.coll(), "bucket claim", id, bson.M{"$set": set}), Change{Coll: CollBuckets, ID: id})
 }
 
 // SetGrant records that user has access ("read" or "write") to claim id's bucket.
 func (r *BucketClaims) SetGrant(ctx context.Context, id, user, access string) error {
-	return updateByID(ctx, r.coll(), "bucket claim", id, bson.M{"$set": bson.M{
-		"grants." + user: access, "updatedAt": r.s.Now()}})
+	return r.s.told(updateByID(ctx, r.coll(), "bucket claim", id, bson.M{"$set": bson.M{
+		"grants." + user: access, "updatedAt": r.s.Now()}}), Change{Coll: CollBuckets, ID: id})
 }
 
 // SetShareGrants replaces claim id's grants from machine shares (username → access).
@@ -119,20 +120,27 @@ func (r *BucketClaims) SetShareGrants(ctx context.Context, id string, grants map
 	if grants == nil {
 		grants = map[string]string{}
 	}
-	return updateByID(ctx, r.coll(), "bucket claim", id, bson.M{"$set": bson.M{"shareGrants": grants, "updatedAt": r.s.Now()}})
+	return r.s.told(updateByID(ctx, r.coll(), "bucket claim", id, bson.M{"$set": bson.M{"shareGrants": grants, "updatedAt": r.s.Now()}}), Change{Coll: CollBuckets, ID: id})
 }
 
 // RemoveGrant forgets user's grant on claim id (none: nothing changes).
 func (r *BucketClaims) RemoveGrant(ctx context.Context, id, user string) error {
-	return updateByID(ctx, r.coll(), "bucket claim", id, bson.M{
+	return r.s.told(updateByID(ctx, r.coll(), "bucket claim", id, bson.M{
 		"$unset": bson.M{"grants." + user: ""},
-		"$set":   bson.M{"updatedAt": r.s.Now()}})
+		"$set":   bson.M{"updatedAt": r.s.Now()}}), Change{Coll: CollBuckets, ID: id})
 }
 
 // Delete removes claim id; a missing one is no error (a destroy finishing an earlier one).
 func (r *BucketClaims) Delete(ctx context.Context, id string) error {
+	c := Change{Coll: CollBuckets, ID: id, Deleted: true}
+	if r.s.watched() {
+		if bc, err := r.Get(ctx, id); err == nil {
+			c.Gone = bc
+		}
+	}
 	if _, err := r.coll().DeleteOne(ctx, bson.M{"_id": id}); err != nil {
 		return fmt.Errorf("delete bucket claim %s: %w", id, err)
 	}
+	r.s.changed(c)
 	return nil
 }

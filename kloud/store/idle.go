@@ -30,7 +30,7 @@ func (r *Machines) SetIdleSettings(ctx context.Context, id string, s model.IdleS
 	if len(set) > 0 {
 		upd["$set"] = set
 	}
-	return updateByID(ctx, r.coll(), "machine", id, upd)
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, upd), Change{Coll: CollMachines, ID: id})
 }
 
 // SetIdleCountdown records machine id's last activity (or the countdown's start) and its
@@ -60,13 +60,14 @@ func (r *Machines) SetIdleCountdown(ctx context.Context, id, state string, lastA
 	if len(unset) > 0 {
 		upd["$unset"] = unset
 	}
-	return update(ctx, r.coll(), "machine", id, filter, upd)
+	return r.s.toldIf(update(ctx, r.coll(), "machine", id, filter, upd))(Change{Coll: CollMachines, ID: id, Field: "idle"})
 }
 
 // ResetIdleCountdown starts machine id's countdown afresh from at (machine.start): its last
 // activity is at, its deadline cleared (kloud's idle task sets it).
 func (r *Machines) ResetIdleCountdown(ctx context.Context, id string, at time.Time) error {
-	return updateByID(ctx, r.coll(), "machine", id, bson.M{"$set": bson.M{"idle.lastActivity": at}, "$unset": bson.M{"idle.deadline": ""}})
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, bson.M{"$set": bson.M{"idle.lastActivity": at}, "$unset": bson.M{"idle.deadline": ""}}),
+		Change{Coll: CollMachines, ID: id, Field: "idle"})
 }
 
 // SetIdle replaces template id's idle settings (zero: inherit kloud's).
@@ -84,7 +85,7 @@ func (r *Machines) SetAutostart(ctx context.Context, id string, a *model.Autosta
 	if a == nil {
 		upd = bson.M{"$unset": bson.M{"autostart": ""}}
 	}
-	return updateByID(ctx, r.coll(), "machine", id, upd)
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, upd), Change{Coll: CollMachines, ID: id})
 }
 
 // AutostartDue returns the machines whose next scheduled start is at or before now.

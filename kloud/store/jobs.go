@@ -489,6 +489,7 @@ func (w *jobWatcher) take() []Job {
 }
 
 func (js *Jobs) publish(j Job) {
+	js.s.changed(Change{Coll: CollJobs, ID: j.ID, Job: &j})
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	for w := range js.watchers[j.ID] {

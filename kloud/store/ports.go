@@ -14,10 +14,10 @@ func (r *Machines) AddPorts(ctx context.Context, id string, rules []provider.Por
 	if len(rules) == 0 {
 		return nil
 	}
-	return updateByID(ctx, r.coll(), "machine", id, bson.M{
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, bson.M{
 		"$addToSet": bson.M{"ports": bson.M{"$each": rules}},
 		"$set":      bson.M{"updatedAt": r.s.Now()},
-	})
+	}), Change{Coll: CollMachines, ID: id})
 }
 
 // RemovePorts removes rules from a machine's recorded firewall rules in one atomic update
@@ -26,8 +26,8 @@ func (r *Machines) RemovePorts(ctx context.Context, id string, rules []provider.
 	if len(rules) == 0 {
 		return nil
 	}
-	return updateByID(ctx, r.coll(), "machine", id, bson.M{
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, bson.M{
 		"$pullAll": bson.M{"ports": rules},
 		"$set":     bson.M{"updatedAt": r.s.Now()},
-	})
+	}), Change{Coll: CollMachines, ID: id})
 }

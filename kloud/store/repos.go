@@ -455,7 +455,7 @@ func (r *Stacks) Get(ctx context.Context, id string) (model.Stack, error) {
 
 // Insert adds a stack.
 func (r *Stacks) Insert(ctx context.Context, st model.Stack) error {
-	return insert(ctx, r.coll(), "stack", st.ID, st)
+	return r.s.told(insert(ctx, r.coll(), "stack", st.ID, st), Change{Coll: CollStacks, ID: st.ID})
 }
 
 // StackFilter selects stacks for [Stacks.List]: those matching every non-empty field. An
@@ -520,18 +520,18 @@ func jobMatch(id string) any {
 func (r *Stacks) Set(ctx context.Context, id string, u StackSet) error {
 	set := u.fields()
 	set["updatedAt"] = r.s.Now()
-	return updateByID(ctx, r.coll(), "stack", id, bson.M{"$set": set})
+	return r.s.told(updateByID(ctx, r.coll(), "stack", id, bson.M{"$set": set}), Change{Coll: CollStacks, ID: id})
 }
 
 // Transition changes a stack if it is in one of from (see [Store.Transition]).
 func (r *Stacks) Transition(ctx context.Context, id string, from []string, u StackSet) (bool, error) {
-	return r.s.TransitionIf(ctx, CollStacks, id, from, nil, u.fields())
+	return r.s.toldIf(r.s.TransitionIf(ctx, CollStacks, id, from, nil, u.fields()))(Change{Coll: CollStacks, ID: id})
 }
 
 // TransitionOfJob is [Stacks.Transition] that also requires the stack to belong to job jobID
 // ("": to no job).
 func (r *Stacks) TransitionOfJob(ctx context.Context, id string, from []string, jobID string, u StackSet) (bool, error) {
-	return r.s.TransitionIf(ctx, CollStacks, id, from, bson.M{"jobId": jobMatch(jobID)}, u.fields())
+	return r.s.toldIf(r.s.TransitionIf(ctx, CollStacks, id, from, bson.M{"jobId": jobMatch(jobID)}, u.fields()))(Change{Coll: CollStacks, ID: id})
 }
 
 // Reset forces a stack from state (still belonging to job jobID) with u and appends audit to
@@ -539,15 +539,22 @@ func (r *Stacks) TransitionOfJob(ctx context.Context, id string, from []string, 
 func (r *Stacks) Reset(ctx context.Context, id, state, jobID string, u StackSet, audit model.StackReset) (bool, error) {
 	set := u.fields()
 	set["updatedAt"] = r.s.Now()
-	return update(ctx, r.coll(), "stack", id, bson.M{"_id": id, StateField: state, "jobId": jobMatch(jobID)},
-		bson.M{"$set": set, "$push": bson.M{"resets": audit}})
+	return r.s.toldIf(update(ctx, r.coll(), "stack", id, bson.M{"_id": id, StateField: state, "jobId": jobMatch(jobID)},
+		bson.M{"$set": set, "$push": bson.M{"resets": audit}}))(Change{Coll: CollStacks, ID: id})
 }
 
 // Delete removes a stack (a missing one is not an error).
 func (r *Stacks) Delete(ctx context.Context, id string) error {
+	c := Change{Coll: CollStacks, ID: id, Deleted: true}
+	if r.s.watched() {
+		if st, err := r.Get(ctx, id); err == nil {
+			c.Gone = st
+		}
+	}
 	if _, err := r.coll().DeleteOne(ctx, bson.M{"_id": id}); err != nil {
 		return fmt.Errorf("delete stack %s: %w", id, err)
 	}
+	r.s.changed(c)
 	return nil
 }
 
@@ -582,6 +589,9 @@ func (r *Machines) InsertMany(ctx context.Context, ms []model.Machine) error {
 			return fmt.Errorf("insert machines: %w", ErrConflict)
 		}
 		return fmt.Errorf("insert machines: %w", err)
+	}
+	for _, m := range ms {
+		r.s.changed(Change{Coll: CollMachines, ID: m.ID})
 	}
 	return nil
 }
@@ -682,25 +692,29 @@ func (u MachineSet) fields(now time.Time) bson.M {
 
 // Set changes a machine unconditionally.
 func (r *Machines) Set(ctx context.Context, id string, u MachineSet) error {
-	return updateByID(ctx, r.coll(), "machine", id, bson.M{"$set": u.fields(r.s.Now())})
+	return r.s.told(updateByID(ctx, r.coll(), "machine", id, bson.M{"$set": u.fields(r.s.Now())}), Change{Coll: CollMachines, ID: id})
 }
 
 // Transition changes a machine if it is in one of from (see [Store.Transition]).
 func (r *Machines) Transition(ctx context.Context, id string, from []string, u MachineSet) (bool, error) {
-	return r.s.TransitionIf(ctx, CollMachines, id, from, nil, u.fields(r.s.Now()))
+	return r.s.toldIf(r.s.TransitionIf(ctx, CollMachines, id, from, nil, u.fields(r.s.Now())))(Change{Coll: CollMachines, ID: id})
 }
 
 // TransitionUnchanged is [Machines.Transition] that also requires the machine's updatedAt to
 // be at (nobody changed it since it was read).
 func (r *Machines) TransitionUnchanged(ctx context.Context, id string, from []string, at time.Time, u MachineSet) (bool, error) {
-	return r.s.TransitionIf(ctx, CollMachines, id, from, bson.M{"updatedAt": at}, u.fields(r.s.Now()))
+	return r.s.toldIf(r.s.TransitionIf(ctx, CollMachines, id, from, bson.M{"updatedAt": at}, u.fields(r.s.Now())))(Change{Coll: CollMachines, ID: id})
 }
 
 // SetShares replaces a machine's share list if nobody changed the machine since at (its
 // updatedAt as read). It reports whether it did.
 func (r *Machines) SetShares(ctx context.Context, id string, at time.Time, shares []model.Share) (bool, error) {
-	return update(ctx, r.coll(), "machine", id, bson.M{"_id": id, "updatedAt": at},
-		bson.M{"$set": bson.M{"shares": shares, "updatedAt": r.s.Now()}})
+	c := Change{Coll: CollMachines, ID: id, Field: "shares"}
+	if before := r.machinesBefore(ctx, "", id); before != nil {
+		c.Gone = before // who saw it before: a user whose share went is told too
+	}
+	return r.s.toldIf(update(ctx, r.coll(), "machine", id, bson.M{"_id": id, "updatedAt": at},
+		bson.M{"$set": bson.M{"shares": shares, "updatedAt": r.s.Now()}}))(c)
 }
 
 // SetAgent records the status (and, if not empty, version) of the agent with kite id kiteID,
@@ -710,8 +724,12 @@ func (r *Machines) SetAgent(ctx context.Context, kiteID, status, version string)
 	if version != "" {
 		set["agent.version"] = version
 	}
-	if _, err := r.coll().UpdateOne(ctx, bson.M{"kiteId": kiteID}, bson.M{"$set": set}); err != nil {
+	res, err := r.coll().UpdateOne(ctx, bson.M{"kiteId": kiteID}, bson.M{"$set": set})
+	if err != nil {
 		return fmt.Errorf("update agent of kite %s: %w", kiteID, err)
+	}
+	if res.MatchedCount > 0 {
+		r.s.changed(Change{Coll: CollMachines, KiteID: kiteID, Field: "agent"})
 	}
 	return nil
 }
@@ -736,13 +754,18 @@ func (r *Machines) SetKiteIDs(ctx context.Context, ids map[string]string, agent 
 	if res.MatchedCount != int64(len(ids)) {
 		return fmt.Errorf("record kite ids: %d of %d machines: %w", len(ids)-int(res.MatchedCount), len(ids), ErrNotFound)
 	}
+	for id := range ids {
+		r.s.changed(Change{Coll: CollMachines, ID: id, Field: "agent"})
+	}
 	return nil
 }
 
 // DeleteByStack removes the machines of a stack.
 func (r *Machines) DeleteByStack(ctx context.Context, stackID string) error {
+	gone := r.machinesBefore(ctx, stackID)
 	if _, err := r.coll().DeleteMany(ctx, bson.M{"stackId": stackID}); err != nil {
 		return fmt.Errorf("delete machines of stack %s: %w", stackID, err)
 	}
+	r.s.changed(Change{Coll: CollMachines, StackID: stackID, Deleted: true, Gone: gone})
 	return nil
 }

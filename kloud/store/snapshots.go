@@ -22,7 +22,7 @@ func (r *Snapshots) coll() *mongo.Collection { return r.s.db.Collection(CollSnap
 func (r *Snapshots) Insert(ctx context.Context, sn model.Snapshot) error {
 	sn.CreatedAt = r.s.Now()
 	sn.UpdatedAt = sn.CreatedAt
-	return insert(ctx, r.coll(), "snapshot", sn.ID, sn)
+	return r.s.told(insert(ctx, r.coll(), "snapshot", sn.ID, sn), Change{Coll: CollSnapshots, ID: sn.ID})
 }
 
 // Get returns a snapshot record.
@@ -89,11 +89,17 @@ func (r *Snapshots) Set(ctx context.Context, id string, from []string, u Snapsho
 	if len(from) > 0 {
 		filter["status"] = in(from)
 	}
-	return update(ctx, r.coll(), "snapshot", id, filter, bson.M{"$set": set})
+	return r.s.toldIf(update(ctx, r.coll(), "snapshot", id, filter, bson.M{"$set": set}))(Change{Coll: CollSnapshots, ID: id})
 }
 
 // Delete removes a snapshot record; a missing one wraps ErrNotFound.
 func (r *Snapshots) Delete(ctx context.Context, id string) error {
+	c := Change{Coll: CollSnapshots, ID: id, Deleted: true}
+	if r.s.watched() {
+		if sn, err := r.Get(ctx, id); err == nil {
+			c.Gone = sn
+		}
+	}
 	res, err := r.coll().DeleteOne(ctx, bson.M{"_id": id})
 	if err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
@@ -101,5 +107,6 @@ func (r *Snapshots) Delete(ctx context.Context, id string) error {
 	if res.DeletedCount == 0 {
 		return fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
 	}
+	r.s.changed(c)
 	return nil
 }

@@ -37,7 +37,7 @@ func (r *Stacks) SetContent(ctx context.Context, id, jobID string, c StackConten
 	} else {
 		upd["$unset"] = bson.M{"variables": ""}
 	}
-	return update(ctx, r.coll(), "stack", id, bson.M{"_id": id, "jobId": jobMatch(jobID)}, upd)
+	return r.s.toldIf(update(ctx, r.coll(), "stack", id, bson.M{"_id": id, "jobId": jobMatch(jobID)}, upd))(Change{Coll: CollStacks, ID: id})
 }
 
 // SetAgentSealed records each machine's sealed agent configuration (machine id → sealed bytes)
@@ -68,8 +68,10 @@ func (r *Machines) DeleteOfStack(ctx context.Context, stackID string, ids []stri
 	if len(ids) == 0 {
 		return nil
 	}
+	gone := r.machinesBefore(ctx, stackID, ids...)
 	if _, err := r.coll().DeleteMany(ctx, bson.M{"stackId": stackID, "_id": bson.M{"$in": ids}}); err != nil {
 		return fmt.Errorf("delete %d machines of stack %s: %w", len(ids), stackID, err)
 	}
+	r.s.changed(Change{Coll: CollMachines, StackID: stackID, Deleted: true, Gone: gone})
 	return nil
 }

@@ -81,6 +81,10 @@ type Options struct {
 	// (find, update, insert, ...), how long it took and whether it failed (the driver's command
 	// monitor; kloud's store latency metrics). It must not block.
 	OnCommand func(name string, d time.Duration, failed bool)
+	// OnChange, if set, is told of every write to a machine, stack, job, snapshot or bucket
+	// claim this store made, after it succeeded ([Change]; kloud's event hub). It is called on
+	// the writer's goroutine and must not block or call the store.
+	OnChange func(Change)
 }
 
 // Store is an open store. Its methods are safe for concurrent use.

@@ -308,5 +308,8 @@ window.kloudDebug = {
     return t ? t.text() : null;
   },
   kiteState: () => (app.kite ? app.kite.state : 'none'),
+  // dropConnection closes the kite connection as a network blip would: the page reconnects,
+  // reopens its event streams and reads again (live.js).
+  dropConnection: () => { if (app.kite && app.kite.ws) app.kite.ws.close(); },
 };
 app.start();

@@ -7,6 +7,7 @@
 
 import { h, clear, table, badge, busy, field, section, notice, fmtTime, ago, shortID, errorText, attrValue, errorDetail, reasonCell, isEmpty } from '../ui.js';
 import { watchJob } from '../jobs.js';
+import { live } from '../live.js';
 import { sessionsOf, sessionID, sessionLabel, killSession } from '../terminal.js';
 import { providers, can } from '../providers.js';
 import { snapshotsSection } from './snapshots.js';
@@ -82,27 +83,33 @@ export function machineTable(ctx, machines, { onChange, jobsEl, showStack = fals
         ];
       },
     },
-  ].filter(Boolean), machines, { empty: 'No machines.', rowAttrs: (m) => ({ dataset: { machine: m.id, label: m.label, state: m.state, agent: (m.agent && m.agent.status) || 'never' } }) });
+  ].filter(Boolean), machines, { empty: 'No machines.', rowAttrs: (m) => ({ dataset: { machine: m.id, label: m.label, state: m.state, agent: (m.agent && m.agent.status) || 'never', updated: m.updatedAt || '' } }) });
 }
 
 export async function list(ctx, el) {
   const jobs = h('div', { class: 'jobs', id: 'machine-jobs' });
   const box = h('div', {});
-  let timer = null;
-  let stopped = false;
+  let lv = null;
+  const reread = () => (lv ? lv.refresh().catch(() => {}) : null);
+  let shown = null; // what the last read answered
+  const render = () => {
+    const { res, caps } = shown;
+    clear(box, section(null, machineTable(ctx, res.machines, { onChange: reread, jobsEl: jobs, showStack: true, stackTitles: res.stackTitles || {}, caps })));
+  };
   const refresh = async () => {
     const [res, caps] = await Promise.all([ctx.kite.call('machine.list'), providers(ctx.kite).catch(() => ({}))]);
-    clear(box, section(null, machineTable(ctx, res.machines, { onChange: refresh, jobsEl: jobs, showStack: true, stackTitles: res.stackTitles || {}, caps })));
-  };
-  const loop = async () => {
-    if (stopped) return;
-    try { await refresh(); } catch (e) { /* reconnecting: the header says so */ }
-    timer = setTimeout(loop, 5000);
+    shown = { res, caps };
+    render();
   };
   clear(el, h('div', { class: 'title-row' }, h('h1', {}, 'Machines'), h('a', { class: 'button', href: '#/stacks/new' }, 'New stack')), jobs, box);
-  await refresh();
-  timer = setTimeout(loop, 5000);
-  return () => { stopped = true; clearTimeout(timer); };
+  // Kept current by kloud's events (live.js): a machine's state, agent, shares or idle countdown
+  // changing. A running countdown's text ("idle stop in 12m") is drawn again every 30 s from
+  // what was read, without a request.
+  lv = await live(ctx.kite, { topics: ['machines'], refresh });
+  await lv.refresh();
+  const counting = () => shown && shown.res.machines.some((m) => m.state === 'Running' && m.idle && m.idle.deadline);
+  const tick = setInterval(() => { if (counting()) render(); }, 30000);
+  return () => { lv.stop(); clearInterval(tick); };
 }
 
 function sharesSection(ctx, m, grant) {
@@ -245,5 +252,8 @@ export async function detail(ctx, el) {
   };
   clear(el, jobs, box, extra);
   await ctx.loadFeatures().catch(() => {});
-  await refresh();
+  // Kept current by kloud's events of this machine (live.js): its state, agent, shares.
+  const lv = await live(kite, { topics: ['machines'], refresh, onEvent: (ev) => ev.id === id });
+  await lv.refresh();
+  return () => lv.stop();
 }

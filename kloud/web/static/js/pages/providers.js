@@ -1,10 +1,11 @@
 // providers.js — every provider this kloud offers (provider.list): built in or plugin, its
-// version, where it runs, whether it is connected, what it can do and its last error. Refreshed
-// every 5 s while shown.
+// version, where it runs, whether it is connected, what it can do and its last error. Kept
+// current by kloud's events (topic providers) while shown.
 
 import { h, clear, table, badge, fmtTime, shortError, errorDetail } from '../ui.js';
 import { providers } from '../providers.js';
 import { constraintsSummary } from '../constraints.js';
+import { live } from '../live.js';
 
 // lastError is a provider's last error as a short line (a builtin's "unavailable on this
 // host: " prefix is what its badge says already), the whole text folded under it.
@@ -40,10 +41,13 @@ export async function list(ctx, el) {
       { title: 'Last error', class: 'last-error', render: (p) => lastError(p) },
     ], res.providers, { empty: 'This kloud offers no providers.', rowAttrs: (p) => ({ dataset: { provider: p.name } }) }),
     h('p', { class: 'muted' }, 'Install a provider plugin with ', h('code', {}, 'kloud provider install PATH'), ' on the kloud host.'));
-  try { described = await providers(kite); } catch { /* the table shows the rest */ }
-  draw(await kite.call('provider.list'));
-  const timer = setInterval(async () => {
-    try { described = await providers(kite); draw(await kite.call('provider.list')); } catch { /* the connection indicator says why */ }
-  }, 5000);
-  return () => clearInterval(timer);
+  const refresh = async () => {
+    try { described = await providers(kite); } catch { /* the table shows the rest */ }
+    draw(await kite.call('provider.list'));
+  };
+  // Kept current by kloud's events (live.js): kloud looks at the providers' status and says
+  // when what provider.list shows changed.
+  const lv = await live(kite, { topics: ['providers'], refresh });
+  await lv.refresh();
+  return () => lv.stop();
 }

@@ -2,6 +2,7 @@
 // preview), and a stack's page with its machines and build / destroy, whose progress and log
 // come live from job.watch.
 
+import { live } from '../live.js';
 import { h, clear, table, badge, busy, field, section, notice, fmtTime, shortID, errorText, errorDetail, reasonCell } from '../ui.js';
 import { watchJob } from '../jobs.js';
 import { planTable, planJob } from './templates.js';
@@ -41,12 +42,13 @@ export async function list(ctx, el) {
   const jobs = h('div', { class: 'jobs' });
   const box = h('div', {});
   const watches = [];
+  let lv = null;
   // reload refreshes the table only, so job views stay with their logs.
   const reload = async () => {
     const [res, titles] = await Promise.all([ctx.kite.call('stack.list'), templateTitles(ctx.kite)]);
     const act = (s, destroy) => (ev) => busy(ev.target, async () => {
-      const w = await apply(ctx, s, destroy, jobs, () => reload());
-      if (w) { watches.push(w); await reload(); }
+      const w = await apply(ctx, s, destroy, jobs, () => lv.refresh().catch(() => {}));
+      if (w) { watches.push(w); await lv.refresh(); }
     });
     clear(box, section(null, table([
       { title: 'Stack', render: (s) => h('a', { href: `#/stacks/${encodeURIComponent(s.id)}` }, s.title || shortID(s.id)) },
@@ -70,8 +72,10 @@ export async function list(ctx, el) {
   clear(el,
     h('div', { class: 'title-row' }, h('h1', {}, 'Stacks'), h('a', { class: 'button primary', href: '#/stacks/new', id: 'stack-new' }, 'New stack')),
     jobs, box);
-  await reload();
-  return () => watches.forEach((w) => w.stop());
+  // Kept current by kloud's events (live.js): a stack created, changed or deleted anywhere.
+  lv = await live(ctx.kite, { topics: ['stacks'], refresh: reload });
+  await lv.refresh();
+  return () => { lv.stop(); watches.forEach((w) => w.stop()); };
 }
 
 // parseVars reads KEY=VALUE lines.
@@ -192,8 +196,7 @@ export async function detail(ctx, el) {
   const paramsBox = h('div', { id: 'stack-params-card' }); // params.js: change parameters
   let paramsState = null; // the stack's state and revision when the Parameters card was loaded
   let watch = null;
-  let timer = null;
-  let stopped = false;
+  let lv = null; // live.js: the stack, its machines and jobs from kloud's events
   let st = null;
   let bucketsState = null; // the stack's state when the Buckets card was loaded
 
@@ -211,7 +214,7 @@ export async function detail(ctx, el) {
     }
     const buildBtn = canBuild(st) ? h('button', { class: 'primary', id: 'stack-build', onclick: (ev) => busy(ev.target, () => start(false)) }, st.state === 'Failed' ? 'Build again' : 'Build') : null;
     const destroyBtn = canDestroy(st) ? h('button', { class: 'danger', id: 'stack-destroy', onclick: (ev) => busy(ev.target, () => start(true)) }, 'Destroy') : null;
-    const onJob = (jobId, title) => { follow(jobId, title); refresh(); };
+    const onJob = (jobId, title) => { follow(jobId, title); reread(); };
     const updBtn = updateButton(ctx, st, updateBox, onJob);
     clear(scaleBox, scaleSection(ctx, st, onJob));
     clear(head,
@@ -228,7 +231,7 @@ export async function detail(ctx, el) {
           Object.entries(st.variables || {}).map(([k, v]) => `${k} = ${v}`).join(', '))] : null,
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(st.updatedAt))));
     const caps = await providers(kite).catch(() => ({}));
-    clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: refresh, jobsEl: jobs, caps })));
+    clear(machines, section('Machines', machineTable(ctx, st.machineDocs || [], { onChange: reread, jobsEl: jobs, caps })));
     // The Buckets card loads again only when the stack's state changed (a build made or a
     // destroy ended its claims): the 2 s refresh during a job must not close an opened key or
     // clear a grant form being typed.
@@ -261,41 +264,49 @@ export async function detail(ctx, el) {
         const j = await kite.call('stack.update', { stackId: s.id, templateRevision: s.templateRev, parameters }, { timeout: 10 * 60 * 1000 })
           .catch((e) => { pf.showError(e); throw e; });
         follow(j.jobId, `Updating the parameters of ${s.title}`);
-        refresh();
+        reread();
       });
     });
     clear(paramsBox, section('Parameters', form));
   };
 
+  const reread = () => (lv ? lv.refresh().catch(() => {}) : refresh());
   const follow = (jobId, title) => {
+    if (watch && watch.jobId === jobId) return;
     if (watch) watch.stop();
     clear(jobs);
-    watch = watchJob(kite, jobId, jobs, { title, onDone: () => refresh() });
-    // Machines' states change during the job: keep the table fresh until it ends.
-    const tick = async () => {
-      if (stopped || watch.finished) return;
-      await refresh().catch(() => {});
-      timer = setTimeout(tick, 2000);
-    };
-    clearTimeout(timer);
-    timer = setTimeout(tick, 2000);
+    // The job's progress and log (job.watch); machines' states changing meanwhile come as
+    // events (live below).
+    watch = watchJob(kite, jobId, jobs, { title, onDone: () => reread() });
   };
 
   const start = async (destroy) => {
     if (destroy && !confirm(`Destroy stack ${st.title}? Its machines are deleted.`)) return;
     const r = await kite.call('stack.apply', { stackId: st.id, destroy });
     follow(r.jobId, destroy ? 'Destroying' : 'Building');
-    await refresh();
+    await reread();
   };
 
   clear(el, head, updateBox, jobs, machines, bucketsBox, paramsBox, scaleBox);
-  if (await refresh() && st.jobId) {
+  // Kept current by kloud's events of this stack (live.js): the stack, its machines and their
+  // agents; a job of the stack started elsewhere (the CLI, another tab) is followed here.
+  lv = await live(kite, {
+    topics: ['stacks', 'machines', 'jobs'], stackId: id, refresh,
+    onEvent: (ev) => {
+      if (ev.kind !== 'job') return true;
+      const j = ev.job || {};
+      if (!['succeeded', 'failed', 'cancelled'].includes(j.status) && (!watch || watch.jobId !== ev.id)) {
+        follow(ev.id, j.stage === 'Destroying' ? 'Destroying' : 'Job');
+      }
+      return false; // its progress shows in the job view; the stack's own event re-reads
+    },
+  });
+  if (await lv.refresh() && st.jobId) {
     // The stack's last job: live if it still runs, else its final state and log.
     follow(st.jobId, st.state === 'Destroying' ? 'Destroying' : st.state === 'Building' ? 'Building' : 'Last job');
   }
   return () => {
-    stopped = true;
-    clearTimeout(timer);
+    if (lv) lv.stop();
     if (watch) watch.stop();
   };
 }
