@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -127,6 +128,21 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 		t.Logf("after %s: the same shell (pid %s) reopened, replayed and answered %s after it began", after, sh, time.Since(start).Round(time.Millisecond))
 	}
 
+	// `kloud ssh` attached to the same session attaches again by itself after each restart.
+	cli := exec.Command(filepath.Join(bin, "kloud"), "ssh", m.ID, "--session", "keep", "--mode", "shared")
+	cli.Env = append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_DATA_DIR="+e.dir, "KLOUD_KEY="+aliceKey)
+	var cliOut testutil.SyncBuffer
+	cli.Stdout, cli.Stderr = &cliOut, &cliOut
+	cliIn, err := cli.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Process.Kill(); cli.Wait() })
+	testutil.Eventually(t, time.Minute, func() bool { return strings.Contains(cliOut.String(), "mark-42") }, "kloud ssh got no replay")
+
 	// 1. SIGTERM of klient: the machine's restart loop starts a new one, which finds the holder.
 	old := klientPID()
 	if old == "" || strings.Contains(old, "\n") {
@@ -139,6 +155,12 @@ func TestLocalShellsOutliveKlient(t *testing.T) {
 		t.Fatalf("the viewer was told the session ended (the UI would not reconnect): %+v", c)
 	}
 	reattach("kill -TERM of klient (the restart loop waits 2 s)", killed)
+	cliIn.Write([]byte("echo cli-$((5*5))\n"))
+	testutil.Eventually(t, time.Minute, func() bool {
+		o := cliOut.String()
+		return strings.Contains(o, "reattached to session keep") && strings.Contains(o, "cli-25")
+	}, "kloud ssh did not attach again after klient's restart:\n%s", &cliOut)
+	t.Logf("kloud ssh attached again by itself: %q", regexp.MustCompile(`\[kloud: [^\]]*\]`).FindAllString(cliOut.String(), -1))
 
 	// 2. kloud machine upgrade-agent, with kloud serving a newer klient (a restart of kloud reads it).
 	sum1 := serve(append(append([]byte{}, orig...), "\nkloud e2e upgrade 1\n"...))

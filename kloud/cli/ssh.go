@@ -122,46 +122,26 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 	if err != nil {
 		return err
 	}
-	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
-	interactive := term.IsTerminal(in)
-	cols, rows := 80, 24
-	if w, h, err := term.GetSize(out); err == nil && w > 0 && h > 0 {
-		cols, rows = w, h
-	}
-	if session == "" && (mode == "" || mode == klientapi.ModeCreate) {
-		session = strings.ToLower(rand.Text()[:12])
-		mode = klientapi.ModeCreate
-	}
-	q := url.Values{"session": {session}, "cols": {fmt.Sprint(cols)}, "rows": {fmt.Sprint(rows)}}
-	if mode != "" {
-		q.Set("mode", mode)
-	}
-	u := strings.TrimRight(g.url, "/") + "/api/machines/" + url.PathEscape(m.ID) + "/terminal?" + q.Encode()
 	hc, err := g.httpClient()
 	if err != nil {
 		return err
 	}
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: http.Header{"Authorization": {"Bearer " + cred}}})
-	cancel()
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			var e struct{ Error string }
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-			if json.Unmarshal(b, &e) != nil || e.Error == "" {
-				e.Error = strings.TrimSpace(string(b))
-			}
-			return fmt.Errorf("open a terminal on %s: %s: %s", m.Label, resp.Status, e.Error)
-		}
-		return fmt.Errorf("open a terminal on %s: cannot reach kloud at %s: %w", m.Label, g.url, err)
+	in, out := int(os.Stdin.Fd()), int(os.Stdout.Fd())
+	interactive := term.IsTerminal(in)
+	if session == "" && (mode == "" || mode == klientapi.ModeCreate) {
+		session = strings.ToLower(rand.Text()[:12])
+		mode = klientapi.ModeCreate
 	}
-	defer ws.CloseNow()
-	ws.SetReadLimit(klientapi.MaxFrame)
-
+	t := &sshTerm{g: g, hc: hc, cred: cred, m: m, session: session, mode: mode, out: out}
+	ws, err := t.dial(ctx)
+	if err != nil {
+		return err
+	}
 	nl := "\n"
 	if interactive {
 		old, err := term.MakeRaw(in)
 		if err != nil {
+			ws.CloseNow()
 			return fmt.Errorf("raw mode: %w", err)
 		}
 		defer term.Restore(in, old)
@@ -171,13 +151,144 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
+	// One reader of stdin for every connection: what is typed while a connection is being
+	// made again waits (a bounded queue) and is sent on the next one.
 	detached := make(chan struct{})
-	go g.sshInput(ctx, ws, detached)
-	if interactive {
-		go sshResize(ctx, ws, out)
+	input := make(chan []byte, 64)
+	go sshInput(ctx, input, detached)
+	deadline := time.Time{} // of reattaching, while it lasts
+	for attempt := 0; ; attempt++ {
+		if ws == nil {
+			if ws, err = t.dial(ctx); err != nil {
+				if time.Now().After(deadline) || ctx.Err() != nil {
+					return fmt.Errorf("%s%w", nl, err)
+				}
+				if !sleepCtx(ctx, reattachDelay(attempt)) {
+					return ctx.Err()
+				}
+				continue
+			}
+			fmt.Fprintf(g.stderr, "%s[kloud: reattached to session %s]%s", nl, session, nl)
+			if interactive {
+				os.Stdout.WriteString("\x1b[H\x1b[2J") // the replay repaints the screen
+			}
+			attempt, deadline = 0, time.Time{}
+		}
+		end, err := t.serve(ctx, ws, input, detached, interactive)
+		ws.CloseNow()
+		ws = nil
+		switch end {
+		case sshDetached:
+			fmt.Fprintf(g.stderr, "%s[kloud: detached from session %s; reattach: kloud ssh %s --session %s]%s", nl, session, name, session, nl)
+			return nil
+		case sshDone:
+			if err != nil {
+				return fmt.Errorf("%s%w", nl, err)
+			}
+			return nil
+		}
+		// sshAgain: the machine's agent restarted (an upgrade) or the link to kloud broke;
+		// the session lives on (in its holder): attach to it again, for a while.
+		if deadline.IsZero() {
+			deadline = time.Now().Add(reattachFor)
+		}
+		fmt.Fprintf(g.stderr, "%s[kloud: %v; reattaching to session %s…]%s", nl, err, session, nl)
+		t.mode = klientapi.ModeShared // the session as it is, never a new one
+		if mode == klientapi.ModeReadonly {
+			t.mode = klientapi.ModeReadonly
+		}
+		if !sleepCtx(ctx, reattachDelay(attempt)) {
+			return ctx.Err()
+		}
 	}
+}
 
-	// Output until the server closes (or we detach).
+// reattachFor bounds how long kloud ssh tries to attach again to a session whose connection was
+// lost (a klient restart takes a few seconds; kloud's own restart a few more).
+const reattachFor = time.Minute
+
+// reattachDelay is the wait before attempt n (0, 1, …) of attaching again: 0.25 s doubling to 4 s.
+func reattachDelay(n int) time.Duration {
+	return min(250*time.Millisecond<<min(n, 4), 4*time.Second)
+}
+
+// sleepCtx waits d, or less when ctx ends (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// sshTerm is one `kloud ssh` attachment: what it dials, again after a lost connection.
+type sshTerm struct {
+	g             *globals
+	hc            *http.Client
+	cred          string
+	m             *model.Machine
+	session, mode string
+	out           int // the output's fd, for the terminal's size
+}
+
+// dial opens the terminal WebSocket (kloud's terminal endpoint, the browser's path).
+func (t *sshTerm) dial(ctx context.Context) (*websocket.Conn, error) {
+	cols, rows := 80, 24
+	if w, h, err := term.GetSize(t.out); err == nil && w > 0 && h > 0 {
+		cols, rows = w, h
+	}
+	q := url.Values{"session": {t.session}, "cols": {fmt.Sprint(cols)}, "rows": {fmt.Sprint(rows)}}
+	if t.mode != "" {
+		q.Set("mode", t.mode)
+	}
+	u := strings.TrimRight(t.g.url, "/") + "/api/machines/" + url.PathEscape(t.m.ID) + "/terminal?" + q.Encode()
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPClient: t.hc, HTTPHeader: http.Header{"Authorization": {"Bearer " + t.cred}}})
+	cancel()
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			var e struct{ Error string }
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			if json.Unmarshal(b, &e) != nil || e.Error == "" {
+				e.Error = strings.TrimSpace(string(b))
+			}
+			return nil, fmt.Errorf("open a terminal on %s: %s: %s", t.m.Label, resp.Status, e.Error)
+		}
+		return nil, fmt.Errorf("open a terminal on %s: cannot reach kloud at %s: %w", t.m.Label, t.g.url, err)
+	}
+	ws.SetReadLimit(klientapi.MaxFrame)
+	return ws, nil
+}
+
+// How one connection of `kloud ssh` ended.
+const (
+	sshDone     = iota // the session ended, or was refused: err says why (nil: it ended well)
+	sshDetached        // the user detached (Ctrl-] .)
+	sshAgain           // the connection was lost with the session alive: attach again (err: why)
+)
+
+// serve carries one connection: input to it, its output to stdout, until it ends.
+func (t *sshTerm) serve(ctx context.Context, ws *websocket.Conn, input <-chan []byte, detached <-chan struct{}, interactive bool) (int, error) {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case f := <-input:
+				if err := ws.Write(ctx, websocket.MessageBinary, f); err != nil {
+					return // the frame is lost with the connection; the read below says why
+				}
+			}
+		}
+	}()
+	if interactive {
+		go sshResize(ctx, ws, t.out)
+	}
 	errc := make(chan error, 1)
 	go func() {
 		for {
@@ -198,37 +309,38 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 	select {
 	case <-detached:
 		ws.Close(websocket.StatusNormalClosure, "detached")
-		fmt.Fprintf(g.stderr, "%s[kloud: detached from session %s; reattach: kloud ssh %s --session %s]%s", nl, session, name, session, nl)
-		return nil
+		return sshDetached, nil
 	case <-ctx.Done():
 		ws.Close(websocket.StatusGoingAway, "interrupted")
-		return ctx.Err()
+		return sshDone, ctx.Err()
 	case err := <-errc:
 		code := websocket.CloseStatus(err)
 		var ce websocket.CloseError
 		errors.As(err, &ce)
 		switch code {
 		case klientapi.CloseEnded, websocket.StatusNormalClosure:
-			fmt.Fprintf(g.stderr, "%s[kloud: %s]%s", nl, ce.Reason, nl)
-			return nil
+			fmt.Fprintf(t.g.stderr, "\r\n[kloud: %s]\r\n", ce.Reason)
+			return sshDone, nil
+		case websocket.StatusGoingAway, klientapi.CloseAgentGone:
+			return sshAgain, errors.New(ce.Reason)
 		case -1:
-			return fmt.Errorf("%sconnection to kloud lost: %w", nl, err)
+			return sshAgain, fmt.Errorf("connection to kloud lost: %w", err)
 		}
-		return fmt.Errorf("%s%s (%d)", nl, ce.Reason, code)
+		return sshDone, fmt.Errorf("%s (%d)", ce.Reason, code)
 	}
 }
 
-// sshInput sends stdin as input frames and watches for the detach sequence.
-func (g *globals) sshInput(ctx context.Context, ws *websocket.Conn, detached chan<- struct{}) {
+// sshInput reads stdin into input frames and watches for the detach sequence.
+func sshInput(ctx context.Context, input chan<- []byte, detached chan<- struct{}) {
 	buf := make([]byte, 32<<10)
-	frame := make([]byte, 0, len(buf)+2)
 	escaped := false
 	for {
 		n, err := os.Stdin.Read(buf)
 		if err != nil {
 			return // EOF (not a terminal): keep showing output until the session ends
 		}
-		frame = append(frame[:0], klientapi.OpInput)
+		frame := make([]byte, 0, n+2)
+		frame = append(frame, klientapi.OpInput)
 		for _, c := range buf[:n] {
 			switch {
 			case escaped && c == detachByte:
@@ -247,7 +359,9 @@ func (g *globals) sshInput(ctx context.Context, ws *websocket.Conn, detached cha
 			}
 		}
 		if len(frame) > 1 {
-			if err := ws.Write(ctx, websocket.MessageBinary, frame); err != nil {
+			select {
+			case input <- frame:
+			case <-ctx.Done():
 				return
 			}
 		}
