@@ -84,10 +84,15 @@ func runUI(t *testing.T, e *env, node, script, out string, settings ...string) {
 // browsers at once slow each other past their waits.
 var browserMu sync.Mutex
 
-// lockBrowser holds browserMu until the test ends.
-func lockBrowser(t *testing.T) {
+// lockBrowser holds browserMu until unlock is called (when the browser has exited) or the test
+// ends, whichever comes first: a test's work after its browser run (destroying its stacks,
+// stopping its kloud) does not keep the next browser test waiting.
+func lockBrowser(t *testing.T) (unlock func()) {
 	browserMu.Lock()
-	t.Cleanup(browserMu.Unlock)
+	var once sync.Once
+	unlock = func() { once.Do(browserMu.Unlock) }
+	t.Cleanup(unlock)
+	return unlock
 }
 
 // browserCommand runs node with script under nice -n -10: the browser stands for a user's
@@ -104,7 +109,7 @@ func browserCommand(ctx context.Context, node, script string) *exec.Cmd {
 // stdin.
 func runBrowserScript(t *testing.T, e *env, node, script, out, file string, needs map[string]func() error, settings ...string) {
 	t.Helper()
-	lockBrowser(t)
+	unlock := lockBrowser(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := browserCommand(ctx, node, file)
@@ -126,6 +131,7 @@ func runBrowserScript(t *testing.T, e *env, node, script, out, file string, need
 	}
 	final := drive(t, stdout, stdin, needs)
 	err = cmd.Wait()
+	unlock()
 	t.Logf("browser run: %s; screenshots in %s", time.Since(start).Round(time.Millisecond), out)
 	if err != nil || !final.OK {
 		t.Fatalf("browser test failed (%v); see the steps above and %s/failure.png\nstderr:\n%s", err, out, stderr.String())

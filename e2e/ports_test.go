@@ -97,7 +97,7 @@ func TestLocalPorts(t *testing.T) {
 		{"name": "bob", "password": password, "want": "ok"},
 		{"name": "carol", "password": password, "want": "refused"},
 	})
-	lockBrowser(t)
+	unlock := lockBrowser(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	cmd := browserCommand(ctx, node, "ports.mjs")
@@ -106,6 +106,7 @@ func TestLocalPorts(t *testing.T) {
 		"KLOUD_OPEN_URL="+fmt.Sprintf("%s/api/machines/%s/ports/8000/open", e.url(), web0.ID),
 		"KLOUD_APPS_IP="+e.h.HostAddr().String(), "KLOUD_USERS="+string(users), "KLOUD_MACHINE_ID="+web0.ID, "KLOUD_OWNER=alice")
 	out, err := cmd.CombinedOutput()
+	unlock()
 	t.Logf("ports.mjs:\n%s", out)
 	if err != nil {
 		t.Fatalf("the browser steps failed: %v", err)

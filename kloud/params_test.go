@@ -204,3 +204,39 @@ resource "terraform_data" "vm" {
 	ref, err = c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
 	f.jobOK("destroy", ref, err)
 }
+
+// TestParamsUpdateKeepsScale: changing a scaled stack's parameters at its own revision keeps its
+// scale (its own files), as stack.scale does.
+func TestParamsUpdateKeepsScale(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	c := f.client()
+	ctx := t.Context()
+	tid := f.template(`variable "greeting" {
+  type    = string
+  default = "hi"
+}
+
+resource "terraform_data" "vm" {
+  count = 1
+  input = "#!/bin/bash\necho ${var.greeting}\n"
+}
+`)
+	sid, _ := f.stack(tid)
+	ref, err := c.StackApply(ctx, api.StackApplyParams{StackID: sid})
+	f.jobOK("build", ref, err)
+	ref, err = c.StackScale(ctx, api.StackScaleParams{StackID: sid, Resource: "vm", Count: 2})
+	f.jobOK("scale to 2", ref, err)
+	ref, err = c.StackUpdate(ctx, api.StackUpdateParams{StackID: sid, TemplateRevision: 1, Parameters: map[string]json.RawMessage{"greeting": json.RawMessage(`"hello"`)}})
+	f.jobOK("change a parameter", ref, err)
+	st, err := c.StackDescribe(ctx, api.StackRef{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.MachineDocs) != 2 || !st.Diverged || st.Variables["greeting"] != "hello" {
+		t.Fatalf("after the parameter change: %d machines, diverged %v, variables %v", len(st.MachineDocs), st.Diverged, st.Variables)
+	}
+	ref, err = c.StackApply(ctx, api.StackApplyParams{StackID: sid, Destroy: true})
+	f.jobOK("destroy", ref, err)
+}

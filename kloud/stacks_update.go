@@ -59,12 +59,18 @@ func (a *stackAPI) update(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 		return api.JobRef{}, err
 	}
 	vars := st.Variables
+	diverged := false
 	if len(p.Parameters) > 0 { // params.go: refused before a job when a value may not change
+		// A scaled stack's parameters changed at its own revision: its own files (the scale
+		// stays), as stack.scale keeps them.
+		if st.Diverged && rev == st.TemplateRev {
+			files, diverged = st.Files, true
+		}
 		if vars, err = a.srv.updateParamValues(st, files, p.Parameters); err != nil {
 			return api.JobRef{}, err
 		}
 	}
-	return a.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(vars)})
+	return a.startUpdate(ctx, c, st, updateParams{StackID: st.ID, Rev: rev, Diverged: diverged, Files: store.JSONTextOf(files), Variables: store.JSONTextOf(vars)})
 }
 
 // startUpdate starts the update job as stack.apply starts its job (beginStackJob, stacks.go),
