@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -157,6 +158,8 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 	input := make(chan []byte, 64)
 	go sshInput(ctx, input, detached)
 	deadline := time.Time{} // of reattaching, while it lasts
+	announce := ""          // said once the session answers again
+	ever := false           // the session answered once: a lost connection is attached again
 	for attempt := 0; ; attempt++ {
 		if ws == nil {
 			if ws, err = t.dial(ctx); err != nil {
@@ -168,15 +171,13 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 				}
 				continue
 			}
-			fmt.Fprintf(g.stderr, "%s[kloud: reattached to session %s]%s", nl, session, nl)
-			if interactive {
-				os.Stdout.WriteString("\x1b[H\x1b[2J") // the replay repaints the screen
-			}
-			attempt, deadline = 0, time.Time{}
 		}
-		end, err := t.serve(ctx, ws, input, detached, interactive)
+		end, answered, err := t.serve(ctx, ws, input, detached, announce)
 		ws.CloseNow()
 		ws = nil
+		if answered {
+			attempt, deadline, announce, ever = 0, time.Time{}, "", true
+		}
 		switch end {
 		case sshDetached:
 			fmt.Fprintf(g.stderr, "%s[kloud: detached from session %s; reattach: kloud ssh %s --session %s]%s", nl, session, name, session, nl)
@@ -187,12 +188,24 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 			}
 			return nil
 		}
+		if !ever { // never attached: say why at once (an agent that is not connected)
+			return fmt.Errorf("%s%w", nl, err)
+		}
 		// sshAgain: the machine's agent restarted (an upgrade) or the link to kloud broke;
 		// the session lives on (in its holder): attach to it again, for a while.
 		if deadline.IsZero() {
 			deadline = time.Now().Add(reattachFor)
 		}
-		fmt.Fprintf(g.stderr, "%s[kloud: %v; reattaching to session %s…]%s", nl, err, session, nl)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s%w", nl, err)
+		}
+		if answered { // said once per loss, not per attempt
+			fmt.Fprintf(g.stderr, "%s[kloud: %v; reattaching to session %s…]%s", nl, err, session, nl)
+			announce = fmt.Sprintf("%s[kloud: reattached to session %s]%s", nl, session, nl)
+			if interactive {
+				announce += "\x1b[H\x1b[2J" // the replay repaints the screen
+			}
+		}
 		t.mode = klientapi.ModeShared // the session as it is, never a new one
 		if mode == klientapi.ModeReadonly {
 			t.mode = klientapi.ModeReadonly
@@ -270,8 +283,9 @@ const (
 	sshAgain           // the connection was lost with the session alive: attach again (err: why)
 )
 
-// serve carries one connection: input to it, its output to stdout, until it ends.
-func (t *sshTerm) serve(ctx context.Context, ws *websocket.Conn, input <-chan []byte, detached <-chan struct{}, interactive bool) (int, error) {
+// serve carries one connection: input to it, its output to stdout, until it ends. It reports
+// whether the session answered (output came), after writing announce before its first output.
+func (t *sshTerm) serve(ctx context.Context, ws *websocket.Conn, input <-chan []byte, detached <-chan struct{}, announce string) (end int, answered bool, err error) {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {
@@ -286,9 +300,10 @@ func (t *sshTerm) serve(ctx context.Context, ws *websocket.Conn, input <-chan []
 			}
 		}
 	}()
-	if interactive {
+	if term.IsTerminal(t.out) {
 		go sshResize(ctx, ws, t.out)
 	}
+	var got atomic.Bool
 	errc := make(chan error, 1)
 	go func() {
 		for {
@@ -300,19 +315,23 @@ func (t *sshTerm) serve(ctx context.Context, ws *websocket.Conn, input <-chan []
 			if typ == websocket.MessageText {
 				continue // kloud's notice of what we attached to
 			}
+			if !got.Swap(true) && announce != "" {
+				fmt.Fprint(t.g.stderr, announce)
+			}
 			if _, err := os.Stdout.Write(b); err != nil {
 				errc <- err
 				return
 			}
 		}
 	}()
+	defer func() { answered = got.Load() }()
 	select {
 	case <-detached:
 		ws.Close(websocket.StatusNormalClosure, "detached")
-		return sshDetached, nil
+		return sshDetached, false, nil
 	case <-ctx.Done():
 		ws.Close(websocket.StatusGoingAway, "interrupted")
-		return sshDone, ctx.Err()
+		return sshDone, false, ctx.Err()
 	case err := <-errc:
 		code := websocket.CloseStatus(err)
 		var ce websocket.CloseError
@@ -320,13 +339,13 @@ func (t *sshTerm) serve(ctx context.Context, ws *websocket.Conn, input <-chan []
 		switch code {
 		case klientapi.CloseEnded, websocket.StatusNormalClosure:
 			fmt.Fprintf(t.g.stderr, "\r\n[kloud: %s]\r\n", ce.Reason)
-			return sshDone, nil
+			return sshDone, false, nil
 		case websocket.StatusGoingAway, klientapi.CloseAgentGone:
-			return sshAgain, errors.New(ce.Reason)
+			return sshAgain, false, errors.New(ce.Reason)
 		case -1:
-			return sshAgain, fmt.Errorf("connection to kloud lost: %w", err)
+			return sshAgain, false, fmt.Errorf("connection to kloud lost: %w", err)
 		}
-		return sshDone, fmt.Errorf("%s (%d)", ce.Reason, code)
+		return sshDone, false, fmt.Errorf("%s (%d)", ce.Reason, code)
 	}
 }
 
