@@ -245,7 +245,7 @@ func TestLocalSSH(t *testing.T) {
 	}
 	// git asks for protocol v2 with ssh's SendEnv=GIT_PROTOCOL; the machine's git answers in it
 	// when the env request was accepted (GIT_TRACE_PACKET shows the exchange).
-	if out := git([]string{"GIT_TRACE_PACKET=1"}, "clone", "-q", "kloud--dev.0:"+repo, clone); !strings.Contains(out, "git< version 2") {
+	if out := git([]string{"GIT_TRACE_PACKET=1"}, "clone", "-q", "kloud--dev.0:"+repo, clone); !strings.Contains(out, "< version 2") {
 		t.Errorf("git clone over SSH did not speak protocol v2:\n%s", out)
 	}
 	if got, want := head(clone), head(src); got != want {
