@@ -2,12 +2,12 @@ package e2e
 
 // SSH for every tool (issue 22 §1) on a real local machine: `kloud config-ssh` writes a
 // temporary ssh config, then the real OpenSSH client tools (/usr/bin/ssh, scp, sftp, rsync)
-// reach the machine through kloud's relay and the klient's SSH server: exec, a pty, 100 MB
-// both ways with scp and rsync, sftp, ssh -L, a tampered known_hosts refused, a read-only
-// share refused, a revoked share's open session closed at once. The scp throughput is
-// compared with a plain TCP copy of the same file to the machine's bridge address (printed).
-// Needs root, the base image, ssh, scp, sftp and rsync (skips loudly otherwise, fails under
-// CI=true).
+// and git reach the machine through kloud's relay and the klient's SSH server: exec, a pty,
+// 100 MB both ways with scp and rsync, sftp, git push/clone/pull, ssh -L, a tampered
+// known_hosts refused, a read-only share refused, a revoked share's open session closed at
+// once. The scp throughput is compared with a plain TCP copy of the same file to the machine's
+// bridge address (printed). Needs root, the base image, ssh, scp, sftp, rsync and git (skips
+// loudly otherwise, fails under CI=true).
 
 import (
 	"bufio"
@@ -32,7 +32,7 @@ import (
 )
 
 func TestLocalSSH(t *testing.T) {
-	for _, b := range []string{"ssh", "scp", "sftp", "rsync"} {
+	for _, b := range []string{"ssh", "scp", "sftp", "rsync", "git"} {
 		testutil.RequireBinary(t, b)
 	}
 	e := newLocalEnv(t)
@@ -208,6 +208,60 @@ func TestLocalSSH(t *testing.T) {
 	if out := mustRun(cfg, "", "kloud--dev.0", "stat -c %U /tmp/small"); strings.TrimSpace(out) != "alice" {
 		t.Errorf("the file sftp put belongs to %q, want alice", out)
 	}
+
+	// git over SSH, driven by this host's git: a bare repository made on the machine, a push to
+	// it, a clone back; then a second commit pushed and fetched into the clone (the incremental
+	// path). The machine's git serves both ends (git-receive-pack, git-upload-pack).
+	gitStart := time.Now()
+	gitEnv := append(os.Environ(),
+		"GIT_SSH_COMMAND=ssh -F '"+cfg+"' -o BatchMode=yes",
+		"GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
+		"GIT_AUTHOR_NAME=Alice", "GIT_AUTHOR_EMAIL=alice@example.com",
+		"GIT_COMMITTER_NAME=Alice", "GIT_COMMITTER_EMAIL=alice@example.com")
+	git := func(extraEnv []string, args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), "git", args...)
+		cmd.Env = append(gitEnv, extraEnv...)
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+		return string(b)
+	}
+	repo := "proj-" + randomWord() + ".git" // in alice's home on the machine
+	mustRun(cfg, "", "kloud--dev.0", "git", "init", "--bare", "-q", "-b", "main", repo)
+	src, clone := filepath.Join(dir, "src"), filepath.Join(dir, "clone")
+	git(nil, "init", "-q", "-b", "main", src)
+	os.WriteFile(filepath.Join(src, "README"), []byte(marker+"\n"), 0o644)
+	git(nil, "-C", src, "add", "README")
+	git(nil, "-C", src, "commit", "-q", "-m", "first")
+	head := func(repo string) string { return strings.TrimSpace(git(nil, "-C", repo, "rev-parse", "HEAD")) }
+	git(nil, "-C", src, "push", "-q", "kloud--dev.0:"+repo, "main")
+	if got, want := strings.TrimSpace(mustRun(cfg, "", "kloud--dev.0", "git", "-C", repo, "rev-parse", "main")), head(src); got != want {
+		t.Errorf("after git push the machine's main is %q, want %q", got, want)
+	}
+	if out := mustRun(cfg, "", "kloud--dev.0", "stat -c %U "+repo+"/objects"); strings.TrimSpace(out) != "alice" {
+		t.Errorf("the pushed repository belongs to %q, want alice", out)
+	}
+	// git asks for protocol v2 with ssh's SendEnv=GIT_PROTOCOL; the machine's git answers in it
+	// when the env request was accepted (GIT_TRACE_PACKET shows the exchange).
+	if out := git([]string{"GIT_TRACE_PACKET=1"}, "clone", "-q", "kloud--dev.0:"+repo, clone); !strings.Contains(out, "< version 2") {
+		t.Errorf("git clone over SSH did not speak protocol v2:\n%s", out)
+	}
+	if got, want := head(clone), head(src); got != want {
+		t.Errorf("the clone's HEAD is %s, the pushed commit %s", got, want)
+	}
+	if b, _ := os.ReadFile(filepath.Join(clone, "README")); string(b) != marker+"\n" {
+		t.Errorf("the clone's README: %q", b)
+	}
+	os.WriteFile(filepath.Join(src, "README"), []byte(marker+" again\n"), 0o644)
+	git(nil, "-C", src, "commit", "-q", "-a", "-m", "second")
+	git(nil, "-C", src, "push", "-q", "kloud--dev.0:"+repo, "main")
+	git(nil, "-C", clone, "pull", "-q", "--ff-only")
+	if got, want := head(clone), head(src); got != want {
+		t.Errorf("after a second push and a pull the clone's HEAD is %s, want %s", got, want)
+	}
+	t.Logf("git over SSH: init --bare, push, clone, push, pull in %v", time.Since(gitStart).Round(time.Millisecond))
 
 	// ssh -L to the server on the machine's loopback.
 	local := testutil.FreeLoopback(t)

@@ -21,11 +21,12 @@ import (
 )
 
 // SafeEnv says whether an "env" request may set name: the locale (LANG, LC_*), TERM,
-// COLORTERM, TZ and the git author variables. Anything else (LD_PRELOAD, PATH, BASH_ENV, ...)
+// COLORTERM, TZ, the git author variables and GIT_PROTOCOL (git over SSH asks for protocol v2
+// with it, as sshd's "AcceptEnv GIT_PROTOCOL"). Anything else (LD_PRELOAD, PATH, BASH_ENV, ...)
 // is refused.
 func SafeEnv(name string) bool {
 	switch name {
-	case "LANG", "LANGUAGE", "TERM", "COLORTERM", "TZ",
+	case "LANG", "LANGUAGE", "TERM", "COLORTERM", "TZ", "GIT_PROTOCOL",
 		"GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL":
 		return true
 	}

@@ -140,7 +140,7 @@ func TestEnvFiltered(t *testing.T) {
 	if err != nil || string(out) != "C.UTF-8::\n" {
 		t.Fatalf("env: %q %v", out, err)
 	}
-	for name, want := range map[string]bool{"LANG": true, "LC_ALL": true, "TERM": true, "LC_": false, "LD_LIBRARY_PATH": false, "SSH_AUTH_SOCK": false} {
+	for name, want := range map[string]bool{"LANG": true, "LC_ALL": true, "TERM": true, "GIT_PROTOCOL": true, "LC_": false, "LD_LIBRARY_PATH": false, "SSH_AUTH_SOCK": false} {
 		if sshserver.SafeEnv(name) != want {
 			t.Errorf("SafeEnv(%s) = %v", name, !want)
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 )
 
-// Importing the machine image (a Debian root filesystem, 240 MB in 11,000 files) into a new
+// Importing the machine image (a Debian root filesystem, 270 MB in 11,700 files) into a new
 // daemon cost 5 to 7 s of CPU (docker-untar, the layer's digest) and 10 to 20 s on a loaded
 // host, and the suite starts some 40 daemons. So the image is imported once, into a template
 // data root kept in the project's cache for this base image and this dockerd, and every new

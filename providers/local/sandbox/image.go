@@ -36,6 +36,7 @@ func imagePackages() []string {
 	return []string{
 		"cloud-init", "ca-certificates", "curl", "iproute2", "iputils-ping", "bash", "sudo", "procps",
 		"less", "ncurses-base", "rsync", // rsync: rsync over SSH (klient serves SSH, issue 22)
+		"git", // git over SSH (git-upload-pack, git-receive-pack on the machine) and git in the shell
 	}
 }
 
