@@ -208,6 +208,28 @@ func TestDirectTCPIP(t *testing.T) {
 	}
 }
 
+// ptyShell starts a login shell with a pty on c: its session, input and output.
+func ptyShell(t *testing.T, c *ssh.Client) (*ssh.Session, io.Writer, *testutil.SyncBuffer) {
+	t.Helper()
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := s.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := new(testutil.SyncBuffer)
+	s.Stdout = out
+	if err := s.Shell(); err != nil {
+		t.Fatal(err)
+	}
+	return s, in, out
+}
+
 // TestShellIsATerminalSession: a shell with a pty is a web terminal session (listed), ended
 // when the SSH channel closes.
 func TestShellIsATerminalSession(t *testing.T) {
@@ -215,16 +237,7 @@ func TestShellIsATerminalSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _ := c.NewSession()
-	if err := s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
-		t.Fatal(err)
-	}
-	in, _ := s.StdinPipe()
-	var out testutil.SyncBuffer
-	s.Stdout = &out
-	if err := s.Shell(); err != nil {
-		t.Fatal(err)
-	}
+	s, in, out := ptyShell(t, c)
 	in.Write([]byte("echo $((40+2))-$KLOUD_SESSION\n"))
 	testutil.Eventually(t, 30*time.Second, func() bool { return strings.Contains(out.String(), "42-ssh-") }, "the shell's answer")
 	if l := term.List(); len(l) != 1 || !strings.HasPrefix(l[0].Session, "ssh-") || l[0].CreatedBy != "alice" {
@@ -246,16 +259,7 @@ func TestShellStaysWhenKlientStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _ := c.NewSession()
-	if err := s.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
-		t.Fatal(err)
-	}
-	in, _ := s.StdinPipe()
-	var out testutil.SyncBuffer
-	s.Stdout = &out
-	if err := s.Shell(); err != nil {
-		t.Fatal(err)
-	}
+	s, in, out := ptyShell(t, c)
 	in.Write([]byte("echo $((40+2))\n"))
 	testutil.Eventually(t, 30*time.Second, func() bool { return strings.Contains(out.String(), "42") }, "the shell's answer")
 	stop()
