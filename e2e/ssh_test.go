@@ -327,6 +327,8 @@ func TestLocalSSH(t *testing.T) {
 		t.Errorf("bob's ssh config:\n%s", b)
 	}
 	long := exec.CommandContext(t.Context(), "ssh", sshArgs(bobCfg, "-tt", "kloud--dev.0")...)
+	var longErr testutil.SyncBuffer // ssh's, and its ProxyCommand's (kloud ssh --stdio)
+	long.Stderr = &longErr
 	stdin, _ := long.StdinPipe()
 	stdout, _ := long.StdoutPipe()
 	if err := long.Start(); err != nil {
@@ -365,6 +367,9 @@ func TestLocalSSH(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("bob's ssh session is still open 10 s after the unshare")
+	}
+	if !strings.Contains(longErr.String(), "share with you changed") { // klient's reason, passed on by kloud
+		t.Errorf("bob's ssh was not told why it closed:\n%s", longErr.String())
 	}
 
 	// A stopped machine keeps its entry: kloud kept the host key klient reported.

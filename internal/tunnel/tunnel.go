@@ -279,8 +279,15 @@ type halfCloser interface {
 	CloseWrite() error
 }
 
+// closerWith is a connection closed with a code and a reason (a *Conn).
+type closerWith interface {
+	CloseWith(code websocket.StatusCode, reason string) error
+}
+
 // Pipe copies a→b and b→a until both directions ended, propagating half-closes, then closes
-// both. It returns the first error that was not an orderly end.
+// both. A side closed with a code and reason (a refusal: a revoked share, a limit) closes the
+// other with the same, so the client at the far end is told why. It returns the first error
+// that was not an orderly end.
 func Pipe(a, b net.Conn) error {
 	errc := make(chan error, 2)
 	cp := func(dst, src net.Conn) {
@@ -290,7 +297,12 @@ func Pipe(a, b net.Conn) error {
 				err = cerr
 			}
 		} else {
-			// No half-close (or the copy failed): end the whole thing.
+			// No half-close (or the copy failed): end the whole thing, passing on why src
+			// was closed.
+			var ce websocket.CloseError
+			if cw, ok := dst.(closerWith); ok && errors.As(err, &ce) && ce.Code != CloseNormal {
+				cw.CloseWith(ce.Code, ce.Reason)
+			}
 			a.Close()
 			b.Close()
 		}

@@ -97,3 +97,25 @@ func TestCloseWithReason(t *testing.T) {
 		t.Fatalf("read after refusal: %v", err)
 	}
 }
+
+// TestPipePassesReason: a relay (Pipe of two tunnels) passes a refusal's code and reason from
+// one end to the other (klient closing a revoked user's SSH tunnel: the client is told why).
+func TestPipePassesReason(t *testing.T) {
+	client, relayNear := pair(t)
+	relayFar, agent := pair(t)
+	done := make(chan error, 1)
+	go func() { done <- tunnel.Pipe(relayNear, relayFar) }()
+	if _, err := client.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(agent, buf); err != nil {
+		t.Fatal(err)
+	}
+	go agent.CloseWith(tunnel.CloseRefused, "this machine's share with you changed")
+	_, err := client.Read(make([]byte, 1))
+	if websocket.CloseStatus(err) != tunnel.CloseRefused || !strings.Contains(err.Error(), "share with you changed") {
+		t.Fatalf("the client's read after the agent's refusal: %v", err)
+	}
+	<-done
+}

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/coder/websocket"
 	"github.com/spf13/cobra"
 
 	"github.com/kloud-dev/kloud/kloud"
@@ -88,6 +89,10 @@ func (g *globals) sshStdio(ctx context.Context, host string) error {
 	// The connection ends when the machine's side ends (ssh closes its stdin only after).
 	select {
 	case err := <-errc:
+		var ce websocket.CloseError
+		if errors.As(err, &ce) && ce.Reason != "" { // the agent's or kloud's reason (a revoked share)
+			return fmt.Errorf("ssh to %s: %s", label, ce.Reason)
+		}
 		if err != nil && ctx.Err() == nil {
 			return fmt.Errorf("ssh to %s: %w", label, err)
 		}
