@@ -304,6 +304,11 @@ async function main() {
     if (env.KLOUD_TAGS && (!tags || !tags.kloudTags.includes('kloud_owner') || tags.kloudTagsOpen)) {
       problems.push(`kloud's own tags in ${env.KLOUD_TAGS} are not folded under "kloud tags": ${JSON.stringify(attrs)}`);
     }
+    // How to reach it with OpenSSH (its agent reported a host key at the build).
+    if (providerName === 'dummy' || providerName === 'local') {
+      const ssh = await page.$('#machine-ssh') ? await page.textContent('#machine-ssh') : '';
+      if (!ssh.includes('kloud config-ssh') || !/ssh kloud--\S+/.test(ssh)) problems.push(`the machine page does not say how to ssh to it: ${JSON.stringify(ssh)}`);
+    }
     // The snapshot name's placeholder fits its input.
     const ph = await page.evaluate(() => {
       const el = document.getElementById('snapshot-name');

@@ -236,6 +236,10 @@ export async function detail(ctx, el) {
         h('dt', {}, 'Agent'), h('dd', {}, agentCell(m), m.agent && m.agent.version ? h('small', { class: 'muted' }, ` klient ${m.agent.version}`) : ''),
         h('dt', {}, 'Kite'), h('dd', {}, h('code', {}, m.kiteId || '—')),
         h('dt', {}, 'IP address'), h('dd', {}, m.ipAddress || '—'),
+        // OpenSSH, scp, rsync, VS Code and JetBrains through kloud (kloud config-ssh writes the host).
+        m.sshHostKey && ['owner', 'full', 'terminal'].includes(grant) ? [h('dt', {}, 'SSH'), h('dd', { id: 'machine-ssh' },
+          h('code', {}, 'kloud config-ssh'), ' once, then ', h('code', {}, `ssh kloud--${m.label}`),
+          ' (the host name config-ssh prints; also scp, rsync, git, VS Code Remote-SSH, JetBrains Gateway)')] : null,
         m.reason ? [h('dt', {}, 'Reason'), h('dd', { class: 'reason' }, errorDetail(m.reason))] : null,
         h('dt', {}, 'Idle stop'), h('dd', { id: 'machine-idle' }, idleText(m)), // idle.js
         h('dt', {}, 'Updated'), h('dd', {}, fmtTime(m.updatedAt)))),
