@@ -195,13 +195,7 @@ func (a *templateAPI) parameters(ctx context.Context, c *Caller, r *kite.Request
 	}
 	out := api.TemplateParametersResult{TemplateID: view.ID, Rev: view.Rev, Parameters: []api.TemplateParameter{}, Presets: []api.TemplatePreset{}}
 	for _, pp := range ps.Parameters {
-		ap := api.TemplateParameter{Name: pp.Name, DisplayName: pp.DisplayName, Description: pp.Description, Type: pp.Type, Default: pp.Default,
-			Required: pp.Required, Sensitive: pp.Sensitive, Nullable: pp.Nullable, Choices: pp.Choices, Mutable: pp.Mutable, Order: pp.Order,
-			File: pp.File, Line: pp.Line}
-		for _, v := range pp.Validations {
-			ap.Validations = append(ap.Validations, api.ParameterValidation{Condition: v.Condition, ErrorMessage: v.ErrorMessage})
-		}
-		out.Parameters = append(out.Parameters, ap)
+		out.Parameters = append(out.Parameters, pp.Parameter)
 	}
 	for _, pr := range ps.Presets {
 		out.Presets = append(out.Presets, api.TemplatePreset{Name: pr.Name, Description: pr.Description, Default: pr.Default, Values: pr.Values})

@@ -17,6 +17,8 @@ import (
 	"github.com/zclconf/go-cty/cty"
 	"github.com/zclconf/go-cty/cty/convert"
 	ctyjson "github.com/zclconf/go-cty/cty/json"
+
+	"github.com/kloud-dev/kloud/provider/ptype"
 )
 
 // Parameters and presets (docs/user-guide.md "Parameters and presets"): a template's variable
@@ -43,28 +45,10 @@ const (
 	PresetBlock    = "kloud_preset"
 )
 
-// Parameter is a variable of the template offered to the stack's creator (JSON camelCase: it is
-// what template.parameters returns).
+// Parameter is a variable of the template offered to the stack's creator: its wire form
+// (ptype.Parameter, what template.parameters returns) and what checking a value needs.
 type Parameter struct {
-	Name        string `json:"name"`
-	DisplayName string `json:"displayName,omitempty"`
-	Description string `json:"description,omitempty"`
-	// Type is the type constraint as Terraform spells it: string, number, bool, list(string),
-	// map(number), object({...}); "any" when the variable has none.
-	Type string `json:"type"`
-	// Default is the default value (JSON); absent when there is none, or when Sensitive.
-	Default   json.RawMessage `json:"default,omitempty"`
-	Required  bool            `json:"required"`
-	Sensitive bool            `json:"sensitive,omitempty"`
-	Nullable  bool            `json:"nullable"`
-	// Choices, when set, are the only values allowed (JSON values of Type).
-	Choices []json.RawMessage `json:"choices,omitempty"`
-	// Mutable is false when the value cannot change once the stack is built.
-	Mutable     bool         `json:"mutable"`
-	Order       int          `json:"order,omitempty"`
-	Validations []Validation `json:"validations,omitempty"`
-	File        string       `json:"file"`
-	Line        int          `json:"line"`
+	ptype.Parameter
 
 	ordered  bool // order is set
 	ty       cty.Type
@@ -75,10 +59,7 @@ type Parameter struct {
 }
 
 // Validation is a variable's validation block, as written.
-type Validation struct {
-	Condition    string `json:"condition"`
-	ErrorMessage string `json:"errorMessage"`
-}
+type Validation = ptype.ParameterValidation
 
 type rule struct {
 	cond, msg hcl.Expression
@@ -201,7 +182,7 @@ var validationSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: 
 
 // readVariable reads a variable block.
 func readVariable(f *file, b *hcl.Block) (Parameter, []error) {
-	p := Parameter{Name: b.Labels[0], Type: "any", Nullable: true, Mutable: true, File: f.name, Line: blockLine(b), ty: cty.DynamicPseudoType}
+	p := Parameter{Parameter: ptype.Parameter{Name: b.Labels[0], Type: "any", Nullable: true, Mutable: true, File: f.name, Line: blockLine(b)}, ty: cty.DynamicPseudoType}
 	var errs []error
 	bad := func(r hcl.Range, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s:%d: variable %q: %s", f.name, r.Start.Line, p.Name, fmt.Sprintf(format, args...)))
@@ -730,7 +711,7 @@ func (c *Config) TypedValue(name, s string) (any, error) {
 	if diags.HasErrors() {
 		return s, nil
 	}
-	p := Parameter{Name: name, Type: typeexpr.TypeString(ty), ty: ty, defaults: defs}
+	p := Parameter{Parameter: ptype.Parameter{Name: name, Type: typeexpr.TypeString(ty)}, ty: ty, defaults: defs}
 	val, err := p.parseString(s)
 	if err == nil {
 		val, err = p.convert(val)
