@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/filehash"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
@@ -55,22 +56,9 @@ func (kl *Klient) handleUpgrade() {
 // ownSHA256 is the SHA-256 of the running binary (computed once).
 func (kl *Klient) ownSHA256() string {
 	kl.up.sumOnce.Do(func() {
-		kl.up.sum, _ = fileSHA256("/proc/self/exe")
+		kl.up.sum, _ = filehash.SHA256("/proc/self/exe")
 	})
 	return kl.up.sum
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func (kl *Klient) upgrade(ctx context.Context, r *kite.Request, p *klientapi.UpgradeParams) (any, error) {

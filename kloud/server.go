@@ -15,9 +15,7 @@ package kloud
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/filehash"
 	"github.com/kloud-dev/kloud/internal/metrics"
 	"github.com/kloud-dev/kloud/internal/version"
 	"github.com/kloud-dev/kloud/kite"
@@ -515,18 +514,12 @@ func (s *Server) importFileKeys(ctx context.Context) error {
 }
 
 func (s *Server) loadKlient() {
-	f, err := os.Open(s.opts.KlientBin)
+	sum, err := filehash.SHA256(s.opts.KlientBin)
 	if err != nil {
 		s.log.Warn("no klient binary to serve at /dl/klient; machines cannot install their agent", "path", s.opts.KlientBin, "err", err)
 		return
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		s.log.Warn("read klient binary", "err", err)
-		return
-	}
-	s.klientSum = hex.EncodeToString(h.Sum(nil))
+	s.klientSum = sum
 }
 
 // Handle adds an HTTP handler (the web UI and its API add themselves).

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kloud-dev/kloud/internal/filehash"
 )
 
 // Test binaries and run directories live in the project's cache, never in the system temp
@@ -154,7 +156,7 @@ func buildStaged(root, dir, pkg, name string) (string, error) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
 	}
-	sum, err := fileSum(bin)
+	sum, err := filehash.SHA256(bin)
 	if err != nil {
 		return "", fmt.Errorf("test binary cache: %w", err)
 	}
@@ -198,19 +200,6 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
-}
-
-func fileSum(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // pruneBinaries removes cache entries not used for binMaxAge, all but the keepPerName most
