@@ -267,6 +267,20 @@ func (e *env) aliceKey() {
 	e.run("credential", "add", "--provider", "dummy", "--title", "mine", "--field", "token=abc123")
 }
 
+// members adds users of the default team with password and a key each; it returns their key
+// files by name.
+func (e *env) members(password string, names ...string) map[string]string {
+	pw := filepath.Join(e.t.TempDir(), "password")
+	os.WriteFile(pw, []byte(password+"\n"), 0o600)
+	keys := map[string]string{}
+	for _, u := range names {
+		e.run("user", "add", u, "--team", "default", "--password-file", pw)
+		keys[u] = filepath.Join(e.dir, u+".key")
+		e.run("key", "create", "--username", u, "--out", keys[u])
+	}
+	return keys
+}
+
 func (e *env) template(content string) string {
 	f := filepath.Join(e.t.TempDir(), "main.tf")
 	os.WriteFile(f, []byte(content), 0o644)

@@ -27,15 +27,8 @@ import (
 func TestLocalPorts(t *testing.T) {
 	node, script, _ := browserPrereqs(t)
 	e := newLocalEnv(t)
-	pw := filepath.Join(t.TempDir(), "password")
 	password := "ports-pass-1"
-	os.WriteFile(pw, []byte(password+"\n"), 0o600)
-	keys := map[string]string{}
-	for _, u := range []string{"alice", "bob", "carol"} {
-		e.run("user", "add", u, "--team", "default", "--password-file", pw)
-		keys[u] = filepath.Join(e.dir, u+".key")
-		e.run("key", "create", "--username", u, "--out", keys[u])
-	}
+	keys := e.members(password, "alice", "bob", "carol")
 	marker := "kloud-ports-" + randomWord()
 	// The server must not hold the script's output open (kloud waits for the script's end).
 	serve := "#!/bin/bash\nmkdir -p /srv/www && echo " + marker + " > /srv/www/index.html\n" +

@@ -36,14 +36,7 @@ func TestLocalSSH(t *testing.T) {
 		testutil.RequireBinary(t, b)
 	}
 	e := newLocalEnv(t)
-	pw := filepath.Join(t.TempDir(), "password")
-	os.WriteFile(pw, []byte("ssh-pass-1\n"), 0o600)
-	keys := map[string]string{}
-	for _, u := range []string{"alice", "bob", "dave"} {
-		e.run("user", "add", u, "--team", "default", "--password-file", pw)
-		keys[u] = filepath.Join(e.dir, u+".key")
-		e.run("key", "create", "--username", u, "--out", keys[u])
-	}
+	keys := e.members("ssh-pass-1", "alice", "bob", "dave")
 	marker := "kloud-ssh-" + randomWord()
 	serve := "#!/bin/bash\nmkdir -p /srv/www && echo " + marker + " > /srv/www/index.html\n" +
 		"setsid python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv/www >/dev/null 2>&1 < /dev/null &"
