@@ -80,7 +80,7 @@ func (cl *Client) loop() {
 			if cl.opts.OnError != nil {
 				cl.opts.OnError(err)
 			}
-			if !sleepCtx(cl.ctx, backoff(attempt, cl.opts.MinBackoff, cl.opts.MaxBackoff)) {
+			if !Sleep(cl.ctx, backoff(attempt, cl.opts.MinBackoff, cl.opts.MaxBackoff)) {
 				return
 			}
 			attempt++
@@ -105,7 +105,7 @@ func (cl *Client) loop() {
 			cl.k.log.Info("kite connection lost, reconnecting", "url", cl.opts.URL, "err", c.Err())
 			// A short pause even after a good session: a server that accepts and drops at once
 			// must not be hammered.
-			if !sleepCtx(cl.ctx, backoff(0, cl.opts.MinBackoff, cl.opts.MaxBackoff)) {
+			if !Sleep(cl.ctx, backoff(0, cl.opts.MinBackoff, cl.opts.MaxBackoff)) {
 				return
 			}
 		}
@@ -151,7 +151,9 @@ func backoff(attempt int, min, max time.Duration) time.Duration {
 	return min + time.Duration(rand.Int64N(int64(ceil-min)))
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// Sleep waits d, or less when ctx ends first (false): the reconnecting client's wait between
+// attempts, for other reconnect loops too (kloud ssh's).
+func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -238,7 +238,7 @@ func (c *Conn) Call(ctx context.Context, method string, params, result any) erro
 		}
 		budget -= wait
 		c.k.log.Debug("kite call rate limited, sending it again", "method", method, "wait", wait)
-		if !sleepCtx(ctx, wait) {
+		if !Sleep(ctx, wait) {
 			return err
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -166,7 +167,7 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 				if time.Now().After(deadline) || ctx.Err() != nil {
 					return fmt.Errorf("%s%w", nl, err)
 				}
-				if !sleepCtx(ctx, reattachDelay(attempt)) {
+				if !kite.Sleep(ctx, reattachDelay(attempt)) {
 					return ctx.Err()
 				}
 				continue
@@ -210,7 +211,7 @@ func (g *globals) ssh(ctx context.Context, name, session, mode string) error {
 		if mode == klientapi.ModeReadonly {
 			t.mode = klientapi.ModeReadonly
 		}
-		if !sleepCtx(ctx, reattachDelay(attempt)) {
+		if !kite.Sleep(ctx, reattachDelay(attempt)) {
 			return ctx.Err()
 		}
 	}
@@ -223,18 +224,6 @@ const reattachFor = time.Minute
 // reattachDelay is the wait before attempt n (0, 1, …) of attaching again: 0.25 s doubling to 4 s.
 func reattachDelay(n int) time.Duration {
 	return min(250*time.Millisecond<<min(n, 4), 4*time.Second)
-}
-
-// sleepCtx waits d, or less when ctx ends (false).
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // sshTerm is one `kloud ssh` attachment: what it dials, again after a lost connection.
