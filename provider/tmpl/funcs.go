@@ -15,7 +15,9 @@ import (
 // alltrue and anytrue with Terraform's meaning. A condition calling any other function is left
 // to Terraform's plan. Left out on purpose, since kloud evaluates in its own process what any
 // team member writes: functions whose result can be made huge from a small call (range,
-// setproduct, format and formatlist with a width). A new map each call.
+// setproduct, format and formatlist with a width). Conditions with loops in loops are left to
+// Terraform too (rule.loops), and values are bounded (MaxValueElements): what one loop over a
+// value costs stays small. A new map each call.
 func Functions() map[string]function.Function {
 	return map[string]function.Function{
 		"abs": stdlib.AbsoluteFunc, "ceil": stdlib.CeilFunc, "floor": stdlib.FloorFunc, "log": stdlib.LogFunc,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math/big"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -64,6 +65,67 @@ type Validation = ptype.ParameterValidation
 type rule struct {
 	cond, msg hcl.Expression
 	msgText   string
+	// costly: the condition or the message loops (a for expression, a template's for
+	// directive) or calls distinct: work quadratic in the values a stack's creator sends (two
+	// nested loops over a list of 3,000 items took 27 s of kloud's CPU). kloud evaluates it
+	// only over small values (smallValues), and never loops in loops (nested): Terraform's
+	// plan checks those, in its sandbox.
+	costly, nested bool
+}
+
+// costlyWord finds a loop or a call of distinct in an expression's source (also the words in a
+// string literal: such a rule may be left to Terraform, which checks it anyway).
+var costlyWord = regexp.MustCompile(`\bfor\b|\bdistinct\b`)
+
+// costlyRule says whether the rule of condition cond and message msg (their sources) is costly,
+// and whether it nests loops.
+func costlyRule(cond, msg string) (costly, nested bool) {
+	loops := 0
+	for _, w := range append(costlyWord.FindAllString(cond, -1), costlyWord.FindAllString(msg, -1)...) {
+		costly = true
+		if w == "for" {
+			loops++
+		}
+	}
+	return costly, loops > 1
+}
+
+// smallElements and smallBytes bound the values (all of them together) that kloud evaluates a
+// costly rule over: what a loop calling a function over a value costs stays small (cty compares
+// values slowly: a loop calling contains over a list of 2,000 items took 8 s on a loaded host;
+// a string splits into as many elements as it has bytes).
+const (
+	smallElements = 200
+	smallBytes    = 256
+)
+
+// smallValues says whether vals are within smallElements and smallBytes.
+func smallValues(vals map[string]cty.Value) bool {
+	elems, bytes := 0, 0
+	for _, v := range vals {
+		n, b := valueSize(v)
+		elems, bytes = elems+n, bytes+b
+	}
+	return elems <= smallElements && bytes <= smallBytes
+}
+
+// valueSize is v's elements (nested ones too) and bytes (of its strings).
+func valueSize(v cty.Value) (elems, bytes int) {
+	if !v.IsKnown() || v.IsNull() {
+		return 0, 0
+	}
+	switch {
+	case v.Type() == cty.String:
+		return 0, len(v.AsString())
+	case v.CanIterateElements():
+		for it := v.ElementIterator(); it.Next(); {
+			k, e := it.Element()
+			n, b := valueSize(e)
+			_, kb := valueSize(k)
+			elems, bytes = elems+1+n, bytes+b+kb
+		}
+	}
+	return elems, bytes
 }
 
 // Preset is a named set of parameter values.
@@ -250,6 +312,7 @@ func readVariable(f *file, b *hcl.Block) (Parameter, []error) {
 		}
 		cond, msg := vc.Attributes["condition"], vc.Attributes["error_message"]
 		r := rule{cond: cond.Expr, msg: msg.Expr}
+		r.costly, r.nested = costlyRule(exprSource(f, cond.Expr), exprSource(f, msg.Expr))
 		if v, diags := msg.Expr.Value(nil); !diags.HasErrors() && v.Type().Equals(cty.String) && v.IsKnown() && !v.IsNull() {
 			r.msgText = v.AsString()
 		} else {
@@ -597,11 +660,12 @@ func (ps *Params) Resolve(in Input) (map[string]string, error) {
 	if len(all) > 0 {
 		ctx.Variables["var"] = cty.ObjectVal(all)
 	}
+	small := smallValues(all)
 	for _, p := range ps.Parameters {
 		if _, given := vals[p.Name]; !given {
 			continue
 		}
-		if msg, failed := p.validate(ctx); failed {
+		if msg, failed := p.validate(ctx, small); failed {
 			refuse(p.Name, "%s", msg)
 		}
 	}
@@ -631,8 +695,11 @@ func (p *Parameter) about() string {
 
 // validate evaluates p's validation conditions; failed with Terraform's error_message when one
 // is false. Conditions that cannot be evaluated here are left to Terraform.
-func (p *Parameter) validate(ctx *hcl.EvalContext) (string, bool) {
+func (p *Parameter) validate(ctx *hcl.EvalContext, small bool) (string, bool) {
 	for _, r := range p.rules {
+		if r.nested || r.costly && !small {
+			continue // Terraform's plan checks it, in its sandbox (rule.costly)
+		}
 		v, diags := r.cond.Value(ctx)
 		if diags.HasErrors() || !v.IsKnown() || v.IsNull() {
 			continue // an unknown function or variable: Terraform's plan checks it

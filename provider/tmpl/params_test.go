@@ -377,4 +377,53 @@ variable "untyped" {
 	if err == nil || !strings.Contains(err.Error(), `parameter "untyped": a string is needed`) {
 		t.Fatalf("a list for an untyped variable: %v", err)
 	}
+
+	// Work beyond linear in the values a stack's creator sends is Terraform's to do (in its
+	// sandbox), never kloud's: loops in loops always (in the condition, or a for directive in
+	// the message of a condition that loops), one loop or distinct over values beyond 200
+	// elements or 256 bytes of text. Each condition is false for the values below, so a refusal means kloud evaluated it.
+	costly := paramsOf(t, `variable "l" {
+  type    = list(string)
+  default = []
+  validation {
+    condition     = length([for a in var.l : [for b in var.l : a]]) == 0
+    error_message = "nested: never evaluated by kloud"
+  }
+  validation {
+    condition     = length([for a in var.l : a]) > 0 && length(var.l) == 0
+    error_message = "%{for a in var.l}${join(",", var.l)}%{endfor}"
+  }
+}
+variable "m" {
+  type = list(string)
+  default = ["a"]
+  validation {
+    condition     = length([for a in var.m : a if contains(var.m, a)]) == 0
+    error_message = "one loop"
+  }
+  validation {
+    condition     = length(distinct(var.m)) == 0
+    error_message = "distinct"
+  }
+}
+`)
+	if _, err := costly.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"l": json.RawMessage(`["a", "b"]`)}}); err != nil {
+		t.Fatalf("conditions with loops in loops are Terraform's to check: %v", err)
+	}
+	// One loop, and distinct, over small values: kloud checks them.
+	_, err = costly.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"m": json.RawMessage(`["a", "b"]`)}})
+	if err == nil || !strings.Contains(err.Error(), "one loop") {
+		t.Fatalf("one loop over a small list: %v", err)
+	}
+	// Over a list of 2,000 items: Terraform's.
+	big := make([]string, 2000)
+	for i := range big {
+		big[i] = `"x"`
+	}
+	if _, err := costly.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"m": json.RawMessage("[" + strings.Join(big, ",") + "]")}}); err != nil {
+		t.Fatalf("a loop and distinct over 2,000 items are Terraform's to check: %v", err)
+	}
+	if _, err := costly.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"m": json.RawMessage(`["` + strings.Repeat("y", 1<<10) + `"]`)}}); err != nil {
+		t.Fatalf("a loop over 1 KiB of text is Terraform's to check: %v", err)
+	}
 }
