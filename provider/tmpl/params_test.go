@@ -410,6 +410,24 @@ variable "m" {
 	if _, err := costly.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"l": json.RawMessage(`["a", "b"]`)}}); err != nil {
 		t.Fatalf("conditions with loops in loops are Terraform's to check: %v", err)
 	}
+	// Nothing of the host: kloud has no function that reads a file or the environment, so a
+	// condition calling one is Terraform's (in its sandbox) and kloud reads nothing.
+	host := paramsOf(t, `variable "s" {
+  type = string
+  validation {
+    condition     = length(file("/proc/self/environ")) == 0 && length(templatefile("/etc/hostname", {})) == 0
+    error_message = "kloud read a file of its host"
+  }
+}
+`)
+	if _, err := host.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"s": json.RawMessage(`"x"`)}}); err != nil {
+		t.Fatalf("a condition reading host files: %v", err)
+	}
+	for _, name := range []string{"file", "templatefile", "fileexists", "filebase64", "env", "pathexpand"} {
+		if _, ok := tmpl.Functions()[name]; ok {
+			t.Errorf("kloud evaluates conditions with %s, which reaches its host", name)
+		}
+	}
 	// One loop, and distinct, over small values: kloud checks them.
 	_, err = costly.Resolve(tmpl.Input{Values: map[string]json.RawMessage{"m": json.RawMessage(`["a", "b"]`)}})
 	if err == nil || !strings.Contains(err.Error(), "one loop") {
