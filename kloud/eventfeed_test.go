@@ -149,4 +149,16 @@ func TestEventWatch(t *testing.T) {
 			t.Errorf("event.watch %+v: %v, want invalid params", p, err)
 		}
 	}
+
+	// A connection holds at most MaxEventStreams: a page (or a script) cannot make kloud keep
+	// subscribers without end.
+	hog := api.NewClient(e.Dial("alice"))
+	for i := range kloud.MaxEventStreams {
+		if _, err := hog.EventWatch(ctx, api.EventWatchParams{Topics: []string{"machines"}}); err != nil {
+			t.Fatalf("stream %d of %d: %v", i+1, kloud.MaxEventStreams, err)
+		}
+	}
+	if _, err := hog.EventWatch(ctx, api.EventWatchParams{Topics: []string{"machines"}}); !errors.Is(err, kite.ErrRateLimited) {
+		t.Errorf("stream %d on one connection: %v, want refused", kloud.MaxEventStreams+1, err)
+	}
 }

@@ -9,3 +9,6 @@ func AppURL(s *Server, machineID string, port int) string { return s.relay.AppUR
 // PollMetrics refreshes the machines' figures and the quota use of s once (the background task
 // does it every Options.MetricsInterval; the external tests call it to not wait).
 func PollMetrics(ctx context.Context, s *Server) { s.metrics.poller.Poll(ctx) }
+
+// MaxEventStreams is maxEventStreams, for TestEventWatch.
+const MaxEventStreams = maxEventStreams
