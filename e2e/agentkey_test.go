@@ -28,7 +28,7 @@ import (
 )
 
 func TestLocalAgentKeyAndSharedShells(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 	aliceKey := e.key

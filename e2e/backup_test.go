@@ -19,7 +19,7 @@ import (
 // backup, a restore into a data dir that is not empty, a keyless backup without --secret-key
 // or with a wrong one.
 func TestBackupRestore(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newEnv(t)
 	e.alice()
 	aliceKey := e.key

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,9 +25,9 @@ const chromiumPath = "/usr/bin/chromium"
 func browserPrereqs(t *testing.T) (node, script, out string) {
 	t.Helper()
 	// Browser tests run beside the package's other parallel tests, one Chromium at a time
-	// (browserMu, held by runBrowserScript): serial, they kept every parallel test waiting for
-	// their 7 minutes.
-	t.Parallel()
+	// (lockBrowser, held by runBrowserScript; sched_test.go): serial, they kept every parallel
+	// test waiting for their 7 minutes.
+	parallel(t)
 	if _, err := os.Stat(chromiumPath); err != nil {
 		testutil.Unavailable(t, "test needs Chromium at %s (Debian packages chromium, chromium-driver: scripts/setup-browser.sh)", chromiumPath)
 	}
@@ -78,21 +77,6 @@ func runUI(t *testing.T, e *env, node, script, out string, settings ...string) {
 		"kill":  func() error { e.kill(); return nil },
 		"start": func() error { e.start(); return nil },
 	}, settings...)
-}
-
-// browserMu lets one Chromium run at a time: on 2 cores, beside the other parallel tests, two
-// browsers at once slow each other past their waits.
-var browserMu sync.Mutex
-
-// lockBrowser holds browserMu until unlock is called (when the browser has exited) or the test
-// ends, whichever comes first: a test's work after its browser run (destroying its stacks,
-// stopping its kloud) does not keep the next browser test waiting.
-func lockBrowser(t *testing.T) (unlock func()) {
-	browserMu.Lock()
-	var once sync.Once
-	unlock = func() { once.Do(browserMu.Unlock) }
-	t.Cleanup(unlock)
-	return unlock
 }
 
 // browserCommand runs node with script under nice -n -10: the browser stands for a user's

@@ -26,7 +26,7 @@ import (
 // the server itself refuses its writes (403); after unshare the same key gets 403; destroying
 // the stack deletes the bucket without retain and keeps the one with retain, data and all.
 func TestLocalBuckets(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	if os.Getenv(seaweedtest.EnvWeed) == "" {
 		testutil.Unavailable(t, "$%s (SeaweedFS's weed, built by scripts/setup.sh) is not set: kloud serve starts no S3 server", seaweedtest.EnvWeed)
 	}

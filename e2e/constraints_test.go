@@ -40,7 +40,7 @@ resource "kloudlocal_machine" "box" {
 // allowed and the nearest valid value, and nothing is created; a machine within them is built
 // and, inside, df shows its disk quota, free its memory and nproc its CPUs.
 func TestLocalConstraints(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 

@@ -144,7 +144,7 @@ func containerID(m machine) string { s, _ := m.Attributes["id"].(string); return
 // network of the stack (docker ps -a, docker volume ls, docker network ls). On the way, the
 // snapshot walk-through (snapshotRestoresFile) on the other machine.
 func TestDockerStack(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newDockerEnv(t)
 	e.alice()
 	tid := e.template(dockerTemplate("dev", 2))
@@ -220,7 +220,7 @@ func TestDockerStack(t *testing.T) {
 // the agents, and starts it again: the build resumes and ends with both machines Running (or
 // fails saying why, no machine left Building), and destroy leaves nothing on the daemon.
 func TestDockerKloudKilledMidBuild(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	for _, tc := range []struct {
 		name    string
 		percent int

@@ -16,7 +16,7 @@ import (
 // required check, twice, also as --json; with a terraformer of its own that is then stopped, it
 // names the terraformer, says what to do and exits 1; a member may not run it.
 func TestDoctor(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newEnv(t)
 	for range 2 {
 		out := e.run("doctor")

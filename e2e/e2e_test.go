@@ -32,6 +32,7 @@ var bin string // directory of the built binaries
 // first (a -timeout panic), the next run removes it.
 func TestMain(m *testing.M) {
 	sandbox.MaybeRunInit() // first: a local machine a test creates itself boots from this binary (gc_test.go)
+	setupSched()           // sched_test.go
 	dir, remove, err := testutil.RunDir("e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -292,7 +293,7 @@ func (e *env) template(content string) string {
 // TestWalkthrough walks a stack's life with the dummy provider (no root needed), step by step
 // through the CLI.
 func TestWalkthrough(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newEnv(t)
 	e.alice()
 	tid := e.template(`
@@ -359,7 +360,7 @@ resource "terraform_data" "vm" {
 // own; after a restart the interrupted job is resolved (resumed to the end), no machine stays
 // in Building, the lease is free again, and destroy leaves nothing behind.
 func TestKloudKilledMidApply(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newTerraformerEnv(t, testutil.FreeLoopback(t), "")
 	e.alice()
 	tid := e.template(`

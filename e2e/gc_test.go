@@ -57,7 +57,7 @@ func (e *localEnv) behindBack(fn func(ctx context.Context, st *store.Store), ext
 // last machine.
 // Every machine carries kloud's tags (stack, team, owner, machine, instance).
 func TestLocalGC(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 	sid := e.createStack(e.template(localTemplate("gc", 2, "#!/bin/bash\necho gc")))

@@ -30,7 +30,7 @@ import (
 )
 
 func TestLocalShellsOutliveKlient(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	// kloud serves a copy of klient that the test replaces with newer ones (a trailer appended:
 	// another sha256, the same program).
 	klientCopy := filepath.Join(t.TempDir(), "klient")

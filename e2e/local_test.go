@@ -238,7 +238,7 @@ func randomWord() string {
 // back, the file written before the stop still there); destroys the stack and checks from the
 // host that nothing of it is left.
 func TestLocalStack(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 	tid := e.template(localTemplate("web", 2, `#!/bin/bash
@@ -370,7 +370,7 @@ echo "user script ran on $(hostname)" > /root/user-script-ran`))
 // state is what the sandbox says: it runs, with its agent, so the user can look at it), and the
 // stack's reason counts it as not ready.
 func TestLocalUserScriptFails(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 	tid := e.template(localTemplate("bad", 1, `#!/bin/bash
@@ -427,7 +427,7 @@ exit 3`))
 // agents, and starts it again: the interrupted job ends (the stack is built, or it fails with a
 // reason), no machine stays Building, and destroy leaves nothing on the host.
 func TestLocalKloudKilledMidBuild(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	for _, tc := range []struct {
 		name    string
 		percent int    // kill once the job has reached this
@@ -455,7 +455,7 @@ func TestLocalKloudKilledMidBuild(t *testing.T) {
 // state dir, bridge and subnet (as two klouds with the defaults do): each restart's startup tidy
 // and each kloud's gc leave the other kloud's running machines alone, and each machine records its kloud's instance.
 func TestLocalTwoKlouds(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	h := tfprovidertest.NewHost(t)
 	a := newLocalEnvOn(t, h)
 	a.alice()

@@ -18,7 +18,7 @@ import (
 // has lines that all carry the same requestId, user alice and method user.add; a failed login
 // (HTTP) has a line carrying the request id kloud sent back as X-Request-Id and its method.
 func TestJSONLogs(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newEnv(t, "--log-format", "json", "--log-level", "debug")
 	e.alice()
 	if out, err := e.try("user", "add", "mallory"); err == nil {

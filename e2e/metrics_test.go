@@ -136,7 +136,7 @@ func (p *prometheus) waitFor(q string, min, max float64) {
 // the job and its duration, the agents, the planner's waits, the machines' figures, the quota use
 // and terraform's runs, and saw the job running and agents being waited for while it built.
 func TestPrometheusScrapesKloud(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	maddr, tfaddr := testutil.FreeLoopback(t), testutil.FreeLoopback(t)
 	e := newEnv(t, "--metrics-addr", maddr, "--metrics-interval", "1s", "--terraformer-metrics-addr", tfaddr)
 	if !strings.Contains(e.kloudOut.String(), "metrics: http://"+maddr+"/metrics") {

@@ -136,7 +136,7 @@ func (e *env) logProbe(name string) (pluginProbe, bool) {
 // version and capabilities, its HTTP service is served under /provider/NAME/; killed, it is back
 // and serving within seconds; when kloud stops, no process of it is left.
 func TestPluginLaunchedSandboxedRestarted(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newPluginEnv(t)
 	out := e.run("provider", "install", testPluginBin(t), "--name", "testplug", "--wait", "60s")
 	t.Logf("provider install:\n%s", out)
@@ -264,7 +264,7 @@ func TestPluginLaunchedSandboxedRestarted(t *testing.T) {
 // TestPluginVersionMismatch: a plugin that speaks only plugin API version 99 is refused; kloud's
 // log and provider list say which versions each side speaks.
 func TestPluginVersionMismatch(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newPluginEnv(t)
 	e.run("provider", "install", testPluginBin(t), "--name", "badver", "--wait", "0")
 	st := e.waitProvider("badver", 30*time.Second, func(s api.ProviderStatus) bool {
@@ -283,7 +283,7 @@ func TestPluginVersionMismatch(t *testing.T) {
 // registers and is listed connected, remote; its key can call no user method (-32002); when it
 // exits it is listed not connected.
 func TestPluginRemote(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newPluginEnv(t)
 	keyFile := filepath.Join(t.TempDir(), "remote.key")
 	out := e.run("key", "create", "--provider", "remote", "--out", keyFile)
@@ -350,7 +350,7 @@ func TestPluginRemote(t *testing.T) {
 // TestPluginKilledMidBuild: a plugin killed while kloud waits for its ApplyTemplate fails the
 // build's step with a reason naming the plugin; the stack ends Failed.
 func TestPluginKilledMidBuild(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newPluginEnv(t)
 	e.run("provider", "install", testPluginBin(t), "--name", "blocky", "--wait", "60s")
 	tid := e.template(`
@@ -399,7 +399,7 @@ func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
 // with kloud's privileges, logged at WARN; a plugin named like an in-tree provider is not
 // launched, and says why in kloud's log.
 func TestPluginUnsandboxedAndBuiltinName(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testutil.RequireRoot(t)
 	e := newEnv(t, "--plugin-unsandboxed", "freeplug")
 	e.run("provider", "install", testPluginBin(t), "--name", "freeplug", "--wait", "60s")
@@ -431,7 +431,7 @@ func TestPluginUnsandboxedAndBuiltinName(t *testing.T) {
 // --plugin-insecure-no-sandbox (development) they run, with kloud's own privileges, and kloud
 // warns.
 func TestPluginWithoutRoot(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testutil.RequireRoot(t) // to run kloud as another user
 	const nobody = 65534
 	for _, insecure := range []bool{false, true} {

@@ -11,7 +11,7 @@ import (
 )
 
 func TestLocalPortsClose(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 	sid := e.createStack(e.template(localTemplate("dev", 1, "#!/bin/bash\ntrue")))

@@ -353,7 +353,7 @@ func (r *docRun) check(c docCommand, out string) {
 // TestDocsChecked needs no kloud: every tested command of the README and the guides has its
 // check in docChecks (so a new example fails here at once, also where TestReadme skips).
 func TestDocsChecked(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	n := 0
 	for _, f := range []struct{ file, info string }{
 		{"README.md", "sh tested"}, {"docs/user-guide.md", "sh tested"}, {"docs/admin-guide.md", "sh tested"},
@@ -438,7 +438,7 @@ func newDocRun(t *testing.T, e *env, key string) *docRun {
 }
 
 func TestReadme(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	tour := fencedBlocks(t, "README.md", "sh tested")
 	if len(tour) != 1 {
 		t.Fatalf("README.md has %d tested blocks, want one: the tour", len(tour))
@@ -484,7 +484,7 @@ func TestReadme(t *testing.T) {
 
 // TestDocsDocker builds the user guide's docker template with its commands, on a private dockerd.
 func TestDocsDocker(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	tf := fencedBlocks(t, "docs/user-guide.md", "hcl tested docker")
 	cmds := fencedBlocks(t, "docs/user-guide.md", "sh tested docker")
 	e := newDockerEnv(t)
@@ -506,7 +506,7 @@ func TestDocsDocker(t *testing.T) {
 // which the test runs her klient --vagrant (the user guide's host set-up, whose base image the
 // test imports into the docker daemon of Vagrant's docker provider, as kloud/machine:bookworm).
 func TestDocsVagrant(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	tf := fencedBlocks(t, "docs/user-guide.md", "hcl tested vagrant")
 	cmds := fencedBlocks(t, "docs/user-guide.md", "sh tested vagrant")
 	admin := fencedBlocks(t, "docs/admin-guide.md", "sh tested vagrant-host")

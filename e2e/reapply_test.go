@@ -52,7 +52,7 @@ func writeKept(ms map[string]machine, word string, write func(m machine, script 
 // kloud adds its own to) applied again, twice: both times a success that keeps the machines.
 // Then one machine is destroyed behind kloud's back: apply builds only that one again.
 func TestLocalReapply(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 	tid := e.template(`terraform {
@@ -110,7 +110,7 @@ resource "kloudlocal_machine" "dev" {
 
 // TestDockerReapply: a built stack of a docker machine applied again keeps it.
 func TestDockerReapply(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newDockerEnv(t)
 	e.alice()
 	sid := e.createStack(e.template(dockerTemplate("dev", 1)))
@@ -127,7 +127,7 @@ func TestDockerReapply(t *testing.T) {
 
 // TestVagrantReapply: a built stack of a vagrant machine applied again keeps it.
 func TestVagrantReapply(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newVagrantEnv(t)
 	sid := e.createStack(e.template(vagrantTemplate("dev", 1, `#!/bin/bash
 echo hi > /root/user-script-ran`)))

@@ -8,7 +8,7 @@ import (
 // TestLocalSnapshot: the README's snapshot walk-through on a real local machine through the CLI
 // (snapshotRestoresFile): snapshot → write a file → restore → the file is gone.
 func TestLocalSnapshot(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 	sid := e.createStack(e.template(localTemplate("snap", 1, "#!/bin/bash\necho hi > /root/user-script-ran")))

@@ -48,7 +48,7 @@ resource "kloudlocal_machine" "web" {
 }
 
 func TestLocalStackUpdate(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newLocalEnv(t)
 	e.alice()
 	tid := e.template(updateTemplate(2, false))
@@ -220,7 +220,7 @@ func killedUpdateRev(n int, withOld bool) string {
 // it failed, `stack apply` converges it); no machine stays Building or Terminating, no label is
 // recorded twice, the kept machine keeps its record and key, and destroy leaves nothing.
 func TestKloudKilledMidUpdate(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newTerraformerEnv(t, testutil.FreeLoopback(t), "")
 	e.alice()
 	tid := e.template(killedUpdateRev(0, true))

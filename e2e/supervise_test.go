@@ -127,7 +127,7 @@ func terraformerChild(t *testing.T, kloud int) osProc {
 // logs the exit with its cause; once it can, a new one serves the next plan and build within
 // seconds, with no restart of kloud.
 func TestTerraformerKilledIsRestarted(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	tfAddr := testutil.FreeLoopback(t)
 	e := newEnv(t, "--terraformer-addr", tfAddr)
 	e.alice()
@@ -230,7 +230,7 @@ resource "terraform_data" "vm" {
 // are gone within seconds; a restarted kloud ends the build honestly (finished or failed, no
 // machine left in Building) and the stack can be destroyed.
 func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t))
 	sid, jobID, tf := startLongApply(t, e)
 
@@ -268,7 +268,7 @@ func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 // terraform run and everything it started die with it; kloud (still running) starts a new
 // terraformer, the build ends failed (its run died), and the next build of the stack succeeds.
 func TestTerraformerKilledMidApply(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t))
 	sid, jobID, tf := startLongApply(t, e)
 	victims := whenApplying(t, e, tf.pid, func() { syscall.Kill(tf.pid, syscall.SIGKILL) })
@@ -360,7 +360,7 @@ func procList(ps []osProc) string {
 // to use; a build then fails within seconds of the machine's first download attempts, naming
 // the step and curl's error from the machine's console, not after the 5 minute agent timeout.
 func TestLocalAgentDownloadRefused(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	h := tfprovidertest.NewHost(t) // gates on root, ip, nsenter, the base image
 	testutil.RequireBinary(t, "curl")
 	addr := testutil.FreeLoopback(t) // 127.0.0.1:N

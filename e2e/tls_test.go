@@ -20,7 +20,7 @@ import (
 // session cookie is Secure; the terraformer kloud starts serves https; and a dummy machine's
 // klient, given the CA by its user data, downloads itself and registers over wss.
 func TestTLS(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testutil.RequireBinary(t, "terraform")
 	testutil.RequireBinary(t, "curl")
 	files := testutil.TestTLS(t)
@@ -117,7 +117,7 @@ resource "terraform_data" "vm" {
 // wss on loopback, trusting kloud's CA (KLOUD_PLUGIN_CA) and checking the certificate against
 // the public URL's host (KLOUD_PLUGIN_TLS_SERVER_NAME), and registers.
 func TestTLSPlugin(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	testutil.RequireRoot(t) // the plugin sandbox (and the launcher's uid change) need root
 	testutil.RequireBinary(t, "terraform")
 	files := testutil.TestTLS(t)

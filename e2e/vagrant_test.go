@@ -146,7 +146,7 @@ resource "kloudvagrant_machine" %q {
 // alice's), cloud-init's log in place; stops a machine (disk kept) and starts it again; destroys
 // the stack and checks that Vagrant and docker have nothing left.
 func TestVagrantStack(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newVagrantEnv(t)
 	tid := e.template(vagrantTemplate("web", 2, `#!/bin/bash
 echo "user script ran on $(hostname)" > /root/user-script-ran`))
@@ -209,7 +209,7 @@ echo "user script ran on $(hostname)" > /root/user-script-ran`))
 // reason), no machine stays Building, and after destroy neither Vagrant nor docker has anything
 // left (what an interrupted create left is swept when the host reconnects).
 func TestVagrantKloudKilledMidBuild(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	for _, tc := range []struct {
 		name    string
 		percent int
