@@ -123,9 +123,9 @@ func terraformerChild(t *testing.T, kloud int) osProc {
 }
 
 // TestTerraformerKilledIsRestarted: kill -9 of the terraformer kloud serve started → while it
-// cannot come back, a call that needs it fails at once with "terraformer unavailable" and kloud
-// logs the exit with its cause; once it can, a new one serves the next plan and build within
-// seconds, with no restart of kloud.
+// cannot come back, calls that need it (a plan, a stack create, a build) wait for it, the build's
+// job saying so, and kloud logs the exit with its cause; once it can, a new one serves them
+// within seconds, with no restart of kloud.
 func TestTerraformerKilledIsRestarted(t *testing.T) {
 	parallel(t)
 	tfAddr := testutil.FreeLoopback(t)
@@ -175,43 +175,64 @@ resource "terraform_data" "vm" {
 	}
 	defer release()
 
-	start := time.Now()
-	out, err := e.try("stack", "plan", "--template", tid)
-	took := time.Since(start)
-	t.Logf("plan while terraformer is down (%s): %v\n%s", took, err, out)
-	if err == nil || !strings.Contains(out, "terraformer unavailable") {
-		t.Fatalf("plan while terraformer is down: want a terraformer unavailable error, got %v:\n%s", err, out)
+	// While it is down, calls that need it wait for it (up to a minute), saying so, instead of
+	// failing at once with "terraformer unavailable: … restarting it in 6.691s" (issue 23): a
+	// plan, a stack create (it plans) and a build.
+	type result struct {
+		out  string
+		err  error
+		took time.Duration
 	}
-	if took > 5*time.Second {
-		t.Errorf("plan while terraformer is down failed after %s, not at once", took)
+	call := func(args ...string) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			start := time.Now()
+			out, err := e.try(args...)
+			ch <- result{out, err, time.Since(start)}
+		}()
+		return ch
 	}
-	if out, err := e.try("stack", "create", "--template", tid); err == nil || !strings.Contains(out, "terraformer unavailable") {
-		t.Fatalf("create while terraformer is down: %v\n%s", err, out)
-	}
-	for _, verb := range []string{"apply", "destroy"} {
-		start := time.Now()
-		out, err := e.try("stack", verb, sid)
-		t.Logf("%s while terraformer is down (%s): %v\n%s", verb, time.Since(start), err, out)
-		if err == nil || !strings.Contains(out, "terraformer unavailable") || time.Since(start) > 20*time.Second {
-			t.Fatalf("%s while terraformer is down: want it to fail at once with terraformer unavailable, got %v\n%s", verb, err, out)
-		}
-	}
+	plan := call("stack", "plan", "--template", tid)
+	create := call("stack", "create", "--template", tid, "--json")
+	out := e.run("stack", "apply", sid, "--detach")
+	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		o, _ := e.try("job", "get", jobID)
+		return strings.Contains(o, "waiting for the terraformer (restarting)")
+	}, "the build's job does not say it waits for the terraformer:\n%s", func() string { o, _ := e.try("job", "get", jobID); return o }())
 	// kloud logs the exit with its cause, and each restart (failing while we hold the address).
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		log := e.kloudOut.String()
 		return strings.Contains(log, `msg="terraformer exited"`) && strings.Contains(log, `cause="signal: killed"`) &&
 			strings.Contains(log, `msg="restarting terraformer"`) && strings.Contains(log, `msg="terraformer restart failed"`)
 	}, "kloud did not log terraformer's exit, its cause and the restarts:\n%s", e.kloudOut)
+	select {
+	case r := <-plan:
+		t.Fatalf("plan while terraformer is down ended before it came back (%s): %v\n%s", r.took, r.err, r.out)
+	default:
+	}
 
 	release()
 	back := time.Now()
-	testutil.Eventually(t, 20*time.Second, func() bool {
-		_, err := e.try("stack", "plan", "--template", tid)
-		return err == nil
-	}, "no terraformer serves a plan after its address was freed; kloud:\n%s", e.kloudOut)
-	t.Logf("a new terraformer served a plan %s after its address was free", time.Since(back).Round(time.Millisecond))
-	if d := time.Since(back); d > 15*time.Second {
-		t.Errorf("terraformer took %s to come back", d)
+	for name, ch := range map[string]chan result{"plan": plan, "create": create} {
+		r := <-ch
+		t.Logf("%s made while terraformer was down: %s, %s after its address was free: %v\n%s", name, r.took.Round(time.Millisecond), time.Since(back).Round(time.Millisecond), r.err, r.out)
+		if r.err != nil {
+			t.Errorf("%s made while terraformer was down failed: %v\n%s", name, r.err, r.out)
+		}
+		if name == "create" {
+			var created struct{ Stack struct{ ID string } }
+			if json.Unmarshal([]byte(r.out), &created) == nil && created.Stack.ID != "" {
+				defer e.run("stack", "destroy", created.Stack.ID)
+			}
+		}
+	}
+	final, _ := e.try("job", "watch", jobID)
+	var j struct{ Status, Error string }
+	e.runJSON(&j, "job", "get", jobID)
+	t.Logf("the build started while terraformer was down: %+v\n%s", j, final)
+	if j.Status != "succeeded" {
+		t.Fatalf("the build started while terraformer was down: %+v", j)
 	}
 	if nt := terraformerChild(t, e.kloud.Process.Pid); nt.pid == tf.pid {
 		t.Fatalf("the same terraformer %d still runs", tf.pid)
@@ -220,18 +241,20 @@ resource "terraform_data" "vm" {
 		t.Errorf("kloud did not log the restart:\n%s", e.kloudOut)
 	}
 
-	// The next build and destroy go through the new terraformer.
-	e.apply(sid)
+	// The destroy goes through the new terraformer.
 	e.run("stack", "destroy", sid)
 }
 
 // TestKloudKilledMidApplyLeavesNothing: kill -9 of kloud while terraform applies → its
 // terraformer (told by the kernel: Pdeathsig), the terraform run and everything that run started
-// are gone within seconds; a restarted kloud ends the build honestly (finished or failed, no
-// machine left in Building) and the stack can be destroyed.
+// are gone within seconds; a restarted kloud resumes the job at once, though its runner lease
+// (the default 30s) has not expired: the lease names the dead process of the same instance
+// (issue 23: every resumption took 31s); the resumed job runs terraform again (its run died
+// with its process; issue 23: such a job ended Failed) and the build succeeds, and the stack
+// can be destroyed.
 func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 	parallel(t)
-	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t))
+	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t), "--job-lease", "30s")
 	sid, jobID, tf := startLongApply(t, e)
 
 	// Kill kloud as soon as terraform apply runs under its terraformer.
@@ -241,13 +264,21 @@ func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 	assertGone(t, e, victims)
 
 	e.start()
+	resumed := e.resumedAfter(jobID)
+	t.Logf("the restarted kloud resumed job %s %s after it answered (target < 3s)", jobID, resumed.Round(time.Millisecond))
+	if resumed > 5*time.Second { // the 3s target, with slack for a loaded 2-core machine
+		t.Errorf("resumed %s after the restart, want < 3s (not the 30s job lease)", resumed)
+	}
 	final, _ := e.try("job", "watch", jobID)
 	t.Logf("after the restart:\n%s", final)
-	var j struct{ Status, Error string }
+	var j struct {
+		Status, Error string
+		Log           []string
+	}
 	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
 		t.Fatal(err)
 	}
-	if j.Status != "succeeded" && j.Status != "failed" {
+	if j.Status != "succeeded" {
 		t.Fatalf("job after the restart: %+v", j)
 	}
 	for l, m := range e.machines(sid) {
@@ -266,7 +297,8 @@ func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 
 // TestTerraformerKilledMidApply: kill -9 of kloud's terraformer while terraform applies → the
 // terraform run and everything it started die with it; kloud (still running) starts a new
-// terraformer, the build ends failed (its run died), and the next build of the stack succeeds.
+// terraformer, and the build runs terraform again on it (apply converges on the state the dead
+// run left) and succeeds; the stack is built again and destroyed.
 func TestTerraformerKilledMidApply(t *testing.T) {
 	parallel(t)
 	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t))
@@ -277,16 +309,19 @@ func TestTerraformerKilledMidApply(t *testing.T) {
 
 	final, _ := e.try("job", "watch", jobID)
 	t.Logf("the build:\n%s", final)
-	var j struct{ Status, Error string }
+	var j struct {
+		Status, Error string
+		Log           []string
+	}
 	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
 		t.Fatal(err)
 	}
-	if j.Status != "failed" || !strings.Contains(j.Error, "terraform") {
-		t.Fatalf("the build whose terraform run was killed: %+v", j)
+	if j.Status != "succeeded" || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "died with its process") }) {
+		t.Fatalf("the build whose terraform run was killed: want it run again and succeeded: %+v", j)
 	}
 	for l, m := range e.machines(sid) {
-		if m.State == "Building" {
-			t.Fatalf("%s stuck in Building: %+v", l, m)
+		if m.State != "Running" || m.Agent.Status != "connected" {
+			t.Fatalf("%s after the build: %+v", l, m)
 		}
 	}
 	if nt := terraformerChild(t, e.kloud.Process.Pid); nt.pid == tf.pid {
@@ -295,6 +330,20 @@ func TestTerraformerKilledMidApply(t *testing.T) {
 	// The next build goes through the new terraformer (once the dead one's lease expired).
 	e.apply(sid)
 	e.run("stack", "destroy", sid)
+}
+
+// resumedAfter returns how long after now job jobID, interrupted by a kill of kloud during its
+// first attempt, was taken by the restarted kloud (its second attempt), polling job get; at most
+// a minute.
+func (e *env) resumedAfter(jobID string) time.Duration {
+	e.t.Helper()
+	start := time.Now()
+	testutil.Eventually(e.t, time.Minute, func() bool {
+		var j struct{ Attempt int }
+		o, err := e.try("job", "get", jobID)
+		return err == nil && json.Unmarshal([]byte(o), &j) == nil && j.Attempt > 1
+	}, "job %s was not resumed", jobID)
+	return time.Since(start)
 }
 
 // whenApplying calls kill as soon as a terraform apply runs under terraformer tf, and returns

@@ -12,6 +12,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/tmpl"
@@ -242,7 +243,7 @@ func (w *bootstrapRun) start(ctx context.Context, i int, submit func() (string, 
 		w.tfJobs = append(w.tfJobs, w.prior[i])
 		return w.prior[i], nil
 	}
-	id, err := submit()
+	id, err := stackbuild.SubmitTF(ctx, w.j, submit) // waits for a restarting terraformer, or a run of the content still going
 	if err != nil {
 		return "", err
 	}

@@ -56,6 +56,10 @@ func wireError(err error) error {
 	if store.IsUnavailable(err) {
 		return &codedError{fmt.Errorf("store unavailable: %w", err), kite.ErrStoreUnavailable}
 	}
+	// The store's disk is full: nothing was written; it works again once there is space.
+	if store.IsDiskFull(err) {
+		return &codedError{fmt.Errorf("store unavailable: its disk is full, nothing was written (free space on the data directory's disk; no restart needed): %w", err), kite.ErrStoreUnavailable}
+	}
 	for _, m := range storeCodes {
 		if errors.Is(err, m.store) {
 			return &codedError{err, m.kite}

@@ -232,7 +232,10 @@ func (a *stackAPI) plan(ctx context.Context, contentID string, b *builtTemplate,
 	// template by the same user (concurrent stack.create, two tabs) waits for the other one, within
 	// the plan timeout, rather than failing with terraformer's "locked".
 	// (A plan cancelled while terraformer accepted its run: tfclient cancels that run.)
+	// A terraformer that is restarting is waited for (stackbuild.TFWait: up to a minute, said
+	// in the plan's log), also within the plan timeout.
 	var id string
+	var down stackbuild.TFWait
 	for {
 		id, err = tf.Plan(ctx, tfapi.Request{ContentID: contentID, Files: tfapi.Files(files), Variables: b.variables})
 		if err == nil {
@@ -241,8 +244,14 @@ func (a *stackAPI) plan(ctx context.Context, contentID string, b *builtTemplate,
 		if ctx.Err() != nil {
 			return nil, a.checks.planStopped(ctx)
 		}
+		if down.Retry(ctx, err, logf) {
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil, a.checks.planStopped(ctx)
+		}
 		if !errors.Is(err, kite.ErrConflict) {
-			return nil, fmt.Errorf("terraform plan: %w", err)
+			return nil, fmt.Errorf("terraform plan: %w", down.Err(err))
 		}
 		select {
 		case <-ctx.Done():

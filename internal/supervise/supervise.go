@@ -20,7 +20,7 @@ import (
 )
 
 // Process is one supervised child process. When it exits it is started again after a backoff
-// (100 ms, doubling up to 10 s; back to 100 ms after a minute of health), each exit and restart
+// (100 ms, doubling up to 10 s; back to 100 ms once it served 10 s), each exit and restart
 // logged with its cause. While it is down, OnDown has been told why; OnUp is called once the new
 // process answers.
 //
@@ -53,11 +53,14 @@ type Process struct {
 	OnDown func(cause error)
 	OnUp   func()
 
-	// Defaults: 100ms, 10s, 1 min, 30s, 20s.
+	// Defaults: 100ms, 10s, DefaultResetAfter (10s), 30s, 20s.
 	MinBackoff, MaxBackoff time.Duration
-	ResetAfter             time.Duration // healthy this long: the next restart waits MinBackoff again
-	StartTimeout           time.Duration // a start must answer Health within this
-	StopGrace              time.Duration // SIGTERM, then SIGKILL after this
+	// ResetAfter: a process that served this long since it answered is not crash-looping, so
+	// the restart after its exit waits MinBackoff again (a process killed now and then, a
+	// minute apart, must not wait ever longer).
+	ResetAfter   time.Duration
+	StartTimeout time.Duration // a start must answer Health within this
+	StopGrace    time.Duration // SIGTERM, then SIGKILL after this
 
 	mu       sync.Mutex
 	pid      int
@@ -75,7 +78,7 @@ func (s *Process) defaults() {
 		s.MaxBackoff = 10 * time.Second
 	}
 	if s.ResetAfter <= 0 {
-		s.ResetAfter = time.Minute
+		s.ResetAfter = DefaultResetAfter
 	}
 	if s.StartTimeout <= 0 {
 		s.StartTimeout = 30 * time.Second
@@ -136,6 +139,11 @@ func (s *Process) Stop() {
 	s.stopOnce.Do(func() { close(s.stopc) })
 	<-s.done
 }
+
+// DefaultResetAfter is Process.ResetAfter's default: 10s of service resets the backoff. It was a
+// minute: a terraformer killed a minute or so apart waited ever longer (6.7s by the seventh
+// kill) although it had served in between (issue 23).
+const DefaultResetAfter = 10 * time.Second
 
 // proc is one running process.
 type proc struct {

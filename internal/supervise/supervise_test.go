@@ -165,3 +165,49 @@ func TestSupervisorHealthFunc(t *testing.T) {
 		t.Fatal("the process that never became healthy still runs")
 	}
 }
+
+// TestSupervisorBackoffResetsAfterService: a process killed now and then, having served
+// DefaultResetAfter in between, is restarted after MinBackoff again, not after a backoff that
+// kept growing across kills (issue 23: 6.7s by the seventh kill of a terraformer killed about a
+// minute apart). Kills in quick succession still back off.
+func TestSupervisorBackoffResetsAfterService(t *testing.T) {
+	t.Parallel()
+	addr := testutil.FreeLoopback(t)
+	var mu sync.Mutex
+	var downs []string
+	s := &Process{
+		Name: "terraformer", Bin: os.Args[0], Args: []string{"-test.run=^TestSupervisedHelper$", "--", "kloud-helper", "serve", addr},
+		URL:    "http://" + addr,
+		OnDown: func(err error) { mu.Lock(); downs = append(downs, err.Error()); mu.Unlock() },
+	}
+	if err := s.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	kill := func(round int) {
+		t.Helper()
+		old := s.PID()
+		syscall.Kill(old, syscall.SIGKILL)
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			pid := s.PID()
+			return pid != 0 && pid != old && s.Restarts() == round && Healthz(t.Context(), nil, s.URL)
+		}, "round %d: not restarted", round)
+	}
+	for round := 1; round <= 3; round++ {
+		kill(round) // 100ms, 200ms, 400ms
+	}
+	time.Sleep(DefaultResetAfter + 500*time.Millisecond) // it serves
+	kill(4)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("downs: %q", downs)
+	if len(downs) != 8 {
+		t.Fatalf("%d downs, want 8", len(downs))
+	}
+	if d := downs[4]; !strings.Contains(d, "restarting it in 4") {
+		t.Errorf("third quick kill: %q, want a grown backoff (400ms)", d)
+	}
+	if d := downs[6]; !strings.Contains(d, "restarting it in 1") || strings.Contains(d, "restarting it in 1.") {
+		t.Errorf("kill after %s of service: %q, want the backoff reset (1xx ms)", DefaultResetAfter, d)
+	}
+}

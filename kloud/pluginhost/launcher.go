@@ -23,7 +23,7 @@ package pluginhost
 //	KLOUD_PLUGIN_STATE_DIR  its state directory
 //
 // Its stdout and stderr lines go to kloud's log with provider=NAME. When it exits it is started
-// again after a backoff (0.2 s doubling to 30 s, back to 0.2 s after a minute up); the exit, its
+// again after a backoff (0.2 s doubling to 30 s, back to 0.2 s after 10 s up); the exit, its
 // cause and the last lines it printed are the provider's lastError (provider.list). At shutdown
 // every plugin gets SIGTERM, then SIGKILL after 5 s; the launcher dies with kloud (Pdeathsig),
 // and everything in a plugin's pid namespace dies with it.
@@ -65,7 +65,7 @@ const (
 	DefaultRescan     = 2 * time.Second
 	DefaultMinBackoff = 200 * time.Millisecond
 	DefaultMaxBackoff = 30 * time.Second
-	DefaultResetAfter = time.Minute
+	DefaultResetAfter = 10 * time.Second // a plugin up this long is not crash-looping
 	DefaultStopGrace  = 5 * time.Second
 	DefaultKeyTTL     = 24 * time.Hour
 )
@@ -92,7 +92,7 @@ type LaunchOptions struct {
 	// Rescan is how often the plugin directory is read again (default 2s).
 	Rescan time.Duration
 	// MinBackoff, MaxBackoff: the wait before restarting a plugin that exited, doubling from
-	// MinBackoff (0.2s) up to MaxBackoff (30s); after ResetAfter (1 min) up, MinBackoff again.
+	// MinBackoff (0.2s) up to MaxBackoff (30s); after ResetAfter (10s) up, MinBackoff again.
 	MinBackoff, MaxBackoff, ResetAfter time.Duration
 	// StopGrace is how long a plugin has to exit after SIGTERM before SIGKILL (default 5s).
 	StopGrace time.Duration

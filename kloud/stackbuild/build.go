@@ -153,6 +153,12 @@ func (f *Flow) failBuildAfter(ctx context.Context, st *model.Stack, ms []model.M
 // build is a stack.apply job j building st as c (recovering: resumed after a restart, which
 // waits for terraform's recorded run rather than starting one).
 func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, recovering bool) (StackResult, error) {
+	return f.buildAttempt(ctx, j, c, st, recovering, 0)
+}
+
+// buildAttempt is build; reruns counts the terraform runs of this job that died with their
+// process (RunDied) and were started again.
+func (f *Flow) buildAttempt(ctx context.Context, j Job, c Caller, st *model.Stack, recovering bool, reruns int) (StackResult, error) {
 	ms, err := f.StackMachines(ctx, st.ID)
 	if err != nil {
 		return StackResult{}, err
@@ -178,10 +184,7 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 			// running still. Build again from the start; terraformer's lease makes the new run
 			// wait for an old one, and terraform converges on what it left.
 			j.Logf(ctx, "kloud restarted before terraform's run was recorded; building again")
-			for _, m := range ms {
-				f.SetMachine(ctx, m.ID, []provider.State{provider.Building}, store.MachineSet{State: new(string(provider.NotInitialized))})
-			}
-			if ms, err = f.StackMachines(ctx, st.ID); err != nil {
+			if ms, err = f.unbuild(ctx, st.ID, ms); err != nil {
 				return StackResult{}, err
 			}
 			recovering = false
@@ -259,10 +262,19 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
 	job, err := tf.Wait(ctx, tfJob, ApplyProgress(ctx, j))
-	if err != nil {
-		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
+	if err == nil {
+		err = job.Err()
 	}
-	if err := job.Err(); err != nil {
+	if err != nil && RunDied(err) && ctx.Err() == nil && reruns < maxReruns {
+		// Apply converges on the state the dead run left: run it again, from the start (the
+		// template and the agents' keys are made again too).
+		j.Logf(ctx, "terraform's run %s died with its process (%v); running it again", tfJob, err)
+		if _, err := f.unbuild(ctx, st.ID, ms); err != nil {
+			return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
+		}
+		return f.buildAttempt(ctx, j, c, st, false, reruns+1)
+	}
+	if err != nil {
 		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
 	ms, err = f.StackMachines(ctx, st.ID) // as recorded (kite ids by Mint, also of an attempt before a restart)
@@ -280,6 +292,15 @@ func (f *Flow) build(ctx context.Context, j Job, c Caller, st *model.Stack, reco
 	f.d.Machines.DeliverBuckets(ctx, j, st) // kloud/buckets.go: the agents get the stack's buckets
 	return f.SettleStack(ctx, j, st, failed, fmt.Sprintf("%d of %d machines are not ready", len(failed), len(ms)),
 		StackResult{StackID: st.ID, Machines: new(len(ms))})
+}
+
+// unbuild moves the stack's machines ms that are Building back to NotInitialized, before its
+// build starts again from the start, and returns them as recorded then.
+func (f *Flow) unbuild(ctx context.Context, stackID string, ms []model.Machine) ([]model.Machine, error) {
+	for _, m := range ms {
+		f.SetMachine(ctx, m.ID, []provider.State{provider.Building}, store.MachineSet{State: new(string(provider.NotInitialized))})
+	}
+	return f.StackMachines(ctx, stackID)
 }
 
 // SettleMachines records how each machine a build or an update waited for ended (ms and

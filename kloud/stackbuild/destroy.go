@@ -42,6 +42,14 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (StackResult
 	// an administrator trusts them, unless terraform holds nothing of it (then there is nothing a
 	// destroy could run).
 	var id string
+	destroy := func() (string, error) {
+		return tf.Destroy(ctx, tfapi.Request{ContentID: "stack-" + st.ID, TraceID: j.Doc().ID})
+	}
+	progress := func(ev tfapi.Event) {
+		if ev.Type == tfapi.EventProgress {
+			j.EnterAt(ctx, DestroyResources, ev.Percent)
+		}
+	}
 	if perr := f.d.Policy.CheckDestroy(ctx, st.Team, FileMap(st.Files)); perr != nil {
 		state, serr := tf.State(ctx, "stack-"+st.ID)
 		if serr == nil && !StateEmpty(state) || serr != nil && !errors.Is(serr, kite.ErrNotFound) {
@@ -50,9 +58,7 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (StackResult
 		err = kite.ErrNotFound
 	} else {
 		j.Enter(ctx, DestroyResources)
-		id, err = SubmitTF(ctx, j, func() (string, error) {
-			return tf.Destroy(ctx, tfapi.Request{ContentID: "stack-" + st.ID, TraceID: j.Doc().ID})
-		})
+		id, err = SubmitTF(ctx, j, destroy)
 	}
 	switch {
 	case errors.Is(err, kite.ErrNotFound):
@@ -60,13 +66,20 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (StackResult
 	case err != nil:
 		return StackResult{}, f.failDestroy(ctx, st, ms, "", fmt.Errorf("terraform destroy: %w", err))
 	default:
-		job, err := tf.Wait(ctx, id, func(ev tfapi.Event) {
-			if ev.Type == tfapi.EventProgress {
-				j.EnterAt(ctx, DestroyResources, ev.Percent)
-			}
-		})
+		job, err := tf.Wait(ctx, id, progress)
 		if err == nil {
 			err = job.Err()
+		}
+		// A run that died with its process (terraformer restarted under it) is run again:
+		// destroy converges on the state it left.
+		for reruns := 0; err != nil && RunDied(err) && ctx.Err() == nil && reruns < maxReruns; reruns++ {
+			j.Logf(ctx, "terraform's run %s died with its process (%v); running it again", id, err)
+			if id, err = SubmitTF(ctx, j, destroy); err != nil {
+				break
+			}
+			if job, err = tf.Wait(ctx, id, progress); err == nil {
+				err = job.Err()
+			}
 		}
 		if err != nil {
 			return StackResult{}, f.failDestroy(ctx, st, ms, id, fmt.Errorf("terraform destroy: %w", err))

@@ -272,11 +272,21 @@ func (f *Flow) StopTF(ctx context.Context, tfJob string) {
 }
 
 // SubmitTF submits a terraform run; while terraformer says the stack is locked (a run of an
-// earlier attempt, e.g. before kloud restarted, still going) it waits and tries again.
+// earlier attempt, e.g. before kloud restarted, still going) it waits and tries again. While
+// terraformer is unavailable (kloud serve restarting it) it waits too, saying so in the job's
+// log ("waiting for the terraformer (restarting)"), for up to TerraformerWait; then it fails
+// with an error that says how long it waited.
 func SubmitTF(ctx context.Context, j Job, submit func() (string, error)) (string, error) {
 	said := false
+	var w TFWait
 	for {
 		id, err := submit()
+		if w.Retry(ctx, err, func(msg string) { j.Logf(ctx, "%s", msg) }) {
+			continue
+		}
+		if w.Gave(err) {
+			return "", w.Err(err)
+		}
 		if !errors.Is(err, kite.ErrConflict) {
 			return id, err
 		}
@@ -291,6 +301,79 @@ func SubmitTF(ctx context.Context, j Job, submit func() (string, error)) (string
 		}
 	}
 }
+
+// TerraformerWait bounds how long a job or call waits for an unavailable terraformer (kloud
+// serve restarts a terraformer that died, with a backoff of up to 10s) before it fails.
+const TerraformerWait = time.Minute
+
+// TFWait is a terraformer call's wait for a terraformer that is unavailable (restarting): the
+// zero value is ready; call Retry after every attempt.
+type TFWait struct {
+	// Max bounds the wait (0: TerraformerWait).
+	Max   time.Duration
+	since time.Time
+	gave  error
+}
+
+func (w *TFWait) max() time.Duration {
+	if w.Max > 0 {
+		return w.Max
+	}
+	return TerraformerWait
+}
+
+// Retry reports whether the call that returned err should be made again: err says terraformer is
+// unavailable, ctx is live and Max has not passed since the first such error (the
+// first one is told to say, once). It sleeps a moment before returning true. After the bound it
+// returns false and Gave(err) holds: the caller returns err, which then says how long it waited.
+func (w *TFWait) Retry(ctx context.Context, err error, say func(string)) bool {
+	if err == nil || !errors.Is(err, kite.ErrUnavailable) || ctx.Err() != nil {
+		return false
+	}
+	if w.since.IsZero() {
+		w.since = time.Now()
+		if say != nil {
+			say(fmt.Sprintf("waiting for the terraformer (restarting), up to %s: %v", w.max(), err))
+		}
+	}
+	if time.Since(w.since) >= w.max() {
+		w.gave = err
+		return false
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(500 * time.Millisecond):
+		return true
+	}
+}
+
+// Gave reports whether err is the error Retry gave up on; then the caller should return it
+// wrapped by Err.
+func (w *TFWait) Gave(err error) bool { return err != nil && err == w.gave }
+
+// Err is err as a caller returns it once Retry gave up: it says how long it waited.
+func (w *TFWait) Err(err error) error {
+	if !w.Gave(err) {
+		return err
+	}
+	return fmt.Errorf("terraformer did not come back within %s: %w", w.max(), err)
+}
+
+// RunDied reports whether a terraform run ended (err, from Wait or the run's Err) only because
+// the process that ran it went away: terraformer was restarted or closed under it (also when
+// kloud, its parent, was killed), or terraformer does not know the run. Terraform's apply and
+// destroy converge on the state the run left, so such a run is started again.
+func RunDied(err error) bool {
+	var je *tfapi.JobError
+	if errors.As(err, &je) {
+		return je.Kind == tfapi.KindRestarted || je.Kind == tfapi.KindClosing
+	}
+	return errors.Is(err, kite.ErrNotFound)
+}
+
+// maxReruns bounds how often one job starts a terraform run again after it died (RunDied).
+const maxReruns = 3
 
 // FileMap is a stack's or template's files by name.
 func FileMap(fs []model.File) map[string][]byte {

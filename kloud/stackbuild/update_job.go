@@ -65,6 +65,22 @@ func (f *Flow) RunUpdate(ctx context.Context, j Job, p UpdateParams, recovering 
 		return StackResult{}, f.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
 	job, err := tf.Wait(ctx, tfJob, ApplyProgress(ctx, j))
+	for reruns := 0; ctx.Err() == nil && reruns < maxReruns && RunDied(waitErr(job, err)); reruns++ {
+		// Terraform's run died with its process (terraformer restarted under it, or with a
+		// killed kloud): apply converges on the state it left, so the update starts again from
+		// what is there, as after a restart before the run was recorded.
+		j.Logf(ctx, "terraform's run %s died with its process (%v); updating again", tfJob, waitErr(job, err))
+		if err := f.unsettleInterrupted(ctx, st.ID); err != nil {
+			return StackResult{}, err
+		}
+		if st, err = f.stack(ctx, p.StackID); err != nil {
+			return StackResult{}, err
+		}
+		if tfJob, err = f.prepareUpdate(ctx, j, c, st, p, true); err != nil {
+			return StackResult{}, err
+		}
+		job, err = tf.Wait(ctx, tfJob, ApplyProgress(ctx, j))
+	}
 	if err != nil {
 		return StackResult{}, f.failUpdate(ctx, st, nil, tfJob, fmt.Errorf("terraform apply: %w", err))
 	}
@@ -383,4 +399,12 @@ func (f *Flow) dropRemoved(ctx context.Context, st *model.Stack, ms []model.Mach
 	}); err != nil {
 		f.log.ErrorContext(ctx, "delete removed machines", "stack", st.ID, "err", err)
 	}
+}
+
+// waitErr is how a terraform run that Wait returned (job, err) ended: err, or the run's error.
+func waitErr(job *tfapi.Job, err error) error {
+	if err != nil || job == nil {
+		return err
+	}
+	return job.Err()
 }

@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
+	"syscall"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
@@ -53,6 +55,26 @@ func IsUnavailable(err error) bool {
 	}
 	var conn topology.ConnectionError
 	return errors.As(err, &conn) || mongo.IsNetworkError(err)
+}
+
+// IsDiskFull reports whether err says the database could not write because its disk is full:
+// the embedded store's SQLite ("database or disk is full", SQLITE_FULL; the transaction is
+// rolled back, nothing half-written), MongoDB's OutOfDiskSpace (14031) or ENOSPC. The store
+// works again once there is space; nothing needs a restart.
+func IsDiskFull(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return true
+	}
+	var se mongo.ServerError
+	if errors.As(err, &se) && se.HasErrorCode(14031) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "database or disk is full") || strings.Contains(msg, "No space left on device") ||
+		strings.Contains(msg, "no space left on device")
 }
 
 // IsDuplicateKey reports whether err is a duplicate-key error (E11000) from an insert or

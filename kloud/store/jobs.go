@@ -229,21 +229,25 @@ func (js *Jobs) find(ctx context.Context, q bson.M, opts ...options.Lister[optio
 }
 
 // Start claims the job for runner: it moves a queued job to running, or takes over a running
-// job whose runner lease expired (a resume after a crash; Attempt counts these), or renews the
-// claim if runner already holds it. A job held by another live runner gives an error wrapping
+// job whose runner lease expired or whose runner was an earlier process of this store's
+// instance (a resume after a crash or a restart; Attempt counts these; see instance.go), or
+// renews the claim if runner already holds it. A job held by another live runner gives an error wrapping
 // [ErrLocked]; a finished job one wrapping [ErrState].
 func (js *Jobs) Start(ctx context.Context, id, runner string) (Job, error) {
 	if runner == "" {
 		return Job{}, fmt.Errorf("start job %q: runner is required", id)
 	}
 	now := js.s.Now()
+	dead := js.s.deadHolderFilter("runner") // an earlier process of this instance (instance.go)
+	dead["status"] = JobRunning
 	filter := bson.M{"_id": id, "$or": bson.A{
 		bson.M{"status": JobQueued},
 		bson.M{"status": JobRunning, "leaseUntil": bson.M{"$lt": now}},
 		bson.M{"status": JobRunning, "runner": runner},
+		dead,
 	}}
 	can := func(j *Job) bool {
-		return j.Status == JobQueued || j.Status == JobRunning && (j.LeaseUntil.Before(now) || j.Runner == runner)
+		return j.Status == JobQueued || j.Status == JobRunning && (j.LeaseUntil.Before(now) || j.Runner == runner || js.s.deadHolder(j.Runner))
 	}
 	j, err := js.update(ctx, "start", id, filter, can, bson.M{
 		"$set": bson.M{"status": JobRunning, "runner": runner, "leaseUntil": now.Add(js.s.opts.JobLeaseTTL),
@@ -378,12 +382,16 @@ func (js *Jobs) RequestCancel(ctx context.Context, id string) (Job, error) {
 }
 
 // Orphans returns the jobs nobody is running at time now: running jobs whose runner lease
-// expired before now, and queued jobs created more than Options.JobLeaseTTL before now (their
+// expired before now or whose runner was an earlier process of this store's instance (see
+// instance.go; Start takes those at once), and queued jobs created more than Options.JobLeaseTTL before now (their
 // creator died before starting them). At startup the caller resumes each (Start) or fails it
 // (Finish).
 func (js *Jobs) Orphans(ctx context.Context, now time.Time) ([]Job, error) {
+	dead := js.s.deadHolderFilter("runner")
+	dead["status"] = JobRunning
 	return js.find(ctx, bson.M{"$or": bson.A{
 		bson.M{"status": JobRunning, "leaseUntil": bson.M{"$lt": now}},
+		dead, // held by an earlier process of this instance, which is gone (instance.go)
 		bson.M{"status": JobQueued, "createdAt": bson.M{"$lt": now.Add(-js.s.opts.JobLeaseTTL)}},
 	}}, options.Find().SetSort(bson.D{{Key: "createdAt", Value: 1}}))
 }

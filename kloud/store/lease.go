@@ -19,12 +19,17 @@ type Lease struct {
 	Owner      string    `bson:"owner" json:"owner"`
 	AcquiredAt time.Time `bson:"acquiredAt" json:"acquiredAt"`
 	ExpiresAt  time.Time `bson:"expiresAt" json:"expiresAt"`
+	// Holder is the process that last took or renewed the lease (Store.InstanceID): a lease
+	// whose holder was an earlier process of this store's instance is dead at once, not only
+	// at ExpiresAt (instance.go). Empty in leases written before it was recorded.
+	Holder string `bson:"holder,omitempty" json:"holder,omitempty"`
 
 	s *Store
 }
 
 // AcquireLease takes the lease name for owner for ttl, with one atomic upsert: it succeeds if
-// nobody holds the lease, the holder's lease expired, or owner already holds it (then it is
+// nobody holds the lease, the holder's lease expired, its holder was an earlier process of this
+// store's instance (instance.go), or owner already holds it (then it is
 // extended and AcquiredAt kept). Otherwise it returns an error wrapping [ErrLocked] that says
 // who holds it until when.
 func (s *Store) AcquireLease(ctx context.Context, name, owner string, ttl time.Duration) (*Lease, error) {
@@ -39,26 +44,28 @@ func (s *Store) AcquireLease(ctx context.Context, name, owner string, ttl time.D
 		filter := bson.M{"_id": name, "$or": bson.A{
 			bson.M{"expiresAt": bson.M{"$lt": now}},
 			bson.M{"owner": owner},
+			s.deadHolderFilter("holder"), // an earlier process of this instance: gone
 		}}
 		// acquiredAt is reset only when the owner changes: an update pipeline would express
 		// that, but FerretDB v1 has none, so it is read back from the previous document.
 		var prev Lease
 		err := coll.FindOneAndUpdate(ctx, filter,
-			bson.M{"$set": bson.M{"owner": owner, "expiresAt": now.Add(ttl)}, "$setOnInsert": bson.M{"acquiredAt": now}},
+			bson.M{"$set": bson.M{"owner": owner, "holder": s.instance, "expiresAt": now.Add(ttl)}, "$setOnInsert": bson.M{"acquiredAt": now}},
 			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.Before),
 		).Decode(&prev)
 		switch {
 		case errors.Is(err, mongo.ErrNoDocuments): // inserted: a fresh lease
-			return &Lease{Name: name, Owner: owner, AcquiredAt: now, ExpiresAt: now.Add(ttl), s: s}, nil
+			return &Lease{Name: name, Owner: owner, Holder: s.instance, AcquiredAt: now, ExpiresAt: now.Add(ttl), s: s}, nil
 		case err == nil:
-			l := &Lease{Name: name, Owner: owner, AcquiredAt: prev.AcquiredAt, ExpiresAt: now.Add(ttl), s: s}
+			l := &Lease{Name: name, Owner: owner, Holder: s.instance, AcquiredAt: prev.AcquiredAt, ExpiresAt: now.Add(ttl), s: s}
 			if prev.Owner != owner {
 				// Taken over from an expired holder: the lease starts now.
 				l.AcquiredAt = now
 				if _, err := coll.UpdateOne(ctx, bson.M{"_id": name, "owner": owner}, bson.M{"$set": bson.M{"acquiredAt": now}}); err != nil {
 					return nil, fmt.Errorf("acquire lease %q: %w", name, err)
 				}
-				s.log.Info("lease taken over", "lease", name, "owner", owner, "previous_owner", prev.Owner, "expired_at", prev.ExpiresAt)
+				s.log.Info("lease taken over", "lease", name, "owner", owner, "previous_owner", prev.Owner, "expired_at", prev.ExpiresAt,
+					"previous_holder_dead", s.deadHolder(prev.Holder))
 			}
 			return l, nil
 		case IsDuplicateKey(err):
@@ -95,6 +102,9 @@ func (s *Store) LeaseHolder(ctx context.Context, name string) (*Lease, error) {
 	if l.ExpiresAt.Before(s.Now()) {
 		return nil, fmt.Errorf("lease %q: expired: %w", name, ErrNotFound)
 	}
+	if s.deadHolder(l.Holder) {
+		return nil, fmt.Errorf("lease %q: its holder %s, an earlier process of this kloud, is gone: %w", name, l.Holder, ErrNotFound)
+	}
 	l.s = s
 	return &l, nil
 }
@@ -110,7 +120,7 @@ func (s *Store) RenewLease(ctx context.Context, name, owner string, ttl time.Dur
 	var l Lease
 	err := s.Collection(CollLocks).FindOneAndUpdate(ctx,
 		bson.M{"_id": name, "owner": owner},
-		bson.M{"$set": bson.M{"expiresAt": now.Add(ttl)}},
+		bson.M{"$set": bson.M{"expiresAt": now.Add(ttl), "holder": s.instance}},
 		options.FindOneAndUpdate().SetReturnDocument(options.After),
 	).Decode(&l)
 	if errors.Is(err, mongo.ErrNoDocuments) {

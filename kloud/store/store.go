@@ -92,7 +92,10 @@ type Store struct {
 	opts     Options
 	log      *slog.Logger
 	now      func() time.Time
-	instance string
+	instance string // "<instance>.<boot>": this process (instance.go)
+	// instancePrefix is "<instance>.": the holders of this instance's processes.
+	instancePrefix  string
+	releaseInstance func() // unlocks DataDir/instance.id (nil: none held)
 
 	client   *mongo.Client
 	db       *mongo.Database
@@ -144,7 +147,6 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 		opts:     opts,
 		log:      opts.Logger,
 		now:      opts.Now,
-		instance: NewID(),
 		closed:   make(chan struct{}),
 		auditSem: make(chan struct{}, 1),
 	}
@@ -155,6 +157,18 @@ func Open(ctx context.Context, opts Options) (_ *Store, err error) {
 			_ = s.Close(cctx)
 		}
 	}()
+
+	inst := NewID()
+	if opts.DataDir != "" {
+		id, release, ierr := claimInstance(opts.DataDir)
+		if ierr != nil {
+			s.log.Warn("no persistent instance id: a restart waits out this process's leases", "err", ierr)
+		} else {
+			inst, s.releaseInstance = id, release
+		}
+	}
+	s.instancePrefix = inst + "."
+	s.instance = s.instancePrefix + NewID()
 
 	key := opts.SecretKey
 	if key == nil {
@@ -234,6 +248,9 @@ func (s *Store) Close(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
+		if s.releaseInstance != nil {
+			s.releaseInstance()
+		}
 		if err := errors.Join(errs...); err != nil {
 			s.closeErr = fmt.Errorf("close store: %w", err)
 		}
@@ -283,8 +300,9 @@ func (s *Store) Database() *mongo.Database { return s.db }
 // Embedded reports whether the store runs the embedded FerretDB (no MongoURL).
 func (s *Store) Embedded() bool { return s.embedded != nil }
 
-// InstanceID is a random id chosen at Open. It identifies this store (and so this kloud
-// process) as a lease owner or replica name when the caller has nothing better.
+// InstanceID identifies this store (and so this kloud process) as a job runner, lease holder or
+// replica name: "<instance>.<boot>", the instance id persisted in the data directory (random
+// without one) and a boot id new at every Open (see instance.go).
 func (s *Store) InstanceID() string { return s.instance }
 
 // Now returns the store's clock reading, truncated to the millisecond precision of BSON dates.
