@@ -11,7 +11,7 @@ LDFLAGS := -X github.com/kloud-dev/kloud/internal/version.Version=$(VERSION)
 # Load what setup.sh found (terraform, mirror config, base image) into every recipe.
 ENV = set -a; [ -f $(KLOUD_CACHE)/env ] && . $(KLOUD_CACHE)/env; set +a;
 
-.PHONY: help setup build run test test-short bench lint
+.PHONY: help setup build run test test-short bench lint fuzz
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -60,6 +60,9 @@ test-short: ## run the tests without setup
 TMPCHECK = tmpcheck() { ls -A "$${TMPDIR:-/tmp}" | grep -E '^(kloud|webterm-|tfapply-|bench-)' | sort; }; \
 	before="$$(tmpcheck)"; trap 'left="$$(comm -13 <(echo "$$before") <(tmpcheck))"; \
 	if [ -n "$$left" ]; then echo "FAIL: the tests left this in $${TMPDIR:-/tmp}:"; echo "$$left"; exit 1; fi' EXIT;
+
+fuzz: setup ## run every fuzz target for FUZZTIME each (default 10m: targets × 10 min in all; FUZZ=regexp picks targets)
+	@$(TMPCHECK) $(ENV) scripts/fuzz.sh
 
 bench: setup build ## run the benchmarks against their baselines (see bench/RESULTS.md)
 	$(ENV) bench/run.sh

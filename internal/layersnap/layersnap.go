@@ -221,7 +221,7 @@ func RemoveFile(path string) error {
 
 // ReadMeta reads the metadata (SaveOptions.Meta) from the start of a snapshot stream.
 func ReadMeta(r io.Reader) (map[string]string, error) {
-	zr, err := zstd.NewReader(r)
+	zr, err := newDecoder(r)
 	if err != nil {
 		return nil, fmt.Errorf("read snapshot: %w", err)
 	}
@@ -466,7 +466,7 @@ func listXattrs(p string) (map[string]string, error) {
 // accepted; a name that leaves dst (absolute, "..", or under something that is not a directory
 // this extraction made) is refused.
 func extract(ctx context.Context, r io.Reader, dst string, match map[string]string) error {
-	zr, err := zstd.NewReader(r)
+	zr, err := newDecoder(r)
 	if err != nil {
 		return err
 	}
@@ -595,6 +595,16 @@ func extract(ctx context.Context, r io.Reader, dst string, match map[string]stri
 }
 
 const blockSize = 512 // tar's
+
+// MaxWindow is the largest zstd window a snapshot stream may declare: twice what Save's encoder
+// uses at any level (8 MiB). The decoder allocates about twice the window a frame declares, up to
+// 512 MiB by default: a 10-byte hostile stream made Restore allocate 513 MiB (FuzzRestore).
+const MaxWindow = 16 << 20
+
+// newDecoder reads a snapshot stream's zstd frames, refusing windows over MaxWindow.
+func newDecoder(r io.Reader) (*zstd.Decoder, error) {
+	return zstd.NewReader(r, zstd.WithDecoderMaxWindow(MaxWindow), zstd.WithDecoderConcurrency(1))
+}
 
 // sparseChunk is the unit copySparse leaves a hole for when it is all zeros.
 const sparseChunk = 64 << 10
