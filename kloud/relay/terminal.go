@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -149,15 +151,16 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 	browser.SetReadLimit(klientapi.MaxFrame)
 	log := h.log.With("machine", m.ID, "user", user)
 
-	var klient *websocket.Conn
+	var att attachment
 	var res klientapi.ConnectResult
 	agent, err := h.o.Agents.Agent(m)
 	if err == nil {
-		klient, res, err = h.connect(r.Context(), agent, user, m, p)
+		att, res, err = h.connect(r.Context(), agent, user, m, p)
 	}
 	if err != nil && agentLost(err) {
-		klient, res, err = h.waitAgent(r.Context(), browser, user, m, p, err)
+		att, res, err = h.waitAgent(r.Context(), browser, user, m, p, err)
 	}
+	klient := att.ws
 	if err != nil {
 		refused(err)
 		log.Info("terminal refused", "err", err)
@@ -186,6 +189,7 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 	if rl == nil {
 		return
 	}
+	rl.raw = att.raw
 	if res.Mode != klientapi.ModeReadonly {
 		rl.onInput = func() { h.touch(m.ID) } // typing is activity
 	}
@@ -195,11 +199,11 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 }
 
 // connect asks the machine's klient for an attachment and returns klient's WebSocket for it.
-func (h *Hub) connect(ctx context.Context, agent Agent, user string, m *model.Machine, p klientapi.ConnectParams) (*websocket.Conn, klientapi.ConnectResult, error) {
+func (h *Hub) connect(ctx context.Context, agent Agent, user string, m *model.Machine, p klientapi.ConnectParams) (attachment, klientapi.ConnectResult, error) {
 	var res klientapi.ConnectResult
 	tok, err := h.userToken(user, m)
 	if err != nil {
-		return nil, res, err
+		return attachment{}, res, err
 	}
 	ticket, ch := h.newTicket()
 	defer h.dropTicket(ticket)
@@ -208,17 +212,17 @@ func (h *Hub) connect(ctx context.Context, agent Agent, user string, m *model.Ma
 	defer cancel()
 	if err := agent.Call(cctx, klientapi.MethodWebtermConnect, p, &res); err != nil {
 		select {
-		case ws := <-ch: // klient dialed, then gave up
-			ws.CloseNow()
+		case a := <-ch: // klient dialed, then gave up
+			a.ws.CloseNow()
 		default:
 		}
-		return nil, res, err
+		return attachment{}, res, err
 	}
 	select {
-	case ws := <-ch:
-		return ws, res, nil
+	case a := <-ch:
+		return a, res, nil
 	case <-cctx.Done():
-		return nil, res, fmt.Errorf("klient attached session %s but its connection never arrived: %w", res.Session, kite.ErrTimeout)
+		return attachment{}, res, fmt.Errorf("klient attached session %s but its connection never arrived: %w", res.Session, kite.ErrTimeout)
 	}
 }
 
@@ -231,37 +235,68 @@ func agentLost(err error) bool {
 // waitAgent attaches once m's agent is back, for up to agentWait: the browser is told
 // {"unreachable": why} first. It returns the last error (agentLost) when the agent did not
 // come back in time or the request ended.
-func (h *Hub) waitAgent(ctx context.Context, browser *websocket.Conn, user string, m *model.Machine, p klientapi.ConnectParams, why error) (*websocket.Conn, klientapi.ConnectResult, error) {
+func (h *Hub) waitAgent(ctx context.Context, browser *websocket.Conn, user string, m *model.Machine, p klientapi.ConnectParams, why error) (attachment, klientapi.ConnectResult, error) {
 	var res klientapi.ConnectResult
 	notice, _ := json.Marshal(terminalNotice{Unreachable: "the machine is unreachable: " + why.Error()})
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	err := browser.Write(wctx, websocket.MessageText, notice)
 	cancel()
 	if err != nil {
-		return nil, res, fmt.Errorf("the browser went away: %w", err)
+		return attachment{}, res, fmt.Errorf("the browser went away: %w", err)
 	}
 	deadline := time.Now().Add(agentWait)
 	for time.Now().Before(deadline) {
 		if !kite.Sleep(ctx, agentPoll) {
-			return nil, res, fmt.Errorf("waiting for the machine's agent: %w: %w", ctx.Err(), why)
+			return attachment{}, res, fmt.Errorf("waiting for the machine's agent: %w: %w", ctx.Err(), why)
 		}
 		agent, err := h.o.Agents.Agent(m)
 		if err != nil {
 			why = err
 			continue
 		}
-		ws, res, err := h.connect(ctx, agent, user, m, p)
+		a, res, err := h.connect(ctx, agent, user, m, p)
 		if err == nil || !agentLost(err) {
-			return ws, res, err
+			return a, res, err
 		}
 		why = err
 	}
-	return nil, res, fmt.Errorf("the machine is unreachable (waited %s for its agent): %w", agentWait, why)
+	return attachment{}, res, fmt.Errorf("the machine is unreachable (waited %s for its agent): %w", agentWait, why)
 }
 
-func (h *Hub) newTicket() (string, chan *websocket.Conn) {
+// attachment is klient's WebSocket of one attachment, and the connection under it.
+type attachment struct {
+	ws  *websocket.Conn
+	raw net.Conn // nil when unknown
+}
+
+// hijackRecorder keeps the connection websocket.Accept hijacks from the ResponseWriter.
+type hijackRecorder struct {
+	http.ResponseWriter
+	conn net.Conn
+}
+
+func (w *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	w.conn = c
+	return c, rw, err
+}
+
+// abortConn closes c with a TCP reset, discarding what is queued to it: input relayed into a
+// cut link is not delivered when the link returns (the browser sends it again on its next
+// attachment, since it was never confirmed).
+func abortConn(c net.Conn) {
+	if nc, ok := c.(interface{ NetConn() net.Conn }); ok { // TLS
+		c = nc.NetConn()
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+		tc.Close()
+	}
+}
+
+func (h *Hub) newTicket() (string, chan attachment) {
 	t := rand.Text()
-	ch := make(chan *websocket.Conn, 1)
+	ch := make(chan attachment, 1)
 	h.mu.Lock()
 	h.pending[t] = ch
 	h.mu.Unlock()
@@ -287,12 +322,13 @@ func (h *Hub) ServeAttach(w http.ResponseWriter, r *http.Request) {
 		kloudhttp.WriteError(w, http.StatusForbidden, "unknown, used or expired ticket")
 		return
 	}
-	ws, err := websocket.Accept(w, r, nil)
+	hw := &hijackRecorder{ResponseWriter: w}
+	ws, err := websocket.Accept(hw, r, nil)
 	if err != nil {
 		return
 	}
 	ws.SetReadLimit(klientapi.MaxFrame)
-	ch <- ws // buffered; the waiter takes it or drops the ticket's channel
+	ch <- attachment{ws: ws, raw: hw.conn} // buffered; the waiter takes it or drops the ticket's channel
 }
 
 // termRelay copies frames between a browser and klient; each direction holds at most one
@@ -317,6 +353,7 @@ type termRelay struct {
 	writing atomic.Bool
 	stalled atomic.Int64
 	lost    atomic.Pointer[string] // why watchKlient gave klient's side up
+	raw     net.Conn               // klient's connection under its WebSocket (nil: unknown)
 	// pingEvery and pingWait are klientPingInterval and klientPingTimeout (tests shorten them).
 	pingEvery, pingWait time.Duration
 }
@@ -457,6 +494,9 @@ func (rl *termRelay) watchKlient() {
 			rl.h.log.Info("terminal: klient's side does not answer", "machine", rl.machine, "err", err,
 				"unconfirmedInput", rl.input.Load()-rl.confirmed)
 			rl.lost.Store(&reason) // the copy from klient ends with it
+			if rl.raw != nil {
+				abortConn(rl.raw)
+			}
 			rl.klient.CloseNow()
 			return
 		}
