@@ -356,12 +356,16 @@ type termRelay struct {
 	raw     net.Conn               // klient's connection under its WebSocket (nil: unknown)
 	// pingEvery and pingWait are klientPingInterval and klientPingTimeout (tests shorten them).
 	pingEvery, pingWait time.Duration
+	// inputPing (cap 1) asks watchKlient for a ping now: input is confirmed within a round trip,
+	// not at the next tick, so what a cut leaves unconfirmed (and the page sends again) is only
+	// what was typed in the round trip before it, not in the last 5 s.
+	inputPing chan struct{}
 }
 
 func (h *Hub) start(browser, klient *websocket.Conn, machine string) *termRelay {
 	ctx, cancel := context.WithCancel(context.Background())
 	rl := &termRelay{h: h, browser: browser, klient: klient, ctx: ctx, cancel: cancel, machine: machine,
-		pingEvery: klientPingInterval, pingWait: klientPingTimeout}
+		pingEvery: klientPingInterval, pingWait: klientPingTimeout, inputPing: make(chan struct{}, 1)}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -410,6 +414,10 @@ func (rl *termRelay) run() {
 		in := rl.h.o.Metrics.TerminalBytesIn
 		input := func(n int) {
 			rl.input.Add(int64(n))
+			select {
+			case rl.inputPing <- struct{}{}:
+			default: // one is pending already
+			}
 			if rl.onInput != nil {
 				rl.onInput()
 			}
@@ -465,8 +473,8 @@ func (rl *termRelay) writeWatch(write func() error) error {
 	return err
 }
 
-// watchKlient pings klient's side every klientPingInterval until the relay ends. An answered
-// ping confirms the input relayed before it (the browser is told {"confirmed": n}: WebSocket
+// watchKlient pings klient's side every klientPingInterval, and after input, until the relay
+// ends. An answered ping confirms the input relayed before it (the browser is told {"confirmed": n}: WebSocket
 // frames arrive in order, so klient read those before it answered). An unanswered one ends the
 // relay: the browser gets 4004 "the machine is unreachable", and sends what was not confirmed
 // again once it is attached anew.
@@ -478,6 +486,7 @@ func (rl *termRelay) watchKlient() {
 		case <-rl.ctx.Done():
 			return
 		case <-t.C:
+		case <-rl.inputPing:
 		}
 		sent, stalls := rl.input.Load(), rl.stalled.Load()
 		ctx, cancel := context.WithTimeout(rl.ctx, rl.pingWait)

@@ -76,7 +76,8 @@ func (p *cutProxy) pipe(dst, src net.Conn) {
 func (p *cutProxy) Cut() { p.cutOnce.Do(func() { close(p.cut) }) }
 
 // TestRelayNoticesACutKlient relays a browser's WebSocket to a klient-side one through a link
-// that is then cut: the relay confirms input klient received ({"confirmed": n}), and once the
+// that is then cut: the relay confirms input klient received ({"confirmed": n}, a ping sent
+// right after the input, not at the next tick), and once the
 // link carries nothing the browser gets 4004 "the machine is unreachable" (from the relay's
 // pings of klient's side) with the input typed after the cut never confirmed, so the page sends
 // it again on its next attachment.
@@ -116,7 +117,9 @@ func TestRelayNoticesACutKlient(t *testing.T) {
 			return
 		}
 		rl := h.start(browser, klient, "m1")
-		rl.pingEvery, rl.pingWait = 100*time.Millisecond, 500*time.Millisecond
+		// No ticks: input alone must make the relay ping klient (and so confirm it, and find
+		// the cut link).
+		rl.pingEvery, rl.pingWait = time.Hour, 500*time.Millisecond
 		relayed <- rl
 		rl.run()
 	}))
