@@ -10,7 +10,9 @@
 //     once: reattachMs is when the tab says "connected" again, typingMs when C's output shows,
 //     both from the link's return;
 //   - A's, B's and C's output must each show exactly once, and the output from before the cut
-//     must still be on the screen (the replay).
+//     must still be on the screen (the replay), once: a line typed just before a cut (kloud
+//     confirms input within a round trip) is not sent again, and neither are the lines of an
+//     earlier cut.
 // Fails past KLOUD_MAX_UNREACHABLE_MS or KLOUD_MAX_TYPING_MS. Prints one JSON line per step
 // (each cut's figures in its "cut" step) and a final {"ok": …}; exit status 0 when every step
 // passed. Run by e2e/netcut_test.go.
@@ -57,6 +59,7 @@ try {
     await poll('before-42 shown', async () => (await count('before-42')) === 1, 30000);
   });
 
+  const typed = []; // every line's output so far: each must show once
   for (const [i, secs] of cuts.entries()) {
     const tag = (x) => `c${i}${x}`;
     await step(`cut ${i + 1}: ${secs} s`, async () => {
@@ -92,12 +95,16 @@ try {
       }, 10000);
       const counts = {};
       for (const x of ['a', 'b', 'c']) counts[x] = await count(`${tag(x)}-42`);
+      for (const x of ['a', 'b', 'c']) typed.push(`${tag(x)}-42`);
+      const again = [];
+      for (const l of typed) if ((await count(l)) !== 1) again.push(`${l} ×${await count(l)}`);
       const replay = await count('before-42');
       await page.screenshot({ path: path.join(env.KLOUD_ARTIFACTS, `cut${i + 1}-back.png`) });
-      const figures = { secs, unreachableMs, reattachMs, typingMs, counts, replay };
+      const figures = { secs, unreachableMs, reattachMs, typingMs, counts, replay, again };
       log({ figures });
+      if (again.length) throw new Error(`lines of this or earlier cuts do not show once: ${again.join(', ')}`);
       if (counts.a !== 1 || counts.b !== 1 || counts.c !== 1) throw new Error(`lines typed across the cut shown ${JSON.stringify(counts)} times, want once each`);
-      if (replay < 1) throw new Error('the output from before the cut is gone after the reattach');
+      if (replay !== 1) throw new Error(`the output from before the cut shows ${replay} times after the reattach, want once (replayed, not run again)`);
       if (unreachableMs > maxUnreachable) throw new Error(`"machine unreachable" after ${unreachableMs} ms, want ≤ ${maxUnreachable}`);
       if (typingMs > maxTyping) throw new Error(`typing worked again ${typingMs} ms after the link returned, want ≤ ${maxTyping}`);
       return figures;
