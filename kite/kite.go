@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"sort"
@@ -45,6 +46,10 @@ type Options struct {
 	PingInterval, PingTimeout time.Duration
 	// CallTimeout is the deadline of outgoing calls whose ctx has none (default 30s).
 	CallTimeout time.Duration
+	// ConnectTimeout bounds the TCP connect of Dial (default 0: net/http's, 30s). A reconnecting
+	// client that sets it short (klient: 1s) tries a fresh SYN at its own pace after a network
+	// cut instead of waiting out the kernel's SYN retransmissions (1, 3, 7, 15 s).
+	ConnectTimeout time.Duration
 	// RateLimitedRetry is how long, in all, an outgoing call refused with ErrRateLimited
 	// (-32007: nothing of it ran) may wait the retry time the peer names and be sent again,
 	// within its ctx; a refusal naming a longer wait is returned at once, as is every refusal
@@ -170,9 +175,14 @@ func New(opts Options) (*Kite, error) {
 		notifs:  map[string]func(*Conn, []byte){},
 		conns:   map[*Conn]struct{}{},
 	}
-	if opts.TLSConfig != nil {
+	if opts.TLSConfig != nil || opts.ConnectTimeout > 0 {
 		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.TLSClientConfig = opts.TLSConfig.Clone()
+		if opts.TLSConfig != nil {
+			t.TLSClientConfig = opts.TLSConfig.Clone()
+		}
+		if opts.ConnectTimeout > 0 {
+			t.DialContext = (&net.Dialer{Timeout: opts.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
+		}
 		k.hc = &http.Client{Transport: t}
 	}
 	k.builtins()

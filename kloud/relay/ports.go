@@ -94,15 +94,15 @@ func (h *Hub) dialBack(ctx context.Context, user string, m *model.Machine, metho
 	defer cancel()
 	if err := agent.Call(cctx, method, params(tok, klientapi.Attach{URL: h.attachURL(m), Ticket: ticket}), nil); err != nil {
 		select {
-		case ws := <-ch:
-			ws.CloseNow()
+		case a := <-ch:
+			a.ws.CloseNow()
 		default:
 		}
 		return nil, err
 	}
 	select {
-	case ws := <-ch:
-		return tunnel.New(ws, name), nil
+	case a := <-ch:
+		return tunnel.New(a.ws, name), nil
 	case <-cctx.Done():
 		return nil, fmt.Errorf("klient answered %s but its tunnel never arrived: %w", method, kite.ErrTimeout)
 	}

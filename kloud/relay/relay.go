@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -112,7 +111,7 @@ type Hub struct {
 
 	// terminal.go: klient's attachments (terminals and tunnels) and the relays.
 	mu      sync.Mutex
-	pending map[string]chan *websocket.Conn // ticket → the request waiting for klient
+	pending map[string]chan attachment // ticket → the request waiting for klient
 	relays  map[*termRelay]struct{}
 	closed  bool
 
@@ -132,7 +131,7 @@ func New(o Options) (*Hub, error) {
 	if o.Access == nil || o.Agents == nil || o.Tokens == nil {
 		return nil, errors.New("relay: Options.Access, Agents and Tokens are required")
 	}
-	h := &Hub{o: o, log: o.Logger, pending: map[string]chan *websocket.Conn{}, relays: map[*termRelay]struct{}{},
+	h := &Hub{o: o, log: o.Logger, pending: map[string]chan attachment{}, relays: map[*termRelay]struct{}{},
 		appTickets: map[string]appTicket{}}
 	if h.log == nil {
 		h.log = slog.New(slog.NewTextHandler(io.Discard, nil))

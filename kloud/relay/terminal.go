@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -47,7 +49,33 @@ const (
 	ticketTTL         = 30 * time.Second // a ticket not used by then is forgotten
 	terminalTokenTTL  = time.Minute      // the user's token klient checks in webterm.* calls
 	relayPingInterval = 30 * time.Second // keeps idle terminals alive behind proxies
+
+	// klient's side of a relay is pinged every klientPingInterval: one not answered within
+	// klientPingTimeout is a cut link (no FIN, no RST: TCP alone would notice in minutes), and
+	// the browser is told at once (4004) instead of showing "connected" for the cut's length.
+	// A cut is found within their sum, 10s, under kontrol's heartbeat timeout (15s + 10s).
+	klientPingInterval = 5 * time.Second
+	klientPingTimeout  = 5 * time.Second
+	// agentWait is how long a terminal request whose machine's agent is not connected (or
+	// whose connection just died) waits for it, telling the browser {"unreachable"} meanwhile,
+	// before it closes with 4004: a page that reattaches after a network cut is attached the
+	// moment klient is back, instead of at its next retry.
+	agentWait = 30 * time.Second
+	// agentPoll is how often that wait looks for the agent.
+	agentPoll = 100 * time.Millisecond
 )
+
+// terminalNotice is a text frame of the terminal endpoint other than the attach notice
+// (klientapi.ConnectResult, {session, mode, created}); docs/protocol.md "Web terminal".
+type terminalNotice struct {
+	// Unreachable: the machine's agent is not connected (a network cut, a restarting klient);
+	// kloud waits for it and attaches then (the attach notice follows), or closes with 4004.
+	Unreachable string `json:"unreachable,omitempty"`
+	// Confirmed counts the input bytes of this connection that klient has received (a ping
+	// sent after them was answered). A client keeps what it typed past that count, and when the
+	// connection is lost sends it again on its next attachment: no keystroke is lost silently.
+	Confirmed int64 `json:"confirmed,omitempty"`
+}
 
 // mayTerminal says whether user may use terminals on m: its owner or a user it is shared with.
 func mayTerminal(user string, m *model.Machine) error {
@@ -123,17 +151,24 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 	browser.SetReadLimit(klientapi.MaxFrame)
 	log := h.log.With("machine", m.ID, "user", user)
 
+	var att attachment
+	var res klientapi.ConnectResult
 	agent, err := h.o.Agents.Agent(m)
-	if err != nil {
-		refused(err)
-		browser.Close(klientapi.CloseAgentGone, closeReason(err))
-		return
+	if err == nil {
+		att, res, err = h.connect(r.Context(), agent, user, m, p)
 	}
-	klient, res, err := h.connect(r.Context(), agent, user, m, p)
+	if err != nil && agentLost(err) {
+		att, res, err = h.waitAgent(r.Context(), browser, user, m, p, err)
+	}
+	klient := att.ws
 	if err != nil {
 		refused(err)
 		log.Info("terminal refused", "err", err)
-		browser.Close(klientapi.CloseRefused, closeReason(err))
+		var code websocket.StatusCode = klientapi.CloseRefused
+		if agentLost(err) {
+			code = klientapi.CloseAgentGone
+		}
+		browser.Close(code, closeReason(err))
 		return
 	}
 	log.Info("terminal opened", "session", res.Session, "mode", res.Mode, "created", res.Created)
@@ -154,6 +189,7 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 	if rl == nil {
 		return
 	}
+	rl.raw = att.raw
 	if res.Mode != klientapi.ModeReadonly {
 		rl.onInput = func() { h.touch(m.ID) } // typing is activity
 	}
@@ -163,11 +199,11 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 }
 
 // connect asks the machine's klient for an attachment and returns klient's WebSocket for it.
-func (h *Hub) connect(ctx context.Context, agent Agent, user string, m *model.Machine, p klientapi.ConnectParams) (*websocket.Conn, klientapi.ConnectResult, error) {
+func (h *Hub) connect(ctx context.Context, agent Agent, user string, m *model.Machine, p klientapi.ConnectParams) (attachment, klientapi.ConnectResult, error) {
 	var res klientapi.ConnectResult
 	tok, err := h.userToken(user, m)
 	if err != nil {
-		return nil, res, err
+		return attachment{}, res, err
 	}
 	ticket, ch := h.newTicket()
 	defer h.dropTicket(ticket)
@@ -176,23 +212,91 @@ func (h *Hub) connect(ctx context.Context, agent Agent, user string, m *model.Ma
 	defer cancel()
 	if err := agent.Call(cctx, klientapi.MethodWebtermConnect, p, &res); err != nil {
 		select {
-		case ws := <-ch: // klient dialed, then gave up
-			ws.CloseNow()
+		case a := <-ch: // klient dialed, then gave up
+			a.ws.CloseNow()
 		default:
 		}
-		return nil, res, err
+		return attachment{}, res, err
 	}
 	select {
-	case ws := <-ch:
-		return ws, res, nil
+	case a := <-ch:
+		return a, res, nil
 	case <-cctx.Done():
-		return nil, res, fmt.Errorf("klient attached session %s but its connection never arrived: %w", res.Session, kite.ErrTimeout)
+		return attachment{}, res, fmt.Errorf("klient attached session %s but its connection never arrived: %w", res.Session, kite.ErrTimeout)
 	}
 }
 
-func (h *Hub) newTicket() (string, chan *websocket.Conn) {
+// agentLost says whether err is the machine's agent being away (not connected, its connection
+// closed during the call, or klient's attachment never arriving), not klient's refusal.
+func agentLost(err error) bool {
+	return errors.Is(err, kite.ErrState) || errors.Is(err, kite.ErrClosed) || errors.Is(err, kite.ErrTimeout)
+}
+
+// waitAgent attaches once m's agent is back, for up to agentWait: the browser is told
+// {"unreachable": why} first. It returns the last error (agentLost) when the agent did not
+// come back in time or the request ended.
+func (h *Hub) waitAgent(ctx context.Context, browser *websocket.Conn, user string, m *model.Machine, p klientapi.ConnectParams, why error) (attachment, klientapi.ConnectResult, error) {
+	var res klientapi.ConnectResult
+	notice, _ := json.Marshal(terminalNotice{Unreachable: "the machine is unreachable: " + why.Error()})
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err := browser.Write(wctx, websocket.MessageText, notice)
+	cancel()
+	if err != nil {
+		return attachment{}, res, fmt.Errorf("the browser went away: %w", err)
+	}
+	deadline := time.Now().Add(agentWait)
+	for time.Now().Before(deadline) {
+		if !kite.Sleep(ctx, agentPoll) {
+			return attachment{}, res, fmt.Errorf("waiting for the machine's agent: %w: %w", ctx.Err(), why)
+		}
+		agent, err := h.o.Agents.Agent(m)
+		if err != nil {
+			why = err
+			continue
+		}
+		a, res, err := h.connect(ctx, agent, user, m, p)
+		if err == nil || !agentLost(err) {
+			return a, res, err
+		}
+		why = err
+	}
+	return attachment{}, res, fmt.Errorf("the machine is unreachable (waited %s for its agent): %w", agentWait, why)
+}
+
+// attachment is klient's WebSocket of one attachment, and the connection under it.
+type attachment struct {
+	ws  *websocket.Conn
+	raw net.Conn // nil when unknown
+}
+
+// hijackRecorder keeps the connection websocket.Accept hijacks from the ResponseWriter.
+type hijackRecorder struct {
+	http.ResponseWriter
+	conn net.Conn
+}
+
+func (w *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	w.conn = c
+	return c, rw, err
+}
+
+// abortConn closes c with a TCP reset, discarding what is queued to it: input relayed into a
+// cut link is not delivered when the link returns (the browser sends it again on its next
+// attachment, since it was never confirmed).
+func abortConn(c net.Conn) {
+	if nc, ok := c.(interface{ NetConn() net.Conn }); ok { // TLS
+		c = nc.NetConn()
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+		tc.Close()
+	}
+}
+
+func (h *Hub) newTicket() (string, chan attachment) {
 	t := rand.Text()
-	ch := make(chan *websocket.Conn, 1)
+	ch := make(chan attachment, 1)
 	h.mu.Lock()
 	h.pending[t] = ch
 	h.mu.Unlock()
@@ -218,12 +322,13 @@ func (h *Hub) ServeAttach(w http.ResponseWriter, r *http.Request) {
 		kloudhttp.WriteError(w, http.StatusForbidden, "unknown, used or expired ticket")
 		return
 	}
-	ws, err := websocket.Accept(w, r, nil)
+	hw := &hijackRecorder{ResponseWriter: w}
+	ws, err := websocket.Accept(hw, r, nil)
 	if err != nil {
 		return
 	}
 	ws.SetReadLimit(klientapi.MaxFrame)
-	ch <- ws // buffered; the waiter takes it or drops the ticket's channel
+	ch <- attachment{ws: ws, raw: hw.conn} // buffered; the waiter takes it or drops the ticket's channel
 }
 
 // termRelay copies frames between a browser and klient; each direction holds at most one
@@ -239,11 +344,28 @@ type termRelay struct {
 	bytes           atomic.Int64 // relayed both ways (message payloads)
 	machine         string       // the machine's id
 	onInput         func()       // called on each input frame from the browser (nil: none)
+
+	input     atomic.Int64 // input bytes relayed to klient (opcode 0 frames, without it)
+	confirmed int64        // input bytes klient is known to have (watchKlient's)
+	// writing is set while a frame from klient is being written to the browser, and stalled
+	// counts such writes that took longer than a second: klient's pongs are read by that copy,
+	// so a ping unanswered while the browser held it back proves nothing about klient.
+	writing atomic.Bool
+	stalled atomic.Int64
+	lost    atomic.Pointer[string] // why watchKlient gave klient's side up
+	raw     net.Conn               // klient's connection under its WebSocket (nil: unknown)
+	// pingEvery and pingWait are klientPingInterval and klientPingTimeout (tests shorten them).
+	pingEvery, pingWait time.Duration
+	// inputPing (cap 1) asks watchKlient for a ping now: input is confirmed within a round trip,
+	// not at the next tick, so what a cut leaves unconfirmed (and the page sends again) is only
+	// what was typed in the round trip before it, not in the last 5 s.
+	inputPing chan struct{}
 }
 
 func (h *Hub) start(browser, klient *websocket.Conn, machine string) *termRelay {
 	ctx, cancel := context.WithCancel(context.Background())
-	rl := &termRelay{h: h, browser: browser, klient: klient, ctx: ctx, cancel: cancel, machine: machine}
+	rl := &termRelay{h: h, browser: browser, klient: klient, ctx: ctx, cancel: cancel, machine: machine,
+		pingEvery: klientPingInterval, pingWait: klientPingTimeout, inputPing: make(chan struct{}, 1)}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -276,10 +398,13 @@ func (rl *termRelay) run() {
 	go func() {
 		defer func() { done <- struct{}{} }()
 		out := rl.h.o.Metrics.TerminalBytesOut
-		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, nil, func(n int) { rl.bytes.Add(int64(n)); count(out, n) })
+		err := copyFrames(rl.ctx, rl.browser, rl.klient, false, nil, func(n int) { rl.bytes.Add(int64(n)); count(out, n) }, rl.writeWatch)
 		code, reason := websocket.CloseStatus(err), closeText(err)
 		if code == -1 || code == websocket.StatusAbnormalClosure {
 			code, reason = klientapi.CloseAgentGone, "lost the connection to the machine's agent"
+		}
+		if lost := rl.lost.Load(); lost != nil {
+			code, reason = klientapi.CloseAgentGone, *lost
 		}
 		rl.end(rl.browser, code, reason)
 		rl.klient.CloseNow()
@@ -287,7 +412,17 @@ func (rl *termRelay) run() {
 	go func() {
 		defer func() { done <- struct{}{} }()
 		in := rl.h.o.Metrics.TerminalBytesIn
-		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, rl.onInput, func(n int) { rl.bytes.Add(int64(n)); count(in, n) })
+		input := func(n int) {
+			rl.input.Add(int64(n))
+			select {
+			case rl.inputPing <- struct{}{}:
+			default: // one is pending already
+			}
+			if rl.onInput != nil {
+				rl.onInput()
+			}
+		}
+		err := copyFrames(rl.ctx, rl.klient, rl.browser, true, input, func(n int) { rl.bytes.Add(int64(n)); count(in, n) }, nil)
 		var code websocket.StatusCode = websocket.StatusNormalClosure
 		reason := "the browser went away"
 		if ce := websocket.CloseStatus(err); ce == klientapi.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
@@ -296,6 +431,7 @@ func (rl *termRelay) run() {
 		rl.end(rl.klient, code, reason)
 	}()
 	go rl.keepalive()
+	go rl.watchKlient()
 	<-done
 	<-done
 }
@@ -325,11 +461,70 @@ func (rl *termRelay) keepalive() {
 	}
 }
 
+// writeWatch wraps one write of a frame from klient to the browser (see termRelay.writing).
+func (rl *termRelay) writeWatch(write func() error) error {
+	rl.writing.Store(true)
+	start := time.Now()
+	err := write()
+	if time.Since(start) > time.Second {
+		rl.stalled.Add(1)
+	}
+	rl.writing.Store(false)
+	return err
+}
+
+// watchKlient pings klient's side every klientPingInterval, and after input, until the relay
+// ends. An answered ping confirms the input relayed before it (the browser is told {"confirmed": n}: WebSocket
+// frames arrive in order, so klient read those before it answered). An unanswered one ends the
+// relay: the browser gets 4004 "the machine is unreachable", and sends what was not confirmed
+// again once it is attached anew.
+func (rl *termRelay) watchKlient() {
+	t := time.NewTicker(rl.pingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-rl.ctx.Done():
+			return
+		case <-t.C:
+		case <-rl.inputPing:
+		}
+		sent, stalls := rl.input.Load(), rl.stalled.Load()
+		ctx, cancel := context.WithTimeout(rl.ctx, rl.pingWait)
+		err := rl.klient.Ping(ctx)
+		cancel()
+		if rl.ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if rl.writing.Load() || rl.stalled.Load() != stalls {
+				continue // the browser held the copy that reads klient's pong back: try again
+			}
+			reason := fmt.Sprintf("the machine is unreachable: its agent did not answer for %s", rl.pingWait)
+			rl.h.log.Info("terminal: klient's side does not answer", "machine", rl.machine, "err", err,
+				"unconfirmedInput", rl.input.Load()-rl.confirmed)
+			rl.lost.Store(&reason) // the copy from klient ends with it
+			if rl.raw != nil {
+				abortConn(rl.raw)
+			}
+			rl.klient.CloseNow()
+			return
+		}
+		if sent > rl.confirmed {
+			rl.confirmed = sent
+			notice, _ := json.Marshal(terminalNotice{Confirmed: sent})
+			wctx, cancel := context.WithTimeout(rl.ctx, rl.pingWait)
+			rl.browser.Write(wctx, websocket.MessageText, notice) // a failed write: the browser side ends the relay
+			cancel()
+		}
+	}
+}
+
 // copyFrames copies messages from src to dst until src ends, with one frame's buffer, telling
 // relayed the size of each frame it relayed (the audit entry's bytes, the metrics' counters).
 // fromBrowser frames must be binary with an opcode byte (the rest klient checks); onInput, if
-// set, is called for each input frame (opcode 0).
-func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, onInput func(), relayed func(n int)) error {
+// set, is told the size of each input frame's bytes (opcode 0) once written. watch, if set,
+// wraps each write to dst.
+func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, onInput func(n int), relayed func(n int), watch func(write func() error) error) error {
 	buf := make([]byte, klientapi.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
 	for {
 		typ, r, err := src.Reader(ctx)
@@ -343,11 +538,16 @@ func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool,
 		if fromBrowser && (typ != websocket.MessageBinary || n == 0) {
 			return websocket.CloseError{Code: klientapi.CloseBadMessage, Reason: "send binary frames that start with an opcode byte"}
 		}
-		if fromBrowser && onInput != nil && buf[0] == 0 {
-			onInput()
-		}
-		if err := dst.Write(ctx, typ, buf[:n]); err != nil {
+		write := func() error { return dst.Write(ctx, typ, buf[:n]) }
+		if watch != nil {
+			if err := watch(write); err != nil {
+				return err
+			}
+		} else if err := write(); err != nil {
 			return err
+		}
+		if fromBrowser && onInput != nil && buf[0] == 0 {
+			onInput(n - 1)
 		}
 		relayed(n)
 	}

@@ -9,13 +9,22 @@
 // A session outlives its connections: the open tabs and their session names are kept in
 // sessionStorage, so after a reload (or a dropped connection) each tab reattaches (mode=attach)
 // and the machine replays the session's recent output. A lost connection shows "reconnecting"
-// and retries with backoff.
+// and retries with backoff; a machine kloud cannot reach (a network cut: kloud's pings of klient
+// go unanswered, 4004, or the text notice {unreachable}) shows "machine unreachable" and is
+// reattached the moment its agent is back (kloud holds the request open for it).
+//
+// No keystroke is dropped silently: what is typed while the tab is not attached is held (up to
+// HELD_MAX bytes, the status line says how much) and sent when it is attached again, and what
+// was sent but not yet confirmed by kloud (the text notice {confirmed: n}, input bytes klient
+// has) when a connection is lost is sent again with it. Input past HELD_MAX is refused, and the
+// status line says so.
 
 import { Terminal } from '../vendor/xterm/xterm.mjs';
 import { FitAddon } from '../vendor/xterm/addon-fit.mjs';
 import { h, clear, errorText } from './ui.js';
 
 const STORE = 'kloud.terminals';
+const HELD_MAX = 16 * 1024; // bytes of input held while a tab is not attached
 const enc = new TextEncoder();
 const dec = new TextDecoder();
 
@@ -89,6 +98,12 @@ class TermTab {
     this.closing = false;
     this.everOpen = false;
     this.receivedAny = false;
+    this.attached = false; // kloud's attach notice came on this connection: input goes out
+    this.held = []; // input typed while not attached (Uint8Arrays), sent on attach
+    this.heldBytes = 0;
+    this.refusedBytes = 0; // input refused (HELD_MAX reached) since the last attach
+    this.unacked = []; // [{end, bytes}]: input sent on this connection, not yet confirmed
+    this.sentTotal = 0; // input bytes sent on this connection
   }
 
   get readonly() { return this.mode === 'readonly'; }
@@ -146,12 +161,14 @@ class TermTab {
     this.state = s;
     const text = {
       connecting: 'connecting…', connected: 'connected', reconnecting: 'reconnecting…', error: 'disconnected', closed: 'closed',
+      unreachable: 'machine unreachable',
     }[s] || s;
+    this.detail = detail;
     this.stateEl.textContent = text;
     this.stateEl.className = `term-state term-${s}`;
     this.tabEl.dataset.state = s;
     this.pane.dataset.state = s;
-    clear(this.infoEl, `session ${this.session}`, this.readonly ? ' · read-only' : '', detail ? ` · ${detail}` : '');
+    clear(this.infoEl, `session ${this.session}`, this.readonly ? ' · read-only' : '', detail ? ` · ${detail}` : '', this.inputNote());
     this.mgr.changed();
   }
 
@@ -170,18 +187,15 @@ class TermTab {
     }
     ws.binaryType = 'arraybuffer';
     this.ws = ws;
+    this.attached = false;
+    this.unacked = [];
+    this.sentTotal = 0;
     let opened = false;
+    // "connected" only once kloud's attach notice came (onAttached): kloud accepts the
+    // WebSocket before it reaches klient, and may hold it open while the machine is unreachable.
     ws.onopen = () => {
       if (ws !== this.ws) return;
       opened = true;
-      this.everOpen = true;
-      this.setState('connected');
-      this.sendResize(this.term.cols, this.term.rows);
-      // From now on a new connection rejoins this session.
-      if (this.mode === 'create') {
-        this.mode = 'attach';
-        this.mgr.save();
-      }
     };
     ws.onmessage = (ev) => {
       if (ws !== this.ws) return;
@@ -200,6 +214,7 @@ class TermTab {
     ws.onclose = (ev) => {
       if (ws !== this.ws) return;
       this.ws = null;
+      this.lostConnection();
       if (this.closing) return;
       const why = ev.reason || (opened ? 'connection lost' : 'could not connect');
       this.onClosed(ev.code, why, opened);
@@ -207,17 +222,79 @@ class TermTab {
     ws.onerror = () => {};
   }
 
-  // notice handles a text frame: JSON {session} (the name kloud gave the session) or {error}.
+  // notice handles a text frame: JSON {session, mode, created} (attached: the name kloud gave
+  // the session), {unreachable} (kloud waits for the machine's agent), {confirmed} (input bytes
+  // klient has) or {error}.
   notice(text) {
     let m;
     try { m = JSON.parse(text); } catch { return; }
-    if (m.session && m.session !== this.session) {
-      this.session = m.session;
-      this.pane.dataset.session = m.session;
-      this.mgr.save();
-      this.setState(this.state);
+    if (m.session) {
+      if (m.session !== this.session) {
+        this.session = m.session;
+        this.pane.dataset.session = m.session;
+        this.mgr.save();
+      }
+      this.onAttached();
+      return;
+    }
+    if (m.unreachable) this.setState('unreachable', m.unreachable);
+    if (typeof m.confirmed === 'number') {
+      while (this.unacked.length && this.unacked[0].end <= m.confirmed) this.unacked.shift();
     }
     if (m.error) this.setState(this.state, m.error);
+  }
+
+  // onAttached: kloud attached this connection to the session. The replay repaints the screen
+  // (a reattach resets it first), and held input goes out.
+  onAttached() {
+    this.everOpen = true;
+    this.attached = true;
+    if (this.resetOnAttach) {
+      this.resetOnAttach = false;
+      this.term.reset();
+    }
+    // From now on a new connection rejoins this session.
+    if (this.mode === 'create') {
+      this.mode = 'attach';
+      this.mgr.save();
+    }
+    const held = this.held;
+    this.held = [];
+    this.heldBytes = 0;
+    this.refusedBytes = 0;
+    this.setState('connected');
+    this.sendResize(this.term.cols, this.term.rows);
+    for (const b of held) this.sendInput(b);
+  }
+
+  // lostConnection: the connection closed. Input it carried that kloud had not confirmed goes
+  // back in front of what is held, to be sent on the next attachment.
+  lostConnection() {
+    this.attached = false;
+    if (this.unacked.length) {
+      const back = this.unacked.map((u) => u.bytes);
+      this.unacked = [];
+      this.held = back.concat(this.held);
+      this.heldBytes = this.held.reduce((n, b) => n + b.length, 0);
+    }
+    this.resetOnAttach = this.mode !== 'create';
+  }
+
+  // dropHeld refuses the held input: it was typed for a session that has ended, and goes to no
+  // other (the status line counts it as not sent).
+  dropHeld() {
+    this.refusedBytes += this.heldBytes;
+    this.held = [];
+    this.heldBytes = 0;
+  }
+
+  // inputNote is the status line's word on input typed while not attached.
+  inputNote() {
+    if (this.readonly) return '';
+    const parts = [];
+    if (this.heldBytes) parts.push(` · ${this.heldBytes} bytes typed, held: sent when attached again`);
+    if (this.refusedBytes) parts.push(` · ${this.refusedBytes} bytes typed NOT sent (more than ${HELD_MAX} held)`);
+    return parts.join('');
   }
 
   // onClosed decides what to do after the connection closed with code.
@@ -230,6 +307,7 @@ class TermTab {
       case CloseEnded:
         this.term.write(`\r\n\x1b[33m[kloud] session ended: ${why}; "Reconnect" starts a new one]\x1b[0m\r\n`);
         this.ended = true;
+        this.dropHeld();
         this.setState('closed', 'session ended');
         return;
       case CloseBadMessage:
@@ -242,8 +320,13 @@ class TermTab {
         this.setState('error', why);
         return;
       case CloseTooSlow:
-      case CloseAgentGone:
         this.retry(why);
+        return;
+      case CloseAgentGone:
+        // kloud lost the machine (or waited for its agent in vain): say so, and ask again soon;
+        // kloud holds the next request open until the agent is back.
+        this.setState('unreachable', why);
+        this.retryTimer = setTimeout(() => this.reconnect(false), 500 + Math.random() * 500);
         return;
     }
     if (!opened) this.afterFailedOpen(why);
@@ -260,6 +343,7 @@ class TermTab {
       if (this.mode === 'attach' && !names.includes(this.session)) {
         // The session ended (exit, kill, orphan timeout): start a fresh one.
         this.term.write('\r\n\x1b[33m[kloud] session ' + this.session + ' has ended; starting a new one]\x1b[0m\r\n');
+        this.dropHeld();
         this.session = newSessionName();
         this.pane.dataset.session = this.session;
         this.mode = 'create';
@@ -309,10 +393,12 @@ class TermTab {
     if (this.ws) {
       const old = this.ws;
       this.ws = null;
+      this.lostConnection();
       old.close(1000, 'reconnecting');
     }
-    if (this.mode !== 'create') this.term.reset();
-    this.setState(this.everOpen ? 'reconnecting' : 'connecting');
+    // The screen stays until the new attachment's replay repaints it (onAttached).
+    this.resetOnAttach = this.mode !== 'create';
+    if (this.state !== 'unreachable' || manual) this.setState(this.everOpen ? 'reconnecting' : 'connecting');
     this.connect();
   }
 
@@ -329,15 +415,35 @@ class TermTab {
   }
 
   sendInput(bytes) {
-    if (this.readonly || !this.ws || this.ws.readyState !== WebSocket.OPEN) return;
+    if (this.readonly || bytes.length === 0) return;
+    if (!this.attached || !this.ws || this.ws.readyState !== WebSocket.OPEN) {
+      this.hold(bytes);
+      return;
+    }
     const f = new Uint8Array(bytes.length + 1);
     f[0] = 0;
     f.set(bytes, 1);
     this.ws.send(f);
+    this.sentTotal += bytes.length;
+    this.unacked.push({ end: this.sentTotal, bytes });
+  }
+
+  // hold keeps input typed while the tab is not attached, up to HELD_MAX bytes; the rest is
+  // refused, and the status line says so.
+  hold(bytes) {
+    if (this.ended) {
+      this.refusedBytes += bytes.length;
+    } else if (this.heldBytes + bytes.length > HELD_MAX) {
+      this.refusedBytes += bytes.length;
+    } else {
+      this.held.push(bytes);
+      this.heldBytes += bytes.length;
+    }
+    this.setState(this.state, this.detail);
   }
 
   sendResize(cols, rows) {
-    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return;
+    if (!this.attached || !this.ws || this.ws.readyState !== WebSocket.OPEN) return;
     const j = enc.encode(JSON.stringify({ cols, rows }));
     const f = new Uint8Array(j.length + 1);
     f[0] = 1;
