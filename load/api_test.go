@@ -146,11 +146,11 @@ func TestLoadAPI(t *testing.T) {
 		tick := time.NewTicker(500 * time.Millisecond)
 		defer tick.Stop()
 		for {
+			rssMax = max(rssMax, rss(k.pid()))
 			select {
 			case <-stopRSS:
 				return
 			case <-tick.C:
-				rssMax = max(rssMax, rss(k.pid()))
 			}
 		}
 	}()
