@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -154,6 +157,8 @@ func TestLoadAPI(t *testing.T) {
 			}
 		}
 	}()
+	adminKey := k.adminKey()
+	store0 := storeTotals(t, k.url(), adminKey)
 	start := time.Now()
 	deadline := start.Add(dur)
 	var wg sync.WaitGroup
@@ -209,6 +214,7 @@ func TestLoadAPI(t *testing.T) {
 	close(stopRSS)
 	<-rssDone
 	rss1 := rss(k.pid())
+	store1 := storeTotals(t, k.url(), adminKey)
 
 	methods := make([]string, 0, len(results))
 	calls, errs := 0, 0
@@ -223,6 +229,9 @@ func TestLoadAPI(t *testing.T) {
 	c := commit()
 	lines := []string{fmt.Sprintf("| %d members, each a connection of their own key, for %s (`%s`) | %d calls, **%d errors** | %.0f calls/s | p50 %s, p99 %s | kloud RSS %s before, max %s during, %s after | %s |",
 		n, dur, "make load", calls, errs, float64(calls)/wall.Seconds(), ms(pct(all, 50)), ms(pct(all, 99)), mib(rss0), mib(max(rssMax, rss1)), mib(rss1), c)}
+	storeN, storeSecs := store1.n-store0.n, store1.secs-store0.secs
+	lines = append(lines, "", fmt.Sprintf("Store during the load: %.0f commands (%.1f per call), %.1f s of command time in %.1f s of wall time (mean %.2f ms a command; the embedded store serves one command at a time).",
+		storeN, storeN/float64(max(calls, 1)), storeSecs, wall.Seconds(), 1000*storeSecs/max(storeN, 1)))
 	lines = append(lines, "", "| method | calls | errors | p50 | p99 | max |", "|---|---|---|---|---|---|")
 	for _, m := range methods {
 		r := results[m]
@@ -237,6 +246,45 @@ func TestLoadAPI(t *testing.T) {
 		sort.Strings(es)
 		t.Errorf("%d of %d calls failed (target 0):\n%s", errs, calls, strings.Join(es, "\n"))
 	}
+}
+
+// storeSums are the totals of kloud's store command histogram.
+type storeSums struct{ n, secs float64 }
+
+// storeTotals reads kloud_store_command_duration_seconds' count and sum over every command
+// from kloud's /metrics (as an administrator).
+func storeTotals(t *testing.T, base, adminKey string) storeSums {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, base+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %s: %s", resp.Status, b)
+	}
+	var s storeSums
+	for _, l := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(l, "{")
+		if !ok {
+			continue
+		}
+		_, val, _ := strings.Cut(rest, "} ")
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "kloud_store_command_duration_seconds_count":
+			s.n += v
+		case "kloud_store_command_duration_seconds_sum":
+			s.secs += v
+		}
+	}
+	return s
 }
 
 // errKind names an error for the summary: the method and the kite error's code and type, or

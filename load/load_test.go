@@ -162,15 +162,21 @@ func (k *kloudProc) dial(ctx context.Context, key string, retry time.Duration) (
 	return kt.Dial(ctx, k.url()+"/kite", kite.Auth{Type: kite.AuthKiteKey, Key: key})
 }
 
-// admin is a connection with the admin key of kloud's data dir. Its calls wait out the admin's
-// rate limit (setup, not measured).
-func (k *kloudProc) admin(ctx context.Context) *kite.Conn {
+// adminKey is the admin kite key of kloud's data dir.
+func (k *kloudProc) adminKey() string {
 	k.t.Helper()
 	key, err := kitekey.ReadFile(filepath.Join(k.dir, "admin.key"))
 	if err != nil {
 		k.t.Fatal(err)
 	}
-	c, err := k.dial(ctx, key, 5*time.Minute)
+	return key
+}
+
+// admin is a connection with the admin key of kloud's data dir. Its calls wait out the admin's
+// rate limit (setup, not measured).
+func (k *kloudProc) admin(ctx context.Context) *kite.Conn {
+	k.t.Helper()
+	c, err := k.dial(ctx, k.adminKey(), 5*time.Minute)
 	if err != nil {
 		k.t.Fatalf("admin dial: %v", err)
 	}
