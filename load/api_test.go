@@ -91,36 +91,57 @@ var apiMix = []apiOp{
 	}},
 }
 
-// TestLoadAPI: LOAD_CLIENTS members (full 1,000, tiny 20), each with a kite key of their own
-// on a connection of their own, call kloud's methods (apiMix) one after another, as fast as
-// kloud answers, for LOAD_DURATION (full 60 s, tiny 3 s). Target: 0 errors. kloud runs with
-// its default limits (--rate-limit 20/s, --rate-burst 100 per user): a member who waits for
-// each answer stays far under them. It prints calls/s and p50/p99 per method.
+// TestLoadAPI: LOAD_CLIENTS connections (full 1,000, tiny 20) of LOAD_MEMBERS members (full
+// 100, tiny 20; a member's browser tabs and CLI are several connections of one key) in teams
+// of 10 call kloud's methods (apiMix) one after another, as fast as kloud answers, for
+// LOAD_DURATION (full 60 s, tiny 3 s). Each connection edits a template of its own (two tabs
+// saving one template at once is a conflict, -32004, by design). Target: 0 errors. kloud runs
+// with its default limits (--rate-limit 20/s, --rate-burst 100 per member). It prints calls/s,
+// p50/p99 per method and the store's share.
 func TestLoadAPI(t *testing.T) {
 	t.Parallel()
 	n := size(t, "LOAD_CLIENTS", 1000, 20)
+	members := min(n, size(t, "LOAD_MEMBERS", 100, 20))
 	dur := duration(t, "LOAD_DURATION", 60*time.Second, 3*time.Second)
 	k := startKloud(t)
 	ctx := context.Background()
-	keys := k.addUsers(ctx, k.admin(ctx), "member", n)
-
-	// Each member's connection, credential and template (setup, not measured).
-	clients := make([]*apiClient, n)
-	if err := fanOut(ctx, n, 16, func(ctx context.Context, i int) error {
-		c, err := k.dial(ctx, keys[i], 0)
+	admin := k.admin(ctx)
+	teams := (members + 9) / 10
+	for i := range teams {
+		if _, err := api.NewClient(admin).TeamCreate(ctx, api.TeamCreateParams{Slug: fmt.Sprintf("team%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := k.addUsers(ctx, admin, "member", members, func(i int) string { return fmt.Sprintf("team%d", i/10) })
+	creds := make([]string, members)
+	if err := fanOut(ctx, members, 16, func(ctx context.Context, i int) error {
+		c, err := k.dial(ctx, keys[i], time.Minute)
 		if err != nil {
 			return fmt.Errorf("member%d: dial: %w", i, err)
 		}
-		a := &apiClient{c: api.NewClient(c)}
-		cr, err := a.c.CredentialAdd(ctx, api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"abc123"}`)})
+		cr, err := api.NewClient(c).CredentialAdd(ctx, api.CredentialAddParams{Provider: "dummy", Title: "mine", Data: json.RawMessage(`{"token":"abc123"}`)})
 		if err != nil {
 			return fmt.Errorf("member%d: credential.add: %w", i, err)
 		}
+		creds[i] = cr.ID
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each connection and its template (setup, not measured).
+	clients := make([]*apiClient, n)
+	if err := fanOut(ctx, n, 16, func(ctx context.Context, i int) error {
+		c, err := k.dial(ctx, keys[i%members], 0) // a rate-limited call is an error of the load
+		if err != nil {
+			return fmt.Errorf("connection %d: dial: %w", i, err)
+		}
+		a := &apiClient{c: api.NewClient(c), credential: creds[i%members]}
 		tp, err := a.c.TemplateCreate(ctx, api.TemplateParams{Title: "demo", Files: machineTemplate(1, "revision 0")})
 		if err != nil {
-			return fmt.Errorf("member%d: template.create: %w", i, err)
+			return fmt.Errorf("connection %d: template.create: %w", i, err)
 		}
-		a.credential, a.template = cr.ID, tp.ID
+		a.template = tp.ID
 		clients[i] = a
 		return nil
 	}); err != nil {
@@ -227,11 +248,20 @@ func TestLoadAPI(t *testing.T) {
 	}
 	sort.Strings(methods)
 	c := commit()
-	lines := []string{fmt.Sprintf("| %d members, each a connection of their own key, for %s (`%s`) | %d calls, **%d errors** | %.0f calls/s | p50 %s, p99 %s | kloud RSS %s before, max %s during, %s after | %s |",
-		n, dur, "make load", calls, errs, float64(calls)/wall.Seconds(), ms(pct(all, 50)), ms(pct(all, 99)), mib(rss0), mib(max(rssMax, rss1)), mib(rss1), c)}
+	lines := []string{fmt.Sprintf("| %d connections of %d members (teams of 10) for %s (`%s`) | %d calls, **%d errors** | %.0f calls/s | p50 %s, p99 %s | kloud RSS %s before, max %s during, %s after | %s |",
+		n, members, dur, "make load", calls, errs, float64(calls)/wall.Seconds(), ms(pct(all, 50)), ms(pct(all, 99)), mib(rss0), mib(max(rssMax, rss1)), mib(rss1), c)}
 	storeN, storeSecs := store1.n-store0.n, store1.secs-store0.secs
 	lines = append(lines, "", fmt.Sprintf("Store during the load: %.0f commands (%.1f per call), %.1f s of command time in %.1f s of wall time (mean %.2f ms a command; the embedded store serves one command at a time).",
 		storeN, storeN/float64(max(calls, 1)), storeSecs, wall.Seconds(), 1000*storeSecs/max(storeN, 1)))
+	var ops []string
+	for op, c := range store1.byOp {
+		d := store0.byOp[op]
+		if n := c[0] - d[0]; n > 0 {
+			ops = append(ops, fmt.Sprintf("%s %.0f× %.1f s", op, n, c[1]-d[1]))
+		}
+	}
+	sort.Strings(ops)
+	lines = append(lines, "", "Store commands: "+strings.Join(ops, ", ")+".")
 	lines = append(lines, "", "| method | calls | errors | p50 | p99 | max |", "|---|---|---|---|---|---|")
 	for _, m := range methods {
 		r := results[m]
@@ -249,7 +279,10 @@ func TestLoadAPI(t *testing.T) {
 }
 
 // storeSums are the totals of kloud's store command histogram.
-type storeSums struct{ n, secs float64 }
+type storeSums struct {
+	n, secs float64
+	byOp    map[string][2]float64 // operation → count, seconds
+}
 
 // storeTotals reads kloud_store_command_duration_seconds' count and sum over every command
 // from kloud's /metrics (as an administrator).
@@ -266,7 +299,7 @@ func storeTotals(t *testing.T, base, adminKey string) storeSums {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /metrics: %s: %s", resp.Status, b)
 	}
-	var s storeSums
+	s := storeSums{byOp: map[string][2]float64{}}
 	for _, l := range strings.Split(string(b), "\n") {
 		name, rest, ok := strings.Cut(l, "{")
 		if !ok {
@@ -277,12 +310,20 @@ func storeTotals(t *testing.T, base, adminKey string) storeSums {
 		if err != nil {
 			continue
 		}
+		op := ""
+		if _, after, ok := strings.Cut(rest, `operation="`); ok {
+			op, _, _ = strings.Cut(after, `"`)
+		}
+		c := s.byOp[op]
 		switch name {
 		case "kloud_store_command_duration_seconds_count":
 			s.n += v
+			c[0] += v
 		case "kloud_store_command_duration_seconds_sum":
 			s.secs += v
+			c[1] += v
 		}
+		s.byOp[op] = c
 	}
 	return s
 }

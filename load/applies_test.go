@@ -30,7 +30,7 @@ func TestLoadApplies(t *testing.T) {
 	n := size(t, "LOAD_APPLIES", 50, 3)
 	k := startKloud(t)
 	ctx := context.Background()
-	keys := k.addUsers(ctx, k.admin(ctx), "builder", n)
+	keys := k.addUsers(ctx, k.admin(ctx), "builder", n, nil)
 	stacks := make([]*builtStack, n)
 	if err := fanOut(ctx, n, 8, func(ctx context.Context, i int) error {
 		c, err := k.dial(ctx, keys[i], time.Minute)

@@ -183,15 +183,19 @@ func (k *kloudProc) admin(ctx context.Context) *kite.Conn {
 	return c
 }
 
-// addUsers adds n members of team default named prefix0..prefixN-1 and returns a kite key of
-// each (kontrol.createKey), a few at a time.
-func (k *kloudProc) addUsers(ctx context.Context, admin *kite.Conn, prefix string, n int) []string {
+// addUsers adds n members named prefix0..prefixN-1, member i of team team(i) (nil: all of
+// team default, which must exist), and returns a kite key of each (kontrol.createKey), a few
+// at a time.
+func (k *kloudProc) addUsers(ctx context.Context, admin *kite.Conn, prefix string, n int, team func(i int) string) []string {
 	k.t.Helper()
 	keys := make([]string, n)
 	ac := api.NewClient(admin)
+	if team == nil {
+		team = func(int) string { return "default" }
+	}
 	err := fanOut(ctx, n, 8, func(ctx context.Context, i int) error {
 		u := fmt.Sprintf("%s%d", prefix, i)
-		if _, err := ac.UserAdd(ctx, api.UserAddParams{Username: u, Team: "default"}); err != nil {
+		if _, err := ac.UserAdd(ctx, api.UserAddParams{Username: u, Team: team(i)}); err != nil {
 			return fmt.Errorf("user.add %s: %w", u, err)
 		}
 		var r kontrolapi.CreateKeyResult

@@ -37,7 +37,7 @@ func TestLoadTerminals(t *testing.T) {
 	machines := (n + sessionsPerMachine - 1) / sessionsPerMachine
 	k := startKloud(t)
 	ctx := context.Background()
-	key := k.addUsers(ctx, k.admin(ctx), "viewer", 1)[0]
+	key := k.addUsers(ctx, k.admin(ctx), "viewer", 1, nil)[0]
 	c, err := k.dial(ctx, key, time.Minute)
 	if err != nil {
 		t.Fatal(err)
