@@ -11,7 +11,7 @@ LDFLAGS := -X github.com/kloud-dev/kloud/internal/version.Version=$(VERSION)
 # Load what setup.sh found (terraform, mirror config, base image) into every recipe.
 ENV = set -a; [ -f $(KLOUD_CACHE)/env ] && . $(KLOUD_CACHE)/env; set +a;
 
-.PHONY: help setup build run test test-short bench lint fuzz
+.PHONY: help setup build run test test-short bench lint fuzz load
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -66,6 +66,11 @@ fuzz: setup ## run every fuzz target for FUZZTIME each (default 10m: targets × 
 
 bench: setup build ## run the benchmarks against their baselines (see bench/RESULTS.md)
 	$(ENV) bench/run.sh
+
+# The load suite (load/, docs/RELIABILITY.md "Load suite"): full sizes, one scenario at a time (each
+# measures itself); LOAD_DURATION=10s shortens the API phase. make test runs its tiny version.
+load: setup ## run the load suite at full size and print its figures as Markdown rows (LOAD_DURATION=60s)
+	@$(TMPCHECK) $(ENV) LOAD=full $(GO) test -count=1 -v -parallel 1 -timeout 60m -run '^TestLoad' ./load
 
 lint: ## gofmt, go vet, and go.mod/go.sum tidy (go mod tidy -diff)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

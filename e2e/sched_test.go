@@ -82,11 +82,11 @@ func setupSched() {
 	}
 }
 
-// parallel is parallel(t) with this package's scheduler: the test continues once it holds a
+// parallel is t.Parallel() with this package's scheduler: the test continues once it holds a
 // slot, which it gives back when it ends.
 func parallel(t *testing.T) {
 	t.Helper()
-	parallel(t)
+	t.Parallel()
 	name := t.Name()
 	if strings.Contains(name, "/") {
 		return
