@@ -41,7 +41,8 @@ func (w *world) checkJobs() []string {
 	return bad
 }
 
-// tfMachines is the kloudlocal_machine ids in stack sid's terraform state (terraformer's work
+// tfMachines is the ids of the templates' machine resource (w.machineType "vm") in stack sid's
+// terraform state (terraformer's work
 // dir of the stack; none when it has none).
 func (w *world) tfMachines(sid string) ([]string, error) {
 	b, err := os.ReadFile(filepath.Join(w.dir, "terraformer", "stacks", "stack-"+sid, "work", "terraform.tfstate"))
@@ -53,8 +54,8 @@ func (w *world) tfMachines(sid string) ([]string, error) {
 	}
 	var st struct {
 		Resources []struct {
-			Mode, Type string
-			Instances  []struct {
+			Mode, Type, Name string
+			Instances        []struct {
 				Attributes struct{ ID string }
 			}
 		}
@@ -64,7 +65,7 @@ func (w *world) tfMachines(sid string) ([]string, error) {
 	}
 	var ids []string
 	for _, r := range st.Resources {
-		if r.Mode != "managed" || r.Type != "kloudlocal_machine" {
+		if r.Mode != "managed" || r.Type != w.machineType || r.Name != "vm" {
 			continue
 		}
 		for _, in := range r.Instances {
@@ -128,6 +129,32 @@ func (w *world) checkHost(owned map[string][]string) []string {
 			if cwd, _ := os.Readlink("/proc/" + strconv.Itoa(p.pid) + "/cwd"); strings.HasPrefix(cwd, w.dir) {
 				bad = append(bad, fmt.Sprintf("%s (pid %d) runs in %s", p.comm, p.pid, cwd))
 			}
+		}
+	}
+	return bad
+}
+
+// strays returns the processes that run in the world's data dir (their working directory is
+// in it) other than kloud, its terraformer and its plugins: machines of the example provider and
+// terraform runs; none should be left once every stack is destroyed.
+func (w *world) strays() []string {
+	ps := procs()
+	keep := map[int]bool{w.kloud.Process.Pid: true, w.terraformer(): true}
+	parent := map[int]int{}
+	for _, p := range ps {
+		parent[p.pid] = p.ppid
+	}
+	// The plugin and the chain of its launcher up to kloud.
+	for pid := w.plugin(); pid > 1 && !keep[pid]; pid = parent[pid] {
+		keep[pid] = true
+	}
+	var bad []string
+	for _, p := range ps {
+		if keep[p.pid] {
+			continue
+		}
+		if cwd, _ := os.Readlink("/proc/" + strconv.Itoa(p.pid) + "/cwd"); cwd == w.dir || strings.HasPrefix(cwd, w.dir+"/") {
+			bad = append(bad, fmt.Sprintf("%s (pid %d) runs in %s", p.comm, p.pid, cwd))
 		}
 	}
 	return bad

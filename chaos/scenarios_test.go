@@ -37,6 +37,8 @@ type scenario struct {
 	// window is where the kill point is drawn from, from the operation's start: about its
 	// duration on an idle host (repeat shortens it when a job ends before its kill point).
 	window time.Duration
+	// example: the stacks are the example provider plugin's machines (world.withExample).
+	example bool
 	// prepare readies run r for its operation: the template and the stack, built or not.
 	prepare func(r *run)
 	// op starts the operation and returns its job's id.
@@ -88,6 +90,7 @@ func scenarios() []scenario {
 			return r.w.running(r.sid, 1)
 		},
 	}
+	example := func(s scenario) scenario { s.example = true; return s }
 	named := func(s scenario, name, victim string, window time.Duration) scenario {
 		s.name, s.victim, s.window = name, victim, window
 		return s
@@ -101,6 +104,7 @@ func scenarios() []scenario {
 		// klient exists once the machine booted: killed at the first moment it runs after the
 		// kill point.
 		named(apply, "klient-apply", "klient", 15*time.Second),
+		example(named(apply, "plugin-apply", "plugin", 10*time.Second)),
 	}
 }
 
@@ -187,6 +191,9 @@ type result struct {
 // shortened to 90% of that job's duration: the host's load decides how long an operation takes.
 func (s scenario) repeat(t *testing.T, cfg chaosConfig) summary {
 	w := newWorld(t)
+	if s.example {
+		w.withExample()
+	}
 	h := fnv.New64a()
 	h.Write([]byte(s.name))
 	rng := rand.New(rand.NewPCG(cfg.seed, h.Sum64()))
@@ -240,6 +247,8 @@ func (s scenario) once(t *testing.T, w *world, killAt time.Duration) result {
 			res.recovery = r.killTerraformer()
 		case "klient":
 			res.killed, res.recovery = r.killKlient(jobID)
+		case "plugin":
+			res.recovery = r.killPlugin()
 		default:
 			t.Fatalf("unknown victim %q", s.victim)
 		}
@@ -294,6 +303,7 @@ func (r *run) finish() []string {
 		}
 	}
 	bad = append(bad, w.invariants()...)
+	bad = append(bad, w.strays()...)
 	return append(bad, w.gone(slices.Collect(maps.Values(r.seen)))...)
 }
 
@@ -338,6 +348,32 @@ func (r *run) killTerraformer() time.Duration {
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	return -1
+}
+
+// killPlugin SIGKILLs the example provider's plugin and returns how long until kloud's plugin
+// host had another one connected; -1 if not in 3 minutes.
+func (r *run) killPlugin() time.Duration {
+	w := r.w
+	old := w.plugin()
+	if old == 0 {
+		w.t.Fatalf("kloud %d runs no example plugin", w.kloud.Process.Pid)
+	}
+	syscall.Kill(old, syscall.SIGKILL)
+	killed := time.Now()
+	for time.Since(killed) < 3*time.Minute {
+		if pid := w.plugin(); pid != 0 && pid != old {
+			var ps []api.ProviderStatus
+			if err := w.cliJSON(&ps, "provider", "list"); err == nil {
+				for _, p := range ps {
+					if p.Name == "example" && p.Connected && strings.Contains(p.Where, strconv.Itoa(pid)) {
+						return time.Since(killed)
+					}
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	return -1
 }

@@ -35,6 +35,9 @@ type world struct {
 	tfAddr string // its terraformer's (kept across restarts)
 	tfCfg  string // the Terraform CLI config with the kloudlocal mirror
 	key    string // alice's key file ("" until she exists)
+	// machineType is the Terraform resource type of the stacks' machines: kloudlocal_machine,
+	// or terraform_data with the example provider plugin (withExample).
+	machineType string
 
 	kloud   *exec.Cmd
 	out     *testutil.SyncBuffer
@@ -51,7 +54,7 @@ func newWorld(t *testing.T) *world {
 	_, cfg := tfprovidertest.Terraform(t)
 	_, port, _ := net.SplitHostPort(testutil.FreeLoopback(t))
 	w := &world{t: t, h: h, dir: t.TempDir(), addr: net.JoinHostPort(h.HostAddr().String(), port),
-		tfAddr: testutil.FreeLoopback(t), tfCfg: cfg}
+		tfAddr: testutil.FreeLoopback(t), tfCfg: cfg, machineType: "kloudlocal_machine"}
 	t.Cleanup(w.stop)
 	w.start()
 	w.mustCLI("user", "add", "alice", "--team", "default")
@@ -59,6 +62,36 @@ func newWorld(t *testing.T) *world {
 	w.mustCLI("key", "create", "--username", "alice", "--out", key)
 	w.key = key
 	return w
+}
+
+// withExample installs the example provider (examples/provider-example) as a plugin of the
+// world's kloud (sandboxed, started by kloud's plugin host), gives alice a credential of it and
+// bootstraps it; the world's templates are then the example's machines (terraform_data).
+func (w *world) withExample() {
+	t := w.t
+	t.Helper()
+	bin := testutil.BuildBinary(t, "./examples/provider-example")
+	if out, err := w.cliAs("", 2*time.Minute, "provider", "install", bin, "--name", "example", "--wait", "90s"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var cred struct{ ID string }
+	if err := w.cliJSON(&cred, "credential", "add", "--provider", "example", "--title", "chaos", "--field", "label=chaos"); err != nil {
+		t.Fatal(err)
+	}
+	w.mustCLI("credential", "bootstrap", cred.ID)
+	w.machineType = "terraform_data"
+}
+
+// plugin is the pid of the example provider's plugin process under kloud, 0 if none runs.
+func (w *world) plugin() int {
+	bin := filepath.Join(w.dir, "plugins", "kloud-provider-example")
+	for _, p := range descendants(procs(), w.kloud.Process.Pid) {
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cmdline")
+		if arg0, _, _ := strings.Cut(string(cmdline), "\x00"); arg0 == bin {
+			return p.pid
+		}
+	}
+	return 0
 }
 
 // start starts kloud and returns once it answers /healthz and its terraformer is up.
@@ -117,10 +150,15 @@ func (w *world) stop() {
 // cli runs the kloud CLI as alice (as the administrator before she exists) with a deadline, and
 // returns what it printed (stdout and stderr).
 func (w *world) cli(timeout time.Duration, args ...string) (string, error) {
+	return w.cliAs(w.key, timeout, args...)
+}
+
+// cliAs is cli with the key file key ("": kloud's administrator).
+func (w *world) cliAs(key string, timeout time.Duration, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, built.kloud, args...)
-	cmd.Env = append(os.Environ(), "KLOUD_URL=http://"+w.addr, "KLOUD_DATA_DIR="+w.dir, "KLOUD_KEY="+w.key)
+	cmd.Env = append(os.Environ(), "KLOUD_URL=http://"+w.addr, "KLOUD_DATA_DIR="+w.dir, "KLOUD_KEY="+key)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -167,7 +205,13 @@ func (w *world) updateTemplate(id string, m int) {
 
 func (w *world) templateFile(n int) string {
 	f := filepath.Join(w.t.TempDir(), "main.tf")
-	src := `terraform {
+	src := `resource "terraform_data" "vm" {
+  count = ` + strconv.Itoa(n) + `
+  input = "#!/bin/bash\necho chaos"
+}
+`
+	if w.machineType == "kloudlocal_machine" {
+		src = `terraform {
   required_providers {
     kloudlocal = { source = "kloud/kloudlocal" }
   }
@@ -180,6 +224,7 @@ resource "kloudlocal_machine" "vm" {
   user_data = "#!/bin/bash\necho chaos"
 }
 `
+	}
 	if err := os.WriteFile(f, []byte(src), 0o644); err != nil {
 		w.t.Fatal(err)
 	}

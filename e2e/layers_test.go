@@ -26,6 +26,7 @@ var layers = map[string]int{
 	"objstore": 4,                       // the S3 server of buckets and its provisioner
 	"kloud":    5,                       // the orchestrator
 	"cmd":      6, "e2e": 6, "bench": 6, // mains and the harnesses that run the whole system
+	"chaos": 6, // the fault suite
 }
 
 const module = "github.com/kloud-dev/kloud/"
