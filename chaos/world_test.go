@@ -145,6 +145,14 @@ func (w *world) stop() {
 	if w.t.Failed() {
 		w.t.Logf("kloud's output:\n%s", w.out)
 	}
+	// What a failed run left running in the data dir (the example provider's machines, a
+	// terraform run) goes too; local machines go with the host (tfprovidertest.NewHost).
+	for _, p := range procs() {
+		if cwd, _ := os.Readlink("/proc/" + strconv.Itoa(p.pid) + "/cwd"); cwd == w.dir || strings.HasPrefix(cwd, w.dir+"/") {
+			w.t.Logf("killing %s (pid %d), left running in %s", p.comm, p.pid, cwd)
+			syscall.Kill(p.pid, syscall.SIGKILL)
+		}
+	}
 }
 
 // cli runs the kloud CLI as alice (as the administrator before she exists) with a deadline, and
