@@ -6,6 +6,7 @@ package chaos
 // owns (machines, their processes, netns, veths, mounts, cgroups; terraform runs).
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -51,6 +52,9 @@ func (w *world) tfMachines(sid string) ([]string, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil, nil // terraform's own reading of an empty state file (a run killed early leaves one)
 	}
 	var st struct {
 		Resources []struct {
