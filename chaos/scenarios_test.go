@@ -371,7 +371,7 @@ func (r *run) killPlugin() time.Duration {
 			var ps []api.ProviderStatus
 			if err := w.cliJSON(&ps, "provider", "list"); err == nil {
 				for _, p := range ps {
-					if p.Name == "example" && p.Connected && strings.Contains(p.Where, strconv.Itoa(pid)) {
+					if p.Name == "example" && p.Connected && p.ConnectedAt != nil && p.ConnectedAt.After(killed) {
 						return time.Since(killed)
 					}
 				}
