@@ -11,7 +11,7 @@ LDFLAGS := -X github.com/kloud-dev/kloud/internal/version.Version=$(VERSION)
 # Load what setup.sh found (terraform, mirror config, base image) into every recipe.
 ENV = set -a; [ -f $(KLOUD_CACHE)/env ] && . $(KLOUD_CACHE)/env; set +a;
 
-.PHONY: help setup build run test test-short bench lint fuzz load
+.PHONY: help setup build run test test-short bench lint fuzz load chaos
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -32,7 +32,7 @@ TESTPARALLEL ?= -p 4 -parallel 4
 # go test starts packages in the order it is given them: the longest first, by a full run's
 # package times (scripts/testtimes.sh; docs/CONTRIBUTING.md, "Where the suite's time goes"), then
 # the rest, so that no long package starts last; e2e is the long pole, the others fill beside it.
-TESTPKGS ?= ./e2e ./kloud ./providers/docker ./providers/local ./providers/vagrant ./providers/local/sandbox \
+TESTPKGS ?= ./e2e ./kloud ./providers/docker ./chaos ./providers/local ./providers/vagrant ./providers/local/sandbox \
 	./klient/vagrant ./klient ./examples/provider-example/example ./kloud/cli ./kloud/store ./providers/dummy \
 	./providers/docker/dockertest ./terraformer/tfrun ./providers/local/tfprovider ./bench/storegrowth \
 	./internal/layersnap ./terraformer ./userdata ./kloud/stackbuild ./terraformer/tfsandbox ./...
@@ -63,6 +63,13 @@ TMPCHECK = tmpcheck() { ls -A "$${TMPDIR:-/tmp}" | grep -E '^(kloud|webterm-|tfa
 
 fuzz: setup ## run every fuzz target for FUZZTIME each (default 10m: targets × 10 min in all; FUZZ=regexp picks targets)
 	@$(TMPCHECK) $(ENV) scripts/fuzz.sh
+
+# The fault suite (chaos/, docs/RELIABILITY.md "Fault suite"): each scenario CHAOS_N times with a
+# seeded random SIGKILL (CHAOS_SEED to repeat a run; the table also goes to CHAOS_REPORT).
+# `make test` runs its short version (CHAOS_N=1).
+CHAOS_N ?= 20
+chaos: setup ## run the fault suite: SIGKILL of kloud, terraformer, klient at random moments, CHAOS_N=20 times each (as root)
+	$(ENV) CHAOS_N=$(CHAOS_N) $(GO) test -p 1 -count=1 -parallel 6 -timeout 150m -run '^TestChaos$$' -v ./chaos
 
 bench: setup build ## run the benchmarks against their baselines (see bench/RESULTS.md)
 	$(ENV) bench/run.sh

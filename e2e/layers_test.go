@@ -26,7 +26,8 @@ var layers = map[string]int{
 	"objstore": 4,                       // the S3 server of buckets and its provisioner
 	"kloud":    5,                       // the orchestrator
 	"cmd":      6, "e2e": 6, "bench": 6, // mains and the harnesses that run the whole system
-	"load": 6, // the load suite (make load)
+	"load":  6, // the load suite (make load)
+	"chaos": 6, // the fault suite
 }
 
 const module = "github.com/kloud-dev/kloud/"
