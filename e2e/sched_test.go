@@ -46,7 +46,7 @@ var expectedSeconds = map[string]int{
 // browserTest reports whether test name drives Chromium (it waits for the browser lock): those
 // start first.
 func browserTest(name string) bool {
-	return strings.HasPrefix(name, "TestBrowser") || name == "TestLocalPorts" || name == "TestIdleStop"
+	return strings.HasPrefix(name, "TestBrowser") || name == "TestLocalPorts" || name == "TestIdleStop" || name == "TestNetworkCut"
 }
 
 // sched is the package's scheduler (set up by TestMain's setupSched).
