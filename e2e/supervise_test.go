@@ -1,8 +1,9 @@
 package e2e
 
 // kloud keeps its own parts alive, and a kill leaves nothing running (issue 9, item 7): the
-// terraformer `kloud serve` starts is restarted when it dies, calls fail at once while it is
-// down, and a SIGKILL of kloud mid-apply leaves no terraformer, terraform or provider process.
+// terraformer `kloud serve` starts is restarted when it dies, calls wait for it while it is
+// down (issue 23), and a SIGKILL of kloud mid-apply leaves no terraformer, terraform or provider
+// process; the interrupted job resumes at once and ends as asked (issue 23).
 
 import (
 	"encoding/json"
