@@ -232,6 +232,35 @@ func TestPluginLaunchedSandboxedRestarted(t *testing.T) {
 		resp.Body.Close()
 	}
 
+	// The restart backoff grows across quick kills and resets once the plugin served 10s
+	// (pluginhost.DefaultResetAfter; issue 23: it reset only after a minute).
+	kill := func(what string) {
+		t.Helper()
+		p, _ := e.waitPluginProc("testplug")
+		killed := time.Now()
+		syscall.Kill(p.pid, syscall.SIGKILL)
+		e.waitProvider("testplug", 60*time.Second, func(s api.ProviderStatus) bool {
+			return s.Connected && s.ConnectedAt != nil && s.ConnectedAt.After(killed)
+		}, "not connected again after SIGKILL "+what)
+	}
+	kill("right after the first restart")
+	if !strings.Contains(e.kloudOut.String(), "attempt=2") {
+		t.Errorf("a kill right after a restart did not grow the backoff (attempt=2):\n%s", e.kloudOut)
+	}
+	time.Sleep(10*time.Second + 500*time.Millisecond)
+	before := strings.Count(e.kloudOut.String(), `msg="provider plugin exited; restarting it"`)
+	kill("after 10s of service")
+	lines := strings.Split(e.kloudOut.String(), "\n")
+	var last string
+	for _, l := range lines {
+		if strings.Contains(l, `msg="provider plugin exited; restarting it"`) {
+			last = l
+		}
+	}
+	if strings.Count(e.kloudOut.String(), `msg="provider plugin exited; restarting it"`) != before+1 || !strings.Contains(last, "attempt=1") {
+		t.Errorf("the restart after 10s of service did not reset the backoff: %s", last)
+	}
+
 	// A new binary (install again): kloud restarts the plugin from it; install waits for that.
 	out = e.run("provider", "install", testPluginBin(t), "--name", "testplug", "--wait", "60s")
 	if !strings.Contains(out, "provider testplug: connected") || !strings.Contains(e.kloudOut.String(), "binary replaced: restarting it") {

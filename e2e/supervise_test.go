@@ -1,8 +1,9 @@
 package e2e
 
 // kloud keeps its own parts alive, and a kill leaves nothing running (issue 9, item 7): the
-// terraformer `kloud serve` starts is restarted when it dies, calls fail at once while it is
-// down, and a SIGKILL of kloud mid-apply leaves no terraformer, terraform or provider process.
+// terraformer `kloud serve` starts is restarted when it dies, calls wait for it while it is
+// down (issue 23), and a SIGKILL of kloud mid-apply leaves no terraformer, terraform or provider
+// process; the interrupted job resumes at once and ends as asked (issue 23).
 
 import (
 	"encoding/json"
@@ -264,13 +265,14 @@ func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 	assertGone(t, e, victims)
 
 	e.start()
+	restarted := time.Now()
 	resumed := e.resumedAfter(jobID)
 	t.Logf("the restarted kloud resumed job %s %s after it answered (target < 3s)", jobID, resumed.Round(time.Millisecond))
 	if resumed > 5*time.Second { // the 3s target, with slack for a loaded 2-core machine
 		t.Errorf("resumed %s after the restart, want < 3s (not the 30s job lease)", resumed)
 	}
 	final, _ := e.try("job", "watch", jobID)
-	t.Logf("after the restart:\n%s", final)
+	t.Logf("the build ended %s after the restart:\n%s", time.Since(restarted).Round(time.Millisecond), final)
 	var j struct {
 		Status, Error string
 		Log           []string
@@ -304,11 +306,12 @@ func TestTerraformerKilledMidApply(t *testing.T) {
 	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t))
 	sid, jobID, tf := startLongApply(t, e)
 	victims := whenApplying(t, e, tf.pid, func() { syscall.Kill(tf.pid, syscall.SIGKILL) })
+	killed := time.Now()
 	t.Logf("killed terraformer while these ran under it:\n%s", procList(victims))
 	assertGone(t, e, victims)
 
 	final, _ := e.try("job", "watch", jobID)
-	t.Logf("the build:\n%s", final)
+	t.Logf("the build ended %s after the kill:\n%s", time.Since(killed).Round(time.Millisecond), final)
 	var j struct {
 		Status, Error string
 		Log           []string
@@ -350,19 +353,64 @@ func (e *env) resumedAfter(jobID string) time.Duration {
 // what ran under it then.
 func whenApplying(t *testing.T, e *env, tf int, kill func()) []osProc {
 	t.Helper()
+	return whenTerraform(t, e, tf, "apply", kill)
+}
+
+// whenTerraform calls kill as soon as terraform runs with arg (its command: "apply") under
+// terraformer tf, and returns what ran under it then.
+func whenTerraform(t *testing.T, e *env, tf int, arg string, kill func()) []osProc {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		ps := tree(tf)
 		for _, p := range ps {
-			if p.comm == "terraform" && strings.Contains(p.cmdline, "apply") {
+			if p.comm == "terraform" && strings.Contains(p.cmdline, arg) {
 				kill()
 				return ps
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("never saw terraform apply under terraformer %d; kloud:\n%s", tf, e.kloudOut)
+	t.Fatalf("never saw terraform %s under terraformer %d; kloud:\n%s", arg, tf, e.kloudOut)
 	return nil
+}
+
+// TestKloudKilledMidDestroy: kill -9 of kloud while terraform destroys a built stack → a
+// restarted kloud resumes the destroy at once (its lease names the dead process), runs terraform
+// destroy again and ends as asked: the stack gone, nothing of it left.
+func TestKloudKilledMidDestroy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t), "--job-lease", "30s")
+	sid, build, _ := startLongApply(t, e)
+	if out, err := e.try("job", "watch", build); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	tf := terraformerChild(t, e.kloud.Process.Pid)
+	out := e.run("stack", "destroy", sid, "--detach")
+	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	victims := whenTerraform(t, e, tf.pid, "destroy", func() { e.kloud.Process.Signal(syscall.SIGKILL) })
+	e.kill()
+	assertGone(t, e, victims)
+	e.start()
+	restarted := time.Now()
+	resumed := e.resumedAfter(jobID)
+	t.Logf("the restarted kloud resumed the destroy %s after it answered (target < 3s)", resumed.Round(time.Millisecond))
+	if resumed > 5*time.Second { // the 3s target, with slack for a loaded 2-core machine
+		t.Errorf("resumed %s after the restart, want < 3s", resumed)
+	}
+	final, _ := e.try("job", "watch", jobID)
+	var j struct{ Status, Error string }
+	e.runJSON(&j, "job", "get", jobID)
+	t.Logf("the destroy ended %s after the restart: %+v\n%s", time.Since(restarted).Round(time.Millisecond), j, final)
+	if j.Status != "succeeded" {
+		t.Fatalf("destroy after the restart: %+v", j)
+	}
+	if ms := e.machines(sid); len(ms) != 0 {
+		t.Fatalf("machines left: %+v", ms)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(e.dir, "machines", sid)); len(entries) != 0 {
+		t.Fatalf("machine directories left: %v", entries)
+	}
 }
 
 // assertGone fails the test unless every process of victims, and any terraformer, terraform or

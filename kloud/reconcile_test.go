@@ -428,6 +428,9 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	if _, err := sd.st.AcquireLease(t.Context(), "stack/stack-c", "old-apply", time.Hour); err != nil {
 		t.Fatal(err)
 	}
+	// Held by that other kloud's process (written here through this one's store, which would
+	// name this kloud's own process: a restart would know it dead).
+	storetest.SetFields(t, sd.st, store.CollLocks, "stack/stack-c", map[string]any{"holder": "0123456789abcdef01234567.0123456789abcdef01234567"})
 	// A build cancelled (job.cancel) while its kloud was down: recovery must not resume it.
 	jobE := sd.job("stack-e", "old-kloud", nil)
 	if _, err := sd.st.Jobs().RequestCancel(t.Context(), jobE); err != nil {

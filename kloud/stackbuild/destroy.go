@@ -24,9 +24,13 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (StackResult
 		return StackResult{}, err
 	}
 	j.Enter(ctx, DestroyMachines)
+	// A machine already Terminating is this job's, from an attempt before kloud restarted (no
+	// other job terminates a machine of a stack that is Destroying); before issue 23's fix a
+	// resumed destroy failed on it.
+	from := append(SettledStates(), provider.Terminating)
 	for i, m := range ms {
 		// A machine a start or stop job is changing is not taken from under it.
-		if !f.SetMachine(ctx, m.ID, SettledStates(), store.MachineSet{State: new(string(provider.Terminating))}) {
+		if !f.SetMachine(ctx, m.ID, from, store.MachineSet{State: new(string(provider.Terminating))}) {
 			return StackResult{}, f.failDestroy(ctx, st, ms[:i], "", fmt.Errorf("machine %s is %s (a job is changing it); destroy again when it is done", m.Label, m.State))
 		}
 	}

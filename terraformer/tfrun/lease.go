@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -70,7 +72,31 @@ func (lf leaseFile) read() (*lease, error) {
 	return &l, nil
 }
 
-// acquire takes the lease for owner/jobID if it is free or expired.
+// ownerGone reports whether a lease's owner is an engine of a process that is gone: its owner
+// is the default "host:pid:random" of this host and that pid no longer runs (a terraformer
+// killed, e.g. with kloud). Its lease is then free at once, not after its TTL, so the run that
+// died with it can be started again right away; the terraform it ran died with it (its pid
+// namespace). Another host's lease, or a custom Options.Owner, waits for the expiry.
+func ownerGone(owner string) bool {
+	host, rest, ok := strings.Cut(owner, ":")
+	if !ok {
+		return false
+	}
+	spid, _, ok := strings.Cut(rest, ":")
+	if !ok {
+		return false
+	}
+	pid, err := strconv.Atoi(spid)
+	if err != nil || pid <= 0 || pid == os.Getpid() {
+		return false
+	}
+	if h, err := os.Hostname(); err != nil || h != host {
+		return false
+	}
+	return !pidAlive(pid)
+}
+
+// acquire takes the lease for owner/jobID if it is free, expired, or its owner is gone.
 func (lf leaseFile) acquire(owner, jobID string, ttl time.Duration) error {
 	return lf.locked(func() error {
 		cur, err := lf.read()
@@ -78,7 +104,7 @@ func (lf leaseFile) acquire(owner, jobID string, ttl time.Duration) error {
 			return err
 		}
 		now := time.Now()
-		if cur.heldAt(now) {
+		if cur.heldAt(now) && !ownerGone(cur.Owner) {
 			return fmt.Errorf("held by %s (job %s) until %s: %w", cur.Owner, cur.JobID,
 				cur.Expires.UTC().Format(time.RFC3339), ErrLocked)
 		}
