@@ -393,13 +393,13 @@ func (w *world) terraformer() int {
 }
 
 // killKlient SIGKILLs the first klient that runs in a machine of the run's stack from now on
-// (none if job jobID ends first: killed false) and returns how long until the machine's agent
-// was connected again from a new klient; -1 if not in 3 minutes.
+// (none if job jobID ends first or none runs within jobTimeout: killed false) and returns how
+// long until the machine's agent was connected again from a new klient; -1 if not in 3 minutes.
 func (r *run) killKlient(jobID string) (killed bool, recovery time.Duration) {
 	w := r.w
 	var victim proc
 	var machine sandbox.Info
-	for victim.pid == 0 {
+	for deadline := time.Now().Add(jobTimeout); victim.pid == 0; {
 		for _, in := range w.sandboxes() {
 			if in.Tags[local.TagStack] != r.sid || in.PID == 0 {
 				continue
@@ -413,7 +413,7 @@ func (r *run) killKlient(jobID string) (killed bool, recovery time.Duration) {
 		if victim.pid != 0 {
 			break
 		}
-		if j, err := w.job(jobID); err == nil && j.Status.Done() {
+		if j, err := w.job(jobID); err == nil && j.Status.Done() || time.Now().After(deadline) {
 			return false, -1
 		}
 		time.Sleep(50 * time.Millisecond)
