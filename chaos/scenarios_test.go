@@ -146,13 +146,14 @@ func TestChaos(t *testing.T) {
 }
 
 type chaosConfig struct {
-	n     int
-	seed  uint64
-	slack time.Duration
+	n      int
+	seed   uint64
+	slack  time.Duration
+	commit string // the tree the suite was built from
 }
 
 func config(t *testing.T) chaosConfig {
-	c := chaosConfig{n: 1, seed: uint64(time.Now().UnixNano()), slack: 2 * time.Second}
+	c := chaosConfig{n: 1, seed: uint64(time.Now().UnixNano()), slack: 2 * time.Second, commit: commit()}
 	var err error
 	if v := os.Getenv("CHAOS_N"); v != "" {
 		if c.n, err = strconv.Atoi(v); err != nil || c.n < 1 {
@@ -526,7 +527,7 @@ func (s summary) assert(t *testing.T, cfg chaosConfig) {
 // report is the table of the scenarios' outcomes in Markdown, for docs/RELIABILITY.md.
 func report(cfg chaosConfig, rows []summary) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "`CHAOS_N=%d CHAOS_SEED=%d make chaos` on %s, %s\n\n", cfg.n, cfg.seed, commit(), time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&b, "`CHAOS_N=%d CHAOS_SEED=%d make chaos` on %s, %s\n\n", cfg.n, cfg.seed, cfg.commit, time.Now().UTC().Format("2006-01-02"))
 	b.WriteString("| scenario | SIGKILL of | N | killed | as asked | failed | stuck | leaked | recovery median | recovery worst | kill window |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var notes []string
