@@ -337,48 +337,48 @@ func (r *run) killKloud(jobID string, attempt int) time.Duration {
 // one answered /healthz; -1 if none in 3 minutes.
 func (r *run) killTerraformer() time.Duration {
 	w := r.w
-	old := w.terraformer()
-	if old == 0 {
-		w.t.Fatalf("kloud %d runs no terraformer", w.kloud.Process.Pid)
-	}
-	syscall.Kill(old, syscall.SIGKILL)
-	killed := time.Now()
-	for time.Since(killed) < 3*time.Minute {
-		if pid := w.terraformer(); pid != 0 && pid != old {
-			if resp, err := http.Get("http://" + w.tfAddr + "/healthz"); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return time.Since(killed)
-				}
-			}
+	return w.killChild("terraformer", w.terraformer, func(time.Time) bool {
+		resp, err := http.Get("http://" + w.tfAddr + "/healthz")
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return -1
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 }
 
 // killPlugin SIGKILLs the example provider's plugin and returns how long until kloud's plugin
 // host had another one connected; -1 if not in 3 minutes.
 func (r *run) killPlugin() time.Duration {
 	w := r.w
-	old := w.plugin()
+	return w.killChild("the example plugin", w.plugin, func(killed time.Time) bool {
+		var ps []api.ProviderStatus
+		if err := w.cliJSON(&ps, "provider", "list"); err != nil {
+			return false
+		}
+		for _, p := range ps {
+			if p.Name == "example" && p.Connected && p.ConnectedAt != nil && p.ConnectedAt.After(killed) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// killChild SIGKILLs the process of kloud's that find returns (what names it) and returns how
+// long until another one runs and up reports it serves; -1 if not in 3 minutes.
+func (w *world) killChild(what string, find func() int, up func(killed time.Time) bool) time.Duration {
+	old := find()
 	if old == 0 {
-		w.t.Fatalf("kloud %d runs no example plugin", w.kloud.Process.Pid)
+		w.t.Fatalf("kloud %d runs no %s", w.kloud.Process.Pid, what)
 	}
 	syscall.Kill(old, syscall.SIGKILL)
 	killed := time.Now()
 	for time.Since(killed) < 3*time.Minute {
-		if pid := w.plugin(); pid != 0 && pid != old {
-			var ps []api.ProviderStatus
-			if err := w.cliJSON(&ps, "provider", "list"); err == nil {
-				for _, p := range ps {
-					if p.Name == "example" && p.Connected && p.ConnectedAt != nil && p.ConnectedAt.After(killed) {
-						return time.Since(killed)
-					}
-				}
-			}
+		if pid := find(); pid != 0 && pid != old && up(killed) {
+			return time.Since(killed)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	return -1
 }
