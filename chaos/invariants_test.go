@@ -175,6 +175,30 @@ func (w *world) strays() []string {
 	return bad
 }
 
+// checkTFLeases: with no job running, no terraformer lease (stacks/*/lease.json of the
+// terraformer's data dir) is still held: one would be a run's that nobody runs, keeping the
+// stack's next terraform run waiting until it expires.
+func (w *world) checkTFLeases() []string {
+	files, _ := filepath.Glob(filepath.Join(w.dir, "terraformer", "stacks", "*", "lease.json"))
+	var bad []string
+	now := time.Now()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // released meanwhile
+		}
+		var l struct {
+			Owner, JobID string
+			Expires      time.Time
+		}
+		if json.Unmarshal(b, &l) == nil && l.Expires.After(now) {
+			bad = append(bad, fmt.Sprintf("terraformer lease of %s held by %s (job %s) until %s with no job running",
+				filepath.Base(filepath.Dir(f)), l.Owner, l.JobID, l.Expires.Format(time.RFC3339Nano)))
+		}
+	}
+	return bad
+}
+
 // invariants runs every check.
 func (w *world) invariants() []string {
 	busy, bad := w.checkJobs()
@@ -182,6 +206,9 @@ func (w *world) invariants() []string {
 	bad = append(bad, b...)
 	if owned != nil {
 		bad = append(bad, w.checkHost(owned, busy)...)
+	}
+	if len(busy) == 0 {
+		bad = append(bad, w.checkTFLeases()...)
 	}
 	return bad
 }
