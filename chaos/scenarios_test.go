@@ -538,7 +538,8 @@ func report(cfg chaosConfig, rows []summary) string {
 			failed, stuck, leaked, seconds(med), seconds(worst), seconds(s.window))
 		for i, r := range s.results {
 			if r.outcome != "asked" || len(r.leaked) > 0 {
-				notes = append(notes, fmt.Sprintf("- %s run %d, killed at %s: %s %s %s", s.name, i+1, seconds(r.killAt), r.outcome, r.reason, strings.Join(r.leaked, "; ")))
+				note := fmt.Sprintf("- %s run %d, killed at %s: %s %s %s", s.name, i+1, seconds(r.killAt), r.outcome, r.reason, strings.Join(r.leaked, "; "))
+				notes = append(notes, strings.Join(strings.Fields(note), " ")) // one line each
 			}
 		}
 	}
