@@ -28,11 +28,13 @@ const resumeTarget = 3 * time.Second
 // jobTimeout bounds an operation after the kill: a job still not ended then is stuck.
 const jobTimeout = 4 * time.Minute
 
-// scenario is an operation on a stack of local machines and the process killed during it.
+// scenario is an operation on a stack (of local machines, or the example provider's) and the
+// process killed during it.
 type scenario struct {
 	name string
 	// victim is what is killed: "kloud" (then started again), "terraformer" (kloud's
-	// supervisor starts another) or "klient" (the machine's restart loop starts another).
+	// supervisor starts another), "plugin" (the example provider's; kloud's plugin host starts
+	// another) or "klient" (the machine's restart loop starts another).
 	victim string
 	// window is where the kill point is drawn from, from the operation's start: about its
 	// duration on an idle host (repeat shortens it when a job ends before its kill point).
