@@ -69,7 +69,7 @@ fuzz: setup ## run every fuzz target for FUZZTIME each (default 10m: targets × 
 # `make test` runs its short version (CHAOS_N=1).
 CHAOS_N ?= 20
 chaos: setup ## run the fault suite: SIGKILL of kloud, terraformer, klient at random moments, CHAOS_N=20 times each (as root)
-	$(ENV) CHAOS_N=$(CHAOS_N) $(GO) test -p 1 -count=1 -parallel 6 -timeout 150m -run '^TestChaos$$' -v ./chaos
+	$(ENV) CHAOS_N=$(CHAOS_N) $(GO) test -p 1 -count=1 -parallel 7 -timeout 150m -run '^TestChaos$$' -v ./chaos
 
 bench: setup build ## run the benchmarks against their baselines (see bench/RESULTS.md)
 	$(ENV) bench/run.sh

@@ -22,24 +22,28 @@ import (
 )
 
 // checkJobs: every job of alice ended, or is running under a lease that has not expired (a
-// running job whose lease ran out is one nobody runs: stuck, its lease held past expiry).
-func (w *world) checkJobs() []string {
+// running job whose lease ran out is one nobody runs: stuck, its lease held past expiry). It
+// returns the stacks that have a job not ended (busy: their store and state are in flux).
+func (w *world) checkJobs() (busy map[string]bool, bad []string) {
 	var jobs []api.Job
 	if err := w.cliJSON(&jobs, "job", "list"); err != nil {
-		return []string{fmt.Sprintf("job list: %v", err)}
+		return nil, []string{fmt.Sprintf("job list: %v", err)}
 	}
-	var bad []string
+	busy = map[string]bool{}
 	now := time.Now()
 	for _, j := range jobs {
-		switch {
-		case j.Status.Done():
-		case j.Status == api.JobRunning && j.LeaseUntil.After(now):
-		default:
+		if j.Status.Done() {
+			continue
+		}
+		if sid, ok := strings.CutPrefix(j.Target, "stack/"); ok {
+			busy[sid] = true
+		}
+		if j.Status != api.JobRunning || !j.LeaseUntil.After(now) {
 			bad = append(bad, fmt.Sprintf("job %s (%s) %s, runner %q, lease until %s (now %s)", j.ID, j.Kind, j.Status,
 				j.Runner, j.LeaseUntil.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano)))
 		}
 	}
-	return bad
+	return busy, bad
 }
 
 // tfMachines is the ids of the templates' machine resource (w.machineType "vm") in stack sid's
@@ -80,10 +84,10 @@ func (w *world) tfMachines(sid string) ([]string, error) {
 	return ids, nil
 }
 
-// checkState: for every stack of alice, the machines the store records as built (with a
-// kloudlocal id) are the terraform state's kloudlocal_machine instances. It returns the
-// machines' sandbox ids by stack, for checkHost.
-func (w *world) checkState() (owned map[string][]string, bad []string) {
+// checkState: for every stack of alice that no job is changing (busy), the machines the store
+// records as built (with an id) are the terraform state's machine resources. It returns the
+// machines' ids by stack, for checkHost.
+func (w *world) checkState(busy map[string]bool) (owned map[string][]string, bad []string) {
 	ids, err := w.stacks()
 	if err != nil {
 		return nil, []string{fmt.Sprintf("stack list: %v", err)}
@@ -103,6 +107,9 @@ func (w *world) checkState() (owned map[string][]string, bad []string) {
 		}
 		slices.Sort(store)
 		owned[sid] = store
+		if busy[sid] {
+			continue
+		}
 		tf, err := w.tfMachines(sid)
 		if err != nil {
 			bad = append(bad, err.Error())
@@ -116,17 +123,21 @@ func (w *world) checkState() (owned map[string][]string, bad []string) {
 }
 
 // checkHost: every machine on the world's host belongs to a machine of a stack (owned, from
-// checkState), and no terraform runs once every job ended (a run kloud lost track of).
-func (w *world) checkHost(owned map[string][]string) []string {
+// checkState) or to a stack a job is changing (busy), and no terraform runs once every job
+// ended (a run kloud lost track of).
+func (w *world) checkHost(owned map[string][]string, busy map[string]bool) []string {
 	infos, err := w.h.Manager.List(w.t.Context())
 	if err != nil {
 		return []string{fmt.Sprintf("sandbox list: %v", err)}
 	}
 	var bad []string
 	for _, in := range infos {
-		if !slices.Contains(owned[in.Tags[local.TagStack]], in.ID) {
+		if sid := in.Tags[local.TagStack]; !busy[sid] && !slices.Contains(owned[sid], in.ID) {
 			bad = append(bad, fmt.Sprintf("machine %s (%s, stack %q) that no stack owns", in.ID, in.State, in.Tags[local.TagStack]))
 		}
+	}
+	if len(busy) > 0 {
+		return bad
 	}
 	for _, p := range procs() {
 		if p.comm == "terraform" || strings.HasPrefix(p.comm, "terraform-provi") {
@@ -164,13 +175,40 @@ func (w *world) strays() []string {
 	return bad
 }
 
-// invariants runs every check; a world whose jobs all ended is expected.
+// checkTFLeases: with no job running, no terraformer lease (stacks/*/lease.json of the
+// terraformer's data dir) is still held: one would be a run's that nobody runs, keeping the
+// stack's next terraform run waiting until it expires.
+func (w *world) checkTFLeases() []string {
+	files, _ := filepath.Glob(filepath.Join(w.dir, "terraformer", "stacks", "*", "lease.json"))
+	var bad []string
+	now := time.Now()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // released meanwhile
+		}
+		var l struct {
+			Owner, JobID string
+			Expires      time.Time
+		}
+		if json.Unmarshal(b, &l) == nil && l.Expires.After(now) {
+			bad = append(bad, fmt.Sprintf("terraformer lease of %s held by %s (job %s) until %s with no job running",
+				filepath.Base(filepath.Dir(f)), l.Owner, l.JobID, l.Expires.Format(time.RFC3339Nano)))
+		}
+	}
+	return bad
+}
+
+// invariants runs every check.
 func (w *world) invariants() []string {
-	bad := w.checkJobs()
-	owned, b := w.checkState()
+	busy, bad := w.checkJobs()
+	owned, b := w.checkState(busy)
 	bad = append(bad, b...)
 	if owned != nil {
-		bad = append(bad, w.checkHost(owned)...)
+		bad = append(bad, w.checkHost(owned, busy)...)
+	}
+	if len(busy) == 0 {
+		bad = append(bad, w.checkTFLeases()...)
 	}
 	return bad
 }

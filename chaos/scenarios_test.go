@@ -28,11 +28,13 @@ const resumeTarget = 3 * time.Second
 // jobTimeout bounds an operation after the kill: a job still not ended then is stuck.
 const jobTimeout = 4 * time.Minute
 
-// scenario is an operation on a stack of local machines and the process killed during it.
+// scenario is an operation on a stack (of local machines, or the example provider's) and the
+// process killed during it.
 type scenario struct {
 	name string
 	// victim is what is killed: "kloud" (then started again), "terraformer" (kloud's
-	// supervisor starts another) or "klient" (the machine's restart loop starts another).
+	// supervisor starts another), "plugin" (the example provider's; kloud's plugin host starts
+	// another) or "klient" (the machine's restart loop starts another).
 	victim string
 	// window is where the kill point is drawn from, from the operation's start: about its
 	// duration on an idle host (repeat shortens it when a job ends before its kill point).
@@ -146,13 +148,14 @@ func TestChaos(t *testing.T) {
 }
 
 type chaosConfig struct {
-	n     int
-	seed  uint64
-	slack time.Duration
+	n      int
+	seed   uint64
+	slack  time.Duration
+	commit string // the tree the suite was built from
 }
 
 func config(t *testing.T) chaosConfig {
-	c := chaosConfig{n: 1, seed: uint64(time.Now().UnixNano()), slack: 2 * time.Second}
+	c := chaosConfig{n: 1, seed: uint64(time.Now().UnixNano()), slack: 2 * time.Second, commit: commit()}
 	var err error
 	if v := os.Getenv("CHAOS_N"); v != "" {
 		if c.n, err = strconv.Atoi(v); err != nil || c.n < 1 {
@@ -336,48 +339,48 @@ func (r *run) killKloud(jobID string, attempt int) time.Duration {
 // one answered /healthz; -1 if none in 3 minutes.
 func (r *run) killTerraformer() time.Duration {
 	w := r.w
-	old := w.terraformer()
-	if old == 0 {
-		w.t.Fatalf("kloud %d runs no terraformer", w.kloud.Process.Pid)
-	}
-	syscall.Kill(old, syscall.SIGKILL)
-	killed := time.Now()
-	for time.Since(killed) < 3*time.Minute {
-		if pid := w.terraformer(); pid != 0 && pid != old {
-			if resp, err := http.Get("http://" + w.tfAddr + "/healthz"); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return time.Since(killed)
-				}
-			}
+	return w.killChild("terraformer", w.terraformer, func(time.Time) bool {
+		resp, err := http.Get("http://" + w.tfAddr + "/healthz")
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return -1
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 }
 
 // killPlugin SIGKILLs the example provider's plugin and returns how long until kloud's plugin
 // host had another one connected; -1 if not in 3 minutes.
 func (r *run) killPlugin() time.Duration {
 	w := r.w
-	old := w.plugin()
+	return w.killChild("the example plugin", w.plugin, func(killed time.Time) bool {
+		var ps []api.ProviderStatus
+		if err := w.cliJSON(&ps, "provider", "list"); err != nil {
+			return false
+		}
+		for _, p := range ps {
+			if p.Name == "example" && p.Connected && p.ConnectedAt != nil && p.ConnectedAt.After(killed) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// killChild SIGKILLs the process of kloud's that find returns (what names it) and returns how
+// long until another one runs and up reports it serves; -1 if not in 3 minutes.
+func (w *world) killChild(what string, find func() int, up func(killed time.Time) bool) time.Duration {
+	old := find()
 	if old == 0 {
-		w.t.Fatalf("kloud %d runs no example plugin", w.kloud.Process.Pid)
+		w.t.Fatalf("kloud %d runs no %s", w.kloud.Process.Pid, what)
 	}
 	syscall.Kill(old, syscall.SIGKILL)
 	killed := time.Now()
 	for time.Since(killed) < 3*time.Minute {
-		if pid := w.plugin(); pid != 0 && pid != old {
-			var ps []api.ProviderStatus
-			if err := w.cliJSON(&ps, "provider", "list"); err == nil {
-				for _, p := range ps {
-					if p.Name == "example" && p.Connected && p.ConnectedAt != nil && p.ConnectedAt.After(killed) {
-						return time.Since(killed)
-					}
-				}
-			}
+		if pid := find(); pid != 0 && pid != old && up(killed) {
+			return time.Since(killed)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	return -1
 }
@@ -393,13 +396,13 @@ func (w *world) terraformer() int {
 }
 
 // killKlient SIGKILLs the first klient that runs in a machine of the run's stack from now on
-// (none if job jobID ends first: killed false) and returns how long until the machine's agent
-// was connected again from a new klient; -1 if not in 3 minutes.
+// (none if job jobID ends first or none runs within jobTimeout: killed false) and returns how
+// long until the machine's agent was connected again from a new klient; -1 if not in 3 minutes.
 func (r *run) killKlient(jobID string) (killed bool, recovery time.Duration) {
 	w := r.w
 	var victim proc
 	var machine sandbox.Info
-	for victim.pid == 0 {
+	for deadline := time.Now().Add(jobTimeout); victim.pid == 0; {
 		for _, in := range w.sandboxes() {
 			if in.Tags[local.TagStack] != r.sid || in.PID == 0 {
 				continue
@@ -413,7 +416,7 @@ func (r *run) killKlient(jobID string) (killed bool, recovery time.Duration) {
 		if victim.pid != 0 {
 			break
 		}
-		if j, err := w.job(jobID); err == nil && j.Status.Done() {
+		if j, err := w.job(jobID); err == nil && j.Status.Done() || time.Now().After(deadline) {
 			return false, -1
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -526,7 +529,7 @@ func (s summary) assert(t *testing.T, cfg chaosConfig) {
 // report is the table of the scenarios' outcomes in Markdown, for docs/RELIABILITY.md.
 func report(cfg chaosConfig, rows []summary) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "`CHAOS_N=%d CHAOS_SEED=%d make chaos` on %s, %s\n\n", cfg.n, cfg.seed, commit(), time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&b, "`CHAOS_N=%d CHAOS_SEED=%d make chaos` on %s, %s\n\n", cfg.n, cfg.seed, cfg.commit, time.Now().UTC().Format("2006-01-02"))
 	b.WriteString("| scenario | SIGKILL of | N | killed | as asked | failed | stuck | leaked | recovery median | recovery worst | kill window |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var notes []string
@@ -537,7 +540,8 @@ func report(cfg chaosConfig, rows []summary) string {
 			failed, stuck, leaked, seconds(med), seconds(worst), seconds(s.window))
 		for i, r := range s.results {
 			if r.outcome != "asked" || len(r.leaked) > 0 {
-				notes = append(notes, fmt.Sprintf("- %s run %d, killed at %s: %s %s %s", s.name, i+1, seconds(r.killAt), r.outcome, r.reason, strings.Join(r.leaked, "; ")))
+				note := fmt.Sprintf("- %s run %d, killed at %s: %s %s %s", s.name, i+1, seconds(r.killAt), r.outcome, r.reason, strings.Join(r.leaked, "; "))
+				notes = append(notes, strings.Join(strings.Fields(note), " ")) // one line each
 			}
 		}
 	}
