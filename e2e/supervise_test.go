@@ -379,7 +379,7 @@ func whenTerraform(t *testing.T, e *env, tf int, arg string, kill func()) []osPr
 // restarted kloud resumes the destroy at once (its lease names the dead process), runs terraform
 // destroy again and ends as asked: the stack gone, nothing of it left.
 func TestKloudKilledMidDestroy(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t), "--job-lease", "30s")
 	sid, build, _ := startLongApply(t, e)
 	if out, err := e.try("job", "watch", build); err != nil {
