@@ -422,35 +422,6 @@ exit 3`))
 	e.assertNothingLeft(infos)
 }
 
-// TestLocalKloudKilledMidBuild SIGKILLs kloud while a stack of local machines builds (terraformer
-// runs on its own, so it survives), once while terraform runs and once while kloud waits for the
-// agents, and starts it again: the interrupted job ends (the stack is built, or it fails with a
-// reason), no machine stays Building, and destroy leaves nothing on the host.
-func TestLocalKloudKilledMidBuild(t *testing.T) {
-	parallel(t)
-	for _, tc := range []struct {
-		name    string
-		percent int    // kill once the job has reached this
-		script  string // the machines' user script
-	}{
-		{"during terraform", 40, "#!/bin/bash\necho building"},
-		{"while waiting for agents", 70, "#!/bin/bash\necho working; sleep 5; echo done"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newLocalEnv(t)
-			e.alice()
-			tid := e.template(localTemplate("k", 2, tc.script))
-			sid := e.createStack(tid)
-			_, j := e.killMidBuild(sid, tc.percent, 3*time.Minute)
-			e.checkResumedBuild(sid, 2, j)
-			// Every machine on the host, also any kloud lost track of, goes with the stack.
-			infos := e.sandboxInfos()
-			e.run("stack", "destroy", sid)
-			e.assertNothingLeft(infos)
-		})
-	}
-}
-
 // TestLocalTwoKlouds runs two klouds with separate data dirs on one host, sharing the machines'
 // state dir, bridge and subnet (as two klouds with the defaults do): each restart's startup tidy
 // and each kloud's gc leave the other kloud's running machines alone, and each machine records its kloud's instance.

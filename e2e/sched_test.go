@@ -36,7 +36,7 @@ var expectedSeconds = map[string]int{
 	"TestReadme": 210, "TestVagrantKloudKilledMidBuild": 160, "TestLocalReapply": 140,
 	"TestLocalPorts": 130, "TestVagrantStack": 123, "TestDocsVagrant": 103, "TestLocalStackUpdate": 100,
 	"TestDockerKloudKilledMidBuild": 95, "TestDockerStack": 89, "TestKloudKilledMidUpdate": 81,
-	"TestLocalKloudKilledMidBuild": 81, "TestDocsDocker": 77, "TestLocalTwoKlouds": 76,
+	"TestDocsDocker": 77, "TestLocalTwoKlouds": 76,
 	"TestIdleStop": 76, "TestVagrantReapply": 75, "TestLocalStack": 67, "TestLocalPortsClose": 65,
 	"TestTerraformerKilledMidApply": 59, "TestLocalSSH": 55, "TestLocalBuckets": 53,
 	"TestDockerReapply": 52, "TestLocalSnapshot": 46, "TestLocalUserScriptFails": 42,
