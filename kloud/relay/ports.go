@@ -147,7 +147,7 @@ func (h *Hub) serveTunnel(w http.ResponseWriter, r *http.Request, k tunnelKind) 
 		writeErr(w, err)
 		return
 	}
-	if !sameOrigin(r) {
+	if !h.sameOrigin(r) {
 		refused(&statusError{http.StatusForbidden, "cross-origin"})
 		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin "+k.what+" requests are refused")
 		return
@@ -158,7 +158,7 @@ func (h *Hub) serveTunnel(w http.ResponseWriter, r *http.Request, k tunnelKind) 
 		writeErr(w, err)
 		return
 	}
-	ws, err := websocket.Accept(w, r, nil)
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: h.o.Browser.OriginPatterns(h.o.PublicURL)})
 	if err != nil {
 		far.CloseWith(tunnel.CloseNormal, "the client went away")
 		return

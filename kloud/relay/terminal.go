@@ -110,12 +110,12 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if !sameOrigin(r) {
+	if !h.sameOrigin(r) {
 		refused(&statusError{http.StatusForbidden, "cross-origin"})
 		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin terminal requests are refused")
 		return
 	}
-	browser, err := websocket.Accept(w, r, nil)
+	browser, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: h.o.Browser.OriginPatterns(h.o.PublicURL)})
 	if err != nil {
 		h.log.DebugContext(r.Context(), "terminal: websocket accept", "err", err)
 		return
