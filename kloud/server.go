@@ -344,6 +344,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if s.relay, err = newRelay(s); err != nil {
 		return nil, err
 	}
+	revs.mu.Lock()
+	revs.onRevoke = func(jti string) { s.relay.CloseCredential(jti) } // kite connections: kontrol and login close theirs
+	revs.mu.Unlock()
 	if err := newMetricsPoller(s); err != nil { // metrics.go
 		return nil, fmt.Errorf("kloud: %w", err)
 	}

@@ -164,6 +164,10 @@ func (h *Hub) serveTunnel(w http.ResponseWriter, r *http.Request, k tunnelKind) 
 		return
 	}
 	near := &countingConn{Conn: tunnel.New(ws, "client"), touch: func() { h.touch(m.ID) }}
+	defer h.track(r, func() { // revoke.go
+		far.CloseWith(tunnel.CloseNormal, RevokedReason)
+		ws.Close(websocket.StatusPolicyViolation, RevokedReason)
+	})()
 	log := h.log.With(append([]any{"machine", m.ID, "user", user}, k.log...)...)
 	log.Info(k.what + " opened")
 	h.attempt(r, k.open, user, k.target, http.StatusOK)

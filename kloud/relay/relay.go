@@ -117,6 +117,7 @@ type Hub struct {
 	pending map[string]chan *websocket.Conn // ticket → the request waiting for klient
 	relays  map[*termRelay]struct{}
 	closed  bool
+	byCred  map[string]map[*int]func() // revoke.go: closers of open connections by credential id
 
 	// apps.go: web apps on their own hosts.
 	appsHost   string // the apps host name (lower case, no port), "" when off

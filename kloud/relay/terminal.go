@@ -154,6 +154,11 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 	if rl == nil {
 		return
 	}
+	defer h.track(r, func() { // revoke.go
+		rl.cancel()
+		rl.browser.Close(websocket.StatusPolicyViolation, RevokedReason)
+		rl.klient.Close(websocket.StatusNormalClosure, "the user's credential was revoked")
+	})()
 	if res.Mode != klientapi.ModeReadonly {
 		rl.onInput = func() { h.touch(m.ID) } // typing is activity
 	}
