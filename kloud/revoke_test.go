@@ -2,6 +2,8 @@ package kloud_test
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,8 +19,9 @@ import (
 )
 
 // TestRevocationClosesConnections: logging out, revoking a kite key and unsharing a machine
-// close every connection of that identity: its kite connections (and their event streams) and
-// its web terminals through kloud's relay. Each is a real connection to a real kloud and klient;
+// close every connection of that identity: its kite connections (and their event streams), its
+// web terminals and its port forwards through kloud's relay (SSH tunnels share the port
+// forwards' code, relay.serveTunnel). Each is a real connection to a real kloud and klient;
 // the time from the revoking call to each close is measured and printed (the target, 1 s, is
 // asserted with no slack here: a close that waits for a cache or a heartbeat takes 2 s or more).
 func TestRevocationClosesConnections(t *testing.T) {
@@ -94,10 +97,43 @@ func TestRevocationClosesConnections(t *testing.T) {
 		return term
 	}
 
-	// Logout: the session's kite connection, its event stream and its terminal.
+	// A TCP echo service on the machine (the dummy machine is this host) for port forwards.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	forward := func(cred string) conn {
+		tc := dialTunnel(t, e.URL, e.machine.ID, ln.Addr().(*net.TCPAddr).Port, cred)
+		t.Cleanup(func() { tc.Close() })
+		if _, err := tc.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 4)
+		if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
+			t.Fatalf("port forward echo: %q %v", b, err)
+		}
+		ch := make(chan struct{})
+		go func() {
+			defer close(ch)
+			io.Copy(io.Discard, tc)
+		}()
+		return conn{"port forward", func() <-chan struct{} { return ch }}
+	}
+
+	// Logout: the session's kite connection, its event stream, its terminal and port forward.
 	session := e.login("alice", "alice-password")
 	sc := e.DialAuth(kite.Auth{Type: kite.AuthSession, Key: session})
-	conns := []conn{kiteConn(sc), watch(sc), termConn(bearer(session))}
+	conns := []conn{kiteConn(sc), watch(sc), termConn(bearer(session)), forward(session)}
 	other := e.Dial("alice") // another credential of alice's stays open
 	req, _ := http.NewRequestWithContext(ctx, "POST", e.URL+"/api/logout", nil)
 	req.Header.Set("Cookie", kloud.SessionCookie+"="+session)
@@ -117,7 +153,7 @@ func TestRevocationClosesConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	kc := e.DialAuth(kite.Auth{Type: kite.AuthKiteKey, Key: key})
-	conns = []conn{kiteConn(kc), watch(kc), termConn(bearer(key))}
+	conns = []conn{kiteConn(kc), watch(kc), termConn(bearer(key)), forward(key)}
 	start = time.Now()
 	if err := e.Server.Kontrol.Revoke(context.Background(), id, "test"); err != nil {
 		t.Fatal(err)
