@@ -63,6 +63,11 @@ func FuzzRestore(f *testing.F) {
 	// first bytes: a decoder that trusts the window allocates twice that.
 	f.Add([]byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x98, 0x09, 0x00, 0x00, 'x'}, true)
 	f.Fuzz(func(t *testing.T, data []byte, rawZstd bool) {
+		watchdog := time.AfterFunc(20*time.Second, func() { // an input that hangs is a finding: its stacks
+			buf := make([]byte, 1<<20)
+			panic("FuzzRestore input ran 20 s:\n" + string(buf[:runtime.Stack(buf, true)]))
+		})
+		defer watchdog.Stop()
 		stream := data
 		if !rawZstd {
 			var z bytes.Buffer
