@@ -95,22 +95,9 @@ func TestRevocationClosesConnections(t *testing.T) {
 	}
 
 	// A TCP echo service on the machine (the dummy machine is this host) for port forwards.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	port := echoServer(t)
 	forward := func(cred string) conn {
-		tc := dialTunnel(t, e.URL, e.machine.ID, ln.Addr().(*net.TCPAddr).Port, cred)
+		tc := dialTunnel(t, e.URL, e.machine.ID, port, cred)
 		t.Cleanup(func() { tc.Close() })
 		if _, err := tc.Write([]byte("ping")); err != nil {
 			t.Fatal(err)
@@ -190,4 +177,25 @@ func TestRevocationClosesConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	closes("unshare", start, termConn(bobTerm))
+}
+
+// echoServer listens on a loopback port (a dummy machine's, which is this host's) and echoes
+// what each connection sends, until the test ends; it returns the port.
+func echoServer(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
 }
