@@ -189,6 +189,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		}
 		f.o.Browser.TrustedProxies = append(f.o.Browser.TrustedProxies, pfx)
 	}
+	if err := f.o.Browser.Validate(); err != nil { // before anything starts (the S3 server)
+		return err
+	}
 	if err := f.sso.apply(&f.o.SSO); err != nil {
 		return err
 	}
