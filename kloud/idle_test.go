@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -302,23 +300,10 @@ func TestIdlePortForwardKeepsTheMachine(t *testing.T) {
 	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
 	// An echo server "in the machine" (the dummy machine's loopback is this host's).
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	port := echoServer(t)
 	cookie := e.login("alice", "alice-password")
 	e.set(api.MachineSetParams{IdleTimeout: "3s"})
-	tun := dialTunnel(t, e.URL, e.machine.ID, ln.Addr().(*net.TCPAddr).Port, cookie)
+	tun := dialTunnel(t, e.URL, e.machine.ID, port, cookie)
 	r := bufio.NewReader(tun)
 	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); {
 		fmt.Fprintf(tun, "ping\n")

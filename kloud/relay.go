@@ -22,7 +22,7 @@ const DefaultAppsHost = relay.DefaultAppsHost
 func newRelay(s *Server) (*relay.Hub, error) {
 	d := relayDeps{s}
 	return relay.New(relay.Options{Access: d, Agents: d, Tokens: d, Audit: d,
-		PublicURL: s.opts.PublicURL, AppsHost: s.opts.AppsHost,
+		PublicURL: s.opts.PublicURL, AppsHost: s.opts.AppsHost, Browser: s.opts.Browser,
 		Activity: s.idle.Touch, // kloud/idle: terminals, tunnels and web apps are activity
 		KeepHostKey: func(ctx context.Context, id, key string) error { // relay/ssh.go
 			return s.store.Machines().Set(ctx, id, store.MachineSet{SSHHostKey: &key})
@@ -97,6 +97,7 @@ func (d relayDeps) Closed(r *http.Request, action, user, target string, dur time
 func (s *Server) rootHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Each request's log lines carry its id (also sent as X-Request-Id) and method.
+		r = s.opts.Browser.Forwarded(r) // a trusted proxy's client address and host (kloud serve --trusted-proxy)
 		id := kite.NewRequestID()
 		w.Header().Set("X-Request-Id", id)
 		r = r.WithContext(kite.WithRequestInfo(r.Context(), kite.RequestInfo{ID: id, Method: r.Method + " " + r.URL.Path}))

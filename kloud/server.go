@@ -37,6 +37,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/events"
 	"github.com/kloud-dev/kloud/kloud/idle"
+	"github.com/kloud-dev/kloud/kloud/kloudhttp"
 	"github.com/kloud-dev/kloud/kloud/login"
 	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/pluginhost"
@@ -154,6 +155,10 @@ type Options struct {
 	// serve --ca-cert): machines' user data carries it, so their klient (and the download of
 	// klient) trust kloud. Empty: machines trust their system's roots only.
 	CACert string
+	// Browser is how browsers and the proxies in front of kloud are treated: allowed origins,
+	// the session cookie's Secure, SameSite and Domain, trusted proxies (kloudhttp.Browser;
+	// kloud serve --allowed-origin, --cookie-*, --trusted-proxy). Zero: kloud alone on its address.
+	Browser kloudhttp.Browser
 	// Idle configures the idle stop (idle.go; zero: its defaults, no timeout of kloud's own).
 	Idle   IdleOptions
 	Logger *slog.Logger
@@ -282,6 +287,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		PingInterval:  opts.HeartbeatInterval,
 		PingTimeout:   opts.HeartbeatTimeout,
 		Observer:      m.Kite(),
+		// Browsers on the public URL's host (behind a proxy that rewrites Host) and the allowed origins.
+		OriginPatterns: opts.Browser.OriginPatterns(opts.PublicURL),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
@@ -337,6 +344,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if s.relay, err = newRelay(s); err != nil {
 		return nil, err
 	}
+	revs.mu.Lock()
+	revs.onRevoke = func(jti string) { s.relay.CloseCredential(jti) } // kite connections: kontrol and login close theirs
+	revs.mu.Unlock()
 	if err := newMetricsPoller(s); err != nil { // metrics.go
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
@@ -346,6 +356,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 }
 
 func (o *Options) defaults() error {
+	if err := o.Browser.Validate(); err != nil {
+		return fmt.Errorf("kloud: %w", err)
+	}
 	if o.DataDir == "" {
 		o.DataDir = DefaultDataDir()
 	}

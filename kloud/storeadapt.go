@@ -44,6 +44,9 @@ type storeRevocations struct {
 	mu     sync.Mutex
 	set    map[string]bool
 	loaded time.Time
+	// onRevoke is called with each credential this kloud revokes (logout, key revocation): the
+	// relay closes the terminals, port forwards and SSH connections it opened (server.go).
+	onRevoke func(jti string)
 }
 
 const revocationsTTL = 5 * time.Second
@@ -84,7 +87,11 @@ func (s *storeRevocations) RevokeUntil(ctx context.Context, jti string, until ti
 	if s.set != nil {
 		s.set[jti] = true
 	}
+	onRevoke := s.onRevoke
 	s.mu.Unlock()
+	if onRevoke != nil {
+		onRevoke(jti)
+	}
 	return nil
 }
 

@@ -44,7 +44,7 @@ type (
 // newLogin is the web login over this server's store, users, kontrol and audit log.
 func newLogin(s *Server) (*login.Service, error) {
 	return login.New(login.Options{
-		PublicURL: s.opts.PublicURL, SSO: s.opts.SSO, Store: s.store,
+		PublicURL: s.opts.PublicURL, Browser: s.opts.Browser, SSO: s.opts.SSO, Store: s.store,
 		Users: loginDeps{s}, Audit: loginDeps{s},
 		Signer: s.Kontrol.Signer(), Verifier: s.Kontrol.Verifier(), Revocations: s.revs, Conns: s.Kite,
 		Logger: s.log,

@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -61,6 +63,11 @@ func FuzzRestore(f *testing.F) {
 	// first bytes: a decoder that trusts the window allocates twice that.
 	f.Add([]byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x98, 0x09, 0x00, 0x00, 'x'}, true)
 	f.Fuzz(func(t *testing.T, data []byte, rawZstd bool) {
+		watchdog := time.AfterFunc(20*time.Second, func() { // an input that hangs is a finding: its stacks
+			buf := make([]byte, 1<<20)
+			panic("FuzzRestore input ran 20 s:\n" + string(buf[:runtime.Stack(buf, true)]))
+		})
+		defer watchdog.Stop()
 		stream := data
 		if !rawZstd {
 			var z bytes.Buffer
@@ -114,3 +121,60 @@ func FuzzRestore(f *testing.F) {
 // maxAlloc bounds what one Restore may allocate: its buffers and a zstd window (at most
 // layersnap's decoder limit, 16 MiB, twice), not what the stream declares.
 const maxAlloc = 96 << 20
+
+// countReader counts the bytes read through it.
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// TestRestoreCancelledStopsInsideAnEntry: a stream whose one entry declares 1 GiB (8192 zstd RLE
+// blocks of 'x': 32 KiB of stream) is not written out once ctx has ended; Restore stops at the
+// next chunk, having read a small part of the stream, and the layer is unchanged.
+func TestRestoreCancelledStopsInsideAnEntry(t *testing.T) {
+	testutil.RequireRoot(t)
+	const blocks, blockLen = 8192, 128 << 10
+	var head bytes.Buffer
+	tw := tar.NewWriter(&head)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeXGlobalHeader, PAXRecords: map[string]string{"KLOUD.format": layersnap.Format}})
+	tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "big", Typeflag: tar.TypeReg, Mode: 0o644, Size: blocks * blockLen})
+	tw.Flush()
+	var stream bytes.Buffer
+	zw, _ := zstd.NewWriter(&stream)
+	zw.Write(head.Bytes())
+	zw.Close()
+	stream.Write([]byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x50}) // a frame with a 1 MiB window
+	for i := range blocks {
+		h := uint32(blockLen)<<3 | 1<<1 // RLE
+		if i == blocks-1 {
+			h |= 1 // last
+		}
+		stream.Write([]byte{byte(h), byte(h >> 8), byte(h >> 16), 'x'})
+	}
+	upper := filepath.Join(t.TempDir(), "upper")
+	if err := os.Mkdir(upper, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	total := int64(stream.Len())
+	cr := &countReader{r: &stream}
+	err := layersnap.Restore(ctx, cr, upper, layersnap.RestoreOptions{})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Restore with a cancelled ctx: %v", err)
+	}
+	t.Logf("read %d of the stream's %d bytes", cr.n, total)
+	if cr.n > total/2 {
+		t.Errorf("a cancelled Restore read %d of the stream's %d bytes: it wrote the entry out", cr.n, total)
+	}
+	if ents, _ := os.ReadDir(upper); len(ents) != 0 {
+		t.Errorf("the layer changed: %v", ents)
+	}
+}

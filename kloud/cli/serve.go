@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -45,6 +46,8 @@ type serveFlags struct {
 	tfInsecure bool
 	logLevel   string
 	logFormat  string
+	// trustedProxies: --trusted-proxy (kloud.Options.Browser.TrustedProxies, parsed in runServe).
+	trustedProxies []string
 	// tlsCert and tlsKey: --tls-cert, --tls-key (kloud.Options.TLS, and the terraformer's).
 	tlsCert, tlsKey string
 	// pluginLimits and pluginMemMB: --plugin-cpus, --plugin-pids-max, --plugin-memory-mb.
@@ -104,6 +107,12 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.o.Addr, "addr", kloud.DefaultAddr, "address to listen on (machines of the local provider reach it on their bridge)")
 	fl.StringVar(&f.o.PublicURL, "public-url", "", "URL users and kites reach this kloud at (default http://127.0.0.1:<port>)")
+	// Behind a proxy (docs/admin-guide.md, "Behind a proxy"): kloudhttp.Browser.
+	fl.StringSliceVar(&f.o.Browser.AllowedOrigins, "allowed-origin", nil, "browser origin allowed to open kloud's WebSockets besides the public URL's (https://ui.example.com, or a host pattern *.example.com; repeatable)")
+	fl.StringVar(&f.o.Browser.CookieSecure, "cookie-secure", "auto", "session cookie Secure: auto (when kloud is reached over https: TLS or an https --public-url), always or never")
+	fl.StringVar(&f.o.Browser.CookieSameSite, "cookie-samesite", "strict", "session cookie SameSite: strict or lax")
+	fl.StringVar(&f.o.Browser.CookieDomain, "cookie-domain", "", "session cookie Domain (default: none, the host's only)")
+	fl.StringSliceVar(&f.trustedProxies, "trusted-proxy", nil, "address or CIDR of a proxy in front of kloud whose X-Forwarded-For and X-Forwarded-Host are believed (repeatable; default none)")
 	fl.StringVar(&f.o.AppsHost, "apps-host", kloud.DefaultAppsHost, "host under which machines' web apps get their own origins, p<port>--m<machine>.<host>[:port] (a wildcard DNS name of another domain than the UI's; localhost works in browsers; off: none)")
 	fl.StringVar(&f.o.MongoURL, "mongo-url", "", "use this MongoDB instead of the embedded store in the data directory")
 	fl.StringVar(&f.o.KlientBin, "klient-bin", "", "klient binary to serve to machines (default: klient next to this binary)")
@@ -169,6 +178,20 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		return err
 	}
 	f.o.DataDir, f.o.Logger = g.dataDir, log
+	for _, p := range f.trustedProxies {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			a, aerr := netip.ParseAddr(p)
+			if aerr != nil {
+				return fmt.Errorf("--trusted-proxy %q: want an address or a CIDR: %w", p, err)
+			}
+			pfx = netip.PrefixFrom(a, a.BitLen())
+		}
+		f.o.Browser.TrustedProxies = append(f.o.Browser.TrustedProxies, pfx)
+	}
+	if err := f.o.Browser.Validate(); err != nil { // before anything starts (the S3 server)
+		return err
+	}
 	if err := f.sso.apply(&f.o.SSO); err != nil {
 		return err
 	}

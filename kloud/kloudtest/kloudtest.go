@@ -16,6 +16,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudhttp"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/provider"
 )
@@ -65,6 +66,8 @@ type Options struct {
 	SSO kloud.SSOOptions
 	// Idle configures kloud's idle stop (zero: its defaults).
 	Idle kloud.IdleOptions
+	// Browser: origins, cookies and trusted proxies (kloud.Options.Browser).
+	Browser kloudhttp.Browser
 }
 
 // ClientCallTimeout bounds the calls of the test clients (Dial, Client) whose ctx has no
@@ -118,7 +121,7 @@ func Start(t testing.TB, o Options) *Env {
 		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL, MongoDatabase: database,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 		DefaultQuota: o.DefaultQuota, MetricsAddr: o.MetricsAddr, MetricsInterval: o.MetricsInterval,
-		SSO: o.SSO, Idle: o.Idle,
+		SSO: o.SSO, Idle: o.Idle, Browser: o.Browser,
 	})
 	if err != nil {
 		ln.Close()

@@ -27,7 +27,6 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -111,6 +110,9 @@ type Options struct {
 	// PublicURL is how users reach kloud: an https URL makes the cookies Secure, and the
 	// provider's redirect comes back to PublicURL + SSOCallbackPath.
 	PublicURL string
+	// Browser: the session cookie's Secure, SameSite and Domain (kloudhttp.Browser; the zero
+	// value: Secure over https, SameSite=Strict, host-only).
+	Browser kloudhttp.Browser
 	// SSO configures single sign-on (sso.go); an empty Issuer turns it off. New applies its
 	// Defaults.
 	SSO SSOOptions
@@ -218,19 +220,19 @@ func (s *Service) startSession(w http.ResponseWriter, r *http.Request, u *model.
 	exp := c.ExpiresAt.Time
 	http.SetCookie(w, &http.Cookie{
 		Name: SessionCookie, Value: sess, Path: "/", Expires: exp, MaxAge: int(DefaultSessionTTL / time.Second),
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.secureCookies(r),
+		HttpOnly: true, SameSite: s.o.Browser.SameSite(), Secure: s.secureCookies(r), Domain: s.o.Browser.CookieDomain,
 	})
 	return LoginResponse{Session: sess, Username: u.Username, Admin: admin, ExpiresAt: exp.UTC()}, nil
 }
 
 func (s *Service) secureCookies(r *http.Request) bool {
-	return r.TLS != nil || strings.HasPrefix(s.o.PublicURL, "https://")
+	return s.o.Browser.Secure(r, s.o.PublicURL)
 }
 
 // HandleLogout serves POST /api/logout.
 func (s *Service) HandleLogout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: SessionCookie, Value: "", Path: "/", MaxAge: -1,
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: s.secureCookies(r)})
+		HttpOnly: true, SameSite: s.o.Browser.SameSite(), Secure: s.secureCookies(r), Domain: s.o.Browser.CookieDomain})
 	raw := kloudhttp.RequestSession(r)
 	if raw == "" {
 		kloudhttp.WriteJSON(w, http.StatusOK, map[string]bool{"loggedOut": false})

@@ -147,7 +147,7 @@ func (h *Hub) serveTunnel(w http.ResponseWriter, r *http.Request, k tunnelKind) 
 		writeErr(w, err)
 		return
 	}
-	if !sameOrigin(r) {
+	if !h.sameOrigin(r) {
 		refused(&statusError{http.StatusForbidden, "cross-origin"})
 		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin "+k.what+" requests are refused")
 		return
@@ -158,12 +158,16 @@ func (h *Hub) serveTunnel(w http.ResponseWriter, r *http.Request, k tunnelKind) 
 		writeErr(w, err)
 		return
 	}
-	ws, err := websocket.Accept(w, r, nil)
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: h.o.Browser.OriginPatterns(h.o.PublicURL)})
 	if err != nil {
 		far.CloseWith(tunnel.CloseNormal, "the client went away")
 		return
 	}
 	near := &countingConn{Conn: tunnel.New(ws, "client"), touch: func() { h.touch(m.ID) }}
+	defer h.track(r, func() { // revoke.go
+		far.CloseWith(tunnel.CloseNormal, RevokedReason)
+		ws.Close(websocket.StatusPolicyViolation, RevokedReason)
+	})()
 	log := h.log.With(append([]any{"machine", m.ID, "user", user}, k.log...)...)
 	log.Info(k.what + " opened")
 	h.attempt(r, k.open, user, k.target, http.StatusOK)

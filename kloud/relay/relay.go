@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -32,6 +31,9 @@ type Options struct {
 	// AppsHost names machines' web apps: p<port>--m<machine id>.<AppsHost>[:port]. Default
 	// DefaultAppsHost; "off" or "-": no web apps.
 	AppsHost string
+	// Browser: the browser origins allowed besides the request's own host and PublicURL's
+	// (kloudhttp.Browser.AllowedOrigins). Zero: same-origin only.
+	Browser kloudhttp.Browser
 
 	// KeepHostKey records a machine's SSH host key as its klient reported it (ssh.go), so
 	// config-ssh pins it while the machine is stopped; nil: not kept.
@@ -114,6 +116,7 @@ type Hub struct {
 	pending map[string]chan attachment // ticket → the request waiting for klient
 	relays  map[*termRelay]struct{}
 	closed  bool
+	byCred  map[string]map[*int]func() // revoke.go: closers of open connections by credential id
 
 	// apps.go: web apps on their own hosts.
 	appsHost   string // the apps host name (lower case, no port), "" when off
@@ -249,12 +252,8 @@ func (h *Hub) attachURL(m *model.Machine) string {
 	return strings.TrimRight(h.o.Agents.KloudURL(m), "/") + klientapi.AttachPath
 }
 
-// sameOrigin accepts requests without an Origin (not a browser) and browsers on this host.
-func sameOrigin(r *http.Request) bool {
-	o := r.Header.Get("Origin")
-	if o == "" {
-		return true
-	}
-	u, err := url.Parse(o)
-	return err == nil && strings.EqualFold(u.Host, r.Host)
+// sameOrigin accepts requests without an Origin (not a browser), browsers on this host or the
+// public URL's, and the allowed origins (kloudhttp.Browser.OriginAllowed).
+func (h *Hub) sameOrigin(r *http.Request) bool {
+	return h.o.Browser.OriginAllowed(r, h.o.PublicURL)
 }

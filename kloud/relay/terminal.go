@@ -138,12 +138,12 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if !sameOrigin(r) {
+	if !h.sameOrigin(r) {
 		refused(&statusError{http.StatusForbidden, "cross-origin"})
 		kloudhttp.WriteError(w, http.StatusForbidden, "cross-origin terminal requests are refused")
 		return
 	}
-	browser, err := websocket.Accept(w, r, nil)
+	browser, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: h.o.Browser.OriginPatterns(h.o.PublicURL)})
 	if err != nil {
 		h.log.DebugContext(r.Context(), "terminal: websocket accept", "err", err)
 		return
@@ -190,6 +190,11 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rl.raw = att.raw
+	defer h.track(r, func() { // revoke.go
+		rl.cancel()
+		rl.browser.Close(websocket.StatusPolicyViolation, RevokedReason)
+		rl.klient.Close(websocket.StatusNormalClosure, "the user's credential was revoked")
+	})()
 	if res.Mode != klientapi.ModeReadonly {
 		rl.onInput = func() { h.touch(m.ID) } // typing is activity
 	}
