@@ -162,22 +162,7 @@ func TestLoadAPI(t *testing.T) {
 		errMsgs = map[string]int{}
 	)
 	rss0 := rss(k.pid())
-	var rssMax int64
-	stopRSS := make(chan struct{})
-	rssDone := make(chan struct{})
-	go func() {
-		defer close(rssDone)
-		tick := time.NewTicker(500 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			rssMax = max(rssMax, rss(k.pid()))
-			select {
-			case <-stopRSS:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	rssPeak := peak(func() int64 { return rss(k.pid()) })
 	adminKey := k.adminKey()
 	store0 := storeTotals(t, k.url(), adminKey)
 	start := time.Now()
@@ -232,8 +217,7 @@ func TestLoadAPI(t *testing.T) {
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	close(stopRSS)
-	<-rssDone
+	rssMax := rssPeak()
 	rss1 := rss(k.pid())
 	store1 := storeTotals(t, k.url(), adminKey)
 
