@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 )
 
@@ -139,6 +140,7 @@ func waitJob(ctx context.Context, c *api.Client, id string) api.Job {
 		if err == nil && j.Status.Done() {
 			return j
 		}
+		kite.Sleep(ctx, time.Second) // the watch failed or ended early: follow it again
 	}
 	return api.Job{ID: id, Status: "not ended: " + api.JobStatus(ctx.Err().Error())}
 }

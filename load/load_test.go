@@ -228,6 +228,31 @@ func rss(pid int) int64 {
 	return 0
 }
 
+// peak samples f (a memory figure) now and every 250 ms until the returned function is called,
+// which returns the largest value seen.
+func peak(f func() int64) (stop func() int64) {
+	var hi int64
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			hi = max(hi, f())
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		<-stopped
+		return max(hi, f())
+	}
+}
+
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
 // fanOut runs f(i) for i in [0,n), at most par at once, and returns the first error.

@@ -125,29 +125,13 @@ func TestLoadTerminals(t *testing.T) {
 
 	// All stream at once.
 	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		rates   []float64 // MB/s per terminal
-		took    []time.Duration
-		failed  []string
-		kloudHi int64
-		klntHi  int64
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		rates  []float64 // MB/s per terminal
+		took   []time.Duration
+		failed []string
 	)
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			kloudHi, klntHi = max(kloudHi, rss(k.pid())), max(klntHi, klientRSS())
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	kloudPeak, klientPeak := peak(func() int64 { return rss(k.pid()) }), peak(klientRSS)
 	want := int64(kib) << 10
 	cmd := fmt.Sprintf("yes 0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopq | head -c %d; echo; echo DONE-$((40+2))\r", want)
 	start := time.Now()
@@ -174,8 +158,7 @@ func TestLoadTerminals(t *testing.T) {
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	close(stop)
-	<-sampled
+	kloudHi, klntHi := kloudPeak(), klientPeak()
 
 	// Close the terminals and end their sessions; memory after.
 	for i, tm := range terms {
