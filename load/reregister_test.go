@@ -13,9 +13,9 @@ import (
 )
 
 // agentMaxBackoff is the simulated agents' reconnect ceiling: klient's (klient.Run: a
-// kite.Client with MaxBackoff 10s and the client's default MinBackoff 100ms), or
-// LOAD_AGENT_BACKOFF.
-const agentMaxBackoff = 10 * time.Second
+// kite.Client with MaxBackoff reconnectCeiling, 1s, and the client's default MinBackoff 100ms),
+// or LOAD_AGENT_BACKOFF.
+const agentMaxBackoff = time.Second
 
 // TargetReregister is issue 23's: kloud restarted with 1,000 agents connected, all registered
 // again in < 10 s (from the kill).
