@@ -3,7 +3,9 @@
 // in, opens a terminal on KLOUD_MACHINE_ID from the machines page and runs a command; then, for
 // each cut length of KLOUD_CUTS (seconds, comma-separated):
 //   - asks the test to cut the machine's link ("cut") and types line A at once (it goes into the
-//     dead link: kloud must not confirm it, and the page sends it again on reattach);
+//     dead link: kloud must not confirm it, and the page sends it again on reattach); every
+//     second cut leaves the terminal idle instead, and types A once the tab says unreachable
+//     (idle: true), so that unreachableMs is measured both ways;
 //   - waits for the tab to say "machine unreachable" (unreachableMs, from the cut);
 //   - types line B (held by the page: its status line must say so);
 //   - asks for the link back when the cut's length has passed ("restore") and types line C at
@@ -64,11 +66,13 @@ try {
     const tag = (x) => `c${i}${x}`;
     await step(`cut ${i + 1}: ${secs} s`, async () => {
       const cutAt = Date.now();
+      const idle = i % 2 === 1;
       await ask('cut');
-      await type(`echo ${tag('a')}-$((40+2))`); // into the dead link
+      if (!idle) await type(`echo ${tag('a')}-$((40+2))`); // into the dead link
       let sawConnected = false;
       await poll('the tab says the machine is unreachable', async () => (await state()) === 'unreachable', maxUnreachable + 30000, 50);
       const unreachableMs = Date.now() - cutAt;
+      if (idle) await type(`echo ${tag('a')}-$((40+2))`);
       const said = await status();
       if (!said.includes('machine unreachable')) throw new Error(`status line: ${said}`);
       await type(`echo ${tag('b')}-$((40+2))`); // held by the page
@@ -100,7 +104,7 @@ try {
       for (const l of typed) if ((await count(l)) !== 1) again.push(`${l} ×${await count(l)}`);
       const replay = await count('before-42');
       await page.screenshot({ path: path.join(env.KLOUD_ARTIFACTS, `cut${i + 1}-back.png`) });
-      const figures = { secs, unreachableMs, reattachMs, typingMs, counts, replay, again };
+      const figures = { secs, idle, unreachableMs, reattachMs, typingMs, counts, replay, again };
       log({ figures });
       if (again.length) throw new Error(`lines of this or earlier cuts do not show once: ${again.join(', ')}`);
       if (counts.a !== 1 || counts.b !== 1 || counts.c !== 1) throw new Error(`lines typed across the cut shown ${JSON.stringify(counts)} times, want once each`);
