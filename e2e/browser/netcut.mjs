@@ -93,10 +93,16 @@ try {
       await poll(`${tag('c')}-42 shown`, async () => (await count(`${tag('c')}-42`)) >= 1, 60000, 20);
       const typingMs = Date.now() - upAt;
       // Everything typed shows, once; the replay kept the output from before the cut.
-      await poll('every line typed shows', async () => {
-        for (const x of ['a', 'b', 'c']) if ((await count(`${tag(x)}-42`)) < 1) return false;
-        return true;
-      }, 10000);
+      try {
+        await poll('every line typed shows', async () => {
+          for (const x of ['a', 'b', 'c']) if ((await count(`${tag(x)}-42`)) < 1) return false;
+          return true;
+        }, 10000);
+      } catch (e) {
+        await page.screenshot({ path: path.join(env.KLOUD_ARTIFACTS, `cut${i + 1}-lost.png`) });
+        const tail = (await lines()).filter((l) => l.trim() !== '').slice(-12);
+        throw new Error(`${e.message}; status line: ${await status()}; tabs: ${JSON.stringify(await page.evaluate(() => window.kloudDebug.terminals()))}; screen's last lines: ${JSON.stringify(tail)}`);
+      }
       const counts = {};
       for (const x of ['a', 'b', 'c']) counts[x] = await count(`${tag(x)}-42`);
       for (const x of ['a', 'b', 'c']) typed.push(`${tag(x)}-42`);
