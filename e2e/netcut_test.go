@@ -75,13 +75,11 @@ func TestNetworkCut(t *testing.T) {
 	}
 	t.Cleanup(func() { link("up") }) // a failed run leaves no machine cut off for its destroy
 
-	// Each cut: when the link went down and up, and when kloud showed the agent gone and back.
-	type cut struct{ down, gone, up, back time.Time }
 	var (
 		mu   sync.Mutex
-		runs []*cut
+		runs []*netCut
 	)
-	watch := func(c *cut, want string, at *time.Time) {
+	watch := func(want string, at *time.Time) {
 		deadline := time.Now().Add(2 * time.Minute)
 		if at2 := waitAgentStatus(t, e, sid, want, deadline); !at2.IsZero() {
 			mu.Lock()
@@ -92,7 +90,7 @@ func TestNetworkCut(t *testing.T) {
 	var wg sync.WaitGroup
 	needs := map[string]func() error{
 		"cut": func() error {
-			c := &cut{down: time.Now()}
+			c := &netCut{down: time.Now()}
 			mu.Lock()
 			runs = append(runs, c)
 			mu.Unlock()
@@ -100,7 +98,7 @@ func TestNetworkCut(t *testing.T) {
 				return err
 			}
 			wg.Add(1)
-			go func() { defer wg.Done(); watch(c, "disconnected", &c.gone) }()
+			go func() { defer wg.Done(); watch("disconnected", &c.gone) }()
 			return nil
 		},
 		"restore": func() error {
@@ -112,7 +110,7 @@ func TestNetworkCut(t *testing.T) {
 				return err
 			}
 			wg.Add(1)
-			go func() { defer wg.Done(); watch(c, "connected", &c.back) }()
+			go func() { defer wg.Done(); watch("connected", &c.back) }()
 			return nil
 		},
 	}
@@ -120,12 +118,24 @@ func TestNetworkCut(t *testing.T) {
 	for i, s := range cuts {
 		cutList[i] = strconv.Itoa(s)
 	}
+	// The agent's figures, also when the browser's steps failed (runBrowserScript's Fatal).
+	defer func() {
+		wg.Wait()
+		reportAgent(t, cuts, runs)
+	}()
 	runBrowserScript(t, e.env, node, script, out, "netcut.mjs", needs,
 		"KLOUD_PASSWORD="+password, "KLOUD_MACHINE_ID="+m.ID, "KLOUD_CUTS="+strings.Join(cutList, ","),
 		fmt.Sprintf("KLOUD_MAX_UNREACHABLE_MS=%d", maxUnreachable.Milliseconds()),
 		fmt.Sprintf("KLOUD_MAX_TYPING_MS=%d", maxTyping.Milliseconds()))
-	wg.Wait()
+	e.run("stack", "destroy", sid)
+}
 
+// netCut is one cut: when the link went down and up, and when kloud showed the agent gone and
+// back (zero: not seen).
+type netCut struct{ down, gone, up, back time.Time }
+
+// reportAgent prints each cut's agent figures and fails the test past the targets.
+func reportAgent(t *testing.T, cuts []int, runs []*netCut) {
 	var worstGone, worstBack time.Duration
 	for i, c := range runs {
 		gone, back := c.gone.Sub(c.down), c.back.Sub(c.up)
@@ -139,7 +149,6 @@ func TestNetworkCut(t *testing.T) {
 		worstGone, worstBack = max(worstGone, gone), max(worstBack, back)
 	}
 	t.Logf("netcut: %d cuts; worst: agent shown gone after %s, back %s after the link", len(runs), worstGone.Round(10*time.Millisecond), worstBack.Round(10*time.Millisecond))
-	e.run("stack", "destroy", sid)
 }
 
 // waitAgentStatus polls `kloud machine list` every 250ms until dev.0's agent status is want,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,7 +81,13 @@ func (cl *Client) loop() {
 			if cl.opts.OnError != nil {
 				cl.opts.OnError(err)
 			}
-			if !Sleep(cl.ctx, backoff(attempt, cl.opts.MinBackoff, cl.opts.MaxBackoff)) {
+			wait := backoff(attempt, cl.opts.MinBackoff, cl.opts.MaxBackoff)
+			if connectTimedOut(err) {
+				// The attempt waited out its connect timeout already (a SYN into a cut link: see
+				// Options.ConnectTimeout): the next goes out at once, not after a backoff too.
+				wait = cl.opts.MinBackoff
+			}
+			if !Sleep(cl.ctx, wait) {
 				return
 			}
 			attempt++
@@ -134,6 +141,13 @@ func (cl *Client) connect() (*Conn, error) {
 		}
 	}
 	return c, nil
+}
+
+// connectTimedOut says whether err is a TCP connect that timed out (no answer to the SYN),
+// rather than one refused or a later step failing.
+func connectTimedOut(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial" && oe.Timeout()
 }
 
 // backoff returns a random wait in [min, min(max, min*2^attempt)].

@@ -215,10 +215,12 @@ func New(opts Options) (*Klient, error) {
 }
 
 // reconnectCeiling is the longest wait between klient's attempts to reach kontrol, and the
-// TCP connect timeout of each: after a network cut of any length the agent is back, and its
-// terminals usable, within about a second of the link (at 10s, the backoff's old ceiling, a
-// 60s cut took 18s to recover). A down kloud costs each klient a refused connect (or one SYN) a
-// second, drawn at random in [0.1s, 1s] so a thousand agents spread out.
+// TCP connect timeout of each (a connect that timed out is followed by the next attempt at once,
+// kite.Client): after a network cut of any length the agent is back, and its terminals usable,
+// within about a second of the link (at 10s, the backoff's old ceiling, a 60s cut took 18s to
+// recover). A down kloud costs each klient a refused connect a second at most, drawn at random
+// in [0.1s, 1s] so a thousand agents spread out; a kloud more than a second of round trip away
+// is not reached.
 const reconnectCeiling = time.Second
 
 // Run registers with kontrol and serves until ctx ends, or until an upgrade installed a new

@@ -479,10 +479,11 @@ func (rl *termRelay) writeWatch(write func() error) error {
 }
 
 // watchKlient pings klient's side every klientPingInterval, and after input, until the relay
-// ends. An answered ping confirms the input relayed before it (the browser is told {"confirmed": n}: WebSocket
-// frames arrive in order, so klient read those before it answered). An unanswered one ends the
-// relay: the browser gets 4004 "the machine is unreachable", and sends what was not confirmed
-// again once it is attached anew.
+// ends. An answered ping confirms the input relayed before it (the browser is told
+// {"confirmed": n}: WebSocket frames arrive in order, so klient read those before it answered).
+// An unanswered one ends the relay: the browser gets 4004 "the machine is unreachable", and
+// sends what was not confirmed again once it is attached anew. (keepalive pings the browser's
+// side, only to keep proxies from closing an idle terminal.)
 func (rl *termRelay) watchKlient() {
 	t := time.NewTicker(rl.pingEvery)
 	defer t.Stop()
