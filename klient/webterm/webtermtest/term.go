@@ -64,11 +64,18 @@ func (c *Term) Output() string {
 	return c.out.String()
 }
 
-// Notices are the text frames received (kloud's {session, mode, created}).
+// Notices are the text frames received (kloud's {session, mode, created}, {unreachable}), less
+// kloud's acknowledgements of input ({"confirmed": n}), which come as often as input does.
 func (c *Term) Notices() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]string(nil), c.notes...)
+	var out []string
+	for _, n := range c.notes {
+		if !strings.HasPrefix(n, `{"confirmed":`) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // WaitFor waits until the output contains s.
