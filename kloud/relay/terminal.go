@@ -232,8 +232,14 @@ func (h *Hub) connect(ctx context.Context, agent Agent, user string, m *model.Ma
 }
 
 // agentLost says whether err is the machine's agent being away (not connected, its connection
-// closed during the call, or klient's attachment never arriving), not klient's refusal.
+// closed during the call, or klient's attachment never arriving), not klient's refusal: an error
+// klient answered (a *kite.Error decoded from its reply, e.g. an account that cannot be had, "not
+// allowed in this state") is its answer, and waiting for the agent would not change it.
 func agentLost(err error) bool {
+	var ke *kite.Error
+	if errors.As(err, &ke) && ke != kite.ErrState && ke != kite.ErrTimeout {
+		return false
+	}
 	return errors.Is(err, kite.ErrState) || errors.Is(err, kite.ErrClosed) || errors.Is(err, kite.ErrTimeout)
 }
 

@@ -131,7 +131,13 @@ class TermTab {
       cursorBlink: true, scrollback: 5000, fontSize: 14,
       fontFamily: 'ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace',
       disableStdin: this.readonly,
-      theme: { background: '#14161a', foreground: '#e6e6e6' },
+      // ANSI colours that keep 4.5:1 against the background (WCAG AA; xterm's default red,
+      // blue and magenta do not, and kloud's own notices are red and yellow).
+      theme: {
+        background: '#14161a', foreground: '#e6e6e6',
+        red: '#ff6b6b', green: '#5fd787', yellow: '#e5c07b', blue: '#6cb6ff', magenta: '#d78fff', cyan: '#56d4dd',
+        brightRed: '#ff8f8f', brightGreen: '#87ffaf', brightYellow: '#ffd787', brightBlue: '#8fc8ff', brightMagenta: '#e5afff', brightCyan: '#87e7ee',
+      },
     });
     this.fit = new FitAddon();
     this.term.loadAddon(this.fit);
