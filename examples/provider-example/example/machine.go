@@ -67,6 +67,7 @@ func (m *machine) Start(ctx context.Context) (any, error) {
 	if err := m.e.setOff(m.b.StackID, m.b.Label, false); err != nil {
 		return nil, fmt.Errorf("example: start %s: %w", m.b.Label, err)
 	}
+	os.Remove(filepath.Join(m.dir(), resumeFailedPath)) // started by hand: that is over
 	if pid := supervisor(m.dir()); pid > 0 {
 		return &Metadata{PID: pid, Disk: m.dir()}, nil // already running
 	}

@@ -2,15 +2,19 @@ package example
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -40,11 +44,16 @@ func Resume(ctx context.Context, o Options) (int, error) {
 			continue // a boot that did not finish (its build failed: kloud removes it), or stopped
 		}
 		started, err := e.resume(ctx, p.stack, p.label)
+		failed := filepath.Join(e.dir(p.stack, p.label), resumeFailedPath)
 		if err != nil {
+			if os.MkdirAll(filepath.Dir(failed), 0o755) == nil {
+				os.WriteFile(failed, []byte(err.Error()+"\n"), 0o600) // ConsoleLog says why
+			}
 			e.o.Logger.Warn("resume: the machine stays off", "stack", p.stack, "machine", p.label, "err", err)
 			errs = append(errs, err)
 			continue
 		}
+		os.Remove(failed)
 		if started {
 			e.o.Logger.Info("resume: powered on again", "stack", p.stack, "machine", p.label)
 			n++
@@ -86,3 +95,58 @@ func (e *example) resume(ctx context.Context, stackID, label string) (bool, erro
 	}
 	return true, nil
 }
+
+// resumeFailedPath, in a machine's disk, holds why Resume could not power it on again (removed
+// when it or Start does).
+const resumeFailedPath = "var/lib/kloud-example/resume-failed"
+
+// consoleMax is how much of a machine's boot output ConsoleLog returns (its end).
+const consoleMax = 64 << 10
+
+// ConsoleLog returns the end of the machine's boot output (what its provisioning printed, as
+// cloud-init's output log of a VM): kloud names a failed provisioning step from it. If the
+// plugin restarted and could not power the machine on again, it ends with provisioning's
+// failure marker saying so, so that a build waiting for the agent fails at once with that
+// reason instead of at its timeout.
+func (m *machine) ConsoleLog(ctx context.Context) (string, error) {
+	if !plugin.ValidName(m.b.StackID) || !plugin.ValidName(m.b.Label) {
+		return "", fmt.Errorf("example: machine %q of stack %q: not a machine of this provider", m.b.Label, m.b.StackID)
+	}
+	b, err := readTail(filepath.Join(m.dir(), userdata.CloudInitOutputPath), consoleMax)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("example: console of %s: %w", m.b.Label, err)
+	}
+	out := string(b)
+	if why, err := readTail(filepath.Join(m.dir(), resumeFailedPath), 4<<10); err == nil {
+		if out != "" && !strings.HasSuffix(out, "\n") {
+			out += "\n"
+		}
+		detail, _ := json.Marshal("the provider plugin restarted and the machine's agent did not come back: " + strings.TrimSpace(string(why)))
+		out += userdata.MarkerPrefix + "step=" + userdata.StepStartKlient + " status=" + userdata.StatusFailed + " detail=" + string(detail) + "\n"
+	}
+	return out, nil
+}
+
+// readTail reads at most the last max bytes of the regular file at path (a link is refused).
+func readTail(path string, max int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	if st.Size() > max {
+		if _, err := f.Seek(st.Size()-max, io.SeekStart); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(io.LimitReader(f, max))
+}
+
+var _ provider.ConsoleLogger = (*machine)(nil)
