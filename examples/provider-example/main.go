@@ -9,6 +9,7 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -34,5 +35,13 @@ func main() {
 		log.Error("the S3 server for buckets", "err", err)
 		os.Exit(1)
 	}
-	plugin.Serve(example.New(example.Options{Dir: dir, Logger: log, S3: s3}))
+	o := example.Options{Dir: dir, Logger: log, S3: s3}
+	// The machines are processes that died with the previous process of the plugin (kloud's
+	// sandbox ends everything of a plugin with it): power on again those that were on.
+	if n, err := example.Resume(context.Background(), o); err != nil {
+		log.Warn("machines not powered on again after a restart", "powered on", n, "err", err)
+	} else if n > 0 {
+		log.Info("machines powered on again after a restart", "machines", n)
+	}
+	plugin.Serve(example.New(o))
 }

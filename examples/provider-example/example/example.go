@@ -22,8 +22,10 @@
 //
 // Who runs what: as a plugin, everything (the provider, klient, the user's script, the
 // terminal's shells) runs as the plugin's own unprivileged user, and the processes die with
-// the plugin: after a plugin restart those machines report Stopped, and starting them brings
-// them back from their disk. In-process (tests), they run as kloud's user.
+// the plugin (kloud's sandbox lets nothing of a plugin outlive it). The restarted plugin
+// powers on again, from their disks, the machines that were on (Resume, resume.go: a machine its
+// user stopped stays off), so their agents come back within seconds. In-process (tests), they
+// run as kloud's user and do not die with anything.
 //
 // # How Terraform creates a machine
 //
@@ -151,19 +153,8 @@ func (m *Metadata) Valid() error {
 // stack and machine operations. Nothing in it knows whether it runs in kloud's process or as a
 // plugin.
 func New(o Options) *provider.Provider {
-	if o.Name == "" {
-		o.Name = "example"
-	}
-	if o.Capacity <= 0 {
-		o.Capacity = 8
-	}
-	if o.TokenTTL <= 0 {
-		o.TokenTTL = time.Hour
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	e := &example{o: o}
+	e := newExample(o)
+	o = e.o
 	p := &provider.Provider{
 		Name: o.Name,
 		// Machines are terraform_data resources; their `input` carries the user data.
@@ -192,6 +183,23 @@ func New(o Options) *provider.Provider {
 		p.Buckets = &buckets{e: e, p: o.Buckets}
 	}
 	return p
+}
+
+// newExample returns the provider's state with Options' defaults filled in.
+func newExample(o Options) *example {
+	if o.Name == "" {
+		o.Name = "example"
+	}
+	if o.Capacity <= 0 {
+		o.Capacity = 8
+	}
+	if o.TokenTTL <= 0 {
+		o.TokenTTL = time.Hour
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &example{o: o}
 }
 
 // example is the provider's state shared by its stacks, machines and HTTP service.

@@ -43,6 +43,8 @@ type env struct {
 	t     *testing.T
 	dir   string
 	alice *api.Client
+	// pluginDir is where kloud launches the plugin from ("" in-process).
+	pluginDir string
 }
 
 // newEnv starts kloud with the example in its process or, with plugin, as the plugin binary
@@ -74,7 +76,7 @@ func newEnv(t *testing.T, plugin bool) *env {
 		o.Providers.Register(example.New(example.Options{Dir: dir, Logger: testutil.Logger(t)}))
 	}
 	k := kloudtest.Start(t, o)
-	e := &env{Env: k, t: t, dir: dir}
+	e := &env{Env: k, t: t, dir: dir, pluginDir: o.PluginDir}
 	t.Cleanup(e.killLeftovers)
 	if plugin {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

@@ -53,13 +53,21 @@ func (m *machine) Stop(ctx context.Context) (any, error) {
 	if err := stopMachine(ctx, m.dir()); err != nil {
 		return nil, fmt.Errorf("example: stop %s: %w", m.b.Label, err)
 	}
+	if err := m.e.setOff(m.b.StackID, m.b.Label, true); err != nil {
+		return nil, fmt.Errorf("example: stop %s: %w", m.b.Label, err)
+	}
 	return &Metadata{Disk: m.dir()}, nil
 }
 
 // Start powers the machine on from its disk: the agent's supervisor starts again (what a
-// booting VM's init does; provisioning put the starter there).
+// booting VM's init does; provisioning put the starter there). Start and Stop keep whether the
+// machine is meant to be on in its record (Off), for Resume after a plugin restart.
 func (m *machine) Start(ctx context.Context) (any, error) {
 	defer m.e.lock(m.dir())()
+	if err := m.e.setOff(m.b.StackID, m.b.Label, false); err != nil {
+		return nil, fmt.Errorf("example: start %s: %w", m.b.Label, err)
+	}
+	os.Remove(filepath.Join(m.dir(), resumeFailedPath)) // started by hand: that is over
 	if pid := supervisor(m.dir()); pid > 0 {
 		return &Metadata{PID: pid, Disk: m.dir()}, nil // already running
 	}

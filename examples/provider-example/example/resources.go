@@ -44,6 +44,8 @@ type record struct {
 	Instance string    `json:"instance"` // the kloud instance (Options.Instance)
 	Created  time.Time `json:"created"`
 	Complete bool      `json:"complete"` // the boot finished
+	// Off: the machine was stopped (Stop) and stays off until Start; Resume leaves it off.
+	Off bool `json:"off,omitempty"`
 }
 
 // resourceIDRe is what a machine resource's id in Terraform's state looks like (terraform_data
@@ -253,3 +255,20 @@ func (i inventory) RemoveResource(ctx context.Context, r provider.Resource) erro
 }
 
 var _ provider.ResourceManager = inventory{}
+
+// setOff records in machine label's record whether it is meant to be off (Resume). A machine
+// without a record (made before records, or being destroyed) has nothing to record.
+func (e *example) setOff(stackID, label string, off bool) error {
+	r, err := e.readRecord(stackID, label)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if r.Off == off {
+		return nil
+	}
+	r.Off = off
+	return e.writeRecord(stackID, label, *r)
+}
