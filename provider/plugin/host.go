@@ -300,6 +300,9 @@ func (h *Host) IsPlugin(p *provider.Provider) bool {
 	return e != nil && e.proxy == p
 }
 
+// noWait is the ctx key of a call that does not wait for a plugin that is down (Available).
+type noWait struct{}
+
 // conn returns name's connection. While the plugin is not connected it waits for it, until
 // RestartWait after it went down or ctx ends (a killed plugin is being restarted: the call then
 // goes to the new process); then it returns the error every call on a disconnected proxy gets.
@@ -321,7 +324,7 @@ func (h *Host) conn(ctx context.Context, name string) (*kite.Conn, error) {
 		}
 		h.mu.Unlock()
 		wait := time.Until(until)
-		if wait <= 0 || ctx.Err() != nil {
+		if wait <= 0 || ctx.Err() != nil || ctx.Value(noWait{}) != nil {
 			if !until.IsZero() && wait <= 0 {
 				last += fmt.Sprintf(" (down for over %s)", h.o.RestartWait)
 			}

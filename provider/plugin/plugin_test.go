@@ -796,6 +796,10 @@ func TestConnection(t *testing.T) {
 			st  provider.State
 			err error
 		}
+		// A probe (readyz, provider list) says what is now, without waiting.
+		if err := p.Available(); !errors.Is(err, kite.ErrUnavailable) || strings.Contains(err.Error(), "down for over") {
+			t.Errorf("Available while the plugin is down: %v", err)
+		}
 		resc := make(chan res, 1)
 		go func() { st, err := info(); resc <- res{st, err} }()
 		select {
