@@ -134,7 +134,8 @@ func (e *env) logProbe(name string) (pluginProbe, bool) {
 // directory; the running kloud starts it, sandboxed (uid 65534, own pid namespace, none of
 // kloud's files, nothing of kloud's environment), it registers and is listed connected with its
 // version and capabilities, its HTTP service is served under /provider/NAME/; killed, it is back
-// and serving within seconds; when kloud stops, no process of it is left.
+// and serving within seconds (a request to it made while it is down waits for it); when kloud
+// stops, no process of it is left.
 func TestPluginLaunchedSandboxedRestarted(t *testing.T) {
 	parallel(t)
 	e := newPluginEnv(t)
@@ -207,9 +208,25 @@ func TestPluginLaunchedSandboxedRestarted(t *testing.T) {
 		t.Errorf("GET /provider/testplug/probe: %s\n%s", resp.Status, body)
 	}
 
-	// Crash: SIGKILL the plugin; kloud logs the exit and starts it again.
+	// Crash: SIGKILL the plugin; kloud logs the exit and starts it again. A request made while
+	// it is down waits for the restarted plugin (issue 23: it got 503 "not connected").
+	disconnects := strings.Count(e.kloudOut.String(), `msg="provider plugin disconnected"`)
 	killed := time.Now()
 	syscall.Kill(proc.pid, syscall.SIGKILL)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return strings.Count(e.kloudOut.String(), `msg="provider plugin disconnected"`) > disconnects
+	}, "kloud did not see the killed plugin disconnect:\n%s", e.kloudOut)
+	asked := time.Now()
+	resp, err = http.Get(e.url() + "/provider/testplug/probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /provider/testplug/probe while the plugin restarts: %s\n%s", resp.Status, body)
+	}
+	t.Logf("a request made %s after the SIGKILL, while the plugin was down, answered %s in %s", asked.Sub(killed).Round(time.Millisecond), resp.Status, time.Since(asked).Round(time.Millisecond))
 	st = e.waitProvider("testplug", 30*time.Second, func(s api.ProviderStatus) bool {
 		return s.Connected && s.ConnectedAt != nil && s.ConnectedAt.After(killed)
 	}, "not connected again after SIGKILL")

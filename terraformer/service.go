@@ -233,7 +233,9 @@ func toKite(err error) error {
 	case errors.Is(err, tfrun.ErrState):
 		return &coded{err, kite.ErrState}
 	case errors.Is(err, tfrun.ErrClosed):
-		return &coded{fmt.Errorf("terraformer is shutting down: %w", err), kite.ErrState}
+		// Going away, not refusing: unavailable, so that a caller waits for the terraformer
+		// that replaces this one (kloud's stackbuild.TFWait) instead of failing.
+		return &coded{fmt.Errorf("terraformer is shutting down: %w", err), kite.ErrUnavailable}
 	}
 	return err
 }

@@ -323,11 +323,11 @@ func (w *TFWait) max() time.Duration {
 }
 
 // Retry reports whether the call that returned err should be made again: err says terraformer is
-// unavailable, ctx is live and Max has not passed since the first such error (the
+// unavailable or going away (TerraformerGone), ctx is live and Max has not passed since the first such error (the
 // first one is told to say, once). It sleeps a moment before returning true. After the bound it
 // returns false and Gave(err) holds: the caller returns err, which then says how long it waited.
 func (w *TFWait) Retry(ctx context.Context, err error, say func(string)) bool {
-	if err == nil || !errors.Is(err, kite.ErrUnavailable) || ctx.Err() != nil {
+	if !TerraformerGone(err) || ctx.Err() != nil {
 		return false
 	}
 	if w.since.IsZero() {
@@ -346,6 +346,15 @@ func (w *TFWait) Retry(ctx context.Context, err error, say func(string)) bool {
 	case <-time.After(500 * time.Millisecond):
 		return true
 	}
+}
+
+// TerraformerGone reports whether err says the terraformer a call went to is going away or gone,
+// so that the call is made again once the terraformer that replaces it answers: it is
+// unavailable (restarting, or shutting down: its engine closed, which it answers with the
+// unavailable code), or the connection closed during the call. A call that was refused (locked,
+// invalid, not found) is not.
+func TerraformerGone(err error) bool {
+	return err != nil && (errors.Is(err, kite.ErrUnavailable) || errors.Is(err, kite.ErrClosed))
 }
 
 // Gave reports whether err is the error Retry gave up on; then the caller should return it

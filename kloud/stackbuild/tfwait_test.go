@@ -1,6 +1,7 @@
 package stackbuild_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
+	"github.com/kloud-dev/kloud/kloud/store"
+	"github.com/kloud-dev/kloud/terraformer/terraformertest"
 	"github.com/kloud-dev/kloud/terraformer/tfapi"
 	"github.com/kloud-dev/kloud/terraformer/tfclient"
 )
@@ -64,6 +67,71 @@ func TestRunDied(t *testing.T) {
 	} {
 		if got := stackbuild.RunDied(err); got != want {
 			t.Errorf("RunDied(%v) = %v, want %v", err, got, want)
+		}
+	}
+}
+
+// logJob is a stackbuild.Job that keeps its log lines.
+type logJob struct{ lines []string }
+
+func (j *logJob) Doc() store.Job                                 { return store.Job{} }
+func (j *logJob) Enter(context.Context, stackbuild.Stage)        {}
+func (j *logJob) EnterAt(context.Context, stackbuild.Stage, int) {}
+func (j *logJob) Logf(_ context.Context, format string, args ...any) {
+	j.lines = append(j.lines, fmt.Sprintf(format, args...))
+}
+
+// TestSubmitTFThroughShutdown (issue 23, chaos kloud-destroy): a run submitted to a terraformer
+// that is shutting down (its engine closed: the old kloud's terraformer, dying with it, still
+// answering on the address the new kloud's terraformer takes over) is submitted again once the
+// next terraformer answers, saying so in the job's log, instead of failing the job with
+// "terraformer is shutting down". Real terraformers (terraformertest: the kite service over a
+// real engine and terraform).
+func TestSubmitTFThroughShutdown(t *testing.T) {
+	t.Parallel()
+	old := terraformertest.Start(t, terraformertest.Options{})
+	next := terraformertest.Start(t, terraformertest.Options{})
+	if err := old.Engine.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	req := tfapi.Request{ContentID: "going", Files: tfapi.Files(map[string][]byte{"main.tf": []byte(`resource "terraform_data" "a" {}`)})}
+	_, err := old.Client.Destroy(t.Context(), req)
+	if !stackbuild.TerraformerGone(err) || !strings.Contains(err.Error(), "terraformer is shutting down") {
+		t.Fatalf("destroy on a terraformer shutting down: %v, want an error saying it is going away", err)
+	}
+	var j logJob
+	calls := 0
+	id, err := stackbuild.SubmitTF(t.Context(), &j, func() (string, error) {
+		calls++
+		if calls == 1 {
+			return old.Client.Destroy(t.Context(), req)
+		}
+		return next.Client.Destroy(t.Context(), req) // the terraformer that replaced it
+	})
+	if err != nil || id == "" || calls != 2 {
+		t.Fatalf("SubmitTF: %q, %v after %d calls; log %q", id, err, calls, j.lines)
+	}
+	if len(j.lines) != 1 || !strings.Contains(j.lines[0], "waiting for the terraformer") {
+		t.Errorf("job log %q", j.lines)
+	}
+	if job, err := next.Client.Wait(t.Context(), id, nil); err != nil {
+		t.Fatalf("the run submitted again: %v %+v", err, job)
+	}
+}
+
+// TestTerraformerGone: what a terraformer that is going away answers is waited for; what a live
+// one refuses is not.
+func TestTerraformerGone(t *testing.T) {
+	t.Parallel()
+	for err, want := range map[error]bool{
+		fmt.Errorf("terraformer.destroy: %w", kite.ErrUnavailable):    true,
+		fmt.Errorf("terraformer.apply: %w", kite.ErrClosed):           true,
+		fmt.Errorf("terraformer.apply: locked: %w", kite.ErrConflict): false,
+		fmt.Errorf("terraformer.apply: %w", kite.ErrState):            false,
+		nil: false,
+	} {
+		if got := stackbuild.TerraformerGone(err); got != want {
+			t.Errorf("TerraformerGone(%v) = %v, want %v", err, got, want)
 		}
 	}
 }

@@ -58,9 +58,12 @@
 // capability (Provider.Capabilities is set from the manifest); its Inventory and Buckets are set
 // only if the plugin advertised "resources" and "bucket". One connection per provider
 // name: a newer registration replaces (closes) the older. While a plugin is disconnected its
-// proxy stays registered and every call fails at once with an error wrapping kite.ErrUnavailable
-// ("provider NAME (plugin) is not connected: <last error>"); a call in flight when the
-// connection drops fails the same way. Host.Status is what `kloud provider list` shows.
+// proxy stays registered; a call waits for the plugin to connect again (a killed plugin is
+// restarted by kloud within seconds, a remote one redials), for up to HostOptions.RestartWait
+// (1m) after it went down; past that bound every call fails at once with an error wrapping
+// kite.ErrUnavailable ("provider NAME (plugin) is not connected: <last error> (down for over
+// 1m0s)"). A call in flight when the connection drops fails at once ("disconnected during"): it
+// may have done its work, so it is not repeated. Host.Status is what `kloud provider list` shows.
 //
 // Start reading at Serve and Run (serve.go) for the plugin side, Host.Register (host.go) and
 // newProxy (proxy.go) for kloud's.

@@ -31,6 +31,13 @@ type HostOptions struct {
 	// AvailableTimeout bounds provider.available, which Provider.Available (no ctx) calls
 	// (default 5s).
 	AvailableTimeout time.Duration
+	// RestartWait bounds how long a call to a plugin that is not connected waits for it to
+	// (re)connect, counted from when it went down (its connection closed, or kloud started
+	// expecting it): a launched plugin that was killed is restarted within a second or two, a
+	// remote one redials. Within the bound a call waits (up to its ctx); after it, calls fail at
+	// once with "provider NAME (plugin) is not connected: <last error>". Default 1m (the same
+	// bound as kloud's wait for a restarting terraformer); negative: never wait.
+	RestartWait time.Duration
 }
 
 // Host is kloud's side of provider plugins: it accepts their registrations (Register is the body
@@ -56,6 +63,7 @@ type plug struct {
 	manifest       Manifest
 	connectedAt    time.Time
 	disconnectedAt time.Time
+	downSince      time.Time // when it went down (lost, or Expect before it connected); zero while connected
 	lastErr        string
 	proxy          *provider.Provider
 }
@@ -87,6 +95,9 @@ func NewHost(o HostOptions) *Host {
 	if o.AvailableTimeout <= 0 {
 		o.AvailableTimeout = 5 * time.Second
 	}
+	if o.RestartWait == 0 {
+		o.RestartWait = time.Minute
+	}
 	return &Host{o: o, log: o.Logger.With("component", "plugins"), plugins: map[string]*plug{}, changed: make(chan struct{})}
 }
 
@@ -106,8 +117,8 @@ func negotiate(theirs []int) (int, bool) {
 // in-tree provider's, nor its resource type another provider's; the plugin must speak an API
 // version kloud speaks. The proxy is then installed (or replaced) in the registry, a connection
 // already serving that name is closed, and the connection is watched: when it closes, the
-// proxy stays registered and its calls fail fast with kite.ErrUnavailable until the plugin is
-// back.
+// proxy stays registered and its calls wait for the plugin to be back, up to RestartWait after
+// it went down, then fail fast with kite.ErrUnavailable until it is.
 func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams) (*RegisterResult, error) {
 	pr := r.Principal()
 	name := kitekey.PluginName(pr)
@@ -147,7 +158,7 @@ func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams)
 	}
 	old := e.conn
 	e.conn, e.apiVersion, e.version, e.manifest = r.Conn, v, p.PluginVersion, m
-	e.connectedAt, e.lastErr = time.Now().UTC(), ""
+	e.connectedAt, e.lastErr, e.downSince = time.Now().UTC(), "", time.Time{}
 	if !e.launched {
 		e.where = "remote " + r.Conn.Remote()
 	}
@@ -182,7 +193,7 @@ func (h *Host) lost(name string, c *kite.Conn) {
 	if e == nil || e.conn != c {
 		return
 	}
-	e.conn, e.disconnectedAt = nil, time.Now().UTC()
+	e.conn, e.disconnectedAt, e.downSince = nil, time.Now().UTC(), time.Now()
 	reason := "connection closed"
 	if err := c.Err(); err != nil && !errors.Is(err, kite.ErrClosed) {
 		reason = "connection lost: " + err.Error()
@@ -203,6 +214,9 @@ func (h *Host) Expect(name, where string) {
 		h.plugins[name] = e
 	}
 	e.where, e.launched = where, true
+	if e.conn == nil && e.downSince.IsZero() {
+		e.downSince = time.Now()
+	}
 }
 
 // SetError records the supervisor's last error for name (a crash, an exit status); Status shows
@@ -286,19 +300,44 @@ func (h *Host) IsPlugin(p *provider.Provider) bool {
 	return e != nil && e.proxy == p
 }
 
-// conn returns name's connection, or the error every call on a disconnected proxy gets.
-func (h *Host) conn(name string) (*kite.Conn, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	e := h.plugins[name]
-	if e == nil || e.conn == nil {
+// noWait is the ctx key of a call that does not wait for a plugin that is down (Available).
+type noWait struct{}
+
+// conn returns name's connection. While the plugin is not connected it waits for it, until
+// RestartWait after it went down or ctx ends (a killed plugin is being restarted: the call then
+// goes to the new process); then it returns the error every call on a disconnected proxy gets.
+func (h *Host) conn(ctx context.Context, name string) (*kite.Conn, error) {
+	for {
+		h.mu.Lock()
+		e, changed := h.plugins[name], h.changed
+		if e != nil && e.conn != nil {
+			h.mu.Unlock()
+			return e.conn, nil
+		}
 		last := "it has not registered"
 		if e != nil && e.lastErr != "" {
 			last = e.lastErr
 		}
-		return nil, fmt.Errorf("provider %s (plugin) is not connected: %s: %w", name, last, kite.ErrUnavailable)
+		var until time.Time
+		if e != nil && !e.downSince.IsZero() && h.o.RestartWait > 0 {
+			until = e.downSince.Add(h.o.RestartWait)
+		}
+		h.mu.Unlock()
+		wait := time.Until(until)
+		if wait <= 0 || ctx.Err() != nil || ctx.Value(noWait{}) != nil {
+			if !until.IsZero() && wait <= 0 {
+				last += fmt.Sprintf(" (down for over %s)", h.o.RestartWait)
+			}
+			return nil, fmt.Errorf("provider %s (plugin) is not connected: %s: %w", name, last, kite.ErrUnavailable)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-changed:
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 	}
-	return e.conn, nil
 }
 
 // call makes one call to plugin name. A plugin's own error comes back as a plain error with its
@@ -306,7 +345,7 @@ func (h *Host) conn(name string) (*kite.Conn, error) {
 // ErrBucketNotFound stay recognizable, and
 // a missing or lost connection wraps kite.ErrUnavailable naming the provider and the reason.
 func (h *Host) call(ctx context.Context, name, method string, params, result any) error {
-	c, err := h.conn(name)
+	c, err := h.conn(ctx, name)
 	if err != nil {
 		return err
 	}

@@ -296,7 +296,8 @@ func startKloud(t *testing.T) *kloudEnv {
 	}
 	reg := provider.NewRegistry()
 	reg.Register(&provider.Provider{Name: "local", ResourceType: "kloudlocal_machine"}) // in-tree
-	host := plugin.NewHost(plugin.HostOptions{Registry: reg, Logger: testutil.Logger(t), KloudVersion: "test-1"})
+	// RestartWait: a call waits up to 2s for a plugin that went down (TestConnection).
+	host := plugin.NewHost(plugin.HostOptions{Registry: reg, Logger: testutil.Logger(t), KloudVersion: "test-1", RestartWait: 2 * time.Second})
 	k.Handle(plugin.MethodRegister, kitekey.Gate(kite.Typed(func(ctx context.Context, r *kite.Request, p *plugin.RegisterParams) (any, error) {
 		return host.Register(ctx, r, p)
 	}), kitekey.KindPluginKey))
@@ -786,16 +787,53 @@ func TestConnection(t *testing.T) {
 		e.wait("files")
 	})
 
+	// Issue 23 (chaos plugin-apply): a call made while the plugin is down (killed, and being
+	// restarted) waits for it and goes to the new one, instead of failing at once.
+	t.Run("a call waits for the plugin coming back", func(t *testing.T) {
+		stop()
+		testutil.Eventually(t, 10*time.Second, func() bool { return !e.status("files").Connected }, "still connected")
+		type res struct {
+			st  provider.State
+			err error
+		}
+		// A probe (readyz, provider list) says what is now, without waiting.
+		if err := p.Available(); !errors.Is(err, kite.ErrUnavailable) || strings.Contains(err.Error(), "down for over") {
+			t.Errorf("Available while the plugin is down: %v", err)
+		}
+		resc := make(chan res, 1)
+		go func() { st, err := info(); resc <- res{st, err} }()
+		select {
+		case r := <-resc:
+			t.Fatalf("a call to a plugin that is down returned before it came back: %v %v", r.st, r.err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		back := time.Now()
+		stop, _ = e.run(filesProvider("files", newSeen("back"), noUnavailable()), e.pluginKey("files"))
+		select {
+		case r := <-resc:
+			if r.err != nil || r.st != provider.NotInitialized {
+				t.Fatalf("the call made while the plugin was down: %v %v", r.st, r.err)
+			}
+			t.Logf("answered %s after the plugin was started again", time.Since(back).Round(time.Millisecond))
+		case <-time.After(30 * time.Second):
+			t.Fatal("the call made while the plugin was down never returned")
+		}
+	})
+
 	t.Run("plugin stops", func(t *testing.T) {
 		stop()
 		testutil.Eventually(t, 10*time.Second, func() bool { return !e.status("files").Connected }, "still connected")
-		start := time.Now()
+		// Waited for up to RestartWait (2s here), then the clear error; after that at once.
 		_, err := info()
-		if !errors.Is(err, kite.ErrUnavailable) || !strings.Contains(err.Error(), "provider files (plugin) is not connected: connection closed") {
+		if !errors.Is(err, kite.ErrUnavailable) || !strings.Contains(err.Error(), "provider files (plugin) is not connected: connection closed (down for over 2s)") {
 			t.Errorf("info while disconnected: %v", err)
 		}
+		start := time.Now()
+		if _, err := info(); !errors.Is(err, kite.ErrUnavailable) {
+			t.Errorf("info while disconnected, again: %v", err)
+		}
 		if d := time.Since(start); d > time.Second {
-			t.Errorf("a call to a disconnected plugin took %s", d)
+			t.Errorf("a call to a plugin down for over RestartWait took %s", d)
 		}
 		e.host.SetError("files", errors.New("exit status 2"))
 		if _, err := info(); err == nil || !strings.Contains(err.Error(), "is not connected: exit status 2") {

@@ -53,6 +53,7 @@ func (h *Host) newProxy(name string, m Manifest) *provider.Provider {
 	p.Available = func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), h.o.AvailableTimeout)
 		defer cancel()
+		ctx = context.WithValue(ctx, noWait{}, true) // a probe (readyz, provider list): what is now
 		var res availableResult
 		if err := h.call(ctx, name, MethodAvailable, struct{}{}, &res); err != nil {
 			return err
