@@ -190,8 +190,10 @@ async function main() {
       await page.waitForSelector(`#stack-jobs .job:not([data-job="${oldJob}"])`);
       await jobDone('#stack-jobs', 0, 'scale');
       await poll('one machine left in the table', () => page.evaluate(() => document.querySelectorAll('main tr[data-machine]').length === 1), 60000, 1000);
-      const hint = await text('#stack-scale-box');
-      if (!hint.includes('was scaled')) throw new Error(`scale card after scaling: ${hint}`);
+      // The card is drawn again when the stack's state settles (live events): wait for it.
+      let hint = '';
+      await poll('the Scale card says the stack was scaled', async () => (hint = await text('#stack-scale-box')).includes('was scaled'), 30000, 500)
+        .catch(() => { throw new Error(`scale card after scaling: ${hint}`); });
       return { screenshot: await shot('scaled.png') };
     });
 
