@@ -262,9 +262,7 @@ func (f *Flow) buildAttempt(ctx context.Context, j Job, c Caller, st *model.Stac
 		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", ctx.Err()))
 	}
 	job, err := tf.Wait(ctx, tfJob, ApplyProgress(ctx, j))
-	if err == nil {
-		err = job.Err()
-	}
+	err = waitErr(job, err)
 	if err != nil && RunDied(err) && ctx.Err() == nil && reruns < maxReruns {
 		// Apply converges on the state the dead run left: run it again, from the start (the
 		// template and the agents' keys are made again too).

@@ -70,10 +70,7 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (StackResult
 	case err != nil:
 		return StackResult{}, f.failDestroy(ctx, st, ms, "", fmt.Errorf("terraform destroy: %w", err))
 	default:
-		job, err := tf.Wait(ctx, id, progress)
-		if err == nil {
-			err = job.Err()
-		}
+		err := waitErr(tf.Wait(ctx, id, progress))
 		// A run that died with its process (terraformer restarted under it) is run again:
 		// destroy converges on the state it left.
 		for reruns := 0; err != nil && RunDied(err) && ctx.Err() == nil && reruns < maxReruns; reruns++ {
@@ -81,9 +78,7 @@ func (f *Flow) Destroy(ctx context.Context, j Job, st *model.Stack) (StackResult
 			if id, err = SubmitTF(ctx, j, destroy); err != nil {
 				break
 			}
-			if job, err = tf.Wait(ctx, id, progress); err == nil {
-				err = job.Err()
-			}
+			err = waitErr(tf.Wait(ctx, id, progress))
 		}
 		if err != nil {
 			return StackResult{}, f.failDestroy(ctx, st, ms, id, fmt.Errorf("terraform destroy: %w", err))
