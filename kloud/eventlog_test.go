@@ -21,11 +21,12 @@ import (
 	"github.com/kloud-dev/kloud/kontrol"
 )
 
-// startReplicas starts n kloud replicas sharing one database (--replicas), one after another
-// (the first creates the signing key and the admin; the others find them).
+// startReplicas starts n kloud replicas sharing one database (--replicas) on a real `kloud store
+// serve` (storetest.Serve: correct with several clients), one after another (the first creates
+// the signing key and the admin; the others find them).
 func startReplicas(t *testing.T, n int) []*kloudtest.Env {
 	t.Helper()
-	url, db := storetest.Shared(t, t.Name()+"/"+t.TempDir())
+	url, db := storetest.Serve(t), "kloud"
 	var out []*kloudtest.Env
 	var key []byte
 	for i := range n {
