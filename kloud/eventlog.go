@@ -121,8 +121,15 @@ type eventLog struct {
 	wake     chan struct{}
 	next     int64 // the seq the tailer waits for (0: not started)
 	appended int64 // the last seq this replica appended
+	mine     []ownEntry // this replica's entries not yet pruned, oldest first
 	ready    chan struct{}
 	stats    eventLogStats
+}
+
+// ownEntry is an entry this replica appended (it prunes its own entries, by _id).
+type ownEntry struct {
+	seq int64
+	at  time.Time
 }
 
 // eventLogStats count what the log did (tests, docs/deployment.md).
@@ -228,8 +235,13 @@ func (l *eventLog) appendLoop(ctx context.Context) {
 		if len(batch) == 0 {
 			continue
 		}
-		seq, err := l.st.ChangeLog().Append(ctx, guess, l.replica, batch...)
+		seqs, err := l.st.ChangeLog().Append(ctx, guess, l.replica, batch...)
 		l.mu.Lock()
+		at := l.st.Now()
+		for _, seq := range seqs {
+			l.mine = append(l.mine, ownEntry{seq, at})
+			l.appended = seq
+		}
 		if err != nil {
 			// The store is away: the other replicas miss these events. They resync once it
 			// is back (the next append starts with a resync).
@@ -237,10 +249,8 @@ func (l *eventLog) appendLoop(ctx context.Context) {
 			if ctx.Err() == nil {
 				l.log.WarnContext(ctx, "change log: append", "events", len(batch), "err", err)
 			}
-		} else {
-			l.appended = seq
-			l.stats.Appended += int64(len(batch))
 		}
+		l.stats.Appended += int64(len(seqs))
 		l.mu.Unlock()
 		if err != nil {
 			select { // retry after a pause, not in a loop
@@ -256,7 +266,7 @@ func (l *eventLog) appendLoop(ctx context.Context) {
 	}
 }
 
-// tailBatch is how many entries one read past the first takes.
+// tailBatch is how many entries one poll reads at most before it sleeps no more than 0.
 const tailBatch = 256
 
 // tail publishes the other replicas' entries in seq order until ctx ends.
@@ -320,24 +330,27 @@ func (l *eventLog) poll(ctx context.Context, checkGap bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	entries := []store.ChangeLogEntry{first}
-	more, err := l.st.ChangeLog().From(ctx, next+1, tailBatch)
-	if err != nil {
-		return 0, err
-	}
-	entries = append(entries, more...)
-	for i, e := range entries {
-		if want := next + int64(i); e.Seq != want {
-			// A hole only pruning makes: the entries from want on were pruned meanwhile.
-			l.gap(ctx, want, e.Seq)
-			return i + 1, nil
-		}
+	// Then entry by entry, each a read by _id: flat in the size of the log on FerretDB, where
+	// a range read scans it all (store.ChangeLog.From).
+	read := 0
+	for e := first; ; {
 		l.deliver(ctx, e)
+		read++
 		l.mu.Lock()
 		l.next = e.Seq + 1
+		next = l.next
 		l.mu.Unlock()
+		if read >= tailBatch {
+			return read, nil
+		}
+		e, err = l.st.ChangeLog().Get(ctx, next)
+		if errors.Is(err, store.ErrNotFound) {
+			return read, nil
+		}
+		if err != nil {
+			return read, err
+		}
 	}
-	return len(entries), nil
 }
 
 // gap: the entries from want to got-1 were pruned before this replica read them. Its pages
@@ -389,16 +402,26 @@ func (l *eventLog) movedOn(ctx context.Context, kiteID, from string) bool {
 	return err == nil && r.Replica != from
 }
 
-// prune deletes entries older than Keep, never the newest this replica read.
+// prune deletes this replica's own entries older than Keep, by _id, never the newest it read
+// (the retention pass sweeps what a replica that died left: retention.go).
 func (l *eventLog) prune(ctx context.Context) {
+	cutoff := l.st.Now().Add(-l.opts.Keep)
 	l.mu.Lock()
-	head := l.next - 1
-	l.mu.Unlock()
-	if head < 1 {
-		return
+	newest := l.next - 1
+	var old []int64
+	i := 0
+	for ; i < len(l.mine) && l.mine[i].at.Before(cutoff) && l.mine[i].seq < newest; i++ {
+		old = append(old, l.mine[i].seq)
 	}
-	if _, err := l.st.ChangeLog().Prune(ctx, l.st.Now().Add(-l.opts.Keep), head); err != nil && ctx.Err() == nil {
-		l.log.WarnContext(ctx, "change log: prune", "err", err)
+	l.mine = l.mine[i:]
+	l.mu.Unlock()
+	for _, seq := range old {
+		if _, err := l.st.ChangeLog().Delete(ctx, seq); err != nil {
+			if ctx.Err() == nil {
+				l.log.WarnContext(ctx, "change log: prune", "err", err)
+			}
+			return // the retention pass deletes what is left
+		}
 	}
 }
 

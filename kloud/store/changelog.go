@@ -59,33 +59,45 @@ const maxAppendProbes = 10000
 
 // Append writes one entry per body, in order, each at the newest seq + 1, starting the search
 // at guess (a seq known to be at most the newest + 1; 0 or less: from the head, a scan). It
-// returns the seq of the last entry written. Entries of racing writers interleave.
-func (l *ChangeLog) Append(ctx context.Context, guess int64, replica string, bodies ...string) (int64, error) {
+// returns the seq of each entry written. Entries of racing writers interleave.
+func (l *ChangeLog) Append(ctx context.Context, guess int64, replica string, bodies ...string) ([]int64, error) {
 	if guess < 1 {
 		h, err := l.Head(ctx)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		guess = h + 1
 	}
 	seq := guess
+	out := make([]int64, 0, len(bodies))
 	for _, b := range bodies {
 		for probes := 0; ; probes++ {
 			if probes > maxAppendProbes {
-				return 0, fmt.Errorf("change log: no free seq after %d tries from %d", maxAppendProbes, guess)
+				return out, fmt.Errorf("change log: no free seq after %d tries from %d", maxAppendProbes, guess)
 			}
 			_, err := l.coll().InsertOne(ctx, changeLogDoc{ID: ChangeLogKey(seq), ChangeLogEntry: ChangeLogEntry{Seq: seq, Replica: replica, At: l.s.Now(), Body: b}})
 			if err == nil {
 				break
 			}
 			if !IsDuplicateKey(err) {
-				return 0, fmt.Errorf("change log: append %d: %w", seq, err)
+				return out, fmt.Errorf("change log: append %d: %w", seq, err)
 			}
 			seq++
 		}
+		out = append(out, seq)
 		seq++
 	}
-	return seq - 1, nil
+	return out, nil
+}
+
+// Delete deletes entry seq (by _id: flat in the size of the log) and reports whether it was
+// there.
+func (l *ChangeLog) Delete(ctx context.Context, seq int64) (bool, error) {
+	res, err := l.coll().DeleteOne(ctx, bson.M{"_id": ChangeLogKey(seq)})
+	if err != nil {
+		return false, fmt.Errorf("change log: delete %d: %w", seq, err)
+	}
+	return res.DeletedCount == 1, nil
 }
 
 // Get returns entry seq, or an error wrapping [ErrNotFound].
@@ -101,8 +113,9 @@ func (l *ChangeLog) Get(ctx context.Context, seq int64) (ChangeLogEntry, error) 
 	return d.ChangeLogEntry, nil
 }
 
-// From returns up to limit entries from seq on, in order (a scan of the collection on the
-// embedded backend: the log is kept small).
+// From returns up to limit entries from seq on, in order. On FerretDB it reads every entry of
+// the log (0.03 s with 100 entries, 0.7 s with 2,000 on a loaded 2-CPU machine): a replica
+// reads entries by seq ([ChangeLog.Get]) and calls this only to look past a gap.
 func (l *ChangeLog) From(ctx context.Context, seq int64, limit int) ([]ChangeLogEntry, error) {
 	cur, err := l.coll().Find(ctx, bson.M{"_id": bson.M{"$gte": ChangeLogKey(seq)}},
 		options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}).SetLimit(int64(limit)))
@@ -138,7 +151,8 @@ func (l *ChangeLog) Head(ctx context.Context) (int64, error) {
 
 // Prune deletes the entries written before before, except the newest of all (head: the
 // caller's reading of it; the entries from head on stay whatever their age), and returns how
-// many it deleted.
+// many it deleted. A scan on FerretDB: replicas delete their own entries by seq
+// ([ChangeLog.Delete]); this is the retention pass's sweep of what a replica that died left.
 func (l *ChangeLog) Prune(ctx context.Context, before time.Time, head int64) (int64, error) {
 	res, err := l.coll().DeleteMany(ctx, bson.M{"at": bson.M{"$lt": before.UTC()}, "_id": bson.M{"$lt": ChangeLogKey(head)}})
 	if err != nil {
