@@ -119,8 +119,8 @@ type eventLog struct {
 	pending  []string // bodies to append, in order
 	lost     bool     // events were dropped or could not be appended: a resync goes first
 	wake     chan struct{}
-	next     int64 // the seq the tailer waits for (0: not started)
-	appended int64 // the last seq this replica appended
+	next     int64      // the seq the tailer waits for (0: not started)
+	appended int64      // the last seq this replica appended
 	mine     []ownEntry // this replica's entries not yet pruned, oldest first
 	ready    chan struct{}
 	stats    eventLogStats
