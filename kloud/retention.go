@@ -28,7 +28,9 @@ import (
 //     records this replica holds (store.Kites.TouchReplica), so only the records of a replica
 //     that died (or of this process before a restart) grow old;
 //   - leases that expired an hour ago (takeable anyway; this only keeps the collection small);
-//   - audit log entries Retention.Audit old (audit.go), the chain's checkpoint raised first.
+//   - audit log entries Retention.Audit old (audit.go), the chain's checkpoint raised first;
+//   - entries of the replicas' change log (eventlog.go) an hour old or an interval, whichever
+//     is longer: each replica deletes its own sooner; these are what a replica that died left.
 
 // revocationMargin: a revocation is kept this long after its token expired, and a lease this
 // long after it expired.
@@ -78,6 +80,7 @@ func (r *Retention) defaults() {
 // Pruned counts what one retention pass deleted.
 type Pruned struct {
 	Jobs, Revocations, Kites, Leases, Audit int64
+	ChangeLog                               int64 // entries of the replicas' change log (eventlog.go)
 }
 
 // jobTargets maps a job target's kind to the collection of the thing it changes, for
@@ -128,6 +131,13 @@ func (pr *pruner) prune(ctx context.Context) (Pruned, error) {
 	errs = append(errs, err)
 	p.Audit, err = pr.audits.prune(ctx, now.Add(-r.Audit), o) // audit.go
 	errs = append(errs, err)
+	// The replicas' change log: each replica deletes its own entries after EventLogOptions.Keep;
+	// what one that died left goes here, an interval later (never the newest entry).
+	var head int64
+	if head, err = pr.store.ChangeLog().Head(ctx); err == nil && head > 0 {
+		p.ChangeLog, err = pr.store.ChangeLog().Prune(ctx, now.Add(-max(r.Interval, time.Hour)), head)
+	}
+	errs = append(errs, err)
 	return p, errors.Join(errs...)
 }
 
@@ -150,9 +160,9 @@ func (pr *pruner) run(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			pr.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit)
+			pr.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "changeLog", p.ChangeLog)
 		} else if p != (Pruned{}) {
-			pr.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "took", time.Since(start))
+			pr.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "changeLog", p.ChangeLog, "took", time.Since(start))
 		}
 		select {
 		case <-ctx.Done():

@@ -9,8 +9,8 @@
 // filter (kloud's events.watch applies the same rules as the list and get methods to
 // [Event.Audience]).
 //
-// Several kloud replicas (issue 24) will feed their hubs from the store's change stream instead
-// of only from this process's writes; the hub does not care who publishes.
+// Several kloud replicas (issue 24, kloud/eventlog.go) also publish what the others wrote,
+// read from the store's change log; the hub does not care who publishes.
 package events
 
 import (

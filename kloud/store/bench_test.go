@@ -134,3 +134,54 @@ func BenchmarkKitesFind(b *testing.B) {
 		}
 	}
 }
+
+// The change log of several replicas (changelog.go), holding n entries (n/Keep is the log's
+// size: 2 min of changes): an idle poll (the entry waited for is not there yet: one read by
+// _id), an append, an entry read by seq (what a replica does once something is there), and a
+// range read (which only a replica looking past a gap makes).
+func BenchmarkChangeLog(b *testing.B) {
+	for _, n := range []int{100, 2000} {
+		s := storetest.Open(b, store.Options{Logger: slog.New(slog.DiscardHandler)})
+		ctx := b.Context()
+		log := s.ChangeLog()
+		body := `{"event":{"topics":["machines"],"kind":"machine","id":"0123456789abcdef01234567","op":"changed","at":"2026-01-01T00:00:00Z","owner":"alice","team":"default"}}`
+		bodies := make([]string, n)
+		for i := range bodies {
+			bodies[i] = body
+		}
+		seqs, err := log.Append(ctx, 1, "r1", bodies...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		head := seqs[len(seqs)-1]
+		b.Run(fmt.Sprintf("idle-poll/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := log.Get(ctx, head+1); err == nil {
+					b.Fatal("found an entry past the head")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("read-one/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := log.Get(ctx, head-5); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("read-range/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				if es, err := log.From(ctx, head-9, 256); err != nil || len(es) != 10 {
+					b.Fatal(len(es), err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("append/%d", n), func(b *testing.B) {
+			for b.Loop() {
+				if seqs, err = log.Append(ctx, head+1, "r1", body); err != nil {
+					b.Fatal(err)
+				}
+				head = seqs[0]
+			}
+		})
+	}
+}

@@ -8,8 +8,8 @@
 // [Store.AcquireLease] (lease.go), [Store.Transition] and [Store.TransitionIf] (transition.go),
 // [Store.Persist] (persist.go: bookkeeping writes that must land, retried with their own
 // context), [Jobs] (jobs.go; [ProgressWriter] in progress.go coalesces a job's progress),
-// [Store.Seal] (seal.go), [Keys] and [Revocations] (keys.go), [Kites] (kites.go) and the
-// Prune methods (prune.go).
+// [Store.Seal] (seal.go), [Keys] and [Revocations] (keys.go), [Kites] (kites.go), [ChangeLog]
+// (changelog.go: several replicas' events) and the Prune methods (prune.go).
 //
 // # Two backends, one code path
 //
@@ -92,6 +92,7 @@
 //	             replica, lastSeen                                                — see KiteRecord
 //	sessions     username, expiresAt
 //	meta         schema version and secret-key check (this package only)
+//	changelog    _id is the seq as 16 hex digits; what several replicas publish (changelog.go)
 //
 // # Repositories: the only way to the documents
 //
