@@ -47,7 +47,7 @@ with several writers (a MongoDB replica set, or kloud store serve; not a plain F
   store.race     --race-clients clients (separate connections, as replicas) × --race-workers
                  goroutines race through --race-rounds rounds of a claim ({_id, owner: null}
                  → $set), a compare-and-swap ({_id, v: 0} → v: 1) and an $inc of one counter,
-                 in a scratch database (kloud_doctor_race_*) dropped afterwards: any round
+                 in a scratch database (kloud_race_*) dropped afterwards: any round
                  won twice or increment lost fails the check`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -5,11 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storerace"
 )
 
@@ -45,22 +41,8 @@ func runStoreRace(ctx context.Context, g *globals, f raceFlags) error {
 func raceCheck(ctx context.Context, f raceFlags) api.DoctorCheck {
 	c := api.DoctorCheck{Name: "store.race", Required: true,
 		Fix: "several kloud replicas need atomic single-document updates with several writers: use a MongoDB replica set, or kloud store serve (not a plain FerretDB v1, which runs updates as read, modify, write back)"}
-	var clients []*mongo.Client
-	defer func() {
-		for _, cl := range clients {
-			_ = cl.Disconnect(context.WithoutCancel(ctx))
-		}
-	}()
-	for range f.clients {
-		cl, err := mongo.Connect(options.Client().ApplyURI(f.mongoURL).SetMaxPoolSize(uint64(f.workers)))
-		if err != nil {
-			c.Error = fmt.Sprintf("connect: %v", err)
-			return c
-		}
-		clients = append(clients, cl)
-	}
 	start := time.Now()
-	res, err := storerace.Race(ctx, "kloud_doctor_race_"+store.NewID(), storerace.Options{Rounds: f.rounds, Workers: f.workers}, clients...)
+	res, err := storerace.RaceURL(ctx, f.mongoURL, f.clients, storerace.Options{Rounds: f.rounds, Workers: f.workers})
 	if err != nil {
 		c.Error = err.Error()
 		return c

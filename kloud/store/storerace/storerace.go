@@ -23,6 +23,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // The scratch collections.
@@ -246,4 +247,30 @@ func Race(ctx context.Context, dbName string, opts Options, clients ...*mongo.Cl
 	}
 	wg.Wait()
 	return Check(ctx, db, opts.Rounds, tallies...)
+}
+
+// RaceURL is [Race] against the server at mongoURL with clients separate clients of
+// opts.Workers connections each (whatever pool size mongoURL names: the point is several
+// writers), in a scratch database kloud_race_<random> it drops afterwards.
+func RaceURL(ctx context.Context, mongoURL string, clients int, opts Options) (Result, error) {
+	if clients <= 0 {
+		return Result{}, errors.New("store race: clients must be positive")
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = 4
+	}
+	var cs []*mongo.Client
+	defer func() {
+		for _, c := range cs {
+			_ = c.Disconnect(context.WithoutCancel(ctx))
+		}
+	}()
+	for range clients {
+		c, err := mongo.Connect(options.Client().ApplyURI(mongoURL).SetMaxPoolSize(uint64(opts.Workers)))
+		if err != nil {
+			return Result{}, fmt.Errorf("store race: connect: %w", err)
+		}
+		cs = append(cs, c)
+	}
+	return Race(ctx, "kloud_race_"+bson.NewObjectID().Hex(), opts, cs...)
 }
