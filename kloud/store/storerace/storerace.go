@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,12 +27,21 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// The scratch collections.
+// The scratch collections: the claim and compare-and-swap documents of roundsPerColl rounds
+// per collection (raceClaims000, raceCas000, …): FerretDB v1 reads every document of a
+// collection for a filter that is more than {_id}, so one collection of all rounds would make
+// the race quadratic in its rounds.
 const (
-	collClaims  = "raceClaims"
-	collCAS     = "raceCas"
-	collCounter = "raceCounter"
+	collClaims    = "raceClaims"
+	collCAS       = "raceCas"
+	collCounter   = "raceCounter"
+	roundsPerColl = 100
 )
+
+// roundColl is the collection (prefix collClaims or collCAS) holding round r.
+func roundColl(db *mongo.Database, prefix string, r int) *mongo.Collection {
+	return db.Collection(fmt.Sprintf("%s%03d", prefix, r/roundsPerColl))
+}
 
 // Options configure [Run].
 type Options struct {
@@ -87,22 +97,27 @@ func Prepare(ctx context.Context, db *mongo.Database, rounds int) error {
 	if rounds <= 0 {
 		return errors.New("store race: rounds must be positive")
 	}
-	for _, c := range []string{collClaims, collCAS, collCounter} {
-		if err := db.Collection(c).Drop(ctx); err != nil {
-			return fmt.Errorf("store race: drop %s: %w", c, err)
+	names, err := db.ListCollectionNames(ctx, bson.D{})
+	if err != nil {
+		return fmt.Errorf("store race: %w", err)
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "race") {
+			if err := db.Collection(n).Drop(ctx); err != nil {
+				return fmt.Errorf("store race: drop %s: %w", n, err)
+			}
 		}
 	}
-	const batch = 500
-	for from := 0; from < rounds; from += batch {
+	for from := 0; from < rounds; from += roundsPerColl {
 		var claims, cas []any
-		for r := from; r < min(from+batch, rounds); r++ {
+		for r := from; r < min(from+roundsPerColl, rounds); r++ {
 			claims = append(claims, bson.D{{Key: "_id", Value: roundID(r)}, {Key: "owner", Value: nil}})
 			cas = append(cas, bson.D{{Key: "_id", Value: roundID(r)}, {Key: "v", Value: 0}})
 		}
-		if _, err := db.Collection(collClaims).InsertMany(ctx, claims); err != nil {
+		if _, err := roundColl(db, collClaims, from).InsertMany(ctx, claims); err != nil {
 			return fmt.Errorf("store race: prepare claims: %w", err)
 		}
-		if _, err := db.Collection(collCAS).InsertMany(ctx, cas); err != nil {
+		if _, err := roundColl(db, collCAS, from).InsertMany(ctx, cas); err != nil {
 			return fmt.Errorf("store race: prepare compare-and-swap: %w", err)
 		}
 	}
@@ -124,7 +139,7 @@ func Run(ctx context.Context, db *mongo.Database, opts Options) Tally {
 	if opts.Name == "" {
 		opts.Name = "w"
 	}
-	claims, cas, counter := db.Collection(collClaims), db.Collection(collCAS), db.Collection(collCounter)
+	counter := db.Collection(collCounter)
 	var mu sync.Mutex
 	var t Tally
 	fail := func(err error) {
@@ -145,14 +160,14 @@ func Run(ctx context.Context, db *mongo.Database, opts Options) Tally {
 			incs := 0
 			for r := 0; r < opts.Rounds && ctx.Err() == nil; r++ {
 				id := roundID(r)
-				res, err := claims.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "owner", Value: nil}}, bson.D{{Key: "$set", Value: bson.D{{Key: "owner", Value: me}}}})
+				res, err := roundColl(db, collClaims, r).UpdateOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "owner", Value: nil}}, bson.D{{Key: "$set", Value: bson.D{{Key: "owner", Value: me}}}})
 				switch {
 				case err != nil:
 					fail(fmt.Errorf("claim: %w", err))
 				case res.ModifiedCount == 1:
 					won = append(won, r)
 				}
-				res, err = cas.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "v", Value: 0}}, bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: 1}}}})
+				res, err = roundColl(db, collCAS, r).UpdateOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "v", Value: 0}}, bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: 1}}}})
 				switch {
 				case err != nil:
 					fail(fmt.Errorf("compare-and-swap: %w", err))
