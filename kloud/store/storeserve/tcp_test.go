@@ -88,7 +88,7 @@ func TestServeTCPRequiresAClientCertificate(t *testing.T) {
 	})
 
 	connect := func(certs []tls.Certificate) error {
-		c, err := mongo.Connect(options.Client().ApplyURI("mongodb://"+srv.TCPAddr().String()+"/?tls=true&serverSelectionTimeoutMS=5000").
+		c, err := mongo.Connect(options.Client().ApplyURI("mongodb://" + srv.TCPAddr().String() + "/?tls=true&serverSelectionTimeoutMS=5000").
 			SetTLSConfig(&tls.Config{RootCAs: serverCA.pool, Certificates: certs, MinVersion: tls.VersionTLS12}))
 		if err != nil {
 			return err
