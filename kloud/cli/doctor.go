@@ -20,7 +20,8 @@ import (
 var errDoctorFailed = errors.New("a required check failed")
 
 func doctorCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var race raceFlags
+	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Check a kloud deployment and say what to do about each problem (kloud administrators)",
 		Long: `Check the kloud at --url from its side (kloud.doctor) and from this client's, and print each
@@ -37,9 +38,22 @@ check with what it found and, for a failure, what to do:
   mirror         the Terraform provider mirror kloud serve's terraformer uses exists
   baseImage      the local provider's base image is built (not required: built on first use)
 
-It exits 1 when a required check fails, 0 otherwise (warnings included); --json prints the checks.`,
+It exits 1 when a required check fails, 0 otherwise (warnings included); --json prints the checks.
+
+With --mongo-url URL it checks that store instead, from this host, without a kloud: several
+kloud replicas need a MongoDB-protocol server that keeps a single-document update atomic
+with several writers (a MongoDB replica set, or kloud store serve; not a plain FerretDB v1).
+
+  store.race     --race-clients clients (separate connections, as replicas) × --race-workers
+                 goroutines race through --race-rounds rounds of a claim ({_id, owner: null}
+                 → $set), a compare-and-swap ({_id, v: 0} → v: 1) and an $inc of one counter,
+                 in a scratch database (kloud_race_*) dropped afterwards: any round
+                 won twice or increment lost fails the check`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if race.mongoURL != "" {
+				return runStoreRace(cmd.Context(), g, race)
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
 			defer cancel()
 			checks := runDoctor(ctx, g)
@@ -60,6 +74,12 @@ It exits 1 when a required check fails, 0 otherwise (warnings included); --json 
 			return nil
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&race.mongoURL, "mongo-url", "", "check this MongoDB-protocol store (store.race) instead of a kloud")
+	f.IntVar(&race.rounds, "race-rounds", 200, "rounds of store.race")
+	f.IntVar(&race.clients, "race-clients", 2, "clients (connection pools, as kloud replicas) of store.race")
+	f.IntVar(&race.workers, "race-workers", 4, "goroutines per client of store.race")
+	return cmd
 }
 
 // runDoctor asks kloud.doctor and adds this client's checks.

@@ -36,6 +36,14 @@
 // never multi-document transactions, never read-then-write from Go. The single connection is
 // also why no other client may talk to the embedded FerretDB.
 //
+// Several kloud replicas therefore never share a FerretDB directly: they share a MongoDB
+// replica set, or, in a small deployment, `kloud store serve` (kloud/store/storeserve), which
+// owns the embedded FerretDB (the same DataDir/db/ and lock) and executes its clients'
+// commands one at a time per database, so that a conditional single-document update is atomic
+// across all of them. With a MongoURL nothing here relies on more: the read-then-write paths
+// ([Jobs] on the embedded backend, under the store's write lock) are taken only without one.
+// kloud/store/storerace is the check (and `kloud doctor --mongo-url` runs it).
+//
 // FerretDB v1 quirks this package absorbs: $push ignores $slice (the job log is trimmed with a
 // second conditional update); TTL and partial indexes are not implemented (see "Retention");
 // createIndexes with several already existing indexes panics (indexes are created one per

@@ -237,7 +237,8 @@ func (e *embedded) releaseFiles() {
 // ferretLogHandler passes FerretDB's warnings and errors to our logger. FerretDB logs every
 // error response at warn level ("Response header: …", "Response message: …"); those are
 // errors the driver hands to our code (duplicate keys from lease races, endSessions not
-// implemented), so they are dropped here rather than logged twice.
+// implemented), so they are dropped here rather than logged twice; so is its warning about a
+// connection its client closed.
 type ferretLogHandler struct{ h slog.Handler }
 
 func (f ferretLogHandler) Enabled(ctx context.Context, l slog.Level) bool {
@@ -246,6 +247,11 @@ func (f ferretLogHandler) Enabled(ctx context.Context, l slog.Level) bool {
 
 func (f ferretLogHandler) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level < slog.LevelError && strings.HasPrefix(r.Message, "Response ") {
+		return nil
+	}
+	// A client that closed its connection (kloud store serve's backend connections, at every
+	// client's disconnect): FerretDB warns that it could not set a deadline on it.
+	if r.Level < slog.LevelError && strings.HasPrefix(r.Message, "Failed to set deadline") && strings.Contains(r.Message, "use of closed network connection") {
 		return nil
 	}
 	return f.h.Handle(ctx, r)

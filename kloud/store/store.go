@@ -41,8 +41,9 @@ const (
 // Options configure [Open]. Zero fields take the documented defaults.
 type Options struct {
 	// MongoURL is a mongodb:// URL. Empty means: start the embedded FerretDB in DataDir/db/.
-	// It must be a real MongoDB (a replica set when several kloud replicas share it). A
-	// FerretDB v1 behind it is only correct with a single client using ?maxPoolSize=1.
+	// It must be a real MongoDB (a replica set when several kloud replicas share it) or
+	// `kloud store serve` (kloud/store/storeserve), which serialises its clients' commands. A
+	// plain FerretDB v1 behind it is only correct with a single client using ?maxPoolSize=1.
 	MongoURL string
 	// DataDir holds the embedded database (DataDir/db/) and, unless SecretKey is set, the
 	// secret key (DataDir/secret.key). Created with mode 0700 if missing. Required unless
