@@ -37,8 +37,8 @@ func (s storeKeys) RetireKey(ctx context.Context, kid string, at time.Time) erro
 
 // storeRevocations keeps revoked credential ids in the store, and a copy in memory: every
 // handshake asks, and the store (one connection when embedded) must not be in that path. The
-// copy is reloaded at most every revocationsTTL by a handshake, and every revocationsTTL by run
-// (a background task), so a revocation made by another replica is refused here within
+// copy is reloaded by a handshake when it is older than revocationsTTL, and every revocationsTTL
+// by run (a background task), so a revocation made by another replica is refused here within
 // revocationsTTL (plus one store read) and the connections this replica holds with that
 // credential (kite connections, terminals, port forwards, SSH) are closed then too; this
 // replica's own revocations count, and close, at once.
@@ -120,10 +120,7 @@ func (s *storeRevocations) run(ctx context.Context) {
 		case <-t.C:
 		}
 		s.mu.Lock()
-		var fresh []string
-		if time.Since(s.loaded) >= revocationsTTL || s.set == nil {
-			fresh, _ = s.reloadLocked(ctx) // an outage: the next tick tries again
-		}
+		fresh, _ := s.reloadLocked(ctx) // an outage: the next tick tries again
 		onRemote := s.onRemote
 		s.mu.Unlock()
 		s.closeRemote(onRemote, fresh)

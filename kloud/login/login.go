@@ -290,4 +290,3 @@ func (s *Service) HandleSession(w http.ResponseWriter, r *http.Request) {
 	}
 	kloudhttp.WriteJSON(w, http.StatusOK, res)
 }
-
