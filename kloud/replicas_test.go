@@ -1,6 +1,8 @@
 package kloud_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -8,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
@@ -123,5 +126,47 @@ func TestReplicasEnforceRevocation(t *testing.T) {
 	var who map[string]any
 	if err := keptOnB.Call(t.Context(), "user.whoami", nil, &who); err != nil {
 		t.Fatalf("the other session on B: %v", err)
+	}
+}
+
+// TestReplicasSweepOneAtATime: the store-wide passes (the reconciler, the retention prune, the
+// gc sweep: kloud.Sweep is how they run) run on one replica at a time: while replica A's gc
+// sweep runs, B's (its own timer, or an administrator's gc.run on B) is refused at once with a
+// conflict; once A's ends, B's runs; passes of different names do not exclude each other.
+func TestReplicasSweepOneAtATime(t *testing.T) {
+	t.Parallel()
+	rs := startReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	ctx := t.Context()
+	running, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- kloud.Sweep(ctx, a.Server, "gc", func(context.Context) error {
+			close(running)
+			<-finish
+			return nil
+		})
+	}()
+	<-running
+	ran := false
+	err := kloud.Sweep(ctx, b.Server, "gc", func(context.Context) error { ran = true; return nil })
+	if !errors.Is(err, kite.ErrConflict) || ran {
+		t.Fatalf("B's gc sweep while A's runs: ran %v, %v", ran, err)
+	}
+	t.Logf("B's sweep while A's runs: %v", err)
+	res, err := b.Client(kloud.Admin).GCRun(ctx, api.GCRunParams{DryRun: true})
+	if !errors.Is(err, kite.ErrConflict) {
+		t.Fatalf("gc.run on B while A sweeps: %+v %v", res, err)
+	}
+	if err := kloud.Sweep(ctx, b.Server, "retention", func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+		t.Fatalf("another pass on B: ran %v, %v", ran, err)
+	}
+	close(finish)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ran = false
+	if err := kloud.Sweep(ctx, b.Server, "gc", func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+		t.Fatalf("B's sweep after A's: ran %v, %v", ran, err)
 	}
 }

@@ -31,7 +31,7 @@ type sweeper struct {
 }
 
 // errSweepBusy: the pass runs on another replica (or in another call here) now.
-var errSweepBusy = fmt.Errorf("runs elsewhere now: %w", kite.ErrConflict)
+var errSweepBusy = fmt.Errorf("another pass of it runs now, on this or another kloud replica; try again later: %w", kite.ErrConflict)
 
 // run runs fn holding the lease "sweep/<name>"; if another holds it, it returns an error wrapping
 // errSweepBusy at once and fn does not run. fn's context ends if the lease is lost (a stall
@@ -43,7 +43,7 @@ func (w *sweeper) run(ctx context.Context, name string, fn func(ctx context.Cont
 	}
 	lease, err := w.store.AcquireLease(ctx, "sweep/"+name, "sweep-"+store.NewID(), ttl)
 	if errors.Is(err, store.ErrLocked) {
-		return fmt.Errorf("%s: %w (%w)", name, errSweepBusy, err)
+		return fmt.Errorf("%s: %w (%w)", name, errSweepBusy, err) // err names the holder
 	}
 	if err != nil {
 		return fmt.Errorf("%s: sweep lease: %w", name, err)
