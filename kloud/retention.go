@@ -24,9 +24,12 @@ import (
 //     `kloud job get` on it keeps working for as long as the thing exists;
 //   - revocations an hour after the token they revoke expired (revocationMargin: well beyond
 //     the verifiers' clock leeway); a kite key's revocation (it never expires) stays;
-//   - presence records of kites not seen for Retention.Kites: each pass first refreshes the
-//     records this replica holds (store.Kites.TouchReplica), so only the records of a replica
-//     that died (or of this process before a restart) grow old;
+//   - presence records of kites not seen for Retention.Kites: every replica refreshes the
+//     records it holds (store.Kites.TouchReplica) at each turn, also when another replica's
+//     pass runs and it skips its own (one pass at a time: the sweep lease "sweep/retention",
+//     sweeps.go), so only the records of a replica that died (or of this process before a
+//     restart) grow old;
+//   - ended windows of failed logins (store.Attempts);
 //   - leases that expired an hour ago (takeable anyway; this only keeps the collection small);
 //   - audit log entries Retention.Audit old (audit.go), the chain's checkpoint raised first.
 
@@ -121,7 +124,7 @@ func (pr *pruner) prune(ctx context.Context) (Pruned, error) {
 	errs = append(errs, err)
 	p.Revocations, err = pr.store.Revocations().Prune(ctx, now.Add(-revocationMargin), o)
 	errs = append(errs, err)
-	if _, err = pr.store.Kites().TouchReplica(ctx, pr.store.InstanceID(), now); err == nil {
+	if err = pr.touch(ctx, now); err == nil { // again: run's touch may be a while ago
 		p.Kites, err = pr.store.Kites().Prune(ctx, now.Add(-r.Kites), o)
 	}
 	errs = append(errs, err)
@@ -134,7 +137,15 @@ func (pr *pruner) prune(ctx context.Context) (Pruned, error) {
 	return p, errors.Join(errs...)
 }
 
-// run runs prune every Retention.Interval until ctx ends.
+// touch refreshes the presence records this replica holds, so another replica's prune keeps
+// them.
+func (pr *pruner) touch(ctx context.Context, now time.Time) error {
+	_, err := pr.store.Kites().TouchReplica(ctx, pr.store.InstanceID(), now)
+	return err
+}
+
+// run runs prune every Retention.Interval until ctx ends, one replica's pass at a time; every
+// replica refreshes its own presence records every turn, whether or not it prunes.
 func (pr *pruner) run(ctx context.Context) {
 	interval := pr.opts.Interval
 	first := time.NewTimer(min(interval, time.Minute))
@@ -148,6 +159,9 @@ func (pr *pruner) run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		start := time.Now()
+		if err := pr.touch(ctx, pr.store.Now()); err != nil && ctx.Err() == nil {
+			pr.log.WarnContext(ctx, "retention: refresh this replica's presence records", "err", err)
+		}
 		// One replica's pass at a time (sweeps.go); the others skip their turn.
 		var p Pruned
 		err := (&sweeper{store: pr.store, log: pr.log}).run(ctx, "retention", func(ctx context.Context) (err error) {
