@@ -12,3 +12,10 @@ func PollMetrics(ctx context.Context, s *Server) { s.metrics.poller.Poll(ctx) }
 
 // MaxEventStreams is maxEventStreams, for TestEventWatch.
 const MaxEventStreams = maxEventStreams
+
+// Sweep runs fn as s's pass name under its sweep lease (sweeps.go), as the reconciler, the
+// retention prune and the gc sweep run: an error wrapping kite.ErrConflict when another replica's
+// pass of that name runs.
+func Sweep(ctx context.Context, s *Server, name string, fn func(ctx context.Context) error) error {
+	return s.sweeps().run(ctx, name, fn)
+}

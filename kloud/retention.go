@@ -24,9 +24,12 @@ import (
 //     `kloud job get` on it keeps working for as long as the thing exists;
 //   - revocations an hour after the token they revoke expired (revocationMargin: well beyond
 //     the verifiers' clock leeway); a kite key's revocation (it never expires) stays;
-//   - presence records of kites not seen for Retention.Kites: each pass first refreshes the
-//     records this replica holds (store.Kites.TouchReplica), so only the records of a replica
-//     that died (or of this process before a restart) grow old;
+//   - presence records of kites not seen for Retention.Kites: every replica refreshes the
+//     records it holds (store.Kites.TouchReplica) at each turn, also when another replica's
+//     pass runs and it skips its own (one pass at a time: the sweep lease "sweep/retention",
+//     sweeps.go), so only the records of a replica that died (or of this process before a
+//     restart) grow old;
+//   - ended windows of failed logins (store.Attempts);
 //   - leases that expired an hour ago (takeable anyway; this only keeps the collection small);
 //   - audit log entries Retention.Audit old (audit.go), the chain's checkpoint raised first;
 //   - entries of the replicas' change log (eventlog.go) an hour old or an interval, whichever
@@ -81,6 +84,7 @@ func (r *Retention) defaults() {
 type Pruned struct {
 	Jobs, Revocations, Kites, Leases, Audit int64
 	ChangeLog                               int64 // entries of the replicas' change log (eventlog.go)
+	Attempts                                int64 // ended windows of failed logins (store.Attempts)
 }
 
 // jobTargets maps a job target's kind to the collection of the thing it changes, for
@@ -123,11 +127,13 @@ func (pr *pruner) prune(ctx context.Context) (Pruned, error) {
 	errs = append(errs, err)
 	p.Revocations, err = pr.store.Revocations().Prune(ctx, now.Add(-revocationMargin), o)
 	errs = append(errs, err)
-	if _, err = pr.store.Kites().TouchReplica(ctx, pr.store.InstanceID(), now); err == nil {
+	if err = pr.touch(ctx, now); err == nil { // again: run's touch may be a while ago
 		p.Kites, err = pr.store.Kites().Prune(ctx, now.Add(-r.Kites), o)
 	}
 	errs = append(errs, err)
 	p.Leases, err = pr.store.PruneLeases(ctx, now.Add(-revocationMargin), o)
+	errs = append(errs, err)
+	p.Attempts, err = pr.store.Attempts().Prune(ctx, now, o) // ended windows of failed logins
 	errs = append(errs, err)
 	p.Audit, err = pr.audits.prune(ctx, now.Add(-r.Audit), o) // audit.go
 	errs = append(errs, err)
@@ -141,7 +147,15 @@ func (pr *pruner) prune(ctx context.Context) (Pruned, error) {
 	return p, errors.Join(errs...)
 }
 
-// run runs prune every Retention.Interval until ctx ends.
+// touch refreshes the presence records this replica holds, so another replica's prune keeps
+// them.
+func (pr *pruner) touch(ctx context.Context, now time.Time) error {
+	_, err := pr.store.Kites().TouchReplica(ctx, pr.store.InstanceID(), now)
+	return err
+}
+
+// run runs prune every Retention.Interval until ctx ends, one replica's pass at a time; every
+// replica refreshes its own presence records every turn, whether or not it prunes.
 func (pr *pruner) run(ctx context.Context) {
 	interval := pr.opts.Interval
 	first := time.NewTimer(min(interval, time.Minute))
@@ -155,14 +169,24 @@ func (pr *pruner) run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		start := time.Now()
-		p, err := pr.prune(ctx)
+		if err := pr.touch(ctx, pr.store.Now()); err != nil && ctx.Err() == nil {
+			pr.log.WarnContext(ctx, "retention: refresh this replica's presence records", "err", err)
+		}
+		// One replica's pass at a time (sweeps.go); the others skip their turn.
+		var p Pruned
+		err := (&sweeper{store: pr.store, log: pr.log}).run(ctx, "retention", func(ctx context.Context) (err error) {
+			p, err = pr.prune(ctx)
+			return err
+		})
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
-			pr.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "changeLog", p.ChangeLog)
+		if errors.Is(err, errSweepBusy) {
+			pr.log.DebugContext(ctx, "retention: skipped, another replica prunes", "err", err)
+		} else if err != nil {
+			pr.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "attempts", p.Attempts, "audit", p.Audit, "changeLog", p.ChangeLog)
 		} else if p != (Pruned{}) {
-			pr.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "changeLog", p.ChangeLog, "took", time.Since(start))
+			pr.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "attempts", p.Attempts, "audit", p.Audit, "changeLog", p.ChangeLog, "took", time.Since(start))
 		}
 		select {
 		case <-ctx.Done():

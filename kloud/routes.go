@@ -467,6 +467,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.metrics.Run,  // kloud/metrics: machines' figures and quota use for /metrics
 		s.idle.Run,     // kloud/idle: write activity, warn and stop idle machines, autostart
 		s.runEvents,    // eventfeed.go: the store's changes and the providers' status to the event hub
+		s.revs.run,     // storeadapt.go: revocations made by other replicas, their connections closed
 	}
 }
 
