@@ -52,6 +52,15 @@ type Options struct {
 	// MongoURL: use this database instead of the shared store server (e.g. a
 	// storetest.Server that a test stops and starts).
 	MongoURL string
+	// MongoDatabase is the database on MongoURL (default "kloud"); several replicas of one
+	// test share it (storetest.Serve), each with the same secret key in its DataDir.
+	MongoDatabase string
+	// PublicURL is kloud's public URL (default its own http://127.0.0.1:port); a test of
+	// several replicas gives them one, as a load balancer's. The internal URL (the replicas'
+	// way to each other, kloud/mesh.go) is always the replica's own address.
+	PublicURL string
+	// ReplicaHeartbeat is kloud's (zero: its default).
+	ReplicaHeartbeat time.Duration
 	// EmbeddedStore runs kloud's embedded store in DataDir/db, in this process, as kloud serve
 	// does, for a test of what only it does (its files, its snapshot, its lock). Default (and
 	// without MongoURL): a database of kloud's own, named after DataDir, on the test process's
@@ -105,7 +114,7 @@ func Start(t testing.TB, o Options) *Env {
 	if o.Logger == nil {
 		o.Logger = testutil.Logger(t)
 	}
-	var database string
+	database := o.MongoDatabase
 	if o.MongoURL == "" && !o.EmbeddedStore {
 		o.MongoURL, database = storetest.Shared(t, o.DataDir)
 	}
@@ -115,8 +124,12 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	addr := ln.Addr().String()
 	url := "http://" + addr
+	public := url
+	if o.PublicURL != "" {
+		public = o.PublicURL
+	}
 	s, err := kloud.New(t.Context(), kloud.Options{
-		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
+		DataDir: o.DataDir, Addr: addr, PublicURL: public, InternalURL: url, ReplicaHeartbeat: o.ReplicaHeartbeat, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
 		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL, MongoDatabase: database,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
