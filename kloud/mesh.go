@@ -67,7 +67,8 @@ type mesh struct {
 	hb  time.Duration
 
 	mu    sync.Mutex
-	peers map[string]*peerLink // replica id → link
+	peers map[string]*peerLink           // replica id → link
+	known map[string]store.ReplicaRecord // the registry as the last beat read it (live saves a store read)
 }
 
 type peerLink struct {
@@ -77,7 +78,7 @@ type peerLink struct {
 
 func newMesh(s *Server) *mesh {
 	return &mesh{s: s, id: s.store.InstanceID(), url: strings.TrimRight(s.opts.InternalURL, "/"), hb: s.opts.ReplicaHeartbeat,
-		peers: map[string]*peerLink{}}
+		peers: map[string]*peerLink{}, known: map[string]store.ReplicaRecord{}}
 }
 
 // ID is this replica's id (the store's InstanceID).
@@ -107,6 +108,19 @@ func (m *mesh) beat(ctx context.Context) {
 		Version: version.Version}, m.ttl())
 	if err == nil {
 		_, err = m.s.store.Kites().TouchReplica(ctx, m.id, m.s.store.Now())
+	}
+	var all []store.ReplicaRecord
+	if err == nil {
+		all, err = m.s.store.Replicas().List(ctx)
+	}
+	if err == nil {
+		known := make(map[string]store.ReplicaRecord, len(all))
+		for _, r := range all {
+			known[r.ID] = r
+		}
+		m.mu.Lock()
+		m.known = known
+		m.mu.Unlock()
 	}
 	if err != nil && ctx.Err() == nil {
 		m.s.log.WarnContext(ctx, "replica heartbeat", "replica", m.id, "err", err)
@@ -179,11 +193,17 @@ func (m *mesh) drop(id string) {
 	}
 }
 
-// live returns the record of replica id if it is alive (not past its expiry).
+// live returns the record of replica id if it is alive (not past its expiry): as the last beat
+// read it, else (a replica started since) from the store.
 func (m *mesh) live(ctx context.Context, id string) (store.ReplicaRecord, error) {
-	r, err := m.s.store.Replicas().Get(ctx, id)
-	if err != nil {
-		return r, err
+	m.mu.Lock()
+	r, ok := m.known[id]
+	m.mu.Unlock()
+	if !ok || !r.ExpiresAt.After(m.s.store.Now()) {
+		var err error
+		if r, err = m.s.store.Replicas().Get(ctx, id); err != nil {
+			return r, err
+		}
 	}
 	if !r.ExpiresAt.After(m.s.store.Now()) {
 		return r, fmt.Errorf("replica %s stopped beating at %s: %w", id, r.LastSeen.Format(time.RFC3339), store.ErrNotFound)
