@@ -17,8 +17,8 @@ var RPCReplicaAgentCall = Method[ReplicaAgentCallParams, ReplicaAgentCallResult]
 
 // ReplicaAgentMethodPrefixes are the klient method families a replica forwards: what kloud
 // itself calls on agents (machine info, terminals, SSH, port forwards, shares, buckets,
-// upgrades, activity).
-var ReplicaAgentMethodPrefixes = []string{"klient.", "webterm.", "ssh.", "port."}
+// upgrades, activity), and kite.ping (the build's planner asks a new agent).
+var ReplicaAgentMethodPrefixes = []string{"klient.", "webterm.", "ssh.", "port.", "kite.ping"}
 
 // ReplicaAgentCallParams: call Method with Params on the agent KiteID (an "agent." kite id) over
 // its registration connection on the replica called.
