@@ -2,20 +2,30 @@ package kloud
 
 import (
 	"context"
-	"fmt"
 	"strings"
+	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kontrol"
 )
 
-// kontrolAgents finds agents through the kontrol kloud hosts (stackbuild.Agents).
-type kontrolAgents struct{ k *kontrol.Kontrol }
+// kontrolAgents finds agents through the kontrol kloud hosts (stackbuild.Agents), and through
+// the presence records of the other replicas (mesh.go: an agent whose klient the load balancer
+// sent to another replica).
+type kontrolAgents struct {
+	k *kontrol.Kontrol
+	s *Server
+}
+
+// remotePoll is how often a wait for an agent looks for it at the other replicas (their
+// presence records); a registration here is pushed at once.
+const remotePoll = 250 * time.Millisecond
 
 // WaitRegistered waits for the kite id to register: subscribe, then look, so a registration
-// between the two is not missed; then wait for the push.
-func (a kontrolAgents) WaitRegistered(ctx context.Context, id string) (*kite.Conn, error) {
+// between the two is not missed; then wait for the push (or find it at another replica).
+func (a kontrolAgents) WaitRegistered(ctx context.Context, id string) (stackbuild.Agent, error) {
 	for {
 		events, now, cancel := a.k.Subscribe(kite.Identity{ID: id})
 		c, err := a.wait(ctx, id, events, len(now) > 0)
@@ -27,7 +37,9 @@ func (a kontrolAgents) WaitRegistered(ctx context.Context, id string) (*kite.Con
 	}
 }
 
-func (a kontrolAgents) wait(ctx context.Context, id string, events <-chan kontrol.Event, registered bool) (*kite.Conn, error) {
+func (a kontrolAgents) wait(ctx context.Context, id string, events <-chan kontrol.Event, registered bool) (stackbuild.Agent, error) {
+	poll := time.NewTicker(remotePoll)
+	defer poll.Stop()
 	for {
 		if registered {
 			if c := a.k.Conn(id); c != nil {
@@ -35,6 +47,15 @@ func (a kontrolAgents) wait(ctx context.Context, id string, events <-chan kontro
 			}
 		}
 		select {
+		case <-poll.C:
+			if a.s == nil {
+				continue
+			}
+			if c, err := a.s.agentConn(ctx, &model.Machine{KiteID: id, Label: id}); err == nil {
+				if _, remote := c.(*remoteAgent); remote {
+					return c, nil
+				}
+			}
 		case ev, ok := <-events:
 			if !ok {
 				return nil, nil
@@ -44,18 +65,6 @@ func (a kontrolAgents) wait(ctx context.Context, id string, events <-chan kontro
 			return nil, ctx.Err()
 		}
 	}
-}
-
-// agentConn returns a connection to a machine's agent if it is registered now.
-func (s *Server) agentConn(m *model.Machine) (*kite.Conn, error) {
-	if m.KiteID == "" {
-		return nil, fmt.Errorf("machine %s has no agent yet: %w", m.Label, kite.ErrState)
-	}
-	c := s.Kontrol.Conn(m.KiteID)
-	if c == nil {
-		return nil, fmt.Errorf("the agent of machine %s is not connected: %w", m.Label, kite.ErrState)
-	}
-	return c, nil
 }
 
 // trackAgents keeps every machine's agent status current from kontrol's registrations.

@@ -82,6 +82,9 @@ func (s *Server) caller(ctx context.Context, r *kite.Request) (*Caller, error) {
 	if kitekey.IsAgent(p) {
 		return nil, kitekey.AgentRefused(r)
 	}
+	if kitekey.IsReplica(p) { // another kloud replica acts for no user (mesh.go)
+		return nil, kitekey.ReplicaRefused(r)
+	}
 	if kitekey.IsRestricted(p) { // a provider plugin acts for no user
 		return nil, kitekey.PluginRefused(r)
 	}

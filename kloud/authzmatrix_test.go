@@ -97,6 +97,8 @@ func TestAuthzMatrix(t *testing.T) {
 	must(err, "agent key")
 	plugin, _, err := f.Server.Kontrol.CreatePluginKey(kitekey.PluginKeySpec{Provider: "example"})
 	must(err, "plugin key")
+	replica, err := f.Server.Signer().ReplicaKey("another-replica", time.Hour)
+	must(err, "replica key")
 	type identity struct {
 		name string
 		auth kite.Auth
@@ -121,6 +123,7 @@ func TestAuthzMatrix(t *testing.T) {
 		{"template admin (tadm)", keyOf("tadm"), model.RoleTemplateAdmin, "outsider"},
 		{"agent key", kite.Auth{Type: kite.AuthKiteKey, Key: agent}, "", "nouser"},
 		{"plugin key", kite.Auth{Type: kitekey.KindPluginKey, Key: plugin}, "", "plugin"},
+		{"replica key", kite.Auth{Type: kitekey.KindReplicaKey, Key: replica}, "", "replica"},
 		{"no auth", kite.Auth{}, "", "nouser"},
 		{"expired session", kite.Auth{Type: kite.AuthSession, Key: expired}, "", "nouser"},
 		{"token for another kite", kite.Auth{Type: kite.AuthToken, Key: wrongAud}, "", "nouser"},
@@ -195,7 +198,7 @@ func TestAuthzMatrix(t *testing.T) {
 					count("object refused")
 				}
 			}
-			if id.kind == "nouser" || id.kind == "plugin" || id.kind == "outsider" && id.role == model.RoleUser {
+			if id.kind == "nouser" || id.kind == "plugin" || id.kind == "replica" || id.kind == "outsider" && id.role == model.RoleUser {
 				checkHTTPRoutes(t, f.Server.HTTPRoutes(), f.URL, id.auth.Key, mid, count)
 			}
 		})
@@ -223,6 +226,7 @@ var whoAllows = map[kloud.Who]func(role, kind string) bool{
 	kloud.TemplateAdmins: func(role, _ string) bool { return role == model.RoleOwner || role == model.RoleTemplateAdmin },
 	kloud.OwnersAuditors: func(role, _ string) bool { return role == model.RoleOwner || role == model.RoleAuditor },
 	kloud.PluginsOnly:    func(_, kind string) bool { return kind == "plugin" },
+	kloud.ReplicasOnly:   func(_, kind string) bool { return kind == "replica" },
 }
 
 // sharePolicy: the share grants that may call each machine method on a machine shared with
@@ -339,7 +343,7 @@ func routeRefused(err error) bool {
 	if !errors.Is(err, kite.ErrPermission) {
 		return false
 	}
-	for _, s := range []string{"is for kloud owners", "auditors change nothing", "plugin keys may only", "no authorization in the route table", "agent"} {
+	for _, s := range []string{"is for kloud owners", "auditors change nothing", "plugin keys may only", "replica keys may only", "is for kloud replicas", "no authorization in the route table", "agent"} {
 		if strings.Contains(err.Error(), s) {
 			return true
 		}

@@ -75,7 +75,7 @@ func (m *kloudMetrics) Run(ctx context.Context) { m.poller.Run(ctx) }
 
 // planner is the planner of builds and starts, with the server's timeout, log and metrics.
 func (s *Server) planner() *stackbuild.Planner {
-	return &stackbuild.Planner{Agents: kontrolAgents{s.Kontrol}, Timeout: s.opts.AgentTimeout, Log: s.log, Observe: s.metrics.plannerObserve}
+	return &stackbuild.Planner{Agents: kontrolAgents{k: s.Kontrol, s: s}, Timeout: s.opts.AgentTimeout, Log: s.log, Observe: s.metrics.plannerObserve}
 }
 
 // newMetricsPoller registers the components' gauges (kite connections, registered kites, web

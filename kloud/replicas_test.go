@@ -5,48 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
-	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/model"
-	"github.com/kloud-dev/kloud/kloud/store/storetest"
 )
 
 // Several kloud replicas on one store (issue 24): real kloud servers on one `kloud store serve`
 // (storetest.Serve, the server that executes its clients' commands one at a time), as a load
 // balancer would send one user's requests to any of them.
-
-// startReplicas starts n kloud servers on one store server, each with its own data directory
-// holding the one secret key they share (as an operator copies it); the first one starts alone
-// (it creates the signing keys and the admin), the others find them in the store.
-func startReplicas(t *testing.T, n int) []*kloudtest.Env {
-	t.Helper()
-	url := storetest.Serve(t)
-	out := make([]*kloudtest.Env, n)
-	var secret []byte
-	for i := range out {
-		dir := t.TempDir()
-		if i > 0 {
-			if err := os.WriteFile(filepath.Join(dir, "secret.key"), secret, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-		out[i] = kloudtest.Start(t, kloudtest.Options{MongoURL: url, DataDir: dir})
-		if i == 0 {
-			var err error
-			if secret, err = os.ReadFile(filepath.Join(dir, "secret.key")); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	return out
-}
 
 // TestReplicasShareLoginLimit: failed logins of one user and address count on every replica:
 // five failures spread over two replicas, then both refuse even the right password (429), and

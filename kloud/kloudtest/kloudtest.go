@@ -52,9 +52,15 @@ type Options struct {
 	// MongoURL: use this database instead of the shared store server (e.g. a
 	// storetest.Server that a test stops and starts).
 	MongoURL string
-	// MongoDatabase is the database on MongoURL (default kloud's, "kloud"). Replicas sharing
-	// a store pass the same URL and database (storetest.Shared gives both).
+	// MongoDatabase is the database on MongoURL (default "kloud"); several replicas of one
+	// test share it (storetest.Serve), each with the same secret key in its DataDir.
 	MongoDatabase string
+	// PublicURL is kloud's public URL (default its own http://127.0.0.1:port); a test of
+	// several replicas gives them one, as a load balancer's. The internal URL (the replicas'
+	// way to each other, kloud/mesh.go) is always the replica's own address.
+	PublicURL string
+	// ReplicaHeartbeat is kloud's (zero: its default).
+	ReplicaHeartbeat time.Duration
 	// Replicas and EventLog are kloud's (several replicas sharing MongoURL: the change log of
 	// events and kite registrations, kloud/eventlog.go).
 	Replicas bool
@@ -122,8 +128,12 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	addr := ln.Addr().String()
 	url := "http://" + addr
+	public := url
+	if o.PublicURL != "" {
+		public = o.PublicURL
+	}
 	s, err := kloud.New(t.Context(), kloud.Options{
-		DataDir: o.DataDir, Addr: addr, PublicURL: url, Providers: o.Providers, Terraformer: o.Terraformer,
+		DataDir: o.DataDir, Addr: addr, PublicURL: public, InternalURL: url, ReplicaHeartbeat: o.ReplicaHeartbeat, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
 		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL, MongoDatabase: database,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,

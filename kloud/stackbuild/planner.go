@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/userdata"
@@ -31,9 +30,15 @@ const (
 
 // Agents is how the planner finds agents; kloud implements it over kontrol.
 type Agents interface {
-	// WaitRegistered returns a connection to the agent with kite id once it has registered
-	// (at once if it already has), or ctx's error.
-	WaitRegistered(ctx context.Context, kiteID string) (*kite.Conn, error)
+	// WaitRegistered returns a caller of the agent with kite id once it has registered
+	// (at once if it already has) with this kloud or another replica, or ctx's error.
+	WaitRegistered(ctx context.Context, kiteID string) (Agent, error)
+}
+
+// Agent calls a machine's agent: its registration connection (a *kite.Conn), or a forwarder
+// to the kloud replica that holds it.
+type Agent interface {
+	Call(ctx context.Context, method string, params, result any) error
 }
 
 // Expect is one machine the planner waits for.
@@ -245,7 +250,7 @@ func provisionDone(ps *klientapi.ProvisionState) string {
 	return ""
 }
 
-func tail(ctx context.Context, c *kite.Conn, name string) string {
+func tail(ctx context.Context, c Agent, name string) string {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var res klientapi.LogsResult

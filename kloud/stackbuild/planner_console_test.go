@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
-	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/userdata"
@@ -199,7 +198,7 @@ func TestParseBootFailureCloudInit(t *testing.T) {
 // neverAgents is kontrol with an agent that never registers.
 type neverAgents struct{}
 
-func (neverAgents) WaitRegistered(ctx context.Context, kiteID string) (*kite.Conn, error) {
+func (neverAgents) WaitRegistered(ctx context.Context, kiteID string) (stackbuild.Agent, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
