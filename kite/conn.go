@@ -91,8 +91,6 @@ func newConn(k *Kite, frames frame.Stream, dialed bool, remote string) *Conn {
 		c.Close(fmt.Errorf("%w: a frame was not written within %s", errStuck, k.opts.WriteTimeout))
 	})
 	c.wtimer.Stop()
-	c.ctimer = time.AfterFunc(time.Hour, c.expireCalls)
-	c.ctimer.Stop()
 	go c.readLoop()
 	c.schedulePing()
 	return c
@@ -186,6 +184,9 @@ func (c *Conn) Close(reason error) error {
 		if c.pingTm != nil {
 			c.pingTm.Stop()
 		}
+		if c.ctimer != nil {
+			c.ctimer.Stop()
+		}
 		c.mu.Unlock()
 		code, msg := frame.CloseNormal, ""
 		if !errors.Is(reason, ErrClosed) {
@@ -206,7 +207,6 @@ func (c *Conn) Close(reason error) error {
 		for _, pc := range pending {
 			close(pc.ch) // the Call returns ErrClosed
 		}
-		c.ctimer.Stop()
 		for _, cc := range inflight {
 			cc.cancel(context.Canceled)
 		}
@@ -347,7 +347,11 @@ func (c *Conn) call(ctx context.Context, deadline time.Time, method string, para
 	c.pending[id] = pc
 	if !deadline.IsZero() && !c.ctArmed {
 		c.ctArmed = true
-		c.ctimer.Reset(time.Until(deadline))
+		if c.ctimer == nil { // made by the first such call: a served connection seldom calls back
+			c.ctimer = time.AfterFunc(time.Until(deadline), c.expireCalls)
+		} else {
+			c.ctimer.Reset(time.Until(deadline))
+		}
 	}
 	c.mu.Unlock()
 	w := getBuf()
