@@ -20,9 +20,13 @@ import (
 
 // Conn is one established kite connection. Either side may Call and Notify the other; calls
 // arriving on it are served by the owning Kite's handlers, concurrently.
+//
+// It reads and writes the wire itself (stream.go): one read loop decodes each frame once and
+// routes it (a request to its handler, a response to the waiting Call); every write is encoded
+// once into a pooled buffer and written under one lock, watched by one timer per connection
+// (WriteTimeout) instead of a context per frame.
 type Conn struct {
 	k      *Kite
-	rpc    *jsonrpc2.Conn
 	frames frame.Stream
 	dialed bool
 	remote string // remote address or URL, for logs
@@ -35,35 +39,59 @@ type Conn struct {
 	mu        sync.Mutex
 	peer      Identity
 	principal *Principal
-	inflight  map[string]context.CancelFunc // server side: calls being served, by wire id
-	subs      map[string]*Subscription      // client side: notification streams, by subscription id
-	streams   map[string]*Stream            // server side: open streams, by subscription id
+	inflight  map[jsonrpc2.ID]*callCtx // server side: calls being served, by wire id
+	pending   map[uint64]*pendingCall  // client side: calls waiting for their response, by id
+	subs      map[string]*Subscription // client side: notification streams, by subscription id
+	streams   map[string]*Stream       // server side: open streams, by subscription id
 	values    map[any]any
 	onClose   []func()
 	closeErr  error
 	closeOnce sync.Once
 
+	wmu    sync.Mutex  // one frame written at a time
+	wtimer *time.Timer // armed while a frame is being written: closes a connection whose write is stuck
+	// ctimer ends the calls that wait past CallTimeout (those whose ctx has no deadline): one
+	// timer per connection, armed (ctArmed, under mu) while such calls are pending.
+	ctimer  *time.Timer
+	ctArmed bool
+
 	sem    chan struct{}
-	rpcSet chan struct{} // closed once rpc is assigned (jsonrpc2 may call Handle before that)
 	nextID atomic.Uint64
 	pingTm *time.Timer
 }
+
+// response is what a Call waits for: the raw result, or the error, or that CallTimeout passed.
+type response struct {
+	result  json.RawMessage
+	err     *jsonrpc2.Error
+	timeout bool
+}
+
+// pendingCall is a call waiting for its response. They are pooled: one is reused only once its
+// response was received (nothing else can send on ch then).
+type pendingCall struct {
+	ch       chan response // buffered: the sender never waits
+	deadline time.Time     // CallTimeout's; zero when the caller's ctx bounds the call
+}
+
+var pendingCalls = sync.Pool{New: func() any { return &pendingCall{ch: make(chan response, 1)} }}
 
 func newConn(k *Kite, frames frame.Stream, dialed bool, remote string) *Conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Conn{
 		k: k, frames: frames, dialed: dialed, remote: remote,
 		log: k.log.With("remote", remote), ctx: ctx, cancel: cancel,
-		inflight: map[string]context.CancelFunc{},
+		inflight: map[jsonrpc2.ID]*callCtx{},
+		pending:  map[uint64]*pendingCall{},
 		subs:     map[string]*Subscription{},
 		streams:  map[string]*Stream{},
 		sem:      make(chan struct{}, k.opts.MaxConcurrent),
-		rpcSet:   make(chan struct{}),
 	}
-	os := &objectStream{ctx: ctx, frames: frames, maxFrame: k.opts.MaxFrameSize, wtimeout: k.opts.WriteTimeout,
-		onReadErr: func() { go c.Close(nil) }} // the read loop ends: no goroutine waits for that
-	c.rpc = jsonrpc2.NewConn(ctx, os, c, jsonrpc2.SetLogger(discardLogger{}))
-	close(c.rpcSet)
+	c.wtimer = time.AfterFunc(time.Hour, func() {
+		c.Close(fmt.Errorf("%w: a frame was not written within %s", errStuck, k.opts.WriteTimeout))
+	})
+	c.wtimer.Stop()
+	go c.readLoop()
 	c.schedulePing()
 	return c
 }
@@ -156,18 +184,32 @@ func (c *Conn) Close(reason error) error {
 		if c.pingTm != nil {
 			c.pingTm.Stop()
 		}
+		if c.ctimer != nil {
+			c.ctimer.Stop()
+		}
 		c.mu.Unlock()
 		code, msg := frame.CloseNormal, ""
 		if !errors.Is(reason, ErrClosed) {
 			code, msg = frame.CloseGoingAway, truncate(reason.Error(), 120)
 		}
-		if errors.Is(reason, errDeadPeer) {
+		if errors.Is(reason, errDeadPeer) || errors.Is(reason, errStuck) {
 			c.frames.Close(frame.CloseNow, "") // no close handshake with a peer that stopped answering
 		} else {
 			c.frames.Close(code, msg)
 		}
-		c.rpc.Close()
 		c.cancel()
+		c.mu.Lock()
+		pending := c.pending
+		c.pending = map[uint64]*pendingCall{}
+		inflight := c.inflight
+		c.inflight = map[jsonrpc2.ID]*callCtx{}
+		c.mu.Unlock()
+		for _, pc := range pending {
+			close(pc.ch) // the Call returns ErrClosed
+		}
+		for _, cc := range inflight {
+			cc.cancel(context.Canceled)
+		}
 		for _, s := range subs {
 			s.finish(fmt.Errorf("%w: %w", ErrClosed, reason))
 		}
@@ -187,7 +229,12 @@ func (c *Conn) Close(reason error) error {
 	return nil
 }
 
-var errDeadPeer = errors.New("peer did not answer ping")
+var (
+	errDeadPeer = errors.New("peer did not answer ping")
+	errStuck    = errors.New("write timed out")
+	// errNotOpen is writeFrame's error on a connection that has closed.
+	errNotOpen = errors.New("kite: connection is closed")
+)
 
 func truncate(s string, n int) string {
 	if len(s) > n {
@@ -224,16 +271,15 @@ func (c *Conn) schedulePing() {
 // be nil). Without a deadline on ctx the Kite's CallTimeout applies. If ctx ends first, the peer
 // is told to cancel the call (kite.cancel) and the error wraps ErrTimeout.
 func (c *Conn) Call(ctx context.Context, method string, params, result any) error {
+	var deadline time.Time // CallTimeout, kept by the connection's timer rather than a ctx per call
 	if _, ok := ctx.Deadline(); !ok && c.k.opts.CallTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.k.opts.CallTimeout)
-		defer cancel()
+		deadline = time.Now().Add(c.k.opts.CallTimeout)
 	}
 	budget := c.k.opts.RateLimitedRetry
 	for {
-		err := c.call(ctx, method, params, result)
+		err := c.call(ctx, deadline, method, params, result)
 		wait, ok := retryAfter(err)
-		if !ok || wait > budget {
+		if !ok || wait > budget || (!deadline.IsZero() && wait >= time.Until(deadline)) {
 			return err
 		}
 		budget -= wait
@@ -244,9 +290,35 @@ func (c *Conn) Call(ctx context.Context, method string, params, result any) erro
 	}
 }
 
+// expireCalls is ctimer's function: it ends the calls past their deadline and arms the timer
+// for the next one.
+func (c *Conn) expireCalls() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	var next time.Time
+	for id, pc := range c.pending {
+		switch {
+		case pc.deadline.IsZero():
+		case !now.Before(pc.deadline):
+			delete(c.pending, id)
+			pc.ch <- response{timeout: true}
+		case next.IsZero() || pc.deadline.Before(next):
+			next = pc.deadline
+		}
+	}
+	c.ctArmed = !next.IsZero() && c.ctx.Err() == nil
+	if c.ctArmed {
+		c.ctimer.Reset(next.Sub(now))
+	}
+}
+
 // retryAfter is the wait a rate-limited refusal names (its details' retryAfterMs; 1s when it
 // names none), and whether err is one.
 func retryAfter(err error) (time.Duration, bool) {
+	if err == nil {
+		return 0, false
+	}
 	var ke *Error
 	if !errors.Is(err, ErrRateLimited) || !errors.As(err, &ke) {
 		return 0, false
@@ -262,32 +334,90 @@ func retryAfter(err error) (time.Duration, bool) {
 	return wait, true
 }
 
-func (c *Conn) call(ctx context.Context, method string, params, result any) error {
-	id := jsonrpc2.ID{Num: c.nextID.Add(1)}
-	w, err := c.rpc.DispatchCall(ctx, method, params, jsonrpc2.PickID(id))
+func (c *Conn) call(ctx context.Context, deadline time.Time, method string, params, result any) error {
+	id := c.nextID.Add(1)
+	pc := pendingCalls.Get().(*pendingCall)
+	pc.deadline = deadline
+	c.mu.Lock()
+	if c.ctx.Err() != nil {
+		c.mu.Unlock()
+		pendingCalls.Put(pc)
+		return c.sendErr(method, errNotOpen)
+	}
+	c.pending[id] = pc
+	if !deadline.IsZero() && !c.ctArmed {
+		c.ctArmed = true
+		if c.ctimer == nil { // made by the first such call: a served connection seldom calls back
+			c.ctimer = time.AfterFunc(time.Until(deadline), c.expireCalls)
+		} else {
+			c.ctimer.Reset(time.Until(deadline))
+		}
+	}
+	c.mu.Unlock()
+	w := getBuf()
+	if err := w.request(id, method, params); err != nil {
+		putBuf(w)
+		c.forgetCall(id)
+		return fmt.Errorf("%s: encode params: %w", method, err) // nothing was sent
+	}
+	err := c.writeFrame(w.b.Bytes())
+	putBuf(w)
 	if err != nil {
+		c.forgetCall(id)
 		return c.sendErr(method, err)
 	}
-	err = w.Wait(ctx, result)
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil:
-		nctx, cancel := context.WithTimeout(c.ctx, time.Second)
-		c.rpc.Notify(nctx, "kite.cancel", map[string]any{"id": id.Num})
-		cancel()
+	var r response
+	var ok bool
+	select {
+	case r, ok = <-pc.ch:
+		if !ok {
+			return fmt.Errorf("%s: %w", method, c.closedErr())
+		}
+		pendingCalls.Put(pc) // received: nothing else sends on it
+	case <-ctx.Done():
+		c.forgetCall(id)
+		c.Notify(c.ctx, "kite.cancel", map[string]any{"id": id})
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return fmt.Errorf("no response to %s: %w", method, ErrTimeout)
 		}
 		return fmt.Errorf("%s: %w", method, ctx.Err())
-	case errors.Is(err, jsonrpc2.ErrClosed):
-		return fmt.Errorf("%s: %w", method, c.closedErr())
 	}
-	var je *jsonrpc2.Error
-	if errors.As(err, &je) {
-		return fromWire(err)
+	switch {
+	case r.timeout:
+		c.Notify(c.ctx, "kite.cancel", map[string]any{"id": id})
+		return fmt.Errorf("no response to %s: %w", method, ErrTimeout)
+	case r.err != nil:
+		return fromWire(r.err)
+	case result != nil:
+		if err := json.Unmarshal(r.result, result); err != nil {
+			return fmt.Errorf("%s: %w", method, err)
+		}
 	}
-	return fmt.Errorf("%s: %w", method, err)
+	return nil
+}
+
+func (c *Conn) forgetCall(id uint64) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+// writeFrame writes one encoded frame. The frame may be reused once it returns.
+func (c *Conn) writeFrame(b []byte) error {
+	if int64(len(b)) > c.k.opts.MaxFrameSize {
+		return errWriteTooLarge
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.ctx.Err() != nil {
+		return errNotOpen
+	}
+	c.wtimer.Reset(c.k.opts.WriteTimeout)
+	// No cancellation on the write: the timer closes the stream if it sticks, and a ctx with a
+	// Done channel costs coder/websocket a context.AfterFunc per write.
+	err := c.frames.WriteFrame(context.Background(), b)
+	c.wtimer.Stop()
+	return err
 }
 
 func (c *Conn) closedErr() error {
@@ -299,7 +429,7 @@ func (c *Conn) closedErr() error {
 
 func (c *Conn) sendErr(method string, err error) error {
 	switch {
-	case errors.Is(err, jsonrpc2.ErrClosed):
+	case errors.Is(err, errNotOpen):
 		return fmt.Errorf("%s: %w: %w", method, ErrNotSent, c.closedErr())
 	case errors.Is(err, errWriteTooLarge):
 		return fmt.Errorf("%s: request exceeds %d bytes: %w", method, c.k.opts.MaxFrameSize, ErrTooLarge)
@@ -315,44 +445,141 @@ func (c *Conn) sendErr(method string, err error) error {
 
 // Notify sends a notification (no response).
 func (c *Conn) Notify(ctx context.Context, method string, params any) error {
-	if err := c.rpc.Notify(ctx, method, params); err != nil {
+	w := getBuf()
+	defer putBuf(w)
+	if err := w.request(0, method, params); err != nil {
+		return fmt.Errorf("%s: encode params: %w", method, err) // nothing was sent
+	}
+	if err := c.writeFrame(w.b.Bytes()); err != nil {
 		return c.sendErr(method, err)
 	}
 	return nil
 }
 
-// Handle implements jsonrpc2.Handler. Notifications and the handshake are handled in the read
-// loop, in order; every other request runs in its own goroutine (at most MaxConcurrent at once
-// per connection: beyond that the read loop waits, which pushes back on the peer).
-func (c *Conn) Handle(ctx context.Context, _ *jsonrpc2.Conn, req *jsonrpc2.Request) {
-	<-c.rpcSet
-	if req.Notif {
-		c.handleNotification(req)
+// readLoop reads and routes frames until the stream fails (the connection is then closed).
+func (c *Conn) readLoop() {
+	for {
+		// No cancellation on the read: Close closes the frames, which ends a blocked read, and a
+		// ctx with a Done channel costs coder/websocket a context.AfterFunc on every read.
+		b, err := c.frames.ReadFrame(context.Background())
+		if err != nil {
+			c.Close(nil)
+			return
+		}
+		c.route(b)
+	}
+}
+
+// route handles one frame (valid until it returns): a malformed one is answered with -32700 or
+// -32600 and the connection stays up. Notifications and the handshake are handled here, in
+// order; every other request runs in its own goroutine (at most MaxConcurrent at once per
+// connection: beyond that the read loop waits, which pushes back on the peer).
+func (c *Conn) route(b []byte) {
+	var m message
+	id, code, msg := parse(b, &m)
+	switch {
+	case code == dropFrame:
+		return
+	case code != 0:
+		c.replyError(id, ToWire(fmt.Errorf("%s: %w", msg, codeErr(code))))
+		return
+	case m.Method == nil:
+		c.routeResponse(&m)
 		return
 	}
-	if req.Method == "kite.handshake" {
-		c.serve(ctx, req)
+	req := &incoming{method: *m.Method, params: m.Params, rawID: m.ID}
+	var ok bool
+	if req.id, ok = parseID(m.ID); !ok {
+		c.handleNotification(req.method, req.params)
+		return
+	}
+	if req.method == "kite.handshake" {
+		c.serve(req)
 		return
 	}
 	select {
 	case c.sem <- struct{}{}:
-	case <-ctx.Done():
+	case <-c.ctx.Done():
 		return
 	}
 	go func() {
 		defer func() { <-c.sem }()
-		c.serve(ctx, req)
+		c.serve(req)
 	}()
 }
 
-func (c *Conn) serve(ctx context.Context, req *jsonrpc2.Request) {
+// incoming is a request being served.
+type incoming struct {
+	method string
+	params json.RawMessage
+	rawID  json.RawMessage // echoed in the response as the peer wrote it
+	id     jsonrpc2.ID
+}
+
+func (c *Conn) routeResponse(m *message) {
+	id, ok := parseID(m.ID)
+	if !ok || id.IsString {
+		return // not one of ours: this side numbers its calls
+	}
+	var r response
+	if len(m.Error) > 0 && string(m.Error) != "null" {
+		e, err := decodeError(m.Error)
+		if err != nil {
+			return // not a JSON-RPC error object: dropped, as a broken response is
+		}
+		r.err = e
+	} else {
+		r.result = m.Result
+		if r.result == nil {
+			r.result = json.RawMessage("null")
+		}
+	}
+	c.mu.Lock()
+	pc := c.pending[id.Num]
+	delete(c.pending, id.Num)
+	c.mu.Unlock()
+	if pc != nil {
+		pc.ch <- r // buffered, and deleted above: the one send, never blocks
+	}
+}
+
+func (c *Conn) replyError(id json.RawMessage, we *jsonrpc2.Error) {
+	w := getBuf()
+	w.error(id, we)
+	if err := c.writeFrame(w.b.Bytes()); err != nil {
+		c.log.Debug("reply", "err", err)
+	}
+	putBuf(w)
+}
+
+func (c *Conn) serve(req *incoming) {
 	start := time.Now()
-	ctx = WithRequestInfo(ctx, RequestInfo{ID: NewRequestID(), Method: req.Method, User: c.Username()})
+	m := c.k.lookup(req.method)
+	timeout := c.k.opts.HandlerTimeout
+	if m != nil && m.timeout > 0 {
+		timeout = m.timeout
+	}
+	ctx := newCallCtx(req.method, c.Username(), timeout)
+	c.mu.Lock()
+	if c.ctx.Err() != nil {
+		ctx.cancel(context.Canceled)
+	} else {
+		c.inflight[req.id] = ctx
+	}
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.inflight[req.id] == ctx {
+			delete(c.inflight, req.id)
+		}
+		c.mu.Unlock()
+		ctx.cancel(context.Canceled)
+	}()
 	c.log.DebugContext(ctx, "call") // c.log carries the remote address
-	res, err := c.dispatch(ctx, req)
+	res, err := c.dispatch(ctx, m, req)
 	if o := c.k.opts.Observer; o != nil {
-		method := req.Method
-		if c.k.lookup(method) == nil {
+		method := req.method
+		if m == nil {
 			method = UnknownMethod
 		}
 		var code int64
@@ -368,80 +595,63 @@ func (c *Conn) serve(ctx context.Context, req *jsonrpc2.Request) {
 			lv = slog.LevelError
 		}
 		c.log.Log(ctx, lv, "call failed", "code", we.Code, "err", err)
-		c.rpc.ReplyWithError(ctx, req.ID, we)
+		c.replyError(req.rawID, we)
 		return
 	}
-	if err := c.rpc.Reply(ctx, req.ID, res); err != nil {
+	w := getBuf()
+	defer putBuf(w)
+	if err := w.result(req.rawID, res); err != nil {
+		c.log.Error("kite: encode result", "method", req.method, "err", err)
+		c.replyError(req.rawID, ToWire(fmt.Errorf("result of %s: %w: %w", req.method, err, ErrInternal)))
+		return
+	}
+	if err := c.writeFrame(w.b.Bytes()); err != nil {
 		if errors.Is(err, errWriteTooLarge) {
-			c.rpc.ReplyWithError(ctx, req.ID, ToWire(fmt.Errorf("result of %s exceeds %d bytes: %w",
-				req.Method, c.k.opts.MaxFrameSize, ErrTooLarge)))
+			c.replyError(req.rawID, ToWire(fmt.Errorf("result of %s exceeds %d bytes: %w",
+				req.method, c.k.opts.MaxFrameSize, ErrTooLarge)))
 			return
 		}
-		c.log.Debug("reply", "method", req.Method, "err", err)
+		c.log.Debug("reply", "method", req.method, "err", err)
 	}
 }
 
-func (c *Conn) dispatch(ctx context.Context, req *jsonrpc2.Request) (res any, err error) {
-	m := c.k.lookup(req.Method)
+func (c *Conn) dispatch(ctx context.Context, m *method, req *incoming) (res any, err error) {
 	authed := c.dialed || c.ready.Load() // a kite we dialed is trusted: we chose to talk to it
 	if m == nil {
 		if !authed {
 			return nil, fmt.Errorf("call kite.handshake first: %w", ErrAuth)
 		}
-		return nil, fmt.Errorf("%q: %w", req.Method, ErrMethodNotFound)
+		return nil, fmt.Errorf("%q: %w", req.method, ErrMethodNotFound)
 	}
 	if !m.public && !authed {
-		return nil, fmt.Errorf("call kite.handshake before %s: %w", req.Method, ErrAuth)
+		return nil, fmt.Errorf("call kite.handshake before %s: %w", req.method, ErrAuth)
 	}
 	if m.limiter != nil && !m.limiter.allow() {
-		return nil, fmt.Errorf("%s: the maximum request rate is exceeded: %w", req.Method, ErrRateLimited)
+		return nil, fmt.Errorf("%s: the maximum request rate is exceeded: %w", req.method, ErrRateLimited)
 	}
-	timeout := c.k.opts.HandlerTimeout
-	if m.timeout > 0 {
-		timeout = m.timeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	key := req.ID.String()
-	c.mu.Lock()
-	c.inflight[key] = cancel
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		delete(c.inflight, key)
-		c.mu.Unlock()
-	}()
-	r := &Request{Method: req.Method, Conn: c}
-	if req.Params != nil {
-		r.Params = *req.Params
-	}
+	r := &Request{Method: req.method, Params: req.params, Conn: c}
 	defer func() {
 		if p := recover(); p != nil {
-			c.log.Error("kite handler panicked", "method", req.Method, "panic", p, "stack", string(debug.Stack()))
-			res, err = nil, fmt.Errorf("%s: handler panicked: %w", req.Method, ErrInternal)
+			c.log.Error("kite handler panicked", "method", req.method, "panic", p, "stack", string(debug.Stack()))
+			res, err = nil, fmt.Errorf("%s: handler panicked: %w", req.method, ErrInternal)
 		}
 	}()
 	return m.h.ServeKite(ctx, r)
 }
 
-func (c *Conn) handleNotification(req *jsonrpc2.Request) {
-	var params json.RawMessage
-	if req.Params != nil {
-		params = *req.Params
-	}
-	switch req.Method {
+func (c *Conn) handleNotification(method string, params json.RawMessage) {
+	switch method {
 	case "kite.cancel":
 		var p struct {
 			ID json.RawMessage `json:"id"`
 		}
 		if json.Unmarshal(params, &p) == nil {
-			var id jsonrpc2.ID
-			if id.UnmarshalJSON(p.ID) == nil {
+			if id, ok := parseCancelID(p.ID); ok {
 				c.mu.Lock()
-				cancel := c.inflight[id.String()]
+				cc := c.inflight[id]
 				c.mu.Unlock()
-				if cancel != nil {
-					cancel()
+				if cc != nil {
+					cc.cancel(context.Canceled)
 				}
 			}
 		}
@@ -468,10 +678,10 @@ func (c *Conn) handleNotification(req *jsonrpc2.Request) {
 		Subscription string `json:"subscription"`
 	}
 	if len(params) > 0 && params[0] == '{' && json.Unmarshal(params, &env) == nil && env.Subscription != "" {
-		c.deliver(env.Subscription, req.Method, params)
+		c.deliver(env.Subscription, method, params)
 		return
 	}
-	if h := c.k.lookupNotification(req.Method); h != nil {
+	if h := c.k.lookupNotification(method); h != nil {
 		h(c, params)
 	}
 }
@@ -481,8 +691,3 @@ func randomID() string {
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
-
-// discardLogger silences jsonrpc2's own logging; the Conn logs what matters through slog.
-type discardLogger struct{}
-
-func (discardLogger) Printf(string, ...any) {}

@@ -18,8 +18,10 @@ import (
 // Stream carries whole JSON-RPC frames. kite's RPC core (kite.Conn) needs nothing else from a
 // transport.
 type Stream interface {
-	// ReadFrame returns the next frame. It returns an error wrapping ErrTooLarge (and the
-	// stream is closed) if the peer sent more than the configured maximum.
+	// ReadFrame returns the next frame, valid until the next ReadFrame (streams reuse their
+	// buffers: a caller keeps a copy of what it needs). It returns an error wrapping ErrTooLarge
+	// (and the stream is closed) if the peer sent more than the configured maximum. One
+	// goroutine reads.
 	ReadFrame(ctx context.Context) ([]byte, error)
 	// WriteFrame sends one frame; safe for concurrent use.
 	WriteFrame(ctx context.Context, frame []byte) error
@@ -61,10 +63,11 @@ type lines struct {
 	r   *bufio.Reader
 	max int64
 	wmu sync.Mutex
+	buf []byte // reused by ReadFrame
 }
 
 func (l *lines) ReadFrame(ctx context.Context) ([]byte, error) {
-	var buf []byte
+	buf := l.buf[:0]
 	for {
 		chunk, err := l.r.ReadSlice('\n')
 		buf = append(buf, chunk...)
@@ -73,11 +76,33 @@ func (l *lines) ReadFrame(ctx context.Context) ([]byte, error) {
 			return nil, ErrTooLarge
 		}
 		if err == nil {
+			if cap(buf) <= maxPooled {
+				l.buf = buf
+			}
 			return bytes.TrimRight(buf, "\r\n"), nil
 		}
 		if !errors.Is(err, bufio.ErrBufferFull) {
 			return nil, err
 		}
+	}
+}
+
+// maxPooled is the largest buffer kept for reuse: one large frame must not pin its buffer.
+const maxPooled = 64 << 10
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+
+// GetBuffer returns an empty buffer from the pool of frame buffers.
+func GetBuffer() *[]byte {
+	b := buffers.Get().(*[]byte)
+	*b = (*b)[:0]
+	return b
+}
+
+// PutBuffer gives a buffer back to the pool (one larger than 64 KiB is dropped).
+func PutBuffer(b *[]byte) {
+	if cap(*b) <= maxPooled {
+		buffers.Put(b)
 	}
 }
 

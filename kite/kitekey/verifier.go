@@ -2,12 +2,17 @@ package kitekey
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/golang-jwt/jwt/v5"
 )
@@ -28,12 +33,75 @@ const MaxLen = 8 << 10
 // (exp too for tokens and sessions); iat and nbf are not in the future and exp is not past, all
 // with Leeway; aud is exactly the one kite id for tokens and absent otherwise; exp-iat is at most
 // MaxTokenTTL or MaxSessionTTL (plus Leeway); jti is not revoked.
+//
+// The Ed25519 check is done once per credential: a credential whose signature verified is
+// remembered (by the SHA-256 of its whole text, so a copied signature never vouches for other
+// claims) with the public key it verified under, until its exp, or for SignatureCacheTTL when it
+// has none. Every other check runs on every call: the key must still be known and the same
+// (a retired key refuses at once), and time, audience and revocation are checked as above.
 type Verifier struct {
 	Keys    KeySource     // required
 	Issuer  string        // required: the iss every credential must carry
 	Revoked Revoker       // optional: consulted for the jti of every credential
 	Leeway  time.Duration // clock skew allowed; 0 means DefaultLeeway, negative means none
 	Now     func() time.Time
+
+	// sigs is the *sigCache, made on first use (atomically: a Verifier is a plain struct
+	// literal; copies made after its first use share the cache).
+	sigs unsafe.Pointer
+}
+
+func (v *Verifier) cache() *sigCache {
+	if p := atomic.LoadPointer(&v.sigs); p != nil {
+		return (*sigCache)(p)
+	}
+	atomic.CompareAndSwapPointer(&v.sigs, nil, unsafe.Pointer(&sigCache{}))
+	return (*sigCache)(atomic.LoadPointer(&v.sigs))
+}
+
+// SignatureCacheTTL is how long Verifier remembers a verified signature of a credential without
+// exp (kite keys, agent keys).
+const SignatureCacheTTL = time.Hour
+
+// maxCachedSignatures bounds the cache: past it, expired entries are dropped, and if none are,
+// the cache starts again empty.
+const maxCachedSignatures = 1 << 16
+
+// sigCache remembers credentials whose signature verified.
+type sigCache struct {
+	mu sync.Mutex
+	m  map[[sha256.Size]byte]sigEntry
+}
+
+type sigEntry struct {
+	key   ed25519.PublicKey // the key it verified under
+	until time.Time
+}
+
+func (s *sigCache) verified(sum [sha256.Size]byte, key ed25519.PublicKey, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.m[sum]
+	return ok && now.Before(e.until) && e.key.Equal(key)
+}
+
+func (s *sigCache) remember(sum [sha256.Size]byte, key ed25519.PublicKey, until, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[[sha256.Size]byte]sigEntry{}
+	}
+	if len(s.m) >= maxCachedSignatures {
+		for k, e := range s.m {
+			if !now.Before(e.until) {
+				delete(s.m, k)
+			}
+		}
+		if len(s.m) >= maxCachedSignatures {
+			clear(s.m)
+		}
+	}
+	s.m[sum] = sigEntry{key: key, until: until}
 }
 
 // KiteKey verifies a kite key.
@@ -126,23 +194,34 @@ func (v *Verifier) verify(ctx context.Context, what, raw, kind string, c claims,
 		return fmt.Errorf("%s: %w", what, err)
 	}
 
-	// Signature. The parser checks alg again and decodes strictly (one encoding per token).
-	var keyErr error
+	// Signature. The parser decodes strictly (one encoding per token); the signature is verified
+	// once per credential and key (sigCache).
 	p := jwt.NewParser(jwt.WithValidMethods([]string{AlgEdDSA}), jwt.WithStrictDecoding(), jwt.WithoutClaimsValidation())
-	_, err = p.ParseWithClaims(raw, c, func(*jwt.Token) (any, error) {
-		k, err := v.Keys.PublicKey(ctx, hdr.kid)
-		keyErr = err
-		return k, err
-	})
+	tok, parts, err := p.ParseUnverified(raw, c)
+	if err != nil {
+		return fmt.Errorf("%s: %w: %w", what, ErrMalformed, err)
+	}
+	if tok.Method == nil || tok.Method.Alg() != AlgEdDSA {
+		return fmt.Errorf("%s: %w: alg %q, only %s is accepted", what, ErrAlgorithm, short(hdr.alg), AlgEdDSA)
+	}
+	key, keyErr := v.Keys.PublicKey(ctx, hdr.kid)
 	switch {
 	case keyErr != nil && errors.Is(keyErr, ErrUnknownKey):
 		return fmt.Errorf("%s: %w", what, keyErr)
 	case keyErr != nil:
 		return fmt.Errorf("%s: look up signing key %q: %w", what, short(hdr.kid), keyErr)
-	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
-		return fmt.Errorf("%s: %w (signing key %q)", what, ErrBadSignature, hdr.kid)
-	case err != nil:
-		return fmt.Errorf("%s: %w: %w", what, ErrMalformed, err)
+	}
+	sum := sha256.Sum256([]byte(raw))
+	if !v.cache().verified(sum, key, v.now()) {
+		if err := tok.Method.Verify(parts[0]+"."+parts[1], tok.Signature, key); err != nil {
+			return fmt.Errorf("%s: %w (signing key %q)", what, ErrBadSignature, hdr.kid)
+		}
+		now := v.now()
+		until := now.Add(SignatureCacheTTL)
+		if rc := c.registered(); rc.ExpiresAt != nil && rc.ExpiresAt.Time.Before(until) {
+			until = rc.ExpiresAt.Time.Add(v.leeway())
+		}
+		v.cache().remember(sum, key, until, now)
 	}
 
 	// Claims. The signature is good, so from here on the reasons may quote claim values.

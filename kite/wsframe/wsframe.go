@@ -27,10 +27,23 @@ func New(c *websocket.Conn, maxFrame int64) frame.Stream {
 	return &frames{c: c}
 }
 
-type frames struct{ c *websocket.Conn }
+type frames struct {
+	c   *websocket.Conn
+	buf *[]byte // the frame last returned, from frame.Buffers; given back at the next read
+}
 
+// ReadFrame reads a frame into a pooled buffer, valid until the next ReadFrame. The previous one
+// goes back to the pool before the read waits, so an idle connection holds none.
 func (w *frames) ReadFrame(ctx context.Context) ([]byte, error) {
-	typ, b, err := w.c.Read(ctx)
+	if w.buf != nil {
+		frame.PutBuffer(w.buf)
+		w.buf = nil
+	}
+	typ, r, err := w.c.Reader(ctx)
+	if err == nil {
+		w.buf = frame.GetBuffer()
+		*w.buf, err = readAll(r, (*w.buf)[:0])
+	}
 	if err != nil {
 		if errors.Is(err, websocket.ErrMessageTooBig) {
 			return nil, fmt.Errorf("%w: %w", frame.ErrTooLarge, err)
@@ -40,7 +53,24 @@ func (w *frames) ReadFrame(ctx context.Context) ([]byte, error) {
 	if typ != websocket.MessageText {
 		return frame.Binary, nil
 	}
-	return b, nil
+	return *w.buf, nil
+}
+
+// readAll is io.ReadAll appending to b.
+func readAll(r io.Reader, b []byte) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				return b, nil
+			}
+			return b, err
+		}
+	}
 }
 
 func (w *frames) WriteFrame(ctx context.Context, b []byte) error {
