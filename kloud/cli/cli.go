@@ -108,6 +108,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		auditCmd(g),                 // audit.go
 		backupCmd(g), restoreCmd(g), // backup.go
 		doctorCmd(g), // doctor.go
+		storeCmd(g),  // store.go
 	)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {

@@ -28,6 +28,7 @@ var ferretNewMu sync.Mutex
 // embedded is a running in-process FerretDB with its data directory locked.
 type embedded struct {
 	uri    string
+	sock   string
 	dbDir  string
 	lock   *os.File
 	tmpDir string // socket directory outside DataDir when DataDir's path is too long; removed at stop
@@ -95,9 +96,50 @@ func startEmbedded(dataDir string, log *slog.Logger) (_ *embedded, err error) {
 	if err = os.Chmod(sock, 0o600); err != nil {
 		return nil, fmt.Errorf("embedded database: %w", err)
 	}
+	e.sock = sock
 	e.uri = "mongodb://" + url.QueryEscape(sock) + "/"
 	return e, nil
 }
+
+// Embedded is the embedded FerretDB started on its own, for a process that serves it to other
+// clients itself (kloud/store/storeserve, `kloud store serve`): the same data directory layout
+// (DataDir/db/), the same file lock (so neither a kloud nor a second server opens the data
+// while it runs) and the same private socket (0600, in DataDir/db/ or a private temporary
+// directory). Nothing but that server may connect to the socket: FerretDB v1 is only correct
+// with its commands executed one at a time (doc.go).
+type Embedded struct{ e *embedded }
+
+// StartEmbedded locks dataDir/db and starts FerretDB on its private socket. Stop it with
+// [Embedded.Stop].
+func StartEmbedded(dataDir string, log *slog.Logger) (*Embedded, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	e, err := startEmbedded(dataDir, log)
+	if err != nil {
+		return nil, err
+	}
+	return &Embedded{e: e}, nil
+}
+
+// Socket is the path of FerretDB's private unix socket.
+func (e *Embedded) Socket() string { return e.e.sock }
+
+// IndexIDs gives every collection of database dbName the SQLite index that makes lookups by
+// _id flat (see indexIDs); [Open] does it for the embedded store at start. A database that
+// does not exist (no file yet) or whose name is not one FerretDB gives a file is left alone.
+func (e *Embedded) IndexIDs(ctx context.Context, dbName string) error {
+	if dbName == "" || strings.ContainsAny(dbName, "/\\.\x00") {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(e.e.dbDir, dbName+".sqlite")); err != nil {
+		return nil
+	}
+	return e.e.indexIDs(ctx, dbName)
+}
+
+// Stop stops FerretDB (its clients should be gone) and releases the data directory.
+func (e *Embedded) Stop(ctx context.Context) error { return e.e.stop(ctx) }
 
 // NewFerretDB is ferretdb.New made safe for concurrent use (the embedded store and storetest's
 // servers start FerretDBs; ferretdb.New writes a package-level variable).
