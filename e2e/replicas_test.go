@@ -64,7 +64,8 @@ type replicaWorld struct {
 type replicaFeatures struct {
 	storeServe  bool // `kloud store serve` (i24store)
 	internalURL bool // `kloud serve --internal-url`: replicas reach each other (i24mesh)
-	tfPool      bool // several --terraformer-url (i24tf)
+	tfPool      bool // several --terraformer-url, terraformer --shared-dir (i24tf)
+	events      bool // `kloud serve --replicas`: events and kontrol.watch across replicas (i24events)
 }
 
 // need skips the sub-test loudly unless the part is in the tree.
@@ -95,13 +96,14 @@ func detectReplicaFeatures(t *testing.T) replicaFeatures {
 	var f replicaFeatures
 	f.storeServe = exec.Command(kloud, "store", "serve", "--help").Run() == nil
 	f.internalURL = strings.Contains(string(help), "--internal-url")
+	f.events = strings.Contains(string(help), "--replicas ")
 	// The pool takes --terraformer-url more than once (or a comma list): its help says so.
 	for _, l := range strings.Split(string(help), "\n") {
 		if strings.Contains(l, "--terraformer-url") && (strings.Contains(l, "repeat") || strings.Contains(l, "comma") || strings.Contains(l, "pool")) {
 			f.tfPool = true
 		}
 	}
-	t.Logf("issue 24 parts in this kloud: store serve %v, --internal-url %v, terraformer pool %v", f.storeServe, f.internalURL, f.tfPool)
+	t.Logf("issue 24 parts in this kloud: store serve %v, --internal-url %v, terraformer pool %v, --replicas %v", f.storeServe, f.internalURL, f.tfPool, f.events)
 	return f
 }
 
@@ -126,11 +128,15 @@ func newReplicaWorld(t *testing.T) *replicaWorld {
 		pool = 1
 	}
 	cliConfig := kloudlocalMirror(t)
+	shared := filepath.Join(t.TempDir(), "terraformers") // the pool's stacks, state and jobs
 	for i := range pool {
 		addr := testutil.FreeLoopback(t)
 		dir := filepath.Join(t.TempDir(), fmt.Sprintf("terraformer%d", i))
-		w.tfs = append(w.tfs, w.startProcess(fmt.Sprintf("terraformer %d", i), filepath.Join(bin, "terraformer"), "--addr", addr, "--data-dir", dir,
-			"--kloud-url", "http://"+lbAddr, "--terraform", tf, "--cli-config", cliConfig))
+		args := []string{"--addr", addr, "--data-dir", dir, "--kloud-url", "http://" + lbAddr, "--terraform", tf, "--cli-config", cliConfig}
+		if w.feat.tfPool {
+			args = append(args, "--shared-dir", shared)
+		}
+		w.tfs = append(w.tfs, w.startProcess(fmt.Sprintf("terraformer %d", i), filepath.Join(bin, "terraformer"), args...))
 		w.tfURLs = append(w.tfURLs, "http://"+addr)
 	}
 
@@ -151,6 +157,9 @@ func newReplicaWorld(t *testing.T) *replicaWorld {
 			"--mongo-url", w.mongoURL, "--no-demo", "--no-docker", "--s3", "off", "--job-lease", "3s",
 			"--klient-bin", filepath.Join(bin, "klient"), "--dummy-dir", machines,
 			"--local-state-dir", h.StateDir, "--local-bridge", h.Bridge, "--local-subnet", h.Subnet.String()}
+		if w.feat.events {
+			r.args = append(r.args, "--replicas")
+		}
 		if w.feat.internalURL {
 			r.args = append(r.args, "--internal-url", "http://"+r.addr)
 		}
@@ -228,34 +237,8 @@ func (w *replicaWorld) startStore() string {
 		t.Logf("NOTE: no `kloud store serve` in this tree: the replicas share a plain FerretDB, which is NOT atomic across connections (issue 24); tests of races are skipped")
 		return storetest.NewServer(t).URL
 	}
-	dir := t.TempDir()
-	cmd := exec.Command(filepath.Join(bin, "kloud"), "store", "serve", "--data-dir", dir)
-	out := &testutil.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("kloud store serve:\n%s", out)
-		}
-	})
-	re := regexp.MustCompile(`mongodb://\S+`)
-	var u string
-	testutil.Eventually(t, time.Minute, func() bool {
-		u = re.FindString(out.String())
-		return u != ""
-	}, "kloud store serve printed no mongodb:// URL:\n%s", out)
-	u = strings.Trim(u, `"'`)
+	// storetest.Serve: the real `kloud store serve`, its socket and data in t.TempDir().
+	u := storetest.Serve(t)
 	t.Logf("store server: %s", u)
 	return u
 }
@@ -377,7 +360,7 @@ type lbLine struct {
 // /healthz every second (down after 2 failures), WebSocket upgrades (HAProxy passes them in
 // HTTP mode; tunnel timeout for long terminals), and a log line per request as soon as the
 // replica answered (logasap), naming the replica. docs/deployment.md shows this config.
-func haproxyConfig(listen string, replicas []*replica) string {
+func haproxyConfig(listen string, servers []lbServer) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `global
     log stdout format raw local0
@@ -406,10 +389,47 @@ backend replicas
     default-server inter 1s fall 2 rise 2
     http-response set-header X-Kloud-Replica %%[srv_name]
 `, listen)
-	for _, r := range replicas {
+	for _, r := range servers {
 		fmt.Fprintf(&b, "    server %s %s check\n", r.name, r.addr)
 	}
 	return b.String()
+}
+
+// lbServer is a replica as the balancer's config names it.
+type lbServer struct{ name, addr string }
+
+// TestDocsHAProxyConfig: the HAProxy configuration docs/deployment.md shows is the one
+// TestReplicas runs (haproxyConfig), with the guide's addresses, and HAProxy accepts it.
+func TestDocsHAProxyConfig(t *testing.T) {
+	parallel(t)
+	want := haproxyConfig("*:80", []lbServer{{"k0", "10.0.0.11:7000"}, {"k1", "10.0.0.12:7000"}, {"k2", "10.0.0.13:7000"}})
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "deployment.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "\n```haproxy\n")
+	got, _, ok2 := strings.Cut(rest, "```\n")
+	if !ok || !ok2 {
+		t.Fatal("docs/deployment.md has no ```haproxy block")
+	}
+	if got != want {
+		t.Fatalf("docs/deployment.md's HAProxy config is not the one TestReplicas runs; want:\n%s", want)
+	}
+	haproxy, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Skip("no haproxy to check the config with (scripts/setup.sh installs it); the text matches")
+	}
+	cfg := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(want, "*:80", "127.0.0.1:0")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(haproxy, "-c", "-f", cfg).CombinedOutput(); err != nil {
+		t.Fatalf("haproxy -c rejects the documented config: %v\n%s", err, out)
+	}
 }
 
 var lbLineRE = regexp.MustCompile(`lb client=(\S+) server=(\S+) status=(\S+) method=(\S+) path=(\S*)`)
@@ -417,7 +437,11 @@ var lbLineRE = regexp.MustCompile(`lb client=(\S+) server=(\S+) status=(\S+) met
 func startBalancer(t *testing.T, haproxy, addr string, replicas []*replica) *balancer {
 	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(haproxyConfig(addr, replicas)), 0o600); err != nil {
+	var servers []lbServer
+	for _, r := range replicas {
+		servers = append(servers, lbServer{r.name, r.addr})
+	}
+	if err := os.WriteFile(cfg, []byte(haproxyConfig(addr, servers)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command(haproxy, "-c", "-f", cfg).CombinedOutput(); err != nil {
