@@ -208,6 +208,7 @@ func (w *replicaWorld) startProcess(what, name string, args ...string) *exec.Cmd
 	cmd := exec.Command(name, args...)
 	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = dieWithTest()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -222,6 +223,10 @@ func (w *replicaWorld) startProcess(what, name string, args ...string) *exec.Cmd
 	})
 	return cmd
 }
+
+// dieWithTest makes a process of the world get SIGKILL if the test process dies before its
+// cleanups run (a -timeout panic).
+func dieWithTest() *syscall.SysProcAttr { return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} }
 
 // bridgeAddr is a free address on the bridge (a port free on loopback, which is as good a guess).
 func (w *replicaWorld) bridgeAddr() string {
@@ -248,6 +253,7 @@ func (r *replica) start(t *testing.T) {
 	cmd := exec.Command(filepath.Join(bin, "kloud"), r.args...)
 	r.out = &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = r.out, r.out
+	cmd.SysProcAttr = dieWithTest()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -450,6 +456,7 @@ func startBalancer(t *testing.T, haproxy, addr string, replicas []*replica) *bal
 	b := &balancer{t: t, addr: addr, out: &testutil.SyncBuffer{}}
 	// -db: in the foreground, not a daemon: its pid is ours to kill.
 	cmd := exec.Command(haproxy, "-db", "-f", cfg)
+	cmd.SysProcAttr = dieWithTest()
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if err := cmd.Start(); err != nil {
