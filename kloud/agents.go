@@ -2,7 +2,6 @@ package kloud
 
 import (
 	"context"
-	"fmt"
 	"strings"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -44,18 +43,6 @@ func (a kontrolAgents) wait(ctx context.Context, id string, events <-chan kontro
 			return nil, ctx.Err()
 		}
 	}
-}
-
-// agentConn returns a connection to a machine's agent if it is registered now.
-func (s *Server) agentConn(m *model.Machine) (*kite.Conn, error) {
-	if m.KiteID == "" {
-		return nil, fmt.Errorf("machine %s has no agent yet: %w", m.Label, kite.ErrState)
-	}
-	c := s.Kontrol.Conn(m.KiteID)
-	if c == nil {
-		return nil, fmt.Errorf("the agent of machine %s is not connected: %w", m.Label, kite.ErrState)
-	}
-	return c, nil
 }
 
 // trackAgents keeps every machine's agent status current from kontrol's registrations.

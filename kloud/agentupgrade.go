@@ -34,7 +34,7 @@ const agentUpgradeTimeout = 5 * time.Minute
 type agentAPI struct {
 	machines    *store.Machines
 	loadMachine func(ctx context.Context, c *Caller, id string) (*model.Machine, error)
-	agentConn   func(m *model.Machine) (*kite.Conn, error)
+	agentConn   func(ctx context.Context, m *model.Machine) (agentCaller, error)
 	conn        func(kiteID string) *kite.Conn // the agent's registration now (nil: none)
 	klientSum   func() string
 	rollout     string // api.AgentRollout*
@@ -75,7 +75,7 @@ func (a *agentAPI) upgradeMachine(ctx context.Context, m *model.Machine) (api.Up
 		return res, fmt.Errorf("machine %s: its agent is being upgraded already: %w", m.Label, kite.ErrConflict)
 	}
 	defer a.end(m.KiteID)
-	conn, err := a.agentConn(m)
+	conn, err := a.agentConn(ctx, m)
 	if err != nil {
 		return res, err
 	}
@@ -97,9 +97,21 @@ func (a *agentAPI) upgradeMachine(ctx context.Context, m *model.Machine) (api.Up
 		return res, fmt.Errorf("machine %s: klient.upgrade (the old klient keeps running): %w", m.Label, err)
 	}
 	res.Upgraded, res.Sessions, res.NewVersion, res.NewSHA256 = true, up.Sessions, up.NewVersion, up.NewSHA256
-	// klient re-executes itself: wait for the new one's registration and ask it.
+	// klient re-executes itself: wait for the new one's registration and ask it. An agent of
+	// another replica (mesh.go) may come back to any replica: asked through agentConn until it
+	// answers with the new binary.
+	_, local := conn.(*kite.Conn)
 	for {
-		if c := a.conn(m.KiteID); c != nil && c != conn {
+		if !local {
+			if c, err := a.agentConn(ctx, m); err == nil {
+				var now klientapi.Info
+				if err := c.Call(ctx, klientapi.MethodInfo, nil, &now); err == nil && now.SHA256 == sum {
+					res.NewVersion = now.Version
+					a.log.InfoContext(ctx, "agent upgraded", "machine", m.ID, "old", res.OldVersion, "new", res.NewVersion, "sessions", res.Sessions)
+					return res, nil
+				}
+			}
+		} else if c := a.conn(m.KiteID); c != nil && c != conn {
 			var now klientapi.Info
 			if err := c.Call(ctx, klientapi.MethodInfo, nil, &now); err == nil {
 				if now.SHA256 != sum {

@@ -93,7 +93,7 @@ type bucketAPI struct {
 	loadStack func(ctx context.Context, c *Caller, id string) (*model.Stack, error)   // owner, team admins
 	flow      func() *stackbuild.Flow                                                 // the provisioners, DeleteBucket
 	machines  *store.Machines
-	agentConn func(m *model.Machine) (*kite.Conn, error) // agents.go
+	agentConn func(ctx context.Context, m *model.Machine) (agentCaller, error) // mesh.go
 	log       *slog.Logger
 }
 
@@ -366,7 +366,7 @@ func (a *bucketAPI) deliverTo(ctx context.Context, j stackbuild.Job, stackID, on
 		if only == "" && m.State != provider.Running || only != "" && m.ID != only {
 			continue
 		}
-		conn, err := a.agentConn(m)
+		conn, err := a.agentConn(ctx, m)
 		if err != nil {
 			logf("%s: buckets not delivered (its agent gets them when it connects): %v", m.Label, err)
 			continue

@@ -80,8 +80,8 @@ func (d idleDeps) Start(ctx context.Context, m *model.Machine) error {
 	return err
 }
 
-func (d idleDeps) Agent(m *model.Machine) (idle.Agent, error) {
-	c, err := d.s.agentConn(m)
+func (d idleDeps) Agent(ctx context.Context, m *model.Machine) (idle.Agent, error) {
+	c, err := d.s.agentConn(ctx, m)
 	if err != nil {
 		return nil, err
 	}

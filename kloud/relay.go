@@ -23,6 +23,7 @@ func newRelay(s *Server) (*relay.Hub, error) {
 	d := relayDeps{s}
 	return relay.New(relay.Options{Access: d, Agents: d, Tokens: d, Audit: d,
 		PublicURL: s.opts.PublicURL, AppsHost: s.opts.AppsHost, Browser: s.opts.Browser,
+		Replica: s.mesh.id, Peer: s.mesh.PeerURL, PeerTLS: s.opts.PeerTLS, // mesh.go
 		Activity: s.idle.Touch, // kloud/idle: terminals, tunnels and web apps are activity
 		KeepHostKey: func(ctx context.Context, id, key string) error { // relay/ssh.go
 			return s.store.Machines().Set(ctx, id, store.MachineSet{SSHHostKey: &key})
@@ -55,8 +56,8 @@ func (d relayDeps) Machine(ctx context.Context, user, id string) (*model.Machine
 	return d.s.loadMachine(ctx, c, id)
 }
 
-func (d relayDeps) Agent(m *model.Machine) (relay.Agent, error) {
-	c, err := d.s.agentConn(m)
+func (d relayDeps) Agent(ctx context.Context, m *model.Machine) (relay.Agent, error) {
+	c, err := d.s.agentConn(ctx, m)
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,9 @@ const (
 	OwnersAuditors Who = "owners, auditors (read)"
 	// PluginsOnly: provider plugins (plugin keys) only; users and agents get -32002.
 	PluginsOnly Who = "provider plugins"
+	// ReplicasOnly: other kloud replicas (replica keys, mesh.go) only; users, agents and
+	// plugins get -32002.
+	ReplicasOnly Who = "kloud replicas"
 
 	// AnyUser and AdminOnly are the names before roles: Members and Owners.
 	AnyUser   = Members
@@ -192,6 +195,8 @@ func auditDecisions() map[string]bool {
 		api.MethodAuditList: true, api.MethodAuditVerify: true,
 		// eventfeed.go: a stream of what changed
 		api.MethodEventWatch: true,
+		// mesh.go: a hop between replicas; the user's call is audited where it arrived
+		api.MethodReplicaAgentCall: true,
 	}
 }
 
@@ -208,6 +213,23 @@ func pluginRPC[P, R any](s *Server, m api.Method[P, R], fn func(ctx context.Cont
 		return res, err
 	})
 	return Route{Method: method, Who: PluginsOnly, Params: reflect.TypeFor[P](), Result: reflect.TypeFor[R](), h: kitekey.Gate(h, kitekey.KindPluginKey)}
+}
+
+// replicaRPC makes the Route of method m for replica keys only: kitekey.Gate lets replica keys
+// through (and refuses agents and plugins), the handler refuses users. Not audited (the call it
+// forwards is, on the replica it arrived at).
+func replicaRPC[P, R any](m api.Method[P, R], fn func(ctx context.Context, r *kite.Request, p *P) (R, error)) Route {
+	h := kite.HandlerFunc(func(ctx context.Context, r *kite.Request) (any, error) {
+		if !kitekey.IsReplica(r.Principal()) { // before the params, as every route's Who
+			return nil, fmt.Errorf("%s is for kloud replicas (replica keys): %w", r.Method, kite.ErrPermission)
+		}
+		p := new(P)
+		if err := r.Bind(p); err != nil {
+			return nil, err
+		}
+		return fn(ctx, r, p)
+	})
+	return Route{Method: m.Name, Who: ReplicasOnly, Params: reflect.TypeFor[P](), Result: reflect.TypeFor[R](), h: kitekey.Gate(h, kitekey.KindReplicaKey)}
 }
 
 // rpcRoutes lists every kloud method.
@@ -303,6 +325,9 @@ func (s *Server) rpcRoutes() []Route {
 
 		// plugins.go: provider plugins register (plugin keys only)
 		pluginRPC(s, api.RPCPluginRegister, s.pluginAPI.register),
+
+		// mesh.go: a call for an agent whose connection this replica holds (replica keys only)
+		replicaRPC(api.RPCReplicaAgentCall, s.mesh.agentCall),
 
 		// audit.go: the audit log (owners and auditors)
 		rpc(s, api.RPCAuditList, OwnersAuditors, s.audits.list),
@@ -467,6 +492,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.metrics.Run,  // kloud/metrics: machines' figures and quota use for /metrics
 		s.idle.Run,     // kloud/idle: write activity, warn and stop idle machines, autostart
 		s.runEvents,    // eventfeed.go: the store's changes and the providers' status to the event hub
+		s.mesh.run,     // mesh.go: this replica's record, the sweep of dead replicas
 	}
 }
 

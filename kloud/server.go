@@ -74,8 +74,20 @@ type Options struct {
 	DataDir string // default ~/.kloud
 	Addr    string // listen address, default DefaultAddr (":7000")
 	// PublicURL is how users and kites reach this kloud (written into kite keys), default
-	// http://127.0.0.1:<port>.
+	// http://127.0.0.1:<port>. Behind a load balancer: the balancer's URL, the same for every
+	// replica.
 	PublicURL string
+	// InternalURL is how the other kloud replicas on the same store reach this one (kloud
+	// serve --internal-url; mesh.go): forwarded agent calls and relayed attachments. Default
+	// PublicURL (right for a single replica; several behind a balancer each need their own).
+	InternalURL string
+	// ReplicaHeartbeat is how often this replica renews its record in the store; a replica
+	// silent for ReplicaExpiry (3) heartbeats is dead and swept (mesh.go). Default
+	// DefaultReplicaHeartbeat (5s).
+	ReplicaHeartbeat time.Duration
+	// PeerTLS is what this replica trusts when it dials another's https internal URL (kloud
+	// serve: the system's roots plus --ca-cert). Nil: the system's roots.
+	PeerTLS *tls.Config
 	// MongoURL selects an external MongoDB; empty starts the embedded store in DataDir/db.
 	MongoURL string
 	// MongoDatabase is the name of kloud's database (default "kloud"): kloud deployments that
@@ -207,6 +219,7 @@ type Server struct {
 	tf        Terraformer
 	klientSum string
 	presence  *storePresence
+	mesh      *mesh // this replica among the others (mesh.go)
 	revs      *storeRevocations
 	relay     *relay.Hub    // terminals, port forwards, web apps on their own hosts (relay.go)
 	idle      *idle.Tracker // the idle stop and autostart (kloud/idle, wired in idle.go)
@@ -277,11 +290,12 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	revs := newStoreRevocations(st.Revocations())
 	s.revs = revs
 	s.presence = newStorePresence(st.Kites(), st.InstanceID(), opts.Logger)
+	s.mesh = newMesh(s)
 	verifier := &kitekey.Verifier{Keys: s.keyring, Issuer: Issuer, Revoked: revs}
 	isAdmin := func(u string) bool { return u == Admin }
 	s.Kite, err = kite.New(kite.Options{
 		Identity:      kite.Identity{Name: "kloud", Version: version.Version, Username: "kloud"},
-		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin, Agents: true, Plugins: true},
+		Authenticator: &kitekey.Authenticator{Verifier: verifier, IsAdmin: isAdmin, Agents: true, Plugins: true, Replicas: true},
 		GateBuiltins:  kitekey.RefuseAgents,
 		Logger:        opts.Logger,
 		PingInterval:  opts.HeartbeatInterval,
@@ -289,6 +303,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		Observer:      m.Kite(),
 		// Browsers on the public URL's host (behind a proxy that rewrites Host) and the allowed origins.
 		OriginPatterns: opts.Browser.OriginPatterns(opts.PublicURL),
+		TLSConfig:      opts.PeerTLS, // mesh.go: links to other replicas
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
@@ -296,6 +311,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.Kontrol, err = kontrol.New(kontrol.Options{
 		Kite: s.Kite, Keyring: s.keyring, Revocations: revs, URL: opts.PublicURL + "/kite", Issuer: Issuer,
 		IsAdmin: isAdmin, Presence: s.presence, Logger: opts.Logger,
+		Elsewhere: s.mesh.elsewhere, // mesh.go: other replicas' agents
 		Authorize: s.authorizeKite,
 		Wrap:      s.auditKontrol, // audit.go
 	})
@@ -417,6 +433,12 @@ func (o *Options) defaults() error {
 			scheme = "https"
 		}
 		o.PublicURL = scheme + "://127.0.0.1:" + port
+	}
+	if o.InternalURL == "" {
+		o.InternalURL = o.PublicURL
+	}
+	if o.ReplicaHeartbeat <= 0 {
+		o.ReplicaHeartbeat = DefaultReplicaHeartbeat
 	}
 	if o.TLS != nil && !strings.HasPrefix(o.PublicURL, "https://") {
 		return fmt.Errorf("kloud: --public-url %s: with --tls-cert kloud serves https only: give an https:// URL", o.PublicURL)

@@ -38,7 +38,7 @@ type shareAPI struct {
 // connection to a machine's agent (agents.go) and the signer of tokens.
 type shareKloud interface {
 	loadMachine(ctx context.Context, c *Caller, id string) (*model.Machine, error)
-	agentConn(m *model.Machine) (*kite.Conn, error)
+	agentConn(ctx context.Context, m *model.Machine) (agentCaller, error)
 	Signer() *kitekey.Signer
 	// syncBucketShares gives the users the stack's machines are shared with their access to
 	// its buckets, and takes it from those no longer shared (buckets.go).
@@ -153,7 +153,7 @@ func (a *shareAPI) update(ctx context.Context, m *model.Machine, change func([]m
 // push gives the machine's klient its complete share list, with a token of the owner's
 // (klient checks it like any other call).
 func (a *shareAPI) push(ctx context.Context, m *model.Machine) error {
-	conn, err := a.k.agentConn(m)
+	conn, err := a.k.agentConn(ctx, m)
 	if err != nil {
 		return err
 	}
@@ -189,7 +189,7 @@ func (a *shareAPI) push(ctx context.Context, m *model.Machine) error {
 
 // agentHas reports whether the agent on conn lists feature (klientapi.Feature*) in its
 // klient.info.
-func agentHas(ctx context.Context, conn *kite.Conn, feature string) bool {
+func agentHas(ctx context.Context, conn agentCaller, feature string) bool {
 	var info klientapi.Info
 	if err := conn.Call(ctx, klientapi.MethodInfo, nil, &info); err != nil {
 		return false

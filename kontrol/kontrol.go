@@ -52,7 +52,11 @@ type Options struct {
 	TokenTTL time.Duration
 	// Presence, if set, mirrors registrations into shared storage (ARCHITECTURE §9).
 	Presence Presence
-	Logger   *slog.Logger
+	// Elsewhere, if set, returns the kites matching q that other replicas hold (from the
+	// presence records in shared storage): kontrol.query and getToken answer with them too,
+	// after the same Authorize. Kites registered here win over a record of the same id.
+	Elsewhere func(ctx context.Context, q kite.Identity) ([]KiteInfo, error)
+	Logger    *slog.Logger
 	// Wrap, if set, wraps each of kontrol's handlers as it is registered, with the method's
 	// name (kloud records the calls that change keys and revocations in its audit log).
 	Wrap func(method string, h kite.Handler) kite.Handler
@@ -313,7 +317,11 @@ func (k *Kontrol) visible(ctx context.Context, caller *kite.Principal, in []Kite
 func (k *Kontrol) query(ctx context.Context, r *kite.Request, p *QueryParams) (any, error) {
 	caller := r.Principal()
 	if !p.Watch {
-		return QueryResult{Kites: k.visible(ctx, caller, k.Lookup(p.Query))}, nil
+		found, err := k.lookupAll(ctx, p.Query)
+		if err != nil {
+			return nil, err
+		}
+		return QueryResult{Kites: k.visible(ctx, caller, found)}, nil
 	}
 	w := &watcher{caller: caller, query: p.Query, stream: r.Conn.NewStream(kontrolapi.MethodEvent), queue: make(chan Event, 1024)}
 	k.mu.Lock()
@@ -390,9 +398,36 @@ func (k *Kontrol) Subscribe(q kite.Identity) (events <-chan Event, now []KiteInf
 	}
 }
 
+// lookupAll is Lookup plus the kites other replicas hold (Options.Elsewhere), sorted by id.
+func (k *Kontrol) lookupAll(ctx context.Context, q kite.Identity) ([]KiteInfo, error) {
+	found := k.Lookup(q)
+	if k.opts.Elsewhere == nil {
+		return found, nil
+	}
+	more, err := k.opts.Elsewhere(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("kites of other replicas: %w: %w", kite.ErrUnavailable, err)
+	}
+	here := make(map[string]bool, len(found))
+	for _, i := range found {
+		here[i.Kite.ID] = true
+	}
+	for _, i := range more {
+		if !here[i.Kite.ID] && i.Kite.Matches(q) {
+			found = append(found, i)
+		}
+	}
+	sort.Slice(found, func(i, j int) bool { return found[i].Kite.ID < found[j].Kite.ID })
+	return found, nil
+}
+
 func (k *Kontrol) getToken(ctx context.Context, r *kite.Request, p *GetTokenParams) (any, error) {
 	caller := r.Principal()
-	found := k.visible(ctx, caller, k.Lookup(p.Query))
+	all, err := k.lookupAll(ctx, p.Query)
+	if err != nil {
+		return nil, err
+	}
+	found := k.visible(ctx, caller, all)
 	switch {
 	case len(found) == 0:
 		return nil, fmt.Errorf("no registered kite you may use matches %s: %w", p.Query.String(), kite.ErrNotFound)
@@ -409,7 +444,11 @@ func (k *Kontrol) getToken(ctx context.Context, r *kite.Request, p *GetTokenPara
 // Token mints a token for caller to use the kite with id, after the same permission check
 // getToken makes. Kloud uses it to reach agents on behalf of users.
 func (k *Kontrol) Token(ctx context.Context, caller *kite.Principal, id string) (string, error) {
-	found := k.visible(ctx, caller, k.Lookup(kite.Identity{ID: id}))
+	all, err := k.lookupAll(ctx, kite.Identity{ID: id})
+	if err != nil {
+		return "", err
+	}
+	found := k.visible(ctx, caller, all)
 	if len(found) != 1 {
 		return "", fmt.Errorf("kite %s: %w", id, kite.ErrNotFound)
 	}

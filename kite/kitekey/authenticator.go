@@ -40,6 +40,9 @@ type Authenticator struct {
 	// Plugins accepts out-of-process providers' keys (kloud). Off: plugin keys are rejected at
 	// the handshake.
 	Plugins bool
+	// Replicas accepts other kloud replicas' keys (replicakey.go; kloud). Off: replica keys are
+	// rejected at the handshake.
+	Replicas bool
 }
 
 var _ kite.Authenticator = (*Authenticator)(nil)
@@ -73,6 +76,8 @@ func (a *Authenticator) Authenticate(ctx context.Context, self kite.Identity, au
 		return a.agent(ctx, au.Key)
 	case KindPluginKey:
 		return a.plugin(ctx, au.Key)
+	case KindReplicaKey:
+		return a.replica(ctx, au.Key)
 	case kite.AuthToken:
 		if self.ID == "" {
 			return nil, fmt.Errorf("token: %w: this kite has no id to match aud against", ErrWrongAudience)
@@ -109,6 +114,9 @@ func (a *Authenticator) otherKind(ctx context.Context, raw string, err error) (*
 		return p, true, err
 	case KindPluginKey:
 		p, err := a.plugin(ctx, raw)
+		return p, true, err
+	case KindReplicaKey:
+		p, err := a.replica(ctx, raw)
 		return p, true, err
 	}
 	return nil, false, nil
@@ -174,10 +182,11 @@ func PluginName(p *kite.Principal) string {
 	return strings.TrimPrefix(p.Username, PluginSubjectPrefix)
 }
 
-// IsRestricted reports whether p is a restricted principal: a machine agent or a plugin. Such a
-// principal acts for no user and may call only the methods routed for its kind (Gate).
+// IsRestricted reports whether p is a restricted principal: a machine agent, a plugin or another
+// kloud replica. Such a principal acts for no user and may call only the methods routed for its
+// kind (Gate).
 func IsRestricted(p *kite.Principal) bool {
-	return p != nil && (p.Type == KindAgentKey || p.Type == KindPluginKey)
+	return p != nil && (p.Type == KindAgentKey || p.Type == KindPluginKey || p.Type == KindReplicaKey)
 }
 
 // AgentRefused is the error every method that is not agent-facing returns to a machine agent:
@@ -206,8 +215,11 @@ func Gate(h kite.Handler, allow ...string) kite.Handler {
 	return kite.HandlerFunc(func(ctx context.Context, r *kite.Request) (any, error) {
 		p := r.Principal()
 		if IsRestricted(p) && !slices.Contains(allow, p.Type) {
-			if p.Type == KindPluginKey {
+			switch p.Type {
+			case KindPluginKey:
 				return nil, PluginRefused(r)
+			case KindReplicaKey:
+				return nil, ReplicaRefused(r)
 			}
 			return nil, AgentRefused(r)
 		}

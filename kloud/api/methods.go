@@ -124,6 +124,7 @@ func KloudMethods() []string {
 		MethodPluginRegister,
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
 		MethodQuotaSet, MethodQuotaShow, // quota.go
+		MethodReplicaAgentCall, // replicas.go: replicas only (kloud/mesh.go)
 		MethodSnapshotDelete,
 		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackPlanJob, MethodStackReset,
 		MethodStackScale, MethodStackUpdate,

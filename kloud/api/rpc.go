@@ -129,7 +129,7 @@ func Descriptors() map[string]Descriptor {
 		RPCMachinePortsClose, RPCMachinePortsList, RPCMachinePortsOpen, RPCMachineRestore, RPCMachineSet,
 		RPCMachineShare, RPCMachineShares, RPCMachineSnapshot, RPCMachineSnapshots, RPCMachineStart,
 		RPCMachineStop, RPCMachineUnshare, RPCPluginRegister, RPCProviderDescribe, RPCProviderKeyCreate,
-		RPCProviderList, RPCQuotaSet, RPCQuotaShow, RPCSnapshotDelete, RPCStackApply, RPCStackCreate,
+		RPCProviderList, RPCQuotaSet, RPCQuotaShow, RPCReplicaAgentCall, RPCSnapshotDelete, RPCStackApply, RPCStackCreate,
 		RPCStackDescribe, RPCStackList, RPCStackPlan, RPCStackPlanJob, RPCStackReset, RPCStackScale,
 		RPCStackUpdate, RPCTeamAddMember, RPCTeamCreate, RPCTeamList, RPCTeamRemoveMember, RPCTemplateCreate,
 		RPCTemplateDelete, RPCTemplateGet, RPCTemplateList, RPCTemplateTrust, RPCTemplateUntrust,

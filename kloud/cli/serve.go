@@ -106,7 +106,10 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.o.Addr, "addr", kloud.DefaultAddr, "address to listen on (machines of the local provider reach it on their bridge)")
-	fl.StringVar(&f.o.PublicURL, "public-url", "", "URL users and kites reach this kloud at (default http://127.0.0.1:<port>)")
+	fl.StringVar(&f.o.PublicURL, "public-url", "", "URL users and kites reach this kloud at (default http://127.0.0.1:<port>); behind a load balancer, the balancer's, the same for every replica")
+	// Several replicas on one store (docs/deployment.md, "Replicas reach each other"): kloud/mesh.go.
+	fl.StringVar(&f.o.InternalURL, "internal-url", "", "URL the other kloud replicas on the same store reach this one at (forwarded agent calls, terminal attachments); default --public-url")
+	fl.DurationVar(&f.o.ReplicaHeartbeat, "replica-heartbeat", kloud.DefaultReplicaHeartbeat, "how often this replica renews its record in the store; one silent for 3 of them is dead: its agents' presence records are removed")
 	// Behind a proxy (docs/admin-guide.md, "Behind a proxy"): kloudhttp.Browser.
 	fl.StringSliceVar(&f.o.Browser.AllowedOrigins, "allowed-origin", nil, "browser origin allowed to open kloud's WebSockets besides the public URL's (https://ui.example.com, or a host pattern *.example.com; repeatable)")
 	fl.StringVar(&f.o.Browser.CookieSecure, "cookie-secure", "auto", "session cookie Secure: auto (when kloud is reached over https: TLS or an https --public-url), always or never")
@@ -205,6 +208,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
+	f.o.PeerTLS = clientTLS.Clone() // what links to other replicas trust (kloud/mesh.go)
 	if f.pluginLimits.CPUs < 0 || f.pluginMemMB < 0 || f.pluginLimits.PidsMax < 0 {
 		return errors.New("--plugin-cpus, --plugin-memory-mb and --plugin-pids-max must not be negative")
 	}

@@ -172,7 +172,7 @@ type Notices interface {
 // Agents reaches machines' klients.
 type Agents interface {
 	// Agent is the connection of m's agent now (an error when it has none).
-	Agent(m *model.Machine) (Agent, error)
+	Agent(ctx context.Context, m *model.Machine) (Agent, error)
 }
 
 // Agent calls a machine's klient (a *kite.Conn).
@@ -455,7 +455,7 @@ func (t *Tracker) pollCPU(ctx context.Context, m *model.Machine) {
 	go func() {
 		var act klientapi.Activity
 		err := errors.New("no agent")
-		if agent, aerr := t.o.Agents.Agent(m); aerr == nil {
+		if agent, aerr := t.o.Agents.Agent(ctx, m); aerr == nil {
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err = agent.Call(cctx, klientapi.MethodActivity, nil, &act)
 			cancel()

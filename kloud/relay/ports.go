@@ -80,7 +80,7 @@ func (h *Hub) openPort(ctx context.Context, user string, m *model.Machine, port 
 // one-time attachment, and returns the tunnel klient dials back to the attach endpoint for it
 // (named name). Errors are the agent's.
 func (h *Hub) dialBack(ctx context.Context, user string, m *model.Machine, method, name string, params func(token string, a klientapi.Attach) any) (*tunnel.Conn, error) {
-	agent, err := h.o.Agents.Agent(m)
+	agent, err := h.o.Agents.Agent(ctx, m)
 	if err != nil {
 		return nil, err
 	}

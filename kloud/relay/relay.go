@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -39,6 +40,17 @@ type Options struct {
 	// config-ssh pins it while the machine is stopped; nil: not kept.
 	KeepHostKey func(ctx context.Context, machineID, key string) error
 
+	// Replica is this kloud replica's id when several share a store behind a load balancer
+	// (kloud/mesh.go): tickets start with it, so the replica klient's attachment lands on
+	// (through the balancer) knows which replica waits for it. "": a single kloud.
+	Replica string
+	// Peer returns the internal URL of the live replica with id (an attachment for another
+	// replica's ticket is proxied there); nil: such attachments are refused.
+	Peer func(ctx context.Context, replica string) (string, error)
+	// PeerTLS is what the proxy to another replica trusts for an https internal URL (nil: the
+	// system's roots).
+	PeerTLS *tls.Config
+
 	Audit    Auditor                // nil: nothing recorded
 	Activity func(machineID string) // activity on a machine (the idle stop's); nil: none
 	Metrics  Metrics                // counters; nil ones count nothing
@@ -60,14 +72,15 @@ type Access interface {
 
 // Agents reaches machines' klients.
 type Agents interface {
-	// Agent is the connection of m's agent now (kite.ErrState when it has none).
-	Agent(m *model.Machine) (Agent, error)
+	// Agent is a caller of m's agent now: its connection, or a forwarder to the kloud replica
+	// that holds it (kite.ErrState when none does).
+	Agent(ctx context.Context, m *model.Machine) (Agent, error)
 	// KloudURL is the origin m's klient reaches kloud at (its kontrol's: the one klient accepts
 	// attach URLs on).
 	KloudURL(m *model.Machine) string
 }
 
-// Agent calls a machine's klient (a *kite.Conn).
+// Agent calls a machine's klient (a *kite.Conn, or kloud's forwarder to another replica).
 type Agent interface {
 	Call(ctx context.Context, method string, params, result any) error
 }
@@ -127,6 +140,8 @@ type Hub struct {
 	tr         *http.Transport
 	appMu      sync.Mutex
 	appTickets map[string]appTicket
+
+	peerTr *http.Transport // replicas.go: attachments proxied to the replica waiting for them
 }
 
 // New returns a Hub; it relays until Run's context ends.
@@ -139,6 +154,7 @@ func New(o Options) (*Hub, error) {
 	if h.log == nil {
 		h.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	h.peerTr = &http.Transport{TLSClientConfig: o.PeerTLS, IdleConnTimeout: 30 * time.Second, ForceAttemptHTTP2: false}
 	if err := h.initApps(); err != nil {
 		return nil, err
 	}

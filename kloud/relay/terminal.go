@@ -153,7 +153,7 @@ func (h *Hub) ServeTerminal(w http.ResponseWriter, r *http.Request) {
 
 	var att attachment
 	var res klientapi.ConnectResult
-	agent, err := h.o.Agents.Agent(m)
+	agent, err := h.o.Agents.Agent(r.Context(), m)
 	if err == nil {
 		att, res, err = h.connect(r.Context(), agent, user, m, p)
 	}
@@ -260,7 +260,7 @@ func (h *Hub) waitAgent(ctx context.Context, browser *websocket.Conn, user strin
 		if !kite.Sleep(ctx, agentPoll) {
 			return attachment{}, res, fmt.Errorf("waiting for the machine's agent: %w: %w", ctx.Err(), why)
 		}
-		agent, err := h.o.Agents.Agent(m)
+		agent, err := h.o.Agents.Agent(ctx, m)
 		if err != nil {
 			why = err
 			continue
@@ -305,8 +305,14 @@ func abortConn(c net.Conn) {
 	}
 }
 
+// ticketSep separates the waiting replica's id from the random part of a ticket.
+const ticketSep = "~"
+
 func (h *Hub) newTicket() (string, chan attachment) {
 	t := rand.Text()
+	if h.o.Replica != "" {
+		t = h.o.Replica + ticketSep + t
+	}
 	ch := make(chan attachment, 1)
 	h.mu.Lock()
 	h.pending[t] = ch
@@ -322,13 +328,17 @@ func (h *Hub) dropTicket(t string) {
 }
 
 // ServeAttach is GET klientapi.AttachPath, klient's side of an attachment (a terminal's or a
-// tunnel's): the ticket (one-time) names the request waiting for it.
+// tunnel's): the ticket (one-time) names the request waiting for it. A ticket of another
+// replica (its id before ticketSep) is proxied to that replica (proxyAttach).
 func (h *Hub) ServeAttach(w http.ResponseWriter, r *http.Request) {
 	t := r.URL.Query().Get("ticket")
 	h.mu.Lock()
 	ch := h.pending[t]
 	delete(h.pending, t)
 	h.mu.Unlock()
+	if ch == nil && t != "" && h.proxyAttach(w, r, t) {
+		return
+	}
 	if ch == nil || t == "" {
 		kloudhttp.WriteError(w, http.StatusForbidden, "unknown, used or expired ticket")
 		return
@@ -640,7 +650,7 @@ func (h *Hub) closeAll() {
 
 // agentCall calls a webterm method on the machine's klient for user.
 func (h *Hub) agentCall(ctx context.Context, user string, m *model.Machine, method string, params func(token string) any, res any) error {
-	agent, err := h.o.Agents.Agent(m)
+	agent, err := h.o.Agents.Agent(ctx, m)
 	if err != nil {
 		return err
 	}

@@ -153,6 +153,7 @@ var indexes = []index{
 	{CollKites, bson.D{{Key: "hostname", Value: 1}}, false},
 	{CollKites, bson.D{{Key: "replica", Value: 1}}, false},
 	{CollKites, bson.D{{Key: "lastSeen", Value: 1}}, false},
+	{CollReplicas, bson.D{{Key: "expiresAt", Value: 1}}, false},
 	{CollSessions, bson.D{{Key: "username", Value: 1}}, false},
 	{CollSessions, bson.D{{Key: "expiresAt", Value: 1}}, false},
 	{CollSnapshots, bson.D{{Key: "owner", Value: 1}}, false},
@@ -187,7 +188,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
 		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollAudit,
-		CollIdentities, CollBuckets} {
+		CollIdentities, CollBuckets, CollReplicas} {
 		if exists[c] {
 			continue
 		}
