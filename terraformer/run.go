@@ -30,8 +30,15 @@ import (
 type Config struct {
 	// Addr is the listen address. Default: ":7001".
 	Addr string
-	// DataDir holds the engine's stacks and jobs, and the kite id. Default: ~/.kloud/terraformer.
+	// DataDir holds the kite id, and the engine's stacks and jobs unless SharedDir is set.
+	// Default: ~/.kloud/terraformer.
 	DataDir string
+	// SharedDir, if set, holds the engine's stacks (work dirs, state, files, variables, leases)
+	// and jobs in DataDir's place: terraformers started with one SharedDir are a pool (kloud's
+	// terraformer/tfpool) that share every stack's state, and any of them can follow, or take
+	// over, the others' jobs. It must be one directory all of them reach with working flock(2)
+	// (one host, or a shared POSIX filesystem such as NFSv4). Default: DataDir.
+	SharedDir string
 	// KloudURL is kloud's base URL; its GET /kite/keys gives the keys that verify callers.
 	// Default: http://127.0.0.1:7000.
 	KloudURL string
@@ -149,8 +156,12 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.KiteID = id
 	}
 	m := NewMetrics()
+	engineDir := cfg.DataDir
+	if cfg.SharedDir != "" {
+		engineDir = cfg.SharedDir
+	}
 	engine, err := tfrun.New(ctx, tfrun.Options{
-		Dir: cfg.DataDir, TerraformPath: cfg.TerraformPath, CLIConfigFile: cfg.CLIConfigFile,
+		Dir: engineDir, TerraformPath: cfg.TerraformPath, CLIConfigFile: cfg.CLIConfigFile,
 		HangTimeout: cfg.HangTimeout, CancelGrace: cfg.CancelGrace, LeaseTTL: cfg.LeaseTTL, Logger: log,
 		SandboxUID: cfg.SandboxUID, SandboxGID: cfg.SandboxGID, SandboxReadOnly: cfg.SandboxReadOnly, SandboxLimits: cfg.SandboxLimits,
 		InsecureNoSandbox: cfg.InsecureNoSandbox, OnFinish: m.OnFinish,
@@ -215,7 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("terraformer listening", "addr", ln.Addr().String(), "kite", k.Identity().String(),
 		"kloud_url", cfg.KloudURL, "keys_url", KeysURL(cfg.KloudURL), "terraform", eo.TerraformPath,
-		"terraform_version", engine.Version(), "cli_config", eo.CLIConfigFile, "data_dir", eo.Dir)
+		"terraform_version", engine.Version(), "cli_config", eo.CLIConfigFile, "data_dir", cfg.DataDir, "stacks_dir", eo.Dir, "pool_id", engine.PoolID())
 	if cfg.Listening != nil {
 		cfg.Listening(ln.Addr())
 	}
@@ -242,8 +253,8 @@ func Run(ctx context.Context, cfg Config) error {
 	return serveErr
 }
 
-// Handler serves /kite (k), /healthz (JSON: status, kite id, terraform version: the process
-// serves) and /readyz (whether it can run terraform for kloud; see [Readiness]). extra are more
+// Handler serves /kite (k), /healthz (JSON: status, kite id, terraform version, the pool id of
+// its engine's directory: the process serves) and /readyz (whether it can run terraform for kloud; see [Readiness]). extra are more
 // readiness checks ([Run] adds [KloudKeysCheck]).
 func Handler(k *kite.Kite, engine *tfrun.Engine, extra ...ReadyCheck) http.Handler {
 	mux := http.NewServeMux()
@@ -252,6 +263,7 @@ func Handler(k *kite.Kite, engine *tfrun.Engine, extra ...ReadyCheck) http.Handl
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(map[string]any{ //nolint:errcheck // the client went away
 			"status": "ok", "kiteId": k.Identity().ID, "version": version.Version, "terraform": engine.Version(),
+			"poolId": engine.PoolID(),
 		})
 	})
 	checks := append([]ReadyCheck{terraformCheck(engine), dataDirCheck(engine)}, extra...)

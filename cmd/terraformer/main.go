@@ -26,7 +26,8 @@ func main() {
 	var users, readOnly string
 	flag.StringVar(&c.Addr, "addr", terraformer.DefaultAddr, "address to listen on")
 	flag.StringVar(&c.MetricsAddr, "metrics-addr", "", "also serve GET /metrics (Prometheus) without authentication on this address (on --addr it needs kloud's or its admin's kite key)")
-	flag.StringVar(&c.DataDir, "data-dir", terraformer.DefaultDataDir(), "working directories, state and jobs")
+	flag.StringVar(&c.DataDir, "data-dir", terraformer.DefaultDataDir(), "working directories, state and jobs (unless --shared-dir), and the kite id")
+	flag.StringVar(&c.SharedDir, "shared-dir", "", "keep working directories, state, leases and jobs here instead of --data-dir: terraformers started with one --shared-dir are a pool kloud spreads work over (one host, or a shared filesystem with flock)")
 	flag.StringVar(&c.KloudURL, "kloud-url", terraformer.DefaultKloudURL, "kloud's URL; callers' keys are verified with <url>/kite/keys")
 	flag.StringVar(&users, "kloud-user", "kloud", "the only usernames allowed to call (comma-separated)")
 	flag.StringVar(&c.TerraformPath, "terraform", "", "terraform binary (default: terraform on PATH, else $KLOUD_CACHE/bin/terraform)")

@@ -117,7 +117,7 @@ var mirrorPathRE = regexp.MustCompile(`(?s)filesystem_mirror\s*\{[^}]*?path\s*=\
 // terraformer it starts, and the local provider's base image.
 func serveDoctorChecks(f *serveFlags) []kloud.DoctorCheck {
 	var out []kloud.DoctorCheck
-	if f.terraformerURL == "" {
+	if len(f.terraformerURLs) == 0 {
 		out = append(out, func(context.Context) api.DoctorCheck {
 			c := api.DoctorCheck{Name: "mirror", Required: true,
 				Fix: "build the offline Terraform provider mirror and its CLI config with scripts/tf-mirror.sh (or scripts/setup.sh), or set TF_CLI_CONFIG_FILE"}

@@ -32,12 +32,17 @@ import (
 	"github.com/kloud-dev/kloud/kloud/web"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/terraformer/tfclient"
+	"github.com/kloud-dev/kloud/terraformer/tfpool"
 )
 
 // serveFlags are kloud serve's settings beyond kloud.Options.
 type serveFlags struct {
-	o               kloud.Options
-	terraformerURL  string
+	o kloud.Options
+	// terraformerURLs: --terraformer-url (repeatable, or a comma list); several make a pool.
+	terraformerURLs []string
+	// terraformers: --terraformers, how many terraformers kloud starts (a pool when more than
+	// one); terraformerAddr their --terraformer-addr (a comma list for several).
+	terraformers    int
 	terraformerBin  string
 	terraformerAddr string
 	// tfMetricsAddr passes --metrics-addr to the terraformer kloud starts.
@@ -122,10 +127,11 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	fl.StringVar(&f.o.AgentRollout, "agent-rollout", api.AgentRolloutAuto, "auto: upgrade every machine agent that connects with another klient than --klient-bin (a few at a time, terminals kept); off: only kloud machine upgrade-agent does")
 	fl.DurationVar(&f.o.HeartbeatInterval, "heartbeat", kloud.DefaultHeartbeatInterval, "interval of liveness pings to connected kites")
 	fl.DurationVar(&f.o.HeartbeatTimeout, "heartbeat-timeout", kloud.DefaultHeartbeatTimeout, "drop a kite that does not answer a ping within this time")
-	fl.StringVar(&f.terraformerURL, "terraformer-url", "", "use the terraformer at this URL (default: start one on 127.0.0.1:7001)")
+	fl.StringSliceVar(&f.terraformerURLs, "terraformer-url", nil, "use the terraformer at this URL (default: start one on 127.0.0.1:7001); repeatable, or a comma list: several are a pool, and must share one --shared-dir (docs/deployment.md, \"A pool of terraformers\")")
+	fl.IntVar(&f.terraformers, "terraformers", 1, "how many terraformers to start next to kloud when no --terraformer-url is given: more than one are a pool sharing <data dir>/terraformer (docs/deployment.md, \"A pool of terraformers\")")
 	fl.StringVar(&f.terraformerBin, "terraformer-bin", "", "terraformer binary to start (default: terraformer next to this binary)")
 	fl.BoolVar(&f.tfInsecure, "terraformer-insecure-no-sandbox", false, "start terraformer with --insecure-no-sandbox: terraform runs with kloud's privileges and sees the whole host (development without root only; never where others write templates)")
-	fl.StringVar(&f.terraformerAddr, "terraformer-addr", "", "address for the terraformer it starts (default 127.0.0.1:7001, or a free port if that is taken)")
+	fl.StringVar(&f.terraformerAddr, "terraformer-addr", "", "address for the terraformer it starts (default 127.0.0.1:7001, or a free port if that is taken); with --terraformers N, a comma list (missing ones: free loopback ports)")
 	fl.StringVar(&f.o.PluginDir, "plugin-dir", "", "directory of provider plugins (kloud-provider-NAME) kloud launches and supervises (default <data dir>/plugins)")
 	fl.BoolVar(&f.o.Plugins.Insecure, "plugin-insecure-no-sandbox", false, "launch provider plugins without their sandbox: third-party code runs with kloud's privileges and sees its data directory (development without root only)")
 	fl.StringArrayVar(&f.o.Plugins.Unsandboxed, "plugin-unsandboxed", nil, "let the provider plugin NAME run without the sandbox, with kloud's privileges (repeatable; logged at every start; for a plugin that needs the host)")
@@ -275,7 +281,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		s.Close()
 		return err
 	}
-	if f.terraformerURL == "" && f.o.TLS != nil {
+	if len(f.terraformerURLs) == 0 && f.o.TLS != nil {
 		// The terraformer kloud starts serves kloud's certificate on loopback: check the name
 		// kloud is reached by.
 		clientTLS.ServerName = hostOf(s.PublicURL())
@@ -286,29 +292,59 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		return err
 	}
 	// Terraformer first (it needs kloud's keys only when kloud first calls it), so kloud never
-	// serves a moment without it; the one kloud starts is supervised (restarted when it exits).
-	tfURL := f.terraformerURL
-	var sup *supervise.Process
-	if tfURL == "" {
-		if sup, err = newTerraformerSupervisor(g, f, log); err != nil {
+	// serves a moment without it; the ones kloud starts are supervised (restarted when they exit).
+	tfURLs := f.terraformerURLs
+	var sups []*supervise.Process
+	if len(tfURLs) == 0 {
+		if f.terraformers < 1 {
+			s.Close()
+			return fmt.Errorf("--terraformers %d: want at least 1", f.terraformers)
+		}
+		addrs := strings.Split(f.terraformerAddr, ",")
+		for i := range f.terraformers {
+			addr := ""
+			if i < len(addrs) {
+				addr = strings.TrimSpace(addrs[i])
+			}
+			sup, err := newTerraformerSupervisor(g, f, log, i, addr)
+			if err != nil {
+				s.Close()
+				return err
+			}
+			sups = append(sups, sup)
+			tfURLs = append(tfURLs, sup.URL)
+		}
+	} else if f.terraformers != 1 {
+		s.Close()
+		return errors.New("--terraformers starts terraformers, --terraformer-url uses running ones: give one of them")
+	}
+	var clients []*tfclient.Client
+	for _, u := range tfURLs {
+		clients = append(clients, tfclient.NewClient(ck, u, func(ctx context.Context) (kite.Auth, error) {
+			// terraformer verifies kloud's key with kloud's /kite/keys: connecting before kloud
+			// listens would fail, and make terraformer wait before it fetches the keys again.
+			select {
+			case <-listening:
+			case <-ctx.Done():
+				return kite.Auth{}, fmt.Errorf("kloud is not listening yet: %w", ctx.Err())
+			}
+			return kite.Auth{Type: kite.AuthKiteKey, Key: key}, nil
+		}))
+	}
+	var tc kloud.Terraformer = clients[0]
+	if len(clients) > 1 {
+		pool, err := tfpool.New(tfpool.Options{Members: clients, Logger: log.With("component", "tfpool")})
+		if err != nil {
 			s.Close()
 			return err
 		}
-		tfURL = sup.URL
+		defer pool.Close()
+		tc = pool
+	} else {
+		defer clients[0].Close()
 	}
-	tc := tfclient.NewClient(ck, tfURL, func(ctx context.Context) (kite.Auth, error) {
-		// terraformer verifies kloud's key with kloud's /kite/keys: connecting before kloud
-		// listens would fail, and make terraformer wait before it fetches the keys again.
-		select {
-		case <-listening:
-		case <-ctx.Done():
-			return kite.Auth{}, fmt.Errorf("kloud is not listening yet: %w", ctx.Err())
-		}
-		return kite.Auth{Type: kite.AuthKiteKey, Key: key}, nil
-	})
-	defer tc.Close()
-	if sup != nil {
-		sup.OnDown, sup.OnUp = tc.SetUnavailable, tc.SetAvailable
+	for i, sup := range sups {
+		sup.OnDown, sup.OnUp = clients[i].SetUnavailable, clients[i].SetAvailable
 		if err := sup.Start(ctx); err != nil {
 			s.Close()
 			return err
@@ -317,7 +353,9 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		log.Info("terraformer started", "url", sup.URL, "pid", sup.PID())
 	}
 	s.SetTerraformer(tc)
-	fmt.Fprintf(g.stdout, "terraformer: %s\n", tfURL)
+	for _, u := range tfURLs {
+		fmt.Fprintf(g.stdout, "terraformer: %s\n", u)
+	}
 	return s.Serve(ctx)
 }
 
@@ -369,7 +407,11 @@ func redactURL(u string) string {
 // terraformer client's SetUnavailable) makes calls fail at once with "terraformer unavailable:
 // <cause>". When kloud dies, even by SIGKILL, terraformer gets SIGTERM (Pdeathsig), cancels its
 // runs and exits; the terraform it runs dies with it (the sandbox launcher's pid namespace).
-func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*supervise.Process, error) {
+//
+// With --terraformers N > 1, terraformer i (from 0) keeps its kite id in <data dir>/terraformer-i
+// and the stacks and jobs of all N in <data dir>/terraformer (--shared-dir): where the one
+// terraformer of a single kloud keeps them, so its stacks are the pool's as they are.
+func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger, i int, addrFlag string) (*supervise.Process, error) {
 	bin := f.terraformerBin
 	if bin == "" {
 		exe, err := os.Executable()
@@ -389,17 +431,30 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*sup
 	if kloudURL == "" {
 		kloudURL = scheme + "://127.0.0.1:" + port
 	}
-	addr, err := terraformerAddr(f.terraformerAddr)
+	var addr string
+	var err error
+	if i == 0 || addrFlag != "" {
+		addr, err = terraformerAddr(addrFlag)
+	} else {
+		addr, err = freeLoopback()
+	}
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--addr", addr, "--data-dir", filepath.Join(g.dataDir, "terraformer"), "--kloud-url", kloudURL, "--log-format", f.logFormat}
+	shared := filepath.Join(g.dataDir, "terraformer")
+	args := []string{"--addr", addr, "--data-dir", shared, "--kloud-url", kloudURL, "--log-format", f.logFormat}
+	name := "terraformer"
+	if f.terraformers > 1 {
+		name = fmt.Sprintf("terraformer-%d", i)
+		args[3] = filepath.Join(g.dataDir, name)
+		args = append(args, "--shared-dir", shared)
+	}
 	if cfg := tfCLIConfig(); cfg != "" {
 		args = append(args, "--cli-config", cfg)
 	}
 	args = append(args, "--terraform-cpus", strconv.FormatFloat(f.tfLimits.CPUs, 'g', -1, 64),
 		"--terraform-memory-mb", strconv.FormatInt(f.tfMemMB, 10), "--terraform-pids-max", strconv.Itoa(f.tfLimits.PidsMax))
-	if f.tfMetricsAddr != "" {
+	if f.tfMetricsAddr != "" && i == 0 {
 		args = append(args, "--metrics-addr", f.tfMetricsAddr)
 	}
 	if f.tfInsecure {
@@ -419,7 +474,7 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger) (*sup
 		cfg.ServerName = hostOf(kloudURL)
 		hc = tlsconf.HTTPClient(cfg, 0)
 	}
-	return &supervise.Process{Name: "terraformer", Bin: bin, Args: args, URL: scheme + "://" + addr, HTTP: hc, Out: prefixWriter{g.stderr, "terraformer: "}, Log: log}, nil
+	return &supervise.Process{Name: name, Bin: bin, Args: args, URL: scheme + "://" + addr, HTTP: hc, Out: prefixWriter{g.stderr, name + ": "}, Log: log}, nil
 }
 
 // terraformerAddr returns where to start terraformer: the flag's address, else 127.0.0.1:7001,
@@ -432,6 +487,11 @@ func terraformerAddr(flag string) (string, error) {
 		ln.Close()
 		return "127.0.0.1:7001", nil
 	}
+	return freeLoopback()
+}
+
+// freeLoopback returns a loopback address with a port free now.
+func freeLoopback() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err

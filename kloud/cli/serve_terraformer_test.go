@@ -18,7 +18,7 @@ func TestTerraformerSupervisor(t *testing.T) {
 	g := &globals{dataDir: t.TempDir(), stdout: &bytes.Buffer{}, stderr: &stderr}
 	f := &serveFlags{terraformerBin: os.Args[0], terraformerAddr: testutil.FreeLoopback(t), logFormat: "text"}
 	f.o.Addr = "127.0.0.1:7000"
-	sup, err := newTerraformerSupervisor(g, f, nil)
+	sup, err := newTerraformerSupervisor(g, f, nil, 0, f.terraformerAddr)
 	if err != nil {
 		t.Fatal(err)
 	}

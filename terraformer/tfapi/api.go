@@ -152,9 +152,12 @@ func clip(s string) string {
 
 // Health is what terraformer's GET /healthz and /readyz say (Client.Health).
 type Health struct {
-	URL       string    `json:"url"`
-	Version   string    `json:"version"`
-	Terraform string    `json:"terraform"`
+	URL       string `json:"url"`
+	Version   string `json:"version"`
+	Terraform string `json:"terraform"`
+	// PoolID is the id of the directory terraformer keeps stacks and jobs in (its --shared-dir
+	// or --data-dir): terraformers of one pool report the same.
+	PoolID    string    `json:"poolId"`
 	Readiness Readiness `json:"readiness"`
 }
 

@@ -93,6 +93,7 @@ type Engine struct {
 	host      string
 	jobsDir   string
 	stacksDir string
+	poolID    string // Dir's pool id (PoolID)
 
 	mu        sync.Mutex
 	closed    bool
@@ -223,6 +224,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
+	if e.poolID, err = loadPoolID(filepath.Join(opts.Dir, "pool-id")); err != nil {
+		return nil, err
+	}
 	if e.tfVersion, err = e.terraformVersion(ctx); err != nil {
 		return nil, err
 	}
@@ -266,6 +270,51 @@ func (e *Engine) Running() int {
 
 // Options returns the options in force, defaults filled in.
 func (e *Engine) Options() Options { return e.opts }
+
+// PoolID is the random id of Dir, made by the first engine that used it (Dir/pool-id). Engines
+// of several processes that share one Dir (a pool of terraformers, Options.Dir) report the same
+// id: kloud's pool (terraformer/tfpool) refuses a member whose id differs, since a job it ran,
+// its state and its files would be on a disk the others do not see.
+func (e *Engine) PoolID() string { return e.poolID }
+
+// loadPoolID reads path, or creates it with a new id (O_EXCL: of engines starting at once on
+// one Dir, one writes it and the others read it).
+func loadPoolID(path string) (string, error) {
+	for range 50 {
+		b, err := os.ReadFile(path)
+		if id := strings.TrimSpace(string(b)); err == nil && jobIDRe.MatchString(id) {
+			return id, nil
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("pool id: %w", err)
+		}
+		if err == nil {
+			// Being written by another engine (it writes before it closes), or damaged.
+			if fi, serr := os.Stat(path); serr == nil && time.Since(fi.ModTime()) > 5*time.Second {
+				return "", fmt.Errorf("pool id: %s holds no id; remove it to make a new one", path)
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("pool id: %w", err)
+		}
+		id := newJobID()
+		_, werr := f.WriteString(id + "\n")
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return "", fmt.Errorf("pool id: %w", werr)
+		}
+		return id, nil
+	}
+	return "", fmt.Errorf("pool id: %s stays empty", path)
+}
 
 var contentIDRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$`)
 
