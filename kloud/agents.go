@@ -82,13 +82,18 @@ func (s *Server) trackAgents(ctx context.Context) {
 // the agent its Planner just found answering (so the job's end already shows it). A build's
 // minting (stackbuild's Mint) resets the record to never-seen together with the machine's new kite id. The
 // write is retried for a while (store.Store.Persist), with its own context like other
-// bookkeeping.
+// bookkeeping. Each replica calls it only for the agents connected to it (kontrol's in-process
+// subscription never carries another replica's registrations), and a disconnect is written only
+// by the replica the record names (store.Machines.SetAgentOf).
 func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {
 	if !strings.HasPrefix(kiteID, AgentKitePrefix) {
 		return // not a machine's agent: no machine document to update
 	}
 	err := s.store.Persist(ctx, "agent status of "+kiteID, jobNoteTimeout, func(ctx context.Context) error {
-		return s.store.Machines().SetAgent(ctx, kiteID, status, version)
+		// As this replica (several replicas share the store, ARCHITECTURE §9): a disconnect it
+		// notices after the agent reconnected to another replica does not undo that one's.
+		_, err := s.store.Machines().SetAgentOf(ctx, kiteID, status, version, s.store.InstanceID())
+		return err
 	})
 	if err != nil && ctx.Err() == nil {
 		s.log.WarnContext(ctx, "update agent status", "kite", kiteID, "err", err)

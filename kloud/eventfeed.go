@@ -336,6 +336,9 @@ func (s *Server) Events() events.Hub { return s.opts.Events }
 // runEvents publishes the store's changes (eventFeed.run) and the providers' status
 // (watchProviders) to the event hub until ctx ends (a background task, routes.go).
 func (s *Server) runEvents(ctx context.Context) {
+	if s.elog != nil {
+		go s.elog.run(ctx) // eventlog.go: the other replicas' events
+	}
 	go s.watchProviders(ctx)
 	s.feed.run(ctx)
 }
@@ -355,7 +358,7 @@ func (s *Server) watchProviders(ctx context.Context) {
 		b, err := json.Marshal(s.plugins.List(true))
 		if cur := string(b); err == nil && cur != last {
 			if last != "" {
-				s.opts.Events.Publish(events.Event{Topics: []events.Topic{events.TopicProviders}, Kind: "provider", Audience: events.Audience{Everyone: true}})
+				s.feed.hub.Publish(events.Event{Topics: []events.Topic{events.TopicProviders}, Kind: "provider", Audience: events.Audience{Everyone: true}})
 			}
 			last = cur
 		}

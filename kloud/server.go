@@ -179,6 +179,13 @@ type Options struct {
 	// Events is the hub the store's changes are published to and event.watch streams from
 	// (eventfeed.go). Default: a new events.New hub of this process.
 	Events events.Hub
+	// Replicas says this kloud is one of several replicas sharing MongoURL (kloud serve
+	// --replicas; needs MongoURL): what each publishes to its event hub and its kites'
+	// registrations go through the store's change log to the others' hubs and kontrol.watch
+	// streams (eventlog.go). Default off: one kloud pays nothing for it.
+	Replicas bool
+	// EventLog tunes that change log (zero: its defaults).
+	EventLog EventLogOptions
 }
 
 // Admin is the username of the administrator the first start creates a kite key for.
@@ -253,6 +260,7 @@ type Server struct {
 	policy    *templatePolicy // the template policy, template.trust and template.untrust (policy.go)
 	backup    *backupAPI      // GET /api/admin/backup (backup.go)
 	feed      *eventFeed      // the store's changes to the event hub (eventfeed.go)
+	elog      *eventLog       // with Options.Replicas: the other replicas' events (eventlog.go)
 	events    *eventAPI       // event.watch (eventfeed.go)
 }
 
@@ -274,6 +282,10 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s := &Server{opts: opts, log: opts.Logger, store: st, providers: opts.Providers, mux: http.NewServeMux(), tf: opts.Terraformer, metrics: m,
 		rate: newRateLimiter(opts.Limits.RateLimit, opts.Limits.RateBurst, maxRateBuckets), feed: feed}
 	feed.st = st
+	if opts.Replicas {
+		s.elog = newEventLog(st, opts.Events, nil, opts.EventLog, opts.Logger) // eventlog.go
+		feed.hub = sharedHub{Hub: opts.Events, l: s.elog}
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -312,11 +324,14 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		Kite: s.Kite, Keyring: s.keyring, Revocations: revs, URL: opts.PublicURL + "/kite", Issuer: Issuer,
 		IsAdmin: isAdmin, Presence: s.presence, Logger: opts.Logger,
 		Elsewhere: s.mesh.elsewhere, // mesh.go: other replicas' agents
-		Authorize: s.authorizeKite,
-		Wrap:      s.auditKontrol, // audit.go
+		Authorize: s.authorizeKite, OnEvent: s.kiteEvent,
+		Wrap: s.auditKontrol, // audit.go
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kloud: %w", err)
+	}
+	if s.elog != nil {
+		s.elog.kontrol = s.Kontrol
 	}
 	if err := s.ensureAdmin(ctx); err != nil {
 		return nil, err
@@ -374,6 +389,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 func (o *Options) defaults() error {
 	if err := o.Browser.Validate(); err != nil {
 		return fmt.Errorf("kloud: %w", err)
+	}
+	if o.Replicas && o.MongoURL == "" {
+		return errors.New("kloud: several replicas (Replicas) share a MongoURL; the embedded store serves one kloud")
 	}
 	if o.DataDir == "" {
 		o.DataDir = DefaultDataDir()

@@ -57,6 +57,10 @@ type Options struct {
 	// after the same Authorize. Kites registered here win over a record of the same id.
 	Elsewhere func(ctx context.Context, q kite.Identity) ([]KiteInfo, error)
 	Logger    *slog.Logger
+	// OnEvent, if set, is told of every registration and deregistration of this process's
+	// kites, after its watchers (kloud writes them to the replicas' change log, and the other
+	// replicas hand them to [Kontrol.PublishRemote]). It must not block.
+	OnEvent func(Event)
 	// Wrap, if set, wraps each of kontrol's handlers as it is registered, with the method's
 	// name (kloud records the calls that change keys and revocations in its audit log).
 	Wrap func(method string, h kite.Handler) kite.Handler
@@ -361,18 +365,44 @@ func (k *Kontrol) pump(w *watcher) {
 
 func (k *Kontrol) publish(action string, info KiteInfo) {
 	k.mu.Lock()
-	defer k.mu.Unlock()
+	k.publishLocked(Event{Action: action, Kite: info}, false)
+	k.mu.Unlock()
+	if k.opts.OnEvent != nil {
+		k.opts.OnEvent(Event{Action: action, Kite: info})
+	}
+}
+
+// publishLocked queues ev for the watchers whose query and authorization take it (only the
+// kontrol.watch streams when remote). k.mu is held.
+func (k *Kontrol) publishLocked(ev Event, remote bool) {
 	for w := range k.watchers {
-		if !info.Kite.Matches(w.query) || (w.caller != nil && k.opts.Authorize(context.Background(), w.caller, info.Kite) != nil) {
+		if remote && w.stream == nil {
+			continue
+		}
+		if !ev.Kite.Kite.Matches(w.query) || (w.caller != nil && k.opts.Authorize(context.Background(), w.caller, ev.Kite.Kite) != nil) {
 			continue
 		}
 		select {
-		case w.queue <- Event{Action: action, Kite: info}:
+		case w.queue <- ev:
 		default:
 			close(w.queue)
 			delete(k.watchers, w)
 		}
 	}
+}
+
+// PublishRemote hands ev, a registration or deregistration of a kite connected to another
+// replica (kloud's change log, ARCHITECTURE §9), to this kontrol's kontrol.watch streams, with
+// the same filters as its own. In-process subscribers ([Kontrol.Subscribe]) do not get it: they
+// act on this process's connections (kloud's planner, its agent status). A deregister of a kite
+// registered here now is dropped: the kite moved here, and its watchers saw it register.
+func (k *Kontrol) PublishRemote(ev Event) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if ev.Action == "deregister" && k.byID[ev.Kite.Kite.ID] != nil {
+		return
+	}
+	k.publishLocked(ev, true)
 }
 
 // Subscribe delivers, in process, an Event whenever a kite matching q registers or goes away,

@@ -123,6 +123,7 @@ member (docs/operations.md, "Single sign-on and roles").`,
 	fl.StringSliceVar(&f.trustedProxies, "trusted-proxy", nil, "address or CIDR of a proxy in front of kloud whose X-Forwarded-For and X-Forwarded-Host are believed (repeatable; default none)")
 	fl.StringVar(&f.o.AppsHost, "apps-host", kloud.DefaultAppsHost, "host under which machines' web apps get their own origins, p<port>--m<machine>.<host>[:port] (a wildcard DNS name of another domain than the UI's; localhost works in browsers; off: none)")
 	fl.StringVar(&f.o.MongoURL, "mongo-url", "", "use this MongoDB instead of the embedded store in the data directory")
+	fl.BoolVar(&f.o.Replicas, "replicas", false, "this kloud is one of several replicas sharing --mongo-url: pass events and kontrol.watch between them through the store's change log (docs/deployment.md)")
 	fl.StringVar(&f.o.KlientBin, "klient-bin", "", "klient binary to serve to machines (default: klient next to this binary)")
 	fl.StringVar(&f.o.AgentRollout, "agent-rollout", api.AgentRolloutAuto, "auto: upgrade every machine agent that connects with another klient than --klient-bin (a few at a time, terminals kept); off: only kloud machine upgrade-agent does")
 	fl.DurationVar(&f.o.HeartbeatInterval, "heartbeat", kloud.DefaultHeartbeatInterval, "interval of liveness pings to connected kites")

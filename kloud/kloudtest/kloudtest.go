@@ -52,6 +52,13 @@ type Options struct {
 	// MongoURL: use this database instead of the shared store server (e.g. a
 	// storetest.Server that a test stops and starts).
 	MongoURL string
+	// MongoDatabase is the database on MongoURL (default kloud's, "kloud"). Replicas sharing
+	// a store pass the same URL and database (storetest.Shared gives both).
+	MongoDatabase string
+	// Replicas and EventLog are kloud's (several replicas sharing MongoURL: the change log of
+	// events and kite registrations, kloud/eventlog.go).
+	Replicas bool
+	EventLog kloud.EventLogOptions
 	// EmbeddedStore runs kloud's embedded store in DataDir/db, in this process, as kloud serve
 	// does, for a test of what only it does (its files, its snapshot, its lock). Default (and
 	// without MongoURL): a database of kloud's own, named after DataDir, on the test process's
@@ -105,7 +112,7 @@ func Start(t testing.TB, o Options) *Env {
 	if o.Logger == nil {
 		o.Logger = testutil.Logger(t)
 	}
-	var database string
+	database := o.MongoDatabase
 	if o.MongoURL == "" && !o.EmbeddedStore {
 		o.MongoURL, database = storetest.Shared(t, o.DataDir)
 	}
@@ -121,7 +128,7 @@ func Start(t testing.TB, o Options) *Env {
 		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL, MongoDatabase: database,
 		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
 		DefaultQuota: o.DefaultQuota, MetricsAddr: o.MetricsAddr, MetricsInterval: o.MetricsInterval,
-		SSO: o.SSO, Idle: o.Idle, Browser: o.Browser,
+		SSO: o.SSO, Idle: o.Idle, Browser: o.Browser, Replicas: o.Replicas, EventLog: o.EventLog,
 	})
 	if err != nil {
 		ln.Close()

@@ -233,6 +233,9 @@ type Agent struct {
 	Status   string    `bson:"status" json:"status"`
 	LastSeen time.Time `bson:"lastSeen,omitempty" json:"lastSeen,omitzero"`
 	Version  string    `bson:"version,omitempty" json:"version,omitempty"`
+	// Replica is the kloud replica (store instance id) that last saw the agent connect, so
+	// that only it marks the agent disconnected (store.Machines.SetAgentOf). Not on the wire.
+	Replica string `bson:"replica,omitempty" json:"-"`
 }
 
 // Share grants (issue: machine sharing).

@@ -734,6 +734,32 @@ func (r *Machines) SetAgent(ctx context.Context, kiteID, status, version string)
 	return nil
 }
 
+// SetAgentOf is [Machines.SetAgent] by the kloud replica holding (or having held) the agent's
+// connection: connected records replica as the agent's; disconnected is written only while the
+// record names replica (or no replica), so a replica that notices late that an agent left it
+// does not mark disconnected an agent that reconnected to another replica meanwhile. It
+// reports whether it wrote.
+func (r *Machines) SetAgentOf(ctx context.Context, kiteID, status, version, replica string) (bool, error) {
+	set := bson.M{"agent.status": status, "agent.lastSeen": r.s.Now()}
+	if version != "" {
+		set["agent.version"] = version
+	}
+	filter := bson.M{"kiteId": kiteID}
+	if status == model.AgentConnected {
+		set["agent.replica"] = replica
+	} else {
+		filter["$or"] = bson.A{bson.M{"agent.replica": replica}, bson.M{"agent.replica": bson.M{"$exists": false}}}
+	}
+	res, err := r.coll().UpdateOne(ctx, filter, bson.M{"$set": set})
+	if err != nil {
+		return false, fmt.Errorf("update agent of kite %s: %w", kiteID, err)
+	}
+	if res.MatchedCount > 0 {
+		r.s.changed(Change{Coll: CollMachines, KiteID: kiteID, Field: "agent"})
+	}
+	return res.MatchedCount > 0, nil
+}
+
 // SetKiteIDs records the agent kite id of each machine (machine id → kite id) with agent as its
 // agent record, in one write (a stack build does it before Terraform runs). A machine that does
 // not exist is ErrNotFound; the others are written.
