@@ -84,6 +84,9 @@ func newGC(s *Server) *gc.Collector {
 			}
 			return tf, nil
 		},
+		Exclusive: func(ctx context.Context, sweep func(ctx context.Context) error) error { // sweeps.go
+			return s.sweeps().run(ctx, "gc", sweep)
+		},
 		Interval: s.opts.GC.Interval, Grace: s.opts.GC.Grace, Logger: s.log})
 }
 

@@ -210,7 +210,7 @@ func (r *jobRunner) newJobCtx(j store.Job) *jobCtx {
 	r.bind(jc)
 	jc.progress = store.NewProgressWriter(0, func(ctx context.Context, p store.Progress) error {
 		return r.store.Persist(ctx, "progress job "+j.ID, jobNoteTimeout, func(ctx context.Context) error {
-			return r.store.Jobs().Progress(ctx, j.ID, p.Percent, p.Stage, p.Message)
+			return r.store.Jobs().ProgressRun(ctx, j.ID, j.Runner, p.Percent, p.Stage, p.Message)
 		})
 	})
 	return jc
@@ -268,9 +268,13 @@ func (r *jobRunner) run(j store.Job, k anyJobKind, recovering bool) {
 		}
 		stopHeartbeat()
 		ferr := r.store.Persist(ctx, "finish job "+j.ID, 0, func(ctx context.Context) error {
-			return r.store.Jobs().Finish(ctx, j.ID, err, res)
+			return r.store.Jobs().FinishRun(ctx, j.ID, j.Runner, err, res)
 		})
-		if ferr != nil {
+		if errors.Is(ferr, store.ErrLeaseLost) {
+			// Another replica took the job over (this one stalled past its lease): its run's
+			// outcome stands, not this one's.
+			log.Warn("job taken over by another runner; its outcome is the other run's", "err", ferr, "this_run_err", err)
+		} else if ferr != nil {
 			// The job stays running with a lapsing lease: recovery or the reconciler resolves it.
 			log.Error("finish job", "err", ferr)
 		}

@@ -14,8 +14,14 @@ import (
 // itself is kloud/stackbuild's (reconcile.go there).
 func (s *Server) reconcileInterval() time.Duration { return s.opts.ReconcileInterval }
 
-// reconcile is one pass of the reconciler over every stack and machine in a transition.
-func (s *Server) reconcile(ctx context.Context) { s.flow().Reconcile(ctx) }
+// reconcile is one pass of the reconciler over every stack and machine in a transition, under
+// the sweep lease "sweep/reconcile" (sweeps.go): skipped while another replica's pass runs.
+func (s *Server) reconcile(ctx context.Context) {
+	s.sweeps().periodic(ctx, "reconcile", func(ctx context.Context) error {
+		s.flow().Reconcile(ctx)
+		return nil
+	})
+}
 
 // stackTransitional are the states of a stack that a job is changing.
 var stackTransitional = []string{model.StackBuilding, model.StackDestroying}

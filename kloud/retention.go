@@ -78,6 +78,7 @@ func (r *Retention) defaults() {
 // Pruned counts what one retention pass deleted.
 type Pruned struct {
 	Jobs, Revocations, Kites, Leases, Audit int64
+	Attempts                                int64 // ended windows of failed logins (store.Attempts)
 }
 
 // jobTargets maps a job target's kind to the collection of the thing it changes, for
@@ -126,6 +127,8 @@ func (pr *pruner) prune(ctx context.Context) (Pruned, error) {
 	errs = append(errs, err)
 	p.Leases, err = pr.store.PruneLeases(ctx, now.Add(-revocationMargin), o)
 	errs = append(errs, err)
+	p.Attempts, err = pr.store.Attempts().Prune(ctx, now, o) // ended windows of failed logins
+	errs = append(errs, err)
 	p.Audit, err = pr.audits.prune(ctx, now.Add(-r.Audit), o) // audit.go
 	errs = append(errs, err)
 	return p, errors.Join(errs...)
@@ -145,14 +148,21 @@ func (pr *pruner) run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		start := time.Now()
-		p, err := pr.prune(ctx)
+		// One replica's pass at a time (sweeps.go); the others skip their turn.
+		var p Pruned
+		err := (&sweeper{store: pr.store, log: pr.log}).run(ctx, "retention", func(ctx context.Context) (err error) {
+			p, err = pr.prune(ctx)
+			return err
+		})
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
-			pr.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit)
+		if errors.Is(err, errSweepBusy) {
+			pr.log.DebugContext(ctx, "retention: skipped, another replica prunes", "err", err)
+		} else if err != nil {
+			pr.log.ErrorContext(ctx, "retention: prune", "err", err, "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "attempts", p.Attempts, "audit", p.Audit)
 		} else if p != (Pruned{}) {
-			pr.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "audit", p.Audit, "took", time.Since(start))
+			pr.log.InfoContext(ctx, "retention: pruned", "jobs", p.Jobs, "revocations", p.Revocations, "kites", p.Kites, "leases", p.Leases, "attempts", p.Attempts, "audit", p.Audit, "took", time.Since(start))
 		}
 		select {
 		case <-ctx.Done():

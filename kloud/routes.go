@@ -493,6 +493,7 @@ func (s *Server) backgroundTasks() []func(ctx context.Context) {
 		s.idle.Run,     // kloud/idle: write activity, warn and stop idle machines, autostart
 		s.runEvents,    // eventfeed.go: the store's changes and the providers' status to the event hub
 		s.mesh.run,     // mesh.go: this replica's record, the sweep of dead replicas
+		s.revs.run,     // storeadapt.go: revocations made by other replicas, their connections closed
 	}
 }
 

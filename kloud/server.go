@@ -377,6 +377,19 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	}
 	revs.mu.Lock()
 	revs.onRevoke = func(jti string) { s.relay.CloseCredential(jti) } // kite connections: kontrol and login close theirs
+	// Revoked by another replica (storeadapt.go): close what its kontrol and login closed there.
+	revs.onRemote = func(jti string) {
+		n := s.relay.CloseCredential(jti)
+		for _, c := range s.Kite.Conns() {
+			if p := c.Principal(); p != nil && p.TokenID == jti {
+				c.Close(fmt.Errorf("credential %s revoked", jti))
+				n++
+			}
+		}
+		if n > 0 {
+			s.log.Info("closed the connections of a credential another replica revoked", "jti", jti, "connections", n)
+		}
+	}
 	revs.mu.Unlock()
 	if err := newMetricsPoller(s); err != nil { // metrics.go
 		return nil, fmt.Errorf("kloud: %w", err)

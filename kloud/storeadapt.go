@@ -37,8 +37,11 @@ func (s storeKeys) RetireKey(ctx context.Context, kid string, at time.Time) erro
 
 // storeRevocations keeps revoked credential ids in the store, and a copy in memory: every
 // handshake asks, and the store (one connection when embedded) must not be in that path. The
-// copy is reloaded at most every revocationsTTL, so a revocation made by another replica counts
-// here within that time; this replica's own count at once.
+// copy is reloaded by a handshake when it is older than revocationsTTL, and every revocationsTTL
+// by run (a background task), so a revocation made by another replica is refused here within
+// revocationsTTL (plus one store read) and the connections this replica holds with that
+// credential (kite connections, terminals, port forwards, SSH) are closed then too; this
+// replica's own revocations count, and close, at once.
 type storeRevocations struct {
 	r      *store.Revocations
 	mu     sync.Mutex
@@ -47,30 +50,81 @@ type storeRevocations struct {
 	// onRevoke is called with each credential this kloud revokes (logout, key revocation): the
 	// relay closes the terminals, port forwards and SSH connections it opened (server.go).
 	onRevoke func(jti string)
+	// onRemote is called with each credential another replica revoked, once this replica's copy
+	// sees it: it closes what onRevoke closes and the kite connections authenticated with it
+	// (server.go; on the revoking replica kontrol and login close those).
+	onRemote func(jti string)
 }
 
+// revocationsTTL bounds how long a revocation made by another replica takes to be enforced here.
 const revocationsTTL = 5 * time.Second
 
 func newStoreRevocations(r *store.Revocations) *storeRevocations { return &storeRevocations{r: r} }
 
 func (s *storeRevocations) IsRevoked(ctx context.Context, jti string) (bool, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	var fresh []string
 	if s.set == nil || time.Since(s.loaded) > revocationsTTL {
-		list, err := s.r.ListRevoked(ctx)
-		if err != nil {
-			if s.set == nil {
-				return false, wireError(err) // a store outage: storeUnavailable, not an internal error
-			}
-		} else {
-			s.set = make(map[string]bool, len(list))
-			for _, r := range list {
-				s.set[r.JTI] = true
-			}
-			s.loaded = time.Now()
+		var err error
+		if fresh, err = s.reloadLocked(ctx); err != nil && s.set == nil {
+			s.mu.Unlock()
+			return false, wireError(err) // a store outage: storeUnavailable, not an internal error
 		}
 	}
-	return s.set[jti], nil
+	revoked := s.set[jti]
+	onRemote := s.onRemote
+	s.mu.Unlock()
+	s.closeRemote(onRemote, fresh)
+	return revoked, nil
+}
+
+// reloadLocked reads the revocations again (s.mu held) and returns those that are new since the
+// last read (none at the first: what was revoked before this process started has no
+// connection here). On an error the copy is kept.
+func (s *storeRevocations) reloadLocked(ctx context.Context) ([]string, error) {
+	list, err := s.r.ListRevoked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var fresh []string
+	set := make(map[string]bool, len(list))
+	for _, r := range list {
+		set[r.JTI] = true
+		if s.set != nil && !s.set[r.JTI] {
+			fresh = append(fresh, r.JTI)
+		}
+	}
+	s.set, s.loaded = set, time.Now()
+	return fresh, nil
+}
+
+// closeRemote closes this replica's connections of credentials revoked elsewhere.
+func (s *storeRevocations) closeRemote(onRemote func(string), jtis []string) {
+	if onRemote == nil {
+		return
+	}
+	for _, jti := range jtis {
+		onRemote(jti)
+	}
+}
+
+// run reloads the copy every revocationsTTL until ctx ends, so that the connections of a
+// credential revoked by another replica close even when no handshake asks here.
+func (s *storeRevocations) run(ctx context.Context) {
+	t := time.NewTicker(revocationsTTL)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		fresh, _ := s.reloadLocked(ctx) // an outage: the next tick tries again
+		onRemote := s.onRemote
+		s.mu.Unlock()
+		s.closeRemote(onRemote, fresh)
+	}
 }
 
 func (s *storeRevocations) Revoke(ctx context.Context, jti, reason string) error {

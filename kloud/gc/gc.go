@@ -56,8 +56,12 @@ type Options struct {
 	// Interval of the periodic sweep (Run): a negative or zero value disables it.
 	Interval time.Duration
 	// Grace: resources younger than this are never removed (0: none).
-	Grace  time.Duration
-	Logger *slog.Logger // nil: discard
+	Grace time.Duration
+	// Exclusive, if set, runs each sweep (Collect, periodic or asked for) so that one runs at a
+	// time across kloud's replicas (kloud's sweep lease "sweep/gc"); its error (another sweep
+	// runs) is Collect's. Nil: sweeps run as called.
+	Exclusive func(ctx context.Context, sweep func(ctx context.Context) error) error
+	Logger    *slog.Logger // nil: discard
 }
 
 // Leases are the store leases of stacks (kloud/leases.go).
@@ -106,7 +110,9 @@ func (g *Collector) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
+		if errors.Is(err, kite.ErrConflict) { // Exclusive: another replica sweeps now
+			g.log.DebugContext(ctx, "gc: sweep skipped", "err", err)
+		} else if err != nil {
 			g.log.WarnContext(ctx, "gc: sweep", "err", err)
 		}
 		for _, it := range res.Garbage {
@@ -126,7 +132,19 @@ func (g *Collector) Run(ctx context.Context) {
 // Collect lists the resources of every provider with CapResources (or of only), and the
 // buckets of every provider with CapBucket (buckets.go), decides which are garbage and, unless
 // dryRun, removes them.
-func (g *Collector) Collect(ctx context.Context, dryRun bool, only string) (api.GCResult, error) {
+func (g *Collector) Collect(ctx context.Context, dryRun bool, only string) (res api.GCResult, err error) {
+	if g.o.Exclusive != nil {
+		err = g.o.Exclusive(ctx, func(ctx context.Context) (err error) {
+			res, err = g.collect(ctx, dryRun, only)
+			return err
+		})
+		return res, err
+	}
+	return g.collect(ctx, dryRun, only)
+}
+
+// collect is Collect once it may run.
+func (g *Collector) collect(ctx context.Context, dryRun bool, only string) (api.GCResult, error) {
 	res := api.GCResult{DryRun: dryRun, Providers: []api.GCProvider{}, Garbage: []api.GCItem{}}
 	type listed struct {
 		prov string

@@ -14,8 +14,9 @@
 //	                  can present it in its kite handshake (auth type "session")
 //
 // A session is a kitekey session JWT signed by kontrol. Failed logins are limited per
-// username and client address; a wrong password and an unknown user get the same answer, after
-// the same amount of work.
+// username and client address, in the store (store.Attempts), so the limit holds across every
+// kloud replica on it; a wrong password and an unknown user get the same answer, after the same
+// amount of work.
 package login
 
 import (
@@ -27,7 +28,6 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -43,7 +43,8 @@ const SessionCookie = kloudhttp.SessionCookie
 // DefaultSessionTTL is how long a login lasts.
 const DefaultSessionTTL = 12 * time.Hour
 
-// Failed logins allowed per username and client address within loginWindow.
+// Failed logins allowed per username and client address within loginWindow (a window starts at
+// the first failure; store.Attempts).
 const (
 	loginFailLimit = 5
 	loginWindow    = time.Minute
@@ -130,10 +131,10 @@ type Options struct {
 
 // Service serves the login routes.
 type Service struct {
-	o       Options
-	log     *slog.Logger
-	limiter *loginLimiter
-	sso     *ssoHub // nil when off
+	o        Options
+	log      *slog.Logger
+	attempts *store.Attempts
+	sso      *ssoHub // nil when off
 }
 
 // New returns the login service.
@@ -147,7 +148,7 @@ func New(o Options) (*Service, error) {
 	if err := o.SSO.Defaults(); err != nil {
 		return nil, err
 	}
-	s := &Service{o: o, log: o.Logger, limiter: newLoginLimiter(loginFailLimit, loginWindow)}
+	s := &Service{o: o, log: o.Logger, attempts: o.Store.Attempts()}
 	if o.SSO.Enabled() {
 		s.sso = &ssoHub{o: o.SSO}
 	}
@@ -156,7 +157,6 @@ func New(o Options) (*Service, error) {
 
 // HandleLogin serves POST /api/login.
 func (s *Service) HandleLogin(w http.ResponseWriter, r *http.Request) {
-	l := s.limiter
 	// JSON only: a cross-site HTML form cannot send it, so no login CSRF.
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
 		kloudhttp.WriteError(w, http.StatusUnsupportedMediaType, `send the credentials as JSON: Content-Type: application/json, body {"username": "...", "password": "..."}`)
@@ -174,8 +174,16 @@ func (s *Service) HandleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ip := kloudhttp.ClientIP(r)
-	key := req.Username + "\x00" + ip
-	if wait := l.blocked(key); wait > 0 {
+	key := "login/" + req.Username + "\x00" + ip
+	// The attempt is taken before the password is checked, so that replicas racing cannot let
+	// more than loginFailLimit through in a window; a success gives it back (Reset).
+	wait, err := s.attempts.Take(r.Context(), key, loginFailLimit, loginWindow)
+	if err != nil {
+		s.log.ErrorContext(r.Context(), "login: count the attempt", "user", req.Username, "err", err)
+		kloudhttp.WriteError(w, http.StatusServiceUnavailable, "the store is unavailable; try again")
+		return
+	}
+	if wait > 0 {
 		secs := int(wait.Round(time.Second) / time.Second)
 		if secs < 1 {
 			secs = 1
@@ -187,13 +195,14 @@ func (s *Service) HandleLogin(w http.ResponseWriter, r *http.Request) {
 	}
 	u, ok := s.o.Users.CheckPassword(r.Context(), req.Username, req.Password)
 	if !ok {
-		l.fail(key)
 		s.log.InfoContext(r.Context(), "login failed", "user", req.Username, "ip", ip)
 		s.o.Audit.AuditLogin(r, s.o.Audit.LoginName(r.Context(), req.Username), "", http.StatusUnauthorized)
 		kloudhttp.WriteError(w, http.StatusUnauthorized, "wrong username or password")
 		return
 	}
-	l.reset(key)
+	if err := s.attempts.Reset(r.Context(), key); err != nil {
+		s.log.WarnContext(r.Context(), "login: forget the failed attempts", "user", req.Username, "err", err)
+	}
 	res, err := s.startSession(w, r, u)
 	if err != nil {
 		s.log.ErrorContext(r.Context(), "issue session", "user", u.Username, "err", err)
@@ -280,70 +289,4 @@ func (s *Service) HandleSession(w http.ResponseWriter, r *http.Request) {
 		res.ExpiresAt = claims.ExpiresAt.Time.UTC()
 	}
 	kloudhttp.WriteJSON(w, http.StatusOK, res)
-}
-
-// loginLimiter counts failed logins per key within a sliding window.
-type loginLimiter struct {
-	mu     sync.Mutex
-	limit  int
-	window time.Duration
-	fails  map[string][]time.Time
-	now    func() time.Time
-}
-
-// maxLimiterKeys bounds the limiter's memory; beyond it, expired keys are dropped.
-const maxLimiterKeys = 100_000
-
-func newLoginLimiter(limit int, window time.Duration) *loginLimiter {
-	return &loginLimiter{limit: limit, window: window, fails: map[string][]time.Time{}, now: time.Now}
-}
-
-// recent drops failures older than the window and returns the rest (l.mu held).
-func (l *loginLimiter) recent(key string, now time.Time) []time.Time {
-	f := l.fails[key]
-	i := 0
-	for i < len(f) && now.Sub(f[i]) >= l.window {
-		i++
-	}
-	f = f[i:]
-	if len(f) == 0 {
-		delete(l.fails, key)
-		return nil
-	}
-	l.fails[key] = f
-	return f
-}
-
-// blocked returns how long key must wait, or 0.
-func (l *loginLimiter) blocked(key string) time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.now()
-	f := l.recent(key, now)
-	if len(f) < l.limit {
-		return 0
-	}
-	return f[len(f)-l.limit].Add(l.window).Sub(now)
-}
-
-func (l *loginLimiter) fail(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.now()
-	if len(l.fails) >= maxLimiterKeys {
-		for k := range l.fails {
-			l.recent(k, now)
-		}
-	}
-	f := l.recent(key, now)
-	if len(f) >= l.limit { // keep only what decides
-		f = f[len(f)-l.limit+1:]
-	}
-	l.fails[key] = append(f, now)
-}
-
-func (l *loginLimiter) reset(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.fails, key)
 }

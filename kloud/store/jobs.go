@@ -280,9 +280,27 @@ func (js *Jobs) Heartbeat(ctx context.Context, id, runner string) error {
 // Progress records a running job's percentage (clamped to 0..100), stage (the progress status,
 // e.g. a machine state) and message, and extends the runner's lease.
 func (js *Jobs) Progress(ctx context.Context, id string, percent int, stage, message string) error {
+	return js.progress(ctx, id, "", percent, stage, message)
+}
+
+// ProgressRun is Progress by the runner that runs the job: an error wrapping [ErrState] and
+// nothing written if the job is no longer runner's (taken over after its lease lapsed).
+func (js *Jobs) ProgressRun(ctx context.Context, id, runner string, percent int, stage, message string) error {
+	if runner == "" {
+		return fmt.Errorf("progress job %q: runner is required", id)
+	}
+	return js.progress(ctx, id, runner, percent, stage, message)
+}
+
+func (js *Jobs) progress(ctx context.Context, id, runner string, percent int, stage, message string) error {
 	percent = min(max(percent, 0), 100)
 	now := js.s.Now()
-	_, err := js.update(ctx, "progress", id, bson.M{"_id": id, "status": JobRunning}, isRunning, bson.M{
+	filter, can := bson.M{"_id": id, "status": JobRunning}, isRunning
+	if runner != "" {
+		filter["runner"] = runner
+		can = func(j *Job) bool { return j.Status == JobRunning && j.Runner == runner }
+	}
+	_, err := js.update(ctx, "progress", id, filter, can, bson.M{
 		"$set": bson.M{"percent": percent, "stage": stage, "message": message, "updatedAt": now,
 			"leaseUntil": now.Add(js.s.opts.JobLeaseTTL)},
 		"$inc": bson.M{"rev": 1},
@@ -343,6 +361,22 @@ func (js *Jobs) Log(ctx context.Context, id string, lines ...string) error {
 // context.Canceled or [ErrJobCancelled], failed otherwise with err's text. result is stored as
 // is (a zero Doc: none). Finishing a finished job returns an error wrapping [ErrState].
 func (js *Jobs) Finish(ctx context.Context, id string, jobErr error, result Doc) error {
+	return js.finish(ctx, id, "", jobErr, result)
+}
+
+// FinishRun is Finish by the runner that runs the job: it changes nothing and returns an error
+// wrapping [ErrLeaseLost] if the job is no longer runner's (another replica took it over after
+// runner's lease lapsed, and runs or ran it): a runner that stalled past its lease never
+// overwrites the outcome of the run that replaced it.
+func (js *Jobs) FinishRun(ctx context.Context, id, runner string, jobErr error, result Doc) error {
+	if runner == "" {
+		return fmt.Errorf("finish job %q: runner is required", id)
+	}
+	return js.finish(ctx, id, runner, jobErr, result)
+}
+
+// finish is Finish; with a runner, only while runner runs the job.
+func (js *Jobs) finish(ctx context.Context, id, runner string, jobErr error, result Doc) error {
 	now := js.s.Now()
 	set := bson.M{"updatedAt": now, "finishedAt": now}
 	switch {
@@ -356,9 +390,15 @@ func (js *Jobs) Finish(ctx context.Context, id string, jobErr error, result Doc)
 	if !result.IsZero() {
 		set["result"] = result
 	}
-	_, err := js.update(ctx, "finish", id,
-		bson.M{"_id": id, "status": bson.M{"$in": bson.A{JobQueued, JobRunning}}}, notDone,
-		bson.M{"$set": set, "$inc": bson.M{"rev": 1}})
+	filter, can := bson.M{"_id": id, "status": bson.M{"$in": bson.A{JobQueued, JobRunning}}}, notDone
+	if runner != "" {
+		filter = bson.M{"_id": id, "status": JobRunning, "runner": runner}
+		can = func(j *Job) bool { return j.Status == JobRunning && j.Runner == runner }
+	}
+	cur, err := js.update(ctx, "finish", id, filter, can, bson.M{"$set": set, "$inc": bson.M{"rev": 1}})
+	if runner != "" && errors.Is(err, ErrState) && cur.Runner != runner {
+		return fmt.Errorf("finish job %q by %q: it is %s, run by %q: %w", id, runner, cur.Status, cur.Runner, ErrLeaseLost)
+	}
 	return err
 }
 

@@ -163,6 +163,7 @@ var indexes = []index{
 	{CollIdentities, bson.D{{Key: "username", Value: 1}}, false},
 	{CollBuckets, bson.D{{Key: "stackId", Value: 1}}, false},
 	{CollBuckets, bson.D{{Key: "owner", Value: 1}}, false},
+	{CollAttempts, bson.D{{Key: "expiresAt", Value: 1}}, false},
 }
 
 func (s *Store) ensureIndexes(ctx context.Context) error {
@@ -188,7 +189,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
 		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollAudit,
-		CollIdentities, CollBuckets, CollReplicas} {
+		CollIdentities, CollBuckets, CollReplicas, CollAttempts} {
 		if exists[c] {
 			continue
 		}

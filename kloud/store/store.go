@@ -36,6 +36,7 @@ const (
 	CollAudit       = "audit"      // audit.go
 	CollIdentities  = "identities" // identities.go: single sign-on subjects → users
 	CollBuckets     = "buckets"    // buckets.go: stacks' bucket claims
+	CollAttempts    = "attempts"   // attempts.go: failed logins per user and address, for every replica
 )
 
 // Options configure [Open]. Zero fields take the documented defaults.
