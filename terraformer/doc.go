@@ -1,13 +1,28 @@
 // Package terraformer is Terraform as a kite service: the methods terraformer.plan, apply,
 // destroy, job, watch, cancel, state and outputs on a kite named "terraformer", served to kloud
 // only, on top of the engine in terraformer/tfrun (which runs the real terraform CLI and keeps
-// jobs, leases and state on disk). Its wire types are terraformer/tfapi and the client kloud
+// jobs, leases and state on disk, in one directory that several terraformer processes may share:
+// see "A pool" below). Its wire types are terraformer/tfapi and the client kloud
 // uses terraformer/tfclient (both named here too); this package also holds the process
 // that cmd/terraformer runs (Run).
 //
 // Start reading at [New] (the service and its methods, service.go) and [Request] (the params of
 // plan/apply/destroy, api.go); then [NewClient] and [Client.Wait] (client.go); [Run] (run.go)
 // wires a process together; [NewAuthenticator] (auth.go) is how the service checks credentials.
+//
+// # A pool
+//
+// Terraformers started with one --shared-dir (Config.SharedDir) keep every stack's work dir,
+// state, stored files and variables, its lease, and every job in that directory, and only their
+// kite id in their own --data-dir: they are a pool that kloud spreads work over (package
+// terraformer/tfpool; kloud serve --terraformers N, or --terraformer-url given several times).
+// Any member answers terraformer.job, watch, state and outputs for any job and stack (a job that
+// another process runs is followed by its job file); the stack's lease keeps two runs of one
+// stack apart across processes (-32004 to the second); a job whose process died is marked failed
+// with kind "restarted" by the member that reads it (at once on the same host, after the lease
+// TTL on another), and kloud runs it again on a live member. /healthz reports the directory's
+// poolId (Dir/pool-id, made by the first engine), so that a pool can refuse a member of another
+// directory. docs/deployment.md, "A pool of terraformers", is the operator's view.
 //
 // # Terraform's sandbox
 //

@@ -88,9 +88,11 @@ once with "store unavailable" (code -32010), and the outage is logged once.
 
 On first start it creates the store (embedded unless --mongo-url), kontrol's signing keys, an
 admin kite key and kloud's own key in the data directory, and prints where. Unless
---terraformer-url is given, it starts a terraformer next to it, restarts it when it exits (with
-backoff, logged with the cause; meanwhile calls that need it fail with "terraformer
-unavailable"), and stops it on exit. It warns at startup when a provider's machines could not
+--terraformer-url is given, it starts a terraformer next to it (--terraformers N: N of them, a
+pool sharing <data dir>/terraformer), restarts it when it exits (with backoff, logged with the
+cause; meanwhile calls that need it fail with "terraformer unavailable", or go to another member
+of the pool), and stops it on exit. Several --terraformer-url are a pool of running terraformers
+that share one --shared-dir (docs/deployment.md, "A pool of terraformers"). It warns at startup when a provider's machines could not
 reach the address it listens on (e.g. --addr 127.0.0.1:7000 with local machines).
 
 It launches every provider plugin kloud-provider-NAME of --plugin-dir (default <data dir>/plugins;

@@ -40,6 +40,14 @@
 //	stacks/<contentID>/lease.lock       an flock on this file)
 //	jobs/<jobID>.json                   one job: status, progress, log tail, error, result
 //	jobs/<jobID>.log                    everything Terraform printed for that job
+//	pool-id                             the directory's random id (Engine.PoolID), written once
+//
+// Several engines, of several processes, may share one Dir (terraformer's --shared-dir: a pool):
+// the lease's flock and rename keep two runs of one content id apart, Watch follows a job that
+// another process runs by polling its job file, and the reaper marks a job failed
+// (KindRestarted) only once its process is gone (its pid on this host) or its lease has expired
+// (another host). Their options that shape a run (terraform, CLI config, sandbox uid/gid) must be
+// the same.
 //
 // # Providers and the plugin cache
 //
