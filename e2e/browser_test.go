@@ -28,6 +28,13 @@ func browserPrereqs(t *testing.T) (node, script, out string) {
 	// (lockBrowser, held by runBrowserScript; sched_test.go): serial, they kept every parallel
 	// test waiting for their 7 minutes.
 	parallel(t)
+	return browserTools(t)
+}
+
+// browserTools is browserPrereqs without parallel, for a sub-test of a test that holds its slot
+// already (replicas_test.go).
+func browserTools(t *testing.T) (node, script, out string) {
+	t.Helper()
 	if _, err := os.Stat(chromiumPath); err != nil {
 		testutil.Unavailable(t, "test needs Chromium at %s (Debian packages chromium, chromium-driver: scripts/setup-browser.sh)", chromiumPath)
 	}

@@ -7,7 +7,9 @@
 #     curl, procps, docker.io (the docker provider; tests start their own dockerd), vagrant
 #     (the vagrant provider, driving Vagrant's docker provider), prometheus (the metrics e2e
 #     test starts its own; the package's service is not started), jq (scripts/testtimes.sh),
-#     openssh-client, rsync and git (e2e's SSH test drives ssh, scp, sftp, rsync and git)
+#     openssh-client, rsync and git (e2e's SSH test drives ssh, scp, sftp, rsync and git),
+#     haproxy (the load balancer e2e's replicas test puts before three kloud replicas; its
+#     service is not started)
 #   - terraform (the one on PATH, else built from source) and the offline provider mirror
 #     (scripts/tf-mirror.sh)
 #   - the Debian root filesystem local machines boot from (scripts/base-image.sh), when root
@@ -19,7 +21,7 @@ cache=${KLOUD_CACHE:-/var/cache/kloud}
 mkdir -p "$cache"
 log() { echo "setup: $*" >&2; }
 
-pkgs=(cloud-init mmdebstrap iproute2 util-linux curl procps ca-certificates docker.io vagrant prometheus jq openssh-client rsync git)
+pkgs=(cloud-init mmdebstrap iproute2 util-linux curl procps ca-certificates docker.io vagrant prometheus jq openssh-client rsync git haproxy)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
