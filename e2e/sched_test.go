@@ -40,7 +40,7 @@ var expectedSeconds = map[string]int{
 	"TestIdleStop": 76, "TestVagrantReapply": 75, "TestLocalStack": 67, "TestLocalPortsClose": 65,
 	"TestTerraformerKilledMidApply": 59, "TestLocalSSH": 55, "TestLocalBuckets": 53,
 	"TestDockerReapply": 52, "TestLocalSnapshot": 46, "TestLocalUserScriptFails": 42,
-	"TestLocalConstraints": 38, "TestReplicas": 300,
+	"TestLocalConstraints": 38, "TestReplicas": 170,
 }
 
 // browserTest reports whether test name drives Chromium (it waits for the browser lock): those
