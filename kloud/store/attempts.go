@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -23,6 +25,12 @@ type Attempts struct{ s *Store }
 // Attempts returns the attempts API.
 func (s *Store) Attempts() *Attempts { return &Attempts{s} }
 
+// attemptID is the stored id of key.
+func attemptID(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
 // attemptWindow is one key's window.
 type attemptWindow struct {
 	Key       string    `bson:"_id"`
@@ -34,8 +42,9 @@ type attemptWindow struct {
 // the window ends (nothing taken).
 func (a *Attempts) Take(ctx context.Context, key string, limit int, window time.Duration) (wait time.Duration, err error) {
 	if key == "" || limit < 1 || window <= 0 {
-		return 0, fmt.Errorf("take attempt %q: key, a positive limit and window are required", key)
+		return 0, errors.New("take attempt: key, a positive limit and window are required")
 	}
+	key = attemptID(key)
 	coll := a.s.Collection(CollAttempts)
 	for range 3 {
 		now := a.s.Now()
@@ -76,6 +85,7 @@ func (a *Attempts) Take(ctx context.Context, key string, limit int, window time.
 
 // Reset forgets key's attempts (its attempt succeeded).
 func (a *Attempts) Reset(ctx context.Context, key string) error {
+	key = attemptID(key)
 	if _, err := a.s.Collection(CollAttempts).DeleteOne(ctx, bson.M{"_id": key}); err != nil {
 		return fmt.Errorf("reset attempts %q: %w", key, err)
 	}
