@@ -64,13 +64,22 @@ func Logger(t testing.TB) *slog.Logger {
 }
 
 // newTWriter returns a writer to t.Log that drops what comes after the cleanups registered
-// after it ran (cleanups run last registered first).
+// after it ran (cleanups run last registered first). For a fuzz test (*testing.F) it keeps the
+// lines and logs them at its end if it failed: F.Log from another goroutine while F.Fuzz runs
+// races with the testing package's own state.
 func newTWriter(t testing.TB) *tWriter {
 	w := &tWriter{t: t}
+	if _, ok := t.(*testing.F); ok {
+		w.held = new(strings.Builder)
+	}
 	t.Cleanup(func() {
 		w.mu.Lock()
 		w.done = true
+		held := w.held
 		w.mu.Unlock()
+		if held != nil && t.Failed() {
+			t.Log(held.String())
+		}
 	})
 	return w
 }
@@ -78,14 +87,19 @@ func newTWriter(t testing.TB) *tWriter {
 type tWriter struct {
 	t    testing.TB
 	mu   sync.Mutex
-	done bool // the test's cleanups ran: t.Log may no longer be called
+	done bool             // the test's cleanups ran: t.Log may no longer be called
+	held *strings.Builder // a fuzz test's lines, logged at its end if it failed
 }
 
 func (w *tWriter) Write(p []byte) (n int, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	defer func() { recover() }() // t.Log panics after the test; done should keep it from that
-	if !w.done {
+	switch {
+	case w.done:
+	case w.held != nil:
+		w.held.Write(p)
+	default:
 		w.t.Log(strings.TrimRight(string(p), "\n"))
 	}
 	return len(p), nil
