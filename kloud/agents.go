@@ -20,7 +20,7 @@ type kontrolAgents struct {
 }
 
 // remotePoll is how often a wait for an agent looks for it at the other replicas (their
-// presence records); a registration here is pushed at once.
+// presence records), while there are others (mesh.alone); a registration here is pushed at once.
 const remotePoll = 250 * time.Millisecond
 
 // WaitRegistered waits for the kite id to register: subscribe, then look, so a registration
@@ -48,7 +48,7 @@ func (a kontrolAgents) wait(ctx context.Context, id string, events <-chan kontro
 		}
 		select {
 		case <-poll.C:
-			if a.s == nil {
+			if a.s == nil || a.s.mesh.alone() {
 				continue
 			}
 			if c, err := a.s.agentConn(ctx, &model.Machine{KiteID: id, Label: id}); err == nil {

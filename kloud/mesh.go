@@ -214,6 +214,21 @@ func (m *mesh) live(ctx context.Context, id string) (store.ReplicaRecord, error)
 	return r, nil
 }
 
+// alone says whether the registry, as the last beat read it, lists no other live replica: the
+// planner's wait then looks for its agent here only (a replica started since is seen at the next
+// beat), rather than reading the store four times a second for each agent it waits for.
+func (m *mesh) alone() bool {
+	now := m.s.store.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, r := range m.known {
+		if id != m.id && r.ExpiresAt.After(now) {
+			return false
+		}
+	}
+	return true
+}
+
 // PeerURL is the internal URL of live replica id (the relay proxies attachments to it).
 func (m *mesh) PeerURL(ctx context.Context, id string) (string, error) {
 	r, err := m.live(ctx, id)

@@ -303,6 +303,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.revs = revs
 	s.presence = newStorePresence(st.Kites(), st.InstanceID(), opts.Logger)
 	s.mesh = newMesh(s)
+	revs.alone = s.mesh.alone
 	verifier := &kitekey.Verifier{Keys: s.keyring, Issuer: Issuer, Revoked: revs}
 	isAdmin := func(u string) bool { return u == Admin }
 	s.Kite, err = kite.New(kite.Options{

@@ -54,6 +54,8 @@ type storeRevocations struct {
 	// sees it: it closes what onRevoke closes and the kite connections authenticated with it
 	// (server.go; on the revoking replica kontrol and login close those).
 	onRemote func(jti string)
+	// alone says no other replica is live (mesh.alone): run then leaves the copy to IsRevoked.
+	alone func() bool
 }
 
 // revocationsTTL bounds how long a revocation made by another replica takes to be enforced here.
@@ -118,6 +120,9 @@ func (s *storeRevocations) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if s.alone != nil && s.alone() {
+			continue // no other replica revokes: this one's revocations close their connections at once
 		}
 		s.mu.Lock()
 		fresh, _ := s.reloadLocked(ctx) // an outage: the next tick tries again
