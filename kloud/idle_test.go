@@ -124,13 +124,15 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The template says 4s; the machine inherits it and its countdown starts.
+	// The template says 4s; the machine inherits it and its countdown starts. The terminal is
+	// attached first: set before the login, a slow login on a loaded host attached it after the
+	// warning was sent (CI).
+	cookie := e.login("alice", "alice-password")
+	term := e.mustOpen(cookie, "session=idle")
 	tp, err := e.client().TemplateUpdate(ctx, api.TemplateParams{TemplateID: tmplID, IdleTimeout: "4s"})
 	if err != nil || tp.Idle.TimeoutSeconds == nil || *tp.Idle.TimeoutSeconds != 4 {
 		t.Fatalf("template.update idleTimeout 4s: %+v %v", tp.Idle, err)
 	}
-	cookie := e.login("alice", "alice-password")
-	term := e.mustOpen(cookie, "session=idle")
 	term.WaitFor(t, "will be stopped in")
 	if !strings.Contains(term.Output(), "[kloud] machine "+e.machine.Label+" has been idle for") {
 		t.Errorf("warning: %q", term.Output())
@@ -183,12 +185,14 @@ func TestIdleStopWarnsThenStops(t *testing.T) {
 func TestIdleTypingAndAlwaysOnKeepTheMachine(t *testing.T) {
 	t.Parallel()
 	e := newTermEnvWith(t, idleOpts)
+	// The timeout is set once the terminal is open: set before the login, a login slower than
+	// the timeout on a loaded host let the machine be stopped before the typing began (CI).
+	cookie := e.login("alice", "alice-password")
+	term := e.mustOpen(cookie, "session=typing")
 	m := e.set(api.MachineSetParams{IdleTimeout: "3s"})
 	if m.Idle.TimeoutSeconds == nil || *m.Idle.TimeoutSeconds != 3 || m.Idle.EffectiveTimeoutSeconds != 3 {
 		t.Fatalf("machine.set idleTimeout 3s: %+v", m.Idle)
 	}
-	cookie := e.login("alice", "alice-password")
-	term := e.mustOpen(cookie, "session=typing")
 
 	// Type for four timeouts: the machine stays Running and no stop job is started.
 	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); {
@@ -266,6 +270,9 @@ func TestIdleCPUKeepsTheMachine(t *testing.T) {
 	t.Parallel()
 	ko := idleOpts
 	ko.Idle.CPUInterval = 500 * time.Millisecond
+	// A busy loop gets a few percent of a CPU on a host loaded thirty times over (CI); an idle
+	// session's processes get none.
+	ko.Idle.CPUThreshold = 0.01
 	e := newTermEnvWith(t, ko)
 	cookie := e.login("alice", "alice-password")
 	term := e.mustOpen(cookie, "session=build")

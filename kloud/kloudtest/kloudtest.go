@@ -89,6 +89,12 @@ type Options struct {
 // that wants a caller's deadline gives its ctx one.
 const ClientCallTimeout = 3 * time.Minute
 
+// heartbeatTimeout is how long kloud waits for a kite's pong (its ping goes every 2 s): a peer
+// that dies closes its socket and is gone at once, so this only bounds a peer that hangs. 2 s
+// dropped the test's own connections on a host loaded thirty times over (CI: "peer did not
+// answer ping within 2s", then "kite: connection closed" in the middle of a test).
+const heartbeatTimeout = 20 * time.Second
+
 // Env is a running test kloud.
 type Env struct {
 	t       testing.TB
@@ -136,7 +142,7 @@ func Start(t testing.TB, o Options) *Env {
 		DataDir: o.DataDir, Addr: addr, PublicURL: public, InternalURL: url, ReplicaHeartbeat: o.ReplicaHeartbeat, Providers: o.Providers, Terraformer: o.Terraformer,
 		KlientBin: o.KlientBin, Logger: o.Logger, Retention: o.Retention, AgentTimeout: o.AgentTimeout,
 		PluginDir: o.PluginDir, Plugins: o.Plugins, SnapshotQuota: o.SnapshotQuota, GC: o.GC, Limits: o.Limits, MongoURL: o.MongoURL, MongoDatabase: database,
-		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: 2 * time.Second,
+		HeartbeatInterval: 2 * time.Second, HeartbeatTimeout: heartbeatTimeout,
 		DefaultQuota: o.DefaultQuota, MetricsAddr: o.MetricsAddr, MetricsInterval: o.MetricsInterval,
 		SSO: o.SSO, Idle: o.Idle, Browser: o.Browser, Replicas: o.Replicas, EventLog: o.EventLog,
 	})
