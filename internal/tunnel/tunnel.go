@@ -290,8 +290,13 @@ type closerWith interface {
 // that was not an orderly end.
 func Pipe(a, b net.Conn) error {
 	errc := make(chan error, 2)
-	cp := func(dst, src net.Conn) {
+	// readEnded[i] is closed when the copy reading from side i (a, b) ended: a copy whose write
+	// failed (the other side closed) gives it a moment to pass that side's close reason on
+	// before closing both, which would close this side with none.
+	readEnded := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	cp := func(dst, src net.Conn, from int) {
 		_, err := io.Copy(dst, src)
+		close(readEnded[from])
 		if hc, ok := dst.(halfCloser); ok && err == nil {
 			if cerr := hc.CloseWrite(); cerr != nil {
 				err = cerr
@@ -302,14 +307,19 @@ func Pipe(a, b net.Conn) error {
 			var ce websocket.CloseError
 			if cw, ok := dst.(closerWith); ok && errors.As(err, &ce) && ce.Code != CloseNormal {
 				cw.CloseWith(ce.Code, ce.Reason)
+			} else if err != nil {
+				select { // dst closed under our write: the other copy reads why
+				case <-readEnded[1-from]:
+				case <-time.After(time.Second):
+				}
 			}
 			a.Close()
 			b.Close()
 		}
 		errc <- err
 	}
-	go cp(b, a)
-	go cp(a, b)
+	go cp(b, a, 0)
+	go cp(a, b, 1)
 	err1 := <-errc
 	err2 := <-errc
 	a.Close()
