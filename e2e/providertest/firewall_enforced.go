@@ -35,8 +35,10 @@ const (
 	// fwTry bounds one connection attempt; a blocked port costs this much (its SYN is dropped).
 	fwTry = 2 * time.Second
 	// fwApply bounds how long a rule change takes to be enforced (rules may apply
-	// asynchronously: the allowed case is polled, the blocked one too after a change).
-	fwApply = time.Minute
+	// asynchronously: the allowed case is polled, the blocked one too after a change). Each
+	// poll starts a process in a machine: on a host loaded thirty times over (CI) one minute of
+	// them did not connect once.
+	fwApply = 2 * time.Minute
 	// fwNet is a network none of the test's machines is in (TEST-NET-1, RFC 5737).
 	fwNet = "192.0.2.0/24"
 )
