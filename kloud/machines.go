@@ -135,6 +135,9 @@ func (a *machineAPI) stackTitles(ctx context.Context, ms []model.Machine) map[st
 }
 
 // info serves machine.info.
+// machineInfoWait bounds the provider's part of machine.info (its Info).
+const machineInfoWait = 20 * time.Second
+
 func (a *machineAPI) info(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.MachineInfo, error) {
 	m, err := a.k.loadMachine(ctx, c, p.MachineID)
 	if err != nil {
@@ -156,8 +159,16 @@ func (a *machineAPI) info(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	if err != nil {
 		return api.MachineInfo{}, err
 	}
-	state, meta, err := pm.Info(ctx)
+	// A provider that is slow to answer (vagrant status on a loaded host) costs the caller at
+	// most machineInfoWait: the answer is then what kloud knows, with why the provider's part is
+	// missing.
+	ictx, cancel := context.WithTimeout(ctx, machineInfoWait)
+	state, meta, err := pm.Info(ictx)
+	cancel()
 	if err != nil {
+		if ictx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("the provider did not answer within %s: %w", machineInfoWait, err)
+		}
 		out.InfoError = err.Error()
 		return out, nil
 	}
