@@ -385,7 +385,9 @@ func (s *suite) testInfoBehindBack(t *testing.T) {
 	t0 := time.Now()
 	s.c.StopBehindBack(t, m)
 	var info api.MachineInfo
-	testutil.Eventually(t, time.Minute, func() bool {
+	// Minutes: each machine.info asks the provider (vagrant status: Ruby, tens of seconds on a
+	// loaded host).
+	testutil.Eventually(t, 3*time.Minute, func() bool {
 		var err error
 		info, err = s.cl.MachineInfo(t.Context(), api.MachineRef{MachineID: m.ID})
 		if err != nil {
