@@ -134,10 +134,10 @@ func (a *machineAPI) stackTitles(ctx context.Context, ms []model.Machine) map[st
 	return out
 }
 
-// info serves machine.info.
 // machineInfoWait bounds the provider's part of machine.info (its Info).
 const machineInfoWait = 20 * time.Second
 
+// info serves machine.info.
 func (a *machineAPI) info(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.MachineInfo, error) {
 	m, err := a.k.loadMachine(ctx, c, p.MachineID)
 	if err != nil {

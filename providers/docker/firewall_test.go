@@ -23,6 +23,10 @@ import (
 	"github.com/kloud-dev/kloud/providers/docker/dockertest"
 )
 
+// readyWait bounds a wait for a machine's server to answer, and a docker exec: python3's start
+// in a container took more than 30 s on a host loaded thirty times over (CI).
+const readyWait = 2 * time.Minute
+
 // TestFirewall: docker machines are filtered like local ones on a real daemon (dockerd with
 // --iptables=false): by default a machine is reached by its owner's machines, not by other
 // users'; rules opened through the machine's Firewaller open a port to the team, an address or
@@ -31,10 +35,6 @@ import (
 // (a new veth); one started behind kloud's back is unreachable until the next rebuild (the table
 // fails closed) until kloud looks at it (Info); a forged source address gains nothing; the table
 // and the rules go with the network.
-// readyWait bounds a wait for a machine's server to answer, and a docker exec: python3's start
-// in a container took more than 30 s on a host loaded thirty times over (CI).
-const readyWait = 2 * time.Minute
-
 func TestFirewall(t *testing.T) {
 	t.Parallel()
 	testFirewall(t, newFixture(t, "fw1"), "fw1")
