@@ -305,10 +305,15 @@ func Pipe(a, b net.Conn) error {
 			// No half-close (or the copy failed): end the whole thing, passing on why src
 			// was closed.
 			var ce websocket.CloseError
-			if cw, ok := dst.(closerWith); ok && errors.As(err, &ce) && ce.Code != CloseNormal {
-				cw.CloseWith(ce.Code, ce.Reason)
-			} else if err != nil {
-				select { // dst closed under our write: the other copy reads why
+			switch {
+			case errors.As(err, &ce) && ce.Code != CloseNormal: // src was closed, saying why
+				if cw, ok := dst.(closerWith); ok {
+					cw.CloseWith(ce.Code, ce.Reason)
+				}
+			case err != nil:
+				// A write to dst failed (net.ErrClosed: a write carries no close reason): dst
+				// was closed, and the other copy reads why.
+				select {
 				case <-readEnded[1-from]:
 				case <-time.After(time.Second):
 				}
