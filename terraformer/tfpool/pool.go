@@ -13,8 +13,8 @@
 // kite.ErrConflict.
 //
 // A member whose directory is not the pool's (its /healthz poolId differs from the one the pool
-// saw first) is never used: a job it ran would be invisible to the others, and a stack it built
-// would look unbuilt to them.
+// saw first; within one round of checks, the first in Options.Members order) is never used: a job
+// it ran would be invisible to the others, and a stack it built would look unbuilt to them.
 //
 // Start reading at [New] and [Pool.Apply]; [Pool.Wait] is the takeover.
 package tfpool
@@ -62,7 +62,7 @@ type Pool struct {
 	mu     sync.Mutex
 	jobs   map[string]*member // jobs this pool started or followed, until they are final
 	turn   int                // round robin among the least busy
-	poolID string             // the shared directory's id, as the first member that answered said
+	poolID string             // the shared directory's id, as the first member (in Options order) that answered said
 }
 
 type member struct {
@@ -150,15 +150,24 @@ func (p *Pool) Members() []Member {
 	return out
 }
 
-// check asks every member's health every CheckInterval until ctx ends.
+// check asks every member's health every CheckInterval until ctx ends. The answers of one round
+// are applied in the members' order, so that the pool's directory is the one of the first member
+// in Options.Members that answered, not of whichever answered fastest.
 func (p *Pool) check(ctx context.Context) {
 	defer close(p.done)
 	for {
+		res := make([]health, len(p.members))
 		var wg sync.WaitGroup
-		for _, m := range p.members {
-			wg.Go(func() { p.checkOne(ctx, m) })
+		for i, m := range p.members {
+			wg.Go(func() { res[i] = p.ask(ctx, m) })
 		}
 		wg.Wait()
+		if ctx.Err() != nil {
+			return
+		}
+		for i, m := range p.members {
+			p.apply(m, res[i])
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -167,16 +176,27 @@ func (p *Pool) check(ctx context.Context) {
 	}
 }
 
-func (p *Pool) checkOne(ctx context.Context, m *member) {
+// health is one answer of a member's /healthz, or why there was none.
+type health struct {
+	h   tfapi.Health
+	err error
+}
+
+// ask asks m's health, bounded by the check interval (at least 2s).
+func (p *Pool) ask(ctx context.Context, m *member) health {
 	cctx, cancel := context.WithTimeout(ctx, max(p.opts.CheckInterval, 2*time.Second))
+	defer cancel()
 	h, err := m.c.Health(cctx)
-	cancel()
-	if ctx.Err() != nil {
-		return
-	}
 	if err == nil && !h.Readiness.Ready {
 		err = fmt.Errorf("not ready: %s", strings.Join(h.Readiness.NotReady, ", "))
 	}
+	return health{h: h, err: err}
+}
+
+// apply records one answer of m: live, down, or foreign (its directory is not the pool's). The
+// first answer with a pool id sets the pool's.
+func (p *Pool) apply(m *member, r health) {
+	h, err := r.h, r.err
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	was := m.checked && m.healthy
