@@ -53,7 +53,9 @@ type Process struct {
 	OnDown func(cause error)
 	OnUp   func()
 
-	// Defaults: 100ms, 10s, DefaultResetAfter (10s), 30s, 20s.
+	// Defaults: 100ms, 10s, DefaultResetAfter (10s), 2m, 20s. StartTimeout is long because a
+	// process that is starting is not yet broken: on a loaded 2-core host a race-built
+	// terraformer took over 30s to answer (CI), and kloud serve gave up.
 	MinBackoff, MaxBackoff time.Duration
 	// ResetAfter: a process that served this long since it answered is not crash-looping, so
 	// the restart after its exit waits MinBackoff again (a process killed now and then, a
@@ -81,7 +83,7 @@ func (s *Process) defaults() {
 		s.ResetAfter = DefaultResetAfter
 	}
 	if s.StartTimeout <= 0 {
-		s.StartTimeout = 30 * time.Second
+		s.StartTimeout = 2 * time.Minute
 	}
 	if s.StopGrace <= 0 {
 		s.StopGrace = 20 * time.Second
