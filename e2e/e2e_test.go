@@ -222,27 +222,23 @@ func (e *env) run(args ...string) string {
 }
 
 func (e *env) try(args ...string) (string, error) {
-	cmd := exec.Command(filepath.Join(bin, "kloud"), args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "kloud"), args...)
 	cmd.Env = append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_DATA_DIR="+e.dir, "KLOUD_KEY="+e.key)
 	if e.tls != nil {
 		cmd.Env = append(cmd.Env, "KLOUD_CA_CERT="+e.tls.CA)
 	}
+	// The buffer is read only after Wait: Wait returns once the copy into it has ended (or
+	// WaitDelay after a kill, should a child still hold the pipe).
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	done := make(chan error, 1)
-	if err := cmd.Start(); err != nil {
-		return "", err
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("timed out after 5m: %w", err)
 	}
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return out.String(), err
-	case <-ctx.Done():
-		cmd.Process.Kill()
-		return out.String(), fmt.Errorf("timed out")
-	}
+	return out.String(), err
 }
 
 func (e *env) runJSON(v any, args ...string) {

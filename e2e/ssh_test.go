@@ -327,7 +327,16 @@ func TestLocalSSH(t *testing.T) {
 	if err := long.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { long.Process.Kill(); long.Wait() })
+	var exitedAt time.Time // set before exited is closed, by the one Wait
+	exited := make(chan struct{})
+	go func() { long.Wait(); exitedAt = time.Now(); close(exited) }()
+	t.Cleanup(func() {
+		long.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+		}
+	})
 	io.WriteString(stdin, "echo ready-$((1+1))\n")
 	ready := make(chan bool, 1)
 	go func() {
@@ -345,15 +354,13 @@ func TestLocalSSH(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("bob's ssh shell never answered")
 	}
-	exited := make(chan time.Time, 1)
-	go func() { long.Wait(); exited <- time.Now() }()
 	e.key = keys["alice"]
 	unshare := time.Now()
 	e.run("machine", "unshare", "dev.0", "bob", "--stack", sid)
 	returned := time.Since(unshare)
 	select {
-	case at := <-exited:
-		d := at.Sub(unshare)
+	case <-exited:
+		d := exitedAt.Sub(unshare)
 		t.Logf("bob's ssh session closed %v after `kloud machine unshare` started (the command took %v)", d.Round(time.Millisecond), returned.Round(time.Millisecond))
 		if d > returned+2*time.Second { // the target is 1 s after kloud changed the share; slack for a loaded host
 			t.Errorf("bob's ssh session closed %v after the unshare started (it took %v)", d, returned)
