@@ -14,6 +14,8 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
+
+	"github.com/kloud-dev/kloud/userdata"
 )
 
 // ImageRepo is the repository of the machine images kloud imports; the tag names the root
@@ -23,27 +25,40 @@ const ImageRepo = "kloud/machine"
 // BootPath is where the boot script is uploaded into every machine.
 const BootPath = "/usr/local/sbin/kloud-boot"
 
-// bootScript is a machine's entrypoint (PID 1): cloud-init's four stages on every start, as the
-// local provider's init runs them (providers/local/sandbox/init.go), then wait. Per-boot
-// modules bring the agent back on every start; the log goes to the container's output
-// (docker logs) and cloud-init writes /var/log/cloud-init-output.log. SIGTERM (docker stop)
-// ends every process and the container at once; bash reaps orphans while it waits.
+// bootScript is a machine's entrypoint (PID 1): cloud-init's four stages on every start, in one
+// Python process (userdata.CloudInitStages: cloud-init is imported once, not four times; the four
+// `cloud-init` commands when the image's python3 cannot import it), as the local provider's init
+// runs them (providers/local/sandbox/init.go), then wait. Per-boot modules bring the agent back
+// on every start; the log goes to the container's output (docker logs) and cloud-init writes
+// /var/log/cloud-init-output.log. SIGTERM (docker stop) ends every process and the container at
+// once; bash reaps orphans while it waits.
 const bootScript = `#!/bin/bash
 # Written by kloud (providers/docker): the machine's PID 1.
 trap 'echo "kloud-boot: stopping"; kill -TERM -1 2>/dev/null; exit 0' TERM INT
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 HOME=/root
 echo "kloud-boot: machine $(hostname) up"
-for stage in "init --local" "init" "modules --mode=config" "modules --mode=final"; do
-	echo "kloud-boot: cloud-init $stage"
-	/usr/bin/cloud-init $stage </dev/null
-	echo "kloud-boot: cloud-init $stage: exit $?"
-done
+IFS= read -r -d '' stages <<'KLOUD_STAGES_PY' || true
+` + userdata.CloudInitStages + `
+KLOUD_STAGES_PY
+rc=0
+/usr/bin/python3 -c "$stages" kloud-boot </dev/null || rc=$?
+if [ "$rc" -eq ` + stagesUnavailable + ` ]; then
+	for stage in "init --local" "init" "modules --mode=config" "modules --mode=final"; do
+		echo "kloud-boot: cloud-init $stage"
+		/usr/bin/cloud-init $stage </dev/null
+		echo "kloud-boot: cloud-init $stage: exit $?"
+	done
+fi
 echo "kloud-boot: cloud-init finished"
 while :; do
 	sleep 3600 &
 	wait $!
 done
 `
+
+// stagesUnavailable is userdata.StagesUnavailable as the boot script compares it
+// (TestBootScript checks that they agree).
+const stagesUnavailable = "3"
 
 // ImageRef is the reference of the image imported from root filesystem directory rootfs.
 func ImageRef(rootfs string) string {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kloud-dev/kloud/internal/selfexec"
+	"github.com/kloud-dev/kloud/userdata"
 )
 
 // How a machine boots (runc style: the calling binary re-executes itself):
@@ -26,10 +27,10 @@ import (
 //	 └─ /proc/self/exe  KLOUD_SANDBOX_STAGE=launch          "launcher": joins the machine's cgroups,
 //	     │                                                  setns(netns) on a locked thread, forks:
 //	     └─ /proc/self/exe  KLOUD_SANDBOX_STAGE=init        "init", PID 1 of new pid/mount/uts/ipc
-//	          ├─ cloud-init init --local                    namespaces, in its own session
-//	          ├─ cloud-init init
-//	          ├─ cloud-init modules --mode=config
-//	          └─ cloud-init modules --mode=final
+//	          └─ python3 -c userdata.CloudInitStages        namespaces, in its own session:
+//	               (init --local, init, modules --mode=config, modules --mode=final: cloud-init's
+//	               four stages in one process, each as `cloud-init <stage>` runs it; the four
+//	               commands themselves when the image's python3 cannot import cloud-init)
 //
 // The launcher reports "ok PID START" once init has mounted the overlay and pivoted into it, then
 // exits, so init is re-parented to the host's init (or nearest subreaper): the machine never dies
@@ -210,6 +211,29 @@ func runInit() {
 		initLog("open /dev/null: %s", err)
 		os.Exit(1)
 	}
+	runCloudInit(r, []*os.File{devnull, os.Stdout, os.Stdout})
+	initLog("cloud-init finished")
+	for {
+		time.Sleep(time.Minute)
+		r.reap() // in case a SIGCHLD was lost
+	}
+}
+
+// runCloudInit runs cloud-init's four boot stages: in one Python process (userdata.CloudInitStages,
+// which imports cloud-init once instead of four times), or, when the image's python3 cannot
+// import cloud-init, as the four `cloud-init` commands.
+func runCloudInit(r *reaper, files []*os.File) {
+	t0 := time.Now()
+	initLog("run cloud-init's stages in one process")
+	ws, err := r.run("/usr/bin/python3", []string{"python3", "-c", userdata.CloudInitStages, "kloud-init"}, files)
+	switch {
+	case err != nil:
+		initLog("python3: %s", err)
+	case ws.ExitStatus() == userdata.StagesUnavailable:
+	default:
+		initLog("cloud-init's stages: exit %d after %s", ws.ExitStatus(), time.Since(t0).Round(time.Millisecond))
+		return
+	}
 	for _, stage := range [][]string{
 		{"cloud-init", "init", "--local"},
 		{"cloud-init", "init"},
@@ -218,17 +242,12 @@ func runInit() {
 	} {
 		t0 := time.Now()
 		initLog("run %v", stage)
-		ws, err := r.run("/usr/bin/cloud-init", stage, []*os.File{devnull, os.Stdout, os.Stdout})
+		ws, err := r.run("/usr/bin/cloud-init", stage, files)
 		if err != nil {
 			initLog("%v: %s", stage, err)
 			continue
 		}
 		initLog("%v: exit %d after %s", stage, ws.ExitStatus(), time.Since(t0).Round(time.Millisecond))
-	}
-	initLog("cloud-init finished")
-	for {
-		time.Sleep(time.Minute)
-		r.reap() // in case a SIGCHLD was lost
 	}
 }
 

@@ -359,6 +359,26 @@ runcmd:
 		t.Errorf("write_files: %q", got)
 	}
 	e.exec(t, id, "test", "-s", "/var/log/cloud-init-output.log")
+	// cloud-init's four stages ran in one process (userdata.CloudInitStages), each with its own
+	// output redirection into cloud-init-output.log, which ended with it: no tee is left.
+	console := e.console(id)
+	for _, want := range []string{"kloud-init: cloud-init init --local: exit 0", "kloud-init: cloud-init modules --mode=final: exit 0", "kloud-init: cloud-init's stages: exit 0"} {
+		if !strings.Contains(console, want) {
+			t.Errorf("console has no %q:\n%s", want, console)
+		}
+	}
+	if strings.Contains(console, "kloud-init: run [cloud-init") {
+		t.Errorf("the stages ran as four commands:\n%s", console)
+	}
+	output := e.exec(t, id, "cat", "/var/log/cloud-init-output.log")
+	for _, stage := range []string{"init-local", "init", "modules:config", "modules:final"} {
+		if !strings.Contains(output, "running '"+stage+"'") {
+			t.Errorf("cloud-init-output.log has no output of stage %s:\n%s", stage, output)
+		}
+	}
+	if ps := e.exec(t, id, "ps", "-eo", "comm="); strings.Contains(ps, "tee") || strings.Contains(ps, "python") {
+		t.Errorf("processes left by cloud-init's stages:\n%s", ps)
+	}
 	if _, err := os.Stat(filepath.Join(info.Dir, "upper/var/log/cloud-init-output.log")); err != nil {
 		t.Errorf("cloud-init-output.log not on the machine's disk: %s", err)
 	}
