@@ -280,10 +280,13 @@ func TestIdleCPUKeepsTheMachine(t *testing.T) {
 	// is closed, the session lives on. The timeout is set once the loop runs and while the
 	// terminal is open (an open terminal is activity): set before the login, a slow login on a
 	// loaded host let the idle machine be stopped before the loop began (CI).
-	busyUntil := time.Now().Add(14 * time.Second) // the loop ends no earlier
-	term.Type(t, "timeout 14 sh -c 'while :; do :; done' & echo busy-$((2*21))\r")
+	// The idle timeout is 8s, not the 3s of the other tests: each CPU reading is a call to the
+	// agent, and on a loaded host (CI) no reading came back within 3s, so the busy machine
+	// was stopped.
+	busyUntil := time.Now().Add(16 * time.Second) // the loop ends no earlier
+	term.Type(t, "timeout 16 sh -c 'while :; do :; done' & echo busy-$((2*21))\r")
 	term.WaitFor(t, "busy-42")
-	e.set(api.MachineSetParams{IdleTimeout: "3s"})
+	e.set(api.MachineSetParams{IdleTimeout: "8s"})
 	term.WS.Close(websocket.StatusNormalClosure, "")
 
 	for time.Now().Before(busyUntil.Add(-2 * time.Second)) {
@@ -295,7 +298,7 @@ func TestIdleCPUKeepsTheMachine(t *testing.T) {
 	if n := len(e.stopJobs()); n != 0 {
 		t.Fatalf("%d stop jobs while the machine was busy", n)
 	}
-	if mi := e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 3s" {
+	if mi := e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 8s" {
 		t.Fatalf("reason: %q", mi.Reason)
 	}
 }

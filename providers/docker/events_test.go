@@ -85,7 +85,7 @@ func TestFirewallFollowsRestarts(t *testing.T) {
 		return "http://" + inspect("m0").NetworkSettings.Networks[f.d.Network()].IPAddress.String() + ":8080/index.html"
 	}
 	reach := func(from string) bool {
-		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, readyWait)
 		defer cancel()
 		out, err := f.dd.CLI(ctx, "exec", ids[from], "curl", "-s", "--noproxy", "*", "-m", "1", url())
 		return err == nil && strings.TrimSpace(out) == "from-m0"
@@ -102,7 +102,7 @@ func TestFirewallFollowsRestarts(t *testing.T) {
 	}
 	followed := func(when string) {
 		t.Helper()
-		testutil.Eventually(t, 30*time.Second, func() bool { return reach("m1") }, "%s: the owner's other machine cannot reach m0", when)
+		testutil.Eventually(t, readyWait, func() bool { return reach("m1") }, "%s: the owner's other machine cannot reach m0", when)
 		if reach("m2") {
 			t.Errorf("%s: another user's machine reaches m0", when)
 		}
@@ -124,7 +124,7 @@ func TestFirewallFollowsRestarts(t *testing.T) {
 	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 30*time.Second, func() bool {
+	testutil.Eventually(t, readyWait, func() bool {
 		s := inspect("m0").State
 		return s.Running && s.StartedAt != st.StartedAt
 	}, "the daemon did not restart m0 after its init was killed")
@@ -137,7 +137,7 @@ func TestFirewallFollowsRestarts(t *testing.T) {
 	if _, err := cli.ContainerRestart(ctx, ids["m0"], client.ContainerRestartOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 30*time.Second, serving, "m0's server is not up after its restart")
+	testutil.Eventually(t, readyWait, serving, "m0's server is not up after its restart")
 	if inspect("m0").State.StartedAt == before {
 		t.Fatal("m0 was not restarted")
 	}
