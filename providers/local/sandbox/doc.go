@@ -61,7 +61,8 @@
 // tmpfs /run, /tmp and /dev/shm; /proc/sys read-only except /proc/sys/net. The network namespace
 // has lo and eth0 (a veth on the bridge) with a static address and only the subnet route: no
 // default route, no NAT, and IPv4 forwarding off on the bridge, so a machine reaches HostAddr and
-// the other machines and nothing else. PID 1 runs the four cloud-init stages (its output in
+// the other machines and nothing else. PID 1 runs the four cloud-init stages in one Python
+// process that imports cloud-init once (userdata.CloudInitStages; its output in
 // StateDir/<id>/console.log, cloud-init's in the machine's /var/log/cloud-init*.log), reaps
 // orphans and stays up; SIGTERM stops the machine. The seed is NoCloud
 // (/var/lib/cloud/seed/nocloud) or NoCloud-net (Spec.SeedURL); the instance-id stays the same
