@@ -1,6 +1,9 @@
 package kloud
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // AppURL is the URL of port on machine id's app host of s ("" when apps are off), for the
 // external tests (kloud/relay's Hub.AppURL).
@@ -19,3 +22,7 @@ const MaxEventStreams = maxEventStreams
 func Sweep(ctx context.Context, s *Server, name string, fn func(ctx context.Context) error) error {
 	return s.sweeps().run(ctx, name, fn)
 }
+
+// SetMachineInfoWait sets how long machine.info waits for the provider's Info (default 20s),
+// before s serves calls.
+func SetMachineInfoWait(s *Server, d time.Duration) { s.machines.infoWait = d }

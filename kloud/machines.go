@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/idle"
@@ -28,6 +30,12 @@ type machineAPI struct {
 	log       *slog.Logger
 	idle      func() *idle.Tracker // Server.idle (New builds it after the area APIs; idle.go)
 	k         machineKloud
+
+	// infoWait bounds a machine.info call's wait for the provider (default machineInfoWait);
+	// infoFlight runs one provider Info per machine at a time, which every machine.info of the
+	// machine meanwhile joins.
+	infoWait   time.Duration
+	infoFlight singleflight.Group
 }
 
 // machineLoader is what the machine areas (machines.go, shares.go, ports.go) use of kloud's
@@ -134,8 +142,18 @@ func (a *machineAPI) stackTitles(ctx context.Context, ms []model.Machine) map[st
 	return out
 }
 
-// machineInfoWait bounds the provider's part of machine.info (its Info).
-const machineInfoWait = 20 * time.Second
+// machineInfoWait bounds a machine.info call's wait for the provider's part (its Info), and
+// machineInfoMax the provider's Info itself, which goes on after the call gave up waiting.
+const (
+	machineInfoWait = 20 * time.Second
+	machineInfoMax  = 5 * time.Minute
+)
+
+// infoAnswer is what a provider's Info said, and whether kloud recorded it.
+type infoAnswer struct {
+	state      provider.State
+	reconciled bool
+}
 
 // info serves machine.info.
 func (a *machineAPI) info(ctx context.Context, c *Caller, _ *kite.Request, p *api.MachineRef) (api.MachineInfo, error) {
@@ -159,29 +177,51 @@ func (a *machineAPI) info(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	if err != nil {
 		return api.MachineInfo{}, err
 	}
-	// A provider that is slow to answer (vagrant status on a loaded host) costs the caller at
-	// most machineInfoWait: the answer is then what kloud knows, with why the provider's part is
-	// missing.
-	ictx, cancel := context.WithTimeout(ctx, machineInfoWait)
-	state, meta, err := pm.Info(ictx)
-	cancel()
-	if err != nil {
-		if ictx.Err() != nil && ctx.Err() == nil {
-			err = fmt.Errorf("the provider did not answer within %s: %w", machineInfoWait, err)
+	// One Info per machine at a time, whatever the number of callers, run apart from this
+	// call and bounded by machineInfoMax: a provider that is slow to answer (vagrant status on a
+	// loaded host) costs the caller at most infoWait, the answer is then what kloud knows with
+	// why the provider's part is missing, and what the provider says later is still recorded,
+	// for the next machine.info (and machine.list) to show.
+	id := m.ID
+	ch := a.infoFlight.DoChan(id, func() (any, error) {
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), machineInfoMax)
+		defer cancel()
+		state, meta, err := pm.Info(ictx)
+		if err != nil {
+			return nil, err
 		}
-		out.InfoError = err.Error()
-		return out, nil
+		ans := infoAnswer{state: state}
+		if state != cur && state != provider.Unknown {
+			if state == provider.Running {
+				a.idle().RestartCountdown(ictx, id) // idle.go: started outside kloud: a new countdown
+			}
+			// The provider is the truth: record what it says (unless a job started meanwhile).
+			set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
+			ans.reconciled = a.k.flow().SetMachine(ictx, id, []provider.State{cur}, set)
+		}
+		return ans, nil
+	})
+	wait := a.infoWait
+	if wait <= 0 {
+		wait = machineInfoWait
 	}
-	out.InfraState = state
-	if state != cur && state != provider.Unknown {
-		if state == provider.Running {
-			a.idle().RestartCountdown(ctx, m.ID) // idle.go: started outside kloud: a new countdown
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			out.InfoError = r.Err.Error()
+			return out, nil
 		}
-		// The provider is the truth: record what it says (unless a job started meanwhile).
-		set := store.MachineSet{State: new(string(state)), Reason: new("reconciled with the provider"), Meta: meta}
-		if a.k.flow().SetMachine(ctx, m.ID, []provider.State{cur}, set) {
-			out.State, out.Reason = state, "reconciled with the provider"
+		ans := r.Val.(infoAnswer)
+		out.InfraState = ans.state
+		if ans.reconciled {
+			out.State, out.Reason = ans.state, "reconciled with the provider"
 		}
+	case <-timer.C:
+		out.InfoError = fmt.Sprintf("the provider did not answer within %s (kloud goes on asking it for up to %s; machine.info shows its answer once it came)", wait, machineInfoMax)
+	case <-ctx.Done():
+		return api.MachineInfo{}, ctx.Err()
 	}
 	return out, nil
 }

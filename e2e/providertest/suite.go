@@ -394,7 +394,9 @@ func (s *suite) testInfoBehindBack(t *testing.T) {
 			t.Fatalf("machine.info: %v", err)
 		}
 		return info.InfraState == provider.Stopped
-	}, "machine.info of %s stopped behind kloud's back: infra state %s (%s)", m.Label, info.InfraState, info.InfoError)
+	}, "machine.info of %s stopped behind kloud's back: %s", m.Label, lazy(func() string {
+		return fmt.Sprintf("infra state %q, infoError %q", info.InfraState, info.InfoError) // the last answer
+	}))
 	if info.State != provider.Stopped {
 		t.Errorf("machine.info: the provider says %s, kloud's answer is %s", info.InfraState, info.State)
 	}
