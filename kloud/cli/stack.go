@@ -181,7 +181,7 @@ func templateCmd(g *globals) *cobra.Command {
 }
 
 // planCallTimeout is how long the CLI waits for a call that plans (stack plan, create, update,
-// scale): kloud bounds the plan by its own --plan-timeout and answers then, so the CLI waits as
+// scale, and apply of a built stack): kloud bounds the plan by its own --plan-timeout and answers then, so the CLI waits as
 // long as kloud lets such a call run rather than the 30 s of other calls.
 const planCallTimeout = 10 * time.Minute
 
@@ -313,7 +313,11 @@ printed when it ends. Ctrl-C cancels the plan (terraform stops).`,
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return g.withConn(cmd.Context(), func(conn *kite.Conn) error {
 					kc := api.NewClient(conn)
-					res, err := kc.StackApply(cmd.Context(), api.StackApplyParams{StackID: args[0], Destroy: destroy})
+					// stack.apply of a built stack plans (an update to its own files) before it
+					// answers: it waits as long as the other calls that plan.
+					pctx, cancel := planCallCtx(cmd.Context())
+					res, err := kc.StackApply(pctx, api.StackApplyParams{StackID: args[0], Destroy: destroy})
+					cancel()
 					if err != nil {
 						return explain(err)
 					}

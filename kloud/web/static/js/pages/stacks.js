@@ -21,7 +21,8 @@ const canDestroy = (st) => st.state !== 'Building' && st.state !== 'Destroying';
 
 async function apply(ctx, st, destroy, jobsEl, onDone) {
   if (destroy && !confirm(`Destroy stack ${st.title}? Its machines and their disks are deleted.`)) return null;
-  const r = await ctx.kite.call('stack.apply', { stackId: st.id, destroy });
+  // A built stack's apply plans first (an update to its own files), as stack.update does.
+  const r = await ctx.kite.call('stack.apply', { stackId: st.id, destroy }, { timeout: 10 * 60 * 1000 });
   return watchJob(ctx.kite, r.jobId, jobsEl, { title: `${destroy ? 'Destroying' : 'Building'} ${st.title}`, onDone });
 }
 
@@ -282,7 +283,7 @@ export async function detail(ctx, el) {
 
   const start = async (destroy) => {
     if (destroy && !confirm(`Destroy stack ${st.title}? Its machines are deleted.`)) return;
-    const r = await kite.call('stack.apply', { stackId: st.id, destroy });
+    const r = await kite.call('stack.apply', { stackId: st.id, destroy }, { timeout: 10 * 60 * 1000 }); // a built stack's plans first
     follow(r.jobId, destroy ? 'Destroying' : 'Building');
     await reread();
   };
