@@ -101,7 +101,9 @@ func browserCommand(ctx context.Context, node, script string) *exec.Cmd {
 func runBrowserScript(t *testing.T, e *env, node, script, out, file string, needs map[string]func() error, settings ...string) {
 	t.Helper()
 	unlock := lockBrowser(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// 20 minutes: TestBrowserUpdateSnapshot's script took over 10 on a loaded host (ci45: the
+	// update it watches alone took 3).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	cmd := browserCommand(ctx, node, file)
 	cmd.Dir = script
