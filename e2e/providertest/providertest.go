@@ -353,7 +353,9 @@ func (s *suite) waitMachine(t *testing.T, label string, state provider.State, ag
 	testutil.Eventually(t, timeout, func() bool {
 		m = s.list(t)[label]
 		return m.State == state && m.Agent.Status == agent
-	}, "machine %s: want %s with its agent %s, have %s (%s) with its agent %s", label, state, agent, m.State, m.Reason, m.Agent.Status)
+	}, "machine %s: want %s with its agent %s, have %s", label, state, agent, lazy(func() string {
+		return fmt.Sprintf("%s (%s) with its agent %s", m.State, m.Reason, m.Agent.Status) // the last listing
+	}))
 	return m
 }
 
