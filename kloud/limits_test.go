@@ -62,7 +62,7 @@ func assertNoTerraform(t *testing.T, tfDir string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, tfDir)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, tfDir)
 }
 
 // countOfN is a template of var.n machines (default 2).

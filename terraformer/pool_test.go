@@ -136,7 +136,7 @@ func TestPool(t *testing.T) {
 	}()
 	killed := time.Now()
 	victim.signal(syscall.SIGKILL)
-	tfruntest.AssertNoProcesses(t, 5*time.Second, work)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, work)
 	select {
 	case err = <-waited:
 	case <-time.After(2 * time.Minute):

@@ -93,7 +93,7 @@ func TestKilledProcessRestarts(t *testing.T) {
 
 	p.signal(syscall.SIGKILL)
 	// terraform, its provider and the provisioner died with the process (their pid namespace).
-	tfruntest.AssertNoProcesses(t, 5*time.Second, gate)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, gate)
 	p.start()
 
 	j, err := c.Job(t.Context(), id)
@@ -178,7 +178,7 @@ func TestGracefulShutdown(t *testing.T) {
 	if got := tfruntest.Addresses(r.j.Result.Resources); !slices.Contains(got, "terraform_data.fast[0]") {
 		t.Errorf("state saved at shutdown: %v", got)
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, gate)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, gate)
 
 	p.start()
 	release(t, gate)

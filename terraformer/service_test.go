@@ -228,7 +228,7 @@ func TestCancelThenConverge(t *testing.T) {
 	if _, err := c.Cancel(t.Context(), id); !errors.Is(err, kite.ErrState) {
 		t.Errorf("second cancel: %v, want -32005", err)
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, dir)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, dir)
 
 	release(t, dir)
 	next := run(t, c, tfrun.OpApply, terraformer.Request{ContentID: "cancel"}, tfrun.StatusSucceeded)

@@ -231,7 +231,7 @@ func testApplyBootsAndDestroyRemoves(t *testing.T, noSandbox bool) {
 	for _, pid := range pids {
 		testutil.Eventually(t, 10*time.Second, func() bool { return !alive(pid) }, "supervisor %d still runs after destroy", pid)
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, e.dir) // klient, the user's script: nothing
+	tfruntest.AssertNoProcesses(t, 30*time.Second, e.dir) // klient, the user's script: nothing
 	if s, _, _ := m.Info(t.Context()); s != provider.Terminated {
 		t.Fatalf("after destroy: %s", s)
 	}
@@ -361,7 +361,7 @@ func TestFailedBootLeavesNothing(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.dir, "st6")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a failed boot left %s: %v", filepath.Join(e.dir, "st6"), err)
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, filepath.Join(e.dir, "st6"))
+	tfruntest.AssertNoProcesses(t, 30*time.Second, filepath.Join(e.dir, "st6"))
 	if job := e.terraform(tfrun.OpDestroy, "st6", nil); job.Status != tfrun.StatusSucceeded {
 		t.Fatalf("destroy: %s: %v", job.Status, job.Error)
 	}

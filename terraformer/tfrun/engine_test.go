@@ -348,7 +348,7 @@ func TestCancelMidApply(t *testing.T) {
 		t.Errorf("second cancel: %v, want ErrState", err)
 	}
 	// The provisioner's sleep did not outlive the run, nor did terraform or its provider.
-	tfruntest.AssertNoProcesses(t, 10*time.Second, dir)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, dir)
 
 	// The next apply converges: nothing tainted, nothing left to do.
 	release(t, dir)
@@ -383,7 +383,7 @@ resource "terraform_data" "stuck" {
 	if j.Error == nil || j.Error.Kind != tfrun.KindHung || !strings.Contains(j.Error.Message, "no output from terraform for 1s") {
 		t.Fatalf("hung job error: %+v", j.Error)
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, dir)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, dir)
 }
 
 func TestBadInput(t *testing.T) {

@@ -119,7 +119,7 @@ func TestCrashRestart(t *testing.T) {
 	exited = true
 	// Everything the killed terraformer's terraform started died with it: terraform, the
 	// provider, the provisioner's shell (their pid namespace ended with the launcher).
-	tfruntest.AssertNoProcesses(t, 5*time.Second, gateDir)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, gateDir)
 
 	e := tfruntest.NewEngine(t, tfrun.Options{Dir: dir, LeaseTTL: ttl})
 	dead, err := e.Job(jobID)
@@ -229,7 +229,7 @@ func TestCloseCancelsRuns(t *testing.T) {
 	if err := e1.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, gateDir)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, gateDir)
 
 	e2 := tfruntest.NewEngine(t, tfrun.Options{Dir: dir})
 	got, err := e2.Job(j.ID)
@@ -279,5 +279,5 @@ func TestCancelEscalatesToSIGKILL(t *testing.T) {
 	if d := got.FinishedAt.Sub(cancelAt); d < grace {
 		t.Errorf("job ended %s after cancel, before the %s grace: SIGKILL came too early", d, grace)
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, filepath.Join(dir, "stacks", "wedged", "work"))
+	tfruntest.AssertNoProcesses(t, 30*time.Second, filepath.Join(dir, "stacks", "wedged", "work"))
 }

@@ -193,7 +193,7 @@ resource "local_file" "f" {
 	if strings.Contains(string(b), secret) {
 		t.Error("the secret is in the job log")
 	}
-	tfruntest.AssertNoProcesses(t, 10*time.Second, work)
+	tfruntest.AssertNoProcesses(t, 30*time.Second, work)
 }
 
 // probe applies a local-exec provisioner running script in the sandbox (under content id
