@@ -47,7 +47,9 @@ func TestLoadApplies(t *testing.T) {
 		if err != nil {
 			return fmt.Errorf("builder%d: template.create: %w", i, err)
 		}
-		st, err := a.StackCreate(ctx, api.StackPlanParams{TemplateID: tp.ID, Credentials: map[string]string{"dummy": cr.ID}})
+		pctx, cancel := planCall(ctx)
+		st, err := a.StackCreate(pctx, api.StackPlanParams{TemplateID: tp.ID, Credentials: map[string]string{"dummy": cr.ID}})
+		cancel()
 		if err != nil {
 			return fmt.Errorf("builder%d: stack.create: %w", i, err)
 		}

@@ -290,6 +290,13 @@ func pct(d []time.Duration, p float64) time.Duration {
 	return d[i]
 }
 
+// planCall is the context of a call that plans (stack.create): 10 minutes, as the CLI gives
+// such calls (kloud/cli planCallTimeout) rather than the kite's default 30s, which a loaded
+// host's terraform plan took longer than (CI).
+func planCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, 10*time.Minute)
+}
+
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 
 // commit names the tree the suite ran on, for the figures' rows.

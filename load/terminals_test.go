@@ -51,7 +51,9 @@ func TestLoadTerminals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := a.StackCreate(ctx, api.StackPlanParams{TemplateID: tp.ID, Credentials: map[string]string{"dummy": cr.ID}})
+	pctx, cancel := planCall(ctx)
+	st, err := a.StackCreate(pctx, api.StackPlanParams{TemplateID: tp.ID, Credentials: map[string]string{"dummy": cr.ID}})
+	cancel()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -185,8 +185,8 @@ type kloudRun struct {
 	job        time.Duration   // stack.apply called → job succeeded
 	// From terraformer's job record: stack.apply called → terraform job created, and its run.
 	beforeTF, tfRun time.Duration
-	// CPU time each machine's boot used by the time the job succeeded (its PID 1 and every
-	// process it reaped: the cloud-init stages, provisioning; not the still running klient).
+	// CPU time each machine's boot used, read once cloud-init finished in it: every process of
+	// its pid namespace, the running klient's too, and what they reaped (bootCPU).
 	cpu []time.Duration
 }
 
@@ -589,8 +589,11 @@ func (h *harness) kloudBuild(ctx context.Context, tid string, n int) (kloudRun, 
 	return r, nil
 }
 
-// bootCPU returns the CPU time of every machine in the state dir: its PID 1's user+system time
-// plus that of the children it reaped (/proc/<pid>/stat fields 14-17).
+// bootCPU returns the CPU time of every machine in the state dir's boot: it waits until
+// cloud-init finished in each (its final stage may still run when the job succeeded: the agent
+// registers from it), then sums, over every process in the machine's pid namespace, its own
+// user+system time and that of the children it reaped (/proc/<pid>/stat fields 14-17): what ran
+// and ended is in its reaper's figures, what runs (klient) in its own.
 func (h *harness) bootCPU(ctx context.Context) ([]time.Duration, error) {
 	m, err := sandbox.New(sandbox.Options{StateDir: h.stateDir, Bridge: h.bridge, Subnet: h.subnet})
 	if err != nil {
@@ -602,23 +605,62 @@ func (h *harness) bootCPU(ctx context.Context) ([]time.Duration, error) {
 	}
 	var out []time.Duration
 	for _, in := range infos {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", in.PID))
-		if err != nil || in.PID <= 0 {
-			return nil, fmt.Errorf("machine %s: PID 1: %v", in.ID, err)
+		for deadline := time.Now().Add(2 * time.Minute); ; {
+			cur, err := m.Info(ctx, in.ID)
+			if err != nil {
+				return nil, err
+			}
+			if cur.CloudInit == sandbox.CloudInitDone || cur.CloudInit == sandbox.CloudInitError {
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("machine %s: cloud-init not finished after 2 minutes (%s)", in.ID, cur.CloudInit)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		d, err := pidnsCPU(in.PID)
+		if err != nil {
+			return nil, fmt.Errorf("machine %s: %w", in.ID, err)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// pidnsCPU sums the CPU time of the processes in pid1's pid namespace (see bootCPU).
+func pidnsCPU(pid1 int) (time.Duration, error) {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid1))
+	if err != nil || pid1 <= 0 {
+		return 0, fmt.Errorf("PID 1 %d: %v", pid1, err)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	var ticks int64
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil || l != ns {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // it ended meanwhile: its time is its reaper's now
 		}
 		s := string(b)
 		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // f[0] is field 3 (state)
-		var ticks int64
 		for _, i := range []int{14, 15, 16, 17} {
 			v, err := strconv.ParseInt(f[i-3], 10, 64)
 			if err != nil {
-				return nil, fmt.Errorf("machine %s: /proc/%d/stat: %w", in.ID, in.PID, err)
+				return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 			}
 			ticks += v
 		}
-		out = append(out, time.Duration(ticks)*10*time.Millisecond) // USER_HZ is 100 on Linux
 	}
-	return out, nil
+	return time.Duration(ticks) * 10 * time.Millisecond, nil // USER_HZ is 100 on Linux
 }
 
 // rawBuild destroys kloud's machines behind its back in terraformer's work dir, then applies the
