@@ -314,6 +314,50 @@ resource "terraform_data" "web" {
 	}
 }
 
+// TestFailedApplyRecordsWhatItMade: terraform apply fails after it made the machine (a resource
+// after it fails): the build fails, and the machine is recorded with what terraform's state says
+// of it (its id), in Unknown, so the store agrees with the state (TestChaos found a provider
+// plugin killed during the boot provisioner leaving a machine only the state knew); the stack
+// is then destroyed, the machine with it.
+func TestFailedApplyRecordsWhatItMade(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	tid := f.template(`
+resource "terraform_data" "web" {
+  input = "#!/bin/bash\necho hi"
+}
+resource "terraform_data" "after" {
+  input = terraform_data.web.id
+  lifecycle {
+    postcondition {
+      condition     = self.output == "never"
+      error_message = "failing after the machine"
+    }
+  }
+}
+`)
+	sid, _ := f.stack(tid)
+	job, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(job.JobID); last.Status != "failed" || !strings.Contains(last.Error, "failing after the machine") {
+		t.Fatalf("want a failed terraform apply, got %+v", last)
+	}
+	m := f.machines(sid)["web"]
+	if id, _ := m.Attributes["id"].(string); id == "" || m.State != provider.Unknown {
+		t.Fatalf("the machine terraform made before failing: %s, attributes %v", m.State, m.Attributes)
+	}
+	destroy, err := f.client().StackApply(t.Context(), api.StackApplyParams{StackID: sid, Destroy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := f.follow(destroy.JobID); last.Status != "succeeded" {
+		t.Fatalf("destroy after the failed build: %+v", last)
+	}
+}
+
 func TestBrokenAgentDownloadNamesTheStep(t *testing.T) {
 	t.Parallel()
 	f := newFlowWith(t, dummy.Options{BreakAgent: "download"}, kloudtest.Options{AgentTimeout: 15 * time.Second})

@@ -135,6 +135,15 @@ func (f *Flow) failBuildTF(ctx context.Context, st *model.Stack, ms []model.Mach
 }
 
 func (f *Flow) failBuildAfter(ctx context.Context, st *model.Stack, ms []model.Machine, tfRan bool, tfJob string, reason error) error {
+	return f.failBuildState(ctx, st, ms, tfRan, tfJob, nil, reason)
+}
+
+// failBuildState is failBuildAfter with the terraform state the failed run left (res, nil if
+// none): a machine the run made is recorded with its attributes (its id, its address) in the
+// same update, so the store agrees with the state (TestChaos: a provider plugin killed during a
+// boot provisioner left a machine in the state that the store did not know), machine.info can
+// ask its provider, and a destroy or a new build starts from it.
+func (f *Flow) failBuildState(ctx context.Context, st *model.Stack, ms []model.Machine, tfRan bool, tfJob string, res *tfapi.Result, reason error) error {
 	if ctx.Err() != nil {
 		reason = fmt.Errorf("build cancelled: %w", reason)
 	}
@@ -144,7 +153,14 @@ func (f *Flow) failBuildAfter(ctx context.Context, st *model.Stack, ms []model.M
 		if tfRan || back.InProgress() {
 			back = provider.Unknown
 		}
-		f.SetMachine(ctx, m.ID, []provider.State{provider.Building}, store.MachineSet{State: new(string(back)), Reason: new(reason.Error())})
+		set := store.MachineSet{State: new(string(back)), Reason: new(reason.Error())}
+		if StateResource(res, &m) != nil {
+			set.Attributes = ResourceValues(res, &m)
+			if ip := IPOf(set.Attributes); ip != "" {
+				set.IPAddress = new(ip)
+			}
+		}
+		f.SetMachine(ctx, m.ID, []provider.State{provider.Building}, set)
 	}
 	f.SetStack(ctx, st.ID, store.StackSet{State: new(model.StackFailed), Reason: new(reason.Error())})
 	return reason
@@ -273,7 +289,11 @@ func (f *Flow) buildAttempt(ctx context.Context, j Job, c Caller, st *model.Stac
 		return f.buildAttempt(ctx, j, c, st, false, reruns+1)
 	}
 	if err != nil {
-		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
+		var left *tfapi.Result // what the failed run made, as its state says
+		if job != nil {
+			left = job.Result
+		}
+		return StackResult{}, f.failBuildState(ctx, st, ms, true, tfJob, left, fmt.Errorf("terraform apply: %w", err))
 	}
 	ms, err = f.StackMachines(ctx, st.ID) // as recorded (kite ids by Mint, also of an attempt before a restart)
 	if err != nil {
