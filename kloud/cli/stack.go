@@ -181,8 +181,9 @@ func templateCmd(g *globals) *cobra.Command {
 }
 
 // planCallTimeout is how long the CLI waits for a call that plans (stack plan, create, update,
-// scale, and apply of a built stack): kloud bounds the plan by its own --plan-timeout and answers then, so the CLI waits as
-// long as kloud lets such a call run rather than the 30 s of other calls.
+// scale, and apply of a built stack): kloud bounds the plan by its own --plan-timeout and
+// answers then, so the CLI waits as long as kloud lets such a call run rather than the 30 s of
+// other calls.
 const planCallTimeout = 10 * time.Minute
 
 func planCallCtx(ctx context.Context) (context.Context, context.CancelFunc) {

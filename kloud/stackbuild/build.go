@@ -126,23 +126,19 @@ func (f *Flow) ExitStack(ctx context.Context, j Job, stackID, during string, job
 // have made them: machine.info asks the provider, and the stack can be built again or
 // destroyed). If ctx was cancelled, a terraform run still going is stopped first.
 func (f *Flow) failBuild(ctx context.Context, st *model.Stack, ms []model.Machine, reason error) error {
-	return f.failBuildAfter(ctx, st, ms, false, "", reason)
+	return f.failBuildState(ctx, st, ms, false, "", nil, reason)
 }
 
 // failBuildTF is failBuild once terraform may have run (tfJob: its run, if known).
 func (f *Flow) failBuildTF(ctx context.Context, st *model.Stack, ms []model.Machine, tfJob string, reason error) error {
-	return f.failBuildAfter(ctx, st, ms, true, tfJob, reason)
+	return f.failBuildState(ctx, st, ms, true, tfJob, nil, reason)
 }
 
-func (f *Flow) failBuildAfter(ctx context.Context, st *model.Stack, ms []model.Machine, tfRan bool, tfJob string, reason error) error {
-	return f.failBuildState(ctx, st, ms, tfRan, tfJob, nil, reason)
-}
-
-// failBuildState is failBuildAfter with the terraform state the failed run left (res, nil if
-// none): a machine the run made is recorded with its attributes (its id, its address) in the
-// same update, so the store agrees with the state (TestChaos: a provider plugin killed during a
-// boot provisioner left a machine in the state that the store did not know), machine.info can
-// ask its provider, and a destroy or a new build starts from it.
+// failBuildState is failBuild with whether terraform ran and the state the failed run left
+// (res, nil if none): a machine the run made is recorded with its attributes (its id, its
+// address) in the same update, so the store agrees with the state (TestChaos: a provider plugin
+// killed during a boot provisioner left a machine in the state that the store did not know),
+// machine.info can ask its provider, and a destroy or a new build starts from it.
 func (f *Flow) failBuildState(ctx context.Context, st *model.Stack, ms []model.Machine, tfRan bool, tfJob string, res *tfapi.Result, reason error) error {
 	if ctx.Err() != nil {
 		reason = fmt.Errorf("build cancelled: %w", reason)

@@ -43,10 +43,11 @@
 //
 // A machine's container runs /usr/local/sbin/kloud-boot (uploaded with the seed): it runs
 // cloud-init's four stages on every start, in one Python process (userdata.CloudInitStages;
-// per-boot modules restart the agent), then waits; SIGTERM stops it at once. Stop and start keep the container's writable layer. Every container
-// carries the labels kloud_stack, kloud_machine, kloud_owner and kloud_instance. A template
-// gives its machines their own user data with a labels block whose label is kloud_user_data
-// (UserDataLabel, userscript.go): kloud merges it into the seed and drops the block.
+// per-boot modules restart the agent), then waits; SIGTERM stops it at once. Stop and start
+// keep the container's writable layer. Every container carries the labels kloud_stack,
+// kloud_machine, kloud_owner and kloud_instance. A template gives its machines their own user
+// data with a labels block whose label is kloud_user_data (UserDataLabel, userscript.go): kloud
+// merges it into the seed and drops the block.
 package docker
 
 import (

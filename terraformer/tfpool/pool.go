@@ -62,7 +62,7 @@ type Pool struct {
 	mu     sync.Mutex
 	jobs   map[string]*member // jobs this pool started or followed, until they are final
 	turn   int                // round robin among the least busy
-	poolID string             // the shared directory's id, as the first member (in Options order) that answered said
+	poolID string             // the shared directory's id: the first answering member's (Options order)
 }
 
 type member struct {
