@@ -115,6 +115,9 @@ func (e *env) httpClient() *http.Client {
 	return tlsconf.HTTPClient(cfg, 10*time.Second)
 }
 
+// e2ePlanTimeout is the kloud serve --plan-timeout of every kloud the e2e tests start.
+const e2ePlanTimeout = "10m"
+
 func (e *env) start() {
 	t := e.t
 	t.Helper()
@@ -155,7 +158,10 @@ func (e *env) start() {
 		e.extra = append(e.extra, "--terraformer-addr", testutil.FreeLoopback(t))
 	}
 	args := []string{"serve", "--data-dir", e.dir, "--addr", e.addr,
-		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s"}
+		"--klient-bin", filepath.Join(bin, "klient"), "--terraformer-bin", filepath.Join(bin, "terraformer"), "--job-lease", "3s",
+		// A plan made for a call may take 2 min on one kloud's host (the default); here several
+		// klouds, machines and browsers share two cores (CI: a local template's plan ran 102 s).
+		"--plan-timeout", e2ePlanTimeout}
 	if !e.noDummy {
 		args = append(args, "--dummy-dir", e.dummyDir())
 	}
