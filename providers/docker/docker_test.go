@@ -255,8 +255,10 @@ func TestMachinesThroughTerraform(t *testing.T) {
 	if !strings.Contains(log, "modules:final") || !strings.Contains(log, "kloud-boot: cloud-init init --local") {
 		t.Errorf("console log without the boot script's and cloud-init's final stage:\n%s", log)
 	}
-	// The stages before the final one ended, in one Python process (userdata.CloudInitStages).
-	if !strings.Contains(log, "kloud-boot: cloud-init modules --mode=config: exit 0") || strings.Contains(log, "cannot import cloud-init") {
+	// The stages before the final one ended, in one Python process (userdata.CloudInitStages),
+	// which gave cloud-init libyaml's parser.
+	if !strings.Contains(log, "kloud-boot: cloud-init modules --mode=config: exit 0") || strings.Contains(log, "cannot import cloud-init") ||
+		!strings.Contains(log, "kloud-boot: cloud-init's YAML parser: libyaml") {
 		t.Errorf("cloud-init's stages did not run in one process:\n%s", log)
 	}
 	if out, err := exec(0, "test", "-s", "/var/log/cloud-init-output.log"); err != nil {

@@ -360,9 +360,11 @@ runcmd:
 	}
 	e.exec(t, id, "test", "-s", "/var/log/cloud-init-output.log")
 	// cloud-init's four stages ran in one process (userdata.CloudInitStages), each with its own
-	// output redirection into cloud-init-output.log, which ended with it: no tee is left.
+	// output redirection into cloud-init-output.log, which ended with it: no tee is left; and
+	// cloud-init parsed its YAML with libyaml.
 	console := e.console(id)
-	for _, want := range []string{"kloud-init: cloud-init init --local: exit 0", "kloud-init: cloud-init modules --mode=final: exit 0", "kloud-init: cloud-init's stages: exit 0"} {
+	for _, want := range []string{"kloud-init: cloud-init init --local: exit 0", "kloud-init: cloud-init modules --mode=final: exit 0", "kloud-init: cloud-init's stages: exit 0",
+		"kloud-init: cloud-init's YAML parser: libyaml"} {
 		if !strings.Contains(console, want) {
 			t.Errorf("console has no %q:\n%s", want, console)
 		}
