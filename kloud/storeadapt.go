@@ -207,20 +207,40 @@ func (p *storePresence) run(ctx context.Context) {
 		batch := p.pending
 		p.pending = map[string]*kontrol.KiteInfo{}
 		p.mu.Unlock()
-		for id, i := range batch {
-			var err error
-			if i == nil {
-				_, err = p.k.Remove(ctx, id, p.replica)
-			} else {
-				err = p.k.Upsert(ctx, store.KiteRecord{
-					ID: i.Kite.ID, Username: i.Kite.Username, Environment: i.Kite.Environment, Name: i.Kite.Name,
-					Version: i.Kite.Version, Region: i.Kite.Region, Hostname: i.Kite.Hostname, URL: i.URL,
-					Replica: p.replica, ConnectedAt: i.RegisteredAt, LastSeen: time.Now().UTC(),
-				})
-			}
-			if err != nil && ctx.Err() == nil {
-				p.log.Warn("kite presence record", "kite", id, "err", err)
-			}
+		p.write(ctx, batch)
+	}
+}
+
+// presenceBatch is the most changes run writes in one command.
+const presenceBatch = 500
+
+// write writes batch's changes (id → registration, nil = removed), presenceBatch per command: a
+// burst of registrations (agents reconnecting after a replica died, kloud restarted) costs a
+// few round trips to the store, not one each. A failed command is logged and its changes
+// dropped, as a failed single write was: the next registration of a kite writes it again, and
+// the sweep of dead replicas and the pruner remove what a removal left.
+func (p *storePresence) write(ctx context.Context, batch map[string]*kontrol.KiteInfo) {
+	var ups []store.KiteRecord
+	var rms []string
+	flush := func() {
+		if err := p.k.Write(ctx, ups, rms, p.replica); err != nil && ctx.Err() == nil {
+			p.log.Warn("kite presence records", "upserts", len(ups), "removes", len(rms), "err", err)
+		}
+		ups, rms = ups[:0], rms[:0]
+	}
+	for id, i := range batch {
+		if i == nil {
+			rms = append(rms, id)
+		} else {
+			ups = append(ups, store.KiteRecord{
+				ID: i.Kite.ID, Username: i.Kite.Username, Environment: i.Kite.Environment, Name: i.Kite.Name,
+				Version: i.Kite.Version, Region: i.Kite.Region, Hostname: i.Kite.Hostname, URL: i.URL,
+				Replica: p.replica, ConnectedAt: i.RegisteredAt, LastSeen: time.Now().UTC(),
+			})
+		}
+		if len(ups)+len(rms) == presenceBatch {
+			flush()
 		}
 	}
+	flush()
 }

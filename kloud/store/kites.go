@@ -65,6 +65,38 @@ func (k *Kites) Upsert(ctx context.Context, r KiteRecord) error {
 	return nil
 }
 
+// Write applies a batch of presence changes in one command: each record of upserts is written
+// whole (as [Kites.Upsert]), and each id of removes is deleted if replica still owns it (as
+// [Kites.Remove]). A replica writes its kites' registrations this way: one round trip to the
+// store for a burst of them, not one each. Errors name how many writes failed.
+func (k *Kites) Write(ctx context.Context, upserts []KiteRecord, removes []string, replica string) error {
+	if len(upserts) == 0 && len(removes) == 0 {
+		return nil
+	}
+	now := k.s.Now()
+	models := make([]mongo.WriteModel, 0, len(upserts)+len(removes))
+	for _, r := range upserts {
+		if r.ID == "" {
+			return errors.New("write kites: empty id")
+		}
+		if r.ConnectedAt.IsZero() {
+			r.ConnectedAt = now
+		}
+		if r.LastSeen.IsZero() {
+			r.LastSeen = now
+		}
+		r.ConnectedAt, r.LastSeen = r.ConnectedAt.UTC(), r.LastSeen.UTC()
+		models = append(models, mongo.NewReplaceOneModel().SetFilter(bson.M{"_id": r.ID}).SetReplacement(r).SetUpsert(true))
+	}
+	for _, id := range removes {
+		models = append(models, mongo.NewDeleteOneModel().SetFilter(bson.M{"_id": id, "replica": replica}))
+	}
+	if _, err := k.s.Collection(CollKites).BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false)); err != nil {
+		return fmt.Errorf("write %d kite records, remove %d: %w", len(upserts), len(removes), err)
+	}
+	return nil
+}
+
 // Touch sets the kite's LastSeen. A missing record gives an error wrapping [ErrNotFound].
 func (k *Kites) Touch(ctx context.Context, id string, now time.Time) error {
 	res, err := k.s.Collection(CollKites).UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": bson.M{"lastSeen": now.UTC()}})

@@ -106,3 +106,47 @@ func TestKites(t *testing.T) {
 		}
 	})
 }
+
+// TestKitesWrite: one Write upserts whole records (a new one, one moving to this replica) and
+// removes only the records this replica still owns, in one command; an empty batch writes
+// nothing, and a record without an id fails the batch.
+func TestKitesWrite(t *testing.T) {
+	t.Parallel()
+	forEach(t, func(t *testing.T, b backend) {
+		ctx := ctxT(t)
+		clk := newClock()
+		s := b.open(t, store.Options{Now: clk.Now})
+		kites := s.Kites()
+		for _, r := range []store.KiteRecord{{ID: "gone", Replica: "r1"}, {ID: "moved", Replica: "r2"}, {ID: "other", Replica: "r2"}} {
+			if err := kites.Upsert(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := kites.Write(ctx, nil, nil, "r1"); err != nil {
+			t.Fatal(err)
+		}
+		at := clk.Now().Add(-time.Hour)
+		ups := []store.KiteRecord{
+			{ID: "new", Username: "alice", Name: "klient", Replica: "r1", ConnectedAt: at},
+			{ID: "moved", Username: "bob", Name: "klient", Replica: "r1"},
+		}
+		if err := kites.Write(ctx, ups, []string{"gone", "other", "absent"}, "r1"); err != nil {
+			t.Fatal(err)
+		}
+		all, err := kites.Find(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]store.KiteRecord{}
+		for _, r := range all {
+			got[r.ID] = r
+		}
+		if len(got) != 3 || got["new"].Username != "alice" || !got["new"].ConnectedAt.Equal(at) || !got["new"].LastSeen.Equal(clk.Now()) ||
+			got["moved"].Replica != "r1" || got["moved"].Username != "bob" || got["other"].Replica != "r2" {
+			t.Fatalf("after the write (want new and moved on r1, other kept on r2, gone removed): %+v", all)
+		}
+		if err := kites.Write(ctx, []store.KiteRecord{{Replica: "r1"}}, nil, "r1"); err == nil {
+			t.Fatal("a record without an id was written")
+		}
+	})
+}
