@@ -106,9 +106,6 @@ func (m *mesh) run(ctx context.Context) {
 func (m *mesh) beat(ctx context.Context) {
 	err := m.s.store.Replicas().Beat(ctx, store.ReplicaRecord{ID: m.id, InternalURL: m.url, PublicURL: m.s.opts.PublicURL,
 		Version: version.Version}, m.ttl())
-	if err == nil {
-		_, err = m.s.store.Kites().TouchReplica(ctx, m.id, m.s.store.Now())
-	}
 	var all []store.ReplicaRecord
 	if err == nil {
 		all, err = m.s.store.Replicas().List(ctx)
@@ -191,6 +188,22 @@ func (m *mesh) drop(id string) {
 	if p != nil {
 		p.cl.Close()
 	}
+}
+
+// beating reports whether replica id's record is not past its expiry: as the last beat read it,
+// else (a replica started since, or one whose record the beat saw expiring) from the store.
+func (m *mesh) beating(ctx context.Context, id string) bool {
+	m.mu.Lock()
+	r, ok := m.known[id]
+	m.mu.Unlock()
+	now := m.s.store.Now()
+	if !ok || !r.ExpiresAt.After(now) {
+		var err error
+		if r, err = m.s.store.Replicas().Get(ctx, id); err != nil {
+			return false
+		}
+	}
+	return r.ExpiresAt.After(now)
 }
 
 // live returns the record of replica id if it is alive (not past its expiry): as the last beat
@@ -358,10 +371,21 @@ func (m *mesh) elsewhere(ctx context.Context, q kite.Identity) ([]kontrol.KiteIn
 	if err != nil {
 		return nil, err
 	}
-	fresh := m.s.store.Now().Add(-m.ttl())
+	// A record is as fresh as its replica: one that stopped beating holds no connection, and its
+	// records go with the sweep. (Refreshing every record's lastSeen at every beat cost the store
+	// one write per agent per heartbeat: 10,000 agents kept a store server busy.)
+	alive := map[string]bool{}
 	var out []kontrol.KiteInfo
 	for _, r := range recs {
-		if r.Replica == m.id || r.LastSeen.Before(fresh) {
+		if r.Replica == m.id {
+			continue
+		}
+		ok, seen := alive[r.Replica]
+		if !seen {
+			ok = m.beating(ctx, r.Replica)
+			alive[r.Replica] = ok
+		}
+		if !ok {
 			continue
 		}
 		out = append(out, kontrol.KiteInfo{Kite: kite.Identity{ID: r.ID, Username: r.Username, Environment: r.Environment,
