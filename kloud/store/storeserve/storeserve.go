@@ -74,6 +74,10 @@ type Options struct {
 // maxSocketPath is a safe bound for a unix socket path (sun_path is 108 bytes on Linux).
 const maxSocketPath = 100
 
+// slowCommand: a command that holds its database this long is logged (at WARN), with its
+// collection and name, so an operator sees what keeps the others waiting.
+const slowCommand = 500 * time.Millisecond
+
 // Server is a running store server: FerretDB started and its listeners open.
 type Server struct {
 	opts Options
@@ -316,7 +320,12 @@ func (s *Server) serveConn(c net.Conn) error {
 		if !req.lockFree {
 			unlock = s.lock(req.db)
 		}
+		start := time.Now()
 		replies, err := roundTrip(b, br, msg)
+		if d := time.Since(start); d >= slowCommand && !req.lockFree {
+			s.log.Warn("store serve: slow command (other clients' commands on this database waited for it)",
+				"db", req.db, "collection", req.coll, "command", req.cmd, "took", d.Round(time.Millisecond))
+		}
 		switch {
 		case err != nil:
 		case req.creates:

@@ -45,6 +45,7 @@ var creates = map[string]bool{
 type request struct {
 	requestID  int32
 	db, coll   string // $db and the command's collection (its first value, when a string)
+	cmd        string // the command's name, lower case ("" for OP_QUERY)
 	lockFree   bool
 	moreToCome bool
 	creates    bool
@@ -132,6 +133,7 @@ func inspect(msg []byte) (request, error) {
 		return req, fmt.Errorf("OP_MSG body is not a command document: %v", err)
 	}
 	name := strings.ToLower(elems[0].Key())
+	req.cmd = name
 	if coll, ok := elems[0].Value().StringValueOK(); ok {
 		req.coll = coll
 	}
