@@ -125,7 +125,7 @@ func (s *simKite) start(at int) {
 				go s.next(cl)
 			}
 		},
-		MaxBackoff: 30 * time.Second, // klient's reconnect ceiling
+		MaxBackoff: time.Second, // klient's reconnect ceiling (klient.go reconnectCeiling)
 	})
 	s.cl = cl
 	cl.Start()
@@ -224,6 +224,9 @@ func RunReplicas(ctx context.Context, opts Options) (rep *ReplicasReport, err er
 	}
 
 	// The store server.
+	if err := os.MkdirAll(filepath.Join(tmp, "store"), 0o700); err != nil {
+		return nil, fmt.Errorf("p2: %w", err)
+	}
 	st, err := startProc("kloud store serve", opts.Kloud, []string{"store", "serve",
 		"--data-dir", filepath.Join(tmp, "store"), "--socket", filepath.Join(tmp, "store.sock"), "--log-level", "warn"},
 		filepath.Join(tmp, "store.log"))
