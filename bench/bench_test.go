@@ -90,6 +90,11 @@ func TestP2Replicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a store server and three kloud replicas")
 	}
+	if os.Getenv("KLOUD_BENCH_REPLICAS") == "" {
+		// Written while the machine was reserved for a CI run and never run: opt in until it has
+		// passed once.
+		t.Skip("SKIPPED: TestP2Replicas has never been run; set KLOUD_BENCH_REPLICAS=1 to run it")
+	}
 	kloud := testutil.BuildBinary(t, "./cmd/kloud")
 	rep, err := p2.RunReplicas(t.Context(), p2.Options{Kloud: kloud, Kites: 30, Dialers: 10, Queries: 60, Raw: true,
 		TempDir: t.TempDir(), FailoverTimeout: time.Minute})

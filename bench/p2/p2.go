@@ -21,7 +21,8 @@
 // RunReplicas (replicas.go) is the same across several `kloud serve --replicas` on one `kloud
 // store serve` (issue 24): kites spread round robin, queries asked on a replica that does not
 // hold the kite, memory per replica, then one replica SIGKILLed and the time until its kites are
-// registered on the others.
+// registered on the others. Its kites have machine agent keys signed with the replicas' shared
+// signing key (the store), since only agents are visible across replicas.
 //
 // Every process it starts is stopped by its pid when Run returns, on failure too (and dies with
 // this one: Pdeathsig).
@@ -90,6 +91,9 @@ type Options struct {
 	// registered again elsewhere (default 3m).
 	Replicas        int
 	FailoverTimeout time.Duration
+	// KiteKeys, for RunReplicas, gives the kites kontrol.createKey kite keys instead of machine
+	// agent keys (which the replicas' presence records, and so kontrol.query across them, need).
+	KiteKeys bool
 }
 
 // Servers of Options.Server.

@@ -33,6 +33,7 @@ func main() {
 	flag.BoolVar(&o.Keep, "keep", false, "keep the temp dir (data dir and logs)")
 	flag.IntVar(&o.Replicas, "replicas", 0, "run across this many `kloud serve --replicas` on one `kloud store serve` (0: one kloud serve), then SIGKILL one and time the failover")
 	flag.DurationVar(&o.FailoverTimeout, "failover-timeout", 3*time.Minute, "with -replicas: bound on the wait for the killed replica's kites to be back")
+	flag.BoolVar(&o.KiteKeys, "kite-keys", false, "with -replicas: kontrol.createKey kite keys instead of machine agent keys (not found across replicas)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
