@@ -53,7 +53,12 @@ type ReplicasReport struct {
 	// that does not hold them (the id's kite is held by replica r, the query goes to r+1).
 	Query    measure.Latency
 	QueryErr string
-	After    []measure.ProcStatus // each replica after the queries
+	// Visible is how long after the registrations every kite was found by kontrol.query on a
+	// replica that does not hold it (presence records are written in the background);
+	// VisibleAfter the same for the moved kites after the failover.
+	Visible, VisibleAfter       time.Duration
+	VisibleErr, VisibleAfterErr string
+	After                       []measure.ProcStatus // each replica after the queries
 
 	// Failover: Killed is the replica SIGKILLed, KilledKites how many kites it held, Back how
 	// many of them registered again on another replica within FailoverTimeout, Failover the time
@@ -415,6 +420,12 @@ func RunReplicas(ctx context.Context, opts Options) (rep *ReplicasReport, err er
 		}
 		return nil
 	}
+	vis, err := waitVisible(ctx, kites, ask, func(*simKite) bool { return true })
+	rep.Visible = vis
+	if err != nil {
+		rep.VisibleErr = err.Error()
+	}
+	say("every kite visible on another replica %s after the registrations ended (%v)", rep.Visible.Round(time.Millisecond), err)
 	lat, err := queryElsewhere(ctx, kites, opts.Queries, ask, func(*simKite) bool { return true })
 	rep.Query = lat
 	if err != nil {
@@ -479,6 +490,12 @@ func RunReplicas(ctx context.Context, opts Options) (rep *ReplicasReport, err er
 	for _, s := range moved {
 		movedSet[s] = true
 	}
+	vis, err = waitVisible(ctx, kites, ask, func(s *simKite) bool { return movedSet[s] })
+	rep.VisibleAfter = vis
+	if err != nil {
+		rep.VisibleAfterErr = err.Error()
+	}
+	say("every moved kite visible on the survivor not holding it %s after the failover's wait (%v)", rep.VisibleAfter.Round(time.Millisecond), err)
 	lat, err = queryElsewhere(ctx, kites, min(opts.Queries, max(len(moved), 1)), ask, func(s *simKite) bool { return movedSet[s] })
 	rep.QueryAfter = lat
 	if err != nil {
@@ -557,6 +574,48 @@ func held(kites []*simKite, n int) []int {
 	return out
 }
 
+// waitVisible waits until kontrol.query {query:{id}}, asked on a replica that does not hold it,
+// finds each registered kite that want selects: a replica writes its kites' presence records in
+// the background, so another replica sees a registration some time after it. It returns how long
+// that took from its call (at most visibleTimeout).
+func waitVisible(ctx context.Context, kites []*simKite, ask func(holder int) *kite.Conn, want func(*simKite) bool) (time.Duration, error) {
+	start := time.Now()
+	var pending []*simKite
+	for _, s := range kites {
+		if s != nil && s.holder.Load() >= 0 && want(s) {
+			pending = append(pending, s)
+		}
+	}
+	for len(pending) > 0 {
+		var still []*simKite
+		for _, s := range pending {
+			c := ask(int(s.holder.Load()))
+			if c == nil {
+				return time.Since(start), errors.New("p2: no other replica to ask")
+			}
+			var res kontrol.QueryResult
+			if err := c.Call(ctx, "kontrol.query", kontrol.QueryParams{Query: kite.Identity{ID: s.id}}, &res); err != nil {
+				return time.Since(start), fmt.Errorf("p2: kontrol.query %s: %w", s.id, err)
+			}
+			if len(res.Kites) != 1 || res.Kites[0].Kite.ID != s.id {
+				still = append(still, s)
+			}
+		}
+		pending = still
+		if len(pending) == 0 {
+			break
+		}
+		if time.Since(start) > visibleTimeout {
+			return time.Since(start), fmt.Errorf("p2: %d kites not visible on another replica after %s", len(pending), visibleTimeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start), nil
+}
+
+// visibleTimeout bounds waitVisible.
+const visibleTimeout = 2 * time.Minute
+
 // queryElsewhere times q kontrol.query {query:{id}} calls, one after another, for the registered
 // kites that want selects, each asked on ask(its holder): a replica that does not hold it. Each
 // must return exactly that kite.
@@ -608,7 +667,8 @@ func (r *ReplicasReport) Pass() bool {
 		mem = mem && r.Loaded[i].VmHWM < TargetRSS && r.After[i].VmRSS < TargetRSS
 	}
 	return r.Reg.Failed == 0 && r.Reg.PerSecond() >= TargetRegistrationsPerS && r.QueryErr == "" &&
-		r.Query.P99 < TargetQueryP99 && mem && r.Back == r.KilledKites && r.QueryAfterErr == ""
+		r.Query.P99 < TargetQueryP99 && mem && r.Back == r.KilledKites && r.QueryAfterErr == "" &&
+		r.VisibleErr == "" && r.VisibleAfterErr == ""
 }
 
 // Write prints the figures, the baseline and the ratios.
@@ -641,6 +701,11 @@ func (r *ReplicasReport) Write(w io.Writer) {
 	fmt.Fprintf(w, "    minting the keys (%s) took %s, not counted\n",
 		map[bool]string{true: "kite keys, kontrol.createKey on the replicas", false: "agent keys, signed with the store's signing key"}[r.Opts.KiteKeys],
 		r.Mint.Round(time.Millisecond))
+	fmt.Fprintf(w, "presence: every kite found by kontrol.query on a replica that does not hold it %s after the registrations ended\n",
+		r.Visible.Round(time.Millisecond))
+	if r.VisibleErr != "" {
+		fmt.Fprintf(w, "    %s\n", r.VisibleErr)
+	}
 	fmt.Fprintf(w, "kontrol.query by id, asked on a replica that does not hold the kite: %d calls: p50 %s p90 %s p99 %s max %s\n",
 		r.Query.N, measure.Ms(r.Query.P50), measure.Ms(r.Query.P90), measure.Ms(r.Query.P99), measure.Ms(r.Query.Max))
 	if r.QueryErr != "" {
@@ -658,6 +723,10 @@ func (r *ReplicasReport) Write(w io.Writer) {
 	fmt.Fprintf(w, "store server VmRSS             %s (VmHWM %s) after the registrations\n", measure.MiB(r.StoreLoaded.VmRSS), measure.MiB(r.StoreLoaded.VmHWM))
 	fmt.Fprintf(w, "failover: SIGKILL replica %d with %d kites: %d registered again on the others within %s; from the kill: p50 %s p99 %s max %s\n",
 		r.Killed, r.KilledKites, r.Back, r.Opts.FailoverTimeout, measure.Ms(r.Failover.P50), measure.Ms(r.Failover.P99), measure.Ms(r.Failover.Max))
+	fmt.Fprintf(w, "    every moved kite found on the survivor not holding it %s after they were all back\n", r.VisibleAfter.Round(time.Millisecond))
+	if r.VisibleAfterErr != "" {
+		fmt.Fprintf(w, "    %s\n", r.VisibleAfterErr)
+	}
 	fmt.Fprintf(w, "    kontrol.query for the moved kites on the survivor not holding them: %d calls: p50 %s p99 %s\n",
 		r.QueryAfter.N, measure.Ms(r.QueryAfter.P50), measure.Ms(r.QueryAfter.P99))
 	if r.QueryAfterErr != "" {
