@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/run.sh — every benchmark, each against its baseline in the same run, ratios printed.
 # `make bench` runs it after setup and build (the env of $KLOUD_CACHE/env is loaded).
-# Run one with: bench/run.sh p1|p2|tfapply|localboot|webterm|storegrowth|plugin|snapshot|ports|ssh|buckets
+# Run one with: bench/run.sh p1|p2|p2replicas|tfapply|localboot|webterm|storegrowth|plugin|snapshot|ports|ssh|buckets
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -16,6 +16,7 @@ want=${1:-all}
 has() { [ "$want" = all ] || [ "$want" = "$1" ]; }
 has p1 && run "P1: kite call round trip vs raw WebSocket echo" go run ./bench/cmd/p1
 has p2 && run "P2: kontrol with 10,000 kites (kloud serve process) vs raw WebSocket connects" go run ./bench/cmd/p2
+has p2replicas && run "P2 across 3 kloud replicas on one store server, then a SIGKILL (failover) vs raw WebSocket connects" go run ./bench/cmd/p2 -replicas 3
 has tfapply && run "Terraformer apply overhead vs terraform apply" go run ./bench/tfapply -n 20
 has storegrowth && run "Store growth: job update, machine transition, stack.apply's store share with 100/1,000/10,000 finished jobs" go run ./bench/storegrowth
 has plugin && run "Provider plugins: the example provider in-process vs as a plugin (machine.info, stack.apply, restart after a crash)" go run ./bench/plugin

@@ -18,6 +18,12 @@
 //  5. Queries: kontrol.query {query:{id}} for Queries ids, one after another on the admin
 //     connection; each must return exactly that kite.
 //
+// RunReplicas (replicas.go) is the same across several `kloud serve --replicas` on one `kloud
+// store serve` (issue 24): kites spread round robin, queries asked on a replica that does not
+// hold the kite, memory per replica, then one replica SIGKILLed and the time until its kites are
+// registered on the others. Its kites have machine agent keys signed with the replicas' shared
+// signing key (the store), since only agents are visible across replicas.
+//
 // Every process it starts is stopped by its pid when Run returns, on failure too (and dies with
 // this one: Pdeathsig).
 package p2
@@ -80,6 +86,14 @@ type Options struct {
 	// RegisterTimeout bounds the registration phase (default 3m): kites not registered by then
 	// count as failed, so a server that cannot keep up gives a result instead of a hang.
 	RegisterTimeout time.Duration
+	// Replicas, for RunReplicas, is how many `kloud serve --replicas` share one `kloud store
+	// serve` (default 3); FailoverTimeout bounds the wait for the killed replica's kites to be
+	// registered again elsewhere (default 3m).
+	Replicas        int
+	FailoverTimeout time.Duration
+	// KiteKeys, for RunReplicas, gives the kites kontrol.createKey kite keys instead of machine
+	// agent keys (which the replicas' presence records, and so kontrol.query across them, need).
+	KiteKeys bool
 }
 
 // Servers of Options.Server.
@@ -249,7 +263,7 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 
 	// Kite keys, minted before the registrations start (not timed with them).
 	t0 := time.Now()
-	keys, ids, err := mintKeys(ctx, ac, opts.Kites)
+	keys, ids, err := mintKeys(ctx, []*kite.Conn{ac}, opts.Kites)
 	if err != nil {
 		return nil, err
 	}
@@ -486,13 +500,14 @@ func adminConn(ctx context.Context, url, adminKeyPath string) (*kite.Kite, *kite
 }
 
 // mintKeys has kontrol mint n kite keys for user "sim" (kontrol.createKey on the admin
-// connection, a few calls at a time). It goes through the protocol rather than the keyring
-// because where kloud keeps its signing keys is its own business (a file, then the store).
-func mintKeys(ctx context.Context, c *kite.Conn, n int) (keys, ids []string, err error) {
+// connections, key i on cs[i%len(cs)], 8 calls at a time per connection). It goes through the
+// protocol rather than the keyring because where kloud keeps its signing keys is its own
+// business (a file, then the store).
+func mintKeys(ctx context.Context, cs []*kite.Conn, n int) (keys, ids []string, err error) {
 	keys, ids = make([]string, n), make([]string, n)
-	res := fanOut(ctx, n, 8, func(ctx context.Context, i int) error {
+	res := fanOut(ctx, n, 8*len(cs), func(ctx context.Context, i int) error {
 		var r kontrol.CreateKeyResult
-		if err := c.Call(ctx, "kontrol.createKey", kontrol.CreateKeyParams{Username: "sim"}, &r); err != nil {
+		if err := cs[i%len(cs)].Call(ctx, "kontrol.createKey", kontrol.CreateKeyParams{Username: "sim"}, &r); err != nil {
 			return fmt.Errorf("kontrol.createKey: %w", err)
 		}
 		keys[i], ids[i] = r.Key, r.KiteID

@@ -1,6 +1,7 @@
 // Command p2 runs the P2 benchmark (kontrol in a real `kloud serve` process with 10,000
-// simulated kites) and prints the figures; see package p2. With -serve-raw it is the baseline's
-// WebSocket echo server instead (p2 starts it so).
+// simulated kites) and prints the figures; see package p2. With -replicas 3 it is P2 across
+// three kloud replicas on one store server, and their failover (p2.RunReplicas). With -serve-raw
+// it is the baseline's WebSocket echo server instead (p2 starts it so).
 package main
 
 import (
@@ -30,6 +31,9 @@ func main() {
 	flag.IntVar(&o.Dialers, "dialers", 200, "connections opened at once")
 	flag.IntVar(&o.Queries, "queries", 10000, "kontrol.query calls timed")
 	flag.BoolVar(&o.Keep, "keep", false, "keep the temp dir (data dir and logs)")
+	flag.IntVar(&o.Replicas, "replicas", 0, "run across this many `kloud serve --replicas` on one `kloud store serve` (0: one kloud serve), then SIGKILL one and time the failover")
+	flag.DurationVar(&o.FailoverTimeout, "failover-timeout", 3*time.Minute, "with -replicas: bound on the wait for the killed replica's kites to be back")
+	flag.BoolVar(&o.KiteKeys, "kite-keys", false, "with -replicas: kontrol.createKey kite keys instead of machine agent keys (not found across replicas)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -50,6 +54,15 @@ func main() {
 	o.Raw = !*noRaw
 	if !*quiet {
 		o.Progress = os.Stderr
+	}
+	if o.Replicas > 0 {
+		rep, err := p2.RunReplicas(ctx, o)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "p2:", err)
+			os.Exit(1)
+		}
+		rep.Write(os.Stdout)
+		return // a missed target is a result, not a failure of the program
 	}
 	rep, err := p2.Run(ctx, o)
 	if err != nil {
