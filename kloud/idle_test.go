@@ -315,10 +315,12 @@ func TestIdlePortForwardKeepsTheMachine(t *testing.T) {
 	// An echo server "in the machine" (the dummy machine's loopback is this host's).
 	port := echoServer(t)
 	cookie := e.login("alice", "alice-password")
-	e.set(api.MachineSetParams{IdleTimeout: "3s"})
+	// 6 s, not 3: on a host loaded forty times over (CI), 3 s of idleness passed between the
+	// tunnel's pings and the machine was stopped under the test's traffic.
+	e.set(api.MachineSetParams{IdleTimeout: "6s"})
 	tun := dialTunnel(t, e.URL, e.machine.ID, port, cookie)
 	r := bufio.NewReader(tun)
-	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); {
+	for end := time.Now().Add(24 * time.Second); time.Now().Before(end); {
 		fmt.Fprintf(tun, "ping\n")
 		if line, err := r.ReadString('\n'); err != nil || line != "ping\n" {
 			t.Fatalf("through the tunnel: %q %v", line, err)
@@ -329,7 +331,7 @@ func TestIdlePortForwardKeepsTheMachine(t *testing.T) {
 		t.Fatalf("a machine with port-forward traffic: %s, stop jobs %+v", mi.State, e.stopJobs())
 	}
 	tun.Close()
-	if mi := e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 3s" {
+	if mi := e.waitState(provider.Stopped, time.Minute); mi.Reason != "idle for 6s" {
 		t.Fatalf("reason: %q", mi.Reason)
 	}
 }
