@@ -190,35 +190,30 @@ func (m *mesh) drop(id string) {
 	}
 }
 
-// beating reports whether replica id's record is not past its expiry: as the last beat read it,
-// else (a replica started since, or one whose record the beat saw expiring) from the store.
-func (m *mesh) beating(ctx context.Context, id string) bool {
-	m.mu.Lock()
-	r, ok := m.known[id]
-	m.mu.Unlock()
-	now := m.s.store.Now()
-	if !ok || !r.ExpiresAt.After(now) {
-		var err error
-		if r, err = m.s.store.Replicas().Get(ctx, id); err != nil {
-			return false
-		}
-	}
-	return r.ExpiresAt.After(now)
-}
-
-// live returns the record of replica id if it is alive (not past its expiry): as the last beat
-// read it, else (a replica started since) from the store.
-func (m *mesh) live(ctx context.Context, id string) (store.ReplicaRecord, error) {
+// beating returns the record of replica id and whether it is not past its expiry: as the last
+// beat read it, else (a replica started since, or one whose record the beat saw expiring) from
+// the store.
+func (m *mesh) beating(ctx context.Context, id string) (store.ReplicaRecord, bool, error) {
 	m.mu.Lock()
 	r, ok := m.known[id]
 	m.mu.Unlock()
 	if !ok || !r.ExpiresAt.After(m.s.store.Now()) {
 		var err error
 		if r, err = m.s.store.Replicas().Get(ctx, id); err != nil {
-			return r, err
+			return r, false, err
 		}
 	}
-	if !r.ExpiresAt.After(m.s.store.Now()) {
+	return r, r.ExpiresAt.After(m.s.store.Now()), nil
+}
+
+// live returns the record of replica id if it is alive (beating) and reachable (has an internal
+// URL).
+func (m *mesh) live(ctx context.Context, id string) (store.ReplicaRecord, error) {
+	r, ok, err := m.beating(ctx, id)
+	if err != nil {
+		return r, err
+	}
+	if !ok {
 		return r, fmt.Errorf("replica %s stopped beating at %s: %w", id, r.LastSeen.Format(time.RFC3339), store.ErrNotFound)
 	}
 	if r.InternalURL == "" {
@@ -382,7 +377,7 @@ func (m *mesh) elsewhere(ctx context.Context, q kite.Identity) ([]kontrol.KiteIn
 		}
 		ok, seen := alive[r.Replica]
 		if !seen {
-			ok = m.beating(ctx, r.Replica)
+			_, ok, _ = m.beating(ctx, r.Replica) // an unreadable record: not shown, as a dead one
 			alive[r.Replica] = ok
 		}
 		if !ok {

@@ -211,10 +211,10 @@ func (p *storePresence) run(ctx context.Context) {
 	}
 }
 
-// presenceBatch is the most changes run writes in one command.
+// presenceBatch is the most changes run hands to one store.Kites.Write.
 const presenceBatch = 500
 
-// write writes batch's changes (id → registration, nil = removed), presenceBatch per command: a
+// write writes batch's changes (id → registration, nil = removed), presenceBatch per Write: a
 // burst of registrations (agents reconnecting after a replica died, kloud restarted) costs a
 // few round trips to the store, not one each. A failed command is logged and its changes
 // dropped, as a failed single write was: the next registration of a kite writes it again, and

@@ -50,7 +50,16 @@ func (k *Kites) Upsert(ctx context.Context, r KiteRecord) error {
 	if r.ID == "" {
 		return errors.New("upsert kite: empty id")
 	}
-	now := k.s.Now()
+	r.stamp(k.s.Now())
+	_, err := k.s.Collection(CollKites).ReplaceOne(ctx, bson.M{"_id": r.ID}, r, options.Replace().SetUpsert(true))
+	if err != nil {
+		return fmt.Errorf("upsert kite %q: %w", r.ID, err)
+	}
+	return nil
+}
+
+// stamp defaults ConnectedAt and LastSeen to now and puts both in UTC.
+func (r *KiteRecord) stamp(now time.Time) {
 	if r.ConnectedAt.IsZero() {
 		r.ConnectedAt = now
 	}
@@ -58,11 +67,6 @@ func (k *Kites) Upsert(ctx context.Context, r KiteRecord) error {
 		r.LastSeen = now
 	}
 	r.ConnectedAt, r.LastSeen = r.ConnectedAt.UTC(), r.LastSeen.UTC()
-	_, err := k.s.Collection(CollKites).ReplaceOne(ctx, bson.M{"_id": r.ID}, r, options.Replace().SetUpsert(true))
-	if err != nil {
-		return fmt.Errorf("upsert kite %q: %w", r.ID, err)
-	}
-	return nil
 }
 
 // Write applies a batch of presence changes: each record of upserts is written whole (as
@@ -82,13 +86,7 @@ func (k *Kites) Write(ctx context.Context, upserts []KiteRecord, removes []strin
 		if r.ID == "" {
 			return errors.New("write kites: empty id")
 		}
-		if r.ConnectedAt.IsZero() {
-			r.ConnectedAt = now
-		}
-		if r.LastSeen.IsZero() {
-			r.LastSeen = now
-		}
-		r.ConnectedAt, r.LastSeen = r.ConnectedAt.UTC(), r.LastSeen.UTC()
+		r.stamp(now)
 		ids = append(ids, r.ID)
 		docs = append(docs, r)
 	}
