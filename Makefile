@@ -71,7 +71,7 @@ fuzz: setup ## run every fuzz target for FUZZTIME each (default 10m: targets × 
 # `make test` runs its short version (CHAOS_N=1).
 CHAOS_N ?= 20
 chaos: setup ## run the fault suite: SIGKILL of kloud, terraformer, a plugin, klient at random moments, and network cuts of 30 s and 60 s, CHAOS_N=20 times each (as root)
-	$(ENV) CHAOS_N=$(CHAOS_N) $(GO) test -p 1 -count=1 -parallel 7 -timeout 150m -run '^TestChaos$$' -v ./chaos
+	$(ENV) CHAOS_N=$(CHAOS_N) CHAOS_TARGETS=1 $(GO) test -p 1 -count=1 -parallel 7 -timeout 150m -run '^TestChaos$$' -v ./chaos
 	$(ENV) CHAOS_N=$(CHAOS_N) $(GO) test -count=1 -timeout 150m -run '^TestNetworkCut$$' -v ./e2e
 
 bench: setup build ## run the benchmarks against their baselines (see bench/RESULTS.md)

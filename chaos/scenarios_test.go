@@ -136,11 +136,11 @@ func settles(s scenario, d time.Duration) scenario {
 
 // TestChaos runs every scenario CHAOS_N times (default 1), each in a world of its own, in
 // parallel, and prints the table of outcomes (written to CHAOS_REPORT too). A scenario fails
-// unless every run ended as the user asked, none stuck or leaked, and (kloud killed) every
-// resumption took less than 3 s plus CHAOS_SLACK.
+// unless every run ended as the user asked, none stuck or leaked, and (kloud killed, with
+// CHAOS_TARGETS=1) every resumption took less than 3 s plus CHAOS_SLACK.
 func TestChaos(t *testing.T) {
 	cfg := config(t)
-	t.Logf("chaos: CHAOS_N=%d CHAOS_SEED=%d CHAOS_SLACK=%s (repeat with these)", cfg.n, cfg.seed, cfg.slack)
+	t.Logf("chaos: CHAOS_N=%d CHAOS_SEED=%d CHAOS_SLACK=%s CHAOS_TARGETS=%v (repeat with these)", cfg.n, cfg.seed, cfg.slack, cfg.timed)
 	var mu sync.Mutex
 	var rows []summary
 	t.Cleanup(func() { // after every parallel subtest
@@ -168,9 +168,12 @@ func TestChaos(t *testing.T) {
 }
 
 type chaosConfig struct {
-	n      int
-	seed   uint64
-	slack  time.Duration
+	n     int
+	seed  uint64
+	slack time.Duration
+	// timed: assert the recovery target (CHAOS_TARGETS=1, set by make chaos); otherwise the
+	// recovery times are figures in the table.
+	timed  bool
 	commit string // the tree the suite was built from
 }
 
@@ -187,6 +190,7 @@ func config(t *testing.T) chaosConfig {
 			t.Fatalf("CHAOS_SEED=%q: %v", v, err)
 		}
 	}
+	c.timed = os.Getenv("CHAOS_TARGETS") == "1"
 	if v := os.Getenv("CHAOS_SLACK"); v != "" {
 		if c.slack, err = time.ParseDuration(v); err != nil {
 			t.Fatalf("CHAOS_SLACK=%q: %v", v, err)
@@ -540,6 +544,13 @@ func (s summary) assert(t *testing.T, cfg chaosConfig) {
 			t.Errorf("run %d (kill at %s): the restarted kloud did not run the job again", i+1, r.killAt.Round(time.Millisecond))
 		}
 		if s.victim == "kloud" && r.recovery > resumeTarget+cfg.slack {
+			if !cfg.timed {
+				// make test shares 2 cores with every other package: a figure there, not a
+				// verdict (the table shows it).
+				t.Logf("NOTE: run %d (kill at %s): the restarted kloud resumed the job after %s, over the target %s (+%s slack); asserted only under make chaos (CHAOS_TARGETS=1)", i+1,
+					r.killAt.Round(time.Millisecond), r.recovery.Round(time.Millisecond), resumeTarget, cfg.slack)
+				continue
+			}
 			t.Errorf("run %d (kill at %s): the restarted kloud resumed the job after %s, target %s (+%s slack)", i+1,
 				r.killAt.Round(time.Millisecond), r.recovery.Round(time.Millisecond), resumeTarget, cfg.slack)
 		}

@@ -396,7 +396,10 @@ func (l *launcher) supervise(p *launched) {
 			return
 		default:
 		}
-		if time.Since(started) >= l.o.ResetAfter {
+		// Only time connected counts as service: on a loaded host a sandboxed start can take
+		// longer than ResetAfter by itself, and a plugin that dies right after that is still
+		// crash-looping (ci of 05fc853: 13s to register, killed 3s later, attempt 1 again).
+		if l.plugins.Served(p.name, started) >= l.o.ResetAfter {
 			attempt = 0
 		}
 		delay := l.backoff(attempt)

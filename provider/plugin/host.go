@@ -236,6 +236,23 @@ func (h *Host) SetError(name string, err error) {
 	}
 }
 
+// Served reports how long the plugin name was connected in its last connection begun after
+// since (until it disconnected, or until now while it is connected); 0 if it has not connected
+// since then. A supervisor uses it to tell a plugin that served from one that crash-loops: the
+// time a slow start took does not count.
+func (h *Host) Served(name string, since time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.plugins[name]
+	if e == nil || e.connectedAt.Before(since) {
+		return 0
+	}
+	if e.conn != nil || e.disconnectedAt.Before(e.connectedAt) {
+		return time.Since(e.connectedAt)
+	}
+	return e.disconnectedAt.Sub(e.connectedAt)
+}
+
 // Wait waits until the plugin name is connected and registered, or ctx ends.
 func (h *Host) Wait(ctx context.Context, name string) error {
 	for {

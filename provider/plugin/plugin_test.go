@@ -758,6 +758,16 @@ func TestConnection(t *testing.T) {
 		if st, err := info(); err != nil || st != provider.NotInitialized {
 			t.Fatalf("info after reconnect: %v %v", st, err)
 		}
+		// Served counts the connection begun after a time, not time before it.
+		if d := e.host.Served("files", before); d <= 0 {
+			t.Errorf("Served since the reconnect: %s", d)
+		}
+		if d := e.host.Served("files", time.Now().Add(time.Second)); d != 0 {
+			t.Errorf("Served since a time after the last connection: %s, want 0", d)
+		}
+		if d := e.host.Served("nosuch", before); d != 0 {
+			t.Errorf("Served of an unknown plugin: %s", d)
+		}
 	})
 
 	t.Run("disconnect mid-call", func(t *testing.T) {

@@ -90,9 +90,13 @@ const (
 // not on curl's command line; the script on stdin; the boot names the machine resource's id in
 // Terraform's state (RESOURCE), which the machine's record keeps for kloud's garbage collector.
 // --fail-with-body makes curl fail with the service's reason, which Terraform then shows.
+// --retry asks again after a transient answer (503: the plugin died during the request and kloud
+// is starting it again; the chaos suite's plugin-apply found a build failing on that): boot and
+// destroy are idempotent, and curl keeps the script it read from stdin for the next attempt.
 const (
-	bootCommand    = `printf '%s' "$SCRIPT" | curl --fail-with-body -sS -m 120 -H @<(echo "Authorization: Bearer $TOKEN") --data-binary @- "$URL/boot?resource=$RESOURCE"`
-	destroyCommand = `curl --fail-with-body -sS -m 120 -X POST -H @<(echo "Authorization: Bearer $TOKEN") "$URL/destroy"`
+	curlRetry      = `--retry 5 --retry-delay 2`
+	bootCommand    = `printf '%s' "$SCRIPT" | curl --fail-with-body -sS -m 120 ` + curlRetry + ` -H @<(echo "Authorization: Bearer $TOKEN") --data-binary @- "$URL/boot?resource=$RESOURCE"`
+	destroyCommand = `curl --fail-with-body -sS -m 120 ` + curlRetry + ` -X POST -H @<(echo "Authorization: Bearer $TOKEN") "$URL/destroy"`
 )
 
 // localExec is a resource's local-exec provisioner running command with bash, at destroy if when
