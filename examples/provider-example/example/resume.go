@@ -26,7 +26,8 @@ import (
 // build that made it may be waiting for its agent. Resume starts, for every machine whose boot
 // finished and that was not stopped (record Off), its agent again from its disk; a machine whose
 // provisioning was cut before it installed the agent has its provisioning script run again from
-// the start (as a VM whose first boot died). It returns how many machines it powered on; a
+// the start (as a VM whose first boot died), as has one whose provisioning (which runs on in the
+// background after the boot) had not finished. It returns how many machines it powered on; a
 // machine it could not start is logged and counted in the error, the others still start.
 func Resume(ctx context.Context, o Options) (int, error) {
 	e := newExample(o)
@@ -74,12 +75,15 @@ func (e *example) resume(ctx context.Context, stackID, label string) (bool, erro
 	if supervisor(dir) > 0 {
 		return false, nil
 	}
-	if _, err := os.Stat(filepath.Join(dir, userdata.StartKlientPath)); err == nil {
+	if provisioned(dir) {
 		m := &machine{e: e, b: &provider.BaseMachine{StackID: stackID, Label: label}}
 		_, err := m.Start(ctx)
 		return err == nil, err
 	}
-	// Provisioning never got as far as the agent's starter: provision from the start.
+	// Provisioning did not finish (it runs in the background after the boot, and died with the
+	// plugin): provision from the start. Starting only the agent would leave it reporting a
+	// step that never ends, and the build waiting for it until the planner's timeout (the
+	// chaos suite's plugin-apply, killed 0.7 s after terraform's apply ended).
 	defer e.lock(dir)()
 	if err := stopMachine(ctx, dir); err != nil {
 		return false, fmt.Errorf("%s: %w", label, err)
@@ -94,6 +98,17 @@ func (e *example) resume(ctx context.Context, stackID, label string) (bool, erro
 		return false, fmt.Errorf("%s: provision again: %w: %s", label, err, strings.TrimSpace(string(out)))
 	}
 	return true, nil
+}
+
+// provisioned reports whether provisioning of the machine at dir ran to its end (provision.sh's
+// status says step done, ok or failed): then its agent only needs starting again.
+func provisioned(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, userdata.ProvisionStatusPath))
+	if err != nil {
+		return false
+	}
+	var st userdata.ProvisionStatus
+	return json.Unmarshal(b, &st) == nil && st.Step == userdata.StepDone
 }
 
 // resumeFailedPath, in a machine's disk, holds why Resume could not power it on again (removed

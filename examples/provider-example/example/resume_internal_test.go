@@ -56,3 +56,46 @@ func TestResumeFailureOnConsole(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeProvisionsAgainWhenCut: provisioning runs on in the background after the boot, so
+// a plugin killed after the boot can leave the agent's starter in place and provisioning cut
+// (status start-klient ok, never done). Resume runs the machine's provisioning again from the
+// start rather than only starting the agent, which would report a step that never ends (chaos
+// plugin-apply: the build waited for it until the planner's timeout).
+func TestResumeProvisionsAgainWhenCut(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{Dir: dir, Logger: testutil.Logger(t)}
+	e := newExample(o)
+	m := e.dir("st", "vm.0")
+	files := map[string]string{
+		userdata.StartKlientPath:     "#!/bin/bash\nexit 1\n", // starting only the agent fails the test
+		userdata.ProvisionStatusPath: `{"step":"start-klient","status":"ok","detail":"","time":"2026-11-30T20:33:23Z"}`,
+		"var/lib/cloud/user-data.txt": "touch \"$PWD/provisioned-again\"\n",
+	}
+	for name, content := range files {
+		p := filepath.Join(m, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.writeRecord("st", "vm.0", record{ID: "a", Complete: true}); err != nil {
+		t.Fatal(err)
+	}
+	if provisioned(m) {
+		t.Fatal("provisioned: true for a status of start-klient")
+	}
+	n, err := Resume(t.Context(), o)
+	if n != 1 || err != nil {
+		t.Fatalf("Resume: %d, %v; want vm.0 powered on", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(m, "provisioned-again")); err != nil {
+		t.Fatalf("provisioning did not run again: %v", err)
+	}
+	os.WriteFile(filepath.Join(m, userdata.ProvisionStatusPath), []byte(`{"step":"done","status":"ok"}`), 0o644)
+	if !provisioned(m) {
+		t.Fatal("provisioned: false for a status of done")
+	}
+}
