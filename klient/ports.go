@@ -41,20 +41,31 @@ func (kl *Klient) portConnect(ctx context.Context, r *kite.Request, p *klientapi
 		}
 		return nil, fmt.Errorf("%s: connect to port %d: %w: %w", r.Method, p.Port, err, kite.ErrUnavailable)
 	}
-	actx, cancel := context.WithTimeout(ctx, attachDialTimeout)
-	ws, err := webterm.Dial(actx, p.Attach, kl.opts.KontrolURL, kl.hc)
-	cancel()
+	t, err := kl.dialTunnel(ctx, p.Attach)
 	if err != nil {
 		tcp.Close()
 		return nil, fmt.Errorf("%s: %w: %w", r.Method, err, kite.ErrState)
 	}
 	kl.log.Info("port forward opened", "port", p.Port, "user", user)
 	go func() {
-		t := tunnel.New(ws, "kloud")
 		err := tunnel.Pipe(t, tcp)
 		kl.log.Info("port forward closed", "port", p.Port, "user", user, "err", err)
 	}()
 	return klientapi.PortConnectResult{Port: p.Port}, nil
+}
+
+// dialTunnel dials kloud's attach endpoint for attachment a (within attachDialTimeout) and
+// returns the tunnel over it, its messages sized to what kloud said it reads.
+func (kl *Klient) dialTunnel(ctx context.Context, a klientapi.Attach) (*tunnel.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, attachDialTimeout)
+	defer cancel()
+	ws, h, err := webterm.DialHeader(actx, a, kl.opts.KontrolURL, kl.hc, tunnel.Header(nil))
+	if err != nil {
+		return nil, err
+	}
+	t := tunnel.New(ws, "kloud")
+	t.SetPeerLimit(tunnel.PeerLimit(h))
+	return t, nil
 }
 
 // dialPort connects to port on the machine's loopback: 127.0.0.1, else ::1 (a server bound to

@@ -128,13 +128,10 @@ func (kl *Klient) sshConnect(ctx context.Context, r *kite.Request, p *klientapi.
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := context.WithTimeout(ctx, attachDialTimeout)
-	ws, err := webterm.Dial(actx, p.Attach, kl.opts.KontrolURL, kl.hc)
-	cancel()
+	t, err := kl.dialTunnel(ctx, p.Attach)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w: %w", r.Method, err, kite.ErrState)
 	}
-	t := tunnel.New(ws, "kloud")
 	kl.ssh.mu.Lock()
 	n := 0
 	for _, u := range kl.ssh.conns {

@@ -182,11 +182,13 @@ func compare(ctx context.Context, cfg config, what string, kc *kloudchild.Kloud,
 	viaKloud := func() (net.Conn, error) {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		ws, _, err := websocket.Dial(dctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + kc.Session}}})
+		ws, resp, err := websocket.Dial(dctx, wsURL, &websocket.DialOptions{HTTPHeader: tunnel.Header(http.Header{"Authorization": {"Bearer " + kc.Session}})})
 		if err != nil {
 			return nil, err
 		}
-		return tunnel.New(ws, "bench"), nil
+		t := tunnel.New(ws, "bench") // as `kloud port-forward` dials (kloud/cli/portforward.go)
+		t.SetPeerLimit(tunnel.PeerLimit(resp.Header))
+		return t, nil
 	}
 	dialDirect := func() (net.Conn, error) { return net.Dial("tcp", direct) }
 	deadline := time.Now().Add(60 * time.Second)

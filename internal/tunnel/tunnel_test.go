@@ -3,12 +3,14 @@ package tunnel_test
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -118,4 +120,110 @@ func TestPipePassesReason(t *testing.T) {
 		t.Fatalf("the client's read after the agent's refusal: %v", err)
 	}
 	<-done
+}
+
+// pairHeaders is pair with the read-limit handshake as kloud and klient make it: each side
+// says what it reads (tunnel.Header), and sizes its messages to what the other said. old makes
+// the dialing side a build before the header (no header sent, none read).
+func pairHeaders(t *testing.T, old bool) (client, server *tunnel.Conn) {
+	t.Helper()
+	acc := make(chan *tunnel.Conn, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tunnel.Header(w.Header())
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		s := tunnel.New(ws, "client")
+		s.SetPeerLimit(tunnel.PeerLimit(r.Header))
+		acc <- s
+	}))
+	t.Cleanup(srv.Close)
+	var h http.Header
+	if !old {
+		h = tunnel.Header(nil)
+	}
+	ws, resp, err := websocket.Dial(t.Context(), "ws"+strings.TrimPrefix(srv.URL, "http"), &websocket.DialOptions{HTTPHeader: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tunnel.New(ws, "server")
+	if old {
+		ws.SetReadLimit(tunnel.MaxFrame) // what the old build read
+	} else {
+		c.SetPeerLimit(tunnel.PeerLimit(resp.Header))
+	}
+	s := <-acc
+	t.Cleanup(func() { c.WebSocket().CloseNow(); s.WebSocket().CloseNow() })
+	return c, s
+}
+
+// TestMessageSizes: peers that both say what they read exchange BigChunk messages; a peer that
+// said nothing (an older klient or CLI) gets MaxChunk ones, which it reads.
+func TestMessageSizes(t *testing.T) {
+	sizes := func(t *testing.T, from, to *tunnel.Conn) []int {
+		t.Helper()
+		msg := make([]byte, 3*tunnel.BigChunk)
+		go func() { from.Write(msg); from.CloseWrite() }()
+		var out []int
+		for {
+			typ, b, err := to.WebSocket().Read(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if typ == websocket.MessageText {
+				return out
+			}
+			out = append(out, len(b))
+		}
+	}
+	t.Run("both new", func(t *testing.T) {
+		c, s := pairHeaders(t, false)
+		if got := sizes(t, c, s); len(got) != 3 || got[0] != tunnel.BigChunk {
+			t.Errorf("client to server: messages %v, want 3 of %d", got, tunnel.BigChunk)
+		}
+		if got := sizes(t, s, c); len(got) != 3 || got[0] != tunnel.BigChunk {
+			t.Errorf("server to client: messages %v, want 3 of %d", got, tunnel.BigChunk)
+		}
+	})
+	t.Run("old client", func(t *testing.T) {
+		c, s := pairHeaders(t, true)
+		got := sizes(t, s, c)
+		if len(got) != 3*tunnel.BigChunk/tunnel.MaxChunk || got[0] != tunnel.MaxChunk {
+			t.Errorf("server to an old client: %d messages of %v, want %d of %d", len(got), got[:1], 3*tunnel.BigChunk/tunnel.MaxChunk, tunnel.MaxChunk)
+		}
+	})
+}
+
+// TestDeadlines: a deadline already past fails a read at once and leaves the tunnel usable; one
+// that passes while a read blocks cuts it with a timeout error.
+func TestDeadlines(t *testing.T) {
+	c, s := pair(t)
+	c.SetReadDeadline(time.Now().Add(-time.Second))
+	if _, err := c.Read(make([]byte, 1)); !isTimeout(err) {
+		t.Fatalf("read past its deadline: %v, want a timeout", err)
+	}
+	c.SetReadDeadline(time.Time{})
+	go s.Write([]byte("x"))
+	b := make([]byte, 1)
+	if _, err := io.ReadFull(c, b); err != nil || b[0] != 'x' {
+		t.Fatalf("read after the deadline was lifted: %q %v", b, err)
+	}
+	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	start := time.Now()
+	if _, err := c.Read(b); !isTimeout(err) {
+		t.Fatalf("a read blocked past its deadline: %v, want a timeout", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the blocked read ended %s after its deadline", d)
+	}
+	if _, err := c.Read(b); err == nil {
+		t.Fatal("a read after a cut one succeeded")
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

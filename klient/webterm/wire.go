@@ -17,22 +17,29 @@ import (
 // Dial opens klient's side of an attachment: a WebSocket to a.URL with the ticket. hc, if not
 // nil, makes the request (klient's, trusting kloud's CA); nil: net/http's default client.
 func Dial(ctx context.Context, a Attach, kontrolURL string, hc *http.Client) (*websocket.Conn, error) {
+	ws, _, err := DialHeader(ctx, a, kontrolURL, hc, nil)
+	return ws, err
+}
+
+// DialHeader is Dial with headers h on the request; it also returns the 101 answer's headers
+// (a tunnel's read limit, see internal/tunnel).
+func DialHeader(ctx context.Context, a Attach, kontrolURL string, hc *http.Client, h http.Header) (*websocket.Conn, http.Header, error) {
 	u, err := klientapi.CheckAttachURL(a.URL, kontrolURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	q := u.Query()
 	q.Set("ticket", a.Ticket)
 	u.RawQuery = q.Encode()
-	ws, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPClient: hc})
+	ws, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPClient: hc, HTTPHeader: h})
 	if err != nil {
 		if resp != nil {
-			return nil, fmt.Errorf("dial %s%s: %s: %w", u.Host, u.Path, resp.Status, err)
+			return nil, nil, fmt.Errorf("dial %s%s: %s: %w", u.Host, u.Path, resp.Status, err)
 		}
-		return nil, fmt.Errorf("dial %s%s: %w", u.Host, u.Path, err)
+		return nil, nil, fmt.Errorf("dial %s%s: %w", u.Host, u.Path, err)
 	}
 	ws.SetReadLimit(MaxFrame)
-	return ws, nil
+	return ws, resp.Header, nil
 }
 
 // ServeOptions tune Serve.

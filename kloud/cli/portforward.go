@@ -131,7 +131,7 @@ func serveForward(ctx context.Context, hc *http.Client, ln net.Listener, wsURL, 
 func dialForward(ctx context.Context, hc *http.Client, wsURL, cred string) (*tunnel.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	ws, resp, err := websocket.Dial(dctx, wsURL, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: http.Header{"Authorization": {"Bearer " + cred}}})
+	ws, resp, err := websocket.Dial(dctx, wsURL, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: tunnel.Header(http.Header{"Authorization": {"Bearer " + cred}})})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			var e struct{ Error string }
@@ -143,5 +143,7 @@ func dialForward(ctx context.Context, hc *http.Client, wsURL, cred string) (*tun
 		}
 		return nil, err
 	}
-	return tunnel.New(ws, "kloud"), nil
+	t := tunnel.New(ws, "kloud")
+	t.SetPeerLimit(tunnel.PeerLimit(resp.Header))
+	return t, nil
 }

@@ -102,7 +102,9 @@ func (h *Hub) dialBack(ctx context.Context, user string, m *model.Machine, metho
 	}
 	select {
 	case a := <-ch:
-		return tunnel.New(a.ws, name), nil
+		t := tunnel.New(a.ws, name)
+		t.SetPeerLimit(a.peerLimit)
+		return t, nil
 	case <-cctx.Done():
 		return nil, fmt.Errorf("klient answered %s but its tunnel never arrived: %w", method, kite.ErrTimeout)
 	}
@@ -158,12 +160,15 @@ func (h *Hub) serveTunnel(w http.ResponseWriter, r *http.Request, k tunnelKind) 
 		writeErr(w, err)
 		return
 	}
+	tunnel.Header(w.Header())
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: h.o.Browser.OriginPatterns(h.o.PublicURL)})
 	if err != nil {
 		far.CloseWith(tunnel.CloseNormal, "the client went away")
 		return
 	}
-	near := &countingConn{Conn: tunnel.New(ws, "client"), touch: func() { h.touch(m.ID) }}
+	nt := tunnel.New(ws, "client")
+	nt.SetPeerLimit(tunnel.PeerLimit(r.Header))
+	near := &countingConn{Conn: nt, touch: func() { h.touch(m.ID) }}
 	defer h.track(r, func() { // revoke.go
 		far.CloseWith(tunnel.CloseNormal, RevokedReason)
 		ws.Close(websocket.StatusPolicyViolation, RevokedReason)

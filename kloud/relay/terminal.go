@@ -19,6 +19,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kloud-dev/kloud/internal/tunnel"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/kloud/kloudhttp"
@@ -278,6 +279,8 @@ func (h *Hub) waitAgent(ctx context.Context, browser *websocket.Conn, user strin
 type attachment struct {
 	ws  *websocket.Conn
 	raw net.Conn // nil when unknown
+	// peerLimit is the largest message klient reads on it (tunnel.PeerLimit of its request).
+	peerLimit int
 }
 
 // hijackRecorder keeps the connection websocket.Accept hijacks from the ResponseWriter.
@@ -344,12 +347,13 @@ func (h *Hub) ServeAttach(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hw := &hijackRecorder{ResponseWriter: w}
+	tunnel.Header(w.Header()) // a tunnel's klient sends kloud messages up to tunnel.ReadLimit
 	ws, err := websocket.Accept(hw, r, nil)
 	if err != nil {
 		return
 	}
-	ws.SetReadLimit(klientapi.MaxFrame)
-	ch <- attachment{ws: ws, raw: hw.conn} // buffered; the waiter takes it or drops the ticket's channel
+	ws.SetReadLimit(klientapi.MaxFrame)                                           // a terminal's; a tunnel's is tunnel.New's
+	ch <- attachment{ws: ws, raw: hw.conn, peerLimit: tunnel.PeerLimit(r.Header)} // buffered; the waiter takes it or drops the ticket's channel
 }
 
 // termRelay copies frames between a browser and klient; each direction holds at most one
