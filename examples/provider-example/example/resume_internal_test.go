@@ -68,8 +68,8 @@ func TestResumeProvisionsAgainWhenCut(t *testing.T) {
 	e := newExample(o)
 	m := e.dir("st", "vm.0")
 	files := map[string]string{
-		userdata.StartKlientPath:     "#!/bin/bash\nexit 1\n", // starting only the agent fails the test
-		userdata.ProvisionStatusPath: `{"step":"start-klient","status":"ok","detail":"","time":"2026-11-30T20:33:23Z"}`,
+		userdata.StartKlientPath:      "#!/bin/bash\nexit 1\n", // starting only the agent fails the test
+		userdata.ProvisionStatusPath:  `{"step":"start-klient","status":"ok","detail":"","time":"2026-11-30T20:33:23Z"}`,
 		"var/lib/cloud/user-data.txt": "touch \"$PWD/provisioned-again\"\n",
 	}
 	for name, content := range files {
