@@ -16,6 +16,13 @@ package userdata
 // one extra constructor, python/unicode), when the image's PyYAML has it; the schema
 // annotations' loader with marks is left alone. It logs which parser cloud-init uses.
 //
+// Each stage sends its output through a tee (cloud-init's "output" setting, "| tee -a
+// /var/log/cloud-init-output.log"), which cloud-init starts with a preexec_fn through a shell:
+// a full fork of the Python process, 44 ms of CPU per stage on this host against 6.5 ms for a
+// tee spawned without one (vfork). For that exact setting the program spawns tee itself, with
+// the same umask (037) and, creating the log, the same group (adm); any other setting is
+// cloud-init's own. It logs which.
+//
 // Run it as `python3 -c CloudInitStages PREFIX`: it prints "<UTC time> PREFIX: cloud-init
 // <stage>" before and "...: exit N after T" after each stage on its standard output, as the
 // providers' boot logs did for the four processes. A stage's output redirection (cloud-init's
@@ -47,6 +54,29 @@ try:
     log("cloud-init's YAML parser: libyaml")
 except Exception as e:
     log("cloud-init's YAML parser: its own (%s: %s)" % (type(e).__name__, e))
+try:
+    import grp, re, subprocess
+    from cloudinit import util as _util
+    _redirect = _util.redirect_output
+    def _spawned_tee(outfmt, errfmt, o_out=None, o_err=None):
+        m = re.fullmatch(r"\| *tee -a (/[\w./-]+)", outfmt or "")
+        if not m or errfmt != outfmt or _util.is_true(os.environ.get("_CLOUD_INIT_SAVE_STDOUT")):
+            return _redirect(outfmt, errfmt, o_out, o_err)
+        path = m.group(1)
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            try:
+                os.fchown(fd, -1, grp.getgrnam("adm").gr_gid)
+            except KeyError:
+                pass
+            os.close(fd)
+        proc = subprocess.Popen(["tee", "-a", path], stdin=subprocess.PIPE, umask=0o037)
+        os.dup2(proc.stdin.fileno(), (o_out or sys.stdout).fileno())
+        os.dup2(proc.stdin.fileno(), (o_err or sys.stderr).fileno())
+    _util.redirect_output = _spawned_tee
+    log("cloud-init's output: tee spawned without a fork of python")
+except Exception as e:
+    log("cloud-init's output: as cloud-init spawns it (%s: %s)" % (type(e).__name__, e))
 for stage in (["init", "--local"], ["init"], ["modules", "--mode=config"], ["modules", "--mode=final"]):
     name = " ".join(stage)
     log("cloud-init " + name)

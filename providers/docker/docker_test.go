@@ -256,9 +256,10 @@ func TestMachinesThroughTerraform(t *testing.T) {
 		t.Errorf("console log without the boot script's and cloud-init's final stage:\n%s", log)
 	}
 	// The stages before the final one ended, in one Python process (userdata.CloudInitStages),
-	// which gave cloud-init libyaml's parser.
+	// which gave cloud-init libyaml's parser and spawned the stages' tee without a fork of python.
 	if !strings.Contains(log, "kloud-boot: cloud-init modules --mode=config: exit 0") || strings.Contains(log, "cannot import cloud-init") ||
-		!strings.Contains(log, "kloud-boot: cloud-init's YAML parser: libyaml") {
+		!strings.Contains(log, "kloud-boot: cloud-init's YAML parser: libyaml") ||
+		!strings.Contains(log, "kloud-boot: cloud-init's output: tee spawned without a fork of python") {
 		t.Errorf("cloud-init's stages did not run in one process:\n%s", log)
 	}
 	if out, err := exec(0, "test", "-s", "/var/log/cloud-init-output.log"); err != nil {

@@ -359,12 +359,16 @@ runcmd:
 		t.Errorf("write_files: %q", got)
 	}
 	e.exec(t, id, "test", "-s", "/var/log/cloud-init-output.log")
+	// As cloud-init's own tee made it: umask 037, the adm group.
+	if got := e.exec(t, id, "stat", "-c", "%a %G", "/var/log/cloud-init-output.log"); got != "640 adm" {
+		t.Errorf("cloud-init-output.log's mode and group: %q, want \"640 adm\"", got)
+	}
 	// cloud-init's four stages ran in one process (userdata.CloudInitStages), each with its own
 	// output redirection into cloud-init-output.log, which ended with it: no tee is left; and
 	// cloud-init parsed its YAML with libyaml.
 	console := e.console(id)
 	for _, want := range []string{"kloud-init: cloud-init init --local: exit 0", "kloud-init: cloud-init modules --mode=final: exit 0", "kloud-init: cloud-init's stages: exit 0",
-		"kloud-init: cloud-init's YAML parser: libyaml"} {
+		"kloud-init: cloud-init's YAML parser: libyaml", "kloud-init: cloud-init's output: tee spawned without a fork of python"} {
 		if !strings.Contains(console, want) {
 			t.Errorf("console has no %q:\n%s", want, console)
 		}
