@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/userdata"
 )
 
 // TestBackupRestore: a kloud with users, a team member's template and a stack of two dummy
@@ -92,6 +93,11 @@ resource "terraform_data" "vm" {
 		t.Errorf("users after the restore:\n%s\nwant:\n%s", got, users)
 	}
 	r.key = aliceKey // her kite key, signed by the restored keys, still works
+	t.Cleanup(func() {
+		if t.Failed() { // the agents' side of a reconnect that did not happen (ci49: one of two)
+			klientLogs(t, r.dummyDir())
+		}
+	})
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		after := r.machines(sid)
 		if len(after) != len(before) {
@@ -131,4 +137,19 @@ resource "terraform_data" "vm" {
 	if entries, _ := os.ReadDir(filepath.Join(e.dummyDir(), sid)); len(entries) != 0 {
 		t.Fatalf("machine directories left after destroy: %v", entries)
 	}
+}
+
+// klientLogs logs the end of every klient log under the dummy provider's machines directory.
+func klientLogs(t *testing.T, dir string) {
+	filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, userdata.KlientLogPath) {
+			return nil
+		}
+		b, _ := os.ReadFile(path)
+		if len(b) > 8<<10 {
+			b = b[len(b)-8<<10:]
+		}
+		t.Logf("%s:\n%s", path, b)
+		return nil
+	})
 }

@@ -108,13 +108,19 @@ func (s *Server) trackAgents(ctx context.Context) {
 // subscription never carries another replica's registrations), and a disconnect is written only
 // by the replica the record names (store.Machines.SetAgentOf).
 func (s *Server) setAgent(ctx context.Context, kiteID, status, version string) {
+	s.setAgentAs(ctx, kiteID, status, version, s.store.InstanceID())
+}
+
+// setAgentAs is setAgent written as replica: a disconnect applies only to a record that names
+// it (mesh.bury writes a dead replica's disconnects).
+func (s *Server) setAgentAs(ctx context.Context, kiteID, status, version, replica string) {
 	if !strings.HasPrefix(kiteID, AgentKitePrefix) {
 		return // not a machine's agent: no machine document to update
 	}
 	err := s.store.Persist(ctx, "agent status of "+kiteID, jobNoteTimeout, func(ctx context.Context) error {
 		// As this replica (several replicas share the store, ARCHITECTURE §9): a disconnect it
 		// notices after the agent reconnected to another replica does not undo that one's.
-		_, err := s.store.Machines().SetAgentOf(ctx, kiteID, status, version, s.store.InstanceID())
+		_, err := s.store.Machines().SetAgentOf(ctx, kiteID, status, version, replica)
 		return err
 	})
 	if err != nil && ctx.Err() == nil {

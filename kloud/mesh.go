@@ -144,11 +144,15 @@ func (m *mesh) sweep(ctx context.Context) {
 }
 
 // bury removes a dead replica's presence records, marks its agents disconnected and removes its
-// record; the record goes last, so a sweep cut short is done again by the next.
+// record; the record goes last, so a sweep cut short is done again by the next. The disconnect
+// is written as the dead replica: an agent whose machine record already names a live replica
+// (it registered again there, and its presence record was not yet rewritten) stays connected.
+// (Written as the sweeper, it was not: ci49's TestBackupRestore, where the restored kloud swept
+// the backed-up kloud's record while the agents came back, left one agent "disconnected".)
 func (m *mesh) bury(ctx context.Context, id string, now time.Time) {
 	gone, err := m.s.store.Kites().RemoveReplica(ctx, id)
 	for _, k := range gone {
-		m.s.setAgent(ctx, k, model.AgentDisconnected, "")
+		m.s.setAgentAs(ctx, k, model.AgentDisconnected, "", id)
 	}
 	if err == nil {
 		_, err = m.s.store.Replicas().Remove(ctx, id, now)

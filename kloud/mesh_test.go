@@ -21,6 +21,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
+	"github.com/kloud-dev/kloud/kloud/model"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/kloud/store/storetest"
 	"github.com/kloud-dev/kloud/kontrol/kontrolapi"
@@ -211,6 +212,18 @@ func TestReplicaMesh(t *testing.T) {
 	if err := st.Kites().Upsert(ctx, store.KiteRecord{ID: "agent.ghost", Username: "alice", Name: "klient", Replica: "dead.replica"}); err != nil {
 		t.Fatal(err)
 	}
+	// Two machines whose presence records name the dead replica: one last seen there, one whose
+	// agent registered again with A before its presence record was rewritten (ci49's
+	// TestBackupRestore: the sweep marked such an agent disconnected).
+	if err := st.Kites().Upsert(ctx, store.KiteRecord{ID: "agent.returned", Username: "alice", Name: "klient", Replica: "dead.replica"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Machines().InsertMany(ctx, []model.Machine{
+		{ID: "mesh-ghost", StackID: "mesh-none", Label: "ghost", KiteID: "agent.ghost", Agent: model.Agent{Status: model.AgentConnected, Replica: "dead.replica"}},
+		{ID: "mesh-returned", StackID: "mesh-none", Label: "returned", KiteID: "agent.returned", Agent: model.Agent{Status: model.AgentConnected, Replica: e.Server.ReplicaID()}},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		_, kerr := st.Kites().Get(ctx, "agent.ghost")
@@ -220,6 +233,13 @@ func TestReplicaMesh(t *testing.T) {
 	t.Logf("dead replica swept %v after its record expired (heartbeat 500ms, expiry 3 heartbeats)", time.Since(start).Round(time.Millisecond))
 	if r, err := st.Kites().Get(ctx, e.machine.KiteID); err != nil || r.Replica != e.Server.ReplicaID() {
 		t.Errorf("the live agent's record after the sweep: %+v %v", r, err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		m, err := st.Machines().ByKite(ctx, "agent.ghost")
+		return err == nil && m.Agent.Status == model.AgentDisconnected
+	}, "the dead replica's agent is not marked disconnected")
+	if m, err := st.Machines().ByKite(ctx, "agent.returned"); err != nil || m.Agent.Status != model.AgentConnected {
+		t.Errorf("an agent that registered again with A, after the dead replica's sweep: %+v %v; want it connected", m.Agent, err)
 	}
 
 	// A stops: its agent's presence goes with it, and B no longer finds the agent.
