@@ -63,9 +63,7 @@ func (kl *Klient) dialTunnel(ctx context.Context, a klientapi.Attach) (*tunnel.C
 	if err != nil {
 		return nil, err
 	}
-	t := tunnel.New(ws, "kloud")
-	t.SetPeerLimit(tunnel.PeerLimit(h))
-	return t, nil
+	return tunnel.New(ws, "kloud", h), nil
 }
 
 // dialPort connects to port on the machine's loopback: 127.0.0.1, else ::1 (a server bound to

@@ -35,7 +35,7 @@ func (e *env) sshConnect(user string) (*tunnel.Conn, klientapi.SSHConnectResult,
 	}
 	select {
 	case ws := <-ch:
-		t := tunnel.New(ws, "test")
+		t := tunnel.New(ws, "test", nil)
 		e.t.Cleanup(func() { ws.CloseNow() })
 		return t, res, nil
 	case <-time.After(wait):

@@ -288,7 +288,7 @@ func dialTunnel(t *testing.T, kloudURL, id string, port int, cred string) *tunne
 	if err != nil {
 		t.Fatalf("tunnel: %v %s", err, status(resp))
 	}
-	return tunnel.New(ws, "test")
+	return tunnel.New(ws, "test", nil)
 }
 
 func cookieHeader(cs []*http.Cookie) string {

@@ -186,9 +186,7 @@ func compare(ctx context.Context, cfg config, what string, kc *kloudchild.Kloud,
 		if err != nil {
 			return nil, err
 		}
-		t := tunnel.New(ws, "bench") // as `kloud port-forward` dials (kloud/cli/portforward.go)
-		t.SetPeerLimit(tunnel.PeerLimit(resp.Header))
-		return t, nil
+		return tunnel.New(ws, "bench", resp.Header), nil // as `kloud port-forward` dials (kloud/cli/portforward.go)
 	}
 	dialDirect := func() (net.Conn, error) { return net.Dial("tcp", direct) }
 	deadline := time.Now().Add(60 * time.Second)

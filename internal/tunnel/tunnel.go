@@ -9,7 +9,7 @@
 // (CloseRefused with a reason when the far end could not be reached).
 //
 // Message size: a reader accepts messages up to ReadLimit and says so in its handshake
-// (LimitHeader in the dial request or in the 101 answer: Header, PeerLimit, SetPeerLimit); a
+// (LimitHeader in the dial request or in the 101 answer: Header; New reads the peer's); a
 // writer sends messages of up to MaxChunk to a peer that said nothing (a build older than the
 // header, which accepted MaxFrame) and up to BigChunk to one that reads that much. Larger
 // messages are fewer system calls per byte in every process on the path (issue 25: with 32 KiB
@@ -92,7 +92,7 @@ type Conn struct {
 	once   sync.Once
 	local  net.Addr
 	remote net.Addr
-	chunk  atomic.Int64 // the largest message written (SetPeerLimit)
+	chunk  int // the largest message written (New)
 
 	rmu  sync.Mutex
 	rd   io.Reader // the rest of the current data message
@@ -119,19 +119,12 @@ type Addr string
 func (a Addr) Network() string { return "tunnel" }
 func (a Addr) String() string  { return string(a) }
 
-// New wraps ws; name describes the far end (its RemoteAddr). The WebSocket's read limit is
-// raised to ReadLimit; messages written are at most MaxChunk until SetPeerLimit.
-func New(ws *websocket.Conn, name string) *Conn {
+// New wraps ws; name describes the far end (its RemoteAddr), peer is the headers of its side of
+// the handshake (the dial request, or the 101 answer; nil: none): messages written are at most
+// min(PeerLimit(peer), BigChunk). The WebSocket's read limit is raised to ReadLimit.
+func New(ws *websocket.Conn, name string, peer http.Header) *Conn {
 	ws.SetReadLimit(ReadLimit)
-	c := &Conn{ws: ws, local: Addr("local"), remote: Addr(name)}
-	c.chunk.Store(MaxChunk)
-	return c
-}
-
-// SetPeerLimit says the peer reads messages of up to n bytes (PeerLimit of its handshake):
-// writes then send messages of up to min(n, BigChunk).
-func (c *Conn) SetPeerLimit(n int) {
-	c.chunk.Store(int64(min(max(n, MaxChunk), BigChunk)))
+	return &Conn{ws: ws, local: Addr("local"), remote: Addr(name), chunk: min(PeerLimit(peer), BigChunk)}
 }
 
 // WebSocket returns the underlying connection (to close it with a code and reason).
@@ -196,10 +189,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	defer c.end(false)
-	chunk := int(c.chunk.Load())
 	n := 0
 	for len(p) > 0 {
-		k := min(len(p), chunk)
+		k := min(len(p), c.chunk)
 		if err := c.ws.Write(context.Background(), websocket.MessageBinary, p[:k]); err != nil {
 			return n, c.mapErr(err, false)
 		}

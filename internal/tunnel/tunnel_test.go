@@ -34,7 +34,7 @@ func pair(t *testing.T) (client, server *tunnel.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, s := tunnel.New(ws, "server"), tunnel.New(<-got, "client")
+	c, s := tunnel.New(ws, "server", nil), tunnel.New(<-got, "client", nil)
 	t.Cleanup(func() { c.WebSocket().CloseNow(); s.WebSocket().CloseNow() })
 	return c, s
 }
@@ -135,8 +135,7 @@ func pairHeaders(t *testing.T, old bool) (client, server *tunnel.Conn) {
 			t.Error(err)
 			return
 		}
-		s := tunnel.New(ws, "client")
-		s.SetPeerLimit(tunnel.PeerLimit(r.Header))
+		s := tunnel.New(ws, "client", r.Header)
 		acc <- s
 	}))
 	t.Cleanup(srv.Close)
@@ -148,11 +147,13 @@ func pairHeaders(t *testing.T, old bool) (client, server *tunnel.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := tunnel.New(ws, "server")
+	peer := resp.Header
+	if old {
+		peer = nil // the old build did not read the header
+	}
+	c := tunnel.New(ws, "server", peer)
 	if old {
 		ws.SetReadLimit(tunnel.MaxFrame) // what the old build read
-	} else {
-		c.SetPeerLimit(tunnel.PeerLimit(resp.Header))
 	}
 	s := <-acc
 	t.Cleanup(func() { c.WebSocket().CloseNow(); s.WebSocket().CloseNow() })

@@ -143,7 +143,5 @@ func dialForward(ctx context.Context, hc *http.Client, wsURL, cred string) (*tun
 		}
 		return nil, err
 	}
-	t := tunnel.New(ws, "kloud")
-	t.SetPeerLimit(tunnel.PeerLimit(resp.Header))
-	return t, nil
+	return tunnel.New(ws, "kloud", resp.Header), nil
 }

@@ -102,9 +102,7 @@ func (h *Hub) dialBack(ctx context.Context, user string, m *model.Machine, metho
 	}
 	select {
 	case a := <-ch:
-		t := tunnel.New(a.ws, name)
-		t.SetPeerLimit(a.peerLimit)
-		return t, nil
+		return tunnel.New(a.ws, name, a.peer), nil
 	case <-cctx.Done():
 		return nil, fmt.Errorf("klient answered %s but its tunnel never arrived: %w", method, kite.ErrTimeout)
 	}
@@ -166,9 +164,7 @@ func (h *Hub) serveTunnel(w http.ResponseWriter, r *http.Request, k tunnelKind) 
 		far.CloseWith(tunnel.CloseNormal, "the client went away")
 		return
 	}
-	nt := tunnel.New(ws, "client")
-	nt.SetPeerLimit(tunnel.PeerLimit(r.Header))
-	near := &countingConn{Conn: nt, touch: func() { h.touch(m.ID) }}
+	near := &countingConn{Conn: tunnel.New(ws, "client", r.Header), touch: func() { h.touch(m.ID) }}
 	defer h.track(r, func() { // revoke.go
 		far.CloseWith(tunnel.CloseNormal, RevokedReason)
 		ws.Close(websocket.StatusPolicyViolation, RevokedReason)

@@ -286,8 +286,8 @@ func (h *Hub) waitAgent(ctx context.Context, browser *websocket.Conn, user strin
 type attachment struct {
 	ws  *websocket.Conn
 	raw net.Conn // nil when unknown
-	// peerLimit is the largest message klient reads on it (tunnel.PeerLimit of its request).
-	peerLimit int
+	// peer is klient's request headers (a tunnel's read limit, tunnel.New).
+	peer http.Header
 }
 
 // hijackRecorder keeps the connection websocket.Accept hijacks from the ResponseWriter.
@@ -359,8 +359,8 @@ func (h *Hub) ServeAttach(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	ws.SetReadLimit(klientapi.MaxFrame)                                           // a terminal's; a tunnel's is tunnel.New's
-	ch <- attachment{ws: ws, raw: hw.conn, peerLimit: tunnel.PeerLimit(r.Header)} // buffered; the waiter takes it or drops the ticket's channel
+	ws.SetReadLimit(klientapi.MaxFrame)                    // a terminal's; a tunnel's is tunnel.New's
+	ch <- attachment{ws: ws, raw: hw.conn, peer: r.Header} // buffered; the waiter takes it or drops the ticket's channel
 }
 
 // termRelay copies frames between a browser and klient; each direction holds at most one
@@ -437,7 +437,7 @@ func (rl *termRelay) run() {
 	go func() {
 		defer func() { done <- struct{}{} }()
 		out := rl.h.o.Metrics.TerminalBytesOut
-		err := copyFrames(context.Background(), rl.browser, rl.klient, false, nil, func(n int) { rl.bytes.Add(int64(n)); count(out, n) }, rl.writeWatch)
+		err := copyFrames(rl.browser, rl.klient, false, nil, func(n int) { rl.bytes.Add(int64(n)); count(out, n) }, rl.writeWatch)
 		code, reason := websocket.CloseStatus(err), closeText(err)
 		if code == -1 || code == websocket.StatusAbnormalClosure {
 			code, reason = klientapi.CloseAgentGone, "lost the connection to the machine's agent"
@@ -461,7 +461,7 @@ func (rl *termRelay) run() {
 				rl.onInput()
 			}
 		}
-		err := copyFrames(context.Background(), rl.klient, rl.browser, true, input, func(n int) { rl.bytes.Add(int64(n)); count(in, n) }, nil)
+		err := copyFrames(rl.klient, rl.browser, true, input, func(n int) { rl.bytes.Add(int64(n)); count(in, n) }, nil)
 		var code websocket.StatusCode = websocket.StatusNormalClosure
 		reason := "the browser went away"
 		if ce := websocket.CloseStatus(err); ce == klientapi.CloseBadMessage || ce == websocket.StatusUnsupportedData || ce == websocket.StatusMessageTooBig {
@@ -513,8 +513,9 @@ func (rl *termRelay) writeWatch(write func() error) error {
 }
 
 // watchKlient pings klient's side every klientPingInterval, and after input (once it paused
-// for inputQuiet, at most inputMaxWait after it began), until the relay ends. An answered ping confirms the input relayed before it (the browser is told
-// {"confirmed": n}: WebSocket frames arrive in order, so klient read those before it answered).
+// for inputQuiet, at most inputMaxWait after it began), until the relay ends. An answered ping
+// confirms the input relayed before it (the browser is told {"confirmed": n}: WebSocket frames
+// arrive in order, so klient read those before it answered).
 // An unanswered one ends the relay: the browser gets 4004 "the machine is unreachable", and
 // sends what was not confirmed again once it is attached anew. (keepalive pings the browser's
 // side, only to keep proxies from closing an idle terminal.)
@@ -581,8 +582,10 @@ func (rl *termRelay) watchKlient() {
 // relayed the size of each frame it relayed (the audit entry's bytes, the metrics' counters).
 // fromBrowser frames must be binary with an opcode byte (the rest klient checks); onInput, if
 // set, is told the size of each input frame's bytes (opcode 0) once written. watch, if set,
-// wraps each write to dst.
-func copyFrames(ctx context.Context, dst, src *websocket.Conn, fromBrowser bool, onInput func(n int), relayed func(n int), watch func(write func() error) error) error {
+// wraps each write to dst. It reads and writes under no context (see Hub.start: the relay's end
+// closes both connections).
+func copyFrames(dst, src *websocket.Conn, fromBrowser bool, onInput func(n int), relayed func(n int), watch func(write func() error) error) error {
+	ctx := context.Background()
 	buf := make([]byte, klientapi.MaxFrame+1) // the read limit is MaxFrame: a message always ends before
 	for {
 		typ, r, err := src.Reader(ctx)
