@@ -49,8 +49,12 @@ RACEFLAGS ?= -race -gcflags='modernc.org/...=-race=false -d=checkptr=0'
 # e2e package alone runs more than an hour beside the others.
 TESTFLAGS ?= $(RACEFLAGS) -ldflags=-w -timeout 85m
 
+# The output also goes to TESTLOG; when a test failed, scripts/failsummary.sh ends the output
+# with each failed test and its first lines, where a CI page that shows only the end sees them.
+TESTLOG ?= $(KLOUD_CACHE)/make-test.log
 test: setup ## set up, then run every test (CI runs this with CI=true)
-	@$(TMPCHECK) $(ENV) $(GO) test $(TESTFLAGS) $(TESTPARALLEL) $(TESTPKGS)
+	@$(TMPCHECK) $(ENV) set -o pipefail; \
+	$(GO) test $(TESTFLAGS) $(TESTPARALLEL) $(TESTPKGS) 2>&1 | tee $(TESTLOG) || { scripts/failsummary.sh $(TESTLOG); exit 1; }
 
 test-short: ## run the tests without setup
 	@$(TMPCHECK) $(ENV) $(GO) test -timeout 20m $(TESTPARALLEL) $(TESTPKGS)

@@ -249,13 +249,13 @@ resource "terraform_data" "vm" {
 // TestKloudKilledMidApplyLeavesNothing: kill -9 of kloud while terraform applies → its
 // terraformer (told by the kernel: Pdeathsig), the terraform run and everything that run started
 // are gone within seconds; a restarted kloud resumes the job at once, though its runner lease
-// (the default 30s) has not expired: the lease names the dead process of the same instance
+// (resumeLease) has not expired: the lease names the dead process of the same instance
 // (issue 23: every resumption took 31s); the resumed job runs terraform again (its run died
 // with its process; issue 23: such a job ended Failed) and the build succeeds, and the stack
 // can be destroyed.
 func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 	parallel(t)
-	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t), "--job-lease", "30s")
+	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t), "--job-lease", resumeLease)
 	sid, jobID, tf := startLongApply(t, e)
 
 	// Kill kloud as soon as terraform apply runs under its terraformer.
@@ -267,10 +267,7 @@ func TestKloudKilledMidApplyLeavesNothing(t *testing.T) {
 	e.start()
 	restarted := time.Now()
 	resumed := e.resumedAfter(jobID)
-	t.Logf("the restarted kloud resumed job %s %s after it answered (target < 3s)", jobID, resumed.Round(time.Millisecond))
-	if resumed > 5*time.Second { // the 3s target, with slack for a loaded 2-core machine
-		t.Errorf("resumed %s after the restart, want < 3s (not the 30s job lease)", resumed)
-	}
+	checkResumed(t, "job "+jobID, resumed)
 	final, _ := e.try("job", "watch", jobID)
 	t.Logf("the build ended %s after the restart:\n%s", time.Since(restarted).Round(time.Millisecond), final)
 	var j struct {
@@ -375,12 +372,28 @@ func whenTerraform(t *testing.T, e *env, tf int, arg string, kill func()) []osPr
 	return nil
 }
 
+// resumeLease is the job lease of the tests that kill kloud: long, so that a resumption that
+// waited for it (issue 23: every one took 31s) is told apart from a slow one on a loaded host.
+const resumeLease = "2m"
+
+// checkResumed fails the test if a restarted kloud resumed its job only after the job lease
+// (resumed: from its /healthz answering); the target (< 3s, issue 23) is a figure in the log,
+// asserted by `make chaos` (CHAOS_TARGETS=1), not here: on a 2-core host running the whole suite
+// the time is the host's.
+func checkResumed(t *testing.T, what string, resumed time.Duration) {
+	t.Helper()
+	t.Logf("the restarted kloud resumed %s %s after it answered (target < 3s)", what, resumed.Round(time.Millisecond))
+	if lease, _ := time.ParseDuration(resumeLease); resumed >= lease/2 {
+		t.Errorf("resumed %s %s after the restart: it waited for the job lease (%s), want at once", what, resumed, resumeLease)
+	}
+}
+
 // TestKloudKilledMidDestroy: kill -9 of kloud while terraform destroys a built stack → a
 // restarted kloud resumes the destroy at once (its lease names the dead process), runs terraform
 // destroy again and ends as asked: the stack gone, nothing of it left.
 func TestKloudKilledMidDestroy(t *testing.T) {
 	parallel(t)
-	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t), "--job-lease", "30s")
+	e := newEnv(t, "--terraformer-addr", testutil.FreeLoopback(t), "--job-lease", resumeLease)
 	sid, build, _ := startLongApply(t, e)
 	if out, err := e.try("job", "watch", build); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
@@ -394,10 +407,7 @@ func TestKloudKilledMidDestroy(t *testing.T) {
 	e.start()
 	restarted := time.Now()
 	resumed := e.resumedAfter(jobID)
-	t.Logf("the restarted kloud resumed the destroy %s after it answered (target < 3s)", resumed.Round(time.Millisecond))
-	if resumed > 5*time.Second { // the 3s target, with slack for a loaded 2-core machine
-		t.Errorf("resumed %s after the restart, want < 3s", resumed)
-	}
+	checkResumed(t, "the destroy", resumed)
 	final, _ := e.try("job", "watch", jobID)
 	var j struct{ Status, Error string }
 	e.runJSON(&j, "job", "get", jobID)

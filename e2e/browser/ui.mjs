@@ -214,7 +214,9 @@ async function main() {
     stackID = (await page.evaluate(() => location.hash)).split('/')[2];
     await page.click('#stack-build');
     await page.waitForSelector('#stack-jobs .job');
-    // Sample the progress bar until the job ends: it must move, and end at 100%.
+    // Sample the progress bar until the job ends: it must move, and end at 100%. The job ends
+    // by itself (kloud bounds the wait for its agents): 10 minutes is for a loaded host, where a
+    // vagrant machine's apply alone took 100 s and its agent minutes more (CI, 4400e45).
     const seen = new Set();
     const status = await poll('build job finished', async () => {
       const v = await page.evaluate(() => {
@@ -224,7 +226,7 @@ async function main() {
       });
       if (v) seen.add(v.pct);
       return v && ['succeeded', 'failed', 'cancelled'].includes(v.status) ? v : null;
-    }, 240000, 50);
+    }, 600000, 50);
     // Let the bar's width transition end before the screenshot.
     await poll('bar at full width', () => page.evaluate(() => {
       const bar = document.querySelector('#stack-jobs .progress-bar');

@@ -295,7 +295,7 @@ func (s *Process) loop(p *proc) {
 				return
 			case <-time.After(delay):
 			}
-			s.down(fmt.Errorf("%s; starting a new one", what))
+			s.down(&StartingError{After: what})
 			np, err := s.spawn(context.Background())
 			if err != nil {
 				select {
@@ -320,6 +320,19 @@ func (s *Process) loop(p *proc) {
 		}
 	}
 }
+
+// StartingError is the cause OnDown is told while a new process starts (after the backoff,
+// until it answers or its start fails, within StartTimeout): a caller that waits for the
+// process should not give up during a start that is under way. Its Starting method says so to
+// callers that test for interface{ Starting() bool } (errors.As) without importing this package.
+type StartingError struct {
+	After string // what happened before: "terraformer (pid 7) exited (signal: killed)"
+}
+
+func (e *StartingError) Error() string { return e.After + "; starting a new one" }
+
+// Starting reports true: a new process is starting.
+func (e *StartingError) Starting() bool { return true }
 
 func (s *Process) down(cause error) {
 	if s.OnDown != nil {

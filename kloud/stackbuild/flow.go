@@ -303,8 +303,18 @@ func SubmitTF(ctx context.Context, j Job, submit func() (string, error)) (string
 }
 
 // TerraformerWait bounds how long a job or call waits for an unavailable terraformer (kloud
-// serve restarts a terraformer that died, with a backoff of up to 10s) before it fails.
+// serve restarts a terraformer that died, with a backoff of up to 10s) before it fails. A start
+// under way when it passes is waited for (the supervisor bounds a start: 2 minutes by default):
+// on a loaded host a race-built terraformer took 30s to answer, and a call that gave up during
+// that start failed although the new terraformer came up seconds later.
 const TerraformerWait = time.Minute
+
+// starting reports whether err says a new process is starting (internal/supervise's
+// StartingError, as kloud serve's supervisor tells the terraformer client).
+func starting(err error) bool {
+	var s interface{ Starting() bool }
+	return errors.As(err, &s) && s.Starting()
+}
 
 // TFWait is a terraformer call's wait for a terraformer that is unavailable (restarting): the
 // zero value is ready; call Retry after every attempt.
@@ -323,9 +333,10 @@ func (w *TFWait) max() time.Duration {
 }
 
 // Retry reports whether the call that returned err should be made again: err says terraformer is
-// unavailable or going away (TerraformerGone), ctx is live and Max has not passed since the first such error (the
-// first one is told to say, once). It sleeps a moment before returning true. After the bound it
-// returns false and Gave(err) holds: the caller returns err, which then says how long it waited.
+// unavailable or going away (TerraformerGone), ctx is live, and Max has not passed since the
+// first such error (the first one is told to say, once) or err says a new terraformer is
+// starting. It sleeps a moment before returning true. After the bound it returns false and
+// Gave(err) holds: the caller returns err, which then says how long it waited.
 func (w *TFWait) Retry(ctx context.Context, err error, say func(string)) bool {
 	if !TerraformerGone(err) || ctx.Err() != nil {
 		return false
@@ -336,7 +347,7 @@ func (w *TFWait) Retry(ctx context.Context, err error, say func(string)) bool {
 			say(fmt.Sprintf("waiting for the terraformer (restarting), up to %s: %v", w.max(), err))
 		}
 	}
-	if time.Since(w.since) >= w.max() {
+	if time.Since(w.since) >= w.max() && !starting(err) {
 		w.gave = err
 		return false
 	}

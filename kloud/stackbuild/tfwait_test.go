@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/supervise"
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/kloud/store"
@@ -48,6 +49,20 @@ func TestTFWait(t *testing.T) {
 	}
 	if other := errors.New("x"); w.Err(other) != other {
 		t.Fatal("Err changed an error it did not give up on")
+	}
+
+	// A start under way when the bound passes is waited for; once it failed (the supervisor
+	// backs off again), the wait gives up.
+	starting := fmt.Errorf("terraformer.plan: %w", &tfclient.UnavailableError{Cause: &supervise.StartingError{After: "terraformer (pid 7) exited (signal: killed)"}})
+	w = stackbuild.TFWait{Max: 600 * time.Millisecond}
+	start := time.Now()
+	for time.Since(start) < 1500*time.Millisecond {
+		if !w.Retry(t.Context(), starting, nil) {
+			t.Fatalf("gave up %s into a start under way, Max 600ms", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if w.Retry(t.Context(), down, nil) || !w.Gave(down) {
+		t.Fatal("still waiting past Max once the start failed")
 	}
 }
 
