@@ -140,21 +140,30 @@ func (f *flowEnv) stack(tmplID string) (string, []model.Machine) {
 // follow watches a job to its end and returns the last event.
 func (f *flowEnv) follow(jobID string) api.JobEvent {
 	f.t.Helper()
+	last, err := f.followErr(jobID)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return last
+}
+
+// followErr is follow that returns the watch's error instead of failing the test.
+func (f *flowEnv) followErr(jobID string) (api.JobEvent, error) {
 	ctx, cancel := context.WithTimeout(f.t.Context(), 5*time.Minute)
 	defer cancel()
+	var last api.JobEvent
 	w, err := f.client().JobWatch(ctx, api.JobRef{JobID: jobID})
 	if err != nil {
-		f.t.Fatalf("watch job %s: %v", jobID, err)
+		return last, fmt.Errorf("watch job %s: %w", jobID, err)
 	}
 	defer w.Close()
-	var last api.JobEvent
 	for {
 		ev, err := w.Next(ctx)
 		if errors.Is(err, kite.ErrStreamEnded) {
-			return last
+			return last, nil
 		}
 		if err != nil {
-			f.t.Fatalf("watch job %s: %v", jobID, err)
+			return last, fmt.Errorf("watch job %s: %w", jobID, err)
 		}
 		last = ev
 		for _, l := range last.Log {

@@ -45,7 +45,21 @@ func TestStoreKilledMidJob(t *testing.T) {
 	time.Sleep(6 * time.Second)
 	db.Start()
 	t.Log("store back")
-	last := f.follow(job.JobID)
+	// The driver's one connection comes back by itself, within seconds: until then a read may
+	// fail ("timed out while checking out a connection from connection pool", ci50), as a
+	// user's job.watch would, and be made again. The job is what this test is about: its
+	// writes are retried.
+	var last api.JobEvent
+	for try := 1; ; try++ {
+		if last, err = f.followErr(job.JobID); err == nil {
+			break
+		}
+		if try == 10 {
+			t.Fatal(err)
+		}
+		t.Logf("while the store comes back: %v; again in 2s", err)
+		time.Sleep(2 * time.Second)
+	}
 	if last.Status != "succeeded" {
 		t.Fatalf("build across a store outage: %+v", last)
 	}
