@@ -23,7 +23,7 @@ type VersionResult struct {
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9-]{1,31}$`)
 
 // ReservedUsernames are taken by kloud itself.
-func ReservedUsernames() []string { return []string{"admin", "kloud", "kontrol"} }
+func ReservedUsernames() []string { return []string{"admin", "kloud", "kontrol", "kloud-pool"} }
 
 // Password rules.
 const (

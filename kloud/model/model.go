@@ -213,12 +213,43 @@ type Stack struct {
 	// Diverged: the stack's files are no longer its template revision's (stack.scale changed
 	// them); stack.update to a revision replaces them with that revision's again.
 	Diverged bool `bson:"diverged,omitempty" json:"diverged,omitempty"`
+	// Pool is the pool (prebuilt stacks) the stack was built for; it stays after a user claimed
+	// the stack (ClaimedAt set). An unclaimed pool stack is owned by PoolOwner.
+	Pool      string    `bson:"pool,omitempty" json:"pool,omitempty"`
+	ClaimedAt time.Time `bson:"claimedAt,omitempty" json:"claimedAt,omitzero"`
 	// LatestRev and UpdateAvailable are computed by stack.describe and stack.list (never stored):
 	// the template's latest revision, and whether it is newer than the stack's TemplateRev.
 	LatestRev       int       `bson:"-" json:"latestRev,omitempty"`
 	UpdateAvailable bool      `bson:"-" json:"updateAvailable,omitempty"`
 	CreatedAt       time.Time `bson:"createdAt" json:"createdAt"`
 	UpdatedAt       time.Time `bson:"updatedAt" json:"updatedAt"`
+}
+
+// PoolOwner owns a prebuilt stack, and its machines' accounts and agent keys, until a user
+// claims it: a reserved username (api.ReservedUsernames) that is a valid machine account name and
+// no user's. A claim hands the stack to the user (store.Stacks.Claim) and the machines to the
+// user's agent keys and account (klient.adopt).
+const PoolOwner = "kloud-pool"
+
+// Pool is an administrator's order for prebuilt stacks: Size stacks of a template's latest
+// revision (with a preset, when the template has parameters) kept built and owned by PoolOwner,
+// for stack.create to claim.
+type Pool struct {
+	ID         string    `bson:"_id" json:"id"` // the template's id, "/" and the preset's name when there is one
+	Team       string    `bson:"team" json:"team"`
+	TemplateID string    `bson:"templateId" json:"templateId"`
+	Preset     string    `bson:"preset,omitempty" json:"preset,omitempty"`
+	Size       int       `bson:"size" json:"size"`
+	UpdatedBy  string    `bson:"updatedBy" json:"updatedBy"`
+	UpdatedAt  time.Time `bson:"updatedAt" json:"updatedAt"`
+}
+
+// PoolID is the id of the pool of templateID's stacks with preset ("" for none).
+func PoolID(templateID, preset string) string {
+	if preset == "" {
+		return templateID
+	}
+	return templateID + "/" + preset
 }
 
 // Agent connection states of a machine, shown apart from its infrastructure state.

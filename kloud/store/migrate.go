@@ -164,6 +164,8 @@ var indexes = []index{
 	{CollBuckets, bson.D{{Key: "stackId", Value: 1}}, false},
 	{CollBuckets, bson.D{{Key: "owner", Value: 1}}, false},
 	{CollAttempts, bson.D{{Key: "expiresAt", Value: 1}}, false},
+	{CollPools, bson.D{{Key: "team", Value: 1}}, false},
+	{CollStacks, bson.D{{Key: "pool", Value: 1}}, false},
 }
 
 func (s *Store) ensureIndexes(ctx context.Context) error {
@@ -189,7 +191,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
 		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollAudit,
-		CollIdentities, CollBuckets, CollAttempts, CollReplicas} {
+		CollIdentities, CollBuckets, CollAttempts, CollReplicas, CollPools} {
 		if exists[c] {
 			continue
 		}

@@ -37,6 +37,7 @@ const (
 	CollIdentities  = "identities" // identities.go: single sign-on subjects → users
 	CollBuckets     = "buckets"    // buckets.go: stacks' bucket claims
 	CollAttempts    = "attempts"   // attempts.go: failed logins per user and address, for every replica
+	CollPools       = "pools"      // pools.go: prebuilt stacks' pools
 )
 
 // Options configure [Open]. Zero fields take the documented defaults.
