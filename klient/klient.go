@@ -107,10 +107,13 @@ type Klient struct {
 	acl      *acl
 	term     *webterm.Manager
 	vagrant  *vagrant.Manager // a vagrant host's machines (nil unless Options.Vagrant)
-	up       upgrader         // klient.upgrade (upgrade.go)
-	ssh      *sshState        // ssh.go: the SSH server and its connections
-	ctx      context.Context  // lives until Run returns: attachments run under it
-	cancel   context.CancelFunc
+	up       upgrader         // klient.upgrade (upgrade.go) and klient.adopt's restart (adopt.go)
+	// ownerFlag: the owner was given (--owner), not taken from the key: klient.adopt refuses,
+	// since the restart would keep the old owner's flag.
+	ownerFlag bool
+	ssh       *sshState       // ssh.go: the SSH server and its connections
+	ctx       context.Context // lives until Run returns: attachments run under it
+	cancel    context.CancelFunc
 }
 
 // New reads the kite key and prepares the agent; Run starts it.
@@ -140,6 +143,7 @@ func New(opts Options) (*Klient, error) {
 	}
 	// The owner is the agent key's owner claim (its subject names the machine, not a user); for
 	// a plain kite key (tests, hand-run klients) it is the subject.
+	ownerFlag := opts.Owner != ""
 	switch {
 	case opts.Owner == "":
 		opts.Owner = claims.Owner
@@ -149,7 +153,8 @@ func New(opts Options) (*Klient, error) {
 	if opts.StateDir == "" {
 		opts.StateDir = filepath.Join(opts.Root, "/var/lib/kloud/klient")
 	}
-	kl := &Klient{opts: opts, log: opts.Logger, claims: claims, key: key, keys: &keyCache{}, up: upgrader{restart: make(chan string, 1)}}
+	kl := &Klient{opts: opts, log: opts.Logger, claims: claims, key: key, keys: &keyCache{}, up: upgrader{restart: make(chan string, 1)},
+		ownerFlag: ownerFlag}
 	verifier := &kitekey.Verifier{Keys: &kitekey.RemoteKeys{Fetch: kl.fetchKeys}, Issuer: claims.Issuer}
 	kl.verifier = verifier
 	if kl.acl, err = loadACL(filepath.Join(opts.StateDir, SharesFile)); err != nil {
@@ -204,6 +209,7 @@ func New(opts Options) (*Klient, error) {
 	kl.handleActivity() // activity.go
 	kl.handleBuckets()  // buckets.go
 	kl.handleUpgrade()  // upgrade.go
+	kl.handleAdopt()    // adopt.go
 	if opts.Vagrant != nil {
 		if err := kl.setupVagrant(); err != nil {
 			kl.cancel()
@@ -302,7 +308,7 @@ func (kl *Klient) info(ctx context.Context, r *kite.Request) (any, error) {
 	return Info{
 		KiteID: kl.claims.KiteID, Owner: kl.opts.Owner, Hostname: host, OS: runtime.GOOS, Arch: runtime.GOARCH,
 		Version: version.Version, StartedAt: started, Provision: kl.provisionState(), KontrolURL: kl.opts.KontrolURL,
-		Features:   []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets, klientapi.FeatureUpgrade, klientapi.FeatureSSH},
+		Features:   []string{FeatureOwnAccountShells, klientapi.FeaturePortForward, klientapi.FeatureActivity, klientapi.FeatureBuckets, klientapi.FeatureUpgrade, klientapi.FeatureSSH, klientapi.FeatureAdopt},
 		SHA256:     kl.ownSHA256(),
 		SSHHostKey: kl.hostKeyLine(),
 	}, nil

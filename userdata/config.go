@@ -12,6 +12,10 @@ import (
 // ErrInvalid is wrapped by every error about a bad Config or user data that cannot be used.
 var ErrInvalid = errors.New("invalid user data config")
 
+// OwnerGecos is the GECOS field of the owner's account the user data creates: klient renames
+// only such an account when a machine changes hands (klient.adopt).
+const OwnerGecos = "Kloud machine owner"
+
 // Config is what kloud knows about one machine when it renders its cloud-init user data.
 type Config struct {
 	// Username is the machine owner, created in the machine with bash, a locked password and

@@ -35,8 +35,9 @@
 //  2. verify: checks its sha256 against Config.KlientSHA256;
 //  3. install: renames it to /opt/kloud/bin/klient (0755);
 //  4. start-klient: writes /var/lib/kloud/run-klient.sh, which runs
-//     /opt/kloud/bin/klient --kite-key /etc/kloud/kite.key --kontrol-url <KontrolURL> --owner <Username>
-//     as root with output appended to /var/log/kloud/klient.log. With systemd (/run/systemd/system
+//     /opt/kloud/bin/klient --kite-key /etc/kloud/kite.key --kontrol-url <KontrolURL>
+//     as root (the owner is the key's: klient.adopt hands the machine to another owner by a new
+//     key and a restart with the same arguments) with output appended to /var/log/kloud/klient.log. With systemd (/run/systemd/system
 //     exists) it installs /etc/systemd/system/kloud-klient.service (Restart=always;
 //     KillMode=process, so stopping klient leaves the holders of its terminal sessions), enables and
 //     (re)starts it. Without systemd it starts /var/lib/kloud/start-klient.sh, which launches a tiny

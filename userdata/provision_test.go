@@ -330,7 +330,7 @@ func TestProvisionStartsKlientWithoutSystemd(t *testing.T) {
 
 	argsFile := filepath.Join(m.report, "args")
 	testutil.Eventually(t, 20*time.Second, func() bool { return m.exists(argsFile) }, "klient did not start")
-	wantArgs := []string{"--kite-key", m.path(KiteKeyPath), "--kontrol-url", trickyURL, "--owner", "alice"}
+	wantArgs := []string{"--kite-key", m.path(KiteKeyPath), "--kontrol-url", trickyURL}
 	if got := strings.Split(strings.TrimSuffix(m.read(argsFile), "\n"), "\n"); !reflect.DeepEqual(got, wantArgs) {
 		t.Errorf("klient args = %q, want %q", got, wantArgs)
 	}
@@ -478,7 +478,7 @@ func TestProvisionWithSystemd(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	argsFile := filepath.Join(m.report, "args")
 	testutil.Eventually(t, 20*time.Second, func() bool { return m.exists(argsFile) }, "run-klient.sh did not start klient")
-	wantArgs := []string{"--kite-key", m.path(KiteKeyPath), "--kontrol-url", trickyURL, "--owner", "alice"}
+	wantArgs := []string{"--kite-key", m.path(KiteKeyPath), "--kontrol-url", trickyURL}
 	if got := strings.Split(strings.TrimSuffix(m.read(argsFile), "\n"), "\n"); !reflect.DeepEqual(got, wantArgs) {
 		t.Errorf("klient args = %q, want %q", got, wantArgs)
 	}

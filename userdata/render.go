@@ -167,7 +167,7 @@ func render(c Config, o options) ([]byte, error) {
 	base := map[string]any{
 		"output": map[string]any{"all": "| tee -a " + CloudInitOutputPath},
 		"users": []any{map[string]any{
-			"name": c.Username, "gecos": "Kloud machine owner", "shell": "/bin/bash",
+			"name": c.Username, "gecos": OwnerGecos, "shell": "/bin/bash",
 			"lock_passwd": true, "sudo": "ALL=(ALL) NOPASSWD:ALL",
 		}},
 		"write_files": files,

@@ -138,7 +138,7 @@ func TestRenderContract(t *testing.T) {
 	}
 	for _, want := range []string{
 		"curl --fail", "--connect-timeout 10", "sha256sum", "kloud-klient.service", "Restart=always",
-		"setsid nohup", "--kite-key /etc/kloud/kite.key --kontrol-url http://10.200.0.1:7000/kite --owner alice",
+		"setsid nohup", "--kite-key /etc/kloud/kite.key --kontrol-url http://10.200.0.1:7000/kite",
 		"user_script=/var/lib/kloud/user-script.sh", "user_script_shell=''",
 	} {
 		if !strings.Contains(script, want) {

@@ -17,7 +17,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/atomicfile"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/userdata"
 )
 
 // account is a machine account's entry in the machine's /etc/passwd (the owner's, or a shared
@@ -347,4 +349,132 @@ func AccountHome(root, name string) (home string, uid, gid int, err error) {
 		return "", 0, 0, err
 	}
 	return a.Home, int(a.UID), int(a.GID), nil
+}
+
+// The owner's account when a machine changes hands (klient.adopt: a prebuilt stack claimed).
+
+// RenameOwnerAccount renames the machine owner's account oldName, as kloud's user data made it
+// (GECOS userdata.OwnerGecos), to newName: its login and user group, its home /home/<old> moved
+// to /home/<new> (a home elsewhere stays where it is), and its sudo rule in cloud-init's
+// sudoers file. The uid stays, so everything the account owns stays its own. On a machine's
+// own root ("/") every process of the account is killed first (usermod refuses to rename an
+// account in use; what the template's user data started as the old owner ends). It reports
+// "renamed"; "already" if newName is the owner's account and oldName is gone (renamed before);
+// "none" if neither exists (a klient whose machine has no owner account). It refuses to touch an
+// account kloud's user data did not make, or to rename onto an existing account.
+func RenameOwnerAccount(ctx context.Context, root, oldName, newName string) (string, error) {
+	if root == "" {
+		root = "/"
+	}
+	if _, err := SharedAccountName(newName); err != nil {
+		return "", err
+	}
+	passwd := filepath.Join(root, "etc/passwd")
+	oldA, oldErr := readPasswd(passwd, oldName)
+	newA, newErr := readPasswd(passwd, newName)
+	for _, err := range []error{oldErr, newErr} {
+		if err != nil && !errors.Is(err, errNoAccount) {
+			return "", fmt.Errorf("owner account: %w: %w", err, kite.ErrState)
+		}
+	}
+	switch {
+	case oldErr != nil && newErr != nil:
+		return "none", nil
+	case oldErr != nil && strings.HasPrefix(newA.Gecos, userdata.OwnerGecos):
+		return "already", nil
+	case newErr == nil:
+		return "", fmt.Errorf("this machine already has an account %q (uid %d, %q): the owner's account %q cannot take its name: %w",
+			newName, newA.UID, newA.Gecos, oldName, kite.ErrState)
+	case !strings.HasPrefix(oldA.Gecos, userdata.OwnerGecos):
+		return "", fmt.Errorf("account %q is not the owner account kloud's user data made (%q): klient will not rename it: %w", oldName, oldA.Gecos, kite.ErrState)
+	case os.Geteuid() != 0:
+		return "", fmt.Errorf("klient is not root: it cannot rename the owner's account %q: %w", oldName, kite.ErrState)
+	}
+	ownerAccountMu.Lock()
+	defer ownerAccountMu.Unlock()
+	if filepath.Clean(root) == "/" {
+		if err := killAll(oldA.UID); err != nil {
+			return "", fmt.Errorf("owner account %q: %w: %w", oldName, err, kite.ErrState)
+		}
+	}
+	args := []string{"--login", newName}
+	if oldA.Home == "/home/"+oldName {
+		args = append(args, "--home", "/home/"+newName, "--move-home")
+	}
+	if err := usermod(ctx, root, oldName, args...); err != nil {
+		return "", fmt.Errorf("rename the owner's account: %w: %w", err, kite.ErrState)
+	}
+	if hasGroup(root, oldName) {
+		args := []string{"--new-name", newName}
+		if filepath.Clean(root) != "/" {
+			args = append(args, "--prefix", root)
+		}
+		args = append(args, "--", oldName)
+		if out, err := exec.CommandContext(ctx, "groupmod", args...).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("rename the owner's group: groupmod %s: %w: %s: %w", strings.Join(args, " "), err, strings.TrimSpace(string(out)), kite.ErrState)
+		}
+	}
+	if err := renameSudoRule(filepath.Join(root, cloudInitSudoers), oldName, newName); err != nil {
+		return "", fmt.Errorf("rename the owner's sudo rule: %w: %w", err, kite.ErrState)
+	}
+	return "renamed", nil
+}
+
+var ownerAccountMu sync.Mutex
+
+// cloudInitSudoers is where cloud-init writes the sudo rules of the users it creates.
+const cloudInitSudoers = "etc/sudoers.d/90-cloud-init-users"
+
+// killAll kills every process of uid until none is left (a process may fork while we look).
+func killAll(uid uint32) error {
+	for range 20 {
+		pids := processesOf(uid)
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("processes of uid %d keep appearing", uid)
+}
+
+// hasGroup reports whether root/etc/group has a group name.
+func hasGroup(root, name string) bool {
+	b, err := os.ReadFile(filepath.Join(root, "etc/group"))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if n, _, ok := strings.Cut(l, ":"); ok && n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// renameSudoRule rewrites old's rule in a sudoers file ("old ALL=(ALL) NOPASSWD:ALL", and
+// cloud-init's "# User rules for old" above it) for new, keeping its mode; no file: nothing to do.
+func renameSudoRule(path, oldName, newName string) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(string(b), "\n")
+	for i, l := range lines {
+		if rest, ok := strings.CutPrefix(l, oldName+" "); ok {
+			lines[i] = newName + " " + rest
+		} else if l == "# User rules for "+oldName {
+			lines[i] = "# User rules for " + newName
+		}
+	}
+	return atomicfile.WriteFile(path, []byte(strings.Join(lines, "\n")), fi.Mode().Perm())
 }
