@@ -197,12 +197,14 @@ resource "terraform_data" "vm" {
 	create := call("stack", "create", "--template", tid, "--json")
 	out := e.run("stack", "apply", sid, "--detach")
 	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
-	testutil.Eventually(t, 30*time.Second, func() bool {
+	// Minutes, not seconds: on a loaded host a race-built terraformer took 14s to start and fail
+	// on the held address (ci50), and each CLI call here is a process too.
+	testutil.Eventually(t, 2*time.Minute, func() bool {
 		o, _ := e.try("job", "get", jobID)
 		return strings.Contains(o, "waiting for the terraformer (restarting)")
 	}, "the build's job does not say it waits for the terraformer:\n%s", func() string { o, _ := e.try("job", "get", jobID); return o }())
 	// kloud logs the exit with its cause, and each restart (failing while we hold the address).
-	testutil.Eventually(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 2*time.Minute, func() bool {
 		log := e.kloudOut.String()
 		return strings.Contains(log, `msg="terraformer exited"`) && strings.Contains(log, `cause="signal: killed"`) &&
 			strings.Contains(log, `msg="restarting terraformer"`) && strings.Contains(log, `msg="terraformer restart failed"`)

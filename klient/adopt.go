@@ -3,8 +3,6 @@ package klient
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/kloud-dev/kloud/kite"
@@ -54,17 +52,11 @@ func (kl *Klient) adopt(ctx context.Context, r *kite.Request, p *klientapi.Adopt
 	if kl.ownerFlag {
 		return nil, fmt.Errorf("%s: this klient was started with --owner %s, which its restart would keep: %w", r.Method, kl.opts.Owner, kite.ErrState)
 	}
-	if !kl.up.mu.TryLock() {
-		return nil, fmt.Errorf("%s: an upgrade or a handover is under way: %w", r.Method, kite.ErrConflict)
-	}
-	defer kl.up.mu.Unlock()
-	exe, err := os.Executable()
-	if err == nil {
-		exe, err = filepath.EvalSymlinks(exe)
-	}
+	exe, unlock, err := kl.beginRestart(r.Method)
 	if err != nil {
-		return nil, fmt.Errorf("%s: own binary: %w: %w", r.Method, err, kite.ErrState)
+		return nil, err
 	}
+	defer unlock()
 	res.Ended = kl.term.KillRunAs(kl.opts.Owner, "session ended: this machine was handed to "+p.Owner)
 	if res.Account, err = webterm.RenameOwnerAccount(ctx, kl.opts.Root, kl.opts.Owner, p.Owner); err != nil {
 		return nil, fmt.Errorf("%s: %w", r.Method, err)
@@ -79,12 +71,6 @@ func (kl *Klient) adopt(ctx context.Context, r *kite.Request, p *klientapi.Adopt
 	}
 	kl.log.Info("machine handed over: restarting as the new owner's agent", "old_owner", res.OldOwner, "owner", p.Owner,
 		"kite_id", nk.KiteID, "account", res.Account, "sessions_ended", res.Ended)
-	go func() {
-		time.Sleep(restartDelay)
-		select {
-		case kl.up.restart <- exe:
-		default: // a restart is pending already
-		}
-	}()
+	kl.restartSoon(exe)
 	return res, nil
 }

@@ -65,17 +65,11 @@ func (kl *Klient) upgrade(ctx context.Context, r *kite.Request, p *klientapi.Upg
 	if !r.Conn.Dialed() {
 		return nil, fmt.Errorf("%s: only kloud, on the connection klient dialed, upgrades klient: %w", r.Method, kite.ErrPermission)
 	}
-	if !kl.up.mu.TryLock() {
-		return nil, fmt.Errorf("%s: an upgrade is under way: %w", r.Method, kite.ErrConflict)
-	}
-	defer kl.up.mu.Unlock()
-	exe, err := os.Executable()
-	if err == nil {
-		exe, err = filepath.EvalSymlinks(exe)
-	}
+	exe, unlock, err := kl.beginRestart(r.Method)
 	if err != nil {
-		return nil, fmt.Errorf("%s: own binary: %w: %w", r.Method, err, kite.ErrState)
+		return nil, err
 	}
+	defer unlock()
 	src, err := klientapi.DownloadURL(kl.opts.KontrolURL)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w: %w", r.Method, err, kite.ErrState)
@@ -87,6 +81,30 @@ func (kl *Klient) upgrade(ctx context.Context, r *kite.Request, p *klientapi.Upg
 	res := klientapi.UpgradeResult{OldVersion: version.Version, NewVersion: newVersion, OldSHA256: kl.ownSHA256(), NewSHA256: p.SHA256,
 		Sessions: len(kl.term.List())}
 	kl.log.Info("klient upgraded: restarting", "binary", exe, "old", res.OldVersion, "new", res.NewVersion, "sha256", p.SHA256)
+	kl.restartSoon(exe)
+	return res, nil
+}
+
+// beginRestart takes the upgrade lock for a call of method that ends with a restart in place
+// (klient.upgrade, klient.adopt: one at a time) and returns klient's own binary and the unlock.
+func (kl *Klient) beginRestart(method string) (exe string, unlock func(), err error) {
+	if !kl.up.mu.TryLock() {
+		return "", nil, fmt.Errorf("%s: an upgrade or a handover is under way: %w", method, kite.ErrConflict)
+	}
+	exe, err = os.Executable()
+	if err == nil {
+		exe, err = filepath.EvalSymlinks(exe)
+	}
+	if err != nil {
+		kl.up.mu.Unlock()
+		return "", nil, fmt.Errorf("%s: own binary: %w: %w", method, err, kite.ErrState)
+	}
+	return exe, kl.up.mu.Unlock, nil
+}
+
+// restartSoon makes Run return a restart as exe once restartDelay has passed (the call's answer
+// is out by then).
+func (kl *Klient) restartSoon(exe string) {
 	go func() {
 		time.Sleep(restartDelay)
 		select {
@@ -94,7 +112,6 @@ func (kl *Klient) upgrade(ctx context.Context, r *kite.Request, p *klientapi.Upg
 		default: // a restart is pending already
 		}
 	}()
-	return res, nil
 }
 
 // fetchBinary downloads src next to exe, checks its sha256 and that it runs, and renames it

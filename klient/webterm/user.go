@@ -268,21 +268,11 @@ func RevokeSharedAccount(ctx context.Context, root, user string) (int, error) {
 	if err := usermod(ctx, root, name, "--expiredate", "1"); err != nil {
 		return 0, err
 	}
-	// Kill until none is left (a process may fork while we look).
-	killed := 0
-	for range 20 {
-		pids := processesOf(a.UID)
-		if len(pids) == 0 {
-			return killed, nil
-		}
-		for _, pid := range pids {
-			if syscall.Kill(pid, syscall.SIGKILL) == nil {
-				killed++
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
+	killed, err := killAll(a.UID)
+	if err != nil {
+		return killed, fmt.Errorf("revoke account %q: %w", name, err)
 	}
-	return killed, fmt.Errorf("revoke account %q: processes of uid %d keep appearing", name, a.UID)
+	return killed, nil
 }
 
 // unexpire lifts RevokeSharedAccount's expiry of name, if the account is expired.
@@ -393,7 +383,7 @@ func RenameOwnerAccount(ctx context.Context, root, oldName, newName string) (str
 	ownerAccountMu.Lock()
 	defer ownerAccountMu.Unlock()
 	if filepath.Clean(root) == "/" {
-		if err := killAll(oldA.UID); err != nil {
+		if _, err := killAll(oldA.UID); err != nil {
 			return "", fmt.Errorf("owner account %q: %w: %w", oldName, err, kite.ErrState)
 		}
 	}
@@ -425,19 +415,23 @@ var ownerAccountMu sync.Mutex
 // cloudInitSudoers is where cloud-init writes the sudo rules of the users it creates.
 const cloudInitSudoers = "etc/sudoers.d/90-cloud-init-users"
 
-// killAll kills every process of uid until none is left (a process may fork while we look).
-func killAll(uid uint32) error {
+// killAll kills every process of uid until none is left (a process may fork while we look) and
+// returns how many it killed.
+func killAll(uid uint32) (int, error) {
+	killed := 0
 	for range 20 {
 		pids := processesOf(uid)
 		if len(pids) == 0 {
-			return nil
+			return killed, nil
 		}
 		for _, pid := range pids {
-			syscall.Kill(pid, syscall.SIGKILL)
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed++
+			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("processes of uid %d keep appearing", uid)
+	return killed, fmt.Errorf("processes of uid %d keep appearing", uid)
 }
 
 // hasGroup reports whether root/etc/group has a group name.
