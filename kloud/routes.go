@@ -189,6 +189,7 @@ func auditDecisions() map[string]bool {
 		api.MethodBucketRevoke: false, api.MethodBucketDelete: false,
 		// quota.go, jobs.go, gc.go (a dry run too), plugins.go
 		api.MethodQuotaSet: false, api.MethodQuotaShow: true,
+		api.MethodPoolSet: false, api.MethodPoolList: true, api.MethodPoolDelete: false, // pools.go
 		api.MethodJobGet: true, api.MethodJobWatch: true, api.MethodJobList: true, api.MethodJobCancel: false,
 		api.MethodGCRun: false, api.MethodPluginRegister: false,
 		// audit.go
@@ -310,6 +311,11 @@ func (s *Server) rpcRoutes() []Route {
 		// quota.go: quotas of users and teams
 		rpc(s, api.RPCQuotaSet, Owners, s.quotaAPI.set),
 		rpc(s, api.RPCQuotaShow, MembersRead, s.quotaAPI.show), // the user itself, team members, kloud admins
+
+		// pools.go: prebuilt stacks' pools
+		rpc(s, api.RPCPoolSet, Owners, s.poolAPI.set),
+		rpc(s, api.RPCPoolList, OwnersAuditors, s.poolAPI.list),
+		rpc(s, api.RPCPoolDelete, Owners, s.poolAPI.delete),
 
 		// jobs.go: the job's owner, kloud admins
 		rpc(s, api.RPCJobGet, MembersRead, s.jobs.get),

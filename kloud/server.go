@@ -256,6 +256,7 @@ type Server struct {
 	agents    *agentAPI       // machine.upgradeAgent and the agent rollout (agentupgrade.go)
 	jobs      *jobRunner      // durable jobs and job.* (jobs.go)
 	quotaAPI  *quotaAPI       // quota.* (quota.go)
+	poolAPI   *poolAPI        // pool.* (pools.go)
 	users     *userAPI        // user.* and team.* (users.go)
 	policy    *templatePolicy // the template policy, template.trust and template.untrust (policy.go)
 	backup    *backupAPI      // GET /api/admin/backup (backup.go)
@@ -362,6 +363,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		klientSum: func() string { return s.klientSum }, rollout: opts.AgentRollout, log: s.log}).init()
 	s.jobs = &jobRunner{store: st, log: s.log, metrics: m, kinds: s.jobKinds(), lease: opts.JobLease, bind: func(j *jobCtx) { j.s = s }}
 	s.quotaAPI = &quotaAPI{store: st, keeper: s.quotas(), log: s.log}
+	s.poolAPI = &poolAPI{store: st, srv: s, log: s.log}
 	s.policy = &templatePolicy{templates: st.Templates(), providers: s.providers, now: st.Now, log: s.log, loadTemplate: s.loadTemplate}
 	s.backup = &backupAPI{dataDir: opts.DataDir, store: st, log: s.log, caller: s.httpCaller}
 	s.events = &eventAPI{hub: opts.Events, log: s.log} // eventfeed.go

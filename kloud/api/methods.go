@@ -122,6 +122,7 @@ func KloudMethods() []string {
 		MethodMachineSnapshot, MethodMachineSnapshots, MethodMachineStart, MethodMachineStop, MethodMachineUnshare,
 		MethodMachineUpgradeAgent, // agents.go
 		MethodPluginRegister,
+		MethodPoolDelete, MethodPoolList, MethodPoolSet, // pools.go
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
 		MethodQuotaSet, MethodQuotaShow, // quota.go
 		MethodReplicaAgentCall, // replicas.go: replicas only (kloud/mesh.go)

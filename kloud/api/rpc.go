@@ -83,6 +83,9 @@ var (
 	RPCMachineStop            = Method[MachineRef, JobRef]{Name: MethodMachineStop}
 	RPCMachineUnshare         = Method[ShareParams, SharesResult]{Name: MethodMachineUnshare}
 	RPCPluginRegister         = Method[PluginRegisterParams, PluginRegisterResult]{Name: MethodPluginRegister}
+	RPCPoolDelete             = Method[PoolRef, DeleteResult]{Name: MethodPoolDelete}
+	RPCPoolList               = Method[PoolListParams, PoolListResult]{Name: MethodPoolList}
+	RPCPoolSet                = Method[PoolSetParams, PoolView]{Name: MethodPoolSet}
 	RPCProviderDescribe       = Method[ProviderDescribeParams, ProviderDescribeResult]{Name: MethodProviderDescribe}
 	RPCProviderKeyCreate      = Method[ProviderKeyCreateParams, ProviderKeyCreateResult]{Name: MethodProviderKeyCreate}
 	RPCProviderList           = Method[NoParams, ProviderListResult]{Name: MethodProviderList}
@@ -128,7 +131,7 @@ func Descriptors() map[string]Descriptor {
 		RPCJobGet, RPCJobList, RPCJobWatch, RPCKloudDoctor, RPCVersion, RPCMachineInfo, RPCMachineList,
 		RPCMachinePortsClose, RPCMachinePortsList, RPCMachinePortsOpen, RPCMachineRestore, RPCMachineSet,
 		RPCMachineShare, RPCMachineShares, RPCMachineSnapshot, RPCMachineSnapshots, RPCMachineStart,
-		RPCMachineStop, RPCMachineUnshare, RPCPluginRegister, RPCProviderDescribe, RPCProviderKeyCreate,
+		RPCMachineStop, RPCMachineUnshare, RPCPluginRegister, RPCPoolDelete, RPCPoolList, RPCPoolSet, RPCProviderDescribe, RPCProviderKeyCreate,
 		RPCProviderList, RPCQuotaSet, RPCQuotaShow, RPCReplicaAgentCall, RPCSnapshotDelete, RPCStackApply, RPCStackCreate,
 		RPCStackDescribe, RPCStackList, RPCStackPlan, RPCStackPlanJob, RPCStackReset, RPCStackScale,
 		RPCStackUpdate, RPCTeamAddMember, RPCTeamCreate, RPCTeamList, RPCTeamRemoveMember, RPCTemplateCreate,

@@ -90,6 +90,15 @@ func (r *Stacks) OfPool(ctx context.Context, pool string) ([]model.Stack, error)
 	return findAll[model.Stack](ctx, r.coll(), bson.M{"pool": pool, "owner": model.PoolOwner}, byCreation)
 }
 
+// CountClaimed counts the stacks built for pool that users claimed.
+func (r *Stacks) CountClaimed(ctx context.Context, pool string) (int, error) {
+	n, err := r.coll().CountDocuments(ctx, bson.M{"pool": pool, "owner": bson.M{"$ne": model.PoolOwner}})
+	if err != nil {
+		return 0, fmt.Errorf("count the claimed stacks of pool %s: %w", pool, err)
+	}
+	return int(n), nil
+}
+
 // SetOwner gives every machine of stack stackID to owner (a claimed pool stack's).
 func (r *Machines) SetOwner(ctx context.Context, stackID, owner string) error {
 	if _, err := r.coll().UpdateMany(ctx, bson.M{"stackId": stackID}, bson.M{"$set": bson.M{"owner": owner, "updatedAt": r.s.Now()}}); err != nil {
