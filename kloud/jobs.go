@@ -379,6 +379,7 @@ func (s *Server) runJobsLoop(ctx context.Context) {
 			s.jobs.recoverOrphans(ctx)
 		case <-rt.C:
 			s.reconcile(ctx)
+			s.reconcilePools(ctx) // pools.go
 		}
 	}
 }

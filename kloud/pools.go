@@ -114,3 +114,219 @@ func (a *poolAPI) view(ctx context.Context, pool model.Pool) (api.PoolView, erro
 	}
 	return v, nil
 }
+
+// claimFromPool serves stack.create from a pool when it can: p asks for the template's latest
+// revision with no values of its own (no parameters, variables or credentials; its preset, or
+// the template's default one, is the pool's), a pool of it exists and has a stack ready, and the
+// caller's quota takes that stack's machines. Then the stack is the caller's in one atomic
+// update (store.Stacks.Claim: no stack goes to two users), its machines follow, and a
+// stack.claim job hands the machines over to the caller's agent keys and account (handover.go).
+// ok is false when stack.create must build a stack as usual.
+func (a *stackAPI) claimFromPool(ctx context.Context, c *Caller, p *api.StackPlanParams) (res api.StackCreateResult, ok bool, err error) {
+	if len(p.Parameters) > 0 || len(p.Variables) > 0 || len(p.Credentials) > 0 {
+		return res, false, nil
+	}
+	t, files, err := a.templateFiles(ctx, c, p)
+	if err != nil {
+		return res, false, err
+	}
+	if cur := a.srv.stackTemplate(ctx, t.ID); cur == nil || cur.Rev != t.Rev {
+		return res, false, nil // an older revision: built as asked
+	}
+	params, err := a.srv.resolveParams(fileMap(files), p)
+	if err != nil {
+		return res, false, nil // stack.create says what is wrong, as usual
+	}
+	pool, err := a.store.Pools().Get(ctx, model.PoolID(t.ID, params.preset))
+	if errors.Is(err, store.ErrNotFound) {
+		return res, false, nil
+	} else if err != nil {
+		return res, false, err
+	}
+	ready, err := a.stacks.OfPool(ctx, pool.ID)
+	if err != nil {
+		return res, false, err
+	}
+	i := slices.IndexFunc(ready, func(st model.Stack) bool {
+		return st.TemplateRev == t.Rev && st.State == model.StackInitialized && st.JobID == ""
+	})
+	if i < 0 {
+		return res, false, nil
+	}
+	// The caller's quota, with the candidate's machines (every ready stack of the pool has the
+	// same): held across the check and the claim, so two creates of one user cannot both pass.
+	ms, err := a.machines.ByStack(ctx, ready[i].ID)
+	if err != nil {
+		return res, false, err
+	}
+	planned := make([]api.PlannedMachine, 0, len(ms))
+	for _, m := range ms {
+		planned = append(planned, api.PlannedMachine{Label: m.Label, Provider: m.Provider, Resource: m.Resource, Index: m.Index, Attributes: m.Attributes})
+	}
+	release, err := a.checks.holdQuota(ctx, c.Username, t.Team)
+	if err != nil {
+		return res, false, err
+	}
+	defer release()
+	if err := a.checks.checkQuota(ctx, c.Username, t.Team, ready[i].ID, planned); err != nil {
+		return res, false, err
+	}
+	title := p.Title
+	if title == "" {
+		title = t.Title
+	}
+	st, ok, err := a.stacks.Claim(ctx, pool.ID, t.Rev, c.Username, title)
+	if err != nil || !ok {
+		return res, false, err // none left: built as usual
+	}
+	if err := a.machines.SetOwner(ctx, st.ID, c.Username); err != nil {
+		return res, false, err
+	}
+	if _, err := stackClaimJob.Start(ctx, a.srv.(*Server), "stack/"+st.ID, c.Username, claimParams{StackID: st.ID}); err != nil {
+		return res, false, fmt.Errorf("stack %s claimed; hand its machines over: %w", st.ID, err)
+	}
+	if ms, err = a.machines.ByStack(ctx, st.ID); err != nil {
+		return res, false, err
+	}
+	a.log.InfoContext(ctx, "stack claimed from a pool", "stack", st.ID, "pool", pool.ID, "owner", c.Username)
+	return api.StackCreateResult{Stack: st, Machines: ms, Claimed: true}, true, nil
+}
+
+// claimParams are a stack.claim job's: the claimed stack.
+type claimParams struct {
+	StackID string `json:"stackId"`
+}
+
+// claimResult is a stack.claim job's result.
+type claimResult struct {
+	Machines int `json:"machines"` // handed over
+}
+
+// jobStackClaim hands a claimed pool stack's machines to their owner (handover.go).
+const jobStackClaim = "stack.claim"
+
+var stackClaimJob = jobKind[claimParams, claimResult]{name: jobStackClaim,
+	run: func(ctx context.Context, j *jobCtx, p claimParams) (claimResult, error) {
+		return j.s.runClaim(ctx, j, p)
+	},
+	recover: func(ctx context.Context, j *jobCtx, p claimParams) (claimResult, error) {
+		return j.s.runClaim(ctx, j, p) // each machine's handover goes on from its record
+	},
+}
+
+// runClaim hands every machine of the claimed stack over to its owner.
+func (s *Server) runClaim(ctx context.Context, j *jobCtx, p claimParams) (claimResult, error) {
+	st, err := s.store.Stacks().Get(ctx, p.StackID)
+	if err != nil {
+		return claimResult{}, err
+	}
+	ms, err := s.store.Machines().ByStack(ctx, st.ID)
+	if err != nil {
+		return claimResult{}, err
+	}
+	var out claimResult
+	for _, m := range ms {
+		if err := s.handOver(ctx, &st, m); err != nil {
+			return out, err
+		}
+		out.Machines++
+		j.Logf(ctx, "machine %s is %s's: its agent registered with %s's key", m.Label, st.Owner, st.Owner)
+	}
+	return out, nil
+}
+
+// reconcilePools keeps every pool at its size, one pass at a time across replicas (the sweep
+// lease "sweep/pools"): builds the stacks a pool lacks, destroys its failed ones, those of an
+// older template revision and those beyond its size (idle ones only: never one a job is
+// changing), and the idle stacks of pools that were deleted. Builds and destroys are the usual
+// durable jobs, in model.PoolOwner's name.
+func (s *Server) reconcilePools(ctx context.Context) {
+	s.sweeps().periodic(ctx, "pools", func(ctx context.Context) error {
+		pools, err := s.store.Pools().List(ctx, "")
+		if err != nil {
+			return err
+		}
+		c, err := s.callerByName(ctx, model.PoolOwner, false)
+		if err != nil {
+			return err
+		}
+		live := map[string]bool{}
+		for _, pool := range pools {
+			live[pool.ID] = true
+			if err := s.reconcilePool(ctx, c, pool); err != nil {
+				s.log.WarnContext(ctx, "pool", "pool", pool.ID, "err", err)
+			}
+		}
+		orphans, err := s.store.Stacks().Pooled(ctx)
+		if err != nil {
+			return err
+		}
+		for _, st := range orphans {
+			if !live[st.Pool] && st.JobID == "" && !slices.Contains(stackTransitional, st.State) {
+				s.poolDestroy(ctx, c, st, "its pool was deleted")
+			}
+		}
+		return nil
+	})
+}
+
+// reconcilePool brings pool to its size.
+func (s *Server) reconcilePool(ctx context.Context, c *Caller, pool model.Pool) error {
+	size, rev := pool.Size, 0
+	t, err := s.store.Templates().Get(ctx, pool.TemplateID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		size = 0 // the template is gone: so is what it built
+	case err != nil:
+		return err
+	default:
+		rev = t.Rev
+	}
+	sts, err := s.store.Stacks().OfPool(ctx, pool.ID)
+	if err != nil {
+		return err
+	}
+	keep := 0
+	for _, st := range sts {
+		switch {
+		case st.JobID != "" || slices.Contains(stackTransitional, st.State):
+			if st.TemplateRev == rev && st.State == model.StackBuilding {
+				keep++
+			}
+		case st.State == model.StackFailed:
+			s.poolDestroy(ctx, c, st, "its build failed: "+st.Reason)
+		case st.TemplateRev != rev:
+			s.poolDestroy(ctx, c, st, fmt.Sprintf("of template revision %d, the pool builds %d", st.TemplateRev, rev))
+		case keep >= size:
+			s.poolDestroy(ctx, c, st, fmt.Sprintf("beyond the pool's size %d", size))
+		case st.State == model.StackNotInitialized:
+			if _, err := s.stacks.apply(ctx, c, nil, &api.StackApplyParams{StackID: st.ID}); err != nil {
+				return fmt.Errorf("build stack %s: %w", st.ID, err)
+			}
+			keep++
+		default: // built and idle: ready to be claimed
+			keep++
+		}
+	}
+	for ; keep < size; keep++ {
+		preset := pool.Preset
+		res, err := s.stacks.createStack(ctx, c, &api.StackPlanParams{TemplateID: pool.TemplateID, Preset: &preset}, pool.ID)
+		if err != nil {
+			return fmt.Errorf("create a stack: %w", err)
+		}
+		if _, err := s.stacks.apply(ctx, c, nil, &api.StackApplyParams{StackID: res.Stack.ID}); err != nil {
+			return fmt.Errorf("build stack %s: %w", res.Stack.ID, err)
+		}
+		s.log.InfoContext(ctx, "pool stack building", "pool", pool.ID, "stack", res.Stack.ID, "rev", rev)
+	}
+	return nil
+}
+
+// poolDestroy starts the destroy of pool stack st, saying why.
+func (s *Server) poolDestroy(ctx context.Context, c *Caller, st model.Stack, why string) {
+	if _, err := s.stacks.apply(ctx, c, nil, &api.StackApplyParams{StackID: st.ID, Destroy: true}); err != nil {
+		s.log.WarnContext(ctx, "destroy a pool stack", "stack", st.ID, "pool", st.Pool, "why", why, "err", err)
+		return
+	}
+	s.log.InfoContext(ctx, "pool stack destroying", "stack", st.ID, "pool", st.Pool, "why", why)
+}

@@ -416,8 +416,9 @@ func (s *Server) jobKinds() map[string]anyJobKind {
 		powerJobKind(provider.MethodStart),
 		powerJobKind(provider.MethodStop),
 		snapshotJob, restoreJob, // snapshots.go
-		planJob,      // stacks_plan.go: an interrupted plan fails ("run it again")
-		bootstrapJob, // credential_bootstrap.go
+		planJob,       // stacks_plan.go: an interrupted plan fails ("run it again")
+		bootstrapJob,  // credential_bootstrap.go
+		stackClaimJob, // pools.go: a claimed pool stack's handover
 	} {
 		kinds[k.kindName()] = k
 	}

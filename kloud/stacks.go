@@ -370,6 +370,15 @@ func (a *stackAPI) planStack(ctx context.Context, c *Caller, _ *kite.Request, p 
 
 // create serves stack.create: the stack and machine documents of a planned template revision.
 func (a *stackAPI) create(ctx context.Context, c *Caller, _ *kite.Request, p *api.StackPlanParams) (api.StackCreateResult, error) {
+	if res, ok, err := a.claimFromPool(ctx, c, p); err != nil || ok { // pools.go
+		return res, err
+	}
+	return a.createStack(ctx, c, p, "")
+}
+
+// createStack is stack.create's usual way: plan the template revision for c and save the stack
+// and its machines, not built; pool ("" for none) is the pool it is built for (pools.go).
+func (a *stackAPI) createStack(ctx context.Context, c *Caller, p *api.StackPlanParams, pool string) (api.StackCreateResult, error) {
 	t, files, b, ms, err := a.planTemplate(ctx, c, p)
 	if err != nil {
 		return api.StackCreateResult{}, err
@@ -380,7 +389,7 @@ func (a *stackAPI) create(ctx context.Context, c *Caller, _ *kite.Request, p *ap
 	now := a.store.Now()
 	st := model.Stack{ID: store.NewID(), Title: p.Title, Team: t.Team, Owner: c.Username, TemplateID: t.ID, TemplateRev: t.Rev,
 		Files: files, Credentials: b.credIDs, Variables: b.params.public, Preset: b.params.preset,
-		State: model.StackNotInitialized, CreatedAt: now, UpdatedAt: now}
+		State: model.StackNotInitialized, Pool: pool, CreatedAt: now, UpdatedAt: now}
 	if len(st.Variables) == 0 {
 		st.Variables = nil
 	}

@@ -75,6 +75,9 @@ func PlanJobResult(result map[string]any) (StackPlanResult, error) {
 type StackCreateResult struct {
 	Stack    model.Stack     `json:"stack"`
 	Machines []model.Machine `json:"machines"`
+	// Claimed: the stack is a prebuilt one, taken from the template's pool: built already, its
+	// machines being handed to the caller (a stack.claim job; no stack.apply needed).
+	Claimed bool `json:"claimed,omitempty"`
 }
 
 // StackApplyParams are the params of stack.apply.

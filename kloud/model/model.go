@@ -312,6 +312,11 @@ type Machine struct {
 	// was rendered, sealed by the store (AAD "machines/<id>/agent"). stack.update renders a
 	// machine that stays with it again, so its user data, and the machine, do not change.
 	AgentSealed []byte `bson:"agentSealed,omitempty" json:"-"`
+	// Handover is a claimed pool stack's machine on its way to its owner's agent key
+	// (kloud/handover.go): the new key's kite id and its agent configuration, sealed as
+	// AgentSealed; the kite id replaces KiteID once the agent registered with it.
+	HandoverKiteID string `bson:"handoverKiteId,omitempty" json:"-"`
+	HandoverSealed []byte `bson:"handoverSealed,omitempty" json:"-"`
 	// Idle is the machine's idle stop: its own settings (machine.set) and the countdown
 	// (kloud/idle.go).
 	Idle Idle `bson:"idle,omitempty" json:"idle,omitzero"`

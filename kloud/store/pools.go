@@ -90,6 +90,11 @@ func (r *Stacks) OfPool(ctx context.Context, pool string) ([]model.Stack, error)
 	return findAll[model.Stack](ctx, r.coll(), bson.M{"pool": pool, "owner": model.PoolOwner}, byCreation)
 }
 
+// Pooled returns every stack of any pool that is still its pool's (owned by model.PoolOwner).
+func (r *Stacks) Pooled(ctx context.Context) ([]model.Stack, error) {
+	return findAll[model.Stack](ctx, r.coll(), bson.M{"pool": bson.M{"$nin": bson.A{nil, ""}}, "owner": model.PoolOwner}, byCreation)
+}
+
 // CountClaimed counts the stacks built for pool that users claimed.
 func (r *Stacks) CountClaimed(ctx context.Context, pool string) (int, error) {
 	n, err := r.coll().CountDocuments(ctx, bson.M{"pool": pool, "owner": bson.M{"$ne": model.PoolOwner}})
@@ -106,4 +111,22 @@ func (r *Machines) SetOwner(ctx context.Context, stackID, owner string) error {
 	}
 	r.s.changed(Change{Coll: CollMachines, StackID: stackID})
 	return nil
+}
+
+// SetHandover records the agent key a claimed pool stack's machine is being handed over with
+// (its kite id and sealed configuration), unless one is recorded already. It reports whether it
+// recorded this one.
+func (r *Machines) SetHandover(ctx context.Context, id, kiteID string, sealed []byte) (bool, error) {
+	return r.s.toldIf(update(ctx, r.coll(), "machine", id, bson.M{"_id": id, "handoverKiteId": bson.M{"$in": bson.A{nil, ""}}},
+		bson.M{"$set": bson.M{"handoverKiteId": kiteID, "handoverSealed": sealed, "updatedAt": r.s.Now()}}))(Change{Coll: CollMachines, ID: id})
+}
+
+// FinishHandover makes the recorded handover's kite id the machine's agent and clears the
+// handover, if it is still kiteID's. It reports whether it did. The machine's agentSealed stays
+// the configuration it was built with (the pool's): an update renders the machine as it was
+// built, so its user data, and the machine, do not change; its agent keeps its owner's key.
+func (r *Machines) FinishHandover(ctx context.Context, id, kiteID string) (bool, error) {
+	return r.s.toldIf(update(ctx, r.coll(), "machine", id, bson.M{"_id": id, "handoverKiteId": kiteID},
+		bson.M{"$set": bson.M{"kiteId": kiteID, "updatedAt": r.s.Now()},
+			"$unset": bson.M{"handoverKiteId": "", "handoverSealed": ""}}))(Change{Coll: CollMachines, ID: id, Field: "agent"})
 }
