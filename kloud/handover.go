@@ -76,12 +76,19 @@ func (s *Server) handOver(ctx context.Context, st *model.Stack, m model.Machine)
 		}
 		s.log.InfoContext(ctx, "machine handed over", "machine", m.ID, "stack", st.ID, "owner", st.Owner, "account", res.Account, "kite", next.KiteID)
 	}
-	if _, err := (kontrolAgents{k: s.Kontrol, s: s}).WaitRegistered(ctx, next.KiteID); err != nil {
+	agent, err := (kontrolAgents{k: s.Kontrol, s: s}).WaitRegistered(ctx, next.KiteID)
+	if err != nil {
 		return fmt.Errorf("machine %s: its agent did not register with its owner's key: %w", m.Label, err)
 	}
 	if _, err := s.store.Machines().FinishHandover(ctx, m.ID, next.KiteID); err != nil {
 		return fmt.Errorf("machine %s: record its new agent: %w", m.Label, err)
 	}
+	// Its registration came before the machine's record named its kite id: say it now.
+	version := ""
+	if c, ok := agent.(*kite.Conn); ok {
+		version = c.Peer().Version
+	}
+	s.setAgent(ctx, next.KiteID, model.AgentConnected, version)
 	if m.KiteID != "" && m.KiteID != next.KiteID {
 		if err := s.Kontrol.Revoke(context.WithoutCancel(ctx), m.KiteID, "machine handed to "+st.Owner); err != nil {
 			s.log.WarnContext(ctx, "revoke a handed-over machine's pool key", "kite", m.KiteID, "err", err)

@@ -380,6 +380,8 @@ func (s *Server) runJobsLoop(ctx context.Context) {
 		case <-rt.C:
 			s.reconcile(ctx)
 			s.reconcilePools(ctx) // pools.go
+		case <-s.poolKick:
+			s.reconcilePools(ctx)
 		}
 	}
 }

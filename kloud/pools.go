@@ -50,6 +50,7 @@ func (a *poolAPI) set(ctx context.Context, c *Caller, _ *kite.Request, p *api.Po
 		return api.PoolView{}, err
 	}
 	a.log.InfoContext(ctx, "pool set", "pool", pool.ID, "size", pool.Size, "by", c.Username)
+	a.srv.kickPools()
 	return a.view(ctx, pool)
 }
 
@@ -82,6 +83,7 @@ func (a *poolAPI) delete(ctx context.Context, c *Caller, _ *kite.Request, p *api
 		return api.DeleteResult{}, err
 	}
 	a.log.InfoContext(ctx, "pool deleted", "pool", p.ID, "by", c.Username)
+	a.srv.kickPools()
 	return api.DeleteResult{Deleted: true}, nil
 }
 
@@ -103,7 +105,7 @@ func (a *poolAPI) view(ctx context.Context, pool model.Pool) (api.PoolView, erro
 			v.Failed++
 		case st.TemplateRev != v.Rev:
 			v.Stale++
-		case st.State == model.StackInitialized && st.JobID == "":
+		case st.State == model.StackInitialized:
 			v.Ready++
 		default:
 			v.Building++
@@ -148,7 +150,7 @@ func (a *stackAPI) claimFromPool(ctx context.Context, c *Caller, p *api.StackPla
 		return res, false, err
 	}
 	i := slices.IndexFunc(ready, func(st model.Stack) bool {
-		return st.TemplateRev == t.Rev && st.State == model.StackInitialized && st.JobID == ""
+		return st.TemplateRev == t.Rev && st.State == model.StackInitialized
 	})
 	if i < 0 {
 		return res, false, nil
@@ -189,6 +191,7 @@ func (a *stackAPI) claimFromPool(ctx context.Context, c *Caller, p *api.StackPla
 		return res, false, err
 	}
 	a.log.InfoContext(ctx, "stack claimed from a pool", "stack", st.ID, "pool", pool.ID, "owner", c.Username)
+	a.srv.(*Server).kickPools() // the pool builds its next stack now
 	return api.StackCreateResult{Stack: st, Machines: ms, Claimed: true}, true, nil
 }
 
@@ -235,6 +238,14 @@ func (s *Server) runClaim(ctx context.Context, j *jobCtx, p claimParams) (claimR
 	return out, nil
 }
 
+// kickPools makes the jobs loop reconcile the pools now, not at its next interval.
+func (s *Server) kickPools() {
+	select {
+	case s.poolKick <- struct{}{}:
+	default: // one is pending
+	}
+}
+
 // reconcilePools keeps every pool at its size, one pass at a time across replicas (the sweep
 // lease "sweep/pools"): builds the stacks a pool lacks, destroys its failed ones, those of an
 // older template revision and those beyond its size (idle ones only: never one a job is
@@ -262,7 +273,7 @@ func (s *Server) reconcilePools(ctx context.Context) {
 			return err
 		}
 		for _, st := range orphans {
-			if !live[st.Pool] && st.JobID == "" && !slices.Contains(stackTransitional, st.State) {
+			if !live[st.Pool] && !slices.Contains(stackTransitional, st.State) {
 				s.poolDestroy(ctx, c, st, "its pool was deleted")
 			}
 		}
@@ -288,8 +299,8 @@ func (s *Server) reconcilePool(ctx context.Context, c *Caller, pool model.Pool) 
 	}
 	keep := 0
 	for _, st := range sts {
-		switch {
-		case st.JobID != "" || slices.Contains(stackTransitional, st.State):
+		switch { // (a stack keeps its last job's id: its state says whether a job changes it)
+		case slices.Contains(stackTransitional, st.State):
 			if st.TemplateRev == rev && st.State == model.StackBuilding {
 				keep++
 			}

@@ -257,6 +257,7 @@ type Server struct {
 	jobs      *jobRunner      // durable jobs and job.* (jobs.go)
 	quotaAPI  *quotaAPI       // quota.* (quota.go)
 	poolAPI   *poolAPI        // pool.* (pools.go)
+	poolKick  chan struct{}   // cap 1: a pool changed or lost a stack; reconcile the pools now (pools.go)
 	users     *userAPI        // user.* and team.* (users.go)
 	policy    *templatePolicy // the template policy, template.trust and template.untrust (policy.go)
 	backup    *backupAPI      // GET /api/admin/backup (backup.go)
@@ -364,6 +365,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.jobs = &jobRunner{store: st, log: s.log, metrics: m, kinds: s.jobKinds(), lease: opts.JobLease, bind: func(j *jobCtx) { j.s = s }}
 	s.quotaAPI = &quotaAPI{store: st, keeper: s.quotas(), log: s.log}
 	s.poolAPI = &poolAPI{store: st, srv: s, log: s.log}
+	s.poolKick = make(chan struct{}, 1)
 	s.policy = &templatePolicy{templates: st.Templates(), providers: s.providers, now: st.Now, log: s.log, loadTemplate: s.loadTemplate}
 	s.backup = &backupAPI{dataDir: opts.DataDir, store: st, log: s.log, caller: s.httpCaller}
 	s.events = &eventAPI{hub: opts.Events, log: s.log} // eventfeed.go

@@ -61,7 +61,7 @@ func (r *Pools) Delete(ctx context.Context, id string) error {
 // Claim hands one built, idle stack of pool at template revision rev to owner in one atomic
 // update (FindOneAndUpdate: of any number of concurrent claims, on any number of replicas, each
 // stack goes to exactly one): the oldest stack owned by model.PoolOwner with that pool and
-// revision, Initialized and running no job, gets owner, claimedAt and (if not empty) title. It
+// revision, Initialized (built, and no job changing it: a stack keeps its last job's id), gets owner, claimedAt and (if not empty) title. It
 // returns the stack as claimed, or false if the pool has none ready. The machines follow with
 // [Machines.SetOwner].
 func (r *Stacks) Claim(ctx context.Context, pool string, rev int, owner, title string) (model.Stack, bool, error) {
@@ -70,7 +70,7 @@ func (r *Stacks) Claim(ctx context.Context, pool string, rev int, owner, title s
 	if title != "" {
 		set["title"] = title
 	}
-	filter := bson.M{"pool": pool, "owner": model.PoolOwner, "templateRev": rev, StateField: model.StackInitialized, "jobId": jobMatch("")}
+	filter := bson.M{"pool": pool, "owner": model.PoolOwner, "templateRev": rev, StateField: model.StackInitialized}
 	var st model.Stack
 	err := r.coll().FindOneAndUpdate(ctx, filter, bson.M{"$set": set},
 		options.FindOneAndUpdate().SetSort(bson.D{{Key: "createdAt", Value: 1}}).SetReturnDocument(options.After)).Decode(&st)

@@ -48,7 +48,7 @@ func poolClaims(t *testing.T, rs []*store.Store) {
 		}
 	}
 	for i := range 5 {
-		add(fmt.Sprintf("ready%d", i), "tpl", model.PoolOwner, model.StackInitialized, 2, "", time.Duration(10-i)*time.Minute)
+		add(fmt.Sprintf("ready%d", i), "tpl", model.PoolOwner, model.StackInitialized, 2, fmt.Sprintf("build%d", i), time.Duration(10-i)*time.Minute) // a built stack keeps its last job's id
 	}
 	add("stale", "tpl", model.PoolOwner, model.StackInitialized, 1, "", time.Hour)
 	add("building", "tpl", model.PoolOwner, model.StackBuilding, 2, "job1", time.Hour)
