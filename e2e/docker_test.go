@@ -54,10 +54,11 @@ func newDockerEnv(t *testing.T) *dockerEnv {
 	t.Helper()
 	cliConfig := dockerMirror(t)
 	dd := dockertest.New(t)
-	subnet, err := sandbox.FreeSubnet(150)
+	subnet, release, err := sandbox.FreeSubnet(150)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(release)
 	network := fmt.Sprintf("kloud-e2e%d", subnet.Addr().As4()[2])
 	// kloud creates the network at startup, before it listens on its gateway (where the machines
 	// reach it, and terraform the proxy).

@@ -118,3 +118,40 @@ func TestAdoptHandsTheMachineOver(t *testing.T) {
 		t.Errorf("klient.adopt again: %+v %v, want Already", res, err)
 	}
 }
+
+// TestAdoptOnlyFromKloud: klient.adopt and klient.upgrade answer only on the connection klient
+// dialed (kloud's). The machine's own owner, dialing klient's listener with her kite key, is
+// refused, and the machine keeps its key and owner.
+func TestAdoptOnlyFromKloud(t *testing.T) {
+	e := prepareEnv(t, true)
+	e.listen = testutil.FreeLoopback(t)
+	e.start()
+	k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "cli"}, Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	key, _ := e.ko.KiteKey("alice")
+	c, err := k.Dial(t.Context(), "http://"+e.listen+"/kite", kite.Auth{Type: kite.AuthKiteKey, Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobs, _, err := e.ko.Kontrol.CreateAgentKey(kitekey.AgentKeySpec{Owner: "bob", MachineID: "m1", StackID: "s1", KontrolURL: e.srv.URL + "/kite"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := kitekey.ReadFile(e.keyFile)
+	if err := c.Call(t.Context(), klientapi.MethodAdopt, klientapi.AdoptParams{Owner: "bob", Key: bobs}, nil); !errors.Is(err, kite.ErrPermission) {
+		t.Errorf("klient.adopt from a user's own connection: %v, want permission denied", err)
+	}
+	if err := c.Call(t.Context(), klientapi.MethodUpgrade, klientapi.UpgradeParams{SHA256: strings.Repeat("0", 64)}, nil); !errors.Is(err, kite.ErrPermission) {
+		t.Errorf("klient.upgrade from a user's own connection: %v, want permission denied", err)
+	}
+	var info klientapi.Info
+	if err := e.call(klientapi.MethodInfo, nil, &info); err != nil || info.Owner != "alice" || info.KiteID != e.kiteID {
+		t.Errorf("klient.info after the refused calls: %+v %v", info, err)
+	}
+	if after, _ := kitekey.ReadFile(e.keyFile); after != before {
+		t.Error("a refused klient.adopt changed kite.key")
+	}
+}

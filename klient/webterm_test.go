@@ -39,6 +39,7 @@ type env struct {
 	keyFile  string
 	kiteID   string
 	stateDir string
+	listen   string // klient's own listener (Options.Listen; "": none)
 	kl       *klient.Klient
 	conn     *kite.Conn // kloud's end of klient's registration connection
 	stop     func()
@@ -92,7 +93,7 @@ func (e *env) start() {
 	ready := make(chan struct{}, 1)
 	kl, err := klient.New(klient.Options{
 		KiteKeyFile: e.keyFile, KontrolURL: e.srv.URL + "/kite", Root: e.mach.Root, StateDir: e.stateDir,
-		Logger: testutil.Logger(e.t),
+		Listen: e.listen, Logger: testutil.Logger(e.t),
 		Ready: func(kontrol.RegisterResult) {
 			select {
 			case ready <- struct{}{}:

@@ -413,7 +413,7 @@ func newHarness(ctx context.Context, o options) (*harness, error) {
 		return nil, err
 	}
 	h := &harness{o: o, tmp: tmp, data: filepath.Join(tmp, "data"), stateDir: filepath.Join(tmp, "machines"), bridge: "kdb" + randHex(3)}
-	if h.subnet, err = sandbox.FreeSubnet(100); err != nil {
+	if h.subnet, _, err = sandbox.FreeSubnet(100); err != nil { // held until the bench ends
 		return h, err
 	}
 	hostAddr := h.subnet.Addr().Next()

@@ -82,8 +82,11 @@ type Config struct {
 	// Terraform tunes the terraformer's engine: TerraformPath and CLIConfigFile for a provider
 	// whose Terraform provider is not in the default mirror. Zero: tfruntest's defaults.
 	Terraform tfrun.Options
-	// BuildTimeout bounds one job (a stack build, destroy, bootstrap, start or stop). Default 5
-	// minutes.
+	// BuildTimeout bounds one job (a stack build, destroy, bootstrap, start or stop). Default 12
+	// minutes: above kloud's own bounds (the provider's work, then up to 5 minutes for the
+	// agents), so that a job the host slowed down ends by itself, as it or failed, rather than
+	// the test giving up first (ci51: vagrant's machine.start, a vagrant up and the agent's
+	// wait on a host at load 35, took over 5 minutes).
 	BuildTimeout time.Duration
 }
 
@@ -119,7 +122,7 @@ func Run(t *testing.T, c Config) {
 		t.Fatalf("providertest: %s", err)
 	}
 	if c.BuildTimeout <= 0 {
-		c.BuildTimeout = 5 * time.Minute
+		c.BuildTimeout = 12 * time.Minute
 	}
 	testutil.RequireBinary(t, "curl")
 	s := &suite{c: c}

@@ -21,7 +21,10 @@ const MethodAdopt = "klient.adopt"
 // FeatureAdopt is in Info.Features of a klient that serves klient.adopt.
 const FeatureAdopt = "adopt"
 
-var ownerRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+// AccountName is a kloud username that klient makes a machine account of (a shared user's own
+// account, an owner's account renamed by klient.adopt): kloud restricts usernames to it, and
+// useradd and usermod take it (no ':' or '/').
+var AccountName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
 
 // AdoptParams are klient.adopt's parameters.
 type AdoptParams struct {
@@ -34,8 +37,8 @@ type AdoptParams struct {
 // Validate implements kite.Validator.
 func (p *AdoptParams) Validate() error {
 	var errs []error
-	if !ownerRE.MatchString(p.Owner) {
-		errs = append(errs, fmt.Errorf("owner %q: want a username of 1-32 of a-z, 0-9, '_' and '-', not starting with a digit or '-'", p.Owner))
+	if !AccountName.MatchString(p.Owner) {
+		errs = append(errs, fmt.Errorf("owner %q: want a username of 1-32 of a-z, 0-9 and '-', starting with a letter", p.Owner))
 	}
 	if strings.Count(p.Key, ".") != 2 {
 		errs = append(errs, errors.New("key: want an agent key (a compact JWT)"))

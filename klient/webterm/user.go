@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/atomicfile"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/klient/klientapi"
 	"github.com/kloud-dev/kloud/userdata"
 )
 
@@ -166,13 +166,11 @@ const SharedAccountGecos = "kloud shared user"
 // accounts and root are below it.
 const minSharedUID = 1000
 
-var sharedAccountName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
-
 // SharedAccountName is the machine account of the kloud user user: the username itself, which
 // kloud restricts to [a-z][a-z0-9-]{1,31} (valid for useradd, no ':' or '/'). Other names are
 // refused.
 func SharedAccountName(user string) (string, error) {
-	if !sharedAccountName.MatchString(user) {
+	if !klientapi.AccountName.MatchString(user) {
 		return "", fmt.Errorf("user %q cannot have an account on this machine: want 1-32 of a-z, 0-9 and '-', starting with a letter: %w", user, kite.ErrInvalidParams)
 	}
 	return user, nil
@@ -290,12 +288,18 @@ func unexpire(ctx context.Context, root, name string) error {
 }
 
 func usermod(ctx context.Context, root, name string, args ...string) error {
+	return shadowTool(ctx, "usermod", root, name, args...)
+}
+
+// shadowTool runs tool (usermod, groupmod) with args on account or group name of the machine at
+// root (--prefix unless root is "/").
+func shadowTool(ctx context.Context, tool, root, name string, args ...string) error {
 	if filepath.Clean(root) != "/" {
 		args = append(args, "--prefix", root)
 	}
 	args = append(args, "--", name)
-	if out, err := exec.CommandContext(ctx, "usermod", args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("usermod %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	if out, err := exec.CommandContext(ctx, tool, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", tool, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -395,13 +399,8 @@ func RenameOwnerAccount(ctx context.Context, root, oldName, newName string) (str
 		return "", fmt.Errorf("rename the owner's account: %w: %w", err, kite.ErrState)
 	}
 	if hasGroup(root, oldName) {
-		args := []string{"--new-name", newName}
-		if filepath.Clean(root) != "/" {
-			args = append(args, "--prefix", root)
-		}
-		args = append(args, "--", oldName)
-		if out, err := exec.CommandContext(ctx, "groupmod", args...).CombinedOutput(); err != nil {
-			return "", fmt.Errorf("rename the owner's group: groupmod %s: %w: %s: %w", strings.Join(args, " "), err, strings.TrimSpace(string(out)), kite.ErrState)
+		if err := shadowTool(ctx, "groupmod", root, oldName, "--new-name", newName); err != nil {
+			return "", fmt.Errorf("rename the owner's group: %w: %w", err, kite.ErrState)
 		}
 	}
 	if err := renameSudoRule(filepath.Join(root, cloudInitSudoers), oldName, newName); err != nil {

@@ -94,10 +94,11 @@ resource "terraform_data" "web" {
 func TestDockerPlanShowsWhatTheTemplateSets(t *testing.T) {
 	t.Parallel()
 	dd := dockertest.New(t)
-	subnet, err := sandbox.FreeSubnet(150)
+	subnet, release, err := sandbox.FreeSubnet(150)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(release)
 	d, err := docker.New(docker.Options{Host: dd.Host, Image: dd.Image, Instance: "cliplan", Network: "kt-cliplan", Bridge: "kt-cliplan",
 		Subnet: subnet, StateDir: t.TempDir(), Logger: testutil.Logger(t)})
 	if err != nil {

@@ -43,10 +43,11 @@ func TestConformanceStockDockerd(t *testing.T) {
 
 func conformance(t *testing.T, dd *dockertest.Daemon) {
 	tf, cliConfig := Terraform(t)
-	subnet, err := sandbox.FreeSubnet(150)
+	subnet, release, err := sandbox.FreeSubnet(150)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(release)
 	gw := subnet.Addr().Next()
 	// The Linux bridge's name is the host's, not the daemon's: one of its own, so that runs
 	// of this test side by side (and their firewall tables, kloud-fw-<bridge>) do not meet.

@@ -61,10 +61,11 @@ func newFixtureOn(t *testing.T, instance string, dd *dockertest.Daemon, opt func
 		t.Fatal(err)
 	}
 	url := "http://" + ln.Addr().String()
-	subnet, err := sandbox.FreeSubnet(150)
+	subnet, release, err := sandbox.FreeSubnet(150)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(release)
 	o := docker.Options{Host: dd.Host, Image: dd.Image, Instance: instance, Endpoint: url,
 		StateDir: t.TempDir(), Logger: testutil.Logger(t),
 		Network: "kt-" + instance, Bridge: "kt-" + instance, Subnet: subnet}

@@ -69,7 +69,7 @@ func Boot(ctx context.Context, o Options) (_ *Machine, err error) {
 			vm.Close()
 		}
 	}()
-	if vm.Subnet, err = sandbox.FreeSubnet(o.Subnet); err != nil {
+	if vm.Subnet, _, err = sandbox.FreeSubnet(o.Subnet); err != nil { // held until the bench ends
 		return nil, err
 	}
 	suffix := make([]byte, 2)

@@ -31,10 +31,11 @@ func TestCloseLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	pidb, _ := os.ReadFile(d.Dir + "/d.pid")
-	subnet, err := sandbox.FreeSubnet(150)
+	subnet, release, err := sandbox.FreeSubnet(150)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(release)
 	const br = "kdt-close"
 	if _, err := d.Client.NetworkCreate(ctx, "n", client.NetworkCreateOptions{Driver: "bridge",
 		IPAM:    &network.IPAM{Config: []network.IPAMConfig{{Subnet: subnet}}},

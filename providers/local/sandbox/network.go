@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,6 +104,12 @@ func (m *Manager) ensureBridge(ctx context.Context) error {
 		}
 	}
 	if !have {
+		// Another link with an address of this subnet (another kloud's bridge, a VPN, a LAN)
+		// would take the replies to our machines: they could not reach kloud, and its own
+		// machines would get our traffic. Say so rather than build machines that cannot boot.
+		if other := subnetUser(m.subnet, br); other != "" {
+			return fmt.Errorf("bridge address: subnet %s is already used by network interface %s on this host; choose another with --local-subnet", m.subnet, other)
+		}
 		cidr := m.hostAddr.String() + "/" + strconv.Itoa(m.subnet.Bits())
 		if _, err := m.ip(ctx, "addr", "add", cidr, "dev", br); err != nil {
 			return fmt.Errorf("bridge address: %w", err)
@@ -118,6 +126,23 @@ func (m *Manager) ensureBridge(ctx context.Context) error {
 		return fmt.Errorf("bridge up: %w", err)
 	}
 	return nil
+}
+
+// subnetUser names an interface other than self with an address in p, or "".
+func subnetUser(p netip.Prefix, self string) string {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return ""
+	}
+	for _, ifc := range ifs {
+		if ifc.Name == self {
+			continue
+		}
+		if addrs, err := ifc.Addrs(); err == nil && subnetInUse(p, addrs) {
+			return ifc.Name
+		}
+	}
+	return ""
 }
 
 // TeardownNetwork deletes the bridge. It refuses while machines exist in the state dir.

@@ -790,9 +790,51 @@ func TestStartRecreatesNetwork(t *testing.T) {
 
 func freeSubnet(t *testing.T) netip.Prefix {
 	t.Helper()
-	p, err := sandbox.FreeSubnet(16)
+	p, release, err := sandbox.FreeSubnet(16)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(release)
 	return p
+}
+
+// TestFreeSubnetReserves: a subnet FreeSubnet returned is nobody else's until it is released,
+// also in another process (the reservation is the kernel's, not this package's).
+func TestFreeSubnetReserves(t *testing.T) {
+	p, release, err := sandbox.FreeSubnet(254) // the one choice: 10.200.254.0/24
+	if err != nil {
+		t.Fatalf("10.200.254.0/24 is not free on this host: %v", err)
+	}
+	if _, _, err := sandbox.FreeSubnet(254); err == nil {
+		t.Fatalf("%s was returned twice", p)
+	}
+	release()
+	q, release, err := sandbox.FreeSubnet(254)
+	if err != nil || q != p {
+		t.Fatalf("after release: %s %v, want %s", q, err, p)
+	}
+	release()
+}
+
+// TestSubnetTakenIsRefused: another link already holding an address of the machines' subnet (a
+// second kloud's bridge) would take the replies to this bridge's machines. SetupNetwork says
+// which, and adds nothing.
+func TestSubnetTakenIsRefused(t *testing.T) {
+	e := newEnv(t)
+	other := "kdx" + randHex(t, 4)
+	if out, err := exec.Command("ip", "link", "add", other, "type", "bridge").CombinedOutput(); err != nil {
+		t.Fatalf("ip link add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "link", "del", other).Run() })
+	addr := netip.PrefixFrom(e.subnet.Addr().Next().Next(), e.subnet.Bits()).String()
+	if out, err := exec.Command("ip", "addr", "add", addr, "dev", other).CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add: %v: %s", err, out)
+	}
+	err := e.m.SetupNetwork(t.Context())
+	if err == nil || !strings.Contains(err.Error(), other) || !strings.Contains(err.Error(), "--local-subnet") {
+		t.Fatalf("SetupNetwork with %s on %s: %v", addr, other, err)
+	}
+	if b, _ := exec.Command("ip", "-4", "addr", "show", "dev", e.bridge).Output(); strings.Contains(string(b), "inet ") {
+		t.Errorf("the bridge got an address anyway:\n%s", b)
+	}
 }

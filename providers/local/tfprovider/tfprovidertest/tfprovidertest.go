@@ -119,9 +119,10 @@ func (h *Host) AssertGone(t *testing.T, in sandbox.Info) {
 
 func freeSubnet(t *testing.T) netip.Prefix {
 	t.Helper()
-	p, err := sandbox.FreeSubnet(100)
+	p, release, err := sandbox.FreeSubnet(100)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(release)
 	return p
 }
