@@ -134,9 +134,14 @@ func (a *stackAPI) checkStackConstraints(ctx context.Context, st *model.Stack) e
 	if err != nil {
 		return err
 	}
+	return a.checkConstraints(ctx, st.Owner, st.Team, plannedOf(ms))
+}
+
+// plannedOf is machines ms as a plan would list them (their planned attributes).
+func plannedOf(ms []model.Machine) []api.PlannedMachine {
 	planned := make([]api.PlannedMachine, 0, len(ms))
 	for _, m := range ms {
 		planned = append(planned, api.PlannedMachine{Label: m.Label, Provider: m.Provider, Resource: m.Resource, Index: m.Index, Attributes: m.Attributes})
 	}
-	return a.checkConstraints(ctx, st.Owner, st.Team, planned)
+	return planned
 }

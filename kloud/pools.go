@@ -161,10 +161,7 @@ func (a *stackAPI) claimFromPool(ctx context.Context, c *Caller, p *api.StackPla
 	if err != nil {
 		return res, false, err
 	}
-	planned := make([]api.PlannedMachine, 0, len(ms))
-	for _, m := range ms {
-		planned = append(planned, api.PlannedMachine{Label: m.Label, Provider: m.Provider, Resource: m.Resource, Index: m.Index, Attributes: m.Attributes})
-	}
+	planned := plannedOf(ms)
 	release, err := a.checks.holdQuota(ctx, c.Username, t.Team)
 	if err != nil {
 		return res, false, err
@@ -184,7 +181,11 @@ func (a *stackAPI) claimFromPool(ctx context.Context, c *Caller, p *api.StackPla
 	if err := a.machines.SetOwner(ctx, st.ID, c.Username); err != nil {
 		return res, false, err
 	}
-	if _, err := stackClaimJob.Start(ctx, a.srv.(*Server), "stack/"+st.ID, c.Username, claimParams{StackID: st.ID}); err != nil {
+	if err := a.store.BucketClaims().SetOwner(ctx, st.ID, c.Username); err != nil {
+		return res, false, err
+	}
+	job, err := stackClaimJob.Start(ctx, a.srv.(*Server), "stack/"+st.ID, c.Username, claimParams{StackID: st.ID})
+	if err != nil {
 		return res, false, fmt.Errorf("stack %s claimed; hand its machines over: %w", st.ID, err)
 	}
 	if ms, err = a.machines.ByStack(ctx, st.ID); err != nil {
@@ -192,7 +193,7 @@ func (a *stackAPI) claimFromPool(ctx context.Context, c *Caller, p *api.StackPla
 	}
 	a.log.InfoContext(ctx, "stack claimed from a pool", "stack", st.ID, "pool", pool.ID, "owner", c.Username)
 	a.srv.(*Server).kickPools() // the pool builds its next stack now
-	return api.StackCreateResult{Stack: st, Machines: ms, Claimed: true}, true, nil
+	return api.StackCreateResult{Stack: st, Machines: ms, Claimed: true, JobID: job}, true, nil
 }
 
 // claimParams are a stack.claim job's: the claimed stack.
@@ -264,8 +265,17 @@ func (s *Server) reconcilePools(ctx context.Context) {
 		live := map[string]bool{}
 		for _, pool := range pools {
 			live[pool.ID] = true
+			problem := ""
 			if err := s.reconcilePool(ctx, c, pool); err != nil {
-				s.log.WarnContext(ctx, "pool", "pool", pool.ID, "err", err)
+				problem = err.Error()
+			}
+			if problem != pool.Problem { // said once, and shown by pool.list
+				if problem != "" {
+					s.log.WarnContext(ctx, "pool below its size", "pool", pool.ID, "err", problem)
+				}
+				if err := s.store.Pools().SetProblem(ctx, pool.ID, problem); err != nil {
+					return err
+				}
 			}
 		}
 		orphans, err := s.store.Stacks().Pooled(ctx)
@@ -317,6 +327,20 @@ func (s *Server) reconcilePool(ctx context.Context, c *Caller, pool model.Pool) 
 			keep++
 		default: // built and idle: ready to be claimed
 			keep++
+		}
+	}
+	if keep < size {
+		// A pool at its quota would plan a stack (a terraform run) each pass only to be
+		// refused: check with the machines of a stack of this revision it has, when there is
+		// one (every stack of the pool plans the same).
+		if i := slices.IndexFunc(sts, func(st model.Stack) bool { return st.TemplateRev == rev }); i >= 0 {
+			ms, err := s.store.Machines().ByStack(ctx, sts[i].ID)
+			if err != nil {
+				return err
+			}
+			if err := s.checkQuota(ctx, model.PoolOwner, pool.Team, "", plannedOf(ms)); err != nil {
+				return fmt.Errorf("%d of %d stacks: %w", keep, size, err)
+			}
 		}
 	}
 	for ; keep < size; keep++ {

@@ -1,6 +1,7 @@
 package kloud_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -75,5 +76,120 @@ func TestPoolClaim(t *testing.T) {
 	}
 	if last := f.follow(job.JobID); last.Status != "succeeded" {
 		t.Fatalf("destroy of the claimed stack: %+v", last)
+	}
+}
+
+// TestPoolConcurrentClaims: 20 stack.create calls at once against a pool of 5 ready stacks: 5
+// take a prebuilt stack each (none taken twice), the other 15 create stacks to build, as
+// without a pool. Pool stacks count against the team's pool quota only (its limit stops the
+// pool at 5 though its size is 6), never the team's; a claimed stack counts against its user and
+// team.
+func TestPoolConcurrentClaims(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t, dummy.Options{})
+	f.credential()
+	tid := f.template(oneVM)
+	admin := f.Client(kloud.Admin)
+	ctx := t.Context()
+	if _, err := admin.QuotaSet(ctx, api.QuotaSetParams{QuotaSubject: api.QuotaSubject{Pool: model.DefaultTeam}, Limit: api.Quota{Machines: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.PoolSet(ctx, api.PoolSetParams{TemplateID: tid, Size: 6}); err != nil {
+		t.Fatal(err)
+	}
+	var last api.PoolView
+	testutil.Eventually(t, 5*time.Minute, func() bool {
+		res, err := admin.PoolList(ctx, api.PoolListParams{})
+		if err != nil || len(res.Pools) != 1 {
+			t.Fatalf("pool.list: %+v %v", res, err)
+		}
+		last = res.Pools[0]
+		return last.Ready == 5 && last.Building == 0
+	}, "the pool did not fill to its quota")
+	t.Logf("the pool filled to its quota: %+v", last)
+	testutil.Eventually(t, time.Minute, func() bool {
+		res, err := admin.PoolList(ctx, api.PoolListParams{})
+		return err == nil && strings.Contains(res.Pools[0].Problem, "quota of pool default exceeded")
+	}, "pool.list does not say the quota keeps the pool below its size")
+	show := func(s api.QuotaSubject) int64 {
+		t.Helper()
+		st, err := admin.QuotaShow(ctx, api.QuotaShowParams{QuotaSubject: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Used.Machines
+	}
+	if p, team := show(api.QuotaSubject{Pool: model.DefaultTeam}), show(api.QuotaSubject{Team: model.DefaultTeam}); p != 5 || team != 0 {
+		t.Fatalf("quota use before the claims: pool %d, team %d machines; want 5 and 0", p, team)
+	}
+	ready := map[string]bool{}
+	sts, err := admin.StackList(ctx, api.StackListParams{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts.Stacks {
+		if st.Pool == tid && st.Owner == model.PoolOwner && st.State == model.StackInitialized {
+			ready[st.ID] = true
+		}
+	}
+	if len(ready) != 5 {
+		t.Fatalf("stack.list shows %d ready pool stacks, want 5", len(ready))
+	}
+
+	type result struct {
+		res api.StackCreateResult
+		err error
+	}
+	results := make(chan result, 20)
+	for range 20 {
+		go func() {
+			res, err := f.client().StackCreate(ctx, api.StackPlanParams{TemplateID: tid})
+			results <- result{res, err}
+		}()
+	}
+	claimed, created := map[string]bool{}, 0
+	for range 20 {
+		r := <-results
+		switch {
+		case r.err != nil:
+			t.Errorf("stack.create: %v", r.err)
+		case r.res.Claimed:
+			if claimed[r.res.Stack.ID] {
+				t.Errorf("stack %s was claimed twice", r.res.Stack.ID)
+			}
+			claimed[r.res.Stack.ID] = true
+			if r.res.Stack.Owner != "alice" || r.res.JobID == "" {
+				t.Errorf("claimed stack: %+v (job %q)", r.res.Stack, r.res.JobID)
+			}
+		default:
+			created++
+			if r.res.Stack.State != model.StackNotInitialized || r.res.Stack.Pool != "" {
+				t.Errorf("created stack: %+v", r.res.Stack)
+			}
+		}
+	}
+	t.Logf("20 creates at once: %d claimed, %d created to build", len(claimed), created)
+	for id := range ready {
+		if !claimed[id] {
+			t.Errorf("ready pool stack %s was not claimed", id)
+		}
+	}
+	// A stack the pool built during the creates may have been claimed too: only the 5 were
+	// ready when they began.
+	if len(claimed) < 5 || len(claimed)+created != 20 {
+		t.Errorf("%d claimed and %d created, want 5 (or more, built meanwhile) and the rest", len(claimed), created)
+	}
+	testutil.Eventually(t, 4*time.Minute, func() bool {
+		for id := range claimed {
+			for _, m := range f.machines(id) {
+				if m.Owner != "alice" || m.Agent.Status != model.AgentConnected {
+					return false
+				}
+			}
+		}
+		return true
+	}, "the claimed stacks' machines were not handed over")
+	if team := show(api.QuotaSubject{Team: model.DefaultTeam}); team != int64(len(claimed)) {
+		t.Errorf("the team's quota use after the claims: %d machines, want %d", team, len(claimed))
 	}
 }

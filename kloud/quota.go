@@ -125,14 +125,18 @@ type quotaAPI struct {
 // subject checks a quota.set or quota.show subject and names it.
 func (q *quotaAPI) subject(ctx context.Context, c *Caller, p api.QuotaSubject) (string, error) {
 	switch {
-	case p.Team != "":
-		if !c.Admin && !c.InTeam(p.Team) {
-			return "", notFound("team", p.Team)
+	case p.Team != "" || p.Pool != "":
+		team, kind := p.Team, "team/"
+		if p.Pool != "" {
+			team, kind = p.Pool, "pool/"
 		}
-		if _, err := q.store.Teams().Get(ctx, p.Team); err != nil {
+		if !c.Admin && !c.InTeam(team) {
+			return "", notFound("team", team)
+		}
+		if _, err := q.store.Teams().Get(ctx, team); err != nil {
 			return "", err
 		}
-		return "team/" + p.Team, nil
+		return kind + team, nil
 	case p.User != "" && p.User != c.Username:
 		if !c.Admin {
 			return "", fmt.Errorf("only kloud administrators see another user's quota: %w", kite.ErrPermission)

@@ -31,7 +31,10 @@
 // $KLOUD_CACHE/env). It removes every machine, the bridge and the temp dir when it ends, also on
 // an error or Ctrl-C. It needs root.
 //
-//	make build && set -a && . /var/cache/kloud/env && set +a && go run ./bench/localboot [-n 1,10] [-rounds 3]
+// With -pool it also measures prebuilt stacks (pool.go): stack create → a terminal that answers,
+// claimed from a pool against built on demand.
+//
+//	make build && set -a && . /var/cache/kloud/env && set +a && go run ./bench/localboot [-n 1,10] [-rounds 3] [-pool]
 package main
 
 import (
@@ -69,17 +72,21 @@ import (
 
 func main() {
 	sandbox.MaybeRunInit() // harmless here; keeps the sandbox library's contract for mains that use it
-	ns := flag.String("n", "1,10", "machine counts to measure, comma-separated")
+	ns := flag.String("n", "1,10", "machine counts to measure, comma-separated ('' with -pool: none)")
 	prov := flag.String("provider", "local", "local (namespace machines) or docker (containers on a private dockerd)")
 	rounds := flag.Int("rounds", 3, "builds per machine count (each: kloud, then raw terraform)")
 	binDir := flag.String("bin", "bin", "directory with kloud, terraformer and klient (`make build`)")
 	tf := flag.String("terraform", "", "terraform binary (default: $TERRAFORM, else terraform on PATH, else $KLOUD_CACHE/bin/terraform)")
 	cfg := flag.String("cli-config", defaultCLIConfig(), "Terraform CLI config with the offline provider mirror (kloudlocal)")
+	pool := flag.Bool("pool", false, "also measure prebuilt stacks: stack create → terminal for a stack claimed from a pool against one built on demand (pool.go)")
 	keep := flag.Bool("keep", false, "keep the temp dir (logs, terraformer's work dirs); machines and the bridge are removed anyway")
 	verbose := flag.Bool("v", false, "print each step")
 	flag.Parse()
 	var counts []int
 	for f := range strings.SplitSeq(*ns, ",") {
+		if *ns == "" && *pool { // -n '' -pool: the pool's rounds only
+			break
+		}
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
 			fmt.Fprintf(os.Stderr, "localboot: -n %q: want positive integers\n", *ns)
@@ -96,7 +103,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "localboot: -provider %q: want local or docker\n", *prov)
 		os.Exit(2)
 	}
-	o := options{provider: *prov, counts: counts, rounds: *rounds, bin: *binDir, tf: *tf, cliConfig: *cfg, keep: *keep}
+	o := options{provider: *prov, counts: counts, rounds: *rounds, bin: *binDir, tf: *tf, cliConfig: *cfg, keep: *keep, pool: *pool}
 	if *verbose {
 		o.progress = os.Stderr
 	}
@@ -118,6 +125,7 @@ type options struct {
 	tf        string
 	cliConfig string
 	keep      bool
+	pool      bool // also the prebuilt stacks' rounds (pool.go)
 	progress  io.Writer
 }
 
@@ -267,6 +275,13 @@ func run(ctx context.Context, o options) (missed bool, err error) {
 		results = append(results, r)
 	}
 
+	var pools []poolRun
+	if o.pool {
+		if pools, err = h.poolRounds(ctx); err != nil {
+			return false, fmt.Errorf("pool: %w", err)
+		}
+	}
+
 	tfVersion, _ := exec.Command(o.tf, "version").Output()
 	fmt.Printf("localboot: %s, %s/%s, %d CPUs, load average %s at the start, %s at the end; %d rounds per count\n",
 		strings.SplitN(string(tfVersion), "\n", 2)[0], runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), load0, loadAvg(), o.rounds)
@@ -330,6 +345,23 @@ func run(ctx context.Context, o options) (missed bool, err error) {
 			fmt.Printf("  boot to registered (median) %s; target ≤ %s: %s\n", secs(median(agents)), secs(target), verdict(median(agents) <= target, &missed))
 		}
 		fmt.Println()
+	}
+	if len(pools) > 0 {
+		var built, claimed, call, job, bterm, cterm []time.Duration
+		for _, r := range pools {
+			built, claimed = append(built, r.built), append(claimed, r.claimed)
+			call, job, bterm, cterm = append(call, r.claimCall), append(job, r.claimJob), append(bterm, r.builtTerm), append(cterm, r.claimedTerm)
+		}
+		fmt.Printf("prebuilt stacks: stack create → a terminal answers echo (1 machine; terminal through kloud's endpoint, as kloud ssh)\n")
+		fmt.Printf("  round                         %s\n", cols(len(built), func(i int) string { return strconv.Itoa(i + 1) }))
+		fmt.Printf("  built on demand               %s   median %s\n", row(built), secs(median(built)))
+		fmt.Printf("    terminal open → echo        %s   median %s\n", row(bterm), secs(median(bterm)))
+		fmt.Printf("  claimed from a pool           %s   median %s\n", row(claimed), secs(median(claimed)))
+		fmt.Printf("    stack.create answered       %s   median %s\n", row(call), secs(median(call)))
+		fmt.Printf("    handover job ended          %s   median %s\n", row(job), secs(median(job)))
+		fmt.Printf("    terminal open → echo        %s   median %s\n", row(cterm), secs(median(cterm)))
+		fmt.Printf("  ratio claimed / built (medians) %.3fx; target claim → terminal < 1 s: %s\n",
+			float64(median(claimed))/float64(median(built)), verdict(median(claimed) < time.Second, &missed))
 	}
 	return missed, nil
 }
@@ -395,6 +427,7 @@ type harness struct {
 	kloud, terraformer *proc
 	dd                 *dockertest.Daemon // -provider docker
 	conn               *kite.Conn
+	adminKey           string // kloud's admin key: the kite connection's and the terminal's (pool.go)
 	reg                *registrations
 
 	stacks  []string // built through kloud and not destroyed yet
@@ -482,7 +515,8 @@ func newHarness(ctx context.Context, o options) (*harness, error) {
 	if err != nil {
 		return h, err
 	}
-	if h.conn, err = k.Dial(ctx, h.kloudURL+"/kite", kite.Auth{Type: kite.AuthKiteKey, Key: strings.TrimSpace(string(key))}); err != nil {
+	h.adminKey = strings.TrimSpace(string(key))
+	if h.conn, err = k.Dial(ctx, h.kloudURL+"/kite", kite.Auth{Type: kite.AuthKiteKey, Key: h.adminKey}); err != nil {
 		return h, fmt.Errorf("connect to kloud: %w", err)
 	}
 	h.reg, err = watchRegistrations(ctx, h.conn)

@@ -29,10 +29,24 @@ type Quota struct {
 	BucketMB int64   `json:"bucketMB"` // the sum of the bucket claims' max_size_mb
 }
 
-// QuotaSubject names a user or a team (exactly one).
+// QuotaSubject names a user, a team, or a team's pools (exactly one). A team's pool quota
+// limits what the prebuilt stacks of its pools that no user claimed yet hold (pool.set); they
+// count against no user's quota and not against the team's.
 type QuotaSubject struct {
 	User string `json:"user,omitempty"`
 	Team string `json:"team,omitempty"`
+	Pool string `json:"pool,omitempty"` // a team's slug: the quota of that team's pools
+}
+
+// count is how many of User, Team and Pool are given.
+func (p QuotaSubject) count() int {
+	n := 0
+	for _, v := range []string{p.User, p.Team, p.Pool} {
+		if v != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // QuotaSetParams are the params of quota.set: the subject's whole quota (fields left 0 have no
@@ -44,8 +58,8 @@ type QuotaSetParams struct {
 
 // Validate implements kite.Validator.
 func (p *QuotaSetParams) Validate() error {
-	if (p.User == "") == (p.Team == "") {
-		return errors.New("give exactly one of user and team")
+	if p.count() != 1 {
+		return errors.New("give exactly one of user, team and pool")
 	}
 	if l := p.Limit; l.Machines < 0 || l.Cores < 0 || l.MemoryMB < 0 || l.DiskMB < 0 || l.Buckets < 0 || l.BucketMB < 0 {
 		return errors.New("a quota's limits are 0 (no limit) or more")
@@ -60,8 +74,8 @@ type QuotaShowParams struct {
 
 // Validate implements kite.Validator.
 func (p *QuotaShowParams) Validate() error {
-	if p.User != "" && p.Team != "" {
-		return errors.New("give one of user and team")
+	if p.count() > 1 {
+		return errors.New("give one of user, team and pool")
 	}
 	return nil
 }

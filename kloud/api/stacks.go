@@ -78,6 +78,8 @@ type StackCreateResult struct {
 	// Claimed: the stack is a prebuilt one, taken from the template's pool: built already, its
 	// machines being handed to the caller (a stack.claim job; no stack.apply needed).
 	Claimed bool `json:"claimed,omitempty"`
+	// JobID is a claimed stack's stack.claim job (job.watch follows it).
+	JobID string `json:"jobId,omitempty"`
 }
 
 // StackApplyParams are the params of stack.apply.

@@ -105,6 +105,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		portForwardCmd(g),           // portforward.go
 		gcCmd(g),                    // gc.go
 		quotaCmd(g),                 // quota.go
+		poolCmd(g),                  // pool.go
 		auditCmd(g),                 // audit.go
 		backupCmd(g), restoreCmd(g), // backup.go
 		doctorCmd(g), // doctor.go

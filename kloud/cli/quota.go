@@ -31,13 +31,15 @@ machines, cores, memory and disk, as the machines' planned attributes say. stack
 apply, update and scale are refused when the stack would not fit. It also limits the bucket
 claims their stacks hold and the space they claim (the sum of their max_size_mb; under such a
 limit every claim must set one), checked by stack plan, create and update and before a build
-provisions buckets. No quota is set by default.`,
+provisions buckets. No quota is set by default. A team's pool quota (--pool TEAM) limits what
+the prebuilt stacks of its pools hold until users claim them (kloud pool); they count against
+no user's quota and not against the team's.`,
 	}
 	var sp api.QuotaSetParams
 	var mem, disk, bucketSize string
 	set := &cobra.Command{
-		Use:   "set --user U|--team T [--machines N] [--cores N] [--memory SIZE] [--disk SIZE] [--buckets N] [--bucket-size SIZE]",
-		Short: "Set a user's or a team's quota (kloud administrators; limits not given: none)",
+		Use:   "set --user U|--team T|--pool T [--machines N] [--cores N] [--memory SIZE] [--disk SIZE] [--buckets N] [--bucket-size SIZE]",
+		Short: "Set a user's, a team's or a team's pools' quota (kloud administrators; limits not given: none)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -59,6 +61,7 @@ provisions buckets. No quota is set by default.`,
 	}
 	set.Flags().StringVar(&sp.User, "user", "", "the user")
 	set.Flags().StringVar(&sp.Team, "team", "", "the team")
+	set.Flags().StringVar(&sp.Pool, "pool", "", "the team whose pools' quota this is (their stacks no user claimed yet)")
 	set.Flags().Int64Var(&sp.Limit.Machines, "machines", 0, "machines (0: no limit)")
 	set.Flags().Float64Var(&sp.Limit.Cores, "cores", 0, "cores (0: no limit)")
 	set.Flags().StringVar(&mem, "memory", "0", "memory: MB, or with M, G, T (8G; 0: no limit)")
@@ -67,7 +70,7 @@ provisions buckets. No quota is set by default.`,
 	set.Flags().StringVar(&bucketSize, "bucket-size", "0", "the buckets' max_size_mb in all: MB, or with M, G, T (10G; 0: no limit)")
 	var shp api.QuotaShowParams
 	show := &cobra.Command{
-		Use:   "show [--user U|--team T]",
+		Use:   "show [--user U|--team T|--pool T]",
 		Short: "Show a quota: limit, use and what is left (default: your own)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -80,6 +83,7 @@ provisions buckets. No quota is set by default.`,
 	}
 	show.Flags().StringVar(&shp.User, "user", "", "the user (kloud administrators; default: you)")
 	show.Flags().StringVar(&shp.Team, "team", "", "the team")
+	show.Flags().StringVar(&shp.Pool, "pool", "", "the team whose pools' quota to show")
 	cmd.AddCommand(set, show)
 	return cmd
 }

@@ -271,9 +271,10 @@ printed when it ends. Ctrl-C cancels the plan (terraform stops).`,
 	pf.add(plan, false)
 
 	var cf planFlags
+	var createDetach bool
 	create := &cobra.Command{
 		Use:   "create --template ID",
-		Short: "Create a stack from a template: one machine per planned machine, not built yet",
+		Short: "Create a stack from a template: one machine per planned machine, not built yet (or one built already, from the template's pool)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := cf.params()
@@ -286,12 +287,28 @@ printed when it ends. Ctrl-C cancels the plan (terraform stops).`,
 			}
 			ctx, cancel := planCallCtx(cmd.Context())
 			defer cancel()
-			res, err := call(ctx, g, (*api.Client).StackCreate, p)
+			var res api.StackCreateResult
+			err = g.withConn(cmd.Context(), func(conn *kite.Conn) error {
+				kc := api.NewClient(conn)
+				if res, err = kc.StackCreate(ctx, p); err != nil {
+					return explain(err)
+				}
+				if !res.Claimed || g.json { // with --json: claimed and jobId say it
+					return nil
+				}
+				// A prebuilt stack of the template's pool (kloud pool): built already; its
+				// machines are being handed to the caller. Follow that, not a build.
+				fmt.Fprintf(g.stdout, "stack %s claimed from the template's pool: built already; its %d machines are being handed to you\n", res.Stack.ID, len(res.Machines))
+				return g.followStackJob(cmd.Context(), conn, kc, res.Stack.ID, res.JobID, createDetach)
+			})
 			if err != nil {
 				return err
 			}
 			if g.json {
 				return g.printJSON(res)
+			}
+			if res.Claimed {
+				return nil
 			}
 			fmt.Fprintf(g.stdout, "stack %s created with %d machines\n", res.Stack.ID, len(res.Machines))
 			printMachines(g, res.Machines)
@@ -300,6 +317,7 @@ printed when it ends. Ctrl-C cancels the plan (terraform stops).`,
 		},
 	}
 	cf.add(create, true)
+	create.Flags().BoolVar(&createDetach, "detach", false, "a stack claimed from a pool: return without following its handover")
 
 	apply := func(destroy bool) *cobra.Command {
 		use, short := "apply STACK", "Build a stack and wait until every machine's agent answers"

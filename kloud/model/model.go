@@ -235,13 +235,16 @@ const PoolOwner = "kloud-pool"
 // revision (with a preset, when the template has parameters) kept built and owned by PoolOwner,
 // for stack.create to claim.
 type Pool struct {
-	ID         string    `bson:"_id" json:"id"` // the template's id, "/" and the preset's name when there is one
-	Team       string    `bson:"team" json:"team"`
-	TemplateID string    `bson:"templateId" json:"templateId"`
-	Preset     string    `bson:"preset,omitempty" json:"preset,omitempty"`
-	Size       int       `bson:"size" json:"size"`
-	UpdatedBy  string    `bson:"updatedBy" json:"updatedBy"`
-	UpdatedAt  time.Time `bson:"updatedAt" json:"updatedAt"`
+	ID         string `bson:"_id" json:"id"` // the template's id, "/" and the preset's name when there is one
+	Team       string `bson:"team" json:"team"`
+	TemplateID string `bson:"templateId" json:"templateId"`
+	Preset     string `bson:"preset,omitempty" json:"preset,omitempty"`
+	Size       int    `bson:"size" json:"size"`
+	// Problem is what kept the reconciler's last pass from bringing the pool to its size (its
+	// quota, a failed plan), "" when nothing did.
+	Problem   string    `bson:"problem,omitempty" json:"problem,omitempty"`
+	UpdatedBy string    `bson:"updatedBy" json:"updatedBy"`
+	UpdatedAt time.Time `bson:"updatedAt" json:"updatedAt"`
 }
 
 // PoolID is the id of the pool of templateID's stacks with preset ("" for none).

@@ -68,8 +68,14 @@ func New(o Options) *Keeper {
 	return &Keeper{o: o, log: log}
 }
 
-// Subjects are the quota documents' ids of owner and team.
+// Subjects are the quota documents' ids of owner and team. The stacks of model.PoolOwner
+// (prebuilt stacks no user claimed yet) count against their team's pool quota "pool/<team>"
+// only: never a user's, nor the team's, whose members' stacks the pool would otherwise crowd
+// out. A claimed stack is its user's and counts against the user's and the team's quotas.
 func Subjects(owner, team string) []string {
+	if owner == model.PoolOwner {
+		return []string{"pool/" + team}
+	}
 	return []string{"user/" + owner, "team/" + team}
 }
 
@@ -163,24 +169,29 @@ func (k *Keeper) stackHeld(ctx context.Context, st *model.Stack) (api.Quota, err
 // that provisions it until its stack's destroy ends it).
 func (k *Keeper) use(ctx context.Context, subject, except string) (api.Quota, error) {
 	var f store.StackFilter
-	switch kind, name, _ := strings.Cut(subject, "/"); kind {
+	kind, name, _ := strings.Cut(subject, "/")
+	switch kind {
 	case "user":
 		f.Owner = name
+	case "pool": // a team's pools: its stacks no user claimed yet
+		f.Owner, f.Team = model.PoolOwner, name
 	default:
 		f.Team = name
 	}
+	// A team's quota counts its members' stacks, not its pools' (Subjects).
+	other := func(owner string) bool { return kind == "team" && owner == model.PoolOwner }
 	claims, err := k.o.Store.BucketClaims().Held(ctx, f.Owner, f.Team)
 	if err != nil {
 		return api.Quota{}, fmt.Errorf("quota use of %s: %w", subject, err)
 	}
-	claims = slices.DeleteFunc(claims, func(c model.BucketClaim) bool { return c.StackID == except })
+	claims = slices.DeleteFunc(claims, func(c model.BucketClaim) bool { return c.StackID == except || other(c.Owner) })
 	sts, err := k.o.Store.Stacks().List(ctx, f)
 	if err != nil {
 		return api.Quota{}, fmt.Errorf("quota use of %s: %w", subject, err)
 	}
 	use := claimsHeld(claims)
 	for _, st := range sts {
-		if st.ID == except {
+		if st.ID == except || other(st.Owner) {
 			continue
 		}
 		held, err := k.stackHeld(ctx, &st)

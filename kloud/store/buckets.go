@@ -68,18 +68,32 @@ func (r *BucketClaims) ByStacks(ctx context.Context, stackIDs []string) ([]model
 	return out, nil
 }
 
-// Held returns the claims user owner holds (team "") or team holds (owner ""): what their
-// bucket quotas count (kloud/quota).
+// Held returns the claims user owner holds (team "") or team holds (owner ""), or owner holds
+// in team (both): what their bucket quotas count (kloud/quota).
 func (r *BucketClaims) Held(ctx context.Context, owner, team string) ([]model.BucketClaim, error) {
-	f := bson.M{"owner": owner}
-	if owner == "" {
-		f = bson.M{"team": team}
+	f := bson.M{}
+	if owner != "" {
+		f["owner"] = owner
+	}
+	if team != "" {
+		f["team"] = team
+	}
+	if len(f) == 0 {
+		return []model.BucketClaim{}, nil
 	}
 	out, err := findAll[model.BucketClaim](ctx, r.coll(), f, byCreation)
 	if err != nil {
 		return nil, fmt.Errorf("list bucket claims of %s%s: %w", owner, team, err)
 	}
 	return out, nil
+}
+
+// SetOwner gives the claims of stack stackID to owner (a prebuilt stack claimed by a user).
+func (r *BucketClaims) SetOwner(ctx context.Context, stackID, owner string) error {
+	if _, err := r.coll().UpdateMany(ctx, bson.M{"stackId": stackID}, bson.M{"$set": bson.M{"owner": owner, "updatedAt": r.s.Now()}}); err != nil {
+		return fmt.Errorf("give the bucket claims of stack %s to %s: %w", stackID, owner, err)
+	}
+	return nil
 }
 
 // Granted returns the claims that grant user access (bucket.grant, or a machine's share),

@@ -36,6 +36,14 @@ func (r *Pools) Set(ctx context.Context, p model.Pool) error {
 	return nil
 }
 
+// SetProblem records what keeps pool id from its size ("": nothing), for pool.list.
+func (r *Pools) SetProblem(ctx context.Context, id, problem string) error {
+	if _, err := r.coll().UpdateOne(ctx, bson.M{"_id": id}, bson.M{"$set": bson.M{"problem": problem}}); err != nil {
+		return fmt.Errorf("pool %s: %w", id, err)
+	}
+	return nil
+}
+
 // List returns the pools of team ("": every team's), by id.
 func (r *Pools) List(ctx context.Context, team string) ([]model.Pool, error) {
 	filter := bson.M{}
