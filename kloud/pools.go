@@ -224,6 +224,14 @@ func (s *Server) runClaim(ctx context.Context, j *jobCtx, p claimParams) (claimR
 	if err != nil {
 		return claimResult{}, err
 	}
+	// stack.create gave the machines and bucket claims to the owner after the claim; again here
+	// (idempotent) for a create cut between those writes and this job.
+	if err := s.store.Machines().SetOwner(ctx, st.ID, st.Owner); err != nil {
+		return claimResult{}, err
+	}
+	if err := s.store.BucketClaims().SetOwner(ctx, st.ID, st.Owner); err != nil {
+		return claimResult{}, err
+	}
 	ms, err := s.store.Machines().ByStack(ctx, st.ID)
 	if err != nil {
 		return claimResult{}, err
