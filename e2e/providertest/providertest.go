@@ -194,6 +194,11 @@ func (s *suite) start(t *testing.T) {
 	if ko.KlientBin == "" {
 		ko.KlientBin = testutil.BuildBinary(t, "./cmd/klient")
 	}
+	if ko.Limits.PlanTimeout == 0 {
+		// A plan's wall time is not what the suite tests: ci52's vagrant plan of Update took
+		// over kloud's default 2 minutes on a loaded host (the e2e kloud gets 10 too).
+		ko.Limits.PlanTimeout = 10 * time.Minute
+	}
 	if s.c.Provider != nil {
 		ko.Providers.Register(s.c.Provider)
 	} else {

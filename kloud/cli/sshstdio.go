@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/spf13/cobra"
@@ -74,7 +75,8 @@ func (g *globals) sshStdio(ctx context.Context, host string) error {
 		return fmt.Errorf("ssh to %s: %w", label, err)
 	}
 	defer t.Close()
-	errc := make(chan error, 2)
+	errc := make(chan error, 1)  // stdin to the machine
+	readc := make(chan error, 1) // the machine to stdout: its end carries the close reason
 	go func() {
 		_, err := io.Copy(t, os.Stdin)
 		if err == nil {
@@ -84,19 +86,39 @@ func (g *globals) sshStdio(ctx context.Context, host string) error {
 	}()
 	go func() {
 		_, err := io.Copy(os.Stdout, t)
-		errc <- err
+		readc <- err
 	}()
 	// The connection ends when the machine's side ends (ssh closes its stdin only after).
 	select {
 	case err := <-errc:
-		var ce websocket.CloseError
-		if errors.As(err, &ce) && ce.Reason != "" { // the agent's or kloud's reason (a revoked share)
-			return fmt.Errorf("ssh to %s: %s", label, ce.Reason)
+		if err != nil {
+			// A write can fail first because the connection was closed, with the close frame
+			// and its reason (a revoked share) in the reader's hands: take the reader's word.
+			select {
+			case rerr := <-readc:
+				if rerr != nil {
+					err = rerr
+				}
+			case <-time.After(2 * time.Second):
+			}
 		}
-		if err != nil && ctx.Err() == nil {
-			return fmt.Errorf("ssh to %s: %w", label, err)
-		}
+		return sshEnd(ctx, label, err)
+	case err := <-readc:
+		return sshEnd(ctx, label, err)
 	case <-ctx.Done():
+	}
+	return nil
+}
+
+// sshEnd is what `kloud ssh --stdio` says when its connection ended with err: the agent's or
+// kloud's close reason when there is one.
+func sshEnd(ctx context.Context, label string, err error) error {
+	var ce websocket.CloseError
+	if errors.As(err, &ce) && ce.Reason != "" { // the agent's or kloud's reason (a revoked share)
+		return fmt.Errorf("ssh to %s: %s", label, ce.Reason)
+	}
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("ssh to %s: %w", label, err)
 	}
 	return nil
 }
