@@ -158,6 +158,27 @@ func hierarchyDirs(hs map[string]Hierarchy, rel string) []string {
 	return dirs
 }
 
+// Age is how long ago group rel was made: the youngest of its directories' change times (0 when
+// it has none, or rel is not a kloud group).
+func Age(rel string) time.Duration {
+	hs, err := Hierarchies()
+	if err != nil {
+		return 0
+	}
+	var age time.Duration = -1
+	for _, d := range Dirs(hs, rel) {
+		var st syscall.Stat_t
+		if syscall.Stat(d, &st) != nil {
+			continue
+		}
+		a := time.Since(time.Unix(st.Ctim.Unix()))
+		if age < 0 || a < age {
+			age = a
+		}
+	}
+	return max(age, 0)
+}
+
 // Create creates group rel in every hierarchy in use and writes its limits (unlimited where a
 // limit is zero); it returns the cgroup.procs files a process must join (see [Join]). A limit the
 // host has no controller for is an error.

@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -44,12 +46,15 @@ func (c *Config) cgroupName(run string) string {
 }
 
 // joinCgroup creates the launcher's group and moves the launcher into it. A group removed by
-// another process's RemoveLeftovers between the two steps is made again.
+// another process's RemoveLeftovers while it was made, or before the launcher joined it, is made
+// again.
 func joinCgroup(cfg *Config, rel string) error {
 	var err error
 	for range 3 {
 		var procs []string
-		if procs, err = cgroups.Create(rel, *cfg.Limits); err != nil {
+		if procs, err = cgroups.Create(rel, *cfg.Limits); errors.Is(err, fs.ErrNotExist) {
+			continue // removed between its mkdir and its limits
+		} else if err != nil {
 			return err
 		}
 		if err = cgroups.Join(procs, 0); err == nil {
@@ -87,13 +92,22 @@ func RemoveCgroup(c Config, run string) error {
 // CgroupPrefixPlugin) that killed launchers left; groups with processes (another program's
 // runs) are left alone. It returns the groups it removed.
 func RemoveLeftovers(prefix string) ([]string, error) {
+	return RemoveLeftoversOlder(prefix, time.Minute)
+}
+
+// RemoveLeftoversOlder is RemoveLeftovers of the empty groups made more than age ago (a group
+// made since may be one whose launcher has not joined it yet).
+func RemoveLeftoversOlder(prefix string, age time.Duration) ([]string, error) {
 	if prefix == "" || os.Geteuid() != 0 {
 		return nil, nil
 	}
 	var removed []string
 	var err error
 	for _, rel := range cgroups.Orphans(prefix) {
-		if len(cgroups.PIDs(rel)) > 0 {
+		// A group with processes is another program's run; so may be a young one: its
+		// launcher may not have joined it yet (ci52: a terraformer starting removed another's
+		// new group before its limits were written).
+		if len(cgroups.PIDs(rel)) > 0 || cgroups.Age(rel) < age {
 			continue
 		}
 		if e := cgroups.Remove(rel); e != nil {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/kloud-dev/kloud/internal/sandbox"
 )
@@ -58,6 +59,11 @@ func RemoveCgroup(c Config, run string) error { return sandbox.RemoveCgroup(c, r
 
 // RemoveLeftovers removes the empty cgroups killed launchers left (sandbox.RemoveLeftovers).
 func RemoveLeftovers(prefix string) ([]string, error) { return sandbox.RemoveLeftovers(prefix) }
+
+// RemoveLeftoversOlder is RemoveLeftovers of the groups made more than age ago.
+func RemoveLeftoversOlder(prefix string, age time.Duration) ([]string, error) {
+	return sandbox.RemoveLeftoversOlder(prefix, age)
+}
 
 var (
 	mirrorPathRe = regexp.MustCompile(`(?m)^\s*path\s*=\s*"([^"]+)"`)
