@@ -45,7 +45,8 @@ func (a *poolAPI) set(ctx context.Context, c *Caller, _ *kite.Request, p *api.Po
 			return api.PoolView{}, fmt.Errorf("template %s has no preset %q: %w", t.ID, p.Preset, kite.ErrInvalidParams)
 		}
 	}
-	pool := model.Pool{ID: model.PoolID(t.ID, p.Preset), Team: t.Team, TemplateID: t.ID, Preset: p.Preset, Size: p.Size, UpdatedBy: c.Username}
+	pool := model.Pool{ID: model.PoolID(t.ID, p.Preset), Team: t.Team, TemplateID: t.ID, Preset: p.Preset, Size: p.Size,
+		Schedule: p.Schedule, TimeZone: p.TimeZone, UpdatedBy: c.Username}
 	if err := a.store.Pools().Set(ctx, pool); err != nil {
 		return api.PoolView{}, err
 	}
@@ -89,7 +90,7 @@ func (a *poolAPI) delete(ctx context.Context, c *Caller, _ *kite.Request, p *api
 
 // view counts pool's stacks.
 func (a *poolAPI) view(ctx context.Context, pool model.Pool) (api.PoolView, error) {
-	v := api.PoolView{Pool: pool}
+	v := api.PoolView{Pool: pool, Current: api.PoolSize(pool, a.store.Now())}
 	t, err := a.store.Templates().Get(ctx, pool.TemplateID)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return v, err
@@ -301,7 +302,7 @@ func (s *Server) reconcilePools(ctx context.Context) {
 
 // reconcilePool brings pool to its size.
 func (s *Server) reconcilePool(ctx context.Context, c *Caller, pool model.Pool) error {
-	size, rev := pool.Size, 0
+	size, rev := api.PoolSize(pool, s.store.Now()), 0 // its schedule's size now
 	t, err := s.store.Templates().Get(ctx, pool.TemplateID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):

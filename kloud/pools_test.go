@@ -12,7 +12,8 @@ import (
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
-// TestPoolClaim: an administrator orders a pool of 2 prebuilt stacks of a template; kloud builds
+// TestPoolClaim: an administrator orders a pool of 2 prebuilt stacks of a template (by its
+// schedule: its size is 0 outside a window that holds at all times); kloud builds
 // them as kloud-pool's; alice's stack.create takes one, built, at once (claimed), its machines
 // hand over to her agent keys (new kite ids, connected, hers), and the pool builds another; the
 // pool set to 0 destroys its idle stacks and leaves alice's.
@@ -23,7 +24,9 @@ func TestPoolClaim(t *testing.T) {
 	tid := f.template(twoVMs)
 	admin := f.Client(kloud.Admin)
 	ctx := t.Context()
-	if _, err := admin.PoolSet(ctx, api.PoolSetParams{TemplateID: tid, Size: 2}); err != nil {
+	// Size 0 but for its schedule's window, which holds at all times (from midnight to midnight).
+	if _, err := admin.PoolSet(ctx, api.PoolSetParams{TemplateID: tid, Size: 0,
+		Schedule: []model.PoolWindow{{Days: "daily", From: "00:00", To: "00:00", Size: 2}}}); err != nil {
 		t.Fatal(err)
 	}
 	pool := func() api.PoolView {
@@ -36,6 +39,9 @@ func TestPoolClaim(t *testing.T) {
 	}
 	var last api.PoolView
 	testutil.Eventually(t, 4*time.Minute, func() bool { last = pool(); return last.Ready == 2 }, "the pool did not fill")
+	if last.Size != 0 || last.Current != 2 {
+		t.Errorf("pool.list: size %d, now %d; want 0 and, by its schedule, 2", last.Size, last.Current)
+	}
 	t.Logf("the pool filled: %+v", last)
 
 	before := time.Now()

@@ -31,6 +31,10 @@ type PoolSetParams struct {
 	TemplateID string `json:"templateId"`
 	Preset     string `json:"preset,omitempty"`
 	Size       int    `json:"size"`
+	// Schedule and TimeZone change the size by the time of day and week (PoolSize; none: Size
+	// at all times).
+	Schedule []model.PoolWindow `json:"schedule,omitempty"`
+	TimeZone string             `json:"timeZone,omitempty"`
 }
 
 // Validate implements kite.Validator.
@@ -44,6 +48,9 @@ func (p *PoolSetParams) Validate() error {
 	}
 	if p.Size < 0 || p.Size > MaxPoolSize {
 		errs = append(errs, fmt.Errorf("size %d: want 0 to %d", p.Size, MaxPoolSize))
+	}
+	if err := ValidatePoolSchedule(p.Schedule, p.TimeZone); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -71,7 +78,8 @@ type PoolListParams struct {
 // Failed, and Claimed (stacks built for it that users own now).
 type PoolView struct {
 	model.Pool
-	Rev      int `json:"rev"` // the template's latest revision, the one the pool builds
+	Rev      int `json:"rev"`     // the template's latest revision, the one the pool builds
+	Current  int `json:"current"` // the size in effect now (its schedule's, else Size)
 	Ready    int `json:"ready"`
 	Building int `json:"building"`
 	Stale    int `json:"stale"`

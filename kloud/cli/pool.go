@@ -24,12 +24,20 @@ template revision replaces the pool's idle stacks. Pool stacks count against the
 quota (kloud quota set --pool TEAM), never a user's.`,
 	}
 	var sp api.PoolSetParams
+	var schedule []string
 	set := &cobra.Command{
-		Use:   "set TEMPLATE --size N [--preset P]",
+		Use:   "set TEMPLATE --size N [--preset P] [--schedule 'DAYS HH:MM-HH:MM=N' ...] [--time-zone TZ]",
 		Short: "Create or resize a template's pool (size 0: destroy its idle stacks, keep the pool)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sp.TemplateID = args[0]
+			for _, w := range schedule {
+				pw, err := api.ParsePoolWindow(w)
+				if err != nil {
+					return fmt.Errorf("--schedule: %w", err)
+				}
+				sp.Schedule = append(sp.Schedule, pw)
+			}
 			v, err := call(cmd.Context(), g, (*api.Client).PoolSet, sp)
 			if err != nil {
 				return err
@@ -39,6 +47,8 @@ quota (kloud quota set --pool TEAM), never a user's.`,
 	}
 	set.Flags().IntVar(&sp.Size, "size", 0, fmt.Sprintf("stacks to keep built (0 to %d)", api.MaxPoolSize))
 	set.Flags().StringVar(&sp.Preset, "preset", "", "the template's preset the stacks are built with (default: none)")
+	set.Flags().StringArrayVar(&schedule, "schedule", nil, "a window with its own size, e.g. 'weekdays 08:00-18:00=5' (repeatable; the first that holds the time wins; outside them: --size; DAYS as machine set --autostart's)")
+	set.Flags().StringVar(&sp.TimeZone, "time-zone", "", "the schedule's time zone, e.g. Europe/Berlin (default UTC)")
 	set.MarkFlagRequired("size")
 	var lp api.PoolListParams
 	list := &cobra.Command{
@@ -82,15 +92,22 @@ func printPools(g *globals, ps ...api.PoolView) error {
 	if g.json && len(ps) == 1 {
 		return g.printJSON(ps[0])
 	}
-	t := newTable(g.stdout, "POOL", "TEAM", "REV", "SIZE", "READY", "BUILDING", "STALE", "FAILED", "CLAIMED")
+	t := newTable(g.stdout, "POOL", "TEAM", "REV", "SIZE", "NOW", "READY", "BUILDING", "STALE", "FAILED", "CLAIMED")
 	n := strconv.Itoa
 	for _, p := range ps {
-		t.row(p.ID, p.Team, n(p.Rev), n(p.Size), n(p.Ready), n(p.Building), n(p.Stale), n(p.Failed), n(p.Claimed))
+		t.row(p.ID, p.Team, n(p.Rev), n(p.Size), n(p.Current), n(p.Ready), n(p.Building), n(p.Stale), n(p.Failed), n(p.Claimed))
 	}
 	if err := t.flush(); err != nil {
 		return err
 	}
 	for _, p := range ps {
+		for _, w := range p.Schedule {
+			tz := p.TimeZone
+			if tz == "" {
+				tz = "UTC"
+			}
+			fmt.Fprintf(g.stdout, "pool %s: %s %s-%s (%s): %d\n", p.ID, w.Days, w.From, w.To, tz, w.Size)
+		}
 		if p.Problem != "" {
 			fmt.Fprintf(g.stdout, "pool %s is below its size: %s\n", p.ID, p.Problem)
 		}

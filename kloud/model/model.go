@@ -240,11 +240,26 @@ type Pool struct {
 	TemplateID string `bson:"templateId" json:"templateId"`
 	Preset     string `bson:"preset,omitempty" json:"preset,omitempty"`
 	Size       int    `bson:"size" json:"size"`
+	// Schedule changes the size by the time of day and week (api.PoolSize): the first window
+	// that holds the time gives it; outside every window Size holds. TimeZone (an IANA name,
+	// "": UTC) is the windows' time zone.
+	Schedule []PoolWindow `bson:"schedule,omitempty" json:"schedule,omitempty"`
+	TimeZone string       `bson:"timeZone,omitempty" json:"timeZone,omitempty"`
 	// Problem is what kept the reconciler's last pass from bringing the pool to its size (its
 	// quota, a failed plan), "" when nothing did.
 	Problem   string    `bson:"problem,omitempty" json:"problem,omitempty"`
 	UpdatedBy string    `bson:"updatedBy" json:"updatedBy"`
 	UpdatedAt time.Time `bson:"updatedAt" json:"updatedAt"`
+}
+
+// PoolWindow is a window of a pool's schedule: on Days ("daily", "weekdays", a day "mon", a range
+// "mon-fri", a list "sat,sun"), from From to To ("HH:MM", 24-hour; To at or before From ends the next day),
+// the pool's size is Size.
+type PoolWindow struct {
+	Days string `bson:"days" json:"days"`
+	From string `bson:"from" json:"from"`
+	To   string `bson:"to" json:"to"`
+	Size int    `bson:"size" json:"size"`
 }
 
 // PoolID is the id of the pool of templateID's stacks with preset ("" for none).
