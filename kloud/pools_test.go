@@ -66,6 +66,21 @@ func TestPoolClaim(t *testing.T) {
 		return true
 	}, "the claimed stack's machines were not handed over")
 	t.Logf("claimed and handed over: %s", time.Since(before).Round(time.Millisecond))
+	// As a user would: apply the stack anyway. It is built; the apply changes no machine (same
+	// ids, the new kite ids, hers) and its agents answer.
+	handed := f.machines(res.Stack.ID)
+	job, err := f.client().StackApply(ctx, api.StackApplyParams{StackID: res.Stack.ID})
+	if err != nil {
+		t.Fatalf("stack.apply of the claimed stack: %v", err)
+	}
+	if last := f.follow(job.JobID); last.Status != "succeeded" {
+		t.Fatalf("stack.apply of the claimed stack: %+v", last)
+	}
+	for id, m := range f.machines(res.Stack.ID) {
+		if h, ok := handed[id]; !ok || m.KiteID != h.KiteID || m.Owner != "alice" || m.Agent.Status != model.AgentConnected {
+			t.Errorf("machine %s after an apply of the claimed stack: %+v (before: %+v)", m.Label, m, h)
+		}
+	}
 	testutil.Eventually(t, 4*time.Minute, func() bool { last = pool(); return last.Ready == 2 && last.Claimed == 1 }, "the pool did not refill")
 	t.Logf("the pool refilled: %+v", last)
 
@@ -76,7 +91,7 @@ func TestPoolClaim(t *testing.T) {
 	if st, err := f.client().StackDescribe(ctx, api.StackRef{StackID: res.Stack.ID}); err != nil || st.Stack.Owner != "alice" || st.Stack.State != model.StackInitialized {
 		t.Fatalf("alice's claimed stack after the pool emptied: %+v %v", st.Stack, err)
 	}
-	job, err := f.client().StackApply(ctx, api.StackApplyParams{StackID: res.Stack.ID, Destroy: true})
+	job, err = f.client().StackApply(ctx, api.StackApplyParams{StackID: res.Stack.ID, Destroy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
