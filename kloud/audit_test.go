@@ -489,10 +489,14 @@ func TestAuditFailureKeepsTheCall(t *testing.T) {
 	es := auditEntries(t, admin)
 	var got []string
 	for _, e := range es {
-		got = append(got, e.Target)
+		// A try of "after" made while the store's connection was coming back may have failed,
+		// and been recorded as failed (ci53): the calls that succeeded are what must be there.
+		if e.Result == "ok" {
+			got = append(got, e.Target)
+		}
 	}
 	if strings.Join(got, " ") != "team/before team/after" {
-		t.Fatalf("entries: %v, want team/before team/after", got)
+		t.Fatalf("entries that succeeded: %v, want team/before team/after", got)
 	}
 	if v, err := admin.AuditVerify(ctx); err != nil || !v.OK {
 		t.Fatalf("verify: %+v %v", v, err)

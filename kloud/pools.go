@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
@@ -175,7 +176,8 @@ func (a *stackAPI) claimFromPool(ctx context.Context, c *Caller, p *api.StackPla
 	if title == "" {
 		title = t.Title
 	}
-	st, ok, err := a.stacks.Claim(ctx, pool.ID, t.Rev, c.Username, title)
+	jobID := store.NewID() // recorded by the claim: reconcileClaims starts it if this create is cut first
+	st, ok, err := a.stacks.Claim(ctx, pool.ID, t.Rev, c.Username, title, jobID)
 	if err != nil || !ok {
 		return res, false, err // none left: built as usual
 	}
@@ -185,7 +187,7 @@ func (a *stackAPI) claimFromPool(ctx context.Context, c *Caller, p *api.StackPla
 	if err := a.store.BucketClaims().SetOwner(ctx, st.ID, c.Username); err != nil {
 		return res, false, err
 	}
-	job, err := stackClaimJob.Start(ctx, a.srv.(*Server), "stack/"+st.ID, c.Username, claimParams{StackID: st.ID})
+	job, err := stackClaimJob.StartID(ctx, a.srv.(*Server), jobID, "stack/"+st.ID, c.Username, claimParams{StackID: st.ID})
 	if err != nil {
 		return res, false, fmt.Errorf("stack %s claimed; hand its machines over: %w", st.ID, err)
 	}
@@ -287,6 +289,7 @@ func (s *Server) reconcilePools(ctx context.Context) {
 				}
 			}
 		}
+		s.reconcileClaims(ctx)
 		orphans, err := s.store.Stacks().Pooled(ctx)
 		if err != nil {
 			return err
@@ -298,6 +301,38 @@ func (s *Server) reconcilePools(ctx context.Context) {
 		}
 		return nil
 	})
+}
+
+// claimJobGrace is how long after a claim its create may still be starting the handover job;
+// claimJobWindow is how far back reconcileClaims looks for claims whose job never started.
+const (
+	claimJobGrace  = time.Minute
+	claimJobWindow = 24 * time.Hour
+)
+
+// reconcileClaims starts the handover job of each stack claimed in the last claimJobWindow whose
+// stack.create was cut between the claim and the job's start (the stack names a job that does
+// not exist, claimJobGrace after the claim): every state has an exit, and this one is the job's.
+func (s *Server) reconcileClaims(ctx context.Context) {
+	now := s.store.Now()
+	sts, err := s.store.Stacks().ClaimedSince(ctx, now.Add(-claimJobWindow))
+	if err != nil {
+		s.log.WarnContext(ctx, "claimed stacks", "err", err)
+		return
+	}
+	for _, st := range sts {
+		if st.JobID == "" || now.Sub(st.ClaimedAt) < claimJobGrace {
+			continue
+		}
+		if _, err := s.store.Jobs().Get(ctx, st.JobID); !errors.Is(err, store.ErrNotFound) {
+			continue // started (whatever became of it), or the store cannot say now
+		}
+		if _, err := stackClaimJob.StartID(ctx, s, st.JobID, "stack/"+st.ID, st.Owner, claimParams{StackID: st.ID}); err != nil {
+			s.log.WarnContext(ctx, "start a claimed stack's handover", "stack", st.ID, "job", st.JobID, "err", err)
+			continue
+		}
+		s.log.InfoContext(ctx, "started a claimed stack's handover its create never started", "stack", st.ID, "job", st.JobID, "owner", st.Owner)
+	}
 }
 
 // reconcilePool brings pool to its size.

@@ -5,10 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/providers/dummy"
 )
 
@@ -84,6 +88,39 @@ func TestPoolClaim(t *testing.T) {
 	testutil.Eventually(t, 4*time.Minute, func() bool { last = pool(); return last.Ready == 2 && last.Claimed == 1 }, "the pool did not refill")
 	t.Logf("the pool refilled: %+v", last)
 
+	// A stack.create cut right after its claim (the claim is the store's; nothing after it ran:
+	// no machines given, no job): a minute on, the pools reconciler starts the job the claim
+	// recorded, and the machines are handed over.
+	st := f.Server.Store()
+	cut, ok, err := st.Stacks().Claim(ctx, tid, 1, "alice", "", store.NewID())
+	if err != nil || !ok {
+		t.Fatalf("claim in the store: %v %v", ok, err)
+	}
+	if _, err := st.Collection(store.CollStacks).UpdateOne(ctx, bson.M{"_id": cut.ID},
+		bson.M{"$set": bson.M{"claimedAt": time.Now().Add(-2 * time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	poolKites := map[string]string{}
+	for id, m := range f.machines(cut.ID) {
+		poolKites[id] = m.KiteID
+	}
+	if _, err := admin.PoolSet(ctx, api.PoolSetParams{TemplateID: tid, Size: 0, // the same, and a reconciler pass now
+		Schedule: []model.PoolWindow{{Days: "daily", From: "00:00", To: "00:00", Size: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 2*time.Minute, func() bool {
+		ms := f.machines(cut.ID)
+		for id, m := range ms {
+			if m.Owner != "alice" || m.Agent.Status != model.AgentConnected || m.KiteID == poolKites[id] {
+				return false
+			}
+		}
+		return len(ms) == 2
+	}, "the cut claim's machines were not handed over")
+	if last := f.follow(cut.JobID); last.Status != "succeeded" { // the job the claim recorded
+		t.Fatalf("the cut claim's job %s: %+v", cut.JobID, last)
+	}
+
 	if _, err := admin.PoolSet(ctx, api.PoolSetParams{TemplateID: tid, Size: 0}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +144,9 @@ func TestPoolClaim(t *testing.T) {
 // team.
 func TestPoolConcurrentClaims(t *testing.T) {
 	t.Parallel()
-	f := newFlow(t, dummy.Options{})
+	// The 15 creates that find no ready stack each plan the template at once: on a loaded host
+	// (ci53, load 35) half of them took past kloud's default 2-minute plan timeout.
+	f := newFlowWith(t, dummy.Options{}, kloudtest.Options{Limits: kloud.Limits{PlanTimeout: 10 * time.Minute}})
 	f.credential()
 	tid := f.template(oneVM)
 	admin := f.Client(kloud.Admin)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -69,12 +70,14 @@ func (r *Pools) Delete(ctx context.Context, id string) error {
 // Claim hands one built, idle stack of pool at template revision rev to owner in one atomic
 // update (FindOneAndUpdate: of any number of concurrent claims, on any number of replicas, each
 // stack goes to exactly one): the oldest stack owned by model.PoolOwner with that pool and
-// revision, Initialized (built, and no job changing it: a stack keeps its last job's id), gets owner, claimedAt and (if not empty) title. It
-// returns the stack as claimed, or false if the pool has none ready. The machines follow with
-// [Machines.SetOwner].
-func (r *Stacks) Claim(ctx context.Context, pool string, rev int, owner, title string) (model.Stack, bool, error) {
+// revision, Initialized (built, and no job changing it: a stack keeps its last job's id), gets
+// owner, claimedAt, the id of the job that will hand its machines over (jobID: the job is
+// created after, and a claim whose job never was is found by that id) and, if not empty, title.
+// It returns the stack as claimed, or false if the pool has none ready. The machines follow
+// with [Machines.SetOwner].
+func (r *Stacks) Claim(ctx context.Context, pool string, rev int, owner, title, jobID string) (model.Stack, bool, error) {
 	now := r.s.Now()
-	set := bson.M{"owner": owner, "claimedAt": now, "updatedAt": now}
+	set := bson.M{"owner": owner, "claimedAt": now, "updatedAt": now, "jobId": jobID}
 	if title != "" {
 		set["title"] = title
 	}
@@ -90,6 +93,12 @@ func (r *Stacks) Claim(ctx context.Context, pool string, rev int, owner, title s
 	}
 	r.s.changed(Change{Coll: CollStacks, ID: st.ID})
 	return st, true, nil
+}
+
+// ClaimedSince returns the stacks users claimed from any pool since t, oldest first.
+func (r *Stacks) ClaimedSince(ctx context.Context, t time.Time) ([]model.Stack, error) {
+	return findAll[model.Stack](ctx, r.coll(), bson.M{"pool": bson.M{"$nin": bson.A{nil, ""}}, "owner": bson.M{"$ne": model.PoolOwner},
+		"claimedAt": bson.M{"$gte": t}}, byCreation)
 }
 
 // OfPool returns the stacks built for pool that are still the pool's (owned by

@@ -74,7 +74,7 @@ func poolClaims(t *testing.T, rs []*store.Store) {
 		r := rs[i%len(rs)]
 		wg.Go(func() {
 			<-start
-			st, ok, err := r.Stacks().Claim(ctx, "tpl", 2, user, "")
+			st, ok, err := r.Stacks().Claim(ctx, "tpl", 2, user, "", store.NewID())
 			if err != nil {
 				t.Errorf("%s: %v", user, err)
 				return
@@ -132,7 +132,7 @@ func poolClaims(t *testing.T, rs []*store.Store) {
 		t.Errorf("OfPool after the claims: %d stacks, want the stale and the building one", len(got))
 	}
 	// A claim of an empty pool finds nothing.
-	if _, ok, err := s.Stacks().Claim(ctx, "tpl", 2, "late", ""); ok || err != nil {
+	if _, ok, err := s.Stacks().Claim(ctx, "tpl", 2, "late", "", store.NewID()); ok || err != nil {
 		t.Errorf("a claim after the pool ran dry: %v %v", ok, err)
 	}
 }
