@@ -48,6 +48,20 @@ func TestPoolClaim(t *testing.T) {
 	}
 	t.Logf("the pool filled: %+v", last)
 
+	// carol, of another team, cannot take a stack of this team's pool: the template is not hers.
+	if _, err := admin.TeamCreate(ctx, api.TeamCreateParams{Slug: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.UserAdd(ctx, api.UserAddParams{Username: "carol", Team: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.Client("carol").StackCreate(ctx, api.StackPlanParams{TemplateID: tid}); err == nil {
+		t.Fatalf("carol of another team created from the pool's template: claimed %v, %+v", res.Claimed, res.Stack)
+	}
+	if last = pool(); last.Ready != 2 || last.Claimed != 0 {
+		t.Fatalf("the pool after carol's try: %+v", last)
+	}
+
 	before := time.Now()
 	res, err := f.client().StackCreate(ctx, api.StackPlanParams{TemplateID: tid})
 	if err != nil {
