@@ -178,10 +178,19 @@ func (kl *Klient) closeSSH(user string) int {
 		}
 	}
 	kl.ssh.mu.Unlock()
+	// Closing the tunnel ends the SSH connection (its sessions are hung up). The close frames
+	// are sent before this returns (waited for at most 2 s): the caller then kills the user's
+	// processes, and a shell killed first would end the SSH session cleanly, its client never
+	// told why.
+	var wg sync.WaitGroup
 	for _, t := range ts {
-		// Closing the tunnel ends the SSH connection (its sessions are hung up); the close
-		// frame is not waited for.
-		go t.CloseWith(tunnel.CloseRefused, "this machine's share with you changed")
+		wg.Go(func() { t.CloseWith(tunnel.CloseRefused, "this machine's share with you changed") })
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
 	}
 	if len(ts) > 0 {
 		kl.log.Info("share changed: closed ssh connections", "user", user, "count", len(ts))

@@ -93,13 +93,20 @@ func TestSSHGrantsAndRevocation(t *testing.T) {
 	c := ssh.NewClient(sc, chans, reqs)
 	defer c.Close()
 	closed := make(chan struct{})
-	go func() { c.Wait(); close(closed) }()
+	var werr error
+	go func() { werr = c.Wait(); close(closed) }()
 	if err := e.call("klient.unshare", klient.UnshareParams{Username: "carol", Token: e.token("alice")}, nil); err != nil {
 		t.Fatal(err)
 	}
+	// The close frame was sent before unshare answered (before the user's processes are
+	// killed): its reason reaches the client, not a clean end of the session.
 	select {
 	case <-closed:
 	case <-time.After(wait):
 		t.Fatal("the unshared user's SSH connection is still open")
+	}
+	var ce websocket.CloseError
+	if !errors.As(werr, &ce) || ce.Code != tunnel.CloseRefused || ce.Reason != "this machine's share with you changed" {
+		t.Errorf("the unshared user's SSH connection ended with %v, not the share's close reason", werr)
 	}
 }
