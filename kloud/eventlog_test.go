@@ -24,7 +24,7 @@ import (
 // startReplicas starts n kloud replicas sharing one database (--replicas) on a real `kloud store
 // serve` (storetest.Serve: correct with several clients), one after another (the first creates
 // the signing key and the admin; the others find them).
-func startReplicas(t *testing.T, n int) []*kloudtest.Env {
+func startReplicas(t *testing.T, n int, tune ...func(*kloudtest.Options)) []*kloudtest.Env {
 	t.Helper()
 	url, db := storetest.Serve(t), "kloud"
 	var out []*kloudtest.Env
@@ -36,7 +36,11 @@ func startReplicas(t *testing.T, n int) []*kloudtest.Env {
 				t.Fatal(err)
 			}
 		}
-		out = append(out, kloudtest.Start(t, kloudtest.Options{DataDir: dir, MongoURL: url, MongoDatabase: db, Replicas: true}))
+		o := kloudtest.Options{DataDir: dir, MongoURL: url, MongoDatabase: db, Replicas: true}
+		for _, f := range tune {
+			f(&o)
+		}
+		out = append(out, kloudtest.Start(t, o))
 		if i == 0 {
 			var err error
 			if key, err = os.ReadFile(filepath.Join(dir, "secret.key")); err != nil {

@@ -66,6 +66,8 @@ type mesh struct {
 	url string // internal URL
 	hb  time.Duration
 
+	done chan struct{} // closed when run returns (it has left)
+
 	mu    sync.Mutex
 	peers map[string]*peerLink           // replica id → link
 	known map[string]store.ReplicaRecord // the registry as the last beat read it (live saves a store read)
@@ -78,7 +80,7 @@ type peerLink struct {
 
 func newMesh(s *Server) *mesh {
 	return &mesh{s: s, id: s.store.InstanceID(), url: strings.TrimRight(s.opts.InternalURL, "/"), hb: s.opts.ReplicaHeartbeat,
-		peers: map[string]*peerLink{}, known: map[string]store.ReplicaRecord{}}
+		peers: map[string]*peerLink{}, known: map[string]store.ReplicaRecord{}, done: make(chan struct{})}
 }
 
 // ID is this replica's id (the store's InstanceID).
@@ -89,11 +91,13 @@ func (m *mesh) ttl() time.Duration { return ReplicaExpiry * m.hb }
 
 // run beats and sweeps until ctx ends, then leaves (removes its record and presence records).
 func (m *mesh) run(ctx context.Context) {
+	defer close(m.done)
 	t := time.NewTicker(m.hb)
 	defer t.Stop()
 	for {
 		m.beat(ctx)
 		m.sweep(ctx)
+		m.syncPlugins(ctx) // mesh_plugins.go
 		select {
 		case <-ctx.Done():
 			m.leave()
@@ -155,6 +159,9 @@ func (m *mesh) bury(ctx context.Context, id string, now time.Time) {
 		m.s.setAgentAs(ctx, k, model.AgentDisconnected, "", id)
 	}
 	if err == nil {
+		_, err = m.s.store.Plugins().RemoveReplica(ctx, id)
+	}
+	if err == nil {
 		_, err = m.s.store.Replicas().Remove(ctx, id, now)
 	}
 	m.drop(id)
@@ -172,6 +179,9 @@ func (m *mesh) leave() {
 	defer cancel()
 	if _, err := m.s.store.Kites().RemoveReplica(ctx, m.id); err != nil {
 		m.s.log.Warn("replica leave: presence records", "err", err)
+	}
+	if _, err := m.s.store.Plugins().RemoveReplica(ctx, m.id); err != nil {
+		m.s.log.Warn("replica leave: plugin presence records", "err", err)
 	}
 	if err := m.s.store.Replicas().Leave(ctx, m.id); err != nil {
 		m.s.log.Warn("replica leave", "err", err)

@@ -4,14 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kite"
+	"github.com/kloud-dev/kloud/kite/kitekey"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/provider/plugin"
 )
 
 // Several kloud replicas on one store (issue 24): real kloud servers on one `kloud store serve`
@@ -138,5 +146,162 @@ func TestReplicasSweepOneAtATime(t *testing.T) {
 	ran = false
 	if err := kloud.Sweep(ctx, b.Server, "gc", func(context.Context) error { ran = true; return nil }); err != nil || !ran {
 		t.Fatalf("B's sweep after A's: ran %v, %v", ran, err)
+	}
+}
+
+// TestReplicasForwardPluginCalls: a remote provider plugin dials replica A (as it would land on
+// one replica behind a balancer). Replica B lists it as connected to A, puts it in its own
+// registry, and B's calls for it (its HTTP service, provider.available) are made by A over A's
+// connection. The plugin's own errors come back as it answered them. When the plugin goes away,
+// B's calls fail as they do on a single kloud (unavailable, naming the provider); when it dials
+// B instead, B calls it directly and A forwards to B.
+func TestReplicasForwardPluginCalls(t *testing.T) {
+	t.Parallel()
+	rs := startReplicas(t, 2, func(o *kloudtest.Options) { o.ReplicaHeartbeat = 300 * time.Millisecond })
+	a, b := rs[0], rs[1]
+	ctx := t.Context()
+	key, err := a.Client(kloud.Admin).ProviderKeyCreate(ctx, api.ProviderKeyCreateParams{Provider: "remote"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var served atomic.Int64
+	p := &provider.Provider{Name: "remote", ResourceType: "remote_machine",
+		Stack:   func(*provider.BaseStack) (provider.Stack, error) { return nil, errors.New("none") },
+		Machine: func(*provider.BaseMachine) (provider.Machine, error) { return nil, errors.New("none") },
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/provider/remote/v1/fail" {
+				http.Error(w, "the plugin says no", http.StatusTeapot)
+				return
+			}
+			served.Add(1)
+			io.WriteString(w, "remote "+r.URL.Path)
+		}),
+	}
+	// run serves p as a remote plugin dialing e until stop.
+	run := func(e *kloudtest.Env) (stop func()) {
+		rctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			plugin.Run(rctx, p, plugin.Options{URL: e.URL + "/kite", Key: key.Key, Version: "1.0.0", Logger: testutil.Logger(t), MaxBackoff: 500 * time.Millisecond})
+		}()
+		stop = func() {
+			cancel()
+			<-done
+		}
+		t.Cleanup(stop)
+		return stop
+	}
+	// on waits until e's provider.list shows the plugin connected, held by replica holder ("": e).
+	on := func(e *kloudtest.Env, holder string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			res, err := e.Client(kloud.Admin).ProviderList(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ps := range res.Providers {
+				if ps.Name == "remote" && ps.Connected && ps.Replica == holder {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("provider.list of %s: want remote connected, held by %q: %+v", e.URL, holder, res.Providers)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	get := func(e *kloudtest.Env, path string) (int, string) {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, e.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+
+	stop := run(a)
+	on(a, "")
+	on(b, a.Server.ReplicaID())
+	if code, body := get(b, "/provider/remote/v1/x"); code != http.StatusOK || body != "remote /provider/remote/v1/x" {
+		t.Fatalf("the plugin's service through replica B: %d %q", code, body)
+	}
+	if served.Load() != 1 {
+		t.Errorf("the plugin served %d requests, want 1", served.Load())
+	}
+	if code, body := get(b, "/provider/remote/v1/fail"); code != http.StatusTeapot || !strings.Contains(body, "the plugin says no") {
+		t.Errorf("the plugin's own error through replica B: %d %q", code, body)
+	}
+	prov, err := b.Server.Providers().Lookup("remote")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// replica.pluginCall itself: replica keys only; the plugin API's methods only; a session
+	// that is not the connection's is pluginAway (the call is not made).
+	rk, err := a.Server.Signer().ReplicaKey("test-replica", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := a.DialAuth(kite.Auth{Type: kitekey.KindReplicaKey, Key: rk})
+	call := func(c *kite.Conn, p api.ReplicaPluginCallParams) error {
+		return c.Call(ctx, api.MethodReplicaPluginCall, p, nil)
+	}
+	var ke *kite.Error
+	if err := call(rc, api.ReplicaPluginCallParams{Provider: "remote", Session: "stale", Method: plugin.MethodAvailable}); !errors.As(err, &ke) ||
+		ke.Code != kite.CodeState || ke.Type() != plugin.ErrTypePeerAway {
+		t.Errorf("replica.pluginCall of another session: %v, want -32005 pluginAway", err)
+	}
+	if err := call(rc, api.ReplicaPluginCallParams{Provider: "remote", Session: "stale", Method: "plugin.register"}); !errors.Is(err, kite.ErrInvalidParams) {
+		t.Errorf("replica.pluginCall of plugin.register: %v, want -32602", err)
+	}
+	pk, _, err := a.Server.Kontrol.CreatePluginKey(kitekey.PluginKeySpec{Provider: "remote"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*kite.Conn{"admin": a.Dial(kloud.Admin), "plugin key": a.DialAuth(kite.Auth{Type: kitekey.KindPluginKey, Key: pk})} {
+		if err := call(c, api.ReplicaPluginCallParams{Provider: "remote", Session: "x", Method: plugin.MethodAvailable}); !errors.Is(err, kite.ErrPermission) {
+			t.Errorf("replica.pluginCall with a %s: %v, want -32002", name, err)
+		}
+	}
+	if served.Load() != 1 {
+		t.Errorf("the plugin served %d requests after the refused calls, want 1", served.Load())
+	}
+	if err := prov.Available(); err != nil {
+		t.Errorf("provider.available through replica B: %v", err)
+	}
+
+	// The plugin goes away: B's calls fail as a single kloud's do, and quickly (the record is
+	// gone, so B waits for it like for a restarting plugin: the request's own deadline here).
+	stop()
+	start := time.Now()
+	for prov.Available() == nil {
+		if time.Since(start) > 30*time.Second {
+			t.Fatal("replica B still reaches the plugin 30 s after it stopped")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := prov.Available(); !errors.Is(err, kite.ErrUnavailable) || !strings.Contains(err.Error(), "provider remote (plugin) is not connected") {
+		t.Errorf("provider.available through B with the plugin gone: %v", err)
+	}
+
+	// It comes back on B: B calls it there, A forwards to B.
+	run(b)
+	on(b, "")
+	on(a, b.Server.ReplicaID())
+	if code, body := get(a, "/provider/remote/v1/y"); code != http.StatusOK || body != "remote /provider/remote/v1/y" {
+		t.Fatalf("the plugin's service through replica A, the plugin on B: %d %q", code, body)
+	}
+	if code, body := get(b, "/provider/remote/v1/z"); code != http.StatusOK || body != "remote /provider/remote/v1/z" {
+		t.Fatalf("the plugin's service on B: %d %q", code, body)
+	}
+	if served.Load() != 3 {
+		t.Errorf("the plugin served %d requests, want 3", served.Load())
 	}
 }

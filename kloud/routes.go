@@ -197,7 +197,7 @@ func auditDecisions() map[string]bool {
 		// eventfeed.go: a stream of what changed
 		api.MethodEventWatch: true,
 		// mesh.go: a hop between replicas; the user's call is audited where it arrived
-		api.MethodReplicaAgentCall: true,
+		api.MethodReplicaAgentCall: true, api.MethodReplicaPluginCall: true,
 	}
 }
 
@@ -334,6 +334,7 @@ func (s *Server) rpcRoutes() []Route {
 
 		// mesh.go: a call for an agent whose connection this replica holds (replica keys only)
 		replicaRPC(api.RPCReplicaAgentCall, s.mesh.agentCall),
+		replicaRPC(api.RPCReplicaPluginCall, s.mesh.pluginCall), // mesh_plugins.go
 
 		// audit.go: the audit log (owners and auditors)
 		rpc(s, api.RPCAuditList, OwnersAuditors, s.audits.list),

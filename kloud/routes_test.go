@@ -142,7 +142,7 @@ func checkRouteTypes(t *testing.T, e *kloudtest.Env) {
 		called[rec.method] = true
 	}
 	for m := range routes {
-		if !called[m] && m != api.MethodPluginRegister && m != api.MethodReplicaAgentCall { // plugins call it (provider/plugin), replicas the other (mesh.go)
+		if !called[m] && m != api.MethodPluginRegister && m != api.MethodReplicaAgentCall && m != api.MethodReplicaPluginCall { // plugins call it (provider/plugin), replicas the others (mesh.go)
 			t.Errorf("%s: routed, but no method of api.Client calls it", m)
 		}
 	}

@@ -342,7 +342,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s.loadKlient()
 	if s.plugins, err = pluginhost.New(pluginhost.Options{Registry: s.providers, Keys: s.Kontrol, Dir: opts.PluginDir,
 		StateDir: filepath.Join(opts.DataDir, "plugin-state"), Launch: opts.Plugins, TLS: opts.TLS != nil, CACert: opts.CACert,
-		PublicURL: opts.PublicURL, KloudVersion: version.Version, Logger: opts.Logger}); err != nil {
+		PublicURL: opts.PublicURL, KloudVersion: version.Version, Logger: opts.Logger,
+		Peers: pluginPeers{s.mesh}}); err != nil { // mesh_plugins.go
 		return nil, fmt.Errorf("kloud: %w", err)
 	}
 	s.quota = newQuotaKeeper(s)
@@ -644,6 +645,10 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	s.Kite.Close()
 	srv.Shutdown(sctx)
+	select { // the replica's leave (its records) before the store closes
+	case <-s.mesh.done:
+	case <-sctx.Done():
+	}
 	s.Close()
 	return nil
 }

@@ -125,7 +125,7 @@ func KloudMethods() []string {
 		MethodPoolDelete, MethodPoolList, MethodPoolSet, // pools.go
 		MethodProviderDescribe, MethodProviderKeyCreate, MethodProviderList,
 		MethodQuotaSet, MethodQuotaShow, // quota.go
-		MethodReplicaAgentCall, // replicas.go: replicas only (kloud/mesh.go)
+		MethodReplicaAgentCall, MethodReplicaPluginCall, // replicas.go: replicas only (kloud/mesh.go)
 		MethodSnapshotDelete,
 		MethodStackApply, MethodStackCreate, MethodStackDescribe, MethodStackList, MethodStackPlan, MethodStackPlanJob, MethodStackReset,
 		MethodStackScale, MethodStackUpdate,

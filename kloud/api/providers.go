@@ -38,7 +38,10 @@ type ProviderStatus struct {
 	// Where it runs: "in process", "launched (pid N, sandboxed as uid 65534)", "remote ADDR", ...
 	Where string `json:"where"`
 	// Connected: a plugin has a live connection (a builtin: it is available on this host).
-	Connected      bool       `json:"connected"`
+	Connected bool `json:"connected"`
+	// Replica: with several kloud replicas, the one holding a plugin's connection when it is
+	// not the one answering (its calls are forwarded there). Shown to administrators.
+	Replica        string     `json:"replica,omitempty"`
 	ConnectedAt    *time.Time `json:"connectedAt,omitempty"`
 	DisconnectedAt *time.Time `json:"disconnectedAt,omitempty"`
 	Capabilities   []string   `json:"capabilities"`

@@ -58,3 +58,44 @@ type ReplicaAgentCallResult struct {
 // opposed to an error the agent itself answered (passed on unchanged): the caller then looks
 // for the agent again instead of giving up.
 const ErrTypeAgentAway = "agentAway"
+
+// MethodReplicaPluginCall is called by other kloud replicas only (replica keys), never by users:
+// one call for a provider plugin whose connection this replica holds (kloud/mesh_plugins.go).
+const MethodReplicaPluginCall = "replica.pluginCall"
+
+// RPCReplicaPluginCall describes replica.pluginCall.
+var RPCReplicaPluginCall = Method[ReplicaPluginCallParams, ReplicaPluginCallResult]{Name: MethodReplicaPluginCall}
+
+// ReplicaPluginMethodPrefixes are the method families kloud calls on provider plugins
+// (provider/pluginapi): a replica forwards those only.
+var ReplicaPluginMethodPrefixes = []string{"provider.", "machine."}
+
+// ReplicaPluginCallParams: call Method with Params on provider plugin Provider's connection on
+// the replica called, if it is still the connection Session (the plugin's presence record).
+type ReplicaPluginCallParams struct {
+	Provider string          `json:"provider"`
+	Session  string          `json:"session"`
+	Method   string          `json:"method"`
+	Params   json.RawMessage `json:"params,omitempty"`
+}
+
+// Validate checks the provider name, the session and that the method is one a replica forwards.
+func (p *ReplicaPluginCallParams) Validate() error {
+	if !providerNameRE.MatchString(p.Provider) {
+		return fmt.Errorf("provider %q: want a provider name: %w", truncate(p.Provider), kite.ErrInvalidParams)
+	}
+	if p.Session == "" || len(p.Session) > 64 {
+		return fmt.Errorf("session: want the plugin connection's session from its presence record: %w", kite.ErrInvalidParams)
+	}
+	for _, pre := range ReplicaPluginMethodPrefixes {
+		if strings.HasPrefix(p.Method, pre) && len(p.Method) <= 64 {
+			return nil
+		}
+	}
+	return fmt.Errorf("method %q: a replica forwards only %s methods to plugins: %w", truncate(p.Method), strings.Join(ReplicaPluginMethodPrefixes, "*, ")+"*", kite.ErrInvalidParams)
+}
+
+// ReplicaPluginCallResult is the plugin's result, as it answered.
+type ReplicaPluginCallResult struct {
+	Result json.RawMessage `json:"result,omitempty"`
+}

@@ -132,7 +132,7 @@ func Descriptors() map[string]Descriptor {
 		RPCMachinePortsClose, RPCMachinePortsList, RPCMachinePortsOpen, RPCMachineRestore, RPCMachineSet,
 		RPCMachineShare, RPCMachineShares, RPCMachineSnapshot, RPCMachineSnapshots, RPCMachineStart,
 		RPCMachineStop, RPCMachineUnshare, RPCPluginRegister, RPCPoolDelete, RPCPoolList, RPCPoolSet, RPCProviderDescribe, RPCProviderKeyCreate,
-		RPCProviderList, RPCQuotaSet, RPCQuotaShow, RPCReplicaAgentCall, RPCSnapshotDelete, RPCStackApply, RPCStackCreate,
+		RPCProviderList, RPCQuotaSet, RPCQuotaShow, RPCReplicaAgentCall, RPCReplicaPluginCall, RPCSnapshotDelete, RPCStackApply, RPCStackCreate,
 		RPCStackDescribe, RPCStackList, RPCStackPlan, RPCStackPlanJob, RPCStackReset, RPCStackScale,
 		RPCStackUpdate, RPCTeamAddMember, RPCTeamCreate, RPCTeamList, RPCTeamRemoveMember, RPCTemplateCreate,
 		RPCTemplateDelete, RPCTemplateGet, RPCTemplateList, RPCTemplateTrust, RPCTemplateUntrust,

@@ -59,6 +59,8 @@ type Options struct {
 	TLS       bool
 	CACert    string
 	PublicURL string
+	// Peers reaches the plugins connected to other kloud replicas (kloud's mesh); nil: none.
+	Peers plugin.Peers
 	// KloudVersion is the version plugins are told at registration.
 	KloudVersion string
 	// Logger (nil: discard).
@@ -92,7 +94,7 @@ func New(o Options) (*Host, error) {
 	o.Launch.defaults()
 	return &Host{
 		o: o, log: o.Logger, done: make(chan struct{}),
-		plugins: plugin.NewHost(plugin.HostOptions{Registry: o.Registry, Logger: o.Logger, KloudVersion: o.KloudVersion}),
+		plugins: plugin.NewHost(plugin.HostOptions{Registry: o.Registry, Logger: o.Logger, KloudVersion: o.KloudVersion, Peers: o.Peers}),
 	}, nil
 }
 
@@ -211,6 +213,9 @@ func (h *Host) List(admin bool) api.ProviderListResult {
 				Name: n, Kind: api.ProviderPlugin, Version: st.Version, APIVersion: st.APIVersion, Where: st.Where,
 				Connected: st.Connected, LastError: st.LastError, Capabilities: capStrings(st.Capabilities),
 			}
+			if st.Replica != "" {
+				ps.Replica, ps.Where = st.Replica, st.Where+" (connected to replica "+st.Replica+")"
+			}
 			if !st.ConnectedAt.IsZero() {
 				ps.ConnectedAt = new(st.ConnectedAt)
 			}
@@ -220,7 +225,7 @@ func (h *Host) List(admin bool) api.ProviderListResult {
 			if !admin {
 				// Where (pids, addresses) and the plugin's last output lines are for
 				// administrators: a plugin's output is its own and may say anything.
-				ps.Where = "plugin"
+				ps.Where, ps.Replica = "plugin", ""
 				if ps.LastError != "" {
 					ps.LastError = "the plugin failed (kloud administrators see why in `kloud provider list`)"
 				}

@@ -154,6 +154,7 @@ var indexes = []index{
 	{CollKites, bson.D{{Key: "replica", Value: 1}}, false},
 	{CollKites, bson.D{{Key: "lastSeen", Value: 1}}, false},
 	{CollReplicas, bson.D{{Key: "expiresAt", Value: 1}}, false},
+	{CollPlugins, bson.D{{Key: "replica", Value: 1}}, false},
 	{CollSessions, bson.D{{Key: "username", Value: 1}}, false},
 	{CollSessions, bson.D{{Key: "expiresAt", Value: 1}}, false},
 	{CollSnapshots, bson.D{{Key: "owner", Value: 1}}, false},
@@ -191,7 +192,7 @@ func (s *Store) ensureIndexes(ctx context.Context) error {
 	}
 	for _, c := range []string{CollUsers, CollTeams, CollCredentials, CollTemplates, CollStacks, CollMachines,
 		CollJobs, CollLocks, CollKeys, CollRevocations, CollKites, CollSessions, CollMeta, CollSnapshots, CollQuotas, CollAudit,
-		CollIdentities, CollBuckets, CollAttempts, CollReplicas, CollPools} {
+		CollIdentities, CollBuckets, CollAttempts, CollReplicas, CollPools, CollPlugins} {
 		if exists[c] {
 			continue
 		}

@@ -200,3 +200,43 @@ func TestLeaseOneHolderAcrossReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestPluginPresence: a plugin's record names the replica and session of its newest
+// registration. A connection that closes removes its own record only (the plugin registered
+// again on the other replica meanwhile: that record stays), and a replica's sweep removes what
+// it held.
+func TestPluginPresence(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 2, nil, store.Options{})
+	a, b := rs[0].Plugins(), rs[1].Plugins()
+	ctx := t.Context()
+	if err := a.Set(ctx, store.PluginRecord{Name: "remote", Replica: "A", Session: "s1", Manifest: `{"name":"remote"}`, Version: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Set(ctx, store.PluginRecord{Name: "remote", Replica: "B", Session: "s2", Manifest: `{"name":"remote"}`, Version: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.Remove(ctx, "remote", "s1"); ok || err != nil { // A's connection closes late
+		t.Fatalf("removing the replaced session: %v %v", ok, err)
+	}
+	got, err := a.Get(ctx, "remote")
+	if err != nil || got.Replica != "B" || got.Session != "s2" || got.Version != "2" || got.ConnectedAt.IsZero() {
+		t.Fatalf("the record after A's late close: %+v %v", got, err)
+	}
+	if err := a.Set(ctx, store.PluginRecord{Name: "other", Replica: "A", Session: "s3", Manifest: "{}"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.RemoveReplica(ctx, "B"); n != 1 || err != nil {
+		t.Fatalf("sweeping B: %d %v", n, err)
+	}
+	list, err := b.List(ctx)
+	if err != nil || len(list) != 1 || list[0].Name != "other" {
+		t.Fatalf("records after B's sweep: %+v %v", list, err)
+	}
+	if _, err := b.Get(ctx, "remote"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("B's record after its sweep: %v", err)
+	}
+	if err := a.Set(ctx, store.PluginRecord{Name: "x"}); err == nil {
+		t.Error("a record without a replica and session was written")
+	}
+}

@@ -38,6 +38,8 @@ type HostOptions struct {
 	// once with "provider NAME (plugin) is not connected: <last error>". Default 1m (the same
 	// bound as kloud's wait for a restarting terraformer); negative: never wait.
 	RestartWait time.Duration
+	// Peers reaches the plugins connected to other kloud replicas (peers.go); nil: none.
+	Peers Peers
 }
 
 // Host is kloud's side of provider plugins: it accepts their registrations (Register is the body
@@ -66,6 +68,8 @@ type plug struct {
 	downSince      time.Time // when it went down (lost, or Expect before it connected); zero while connected
 	lastErr        string
 	proxy          *provider.Provider
+	session        string      // this replica's connection's, for Peers; "" while not connected here
+	peer           *PeerPlugin // its connection on another replica, while not connected here (SetPeers, Locate)
 }
 
 // Status is one plugin as `kloud provider list` shows it.
@@ -79,6 +83,9 @@ type Status struct {
 	DisconnectedAt time.Time             `json:"disconnectedAt,omitzero"`
 	LastError      string                `json:"lastError,omitempty"`
 	Capabilities   []provider.Capability `json:"capabilities"`
+	// Replica is the kloud replica holding its connection when another one does (several
+	// replicas: this one forwards its calls there).
+	Replica string `json:"replica,omitempty"`
 }
 
 // NewHost makes a Host over o.Registry.
@@ -156,9 +163,11 @@ func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams)
 		e = &plug{name: name}
 		h.plugins[name] = e
 	}
-	old := e.conn
+	old, oldSession := e.conn, e.session
 	e.conn, e.apiVersion, e.version, e.manifest = r.Conn, v, p.PluginVersion, m
 	e.connectedAt, e.lastErr, e.downSince = time.Now().UTC(), "", time.Time{}
+	e.session, e.peer = newSession(), nil
+	rec := PeerPlugin{Name: name, Session: e.session, Manifest: m, Version: p.PluginVersion, APIVersion: v, ConnectedAt: e.connectedAt}
 	if !e.launched {
 		e.where = "remote " + r.Conn.Remote()
 	}
@@ -167,7 +176,12 @@ func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams)
 	h.o.Registry.Replace(e.proxy)
 	close(h.changed)
 	h.changed = make(chan struct{})
+	rec.Where = e.where
 	h.mu.Unlock()
+	if old != nil && oldSession != "" {
+		h.forget(name, oldSession)
+	}
+	h.announce(ctx, rec) // peers.go: other replicas forward its calls here
 
 	if old != nil && old != r.Conn {
 		// Tell the older plugin first, so that it stops instead of dialing back in to replace
@@ -194,6 +208,8 @@ func (h *Host) lost(name string, c *kite.Conn) {
 		return
 	}
 	e.conn, e.disconnectedAt, e.downSince = nil, time.Now().UTC(), time.Now()
+	h.forget(name, e.session)
+	e.session = ""
 	reason := "connection closed"
 	if err := c.Err(); err != nil && !errors.Is(err, kite.ErrClosed) {
 		reason = "connection lost: " + err.Error()
@@ -288,8 +304,13 @@ func (h *Host) Status() []Status {
 		if caps == nil {
 			caps = []provider.Capability{}
 		}
-		out = append(out, Status{Name: e.name, Version: e.version, APIVersion: e.apiVersion, Where: e.where, Connected: e.conn != nil,
-			ConnectedAt: e.connectedAt, DisconnectedAt: e.disconnectedAt, LastError: e.lastErr, Capabilities: caps})
+		st := Status{Name: e.name, Version: e.version, APIVersion: e.apiVersion, Where: e.where, Connected: e.conn != nil,
+			ConnectedAt: e.connectedAt, DisconnectedAt: e.disconnectedAt, LastError: e.lastErr, Capabilities: caps}
+		if p := e.peer; e.conn == nil && p != nil {
+			st.Version, st.APIVersion, st.Where, st.Connected, st.ConnectedAt, st.LastError = p.Version, p.APIVersion, p.Where, true, p.ConnectedAt, ""
+			st.Replica = p.Replica
+		}
+		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -320,16 +341,22 @@ func (h *Host) IsPlugin(p *provider.Provider) bool {
 // noWait is the ctx key of a call that does not wait for a plugin that is down (Available).
 type noWait struct{}
 
-// conn returns name's connection. While the plugin is not connected it waits for it, until
-// RestartWait after it went down or ctx ends (a killed plugin is being restarted: the call then
-// goes to the new process); then it returns the error every call on a disconnected proxy gets.
-func (h *Host) conn(ctx context.Context, name string) (*kite.Conn, error) {
+// conn returns name's connection here, or else (several replicas) the plugin's connection on
+// another replica. While neither is there it waits for one, until RestartWait after it went down
+// or ctx ends (a killed plugin is being restarted: the call then goes to the new process); then
+// it returns the error every call on a disconnected proxy gets.
+func (h *Host) conn(ctx context.Context, name string) (*kite.Conn, *PeerPlugin, error) {
 	for {
 		h.mu.Lock()
 		e, changed := h.plugins[name], h.changed
 		if e != nil && e.conn != nil {
 			h.mu.Unlock()
-			return e.conn, nil
+			return e.conn, nil, nil
+		}
+		if e != nil && e.peer != nil {
+			p := e.peer
+			h.mu.Unlock()
+			return nil, p, nil
 		}
 		last := "it has not registered"
 		if e != nil && e.lastErr != "" {
@@ -340,12 +367,22 @@ func (h *Host) conn(ctx context.Context, name string) (*kite.Conn, error) {
 			until = e.downSince.Add(h.o.RestartWait)
 		}
 		h.mu.Unlock()
+		if h.o.Peers != nil {
+			// Connected to another replica since its last heartbeat, or this replica's view was cut.
+			if p, ok, err := h.o.Peers.Locate(ctx, name); err == nil && ok {
+				h.setPeer(name, p)
+				return nil, &p, nil
+			}
+		}
 		wait := time.Until(until)
 		if wait <= 0 || ctx.Err() != nil || ctx.Value(noWait{}) != nil {
 			if !until.IsZero() && wait <= 0 {
 				last += fmt.Sprintf(" (down for over %s)", h.o.RestartWait)
 			}
-			return nil, fmt.Errorf("provider %s (plugin) is not connected: %s: %w", name, last, kite.ErrUnavailable)
+			return nil, nil, fmt.Errorf("provider %s (plugin) is not connected: %s: %w", name, last, kite.ErrUnavailable)
+		}
+		if h.o.Peers != nil {
+			wait = min(wait, time.Second) // look for it on the other replicas again
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -357,25 +394,72 @@ func (h *Host) conn(ctx context.Context, name string) (*kite.Conn, error) {
 	}
 }
 
+// setPeer records p (found by Locate) as name's connection elsewhere, unless name connected
+// here meanwhile.
+func (h *Host) setPeer(name string, p PeerPlugin) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e := h.plugins[name]; e != nil && e.conn == nil {
+		e.peer = &p
+	}
+}
+
+// dropPeer forgets p as name's connection elsewhere (the replica no longer holds it).
+func (h *Host) dropPeer(name string, p *PeerPlugin) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e := h.plugins[name]; e != nil && e.peer != nil && e.peer.Session == p.Session {
+		e.peer = nil
+		if e.conn == nil && e.downSince.IsZero() {
+			e.downSince = time.Now()
+		}
+	}
+}
+
 // call makes one call to plugin name. A plugin's own error comes back as a plain error with its
 // message (as an in-process provider's would), provider.ErrUnsupported, ErrConstraint and
 // ErrBucketNotFound stay recognizable, and
 // a missing or lost connection wraps kite.ErrUnavailable naming the provider and the reason.
+// With several replicas, a plugin connected to another one is called there (Peers.Call): the
+// same answers, and a call the other replica did not make (the plugin left it) is made again
+// wherever the plugin is now.
 func (h *Host) call(ctx context.Context, name, method string, params, result any) error {
-	c, err := h.conn(ctx, name)
-	if err != nil {
-		return err
-	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, h.o.CallTimeout)
 		defer cancel()
 	}
-	err = c.Call(ctx, method, params, result)
+	for tries := 0; ; tries++ {
+		c, peer, err := h.conn(ctx, name)
+		if err != nil {
+			return err
+		}
+		if peer == nil {
+			return h.mapErr(ctx, name, method, c.Call(ctx, method, params, result), c)
+		}
+		err = h.o.Peers.Call(ctx, *peer, method, params, result)
+		if errors.Is(err, ErrPeerAway) {
+			h.dropPeer(name, peer)
+			if tries < 2 && ctx.Err() == nil {
+				continue
+			}
+			return fmt.Errorf("provider %s (plugin) is not connected: %s: %w", name, err.Error(), kite.ErrUnavailable)
+		}
+		var ke *kite.Error
+		if errors.As(err, &ke) && ke.Code == kite.CodeUnavailable && ke.Type() == ErrTypePeerLost {
+			return fmt.Errorf("provider %s (plugin) disconnected during %s: %s: %w", name, method, ke.Message, kite.ErrUnavailable)
+		}
+		return h.mapErr(ctx, name, method, err, nil)
+	}
+}
+
+// mapErr maps the error of a call on a plugin's connection (c; nil when it was made on another
+// replica's): see call.
+func (h *Host) mapErr(ctx context.Context, name, method string, err error, c *kite.Conn) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, kite.ErrClosed) || c.Context().Err() != nil:
+	case c != nil && (errors.Is(err, kite.ErrClosed) || c.Context().Err() != nil):
 		reason := "connection closed"
 		if cerr := c.Err(); cerr != nil && !errors.Is(cerr, kite.ErrClosed) {
 			reason = cerr.Error()
