@@ -84,6 +84,16 @@ func TestPoolClaim(t *testing.T) {
 		return true
 	}, "the claimed stack's machines were not handed over")
 	t.Logf("claimed and handed over: %s", time.Since(before).Round(time.Millisecond))
+	// The pool's agent keys are revoked: what was built for the pool cannot act as the agent of
+	// alice's machines, nor register as the pool's, again.
+	testutil.Eventually(t, time.Minute, func() bool {
+		for _, k := range old {
+			if ok, err := f.Server.Store().Revocations().IsRevoked(ctx, k); !ok || err != nil || f.Server.Kontrol.Conn(k) != nil {
+				return false
+			}
+		}
+		return true
+	}, "the pool's agent keys of the claimed machines were not revoked")
 	// As a user would: apply the stack anyway. It is built; the apply changes no machine (same
 	// ids, the new kite ids, hers) and its agents answer.
 	handed := f.machines(res.Stack.ID)
