@@ -201,7 +201,12 @@ func startHolder(spec holderSpec) (*holder, error) {
 		p.Close()
 		return nil, fmt.Errorf("set pty size: %w", err)
 	}
-	unix.CloseOnExec(int(p.Fd()))
+	// Non-blocking (pty.Open leaves it blocking): closing it must interrupt the reader, which a
+	// background job holding the terminal would otherwise keep waiting for ever (ci54: a killed
+	// session's holder outlived its shell, read blocked, its exit never sent).
+	if p, err = nonblocking(p); err != nil {
+		return nil, err
+	}
 	attr := &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	if spec.Cred {
 		attr.Credential = &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: spec.Groups}
@@ -428,7 +433,7 @@ func (h *holder) control(c *holderConn) {
 		case frameResize:
 			var sz Size
 			if json.Unmarshal(p, &sz) == nil && checkSize(sz.Cols, sz.Rows) == nil {
-				if pty.Setsize(h.pty, &pty.Winsize{Cols: uint16(sz.Cols), Rows: uint16(sz.Rows)}) == nil {
+				if setSize(h.pty, sz.Cols, sz.Rows) == nil { // not pty.Setsize: its Fd() makes the master blocking again
 					h.mu.Lock()
 					h.cols, h.rows = sz.Cols, sz.Rows
 					h.mu.Unlock()

@@ -158,6 +158,43 @@ func TestHolderSurvivesManagerRestart(t *testing.T) {
 	}
 }
 
+// TestHolderKillWithStubbornJob: a killed session whose shell ignores the hangup (it ends by
+// SIGKILL) and leaves a background job that keeps the terminal open still ends for its viewers
+// after the kill's grace, and its holder goes: closing the PTY master interrupts the holder's read (ci54: with the master
+// blocking, the holder waited on it, never sent the shell's end, and outlived it).
+func TestHolderKillWithStubbornJob(t *testing.T) {
+	o := holderOptions(t, webterm.Options{KillGrace: 500 * time.Millisecond})
+	id := uniqueID(t)
+	m, _ := newManager(t, o)
+	v := open(t, m, webterm.OpenRequest{Session: id})
+	out := collect(v)
+	// The shell ignores the hangup too: it ends by the SIGKILL after KillGrace, silently, so no
+	// output after the kill wakes the holder's read.
+	typeIn(t, v, "trap '' HUP; (exec sleep 1000) & echo bg=$! sh=$$ ok-$((5*5))\r")
+	out.waitFor(t, "ok-25")
+	mm := regexp.MustCompile(`bg=(\d+) sh=(\d+)`).FindStringSubmatch(out.String())
+	if mm == nil {
+		t.Fatalf("no pids in %q", out.String())
+	}
+	bg, _ := strconv.Atoi(mm[1])
+	sh, _ := strconv.Atoi(mm[2])
+	t.Cleanup(func() { syscall.Kill(bg, syscall.SIGKILL) })
+	hs := holders(id)
+	if len(hs) != 1 {
+		t.Fatalf("holders: %v", hs)
+	}
+	start := time.Now()
+	if err := m.Kill(id, "done"); err != nil {
+		t.Fatal(err)
+	}
+	if e := out.end(t); e.Code != webterm.CloseEnded || e.Reason != "done" {
+		t.Fatalf("killed: %+v", e)
+	}
+	testutil.Eventually(t, wait, func() bool { return !alive(sh) && !alive(hs[0]) && len(holders(id)) == 0 },
+		"after Kill: shell alive %v, holder alive %v (background job alive %v)", alive(sh), alive(hs[0]), alive(bg))
+	t.Logf("shell and holder gone %v after the kill; the background job alive: %v", time.Since(start).Round(time.Millisecond), alive(bg))
+}
+
 // TestHolderKilledEndsSession: a holder that dies (SIGKILL) ends its session with a reason for
 // the viewers, its shell is hung up, and its stale socket is removed.
 func TestHolderKilledEndsSession(t *testing.T) {

@@ -138,8 +138,12 @@ func (p *procShell) rename(string)               {}
 func (p *procShell) pid() int                    { return p.cmd.Process.Pid }
 func (p *procShell) stop()                       { p.closePTY.Do(func() { p.pty.Close() }) }
 
-func (p *procShell) resize(cols, rows int) error {
-	sc, err := p.pty.SyscallConn()
+func (p *procShell) resize(cols, rows int) error { return setSize(p.pty, cols, rows) }
+
+// setSize sets the window size of the PTY master f without f.Fd() (which pty.Setsize calls,
+// and which would make the non-blocking master blocking again).
+func setSize(f *os.File, cols, rows int) error {
+	sc, err := f.SyscallConn()
 	if err != nil {
 		return err
 	}
