@@ -76,6 +76,35 @@ func TestAuditConcurrentReplicas(t *testing.T) {
 	}
 }
 
+// TestAuditAppendAfterLaggingHead: an append starts at the head record, not at the newest
+// entry (finding that reads every entry on the embedded store); a head left behind (an append
+// cut between its insert and raising the head, or a record restored from an older copy) only
+// makes the next append follow the entries to the end: it gets the next seq, chained to the
+// newest entry, and Verify stays ok.
+func TestAuditAppendAfterLaggingHead(t *testing.T) {
+	st := storetest.Open(t, store.Options{MongoURL: storetest.NewServer(t).URL, SecretKey: make([]byte, 32)})
+	a := st.Audit()
+	appendN(t, a, "alice", 5)
+	if _, err := st.Collection(store.CollMeta).UpdateOne(t.Context(), bson.M{"_id": "auditHead"}, bson.M{"$set": bson.M{"seq": int64(2), "hash": "stale"}}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := a.Append(t.Context(), store.AuditEntry{User: "bob", Action: "test.append", Target: "thing/6", Result: store.AuditOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := a.List(t.Context(), store.AuditFilter{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Seq != 6 || len(es) != 6 || es[0].Seq != 6 || e.PrevHash != es[1].Hash {
+		t.Fatalf("append after a lagging head: seq %d prev %q; entries %d, newest before it %+v", e.Seq, e.PrevHash, len(es), es[1])
+	}
+	appendN(t, a, "carol", 2) // the head is current again
+	if v := mustVerify(t, a); !v.OK || v.Head != 8 {
+		t.Fatalf("verify: %+v", v)
+	}
+}
+
 // TestAuditVerifyFindsTampering: Verify names the first seq of an entry edited in the
 // database, of a removed entry, of two entries swapped, of entries removed from the end; it
 // is ok again once the tampering is undone.
