@@ -319,10 +319,7 @@ func (a *remoteAgent) Call(ctx context.Context, method string, params, result an
 	if err != nil {
 		return fmt.Errorf("%s: params: %w", method, err)
 	}
-	cl := a.m.link(a.replica)
-	wctx, cancel := context.WithTimeout(ctx, replicaDialWait)
-	conn, err := cl.Conn(wctx)
-	cancel()
+	conn, err := a.m.peerConn(ctx, a.replica)
 	if err != nil {
 		return fmt.Errorf("%s: replica %s, which holds the agent's connection, is unreachable: %w: %w", method, a.replica.ID, kite.ErrState, err)
 	}
@@ -335,10 +332,25 @@ func (a *remoteAgent) Call(ctx context.Context, method string, params, result an
 	if err != nil {
 		return err
 	}
-	if result != nil && len(res.Result) > 0 {
-		if err := json.Unmarshal(res.Result, result); err != nil {
-			return fmt.Errorf("%s: result: %w", method, err)
-		}
+	return decodeForwarded(method, res.Result, result)
+}
+
+// peerConn returns the kite connection to replica r, dialing it if needed (waiting at most
+// replicaDialWait: the replica may have just died).
+func (m *mesh) peerConn(ctx context.Context, r store.ReplicaRecord) (*kite.Conn, error) {
+	wctx, cancel := context.WithTimeout(ctx, replicaDialWait)
+	defer cancel()
+	return m.link(r).Conn(wctx)
+}
+
+// decodeForwarded decodes the result another replica forwarded (raw, as the agent or plugin
+// answered it) into result.
+func decodeForwarded(method string, raw json.RawMessage, result any) error {
+	if result == nil || len(raw) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(raw, result); err != nil {
+		return fmt.Errorf("%s: result: %w", method, err)
 	}
 	return nil
 }

@@ -78,9 +78,7 @@ func (p pluginPeers) Call(ctx context.Context, pl plugin.PeerPlugin, method stri
 	if err != nil {
 		return fmt.Errorf("replica %s, which held its connection: %w: %w", pl.Replica, plugin.ErrPeerAway, err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, replicaDialWait)
-	conn, err := p.m.link(r).Conn(wctx)
-	cancel()
+	conn, err := p.m.peerConn(ctx, r)
 	if err != nil {
 		return fmt.Errorf("replica %s, which holds its connection, is unreachable: %w: %w", pl.Replica, plugin.ErrPeerAway, err)
 	}
@@ -101,12 +99,7 @@ func (p pluginPeers) Call(ctx context.Context, pl plugin.PeerPlugin, method stri
 	if err != nil {
 		return err
 	}
-	if result != nil && len(res.Result) > 0 {
-		if err := json.Unmarshal(res.Result, result); err != nil {
-			return fmt.Errorf("%s: result: %w", method, err)
-		}
-	}
-	return nil
+	return decodeForwarded(method, res.Result, result)
 }
 
 // pluginCall serves replica.pluginCall: replica keys only (routes.go replicaRPC). It calls the
