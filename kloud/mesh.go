@@ -132,7 +132,22 @@ func (m *mesh) beat(ctx context.Context) {
 func (m *mesh) sweep(ctx context.Context) {
 	now := m.s.store.Now()
 	dead, err := m.s.store.Replicas().Expired(ctx, now)
-	if err != nil || len(dead) == 0 {
+	if err != nil {
+		return
+	}
+	// An earlier process of this replica's instance (kloud restarted on its data directory) is
+	// dead however fresh its record: sweep it now, not 3 heartbeats on. Until then its agents'
+	// presence records looked live, and a call for an agent that had not registered here again
+	// yet was forwarded to that replica's URL, which is this one's (chaos: a snapshot's ping
+	// after a kloud SIGKILL failed "agent … is not connected to replica" of its own).
+	m.mu.Lock()
+	for id, r := range m.known {
+		if m.s.store.EarlierProcess(id) && r.ExpiresAt.After(now) {
+			dead = append(dead, r)
+		}
+	}
+	m.mu.Unlock()
+	if len(dead) == 0 {
 		return
 	}
 	if _, err := m.s.store.AcquireLease(ctx, sweepLease, m.id, m.ttl()); err != nil {
@@ -161,7 +176,11 @@ func (m *mesh) bury(ctx context.Context, id string, now time.Time) {
 	if err == nil {
 		_, err = m.s.store.Plugins().RemoveReplica(ctx, id)
 	}
-	if err == nil {
+	switch {
+	case err != nil:
+	case m.s.store.EarlierProcess(id): // dead for sure (it held this data directory's lock)
+		err = m.s.store.Replicas().Leave(ctx, id)
+	default:
 		_, err = m.s.store.Replicas().Remove(ctx, id, now)
 	}
 	m.drop(id)
@@ -208,6 +227,9 @@ func (m *mesh) drop(id string) {
 // beat read it, else (a replica started since, or one whose record the beat saw expiring) from
 // the store.
 func (m *mesh) beating(ctx context.Context, id string) (store.ReplicaRecord, bool, error) {
+	if m.s.store.EarlierProcess(id) {
+		return store.ReplicaRecord{ID: id}, false, nil // this replica before a restart: dead
+	}
 	m.mu.Lock()
 	r, ok := m.known[id]
 	m.mu.Unlock()
@@ -244,7 +266,7 @@ func (m *mesh) alone() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for id, r := range m.known {
-		if id != m.id && r.ExpiresAt.After(now) {
+		if id != m.id && r.ExpiresAt.After(now) && !m.s.store.EarlierProcess(id) {
 			return false
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
 	"github.com/kloud-dev/kloud/kloud/model"
+	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
 	"github.com/kloud-dev/kloud/provider/plugin"
 )
@@ -328,4 +329,42 @@ func TestReplicasForwardPluginCalls(t *testing.T) {
 	}
 	t.Logf("a plugin's HTTP service, 100 requests: through the replica holding it p50 %v p90 %v; through another replica p50 %v p90 %v",
 		q(here, 0.5), q(here, 0.9), q(there, 0.5), q(there, 0.9))
+}
+
+// TestReplicaRestartSweepsItsEarlierProcess: kloud restarted on its data directory is the same
+// instance in a new process, so the replica record of its earlier process (fresh for up to 3
+// heartbeats after a SIGKILL) is dead at once: kontrol.query does not answer with that
+// process's agents, and the next sweep removes its presence records and its record and marks its
+// agents disconnected, instead of waiting out the record's expiry (chaos: until then a call for
+// an agent not yet registered again went to that replica's URL, its own, and failed "not
+// connected to replica").
+func TestReplicaRestartSweepsItsEarlierProcess(t *testing.T) {
+	t.Parallel()
+	a := startReplicas(t, 1, func(o *kloudtest.Options) { o.ReplicaHeartbeat = 300 * time.Millisecond })[0]
+	ctx := t.Context()
+	st := a.Server.Store()
+	instance, _, ok := strings.Cut(a.Server.ReplicaID(), ".")
+	if !ok {
+		t.Fatalf("replica id %q: want <instance>.<boot>", a.Server.ReplicaID())
+	}
+	prev := instance + ".000000000000000000000001"
+	if err := st.Replicas().Beat(ctx, store.ReplicaRecord{ID: prev, InternalURL: a.URL}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Kites().Upsert(ctx, store.KiteRecord{ID: "agent.before-restart", Username: "alice", Name: "klient", Replica: prev}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Machines().InsertMany(ctx, []model.Machine{{ID: "restart-m", StackID: "restart-none", Label: "m", KiteID: "agent.before-restart",
+		Agent: model.Agent{Status: model.AgentConnected, Replica: prev}}}); err != nil {
+		t.Fatal(err)
+	}
+	if info := kontrolQuery(t, a.Dial(kloud.Admin), "agent.before-restart"); len(info) != 0 {
+		t.Errorf("kontrol.query answered with the earlier process's agent: %+v", info)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, kerr := st.Kites().Get(ctx, "agent.before-restart")
+		_, rerr := st.Replicas().Get(ctx, prev)
+		m, merr := st.Machines().ByKite(ctx, "agent.before-restart")
+		return errors.Is(kerr, store.ErrNotFound) && errors.Is(rerr, store.ErrNotFound) && merr == nil && m.Agent.Status == model.AgentDisconnected
+	}, "the earlier process's records were not swept before their expiry (an hour)")
 }

@@ -73,6 +73,11 @@ func claimInstance(dataDir string) (id string, release func(), err error) {
 	return id, release, nil
 }
 
+// EarlierProcess reports whether id (a lease holder, a job runner, a replica id: an
+// InstanceID) is an earlier process of this store's instance, so it is dead (see above): kloud
+// restarted on the same data directory.
+func (s *Store) EarlierProcess(id string) bool { return s.deadHolder(id) }
+
 // deadHolder reports whether a lease or job runner named holder is an earlier process of this
 // store's instance (so it is dead: see above).
 func (s *Store) deadHolder(holder string) bool {
