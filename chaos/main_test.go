@@ -8,6 +8,7 @@ import (
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 // bins are the binaries the worlds run, built from this tree once (testutil's cache).
@@ -30,5 +31,6 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	tfprovidertest.Cleanup()
+	tfsandbox.RemoveTestLeftovers() // the groups of the runs its faults killed
 	os.Exit(code)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	localtf "github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 	vagranttf "github.com/kloud-dev/kloud/providers/vagrant/tfprovider/tfprovidertest"
+	"github.com/kloud-dev/kloud/terraformer/tfsandbox"
 )
 
 var bin string // directory of the built binaries
@@ -55,6 +56,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	localtf.Cleanup()
 	vagranttf.Cleanup()
+	tfsandbox.RemoveTestLeftovers() // the groups of the runs of the terraformers and plugins its tests killed
 	remove()
 	os.Exit(code)
 }

@@ -10,5 +10,7 @@ import (
 // TestMain: the test binary is terraform's sandbox launcher for the in-process engines.
 func TestMain(m *testing.M) {
 	tfsandbox.MaybeRun()
-	os.Exit(m.Run())
+	code := m.Run()
+	tfsandbox.RemoveTestLeftovers() // the groups of the runs its tests killed
+	os.Exit(code)
 }

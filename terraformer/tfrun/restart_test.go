@@ -26,7 +26,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("TFRUN_CRASH_CHILD") == "1" {
 		os.Exit(crashChild())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	tfsandbox.RemoveTestLeftovers() // the groups of the runs its tests killed
+	os.Exit(code)
 }
 
 func crashChild() int {

@@ -60,6 +60,10 @@ func RemoveCgroup(c Config, run string) error { return sandbox.RemoveCgroup(c, r
 // RemoveLeftovers removes the empty cgroups killed launchers left (sandbox.RemoveLeftovers).
 func RemoveLeftovers(prefix string) ([]string, error) { return sandbox.RemoveLeftovers(prefix) }
 
+// RemoveTestLeftovers is for a test binary's TestMain after m.Run: the empty groups of the runs
+// and plugins its tests killed (sandbox.RemoveTestLeftovers).
+func RemoveTestLeftovers() { sandbox.RemoveTestLeftovers() }
+
 // RemoveLeftoversOlder is RemoveLeftovers of the groups made more than age ago.
 func RemoveLeftoversOlder(prefix string, age time.Duration) ([]string, error) {
 	return sandbox.RemoveLeftoversOlder(prefix, age)
