@@ -440,6 +440,11 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 	sd.stack("stack-e", model.StackBuilding, jobE, map[string]provider.State{"vm": provider.Building})
 	// A machine left Starting by a start job that never got recorded, in a built stack.
 	sd.stack("stack-d", model.StackInitialized, "", map[string]provider.State{"vm": provider.Starting, "other": provider.Running})
+	// A destroy whose kloud stopped after its last step (the stack's record deleted) and before
+	// its end was written: the resumed job finds no stack, which is the destroy done.
+	jobF := sd.job("stack-f", "old-kloud", nil)
+	storetest.SetFields(t, sd.st, store.CollJobs, jobF, map[string]any{"leaseUntil": sd.st.Now().Add(-time.Minute),
+		"params": map[string]any{"stackId": "stack-f", "lease": "old-apply", "destroy": true}})
 	old.Stop()
 
 	logs := &logBuffer{t: t}
@@ -451,6 +456,10 @@ func TestRestartReconcilesStuckRecords(t *testing.T) {
 			f.machines("stack-d")["vm"].State != provider.Starting && f.describe("stack-e").State != model.StackBuilding
 	}, "not reconciled")
 
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		j, err := e.Server.Store().Jobs().Get(t.Context(), jobF)
+		return err == nil && j.Status == store.JobSucceeded
+	}, "the resumed destroy of a stack already deleted did not succeed")
 	a := f.settled("stack-a", model.StackFailed)
 	for _, want := range []string{jobA, "cancelled", "reconciled at"} {
 		if !strings.Contains(a.Reason, want) {

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -481,9 +482,13 @@ func newTerraformerSupervisor(g *globals, f *serveFlags, log *slog.Logger, i int
 }
 
 // terraformerAddr returns where to start terraformer: the flag's address, else 127.0.0.1:7001,
-// else (that port is taken) a free loopback port.
+// else (that port is taken) a free loopback port. The flag's address may still be held by the
+// terraformer of a kloud that was just killed (it stops on its Pdeathsig, which takes a moment):
+// it waits up to terraformerAddrWait for it to be free (chaos: a kloud restarted at once failed
+// to start, "bind: address already in use").
 func terraformerAddr(flag string) (string, error) {
 	if flag != "" {
+		waitFree(flag, terraformerAddrWait)
 		return flag, nil
 	}
 	if ln, err := net.Listen("tcp", "127.0.0.1:7001"); err == nil {
@@ -491,6 +496,24 @@ func terraformerAddr(flag string) (string, error) {
 		return "127.0.0.1:7001", nil
 	}
 	return freeLoopback()
+}
+
+// terraformerAddrWait bounds terraformerAddr's wait for the flag's address to be free.
+const terraformerAddrWait = 30 * time.Second
+
+// waitFree waits until addr can be listened on, or another error than "in use" says it never
+// will here, or wait passes (the start then fails with the listener's own error).
+func waitFree(addr string, wait time.Duration) {
+	for deadline := time.Now().Add(wait); ; time.Sleep(100 * time.Millisecond) {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			ln.Close()
+			return
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return
+		}
+	}
 }
 
 // freeLoopback returns a loopback address with a port free now.

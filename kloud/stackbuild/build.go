@@ -37,6 +37,13 @@ func (f *Flow) RunApply(ctx context.Context, j Job, params ApplyParams, recoveri
 	}()
 	st, c, stop, err := f.Resume(ctx, j, recovering, stackID, owner, during)
 	defer stop()
+	if err != nil && destroy && recovering && errors.Is(err, kite.ErrNotFound) {
+		// A destroy's last step deletes the stack's record: kloud stopped after it and before
+		// the job's end was written (chaos: a SIGKILL there failed the resumed job "stack …:
+		// not found"). The stack is destroyed; so is the job's work.
+		j.Logf(ctx, "the stack is gone: its destroy had finished when kloud stopped")
+		return StackResult{StackID: stackID, Destroyed: true}, nil
+	}
 	if err != nil {
 		return StackResult{}, err
 	}
