@@ -67,25 +67,13 @@ func (p *Plugins) Remove(ctx context.Context, name, session string) (bool, error
 
 // Get returns name's record, or an error wrapping [ErrNotFound].
 func (p *Plugins) Get(ctx context.Context, name string) (PluginRecord, error) {
-	var r PluginRecord
-	err := p.coll().FindOne(ctx, bson.M{"_id": name}).Decode(&r)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return r, fmt.Errorf("plugin presence %q: %w", name, ErrNotFound)
-	}
-	if err != nil {
-		return r, fmt.Errorf("plugin presence %q: %w", name, err)
-	}
-	return r, nil
+	return findOne[PluginRecord](ctx, p.coll(), "plugin presence", name, bson.M{"_id": name})
 }
 
 // List returns every record, sorted by name.
 func (p *Plugins) List(ctx context.Context) ([]PluginRecord, error) {
-	cur, err := p.coll().Find(ctx, bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	out, err := findAll[PluginRecord](ctx, p.coll(), bson.M{}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
-		return nil, fmt.Errorf("list plugin presence: %w", err)
-	}
-	var out []PluginRecord
-	if err := cur.All(ctx, &out); err != nil {
 		return nil, fmt.Errorf("list plugin presence: %w", err)
 	}
 	return out, nil

@@ -151,13 +151,9 @@ func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams)
 
 	h.mu.Lock()
 	e := h.plugins[name]
-	if cur, err := h.o.Registry.Lookup(name); err == nil && (e == nil || e.proxy == nil || cur != e.proxy) {
+	if err := h.taken(e, name, m.ResourceType); err != nil {
 		h.mu.Unlock()
-		return nil, fmt.Errorf("%s: provider %s is built into this kloud; a plugin cannot replace it (rename the plugin): %w", MethodRegister, name, kite.ErrConflict)
-	}
-	if other := h.o.Registry.ByResourceType(m.ResourceType); other != nil && other.Name != name {
-		h.mu.Unlock()
-		return nil, fmt.Errorf("%s: resource type %s is provider %s's: %w", MethodRegister, m.ResourceType, other.Name, kite.ErrConflict)
+		return nil, fmt.Errorf("%s: %w", MethodRegister, err)
 	}
 	if e == nil {
 		e = &plug{name: name}
@@ -197,6 +193,26 @@ func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams)
 	h.log.Info("provider plugin registered", "provider", name, "version", p.PluginVersion, "apiVersion", v, "where", e.where,
 		"capabilities", m.Capabilities)
 	return &RegisterResult{Version: v, KloudVersion: h.o.KloudVersion}, nil
+}
+
+// taken says why plugin name (e: its entry, nil if none) may not be installed in the registry
+// (h.mu held): its name is an in-tree provider's, or its resource type another provider's.
+func (h *Host) taken(e *plug, name, resourceType string) error {
+	if cur, err := h.o.Registry.Lookup(name); err == nil && (e == nil || e.proxy == nil || cur != e.proxy) {
+		return fmt.Errorf("provider %s is built into this kloud; a plugin cannot replace it (rename the plugin): %w", name, kite.ErrConflict)
+	}
+	if other := h.o.Registry.ByResourceType(resourceType); other != nil && other.Name != name {
+		return fmt.Errorf("resource type %s is provider %s's: %w", resourceType, other.Name, kite.ErrConflict)
+	}
+	return nil
+}
+
+// withCallTimeout bounds ctx by CallTimeout if it has no deadline.
+func (h *Host) withCallTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, h.o.CallTimeout)
 }
 
 // lost marks name disconnected if c is still its connection.
@@ -424,11 +440,8 @@ func (h *Host) dropPeer(name string, p *PeerPlugin) {
 // same answers, and a call the other replica did not make (the plugin left it) is made again
 // wherever the plugin is now.
 func (h *Host) call(ctx context.Context, name, method string, params, result any) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, h.o.CallTimeout)
-		defer cancel()
-	}
+	ctx, cancel := h.withCallTimeout(ctx)
+	defer cancel()
 	for tries := 0; ; tries++ {
 		c, peer, err := h.conn(ctx, name)
 		if err != nil {

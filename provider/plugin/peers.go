@@ -76,11 +76,8 @@ func (h *Host) SetPeers(ps []PeerPlugin) {
 		if e != nil && e.peer != nil && e.peer.Session == p.Session {
 			continue
 		}
-		if cur, err := h.o.Registry.Lookup(p.Name); err == nil && (e == nil || e.proxy == nil || cur != e.proxy) {
-			continue // in-tree here
-		}
-		if other := h.o.Registry.ByResourceType(p.Manifest.ResourceType); other != nil && other.Name != p.Name {
-			continue
+		if h.taken(e, p.Name, p.Manifest.ResourceType) != nil {
+			continue // its registration here would be refused
 		}
 		m := p.Manifest
 		if err := ValidateManifest(&m); err != nil || m.Name != p.Name {
@@ -138,11 +135,8 @@ func (h *Host) CallLocal(ctx context.Context, name, session, method string, para
 	if len(params) > 0 && string(params) != "null" {
 		p = params
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, h.o.CallTimeout)
-		defer cancel()
-	}
+	ctx, cancel := h.withCallTimeout(ctx)
+	defer cancel()
 	var res json.RawMessage
 	err := c.Call(ctx, method, p, &res)
 	var ke *kite.Error
