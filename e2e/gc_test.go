@@ -5,9 +5,14 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +23,7 @@ import (
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/store"
 	"github.com/kloud-dev/kloud/provider"
+	"github.com/kloud-dev/kloud/providers/local"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 	"github.com/kloud-dev/kloud/providers/local/tfprovider/tfprovidertest"
 )
@@ -199,4 +205,129 @@ func isNetns(name string) bool {
 func linkExists(name string) bool {
 	_, err := os.Stat(filepath.Join("/sys/class/net", name))
 	return err == nil
+}
+
+// TestLocalTerraformerKilledAfterCreate: terraformer is SIGKILLed once kloud created a stack's
+// first local machine for terraform and before terraform wrote it into the stack's state (the
+// test freezes terraform while the create runs). Once a terraformer is back the build runs terraform
+// again and succeeds, and what the dead run made and did not record is gone when the build ends:
+// the build removed it (gc would not have: its grace period keeps a machine 10 minutes). The host
+// then holds exactly the stack's two machines, and a destroy leaves none.
+func TestLocalTerraformerKilledAfterCreate(t *testing.T) {
+	parallel(t)
+	e := newLocalEnv(t)
+	e.alice()
+	script := indent("#!/bin/bash\necho strays")
+	sid := e.createStack(e.template(`terraform {
+  required_providers {
+    kloudlocal = { source = "kloud/kloudlocal" }
+  }
+}
+
+resource "kloudlocal_machine" "first" {
+  hostname  = "first"
+  memory    = 512
+  user_data = <<-EOT
+` + script + `
+  EOT
+}
+
+resource "kloudlocal_machine" "second" {
+  hostname   = "second"
+  memory     = 512
+  depends_on = [kloudlocal_machine.first]
+  user_data  = <<-EOT
+` + script + `
+  EOT
+}
+`))
+	// The test's terraformer (newTerraformerEnv), to kill and start again as it was.
+	var tf osProc
+	for _, p := range allProcs() {
+		if p.ppid == os.Getpid() && p.comm == "terraformer" && strings.Contains(p.cmdline, e.dir) {
+			tf = p
+		}
+	}
+	if tf.pid == 0 {
+		t.Fatal("no terraformer of this test found")
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", tf.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+
+	out := e.run("stack", "apply", sid, "--detach")
+	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+	mine := func() map[string]sandbox.Info {
+		out := map[string]sandbox.Info{}
+		for _, in := range e.sandboxInfos() {
+			if in.Tags[local.TagStack] == sid {
+				out[in.ID] = in
+			}
+		}
+		return out
+	}
+	// Freeze terraform (every process under terraformer) as soon as the first machine's create
+	// has begun, let the create finish on kloud's side, then kill terraformer: terraform never
+	// heard of the machine, let alone wrote it into the state.
+	var first sandbox.Info
+	testutil.Eventually(t, 3*time.Minute, func() bool {
+		for _, in := range mine() {
+			first = in
+			return true
+		}
+		return false
+	}, "terraform never began the first machine")
+	for _, p := range tree(tf.pid) {
+		if p.pid != tf.pid {
+			syscall.Kill(p.pid, syscall.SIGSTOP)
+		}
+	}
+	testutil.Eventually(t, time.Minute, func() bool {
+		in, err := e.h.Manager.Info(t.Context(), first.ID)
+		return err == nil && in.State == sandbox.StateRunning
+	}, "the first machine's create did not finish")
+	syscall.Kill(tf.pid, syscall.SIGKILL)
+	t.Logf("killed terraformer %d; on the host, the stack's machines: %v", tf.pid, slices.Collect(maps.Keys(mine())))
+	testutil.Eventually(t, 30*time.Second, func() bool { return !tf.alive() }, "terraformer %d still runs", tf.pid)
+	testutil.StartProcess(t, args[0], args[1:]...)
+
+	final, _ := e.try("job", "watch", jobID)
+	var j struct {
+		Status, Error string
+		Log           []string
+	}
+	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
+		t.Fatal(err)
+	}
+	if j.Status != "succeeded" || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "died with its process") }) {
+		t.Fatalf("the build whose terraform run was killed: want it run again and succeeded: %+v\n%s", j, final)
+	}
+	for _, l := range j.Log {
+		if strings.Contains(l, "the dead run made it") {
+			t.Logf("job log: %s", l)
+		}
+	}
+	ms := e.machines(sid)
+	want := map[string]bool{}
+	for l, m := range ms {
+		if m.State != "Running" || m.Agent.Status != "connected" {
+			t.Fatalf("%s after the build: %+v", l, m)
+		}
+		want[m.sandboxID()] = true
+	}
+	got := mine()
+	if len(ms) != 2 || len(got) != len(want) {
+		t.Fatalf("after the build: the stack's machines %v, the host's machines of the stack %v", want, slices.Collect(maps.Keys(got)))
+	}
+	for id := range got {
+		if !want[id] {
+			t.Fatalf("machine %s of the stack is on the host, but no machine of the stack is it (the stack's: %v)", id, want)
+		}
+	}
+	e.run("stack", "destroy", sid)
+	if left := mine(); len(left) != 0 {
+		t.Fatalf("after the destroy: %v", slices.Collect(maps.Keys(left)))
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/gc"
+	"github.com/kloud-dev/kloud/kloud/stackbuild"
 	"github.com/kloud-dev/kloud/provider"
 )
 
@@ -100,8 +101,8 @@ func (f gcLeases) Take(ctx context.Context, name, kind, busy string) (string, fu
 // runGC is the periodic sweep (a background task; gc.Collector.Run).
 func (o *opsAPI) runGC(ctx context.Context) { o.gc.Run(ctx) }
 
-// stateIDs returns the "id" attribute of every resource instance in state (gc.StateIDs).
-func stateIDs(st *tfjson.State) map[string]bool { return gc.StateIDs(st) }
+// stateIDs returns the "id" attribute of every resource instance in state (stackbuild.StateIDs).
+func stateIDs(st *tfjson.State) map[string]bool { return stackbuild.StateIDs(st) }
 
 // CollectGarbage runs one sweep of the resources of provider only ("": every provider), as the
 // periodic sweep does (removing, not a dry run). kloud serve runs it for the vagrant provider

@@ -9,7 +9,9 @@
 //   - the stack exists but has no machine record named by kloud.machine;
 //   - the stack exists and has that machine, but the stack's Terraform state does not hold the
 //     resource (no resource of the state has its id): a build that died between the provider's
-//     create and Terraform's state write left it, and the next build makes a new one.
+//     create and Terraform's state write left it, and the next build makes a new one. (When
+//     only terraform's run died, with its terraformer, the build that runs it again removes
+//     these at once: stackbuild's removeStrays; what a crash of kloud itself left comes here.)
 //
 // A resource the provider marks Orphan (what is left of one it no longer has, e.g. a local
 // machine's namespace after its record is gone) is garbage whatever its tags say.
@@ -302,7 +304,7 @@ func (g *Collector) judgeStack(ctx context.Context, id string, dryRun bool) (fun
 		case err != nil:
 			g.log.WarnContext(ctx, "gc: terraform state of stack: not judging its resources by it", "stack", id, "err", err)
 		default:
-			inState = StateIDs(state)
+			inState = stackbuild.StateIDs(state)
 		}
 	}
 	return func(r provider.Resource) string {
@@ -317,15 +319,4 @@ func (g *Collector) judgeStack(ctx context.Context, id string, dryRun bool) (fun
 		}
 		return ""
 	}, release, nil
-}
-
-// StateIDs returns the "id" attribute of every resource instance in state.
-func StateIDs(st *tfjson.State) map[string]bool {
-	out := map[string]bool{}
-	for r := range stackbuild.StateResources(st) {
-		if id, ok := r.AttributeValues["id"].(string); ok && id != "" {
-			out[id] = true
-		}
-	}
-	return out
 }

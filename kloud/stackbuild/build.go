@@ -286,6 +286,7 @@ func (f *Flow) buildAttempt(ctx context.Context, j Job, c Caller, st *model.Stac
 		// Apply converges on the state the dead run left: run it again, from the start (the
 		// template and the agents' keys are made again too).
 		j.Logf(ctx, "terraform's run %s died with its process (%v); running it again", tfJob, err)
+		f.removeStrays(ctx, j, tf, st.ID) // strays.go: what it made and did not record
 		if _, err := f.unbuild(ctx, st.ID, ms); err != nil {
 			return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("terraform apply: %w", err))
 		}

@@ -190,7 +190,7 @@ func (h *Host) Register(ctx context.Context, r *kite.Request, p *RegisterParams)
 	}
 	c := r.Conn
 	c.OnClose(func() { h.lost(name, c) })
-	h.log.Info("provider plugin registered", "provider", name, "version", p.PluginVersion, "apiVersion", v, "where", e.where,
+	h.log.Info("provider plugin registered", "provider", name, "version", p.PluginVersion, "apiVersion", v, "where", rec.Where,
 		"capabilities", m.Capabilities)
 	return &RegisterResult{Version: v, KloudVersion: h.o.KloudVersion}, nil
 }

@@ -749,6 +749,7 @@ func TestConnection(t *testing.T) {
 	t.Run("kloud drops the connection", func(t *testing.T) {
 		before := e.status("files").ConnectedAt
 		for _, c := range e.kite.Conns() {
+			t.Logf("closing the connection from %s", c.Remote())
 			c.Close(errors.New("test drops every connection"))
 		}
 		testutil.Eventually(t, 10*time.Second, func() bool {
