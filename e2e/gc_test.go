@@ -5,7 +5,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -293,18 +292,7 @@ resource "kloudlocal_machine" "second" {
 	testutil.Eventually(t, 30*time.Second, func() bool { return !tf.alive() }, "terraformer %d still runs", tf.pid)
 	testutil.StartProcess(t, args[0], args[1:]...)
 
-	final, _ := e.try("job", "watch", jobID)
-	var j struct {
-		Status, Error string
-		Log           []string
-	}
-	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
-		t.Fatal(err)
-	}
-	if j.Status != "succeeded" || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "died with its process") }) {
-		t.Fatalf("the build whose terraform run was killed: want it run again and succeeded: %+v\n%s", j, final)
-	}
-	for _, l := range j.Log {
+	for _, l := range e.rerunSucceeded(jobID) {
 		if strings.Contains(l, "the dead run made it") {
 			t.Logf("job log: %s", l)
 		}

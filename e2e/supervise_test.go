@@ -309,18 +309,8 @@ func TestTerraformerKilledMidApply(t *testing.T) {
 	t.Logf("killed terraformer while these ran under it:\n%s", procList(victims))
 	assertGone(t, e, victims)
 
-	final, _ := e.try("job", "watch", jobID)
-	t.Logf("the build ended %s after the kill:\n%s", time.Since(killed).Round(time.Millisecond), final)
-	var j struct {
-		Status, Error string
-		Log           []string
-	}
-	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
-		t.Fatal(err)
-	}
-	if j.Status != "succeeded" || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "died with its process") }) {
-		t.Fatalf("the build whose terraform run was killed: want it run again and succeeded: %+v", j)
-	}
+	e.rerunSucceeded(jobID)
+	t.Logf("the build ended %s after the kill", time.Since(killed).Round(time.Millisecond))
 	for l, m := range e.machines(sid) {
 		if m.State != "Running" || m.Agent.Status != "connected" {
 			t.Fatalf("%s after the build: %+v", l, m)
@@ -332,6 +322,24 @@ func TestTerraformerKilledMidApply(t *testing.T) {
 	// The next build goes through the new terraformer (once the dead one's lease expired).
 	e.apply(sid)
 	e.run("stack", "destroy", sid)
+}
+
+// rerunSucceeded follows build job jobID to its end and fails the test unless it ran terraform
+// again after its run died with terraformer and then succeeded; it returns the job's log.
+func (e *env) rerunSucceeded(jobID string) []string {
+	e.t.Helper()
+	final, _ := e.try("job", "watch", jobID)
+	var j struct {
+		Status, Error string
+		Log           []string
+	}
+	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
+		e.t.Fatal(err)
+	}
+	if j.Status != "succeeded" || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "died with its process") }) {
+		e.t.Fatalf("the build whose terraform run was killed: want it run again and succeeded: %+v\n%s", j, final)
+	}
+	return j.Log
 }
 
 // resumedAfter returns how long after now job jobID, interrupted by a kill of kloud during its
