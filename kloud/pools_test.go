@@ -1,6 +1,7 @@
 package kloud_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/kloud-dev/kloud/internal/testutil"
+	"github.com/kloud-dev/kloud/kite"
 	"github.com/kloud-dev/kloud/kloud"
 	"github.com/kloud-dev/kloud/kloud/api"
 	"github.com/kloud-dev/kloud/kloud/kloudtest"
@@ -158,6 +160,20 @@ func TestPoolClaim(t *testing.T) {
 	}
 	if last := f.follow(job.JobID); last.Status != "succeeded" {
 		t.Fatalf("destroy of the claimed stack: %+v", last)
+	}
+	// Run twice what users run twice: a second destroy of the claimed stack, gone, says so;
+	// the pool deleted twice, the second time there is none to delete.
+	if _, err := f.client().StackApply(ctx, api.StackApplyParams{StackID: res.Stack.ID, Destroy: true}); !errors.Is(err, kite.ErrNotFound) {
+		t.Errorf("a second destroy of the claimed stack: %v, want not found", err)
+	}
+	if r, err := admin.PoolDelete(ctx, api.PoolRef{ID: last.ID}); err != nil || !r.Deleted {
+		t.Fatalf("pool.delete: %+v %v", r, err)
+	}
+	if r, err := admin.PoolDelete(ctx, api.PoolRef{ID: last.ID}); !errors.Is(err, kite.ErrNotFound) {
+		t.Errorf("pool.delete of a deleted pool: %+v %v, want not found", r, err)
+	}
+	if res, err := admin.PoolList(ctx, api.PoolListParams{}); err != nil || len(res.Pools) != 0 {
+		t.Errorf("pool.list after the delete: %+v %v", res, err)
 	}
 }
 

@@ -299,7 +299,7 @@ func (f *Flow) buildAttempt(ctx context.Context, j Job, c Caller, st *model.Stac
 		}
 		return StackResult{}, f.failBuildState(ctx, st, ms, true, tfJob, left, fmt.Errorf("terraform apply: %w", err))
 	}
-	ms, err = f.StackMachines(ctx, st.ID) // as recorded (kite ids by Mint, also of an attempt before a restart)
+	ms, err = f.StackMachinesRetry(ctx, st.ID) // as recorded (kite ids by Mint, also of an attempt before a restart)
 	if err != nil {
 		return StackResult{}, f.failBuildTF(ctx, st, ms, tfJob, fmt.Errorf("load machines: %w", err))
 	}
@@ -322,7 +322,7 @@ func (f *Flow) unbuild(ctx context.Context, stackID string, ms []model.Machine) 
 	for _, m := range ms {
 		f.SetMachine(ctx, m.ID, []provider.State{provider.Building}, store.MachineSet{State: new(string(provider.NotInitialized))})
 	}
-	return f.StackMachines(ctx, stackID)
+	return f.StackMachinesRetry(ctx, stackID)
 }
 
 // SettleMachines records how each machine a build or an update waited for ended (ms and

@@ -192,7 +192,9 @@ func (f *Flow) stack(ctx context.Context, id string) (*model.Stack, error) {
 	return &st, nil
 }
 
-// StackMachinesRetry is StackMachines for bookkeeping: with its own context, retried.
+// StackMachinesRetry is StackMachines for bookkeeping, and for the reads after terraform's work
+// (a finished apply must not be lost to a store outage: TestStoreKilledMidJob): with its own
+// context, retried (store.Store.Persist).
 func (f *Flow) StackMachinesRetry(ctx context.Context, stackID string) ([]model.Machine, error) {
 	var ms []model.Machine
 	err := f.d.Store.Persist(ctx, "load machines of stack "+stackID, 0, func(ctx context.Context) error {

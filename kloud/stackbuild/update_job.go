@@ -316,7 +316,7 @@ func (f *Flow) setContent(ctx context.Context, stackID, jobID string, c store.St
 // planner waits for the agents of new and replaced machines (Building), every machine's
 // attributes are taken from the state, and the stack is Initialized.
 func (f *Flow) finishUpdate(ctx context.Context, j Job, c Caller, st *model.Stack, res *tfapi.Result) (StackResult, error) {
-	ms, err := f.StackMachines(ctx, st.ID)
+	ms, err := f.StackMachinesRetry(ctx, st.ID)
 	if err != nil {
 		return StackResult{}, f.failUpdate(ctx, st, res, "", fmt.Errorf("load machines: %w", err))
 	}
