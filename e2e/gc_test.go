@@ -206,12 +206,13 @@ func linkExists(name string) bool {
 	return err == nil
 }
 
-// TestLocalTerraformerKilledAfterCreate: terraformer is SIGKILLed once kloud created a stack's
-// first local machine for terraform and before terraform wrote it into the stack's state (the
-// test freezes terraform while the create runs). Once a terraformer is back the build runs terraform
-// again and succeeds, and what the dead run made and did not record is gone when the build ends:
-// the build removed it (gc would not have: its grace period keeps a machine 10 minutes). The host
-// then holds exactly the stack's two machines, and a destroy leaves none.
+// TestLocalTerraformerKilledAfterCreate: terraformer is SIGKILLed once kloud created a machine
+// for terraform and before terraform wrote it into the stack's state (the test freezes terraform
+// while the create runs): first in a build (the first of two machines), then in an update that
+// scales the second resource to 2. Once a terraformer is back, each job runs terraform again and
+// succeeds, and what the dead run made and did not record is gone when the job ends: the job
+// removed it (gc would not have: its grace period keeps a machine 10 minutes). The host then
+// holds exactly the stack's machines, and a destroy leaves none.
 func TestLocalTerraformerKilledAfterCreate(t *testing.T) {
 	parallel(t)
 	e := newLocalEnv(t)
@@ -232,7 +233,8 @@ resource "kloudlocal_machine" "first" {
 }
 
 resource "kloudlocal_machine" "second" {
-  hostname   = "second"
+  count      = 1
+  hostname   = "second-${count.index}"
   memory     = 512
   depends_on = [kloudlocal_machine.first]
   user_data  = <<-EOT
@@ -250,14 +252,6 @@ resource "kloudlocal_machine" "second" {
 	if tf.pid == 0 {
 		t.Fatal("no terraformer of this test found")
 	}
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", tf.pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
-
-	out := e.run("stack", "apply", sid, "--detach")
-	jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
 	mine := func() map[string]sandbox.Info {
 		out := map[string]sandbox.Info{}
 		for _, in := range e.sandboxInfos() {
@@ -267,53 +261,88 @@ resource "kloudlocal_machine" "second" {
 		}
 		return out
 	}
-	// Freeze terraform (every process under terraformer) as soon as the first machine's create
-	// has begun, let the create finish on kloud's side, then kill terraformer: terraform never
-	// heard of the machine, let alone wrote it into the state.
-	var first sandbox.Info
-	testutil.Eventually(t, 3*time.Minute, func() bool {
-		for _, in := range mine() {
-			first = in
-			return true
+	// killAfterCreate runs the job that cmd starts (detached), kills tf once kloud created a
+	// machine of the stack not in known for it, starts a terraformer again as tf was, and checks
+	// the job ran terraform again (its log saying rerun) and succeeded. It returns the new
+	// terraformer.
+	killAfterCreate := func(tf osProc, known map[string]sandbox.Info, rerun string, cmd ...string) osProc {
+		t.Helper()
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", tf.pid))
+		if err != nil {
+			t.Fatal(err)
 		}
-		return false
-	}, "terraform never began the first machine")
-	for _, p := range tree(tf.pid) {
-		if p.pid != tf.pid {
-			syscall.Kill(p.pid, syscall.SIGSTOP)
+		args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+		out := e.run(append(cmd, "--detach")...)
+		jobID := strings.Fields(strings.TrimPrefix(out, "job "))[0]
+		var made sandbox.Info
+		testutil.Eventually(t, 3*time.Minute, func() bool {
+			for id, in := range mine() {
+				if _, ok := known[id]; !ok {
+					made = in
+					return true
+				}
+			}
+			return false
+		}, "terraform never began a machine")
+		// Freeze terraform (every process under terraformer), let kloud finish the create, then
+		// kill terraformer: terraform never heard of the machine, let alone recorded it.
+		for _, p := range tree(tf.pid) {
+			if p.pid != tf.pid {
+				syscall.Kill(p.pid, syscall.SIGSTOP)
+			}
 		}
+		testutil.Eventually(t, time.Minute, func() bool {
+			in, err := e.h.Manager.Info(t.Context(), made.ID)
+			return err == nil && in.State == sandbox.StateRunning
+		}, "the create of %s did not finish", made.ID)
+		syscall.Kill(tf.pid, syscall.SIGKILL)
+		t.Logf("killed terraformer %d after the create of %s; the stack's machines on the host: %v", tf.pid, made.ID, slices.Collect(maps.Keys(mine())))
+		testutil.Eventually(t, 30*time.Second, func() bool { return !tf.alive() }, "terraformer %d still runs", tf.pid)
+		cmdTF := testutil.StartProcess(t, args[0], args[1:]...)
+		next, ok := readProc(cmdTF.Process.Pid)
+		if !ok {
+			t.Fatal("the new terraformer is gone")
+		}
+		removed := false
+		for _, l := range e.rerunSucceeded(jobID, rerun) {
+			if strings.Contains(l, "the dead run made it") {
+				t.Logf("job log: %s", l)
+				removed = removed || strings.Contains(l, made.ID)
+			}
+		}
+		if !removed {
+			t.Errorf("the job's log does not say it removed %s", made.ID)
+		}
+		return next
 	}
-	testutil.Eventually(t, time.Minute, func() bool {
-		in, err := e.h.Manager.Info(t.Context(), first.ID)
-		return err == nil && in.State == sandbox.StateRunning
-	}, "the first machine's create did not finish")
-	syscall.Kill(tf.pid, syscall.SIGKILL)
-	t.Logf("killed terraformer %d; on the host, the stack's machines: %v", tf.pid, slices.Collect(maps.Keys(mine())))
-	testutil.Eventually(t, 30*time.Second, func() bool { return !tf.alive() }, "terraformer %d still runs", tf.pid)
-	testutil.StartProcess(t, args[0], args[1:]...)
+	// exactly checks that the host holds exactly the stack's n machines, all running with their
+	// agent connected.
+	exactly := func(n int) map[string]sandbox.Info {
+		t.Helper()
+		ms := e.machines(sid)
+		want := map[string]bool{}
+		for l, m := range ms {
+			if m.State != "Running" || m.Agent.Status != "connected" {
+				t.Fatalf("%s: %+v", l, m)
+			}
+			want[m.sandboxID()] = true
+		}
+		got := mine()
+		if len(ms) != n || len(got) != len(want) {
+			t.Fatalf("the stack's machines %v, the host's machines of the stack %v; want %d", want, slices.Collect(maps.Keys(got)), n)
+		}
+		for id := range got {
+			if !want[id] {
+				t.Fatalf("machine %s of the stack is on the host, but no machine of the stack is it (the stack's: %v)", id, want)
+			}
+		}
+		return got
+	}
 
-	for _, l := range e.rerunSucceeded(jobID) {
-		if strings.Contains(l, "the dead run made it") {
-			t.Logf("job log: %s", l)
-		}
-	}
-	ms := e.machines(sid)
-	want := map[string]bool{}
-	for l, m := range ms {
-		if m.State != "Running" || m.Agent.Status != "connected" {
-			t.Fatalf("%s after the build: %+v", l, m)
-		}
-		want[m.sandboxID()] = true
-	}
-	got := mine()
-	if len(ms) != 2 || len(got) != len(want) {
-		t.Fatalf("after the build: the stack's machines %v, the host's machines of the stack %v", want, slices.Collect(maps.Keys(got)))
-	}
-	for id := range got {
-		if !want[id] {
-			t.Fatalf("machine %s of the stack is on the host, but no machine of the stack is it (the stack's: %v)", id, want)
-		}
-	}
+	tf = killAfterCreate(tf, nil, "running it again", "stack", "apply", sid)
+	built := exactly(2)
+	killAfterCreate(tf, built, "updating again", "stack", "scale", sid, "second", "2")
+	exactly(3)
 	e.run("stack", "destroy", sid)
 	if left := mine(); len(left) != 0 {
 		t.Fatalf("after the destroy: %v", slices.Collect(maps.Keys(left)))

@@ -309,7 +309,7 @@ func TestTerraformerKilledMidApply(t *testing.T) {
 	t.Logf("killed terraformer while these ran under it:\n%s", procList(victims))
 	assertGone(t, e, victims)
 
-	e.rerunSucceeded(jobID)
+	e.rerunSucceeded(jobID, "running it again")
 	t.Logf("the build ended %s after the kill", time.Since(killed).Round(time.Millisecond))
 	for l, m := range e.machines(sid) {
 		if m.State != "Running" || m.Agent.Status != "connected" {
@@ -324,9 +324,10 @@ func TestTerraformerKilledMidApply(t *testing.T) {
 	e.run("stack", "destroy", sid)
 }
 
-// rerunSucceeded follows build job jobID to its end and fails the test unless it ran terraform
-// again after its run died with terraformer and then succeeded; it returns the job's log.
-func (e *env) rerunSucceeded(jobID string) []string {
+// rerunSucceeded follows job jobID to its end and fails the test unless it ran terraform again
+// after its run died with terraformer (its log says "died with its process; " + rerun) and then
+// succeeded; it returns the job's log.
+func (e *env) rerunSucceeded(jobID, rerun string) []string {
 	e.t.Helper()
 	final, _ := e.try("job", "watch", jobID)
 	var j struct {
@@ -336,7 +337,7 @@ func (e *env) rerunSucceeded(jobID string) []string {
 	if err := json.Unmarshal([]byte(e.run("job", "get", jobID)), &j); err != nil {
 		e.t.Fatal(err)
 	}
-	if j.Status != "succeeded" || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "died with its process") }) {
+	if j.Status != "succeeded" || !slices.ContainsFunc(j.Log, func(l string) bool { return strings.Contains(l, "died with its process") && strings.Contains(l, rerun) }) {
 		e.t.Fatalf("the build whose terraform run was killed: want it run again and succeeded: %+v\n%s", j, final)
 	}
 	return j.Log

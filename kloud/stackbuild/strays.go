@@ -26,20 +26,19 @@ func StateIDs(st *tfjson.State) map[string]bool {
 // created before it could write them into the state. The run that is started again would make
 // new ones, and these would run, owned by no stack, until kloud's gc swept them (its grace
 // period protects a build in progress; this build is the one that made them, and it holds the
-// stack's lease). Only providers that list their resources (capability "resources") are swept;
+// stack's lease). A build and an update call it before they run terraform again. Only providers that list their resources (capability "resources") are swept;
 // a provider that cannot be asked, or a state that cannot be read, leaves its resources to gc.
-// It logs what it removed to the job and returns how many.
-func (f *Flow) removeStrays(ctx context.Context, j Job, tf Terraformer, stackID string) int {
+// It logs what it removed to the job.
+func (f *Flow) removeStrays(ctx context.Context, j Job, tf Terraformer, stackID string) {
 	state, err := tf.State(ctx, "stack-"+stackID)
 	switch {
 	case errors.Is(err, kite.ErrNotFound):
 		state = nil // the dead run wrote no state: nothing of the stack is held
 	case err != nil:
 		f.log.WarnContext(ctx, "strays of a dead run: cannot read the stack's state; leaving them to gc", "stack", stackID, "err", err)
-		return 0
+		return
 	}
 	held := StateIDs(state)
-	removed := 0
 	for _, name := range f.d.Providers.Names() {
 		p, err := f.d.Providers.Lookup(name)
 		if err != nil || p.Inventory == nil || !p.Can(provider.CapResources) {
@@ -61,9 +60,7 @@ func (f *Flow) removeStrays(ctx context.Context, j Job, tf Terraformer, stackID 
 				j.Logf(ctx, "could not remove %s, which the dead run made and did not record (gc will): %v", r.String(), err)
 				continue
 			}
-			removed++
 			j.Logf(ctx, "removed %s: the dead run made it and did not record it", r.String())
 		}
 	}
-	return removed
 }

@@ -70,6 +70,7 @@ func (f *Flow) RunUpdate(ctx context.Context, j Job, p UpdateParams, recovering 
 		// killed kloud): apply converges on the state it left, so the update starts again from
 		// what is there, as after a restart before the run was recorded.
 		j.Logf(ctx, "terraform's run %s died with its process (%v); updating again", tfJob, waitErr(job, err))
+		f.removeStrays(ctx, j, tf, st.ID) // strays.go: what it made and did not record
 		if err := f.unsettleInterrupted(ctx, st.ID); err != nil {
 			return StackResult{}, err
 		}
