@@ -26,9 +26,10 @@ func StateIDs(st *tfjson.State) map[string]bool {
 // created before it could write them into the state. The run that is started again would make
 // new ones, and these would run, owned by no stack, until kloud's gc swept them (its grace
 // period protects a build in progress; this build is the one that made them, and it holds the
-// stack's lease). A build and an update call it before they run terraform again. Only providers that list their resources (capability "resources") are swept;
-// a provider that cannot be asked, or a state that cannot be read, leaves its resources to gc.
-// It logs what it removed to the job.
+// stack's lease). A build and an update call it before they run terraform again. Only
+// providers that list their resources (capability "resources") are swept; a provider that
+// cannot be asked, or a state that cannot be read, leaves its resources to gc. It logs what it
+// removed to the job.
 func (f *Flow) removeStrays(ctx context.Context, j Job, tf Terraformer, stackID string) {
 	state, err := tf.State(ctx, "stack-"+stackID)
 	switch {
