@@ -18,6 +18,7 @@ import (
 
 	"github.com/kloud-dev/kloud/internal/testutil"
 	"github.com/kloud-dev/kloud/kloud/api"
+	"github.com/kloud-dev/kloud/kloud/pluginhost"
 	"github.com/kloud-dev/kloud/providers/local"
 	"github.com/kloud-dev/kloud/providers/local/sandbox"
 )
@@ -255,6 +256,9 @@ func (s scenario) repeat(t *testing.T, cfg chaosConfig) summary {
 // end and checks the outcome and the invariants, then destroys what is left and checks again.
 func (s scenario) once(t *testing.T, w *world, killAt time.Duration) result {
 	r := &run{w: w, seen: map[string]sandbox.Info{}}
+	if s.victim == "plugin" {
+		w.pluginSteady(pluginhost.DefaultResetAfter + time.Second)
+	}
 	s.prepare(r)
 	r.note()
 	res := result{killAt: killAt, recovery: -1}
@@ -403,6 +407,33 @@ func (r *run) killPlugin() time.Duration {
 		}
 		return false
 	})
+}
+
+// pluginSteady waits until the example plugin has been connected for d. kloud's supervisor
+// takes a plugin that dies within its ResetAfter of service for one crash-looping and waits
+// longer before each restart (doubling up to 30 s); runs that kill it every few seconds (a job
+// of a second or two, then the next run) would measure that backoff, 30 s from the eighth kill
+// on (`make chaos` of f89e2e6: recovery median 30.9 s), not a plugin's restart mid-apply.
+func (w *world) pluginSteady(d time.Duration) {
+	w.t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		var ps []api.ProviderStatus
+		if err := w.cliJSON(&ps, "provider", "list"); err == nil {
+			for _, p := range ps {
+				if p.Name != "example" || !p.Connected || p.ConnectedAt == nil {
+					continue
+				}
+				left := d - time.Since(*p.ConnectedAt)
+				if left <= 0 {
+					return
+				}
+				time.Sleep(left)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.t.Fatalf("the example plugin was not connected for %s in 3 minutes", d)
 }
 
 // killChild SIGKILLs the process of kloud's that find returns (what names it) and returns how
