@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -907,6 +909,89 @@ func infoMeta(t *testing.T, e *kloudEnv, c *provider.Credential) (provider.State
 	st, meta, err := m.Info(t.Context())
 	mm, _ := meta.(map[string]any)
 	return st, mm, err
+}
+
+// TestRegistrationLoop: a holder of a plugin key who dials and registers in a tight loop, 200
+// times over 8 connections, some registering again on a connection they already registered on,
+// some dropped right after. kloud ends with one registration (the last, served), every other
+// connection closed, no goroutine or connection left behind, and the real plugin's calls still
+// answered.
+func TestRegistrationLoop(t *testing.T) {
+	e := startKloud(t)
+	sn := newSeen("a")
+	m, err := plugin.ManifestOf(filesProvider("files", sn, noUnavailable()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	key := e.pluginKey("files")
+	var wg sync.WaitGroup
+	var registered, refused atomic.Int64
+	var whyMu sync.Mutex
+	why := map[string]int{} // the refusals, by message
+	refuse := func(err error) {
+		refused.Add(1)
+		msg := err.Error()
+		if i := strings.IndexAny(msg, "0123456789"); i > 40 {
+			msg = msg[:i] // without the addresses
+		}
+		whyMu.Lock()
+		why[msg]++
+		whyMu.Unlock()
+	}
+	for w := range 8 {
+		wg.Go(func() {
+			k, err := kite.New(kite.Options{Identity: kite.Identity{Name: "hostile"}, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer k.Close()
+			for i := range 25 {
+				c, err := k.Dial(t.Context(), e.url, kite.Auth{Type: kitekey.KindPluginKey, Key: key})
+				if err != nil {
+					refuse(err)
+					continue
+				}
+				for range 1 + (w+i)%2 { // every other connection registers twice
+					if err := c.Call(t.Context(), plugin.MethodRegister, &plugin.RegisterParams{Versions: []int{1}, Provider: *m}, nil); err != nil {
+						refuse(err)
+					} else {
+						registered.Add(1)
+					}
+				}
+				if i%3 == 0 {
+					c.Close(nil) // dropped at once; the others stay until replaced
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d registrations answered, %d refused or cut by a newer one: %v", registered.Load(), refused.Load(), why)
+	if registered.Load() == 0 {
+		t.Fatal("no registration was answered")
+	}
+	for msg := range why { // a registration fails only because a newer one closed its connection
+		if !strings.Contains(msg, "connection closed") {
+			t.Errorf("a registration refused otherwise: %s", msg)
+		}
+	}
+	// The real plugin registers last: it is the one served.
+	e.run(filesProvider("files", sn, noUnavailable()), key)
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		s := e.status("files")
+		return s.Connected && len(e.kite.Conns()) == 1
+	}, "kloud did not settle on one connection: %d open, %+v", len(e.kite.Conns()), e.status("files"))
+	c := &provider.Credential{ID: "c1", Value: map[string]any{"dir": t.TempDir(), "token": "good"}}
+	if _, meta, err := infoMeta(t, e, c); err != nil || meta["instance"] != "a" {
+		t.Fatalf("a call after the loop: %v %v", meta, err)
+	}
+	if n := len(e.host.Status()); n != 1 {
+		t.Errorf("%d plugins in the host's status, want 1", n)
+	}
+	// Goroutines: the loop's connections are gone (the real plugin and its connection add a few).
+	testutil.Eventually(t, 20*time.Second, func() bool { return runtime.NumGoroutine() < before+40 },
+		"goroutines: %d before the loop, %d after", before, runtime.NumGoroutine())
 }
 
 // TestTerraformProviders: the Terraform providers a plugin offers reach kloud's template policy
