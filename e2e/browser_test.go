@@ -101,10 +101,17 @@ func browserCommand(ctx context.Context, node, script string) *exec.Cmd {
 // stdin.
 func runBrowserScript(t *testing.T, e *env, node, script, out, file string, needs map[string]func() error, settings ...string) {
 	t.Helper()
-	unlock := lockBrowser(t)
 	// 20 minutes: TestBrowserUpdateSnapshot's script took over 10 on a loaded host (ci45: the
 	// update it watches alone took 3).
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	runBrowserScriptFor(t, 20*time.Minute, e, node, script, out, file, needs, settings...)
+}
+
+// runBrowserScriptFor is runBrowserScript with the script's time limit: TestNetworkCut's
+// CHAOS_N=20 cuts alone take 30 minutes.
+func runBrowserScriptFor(t *testing.T, limit time.Duration, e *env, node, script, out, file string, needs map[string]func() error, settings ...string) {
+	t.Helper()
+	unlock := lockBrowser(t)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := browserCommand(ctx, node, file)
 	cmd.Dir = script

@@ -123,7 +123,12 @@ func TestNetworkCut(t *testing.T) {
 		wg.Wait()
 		reportAgent(t, cuts, runs)
 	}()
-	runBrowserScript(t, e.env, node, script, out, "netcut.mjs", needs,
+	// The cuts themselves, and 10 minutes for the rest (20 for one cut, as every browser test).
+	limit := 10 * time.Minute
+	for _, s := range cuts {
+		limit += time.Duration(s) * time.Second
+	}
+	runBrowserScriptFor(t, max(limit, 20*time.Minute), e.env, node, script, out, "netcut.mjs", needs,
 		"KLOUD_PASSWORD="+password, "KLOUD_MACHINE_ID="+m.ID, "KLOUD_CUTS="+strings.Join(cutList, ","),
 		fmt.Sprintf("KLOUD_MAX_UNREACHABLE_MS=%d", maxUnreachable.Milliseconds()),
 		fmt.Sprintf("KLOUD_MAX_TYPING_MS=%d", maxTyping.Milliseconds()))
