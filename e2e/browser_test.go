@@ -115,7 +115,11 @@ func runBrowserScriptFor(t *testing.T, limit time.Duration, e *env, node, script
 	defer cancel()
 	cmd := browserCommand(ctx, node, file)
 	cmd.Dir = script
-	cmd.Env = append(append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_USER=alice", "KLOUD_ARTIFACTS="+out, "KLOUD_CHROMIUM="+chromiumPath), settings...)
+	// TMPDIR: the browser's profile and Playwright's artifacts go in the test's own directory, so
+	// that a script killed at its limit leaves nothing in the system's (make chaos of f89e2e6 left
+	// both behind in /tmp).
+	cmd.Env = append(append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_USER=alice", "KLOUD_ARTIFACTS="+out, "KLOUD_CHROMIUM="+chromiumPath,
+		"TMPDIR="+t.TempDir()), settings...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
