@@ -115,11 +115,17 @@ func runBrowserScriptFor(t *testing.T, limit time.Duration, e *env, node, script
 	defer cancel()
 	cmd := browserCommand(ctx, node, file)
 	cmd.Dir = script
-	// TMPDIR: the browser's profile and Playwright's artifacts go in the test's own directory, so
-	// that a script killed at its limit leaves nothing in the system's (make chaos of f89e2e6 left
-	// both behind in /tmp).
+	// TMPDIR: the browser's profile and Playwright's artifacts go in a directory the test removes,
+	// so that a script killed at its limit leaves nothing behind (make chaos of f89e2e6 left both
+	// in /tmp). Not t.TempDir(): its name holds the test's, and Chromium does not start with a
+	// profile path holding a comma (ci66, TestReplicas/browser_terminal_across_replicas,_…).
+	tmp, err := os.MkdirTemp("", "kloud-browser-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
 	cmd.Env = append(append(os.Environ(), "KLOUD_URL="+e.url(), "KLOUD_USER=alice", "KLOUD_ARTIFACTS="+out, "KLOUD_CHROMIUM="+chromiumPath,
-		"TMPDIR="+t.TempDir()), settings...)
+		"TMPDIR="+tmp), settings...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()

@@ -53,12 +53,16 @@ func dockerMirror(t *testing.T) string {
 func newDockerEnv(t *testing.T) *dockerEnv {
 	t.Helper()
 	cliConfig := dockerMirror(t)
-	dd := dockertest.New(t)
+	// The subnet first: its release then runs after the daemon's Close, which deletes the bridge
+	// named after it. Released before (ci66), another test took the subnet and made its bridge
+	// of that name, and this test's Close deleted it under that test's kloud ("listen
+	// 10.200.217.1:…: cannot assign requested address").
 	subnet, release, err := sandbox.FreeSubnet(150)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(release)
+	dd := dockertest.New(t)
 	network := fmt.Sprintf("kloud-e2e%d", subnet.Addr().As4()[2])
 	// kloud creates the network at startup, before it listens on its gateway (where the machines
 	// reach it, and terraform the proxy).
