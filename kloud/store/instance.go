@@ -76,15 +76,11 @@ func claimInstance(dataDir string) (id string, release func(), err error) {
 // EarlierProcess reports whether id (a lease holder, a job runner, a replica id: an
 // InstanceID) is an earlier process of this store's instance, so it is dead (see above): kloud
 // restarted on the same data directory.
-func (s *Store) EarlierProcess(id string) bool { return s.deadHolder(id) }
-
-// deadHolder reports whether a lease or job runner named holder is an earlier process of this
-// store's instance (so it is dead: see above).
-func (s *Store) deadHolder(holder string) bool {
-	return holder != "" && holder != s.instance && strings.HasPrefix(holder, s.instancePrefix)
+func (s *Store) EarlierProcess(id string) bool {
+	return id != "" && id != s.instance && strings.HasPrefix(id, s.instancePrefix)
 }
 
-// deadHolderFilter is deadHolder as a query condition on field.
+// deadHolderFilter is EarlierProcess as a query condition on field.
 func (s *Store) deadHolderFilter(field string) bson.M {
 	return bson.M{field: bson.M{"$regex": "^" + regexp.QuoteMeta(s.instancePrefix), "$ne": s.instance}}
 }

@@ -247,7 +247,7 @@ func (js *Jobs) Start(ctx context.Context, id, runner string) (Job, error) {
 		dead,
 	}}
 	can := func(j *Job) bool {
-		return j.Status == JobQueued || j.Status == JobRunning && (j.LeaseUntil.Before(now) || j.Runner == runner || js.s.deadHolder(j.Runner))
+		return j.Status == JobQueued || j.Status == JobRunning && (j.LeaseUntil.Before(now) || j.Runner == runner || js.s.EarlierProcess(j.Runner))
 	}
 	j, err := js.update(ctx, "start", id, filter, can, bson.M{
 		"$set": bson.M{"status": JobRunning, "runner": runner, "leaseUntil": now.Add(js.s.opts.JobLeaseTTL),

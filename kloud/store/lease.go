@@ -65,7 +65,7 @@ func (s *Store) AcquireLease(ctx context.Context, name, owner string, ttl time.D
 					return nil, fmt.Errorf("acquire lease %q: %w", name, err)
 				}
 				s.log.Info("lease taken over", "lease", name, "owner", owner, "previous_owner", prev.Owner, "expired_at", prev.ExpiresAt,
-					"previous_holder_dead", s.deadHolder(prev.Holder))
+					"previous_holder_dead", s.EarlierProcess(prev.Holder))
 			}
 			return l, nil
 		case IsDuplicateKey(err):
@@ -102,7 +102,7 @@ func (s *Store) LeaseHolder(ctx context.Context, name string) (*Lease, error) {
 	if l.ExpiresAt.Before(s.Now()) {
 		return nil, fmt.Errorf("lease %q: expired: %w", name, ErrNotFound)
 	}
-	if s.deadHolder(l.Holder) {
+	if s.EarlierProcess(l.Holder) {
 		return nil, fmt.Errorf("lease %q: its holder %s, an earlier process of this kloud, is gone: %w", name, l.Holder, ErrNotFound)
 	}
 	l.s = s
